@@ -1,0 +1,79 @@
+#include "tetrad/model/model_config.hpp"
+
+#include "tetrad/core/error.hpp"
+#include "tetrad/model/params.hpp"
+
+namespace tetrad {
+
+std::string family_name(Family f) { return f == Family::GPT2 ? "gpt2" : "llama"; }
+
+Family parse_family(const std::string& s) {
+  if (s == "gpt2") return Family::GPT2;
+  if (s == "llama") return Family::Llama;
+  fail("model.family: unknown family '", s, "'; expected \"gpt2\" or \"llama\"");
+}
+
+void ModelConfig::validate() const {
+  auto positive = [](const char* field, long v) {
+    if (v <= 0) fail("model.", field, " must be positive, got ", v);
+  };
+  positive("n_layer", n_layer);
+  positive("n_embd", n_embd);
+  positive("n_head", n_head);
+  positive("n_kv_head", n_kv_head);
+  positive("ffn", ffn);
+  positive("vocab_size", vocab_size);
+  positive("max_seq", max_seq);
+  if (n_embd % n_head != 0)
+    fail("model.n_head (", n_head, ") must divide model.n_embd (", n_embd, ")");
+  if (n_head % n_kv_head != 0)
+    fail("model.n_kv_head (", n_kv_head, ") must divide model.n_head (", n_head, ")");
+  if (family == Family::GPT2 && n_kv_head != n_head)
+    fail("model.n_kv_head: GPT-2 has no grouped-query attention; set it equal to n_head (",
+         n_head, ") or use family = \"llama\"");
+  if (family == Family::GPT2 && !tie_embeddings)
+    fail("model.tie_embeddings: GPT-2 always ties the output head to the token embedding");
+  if (family == Family::Llama && head_dim() % 2 != 0)
+    fail("model: rotary positions need an even head dimension, got ", head_dim());
+  if (!(norm_eps > 0)) fail("model.norm_eps must be positive");
+  if (!(init_std > 0)) fail("model.init_std must be positive");
+}
+
+ModelConfig named_model(const std::string& name) {
+  ModelConfig c;
+  if (name == "tiny") {
+    c = ModelConfig{};  // the defaults are the tiny test model
+  } else if (name == "small") {
+    c.n_layer = 6; c.n_embd = 512; c.n_head = 8; c.n_kv_head = 8; c.ffn = 2048;
+    c.vocab_size = 8192; c.max_seq = 512;
+  } else if (name == "gpt2-124m") {
+    c.n_layer = 12; c.n_embd = 768; c.n_head = 12; c.n_kv_head = 12; c.ffn = 3072;
+    c.vocab_size = 50304; c.max_seq = 1024;
+  } else if (name == "llama-tiny") {
+    c.family = Family::Llama; c.n_kv_head = 2; c.ffn = 192; c.tie_embeddings = false;
+    c.norm_eps = 1e-6f;
+  } else if (name == "llama-small") {
+    c.family = Family::Llama; c.n_layer = 6; c.n_embd = 512; c.n_head = 8; c.n_kv_head = 4;
+    c.ffn = 1408; c.vocab_size = 8192; c.max_seq = 512; c.tie_embeddings = false;
+    c.norm_eps = 1e-6f;
+  } else {
+    fail("unknown model '", name,
+         "'; expected one of: tiny, small, gpt2-124m, llama-tiny, llama-small");
+  }
+  return c;
+}
+
+int64_t count_parameters(const ModelConfig& c) { return build_param_table(c).total; }
+
+double flops_per_token(const ModelConfig& c, int seq_len) {
+  // 6 FLOPs per multiply-accumulate weight per token (2 forward, 4 backward) over the weights
+  // used in matrix multiplies (all linear weights and the output head), plus attention scores
+  // and values: 12 * L * C * T (PaLM appendix B; causal masking not discounted).
+  double n_matmul = 0;
+  for (const auto& p : build_param_table(c).specs)
+    if (p.kind == ParamKind::Linear) n_matmul += double(p.numel);
+  if (c.tie_embeddings) n_matmul += double(c.vocab_size) * c.n_embd;  // tied output head
+  return 6.0 * n_matmul + 12.0 * c.n_layer * double(c.n_embd) * seq_len;
+}
+
+}  // namespace tetrad

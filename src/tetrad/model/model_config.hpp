@@ -1,0 +1,44 @@
+// The architecture of a model: which family and its sizes. A pure value type; the named
+// standard configurations (tiny, small, gpt2-124m, ...) live in model_config.cpp.
+#pragma once
+#include <cstdint>
+#include <string>
+
+namespace tetrad {
+
+enum class Family { GPT2, Llama };
+
+std::string family_name(Family f);      // "gpt2" | "llama"
+Family parse_family(const std::string& s);  // throws Error naming the accepted values
+
+struct ModelConfig {
+  Family family = Family::GPT2;
+  int n_layer = 2;
+  int n_embd = 64;       // hidden size C
+  int n_head = 4;
+  int n_kv_head = 4;     // == n_head unless grouped-query attention (Llama only)
+  int ffn = 256;         // MLP inner size (GPT-2: 4C; Llama: SwiGLU inner size)
+  int vocab_size = 512;
+  int max_seq = 64;      // learned positions (GPT-2) / longest sequence (Llama)
+  float norm_eps = 1e-5f;
+  float rope_theta = 10000.0f;  // Llama only
+  bool tie_embeddings = true;   // GPT-2 always ties; Llama does not by default
+  float init_std = 0.02f;
+
+  int head_dim() const { return n_embd / n_head; }
+  int qkv_dim() const { return (n_head + 2 * n_kv_head) * head_dim(); }
+  // Throws Error when sizes are inconsistent (heads not dividing C, kv heads not dividing heads...).
+  void validate() const;
+};
+
+// Named standard configurations (benchmarks.md): "tiny", "small", "gpt2-124m", plus
+// "llama-tiny", "llama-small". Throws Error listing the known names.
+ModelConfig named_model(const std::string& name);
+
+// Non-embedding and total parameter counts.
+int64_t count_parameters(const ModelConfig& c);
+// Model FLOPs per token for forward+backward: 6*N_params_matmul + 12*L*C*T (attention,
+// causal counted in full as in the PaLM / Megatron convention).
+double flops_per_token(const ModelConfig& c, int seq_len);
+
+}  // namespace tetrad

@@ -1,0 +1,45 @@
+// The parameter table: every parameter tensor of a model, in one contiguous buffer.
+//
+// All parameters live in one allocation (and the gradients, Adam moments, ... in buffers of the
+// same size and layout), so the optimizer is one flat loop and sharding/bucketing are (offset,
+// size) slices. Names are the Hugging Face names of the family (GPT2LMHeadModel /
+// LlamaForCausalLM), so checkpoints map one to one.
+//
+// Layout convention: every linear weight is stored as [out, in] (y = x · Wᵀ), for both families.
+// GPT-2's Hugging Face Conv1D stores [in, out]; the checkpoint code transposes on export/import
+// (ParamSpec::hf_transposed says so).
+// Tensors that are used together are adjacent so one GEMM covers them:
+//   Llama q_proj, k_proj, v_proj  -> one [(nh + 2*nkv)*hd, C] matrix
+//   Llama gate_proj, up_proj      -> one [2F, C] matrix (gate rows first)
+#pragma once
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "tetrad/model/model_config.hpp"
+
+namespace tetrad {
+
+enum class ParamKind { Embedding, Linear, Bias, Norm };
+
+struct ParamSpec {
+  std::string name;            // Hugging Face name, e.g. "transformer.h.0.attn.c_attn.weight"
+  std::vector<int64_t> shape;  // internal shape ([out, in] for linear weights)
+  int64_t offset = 0;          // element offset in the flat buffer
+  int64_t numel = 0;
+  ParamKind kind = ParamKind::Linear;
+  bool hf_transposed = false;  // HF stores the transpose of our shape (GPT-2 Conv1D weights)
+  int layer = -1;              // block index, -1 for embeddings / final norm / head
+};
+
+struct ParamTable {
+  std::vector<ParamSpec> specs;
+  int64_t total = 0;
+  const ParamSpec& find(const std::string& name) const;  // throws Error if absent
+  const ParamSpec* try_find(const std::string& name) const;
+};
+
+// Builds the table for a model config (deterministic order = memory order).
+ParamTable build_param_table(const ModelConfig& c);
+
+}  // namespace tetrad
