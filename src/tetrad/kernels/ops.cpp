@@ -1,0 +1,534 @@
+#include "tetrad/kernels/ops.hpp"
+
+#include <oneapi/dnnl/dnnl.h>
+
+#include <algorithm>
+#include <cmath>
+#include <vector>
+
+#include "tetrad/core/error.hpp"
+#include "tetrad/kernels/fast_math.hpp"
+
+namespace tetrad::kernels {
+
+// ---------------------------------------------------------------------------------------------
+// GEMM
+
+template <>
+void gemm<float>(bool ta, bool tb, int64_t M, int64_t N, int64_t K, float alpha, const float* A,
+                 int64_t lda, const float* B, int64_t ldb, float beta, float* C, int64_t ldc) {
+  if (M == 0 || N == 0) return;
+  dnnl_status_t st = dnnl_sgemm(ta ? 'T' : 'N', tb ? 'T' : 'N', M, N, K, alpha, A, lda, B, ldb,
+                                beta, C, ldc);
+  TETRAD_CHECK(st == dnnl_success, "dnnl_sgemm failed with status ", int(st), " for M=", M,
+               " N=", N, " K=", K);
+}
+
+template <>
+void gemm<double>(bool ta, bool tb, int64_t M, int64_t N, int64_t K, double alpha,
+                  const double* A, int64_t lda, const double* B, int64_t ldb, double beta,
+                  double* C, int64_t ldc) {
+  // Reference path for the double-precision gradient checks: clarity over speed.
+#pragma omp parallel for schedule(static)
+  for (int64_t i = 0; i < M; ++i) {
+    for (int64_t j = 0; j < N; ++j) {
+      double s = 0;
+      for (int64_t k = 0; k < K; ++k) {
+        const double a = ta ? A[k * lda + i] : A[i * lda + k];
+        const double b = tb ? B[j * ldb + k] : B[k * ldb + j];
+        s += a * b;
+      }
+      C[i * ldc + j] = alpha * s + (beta == 0 ? 0.0 : beta * C[i * ldc + j]);
+    }
+  }
+}
+
+// ---------------------------------------------------------------------------------------------
+// Linear
+
+template <typename T>
+void linear_forward(T* out, const T* in, const T* W, const T* bias, int64_t ntok, int64_t IC,
+                    int64_t OC, bool accumulate) {
+  if (bias) {
+#pragma omp parallel for schedule(static)
+    for (int64_t t = 0; t < ntok; ++t) {
+      T* o = out + t * OC;
+      if (accumulate) {
+#pragma omp simd
+        for (int64_t j = 0; j < OC; ++j) o[j] += bias[j];
+      } else {
+#pragma omp simd
+        for (int64_t j = 0; j < OC; ++j) o[j] = bias[j];
+      }
+    }
+  }
+  const T beta = (bias || accumulate) ? T(1) : T(0);
+  gemm<T>(false, true, ntok, OC, IC, T(1), in, IC, W, IC, beta, out, OC);
+}
+
+template <typename T>
+void linear_backward(T* din, T* dW, T* dbias, const T* dout, const T* in, const T* W,
+                     int64_t ntok, int64_t IC, int64_t OC) {
+  if (din) gemm<T>(false, false, ntok, IC, OC, T(1), dout, OC, W, IC, T(0), din, IC);
+  if (dW) gemm<T>(true, false, OC, IC, ntok, T(1), dout, OC, in, IC, T(1), dW, IC);
+  if (dbias) {
+    // Parallel over output channels, sequential over tokens: no races, order fixed.
+    constexpr int64_t kBlock = 256;
+#pragma omp parallel for schedule(static)
+    for (int64_t j0 = 0; j0 < OC; j0 += kBlock) {
+      const int64_t j1 = std::min(OC, j0 + kBlock);
+      for (int64_t t = 0; t < ntok; ++t) {
+        const T* d = dout + t * OC;
+#pragma omp simd
+        for (int64_t j = j0; j < j1; ++j) dbias[j] += d[j];
+      }
+    }
+  }
+}
+
+// ---------------------------------------------------------------------------------------------
+// Embedding
+
+template <typename T>
+void embedding_forward(T* out, const int32_t* tokens, const T* wte, const T* wpe, int64_t ntok,
+                       int64_t T_seq, int64_t C, int64_t V) {
+  for (int64_t t = 0; t < ntok; ++t)
+    if (tokens[t] < 0 || tokens[t] >= V)
+      fail("token id ", tokens[t], " at position ", t, " is outside the model's vocabulary [0, ",
+           V, ")");
+#pragma omp parallel for schedule(static)
+  for (int64_t t = 0; t < ntok; ++t) {
+    T* o = out + t * C;
+    const T* e = wte + int64_t(tokens[t]) * C;
+    if (wpe) {
+      const T* p = wpe + (t % T_seq) * C;
+#pragma omp simd
+      for (int64_t c = 0; c < C; ++c) o[c] = e[c] + p[c];
+    } else {
+#pragma omp simd
+      for (int64_t c = 0; c < C; ++c) o[c] = e[c];
+    }
+  }
+}
+
+template <typename T>
+void embedding_backward(T* dwte, T* dwpe, const T* dout, const int32_t* tokens, int64_t ntok,
+                        int64_t T_seq, int64_t C) {
+  // Parallel over channel blocks so that repeated tokens never race; tokens in order.
+  constexpr int64_t kBlock = 64;
+#pragma omp parallel for schedule(static)
+  for (int64_t c0 = 0; c0 < C; c0 += kBlock) {
+    const int64_t c1 = std::min(C, c0 + kBlock);
+    for (int64_t t = 0; t < ntok; ++t) {
+      const T* d = dout + t * C;
+      T* e = dwte + int64_t(tokens[t]) * C;
+#pragma omp simd
+      for (int64_t c = c0; c < c1; ++c) e[c] += d[c];
+      if (dwpe) {
+        T* p = dwpe + (t % T_seq) * C;
+#pragma omp simd
+        for (int64_t c = c0; c < c1; ++c) p[c] += d[c];
+      }
+    }
+  }
+}
+
+// ---------------------------------------------------------------------------------------------
+// Norms
+
+template <typename T>
+void layernorm_forward(T* out, T* mean, T* rstd, const T* x, const T* w, const T* b,
+                       int64_t ntok, int64_t C, T eps) {
+#pragma omp parallel for schedule(static)
+  for (int64_t t = 0; t < ntok; ++t) {
+    const T* xr = x + t * C;
+    T s = 0;
+#pragma omp simd reduction(+ : s)
+    for (int64_t c = 0; c < C; ++c) s += xr[c];
+    const T m = s / T(C);
+    T v = 0;
+#pragma omp simd reduction(+ : v)
+    for (int64_t c = 0; c < C; ++c) v += (xr[c] - m) * (xr[c] - m);
+    const T r = T(1) / std::sqrt(v / T(C) + eps);
+    T* o = out + t * C;
+#pragma omp simd
+    for (int64_t c = 0; c < C; ++c) o[c] = (xr[c] - m) * r * w[c] + b[c];
+    mean[t] = m;
+    rstd[t] = r;
+  }
+}
+
+template <typename T>
+void layernorm_backward(T* dx, T* dw, T* db, const T* dout, const T* x, const T* w,
+                        const T* mean, const T* rstd, int64_t ntok, int64_t C) {
+#pragma omp parallel for schedule(static)
+  for (int64_t t = 0; t < ntok; ++t) {
+    const T* xr = x + t * C;
+    const T* d = dout + t * C;
+    const T m = mean[t], r = rstd[t];
+    T dn_mean = 0, dn_n_mean = 0;
+#pragma omp simd reduction(+ : dn_mean, dn_n_mean)
+    for (int64_t c = 0; c < C; ++c) {
+      const T n = (xr[c] - m) * r;
+      const T dn = d[c] * w[c];
+      dn_mean += dn;
+      dn_n_mean += dn * n;
+    }
+    dn_mean /= T(C);
+    dn_n_mean /= T(C);
+    T* dxr = dx + t * C;
+#pragma omp simd
+    for (int64_t c = 0; c < C; ++c) {
+      const T n = (xr[c] - m) * r;
+      dxr[c] += (d[c] * w[c] - dn_mean - n * dn_n_mean) * r;
+    }
+  }
+  constexpr int64_t kBlock = 64;
+#pragma omp parallel for schedule(static)
+  for (int64_t c0 = 0; c0 < C; c0 += kBlock) {
+    const int64_t c1 = std::min(C, c0 + kBlock);
+    for (int64_t t = 0; t < ntok; ++t) {
+      const T* xr = x + t * C;
+      const T* d = dout + t * C;
+      const T m = mean[t], r = rstd[t];
+#pragma omp simd
+      for (int64_t c = c0; c < c1; ++c) {
+        dw[c] += d[c] * (xr[c] - m) * r;
+        db[c] += d[c];
+      }
+    }
+  }
+}
+
+template <typename T>
+void rmsnorm_forward(T* out, T* rstd, const T* x, const T* w, int64_t ntok, int64_t C, T eps) {
+#pragma omp parallel for schedule(static)
+  for (int64_t t = 0; t < ntok; ++t) {
+    const T* xr = x + t * C;
+    T ss = 0;
+#pragma omp simd reduction(+ : ss)
+    for (int64_t c = 0; c < C; ++c) ss += xr[c] * xr[c];
+    const T r = T(1) / std::sqrt(ss / T(C) + eps);
+    T* o = out + t * C;
+#pragma omp simd
+    for (int64_t c = 0; c < C; ++c) o[c] = xr[c] * r * w[c];
+    rstd[t] = r;
+  }
+}
+
+template <typename T>
+void rmsnorm_backward(T* dx, T* dw, const T* dout, const T* x, const T* w, const T* rstd,
+                      int64_t ntok, int64_t C) {
+#pragma omp parallel for schedule(static)
+  for (int64_t t = 0; t < ntok; ++t) {
+    const T* xr = x + t * C;
+    const T* d = dout + t * C;
+    const T r = rstd[t];
+    T dn_n_mean = 0;
+#pragma omp simd reduction(+ : dn_n_mean)
+    for (int64_t c = 0; c < C; ++c) dn_n_mean += d[c] * w[c] * xr[c] * r;
+    dn_n_mean /= T(C);
+    T* dxr = dx + t * C;
+#pragma omp simd
+    for (int64_t c = 0; c < C; ++c) dxr[c] += (d[c] * w[c] - xr[c] * r * dn_n_mean) * r;
+  }
+  constexpr int64_t kBlock = 64;
+#pragma omp parallel for schedule(static)
+  for (int64_t c0 = 0; c0 < C; c0 += kBlock) {
+    const int64_t c1 = std::min(C, c0 + kBlock);
+    for (int64_t t = 0; t < ntok; ++t) {
+      const T* xr = x + t * C;
+      const T* d = dout + t * C;
+      const T r = rstd[t];
+#pragma omp simd
+      for (int64_t c = c0; c < c1; ++c) dw[c] += d[c] * xr[c] * r;
+    }
+  }
+}
+
+// ---------------------------------------------------------------------------------------------
+// Activations
+
+namespace {
+constexpr double kGeluS = 0.7978845608028654;  // sqrt(2/pi)
+constexpr double kGeluA = 0.044715;
+constexpr int64_t kElemChunk = 16384;  // elementwise work split into fixed chunks
+}  // namespace
+
+template <typename T>
+void gelu_forward(T* out, const T* x, int64_t n) {
+  const T s = T(kGeluS), a = T(kGeluA);
+#pragma omp parallel for schedule(static)
+  for (int64_t i0 = 0; i0 < n; i0 += kElemChunk) {
+    const int64_t i1 = std::min(n, i0 + kElemChunk);
+#pragma omp simd
+    for (int64_t i = i0; i < i1; ++i) {
+      const T v = x[i];
+      out[i] = T(0.5) * v * (T(1) + fast_tanh(s * (v + a * v * v * v)));
+    }
+  }
+}
+
+template <typename T>
+void gelu_backward(T* dx, const T* dout, const T* x, int64_t n) {
+  const T s = T(kGeluS), a = T(kGeluA);
+#pragma omp parallel for schedule(static)
+  for (int64_t i0 = 0; i0 < n; i0 += kElemChunk) {
+    const int64_t i1 = std::min(n, i0 + kElemChunk);
+#pragma omp simd
+    for (int64_t i = i0; i < i1; ++i) {
+      const T v = x[i];
+      const T th = fast_tanh(s * (v + a * v * v * v));
+      const T local = T(0.5) * (T(1) + th) +
+                      T(0.5) * v * (T(1) - th * th) * s * (T(1) + T(3) * a * v * v);
+      dx[i] = local * dout[i];
+    }
+  }
+}
+
+template <typename T>
+void swiglu_forward(T* out, const T* gu, int64_t ntok, int64_t F) {
+#pragma omp parallel for schedule(static)
+  for (int64_t t = 0; t < ntok; ++t) {
+    const T* g = gu + t * 2 * F;
+    const T* u = g + F;
+    T* o = out + t * F;
+#pragma omp simd
+    for (int64_t j = 0; j < F; ++j) o[j] = g[j] * fast_sigmoid(g[j]) * u[j];
+  }
+}
+
+template <typename T>
+void swiglu_backward(T* dgu, const T* dout, const T* gu, int64_t ntok, int64_t F) {
+#pragma omp parallel for schedule(static)
+  for (int64_t t = 0; t < ntok; ++t) {
+    const T* g = gu + t * 2 * F;
+    const T* u = g + F;
+    const T* d = dout + t * F;
+    T* dg = dgu + t * 2 * F;
+    T* du = dg + F;
+#pragma omp simd
+    for (int64_t j = 0; j < F; ++j) {
+      const T sg = fast_sigmoid(g[j]);
+      const T silu = g[j] * sg;
+      dg[j] = d[j] * u[j] * sg * (T(1) + g[j] * (T(1) - sg));
+      du[j] = d[j] * silu;
+    }
+  }
+}
+
+// ---------------------------------------------------------------------------------------------
+// Rotary positions
+
+template <typename T>
+void rope_tables(T* cos_table, T* sin_table, int64_t max_pos, int64_t hd, double theta) {
+  const int64_t half = hd / 2;
+  for (int64_t i = 0; i < half; ++i) {
+    // As Hugging Face: inv_freq = 1 / theta^(2i / hd), angle = pos * inv_freq.
+    const double inv_freq = 1.0 / std::pow(theta, double(2 * i) / double(hd));
+    for (int64_t p = 0; p < max_pos; ++p) {
+      cos_table[p * half + i] = T(std::cos(double(p) * inv_freq));
+      sin_table[p * half + i] = T(std::sin(double(p) * inv_freq));
+    }
+  }
+}
+
+namespace {
+template <typename T>
+void rope_apply(T* x, int64_t ntok, int64_t T_seq, int64_t pos0, int64_t n_rot_heads, int64_t hd,
+                int64_t stride, const T* cos_table, const T* sin_table, T sign) {
+  const int64_t half = hd / 2;
+#pragma omp parallel for schedule(static)
+  for (int64_t t = 0; t < ntok; ++t) {
+    const int64_t pos = pos0 + t % T_seq;
+    const T* cs = cos_table + pos * half;
+    const T* sn = sin_table + pos * half;
+    T* row = x + t * stride;
+    for (int64_t h = 0; h < n_rot_heads; ++h) {
+      T* x1 = row + h * hd;
+      T* x2 = x1 + half;
+#pragma omp simd
+      for (int64_t i = 0; i < half; ++i) {
+        const T a = x1[i], b = x2[i], s = sign * sn[i];
+        x1[i] = a * cs[i] - b * s;
+        x2[i] = b * cs[i] + a * s;
+      }
+    }
+  }
+}
+}  // namespace
+
+template <typename T>
+void rope_forward(T* x, int64_t ntok, int64_t T_seq, int64_t pos0, int64_t n_rot_heads,
+                  int64_t hd, int64_t stride, const T* cos_table, const T* sin_table) {
+  rope_apply(x, ntok, T_seq, pos0, n_rot_heads, hd, stride, cos_table, sin_table, T(1));
+}
+
+template <typename T>
+void rope_backward(T* dx, int64_t ntok, int64_t T_seq, int64_t pos0, int64_t n_rot_heads,
+                   int64_t hd, int64_t stride, const T* cos_table, const T* sin_table) {
+  // A rotation's adjoint is the rotation by the opposite angle.
+  rope_apply(dx, ntok, T_seq, pos0, n_rot_heads, hd, stride, cos_table, sin_table, T(-1));
+}
+
+// ---------------------------------------------------------------------------------------------
+// Cross-entropy
+
+namespace {
+void check_targets(const int32_t* targets, int64_t ntok, int64_t V) {
+  for (int64_t t = 0; t < ntok; ++t)
+    if (targets[t] >= V)
+      fail("target token id ", targets[t], " at position ", t,
+           " is outside the model's vocabulary [0, ", V, ")");
+}
+}  // namespace
+
+template <typename T>
+double cross_entropy_fused(T* logits, T* losses, const int32_t* targets, int64_t ntok, int64_t V,
+                           T grad_scale) {
+  check_targets(targets, ntok, V);
+#pragma omp parallel for schedule(static)
+  for (int64_t t = 0; t < ntok; ++t) {
+    T* row = logits + t * V;
+    const int32_t tgt = targets[t];
+    if (tgt < 0) {
+      std::fill(row, row + V, T(0));
+      losses[t] = 0;
+      continue;
+    }
+    T mx = row[0];
+#pragma omp simd reduction(max : mx)
+    for (int64_t j = 0; j < V; ++j) mx = std::max(mx, row[j]);
+    const T target_logit = row[tgt];
+    T sum = 0;
+#pragma omp simd reduction(+ : sum)
+    for (int64_t j = 0; j < V; ++j) {
+      const T e = fast_exp(row[j] - mx);
+      row[j] = e;
+      sum += e;
+    }
+    losses[t] = std::log(sum) + mx - target_logit;
+    const T scale = grad_scale / sum;
+#pragma omp simd
+    for (int64_t j = 0; j < V; ++j) row[j] *= scale;
+    row[tgt] -= grad_scale;
+  }
+  double total = 0;
+  for (int64_t t = 0; t < ntok; ++t) total += double(losses[t]);
+  return total;
+}
+
+template <typename T>
+double cross_entropy_forward(T* losses, const T* logits, const int32_t* targets, int64_t ntok,
+                             int64_t V) {
+  check_targets(targets, ntok, V);
+#pragma omp parallel for schedule(static)
+  for (int64_t t = 0; t < ntok; ++t) {
+    const T* row = logits + t * V;
+    const int32_t tgt = targets[t];
+    if (tgt < 0) {
+      losses[t] = 0;
+      continue;
+    }
+    T mx = row[0];
+#pragma omp simd reduction(max : mx)
+    for (int64_t j = 0; j < V; ++j) mx = std::max(mx, row[j]);
+    T sum = 0;
+#pragma omp simd reduction(+ : sum)
+    for (int64_t j = 0; j < V; ++j) sum += fast_exp(row[j] - mx);
+    losses[t] = std::log(sum) + mx - row[tgt];
+  }
+  double total = 0;
+  for (int64_t t = 0; t < ntok; ++t) total += double(losses[t]);
+  return total;
+}
+
+// ---------------------------------------------------------------------------------------------
+// Elementwise and optimizer
+
+template <typename T>
+void add_inplace(T* x, const T* y, int64_t n) {
+#pragma omp parallel for schedule(static)
+  for (int64_t i0 = 0; i0 < n; i0 += kElemChunk) {
+    const int64_t i1 = std::min(n, i0 + kElemChunk);
+#pragma omp simd
+    for (int64_t i = i0; i < i1; ++i) x[i] += y[i];
+  }
+}
+
+template <typename T>
+double sum_squares(const T* x, int64_t n) {
+  // Fixed chunks summed in a fixed order: the same result for any thread count.
+  const int64_t nchunks = (n + kElemChunk - 1) / kElemChunk;
+  std::vector<double> partial(nchunks);
+#pragma omp parallel for schedule(static)
+  for (int64_t c = 0; c < nchunks; ++c) {
+    const int64_t i0 = c * kElemChunk, i1 = std::min(n, i0 + kElemChunk);
+    double s = 0;
+#pragma omp simd reduction(+ : s)
+    for (int64_t i = i0; i < i1; ++i) s += double(x[i]) * double(x[i]);
+    partial[c] = s;
+  }
+  double total = 0;
+  for (double p : partial) total += p;
+  return total;
+}
+
+template <typename T>
+void adamw_update(T* p, const T* g, T* m, T* v, int64_t n, T lr, T beta1, T beta2, T eps,
+                  T weight_decay, T grad_scale, int64_t step) {
+  const T bc1 = T(1) / (T(1) - T(std::pow(double(beta1), double(step))));
+  const T bc2 = T(1) / (T(1) - T(std::pow(double(beta2), double(step))));
+#pragma omp parallel for schedule(static)
+  for (int64_t i0 = 0; i0 < n; i0 += kElemChunk) {
+    const int64_t i1 = std::min(n, i0 + kElemChunk);
+#pragma omp simd
+    for (int64_t i = i0; i < i1; ++i) {
+      const T gi = g[i] * grad_scale;
+      const T mi = beta1 * m[i] + (T(1) - beta1) * gi;
+      const T vi = beta2 * v[i] + (T(1) - beta2) * gi * gi;
+      m[i] = mi;
+      v[i] = vi;
+      p[i] -= lr * ((mi * bc1) / (std::sqrt(vi * bc2) + eps) + weight_decay * p[i]);
+    }
+  }
+}
+
+// ---------------------------------------------------------------------------------------------
+// Explicit instantiations
+
+#define TETRAD_INSTANTIATE(T)                                                                    \
+  template void linear_forward<T>(T*, const T*, const T*, const T*, int64_t, int64_t, int64_t,   \
+                                  bool);                                                          \
+  template void linear_backward<T>(T*, T*, T*, const T*, const T*, const T*, int64_t, int64_t,   \
+                                   int64_t);                                                      \
+  template void embedding_forward<T>(T*, const int32_t*, const T*, const T*, int64_t, int64_t,   \
+                                     int64_t, int64_t);                                           \
+  template void embedding_backward<T>(T*, T*, const T*, const int32_t*, int64_t, int64_t,        \
+                                      int64_t);                                                   \
+  template void layernorm_forward<T>(T*, T*, T*, const T*, const T*, const T*, int64_t, int64_t, \
+                                     T);                                                          \
+  template void layernorm_backward<T>(T*, T*, T*, const T*, const T*, const T*, const T*,        \
+                                      const T*, int64_t, int64_t);                                \
+  template void rmsnorm_forward<T>(T*, T*, const T*, const T*, int64_t, int64_t, T);             \
+  template void rmsnorm_backward<T>(T*, T*, const T*, const T*, const T*, const T*, int64_t,     \
+                                    int64_t);                                                     \
+  template void gelu_forward<T>(T*, const T*, int64_t);                                          \
+  template void gelu_backward<T>(T*, const T*, const T*, int64_t);                               \
+  template void swiglu_forward<T>(T*, const T*, int64_t, int64_t);                               \
+  template void swiglu_backward<T>(T*, const T*, const T*, int64_t, int64_t);                    \
+  template void rope_tables<T>(T*, T*, int64_t, int64_t, double);                                \
+  template void rope_forward<T>(T*, int64_t, int64_t, int64_t, int64_t, int64_t, int64_t,        \
+                                const T*, const T*);                                             \
+  template void rope_backward<T>(T*, int64_t, int64_t, int64_t, int64_t, int64_t, int64_t,       \
+                                 const T*, const T*);                                            \
+  template double cross_entropy_fused<T>(T*, T*, const int32_t*, int64_t, int64_t, T);           \
+  template double cross_entropy_forward<T>(T*, const T*, const int32_t*, int64_t, int64_t);      \
+  template void add_inplace<T>(T*, const T*, int64_t);                                           \
+  template double sum_squares<T>(const T*, int64_t);                                             \
+  template void adamw_update<T>(T*, const T*, T*, T*, int64_t, T, T, T, T, T, T, int64_t);
+
+TETRAD_INSTANTIATE(float)
+TETRAD_INSTANTIATE(double)
+
+}  // namespace tetrad::kernels

@@ -1,0 +1,114 @@
+// CPU kernels of the transformer, as forward/backward pairs over plain pointers.
+//
+// Conventions (as llm.c): shapes are written next to pointers; row-major; `ntok` = tokens in the
+// micro-batch (B*T). Parameter gradients are ACCUMULATED (+=) so micro-batches accumulate;
+// activation gradients are OVERWRITTEN unless the comment says +=. Templated on float (training)
+// and double (the finite-difference gradient checks). Multithreaded with OpenMP over rows;
+// deterministic for a given thread count (no atomics, fixed reduction order).
+//
+// What is deliberately not here: attention (kernels/attention.hpp) and parallel collectives
+// (comm/). Norm statistics are computed over the full row; the 3D-parallel layers split that into
+// partial sums + all-reduce.
+#pragma once
+#include <cstdint>
+
+namespace tetrad::kernels {
+
+// C[M,N] = alpha * op(A) · op(B) + beta * C, row-major; op(X) = Xᵀ when the flag is set.
+// float: oneDNN sgemm (measured fastest on the model's shapes, machine-notes.md); double: a
+// straightforward blocked loop (tests only).
+template <typename T>
+void gemm(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K, T alpha, const T* A,
+          int64_t lda, const T* B, int64_t ldb, T beta, T* C, int64_t ldc);
+
+// out[ntok, OC] = in[ntok, IC] · W[OC, IC]ᵀ (+ bias[OC]); with accumulate, out += instead.
+template <typename T>
+void linear_forward(T* out, const T* in, const T* W, const T* bias, int64_t ntok, int64_t IC,
+                    int64_t OC, bool accumulate = false);
+// din[ntok, IC] = dout · W (skipped when din is null); dW[OC, IC] += doutᵀ · in; dbias[OC] += Σ dout.
+template <typename T>
+void linear_backward(T* din, T* dW, T* dbias, const T* dout, const T* in, const T* W,
+                     int64_t ntok, int64_t IC, int64_t OC);
+
+// GPT-2: out[t] = wte[tok[t]] + wpe[t % T]; Llama (wpe null): out[t] = wte[tok[t]].
+// Throws Error when a token id is outside [0, V).
+template <typename T>
+void embedding_forward(T* out, const int32_t* tokens, const T* wte, const T* wpe, int64_t ntok,
+                       int64_t T_seq, int64_t C, int64_t V);
+// dwte[tok] += dout[t]; dwpe[t % T] += dout[t].
+template <typename T>
+void embedding_backward(T* dwte, T* dwpe, const T* dout, const int32_t* tokens, int64_t ntok,
+                        int64_t T_seq, int64_t C);
+
+// LayerNorm over C with weight and bias; saves mean and rstd [ntok] for backward.
+template <typename T>
+void layernorm_forward(T* out, T* mean, T* rstd, const T* x, const T* w, const T* b,
+                       int64_t ntok, int64_t C, T eps);
+// dx += ..., dw += ..., db += ...
+template <typename T>
+void layernorm_backward(T* dx, T* dw, T* db, const T* dout, const T* x, const T* w,
+                        const T* mean, const T* rstd, int64_t ntok, int64_t C);
+
+// RMSNorm (Llama): out = x * rstd * w, rstd = 1/sqrt(mean(x²) + eps).
+template <typename T>
+void rmsnorm_forward(T* out, T* rstd, const T* x, const T* w, int64_t ntok, int64_t C, T eps);
+// dx += ..., dw += ...
+template <typename T>
+void rmsnorm_backward(T* dx, T* dw, const T* dout, const T* x, const T* w, const T* rstd,
+                      int64_t ntok, int64_t C);
+
+// GELU, tanh approximation (GPT-2's "gelu_new"). n elements.
+template <typename T>
+void gelu_forward(T* out, const T* x, int64_t n);
+template <typename T>
+void gelu_backward(T* dx, const T* dout, const T* x, int64_t n);
+
+// SwiGLU (Llama): gu[ntok, 2F] holds gate (first F) and up (last F) of each row;
+// out[ntok, F] = silu(gate) * up.
+template <typename T>
+void swiglu_forward(T* out, const T* gu, int64_t ntok, int64_t F);
+template <typename T>
+void swiglu_backward(T* dgu, const T* dout, const T* gu, int64_t ntok, int64_t F);
+
+// Rotary position embedding, Hugging Face's rotate_half convention: within each head, element i
+// pairs with i + hd/2. Applied in place to the first n_rot_heads heads of each row of x
+// (row stride `stride`), the token of row r of sequence b sitting at position pos0 + r % T.
+// cos/sin tables: [max_pos, hd/2] from rope_tables().
+template <typename T>
+void rope_tables(T* cos_table, T* sin_table, int64_t max_pos, int64_t hd, double theta);
+template <typename T>
+void rope_forward(T* x, int64_t ntok, int64_t T_seq, int64_t pos0, int64_t n_rot_heads,
+                  int64_t hd, int64_t stride, const T* cos_table, const T* sin_table);
+// The adjoint (rotation by -angle), in place on the gradient.
+template <typename T>
+void rope_backward(T* dx, int64_t ntok, int64_t T_seq, int64_t pos0, int64_t n_rot_heads,
+                   int64_t hd, int64_t stride, const T* cos_table, const T* sin_table);
+
+// Fused softmax cross-entropy. For each row with target >= 0: losses[t] = logsumexp(row) -
+// row[target] and the row is overwritten IN PLACE with d(grad_scale * Σ losses)/d logits =
+// grad_scale * (softmax - onehot). Rows with target < 0 (masked) get loss 0 and gradient 0.
+// Returns Σ losses (double). Throws Error for target >= V.
+template <typename T>
+double cross_entropy_fused(T* logits_to_dlogits, T* losses, const int32_t* targets,
+                           int64_t ntok, int64_t V, T grad_scale);
+// Forward only (evaluation): losses[t], returns Σ over rows with target >= 0.
+template <typename T>
+double cross_entropy_forward(T* losses, const T* logits, const int32_t* targets, int64_t ntok,
+                             int64_t V);
+
+// x += y, n elements.
+template <typename T>
+void add_inplace(T* x, const T* y, int64_t n);
+
+// Σ x² in double, for the global gradient norm.
+template <typename T>
+double sum_squares(const T* x, int64_t n);
+
+// One AdamW step (decoupled weight decay, Loshchilov & Hutter) on n elements:
+// g' = grad_scale * g; m = b1 m + (1-b1) g'; v = b2 v + (1-b2) g'²;
+// p -= lr * (m / (1-b1^t) / (sqrt(v / (1-b2^t)) + eps) + weight_decay * p).
+template <typename T>
+void adamw_update(T* p, const T* g, T* m, T* v, int64_t n, T lr, T beta1, T beta2, T eps,
+                  T weight_decay, T grad_scale, int64_t step);
+
+}  // namespace tetrad::kernels
