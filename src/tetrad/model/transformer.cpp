@@ -1,0 +1,364 @@
+#include "tetrad/model/transformer.hpp"
+
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+
+#include "tetrad/core/error.hpp"
+#include "tetrad/core/rng.hpp"
+#include "tetrad/kernels/attention.hpp"
+#include "tetrad/kernels/ops.hpp"
+
+namespace tetrad {
+
+namespace k = kernels;
+
+// Offsets of one block's tensors in the parameter (and gradient) buffer; -1 = absent.
+template <typename T>
+struct Transformer<T>::Layer {
+  int64_t ln1_w = -1, ln1_b = -1, qkv_w = -1, qkv_b = -1, proj_w = -1, proj_b = -1;
+  int64_t ln2_w = -1, ln2_b = -1, fc_w = -1, fc_b = -1, fcproj_w = -1, fcproj_b = -1;
+};
+
+// Views into the activation buffer. N = max_batch * max_len tokens, C hidden, QKV = (nh+2nkv)hd,
+// FW = width of the MLP up projection (F for GPT-2, 2F for SwiGLU's gate+up), F = MLP inner.
+template <typename T>
+struct Transformer<T>::Acts {
+  struct PerLayer {
+    T* ln1;        // (N, C)   normalised block input
+    T* ln1_mean;   // (N)      LayerNorm only
+    T* ln1_rstd;   // (N)
+    T* qkv;        // (N, QKV) q | k | v of every head (after rotary for Llama)
+    T* atty;       // (N, C)   attention output, heads concatenated
+    T* lse;        // (B, nh, T) log-sum-exp of each attention row
+    T* resid_mid;  // (N, C)   x + attention
+    T* ln2;        // (N, C)
+    T* ln2_mean;   // (N)
+    T* ln2_rstd;   // (N)
+    T* fc;         // (N, FW)  MLP up projection, before the activation
+    T* fc_act;     // (N, F)
+    T* resid_out;  // (N, C)   block output
+  };
+  std::vector<PerLayer> layer;
+  T* emb;        // (N, C)
+  T* lnf;        // (N, C)
+  T* lnf_mean;   // (N)
+  T* lnf_rstd;   // (N)
+  T* logits;     // (N, V)   overwritten with dlogits by the fused cross-entropy
+  T* losses;     // (N)
+  // backward scratch, reused by every layer
+  T* dresid;     // (N, C)   gradient of the residual stream
+  T* dln;        // (N, C)
+  T* dqkv;       // (N, QKV)
+  T* datty;      // (N, C)
+  T* dfc;        // (N, FW)
+  T* dfc_act;    // (N, F)
+};
+
+template <typename T>
+struct Transformer<T>::Cache {
+  int B = 0;
+  int pos = 0;
+  Buffer<T> k, v;  // (L, B, max_len, nkv*hd) each
+};
+
+template <typename T>
+Transformer<T>::Transformer(const ModelConfig& config, int max_batch, int max_len)
+    : cfg_(config), max_batch_(max_batch), max_len_(max_len) {
+  cfg_.validate();
+  if (max_batch <= 0) fail("micro-batch size must be positive, got ", max_batch);
+  if (max_len <= 0 || max_len > cfg_.max_seq)
+    fail("sequence length ", max_len, " is outside what the model supports (1..",
+         cfg_.max_seq, " = model.max_seq)");
+  table_ = build_param_table(cfg_);
+  params_ = Buffer<T>(table_.total);
+  grads_ = Buffer<T>(table_.total);
+
+  const bool gpt2 = cfg_.family == Family::GPT2;
+  auto off = [&](const std::string& name) -> int64_t {
+    const ParamSpec* s = table_.try_find(name);
+    return s ? s->offset : -1;
+  };
+  layers_.resize(cfg_.n_layer);
+  for (int l = 0; l < cfg_.n_layer; ++l) {
+    Layer& L = layers_[l];
+    if (gpt2) {
+      const std::string p = "transformer.h." + std::to_string(l) + ".";
+      L.ln1_w = off(p + "ln_1.weight"); L.ln1_b = off(p + "ln_1.bias");
+      L.qkv_w = off(p + "attn.c_attn.weight"); L.qkv_b = off(p + "attn.c_attn.bias");
+      L.proj_w = off(p + "attn.c_proj.weight"); L.proj_b = off(p + "attn.c_proj.bias");
+      L.ln2_w = off(p + "ln_2.weight"); L.ln2_b = off(p + "ln_2.bias");
+      L.fc_w = off(p + "mlp.c_fc.weight"); L.fc_b = off(p + "mlp.c_fc.bias");
+      L.fcproj_w = off(p + "mlp.c_proj.weight"); L.fcproj_b = off(p + "mlp.c_proj.bias");
+    } else {
+      const std::string p = "model.layers." + std::to_string(l) + ".";
+      L.ln1_w = off(p + "input_layernorm.weight");
+      L.qkv_w = off(p + "self_attn.q_proj.weight");  // q, k, v adjacent: one matrix
+      L.proj_w = off(p + "self_attn.o_proj.weight");
+      L.ln2_w = off(p + "post_attention_layernorm.weight");
+      L.fc_w = off(p + "mlp.gate_proj.weight");  // gate, up adjacent: one matrix
+      L.fcproj_w = off(p + "mlp.down_proj.weight");
+    }
+  }
+
+  // Activations: one allocation, carved into views.
+  const int64_t N = int64_t(max_batch) * max_len, C = cfg_.n_embd, V = cfg_.vocab_size;
+  const int64_t QKV = cfg_.qkv_dim(), F = cfg_.ffn, FW = gpt2 ? F : 2 * F;
+  const int64_t per_layer = N * (C + 1 + 1 + QKV + C + cfg_.n_head + C + C + 1 + 1 + FW + F + C);
+  const int64_t global = N * (C + C + 1 + 1 + V + 1) + N * (C + C + QKV + C + FW + F);
+  acts_ = Buffer<T>(per_layer * cfg_.n_layer + global);
+  a_ = std::make_unique<Acts>();
+  T* cur = acts_.data();
+  auto take = [&](int64_t n) { T* p = cur; cur += n; return p; };
+  a_->layer.resize(cfg_.n_layer);
+  for (auto& A : a_->layer) {
+    A.ln1 = take(N * C); A.ln1_mean = take(N); A.ln1_rstd = take(N);
+    A.qkv = take(N * QKV); A.atty = take(N * C); A.lse = take(N * cfg_.n_head);
+    A.resid_mid = take(N * C); A.ln2 = take(N * C); A.ln2_mean = take(N); A.ln2_rstd = take(N);
+    A.fc = take(N * FW); A.fc_act = take(N * F); A.resid_out = take(N * C);
+  }
+  a_->emb = take(N * C); a_->lnf = take(N * C); a_->lnf_mean = take(N); a_->lnf_rstd = take(N);
+  a_->logits = take(N * V); a_->losses = take(N);
+  a_->dresid = take(N * C); a_->dln = take(N * C); a_->dqkv = take(N * QKV);
+  a_->datty = take(N * C); a_->dfc = take(N * FW); a_->dfc_act = take(N * F);
+  TETRAD_CHECK(cur == acts_.data() + acts_.size());
+
+  if (!gpt2) {
+    const int64_t half = cfg_.head_dim() / 2;
+    rope_cos_ = Buffer<T>(size_t(cfg_.max_seq) * half);
+    rope_sin_ = Buffer<T>(size_t(cfg_.max_seq) * half);
+    k::rope_tables(rope_cos_.data(), rope_sin_.data(), cfg_.max_seq, cfg_.head_dim(),
+                   cfg_.rope_theta);
+  }
+}
+
+template <typename T>
+Transformer<T>::~Transformer() = default;
+
+template <typename T>
+void Transformer<T>::init_weights(uint64_t seed) {
+  const double resid_scale = 1.0 / std::sqrt(2.0 * cfg_.n_layer);
+  for (size_t i = 0; i < table_.specs.size(); ++i) {
+    const ParamSpec& s = table_.specs[i];
+    T* p = params_.data() + s.offset;
+    if (s.kind == ParamKind::Norm) {
+      std::fill(p, p + s.numel, T(1));
+      continue;
+    }
+    if (s.kind == ParamKind::Bias) {
+      std::fill(p, p + s.numel, T(0));
+      continue;
+    }
+    double std = cfg_.init_std;
+    // GPT-2 scales the projections that write into the residual stream (Radford et al. 2019).
+    if (cfg_.family == Family::GPT2 && s.kind == ParamKind::Linear &&
+        (s.name.ends_with("attn.c_proj.weight") || s.name.ends_with("mlp.c_proj.weight")))
+      std *= resid_scale;
+    uint64_t sm = seed ^ (0x5DEECE66Dull * (i + 1));
+    Rng rng(splitmix64(sm));
+    for (int64_t j = 0; j < s.numel; ++j) p[j] = T(rng.normal() * std);
+  }
+}
+
+template <typename T>
+void Transformer<T>::forward(const int32_t* inputs, int B, int Tq, int pos0, bool use_cache) {
+  if (B <= 0 || B > max_batch_)
+    fail("micro-batch of ", B, " sequences; this model was set up for 1..", max_batch_);
+  if (Tq <= 0 || pos0 + Tq > max_len_)
+    fail("sequence of ", pos0 + Tq, " tokens is longer than the model's maximum of ", max_len_,
+         " (model.max_seq / train.seq_len)");
+  const bool gpt2 = cfg_.family == Family::GPT2;
+  const int64_t N = int64_t(B) * Tq, C = cfg_.n_embd, V = cfg_.vocab_size;
+  const int64_t nh = cfg_.n_head, nkv = cfg_.n_kv_head, hd = cfg_.head_dim();
+  const int64_t QKV = cfg_.qkv_dim(), F = cfg_.ffn, FW = gpt2 ? F : 2 * F;
+  const T eps = T(cfg_.norm_eps);
+  T* P = params_.data();
+  auto p = [&](int64_t o) -> const T* { return o < 0 ? nullptr : P + o; };
+  Acts& a = *a_;
+
+  const ParamSpec& wte = table_.specs[0];
+  const T* wpe = gpt2 ? P + table_.specs[1].offset + int64_t(pos0) * C : nullptr;
+  k::embedding_forward(a.emb, inputs, P + wte.offset, wpe, N, Tq, C, V);
+
+  const T* x = a.emb;
+  for (int l = 0; l < cfg_.n_layer; ++l) {
+    const Layer& L = layers_[l];
+    auto& A = a.layer[l];
+    if (gpt2) k::layernorm_forward(A.ln1, A.ln1_mean, A.ln1_rstd, x, p(L.ln1_w), p(L.ln1_b), N, C, eps);
+    else k::rmsnorm_forward(A.ln1, A.ln1_rstd, x, p(L.ln1_w), N, C, eps);
+    k::linear_forward(A.qkv, A.ln1, p(L.qkv_w), p(L.qkv_b), N, C, QKV);
+    if (!gpt2)
+      k::rope_forward(A.qkv, N, Tq, pos0, nh + nkv, hd, QKV, rope_cos_.data(), rope_sin_.data());
+
+    k::AttentionDims d{};
+    d.B = B; d.Tq = Tq; d.n_head = int(nh); d.n_kv_head = int(nkv); d.head_dim = int(hd);
+    d.q_stride = QKV; d.q_batch_stride = Tq * QKV;
+    d.out_stride = C; d.out_batch_stride = Tq * C;
+    const T* q = A.qkv;
+    const T *kp = A.qkv + nh * hd, *vp = A.qkv + (nh + nkv) * hd;
+    if (use_cache) {
+      // Append this step's keys and values, then attend over everything cached so far.
+      const int64_t KW = nkv * hd;
+      T* kc = cache_->k.data() + int64_t(l) * cache_->B * max_len_ * KW;
+      T* vc = cache_->v.data() + int64_t(l) * cache_->B * max_len_ * KW;
+      for (int b = 0; b < B; ++b)
+        for (int i = 0; i < Tq; ++i) {
+          const T* row = A.qkv + (int64_t(b) * Tq + i) * QKV;
+          const int64_t dst = (int64_t(b) * max_len_ + pos0 + i) * KW;
+          std::memcpy(kc + dst, row + nh * hd, KW * sizeof(T));
+          std::memcpy(vc + dst, row + (nh + nkv) * hd, KW * sizeof(T));
+        }
+      kp = kc; vp = vc;
+      d.Tk = pos0 + Tq; d.kv_stride = KW; d.kv_batch_stride = int64_t(max_len_) * KW;
+      k::attention_forward<T>(A.atty, nullptr, q, kp, vp, d);
+    } else {
+      d.Tk = Tq; d.kv_stride = QKV; d.kv_batch_stride = Tq * QKV;
+      k::attention_forward<T>(A.atty, A.lse, q, kp, vp, d);
+    }
+
+    std::memcpy(A.resid_mid, x, N * C * sizeof(T));
+    k::linear_forward(A.resid_mid, A.atty, p(L.proj_w), p(L.proj_b), N, C, C, /*accumulate=*/true);
+
+    if (gpt2) k::layernorm_forward(A.ln2, A.ln2_mean, A.ln2_rstd, A.resid_mid, p(L.ln2_w), p(L.ln2_b), N, C, eps);
+    else k::rmsnorm_forward(A.ln2, A.ln2_rstd, A.resid_mid, p(L.ln2_w), N, C, eps);
+    k::linear_forward(A.fc, A.ln2, p(L.fc_w), p(L.fc_b), N, C, FW);
+    if (gpt2) k::gelu_forward(A.fc_act, A.fc, N * F);
+    else k::swiglu_forward(A.fc_act, A.fc, N, F);
+    std::memcpy(A.resid_out, A.resid_mid, N * C * sizeof(T));
+    k::linear_forward(A.resid_out, A.fc_act, p(L.fcproj_w), p(L.fcproj_b), N, F, C, /*accumulate=*/true);
+    x = A.resid_out;
+  }
+
+  if (gpt2) {
+    k::layernorm_forward(a.lnf, a.lnf_mean, a.lnf_rstd, x, P + table_.find("transformer.ln_f.weight").offset,
+                         P + table_.find("transformer.ln_f.bias").offset, N, C, eps);
+  } else {
+    k::rmsnorm_forward(a.lnf, a.lnf_rstd, x, P + table_.find("model.norm.weight").offset, N, C, eps);
+  }
+}
+
+// The output head's weight: the token embedding when tied.
+#define HEAD_OFFSET() \
+  (cfg_.tie_embeddings ? table_.specs[0].offset : table_.find("lm_head.weight").offset)
+
+template <typename T>
+const T* Transformer<T>::forward_logits(const int32_t* inputs, int B, int Tq) {
+  forward(inputs, B, Tq, 0, false);
+  const int64_t N = int64_t(B) * Tq, C = cfg_.n_embd, V = cfg_.vocab_size;
+  k::gemm<T>(false, true, N, V, C, T(1), a_->lnf, C, params_.data() + HEAD_OFFSET(), C, T(0),
+             a_->logits, V);
+  return a_->logits;
+}
+
+template <typename T>
+const T* Transformer<T>::logits() const { return a_->logits; }
+
+template <typename T>
+double Transformer<T>::forward_loss(const int32_t* inputs, const int32_t* targets, int B, int Tq) {
+  forward_logits(inputs, B, Tq);
+  return k::cross_entropy_forward(a_->losses, a_->logits, targets, int64_t(B) * Tq,
+                                  int64_t(cfg_.vocab_size));
+}
+
+template <typename T>
+double Transformer<T>::forward_backward(const int32_t* inputs, const int32_t* targets, int B,
+                                        int Tq, T grad_scale) {
+  forward_logits(inputs, B, Tq);
+  const double loss_sum = k::cross_entropy_fused(a_->logits, a_->losses, targets,
+                                                 int64_t(B) * Tq, int64_t(cfg_.vocab_size),
+                                                 grad_scale);
+  backward(inputs, B, Tq);
+  return loss_sum;
+}
+
+template <typename T>
+void Transformer<T>::backward(const int32_t* inputs, int B, int Tq) {
+  const bool gpt2 = cfg_.family == Family::GPT2;
+  const int64_t N = int64_t(B) * Tq, C = cfg_.n_embd, V = cfg_.vocab_size;
+  const int64_t nh = cfg_.n_head, nkv = cfg_.n_kv_head, hd = cfg_.head_dim();
+  const int64_t QKV = cfg_.qkv_dim(), F = cfg_.ffn, FW = gpt2 ? F : 2 * F;
+  T* P = params_.data();
+  T* G = grads_.data();
+  auto p = [&](int64_t o) -> const T* { return o < 0 ? nullptr : P + o; };
+  auto g = [&](int64_t o) -> T* { return o < 0 ? nullptr : G + o; };
+  Acts& a = *a_;
+  const T* x_last = cfg_.n_layer > 0 ? a.layer.back().resid_out : a.emb;
+
+  // Output head (dlogits already in a.logits) and the final norm.
+  const int64_t head = HEAD_OFFSET();
+  k::linear_backward(a.dln, G + head, static_cast<T*>(nullptr), a.logits, a.lnf, P + head, N, C, V);
+  std::fill(a.dresid, a.dresid + N * C, T(0));
+  if (gpt2) {
+    const int64_t w = table_.find("transformer.ln_f.weight").offset;
+    const int64_t b = table_.find("transformer.ln_f.bias").offset;
+    k::layernorm_backward(a.dresid, G + w, G + b, a.dln, x_last, P + w, a.lnf_mean, a.lnf_rstd, N, C);
+  } else {
+    const int64_t w = table_.find("model.norm.weight").offset;
+    k::rmsnorm_backward(a.dresid, G + w, a.dln, x_last, P + w, a.lnf_rstd, N, C);
+  }
+
+  for (int l = cfg_.n_layer - 1; l >= 0; --l) {
+    const Layer& L = layers_[l];
+    auto& A = a.layer[l];
+    const T* x_in = l == 0 ? a.emb : a.layer[l - 1].resid_out;
+
+    // resid_out = resid_mid + fcproj(act(fc(norm2(resid_mid))))
+    k::linear_backward(a.dfc_act, g(L.fcproj_w), g(L.fcproj_b), a.dresid, A.fc_act, p(L.fcproj_w), N, F, C);
+    if (gpt2) k::gelu_backward(a.dfc, a.dfc_act, A.fc, N * F);
+    else k::swiglu_backward(a.dfc, a.dfc_act, A.fc, N, F);
+    k::linear_backward(a.dln, g(L.fc_w), g(L.fc_b), a.dfc, A.ln2, p(L.fc_w), N, C, FW);
+    if (gpt2) k::layernorm_backward(a.dresid, g(L.ln2_w), g(L.ln2_b), a.dln, A.resid_mid, p(L.ln2_w), A.ln2_mean, A.ln2_rstd, N, C);
+    else k::rmsnorm_backward(a.dresid, g(L.ln2_w), a.dln, A.resid_mid, p(L.ln2_w), A.ln2_rstd, N, C);
+
+    // resid_mid = x_in + proj(attention(rope(qkv(norm1(x_in)))))
+    k::linear_backward(a.datty, g(L.proj_w), g(L.proj_b), a.dresid, A.atty, p(L.proj_w), N, C, C);
+    k::AttentionDims d{};
+    d.B = B; d.Tq = Tq; d.Tk = Tq; d.n_head = int(nh); d.n_kv_head = int(nkv); d.head_dim = int(hd);
+    d.q_stride = d.kv_stride = QKV; d.q_batch_stride = d.kv_batch_stride = Tq * QKV;
+    d.out_stride = C; d.out_batch_stride = Tq * C;
+    k::attention_backward<T>(a.dqkv, a.dqkv + nh * hd, a.dqkv + (nh + nkv) * hd, a.datty, A.qkv,
+                             A.qkv + nh * hd, A.qkv + (nh + nkv) * hd, A.atty, A.lse, d);
+    if (!gpt2)
+      k::rope_backward(a.dqkv, N, Tq, 0, nh + nkv, hd, QKV, rope_cos_.data(), rope_sin_.data());
+    k::linear_backward(a.dln, g(L.qkv_w), g(L.qkv_b), a.dqkv, A.ln1, p(L.qkv_w), N, C, QKV);
+    if (gpt2) k::layernorm_backward(a.dresid, g(L.ln1_w), g(L.ln1_b), a.dln, x_in, p(L.ln1_w), A.ln1_mean, A.ln1_rstd, N, C);
+    else k::rmsnorm_backward(a.dresid, g(L.ln1_w), a.dln, x_in, p(L.ln1_w), A.ln1_rstd, N, C);
+  }
+
+  T* dwpe = gpt2 ? G + table_.specs[1].offset : nullptr;
+  k::embedding_backward(G + table_.specs[0].offset, dwpe, a.dresid, inputs, N, Tq, C);
+}
+
+template <typename T>
+void Transformer<T>::start_cache(int B) {
+  if (B <= 0 || B > max_batch_)
+    fail("generation batch of ", B, " sequences; this model was set up for 1..", max_batch_);
+  if (!cache_ || cache_->B != B) {
+    cache_ = std::make_unique<Cache>();
+    cache_->B = B;
+    const size_t n = size_t(cfg_.n_layer) * B * max_len_ * cfg_.n_kv_head * cfg_.head_dim();
+    cache_->k = Buffer<T>(n);
+    cache_->v = Buffer<T>(n);
+  }
+  cache_->pos = 0;
+}
+
+template <typename T>
+int Transformer<T>::cache_position() const { return cache_ ? cache_->pos : 0; }
+
+template <typename T>
+const T* Transformer<T>::decode(const int32_t* tokens, int B, int Tq) {
+  TETRAD_CHECK(cache_ && cache_->B == B, "start_cache(B) must precede decode");
+  forward(tokens, B, Tq, cache_->pos, true);
+  cache_->pos += Tq;
+  // Logits of the last new token of each sequence only: rows (b*Tq + Tq-1) of lnf.
+  const int64_t C = cfg_.n_embd, V = cfg_.vocab_size;
+  k::gemm<T>(false, true, B, V, C, T(1), a_->lnf + int64_t(Tq - 1) * C, int64_t(Tq) * C,
+             params_.data() + HEAD_OFFSET(), C, T(0), a_->logits, V);
+  return a_->logits;
+}
+
+template class Transformer<float>;
+template class Transformer<double>;
+
+}  // namespace tetrad

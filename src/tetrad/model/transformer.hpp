@@ -1,0 +1,90 @@
+// The GPT-2 / Llama decoder as one class over flat buffers, forward and backward written out.
+//
+// Parameters, gradients and activations each live in one Buffer; the ParamTable gives every
+// tensor's (offset, size), so the optimizer, checkpoints and later the sharding code work on
+// slices. The whole model reads top to bottom in transformer.cpp: forward() then backward()
+// mirroring it line for line.
+//
+// Templated on the element type: float trains; double exists so the whole model's gradient can be
+// checked against finite differences.
+//
+// This is the single-rank (degenerate grid) model; parallel layers shard the same tensors.
+// Not thread-safe: one model object per training loop.
+#pragma once
+#include <cstdint>
+#include <memory>
+#include <vector>
+
+#include "tetrad/core/buffer.hpp"
+#include "tetrad/model/model_config.hpp"
+#include "tetrad/model/params.hpp"
+
+namespace tetrad {
+
+template <typename T>
+class Transformer {
+ public:
+  // Allocates parameters, gradients and activations for micro-batches of up to max_batch
+  // sequences of up to max_len tokens (max_len <= config.max_seq).
+  Transformer(const ModelConfig& config, int max_batch, int max_len);
+  ~Transformer();
+  Transformer(const Transformer&) = delete;
+  Transformer& operator=(const Transformer&) = delete;
+
+  const ModelConfig& config() const { return cfg_; }
+  const ParamTable& table() const { return table_; }
+  int max_batch() const { return max_batch_; }
+  int max_len() const { return max_len_; }
+  int64_t num_params() const { return table_.total; }
+  T* params() { return params_.data(); }
+  const T* params() const { return params_.data(); }
+  T* grads() { return grads_.data(); }
+  const T* grads() const { return grads_.data(); }
+  T* param(const std::string& name) { return params_.data() + table_.find(name).offset; }
+  int64_t activation_bytes() const { return int64_t(acts_.size() * sizeof(T)); }
+
+  // The family's initialisation (GPT-2: N(0, 0.02), residual projections scaled by
+  // 1/sqrt(2L), biases 0, norms 1; Llama: N(0, init_std), norms 1). Each tensor draws from its own
+  // stream seeded by (seed, tensor index), so init does not depend on allocation order.
+  void init_weights(uint64_t seed);
+  void zero_grads() { grads_.zero(); }
+
+  // Training: forward over B sequences of T tokens, loss, and backward of
+  // grad_scale * Σ_t loss_t (targets < 0 are ignored); parameter gradients ACCUMULATE.
+  // Returns Σ_t loss_t over the kept targets.
+  double forward_backward(const int32_t* inputs, const int32_t* targets, int B, int Tq,
+                          T grad_scale);
+  // Evaluation: Σ_t loss_t over targets >= 0; logits() stay valid.
+  double forward_loss(const int32_t* inputs, const int32_t* targets, int B, int Tq);
+  // Logits [B*T, V] for the inputs; returns a pointer to them.
+  const T* forward_logits(const int32_t* inputs, int B, int Tq);
+  const T* logits() const;
+
+  // Incremental decoding with a key/value cache (generation). start_cache(B) resets the cache for
+  // B sequences; decode() appends Tq tokens per sequence at the current position and returns the
+  // logits of each sequence's LAST new token, [B, V].
+  void start_cache(int B);
+  const T* decode(const int32_t* tokens, int B, int Tq);
+  int cache_position() const;
+
+ private:
+  struct Layer;    // per-block parameter views
+  struct Acts;     // activation views
+  struct Cache;
+  void forward(const int32_t* inputs, int B, int Tq, int pos0, bool use_cache);
+  void backward(const int32_t* inputs, int B, int Tq);
+  void bind_views();
+
+  ModelConfig cfg_;
+  ParamTable table_;
+  int max_batch_, max_len_;
+  Buffer<T> params_, grads_, acts_, rope_cos_, rope_sin_;
+  std::vector<Layer> layers_;
+  std::unique_ptr<Acts> a_;
+  std::unique_ptr<Cache> cache_;
+};
+
+extern template class Transformer<float>;
+extern template class Transformer<double>;
+
+}  // namespace tetrad
