@@ -1,0 +1,289 @@
+#include "tetrad/train/config.hpp"
+
+#include <functional>
+#include <map>
+#include <sstream>
+#include <toml++/toml.h>
+
+#include "tetrad/core/error.hpp"
+
+namespace tetrad {
+
+namespace {
+
+// One schema entry: where the value lives and how to read/print it.
+struct Field {
+  std::string key;  // "section.name"
+  std::string type;
+  std::string doc;
+  std::function<void(RunConfig&, const toml::node&, const std::string& where)> set;
+  std::function<std::string(const RunConfig&)> get;
+};
+
+std::string toml_quote(const std::string& s) {
+  std::ostringstream os;
+  os << toml::value<std::string>(s);
+  return os.str();
+}
+
+// Readers that check the TOML type and name the key on mismatch.
+int64_t read_int(const toml::node& n, const std::string& key, const std::string& where) {
+  if (auto v = n.value_exact<int64_t>()) return *v;
+  fail(where, ": ", key, " must be an integer, got ", n.type());
+}
+double read_double(const toml::node& n, const std::string& key, const std::string& where) {
+  if (auto v = n.value_exact<double>()) return *v;
+  if (auto v = n.value_exact<int64_t>()) return double(*v);
+  fail(where, ": ", key, " must be a number, got ", n.type());
+}
+bool read_bool(const toml::node& n, const std::string& key, const std::string& where) {
+  if (auto v = n.value_exact<bool>()) return *v;
+  fail(where, ": ", key, " must be true or false, got ", n.type());
+}
+std::string read_string(const toml::node& n, const std::string& key, const std::string& where) {
+  if (auto v = n.value_exact<std::string>()) return *v;
+  fail(where, ": ", key, " must be a string, got ", n.type());
+}
+
+std::string fmt_double(double v) {
+  std::ostringstream os;
+  os.precision(17);
+  os << v;
+  std::string s = os.str();
+  if (s.find_first_of(".eEn") == std::string::npos) s += ".0";
+  return s;
+}
+
+#define INT_FIELD(KEY, EXPR, DOC)                                                              \
+  Field{KEY, "integer", DOC,                                                                   \
+        [](RunConfig& c, const toml::node& n, const std::string& w) {                          \
+          EXPR = static_cast<std::remove_reference_t<decltype(EXPR)>>(read_int(n, KEY, w));    \
+        },                                                                                     \
+        [](const RunConfig& c) { return std::to_string(EXPR); }}
+#define FLOAT_FIELD(KEY, EXPR, DOC)                                                            \
+  Field{KEY, "number", DOC,                                                                    \
+        [](RunConfig& c, const toml::node& n, const std::string& w) {                          \
+          EXPR = static_cast<std::remove_reference_t<decltype(EXPR)>>(read_double(n, KEY, w)); \
+        },                                                                                     \
+        [](const RunConfig& c) { return fmt_double(EXPR); }}
+#define BOOL_FIELD(KEY, EXPR, DOC)                                                             \
+  Field{KEY, "bool", DOC,                                                                      \
+        [](RunConfig& c, const toml::node& n, const std::string& w) {                          \
+          EXPR = read_bool(n, KEY, w);                                                         \
+        },                                                                                     \
+        [](const RunConfig& c) { return std::string(EXPR ? "true" : "false"); }}
+#define STRING_FIELD(KEY, EXPR, DOC)                                                           \
+  Field{KEY, "string", DOC,                                                                    \
+        [](RunConfig& c, const toml::node& n, const std::string& w) {                          \
+          EXPR = read_string(n, KEY, w);                                                       \
+        },                                                                                     \
+        [](const RunConfig& c) { return toml_quote(EXPR); }}
+
+const std::vector<Field>& schema() {
+  static const std::vector<Field> fields = {
+      // model.name is handled first (it selects the base that the other model keys override).
+      STRING_FIELD("model.name", c.model_name,
+                   "named base configuration: tiny, small, gpt2-124m, llama-tiny, llama-small"),
+      Field{"model.family", "string", "\"gpt2\" or \"llama\"",
+            [](RunConfig& c, const toml::node& n, const std::string& w) {
+              c.model.family = parse_family(read_string(n, "model.family", w));
+            },
+            [](const RunConfig& c) { return toml_quote(family_name(c.model.family)); }},
+      INT_FIELD("model.n_layer", c.model.n_layer, "transformer blocks"),
+      INT_FIELD("model.n_embd", c.model.n_embd, "hidden size"),
+      INT_FIELD("model.n_head", c.model.n_head, "attention heads"),
+      INT_FIELD("model.n_kv_head", c.model.n_kv_head,
+                "key/value heads (grouped-query attention when < n_head; Llama only)"),
+      INT_FIELD("model.ffn", c.model.ffn, "MLP inner size"),
+      INT_FIELD("model.vocab_size", c.model.vocab_size,
+                "vocabulary size (must be >= the tokenizer's)"),
+      INT_FIELD("model.max_seq", c.model.max_seq, "longest sequence (GPT-2: learned positions)"),
+      FLOAT_FIELD("model.norm_eps", c.model.norm_eps, "LayerNorm / RMSNorm epsilon"),
+      FLOAT_FIELD("model.rope_theta", c.model.rope_theta, "rotary base (Llama)"),
+      BOOL_FIELD("model.tie_embeddings", c.model.tie_embeddings,
+                 "output head shares the token embedding (always true for GPT-2)"),
+      FLOAT_FIELD("model.init_std", c.model.init_std, "standard deviation of the initial weights"),
+      STRING_FIELD("data.dir", c.data_dir, "folder written by `tetrad prepare`"),
+      STRING_FIELD("run.dir", c.run_dir,
+                   "run folder: resolved config, metrics.jsonl, checkpoints"),
+      STRING_FIELD("run.init_from", c.init_from,
+                   "Hugging Face model folder to start from (fine-tuning); empty: random init"),
+      INT_FIELD("train.seed", c.train.seed, "seed of weight init and data order"),
+      INT_FIELD("train.micro_batch", c.train.micro_batch, "sequences per micro-batch"),
+      INT_FIELD("train.seq_len", c.train.seq_len, "tokens per sequence (<= model.max_seq)"),
+      INT_FIELD("train.grad_accum", c.train.grad_accum, "micro-batches per optimizer step"),
+      INT_FIELD("train.max_steps", c.train.max_steps, "optimizer steps"),
+      FLOAT_FIELD("train.lr", c.train.lr, "peak learning rate"),
+      FLOAT_FIELD("train.min_lr_ratio", c.train.min_lr_ratio,
+                  "final learning rate as a fraction of the peak (cosine decay)"),
+      INT_FIELD("train.warmup_steps", c.train.warmup_steps, "linear warm-up steps"),
+      FLOAT_FIELD("train.weight_decay", c.train.weight_decay, "AdamW decoupled weight decay"),
+      FLOAT_FIELD("train.beta1", c.train.beta1, "AdamW beta1"),
+      FLOAT_FIELD("train.beta2", c.train.beta2, "AdamW beta2"),
+      FLOAT_FIELD("train.adam_eps", c.train.adam_eps, "AdamW epsilon"),
+      FLOAT_FIELD("train.grad_clip", c.train.grad_clip, "global gradient-norm clip (0: off)"),
+      BOOL_FIELD("train.decay_embeddings", c.train.decay_embeddings,
+                 "apply weight decay to embeddings"),
+      BOOL_FIELD("train.decay_norms", c.train.decay_norms, "apply weight decay to norm weights"),
+      BOOL_FIELD("train.decay_biases", c.train.decay_biases, "apply weight decay to biases"),
+      INT_FIELD("train.log_interval", c.train.log_interval, "steps between progress lines"),
+      INT_FIELD("train.eval_interval", c.train.eval_interval,
+                "steps between validation passes (0: off)"),
+      INT_FIELD("train.eval_batches", c.train.eval_batches, "micro-batches per validation pass"),
+      INT_FIELD("train.checkpoint_interval", c.train.checkpoint_interval,
+                "steps between checkpoints (0: only at the end)"),
+      INT_FIELD("train.keep_checkpoints", c.train.keep_checkpoints, "checkpoints kept"),
+      INT_FIELD("train.max_bad_steps", c.train.max_bad_steps,
+                "consecutive non-finite steps (skipped) before the run stops"),
+      INT_FIELD("train.threads", c.train.threads, "OpenMP threads (0: all cores)"),
+  };
+  return fields;
+}
+
+const Field* find_field(const std::string& key) {
+  for (const auto& f : schema())
+    if (f.key == key) return &f;
+  return nullptr;
+}
+
+[[noreturn]] void unknown_key(const std::string& key, const std::string& where) {
+  std::string section = key.substr(0, key.find('.'));
+  std::string known;
+  for (const auto& f : schema())
+    if (f.key.rfind(section + ".", 0) == 0) known += (known.empty() ? "" : ", ") + f.key;
+  if (known.empty())
+    fail(where, ": unknown section '", section, "'; expected model, data, run or train");
+  fail(where, ": unknown key '", key, "'; keys of [", section, "] are: ", known);
+}
+
+// Flattens a parsed table into "section.key" -> node, rejecting nesting deeper than one level.
+void collect(const toml::table& root, const std::string& where,
+             std::vector<std::pair<std::string, const toml::node*>>& out) {
+  for (const auto& [k, v] : root) {
+    const std::string section(k.str());
+    const toml::table* t = v.as_table();
+    if (!t) fail(where, ": top-level key '", section, "' must be a [section] table");
+    for (const auto& [k2, v2] : *t) out.emplace_back(section + "." + std::string(k2.str()), &v2);
+  }
+}
+
+void apply(RunConfig& c, const std::string& key, const toml::node& n, const std::string& where) {
+  const Field* f = find_field(key);
+  if (!f) unknown_key(key, where);
+  f->set(c, n, where);
+}
+
+}  // namespace
+
+void RunConfig::validate() const {
+  model.validate();
+  const auto& t = train;
+  auto positive = [](const char* key, int64_t v) {
+    if (v <= 0) fail("train.", key, " must be positive, got ", v);
+  };
+  positive("micro_batch", t.micro_batch);
+  positive("seq_len", t.seq_len);
+  positive("grad_accum", t.grad_accum);
+  positive("max_steps", t.max_steps);
+  positive("log_interval", t.log_interval);
+  positive("eval_batches", t.eval_batches);
+  positive("keep_checkpoints", t.keep_checkpoints);
+  positive("max_bad_steps", t.max_bad_steps);
+  if (t.seq_len > model.max_seq)
+    fail("train.seq_len (", t.seq_len, ") is longer than the model's model.max_seq (",
+         model.max_seq, ")");
+  if (!(t.lr > 0)) fail("train.lr must be positive, got ", t.lr);
+  if (!(t.min_lr_ratio >= 0 && t.min_lr_ratio <= 1))
+    fail("train.min_lr_ratio must be in [0, 1], got ", t.min_lr_ratio);
+  if (t.warmup_steps < 0) fail("train.warmup_steps must be >= 0, got ", t.warmup_steps);
+  if (t.weight_decay < 0) fail("train.weight_decay must be >= 0, got ", t.weight_decay);
+  if (!(t.beta1 >= 0 && t.beta1 < 1)) fail("train.beta1 must be in [0, 1), got ", t.beta1);
+  if (!(t.beta2 >= 0 && t.beta2 < 1)) fail("train.beta2 must be in [0, 1), got ", t.beta2);
+  if (!(t.adam_eps > 0)) fail("train.adam_eps must be positive, got ", t.adam_eps);
+  if (t.grad_clip < 0) fail("train.grad_clip must be >= 0 (0 disables), got ", t.grad_clip);
+  if (t.eval_interval < 0) fail("train.eval_interval must be >= 0, got ", t.eval_interval);
+  if (t.checkpoint_interval < 0)
+    fail("train.checkpoint_interval must be >= 0, got ", t.checkpoint_interval);
+  if (t.threads < 0) fail("train.threads must be >= 0, got ", t.threads);
+  if (run_dir.empty()) fail("run.dir must not be empty");
+}
+
+RunConfig load_run_config(const std::string& path, const std::vector<std::string>& overrides) {
+  std::vector<std::pair<std::string, const toml::node*>> entries;
+  toml::table file_table;
+  if (!path.empty()) {
+    try {
+      file_table = toml::parse_file(path);
+    } catch (const toml::parse_error& e) {
+      const auto& b = e.source().begin;
+      fail("config '", path, "' line ", b.line, ", column ", b.column, ": ",
+           std::string(e.description()));
+    }
+    collect(file_table, "config '" + path + "'", entries);
+  }
+  // Overrides: parse "a.b=value" as the TOML document "[a]\nb = value"; a bare word that is not
+  // valid TOML is taken as a string, so --set data.dir=data/x works without quotes.
+  std::vector<toml::table> override_tables;
+  override_tables.reserve(overrides.size());
+  std::vector<std::pair<std::string, const toml::node*>> override_entries;
+  for (const auto& o : overrides) {
+    const auto eq = o.find('=');
+    const auto dot = o.find('.');
+    if (eq == std::string::npos || dot == std::string::npos || dot > eq)
+      fail("override '", o, "': expected section.key=value, e.g. train.lr=3e-4");
+    const std::string key = o.substr(0, eq), value = o.substr(eq + 1);
+    const std::string section = key.substr(0, dot), name = key.substr(dot + 1);
+    toml::table t;
+    try {
+      t = toml::parse("[" + section + "]\n" + name + " = " + value);
+    } catch (const toml::parse_error&) {
+      t = toml::parse("[" + section + "]\n" + name + " = " + toml_quote(value));
+    }
+    override_tables.push_back(std::move(t));
+  }
+  for (size_t i = 0; i < override_tables.size(); ++i)
+    collect(override_tables[i], "override '" + overrides[i] + "'", override_entries);
+
+  RunConfig c;
+  // The base model first: the last model.name given (file, then overrides) wins.
+  for (auto* list : {&entries, &override_entries})
+    for (const auto& [key, node] : *list)
+      if (key == "model.name") c.model_name = read_string(*node, key, "model.name");
+  c.model = named_model(c.model_name);
+  const std::string file_where = "config '" + path + "'";
+  for (const auto& [key, node] : entries)
+    if (key != "model.name") apply(c, key, *node, file_where);
+  for (size_t i = 0; i < override_entries.size(); ++i) {
+    const auto& [key, node] = override_entries[i];
+    if (key != "model.name") apply(c, key, *node, "command line");
+  }
+  c.validate();
+  return c;
+}
+
+std::string to_toml(const RunConfig& cfg) {
+  std::ostringstream os;
+  std::string section;
+  for (const auto& f : schema()) {
+    const std::string s = f.key.substr(0, f.key.find('.'));
+    if (s != section) {
+      os << (section.empty() ? "" : "\n") << "[" << s << "]\n";
+      section = s;
+    }
+    os << f.key.substr(f.key.find('.') + 1) << " = " << f.get(cfg) << "\n";
+  }
+  return os.str();
+}
+
+std::string config_reference_markdown() {
+  RunConfig defaults;
+  defaults.model = named_model(defaults.model_name);
+  std::ostringstream os;
+  os << "| key | type | default | meaning |\n| --- | --- | --- | --- |\n";
+  for (const auto& f : schema())
+    os << "| `" << f.key << "` | " << f.type << " | `" << f.get(defaults) << "` | " << f.doc
+       << " |\n";
+  return os.str();
+}
+
+}  // namespace tetrad

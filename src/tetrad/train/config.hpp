@@ -1,0 +1,58 @@
+// The run configuration: one TOML file (configs/*.toml, documented in docs/config.md) plus
+// command-line overrides `--set section.key=value`. Every key is declared once in config.cpp's
+// schema, which drives parsing, validation (unknown keys and wrong types are errors that name the
+// key, the file and what was expected), the resolved-config dump saved in the run folder, and the
+// documentation table.
+#pragma once
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "tetrad/model/model_config.hpp"
+
+namespace tetrad {
+
+struct TrainConfig {
+  uint64_t seed = 1337;
+  int micro_batch = 4;        // sequences per micro-batch (per data-parallel replica)
+  int seq_len = 64;           // tokens per sequence (<= model.max_seq)
+  int grad_accum = 1;         // micro-batches per optimizer step
+  int64_t max_steps = 100;
+  double lr = 6e-4;           // peak learning rate
+  double min_lr_ratio = 0.1;  // cosine decays to lr * min_lr_ratio
+  int64_t warmup_steps = 10;
+  double weight_decay = 0.1;
+  double beta1 = 0.9, beta2 = 0.95, adam_eps = 1e-8;
+  double grad_clip = 1.0;     // global-norm clipping; 0 disables
+  bool decay_embeddings = false, decay_norms = false, decay_biases = false;
+  int64_t log_interval = 1;
+  int64_t eval_interval = 50;  // 0 disables validation
+  int eval_batches = 8;
+  int64_t checkpoint_interval = 0;  // 0: only at the end
+  int keep_checkpoints = 3;
+  int max_bad_steps = 5;      // consecutive non-finite steps before stopping
+  int threads = 0;            // 0: all cores
+};
+
+struct RunConfig {
+  std::string model_name = "tiny";  // named base configuration, overridden field by field
+  ModelConfig model;
+  std::string data_dir = "data/kjv";  // output of `tetrad prepare`
+  std::string init_from;             // Hugging Face folder to fine-tune from (optional)
+  std::string run_dir = "runs/default";
+  TrainConfig train;
+
+  void validate() const;  // throws Error naming the key
+};
+
+// Loads `path` (empty: defaults only), then applies overrides "section.key=value" in order.
+// Throws Error naming the file/key and what was expected.
+RunConfig load_run_config(const std::string& path, const std::vector<std::string>& overrides);
+
+// The resolved configuration as TOML (every key, including defaults).
+std::string to_toml(const RunConfig& cfg);
+
+// Markdown table of every key: name, type, default, meaning (docs/config.md is generated from it).
+std::string config_reference_markdown();
+
+}  // namespace tetrad
