@@ -1,3 +1,186 @@
-// tetrad command-line entry point (placeholder until the subcommands land).
-#include <cstdio>
-int main() { std::puts("tetrad"); return 0; }
+// tetrad: the command-line front door. Thin: every subcommand parses its options and calls one
+// library function; errors (tetrad::Error) are printed as one clear message and exit status 1.
+#include <omp.h>
+
+#include <CLI/CLI.hpp>
+#include <filesystem>
+#include <fstream>
+#include <iostream>
+
+#include "tetrad/checkpoint/hf.hpp"
+#include "tetrad/checkpoint/run_checkpoint.hpp"
+#include "tetrad/core/error.hpp"
+#include "tetrad/data/prepare.hpp"
+#include "tetrad/data/tokenizer.hpp"
+#include "tetrad/model/sampling.hpp"
+#include "tetrad/tools/bench.hpp"
+#include "tetrad/train/config.hpp"
+#include "tetrad/train/trainer.hpp"
+
+namespace fs = std::filesystem;
+using namespace tetrad;
+
+namespace {
+
+// A model folder given on the command line: a Hugging Face-format folder (config.json +
+// model.safetensors) or a run folder, meaning its latest good checkpoint.
+std::string resolve_model_dir(const std::string& path) {
+  if (fs::exists(path + "/config.json")) return path;
+  if (fs::exists(path + "/checkpoints")) {
+    auto found = find_latest_checkpoint(path, std::cerr);
+    if (found) return found->dir;
+    fail("run folder '", path, "' has no checkpoint yet");
+  }
+  fail("'", path, "' is neither a model folder (config.json + model.safetensors) nor a run "
+       "folder (checkpoints/)");
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  CLI::App app{"tetrad: train GPT-2 and Llama models, exactly and fast"};
+  app.require_subcommand(1);
+
+  // prepare
+  data::PrepareOptions prep;
+  auto* prepare = app.add_subcommand("prepare", "text files -> tokenizer + token shards");
+  prepare->add_option("-i,--input", prep.inputs, "text files or folders (*.txt)")->required();
+  prepare->add_option("-o,--out", prep.out_dir, "output folder")->required();
+  prepare->add_option("--tokenizer", prep.tokenizer_model,
+                      "existing SentencePiece .model (default: train a BPE model)");
+  prepare->add_option("--vocab-size", prep.vocab_size, "vocabulary of the trained tokenizer")
+      ->capture_default_str();
+  prepare->add_option("--val-fraction", prep.val_fraction, "documents held out for validation")
+      ->capture_default_str();
+  prepare->add_option("--doc-split", prep.doc_split,
+                      "auto | file | blank-line | line | kjv-chapter")->capture_default_str();
+  prepare->add_option("--seed", prep.seed)->capture_default_str();
+
+  // train
+  std::string config_path;
+  std::vector<std::string> overrides;
+  TrainOptions topt;
+  auto* train_cmd = app.add_subcommand("train", "train a model as the config says");
+  train_cmd->add_option("-c,--config", config_path, "TOML config (docs/config.md)");
+  train_cmd->add_option("-s,--set", overrides, "override: section.key=value (repeatable)");
+  train_cmd->add_flag("--resume", topt.resume, "continue from the latest good checkpoint");
+  bool print_config_doc = false;
+  auto* config_doc = app.add_subcommand("config-doc", "print the reference of every config key");
+  (void)print_config_doc;
+
+  // eval
+  std::string model_dir, data_dir = "data/kjv", split = "val";
+  int eval_batches = 20, eval_b = 4, eval_t = 0;
+  auto* eval = app.add_subcommand("eval", "loss and perplexity of a model on a prepared split");
+  eval->add_option("-m,--model", model_dir, "model folder or run folder")->required();
+  eval->add_option("-d,--data", data_dir, "prepared data folder")->capture_default_str();
+  eval->add_option("--split", split, "train | val")->capture_default_str();
+  eval->add_option("--batches", eval_batches)->capture_default_str();
+  eval->add_option("--micro-batch", eval_b)->capture_default_str();
+  eval->add_option("--seq-len", eval_t, "default: the model's max_seq");
+
+  // generate
+  std::string prompt = "In the beginning";
+  int max_new = 100;
+  SamplingOptions sopt;
+  uint64_t gen_seed = 1;
+  auto* gen = app.add_subcommand("generate", "sample text from a model (KV cache)");
+  gen->add_option("-m,--model", model_dir, "model folder or run folder")->required();
+  gen->add_option("-p,--prompt", prompt)->capture_default_str();
+  gen->add_option("-n,--max-new", max_new, "tokens to generate")->capture_default_str();
+  gen->add_option("-t,--temperature", sopt.temperature, "0 = greedy")->capture_default_str();
+  gen->add_option("--top-k", sopt.top_k, "0 = off")->capture_default_str();
+  gen->add_option("--top-p", sopt.top_p, "nucleus mass, 1 = off")->capture_default_str();
+  gen->add_option("--seed", gen_seed)->capture_default_str();
+
+  // bench
+  BenchOptions bopt;
+  auto* bench = app.add_subcommand("bench", "benchmark the standard configurations (fp32)");
+  bench->add_option("--configs", bopt.configs, "names (tiny, small, gpt2-124m, llama-small, ...)")
+      ->delimiter(',')->capture_default_str();
+  bench->add_option("--steps", bopt.steps, "timed steps")->capture_default_str();
+  bench->add_option("--warmup", bopt.warmup, "untimed steps first")->capture_default_str();
+  bench->add_option("--threads", bopt.threads, "0 = all cores")->capture_default_str();
+  bench->add_option("--json", bopt.json_path, "also write one JSON object per config here");
+  bench->add_option("--anchor", bopt.anchor_cmd,
+                    "command running the PyTorch anchor (default: bench/pytorch_gpt2.py if "
+                    "torch is importable; 'none' to skip)");
+
+  // export
+  std::string export_out;
+  auto* exp = app.add_subcommand("export", "copy a run's latest checkpoint as a Hugging Face folder");
+  exp->add_option("-m,--model", model_dir, "run folder or checkpoint")->required();
+  exp->add_option("-o,--out", export_out, "output folder")->required();
+
+  try {
+    app.parse(argc, argv);
+  } catch (const CLI::ParseError& e) {
+    return app.exit(e);
+  }
+
+  try {
+    if (*prepare) {
+      data::prepare_data(prep, std::cout);
+    } else if (*config_doc) {
+      std::cout << config_reference_markdown();
+    } else if (*train_cmd) {
+      RunConfig cfg = load_run_config(config_path, overrides);
+      TrainResult r = train(cfg, topt, std::cout);
+      std::cout << (r.stopped_by_signal ? "stopped" : "done") << " at step " << r.steps_done
+                << "; final checkpoint " << r.last_checkpoint << "\n";
+    } else if (*eval) {
+      const std::string dir = resolve_model_dir(model_dir);
+      const double loss = evaluate_checkpoint(dir, data_dir, split, eval_b, eval_t, eval_batches,
+                                              std::cout);
+      std::cout << "loss " << loss << " | perplexity " << std::exp(loss) << "\n";
+    } else if (*gen) {
+      const std::string dir = resolve_model_dir(model_dir);
+      const ModelConfig mc = read_hf_config(dir);
+      if (!fs::exists(dir + "/tokenizer.model"))
+        fail("model folder '", dir, "' has no tokenizer.model to encode the prompt with");
+      auto tok = data::Tokenizer::load(dir + "/tokenizer.model");
+      Transformer<float> model(mc, 1, mc.max_seq);
+      load_hf_params(dir, mc, model.table(), model.params());
+      Rng rng(gen_seed);
+      std::vector<int32_t> ids = tok.encode(prompt);
+      std::cout << prompt << std::flush;
+      std::vector<int32_t> sofar;
+      std::string printed;
+      generate(model, ids, max_new, sopt, rng, tok.eos_id(), [&](int32_t t) {
+        // Decode the whole continuation and print what is new, so multi-token characters and
+        // SentencePiece's word-boundary spaces come out right while streaming.
+        sofar.push_back(t);
+        std::vector<int32_t> all = ids;
+        all.insert(all.end(), sofar.begin(), sofar.end());
+        const std::string text = tok.decode(all);
+        const std::string base = tok.decode(ids);
+        const std::string cont = text.substr(std::min(text.size(), base.size()));
+        if (cont.size() > printed.size()) {
+          std::cout << cont.substr(printed.size()) << std::flush;
+          printed = cont;
+        }
+      });
+      std::cout << "\n";
+    } else if (*bench) {
+      run_bench(bopt, std::cout);
+    } else if (*exp) {
+      const std::string dir = resolve_model_dir(model_dir);
+      const ModelConfig mc = read_hf_config(dir);
+      std::vector<float> params(build_param_table(mc).total);
+      const ParamTable table = build_param_table(mc);
+      load_hf_params(dir, mc, table, params.data());
+      save_hf(export_out, mc, table, params.data());
+      if (fs::exists(dir + "/tokenizer.model"))
+        fs::copy_file(dir + "/tokenizer.model", export_out + "/tokenizer.model",
+                      fs::copy_options::overwrite_existing);
+      std::cout << "exported " << dir << " -> " << export_out << "\n";
+    }
+  } catch (const tetrad::Error& e) {
+    std::cerr << "tetrad: error: " << e.what() << "\n";
+    return 1;
+  } catch (const std::exception& e) {
+    std::cerr << "tetrad: error: " << e.what() << "\n";
+    return 1;
+  }
+  return 0;
+}

@@ -1,0 +1,290 @@
+#include "tetrad/train/trainer.hpp"
+
+#include <omp.h>
+
+#include <atomic>
+#include <chrono>
+#include <cmath>
+#include <csignal>
+#include <filesystem>
+#include <fstream>
+#include <iomanip>
+#include <iostream>
+#include <nlohmann/json.hpp>
+#include <sstream>
+
+#include "tetrad/checkpoint/hf.hpp"
+#include "tetrad/checkpoint/run_checkpoint.hpp"
+#include "tetrad/core/cpu.hpp"
+#include "tetrad/core/error.hpp"
+#include "tetrad/core/hash.hpp"
+#include "tetrad/data/loader.hpp"
+#include "tetrad/model/transformer.hpp"
+#include "tetrad/tools/ceilings.hpp"
+#include "tetrad/train/optimizer.hpp"
+
+namespace fs = std::filesystem;
+
+namespace tetrad {
+
+namespace {
+
+std::atomic<int> g_stop_signal{0};
+extern "C" void on_stop_signal(int sig) { g_stop_signal.store(sig); }
+
+// Installs SIGINT/SIGTERM handlers for the lifetime of a training call: a scheduler's SIGTERM
+// before the wall-clock limit ends the run with a final checkpoint instead of losing work.
+class StopSignals {
+ public:
+  StopSignals() {
+    g_stop_signal.store(0);
+    prev_int_ = std::signal(SIGINT, on_stop_signal);
+    prev_term_ = std::signal(SIGTERM, on_stop_signal);
+  }
+  ~StopSignals() {
+    std::signal(SIGINT, prev_int_);
+    std::signal(SIGTERM, prev_term_);
+  }
+
+ private:
+  void (*prev_int_)(int);
+  void (*prev_term_)(int);
+};
+
+std::string format_duration(double s) {
+  if (!std::isfinite(s) || s < 0) return "?";
+  const long t = long(s + 0.5);
+  std::ostringstream os;
+  if (t >= 3600) os << t / 3600 << "h" << std::setw(2) << std::setfill('0') << (t / 60) % 60 << "m";
+  else if (t >= 60) os << t / 60 << "m" << std::setw(2) << std::setfill('0') << t % 60 << "s";
+  else os << t << "s";
+  return os.str();
+}
+
+// The data folder's tokenizer identity and vocabulary, checked against the model.
+struct DataInfo {
+  uint64_t tokenizer_identity = 0;
+  int vocab_size = 0;
+  std::string tokenizer_path;
+};
+
+DataInfo read_data_info(const std::string& data_dir, const ModelConfig& model) {
+  const std::string meta_path = data_dir + "/meta.json";
+  std::ifstream f(meta_path);
+  if (!f)
+    fail("data folder '", data_dir, "' has no meta.json; prepare it first with `tetrad prepare "
+         "--input <text> --out ", data_dir, "`");
+  nlohmann::json j;
+  try {
+    f >> j;
+  } catch (const std::exception& e) {
+    fail("'", meta_path, "' is not valid JSON: ", e.what());
+  }
+  DataInfo d;
+  try {
+    d.vocab_size = j.at("vocab_size").get<int>();
+    d.tokenizer_identity = std::stoull(j.at("tokenizer_identity").get<std::string>(), nullptr, 16);
+  } catch (const std::exception& e) {
+    fail("'", meta_path, "' lacks vocab_size / tokenizer_identity: ", e.what());
+  }
+  if (d.vocab_size > model.vocab_size)
+    fail("the tokenizer of '", data_dir, "' has ", d.vocab_size,
+         " tokens but model.vocab_size is ", model.vocab_size,
+         "; set model.vocab_size >= ", d.vocab_size);
+  d.tokenizer_path = data_dir + "/tokenizer.model";
+  return d;
+}
+
+void set_threads(int threads) {
+  const int n = threads > 0 ? threads : num_cores();
+  omp_set_num_threads(n);
+}
+
+}  // namespace
+
+TrainResult train(const RunConfig& cfg, const TrainOptions& opt, std::ostream& out) {
+  cfg.validate();
+  const TrainConfig& t = cfg.train;
+  set_threads(t.threads);
+  const int B = t.micro_batch, T = t.seq_len;
+  const DataInfo data = read_data_info(cfg.data_dir, cfg.model);
+
+  fs::create_directories(cfg.run_dir);
+  {
+    const std::string resolved = to_toml(cfg);
+    std::ofstream(cfg.run_dir + "/config.toml") << resolved;
+    if (!opt.quiet) out << "# resolved configuration (saved to " << cfg.run_dir << "/config.toml)\n"
+                        << resolved << "\n";
+  }
+
+  Transformer<float> model(cfg.model, B, T);
+  AdamW adam(model.table(), t);
+  data::DataLoader train_loader(cfg.data_dir, "train", B, T, 0, 1, t.seed);
+  train_loader.expect_tokenizer(data.tokenizer_identity, cfg.model.vocab_size);
+
+  TrainResult result;
+  int64_t step = 0;
+  bool loaded = false;
+  if (opt.resume) {
+    auto found = find_latest_checkpoint(cfg.run_dir, out);
+    if (!found) {
+      out << "resume: no checkpoint in " << cfg.run_dir << "/checkpoints; starting from scratch\n";
+    } else {
+      TrainerState st = load_run_checkpoint(found->dir, cfg.model, model.table(), model.params());
+      std::copy(st.adam_m.begin(), st.adam_m.end(), adam.m());
+      std::copy(st.adam_v.begin(), st.adam_v.end(), adam.v());
+      step = st.step;
+      loaded = true;
+      try {
+        train_loader.restore(data::LoaderState{st.info.at("data_epoch").get<uint64_t>(),
+                                         st.info.at("data_cursor").get<uint64_t>()});
+      } catch (const nlohmann::json::exception& e) {
+        fail("checkpoint '", found->dir, "' lacks the data position: ", e.what());
+      }
+      out << "resumed from " << found->dir << " at step " << step << "\n";
+    }
+  }
+  if (!loaded) {
+    if (!cfg.init_from.empty()) {
+      load_hf_params(cfg.init_from, cfg.model, model.table(), model.params());
+      out << "initialised from " << cfg.init_from << "\n";
+    } else {
+      model.init_weights(t.seed);
+    }
+  }
+  result.first_step = step;
+
+  const double peak_gflops = opt.peak_gflops > 0 ? opt.peak_gflops
+                                                 : fma_peak_gflops(omp_get_max_threads());
+  const double flops_tok = flops_per_token(cfg.model, T);
+  const int64_t tokens_per_step = int64_t(B) * T * t.grad_accum;
+  if (!opt.quiet) {
+    out << "model: " << family_name(cfg.model.family) << " " << cfg.model_name << ", "
+        << model.num_params() << " parameters; batch " << t.grad_accum << " x " << B << " x "
+        << T << " = " << tokens_per_step << " tokens/step; threads " << omp_get_max_threads()
+        << "; FMA peak " << std::fixed << std::setprecision(0) << peak_gflops
+        << " GFLOP/s (MFU baseline)\n";
+    out << "grid: 1 rank (x=1, y=1, z=1, d=1): this rank holds every parameter and the whole batch\n";
+    out.unsetf(std::ios::floatfield);
+  }
+
+  std::ofstream metrics(cfg.run_dir + "/metrics.jsonl", opt.resume ? std::ios::app : std::ios::trunc);
+  std::vector<int32_t> inputs(size_t(t.grad_accum) * B * T), targets(inputs.size());
+
+  auto save = [&](int64_t at_step) {
+    const auto ls = train_loader.state();
+    nlohmann::json info = {{"data_epoch", ls.epoch}, {"data_cursor", ls.cursor},
+                           {"tokens_seen", at_step * tokens_per_step},
+                           {"config", to_toml(cfg)}};
+    CheckpointOptions co;
+    co.tokenizer_path = data.tokenizer_path;
+    co.keep_last = t.keep_checkpoints;
+    const auto t0 = std::chrono::steady_clock::now();
+    result.last_checkpoint = save_run_checkpoint(cfg.run_dir, cfg.model, model.table(),
+                                                 model.params(),
+                                                 TrainerState{at_step, {}, info,
+                                                              std::vector<float>(adam.m(), adam.m() + adam.size()),
+                                                              std::vector<float>(adam.v(), adam.v() + adam.size())},
+                                                 co);
+    const double dt = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    if (!opt.quiet) out << "checkpoint " << result.last_checkpoint << " (" << std::fixed
+                        << std::setprecision(2) << dt << " s)\n" << std::defaultfloat;
+  };
+
+  auto validate = [&](int64_t at_step) {
+    data::DataLoader val(cfg.data_dir, "val", B, T, 0, 1, t.seed);  // same batches every time
+    double sum = 0;
+    int64_t count = 0;
+    std::vector<int32_t> vi(size_t(B) * T), vt(vi.size());
+    for (int i = 0; i < t.eval_batches; ++i) {
+      val.next_batch(vi.data(), vt.data());
+      sum += model.forward_loss(vi.data(), vt.data(), B, T);
+      count += int64_t(B) * T;
+    }
+    const double vl = sum / double(count);
+    result.val_losses.push_back(vl);
+    metrics << nlohmann::json{{"step", at_step}, {"val_loss", vl}}.dump() << "\n";
+    metrics.flush();
+    if (!opt.quiet) out << "step " << at_step << " | val loss " << std::fixed
+                        << std::setprecision(4) << vl << std::defaultfloat << "\n";
+  };
+
+  StopSignals signals;
+  const auto run_start = std::chrono::steady_clock::now();
+  int bad_steps = 0;
+  double tokens_per_s = 0;
+  const int64_t start_step = step;
+  for (; step < t.max_steps; ++step) {
+    const auto t0 = std::chrono::steady_clock::now();
+    // All micro-batches of the step first, so the loss normaliser (kept targets over the whole
+    // global batch) is known before any backward.
+    for (int m = 0; m < t.grad_accum; ++m)
+      train_loader.next_batch(inputs.data() + size_t(m) * B * T, targets.data() + size_t(m) * B * T);
+    int64_t kept = 0;
+    for (int32_t y : targets) kept += y >= 0;
+    model.zero_grads();
+    double loss_sum = 0;
+    for (int m = 0; m < t.grad_accum; ++m)
+      loss_sum += model.forward_backward(inputs.data() + size_t(m) * B * T,
+                                         targets.data() + size_t(m) * B * T, B, T,
+                                         1.0f / float(std::max<int64_t>(kept, 1)));
+    const double loss = loss_sum / double(std::max<int64_t>(kept, 1));
+    const double gnorm = grad_norm(model.grads(), model.num_params());
+    const double lr = learning_rate(t, step);
+    if (!std::isfinite(loss) || !std::isfinite(gnorm)) {
+      ++bad_steps;
+      result.losses.push_back(loss);
+      out << "step " << step + 1 << ": non-finite " << (std::isfinite(loss) ? "gradient" : "loss")
+          << " (loss " << loss << ", grad norm " << gnorm << "); step skipped (" << bad_steps
+          << " in a row, limit train.max_bad_steps = " << t.max_bad_steps << ")\n";
+      metrics << nlohmann::json{{"step", step + 1}, {"skipped", true}}.dump() << "\n";
+      if (bad_steps >= t.max_bad_steps)
+        fail("stopping: ", bad_steps, " consecutive non-finite steps; the last good checkpoint (",
+             result.last_checkpoint.empty() ? "none written this run" : result.last_checkpoint,
+             ") is intact. Lower train.lr or check the data.");
+      continue;
+    }
+    bad_steps = 0;
+    const double clip = (t.grad_clip > 0 && gnorm > t.grad_clip) ? t.grad_clip / gnorm : 1.0;
+    adam.update(model.params(), model.grads(), lr, clip, step + 1);
+    result.losses.push_back(loss);
+
+    const auto t1 = std::chrono::steady_clock::now();
+    const double dt = std::chrono::duration<double>(t1 - t0).count();
+    const double elapsed = std::chrono::duration<double>(t1 - run_start).count();
+    tokens_per_s = double(tokens_per_step) / dt;
+    const double mfu = flops_tok * tokens_per_s / (peak_gflops * 1e9);
+    const int64_t done = step + 1;
+    const double eta = elapsed / double(done - start_step) * double(t.max_steps - done);
+    metrics << nlohmann::json{{"step", done}, {"loss", loss}, {"lr", lr}, {"grad_norm", gnorm},
+                              {"tokens_per_s", tokens_per_s}, {"mfu", mfu},
+                              {"step_time_s", dt}, {"elapsed_s", elapsed}}
+                   .dump()
+            << "\n";
+    if (!opt.quiet && (done % t.log_interval == 0 || done == t.max_steps || done == start_step + 1)) {
+      out << "step " << std::setw(5) << done << "/" << t.max_steps << " | loss " << std::fixed
+          << std::setprecision(4) << loss << " | lr " << std::scientific << std::setprecision(2)
+          << lr << " | gnorm " << std::fixed << std::setprecision(3) << gnorm << " | "
+          << std::setprecision(0) << tokens_per_s << " tok/s | MFU " << std::setprecision(1)
+          << 100 * mfu << "% | " << format_duration(elapsed) << " elapsed, ETA "
+          << format_duration(eta) << std::defaultfloat << std::endl;
+    }
+    metrics.flush();
+    if (t.eval_interval > 0 && done % t.eval_interval == 0) validate(done);
+    if (t.checkpoint_interval > 0 && done % t.checkpoint_interval == 0 && done < t.max_steps)
+      save(done);
+    if (int sig = g_stop_signal.load()) {
+      out << "received " << (sig == SIGTERM ? "SIGTERM" : "SIGINT")
+          << ": writing a final checkpoint and stopping at step " << done << "\n";
+      result.stopped_by_signal = true;
+      ++step;
+      break;
+    }
+  }
+  result.steps_done = step;
+  if (t.eval_interval > 0 && step % t.eval_interval != 0 && !result.stopped_by_signal) validate(step);
+  save(step);
+  return result;
+}
+
+}  // namespace tetrad
