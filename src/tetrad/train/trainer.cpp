@@ -288,3 +288,36 @@ TrainResult train(const RunConfig& cfg, const TrainOptions& opt, std::ostream& o
 }
 
 }  // namespace tetrad
+
+namespace tetrad {
+
+double evaluate_checkpoint(const std::string& model_dir, const std::string& data_dir,
+                           const std::string& split, int micro_batch, int seq_len, int batches,
+                           std::ostream& out) {
+  const ModelConfig mc = read_hf_config(model_dir);
+  const int T = seq_len > 0 ? seq_len : mc.max_seq;
+  const DataInfo data = read_data_info(data_dir, mc);
+  if (std::filesystem::exists(model_dir + "/tokenizer.model")) {
+    const uint64_t id = hash_file(model_dir + "/tokenizer.model");
+    if (id != data.tokenizer_identity)
+      fail("model '", model_dir, "' was trained with tokenizer ", hex64(id), " but the shards in '",
+           data_dir, "' were made with tokenizer ", hex64(data.tokenizer_identity));
+  }
+  Transformer<float> model(mc, micro_batch, T);
+  load_hf_params(model_dir, mc, model.table(), model.params());
+  data::DataLoader loader(data_dir, split, micro_batch, T, 0, 1, 1337);
+  loader.expect_tokenizer(data.tokenizer_identity, mc.vocab_size);
+  std::vector<int32_t> x(size_t(micro_batch) * T), y(x.size());
+  double sum = 0;
+  int64_t count = 0;
+  for (int i = 0; i < batches; ++i) {
+    loader.next_batch(x.data(), y.data());
+    sum += model.forward_loss(x.data(), y.data(), micro_batch, T);
+    count += int64_t(micro_batch) * T;
+  }
+  out << "evaluated " << count << " tokens of " << data_dir << " (" << split << ") with "
+      << model_dir << "\n";
+  return sum / double(count);
+}
+
+}  // namespace tetrad

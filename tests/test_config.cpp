@@ -1,0 +1,115 @@
+// Run configuration (TOML + overrides), its validation messages, the LR schedule and AdamW's
+// weight-decay grouping.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <cstdio>
+#include <fstream>
+#include <string>
+
+#include "tetrad/core/error.hpp"
+#include "tetrad/train/config.hpp"
+#include "tetrad/train/optimizer.hpp"
+
+using namespace tetrad;
+
+namespace {
+std::string write_temp(const std::string& text) {
+  char name[] = "/tmp/tetrad_cfg_XXXXXX";
+  int fd = mkstemp(name);
+  EXPECT_GE(fd, 0);
+  FILE* f = fdopen(fd, "w");
+  fputs(text.c_str(), f);
+  fclose(f);
+  return name;
+}
+std::string error_of(const std::string& text, const std::vector<std::string>& overrides = {}) {
+  const std::string path = write_temp(text);
+  try {
+    load_run_config(path, overrides);
+  } catch (const Error& e) {
+    std::remove(path.c_str());
+    return e.what();
+  }
+  std::remove(path.c_str());
+  return "";
+}
+bool contains(const std::string& s, const std::string& sub) { return s.find(sub) != std::string::npos; }
+}  // namespace
+
+TEST(Config, FileAndOverridesApplyInOrder) {
+  const std::string path = write_temp(
+      "[model]\nname = \"small\"\nn_layer = 3\n[train]\nlr = 1e-3\nmicro_batch = 2\n[data]\ndir = \"d\"\n");
+  RunConfig c = load_run_config(path, {"train.lr=5e-4", "model.n_embd=256", "data.dir=other/x",
+                                       "train.decay_norms=true"});
+  std::remove(path.c_str());
+  EXPECT_EQ(c.model_name, "small");
+  EXPECT_EQ(c.model.n_layer, 3);      // file overrides the named base
+  EXPECT_EQ(c.model.vocab_size, 8192);  // from the named base
+  EXPECT_EQ(c.model.n_embd, 256);     // command line
+  EXPECT_DOUBLE_EQ(c.train.lr, 5e-4);
+  EXPECT_EQ(c.train.micro_batch, 2);
+  EXPECT_EQ(c.data_dir, "other/x");   // bare string accepted
+  EXPECT_TRUE(c.train.decay_norms);
+}
+
+TEST(Config, ResolvedTomlRoundTrips) {
+  RunConfig c = load_run_config("", {"model.name=llama-tiny", "train.lr=0.00123", "run.dir=r/x"});
+  const std::string text = to_toml(c);
+  const std::string path = write_temp(text);
+  RunConfig d = load_run_config(path, {});
+  std::remove(path.c_str());
+  EXPECT_EQ(to_toml(d), text);
+  EXPECT_EQ(d.model.family, Family::Llama);
+  EXPECT_DOUBLE_EQ(d.train.lr, 0.00123);
+}
+
+TEST(Config, BadInputNamesTheKeyAndWhatWasExpected) {
+  EXPECT_TRUE(contains(error_of("[train]\nlrr = 1\n"), "unknown key 'train.lrr'"));
+  EXPECT_TRUE(contains(error_of("[train]\nlrr = 1\n"), "train.lr"));  // lists the known keys
+  EXPECT_TRUE(contains(error_of("[trian]\nlr = 1\n"), "unknown section 'trian'"));
+  EXPECT_TRUE(contains(error_of("[train]\nmicro_batch = \"four\"\n"), "train.micro_batch must be an integer"));
+  EXPECT_TRUE(contains(error_of("[train]\nmicro_batch = 0\n"), "train.micro_batch must be positive"));
+  EXPECT_TRUE(contains(error_of("[train]\nseq_len = 100\n"), "longer than the model's model.max_seq"));
+  EXPECT_TRUE(contains(error_of("[model]\nfamily = \"bert\"\n"), "expected \"gpt2\" or \"llama\""));
+  EXPECT_TRUE(contains(error_of("[model]\nname = \"huge\"\n"), "unknown model 'huge'"));
+  EXPECT_TRUE(contains(error_of("[model]\nn_head = 3\n"), "must divide model.n_embd"));
+  const std::string parse = error_of("[train]\nlr = = 3\n");
+  EXPECT_TRUE(contains(parse, "line 2")) << parse;
+  EXPECT_TRUE(contains(error_of("", {"trainlr=3"}), "expected section.key=value"));
+  try {
+    load_run_config("/nonexistent/x.toml", {});
+    FAIL();
+  } catch (const Error& e) {
+    EXPECT_TRUE(contains(e.what(), "/nonexistent/x.toml")) << e.what();
+  }
+}
+
+TEST(Schedule, WarmupThenCosineToTheFloor) {
+  TrainConfig t;
+  t.lr = 1.0;
+  t.min_lr_ratio = 0.1;
+  t.warmup_steps = 10;
+  t.max_steps = 110;
+  EXPECT_DOUBLE_EQ(learning_rate(t, 0), 0.1);
+  EXPECT_DOUBLE_EQ(learning_rate(t, 9), 1.0);
+  EXPECT_DOUBLE_EQ(learning_rate(t, 10), 1.0);
+  EXPECT_NEAR(learning_rate(t, 10 + 99 / 2.0), 0.55, 0.01);
+  EXPECT_NEAR(learning_rate(t, 109), 0.1, 1e-12);
+  for (int s = 10; s < 109; ++s) EXPECT_GE(learning_rate(t, s), learning_rate(t, s + 1));
+}
+
+TEST(AdamW, WeightDecayFollowsParameterKinds) {
+  ModelConfig mc = named_model("tiny");
+  ParamTable table = build_param_table(mc);
+  TrainConfig t;
+  t.weight_decay = 0.5;
+  AdamW opt(table, t);
+  std::vector<float> p(table.total, 1.0f), g(table.total, 0.0f);
+  opt.update(p.data(), g.data(), 0.1, 1.0, 1);
+  // Zero gradient: only decay moves a parameter, by lr * wd * p = 0.05.
+  for (const auto& s : table.specs) {
+    const bool decays = s.kind == ParamKind::Linear;
+    EXPECT_FLOAT_EQ(p[s.offset], decays ? 0.95f : 1.0f) << s.name;
+  }
+}
