@@ -1,0 +1,589 @@
+#include "tetrad/tools/ceilings.hpp"
+
+#include <omp.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+#include <cstdint>
+#include <cstdlib>
+#include <cstring>
+#include <memory>
+#include <nlohmann/json.hpp>
+#include <oneapi/dnnl/dnnl.h>
+#include <oneapi/dnnl/dnnl.hpp>
+#include <sstream>
+
+#if defined(__x86_64__) || defined(__i386__)
+#include <immintrin.h>
+#define TETRAD_X86 1
+#endif
+
+#include "tetrad/core/cpu.hpp"
+#include "tetrad/core/error.hpp"
+
+namespace tetrad {
+
+namespace {
+
+double now_s() {
+  using clock = std::chrono::steady_clock;
+  return std::chrono::duration<double>(clock::now().time_since_epoch()).count();
+}
+
+// Sets the OpenMP thread count for the libraries called inside a scope, restores it after.
+class OmpThreads {
+ public:
+  explicit OmpThreads(int n) : prev_(omp_get_max_threads()), n_(n > 0 ? n : prev_) {
+    omp_set_num_threads(n_);
+  }
+  ~OmpThreads() { omp_set_num_threads(prev_); }
+  OmpThreads(const OmpThreads&) = delete;
+  OmpThreads& operator=(const OmpThreads&) = delete;
+  int n() const { return n_; }
+
+ private:
+  int prev_, n_;
+};
+
+// Fills `samples` statistics: value = best (largest rate), median.
+void finish(Measurement& m) {
+  if (m.samples.empty()) return;
+  std::vector<double> s = m.samples;
+  std::sort(s.begin(), s.end());
+  m.value = s.back();
+  size_t n = s.size();
+  m.median = n % 2 ? s[n / 2] : 0.5 * (s[n / 2 - 1] + s[n / 2]);
+}
+
+struct FreeDeleter {
+  void operator()(void* p) const { std::free(p); }
+};
+template <typename T>
+std::unique_ptr<T[], FreeDeleter> alloc_aligned(size_t n) {
+  size_t bytes = (n * sizeof(T) + 63) / 64 * 64;
+  void* p = std::aligned_alloc(64, bytes > 0 ? bytes : 64);
+  if (!p) fail("out of memory allocating ", bytes, " bytes for a ceiling measurement");
+  return std::unique_ptr<T[], FreeDeleter>(static_cast<T*>(p));
+}
+
+// Deterministic values in [-1, 1), no denormals.
+void fill(float* x, size_t n, uint32_t seed) {
+  uint32_t s = seed * 2654435761u + 12345u;
+  for (size_t i = 0; i < n; ++i) {
+    s = s * 1664525u + 1013904223u;
+    x[i] = float(s >> 8) / float(1u << 23) - 1.0f;
+  }
+}
+
+std::string fmt(double v, int prec = 1) {
+  std::ostringstream os;
+  os.setf(std::ios::fixed);
+  os.precision(prec);
+  os << v;
+  return os.str();
+}
+
+// ---------------------------------------------------------------- FMA peak kernels
+//
+// Each kernel runs `iters` iterations of `chains` independent c = c*a + b updates kept in
+// registers, and returns the sum of the chains so the work cannot be dropped. a and b arrive as
+// run-time values, so nothing folds; c converges to b/(1-a) = 1 (no overflow, no denormals).
+
+using FmaKernel = float (*)(int64_t iters, float a, float b);
+
+#ifdef TETRAD_X86
+constexpr int kAvx512Chains = 16;
+__attribute__((target("avx512f,fma"), noinline)) float fma_avx512(int64_t iters, float a,
+                                                                   float b) {
+  const __m512 va = _mm512_set1_ps(a), vb = _mm512_set1_ps(b);
+  __m512 c0 = _mm512_set1_ps(0.00f), c1 = _mm512_set1_ps(0.01f), c2 = _mm512_set1_ps(0.02f),
+         c3 = _mm512_set1_ps(0.03f), c4 = _mm512_set1_ps(0.04f), c5 = _mm512_set1_ps(0.05f),
+         c6 = _mm512_set1_ps(0.06f), c7 = _mm512_set1_ps(0.07f), c8 = _mm512_set1_ps(0.08f),
+         c9 = _mm512_set1_ps(0.09f), c10 = _mm512_set1_ps(0.10f), c11 = _mm512_set1_ps(0.11f),
+         c12 = _mm512_set1_ps(0.12f), c13 = _mm512_set1_ps(0.13f), c14 = _mm512_set1_ps(0.14f),
+         c15 = _mm512_set1_ps(0.15f);
+  for (int64_t i = 0; i < iters; ++i) {
+    c0 = _mm512_fmadd_ps(c0, va, vb);
+    c1 = _mm512_fmadd_ps(c1, va, vb);
+    c2 = _mm512_fmadd_ps(c2, va, vb);
+    c3 = _mm512_fmadd_ps(c3, va, vb);
+    c4 = _mm512_fmadd_ps(c4, va, vb);
+    c5 = _mm512_fmadd_ps(c5, va, vb);
+    c6 = _mm512_fmadd_ps(c6, va, vb);
+    c7 = _mm512_fmadd_ps(c7, va, vb);
+    c8 = _mm512_fmadd_ps(c8, va, vb);
+    c9 = _mm512_fmadd_ps(c9, va, vb);
+    c10 = _mm512_fmadd_ps(c10, va, vb);
+    c11 = _mm512_fmadd_ps(c11, va, vb);
+    c12 = _mm512_fmadd_ps(c12, va, vb);
+    c13 = _mm512_fmadd_ps(c13, va, vb);
+    c14 = _mm512_fmadd_ps(c14, va, vb);
+    c15 = _mm512_fmadd_ps(c15, va, vb);
+  }
+  __m512 s = _mm512_add_ps(
+      _mm512_add_ps(_mm512_add_ps(_mm512_add_ps(c0, c1), _mm512_add_ps(c2, c3)),
+                    _mm512_add_ps(_mm512_add_ps(c4, c5), _mm512_add_ps(c6, c7))),
+      _mm512_add_ps(_mm512_add_ps(_mm512_add_ps(c8, c9), _mm512_add_ps(c10, c11)),
+                    _mm512_add_ps(_mm512_add_ps(c12, c13), _mm512_add_ps(c14, c15))));
+  alignas(64) float lanes[16];  // (not _mm512_reduce_add_ps: GCC 12 warns inside its header)
+  _mm512_store_ps(lanes, s);
+  float r = 0;
+  for (float v : lanes) r += v;
+  return r;
+}
+
+constexpr int kAvx2Chains = 12;  // 12 accumulators + a + b = 14 of the 16 ymm registers
+__attribute__((target("avx2,fma"), noinline)) float fma_avx2(int64_t iters, float a, float b) {
+  const __m256 va = _mm256_set1_ps(a), vb = _mm256_set1_ps(b);
+  __m256 c0 = _mm256_set1_ps(0.00f), c1 = _mm256_set1_ps(0.01f), c2 = _mm256_set1_ps(0.02f),
+         c3 = _mm256_set1_ps(0.03f), c4 = _mm256_set1_ps(0.04f), c5 = _mm256_set1_ps(0.05f),
+         c6 = _mm256_set1_ps(0.06f), c7 = _mm256_set1_ps(0.07f), c8 = _mm256_set1_ps(0.08f),
+         c9 = _mm256_set1_ps(0.09f), c10 = _mm256_set1_ps(0.10f), c11 = _mm256_set1_ps(0.11f);
+  for (int64_t i = 0; i < iters; ++i) {
+    c0 = _mm256_fmadd_ps(c0, va, vb);
+    c1 = _mm256_fmadd_ps(c1, va, vb);
+    c2 = _mm256_fmadd_ps(c2, va, vb);
+    c3 = _mm256_fmadd_ps(c3, va, vb);
+    c4 = _mm256_fmadd_ps(c4, va, vb);
+    c5 = _mm256_fmadd_ps(c5, va, vb);
+    c6 = _mm256_fmadd_ps(c6, va, vb);
+    c7 = _mm256_fmadd_ps(c7, va, vb);
+    c8 = _mm256_fmadd_ps(c8, va, vb);
+    c9 = _mm256_fmadd_ps(c9, va, vb);
+    c10 = _mm256_fmadd_ps(c10, va, vb);
+    c11 = _mm256_fmadd_ps(c11, va, vb);
+  }
+  __m256 s = _mm256_add_ps(
+      _mm256_add_ps(_mm256_add_ps(c0, c1), _mm256_add_ps(c2, c3)),
+      _mm256_add_ps(_mm256_add_ps(_mm256_add_ps(c4, c5), _mm256_add_ps(c6, c7)),
+                    _mm256_add_ps(_mm256_add_ps(c8, c9), _mm256_add_ps(c10, c11))));
+  alignas(32) float lanes[8];
+  _mm256_store_ps(lanes, s);
+  float r = 0;
+  for (float v : lanes) r += v;
+  return r;
+}
+#endif
+
+constexpr int kScalarChains = 8;
+__attribute__((noinline)) float fma_scalar(int64_t iters, float a, float b) {
+  float c[kScalarChains];
+  for (int j = 0; j < kScalarChains; ++j) c[j] = 0.01f * j;
+  for (int64_t i = 0; i < iters; ++i)
+    for (int j = 0; j < kScalarChains; ++j) c[j] = c[j] * a + b;
+  float r = 0;
+  for (float v : c) r += v;
+  return r;
+}
+
+volatile float g_sink = 0;        // results of the FMA kernels end here
+volatile float g_fma_a = 0.999f;  // run-time operands: the compiler cannot fold the loop
+volatile float g_fma_b = 0.001f;
+
+// Runs the kernel on `threads` threads at once; returns the wall time from a common start to
+// the last thread's end, and the number of threads that actually ran.
+double run_fma(FmaKernel k, int threads, int64_t iters, int* ran) {
+  const float a = g_fma_a, b = g_fma_b;
+  double t0 = 0, t1 = 0;
+  float sum = 0;
+  int team = 0;
+#pragma omp parallel num_threads(threads) reduction(+ : sum)
+  {
+#pragma omp single
+    {
+      team = omp_get_num_threads();
+      t0 = now_s();
+    }  // implicit barrier: everyone starts after t0
+    sum += k(iters, a, b);
+#pragma omp barrier
+#pragma omp single
+    t1 = now_s();
+  }
+  g_sink = g_sink + sum;
+  if (ran) *ran = team;
+  return t1 - t0;
+}
+
+// ---------------------------------------------------------------- oneDNN helpers
+
+const char* isa_name(dnnl_cpu_isa_t isa) {
+  switch (isa) {
+    case dnnl_cpu_isa_sse41: return "sse41";
+    case dnnl_cpu_isa_avx: return "avx";
+    case dnnl_cpu_isa_avx2: return "avx2";
+    case dnnl_cpu_isa_avx512_mic: return "avx512_mic";
+    case dnnl_cpu_isa_avx512_mic_4ops: return "avx512_mic_4ops";
+    case dnnl_cpu_isa_avx512_core: return "avx512_core";
+    case dnnl_cpu_isa_avx512_core_vnni: return "avx512_core_vnni";
+    case dnnl_cpu_isa_avx512_core_bf16: return "avx512_core_bf16";
+    case dnnl_cpu_isa_avx512_core_amx: return "avx512_core_amx";
+    case dnnl_cpu_isa_avx2_vnni: return "avx2_vnni";
+    default: return "unknown";
+  }
+}
+
+std::string onednn_description() {
+  const dnnl_version_t* v = dnnl_version();
+  std::ostringstream os;
+  os << "oneDNN " << v->major << "." << v->minor << "." << v->patch << " (cpu isa "
+     << isa_name(dnnl_get_effective_cpu_isa()) << ")";
+  return os.str();
+}
+
+void check_shape(const GemmShape& s) {
+  if (s.M <= 0 || s.N <= 0 || s.K <= 0)
+    fail("GEMM shape ", s.to_string(), ": M, N and K must be positive");
+  auto t = [](char c) { return c == 'N' || c == 'n' || c == 'T' || c == 't'; };
+  if (!t(s.transa) || !t(s.transb))
+    fail("GEMM shape ", s.to_string(), ": transa/transb must be 'N' or 'T'");
+}
+bool is_t(char c) { return c == 'T' || c == 't'; }
+
+}  // namespace
+
+// ---------------------------------------------------------------- public
+
+nlohmann::json Measurement::to_json() const {
+  nlohmann::json j;
+  j["value"] = value;
+  j["median"] = median;
+  j["unit"] = unit;
+  j["method"] = method;
+  if (!skipped.empty()) j["skipped"] = skipped;
+  j["samples"] = samples;
+  return j;
+}
+
+std::string GemmShape::to_string() const {
+  std::ostringstream os;
+  if (!name.empty()) os << name << " ";
+  os << M << "x" << N << "x" << K << " " << transa << transb;
+  return os.str();
+}
+
+Measurement measure_fma_peak(int threads, double seconds, int reps) {
+  if (threads <= 0) threads = omp_get_max_threads();
+  if (reps <= 0) reps = 1;
+  const CpuFeatures& cpu = cpu_features();
+  FmaKernel kernel = fma_scalar;
+  int lanes = 1, chains = kScalarChains;
+  std::string what = "8 scalar multiply-add chains (baseline x86-64 code; the compiler may pack "
+                     "them into SSE)";
+#ifdef TETRAD_X86
+  if (cpu.use_avx512()) {
+    kernel = fma_avx512, lanes = 16, chains = kAvx512Chains;
+    what = "AVX-512 vfmadd, 16 independent zmm chains";
+  } else if (cpu.use_avx2_fma()) {
+    kernel = fma_avx2, lanes = 8, chains = kAvx2Chains;
+    what = "AVX2 vfmadd, 12 independent ymm chains";
+  }
+#endif
+  const double flop_per_iter = 2.0 * lanes * chains;  // one FMA = 2 FLOP per lane
+
+  // Calibrate: grow the iteration count until one run takes 10 ms, then scale it to `seconds`
+  // using the fastest of three runs, never going below the calibration count (a run slowed by
+  // another process must not shrink the loop to nothing). These runs also bring the cores up
+  // to clock.
+  int ran = threads;
+  int64_t iters = 1 << 14;
+  double t = run_fma(kernel, threads, iters, &ran);
+  while (t < 0.01 && iters < (int64_t(1) << 40)) {
+    iters *= 4;
+    t = run_fma(kernel, threads, iters, &ran);
+  }
+  for (int i = 0; i < 2; ++i) t = std::min(t, run_fma(kernel, threads, iters, &ran));
+  iters = std::max(iters, int64_t(double(iters) * seconds / std::max(t, 1e-9)));
+
+  Measurement m;
+  m.unit = "GFLOP/s";
+  for (int r = 0; r < reps; ++r) {
+    double dt = run_fma(kernel, threads, iters, &ran);
+    m.samples.push_back(flop_per_iter * double(iters) * ran / dt * 1e-9);
+  }
+  finish(m);
+  m.method = "register-only FMA loop: " + what + ", " + std::to_string(ran) + " thread(s) x " +
+             std::to_string(iters) + " iterations (" + fmt(seconds * 1e3, 0) +
+             " ms), best of " + std::to_string(reps);
+  return m;
+}
+
+Measurement measure_sgemm(const GemmShape& s, int threads, int reps) {
+  check_shape(s);
+  if (reps <= 0) reps = 1;
+  OmpThreads omp(threads);
+  const bool ta = is_t(s.transa), tb = is_t(s.transb);
+  const int64_t M = s.M, N = s.N, K = s.K;
+  const int64_t lda = ta ? M : K, ldb = tb ? K : N, ldc = N;
+  auto A = alloc_aligned<float>(size_t(M * K));
+  auto B = alloc_aligned<float>(size_t(K * N));
+  auto C = alloc_aligned<float>(size_t(M * N));
+  fill(A.get(), size_t(M * K), 1);
+  fill(B.get(), size_t(K * N), 2);
+  std::memset(C.get(), 0, size_t(M * N) * sizeof(float));
+
+  auto call = [&] {
+    dnnl_status_t st = dnnl_sgemm(ta ? 'T' : 'N', tb ? 'T' : 'N', M, N, K, 1.0f, A.get(), lda,
+                                  B.get(), ldb, 0.0f, C.get(), ldc);
+    if (st != dnnl_success) fail("dnnl_sgemm failed on ", s.to_string(), " (status ", int(st), ")");
+  };
+  call();  // warm-up: page-in, thread pool, kernel generation
+  Measurement m;
+  m.unit = "GFLOP/s";
+  for (int r = 0; r < reps; ++r) {
+    double t0 = now_s();
+    call();
+    double dt = now_s() - t0;
+    m.samples.push_back(s.flop() / dt * 1e-9);
+  }
+  finish(m);
+  m.method = "dnnl_sgemm row-major " + s.to_string() + ", " + std::to_string(omp.n()) +
+             " thread(s), 1 warm-up + " + std::to_string(reps) + " timed calls, best; " +
+             onednn_description();
+  return m;
+}
+
+Measurement measure_bf16_matmul(const GemmShape& s, int threads, int reps) {
+  check_shape(s);
+  if (reps <= 0) reps = 1;
+  OmpThreads omp(threads);
+  using dnnl::memory;
+  using dt = memory::data_type;
+  Measurement m;
+  m.unit = "GFLOP/s";
+  const int64_t M = s.M, N = s.N, K = s.K;
+  const bool ta = is_t(s.transa), tb = is_t(s.transb);
+  std::string impl;
+  try {
+    dnnl::engine eng(dnnl::engine::kind::cpu, 0);
+    dnnl::stream strm(eng);
+    // op(A) is [M,K]; stored [K,M] when transposed. op(B) is [K,N]; stored [N,K] when transposed.
+    memory::desc a_md({M, K}, dt::bf16, ta ? memory::dims{1, M} : memory::dims{K, 1});
+    memory::desc b_md({K, N}, dt::bf16, tb ? memory::dims{1, K} : memory::dims{N, 1});
+    memory::desc c_md({M, N}, dt::f32, memory::dims{N, 1});
+    dnnl::matmul::primitive_desc pd(dnnl::matmul::desc(a_md, b_md, c_md), eng);
+    impl = pd.impl_info_str();
+    m.method = "oneDNN matmul bf16 x bf16 -> f32 " + s.to_string() + ", kernel " + impl + ", " +
+               std::to_string(omp.n()) + " thread(s), 1 warm-up + " + std::to_string(reps) +
+               " timed, best; " + onednn_description();
+    if (impl.rfind("ref", 0) == 0) {
+      m.skipped = "oneDNN has only its reference bf16 matmul (" + impl +
+                  ") on this CPU; it needs AVX-512 (core/bf16) or AMX";
+      return m;
+    }
+    memory a(a_md, eng), b(b_md, eng), c(c_md, eng);
+    // Values do not matter for speed; use a spread of small bf16 numbers (no denormals).
+    auto fill_bf16 = [](memory& mem, size_t n, uint32_t seed) {
+      auto* p = static_cast<uint16_t*>(mem.get_data_handle());
+      uint32_t x = seed;
+      for (size_t i = 0; i < n; ++i) {
+        x = x * 1664525u + 1013904223u;
+        p[i] = uint16_t(0x3e00u + ((x >> 16) & 0x3ffu)) | uint16_t((x & 1u) << 15);
+      }
+    };
+    fill_bf16(a, size_t(M * K), 1);
+    fill_bf16(b, size_t(K * N), 2);
+    dnnl::matmul prim(pd);
+    auto run = [&] {
+      prim.execute(strm, {{DNNL_ARG_SRC, a}, {DNNL_ARG_WEIGHTS, b}, {DNNL_ARG_DST, c}});
+      strm.wait();
+    };
+    run();
+    for (int r = 0; r < reps; ++r) {
+      double t0 = now_s();
+      run();
+      double dt = now_s() - t0;
+      m.samples.push_back(s.flop() / dt * 1e-9);
+    }
+  } catch (const dnnl::error& e) {
+    m.samples.clear();
+    m.skipped = std::string("oneDNN bf16 matmul unavailable: ") + e.what() +
+                " (status " + std::to_string(int(e.status)) + ")";
+    if (m.method.empty()) m.method = "oneDNN matmul bf16 x bf16 -> f32 " + s.to_string();
+    return m;
+  }
+  finish(m);
+  return m;
+}
+
+Measurement measure_memory_bandwidth(size_t bytes, int threads, int reps) {
+  if (threads <= 0) threads = omp_get_max_threads();
+  if (reps <= 0) reps = 1;
+  bytes = std::max<size_t>(bytes / 64 * 64, 64 * size_t(threads));
+  auto src = alloc_aligned<char>(bytes);
+  auto dst = alloc_aligned<char>(bytes);
+  int ran = threads;
+  auto copy = [&](bool first_touch) {
+    double t0 = 0, t1 = 0;
+#pragma omp parallel num_threads(threads)
+    {
+      int id = omp_get_thread_num(), nt = omp_get_num_threads();
+      size_t per = (bytes / nt + 63) / 64 * 64;
+      size_t lo = std::min(bytes, per * id), hi = std::min(bytes, lo + per);
+      if (first_touch) {  // pages land on the thread (and NUMA node) that copies them
+        std::memset(src.get() + lo, 1 + id, hi - lo);
+        std::memset(dst.get() + lo, 0, hi - lo);
+      }
+#pragma omp barrier
+#pragma omp single
+      {
+        ran = nt;
+        t0 = now_s();
+      }
+      std::memcpy(dst.get() + lo, src.get() + lo, hi - lo);
+#pragma omp barrier
+#pragma omp single
+      t1 = now_s();
+    }
+    return t1 - t0;
+  };
+  copy(true);  // touch + warm-up
+  Measurement m;
+  m.unit = "GB/s";
+  for (int r = 0; r < reps; ++r) m.samples.push_back(2.0 * double(bytes) / copy(false) * 1e-9);
+  finish(m);
+  m.method = "memcpy of " + fmt(double(bytes) / (1 << 20), 0) + " MiB split over " +
+             std::to_string(ran) + " thread(s), counting read+write (2x bytes), 1 warm-up + " +
+             std::to_string(reps) + " timed, best";
+  return m;
+}
+
+double fma_peak_gflops(int threads) { return measure_fma_peak(threads).value; }
+double sgemm_gflops(int M, int N, int K, char transa, char transb, int reps) {
+  return measure_sgemm(GemmShape{"", M, N, K, transa, transb}, 0, reps).value;
+}
+double bf16_matmul_gflops(int M, int N, int K) {
+  return measure_bf16_matmul(GemmShape{"", M, N, K, 'N', 'N'}, 0, 5).value;
+}
+double memory_bandwidth_gbs(size_t bytes, int threads) {
+  return measure_memory_bandwidth(bytes, threads).value;
+}
+
+std::vector<GemmShape> model_gemm_shapes(const ModelConfig& c, int tokens) {
+  struct Linear {
+    const char* name;
+    int in, out;
+  };
+  const int C = c.n_embd;
+  const int fc_out = c.family == Family::Llama ? 2 * c.ffn : c.ffn;  // Llama: gate+up fused
+  const Linear linears[] = {{"attn.qkv", C, c.qkv_dim()},
+                            {"attn.proj", C, C},
+                            {"mlp.fc", C, fc_out},
+                            {"mlp.proj", c.ffn, C},
+                            {"lm_head", C, c.vocab_size}};
+  std::vector<GemmShape> shapes;
+  const int T = tokens;
+  for (const Linear& l : linears) {
+    std::string n = l.name;
+    shapes.push_back({n + ".fwd", T, l.out, l.in, 'N', 'T'});  // y[T,out] = x[T,in]·W[out,in]ᵀ
+    shapes.push_back({n + ".dx", T, l.in, l.out, 'N', 'N'});   // dx[T,in] = dy[T,out]·W
+    shapes.push_back({n + ".dw", l.out, l.in, T, 'T', 'N'});   // dW[out,in] = dyᵀ·x
+  }
+  return shapes;
+}
+
+std::vector<GemmResult> measure_gemms(const std::vector<GemmShape>& shapes, int threads, int reps,
+                                      bool with_bf16) {
+  std::vector<GemmResult> out;
+  for (const GemmShape& s : shapes) {
+    GemmResult r;
+    r.shape = s;
+    r.fp32 = measure_sgemm(s, threads, reps);
+    if (with_bf16) r.bf16 = measure_bf16_matmul(s, threads, reps);
+    out.push_back(std::move(r));
+  }
+  return out;
+}
+
+MachineCeilings measure_ceilings(int threads, bool quick) {
+  const double t0 = now_s();
+  MachineCeilings mc;
+  mc.cores = num_cores();
+  mc.threads = threads > 0 ? threads : mc.cores;
+  mc.cpu = cpu_features().summary();
+  mc.onednn = onednn_description();
+  const double fma_s = quick ? 0.02 : 0.05;
+  const int reps = quick ? 3 : 5;
+  mc.fma_1thread = measure_fma_peak(1, fma_s, reps);
+  mc.fma = mc.threads == 1 ? mc.fma_1thread : measure_fma_peak(mc.threads, fma_s, reps);
+  const int n = quick ? 1024 : 3072;
+  mc.square = GemmShape{"square", n, n, n, 'N', 'N'};
+  mc.sgemm_square = measure_sgemm(mc.square, mc.threads, quick ? 3 : 3);
+  mc.bf16_square = measure_bf16_matmul(mc.square, mc.threads, quick ? 3 : 5);
+  mc.memory = measure_memory_bandwidth(size_t(quick ? 128 : 256) << 20, mc.threads, reps);
+  mc.seconds = now_s() - t0;
+  return mc;
+}
+
+std::string MachineCeilings::to_text() const {
+  std::ostringstream os;
+  auto line = [&](const std::string& label, const Measurement& m, const std::string& extra) {
+    os << "  " << label;
+    if (label.size() < 28) os << std::string(28 - label.size(), ' ');
+    if (m.ok()) {
+      os << fmt(m.value) << " " << m.unit << " (median " << fmt(m.median) << ")" << extra;
+    } else {
+      os << "n/a: " << (m.skipped.empty() ? "not measured" : m.skipped);
+    }
+    os << "\n";
+  };
+  auto of_peak = [&](const Measurement& m) {
+    return fma.ok() && m.ok() ? ", " + fmt(100.0 * m.value / fma.value, 0) + "% of FMA peak"
+                              : std::string();
+  };
+  os << "machine: " << cores << " cores, " << threads << " threads; " << cpu << "; " << onednn
+     << "\n";
+  os << "ceilings (" << fmt(seconds, 1) << " s to measure):\n";
+  line("fp32 FMA peak, 1 thread", fma_1thread, "");
+  line("fp32 FMA peak, " + std::to_string(threads) + " threads", fma, "");
+  std::string sq = std::to_string(square.M) + "^3";
+  line("sgemm " + sq, sgemm_square, of_peak(sgemm_square));
+  line("bf16 matmul " + sq, bf16_square, "");
+  line("memory copy", memory, "");
+  if (!model_gemms.empty()) {
+    os << "model GEMMs (fp32 dnnl_sgemm" << (model_gemms[0].bf16.method.empty() ? "" : " | bf16")
+       << "):\n";
+    for (const GemmResult& g : model_gemms) {
+      std::string label = g.shape.to_string();
+      os << "  " << label;
+      if (label.size() < 40) os << std::string(40 - label.size(), ' ');
+      os << (g.fp32.ok() ? fmt(g.fp32.value) : std::string("n/a")) << " GFLOP/s"
+         << of_peak(g.fp32);
+      if (!g.bf16.method.empty())
+        os << " | bf16 " << (g.bf16.ok() ? fmt(g.bf16.value) + " GFLOP/s" : std::string("n/a"));
+      os << "\n";
+    }
+  }
+  return os.str();
+}
+
+nlohmann::json MachineCeilings::to_json() const {
+  nlohmann::json j;
+  j["threads"] = threads;
+  j["cores"] = cores;
+  j["cpu"] = cpu;
+  j["onednn"] = onednn;
+  j["fma_peak_1thread"] = fma_1thread.to_json();
+  j["fma_peak"] = fma.to_json();
+  j["square"] = {{"M", square.M}, {"N", square.N}, {"K", square.K}};
+  j["sgemm_square"] = sgemm_square.to_json();
+  j["bf16_matmul_square"] = bf16_square.to_json();
+  j["memory_copy"] = memory.to_json();
+  if (!model_gemms.empty()) {
+    nlohmann::json g = nlohmann::json::array();
+    for (const GemmResult& r : model_gemms) {
+      nlohmann::json e = {{"name", r.shape.name}, {"M", r.shape.M},
+                          {"N", r.shape.N},       {"K", r.shape.K},
+                          {"transa", std::string(1, r.shape.transa)},
+                          {"transb", std::string(1, r.shape.transb)},
+                          {"fp32", r.fp32.to_json()}};
+      if (!r.bf16.method.empty()) e["bf16"] = r.bf16.to_json();
+      g.push_back(std::move(e));
+    }
+    j["model_gemms"] = std::move(g);
+  }
+  j["seconds"] = seconds;
+  return j;
+}
+
+}  // namespace tetrad

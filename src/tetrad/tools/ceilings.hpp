@@ -1,0 +1,107 @@
+// The machine's own performance ceilings, measured on every benchmark run (docs/benchmarks.md):
+// the fp32 FMA peak of a register-only loop, the GEMM library on a large square and on the
+// model's own shapes (fp32 dnnl_sgemm; bf16 inputs with fp32 output through the oneDNN matmul
+// primitive), and memory bandwidth of a large copy. Model FLOP/s are reported as fractions of
+// these, so a number means the same thing on any machine.
+//
+// Every measurement comes back as a Measurement: the number, the statistic behind it and a
+// sentence saying how it was measured (kernel, ISA, shape, threads, repetitions). A ceiling that
+// cannot be measured on this machine (no bf16 kernel in oneDNN for this CPU, say) has value 0
+// and says why in `skipped`; it never throws for that.
+//
+// Thread counts: each function runs on exactly `threads` OpenMP threads (0 = omp_get_max_threads())
+// and restores the caller's OpenMP setting afterwards. Functions are not meant to run
+// concurrently with other work: they measure the whole machine.
+//
+// Not done here: timing assertions (tests never check speed), MPI collectives (see the
+// distributed benchmarks), cache-level bandwidths.
+#pragma once
+#include <cstddef>
+#include <string>
+#include <vector>
+
+#include <nlohmann/json_fwd.hpp>
+
+#include "tetrad/model/model_config.hpp"
+
+namespace tetrad {
+
+struct Measurement {
+  double value = 0;             // the ceiling: best repetition; 0 when not measured
+  double median = 0;            // median repetition
+  std::string unit;             // "GFLOP/s" | "GB/s"
+  std::string method;           // how it was measured
+  std::string skipped;          // non-empty: why there is no number
+  std::vector<double> samples;  // every timed repetition, in the unit above
+  bool ok() const { return skipped.empty() && value > 0; }
+  nlohmann::json to_json() const;
+};
+
+// C[M,N] = op(A)[M,K] · op(B)[K,N], row-major. transa == 'T': A is stored [K,M]; transb == 'T':
+// B is stored [N,K]. 2·M·N·K floating-point operations.
+struct GemmShape {
+  std::string name;
+  int M = 0, N = 0, K = 0;
+  char transa = 'N', transb = 'N';
+  double flop() const { return 2.0 * M * N * K; }
+  std::string to_string() const;  // e.g. "qkv.fwd 1024x2304x768 NT"
+};
+
+// fp32 FMA peak: every thread runs a loop of independent fused multiply-adds held in registers
+// (AVX-512: 16 zmm chains; AVX2+FMA: 12 ymm chains; otherwise 8 scalar multiply-add chains),
+// calibrated to about `seconds` per repetition; best of `reps`.
+Measurement measure_fma_peak(int threads, double seconds = 0.05, int reps = 5);
+// fp32 GEMM through dnnl_sgemm (row-major): one warm-up call, then `reps` timed calls.
+Measurement measure_sgemm(const GemmShape& s, int threads, int reps);
+// bf16 x bf16 -> f32 GEMM through the oneDNN matmul primitive (AMX or AVX-512-BF16 kernels):
+// one warm-up, then `reps` timed executions. Skipped (value 0) when oneDNN has only its
+// reference implementation for this CPU.
+Measurement measure_bf16_matmul(const GemmShape& s, int threads, int reps);
+// Copy of `bytes` between two buffers touched beforehand, split over the threads; counts
+// 2·bytes per copy (read + write, the STREAM convention; write-allocate traffic is not counted).
+Measurement measure_memory_bandwidth(size_t bytes, int threads, int reps = 5);
+
+// The numbers only (the forms above with their defaults; sgemm and bf16 use the caller's
+// OpenMP thread count).
+double fma_peak_gflops(int threads);
+double sgemm_gflops(int M, int N, int K, char transa, char transb, int reps);
+double bf16_matmul_gflops(int M, int N, int K);
+double memory_bandwidth_gbs(size_t bytes, int threads);
+
+// The GEMMs of one training step of a model over `tokens` tokens, in tetrad's layout (linear
+// weights stored [out, in], y = x·Wᵀ): for each linear layer its forward (NT), input-gradient
+// (NN) and weight-gradient (TN) products, and the same for the output head. Attention's own
+// batched products (scores, values) are not included.
+std::vector<GemmShape> model_gemm_shapes(const ModelConfig& c, int tokens);
+
+struct GemmResult {
+  GemmShape shape;
+  Measurement fp32;  // dnnl_sgemm
+  Measurement bf16;  // oneDNN matmul; left empty unless asked for
+};
+std::vector<GemmResult> measure_gemms(const std::vector<GemmShape>& shapes, int threads, int reps,
+                                      bool with_bf16 = false);
+
+struct MachineCeilings {
+  int threads = 0;           // threads the multi-threaded ceilings ran on
+  int cores = 0;             // num_cores()
+  std::string cpu;           // cpu_features().summary()
+  std::string onednn;        // oneDNN version and the ISA it dispatches to
+  Measurement fma_1thread;   // FMA peak, one thread
+  Measurement fma;           // FMA peak, `threads` threads
+  GemmShape square;          // the large square below
+  Measurement sgemm_square;  // fp32 dnnl_sgemm
+  Measurement bf16_square;   // bf16 oneDNN matmul
+  Measurement memory;        // large copy
+  std::vector<GemmResult> model_gemms;  // optional: filled by the caller via measure_gemms
+  double seconds = 0;        // time spent measuring
+
+  std::string to_text() const;  // a few aligned lines for benchmark output
+  nlohmann::json to_json() const;
+};
+
+// Measures the ceilings above on `threads` threads (0 = num_cores()). quick: shorter loops and
+// a 1024 square (well under a second); otherwise a 3072 square and longer loops (a few seconds).
+MachineCeilings measure_ceilings(int threads, bool quick);
+
+}  // namespace tetrad
