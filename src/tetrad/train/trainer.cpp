@@ -19,6 +19,7 @@
 #include "tetrad/core/error.hpp"
 #include "tetrad/core/hash.hpp"
 #include "tetrad/data/loader.hpp"
+#include "tetrad/kernels/ops.hpp"
 #include "tetrad/model/transformer.hpp"
 #include "tetrad/tools/ceilings.hpp"
 #include "tetrad/train/optimizer.hpp"
@@ -172,6 +173,11 @@ TrainResult train(const RunConfig& cfg, const TrainOptions& opt, std::ostream& o
   std::vector<int32_t> inputs(size_t(t.grad_accum) * B * T), targets(inputs.size());
 
   auto save = [&](int64_t at_step) {
+    // Never replace a good checkpoint with weights that are no longer finite.
+    if (!std::isfinite(kernels::sum_squares(model.params(), model.num_params()))) {
+      out << "not writing a checkpoint at step " << at_step << ": the weights are not finite\n";
+      return;
+    }
     const auto ls = train_loader.state();
     nlohmann::json info = {{"data_epoch", ls.epoch}, {"data_cursor", ls.cursor},
                            {"tokens_seen", at_step * tokens_per_step},
