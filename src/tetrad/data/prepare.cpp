@@ -1,0 +1,491 @@
+#include "tetrad/data/prepare.hpp"
+
+#include <algorithm>
+#include <chrono>
+#include <cstdio>
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <memory>
+#include <nlohmann/json.hpp>
+#include <optional>
+#include <regex>
+#include <sstream>
+
+#include "tetrad/core/error.hpp"
+#include "tetrad/core/hash.hpp"
+#include "tetrad/data/shards.hpp"
+#include "tetrad/data/tokenizer.hpp"
+
+namespace fs = std::filesystem;
+
+namespace tetrad::data {
+
+// ---- documents ----
+
+DocSplit parse_doc_split(const std::string& name) {
+  if (name == "auto") return DocSplit::Auto;
+  if (name == "file") return DocSplit::File;
+  if (name == "blank-line") return DocSplit::BlankLine;
+  if (name == "line") return DocSplit::Line;
+  if (name == "kjv-chapter") return DocSplit::KjvChapter;
+  fail("unknown doc_split '", name, "': expected auto, file, blank-line, line or kjv-chapter");
+}
+
+std::string doc_split_name(DocSplit mode) {
+  switch (mode) {
+    case DocSplit::Auto: return "auto";
+    case DocSplit::File: return "file";
+    case DocSplit::BlankLine: return "blank-line";
+    case DocSplit::Line: return "line";
+    case DocSplit::KjvChapter: return "kjv-chapter";
+  }
+  TETRAD_CHECK(false, "bad DocSplit");
+  return {};
+}
+
+namespace {
+
+bool is_blank(std::string_view line) {
+  return line.find_first_not_of(" \t\r\f\v") == std::string_view::npos;
+}
+
+// Lines without their '\n' and a trailing '\r'; no empty last line after a final '\n'.
+std::vector<std::string_view> split_lines(std::string_view text) {
+  std::vector<std::string_view> lines;
+  size_t pos = 0;
+  while (pos < text.size()) {
+    size_t end = text.find('\n', pos);
+    if (end == std::string_view::npos) end = text.size();
+    std::string_view line = text.substr(pos, end - pos);
+    if (!line.empty() && line.back() == '\r') line.remove_suffix(1);
+    lines.push_back(line);
+    pos = end + 1;
+  }
+  return lines;
+}
+
+bool is_digit(char c) { return c >= '0' && c <= '9'; }
+bool is_upper(char c) { return c >= 'A' && c <= 'Z'; }
+bool is_alpha(char c) { return is_upper(c) || (c >= 'a' && c <= 'z'); }
+
+// "Ge1:1 In the ..." -> "Ge1"; "1Cor13:4 Charity ..." -> "1Cor13"; anything else -> nullopt.
+// The pattern: [1-3]? [A-Z] [A-Za-z]* [0-9]+ ':' [0-9]+ ' '.
+std::optional<std::string_view> kjv_chapter_key(std::string_view line) {
+  size_t i = 0, n = line.size();
+  if (i < n && line[i] >= '1' && line[i] <= '3') ++i;
+  if (i >= n || !is_upper(line[i])) return std::nullopt;
+  while (i < n && is_alpha(line[i])) ++i;
+  size_t d = i;
+  while (i < n && is_digit(line[i])) ++i;
+  if (i == d) return std::nullopt;
+  size_t key_end = i;
+  if (i >= n || line[i] != ':') return std::nullopt;
+  d = ++i;
+  while (i < n && is_digit(line[i])) ++i;
+  if (i == d || i >= n || line[i] != ' ') return std::nullopt;
+  return line.substr(0, key_end);
+}
+
+std::string join(const std::vector<std::string_view>& lines, size_t begin, size_t end) {
+  std::string s;
+  for (size_t i = begin; i < end; ++i) {
+    if (i > begin) s += '\n';
+    s.append(lines[i]);
+  }
+  return s;
+}
+
+}  // namespace
+
+DocSplit detect_doc_split(std::string_view text) {
+  std::vector<std::string_view> lines = split_lines(text);
+  int checked = 0;
+  bool all_kjv = true;
+  for (auto line : lines) {
+    if (is_blank(line)) continue;
+    if (!kjv_chapter_key(line)) all_kjv = false;
+    if (++checked == 5) break;
+  }
+  if (checked > 0 && all_kjv) return DocSplit::KjvChapter;
+  bool seen_text = false, blank_after_text = false;
+  for (auto line : lines) {
+    if (is_blank(line)) {
+      blank_after_text = seen_text;
+    } else {
+      if (blank_after_text) return DocSplit::BlankLine;
+      seen_text = true;
+    }
+  }
+  return DocSplit::File;
+}
+
+std::vector<std::string> split_documents(std::string_view text, DocSplit mode) {
+  if (mode == DocSplit::Auto) mode = detect_doc_split(text);
+  std::vector<std::string_view> lines = split_lines(text);
+  std::vector<std::string> docs;
+  const size_t n = lines.size();
+  switch (mode) {
+    case DocSplit::File: {
+      size_t b = 0, e = n;
+      while (b < e && is_blank(lines[b])) ++b;
+      while (e > b && is_blank(lines[e - 1])) --e;
+      if (b < e) docs.push_back(join(lines, b, e));
+      break;
+    }
+    case DocSplit::BlankLine:
+      for (size_t i = 0; i < n;) {
+        if (is_blank(lines[i])) { ++i; continue; }
+        size_t j = i;
+        while (j < n && !is_blank(lines[j])) ++j;
+        docs.push_back(join(lines, i, j));
+        i = j;
+      }
+      break;
+    case DocSplit::Line:
+      for (auto line : lines)
+        if (!is_blank(line)) docs.emplace_back(line);
+      break;
+    case DocSplit::KjvChapter: {
+      std::string_view key;
+      bool open = false;
+      for (auto line : lines) {
+        if (is_blank(line)) continue;
+        auto k = kjv_chapter_key(line);
+        if (!open || (k && *k != key)) {
+          docs.emplace_back();
+          open = true;
+          if (k) key = *k;
+        } else {
+          docs.back() += '\n';
+        }
+        docs.back().append(line);
+      }
+      break;
+    }
+    case DocSplit::Auto: TETRAD_CHECK(false, "unreachable"); break;
+  }
+  return docs;
+}
+
+std::vector<std::string> expand_inputs(const std::vector<std::string>& inputs) {
+  if (inputs.empty()) fail("prepare: no inputs given (expected text files or folders)");
+  std::vector<std::string> files;
+  for (const auto& in : inputs) {
+    std::error_code ec;
+    if (fs::is_directory(in, ec)) {
+      std::vector<std::string> found;
+      for (auto it = fs::recursive_directory_iterator(in, ec); !ec && it != fs::end(it);
+           it.increment(ec)) {
+        if (it->is_regular_file() && it->path().extension() == ".txt")
+          found.push_back(it->path().string());
+      }
+      if (ec) fail("cannot list input folder '", in, "': ", ec.message());
+      if (found.empty()) fail("input folder '", in, "' holds no *.txt files");
+      std::sort(found.begin(), found.end());
+      files.insert(files.end(), found.begin(), found.end());
+    } else if (fs::is_regular_file(in, ec)) {
+      files.push_back(in);
+    } else {
+      fail("input '", in, "' does not exist (expected a text file or a folder of *.txt files)");
+    }
+  }
+  return files;
+}
+
+double document_uniform(uint64_t index, uint64_t seed) {
+  unsigned char le[8];
+  for (int i = 0; i < 8; ++i) le[i] = static_cast<unsigned char>(index >> (8 * i));
+  return static_cast<double>(hash64(le, sizeof le, seed) >> 11) * 0x1p-53;
+}
+
+// ---- prepare ----
+
+namespace {
+
+using Clock = std::chrono::steady_clock;
+double seconds_since(Clock::time_point t0) {
+  return std::chrono::duration<double>(Clock::now() - t0).count();
+}
+
+std::string read_text(const std::string& path) {
+  std::ifstream f(path, std::ios::binary);
+  if (!f) fail("cannot open input '", path, "': ", std::strerror(errno));
+  std::ostringstream ss;
+  ss << f.rdbuf();
+  if (f.bad()) fail("error reading input '", path, "'");
+  return ss.str();
+}
+
+struct InputFile {
+  std::string path;
+  DocSplit mode = DocSplit::File;
+  uint64_t first_doc = 0, num_docs = 0, bytes = 0;
+};
+
+// Tokens of one split, cut into shards of at most shard_tokens.
+class SplitWriter {
+ public:
+  SplitWriter(std::string dir, std::string split, uint32_t vocab, uint64_t identity, int64_t shard_tokens,
+              std::ostream& log)
+      : dir_(std::move(dir)), split_(std::move(split)), vocab_(vocab), identity_(identity),
+        shard_tokens_(static_cast<uint64_t>(shard_tokens)), log_(log) {}
+
+  void add_document(const std::vector<int32_t>& tokens) {
+    size_t off = 0;
+    while (off < tokens.size()) {
+      if (!cur_) {
+        char name[64];
+        std::snprintf(name, sizeof name, "%s_%06zu.bin", split_.c_str(), shards_.size());
+        cur_ = std::make_unique<ShardWriter>((fs::path(dir_) / name).string(), vocab_, identity_);
+        cur_name_ = name;
+      }
+      size_t take = std::min<uint64_t>(tokens.size() - off, shard_tokens_ - cur_->num_tokens());
+      cur_->write(tokens.data() + off, take);
+      off += take;
+      if (cur_->num_tokens() == shard_tokens_) close_shard();
+    }
+    tokens_ += tokens.size();
+    ++documents_;
+  }
+
+  void finish() {
+    if (cur_) close_shard();
+  }
+
+  nlohmann::json summary() const {
+    return {{"documents", documents_}, {"tokens", tokens_}, {"shards", shards_}};
+  }
+  uint64_t tokens() const { return tokens_; }
+  uint64_t documents() const { return documents_; }
+  size_t num_shards() const { return shards_.size(); }
+
+ private:
+  void close_shard() {
+    ShardHeader h = cur_->finish();
+    shards_.push_back({{"file", cur_name_}, {"tokens", h.num_tokens}, {"checksum", hex64(h.checksum)}});
+    log_ << "prepare: wrote " << cur_name_ << " (" << h.num_tokens << " tokens)\n";
+    cur_.reset();
+  }
+
+  std::string dir_, split_;
+  uint32_t vocab_;
+  uint64_t identity_, shard_tokens_;
+  std::ostream& log_;
+  std::unique_ptr<ShardWriter> cur_;
+  std::string cur_name_;
+  std::vector<nlohmann::json> shards_;
+  uint64_t tokens_ = 0, documents_ = 0;
+};
+
+// Deletes what an earlier run left: shards of either split (and their temporaries), meta.json.
+void remove_stale_outputs(const std::string& dir, std::ostream& log) {
+  static const std::regex stale(R"((train|val)_[0-9]{6}\.bin(\.tmp)?|meta\.json(\.tmp)?)");
+  std::vector<fs::path> victims;
+  for (const auto& e : fs::directory_iterator(dir))
+    if (e.is_regular_file() && std::regex_match(e.path().filename().string(), stale))
+      victims.push_back(e.path());
+  for (const auto& p : victims) fs::remove(p);
+  if (!victims.empty())
+    log << "prepare: removed " << victims.size() << " files of an earlier run from " << dir << "\n";
+}
+
+void write_text_atomic(const std::string& path, const std::string& text) {
+  std::string tmp = path + ".tmp";
+  {
+    std::ofstream f(tmp, std::ios::binary | std::ios::trunc);
+    if (!f) fail("cannot create '", tmp, "': ", std::strerror(errno));
+    f << text;
+    f.flush();
+    if (!f) fail("cannot write '", tmp, "'");
+  }
+  std::error_code ec;
+  fs::rename(tmp, path, ec);
+  if (ec) fail("cannot rename '", tmp, "' to '", path, "': ", ec.message());
+}
+
+}  // namespace
+
+void prepare_data(const PrepareOptions& o, std::ostream& log) {
+  // Options.
+  if (o.out_dir.empty()) fail("prepare: out_dir is empty");
+  if (!(o.val_fraction >= 0.0 && o.val_fraction < 1.0))
+    fail("prepare: val_fraction ", o.val_fraction, " must be in [0, 1)");
+  if (o.shard_tokens < 1) fail("prepare: shard_tokens ", o.shard_tokens, " must be at least 1");
+  const DocSplit requested_split = parse_doc_split(o.doc_split);
+  const std::vector<std::string> paths = expand_inputs(o.inputs);
+
+  std::error_code ec;
+  fs::create_directories(o.out_dir, ec);
+  if (ec) fail("cannot create output folder '", o.out_dir, "': ", ec.message());
+  remove_stale_outputs(o.out_dir, log);
+  const auto t_start = Clock::now();
+
+  // Pass 1: find the documents (count them, resolve each file's split mode) and choose val.
+  std::vector<InputFile> files;
+  uint64_t num_docs = 0, total_bytes = 0;
+  double min_u = 2.0;
+  uint64_t min_u_doc = 0, num_val = 0;
+  for (const auto& p : paths) {
+    std::string text = read_text(p);
+    InputFile f;
+    f.path = p;
+    f.mode = requested_split == DocSplit::Auto ? detect_doc_split(text) : requested_split;
+    f.first_doc = num_docs;
+    f.num_docs = split_documents(text, f.mode).size();
+    f.bytes = text.size();
+    for (uint64_t i = f.first_doc; i < f.first_doc + f.num_docs; ++i) {
+      double u = document_uniform(i, o.seed);
+      if (u < o.val_fraction) ++num_val;
+      if (u < min_u) min_u = u, min_u_doc = i;
+    }
+    num_docs += f.num_docs;
+    total_bytes += f.bytes;
+    log << "prepare: input " << p << ": " << f.bytes << " bytes, " << f.num_docs << " documents ("
+        << doc_split_name(f.mode) << ")\n";
+    files.push_back(std::move(f));
+  }
+  if (num_docs == 0) fail("prepare: the inputs hold no documents (all files are empty or blank)");
+  const bool fallback_val = o.val_fraction > 0 && num_val == 0 && num_docs >= 2;
+  auto is_val = [&](uint64_t doc) {
+    return document_uniform(doc, o.seed) < o.val_fraction || (fallback_val && doc == min_u_doc);
+  };
+  if (fallback_val) num_val = 1;
+  if (num_val == num_docs)
+    fail("prepare: all ", num_docs, " documents fell into the validation split; lower val_fraction (",
+         o.val_fraction, ") or add documents");
+  log << "prepare: " << num_docs << " documents, " << num_docs - num_val << " train / " << num_val
+      << " val" << (fallback_val ? " (no document fell under val_fraction; took the lowest)" : "")
+      << "\n";
+
+  // Tokenizer: load and copy, or train on the train documents' lines.
+  const std::string model_path = (fs::path(o.out_dir) / "tokenizer.model").string();
+  const auto t_tok = Clock::now();
+  std::optional<Tokenizer> tok;
+  bool trained = false;
+  if (!o.tokenizer_model.empty()) {
+    tok.emplace(Tokenizer::load(o.tokenizer_model));
+    if (!fs::exists(model_path) || !fs::equivalent(o.tokenizer_model, model_path)) {
+      write_text_atomic(model_path, tok->model_bytes());
+    }
+    log << "prepare: loaded tokenizer " << o.tokenizer_model << " (vocab " << tok->vocab_size()
+        << ", identity " << hex64(tok->identity()) << ")\n";
+  } else {
+    size_t file = 0, doc = 0, line_pos = 0;
+    std::vector<std::string> docs;
+    uint64_t lines_fed = 0;
+    auto next_line = [&](std::string& line) -> bool {
+      for (;;) {
+        if (doc < docs.size()) {
+          if (!is_val(files[file - 1].first_doc + doc)) {
+            const std::string& d = docs[doc];
+            if (line_pos <= d.size()) {
+              size_t end = d.find('\n', line_pos);
+              if (end == std::string::npos) end = d.size();
+              line.assign(d, line_pos, end - line_pos);
+              line_pos = end + 1;
+              ++lines_fed;
+              return true;
+            }
+          }
+          ++doc;
+          line_pos = 0;
+          continue;
+        }
+        if (file == files.size()) return false;
+        docs = split_documents(read_text(files[file].path), files[file].mode);
+        TETRAD_CHECK(docs.size() == files[file].num_docs, "input changed while preparing: ",
+                     files[file].path);
+        ++file;
+        doc = 0;
+        line_pos = 0;
+      }
+    };
+    TokenizerTrainOptions topt;
+    topt.seed = static_cast<uint32_t>(o.seed);
+    tok.emplace(Tokenizer::train_lines(next_line, (fs::path(o.out_dir) / "tokenizer").string(),
+                                       o.vocab_size, topt));
+    trained = true;
+    log << "prepare: trained BPE tokenizer, vocab " << tok->vocab_size() << ", on " << lines_fed
+        << " lines in " << seconds_since(t_tok) << " s (identity " << hex64(tok->identity())
+        << ")\n";
+  }
+  const double tokenizer_seconds = seconds_since(t_tok);
+  if (tok->eos_id() < 0)
+    fail("tokenizer '", o.tokenizer_model, "' has no EOS piece; prepare separates documents with EOS");
+
+  // Pass 2: encode documents in batches (in parallel), append them in order to their split.
+  const auto t_enc = Clock::now();
+  const uint32_t vocab = static_cast<uint32_t>(tok->vocab_size());
+  const int32_t eos = tok->eos_id();
+  SplitWriter train(o.out_dir, "train", vocab, tok->identity(), o.shard_tokens, log);
+  SplitWriter val(o.out_dir, "val", vocab, tok->identity(), o.shard_tokens, log);
+  std::vector<std::string> batch;
+  std::vector<uint64_t> batch_index;
+  size_t batch_bytes = 0;
+  uint64_t docs_done = 0;
+  auto flush = [&] {
+    std::vector<std::vector<int32_t>> encoded(batch.size());
+    const Tokenizer& t = *tok;
+#pragma omp parallel for schedule(dynamic, 4)
+    for (size_t i = 0; i < batch.size(); ++i) {
+      encoded[i] = t.encode(batch[i]);
+      encoded[i].push_back(eos);
+    }
+    for (size_t i = 0; i < batch.size(); ++i)
+      (is_val(batch_index[i]) ? val : train).add_document(encoded[i]);
+    docs_done += batch.size();
+    log << "prepare: encoded " << docs_done << "/" << num_docs << " documents, "
+        << train.tokens() + val.tokens() << " tokens, " << seconds_since(t_enc) << " s\n";
+    batch.clear();
+    batch_index.clear();
+    batch_bytes = 0;
+  };
+  for (const auto& f : files) {
+    std::vector<std::string> docs = split_documents(read_text(f.path), f.mode);
+    TETRAD_CHECK(docs.size() == f.num_docs, "input changed while preparing: ", f.path);
+    for (size_t i = 0; i < docs.size(); ++i) {
+      batch_bytes += docs[i].size();
+      batch.push_back(std::move(docs[i]));
+      batch_index.push_back(f.first_doc + i);
+      if (batch_bytes >= (64u << 20) || batch.size() >= 65536) flush();
+    }
+  }
+  if (!batch.empty()) flush();
+  train.finish();
+  val.finish();
+  const double encode_seconds = seconds_since(t_enc);
+
+  // meta.json, last.
+  nlohmann::json meta;
+  meta["format"] = "tetrad-data";
+  meta["version"] = 1;
+  meta["tokenizer"] = {{"file", "tokenizer.model"},
+                       {"identity", hex64(tok->identity())},
+                       {"vocab_size", tok->vocab_size()},
+                       {"bos_id", tok->bos_id()},
+                       {"eos_id", tok->eos_id()},
+                       {"unk_id", tok->unk_id()},
+                       {"trained", trained},
+                       {"source", trained ? std::string() : o.tokenizer_model}};
+  meta["inputs"] = o.inputs;
+  nlohmann::json jfiles = nlohmann::json::array();
+  for (const auto& f : files)
+    jfiles.push_back({{"path", f.path}, {"bytes", f.bytes}, {"documents", f.num_docs},
+                      {"doc_split", doc_split_name(f.mode)}});
+  meta["files"] = jfiles;
+  meta["options"] = {{"vocab_size", o.vocab_size},     {"val_fraction", o.val_fraction},
+                     {"shard_tokens", o.shard_tokens}, {"seed", o.seed},
+                     {"doc_split", o.doc_split},       {"tokenizer_model", o.tokenizer_model}};
+  meta["documents"] = num_docs;
+  meta["splits"] = {{"train", train.summary()}, {"val", val.summary()}};
+  write_text_atomic((fs::path(o.out_dir) / "meta.json").string(), meta.dump(2) + "\n");
+
+  log << "prepare: done in " << seconds_since(t_start) << " s: " << total_bytes << " bytes -> train "
+      << train.tokens() << " tokens (" << train.documents() << " docs, " << train.num_shards()
+      << " shards), val " << val.tokens() << " tokens (" << val.documents() << " docs, "
+      << val.num_shards() << " shards); tokenizer " << tokenizer_seconds << " s, encode "
+      << encode_seconds << " s\n";
+}
+
+}  // namespace tetrad::data
