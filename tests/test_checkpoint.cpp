@@ -13,6 +13,7 @@
 #include <random>
 #include <sstream>
 
+#include "tetrad/checkpoint/hf.hpp"
 #include "tetrad/checkpoint/safetensors.hpp"
 #include "tetrad/core/error.hpp"
 #include "tetrad/model/model_config.hpp"
@@ -265,5 +266,325 @@ TEST(Safetensors, OtherDtypesListedButNotReadAsFloat) {
   EXPECT_EQ(r.at("ids").dtype, "I64");
   std::vector<float> out(2);
   expect_error([&] { r.read_float("ids", out.data()); }, {path, "'ids'", "I64", "F32, BF16 and F16"});
+}
+
+// ------------------------------------------------------------------------------------------
+// Hugging Face folders
+
+namespace {
+
+struct Model {
+  ModelConfig cfg;
+  ParamTable table;
+  std::vector<float> params;
+};
+
+Model random_model(const ModelConfig& cfg, uint32_t seed) {
+  Model m{cfg, build_param_table(cfg), {}};
+  m.params = random_floats(size_t(m.table.total), seed);
+  return m;
+}
+
+void expect_same_config(const ModelConfig& a, const ModelConfig& b) {
+  EXPECT_EQ(a.family, b.family);
+  EXPECT_EQ(a.n_layer, b.n_layer);
+  EXPECT_EQ(a.n_embd, b.n_embd);
+  EXPECT_EQ(a.n_head, b.n_head);
+  EXPECT_EQ(a.n_kv_head, b.n_kv_head);
+  EXPECT_EQ(a.ffn, b.ffn);
+  EXPECT_EQ(a.vocab_size, b.vocab_size);
+  EXPECT_EQ(a.max_seq, b.max_seq);
+  EXPECT_EQ(a.norm_eps, b.norm_eps);
+  EXPECT_EQ(a.tie_embeddings, b.tie_embeddings);
+  EXPECT_EQ(a.init_std, b.init_std);
+  if (a.family == Family::Llama) {
+    EXPECT_EQ(a.rope_theta, b.rope_theta);
+  }
+}
+
+json read_json(const std::string& path) { return json::parse(read_bytes(path)); }
+
+void write_json(const std::string& path, const json& j) { write_bytes(path, j.dump(2)); }
+
+}  // namespace
+
+TEST(HfFolder, Gpt2RoundTripIsBitIdentical) {
+  const std::string dir = test_dir() + "/gpt2";
+  Model m = random_model(named_model("tiny"), 10);
+  save_hf(dir, m.cfg, m.table, m.params.data(), {{"run", "unit-test"}, {"bos_token_id", 0}});
+
+  const json cj = read_json(dir + "/config.json");
+  EXPECT_EQ(cj["model_type"], "gpt2");
+  EXPECT_EQ(cj["architectures"][0], "GPT2LMHeadModel");
+  EXPECT_EQ(cj["activation_function"], "gelu_new");
+  EXPECT_EQ(cj["n_positions"], m.cfg.max_seq);
+  EXPECT_EQ(cj["n_ctx"], m.cfg.max_seq);
+  EXPECT_EQ(cj["layer_norm_epsilon"].get<double>(), 1e-5);  // written as 1e-05, not 9.99e-06
+  EXPECT_EQ(cj["bos_token_id"], 0);
+  EXPECT_TRUE(cj["eos_token_id"].is_null());
+  EXPECT_EQ(cj["torch_dtype"], "float32");
+  expect_same_config(read_hf_config(dir), m.cfg);
+
+  SafetensorsReader r(dir + "/model.safetensors");
+  EXPECT_EQ(r.metadata().at("format"), "pt");
+  EXPECT_EQ(r.metadata().at("run"), "unit-test");
+  EXPECT_EQ(r.find("lm_head.weight"), nullptr);  // tied: HF writes none either
+  EXPECT_EQ(r.tensors().size(), m.table.specs.size());
+
+  // Conv1D: the file holds [in, out] = [C, 3C]; memory holds [out, in] = [3C, C].
+  const int64_t C = m.cfg.n_embd;
+  const ParamSpec& s = m.table.find("transformer.h.1.attn.c_attn.weight");
+  const TensorInfo& t = r.at("transformer.h.1.attn.c_attn.weight");
+  EXPECT_EQ(t.shape, (std::vector<int64_t>{C, 3 * C}));
+  const auto file = r.read_float(t.name);
+  const int64_t in = 5, out = 2 * C + 7;  // an element of the value block
+  EXPECT_EQ(file[in * 3 * C + out], m.params[s.offset + out * C + in]);
+  // Non-Conv1D tensors are stored as they are.
+  const ParamSpec& wte = m.table.find("transformer.wte.weight");
+  EXPECT_EQ(r.read_float("transformer.wte.weight")[3 * C + 4], m.params[wte.offset + 3 * C + 4]);
+
+  std::vector<float> back(m.params.size(), -1.0f);
+  load_hf_params(dir, m.cfg, m.table, back.data());
+  EXPECT_TRUE(same_bits(back, m.params));
+}
+
+TEST(HfFolder, LlamaRoundTripIsBitIdentical) {
+  const std::string dir = test_dir() + "/llama";
+  Model m = random_model(named_model("llama-tiny"), 11);
+  save_hf(dir, m.cfg, m.table, m.params.data());
+  const json cj = read_json(dir + "/config.json");
+  EXPECT_EQ(cj["model_type"], "llama");
+  EXPECT_EQ(cj["architectures"][0], "LlamaForCausalLM");
+  EXPECT_EQ(cj["num_key_value_heads"], 2);
+  EXPECT_EQ(cj["intermediate_size"], 192);
+  EXPECT_EQ(cj["hidden_act"], "silu");
+  EXPECT_EQ(cj["rms_norm_eps"].get<double>(), 1e-6);
+  EXPECT_EQ(cj["rope_theta"].get<double>(), 10000.0);
+  EXPECT_EQ(cj["tie_word_embeddings"], false);
+  EXPECT_EQ(cj["attention_bias"], false);
+  EXPECT_EQ(cj["mlp_bias"], false);
+  expect_same_config(read_hf_config(dir), m.cfg);
+
+  SafetensorsReader r(dir + "/model.safetensors");
+  EXPECT_NE(r.find("lm_head.weight"), nullptr);
+  // q/k/v keep HF's layout: [out, in] as in memory.
+  const ParamSpec& k = m.table.find("model.layers.1.self_attn.k_proj.weight");
+  EXPECT_EQ(r.at(k.name).shape, k.shape);
+  EXPECT_EQ(r.read_float(k.name)[17 * 64 + 3], m.params[k.offset + 17 * 64 + 3]);
+
+  std::vector<float> back(m.params.size(), -1.0f);
+  load_hf_params(dir, m.cfg, m.table, back.data());
+  EXPECT_TRUE(same_bits(back, m.params));
+}
+
+TEST(HfFolder, TiedLlamaAndExtraBuffersAccepted) {
+  const std::string dir = test_dir() + "/llama";
+  ModelConfig cfg = named_model("llama-tiny");
+  cfg.tie_embeddings = true;
+  Model m = random_model(cfg, 12);
+  save_hf(dir, m.cfg, m.table, m.params.data());
+  EXPECT_EQ(read_json(dir + "/config.json")["tie_word_embeddings"], true);
+
+  // Rewrite the file as an older transformers would: a tied lm_head copy and rotary buffers.
+  SafetensorsWriter w;
+  for (const auto& s : m.table.specs) w.add(s.name, s.shape, m.params.data() + s.offset);
+  const ParamSpec& emb = m.table.find("model.embed_tokens.weight");
+  w.add("lm_head.weight", emb.shape, m.params.data() + emb.offset);
+  const std::vector<float> inv_freq(8, 0.5f);
+  w.add("model.layers.0.self_attn.rotary_emb.inv_freq", {8}, inv_freq.data());
+  w.set_metadata("format", "pt");
+  w.write(dir + "/model.safetensors");
+
+  std::vector<float> back(m.params.size());
+  load_hf_params(dir, m.cfg, m.table, back.data());
+  EXPECT_TRUE(same_bits(back, m.params));
+
+  // Anything else the model does not have is refused.
+  w.add("model.layers.0.self_attn.q_proj.bias", {8}, inv_freq.data());
+  w.write(dir + "/model.safetensors");
+  expect_error([&] { load_hf_params(dir, m.cfg, m.table, back.data()); },
+               {dir, "'model.layers.0.self_attn.q_proj.bias'", "not a parameter"});
+}
+
+TEST(HfFolder, Gpt2NamesWithoutTransformerPrefix) {
+  // As in the original gpt2 upload: no "transformer." prefix, and attn.bias mask buffers.
+  const std::string dir = test_dir() + "/gpt2";
+  Model m = random_model(named_model("tiny"), 13);
+  save_hf(dir, m.cfg, m.table, m.params.data());
+  SafetensorsWriter w;
+  const std::string prefix = "transformer.";
+  for (const auto& s : m.table.specs) {
+    std::vector<int64_t> shape = s.shape;
+    if (s.hf_transposed) std::swap(shape[0], shape[1]);
+    w.add(s.name.substr(prefix.size()), shape, m.params.data() + s.offset, StoreDtype::F32,
+          s.hf_transposed);
+  }
+  const std::vector<float> mask(64 * 64, 1.0f);
+  for (int l = 0; l < m.cfg.n_layer; ++l)
+    w.add("h." + std::to_string(l) + ".attn.bias", {1, 1, 64, 64}, mask.data());
+  w.set_metadata("format", "pt");
+  w.write(dir + "/model.safetensors");
+
+  std::vector<float> back(m.params.size());
+  load_hf_params(dir, m.cfg, m.table, back.data());
+  EXPECT_TRUE(same_bits(back, m.params));
+}
+
+TEST(HfFolder, Bf16CheckpointLoadsWithinRounding) {
+  const std::string dir = test_dir() + "/llama";
+  Model m = random_model(named_model("llama-tiny"), 14);
+  save_hf(dir, m.cfg, m.table, m.params.data());
+  SafetensorsWriter w;
+  for (const auto& s : m.table.specs)
+    w.add(s.name, s.shape, m.params.data() + s.offset, StoreDtype::BF16);
+  w.set_metadata("format", "pt");
+  w.write(dir + "/model.safetensors");
+  std::vector<float> back(m.params.size());
+  load_hf_params(dir, m.cfg, m.table, back.data());
+  for (size_t i = 0; i < back.size(); ++i)
+    ASSERT_LE(std::fabs(back[i] - m.params[i]), std::fabs(m.params[i]) * 0x1p-8f) << i;
+}
+
+TEST(HfFolder, ShardedCheckpointLoads) {
+  const std::string dir = test_dir() + "/llama";
+  Model m = random_model(named_model("llama-tiny"), 15);
+  save_hf(dir, m.cfg, m.table, m.params.data());
+  fs::remove(dir + "/model.safetensors");
+  SafetensorsWriter w1, w2;
+  json index = {{"metadata", json::object()}, {"weight_map", json::object()}};
+  for (size_t i = 0; i < m.table.specs.size(); ++i) {
+    const auto& s = m.table.specs[i];
+    const bool first = i < m.table.specs.size() / 2;
+    (first ? w1 : w2).add(s.name, s.shape, m.params.data() + s.offset);
+    index["weight_map"][s.name] = first ? "model-00001-of-00002.safetensors"
+                                        : "model-00002-of-00002.safetensors";
+  }
+  w1.write(dir + "/model-00001-of-00002.safetensors");
+  w2.write(dir + "/model-00002-of-00002.safetensors");
+  write_json(dir + "/model.safetensors.index.json", index);
+  std::vector<float> back(m.params.size());
+  load_hf_params(dir, m.cfg, m.table, back.data());
+  EXPECT_TRUE(same_bits(back, m.params));
+}
+
+TEST(HfFolder, WrongFamilyRefused) {
+  const std::string dir = test_dir() + "/llama";
+  Model m = random_model(named_model("llama-tiny"), 16);
+  save_hf(dir, m.cfg, m.table, m.params.data());
+  Model g = random_model(named_model("tiny"), 17);
+  const std::string msg = expect_error([&] { load_hf_params(dir, g.cfg, g.table, g.params.data()); },
+                                       {});
+  EXPECT_EQ(msg, "checkpoint " + dir + " is a llama model, but the config asks for gpt2");
+}
+
+TEST(HfFolder, WrongShapeRefused) {
+  const std::string root = test_dir(), dir = root + "/llama";
+  Model m = random_model(named_model("llama-tiny"), 18);
+  save_hf(dir, m.cfg, m.table, m.params.data());
+  ModelConfig other = m.cfg;
+  other.ffn = 256;
+  ParamTable t = build_param_table(other);
+  std::vector<float> buf(size_t(t.total));
+  const std::string msg = expect_error([&] { load_hf_params(dir, other, t, buf.data()); }, {});
+  EXPECT_EQ(msg, "checkpoint " + dir +
+                     ": tensor 'model.layers.0.mlp.gate_proj.weight' has shape [192, 64] but "
+                     "this model expects [256, 64]");
+
+  // A GPT-2 Conv1D shape is reported in the file's layout.
+  const std::string gdir = root + "/gpt2";
+  Model g = random_model(named_model("tiny"), 19);
+  save_hf(gdir, g.cfg, g.table, g.params.data());
+  ModelConfig wide = g.cfg;
+  wide.ffn = 128;
+  ParamTable wt = build_param_table(wide);
+  std::vector<float> wbuf(size_t(wt.total));
+  expect_error([&] { load_hf_params(gdir, wide, wt, wbuf.data()); },
+               {"tensor 'transformer.h.0.mlp.c_fc.weight' has shape [64, 256] but this model "
+                "expects [64, 128]"});
+
+  // Same shapes, different head count: caught from config.json.
+  ModelConfig heads = m.cfg;
+  heads.n_head = 8;
+  heads.n_kv_head = 4;
+  ParamTable ht = build_param_table(heads);
+  ASSERT_EQ(ht.total, m.table.total);
+  expect_error([&] { load_hf_params(dir, heads, ht, buf.data()); }, {dir, "n_head = 4", "8"});
+
+  // A missing tensor.
+  SafetensorsWriter w;
+  for (const auto& s : m.table.specs)
+    if (s.name != "model.norm.weight") w.add(s.name, s.shape, m.params.data() + s.offset);
+  w.set_metadata("format", "pt");
+  w.write(dir + "/model.safetensors");
+  expect_error([&] { load_hf_params(dir, m.cfg, m.table, m.params.data()); },
+               {dir, "missing", "'model.norm.weight'"});
+}
+
+TEST(HfFolder, ConfigErrorsNameTheProblem) {
+  const std::string root = test_dir(), dir = root + "/m";
+  Model m = random_model(named_model("llama-tiny"), 20);
+  save_hf(dir, m.cfg, m.table, m.params.data());
+  const std::string cfg_path = dir + "/config.json";
+  const json good = read_json(cfg_path);
+  auto with = [&](const std::function<void(json&)>& edit) {
+    json j = good;
+    edit(j);
+    write_json(cfg_path, j);
+  };
+  with([](json& j) { j["model_type"] = "mistral"; });
+  expect_error([&] { read_hf_config(dir); }, {cfg_path, "model_type 'mistral'", "\"gpt2\" or \"llama\""});
+  with([](json& j) { j.erase("model_type"); });
+  expect_error([&] { read_hf_config(dir); }, {cfg_path, "missing field 'model_type'"});
+  with([](json& j) { j.erase("hidden_size"); });
+  expect_error([&] { read_hf_config(dir); }, {cfg_path, "missing field 'hidden_size'"});
+  with([](json& j) { j["rope_scaling"] = {{"type", "linear"}, {"factor", 2.0}}; });
+  expect_error([&] { read_hf_config(dir); }, {cfg_path, "rope_scaling", "not supported"});
+  with([](json& j) { j["hidden_act"] = "gelu"; });
+  expect_error([&] { read_hf_config(dir); }, {cfg_path, "hidden_act 'gelu'"});
+  with([](json& j) { j["attention_bias"] = true; });
+  expect_error([&] { read_hf_config(dir); }, {cfg_path, "attention_bias"});
+  with([](json& j) { j["num_attention_heads"] = "4"; });
+  expect_error([&] { read_hf_config(dir); }, {cfg_path, "'num_attention_heads' must be an integer"});
+  with([](json& j) { j["num_key_value_heads"] = 3; });
+  expect_error([&] { read_hf_config(dir); }, {cfg_path, "n_kv_head"});
+  // Fields transformers defaults are optional.
+  with([](json& j) { j.erase("rms_norm_eps"); j.erase("num_key_value_heads"); j.erase("rope_theta"); });
+  const ModelConfig d = read_hf_config(dir);
+  EXPECT_EQ(d.norm_eps, 1e-6f);
+  EXPECT_EQ(d.n_kv_head, d.n_head);
+
+  const std::string gdir = root + "/g";
+  Model g = random_model(named_model("tiny"), 21);
+  save_hf(gdir, g.cfg, g.table, g.params.data());
+  const std::string gpath = gdir + "/config.json";
+  json gj = read_json(gpath);
+  gj["activation_function"] = "relu";
+  write_json(gpath, gj);
+  expect_error([&] { read_hf_config(gdir); }, {gpath, "activation_function 'relu'"});
+  gj["activation_function"] = "gelu_pytorch_tanh";
+  gj["n_inner"] = nullptr;  // HF's default: 4 * n_embd
+  gj.erase("n_positions");
+  write_json(gpath, gj);
+  const ModelConfig gc = read_hf_config(gdir);
+  EXPECT_EQ(gc.ffn, 4 * gc.n_embd);
+  EXPECT_EQ(gc.max_seq, g.cfg.max_seq);  // from n_ctx
+  expect_error([&] { read_hf_config(root + "/none"); }, {"has no config.json"});
+}
+
+TEST(HfFolder, SaveReplacesModelFoldersOnly) {
+  const std::string root = test_dir();
+  Model a = random_model(named_model("tiny"), 22), b = random_model(named_model("tiny"), 23);
+  save_hf(root + "/m", a.cfg, a.table, a.params.data());
+  save_hf(root + "/m", b.cfg, b.table, b.params.data());  // replaces
+  std::vector<float> back(b.params.size());
+  load_hf_params(root + "/m", b.cfg, b.table, back.data());
+  EXPECT_TRUE(same_bits(back, b.params));
+  for (const auto& e : fs::directory_iterator(root)) EXPECT_EQ(e.path().filename(), "m");
+
+  fs::create_directories(root + "/notes");
+  write_bytes(root + "/notes/todo.txt", "keep me");
+  expect_error([&] { save_hf(root + "/notes", a.cfg, a.table, a.params.data()); },
+               {"refusing to replace", root + "/notes"});
+  EXPECT_EQ(read_bytes(root + "/notes/todo.txt"), "keep me");
 }
 
