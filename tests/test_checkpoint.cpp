@@ -15,6 +15,7 @@
 
 #include "tetrad/checkpoint/hf.hpp"
 #include "tetrad/checkpoint/safetensors.hpp"
+#include "tetrad/checkpoint/trainer_state.hpp"
 #include "tetrad/core/error.hpp"
 #include "tetrad/model/model_config.hpp"
 #include "tetrad/model/params.hpp"
@@ -586,5 +587,75 @@ TEST(HfFolder, SaveReplacesModelFoldersOnly) {
   expect_error([&] { save_hf(root + "/notes", a.cfg, a.table, a.params.data()); },
                {"refusing to replace", root + "/notes"});
   EXPECT_EQ(read_bytes(root + "/notes/todo.txt"), "keep me");
+}
+
+// ------------------------------------------------------------------------------------------
+// Trainer state
+
+namespace {
+TrainerState random_state(int64_t numel, int64_t step) {
+  TrainerState s;
+  s.step = step;
+  s.rng_state = {0x0123456789abcdefull, ~0ull, 0, 42};
+  s.info = {{"data", {{"shard", 3}, {"offset", 123456789012ll}}},
+            {"config_hash", "deadbeefdeadbeef"},
+            {"lr", 3e-4}};
+  s.adam_m = random_floats(size_t(numel), uint32_t(step));
+  s.adam_v = random_floats(size_t(numel), uint32_t(step + 1));
+  return s;
+}
+}  // namespace
+
+TEST(TrainerState, RoundTripIsExact) {
+  const std::string path = test_dir() + "/trainer_state.bin";
+  const TrainerState s = random_state(1000, 77);
+  save_trainer_state(path, s);
+  const TrainerState r = load_trainer_state(path, 1000);
+  EXPECT_EQ(r.step, 77);
+  EXPECT_EQ(r.rng_state, s.rng_state);
+  EXPECT_EQ(r.info, s.info);
+  EXPECT_TRUE(same_bits(r.adam_m, s.adam_m));
+  EXPECT_TRUE(same_bits(r.adam_v, s.adam_v));
+  const TrainerState v = verify_trainer_state(path);
+  EXPECT_EQ(v.step, 77);
+  EXPECT_TRUE(v.adam_m.empty());
+
+  const std::string bytes = read_bytes(path);
+  EXPECT_EQ(bytes.substr(0, 8), "TTRDSTAT");
+  uint32_t version;
+  std::memcpy(&version, bytes.data() + 8, 4);
+  EXPECT_EQ(version, kTrainerStateVersion);
+  uint64_t json_len;
+  std::memcpy(&json_len, bytes.data() + 12, 8);
+  EXPECT_EQ(bytes.size(), 20 + json_len + 2 * 1000 * 4 + 8);
+}
+
+TEST(TrainerState, CorruptionRefused) {
+  const std::string path = test_dir() + "/trainer_state.bin";
+  save_trainer_state(path, random_state(500, 5));
+  const std::string good = read_bytes(path);
+
+  flip_byte(path, 100);  // inside adam_v
+  expect_error([&] { load_trainer_state(path, 500); }, {path, "checksum mismatch"});
+  expect_error([&] { verify_trainer_state(path); }, {path, "checksum mismatch"});
+
+  write_bytes(path, good.substr(0, good.size() - 1000));
+  expect_error([&] { load_trainer_state(path, 500); }, {path, "truncated"});
+  write_bytes(path, good.substr(0, 10));
+  expect_error([&] { load_trainer_state(path, 500); }, {path, "truncated"});
+
+  std::string b = good;
+  b[0] = 'X';
+  write_bytes(path, b);
+  expect_error([&] { load_trainer_state(path, 500); }, {path, "TTRDSTAT"});
+
+  b = good;
+  b[8] = 9;
+  write_bytes(path, b);
+  expect_error([&] { load_trainer_state(path, 500); }, {path, "version 9", "newer"});
+
+  write_bytes(path, good);
+  expect_error([&] { load_trainer_state(path, 501); }, {path, "500 parameters", "501"});
+  expect_error([&] { load_trainer_state(path + ".missing", 500); }, {path + ".missing"});
 }
 
