@@ -14,6 +14,7 @@
 #include <sstream>
 
 #include "tetrad/checkpoint/hf.hpp"
+#include "tetrad/checkpoint/run_checkpoint.hpp"
 #include "tetrad/checkpoint/safetensors.hpp"
 #include "tetrad/checkpoint/trainer_state.hpp"
 #include "tetrad/core/error.hpp"
@@ -659,3 +660,151 @@ TEST(TrainerState, CorruptionRefused) {
   expect_error([&] { load_trainer_state(path + ".missing", 500); }, {path + ".missing"});
 }
 
+// ------------------------------------------------------------------------------------------
+// Run checkpoints
+
+namespace {
+std::string latest_of(const std::string& run) {
+  std::string s = read_bytes(run + "/checkpoints/latest");
+  while (!s.empty() && s.back() == '\n') s.pop_back();
+  return s;
+}
+std::vector<std::string> step_folders(const std::string& run) {
+  std::vector<std::string> v;
+  for (const auto& e : fs::directory_iterator(run + "/checkpoints"))
+    if (e.is_directory()) v.push_back(e.path().filename().string());
+  std::sort(v.begin(), v.end());
+  return v;
+}
+}  // namespace
+
+TEST(RunCheckpoint, SaveLatestKeepLastAndLoad) {
+  const std::string run = test_dir();
+  EXPECT_EQ(checkpoint_folder_name(123), "step_000123");
+  EXPECT_EQ(checkpoint_folder_name(12345678), "step_12345678");
+  std::ostringstream log;
+  EXPECT_FALSE(find_latest_checkpoint(run, log).has_value());  // a fresh run
+
+  const std::string tok = run + "/tok.model";
+  write_bytes(tok, "not really a sentencepiece model");
+  Model m = random_model(named_model("llama-tiny"), 30);
+  CheckpointOptions opts;
+  opts.tokenizer_path = tok;
+  opts.keep_last = 3;
+  for (int64_t step : {100, 200, 300, 400}) {
+    m.params[0] = float(step);
+    const std::string dir = save_run_checkpoint(run, m.cfg, m.table, m.params.data(),
+                                                random_state(m.table.total, step), opts);
+    EXPECT_EQ(dir, run + "/checkpoints/" + checkpoint_folder_name(step));
+    EXPECT_EQ(latest_of(run), checkpoint_folder_name(step));
+  }
+  EXPECT_EQ(step_folders(run),
+            (std::vector<std::string>{"step_000200", "step_000300", "step_000400"}));
+  const std::string d400 = run + "/checkpoints/step_000400";
+  EXPECT_EQ(read_bytes(d400 + "/tokenizer.model"), "not really a sentencepiece model");
+  EXPECT_FALSE(checkpoint_problem(d400).has_value());
+
+  auto found = find_latest_checkpoint(run, log);
+  ASSERT_TRUE(found.has_value());
+  EXPECT_EQ(found->dir, d400);
+  EXPECT_EQ(found->step, 400);
+  EXPECT_EQ(log.str(), "");  // nothing to report on the normal path
+
+  std::vector<float> params(m.params.size());
+  const TrainerState s = load_run_checkpoint(found->dir, m.cfg, m.table, params.data());
+  EXPECT_TRUE(same_bits(params, m.params));
+  const TrainerState want = random_state(m.table.total, 400);
+  EXPECT_EQ(s.step, 400);
+  EXPECT_EQ(s.rng_state, want.rng_state);
+  EXPECT_EQ(s.info, want.info);  // the recorded file hashes are not handed back
+  EXPECT_TRUE(same_bits(s.adam_m, want.adam_m));
+  EXPECT_TRUE(same_bits(s.adam_v, want.adam_v));
+
+  // The folder is a Hugging Face folder as it is.
+  EXPECT_EQ(read_hf_config(found->dir).family, Family::Llama);
+}
+
+TEST(RunCheckpoint, FallsBackToPreviousGoodCheckpoint) {
+  const std::string run = test_dir();
+  Model m = random_model(named_model("tiny"), 31);
+  for (int64_t step : {10, 20, 30})
+    save_run_checkpoint(run, m.cfg, m.table, m.params.data(), random_state(m.table.total, step));
+  const std::string ck = run + "/checkpoints";
+
+  // Damaged weights in the newest: a flipped byte deep in the data.
+  flip_byte(ck + "/step_000030/model.safetensors", 1000);
+  std::ostringstream log;
+  auto found = find_latest_checkpoint(run, log);
+  ASSERT_TRUE(found.has_value());
+  EXPECT_EQ(found->step, 20);
+  EXPECT_NE(log.str().find("step_000030"), std::string::npos) << log.str();
+  EXPECT_NE(log.str().find("model.safetensors: content hash"), std::string::npos) << log.str();
+  EXPECT_NE(log.str().find("resuming from " + ck + "/step_000020"), std::string::npos) << log.str();
+  expect_error([&] {
+    std::vector<float> p(m.params.size());
+    load_run_checkpoint(ck + "/step_000030", m.cfg, m.table, p.data());
+  }, {"step_000030", "damaged"});
+
+  // Damaged trainer state in the next one, and no latest pointer at all.
+  flip_byte(ck + "/step_000020/trainer_state.bin", 20);
+  fs::remove(ck + "/latest");
+  log.str("");
+  found = find_latest_checkpoint(run, log);
+  ASSERT_TRUE(found.has_value());
+  EXPECT_EQ(found->step, 10);
+  EXPECT_NE(log.str().find("latest is missing"), std::string::npos) << log.str();
+  EXPECT_NE(log.str().find("checksum mismatch"), std::string::npos) << log.str();
+
+  // A missing file.
+  fs::remove(ck + "/step_000010/config.json");
+  log.str("");
+  expect_error([&] { find_latest_checkpoint(run, log); },
+               {"no valid checkpoint", "step_000010: config.json is missing", "step_000020",
+                "step_000030"});
+}
+
+TEST(RunCheckpoint, InterruptedSaveIsIgnoredAndCleanedUp) {
+  const std::string run = test_dir();
+  Model m = random_model(named_model("tiny"), 32);
+  save_run_checkpoint(run, m.cfg, m.table, m.params.data(), random_state(m.table.total, 5));
+  const std::string ck = run + "/checkpoints";
+  // A crash mid-save of step 6: its temporary folder, and a half-written pointer.
+  fs::create_directories(ck + "/step_000006.tmp");
+  write_bytes(ck + "/step_000006.tmp/model.safetensors", "partial");
+  write_bytes(ck + "/latest.tmp-abc123", "step_0000");
+  std::ostringstream log;
+  auto found = find_latest_checkpoint(run, log);
+  ASSERT_TRUE(found.has_value());
+  EXPECT_EQ(found->step, 5);
+  EXPECT_FALSE(fs::exists(ck + "/step_000006.tmp"));
+  EXPECT_FALSE(fs::exists(ck + "/latest.tmp-abc123"));
+  EXPECT_NE(log.str().find("interrupted save"), std::string::npos);
+
+  // `latest` naming a folder that is not there falls back too.
+  write_bytes(ck + "/latest", "step_000999\n");
+  log.str("");
+  found = find_latest_checkpoint(run, log);
+  ASSERT_TRUE(found.has_value());
+  EXPECT_EQ(found->step, 5);
+  EXPECT_NE(log.str().find("step_000999"), std::string::npos);
+}
+
+TEST(RunCheckpoint, ResumingFromAnEarlierStepDropsTheAbandonedOnes) {
+  const std::string run = test_dir();
+  Model m = random_model(named_model("tiny"), 33);
+  CheckpointOptions keep_all;
+  keep_all.keep_last = 0;
+  for (int64_t step : {1, 2, 3})
+    save_run_checkpoint(run, m.cfg, m.table, m.params.data(), random_state(m.table.total, step),
+                        keep_all);
+  // Resumed from step 1 (say 2 and 3 were damaged), the run saves step 2 again: step 3 belongs
+  // to the abandoned timeline and goes.
+  save_run_checkpoint(run, m.cfg, m.table, m.params.data(), random_state(m.table.total, 2),
+                      keep_all);
+  EXPECT_EQ(step_folders(run), (std::vector<std::string>{"step_000001", "step_000002"}));
+  EXPECT_EQ(latest_of(run), "step_000002");
+  TrainerState bad = random_state(m.table.total, 4);
+  bad.info["checkpoint_files"] = "mine";
+  expect_error([&] { save_run_checkpoint(run, m.cfg, m.table, m.params.data(), bad); },
+               {"reserved"});
+}
