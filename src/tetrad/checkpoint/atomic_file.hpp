@@ -1,0 +1,61 @@
+// Crash-safe file and folder replacement for the checkpoint writers.
+//
+// A file is written under a temporary name beside its destination, fsync'ed, renamed over the
+// destination and the directory fsync'ed, so a reader sees either the old complete file or the
+// new complete file, never a prefix. Folders are built under a temporary name and renamed into
+// place the same way.
+//
+// Not done here: locking. One process writes a given path at a time (rank 0 in a parallel run).
+// Every failure throws tetrad::Error naming the path and the system error.
+#pragma once
+#include <cstddef>
+#include <string>
+#include <string_view>
+
+namespace tetrad {
+
+// A file being written atomically. Nothing is visible at `path` until commit(); destroying an
+// uncommitted AtomicFile removes its temporary file.
+// With `direct` the file is created at `path` itself (for files inside a folder that is renamed
+// into place as a whole): commit() is then fsync + close, and an uncommitted file is removed.
+class AtomicFile {
+ public:
+  // Creates `path.tmp-XXXXXX` beside the destination (or `path` itself when direct).
+  explicit AtomicFile(std::string path, bool direct = false);
+  ~AtomicFile();
+  AtomicFile(const AtomicFile&) = delete;
+  AtomicFile& operator=(const AtomicFile&) = delete;
+
+  void write(const void* data, size_t size);  // all of it, or throws
+  // fsync, close, rename over the destination, fsync the directory.
+  void commit();
+  const std::string& path() const { return path_; }
+
+ private:
+  std::string path_, tmp_path_;  // tmp_path_ == path_ when direct
+  int fd_ = -1;
+  bool direct_ = false;
+};
+
+// The whole content at once, atomically.
+void write_file_atomic(const std::string& path, std::string_view content);
+
+// Writes `content` to a new file at `path` (no temporary name) and fsyncs it: for files inside a
+// folder that is itself renamed into place afterwards.
+void write_file_synced(const std::string& path, std::string_view content);
+
+// Copies a file's bytes to `dst` (created or truncated) and fsyncs it.
+void copy_file_synced(const std::string& src, const std::string& dst);
+
+// fsync of a directory, so renames and creations inside it are durable.
+void fsync_dir(const std::string& dir);
+
+// Moves the complete folder `tmp_dir` to `dir`. If `dir` exists it is replaced: atomically
+// swapped where the file system supports it (renameat2 RENAME_EXCHANGE), else renamed aside
+// first; the old content is then deleted. The parent directory is fsync'ed.
+void replace_dir(const std::string& tmp_dir, const std::string& dir);
+
+// Reads a whole (small) file; throws Error naming it.
+std::string read_small_file(const std::string& path);
+
+}  // namespace tetrad

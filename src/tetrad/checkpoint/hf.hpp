@@ -1,0 +1,56 @@
+// Hugging Face model folders: config.json + model.safetensors, as transformers'
+// GPT2LMHeadModel and LlamaForCausalLM write and read them.
+//
+// Names are the ParamTable's names (already Hugging Face's). GPT-2's Conv1D weights
+// (ParamSpec::hf_transposed) are stored [in, out] in the file and [out, in] in memory, so they
+// are transposed on the way out and back. A tied output head is not written (HF drops it too);
+// on load a tied lm_head.weight in the file is accepted and ignored.
+//
+// Not done here: tokenizer files (the run checkpoint copies tokenizer.model), pytorch_model.bin,
+// quantized weights, writing sharded files (reading `model.safetensors.index.json` shards is
+// supported). Failures throw tetrad::Error naming the folder and the tensor or field.
+#pragma once
+#include <nlohmann/json.hpp>
+#include <string>
+
+#include "tetrad/model/model_config.hpp"
+#include "tetrad/model/params.hpp"
+
+namespace tetrad {
+
+// Writes `dir` as a complete HF folder (model.safetensors with F32 tensors, config.json),
+// atomically: built in `dir.tmp-XXXXXX`, fsync'ed, renamed into place. An existing `dir` is
+// replaced as a whole, but only if it looks like a model folder (empty, or holding config.json
+// or model.safetensors); anything else is refused.
+// `extra_metadata` (a JSON object) goes into the safetensors `__metadata__` (non-string values
+// as their JSON text); its integer `bos_token_id` / `eos_token_id`, if present, also go into
+// config.json.
+void save_hf(const std::string& dir, const ModelConfig& cfg, const ParamTable& table,
+             const float* params, const nlohmann::json& extra_metadata = {});
+
+// Writes model.safetensors and config.json into the existing folder `dir` with no temporary
+// folder (each file is fsync'ed): for callers that rename the whole folder into place
+// themselves (run checkpoints).
+void write_hf_files(const std::string& dir, const ModelConfig& cfg, const ParamTable& table,
+                    const float* params, const nlohmann::json& extra_metadata = {});
+
+// The config.json transformers reads for this model.
+nlohmann::json hf_config_json(const ModelConfig& cfg, const nlohmann::json& extra_metadata = {});
+
+// Reads `dir/config.json` into a ModelConfig. Throws Error for an unknown model_type, missing
+// size fields, and features this code does not implement (rope_scaling, biases in Llama,
+// activations other than gelu_new / gelu_pytorch_tanh (gpt2) or silu (llama), ...). Fields
+// that transformers defaults (epsilons, rope_theta, num_key_value_heads) take its defaults.
+ModelConfig read_hf_config(const std::string& dir);
+ModelConfig parse_hf_config(const nlohmann::json& j, const std::string& where);
+
+// Loads the weights of `dir` into `params` (table.total floats, laid out by `table`).
+// The folder's config.json must describe `expected` (same family, sizes, epsilons); every tensor
+// of the table must be present with the right shape. Buffers that are not parameters
+// (attn.bias, attn.masked_bias, rotary_emb.inv_freq) and a tied lm_head.weight are ignored; any
+// other tensor the model does not have is an error. GPT-2 names with or without the
+// `transformer.` prefix are accepted. F32, BF16 and F16 tensors are converted to float.
+void load_hf_params(const std::string& dir, const ModelConfig& expected, const ParamTable& table,
+                    float* params);
+
+}  // namespace tetrad

@@ -1,0 +1,227 @@
+#include "tetrad/checkpoint/run_checkpoint.hpp"
+
+#include <algorithm>
+#include <cctype>
+#include <cstdio>
+#include <filesystem>
+#include <set>
+#include <system_error>
+#include <vector>
+
+#include "tetrad/checkpoint/atomic_file.hpp"
+#include "tetrad/checkpoint/hf.hpp"
+#include "tetrad/checkpoint/safetensors.hpp"
+#include "tetrad/core/error.hpp"
+#include "tetrad/core/hash.hpp"
+
+namespace fs = std::filesystem;
+
+namespace tetrad {
+namespace {
+
+constexpr const char* kFilesKey = "checkpoint_files";  // reserved key in TrainerState::info
+const char* const kRequired[] = {"config.json", "model.safetensors", "trainer_state.bin"};
+
+// The step of a complete checkpoint folder name "step_<digits>", or -1.
+int64_t parse_step_name(const std::string& name) {
+  const std::string p = "step_";
+  if (name.size() <= p.size() || name.compare(0, p.size(), p) != 0 || name.size() > p.size() + 18)
+    return -1;
+  int64_t v = 0;
+  for (size_t i = p.size(); i < name.size(); ++i) {
+    if (name[i] < '0' || name[i] > '9') return -1;
+    v = v * 10 + (name[i] - '0');
+  }
+  return v;
+}
+
+struct StepDir {
+  int64_t step;
+  std::string name;
+};
+
+// Complete (renamed-into-place) checkpoint folders, newest first.
+std::vector<StepDir> list_step_dirs(const fs::path& ckdir) {
+  std::vector<StepDir> out;
+  std::error_code ec;
+  for (const auto& e : fs::directory_iterator(ckdir, ec)) {
+    const std::string name = e.path().filename().string();
+    const int64_t step = parse_step_name(name);
+    if (step >= 0 && e.is_directory(ec)) out.push_back({step, name});
+  }
+  std::sort(out.begin(), out.end(), [](const StepDir& a, const StepDir& b) { return a.step > b.step; });
+  return out;
+}
+
+// Leftovers of an interrupted save: "step_N.tmp" folders, "*.tmp-XXXXXX" files and folders from
+// atomic writes, "*.old-PID" folders from a replace without atomic exchange.
+bool is_leftover(const std::string& name) {
+  return (name.size() > 4 && name.compare(name.size() - 4, 4, ".tmp") == 0) ||
+         name.find(".tmp-") != std::string::npos || name.find(".old-") != std::string::npos;
+}
+
+std::string trim(std::string s) {
+  while (!s.empty() && std::isspace(static_cast<unsigned char>(s.back()))) s.pop_back();
+  size_t i = 0;
+  while (i < s.size() && std::isspace(static_cast<unsigned char>(s[i]))) ++i;
+  return s.substr(i);
+}
+
+void remove_tree(const fs::path& p) {
+  std::error_code ec;
+  fs::remove_all(p, ec);
+  if (ec) fail("cannot remove '", p.string(), "': ", ec.message());
+}
+
+}  // namespace
+
+std::string checkpoint_folder_name(int64_t step) {
+  TETRAD_CHECK(step >= 0, "negative step ", step);
+  char buf[32];
+  std::snprintf(buf, sizeof buf, "step_%06lld", static_cast<long long>(step));
+  return buf;
+}
+
+std::string save_run_checkpoint(const std::string& run_dir, const ModelConfig& cfg,
+                                const ParamTable& table, const float* params,
+                                const TrainerState& state, const CheckpointOptions& opts) {
+  TETRAD_CHECK(state.adam_m.size() == state.adam_v.size());
+  if (!state.info.is_object() && !state.info.is_null())
+    fail("save_run_checkpoint: TrainerState::info must be a JSON object, got ", state.info.dump());
+  if (state.info.is_object() && state.info.contains(kFilesKey))
+    fail("save_run_checkpoint: TrainerState::info key '", kFilesKey, "' is reserved");
+
+  const fs::path ckdir = fs::path(run_dir) / "checkpoints";
+  std::error_code ec;
+  fs::create_directories(ckdir, ec);
+  if (ec) fail("cannot create '", ckdir.string(), "': ", ec.message());
+  const std::string name = checkpoint_folder_name(state.step);
+  const fs::path final_dir = ckdir / name, tmp = ckdir / (name + ".tmp");
+  remove_tree(tmp);
+  fs::create_directory(tmp, ec);
+  if (ec) fail("cannot create '", tmp.string(), "': ", ec.message());
+
+  try {
+    write_hf_files(tmp.string(), cfg, table, params, opts.extra_metadata);
+    if (!opts.tokenizer_path.empty())
+      copy_file_synced(opts.tokenizer_path, (tmp / "tokenizer.model").string());
+
+    // trainer_state.bin last: it records the hashes of everything else in the folder.
+    nlohmann::json files = nlohmann::json::object();
+    for (const char* f : {"config.json", "model.safetensors", "tokenizer.model"})
+      if (fs::exists(tmp / f, ec)) files[f] = hex64(hash_file((tmp / f).string()));
+    nlohmann::json info = state.info.is_object() ? state.info : nlohmann::json::object();
+    info[kFilesKey] = files;
+    save_trainer_state((tmp / "trainer_state.bin").string(), state.step, state.rng_state, info,
+                       state.adam_m.data(), state.adam_v.data(), state.adam_m.size());
+    fsync_dir(tmp.string());
+    replace_dir(tmp.string(), final_dir.string());
+  } catch (...) {
+    fs::remove_all(tmp, ec);
+    throw;
+  }
+  write_file_atomic((ckdir / "latest").string(), name + "\n");
+
+  // Prune: later steps belong to an abandoned timeline; of the earlier ones keep keep_last - 1.
+  int kept = 1;
+  for (const auto& d : list_step_dirs(ckdir)) {
+    if (d.step == state.step) continue;
+    if (d.step > state.step || (opts.keep_last > 0 && kept >= opts.keep_last)) {
+      remove_tree(ckdir / d.name);
+    } else {
+      ++kept;
+    }
+  }
+  fsync_dir(ckdir.string());
+  return final_dir.string();
+}
+
+std::optional<std::string> checkpoint_problem(const std::string& dir) {
+  std::error_code ec;
+  if (!fs::is_directory(dir, ec)) return "the folder does not exist";
+  for (const char* f : kRequired)
+    if (!fs::exists(fs::path(dir) / f, ec)) return std::string(f) + " is missing";
+  try {
+    const TrainerState s = verify_trainer_state((fs::path(dir) / "trainer_state.bin").string());
+    if (!s.info.is_object() || !s.info.contains(kFilesKey) || !s.info[kFilesKey].is_object())
+      return "trainer_state.bin records no file hashes (not written by save_run_checkpoint)";
+    for (auto it = s.info[kFilesKey].begin(); it != s.info[kFilesKey].end(); ++it) {
+      const fs::path p = fs::path(dir) / it.key();
+      if (!fs::exists(p, ec)) return it.key() + " is missing";
+      const std::string h = hex64(hash_file(p.string()));
+      if (!it.value().is_string() || h != it.value().get<std::string>())
+        return it.key() + ": content hash " + h + " differs from the one recorded in "
+               "trainer_state.bin (" + it.value().dump() + ")";
+    }
+    read_hf_config(dir);
+    SafetensorsReader check((fs::path(dir) / "model.safetensors").string());
+  } catch (const Error& e) {
+    return e.what();
+  }
+  return std::nullopt;
+}
+
+std::optional<FoundCheckpoint> find_latest_checkpoint(const std::string& run_dir, std::ostream& log) {
+  const fs::path ckdir = fs::path(run_dir) / "checkpoints";
+  std::error_code ec;
+  if (!fs::is_directory(ckdir, ec)) return std::nullopt;
+
+  for (const auto& e : fs::directory_iterator(ckdir, ec)) {
+    const std::string name = e.path().filename().string();
+    if (!is_leftover(name)) continue;
+    log << "checkpoint: removing " << e.path().string() << ", left by an interrupted save\n";
+    std::error_code rm;
+    fs::remove_all(e.path(), rm);
+  }
+
+  const std::vector<StepDir> dirs = list_step_dirs(ckdir);
+  std::vector<std::string> rejected;
+  std::string tried;
+  const fs::path latest = ckdir / "latest";
+  const bool has_latest = fs::exists(latest, ec);
+  if (has_latest) {
+    const std::string name = trim(read_small_file(latest.string()));
+    std::optional<std::string> problem;
+    if (parse_step_name(name) < 0) {
+      problem = "it is not a checkpoint folder name";
+    } else {
+      problem = checkpoint_problem((ckdir / name).string());
+      tried = name;
+      if (!problem) return FoundCheckpoint{(ckdir / name).string(), parse_step_name(name)};
+    }
+    log << "checkpoint: " << latest.string() << " names '" << name << "', which cannot be used: "
+        << *problem << "\n";
+    rejected.push_back(name + ": " + *problem);
+  } else if (!dirs.empty()) {
+    log << "checkpoint: " << latest.string() << " is missing; looking for the newest valid "
+        << "checkpoint\n";
+  }
+
+  for (const auto& d : dirs) {
+    if (d.name == tried) continue;
+    const std::string path = (ckdir / d.name).string();
+    if (auto problem = checkpoint_problem(path)) {
+      log << "checkpoint: skipping " << path << ": " << *problem << "\n";
+      rejected.push_back(d.name + ": " + *problem);
+      continue;
+    }
+    log << "checkpoint: resuming from " << path << ", the newest valid checkpoint\n";
+    return FoundCheckpoint{path, d.step};
+  }
+  if (rejected.empty()) return std::nullopt;
+  std::string why;
+  for (const auto& r : rejected) why += "\n  " + r;
+  fail("no valid checkpoint in ", ckdir.string(), ":", why,
+       "\n(delete that folder, or point the run at a new run directory, to start afresh)");
+}
+
+TrainerState load_run_checkpoint(const std::string& dir, const ModelConfig& cfg,
+                                 const ParamTable& table, float* params) {
+  if (auto problem = checkpoint_problem(dir)) fail("checkpoint ", dir, " is damaged: ", *problem);
+  load_hf_params(dir, cfg, table, params);
+  TrainerState s = load_trainer_state((fs::path(dir) / "trainer_state.bin").string(), table.total);
+  if (s.info.is_object()) s.info.erase(kFilesKey);
+  return s;
+}
+
+}  // namespace tetrad
