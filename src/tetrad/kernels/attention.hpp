@@ -1,24 +1,62 @@
-// Causal multi-head attention (grouped-query capable), tiled with an online softmax in forward and
-// recomputation from the saved log-sum-exp in backward: no [T, T] matrix is ever materialised.
+// Causal scaled-dot-product attention with grouped-query heads (flash-attention style), forward and
+// backward, on the CPU, for float and double.
+//
+// What this does not do: non-causal or custom masks, dropout, sliding windows, ALiBi, bf16. Decode
+// (Tq much smaller than Tk, e.g. 1 with a KV cache) is correct but uses the training tiles: a query
+// block shorter than the vector width still costs a full vector.
+//
+// Memory: never materialises a [T, T] matrix. Work buffers are O(block^2 + T * head_dim) per
+// thread, allocated inside each call. Threads: OpenMP, the calling thread's team size.
+// Determinism: every output element is computed by one thread in a fixed order, so results are
+// bit-identical between runs and independent of the thread count (for a given code path).
 #pragma once
 #include <cstdint>
 
 namespace tetrad::kernels {
 
 struct AttentionDims {
-  int B;            // sequences
-  int Tq;           // queries per sequence
-  int Tk;           // keys per sequence; query i (0-based) sits at position (Tk - Tq + i) and attends keys 0..that position (causal)
-  int n_head;       // query heads
-  int n_kv_head;    // key/value heads; query head h uses kv head h / (n_head / n_kv_head) (grouped-query attention)
+  int B;          // sequences
+  int Tq;         // queries per sequence
+  int Tk;         // keys per sequence; query i sits at position (Tk - Tq + i) and attends keys
+                  // 0..that position (causal). Requires Tk >= Tq.
+  int n_head;     // query heads
+  int n_kv_head;  // key/value heads; query head h uses kv head h / (n_head / n_kv_head)
   int head_dim;
-  int64_t q_stride, kv_stride, out_stride;           // elements between consecutive tokens (rows)
+  int64_t q_stride, kv_stride, out_stride;                    // elements between consecutive rows
   int64_t q_batch_stride, kv_batch_stride, out_batch_stride;  // elements between sequences
 };
-// out[b, i, h*hd + d] = softmax_j( q_i·k_j / sqrt(hd) ) v_j. Head h of a row is the hd elements at h*hd.
-// lse (may be nullptr): [B, n_head, Tq] contiguous, the log-sum-exp of the scaled scores of each query row (saved for backward).
-template <typename T> void attention_forward(T* out, T* lse, const T* q, const T* k, const T* v, const AttentionDims& d);
-// Gradients of the loss w.r.t. q, k, v given dout. dq/dk/dv use the same strides as q/k/v and are OVERWRITTEN (not accumulated).
-template <typename T> void attention_backward(T* dq, T* dk, T* dv, const T* dout, const T* q, const T* k, const T* v, const T* out, const T* lse, const AttentionDims& d);
+
+// out[b, i, h*hd + d] = sum_j softmax_j(q_i . k_j / sqrt(hd)) v_j[d]; rows of q/k/v/out are
+// (b * batch_stride + t * stride), head h of a row is the hd elements at h*hd.
+// lse (may be nullptr): [B, n_head, Tq] contiguous, log-sum-exp of each query row's scaled scores.
+// out must not overlap q, k, v.
+template <typename T>
+void attention_forward(T* out, T* lse, const T* q, const T* k, const T* v, const AttentionDims& d);
+
+// Gradients w.r.t. q, k, v given dout (same layout as out). dq/dk/dv use the strides of q/k/v and
+// are OVERWRITTEN (may all point into one fused dqkv buffer). out and lse come from the forward.
+// Work is split over (sequence, kv head): a kv head's dk/dv rows and its query heads' dq rows are
+// written by one thread only.
+template <typename T>
+void attention_backward(T* dq, T* dk, T* dv, const T* dout, const T* q, const T* k, const T* v,
+                        const T* out, const T* lse, const AttentionDims& d);
+
+// Code paths. attention_forward/backward take the widest one the CPU supports; tests and
+// benchmarks may ask for a specific one (it must be supported: attention_path_supported).
+enum class AttentionPath { kPortable, kAvx2, kAvx512 };
+const char* attention_path_name(AttentionPath p);
+bool attention_path_supported(AttentionPath p);
+AttentionPath attention_default_path();
+
+template <typename T>
+void attention_forward(T* out, T* lse, const T* q, const T* k, const T* v, const AttentionDims& d,
+                       AttentionPath path);
+template <typename T>
+void attention_backward(T* dq, T* dk, T* dv, const T* dout, const T* q, const T* k, const T* v,
+                        const T* out, const T* lse, const AttentionDims& d, AttentionPath path);
+
+// FLOPs of the causal forward (QK^T and PV, multiply-add = 2) counted as in the brief:
+// 4 * Tq * Tk * hd * n_head * B / 2 for Tq == Tk; the backward is 2.5x this.
+double attention_forward_flops(const AttentionDims& d);
 
 }  // namespace tetrad::kernels

@@ -1,0 +1,585 @@
+// Causal flash attention on the CPU: see attention.hpp for the contract.
+//
+// One source, three code paths. The kernels below are written once with GCC vector extensions
+// (Vec<T, W>) in always_inline functions; each path is an entry function with its own
+// __attribute__((target)) that holds the OpenMP loop and inlines everything under it, so the same
+// code becomes SSE2 (portable), AVX2+FMA or AVX-512 instructions. The entry is picked at run time.
+//
+// Forward, per task (sequence b, head h, block of Bq queries), vectorised over queries:
+//   QT[d][i] = q[i][d] * log2(e)/sqrt(hd)              packed once per task
+//   for each key block (only those some query of the block can see):
+//     ST[j][i] = sum_d k[j][d] QT[d][i]                  score tile, keys x queries
+//     online softmax in base 2 down each column i (running max m_i, running sum l_i)
+//     OT[d][i] = OT[d][i] * alpha_i + sum_j v[j][d] PT[j][i]
+//   out[i][d] = OT[d][i] / l_i,  lse_i = (m_i + log2 l_i) * ln 2
+// k and v are read in place (broadcast scalars), so nothing of them is copied per task.
+//
+// Backward, per task (sequence b, kv head g): the task owns dk/dv rows of kv head g and dq rows of
+// its query heads, so no two threads write the same row and no reduction across threads exists.
+//   pack K (rows, padded to the vector width), K^T and V^T once
+//   for each query head h of the group: pack Q, dO (rows), D_i = dO_i . O_i, L_i = lse_i*log2(e)
+//     for each key block j0: for each query block i0 from the diagonal down:
+//       S = Q K^T (vectorised over keys), P = 2^(S*c - L_i) masked, dP = dO V^T,
+//       dS = P (dP - D_i) / sqrt(hd)
+//       dV[j0..] += P^T dO;  dK[j0..] += dS^T Q;  dQ[i0..] += dS K       (vectorised over d)
+//     write dQ rows of head h
+//   write dK, dV rows
+// All seven products are one register-tiled micro-kernel C[m][n] += sum_k A(m,k) B[k][n] with A
+// read by broadcast through (row, column) strides and B, C vectorised along n.
+#include "tetrad/kernels/attention.hpp"
+
+#include <omp.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdlib>
+#include <cstring>
+#include <limits>
+#include <memory>
+
+#include "tetrad/core/error.hpp"
+
+// The vector helpers pass vectors by value; they are always inlined, so the ABI note is moot.
+#pragma GCC diagnostic ignored "-Wpsabi"
+
+namespace tetrad::kernels {
+namespace {
+
+#define TETRAD_INLINE inline __attribute__((always_inline))
+
+template <class T, int W>
+struct VecOf {
+  typedef T type __attribute__((vector_size(W * sizeof(T))));
+};
+template <class T>
+struct IntOf;
+template <>
+struct IntOf<float> {
+  using type = int32_t;
+  static constexpr int kMantissa = 23, kBias = 127;
+};
+template <>
+struct IntOf<double> {
+  using type = int64_t;
+  static constexpr int kMantissa = 52, kBias = 1023;
+};
+
+template <class T, int W>
+TETRAD_INLINE typename VecOf<T, W>::type load(const T* p) {
+  typename VecOf<T, W>::type v;
+  std::memcpy(&v, p, sizeof v);
+  return v;
+}
+template <class T, int W>
+TETRAD_INLINE void store(T* p, typename VecOf<T, W>::type v) {
+  std::memcpy(p, &v, sizeof v);
+}
+template <class T, int W>
+TETRAD_INLINE typename VecOf<T, W>::type splat(T x) {
+  typename VecOf<T, W>::type v = {};
+  return v + x;
+}
+
+// 2^x, elementwise. x <= -(bias) gives exactly 0 (so -inf masks to 0); error about 1 ulp.
+template <class T, int W>
+TETRAD_INLINE typename VecOf<T, W>::type exp2v(typename VecOf<T, W>::type x) {
+  using V = typename VecOf<T, W>::type;
+  using I = typename IntOf<T>::type;
+  typedef I IV __attribute__((vector_size(W * sizeof(T))));
+  constexpr T lo = -T(IntOf<T>::kBias);
+  constexpr T hi = T(IntOf<T>::kBias);
+  x = x < lo ? splat<T, W>(lo) : x;
+  x = x > hi ? splat<T, W>(hi) : x;
+  // Round to nearest integer with the 1.5 * 2^mantissa trick (round-to-nearest mode).
+  const T magic = T(1.5) * T(I(1) << IntOf<T>::kMantissa);
+  V n = (x + magic) - magic;
+  V t = (x - n) * T(0.6931471805599453094);  // |t| <= ln(2)/2; 2^x = 2^n e^t
+  V p;
+  if constexpr (sizeof(T) == 4) {  // Taylor to t^7: truncation < 5e-9
+    p = splat<T, W>(T(1.0 / 5040));
+    p = p * t + T(1.0 / 720);
+    p = p * t + T(1.0 / 120);
+    p = p * t + T(1.0 / 24);
+    p = p * t + T(1.0 / 6);
+    p = p * t + T(0.5);
+    p = p * t + T(1);
+    p = p * t + T(1);
+  } else {  // Taylor to t^13: truncation < 5e-18
+    p = splat<T, W>(T(1.0 / 6227020800.0));
+    p = p * t + T(1.0 / 479001600.0);
+    p = p * t + T(1.0 / 39916800.0);
+    p = p * t + T(1.0 / 3628800.0);
+    p = p * t + T(1.0 / 362880.0);
+    p = p * t + T(1.0 / 40320.0);
+    p = p * t + T(1.0 / 5040.0);
+    p = p * t + T(1.0 / 720.0);
+    p = p * t + T(1.0 / 120.0);
+    p = p * t + T(1.0 / 24.0);
+    p = p * t + T(1.0 / 6.0);
+    p = p * t + T(0.5);
+    p = p * t + T(1);
+    p = p * t + T(1);
+  }
+  IV e = (__builtin_convertvector(n, IV) + I(IntOf<T>::kBias)) << IntOf<T>::kMantissa;
+  return p * (V)e;
+}
+
+// Register tile: C[r][c*W..] (+)= sum_k A(r, k) * B[k][c*W..] for r < R, c < C.
+// A(r, k) = a[r * a_ms + k * a_ks] (broadcast), B rows ldb apart, C rows ldc apart.
+template <class T, int W, int R, int C>
+TETRAD_INLINE void micro(T* __restrict c, int64_t ldc, const T* __restrict a, int64_t a_ms,
+                         int64_t a_ks, const T* __restrict b, int64_t ldb, int K, bool accumulate) {
+  using V = typename VecOf<T, W>::type;
+  V acc[R][C];
+#pragma GCC unroll 16
+  for (int r = 0; r < R; ++r)
+#pragma GCC unroll 16
+    for (int j = 0; j < C; ++j) acc[r][j] = accumulate ? load<T, W>(c + r * ldc + j * W) : V{};
+  for (int k = 0; k < K; ++k) {
+    V bv[C];
+#pragma GCC unroll 16
+    for (int j = 0; j < C; ++j) bv[j] = load<T, W>(b + k * ldb + j * W);
+#pragma GCC unroll 16
+    for (int r = 0; r < R; ++r) {
+      const T ar = a[r * a_ms + k * a_ks];
+#pragma GCC unroll 16
+      for (int j = 0; j < C; ++j) acc[r][j] += ar * bv[j];
+    }
+  }
+#pragma GCC unroll 16
+  for (int r = 0; r < R; ++r)
+#pragma GCC unroll 16
+    for (int j = 0; j < C; ++j) store<T, W>(c + r * ldc + j * W, acc[r][j]);
+}
+
+// Rows [0, M) with tiles of R rows, then the remaining rows with tiles of R/2, R/4, ... rows.
+template <class T, int W, int R, int C>
+TETRAD_INLINE void micro_rows(int M, T* c, int64_t ldc, const T* a, int64_t a_ms, int64_t a_ks,
+                              const T* b, int64_t ldb, int K, bool accumulate) {
+  int m = 0;
+  for (; m + R <= M; m += R)
+    micro<T, W, R, C>(c + m * ldc, ldc, a + m * a_ms, a_ms, a_ks, b, ldb, K, accumulate);
+  if constexpr (R > 1)
+    if (m < M)
+      micro_rows<T, W, R / 2, C>(M - m, c + m * ldc, ldc, a + m * a_ms, a_ms, a_ks, b, ldb, K,
+                                 accumulate);
+}
+
+// C[M][NV*W] (+)= A[M][K] B[K][NV*W], A by broadcast through strides (see micro); column tiles
+// of C vectors, then C/2, C/4, ...
+template <class T, int W, int R, int C>
+TETRAD_INLINE void gemm_tiles(int M, int NV, int K, T* c, int64_t ldc, const T* a, int64_t a_ms,
+                              int64_t a_ks, const T* b, int64_t ldb, bool accumulate) {
+  int nv = 0;
+  for (; nv + C <= NV; nv += C)
+    micro_rows<T, W, R, C>(M, c + nv * W, ldc, a, a_ms, a_ks, b + nv * W, ldb, K, accumulate);
+  if constexpr (C > 1)
+    if (nv < NV)
+      gemm_tiles<T, W, R, C / 2>(M, NV - nv, K, c + nv * W, ldc, a, a_ms, a_ks, b + nv * W, ldb,
+                                 accumulate);
+}
+
+// Tile shapes per vector width: R x C accumulators must leave room for C loads and a broadcast
+// (16 registers below AVX-512, 32 with it). Both FMA pipes need at least 8 independent chains.
+template <class T, int W>
+struct Tiles {
+  static constexpr int R = 4;
+  static constexpr int C = W * int(sizeof(T)) == 64 ? 4 : 2;
+  static constexpr int kBq = 64 > 4 * W ? 64 : 4 * W;  // forward query block (multiple of W)
+  static constexpr int kBk = 64 > 4 * W ? 64 : 4 * W;  // key block (forward and backward)
+  static constexpr int kBqBwd = 64;                    // backward query block
+};
+
+// One out-of-line GEMM per (T, W), compiled for its path's target (specialised below), so the
+// unrolled tiles are generated once per path rather than at every call site.
+template <class T, int W>
+void gemm(int M, int NV, int K, T* c, int64_t ldc, const T* a, int64_t a_ms, int64_t a_ks,
+          const T* b, int64_t ldb, bool accumulate);
+
+#define TETRAD_ATTENTION_GEMM(T, W, TARGET)                                                     \
+  template <>                                                                                  \
+  TARGET __attribute__((noinline)) void gemm<T, W>(int M, int NV, int K, T* c, int64_t ldc,   \
+                                                   const T* a, int64_t a_ms, int64_t a_ks,     \
+                                                   const T* b, int64_t ldb, bool accumulate) { \
+    gemm_tiles<T, W, Tiles<T, W>::R, Tiles<T, W>::C>(M, NV, K, c, ldc, a, a_ms, a_ks, b, ldb,  \
+                                                     accumulate);                              \
+  }
+#define TETRAD_AVX2 __attribute__((target("avx2,fma")))
+#define TETRAD_AVX512 __attribute__((target("avx512f,avx512bw,avx512vl,fma")))
+TETRAD_ATTENTION_GEMM(float, 4, )
+TETRAD_ATTENTION_GEMM(double, 2, )
+TETRAD_ATTENTION_GEMM(float, 8, TETRAD_AVX2)
+TETRAD_ATTENTION_GEMM(double, 4, TETRAD_AVX2)
+TETRAD_ATTENTION_GEMM(float, 16, TETRAD_AVX512)
+TETRAD_ATTENTION_GEMM(double, 8, TETRAD_AVX512)
+
+struct FreeDeleter {
+  void operator()(void* p) const { std::free(p); }
+};
+// 64-byte aligned, zeroed scratch.
+template <class T>
+std::unique_ptr<T[], FreeDeleter> scratch(int64_t n) {
+  const size_t bytes = ((size_t(n) * sizeof(T) + 63) / 64) * 64;
+  T* p = static_cast<T*>(std::aligned_alloc(64, bytes == 0 ? 64 : bytes));
+  TETRAD_CHECK(p != nullptr, "attention scratch allocation of ", bytes, " bytes failed");
+  std::memset(p, 0, bytes);
+  return std::unique_ptr<T[], FreeDeleter>(p);
+}
+
+constexpr int round_up(int x, int m) { return (x + m - 1) / m * m; }
+
+// ---------------------------------------------------------------------------------------------
+// Forward
+
+template <class T, int W>
+struct ForwardScratch {
+  static constexpr int Bq = Tiles<T, W>::kBq, Bk = Tiles<T, W>::kBk;
+  std::unique_ptr<T[], FreeDeleter> qt, ot, st, m, l;
+  explicit ForwardScratch(int hd)
+      : qt(scratch<T>(int64_t(hd) * Bq)),
+        ot(scratch<T>(int64_t(hd) * Bq)),
+        st(scratch<T>(int64_t(Bk) * Bq)),
+        m(scratch<T>(Bq)),
+        l(scratch<T>(Bq)) {}
+};
+
+template <class T, int W>
+TETRAD_INLINE void forward_task(T* out, T* lse, const T* q, const T* k, const T* v,
+                                const AttentionDims& d, int b, int h, int i0,
+                                ForwardScratch<T, W>& s) {
+  using V = typename VecOf<T, W>::type;
+  constexpr int Bq = Tiles<T, W>::kBq, Bk = Tiles<T, W>::kBk, NV = Bq / W;
+  const int hd = d.head_dim;
+  const int off = d.Tk - d.Tq;
+  const int nq = std::min(Bq, d.Tq - i0);
+  const int kvh = h / (d.n_head / d.n_kv_head);
+  const T* qb = q + b * d.q_batch_stride + int64_t(i0) * d.q_stride + int64_t(h) * hd;
+  const T* kb = k + b * d.kv_batch_stride + int64_t(kvh) * hd;
+  const T* vb = v + b * d.kv_batch_stride + int64_t(kvh) * hd;
+  T* qt = s.qt.get();
+  T* ot = s.ot.get();
+  T* st = s.st.get();
+  T* mrow = s.m.get();
+  T* lrow = s.l.get();
+
+  const T c2 = T(1.4426950408889634074) / std::sqrt(T(hd));  // log2(e) / sqrt(hd)
+  for (int i = 0; i < Bq; ++i)
+    for (int e = 0; e < hd; ++e) qt[e * Bq + i] = i < nq ? qb[int64_t(i) * d.q_stride + e] * c2 : T(0);
+  std::memset(ot, 0, sizeof(T) * hd * Bq);
+  for (int c = 0; c < NV; ++c) {
+    store<T, W>(mrow + c * W, splat<T, W>(-std::numeric_limits<T>::infinity()));
+    store<T, W>(lrow + c * W, V{});
+  }
+  V iota;
+  for (int w = 0; w < W; ++w) iota[w] = T(w);
+
+  const int first_pos = off + i0;              // position of the block's first query
+  const int n_keys = off + i0 + nq;            // keys seen by the block's last query
+  for (int j0 = 0; j0 < n_keys; j0 += Bk) {
+    const int nk = std::min(Bk, n_keys - j0);
+    gemm<T, W>(nk, NV, hd, st, Bq, kb + int64_t(j0) * d.kv_stride, d.kv_stride, 1, qt, Bq,
+                     false);
+    const bool diagonal = j0 + nk - 1 > first_pos;
+    for (int c = 0; c < NV; ++c) {
+      const V pos = iota + T(first_pos + c * W);
+      V mx = load<T, W>(mrow + c * W);
+      if (diagonal) {
+        const V ninf = splat<T, W>(-std::numeric_limits<T>::infinity());
+        for (int j = 0; j < nk; ++j) {
+          V x = load<T, W>(st + j * Bq + c * W);
+          x = splat<T, W>(T(j0 + j)) > pos ? ninf : x;
+          store<T, W>(st + j * Bq + c * W, x);
+          mx = mx > x ? mx : x;
+        }
+      } else {
+        for (int j = 0; j < nk; ++j) {
+          const V x = load<T, W>(st + j * Bq + c * W);
+          mx = mx > x ? mx : x;
+        }
+      }
+      const V alpha = exp2v<T, W>(load<T, W>(mrow + c * W) - mx);
+      V sum = {};
+      for (int j = 0; j < nk; ++j) {
+        const V p = exp2v<T, W>(load<T, W>(st + j * Bq + c * W) - mx);
+        store<T, W>(st + j * Bq + c * W, p);
+        sum += p;
+      }
+      store<T, W>(lrow + c * W, load<T, W>(lrow + c * W) * alpha + sum);
+      store<T, W>(mrow + c * W, mx);
+      if (j0 > 0)
+        for (int e = 0; e < hd; ++e)
+          store<T, W>(ot + e * Bq + c * W, load<T, W>(ot + e * Bq + c * W) * alpha);
+    }
+    gemm<T, W>(hd, NV, nk, ot, Bq, vb + int64_t(j0) * d.kv_stride, 1, d.kv_stride, st, Bq,
+                     true);
+  }
+
+  T* ob = out + b * d.out_batch_stride + int64_t(i0) * d.out_stride + int64_t(h) * hd;
+  for (int i = 0; i < nq; ++i) {
+    const T inv = T(1) / lrow[i];
+    T* orow = ob + int64_t(i) * d.out_stride;
+    for (int e = 0; e < hd; ++e) orow[e] = ot[e * Bq + i] * inv;
+  }
+  if (lse) {
+    T* lb = lse + (int64_t(b) * d.n_head + h) * d.Tq + i0;
+    for (int i = 0; i < nq; ++i)
+      lb[i] = (mrow[i] + std::log2(lrow[i])) * T(0.6931471805599453094);
+  }
+}
+
+// ---------------------------------------------------------------------------------------------
+// Backward
+
+template <class T, int W>
+struct BackwardScratch {
+  static constexpr int Bq = Tiles<T, W>::kBqBwd, Bk = Tiles<T, W>::kBk;
+  int hdp, tkp;
+  std::unique_ptr<T[], FreeDeleter> kp, kt, vt, dk, dv, qp, dop, dq, dd, ll, s, dp;
+  BackwardScratch(const AttentionDims& d)
+      : hdp(round_up(d.head_dim, W)),
+        tkp(round_up(d.Tk, Bk)),
+        kp(scratch<T>(int64_t(d.Tk) * hdp)),
+        kt(scratch<T>(int64_t(d.head_dim) * tkp)),
+        vt(scratch<T>(int64_t(d.head_dim) * tkp)),
+        dk(scratch<T>(int64_t(d.Tk) * hdp)),
+        dv(scratch<T>(int64_t(d.Tk) * hdp)),
+        qp(scratch<T>(int64_t(d.Tq) * hdp)),
+        dop(scratch<T>(int64_t(d.Tq) * hdp)),
+        dq(scratch<T>(int64_t(d.Tq) * hdp)),
+        dd(scratch<T>(d.Tq)),
+        ll(scratch<T>(d.Tq)),
+        s(scratch<T>(int64_t(Bq) * Bk)),
+        dp(scratch<T>(int64_t(Bq) * Bk)) {}
+};
+
+template <class T, int W>
+TETRAD_INLINE void backward_task(T* dq, T* dk, T* dv, const T* dout, const T* q, const T* k,
+                                 const T* v, const T* out, const T* lse, const AttentionDims& d,
+                                 int b, int g, BackwardScratch<T, W>& s) {
+  using V = typename VecOf<T, W>::type;
+  constexpr int Bq = Tiles<T, W>::kBqBwd, Bk = Tiles<T, W>::kBk, NVK = Bk / W;
+  const int hd = d.head_dim, hdp = s.hdp, tkp = s.tkp, NVD = hdp / W;
+  const int Tq = d.Tq, Tk = d.Tk, off = Tk - Tq;
+  const int group = d.n_head / d.n_kv_head;
+  const T scale = T(1) / std::sqrt(T(hd));
+  const T c2 = scale * T(1.4426950408889634074);
+  const T log2e = T(1.4426950408889634074);
+
+  // Pack this kv head's K (rows, padded) and K^T, V^T (padded columns stay zero).
+  const int64_t kv_base = b * d.kv_batch_stride + int64_t(g) * hd;
+  for (int j = 0; j < Tk; ++j) {
+    const T* kr = k + kv_base + int64_t(j) * d.kv_stride;
+    const T* vr = v + kv_base + int64_t(j) * d.kv_stride;
+    for (int e = 0; e < hd; ++e) {
+      s.kp[int64_t(j) * hdp + e] = kr[e];
+      s.kt[int64_t(e) * tkp + j] = kr[e];
+      s.vt[int64_t(e) * tkp + j] = vr[e];
+    }
+  }
+  std::memset(s.dk.get(), 0, sizeof(T) * Tk * hdp);
+  std::memset(s.dv.get(), 0, sizeof(T) * Tk * hdp);
+  V iota;
+  for (int w = 0; w < W; ++w) iota[w] = T(w);
+
+  for (int h = g * group; h < (g + 1) * group; ++h) {
+    const int64_t q_base = b * d.q_batch_stride + int64_t(h) * hd;
+    const int64_t o_base = b * d.out_batch_stride + int64_t(h) * hd;
+    const T* lse_row = lse + (int64_t(b) * d.n_head + h) * Tq;
+    for (int i = 0; i < Tq; ++i) {
+      const T* qr = q + q_base + int64_t(i) * d.q_stride;
+      const T* gr = dout + o_base + int64_t(i) * d.out_stride;
+      const T* orow = out + o_base + int64_t(i) * d.out_stride;
+      T dot = 0;
+      for (int e = 0; e < hd; ++e) {
+        s.qp[int64_t(i) * hdp + e] = qr[e];
+        s.dop[int64_t(i) * hdp + e] = gr[e];
+        dot += gr[e] * orow[e];
+      }
+      s.dd[i] = dot;
+      s.ll[i] = lse_row[i] * log2e;
+    }
+    std::memset(s.dq.get(), 0, sizeof(T) * Tq * hdp);
+
+    for (int j0 = 0; j0 < Tk; j0 += Bk) {
+      const int nk = std::min(Bk, Tk - j0);
+      // Queries at positions >= j0 see this key block.
+      for (int i0 = std::max(0, j0 - off); i0 < Tq; i0 += Bq) {
+        const int nq = std::min(Bq, Tq - i0);
+        T* sp = s.s.get();
+        T* dpp = s.dp.get();
+        const T* qi = s.qp.get() + int64_t(i0) * hdp;
+        const T* doi = s.dop.get() + int64_t(i0) * hdp;
+        gemm<T, W>(nq, NVK, hd, sp, Bk, qi, hdp, 1, s.kt.get() + j0, tkp, false);
+        gemm<T, W>(nq, NVK, hd, dpp, Bk, doi, hdp, 1, s.vt.get() + j0, tkp, false);
+        // Some key of the block lies after the first query's position (includes padded keys).
+        const bool diagonal = j0 + Bk - 1 > off + i0;
+        for (int i = 0; i < nq; ++i) {
+          const T li = s.ll[i0 + i], di = s.dd[i0 + i];
+          const T pos = T(off + i0 + i);
+          for (int c = 0; c < NVK; ++c) {
+            V p = exp2v<T, W>(load<T, W>(sp + i * Bk + c * W) * c2 - li);
+            if (diagonal) p = iota + T(j0 + c * W) > pos ? V{} : p;
+            store<T, W>(sp + i * Bk + c * W, p);
+            store<T, W>(dpp + i * Bk + c * W,
+                        p * (load<T, W>(dpp + i * Bk + c * W) - di) * scale);
+          }
+        }
+        gemm<T, W>(nk, NVD, nq, s.dv.get() + int64_t(j0) * hdp, hdp, sp, 1, Bk, doi, hdp,
+                         true);
+        gemm<T, W>(nk, NVD, nq, s.dk.get() + int64_t(j0) * hdp, hdp, dpp, 1, Bk, qi, hdp,
+                         true);
+        gemm<T, W>(nq, NVD, nk, s.dq.get() + int64_t(i0) * hdp, hdp, dpp, Bk, 1,
+                         s.kp.get() + int64_t(j0) * hdp, hdp, true);
+      }
+    }
+    for (int i = 0; i < Tq; ++i)
+      std::memcpy(dq + q_base + int64_t(i) * d.q_stride, s.dq.get() + int64_t(i) * hdp,
+                  sizeof(T) * hd);
+  }
+  for (int j = 0; j < Tk; ++j) {
+    std::memcpy(dk + kv_base + int64_t(j) * d.kv_stride, s.dk.get() + int64_t(j) * hdp,
+                sizeof(T) * hd);
+    std::memcpy(dv + kv_base + int64_t(j) * d.kv_stride, s.dv.get() + int64_t(j) * hdp,
+                sizeof(T) * hd);
+  }
+}
+
+// ---------------------------------------------------------------------------------------------
+// Entry points, one per code path. The OpenMP loop must sit in the target-attributed function
+// itself (its outlined body inherits the attribute; a lambda would not).
+
+#define TETRAD_ATTENTION_ENTRIES(NAME, TARGET, VECTOR_BYTES)                                      \
+  template <class T>                                                                              \
+  TARGET __attribute__((flatten)) void forward_##NAME(T* out, T* lse, const T* q, const T* k,     \
+                                                      const T* v, const AttentionDims& d) {       \
+    constexpr int W = VECTOR_BYTES / int(sizeof(T));                                              \
+    constexpr int Bq = Tiles<T, W>::kBq;                                                          \
+    const int nqb = (d.Tq + Bq - 1) / Bq;                                                         \
+    const int64_t ntask = int64_t(d.B) * d.n_head * nqb;                                          \
+    _Pragma("omp parallel") {                                                                     \
+      ForwardScratch<T, W> s(d.head_dim);                                                         \
+      /* Largest query blocks (most keys) first; each task writes only its own rows. */           \
+      _Pragma("omp for schedule(dynamic, 1)") for (int64_t t = 0; t < ntask; ++t) {               \
+        const int qb = nqb - 1 - int(t / (int64_t(d.B) * d.n_head));                              \
+        const int bh = int(t % (int64_t(d.B) * d.n_head));                                        \
+        forward_task<T, W>(out, lse, q, k, v, d, bh / d.n_head, bh % d.n_head, qb * Bq, s);       \
+      }                                                                                           \
+    }                                                                                             \
+  }                                                                                               \
+  template <class T>                                                                              \
+  TARGET __attribute__((flatten)) void backward_##NAME(                                           \
+      T* dq, T* dk, T* dv, const T* dout, const T* q, const T* k, const T* v, const T* out,       \
+      const T* lse, const AttentionDims& d) {                                                     \
+    constexpr int W = VECTOR_BYTES / int(sizeof(T));                                              \
+    const int ntask = d.B * d.n_kv_head;                                                          \
+    _Pragma("omp parallel") {                                                                     \
+      BackwardScratch<T, W> s(d);                                                                 \
+      _Pragma("omp for schedule(dynamic, 1)") for (int t = 0; t < ntask; ++t)                     \
+          backward_task<T, W>(dq, dk, dv, dout, q, k, v, out, lse, d, t / d.n_kv_head,            \
+                              t % d.n_kv_head, s);                                                \
+    }                                                                                             \
+  }
+
+TETRAD_ATTENTION_ENTRIES(portable, , 16)
+TETRAD_ATTENTION_ENTRIES(avx2, TETRAD_AVX2, 32)
+TETRAD_ATTENTION_ENTRIES(avx512, TETRAD_AVX512, 64)
+
+void check_dims(const AttentionDims& d) {
+  TETRAD_CHECK(d.B >= 0 && d.Tq >= 0 && d.Tk >= d.Tq, "attention: need Tk >= Tq >= 0, got Tq=",
+               d.Tq, " Tk=", d.Tk);
+  TETRAD_CHECK(d.n_head > 0 && d.n_kv_head > 0 && d.n_head % d.n_kv_head == 0,
+               "attention: n_head=", d.n_head, " must be a multiple of n_kv_head=", d.n_kv_head);
+  TETRAD_CHECK(d.head_dim > 0, "attention: head_dim=", d.head_dim);
+}
+
+}  // namespace
+
+const char* attention_path_name(AttentionPath p) {
+  switch (p) {
+    case AttentionPath::kPortable: return "portable";
+    case AttentionPath::kAvx2: return "avx2";
+    case AttentionPath::kAvx512: return "avx512";
+  }
+  return "?";
+}
+
+bool attention_path_supported(AttentionPath p) {
+  switch (p) {
+    case AttentionPath::kPortable: return true;
+    case AttentionPath::kAvx2:
+      return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma");
+    case AttentionPath::kAvx512:
+      return __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
+             __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("fma");
+  }
+  return false;
+}
+
+AttentionPath attention_default_path() {
+  static const AttentionPath best = attention_path_supported(AttentionPath::kAvx512)
+                                        ? AttentionPath::kAvx512
+                                    : attention_path_supported(AttentionPath::kAvx2)
+                                        ? AttentionPath::kAvx2
+                                        : AttentionPath::kPortable;
+  return best;
+}
+
+double attention_forward_flops(const AttentionDims& d) {
+  const double pairs = double(d.Tq) * (d.Tk - d.Tq) + 0.5 * double(d.Tq) * d.Tq;
+  return 4.0 * pairs * d.head_dim * d.n_head * d.B;
+}
+
+template <typename T>
+void attention_forward(T* out, T* lse, const T* q, const T* k, const T* v, const AttentionDims& d,
+                       AttentionPath path) {
+  check_dims(d);
+  TETRAD_CHECK(attention_path_supported(path), "attention path ", attention_path_name(path),
+               " not supported on this CPU");
+  if (d.B == 0 || d.Tq == 0) return;
+  switch (path) {
+    case AttentionPath::kPortable: forward_portable(out, lse, q, k, v, d); break;
+    case AttentionPath::kAvx2: forward_avx2(out, lse, q, k, v, d); break;
+    case AttentionPath::kAvx512: forward_avx512(out, lse, q, k, v, d); break;
+  }
+}
+
+template <typename T>
+void attention_backward(T* dq, T* dk, T* dv, const T* dout, const T* q, const T* k, const T* v,
+                        const T* out, const T* lse, const AttentionDims& d, AttentionPath path) {
+  check_dims(d);
+  TETRAD_CHECK(attention_path_supported(path), "attention path ", attention_path_name(path),
+               " not supported on this CPU");
+  TETRAD_CHECK(lse != nullptr, "attention_backward needs the forward's lse");
+  if (d.B == 0) return;
+  switch (path) {
+    case AttentionPath::kPortable: backward_portable(dq, dk, dv, dout, q, k, v, out, lse, d); break;
+    case AttentionPath::kAvx2: backward_avx2(dq, dk, dv, dout, q, k, v, out, lse, d); break;
+    case AttentionPath::kAvx512: backward_avx512(dq, dk, dv, dout, q, k, v, out, lse, d); break;
+  }
+}
+
+template <typename T>
+void attention_forward(T* out, T* lse, const T* q, const T* k, const T* v,
+                       const AttentionDims& d) {
+  attention_forward(out, lse, q, k, v, d, attention_default_path());
+}
+
+template <typename T>
+void attention_backward(T* dq, T* dk, T* dv, const T* dout, const T* q, const T* k, const T* v,
+                        const T* out, const T* lse, const AttentionDims& d) {
+  attention_backward(dq, dk, dv, dout, q, k, v, out, lse, d, attention_default_path());
+}
+
+#define TETRAD_INSTANTIATE(T)                                                                   \
+  template void attention_forward<T>(T*, T*, const T*, const T*, const T*,                      \
+                                     const AttentionDims&);                                     \
+  template void attention_forward<T>(T*, T*, const T*, const T*, const T*, const AttentionDims&, \
+                                     AttentionPath);                                            \
+  template void attention_backward<T>(T*, T*, T*, const T*, const T*, const T*, const T*,       \
+                                      const T*, const T*, const AttentionDims&);                \
+  template void attention_backward<T>(T*, T*, T*, const T*, const T*, const T*, const T*,       \
+                                      const T*, const T*, const AttentionDims&, AttentionPath);
+TETRAD_INSTANTIATE(float)
+TETRAD_INSTANTIATE(double)
+
+}  // namespace tetrad::kernels

@@ -1,0 +1,452 @@
+// Tests of kernels/attention: forward against a naive double-precision reference (materialised
+// scores), backward against central finite differences, float against double, every code path the
+// CPU supports against the others, and determinism across runs and thread counts.
+//
+// The benchmark (gpt2-124m attention shapes) is the disabled test DISABLED_Benchmark.Gpt2Small:
+//   OMP_NUM_THREADS=2 ./build/tests/test_attention --gtest_also_run_disabled_tests
+//       --gtest_filter='*Benchmark*'
+#include <gtest/gtest.h>
+#include <omp.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+#include <cstdio>
+#include <cstring>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "tetrad/kernels/attention.hpp"
+
+namespace tetrad::kernels {
+namespace {
+
+std::vector<AttentionPath> supported_paths() {
+  std::vector<AttentionPath> paths;
+  for (AttentionPath p : {AttentionPath::kPortable, AttentionPath::kAvx2, AttentionPath::kAvx512})
+    if (attention_path_supported(p)) paths.push_back(p);
+  return paths;
+}
+
+// A problem laid out either as the model's fused qkv buffer [B, T, (nh + 2 nkv) hd] (fused=true,
+// requires Tq == Tk) or as separate q [B, Tq, nh*hd] and k/v [B, Tk, nkv*hd] buffers with padded
+// rows and batch gaps (like a KV cache with spare capacity).
+struct Layout {
+  AttentionDims d{};
+  bool fused = false;
+  int64_t q_off = 0, k_off = 0, v_off = 0;  // offsets in the `in` buffer
+  int64_t in_size = 0, out_size = 0;
+};
+
+Layout make_layout(int B, int Tq, int Tk, int nh, int nkv, int hd, bool fused) {
+  Layout L;
+  L.fused = fused;
+  AttentionDims& d = L.d;
+  d.B = B, d.Tq = Tq, d.Tk = Tk, d.n_head = nh, d.n_kv_head = nkv, d.head_dim = hd;
+  if (fused) {
+    const int64_t width = int64_t(nh + 2 * nkv) * hd;
+    d.q_stride = d.kv_stride = width;
+    d.q_batch_stride = d.kv_batch_stride = width * Tq;
+    L.q_off = 0, L.k_off = int64_t(nh) * hd, L.v_off = int64_t(nh + nkv) * hd;
+    L.in_size = width * Tq * B;
+  } else {
+    d.q_stride = int64_t(nh) * hd + 3;
+    d.kv_stride = int64_t(nkv) * hd + 5;
+    d.q_batch_stride = d.q_stride * Tq + 7;
+    d.kv_batch_stride = d.kv_stride * (Tk + 2);
+    const int64_t q_size = d.q_batch_stride * B;
+    const int64_t kv_size = d.kv_batch_stride * B;
+    L.q_off = 0, L.k_off = q_size, L.v_off = q_size + kv_size;
+    L.in_size = q_size + 2 * kv_size;
+  }
+  d.out_stride = int64_t(nh) * hd + 1;
+  d.out_batch_stride = d.out_stride * Tq + 2;
+  L.out_size = d.out_batch_stride * B;
+  return L;
+}
+
+template <class T>
+std::vector<T> random_vector(int64_t n, uint32_t seed, double scale = 1.0) {
+  std::mt19937 rng(seed);
+  std::normal_distribution<double> dist(0.0, scale);
+  std::vector<T> x(n);
+  for (auto& e : x) e = T(dist(rng));
+  return x;
+}
+
+// Naive reference in double: out and lse (materialises each query row's scores).
+void reference_forward(std::vector<double>& out, std::vector<double>& lse,
+                       const std::vector<double>& in, const Layout& L) {
+  const AttentionDims& d = L.d;
+  const int hd = d.head_dim, group = d.n_head / d.n_kv_head, off = d.Tk - d.Tq;
+  out.assign(L.out_size, 0.0);
+  lse.assign(int64_t(d.B) * d.n_head * d.Tq, 0.0);
+  std::vector<double> s(d.Tk);
+  for (int b = 0; b < d.B; ++b)
+    for (int h = 0; h < d.n_head; ++h)
+      for (int i = 0; i < d.Tq; ++i) {
+        const double* q = &in[L.q_off + b * d.q_batch_stride + i * d.q_stride + h * hd];
+        const int nk = off + i + 1;
+        double m = -INFINITY;
+        for (int j = 0; j < nk; ++j) {
+          const double* k =
+              &in[L.k_off + b * d.kv_batch_stride + j * d.kv_stride + (h / group) * hd];
+          double dot = 0;
+          for (int e = 0; e < hd; ++e) dot += q[e] * k[e];
+          s[j] = dot / std::sqrt(double(hd));
+          m = std::max(m, s[j]);
+        }
+        double sum = 0;
+        for (int j = 0; j < nk; ++j) sum += std::exp(s[j] - m);
+        lse[(int64_t(b) * d.n_head + h) * d.Tq + i] = m + std::log(sum);
+        double* o = &out[b * d.out_batch_stride + i * d.out_stride + h * hd];
+        for (int j = 0; j < nk; ++j) {
+          const double p = std::exp(s[j] - m) / sum;
+          const double* v =
+              &in[L.v_off + b * d.kv_batch_stride + j * d.kv_stride + (h / group) * hd];
+          for (int e = 0; e < hd; ++e) o[e] += p * v[e];
+        }
+      }
+}
+
+template <class T>
+void run_forward(std::vector<T>& out, std::vector<T>& lse, const std::vector<T>& in,
+                 const Layout& L, AttentionPath path) {
+  out.assign(L.out_size, T(0));
+  lse.assign(int64_t(L.d.B) * L.d.n_head * L.d.Tq, T(0));
+  attention_forward(out.data(), lse.data(), in.data() + L.q_off, in.data() + L.k_off,
+                    in.data() + L.v_off, L.d, path);
+}
+
+template <class T>
+void run_backward(std::vector<T>& din, const std::vector<T>& dout, const std::vector<T>& in,
+                  const std::vector<T>& out, const std::vector<T>& lse, const Layout& L,
+                  AttentionPath path) {
+  // NaN-filled: every element of dq/dk/dv must be overwritten (padding stays NaN, not compared).
+  din.assign(L.in_size, std::numeric_limits<T>::quiet_NaN());
+  attention_backward(din.data() + L.q_off, din.data() + L.k_off, din.data() + L.v_off, dout.data(),
+                     in.data() + L.q_off, in.data() + L.k_off, in.data() + L.v_off, out.data(),
+                     lse.data(), L.d, path);
+}
+
+// Calls f(offset) for every element of q, k, v (or of out when which == 'o') inside the layout.
+template <class F>
+void for_each_element(const Layout& L, char which, F f) {
+  const AttentionDims& d = L.d;
+  const int hd = d.head_dim;
+  if (which == 'o') {
+    for (int b = 0; b < d.B; ++b)
+      for (int t = 0; t < d.Tq; ++t)
+        for (int c = 0; c < d.n_head * hd; ++c) f(b * d.out_batch_stride + t * d.out_stride + c);
+    return;
+  }
+  for (int b = 0; b < d.B; ++b) {
+    for (int t = 0; t < d.Tq; ++t)
+      for (int c = 0; c < d.n_head * hd; ++c)
+        f(L.q_off + b * d.q_batch_stride + t * d.q_stride + c);
+    for (int64_t base : {L.k_off, L.v_off})
+      for (int t = 0; t < d.Tk; ++t)
+        for (int c = 0; c < d.n_kv_head * hd; ++c)
+          f(base + b * d.kv_batch_stride + t * d.kv_stride + c);
+  }
+}
+
+// max |a - b| over the listed elements, divided by max |b| (b is the trusted one).
+template <class A, class Bv>
+double rel_error(const Layout& L, char which, const std::vector<A>& a, const std::vector<Bv>& b) {
+  double diff = 0, ref = 0;
+  for_each_element(L, which, [&](int64_t i) {
+    diff = std::max(diff, std::abs(double(a[i]) - double(b[i])));
+    ref = std::max(ref, std::abs(double(b[i])));
+  });
+  return ref > 0 ? diff / ref : diff;
+}
+
+template <class A, class Bv>
+double lse_error(const std::vector<A>& a, const std::vector<Bv>& b) {
+  double diff = 0;
+  for (size_t i = 0; i < b.size(); ++i) diff = std::max(diff, std::abs(double(a[i]) - double(b[i])));
+  return diff;
+}
+
+struct Shape {
+  int B, Tq, Tk, nh, nkv, hd;
+  bool fused;
+};
+
+std::string describe(const Shape& s) {
+  char buf[160];
+  std::snprintf(buf, sizeof buf, "B=%d Tq=%d Tk=%d heads=%d/%d hd=%d %s", s.B, s.Tq, s.Tk, s.nh,
+                s.nkv, s.hd, s.fused ? "fused qkv" : "separate buffers");
+  return buf;
+}
+
+const std::vector<Shape> kForwardShapes = {
+    {1, 1, 1, 1, 1, 8, true},     {2, 7, 7, 2, 2, 16, true},    {1, 64, 64, 2, 2, 64, true},
+    {2, 65, 65, 3, 3, 32, true},  {1, 130, 130, 2, 2, 64, true}, {2, 130, 130, 4, 2, 24, true},
+    {1, 67, 67, 4, 1, 5, true},   {2, 9, 9, 4, 2, 8, false},    {1, 1, 10, 4, 2, 16, false},
+    {2, 3, 10, 4, 1, 16, false},  {1, 70, 200, 2, 1, 40, false}, {1, 129, 129, 1, 1, 128, false},
+    {1, 200, 260, 6, 3, 64, false},
+};
+
+template <class T>
+void check_forward_against_reference(double out_tol, double lse_tol) {
+  for (const Shape& s : kForwardShapes) {
+    const Layout L = make_layout(s.B, s.Tq, s.Tk, s.nh, s.nkv, s.hd, s.fused);
+    const std::vector<double> in = random_vector<double>(L.in_size, 1234 + s.Tq * 7 + s.hd, 1.5);
+    std::vector<double> ref_out, ref_lse;
+    reference_forward(ref_out, ref_lse, in, L);
+    const std::vector<T> in_t(in.begin(), in.end());
+    for (AttentionPath path : supported_paths()) {
+      SCOPED_TRACE(describe(s) + " path " + attention_path_name(path));
+      std::vector<T> out, lse;
+      run_forward(out, lse, in_t, L, path);
+      EXPECT_LT(rel_error(L, 'o', out, ref_out), out_tol);
+      EXPECT_LT(lse_error(lse, ref_lse), lse_tol);
+    }
+  }
+}
+
+TEST(AttentionForward, DoubleMatchesReference) { check_forward_against_reference<double>(1e-12, 1e-12); }
+TEST(AttentionForward, FloatMatchesReference) { check_forward_against_reference<float>(2e-5, 2e-5); }
+
+TEST(AttentionForward, NullLseAndOutputPaddingUntouched) {
+  const Layout L = make_layout(2, 33, 40, 4, 2, 16, false);
+  const std::vector<float> in = random_vector<float>(L.in_size, 7);
+  std::vector<float> out_ref, lse;
+  run_forward(out_ref, lse, in, L, attention_default_path());
+  std::vector<float> out(L.out_size, -7.0f);
+  attention_forward<float>(out.data(), nullptr, in.data() + L.q_off, in.data() + L.k_off,
+                           in.data() + L.v_off, L.d);
+  int64_t checked = 0;
+  for_each_element(L, 'o', [&](int64_t i) {
+    EXPECT_EQ(out[i], out_ref[i]);
+    out[i] = -7.0f;
+    ++checked;
+  });
+  EXPECT_GT(checked, 0);
+  for (float x : out) ASSERT_EQ(x, -7.0f) << "forward wrote outside its rows";
+}
+
+// Backward against central differences of L = sum(out * R), double precision, every element.
+void check_backward_finite_differences(const Shape& s, AttentionPath path) {
+  SCOPED_TRACE(describe(s) + " path " + attention_path_name(path));
+  const Layout L = make_layout(s.B, s.Tq, s.Tk, s.nh, s.nkv, s.hd, s.fused);
+  std::vector<double> in = random_vector<double>(L.in_size, 99 + s.Tq + 31 * s.nkv + s.hd);
+  const std::vector<double> R = random_vector<double>(L.out_size, 5 + s.Tk);
+  std::vector<double> out, lse, din;
+  run_forward(out, lse, in, L, path);
+  run_backward(din, R, in, out, lse, L, path);
+
+  auto loss = [&](const std::vector<double>& x) {
+    std::vector<double> o, l;
+    run_forward(o, l, x, L, path);
+    double sum = 0;
+    for_each_element(L, 'o', [&](int64_t i) { sum += o[i] * R[i]; });
+    return sum;
+  };
+  // The perturbed forwards run on one thread: they are tiny, and thread hand-offs would dominate
+  // on a loaded machine (the Deterministic test shows thread counts give identical results).
+  const int saved_threads = omp_get_max_threads();
+  omp_set_num_threads(1);
+  std::vector<double> fd(L.in_size, 0.0);
+  const double eps = 1e-5;
+  for_each_element(L, 'i', [&](int64_t i) {
+    const double x0 = in[i];
+    in[i] = x0 + eps;
+    const double lp = loss(in);
+    in[i] = x0 - eps;
+    const double lm = loss(in);
+    in[i] = x0;
+    fd[i] = (lp - lm) / (2 * eps);
+  });
+  omp_set_num_threads(saved_threads);
+  EXPECT_LT(rel_error(L, 'i', din, fd), 1e-6);
+}
+
+TEST(AttentionBackward, MatchesFiniteDifferences) {
+  const std::vector<Shape> shapes = {
+      {2, 5, 5, 2, 2, 4, true},  {2, 7, 7, 2, 1, 6, true},   {2, 9, 9, 2, 2, 8, true},
+      {2, 6, 6, 4, 2, 5, true},  {2, 3, 7, 2, 1, 8, false},  {1, 8, 8, 2, 2, 7, false},
+  };
+  for (const Shape& s : shapes)
+    for (AttentionPath path : supported_paths()) check_backward_finite_differences(s, path);
+}
+
+// Beyond one block: finite differences on a sample of elements of a T=70 problem (two key blocks).
+TEST(AttentionBackward, MatchesFiniteDifferencesAcrossBlocks) {
+  const Layout L = make_layout(1, 70, 70, 2, 1, 4, true);
+  std::vector<double> in = random_vector<double>(L.in_size, 3);
+  const std::vector<double> R = random_vector<double>(L.out_size, 4);
+  std::vector<double> out, lse, din;
+  const AttentionPath path = attention_default_path();
+  run_forward(out, lse, in, L, path);
+  run_backward(din, R, in, out, lse, L, path);
+  double max_grad = 0, max_diff = 0;
+  for_each_element(L, 'i', [&](int64_t i) { max_grad = std::max(max_grad, std::abs(din[i])); });
+  int64_t n = 0;
+  for_each_element(L, 'i', [&](int64_t i) {
+    if (n++ % 13 != 0) return;
+    auto loss = [&] {
+      std::vector<double> o, l;
+      run_forward(o, l, in, L, path);
+      double sum = 0;
+      for_each_element(L, 'o', [&](int64_t k) { sum += o[k] * R[k]; });
+      return sum;
+    };
+    const double x0 = in[i], eps = 1e-5;
+    in[i] = x0 + eps;
+    const double lp = loss();
+    in[i] = x0 - eps;
+    const double lm = loss();
+    in[i] = x0;
+    max_diff = std::max(max_diff, std::abs((lp - lm) / (2 * eps) - din[i]));
+  });
+  EXPECT_LT(max_diff / max_grad, 1e-6);
+}
+
+// Float and double runs of the same problem agree (forward and backward) on a multi-block shape.
+TEST(Attention, FloatMatchesDouble) {
+  for (bool gqa : {false, true}) {
+    const Layout L = make_layout(2, 130, 130, 4, gqa ? 2 : 4, 64, true);
+    const std::vector<double> in = random_vector<double>(L.in_size, 11);
+    const std::vector<double> R = random_vector<double>(L.out_size, 12);
+    const std::vector<float> in_f(in.begin(), in.end());
+    const std::vector<float> R_f(R.begin(), R.end());
+    std::vector<double> out, lse, din;
+    run_forward(out, lse, in, L, attention_default_path());
+    run_backward(din, R, in, out, lse, L, attention_default_path());
+    for (AttentionPath path : supported_paths()) {
+      SCOPED_TRACE(std::string(gqa ? "gqa " : "mha ") + attention_path_name(path));
+      std::vector<float> out_f, lse_f, din_f;
+      run_forward(out_f, lse_f, in_f, L, path);
+      run_backward(din_f, R_f, in_f, out_f, lse_f, L, path);
+      EXPECT_LT(rel_error(L, 'o', out_f, out), 1e-5);
+      EXPECT_LT(lse_error(lse_f, lse), 1e-5);
+      EXPECT_LT(rel_error(L, 'i', din_f, din), 1e-5);
+    }
+  }
+}
+
+// Code paths agree with each other in double (to rounding).
+TEST(Attention, PathsAgree) {
+  const Layout L = make_layout(2, 100, 150, 4, 2, 24, false);
+  const std::vector<double> in = random_vector<double>(L.in_size, 21);
+  const std::vector<double> R = random_vector<double>(L.out_size, 22);
+  std::vector<double> out0, lse0, din0;
+  run_forward(out0, lse0, in, L, AttentionPath::kPortable);
+  run_backward(din0, R, in, out0, lse0, L, AttentionPath::kPortable);
+  for (AttentionPath path : supported_paths()) {
+    SCOPED_TRACE(attention_path_name(path));
+    std::vector<double> out, lse, din;
+    run_forward(out, lse, in, L, path);
+    run_backward(din, R, in, out, lse, L, path);
+    EXPECT_LT(rel_error(L, 'o', out, out0), 1e-13);
+    EXPECT_LT(rel_error(L, 'i', din, din0), 1e-12);
+  }
+}
+
+// Two runs are bit-identical, and so are runs with 1 and 2 threads.
+TEST(Attention, Deterministic) {
+  const Layout L = make_layout(2, 150, 150, 4, 2, 64, true);
+  const std::vector<float> in = random_vector<float>(L.in_size, 31);
+  const std::vector<float> R = random_vector<float>(L.out_size, 32);
+  for (AttentionPath path : supported_paths()) {
+    SCOPED_TRACE(attention_path_name(path));
+    std::vector<float> out[3], lse[3], din[3];
+    const int saved = omp_get_max_threads();
+    for (int run = 0; run < 3; ++run) {
+      omp_set_num_threads(run == 2 ? 1 : 2);
+      run_forward(out[run], lse[run], in, L, path);
+      run_backward(din[run], R, in, out[run], lse[run], L, path);
+    }
+    omp_set_num_threads(saved);
+    for (int run = 1; run < 3; ++run) {
+      EXPECT_EQ(0, std::memcmp(out[0].data(), out[run].data(), out[0].size() * sizeof(float)));
+      EXPECT_EQ(0, std::memcmp(lse[0].data(), lse[run].data(), lse[0].size() * sizeof(float)));
+      // din's padding is NaN in every run, memcmp compares bit patterns so NaN == NaN here.
+      EXPECT_EQ(0, std::memcmp(din[0].data(), din[run].data(), din[0].size() * sizeof(float)));
+    }
+  }
+}
+
+// ---------------------------------------------------------------------------------------------
+// Benchmark: gpt2-124m attention (B=1, T=1024, 12 heads, hd=64), float, fused qkv layout.
+
+typedef float v8f __attribute__((vector_size(32)));
+typedef float v16f __attribute__((vector_size(64)));
+
+// Register-only FMA loop: FLOP/s of one thread at the widest supported vector width.
+template <class V>
+__attribute__((always_inline)) inline double fma_loop(int64_t iters) {
+  V a[12], x = {}, y = {};
+  x += 1.0000001f, y += 0.9999999f;
+  for (int i = 0; i < 12; ++i) a[i] = V{} + float(i);
+  for (int64_t it = 0; it < iters; ++it)
+#pragma GCC unroll 12
+    for (int i = 0; i < 12; ++i) {
+      a[i] = a[i] * x + y;
+      __asm__ volatile("" : "+x"(a[i]));
+    }
+  double s = 0;
+  for (int i = 0; i < 12; ++i) s += a[i][0];
+  return s;
+}
+__attribute__((target("avx512f,fma"))) double fma_avx512(int64_t n) { return fma_loop<v16f>(n); }
+__attribute__((target("avx2,fma"))) double fma_avx2(int64_t n) { return fma_loop<v8f>(n); }
+
+double measure_fma_peak(int threads) {
+  const bool avx512 = __builtin_cpu_supports("avx512f");
+  const int lanes = avx512 ? 16 : 8;
+  const int64_t iters = 20'000'000;
+  double sink = 0;
+  const auto t0 = std::chrono::steady_clock::now();
+#pragma omp parallel num_threads(threads) reduction(+ : sink)
+  sink += avx512 ? fma_avx512(iters) : fma_avx2(iters);
+  const double sec = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  if (sink == 42) std::printf(" ");
+  return 2.0 * 12 * lanes * iters * threads / sec;
+}
+
+TEST(DISABLED_Benchmark, Gpt2Small) {
+  const int threads = omp_get_max_threads();
+  const Layout L = make_layout(1, 1024, 1024, 12, 12, 64, true);
+  const std::vector<float> in = random_vector<float>(L.in_size, 1);
+  const std::vector<float> R = random_vector<float>(L.out_size, 2);
+  std::vector<float> out(L.out_size), lse(12 * 1024), din(L.in_size);
+  const double fwd_flop = attention_forward_flops(L.d), bwd_flop = 2.5 * fwd_flop;
+  const double peak = measure_fma_peak(threads);
+  std::printf("threads %d, FMA peak %.0f GFLOP/s (register-only loop, %s)\n", threads, peak / 1e9,
+              __builtin_cpu_supports("avx512f") ? "avx512" : "avx2");
+  for (AttentionPath path : supported_paths()) {
+    auto time = [&](auto fn) {
+      fn();  // warm-up
+      std::vector<double> t;
+      for (int rep = 0; rep < 7; ++rep) {
+        const auto t0 = std::chrono::steady_clock::now();
+        fn();
+        t.push_back(std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
+      }
+      std::sort(t.begin(), t.end());
+      return t[t.size() / 2];
+    };
+    const double tf = time([&] {
+      attention_forward(out.data(), lse.data(), in.data() + L.q_off, in.data() + L.k_off,
+                        in.data() + L.v_off, L.d, path);
+    });
+    const double tb = time([&] {
+      attention_backward(din.data() + L.q_off, din.data() + L.k_off, din.data() + L.v_off,
+                         R.data(), in.data() + L.q_off, in.data() + L.k_off, in.data() + L.v_off,
+                         out.data(), lse.data(), L.d, path);
+    });
+    std::printf(
+        "%-9s B=1 T=1024 heads=12 hd=64: forward %.2f ms %.1f GFLOP/s (%.0f%% of peak), "
+        "backward %.2f ms %.1f GFLOP/s (%.0f%% of peak)\n",
+        attention_path_name(path), tf * 1e3, fwd_flop / tf / 1e9, 100 * fwd_flop / tf / peak,
+        tb * 1e3, bwd_flop / tb / 1e9, 100 * bwd_flop / tb / peak);
+  }
+}
+
+}  // namespace
+}  // namespace tetrad::kernels
