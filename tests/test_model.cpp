@@ -6,6 +6,7 @@
 #include <cmath>
 #include <vector>
 
+#include "tetrad/core/error.hpp"
 #include "tetrad/core/rng.hpp"
 #include "tetrad/model/sampling.hpp"
 #include "tetrad/model/transformer.hpp"

@@ -83,10 +83,11 @@ DataInfo read_data_info(const std::string& data_dir, const ModelConfig& model) {
   }
   DataInfo d;
   try {
-    d.vocab_size = j.at("vocab_size").get<int>();
-    d.tokenizer_identity = std::stoull(j.at("tokenizer_identity").get<std::string>(), nullptr, 16);
+    d.vocab_size = j.at("tokenizer").at("vocab_size").get<int>();
+    d.tokenizer_identity =
+        std::stoull(j.at("tokenizer").at("identity").get<std::string>(), nullptr, 16);
   } catch (const std::exception& e) {
-    fail("'", meta_path, "' lacks vocab_size / tokenizer_identity: ", e.what());
+    fail("'", meta_path, "' lacks tokenizer.vocab_size / tokenizer.identity: ", e.what());
   }
   if (d.vocab_size > model.vocab_size)
     fail("the tokenizer of '", data_dir, "' has ", d.vocab_size,
@@ -120,8 +121,12 @@ TrainResult train(const RunConfig& cfg, const TrainOptions& opt, std::ostream& o
 
   Transformer<float> model(cfg.model, B, T);
   AdamW adam(model.table(), t);
-  data::DataLoader train_loader(cfg.data_dir, "train", B, T, 0, 1, t.seed);
-  train_loader.expect_tokenizer(data.tokenizer_identity, cfg.model.vocab_size);
+  data::LoaderOptions lopt;
+  lopt.tokenizer_identity = data.tokenizer_identity;
+  lopt.model_vocab = cfg.model.vocab_size;
+  data::DataLoader train_loader(cfg.data_dir, "train", B, T, 0, 1, t.seed, lopt);
+  data::LoaderOptions val_opt = lopt;
+  val_opt.shuffle = false;
 
   TrainResult result;
   int64_t step = 0;
@@ -198,7 +203,7 @@ TrainResult train(const RunConfig& cfg, const TrainOptions& opt, std::ostream& o
   };
 
   auto validate = [&](int64_t at_step) {
-    data::DataLoader val(cfg.data_dir, "val", B, T, 0, 1, t.seed);  // same batches every time
+    data::DataLoader val(cfg.data_dir, "val", B, T, 0, 1, t.seed, val_opt);  // same batches each time
     double sum = 0;
     int64_t count = 0;
     std::vector<int32_t> vi(size_t(B) * T), vt(vi.size());
@@ -311,8 +316,11 @@ double evaluate_checkpoint(const std::string& model_dir, const std::string& data
   }
   Transformer<float> model(mc, micro_batch, T);
   load_hf_params(model_dir, mc, model.table(), model.params());
-  data::DataLoader loader(data_dir, split, micro_batch, T, 0, 1, 1337);
-  loader.expect_tokenizer(data.tokenizer_identity, mc.vocab_size);
+  data::LoaderOptions lopt;
+  lopt.tokenizer_identity = data.tokenizer_identity;
+  lopt.model_vocab = mc.vocab_size;
+  lopt.shuffle = false;
+  data::DataLoader loader(data_dir, split, micro_batch, T, 0, 1, 0, lopt);
   std::vector<int32_t> x(size_t(micro_batch) * T), y(x.size());
   double sum = 0;
   int64_t count = 0;
