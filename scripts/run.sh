@@ -9,7 +9,7 @@ scripts/build.sh
 if [ ! -f data/kjv/meta.json ]; then
   mkdir -p data
   bible -f "Gen1:1-Rev22:21" > data/kjv.txt
-  ./build/tetrad prepare --input data/kjv.txt --out data/kjv --vocab-size 8192
+  ./build/tetrad prepare --input data/kjv.txt --out data/kjv --vocab-size 8192 --val-fraction 0.02
 fi
 ./build/tetrad train --config configs/default.toml "$@"
 ./build/tetrad generate --model runs/default --prompt "And God said" --max-new 60 --temperature 0.8 --top-k 40
