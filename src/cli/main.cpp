@@ -6,6 +6,7 @@
 #include <filesystem>
 #include <fstream>
 #include <iostream>
+#include <sstream>
 
 #include "tetrad/checkpoint/hf.hpp"
 #include "tetrad/checkpoint/run_checkpoint.hpp"
@@ -112,6 +113,14 @@ int main(int argc, char** argv) {
   exp->add_option("-m,--model", model_dir, "run folder or checkpoint")->required();
   exp->add_option("-o,--out", export_out, "output folder")->required();
 
+  // logits (for checking against other implementations, e.g. scripts/hf_check.py)
+  std::string tokens_csv, logits_out;
+  auto* logits_cmd = app.add_subcommand(
+      "logits", "write the logits [T, V] (float32, little-endian) of a token sequence");
+  logits_cmd->add_option("-m,--model", model_dir, "model folder or run folder")->required();
+  logits_cmd->add_option("--tokens", tokens_csv, "comma-separated token ids")->required();
+  logits_cmd->add_option("-o,--out", logits_out, "output file")->required();
+
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {
@@ -163,6 +172,26 @@ int main(int argc, char** argv) {
       std::cout << "\n";
     } else if (*bench) {
       run_bench(bopt, std::cout);
+    } else if (*logits_cmd) {
+      const std::string dir = resolve_model_dir(model_dir);
+      const ModelConfig mc = read_hf_config(dir);
+      std::vector<int32_t> ids;
+      std::stringstream ss(tokens_csv);
+      for (std::string item; std::getline(ss, item, ',');) {
+        try {
+          ids.push_back(std::stoi(item));
+        } catch (const std::exception&) {
+          fail("--tokens: '", item, "' is not an integer token id");
+        }
+      }
+      if (ids.empty()) fail("--tokens: no token ids given");
+      Transformer<float> model(mc, 1, int(ids.size()));
+      load_hf_params(dir, mc, model.table(), model.params());
+      const float* lg = model.forward_logits(ids.data(), 1, int(ids.size()));
+      std::ofstream f(logits_out, std::ios::binary);
+      f.write(reinterpret_cast<const char*>(lg), std::streamsize(ids.size() * mc.vocab_size * sizeof(float)));
+      if (!f) fail("cannot write '", logits_out, "'");
+      std::cout << "wrote logits [" << ids.size() << ", " << mc.vocab_size << "] to " << logits_out << "\n";
     } else if (*exp) {
       const std::string dir = resolve_model_dir(model_dir);
       const ModelConfig mc = read_hf_config(dir);
