@@ -1,0 +1,62 @@
+#!/usr/bin/env bash
+# End-to-end through the `tetrad` binary: prepare -> train -> resume -> eval -> generate ->
+# export, and bad input on the command line failing with a clear message and exit status 1.
+set -uo pipefail
+TETRAD=$1
+W=$(mktemp -d)
+trap 'rm -rf "$W"' EXIT
+fails=0
+check() {  # check NAME CONDITION...
+  local name=$1; shift
+  if "$@"; then echo "ok   $name"; else echo "FAIL $name"; fails=$((fails + 1)); fi
+}
+expect_error() {  # expect_error NAME SUBSTRING COMMAND...
+  local name=$1 sub=$2; shift 2
+  local out rc
+  out=$("$@" 2>&1); rc=$?
+  if [ $rc -eq 1 ] && grep -qF -- "$sub" <<<"$out"; then echo "ok   $name"
+  else echo "FAIL $name (rc=$rc): $out"; fails=$((fails + 1)); fi
+}
+
+for i in $(seq 1 300); do
+  echo "the king went up to the city $i, and the people followed him unto the river."
+  [ $((i % 7)) -eq 0 ] && echo
+done > "$W/corpus.txt"
+
+check "prepare" "$TETRAD" prepare --input "$W/corpus.txt" --out "$W/data" --vocab-size 320 --val-fraction 0.2
+check "meta.json written" test -f "$W/data/meta.json"
+
+T=(--set model.name=tiny --set data.dir="$W/data" --set run.dir="$W/run" --set train.seq_len=32
+   --set train.eval_interval=5 --set train.eval_batches=2 --set train.checkpoint_interval=5)
+check "train 10 steps" "$TETRAD" train "${T[@]}" --set train.max_steps=10
+check "resolved config saved" grep -q "max_steps = 10" "$W/run/config.toml"
+check "metrics written" test "$(grep -c '"loss"' "$W/run/metrics.jsonl")" -eq 10
+check "resume to 15" "$TETRAD" train "${T[@]}" --set train.max_steps=15 --resume
+check "resumed 5 more steps" test "$(grep -c '"loss"' "$W/run/metrics.jsonl")" -eq 15
+check "eval" "$TETRAD" eval --model "$W/run" --data "$W/data" --seq-len 32 --batches 2
+check "generate" "$TETRAD" generate --model "$W/run" --prompt "the king" --max-new 10 --temperature 0.8 --top-k 20
+check "export" "$TETRAD" export --model "$W/run" --out "$W/hf"
+check "exported safetensors" test -f "$W/hf/model.safetensors"
+
+expect_error "unknown config key" "unknown key 'train.lrr'" "$TETRAD" train "${T[@]}" --set train.lrr=1
+expect_error "missing data" "tetrad prepare" "$TETRAD" train --set model.name=tiny --set data.dir="$W/nope"
+expect_error "missing input" "$W/missing.txt" "$TETRAD" prepare --input "$W/missing.txt" --out "$W/d2"
+expect_error "sequence too long" "model.max_seq" "$TETRAD" train "${T[@]}" --set train.seq_len=65
+printf '[train]\nlr = = 1\n' > "$W/bad.toml"
+expect_error "malformed config" "line 2" "$TETRAD" train --config "$W/bad.toml"
+
+cp -r "$W/data" "$W/trunc"
+shard="$W/trunc/train_000000.bin"
+truncate -s $(( $(stat -c %s "$shard") - 10 )) "$shard"
+expect_error "truncated shard" "truncated" "$TETRAD" train "${T[@]}" --set data.dir="$W/trunc" --set run.dir="$W/run2"
+
+# Data made with another tokenizer than the model's.
+"$TETRAD" prepare --input "$W/corpus.txt" --out "$W/data_other" --vocab-size 300 > /dev/null
+expect_error "tokenizer mismatch" "tokenizer" "$TETRAD" eval --model "$W/run" --data "$W/data_other" --seq-len 32
+
+# A checkpoint of another family / shape.
+expect_error "wrong family checkpoint" "llama" "$TETRAD" train --set model.name=llama-tiny --set data.dir="$W/data" \
+  --set run.dir="$W/run3" --set run.init_from="$W/hf" --set train.seq_len=32
+
+echo "$fails failed"
+[ $fails -eq 0 ]
