@@ -397,8 +397,12 @@ Measurement measure_bf16_matmul(const GemmShape& s, int threads, int reps) {
     }
   } catch (const dnnl::error& e) {
     m.samples.clear();
-    m.skipped = std::string("oneDNN bf16 matmul unavailable: ") + e.what() +
-                " (status " + std::to_string(int(e.status)) + ")";
+    if (e.status == dnnl_unimplemented)
+      m.skipped = "oneDNN has no bf16 matmul for this CPU (" + onednn_description() +
+                  "); it needs AVX-512 (avx512_core) or AMX";
+    else
+      m.skipped = std::string("oneDNN bf16 matmul failed: ") + e.what() + " (status " +
+                  std::to_string(int(e.status)) + ")";
     if (m.method.empty()) m.method = "oneDNN matmul bf16 x bf16 -> f32 " + s.to_string();
     return m;
   }
