@@ -216,17 +216,20 @@ TETRAD_ATTENTION_GEMM(double, 8, TETRAD_AVX512)
 struct FreeDeleter {
   void operator()(void* p) const { std::free(p); }
 };
-// 64-byte aligned, zeroed scratch.
+// 64-byte aligned scratch, zeroed unless zero == false.
 template <class T>
-std::unique_ptr<T[], FreeDeleter> scratch(int64_t n) {
+std::unique_ptr<T[], FreeDeleter> scratch(int64_t n, bool zero = true) {
   const size_t bytes = ((size_t(n) * sizeof(T) + 63) / 64) * 64;
   T* p = static_cast<T*>(std::aligned_alloc(64, bytes == 0 ? 64 : bytes));
   TETRAD_CHECK(p != nullptr, "attention scratch allocation of ", bytes, " bytes failed");
-  std::memset(p, 0, bytes);
+  if (zero) std::memset(p, 0, bytes);
   return std::unique_ptr<T[], FreeDeleter>(p);
 }
 
 constexpr int round_up(int x, int m) { return (x + m - 1) / m * m; }
+
+// Below this many queries per sequence the forward reads k/v in place (see KvSource).
+constexpr int kPackMinQueries = 16;
 
 // ---------------------------------------------------------------------------------------------
 // Forward
@@ -243,8 +246,38 @@ struct ForwardScratch {
         l(scratch<T>(Bq)) {}
 };
 
+// Where a task reads k and v: either in place, or from contiguous copies [B, n_kv_head, Tk, hd]
+// made once per call. Rows of k/v in a fused qkv buffer are a large power-of-two-ish stride apart
+// and a key block would map onto few L1 sets; the copy costs O(Tk hd) against O(Tq Tk hd) work,
+// so it is skipped when there are few queries (decode).
+template <class T>
+struct KvSource {
+  const T* k;
+  const T* v;
+  int64_t row, batch, head;  // strides in elements
+  bool packed;
+};
+
+template <class T>
+KvSource<T> kv_in_place(const T* k, const T* v, const AttentionDims& d) {
+  return {k, v, d.kv_stride, d.kv_batch_stride, d.head_dim, false};
+}
+
+// Copies rows [j0, j1) of every (b, kv head) of k and v into kbuf/vbuf (called by all threads of
+// a team on disjoint ranges).
+template <class T>
+void pack_kv_rows(T* kbuf, T* vbuf, const T* k, const T* v, const AttentionDims& d, int64_t task) {
+  const int hd = d.head_dim;
+  const int64_t per_seq = int64_t(d.n_kv_head) * d.Tk;
+  const int b = int(task / per_seq), g = int(task / d.Tk % d.n_kv_head), j = int(task % d.Tk);
+  const int64_t src = b * d.kv_batch_stride + int64_t(j) * d.kv_stride + int64_t(g) * hd;
+  const int64_t dst = (int64_t(b) * d.n_kv_head + g) * d.Tk * hd + int64_t(j) * hd;
+  std::memcpy(kbuf + dst, k + src, sizeof(T) * hd);
+  std::memcpy(vbuf + dst, v + src, sizeof(T) * hd);
+}
+
 template <class T, int W>
-TETRAD_INLINE void forward_task(T* out, T* lse, const T* q, const T* k, const T* v,
+TETRAD_INLINE void forward_task(T* out, T* lse, const T* q, const KvSource<T>& kv,
                                 const AttentionDims& d, int b, int h, int i0,
                                 ForwardScratch<T, W>& s) {
   using V = typename VecOf<T, W>::type;
@@ -254,8 +287,9 @@ TETRAD_INLINE void forward_task(T* out, T* lse, const T* q, const T* k, const T*
   const int nq = std::min(Bq, d.Tq - i0);
   const int kvh = h / (d.n_head / d.n_kv_head);
   const T* qb = q + b * d.q_batch_stride + int64_t(i0) * d.q_stride + int64_t(h) * hd;
-  const T* kb = k + b * d.kv_batch_stride + int64_t(kvh) * hd;
-  const T* vb = v + b * d.kv_batch_stride + int64_t(kvh) * hd;
+  const T* kb = kv.k + b * kv.batch + kvh * kv.head;
+  const T* vb = kv.v + b * kv.batch + kvh * kv.head;
+  const int64_t ks = kv.row;
   T* qt = s.qt.get();
   T* ot = s.ot.get();
   T* st = s.st.get();
@@ -277,7 +311,16 @@ TETRAD_INLINE void forward_task(T* out, T* lse, const T* q, const T* k, const T*
   const int n_keys = off + i0 + nq;            // keys seen by the block's last query
   for (int j0 = 0; j0 < n_keys; j0 += Bk) {
     const int nk = std::min(Bk, n_keys - j0);
-    gemm<T, W>(nk, NV, hd, st, Bq, kb + int64_t(j0) * d.kv_stride, d.kv_stride, 1, qt, Bq,
+    if (kv.packed && j0 + Bk < n_keys) {  // next key block into L2 while this one is computed
+      const int64_t bytes = int64_t(std::min(Bk, n_keys - j0 - Bk)) * hd * sizeof(T);
+      const char* kn = reinterpret_cast<const char*>(kb + (j0 + Bk) * ks);
+      const char* vn = reinterpret_cast<const char*>(vb + (j0 + Bk) * ks);
+      for (int64_t o = 0; o < bytes; o += 64) {
+        __builtin_prefetch(kn + o, 0, 2);
+        __builtin_prefetch(vn + o, 0, 2);
+      }
+    }
+    gemm<T, W>(nk, NV, hd, st, Bq, kb + j0 * ks, ks, 1, qt, Bq,
                      false);
     const bool diagonal = j0 + nk - 1 > first_pos;
     for (int c = 0; c < NV; ++c) {
@@ -310,7 +353,7 @@ TETRAD_INLINE void forward_task(T* out, T* lse, const T* q, const T* k, const T*
         for (int e = 0; e < hd; ++e)
           store<T, W>(ot + e * Bq + c * W, load<T, W>(ot + e * Bq + c * W) * alpha);
     }
-    gemm<T, W>(hd, NV, nk, ot, Bq, vb + int64_t(j0) * d.kv_stride, 1, d.kv_stride, st, Bq,
+    gemm<T, W>(hd, NV, nk, ot, Bq, vb + j0 * ks, 1, ks, st, Bq,
                      true);
   }
 
@@ -456,13 +499,27 @@ TETRAD_INLINE void backward_task(T* dq, T* dk, T* dv, const T* dout, const T* q,
     constexpr int Bq = Tiles<T, W>::kBq;                                                          \
     const int nqb = (d.Tq + Bq - 1) / Bq;                                                         \
     const int64_t ntask = int64_t(d.B) * d.n_head * nqb;                                          \
+    KvSource<T> kv = kv_in_place(k, v, d);                                                        \
+    std::unique_ptr<T[], FreeDeleter> kbuf, vbuf;                                                 \
+    const int64_t kv_rows = int64_t(d.B) * d.n_kv_head * d.Tk;                                    \
+    if (d.Tq >= kPackMinQueries) {                                                                \
+      kbuf = scratch<T>(kv_rows * d.head_dim, false);                                             \
+      vbuf = scratch<T>(kv_rows * d.head_dim, false);                                             \
+      kv = {kbuf.get(), vbuf.get(), d.head_dim, int64_t(d.n_kv_head) * d.Tk * d.head_dim,         \
+            int64_t(d.Tk) * d.head_dim, true};                                                    \
+    }                                                                                             \
     _Pragma("omp parallel") {                                                                     \
+      if (kv.packed) {                                                                            \
+        _Pragma("omp for schedule(static)") for (int64_t t = 0; t < kv_rows; ++t)                 \
+            pack_kv_rows(kbuf.get(), vbuf.get(), k, v, d, t);                                     \
+      }                                                                                           \
       ForwardScratch<T, W> s(d.head_dim);                                                         \
-      /* Largest query blocks (most keys) first; each task writes only its own rows. */           \
+      /* Head by head, so a head's k/v stay in cache across its tasks; within a head the largest  \
+         query blocks (most keys) first. Each task writes only its own rows. */                   \
       _Pragma("omp for schedule(dynamic, 1)") for (int64_t t = 0; t < ntask; ++t) {               \
-        const int qb = nqb - 1 - int(t / (int64_t(d.B) * d.n_head));                              \
-        const int bh = int(t % (int64_t(d.B) * d.n_head));                                        \
-        forward_task<T, W>(out, lse, q, k, v, d, bh / d.n_head, bh % d.n_head, qb * Bq, s);       \
+        const int qb = nqb - 1 - int(t % nqb);                                                    \
+        const int bh = int(t / nqb);                                                              \
+        forward_task<T, W>(out, lse, q, kv, d, bh / d.n_head, bh % d.n_head, qb * Bq, s);       \
       }                                                                                           \
     }                                                                                             \
   }                                                                                               \
