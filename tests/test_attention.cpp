@@ -382,14 +382,13 @@ template <class V>
 __attribute__((always_inline)) inline double fma_loop(int64_t iters) {
   V a[12], x = {}, y = {};
   x += 1.0000001f, y += 0.9999999f;
+#pragma GCC unroll 12
   for (int i = 0; i < 12; ++i) a[i] = V{} + float(i);
   for (int64_t it = 0; it < iters; ++it)
 #pragma GCC unroll 12
-    for (int i = 0; i < 12; ++i) {
-      a[i] = a[i] * x + y;
-      __asm__ volatile("" : "+x"(a[i]));
-    }
+    for (int i = 0; i < 12; ++i) a[i] = a[i] * x + y;  // 12 independent chains
   double s = 0;
+#pragma GCC unroll 12
   for (int i = 0; i < 12; ++i) s += a[i][0];
   return s;
 }

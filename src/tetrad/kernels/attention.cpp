@@ -80,33 +80,32 @@ TETRAD_INLINE typename VecOf<T, W>::type splat(T x) {
   return v + x;
 }
 
-// 2^x, elementwise. x <= -(bias) gives exactly 0 (so -inf masks to 0); error about 1 ulp.
+// 2^x, elementwise: 2^x = 2^n 2^r with n = round(x), |r| <= 1/2. Inputs <= -bias give exactly 0
+// (so -inf masks to 0). Float: degree-6 fit of 2^r on [-1/2, 1/2] (Chebyshev nodes), relative
+// error 2e-8 before rounding; double: Taylor series of e^(r ln 2) to degree 13 (< 5e-18).
 template <class T, int W>
 TETRAD_INLINE typename VecOf<T, W>::type exp2v(typename VecOf<T, W>::type x) {
   using V = typename VecOf<T, W>::type;
   using I = typename IntOf<T>::type;
   typedef I IV __attribute__((vector_size(W * sizeof(T))));
-  constexpr T lo = -T(IntOf<T>::kBias);
-  constexpr T hi = T(IntOf<T>::kBias);
-  x = x < lo ? splat<T, W>(lo) : x;
-  x = x > hi ? splat<T, W>(hi) : x;
-  // Round to nearest integer with the 1.5 * 2^mantissa trick (round-to-nearest mode).
-  const T magic = T(1.5) * T(I(1) << IntOf<T>::kMantissa);
-  V n = (x + magic) - magic;
-  V t = (x - n) * T(0.6931471805599453094);  // |t| <= ln(2)/2; 2^x = 2^n e^t
+  constexpr T lo = -T(IntOf<T>::kBias), hi = T(IntOf<T>::kBias);
+  x = x > lo ? x : lo;  // max, min (the compiler's maxps/minps pattern)
+  x = x < hi ? x : hi;
+  // k = x + 1.5 * 2^mantissa rounds x to an integer n that lands in k's low mantissa bits.
+  constexpr T magic = T(1.5) * T(I(1) << IntOf<T>::kMantissa);
+  const V k = x + magic;
+  const V r = x - (k - magic);
   V p;
-  if constexpr (sizeof(T) == 4) {  // Taylor to t^7: truncation < 5e-9
-    p = splat<T, W>(T(1.0 / 5040));
-    p = p * t + T(1.0 / 720);
-    p = p * t + T(1.0 / 120);
-    p = p * t + T(1.0 / 24);
-    p = p * t + T(1.0 / 6);
-    p = p * t + T(0.5);
-    p = p * t + T(1);
-    p = p * t + T(1);
-  } else {  // Taylor to t^13: truncation < 5e-18
-    p = splat<T, W>(T(1.0 / 6227020800.0));
-    p = p * t + T(1.0 / 479001600.0);
+  if constexpr (sizeof(T) == 4) {
+    p = r * T(1.546973217e-04) + T(1.340043265e-03);
+    p = p * r + T(9.618025273e-03);
+    p = p * r + T(5.550327152e-02);
+    p = p * r + T(2.402265072e-01);
+    p = p * r + T(6.931471825e-01);
+    p = p * r + T(1);
+  } else {
+    const V t = r * T(0.6931471805599453094);
+    p = t * T(1.0 / 6227020800.0) + T(1.0 / 479001600.0);
     p = p * t + T(1.0 / 39916800.0);
     p = p * t + T(1.0 / 3628800.0);
     p = p * t + T(1.0 / 362880.0);
@@ -120,7 +119,9 @@ TETRAD_INLINE typename VecOf<T, W>::type exp2v(typename VecOf<T, W>::type x) {
     p = p * t + T(1);
     p = p * t + T(1);
   }
-  IV e = (__builtin_convertvector(n, IV) + I(IntOf<T>::kBias)) << IntOf<T>::kMantissa;
+  I magic_bits;
+  std::memcpy(&magic_bits, &magic, sizeof magic);
+  const IV e = ((IV)k + (I(IntOf<T>::kBias) - magic_bits)) << IntOf<T>::kMantissa;
   return p * (V)e;
 }
 
@@ -152,17 +153,35 @@ TETRAD_INLINE void micro(T* __restrict c, int64_t ldc, const T* __restrict a, in
     for (int j = 0; j < C; ++j) store<T, W>(c + r * ldc + j * W, acc[r][j]);
 }
 
-// Rows [0, M) with tiles of R rows, then the remaining rows with tiles of R/2, R/4, ... rows.
+// One register tile of n < N rows (n known only at run time).
+template <class T, int W, int N, int C>
+TETRAD_INLINE void micro_n(int n, T* c, int64_t ldc, const T* a, int64_t a_ms, int64_t a_ks,
+                           const T* b, int64_t ldb, int K, bool accumulate) {
+  if constexpr (N > 1) {
+    if (n == N - 1) return micro<T, W, N - 1, C>(c, ldc, a, a_ms, a_ks, b, ldb, K, accumulate);
+    micro_n<T, W, N - 1, C>(n, c, ldc, a, a_ms, a_ks, b, ldb, K, accumulate);
+  }
+}
+
+// Rows [0, M) in tiles of R rows. A remainder below R/2 is merged with the last full tile and the
+// two split in halves (64 = 20*3 + 2 + 2 rather than 21*3 + 1), since thin tiles run far slower.
 template <class T, int W, int R, int C>
 TETRAD_INLINE void micro_rows(int M, T* c, int64_t ldc, const T* a, int64_t a_ms, int64_t a_ks,
                               const T* b, int64_t ldb, int K, bool accumulate) {
+  int full = M / R, rest = M % R;
+  if (rest > 0 && 2 * rest < R && full > 0) --full, rest += R;
   int m = 0;
-  for (; m + R <= M; m += R)
+  for (; m < full * R; m += R)
     micro<T, W, R, C>(c + m * ldc, ldc, a + m * a_ms, a_ms, a_ks, b, ldb, K, accumulate);
-  if constexpr (R > 1)
-    if (m < M)
-      micro_rows<T, W, R / 2, C>(M - m, c + m * ldc, ldc, a + m * a_ms, a_ms, a_ks, b, ldb, K,
-                                 accumulate);
+  if (rest >= R) {
+    const int half = rest / 2;
+    micro_n<T, W, R, C>(rest - half, c + m * ldc, ldc, a + m * a_ms, a_ms, a_ks, b, ldb, K,
+                        accumulate);
+    m += rest - half;
+    rest = half;
+  }
+  if (rest > 0)
+    micro_n<T, W, R, C>(rest, c + m * ldc, ldc, a + m * a_ms, a_ms, a_ks, b, ldb, K, accumulate);
 }
 
 // C[M][NV*W] (+)= A[M][K] B[K][NV*W], A by broadcast through strides (see micro); column tiles
@@ -181,10 +200,14 @@ TETRAD_INLINE void gemm_tiles(int M, int NV, int K, T* c, int64_t ldc, const T* 
 
 // Tile shapes per vector width: R x C accumulators must leave room for C loads and a broadcast
 // (16 registers below AVX-512, 32 with it). Both FMA pipes need at least 8 independent chains.
+#ifndef TETRAD_ATTN_R
+#define TETRAD_ATTN_R 3
+#define TETRAD_ATTN_C 4
+#endif
 template <class T, int W>
 struct Tiles {
-  static constexpr int R = 4;
-  static constexpr int C = W * int(sizeof(T)) == 64 ? 4 : 2;
+  static constexpr int R = W * int(sizeof(T)) == 64 ? 6 : TETRAD_ATTN_R;
+  static constexpr int C = W * int(sizeof(T)) == 64 ? 4 : TETRAD_ATTN_C;
   static constexpr int kBq = 64 > 4 * W ? 64 : 4 * W;  // forward query block (multiple of W)
   static constexpr int kBk = 64 > 4 * W ? 64 : 4 * W;  // key block (forward and backward)
   static constexpr int kBqBwd = 64;                    // backward query block
@@ -216,17 +239,20 @@ TETRAD_ATTENTION_GEMM(double, 8, TETRAD_AVX512)
 struct FreeDeleter {
   void operator()(void* p) const { std::free(p); }
 };
-// 64-byte aligned, zeroed scratch.
+// 64-byte aligned scratch, zeroed unless zero == false.
 template <class T>
-std::unique_ptr<T[], FreeDeleter> scratch(int64_t n) {
+std::unique_ptr<T[], FreeDeleter> scratch(int64_t n, bool zero = true) {
   const size_t bytes = ((size_t(n) * sizeof(T) + 63) / 64) * 64;
   T* p = static_cast<T*>(std::aligned_alloc(64, bytes == 0 ? 64 : bytes));
   TETRAD_CHECK(p != nullptr, "attention scratch allocation of ", bytes, " bytes failed");
-  std::memset(p, 0, bytes);
+  if (zero) std::memset(p, 0, bytes);
   return std::unique_ptr<T[], FreeDeleter>(p);
 }
 
 constexpr int round_up(int x, int m) { return (x + m - 1) / m * m; }
+
+// Below this many queries per sequence the forward reads k/v in place (see KvSource).
+constexpr int kPackMinQueries = 16;
 
 // ---------------------------------------------------------------------------------------------
 // Forward
@@ -243,8 +269,38 @@ struct ForwardScratch {
         l(scratch<T>(Bq)) {}
 };
 
+// Where a task reads k and v: either in place, or from contiguous copies [B, n_kv_head, Tk, hd]
+// made once per call. Rows of k/v in a fused qkv buffer are a large power-of-two-ish stride apart
+// and a key block would map onto few L1 sets; the copy costs O(Tk hd) against O(Tq Tk hd) work,
+// so it is skipped when there are few queries (decode).
+template <class T>
+struct KvSource {
+  const T* k;
+  const T* v;
+  int64_t row, batch, head;  // strides in elements
+  bool packed;
+};
+
+template <class T>
+KvSource<T> kv_in_place(const T* k, const T* v, const AttentionDims& d) {
+  return {k, v, d.kv_stride, d.kv_batch_stride, d.head_dim, false};
+}
+
+// Copies rows [j0, j1) of every (b, kv head) of k and v into kbuf/vbuf (called by all threads of
+// a team on disjoint ranges).
+template <class T>
+void pack_kv_rows(T* kbuf, T* vbuf, const T* k, const T* v, const AttentionDims& d, int64_t task) {
+  const int hd = d.head_dim;
+  const int64_t per_seq = int64_t(d.n_kv_head) * d.Tk;
+  const int b = int(task / per_seq), g = int(task / d.Tk % d.n_kv_head), j = int(task % d.Tk);
+  const int64_t src = b * d.kv_batch_stride + int64_t(j) * d.kv_stride + int64_t(g) * hd;
+  const int64_t dst = (int64_t(b) * d.n_kv_head + g) * d.Tk * hd + int64_t(j) * hd;
+  std::memcpy(kbuf + dst, k + src, sizeof(T) * hd);
+  std::memcpy(vbuf + dst, v + src, sizeof(T) * hd);
+}
+
 template <class T, int W>
-TETRAD_INLINE void forward_task(T* out, T* lse, const T* q, const T* k, const T* v,
+TETRAD_INLINE void forward_task(T* out, T* lse, const T* q, const KvSource<T>& kv,
                                 const AttentionDims& d, int b, int h, int i0,
                                 ForwardScratch<T, W>& s) {
   using V = typename VecOf<T, W>::type;
@@ -254,8 +310,9 @@ TETRAD_INLINE void forward_task(T* out, T* lse, const T* q, const T* k, const T*
   const int nq = std::min(Bq, d.Tq - i0);
   const int kvh = h / (d.n_head / d.n_kv_head);
   const T* qb = q + b * d.q_batch_stride + int64_t(i0) * d.q_stride + int64_t(h) * hd;
-  const T* kb = k + b * d.kv_batch_stride + int64_t(kvh) * hd;
-  const T* vb = v + b * d.kv_batch_stride + int64_t(kvh) * hd;
+  const T* kb = kv.k + b * kv.batch + kvh * kv.head;
+  const T* vb = kv.v + b * kv.batch + kvh * kv.head;
+  const int64_t ks = kv.row;
   T* qt = s.qt.get();
   T* ot = s.ot.get();
   T* st = s.st.get();
@@ -263,9 +320,12 @@ TETRAD_INLINE void forward_task(T* out, T* lse, const T* q, const T* k, const T*
   T* lrow = s.l.get();
 
   const T c2 = T(1.4426950408889634074) / std::sqrt(T(hd));  // log2(e) / sqrt(hd)
+  // q rows are far apart (rows of a fused qkv buffer) and read once: request them all first.
+  for (int i = 0; i < nq; ++i)
+    for (int e = 0; e < hd; e += 64 / int(sizeof(T))) __builtin_prefetch(qb + i * d.q_stride + e);
+  std::memset(ot, 0, sizeof(T) * hd * Bq);
   for (int i = 0; i < Bq; ++i)
     for (int e = 0; e < hd; ++e) qt[e * Bq + i] = i < nq ? qb[int64_t(i) * d.q_stride + e] * c2 : T(0);
-  std::memset(ot, 0, sizeof(T) * hd * Bq);
   for (int c = 0; c < NV; ++c) {
     store<T, W>(mrow + c * W, splat<T, W>(-std::numeric_limits<T>::infinity()));
     store<T, W>(lrow + c * W, V{});
@@ -277,8 +337,16 @@ TETRAD_INLINE void forward_task(T* out, T* lse, const T* q, const T* k, const T*
   const int n_keys = off + i0 + nq;            // keys seen by the block's last query
   for (int j0 = 0; j0 < n_keys; j0 += Bk) {
     const int nk = std::min(Bk, n_keys - j0);
-    gemm<T, W>(nk, NV, hd, st, Bq, kb + int64_t(j0) * d.kv_stride, d.kv_stride, 1, qt, Bq,
-                     false);
+    if (kv.packed && j0 + Bk < n_keys) {  // next key block into L2 while this one is computed
+      const int64_t bytes = int64_t(std::min(Bk, n_keys - j0 - Bk)) * hd * sizeof(T);
+      const char* kn = reinterpret_cast<const char*>(kb + (j0 + Bk) * ks);
+      const char* vn = reinterpret_cast<const char*>(vb + (j0 + Bk) * ks);
+      for (int64_t o = 0; o < bytes; o += 64) {
+        __builtin_prefetch(kn + o, 0, 2);
+        __builtin_prefetch(vn + o, 0, 2);
+      }
+    }
+    gemm<T, W>(nk, NV, hd, st, Bq, kb + j0 * ks, ks, 1, qt, Bq, false);
     const bool diagonal = j0 + nk - 1 > first_pos;
     for (int c = 0; c < NV; ++c) {
       const V pos = iota + T(first_pos + c * W);
@@ -297,21 +365,29 @@ TETRAD_INLINE void forward_task(T* out, T* lse, const T* q, const T* k, const T*
           mx = mx > x ? mx : x;
         }
       }
-      const V alpha = exp2v<T, W>(load<T, W>(mrow + c * W) - mx);
       V sum = {};
       for (int j = 0; j < nk; ++j) {
         const V p = exp2v<T, W>(load<T, W>(st + j * Bq + c * W) - mx);
         store<T, W>(st + j * Bq + c * W, p);
         sum += p;
       }
-      store<T, W>(lrow + c * W, load<T, W>(lrow + c * W) * alpha + sum);
-      store<T, W>(mrow + c * W, mx);
-      if (j0 > 0)
-        for (int e = 0; e < hd; ++e)
-          store<T, W>(ot + e * Bq + c * W, load<T, W>(ot + e * Bq + c * W) * alpha);
+      // Rescale the running sum and output only where some lane's maximum grew (rare after the
+      // first blocks); alpha = 1 elsewhere, so skipping is exact.
+      const V mold = load<T, W>(mrow + c * W);
+      bool grew = false;
+      for (int w = 0; w < W; ++w) grew |= mx[w] > mold[w];
+      V l = load<T, W>(lrow + c * W);
+      if (grew) {
+        const V alpha = exp2v<T, W>(mold - mx);
+        l *= alpha;
+        store<T, W>(mrow + c * W, mx);
+        if (j0 > 0)
+          for (int e = 0; e < hd; ++e)
+            store<T, W>(ot + e * Bq + c * W, load<T, W>(ot + e * Bq + c * W) * alpha);
+      }
+      store<T, W>(lrow + c * W, l + sum);
     }
-    gemm<T, W>(hd, NV, nk, ot, Bq, vb + int64_t(j0) * d.kv_stride, 1, d.kv_stride, st, Bq,
-                     true);
+    gemm<T, W>(hd, NV, nk, ot, Bq, vb + j0 * ks, 1, ks, st, Bq, true);
   }
 
   T* ob = out + b * d.out_batch_stride + int64_t(i0) * d.out_stride + int64_t(h) * hd;
@@ -358,22 +434,28 @@ TETRAD_INLINE void backward_task(T* dq, T* dk, T* dv, const T* dout, const T* q,
                                  int b, int g, BackwardScratch<T, W>& s) {
   using V = typename VecOf<T, W>::type;
   constexpr int Bq = Tiles<T, W>::kBqBwd, Bk = Tiles<T, W>::kBk, NVK = Bk / W;
-  const int hd = d.head_dim, hdp = s.hdp, tkp = s.tkp, NVD = hdp / W;
+  const int hd = d.head_dim, hdp = s.hdp, NVD = hdp / W;
   const int Tq = d.Tq, Tk = d.Tk, off = Tk - Tq;
   const int group = d.n_head / d.n_kv_head;
   const T scale = T(1) / std::sqrt(T(hd));
   const T c2 = scale * T(1.4426950408889634074);
   const T log2e = T(1.4426950408889634074);
 
-  // Pack this kv head's K (rows, padded) and K^T, V^T (padded columns stay zero).
+  // Pack this kv head's K as rows (padded to hdp) and K^T, V^T per key block ([Tk/Bk][hd][Bk],
+  // so a block's rows are Bk apart rather than Tk: a Tk stride of a power of two would put a
+  // whole block on a few L1 sets). Padding is never written, so it stays zero.
   const int64_t kv_base = b * d.kv_batch_stride + int64_t(g) * hd;
-  for (int j = 0; j < Tk; ++j) {
-    const T* kr = k + kv_base + int64_t(j) * d.kv_stride;
-    const T* vr = v + kv_base + int64_t(j) * d.kv_stride;
-    for (int e = 0; e < hd; ++e) {
-      s.kp[int64_t(j) * hdp + e] = kr[e];
-      s.kt[int64_t(e) * tkp + j] = kr[e];
-      s.vt[int64_t(e) * tkp + j] = vr[e];
+  for (int j0 = 0; j0 < Tk; j0 += Bk) {
+    T* ktb = s.kt.get() + int64_t(j0) * hd;
+    T* vtb = s.vt.get() + int64_t(j0) * hd;
+    for (int jj = 0; jj < std::min(Bk, Tk - j0); ++jj) {
+      const T* kr = k + kv_base + int64_t(j0 + jj) * d.kv_stride;
+      const T* vr = v + kv_base + int64_t(j0 + jj) * d.kv_stride;
+      std::memcpy(s.kp.get() + int64_t(j0 + jj) * hdp, kr, sizeof(T) * hd);
+      for (int e = 0; e < hd; ++e) {
+        ktb[e * Bk + jj] = kr[e];
+        vtb[e * Bk + jj] = vr[e];
+      }
     }
   }
   std::memset(s.dk.get(), 0, sizeof(T) * Tk * hdp);
@@ -409,8 +491,8 @@ TETRAD_INLINE void backward_task(T* dq, T* dk, T* dv, const T* dout, const T* q,
         T* dpp = s.dp.get();
         const T* qi = s.qp.get() + int64_t(i0) * hdp;
         const T* doi = s.dop.get() + int64_t(i0) * hdp;
-        gemm<T, W>(nq, NVK, hd, sp, Bk, qi, hdp, 1, s.kt.get() + j0, tkp, false);
-        gemm<T, W>(nq, NVK, hd, dpp, Bk, doi, hdp, 1, s.vt.get() + j0, tkp, false);
+        gemm<T, W>(nq, NVK, hd, sp, Bk, qi, hdp, 1, s.kt.get() + int64_t(j0) * hd, Bk, false);
+        gemm<T, W>(nq, NVK, hd, dpp, Bk, doi, hdp, 1, s.vt.get() + int64_t(j0) * hd, Bk, false);
         // Some key of the block lies after the first query's position (includes padded keys).
         const bool diagonal = j0 + Bk - 1 > off + i0;
         for (int i = 0; i < nq; ++i) {
@@ -456,13 +538,27 @@ TETRAD_INLINE void backward_task(T* dq, T* dk, T* dv, const T* dout, const T* q,
     constexpr int Bq = Tiles<T, W>::kBq;                                                          \
     const int nqb = (d.Tq + Bq - 1) / Bq;                                                         \
     const int64_t ntask = int64_t(d.B) * d.n_head * nqb;                                          \
+    KvSource<T> kv = kv_in_place(k, v, d);                                                        \
+    std::unique_ptr<T[], FreeDeleter> kbuf, vbuf;                                                 \
+    const int64_t kv_rows = int64_t(d.B) * d.n_kv_head * d.Tk;                                    \
+    if (d.Tq >= kPackMinQueries) {                                                                \
+      kbuf = scratch<T>(kv_rows * d.head_dim, false);                                             \
+      vbuf = scratch<T>(kv_rows * d.head_dim, false);                                             \
+      kv = {kbuf.get(), vbuf.get(), d.head_dim, int64_t(d.n_kv_head) * d.Tk * d.head_dim,         \
+            int64_t(d.Tk) * d.head_dim, true};                                                    \
+    }                                                                                             \
     _Pragma("omp parallel") {                                                                     \
+      if (kv.packed) {                                                                            \
+        _Pragma("omp for schedule(static)") for (int64_t t = 0; t < kv_rows; ++t)                 \
+            pack_kv_rows(kbuf.get(), vbuf.get(), k, v, d, t);                                     \
+      }                                                                                           \
       ForwardScratch<T, W> s(d.head_dim);                                                         \
-      /* Largest query blocks (most keys) first; each task writes only its own rows. */           \
+      /* Head by head, so a head's k/v stay in cache across its tasks; within a head the largest  \
+         query blocks (most keys) first. Each task writes only its own rows. */                   \
       _Pragma("omp for schedule(dynamic, 1)") for (int64_t t = 0; t < ntask; ++t) {               \
-        const int qb = nqb - 1 - int(t / (int64_t(d.B) * d.n_head));                              \
-        const int bh = int(t % (int64_t(d.B) * d.n_head));                                        \
-        forward_task<T, W>(out, lse, q, k, v, d, bh / d.n_head, bh % d.n_head, qb * Bq, s);       \
+        const int qb = nqb - 1 - int(t % nqb);                                                    \
+        const int bh = int(t / nqb);                                                              \
+        forward_task<T, W>(out, lse, q, kv, d, bh / d.n_head, bh % d.n_head, qb * Bq, s);       \
       }                                                                                           \
     }                                                                                             \
   }                                                                                               \
