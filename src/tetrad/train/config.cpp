@@ -1,5 +1,6 @@
 #include "tetrad/train/config.hpp"
 
+#include <charconv>
 #include <functional>
 #include <map>
 #include <sstream>
@@ -45,11 +46,12 @@ std::string read_string(const toml::node& n, const std::string& key, const std::
   fail(where, ": ", key, " must be a string, got ", n.type());
 }
 
-std::string fmt_double(double v) {
-  std::ostringstream os;
-  os.precision(17);
-  os << v;
-  std::string s = os.str();
+// Shortest text that reads back to the same value of the field's own type (float or double).
+template <typename F>
+std::string fmt_double(F v) {
+  char buf[64];
+  auto res = std::to_chars(buf, buf + sizeof buf, v);
+  std::string s(buf, res.ptr);
   if (s.find_first_of(".eEn") == std::string::npos) s += ".0";
   return s;
 }
