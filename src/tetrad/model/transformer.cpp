@@ -178,17 +178,17 @@ void Transformer<T>::forward(const int32_t* inputs, int B, int Tq, int pos0, boo
 
   const ParamSpec& wte = table_.specs[0];
   const T* wpe = gpt2 ? P + table_.specs[1].offset + int64_t(pos0) * C : nullptr;
-  k::embedding_forward(a.emb, inputs, P + wte.offset, wpe, N, Tq, C, V);
+  timed(Phase::Embedding, [&] { k::embedding_forward(a.emb, inputs, P + wte.offset, wpe, N, Tq, C, V); });
 
   const T* x = a.emb;
   for (int l = 0; l < cfg_.n_layer; ++l) {
     const Layer& L = layers_[l];
     auto& A = a.layer[l];
-    if (gpt2) k::layernorm_forward(A.ln1, A.ln1_mean, A.ln1_rstd, x, p(L.ln1_w), p(L.ln1_b), N, C, eps);
-    else k::rmsnorm_forward(A.ln1, A.ln1_rstd, x, p(L.ln1_w), N, C, eps);
-    k::linear_forward(A.qkv, A.ln1, p(L.qkv_w), p(L.qkv_b), N, C, QKV);
+    if (gpt2) timed(Phase::Norm, [&] { k::layernorm_forward(A.ln1, A.ln1_mean, A.ln1_rstd, x, p(L.ln1_w), p(L.ln1_b), N, C, eps); });
+    else timed(Phase::Norm, [&] { k::rmsnorm_forward(A.ln1, A.ln1_rstd, x, p(L.ln1_w), N, C, eps); });
+    timed(Phase::Gemm, [&] { k::linear_forward(A.qkv, A.ln1, p(L.qkv_w), p(L.qkv_b), N, C, QKV); });
     if (!gpt2)
-      k::rope_forward(A.qkv, N, Tq, pos0, nh + nkv, hd, QKV, rope_cos_.data(), rope_sin_.data());
+      timed(Phase::Attention, [&] { k::rope_forward(A.qkv, N, Tq, pos0, nh + nkv, hd, QKV, rope_cos_.data(), rope_sin_.data()); });
 
     k::AttentionDims d{};
     d.B = B; d.Tq = Tq; d.n_head = int(nh); d.n_kv_head = int(nkv); d.head_dim = int(hd);
@@ -210,30 +210,30 @@ void Transformer<T>::forward(const int32_t* inputs, int B, int Tq, int pos0, boo
         }
       kp = kc; vp = vc;
       d.Tk = pos0 + Tq; d.kv_stride = KW; d.kv_batch_stride = int64_t(max_len_) * KW;
-      k::attention_forward<T>(A.atty, nullptr, q, kp, vp, d);
+      timed(Phase::Attention, [&] { k::attention_forward<T>(A.atty, nullptr, q, kp, vp, d); });
     } else {
       d.Tk = Tq; d.kv_stride = QKV; d.kv_batch_stride = Tq * QKV;
-      k::attention_forward<T>(A.atty, A.lse, q, kp, vp, d);
+      timed(Phase::Attention, [&] { k::attention_forward<T>(A.atty, A.lse, q, kp, vp, d); });
     }
 
-    std::memcpy(A.resid_mid, x, N * C * sizeof(T));
-    k::linear_forward(A.resid_mid, A.atty, p(L.proj_w), p(L.proj_b), N, C, C, /*accumulate=*/true);
+    timed(Phase::Residual, [&] { std::memcpy(A.resid_mid, x, N * C * sizeof(T)); });
+    timed(Phase::Gemm, [&] { k::linear_forward(A.resid_mid, A.atty, p(L.proj_w), p(L.proj_b), N, C, C, /*accumulate=*/true); });
 
-    if (gpt2) k::layernorm_forward(A.ln2, A.ln2_mean, A.ln2_rstd, A.resid_mid, p(L.ln2_w), p(L.ln2_b), N, C, eps);
-    else k::rmsnorm_forward(A.ln2, A.ln2_rstd, A.resid_mid, p(L.ln2_w), N, C, eps);
-    k::linear_forward(A.fc, A.ln2, p(L.fc_w), p(L.fc_b), N, C, FW);
-    if (gpt2) k::gelu_forward(A.fc_act, A.fc, N * F);
-    else k::swiglu_forward(A.fc_act, A.fc, N, F);
-    std::memcpy(A.resid_out, A.resid_mid, N * C * sizeof(T));
-    k::linear_forward(A.resid_out, A.fc_act, p(L.fcproj_w), p(L.fcproj_b), N, F, C, /*accumulate=*/true);
+    if (gpt2) timed(Phase::Norm, [&] { k::layernorm_forward(A.ln2, A.ln2_mean, A.ln2_rstd, A.resid_mid, p(L.ln2_w), p(L.ln2_b), N, C, eps); });
+    else timed(Phase::Norm, [&] { k::rmsnorm_forward(A.ln2, A.ln2_rstd, A.resid_mid, p(L.ln2_w), N, C, eps); });
+    timed(Phase::Gemm, [&] { k::linear_forward(A.fc, A.ln2, p(L.fc_w), p(L.fc_b), N, C, FW); });
+    if (gpt2) timed(Phase::Activation, [&] { k::gelu_forward(A.fc_act, A.fc, N * F); });
+    else timed(Phase::Activation, [&] { k::swiglu_forward(A.fc_act, A.fc, N, F); });
+    timed(Phase::Residual, [&] { std::memcpy(A.resid_out, A.resid_mid, N * C * sizeof(T)); });
+    timed(Phase::Gemm, [&] { k::linear_forward(A.resid_out, A.fc_act, p(L.fcproj_w), p(L.fcproj_b), N, F, C, /*accumulate=*/true); });
     x = A.resid_out;
   }
 
   if (gpt2) {
-    k::layernorm_forward(a.lnf, a.lnf_mean, a.lnf_rstd, x, P + table_.find("transformer.ln_f.weight").offset,
-                         P + table_.find("transformer.ln_f.bias").offset, N, C, eps);
+    timed(Phase::Norm, [&] { k::layernorm_forward(a.lnf, a.lnf_mean, a.lnf_rstd, x, P + table_.find("transformer.ln_f.weight").offset,
+                         P + table_.find("transformer.ln_f.bias").offset, N, C, eps); });
   } else {
-    k::rmsnorm_forward(a.lnf, a.lnf_rstd, x, P + table_.find("model.norm.weight").offset, N, C, eps);
+    timed(Phase::Norm, [&] { k::rmsnorm_forward(a.lnf, a.lnf_rstd, x, P + table_.find("model.norm.weight").offset, N, C, eps); });
   }
 }
 
@@ -245,8 +245,8 @@ template <typename T>
 const T* Transformer<T>::forward_logits(const int32_t* inputs, int B, int Tq) {
   forward(inputs, B, Tq, 0, false);
   const int64_t N = int64_t(B) * Tq, C = cfg_.n_embd, V = cfg_.vocab_size;
-  k::gemm<T>(false, true, N, V, C, T(1), a_->lnf, C, params_.data() + HEAD_OFFSET(), C, T(0),
-             a_->logits, V);
+  timed(Phase::Gemm, [&] { k::gemm<T>(false, true, N, V, C, T(1), a_->lnf, C, params_.data() + HEAD_OFFSET(), C, T(0),
+             a_->logits, V); });
   return a_->logits;
 }
 
@@ -256,6 +256,7 @@ const T* Transformer<T>::logits() const { return a_->logits; }
 template <typename T>
 double Transformer<T>::forward_loss(const int32_t* inputs, const int32_t* targets, int B, int Tq) {
   forward_logits(inputs, B, Tq);
+  ScopedPhase sp(prof_, Phase::Loss);
   return k::cross_entropy_forward(a_->losses, a_->logits, targets, int64_t(B) * Tq,
                                   int64_t(cfg_.vocab_size));
 }
@@ -264,9 +265,11 @@ template <typename T>
 double Transformer<T>::forward_backward(const int32_t* inputs, const int32_t* targets, int B,
                                         int Tq, T grad_scale) {
   forward_logits(inputs, B, Tq);
-  const double loss_sum = k::cross_entropy_fused(a_->logits, a_->losses, targets,
-                                                 int64_t(B) * Tq, int64_t(cfg_.vocab_size),
-                                                 grad_scale);
+  double loss_sum = 0;
+  timed(Phase::Loss, [&] {
+    loss_sum = k::cross_entropy_fused(a_->logits, a_->losses, targets, int64_t(B) * Tq,
+                                      int64_t(cfg_.vocab_size), grad_scale);
+  });
   backward(inputs, B, Tq);
   return loss_sum;
 }
@@ -286,15 +289,15 @@ void Transformer<T>::backward(const int32_t* inputs, int B, int Tq) {
 
   // Output head (dlogits already in a.logits) and the final norm.
   const int64_t head = HEAD_OFFSET();
-  k::linear_backward(a.dln, G + head, static_cast<T*>(nullptr), a.logits, a.lnf, P + head, N, C, V);
-  std::fill(a.dresid, a.dresid + N * C, T(0));
+  timed(Phase::Gemm, [&] { k::linear_backward(a.dln, G + head, static_cast<T*>(nullptr), a.logits, a.lnf, P + head, N, C, V); });
+  timed(Phase::Residual, [&] { std::fill(a.dresid, a.dresid + N * C, T(0)); });
   if (gpt2) {
     const int64_t w = table_.find("transformer.ln_f.weight").offset;
     const int64_t b = table_.find("transformer.ln_f.bias").offset;
-    k::layernorm_backward(a.dresid, G + w, G + b, a.dln, x_last, P + w, a.lnf_mean, a.lnf_rstd, N, C);
+    timed(Phase::Norm, [&] { k::layernorm_backward(a.dresid, G + w, G + b, a.dln, x_last, P + w, a.lnf_mean, a.lnf_rstd, N, C); });
   } else {
     const int64_t w = table_.find("model.norm.weight").offset;
-    k::rmsnorm_backward(a.dresid, G + w, a.dln, x_last, P + w, a.lnf_rstd, N, C);
+    timed(Phase::Norm, [&] { k::rmsnorm_backward(a.dresid, G + w, a.dln, x_last, P + w, a.lnf_rstd, N, C); });
   }
 
   for (int l = cfg_.n_layer - 1; l >= 0; --l) {
@@ -303,30 +306,30 @@ void Transformer<T>::backward(const int32_t* inputs, int B, int Tq) {
     const T* x_in = l == 0 ? a.emb : a.layer[l - 1].resid_out;
 
     // resid_out = resid_mid + fcproj(act(fc(norm2(resid_mid))))
-    k::linear_backward(a.dfc_act, g(L.fcproj_w), g(L.fcproj_b), a.dresid, A.fc_act, p(L.fcproj_w), N, F, C);
-    if (gpt2) k::gelu_backward(a.dfc, a.dfc_act, A.fc, N * F);
-    else k::swiglu_backward(a.dfc, a.dfc_act, A.fc, N, F);
-    k::linear_backward(a.dln, g(L.fc_w), g(L.fc_b), a.dfc, A.ln2, p(L.fc_w), N, C, FW);
-    if (gpt2) k::layernorm_backward(a.dresid, g(L.ln2_w), g(L.ln2_b), a.dln, A.resid_mid, p(L.ln2_w), A.ln2_mean, A.ln2_rstd, N, C);
-    else k::rmsnorm_backward(a.dresid, g(L.ln2_w), a.dln, A.resid_mid, p(L.ln2_w), A.ln2_rstd, N, C);
+    timed(Phase::Gemm, [&] { k::linear_backward(a.dfc_act, g(L.fcproj_w), g(L.fcproj_b), a.dresid, A.fc_act, p(L.fcproj_w), N, F, C); });
+    if (gpt2) timed(Phase::Activation, [&] { k::gelu_backward(a.dfc, a.dfc_act, A.fc, N * F); });
+    else timed(Phase::Activation, [&] { k::swiglu_backward(a.dfc, a.dfc_act, A.fc, N, F); });
+    timed(Phase::Gemm, [&] { k::linear_backward(a.dln, g(L.fc_w), g(L.fc_b), a.dfc, A.ln2, p(L.fc_w), N, C, FW); });
+    if (gpt2) timed(Phase::Norm, [&] { k::layernorm_backward(a.dresid, g(L.ln2_w), g(L.ln2_b), a.dln, A.resid_mid, p(L.ln2_w), A.ln2_mean, A.ln2_rstd, N, C); });
+    else timed(Phase::Norm, [&] { k::rmsnorm_backward(a.dresid, g(L.ln2_w), a.dln, A.resid_mid, p(L.ln2_w), A.ln2_rstd, N, C); });
 
     // resid_mid = x_in + proj(attention(rope(qkv(norm1(x_in)))))
-    k::linear_backward(a.datty, g(L.proj_w), g(L.proj_b), a.dresid, A.atty, p(L.proj_w), N, C, C);
+    timed(Phase::Gemm, [&] { k::linear_backward(a.datty, g(L.proj_w), g(L.proj_b), a.dresid, A.atty, p(L.proj_w), N, C, C); });
     k::AttentionDims d{};
     d.B = B; d.Tq = Tq; d.Tk = Tq; d.n_head = int(nh); d.n_kv_head = int(nkv); d.head_dim = int(hd);
     d.q_stride = d.kv_stride = QKV; d.q_batch_stride = d.kv_batch_stride = Tq * QKV;
     d.out_stride = C; d.out_batch_stride = Tq * C;
-    k::attention_backward<T>(a.dqkv, a.dqkv + nh * hd, a.dqkv + (nh + nkv) * hd, a.datty, A.qkv,
-                             A.qkv + nh * hd, A.qkv + (nh + nkv) * hd, A.atty, A.lse, d);
+    timed(Phase::Attention, [&] { k::attention_backward<T>(a.dqkv, a.dqkv + nh * hd, a.dqkv + (nh + nkv) * hd, a.datty, A.qkv,
+                             A.qkv + nh * hd, A.qkv + (nh + nkv) * hd, A.atty, A.lse, d); });
     if (!gpt2)
-      k::rope_backward(a.dqkv, N, Tq, 0, nh + nkv, hd, QKV, rope_cos_.data(), rope_sin_.data());
-    k::linear_backward(a.dln, g(L.qkv_w), g(L.qkv_b), a.dqkv, A.ln1, p(L.qkv_w), N, C, QKV);
-    if (gpt2) k::layernorm_backward(a.dresid, g(L.ln1_w), g(L.ln1_b), a.dln, x_in, p(L.ln1_w), A.ln1_mean, A.ln1_rstd, N, C);
-    else k::rmsnorm_backward(a.dresid, g(L.ln1_w), a.dln, x_in, p(L.ln1_w), A.ln1_rstd, N, C);
+      timed(Phase::Attention, [&] { k::rope_backward(a.dqkv, N, Tq, 0, nh + nkv, hd, QKV, rope_cos_.data(), rope_sin_.data()); });
+    timed(Phase::Gemm, [&] { k::linear_backward(a.dln, g(L.qkv_w), g(L.qkv_b), a.dqkv, A.ln1, p(L.qkv_w), N, C, QKV); });
+    if (gpt2) timed(Phase::Norm, [&] { k::layernorm_backward(a.dresid, g(L.ln1_w), g(L.ln1_b), a.dln, x_in, p(L.ln1_w), A.ln1_mean, A.ln1_rstd, N, C); });
+    else timed(Phase::Norm, [&] { k::rmsnorm_backward(a.dresid, g(L.ln1_w), a.dln, x_in, p(L.ln1_w), A.ln1_rstd, N, C); });
   }
 
   T* dwpe = gpt2 ? G + table_.specs[1].offset : nullptr;
-  k::embedding_backward(G + table_.specs[0].offset, dwpe, a.dresid, inputs, N, Tq, C);
+  timed(Phase::Embedding, [&] { k::embedding_backward(G + table_.specs[0].offset, dwpe, a.dresid, inputs, N, Tq, C); });
 }
 
 template <typename T>
@@ -353,8 +356,8 @@ const T* Transformer<T>::decode(const int32_t* tokens, int B, int Tq) {
   cache_->pos += Tq;
   // Logits of the last new token of each sequence only: rows (b*Tq + Tq-1) of lnf.
   const int64_t C = cfg_.n_embd, V = cfg_.vocab_size;
-  k::gemm<T>(false, true, B, V, C, T(1), a_->lnf + int64_t(Tq - 1) * C, int64_t(Tq) * C,
-             params_.data() + HEAD_OFFSET(), C, T(0), a_->logits, V);
+  timed(Phase::Gemm, [&] { k::gemm<T>(false, true, B, V, C, T(1), a_->lnf + int64_t(Tq - 1) * C, int64_t(Tq) * C,
+             params_.data() + HEAD_OFFSET(), C, T(0), a_->logits, V); });
   return a_->logits;
 }
 

@@ -16,6 +16,7 @@
 #include <vector>
 
 #include "tetrad/core/buffer.hpp"
+#include "tetrad/core/profile.hpp"
 #include "tetrad/model/model_config.hpp"
 #include "tetrad/model/params.hpp"
 
@@ -67,7 +68,15 @@ class Transformer {
   const T* decode(const int32_t* tokens, int B, int Tq);
   int cache_position() const;
 
+  // Accumulate per-phase wall time of every following call into `p` (nullptr: off).
+  void set_profile(StepProfile* p) { prof_ = p; }
+
  private:
+  template <typename F>
+  void timed(Phase ph, F&& f) {
+    ScopedPhase s(prof_, ph);
+    f();
+  }
   struct Layer;    // per-block parameter views
   struct Acts;     // activation views
   struct Cache;
@@ -82,6 +91,7 @@ class Transformer {
   std::vector<Layer> layers_;
   std::unique_ptr<Acts> a_;
   std::unique_ptr<Cache> cache_;
+  StepProfile* prof_ = nullptr;
 };
 
 extern template class Transformer<float>;

@@ -16,6 +16,7 @@
 
 #include "tetrad/core/cpu.hpp"
 #include "tetrad/core/error.hpp"
+#include "tetrad/core/profile.hpp"
 #include "tetrad/core/rng.hpp"
 #include "tetrad/model/transformer.hpp"
 #include "tetrad/tools/ceilings.hpp"
@@ -72,11 +73,9 @@ void run_bench(const BenchOptions& opt, std::ostream& out) {
   std::string mpi_first_line(mpi_version, std::min<int>(mpi_len, 60));
   mpi_first_line = mpi_first_line.substr(0, mpi_first_line.find_first_of(",\n"));
 
-  out << "machine: " << num_cores() << " cores, " << threads << " threads | "
-      << cpu_features().summary() << " | oneDNN " << dv->major << "." << dv->minor << "."
-      << dv->patch << " | " << mpi_first_line << "\n";
   MachineCeilings ceil = measure_ceilings(threads, opt.quick_ceilings);
-  out << ceil.to_text() << "\n";
+  out << ceil.to_text() << "libraries: oneDNN " << dv->major << "." << dv->minor << "." << dv->patch
+      << ", " << mpi_first_line << "\n";
   const double fma_peak = ceil.fma.value;
 
   std::ofstream json_out;
@@ -108,7 +107,8 @@ void run_bench(const BenchOptions& opt, std::ostream& out) {
     const double gemm_ceiling = gemm_time > 0 ? gemm_flop / gemm_time / 1e9 : 0;
 
     const int64_t rss_before = current_rss_bytes();
-    double step_median = 0;
+    double step_median = 0, total_time = 0;
+    StepProfile profile;
     int64_t nparams = 0, act_bytes = 0;
     {
       TrainConfig tc;
@@ -121,16 +121,26 @@ void run_bench(const BenchOptions& opt, std::ostream& out) {
       std::vector<int32_t> tokens(N + 1);
       for (auto& t : tokens) t = int32_t(rng.next_u64() % uint64_t(mc.vocab_size));
       std::vector<double> times;
+      model.set_profile(&profile);
       for (int s = 0; s < opt.warmup + opt.steps; ++s) {
+        if (s == opt.warmup) profile.clear();
         const auto t0 = std::chrono::steady_clock::now();
-        model.zero_grads();
+        {
+          ScopedPhase sp(&profile, Phase::Optimizer);
+          model.zero_grads();
+        }
         model.forward_backward(tokens.data(), tokens.data() + 1, B, T, 1.0f / float(N));
-        const double gn = grad_norm(model.grads(), model.num_params());
-        adam.update(model.params(), model.grads(), 1e-4, gn > 1 ? 1 / gn : 1, s + 1);
+        {
+          ScopedPhase sp(&profile, Phase::Optimizer);
+          const double gn = grad_norm(model.grads(), model.num_params());
+          adam.update(model.params(), model.grads(), 1e-4, gn > 1 ? 1 / gn : 1, s + 1);
+        }
         const double dt = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
         if (s >= opt.warmup) times.push_back(dt);
       }
       step_median = median(times);
+      total_time = 0;
+      for (double t : times) total_time += t;
     }
     const int64_t peak_rss = peak_rss_bytes();
     const double tok_s = double(N) / step_median;
@@ -154,6 +164,15 @@ void run_bench(const BenchOptions& opt, std::ostream& out) {
         << " + activations " << act_bytes / 1048576.0 << "): " << std::setprecision(2)
         << double(peak_rss) / needed << "x\n";
     out << "  time split:       compute 100% | exposed communication 0% | idle 0% (1 rank)\n";
+    out << "  compute by phase: ";
+    nlohmann::json phases;
+    for (int ph = 0; ph < int(Phase::Count); ++ph) {
+      const double share = profile.seconds[ph] / total_time;
+      phases[phase_name(Phase(ph))] = profile.seconds[ph] / opt.steps;
+      out << phase_name(Phase(ph)) << " " << std::setprecision(1) << 100 * share << "%"
+          << (ph + 1 < int(Phase::Count) ? ", " : "");
+    }
+    out << ", other " << 100 * (1 - profile.total() / total_time) << "%\n";
     (void)rss_before;
 
     nlohmann::json j = {{"config", name}, {"family", family_name(mc.family)},
@@ -163,7 +182,8 @@ void run_bench(const BenchOptions& opt, std::ostream& out) {
                         {"mfu_fma", model_flops / (fma_peak * 1e9)},
                         {"gemm_ceiling_gflops", gemm_ceiling},
                         {"frac_gemm_ceiling", model_flops / (gemm_ceiling * 1e9)},
-                        {"peak_rss_mb", peak_rss / 1048576.0}, {"needed_mb", needed / 1048576.0}};
+                        {"peak_rss_mb", peak_rss / 1048576.0}, {"needed_mb", needed / 1048576.0},
+                        {"phase_seconds_per_step", phases}};
 
     if (!anchor.empty() && mc.family == Family::GPT2) {
       std::ostringstream cmd;
