@@ -236,18 +236,43 @@ TETRAD_ATTENTION_GEMM(double, 4, TETRAD_AVX2)
 TETRAD_ATTENTION_GEMM(float, 16, TETRAD_AVX512)
 TETRAD_ATTENTION_GEMM(double, 8, TETRAD_AVX512)
 
-struct FreeDeleter {
-  void operator()(void* p) const { std::free(p); }
+// Work memory, one arena per thread and role, kept between calls (it grows, never shrinks):
+// allocating and faulting in fresh pages on every call cost several percent of a gpt2-sized
+// backward. Contents are whatever the previous call left; users initialise what they read.
+class Arena {
+ public:
+  Arena() = default;
+  Arena(const Arena&) = delete;
+  Arena& operator=(const Arena&) = delete;
+  ~Arena() { std::free(base_); }
+  // Starts a new carve of `bytes` in total (the sum of take()'s rounded sizes).
+  void reserve(size_t bytes) {
+    if (bytes > cap_) {
+      std::free(base_);
+      cap_ = (bytes + 4095) / 4096 * 4096;
+      base_ = static_cast<char*>(std::aligned_alloc(64, cap_));
+      TETRAD_CHECK(base_ != nullptr, "attention work memory of ", cap_, " bytes not available");
+    }
+    used_ = 0;
+  }
+  template <class T>
+  T* take(int64_t n) {
+    T* p = reinterpret_cast<T*>(base_ + used_);
+    used_ += bytes_for<T>(n);
+    TETRAD_CHECK(used_ <= cap_, "attention arena overrun");
+    return p;
+  }
+  template <class T>
+  static size_t bytes_for(int64_t n) {
+    return (size_t(n) * sizeof(T) + 63) / 64 * 64;
+  }
+
+ private:
+  char* base_ = nullptr;
+  size_t cap_ = 0, used_ = 0;
 };
-// 64-byte aligned scratch, zeroed unless zero == false.
-template <class T>
-std::unique_ptr<T[], FreeDeleter> scratch(int64_t n, bool zero = true) {
-  const size_t bytes = ((size_t(n) * sizeof(T) + 63) / 64) * 64;
-  T* p = static_cast<T*>(std::aligned_alloc(64, bytes == 0 ? 64 : bytes));
-  TETRAD_CHECK(p != nullptr, "attention scratch allocation of ", bytes, " bytes failed");
-  if (zero) std::memset(p, 0, bytes);
-  return std::unique_ptr<T[], FreeDeleter>(p);
-}
+thread_local Arena tls_task_arena;    // per-thread buffers of a task loop
+thread_local Arena tls_shared_arena;  // buffers a calling thread shares with its team
 
 constexpr int round_up(int x, int m) { return (x + m - 1) / m * m; }
 
@@ -260,13 +285,14 @@ constexpr int kPackMinQueries = 16;
 template <class T, int W>
 struct ForwardScratch {
   static constexpr int Bq = Tiles<T, W>::kBq, Bk = Tiles<T, W>::kBk;
-  std::unique_ptr<T[], FreeDeleter> qt, ot, st, m, l;
-  explicit ForwardScratch(int hd)
-      : qt(scratch<T>(int64_t(hd) * Bq)),
-        ot(scratch<T>(int64_t(hd) * Bq)),
-        st(scratch<T>(int64_t(Bk) * Bq)),
-        m(scratch<T>(Bq)),
-        l(scratch<T>(Bq)) {}
+  T *qt, *ot, *st, *m, *l;  // [hd][Bq], [hd][Bq], [Bk][Bq], [Bq], [Bq]
+  explicit ForwardScratch(int hd) {
+    Arena& a = tls_task_arena;
+    a.reserve(2 * Arena::bytes_for<T>(int64_t(hd) * Bq) + Arena::bytes_for<T>(int64_t(Bk) * Bq) +
+              2 * Arena::bytes_for<T>(Bq));
+    qt = a.take<T>(int64_t(hd) * Bq), ot = a.take<T>(int64_t(hd) * Bq);
+    st = a.take<T>(int64_t(Bk) * Bq), m = a.take<T>(Bq), l = a.take<T>(Bq);
+  }
 };
 
 // Where a task reads k and v: either in place, or from contiguous copies [B, n_kv_head, Tk, hd]
@@ -313,11 +339,11 @@ TETRAD_INLINE void forward_task(T* out, T* lse, const T* q, const KvSource<T>& k
   const T* kb = kv.k + b * kv.batch + kvh * kv.head;
   const T* vb = kv.v + b * kv.batch + kvh * kv.head;
   const int64_t ks = kv.row;
-  T* qt = s.qt.get();
-  T* ot = s.ot.get();
-  T* st = s.st.get();
-  T* mrow = s.m.get();
-  T* lrow = s.l.get();
+  T* qt = s.qt;
+  T* ot = s.ot;
+  T* st = s.st;
+  T* mrow = s.m;
+  T* lrow = s.l;
 
   const T c2 = T(1.4426950408889634074) / std::sqrt(T(hd));  // log2(e) / sqrt(hd)
   // q rows are far apart (rows of a fused qkv buffer) and read once: request them all first.
@@ -410,22 +436,25 @@ template <class T, int W>
 struct BackwardScratch {
   static constexpr int Bq = Tiles<T, W>::kBqBwd, Bk = Tiles<T, W>::kBk;
   int hdp, tkp;
-  std::unique_ptr<T[], FreeDeleter> kp, kt, vt, dk, dv, qp, dop, dq, dd, ll, s, dp;
-  BackwardScratch(const AttentionDims& d)
-      : hdp(round_up(d.head_dim, W)),
-        tkp(round_up(d.Tk, Bk)),
-        kp(scratch<T>(int64_t(d.Tk) * hdp)),
-        kt(scratch<T>(int64_t(d.head_dim) * tkp)),
-        vt(scratch<T>(int64_t(d.head_dim) * tkp)),
-        dk(scratch<T>(int64_t(d.Tk) * hdp)),
-        dv(scratch<T>(int64_t(d.Tk) * hdp)),
-        qp(scratch<T>(int64_t(d.Tq) * hdp)),
-        dop(scratch<T>(int64_t(d.Tq) * hdp)),
-        dq(scratch<T>(int64_t(d.Tq) * hdp)),
-        dd(scratch<T>(d.Tq)),
-        ll(scratch<T>(d.Tq)),
-        s(scratch<T>(int64_t(Bq) * Bk)),
-        dp(scratch<T>(int64_t(Bq) * Bk)) {}
+  T *kp, *dk, *dv;  // [Tk][hdp]: K rows, dK and dV accumulators
+  T *kt, *vt;       // [tkp/Bk][hd][Bk]: K^T, V^T per key block
+  T *qp, *dop, *dq; // [Tq][hdp]: Q, dO rows of one head, dQ accumulator
+  T *dd, *ll;       // [Tq]: D_i = dO_i . O_i, lse_i * log2(e)
+  T *s, *dp;        // [Bq][Bk]: P, then dP and dS
+  explicit BackwardScratch(const AttentionDims& d)
+      : hdp(round_up(d.head_dim, W)), tkp(round_up(d.Tk, Bk)) {
+    const int64_t rows_k = int64_t(d.Tk) * hdp, rows_q = int64_t(d.Tq) * hdp;
+    const int64_t kt_n = int64_t(d.head_dim) * tkp, tile = int64_t(Bq) * Bk;
+    Arena& a = tls_task_arena;
+    a.reserve(3 * Arena::bytes_for<T>(rows_k) + 2 * Arena::bytes_for<T>(kt_n) +
+              3 * Arena::bytes_for<T>(rows_q) + 2 * Arena::bytes_for<T>(d.Tq) +
+              2 * Arena::bytes_for<T>(tile));
+    kp = a.take<T>(rows_k), dk = a.take<T>(rows_k), dv = a.take<T>(rows_k);
+    kt = a.take<T>(kt_n), vt = a.take<T>(kt_n);
+    qp = a.take<T>(rows_q), dop = a.take<T>(rows_q), dq = a.take<T>(rows_q);
+    dd = a.take<T>(d.Tq), ll = a.take<T>(d.Tq);
+    s = a.take<T>(tile), dp = a.take<T>(tile);
+  }
 };
 
 template <class T, int W>
@@ -443,23 +472,28 @@ TETRAD_INLINE void backward_task(T* dq, T* dk, T* dv, const T* dout, const T* q,
 
   // Pack this kv head's K as rows (padded to hdp) and K^T, V^T per key block ([Tk/Bk][hd][Bk],
   // so a block's rows are Bk apart rather than Tk: a Tk stride of a power of two would put a
-  // whole block on a few L1 sets). Padding is never written, so it stays zero.
+  // whole block on a few L1 sets). Padding columns (hd..hdp) of row buffers are never read into
+  // kept results: they only feed padding columns of the products.
   const int64_t kv_base = b * d.kv_batch_stride + int64_t(g) * hd;
   for (int j0 = 0; j0 < Tk; j0 += Bk) {
-    T* ktb = s.kt.get() + int64_t(j0) * hd;
-    T* vtb = s.vt.get() + int64_t(j0) * hd;
-    for (int jj = 0; jj < std::min(Bk, Tk - j0); ++jj) {
+    T* ktb = s.kt + int64_t(j0) * hd;
+    T* vtb = s.vt + int64_t(j0) * hd;
+    const int nk = std::min(Bk, Tk - j0);
+    for (int jj = 0; jj < nk; ++jj) {
       const T* kr = k + kv_base + int64_t(j0 + jj) * d.kv_stride;
       const T* vr = v + kv_base + int64_t(j0 + jj) * d.kv_stride;
-      std::memcpy(s.kp.get() + int64_t(j0 + jj) * hdp, kr, sizeof(T) * hd);
+      std::memcpy(s.kp + int64_t(j0 + jj) * hdp, kr, sizeof(T) * hd);
       for (int e = 0; e < hd; ++e) {
         ktb[e * Bk + jj] = kr[e];
         vtb[e * Bk + jj] = vr[e];
       }
     }
+    // Keys past Tk: their P is masked to 0, but dS = P (dP - D) needs a finite dP there.
+    for (int e = 0; e < hd; ++e)
+      for (int jj = nk; jj < Bk; ++jj) ktb[e * Bk + jj] = vtb[e * Bk + jj] = T(0);
   }
-  std::memset(s.dk.get(), 0, sizeof(T) * Tk * hdp);
-  std::memset(s.dv.get(), 0, sizeof(T) * Tk * hdp);
+  std::memset(s.dk, 0, sizeof(T) * Tk * hdp);
+  std::memset(s.dv, 0, sizeof(T) * Tk * hdp);
   V iota;
   for (int w = 0; w < W; ++w) iota[w] = T(w);
 
@@ -480,19 +514,19 @@ TETRAD_INLINE void backward_task(T* dq, T* dk, T* dv, const T* dout, const T* q,
       s.dd[i] = dot;
       s.ll[i] = lse_row[i] * log2e;
     }
-    std::memset(s.dq.get(), 0, sizeof(T) * Tq * hdp);
+    std::memset(s.dq, 0, sizeof(T) * Tq * hdp);
 
     for (int j0 = 0; j0 < Tk; j0 += Bk) {
       const int nk = std::min(Bk, Tk - j0);
       // Queries at positions >= j0 see this key block.
       for (int i0 = std::max(0, j0 - off); i0 < Tq; i0 += Bq) {
         const int nq = std::min(Bq, Tq - i0);
-        T* sp = s.s.get();
-        T* dpp = s.dp.get();
-        const T* qi = s.qp.get() + int64_t(i0) * hdp;
-        const T* doi = s.dop.get() + int64_t(i0) * hdp;
-        gemm<T, W>(nq, NVK, hd, sp, Bk, qi, hdp, 1, s.kt.get() + int64_t(j0) * hd, Bk, false);
-        gemm<T, W>(nq, NVK, hd, dpp, Bk, doi, hdp, 1, s.vt.get() + int64_t(j0) * hd, Bk, false);
+        T* sp = s.s;
+        T* dpp = s.dp;
+        const T* qi = s.qp + int64_t(i0) * hdp;
+        const T* doi = s.dop + int64_t(i0) * hdp;
+        gemm<T, W>(nq, NVK, hd, sp, Bk, qi, hdp, 1, s.kt + int64_t(j0) * hd, Bk, false);
+        gemm<T, W>(nq, NVK, hd, dpp, Bk, doi, hdp, 1, s.vt + int64_t(j0) * hd, Bk, false);
         // Some key of the block lies after the first query's position (includes padded keys).
         const bool diagonal = j0 + Bk - 1 > off + i0;
         for (int i = 0; i < nq; ++i) {
@@ -506,22 +540,22 @@ TETRAD_INLINE void backward_task(T* dq, T* dk, T* dv, const T* dout, const T* q,
                         p * (load<T, W>(dpp + i * Bk + c * W) - di) * scale);
           }
         }
-        gemm<T, W>(nk, NVD, nq, s.dv.get() + int64_t(j0) * hdp, hdp, sp, 1, Bk, doi, hdp,
+        gemm<T, W>(nk, NVD, nq, s.dv + int64_t(j0) * hdp, hdp, sp, 1, Bk, doi, hdp,
                          true);
-        gemm<T, W>(nk, NVD, nq, s.dk.get() + int64_t(j0) * hdp, hdp, dpp, 1, Bk, qi, hdp,
+        gemm<T, W>(nk, NVD, nq, s.dk + int64_t(j0) * hdp, hdp, dpp, 1, Bk, qi, hdp,
                          true);
-        gemm<T, W>(nq, NVD, nk, s.dq.get() + int64_t(i0) * hdp, hdp, dpp, Bk, 1,
-                         s.kp.get() + int64_t(j0) * hdp, hdp, true);
+        gemm<T, W>(nq, NVD, nk, s.dq + int64_t(i0) * hdp, hdp, dpp, Bk, 1,
+                         s.kp + int64_t(j0) * hdp, hdp, true);
       }
     }
     for (int i = 0; i < Tq; ++i)
-      std::memcpy(dq + q_base + int64_t(i) * d.q_stride, s.dq.get() + int64_t(i) * hdp,
+      std::memcpy(dq + q_base + int64_t(i) * d.q_stride, s.dq + int64_t(i) * hdp,
                   sizeof(T) * hd);
   }
   for (int j = 0; j < Tk; ++j) {
-    std::memcpy(dk + kv_base + int64_t(j) * d.kv_stride, s.dk.get() + int64_t(j) * hdp,
+    std::memcpy(dk + kv_base + int64_t(j) * d.kv_stride, s.dk + int64_t(j) * hdp,
                 sizeof(T) * hd);
-    std::memcpy(dv + kv_base + int64_t(j) * d.kv_stride, s.dv.get() + int64_t(j) * hdp,
+    std::memcpy(dv + kv_base + int64_t(j) * d.kv_stride, s.dv + int64_t(j) * hdp,
                 sizeof(T) * hd);
   }
 }
@@ -539,18 +573,19 @@ TETRAD_INLINE void backward_task(T* dq, T* dk, T* dv, const T* dout, const T* q,
     const int nqb = (d.Tq + Bq - 1) / Bq;                                                         \
     const int64_t ntask = int64_t(d.B) * d.n_head * nqb;                                          \
     KvSource<T> kv = kv_in_place(k, v, d);                                                        \
-    std::unique_ptr<T[], FreeDeleter> kbuf, vbuf;                                                 \
     const int64_t kv_rows = int64_t(d.B) * d.n_kv_head * d.Tk;                                    \
+    T *kbuf = nullptr, *vbuf = nullptr;                                                           \
     if (d.Tq >= kPackMinQueries) {                                                                \
-      kbuf = scratch<T>(kv_rows * d.head_dim, false);                                             \
-      vbuf = scratch<T>(kv_rows * d.head_dim, false);                                             \
-      kv = {kbuf.get(), vbuf.get(), d.head_dim, int64_t(d.n_kv_head) * d.Tk * d.head_dim,         \
+      tls_shared_arena.reserve(2 * Arena::bytes_for<T>(kv_rows * d.head_dim));                    \
+      kbuf = tls_shared_arena.take<T>(kv_rows * d.head_dim);                                      \
+      vbuf = tls_shared_arena.take<T>(kv_rows * d.head_dim);                                      \
+      kv = {kbuf, vbuf, d.head_dim, int64_t(d.n_kv_head) * d.Tk * d.head_dim,                     \
             int64_t(d.Tk) * d.head_dim, true};                                                    \
     }                                                                                             \
     _Pragma("omp parallel") {                                                                     \
       if (kv.packed) {                                                                            \
         _Pragma("omp for schedule(static)") for (int64_t t = 0; t < kv_rows; ++t)                 \
-            pack_kv_rows(kbuf.get(), vbuf.get(), k, v, d, t);                                     \
+            pack_kv_rows(kbuf, vbuf, k, v, d, t);                                                 \
       }                                                                                           \
       ForwardScratch<T, W> s(d.head_dim);                                                         \
       /* Head by head, so a head's k/v stay in cache across its tasks; within a head the largest  \
