@@ -346,9 +346,14 @@ TETRAD_INLINE void forward_task(T* out, T* lse, const T* q, const KvSource<T>& k
   T* lrow = s.l;
 
   const T c2 = T(1.4426950408889634074) / std::sqrt(T(hd));  // log2(e) / sqrt(hd)
-  // q rows are far apart (rows of a fused qkv buffer) and read once: request them all first.
+  // q and out rows are far apart (rows of a fused qkv buffer) and touched once: request them all
+  // first (out for writing; it is written at the end of the task).
+  T* ob = out + b * d.out_batch_stride + int64_t(i0) * d.out_stride + int64_t(h) * hd;
   for (int i = 0; i < nq; ++i)
-    for (int e = 0; e < hd; e += 64 / int(sizeof(T))) __builtin_prefetch(qb + i * d.q_stride + e);
+    for (int e = 0; e < hd; e += 64 / int(sizeof(T))) {
+      __builtin_prefetch(qb + i * d.q_stride + e);
+      __builtin_prefetch(ob + i * d.out_stride + e, 1);
+    }
   std::memset(ot, 0, sizeof(T) * hd * Bq);
   for (int i = 0; i < Bq; ++i)
     for (int e = 0; e < hd; ++e) qt[e * Bq + i] = i < nq ? qb[int64_t(i) * d.q_stride + e] * c2 : T(0);
@@ -416,12 +421,17 @@ TETRAD_INLINE void forward_task(T* out, T* lse, const T* q, const KvSource<T>& k
     gemm<T, W>(hd, NV, nk, ot, Bq, vb + j0 * ks, 1, ks, st, Bq, true);
   }
 
-  T* ob = out + b * d.out_batch_stride + int64_t(i0) * d.out_stride + int64_t(h) * hd;
-  for (int i = 0; i < nq; ++i) {
-    const T inv = T(1) / lrow[i];
-    T* orow = ob + int64_t(i) * d.out_stride;
-    for (int e = 0; e < hd; ++e) orow[e] = ot[e * Bq + i] * inv;
+  // Normalise, transpose into rows in L1 (qt is free now), then write whole rows: scalar stores
+  // straight into the (cold) output rows stalled on their cache misses.
+  for (int c = 0; c < NV; ++c) {
+    const V inv = T(1) / load<T, W>(lrow + c * W);
+    for (int e = 0; e < hd; ++e) store<T, W>(ot + e * Bq + c * W, load<T, W>(ot + e * Bq + c * W) * inv);
   }
+  T* rows = qt;
+  for (int i = 0; i < nq; ++i)
+    for (int e = 0; e < hd; ++e) rows[i * hd + e] = ot[e * Bq + i];
+  for (int i = 0; i < nq; ++i)
+    std::memcpy(ob + int64_t(i) * d.out_stride, rows + i * hd, sizeof(T) * hd);
   if (lse) {
     T* lb = lse + (int64_t(b) * d.n_head + h) * d.Tq + i0;
     for (int i = 0; i < nq; ++i)
