@@ -237,6 +237,10 @@ TETRAD_ATTENTION_GEMM(double, 8, TETRAD_AVX512)
 // Work memory, one arena per thread and role, kept between calls (it grows, never shrinks):
 // allocating and faulting in fresh pages on every call cost several percent of a gpt2-sized
 // backward. Contents are whatever the previous call left; users initialise what they read.
+struct FreeDeleter {
+  void operator()(void* p) const { std::free(p); }
+};
+
 class Arena {
  public:
   Arena() = default;
@@ -466,10 +470,24 @@ struct BackwardScratch {
   }
 };
 
+// Number of key-block chunks per (sequence, kv head) in the backward: enough tasks for a team
+// (kMinBackwardTasks), from the shapes alone so results do not depend on the thread count.
+constexpr int kMinBackwardTasks = 8;
+inline int backward_chunks(const AttentionDims& d, int Bk) {
+  const int units = std::max(1, d.B * d.n_kv_head);
+  const int key_blocks = (d.Tk + Bk - 1) / Bk;
+  return std::max(1, std::min(key_blocks, (kMinBackwardTasks + units - 1) / units));
+}
+
+// Task (b, g, chunk): key blocks jb = chunk, chunk + n_chunks, ... of kv head g (interleaved, so
+// chunks of a causal problem get similar work). It owns those dk/dv rows. With one chunk it also
+// owns dq of the group's heads and writes it; otherwise it writes its share of dq to
+// dq_part[chunk][b][h][Tq][hd], summed in chunk order afterwards.
 template <class T, int W>
 TETRAD_INLINE void backward_task(T* dq, T* dk, T* dv, const T* dout, const T* q, const T* k,
                                  const T* v, const T* out, const T* lse, const AttentionDims& d,
-                                 int b, int g, BackwardScratch<T, W>& s) {
+                                 int b, int g, int chunk, int n_chunks, T* dq_part,
+                                 BackwardScratch<T, W>& s) {
   using V = typename VecOf<T, W>::type;
   constexpr int Bq = Tiles<T, W>::kBqBwd, Bk = Tiles<T, W>::kBk, NVK = Bk / W;
   const int hd = d.head_dim, hdp = s.hdp, NVD = hdp / W;
@@ -484,7 +502,8 @@ TETRAD_INLINE void backward_task(T* dq, T* dk, T* dv, const T* dout, const T* q,
   // whole block on a few L1 sets). Padding columns (hd..hdp) of row buffers are never read into
   // kept results: they only feed padding columns of the products.
   const int64_t kv_base = b * d.kv_batch_stride + int64_t(g) * hd;
-  for (int j0 = 0; j0 < Tk; j0 += Bk) {
+  const int j_first = chunk * Bk, j_step = n_chunks * Bk;
+  for (int j0 = j_first; j0 < Tk; j0 += j_step) {
     T* ktb = s.kt + int64_t(j0) * hd;
     T* vtb = s.vt + int64_t(j0) * hd;
     const int nk = std::min(Bk, Tk - j0);
@@ -500,9 +519,9 @@ TETRAD_INLINE void backward_task(T* dq, T* dk, T* dv, const T* dout, const T* q,
     // Keys past Tk: their P is masked to 0, but dS = P (dP - D) needs a finite dP there.
     for (int e = 0; e < hd; ++e)
       for (int jj = nk; jj < Bk; ++jj) ktb[e * Bk + jj] = vtb[e * Bk + jj] = T(0);
+    std::memset(s.dk + int64_t(j0) * hdp, 0, sizeof(T) * nk * hdp);
+    std::memset(s.dv + int64_t(j0) * hdp, 0, sizeof(T) * nk * hdp);
   }
-  std::memset(s.dk, 0, sizeof(T) * Tk * hdp);
-  std::memset(s.dv, 0, sizeof(T) * Tk * hdp);
   V iota;
   for (int w = 0; w < W; ++w) iota[w] = T(w);
 
@@ -525,7 +544,7 @@ TETRAD_INLINE void backward_task(T* dq, T* dk, T* dv, const T* dout, const T* q,
     }
     std::memset(s.dq, 0, sizeof(T) * Tq * hdp);
 
-    for (int j0 = 0; j0 < Tk; j0 += Bk) {
+    for (int j0 = j_first; j0 < Tk; j0 += j_step) {
       const int nk = std::min(Bk, Tk - j0);
       // Queries at positions >= j0 see this key block.
       for (int i0 = std::max(0, j0 - off); i0 < Tq; i0 += Bq) {
@@ -557,15 +576,36 @@ TETRAD_INLINE void backward_task(T* dq, T* dk, T* dv, const T* dout, const T* q,
                          s.kp + int64_t(j0) * hdp, hdp, true);
       }
     }
-    for (int i = 0; i < Tq; ++i)
-      std::memcpy(dq + q_base + int64_t(i) * d.q_stride, s.dq + int64_t(i) * hdp,
-                  sizeof(T) * hd);
+    if (n_chunks == 1) {
+      for (int i = 0; i < Tq; ++i)
+        std::memcpy(dq + q_base + int64_t(i) * d.q_stride, s.dq + int64_t(i) * hdp,
+                    sizeof(T) * hd);
+    } else {
+      T* part = dq_part + ((int64_t(chunk) * d.B + b) * d.n_head + h) * Tq * hd;
+      for (int i = 0; i < Tq; ++i)
+        std::memcpy(part + int64_t(i) * hd, s.dq + int64_t(i) * hdp, sizeof(T) * hd);
+    }
   }
-  for (int j = 0; j < Tk; ++j) {
-    std::memcpy(dk + kv_base + int64_t(j) * d.kv_stride, s.dk + int64_t(j) * hdp,
-                sizeof(T) * hd);
-    std::memcpy(dv + kv_base + int64_t(j) * d.kv_stride, s.dv + int64_t(j) * hdp,
-                sizeof(T) * hd);
+  for (int j0 = j_first; j0 < Tk; j0 += j_step)
+    for (int j = j0; j < std::min(Tk, j0 + Bk); ++j) {
+      std::memcpy(dk + kv_base + int64_t(j) * d.kv_stride, s.dk + int64_t(j) * hdp,
+                  sizeof(T) * hd);
+      std::memcpy(dv + kv_base + int64_t(j) * d.kv_stride, s.dv + int64_t(j) * hdp,
+                  sizeof(T) * hd);
+    }
+}
+
+// dq row (b, i) of every head = sum over chunks of dq_part, in chunk order.
+template <class T>
+void reduce_dq_row(T* dq, const T* dq_part, const AttentionDims& d, int n_chunks, int64_t row) {
+  const int b = int(row / d.Tq), i = int(row % d.Tq), hd = d.head_dim;
+  for (int h = 0; h < d.n_head; ++h) {
+    T* dst = dq + b * d.q_batch_stride + int64_t(i) * d.q_stride + int64_t(h) * hd;
+    const int64_t stride = int64_t(d.B) * d.n_head * d.Tq * hd;
+    const T* src = dq_part + ((int64_t(b) * d.n_head + h) * d.Tq + i) * hd;
+    for (int e = 0; e < hd; ++e) dst[e] = src[e];
+    for (int c = 1; c < n_chunks; ++c)
+      for (int e = 0; e < hd; ++e) dst[e] += src[c * stride + e];
   }
 }
 
@@ -611,12 +651,25 @@ TETRAD_INLINE void backward_task(T* dq, T* dk, T* dv, const T* dout, const T* q,
       T* dq, T* dk, T* dv, const T* dout, const T* q, const T* k, const T* v, const T* out,       \
       const T* lse, const AttentionDims& d) {                                                     \
     constexpr int W = VECTOR_BYTES / int(sizeof(T));                                              \
-    const int ntask = d.B * d.n_kv_head;                                                          \
+    const int n_chunks = backward_chunks(d, Tiles<T, W>::kBk);                                    \
+    const int ntask = d.B * d.n_kv_head * n_chunks;                                               \
+    std::unique_ptr<T[], FreeDeleter> dq_part;                                                    \
+    if (n_chunks > 1) {                                                                           \
+      const size_t bytes = sizeof(T) * n_chunks * size_t(d.B) * d.n_head * d.Tq * d.head_dim;     \
+      dq_part.reset(static_cast<T*>(std::aligned_alloc(64, (bytes + 63) / 64 * 64)));             \
+      TETRAD_CHECK(dq_part != nullptr, "attention: ", bytes, " bytes for dq partials");          \
+    }                                                                                             \
     _Pragma("omp parallel") {                                                                     \
       BackwardScratch<T, W> s(d);                                                                 \
-      _Pragma("omp for schedule(dynamic, 1)") for (int t = 0; t < ntask; ++t)                     \
-          backward_task<T, W>(dq, dk, dv, dout, q, k, v, out, lse, d, t / d.n_kv_head,            \
-                              t % d.n_kv_head, s);                                                \
+      _Pragma("omp for schedule(dynamic, 1)") for (int t = 0; t < ntask; ++t) {                   \
+        const int unit = t / n_chunks;                                                            \
+        backward_task<T, W>(dq, dk, dv, dout, q, k, v, out, lse, d, unit / d.n_kv_head,           \
+                            unit % d.n_kv_head, t % n_chunks, n_chunks, dq_part.get(), s);        \
+      }                                                                                           \
+      if (n_chunks > 1) {                                                                         \
+        _Pragma("omp for schedule(static)") for (int64_t r = 0; r < int64_t(d.B) * d.Tq; ++r)     \
+            reduce_dq_row(dq, dq_part.get(), d, n_chunks, r);                                     \
+      }                                                                                           \
     }                                                                                             \
   }
 
