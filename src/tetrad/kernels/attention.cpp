@@ -282,6 +282,14 @@ thread_local Arena tls_shared_arena;  // buffers a calling thread shares with it
 
 constexpr int round_up(int x, int m) { return (x + m - 1) / m * m; }
 
+// Rows of q/k/v/out are far apart (a fused qkv row): strided reads of them fetch this many rows
+// ahead, which the hardware prefetchers do not.
+constexpr int kPrefetchRows = 8;
+template <class T>
+TETRAD_INLINE void prefetch_row(const T* p, int n) {
+  for (int e = 0; e < n; e += 64 / int(sizeof(T))) __builtin_prefetch(p + e);
+}
+
 // Below this many queries per sequence the forward reads k/v in place (see KvSource).
 constexpr int kPackMinQueries = 16;
 
@@ -327,6 +335,9 @@ void pack_kv_rows(T* kbuf, T* vbuf, const T* k, const T* v, const AttentionDims&
   const int b = int(task / per_seq), g = int(task / d.Tk % d.n_kv_head), j = int(task % d.Tk);
   const int64_t src = b * d.kv_batch_stride + int64_t(j) * d.kv_stride + int64_t(g) * hd;
   const int64_t dst = (int64_t(b) * d.n_kv_head + g) * d.Tk * hd + int64_t(j) * hd;
+  if (j + kPrefetchRows < d.Tk)
+    prefetch_row(k + src + kPrefetchRows * d.kv_stride, hd),
+        prefetch_row(v + src + kPrefetchRows * d.kv_stride, hd);
   std::memcpy(kbuf + dst, k + src, sizeof(T) * hd);
   std::memcpy(vbuf + dst, v + src, sizeof(T) * hd);
 }
@@ -514,6 +525,8 @@ TETRAD_INLINE void backward_task(T* dq, T* dk, T* dv, const T* dout, const T* q,
     for (int jj = 0; jj < nk; ++jj) {
       const T* kr = k + kv_base + int64_t(j0 + jj) * d.kv_stride;
       const T* vr = v + kv_base + int64_t(j0 + jj) * d.kv_stride;
+      if (jj + kPrefetchRows < nk) prefetch_row(kr + kPrefetchRows * d.kv_stride, hd),
+                                   prefetch_row(vr + kPrefetchRows * d.kv_stride, hd);
       std::memcpy(s.kp + int64_t(j0 + jj) * hdp, kr, sizeof(T) * hd);
       for (int e = 0; e < hd; ++e) {
         ktb[e * Bk + jj] = kr[e];
@@ -537,6 +550,9 @@ TETRAD_INLINE void backward_task(T* dq, T* dk, T* dv, const T* dout, const T* q,
       const T* qr = q + q_base + int64_t(i) * d.q_stride;
       const T* gr = dout + o_base + int64_t(i) * d.out_stride;
       const T* orow = out + o_base + int64_t(i) * d.out_stride;
+      if (i + kPrefetchRows < Tq) prefetch_row(qr + kPrefetchRows * d.q_stride, hd),
+                                  prefetch_row(gr + kPrefetchRows * d.out_stride, hd),
+                                  prefetch_row(orow + kPrefetchRows * d.out_stride, hd);
       T dot = 0;
       for (int e = 0; e < hd; ++e) {
         s.qp[int64_t(i) * hdp + e] = qr[e];
