@@ -93,8 +93,8 @@ TETRAD_INLINE typename VecOf<T, W>::type exp2v(typename VecOf<T, W>::type x) {
   using I = typename IntOf<T>::type;
   typedef I IV __attribute__((vector_size(W * sizeof(T))));
   constexpr T lo = -T(IntOf<T>::kBias), hi = T(IntOf<T>::kBias);
-  x = x > lo ? x : lo;  // max, min (the compiler's maxps/minps pattern)
-  x = x < hi ? x : hi;
+  x = x < lo ? lo : x;  // maxps/minps patterns, written so that NaN passes through
+  x = x > hi ? hi : x;
   // k = x + 1.5 * 2^mantissa rounds x to an integer n that lands in k's low mantissa bits.
   constexpr T magic = T(1.5) * T(I(1) << IntOf<T>::kMantissa);
   const V k = x + magic;
