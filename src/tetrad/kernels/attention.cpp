@@ -238,13 +238,13 @@ TETRAD_ATTENTION_GEMM(double, 4, TETRAD_AVX2)
 TETRAD_ATTENTION_GEMM(float, 16, TETRAD_AVX512)
 TETRAD_ATTENTION_GEMM(double, 8, TETRAD_AVX512)
 
-// Work memory, one arena per thread and role, kept between calls (it grows, never shrinks):
-// allocating and faulting in fresh pages on every call cost several percent of a gpt2-sized
-// backward. Contents are whatever the previous call left; users initialise what they read.
 struct FreeDeleter {
   void operator()(void* p) const { std::free(p); }
 };
 
+// Work memory, one arena per thread and role, kept between calls (it grows, never shrinks):
+// allocating and faulting in fresh pages on every call cost several percent of a gpt2-sized
+// backward. Contents are whatever the previous call left; users initialise what they read.
 class Arena {
  public:
   Arena() = default;
@@ -326,8 +326,7 @@ KvSource<T> kv_in_place(const T* k, const T* v, const AttentionDims& d) {
   return {k, v, d.kv_stride, d.kv_batch_stride, d.head_dim, false};
 }
 
-// Copies rows [j0, j1) of every (b, kv head) of k and v into kbuf/vbuf (called by all threads of
-// a team on disjoint ranges).
+// Copies row `task` = (b * n_kv_head + g) * Tk + j of k and v into kbuf/vbuf [B, n_kv, Tk, hd].
 template <class T>
 void pack_kv_rows(T* kbuf, T* vbuf, const T* k, const T* v, const AttentionDims& d, int64_t task) {
   const int hd = d.head_dim;
@@ -374,7 +373,8 @@ TETRAD_INLINE void forward_task(T* out, T* lse, const T* q, const KvSource<T>& k
     }
   std::memset(ot, 0, sizeof(T) * hd * Bq);
   for (int i = 0; i < NV * W; ++i)
-    for (int e = 0; e < hd; ++e) qt[e * Bq + i] = i < nq ? qb[int64_t(i) * d.q_stride + e] * c2 : T(0);
+    for (int e = 0; e < hd; ++e)
+      qt[e * Bq + i] = i < nq ? qb[int64_t(i) * d.q_stride + e] * c2 : T(0);
   for (int c = 0; c < NV; ++c) {
     store<T, W>(mrow + c * W, splat<T, W>(-std::numeric_limits<T>::infinity()));
     store<T, W>(lrow + c * W, V{});
@@ -443,7 +443,8 @@ TETRAD_INLINE void forward_task(T* out, T* lse, const T* q, const KvSource<T>& k
   // straight into the (cold) output rows stalled on their cache misses.
   for (int c = 0; c < NV; ++c) {
     const V inv = T(1) / load<T, W>(lrow + c * W);
-    for (int e = 0; e < hd; ++e) store<T, W>(ot + e * Bq + c * W, load<T, W>(ot + e * Bq + c * W) * inv);
+    for (int e = 0; e < hd; ++e)
+      store<T, W>(ot + e * Bq + c * W, load<T, W>(ot + e * Bq + c * W) * inv);
   }
   T* rows = qt;
   for (int i = 0; i < nq; ++i)
