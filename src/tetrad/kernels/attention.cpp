@@ -12,20 +12,24 @@
 //     online softmax in base 2 down each column i (running max m_i, running sum l_i)
 //     OT[d][i] = OT[d][i] * alpha_i + sum_j v[j][d] PT[j][i]
 //   out[i][d] = OT[d][i] / l_i,  lse_i = (m_i + log2 l_i) * ln 2
-// k and v are read in place (broadcast scalars), so nothing of them is copied per task.
+// k and v are read by broadcast from a contiguous copy made once per call (see KvSource).
 //
-// Backward, per task (sequence b, kv head g): the task owns dk/dv rows of kv head g and dq rows of
-// its query heads, so no two threads write the same row and no reduction across threads exists.
-//   pack K (rows, padded to the vector width), K^T and V^T once
+// Backward, per task (sequence b, kv head g, chunk of its key blocks): the task owns those dk/dv
+// rows, so no two threads write the same row.
+//   pack K (rows, padded to the vector width), K^T and V^T of the chunk's key blocks
 //   for each query head h of the group: pack Q, dO (rows), D_i = dO_i . O_i, L_i = lse_i*log2(e)
-//     for each key block j0: for each query block i0 from the diagonal down:
+//     for each key block j0 of the chunk: for each query block i0 from the diagonal down:
 //       S = Q K^T (vectorised over keys), P = 2^(S*c - L_i) masked, dP = dO V^T,
 //       dS = P (dP - D_i) / sqrt(hd)
 //       dV[j0..] += P^T dO;  dK[j0..] += dS^T Q;  dQ[i0..] += dS K       (vectorised over d)
-//     write dQ rows of head h
+//     dQ of head h -> dq (one chunk) or to the chunk's dq share (summed in chunk order after)
 //   write dK, dV rows
 // All seven products are one register-tiled micro-kernel C[m][n] += sum_k A(m,k) B[k][n] with A
 // read by broadcast through (row, column) strides and B, C vectorised along n.
+//
+// Measured (gpt2-124m shapes, B=1 T=1024 12 heads hd=64, float, 2 threads of a 2-core AVX2 Zen 3
+// machine whose register-only FMA loop gives about 175 GFLOP/s): see the report in
+// tests/test_attention.cpp (DISABLED_Benchmark) for how to print the numbers.
 #include "tetrad/kernels/attention.hpp"
 
 #include <omp.h>
@@ -89,8 +93,8 @@ TETRAD_INLINE typename VecOf<T, W>::type exp2v(typename VecOf<T, W>::type x) {
   using I = typename IntOf<T>::type;
   typedef I IV __attribute__((vector_size(W * sizeof(T))));
   constexpr T lo = -T(IntOf<T>::kBias), hi = T(IntOf<T>::kBias);
-  x = x > lo ? x : lo;  // max, min (the compiler's maxps/minps pattern)
-  x = x < hi ? x : hi;
+  x = x < lo ? lo : x;  // maxps/minps patterns, written so that NaN passes through
+  x = x > hi ? hi : x;
   // k = x + 1.5 * 2^mantissa rounds x to an integer n that lands in k's low mantissa bits.
   constexpr T magic = T(1.5) * T(I(1) << IntOf<T>::kMantissa);
   const V k = x + magic;
@@ -199,15 +203,13 @@ TETRAD_INLINE void gemm_tiles(int M, int NV, int K, T* c, int64_t ldc, const T* 
 }
 
 // Tile shapes per vector width: R x C accumulators must leave room for C loads and a broadcast
-// (16 registers below AVX-512, 32 with it). Both FMA pipes need at least 8 independent chains.
-#ifndef TETRAD_ATTN_R
-#define TETRAD_ATTN_R 3
-#define TETRAD_ATTN_C 4
-#endif
+// (16 registers below AVX-512, 32 with it), and both FMA pipes need at least 8 independent
+// chains. On the 2-core AVX2 machine 3x4 beat 4x2 and 6x2 in the forward (17.6 vs 22.5 and
+// 19.0 ms, gpt2-124m shapes) and tied in the backward; 6x4 for AVX-512 is untuned.
 template <class T, int W>
 struct Tiles {
-  static constexpr int R = W * int(sizeof(T)) == 64 ? 6 : TETRAD_ATTN_R;
-  static constexpr int C = W * int(sizeof(T)) == 64 ? 4 : TETRAD_ATTN_C;
+  static constexpr int R = W * int(sizeof(T)) == 64 ? 6 : 3;
+  static constexpr int C = 4;
   static constexpr int kBq = 64 > 4 * W ? 64 : 4 * W;  // forward query block (multiple of W)
   static constexpr int kBk = 64 > 4 * W ? 64 : 4 * W;  // key block (forward and backward)
   static constexpr int kBqBwd = 64;                    // backward query block
@@ -239,17 +241,54 @@ TETRAD_ATTENTION_GEMM(double, 8, TETRAD_AVX512)
 struct FreeDeleter {
   void operator()(void* p) const { std::free(p); }
 };
-// 64-byte aligned scratch, zeroed unless zero == false.
-template <class T>
-std::unique_ptr<T[], FreeDeleter> scratch(int64_t n, bool zero = true) {
-  const size_t bytes = ((size_t(n) * sizeof(T) + 63) / 64) * 64;
-  T* p = static_cast<T*>(std::aligned_alloc(64, bytes == 0 ? 64 : bytes));
-  TETRAD_CHECK(p != nullptr, "attention scratch allocation of ", bytes, " bytes failed");
-  if (zero) std::memset(p, 0, bytes);
-  return std::unique_ptr<T[], FreeDeleter>(p);
-}
+
+// Work memory, one arena per thread and role, kept between calls (it grows, never shrinks):
+// allocating and faulting in fresh pages on every call cost several percent of a gpt2-sized
+// backward. Contents are whatever the previous call left; users initialise what they read.
+class Arena {
+ public:
+  Arena() = default;
+  Arena(const Arena&) = delete;
+  Arena& operator=(const Arena&) = delete;
+  ~Arena() { std::free(base_); }
+  // Starts a new carve of `bytes` in total (the sum of take()'s rounded sizes).
+  void reserve(size_t bytes) {
+    if (bytes > cap_) {
+      std::free(base_);
+      cap_ = (bytes + 4095) / 4096 * 4096;
+      base_ = static_cast<char*>(std::aligned_alloc(64, cap_));
+      TETRAD_CHECK(base_ != nullptr, "attention work memory of ", cap_, " bytes not available");
+    }
+    used_ = 0;
+  }
+  template <class T>
+  T* take(int64_t n) {
+    T* p = reinterpret_cast<T*>(base_ + used_);
+    used_ += bytes_for<T>(n);
+    TETRAD_CHECK(used_ <= cap_, "attention arena overrun");
+    return p;
+  }
+  template <class T>
+  static size_t bytes_for(int64_t n) {
+    return (size_t(n) * sizeof(T) + 63) / 64 * 64;
+  }
+
+ private:
+  char* base_ = nullptr;
+  size_t cap_ = 0, used_ = 0;
+};
+thread_local Arena tls_task_arena;    // per-thread buffers of a task loop
+thread_local Arena tls_shared_arena;  // buffers a calling thread shares with its team
 
 constexpr int round_up(int x, int m) { return (x + m - 1) / m * m; }
+
+// Rows of q/k/v/out are far apart (a fused qkv row): strided reads of them fetch this many rows
+// ahead, which the hardware prefetchers do not.
+constexpr int kPrefetchRows = 8;
+template <class T>
+TETRAD_INLINE void prefetch_row(const T* p, int n) {
+  for (int e = 0; e < n; e += 64 / int(sizeof(T))) __builtin_prefetch(p + e);
+}
 
 // Below this many queries per sequence the forward reads k/v in place (see KvSource).
 constexpr int kPackMinQueries = 16;
@@ -260,13 +299,14 @@ constexpr int kPackMinQueries = 16;
 template <class T, int W>
 struct ForwardScratch {
   static constexpr int Bq = Tiles<T, W>::kBq, Bk = Tiles<T, W>::kBk;
-  std::unique_ptr<T[], FreeDeleter> qt, ot, st, m, l;
-  explicit ForwardScratch(int hd)
-      : qt(scratch<T>(int64_t(hd) * Bq)),
-        ot(scratch<T>(int64_t(hd) * Bq)),
-        st(scratch<T>(int64_t(Bk) * Bq)),
-        m(scratch<T>(Bq)),
-        l(scratch<T>(Bq)) {}
+  T *qt, *ot, *st, *m, *l;  // [hd][Bq], [hd][Bq], [Bk][Bq], [Bq], [Bq]
+  explicit ForwardScratch(int hd) {
+    Arena& a = tls_task_arena;
+    a.reserve(2 * Arena::bytes_for<T>(int64_t(hd) * Bq) + Arena::bytes_for<T>(int64_t(Bk) * Bq) +
+              2 * Arena::bytes_for<T>(Bq));
+    qt = a.take<T>(int64_t(hd) * Bq), ot = a.take<T>(int64_t(hd) * Bq);
+    st = a.take<T>(int64_t(Bk) * Bq), m = a.take<T>(Bq), l = a.take<T>(Bq);
+  }
 };
 
 // Where a task reads k and v: either in place, or from contiguous copies [B, n_kv_head, Tk, hd]
@@ -286,8 +326,7 @@ KvSource<T> kv_in_place(const T* k, const T* v, const AttentionDims& d) {
   return {k, v, d.kv_stride, d.kv_batch_stride, d.head_dim, false};
 }
 
-// Copies rows [j0, j1) of every (b, kv head) of k and v into kbuf/vbuf (called by all threads of
-// a team on disjoint ranges).
+// Copies row `task` = (b * n_kv_head + g) * Tk + j of k and v into kbuf/vbuf [B, n_kv, Tk, hd].
 template <class T>
 void pack_kv_rows(T* kbuf, T* vbuf, const T* k, const T* v, const AttentionDims& d, int64_t task) {
   const int hd = d.head_dim;
@@ -295,6 +334,9 @@ void pack_kv_rows(T* kbuf, T* vbuf, const T* k, const T* v, const AttentionDims&
   const int b = int(task / per_seq), g = int(task / d.Tk % d.n_kv_head), j = int(task % d.Tk);
   const int64_t src = b * d.kv_batch_stride + int64_t(j) * d.kv_stride + int64_t(g) * hd;
   const int64_t dst = (int64_t(b) * d.n_kv_head + g) * d.Tk * hd + int64_t(j) * hd;
+  if (j + kPrefetchRows < d.Tk)
+    prefetch_row(k + src + kPrefetchRows * d.kv_stride, hd),
+        prefetch_row(v + src + kPrefetchRows * d.kv_stride, hd);
   std::memcpy(kbuf + dst, k + src, sizeof(T) * hd);
   std::memcpy(vbuf + dst, v + src, sizeof(T) * hd);
 }
@@ -304,28 +346,35 @@ TETRAD_INLINE void forward_task(T* out, T* lse, const T* q, const KvSource<T>& k
                                 const AttentionDims& d, int b, int h, int i0,
                                 ForwardScratch<T, W>& s) {
   using V = typename VecOf<T, W>::type;
-  constexpr int Bq = Tiles<T, W>::kBq, Bk = Tiles<T, W>::kBk, NV = Bq / W;
+  constexpr int Bq = Tiles<T, W>::kBq, Bk = Tiles<T, W>::kBk;
   const int hd = d.head_dim;
   const int off = d.Tk - d.Tq;
   const int nq = std::min(Bq, d.Tq - i0);
+  const int NV = (nq + W - 1) / W;  // query vectors in use (a short last block, or decode)
   const int kvh = h / (d.n_head / d.n_kv_head);
   const T* qb = q + b * d.q_batch_stride + int64_t(i0) * d.q_stride + int64_t(h) * hd;
   const T* kb = kv.k + b * kv.batch + kvh * kv.head;
   const T* vb = kv.v + b * kv.batch + kvh * kv.head;
   const int64_t ks = kv.row;
-  T* qt = s.qt.get();
-  T* ot = s.ot.get();
-  T* st = s.st.get();
-  T* mrow = s.m.get();
-  T* lrow = s.l.get();
+  T* qt = s.qt;
+  T* ot = s.ot;
+  T* st = s.st;
+  T* mrow = s.m;
+  T* lrow = s.l;
 
   const T c2 = T(1.4426950408889634074) / std::sqrt(T(hd));  // log2(e) / sqrt(hd)
-  // q rows are far apart (rows of a fused qkv buffer) and read once: request them all first.
+  // q and out rows are far apart (rows of a fused qkv buffer) and touched once: request them all
+  // first (out for writing; it is written at the end of the task).
+  T* ob = out + b * d.out_batch_stride + int64_t(i0) * d.out_stride + int64_t(h) * hd;
   for (int i = 0; i < nq; ++i)
-    for (int e = 0; e < hd; e += 64 / int(sizeof(T))) __builtin_prefetch(qb + i * d.q_stride + e);
+    for (int e = 0; e < hd; e += 64 / int(sizeof(T))) {
+      __builtin_prefetch(qb + i * d.q_stride + e);
+      __builtin_prefetch(ob + i * d.out_stride + e, 1);
+    }
   std::memset(ot, 0, sizeof(T) * hd * Bq);
-  for (int i = 0; i < Bq; ++i)
-    for (int e = 0; e < hd; ++e) qt[e * Bq + i] = i < nq ? qb[int64_t(i) * d.q_stride + e] * c2 : T(0);
+  for (int i = 0; i < NV * W; ++i)
+    for (int e = 0; e < hd; ++e)
+      qt[e * Bq + i] = i < nq ? qb[int64_t(i) * d.q_stride + e] * c2 : T(0);
   for (int c = 0; c < NV; ++c) {
     store<T, W>(mrow + c * W, splat<T, W>(-std::numeric_limits<T>::infinity()));
     store<T, W>(lrow + c * W, V{});
@@ -390,12 +439,18 @@ TETRAD_INLINE void forward_task(T* out, T* lse, const T* q, const KvSource<T>& k
     gemm<T, W>(hd, NV, nk, ot, Bq, vb + j0 * ks, 1, ks, st, Bq, true);
   }
 
-  T* ob = out + b * d.out_batch_stride + int64_t(i0) * d.out_stride + int64_t(h) * hd;
-  for (int i = 0; i < nq; ++i) {
-    const T inv = T(1) / lrow[i];
-    T* orow = ob + int64_t(i) * d.out_stride;
-    for (int e = 0; e < hd; ++e) orow[e] = ot[e * Bq + i] * inv;
+  // Normalise, transpose into rows in L1 (qt is free now), then write whole rows: scalar stores
+  // straight into the (cold) output rows stalled on their cache misses.
+  for (int c = 0; c < NV; ++c) {
+    const V inv = T(1) / load<T, W>(lrow + c * W);
+    for (int e = 0; e < hd; ++e)
+      store<T, W>(ot + e * Bq + c * W, load<T, W>(ot + e * Bq + c * W) * inv);
   }
+  T* rows = qt;
+  for (int i = 0; i < nq; ++i)
+    for (int e = 0; e < hd; ++e) rows[i * hd + e] = ot[e * Bq + i];
+  for (int i = 0; i < nq; ++i)
+    std::memcpy(ob + int64_t(i) * d.out_stride, rows + i * hd, sizeof(T) * hd);
   if (lse) {
     T* lb = lse + (int64_t(b) * d.n_head + h) * d.Tq + i0;
     for (int i = 0; i < nq; ++i)
@@ -410,28 +465,45 @@ template <class T, int W>
 struct BackwardScratch {
   static constexpr int Bq = Tiles<T, W>::kBqBwd, Bk = Tiles<T, W>::kBk;
   int hdp, tkp;
-  std::unique_ptr<T[], FreeDeleter> kp, kt, vt, dk, dv, qp, dop, dq, dd, ll, s, dp;
-  BackwardScratch(const AttentionDims& d)
-      : hdp(round_up(d.head_dim, W)),
-        tkp(round_up(d.Tk, Bk)),
-        kp(scratch<T>(int64_t(d.Tk) * hdp)),
-        kt(scratch<T>(int64_t(d.head_dim) * tkp)),
-        vt(scratch<T>(int64_t(d.head_dim) * tkp)),
-        dk(scratch<T>(int64_t(d.Tk) * hdp)),
-        dv(scratch<T>(int64_t(d.Tk) * hdp)),
-        qp(scratch<T>(int64_t(d.Tq) * hdp)),
-        dop(scratch<T>(int64_t(d.Tq) * hdp)),
-        dq(scratch<T>(int64_t(d.Tq) * hdp)),
-        dd(scratch<T>(d.Tq)),
-        ll(scratch<T>(d.Tq)),
-        s(scratch<T>(int64_t(Bq) * Bk)),
-        dp(scratch<T>(int64_t(Bq) * Bk)) {}
+  T *kp, *dk, *dv;  // [Tk][hdp]: K rows, dK and dV accumulators
+  T *kt, *vt;       // [tkp/Bk][hd][Bk]: K^T, V^T per key block
+  T *qp, *dop, *dq; // [Tq][hdp]: Q, dO rows of one head, dQ accumulator
+  T *dd, *ll;       // [Tq]: D_i = dO_i . O_i, lse_i * log2(e)
+  T *s, *dp;        // [Bq][Bk]: P, then dP and dS
+  explicit BackwardScratch(const AttentionDims& d)
+      : hdp(round_up(d.head_dim, W)), tkp(round_up(d.Tk, Bk)) {
+    const int64_t rows_k = int64_t(d.Tk) * hdp, rows_q = int64_t(d.Tq) * hdp;
+    const int64_t kt_n = int64_t(d.head_dim) * tkp, tile = int64_t(Bq) * Bk;
+    Arena& a = tls_task_arena;
+    a.reserve(3 * Arena::bytes_for<T>(rows_k) + 2 * Arena::bytes_for<T>(kt_n) +
+              3 * Arena::bytes_for<T>(rows_q) + 2 * Arena::bytes_for<T>(d.Tq) +
+              2 * Arena::bytes_for<T>(tile));
+    kp = a.take<T>(rows_k), dk = a.take<T>(rows_k), dv = a.take<T>(rows_k);
+    kt = a.take<T>(kt_n), vt = a.take<T>(kt_n);
+    qp = a.take<T>(rows_q), dop = a.take<T>(rows_q), dq = a.take<T>(rows_q);
+    dd = a.take<T>(d.Tq), ll = a.take<T>(d.Tq);
+    s = a.take<T>(tile), dp = a.take<T>(tile);
+  }
 };
 
+// Number of key-block chunks per (sequence, kv head) in the backward: enough tasks for a team
+// (kMinBackwardTasks), from the shapes alone so results do not depend on the thread count.
+constexpr int kMinBackwardTasks = 8;
+inline int backward_chunks(const AttentionDims& d, int Bk) {
+  const int units = std::max(1, d.B * d.n_kv_head);
+  const int key_blocks = (d.Tk + Bk - 1) / Bk;
+  return std::max(1, std::min(key_blocks, (kMinBackwardTasks + units - 1) / units));
+}
+
+// Task (b, g, chunk): key blocks jb = chunk, chunk + n_chunks, ... of kv head g (interleaved, so
+// chunks of a causal problem get similar work). It owns those dk/dv rows. With one chunk it also
+// owns dq of the group's heads and writes it; otherwise it writes its share of dq to
+// dq_part[chunk][b][h][Tq][hd], summed in chunk order afterwards.
 template <class T, int W>
 TETRAD_INLINE void backward_task(T* dq, T* dk, T* dv, const T* dout, const T* q, const T* k,
                                  const T* v, const T* out, const T* lse, const AttentionDims& d,
-                                 int b, int g, BackwardScratch<T, W>& s) {
+                                 int b, int g, int chunk, int n_chunks, T* dq_part,
+                                 BackwardScratch<T, W>& s) {
   using V = typename VecOf<T, W>::type;
   constexpr int Bq = Tiles<T, W>::kBqBwd, Bk = Tiles<T, W>::kBk, NVK = Bk / W;
   const int hd = d.head_dim, hdp = s.hdp, NVD = hdp / W;
@@ -443,23 +515,31 @@ TETRAD_INLINE void backward_task(T* dq, T* dk, T* dv, const T* dout, const T* q,
 
   // Pack this kv head's K as rows (padded to hdp) and K^T, V^T per key block ([Tk/Bk][hd][Bk],
   // so a block's rows are Bk apart rather than Tk: a Tk stride of a power of two would put a
-  // whole block on a few L1 sets). Padding is never written, so it stays zero.
+  // whole block on a few L1 sets). Padding columns (hd..hdp) of row buffers are never read into
+  // kept results: they only feed padding columns of the products.
   const int64_t kv_base = b * d.kv_batch_stride + int64_t(g) * hd;
-  for (int j0 = 0; j0 < Tk; j0 += Bk) {
-    T* ktb = s.kt.get() + int64_t(j0) * hd;
-    T* vtb = s.vt.get() + int64_t(j0) * hd;
-    for (int jj = 0; jj < std::min(Bk, Tk - j0); ++jj) {
+  const int j_first = chunk * Bk, j_step = n_chunks * Bk;
+  for (int j0 = j_first; j0 < Tk; j0 += j_step) {
+    T* ktb = s.kt + int64_t(j0) * hd;
+    T* vtb = s.vt + int64_t(j0) * hd;
+    const int nk = std::min(Bk, Tk - j0);
+    for (int jj = 0; jj < nk; ++jj) {
       const T* kr = k + kv_base + int64_t(j0 + jj) * d.kv_stride;
       const T* vr = v + kv_base + int64_t(j0 + jj) * d.kv_stride;
-      std::memcpy(s.kp.get() + int64_t(j0 + jj) * hdp, kr, sizeof(T) * hd);
+      if (jj + kPrefetchRows < nk) prefetch_row(kr + kPrefetchRows * d.kv_stride, hd),
+                                   prefetch_row(vr + kPrefetchRows * d.kv_stride, hd);
+      std::memcpy(s.kp + int64_t(j0 + jj) * hdp, kr, sizeof(T) * hd);
       for (int e = 0; e < hd; ++e) {
         ktb[e * Bk + jj] = kr[e];
         vtb[e * Bk + jj] = vr[e];
       }
     }
+    // Keys past Tk: their P is masked to 0, but dS = P (dP - D) needs a finite dP there.
+    for (int e = 0; e < hd; ++e)
+      for (int jj = nk; jj < Bk; ++jj) ktb[e * Bk + jj] = vtb[e * Bk + jj] = T(0);
+    std::memset(s.dk + int64_t(j0) * hdp, 0, sizeof(T) * nk * hdp);
+    std::memset(s.dv + int64_t(j0) * hdp, 0, sizeof(T) * nk * hdp);
   }
-  std::memset(s.dk.get(), 0, sizeof(T) * Tk * hdp);
-  std::memset(s.dv.get(), 0, sizeof(T) * Tk * hdp);
   V iota;
   for (int w = 0; w < W; ++w) iota[w] = T(w);
 
@@ -471,6 +551,9 @@ TETRAD_INLINE void backward_task(T* dq, T* dk, T* dv, const T* dout, const T* q,
       const T* qr = q + q_base + int64_t(i) * d.q_stride;
       const T* gr = dout + o_base + int64_t(i) * d.out_stride;
       const T* orow = out + o_base + int64_t(i) * d.out_stride;
+      if (i + kPrefetchRows < Tq) prefetch_row(qr + kPrefetchRows * d.q_stride, hd),
+                                  prefetch_row(gr + kPrefetchRows * d.out_stride, hd),
+                                  prefetch_row(orow + kPrefetchRows * d.out_stride, hd);
       T dot = 0;
       for (int e = 0; e < hd; ++e) {
         s.qp[int64_t(i) * hdp + e] = qr[e];
@@ -480,19 +563,19 @@ TETRAD_INLINE void backward_task(T* dq, T* dk, T* dv, const T* dout, const T* q,
       s.dd[i] = dot;
       s.ll[i] = lse_row[i] * log2e;
     }
-    std::memset(s.dq.get(), 0, sizeof(T) * Tq * hdp);
+    std::memset(s.dq, 0, sizeof(T) * Tq * hdp);
 
-    for (int j0 = 0; j0 < Tk; j0 += Bk) {
+    for (int j0 = j_first; j0 < Tk; j0 += j_step) {
       const int nk = std::min(Bk, Tk - j0);
       // Queries at positions >= j0 see this key block.
       for (int i0 = std::max(0, j0 - off); i0 < Tq; i0 += Bq) {
         const int nq = std::min(Bq, Tq - i0);
-        T* sp = s.s.get();
-        T* dpp = s.dp.get();
-        const T* qi = s.qp.get() + int64_t(i0) * hdp;
-        const T* doi = s.dop.get() + int64_t(i0) * hdp;
-        gemm<T, W>(nq, NVK, hd, sp, Bk, qi, hdp, 1, s.kt.get() + int64_t(j0) * hd, Bk, false);
-        gemm<T, W>(nq, NVK, hd, dpp, Bk, doi, hdp, 1, s.vt.get() + int64_t(j0) * hd, Bk, false);
+        T* sp = s.s;
+        T* dpp = s.dp;
+        const T* qi = s.qp + int64_t(i0) * hdp;
+        const T* doi = s.dop + int64_t(i0) * hdp;
+        gemm<T, W>(nq, NVK, hd, sp, Bk, qi, hdp, 1, s.kt + int64_t(j0) * hd, Bk, false);
+        gemm<T, W>(nq, NVK, hd, dpp, Bk, doi, hdp, 1, s.vt + int64_t(j0) * hd, Bk, false);
         // Some key of the block lies after the first query's position (includes padded keys).
         const bool diagonal = j0 + Bk - 1 > off + i0;
         for (int i = 0; i < nq; ++i) {
@@ -506,23 +589,44 @@ TETRAD_INLINE void backward_task(T* dq, T* dk, T* dv, const T* dout, const T* q,
                         p * (load<T, W>(dpp + i * Bk + c * W) - di) * scale);
           }
         }
-        gemm<T, W>(nk, NVD, nq, s.dv.get() + int64_t(j0) * hdp, hdp, sp, 1, Bk, doi, hdp,
+        gemm<T, W>(nk, NVD, nq, s.dv + int64_t(j0) * hdp, hdp, sp, 1, Bk, doi, hdp,
                          true);
-        gemm<T, W>(nk, NVD, nq, s.dk.get() + int64_t(j0) * hdp, hdp, dpp, 1, Bk, qi, hdp,
+        gemm<T, W>(nk, NVD, nq, s.dk + int64_t(j0) * hdp, hdp, dpp, 1, Bk, qi, hdp,
                          true);
-        gemm<T, W>(nq, NVD, nk, s.dq.get() + int64_t(i0) * hdp, hdp, dpp, Bk, 1,
-                         s.kp.get() + int64_t(j0) * hdp, hdp, true);
+        gemm<T, W>(nq, NVD, nk, s.dq + int64_t(i0) * hdp, hdp, dpp, Bk, 1,
+                         s.kp + int64_t(j0) * hdp, hdp, true);
       }
     }
-    for (int i = 0; i < Tq; ++i)
-      std::memcpy(dq + q_base + int64_t(i) * d.q_stride, s.dq.get() + int64_t(i) * hdp,
-                  sizeof(T) * hd);
+    if (n_chunks == 1) {
+      for (int i = 0; i < Tq; ++i)
+        std::memcpy(dq + q_base + int64_t(i) * d.q_stride, s.dq + int64_t(i) * hdp,
+                    sizeof(T) * hd);
+    } else {
+      T* part = dq_part + ((int64_t(chunk) * d.B + b) * d.n_head + h) * Tq * hd;
+      for (int i = 0; i < Tq; ++i)
+        std::memcpy(part + int64_t(i) * hd, s.dq + int64_t(i) * hdp, sizeof(T) * hd);
+    }
   }
-  for (int j = 0; j < Tk; ++j) {
-    std::memcpy(dk + kv_base + int64_t(j) * d.kv_stride, s.dk.get() + int64_t(j) * hdp,
-                sizeof(T) * hd);
-    std::memcpy(dv + kv_base + int64_t(j) * d.kv_stride, s.dv.get() + int64_t(j) * hdp,
-                sizeof(T) * hd);
+  for (int j0 = j_first; j0 < Tk; j0 += j_step)
+    for (int j = j0; j < std::min(Tk, j0 + Bk); ++j) {
+      std::memcpy(dk + kv_base + int64_t(j) * d.kv_stride, s.dk + int64_t(j) * hdp,
+                  sizeof(T) * hd);
+      std::memcpy(dv + kv_base + int64_t(j) * d.kv_stride, s.dv + int64_t(j) * hdp,
+                  sizeof(T) * hd);
+    }
+}
+
+// dq row (b, i) of every head = sum over chunks of dq_part, in chunk order.
+template <class T>
+void reduce_dq_row(T* dq, const T* dq_part, const AttentionDims& d, int n_chunks, int64_t row) {
+  const int b = int(row / d.Tq), i = int(row % d.Tq), hd = d.head_dim;
+  for (int h = 0; h < d.n_head; ++h) {
+    T* dst = dq + b * d.q_batch_stride + int64_t(i) * d.q_stride + int64_t(h) * hd;
+    const int64_t stride = int64_t(d.B) * d.n_head * d.Tq * hd;
+    const T* src = dq_part + ((int64_t(b) * d.n_head + h) * d.Tq + i) * hd;
+    for (int e = 0; e < hd; ++e) dst[e] = src[e];
+    for (int c = 1; c < n_chunks; ++c)
+      for (int e = 0; e < hd; ++e) dst[e] += src[c * stride + e];
   }
 }
 
@@ -539,18 +643,19 @@ TETRAD_INLINE void backward_task(T* dq, T* dk, T* dv, const T* dout, const T* q,
     const int nqb = (d.Tq + Bq - 1) / Bq;                                                         \
     const int64_t ntask = int64_t(d.B) * d.n_head * nqb;                                          \
     KvSource<T> kv = kv_in_place(k, v, d);                                                        \
-    std::unique_ptr<T[], FreeDeleter> kbuf, vbuf;                                                 \
     const int64_t kv_rows = int64_t(d.B) * d.n_kv_head * d.Tk;                                    \
+    T *kbuf = nullptr, *vbuf = nullptr;                                                           \
     if (d.Tq >= kPackMinQueries) {                                                                \
-      kbuf = scratch<T>(kv_rows * d.head_dim, false);                                             \
-      vbuf = scratch<T>(kv_rows * d.head_dim, false);                                             \
-      kv = {kbuf.get(), vbuf.get(), d.head_dim, int64_t(d.n_kv_head) * d.Tk * d.head_dim,         \
+      tls_shared_arena.reserve(2 * Arena::bytes_for<T>(kv_rows * d.head_dim));                    \
+      kbuf = tls_shared_arena.take<T>(kv_rows * d.head_dim);                                      \
+      vbuf = tls_shared_arena.take<T>(kv_rows * d.head_dim);                                      \
+      kv = {kbuf, vbuf, d.head_dim, int64_t(d.n_kv_head) * d.Tk * d.head_dim,                     \
             int64_t(d.Tk) * d.head_dim, true};                                                    \
     }                                                                                             \
     _Pragma("omp parallel") {                                                                     \
       if (kv.packed) {                                                                            \
         _Pragma("omp for schedule(static)") for (int64_t t = 0; t < kv_rows; ++t)                 \
-            pack_kv_rows(kbuf.get(), vbuf.get(), k, v, d, t);                                     \
+            pack_kv_rows(kbuf, vbuf, k, v, d, t);                                                 \
       }                                                                                           \
       ForwardScratch<T, W> s(d.head_dim);                                                         \
       /* Head by head, so a head's k/v stay in cache across its tasks; within a head the largest  \
@@ -567,12 +672,25 @@ TETRAD_INLINE void backward_task(T* dq, T* dk, T* dv, const T* dout, const T* q,
       T* dq, T* dk, T* dv, const T* dout, const T* q, const T* k, const T* v, const T* out,       \
       const T* lse, const AttentionDims& d) {                                                     \
     constexpr int W = VECTOR_BYTES / int(sizeof(T));                                              \
-    const int ntask = d.B * d.n_kv_head;                                                          \
+    const int n_chunks = backward_chunks(d, Tiles<T, W>::kBk);                                    \
+    const int ntask = d.B * d.n_kv_head * n_chunks;                                               \
+    std::unique_ptr<T[], FreeDeleter> dq_part;                                                    \
+    if (n_chunks > 1) {                                                                           \
+      const size_t bytes = sizeof(T) * n_chunks * size_t(d.B) * d.n_head * d.Tq * d.head_dim;     \
+      dq_part.reset(static_cast<T*>(std::aligned_alloc(64, (bytes + 63) / 64 * 64)));             \
+      TETRAD_CHECK(dq_part != nullptr, "attention: ", bytes, " bytes for dq partials");          \
+    }                                                                                             \
     _Pragma("omp parallel") {                                                                     \
       BackwardScratch<T, W> s(d);                                                                 \
-      _Pragma("omp for schedule(dynamic, 1)") for (int t = 0; t < ntask; ++t)                     \
-          backward_task<T, W>(dq, dk, dv, dout, q, k, v, out, lse, d, t / d.n_kv_head,            \
-                              t % d.n_kv_head, s);                                                \
+      _Pragma("omp for schedule(dynamic, 1)") for (int t = 0; t < ntask; ++t) {                   \
+        const int unit = t / n_chunks;                                                            \
+        backward_task<T, W>(dq, dk, dv, dout, q, k, v, out, lse, d, unit / d.n_kv_head,           \
+                            unit % d.n_kv_head, t % n_chunks, n_chunks, dq_part.get(), s);        \
+      }                                                                                           \
+      if (n_chunks > 1) {                                                                         \
+        _Pragma("omp for schedule(static)") for (int64_t r = 0; r < int64_t(d.B) * d.Tq; ++r)     \
+            reduce_dq_row(dq, dq_part.get(), d, n_chunks, r);                                     \
+      }                                                                                           \
     }                                                                                             \
   }
 

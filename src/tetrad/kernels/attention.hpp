@@ -5,10 +5,13 @@
 // (Tq much smaller than Tk, e.g. 1 with a KV cache) is correct but uses the training tiles: a query
 // block shorter than the vector width still costs a full vector.
 //
-// Memory: never materialises a [T, T] matrix. Work buffers are O(block^2 + T * head_dim) per
-// thread, allocated inside each call. Threads: OpenMP, the calling thread's team size.
-// Determinism: every output element is computed by one thread in a fixed order, so results are
-// bit-identical between runs and independent of the thread count (for a given code path).
+// Memory: never materialises a [T, T] matrix. Work memory: per thread O(block^2 + T * head_dim),
+// plus per call a packed copy of k and v (forward, when Tq >= 16) and, in the backward when
+// B * n_kv_head < 8, one dq-sized buffer per key chunk. The per-thread and packed-copy buffers
+// are thread_local arenas kept between calls (they grow to the largest call, never shrink).
+// Threads: OpenMP, the calling thread's team. Safe to call from several threads at once.
+// Determinism: every output element is computed by one thread in an order fixed by the shapes,
+// so results are bit-identical between runs and for any thread count (for a given code path).
 #pragma once
 #include <cstdint>
 
@@ -35,8 +38,8 @@ void attention_forward(T* out, T* lse, const T* q, const T* k, const T* v, const
 
 // Gradients w.r.t. q, k, v given dout (same layout as out). dq/dk/dv use the strides of q/k/v and
 // are OVERWRITTEN (may all point into one fused dqkv buffer). out and lse come from the forward.
-// Work is split over (sequence, kv head): a kv head's dk/dv rows and its query heads' dq rows are
-// written by one thread only.
+// Work is split over (sequence, kv head) and, when those are fewer than 8, over interleaved key
+// blocks of each: dk/dv rows of GQA heads are summed inside one task, never across threads.
 template <typename T>
 void attention_backward(T* dq, T* dk, T* dv, const T* dout, const T* q, const T* k, const T* v,
                         const T* out, const T* lse, const AttentionDims& d);
