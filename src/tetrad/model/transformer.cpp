@@ -136,28 +136,31 @@ template <typename T>
 Transformer<T>::~Transformer() = default;
 
 template <typename T>
-void Transformer<T>::init_weights(uint64_t seed) {
-  const double resid_scale = 1.0 / std::sqrt(2.0 * cfg_.n_layer);
-  for (size_t i = 0; i < table_.specs.size(); ++i) {
-    const ParamSpec& s = table_.specs[i];
-    T* p = params_.data() + s.offset;
-    if (s.kind == ParamKind::Norm) {
-      std::fill(p, p + s.numel, T(1));
-      continue;
-    }
-    if (s.kind == ParamKind::Bias) {
-      std::fill(p, p + s.numel, T(0));
-      continue;
-    }
-    double std = cfg_.init_std;
-    // GPT-2 scales the projections that write into the residual stream (Radford et al. 2019).
-    if (cfg_.family == Family::GPT2 && s.kind == ParamKind::Linear &&
-        (s.name.ends_with("attn.c_proj.weight") || s.name.ends_with("mlp.c_proj.weight")))
-      std *= resid_scale;
-    uint64_t sm = seed ^ (0x5DEECE66Dull * (i + 1));
-    Rng rng(splitmix64(sm));
-    for (int64_t j = 0; j < s.numel; ++j) p[j] = T(rng.normal() * std);
+void init_parameter(const ModelConfig& cfg, const ParamSpec& s, size_t index, uint64_t seed, T* p) {
+  if (s.kind == ParamKind::Norm) {
+    std::fill(p, p + s.numel, T(1));
+    return;
   }
+  if (s.kind == ParamKind::Bias) {
+    std::fill(p, p + s.numel, T(0));
+    return;
+  }
+  double std = cfg.init_std;
+  // GPT-2 scales the projections that write into the residual stream (Radford et al. 2019).
+  if (cfg.family == Family::GPT2 && s.kind == ParamKind::Linear &&
+      (s.name.ends_with("attn.c_proj.weight") || s.name.ends_with("mlp.c_proj.weight")))
+    std /= std::sqrt(2.0 * cfg.n_layer);
+  uint64_t sm = seed ^ (0x5DEECE66Dull * (index + 1));
+  Rng rng(splitmix64(sm));
+  for (int64_t j = 0; j < s.numel; ++j) p[j] = T(rng.normal() * std);
+}
+template void init_parameter<float>(const ModelConfig&, const ParamSpec&, size_t, uint64_t, float*);
+template void init_parameter<double>(const ModelConfig&, const ParamSpec&, size_t, uint64_t, double*);
+
+template <typename T>
+void Transformer<T>::init_weights(uint64_t seed) {
+  for (size_t i = 0; i < table_.specs.size(); ++i)
+    init_parameter(cfg_, table_.specs[i], i, seed, params_.data() + table_.specs[i].offset);
 }
 
 template <typename T>

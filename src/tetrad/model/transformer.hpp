@@ -22,6 +22,12 @@
 
 namespace tetrad {
 
+// The family's initial values of one tensor (index = its position in the ParamTable), written to
+// p[spec.numel]. Each tensor has its own random stream, so any rank can produce any tensor.
+template <typename T>
+void init_parameter(const ModelConfig& cfg, const ParamSpec& spec, size_t index, uint64_t seed,
+                    T* p);
+
 template <typename T>
 class Transformer {
  public:

@@ -16,20 +16,41 @@ double learning_rate(const TrainConfig& t, int64_t step) {
   return min_lr + 0.5 * (t.lr - min_lr) * (1.0 + std::cos(M_PI * progress));
 }
 
-AdamW::AdamW(const ParamTable& table, const TrainConfig& t)
-    : t_(t), m_(table.total), v_(table.total) {
-  for (const auto& s : table.specs) {
+std::vector<DecayRange> decay_ranges(const ParamTable& table, const TrainConfig& t,
+                                     const std::vector<int64_t>& offsets,
+                                     const std::vector<int64_t>& sizes) {
+  std::vector<DecayRange> ranges;
+  for (size_t i = 0; i < table.specs.size(); ++i) {
+    const ParamSpec& s = table.specs[i];
     bool decay = true;
     if (s.kind == ParamKind::Embedding) decay = t.decay_embeddings;
     if (s.kind == ParamKind::Norm) decay = t.decay_norms;
     if (s.kind == ParamKind::Bias) decay = t.decay_biases;
-    if (!ranges_.empty() && ranges_.back().decay == decay &&
-        ranges_.back().offset + ranges_.back().numel == s.offset)
-      ranges_.back().numel += s.numel;
+    if (!ranges.empty() && ranges.back().decay == decay &&
+        ranges.back().offset + ranges.back().numel == offsets[i])
+      ranges.back().numel += sizes[i];
     else
-      ranges_.push_back({s.offset, s.numel, decay});
+      ranges.push_back({offsets[i], sizes[i], decay});
   }
+  return ranges;
 }
+
+namespace {
+std::vector<DecayRange> whole_tensor_ranges(const ParamTable& table, const TrainConfig& t) {
+  std::vector<int64_t> off, size;
+  for (const auto& s : table.specs) {
+    off.push_back(s.offset);
+    size.push_back(s.numel);
+  }
+  return decay_ranges(table, t, off, size);
+}
+}  // namespace
+
+AdamW::AdamW(const ParamTable& table, const TrainConfig& t)
+    : AdamW(whole_tensor_ranges(table, t), table.total, t) {}
+
+AdamW::AdamW(std::vector<DecayRange> ranges, int64_t total, const TrainConfig& t)
+    : ranges_(std::move(ranges)), t_(t), m_(total), v_(total) {}
 
 void AdamW::update(float* params, const float* grads, double lr, double grad_scale,
                    int64_t step) {

@@ -16,9 +16,23 @@ double learning_rate(const TrainConfig& t, int64_t step);
 // AdamW with decoupled weight decay; which tensors decay follows the config (by ParamKind).
 // Moments are fp32 buffers laid out like the parameters, so checkpoints and sharding slice them
 // the same way.
+// A contiguous run of the parameter buffer and whether weight decay applies to it.
+struct DecayRange {
+  int64_t offset, numel;
+  bool decay;
+};
+// Which tensors decay, by ParamKind and the config (norms, biases, embeddings excluded unless
+// asked); `offsets`/`sizes` give where each table entry lives in the buffer being optimised
+// (the whole tensor serially, a rank's shard in parallel). Adjacent equal runs are merged.
+std::vector<DecayRange> decay_ranges(const ParamTable& table, const TrainConfig& t,
+                                     const std::vector<int64_t>& offsets,
+                                     const std::vector<int64_t>& sizes);
+
 class AdamW {
  public:
   AdamW(const ParamTable& table, const TrainConfig& t);
+  // Over any buffer described by ranges (a rank's shards), total elements.
+  AdamW(std::vector<DecayRange> ranges, int64_t total, const TrainConfig& t);
   // One update of every parameter. grad_scale multiplies the gradients first (clipping).
   // `step` is 1-based (bias correction).
   void update(float* params, const float* grads, double lr, double grad_scale, int64_t step);
@@ -28,8 +42,7 @@ class AdamW {
   int64_t size() const { return int64_t(m_.size()); }
 
  private:
-  struct Range { int64_t offset, numel; bool decay; };
-  std::vector<Range> ranges_;  // contiguous runs of tensors with the same decay setting
+  std::vector<DecayRange> ranges_;  // contiguous runs of tensors with the same decay setting
   TrainConfig t_;
   Buffer<float> m_, v_;
 };
