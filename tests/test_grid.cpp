@@ -1,12 +1,15 @@
-// The process grid (parallel/grid.hpp): pure arithmetic, no MPI.
+// The process grid (parallel/grid.hpp): pure arithmetic, no MPI. Also the serial ProcessGroups,
+// which needs no MPI either.
 #include <gtest/gtest.h>
 
 #include <algorithm>
 #include <set>
 #include <string>
 
+#include "tetrad/comm/communicator.hpp"
 #include "tetrad/core/error.hpp"
 #include "tetrad/parallel/grid.hpp"
+#include "tetrad/parallel/process_groups.hpp"
 
 using namespace tetrad;
 using namespace tetrad::parallel;
@@ -210,4 +213,19 @@ TEST(Grid, FactorizationsListEveryOrderedFactorisationOnce) {
     EXPECT_EQ(factorizations(n).size(), count) << n;
   }
   EXPECT_THROW(factorizations(0), Error);
+}
+
+TEST(Grid, SerialProcessGroupsNeedNoMpi) {
+  const ProcessGroups g;
+  EXPECT_EQ(g.shape, GridShape{});
+  EXPECT_EQ(g.coord, GridCoord{});
+  for (const comm::Communicator* c : {&g.world, &g.x, &g.y, &g.z, &g.d, &g.zd}) {
+    EXPECT_TRUE(c->is_self());
+    EXPECT_EQ(c->size(), 1);
+    EXPECT_EQ(c->rank(), 0);
+  }
+  EXPECT_EQ(g.x.name(), "x");
+  EXPECT_EQ(g.zd.name(), "zd");
+  EXPECT_EQ(&g.group(Axis::Z), &g.z);
+  EXPECT_EQ(g.summary(), "rank 0 = (x0,y0,z0,d0) of 1x1x1x1: x [0] y [0] z [0] d [0] zd [0]");
 }
