@@ -1,0 +1,75 @@
+#include "tetrad/parallel/process_groups.hpp"
+
+#include "tetrad/core/error.hpp"
+
+namespace tetrad::parallel {
+
+namespace {
+using comm::Communicator;
+
+// The group along `axis`: color = my rank with that coordinate zeroed, key = that coordinate.
+Communicator split_axis(const Communicator& world, const GridShape& shape, const GridCoord& me,
+                        Axis axis) {
+  GridCoord base = me;
+  coordinate(base, axis) = 0;
+  return world.split(rank_of(base, shape), coordinate(me, axis), axis_name(axis));
+}
+
+std::string ranks_list(const std::vector<int>& ranks) {
+  std::string s = "[";
+  for (size_t i = 0; i < ranks.size(); ++i) {
+    if (i) s += ",";
+    s += std::to_string(ranks[i]);
+  }
+  return s + "]";
+}
+}  // namespace
+
+ProcessGroups::ProcessGroups()
+    : world(Communicator::self("world")),
+      x(Communicator::self("x")),
+      y(Communicator::self("y")),
+      z(Communicator::self("z")),
+      d(Communicator::self("d")),
+      zd(Communicator::self("zd")) {}
+
+ProcessGroups::ProcessGroups(const Communicator& world_in, const GridShape& shape_in)
+    : shape(shape_in),
+      coord((validate_grid(shape_in, world_in.size()), coord_of(world_in.rank(), shape_in))),
+      world(world_in.dup("world")),
+      x(split_axis(world, shape, coord, Axis::X)),
+      y(split_axis(world, shape, coord, Axis::Y)),
+      z(split_axis(world, shape, coord, Axis::Z)),
+      d(split_axis(world, shape, coord, Axis::D)),
+      zd(world.split(rank_of(GridCoord{coord.x, coord.y, 0, 0}, shape),
+                     coord.z + shape.z * coord.d, "zd")) {
+  // The splits must reproduce the grid's arithmetic; anything else is a bug here.
+  for (Axis a : kAxesInRankOrder)
+    TETRAD_CHECK(group(a).size() == extent(shape, a) && group(a).rank() == coordinate(coord, a),
+                 "group ", axis_name(a), " of rank ", world.rank(), " does not match the grid");
+  TETRAD_CHECK(zd.size() == shape.z * shape.d && zd.rank() == coord.z + shape.z * coord.d,
+               "group zd of rank ", world.rank(), " does not match the grid");
+}
+
+const comm::Communicator& ProcessGroups::group(Axis axis) const {
+  switch (axis) {
+    case Axis::X: return x;
+    case Axis::Y: return y;
+    case Axis::Z: return z;
+    case Axis::D: return d;
+  }
+  TETRAD_CHECK(false, "unknown axis ", static_cast<int>(axis));
+  return x;
+}
+
+std::string ProcessGroups::summary() const {
+  const int r = world.rank();
+  std::string s = detail::concat("rank ", r, " = ", to_string(coord), " of ", shape.to_string(), ":");
+  for (Axis a : kAxesInRankOrder)
+    s += detail::concat(" ", axis_name(a), " ", ranks_list(group_ranks(r, shape, a)));
+  const Axis token_axes[] = {Axis::Z, Axis::D};
+  s += " zd " + ranks_list(group_ranks(r, shape, token_axes));
+  return s;
+}
+
+}  // namespace tetrad::parallel

@@ -1,0 +1,44 @@
+// ProcessGroups: the communicators of one rank's place in the process grid, built once per job
+// (docs/parallel.md). Passed explicitly to whatever needs them; there is no global instance.
+//
+// Group along axis A: the ranks that differ from this one only in A, ordered by the A coordinate
+// (exactly grid.hpp's group_ranks(rank, shape, A)), made with MPI_Comm_split(color = world rank
+// with the A coordinate zeroed, key = the A coordinate). `zd` is the token-splitting group: the
+// ranks with the same (x, y), ordered by z + Gz*d; gradients of replicated parameters (norm
+// weights, biases) are summed over it.
+//
+// What this does not do: the pipeline axis (not yet), reordering ranks for the network topology
+// (rank order is the grid's), or choosing the grid.
+//
+// Failures: a grid whose product is not the world size throws tetrad::Error ("grid 2x2x1x1 needs
+// 4 ranks but mpirun started 2 ..."); MPI failures while splitting throw tetrad::Error naming the
+// group. Not thread-safe (communicator creation is collective; main thread only).
+#pragma once
+#include <string>
+
+#include "tetrad/comm/communicator.hpp"
+#include "tetrad/parallel/grid.hpp"
+
+namespace tetrad::parallel {
+
+struct ProcessGroups {
+  // Serial: grid 1x1x1x1, every group Communicator::self(); needs no MPI.
+  ProcessGroups();
+  // Collective over `world`: validates the grid against world.size() and splits every group.
+  // `world` is duplicated, so the caller's communicator stays its own.
+  ProcessGroups(const comm::Communicator& world, const GridShape& shape);
+
+  GridShape shape;
+  GridCoord coord;
+  comm::Communicator world;  // all ranks, rank order = grid rank order
+  comm::Communicator x, y, z, d;
+  comm::Communicator zd;  // the Z and data axes together: same (x, y)
+
+  // The group along one axis.
+  const comm::Communicator& group(Axis axis) const;
+  // One line, e.g. "rank 3 = (x1,y1,z0,d0) of 2x2x1x1: x [2,3] y [1,3] z [3] d [3] zd [3]"
+  // (each group's world ranks in group order).
+  std::string summary() const;
+};
+
+}  // namespace tetrad::parallel

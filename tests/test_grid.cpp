@@ -1,0 +1,231 @@
+// The process grid (parallel/grid.hpp): pure arithmetic, no MPI. Also the serial ProcessGroups,
+// which needs no MPI either.
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <set>
+#include <string>
+
+#include "tetrad/comm/communicator.hpp"
+#include "tetrad/core/error.hpp"
+#include "tetrad/parallel/grid.hpp"
+#include "tetrad/parallel/process_groups.hpp"
+
+using namespace tetrad;
+using namespace tetrad::parallel;
+
+namespace {
+// Shapes of many sizes, including every factorisation of a few rank counts and odd extents.
+std::vector<GridShape> many_shapes() {
+  std::vector<GridShape> shapes;
+  for (int n : {1, 2, 3, 4, 6, 8, 12, 16, 30})
+    for (const GridShape& s : factorizations(n)) shapes.push_back(s);
+  shapes.push_back({5, 3, 2, 7});
+  return shapes;
+}
+
+std::string parse_error(const std::string& text) {
+  try {
+    parse_grid(text);
+  } catch (const Error& e) {
+    return e.what();
+  }
+  return "";
+}
+
+bool contains(const std::string& s, const std::string& sub) { return s.find(sub) != std::string::npos; }
+}  // namespace
+
+TEST(Grid, SizeAndToString) {
+  const GridShape s{2, 3, 4, 5};
+  EXPECT_EQ(s.size(), 120);
+  EXPECT_EQ(s.to_string(), "2x3x4x5");
+  EXPECT_EQ(GridShape{}.size(), 1);
+  EXPECT_EQ(GridShape{}.to_string(), "1x1x1x1");
+  EXPECT_EQ(to_string(GridCoord{1, 0, 2, 3}), "(x1,y0,z2,d3)");
+}
+
+TEST(Grid, CoordinatesFollowTheDocumentedFormula) {
+  for (const GridShape& s : many_shapes()) {
+    for (int r = 0; r < s.size(); ++r) {
+      const GridCoord c = coord_of(r, s);
+      EXPECT_EQ(c.x, r % s.x);
+      EXPECT_EQ(c.y, (r / s.x) % s.y);
+      EXPECT_EQ(c.z, (r / (s.x * s.y)) % s.z);
+      EXPECT_EQ(c.d, r / (s.x * s.y * s.z));
+    }
+  }
+}
+
+TEST(Grid, RankOfInvertsCoordOf) {
+  for (const GridShape& s : many_shapes()) {
+    std::set<int> seen;
+    for (int r = 0; r < s.size(); ++r) {
+      EXPECT_EQ(rank_of(coord_of(r, s), s), r) << s.to_string();
+      seen.insert(r);
+    }
+    // And the other way: every coordinate maps to a distinct rank that maps back.
+    std::set<int> ranks;
+    for (int d = 0; d < s.d; ++d)
+      for (int z = 0; z < s.z; ++z)
+        for (int y = 0; y < s.y; ++y)
+          for (int x = 0; x < s.x; ++x) {
+            const GridCoord c{x, y, z, d};
+            const int r = rank_of(c, s);
+            EXPECT_EQ(coord_of(r, s), c);
+            ranks.insert(r);
+          }
+    EXPECT_EQ(ranks, seen) << s.to_string();
+  }
+}
+
+TEST(Grid, XVariesFastest) {
+  const GridShape s{2, 2, 2, 2};
+  EXPECT_EQ(coord_of(1, s), (GridCoord{1, 0, 0, 0}));
+  EXPECT_EQ(coord_of(2, s), (GridCoord{0, 1, 0, 0}));
+  EXPECT_EQ(coord_of(4, s), (GridCoord{0, 0, 1, 0}));
+  EXPECT_EQ(coord_of(8, s), (GridCoord{0, 0, 0, 1}));
+  EXPECT_EQ(coord_of(15, s), (GridCoord{1, 1, 1, 1}));
+}
+
+TEST(Grid, GroupRanksDifferOnlyInTheirAxisAndAreOrderedByIt) {
+  for (const GridShape& s : many_shapes()) {
+    for (Axis a : kAxesInRankOrder) {
+      for (int r = 0; r < s.size(); ++r) {
+        const std::vector<int> g = group_ranks(r, s, a);
+        ASSERT_EQ(static_cast<int>(g.size()), extent(s, a)) << s.to_string() << " " << axis_name(a);
+        const GridCoord me = coord_of(r, s);
+        // r is in its own group, at the position of its coordinate.
+        EXPECT_EQ(g[coordinate(me, a)], r);
+        for (int i = 0; i < static_cast<int>(g.size()); ++i) {
+          GridCoord c = coord_of(g[i], s);
+          EXPECT_EQ(coordinate(c, a), i);
+          coordinate(c, a) = coordinate(me, a);
+          EXPECT_EQ(c, me) << "rank " << g[i] << " differs from " << r << " outside axis "
+                           << axis_name(a);
+        }
+        // Consistent: every member computes the same group.
+        for (int member : g) EXPECT_EQ(group_ranks(member, s, a), g);
+      }
+    }
+  }
+}
+
+TEST(Grid, GroupsOfEachAxisPartitionTheWorld) {
+  for (const GridShape& s : many_shapes()) {
+    for (Axis a : kAxesInRankOrder) {
+      std::set<std::vector<int>> groups;
+      for (int r = 0; r < s.size(); ++r) groups.insert(group_ranks(r, s, a));
+      EXPECT_EQ(static_cast<int>(groups.size()), s.size() / extent(s, a));
+      std::vector<int> all;
+      for (const auto& g : groups) all.insert(all.end(), g.begin(), g.end());
+      std::sort(all.begin(), all.end());
+      ASSERT_EQ(static_cast<int>(all.size()), s.size()) << s.to_string() << " " << axis_name(a);
+      for (int r = 0; r < s.size(); ++r) EXPECT_EQ(all[r], r);
+    }
+  }
+}
+
+TEST(Grid, MultiAxisGroups) {
+  const GridShape s{2, 3, 2, 2};
+  const Axis zd[] = {Axis::Z, Axis::D};
+  for (int r = 0; r < s.size(); ++r) {
+    const std::vector<int> g = group_ranks(r, s, zd);
+    ASSERT_EQ(g.size(), 4u);
+    EXPECT_TRUE(std::is_sorted(g.begin(), g.end()));
+    const GridCoord me = coord_of(r, s);
+    for (int i = 0; i < 4; ++i) {
+      const GridCoord c = coord_of(g[i], s);
+      EXPECT_EQ(c.x, me.x);
+      EXPECT_EQ(c.y, me.y);
+      EXPECT_EQ(c.z + s.z * c.d, i);  // the order ProcessGroups' zd key uses
+    }
+  }
+  // A single axis through the span overload equals the single-axis form.
+  const Axis y[] = {Axis::Y};
+  for (int r = 0; r < s.size(); ++r) EXPECT_EQ(group_ranks(r, s, y), group_ranks(r, s, Axis::Y));
+  // All axes: the whole world.
+  EXPECT_EQ(group_ranks(5, s, kAxesInRankOrder).size(), static_cast<size_t>(s.size()));
+}
+
+TEST(Grid, ParseAcceptsFourPositiveIntegers) {
+  EXPECT_EQ(parse_grid("2,1,2,1"), (GridShape{2, 1, 2, 1}));
+  EXPECT_EQ(parse_grid("1,1,1,1"), GridShape{});
+  EXPECT_EQ(parse_grid(" 4, 2 ,1,3"), (GridShape{4, 2, 1, 3}));
+}
+
+TEST(Grid, ParseErrorsSayWhatWasExpected) {
+  for (const char* bad : {"", "2,2", "2,2,2", "2,2,2,2,2", "2x2x1x1", "a,1,1,1", "1,0,1,1",
+                          "1,1,-2,1", "1,1,1,2.5", "1,,1,1", "99999999999,1,1,1",
+                          "65536,65536,1,1"}) {
+    const std::string msg = parse_error(bad);
+    ASSERT_FALSE(msg.empty()) << "'" << bad << "' was accepted";
+    EXPECT_TRUE(contains(msg, std::string("\"") + bad + "\"")) << msg;
+    if (std::string(bad) != "65536,65536,1,1") {
+      EXPECT_TRUE(contains(msg, "x,y,z,d")) << msg;
+    }
+  }
+  EXPECT_TRUE(contains(parse_error("2,2,2"), "got 3 numbers")) << parse_error("2,2,2");
+  EXPECT_TRUE(contains(parse_error("1,0,1,1"), "got \"0\" for y")) << parse_error("1,0,1,1");
+  EXPECT_TRUE(contains(parse_error("1,1,1,x"), "for d")) << parse_error("1,1,1,x");
+}
+
+TEST(Grid, ValidateChecksTheRankCount) {
+  EXPECT_NO_THROW(validate_grid({2, 2, 1, 1}, 4));
+  EXPECT_NO_THROW(validate_grid({}, 1));
+  try {
+    validate_grid({2, 2, 1, 1}, 2);
+    FAIL() << "no error";
+  } catch (const Error& e) {
+    EXPECT_TRUE(contains(e.what(), "grid 2x2x1x1 needs 4 ranks but mpirun started 2")) << e.what();
+  }
+  try {
+    validate_grid({1, 0, 1, 1}, 0);
+    FAIL() << "no error";
+  } catch (const Error& e) {
+    EXPECT_TRUE(contains(e.what(), "y extent must be at least 1")) << e.what();
+  }
+}
+
+TEST(Grid, FactorizationsListEveryOrderedFactorisationOnce) {
+  const std::vector<GridShape> f8 = factorizations(8);
+  EXPECT_EQ(f8.size(), 20u);  // C(3+3, 3) ways to share three factors of 2 among four axes
+  std::set<std::string> distinct;
+  for (const GridShape& s : f8) {
+    EXPECT_EQ(s.size(), 8) << s.to_string();
+    distinct.insert(s.to_string());
+  }
+  EXPECT_EQ(distinct.size(), f8.size());
+  EXPECT_EQ(f8.front(), (GridShape{1, 1, 1, 8}));
+  EXPECT_EQ(f8.back(), (GridShape{8, 1, 1, 1}));
+  EXPECT_EQ(factorizations(1).size(), 1u);
+  EXPECT_EQ(factorizations(2).size(), 4u);
+  EXPECT_EQ(factorizations(4).size(), 10u);
+  EXPECT_EQ(factorizations(6).size(), 16u);   // 4 * 4 (two distinct primes)
+  EXPECT_EQ(factorizations(12).size(), 40u);  // C(5,3) * 4
+  // Brute force for a few n.
+  for (int n : {1, 6, 12, 16, 30}) {
+    size_t count = 0;
+    for (int x = 1; x <= n; ++x)
+      for (int y = 1; y <= n; ++y)
+        for (int z = 1; z <= n; ++z)
+          for (int d = 1; d <= n; ++d) count += (x * y * z * d == n);
+    EXPECT_EQ(factorizations(n).size(), count) << n;
+  }
+  EXPECT_THROW(factorizations(0), Error);
+}
+
+TEST(Grid, SerialProcessGroupsNeedNoMpi) {
+  const ProcessGroups g;
+  EXPECT_EQ(g.shape, GridShape{});
+  EXPECT_EQ(g.coord, GridCoord{});
+  for (const comm::Communicator* c : {&g.world, &g.x, &g.y, &g.z, &g.d, &g.zd}) {
+    EXPECT_TRUE(c->is_self());
+    EXPECT_EQ(c->size(), 1);
+    EXPECT_EQ(c->rank(), 0);
+  }
+  EXPECT_EQ(g.x.name(), "x");
+  EXPECT_EQ(g.zd.name(), "zd");
+  EXPECT_EQ(&g.group(Axis::Z), &g.z);
+  EXPECT_EQ(g.summary(), "rank 0 = (x0,y0,z0,d0) of 1x1x1x1: x [0] y [0] z [0] d [0] zd [0]");
+}
