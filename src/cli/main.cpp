@@ -8,7 +8,12 @@
 #include <iostream>
 #include <sstream>
 
+#include <mpi.h>
+
+#include <memory>
+
 #include "tetrad/checkpoint/hf.hpp"
+#include "tetrad/comm/mpi_env.hpp"
 #include "tetrad/checkpoint/run_checkpoint.hpp"
 #include "tetrad/core/error.hpp"
 #include "tetrad/data/prepare.hpp"
@@ -38,7 +43,29 @@ std::string resolve_model_dir(const std::string& path) {
 
 }  // namespace
 
+// Launched by mpirun / srun (the launcher sets these): bring MPI up for the whole process.
+bool under_mpi_launcher() {
+  for (const char* v : {"OMPI_COMM_WORLD_SIZE", "PMI_SIZE", "PMIX_RANK", "SLURM_STEP_NUM_TASKS"})
+    if (std::getenv(v)) return true;
+  return false;
+}
+
 int main(int argc, char** argv) {
+  std::unique_ptr<comm::MpiEnvironment> mpi;
+  if (under_mpi_launcher()) mpi = std::make_unique<comm::MpiEnvironment>(&argc, &argv);
+  // On error under MPI, end the whole job at once: peers blocked in a collective would otherwise
+  // wait for their timeout.
+  auto fatal = [&](const std::string& msg) {
+    int rank = 0, size = 1;
+    if (mpi) {
+      MPI_Comm_rank(MPI_COMM_WORLD, &rank);
+      MPI_Comm_size(MPI_COMM_WORLD, &size);
+    }
+    std::cerr << "tetrad: error" << (size > 1 ? " (rank " + std::to_string(rank) + ")" : "")
+              << ": " << msg << std::endl;
+    if (size > 1) MPI_Abort(MPI_COMM_WORLD, 1);
+    return 1;
+  };
   CLI::App app{"tetrad: train GPT-2 and Llama models, exactly and fast"};
   app.require_subcommand(1);
 
@@ -65,6 +92,10 @@ int main(int argc, char** argv) {
   train_cmd->add_option("-c,--config", config_path, "TOML config (docs/config.md)");
   train_cmd->add_option("-s,--set", overrides, "override: section.key=value (repeatable)");
   train_cmd->add_flag("--resume", topt.resume, "continue from the latest good checkpoint");
+  std::string grid_arg;
+  train_cmd->add_option("--grid", grid_arg,
+                        "process grid x,y,z,d (same as --set parallel.grid=...); run under "
+                        "mpirun -n x*y*z*d");
   bool print_config_doc = false;
   auto* config_doc = app.add_subcommand("config-doc", "print the reference of every config key");
   (void)print_config_doc;
@@ -133,10 +164,12 @@ int main(int argc, char** argv) {
     } else if (*config_doc) {
       std::cout << config_reference_markdown();
     } else if (*train_cmd) {
+      if (!grid_arg.empty()) overrides.push_back("parallel.grid=\"" + grid_arg + "\"");
       RunConfig cfg = load_run_config(config_path, overrides);
       TrainResult r = train(cfg, topt, std::cout);
-      std::cout << (r.stopped_by_signal ? "stopped" : "done") << " at step " << r.steps_done
-                << "; final checkpoint " << r.last_checkpoint << "\n";
+      if (!r.last_checkpoint.empty())
+        std::cout << (r.stopped_by_signal ? "stopped" : "done") << " at step " << r.steps_done
+                  << "; final checkpoint " << r.last_checkpoint << "\n";
     } else if (*eval) {
       const std::string dir = resolve_model_dir(model_dir);
       const double loss = evaluate_checkpoint(dir, data_dir, split, eval_b, eval_t, eval_batches,
@@ -204,12 +237,8 @@ int main(int argc, char** argv) {
                       fs::copy_options::overwrite_existing);
       std::cout << "exported " << dir << " -> " << export_out << "\n";
     }
-  } catch (const tetrad::Error& e) {
-    std::cerr << "tetrad: error: " << e.what() << "\n";
-    return 1;
   } catch (const std::exception& e) {
-    std::cerr << "tetrad: error: " << e.what() << "\n";
-    return 1;
+    return fatal(e.what());
   }
   return 0;
 }

@@ -110,8 +110,12 @@ const std::vector<Field>& schema() {
                    "run folder: resolved config, metrics.jsonl, checkpoints"),
       STRING_FIELD("run.init_from", c.init_from,
                    "Hugging Face model folder to start from (fine-tuning); empty: random init"),
+      STRING_FIELD("parallel.grid", c.grid,
+                   "process grid \"x,y,z,d\": tensor parallelism over X, Y, Z (Z shards weights) "
+                   "times data parallelism over D; the product must equal the number of ranks"),
       INT_FIELD("train.seed", c.train.seed, "seed of weight init and data order"),
-      INT_FIELD("train.micro_batch", c.train.micro_batch, "sequences per micro-batch"),
+      INT_FIELD("train.micro_batch", c.train.micro_batch,
+                "sequences per micro-batch of the whole job (split over the Z x D ranks)"),
       INT_FIELD("train.seq_len", c.train.seq_len, "tokens per sequence (<= model.max_seq)"),
       INT_FIELD("train.grad_accum", c.train.grad_accum, "micro-batches per optimizer step"),
       INT_FIELD("train.max_steps", c.train.max_steps, "optimizer steps"),
@@ -154,7 +158,7 @@ const Field* find_field(const std::string& key) {
   for (const auto& f : schema())
     if (f.key.rfind(section + ".", 0) == 0) known += (known.empty() ? "" : ", ") + f.key;
   if (known.empty())
-    fail(where, ": unknown section '", section, "'; expected model, data, run or train");
+    fail(where, ": unknown section '", section, "'; expected model, data, run, parallel or train");
   fail(where, ": unknown key '", key, "'; keys of [", section, "] are: ", known);
 }
 

@@ -14,7 +14,7 @@ namespace tetrad {
 
 struct TrainConfig {
   uint64_t seed = 1337;
-  int micro_batch = 4;        // sequences per micro-batch (per data-parallel replica)
+  int micro_batch = 4;        // sequences per micro-batch, whole grid (split over Z x D)
   int seq_len = 64;           // tokens per sequence (<= model.max_seq)
   int grad_accum = 1;         // micro-batches per optimizer step
   int64_t max_steps = 100;
@@ -40,6 +40,7 @@ struct RunConfig {
   std::string data_dir = "data/kjv";  // output of `tetrad prepare`
   std::string init_from;             // Hugging Face folder to fine-tune from (optional)
   std::string run_dir = "runs/default";
+  std::string grid = "1,1,1,1";      // x,y,z,d process grid (docs/parallel.md)
   TrainConfig train;
 
   void validate() const;  // throws Error naming the key

@@ -1,5 +1,6 @@
 #include "tetrad/train/trainer.hpp"
 
+#include <mpi.h>
 #include <omp.h>
 
 #include <atomic>
@@ -21,6 +22,9 @@
 #include "tetrad/data/loader.hpp"
 #include "tetrad/kernels/ops.hpp"
 #include "tetrad/model/transformer.hpp"
+#include "tetrad/parallel/grid.hpp"
+#include "tetrad/parallel/parallel_transformer.hpp"
+#include "tetrad/parallel/process_groups.hpp"
 #include "tetrad/tools/ceilings.hpp"
 #include "tetrad/train/optimizer.hpp"
 
@@ -104,46 +108,92 @@ void set_threads(int threads) {
 
 }  // namespace
 
-TrainResult train(const RunConfig& cfg, const TrainOptions& opt, std::ostream& out) {
+TrainResult train(const RunConfig& cfg, const TrainOptions& opt, std::ostream& log_stream) {
   cfg.validate();
   const TrainConfig& t = cfg.train;
   set_threads(t.threads);
-  const int B = t.micro_batch, T = t.seq_len;
+
+  // The process grid: the config's, checked against the ranks this job was launched with.
+  using parallel::GridShape;
+  using parallel::ProcessGroups;
+  const GridShape shape = parallel::parse_grid(cfg.grid);
+  int mpi_ready = 0;
+  MPI_Initialized(&mpi_ready);
+  int world = 1;
+  if (mpi_ready) MPI_Comm_size(MPI_COMM_WORLD, &world);
+  parallel::validate_grid(shape, world);
+  ProcessGroups groups =
+      world > 1 ? ProcessGroups(comm::Communicator::world(), shape) : ProcessGroups();
+  const bool root = groups.world.rank() == 0;
+  std::ostream null_stream(nullptr);
+  std::ostream& out = root ? log_stream : null_stream;
+
+  const int replicas = shape.z * shape.d;
+  if (t.micro_batch % replicas != 0)
+    fail("train.micro_batch (", t.micro_batch, ") must be divisible by Gz x Gd = ", replicas,
+         " (its sequences are split over the Z and data-parallel ranks)");
+  const int B = t.micro_batch / replicas, T = t.seq_len;
+  const int slot = groups.coord.z + shape.z * groups.coord.d;  // this rank's share of the tokens
   const DataInfo data = read_data_info(cfg.data_dir, cfg.model);
 
-  fs::create_directories(cfg.run_dir);
-  {
+  if (root) {
+    fs::create_directories(cfg.run_dir);
     const std::string resolved = to_toml(cfg);
     std::ofstream(cfg.run_dir + "/config.toml") << resolved;
     if (!opt.quiet) out << "# resolved configuration (saved to " << cfg.run_dir << "/config.toml)\n"
                         << resolved << "\n";
   }
 
-  Transformer<float> model(cfg.model, B, T);
-  AdamW adam(model.table(), t);
+  parallel::ParallelTransformer model(cfg.model, groups, B, T);
+  const ParamTable& table = model.table();
+  std::vector<int64_t> shard_offsets, shard_sizes;
+  for (const auto& s : model.plan().tensors) {
+    shard_offsets.push_back(s.offset);
+    shard_sizes.push_back(s.shard_numel);
+  }
+  AdamW adam(decay_ranges(table, t, shard_offsets, shard_sizes), model.num_local_params(), t);
   data::LoaderOptions lopt;
   lopt.tokenizer_identity = data.tokenizer_identity;
   lopt.model_vocab = cfg.model.vocab_size;
-  data::DataLoader train_loader(cfg.data_dir, "train", B, T, 0, 1, t.seed, lopt);
+  data::DataLoader train_loader(cfg.data_dir, "train", B, T, slot, replicas, t.seed, lopt);
   data::LoaderOptions val_opt = lopt;
   val_opt.shuffle = false;
+
+  // Whole-model buffers exist only while loading or saving (one tensor's worth would do; see
+  // the checkpoint issue for sharded checkpoints).
+  auto scatter_all = [&](float* local, const float* full) {
+    for (size_t i = 0; i < table.specs.size(); ++i)
+      model.scatter_tensor(local, i, full + table.specs[i].offset);
+  };
+  auto gather_all = [&](const float* local, std::vector<float>& full) {
+    full.assign(size_t(table.total), 0.0f);
+    for (size_t i = 0; i < table.specs.size(); ++i)
+      model.gather_tensor(local, i, full.data() + table.specs[i].offset);
+  };
 
   TrainResult result;
   int64_t step = 0;
   bool loaded = false;
   if (opt.resume) {
-    auto found = find_latest_checkpoint(cfg.run_dir, out);
+    std::optional<FoundCheckpoint> found;
+    {
+      std::ostringstream why;
+      found = find_latest_checkpoint(cfg.run_dir, why);
+      out << why.str();
+    }
     if (!found) {
       out << "resume: no checkpoint in " << cfg.run_dir << "/checkpoints; starting from scratch\n";
     } else {
-      TrainerState st = load_run_checkpoint(found->dir, cfg.model, model.table(), model.params());
-      std::copy(st.adam_m.begin(), st.adam_m.end(), adam.m());
-      std::copy(st.adam_v.begin(), st.adam_v.end(), adam.v());
+      std::vector<float> full(size_t(table.total));
+      TrainerState st = load_run_checkpoint(found->dir, cfg.model, table, full.data());
+      scatter_all(model.params(), full.data());
+      scatter_all(adam.m(), st.adam_m.data());
+      scatter_all(adam.v(), st.adam_v.data());
       step = st.step;
       loaded = true;
       try {
         train_loader.restore(data::LoaderState{st.info.at("data_epoch").get<uint64_t>(),
-                                         st.info.at("data_cursor").get<uint64_t>()});
+                                               st.info.at("data_cursor").get<uint64_t>()});
       } catch (const nlohmann::json::exception& e) {
         fail("checkpoint '", found->dir, "' lacks the data position: ", e.what());
       }
@@ -152,7 +202,9 @@ TrainResult train(const RunConfig& cfg, const TrainOptions& opt, std::ostream& o
   }
   if (!loaded) {
     if (!cfg.init_from.empty()) {
-      load_hf_params(cfg.init_from, cfg.model, model.table(), model.params());
+      std::vector<float> full(size_t(table.total));
+      load_hf_params(cfg.init_from, cfg.model, table, full.data());
+      scatter_all(model.params(), full.data());
       out << "initialised from " << cfg.init_from << "\n";
     } else {
       model.init_weights(t.seed);
@@ -163,59 +215,74 @@ TrainResult train(const RunConfig& cfg, const TrainOptions& opt, std::ostream& o
   const double peak_gflops = opt.peak_gflops > 0 ? opt.peak_gflops
                                                  : fma_peak_gflops(omp_get_max_threads());
   const double flops_tok = flops_per_token(cfg.model, T);
-  const int64_t tokens_per_step = int64_t(B) * T * t.grad_accum;
+  const int64_t tokens_per_step = int64_t(t.micro_batch) * T * t.grad_accum;
   if (!opt.quiet) {
     out << "model: " << family_name(cfg.model.family) << " " << cfg.model_name << ", "
-        << model.num_params() << " parameters; batch " << t.grad_accum << " x " << B << " x "
-        << T << " = " << tokens_per_step << " tokens/step; threads " << omp_get_max_threads()
-        << "; FMA peak " << std::fixed << std::setprecision(0) << peak_gflops
-        << " GFLOP/s (MFU baseline)\n";
-    out << "grid: 1 rank (x=1, y=1, z=1, d=1): this rank holds every parameter and the whole batch\n";
-    out.unsetf(std::ios::floatfield);
+        << table.total << " parameters; batch " << t.grad_accum << " x " << t.micro_batch << " x "
+        << T << " = " << tokens_per_step << " tokens/step; " << world << " rank(s) x "
+        << omp_get_max_threads() << " threads; FMA peak " << std::fixed << std::setprecision(0)
+        << peak_gflops << " GFLOP/s per rank (MFU baseline)\n" << std::defaultfloat;
+  }
+  // Which rank holds what: one line per rank, in rank order.
+  for (int r = 0; r < world; ++r) {
+    if (r == groups.world.rank() && !opt.quiet)
+      log_stream << groups.summary() << "; " << model.num_local_params() << " of " << table.total
+                 << " parameters, " << B << " of " << t.micro_batch << " sequences per micro-batch"
+                 << std::endl;
+    if (world > 1) groups.world.barrier();
   }
 
-  std::ofstream metrics(cfg.run_dir + "/metrics.jsonl", opt.resume ? std::ios::app : std::ios::trunc);
+  std::ofstream metrics;
+  if (root) metrics.open(cfg.run_dir + "/metrics.jsonl", opt.resume ? std::ios::app : std::ios::trunc);
   std::vector<int32_t> inputs(size_t(t.grad_accum) * B * T), targets(inputs.size());
 
   auto save = [&](int64_t at_step) {
     // Never replace a good checkpoint with weights that are no longer finite.
-    if (!std::isfinite(kernels::sum_squares(model.params(), model.num_params()))) {
+    double sq = kernels::sum_squares(model.params(), model.num_local_params());
+    if (world > 1) groups.world.allreduce_sum(&sq, 1);
+    if (!std::isfinite(sq)) {
       out << "not writing a checkpoint at step " << at_step << ": the weights are not finite\n";
       return;
     }
-    const auto ls = train_loader.state();
-    nlohmann::json info = {{"data_epoch", ls.epoch}, {"data_cursor", ls.cursor},
-                           {"tokens_seen", at_step * tokens_per_step},
-                           {"config", to_toml(cfg)}};
-    CheckpointOptions co;
-    co.tokenizer_path = data.tokenizer_path;
-    co.keep_last = t.keep_checkpoints;
     const auto t0 = std::chrono::steady_clock::now();
-    result.last_checkpoint = save_run_checkpoint(cfg.run_dir, cfg.model, model.table(),
-                                                 model.params(),
-                                                 TrainerState{at_step, {}, info,
-                                                              std::vector<float>(adam.m(), adam.m() + adam.size()),
-                                                              std::vector<float>(adam.v(), adam.v() + adam.size())},
-                                                 co);
-    const double dt = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-    if (!opt.quiet) out << "checkpoint " << result.last_checkpoint << " (" << std::fixed
-                        << std::setprecision(2) << dt << " s)\n" << std::defaultfloat;
+    std::vector<float> p, m, v;
+    gather_all(model.params(), p);
+    gather_all(adam.m(), m);
+    gather_all(adam.v(), v);
+    if (root) {
+      const auto ls = train_loader.state();
+      nlohmann::json info = {{"data_epoch", ls.epoch}, {"data_cursor", ls.cursor},
+                             {"tokens_seen", at_step * tokens_per_step},
+                             {"grid", shape.to_string()}, {"config", to_toml(cfg)}};
+      CheckpointOptions co;
+      co.tokenizer_path = data.tokenizer_path;
+      co.keep_last = t.keep_checkpoints;
+      result.last_checkpoint = save_run_checkpoint(
+          cfg.run_dir, cfg.model, table, p.data(),
+          TrainerState{at_step, {}, info, std::move(m), std::move(v)}, co);
+      const double dt = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+      if (!opt.quiet) out << "checkpoint " << result.last_checkpoint << " (" << std::fixed
+                          << std::setprecision(2) << dt << " s)\n" << std::defaultfloat;
+    }
+    if (world > 1) groups.world.barrier();  // the checkpoint is complete before anyone goes on
   };
 
   auto validate = [&](int64_t at_step) {
-    data::DataLoader val(cfg.data_dir, "val", B, T, 0, 1, t.seed, val_opt);  // same batches each time
-    double sum = 0;
-    int64_t count = 0;
+    data::DataLoader val(cfg.data_dir, "val", B, T, slot, replicas, t.seed, val_opt);
+    double sums[2] = {0, 0};
     std::vector<int32_t> vi(size_t(B) * T), vt(vi.size());
     for (int i = 0; i < t.eval_batches; ++i) {
       val.next_batch(vi.data(), vt.data());
-      sum += model.forward_loss(vi.data(), vt.data(), B, T);
-      count += int64_t(B) * T;
+      sums[0] += model.forward_loss(vi.data(), vt.data(), B, T);
+      for (int32_t y : vt) sums[1] += y >= 0;
     }
-    const double vl = sum / double(count);
+    if (groups.zd.size() > 1) groups.zd.allreduce_sum(sums, 2);
+    const double vl = sums[0] / std::max(sums[1], 1.0);
     result.val_losses.push_back(vl);
-    metrics << nlohmann::json{{"step", at_step}, {"val_loss", vl}}.dump() << "\n";
-    metrics.flush();
+    if (root) {
+      metrics << nlohmann::json{{"step", at_step}, {"val_loss", vl}}.dump() << "\n";
+      metrics.flush();
+    }
     if (!opt.quiet) out << "step " << at_step << " | val loss " << std::fixed
                         << std::setprecision(4) << vl << std::defaultfloat << "\n";
   };
@@ -223,7 +290,6 @@ TrainResult train(const RunConfig& cfg, const TrainOptions& opt, std::ostream& o
   StopSignals signals;
   const auto run_start = std::chrono::steady_clock::now();
   int bad_steps = 0;
-  double tokens_per_s = 0;
   const int64_t start_step = step;
   for (; step < t.max_steps; ++step) {
     const auto t0 = std::chrono::steady_clock::now();
@@ -231,16 +297,20 @@ TrainResult train(const RunConfig& cfg, const TrainOptions& opt, std::ostream& o
     // global batch) is known before any backward.
     for (int m = 0; m < t.grad_accum; ++m)
       train_loader.next_batch(inputs.data() + size_t(m) * B * T, targets.data() + size_t(m) * B * T);
-    int64_t kept = 0;
+    double kept = 0;
     for (int32_t y : targets) kept += y >= 0;
+    if (groups.zd.size() > 1) groups.zd.allreduce_sum(&kept, 1);
+    kept = std::max(kept, 1.0);
     model.zero_grads();
     double loss_sum = 0;
     for (int m = 0; m < t.grad_accum; ++m)
       loss_sum += model.forward_backward(inputs.data() + size_t(m) * B * T,
                                          targets.data() + size_t(m) * B * T, B, T,
-                                         1.0f / float(std::max<int64_t>(kept, 1)));
-    const double loss = loss_sum / double(std::max<int64_t>(kept, 1));
-    const double gnorm = grad_norm(model.grads(), model.num_params());
+                                         float(1.0 / kept));
+    model.reduce_gradients();
+    if (groups.zd.size() > 1) groups.zd.allreduce_sum(&loss_sum, 1);
+    const double loss = loss_sum / kept;
+    const double gnorm = std::sqrt(model.grad_sum_squares());
     const double lr = learning_rate(t, step);
     if (!std::isfinite(loss) || !std::isfinite(gnorm)) {
       ++bad_steps;
@@ -248,7 +318,7 @@ TrainResult train(const RunConfig& cfg, const TrainOptions& opt, std::ostream& o
       out << "step " << step + 1 << ": non-finite " << (std::isfinite(loss) ? "gradient" : "loss")
           << " (loss " << loss << ", grad norm " << gnorm << "); step skipped (" << bad_steps
           << " in a row, limit train.max_bad_steps = " << t.max_bad_steps << ")\n";
-      metrics << nlohmann::json{{"step", step + 1}, {"skipped", true}}.dump() << "\n";
+      if (root) metrics << nlohmann::json{{"step", step + 1}, {"skipped", true}}.dump() << "\n";
       if (bad_steps >= t.max_bad_steps)
         fail("stopping: ", bad_steps, " consecutive non-finite steps; the last good checkpoint (",
              result.last_checkpoint.empty() ? "none written this run" : result.last_checkpoint,
@@ -263,15 +333,18 @@ TrainResult train(const RunConfig& cfg, const TrainOptions& opt, std::ostream& o
     const auto t1 = std::chrono::steady_clock::now();
     const double dt = std::chrono::duration<double>(t1 - t0).count();
     const double elapsed = std::chrono::duration<double>(t1 - run_start).count();
-    tokens_per_s = double(tokens_per_step) / dt;
-    const double mfu = flops_tok * tokens_per_s / (peak_gflops * 1e9);
+    const double tokens_per_s = double(tokens_per_step) / dt;
+    const double mfu = flops_tok * tokens_per_s / (peak_gflops * 1e9 * world);
     const int64_t done = step + 1;
     const double eta = elapsed / double(done - start_step) * double(t.max_steps - done);
-    metrics << nlohmann::json{{"step", done}, {"loss", loss}, {"lr", lr}, {"grad_norm", gnorm},
-                              {"tokens_per_s", tokens_per_s}, {"mfu", mfu},
-                              {"step_time_s", dt}, {"elapsed_s", elapsed}}
-                   .dump()
-            << "\n";
+    if (root) {
+      metrics << nlohmann::json{{"step", done}, {"loss", loss}, {"lr", lr}, {"grad_norm", gnorm},
+                                {"tokens_per_s", tokens_per_s}, {"mfu", mfu},
+                                {"step_time_s", dt}, {"elapsed_s", elapsed}}
+                     .dump()
+              << "\n";
+      metrics.flush();
+    }
     if (!opt.quiet && (done % t.log_interval == 0 || done == t.max_steps || done == start_step + 1)) {
       out << "step " << std::setw(5) << done << "/" << t.max_steps << " | loss " << std::fixed
           << std::setprecision(4) << loss << " | lr " << std::scientific << std::setprecision(2)
@@ -280,11 +353,13 @@ TrainResult train(const RunConfig& cfg, const TrainOptions& opt, std::ostream& o
           << 100 * mfu << "% | " << format_duration(elapsed) << " elapsed, ETA "
           << format_duration(eta) << std::defaultfloat << std::endl;
     }
-    metrics.flush();
     if (t.eval_interval > 0 && done % t.eval_interval == 0) validate(done);
     if (t.checkpoint_interval > 0 && done % t.checkpoint_interval == 0 && done < t.max_steps)
       save(done);
-    if (int sig = g_stop_signal.load()) {
+    // Every rank stops at the same step: the signal may reach ranks at different times.
+    int sig = g_stop_signal.load();
+    if (world > 1) groups.world.allreduce_max(&sig, 1);
+    if (sig) {
       out << "received " << (sig == SIGTERM ? "SIGTERM" : "SIGINT")
           << ": writing a final checkpoint and stopping at step " << done << "\n";
       result.stopped_by_signal = true;

@@ -1,0 +1,619 @@
+#include "tetrad/parallel/parallel_transformer.hpp"
+
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+
+#include "tetrad/core/error.hpp"
+#include "tetrad/kernels/attention.hpp"
+#include "tetrad/kernels/fast_math.hpp"
+#include "tetrad/kernels/ops.hpp"
+#include "tetrad/model/transformer.hpp"
+
+namespace tetrad::parallel {
+
+namespace k = kernels;
+using tetrad::init_parameter;
+
+// Activation views, local sizes: N tokens of this rank, Cx = C/Gx hidden slice, QKVy = q|k|v of
+// this rank's heads, Ay = C/Gy attention output slice, FWy/Fy = MLP slices, Vy = vocabulary slice.
+struct ParallelTransformer::Acts {
+  struct PerLayer {
+    float *ln1, *ln1_mean, *ln1_rstd, *qkv, *atty, *lse, *resid_mid, *ln2, *ln2_mean, *ln2_rstd,
+        *fc, *fc_act, *resid_out;
+  };
+  std::vector<PerLayer> layer;
+  float *emb, *lnf, *lnf_mean, *lnf_rstd, *logits, *losses, *tmp;
+  float *dresid, *dln, *dqkv, *datty, *dfc, *dfc_act;
+};
+
+ParallelTransformer::ParallelTransformer(const ModelConfig& config, ProcessGroups& groups,
+                                         int local_batch, int max_len)
+    : cfg_(config), g_(groups), local_batch_(local_batch), max_len_(max_len) {
+  cfg_.validate();
+  if (max_len <= 0 || max_len > cfg_.max_seq)
+    fail("sequence length ", max_len, " is outside what the model supports (1..", cfg_.max_seq,
+         " = model.max_seq)");
+  if (local_batch <= 0) fail("local micro-batch must be positive, got ", local_batch);
+  table_ = build_param_table(cfg_);
+  plan_ = ShardPlan::build(cfg_, table_, g_.shape, g_.coord);
+  const GridShape& G = g_.shape;
+  gpt2_ = cfg_.family == Family::GPT2;
+  hd_ = cfg_.head_dim();
+  Cx_ = cfg_.n_embd / G.x;
+  Ay_ = cfg_.n_embd / G.y;
+  nhy_ = cfg_.n_head / G.y;
+  nkvy_ = cfg_.n_kv_head / G.y;
+  QKVy_ = (nhy_ + 2 * nkvy_) * hd_;
+  Fy_ = cfg_.ffn / G.y;
+  FWy_ = gpt2_ ? Fy_ : 2 * Fy_;
+  Vy_ = cfg_.vocab_size / G.y;
+
+  params_ = Buffer<float>(plan_.local_total);
+  grads_ = Buffer<float>(plan_.local_total);
+
+  auto idx = [&](const std::string& name) -> int {
+    for (size_t i = 0; i < table_.specs.size(); ++i)
+      if (table_.specs[i].name == name) return int(i);
+    return -1;
+  };
+  layers_.resize(cfg_.n_layer);
+  for (int l = 0; l < cfg_.n_layer; ++l) {
+    Layer& L = layers_[l];
+    if (gpt2_) {
+      const std::string p = "transformer.h." + std::to_string(l) + ".";
+      L.ln1_w = idx(p + "ln_1.weight"); L.ln1_b = idx(p + "ln_1.bias");
+      L.qkv_w = idx(p + "attn.c_attn.weight"); L.qkv_b = idx(p + "attn.c_attn.bias");
+      L.proj_w = idx(p + "attn.c_proj.weight"); L.proj_b = idx(p + "attn.c_proj.bias");
+      L.ln2_w = idx(p + "ln_2.weight"); L.ln2_b = idx(p + "ln_2.bias");
+      L.fc_w = idx(p + "mlp.c_fc.weight"); L.fc_b = idx(p + "mlp.c_fc.bias");
+      L.fcproj_w = idx(p + "mlp.c_proj.weight"); L.fcproj_b = idx(p + "mlp.c_proj.bias");
+    } else {
+      const std::string p = "model.layers." + std::to_string(l) + ".";
+      L.ln1_w = idx(p + "input_layernorm.weight");
+      L.qkv_w = idx(p + "self_attn.q_proj.weight");
+      L.k_w = idx(p + "self_attn.k_proj.weight");
+      L.v_w = idx(p + "self_attn.v_proj.weight");
+      L.proj_w = idx(p + "self_attn.o_proj.weight");
+      L.ln2_w = idx(p + "post_attention_layernorm.weight");
+      L.fc_w = idx(p + "mlp.gate_proj.weight");
+      L.up_w = idx(p + "mlp.up_proj.weight");
+      L.fcproj_w = idx(p + "mlp.down_proj.weight");
+    }
+  }
+  wte_ = gpt2_ ? idx("transformer.wte.weight") : idx("model.embed_tokens.weight");
+  wpe_ = gpt2_ ? idx("transformer.wpe.weight") : -1;
+  lnf_w_ = gpt2_ ? idx("transformer.ln_f.weight") : idx("model.norm.weight");
+  lnf_b_ = gpt2_ ? idx("transformer.ln_f.bias") : -1;
+  head_ = cfg_.tie_embeddings ? wte_ : idx("lm_head.weight");
+
+  // Gather and gradient-block buffers: only when Z shards weights (Gz = 1 computes in place).
+  if (G.z > 1) {
+    int64_t layer_max = 0, top = 0, shard_max = 0;
+    for (const auto& t : plan_.tensors) {
+      const int64_t end = t.block_offset + (t.z_sharded ? t.shard_numel * G.z : t.block_numel);
+      if (t.spec->layer < 0) top = std::max(top, end);
+      else layer_max = std::max(layer_max, end);
+      shard_max = std::max(shard_max, t.shard_numel);
+    }
+    gathered_ = Buffer<float>(layer_max);
+    gblock_ = Buffer<float>(layer_max);
+    gathered_top_ = Buffer<float>(top);
+    gblock_top_ = Buffer<float>(top);
+    scatter_tmp_ = Buffer<float>(shard_max);
+  }
+
+  const int64_t N = int64_t(local_batch) * max_len;
+  const int64_t per_layer = N * (Cx_ + 2 + QKVy_ + Ay_ + nhy_ + Cx_ + Cx_ + 2 + FWy_ + Fy_ + Cx_);
+  const int64_t global = N * (Cx_ + Cx_ + 2 + Vy_ + 1 + Cx_) + N * (Cx_ + Cx_ + QKVy_ + Ay_ + FWy_ + Fy_);
+  acts_ = Buffer<float>(per_layer * cfg_.n_layer + global);
+  a_ = std::make_unique<Acts>();
+  float* cur = acts_.data();
+  auto take = [&](int64_t n) { float* p = cur; cur += n; return p; };
+  a_->layer.resize(cfg_.n_layer);
+  for (auto& A : a_->layer) {
+    A.ln1 = take(N * Cx_); A.ln1_mean = take(N); A.ln1_rstd = take(N);
+    A.qkv = take(N * QKVy_); A.atty = take(N * Ay_); A.lse = take(N * nhy_);
+    A.resid_mid = take(N * Cx_); A.ln2 = take(N * Cx_); A.ln2_mean = take(N); A.ln2_rstd = take(N);
+    A.fc = take(N * FWy_); A.fc_act = take(N * Fy_); A.resid_out = take(N * Cx_);
+  }
+  a_->emb = take(N * Cx_); a_->lnf = take(N * Cx_); a_->lnf_mean = take(N); a_->lnf_rstd = take(N);
+  a_->logits = take(N * Vy_); a_->losses = take(N); a_->tmp = take(N * Cx_);
+  a_->dresid = take(N * Cx_); a_->dln = take(N * Cx_); a_->dqkv = take(N * QKVy_);
+  a_->datty = take(N * Ay_); a_->dfc = take(N * FWy_); a_->dfc_act = take(N * Fy_);
+  TETRAD_CHECK(cur == acts_.data() + acts_.size());
+  stats_ = Buffer<double>(size_t(N) * 2);
+
+  if (!gpt2_) {
+    const int64_t half = hd_ / 2;
+    rope_cos_ = Buffer<float>(size_t(cfg_.max_seq) * half);
+    rope_sin_ = Buffer<float>(size_t(cfg_.max_seq) * half);
+    k::rope_tables(rope_cos_.data(), rope_sin_.data(), cfg_.max_seq, hd_, cfg_.rope_theta);
+  }
+}
+
+ParallelTransformer::~ParallelTransformer() = default;
+
+// ---------------------------------------------------------------------------------------------
+// Parameters
+
+void ParallelTransformer::init_weights(uint64_t seed) {
+  for (size_t i = 0; i < table_.specs.size(); ++i) {
+    std::vector<float> full(table_.specs[i].numel);
+    init_parameter(cfg_, table_.specs[i], i, seed, full.data());
+    set_tensor(i, full.data());
+  }
+}
+
+void ParallelTransformer::scatter_tensor(float* local, size_t i, const float* full) const {
+  const TensorShard& t = plan_.tensors[i];
+  std::vector<float> block(t.z_sharded ? t.shard_numel * g_.shape.z : t.block_numel, 0.0f);
+  extract_block(t, full, block.data());
+  const int64_t first = t.z_sharded ? t.shard_numel * g_.coord.z : 0;
+  std::memcpy(local + t.offset, block.data() + first, t.shard_numel * sizeof(float));
+}
+
+void ParallelTransformer::gather_tensor(const float* local, size_t i, float* full) {
+  const TensorShard& t = plan_.tensors[i];
+  std::vector<float> block(t.z_sharded ? t.shard_numel * g_.shape.z : t.block_numel);
+  if (t.z_sharded && g_.shape.z > 1)
+    g_.z.allgather(local + t.offset, block.data(), size_t(t.shard_numel));
+  else
+    std::memcpy(block.data(), local + t.offset, t.block_numel * sizeof(float));
+  // Disjoint blocks summed into zeros: exact. Only one owner of each replicated block writes.
+  std::fill(full, full + t.spec->numel, 0.0f);
+  const GridCoord& c = g_.coord;
+  bool owner = c.d == 0 && c.z == 0;
+  if (t.layout == ShardLayout::ColsX) owner = owner && c.y == 0;
+  if (t.layout == ShardLayout::RowsY) owner = owner && c.x == 0;
+  if (owner) insert_block(t, block.data(), full);
+  if (g_.world.size() > 1) g_.world.allreduce_sum(full, size_t(t.spec->numel));
+}
+
+const float* ParallelTransformer::w(int i) const {
+  if (i < 0) return nullptr;
+  const TensorShard& t = plan_.tensors[i];
+  if (!t.z_sharded || g_.shape.z == 1) return params_.data() + t.offset;
+  return (t.spec->layer < 0 ? gathered_top_.data() : gathered_.data()) + t.block_offset;
+}
+
+float* ParallelTransformer::gw(int i) {
+  if (i < 0) return nullptr;
+  const TensorShard& t = plan_.tensors[i];
+  if (!t.z_sharded || g_.shape.z == 1) return grads_.data() + t.offset;
+  return (t.spec->layer < 0 ? gblock_top_.data() : gblock_.data()) + t.block_offset;
+}
+
+void ParallelTransformer::gather_layer(int layer) {
+  if (g_.shape.z == 1) return;
+  float* buf = layer < 0 ? gathered_top_.data() : gathered_.data();
+  for (const auto& t : plan_.tensors)
+    if (t.spec->layer == layer && t.z_sharded)
+      g_.z.allgather(params_.data() + t.offset, buf + t.block_offset, size_t(t.shard_numel));
+}
+
+void ParallelTransformer::zero_layer_grad_blocks(int layer) {
+  if (g_.shape.z == 1) return;
+  float* buf = layer < 0 ? gblock_top_.data() : gblock_.data();
+  for (const auto& t : plan_.tensors)
+    if (t.spec->layer == layer && t.z_sharded)
+      std::fill(buf + t.block_offset, buf + t.block_offset + t.shard_numel * g_.shape.z, 0.0f);
+}
+
+void ParallelTransformer::scatter_layer_grads(int layer) {
+  if (g_.shape.z == 1) return;
+  float* buf = layer < 0 ? gblock_top_.data() : gblock_.data();
+  for (const auto& t : plan_.tensors)
+    if (t.spec->layer == layer && t.z_sharded) {
+      g_.z.reduce_scatter_sum(buf + t.block_offset, scatter_tmp_.data(), size_t(t.shard_numel));
+      k::add_inplace(grads_.data() + t.offset, scatter_tmp_.data(), t.shard_numel);
+    }
+}
+
+void ParallelTransformer::reduce_gradients() {
+  // Z-sharded weights: each shard already summed over Z; sum over data replicas.
+  // Replicated tensors: sum over every token-splitting axis (Z and D) at once.
+  for (const auto& t : plan_.tensors) {
+    float* gp = grads_.data() + t.offset;
+    if (t.z_sharded) {
+      if (g_.shape.d > 1) g_.d.allreduce_sum(gp, size_t(t.shard_numel));
+    } else if (g_.zd.size() > 1) {
+      g_.zd.allreduce_sum(gp, size_t(t.shard_numel));
+    }
+  }
+}
+
+double ParallelTransformer::grad_sum_squares() {
+  // Each element is counted by one rank: its owner on every axis it is replicated over.
+  const GridCoord& c = g_.coord;
+  double local = 0;
+  for (const auto& t : plan_.tensors) {
+    bool owner = c.d == 0;
+    if (!t.z_sharded) owner = owner && c.z == 0;
+    if (t.layout == ShardLayout::ColsX) owner = owner && c.y == 0;
+    if (t.layout == ShardLayout::RowsY) owner = owner && c.x == 0;
+    if (owner) local += k::sum_squares(grads_.data() + t.offset, t.shard_numel);
+  }
+  if (g_.world.size() > 1) g_.world.allreduce_sum(&local, 1);
+  return local;
+}
+
+// ---------------------------------------------------------------------------------------------
+// Exact norms over a hidden size split across X: row statistics are all-reduced over X.
+
+namespace {
+
+void row_sums(const float* x, int64_t N, int64_t C, double* out, int stride, const float* sub) {
+#pragma omp parallel for schedule(static)
+  for (int64_t t = 0; t < N; ++t) {
+    const float* r = x + t * C;
+    double s = 0;
+    if (sub) {
+      const double m = sub[t];
+#pragma omp simd reduction(+ : s)
+      for (int64_t c = 0; c < C; ++c) s += (r[c] - m) * (r[c] - m);
+    } else {
+#pragma omp simd reduction(+ : s)
+      for (int64_t c = 0; c < C; ++c) s += r[c];
+    }
+    out[t * stride] = s;
+  }
+}
+
+}  // namespace
+
+#define ALLREDUCE(group, ptr, n) \
+  do {                            \
+    if ((group).size() > 1) (group).allreduce_sum(ptr, size_t(n)); \
+  } while (0)
+
+// ---------------------------------------------------------------------------------------------
+// Forward
+
+void ParallelTransformer::forward(const int32_t* inputs, int B, int T) {
+  if (B <= 0 || B > local_batch_)
+    fail("micro-batch of ", B, " sequences on this rank; the model was set up for 1..", local_batch_);
+  if (T <= 0 || T > max_len_)
+    fail("sequence of ", T, " tokens is longer than the model's maximum of ", max_len_,
+         " (model.max_seq / train.seq_len)");
+  const int64_t N = int64_t(B) * T, C = cfg_.n_embd, V = cfg_.vocab_size;
+  const float eps = cfg_.norm_eps;
+  Acts& a = *a_;
+  double* st = stats_.data();
+
+  auto norm_fwd = [&](float* out, float* mean, float* rstd, const float* x, int wi, int bi) {
+    ScopedPhase sp(prof_, Phase::Norm);
+    if (gpt2_) {
+      row_sums(x, N, Cx_, st, 1, nullptr);
+      ALLREDUCE(g_.x, st, N);
+      for (int64_t t = 0; t < N; ++t) mean[t] = float(st[t] / double(C));
+      row_sums(x, N, Cx_, st, 1, mean);
+      ALLREDUCE(g_.x, st, N);
+      for (int64_t t = 0; t < N; ++t) rstd[t] = float(1.0 / std::sqrt(st[t] / double(C) + eps));
+    } else {
+#pragma omp parallel for schedule(static)
+      for (int64_t t = 0; t < N; ++t) {
+        const float* r = x + t * Cx_;
+        double s = 0;
+#pragma omp simd reduction(+ : s)
+        for (int64_t c = 0; c < Cx_; ++c) s += double(r[c]) * r[c];
+        st[t] = s;
+      }
+      ALLREDUCE(g_.x, st, N);
+      for (int64_t t = 0; t < N; ++t) rstd[t] = float(1.0 / std::sqrt(st[t] / double(C) + eps));
+    }
+    const float* wv = w(wi);
+    const float* bv = w(bi);
+#pragma omp parallel for schedule(static)
+    for (int64_t t = 0; t < N; ++t) {
+      const float* r = x + t * Cx_;
+      float* o = out + t * Cx_;
+      const float m = gpt2_ ? mean[t] : 0.0f, s = rstd[t];
+      if (bv) {
+#pragma omp simd
+        for (int64_t c = 0; c < Cx_; ++c) o[c] = (r[c] - m) * s * wv[c] + bv[c];
+      } else {
+#pragma omp simd
+        for (int64_t c = 0; c < Cx_; ++c) o[c] = r[c] * s * wv[c];
+      }
+    }
+  };
+  // Normal layer: out[N, n_out] = in[N, Cx-like] · Wᵀ, partial over X -> all-reduce X, + bias.
+  auto normal_fwd = [&](float* out, const float* in, int wi, int bi, int64_t k_in, int64_t n_out) {
+    timed(Phase::Gemm, [&] { k::gemm<float>(false, true, N, n_out, k_in, 1.0f, in, k_in, w(wi), k_in, 0.0f, out, n_out); });
+    ALLREDUCE(g_.x, out, N * n_out);
+    if (const float* b = w(bi)) {
+#pragma omp parallel for schedule(static)
+      for (int64_t t = 0; t < N; ++t)
+        for (int64_t j = 0; j < n_out; ++j) out[t * n_out + j] += b[j];
+    }
+  };
+  // Transposed layer + residual: out[N, Cx] = resid + all-reduce_Y(in · Wᵀ) + bias.
+  auto transposed_fwd = [&](float* out, const float* resid, const float* in, int wi, int bi, int64_t k_in) {
+    timed(Phase::Gemm, [&] { k::gemm<float>(false, true, N, Cx_, k_in, 1.0f, in, k_in, w(wi), k_in, 0.0f, a.tmp, Cx_); });
+    ALLREDUCE(g_.y, a.tmp, N * Cx_);
+    const float* b = w(bi);
+    ScopedPhase sp(prof_, Phase::Residual);
+#pragma omp parallel for schedule(static)
+    for (int64_t t = 0; t < N; ++t)
+      for (int64_t c = 0; c < Cx_; ++c)
+        out[t * Cx_ + c] = resid[t * Cx_ + c] + a.tmp[t * Cx_ + c] + (b ? b[c] : 0.0f);
+  };
+
+  gather_layer(-1);
+  {
+    // Vocabulary-parallel lookup: rows of this y's vocabulary slice, zeros elsewhere; sum over Y.
+    ScopedPhase sp(prof_, Phase::Embedding);
+    for (int64_t t = 0; t < N; ++t)
+      if (inputs[t] < 0 || inputs[t] >= V)
+        fail("token id ", inputs[t], " at position ", t, " is outside the model's vocabulary [0, ", V, ")");
+    const float* E = w(wte_);
+    const int64_t v0 = Vy_ * g_.coord.y;
+#pragma omp parallel for schedule(static)
+    for (int64_t t = 0; t < N; ++t) {
+      float* o = a.emb + t * Cx_;
+      const int64_t v = inputs[t] - v0;
+      if (v >= 0 && v < Vy_) std::memcpy(o, E + v * Cx_, Cx_ * sizeof(float));
+      else std::fill(o, o + Cx_, 0.0f);
+    }
+    ALLREDUCE(g_.y, a.emb, N * Cx_);
+    if (wpe_ >= 0) {
+      const float* P = w(wpe_);
+#pragma omp parallel for schedule(static)
+      for (int64_t t = 0; t < N; ++t)
+        for (int64_t c = 0; c < Cx_; ++c) a.emb[t * Cx_ + c] += P[(t % T) * Cx_ + c];
+    }
+  }
+
+  const float* x = a.emb;
+  for (int l = 0; l < cfg_.n_layer; ++l) {
+    const Layer& L = layers_[l];
+    auto& A = a.layer[l];
+    gather_layer(l);
+    norm_fwd(A.ln1, A.ln1_mean, A.ln1_rstd, x, L.ln1_w, L.ln1_b);
+    normal_fwd(A.qkv, A.ln1, L.qkv_w, L.qkv_b, Cx_, QKVy_);
+    if (!gpt2_)
+      timed(Phase::Attention, [&] { k::rope_forward(A.qkv, N, T, 0, nhy_ + nkvy_, hd_, QKVy_, rope_cos_.data(), rope_sin_.data()); });
+    k::AttentionDims d{};
+    d.B = B; d.Tq = T; d.Tk = T; d.n_head = int(nhy_); d.n_kv_head = int(nkvy_); d.head_dim = int(hd_);
+    d.q_stride = d.kv_stride = QKVy_; d.q_batch_stride = d.kv_batch_stride = T * QKVy_;
+    d.out_stride = Ay_; d.out_batch_stride = T * Ay_;
+    timed(Phase::Attention, [&] {
+      k::attention_forward<float>(A.atty, A.lse, A.qkv, A.qkv + nhy_ * hd_, A.qkv + (nhy_ + nkvy_) * hd_, d);
+    });
+    transposed_fwd(A.resid_mid, x, A.atty, L.proj_w, L.proj_b, Ay_);
+    norm_fwd(A.ln2, A.ln2_mean, A.ln2_rstd, A.resid_mid, L.ln2_w, L.ln2_b);
+    normal_fwd(A.fc, A.ln2, L.fc_w, L.fc_b, Cx_, FWy_);
+    timed(Phase::Activation, [&] {
+      if (gpt2_) k::gelu_forward(A.fc_act, A.fc, N * Fy_);
+      else k::swiglu_forward(A.fc_act, A.fc, N, Fy_);
+    });
+    transposed_fwd(A.resid_out, A.resid_mid, A.fc_act, L.fcproj_w, L.fcproj_b, Fy_);
+    x = A.resid_out;
+  }
+  norm_fwd(a.lnf, a.lnf_mean, a.lnf_rstd, x, lnf_w_, lnf_b_);
+  // Output head: normal layer on the embedding's block -> logits [N, V/Gy].
+  timed(Phase::Gemm, [&] { k::gemm<float>(false, true, N, Vy_, Cx_, 1.0f, a.lnf, Cx_, w(head_), Cx_, 0.0f, a.logits, Vy_); });
+  ALLREDUCE(g_.x, a.logits, N * Vy_);
+}
+
+// Vocabulary-parallel cross-entropy over Y: global row max, then Σ exp and the target logit
+// (from the rank that owns it) in one all-reduce. With grad: logits -> dlogits in place.
+double ParallelTransformer::cross_entropy(const int32_t* targets, int64_t N, float grad_scale,
+                                          bool with_grad) {
+  ScopedPhase sp(prof_, Phase::Loss);
+  const int64_t V = cfg_.vocab_size, v0 = Vy_ * g_.coord.y;
+  for (int64_t t = 0; t < N; ++t)
+    if (targets[t] >= V)
+      fail("target token id ", targets[t], " at position ", t, " is outside the model's vocabulary [0, ", V, ")");
+  float* L = a_->logits;
+  std::vector<float> mx(N);
+#pragma omp parallel for schedule(static)
+  for (int64_t t = 0; t < N; ++t) {
+    const float* r = L + t * Vy_;
+    float m = r[0];
+#pragma omp simd reduction(max : m)
+    for (int64_t j = 0; j < Vy_; ++j) m = std::max(m, r[j]);
+    mx[t] = m;
+  }
+  if (g_.y.size() > 1) g_.y.allreduce_max(mx.data(), size_t(N));
+  double* st = stats_.data();
+#pragma omp parallel for schedule(static)
+  for (int64_t t = 0; t < N; ++t) {
+    const float* r = L + t * Vy_;
+    float s = 0;
+#pragma omp simd reduction(+ : s)
+    for (int64_t j = 0; j < Vy_; ++j) s += k::fast_exp(r[j] - mx[t]);
+    st[2 * t] = s;
+    const int64_t v = targets[t] - v0;
+    st[2 * t + 1] = (targets[t] >= 0 && v >= 0 && v < Vy_) ? r[v] : 0.0;
+  }
+  ALLREDUCE(g_.y, st, 2 * N);
+  double total = 0;
+  for (int64_t t = 0; t < N; ++t) {
+    const bool kept = targets[t] >= 0;
+    a_->losses[t] = kept ? float(std::log(st[2 * t]) + mx[t] - st[2 * t + 1]) : 0.0f;
+    total += a_->losses[t];
+  }
+  if (with_grad) {
+#pragma omp parallel for schedule(static)
+    for (int64_t t = 0; t < N; ++t) {
+      float* r = L + t * Vy_;
+      if (targets[t] < 0) {
+        std::fill(r, r + Vy_, 0.0f);
+        continue;
+      }
+      const float scale = grad_scale / float(st[2 * t]), m = mx[t];
+#pragma omp simd
+      for (int64_t j = 0; j < Vy_; ++j) r[j] = k::fast_exp(r[j] - m) * scale;
+      const int64_t v = targets[t] - v0;
+      if (v >= 0 && v < Vy_) r[v] -= grad_scale;
+    }
+  }
+  return total;
+}
+
+double ParallelTransformer::forward_loss(const int32_t* inputs, const int32_t* targets, int B, int T) {
+  forward(inputs, B, T);
+  return cross_entropy(targets, int64_t(B) * T, 0.0f, false);
+}
+
+double ParallelTransformer::forward_backward(const int32_t* inputs, const int32_t* targets,
+                                             int B, int T, float grad_scale) {
+  forward(inputs, B, T);
+  const double loss = cross_entropy(targets, int64_t(B) * T, grad_scale, true);
+  backward(inputs, B, T);
+  return loss;
+}
+
+// ---------------------------------------------------------------------------------------------
+// Backward
+
+void ParallelTransformer::backward(const int32_t* inputs, int B, int T) {
+  const int64_t N = int64_t(B) * T, C = cfg_.n_embd;
+  Acts& a = *a_;
+  double* st = stats_.data();
+
+  // dx += norm backward; dw, db accumulate. Row sums of dn and dn*n are all-reduced over X.
+  auto norm_bwd = [&](float* dx, const float* dout, const float* x, const float* mean,
+                      const float* rstd, int wi, int bi) {
+    ScopedPhase sp(prof_, Phase::Norm);
+    const float* wv = w(wi);
+#pragma omp parallel for schedule(static)
+    for (int64_t t = 0; t < N; ++t) {
+      const float* r = x + t * Cx_;
+      const float* d = dout + t * Cx_;
+      const float m = gpt2_ ? mean[t] : 0.0f, s = rstd[t];
+      double a1 = 0, a2 = 0;
+#pragma omp simd reduction(+ : a1, a2)
+      for (int64_t c = 0; c < Cx_; ++c) {
+        const float dn = d[c] * wv[c];
+        a1 += dn;
+        a2 += dn * ((r[c] - m) * s);
+      }
+      st[2 * t] = a1;
+      st[2 * t + 1] = a2;
+    }
+    ALLREDUCE(g_.x, st, 2 * N);
+#pragma omp parallel for schedule(static)
+    for (int64_t t = 0; t < N; ++t) {
+      const float* r = x + t * Cx_;
+      const float* d = dout + t * Cx_;
+      const float m = gpt2_ ? mean[t] : 0.0f, s = rstd[t];
+      const float mean_dn = gpt2_ ? float(st[2 * t] / double(C)) : 0.0f;
+      const float mean_dnn = float(st[2 * t + 1] / double(C));
+      float* o = dx + t * Cx_;
+#pragma omp simd
+      for (int64_t c = 0; c < Cx_; ++c) {
+        const float n = (r[c] - m) * s;
+        o[c] += (d[c] * wv[c] - mean_dn - n * mean_dnn) * s;
+      }
+    }
+    float* dw = gw(wi);
+    float* db = gw(bi);
+    constexpr int64_t kBlock = 64;
+#pragma omp parallel for schedule(static)
+    for (int64_t c0 = 0; c0 < Cx_; c0 += kBlock) {
+      const int64_t c1 = std::min(Cx_, c0 + kBlock);
+      for (int64_t t = 0; t < N; ++t) {
+        const float* r = x + t * Cx_;
+        const float* d = dout + t * Cx_;
+        const float m = gpt2_ ? mean[t] : 0.0f, s = rstd[t];
+        for (int64_t c = c0; c < c1; ++c) {
+          dw[c] += d[c] * (r[c] - m) * s;
+          if (db) db[c] += d[c];
+        }
+      }
+    }
+  };
+  // Bias gradient: Σ over tokens, parallel over columns (fixed order).
+  auto bias_bwd = [&](float* db, const float* dout, int64_t width) {
+    if (!db) return;
+#pragma omp parallel for schedule(static)
+    for (int64_t j0 = 0; j0 < width; j0 += 256) {
+      const int64_t j1 = std::min(width, j0 + 256);
+      for (int64_t t = 0; t < N; ++t)
+        for (int64_t j = j0; j < j1; ++j) db[j] += dout[t * width + j];
+    }
+  };
+  // Normal layer backward: din[N, k_in] = all-reduce_Y(dout · W); dW += doutᵀ · in.
+  auto normal_bwd = [&](float* din, const float* dout, const float* in, int wi, int bi, int64_t k_in, int64_t n_out) {
+    timed(Phase::Gemm, [&] {
+      k::gemm<float>(false, false, N, k_in, n_out, 1.0f, dout, n_out, w(wi), k_in, 0.0f, din, k_in);
+      k::gemm<float>(true, false, n_out, k_in, N, 1.0f, dout, n_out, in, k_in, 1.0f, gw(wi), k_in);
+    });
+    bias_bwd(gw(bi), dout, n_out);
+    ALLREDUCE(g_.y, din, N * k_in);
+  };
+  // Transposed layer backward: din[N, k_in] = all-reduce_X(dout · W); dW += doutᵀ · in.
+  auto transposed_bwd = [&](float* din, const float* dout, const float* in, int wi, int bi, int64_t k_in) {
+    timed(Phase::Gemm, [&] {
+      k::gemm<float>(false, false, N, k_in, Cx_, 1.0f, dout, Cx_, w(wi), k_in, 0.0f, din, k_in);
+      k::gemm<float>(true, false, Cx_, k_in, N, 1.0f, dout, Cx_, in, k_in, 1.0f, gw(wi), k_in);
+    });
+    bias_bwd(gw(bi), dout, Cx_);
+    ALLREDUCE(g_.x, din, N * k_in);
+  };
+
+  zero_layer_grad_blocks(-1);
+  const float* x_last = cfg_.n_layer > 0 ? a.layer.back().resid_out : a.emb;
+  // Head: dlogits [N, Vy] -> dlnf [N, Cx] (sum over Y), d(head block).
+  timed(Phase::Gemm, [&] {
+    k::gemm<float>(false, false, N, Cx_, Vy_, 1.0f, a.logits, Vy_, w(head_), Cx_, 0.0f, a.dln, Cx_);
+    k::gemm<float>(true, false, Vy_, Cx_, N, 1.0f, a.logits, Vy_, a.lnf, Cx_, 1.0f, gw(head_), Cx_);
+  });
+  ALLREDUCE(g_.y, a.dln, N * Cx_);
+  std::fill(a.dresid, a.dresid + N * Cx_, 0.0f);
+  norm_bwd(a.dresid, a.dln, x_last, a.lnf_mean, a.lnf_rstd, lnf_w_, lnf_b_);
+
+  for (int l = cfg_.n_layer - 1; l >= 0; --l) {
+    const Layer& L = layers_[l];
+    auto& A = a.layer[l];
+    const float* x_in = l == 0 ? a.emb : a.layer[l - 1].resid_out;
+    gather_layer(l);
+    zero_layer_grad_blocks(l);
+    transposed_bwd(a.dfc_act, a.dresid, A.fc_act, L.fcproj_w, L.fcproj_b, Fy_);
+    timed(Phase::Activation, [&] {
+      if (gpt2_) k::gelu_backward(a.dfc, a.dfc_act, A.fc, N * Fy_);
+      else k::swiglu_backward(a.dfc, a.dfc_act, A.fc, N, Fy_);
+    });
+    normal_bwd(a.dln, a.dfc, A.ln2, L.fc_w, L.fc_b, Cx_, FWy_);
+    norm_bwd(a.dresid, a.dln, A.resid_mid, A.ln2_mean, A.ln2_rstd, L.ln2_w, L.ln2_b);
+    transposed_bwd(a.datty, a.dresid, A.atty, L.proj_w, L.proj_b, Ay_);
+    k::AttentionDims d{};
+    d.B = B; d.Tq = T; d.Tk = T; d.n_head = int(nhy_); d.n_kv_head = int(nkvy_); d.head_dim = int(hd_);
+    d.q_stride = d.kv_stride = QKVy_; d.q_batch_stride = d.kv_batch_stride = T * QKVy_;
+    d.out_stride = Ay_; d.out_batch_stride = T * Ay_;
+    timed(Phase::Attention, [&] {
+      k::attention_backward<float>(a.dqkv, a.dqkv + nhy_ * hd_, a.dqkv + (nhy_ + nkvy_) * hd_, a.datty,
+                                   A.qkv, A.qkv + nhy_ * hd_, A.qkv + (nhy_ + nkvy_) * hd_, A.atty, A.lse, d);
+      if (!gpt2_) k::rope_backward(a.dqkv, N, T, 0, nhy_ + nkvy_, hd_, QKVy_, rope_cos_.data(), rope_sin_.data());
+    });
+    normal_bwd(a.dln, a.dqkv, A.ln1, L.qkv_w, L.qkv_b, Cx_, QKVy_);
+    norm_bwd(a.dresid, a.dln, x_in, A.ln1_mean, A.ln1_rstd, L.ln1_w, L.ln1_b);
+    scatter_layer_grads(l);
+  }
+
+  {
+    ScopedPhase sp(prof_, Phase::Embedding);
+    float* dE = gw(wte_);
+    const int64_t v0 = Vy_ * g_.coord.y;
+    float* dP = gw(wpe_);
+    constexpr int64_t kBlock = 64;
+#pragma omp parallel for schedule(static)
+    for (int64_t c0 = 0; c0 < Cx_; c0 += kBlock) {
+      const int64_t c1 = std::min(Cx_, c0 + kBlock);
+      for (int64_t t = 0; t < N; ++t) {
+        const float* dr = a.dresid + t * Cx_;
+        const int64_t v = inputs[t] - v0;
+        if (v >= 0 && v < Vy_)
+          for (int64_t c = c0; c < c1; ++c) dE[v * Cx_ + c] += dr[c];
+        if (dP)
+          for (int64_t c = c0; c < c1; ++c) dP[(t % T) * Cx_ + c] += dr[c];
+      }
+    }
+  }
+  scatter_layer_grads(-1);
+}
+
+}  // namespace tetrad::parallel

@@ -1,0 +1,113 @@
+// The GPT-2 / Llama model on a grid of ranks (X, Y, Z tensor parallelism x D data parallelism),
+// as 4d-parallelism.md describes: every GEMM weight is a block split over X and Y and sharded
+// again over Z; the hidden state is [tokens, C/Gx] on each rank (replicated over Y); norms are
+// exact (row statistics all-reduced over X); heads are split over Y; the embedding, output head
+// and cross-entropy are vocabulary-parallel over Y; tokens are split over Z and D.
+//
+// Memory: a rank stores only its shards (parameters, gradients); one layer's gathered weights
+// (plus the embedding/head block, needed at both ends of the step) are live at a time.
+//
+// Gradients: per layer, weight-gradient blocks are reduce-scattered over Z as soon as the layer's
+// backward is done; reduce_gradients() then all-reduces the Z shards over D and the replicated
+// tensors (norms, biases, position table) over Z x D.
+//
+// The serial Transformer<T> (model/transformer.hpp) is the reference this class is tested
+// against: on any grid it must follow the same trajectory within fp32 rounding.
+// Not thread-safe. All methods except the accessors are collective over the grid.
+#pragma once
+#include <cstdint>
+#include <memory>
+#include <vector>
+
+#include "tetrad/core/buffer.hpp"
+#include "tetrad/core/profile.hpp"
+#include "tetrad/model/model_config.hpp"
+#include "tetrad/model/params.hpp"
+#include "tetrad/parallel/process_groups.hpp"
+#include "tetrad/parallel/sharding.hpp"
+
+namespace tetrad::parallel {
+
+class ParallelTransformer {
+ public:
+  // local_batch: sequences of this rank per micro-batch (the global micro-batch / (Gz * Gd)).
+  ParallelTransformer(const ModelConfig& config, ProcessGroups& groups, int local_batch,
+                      int max_len);
+  ~ParallelTransformer();
+  ParallelTransformer(const ParallelTransformer&) = delete;
+  ParallelTransformer& operator=(const ParallelTransformer&) = delete;
+
+  const ModelConfig& config() const { return cfg_; }
+  const ParamTable& table() const { return table_; }
+  const ShardPlan& plan() const { return plan_; }
+  ProcessGroups& groups() { return g_; }
+  int64_t num_local_params() const { return plan_.local_total; }
+  float* params() { return params_.data(); }
+  float* grads() { return grads_.data(); }
+  int64_t activation_bytes() const { return int64_t(acts_.size() * sizeof(float)); }
+  int max_len() const { return max_len_; }
+  int local_batch() const { return local_batch_; }
+
+  // The same initial values as Transformer<float>::init_weights(seed); each rank keeps its shard.
+  void init_weights(uint64_t seed);
+  // Whole tensors (checkpoints): set_tensor keeps this rank's shard of `full` (given on every
+  // rank); get_tensor assembles the whole tensor on every rank (collective).
+  void set_tensor(size_t index, const float* full) { scatter_tensor(params_.data(), index, full); }
+  void get_tensor(size_t index, float* full) { gather_tensor(params_.data(), index, full); }
+  // The same for any buffer laid out like the parameters (gradients, optimizer moments).
+  void scatter_tensor(float* local, size_t index, const float* full) const;
+  void gather_tensor(const float* local, size_t index, float* full);
+
+  void zero_grads() { grads_.zero(); }
+  // One micro-batch of this rank's tokens: forward, vocabulary-parallel cross-entropy with
+  // d(grad_scale * Σ loss), backward; parameter gradients accumulate (Z-reduced per layer).
+  // Returns this rank's Σ loss over kept targets (sum over Z x D for the global figure).
+  double forward_backward(const int32_t* inputs, const int32_t* targets, int B, int T,
+                          float grad_scale);
+  double forward_loss(const int32_t* inputs, const int32_t* targets, int B, int T);
+  // After the step's last micro-batch: data-parallel and replicated-tensor reductions.
+  void reduce_gradients();
+  // Σ g² over the whole model (each element counted once, on every rank).
+  double grad_sum_squares();
+  // AdamW ranges: the local buffer as (offset, numel, decays) runs, by parameter kind.
+  void set_profile(StepProfile* p) { prof_ = p; }
+
+ private:
+  struct Layer {
+    int ln1_w = -1, ln1_b = -1, qkv_w = -1, qkv_b = -1, k_w = -1, v_w = -1, proj_w = -1,
+        proj_b = -1, ln2_w = -1, ln2_b = -1, fc_w = -1, fc_b = -1, up_w = -1, fcproj_w = -1,
+        fcproj_b = -1;
+  };
+  struct Acts;
+  const float* w(int i) const;  // weight for compute: gathered block or local shard
+  float* gw(int i);             // where its gradient block accumulates
+  void gather_layer(int layer);          // all-gather Z shards of a layer (-1: embedding/head)
+  void scatter_layer_grads(int layer);   // reduce-scatter the layer's gradient blocks over Z
+  void zero_layer_grad_blocks(int layer);
+  void forward(const int32_t* inputs, int B, int T);
+  void backward(const int32_t* inputs, int B, int T);
+  double cross_entropy(const int32_t* targets, int64_t N, float grad_scale, bool with_grad);
+  template <typename F>
+  void timed(Phase ph, F&& f) {
+    ScopedPhase s(prof_, ph);
+    f();
+  }
+
+  ModelConfig cfg_;
+  ProcessGroups& g_;
+  ParamTable table_;
+  ShardPlan plan_;
+  int local_batch_, max_len_;
+  bool gpt2_;
+  int64_t Cx_, Ay_, QKVy_, Fy_, FWy_, Vy_, nhy_, nkvy_, hd_;
+  Buffer<float> params_, grads_;
+  Buffer<float> gathered_, gathered_top_, gblock_, gblock_top_, scatter_tmp_;
+  Buffer<float> acts_, rope_cos_, rope_sin_;
+  Buffer<double> stats_;  // [N, 2] row statistics for the all-reduces
+  std::vector<Layer> layers_;
+  int wte_ = -1, wpe_ = -1, lnf_w_ = -1, lnf_b_ = -1, head_ = -1;
+  std::unique_ptr<Acts> a_;
+  StepProfile* prof_ = nullptr;
+};
+
+}  // namespace tetrad::parallel

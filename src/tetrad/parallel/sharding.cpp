@@ -1,0 +1,132 @@
+#include "tetrad/parallel/sharding.hpp"
+
+#include <cstring>
+#include <map>
+
+#include "tetrad/core/error.hpp"
+
+namespace tetrad::parallel {
+
+void validate_grid_for_model(const ModelConfig& c, const GridShape& g) {
+  auto divides = [](const char* what, int64_t n, const char* axis, int k) {
+    if (n % k != 0)
+      fail("grid: ", what, " (", n, ") is not divisible by G", axis, " = ", k);
+  };
+  divides("model.n_embd", c.n_embd, "x", g.x);
+  divides("model.n_embd", c.n_embd, "y", g.y);
+  divides("model.n_head", c.n_head, "y", g.y);
+  divides("model.n_kv_head", c.n_kv_head, "y", g.y);
+  divides("model.ffn", c.ffn, "x", g.x);
+  divides("model.ffn", c.ffn, "y", g.y);
+  divides("model.vocab_size", c.vocab_size, "y", g.y);
+}
+
+ShardPlan ShardPlan::build(const ModelConfig& c, const ParamTable& table, const GridShape& g,
+                           const GridCoord& at) {
+  validate_grid_for_model(c, g);
+  ShardPlan plan;
+  plan.grid = g;
+  plan.coord = at;
+  const int64_t C = c.n_embd;
+  auto contiguous = [](int64_t first, int64_t n) {
+    std::vector<int64_t> r(n);
+    for (int64_t i = 0; i < n; ++i) r[i] = first + i;
+    return r;
+  };
+  auto slice_rows = [&](int64_t total, int parts, int index) {
+    return contiguous(total / parts * index, total / parts);
+  };
+  auto qkv_rows = [&] {
+    std::vector<int64_t> rows;
+    for (int part = 0; part < 3; ++part)
+      for (int64_t r : slice_rows(C, g.y, at.y)) rows.push_back(part * C + r);
+    return rows;
+  };
+  int64_t local = 0;
+  std::map<int, int64_t> layer_end;
+  for (const ParamSpec& s : table.specs) {
+    TensorShard t;
+    t.spec = &s;
+    const std::string& n = s.name;
+    const bool matrix = s.shape.size() == 2;
+    const int64_t R = matrix ? s.shape[0] : 1, K = matrix ? s.shape[1] : s.shape[0];
+    if (s.kind == ParamKind::Embedding && n.find("wpe") != std::string::npos) {
+      t.layout = ShardLayout::ColsX;  // position table [S, C]: columns over X
+      t.rows = contiguous(0, R);
+      t.col0 = K / g.x * at.x;
+      t.cols = K / g.x;
+    } else if (matrix && (s.kind == ParamKind::Embedding || s.kind == ParamKind::Linear)) {
+      const bool transposed = n.ends_with("attn.c_proj.weight") || n.ends_with("mlp.c_proj.weight") ||
+                              n.ends_with("o_proj.weight") || n.ends_with("down_proj.weight");
+      if (transposed) {
+        t.layout = ShardLayout::Transposed;
+        t.rows = slice_rows(R, g.x, at.x);
+        t.col0 = K / g.y * at.y;
+        t.cols = K / g.y;
+      } else {
+        t.layout = ShardLayout::Normal;
+        if (n.ends_with("attn.c_attn.weight")) {
+          t.rows = qkv_rows();  // fused q|k|v [3C, C]: y holds q, k and v rows of its heads
+        } else {
+          t.rows = slice_rows(R, g.y, at.y);
+        }
+        t.col0 = K / g.x * at.x;
+        t.cols = K / g.x;
+      }
+      t.z_sharded = true;
+    } else if (n.ends_with("attn.c_attn.bias") || n.ends_with("mlp.c_fc.bias")) {
+      // Bias of a normal layer: one entry per output row of the layer, so split over Y the same
+      // way. Kept as a list of entries (cols = 1, col0 = -1 marks a 1-D entry list).
+      t.layout = ShardLayout::RowsY;
+      t.rows = n.ends_with("attn.c_attn.bias") ? qkv_rows() : slice_rows(K, g.y, at.y);
+      t.col0 = -1;
+      t.cols = 1;
+    } else {
+      // Norm weights and biases over C, biases of transposed layers: columns over X.
+      t.layout = ShardLayout::ColsX;
+      t.rows = {0};
+      t.col0 = K / g.x * at.x;
+      t.cols = K / g.x;
+    }
+    t.block_numel = int64_t(t.rows.size()) * t.cols;
+    // Blocks that are computed on together (q|k|v, gate|up) must stay adjacent when gathered, so
+    // Z shards are never padded: the block must divide evenly.
+    if (t.z_sharded && t.block_numel % g.z != 0)
+      fail("grid: the block of '", n, "' on each rank has ", t.block_numel,
+           " elements, not divisible by Gz = ", g.z);
+    t.shard_numel = t.z_sharded ? t.block_numel / g.z : t.block_numel;
+    t.offset = local;
+    local += t.shard_numel;
+    // Tensors outside the blocks (layer -1: embeddings, final norm, head) share one buffer.
+    int64_t& layer_block = layer_end[s.layer];
+    t.block_offset = layer_block;
+    layer_block += t.z_sharded ? t.shard_numel * g.z : t.block_numel;  // all-gather output size
+    plan.tensors.push_back(std::move(t));
+  }
+  plan.local_total = local;
+  return plan;
+}
+
+// A 1-D RowsY tensor keeps its selected entries in `rows` (cols = 1, col0 = -1): entry i of the
+// block is element rows[i] of the vector. Every other layout: block[r][j] = full[rows[r]][col0+j].
+void extract_block(const TensorShard& t, const float* full, float* block) {
+  const int64_t K = t.spec->shape.size() == 2 ? t.spec->shape[1] : t.spec->shape[0];
+  if (t.col0 < 0) {
+    for (size_t i = 0; i < t.rows.size(); ++i) block[i] = full[t.rows[i]];
+    return;
+  }
+  for (size_t r = 0; r < t.rows.size(); ++r)
+    std::memcpy(block + r * t.cols, full + t.rows[r] * K + t.col0, t.cols * sizeof(float));
+}
+
+void insert_block(const TensorShard& t, const float* block, float* full) {
+  const int64_t K = t.spec->shape.size() == 2 ? t.spec->shape[1] : t.spec->shape[0];
+  if (t.col0 < 0) {
+    for (size_t i = 0; i < t.rows.size(); ++i) full[t.rows[i]] = block[i];
+    return;
+  }
+  for (size_t r = 0; r < t.rows.size(); ++r)
+    std::memcpy(full + t.rows[r] * K + t.col0, block + r * t.cols, t.cols * sizeof(float));
+}
+
+}  // namespace tetrad::parallel
