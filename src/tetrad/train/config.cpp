@@ -141,7 +141,7 @@ const std::vector<Field>& schema() {
       INT_FIELD("train.keep_checkpoints", c.train.keep_checkpoints, "checkpoints kept"),
       INT_FIELD("train.max_bad_steps", c.train.max_bad_steps,
                 "consecutive non-finite steps (skipped) before the run stops"),
-      INT_FIELD("train.threads", c.train.threads, "OpenMP threads (0: all cores)"),
+      INT_FIELD("train.threads", c.train.threads, "OpenMP threads per rank (0: OMP_NUM_THREADS, else the cores divided among the ranks of the node)"),
   };
   return fields;
 }

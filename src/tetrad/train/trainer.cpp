@@ -101,8 +101,23 @@ DataInfo read_data_info(const std::string& data_dir, const ModelConfig& model) {
   return d;
 }
 
+// train.threads = 0: OMP_NUM_THREADS if set, else this node's cores shared among its ranks
+// (ranks x threads above the cores makes OpenMP spin against itself).
 void set_threads(int threads) {
-  const int n = threads > 0 ? threads : num_cores();
+  int n = threads;
+  if (n <= 0) {
+    if (const char* env = std::getenv("OMP_NUM_THREADS"); env && std::atoi(env) > 0) {
+      n = std::atoi(env);
+    } else {
+      int local_ranks = 1;
+      for (const char* v : {"OMPI_COMM_WORLD_LOCAL_SIZE", "MPI_LOCALNRANKS", "SLURM_NTASKS_PER_NODE"})
+        if (const char* e = std::getenv(v); e && std::atoi(e) > 0) {
+          local_ranks = std::atoi(e);
+          break;
+        }
+      n = std::max(1, num_cores() / local_ranks);
+    }
+  }
   omp_set_num_threads(n);
 }
 

@@ -1,0 +1,29 @@
+#!/usr/bin/env bash
+# `tetrad train` under mpirun: the same losses as the one-rank run, step by step, on 2-rank grids;
+# and a grid that does not match the number of ranks is refused with a clear message.
+set -uo pipefail
+TETRAD=$1
+MPIRUN=(mpirun --allow-run-as-root --oversubscribe)
+W=$(mktemp -d)
+trap 'rm -rf "$W"' EXIT
+export OMP_NUM_THREADS=1
+for i in $(seq 1 200); do echo "the king went up to the city $i, and the people followed him."; [ $((i % 5)) -eq 0 ] && echo; done > "$W/c.txt"
+"$TETRAD" prepare --input "$W/c.txt" --out "$W/data" --vocab-size 300 > /dev/null || exit 1
+S=(--set model.name=tiny --set data.dir="$W/data" --set train.seq_len=32 --set train.max_steps=5
+   --set train.eval_interval=0)
+losses() { grep -o '"loss":[^,]*' "$1/metrics.jsonl" | cut -d: -f2; }
+"$TETRAD" train "${S[@]}" --set run.dir="$W/serial" > /dev/null || exit 1
+fails=0
+for grid in 2,1,1,1 1,2,1,1 1,1,2,1 1,1,1,2; do
+  "${MPIRUN[@]}" -n 2 "$TETRAD" train "${S[@]}" --set run.dir="$W/g$grid" --grid $grid > "$W/log" 2>&1 || { cat "$W/log"; fails=$((fails+1)); continue; }
+  if paste <(losses "$W/serial") <(losses "$W/g$grid") |
+     awk '{ d = ($1 - $2) / $1; if (d < 0) d = -d; if (d > 1e-5) bad = 1 } END { exit bad }'; then
+    echo "ok   grid $grid: losses match the serial run"
+  else
+    echo "FAIL grid $grid"; paste <(losses "$W/serial") <(losses "$W/g$grid"); fails=$((fails+1))
+  fi
+done
+out=$("${MPIRUN[@]}" -n 2 "$TETRAD" train "${S[@]}" --set run.dir="$W/bad" --grid 2,2,1,1 2>&1)
+if grep -q "needs 4 ranks" <<<"$out"; then echo "ok   wrong grid refused"; else echo "FAIL wrong grid: $out"; fails=$((fails+1)); fi
+echo "$fails failed"
+[ $fails -eq 0 ]
