@@ -704,6 +704,11 @@ void check_dims(const AttentionDims& d) {
   TETRAD_CHECK(d.n_head > 0 && d.n_kv_head > 0 && d.n_head % d.n_kv_head == 0,
                "attention: n_head=", d.n_head, " must be a multiple of n_kv_head=", d.n_kv_head);
   TETRAD_CHECK(d.head_dim > 0, "attention: head_dim=", d.head_dim);
+  TETRAD_CHECK(d.q_stride >= int64_t(d.n_head) * d.head_dim &&
+                   d.out_stride >= int64_t(d.n_head) * d.head_dim &&
+                   d.kv_stride >= int64_t(d.n_kv_head) * d.head_dim,
+               "attention: a row stride is shorter than its row (q ", d.q_stride, ", kv ",
+               d.kv_stride, ", out ", d.out_stride, ")");
 }
 
 }  // namespace
