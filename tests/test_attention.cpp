@@ -235,6 +235,20 @@ TEST(AttentionForward, NullLseAndOutputPaddingUntouched) {
   for (float x : out) ASSERT_EQ(x, -7.0f) << "forward wrote outside its rows";
 }
 
+// No queries: forward writes nothing, backward gives zero dk/dv (with several key chunks).
+TEST(Attention, NoQueries) {
+  const Layout L = make_layout(1, 0, 200, 2, 1, 8, false);
+  const std::vector<float> in = random_vector<float>(L.in_size, 41);
+  std::vector<float> out, lse, din;
+  run_forward(out, lse, in, L, attention_default_path());
+  run_backward(din, out, in, out, lse, L, attention_default_path());
+  for_each_element(L, 'i', [&](int64_t i) {
+    if (i >= L.k_off) {
+      ASSERT_EQ(din[i], 0.0f);
+    }
+  });
+}
+
 // Backward against central differences of L = sum(out * R), double precision, every element.
 void check_backward_finite_differences(const Shape& s, AttentionPath path) {
   SCOPED_TRACE(describe(s) + " path " + attention_path_name(path));

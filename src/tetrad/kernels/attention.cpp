@@ -677,7 +677,7 @@ void reduce_dq_row(T* dq, const T* dq_part, const AttentionDims& d, int n_chunks
     std::unique_ptr<T[], FreeDeleter> dq_part;                                                    \
     if (n_chunks > 1) {                                                                           \
       const size_t bytes = sizeof(T) * n_chunks * size_t(d.B) * d.n_head * d.Tq * d.head_dim;     \
-      dq_part.reset(static_cast<T*>(std::aligned_alloc(64, (bytes + 63) / 64 * 64)));             \
+      dq_part.reset(static_cast<T*>(std::aligned_alloc(64, (bytes + 127) / 64 * 64)));            \
       TETRAD_CHECK(dq_part != nullptr, "attention: ", bytes, " bytes for dq partials");          \
     }                                                                                             \
     _Pragma("omp parallel") {                                                                     \
@@ -704,6 +704,11 @@ void check_dims(const AttentionDims& d) {
   TETRAD_CHECK(d.n_head > 0 && d.n_kv_head > 0 && d.n_head % d.n_kv_head == 0,
                "attention: n_head=", d.n_head, " must be a multiple of n_kv_head=", d.n_kv_head);
   TETRAD_CHECK(d.head_dim > 0, "attention: head_dim=", d.head_dim);
+  TETRAD_CHECK(d.q_stride >= int64_t(d.n_head) * d.head_dim &&
+                   d.out_stride >= int64_t(d.n_head) * d.head_dim &&
+                   d.kv_stride >= int64_t(d.n_kv_head) * d.head_dim,
+               "attention: a row stride is shorter than its row (q ", d.q_stride, ", kv ",
+               d.kv_stride, ", out ", d.out_stride, ")");
 }
 
 }  // namespace
@@ -763,7 +768,7 @@ void attention_backward(T* dq, T* dk, T* dv, const T* dout, const T* q, const T*
   check_dims(d);
   TETRAD_CHECK(attention_path_supported(path), "attention path ", attention_path_name(path),
                " not supported on this CPU");
-  TETRAD_CHECK(lse != nullptr, "attention_backward needs the forward's lse");
+  TETRAD_CHECK(lse != nullptr || d.Tq == 0, "attention_backward needs the forward's lse");
   if (d.B == 0) return;
   switch (path) {
     case AttentionPath::kPortable: backward_portable(dq, dk, dv, dout, q, k, v, out, lse, d); break;
