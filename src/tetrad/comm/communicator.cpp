@@ -106,8 +106,8 @@ struct CommAccess {
 
 struct Request::State {
   MPI_Request request = MPI_REQUEST_NULL;
-  std::string op;      // "iallreduce_sum", "recv", ...
-  std::string type;    // "float"; empty for a barrier
+  const char* op = "";    // "iallreduce_sum", "recv", ... (string literals)
+  const char* type = "";  // "float"; "" for a barrier
   size_t count = 0;    // elements per rank
   std::string extra;   // " from rank 1, tag 7"
   std::string group;   // the communicator's name
@@ -119,7 +119,7 @@ struct Request::State {
 
   std::string description() const {
     std::string s = op;
-    if (!type.empty()) s += detail::concat(" of ", count, " ", type);
+    if (*type != '\0') s += detail::concat(" of ", count, " ", type);
     s += extra;
     s += detail::concat(" on group '", group, "' (rank ", rank, " of ", size, ")");
     return s;
