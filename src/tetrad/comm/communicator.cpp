@@ -106,8 +106,8 @@ struct CommAccess {
 
 struct Request::State {
   MPI_Request request = MPI_REQUEST_NULL;
-  std::string op;      // "iallreduce_sum", "recv", ...
-  std::string type;    // "float"; empty for a barrier
+  const char* op = "";    // "iallreduce_sum", "recv", ... (string literals)
+  const char* type = "";  // "float"; "" for a barrier
   size_t count = 0;    // elements per rank
   std::string extra;   // " from rank 1, tag 7"
   std::string group;   // the communicator's name
@@ -119,7 +119,7 @@ struct Request::State {
 
   std::string description() const {
     std::string s = op;
-    if (!type.empty()) s += detail::concat(" of ", count, " ", type);
+    if (*type != '\0') s += detail::concat(" of ", count, " ", type);
     s += extra;
     s += detail::concat(" on group '", group, "' (rank ", rank, " of ", size, ")");
     return s;
@@ -269,8 +269,14 @@ void Request::finish_in_destructor() noexcept {
   }
   if (!s.timed_out) {
     const auto start = std::chrono::steady_clock::now();
+    double timeout = 300;
     try {
-      wait(collective_timeout());
+      timeout = collective_timeout();
+    } catch (const std::exception&) {
+      // An invalid TETRAD_COMM_TIMEOUT was reported where it was read; use the default here.
+    }
+    try {
+      wait(timeout);
     } catch (const std::exception& e) {
       std::fprintf(stderr, "tetrad: %s\n", e.what());
     }
@@ -491,28 +497,38 @@ Request start_barrier(const Communicator& c, const char* op) {
 }  // namespace
 
 template <Element T> void Communicator::allreduce_sum(T* inout, size_t n) const {
-  start_allreduce(*this, "allreduce_sum", inout, n, MPI_SUM).wait();
+  const double timeout = collective_timeout();  // before starting: it may throw
+  start_allreduce(*this, "allreduce_sum", inout, n, MPI_SUM).wait(timeout);
 }
 template <Element T> void Communicator::allreduce_max(T* inout, size_t n) const {
-  start_allreduce(*this, "allreduce_max", inout, n, MPI_MAX).wait();
+  const double timeout = collective_timeout();  // before starting: it may throw
+  start_allreduce(*this, "allreduce_max", inout, n, MPI_MAX).wait(timeout);
 }
 template <Element T> void Communicator::allgather(const T* send, T* recv, size_t n) const {
-  start_allgather(*this, "allgather", send, recv, n).wait();
+  const double timeout = collective_timeout();  // before starting: it may throw
+  start_allgather(*this, "allgather", send, recv, n).wait(timeout);
 }
 template <Element T>
 void Communicator::reduce_scatter_sum(const T* send, T* recv, size_t n) const {
-  start_reduce_scatter(*this, "reduce_scatter_sum", send, recv, n).wait();
+  const double timeout = collective_timeout();  // before starting: it may throw
+  start_reduce_scatter(*this, "reduce_scatter_sum", send, recv, n).wait(timeout);
 }
 template <Element T> void Communicator::broadcast(T* data, size_t n, int root) const {
-  start_broadcast(*this, "broadcast", data, n, root).wait();
+  const double timeout = collective_timeout();  // before starting: it may throw
+  start_broadcast(*this, "broadcast", data, n, root).wait(timeout);
 }
 template <Element T> void Communicator::send(const T* data, size_t n, int peer, int tag) const {
-  start_send(*this, "send", data, n, peer, tag).wait();
+  const double timeout = collective_timeout();  // before starting: it may throw
+  start_send(*this, "send", data, n, peer, tag).wait(timeout);
 }
 template <Element T> void Communicator::recv(T* data, size_t n, int peer, int tag) const {
-  start_recv(*this, "recv", data, n, peer, tag).wait();
+  const double timeout = collective_timeout();  // before starting: it may throw
+  start_recv(*this, "recv", data, n, peer, tag).wait(timeout);
 }
-void Communicator::barrier() const { start_barrier(*this, "barrier").wait(); }
+void Communicator::barrier() const {
+  const double timeout = collective_timeout();
+  start_barrier(*this, "barrier").wait(timeout);
+}
 
 template <Element T> Request Communicator::iallreduce_sum(T* inout, size_t n) const {
   return start_allreduce(*this, "iallreduce_sum", inout, n, MPI_SUM);

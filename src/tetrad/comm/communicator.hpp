@@ -24,6 +24,13 @@
 // MPI_THREAD_MULTIPLE (call from the main thread only), GPU buffers, counts above INT_MAX elements
 // per rank (rejected with an Error), point-to-point on self().
 #pragma once
+// The C API only: no deprecated C++ bindings (Open MPI's mpicxx.h, MPICH's equivalent).
+#ifndef OMPI_SKIP_MPICXX
+#define OMPI_SKIP_MPICXX 1
+#endif
+#ifndef MPICH_SKIP_MPICXX
+#define MPICH_SKIP_MPICXX 1
+#endif
 #include <mpi.h>
 
 #include <concepts>
