@@ -134,6 +134,9 @@ int main(int argc, char** argv) {
   bench->add_option("--warmup", bopt.warmup, "untimed steps first")->capture_default_str();
   bench->add_option("--threads", bopt.threads, "0 = all cores")->capture_default_str();
   bench->add_option("--json", bopt.json_path, "also write one JSON object per config here");
+  bool bench_grids = false;
+  bench->add_flag("--grids", bench_grids,
+                  "parallel mode, under mpirun: every grid of the ranks on the same global batch");
   bench->add_option("--anchor", bopt.anchor_cmd,
                     "command running the PyTorch anchor (default: bench/pytorch_gpt2.py if "
                     "torch is importable; 'none' to skip)");
@@ -204,7 +207,12 @@ int main(int argc, char** argv) {
       });
       std::cout << "\n";
     } else if (*bench) {
-      run_bench(bopt, std::cout);
+      if (bench_grids) {
+        if (!mpi) fail("bench --grids runs under mpirun (e.g. mpirun -n 2 tetrad bench --grids)");
+        run_bench_grids(bopt, std::cout);
+      } else {
+        run_bench(bopt, std::cout);
+      }
     } else if (*logits_cmd) {
       const std::string dir = resolve_model_dir(model_dir);
       const ModelConfig mc = read_hf_config(dir);

@@ -186,6 +186,7 @@ float* ParallelTransformer::gw(int i) {
 
 void ParallelTransformer::gather_layer(int layer) {
   if (g_.shape.z == 1) return;
+  ScopedPhase sp(prof_, Phase::Comm);
   float* buf = layer < 0 ? gathered_top_.data() : gathered_.data();
   for (const auto& t : plan_.tensors)
     if (t.spec->layer == layer && t.z_sharded)
@@ -202,6 +203,7 @@ void ParallelTransformer::zero_layer_grad_blocks(int layer) {
 
 void ParallelTransformer::scatter_layer_grads(int layer) {
   if (g_.shape.z == 1) return;
+  ScopedPhase sp(prof_, Phase::Comm);
   float* buf = layer < 0 ? gblock_top_.data() : gblock_.data();
   for (const auto& t : plan_.tensors)
     if (t.spec->layer == layer && t.z_sharded) {
@@ -211,6 +213,7 @@ void ParallelTransformer::scatter_layer_grads(int layer) {
 }
 
 void ParallelTransformer::reduce_gradients() {
+  ScopedPhase sp(prof_, Phase::Comm);
   // Z-sharded weights: each shard already summed over Z; sum over data replicas.
   // Replicated tensors: sum over every token-splitting axis (Z and D) at once.
   for (const auto& t : plan_.tensors) {
@@ -262,9 +265,13 @@ void row_sums(const float* x, int64_t N, int64_t C, double* out, int stride, con
 
 }  // namespace
 
-#define ALLREDUCE(group, ptr, n) \
-  do {                            \
-    if ((group).size() > 1) (group).allreduce_sum(ptr, size_t(n)); \
+// A sum over a group, skipped when the group is one rank; its time counts as communication.
+#define ALLREDUCE(group, ptr, n)                                      \
+  do {                                                                \
+    if ((group).size() > 1) {                                         \
+      ScopedPhase comm_phase_(prof_, Phase::Comm);                    \
+      (group).allreduce_sum(ptr, size_t(n));                          \
+    }                                                                 \
   } while (0)
 
 // ---------------------------------------------------------------------------------------------
@@ -416,7 +423,10 @@ double ParallelTransformer::cross_entropy(const int32_t* targets, int64_t N, flo
     for (int64_t j = 0; j < Vy_; ++j) m = std::max(m, r[j]);
     mx[t] = m;
   }
-  if (g_.y.size() > 1) g_.y.allreduce_max(mx.data(), size_t(N));
+  if (g_.y.size() > 1) {
+    ScopedPhase comm(prof_, Phase::Comm);
+    g_.y.allreduce_max(mx.data(), size_t(N));
+  }
   double* st = stats_.data();
 #pragma omp parallel for schedule(static)
   for (int64_t t = 0; t < N; ++t) {

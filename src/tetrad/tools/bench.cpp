@@ -19,6 +19,8 @@
 #include "tetrad/core/profile.hpp"
 #include "tetrad/core/rng.hpp"
 #include "tetrad/model/transformer.hpp"
+#include "tetrad/parallel/parallel_transformer.hpp"
+#include "tetrad/parallel/process_groups.hpp"
 #include "tetrad/tools/ceilings.hpp"
 #include "tetrad/train/optimizer.hpp"
 
@@ -205,6 +207,96 @@ void run_bench(const BenchOptions& opt, std::ostream& out) {
     }
     out << std::defaultfloat;
     if (json_out) json_out << j.dump() << "\n";
+  }
+}
+
+void run_bench_grids(const BenchOptions& opt, std::ostream& log) {
+  using namespace parallel;
+  const int threads = opt.threads > 0 ? opt.threads : 1;
+  omp_set_num_threads(threads);
+  comm::Communicator world = comm::Communicator::world();
+  const int G = world.size();
+  std::ostream null_stream(nullptr);
+  std::ostream& out = world.rank() == 0 ? log : null_stream;
+  out << "parallel benchmark: " << G << " ranks x " << threads << " thread(s) | "
+      << cpu_features().summary() << "\n";
+  std::ofstream json_out;
+  if (!opt.json_path.empty() && world.rank() == 0) json_out.open(opt.json_path);
+  for (const std::string& name : opt.configs) {
+    const ModelConfig mc = named_model(name);
+    const int Bg = standard_batch(name), T = mc.max_seq;
+    const int64_t serial_state = 16 * build_param_table(mc).total;  // p, g, m, v in fp32
+    out << "\n== " << name << ": global batch " << Bg << " x " << T << " tokens\n"
+        << "  grid      tokens/s   step s   compute  comm     state/rank   vs serial/G\n";
+    for (const GridShape& shape : factorizations(G)) {
+      try {
+        validate_grid_for_model(mc, shape);
+        if (Bg % (shape.z * shape.d) != 0) fail("batch does not divide over Z x D");
+        ShardPlan::build(mc, build_param_table(mc), shape, coord_of(0, shape));
+      } catch (const Error& e) {
+        out << "  " << shape.to_string() << "   skipped: " << e.what() << "\n";
+        continue;
+      }
+      ProcessGroups g(world, shape);
+      const int Bl = Bg / (shape.z * shape.d);
+      ParallelTransformer model(mc, g, Bl, T);
+      model.init_weights(1);
+      TrainConfig tc;
+      std::vector<int64_t> off, size;
+      for (const auto& t : model.plan().tensors) {
+        off.push_back(t.offset);
+        size.push_back(t.shard_numel);
+      }
+      AdamW adam(decay_ranges(model.table(), tc, off, size), model.num_local_params(), tc);
+      Rng rng(7);
+      std::vector<int32_t> tokens(size_t(Bl) * T + 1);
+      for (auto& t : tokens) t = int32_t(rng.next_u64() % uint64_t(mc.vocab_size));
+      StepProfile profile;
+      model.set_profile(&profile);
+      std::vector<double> times;
+      for (int s = 0; s < opt.warmup + opt.steps; ++s) {
+        if (s == opt.warmup) profile.clear();
+        g.world.barrier();
+        const auto t0 = std::chrono::steady_clock::now();
+        model.zero_grads();
+        model.forward_backward(tokens.data(), tokens.data() + 1, Bl, T, 1.0f / float(Bg * T));
+        model.reduce_gradients();
+        const double gn = std::sqrt(model.grad_sum_squares());
+        {
+          ScopedPhase sp(&profile, Phase::Optimizer);
+          adam.update(model.params(), model.grads(), 1e-4, gn > 1 ? 1 / gn : 1, s + 1);
+        }
+        double dt = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+        g.world.allreduce_max(&dt, 1);
+        if (s >= opt.warmup) times.push_back(dt);
+      }
+      const double step = median(times);
+      double total = 0;
+      for (double t : times) total += t;
+      // Slowest rank's communication share (exposed: nothing overlaps yet).
+      double comm_s = profile.seconds[size_t(Phase::Comm)];
+      g.world.allreduce_max(&comm_s, 1);
+      const double comm_share = comm_s / total;
+      const double state = 16.0 * double(model.num_local_params());
+      double state_max = state;
+      g.world.allreduce_max(&state_max, 1);
+      const double tok_s = double(Bg) * T / step;
+      out << "  " << std::left << std::setw(9) << shape.to_string() << std::right << std::fixed
+          << std::setprecision(1) << std::setw(9) << tok_s << std::setprecision(3) << std::setw(9)
+          << step << std::setprecision(1) << std::setw(8) << 100 * (1 - comm_share) << "%"
+          << std::setw(7) << 100 * comm_share << "%" << std::setw(10) << state_max / 1048576.0
+          << " MiB" << std::setprecision(3) << std::setw(9) << state_max / (serial_state / double(G))
+          << "x" << std::defaultfloat << "\n";
+      if (json_out)
+        json_out << nlohmann::json{{"config", name}, {"grid", shape.to_string()}, {"ranks", G},
+                                   {"threads", threads}, {"tokens_per_s", tok_s},
+                                   {"median_step_s", step}, {"comm_share", comm_share},
+                                   {"state_bytes_per_rank", state_max},
+                                   {"state_vs_serial_over_G", state_max / (serial_state / double(G))},
+                                   {"peak_rss_mb", peak_rss_bytes() / 1048576.0}}
+                        .dump()
+                 << "\n";
+    }
   }
 }
 

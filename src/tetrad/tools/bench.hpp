@@ -20,4 +20,11 @@ struct BenchOptions {
 
 void run_bench(const BenchOptions& opt, std::ostream& out);
 
+// Parallel mode, run under mpirun: every grid of the world size that divides the model trains
+// the configuration on the same global batch (its standard micro-batch); rank 0 prints tokens/s,
+// the time split into compute and communication (slowest rank), and per-rank memory of
+// parameters + gradients + Adam against the serial figure / G. Compare with `tetrad bench` on one
+// rank with as many threads as ranks here (bench/parallel.sh does both).
+void run_bench_grids(const BenchOptions& opt, std::ostream& out);
+
 }  // namespace tetrad
