@@ -1,20 +1,18 @@
 // tetrad: the command-line front door. Thin: every subcommand parses its options and calls one
 // library function; errors (tetrad::Error) are printed as one clear message and exit status 1.
-#include <omp.h>
+#include <mpi.h>
 
 #include <CLI/CLI.hpp>
+#include <cmath>
 #include <filesystem>
 #include <fstream>
 #include <iostream>
+#include <memory>
 #include <sstream>
 
-#include <mpi.h>
-
-#include <memory>
-
 #include "tetrad/checkpoint/hf.hpp"
-#include "tetrad/comm/mpi_env.hpp"
 #include "tetrad/checkpoint/run_checkpoint.hpp"
+#include "tetrad/comm/mpi_env.hpp"
 #include "tetrad/core/error.hpp"
 #include "tetrad/data/prepare.hpp"
 #include "tetrad/data/tokenizer.hpp"
@@ -96,9 +94,7 @@ int main(int argc, char** argv) {
   train_cmd->add_option("--grid", grid_arg,
                         "process grid x,y,z,d (same as --set parallel.grid=...); run under "
                         "mpirun -n x*y*z*d");
-  bool print_config_doc = false;
   auto* config_doc = app.add_subcommand("config-doc", "print the reference of every config key");
-  (void)print_config_doc;
 
   // eval
   std::string model_dir, data_dir = "data/kjv", split = "val";
