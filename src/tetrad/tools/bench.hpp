@@ -15,7 +15,7 @@ struct BenchOptions {
   int threads = 0;        // 0: all cores
   std::string json_path;  // also write one JSON object per line here
   std::string anchor_cmd; // "" = auto (python3 bench/pytorch_gpt2.py if torch imports), "none"
-  bool quick_ceilings = true;
+  bool quick_ceilings = false;  // the longer measurement is steadier on a shared machine
 };
 
 void run_bench(const BenchOptions& opt, std::ostream& out);
