@@ -222,12 +222,14 @@ void run_bench_grids(const BenchOptions& opt, std::ostream& log) {
       << cpu_features().summary() << "\n";
   std::ofstream json_out;
   if (!opt.json_path.empty() && world.rank() == 0) json_out.open(opt.json_path);
+  const double baseline_rss = double(current_rss_bytes());
   for (const std::string& name : opt.configs) {
     const ModelConfig mc = named_model(name);
     const int Bg = standard_batch(name), T = mc.max_seq;
     const int64_t serial_state = 16 * build_param_table(mc).total;  // p, g, m, v in fp32
     out << "\n== " << name << ": global batch " << Bg << " x " << T << " tokens\n"
-        << "  grid      tokens/s   step s   compute  comm     state/rank   vs serial/G\n";
+        << "  grid      tokens/s   step s   compute  comm     state/rank   vs serial/G   RSS/rank  "
+           "estimate\n";
     for (const GridShape& shape : factorizations(G)) {
       try {
         validate_grid_for_model(mc, shape);
@@ -281,19 +283,27 @@ void run_bench_grids(const BenchOptions& opt, std::ostream& log) {
       double state_max = state;
       g.world.allreduce_max(&state_max, 1);
       const double tok_s = double(Bg) * T / step;
+      // Resident memory while the model is alive, largest rank, against state + activations
+      // (+ the process's baseline before any model existed).
+      double rss = double(current_rss_bytes());
+      g.world.allreduce_max(&rss, 1);
+      double estimate = state + double(model.activation_bytes()) + baseline_rss;
+      g.world.allreduce_max(&estimate, 1);
       out << "  " << std::left << std::setw(9) << shape.to_string() << std::right << std::fixed
           << std::setprecision(1) << std::setw(9) << tok_s << std::setprecision(3) << std::setw(9)
           << step << std::setprecision(1) << std::setw(8) << 100 * (1 - comm_share) << "%"
           << std::setw(7) << 100 * comm_share << "%" << std::setw(10) << state_max / 1048576.0
           << " MiB" << std::setprecision(3) << std::setw(9) << state_max / (serial_state / double(G))
-          << "x" << std::defaultfloat << "\n";
+          << "x" << std::setprecision(1) << std::setw(9) << rss / 1048576.0 << " MiB"
+          << std::setw(7) << estimate / 1048576.0 << " MiB" << std::defaultfloat << "\n";
       if (json_out)
         json_out << nlohmann::json{{"config", name}, {"grid", shape.to_string()}, {"ranks", G},
                                    {"threads", threads}, {"tokens_per_s", tok_s},
                                    {"median_step_s", step}, {"comm_share", comm_share},
                                    {"state_bytes_per_rank", state_max},
                                    {"state_vs_serial_over_G", state_max / (serial_state / double(G))},
-                                   {"peak_rss_mb", peak_rss_bytes() / 1048576.0}}
+                                   {"rss_mb", rss / 1048576.0},
+                                   {"estimate_mb", estimate / 1048576.0}}
                         .dump()
                  << "\n";
     }
