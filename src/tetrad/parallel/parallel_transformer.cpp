@@ -266,13 +266,12 @@ void row_sums(const float* x, int64_t N, int64_t C, double* out, int stride, con
 }  // namespace
 
 // A sum over a group, skipped when the group is one rank; its time counts as communication.
-#define ALLREDUCE(group, ptr, n)                                      \
-  do {                                                                \
-    if ((group).size() > 1) {                                         \
-      ScopedPhase comm_phase_(prof_, Phase::Comm);                    \
-      (group).allreduce_sum(ptr, size_t(n));                          \
-    }                                                                 \
-  } while (0)
+template <typename T>
+void ParallelTransformer::sum_over(const comm::Communicator& group, T* data, int64_t n) {
+  if (group.size() == 1) return;
+  ScopedPhase comm_phase(prof_, Phase::Comm);
+  group.allreduce_sum(data, size_t(n));
+}
 
 // ---------------------------------------------------------------------------------------------
 // Forward
@@ -292,10 +291,10 @@ void ParallelTransformer::forward(const int32_t* inputs, int B, int T) {
     ScopedPhase sp(prof_, Phase::Norm);
     if (gpt2_) {
       row_sums(x, N, Cx_, st, 1, nullptr);
-      ALLREDUCE(g_.x, st, N);
+      sum_over(g_.x, st, N);
       for (int64_t t = 0; t < N; ++t) mean[t] = float(st[t] / double(C));
       row_sums(x, N, Cx_, st, 1, mean);
-      ALLREDUCE(g_.x, st, N);
+      sum_over(g_.x, st, N);
       for (int64_t t = 0; t < N; ++t) rstd[t] = float(1.0 / std::sqrt(st[t] / double(C) + eps));
     } else {
 #pragma omp parallel for schedule(static)
@@ -306,7 +305,7 @@ void ParallelTransformer::forward(const int32_t* inputs, int B, int T) {
         for (int64_t c = 0; c < Cx_; ++c) s += double(r[c]) * r[c];
         st[t] = s;
       }
-      ALLREDUCE(g_.x, st, N);
+      sum_over(g_.x, st, N);
       for (int64_t t = 0; t < N; ++t) rstd[t] = float(1.0 / std::sqrt(st[t] / double(C) + eps));
     }
     const float* wv = w(wi);
@@ -328,7 +327,7 @@ void ParallelTransformer::forward(const int32_t* inputs, int B, int T) {
   // Normal layer: out[N, n_out] = in[N, Cx-like] · Wᵀ, partial over X -> all-reduce X, + bias.
   auto normal_fwd = [&](float* out, const float* in, int wi, int bi, int64_t k_in, int64_t n_out) {
     timed(Phase::Gemm, [&] { k::gemm<float>(false, true, N, n_out, k_in, 1.0f, in, k_in, w(wi), k_in, 0.0f, out, n_out); });
-    ALLREDUCE(g_.x, out, N * n_out);
+    sum_over(g_.x, out, N * n_out);
     if (const float* b = w(bi)) {
 #pragma omp parallel for schedule(static)
       for (int64_t t = 0; t < N; ++t)
@@ -338,7 +337,7 @@ void ParallelTransformer::forward(const int32_t* inputs, int B, int T) {
   // Transposed layer + residual: out[N, Cx] = resid + all-reduce_Y(in · Wᵀ) + bias.
   auto transposed_fwd = [&](float* out, const float* resid, const float* in, int wi, int bi, int64_t k_in) {
     timed(Phase::Gemm, [&] { k::gemm<float>(false, true, N, Cx_, k_in, 1.0f, in, k_in, w(wi), k_in, 0.0f, a.tmp, Cx_); });
-    ALLREDUCE(g_.y, a.tmp, N * Cx_);
+    sum_over(g_.y, a.tmp, N * Cx_);
     const float* b = w(bi);
     ScopedPhase sp(prof_, Phase::Residual);
 #pragma omp parallel for schedule(static)
@@ -363,7 +362,7 @@ void ParallelTransformer::forward(const int32_t* inputs, int B, int T) {
       if (v >= 0 && v < Vy_) std::memcpy(o, E + v * Cx_, Cx_ * sizeof(float));
       else std::fill(o, o + Cx_, 0.0f);
     }
-    ALLREDUCE(g_.y, a.emb, N * Cx_);
+    sum_over(g_.y, a.emb, N * Cx_);
     if (wpe_ >= 0) {
       const float* P = w(wpe_);
 #pragma omp parallel for schedule(static)
@@ -401,7 +400,7 @@ void ParallelTransformer::forward(const int32_t* inputs, int B, int T) {
   norm_fwd(a.lnf, a.lnf_mean, a.lnf_rstd, x, lnf_w_, lnf_b_);
   // Output head: normal layer on the embedding's block -> logits [N, V/Gy].
   timed(Phase::Gemm, [&] { k::gemm<float>(false, true, N, Vy_, Cx_, 1.0f, a.lnf, Cx_, w(head_), Cx_, 0.0f, a.logits, Vy_); });
-  ALLREDUCE(g_.x, a.logits, N * Vy_);
+  sum_over(g_.x, a.logits, N * Vy_);
 }
 
 // Vocabulary-parallel cross-entropy over Y: global row max, then Σ exp and the target logit
@@ -438,7 +437,7 @@ double ParallelTransformer::cross_entropy(const int32_t* targets, int64_t N, flo
     const int64_t v = targets[t] - v0;
     st[2 * t + 1] = (targets[t] >= 0 && v >= 0 && v < Vy_) ? r[v] : 0.0;
   }
-  ALLREDUCE(g_.y, st, 2 * N);
+  sum_over(g_.y, st, 2 * N);
   double total = 0;
   for (int64_t t = 0; t < N; ++t) {
     const bool kept = targets[t] >= 0;
@@ -504,7 +503,7 @@ void ParallelTransformer::backward(const int32_t* inputs, int B, int T) {
       st[2 * t] = a1;
       st[2 * t + 1] = a2;
     }
-    ALLREDUCE(g_.x, st, 2 * N);
+    sum_over(g_.x, st, 2 * N);
 #pragma omp parallel for schedule(static)
     for (int64_t t = 0; t < N; ++t) {
       const float* r = x + t * Cx_;
@@ -553,7 +552,7 @@ void ParallelTransformer::backward(const int32_t* inputs, int B, int T) {
       k::gemm<float>(true, false, n_out, k_in, N, 1.0f, dout, n_out, in, k_in, 1.0f, gw(wi), k_in);
     });
     bias_bwd(gw(bi), dout, n_out);
-    ALLREDUCE(g_.y, din, N * k_in);
+    sum_over(g_.y, din, N * k_in);
   };
   // Transposed layer backward: din[N, k_in] = all-reduce_X(dout · W); dW += doutᵀ · in.
   auto transposed_bwd = [&](float* din, const float* dout, const float* in, int wi, int bi, int64_t k_in) {
@@ -562,7 +561,7 @@ void ParallelTransformer::backward(const int32_t* inputs, int B, int T) {
       k::gemm<float>(true, false, Cx_, k_in, N, 1.0f, dout, Cx_, in, k_in, 1.0f, gw(wi), k_in);
     });
     bias_bwd(gw(bi), dout, Cx_);
-    ALLREDUCE(g_.x, din, N * k_in);
+    sum_over(g_.x, din, N * k_in);
   };
 
   zero_layer_grad_blocks(-1);
@@ -572,7 +571,7 @@ void ParallelTransformer::backward(const int32_t* inputs, int B, int T) {
     k::gemm<float>(false, false, N, Cx_, Vy_, 1.0f, a.logits, Vy_, w(head_), Cx_, 0.0f, a.dln, Cx_);
     k::gemm<float>(true, false, Vy_, Cx_, N, 1.0f, a.logits, Vy_, a.lnf, Cx_, 1.0f, gw(head_), Cx_);
   });
-  ALLREDUCE(g_.y, a.dln, N * Cx_);
+  sum_over(g_.y, a.dln, N * Cx_);
   std::fill(a.dresid, a.dresid + N * Cx_, 0.0f);
   norm_bwd(a.dresid, a.dln, x_last, a.lnf_mean, a.lnf_rstd, lnf_w_, lnf_b_);
 

@@ -87,6 +87,8 @@ class ParallelTransformer {
   void forward(const int32_t* inputs, int B, int T);
   void backward(const int32_t* inputs, int B, int T);
   double cross_entropy(const int32_t* targets, int64_t N, float grad_scale, bool with_grad);
+  template <typename T>
+  void sum_over(const comm::Communicator& group, T* data, int64_t n);
   template <typename F>
   void timed(Phase ph, F&& f) {
     ScopedPhase s(prof_, ph);
