@@ -23,6 +23,18 @@ for grid in 2,1,1,1 1,2,1,1 1,1,2,1 1,1,1,2; do
     echo "FAIL grid $grid"; paste <(losses "$W/serial") <(losses "$W/g$grid"); fails=$((fails+1))
   fi
 done
+# Interrupted and resumed on a grid (warm-up covers all 5 steps, so max_steps does not change the
+# learning rates): the resumed run continues with the serial losses.
+R=(--set run.dir="$W/resumed" --grid 1,1,2,1)
+"${MPIRUN[@]}" -n 2 "$TETRAD" train "${S[@]}" "${R[@]}" --set train.max_steps=3 > "$W/log" 2>&1 &&
+"${MPIRUN[@]}" -n 2 "$TETRAD" train "${S[@]}" "${R[@]}" --resume > "$W/log2" 2>&1 || { cat "$W/log" "$W/log2"; fails=$((fails+1)); }
+if paste <(losses "$W/serial") <(losses "$W/resumed") |
+   awk '{ n++; d = ($1 - $2) / $1; if (d < 0) d = -d; if (d > 1e-5) bad = 1 } END { exit (bad || n != 5) }'; then
+  echo "ok   resumed on grid 1,1,2,1: losses match the serial run"
+else
+  echo "FAIL resumed run"; paste <(losses "$W/serial") <(losses "$W/resumed"); fails=$((fails+1))
+fi
+
 out=$("${MPIRUN[@]}" -n 2 "$TETRAD" train "${S[@]}" --set run.dir="$W/bad" --grid 2,2,1,1 2>&1)
 if grep -q "needs 4 ranks" <<<"$out"; then echo "ok   wrong grid refused"; else echo "FAIL wrong grid: $out"; fails=$((fails+1)); fi
 echo "$fails failed"

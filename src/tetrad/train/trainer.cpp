@@ -190,12 +190,18 @@ TrainResult train(const RunConfig& cfg, const TrainOptions& opt, std::ostream& l
   int64_t step = 0;
   bool loaded = false;
   if (opt.resume) {
+    // Rank 0 chooses (and cleans up after an interrupted save); the others follow its choice.
     std::optional<FoundCheckpoint> found;
-    {
+    int64_t chosen = -1;
+    if (root) {
       std::ostringstream why;
       found = find_latest_checkpoint(cfg.run_dir, why);
       out << why.str();
+      if (found) chosen = found->step;
     }
+    if (world > 1) groups.world.broadcast(&chosen, 1, 0);
+    if (!root && chosen >= 0)
+      found = FoundCheckpoint{cfg.run_dir + "/checkpoints/" + checkpoint_folder_name(chosen), chosen};
     if (!found) {
       out << "resume: no checkpoint in " << cfg.run_dir << "/checkpoints; starting from scratch\n";
     } else {
