@@ -181,7 +181,64 @@ void check_all_grids(Family family) {
   EXPECT_GT(tested, 0);
 }
 
+// One micro-batch, no optimizer: the loss and the gradient of every tensor (every layer's forward
+// and backward, both layouts, the embedding, head and loss) against the serial model.
+void check_gradients_all_grids(Family family) {
+  const ModelConfig mc = test_model(family);
+  Transformer<float> serial(mc, kB, kT);
+  serial.init_weights(3);
+  auto tok = batch_tokens(0, 0, mc.vocab_size);
+  std::vector<int32_t> x(size_t(kB) * kT), y(x.size());
+  for (int b = 0; b < kB; ++b)
+    for (int t = 0; t < kT; ++t) {
+      x[b * kT + t] = tok[b * (kT + 1) + t];
+      y[b * kT + t] = t % 5 == 0 ? -1 : tok[b * (kT + 1) + t + 1];  // some masked targets
+    }
+  int kept = 0;
+  for (int32_t v : y) kept += v >= 0;
+  serial.zero_grads();
+  const double serial_loss = serial.forward_backward(x.data(), y.data(), kB, kT, 1.0f / kept);
+  for (const GridShape& shape : factorizations(world_size())) {
+    try {
+      validate_grid_for_model(mc, shape);
+      if (kB % (shape.z * shape.d) != 0) throw Error("batch does not divide");
+    } catch (const Error&) {
+      continue;
+    }
+    ProcessGroups g(comm::Communicator::world(), shape);
+    const int Bl = kB / (shape.z * shape.d), slot = g.coord.z + shape.z * g.coord.d;
+    ParallelTransformer m(mc, g, Bl, kT);
+    m.init_weights(3);
+    m.zero_grads();
+    double loss = m.forward_backward(x.data() + size_t(slot) * Bl * kT, y.data() + size_t(slot) * Bl * kT,
+                                     Bl, kT, 1.0f / kept);
+    m.reduce_gradients();
+    if (g.zd.size() > 1) g.zd.allreduce_sum(&loss, 1);
+    const std::string where = family_name(family) + " grid " + shape.to_string();
+    EXPECT_NEAR(loss / serial_loss, 1.0, 1e-5) << where;
+    for (size_t i = 0; i < m.table().specs.size(); ++i) {
+      const ParamSpec& s = m.table().specs[i];
+      std::vector<float> full(s.numel);
+      m.gather_tensor(m.grads(), i, full.data());
+      double num = 0, den = 0;
+      for (int64_t j = 0; j < s.numel; ++j) {
+        const double a = full[j], b = serial.grads()[s.offset + j];
+        num += (a - b) * (a - b);
+        den += b * b;
+      }
+      EXPECT_LT(std::sqrt(num / std::max(den, 1e-30)), 1e-4) << where << ": gradient of " << s.name;
+    }
+  }
+}
+
 }  // namespace
+
+TEST(ParallelLayers, Gpt2GradientOfEveryTensorMatchesSerialOnEveryGrid) {
+  check_gradients_all_grids(Family::GPT2);
+}
+TEST(ParallelLayers, LlamaGradientOfEveryTensorMatchesSerialOnEveryGrid) {
+  check_gradients_all_grids(Family::Llama);
+}
 
 TEST(ParallelContract, Gpt2EveryGridTrainsLikeOneRank) { check_all_grids(Family::GPT2); }
 TEST(ParallelContract, LlamaEveryGridTrainsLikeOneRank) { check_all_grids(Family::Llama); }
