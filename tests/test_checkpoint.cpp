@@ -4,10 +4,13 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <atomic>
 #include <cmath>
+#include <cstdlib>
 #include <cstring>
 #include <filesystem>
 #include <fstream>
+#include <new>
 #include <functional>
 #include <nlohmann/json.hpp>
 #include <random>
@@ -20,6 +23,22 @@
 #include "tetrad/core/error.hpp"
 #include "tetrad/model/model_config.hpp"
 #include "tetrad/model/params.hpp"
+
+// Peak single allocation, counted while g_track_alloc is set (for the streamed checkpoint tests:
+// no buffer larger than the largest tensor).
+static std::atomic<bool> g_track_alloc{false};
+static std::atomic<size_t> g_largest_alloc{0};
+void* operator new(size_t n) {
+  if (g_track_alloc.load(std::memory_order_relaxed)) {
+    size_t cur = g_largest_alloc.load(std::memory_order_relaxed);
+    while (n > cur && !g_largest_alloc.compare_exchange_weak(cur, n)) {
+    }
+  }
+  if (void* p = std::malloc(n ? n : 1)) return p;
+  throw std::bad_alloc();
+}
+void* operator new[](size_t n) { return operator new(n); }
+// (operator delete is not replaced: libstdc++'s frees with std::free, which matches.)
 
 namespace fs = std::filesystem;
 using namespace tetrad;
@@ -807,4 +826,209 @@ TEST(RunCheckpoint, ResumingFromAnEarlierStepDropsTheAbandonedOnes) {
   bad.info["checkpoint_files"] = "mine";
   expect_error([&] { save_run_checkpoint(run, m.cfg, m.table, m.params.data(), bad); },
                {"reserved"});
+}
+
+// ------------------------------------------------------------------------------------------
+// Streamed checkpoints (one tensor in memory at a time)
+
+namespace {
+
+int64_t largest_tensor(const ParamTable& t) {
+  int64_t m = 0;
+  for (const auto& s : t.specs) m = std::max(m, s.numel);
+  return m;
+}
+
+// Records the calls ("p3", "m0", ...) and copies from / into flat buffers laid out by the table.
+struct Recorder {
+  const ParamTable& table;
+  std::vector<std::string> calls;
+  TensorSource source(char tag, const std::vector<float>& flat) {
+    return [this, tag, &flat](size_t i, float* out) {
+      calls.push_back(tag + std::to_string(i));
+      ASSERT_LT(i, table.specs.size());
+      const ParamSpec& s = table.specs[i];
+      std::memcpy(out, flat.data() + s.offset, size_t(s.numel) * 4);
+    };
+  }
+  TensorSink sink(char tag, std::vector<float>& flat) {
+    return [this, tag, &flat](size_t i, const float* data) {
+      calls.push_back(tag + std::to_string(i));
+      ASSERT_LT(i, table.specs.size());
+      const ParamSpec& s = table.specs[i];
+      std::memcpy(flat.data() + s.offset, data, size_t(s.numel) * 4);
+    };
+  }
+  std::vector<std::string> expected(const std::string& tags) const {
+    std::vector<std::string> v;
+    for (char t : tags)
+      for (size_t i = 0; i < table.specs.size(); ++i) v.push_back(t + std::to_string(i));
+    return v;
+  }
+};
+
+// Fixed-size I/O staging buffers (hash_file, file copy, trainer-state verification) do not grow
+// with the model; anything bigger must be a buffer of one tensor.
+constexpr size_t kIoBuffer = size_t(1) << 20;
+size_t tensor_bound(const ParamTable& t) { return std::max(size_t(largest_tensor(t)) * 4, kIoBuffer); }
+
+// Runs f with allocation tracking; returns the largest single allocation it made.
+template <typename F>
+size_t largest_allocation(F&& f) {
+  g_largest_alloc = 0;
+  g_track_alloc = true;
+  try {
+    f();
+  } catch (...) {
+    g_track_alloc = false;
+    throw;
+  }
+  g_track_alloc = false;
+  return g_largest_alloc;
+}
+
+}  // namespace
+
+TEST(StreamedCheckpoint, SaveIsByteIdenticalAndCallsInOrder) {
+  for (const char* name : {"tiny", "llama-tiny"}) {
+    SCOPED_TRACE(name);
+    const std::string root = test_dir() + "/" + name;
+    ModelConfig cfg = named_model(name);
+    cfg.n_layer *= 8;  // big enough that a whole-model buffer would exceed the bound below
+    Model m = random_model(cfg, 40);
+    const TrainerState st = random_state(m.table.total, 1234);
+    const std::string tok = root + "/tok.model";
+    fs::create_directories(root);
+    write_bytes(tok, "tokenizer bytes");
+    CheckpointOptions opts;
+    opts.tokenizer_path = tok;
+    opts.extra_metadata = {{"run", "streamed"}, {"bos_token_id", 1}};
+
+    const std::string a = save_run_checkpoint(root + "/a", m.cfg, m.table, m.params.data(), st, opts);
+    Recorder rec{m.table, {}};
+    std::string b;
+    const auto p = rec.source('p', m.params), mm = rec.source('m', st.adam_m),
+               vv = rec.source('v', st.adam_v);
+    const size_t peak = largest_allocation([&] {
+      b = save_run_checkpoint_streamed(root + "/b", m.cfg, m.table, p, mm, vv, st.step,
+                                       st.rng_state, st.info, opts);
+    });
+    EXPECT_EQ(rec.calls, rec.expected("pmv"));
+    EXPECT_LE(peak, tensor_bound(m.table));
+    EXPECT_LT(tensor_bound(m.table), size_t(m.table.total) * 4);  // the bound means something
+
+    EXPECT_EQ(fs::path(b).filename(), fs::path(a).filename());
+    for (const char* f : {"model.safetensors", "config.json", "trainer_state.bin", "tokenizer.model"}) {
+      SCOPED_TRACE(f);
+      const std::string x = read_bytes(a + "/" + f), y = read_bytes(b + "/" + f);
+      EXPECT_FALSE(x.empty());
+      EXPECT_TRUE(x == y);
+    }
+    EXPECT_EQ(read_bytes(root + "/a/checkpoints/latest"), read_bytes(root + "/b/checkpoints/latest"));
+    EXPECT_FALSE(checkpoint_problem(b).has_value());
+  }
+}
+
+TEST(StreamedCheckpoint, LoadIsBitIdenticalAndCallsInOrder) {
+  for (const char* name : {"tiny", "llama-tiny"}) {
+    SCOPED_TRACE(name);
+    const std::string root = test_dir() + "/" + name;
+    ModelConfig cfg = named_model(name);
+    cfg.n_layer *= 8;  // big enough that a whole-model buffer would exceed the bound below
+    Model m = random_model(cfg, 41);
+    ASSERT_LT(tensor_bound(m.table), size_t(m.table.total) * 4);
+    const TrainerState st = random_state(m.table.total, 77);
+    const std::string dir = save_run_checkpoint(root, m.cfg, m.table, m.params.data(), st);
+
+    std::vector<float> p0(m.params.size());
+    const TrainerState want = load_run_checkpoint(dir, m.cfg, m.table, p0.data());
+
+    const size_t n = size_t(m.table.total);
+    std::vector<float> p(n), mm(n), vv(n);
+    Recorder rec{m.table, {}};
+    const auto ps = rec.sink('p', p), ms = rec.sink('m', mm), vs = rec.sink('v', vv);
+    TrainerState got;
+    const size_t peak = largest_allocation(
+        [&] { got = load_run_checkpoint_streamed(dir, m.cfg, m.table, ps, ms, vs); });
+    EXPECT_LE(peak, tensor_bound(m.table));
+    EXPECT_EQ(rec.calls, rec.expected("pmv"));
+    EXPECT_TRUE(same_bits(p, p0));
+    EXPECT_TRUE(same_bits(p, m.params));
+    EXPECT_TRUE(same_bits(mm, want.adam_m));
+    EXPECT_TRUE(same_bits(vv, want.adam_v));
+    EXPECT_TRUE(same_bits(mm, st.adam_m));
+    EXPECT_TRUE(same_bits(vv, st.adam_v));
+    EXPECT_EQ(got.step, want.step);
+    EXPECT_EQ(got.rng_state, want.rng_state);
+    EXPECT_EQ(got.info, want.info);
+    EXPECT_EQ(got.info, st.info);  // checkpoint_files removed
+    EXPECT_TRUE(got.adam_m.empty());
+    EXPECT_TRUE(got.adam_v.empty());
+
+    // An HF folder (GPT-2: Conv1D weights transposed in the file).
+    const std::string hf = root + "/hf";
+    save_hf(hf, m.cfg, m.table, m.params.data());
+    std::vector<float> h0(n), h1(n);
+    load_hf_params(hf, m.cfg, m.table, h0.data());
+    Recorder hrec{m.table, {}};
+    const auto hs = hrec.sink('p', h1);
+    const size_t hpeak =
+        largest_allocation([&] { load_hf_params_streamed(hf, m.cfg, m.table, hs); });
+    EXPECT_LE(hpeak, tensor_bound(m.table));
+    EXPECT_EQ(hrec.calls, hrec.expected("p"));
+    EXPECT_TRUE(same_bits(h1, h0));
+    EXPECT_TRUE(same_bits(h1, m.params));
+  }
+}
+
+TEST(StreamedCheckpoint, CorruptTrainerStateRefusedBeforeAnySink) {
+  const std::string root = test_dir();
+  Model m = random_model(named_model("tiny"), 42);
+  const TrainerState st = random_state(m.table.total, 5);
+  const std::string dir = save_run_checkpoint(root, m.cfg, m.table, m.params.data(), st);
+  const std::string ts = dir + "/trainer_state.bin";
+  flip_byte(ts, 100);  // inside adam_v
+
+  int calls = 0;
+  TensorSink count = [&](size_t, const float*) { ++calls; };
+  expect_error([&] { load_run_checkpoint_streamed(dir, m.cfg, m.table, count, count, count); },
+               {dir, "checksum mismatch"});
+  EXPECT_EQ(calls, 0);
+
+  std::vector<int64_t> sizes;
+  for (const auto& s : m.table.specs) sizes.push_back(s.numel);
+  expect_error([&] { load_trainer_state_streamed(ts, sizes, count, count); },
+               {ts, "checksum mismatch"});
+  EXPECT_EQ(calls, 0);
+
+  // Intact file, but chunks that do not add up to the stored moments: refused before any sink.
+  save_trainer_state(ts, st);
+  sizes.back() += 1;
+  expect_error([&] { load_trainer_state_streamed(ts, sizes, count, count); },
+               {ts, "different model"});
+  EXPECT_EQ(calls, 0);
+
+  // A damaged model.safetensors (recorded hash differs) is refused before any sink too.
+  const std::string dir2 =
+      save_run_checkpoint(root + "/again", m.cfg, m.table, m.params.data(), st);
+  flip_byte(dir2 + "/model.safetensors", 10);
+  expect_error([&] { load_run_checkpoint_streamed(dir2, m.cfg, m.table, count, count, count); },
+               {dir2, "model.safetensors"});
+  EXPECT_EQ(calls, 0);
+}
+
+TEST(StreamedCheckpoint, FailingSourceLeavesNoCheckpoint) {
+  const std::string run = test_dir();
+  Model m = random_model(named_model("tiny"), 43);
+  const TrainerState st = random_state(m.table.total, 9);
+  TensorSource p = [&](size_t i, float* out) {
+    const ParamSpec& s = m.table.specs[i];
+    std::memcpy(out, m.params.data() + s.offset, size_t(s.numel) * 4);
+  };
+  TensorSource boom = [&](size_t, float*) { fail("gather failed"); };
+  expect_error([&] {
+    save_run_checkpoint_streamed(run, m.cfg, m.table, p, boom, boom, 9, st.rng_state, st.info);
+  }, {"gather failed"});
+  std::ostringstream log;
+  EXPECT_FALSE(find_latest_checkpoint(run, log).has_value());
 }

@@ -3,6 +3,7 @@
 #include <stdlib.h>
 #include <sys/stat.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <charconv>
 #include <cmath>
@@ -217,12 +218,21 @@ nlohmann::json hf_config_json(const ModelConfig& c, const nlohmann::json& extra)
   return j;
 }
 
-void write_hf_files(const std::string& dir, const ModelConfig& cfg, const ParamTable& table,
-                    const float* params, const nlohmann::json& extra_metadata) {
+namespace {
+
+// The safetensors writer for a model folder: names, file shapes, transposition and metadata,
+// shared by the in-memory and streamed writers. `params` null: every tensor is declared (its
+// data comes from write_streamed's fetch, k = the tensor's table index).
+SafetensorsWriter hf_writer(const ModelConfig& cfg, const ParamTable& table, const float* params,
+                            const nlohmann::json& extra_metadata) {
   cfg.validate();
   SafetensorsWriter w;
-  for (const auto& s : table.specs)
-    w.add(s.name, hf_shape(s), params + s.offset, StoreDtype::F32, s.hf_transposed);
+  for (const auto& s : table.specs) {
+    if (params)
+      w.add(s.name, hf_shape(s), params + s.offset, StoreDtype::F32, s.hf_transposed);
+    else
+      w.declare(s.name, hf_shape(s), StoreDtype::F32, s.hf_transposed);
+  }
   w.set_metadata("format", "pt");  // transformers refuses safetensors files without it
   w.set_metadata("producer", "tetrad");
   if (extra_metadata.is_object()) {
@@ -232,9 +242,33 @@ void write_hf_files(const std::string& dir, const ModelConfig& cfg, const ParamT
   } else if (!extra_metadata.is_null()) {
     fail("save_hf: extra_metadata must be a JSON object, got ", extra_metadata.dump());
   }
-  w.write_direct((fs::path(dir) / "model.safetensors").string());
+  return w;
+}
+
+void write_config(const std::string& dir, const ModelConfig& cfg,
+                  const nlohmann::json& extra_metadata) {
   write_file_synced((fs::path(dir) / "config.json").string(),
                     hf_config_json(cfg, extra_metadata).dump(2) + "\n");
+}
+
+}  // namespace
+
+void write_hf_files(const std::string& dir, const ModelConfig& cfg, const ParamTable& table,
+                    const float* params, const nlohmann::json& extra_metadata) {
+  TETRAD_CHECK(params != nullptr || table.total == 0, "write_hf_files: null params");
+  hf_writer(cfg, table, params, extra_metadata)
+      .write_direct((fs::path(dir) / "model.safetensors").string());
+  write_config(dir, cfg, extra_metadata);
+}
+
+void write_hf_files_streamed(const std::string& dir, const ModelConfig& cfg,
+                             const ParamTable& table, const TensorSource& params,
+                             const nlohmann::json& extra_metadata) {
+  TETRAD_CHECK(bool(params), "write_hf_files_streamed: no params source");
+  // All tensors are F32, so the writer asks for them in registration (= table) order.
+  hf_writer(cfg, table, nullptr, extra_metadata)
+      .write_streamed((fs::path(dir) / "model.safetensors").string(), true, params);
+  write_config(dir, cfg, extra_metadata);
 }
 
 void save_hf(const std::string& dir_in, const ModelConfig& cfg, const ParamTable& table,
@@ -345,8 +379,12 @@ ModelConfig read_hf_config(const std::string& dir) {
   return parse_hf_config(j, path);
 }
 
-void load_hf_params(const std::string& dir, const ModelConfig& expected, const ParamTable& table,
-                    float* params) {
+namespace {
+
+// load_hf_params and load_hf_params_streamed: every check, then each tensor read straight into
+// `params` (when given) or into one buffer handed to `sink`.
+void load_hf_impl(const std::string& dir, const ModelConfig& expected, const ParamTable& table,
+                  float* params, const TensorSink* sink) {
   const ModelConfig got = read_hf_config(dir);
   if (got.family != expected.family)
     fail("checkpoint ", dir, " is a ", family_name(got.family), " model, but the config asks for ",
@@ -408,10 +446,36 @@ void load_hf_params(const std::string& dir, const ModelConfig& expected, const P
   // (Llama's max_position_embeddings bounds nothing in the weights: a shorter run is fine.)
   if (expected.family == Family::GPT2) same("max_seq", got.max_seq, expected.max_seq);
 
-  for (const auto& s : table.specs) {
-    const std::string name = file_name(s.name);
-    files.file_of(name)->read_float(name, params + s.offset, s.hf_transposed);
+  if (params) {
+    for (const auto& s : table.specs) {
+      const std::string name = file_name(s.name);
+      files.file_of(name)->read_float(name, params + s.offset, s.hf_transposed);
+    }
+    return;
   }
+  int64_t largest = 0;
+  for (const auto& s : table.specs) largest = std::max(largest, s.numel);
+  std::vector<float> buf(static_cast<size_t>(largest));  // one tensor at a time
+  for (size_t i = 0; i < table.specs.size(); ++i) {
+    const ParamSpec& s = table.specs[i];
+    const std::string name = file_name(s.name);
+    files.file_of(name)->read_float(name, buf.data(), s.hf_transposed);
+    (*sink)(i, buf.data());
+  }
+}
+
+}  // namespace
+
+void load_hf_params(const std::string& dir, const ModelConfig& expected, const ParamTable& table,
+                    float* params) {
+  TETRAD_CHECK(params != nullptr || table.total == 0, "load_hf_params: null params");
+  load_hf_impl(dir, expected, table, params, nullptr);
+}
+
+void load_hf_params_streamed(const std::string& dir, const ModelConfig& expected,
+                             const ParamTable& table, const TensorSink& params) {
+  TETRAD_CHECK(bool(params), "load_hf_params_streamed: no params sink");
+  load_hf_impl(dir, expected, table, nullptr, &params);
 }
 
 }  // namespace tetrad

@@ -13,6 +13,7 @@
 #include <nlohmann/json.hpp>
 #include <string>
 
+#include "tetrad/checkpoint/tensor_stream.hpp"
 #include "tetrad/model/model_config.hpp"
 #include "tetrad/model/params.hpp"
 
@@ -34,6 +35,12 @@ void save_hf(const std::string& dir, const ModelConfig& cfg, const ParamTable& t
 void write_hf_files(const std::string& dir, const ModelConfig& cfg, const ParamTable& table,
                     const float* params, const nlohmann::json& extra_metadata = {});
 
+// The same files (byte for byte) from a TensorSource: params(i) is called once for each tensor,
+// i = 0..n-1 in table order; one tensor is held in memory at a time.
+void write_hf_files_streamed(const std::string& dir, const ModelConfig& cfg,
+                             const ParamTable& table, const TensorSource& params,
+                             const nlohmann::json& extra_metadata = {});
+
 // The config.json transformers reads for this model.
 nlohmann::json hf_config_json(const ModelConfig& cfg, const nlohmann::json& extra_metadata = {});
 
@@ -52,5 +59,11 @@ ModelConfig parse_hf_config(const nlohmann::json& j, const std::string& where);
 // `transformer.` prefix are accepted. F32, BF16 and F16 tensors are converted to float.
 void load_hf_params(const std::string& dir, const ModelConfig& expected, const ParamTable& table,
                     float* params);
+
+// The same checks, then params(i, data) for each tensor, i = 0..n-1 in table order, one tensor
+// in memory at a time (for fine-tuning initialisation in a parallel run). Every check runs
+// before the first call: a refused folder calls no sink.
+void load_hf_params_streamed(const std::string& dir, const ModelConfig& expected,
+                             const ParamTable& table, const TensorSink& params);
 
 }  // namespace tetrad

@@ -3,7 +3,9 @@
 #include <algorithm>
 #include <cctype>
 #include <cstdio>
+#include <cstring>
 #include <filesystem>
+#include <functional>
 #include <set>
 #include <system_error>
 #include <vector>
@@ -82,27 +84,31 @@ std::string checkpoint_folder_name(int64_t step) {
   return buf;
 }
 
-std::string save_run_checkpoint(const std::string& run_dir, const ModelConfig& cfg,
-                                const ParamTable& table, const float* params,
-                                const TrainerState& state, const CheckpointOptions& opts) {
-  TETRAD_CHECK(state.adam_m.size() == state.adam_v.size());
-  if (!state.info.is_object() && !state.info.is_null())
-    fail("save_run_checkpoint: TrainerState::info must be a JSON object, got ", state.info.dump());
-  if (state.info.is_object() && state.info.contains(kFilesKey))
+namespace {
+
+// The save behind both forms. write_model(tmp) writes model.safetensors and config.json into the
+// folder; write_state(path, info) writes trainer_state.bin with the given info.
+std::string save_run_checkpoint_impl(
+    const std::string& run_dir, int64_t step, const nlohmann::json& state_info,
+    const CheckpointOptions& opts, const std::function<void(const std::string&)>& write_model,
+    const std::function<void(const std::string&, const nlohmann::json&)>& write_state) {
+  if (!state_info.is_object() && !state_info.is_null())
+    fail("save_run_checkpoint: TrainerState::info must be a JSON object, got ", state_info.dump());
+  if (state_info.is_object() && state_info.contains(kFilesKey))
     fail("save_run_checkpoint: TrainerState::info key '", kFilesKey, "' is reserved");
 
   const fs::path ckdir = fs::path(run_dir) / "checkpoints";
   std::error_code ec;
   fs::create_directories(ckdir, ec);
   if (ec) fail("cannot create '", ckdir.string(), "': ", ec.message());
-  const std::string name = checkpoint_folder_name(state.step);
+  const std::string name = checkpoint_folder_name(step);
   const fs::path final_dir = ckdir / name, tmp = ckdir / (name + ".tmp");
   remove_tree(tmp);
   fs::create_directory(tmp, ec);
   if (ec) fail("cannot create '", tmp.string(), "': ", ec.message());
 
   try {
-    write_hf_files(tmp.string(), cfg, table, params, opts.extra_metadata);
+    write_model(tmp.string());
     if (!opts.tokenizer_path.empty())
       copy_file_synced(opts.tokenizer_path, (tmp / "tokenizer.model").string());
 
@@ -110,10 +116,9 @@ std::string save_run_checkpoint(const std::string& run_dir, const ModelConfig& c
     nlohmann::json files = nlohmann::json::object();
     for (const char* f : {"config.json", "model.safetensors", "tokenizer.model"})
       if (fs::exists(tmp / f, ec)) files[f] = hex64(hash_file((tmp / f).string()));
-    nlohmann::json info = state.info.is_object() ? state.info : nlohmann::json::object();
+    nlohmann::json info = state_info.is_object() ? state_info : nlohmann::json::object();
     info[kFilesKey] = files;
-    save_trainer_state((tmp / "trainer_state.bin").string(), state.step, state.rng_state, info,
-                       state.adam_m.data(), state.adam_v.data(), state.adam_m.size());
+    write_state((tmp / "trainer_state.bin").string(), info);
     fsync_dir(tmp.string());
     replace_dir(tmp.string(), final_dir.string());
   } catch (...) {
@@ -125,8 +130,8 @@ std::string save_run_checkpoint(const std::string& run_dir, const ModelConfig& c
   // Prune: later steps belong to an abandoned timeline; of the earlier ones keep keep_last - 1.
   int kept = 1;
   for (const auto& d : list_step_dirs(ckdir)) {
-    if (d.step == state.step) continue;
-    if (d.step > state.step || (opts.keep_last > 0 && kept >= opts.keep_last)) {
+    if (d.step == step) continue;
+    if (d.step > step || (opts.keep_last > 0 && kept >= opts.keep_last)) {
       remove_tree(ckdir / d.name);
     } else {
       ++kept;
@@ -134,6 +139,47 @@ std::string save_run_checkpoint(const std::string& run_dir, const ModelConfig& c
   }
   fsync_dir(ckdir.string());
   return final_dir.string();
+}
+
+std::vector<int64_t> tensor_sizes(const ParamTable& table) {
+  std::vector<int64_t> v;
+  for (const auto& s : table.specs) v.push_back(s.numel);
+  return v;
+}
+
+}  // namespace
+
+std::string save_run_checkpoint(const std::string& run_dir, const ModelConfig& cfg,
+                                const ParamTable& table, const float* params,
+                                const TrainerState& state, const CheckpointOptions& opts) {
+  TETRAD_CHECK(state.adam_m.size() == state.adam_v.size());
+  return save_run_checkpoint_impl(
+      run_dir, state.step, state.info, opts,
+      [&](const std::string& dir) {
+        write_hf_files(dir, cfg, table, params, opts.extra_metadata);
+      },
+      [&](const std::string& path, const nlohmann::json& info) {
+        save_trainer_state(path, state.step, state.rng_state, info, state.adam_m.data(),
+                           state.adam_v.data(), state.adam_m.size());
+      });
+}
+
+std::string save_run_checkpoint_streamed(const std::string& run_dir, const ModelConfig& cfg,
+                                         const ParamTable& table, const TensorSource& params,
+                                         const TensorSource& adam_m, const TensorSource& adam_v,
+                                         int64_t step, const std::vector<uint64_t>& rng_state,
+                                         const nlohmann::json& info,
+                                         const CheckpointOptions& opts) {
+  TETRAD_CHECK(params && adam_m && adam_v, "save_run_checkpoint_streamed: missing source");
+  return save_run_checkpoint_impl(
+      run_dir, step, info, opts,
+      [&](const std::string& dir) {
+        write_hf_files_streamed(dir, cfg, table, params, opts.extra_metadata);
+      },
+      [&](const std::string& path, const nlohmann::json& full_info) {
+        save_trainer_state_streamed(path, step, rng_state, full_info, tensor_sizes(table), adam_m,
+                                    adam_v);
+      });
 }
 
 std::optional<std::string> checkpoint_problem(const std::string& dir) {
@@ -215,12 +261,33 @@ std::optional<FoundCheckpoint> find_latest_checkpoint(const std::string& run_dir
        "\n(delete that folder, or point the run at a new run directory, to start afresh)");
 }
 
+TrainerState load_run_checkpoint_streamed(const std::string& dir, const ModelConfig& cfg,
+                                          const ParamTable& table, const TensorSink& params,
+                                          const TensorSink& adam_m, const TensorSink& adam_v) {
+  TETRAD_CHECK(params && adam_m && adam_v, "load_run_checkpoint_streamed: missing sink");
+  // Verifies the trainer state's checksum and the recorded hashes before any sink runs.
+  if (auto problem = checkpoint_problem(dir)) fail("checkpoint ", dir, " is damaged: ", *problem);
+  load_hf_params_streamed(dir, cfg, table, params);
+  TrainerState s = load_trainer_state_streamed((fs::path(dir) / "trainer_state.bin").string(),
+                                               tensor_sizes(table), adam_m, adam_v,
+                                               /*already_verified=*/true);
+  if (s.info.is_object()) s.info.erase(kFilesKey);
+  return s;
+}
+
 TrainerState load_run_checkpoint(const std::string& dir, const ModelConfig& cfg,
                                  const ParamTable& table, float* params) {
-  if (auto problem = checkpoint_problem(dir)) fail("checkpoint ", dir, " is damaged: ", *problem);
-  load_hf_params(dir, cfg, table, params);
-  TrainerState s = load_trainer_state((fs::path(dir) / "trainer_state.bin").string(), table.total);
-  if (s.info.is_object()) s.info.erase(kFilesKey);
+  std::vector<float> m(size_t(table.total)), v(size_t(table.total));
+  auto into = [&](float* base) {
+    return [&table, base](size_t i, const float* data) {
+      const ParamSpec& s = table.specs[i];
+      std::memcpy(base + s.offset, data, size_t(s.numel) * sizeof(float));
+    };
+  };
+  TrainerState s = load_run_checkpoint_streamed(dir, cfg, table, into(params), into(m.data()),
+                                                into(v.data()));
+  s.adam_m = std::move(m);
+  s.adam_v = std::move(v);
   return s;
 }
 

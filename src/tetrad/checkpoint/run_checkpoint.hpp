@@ -11,7 +11,11 @@
 // and records the XXH64 of the folder's other files (info["checkpoint_files"]), so a folder is
 // valid when its trainer state verifies and every file hashes to what it records.
 //
-// Not done here: coordination between ranks (only rank 0 calls these), locking against two
+// The *_streamed forms hold one tensor in memory at a time (TensorSource / TensorSink, see
+// tensor_stream.hpp), for parallel runs in which no rank may hold the whole model.
+//
+// Not done here: coordination between ranks (only rank 0 calls these; in the streamed forms its
+// callbacks may gather from / scatter to the other ranks), locking against two
 // writers of one run_dir. Failures writing throw tetrad::Error; damaged checkpoints found while
 // looking for the latest are reported to the given stream and skipped.
 #pragma once
@@ -21,6 +25,7 @@
 #include <ostream>
 #include <string>
 
+#include "tetrad/checkpoint/tensor_stream.hpp"
 #include "tetrad/checkpoint/trainer_state.hpp"
 #include "tetrad/model/model_config.hpp"
 #include "tetrad/model/params.hpp"
@@ -44,6 +49,20 @@ std::string save_run_checkpoint(const std::string& run_dir, const ModelConfig& c
                                 const ParamTable& table, const float* params,
                                 const TrainerState& state, const CheckpointOptions& opts = {});
 
+// Writes exactly the same folder as save_run_checkpoint (the same bytes in model.safetensors,
+// config.json and trainer_state.bin; the same temporary folder, rename, `latest` and pruning),
+// from sources that provide one tensor at a time (numel = table.specs[i].numel floats, internal
+// layout). Call order, part of the contract (a parallel caller runs a collective per call):
+//   params(0), ..., params(n-1), then adam_m(0), ..., adam_m(n-1), then adam_v(0), ..., adam_v(n-1)
+// with n = table.specs.size(), each exactly once. Nothing else is called back. If a source
+// throws, the partial folder is removed and the exception propagates.
+std::string save_run_checkpoint_streamed(const std::string& run_dir, const ModelConfig& cfg,
+                                         const ParamTable& table, const TensorSource& params,
+                                         const TensorSource& adam_m, const TensorSource& adam_v,
+                                         int64_t step, const std::vector<uint64_t>& rng_state,
+                                         const nlohmann::json& info,
+                                         const CheckpointOptions& opts = {});
+
 // Why the checkpoint folder `dir` cannot be resumed from, or nullopt if it is valid: files
 // present, config.json readable, model.safetensors header valid, trainer_state.bin checksum and
 // the recorded file hashes matching.
@@ -64,5 +83,18 @@ std::optional<FoundCheckpoint> find_latest_checkpoint(const std::string& run_dir
 // and the trainer state (moments of table.total floats). Verifies the recorded file hashes.
 TrainerState load_run_checkpoint(const std::string& dir, const ModelConfig& cfg,
                                  const ParamTable& table, float* params);
+
+// The same, tensor by tensor. First everything load_run_checkpoint verifies (checkpoint_problem:
+// recorded file hashes, trainer_state.bin checksum; config and tensor shapes against `cfg`), so
+// a damaged or mismatching checkpoint is refused before any sink is called. Then, in this order
+// (part of the contract, as for the save):
+//   params(0..n-1), then adam_m(0..n-1), then adam_v(0..n-1)
+// each with table.specs[i].numel floats in internal layout, valid during the call only.
+// Returns step, rng_state and info (without the reserved checkpoint_files key); adam_m and
+// adam_v are left EMPTY. (A trainer_state.bin whose checksum verifies but whose moments have the
+// wrong length is only detected after the params sinks ran.)
+TrainerState load_run_checkpoint_streamed(const std::string& dir, const ModelConfig& cfg,
+                                          const ParamTable& table, const TensorSink& params,
+                                          const TensorSink& adam_m, const TensorSink& adam_v);
 
 }  // namespace tetrad

@@ -102,6 +102,17 @@ std::string shape_string(const std::vector<int64_t>& shape) {
 
 void SafetensorsWriter::add(const std::string& name, std::vector<int64_t> shape,
                             const float* data, StoreDtype dtype, bool transpose) {
+  add_entry(name, std::move(shape), data, dtype, transpose, false);
+}
+
+void SafetensorsWriter::declare(const std::string& name, std::vector<int64_t> shape,
+                                StoreDtype dtype, bool transpose) {
+  add_entry(name, std::move(shape), nullptr, dtype, transpose, true);
+}
+
+void SafetensorsWriter::add_entry(const std::string& name, std::vector<int64_t> shape,
+                                  const float* data, StoreDtype dtype, bool transpose,
+                                  bool declared) {
   if (name.empty() || name == "__metadata__")
     fail("safetensors: '", name, "' cannot be used as a tensor name");
   for (const auto& e : entries_)
@@ -116,11 +127,12 @@ void SafetensorsWriter::add(const std::string& name, std::vector<int64_t> shape,
     TETRAD_CHECK(d >= 0, "negative dimension in tensor ", name);
     e.numel *= d;
   }
-  TETRAD_CHECK(data != nullptr || e.numel == 0, "null data for tensor ", name);
+  TETRAD_CHECK(declared || data != nullptr || e.numel == 0, "null data for tensor ", name);
   e.shape = std::move(shape);
   e.data = data;
   e.dtype = dtype;
   e.transpose = transpose;
+  e.declared = declared;
   entries_.push_back(std::move(e));
 }
 
@@ -128,10 +140,21 @@ void SafetensorsWriter::set_metadata(const std::string& key, const std::string& 
   metadata_[key] = value;
 }
 
-void SafetensorsWriter::write(const std::string& path) const { write_impl(path, false); }
-void SafetensorsWriter::write_direct(const std::string& path) const { write_impl(path, true); }
+void SafetensorsWriter::write(const std::string& path) const { write_impl(path, false, nullptr); }
+void SafetensorsWriter::write_direct(const std::string& path) const {
+  write_impl(path, true, nullptr);
+}
+void SafetensorsWriter::write_streamed(const std::string& path, bool direct,
+                                       const Fetch& fetch) const {
+  TETRAD_CHECK(bool(fetch), "write_streamed without a fetch function");
+  write_impl(path, direct, &fetch);
+}
 
-void SafetensorsWriter::write_impl(const std::string& path, bool direct) const {
+void SafetensorsWriter::write_impl(const std::string& path, bool direct, const Fetch* fetch) const {
+  for (const auto& e : entries_)
+    if (e.declared && !fetch)
+      fail("safetensors file '", path, "': tensor '", e.name,
+           "' was declared without data; write it with write_streamed");
   // Data order: larger elements first (keeps every tensor aligned), then insertion order.
   std::vector<const Entry*> order;
   for (const auto& e : entries_) order.push_back(&e);
@@ -168,15 +191,24 @@ void SafetensorsWriter::write_impl(const std::string& path, bool direct) const {
   constexpr int64_t kChunk = 1 << 16;  // elements per staging chunk
   std::vector<float> stage(kChunk);
   std::vector<uint16_t> half(kChunk);
+  int64_t max_declared = 0;  // one buffer for the streamed tensors, the largest one's size
+  for (const auto& e : entries_)
+    if (e.declared) max_declared = std::max(max_declared, e.numel);
+  std::vector<float> fetched(static_cast<size_t>(max_declared));
   for (const Entry* e : order) {
+    const float* data = e->data;
+    if (e->declared) {
+      (*fetch)(size_t(e - entries_.data()), fetched.data());
+      data = fetched.data();
+    }
     const int64_t rows = e->transpose ? e->shape[0] : 0, cols = e->transpose ? e->shape[1] : 0;
     for (int64_t i0 = 0; i0 < e->numel; i0 += kChunk) {
       const int64_t n_el = std::min(kChunk, e->numel - i0);
-      const float* src = e->data + i0;
+      const float* src = data + i0;
       if (e->transpose) {  // file element i = (r, c) comes from data[c * rows + r]
         for (int64_t k = 0; k < n_el; ++k) {
           const int64_t i = i0 + k, r = i / cols, c = i % cols;
-          stage[k] = e->data[c * rows + r];
+          stage[k] = data[c * rows + r];
         }
         src = stage.data();
       }

@@ -19,6 +19,7 @@
 #pragma once
 #include <cstddef>
 #include <cstdint>
+#include <functional>
 #include <map>
 #include <string>
 #include <vector>
@@ -43,6 +44,10 @@ class SafetensorsWriter {
   // name or a name reserved by the format.
   void add(const std::string& name, std::vector<int64_t> shape, const float* data,
            StoreDtype dtype = StoreDtype::F32, bool transpose = false);
+  // Registers a tensor whose data is not held by the writer: write_streamed asks for it.
+  // `transpose` as for add() (the data handed over is then [c, r]).
+  void declare(const std::string& name, std::vector<int64_t> shape,
+               StoreDtype dtype = StoreDtype::F32, bool transpose = false);
   // A `__metadata__` entry (the format allows string values only).
   void set_metadata(const std::string& key, const std::string& value);
 
@@ -54,6 +59,15 @@ class SafetensorsWriter {
   // into place as a whole); still fsync'ed.
   void write_direct(const std::string& path) const;
 
+  // fetch(k, out): fill `out` (numel floats, in the layout add() would take) with the k-th
+  // tensor registered (counting add() and declare() alike, from 0).
+  using Fetch = std::function<void(size_t k, float* out)>;
+  // Writes the file like write() / write_direct() (same bytes), calling fetch once for each
+  // declare()d tensor in data order (decreasing element size, then registration order; for
+  // tensors of one dtype that is registration order). Holds one tensor in memory at a time:
+  // one buffer of the largest declared tensor's size.
+  void write_streamed(const std::string& path, bool direct, const Fetch& fetch) const;
+
  private:
   struct Entry {
     std::string name;
@@ -62,8 +76,11 @@ class SafetensorsWriter {
     const float* data = nullptr;
     StoreDtype dtype = StoreDtype::F32;
     bool transpose = false;
+    bool declared = false;  // data comes from write_streamed's fetch
   };
-  void write_impl(const std::string& path, bool direct) const;
+  void add_entry(const std::string& name, std::vector<int64_t> shape, const float* data,
+                 StoreDtype dtype, bool transpose, bool declared);
+  void write_impl(const std::string& path, bool direct, const Fetch* fetch) const;
   std::vector<Entry> entries_;
   std::map<std::string, std::string> metadata_;
 };

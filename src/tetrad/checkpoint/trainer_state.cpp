@@ -4,6 +4,7 @@
 #include <cerrno>
 #include <cstdio>
 #include <cstring>
+#include <functional>
 #include <memory>
 
 #include "tetrad/checkpoint/atomic_file.hpp"
@@ -22,9 +23,28 @@ struct FileCloser {
   void operator()(std::FILE* f) const { std::fclose(f); }
 };
 
-// Reads the file, hashing as it goes. With keep_arrays=false the arrays are streamed through a
-// small buffer and dropped.
-TrainerState read_state(const std::string& path, bool keep_arrays) {
+// How read_state treats the arrays.
+enum class Arrays { Drop, Keep, Sink };
+
+struct SinkPlan {
+  const std::vector<int64_t>* chunks = nullptr;
+  const TensorSink* sinks[2] = {nullptr, nullptr};
+};
+
+uint64_t chunk_sum(const std::vector<int64_t>& chunks) {
+  uint64_t total = 0;
+  for (int64_t c : chunks) {
+    TETRAD_CHECK(c >= 0, "negative chunk size ", c);
+    total += uint64_t(c);
+  }
+  return total;
+}
+
+// Reads the file, hashing as it goes. Arrays::Drop streams the arrays through a small buffer
+// and drops them; Arrays::Keep reads them into the state; Arrays::Sink reads them chunk by chunk
+// (plan->chunks, which must sum to each array's length: checked before any sink is called) and
+// hands each chunk to plan->sinks[array].
+TrainerState read_state(const std::string& path, Arrays mode, const SinkPlan* plan = nullptr) {
   auto bad = [&](const auto&... what) {
     fail("trainer state '", path, "': ", what..., " (the file is damaged; resume from an "
          "earlier checkpoint)");
@@ -89,12 +109,29 @@ TrainerState read_state(const std::string& path, bool keep_arrays) {
         4 * (numel[0] + numel[1]), " bytes) but the file holds ", body,
         " bytes for them: truncated or corrupt");
 
+  if (mode == Arrays::Sink) {
+    const uint64_t want = chunk_sum(*plan->chunks);
+    if (numel[0] != want || numel[1] != want)
+      fail("trainer state '", path, "' holds Adam moments for ", numel[0],
+           " parameters, but this model has ", want, " (a checkpoint of a different model?)");
+  }
   std::vector<float>* dst[2] = {&s.adam_m, &s.adam_v};
   std::vector<float> scratch;
+  if (mode == Arrays::Sink) {
+    int64_t largest = 0;
+    for (int64_t c : *plan->chunks) largest = std::max(largest, c);
+    scratch.resize(size_t(largest));  // one chunk at a time
+  }
   for (int k = 0; k < 2; ++k) {
-    if (keep_arrays) {
+    if (mode == Arrays::Keep) {
       dst[k]->resize(numel[k]);
       read(dst[k]->data(), numel[k] * 4, kArrayNames[k]);
+    } else if (mode == Arrays::Sink) {
+      for (size_t i = 0; i < plan->chunks->size(); ++i) {
+        const size_t n = size_t((*plan->chunks)[i]);
+        read(scratch.data(), n * 4, kArrayNames[k]);
+        (*plan->sinks[k])(i, scratch.data());
+      }
     } else {
       scratch.resize(1 << 18);
       for (uint64_t done = 0; done < numel[k];) {
@@ -121,9 +158,17 @@ void save_trainer_state(const std::string& path, const TrainerState& s) {
                      s.adam_m.size());
 }
 
-void save_trainer_state(const std::string& path, int64_t step, const std::vector<uint64_t>& rng,
-                        const nlohmann::json& info, const float* adam_m, const float* adam_v,
-                        size_t numel) {
+namespace {
+
+// The writer behind both save forms. chunk(k, i, buf) returns the data of chunk i of array k
+// (k = 0 adam_m, 1 adam_v): a pointer into the caller's memory, or `buf` (room for the largest
+// chunk) after filling it.
+using ChunkFn = std::function<const float*(int k, size_t i, float* buf)>;
+
+void write_state(const std::string& path, int64_t step, const std::vector<uint64_t>& rng,
+                 const nlohmann::json& info, const std::vector<int64_t>& chunks,
+                 size_t buf_numel, const ChunkFn& chunk) {
+  const uint64_t numel = chunk_sum(chunks);
   nlohmann::json j = {
       {"step", step},
       {"rng_state", rng},
@@ -149,15 +194,40 @@ void save_trainer_state(const std::string& path, int64_t step, const std::vector
   put(&version, 4);
   put(&len, 8);
   put(text.data(), text.size());
-  put(adam_m, numel * 4);
-  put(adam_v, numel * 4);
+  std::vector<float> buf(buf_numel);
+  for (int k = 0; k < 2; ++k)
+    for (size_t i = 0; i < chunks.size(); ++i) put(chunk(k, i, buf.data()), size_t(chunks[i]) * 4);
   const uint64_t sum = h.digest();
   out.write(&sum, 8);
   out.commit();
 }
 
+}  // namespace
+
+void save_trainer_state(const std::string& path, int64_t step, const std::vector<uint64_t>& rng,
+                        const nlohmann::json& info, const float* adam_m, const float* adam_v,
+                        size_t numel) {
+  const float* arrays[2] = {adam_m, adam_v};
+  write_state(path, step, rng, info, {int64_t(numel)}, 0,
+              [&](int k, size_t, float*) { return arrays[k]; });
+}
+
+void save_trainer_state_streamed(const std::string& path, int64_t step,
+                                 const std::vector<uint64_t>& rng, const nlohmann::json& info,
+                                 const std::vector<int64_t>& chunks, const TensorSource& adam_m,
+                                 const TensorSource& adam_v) {
+  TETRAD_CHECK(adam_m && adam_v, "save_trainer_state_streamed: missing source");
+  int64_t largest = 0;
+  for (int64_t c : chunks) largest = std::max(largest, c);
+  const TensorSource* sources[2] = {&adam_m, &adam_v};
+  write_state(path, step, rng, info, chunks, size_t(largest), [&](int k, size_t i, float* buf) {
+    (*sources[k])(i, buf);
+    return static_cast<const float*>(buf);
+  });
+}
+
 TrainerState load_trainer_state(const std::string& path, int64_t expected_numel) {
-  TrainerState s = read_state(path, true);
+  TrainerState s = read_state(path, Arrays::Keep);
   if (int64_t(s.adam_m.size()) != expected_numel)
     fail("trainer state '", path, "' holds Adam moments for ", s.adam_m.size(),
          " parameters, but this model has ", expected_numel,
@@ -165,6 +235,19 @@ TrainerState load_trainer_state(const std::string& path, int64_t expected_numel)
   return s;
 }
 
-TrainerState verify_trainer_state(const std::string& path) { return read_state(path, false); }
+TrainerState verify_trainer_state(const std::string& path) { return read_state(path, Arrays::Drop); }
+
+TrainerState load_trainer_state_streamed(const std::string& path,
+                                         const std::vector<int64_t>& chunk_numel,
+                                         const TensorSink& adam_m, const TensorSink& adam_v,
+                                         bool already_verified) {
+  TETRAD_CHECK(adam_m && adam_v, "load_trainer_state_streamed: missing sink");
+  if (!already_verified) read_state(path, Arrays::Drop);
+  SinkPlan plan;
+  plan.chunks = &chunk_numel;
+  plan.sinks[0] = &adam_m;
+  plan.sinks[1] = &adam_v;
+  return read_state(path, Arrays::Sink, &plan);
+}
 
 }  // namespace tetrad
