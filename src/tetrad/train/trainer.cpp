@@ -174,18 +174,6 @@ TrainResult train(const RunConfig& cfg, const TrainOptions& opt, std::ostream& l
   data::LoaderOptions val_opt = lopt;
   val_opt.shuffle = false;
 
-  // Whole-model buffers exist only while loading or saving (one tensor's worth would do; see
-  // the checkpoint issue for sharded checkpoints).
-  auto scatter_all = [&](float* local, const float* full) {
-    for (size_t i = 0; i < table.specs.size(); ++i)
-      model.scatter_tensor(local, i, full + table.specs[i].offset);
-  };
-  auto gather_all = [&](const float* local, std::vector<float>& full) {
-    full.assign(size_t(table.total), 0.0f);
-    for (size_t i = 0; i < table.specs.size(); ++i)
-      model.gather_tensor(local, i, full.data() + table.specs[i].offset);
-  };
-
   TrainResult result;
   int64_t step = 0;
   bool loaded = false;
@@ -205,11 +193,13 @@ TrainResult train(const RunConfig& cfg, const TrainOptions& opt, std::ostream& l
     if (!found) {
       out << "resume: no checkpoint in " << cfg.run_dir << "/checkpoints; starting from scratch\n";
     } else {
-      std::vector<float> full(size_t(table.total));
-      TrainerState st = load_run_checkpoint(found->dir, cfg.model, table, full.data());
-      scatter_all(model.params(), full.data());
-      scatter_all(adam.m(), st.adam_m.data());
-      scatter_all(adam.v(), st.adam_v.data());
+      // Tensor by tensor: each rank keeps its shard of every whole tensor it reads.
+      auto keep = [&](float* local) {
+        return [&model, local](size_t i, const float* data) { model.scatter_tensor(local, i, data); };
+      };
+      TrainerState st = load_run_checkpoint_streamed(found->dir, cfg.model, table,
+                                                     keep(model.params()), keep(adam.m()),
+                                                     keep(adam.v()));
       step = st.step;
       loaded = true;
       try {
@@ -223,9 +213,10 @@ TrainResult train(const RunConfig& cfg, const TrainOptions& opt, std::ostream& l
   }
   if (!loaded) {
     if (!cfg.init_from.empty()) {
-      std::vector<float> full(size_t(table.total));
-      load_hf_params(cfg.init_from, cfg.model, table, full.data());
-      scatter_all(model.params(), full.data());
+      load_hf_params_streamed(cfg.init_from, cfg.model, table,
+                              [&](size_t i, const float* data) {
+                                model.scatter_tensor(model.params(), i, data);
+                              });
       out << "initialised from " << cfg.init_from << "\n";
     } else {
       model.init_weights(t.seed);
@@ -266,10 +257,11 @@ TrainResult train(const RunConfig& cfg, const TrainOptions& opt, std::ostream& l
       return;
     }
     const auto t0 = std::chrono::steady_clock::now();
-    std::vector<float> p, m, v;
-    gather_all(model.params(), p);
-    gather_all(adam.m(), m);
-    gather_all(adam.v(), v);
+    // Streamed one tensor at a time: rank 0 writes, every rank takes part in each tensor's
+    // gather, in the writer's order (params, then m, then v, each in table order).
+    auto gather = [&model](const float* local) {
+      return [&model, local](size_t i, float* out) { model.gather_tensor(local, i, out); };
+    };
     if (root) {
       const auto ls = train_loader.state();
       nlohmann::json info = {{"data_epoch", ls.epoch}, {"data_cursor", ls.cursor},
@@ -278,12 +270,19 @@ TrainResult train(const RunConfig& cfg, const TrainOptions& opt, std::ostream& l
       CheckpointOptions co;
       co.tokenizer_path = data.tokenizer_path;
       co.keep_last = t.keep_checkpoints;
-      result.last_checkpoint = save_run_checkpoint(
-          cfg.run_dir, cfg.model, table, p.data(),
-          TrainerState{at_step, {}, info, std::move(m), std::move(v)}, co);
+      result.last_checkpoint = save_run_checkpoint_streamed(
+          cfg.run_dir, cfg.model, table, gather(model.params()), gather(adam.m()),
+          gather(adam.v()), at_step, {}, info, co);
       const double dt = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
       if (!opt.quiet) out << "checkpoint " << result.last_checkpoint << " (" << std::fixed
                           << std::setprecision(2) << dt << " s)\n" << std::defaultfloat;
+    } else {
+      std::vector<float> tensor;
+      for (const float* local : {(const float*)model.params(), (const float*)adam.m(), (const float*)adam.v()})
+        for (size_t i = 0; i < table.specs.size(); ++i) {
+          tensor.resize(size_t(table.specs[i].numel));
+          model.gather_tensor(local, i, tensor.data());
+        }
     }
     if (world > 1) groups.world.barrier();  // the checkpoint is complete before anyone goes on
   };
