@@ -35,6 +35,19 @@ else
   echo "FAIL resumed run"; paste <(losses "$W/serial") <(losses "$W/resumed"); fails=$((fails+1))
 fi
 
+# The Goldfish loss drops the same targets on every grid: same losses as its serial run.
+GF=(--set train.loss_mask=goldfish --set train.goldfish_k=3 --set train.goldfish_h=4)
+"$TETRAD" train "${S[@]}" "${GF[@]}" --set run.dir="$W/gf_serial" > /dev/null &&
+"${MPIRUN[@]}" -n 2 "$TETRAD" train "${S[@]}" "${GF[@]}" --set run.dir="$W/gf_grid" --grid 1,1,1,2 > "$W/log" 2>&1 || { cat "$W/log"; fails=$((fails+1)); }
+if paste <(losses "$W/gf_serial") <(losses "$W/gf_grid") |
+   awk '{ n++; d = ($1 - $2) / $1; if (d < 0) d = -d; if (d > 1e-5) bad = 1 } END { exit (bad || n != 5) }' &&
+   ! cmp -s <(losses "$W/serial") <(losses "$W/gf_serial") &&
+   grep -q '"dropped_fraction":0.[1-4]' "$W/gf_serial/metrics.jsonl"; then
+  echo "ok   goldfish: same losses on grid 1,1,1,2 as serially, differs from the standard loss, drop fraction logged"
+else
+  echo "FAIL goldfish"; paste <(losses "$W/gf_serial") <(losses "$W/gf_grid"); fails=$((fails+1))
+fi
+
 out=$("${MPIRUN[@]}" -n 2 "$TETRAD" train "${S[@]}" --set run.dir="$W/bad" --grid 2,2,1,1 2>&1)
 if grep -q "needs 4 ranks" <<<"$out"; then echo "ok   wrong grid refused"; else echo "FAIL wrong grid: $out"; fails=$((fails+1)); fi
 echo "$fails failed"

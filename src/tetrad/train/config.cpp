@@ -7,6 +7,7 @@
 #include <toml++/toml.h>
 
 #include "tetrad/core/error.hpp"
+#include "tetrad/train/loss_mask.hpp"
 
 namespace tetrad {
 
@@ -141,6 +142,12 @@ const std::vector<Field>& schema() {
       INT_FIELD("train.keep_checkpoints", c.train.keep_checkpoints, "checkpoints kept"),
       INT_FIELD("train.max_bad_steps", c.train.max_bad_steps,
                 "consecutive non-finite steps (skipped) before the run stops"),
+      STRING_FIELD("train.loss_mask", c.train.loss_mask,
+                   "targets dropped from the loss: \"none\", \"goldfish\" (hashed, Hans et al. "
+                   "2024), \"static\" (every k-th) or \"random\" (per position)"),
+      INT_FIELD("train.goldfish_k", c.train.goldfish_k, "drop about 1 in k targets (>= 2)"),
+      INT_FIELD("train.goldfish_h", c.train.goldfish_h,
+                "Goldfish context width: tokens hashed to decide each drop"),
       INT_FIELD("train.threads", c.train.threads, "OpenMP threads per rank (0: OMP_NUM_THREADS, else the cores divided among the ranks of the node)"),
   };
   return fields;
@@ -212,6 +219,7 @@ void RunConfig::validate() const {
     fail("train.checkpoint_interval must be >= 0, got ", t.checkpoint_interval);
   if (t.threads < 0) fail("train.threads must be >= 0, got ", t.threads);
   if (run_dir.empty()) fail("run.dir must not be empty");
+  LossMask{parse_loss_mask(t.loss_mask), t.goldfish_k, t.goldfish_h, t.seed}.validate();
 }
 
 RunConfig load_run_config(const std::string& path, const std::vector<std::string>& overrides) {

@@ -32,6 +32,9 @@ struct TrainConfig {
   int keep_checkpoints = 3;
   int max_bad_steps = 5;      // consecutive non-finite steps before stopping
   int threads = 0;            // 0: all cores
+  std::string loss_mask = "none";  // none | goldfish | static | random (train/loss_mask.hpp)
+  int goldfish_k = 4;
+  int goldfish_h = 13;
 };
 
 struct RunConfig {

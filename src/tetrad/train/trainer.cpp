@@ -26,6 +26,7 @@
 #include "tetrad/parallel/parallel_transformer.hpp"
 #include "tetrad/parallel/process_groups.hpp"
 #include "tetrad/tools/ceilings.hpp"
+#include "tetrad/train/loss_mask.hpp"
 #include "tetrad/train/optimizer.hpp"
 
 namespace fs = std::filesystem;
@@ -307,6 +308,11 @@ TrainResult train(const RunConfig& cfg, const TrainOptions& opt, std::ostream& l
                         << std::setprecision(4) << vl << std::defaultfloat << "\n";
   };
 
+  const LossMask loss_mask{parse_loss_mask(t.loss_mask), t.goldfish_k, t.goldfish_h, t.seed};
+  if (loss_mask.mode != LossMaskMode::None && !opt.quiet)
+    out << "loss mask: " << t.loss_mask << " (k = " << t.goldfish_k
+        << (loss_mask.mode == LossMaskMode::Goldfish ? ", h = " + std::to_string(t.goldfish_h) : std::string())
+        << "): about 1 in " << t.goldfish_k << " targets dropped from the loss\n";
   StopSignals signals;
   const auto run_start = std::chrono::steady_clock::now();
   int bad_steps = 0;
@@ -317,10 +323,14 @@ TrainResult train(const RunConfig& cfg, const TrainOptions& opt, std::ostream& l
     // global batch) is known before any backward.
     for (int m = 0; m < t.grad_accum; ++m)
       train_loader.next_batch(inputs.data() + size_t(m) * B * T, targets.data() + size_t(m) * B * T);
-    double kept = 0;
-    for (int32_t y : targets) kept += y >= 0;
-    if (groups.zd.size() > 1) groups.zd.allreduce_sum(&kept, 1);
-    kept = std::max(kept, 1.0);
+    double counts[2] = {0, 0};  // kept targets, dropped by the loss mask
+    for (int m = 0; m < t.grad_accum; ++m)
+      counts[1] += double(apply_loss_mask(loss_mask, targets.data() + size_t(m) * B * T, B, T,
+                                          step, m, replicas, slot));
+    for (int32_t y : targets) counts[0] += y >= 0;
+    if (groups.zd.size() > 1) groups.zd.allreduce_sum(counts, 2);
+    const double kept = std::max(counts[0], 1.0);
+    const double drop_fraction = counts[1] / (counts[0] + counts[1]);
     model.zero_grads();
     double loss_sum = 0;
     for (int m = 0; m < t.grad_accum; ++m)
@@ -360,7 +370,8 @@ TrainResult train(const RunConfig& cfg, const TrainOptions& opt, std::ostream& l
     if (root) {
       metrics << nlohmann::json{{"step", done}, {"loss", loss}, {"lr", lr}, {"grad_norm", gnorm},
                                 {"tokens_per_s", tokens_per_s}, {"mfu", mfu},
-                                {"step_time_s", dt}, {"elapsed_s", elapsed}}
+                                {"step_time_s", dt}, {"elapsed_s", elapsed},
+                                {"dropped_fraction", drop_fraction}}
                      .dump()
               << "\n";
       metrics.flush();
@@ -371,7 +382,11 @@ TrainResult train(const RunConfig& cfg, const TrainOptions& opt, std::ostream& l
           << lr << " | gnorm " << std::fixed << std::setprecision(3) << gnorm << " | "
           << std::setprecision(0) << tokens_per_s << " tok/s | MFU " << std::setprecision(1)
           << 100 * mfu << "% | " << format_duration(elapsed) << " elapsed, ETA "
-          << format_duration(eta) << std::defaultfloat << std::endl;
+          << format_duration(eta)
+          << (loss_mask.mode != LossMaskMode::None
+                  ? " | dropped " + std::to_string(int(100 * drop_fraction + 0.5)) + "%"
+                  : std::string())
+          << std::defaultfloat << std::endl;
     }
     if (t.eval_interval > 0 && done % t.eval_interval == 0) validate(done);
     if (t.checkpoint_interval > 0 && done % t.checkpoint_interval == 0 && done < t.max_steps)
