@@ -81,6 +81,12 @@ int main(int argc, char** argv) {
   prepare->add_option("--doc-split", prep.doc_split,
                       "auto | file | blank-line | line | kjv-chapter")->capture_default_str();
   prepare->add_option("--seed", prep.seed)->capture_default_str();
+  prepare->add_option("--canary", prep.canaries,
+                      "a document to insert into the training split (repeatable; memorization "
+                      "experiments)");
+  prepare->add_option("--canary-repeats", prep.canary_repeats,
+                      "copies of each canary: one count for all, or one per --canary")
+      ->delimiter(',');
 
   // train
   std::string config_path;

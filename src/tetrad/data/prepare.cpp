@@ -6,6 +6,7 @@
 #include <cstring>
 #include <filesystem>
 #include <fstream>
+#include <map>
 #include <memory>
 #include <nlohmann/json.hpp>
 #include <optional>
@@ -14,6 +15,7 @@
 
 #include "tetrad/core/error.hpp"
 #include "tetrad/core/hash.hpp"
+#include "tetrad/core/rng.hpp"
 #include "tetrad/data/shards.hpp"
 #include "tetrad/data/tokenizer.hpp"
 
@@ -414,6 +416,37 @@ void prepare_data(const PrepareOptions& o, std::ostream& log) {
   if (tok->eos_id() < 0)
     fail("tokenizer '", o.tokenizer_model, "' has no EOS piece; prepare separates documents with EOS");
 
+  // Canaries: encoded now, inserted before the training document their draw picked.
+  struct Canary {
+    std::string file;
+    std::vector<int32_t> tokens;
+    int repeats = 0;
+    std::vector<uint64_t> offsets;
+  };
+  std::vector<Canary> canaries;
+  std::multimap<uint64_t, size_t> canary_at;  // train document index -> canary
+  if (!o.canaries.empty()) {
+    if (!o.canary_repeats.empty() && o.canary_repeats.size() != 1 &&
+        o.canary_repeats.size() != o.canaries.size())
+      fail("prepare: ", o.canaries.size(), " canary files but ", o.canary_repeats.size(),
+           " repeat counts; give one count for all or one per canary");
+    const uint64_t num_train = num_docs - num_val;
+    Rng draw(o.seed ^ 0xCA4A21E5ull);
+    for (size_t c = 0; c < o.canaries.size(); ++c) {
+      Canary k;
+      k.file = o.canaries[c];
+      k.repeats = o.canary_repeats.empty() ? 1
+                  : o.canary_repeats.size() == 1 ? o.canary_repeats[0] : o.canary_repeats[c];
+      if (k.repeats < 1) fail("prepare: canary repeat counts must be >= 1, got ", k.repeats);
+      k.tokens = tok->encode(read_text(k.file));
+      if (k.tokens.empty()) fail("prepare: canary file '", k.file, "' is empty");
+      k.tokens.push_back(tok->eos_id());
+      for (int r = 0; r < k.repeats; ++r) canary_at.emplace(draw.next_u64() % (num_train + 1), c);
+      canaries.push_back(std::move(k));
+    }
+  }
+  uint64_t train_docs_seen = 0;
+
   // Pass 2: encode documents in batches (in parallel), append them in order to their split.
   const auto t_enc = Clock::now();
   const uint32_t vocab = static_cast<uint32_t>(tok->vocab_size());
@@ -432,8 +465,21 @@ void prepare_data(const PrepareOptions& o, std::ostream& log) {
       encoded[i] = t.encode(batch[i]);
       encoded[i].push_back(eos);
     }
-    for (size_t i = 0; i < batch.size(); ++i)
-      (is_val(batch_index[i]) ? val : train).add_document(encoded[i]);
+    auto insert_canaries_before = [&](uint64_t train_doc) {
+      auto [lo, hi] = canary_at.equal_range(train_doc);
+      for (auto it = lo; it != hi; ++it) {
+        canaries[it->second].offsets.push_back(train.tokens());
+        train.add_document(canaries[it->second].tokens);
+      }
+    };
+    for (size_t i = 0; i < batch.size(); ++i) {
+      if (is_val(batch_index[i])) {
+        val.add_document(encoded[i]);
+      } else {
+        insert_canaries_before(train_docs_seen++);
+        train.add_document(encoded[i]);
+      }
+    }
     docs_done += batch.size();
     log << "prepare: encoded " << docs_done << "/" << num_docs << " documents, "
         << train.tokens() + val.tokens() << " tokens, " << seconds_since(t_enc) << " s\n";
@@ -452,6 +498,13 @@ void prepare_data(const PrepareOptions& o, std::ostream& log) {
     }
   }
   if (!batch.empty()) flush();
+  {  // canaries drawn to go after the last training document
+    auto [lo, hi] = canary_at.equal_range(train_docs_seen);
+    for (auto it = lo; it != hi; ++it) {
+      canaries[it->second].offsets.push_back(train.tokens());
+      train.add_document(canaries[it->second].tokens);
+    }
+  }
   train.finish();
   val.finish();
   const double encode_seconds = seconds_since(t_enc);
@@ -469,6 +522,10 @@ void prepare_data(const PrepareOptions& o, std::ostream& log) {
                        {"trained", trained},
                        {"source", trained ? std::string() : o.tokenizer_model}};
   meta["inputs"] = o.inputs;
+  meta["canaries"] = nlohmann::json::array();
+  for (const auto& k : canaries)
+    meta["canaries"].push_back({{"file", k.file}, {"repeats", k.repeats},
+                                {"tokens", k.tokens.size()}, {"offsets", k.offsets}});
   nlohmann::json jfiles = nlohmann::json::array();
   for (const auto& f : files)
     jfiles.push_back({{"path", f.path}, {"bytes", f.bytes}, {"documents", f.num_docs},

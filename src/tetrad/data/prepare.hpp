@@ -61,6 +61,12 @@ struct PrepareOptions {
   int64_t shard_tokens = 1 << 24;   // tokens per shard (the last one of a split may hold fewer)
   uint64_t seed = 1337;             // validation choice and tokenizer training
   std::string doc_split = "auto";   // see DocSplit
+  // Canaries (memorization experiments): each file is one document, inserted canary_repeats[i]
+  // times (one value: the same for all) between training documents at positions drawn from the
+  // seed, never into validation. Where each copy landed (token offset in the train stream) is
+  // recorded in meta.json under "canaries".
+  std::vector<std::string> canaries;
+  std::vector<int> canary_repeats;
 };
 
 void prepare_data(const PrepareOptions& options, std::ostream& log);
