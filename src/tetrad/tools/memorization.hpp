@@ -1,0 +1,92 @@
+// Extraction metrics (docs: shared/design/memorization.md): does greedy decoding from a training
+// prefix reproduce the true continuation?
+//
+// For each document: prefix = its first P tokens, truth = the next N tokens; the model decodes N
+// tokens greedily (argmax, KV cache, batched) and they are compared with the truth by
+//   * exact match     all N tokens equal (the document is "extracted");
+//   * token match     fraction of the N truth positions where the generated token is equal;
+//   * ROUGE-L         F1 of the longest common subsequence over token ids.
+// Rates are averaged over the evaluated documents; documents shorter than P + N are skipped and
+// say why.
+//
+// What this does not do: prefixes taken from the middle of a document, sampling (only greedy),
+// text-level (detokenized) comparison, or parallel models (a single-rank Transformer<float>).
+// Failures in the world (a model folder, a document file, P + N beyond the model's length) throw
+// tetrad::Error.
+#pragma once
+#include <cstdint>
+#include <iosfwd>
+#include <nlohmann/json.hpp>
+#include <string>
+#include <vector>
+
+#include "tetrad/model/transformer.hpp"
+
+namespace tetrad {
+
+// ---- metrics over token ids (pure functions) -------------------------------------------------
+
+// True when generated == truth (same length, same tokens).
+bool exact_match(const std::vector<int32_t>& generated, const std::vector<int32_t>& truth);
+// Fraction of the truth positions i with generated[i] == truth[i]; positions past the end of
+// `generated` count as mismatches. 1.0 for an empty truth.
+double token_match_rate(const std::vector<int32_t>& generated, const std::vector<int32_t>& truth);
+// Length of the longest common subsequence (not necessarily contiguous). O(|a|·|b|) time,
+// O(min(|a|, |b|)) memory.
+int64_t lcs_length(const std::vector<int32_t>& a, const std::vector<int32_t>& b);
+// ROUGE-L F1: P = lcs/|generated|, R = lcs/|truth|, F = 2PR/(P+R); 0 when lcs = 0.
+double rouge_l(const std::vector<int32_t>& generated, const std::vector<int32_t>& truth);
+
+// ---- extraction over a set of documents ------------------------------------------------------
+
+struct ExtractionOptions {
+  int prefix_len = 32;  // P: tokens of training text given as the prompt
+  int suffix_len = 50;  // N: tokens decoded and compared with the true continuation
+  int batch = 8;        // prompts decoded together (capped at the model's max_batch)
+};
+
+struct DocumentResult {
+  std::string name;
+  int64_t doc_index = 0;
+  bool exact = false;
+  double token_match = 0;
+  double rouge_l = 0;
+  bool skipped = false;
+  std::string why;  // reason for skipping ("" when evaluated)
+};
+
+struct ExtractionReport {
+  std::vector<DocumentResult> docs;  // one per input document, in input order
+  double exact_rate = 0;             // averages over the evaluated documents (0 if none)
+  double token_match_rate = 0;
+  double rouge_l = 0;
+  int evaluated = 0, skipped = 0;
+  int prefix_len = 0, suffix_len = 0;
+
+  // A fixed-width table: one row per document, then the overall line.
+  std::string table() const;
+  // {"prefix_len", "suffix_len", "evaluated", "skipped", "exact_rate", "token_match_rate",
+  //  "rouge_l", "documents": [{"name", "index", "skipped", "why" | "exact", "token_match",
+  //  "rouge_l"}]}
+  nlohmann::json to_json() const;
+};
+
+// Runs the extraction test on token documents (names[i] labels documents[i]; names may be empty,
+// then documents are named by index). Throws Error if prefix_len < 1, suffix_len < 1, batch < 1,
+// names has a different non-zero size, or prefix_len + suffix_len > model.max_len().
+// Uses (and resets) the model's KV cache; the parameters are not changed.
+ExtractionReport measure_extraction(Transformer<float>& model,
+                                    const std::vector<std::vector<int32_t>>& documents,
+                                    const std::vector<std::string>& names,
+                                    const ExtractionOptions& opt);
+
+// `tetrad memorization`: loads the Hugging Face folder model_dir (config.json, model.safetensors
+// and tokenizer.model, as a run checkpoint holds), encodes each file of doc_files as one document
+// with that tokenizer, runs measure_extraction, prints the table to `out` and, if json_out is not
+// empty, writes the report's JSON there.
+void run_memorization_command(const std::string& model_dir,
+                              const std::vector<std::string>& doc_files,
+                              const ExtractionOptions& opt, const std::string& json_out,
+                              std::ostream& out);
+
+}  // namespace tetrad
