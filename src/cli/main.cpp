@@ -18,6 +18,7 @@
 #include "tetrad/data/tokenizer.hpp"
 #include "tetrad/model/sampling.hpp"
 #include "tetrad/tools/bench.hpp"
+#include "tetrad/tools/memorization.hpp"
 #include "tetrad/train/config.hpp"
 #include "tetrad/train/trainer.hpp"
 
@@ -149,6 +150,19 @@ int main(int argc, char** argv) {
   exp->add_option("-m,--model", model_dir, "run folder or checkpoint")->required();
   exp->add_option("-o,--out", export_out, "output folder")->required();
 
+  // memorization
+  ExtractionOptions xopt;
+  std::vector<std::string> memo_docs;
+  std::string memo_json;
+  auto* memo = app.add_subcommand(
+      "memorization", "extraction of training text: greedy continuation of each document's prefix");
+  memo->add_option("-m,--model", model_dir, "model folder or run folder")->required();
+  memo->add_option("--prefix", xopt.prefix_len, "prefix tokens given")->capture_default_str();
+  memo->add_option("--suffix", xopt.suffix_len, "tokens generated and compared")->capture_default_str();
+  memo->add_option("--batch", xopt.batch, "documents decoded together")->capture_default_str();
+  memo->add_option("--json", memo_json, "also write the report as JSON");
+  memo->add_option("docs", memo_docs, "document files (one document each)")->required();
+
   // logits (for checking against other implementations, e.g. scripts/hf_check.py)
   std::string tokens_csv, logits_out;
   auto* logits_cmd = app.add_subcommand(
@@ -215,6 +229,8 @@ int main(int argc, char** argv) {
       } else {
         run_bench(bopt, std::cout);
       }
+    } else if (*memo) {
+      run_memorization_command(resolve_model_dir(model_dir), memo_docs, xopt, memo_json, std::cout);
     } else if (*logits_cmd) {
       const std::string dir = resolve_model_dir(model_dir);
       const ModelConfig mc = read_hf_config(dir);
