@@ -4,7 +4,7 @@
 # with the Goldfish loss (k = 4, h = 13), then measure extraction of the canaries and the held-out
 # loss; print the table and write a plot (SVG) of extraction rate against repetitions.
 #   experiments/memorization.sh quick   tiny model, a slice of the Bible, seconds (CI)
-#   experiments/memorization.sh full    small model, the whole Bible, minutes on 2 cores
+#   experiments/memorization.sh full    4-layer model, the whole Bible, ~20 minutes on 2 cores
 # Exits non-zero in quick mode unless the standard model memorises its canaries more than the
 # Goldfish model does.
 set -euo pipefail
@@ -22,10 +22,12 @@ if [ "$MODE" = quick ]; then
   VOCAB=512; PREFIX=16; SUFFIX=32
 else
   bible -f "Gen1:1-Rev22:21" > "$OUT/corpus.txt"
-  MODEL=(--set model.name=small --set model.max_seq=256)
-  TRAIN=(--set train.micro_batch=8 --set train.seq_len=256 --set train.max_steps=1500 --set train.lr=1e-3
-         --set train.warmup_steps=100 --set train.eval_interval=0 --set train.log_interval=50)
-  VOCAB=8192; PREFIX=32; SUFFIX=50
+  # A 4-layer GPT-2 (256 wide, 8192-token vocabulary): about 10 minutes per loss on 2 cores.
+  MODEL=(--set model.name=small --set model.n_layer=4 --set model.n_embd=256 --set model.n_head=4
+         --set model.n_kv_head=4 --set model.ffn=1024 --set model.max_seq=128)
+  TRAIN=(--set train.micro_batch=8 --set train.seq_len=128 --set train.max_steps=1500 --set train.lr=2e-3
+         --set train.warmup_steps=100 --set train.eval_interval=0 --set train.log_interval=100)
+  VOCAB=8192; PREFIX=32; SUFFIX=50  # 82 tokens: fits the 128-token model
 fi
 # Canaries: one per repeat count, random words (never in the Bible), long enough for
 # prefix + suffix tokens.
@@ -46,7 +48,7 @@ for loss in standard goldfish; do
   "$TETRAD" memorization --model "$OUT/$loss" --prefix $PREFIX --suffix $SUFFIX \
     --json "$OUT/$loss/extraction.json" "$OUT"/canary_r*.txt > "$OUT/$loss/extraction.txt"
   "$TETRAD" eval --model "$OUT/$loss" --data "$OUT/data" --split val --batches 8 \
-    --seq-len "$( [ "$MODE" = quick ] && echo 64 || echo 256 )" | tail -1 > "$OUT/$loss/val.txt"
+    --seq-len "$( [ "$MODE" = quick ] && echo 64 || echo 128 )" | tail -1 > "$OUT/$loss/val.txt"
 done
 
 python3 experiments/memorization_report.py "$OUT" "$REPEATS" "$MODE"
