@@ -8,7 +8,9 @@
 // Templated on the element type: float trains; double exists so the whole model's gradient can be
 // checked against finite differences.
 //
-// This is the single-rank (degenerate grid) model; parallel layers shard the same tensors.
+// This is the serial reference: `tetrad train` runs parallel::ParallelTransformer on every grid
+// (one rank included), which must follow this model's trajectory; this class (float and double)
+// serves the gradient checks, evaluation, generation and memorization measurements.
 // Not thread-safe: one model object per training loop.
 #pragma once
 #include <cstdint>
