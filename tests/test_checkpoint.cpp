@@ -530,6 +530,10 @@ TEST(HfFolder, WrongShapeRefused) {
   ParamTable ht = build_param_table(heads);
   ASSERT_EQ(ht.total, m.table.total);
   expect_error([&] { load_hf_params(dir, heads, ht, buf.data()); }, {dir, "n_head = 4", "8"});
+  ModelConfig eps = m.cfg;
+  eps.norm_eps = 1e-5f;
+  expect_error([&] { load_hf_params(dir, eps, m.table, buf.data()); },
+               {dir, "norm_eps = 1e-06 but the config asks for 1e-05"});
 
   // A missing tensor.
   SafetensorsWriter w;

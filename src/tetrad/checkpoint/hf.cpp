@@ -13,6 +13,7 @@
 #include <memory>
 #include <set>
 #include <system_error>
+#include <type_traits>
 #include <vector>
 
 #include "tetrad/checkpoint/atomic_file.hpp"
@@ -26,12 +27,12 @@ namespace {
 
 // The shortest decimal that reads back as the same float, as a double: 1e-5f is written as
 // 1e-05 (not 9.999999747378752e-06), and reading it back gives 1e-5f again.
-double json_float(float f) {
+std::string float_text(float f) {
   char buf[64];
-  auto r = std::to_chars(buf, buf + sizeof buf - 1, f);
-  *r.ptr = '\0';
-  return std::strtod(buf, nullptr);
+  auto r = std::to_chars(buf, buf + sizeof buf, f);
+  return std::string(buf, r.ptr);
 }
+double json_float(float f) { return std::strtod(float_text(f).c_str(), nullptr); }
 
 std::vector<int64_t> hf_shape(const ParamSpec& s) {
   if (!s.hf_transposed) return s.shape;
@@ -226,6 +227,7 @@ namespace {
 SafetensorsWriter hf_writer(const ModelConfig& cfg, const ParamTable& table, const float* params,
                             const nlohmann::json& extra_metadata) {
   cfg.validate();
+  TETRAD_CHECK(build_param_table(cfg).total == table.total, "parameter table does not match config");
   SafetensorsWriter w;
   for (const auto& s : table.specs) {
     if (params)
@@ -385,6 +387,8 @@ namespace {
 // `params` (when given) or into one buffer handed to `sink`.
 void load_hf_impl(const std::string& dir, const ModelConfig& expected, const ParamTable& table,
                   float* params, const TensorSink* sink) {
+  TETRAD_CHECK(build_param_table(expected).total == table.total,
+               "parameter table does not match config");
   const ModelConfig got = read_hf_config(dir);
   if (got.family != expected.family)
     fail("checkpoint ", dir, " is a ", family_name(got.family), " model, but the config asks for ",
@@ -435,7 +439,11 @@ void load_hf_impl(const std::string& dir, const ModelConfig& expected, const Par
 
   // The fields the shapes cannot show.
   auto same = [&](const char* field, auto a, auto b) {
-    if (a != b)
+    if (a == b) return;
+    if constexpr (std::is_floating_point_v<decltype(a)>)
+      fail("checkpoint ", dir, ": config.json has ", field, " = ", float_text(a),
+           " but the config asks for ", float_text(b));
+    else
       fail("checkpoint ", dir, ": config.json has ", field, " = ", a, " but the config asks for ", b);
   };
   same("n_layer", got.n_layer, expected.n_layer);
