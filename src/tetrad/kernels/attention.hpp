@@ -3,12 +3,14 @@
 //
 // What this does not do: non-causal or custom masks, dropout, sliding windows, ALiBi, bf16. Decode
 // (Tq much smaller than Tk, e.g. 1 with a KV cache) is correct but uses the training tiles: a query
-// block shorter than the vector width still costs a full vector.
+// block shorter than the vector width still costs a full vector, and GQA heads sharing a kv head
+// are not stacked (Tq=1, Tk=1024, 12 heads, hd=64: 0.67 ms on 2 AVX2 cores, ~9 GB/s of k/v).
 //
 // Memory: never materialises a [T, T] matrix. Work memory: per thread O(block^2 + T * head_dim),
 // plus per call a packed copy of k and v (forward, when Tq >= 16) and, in the backward when
-// B * n_kv_head < 8, one dq-sized buffer per key chunk. The per-thread and packed-copy buffers
-// are thread_local arenas kept between calls (they grow to the largest call, never shrink).
+// B * n_kv_head < 8, one dq-sized buffer per key chunk (allocated per call). The per-thread and
+// packed-copy buffers are thread_local arenas kept between calls (they grow to the largest call,
+// never shrink).
 // Threads: OpenMP, the calling thread's team. Safe to call from several threads at once.
 // Determinism: every output element is computed by one thread in an order fixed by the shapes,
 // so results are bit-identical between runs and for any thread count (for a given code path).
