@@ -512,7 +512,7 @@ MachineCeilings measure_ceilings(int threads, bool quick) {
   mc.fma = mc.threads == 1 ? mc.fma_1thread : measure_fma_peak(mc.threads, fma_s, reps);
   const int n = quick ? 1024 : 3072;
   mc.square = GemmShape{"square", n, n, n, 'N', 'N'};
-  mc.sgemm_square = measure_sgemm(mc.square, mc.threads, quick ? 3 : 3);
+  mc.sgemm_square = measure_sgemm(mc.square, mc.threads, 3);
   mc.bf16_square = measure_bf16_matmul(mc.square, mc.threads, quick ? 3 : 5);
   mc.memory = measure_memory_bandwidth(size_t(quick ? 128 : 256) << 20, mc.threads, reps);
   mc.seconds = now_s() - t0;
