@@ -28,8 +28,13 @@ struct ParallelTransformer::Acts {
 };
 
 ParallelTransformer::ParallelTransformer(const ModelConfig& config, ProcessGroups& groups,
-                                         int local_batch, int max_len)
-    : cfg_(config), g_(groups), local_batch_(local_batch), max_len_(max_len) {
+                                         int local_batch, int max_len,
+                                         const OverlapOptions& overlap)
+    : cfg_(config), g_(groups), local_batch_(local_batch), max_len_(max_len), ov_(overlap) {
+  if (ov_.prefetch_depth < 0) fail("parallel.prefetch_depth must be >= 0, got ", ov_.prefetch_depth);
+  if (ov_.forward_chunks < 1) fail("parallel.forward_chunks must be >= 1, got ", ov_.forward_chunks);
+  if (ov_.progress_chunks < 1) fail("parallel.progress_chunks must be >= 1, got ", ov_.progress_chunks);
+  if (!(ov_.dp_bucket_mb >= 0)) fail("parallel.dp_bucket_mb must be >= 0, got ", ov_.dp_bucket_mb);
   cfg_.validate();
   if (max_len <= 0 || max_len > cfg_.max_seq)
     fail("sequence length ", max_len, " is outside what the model supports (1..", cfg_.max_seq,
@@ -96,12 +101,24 @@ ParallelTransformer::ParallelTransformer(const ModelConfig& config, ProcessGroup
       else layer_max = std::max(layer_max, end);
       shard_max = std::max(shard_max, t.shard_numel);
     }
-    gathered_ = Buffer<float>(layer_max);
-    gblock_ = Buffer<float>(layer_max);
+    (void)shard_max;
+    // Slots for gathered layers: the one in use plus prefetch_depth ahead, or all of them.
+    const int nslots = std::max(1, ov_.cache_gathered_weights
+                                       ? cfg_.n_layer
+                                       : std::min(ov_.prefetch_depth + 1, cfg_.n_layer));
+    for (int s = 0; s < nslots; ++s) gathered_.emplace_back(layer_max);
+    slot_layer_.assign(size_t(nslots), -2);
+    slot_tickets_.resize(size_t(nslots));
+    gblock_[0] = Buffer<float>(layer_max);
+    gblock_[1] = Buffer<float>(layer_max);
     gathered_top_ = Buffer<float>(top);
     gblock_top_ = Buffer<float>(top);
-    scatter_tmp_ = Buffer<float>(shard_max);
+    scatter_tmp_ = Buffer<float>(plan_.local_total);  // each shard lands at its own offset
   }
+  rs_remaining_.assign(size_t(cfg_.n_layer) + 1, 0);
+  final_sharded_.assign(size_t(cfg_.n_layer) + 1, 0);
+  final_repl_.assign(size_t(cfg_.n_layer) + 1, 0);
+  build_buckets();
 
   const int64_t N = int64_t(local_batch) * max_len;
   const int64_t per_layer = N * (Cx_ + 2 + QKVy_ + Ay_ + nhy_ + Cx_ + Cx_ + 2 + FWy_ + Fy_ + Cx_);
@@ -174,56 +191,250 @@ const float* ParallelTransformer::w(int i) const {
   if (i < 0) return nullptr;
   const TensorShard& t = plan_.tensors[i];
   if (!t.z_sharded || g_.shape.z == 1) return params_.data() + t.offset;
-  return (t.spec->layer < 0 ? gathered_top_.data() : gathered_.data()) + t.block_offset;
+  if (t.spec->layer < 0) return gathered_top_.data() + t.block_offset;
+  return gathered_[size_t(slot_of(t.spec->layer))].data() + t.block_offset;
 }
 
 float* ParallelTransformer::gw(int i) {
   if (i < 0) return nullptr;
   const TensorShard& t = plan_.tensors[i];
   if (!t.z_sharded || g_.shape.z == 1) return grads_.data() + t.offset;
-  return (t.spec->layer < 0 ? gblock_top_.data() : gblock_.data()) + t.block_offset;
+  return (t.spec->layer < 0 ? gblock_top_.data() : gblock_[t.spec->layer & 1].data()) + t.block_offset;
+}
+
+void ParallelTransformer::gemm(const char* what, bool ta, bool tb, int64_t M, int64_t N, int64_t K,
+                               const float* A, int64_t lda, const float* B, int64_t ldb,
+                               float beta, float* C, int64_t ldc) {
+  ScopedPhase sp(prof_, Phase::Gemm, what, M, N, K);
+  k::gemm<float>(ta, tb, M, N, K, 1.0f, A, lda, B, ldb, beta, C, ldc);
+}
+
+void ParallelTransformer::gemm_polled(const char* what, bool ta, bool tb, int64_t M, int64_t N,
+                                      int64_t K, const float* A, int64_t lda, const float* B,
+                                      int64_t ldb, float beta, float* C, int64_t ldc) {
+  const int64_t chunks = std::min<int64_t>(ov_.progress_chunks, M);
+  for (int64_t c = 0; c < chunks; ++c) {
+    const int64_t r0 = M * c / chunks, r1 = M * (c + 1) / chunks;
+    // Rows r0..r1 of C: rows of A, or columns of a transposed A.
+    const float* Ac = ta ? A + r0 : A + r0 * lda;
+    gemm(what, ta, tb, r1 - r0, N, K, Ac, lda, B, ldb, beta, C + r0 * ldc, ldc);
+    q_.poll();
+  }
+}
+
+void ParallelTransformer::issue_gather(int layer) {
+  if (g_.shape.z == 1) return;
+  std::vector<CommQueue::Ticket>* tickets;
+  float* buf;
+  if (layer < 0) {
+    if (top_valid_) return;
+    top_valid_ = true;
+    tickets = &top_tickets_;
+    buf = gathered_top_.data();
+  } else {
+    const int s = slot_of(layer);
+    if (slot_layer_[size_t(s)] == layer) return;
+    // The slot's previous layer is no longer in use (the schedule only prefetches into slots of
+    // layers already done), but its gather may in principle still be pending.
+    for (auto t : slot_tickets_[size_t(s)]) q_.wait(t);
+    slot_layer_[size_t(s)] = layer;
+    tickets = &slot_tickets_[size_t(s)];
+    buf = gathered_[size_t(s)].data();
+  }
+  tickets->clear();
+  for (const auto& t : plan_.tensors)
+    if (t.spec->layer == layer && t.z_sharded)
+      tickets->push_back(q_.start(
+          g_.z.iallgather(params_.data() + t.offset, buf + t.block_offset, size_t(t.shard_numel)),
+          g_.z, "allgather", "W", layer, t.shard_numel * g_.shape.z * int64_t(sizeof(float))));
 }
 
 void ParallelTransformer::gather_layer(int layer) {
   if (g_.shape.z == 1) return;
-  ScopedPhase sp(prof_, Phase::Comm);
-  float* buf = layer < 0 ? gathered_top_.data() : gathered_.data();
-  for (const auto& t : plan_.tensors)
-    if (t.spec->layer == layer && t.z_sharded)
-      g_.z.allgather(params_.data() + t.offset, buf + t.block_offset, size_t(t.shard_numel));
+  issue_gather(layer);
+  for (auto t : layer < 0 ? top_tickets_ : slot_tickets_[size_t(slot_of(layer))]) q_.wait(t);
+}
+
+void ParallelTransformer::prefetch(int layer, int direction) {
+  if (g_.shape.z == 1) return;
+  for (int k = 1; k <= ov_.prefetch_depth; ++k) {
+    const int j = layer + direction * k;
+    if (j >= 0 && j < cfg_.n_layer) issue_gather(j);
+  }
+}
+
+void ParallelTransformer::invalidate_gathered() {
+  if (g_.shape.z == 1) return;
+  if (q_.pending()) q_.wait_all();  // nothing may still write into the slots
+  top_valid_ = false;
+  std::fill(slot_layer_.begin(), slot_layer_.end(), -2);
+}
+
+void ParallelTransformer::zero_grads() {
+  q_.wait_all();  // pending reduce-scatters would add into the zeroed gradients
+  grads_.zero();
+  reset_step_state();
+  invalidate_gathered();
+}
+
+void ParallelTransformer::begin_step(int micro_batches) {
+  if (micro_batches <= 0) fail("begin_step: micro-batches must be positive, got ", micro_batches);
+  zero_grads();
+  expected_micro_ = micro_batches;
 }
 
 void ParallelTransformer::zero_layer_grad_blocks(int layer) {
   if (g_.shape.z == 1) return;
-  float* buf = layer < 0 ? gblock_top_.data() : gblock_.data();
+  // The buffer's previous reduce-scatters (layer + 2, or last micro-batch's) read it: finish them.
+  for (auto t : rs_tickets_[layer < 0 ? 2 : layer & 1]) q_.wait(t);
+  float* buf = layer < 0 ? gblock_top_.data() : gblock_[layer & 1].data();
   for (const auto& t : plan_.tensors)
     if (t.spec->layer == layer && t.z_sharded)
       std::fill(buf + t.block_offset, buf + t.block_offset + t.shard_numel * g_.shape.z, 0.0f);
 }
 
 void ParallelTransformer::scatter_layer_grads(int layer) {
-  if (g_.shape.z == 1) return;
-  ScopedPhase sp(prof_, Phase::Comm);
-  float* buf = layer < 0 ? gblock_top_.data() : gblock_.data();
+  const bool last = last_micro_batch();
+  if (g_.shape.z == 1) {
+    if (last) layer_final(layer, true);
+    return;
+  }
+  float* buf = layer < 0 ? gblock_top_.data() : gblock_[layer & 1].data();
+  auto& tickets = rs_tickets_[layer < 0 ? 2 : layer & 1];
+  tickets.clear();
+  int& remaining = rs_remaining_[size_t(layer + 1)];
+  remaining = 0;
+  for (const auto& t : plan_.tensors)
+    if (t.spec->layer == layer && t.z_sharded) ++remaining;
   for (const auto& t : plan_.tensors)
     if (t.spec->layer == layer && t.z_sharded) {
-      g_.z.reduce_scatter_sum(buf + t.block_offset, scatter_tmp_.data(), size_t(t.shard_numel));
-      k::add_inplace(grads_.data() + t.offset, scatter_tmp_.data(), t.shard_numel);
+      float* land = scatter_tmp_.data() + t.offset;
+      float* gp = grads_.data() + t.offset;
+      const int64_t n = t.shard_numel;
+      auto done = [this, land, gp, n, layer, last, &remaining] {
+        k::add_inplace(gp, land, n);
+        if (--remaining == 0 && last) layer_final(layer, true);
+      };
+      const auto ticket = q_.start(g_.z.ireduce_scatter_sum(buf + t.block_offset, land, size_t(n)),
+                                   g_.z, "reduce_scatter", "dW", layer,
+                                   n * g_.shape.z * int64_t(sizeof(float)), done);
+      if (ov_.reduce_scatter) tickets.push_back(ticket);
+      else q_.wait(ticket);
     }
 }
 
-void ParallelTransformer::reduce_gradients() {
-  ScopedPhase sp(prof_, Phase::Comm);
-  // Z-sharded weights: each shard already summed over Z; sum over data replicas.
-  // Replicated tensors: sum over every token-splitting axis (Z and D) at once.
-  for (const auto& t : plan_.tensors) {
-    float* gp = grads_.data() + t.offset;
-    if (t.z_sharded) {
-      if (g_.shape.d > 1) g_.d.allreduce_sum(gp, size_t(t.shard_numel));
-    } else if (g_.zd.size() > 1) {
-      g_.zd.allreduce_sum(gp, size_t(t.shard_numel));
+// Buckets in the order their gradients become final: layers from the last to the first, then the
+// embedding/head tensors; within each, one open bucket per group, closed once it reaches
+// dp_bucket_mb (0: every tensor alone).
+void ParallelTransformer::build_buckets() {
+  buckets_.clear();
+  const int64_t cap = int64_t(ov_.dp_bucket_mb * 1048576.0 / sizeof(float));
+  Bucket open[2];  // [0]: replicated over zd, [1]: Z shards over d
+  int64_t staged = 0;
+  auto close = [&](Bucket& b) {
+    if (b.tensors.empty()) return;
+    if (b.tensors.size() > 1) {
+      b.offset = staged;
+      staged += b.numel;
+    } else {
+      b.offset = -1;  // in place
+    }
+    buckets_.push_back(std::move(b));
+    b = Bucket{};
+  };
+  for (int l = cfg_.n_layer - 1; l >= -1; --l) {
+    for (size_t i = 0; i < plan_.tensors.size(); ++i) {
+      const TensorShard& t = plan_.tensors[i];
+      if (t.spec->layer != l) continue;
+      const comm::Communicator& grp = t.z_sharded ? g_.d : g_.zd;
+      if (grp.size() == 1) continue;
+      Bucket& b = open[t.z_sharded ? 1 : 0];
+      b.group = &grp;
+      b.sharded = t.z_sharded;
+      b.tensors.push_back(int(i));
+      if (b.layers.empty() || b.layers.back() != l) b.layers.push_back(l);
+      b.numel += t.shard_numel;
+      if (b.numel >= cap) close(b);
     }
   }
+  close(open[1]);
+  close(open[0]);
+  bucket_buf_ = Buffer<float>(size_t(std::max<int64_t>(staged, 1)));
+}
+
+void ParallelTransformer::start_bucket(Bucket& b) {
+  b.started = true;
+  const char* what = b.sharded ? "dW shards" : "replicated grads";
+  const int layer = b.layers.front();
+  if (b.offset < 0) {
+    const TensorShard& t = plan_.tensors[size_t(b.tensors[0])];
+    b.ticket = q_.start(b.group->iallreduce_sum(grads_.data() + t.offset, size_t(t.shard_numel)),
+                        *b.group, "allreduce", what, layer, t.shard_numel * int64_t(sizeof(float)));
+    return;
+  }
+  float* stage = bucket_buf_.data() + b.offset;
+  int64_t o = 0;
+  for (int i : b.tensors) {
+    const TensorShard& t = plan_.tensors[size_t(i)];
+    std::memcpy(stage + o, grads_.data() + t.offset, size_t(t.shard_numel) * sizeof(float));
+    o += t.shard_numel;
+  }
+  Bucket* bp = &b;
+  b.ticket = q_.start(b.group->iallreduce_sum(stage, size_t(b.numel)), *b.group, "allreduce",
+                      what, layer, b.numel * int64_t(sizeof(float)), [this, bp, stage] {
+                        int64_t off = 0;
+                        for (int i : bp->tensors) {
+                          const TensorShard& t = plan_.tensors[size_t(i)];
+                          std::memcpy(grads_.data() + t.offset, stage + off,
+                                      size_t(t.shard_numel) * sizeof(float));
+                          off += t.shard_numel;
+                        }
+                      });
+}
+
+void ParallelTransformer::layer_final(int layer, bool sharded) {
+  (sharded ? final_sharded_ : final_repl_)[size_t(layer + 1)] = 1;
+  if (ov_.dp_overlap) start_ready_buckets();
+}
+
+// Each group's buckets strictly in list order, so every rank starts them in the same order
+// (the two groups are independent communicators).
+void ParallelTransformer::start_ready_buckets() {
+  for (int kind = 0; kind < 2; ++kind) {
+    size_t& i = next_bucket_[kind];
+    for (; i < buckets_.size(); ++i) {
+      Bucket& b = buckets_[i];
+      if (int(b.sharded) != kind) continue;
+      const auto& fin = b.sharded ? final_sharded_ : final_repl_;
+      bool ready = true;
+      for (int l : b.layers) ready = ready && fin[size_t(l + 1)];
+      if (!ready) break;
+      start_bucket(b);
+    }
+  }
+}
+
+void ParallelTransformer::reset_step_state() {
+  next_bucket_[0] = next_bucket_[1] = 0;
+  for (auto& b : buckets_) b.started = false, b.ticket = 0;
+  std::fill(final_sharded_.begin(), final_sharded_.end(), 0);
+  std::fill(final_repl_.begin(), final_repl_.end(), 0);
+  expected_micro_ = micro_done_ = 0;
+}
+
+void ParallelTransformer::reduce_gradients() {
+  ScopedPhase sp(prof_, Phase::Other);
+  q_.wait_all();  // reduce-scatters still running; buckets already started
+  // Z-sharded weights: each shard already summed over Z; sum over data replicas.
+  // Replicated tensors: sum over every token-splitting axis (Z and D) at once. Buckets not yet
+  // started go in list order (each group's started ones are a prefix of its list).
+  for (auto& b : buckets_) {
+    if (b.started) continue;
+    start_bucket(b);
+    if (!ov_.dp_overlap) q_.wait(b.ticket);
+  }
+  q_.wait_all();
+  reset_step_state();
 }
 
 double ParallelTransformer::grad_sum_squares() {
@@ -267,10 +478,11 @@ void row_sums(const float* x, int64_t N, int64_t C, double* out, int stride, con
 
 // A sum over a group, skipped when the group is one rank; its time counts as communication.
 template <typename T>
-void ParallelTransformer::sum_over(const comm::Communicator& group, T* data, int64_t n) {
+void ParallelTransformer::sum_over(const comm::Communicator& group, T* data, int64_t n,
+                                   const char* what) {
   if (group.size() == 1) return;
-  ScopedPhase comm_phase(prof_, Phase::Comm);
-  group.allreduce_sum(data, size_t(n));
+  q_.run(group.iallreduce_sum(data, size_t(n)), group, "allreduce", what,
+         prof_ ? prof_->layer : -2, n * int64_t(sizeof(T)));
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -291,10 +503,10 @@ void ParallelTransformer::forward(const int32_t* inputs, int B, int T) {
     ScopedPhase sp(prof_, Phase::Norm);
     if (gpt2_) {
       row_sums(x, N, Cx_, st, 1, nullptr);
-      sum_over(g_.x, st, N);
+      sum_over(g_.x, st, N, "norm mean");
       for (int64_t t = 0; t < N; ++t) mean[t] = float(st[t] / double(C));
       row_sums(x, N, Cx_, st, 1, mean);
-      sum_over(g_.x, st, N);
+      sum_over(g_.x, st, N, "norm var");
       for (int64_t t = 0; t < N; ++t) rstd[t] = float(1.0 / std::sqrt(st[t] / double(C) + eps));
     } else {
 #pragma omp parallel for schedule(static)
@@ -305,7 +517,7 @@ void ParallelTransformer::forward(const int32_t* inputs, int B, int T) {
         for (int64_t c = 0; c < Cx_; ++c) s += double(r[c]) * r[c];
         st[t] = s;
       }
-      sum_over(g_.x, st, N);
+      sum_over(g_.x, st, N, "norm ms");
       for (int64_t t = 0; t < N; ++t) rstd[t] = float(1.0 / std::sqrt(st[t] / double(C) + eps));
     }
     const float* wv = w(wi);
@@ -324,20 +536,42 @@ void ParallelTransformer::forward(const int32_t* inputs, int B, int T) {
       }
     }
   };
+  // out[N, n_out] = in · Wᵀ, partial over `group` and all-reduced there. With forward_chunks > 1
+  // the rows go in chunks: chunk i's all-reduce runs while chunk i+1's GEMM computes.
+  auto gemm_allreduce = [&](const char* what, float* out, const float* in, int wi, int64_t k_in,
+                            int64_t n_out, const comm::Communicator& group) {
+    const int64_t chunks = group.size() > 1 ? std::min<int64_t>(ov_.forward_chunks, N) : 1;
+    if (chunks == 1) {
+      gemm(what, false, true, N, n_out, k_in, in, k_in, w(wi), k_in, 0.0f, out, n_out);
+      sum_over(group, out, N * n_out, what);
+      return;
+    }
+    std::vector<CommQueue::Ticket> tickets;
+    for (int64_t c = 0; c < chunks; ++c) {
+      const int64_t r0 = N * c / chunks, r1 = N * (c + 1) / chunks;
+      gemm(what, false, true, r1 - r0, n_out, k_in, in + r0 * k_in, k_in, w(wi), k_in, 0.0f,
+           out + r0 * n_out, n_out);
+      tickets.push_back(q_.start(group.iallreduce_sum(out + r0 * n_out, size_t((r1 - r0) * n_out)),
+                                 group, "allreduce", what, prof_ ? prof_->layer : -2,
+                                 (r1 - r0) * n_out * int64_t(sizeof(float))));
+    }
+    for (auto t : tickets) q_.wait(t);
+  };
   // Normal layer: out[N, n_out] = in[N, Cx-like] · Wᵀ, partial over X -> all-reduce X, + bias.
-  auto normal_fwd = [&](float* out, const float* in, int wi, int bi, int64_t k_in, int64_t n_out) {
-    timed(Phase::Gemm, [&] { k::gemm<float>(false, true, N, n_out, k_in, 1.0f, in, k_in, w(wi), k_in, 0.0f, out, n_out); });
-    sum_over(g_.x, out, N * n_out);
+  auto normal_fwd = [&](const char* what, float* out, const float* in, int wi, int bi,
+                        int64_t k_in, int64_t n_out) {
+    gemm_allreduce(what, out, in, wi, k_in, n_out, g_.x);
     if (const float* b = w(bi)) {
 #pragma omp parallel for schedule(static)
       for (int64_t t = 0; t < N; ++t)
         for (int64_t j = 0; j < n_out; ++j) out[t * n_out + j] += b[j];
     }
+    q_.poll();
   };
   // Transposed layer + residual: out[N, Cx] = resid + all-reduce_Y(in · Wᵀ) + bias.
-  auto transposed_fwd = [&](float* out, const float* resid, const float* in, int wi, int bi, int64_t k_in) {
-    timed(Phase::Gemm, [&] { k::gemm<float>(false, true, N, Cx_, k_in, 1.0f, in, k_in, w(wi), k_in, 0.0f, a.tmp, Cx_); });
-    sum_over(g_.y, a.tmp, N * Cx_);
+  auto transposed_fwd = [&](const char* what, float* out, const float* resid, const float* in,
+                            int wi, int bi, int64_t k_in) {
+    gemm_allreduce(what, a.tmp, in, wi, k_in, Cx_, g_.y);
     const float* b = w(bi);
     ScopedPhase sp(prof_, Phase::Residual);
 #pragma omp parallel for schedule(static)
@@ -346,6 +580,12 @@ void ParallelTransformer::forward(const int32_t* inputs, int B, int T) {
         out[t * Cx_ + c] = resid[t * Cx_ + c] + a.tmp[t * Cx_ + c] + (b ? b[c] : 0.0f);
   };
 
+  set_layer(-1);
+  issue_gather(-1);
+  if (cfg_.n_layer > 0 && ov_.prefetch_depth > 0) {  // layer 0 gathers during the embedding
+    issue_gather(0);
+    prefetch(0, +1);
+  }
   gather_layer(-1);
   {
     // Vocabulary-parallel lookup: rows of this y's vocabulary slice, zeros elsewhere; sum over Y.
@@ -362,7 +602,7 @@ void ParallelTransformer::forward(const int32_t* inputs, int B, int T) {
       if (v >= 0 && v < Vy_) std::memcpy(o, E + v * Cx_, Cx_ * sizeof(float));
       else std::fill(o, o + Cx_, 0.0f);
     }
-    sum_over(g_.y, a.emb, N * Cx_);
+    sum_over(g_.y, a.emb, N * Cx_, "embedding");
     if (wpe_ >= 0) {
       const float* P = w(wpe_);
 #pragma omp parallel for schedule(static)
@@ -375,9 +615,11 @@ void ParallelTransformer::forward(const int32_t* inputs, int B, int T) {
   for (int l = 0; l < cfg_.n_layer; ++l) {
     const Layer& L = layers_[l];
     auto& A = a.layer[l];
+    set_layer(l);
     gather_layer(l);
+    prefetch(l, +1);
     norm_fwd(A.ln1, A.ln1_mean, A.ln1_rstd, x, L.ln1_w, L.ln1_b);
-    normal_fwd(A.qkv, A.ln1, L.qkv_w, L.qkv_b, Cx_, QKVy_);
+    normal_fwd("qkv", A.qkv, A.ln1, L.qkv_w, L.qkv_b, Cx_, QKVy_);
     if (!gpt2_)
       timed(Phase::Attention, [&] { k::rope_forward(A.qkv, N, T, 0, nhy_ + nkvy_, hd_, QKVy_, rope_cos_.data(), rope_sin_.data()); });
     k::AttentionDims d{};
@@ -387,20 +629,22 @@ void ParallelTransformer::forward(const int32_t* inputs, int B, int T) {
     timed(Phase::Attention, [&] {
       k::attention_forward<float>(A.atty, A.lse, A.qkv, A.qkv + nhy_ * hd_, A.qkv + (nhy_ + nkvy_) * hd_, d);
     });
-    transposed_fwd(A.resid_mid, x, A.atty, L.proj_w, L.proj_b, Ay_);
+    q_.poll();
+    transposed_fwd("proj", A.resid_mid, x, A.atty, L.proj_w, L.proj_b, Ay_);
     norm_fwd(A.ln2, A.ln2_mean, A.ln2_rstd, A.resid_mid, L.ln2_w, L.ln2_b);
-    normal_fwd(A.fc, A.ln2, L.fc_w, L.fc_b, Cx_, FWy_);
+    normal_fwd("fc", A.fc, A.ln2, L.fc_w, L.fc_b, Cx_, FWy_);
     timed(Phase::Activation, [&] {
       if (gpt2_) k::gelu_forward(A.fc_act, A.fc, N * Fy_);
       else k::swiglu_forward(A.fc_act, A.fc, N, Fy_);
     });
-    transposed_fwd(A.resid_out, A.resid_mid, A.fc_act, L.fcproj_w, L.fcproj_b, Fy_);
+    q_.poll();
+    transposed_fwd("fcproj", A.resid_out, A.resid_mid, A.fc_act, L.fcproj_w, L.fcproj_b, Fy_);
     x = A.resid_out;
   }
+  set_layer(-1);
   norm_fwd(a.lnf, a.lnf_mean, a.lnf_rstd, x, lnf_w_, lnf_b_);
   // Output head: normal layer on the embedding's block -> logits [N, V/Gy].
-  timed(Phase::Gemm, [&] { k::gemm<float>(false, true, N, Vy_, Cx_, 1.0f, a.lnf, Cx_, w(head_), Cx_, 0.0f, a.logits, Vy_); });
-  sum_over(g_.x, a.logits, N * Vy_);
+  gemm_allreduce("head", a.logits, a.lnf, head_, Cx_, Vy_, g_.x);
 }
 
 // Vocabulary-parallel cross-entropy over Y: global row max, then Σ exp and the target logit
@@ -422,10 +666,9 @@ double ParallelTransformer::cross_entropy(const int32_t* targets, int64_t N, flo
     for (int64_t j = 0; j < Vy_; ++j) m = std::max(m, r[j]);
     mx[t] = m;
   }
-  if (g_.y.size() > 1) {
-    ScopedPhase comm(prof_, Phase::Comm);
-    g_.y.allreduce_max(mx.data(), size_t(N));
-  }
+  if (g_.y.size() > 1)
+    q_.run(g_.y.iallreduce_max(mx.data(), size_t(N)), g_.y, "allreduce_max", "logit max", -1,
+           N * int64_t(sizeof(float)));
   double* st = stats_.data();
 #pragma omp parallel for schedule(static)
   for (int64_t t = 0; t < N; ++t) {
@@ -437,7 +680,7 @@ double ParallelTransformer::cross_entropy(const int32_t* targets, int64_t N, flo
     const int64_t v = targets[t] - v0;
     st[2 * t + 1] = (targets[t] >= 0 && v >= 0 && v < Vy_) ? r[v] : 0.0;
   }
-  sum_over(g_.y, st, 2 * N);
+  sum_over(g_.y, st, 2 * N, "softmax sums");
   double total = 0;
   for (int64_t t = 0; t < N; ++t) {
     const bool kept = targets[t] >= 0;
@@ -463,15 +706,20 @@ double ParallelTransformer::cross_entropy(const int32_t* targets, int64_t N, flo
 }
 
 double ParallelTransformer::forward_loss(const int32_t* inputs, const int32_t* targets, int B, int T) {
+  ScopedPhase sp(prof_, Phase::Other);
   forward(inputs, B, T);
   return cross_entropy(targets, int64_t(B) * T, 0.0f, false);
 }
 
 double ParallelTransformer::forward_backward(const int32_t* inputs, const int32_t* targets,
                                              int B, int T, float grad_scale) {
+  // Model code outside the named kernels counts as compute ("other").
+  ScopedPhase sp(prof_, Phase::Other);
   forward(inputs, B, T);
   const double loss = cross_entropy(targets, int64_t(B) * T, grad_scale, true);
   backward(inputs, B, T);
+  ++micro_done_;
+  set_layer(-2);
   return loss;
 }
 
@@ -503,7 +751,7 @@ void ParallelTransformer::backward(const int32_t* inputs, int B, int T) {
       st[2 * t] = a1;
       st[2 * t + 1] = a2;
     }
-    sum_over(g_.x, st, 2 * N);
+    sum_over(g_.x, st, 2 * N, "norm grad");
 #pragma omp parallel for schedule(static)
     for (int64_t t = 0; t < N; ++t) {
       const float* r = x + t * Cx_;
@@ -545,33 +793,38 @@ void ParallelTransformer::backward(const int32_t* inputs, int B, int T) {
         for (int64_t j = j0; j < j1; ++j) db[j] += dout[t * width + j];
     }
   };
-  // Normal layer backward: din[N, k_in] = all-reduce_Y(dout · W); dW += doutᵀ · in.
-  auto normal_bwd = [&](float* din, const float* dout, const float* in, int wi, int bi, int64_t k_in, int64_t n_out) {
-    timed(Phase::Gemm, [&] {
-      k::gemm<float>(false, false, N, k_in, n_out, 1.0f, dout, n_out, w(wi), k_in, 0.0f, din, k_in);
-      k::gemm<float>(true, false, n_out, k_in, N, 1.0f, dout, n_out, in, k_in, 1.0f, gw(wi), k_in);
-    });
+  // din[N, k_in] = all-reduce over `group` of dout · W; dW[n_out, k_in] += doutᵀ · in; bias.
+  // With backward_allreduce the all-reduce runs while dW computes (in row chunks, polling).
+  auto linear_bwd = [&](const char* what, float* din, const float* dout, const float* in, int wi,
+                        int bi, int64_t k_in, int64_t n_out, const comm::Communicator& group) {
+    gemm(what, false, false, N, k_in, n_out, dout, n_out, w(wi), k_in, 0.0f, din, k_in);
+    if (ov_.backward_allreduce && group.size() > 1) {
+      const auto t = q_.start(group.iallreduce_sum(din, size_t(N * k_in)), group, "allreduce",
+                              what, prof_ ? prof_->layer : -2, N * k_in * int64_t(sizeof(float)));
+      gemm_polled(what, true, false, n_out, k_in, N, dout, n_out, in, k_in, 1.0f, gw(wi), k_in);
+      bias_bwd(gw(bi), dout, n_out);
+      q_.wait(t);
+      return;
+    }
+    gemm(what, true, false, n_out, k_in, N, dout, n_out, in, k_in, 1.0f, gw(wi), k_in);
     bias_bwd(gw(bi), dout, n_out);
-    sum_over(g_.y, din, N * k_in);
+    sum_over(group, din, N * k_in, what);
   };
-  // Transposed layer backward: din[N, k_in] = all-reduce_X(dout · W); dW += doutᵀ · in.
-  auto transposed_bwd = [&](float* din, const float* dout, const float* in, int wi, int bi, int64_t k_in) {
-    timed(Phase::Gemm, [&] {
-      k::gemm<float>(false, false, N, k_in, Cx_, 1.0f, dout, Cx_, w(wi), k_in, 0.0f, din, k_in);
-      k::gemm<float>(true, false, Cx_, k_in, N, 1.0f, dout, Cx_, in, k_in, 1.0f, gw(wi), k_in);
-    });
-    bias_bwd(gw(bi), dout, Cx_);
-    sum_over(g_.x, din, N * k_in);
+  // Normal layer backward: din = all-reduce_Y(dout · W). Transposed: all-reduce_X, n_out = Cx.
+  auto normal_bwd = [&](const char* what, float* din, const float* dout, const float* in, int wi,
+                        int bi, int64_t k_in, int64_t n_out) {
+    linear_bwd(what, din, dout, in, wi, bi, k_in, n_out, g_.y);
+  };
+  auto transposed_bwd = [&](const char* what, float* din, const float* dout, const float* in,
+                            int wi, int bi, int64_t k_in) {
+    linear_bwd(what, din, dout, in, wi, bi, k_in, Cx_, g_.x);
   };
 
+  set_layer(-1);
   zero_layer_grad_blocks(-1);
   const float* x_last = cfg_.n_layer > 0 ? a.layer.back().resid_out : a.emb;
-  // Head: dlogits [N, Vy] -> dlnf [N, Cx] (sum over Y), d(head block).
-  timed(Phase::Gemm, [&] {
-    k::gemm<float>(false, false, N, Cx_, Vy_, 1.0f, a.logits, Vy_, w(head_), Cx_, 0.0f, a.dln, Cx_);
-    k::gemm<float>(true, false, Vy_, Cx_, N, 1.0f, a.logits, Vy_, a.lnf, Cx_, 1.0f, gw(head_), Cx_);
-  });
-  sum_over(g_.y, a.dln, N * Cx_);
+  // Head: dlogits [N, Vy] -> dlnf [N, Cx] (sum over Y), d(head block): a normal layer.
+  linear_bwd("head", a.dln, a.logits, a.lnf, head_, -1, Cx_, Vy_, g_.y);
   std::fill(a.dresid, a.dresid + N * Cx_, 0.0f);
   norm_bwd(a.dresid, a.dln, x_last, a.lnf_mean, a.lnf_rstd, lnf_w_, lnf_b_);
 
@@ -579,16 +832,18 @@ void ParallelTransformer::backward(const int32_t* inputs, int B, int T) {
     const Layer& L = layers_[l];
     auto& A = a.layer[l];
     const float* x_in = l == 0 ? a.emb : a.layer[l - 1].resid_out;
+    set_layer(l);
     gather_layer(l);
+    prefetch(l, -1);
     zero_layer_grad_blocks(l);
-    transposed_bwd(a.dfc_act, a.dresid, A.fc_act, L.fcproj_w, L.fcproj_b, Fy_);
+    transposed_bwd("fcproj", a.dfc_act, a.dresid, A.fc_act, L.fcproj_w, L.fcproj_b, Fy_);
     timed(Phase::Activation, [&] {
       if (gpt2_) k::gelu_backward(a.dfc, a.dfc_act, A.fc, N * Fy_);
       else k::swiglu_backward(a.dfc, a.dfc_act, A.fc, N, Fy_);
     });
-    normal_bwd(a.dln, a.dfc, A.ln2, L.fc_w, L.fc_b, Cx_, FWy_);
+    normal_bwd("fc", a.dln, a.dfc, A.ln2, L.fc_w, L.fc_b, Cx_, FWy_);
     norm_bwd(a.dresid, a.dln, A.resid_mid, A.ln2_mean, A.ln2_rstd, L.ln2_w, L.ln2_b);
-    transposed_bwd(a.datty, a.dresid, A.atty, L.proj_w, L.proj_b, Ay_);
+    transposed_bwd("proj", a.datty, a.dresid, A.atty, L.proj_w, L.proj_b, Ay_);
     k::AttentionDims d{};
     d.B = B; d.Tq = T; d.Tk = T; d.n_head = int(nhy_); d.n_kv_head = int(nkvy_); d.head_dim = int(hd_);
     d.q_stride = d.kv_stride = QKVy_; d.q_batch_stride = d.kv_batch_stride = T * QKVy_;
@@ -598,10 +853,13 @@ void ParallelTransformer::backward(const int32_t* inputs, int B, int T) {
                                    A.qkv, A.qkv + nhy_ * hd_, A.qkv + (nhy_ + nkvy_) * hd_, A.atty, A.lse, d);
       if (!gpt2_) k::rope_backward(a.dqkv, N, T, 0, nhy_ + nkvy_, hd_, QKVy_, rope_cos_.data(), rope_sin_.data());
     });
-    normal_bwd(a.dln, a.dqkv, A.ln1, L.qkv_w, L.qkv_b, Cx_, QKVy_);
+    q_.poll();
+    normal_bwd("qkv", a.dln, a.dqkv, A.ln1, L.qkv_w, L.qkv_b, Cx_, QKVy_);
     norm_bwd(a.dresid, a.dln, x_in, A.ln1_mean, A.ln1_rstd, L.ln1_w, L.ln1_b);
     scatter_layer_grads(l);
+    if (last_micro_batch()) layer_final(l, false);
   }
+  set_layer(-1);
 
   {
     ScopedPhase sp(prof_, Phase::Embedding);
@@ -623,6 +881,7 @@ void ParallelTransformer::backward(const int32_t* inputs, int B, int T) {
     }
   }
   scatter_layer_grads(-1);
+  if (last_micro_batch()) layer_final(-1, false);
 }
 
 }  // namespace tetrad::parallel

@@ -11,6 +11,13 @@
 // backward is done; reduce_gradients() then all-reduces the Z shards over D and the replicated
 // tensors (norms, biases, position table) over Z x D.
 //
+// Overlap (OverlapOptions, comm_schedule.hpp): every collective goes through one CommQueue; the
+// switches move waits later (dIn all-reduce behind the dW GEMM, reduce-scatter behind earlier
+// layers, all-gathers issued ahead, data-parallel buckets during the last backward, forward
+// all-reduce in row chunks) without changing any message, so results do not depend on them.
+// Gathered weights are reused while they are valid: from the first gather after a parameter
+// change (params(), set_tensor, init_weights, begin_step, zero_grads) until the next one.
+//
 // The serial Transformer<T> (model/transformer.hpp) is the reference this class is tested
 // against: on any grid it must follow the same trajectory within fp32 rounding.
 // Not thread-safe. All methods except the accessors are collective over the grid.
@@ -23,6 +30,7 @@
 #include "tetrad/core/profile.hpp"
 #include "tetrad/model/model_config.hpp"
 #include "tetrad/model/params.hpp"
+#include "tetrad/parallel/comm_schedule.hpp"
 #include "tetrad/parallel/process_groups.hpp"
 #include "tetrad/parallel/sharding.hpp"
 
@@ -32,7 +40,7 @@ class ParallelTransformer {
  public:
   // local_batch: sequences of this rank per micro-batch (the global micro-batch / (Gz * Gd)).
   ParallelTransformer(const ModelConfig& config, ProcessGroups& groups, int local_batch,
-                      int max_len);
+                      int max_len, const OverlapOptions& overlap = OverlapOptions::all_off());
   ~ParallelTransformer();
   ParallelTransformer(const ParallelTransformer&) = delete;
   ParallelTransformer& operator=(const ParallelTransformer&) = delete;
@@ -42,7 +50,11 @@ class ParallelTransformer {
   const ShardPlan& plan() const { return plan_; }
   ProcessGroups& groups() { return g_; }
   int64_t num_local_params() const { return plan_.local_total; }
-  float* params() { return params_.data(); }
+  // Writable parameters: the caller may change them, so gathered copies are dropped.
+  float* params() {
+    invalidate_gathered();
+    return params_.data();
+  }
   float* grads() { return grads_.data(); }
   int64_t activation_bytes() const { return int64_t(acts_.size() * sizeof(float)); }
   int max_len() const { return max_len_; }
@@ -52,25 +64,37 @@ class ParallelTransformer {
   void init_weights(uint64_t seed);
   // Whole tensors (checkpoints): set_tensor keeps this rank's shard of `full` (given on every
   // rank); get_tensor assembles the whole tensor on every rank (collective).
-  void set_tensor(size_t index, const float* full) { scatter_tensor(params_.data(), index, full); }
+  void set_tensor(size_t index, const float* full) {
+    invalidate_gathered();
+    scatter_tensor(params_.data(), index, full);
+  }
   void get_tensor(size_t index, float* full) { gather_tensor(params_.data(), index, full); }
   // The same for any buffer laid out like the parameters (gradients, optimizer moments).
   void scatter_tensor(float* local, size_t index, const float* full) const;
   void gather_tensor(const float* local, size_t index, float* full);
 
-  void zero_grads() { grads_.zero(); }
+  void zero_grads();
+  // zero_grads() for a step of `micro_batches` forward_backward calls: during the last one,
+  // data-parallel buckets start as soon as their gradients are final (OverlapOptions::dp_overlap).
+  // Without it (zero_grads only) every data-parallel reduction waits for reduce_gradients().
+  void begin_step(int micro_batches);
+  const OverlapOptions& overlap() const { return ov_; }
   // One micro-batch of this rank's tokens: forward, vocabulary-parallel cross-entropy with
   // d(grad_scale * Σ loss), backward; parameter gradients accumulate (Z-reduced per layer).
   // Returns this rank's Σ loss over kept targets (sum over Z x D for the global figure).
   double forward_backward(const int32_t* inputs, const int32_t* targets, int B, int T,
                           float grad_scale);
   double forward_loss(const int32_t* inputs, const int32_t* targets, int B, int T);
-  // After the step's last micro-batch: data-parallel and replicated-tensor reductions.
+  // After the step's last micro-batch: data-parallel and replicated-tensor reductions (those
+  // already started are waited for).
   void reduce_gradients();
   // Σ g² over the whole model (each element counted once, on every rank).
   double grad_sum_squares();
   // AdamW ranges: the local buffer as (offset, numel, decays) runs, by parameter kind.
-  void set_profile(StepProfile* p) { prof_ = p; }
+  void set_profile(StepProfile* p) {
+    prof_ = p;
+    q_.set_profile(p);
+  }
 
  private:
   struct Layer {
@@ -79,16 +103,46 @@ class ParallelTransformer {
         fcproj_b = -1;
   };
   struct Acts;
+  // A data-parallel bucket: tensors reduced together over one group (d for Z shards, zd for
+  // replicated tensors), in backward order; staged through bucket_buf_ when several.
+  struct Bucket {
+    const comm::Communicator* group = nullptr;
+    std::vector<int> tensors;
+    std::vector<int> layers;  // layers whose gradients must be final first
+    bool sharded = false;
+    int64_t offset = 0, numel = 0;  // in bucket_buf_
+    CommQueue::Ticket ticket = 0;
+    bool started = false;
+  };
   const float* w(int i) const;  // weight for compute: gathered block or local shard
   float* gw(int i);             // where its gradient block accumulates
-  void gather_layer(int layer);          // all-gather Z shards of a layer (-1: embedding/head)
+  int slot_of(int layer) const { return layer % int(gathered_.size()); }
+  void issue_gather(int layer);          // start the all-gather of a layer's Z shards (-1: top)
+  void gather_layer(int layer);          // ... and wait for it (reusing a valid gather)
+  void prefetch(int layer, int direction);  // issue the next prefetch_depth layers' gathers
+  void invalidate_gathered();
   void scatter_layer_grads(int layer);   // reduce-scatter the layer's gradient blocks over Z
   void zero_layer_grad_blocks(int layer);
+  void layer_final(int layer, bool sharded);  // gradients of a layer final for this step
+  void start_ready_buckets();
+  void start_bucket(Bucket& b);
+  void build_buckets();
+  void reset_step_state();
+  bool last_micro_batch() const { return expected_micro_ > 0 && micro_done_ + 1 == expected_micro_; }
+  void set_layer(int l) {
+    if (prof_) prof_->layer = l;
+  }
+  void gemm(const char* what, bool ta, bool tb, int64_t M, int64_t N, int64_t K, const float* A,
+            int64_t lda, const float* B, int64_t ldb, float beta, float* C, int64_t ldc);
+  // C = A·op(B) with C's rows in progress_chunks pieces, polling the queue between them.
+  void gemm_polled(const char* what, bool ta, bool tb, int64_t M, int64_t N, int64_t K,
+                   const float* A, int64_t lda, const float* B, int64_t ldb, float beta, float* C,
+                   int64_t ldc);
   void forward(const int32_t* inputs, int B, int T);
   void backward(const int32_t* inputs, int B, int T);
   double cross_entropy(const int32_t* targets, int64_t N, float grad_scale, bool with_grad);
   template <typename T>
-  void sum_over(const comm::Communicator& group, T* data, int64_t n);
+  void sum_over(const comm::Communicator& group, T* data, int64_t n, const char* what = "");
   template <typename F>
   void timed(Phase ph, F&& f) {
     ScopedPhase s(prof_, ph);
@@ -103,7 +157,26 @@ class ParallelTransformer {
   bool gpt2_;
   int64_t Cx_, Ay_, QKVy_, Fy_, FWy_, Vy_, nhy_, nkvy_, hd_;
   Buffer<float> params_, grads_;
-  Buffer<float> gathered_, gathered_top_, gblock_, gblock_top_, scatter_tmp_;
+  OverlapOptions ov_;
+  CommQueue q_;
+  // Gathered weights: slots of layer blocks (prefetch_depth + 1 of them, or one per layer with the
+  // cache), which layer each holds (-2: none) and its pending all-gathers.
+  std::vector<Buffer<float>> gathered_;
+  std::vector<int> slot_layer_;
+  std::vector<std::vector<CommQueue::Ticket>> slot_tickets_;
+  Buffer<float> gathered_top_;
+  bool top_valid_ = false;
+  std::vector<CommQueue::Ticket> top_tickets_;
+  // Gradient blocks: two layer buffers (a layer's reduce-scatter may still read one while the
+  // next layer fills the other), their pending reduce-scatters, the results' landing area.
+  Buffer<float> gblock_[2], gblock_top_, scatter_tmp_;
+  std::vector<CommQueue::Ticket> rs_tickets_[3];  // [layer parity], [2]: top
+  std::vector<int> rs_remaining_;  // per layer + 1: reduce-scatters still running
+  std::vector<Bucket> buckets_;
+  Buffer<float> bucket_buf_;
+  size_t next_bucket_[2] = {0, 0};  // per group kind (replicated, sharded): next to start
+  std::vector<char> final_sharded_, final_repl_;  // per layer + 1, this step
+  int expected_micro_ = 0, micro_done_ = 0;
   Buffer<float> acts_, rope_cos_, rope_sin_;
   Buffer<double> stats_;  // [N, 2] row statistics for the all-reduces
   std::vector<Layer> layers_;

@@ -114,6 +114,30 @@ const std::vector<Field>& schema() {
       STRING_FIELD("parallel.grid", c.grid,
                    "process grid \"x,y,z,d\": tensor parallelism over X, Y, Z (Z shards weights) "
                    "times data parallelism over D; the product must equal the number of ranks"),
+      BOOL_FIELD("parallel.overlap_backward_allreduce", c.overlap.backward_allreduce,
+                 "backward: the input-gradient all-reduce runs while the weight-gradient GEMM "
+                 "computes"),
+      BOOL_FIELD("parallel.overlap_reduce_scatter", c.overlap.reduce_scatter,
+                 "backward: a layer's weight-gradient reduce-scatter over Z runs during earlier "
+                 "layers' backward"),
+      INT_FIELD("parallel.prefetch_depth", c.overlap.prefetch_depth,
+                "Z all-gathers of weights issued this many layers ahead (forward and backward; "
+                "0: gather when needed); one gathered layer of memory each"),
+      BOOL_FIELD("parallel.cache_gathered_weights", c.overlap.cache_gathered_weights,
+                 "keep every layer's gathered weights for the whole step (one gather per layer "
+                 "per step, instead of per micro-batch and pass; costs Gz x the layer weights)"),
+      BOOL_FIELD("parallel.overlap_dp_allreduce", c.overlap.dp_overlap,
+                 "data-parallel gradient all-reduce in buckets started during the last "
+                 "micro-batch's backward, as soon as each bucket is final"),
+      FLOAT_FIELD("parallel.dp_bucket_mb", c.overlap.dp_bucket_mb,
+                  "data-parallel bucket size in MiB (0: one all-reduce per tensor, in place); "
+                  "used with or without overlap, so it never changes results between the two"),
+      INT_FIELD("parallel.forward_chunks", c.overlap.forward_chunks,
+                "forward: GEMM and all-reduce in this many row chunks, each chunk's all-reduce "
+                "behind the next chunk's GEMM (1: off)"),
+      INT_FIELD("parallel.progress_chunks", c.overlap.progress_chunks,
+                "GEMMs that overlap a collective run in this many row chunks, with an MPI_Test "
+                "between them (Open MPI progresses only inside MPI calls)"),
       INT_FIELD("train.seed", c.train.seed, "seed of weight init and data order"),
       INT_FIELD("train.micro_batch", c.train.micro_batch,
                 "sequences per micro-batch of the whole job (split over the Z x D ranks)"),
@@ -202,6 +226,14 @@ void RunConfig::validate() const {
   positive("eval_batches", t.eval_batches);
   positive("keep_checkpoints", t.keep_checkpoints);
   positive("max_bad_steps", t.max_bad_steps);
+  if (overlap.prefetch_depth < 0)
+    fail("parallel.prefetch_depth must be >= 0, got ", overlap.prefetch_depth);
+  if (overlap.forward_chunks < 1)
+    fail("parallel.forward_chunks must be >= 1 (1: off), got ", overlap.forward_chunks);
+  if (overlap.progress_chunks < 1)
+    fail("parallel.progress_chunks must be >= 1, got ", overlap.progress_chunks);
+  if (!(overlap.dp_bucket_mb >= 0))
+    fail("parallel.dp_bucket_mb must be >= 0 (0: per tensor), got ", overlap.dp_bucket_mb);
   if (t.seq_len > model.max_seq)
     fail("train.seq_len (", t.seq_len, ") is longer than the model's model.max_seq (",
          model.max_seq, ")");

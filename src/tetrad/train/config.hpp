@@ -37,6 +37,19 @@ struct TrainConfig {
   int goldfish_h = 13;
 };
 
+// parallel.* overlap switches (parallel/comm_schedule.hpp OverlapOptions; docs/parallel.md).
+// Defaults: what measured faster on the benchmark (docs/benchmarks.md, "Overlap").
+struct OverlapConfig {
+  bool backward_allreduce = true;
+  bool reduce_scatter = true;
+  int prefetch_depth = 1;
+  bool cache_gathered_weights = false;
+  bool dp_overlap = true;
+  double dp_bucket_mb = 0;
+  int forward_chunks = 1;
+  int progress_chunks = 4;
+};
+
 struct RunConfig {
   std::string model_name = "tiny";  // named base configuration, overridden field by field
   ModelConfig model;
@@ -44,6 +57,7 @@ struct RunConfig {
   std::string init_from;             // Hugging Face folder to fine-tune from (optional)
   std::string run_dir = "runs/default";
   std::string grid = "1,1,1,1";      // x,y,z,d process grid (docs/parallel.md)
+  OverlapConfig overlap;
   TrainConfig train;
 
   void validate() const;  // throws Error naming the key

@@ -19,6 +19,7 @@
 #include "tetrad/core/cpu.hpp"
 #include "tetrad/core/error.hpp"
 #include "tetrad/core/hash.hpp"
+#include "tetrad/core/profile.hpp"
 #include "tetrad/data/loader.hpp"
 #include "tetrad/kernels/ops.hpp"
 #include "tetrad/model/transformer.hpp"
@@ -124,6 +125,19 @@ void set_threads(int threads) {
 
 }  // namespace
 
+parallel::OverlapOptions overlap_options(const OverlapConfig& c) {
+  parallel::OverlapOptions o;
+  o.backward_allreduce = c.backward_allreduce;
+  o.reduce_scatter = c.reduce_scatter;
+  o.prefetch_depth = c.prefetch_depth;
+  o.cache_gathered_weights = c.cache_gathered_weights;
+  o.dp_overlap = c.dp_overlap;
+  o.dp_bucket_mb = c.dp_bucket_mb;
+  o.forward_chunks = c.forward_chunks;
+  o.progress_chunks = c.progress_chunks;
+  return o;
+}
+
 TrainResult train(const RunConfig& cfg, const TrainOptions& opt, std::ostream& log_stream) {
   cfg.validate();
   const TrainConfig& t = cfg.train;
@@ -160,7 +174,11 @@ TrainResult train(const RunConfig& cfg, const TrainOptions& opt, std::ostream& l
                         << resolved << "\n";
   }
 
-  parallel::ParallelTransformer model(cfg.model, groups, B, T);
+  parallel::ParallelTransformer model(cfg.model, groups, B, T, overlap_options(cfg.overlap));
+  StepProfile prof;
+  TraceLog trace_log;
+  if (!opt.trace_path.empty()) prof.trace = &trace_log;
+  model.set_profile(&prof);
   const ParamTable& table = model.table();
   std::vector<int64_t> shard_offsets, shard_sizes;
   for (const auto& s : model.plan().tensors) {
@@ -235,6 +253,7 @@ TrainResult train(const RunConfig& cfg, const TrainOptions& opt, std::ostream& l
         << T << " = " << tokens_per_step << " tokens/step; " << world << " rank(s) x "
         << omp_get_max_threads() << " threads; FMA peak " << std::fixed << std::setprecision(0)
         << peak_gflops << " GFLOP/s per rank (MFU baseline)\n" << std::defaultfloat;
+    if (world > 1) out << model.overlap().summary() << "\n";
   }
   // Which rank holds what: one line per rank, in rank order.
   for (int r = 0; r < world; ++r) {
@@ -317,30 +336,64 @@ TrainResult train(const RunConfig& cfg, const TrainOptions& opt, std::ostream& l
   const auto run_start = std::chrono::steady_clock::now();
   int bad_steps = 0;
   const int64_t start_step = step;
+  // The timeline skips the first step (one-off allocation and warm-up) when the run is longer.
+  const int64_t trace_from = start_step + (t.max_steps - start_step > opt.trace_steps ? 1 : 0);
+  // A collective the trainer calls itself: exposed communication, and issued too.
+  auto trainer_comm = [&](auto&& f) {
+    const auto c0 = std::chrono::steady_clock::now();
+    {
+      ScopedPhase sp(&prof, Phase::Comm, "trainer");
+      f();
+    }
+    prof.comm_issued_s += std::chrono::duration<double>(std::chrono::steady_clock::now() - c0).count();
+  };
   for (; step < t.max_steps; ++step) {
+    prof.clear();
+    if (prof.trace) {
+      const bool rec = step >= trace_from && step < trace_from + opt.trace_steps;
+      if (rec && !trace_log.recording && world > 1) groups.world.barrier();  // align the ranks' clocks
+      if (rec && !trace_log.recording) trace_log.origin = std::chrono::steady_clock::now();
+      trace_log.recording = rec;
+    }
     const auto t0 = std::chrono::steady_clock::now();
-    // All micro-batches of the step first, so the loss normaliser (kept targets over the whole
-    // global batch) is known before any backward.
-    for (int m = 0; m < t.grad_accum; ++m)
-      train_loader.next_batch(inputs.data() + size_t(m) * B * T, targets.data() + size_t(m) * B * T);
+    // Load imbalance: how long this rank waits here for the slowest one, before any collective
+    // of the step would absorb that wait into "communication".
+    if (world > 1) {
+      ScopedPhase sp(&prof, Phase::Wait, "for the slowest rank");
+      groups.world.barrier();
+    }
     double counts[2] = {0, 0};  // kept targets, dropped by the loss mask
-    for (int m = 0; m < t.grad_accum; ++m)
-      counts[1] += double(apply_loss_mask(loss_mask, targets.data() + size_t(m) * B * T, B, T,
-                                          step, m, replicas, slot));
-    for (int32_t y : targets) counts[0] += y >= 0;
-    if (groups.zd.size() > 1) groups.zd.allreduce_sum(counts, 2);
+    {
+      ScopedPhase sp(&prof, Phase::Data);
+      // All micro-batches of the step first, so the loss normaliser (kept targets over the whole
+      // global batch) is known before any backward.
+      for (int m = 0; m < t.grad_accum; ++m)
+        train_loader.next_batch(inputs.data() + size_t(m) * B * T, targets.data() + size_t(m) * B * T);
+      for (int m = 0; m < t.grad_accum; ++m)
+        counts[1] += double(apply_loss_mask(loss_mask, targets.data() + size_t(m) * B * T, B, T,
+                                            step, m, replicas, slot));
+      for (int32_t y : targets) counts[0] += y >= 0;
+    }
+    if (groups.zd.size() > 1) trainer_comm([&] { groups.zd.allreduce_sum(counts, 2); });
     const double kept = std::max(counts[0], 1.0);
     const double drop_fraction = counts[1] / (counts[0] + counts[1]);
-    model.zero_grads();
+    {
+      ScopedPhase sp(&prof, Phase::Other, "zero gradients");
+      model.begin_step(t.grad_accum);
+    }
     double loss_sum = 0;
     for (int m = 0; m < t.grad_accum; ++m)
       loss_sum += model.forward_backward(inputs.data() + size_t(m) * B * T,
                                          targets.data() + size_t(m) * B * T, B, T,
                                          float(1.0 / kept));
     model.reduce_gradients();
-    if (groups.zd.size() > 1) groups.zd.allreduce_sum(&loss_sum, 1);
+    if (groups.zd.size() > 1) trainer_comm([&] { groups.zd.allreduce_sum(&loss_sum, 1); });
     const double loss = loss_sum / kept;
-    const double gnorm = std::sqrt(model.grad_sum_squares());
+    double gnorm = 0;
+    {
+      ScopedPhase sp(&prof, Phase::Optimizer, "grad norm");
+      gnorm = std::sqrt(model.grad_sum_squares());
+    }
     const double lr = learning_rate(t, step);
     if (!std::isfinite(loss) || !std::isfinite(gnorm)) {
       ++bad_steps;
@@ -357,11 +410,23 @@ TrainResult train(const RunConfig& cfg, const TrainOptions& opt, std::ostream& l
     }
     bad_steps = 0;
     const double clip = (t.grad_clip > 0 && gnorm > t.grad_clip) ? t.grad_clip / gnorm : 1.0;
-    adam.update(model.params(), model.grads(), lr, clip, step + 1);
+    {
+      ScopedPhase sp(&prof, Phase::Optimizer, "adamw");
+      adam.update(model.params(), model.grads(), lr, clip, step + 1);
+    }
     result.losses.push_back(loss);
 
     const auto t1 = std::chrono::steady_clock::now();
     const double dt = std::chrono::duration<double>(t1 - t0).count();
+    StepBreakdown bd;
+    bd.step = dt;
+    bd.compute = prof.compute();
+    bd.comm_exposed = prof.seconds[size_t(Phase::Comm)];
+    bd.wait = prof.seconds[size_t(Phase::Wait)];
+    bd.optimizer = prof.seconds[size_t(Phase::Optimizer)];
+    bd.data = prof.seconds[size_t(Phase::Data)];
+    bd.comm_issued = prof.comm_issued_s;
+    result.breakdowns.push_back(bd);
     const double elapsed = std::chrono::duration<double>(t1 - run_start).count();
     const double tokens_per_s = double(tokens_per_step) / dt;
     const double mfu = flops_tok * tokens_per_s / (peak_gflops * 1e9 * world);
@@ -371,7 +436,11 @@ TrainResult train(const RunConfig& cfg, const TrainOptions& opt, std::ostream& l
       metrics << nlohmann::json{{"step", done}, {"loss", loss}, {"lr", lr}, {"grad_norm", gnorm},
                                 {"tokens_per_s", tokens_per_s}, {"mfu", mfu},
                                 {"step_time_s", dt}, {"elapsed_s", elapsed},
-                                {"dropped_fraction", drop_fraction}}
+                                {"dropped_fraction", drop_fraction},
+                                {"t_compute_s", bd.compute}, {"t_comm_exposed_s", bd.comm_exposed},
+                                {"t_wait_s", bd.wait}, {"t_optimizer_s", bd.optimizer},
+                                {"t_data_s", bd.data}, {"t_comm_issued_s", bd.comm_issued},
+                                {"comm_hidden_fraction", bd.hidden_fraction()}}
                      .dump()
               << "\n";
       metrics.flush();
@@ -387,6 +456,11 @@ TrainResult train(const RunConfig& cfg, const TrainOptions& opt, std::ostream& l
                   ? " | dropped " + std::to_string(int(100 * drop_fraction + 0.5)) + "%"
                   : std::string())
           << std::defaultfloat << std::endl;
+      auto pct = [&](double s) { return std::to_string(int(100 * s / dt + 0.5)) + "%"; };
+      out << "           time: compute " << pct(bd.compute) << " | comm exposed "
+          << pct(bd.comm_exposed) << " (" << int(100 * bd.hidden_fraction() + 0.5)
+          << "% of comm hidden) | wait " << pct(bd.wait) << " | optimizer " << pct(bd.optimizer)
+          << " | data " << pct(bd.data) << std::endl;
     }
     if (t.eval_interval > 0 && done % t.eval_interval == 0) validate(done);
     if (t.checkpoint_interval > 0 && done % t.checkpoint_interval == 0 && done < t.max_steps)
@@ -403,6 +477,12 @@ TrainResult train(const RunConfig& cfg, const TrainOptions& opt, std::ostream& l
     }
   }
   result.steps_done = step;
+  model.set_profile(nullptr);
+  if (!opt.trace_path.empty()) {
+    trace_log.recording = false;
+    parallel::write_trace(groups.world, trace_log, opt.trace_path);
+    if (!opt.quiet) out << "trace: " << opt.trace_path << " (open in https://ui.perfetto.dev)\n";
+  }
   if (t.eval_interval > 0 && step % t.eval_interval != 0 && !result.stopped_by_signal) validate(step);
   save(step);
   return result;

@@ -1,0 +1,146 @@
+#include "tetrad/parallel/comm_schedule.hpp"
+
+#include <chrono>
+#include <cstring>
+#include <fstream>
+#include <sstream>
+#include <thread>
+
+#include "tetrad/core/error.hpp"
+
+namespace tetrad::parallel {
+
+std::string OverlapOptions::summary() const {
+  std::ostringstream os;
+  os << "overlap: backward all-reduce " << (backward_allreduce ? "on" : "off")
+     << ", reduce-scatter " << (reduce_scatter ? "on" : "off") << ", prefetch depth "
+     << prefetch_depth << ", weight cache " << (cache_gathered_weights ? "on" : "off")
+     << ", data-parallel buckets " << (dp_overlap ? "overlapped" : "at the end") << " ("
+     << (dp_bucket_mb > 0 ? std::to_string(dp_bucket_mb) + " MiB" : std::string("per tensor"))
+     << "), forward chunks " << forward_chunks << ", progress chunks " << progress_chunks;
+  return os.str();
+}
+
+CommQueue::Ticket CommQueue::start(comm::Request request, const comm::Communicator& group,
+                                   const char* op, const char* what, int layer, int64_t bytes,
+                                   std::function<void()> on_done) {
+  const Ticket id = next_++;
+  Op o{id, std::move(request), group.name(), op, what ? what : "", layer, bytes,
+       std::chrono::steady_clock::now(), std::move(on_done)};
+  if (!o.request.pending()) {  // a size-1 group: complete at once
+    complete(o, o.issued);
+    return id;
+  }
+  ops_.push_back(std::move(o));
+  return id;
+}
+
+void CommQueue::complete(Op& op, SteadyTime now) {
+  if (prof_) {
+    prof_->comm_issued_s += std::chrono::duration<double>(now - op.issued).count();
+    if (prof_->tracing()) {
+      const int track = prof_->trace->track(op.group);
+      prof_->trace->add(track, event_name(op.op.c_str(), op.what.c_str(), op.layer), op.issued, now,
+                        "\"bytes\":" + std::to_string(op.bytes) + ",\"group\":\"" + op.group + "\"");
+    }
+  }
+  if (op.on_done) {
+    auto f = std::move(op.on_done);
+    f();
+  }
+}
+
+void CommQueue::poll() {
+  if (ops_.empty()) return;
+  std::vector<Op> finished;
+  for (size_t i = 0; i < ops_.size();) {
+    if (ops_[i].request.test()) {
+      finished.push_back(std::move(ops_[i]));
+      ops_.erase(ops_.begin() + std::ptrdiff_t(i));
+    } else {
+      ++i;
+    }
+  }
+  if (finished.empty()) return;
+  const auto now = std::chrono::steady_clock::now();
+  for (Op& op : finished) complete(op, now);  // callbacks may start more operations
+}
+
+bool CommQueue::done(Ticket t) const {
+  if (t == 0 || t >= next_) return true;
+  for (const Op& op : ops_)
+    if (op.id == t) return false;
+  return true;
+}
+
+template <typename F>
+void CommQueue::block_until(F&& ready, const char* what) {
+  if (ready()) return;
+  poll();
+  if (ready()) return;
+  ScopedPhase sp(prof_, Phase::Comm, what);
+  using clock = std::chrono::steady_clock;
+  const auto t0 = clock::now();
+  const double timeout = comm::collective_timeout();
+  for (long polls = 1;; ++polls) {
+    poll();
+    if (ready()) return;
+    const double waited = std::chrono::duration<double>(clock::now() - t0).count();
+    if (waited >= timeout) {
+      // Let the oldest pending request report itself (operation, group, count, time waited).
+      TETRAD_CHECK(!ops_.empty());
+      ops_.front().request.wait(0.0);
+      fail("collective wait timed out after ", waited, " s with ", ops_.size(), " pending");
+    }
+    // As Request::wait: spin first, then give the core to a peer rank (oversubscribed runs).
+    if (polls < 2000) continue;
+    if (waited < 0.01) std::this_thread::yield();
+    else std::this_thread::sleep_for(std::chrono::microseconds(200));
+  }
+}
+
+void CommQueue::wait(Ticket t) {
+  if (done(t)) return;
+  const char* what = "wait";
+  for (const Op& op : ops_)
+    if (op.id == t) what = op.op.c_str();
+  block_until([&] { return done(t); }, what);
+}
+
+void CommQueue::wait_all() {
+  block_until([&] { return ops_.empty(); }, "wait all");
+}
+
+void write_trace(const comm::Communicator& world, const TraceLog& log, const std::string& path) {
+  const std::string mine = log.json_events(world.rank());
+  // Text travels as uint64 words (the element types the communicator knows).
+  auto pack = [](const std::string& s) {
+    std::vector<uint64_t> w((s.size() + 7) / 8 + 1, 0);
+    w[0] = s.size();
+    std::memcpy(w.data() + 1, s.data(), s.size());
+    return w;
+  };
+  constexpr int kTag = 4401;
+  if (world.rank() != 0) {
+    std::vector<uint64_t> w = pack(mine);
+    uint64_t n = w.size();
+    world.send(&n, 1, 0, kTag);
+    world.send(w.data(), w.size(), 0, kTag);
+    return;
+  }
+  std::ofstream f(path);
+  if (!f) fail("cannot write the trace file '", path, "'");
+  f << "{\"displayTimeUnit\":\"ms\",\"traceEvents\":[\n" << mine;
+  for (int r = 1; r < world.size(); ++r) {
+    uint64_t n = 0;
+    world.recv(&n, 1, r, kTag);
+    std::vector<uint64_t> w(n);
+    world.recv(w.data(), n, r, kTag);
+    const std::string text(reinterpret_cast<const char*>(w.data() + 1), size_t(w[0]));
+    f << ",\n" << text;
+  }
+  f << "\n]}\n";
+  if (!f) fail("writing the trace file '", path, "' failed");
+}
+
+}  // namespace tetrad::parallel

@@ -1,0 +1,92 @@
+// Scheduling the ParallelTransformer's collectives (docs/parallel.md, "Overlap"): which overlaps
+// are on (OverlapOptions, the parallel.* config keys) and the CommQueue that issues collectives
+// non-blocking, drives their progress and completes them as late as the schedule allows.
+//
+// Progress. Open MPI moves a non-blocking collective forward only inside MPI calls
+// (machine-notes.md), so the model calls CommQueue::poll() between compute chunks (row chunks of
+// the GEMMs that overlap a collective, and between kernels); any wait also progresses every
+// pending operation.
+//
+// Ordering. MPI needs every rank of a group to start that group's collectives in the same order.
+// Everything the model issues is in program order, identical on every rank; the only operations
+// started from completion callbacks are data-parallel buckets, and those start strictly in bucket
+// order (ParallelTransformer::start_ready_buckets).
+//
+// Not thread-safe: the main thread only (MPI_THREAD_FUNNELED).
+#pragma once
+#include <cstdint>
+#include <functional>
+#include <string>
+#include <vector>
+
+#include "tetrad/comm/communicator.hpp"
+#include "tetrad/core/profile.hpp"
+
+namespace tetrad::parallel {
+
+// Each switch only changes when a collective runs, never what it computes: the same messages
+// with the same sizes, so results are bit-identical to all switches off (tests/mpi/
+// test_overlap_mpi.cpp). forward_chunks is the exception in principle (smaller messages, see
+// docs/parallel.md), bit-identical in every test grid.
+struct OverlapOptions {
+  bool backward_allreduce = false;   // dIn all-reduce runs while the dW GEMM computes
+  bool reduce_scatter = false;       // dW reduce-scatter over Z runs during earlier layers
+  int prefetch_depth = 0;            // Z all-gathers issued this many layers ahead
+  bool cache_gathered_weights = false;  // every layer's gathered weights kept for the whole step
+  bool dp_overlap = false;           // data-parallel buckets start during the last backward
+  double dp_bucket_mb = 0;           // bucket size (0: one bucket per tensor, in place)
+  int forward_chunks = 1;            // forward GEMM + all-reduce in this many row chunks
+  int progress_chunks = 4;           // overlapped GEMMs split this many times for MPI_Test polls
+
+  static OverlapOptions all_off() { return {}; }
+  std::string summary() const;
+};
+
+class CommQueue {
+ public:
+  using Ticket = uint64_t;  // 0: nothing to wait for
+
+  void set_profile(StepProfile* p) { prof_ = p; }
+
+  // Takes a started request. on_done runs (in poll() or a wait) once it completes; it may call
+  // start() itself. Names: op = "allreduce_sum", what = "dIn fc", layer for the timeline.
+  Ticket start(comm::Request request, const comm::Communicator& group, const char* op,
+               const char* what, int layer, int64_t bytes, std::function<void()> on_done = {});
+  // One MPI_Test per pending request; completions run their callbacks.
+  void poll();
+  // Blocks until the ticket's operation is complete (time counted as exposed communication).
+  void wait(Ticket t);
+  void wait_all();
+  bool done(Ticket t) const;
+  size_t pending() const { return ops_.size(); }
+
+  // start() then wait(): a blocking collective, timed and traced like the others.
+  void run(comm::Request request, const comm::Communicator& group, const char* op,
+           const char* what, int layer, int64_t bytes) {
+    wait(start(std::move(request), group, op, what, layer, bytes));
+  }
+
+ private:
+  struct Op {
+    Ticket id;
+    comm::Request request;
+    std::string group, op, what;
+    int layer;
+    int64_t bytes;
+    SteadyTime issued;
+    std::function<void()> on_done;
+  };
+  void complete(Op& op, SteadyTime now);
+  // Polls until `ready()` holds; blocked time is Phase::Comm; times out like Request::wait.
+  template <typename F> void block_until(F&& ready, const char* what);
+
+  std::vector<Op> ops_;  // pending, in issue order
+  Ticket next_ = 1;
+  StepProfile* prof_ = nullptr;
+};
+
+// Writes the trace of every rank of `world` as one Chrome trace-event JSON file on rank 0
+// (collective; ranks send their events to rank 0). Opens in Perfetto / chrome://tracing.
+void write_trace(const comm::Communicator& world, const TraceLog& log, const std::string& path);
+
+}  // namespace tetrad::parallel
