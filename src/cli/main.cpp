@@ -19,6 +19,7 @@
 #include "tetrad/model/sampling.hpp"
 #include "tetrad/tools/bench.hpp"
 #include "tetrad/tools/memorization.hpp"
+#include "tetrad/tools/report.hpp"
 #include "tetrad/train/config.hpp"
 #include "tetrad/train/trainer.hpp"
 
@@ -101,6 +102,11 @@ int main(int argc, char** argv) {
   train_cmd->add_option("--grid", grid_arg,
                         "process grid x,y,z,d (same as --set parallel.grid=...); run under "
                         "mpirun -n x*y*z*d");
+  train_cmd->add_option("--trace", topt.trace_path,
+                        "write a Chrome trace-event JSON timeline (every rank's compute and "
+                        "communication; open in https://ui.perfetto.dev)");
+  train_cmd->add_option("--trace-steps", topt.trace_steps, "steps on the timeline")
+      ->capture_default_str();
   auto* config_doc = app.add_subcommand("config-doc", "print the reference of every config key");
 
   // eval
@@ -143,6 +149,19 @@ int main(int argc, char** argv) {
   bench->add_option("--anchor", bopt.anchor_cmd,
                     "command running the PyTorch anchor (default: bench/pytorch_gpt2.py if "
                     "torch is importable; 'none' to skip)");
+  bench->add_option("--trace", bopt.trace_path,
+                    "Chrome trace-event JSON of the timed steps (one file per grid and mode)");
+  bench->add_option("--overlap", bopt.overlap,
+                    "with --grids: off, on (the parallel.* defaults) or both, side by side")
+      ->capture_default_str();
+  bench->add_option("--grid", bopt.grid, "with --grids: only this grid x,y,z,d");
+
+  // report
+  std::string report_dir, report_out;
+  auto* report = app.add_subcommand(
+      "report", "one self-contained HTML page of a run: loss curves, speed, time breakdown, config");
+  report->add_option("run_dir", report_dir, "run folder (metrics.jsonl, config.toml)")->required();
+  report->add_option("-o,--out", report_out, "output file (default RUN_DIR/report.html)");
 
   // export
   std::string export_out;
@@ -229,6 +248,10 @@ int main(int argc, char** argv) {
       } else {
         run_bench(bopt, std::cout);
       }
+    } else if (*report) {
+      const std::string path = report_out.empty() ? report_dir + "/report.html" : report_out;
+      write_run_report(report_dir, path);
+      std::cout << "wrote " << path << "\n";
     } else if (*memo) {
       run_memorization_command(resolve_model_dir(model_dir), memo_docs, xopt, memo_json, std::cout);
     } else if (*logits_cmd) {

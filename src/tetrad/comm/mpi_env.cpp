@@ -28,7 +28,7 @@ MpiEnvironment::MpiEnvironment(int* argc, char*** argv) {
   if (finalized) fail("MpiEnvironment: MPI has already been finalised in this process");
   int provided = 0;
   if (!initialized) {
-    const int rc = MPI_Init_thread(argc, argv, MPI_THREAD_FUNNELED, &provided);
+    const int rc = MPI_Init_thread(argc, argv, MPI_THREAD_SERIALIZED, &provided);
     if (rc != MPI_SUCCESS) fail("MPI_Init_thread failed: ", mpi_error_string(rc));
     owns_ = true;
   } else {

@@ -1,7 +1,9 @@
 // MpiEnvironment: the process's MPI lifetime as an RAII object (docs/parallel.md).
 //
 // Construct one at the top of main (or of a test main): it calls MPI_Init_thread asking for
-// MPI_THREAD_FUNNELED (OpenMP threads compute, only the main thread calls MPI) unless MPI is
+// MPI_THREAD_SERIALIZED (OpenMP threads compute; the main thread calls MPI, and the progress
+// thread of parallel/comm_schedule.hpp may call it while the main thread does not), requiring at
+// least MPI_THREAD_FUNNELED, unless MPI is
 // already initialised, and its destructor calls MPI_Finalize only if this object initialised MPI.
 // So a library, a test and main can each make one without double initialisation.
 //

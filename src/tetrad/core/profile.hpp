@@ -88,7 +88,7 @@ class TraceLog {
 // outer one, so the seconds add up to the wall time spent inside any phase.
 struct StepProfile {
   std::array<double, size_t(Phase::Count)> seconds{};
-  double comm_issued_s = 0;  // Σ over collectives of issue -> seen complete (hidden or not)
+  double comm_issued_s = 0;  // wall time with a collective in flight (hidden or exposed)
   int current = -1;          // innermost open phase
   SteadyTime mark;
   TraceLog* trace = nullptr;  // optional timeline

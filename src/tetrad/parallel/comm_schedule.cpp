@@ -1,7 +1,10 @@
 #include "tetrad/parallel/comm_schedule.hpp"
 
+#include <atomic>
 #include <chrono>
+#include <condition_variable>
 #include <cstring>
+#include <mutex>
 #include <fstream>
 #include <sstream>
 #include <thread>
@@ -17,8 +20,71 @@ std::string OverlapOptions::summary() const {
      << prefetch_depth << ", weight cache " << (cache_gathered_weights ? "on" : "off")
      << ", data-parallel buckets " << (dp_overlap ? "overlapped" : "at the end") << " ("
      << (dp_bucket_mb > 0 ? std::to_string(dp_bucket_mb) + " MiB" : std::string("per tensor"))
-     << "), forward chunks " << forward_chunks << ", progress chunks " << progress_chunks;
+     << "), forward chunks " << forward_chunks << ", progress "
+     << (progress_thread ? "thread" : "polling");
   return os.str();
+}
+
+// The helper: sleeps on `cv` until a scope activates it; then, holding `mu` around each call,
+// probes MPI (any MPI call runs Open MPI's progress engine) every ~50 us until deactivated.
+struct CommQueue::Progress {
+  std::mutex mu;
+  std::condition_variable cv;
+  bool active = false, quit = false;
+  MPI_Comm comm = MPI_COMM_NULL;
+  std::thread thread;
+
+  explicit Progress(MPI_Comm c) : comm(c), thread([this] { run(); }) {}
+  ~Progress() {
+    {
+      std::lock_guard<std::mutex> lock(mu);
+      quit = true;
+    }
+    cv.notify_all();
+    thread.join();
+  }
+  void run() {
+    std::unique_lock<std::mutex> lock(mu);
+    for (;;) {
+      cv.wait(lock, [&] { return active || quit; });
+      if (quit) return;
+      int flag = 0;
+      MPI_Iprobe(MPI_ANY_SOURCE, MPI_ANY_TAG, comm, &flag, MPI_STATUS_IGNORE);
+      // Release the lock while sleeping, so the main thread can take it back at once.
+      lock.unlock();
+      std::this_thread::sleep_for(std::chrono::microseconds(50));
+      lock.lock();
+    }
+  }
+};
+
+CommQueue::CommQueue() = default;
+CommQueue::~CommQueue() = default;
+
+CommQueue::ProgressScope::ProgressScope(CommQueue& q) {
+  if (!q.use_thread_ || q.ops_.empty()) return;
+  if (!q.progress_) {
+    int level = 0;
+    MPI_Query_thread(&level);
+    if (level < MPI_THREAD_SERIALIZED) {
+      q.use_thread_ = false;  // MPI initialised by someone else with less: poll only
+      return;
+    }
+    q.progress_ = std::make_unique<Progress>(MPI_COMM_WORLD);
+  }
+  q_ = &q;
+  {
+    std::lock_guard<std::mutex> lock(q.progress_->mu);
+    q.progress_->active = true;
+  }
+  q.progress_->cv.notify_one();
+}
+
+CommQueue::ProgressScope::~ProgressScope() {
+  if (!q_) return;
+  // Taking the lock waits out a probe in progress: afterwards only the main thread calls MPI.
+  std::lock_guard<std::mutex> lock(q_->progress_->mu);
+  q_->progress_->active = false;
 }
 
 CommQueue::Ticket CommQueue::start(comm::Request request, const comm::Communicator& group,
@@ -31,13 +97,13 @@ CommQueue::Ticket CommQueue::start(comm::Request request, const comm::Communicat
     complete(o, o.issued);
     return id;
   }
+  if (ops_.empty()) busy_since_ = o.issued;
   ops_.push_back(std::move(o));
   return id;
 }
 
 void CommQueue::complete(Op& op, SteadyTime now) {
   if (prof_) {
-    prof_->comm_issued_s += std::chrono::duration<double>(now - op.issued).count();
     if (prof_->tracing()) {
       const int track = prof_->trace->track(op.group);
       prof_->trace->add(track, event_name(op.op.c_str(), op.what.c_str(), op.layer), op.issued, now,
@@ -63,6 +129,8 @@ void CommQueue::poll() {
   }
   if (finished.empty()) return;
   const auto now = std::chrono::steady_clock::now();
+  // Issued communication time is the wall time with at least one collective in flight.
+  if (ops_.empty() && prof_) prof_->comm_issued_s += std::chrono::duration<double>(now - busy_since_).count();
   for (Op& op : finished) complete(op, now);  // callbacks may start more operations
 }
 

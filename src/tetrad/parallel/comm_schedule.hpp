@@ -3,9 +3,12 @@
 // non-blocking, drives their progress and completes them as late as the schedule allows.
 //
 // Progress. Open MPI moves a non-blocking collective forward only inside MPI calls
-// (machine-notes.md), so the model calls CommQueue::poll() between compute chunks (row chunks of
-// the GEMMs that overlap a collective, and between kernels); any wait also progresses every
-// pending operation.
+// (machine-notes.md). The model calls CommQueue::poll() between kernels, and any wait progresses
+// every pending operation. Inside a long kernel (a GEMM) nothing would move, and splitting a GEMM
+// into row chunks to poll between them changes its rounding (oneDNN picks kernels by shape), so
+// with progress = thread a helper thread calls MPI_Iprobe every ~50 us while the main thread runs
+// a kernel and collectives are pending (ProgressScope). The two never call MPI at the same time
+// (MPI_THREAD_SERIALIZED): the main thread takes the helper's lock before it calls MPI again.
 //
 // Ordering. MPI needs every rank of a group to start that group's collectives in the same order.
 // Everything the model issues is in program order, identical on every rank; the only operations
@@ -16,6 +19,7 @@
 #pragma once
 #include <cstdint>
 #include <functional>
+#include <memory>
 #include <string>
 #include <vector>
 
@@ -25,9 +29,10 @@
 namespace tetrad::parallel {
 
 // Each switch only changes when a collective runs, never what it computes: the same messages
-// with the same sizes, so results are bit-identical to all switches off (tests/mpi/
-// test_overlap_mpi.cpp). forward_chunks is the exception in principle (smaller messages, see
-// docs/parallel.md), bit-identical in every test grid.
+// with the same sizes and the same GEMMs, so results are bit-identical to all switches off
+// (tests/mpi/test_overlap_mpi.cpp). forward_chunks is the exception: its GEMMs on row chunks
+// round differently from one GEMM (oneDNN chooses kernels by shape), identical within fp32
+// rounding only.
 struct OverlapOptions {
   bool backward_allreduce = false;   // dIn all-reduce runs while the dW GEMM computes
   bool reduce_scatter = false;       // dW reduce-scatter over Z runs during earlier layers
@@ -36,7 +41,7 @@ struct OverlapOptions {
   bool dp_overlap = false;           // data-parallel buckets start during the last backward
   double dp_bucket_mb = 0;           // bucket size (0: one bucket per tensor, in place)
   int forward_chunks = 1;            // forward GEMM + all-reduce in this many row chunks
-  int progress_chunks = 4;           // overlapped GEMMs split this many times for MPI_Test polls
+  bool progress_thread = false;      // a helper thread drives MPI progress during kernels
 
   static OverlapOptions all_off() { return {}; }
   std::string summary() const;
@@ -60,6 +65,24 @@ class CommQueue {
   bool done(Ticket t) const;
   size_t pending() const { return ops_.size(); }
 
+  // While alive (a kernel runs on the main thread, which makes no MPI call meanwhile), the
+  // progress thread keeps MPI moving, if enabled and anything is pending.
+  class ProgressScope {
+   public:
+    explicit ProgressScope(CommQueue& q);
+    ~ProgressScope();
+    ProgressScope(const ProgressScope&) = delete;
+    ProgressScope& operator=(const ProgressScope&) = delete;
+
+   private:
+    CommQueue* q_ = nullptr;
+  };
+  void enable_progress_thread(bool on) { use_thread_ = on; }
+  CommQueue();
+  ~CommQueue();
+  CommQueue(const CommQueue&) = delete;
+  CommQueue& operator=(const CommQueue&) = delete;
+
   // start() then wait(): a blocking collective, timed and traced like the others.
   void run(comm::Request request, const comm::Communicator& group, const char* op,
            const char* what, int layer, int64_t bytes) {
@@ -82,6 +105,10 @@ class CommQueue {
 
   std::vector<Op> ops_;  // pending, in issue order
   Ticket next_ = 1;
+  bool use_thread_ = false;
+  struct Progress;  // the helper thread (comm_schedule.cpp)
+  std::unique_ptr<Progress> progress_;
+  SteadyTime busy_since_;  // since when ops_ has been non-empty
   StepProfile* prof_ = nullptr;
 };
 

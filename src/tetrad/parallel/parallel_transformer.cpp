@@ -33,7 +33,7 @@ ParallelTransformer::ParallelTransformer(const ModelConfig& config, ProcessGroup
     : cfg_(config), g_(groups), local_batch_(local_batch), max_len_(max_len), ov_(overlap) {
   if (ov_.prefetch_depth < 0) fail("parallel.prefetch_depth must be >= 0, got ", ov_.prefetch_depth);
   if (ov_.forward_chunks < 1) fail("parallel.forward_chunks must be >= 1, got ", ov_.forward_chunks);
-  if (ov_.progress_chunks < 1) fail("parallel.progress_chunks must be >= 1, got ", ov_.progress_chunks);
+  q_.enable_progress_thread(ov_.progress_thread);
   if (!(ov_.dp_bucket_mb >= 0)) fail("parallel.dp_bucket_mb must be >= 0, got ", ov_.dp_bucket_mb);
   cfg_.validate();
   if (max_len <= 0 || max_len > cfg_.max_seq)
@@ -205,21 +205,9 @@ float* ParallelTransformer::gw(int i) {
 void ParallelTransformer::gemm(const char* what, bool ta, bool tb, int64_t M, int64_t N, int64_t K,
                                const float* A, int64_t lda, const float* B, int64_t ldb,
                                float beta, float* C, int64_t ldc) {
+  CommQueue::ProgressScope progress(q_);  // pending collectives move during the GEMM
   ScopedPhase sp(prof_, Phase::Gemm, what, M, N, K);
   k::gemm<float>(ta, tb, M, N, K, 1.0f, A, lda, B, ldb, beta, C, ldc);
-}
-
-void ParallelTransformer::gemm_polled(const char* what, bool ta, bool tb, int64_t M, int64_t N,
-                                      int64_t K, const float* A, int64_t lda, const float* B,
-                                      int64_t ldb, float beta, float* C, int64_t ldc) {
-  const int64_t chunks = std::min<int64_t>(ov_.progress_chunks, M);
-  for (int64_t c = 0; c < chunks; ++c) {
-    const int64_t r0 = M * c / chunks, r1 = M * (c + 1) / chunks;
-    // Rows r0..r1 of C: rows of A, or columns of a transposed A.
-    const float* Ac = ta ? A + r0 : A + r0 * lda;
-    gemm(what, ta, tb, r1 - r0, N, K, Ac, lda, B, ldb, beta, C + r0 * ldc, ldc);
-    q_.poll();
-  }
 }
 
 void ParallelTransformer::issue_gather(int layer) {
@@ -794,14 +782,15 @@ void ParallelTransformer::backward(const int32_t* inputs, int B, int T) {
     }
   };
   // din[N, k_in] = all-reduce over `group` of dout · W; dW[n_out, k_in] += doutᵀ · in; bias.
-  // With backward_allreduce the all-reduce runs while dW computes (in row chunks, polling).
+  // With backward_allreduce the all-reduce runs while dW computes (driven by the progress thread,
+  // or by the polls after it).
   auto linear_bwd = [&](const char* what, float* din, const float* dout, const float* in, int wi,
                         int bi, int64_t k_in, int64_t n_out, const comm::Communicator& group) {
     gemm(what, false, false, N, k_in, n_out, dout, n_out, w(wi), k_in, 0.0f, din, k_in);
     if (ov_.backward_allreduce && group.size() > 1) {
       const auto t = q_.start(group.iallreduce_sum(din, size_t(N * k_in)), group, "allreduce",
                               what, prof_ ? prof_->layer : -2, N * k_in * int64_t(sizeof(float)));
-      gemm_polled(what, true, false, n_out, k_in, N, dout, n_out, in, k_in, 1.0f, gw(wi), k_in);
+      gemm(what, true, false, n_out, k_in, N, dout, n_out, in, k_in, 1.0f, gw(wi), k_in);
       bias_bwd(gw(bi), dout, n_out);
       q_.wait(t);
       return;

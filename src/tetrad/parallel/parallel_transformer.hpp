@@ -134,10 +134,6 @@ class ParallelTransformer {
   }
   void gemm(const char* what, bool ta, bool tb, int64_t M, int64_t N, int64_t K, const float* A,
             int64_t lda, const float* B, int64_t ldb, float beta, float* C, int64_t ldc);
-  // C = A·op(B) with C's rows in progress_chunks pieces, polling the queue between them.
-  void gemm_polled(const char* what, bool ta, bool tb, int64_t M, int64_t N, int64_t K,
-                   const float* A, int64_t lda, const float* B, int64_t ldb, float beta, float* C,
-                   int64_t ldc);
   void forward(const int32_t* inputs, int B, int T);
   void backward(const int32_t* inputs, int B, int T);
   double cross_entropy(const int32_t* targets, int64_t N, float grad_scale, bool with_grad);

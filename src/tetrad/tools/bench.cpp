@@ -23,6 +23,7 @@
 #include "tetrad/parallel/process_groups.hpp"
 #include "tetrad/tools/ceilings.hpp"
 #include "tetrad/train/optimizer.hpp"
+#include "tetrad/train/trainer.hpp"
 
 namespace tetrad {
 
@@ -123,9 +124,15 @@ void run_bench(const BenchOptions& opt, std::ostream& out) {
       std::vector<int32_t> tokens(N + 1);
       for (auto& t : tokens) t = int32_t(rng.next_u64() % uint64_t(mc.vocab_size));
       std::vector<double> times;
+      TraceLog trace_log;
+      if (!opt.trace_path.empty()) profile.trace = &trace_log;
       model.set_profile(&profile);
       for (int s = 0; s < opt.warmup + opt.steps; ++s) {
-        if (s == opt.warmup) profile.clear();
+        if (s == opt.warmup) {
+          profile.clear();
+          trace_log.recording = true;
+          trace_log.origin = std::chrono::steady_clock::now();
+        }
         const auto t0 = std::chrono::steady_clock::now();
         {
           ScopedPhase sp(&profile, Phase::Optimizer);
@@ -139,6 +146,12 @@ void run_bench(const BenchOptions& opt, std::ostream& out) {
         }
         const double dt = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
         if (s >= opt.warmup) times.push_back(dt);
+      }
+      model.set_profile(nullptr);
+      if (!opt.trace_path.empty()) {
+        trace_log.recording = false;
+        parallel::write_trace(comm::Communicator::self(), trace_log,
+                              opt.configs.size() > 1 ? name + "." + opt.trace_path : opt.trace_path);
       }
       step_median = median(times);
       total_time = 0;
@@ -228,10 +241,17 @@ void run_bench_grids(const BenchOptions& opt, std::ostream& log) {
     const int Bg = standard_batch(name), T = mc.max_seq;
     const int64_t serial_state = 16 * build_param_table(mc).total;  // p, g, m, v in fp32
     out << "\n== " << name << ": global batch " << Bg << " x " << T << " tokens\n"
-        << "  grid      tokens/s   step s   compute  comm     state/rank   vs serial/G   RSS/rank  "
-           "estimate\n";
-    for (const GridShape& shape : factorizations(G)) {
+        << "  grid      overlap tokens/s   step s  compute  exposed  hidden  idle  state/rank   "
+           "vs serial/G   RSS/rank  estimate\n";
+    std::vector<GridShape> shapes = factorizations(G);
+    if (!opt.grid.empty()) shapes = {parse_grid(opt.grid)};
+    std::vector<std::string> modes;
+    if (opt.overlap == "off" || opt.overlap == "both") modes.push_back("off");
+    if (opt.overlap == "on" || opt.overlap == "both") modes.push_back("on");
+    if (modes.empty()) fail("--overlap: expected off, on or both, got '", opt.overlap, "'");
+    for (const GridShape& shape : shapes) {
       try {
+        validate_grid(shape, G);
         validate_grid_for_model(mc, shape);
         if (Bg % (shape.z * shape.d) != 0) fail("batch does not divide over Z x D");
         ShardPlan::build(mc, build_param_table(mc), shape, coord_of(0, shape));
@@ -241,7 +261,10 @@ void run_bench_grids(const BenchOptions& opt, std::ostream& log) {
       }
       ProcessGroups g(world, shape);
       const int Bl = Bg / (shape.z * shape.d);
-      ParallelTransformer model(mc, g, Bl, T);
+      for (const std::string& mode : modes) {
+      // "on": the parallel.* defaults of the run configuration (what training uses).
+      const OverlapOptions ov = mode == "on" ? overlap_options(OverlapConfig{}) : OverlapOptions::all_off();
+      ParallelTransformer model(mc, g, Bl, T, ov);
       model.init_weights(1);
       TrainConfig tc;
       std::vector<int64_t> off, size;
@@ -254,31 +277,64 @@ void run_bench_grids(const BenchOptions& opt, std::ostream& log) {
       std::vector<int32_t> tokens(size_t(Bl) * T + 1);
       for (auto& t : tokens) t = int32_t(rng.next_u64() % uint64_t(mc.vocab_size));
       StepProfile profile;
+      TraceLog trace_log;
+      if (!opt.trace_path.empty()) profile.trace = &trace_log;
       model.set_profile(&profile);
       std::vector<double> times;
+      double sum_step = 0;  // this rank's wall time of the timed steps
       for (int s = 0; s < opt.warmup + opt.steps; ++s) {
-        if (s == opt.warmup) profile.clear();
-        g.world.barrier();
+        if (s == opt.warmup) {
+          profile.clear();
+          g.world.barrier();
+          trace_log.recording = true;
+          trace_log.origin = std::chrono::steady_clock::now();
+        }
         const auto t0 = std::chrono::steady_clock::now();
-        model.zero_grads();
+        {
+          // Load imbalance: the wait for the slowest rank before the step's first collective.
+          ScopedPhase sp(&profile, Phase::Wait, "for the slowest rank");
+          g.world.barrier();
+        }
+        model.begin_step(1);
         model.forward_backward(tokens.data(), tokens.data() + 1, Bl, T, 1.0f / float(Bg * T));
         model.reduce_gradients();
-        const double gn = std::sqrt(model.grad_sum_squares());
+        double gn = 0;
         {
           ScopedPhase sp(&profile, Phase::Optimizer);
+          gn = std::sqrt(model.grad_sum_squares());
           adam.update(model.params(), model.grads(), 1e-4, gn > 1 ? 1 / gn : 1, s + 1);
         }
         double dt = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+        if (s >= opt.warmup) sum_step += dt;
         g.world.allreduce_max(&dt, 1);
         if (s >= opt.warmup) times.push_back(dt);
       }
+      model.set_profile(nullptr);
+      if (!opt.trace_path.empty()) {
+        trace_log.recording = false;
+        std::string path = opt.trace_path;
+        if (shapes.size() > 1 || modes.size() > 1 || opt.configs.size() > 1) {
+          const size_t dot = path.rfind('.');
+          const std::string tag = "." + name + "-" + shape.to_string() + "-overlap-" + mode;
+          path = dot == std::string::npos ? path + tag : path.substr(0, dot) + tag + path.substr(dot);
+        }
+        parallel::write_trace(g.world, trace_log, path);
+        out << "  trace: " << path << "\n";
+      }
       const double step = median(times);
-      double total = 0;
-      for (double t : times) total += t;
-      // Slowest rank's communication share (exposed: nothing overlaps yet).
+      // Shares of the slowest rank's step: exposed communication, idle (waiting for another
+      // rank) and the rest (compute, optimizer); hidden = issued communication not exposed.
       double comm_s = profile.seconds[size_t(Phase::Comm)];
-      g.world.allreduce_max(&comm_s, 1);
-      const double comm_share = comm_s / total;
+      double wait_s = profile.seconds[size_t(Phase::Wait)];
+      double issued_s = profile.comm_issued_s;
+      double sums[4] = {comm_s, wait_s, issued_s, sum_step};
+      g.world.allreduce_max(sums, 4);
+      comm_s = sums[0];
+      wait_s = sums[1];
+      issued_s = sums[2];
+      const double total = sums[3];
+      const double comm_share = comm_s / total, wait_share = wait_s / total;
+      const double hidden = issued_s > 0 ? std::max(0.0, 1 - comm_s / issued_s) : 0.0;
       const double state = 16.0 * double(model.num_local_params());
       double state_max = state;
       g.world.allreduce_max(&state_max, 1);
@@ -289,23 +345,29 @@ void run_bench_grids(const BenchOptions& opt, std::ostream& log) {
       g.world.allreduce_max(&rss, 1);
       double estimate = state + double(model.activation_bytes()) + baseline_rss;
       g.world.allreduce_max(&estimate, 1);
-      out << "  " << std::left << std::setw(9) << shape.to_string() << std::right << std::fixed
-          << std::setprecision(1) << std::setw(9) << tok_s << std::setprecision(3) << std::setw(9)
-          << step << std::setprecision(1) << std::setw(8) << 100 * (1 - comm_share) << "%"
-          << std::setw(7) << 100 * comm_share << "%" << std::setw(10) << state_max / 1048576.0
+      out << "  " << std::left << std::setw(9) << shape.to_string() << " " << std::setw(7) << mode
+          << std::right << std::fixed << std::setprecision(1) << std::setw(9) << tok_s
+          << std::setprecision(3) << std::setw(9) << step << std::setprecision(1) << std::setw(8)
+          << 100 * (1 - comm_share - wait_share) << "%" << std::setw(8) << 100 * comm_share << "%"
+          << std::setw(7) << 100 * hidden << "%" << std::setw(5) << 100 * wait_share << "%"
+          << std::setw(10) << state_max / 1048576.0
           << " MiB" << std::setprecision(3) << std::setw(9) << state_max / (serial_state / double(G))
           << "x" << std::setprecision(1) << std::setw(9) << rss / 1048576.0 << " MiB"
           << std::setw(7) << estimate / 1048576.0 << " MiB" << std::defaultfloat << "\n";
       if (json_out)
         json_out << nlohmann::json{{"config", name}, {"grid", shape.to_string()}, {"ranks", G},
-                                   {"threads", threads}, {"tokens_per_s", tok_s},
-                                   {"median_step_s", step}, {"comm_share", comm_share},
+                                   {"threads", threads}, {"overlap", mode},
+                                   {"tokens_per_s", tok_s}, {"median_step_s", step},
+                                   {"comm_share", comm_share}, {"comm_exposed_s_per_step", comm_s / opt.steps},
+                                   {"comm_issued_s_per_step", issued_s / opt.steps},
+                                   {"comm_hidden_fraction", hidden}, {"wait_share", wait_share},
                                    {"state_bytes_per_rank", state_max},
                                    {"state_vs_serial_over_G", state_max / (serial_state / double(G))},
                                    {"rss_mb", rss / 1048576.0},
                                    {"estimate_mb", estimate / 1048576.0}}
                         .dump()
                  << "\n";
+      }
     }
   }
 }

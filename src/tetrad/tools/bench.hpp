@@ -16,13 +16,19 @@ struct BenchOptions {
   std::string json_path;  // also write one JSON object per line here
   std::string anchor_cmd; // "" = auto (python3 bench/pytorch_gpt2.py if torch imports), "none"
   bool quick_ceilings = false;  // the longer measurement is steadier on a shared machine
+  std::string trace_path;  // Chrome trace-event JSON of the timed steps ("": none)
+  // --grids: "off" (every collective blocking), "on" (the parallel.* defaults), "both" (side by
+  // side); grid: only this grid ("x,y,z,d"; "": every factorisation).
+  std::string overlap = "both";
+  std::string grid;
 };
 
 void run_bench(const BenchOptions& opt, std::ostream& out);
 
 // Parallel mode, run under mpirun: every grid of the world size that divides the model trains
 // the configuration on the same global batch (its standard micro-batch); rank 0 prints tokens/s,
-// the time split into compute and communication (slowest rank), and per-rank memory of
+// the time split into compute, exposed communication and idle, the share of communication hidden
+// behind compute (with overlap off and on, --overlap), and per-rank memory of
 // parameters + gradients + Adam against the serial figure / G. Compare with `tetrad bench` on one
 // rank with as many threads as ranks here (bench/parallel.sh does both).
 void run_bench_grids(const BenchOptions& opt, std::ostream& out);

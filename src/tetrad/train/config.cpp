@@ -135,9 +135,10 @@ const std::vector<Field>& schema() {
       INT_FIELD("parallel.forward_chunks", c.overlap.forward_chunks,
                 "forward: GEMM and all-reduce in this many row chunks, each chunk's all-reduce "
                 "behind the next chunk's GEMM (1: off)"),
-      INT_FIELD("parallel.progress_chunks", c.overlap.progress_chunks,
-                "GEMMs that overlap a collective run in this many row chunks, with an MPI_Test "
-                "between them (Open MPI progresses only inside MPI calls)"),
+      BOOL_FIELD("parallel.progress_thread", c.overlap.progress_thread,
+                 "a helper thread calls MPI every ~50 us during GEMMs while collectives are "
+                 "pending (Open MPI progresses only inside MPI calls); off: MPI_Test polls "
+                 "between kernels only"),
       INT_FIELD("train.seed", c.train.seed, "seed of weight init and data order"),
       INT_FIELD("train.micro_batch", c.train.micro_batch,
                 "sequences per micro-batch of the whole job (split over the Z x D ranks)"),
@@ -230,8 +231,6 @@ void RunConfig::validate() const {
     fail("parallel.prefetch_depth must be >= 0, got ", overlap.prefetch_depth);
   if (overlap.forward_chunks < 1)
     fail("parallel.forward_chunks must be >= 1 (1: off), got ", overlap.forward_chunks);
-  if (overlap.progress_chunks < 1)
-    fail("parallel.progress_chunks must be >= 1, got ", overlap.progress_chunks);
   if (!(overlap.dp_bucket_mb >= 0))
     fail("parallel.dp_bucket_mb must be >= 0 (0: per tensor), got ", overlap.dp_bucket_mb);
   if (t.seq_len > model.max_seq)

@@ -47,7 +47,7 @@ struct OverlapConfig {
   bool dp_overlap = true;
   double dp_bucket_mb = 0;
   int forward_chunks = 1;
-  int progress_chunks = 4;
+  bool progress_thread = false;
 };
 
 struct RunConfig {

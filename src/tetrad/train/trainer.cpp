@@ -134,7 +134,7 @@ parallel::OverlapOptions overlap_options(const OverlapConfig& c) {
   o.dp_overlap = c.dp_overlap;
   o.dp_bucket_mb = c.dp_bucket_mb;
   o.forward_chunks = c.forward_chunks;
-  o.progress_chunks = c.progress_chunks;
+  o.progress_thread = c.progress_thread;
   return o;
 }
 

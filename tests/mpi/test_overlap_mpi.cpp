@@ -1,0 +1,275 @@
+// Overlap changes when collectives run, never what they compute: on every grid of the world size,
+// training with any combination of the overlap switches gives bit-identical losses and weights to
+// the same grid with every switch off (tiny model, 2 steps of 2 micro-batches); forward chunks,
+// which split GEMMs, within fp32 rounding. Switches that
+// cannot act on a grid (the reduce-scatter, prefetch and cache without Z, the backward all-reduce
+// and forward chunks without X or Y, data-parallel buckets without Z x D) are held off there, since
+// they run the same code as off. Also: the trace file of a run is valid JSON with one process per
+// rank, a compute track and one track per communication group, and named events.
+// Runs under mpirun -n 2, 4, 8; the sweep runs on 2 and 4 ranks (8 oversubscribed ranks on two
+// cores would take minutes), the trace test on every size.
+#include <gtest/gtest.h>
+#include <mpi.h>
+
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <nlohmann/json.hpp>
+#include <set>
+#include <vector>
+
+#include "tetrad/comm/mpi_env.hpp"
+#include "tetrad/core/error.hpp"
+#include "tetrad/core/profile.hpp"
+#include "tetrad/core/rng.hpp"
+#include "tetrad/parallel/comm_schedule.hpp"
+#include "tetrad/parallel/parallel_transformer.hpp"
+#include "tetrad/parallel/process_groups.hpp"
+#include "tetrad/train/optimizer.hpp"
+
+using namespace tetrad;
+using namespace tetrad::parallel;
+using tetrad::comm::MpiEnvironment;
+
+namespace {
+
+int world_rank() {
+  int r;
+  MPI_Comm_rank(MPI_COMM_WORLD, &r);
+  return r;
+}
+int world_size() {
+  int n;
+  MPI_Comm_size(MPI_COMM_WORLD, &n);
+  return n;
+}
+
+ModelConfig tiny_model(Family f) {
+  ModelConfig c;
+  c.family = f;
+  c.n_layer = 3;  // prefetch depth 2 needs three layers to differ from depth 1
+  c.n_embd = 32;
+  c.n_head = 4;
+  c.n_kv_head = f == Family::Llama ? 2 : 4;
+  c.ffn = f == Family::Llama ? 48 : 64;
+  c.vocab_size = 64;
+  c.max_seq = 8;
+  c.tie_embeddings = f == Family::GPT2;
+  return c;
+}
+
+constexpr int kB = 4, kT = 8, kAccum = 2, kSteps = 2;
+
+struct Result {
+  std::vector<double> losses;  // this rank's loss sums, per micro-batch
+  std::vector<float> params;   // this rank's shard after training
+};
+
+Result train(const ModelConfig& mc, ProcessGroups& g, const OverlapOptions& ov,
+             StepProfile* prof = nullptr) {
+  const GridShape& s = g.shape;
+  const int Bl = kB / (s.z * s.d);
+  const int slot = g.coord.z + s.z * g.coord.d;
+  ParallelTransformer m(mc, g, Bl, kT, ov);
+  m.init_weights(11);
+  m.set_profile(prof);
+  TrainConfig tc;
+  tc.lr = 1e-2;
+  tc.warmup_steps = 1;
+  std::vector<int64_t> off, size;
+  for (const auto& t : m.plan().tensors) {
+    off.push_back(t.offset);
+    size.push_back(t.shard_numel);
+  }
+  AdamW opt(decay_ranges(m.table(), tc, off, size), m.num_local_params(), tc);
+  Result r;
+  for (int step = 0; step < kSteps; ++step) {
+    m.begin_step(kAccum);
+    for (int micro = 0; micro < kAccum; ++micro) {
+      Rng rng(500 + 17 * step + micro);
+      std::vector<int32_t> tok(size_t(kB) * (kT + 1));
+      for (auto& x : tok) x = int32_t(rng.next_u64() % uint64_t(mc.vocab_size));
+      // This rank's sequences of the global micro-batch, as inputs and shifted targets.
+      std::vector<int32_t> in(size_t(Bl) * kT), tg(in.size());
+      for (int b = 0; b < Bl; ++b)
+        for (int t = 0; t < kT; ++t) {
+          in[size_t(b) * kT + t] = tok[size_t(slot * Bl + b) * (kT + 1) + t];
+          tg[size_t(b) * kT + t] = tok[size_t(slot * Bl + b) * (kT + 1) + t + 1];
+        }
+      r.losses.push_back(m.forward_backward(in.data(), tg.data(), Bl, kT, 1.0f / (kB * kT * kAccum)));
+    }
+    m.reduce_gradients();
+    const double gn = std::sqrt(m.grad_sum_squares());
+    opt.update(m.params(), m.grads(), learning_rate(tc, step), gn > 1 ? 1 / gn : 1.0, step + 1);
+  }
+  const float* p = m.params();
+  r.params.assign(p, p + m.num_local_params());
+  return r;
+}
+
+std::vector<GridShape> usable_grids(const ModelConfig& mc) {
+  std::vector<GridShape> out;
+  for (const GridShape& s : factorizations(world_size())) {
+    try {
+      validate_grid_for_model(mc, s);
+    } catch (const Error&) {
+      continue;
+    }
+    if (kB % (s.z * s.d) == 0) out.push_back(s);
+  }
+  return out;
+}
+
+// Every combination of the switches that act on this grid.
+std::vector<OverlapOptions> combinations(const GridShape& s) {
+  const bool tp = s.x > 1 || s.y > 1, z = s.z > 1, dp = s.z * s.d > 1;
+  std::vector<OverlapOptions> out;
+  for (int bar = 0; bar <= int(tp); ++bar)
+    for (int fc : tp ? std::vector<int>{1, 3} : std::vector<int>{1})
+      for (int rs = 0; rs <= int(z); ++rs)
+        // Depth 1 on 2 ranks only: 4-rank grids have many more combinations (test time).
+        for (int pf : z ? (world_size() == 2 ? std::vector<int>{0, 1, 2} : std::vector<int>{0, 2})
+                        : std::vector<int>{0})
+          for (int cache = 0; cache <= int(z); ++cache)
+            for (int dpo = 0; dpo <= int(dp); ++dpo) {
+              OverlapOptions o;
+              o.backward_allreduce = bar;
+              o.forward_chunks = fc;
+              o.reduce_scatter = rs;
+              o.prefetch_depth = pf;
+              o.cache_gathered_weights = cache;
+              o.dp_overlap = dpo;
+              // Progress by thread or by polling: half the combinations each.
+              o.progress_thread = out.size() % 2 == 1;
+              out.push_back(o);
+            }
+  return out;
+}
+
+void expect_identical(const Result& a, const Result& b, const std::string& what) {
+  ASSERT_EQ(a.losses.size(), b.losses.size());
+  for (size_t i = 0; i < a.losses.size(); ++i)
+    ASSERT_EQ(std::memcmp(&a.losses[i], &b.losses[i], sizeof(double)), 0)
+        << what << ": loss of micro-batch " << i << " " << a.losses[i] << " vs " << b.losses[i];
+  ASSERT_EQ(a.params.size(), b.params.size());
+  for (size_t i = 0; i < a.params.size(); ++i)
+    ASSERT_EQ(std::memcmp(&a.params[i], &b.params[i], sizeof(float)), 0)
+        << what << ": parameter " << i << " of rank " << world_rank() << ": " << a.params[i]
+        << " vs " << b.params[i];
+}
+
+// forward_chunks > 1 computes its GEMMs on row chunks, which oneDNN rounds differently from
+// one GEMM of the whole: identical within fp32 rounding, not bit for bit.
+void expect_close(const Result& a, const Result& b, const std::string& what) {
+  ASSERT_EQ(a.losses.size(), b.losses.size());
+  for (size_t i = 0; i < a.losses.size(); ++i)
+    ASSERT_NEAR(a.losses[i], b.losses[i], 1e-5 * std::abs(a.losses[i])) << what;
+  ASSERT_EQ(a.params.size(), b.params.size());
+  for (size_t i = 0; i < a.params.size(); ++i)
+    // Adam divides by sqrt(v): a rounding difference in a near-zero gradient moves its weight by
+    // up to a fraction of the learning rate (1e-2 here), so weights get 1% of one step.
+    ASSERT_NEAR(a.params[i], b.params[i], 1e-4 + 1e-5 * std::abs(a.params[i]))
+        << what << ": parameter " << i;
+}
+
+void sweep(Family f) {
+  if (world_size() > 4) GTEST_SKIP() << "the sweep runs on 2 and 4 ranks";
+  const ModelConfig mc = tiny_model(f);
+  comm::Communicator world = comm::Communicator::world();
+  int runs = 0;
+  for (const GridShape& s : usable_grids(mc)) {
+    ProcessGroups g(world, s);
+    const Result base = train(mc, g, OverlapOptions::all_off());
+    for (const OverlapOptions& o : combinations(s)) {
+      const std::string what = "grid " + s.to_string() + ", " + o.summary();
+      if (o.forward_chunks == 1) expect_identical(base, train(mc, g, o), what);
+      else expect_close(base, train(mc, g, o), what);
+      ++runs;
+    }
+    // Data-parallel buckets of several tensors: staged messages, the same with and without overlap.
+    if (s.z * s.d > 1) {
+      OverlapOptions bucketed = OverlapOptions::all_off();
+      bucketed.dp_bucket_mb = 0.002;  // a few tensors of the tiny model per bucket
+      const Result b_off = train(mc, g, bucketed);
+      bucketed.dp_overlap = true;
+      bucketed.reduce_scatter = true;
+      expect_identical(b_off, train(mc, g, bucketed), "grid " + s.to_string() + ", buckets");
+    }
+  }
+  if (world_rank() == 0) std::printf("%d overlap combinations checked against overlap off\n", runs);
+}
+
+TEST(OverlapMpi, EveryCombinationIsBitIdenticalToOverlapOffGpt2) { sweep(Family::GPT2); }
+
+TEST(OverlapMpi, EveryCombinationIsBitIdenticalToOverlapOffLlama) { sweep(Family::Llama); }
+
+TEST(OverlapMpi, TraceIsValidJsonWithATrackPerGroupAndNamedEvents) {
+  const ModelConfig mc = tiny_model(Family::GPT2);
+  comm::Communicator world = comm::Communicator::world();
+  // The grid with every axis the world size allows: x first, then z, then d.
+  GridShape s;
+  int n = world_size();
+  s.x = 2; n /= 2;
+  if (n >= 2) { s.z = 2; n /= 2; }
+  s.d = n;
+  ProcessGroups g(world, s);
+  StepProfile prof;
+  TraceLog log;
+  log.recording = true;
+  prof.trace = &log;
+  OverlapOptions on;
+  on.backward_allreduce = on.reduce_scatter = on.dp_overlap = true;
+  on.prefetch_depth = 1;
+  train(mc, g, on, &prof);
+  const std::string path = std::string(TETRAD_BINARY_DIR) + "/overlap_trace_n" +
+                           std::to_string(world_size()) + ".json";
+  write_trace(g.world, log, path);
+  if (world_rank() != 0) return;
+  std::ifstream f(path);
+  nlohmann::json j;
+  ASSERT_NO_THROW(f >> j) << path << " is not valid JSON";
+  ASSERT_TRUE(j.contains("traceEvents"));
+  std::set<int> pids;
+  std::set<std::string> threads;
+  int gemm_named = 0, comm_events = 0, compute_events = 0;
+  for (const auto& e : j["traceEvents"]) {
+    const std::string ph = e.at("ph");
+    pids.insert(e.at("pid").get<int>());
+    if (ph == "M" && e.at("name") == "thread_name") threads.insert(e["args"]["name"].get<std::string>());
+    if (ph != "X") continue;
+    ASSERT_TRUE(e.contains("ts") && e.contains("dur") && e.contains("tid"));
+    EXPECT_GE(e["dur"].get<double>(), 0.0);
+    const std::string name = e.at("name");
+    if (e["tid"].get<int>() == 0) {
+      ++compute_events;
+      if (name.rfind("gemm ", 0) == 0 && name.find(" L") != std::string::npos &&
+          e.contains("args") && e["args"].contains("m"))
+        ++gemm_named;
+    } else {
+      ++comm_events;
+      EXPECT_TRUE(e["args"].contains("bytes")) << name;
+    }
+  }
+  EXPECT_EQ(int(pids.size()), world_size());
+  EXPECT_TRUE(threads.count("compute"));
+  EXPECT_TRUE(threads.count("comm x")) << "X all-reduces get their own track";
+  if (s.z > 1) EXPECT_TRUE(threads.count("comm z"));
+  if (s.z * s.d > 1) EXPECT_TRUE(threads.count("comm zd"));
+  EXPECT_GT(gemm_named, 0) << "GEMMs are named with their layer and sizes";
+  EXPECT_GT(comm_events, 0);
+  EXPECT_GT(compute_events, 0);
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  MpiEnvironment env(&argc, &argv);
+  ::testing::InitGoogleTest(&argc, argv);
+  if (world_rank() != 0 && !std::getenv("TETRAD_TEST_ALL_RANKS")) {
+    auto& listeners = ::testing::UnitTest::GetInstance()->listeners();
+    delete listeners.Release(listeners.default_result_printer());
+  }
+  return RUN_ALL_TESTS();
+}
