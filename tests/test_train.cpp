@@ -11,7 +11,9 @@
 #include "tetrad/core/error.hpp"
 #include "tetrad/core/rng.hpp"
 #include "tetrad/data/prepare.hpp"
+#include "tetrad/tools/report.hpp"
 #include "tetrad/train/trainer.hpp"
+#include <nlohmann/json.hpp>
 
 namespace fs = std::filesystem;
 using namespace tetrad;
@@ -163,4 +165,86 @@ TEST_F(TrainTest, NonFiniteStepsAreSkippedThenTheRunStopsWithTheLastCheckpointIn
   ASSERT_TRUE(found.has_value());
   EXPECT_EQ(found->step, 6);
   EXPECT_FALSE(checkpoint_problem(found->dir).has_value());
+}
+
+// The time breakdown (compute, exposed communication, waiting, optimizer, data) adds up to the
+// measured step time within 5%, in the result and in metrics.jsonl; the trace is valid JSON.
+TEST_F(TrainTest, TimeBreakdownAddsUpToTheStepTime) {
+  RunConfig c = tiny("breakdown");
+  c.train.max_steps = 6;
+  c.train.checkpoint_interval = 0;
+  c.train.eval_interval = 0;
+  TrainOptions o;
+  o.quiet = true;
+  o.peak_gflops = 100;
+  o.trace_path = c.run_dir + "/trace.json";
+  o.trace_steps = 2;
+  std::ostringstream log;
+  TrainResult r = train(c, o, log);
+  ASSERT_EQ(r.breakdowns.size(), 6u);
+  for (size_t i = 1; i < r.breakdowns.size(); ++i) {
+    const StepBreakdown& b = r.breakdowns[i];
+    const double parts = b.compute + b.comm_exposed + b.wait + b.optimizer + b.data;
+    EXPECT_GT(b.compute, 0.5 * b.step) << "step " << i;
+    EXPECT_GT(b.optimizer, 0.0);
+    EXPECT_GT(b.data, 0.0);
+    EXPECT_NEAR(parts, b.step, 0.05 * b.step) << "step " << i << ": parts " << parts << " s";
+  }
+  std::ifstream m(c.run_dir + "/metrics.jsonl");
+  int steps = 0;
+  for (std::string l; std::getline(m, l);) {
+    const auto j = nlohmann::json::parse(l);
+    if (!j.contains("loss")) continue;
+    ++steps;
+    const double parts = j.at("t_compute_s").get<double>() + j.at("t_comm_exposed_s").get<double>() +
+                         j.at("t_wait_s").get<double>() + j.at("t_optimizer_s").get<double>() +
+                         j.at("t_data_s").get<double>();
+    EXPECT_NEAR(parts, j.at("step_time_s").get<double>(), 0.05 * j.at("step_time_s").get<double>());
+    EXPECT_TRUE(j.contains("comm_hidden_fraction"));
+  }
+  EXPECT_EQ(steps, 6);
+  std::ifstream t(o.trace_path);
+  nlohmann::json trace;
+  ASSERT_NO_THROW(t >> trace);
+  int gemms = 0;
+  for (const auto& e : trace.at("traceEvents"))
+    if (e.at("ph") == "X" && e.at("name").get<std::string>().rfind("gemm", 0) == 0) ++gemms;
+  EXPECT_GT(gemms, 0);
+}
+
+// `tetrad report` on a real run folder: one HTML page with the loss curves (a point per step and
+// per validation), speed charts, the time breakdown and the resolved config, fetching nothing.
+TEST_F(TrainTest, ReportRendersFromARunFolderWithItsCurves) {
+  RunConfig c = tiny("report");
+  c.train.max_steps = 8;
+  c.train.checkpoint_interval = 0;
+  c.train.eval_interval = 4;
+  TrainResult r = run(c);
+  const std::string out = c.run_dir + "/report.html";
+  write_run_report(c.run_dir, out);
+  std::ifstream f(out);
+  std::stringstream ss;
+  ss << f.rdbuf();
+  const std::string html = ss.str();
+  auto count = [&](const std::string& needle) {
+    int n = 0;
+    for (size_t p = html.find(needle); p != std::string::npos; p = html.find(needle, p + 1)) ++n;
+    return n;
+  };
+  EXPECT_EQ(html.rfind("<!DOCTYPE html>", 0), 0u);
+  EXPECT_EQ(count("id=\"loss-chart\""), 1);
+  EXPECT_EQ(count("id=\"tokens-chart\""), 1);
+  EXPECT_EQ(count("id=\"mfu-chart\""), 1);
+  EXPECT_EQ(count("id=\"breakdown\""), 1);
+  // One marker per training step and per validation, titled with its value.
+  EXPECT_EQ(count("<title>train loss step "), 8);
+  EXPECT_EQ(count("<title>validation loss step "), 2);
+  char last[64];
+  std::snprintf(last, sizeof last, "train loss step 8: %.5g", r.losses.back());
+  EXPECT_NE(html.find(last), std::string::npos) << "the last step's loss is on the curve";
+  EXPECT_NE(html.find("grid <b id=\"grid\">1,1,1,1</b>"), std::string::npos);
+  EXPECT_NE(html.find("[parallel]"), std::string::npos) << "the resolved config is shown";
+  EXPECT_EQ(html.find("<script src"), std::string::npos);
+  EXPECT_EQ(html.find("href=\"http"), std::string::npos);
+  EXPECT_THROW(write_run_report(c.run_dir + "/nope", out + "2"), Error);
 }
