@@ -152,7 +152,8 @@ int main(int argc, char** argv) {
   bench->add_option("--trace", bopt.trace_path,
                     "Chrome trace-event JSON of the timed steps (one file per grid and mode)");
   bench->add_option("--overlap", bopt.overlap,
-                    "with --grids: off, on (the parallel.* defaults) or both, side by side")
+                    "with --grids: a list of off, on (the parallel.* defaults), poll, thread (the "
+                    "defaults with either progress mode); both = off,on")
       ->capture_default_str();
   bench->add_option("--grid", bopt.grid, "with --grids: only this grid x,y,z,d");
 

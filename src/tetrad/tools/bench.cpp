@@ -246,9 +246,14 @@ void run_bench_grids(const BenchOptions& opt, std::ostream& log) {
     std::vector<GridShape> shapes = factorizations(G);
     if (!opt.grid.empty()) shapes = {parse_grid(opt.grid)};
     std::vector<std::string> modes;
-    if (opt.overlap == "off" || opt.overlap == "both") modes.push_back("off");
-    if (opt.overlap == "on" || opt.overlap == "both") modes.push_back("on");
-    if (modes.empty()) fail("--overlap: expected off, on or both, got '", opt.overlap, "'");
+    {
+      std::stringstream ss(opt.overlap == "both" ? std::string("off,on") : opt.overlap);
+      for (std::string m; std::getline(ss, m, ',');) {
+        if (m != "off" && m != "on" && m != "poll" && m != "thread")
+          fail("--overlap: expected a list of off, on, poll, thread (or both), got '", m, "'");
+        modes.push_back(m);
+      }
+    }
     for (const GridShape& shape : shapes) {
       try {
         validate_grid(shape, G);
@@ -263,7 +268,10 @@ void run_bench_grids(const BenchOptions& opt, std::ostream& log) {
       const int Bl = Bg / (shape.z * shape.d);
       for (const std::string& mode : modes) {
       // "on": the parallel.* defaults of the run configuration (what training uses).
-      const OverlapOptions ov = mode == "on" ? overlap_options(OverlapConfig{}) : OverlapOptions::all_off();
+      // poll / thread: the defaults with progress by polling between kernels / by the thread.
+      OverlapOptions ov = mode == "off" ? OverlapOptions::all_off() : overlap_options(OverlapConfig{});
+      if (mode == "poll") ov.progress_thread = false;
+      if (mode == "thread") ov.progress_thread = true;
       ParallelTransformer model(mc, g, Bl, T, ov);
       model.init_weights(1);
       TrainConfig tc;
