@@ -20,8 +20,9 @@
 // Self. Communicator::self() is a size-1 group with no MPI behind it (works without MPI_Init):
 // collectives are local copies or no-ops, so serial code runs the same calls.
 //
-// What this does not do: progress threads (poll with Request::test() between compute chunks),
-// MPI_THREAD_MULTIPLE (call from the main thread only), GPU buffers, counts above INT_MAX elements
+// What this does not do: progress threads (poll with Request::test() between compute chunks; the
+// parallel layer's CommQueue has one, parallel/comm_schedule.hpp), MPI_THREAD_MULTIPLE (call from
+// one thread at a time), GPU buffers, counts above INT_MAX elements
 // per rank (rejected with an Error), point-to-point on self().
 #pragma once
 // The C API only: no deprecated C++ bindings (Open MPI's mpicxx.h, MPICH's equivalent).
