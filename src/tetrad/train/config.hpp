@@ -50,7 +50,7 @@ struct OverlapConfig {
   bool dp_overlap = true;
   double dp_bucket_mb = 0;
   int forward_chunks = 1;
-  bool progress_thread = false;
+  bool progress_thread = true;
 };
 
 struct RunConfig {
