@@ -48,6 +48,22 @@ else
   echo "FAIL goldfish"; paste <(losses "$W/gf_serial") <(losses "$W/gf_grid"); fails=$((fails+1))
 fi
 
+# On a grid with overlap on (the defaults), the logged time breakdown adds up to each step's time
+# (within 5%), and the trace and the report are written.
+"${MPIRUN[@]}" -n 2 "$TETRAD" train "${S[@]}" --set run.dir="$W/traced" --grid 1,1,2,1 \
+  --trace "$W/traced/trace.json" > "$W/log" 2>&1 && "$TETRAD" report "$W/traced" > /dev/null ||
+  { cat "$W/log"; fails=$((fails+1)); }
+field() { grep -o "\"$1\":[^,}]*" "$W/traced/metrics.jsonl" | cut -d: -f2; }
+if paste <(field step_time_s) <(field t_compute_s) <(field t_comm_exposed_s) <(field t_wait_s) \
+         <(field t_optimizer_s) <(field t_data_s) |
+   awk '{ n++; s = $2 + $3 + $4 + $5 + $6; d = (s - $1) / $1; if (d < 0) d = -d; if (d > 0.05) bad = 1 }
+        END { exit (bad || n != 5) }' &&
+   grep -q '"comm z"' "$W/traced/trace.json" && grep -q 'id="loss-chart"' "$W/traced/report.html"; then
+  echo "ok   grid 1,1,2,1 with overlap: breakdown adds up to the step time, trace and report written"
+else
+  echo "FAIL breakdown/trace/report on a grid"; cat "$W/traced/metrics.jsonl"; fails=$((fails+1))
+fi
+
 out=$("${MPIRUN[@]}" -n 2 "$TETRAD" train "${S[@]}" --set run.dir="$W/bad" --grid 2,2,1,1 2>&1)
 if grep -q "needs 4 ranks" <<<"$out"; then echo "ok   wrong grid refused"; else echo "FAIL wrong grid: $out"; fails=$((fails+1)); fi
 echo "$fails failed"
