@@ -30,6 +30,9 @@ struct TrainConfig {
   int eval_batches = 8;
   int64_t checkpoint_interval = 0;  // 0: only at the end
   int keep_checkpoints = 3;
+  bool async_checkpoint = true;  // write checkpoints on a background thread while training goes on
+  double step_timeout = 0;       // seconds a step (or a validation / checkpoint phase) may take; 0: off
+  double comm_timeout = 0;       // seconds a collective may wait (0: TETRAD_COMM_TIMEOUT, else 300)
   int max_bad_steps = 5;      // consecutive non-finite steps before stopping
   int threads = 0;            // 0: all cores
   std::string loss_mask = "none";  // none | goldfish | static | random (train/loss_mask.hpp)

@@ -16,6 +16,8 @@ struct TrainResult {
   int64_t steps_done = 0;           // global step count at the end
   bool stopped_by_signal = false;
   std::string last_checkpoint;      // folder of the final checkpoint ("" if none written)
+  std::string resumed_from;         // checkpoint folder a resumed run loaded ("" if none)
+  double checkpoint_blocked_s = 0;  // total time training waited for checkpoints
 };
 
 struct TrainOptions {
