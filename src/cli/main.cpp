@@ -3,6 +3,7 @@
 #include <mpi.h>
 
 #include <CLI/CLI.hpp>
+#include <cctype>
 #include <cmath>
 #include <filesystem>
 #include <fstream>
@@ -10,14 +11,17 @@
 #include <memory>
 #include <sstream>
 
+#include "tetrad/checkpoint/atomic_file.hpp"
 #include "tetrad/checkpoint/hf.hpp"
 #include "tetrad/checkpoint/run_checkpoint.hpp"
+#include "tetrad/checkpoint/sharded.hpp"
 #include "tetrad/comm/mpi_env.hpp"
 #include "tetrad/core/error.hpp"
 #include "tetrad/data/prepare.hpp"
 #include "tetrad/data/tokenizer.hpp"
 #include "tetrad/model/sampling.hpp"
 #include "tetrad/tools/bench.hpp"
+#include "tetrad/tools/checkpoint_bench.hpp"
 #include "tetrad/tools/memorization.hpp"
 #include "tetrad/train/config.hpp"
 #include "tetrad/train/trainer.hpp"
@@ -150,6 +154,25 @@ int main(int argc, char** argv) {
   exp->add_option("-m,--model", model_dir, "run folder or checkpoint")->required();
   exp->add_option("-o,--out", export_out, "output folder")->required();
 
+  // verify / import / bench-checkpoint
+  auto* verify = app.add_subcommand(
+      "verify", "check a checkpoint completely: metadata, every shard's every chunk checksum, load");
+  verify->add_option("-m,--model", model_dir, "run folder (its `latest` checkpoint) or checkpoint folder")
+      ->required();
+  std::string import_hf, import_out, import_tokenizer;
+  auto* imp = app.add_subcommand(
+      "import", "make a run folder whose checkpoint (step 0, zero moments) is a Hugging Face model");
+  imp->add_option("--hf", import_hf, "Hugging Face folder (config.json + model.safetensors)")->required();
+  imp->add_option("-o,--out", import_out, "run folder to create")->required();
+  imp->add_option("--tokenizer", import_tokenizer, "tokenizer.model to keep with it");
+  CheckpointBenchOptions cbopt;
+  auto* cbench = app.add_subcommand(
+      "bench-checkpoint", "sharded checkpoint write/read bandwidth and async blocked time");
+  cbench->add_option("--model-name", cbopt.model, "named model configuration")->capture_default_str();
+  cbench->add_option("--dir", cbopt.dir, "run folder for the checkpoints (deleted first)")->required();
+  cbench->add_option("--grid", cbopt.grid, "x,y,z,d (under mpirun)")->capture_default_str();
+  cbench->add_option("--repeats", cbopt.repeats, "saves of each kind (median reported)")->capture_default_str();
+
   // memorization
   ExtractionOptions xopt;
   std::vector<std::string> memo_docs;
@@ -251,6 +274,46 @@ int main(int argc, char** argv) {
       f.write(reinterpret_cast<const char*>(lg), std::streamsize(ids.size() * mc.vocab_size * sizeof(float)));
       if (!f) fail("cannot write '", logits_out, "'");
       std::cout << "wrote logits [" << ids.size() << ", " << mc.vocab_size << "] to " << logits_out << "\n";
+    } else if (*verify) {
+      std::string dir = model_dir;
+      if (fs::exists(model_dir + "/checkpoints")) {
+        // The run's `latest` must name a complete checkpoint: no fallback here.
+        const std::string latest = model_dir + "/checkpoints/latest";
+        if (!fs::exists(latest)) fail("run folder '", model_dir, "' has no checkpoints/latest");
+        std::string name = read_small_file(latest);
+        while (!name.empty() && std::isspace(static_cast<unsigned char>(name.back()))) name.pop_back();
+        dir = model_dir + "/checkpoints/" + name;
+      }
+      if (!is_sharded_checkpoint(dir)) {
+        if (auto problem = checkpoint_problem(dir)) fail("checkpoint ", dir, ": ", *problem);
+        std::cout << "ok: " << dir << " (Hugging Face folder + trainer_state.bin) verified\n";
+      } else {
+        verify_sharded_checkpoint(dir);
+        const ModelConfig mc = sharded_model_config(dir);
+        const ParamTable table = build_param_table(mc);
+        std::vector<float> params(size_t(table.total));
+        const ShardedCheckpointInfo info = load_sharded_params(dir, mc, table, params.data());
+        const nlohmann::json meta = read_sharded_meta(dir);
+        int64_t bytes = 0;
+        for (const auto& f : meta["files"]) bytes += f["data_bytes"].get<int64_t>();
+        std::cout << "ok: " << dir << " verified: step " << info.step << ", grid "
+                  << info.grid.to_string() << ", " << meta["files"].size() << " shard file(s), "
+                  << bytes << " bytes, every chunk checksum matches, loads\n";
+      }
+    } else if (*imp) {
+      const ModelConfig mc = read_hf_config(import_hf);
+      const ParamTable table = build_param_table(mc);
+      std::vector<float> params(size_t(table.total));
+      load_hf_params(import_hf, mc, table, params.data());
+      ShardedCheckpointInfo info;
+      info.has_moments = false;
+      std::string tok = import_tokenizer;
+      if (tok.empty() && fs::exists(import_hf + "/tokenizer.model")) tok = import_hf + "/tokenizer.model";
+      const std::string dir = save_sharded_checkpoint_serial(import_out, mc, table, params.data(),
+                                                             nullptr, nullptr, info, tok, 0);
+      std::cout << "imported " << import_hf << " -> " << dir << "\n";
+    } else if (*cbench) {
+      run_checkpoint_bench(cbopt, std::cout);
     } else if (*exp) {
       const std::string dir = resolve_model_dir(model_dir);
       const ModelConfig mc = read_hf_config(dir);

@@ -133,6 +133,7 @@ void set_threads(int threads) {
 // differently, so that is refused.
 void restore_data_position(const nlohmann::json& d, const std::string& dir, int T,
                            data::DataLoader& loader) {
+  if (d.is_object() && d.empty()) return;  // an imported model: the data from the start
   try {
     const int saved_T = d.at("seq_len").get<int>();
     if (saved_T != T)
