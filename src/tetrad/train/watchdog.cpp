@@ -3,6 +3,7 @@
 #include <chrono>
 #include <cstdio>
 
+#include "tetrad/comm/communicator.hpp"
 #include "tetrad/comm/mpi_env.hpp"
 
 namespace tetrad {
@@ -48,11 +49,24 @@ void Watchdog::run() {
     // Wake at least a few times a second: deadlines move forward on every arm().
     cv_.wait_for(lock, std::chrono::milliseconds(200));
     if (stop_ || !armed_ || now_s() < deadline_) continue;
-    std::fprintf(stderr,
-                 "tetrad: error (rank %d): watchdog: step %lld has spent more than %g s in %s "
-                 "(train.step_timeout); rank %d is stalled (or waits for a stalled peer). "
-                 "Ending the job.\n",
-                 rank_, static_cast<long long>(step_), timeout_, phase_, rank_);
+    // A rank blocked in a collective is waiting for a peer, not stalled itself: it gives the
+    // stalled peer half a timeout more to report itself (naming the right rank) before it
+    // reports what it waits on.
+    std::string what;
+    double waited = 0;
+    const bool in_collective = comm::blocked_in_wait(&what, &waited);
+    if (in_collective && now_s() < deadline_ + timeout_ / 2) continue;
+    if (in_collective)
+      std::fprintf(stderr,
+                   "tetrad: error (rank %d): watchdog: step %lld has spent more than %g s in %s "
+                   "(train.step_timeout), the last %.1f s waiting in MPI %s: a peer in that group "
+                   "is stalled or dead. Ending the job.\n",
+                   rank_, static_cast<long long>(step_), timeout_, phase_, waited, what.c_str());
+    else
+      std::fprintf(stderr,
+                   "tetrad: error (rank %d): watchdog: step %lld has spent more than %g s in %s "
+                   "(train.step_timeout); rank %d is stalled. Ending the job.\n",
+                   rank_, static_cast<long long>(step_), timeout_, phase_, rank_);
     std::fflush(stderr);
     comm::MpiEnvironment::abort(3);
   }
