@@ -22,7 +22,7 @@ S=(--set model.name=tiny --set data.dir="$W/data" --set train.seq_len=32 --set t
 losses() { grep '"loss"' "$1/metrics.jsonl" | sed 's/.*"loss":\([^,}]*\).*"step":\([0-9]*\).*/\2 \1/' |
            awk '{ l[$1] = $2 } END { for (s = 1; s in l; s++) print l[s] }'; }
 wait_steps() {
-  for _ in $(seq 1 600); do [ "$(grep -c '"loss"' "$1/metrics.jsonl" 2>/dev/null)" -ge "$2" ] && return 0; sleep 0.05; done
+  for _ in $(seq 1 600); do n=$(grep -c '"loss"' "$1/metrics.jsonl" 2>/dev/null); [ "${n:-0}" -ge "$2" ] && return 0; sleep 0.05; done
   return 1
 }
 

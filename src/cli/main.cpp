@@ -209,7 +209,7 @@ int main(int argc, char** argv) {
       if (!grid_arg.empty()) overrides.push_back("parallel.grid=\"" + grid_arg + "\"");
       RunConfig cfg = load_run_config(config_path, overrides);
       TrainResult r = train(cfg, topt, std::cout);
-      if (!r.last_checkpoint.empty())
+      if (!r.last_checkpoint.empty() && (!mpi || mpi->rank() == 0))
         std::cout << (r.stopped_by_signal ? "stopped" : "done") << " at step " << r.steps_done
                   << "; final checkpoint " << r.last_checkpoint << "\n";
     } else if (*eval) {

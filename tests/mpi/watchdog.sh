@@ -30,11 +30,11 @@ check() {
   local ok=1
   [ "$rc" -ne 0 ] && [ "$rc" -ne 124 ] || ok=0
   for e in "$@"; do grep -qF -- "$e" "$W/log" || ok=0; done
-  if [ $ok -eq 1 ]; then echo "ok   $name: job ended (status $rc) $((took / 1000)).$(printf %03d $((took % 1000))) s after the fault"
+  if [ $ok -eq 1 ]; then echo "ok   $name: job ended (status $rc) $((took / 1000)).$(printf %03d $((took % 1000))) s after the fault"; grep -E "tetrad: error|exited on signal" "$W/log" | head -3 | sed "s/^/       /"
   else echo "FAIL $name (status $rc after $took ms)"; cat "$W/log"; fails=$((fails + 1)); fi
 }
 wait_steps() {  # until the job has done a few steps
-  for _ in $(seq 1 300); do [ "$(grep -c '"loss"' "$1/metrics.jsonl" 2>/dev/null)" -ge 3 ] && return 0; sleep 0.1; done
+  for _ in $(seq 1 300); do n=$(grep -c '"loss"' "$1/metrics.jsonl" 2>/dev/null); [ "${n:-0}" -ge 3 ] && return 0; sleep 0.1; done
   return 1
 }
 
