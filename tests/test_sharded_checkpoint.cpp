@@ -215,7 +215,8 @@ TEST(ShardedCheckpoint, DamageIsRefusedWithAClearMessage) {
     return dir;
   };
   auto load_error = [&](const std::string& dir, const ModelConfig& cfg) -> std::string {
-    const ShardPlan plan = ShardPlan::build(cfg, build_param_table(cfg), GridShape{}, GridCoord{});
+    const ParamTable table = build_param_table(cfg);  // the plan points into it
+    const ShardPlan plan = ShardPlan::build(cfg, table, GridShape{}, GridCoord{});
     std::vector<float> p(size_t(plan.local_total)), m(p), v(p);
     try {
       load_sharded_checkpoint(dir, cfg, 0, plan, p.data(), m.data(), v.data());
