@@ -48,7 +48,8 @@ for i in "${!GRIDS[@]}"; do
   fi
 done
 # Same grid: bit-identical to that grid's uninterrupted run.
-for g in 1,1,1,1 1,1,2,1 2,1,1,2; do
+# (one rank and 1,1,2,1 are checked by tests/ckpt_cli.sh's SIGTERM resume)
+for g in 2,1,1,2; do
   run "$g" --set run.dir="$W/u$g" > "$W/log" 2>&1 &&
   run "$g" --set run.dir="$W/s$g" --set train.max_steps=3 > "$W/log" 2>&1 &&
   run "$g" --set run.dir="$W/s$g" --resume > "$W/log2" 2>&1 || { cat "$W/log" "$W/log2"; fails=$((fails + 1)); continue; }
