@@ -786,6 +786,8 @@ void ShardedSaver::begin(const ModelConfig& model, const ParamTable& table, cons
   }
   snapshot_s_ = now_s() - s0;
   pending_ = true;
+  phase_ = Phase::Writing;
+  published_.store(false);
   written_.store(false);
   write_error_.clear();
   hashes_.clear();
@@ -809,26 +811,45 @@ void ShardedSaver::begin(const ModelConfig& model, const ParamTable& table, cons
     work();
   }
   blocked_ = now_s() - t0;
+  begin_s_ = blocked_;
 }
 
+// The save after begin(), in phases (every rank calls poll / finish at the same points):
+//   Writing     each rank's background thread writes its shard file;
+//   gather      (main thread, once every rank's file is written) sizes, statuses and chunk
+//               checksums all-gathered; rank 0 starts publishing on its background thread;
+//   Publishing  rank 0 writes meta.json, config.json, tokenizer.model, fsyncs, renames the folder,
+//               replaces `latest`, prunes — fsyncs whose latency must not stop training;
+//   done        every rank learns (one all-reduce) that the checkpoint is visible, or that it
+//               failed, with rank 0's reason.
+// Training is blocked only in begin() (snapshot) and inside poll()/finish() calls.
 bool ShardedSaver::poll() {
   if (!pending_) return true;
-  int not_done = written_.load() ? 0 : 1;
-  world_.allreduce_max(&not_done, 1);
-  if (not_done) return false;
-  commit();
-  return true;
+  const double t0 = now_s();
+  bool done = false;
+  if (phase_ == Phase::Writing) {
+    int not_done = written_.load() ? 0 : 1;
+    world_.allreduce_max(&not_done, 1);
+    if (!not_done) gather(/*background=*/true);
+  } else {
+    done = settle(/*block=*/false);
+  }
+  blocked_ += now_s() - t0;
+  if (done) finalize_timings();
+  return done;
 }
 
 void ShardedSaver::finish() {
   if (!pending_) return;
-  commit();
+  const double t0 = now_s();
+  if (phase_ == Phase::Writing) gather(/*background=*/false);
+  settle(/*block=*/true);
+  blocked_ += now_s() - t0;
+  finalize_timings();
 }
 
-void ShardedSaver::commit() {
-  const double t0 = now_s();
+void ShardedSaver::gather(bool background) {
   if (writer_.joinable()) writer_.join();
-  pending_ = false;
   const int n = world_.size(), me = world_.rank();
   // Everyone's status, size and checksum count, then the checksums (padded to the longest list).
   int64_t mine[3] = {write_error_.empty() ? 0 : 1, snap_.pieces.empty() ? -1 : bytes_,
@@ -844,29 +865,31 @@ void ShardedSaver::commit() {
   std::vector<uint64_t> padded(size_t(std::max<int64_t>(longest, 1)), 0), hashes(padded.size() * size_t(n));
   std::copy(hashes_.begin(), hashes_.end(), padded.begin());
   world_.allgather(padded.data(), hashes.data(), padded.size());
-  std::error_code ec;
   if (!failed.empty()) {
+    pending_ = false;
+    std::error_code ec;
     if (me == 0) fs::remove_all(tmp_dir_, ec);
     std::string who;
     for (int r : failed) who += (who.empty() ? "" : ", ") + std::to_string(r);
     fail("checkpoint of step ", info_.step, " not written: rank(s) ", who,
          " could not write their shard", write_error_.empty() ? "" : ": " + write_error_);
   }
-  uint64_t ok = 1;
-  std::string error;
-  if (me == 0) {
+  phase_ = Phase::Publishing;
+  published_.store(me != 0);
+  if (me != 0) return;
+  std::vector<int64_t> sizes(static_cast<size_t>(n));
+  std::vector<std::vector<uint64_t>> per_rank(static_cast<size_t>(n));
+  int64_t total = 0;
+  for (int r = 0; r < n; ++r) {
+    sizes[size_t(r)] = std::max<int64_t>(all[size_t(3 * r + 1)], 0);
+    total += sizes[size_t(r)];
+    const size_t k = size_t(all[size_t(3 * r + 2)]);
+    per_rank[size_t(r)].assign(hashes.begin() + ptrdiff_t(size_t(r) * padded.size()),
+                               hashes.begin() + ptrdiff_t(size_t(r) * padded.size() + k));
+  }
+  bytes_ = total;
+  auto publish = [this, sizes = std::move(sizes), per_rank = std::move(per_rank)] {
     try {
-      std::vector<int64_t> sizes(static_cast<size_t>(n));
-      std::vector<std::vector<uint64_t>> per_rank(static_cast<size_t>(n));
-      int64_t total = 0;
-      for (int r = 0; r < n; ++r) {
-        sizes[size_t(r)] = std::max<int64_t>(all[size_t(3 * r + 1)], 0);
-        total += sizes[size_t(r)];
-        const size_t k = size_t(all[size_t(3 * r + 2)]);
-        per_rank[size_t(r)].assign(hashes.begin() + ptrdiff_t(size_t(r) * padded.size()),
-                                   hashes.begin() + ptrdiff_t(size_t(r) * padded.size() + k));
-      }
-      bytes_ = total;
       const nlohmann::json meta = build_sharded_meta(model_, *table_, info_, id_, sizes, per_rank);
       write_sharded_meta_files(tmp_dir_, meta, model_, opts_.tokenizer_path);
       fsync_dir(tmp_dir_);
@@ -874,29 +897,49 @@ void ShardedSaver::commit() {
           (fs::path(opts_.run_dir) / "checkpoints" / checkpoint_folder_name(info_.step)).string();
       replace_dir(tmp_dir_, final_dir);
       publish_checkpoint(opts_.run_dir, info_.step, opts_.keep_last);
-      last_dir_ = final_dir;
     } catch (const std::exception& e) {
-      ok = 0;
-      error = e.what();
+      write_error_ = e.what();
+      std::error_code ec;
       fs::remove_all(tmp_dir_, ec);
     }
+    published_.store(true);
+  };
+  if (background) {
+    writer_ = std::thread(publish);
+  } else {
+    publish();
   }
-  // Nobody goes on believing the checkpoint exists until rank 0 has made it visible.
-  uint64_t msg[2] = {ok, uint64_t(bytes_)};
-  world_.broadcast(msg, 2, 0);
-  if (!msg[0])
-    fail(me == 0 ? "checkpoint of step " + std::to_string(info_.step) + " not written: " + error
-                 : "checkpoint of step " + std::to_string(info_.step) +
-                       " not written: rank 0 could not publish it (see its message)");
-  if (me != 0)
-    last_dir_ = (fs::path(opts_.run_dir) / "checkpoints" / checkpoint_folder_name(info_.step)).string();
-  const double t1 = now_s();
+}
+
+bool ShardedSaver::settle(bool block) {
+  const int me = world_.rank();
+  if (me == 0 && block && writer_.joinable()) writer_.join();
+  // [rank 0 still publishing, rank 0 failed]
+  int64_t state[2] = {published_.load() ? 0 : 1, 0};
+  if (me == 0 && !state[0]) {
+    if (writer_.joinable()) writer_.join();
+    state[1] = write_error_.empty() ? 0 : 1;
+  }
+  world_.allreduce_max(state, 2);
+  if (state[0]) return false;
+  pending_ = false;
+  const std::string final_dir =
+      (fs::path(opts_.run_dir) / "checkpoints" / checkpoint_folder_name(info_.step)).string();
+  if (state[1])
+    fail("checkpoint of step ", info_.step, " not written: ",
+         me == 0 ? write_error_ : std::string("rank 0 could not publish it (see its message)"));
+  last_dir_ = final_dir;
+  return true;
+}
+
+void ShardedSaver::finalize_timings() {
   last_.snapshot_s = snapshot_s_;
-  last_.commit_s = t1 - t0;
-  last_.blocked_s = blocked_ + last_.commit_s;
+  last_.blocked_s = blocked_;
+  last_.commit_s = blocked_ - begin_s_;
   last_.write_s = write_s_;
-  last_.total_s = t1 - started_;
-  last_.bytes = int64_t(msg[1]);
+  last_.total_s = now_s() - started_;
+  // The total bytes: rank 0 summed them; the others count their own only (logged on rank 0).
+  last_.bytes = bytes_;
 }
 
 }  // namespace tetrad

@@ -152,16 +152,17 @@ struct SaveTimings {
   double blocked_s = 0;   // time the caller (training) was stopped: snapshot + commit
   double snapshot_s = 0;  // copy into host buffers (+ agreeing on the folder)
   double write_s = 0;     // this rank's file write + fsync (background when async)
-  double commit_s = 0;    // gathering checksums, metadata, rename, latest
+  double commit_s = 0;    // blocked after begin(): polls, gathering checksums (and, when
+                          // finished synchronously, metadata, fsyncs, rename, latest)
   double total_s = 0;     // start to visible
   int64_t bytes = 0;      // bytes of shard files written by all ranks
 };
 
 // The collective saver of a parallel run. begin() snapshots this rank's shards and writes them
 // (on a background thread when async); poll() / finish() commit the checkpoint once every
-// rank's file is on disk: checksums gathered to rank 0, metadata written, the folder fsync'ed
-// and renamed from step_N.tmp to step_N, `latest` replaced, old ones pruned, and every rank told
-// it is visible. Every rank must call begin, poll and finish at the same points (they are
+// rank's file is on disk: checksums gathered to rank 0, which writes the metadata, fsyncs and
+// renames the folder from step_N.tmp to step_N, replaces `latest` and prunes (on its background
+// thread when polled), and then every rank is told it is visible. Every rank must call begin, poll and finish at the same points (they are
 // collective over `world`).
 class ShardedSaver {
  public:
@@ -191,8 +192,14 @@ class ShardedSaver {
   const SaveTimings& last_timings() const { return last_; }
 
  private:
-  void commit();
+  enum class Phase { Writing, Publishing };
+  void gather(bool background);
+  bool settle(bool block);
+  void finalize_timings();
   const comm::Communicator& world_;
+  Phase phase_ = Phase::Writing;
+  std::atomic<bool> published_{false};
+  double begin_s_ = 0;
   Options opts_;
   bool pending_ = false;
   std::thread writer_;

@@ -326,7 +326,7 @@ TrainResult train(const RunConfig& cfg, const TrainOptions& opt, std::ostream& l
           << double(st.bytes) / 1e6 << " MB by " << world << " rank(s); rank 0 wrote its shard in "
           << std::setprecision(3) << st.write_s << " s" << (t.async_checkpoint ? " in the background" : "")
           << ", visible after " << st.total_s << " s; training blocked " << st.blocked_s
-          << " s (snapshot " << st.snapshot_s << " s, commit " << st.commit_s << " s)\n"
+          << " s (snapshot " << st.snapshot_s << " s, completion " << st.commit_s << " s)\n"
           << std::defaultfloat;
   };
   Watchdog watchdog(t.step_timeout, groups.world.rank());
