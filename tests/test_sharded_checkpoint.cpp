@@ -393,4 +393,15 @@ TEST(ShardedCheckpoint, AsyncSaverSnapshotsAndCommits) {
   load_sharded_params(run + "/checkpoints/step_000003", md.cfg, md.table, got.data());
   EXPECT_EQ(got, before);
   verify_sharded_checkpoint(run + "/checkpoints/step_000003");
+  // train.async_checkpoint = false: written from the live buffers before begin/finish return.
+  o.async = false;
+  ShardedSaver sync_saver(self, o);
+  ShardedCheckpointInfo info;
+  info.step = 4;
+  sync_saver.begin(md.cfg, md.table, plan, md.p.data(), md.m.data(), md.v.data(), info);
+  sync_saver.finish();
+  EXPECT_EQ(sync_saver.last_timings().snapshot_s, 0.0);
+  load_sharded_params(run + "/checkpoints/step_000004", md.cfg, md.table, got.data());
+  EXPECT_EQ(got, md.p);
+  verify_sharded_checkpoint(run + "/checkpoints/step_000004");
 }

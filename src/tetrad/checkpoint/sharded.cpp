@@ -10,6 +10,7 @@
 #include <cstring>
 #include <filesystem>
 #include <fstream>
+#include <memory>
 #include <random>
 #include <sstream>
 
@@ -459,29 +460,50 @@ ShardSnapshot snapshot_shards(const ShardPlan& plan, const float* params, const 
   return s;
 }
 
-std::vector<uint64_t> write_shard_file(const std::string& path, const ShardSnapshot& s, int rank,
-                                       int64_t step, uint64_t checkpoint_id) {
+std::vector<uint64_t> write_shard_file(const std::string& path,
+                                       const std::vector<std::pair<const char*, size_t>>& parts,
+                                       int rank, int64_t step, uint64_t checkpoint_id) {
+  size_t n = 0;
+  for (const auto& part : parts) n += part.second;
   char h[kShardHeaderBytes] = {};
   std::memcpy(h, kShardFileMagic, 8);
   put_u32(h + 8, kShardedVersion);
   put_u32(h + 12, uint32_t(rank));
   put_u64(h + 16, uint64_t(step));
   put_u64(h + 24, checkpoint_id);
-  put_u64(h + 32, uint64_t(s.data.size()));
+  put_u64(h + 32, uint64_t(n));
   AtomicFile f(path, /*direct=*/true);
   f.write(h, sizeof h);
   std::vector<uint64_t> hashes;
-  const int64_t n = int64_t(s.data.size());
-  // Hash each chunk just before writing it, while it is in cache.
-  constexpr int64_t kWrite = 8 * kShardChunkBytes;
-  for (int64_t w = 0; w < n; w += kWrite) {
-    const int64_t we = std::min(n, w + kWrite);
-    for (int64_t c = w; c < we; c += kShardChunkBytes)
-      hashes.push_back(hash64(s.data.data() + c, size_t(std::min(we, c + kShardChunkBytes) - c)));
-    f.write(s.data.data() + w, size_t(we - w));
-  }
+  // Chunks may span parts: hash incrementally, each piece just before writing it (in cache).
+  std::unique_ptr<Hasher64> chunk;
+  size_t in_chunk = 0;
+  constexpr size_t kWrite = 8 * size_t(kShardChunkBytes);
+  for (const auto& [ptr, size] : parts)
+    for (size_t w = 0; w < size; w += kWrite) {
+      const size_t len = std::min(size - w, kWrite);
+      for (size_t o = 0; o < len;) {
+        if (!chunk) chunk = std::make_unique<Hasher64>(0);
+        const size_t take = std::min(len - o, size_t(kShardChunkBytes) - in_chunk);
+        chunk->update(ptr + w + o, take);
+        in_chunk += take;
+        o += take;
+        if (in_chunk == size_t(kShardChunkBytes)) {
+          hashes.push_back(chunk->digest());
+          chunk.reset();
+          in_chunk = 0;
+        }
+      }
+      f.write(ptr + w, len);
+    }
+  if (chunk) hashes.push_back(chunk->digest());
   f.commit();
   return hashes;
+}
+
+std::vector<uint64_t> write_shard_file(const std::string& path, const ShardSnapshot& s, int rank,
+                                       int64_t step, uint64_t checkpoint_id) {
+  return write_shard_file(path, {{s.data.data(), s.data.size()}}, rank, step, checkpoint_id);
 }
 
 nlohmann::json build_sharded_meta(const ModelConfig& model, const ParamTable& table,
@@ -754,6 +776,45 @@ void ShardedSaver::begin(const ModelConfig& model, const ParamTable& table, cons
   if (msg[1]) fail(world_.rank() == 0 ? write_error_ : "rank 0 could not create " + tmp_dir_);
   id_ = msg[0];
   const double s0 = now_s();
+  const int rank = world_.rank();
+  if (!opts_.async) {
+    // Synchronous: training waits anyway, so the shards are written straight from the live
+    // buffers, without a snapshot copy.
+    int64_t bytes = 0;
+    std::vector<ShardPiece> pieces = shard_file_pieces(plan, &bytes);
+    if (!info.has_moments)
+      pieces.erase(std::remove_if(pieces.begin(), pieces.end(),
+                                  [](const ShardPiece& p) { return p.array != 0; }),
+                   pieces.end());
+    const float* src[kShardedArrays] = {params, adam_m, adam_v};
+    std::vector<std::pair<const char*, size_t>> parts;
+    bytes_ = 0;
+    for (const ShardPiece& p : pieces) {
+      parts.push_back({reinterpret_cast<const char*>(src[p.array] + p.local_offset), size_t(p.numel) * 4});
+      bytes_ += p.numel * 4;
+    }
+    snap_.pieces = pieces;  // only whether this rank writes is used from here on
+    snap_.data.clear();
+    snapshot_s_ = 0;
+    pending_ = true;
+    phase_ = Phase::Writing;
+    published_.store(false);
+    write_error_.clear();
+    hashes_.clear();
+    const double w0 = now_s();
+    try {
+      if (!parts.empty())
+        hashes_ = write_shard_file((fs::path(tmp_dir_) / shard_file_name(rank)).string(), parts,
+                                   rank, info_.step, id_);
+    } catch (const std::exception& e) {
+      write_error_ = e.what();
+    }
+    write_s_ = now_s() - w0;
+    written_.store(true);
+    blocked_ = now_s() - t0;
+    begin_s_ = blocked_;
+    return;
+  }
   // Reuse the snapshot buffer of the previous save (no page faults on a fresh allocation).
   {
     int64_t bytes = 0;
@@ -792,7 +853,6 @@ void ShardedSaver::begin(const ModelConfig& model, const ParamTable& table, cons
   write_error_.clear();
   hashes_.clear();
   bytes_ = int64_t(snap_.data.size());
-  const int rank = world_.rank();
   auto work = [this, rank] {
     const double w0 = now_s();
     try {
@@ -805,11 +865,7 @@ void ShardedSaver::begin(const ModelConfig& model, const ParamTable& table, cons
     write_s_ = now_s() - w0;
     written_.store(true);
   };
-  if (opts_.async) {
-    writer_ = std::thread(work);
-  } else {
-    work();
-  }
+  writer_ = std::thread(work);
   blocked_ = now_s() - t0;
   begin_s_ = blocked_;
 }

@@ -30,6 +30,7 @@
 #include <ostream>
 #include <string>
 #include <thread>
+#include <utility>
 #include <vector>
 
 #include "tetrad/comm/communicator.hpp"
@@ -99,6 +100,10 @@ ShardSnapshot snapshot_shards(const parallel::ShardPlan& plan, const float* para
 // data section. The header names `rank`, `step` and the checkpoint id.
 std::vector<uint64_t> write_shard_file(const std::string& path, const ShardSnapshot& s, int rank,
                                        int64_t step, uint64_t checkpoint_id);
+// The same from the data section's parts in order (e.g. straight from the live buffers).
+std::vector<uint64_t> write_shard_file(const std::string& path,
+                                       const std::vector<std::pair<const char*, size_t>>& parts,
+                                       int rank, int64_t step, uint64_t checkpoint_id);
 
 // The metadata of a checkpoint written by `grid`: every rank's pieces (ShardPlan::build per
 // coordinate), the given sizes and chunk hashes per rank (empty hashes: the rank writes no
