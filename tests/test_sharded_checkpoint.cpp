@@ -10,6 +10,8 @@
 #include <numeric>
 #include <random>
 #include <sstream>
+#include <chrono>
+#include <thread>
 
 #include "tetrad/checkpoint/atomic_file.hpp"
 #include "tetrad/checkpoint/hf.hpp"
@@ -388,7 +390,10 @@ TEST(ShardedCheckpoint, AsyncSaverSnapshotsAndCommits) {
     EXPECT_EQ(saver.last_timings().bytes, 3 * 4 * md.table.total + 0 * kShardHeaderBytes);
   }
   EXPECT_EQ(read_small_file(run + "/checkpoints/latest"), "step_000003\n");
-  EXPECT_FALSE(fs::exists(run + "/checkpoints/step_000001"));  // keep_last = 2
+  // keep_last = 2: rank 0's pruner thread deletes step 1 soon after step 3 is published.
+  for (int i = 0; i < 500 && fs::exists(run + "/checkpoints/step_000001"); ++i)
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  EXPECT_FALSE(fs::exists(run + "/checkpoints/step_000001"));
   std::vector<float> got(size_t(md.table.total));
   load_sharded_params(run + "/checkpoints/step_000003", md.cfg, md.table, got.data());
   EXPECT_EQ(got, before);

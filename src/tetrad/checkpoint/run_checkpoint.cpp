@@ -85,10 +85,15 @@ std::string checkpoint_folder_name(int64_t step) {
   return buf;
 }
 
-void publish_checkpoint(const std::string& run_dir, int64_t step, int keep_last) {
+void publish_checkpoint(const std::string& run_dir, int64_t step, int keep_last, bool prune) {
   const fs::path ckdir = fs::path(run_dir) / "checkpoints";
   const std::string name = checkpoint_folder_name(step);
   write_file_atomic((ckdir / "latest").string(), name + "\n");
+  if (prune) prune_checkpoints(run_dir, step, keep_last);
+}
+
+void prune_checkpoints(const std::string& run_dir, int64_t step, int keep_last) {
+  const fs::path ckdir = fs::path(run_dir) / "checkpoints";
   // Prune: later steps belong to an abandoned timeline; of the earlier ones keep keep_last - 1.
   int kept = 1;
   for (const auto& d : list_step_dirs(ckdir)) {

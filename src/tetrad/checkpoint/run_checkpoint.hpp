@@ -89,8 +89,11 @@ std::vector<FoundCheckpoint> resume_candidates(const std::string& run_dir, std::
                                                bool first_only = false);
 
 // After a complete folder run_dir/checkpoints/step_<step> is in place: replaces `latest` with
-// its name (atomically) and prunes (later steps; earlier ones beyond keep_last - 1).
-void publish_checkpoint(const std::string& run_dir, int64_t step, int keep_last);
+// its name (atomically) and, if `prune`, calls prune_checkpoints.
+void publish_checkpoint(const std::string& run_dir, int64_t step, int keep_last, bool prune = true);
+// Deletes the step folders of later steps (an abandoned timeline) and earlier ones beyond the
+// newest keep_last - 1 (keep_last = 0: keeps all), then fsyncs the checkpoints folder.
+void prune_checkpoints(const std::string& run_dir, int64_t step, int keep_last);
 
 // Loads a checkpoint folder: weights into `params` (checked against `cfg`, see load_hf_params)
 // and the trainer state (moments of table.total floats). Verifies the recorded file hashes.

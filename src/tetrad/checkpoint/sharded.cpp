@@ -7,6 +7,7 @@
 #include <algorithm>
 #include <cerrno>
 #include <chrono>
+#include <cstdio>
 #include <cstring>
 #include <filesystem>
 #include <fstream>
@@ -478,6 +479,7 @@ std::vector<uint64_t> write_shard_file(const std::string& path,
   // Chunks may span parts: hash incrementally, each piece just before writing it (in cache).
   std::unique_ptr<Hasher64> chunk;
   size_t in_chunk = 0;
+  int64_t written = kShardHeaderBytes;
   constexpr size_t kWrite = 8 * size_t(kShardChunkBytes);
   for (const auto& [ptr, size] : parts)
     for (size_t w = 0; w < size; w += kWrite) {
@@ -495,6 +497,9 @@ std::vector<uint64_t> write_shard_file(const std::string& path,
         }
       }
       f.write(ptr + w, len);
+      // Keep the disk busy while the next pieces are hashed and copied.
+      f.start_writeback(written, int64_t(len));
+      written += int64_t(len);
     }
   if (chunk) hashes.push_back(chunk->digest());
   f.commit();
@@ -746,6 +751,7 @@ ShardedSaver::ShardedSaver(const comm::Communicator& world, Options opts)
 
 ShardedSaver::~ShardedSaver() {
   if (writer_.joinable()) writer_.join();
+  if (pruner_.joinable()) pruner_.join();
 }
 
 void ShardedSaver::begin(const ModelConfig& model, const ParamTable& table, const ShardPlan& plan,
@@ -754,6 +760,7 @@ void ShardedSaver::begin(const ModelConfig& model, const ParamTable& table, cons
   finish();
   const double t0 = now_s();
   started_ = t0;
+  if (pruner_.joinable()) pruner_.join();  // it must not see this save's folder
   model_ = model;
   table_ = &table;
   info_ = info;
@@ -952,7 +959,7 @@ void ShardedSaver::gather(bool background) {
       const std::string final_dir =
           (fs::path(opts_.run_dir) / "checkpoints" / checkpoint_folder_name(info_.step)).string();
       replace_dir(tmp_dir_, final_dir);
-      publish_checkpoint(opts_.run_dir, info_.step, opts_.keep_last);
+      publish_checkpoint(opts_.run_dir, info_.step, opts_.keep_last, /*prune=*/false);
     } catch (const std::exception& e) {
       write_error_ = e.what();
       std::error_code ec;
@@ -985,6 +992,18 @@ bool ShardedSaver::settle(bool block) {
     fail("checkpoint of step ", info_.step, " not written: ",
          me == 0 ? write_error_ : std::string("rank 0 could not publish it (see its message)"));
   last_dir_ = final_dir;
+  if (me == 0) {
+    // Deleting old checkpoints (on a disk mounted with `discard`, a large unlink is slow) is not
+    // on anyone's critical path; joined before the next save publishes anything.
+    if (pruner_.joinable()) pruner_.join();
+    pruner_ = std::thread([run_dir = opts_.run_dir, step = info_.step, keep = opts_.keep_last] {
+      try {
+        prune_checkpoints(run_dir, step, keep);
+      } catch (const std::exception& e) {
+        std::fprintf(stderr, "tetrad: warning: pruning old checkpoints: %s\n", e.what());
+      }
+    });
+  }
   return true;
 }
 

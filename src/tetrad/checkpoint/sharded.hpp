@@ -208,6 +208,7 @@ class ShardedSaver {
   Options opts_;
   bool pending_ = false;
   std::thread writer_;
+  std::thread pruner_;  // rank 0: deletes checkpoints beyond keep_last after a publish
   std::atomic<bool> written_{false};
   std::string write_error_;
   std::vector<uint64_t> hashes_;
