@@ -4,7 +4,8 @@
 #       cache dropped for the file (iflag=nocache), 3 times each, median;
 #   tetrad bench-checkpoint: sync save (write + fsync + metadata + rename), async save (time
 #       training is blocked while simulated 50 ms steps go on), read back (cache dropped, every
-#       chunk checksum verified), 3 times each, median.
+#       chunk checksum verified), 3 times each, median. One rank uses all cores (as training
+#       does: the snapshot copy runs on the training threads, idle meanwhile).
 # Usage: bench/checkpoint.sh [MODEL (small)] [DIR (/work/tmp/tetrad-ckpt-bench)] [RANKS (1)]
 # With RANKS > 1 the checkpoint is written by a 1,1,1,RANKS... grid under mpirun (x = RANKS).
 set -euo pipefail
@@ -19,7 +20,7 @@ if [ "$ranks" -gt 1 ]; then
   out=$(mpirun --allow-run-as-root --oversubscribe -n "$ranks" -x OMP_NUM_THREADS=1 "$TETRAD" \
         bench-checkpoint --model-name "$model" --dir "$dir/run" --grid "$ranks,1,1,1" --repeats 3)
 else
-  out=$(OMP_NUM_THREADS=1 "$TETRAD" bench-checkpoint --model-name "$model" --dir "$dir/run" --repeats 3)
+  out=$(OMP_NUM_THREADS=$(nproc) "$TETRAD" bench-checkpoint --model-name "$model" --dir "$dir/run" --repeats 3)
 fi
 echo "$out" | grep -v '^json: '
 json=$(echo "$out" | sed -n 's/^json: //p')
