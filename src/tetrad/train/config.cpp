@@ -7,6 +7,7 @@
 #include <toml++/toml.h>
 
 #include "tetrad/core/error.hpp"
+#include "tetrad/kernels/precision.hpp"
 #include "tetrad/train/loss_mask.hpp"
 
 namespace tetrad {
@@ -152,6 +153,8 @@ const std::vector<Field>& schema() {
                   "error naming the operation and group (0: TETRAD_COMM_TIMEOUT, else 300)"),
       INT_FIELD("train.max_bad_steps", c.train.max_bad_steps,
                 "consecutive non-finite steps (skipped) before the run stops"),
+      STRING_FIELD("train.precision", c.train.precision,
+                   "GEMM precision: \"fp32\", \"bf16\" (bf16 operands, fp32 accumulation; fp32 master weights, gradients, optimizer, norms, softmax, loss) or \"auto\" (bf16 where the CPU has AMX-BF16 or AVX512-BF16, else fp32)"),
       STRING_FIELD("train.loss_mask", c.train.loss_mask,
                    "targets dropped from the loss: \"none\", \"goldfish\" (hashed, Hans et al. "
                    "2024), \"static\" (every k-th) or \"random\" (per position)"),
@@ -232,6 +235,7 @@ void RunConfig::validate() const {
   if (!(t.comm_timeout >= 0)) fail("train.comm_timeout must be >= 0 (0: default), got ", t.comm_timeout);
   if (run_dir.empty()) fail("run.dir must not be empty");
   LossMask{parse_loss_mask(t.loss_mask), t.goldfish_k, t.goldfish_h, t.seed}.validate();
+  if (t.precision != "auto") kernels::parse_precision(t.precision);  // throws naming the choices
 }
 
 RunConfig load_run_config(const std::string& path, const std::vector<std::string>& overrides) {
