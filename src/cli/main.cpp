@@ -68,7 +68,8 @@ void run_plan_command(const std::string& model, const std::vector<std::string>& 
   }
   if (rank != 0) return;  // planning is serial: only rank 0 answers when launched under mpirun
   if (published) {
-    std::cout << published_text(published_results());
+    std::cout << published_text(published_results()) << "\nSensitivity to the assumed numbers:\n"
+              << published_sensitivity_text();
     return;
   }
   if (machine.empty())

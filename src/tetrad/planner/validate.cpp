@@ -53,11 +53,13 @@ BenchComparison compare_with_bench(const std::string& path, const Machine& m) {
     MeasuredGrid r;
     r.config = j.at("config").get<std::string>();
     r.ranks = j.at("ranks").get<int>();
-    int v[4];
+    int v[5];
     const std::string g = j.at("grid").get<std::string>();
-    if (std::sscanf(g.c_str(), "%dx%dx%dx%d", &v[0], &v[1], &v[2], &v[3]) != 4)
-      fail("'", path, "' line ", lineno, ": grid '", g, "' is not XxYxZxD");
-    r.grid = Grid5{v[0], v[1], v[2], 1, v[3]};
+    // "XxYxZxD" from the trainer's 4D grid, "XxYxZxPxD" once it has the pipeline axis.
+    const int n = std::sscanf(g.c_str(), "%dx%dx%dx%dx%d", &v[0], &v[1], &v[2], &v[3], &v[4]);
+    if (n == 4) r.grid = Grid5{v[0], v[1], v[2], 1, v[3]};
+    else if (n == 5) r.grid = Grid5{v[0], v[1], v[2], v[3], v[4]};
+    else fail("'", path, "' line ", lineno, ": grid '", g, "' is not XxYxZxD or XxYxZxPxD");
     r.measured_s = j.at("median_step_s").get<double>();
     PlanInput in;
     in.model = planner_model(r.config);
@@ -111,7 +113,7 @@ std::string comparison_text(const BenchComparison& c, const std::string& title) 
   return o.str();
 }
 
-std::vector<PublishedResult> published_results() {
+std::vector<PublishedResult> published_results(double gemm_efficiency, int64_t batch_80b) {
   std::vector<PublishedResult> out;
   {
     // Narayanan et al., SC21, Table 1, last row: 1T on 3072 A100-80GB (Selene: DGX A100 nodes).
@@ -126,7 +128,8 @@ std::vector<PublishedResult> published_results() {
     in.zero = 0;
     in.overlap = Overlap::None;
     in.ranks = 3072;
-    const Machine m = load_machine("dgx-a100");
+    Machine m = load_machine("dgx-a100");
+    if (gemm_efficiency > 0) m.gemm_efficiency = gemm_efficiency;
     // Megatron's tensor parallelism (column- then row-parallel) is our Y axis with Gx = Gz = 1.
     const Grid5 g{1, 8, 1, 64, 6};
     PublishedResult r;
@@ -151,14 +154,17 @@ std::vector<PublishedResult> published_results() {
     in.model = planner_model("gpt-80b");
     in.seq = 2048;
     in.global_batch = 2048;
-    in.micro_batch = 2048;  // no pipeline, no gradient accumulation
+    in.micro_batch = 2048;  // one micro-batch per step (AxoNN has no pipeline)
     in.precision = Precision::BF16;
     in.recompute = Recompute::Full;
     in.zero = 0;
     in.overlap = Overlap::Tensor;
     in.ranks = 1024;
     in.allow_pipeline = false;  // AxoNN's 4D grid has no pipeline axis
-    const Machine m = load_machine("perlmutter");
+    Machine m = load_machine("perlmutter");
+    if (gemm_efficiency > 0) m.gemm_efficiency = gemm_efficiency;
+    // Larger batches accumulate micro-batches of 2048 sequences (2 per rank).
+    if (batch_80b > 0) in.global_batch = batch_80b, in.micro_batch = std::min<int64_t>(batch_80b, 2048);
     const auto p = plan(in, m);
     PublishedResult r;
     r.system = "AxoNN (Singh et al., 2023)";
@@ -167,7 +173,8 @@ std::vector<PublishedResult> published_results() {
     if (p.empty() || !p.front().valid) fail("published row ", r.system, ": no valid grid");
     r.estimate = p.front();
     r.configuration = "the planner's first choice " + r.estimate.grid.to_string() +
-                      " (x,y,z,p,d) among 4D grids (Gp = 1); batch 2048 x 2048 tokens; bf16, "
+                      " (x,y,z,p,d) among 4D grids (Gp = 1); batch " + std::to_string(in.global_batch) +
+                      " x 2048 tokens; bf16, "
                       "full recomputation, overlap of tensor-parallel collectives";
     r.metric = "PFLOP/s in total (hardware FLOPs, recomputation counted)";
     r.reported = 182;
@@ -198,6 +205,22 @@ std::string published_text(const std::vector<PublishedResult>& rows) {
       << 100 * e.mfu << "%; memory/rank " << e.memory.total() / 1e9 << " GB; assumptions: "
       << r.assumptions << "\n";
   }
+  return o.str();
+}
+
+std::string published_sensitivity_text() {
+  std::ostringstream o;
+  o << "| gemm_efficiency (all GPU files) | AxoNN batch (sequences) | Megatron 1T error | AxoNN 80B error | AxoNN grid |\n"
+    << "| --- | --- | --- | --- | --- |\n";
+  for (double eff : {0.6, 0.65, 0.7, 0.8})
+    for (int64_t b : {int64_t(1024), int64_t(2048), int64_t(8192)}) {
+      if (b != 2048 && eff != 0.7) continue;
+      const auto rows = published_results(eff, b);
+      o << "| " << std::setprecision(2) << eff << " | " << b << " | " << std::showpos << std::fixed << std::setprecision(1)
+        << 100 * rows[0].error() << "% | " << 100 * rows[1].error() << "%" << std::noshowpos
+        << " | " << rows[1].estimate.grid.to_string() << " |\n";
+      o.unsetf(std::ios::fixed);
+    }
   return o.str();
 }
 

@@ -44,7 +44,11 @@ struct PublishedResult {
 };
 // The two rows of performance-model.md, predicted with the shipped machine files (looked up by
 // load_machine, so run from the source tree or an installed machines/ folder).
-std::vector<PublishedResult> published_results();
+// `gemm_efficiency` > 0 replaces the machine files' value (the sensitivity table); `batch_80b`
+// > 0 replaces the assumed global batch of the AxoNN row.
+std::vector<PublishedResult> published_results(double gemm_efficiency = 0, int64_t batch_80b = 0);
 std::string published_text(const std::vector<PublishedResult>& rows);
+// How the errors move with the one assumed number of the GPU files and the AxoNN row's batch.
+std::string published_sensitivity_text();
 
 }  // namespace tetrad::planner
