@@ -238,17 +238,21 @@ int main(int argc, char** argv) {
   exp->add_option("-o,--out", export_out, "output folder")->required();
 
   // memorization
-  ExtractionOptions xopt;
-  std::vector<std::string> memo_docs;
-  std::string memo_json;
   auto* memo = app.add_subcommand(
       "memorization", "extraction of training text: greedy continuation of each document's prefix");
+  MemorizationCommand memo_cmd;
   memo->add_option("-m,--model", model_dir, "model folder or run folder")->required();
-  memo->add_option("--prefix", xopt.prefix_len, "prefix tokens given")->capture_default_str();
-  memo->add_option("--suffix", xopt.suffix_len, "tokens generated and compared")->capture_default_str();
-  memo->add_option("--batch", xopt.batch, "documents decoded together")->capture_default_str();
-  memo->add_option("--json", memo_json, "also write the report as JSON");
-  memo->add_option("docs", memo_docs, "document files (one document each)")->required();
+  memo->add_option("--prefix", memo_cmd.opt.prefix_len, "prefix tokens given")->capture_default_str();
+  memo->add_option("--suffix", memo_cmd.opt.suffix_len, "tokens generated and compared")->capture_default_str();
+  memo->add_option("--batch", memo_cmd.opt.batch, "documents decoded together (per rank)")->capture_default_str();
+  memo->add_option("--json", memo_cmd.json_out, "also write the report as JSON");
+  memo->add_option("--data", memo_cmd.data_dir,
+                   "also take --samples windows of prefix+suffix tokens from this prepared data");
+  memo->add_option("--split", memo_cmd.split, "split of --data")->capture_default_str();
+  memo->add_option("--samples", memo_cmd.samples, "windows taken from --data, evenly spaced");
+  memo->add_option("--grid", memo_cmd.grid,
+                   "process grid x,y,z,d under mpirun (default: all ranks on the data axis)");
+  memo->add_option("docs", memo_cmd.doc_files, "document files (one document each)");
 
   // logits (for checking against other implementations, e.g. scripts/hf_check.py)
   std::string tokens_csv, logits_out;
@@ -368,7 +372,8 @@ int main(int argc, char** argv) {
                        po.overlap, po.no_pipeline, po.top, po.show_rejected, po.json,
                        po.measure_out, po.threads, po.quick, po.compare, po.published, mpi != nullptr);
     } else if (*memo) {
-      run_memorization_command(resolve_model_dir(model_dir), memo_docs, xopt, memo_json, std::cout);
+      memo_cmd.model_dir = resolve_model_dir(model_dir);
+      run_memorization_command(memo_cmd, std::cout);
     } else if (*logits_cmd) {
       const std::string dir = resolve_model_dir(model_dir);
       const ModelConfig mc = read_hf_config(dir);

@@ -625,4 +625,35 @@ void ParallelTransformer::backward(const int32_t* inputs, int B, int T) {
   scatter_layer_grads(-1);
 }
 
+std::vector<int32_t> ParallelTransformer::greedy_next_tokens(const int32_t* inputs, int B,
+                                                             int T) {
+  forward(inputs, B, T);
+  const int64_t v0 = int64_t(g_.coord.y) * Vy_;  // first vocabulary id of this rank's slice
+  std::vector<double> mine(2 * size_t(B));        // (best logit, its global id) per sequence
+  for (int b = 0; b < B; ++b) {
+    const float* row = a_->logits + (int64_t(b) * T + T - 1) * Vy_;
+    const int64_t j = std::max_element(row, row + Vy_) - row;
+    mine[2 * b] = row[j];
+    mine[2 * b + 1] = double(v0 + j);
+  }
+  const int gy = g_.y.size();
+  std::vector<double> all(mine.size() * size_t(gy));
+  if (gy == 1) {
+    all = mine;
+  } else {
+    ScopedPhase comm_phase(prof_, Phase::Comm);
+    g_.y.allgather(mine.data(), all.data(), mine.size());
+  }
+  std::vector<int32_t> next(B);
+  for (int b = 0; b < B; ++b) {
+    double best = all[2 * b], id = all[2 * b + 1];
+    for (int r = 1; r < gy; ++r) {
+      const double v = all[(size_t(r) * B + b) * 2], i = all[(size_t(r) * B + b) * 2 + 1];
+      if (v > best || (v == best && i < id)) best = v, id = i;
+    }
+    next[b] = int32_t(id);
+  }
+  return next;
+}
+
 }  // namespace tetrad::parallel

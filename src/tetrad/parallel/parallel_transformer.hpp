@@ -65,6 +65,11 @@ class ParallelTransformer {
   double forward_backward(const int32_t* inputs, const int32_t* targets, int B, int T,
                           float grad_scale);
   double forward_loss(const int32_t* inputs, const int32_t* targets, int B, int T);
+  // Greedy decoding on the grid: forward over this rank's [B, T] tokens, then for each sequence
+  // the argmax over the whole vocabulary of its last position's logits (each Y slice's winner
+  // compared after an all-gather over Y; ties go to the lowest id, as in the serial decoder).
+  // There is no KV cache on the grid: each call recomputes the whole prefix. Collective.
+  std::vector<int32_t> greedy_next_tokens(const int32_t* inputs, int B, int T);
   // After the step's last micro-batch: data-parallel and replicated-tensor reductions.
   void reduce_gradients();
   // Σ g² over the whole model (each element counted once, on every rank).
