@@ -16,7 +16,7 @@ mkdir -p "$OUT"
 [ -x build/tetrad ] || bash scripts/build.sh
 export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 OMP_NUM_THREADS=1
 MPIRUN="mpirun --oversubscribe -x OMP_NUM_THREADS"
-echo "# planner validation on $(hostname), $(date -u '+%Y-%m-%d %H:%M UTC'); load: $(cut -d' ' -f1-3 /proc/loadavg); $(nproc) cores"
+echo "# planner validation on $(hostname), $(date -u '+%Y-%m-%d %H:%M UTC'); load: $(cut -d' ' -f1-3 /proc/loadavg); $(getconf _NPROCESSORS_ONLN) cores"
 for N in 2 4; do
   $MPIRUN -n $N ./build/tetrad plan --measure-machine "$OUT/local-$N.toml" --threads 1 > "$OUT/measure-$N.log"
   $MPIRUN -n $N ./build/tetrad bench --grids --configs small --threads 1 --steps 3 --warmup 1 \
@@ -27,7 +27,7 @@ echo
 ./build/tetrad plan --machine "$OUT/local-2.toml" --compare "$OUT/bench-2.jsonl"
 echo
 ./build/tetrad plan --machine "$OUT/local-4.toml" --compare "$OUT/bench-4.jsonl"
-echo "(4 ranks on $(nproc) cores are oversubscribed: their absolute errors mean little; use them for the ranking only)"
+echo "(4 ranks on $(getconf _NPROCESSORS_ONLN) cores are oversubscribed: their absolute errors mean little; use them for the ranking only)"
 echo
 echo "## Published results (public-spec machine files, no per-row factor)"
 ./build/tetrad plan --published
