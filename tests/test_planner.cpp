@@ -279,7 +279,7 @@ TEST(PlannerJson, OutputParses) {
 
 TEST(PlannerMachine, FileRoundTripAndShippedFiles) {
   Machine m = test_machine();
-  m.measured.push_back({2, 3e9, 1e-6});
+  m.measured.push_back({"reduce-scatter", 2, 3e9, 1e-6});
   const std::string path = std::string(TETRAD_BINARY_DIR) + "/planner_machine_test.toml";
   std::ofstream(path) << machine_to_toml(m);
   const Machine r = load_machine_file(path);
@@ -288,6 +288,11 @@ TEST(PlannerMachine, FileRoundTripAndShippedFiles) {
   EXPECT_NEAR(r.inter_bandwidth, m.inter_bandwidth, 1);
   ASSERT_EQ(r.measured.size(), 1u);
   EXPECT_NEAR(r.measured[0].bandwidth, 3e9, 1);
+  EXPECT_EQ(r.measured[0].op, "reduce-scatter");
+  // A measured row replaces the two-level figures for its collective only.
+  const Placement pl = place(Grid5{2, 1, 1, 1, 1}, AxisId::X, r);
+  EXPECT_NEAR(collective_seconds(Op::ReduceScatter, 6e9, pl), 1e-6 + 0.5 * 6e9 / 3e9, 1e-9);
+  EXPECT_NEAR(collective_seconds(Op::AllGather, 6e9, pl), 5e-6 + 0.5 * 6e9 / 200e9, 1e-9);
   std::filesystem::remove(path);
   for (const char* name : {"perlmutter", "frontier", "alps", "dgx-a100", "local"}) {
     const Machine s = load_machine(name);

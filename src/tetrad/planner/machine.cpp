@@ -95,6 +95,10 @@ Machine load_machine_file(const std::string& path) {
       const toml::table* row = e.as_table();
       if (!row) fail("machine file '", path, "': network.measured must be an array of tables");
       MeasuredLink l;
+      l.op = (*row)["op"].value_or(std::string("all-reduce"));
+      if (l.op != "all-reduce" && l.op != "all-gather" && l.op != "reduce-scatter")
+        fail("machine file '", path, "': network.measured op '", l.op,
+             "': expected all-reduce, all-gather or reduce-scatter");
       l.group_size = int(get_number(*row, "group_size", path, true));
       l.bandwidth = get_number(*row, "bandwidth_gb_per_s", path, true) * kG;
       l.latency = get_number(*row, "latency_us", path, true) * kUs;
@@ -158,7 +162,8 @@ std::string machine_to_toml(const Machine& m) {
     << "   # per node (all NICs), one direction\n"
     << "inter_latency_us = " << fmt(m.inter_latency / kUs) << "\n";
   for (const auto& l : m.measured)
-    o << "\n[[network.measured]]   # ring all-reduce among group_size ranks of one node\n"
+    o << "\n[[network.measured]]   # one collective among group_size ranks of one node\n"
+      << "op = " << toml::value<std::string>(l.op) << "\n"
       << "group_size = " << l.group_size << "\n"
       << "bandwidth_gb_per_s = " << fmt(l.bandwidth / kG) << "\n"
       << "latency_us = " << fmt(l.latency / kUs) << "\n";
@@ -171,18 +176,26 @@ double now_s() {
   return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count();
 }
 
-// Median seconds of one all-reduce of n floats on `c` (all groups running at once). The median,
-// not the best: the planner predicts typical steps, and on a shared machine the best repetition
-// is the one nobody else was running.
-double time_allreduce(const comm::Communicator& c, const comm::Communicator& world, size_t n,
-                      int reps) {
-  std::vector<float> buf(std::max<size_t>(n, 1), 1.0f);
-  c.allreduce_sum(buf.data(), n);  // warm-up: connections, buffers
+// Median seconds of one collective on `c` (all groups running at once): all-reduce of n floats,
+// all-gather into n floats, reduce-scatter of n floats. The median, not the best: the planner
+// predicts typical steps, and on a shared machine the best repetition is the one nobody else was
+// running.
+double time_collective(const std::string& op, const comm::Communicator& c,
+                       const comm::Communicator& world, size_t n, int reps) {
+  const size_t g = size_t(c.size());
+  n = std::max(n / g, size_t(1)) * g;
+  std::vector<float> buf(n, 1.0f), out(n, 0.0f);
+  auto run = [&] {
+    if (op == "all-reduce") c.allreduce_sum(buf.data(), n);
+    else if (op == "all-gather") c.allgather(buf.data(), out.data(), n / g);
+    else c.reduce_scatter_sum(buf.data(), out.data(), n / g);
+  };
+  run();  // warm-up: connections, buffers
   std::vector<double> t;
   for (int r = 0; r < reps; ++r) {
     world.barrier();
     const double t0 = now_s();
-    c.allreduce_sum(buf.data(), n);
+    run();
     double dt = now_s() - t0;
     world.allreduce_max(&dt, 1);  // the slowest group sets the pace
     t.push_back(dt);
@@ -240,21 +253,25 @@ Machine measure_machine(const std::string& name, int threads, bool quick) {
   for (int g = 2; g <= N; ++g) {
     if (N % g != 0) continue;
     comm::Communicator grp = world.split(world.rank() / g, world.rank() % g, "g" + std::to_string(g));
-    const double t_small = time_allreduce(grp, world, 1, quick ? 20 : 50);
-    const double t_big = time_allreduce(grp, world, big, quick ? 3 : 7);
-    MeasuredLink l;
-    l.group_size = g;
-    l.latency = t_small / (2.0 * (g - 1));
-    const double bw_time = std::max(t_big - t_small, 1e-9);
-    l.bandwidth = 2.0 * (g - 1) / g * double(big * sizeof(float)) / bw_time;
-    m.measured.push_back(l);
+    for (const std::string op : {"all-reduce", "all-gather", "reduce-scatter"}) {
+      const double steps = op == "all-reduce" ? 2.0 * (g - 1) : double(g - 1);
+      const double t_small = time_collective(op, grp, world, size_t(g), quick ? 20 : 50);
+      const double t_big = time_collective(op, grp, world, big, quick ? 3 : 7);
+      MeasuredLink l;
+      l.op = op;
+      l.group_size = g;
+      l.latency = t_small / steps;
+      const double bw_time = std::max(t_big - t_small, 1e-9);
+      l.bandwidth = steps / g * double(big * sizeof(float)) / bw_time;
+      m.measured.push_back(l);
+    }
   }
   if (!m.measured.empty()) {
-    // The largest group's figures stand for the node; there is no inter-node network on one
+    // The largest group's all-reduce stands for the node; there is no inter-node network on one
     // machine, so "across nodes" gets the same figures (a plan never needs them when every rank
     // is in one node).
-    m.intra_bandwidth = m.measured.back().bandwidth;
-    m.intra_latency = m.measured.back().latency;
+    m.intra_bandwidth = m.measured[m.measured.size() - 3].bandwidth;
+    m.intra_latency = m.measured[m.measured.size() - 3].latency;
   } else {
     m.intra_bandwidth = m.memory_bandwidth / 2;
     m.intra_latency = 1e-6;

@@ -16,9 +16,12 @@
 
 namespace tetrad::planner {
 
-// Latency and bandwidth of a ring all-reduce among `group_size` ranks of one node, measured:
-// t(n bytes) = 2 (g-1) latency + 2 (g-1)/g n / bandwidth.
+// Latency and bandwidth of one collective among `group_size` ranks of one node, measured and
+// expressed in the ring model (planner.hpp): all-reduce t(n) = 2(g-1) latency + 2(g-1)/g n / bw,
+// all-gather and reduce-scatter t(n) = (g-1) latency + (g-1)/g n / bw. MPI libraries use
+// different algorithms (and buffers) for each, so each gets its own row.
 struct MeasuredLink {
+  std::string op = "all-reduce";  // "all-reduce" | "all-gather" | "reduce-scatter"
   int group_size = 2;
   double bandwidth = 0;  // bytes/s (bus bandwidth)
   double latency = 0;    // seconds per ring step

@@ -168,14 +168,20 @@ Placement place(const Grid5& g, AxisId axis, const Machine& m) {
   if (pl.nodes == 1) {
     pl.bandwidth = m.intra_bandwidth;
     pl.latency = m.intra_latency;
-    // A measured table (this machine) replaces the two-level figures for the group sizes it has.
-    const MeasuredLink* best = nullptr;
-    for (const auto& l : m.measured)
-      if (!best || std::abs(l.group_size - pl.group_size) < std::abs(best->group_size - pl.group_size))
-        best = &l;
-    if (best) {
-      pl.bandwidth = best->bandwidth;
-      pl.latency = best->latency;
+    // A measured table (this machine) replaces the two-level figures: per collective, the row
+    // of the nearest group size.
+    const char* ops[3] = {"all-reduce", "all-gather", "reduce-scatter"};
+    for (int k = 0; k < 3; ++k) {
+      const MeasuredLink* best = nullptr;
+      for (const auto& l : m.measured)
+        if (l.op == ops[k] &&
+            (!best || std::abs(l.group_size - pl.group_size) < std::abs(best->group_size - pl.group_size)))
+          best = &l;
+      if (best) {
+        pl.op_bandwidth[k] = best->bandwidth;
+        pl.op_latency[k] = best->latency;
+        if (k == 0) pl.bandwidth = best->bandwidth, pl.latency = best->latency;
+      }
     }
   } else {
     // A ring over nodes with per_node consecutive members per node crosses each node's NICs once
@@ -194,10 +200,13 @@ double collective_seconds(Op op, double bytes, const Placement& pl) {
   if (op == Op::SendRecv) return pl.latency + bytes / pl.bandwidth;
   if (g <= 1) return 0;
   const double frac = double(g - 1) / g;
+  const int k = int(op);
+  const double bw = pl.op_bandwidth[k] > 0 ? pl.op_bandwidth[k] : pl.bandwidth;
+  const double lat = pl.op_bandwidth[k] > 0 ? pl.op_latency[k] : pl.latency;
   switch (op) {
-    case Op::AllReduce: return 2.0 * (g - 1) * pl.latency + 2.0 * frac * bytes / pl.bandwidth;
+    case Op::AllReduce: return 2.0 * (g - 1) * lat + 2.0 * frac * bytes / bw;
     case Op::AllGather:
-    case Op::ReduceScatter: return (g - 1) * pl.latency + frac * bytes / pl.bandwidth;
+    case Op::ReduceScatter: return (g - 1) * lat + frac * bytes / bw;
     case Op::SendRecv: break;
   }
   return 0;

@@ -89,6 +89,9 @@ struct Placement {
   int per_node = 1;        // group members per node (group_size / nodes)
   double bandwidth = 0;    // bytes/s each ring edge gets
   double latency = 0;      // seconds per ring step
+  // Measured per collective (machine file's [[network.measured]], groups inside one node):
+  // index = Op (all-reduce, all-gather, reduce-scatter); 0 = use bandwidth/latency above.
+  double op_bandwidth[3] = {0, 0, 0}, op_latency[3] = {0, 0, 0};
 };
 enum class AxisId { X, Y, Z, P, D, ZD };
 const char* axis_label(AxisId a);  // "x" ... "zd"
