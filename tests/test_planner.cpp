@@ -280,11 +280,14 @@ TEST(PlannerJson, OutputParses) {
 TEST(PlannerMachine, FileRoundTripAndShippedFiles) {
   Machine m = test_machine();
   m.measured.push_back({"reduce-scatter", 2, 3e9, 1e-6});
+  m.attention_efficiency = 0.35;
   const std::string path = std::string(TETRAD_BINARY_DIR) + "/planner_machine_test.toml";
   std::ofstream(path) << machine_to_toml(m);
   const Machine r = load_machine_file(path);
   EXPECT_EQ(r.ranks_per_node, m.ranks_per_node);
   EXPECT_NEAR(r.peak_bf16, m.peak_bf16, 1e3);
+  EXPECT_DOUBLE_EQ(r.attention_eff(), 0.35);
+  EXPECT_DOUBLE_EQ(test_machine().attention_eff(), 0.7);  // absent: the GEMM efficiency
   EXPECT_NEAR(r.inter_bandwidth, m.inter_bandwidth, 1);
   ASSERT_EQ(r.measured.size(), 1u);
   EXPECT_NEAR(r.measured[0].bandwidth, 3e9, 1);

@@ -15,6 +15,7 @@
 #include "tetrad/comm/communicator.hpp"
 #include "tetrad/core/cpu.hpp"
 #include "tetrad/core/error.hpp"
+#include "tetrad/kernels/attention.hpp"
 #include "tetrad/tools/ceilings.hpp"
 
 namespace fs = std::filesystem;
@@ -52,6 +53,9 @@ void Machine::validate() const {
   if (ranks_per_node < 1) fail("machine '", name, "': ranks_per_node must be >= 1");
   positive("compute.peak_fp32_tflops", peak_fp32);
   if (peak_bf16 < 0) fail("machine '", name, "': compute.peak_bf16_tflops must be >= 0");
+  if (!(attention_efficiency >= 0 && attention_efficiency <= 1))
+    fail("machine '", name, "': compute.attention_efficiency must be in [0, 1] (got ",
+         attention_efficiency, "; 0 = same as gemm_efficiency)");
   if (!(gemm_efficiency > 0 && gemm_efficiency <= 1))
     fail("machine '", name, "': compute.gemm_efficiency must be in (0, 1] (got ", gemm_efficiency,
          ")");
@@ -84,6 +88,7 @@ Machine load_machine_file(const std::string& path) {
   m.peak_fp32 = get_number(t, "compute.peak_fp32_tflops", path, true) * kT;
   m.peak_bf16 = get_number(t, "compute.peak_bf16_tflops", path, false) * kT;
   m.gemm_efficiency = get_number(t, "compute.gemm_efficiency", path, true);
+  m.attention_efficiency = get_number(t, "compute.attention_efficiency", path, false, 0);
   m.memory_bytes = get_number(t, "memory.per_rank_gb", path, true) * kG;
   m.memory_bandwidth = get_number(t, "memory.bandwidth_gb_per_s", path, true) * kG;
   m.intra_bandwidth = get_number(t, "network.intra_bandwidth_gb_per_s", path, true) * kG;
@@ -150,7 +155,11 @@ std::string machine_to_toml(const Machine& m) {
     << "peak_fp32_tflops = " << fmt(m.peak_fp32 / kT) << "   # FLOP/s per rank\n"
     << "peak_bf16_tflops = " << fmt(m.peak_bf16 / kT) << "   # 0: no bf16 rate\n"
     << "gemm_efficiency = " << fmt(m.gemm_efficiency)
-    << "   # fraction of peak that large training GEMMs reach\n\n"
+    << "   # fraction of peak that large training GEMMs reach\n";
+  if (m.attention_efficiency > 0)
+    o << "attention_efficiency = " << fmt(m.attention_efficiency)
+      << "   # the same for the attention kernel (causal FLOPs executed)\n";
+  o << "\n"
     << "[memory]\n"
     << "per_rank_gb = " << fmt(m.memory_bytes / kG) << "\n"
     << "bandwidth_gb_per_s = " << fmt(m.memory_bandwidth / kG) << "   # per rank\n\n"
@@ -204,6 +213,35 @@ double time_collective(const std::string& op, const comm::Communicator& c,
   return t[t.size() / 2];
 }
 
+// The attention kernel's forward + backward on a `small`-like shape (2 x 512 tokens, 8 heads of
+// 64), in executed causal FLOPs per second: the planner counts fwd + bwd as 3 forwards.
+double attention_gflops(int threads, int reps) {
+  const int B = 2, T = 512, H = 8, hd = 64, C = H * hd;
+  const size_t n = size_t(B) * T * C;
+  std::vector<float> q(n), k(n), v(n), out(n), dout(n), dq(n), dk(n), dv(n), lse(size_t(B) * H * T);
+  uint32_t s = 12345;
+  for (auto* buf : {&q, &k, &v, &dout})
+    for (auto& x : *buf) {
+      s = s * 1664525u + 1013904223u;
+      x = float(s >> 8) / float(1u << 23) - 1.0f;
+    }
+  kernels::AttentionDims d{B, T, T, H, H, hd, C, C, C, int64_t(T) * C, int64_t(T) * C, int64_t(T) * C};
+  const int prev = omp_get_max_threads();
+  omp_set_num_threads(threads);
+  std::vector<double> rates;
+  for (int r = 0; r <= reps; ++r) {
+    const double t0 = now_s();
+    kernels::attention_forward(out.data(), lse.data(), q.data(), k.data(), v.data(), d);
+    kernels::attention_backward(dq.data(), dk.data(), dv.data(), dout.data(), q.data(), k.data(),
+                                v.data(), out.data(), lse.data(), d);
+    const double dt = now_s() - t0;
+    if (r > 0) rates.push_back(3 * kernels::attention_forward_flops(d) / dt / 1e9);  // r = 0: warm-up
+  }
+  omp_set_num_threads(prev);
+  std::sort(rates.begin(), rates.end());
+  return rates[rates.size() / 2];
+}
+
 }  // namespace
 
 Machine measure_machine(const std::string& name, int threads, bool quick) {
@@ -224,9 +262,11 @@ Machine measure_machine(const std::string& name, int threads, bool quick) {
   Measurement bf16 = measure_bf16_matmul(GemmShape{"square", sq, sq, sq}, threads, quick ? 2 : 3);
   world.barrier();
   Measurement mem = measure_memory_bandwidth(size_t(64) << 20, threads, quick ? 3 : 5);
+  world.barrier();
+  const double attn = attention_gflops(threads, quick ? 2 : 4);
   // Medians: what a rank typically gets (on a shared machine the best repetition is the rare
   // quiet moment).
-  double v[4] = {fma.median, gemm.median, bf16.ok() ? bf16.median : 0.0, mem.median};
+  double v[5] = {fma.median, gemm.median, bf16.ok() ? bf16.median : 0.0, mem.median, attn};
   // The slowest rank sets every rank's pace: take the minimum over ranks.
   for (double& x : v) {
     x = -x;
@@ -242,6 +282,7 @@ Machine measure_machine(const std::string& name, int threads, bool quick) {
   // than predicted from a rate this machine does not have.
   m.peak_bf16 = v[2] > 0 ? v[2] * 1e9 / m.gemm_efficiency : 0;
   m.memory_bandwidth = v[3] * 1e9;
+  m.attention_efficiency = std::min(1.0, v[4] / v[0]);
   const long pages = sysconf(_SC_PHYS_PAGES), page = sysconf(_SC_PAGE_SIZE);
   m.memory_bytes = double(pages) * double(page) / N;
 

@@ -34,6 +34,7 @@ struct Machine {
   double peak_fp32 = 0;       // FLOP/s per rank
   double peak_bf16 = 0;       // FLOP/s per rank; 0: no bf16 rate (bf16 plans are rejected)
   double gemm_efficiency = 1; // fraction of peak that large training GEMMs reach
+  double attention_efficiency = 0;  // the same for the attention kernel; 0: gemm_efficiency
   double memory_bytes = 0;    // per rank
   double memory_bandwidth = 0;  // bytes/s per rank (elementwise work, optimizer)
   double intra_bandwidth = 0;   // bytes/s per rank, one direction, inside a node
@@ -44,6 +45,7 @@ struct Machine {
   std::string source;               // file it was read from ("" if built in code)
 
   double peak(bool bf16) const { return bf16 ? peak_bf16 : peak_fp32; }
+  double attention_eff() const { return attention_efficiency > 0 ? attention_efficiency : gemm_efficiency; }
   void validate() const;  // throws Error naming the field and what was expected
 };
 

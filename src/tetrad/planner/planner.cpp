@@ -435,9 +435,11 @@ Estimate estimate(const PlanInput& in, const Grid5& g, const Machine& mach) {
   // Elementwise work is memory-bound: each stored activation is written and read in forward and
   // backward, and its gradient written and read (4 passes); recomputation adds a forward (2).
   const double elem_passes = 4 + (any_rc ? 2 : 0);
-  const double t_layer_fwd = (gemm_fwd + attn_fwd) / rate + 2 * layer_elems * act_b / mach.memory_bandwidth;
+  const double rate_attn = mach.peak(bf16) * mach.attention_eff();
+  const double t_layer_fwd = gemm_fwd / rate + attn_fwd / rate_attn + 2 * layer_elems * act_b / mach.memory_bandwidth;
   const double t_layer_dw = gemm_fwd / rate;                                       // dW GEMMs
-  const double t_layer_bwd = (2 * gemm_fwd + 2 * attn_fwd + (full ? gemm_fwd : 0) + (any_rc ? attn_fwd : 0)) / rate +
+  const double t_layer_bwd = (2 * gemm_fwd + (full ? gemm_fwd : 0)) / rate +
+                             (2 * attn_fwd + (any_rc ? attn_fwd : 0)) / rate_attn +
                              (elem_passes - 2) * layer_elems * act_b / mach.memory_bandwidth;
   const double head_flops = 2 * T * s.head() / xy;
   const double logits_b = T * s.V / g.y * act_b;
