@@ -223,6 +223,8 @@ int main(int argc, char** argv) {
   bench->add_option("--steps", bopt.steps, "timed steps")->capture_default_str();
   bench->add_option("--warmup", bopt.warmup, "untimed steps first")->capture_default_str();
   bench->add_option("--threads", bopt.threads, "0 = all cores")->capture_default_str();
+  bench->add_option("--precision", bopt.precision, "fp32 | bf16 (bf16 GEMM operands, fp32 accumulation)")
+      ->capture_default_str();
   bench->add_option("--json", bopt.json_path, "also write one JSON object per config here");
   bool bench_grids = false;
   bench->add_flag("--grids", bench_grids,

@@ -7,6 +7,7 @@
 #include <toml++/toml.h>
 
 #include "tetrad/core/error.hpp"
+#include "tetrad/kernels/precision.hpp"
 #include "tetrad/train/loss_mask.hpp"
 
 namespace tetrad {
@@ -146,6 +147,8 @@ const std::vector<Field>& schema() {
       INT_FIELD("train.keep_checkpoints", c.train.keep_checkpoints, "checkpoints kept"),
       INT_FIELD("train.max_bad_steps", c.train.max_bad_steps,
                 "consecutive non-finite steps (skipped) before the run stops"),
+      STRING_FIELD("train.precision", c.train.precision,
+                   "GEMM precision: \"fp32\", \"bf16\" (bf16 operands, fp32 accumulation; fp32 master weights, gradients, optimizer, norms, softmax, loss) or \"auto\" (bf16 where the CPU has AMX-BF16 or AVX512-BF16, else fp32)"),
       STRING_FIELD("train.loss_mask", c.train.loss_mask,
                    "targets dropped from the loss: \"none\", \"goldfish\" (hashed, Hans et al. "
                    "2024), \"static\" (every k-th) or \"random\" (per position)"),
@@ -224,6 +227,7 @@ void RunConfig::validate() const {
   if (t.threads < 0) fail("train.threads must be >= 0, got ", t.threads);
   if (run_dir.empty()) fail("run.dir must not be empty");
   LossMask{parse_loss_mask(t.loss_mask), t.goldfish_k, t.goldfish_h, t.seed}.validate();
+  if (t.precision != "auto") kernels::parse_precision(t.precision);  // throws naming the choices
 }
 
 RunConfig load_run_config(const std::string& path, const std::vector<std::string>& overrides) {

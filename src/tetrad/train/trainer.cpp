@@ -21,6 +21,7 @@
 #include "tetrad/core/hash.hpp"
 #include "tetrad/data/loader.hpp"
 #include "tetrad/kernels/ops.hpp"
+#include "tetrad/kernels/precision.hpp"
 #include "tetrad/model/transformer.hpp"
 #include "tetrad/parallel/grid.hpp"
 #include "tetrad/planner/auto_grid.hpp"
@@ -324,6 +325,23 @@ TrainResult train(const RunConfig& cfg, const TrainOptions& opt, std::ostream& l
     out << "loss mask: " << t.loss_mask << " (k = " << t.goldfish_k
         << (loss_mask.mode == LossMaskMode::Goldfish ? ", h = " + std::to_string(t.goldfish_h) : std::string())
         << "): about 1 in " << t.goldfish_k << " targets dropped from the loss\n";
+  // GEMM precision for this run (process-wide; restored when train() returns).
+  struct PrecisionScope {
+    kernels::Precision saved = kernels::gemm_precision();
+    ~PrecisionScope() { kernels::set_gemm_precision(saved); }
+  } precision_scope;
+  const kernels::Precision precision =
+      t.precision == "auto" ? (kernels::native_bf16_matmul() ? kernels::Precision::BF16
+                                                             : kernels::Precision::FP32)
+                            : kernels::parse_precision(t.precision);
+  kernels::set_gemm_precision(precision);
+  if (!opt.quiet) {
+    if (precision == kernels::Precision::BF16)
+      out << "precision: bf16 GEMMs, fp32 master weights and optimizer; "
+          << kernels::bf16_matmul_path() << "\n";
+    else if (t.precision == "auto")
+      out << "precision: fp32 (auto: bf16 would be " << kernels::bf16_matmul_path() << ")\n";
+  }
   StopSignals signals;
   const auto run_start = std::chrono::steady_clock::now();
   int bad_steps = 0;
