@@ -16,7 +16,8 @@ struct AutoGrid {
 };
 
 // The planner input of a run config: global batch = micro_batch x grad_accum, the whole job's
-// micro-batch, seq_len, fp32, no recomputation, ZeRO 0 and no overlap (what the trainer does).
+// micro-batch, seq_len, train.precision ("auto" resolved as the trainer does), no
+// recomputation, ZeRO 0 and no overlap (what the trainer does today).
 PlanInput plan_input_of(const RunConfig& cfg, int ranks);
 
 // Throws Error when no trainable grid is valid (naming the first rejections).
