@@ -17,6 +17,7 @@
 #include "tetrad/data/prepare.hpp"
 #include "tetrad/data/tokenizer.hpp"
 #include "tetrad/model/sampling.hpp"
+#include "tetrad/planner/auto_grid.hpp"
 #include "tetrad/planner/machine.hpp"
 #include "tetrad/planner/planner.hpp"
 #include "tetrad/planner/validate.hpp"
@@ -107,7 +108,8 @@ void run_plan_command(const std::string& model, const std::vector<std::string>& 
   if (micro_batch == 0 && micro_batch_per_replica == 0) in.micro_batch = cfg.train.micro_batch;
   in.global_batch = global_batch > 0 ? global_batch
                                      : (in.micro_batch > 0 ? in.micro_batch : 1) * cfg.train.grad_accum;
-  in.precision = parse_precision(precision);
+  if (!precision.empty()) in.precision = parse_precision(precision);
+  else if (model.ends_with(".toml")) in.precision = plan_input_of(cfg, 1).precision;  // as the trainer resolves it
   in.recompute = parse_recompute(recompute);
   in.zero = zero;
   in.overlap = parse_overlap(overlap);
@@ -266,7 +268,7 @@ int main(int argc, char** argv) {
 
   // plan
   struct {
-    std::string model = "small", machine, json, measure_out, compare, precision = "fp32",
+    std::string model = "small", machine, json, measure_out, compare, precision,
                 recompute = "none", overlap = "none";
     std::vector<std::string> sets;
     int64_t global_batch = 0, micro_batch = 0, micro_batch_per_replica = 0;
@@ -290,7 +292,8 @@ int main(int argc, char** argv) {
   plan_cmd->add_option("--micro-batch-per-replica", po.micro_batch_per_replica,
                        "sequences per micro-batch per (z, d) replica instead (Megatron's meaning)");
   plan_cmd->add_option("--seq", po.seq, "tokens per sequence (default: the config's seq_len)");
-  plan_cmd->add_option("--precision", po.precision, "fp32 | bf16")->capture_default_str();
+  plan_cmd->add_option("--precision", po.precision,
+                       "fp32 | bf16 (default: a config file's train.precision, else fp32)");
   plan_cmd->add_option("--recompute", po.recompute, "none | selective | full")->capture_default_str();
   plan_cmd->add_option("--zero", po.zero, "ZeRO stage over the data axis: 0 | 1 | 2")->capture_default_str();
   plan_cmd->add_option("--overlap", po.overlap,
