@@ -114,7 +114,11 @@ const std::vector<Field>& schema() {
                    "Hugging Face model folder to start from (fine-tuning); empty: random init"),
       STRING_FIELD("parallel.grid", c.grid,
                    "process grid \"x,y,z,d\": tensor parallelism over X, Y, Z (Z shards weights) "
-                   "times data parallelism over D; the product must equal the number of ranks"),
+                   "times data parallelism over D; the product must equal the number of ranks. "
+                   "\"auto\": the planner's first choice for this run (docs/planner.md)"),
+      STRING_FIELD("parallel.machine", c.machine,
+                   "machine description the planner uses for grid = \"auto\": a TOML file or "
+                   "a shipped name (machines/*.toml: local, perlmutter, frontier, alps, dgx-a100)"),
       INT_FIELD("train.seed", c.train.seed, "seed of weight init and data order"),
       INT_FIELD("train.micro_batch", c.train.micro_batch,
                 "sequences per micro-batch of the whole job (split over the Z x D ranks)"),

@@ -49,7 +49,8 @@ struct RunConfig {
   std::string data_dir = "data/kjv";  // output of `tetrad prepare`
   std::string init_from;             // Hugging Face folder to fine-tune from (optional)
   std::string run_dir = "runs/default";
-  std::string grid = "1,1,1,1";      // x,y,z,d process grid (docs/parallel.md)
+  std::string grid = "1,1,1,1";      // x,y,z,d process grid (docs/parallel.md), or "auto"
+  std::string machine = "local";     // machine file or shipped name for grid = "auto"
   TrainConfig train;
 
   void validate() const;  // throws Error naming the key
