@@ -13,6 +13,7 @@ for m in tiny llama-tiny; do
   ./build/tetrad train --set model.name=$m --set model.vocab_size=8192 --set run.dir=runs/hf_$m \
     --set train.max_steps=5 --set train.eval_interval=0 > /dev/null
   ./build/tetrad logits --model runs/hf_$m --tokens "$TOKENS" --out /tmp/tetrad_logits_$m.bin
-  "$PY" scripts/hf_check.py "runs/hf_$m/checkpoints/$(cat runs/hf_$m/checkpoints/latest)" \
+  ./build/tetrad export --model runs/hf_$m --out runs/hf_$m/hf
+  "$PY" scripts/hf_check.py runs/hf_$m/hf \
     /tmp/tetrad_hf_tokens.json /tmp/tetrad_logits_$m.bin
 done

@@ -94,7 +94,8 @@ TEST_F(TrainTest, LossFallsAndRunFolderIsComplete) {
   ASSERT_EQ(r.val_losses.size(), 2u);
   EXPECT_LT(r.val_losses.back(), r.losses.front());
   EXPECT_TRUE(fs::exists(c.run_dir + "/config.toml"));
-  EXPECT_TRUE(fs::exists(r.last_checkpoint + "/model.safetensors"));
+  EXPECT_TRUE(fs::exists(r.last_checkpoint + "/meta.json"));  // a sharded checkpoint
+  EXPECT_TRUE(fs::exists(r.last_checkpoint + "/shard_00000.bin"));
   EXPECT_TRUE(fs::exists(r.last_checkpoint + "/tokenizer.model"));
   // metrics.jsonl: one line per step and per validation.
   std::ifstream m(c.run_dir + "/metrics.jsonl");

@@ -62,6 +62,15 @@ if paste <(field step_time_s) <(field t_compute_s) <(field t_comm_exposed_s) <(f
   echo "ok   grid 1,1,2,1 with overlap: breakdown adds up to the step time, trace and report written"
 else
   echo "FAIL breakdown/trace/report on a grid"; cat "$W/traced/metrics.jsonl"; fails=$((fails+1))
+# --grid auto: the planner's first choice (machine file: the shipped `local`), said why, and
+# trained like every other grid.
+"${MPIRUN[@]}" -n 2 "$TETRAD" train "${S[@]}" --set run.dir="$W/auto" --grid auto > "$W/log" 2>&1 || { cat "$W/log"; fails=$((fails+1)); }
+if grep -q "^grid auto: .*first choice" "$W/log" && grep -q "predicted .* s/step" "$W/log" &&
+   paste <(losses "$W/serial") <(losses "$W/auto") |
+   awk '{ n++; d = ($1 - $2) / $1; if (d < 0) d = -d; if (d > 1e-5) bad = 1 } END { exit (bad || n != 5) }'; then
+  echo "ok   grid auto: $(grep -m1 '^grid auto' "$W/log" | cut -c1-60)...; losses match the serial run"
+else
+  echo "FAIL grid auto"; cat "$W/log"; fails=$((fails+1))
 fi
 
 out=$("${MPIRUN[@]}" -n 2 "$TETRAD" train "${S[@]}" --set run.dir="$W/bad" --grid 2,2,1,1 2>&1)

@@ -71,6 +71,17 @@ void AtomicFile::write(const void* data, size_t size) {
   write_all(fd_, data, size, tmp_path_);
 }
 
+void AtomicFile::start_writeback(int64_t offset, int64_t size) {
+  TETRAD_CHECK(fd_ >= 0, "start_writeback after commit");
+#ifdef SYNC_FILE_RANGE_WRITE
+  // Only a hint: the final fsync in commit() is what makes the data durable.
+  ::sync_file_range(fd_, offset, size, SYNC_FILE_RANGE_WRITE);
+#else
+  (void)offset;
+  (void)size;
+#endif
+}
+
 void AtomicFile::commit() {
   TETRAD_CHECK(fd_ >= 0, "commit twice");
   fsync_fd(fd_, tmp_path_);

@@ -9,6 +9,7 @@
 // Every failure throws tetrad::Error naming the path and the system error.
 #pragma once
 #include <cstddef>
+#include <cstdint>
 #include <string>
 #include <string_view>
 
@@ -27,6 +28,9 @@ class AtomicFile {
   AtomicFile& operator=(const AtomicFile&) = delete;
 
   void write(const void* data, size_t size);  // all of it, or throws
+  // Asks the kernel to start writing [offset, offset + size) to disk now (sync_file_range), so a
+  // large file's final fsync does not have to wait for all of it; no durability promise.
+  void start_writeback(int64_t offset, int64_t size);
   // fsync, close, rename over the destination, fsync the directory.
   void commit();
   const std::string& path() const { return path_; }

@@ -1,4 +1,5 @@
 #include "tetrad/checkpoint/hf.hpp"
+#include "tetrad/checkpoint/sharded.hpp"
 
 #include <stdlib.h>
 #include <sys/stat.h>
@@ -477,12 +478,23 @@ void load_hf_impl(const std::string& dir, const ModelConfig& expected, const Par
 void load_hf_params(const std::string& dir, const ModelConfig& expected, const ParamTable& table,
                     float* params) {
   TETRAD_CHECK(params != nullptr || table.total == 0, "load_hf_params: null params");
+  // A sharded training checkpoint is read as the one-rank grid: the whole tensors.
+  if (is_sharded_checkpoint(dir)) {
+    load_sharded_params(dir, expected, table, params);
+    return;
+  }
   load_hf_impl(dir, expected, table, params, nullptr);
 }
 
 void load_hf_params_streamed(const std::string& dir, const ModelConfig& expected,
                              const ParamTable& table, const TensorSink& params) {
   TETRAD_CHECK(bool(params), "load_hf_params_streamed: no params sink");
+  if (is_sharded_checkpoint(dir)) {
+    std::vector<float> all(size_t(table.total));
+    load_sharded_params(dir, expected, table, all.data());
+    for (size_t i = 0; i < table.specs.size(); ++i) params(i, all.data() + table.specs[i].offset);
+    return;
+  }
   load_hf_impl(dir, expected, table, nullptr, &params);
 }
 

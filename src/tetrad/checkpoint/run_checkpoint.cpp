@@ -13,6 +13,7 @@
 #include "tetrad/checkpoint/atomic_file.hpp"
 #include "tetrad/checkpoint/hf.hpp"
 #include "tetrad/checkpoint/safetensors.hpp"
+#include "tetrad/checkpoint/sharded.hpp"
 #include "tetrad/core/error.hpp"
 #include "tetrad/core/hash.hpp"
 
@@ -84,6 +85,28 @@ std::string checkpoint_folder_name(int64_t step) {
   return buf;
 }
 
+void publish_checkpoint(const std::string& run_dir, int64_t step, int keep_last, bool prune) {
+  const fs::path ckdir = fs::path(run_dir) / "checkpoints";
+  const std::string name = checkpoint_folder_name(step);
+  write_file_atomic((ckdir / "latest").string(), name + "\n");
+  if (prune) prune_checkpoints(run_dir, step, keep_last);
+}
+
+void prune_checkpoints(const std::string& run_dir, int64_t step, int keep_last) {
+  const fs::path ckdir = fs::path(run_dir) / "checkpoints";
+  // Prune: later steps belong to an abandoned timeline; of the earlier ones keep keep_last - 1.
+  int kept = 1;
+  for (const auto& d : list_step_dirs(ckdir)) {
+    if (d.step == step) continue;
+    if (d.step > step || (keep_last > 0 && kept >= keep_last)) {
+      remove_tree(ckdir / d.name);
+    } else {
+      ++kept;
+    }
+  }
+  fsync_dir(ckdir.string());
+}
+
 namespace {
 
 // The save behind both forms. write_model(tmp) writes model.safetensors and config.json into the
@@ -125,19 +148,7 @@ std::string save_run_checkpoint_impl(
     fs::remove_all(tmp, ec);
     throw;
   }
-  write_file_atomic((ckdir / "latest").string(), name + "\n");
-
-  // Prune: later steps belong to an abandoned timeline; of the earlier ones keep keep_last - 1.
-  int kept = 1;
-  for (const auto& d : list_step_dirs(ckdir)) {
-    if (d.step == step) continue;
-    if (d.step > step || (opts.keep_last > 0 && kept >= opts.keep_last)) {
-      remove_tree(ckdir / d.name);
-    } else {
-      ++kept;
-    }
-  }
-  fsync_dir(ckdir.string());
+  publish_checkpoint(run_dir, step, opts.keep_last);
   return final_dir.string();
 }
 
@@ -185,6 +196,11 @@ std::string save_run_checkpoint_streamed(const std::string& run_dir, const Model
 std::optional<std::string> checkpoint_problem(const std::string& dir) {
   std::error_code ec;
   if (!fs::is_directory(dir, ec)) return "the folder does not exist";
+  // A sharded checkpoint (meta.json), or a folder of one whose meta.json is gone.
+  if (is_sharded_checkpoint(dir)) return sharded_checkpoint_problem(dir);
+  for (const auto& e : fs::directory_iterator(dir, ec))
+    if (e.path().filename().string().starts_with("shard_"))
+      return std::string(kShardedMetaFile) + " is missing (shard files without their metadata)";
   for (const char* f : kRequired)
     if (!fs::exists(fs::path(dir) / f, ec)) return std::string(f) + " is missing";
   try {
@@ -208,9 +224,17 @@ std::optional<std::string> checkpoint_problem(const std::string& dir) {
 }
 
 std::optional<FoundCheckpoint> find_latest_checkpoint(const std::string& run_dir, std::ostream& log) {
+  std::vector<FoundCheckpoint> all = resume_candidates(run_dir, log, /*first_only=*/true);
+  if (all.empty()) return std::nullopt;
+  return all.front();
+}
+
+std::vector<FoundCheckpoint> resume_candidates(const std::string& run_dir, std::ostream& log,
+                                               bool first_only) {
+  std::vector<FoundCheckpoint> found;
   const fs::path ckdir = fs::path(run_dir) / "checkpoints";
   std::error_code ec;
-  if (!fs::is_directory(ckdir, ec)) return std::nullopt;
+  if (!fs::is_directory(ckdir, ec)) return found;
 
   for (const auto& e : fs::directory_iterator(ckdir, ec)) {
     const std::string name = e.path().filename().string();
@@ -233,11 +257,16 @@ std::optional<FoundCheckpoint> find_latest_checkpoint(const std::string& run_dir
     } else {
       problem = checkpoint_problem((ckdir / name).string());
       tried = name;
-      if (!problem) return FoundCheckpoint{(ckdir / name).string(), parse_step_name(name)};
+      if (!problem) {
+        found.push_back(FoundCheckpoint{(ckdir / name).string(), parse_step_name(name)});
+        if (first_only) return found;
+      }
     }
-    log << "checkpoint: " << latest.string() << " names '" << name << "', which cannot be used: "
-        << *problem << "\n";
-    rejected.push_back(name + ": " + *problem);
+    if (problem) {
+      log << "checkpoint: " << latest.string() << " names '" << name << "', which cannot be used: "
+          << *problem << "\n";
+      rejected.push_back(name + ": " + *problem);
+    }
   } else if (!dirs.empty()) {
     log << "checkpoint: " << latest.string() << " is missing; looking for the newest valid "
         << "checkpoint\n";
@@ -251,10 +280,11 @@ std::optional<FoundCheckpoint> find_latest_checkpoint(const std::string& run_dir
       rejected.push_back(d.name + ": " + *problem);
       continue;
     }
-    log << "checkpoint: resuming from " << path << ", the newest valid checkpoint\n";
-    return FoundCheckpoint{path, d.step};
+    if (found.empty()) log << "checkpoint: resuming from " << path << ", the newest valid checkpoint\n";
+    found.push_back(FoundCheckpoint{path, d.step});
+    if (first_only) return found;
   }
-  if (rejected.empty()) return std::nullopt;
+  if (!found.empty() || rejected.empty()) return found;
   std::string why;
   for (const auto& r : rejected) why += "\n  " + r;
   fail("no valid checkpoint in ", ckdir.string(), ":", why,

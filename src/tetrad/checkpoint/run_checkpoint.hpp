@@ -79,6 +79,22 @@ struct FoundCheckpoint {
 // Error when it has checkpoints but none is valid (listing why each was rejected).
 std::optional<FoundCheckpoint> find_latest_checkpoint(const std::string& run_dir, std::ostream& log);
 
+// Every usable checkpoint, in the order to try them: the one `latest` names (if valid), then the
+// other valid step_* folders, newest first (what is skipped and why goes to `log`; leftovers of
+// interrupted saves are removed). first_only: stop at the first. Empty when the run has no
+// checkpoint; throws Error when it has some but none is valid. A sharded checkpoint's problem
+// here is structural (metadata, files and sizes); its data checksums are verified by the load,
+// so a caller falls back to the next candidate when a load fails.
+std::vector<FoundCheckpoint> resume_candidates(const std::string& run_dir, std::ostream& log,
+                                               bool first_only = false);
+
+// After a complete folder run_dir/checkpoints/step_<step> is in place: replaces `latest` with
+// its name (atomically) and, if `prune`, calls prune_checkpoints.
+void publish_checkpoint(const std::string& run_dir, int64_t step, int keep_last, bool prune = true);
+// Deletes the step folders of later steps (an abandoned timeline) and earlier ones beyond the
+// newest keep_last - 1 (keep_last = 0: keeps all), then fsyncs the checkpoints folder.
+void prune_checkpoints(const std::string& run_dir, int64_t step, int keep_last);
+
 // Loads a checkpoint folder: weights into `params` (checked against `cfg`, see load_hf_params)
 // and the trainer state (moments of table.total floats). Verifies the recorded file hashes.
 TrainerState load_run_checkpoint(const std::string& dir, const ModelConfig& cfg,

@@ -2,6 +2,7 @@
 
 #include <atomic>
 #include <chrono>
+#include <mutex>
 #include <climits>
 #include <cmath>
 #include <cstdio>
@@ -211,12 +212,44 @@ bool Request::test() {
   return true;
 }
 
+namespace {
+std::mutex g_blocked_mu;
+std::string g_blocked_what;  // "" when not blocked
+std::chrono::steady_clock::time_point g_blocked_since;
+
+// Publishes a slow wait for blocked_in_wait() while it lasts.
+struct BlockedMark {
+  bool set = false;
+  void mark(const std::string& what, std::chrono::steady_clock::time_point since) {
+    std::lock_guard<std::mutex> lock(g_blocked_mu);
+    g_blocked_what = what;
+    g_blocked_since = since;
+    set = true;
+  }
+  ~BlockedMark() {
+    if (!set) return;
+    std::lock_guard<std::mutex> lock(g_blocked_mu);
+    g_blocked_what.clear();
+  }
+};
+}  // namespace
+
+bool blocked_in_wait(std::string* what, double* seconds) {
+  std::lock_guard<std::mutex> lock(g_blocked_mu);
+  if (g_blocked_what.empty()) return false;
+  if (what) *what = g_blocked_what;
+  if (seconds)
+    *seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - g_blocked_since).count();
+  return true;
+}
+
 void Request::wait() { wait(collective_timeout()); }
 
 void Request::wait(double timeout_s) {
   if (test()) return;
   using clock = std::chrono::steady_clock;
   const auto start = clock::now();
+  BlockedMark blocked;
   for (long polls = 1;; ++polls) {
     if (test()) return;
     const double waited = std::chrono::duration<double>(clock::now() - start).count();
@@ -252,6 +285,7 @@ void Request::wait(double timeout_s) {
     // Spin first (most operations finish within microseconds), then stop burning a core that a
     // peer rank may need (oversubscribed runs), then poll every 200 us.
     if (polls < 2000) continue;
+    if (!blocked.set) blocked.mark(state_->description(), start);
     if (waited < 0.01)
       std::this_thread::yield();
     else

@@ -57,6 +57,11 @@ concept Element = std::same_as<T, float> || std::same_as<T, double> ||
 void set_collective_timeout(double seconds);
 double collective_timeout();
 
+// What this process is blocked on right now, for a watchdog on another thread: true while the
+// main thread waits in Request::wait past its first quick polls, with the operation's description
+// ("allreduce_sum of 2 double on group 'world'") and the seconds waited so far. Thread-safe.
+bool blocked_in_wait(std::string* what, double* seconds);
+
 class Request {
  public:
   Request();  // an empty handle: already complete

@@ -114,7 +114,11 @@ const std::vector<Field>& schema() {
                    "Hugging Face model folder to start from (fine-tuning); empty: random init"),
       STRING_FIELD("parallel.grid", c.grid,
                    "process grid \"x,y,z,d\": tensor parallelism over X, Y, Z (Z shards weights) "
-                   "times data parallelism over D; the product must equal the number of ranks"),
+                   "times data parallelism over D; the product must equal the number of ranks. "
+                   "\"auto\": the planner's first choice for this run (docs/planner.md)"),
+      STRING_FIELD("parallel.machine", c.machine,
+                   "machine description the planner uses for grid = \"auto\": a TOML file or "
+                   "a shipped name (machines/*.toml: local, perlmutter, frontier, alps, dgx-a100)"),
       BOOL_FIELD("parallel.overlap_backward_allreduce", c.overlap.backward_allreduce,
                  "backward: the input-gradient all-reduce runs while the weight-gradient GEMM "
                  "computes"),
@@ -166,6 +170,16 @@ const std::vector<Field>& schema() {
       INT_FIELD("train.checkpoint_interval", c.train.checkpoint_interval,
                 "steps between checkpoints (0: only at the end)"),
       INT_FIELD("train.keep_checkpoints", c.train.keep_checkpoints, "checkpoints kept"),
+      BOOL_FIELD("train.async_checkpoint", c.train.async_checkpoint,
+                 "write checkpoints on a background thread from a snapshot while training goes on "
+                 "(false: training waits for the write)"),
+      FLOAT_FIELD("train.step_timeout", c.train.step_timeout,
+                  "watchdog: seconds a training step, validation pass or checkpoint phase may "
+                  "take before the rank reports the stall (naming itself and the phase) and ends "
+                  "the job (0: off)"),
+      FLOAT_FIELD("train.comm_timeout", c.train.comm_timeout,
+                  "seconds any collective may wait for its peers before the job ends with an "
+                  "error naming the operation and group (0: TETRAD_COMM_TIMEOUT, else 300)"),
       INT_FIELD("train.max_bad_steps", c.train.max_bad_steps,
                 "consecutive non-finite steps (skipped) before the run stops"),
       STRING_FIELD("train.precision", c.train.precision,
@@ -252,6 +266,8 @@ void RunConfig::validate() const {
   if (t.checkpoint_interval < 0)
     fail("train.checkpoint_interval must be >= 0, got ", t.checkpoint_interval);
   if (t.threads < 0) fail("train.threads must be >= 0, got ", t.threads);
+  if (!(t.step_timeout >= 0)) fail("train.step_timeout must be >= 0 (0 disables), got ", t.step_timeout);
+  if (!(t.comm_timeout >= 0)) fail("train.comm_timeout must be >= 0 (0: default), got ", t.comm_timeout);
   if (run_dir.empty()) fail("run.dir must not be empty");
   LossMask{parse_loss_mask(t.loss_mask), t.goldfish_k, t.goldfish_h, t.seed}.validate();
   if (t.precision != "auto") kernels::parse_precision(t.precision);  // throws naming the choices

@@ -30,6 +30,9 @@ struct TrainConfig {
   int eval_batches = 8;
   int64_t checkpoint_interval = 0;  // 0: only at the end
   int keep_checkpoints = 3;
+  bool async_checkpoint = true;  // write checkpoints on a background thread while training goes on
+  double step_timeout = 0;       // seconds a step (or a validation / checkpoint phase) may take; 0: off
+  double comm_timeout = 0;       // seconds a collective may wait (0: TETRAD_COMM_TIMEOUT, else 300)
   int max_bad_steps = 5;      // consecutive non-finite steps before stopping
   int threads = 0;            // 0: all cores
   // GEMM precision: "fp32", "bf16" (bf16 operands, fp32 accumulation, fp32 master weights and
@@ -59,7 +62,8 @@ struct RunConfig {
   std::string data_dir = "data/kjv";  // output of `tetrad prepare`
   std::string init_from;             // Hugging Face folder to fine-tune from (optional)
   std::string run_dir = "runs/default";
-  std::string grid = "1,1,1,1";      // x,y,z,d process grid (docs/parallel.md)
+  std::string grid = "1,1,1,1";      // x,y,z,d process grid (docs/parallel.md), or "auto"
+  std::string machine = "local";     // machine file or shipped name for grid = "auto"
   OverlapConfig overlap;
   TrainConfig train;
 

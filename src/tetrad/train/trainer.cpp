@@ -7,15 +7,19 @@
 #include <chrono>
 #include <cmath>
 #include <csignal>
+#include <cstdio>
 #include <filesystem>
 #include <fstream>
 #include <iomanip>
 #include <iostream>
 #include <nlohmann/json.hpp>
 #include <sstream>
+#include <thread>
 
 #include "tetrad/checkpoint/hf.hpp"
 #include "tetrad/checkpoint/run_checkpoint.hpp"
+#include "tetrad/checkpoint/sharded.hpp"
+#include "tetrad/comm/communicator.hpp"
 #include "tetrad/core/cpu.hpp"
 #include "tetrad/core/error.hpp"
 #include "tetrad/core/hash.hpp"
@@ -25,11 +29,13 @@
 #include "tetrad/kernels/precision.hpp"
 #include "tetrad/model/transformer.hpp"
 #include "tetrad/parallel/grid.hpp"
+#include "tetrad/planner/auto_grid.hpp"
 #include "tetrad/parallel/parallel_transformer.hpp"
 #include "tetrad/parallel/process_groups.hpp"
 #include "tetrad/tools/ceilings.hpp"
 #include "tetrad/train/loss_mask.hpp"
 #include "tetrad/train/optimizer.hpp"
+#include "tetrad/train/watchdog.hpp"
 
 namespace fs = std::filesystem;
 
@@ -124,6 +130,25 @@ void set_threads(int threads) {
   omp_set_num_threads(n);
 }
 
+// Continues the data stream where the checkpoint left it. The position is the job's, so it
+// holds for any number of data replicas or micro-batch split (the batches are then those of the
+// new layout from that position on); a different sequence length numbers the windows
+// differently, so that is refused.
+void restore_data_position(const nlohmann::json& d, const std::string& dir, int T,
+                           data::DataLoader& loader) {
+  if (d.is_object() && d.empty()) return;  // an imported model: the data from the start
+  try {
+    const int saved_T = d.at("seq_len").get<int>();
+    if (saved_T != T)
+      fail("checkpoint ", dir, " was trained with train.seq_len = ", saved_T, " but the config has ",
+           T, "; the data windows would not continue where they stopped (set train.seq_len = ",
+           saved_T, " or start a new run.dir)");
+    loader.restore(data::LoaderState{d.at("epoch").get<uint64_t>(), d.at("cursor").get<uint64_t>()});
+  } catch (const nlohmann::json::exception& e) {
+    fail("checkpoint ", dir, " lacks the data position: ", e.what());
+  }
+}
+
 }  // namespace
 
 parallel::OverlapOptions overlap_options(const OverlapConfig& c) {
@@ -143,21 +168,32 @@ TrainResult train(const RunConfig& cfg, const TrainOptions& opt, std::ostream& l
   cfg.validate();
   const TrainConfig& t = cfg.train;
   set_threads(t.threads);
+  if (t.comm_timeout > 0) comm::set_collective_timeout(t.comm_timeout);
 
   // The process grid: the config's, checked against the ranks this job was launched with.
   using parallel::GridShape;
   using parallel::ProcessGroups;
-  const GridShape shape = parallel::parse_grid(cfg.grid);
   int mpi_ready = 0;
   MPI_Initialized(&mpi_ready);
   int world = 1;
   if (mpi_ready) MPI_Comm_size(MPI_COMM_WORLD, &world);
+  // "auto": the planner's first choice. Every rank computes it from the same inputs (pure
+  // function of config, rank count and machine file), so all ranks agree without talking.
+  std::string grid_text = cfg.grid, auto_why;
+  if (grid_text == "auto") {
+    const planner::AutoGrid a =
+        planner::choose_grid(cfg, world, planner::launcher_ranks_per_node());
+    grid_text = a.trainer_grid;
+    auto_why = a.why;
+  }
+  const GridShape shape = parallel::parse_grid(grid_text);
   parallel::validate_grid(shape, world);
   ProcessGroups groups =
       world > 1 ? ProcessGroups(comm::Communicator::world(), shape) : ProcessGroups();
   const bool root = groups.world.rank() == 0;
   std::ostream null_stream(nullptr);
   std::ostream& out = root ? log_stream : null_stream;
+  if (!auto_why.empty()) out << auto_why;
 
   const int replicas = shape.z * shape.d;
   if (t.micro_batch % replicas != 0)
@@ -198,37 +234,71 @@ TrainResult train(const RunConfig& cfg, const TrainOptions& opt, std::ostream& l
   int64_t step = 0;
   bool loaded = false;
   if (opt.resume) {
-    // Rank 0 chooses (and cleans up after an interrupted save); the others follow its choice.
-    std::optional<FoundCheckpoint> found;
-    int64_t chosen = -1;
+    // Rank 0 lists the usable checkpoints (latest first, cleaning up after an interrupted save)
+    // and offers them one at a time; every rank loads its part of the offered one (sharded:
+    // only the chunks it needs, each checksum-verified). If any rank fails (a damaged chunk, a
+    // mismatching config), all agree to refuse it and go on to the previous one.
+    std::vector<FoundCheckpoint> candidates;
     if (root) {
       std::ostringstream why;
-      found = find_latest_checkpoint(cfg.run_dir, why);
+      candidates = resume_candidates(cfg.run_dir, why);
       out << why.str();
-      if (found) chosen = found->step;
     }
-    if (world > 1) groups.world.broadcast(&chosen, 1, 0);
-    if (!root && chosen >= 0)
-      found = FoundCheckpoint{cfg.run_dir + "/checkpoints/" + checkpoint_folder_name(chosen), chosen};
-    if (!found) {
-      out << "resume: no checkpoint in " << cfg.run_dir << "/checkpoints; starting from scratch\n";
-    } else {
-      // Tensor by tensor: each rank keeps its shard of every whole tensor it reads.
-      auto keep = [&](float* local) {
-        return [&model, local](size_t i, const float* data) { model.scatter_tensor(local, i, data); };
-      };
-      TrainerState st = load_run_checkpoint_streamed(found->dir, cfg.model, table,
-                                                     keep(model.params()), keep(adam.m()),
-                                                     keep(adam.v()));
-      step = st.step;
-      loaded = true;
-      try {
-        train_loader.restore(data::LoaderState{st.info.at("data_epoch").get<uint64_t>(),
-                                               st.info.at("data_cursor").get<uint64_t>()});
-      } catch (const nlohmann::json::exception& e) {
-        fail("checkpoint '", found->dir, "' lacks the data position: ", e.what());
+    std::string last_error;
+    for (size_t k = 0;; ++k) {
+      int64_t chosen = root && k < candidates.size() ? candidates[k].step : -1;
+      if (world > 1) groups.world.broadcast(&chosen, 1, 0);
+      if (chosen < 0) {
+        if (k == 0) {
+          out << "resume: no checkpoint in " << cfg.run_dir << "/checkpoints; starting from scratch\n";
+          break;
+        }
+        fail("resume: no checkpoint in ", cfg.run_dir, "/checkpoints could be loaded",
+             last_error.empty() ? std::string() : "; the last error: " + last_error);
       }
-      out << "resumed from " << found->dir << " at step " << step << "\n";
+      const std::string dir = cfg.run_dir + "/checkpoints/" + checkpoint_folder_name(chosen);
+      int failed = 0;
+      std::string error;
+      try {
+        if (is_sharded_checkpoint(dir)) {
+          const ShardedCheckpointInfo info =
+              load_sharded_checkpoint(dir, cfg.model, data.tokenizer_identity, model.plan(),
+                                      model.params(), adam.m(), adam.v());
+          step = info.step;
+          restore_data_position(info.data, dir, T, train_loader);
+        } else {
+          // The previous format (one HF folder + trainer_state.bin), tensor by tensor.
+          auto keep = [&](float* local) {
+            return [&model, local](size_t i, const float* d) { model.scatter_tensor(local, i, d); };
+          };
+          TrainerState st = load_run_checkpoint_streamed(dir, cfg.model, table, keep(model.params()),
+                                                         keep(adam.m()), keep(adam.v()));
+          step = st.step;
+          try {
+            train_loader.restore(data::LoaderState{st.info.at("data_epoch").get<uint64_t>(),
+                                                   st.info.at("data_cursor").get<uint64_t>()});
+          } catch (const nlohmann::json::exception& e) {
+            fail("checkpoint '", dir, "' lacks the data position: ", e.what());
+          }
+        }
+      } catch (const Error& e) {
+        failed = 1;
+        error = e.what();
+      }
+      if (world > 1) groups.world.allreduce_max(&failed, 1);
+      if (!failed) {
+        loaded = true;
+        result.resumed_from = dir;
+        out << "resumed from " << dir << " at step " << step << "\n";
+        break;
+      }
+      if (!error.empty()) {
+        last_error = error;
+        std::cerr << "tetrad: rank " << groups.world.rank() << ": checkpoint " << dir
+                  << " refused: " << error << std::endl;
+      }
+      out << "resume: " << dir << " refused" << (error.empty() ? " by another rank (see its message)" : "")
+          << "; trying the previous checkpoint\n";
     }
   }
   if (!loaded) {
@@ -269,7 +339,29 @@ TrainResult train(const RunConfig& cfg, const TrainOptions& opt, std::ostream& l
   if (root) metrics.open(cfg.run_dir + "/metrics.jsonl", opt.resume ? std::ios::app : std::ios::trunc);
   std::vector<int32_t> inputs(size_t(t.grad_accum) * B * T), targets(inputs.size());
 
-  auto save = [&](int64_t at_step) {
+  // Checkpoints: every rank writes its own shards (sharded.hpp), on a background thread from a
+  // snapshot unless train.async_checkpoint is off; the checkpoint becomes visible once every
+  // rank's file is on disk (ShardedSaver::poll, once per step while a save is pending).
+  ShardedSaver::Options so;
+  so.run_dir = cfg.run_dir;
+  so.tokenizer_path = data.tokenizer_path;
+  so.keep_last = t.keep_checkpoints;
+  so.async = t.async_checkpoint;
+  ShardedSaver saver(groups.world, so);
+  auto report_save = [&] {
+    result.last_checkpoint = saver.last_dir();
+    const SaveTimings& st = saver.last_timings();
+    result.checkpoint_blocked_s += st.blocked_s;
+    if (!opt.quiet)
+      out << "checkpoint " << saver.last_dir() << ": " << std::fixed << std::setprecision(2)
+          << double(st.bytes) / 1e6 << " MB by " << world << " rank(s); rank 0 wrote its shard in "
+          << std::setprecision(3) << st.write_s << " s" << (t.async_checkpoint ? " in the background" : "")
+          << ", visible after " << st.total_s << " s; training blocked " << st.blocked_s
+          << " s (snapshot " << st.snapshot_s << " s, completion " << st.commit_s << " s)\n"
+          << std::defaultfloat;
+  };
+  Watchdog watchdog(t.step_timeout, groups.world.rank());
+  auto save = [&](int64_t at_step, bool wait) {
     // Never replace a good checkpoint with weights that are no longer finite.
     double sq = kernels::sum_squares(model.params(), model.num_local_params());
     if (world > 1) groups.world.allreduce_sum(&sq, 1);
@@ -277,35 +369,35 @@ TrainResult train(const RunConfig& cfg, const TrainOptions& opt, std::ostream& l
       out << "not writing a checkpoint at step " << at_step << ": the weights are not finite\n";
       return;
     }
-    const auto t0 = std::chrono::steady_clock::now();
-    // Streamed one tensor at a time: rank 0 writes, every rank takes part in each tensor's
-    // gather, in the writer's order (params, then m, then v, each in table order).
-    auto gather = [&model](const float* local) {
-      return [&model, local](size_t i, float* out) { model.gather_tensor(local, i, out); };
-    };
-    if (root) {
-      const auto ls = train_loader.state();
-      nlohmann::json info = {{"data_epoch", ls.epoch}, {"data_cursor", ls.cursor},
-                             {"tokens_seen", at_step * tokens_per_step},
-                             {"grid", shape.to_string()}, {"config", to_toml(cfg)}};
-      CheckpointOptions co;
-      co.tokenizer_path = data.tokenizer_path;
-      co.keep_last = t.keep_checkpoints;
-      result.last_checkpoint = save_run_checkpoint_streamed(
-          cfg.run_dir, cfg.model, table, gather(model.params()), gather(adam.m()),
-          gather(adam.v()), at_step, {}, info, co);
-      const double dt = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-      if (!opt.quiet) out << "checkpoint " << result.last_checkpoint << " (" << std::fixed
-                          << std::setprecision(2) << dt << " s)\n" << std::defaultfloat;
-    } else {
-      std::vector<float> tensor;
-      for (const float* local : {(const float*)model.params(), (const float*)adam.m(), (const float*)adam.v()})
-        for (size_t i = 0; i < table.specs.size(); ++i) {
-          tensor.resize(size_t(table.specs[i].numel));
-          model.gather_tensor(local, i, tensor.data());
-        }
+    watchdog.arm(at_step, "checkpoint");
+    if (saver.pending()) {  // the previous one is still being written: wait for it
+      saver.finish();
+      report_save();
     }
-    if (world > 1) groups.world.barrier();  // the checkpoint is complete before anyone goes on
+    ShardedCheckpointInfo info;
+    info.step = at_step;
+    info.tokenizer_identity = data.tokenizer_identity;
+    // The loader's position is the job's position in the global window stream (the same on
+    // every replica); replica r's next window is stream position cursor + r (data/loader.hpp).
+    const auto ls = train_loader.state();
+    nlohmann::json next = nlohmann::json::array();
+    for (int r = 0; r < replicas; ++r) next.push_back(ls.cursor + uint64_t(r));
+    info.data = {{"epoch", ls.epoch}, {"cursor", ls.cursor}, {"replicas", replicas},
+                 {"micro_batch", t.micro_batch}, {"seq_len", T}, {"grad_accum", t.grad_accum},
+                 {"replica_next_position", next}, {"seed", t.seed}};
+    // The loop keeps no random generator state: data order and loss masks are functions of
+    // (seed, epoch, step), so the seed is the whole random state.
+    info.rng = {{"seed", t.seed}, {"generators", nlohmann::json::array()}};
+    info.extra = {{"tokens_seen", at_step * tokens_per_step}, {"grid", shape.to_string()},
+                  {"config", to_toml(cfg)}};
+    saver.begin(cfg.model, table, model.plan(), model.params(), adam.m(), adam.v(), info);
+    if (wait || !t.async_checkpoint) {
+      saver.finish();
+      report_save();
+    }
+  };
+  auto poll_save = [&] {
+    if (saver.pending() && saver.poll()) report_save();
   };
 
   auto validate = [&](int64_t at_step) {
@@ -365,6 +457,13 @@ TrainResult train(const RunConfig& cfg, const TrainOptions& opt, std::ostream& l
     }
     prof.comm_issued_s += std::chrono::duration<double>(std::chrono::steady_clock::now() - c0).count();
   };
+  // Test hook (tests/mpi/watchdog.sh): TETRAD_TEST_STALL_AT=RANK:STEP makes that rank hang in
+  // that step, as a stuck kernel or file system would.
+  int stall_rank = -1;
+  int64_t stall_step = -1;
+  if (const char* e = std::getenv("TETRAD_TEST_STALL_AT"))
+    if (std::sscanf(e, "%d:%lld", &stall_rank, reinterpret_cast<long long*>(&stall_step)) != 2)
+      stall_rank = -1;
   for (; step < t.max_steps; ++step) {
     prof.clear();
     if (prof.trace) {
@@ -374,6 +473,9 @@ TrainResult train(const RunConfig& cfg, const TrainOptions& opt, std::ostream& l
       trace_log.recording = rec;
     }
     const auto t0 = std::chrono::steady_clock::now();
+    watchdog.arm(step + 1, "a training step");
+    if (groups.world.rank() == stall_rank && step + 1 == stall_step)
+      for (;;) std::this_thread::sleep_for(std::chrono::seconds(1));
     // Load imbalance: how long this rank waits here for the slowest one, before any collective
     // of the step would absorb that wait into "communication".
     if (world > 1) {
@@ -480,9 +582,13 @@ TrainResult train(const RunConfig& cfg, const TrainOptions& opt, std::ostream& l
           << "% of comm hidden) | wait " << pct(bd.wait) << " | optimizer " << pct(bd.optimizer)
           << " | data " << pct(bd.data) << std::endl;
     }
-    if (t.eval_interval > 0 && done % t.eval_interval == 0) validate(done);
+    poll_save();
+    if (t.eval_interval > 0 && done % t.eval_interval == 0) {
+      watchdog.arm(done, "validation");
+      validate(done);
+    }
     if (t.checkpoint_interval > 0 && done % t.checkpoint_interval == 0 && done < t.max_steps)
-      save(done);
+      save(done, /*wait=*/false);
     // Every rank stops at the same step: the signal may reach ranks at different times.
     int sig = g_stop_signal.load();
     if (world > 1) groups.world.allreduce_max(&sig, 1);
@@ -501,8 +607,10 @@ TrainResult train(const RunConfig& cfg, const TrainOptions& opt, std::ostream& l
     parallel::write_trace(groups.world, trace_log, opt.trace_path);
     if (!opt.quiet) out << "trace: " << opt.trace_path << " (open in https://ui.perfetto.dev)\n";
   }
+  watchdog.arm(step, "validation");
   if (t.eval_interval > 0 && step % t.eval_interval != 0 && !result.stopped_by_signal) validate(step);
-  save(step);
+  save(step, /*wait=*/true);
+  watchdog.disarm();
   return result;
 }
 

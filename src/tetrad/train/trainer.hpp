@@ -34,6 +34,8 @@ struct TrainResult {
   bool stopped_by_signal = false;
   std::string last_checkpoint;      // folder of the final checkpoint ("" if none written)
   std::vector<StepBreakdown> breakdowns;  // one per step taken (this rank's)
+  std::string resumed_from;         // checkpoint folder a resumed run loaded ("" if none)
+  double checkpoint_blocked_s = 0;  // total time training waited for checkpoints
 };
 
 struct TrainOptions {

@@ -1,0 +1,75 @@
+#include "tetrad/train/watchdog.hpp"
+
+#include <chrono>
+#include <cstdio>
+
+#include "tetrad/comm/communicator.hpp"
+#include "tetrad/comm/mpi_env.hpp"
+
+namespace tetrad {
+
+namespace {
+double now_s() {
+  return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count();
+}
+}  // namespace
+
+Watchdog::Watchdog(double timeout_s, int rank) : timeout_(timeout_s), rank_(rank) {
+  if (timeout_ > 0) thread_ = std::thread([this] { run(); });
+}
+
+Watchdog::~Watchdog() {
+  if (!thread_.joinable()) return;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    stop_ = true;
+  }
+  cv_.notify_all();
+  thread_.join();
+}
+
+void Watchdog::arm(int64_t step, const char* phase) {
+  if (timeout_ <= 0) return;
+  std::lock_guard<std::mutex> lock(mu_);
+  armed_ = true;
+  step_ = step;
+  phase_ = phase;
+  deadline_ = now_s() + timeout_;
+}
+
+void Watchdog::disarm() {
+  if (timeout_ <= 0) return;
+  std::lock_guard<std::mutex> lock(mu_);
+  armed_ = false;
+}
+
+void Watchdog::run() {
+  std::unique_lock<std::mutex> lock(mu_);
+  while (!stop_) {
+    // Wake at least a few times a second: deadlines move forward on every arm().
+    cv_.wait_for(lock, std::chrono::milliseconds(200));
+    if (stop_ || !armed_ || now_s() < deadline_) continue;
+    // A rank blocked in a collective is waiting for a peer, not stalled itself: it gives the
+    // stalled peer half a timeout more to report itself (naming the right rank) before it
+    // reports what it waits on.
+    std::string what;
+    double waited = 0;
+    const bool in_collective = comm::blocked_in_wait(&what, &waited);
+    if (in_collective && now_s() < deadline_ + timeout_ / 2) continue;
+    if (in_collective)
+      std::fprintf(stderr,
+                   "tetrad: error (rank %d): watchdog: step %lld has spent more than %g s in %s "
+                   "(train.step_timeout), the last %.1f s waiting in MPI %s: a peer in that group "
+                   "is stalled or dead. Ending the job.\n",
+                   rank_, static_cast<long long>(step_), timeout_, phase_, waited, what.c_str());
+    else
+      std::fprintf(stderr,
+                   "tetrad: error (rank %d): watchdog: step %lld has spent more than %g s in %s "
+                   "(train.step_timeout); rank %d is stalled. Ending the job.\n",
+                   rank_, static_cast<long long>(step_), timeout_, phase_, rank_);
+    std::fflush(stderr);
+    comm::MpiEnvironment::abort(3);
+  }
+}
+
+}  // namespace tetrad

@@ -1,0 +1,67 @@
+#!/usr/bin/env bash
+# A job never hangs: (1) a rank killed with -9 mid-run ends the job, with a message naming the
+# rank; (2) a rank stuck inside a step (test hook TETRAD_TEST_STALL_AT) is caught by its step
+# watchdog (train.step_timeout), which names the rank, step and phase and ends the job; (3) a
+# rank frozen with SIGSTOP (cannot report anything) makes its peers' next collective time out
+# (train.comm_timeout), naming the operation and group, and the job ends.
+set -uo pipefail
+TETRAD=$1
+MPIRUN=(mpirun --allow-run-as-root --oversubscribe)
+W=$(mktemp -d)
+trap 'rm -rf "$W"' EXIT
+export OMP_NUM_THREADS=1
+for i in $(seq 1 200); do echo "the king went up to the city $i, and the people followed him."; [ $((i % 5)) -eq 0 ] && echo; done > "$W/c.txt"
+"$TETRAD" prepare --input "$W/c.txt" --out "$W/data" --vocab-size 300 > /dev/null || exit 1
+S=(--set model.name=tiny --set data.dir="$W/data" --set train.seq_len=32 --set train.max_steps=1000000
+   --set train.eval_interval=0 --set train.log_interval=1000)
+fails=0
+ms() { echo $(($(date +%s%N) / 1000000)); }
+# check NAME MAX_S EXPECT...: waits for $pid (started at $t0) at most MAX_S, needs non-zero status
+# and every EXPECT in the log.
+check() {
+  local name=$1 max=$2; shift 2
+  local rc=124
+  for _ in $(seq 1 $((max * 10))); do
+    if ! kill -0 "$pid" 2>/dev/null; then wait "$pid"; rc=$?; break; fi
+    sleep 0.1
+  done
+  local took=$(( ($(ms) - t0) ))
+  if [ "$rc" -eq 124 ]; then kill -9 "$pid" $(pgrep -P "$pid") 2>/dev/null; wait "$pid" 2>/dev/null; fi
+  local ok=1
+  [ "$rc" -ne 0 ] && [ "$rc" -ne 124 ] || ok=0
+  for e in "$@"; do grep -qF -- "$e" "$W/log" || ok=0; done
+  if [ $ok -eq 1 ]; then echo "ok   $name: job ended (status $rc) $((took / 1000)).$(printf %03d $((took % 1000))) s after the fault"; grep -E "tetrad: error|exited on signal" "$W/log" | head -3 | sed "s/^/       /"
+  else echo "FAIL $name (status $rc after $took ms)"; cat "$W/log"; fails=$((fails + 1)); fi
+}
+wait_steps() {  # until the job has done a few steps
+  for _ in $(seq 1 300); do n=$(grep -c '"loss"' "$1/metrics.jsonl" 2>/dev/null); [ "${n:-0}" -ge 3 ] && return 0; sleep 0.1; done
+  return 1
+}
+
+# 1. kill -9 one rank.
+"${MPIRUN[@]}" -n 2 "$TETRAD" train "${S[@]}" --set run.dir="$W/r1" --grid 1,1,1,2 \
+  --set train.comm_timeout=10 > "$W/log" 2>&1 &
+pid=$!
+wait_steps "$W/r1" || echo "(job 1 did not start training)"
+victim=$(pgrep -P "$pid" | sed -n 2p)
+t0=$(ms); kill -9 "$victim"
+check "rank killed with -9" 30 "exited on signal 9"
+
+# 2. A rank stuck in step 5 (hook), step watchdog 2 s; collectives would wait 60 s.
+TETRAD_TEST_STALL_AT=1:5 "${MPIRUN[@]}" -n 2 -x TETRAD_TEST_STALL_AT "$TETRAD" train "${S[@]}" \
+  --set run.dir="$W/r2" --grid 2,1,1,1 --set train.step_timeout=2 --set train.comm_timeout=60 > "$W/log" 2>&1 &
+pid=$!
+t0=$(ms)
+check "rank stalled in a step (watchdog)" 40 "rank 1" "step 5 has spent more than 2 s in a training step"
+
+# 3. A rank frozen with SIGSTOP: the peer's collective times out after 3 s.
+"${MPIRUN[@]}" -n 2 "$TETRAD" train "${S[@]}" --set run.dir="$W/r3" --grid 1,1,2,1 \
+  --set train.comm_timeout=3 > "$W/log" 2>&1 &
+pid=$!
+wait_steps "$W/r3" || echo "(job 3 did not start training)"
+victim=$(pgrep -P "$pid" | sed -n 2p)
+t0=$(ms); kill -STOP "$victim"
+check "rank frozen (collective timeout)" 40 "did not complete within 3 s" "tetrad: error (rank "
+kill -9 "$victim" 2>/dev/null
+echo "$fails failed"
+[ $fails -eq 0 ]
