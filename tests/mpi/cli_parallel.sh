@@ -62,6 +62,8 @@ if paste <(field step_time_s) <(field t_compute_s) <(field t_comm_exposed_s) <(f
   echo "ok   grid 1,1,2,1 with overlap: breakdown adds up to the step time, trace and report written"
 else
   echo "FAIL breakdown/trace/report on a grid"; cat "$W/traced/metrics.jsonl"; fails=$((fails+1))
+fi
+
 # --grid auto: the planner's first choice (machine file: the shipped `local`), said why, and
 # trained like every other grid.
 "${MPIRUN[@]}" -n 2 "$TETRAD" train "${S[@]}" --set run.dir="$W/auto" --grid auto > "$W/log" 2>&1 || { cat "$W/log"; fails=$((fails+1)); }
