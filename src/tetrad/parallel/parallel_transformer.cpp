@@ -27,9 +27,27 @@ struct ParallelTransformer::Acts {
   float *dresid, *dln, *dqkv, *datty, *dfc, *dfc_act;
 };
 
+Recompute parse_recompute(const std::string& text) {
+  if (text == "none") return Recompute::None;
+  if (text == "selective") return Recompute::Selective;
+  if (text == "full") return Recompute::Full;
+  fail("train.recompute: expected \"none\", \"selective\" or \"full\", got \"", text, "\"");
+}
+
+const char* recompute_name(Recompute mode) {
+  switch (mode) {
+    case Recompute::None: return "none";
+    case Recompute::Selective: return "selective";
+    case Recompute::Full: return "full";
+  }
+  return "?";
+}
+
 ParallelTransformer::ParallelTransformer(const ModelConfig& config, ProcessGroups& groups,
-                                         int local_batch, int max_len)
-    : cfg_(config), g_(groups), local_batch_(local_batch), max_len_(max_len) {
+                                         int local_batch, int max_len, ParallelOptions options)
+    : cfg_(config), g_(groups), opt_(options), local_batch_(local_batch), max_len_(max_len) {
+  if (opt_.zero < 0 || opt_.zero > 2)
+    fail("parallel.zero: expected 0, 1 or 2 (ZeRO stage over the data axis), got ", opt_.zero);
   cfg_.validate();
   if (max_len <= 0 || max_len > cfg_.max_seq)
     fail("sequence length ", max_len, " is outside what the model supports (1..", cfg_.max_seq,
@@ -49,8 +67,33 @@ ParallelTransformer::ParallelTransformer(const ModelConfig& config, ProcessGroup
   FWy_ = gpt2_ ? Fy_ : 2 * Fy_;
   Vy_ = cfg_.vocab_size / G.y;
 
+  // ZeRO pieces: each tensor's local shard cut into Gd pieces of ceil(n / Gd), piece d on rank d.
+  const int Gd = G.d, dc = g_.coord.d;
+  int64_t piece_max = 0;
+  for (const auto& t : plan_.tensors) {
+    const int64_t n = t.shard_numel;
+    if (opt_.zero == 0) {
+      piece_.push_back(n);
+      zl_.param_offsets.push_back(t.offset);
+      zl_.grad_offsets.push_back(t.offset);
+      zl_.state_offsets.push_back(t.offset);
+      zl_.sizes.push_back(n);
+      continue;
+    }
+    const int64_t q = (n + Gd - 1) / Gd, lo = std::min(n, q * dc), hi = std::min(n, lo + q);
+    piece_.push_back(q);
+    piece_max = std::max(piece_max, q);
+    zl_.param_offsets.push_back(t.offset + lo);
+    zl_.grad_offsets.push_back(opt_.zero == 2 ? zl_.state_size : t.offset + lo);
+    zl_.state_offsets.push_back(zl_.state_size);
+    zl_.sizes.push_back(hi - lo);
+    zl_.state_size += q;
+  }
+  if (opt_.zero == 0) zl_.state_size = plan_.local_total;
+  else zero_tmp_ = Buffer<float>(size_t(Gd + 1) * piece_max);
+
   params_ = Buffer<float>(plan_.local_total);
-  grads_ = Buffer<float>(plan_.local_total);
+  grads_ = Buffer<float>(opt_.zero == 2 ? zl_.state_size : plan_.local_total);
 
   auto idx = [&](const std::string& name) -> int {
     for (size_t i = 0; i < table_.specs.size(); ++i)
@@ -87,8 +130,9 @@ ParallelTransformer::ParallelTransformer(const ModelConfig& config, ProcessGroup
   lnf_b_ = gpt2_ ? idx("transformer.ln_f.bias") : -1;
   head_ = cfg_.tie_embeddings ? wte_ : idx("lm_head.weight");
 
-  // Gather and gradient-block buffers: only when Z shards weights (Gz = 1 computes in place).
-  if (G.z > 1) {
+  // Gather and gradient-block buffers: only when Z shards weights (Gz = 1 computes in place),
+  // or, for the gradient blocks, when ZeRO 2 keeps only a piece of each gradient.
+  if (G.z > 1 || opt_.zero == 2) {
     int64_t layer_max = 0, top = 0, shard_max = 0;
     for (const auto& t : plan_.tensors) {
       const int64_t end = t.block_offset + (t.z_sharded ? t.shard_numel * G.z : t.block_numel);
@@ -96,26 +140,44 @@ ParallelTransformer::ParallelTransformer(const ModelConfig& config, ProcessGroup
       else layer_max = std::max(layer_max, end);
       shard_max = std::max(shard_max, t.shard_numel);
     }
-    gathered_ = Buffer<float>(layer_max);
+    if (G.z > 1) {
+      gathered_ = Buffer<float>(layer_max);
+      gathered_top_ = Buffer<float>(top);
+      scatter_tmp_ = Buffer<float>(shard_max);
+    }
     gblock_ = Buffer<float>(layer_max);
-    gathered_top_ = Buffer<float>(top);
     gblock_top_ = Buffer<float>(top);
-    scatter_tmp_ = Buffer<float>(shard_max);
   }
 
   const int64_t N = int64_t(local_batch) * max_len;
-  const int64_t per_layer = N * (Cx_ + 2 + QKVy_ + Ay_ + nhy_ + Cx_ + Cx_ + 2 + FWy_ + Fy_ + Cx_);
-  const int64_t global = N * (Cx_ + Cx_ + 2 + Vy_ + 1 + Cx_) + N * (Cx_ + Cx_ + QKVy_ + Ay_ + FWy_ + Fy_);
-  acts_ = Buffer<float>(per_layer * cfg_.n_layer + global);
+  acts_ = Buffer<float>(size_t(activation_bytes(opt_.recompute) / int64_t(sizeof(float))));
   a_ = std::make_unique<Acts>();
   float* cur = acts_.data();
   auto take = [&](int64_t n) { float* p = cur; cur += n; return p; };
+  // Kept tensors get their own memory per layer; recomputed ones share one layer's scratch.
+  const Recompute rc = opt_.recompute;
+  const bool full = rc == Recompute::Full, attn = rc != Recompute::None;
+  int64_t scratch_n = 0;
+  {
+    const int64_t per_layer = Cx_ + 2 + QKVy_ + Ay_ + nhy_ + Cx_ + Cx_ + 2 + FWy_ + Fy_ + Cx_;
+    scratch_n = full ? per_layer - Cx_ : attn ? Ay_ + nhy_ : 0;
+  }
+  float* scratch = take(N * scratch_n);
   a_->layer.resize(cfg_.n_layer);
   for (auto& A : a_->layer) {
-    A.ln1 = take(N * Cx_); A.ln1_mean = take(N); A.ln1_rstd = take(N);
-    A.qkv = take(N * QKVy_); A.atty = take(N * Ay_); A.lse = take(N * nhy_);
-    A.resid_mid = take(N * Cx_); A.ln2 = take(N * Cx_); A.ln2_mean = take(N); A.ln2_rstd = take(N);
-    A.fc = take(N * FWy_); A.fc_act = take(N * Fy_); A.resid_out = take(N * Cx_);
+    float* sc = scratch;
+    auto place = [&](bool kept, int64_t n) {
+      if (kept) return take(N * n);
+      float* p = sc;
+      sc += N * n;
+      return p;
+    };
+    A.ln1 = place(!full, Cx_); A.ln1_mean = place(!full, 1); A.ln1_rstd = place(!full, 1);
+    A.qkv = place(!full, QKVy_); A.atty = place(!attn, Ay_); A.lse = place(!attn, nhy_);
+    A.resid_mid = place(!full, Cx_); A.ln2 = place(!full, Cx_); A.ln2_mean = place(!full, 1);
+    A.ln2_rstd = place(!full, 1); A.fc = place(!full, FWy_); A.fc_act = place(!full, Fy_);
+    A.resid_out = take(N * Cx_);  // the next block's input: always kept
+    TETRAD_CHECK(sc == scratch + N * scratch_n);
   }
   a_->emb = take(N * Cx_); a_->lnf = take(N * Cx_); a_->lnf_mean = take(N); a_->lnf_rstd = take(N);
   a_->logits = take(N * Vy_); a_->losses = take(N); a_->tmp = take(N * Cx_);
@@ -134,6 +196,26 @@ ParallelTransformer::ParallelTransformer(const ModelConfig& config, ProcessGroup
 
 ParallelTransformer::~ParallelTransformer() = default;
 
+int64_t ParallelTransformer::activation_bytes(Recompute mode) const {
+  const int64_t N = int64_t(local_batch_) * max_len_, L = cfg_.n_layer;
+  const int64_t per_layer = Cx_ + 2 + QKVy_ + Ay_ + nhy_ + Cx_ + Cx_ + 2 + FWy_ + Fy_ + Cx_;
+  const int64_t global = (Cx_ + Cx_ + 2 + Vy_ + 1 + Cx_) + (Cx_ + Cx_ + QKVy_ + Ay_ + FWy_ + Fy_);
+  int64_t per_token = 0;
+  switch (mode) {
+    case Recompute::None: per_token = L * per_layer; break;
+    case Recompute::Selective: per_token = L * (per_layer - Ay_ - nhy_) + (Ay_ + nhy_); break;
+    case Recompute::Full: per_token = L * Cx_ + (per_layer - Cx_); break;
+  }
+  return int64_t(sizeof(float)) * N * (per_token + global);
+}
+
+int64_t ParallelTransformer::state_bytes() const {
+  const size_t n = params_.size() + grads_.size() + 2 * size_t(zl_.state_size) + gathered_.size() +
+                   gathered_top_.size() + gblock_.size() + gblock_top_.size() +
+                   scatter_tmp_.size() + zero_tmp_.size();
+  return int64_t(n * sizeof(float));
+}
+
 // ---------------------------------------------------------------------------------------------
 // Parameters
 
@@ -145,21 +227,31 @@ void ParallelTransformer::init_weights(uint64_t seed) {
   }
 }
 
-void ParallelTransformer::scatter_tensor(float* local, size_t i, const float* full) const {
+std::vector<float> ParallelTransformer::shard_of(size_t i, const float* full) const {
   const TensorShard& t = plan_.tensors[i];
   std::vector<float> block(t.z_sharded ? t.shard_numel * g_.shape.z : t.block_numel, 0.0f);
   extract_block(t, full, block.data());
   const int64_t first = t.z_sharded ? t.shard_numel * g_.coord.z : 0;
-  std::memcpy(local + t.offset, block.data() + first, t.shard_numel * sizeof(float));
+  return std::vector<float>(block.begin() + first, block.begin() + first + t.shard_numel);
+}
+
+void ParallelTransformer::scatter_tensor(float* local, size_t i, const float* full) const {
+  const TensorShard& t = plan_.tensors[i];
+  const std::vector<float> shard = shard_of(i, full);
+  std::memcpy(local + t.offset, shard.data(), t.shard_numel * sizeof(float));
 }
 
 void ParallelTransformer::gather_tensor(const float* local, size_t i, float* full) {
+  gather_shard(local + plan_.tensors[i].offset, i, full);
+}
+
+void ParallelTransformer::gather_shard(const float* shard, size_t i, float* full) {
   const TensorShard& t = plan_.tensors[i];
   std::vector<float> block(t.z_sharded ? t.shard_numel * g_.shape.z : t.block_numel);
   if (t.z_sharded && g_.shape.z > 1)
-    g_.z.allgather(local + t.offset, block.data(), size_t(t.shard_numel));
+    g_.z.allgather(shard, block.data(), size_t(t.shard_numel));
   else
-    std::memcpy(block.data(), local + t.offset, t.block_numel * sizeof(float));
+    std::memcpy(block.data(), shard, t.block_numel * sizeof(float));
   // Disjoint blocks summed into zeros: exact. Only one owner of each replicated block writes.
   std::fill(full, full + t.spec->numel, 0.0f);
   const GridCoord& c = g_.coord;
@@ -170,6 +262,24 @@ void ParallelTransformer::gather_tensor(const float* local, size_t i, float* ful
   if (g_.world.size() > 1) g_.world.allreduce_sum(full, size_t(t.spec->numel));
 }
 
+void ParallelTransformer::scatter_state_tensor(float* state, size_t i, const float* full) const {
+  if (opt_.zero == 0) return scatter_tensor(state, i, full);
+  const std::vector<float> shard = shard_of(i, full);
+  const int64_t lo = zl_.param_offsets[i] - plan_.tensors[i].offset;
+  std::memcpy(state + zl_.state_offsets[i], shard.data() + lo, zl_.sizes[i] * sizeof(float));
+}
+
+void ParallelTransformer::gather_state_tensor(const float* state, size_t i, float* full) {
+  if (opt_.zero == 0) return gather_tensor(state, i, full);
+  const int64_t q = piece_[i];
+  float* pieces = zero_tmp_.data();
+  float* mine = pieces + q * g_.shape.d;
+  std::fill(mine, mine + q, 0.0f);
+  std::memcpy(mine, state + zl_.state_offsets[i], zl_.sizes[i] * sizeof(float));
+  g_.d.allgather(mine, pieces, size_t(q));
+  gather_shard(pieces, i, full);  // the pieces in D order are the shard (padding past its end)
+}
+
 const float* ParallelTransformer::w(int i) const {
   if (i < 0) return nullptr;
   const TensorShard& t = plan_.tensors[i];
@@ -177,10 +287,14 @@ const float* ParallelTransformer::w(int i) const {
   return (t.spec->layer < 0 ? gathered_top_.data() : gathered_.data()) + t.block_offset;
 }
 
+bool ParallelTransformer::staged(const TensorShard& t) const {
+  return opt_.zero == 2 || (t.z_sharded && g_.shape.z > 1);
+}
+
 float* ParallelTransformer::gw(int i) {
   if (i < 0) return nullptr;
   const TensorShard& t = plan_.tensors[i];
-  if (!t.z_sharded || g_.shape.z == 1) return grads_.data() + t.offset;
+  if (!staged(t)) return grads_.data() + t.offset;
   return (t.spec->layer < 0 ? gblock_top_.data() : gblock_.data()) + t.block_offset;
 }
 
@@ -194,26 +308,70 @@ void ParallelTransformer::gather_layer(int layer) {
 }
 
 void ParallelTransformer::zero_layer_grad_blocks(int layer) {
-  if (g_.shape.z == 1) return;
+  if (g_.shape.z == 1 && opt_.zero != 2) return;
   float* buf = layer < 0 ? gblock_top_.data() : gblock_.data();
   for (const auto& t : plan_.tensors)
-    if (t.spec->layer == layer && t.z_sharded)
-      std::fill(buf + t.block_offset, buf + t.block_offset + t.shard_numel * g_.shape.z, 0.0f);
+    if (t.spec->layer == layer && staged(t)) {
+      const int64_t n = t.z_sharded ? t.shard_numel * g_.shape.z : t.block_numel;
+      std::fill(buf + t.block_offset, buf + t.block_offset + n, 0.0f);
+    }
+}
+
+// piece[piece_[i]] = this D rank's piece of Σ_D shard (the shard zero-padded to Gd pieces).
+void ParallelTransformer::reduce_scatter_d(size_t i, const float* shard, float* piece) {
+  const int64_t n = plan_.tensors[i].shard_numel, q = piece_[i];
+  if (g_.shape.d == 1) {
+    std::memcpy(piece, shard, n * sizeof(float));
+    return;
+  }
+  float* padded = zero_tmp_.data();
+  std::memcpy(padded, shard, n * sizeof(float));
+  std::fill(padded + n, padded + q * g_.shape.d, 0.0f);
+  g_.d.reduce_scatter_sum(padded, piece, size_t(q));
 }
 
 void ParallelTransformer::scatter_layer_grads(int layer) {
-  if (g_.shape.z == 1) return;
+  if (g_.shape.z == 1 && opt_.zero != 2) return;
   ScopedPhase sp(prof_, Phase::Comm);
   float* buf = layer < 0 ? gblock_top_.data() : gblock_.data();
-  for (const auto& t : plan_.tensors)
-    if (t.spec->layer == layer && t.z_sharded) {
-      g_.z.reduce_scatter_sum(buf + t.block_offset, scatter_tmp_.data(), size_t(t.shard_numel));
-      k::add_inplace(grads_.data() + t.offset, scatter_tmp_.data(), t.shard_numel);
+  for (size_t i = 0; i < plan_.tensors.size(); ++i) {
+    const TensorShard& t = plan_.tensors[i];
+    if (t.spec->layer != layer || !staged(t)) continue;
+    float* block = buf + t.block_offset;
+    const float* shard = block;
+    if (t.z_sharded && g_.shape.z > 1) {
+      g_.z.reduce_scatter_sum(block, scatter_tmp_.data(), size_t(t.shard_numel));
+      shard = scatter_tmp_.data();
+    } else if (!t.z_sharded && g_.shape.z > 1) {
+      g_.z.allreduce_sum(block, size_t(t.block_numel));  // ZeRO 2: replicated over Z, sum first
     }
+    if (opt_.zero == 2) {
+      // Summed over Z, now over D: this rank keeps its piece only.
+      float* piece = zero_tmp_.data() + piece_[i] * g_.shape.d;
+      reduce_scatter_d(i, shard, piece);
+      k::add_inplace(grads_.data() + zl_.grad_offsets[i], piece, zl_.sizes[i]);
+    } else {
+      k::add_inplace(grads_.data() + t.offset, shard, t.shard_numel);
+    }
+  }
 }
 
 void ParallelTransformer::reduce_gradients() {
   ScopedPhase sp(prof_, Phase::Comm);
+  if (opt_.zero == 2) return;  // every layer was reduced (over Z and D) right after its backward
+  if (opt_.zero == 1) {
+    // Replicated tensors first over Z; then every shard reduce-scattered over D into its piece.
+    for (size_t i = 0; i < plan_.tensors.size(); ++i) {
+      const TensorShard& t = plan_.tensors[i];
+      float* gp = grads_.data() + t.offset;
+      if (!t.z_sharded && g_.shape.z > 1) g_.z.allreduce_sum(gp, size_t(t.shard_numel));
+      if (g_.shape.d == 1) continue;
+      float* piece = zero_tmp_.data() + piece_[i] * g_.shape.d;
+      reduce_scatter_d(i, gp, piece);
+      std::memcpy(grads_.data() + zl_.grad_offsets[i], piece, zl_.sizes[i] * sizeof(float));
+    }
+    return;
+  }
   // Z-sharded weights: each shard already summed over Z; sum over data replicas.
   // Replicated tensors: sum over every token-splitting axis (Z and D) at once.
   for (const auto& t : plan_.tensors) {
@@ -226,16 +384,33 @@ void ParallelTransformer::reduce_gradients() {
   }
 }
 
+void ParallelTransformer::gather_updated_params() {
+  if (opt_.zero == 0 || g_.shape.d == 1) return;
+  ScopedPhase sp(prof_, Phase::Comm);
+  for (size_t i = 0; i < plan_.tensors.size(); ++i) {
+    const TensorShard& t = plan_.tensors[i];
+    const int64_t q = piece_[i];
+    float* pieces = zero_tmp_.data();
+    float* mine = pieces + q * g_.shape.d;
+    std::fill(mine, mine + q, 0.0f);
+    std::memcpy(mine, params_.data() + zl_.param_offsets[i], zl_.sizes[i] * sizeof(float));
+    g_.d.allgather(mine, pieces, size_t(q));
+    std::memcpy(params_.data() + t.offset, pieces, t.shard_numel * sizeof(float));
+  }
+}
+
 double ParallelTransformer::grad_sum_squares() {
-  // Each element is counted by one rank: its owner on every axis it is replicated over.
+  // Each element is counted by one rank: its owner on every axis it is replicated over (with
+  // ZeRO each D rank holds a different piece, so D is no longer such an axis).
   const GridCoord& c = g_.coord;
   double local = 0;
-  for (const auto& t : plan_.tensors) {
-    bool owner = c.d == 0;
+  for (size_t i = 0; i < plan_.tensors.size(); ++i) {
+    const TensorShard& t = plan_.tensors[i];
+    bool owner = opt_.zero > 0 || c.d == 0;
     if (!t.z_sharded) owner = owner && c.z == 0;
     if (t.layout == ShardLayout::ColsX) owner = owner && c.y == 0;
     if (t.layout == ShardLayout::RowsY) owner = owner && c.x == 0;
-    if (owner) local += k::sum_squares(grads_.data() + t.offset, t.shard_numel);
+    if (owner) local += k::sum_squares(grads_.data() + zl_.grad_offsets[i], zl_.sizes[i]);
   }
   if (g_.world.size() > 1) g_.world.allreduce_sum(&local, 1);
   return local;
@@ -276,75 +451,118 @@ void ParallelTransformer::sum_over(const comm::Communicator& group, T* data, int
 // ---------------------------------------------------------------------------------------------
 // Forward
 
+void ParallelTransformer::norm_fwd(float* out, float* mean, float* rstd, const float* x, int wi,
+                                   int bi, int64_t N) {
+  const int64_t C = cfg_.n_embd;
+  const float eps = cfg_.norm_eps;
+  double* st = stats_.data();
+  ScopedPhase sp(prof_, Phase::Norm);
+  if (gpt2_) {
+    row_sums(x, N, Cx_, st, 1, nullptr);
+    sum_over(g_.x, st, N);
+    for (int64_t t = 0; t < N; ++t) mean[t] = float(st[t] / double(C));
+    row_sums(x, N, Cx_, st, 1, mean);
+    sum_over(g_.x, st, N);
+    for (int64_t t = 0; t < N; ++t) rstd[t] = float(1.0 / std::sqrt(st[t] / double(C) + eps));
+  } else {
+#pragma omp parallel for schedule(static)
+    for (int64_t t = 0; t < N; ++t) {
+      const float* r = x + t * Cx_;
+      double s = 0;
+#pragma omp simd reduction(+ : s)
+      for (int64_t c = 0; c < Cx_; ++c) s += double(r[c]) * r[c];
+      st[t] = s;
+    }
+    sum_over(g_.x, st, N);
+    for (int64_t t = 0; t < N; ++t) rstd[t] = float(1.0 / std::sqrt(st[t] / double(C) + eps));
+  }
+  const float* wv = w(wi);
+  const float* bv = w(bi);
+  const bool gpt2 = gpt2_;
+  const int64_t Cx = Cx_;
+#pragma omp parallel for schedule(static)
+  for (int64_t t = 0; t < N; ++t) {
+    const float* r = x + t * Cx;
+    float* o = out + t * Cx;
+    const float m = gpt2 ? mean[t] : 0.0f, s = rstd[t];
+    if (bv) {
+#pragma omp simd
+      for (int64_t c = 0; c < Cx; ++c) o[c] = (r[c] - m) * s * wv[c] + bv[c];
+    } else {
+#pragma omp simd
+      for (int64_t c = 0; c < Cx; ++c) o[c] = r[c] * s * wv[c];
+    }
+  }
+}
+
+// Normal layer: out[N, n_out] = in[N, Cx-like] · Wᵀ, partial over X -> all-reduce X, + bias.
+void ParallelTransformer::normal_fwd(float* out, const float* in, int wi, int bi, int64_t k_in,
+                                     int64_t n_out, int64_t N) {
+  timed(Phase::Gemm, [&] { k::gemm<float>(false, true, N, n_out, k_in, 1.0f, in, k_in, w(wi), k_in, 0.0f, out, n_out); });
+  sum_over(g_.x, out, N * n_out);
+  if (const float* b = w(bi)) {
+#pragma omp parallel for schedule(static)
+    for (int64_t t = 0; t < N; ++t)
+      for (int64_t j = 0; j < n_out; ++j) out[t * n_out + j] += b[j];
+  }
+}
+
+// Transposed layer + residual: out[N, Cx] = resid + all-reduce_Y(in · Wᵀ) + bias.
+void ParallelTransformer::transposed_fwd(float* out, const float* resid, const float* in, int wi,
+                                         int bi, int64_t k_in, int64_t N) {
+  float* tmp = a_->tmp;
+  const int64_t Cx = Cx_;
+  timed(Phase::Gemm, [&] { k::gemm<float>(false, true, N, Cx, k_in, 1.0f, in, k_in, w(wi), k_in, 0.0f, tmp, Cx); });
+  sum_over(g_.y, tmp, N * Cx);
+  const float* b = w(bi);
+  ScopedPhase sp(prof_, Phase::Residual);
+#pragma omp parallel for schedule(static)
+  for (int64_t t = 0; t < N; ++t)
+    for (int64_t c = 0; c < Cx; ++c)
+      out[t * Cx + c] = resid[t * Cx + c] + tmp[t * Cx + c] + (b ? b[c] : 0.0f);
+}
+
+// Attention of layer l from its stored q|k|v (after RoPE): atty and lse.
+void ParallelTransformer::attention_forward(int l, int B, int T) {
+  auto& A = a_->layer[l];
+  k::AttentionDims d{};
+  d.B = B; d.Tq = T; d.Tk = T; d.n_head = int(nhy_); d.n_kv_head = int(nkvy_); d.head_dim = int(hd_);
+  d.q_stride = d.kv_stride = QKVy_; d.q_batch_stride = d.kv_batch_stride = T * QKVy_;
+  d.out_stride = Ay_; d.out_batch_stride = T * Ay_;
+  timed(Phase::Attention, [&] {
+    k::attention_forward<float>(A.atty, A.lse, A.qkv, A.qkv + nhy_ * hd_, A.qkv + (nhy_ + nkvy_) * hd_, d);
+  });
+}
+
+// One block from its input x (its weights gathered): every activation of a_->layer[l].
+void ParallelTransformer::layer_forward(int l, const float* x, int B, int T) {
+  const int64_t N = int64_t(B) * T;
+  const Layer& L = layers_[l];
+  auto& A = a_->layer[l];
+  norm_fwd(A.ln1, A.ln1_mean, A.ln1_rstd, x, L.ln1_w, L.ln1_b, N);
+  normal_fwd(A.qkv, A.ln1, L.qkv_w, L.qkv_b, Cx_, QKVy_, N);
+  if (!gpt2_)
+    timed(Phase::Attention, [&] { k::rope_forward(A.qkv, N, T, 0, nhy_ + nkvy_, hd_, QKVy_, rope_cos_.data(), rope_sin_.data()); });
+  attention_forward(l, B, T);
+  transposed_fwd(A.resid_mid, x, A.atty, L.proj_w, L.proj_b, Ay_, N);
+  norm_fwd(A.ln2, A.ln2_mean, A.ln2_rstd, A.resid_mid, L.ln2_w, L.ln2_b, N);
+  normal_fwd(A.fc, A.ln2, L.fc_w, L.fc_b, Cx_, FWy_, N);
+  timed(Phase::Activation, [&] {
+    if (gpt2_) k::gelu_forward(A.fc_act, A.fc, N * Fy_);
+    else k::swiglu_forward(A.fc_act, A.fc, N, Fy_);
+  });
+  transposed_fwd(A.resid_out, A.resid_mid, A.fc_act, L.fcproj_w, L.fcproj_b, Fy_, N);
+  scratch_layer_ = l;  // with recomputation, the shared scratch now holds this layer
+}
+
 void ParallelTransformer::forward(const int32_t* inputs, int B, int T) {
   if (B <= 0 || B > local_batch_)
     fail("micro-batch of ", B, " sequences on this rank; the model was set up for 1..", local_batch_);
   if (T <= 0 || T > max_len_)
     fail("sequence of ", T, " tokens is longer than the model's maximum of ", max_len_,
          " (model.max_seq / train.seq_len)");
-  const int64_t N = int64_t(B) * T, C = cfg_.n_embd, V = cfg_.vocab_size;
-  const float eps = cfg_.norm_eps;
+  const int64_t N = int64_t(B) * T, V = cfg_.vocab_size;
   Acts& a = *a_;
-  double* st = stats_.data();
-
-  auto norm_fwd = [&](float* out, float* mean, float* rstd, const float* x, int wi, int bi) {
-    ScopedPhase sp(prof_, Phase::Norm);
-    if (gpt2_) {
-      row_sums(x, N, Cx_, st, 1, nullptr);
-      sum_over(g_.x, st, N);
-      for (int64_t t = 0; t < N; ++t) mean[t] = float(st[t] / double(C));
-      row_sums(x, N, Cx_, st, 1, mean);
-      sum_over(g_.x, st, N);
-      for (int64_t t = 0; t < N; ++t) rstd[t] = float(1.0 / std::sqrt(st[t] / double(C) + eps));
-    } else {
-#pragma omp parallel for schedule(static)
-      for (int64_t t = 0; t < N; ++t) {
-        const float* r = x + t * Cx_;
-        double s = 0;
-#pragma omp simd reduction(+ : s)
-        for (int64_t c = 0; c < Cx_; ++c) s += double(r[c]) * r[c];
-        st[t] = s;
-      }
-      sum_over(g_.x, st, N);
-      for (int64_t t = 0; t < N; ++t) rstd[t] = float(1.0 / std::sqrt(st[t] / double(C) + eps));
-    }
-    const float* wv = w(wi);
-    const float* bv = w(bi);
-#pragma omp parallel for schedule(static)
-    for (int64_t t = 0; t < N; ++t) {
-      const float* r = x + t * Cx_;
-      float* o = out + t * Cx_;
-      const float m = gpt2_ ? mean[t] : 0.0f, s = rstd[t];
-      if (bv) {
-#pragma omp simd
-        for (int64_t c = 0; c < Cx_; ++c) o[c] = (r[c] - m) * s * wv[c] + bv[c];
-      } else {
-#pragma omp simd
-        for (int64_t c = 0; c < Cx_; ++c) o[c] = r[c] * s * wv[c];
-      }
-    }
-  };
-  // Normal layer: out[N, n_out] = in[N, Cx-like] · Wᵀ, partial over X -> all-reduce X, + bias.
-  auto normal_fwd = [&](float* out, const float* in, int wi, int bi, int64_t k_in, int64_t n_out) {
-    timed(Phase::Gemm, [&] { k::gemm<float>(false, true, N, n_out, k_in, 1.0f, in, k_in, w(wi), k_in, 0.0f, out, n_out); });
-    sum_over(g_.x, out, N * n_out);
-    if (const float* b = w(bi)) {
-#pragma omp parallel for schedule(static)
-      for (int64_t t = 0; t < N; ++t)
-        for (int64_t j = 0; j < n_out; ++j) out[t * n_out + j] += b[j];
-    }
-  };
-  // Transposed layer + residual: out[N, Cx] = resid + all-reduce_Y(in · Wᵀ) + bias.
-  auto transposed_fwd = [&](float* out, const float* resid, const float* in, int wi, int bi, int64_t k_in) {
-    timed(Phase::Gemm, [&] { k::gemm<float>(false, true, N, Cx_, k_in, 1.0f, in, k_in, w(wi), k_in, 0.0f, a.tmp, Cx_); });
-    sum_over(g_.y, a.tmp, N * Cx_);
-    const float* b = w(bi);
-    ScopedPhase sp(prof_, Phase::Residual);
-#pragma omp parallel for schedule(static)
-    for (int64_t t = 0; t < N; ++t)
-      for (int64_t c = 0; c < Cx_; ++c)
-        out[t * Cx_ + c] = resid[t * Cx_ + c] + a.tmp[t * Cx_ + c] + (b ? b[c] : 0.0f);
-  };
 
   gather_layer(-1);
   {
@@ -373,31 +591,11 @@ void ParallelTransformer::forward(const int32_t* inputs, int B, int T) {
 
   const float* x = a.emb;
   for (int l = 0; l < cfg_.n_layer; ++l) {
-    const Layer& L = layers_[l];
-    auto& A = a.layer[l];
     gather_layer(l);
-    norm_fwd(A.ln1, A.ln1_mean, A.ln1_rstd, x, L.ln1_w, L.ln1_b);
-    normal_fwd(A.qkv, A.ln1, L.qkv_w, L.qkv_b, Cx_, QKVy_);
-    if (!gpt2_)
-      timed(Phase::Attention, [&] { k::rope_forward(A.qkv, N, T, 0, nhy_ + nkvy_, hd_, QKVy_, rope_cos_.data(), rope_sin_.data()); });
-    k::AttentionDims d{};
-    d.B = B; d.Tq = T; d.Tk = T; d.n_head = int(nhy_); d.n_kv_head = int(nkvy_); d.head_dim = int(hd_);
-    d.q_stride = d.kv_stride = QKVy_; d.q_batch_stride = d.kv_batch_stride = T * QKVy_;
-    d.out_stride = Ay_; d.out_batch_stride = T * Ay_;
-    timed(Phase::Attention, [&] {
-      k::attention_forward<float>(A.atty, A.lse, A.qkv, A.qkv + nhy_ * hd_, A.qkv + (nhy_ + nkvy_) * hd_, d);
-    });
-    transposed_fwd(A.resid_mid, x, A.atty, L.proj_w, L.proj_b, Ay_);
-    norm_fwd(A.ln2, A.ln2_mean, A.ln2_rstd, A.resid_mid, L.ln2_w, L.ln2_b);
-    normal_fwd(A.fc, A.ln2, L.fc_w, L.fc_b, Cx_, FWy_);
-    timed(Phase::Activation, [&] {
-      if (gpt2_) k::gelu_forward(A.fc_act, A.fc, N * Fy_);
-      else k::swiglu_forward(A.fc_act, A.fc, N, Fy_);
-    });
-    transposed_fwd(A.resid_out, A.resid_mid, A.fc_act, L.fcproj_w, L.fcproj_b, Fy_);
-    x = A.resid_out;
+    layer_forward(l, x, B, T);
+    x = a.layer[l].resid_out;
   }
-  norm_fwd(a.lnf, a.lnf_mean, a.lnf_rstd, x, lnf_w_, lnf_b_);
+  norm_fwd(a.lnf, a.lnf_mean, a.lnf_rstd, x, lnf_w_, lnf_b_, N);
   // Output head: normal layer on the embedding's block -> logits [N, V/Gy].
   timed(Phase::Gemm, [&] { k::gemm<float>(false, true, N, Vy_, Cx_, 1.0f, a.lnf, Cx_, w(head_), Cx_, 0.0f, a.logits, Vy_); });
   sum_over(g_.x, a.logits, N * Vy_);
@@ -581,6 +779,12 @@ void ParallelTransformer::backward(const int32_t* inputs, int B, int T) {
     const float* x_in = l == 0 ? a.emb : a.layer[l - 1].resid_out;
     gather_layer(l);
     zero_layer_grad_blocks(l);
+    // Recomputation: the scratch holds only the last layer run forward (the last one, at first).
+    if (opt_.recompute == Recompute::Full && scratch_layer_ != l) layer_forward(l, x_in, B, T);
+    if (opt_.recompute == Recompute::Selective && scratch_layer_ != l) {
+      attention_forward(l, B, T);
+      scratch_layer_ = l;
+    }
     transposed_bwd(a.dfc_act, a.dresid, A.fc_act, L.fcproj_w, L.fcproj_b, Fy_);
     timed(Phase::Activation, [&] {
       if (gpt2_) k::gelu_backward(a.dfc, a.dfc_act, A.fc, N * Fy_);

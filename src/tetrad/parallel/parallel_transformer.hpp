@@ -17,6 +17,7 @@
 #pragma once
 #include <cstdint>
 #include <memory>
+#include <string>
 #include <vector>
 
 #include "tetrad/core/buffer.hpp"
@@ -28,11 +29,48 @@
 
 namespace tetrad::parallel {
 
+// Activation recomputation (train.recompute): what the forward keeps for the backward.
+//   None       every layer's activations are kept.
+//   Selective  the attention internals (attention output and softmax log-sum-exp, per head) are
+//              not kept: one layer's worth of scratch; the backward recomputes the attention from
+//              the stored q|k|v (no communication, no GEMM: Megatron's "selective").
+//   Full       per block only its input is kept (the previous block's output); the backward
+//              recomputes the block's forward (GEMMs and their all-reduces included) into one
+//              layer's scratch before its backward.
+// Every mode gives bit-identical results: the recomputation repeats the same operations on the
+// same inputs (deterministic kernels, static OpenMP schedules).
+enum class Recompute { None, Selective, Full };
+Recompute parse_recompute(const std::string& text);  // "none" | "selective" | "full"
+const char* recompute_name(Recompute mode);
+
+// ZeRO over the data axis (parallel.zero), on top of whatever Z already shards:
+//   0  every D replica keeps the whole local shard of parameters, gradients and Adam moments;
+//      gradients are all-reduced over D.
+//   1  the Adam moments are sharded over D: each tensor's local shard is cut into Gd pieces
+//      (rank d owns piece d, ceil(n / Gd) elements, the last one shorter); gradients are
+//      reduce-scattered over D at the end of the step, each D rank updates its piece, and the
+//      updated pieces are all-gathered over D.
+//   2  as 1, and the gradients too: only the piece is kept (grads() has optimizer_state_size()
+//      elements); each layer's gradient is reduce-scattered over Z then D as soon as its
+//      backward is done, every micro-batch.
+struct ParallelOptions {
+  Recompute recompute = Recompute::None;
+  int zero = 0;
+};
+
+// Where the optimizer finds each tensor's part on this rank: parameters and gradients at
+// param_offset / grad_offset of params() / grads(), its moments at state_offset of a buffer of
+// optimizer_state_size(); numel elements (0 when this D rank's piece is empty).
+struct OptimizerLayout {
+  std::vector<int64_t> param_offsets, grad_offsets, state_offsets, sizes;
+  int64_t state_size = 0;
+};
+
 class ParallelTransformer {
  public:
   // local_batch: sequences of this rank per micro-batch (the global micro-batch / (Gz * Gd)).
   ParallelTransformer(const ModelConfig& config, ProcessGroups& groups, int local_batch,
-                      int max_len);
+                      int max_len, ParallelOptions options = {});
   ~ParallelTransformer();
   ParallelTransformer(const ParallelTransformer&) = delete;
   ParallelTransformer& operator=(const ParallelTransformer&) = delete;
@@ -44,7 +82,14 @@ class ParallelTransformer {
   int64_t num_local_params() const { return plan_.local_total; }
   float* params() { return params_.data(); }
   float* grads() { return grads_.data(); }
+  const ParallelOptions& options() const { return opt_; }
+  // Bytes of this rank's activation buffer (the forward's saved tensors and the backward's
+  // scratch) as allocated, and what it would be under any recompute mode.
   int64_t activation_bytes() const { return int64_t(acts_.size() * sizeof(float)); }
+  int64_t activation_bytes(Recompute mode) const;
+  // Bytes this rank holds for parameters, gradients and Adam moments (two of
+  // optimizer_state_size()), plus the gather / gradient-staging buffers.
+  int64_t state_bytes() const;
   int max_len() const { return max_len_; }
   int local_batch() const { return local_batch_; }
 
@@ -57,7 +102,17 @@ class ParallelTransformer {
   // The same for any buffer laid out like the parameters (gradients, optimizer moments).
   void scatter_tensor(float* local, size_t index, const float* full) const;
   void gather_tensor(const float* local, size_t index, float* full);
+  // The same for optimizer state (Adam moments) laid out as optimizer_layout() says (pieces over
+  // D with ZeRO 1/2; like the parameters otherwise).
+  void scatter_state_tensor(float* state, size_t index, const float* full) const;
+  void gather_state_tensor(const float* state, size_t index, float* full);
 
+  // The layout the optimizer updates: with ZeRO, this D rank's pieces.
+  const OptimizerLayout& optimizer_layout() const { return zl_; }
+  int64_t num_local_grads() const { return int64_t(grads_.size()); }
+  // After the optimizer step (ZeRO 1/2): all-gather the updated pieces over D so every replica
+  // has the whole local shard again. No-op without ZeRO.
+  void gather_updated_params();
   void zero_grads() { grads_.zero(); }
   // One micro-batch of this rank's tokens: forward, vocabulary-parallel cross-entropy with
   // d(grad_scale * Σ loss), backward; parameter gradients accumulate (Z-reduced per layer).
@@ -84,7 +139,16 @@ class ParallelTransformer {
   void gather_layer(int layer);          // all-gather Z shards of a layer (-1: embedding/head)
   void scatter_layer_grads(int layer);   // reduce-scatter the layer's gradient blocks over Z
   void zero_layer_grad_blocks(int layer);
+  bool staged(const TensorShard& t) const;
+  void gather_shard(const float* shard, size_t index, float* full);
+  std::vector<float> shard_of(size_t index, const float* full) const;  // gradient accumulates in a layer block buffer
+  void reduce_scatter_d(size_t tensor, const float* shard, float* piece);
   void forward(const int32_t* inputs, int B, int T);
+  void layer_forward(int l, const float* x, int B, int T);
+  void attention_forward(int l, int B, int T);
+  void norm_fwd(float* out, float* mean, float* rstd, const float* x, int wi, int bi, int64_t N);
+  void normal_fwd(float* out, const float* in, int wi, int bi, int64_t k_in, int64_t n_out, int64_t N);
+  void transposed_fwd(float* out, const float* resid, const float* in, int wi, int bi, int64_t k_in, int64_t N);
   void backward(const int32_t* inputs, int B, int T);
   double cross_entropy(const int32_t* targets, int64_t N, float grad_scale, bool with_grad);
   template <typename T>
@@ -97,6 +161,11 @@ class ParallelTransformer {
 
   ModelConfig cfg_;
   ProcessGroups& g_;
+  ParallelOptions opt_;
+  OptimizerLayout zl_;
+  std::vector<int64_t> piece_;  // ZeRO piece length of each tensor: ceil(shard_numel / Gd)
+  Buffer<float> zero_tmp_;      // Gd pieces: reduce-scatter input / all-gather output
+  int scratch_layer_ = -1;      // layer whose recomputable activations the scratch holds
   ParamTable table_;
   ShardPlan plan_;
   int local_batch_, max_len_;

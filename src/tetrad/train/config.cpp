@@ -114,6 +114,10 @@ const std::vector<Field>& schema() {
       STRING_FIELD("parallel.grid", c.grid,
                    "process grid \"x,y,z,d\": tensor parallelism over X, Y, Z (Z shards weights) "
                    "times data parallelism over D; the product must equal the number of ranks"),
+      INT_FIELD("parallel.zero", c.zero,
+                "ZeRO stage over the data axis: 0 replicates optimizer state over D; 1 shards the "
+                "Adam moments over D (gradients reduce-scattered, updated parameters "
+                "all-gathered); 2 shards the gradients too"),
       INT_FIELD("train.seed", c.train.seed, "seed of weight init and data order"),
       INT_FIELD("train.micro_batch", c.train.micro_batch,
                 "sequences per micro-batch of the whole job (split over the Z x D ranks)"),
@@ -142,6 +146,10 @@ const std::vector<Field>& schema() {
       INT_FIELD("train.keep_checkpoints", c.train.keep_checkpoints, "checkpoints kept"),
       INT_FIELD("train.max_bad_steps", c.train.max_bad_steps,
                 "consecutive non-finite steps (skipped) before the run stops"),
+      STRING_FIELD("train.recompute", c.train.recompute,
+                   "activation recomputation: \"none\", \"selective\" (attention recomputed "
+                   "in the backward from the stored q|k|v) or \"full\" (each block keeps only "
+                   "its input and reruns its forward before its backward)"),
       STRING_FIELD("train.loss_mask", c.train.loss_mask,
                    "targets dropped from the loss: \"none\", \"goldfish\" (hashed, Hans et al. "
                    "2024), \"static\" (every k-th) or \"random\" (per position)"),
@@ -220,6 +228,9 @@ void RunConfig::validate() const {
   if (t.threads < 0) fail("train.threads must be >= 0, got ", t.threads);
   if (run_dir.empty()) fail("run.dir must not be empty");
   LossMask{parse_loss_mask(t.loss_mask), t.goldfish_k, t.goldfish_h, t.seed}.validate();
+  if (t.recompute != "none" && t.recompute != "selective" && t.recompute != "full")
+    fail("train.recompute must be \"none\", \"selective\" or \"full\", got \"", t.recompute, "\"");
+  if (zero < 0 || zero > 2) fail("parallel.zero must be 0, 1 or 2, got ", zero);
 }
 
 RunConfig load_run_config(const std::string& path, const std::vector<std::string>& overrides) {

@@ -35,6 +35,7 @@ struct TrainConfig {
   std::string loss_mask = "none";  // none | goldfish | static | random (train/loss_mask.hpp)
   int goldfish_k = 4;
   int goldfish_h = 13;
+  std::string recompute = "none";  // none | selective | full (activation recomputation)
 };
 
 struct RunConfig {
@@ -44,6 +45,7 @@ struct RunConfig {
   std::string init_from;             // Hugging Face folder to fine-tune from (optional)
   std::string run_dir = "runs/default";
   std::string grid = "1,1,1,1";      // x,y,z,d process grid (docs/parallel.md)
+  int zero = 0;                      // ZeRO stage over the data axis: 0, 1 or 2
   TrainConfig train;
 
   void validate() const;  // throws Error naming the key

@@ -160,14 +160,14 @@ TrainResult train(const RunConfig& cfg, const TrainOptions& opt, std::ostream& l
                         << resolved << "\n";
   }
 
-  parallel::ParallelTransformer model(cfg.model, groups, B, T);
+  parallel::ParallelOptions popt;
+  popt.recompute = parallel::parse_recompute(t.recompute);
+  popt.zero = cfg.zero;
+  parallel::ParallelTransformer model(cfg.model, groups, B, T, popt);
   const ParamTable& table = model.table();
-  std::vector<int64_t> shard_offsets, shard_sizes;
-  for (const auto& s : model.plan().tensors) {
-    shard_offsets.push_back(s.offset);
-    shard_sizes.push_back(s.shard_numel);
-  }
-  AdamW adam(decay_ranges(table, t, shard_offsets, shard_sizes), model.num_local_params(), t);
+  const parallel::OptimizerLayout& ol = model.optimizer_layout();
+  AdamW adam(decay_ranges(table, t, ol.param_offsets, ol.sizes, ol.state_offsets, ol.grad_offsets),
+             ol.state_size, t);
   data::LoaderOptions lopt;
   lopt.tokenizer_identity = data.tokenizer_identity;
   lopt.model_vocab = cfg.model.vocab_size;
@@ -198,9 +198,14 @@ TrainResult train(const RunConfig& cfg, const TrainOptions& opt, std::ostream& l
       auto keep = [&](float* local) {
         return [&model, local](size_t i, const float* data) { model.scatter_tensor(local, i, data); };
       };
+      auto keep_state = [&](float* local) {
+        return [&model, local](size_t i, const float* data) {
+          model.scatter_state_tensor(local, i, data);
+        };
+      };
       TrainerState st = load_run_checkpoint_streamed(found->dir, cfg.model, table,
-                                                     keep(model.params()), keep(adam.m()),
-                                                     keep(adam.v()));
+                                                     keep(model.params()), keep_state(adam.m()),
+                                                     keep_state(adam.v()));
       step = st.step;
       loaded = true;
       try {
@@ -241,7 +246,14 @@ TrainResult train(const RunConfig& cfg, const TrainOptions& opt, std::ostream& l
     if (r == groups.world.rank() && !opt.quiet)
       log_stream << groups.summary() << "; " << model.num_local_params() << " of " << table.total
                  << " parameters, " << B << " of " << t.micro_batch << " sequences per micro-batch"
-                 << std::endl;
+                 << "; memory: state " << std::fixed << std::setprecision(2)
+                 << double(model.state_bytes()) / (1 << 20) << " MiB (parallel.zero = " << cfg.zero
+                 << "), activations " << double(model.activation_bytes()) / (1 << 20)
+                 << " MiB (train.recompute = " << t.recompute << "; none: "
+                 << double(model.activation_bytes(parallel::Recompute::None)) / (1 << 20)
+                 << " MiB, saved " << double(model.activation_bytes(parallel::Recompute::None) -
+                                             model.activation_bytes()) / (1 << 20)
+                 << " MiB)" << std::defaultfloat << std::endl;
     if (world > 1) groups.world.barrier();
   }
 
@@ -263,6 +275,9 @@ TrainResult train(const RunConfig& cfg, const TrainOptions& opt, std::ostream& l
     auto gather = [&model](const float* local) {
       return [&model, local](size_t i, float* out) { model.gather_tensor(local, i, out); };
     };
+    auto gather_state = [&model](const float* local) {
+      return [&model, local](size_t i, float* out) { model.gather_state_tensor(local, i, out); };
+    };
     if (root) {
       const auto ls = train_loader.state();
       nlohmann::json info = {{"data_epoch", ls.epoch}, {"data_cursor", ls.cursor},
@@ -272,17 +287,21 @@ TrainResult train(const RunConfig& cfg, const TrainOptions& opt, std::ostream& l
       co.tokenizer_path = data.tokenizer_path;
       co.keep_last = t.keep_checkpoints;
       result.last_checkpoint = save_run_checkpoint_streamed(
-          cfg.run_dir, cfg.model, table, gather(model.params()), gather(adam.m()),
-          gather(adam.v()), at_step, {}, info, co);
+          cfg.run_dir, cfg.model, table, gather(model.params()), gather_state(adam.m()),
+          gather_state(adam.v()), at_step, {}, info, co);
       const double dt = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
       if (!opt.quiet) out << "checkpoint " << result.last_checkpoint << " (" << std::fixed
                           << std::setprecision(2) << dt << " s)\n" << std::defaultfloat;
     } else {
       std::vector<float> tensor;
-      for (const float* local : {(const float*)model.params(), (const float*)adam.m(), (const float*)adam.v()})
+      for (size_t i = 0; i < table.specs.size(); ++i) {
+        tensor.resize(size_t(table.specs[i].numel));
+        model.gather_tensor(model.params(), i, tensor.data());
+      }
+      for (const float* local : {(const float*)adam.m(), (const float*)adam.v()})
         for (size_t i = 0; i < table.specs.size(); ++i) {
           tensor.resize(size_t(table.specs[i].numel));
-          model.gather_tensor(local, i, tensor.data());
+          model.gather_state_tensor(local, i, tensor.data());
         }
     }
     if (world > 1) groups.world.barrier();  // the checkpoint is complete before anyone goes on
@@ -358,6 +377,7 @@ TrainResult train(const RunConfig& cfg, const TrainOptions& opt, std::ostream& l
     bad_steps = 0;
     const double clip = (t.grad_clip > 0 && gnorm > t.grad_clip) ? t.grad_clip / gnorm : 1.0;
     adam.update(model.params(), model.grads(), lr, clip, step + 1);
+    model.gather_updated_params();  // ZeRO: every D replica gets the pieces the others updated
     result.losses.push_back(loss);
 
     const auto t1 = std::chrono::steady_clock::now();
