@@ -140,6 +140,12 @@ int main(int argc, char** argv) {
   bool bench_grids = false;
   bench->add_flag("--grids", bench_grids,
                   "parallel mode, under mpirun: every grid of the ranks on the same global batch");
+  bench->add_option("--grid", bopt.grid, "with --grids: only this grid \"x,y,z,d\"");
+  bench->add_option("--zero", bopt.zero, "with --grids: ZeRO stage over D (0, 1, 2)")
+      ->capture_default_str();
+  bench->add_option("--recompute", bopt.recompute,
+                    "with --grids: activation recomputation (none, selective, full)")
+      ->capture_default_str();
   bench->add_option("--anchor", bopt.anchor_cmd,
                     "command running the PyTorch anchor (default: bench/pytorch_gpt2.py if "
                     "torch is importable; 'none' to skip)");

@@ -230,7 +230,13 @@ void run_bench_grids(const BenchOptions& opt, std::ostream& log) {
     out << "\n== " << name << ": global batch " << Bg << " x " << T << " tokens\n"
         << "  grid      tokens/s   step s   compute  comm     state/rank   vs serial/G   RSS/rank  "
            "estimate\n";
-    for (const GridShape& shape : factorizations(G)) {
+    const std::vector<GridShape> shapes =
+        opt.grid.empty() ? factorizations(G) : std::vector<GridShape>{parse_grid(opt.grid)};
+    ParallelOptions po;
+    po.zero = opt.zero;
+    po.recompute = parse_recompute(opt.recompute);
+    out << "  zero " << po.zero << ", recompute " << recompute_name(po.recompute) << "\n";
+    for (const GridShape& shape : shapes) {
       try {
         validate_grid_for_model(mc, shape);
         if (Bg % (shape.z * shape.d) != 0) fail("batch does not divide over Z x D");
@@ -241,15 +247,17 @@ void run_bench_grids(const BenchOptions& opt, std::ostream& log) {
       }
       ProcessGroups g(world, shape);
       const int Bl = Bg / (shape.z * shape.d);
-      ParallelTransformer model(mc, g, Bl, T);
+      // The peak of this grid alone: the previous grid's buffers are freed (returned to Linux:
+      // they are large, so malloc maps them), then the high-water mark restarts from here.
+      const double rss_start = double(current_rss_bytes());
+      const bool hwm_reset = reset_peak_rss();
+      ParallelTransformer model(mc, g, Bl, T, po);
       model.init_weights(1);
       TrainConfig tc;
-      std::vector<int64_t> off, size;
-      for (const auto& t : model.plan().tensors) {
-        off.push_back(t.offset);
-        size.push_back(t.shard_numel);
-      }
-      AdamW adam(decay_ranges(model.table(), tc, off, size), model.num_local_params(), tc);
+      const OptimizerLayout& ol = model.optimizer_layout();
+      AdamW adam(decay_ranges(model.table(), tc, ol.param_offsets, ol.sizes, ol.state_offsets,
+                              ol.grad_offsets),
+                 ol.state_size, tc);
       Rng rng(7);
       std::vector<int32_t> tokens(size_t(Bl) * T + 1);
       for (auto& t : tokens) t = int32_t(rng.next_u64() % uint64_t(mc.vocab_size));
@@ -268,6 +276,7 @@ void run_bench_grids(const BenchOptions& opt, std::ostream& log) {
           ScopedPhase sp(&profile, Phase::Optimizer);
           adam.update(model.params(), model.grads(), 1e-4, gn > 1 ? 1 / gn : 1, s + 1);
         }
+        model.gather_updated_params();
         double dt = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
         g.world.allreduce_max(&dt, 1);
         if (s >= opt.warmup) times.push_back(dt);
@@ -279,7 +288,7 @@ void run_bench_grids(const BenchOptions& opt, std::ostream& log) {
       double comm_s = profile.seconds[size_t(Phase::Comm)];
       g.world.allreduce_max(&comm_s, 1);
       const double comm_share = comm_s / total;
-      const double state = 16.0 * double(model.num_local_params());
+      const double state = double(model.state_bytes());
       double state_max = state;
       g.world.allreduce_max(&state_max, 1);
       const double tok_s = double(Bg) * T / step;
@@ -289,6 +298,30 @@ void run_bench_grids(const BenchOptions& opt, std::ostream& log) {
       g.world.allreduce_max(&rss, 1);
       double estimate = state + double(model.activation_bytes()) + baseline_rss;
       g.world.allreduce_max(&estimate, 1);
+      // Peak resident memory of the steps above this grid's starting point, largest rank,
+      // against the formula (docs/parallel.md): weights 4P, gradients 4P (/ Gd with ZeRO 2),
+      // Adam 8P (/ Gd with ZeRO >= 1) over this rank's P = its local shard, plus the gradient
+      // staging / gather buffers, plus the activations of the recompute mode.
+      const double P = double(model.num_local_params());
+      const double Gd = shape.d;
+      const double staging = double(model.state_bytes()) - 4 * P -
+                             4.0 * double(model.num_local_grads()) -
+                             8.0 * double(ol.state_size);
+      const double formula_state = 4 * P + 4 * P / (po.zero >= 2 ? Gd : 1.0) +
+                                   8 * P / (po.zero >= 1 ? Gd : 1.0) + staging;
+      const double formula = formula_state + double(model.activation_bytes(po.recompute));
+      double peak = double(hwm_rss_bytes()) - rss_start;
+      double formula_max = formula;
+      g.world.allreduce_max(&peak, 1);
+      g.world.allreduce_max(&formula_max, 1);
+      out << "  memory " << shape.to_string() << ": peak " << std::fixed << std::setprecision(1)
+          << peak / 1048576.0 << " MiB per rank (largest) vs formula " << formula_max / 1048576.0
+          << " MiB = state " << formula_state / 1048576.0 << " (of which staging "
+          << staging / 1048576.0 << ") + activations "
+          << double(model.activation_bytes(po.recompute)) / 1048576.0 << "; ratio "
+          << std::setprecision(3) << peak / formula_max
+          << (hwm_reset ? "" : " (peak not resettable here: includes earlier grids)") << "\n"
+          << std::defaultfloat;
       out << "  " << std::left << std::setw(9) << shape.to_string() << std::right << std::fixed
           << std::setprecision(1) << std::setw(9) << tok_s << std::setprecision(3) << std::setw(9)
           << step << std::setprecision(1) << std::setw(8) << 100 * (1 - comm_share) << "%"
@@ -303,7 +336,13 @@ void run_bench_grids(const BenchOptions& opt, std::ostream& log) {
                                    {"state_bytes_per_rank", state_max},
                                    {"state_vs_serial_over_G", state_max / (serial_state / double(G))},
                                    {"rss_mb", rss / 1048576.0},
-                                   {"estimate_mb", estimate / 1048576.0}}
+                                   {"estimate_mb", estimate / 1048576.0},
+                                   {"zero", po.zero}, {"recompute", recompute_name(po.recompute)},
+                                   {"peak_mb", peak / 1048576.0},
+                                   {"formula_mb", formula_max / 1048576.0},
+                                   {"formula_state_mb", formula_state / 1048576.0},
+                                   {"activation_mb", model.activation_bytes(po.recompute) / 1048576.0},
+                                   {"peak_vs_formula", peak / formula_max}}
                         .dump()
                  << "\n";
     }

@@ -16,6 +16,11 @@ struct BenchOptions {
   std::string json_path;  // also write one JSON object per line here
   std::string anchor_cmd; // "" = auto (python3 bench/pytorch_gpt2.py if torch imports), "none"
   bool quick_ceilings = false;  // the longer measurement is steadier on a shared machine
+  // --grids only: one grid "x,y,z,d" instead of every factorisation; ZeRO stage and activation
+  // recomputation of the model (parallel.zero, train.recompute).
+  std::string grid;
+  int zero = 0;
+  std::string recompute = "none";
 };
 
 void run_bench(const BenchOptions& opt, std::ostream& out);
@@ -23,7 +28,8 @@ void run_bench(const BenchOptions& opt, std::ostream& out);
 // Parallel mode, run under mpirun: every grid of the world size that divides the model trains
 // the configuration on the same global batch (its standard micro-batch); rank 0 prints tokens/s,
 // the time split into compute and communication (slowest rank), and per-rank memory of
-// parameters + gradients + Adam against the serial figure / G. Compare with `tetrad bench` on one
+// parameters + gradients + Adam against the serial figure / G, and each rank's peak resident
+// memory during the steps against the formula of docs/parallel.md ("Memory per rank"). Compare with `tetrad bench` on one
 // rank with as many threads as ranks here (bench/parallel.sh does both).
 void run_bench_grids(const BenchOptions& opt, std::ostream& out);
 
