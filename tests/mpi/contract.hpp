@@ -48,6 +48,7 @@ inline ModelConfig tiny_model(Family f, int n_layer) {
 struct Run {
   std::vector<double> losses, grad_norms;
   std::vector<std::vector<float>> weights;  // every tensor, whole
+  std::vector<std::vector<float>> m, v;     // Adam moments, whole (parallel runs)
 };
 
 constexpr int kB = 8, kT = 16, kAccum = 2;
@@ -138,7 +139,11 @@ inline Run parallel_run(const ModelConfig& mc, ProcessGroups& g, int steps, Para
   for (size_t i = 0; i < m.table().specs.size(); ++i) {
     std::vector<float> full(m.table().specs[i].numel);
     m.get_tensor(i, full.data());
-    r.weights.push_back(std::move(full));
+    r.weights.push_back(full);
+    m.gather_state_tensor(opt.m(), i, full.data());
+    r.m.push_back(full);
+    m.gather_state_tensor(opt.v(), i, full.data());
+    r.v.push_back(full);
   }
   return r;
 }
