@@ -242,9 +242,12 @@ TEST(MemorizationCommand, HuggingFaceFolderWithTokenizer) {
   opt.suffix_len = 8;
   const std::string json_path = (tmp.path / "out.json").string();
   std::ostringstream out;
-  run_memorization_command(dir.string(),
-                           {(tmp.path / "long.txt").string(), (tmp.path / "short.txt").string()},
-                           opt, json_path, out);
+  MemorizationCommand cmd;
+  cmd.model_dir = dir.string();
+  cmd.doc_files = {(tmp.path / "long.txt").string(), (tmp.path / "short.txt").string()};
+  cmd.opt = opt;
+  cmd.json_out = json_path;
+  run_memorization_command(cmd, out);
 
   // Same numbers as measure_extraction on the folder's tokenizer encoding of the files.
   const std::vector<Ids> docs = {tok.encode(long_text), tok.encode("the fox")};
@@ -264,7 +267,9 @@ TEST(MemorizationCommand, HuggingFaceFolderWithTokenizer) {
   fs::remove(dir / "tokenizer.model");
   std::ostringstream out2;
   try {
-    run_memorization_command(dir.string(), {(tmp.path / "long.txt").string()}, opt, "", out2);
+    MemorizationCommand no_tok = cmd;
+    no_tok.json_out.clear();
+    run_memorization_command(no_tok, out2);
     FAIL() << "folder without tokenizer accepted";
   } catch (const Error& e) {
     EXPECT_NE(std::string(e.what()).find("tokenizer.model"), std::string::npos) << e.what();

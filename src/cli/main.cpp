@@ -99,8 +99,8 @@ int main(int argc, char** argv) {
   train_cmd->add_flag("--resume", topt.resume, "continue from the latest good checkpoint");
   std::string grid_arg;
   train_cmd->add_option("--grid", grid_arg,
-                        "process grid x,y,z,d (same as --set parallel.grid=...); run under "
-                        "mpirun -n x*y*z*d");
+                        "process grid x,y,z,d or x,y,z,p,d (same as --set parallel.grid=...); "
+                        "run under mpirun -n with their product");
   auto* config_doc = app.add_subcommand("config-doc", "print the reference of every config key");
 
   // eval
@@ -136,11 +136,13 @@ int main(int argc, char** argv) {
   bench->add_option("--steps", bopt.steps, "timed steps")->capture_default_str();
   bench->add_option("--warmup", bopt.warmup, "untimed steps first")->capture_default_str();
   bench->add_option("--threads", bopt.threads, "0 = all cores")->capture_default_str();
+  bench->add_option("--precision", bopt.precision, "fp32 | bf16 (bf16 GEMM operands, fp32 accumulation)")
+      ->capture_default_str();
   bench->add_option("--json", bopt.json_path, "also write one JSON object per config here");
   bool bench_grids = false;
   bench->add_flag("--grids", bench_grids,
                   "parallel mode, under mpirun: every grid of the ranks on the same global batch");
-  bench->add_option("--grid", bopt.grid, "with --grids: only this grid \"x,y,z,d\"");
+  bench->add_option("--grid", bopt.grid, "with --grids: only this grid \"x,y,z,d\" or \"x,y,z,p,d\"");
   bench->add_option("--zero", bopt.zero, "with --grids: ZeRO stage over D (0, 1, 2)")
       ->capture_default_str();
   bench->add_option("--recompute", bopt.recompute,
@@ -157,17 +159,21 @@ int main(int argc, char** argv) {
   exp->add_option("-o,--out", export_out, "output folder")->required();
 
   // memorization
-  ExtractionOptions xopt;
-  std::vector<std::string> memo_docs;
-  std::string memo_json;
   auto* memo = app.add_subcommand(
       "memorization", "extraction of training text: greedy continuation of each document's prefix");
+  MemorizationCommand memo_cmd;
   memo->add_option("-m,--model", model_dir, "model folder or run folder")->required();
-  memo->add_option("--prefix", xopt.prefix_len, "prefix tokens given")->capture_default_str();
-  memo->add_option("--suffix", xopt.suffix_len, "tokens generated and compared")->capture_default_str();
-  memo->add_option("--batch", xopt.batch, "documents decoded together")->capture_default_str();
-  memo->add_option("--json", memo_json, "also write the report as JSON");
-  memo->add_option("docs", memo_docs, "document files (one document each)")->required();
+  memo->add_option("--prefix", memo_cmd.opt.prefix_len, "prefix tokens given")->capture_default_str();
+  memo->add_option("--suffix", memo_cmd.opt.suffix_len, "tokens generated and compared")->capture_default_str();
+  memo->add_option("--batch", memo_cmd.opt.batch, "documents decoded together (per rank)")->capture_default_str();
+  memo->add_option("--json", memo_cmd.json_out, "also write the report as JSON");
+  memo->add_option("--data", memo_cmd.data_dir,
+                   "also take --samples windows of prefix+suffix tokens from this prepared data");
+  memo->add_option("--split", memo_cmd.split, "split of --data")->capture_default_str();
+  memo->add_option("--samples", memo_cmd.samples, "windows taken from --data, evenly spaced");
+  memo->add_option("--grid", memo_cmd.grid,
+                   "process grid x,y,z,d under mpirun (default: all ranks on the data axis)");
+  memo->add_option("docs", memo_cmd.doc_files, "document files (one document each)");
 
   // logits (for checking against other implementations, e.g. scripts/hf_check.py)
   std::string tokens_csv, logits_out;
@@ -236,7 +242,8 @@ int main(int argc, char** argv) {
         run_bench(bopt, std::cout);
       }
     } else if (*memo) {
-      run_memorization_command(resolve_model_dir(model_dir), memo_docs, xopt, memo_json, std::cout);
+      memo_cmd.model_dir = resolve_model_dir(model_dir);
+      run_memorization_command(memo_cmd, std::cout);
     } else if (*logits_cmd) {
       const std::string dir = resolve_model_dir(model_dir);
       const ModelConfig mc = read_hf_config(dir);

@@ -6,12 +6,14 @@
 #include <mpi.h>
 
 #include <cmath>
+#include <memory>
 #include <string>
 #include <vector>
 
 #include "tetrad/core/rng.hpp"
 #include "tetrad/model/transformer.hpp"
 #include "tetrad/parallel/parallel_transformer.hpp"
+#include "tetrad/parallel/pipeline.hpp"
 #include "tetrad/parallel/process_groups.hpp"
 #include "tetrad/train/optimizer.hpp"
 
@@ -102,7 +104,9 @@ inline Run serial_run(const ModelConfig& mc, int steps) {
 
 // The trainer's step on a grid (ParallelTransformer, optimizer over optimizer_layout(), ZeRO's
 // all-gather after the update).
-inline Run parallel_run(const ModelConfig& mc, ProcessGroups& g, int steps, ParallelOptions po) {
+// Gp > 1: the micro-batches go through PipelineDriver with `schedule`.
+inline Run parallel_run(const ModelConfig& mc, ProcessGroups& g, int steps, ParallelOptions po,
+                        PipelineSchedule schedule = PipelineSchedule::OneFOneB) {
   const int replicas = g.shape.z * g.shape.d;
   const int Bl = kB / replicas;
   const int slot = g.coord.z + g.shape.z * g.coord.d;  // this rank's slice of the sequences
@@ -113,8 +117,10 @@ inline Run parallel_run(const ModelConfig& mc, ProcessGroups& g, int steps, Para
   AdamW opt(decay_ranges(m.table(), tc, ol.param_offsets, ol.sizes, ol.state_offsets,
                          ol.grad_offsets),
             ol.state_size, tc);
+  std::unique_ptr<PipelineDriver> pipe;
+  if (g.shape.p > 1) pipe = std::make_unique<PipelineDriver>(m, schedule, kAccum);
   Run r;
-  std::vector<int32_t> x(size_t(Bl) * kT), y(x.size());
+  std::vector<int32_t> x(size_t(kAccum) * Bl * kT), y(x.size());
   for (int s = 0; s < steps; ++s) {
     m.zero_grads();
     double loss = 0;
@@ -122,13 +128,21 @@ inline Run parallel_run(const ModelConfig& mc, ProcessGroups& g, int steps, Para
       auto tok = batch_tokens(s, mb, mc.vocab_size);
       for (int b = 0; b < Bl; ++b)
         for (int t = 0; t < kT; ++t) {
-          x[b * kT + t] = tok[(slot * Bl + b) * (kT + 1) + t];
-          y[b * kT + t] = tok[(slot * Bl + b) * (kT + 1) + t + 1];
+          x[(mb * Bl + b) * kT + t] = tok[(slot * Bl + b) * (kT + 1) + t];
+          y[(mb * Bl + b) * kT + t] = tok[(slot * Bl + b) * (kT + 1) + t + 1];
         }
-      loss += m.forward_backward(x.data(), y.data(), Bl, kT, 1.0f / (kB * kT * kAccum));
+    }
+    const float scale = 1.0f / (kB * kT * kAccum);
+    if (pipe) {
+      loss = pipe->step(x.data(), y.data(), Bl, kT, scale);
+    } else {
+      for (int mb = 0; mb < kAccum; ++mb)
+        loss += m.forward_backward(x.data() + size_t(mb) * Bl * kT, y.data() + size_t(mb) * Bl * kT,
+                                   Bl, kT, scale);
     }
     m.reduce_gradients();
     if (g.zd.size() > 1) g.zd.allreduce_sum(&loss, 1);
+    if (pipe) g.p.allreduce_sum(&loss, 1);
     const double gn = std::sqrt(m.grad_sum_squares());
     opt.update(m.params(), m.grads(), learning_rate(tc, s),
                gn > tc.grad_clip ? tc.grad_clip / gn : 1.0, s + 1);

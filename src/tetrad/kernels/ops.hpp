@@ -15,7 +15,8 @@
 namespace tetrad::kernels {
 
 // C[M,N] = alpha * op(A) · op(B) + beta * C, row-major; op(X) = Xᵀ when the flag is set.
-// float: oneDNN sgemm (measured fastest on the model's shapes, machine-notes.md); double: a
+// float: oneDNN sgemm (measured fastest on the model's shapes), or bf16 operands with fp32
+// accumulation when gemm_precision() is BF16 (kernels/precision.hpp); double: a
 // straightforward blocked loop (tests only).
 template <typename T>
 void gemm(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K, T alpha, const T* A,

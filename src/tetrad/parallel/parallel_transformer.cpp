@@ -48,6 +48,12 @@ ParallelTransformer::ParallelTransformer(const ModelConfig& config, ProcessGroup
     : cfg_(config), g_(groups), opt_(options), local_batch_(local_batch), max_len_(max_len) {
   if (opt_.zero < 0 || opt_.zero > 2)
     fail("parallel.zero: expected 0, 1 or 2 (ZeRO stage over the data axis), got ", opt_.zero);
+  if (opt_.virtual_stages < 1)
+    fail("parallel.virtual_stages must be at least 1, got ", opt_.virtual_stages);
+  if (cfg_.n_layer < groups.shape.p * opt_.virtual_stages)
+    fail("model.n_layer (", cfg_.n_layer, ") is smaller than the pipeline's virtual stages Gp x "
+         "parallel.virtual_stages = ", groups.shape.p * opt_.virtual_stages,
+         ": every stage needs at least one layer");
   cfg_.validate();
   if (max_len <= 0 || max_len > cfg_.max_seq)
     fail("sequence length ", max_len, " is outside what the model supports (1..", cfg_.max_seq,
@@ -164,7 +170,9 @@ ParallelTransformer::ParallelTransformer(const ModelConfig& config, ProcessGroup
   }
   float* scratch = take(N * scratch_n);
   a_->layer.resize(cfg_.n_layer);
+  layer_begin_.clear();
   for (auto& A : a_->layer) {
+    layer_begin_.push_back(cur);
     float* sc = scratch;
     auto place = [&](bool kept, int64_t n) {
       if (kept) return take(N * n);
@@ -179,6 +187,7 @@ ParallelTransformer::ParallelTransformer(const ModelConfig& config, ProcessGroup
     A.resid_out = take(N * Cx_);  // the next block's input: always kept
     TETRAD_CHECK(sc == scratch + N * scratch_n);
   }
+  layer_begin_.push_back(cur);  // end of the layers: the global activations follow
   a_->emb = take(N * Cx_); a_->lnf = take(N * Cx_); a_->lnf_mean = take(N); a_->lnf_rstd = take(N);
   a_->logits = take(N * Vy_); a_->losses = take(N); a_->tmp = take(N * Cx_);
   a_->dresid = take(N * Cx_); a_->dln = take(N * Cx_); a_->dqkv = take(N * QKVy_);
@@ -255,7 +264,7 @@ void ParallelTransformer::gather_shard(const float* shard, size_t i, float* full
   // Disjoint blocks summed into zeros: exact. Only one owner of each replicated block writes.
   std::fill(full, full + t.spec->numel, 0.0f);
   const GridCoord& c = g_.coord;
-  bool owner = c.d == 0 && c.z == 0;
+  bool owner = c.d == 0 && c.z == 0 && owns(t);
   if (t.layout == ShardLayout::ColsX) owner = owner && c.y == 0;
   if (t.layout == ShardLayout::RowsY) owner = owner && c.x == 0;
   if (owner) insert_block(t, block.data(), full);
@@ -358,6 +367,18 @@ void ParallelTransformer::scatter_layer_grads(int layer) {
 
 void ParallelTransformer::reduce_gradients() {
   ScopedPhase sp(prof_, Phase::Comm);
+  if (g_.shape.p > 1) {
+    // Embedding (first stage) and head (last stage; the same tensor when tied), final norm,
+    // positions: summed over the stages, so every stage's copy takes the same update. (ZeRO 2:
+    // the pieces, already reduced over Z and D.)
+    for (size_t i = 0; i < plan_.tensors.size(); ++i)
+      if (plan_.tensors[i].spec->layer < 0) {
+        const bool piece = opt_.zero == 2;
+        float* gp = grads_.data() + (piece ? zl_.grad_offsets[i] : plan_.tensors[i].offset);
+        const int64_t n = piece ? zl_.sizes[i] : plan_.tensors[i].shard_numel;
+        if (n > 0) g_.p.allreduce_sum(gp, size_t(n));
+      }
+  }
   if (opt_.zero == 2) return;  // every layer was reduced (over Z and D) right after its backward
   if (opt_.zero == 1) {
     // Replicated tensors first over Z; then every shard reduce-scattered over D into its piece.
@@ -406,7 +427,7 @@ double ParallelTransformer::grad_sum_squares() {
   double local = 0;
   for (size_t i = 0; i < plan_.tensors.size(); ++i) {
     const TensorShard& t = plan_.tensors[i];
-    bool owner = opt_.zero > 0 || c.d == 0;
+    bool owner = (opt_.zero > 0 || c.d == 0) && owns(t);
     if (!t.z_sharded) owner = owner && c.z == 0;
     if (t.layout == ShardLayout::ColsX) owner = owner && c.y == 0;
     if (t.layout == ShardLayout::RowsY) owner = owner && c.x == 0;
@@ -556,6 +577,11 @@ void ParallelTransformer::layer_forward(int l, const float* x, int B, int T) {
 }
 
 void ParallelTransformer::forward(const int32_t* inputs, int B, int T) {
+  forward_chunk(0, cfg_.n_layer, true, true, inputs, B, T);
+}
+
+void ParallelTransformer::forward_chunk(int l0, int l1, bool embed, bool head,
+                                        const int32_t* inputs, int B, int T) {
   if (B <= 0 || B > local_batch_)
     fail("micro-batch of ", B, " sequences on this rank; the model was set up for 1..", local_batch_);
   if (T <= 0 || T > max_len_)
@@ -564,8 +590,8 @@ void ParallelTransformer::forward(const int32_t* inputs, int B, int T) {
   const int64_t N = int64_t(B) * T, V = cfg_.vocab_size;
   Acts& a = *a_;
 
-  gather_layer(-1);
-  {
+  if (embed || head) gather_layer(-1);
+  if (embed) {
     // Vocabulary-parallel lookup: rows of this y's vocabulary slice, zeros elsewhere; sum over Y.
     ScopedPhase sp(prof_, Phase::Embedding);
     for (int64_t t = 0; t < N; ++t)
@@ -589,12 +615,13 @@ void ParallelTransformer::forward(const int32_t* inputs, int B, int T) {
     }
   }
 
-  const float* x = a.emb;
-  for (int l = 0; l < cfg_.n_layer; ++l) {
+  const float* x = l0 == 0 ? a.emb : a.layer[l0 - 1].resid_out;  // the chunk's input
+  for (int l = l0; l < l1; ++l) {
     gather_layer(l);
     layer_forward(l, x, B, T);
     x = a.layer[l].resid_out;
   }
+  if (!head) return;
   norm_fwd(a.lnf, a.lnf_mean, a.lnf_rstd, x, lnf_w_, lnf_b_, N);
   // Output head: normal layer on the embedding's block -> logits [N, V/Gy].
   timed(Phase::Gemm, [&] { k::gemm<float>(false, true, N, Vy_, Cx_, 1.0f, a.lnf, Cx_, w(head_), Cx_, 0.0f, a.logits, Vy_); });
@@ -677,6 +704,11 @@ double ParallelTransformer::forward_backward(const int32_t* inputs, const int32_
 // Backward
 
 void ParallelTransformer::backward(const int32_t* inputs, int B, int T) {
+  backward_chunk(0, cfg_.n_layer, true, true, inputs, nullptr, B, T);
+}
+
+void ParallelTransformer::backward_chunk(int l0, int l1, bool embed, bool head,
+                                         const int32_t* inputs, const float* dout, int B, int T) {
   const int64_t N = int64_t(B) * T, C = cfg_.n_embd;
   Acts& a = *a_;
   double* st = stats_.data();
@@ -762,18 +794,25 @@ void ParallelTransformer::backward(const int32_t* inputs, int B, int T) {
     sum_over(g_.x, din, N * k_in);
   };
 
-  zero_layer_grad_blocks(-1);
-  const float* x_last = cfg_.n_layer > 0 ? a.layer.back().resid_out : a.emb;
-  // Head: dlogits [N, Vy] -> dlnf [N, Cx] (sum over Y), d(head block).
-  timed(Phase::Gemm, [&] {
-    k::gemm<float>(false, false, N, Cx_, Vy_, 1.0f, a.logits, Vy_, w(head_), Cx_, 0.0f, a.dln, Cx_);
-    k::gemm<float>(true, false, Vy_, Cx_, N, 1.0f, a.logits, Vy_, a.lnf, Cx_, 1.0f, gw(head_), Cx_);
-  });
-  sum_over(g_.y, a.dln, N * Cx_);
-  std::fill(a.dresid, a.dresid + N * Cx_, 0.0f);
-  norm_bwd(a.dresid, a.dln, x_last, a.lnf_mean, a.lnf_rstd, lnf_w_, lnf_b_);
+  if (embed || head) {
+    gather_layer(-1);
+    zero_layer_grad_blocks(-1);
+  }
+  if (head) {
+    const float* x_last = l1 > 0 ? a.layer[l1 - 1].resid_out : a.emb;
+    // Head: dlogits [N, Vy] -> dlnf [N, Cx] (sum over Y), d(head block).
+    timed(Phase::Gemm, [&] {
+      k::gemm<float>(false, false, N, Cx_, Vy_, 1.0f, a.logits, Vy_, w(head_), Cx_, 0.0f, a.dln, Cx_);
+      k::gemm<float>(true, false, Vy_, Cx_, N, 1.0f, a.logits, Vy_, a.lnf, Cx_, 1.0f, gw(head_), Cx_);
+    });
+    sum_over(g_.y, a.dln, N * Cx_);
+    std::fill(a.dresid, a.dresid + N * Cx_, 0.0f);
+    norm_bwd(a.dresid, a.dln, x_last, a.lnf_mean, a.lnf_rstd, lnf_w_, lnf_b_);
+  } else {
+    std::memcpy(a.dresid, dout, size_t(N * Cx_) * sizeof(float));  // from the next stage
+  }
 
-  for (int l = cfg_.n_layer - 1; l >= 0; --l) {
+  for (int l = l1 - 1; l >= l0; --l) {
     const Layer& L = layers_[l];
     auto& A = a.layer[l];
     const float* x_in = l == 0 ? a.emb : a.layer[l - 1].resid_out;
@@ -807,7 +846,7 @@ void ParallelTransformer::backward(const int32_t* inputs, int B, int T) {
     scatter_layer_grads(l);
   }
 
-  {
+  if (embed) {
     ScopedPhase sp(prof_, Phase::Embedding);
     float* dE = gw(wte_);
     const int64_t v0 = Vy_ * g_.coord.y;
@@ -826,7 +865,97 @@ void ParallelTransformer::backward(const int32_t* inputs, int B, int T) {
       }
     }
   }
-  scatter_layer_grads(-1);
+  if (embed || head) scatter_layer_grads(-1);
+}
+
+// ---------------------------------------------------------------------------------------------
+// Pipeline support
+
+int ParallelTransformer::layer_stage(int l) const {
+  const int p = g_.shape.p, V = p * opt_.virtual_stages;
+  for (int j = 0; j < V; ++j)
+    if (l >= stage_layers(cfg_.n_layer, V, j).first && l < stage_layers(cfg_.n_layer, V, j).second)
+      return j % p;
+  return 0;
+}
+
+bool ParallelTransformer::owns(const TensorShard& t) const {
+  if (g_.shape.p == 1) return true;
+  // Top-level tensors: every stage keeps the same copy (their gradients are summed over P);
+  // stage 0 speaks for them.
+  if (t.spec->layer < 0) return g_.coord.p == 0;
+  return layer_stage(t.spec->layer) == g_.coord.p;
+}
+
+float* ParallelTransformer::chunk_input(int l0) {
+  return l0 == 0 ? a_->emb : a_->layer[l0 - 1].resid_out;
+}
+const float* ParallelTransformer::chunk_output(int l1) const {
+  return l1 == 0 ? a_->emb : a_->layer[l1 - 1].resid_out;
+}
+const float* ParallelTransformer::input_grad() const { return a_->dresid; }
+
+// What a chunk's backward reads from its forward: the recompute scratch, its layers' kept
+// activations from its input (layer l0 - 1's output) on, and with the embedding or the head the
+// global activations (embedding output, final norm, logits). Activation regions are contiguous
+// per layer in layer order (see the constructor).
+std::vector<std::pair<float*, size_t>> ParallelTransformer::chunk_regions(int l0, int l1, bool embed,
+                                                                          bool head) {
+  std::vector<std::pair<float*, size_t>> r;
+  r.push_back({acts_.data(), size_t(layer_begin_[0] - acts_.data())});
+  float* from = layer_begin_[std::max(0, l0 - 1)];
+  r.push_back({from, size_t(layer_begin_[l1] - from)});
+  if (embed || head) r.push_back({layer_begin_[cfg_.n_layer], size_t(acts_.data() + acts_.size() - layer_begin_[cfg_.n_layer])});
+  return r;
+}
+
+std::vector<float> ParallelTransformer::stash(int l0, int l1, bool embed, bool head) {
+  std::vector<float> out;
+  for (auto [p, n] : chunk_regions(l0, l1, embed, head)) out.insert(out.end(), p, p + n);
+  out.push_back(float(scratch_layer_));  // exact for any layer index
+  return out;
+}
+
+void ParallelTransformer::restore(int l0, int l1, bool embed, bool head, const std::vector<float>& s) {
+  size_t at = 0;
+  for (auto [p, n] : chunk_regions(l0, l1, embed, head)) {
+    TETRAD_CHECK(at + n < s.size(), "activation stash of the wrong chunk");
+    std::memcpy(p, s.data() + at, n * sizeof(float));
+    at += n;
+  }
+  TETRAD_CHECK(at + 1 == s.size(), "activation stash of the wrong chunk");
+  scratch_layer_ = int(s.back());
+}
+
+std::vector<int32_t> ParallelTransformer::greedy_next_tokens(const int32_t* inputs, int B,
+                                                             int T) {
+  forward(inputs, B, T);
+  const int64_t v0 = int64_t(g_.coord.y) * Vy_;  // first vocabulary id of this rank's slice
+  std::vector<double> mine(2 * size_t(B));        // (best logit, its global id) per sequence
+  for (int b = 0; b < B; ++b) {
+    const float* row = a_->logits + (int64_t(b) * T + T - 1) * Vy_;
+    const int64_t j = std::max_element(row, row + Vy_) - row;
+    mine[2 * b] = row[j];
+    mine[2 * b + 1] = double(v0 + j);
+  }
+  const int gy = g_.y.size();
+  std::vector<double> all(mine.size() * size_t(gy));
+  if (gy == 1) {
+    all = mine;
+  } else {
+    ScopedPhase comm_phase(prof_, Phase::Comm);
+    g_.y.allgather(mine.data(), all.data(), mine.size());
+  }
+  std::vector<int32_t> next(B);
+  for (int b = 0; b < B; ++b) {
+    double best = all[2 * b], id = all[2 * b + 1];
+    for (int r = 1; r < gy; ++r) {
+      const double v = all[(size_t(r) * B + b) * 2], i = all[(size_t(r) * B + b) * 2 + 1];
+      if (v > best || (v == best && i < id)) best = v, id = i;
+    }
+    next[b] = int32_t(id);
+  }
+  return next;
 }
 
 }  // namespace tetrad::parallel

@@ -25,6 +25,7 @@
 #include "tetrad/model/model_config.hpp"
 #include "tetrad/model/params.hpp"
 #include "tetrad/parallel/process_groups.hpp"
+#include "tetrad/parallel/pipeline_schedule.hpp"
 #include "tetrad/parallel/sharding.hpp"
 
 namespace tetrad::parallel {
@@ -56,6 +57,7 @@ const char* recompute_name(Recompute mode);
 struct ParallelOptions {
   Recompute recompute = Recompute::None;
   int zero = 0;
+  int virtual_stages = 1;  // pipeline chunks per stage (interleaved schedule; Gp > 1 only)
 };
 
 // Where the optimizer finds each tensor's part on this rank: parameters and gradients at
@@ -120,12 +122,41 @@ class ParallelTransformer {
   double forward_backward(const int32_t* inputs, const int32_t* targets, int B, int T,
                           float grad_scale);
   double forward_loss(const int32_t* inputs, const int32_t* targets, int B, int T);
+  // Greedy decoding on the grid: forward over this rank's [B, T] tokens, then for each sequence
+  // the argmax over the whole vocabulary of its last position's logits (each Y slice's winner
+  // compared after an all-gather over Y; ties go to the lowest id, as in the serial decoder).
+  // There is no KV cache on the grid: each call recomputes the whole prefix. Collective.
+  std::vector<int32_t> greedy_next_tokens(const int32_t* inputs, int B, int T);
   // After the step's last micro-batch: data-parallel and replicated-tensor reductions.
   void reduce_gradients();
   // Σ g² over the whole model (each element counted once, on every rank).
   double grad_sum_squares();
   // AdamW ranges: the local buffer as (offset, numel, decays) runs, by parameter kind.
   void set_profile(StepProfile* p) { prof_ = p; }
+
+  // Pipeline (Gp > 1; parallel/pipeline.hpp drives these). Every stage keeps every tensor (its
+  // own layers are the ones it computes and reports; see docs/parallel.md). A chunk is the layers
+  // [l0, l1) of one virtual stage, with the embedding first (embed) and the final norm, head and
+  // loss last (head). forward_chunk reads its input from chunk_input(l0) (write the previous
+  // stage's output there; the embedding computes it) and leaves its output at chunk_output(l1).
+  void forward_chunk(int l0, int l1, bool embed, bool head, const int32_t* inputs, int B, int T);
+  // Head chunk, after forward_chunk: the cross-entropy as forward_backward does it.
+  double chunk_loss(const int32_t* targets, int B, int T, float grad_scale, bool with_grad) {
+    return cross_entropy(targets, int64_t(B) * T, grad_scale, with_grad);
+  }
+  // dout: gradient of the chunk's output (ignored with head); afterwards input_grad() holds the
+  // gradient of its input. Parameter gradients accumulate as in forward_backward.
+  void backward_chunk(int l0, int l1, bool embed, bool head, const int32_t* inputs,
+                      const float* dout, int B, int T);
+  float* chunk_input(int l0);
+  const float* chunk_output(int l1) const;
+  const float* input_grad() const;
+  // The activations a chunk's backward needs, copied out after its forward and back before its
+  // backward, so several micro-batches can be in flight on one activation buffer.
+  std::vector<float> stash(int l0, int l1, bool embed, bool head);
+  void restore(int l0, int l1, bool embed, bool head, const std::vector<float>& saved);
+  // The stage (0..Gp-1) whose chunk holds layer l.
+  int layer_stage(int l) const;
 
  private:
   struct Layer {
@@ -140,6 +171,8 @@ class ParallelTransformer {
   void scatter_layer_grads(int layer);   // reduce-scatter the layer's gradient blocks over Z
   void zero_layer_grad_blocks(int layer);
   bool staged(const TensorShard& t) const;
+  bool owns(const TensorShard& t) const;  // this pipeline stage computes (and reports) it
+  std::vector<std::pair<float*, size_t>> chunk_regions(int l0, int l1, bool embed, bool head);
   void gather_shard(const float* shard, size_t index, float* full);
   std::vector<float> shard_of(size_t index, const float* full) const;  // gradient accumulates in a layer block buffer
   void reduce_scatter_d(size_t tensor, const float* shard, float* piece);
@@ -166,6 +199,7 @@ class ParallelTransformer {
   std::vector<int64_t> piece_;  // ZeRO piece length of each tensor: ceil(shard_numel / Gd)
   Buffer<float> zero_tmp_;      // Gd pieces: reduce-scatter input / all-gather output
   int scratch_layer_ = -1;      // layer whose recomputable activations the scratch holds
+  std::vector<float*> layer_begin_;  // start of each layer's activations; [n_layer]: globals
   ParamTable table_;
   ShardPlan plan_;
   int local_batch_, max_len_;

@@ -57,6 +57,12 @@ std::vector<PipeOp> pipeline_schedule(PipelineSchedule s, int p, int stage, int 
   return ops;
 }
 
+std::pair<int, int> stage_layers(int n_layer, int V, int j) {
+  const int base = n_layer / V, extra = n_layer % V;
+  const int first = j * base + std::min(j, extra);
+  return {first, first + base + (j < extra ? 1 : 0)};
+}
+
 std::string to_string(const std::vector<PipeOp>& ops, int v) {
   std::ostringstream os;
   for (size_t i = 0; i < ops.size(); ++i) {

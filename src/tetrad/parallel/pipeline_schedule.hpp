@@ -16,6 +16,7 @@
 // with fixed times per chunk, which both proves the order deadlock-free and gives the bubble.
 #pragma once
 #include <string>
+#include <utility>
 #include <vector>
 
 namespace tetrad::parallel {
@@ -44,6 +45,10 @@ struct PipelineTiming {
   double bubble() const { return (makespan - ideal) / ideal; }  // idle fraction of the ideal
   int max_in_flight = 0;  // most micro-batch chunks forwarded but not yet backwarded, any stage
 };
+// The layers [first, second) of virtual stage j of V (V = Gp x virtual stages): an even split,
+// the first L % V virtual stages one layer more.
+std::pair<int, int> stage_layers(int n_layer, int V, int j);
+
 // t_f, t_b: time of one chunk's forward / backward. Throws tetrad::Error if the lists deadlock.
 PipelineTiming simulate_pipeline(PipelineSchedule s, int p, int m, int v, double t_f, double t_b);
 

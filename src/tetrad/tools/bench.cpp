@@ -18,6 +18,7 @@
 #include "tetrad/core/error.hpp"
 #include "tetrad/core/profile.hpp"
 #include "tetrad/core/rng.hpp"
+#include "tetrad/kernels/precision.hpp"
 #include "tetrad/model/transformer.hpp"
 #include "tetrad/parallel/parallel_transformer.hpp"
 #include "tetrad/parallel/process_groups.hpp"
@@ -79,6 +80,15 @@ void run_bench(const BenchOptions& opt, std::ostream& out) {
   out << ceil.to_text() << "libraries: oneDNN " << dv->major << "." << dv->minor << "." << dv->patch
       << ", " << mpi_first_line << "\n";
   const double fma_peak = ceil.fma.value;
+  const kernels::Precision precision = kernels::parse_precision(opt.precision);
+  const bool bf16 = precision == kernels::Precision::BF16;
+  struct PrecisionScope {
+    kernels::Precision saved = kernels::gemm_precision();
+    ~PrecisionScope() { kernels::set_gemm_precision(saved); }
+  } precision_scope;
+  kernels::set_gemm_precision(precision);
+  if (bf16) out << "precision: bf16 GEMMs (fp32 accumulation, master weights, optimizer), "
+                << kernels::bf16_matmul_path() << "\n";
 
   std::ofstream json_out;
   if (!opt.json_path.empty()) {
@@ -96,16 +106,18 @@ void run_bench(const BenchOptions& opt, std::ostream& out) {
     const int64_t N = int64_t(B) * T;
     out << "\n== " << name << " (" << family_name(mc.family) << ", L=" << mc.n_layer
         << " C=" << mc.n_embd << " heads=" << mc.n_head << " ffn=" << mc.ffn
-        << " V=" << mc.vocab_size << ", B=" << B << " T=" << T << ", fp32)\n";
+        << " V=" << mc.vocab_size << ", B=" << B << " T=" << T << ", " << opt.precision << ")\n";
 
-    // GEMM ceiling on the model's own shapes: total GEMM FLOPs / total time at measured rates.
-    auto gemms = measure_gemms(model_gemm_shapes(mc, int(N)), threads, 3);
+    // GEMM ceiling on the model's own shapes: total GEMM FLOPs / total time at measured rates
+    // (of the GEMM this precision runs: sgemm, or the bf16 GEMM).
     double gemm_flop = 0, gemm_time = 0;
-    for (const auto& g : gemms)
-      if (g.fp32.ok()) {
-        gemm_flop += g.shape.flop();
-        gemm_time += g.shape.flop() / (g.fp32.value * 1e9);
+    for (const GemmShape& s : model_gemm_shapes(mc, int(N))) {
+      const Measurement m = bf16 ? measure_gemm_bf16(s, threads, 3) : measure_sgemm(s, threads, 3);
+      if (m.ok()) {
+        gemm_flop += s.flop();
+        gemm_time += s.flop() / (m.value * 1e9);
       }
+    }
     const double gemm_ceiling = gemm_time > 0 ? gemm_flop / gemm_time / 1e9 : 0;
 
     const int64_t rss_before = current_rss_bytes();
@@ -160,7 +172,8 @@ void run_bench(const BenchOptions& opt, std::ostream& out) {
     out << "  MFU:              " << 100 * model_flops / (fma_peak * 1e9)
         << "% of the FMA peak (" << fma_peak << " GFLOP/s)\n";
     out << "  GEMM ceiling:     " << 100 * model_flops / (gemm_ceiling * 1e9)
-        << "% of sgemm on this model's shapes (" << gemm_ceiling << " GFLOP/s)\n";
+        << "% of " << (bf16 ? "the bf16 GEMM" : "sgemm") << " on this model's shapes ("
+        << gemm_ceiling << " GFLOP/s)\n";
     out << "  memory:           peak RSS " << peak_rss / 1048576.0 << " MiB vs "
         << needed / 1048576.0 << " MiB needed (params+grads+Adam " << 16.0 * nparams / 1048576.0
         << " + activations " << act_bytes / 1048576.0 << "): " << std::setprecision(2)
@@ -178,7 +191,7 @@ void run_bench(const BenchOptions& opt, std::ostream& out) {
     (void)rss_before;
 
     nlohmann::json j = {{"config", name}, {"family", family_name(mc.family)},
-                        {"precision", "fp32"}, {"batch", B}, {"seq", T}, {"threads", threads},
+                        {"precision", opt.precision}, {"batch", B}, {"seq", T}, {"threads", threads},
                         {"params", nparams}, {"median_step_s", step_median},
                         {"tokens_per_s", tok_s}, {"model_gflops", model_flops / 1e9},
                         {"mfu_fma", model_flops / (fma_peak * 1e9)},
@@ -190,14 +203,15 @@ void run_bench(const BenchOptions& opt, std::ostream& out) {
     if (!anchor.empty() && mc.family == Family::GPT2) {
       std::ostringstream cmd;
       cmd << anchor << " --config " << name << " --threads " << threads << " --steps "
-          << opt.steps << " --warmup " << opt.warmup << " --precision fp32 2>/dev/null";
+          << opt.steps << " --warmup " << opt.warmup << " --precision " << opt.precision
+          << " 2>/dev/null";
       const std::string res = run_capture(cmd.str());
       try {
         const auto line = res.substr(res.rfind('{'));
         auto pj = nlohmann::json::parse(line);
         const double pt = pj.at("tokens_per_s").get<double>();
         out << std::setprecision(1) << "  PyTorch " << pj.value("torch_version", "?")
-            << " fp32:    " << pt << " tokens/s -> tetrad/PyTorch = " << std::setprecision(2)
+            << " " << opt.precision << ":    " << pt << " tokens/s -> tetrad/PyTorch = " << std::setprecision(2)
             << tok_s / pt << "x\n";
         j["pytorch_tokens_per_s"] = pt;
         j["ratio_vs_pytorch"] = tok_s / pt;

@@ -15,6 +15,7 @@ struct BenchOptions {
   int threads = 0;        // 0: all cores
   std::string json_path;  // also write one JSON object per line here
   std::string anchor_cmd; // "" = auto (python3 bench/pytorch_gpt2.py if torch imports), "none"
+  std::string precision = "fp32";  // "fp32" | "bf16" (kernels/precision.hpp)
   bool quick_ceilings = false;  // the longer measurement is steadier on a shared machine
   // --grids only: one grid "x,y,z,d" instead of every factorisation; ZeRO stage and activation
   // recomputation of the model (parallel.zero, train.recompute).

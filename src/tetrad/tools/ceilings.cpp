@@ -21,6 +21,7 @@
 
 #include "tetrad/core/cpu.hpp"
 #include "tetrad/core/error.hpp"
+#include "tetrad/kernels/precision.hpp"
 
 namespace tetrad {
 
@@ -340,6 +341,37 @@ Measurement measure_sgemm(const GemmShape& s, int threads, int reps) {
   m.method = "dnnl_sgemm row-major " + s.to_string() + ", " + std::to_string(omp.n()) +
              " thread(s), 1 warm-up + " + std::to_string(reps) + " timed calls, best; " +
              onednn_description();
+  return m;
+}
+
+Measurement measure_gemm_bf16(const GemmShape& s, int threads, int reps) {
+  check_shape(s);
+  if (reps <= 0) reps = 1;
+  OmpThreads omp(threads);
+  const bool ta = is_t(s.transa), tb = is_t(s.transb);
+  const int64_t M = s.M, N = s.N, K = s.K;
+  const int64_t lda = ta ? M : K, ldb = tb ? K : N, ldc = N;
+  auto A = alloc_aligned<float>(size_t(M * K));
+  auto B = alloc_aligned<float>(size_t(K * N));
+  auto C = alloc_aligned<float>(size_t(M * N));
+  fill(A.get(), size_t(M * K), 1);
+  fill(B.get(), size_t(K * N), 2);
+  std::memset(C.get(), 0, size_t(M * N) * sizeof(float));
+  auto call = [&] {
+    kernels::gemm_bf16(ta, tb, M, N, K, 1.0f, A.get(), lda, B.get(), ldb, 0.0f, C.get(), ldc);
+  };
+  call();
+  Measurement m;
+  m.unit = "GFLOP/s";
+  for (int r = 0; r < reps; ++r) {
+    double t0 = now_s();
+    call();
+    double dt = now_s() - t0;
+    m.samples.push_back(s.flop() / dt * 1e-9);
+  }
+  finish(m);
+  m.method = "kernels::gemm_bf16 " + s.to_string() + ", " + std::to_string(omp.n()) +
+             " thread(s), fp32 in/out with bf16 operands: " + kernels::bf16_matmul_path();
   return m;
 }
 

@@ -1,5 +1,7 @@
 #include "tetrad/tools/memorization.hpp"
 
+#include <mpi.h>
+
 #include <algorithm>
 #include <cstdio>
 #include <filesystem>
@@ -11,8 +13,12 @@
 #include "tetrad/checkpoint/atomic_file.hpp"
 #include "tetrad/checkpoint/hf.hpp"
 #include "tetrad/core/error.hpp"
+#include "tetrad/data/loader.hpp"
 #include "tetrad/data/tokenizer.hpp"
+#include "tetrad/parallel/grid.hpp"
+#include "tetrad/parallel/process_groups.hpp"
 #include "tetrad/model/sampling.hpp"
+#include "tetrad/parallel/parallel_transformer.hpp"
 
 namespace tetrad {
 
@@ -56,23 +62,23 @@ double rouge_l(const std::vector<int32_t>& generated, const std::vector<int32_t>
 
 // ---- extraction ------------------------------------------------------------------------------
 
-ExtractionReport measure_extraction(Transformer<float>& model,
+namespace {
+
+// Checks the options, fills rep's names and skip reasons, and returns the documents to evaluate.
+std::vector<size_t> plan_extraction(ExtractionReport& rep,
                                     const std::vector<std::vector<int32_t>>& documents,
                                     const std::vector<std::string>& names,
-                                    const ExtractionOptions& opt) {
+                                    const ExtractionOptions& opt, int max_len, int V) {
   const int P = opt.prefix_len, N = opt.suffix_len;
   if (P < 1 || N < 1 || opt.batch < 1)
     fail("extraction needs prefix_len >= 1, suffix_len >= 1 and batch >= 1 (got ", P, ", ", N,
          ", ", opt.batch, ")");
   if (!names.empty() && names.size() != documents.size())
     fail("extraction: ", names.size(), " names for ", documents.size(), " documents");
-  if (P + N > model.max_len())
+  if (P + N > max_len)
     fail("extraction: prefix ", P, " + suffix ", N, " = ", P + N,
-         " tokens exceeds the model's maximum length ", model.max_len(),
+         " tokens exceeds the model's maximum length ", max_len,
          "; use a shorter prefix or suffix");
-  const int V = model.config().vocab_size;
-
-  ExtractionReport rep;
   rep.prefix_len = P;
   rep.suffix_len = N;
   rep.docs.resize(documents.size());
@@ -98,26 +104,18 @@ ExtractionReport measure_extraction(Transformer<float>& model,
     }
     todo.push_back(i);
   }
+  return todo;
+}
 
-  const size_t B = size_t(std::min(opt.batch, model.max_batch()));
-  for (size_t g = 0; g < todo.size(); g += B) {
-    const size_t n = std::min(B, todo.size() - g);
-    std::vector<std::vector<int32_t>> prompts(n);
-    for (size_t k = 0; k < n; ++k) {
-      const auto& doc = documents[todo[g + k]];
-      prompts[k].assign(doc.begin(), doc.begin() + P);
-    }
-    const auto gen = generate_greedy_batch(model, prompts, N);
-    for (size_t k = 0; k < n; ++k) {
-      const auto& doc = documents[todo[g + k]];
-      const std::vector<int32_t> truth(doc.begin() + P, doc.begin() + P + N);
-      DocumentResult& d = rep.docs[todo[g + k]];
-      d.exact = exact_match(gen[k], truth);
-      d.token_match = token_match_rate(gen[k], truth);
-      d.rouge_l = rouge_l(gen[k], truth);
-    }
-  }
+void score_document(DocumentResult& d, const std::vector<int32_t>& doc,
+                    const std::vector<int32_t>& generated, int P, int N) {
+  const std::vector<int32_t> truth(doc.begin() + P, doc.begin() + P + N);
+  d.exact = exact_match(generated, truth);
+  d.token_match = token_match_rate(generated, truth);
+  d.rouge_l = rouge_l(generated, truth);
+}
 
+void summarize(ExtractionReport& rep) {
   for (const auto& d : rep.docs) {
     if (d.skipped) {
       ++rep.skipped;
@@ -133,6 +131,84 @@ ExtractionReport measure_extraction(Transformer<float>& model,
     rep.token_match_rate /= rep.evaluated;
     rep.rouge_l /= rep.evaluated;
   }
+}
+
+}  // namespace
+
+ExtractionReport measure_extraction(Transformer<float>& model,
+                                    const std::vector<std::vector<int32_t>>& documents,
+                                    const std::vector<std::string>& names,
+                                    const ExtractionOptions& opt) {
+  ExtractionReport rep;
+  const std::vector<size_t> todo = plan_extraction(rep, documents, names, opt, model.max_len(),
+                                                   model.config().vocab_size);
+  const int P = opt.prefix_len, N = opt.suffix_len;
+  const size_t B = size_t(std::min(opt.batch, model.max_batch()));
+  for (size_t g = 0; g < todo.size(); g += B) {
+    const size_t n = std::min(B, todo.size() - g);
+    std::vector<std::vector<int32_t>> prompts(n);
+    for (size_t k = 0; k < n; ++k) {
+      const auto& doc = documents[todo[g + k]];
+      prompts[k].assign(doc.begin(), doc.begin() + P);
+    }
+    const auto gen = generate_greedy_batch(model, prompts, N);
+    for (size_t k = 0; k < n; ++k)
+      score_document(rep.docs[todo[g + k]], documents[todo[g + k]], gen[k], P, N);
+  }
+  summarize(rep);
+  return rep;
+}
+
+// On a grid, documents are dealt out like training sequences: over the Z and data axes (the
+// ranks of one (z, d) slot hold the same sequences, split over X and Y as the model is). Every
+// rank runs the same number of rounds (a slot with fewer documents left pads with a copy of a
+// prompt and drops the result), so the collectives line up.
+ExtractionReport measure_extraction(parallel::ParallelTransformer& model,
+                                    const std::vector<std::vector<int32_t>>& documents,
+                                    const std::vector<std::string>& names,
+                                    const ExtractionOptions& opt) {
+  ExtractionReport rep;
+  const std::vector<size_t> todo = plan_extraction(rep, documents, names, opt, model.max_len(),
+                                                   model.config().vocab_size);
+  const int P = opt.prefix_len, N = opt.suffix_len;
+  const parallel::ProcessGroups& g = model.groups();
+  const int slots = g.shape.z * g.shape.d;
+  const int slot = g.coord.z + g.shape.z * g.coord.d;
+  const int B = model.local_batch();
+  const size_t per_round = size_t(slots) * size_t(B);
+  const size_t rounds = (todo.size() + per_round - 1) / per_round;
+  // Generated suffixes of all evaluated documents, written by the (x0, y0) rank of the slot that
+  // decoded them and summed over the world (everybody else contributes zeros).
+  std::vector<int32_t> generated(todo.size() * size_t(N), 0);
+  const bool writer = g.coord.x == 0 && g.coord.y == 0;
+  std::vector<int32_t> seq;
+  for (size_t round = 0; round < rounds; ++round) {
+    const size_t first = round * per_round + size_t(slot) * B;
+    std::vector<std::vector<int32_t>> rows(B);
+    for (int b = 0; b < B; ++b) {
+      const size_t k = first + size_t(b);
+      const auto& doc = documents[todo[k < todo.size() ? k : 0]];
+      rows[b].assign(doc.begin(), doc.begin() + P);
+    }
+    for (int s = 0; s < N; ++s) {
+      const int T = P + s;
+      seq.resize(size_t(B) * T);
+      for (int b = 0; b < B; ++b) std::copy(rows[b].begin(), rows[b].end(), seq.begin() + size_t(b) * T);
+      const std::vector<int32_t> next = model.greedy_next_tokens(seq.data(), B, T);
+      for (int b = 0; b < B; ++b) rows[b].push_back(next[b]);
+    }
+    for (int b = 0; b < B; ++b) {
+      const size_t k = first + size_t(b);
+      if (!writer || k >= todo.size()) continue;
+      std::copy(rows[b].begin() + P, rows[b].end(), generated.begin() + k * N);
+    }
+  }
+  if (g.world.size() > 1) g.world.allreduce_sum(generated.data(), generated.size());
+  for (size_t k = 0; k < todo.size(); ++k) {
+    const std::vector<int32_t> gen(generated.begin() + k * N, generated.begin() + (k + 1) * N);
+    score_document(rep.docs[todo[k]], documents[todo[k]], gen, P, N);
+  }
+  summarize(rep);
   return rep;
 }
 
@@ -197,31 +273,91 @@ std::string read_text_file(const std::string& path) {
 }
 }  // namespace
 
-void run_memorization_command(const std::string& model_dir,
-                              const std::vector<std::string>& doc_files,
-                              const ExtractionOptions& opt, const std::string& json_out,
-                              std::ostream& out) {
-  if (doc_files.empty()) fail("memorization: no document files given");
-  const ModelConfig mc = read_hf_config(model_dir);
-  const std::string tok_path = model_dir + "/tokenizer.model";
+// Windows of `len` tokens at evenly spaced window positions of a prepared split.
+std::vector<std::vector<int32_t>> sample_windows(const std::string& dir, const std::string& split,
+                                                 int samples, int len, int64_t model_vocab,
+                                                 std::vector<std::string>& names) {
+  data::LoaderOptions lo;
+  lo.model_vocab = model_vocab;
+  lo.shuffle = false;
+  data::DataLoader loader(dir, split, 1, len - 1, 0, 1, 0, lo);
+  const uint64_t n = loader.num_windows();
+  if (uint64_t(samples) > n)
+    fail("memorization: --samples ", samples, " but split '", split, "' of '", dir, "' has only ",
+         n, " windows of ", len, " tokens");
+  std::vector<std::vector<int32_t>> out;
+  std::vector<int32_t> in(size_t(len - 1)), tgt(size_t(len - 1));
+  for (int i = 0; i < samples; ++i) {
+    const uint64_t w = uint64_t(i) * n / uint64_t(samples);
+    loader.restore({0, w});
+    loader.next_batch(in.data(), tgt.data());
+    std::vector<int32_t> doc(in);
+    doc.push_back(tgt.back());
+    out.push_back(std::move(doc));
+    names.push_back(split + " window " + std::to_string(w));
+  }
+  return out;
+}
+
+void run_memorization_command(const MemorizationCommand& cmd, std::ostream& log) {
+  const ExtractionOptions& opt = cmd.opt;
+  if (cmd.doc_files.empty() && cmd.samples <= 0)
+    fail("memorization: no documents: give document files and/or --data DIR --samples N");
+  if (cmd.samples > 0 && cmd.data_dir.empty())
+    fail("memorization: --samples needs --data (a folder written by `tetrad prepare`)");
+  int mpi_ready = 0, world = 1;
+  MPI_Initialized(&mpi_ready);
+  if (mpi_ready) MPI_Comm_size(MPI_COMM_WORLD, &world);
+  const bool on_grid = world > 1 || !cmd.grid.empty();
+  const std::string grid = cmd.grid.empty() ? "1,1,1," + std::to_string(world) : cmd.grid;
+  parallel::ProcessGroups groups =
+      on_grid ? parallel::ProcessGroups(comm::Communicator::world(), parallel::parse_grid(grid))
+              : parallel::ProcessGroups();
+  std::ostream null_stream(nullptr);
+  std::ostream& out = groups.world.rank() == 0 ? log : null_stream;
+
+  const ModelConfig mc = read_hf_config(cmd.model_dir);
+  const std::string tok_path = cmd.model_dir + "/tokenizer.model";
   if (!std::filesystem::exists(tok_path))
-    fail("model folder '", model_dir, "' has no tokenizer.model to encode the documents with");
+    fail("model folder '", cmd.model_dir, "' has no tokenizer.model to encode the documents with");
   const auto tok = data::Tokenizer::load(tok_path);
   if (tok.vocab_size() > mc.vocab_size)
-    fail("tokenizer in '", model_dir, "' has ", tok.vocab_size(),
+    fail("tokenizer in '", cmd.model_dir, "' has ", tok.vocab_size(),
          " pieces but the model's vocabulary is ", mc.vocab_size);
 
   std::vector<std::vector<int32_t>> docs;
-  for (const auto& f : doc_files) docs.push_back(tok.encode(read_text_file(f)));
+  std::vector<std::string> names;
+  for (const auto& f : cmd.doc_files) {
+    docs.push_back(tok.encode(read_text_file(f)));
+    names.push_back(f);
+  }
+  if (cmd.samples > 0) {
+    auto windows = sample_windows(cmd.data_dir, cmd.split, cmd.samples,
+                                  opt.prefix_len + opt.suffix_len, mc.vocab_size, names);
+    for (auto& w : windows) docs.push_back(std::move(w));
+  }
 
-  const int batch = std::max(1, std::min<int>(opt.batch, int(docs.size())));
-  Transformer<float> model(mc, batch, mc.max_seq);
-  load_hf_params(model_dir, mc, model.table(), model.params());
-  const ExtractionReport rep = measure_extraction(model, docs, doc_files, opt);
+  ExtractionReport rep;
+  if (!on_grid) {
+    const int batch = std::max(1, std::min<int>(opt.batch, int(docs.size())));
+    Transformer<float> model(mc, batch, mc.max_seq);
+    load_hf_params(cmd.model_dir, mc, model.table(), model.params());
+    rep = measure_extraction(model, docs, names, opt);
+  } else {
+    const int slots = groups.shape.z * groups.shape.d;
+    const int per_slot = int((docs.size() + size_t(slots) - 1) / size_t(slots));
+    const int local_batch = std::max(1, std::min(opt.batch, per_slot));
+    const int max_len = std::min(mc.max_seq, opt.prefix_len + opt.suffix_len);
+    parallel::ParallelTransformer model(mc, groups, local_batch, max_len);
+    load_hf_params_streamed(cmd.model_dir, mc, model.table(),
+                            [&](size_t i, const float* data) { model.set_tensor(i, data); });
+    out << "extraction on grid " << grid << " (x,y,z,d): " << local_batch << " documents per rank at a time\n";
+    rep = measure_extraction(model, docs, names, opt);
+  }
   out << rep.table();
-  if (!json_out.empty()) {
-    write_file_atomic(json_out, rep.to_json().dump(2) + "\n");
-    out << "wrote " << json_out << "\n";
+  if (!cmd.json_out.empty() && groups.world.rank() == 0) {
+    write_file_atomic(cmd.json_out, rep.to_json().dump(2) + "\n");
+    out << "wrote " << cmd.json_out << "\n";
   }
 }
 

@@ -10,7 +10,8 @@
 // say why.
 //
 // What this does not do: prefixes taken from the middle of a document, sampling (only greedy),
-// text-level (detokenized) comparison, or parallel models (a single-rank Transformer<float>).
+// text-level (detokenized) comparison, or a KV cache on the grid (the grid version recomputes the
+// prefix for every token).
 // Failures in the world (a model folder, a document file, P + N beyond the model's length) throw
 // tetrad::Error.
 #pragma once
@@ -21,6 +22,10 @@
 #include <vector>
 
 #include "tetrad/model/transformer.hpp"
+
+namespace tetrad::parallel {
+class ParallelTransformer;
+}
 
 namespace tetrad {
 
@@ -80,13 +85,34 @@ ExtractionReport measure_extraction(Transformer<float>& model,
                                     const std::vector<std::string>& names,
                                     const ExtractionOptions& opt);
 
-// `tetrad memorization`: loads the Hugging Face folder model_dir (config.json, model.safetensors
-// and tokenizer.model, as a run checkpoint holds), encodes each file of doc_files as one document
-// with that tokenizer, runs measure_extraction, prints the table to `out` and, if json_out is not
-// empty, writes the report's JSON there.
-void run_memorization_command(const std::string& model_dir,
-                              const std::vector<std::string>& doc_files,
-                              const ExtractionOptions& opt, const std::string& json_out,
-                              std::ostream& out);
+// The same test with the model on a process grid (collective over the grid; every rank returns
+// the whole report). Documents are dealt out over the Z and data axes, model.local_batch() per
+// rank at a time; each generated token is one forward over the whole prefix (no KV cache on the
+// grid): about N(P + N/2) token-forwards per document against P + N with the serial decoder's
+// cache. Argmax ties and near-ties
+// may resolve differently from the serial model's, as the logits agree only within fp32 rounding.
+ExtractionReport measure_extraction(parallel::ParallelTransformer& model,
+                                    const std::vector<std::vector<int32_t>>& documents,
+                                    const std::vector<std::string>& names,
+                                    const ExtractionOptions& opt);
+
+// `tetrad memorization`.
+struct MemorizationCommand {
+  std::string model_dir;               // Hugging Face folder (config.json, model.safetensors,
+                                       // tokenizer.model), as a run checkpoint holds
+  std::vector<std::string> doc_files;  // each file is one document, encoded with that tokenizer
+  // A slice of prepared token shards instead of (or besides) files: `samples` windows of
+  // prefix + suffix tokens at evenly spaced positions of split `split` of data_dir.
+  std::string data_dir, split = "train";
+  int samples = 0;
+  // Process grid "x,y,z,d" when launched under mpirun (x*y*z*d = ranks); empty: all ranks on the
+  // data axis ("1,1,1,n"); one rank without a grid uses the serial model and its KV cache.
+  std::string grid;
+  ExtractionOptions opt;
+  std::string json_out;  // also write the report as JSON (rank 0)
+};
+// Loads the model, builds the document list, runs measure_extraction, prints the table to `out`
+// (rank 0) and writes the JSON. Collective when MPI is up with more than one rank.
+void run_memorization_command(const MemorizationCommand& cmd, std::ostream& out);
 
 }  // namespace tetrad

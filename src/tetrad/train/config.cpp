@@ -7,6 +7,7 @@
 #include <toml++/toml.h>
 
 #include "tetrad/core/error.hpp"
+#include "tetrad/kernels/precision.hpp"
 #include "tetrad/train/loss_mask.hpp"
 
 namespace tetrad {
@@ -112,8 +113,15 @@ const std::vector<Field>& schema() {
       STRING_FIELD("run.init_from", c.init_from,
                    "Hugging Face model folder to start from (fine-tuning); empty: random init"),
       STRING_FIELD("parallel.grid", c.grid,
-                   "process grid \"x,y,z,d\": tensor parallelism over X, Y, Z (Z shards weights) "
-                   "times data parallelism over D; the product must equal the number of ranks"),
+                   "process grid \"x,y,z,d\" or \"x,y,z,p,d\": tensor parallelism over X, Y, Z "
+                   "(Z shards weights), pipeline stages over P, data parallelism over D; the "
+                   "product must equal the number of ranks"),
+      STRING_FIELD("parallel.schedule", c.schedule,
+                   "pipeline schedule (Gp > 1): \"1f1b\" or \"interleaved\" (needs "
+                   "train.grad_accum divisible by Gp); micro-batches = train.grad_accum"),
+      INT_FIELD("parallel.virtual_stages", c.virtual_stages,
+                "model chunks per pipeline stage (\"interleaved\" only; 1 with \"1f1b\"); the "
+                "layers split evenly over Gp x virtual_stages"),
       INT_FIELD("parallel.zero", c.zero,
                 "ZeRO stage over the data axis: 0 replicates optimizer state over D; 1 shards the "
                 "Adam moments over D (gradients reduce-scattered, updated parameters "
@@ -150,6 +158,8 @@ const std::vector<Field>& schema() {
                    "activation recomputation: \"none\", \"selective\" (attention recomputed "
                    "in the backward from the stored q|k|v) or \"full\" (each block keeps only "
                    "its input and reruns its forward before its backward)"),
+      STRING_FIELD("train.precision", c.train.precision,
+                   "GEMM precision: \"fp32\", \"bf16\" (bf16 operands, fp32 accumulation; fp32 master weights, gradients, optimizer, norms, softmax, loss) or \"auto\" (bf16 where the CPU has AMX-BF16 or AVX512-BF16, else fp32)"),
       STRING_FIELD("train.loss_mask", c.train.loss_mask,
                    "targets dropped from the loss: \"none\", \"goldfish\" (hashed, Hans et al. "
                    "2024), \"static\" (every k-th) or \"random\" (per position)"),
@@ -231,6 +241,12 @@ void RunConfig::validate() const {
   if (t.recompute != "none" && t.recompute != "selective" && t.recompute != "full")
     fail("train.recompute must be \"none\", \"selective\" or \"full\", got \"", t.recompute, "\"");
   if (zero < 0 || zero > 2) fail("parallel.zero must be 0, 1 or 2, got ", zero);
+  if (schedule != "1f1b" && schedule != "interleaved")
+    fail("parallel.schedule must be \"1f1b\" or \"interleaved\", got \"", schedule, "\"");
+  if (virtual_stages < 1) fail("parallel.virtual_stages must be at least 1, got ", virtual_stages);
+  if (schedule == "1f1b" && virtual_stages != 1)
+    fail("parallel.virtual_stages = ", virtual_stages, " needs parallel.schedule = \"interleaved\"");
+  if (t.precision != "auto") kernels::parse_precision(t.precision);  // throws naming the choices
 }
 
 RunConfig load_run_config(const std::string& path, const std::vector<std::string>& overrides) {

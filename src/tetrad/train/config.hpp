@@ -32,6 +32,9 @@ struct TrainConfig {
   int keep_checkpoints = 3;
   int max_bad_steps = 5;      // consecutive non-finite steps before stopping
   int threads = 0;            // 0: all cores
+  // GEMM precision: "fp32", "bf16" (bf16 operands, fp32 accumulation, fp32 master weights and
+  // optimizer; kernels/precision.hpp) or "auto" (bf16 where the CPU has bf16 matrix units).
+  std::string precision = "auto";
   std::string loss_mask = "none";  // none | goldfish | static | random (train/loss_mask.hpp)
   int goldfish_k = 4;
   int goldfish_h = 13;
@@ -44,8 +47,10 @@ struct RunConfig {
   std::string data_dir = "data/kjv";  // output of `tetrad prepare`
   std::string init_from;             // Hugging Face folder to fine-tune from (optional)
   std::string run_dir = "runs/default";
-  std::string grid = "1,1,1,1";      // x,y,z,d process grid (docs/parallel.md)
+  std::string grid = "1,1,1,1";      // x,y,z,d or x,y,z,p,d process grid (docs/parallel.md)
   int zero = 0;                      // ZeRO stage over the data axis: 0, 1 or 2
+  std::string schedule = "1f1b";     // pipeline schedule: 1f1b | interleaved
+  int virtual_stages = 1;            // pipeline chunks per stage (interleaved)
   TrainConfig train;
 
   void validate() const;  // throws Error naming the key

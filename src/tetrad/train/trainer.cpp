@@ -12,6 +12,7 @@
 #include <iomanip>
 #include <iostream>
 #include <nlohmann/json.hpp>
+#include <memory>
 #include <sstream>
 
 #include "tetrad/checkpoint/hf.hpp"
@@ -21,9 +22,11 @@
 #include "tetrad/core/hash.hpp"
 #include "tetrad/data/loader.hpp"
 #include "tetrad/kernels/ops.hpp"
+#include "tetrad/kernels/precision.hpp"
 #include "tetrad/model/transformer.hpp"
 #include "tetrad/parallel/grid.hpp"
 #include "tetrad/parallel/parallel_transformer.hpp"
+#include "tetrad/parallel/pipeline.hpp"
 #include "tetrad/parallel/process_groups.hpp"
 #include "tetrad/tools/ceilings.hpp"
 #include "tetrad/train/loss_mask.hpp"
@@ -163,8 +166,14 @@ TrainResult train(const RunConfig& cfg, const TrainOptions& opt, std::ostream& l
   parallel::ParallelOptions popt;
   popt.recompute = parallel::parse_recompute(t.recompute);
   popt.zero = cfg.zero;
+  popt.virtual_stages = cfg.virtual_stages;
   parallel::ParallelTransformer model(cfg.model, groups, B, T, popt);
   const ParamTable& table = model.table();
+  // Gp > 1: the step's micro-batches go through the stages in the pipeline schedule's order.
+  std::unique_ptr<parallel::PipelineDriver> pipe;
+  if (shape.p > 1)
+    pipe = std::make_unique<parallel::PipelineDriver>(
+        model, parallel::parse_pipeline_schedule(cfg.schedule), t.grad_accum);
   const parallel::OptimizerLayout& ol = model.optimizer_layout();
   AdamW adam(decay_ranges(table, t, ol.param_offsets, ol.sizes, ol.state_offsets, ol.grad_offsets),
              ol.state_size, t);
@@ -313,10 +322,12 @@ TrainResult train(const RunConfig& cfg, const TrainOptions& opt, std::ostream& l
     std::vector<int32_t> vi(size_t(B) * T), vt(vi.size());
     for (int i = 0; i < t.eval_batches; ++i) {
       val.next_batch(vi.data(), vt.data());
-      sums[0] += model.forward_loss(vi.data(), vt.data(), B, T);
+      sums[0] += pipe ? pipe->forward_loss(vi.data(), vt.data(), B, T)
+                      : model.forward_loss(vi.data(), vt.data(), B, T);
       for (int32_t y : vt) sums[1] += y >= 0;
     }
     if (groups.zd.size() > 1) groups.zd.allreduce_sum(sums, 2);
+    if (pipe) groups.p.allreduce_sum(sums, 1);  // the loss is on the last stage
     const double vl = sums[0] / std::max(sums[1], 1.0);
     result.val_losses.push_back(vl);
     if (root) {
@@ -332,6 +343,23 @@ TrainResult train(const RunConfig& cfg, const TrainOptions& opt, std::ostream& l
     out << "loss mask: " << t.loss_mask << " (k = " << t.goldfish_k
         << (loss_mask.mode == LossMaskMode::Goldfish ? ", h = " + std::to_string(t.goldfish_h) : std::string())
         << "): about 1 in " << t.goldfish_k << " targets dropped from the loss\n";
+  // GEMM precision for this run (process-wide; restored when train() returns).
+  struct PrecisionScope {
+    kernels::Precision saved = kernels::gemm_precision();
+    ~PrecisionScope() { kernels::set_gemm_precision(saved); }
+  } precision_scope;
+  const kernels::Precision precision =
+      t.precision == "auto" ? (kernels::native_bf16_matmul() ? kernels::Precision::BF16
+                                                             : kernels::Precision::FP32)
+                            : kernels::parse_precision(t.precision);
+  kernels::set_gemm_precision(precision);
+  if (!opt.quiet) {
+    if (precision == kernels::Precision::BF16)
+      out << "precision: bf16 GEMMs, fp32 master weights and optimizer; "
+          << kernels::bf16_matmul_path() << "\n";
+    else if (t.precision == "auto")
+      out << "precision: fp32 (auto: bf16 would be " << kernels::bf16_matmul_path() << ")\n";
+  }
   StopSignals signals;
   const auto run_start = std::chrono::steady_clock::now();
   int bad_steps = 0;
@@ -352,12 +380,17 @@ TrainResult train(const RunConfig& cfg, const TrainOptions& opt, std::ostream& l
     const double drop_fraction = counts[1] / (counts[0] + counts[1]);
     model.zero_grads();
     double loss_sum = 0;
-    for (int m = 0; m < t.grad_accum; ++m)
-      loss_sum += model.forward_backward(inputs.data() + size_t(m) * B * T,
-                                         targets.data() + size_t(m) * B * T, B, T,
-                                         float(1.0 / kept));
+    if (pipe) {
+      loss_sum = pipe->step(inputs.data(), targets.data(), B, T, float(1.0 / kept));
+    } else {
+      for (int m = 0; m < t.grad_accum; ++m)
+        loss_sum += model.forward_backward(inputs.data() + size_t(m) * B * T,
+                                           targets.data() + size_t(m) * B * T, B, T,
+                                           float(1.0 / kept));
+    }
     model.reduce_gradients();
     if (groups.zd.size() > 1) groups.zd.allreduce_sum(&loss_sum, 1);
+    if (pipe) groups.p.allreduce_sum(&loss_sum, 1);
     const double loss = loss_sum / kept;
     const double gnorm = std::sqrt(model.grad_sum_squares());
     const double lr = learning_rate(t, step);

@@ -1,0 +1,76 @@
+// Matrix-multiply precision: fp32, or bf16 mixed precision (issue 5).
+//
+// bf16 mixed precision here means what AMP / Megatron mean on hardware with bf16 matrix units:
+// the operands of every float GEMM (weights and activations, forward and backward) are rounded to
+// bfloat16 (8-bit mantissa, round to nearest even) and the products are accumulated in fp32; the
+// master weights, gradients, optimizer state, norms, softmax, attention and the loss stay fp32.
+// The setting is process-wide because the GEMM call sites (serial and 3D-parallel models) are the
+// same either way; the trainer and the benchmark set it from the config.
+//
+// Two ways to run a bf16 GEMM, chosen at run time:
+//   * native: oneDNN's matmul primitive with bf16 inputs and fp32 output, which oneDNN runs on
+//     AMX-BF16 or AVX512-BF16 — only where the CPU has one of them and oneDNN builds the
+//     primitive (probed once);
+//   * emulated: the operands rounded to bf16 into fp32 scratch, then the fp32 sgemm. The products
+//     of two bf16 values are exact in fp32, so this is the same arithmetic (up to summation
+//     order) — correct everywhere, but slower than plain fp32 (the rounding pass is extra work).
+// TETRAD_BF16=emulate in the environment forces the emulated path (to compare the two).
+//
+// Not done: bf16 storage of activations between layers (they are rounded where they enter a
+// GEMM, stored in fp32), bf16 inside the attention kernel, bf16 collectives.
+#pragma once
+#include <cstdint>
+#include <cstring>
+#include <string>
+
+namespace tetrad::kernels {
+
+enum class Precision { FP32, BF16 };
+
+// "fp32" | "bf16"; anything else throws Error naming the choices.
+Precision parse_precision(const std::string& name);
+std::string precision_name(Precision p);
+
+// Whether bf16 GEMMs run on bf16 hardware here (AMX-BF16 or AVX512-BF16, and oneDNN built a bf16
+// matmul for it). Probed once, thread-safe.
+bool native_bf16_matmul();
+// "native (oneDNN matmul on amx-bf16)" / "emulated (no AMX-BF16 or AVX512-BF16 on this CPU)" etc.
+std::string bf16_matmul_path();
+
+// Precision of kernels::gemm<float> for the whole process (default FP32). Not to be changed
+// while another thread is inside a GEMM.
+void set_gemm_precision(Precision p);
+Precision gemm_precision();
+
+// C = alpha * op(A) · op(B) + beta * C with A and B rounded to bf16 and fp32 accumulation (the
+// layout contract of kernels::gemm), native or emulated as above. gemm<float> calls it in BF16
+// mode; tests call it directly.
+void gemm_bf16(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K, float alpha,
+               const float* A, int64_t lda, const float* B, int64_t ldb, float beta, float* C,
+               int64_t ldc);
+
+// bf16 conversions: round to nearest even; NaN stays NaN (quiet), ±inf stays ±inf, values past
+// the largest bf16 round to ±inf as IEEE rounding does.
+inline uint16_t float_to_bf16(float f) {
+  uint32_t u;
+  std::memcpy(&u, &f, 4);
+  if ((u & 0x7fffffffu) > 0x7f800000u) return uint16_t((u >> 16) | 0x40);  // NaN: keep it quiet
+  u += 0x7fffu + ((u >> 16) & 1u);
+  return uint16_t(u >> 16);
+}
+inline float bf16_to_float(uint16_t h) {
+  const uint32_t u = uint32_t(h) << 16;
+  float f;
+  std::memcpy(&f, &u, 4);
+  return f;
+}
+inline float round_to_bf16(float f) { return bf16_to_float(float_to_bf16(f)); }
+
+// out[r * ldo + c] = round_to_bf16(in[r * ldi + c]) for r < rows, c < cols (OpenMP over rows).
+void round_matrix_to_bf16(const float* in, int64_t ldi, float* out, int64_t ldo, int64_t rows,
+                          int64_t cols);
+// The same into bf16 storage.
+void convert_matrix_to_bf16(const float* in, int64_t ldi, uint16_t* out, int64_t ldo,
+                            int64_t rows, int64_t cols);
+
+}  // namespace tetrad::kernels
