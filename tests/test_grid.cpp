@@ -155,7 +155,7 @@ TEST(Grid, ParseAcceptsFourPositiveIntegers) {
 }
 
 TEST(Grid, ParseErrorsSayWhatWasExpected) {
-  for (const char* bad : {"", "2,2", "2,2,2", "2,2,2,2,2", "2x2x1x1", "a,1,1,1", "1,0,1,1",
+  for (const char* bad : {"", "2,2", "2,2,2", "2,2,2,2,2,2", "2x2x1x1", "a,1,1,1", "1,0,1,1",
                           "1,1,-2,1", "1,1,1,2.5", "1,,1,1", "99999999999,1,1,1",
                           "65536,65536,1,1"}) {
     const std::string msg = parse_error(bad);

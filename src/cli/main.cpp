@@ -148,6 +148,16 @@ int main(int argc, char** argv) {
   bench->add_option("--recompute", bopt.recompute,
                     "with --grids: activation recomputation (none, selective, full)")
       ->capture_default_str();
+  bench->add_option("--micro-batches", bopt.micro_batches,
+                    "with --grids and a pipeline grid: micro-batches per step")
+      ->capture_default_str();
+  bench->add_option("--schedule", bopt.schedule, "with --grids: pipeline schedule (1f1b, interleaved)")
+      ->capture_default_str();
+  bench->add_option("--virtual-stages", bopt.virtual_stages,
+                    "with --grids: pipeline chunks per stage (interleaved)")
+      ->capture_default_str();
+  bench->add_option("--layers", bopt.layers, "replace the configuration's layer count (0: keep)")
+      ->capture_default_str();
   bench->add_option("--anchor", bopt.anchor_cmd,
                     "command running the PyTorch anchor (default: bench/pytorch_gpt2.py if "
                     "torch is importable; 'none' to skip)");

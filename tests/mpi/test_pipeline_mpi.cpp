@@ -45,7 +45,8 @@ std::vector<Case> cases(int n) {
               {{1, 1, 2, 1, 2}, k1F1B, {R::None, 0, 1}}};
     default:
       return {{{1, 1, 1, 2, 4}, k1F1B, {R::Selective, 2, 1}},
-              {{2, 1, 2, 1, 2}, kInter, {R::None, 1, 2}}};
+              {{2, 1, 2, 1, 2}, kInter, {R::None, 1, 2}},
+              {{1, 2, 1, 2, 2}, kInter, {R::Full, 1, 2}, Family::Llama}};
   }
 }
 

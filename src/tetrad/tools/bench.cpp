@@ -11,6 +11,7 @@
 #include <fstream>
 #include <iomanip>
 #include <iostream>
+#include <memory>
 #include <nlohmann/json.hpp>
 #include <sstream>
 
@@ -21,6 +22,7 @@
 #include "tetrad/kernels/precision.hpp"
 #include "tetrad/model/transformer.hpp"
 #include "tetrad/parallel/parallel_transformer.hpp"
+#include "tetrad/parallel/pipeline.hpp"
 #include "tetrad/parallel/process_groups.hpp"
 #include "tetrad/tools/ceilings.hpp"
 #include "tetrad/train/optimizer.hpp"
@@ -238,7 +240,8 @@ void run_bench_grids(const BenchOptions& opt, std::ostream& log) {
   if (!opt.json_path.empty() && world.rank() == 0) json_out.open(opt.json_path);
   const double baseline_rss = double(current_rss_bytes());
   for (const std::string& name : opt.configs) {
-    const ModelConfig mc = named_model(name);
+    ModelConfig mc = named_model(name);
+    if (opt.layers > 0) mc.n_layer = opt.layers;
     const int Bg = standard_batch(name), T = mc.max_seq;
     const int64_t serial_state = 16 * build_param_table(mc).total;  // p, g, m, v in fp32
     out << "\n== " << name << ": global batch " << Bg << " x " << T << " tokens\n"
@@ -249,6 +252,7 @@ void run_bench_grids(const BenchOptions& opt, std::ostream& log) {
     ParallelOptions po;
     po.zero = opt.zero;
     po.recompute = parse_recompute(opt.recompute);
+    po.virtual_stages = opt.virtual_stages;
     out << "  zero " << po.zero << ", recompute " << recompute_name(po.recompute) << "\n";
     for (const GridShape& shape : shapes) {
       try {
@@ -271,8 +275,14 @@ void run_bench_grids(const BenchOptions& opt, std::ostream& log) {
       AdamW adam(decay_ranges(model.table(), tc, ol.param_offsets, ol.sizes, ol.state_offsets,
                               ol.grad_offsets),
                  ol.state_size, tc);
+      // Gp > 1: the step's micro-batches through the pipeline schedule (tokens: M of them).
+      std::unique_ptr<PipelineDriver> pipe;
+      const int M = shape.p > 1 ? opt.micro_batches : 1;
+      if (shape.p > 1)
+        pipe = std::make_unique<PipelineDriver>(model, parse_pipeline_schedule(opt.schedule), M);
+      double wait_total = 0, busy_total = 0;
       Rng rng(7);
-      std::vector<int32_t> tokens(size_t(Bl) * T + 1);
+      std::vector<int32_t> tokens(size_t(M) * Bl * T + 1);
       for (auto& t : tokens) t = int32_t(rng.next_u64() % uint64_t(mc.vocab_size));
       StepProfile profile;
       model.set_profile(&profile);
@@ -285,7 +295,15 @@ void run_bench_grids(const BenchOptions& opt, std::ostream& log) {
         g.world.barrier();
         const auto t0 = std::chrono::steady_clock::now();
         model.zero_grads();
-        model.forward_backward(tokens.data(), tokens.data() + 1, Bl, T, 1.0f / float(Bg * T));
+        if (pipe) {
+          pipe->step(tokens.data(), tokens.data() + 1, Bl, T, 1.0f / float(Bg * T * M));
+          if (s >= opt.warmup) {
+            wait_total += pipe->last_wait_s();
+            busy_total += pipe->last_step_s() - pipe->last_wait_s();
+          }
+        } else {
+          model.forward_backward(tokens.data(), tokens.data() + 1, Bl, T, 1.0f / float(Bg * T));
+        }
         model.reduce_gradients();
         const double gn = std::sqrt(model.grad_sum_squares());
         {
@@ -330,6 +348,24 @@ void run_bench_grids(const BenchOptions& opt, std::ostream& log) {
       double formula_max = formula;
       g.world.allreduce_max(&peak, 1);
       g.world.allreduce_max(&formula_max, 1);
+      double bubble = 0, bubble_min = 0, expected = 0;
+      if (pipe) {
+        // Each rank's time waiting for its neighbours over its time computing; with equal stages
+        // every rank waits (p - 1) chunk-times of m v: the textbook (p - 1) / (v m).
+        bubble = wait_total / busy_total;
+        g.world.allreduce_sum(&bubble, 1);
+        bubble /= G;
+        double neg = -(wait_total / busy_total);
+        g.world.allreduce_max(&neg, 1);
+        bubble_min = -neg;
+        expected = double(shape.p - 1) / (double(M) * opt.virtual_stages);
+        out << "  pipeline " << shape.to_string() << ": " << opt.schedule << ", " << M
+            << " micro-batches, " << opt.virtual_stages << " chunk(s) per stage, layers "
+            << mc.n_layer << ": bubble (wait / compute, mean over ranks) " << std::fixed
+            << std::setprecision(3) << bubble << " (least-waiting rank " << bubble_min
+            << ") vs (p - 1) / (v m) = " << expected << "; ratio " << bubble / expected << "\n"
+            << std::defaultfloat;
+      }
       out << "  memory " << shape.to_string() << ": peak " << std::fixed << std::setprecision(1)
           << peak / 1048576.0 << " MiB per rank (largest) vs formula " << formula_max / 1048576.0
           << " MiB = state " << formula_state / 1048576.0 << " (of which staging "
@@ -358,7 +394,12 @@ void run_bench_grids(const BenchOptions& opt, std::ostream& log) {
                                    {"formula_mb", formula_max / 1048576.0},
                                    {"formula_state_mb", formula_state / 1048576.0},
                                    {"activation_mb", model.activation_bytes(po.recompute) / 1048576.0},
-                                   {"peak_vs_formula", peak / formula_max}}
+                                   {"peak_vs_formula", peak / formula_max},
+                                   {"micro_batches", M}, {"schedule", opt.schedule},
+                                   {"virtual_stages", opt.virtual_stages},
+                                   {"layers", mc.n_layer}, {"bubble", bubble},
+                                   {"bubble_least_waiting", bubble_min},
+                                   {"bubble_formula", expected}}
                         .dump()
                  << "\n";
     }

@@ -22,6 +22,12 @@ struct BenchOptions {
   std::string grid;
   int zero = 0;
   std::string recompute = "none";
+  // --grids with Gp > 1: micro-batches per step, schedule, chunks per stage; and (--grids) a
+  // layer count replacing the configuration's (0: keep it).
+  int micro_batches = 4;
+  std::string schedule = "1f1b";
+  int virtual_stages = 1;
+  int layers = 0;
 };
 
 void run_bench(const BenchOptions& opt, std::ostream& out);
