@@ -17,6 +17,6 @@ for m in $MS; do
     [ $((m % P)) -ne 0 ] && [ "$1" = interleaved ] && continue
     mpirun -n "$P" --bind-to core ./build/tetrad bench --grids --configs small --layers "$LAYERS" \
       --grid "1,1,1,$P,1" --micro-batches "$m" --schedule "$1" --virtual-stages "$2" \
-      --threads 1 --steps 3 --warmup 1 | grep "pipeline "
+      --threads 1 --steps 2 --warmup 1 | grep "pipeline "
   done
 done
