@@ -298,8 +298,14 @@ void run_bench_grids(const BenchOptions& opt, std::ostream& log) {
         if (pipe) {
           pipe->step(tokens.data(), tokens.data() + 1, Bl, T, 1.0f / float(Bg * T * M));
           if (s >= opt.warmup) {
-            wait_total += pipe->last_wait_s();
-            busy_total += pipe->last_step_s() - pipe->last_wait_s();
+            // Idle = the pipeline's makespan (the steps start together after the barrier; the
+            // slowest stage ends it) minus this rank's compute: waits inside the step plus the
+            // head and tail of the flush, which the textbook bubble counts too.
+            const double busy = pipe->last_step_s() - pipe->last_wait_s();
+            double makespan = pipe->last_step_s();
+            g.world.allreduce_max(&makespan, 1);
+            wait_total += makespan - busy;
+            busy_total += busy;
           }
         } else {
           model.forward_backward(tokens.data(), tokens.data() + 1, Bl, T, 1.0f / float(Bg * T));
@@ -350,8 +356,8 @@ void run_bench_grids(const BenchOptions& opt, std::ostream& log) {
       g.world.allreduce_max(&formula_max, 1);
       double bubble = 0, bubble_min = 0, expected = 0;
       if (pipe) {
-        // Each rank's time waiting for its neighbours over its time computing; with equal stages
-        // every rank waits (p - 1) chunk-times of m v: the textbook (p - 1) / (v m).
+        // Each rank's idle time over its compute time; with equal stages every rank idles
+        // (p - 1) chunk-times of m v per step: the textbook (p - 1) / (v m).
         bubble = wait_total / busy_total;
         g.world.allreduce_sum(&bubble, 1);
         bubble /= G;
@@ -361,7 +367,7 @@ void run_bench_grids(const BenchOptions& opt, std::ostream& log) {
         expected = double(shape.p - 1) / (double(M) * opt.virtual_stages);
         out << "  pipeline " << shape.to_string() << ": " << opt.schedule << ", " << M
             << " micro-batches, " << opt.virtual_stages << " chunk(s) per stage, layers "
-            << mc.n_layer << ": bubble (wait / compute, mean over ranks) " << std::fixed
+            << mc.n_layer << ": bubble (idle / compute, mean over ranks) " << std::fixed
             << std::setprecision(3) << bubble << " (least-waiting rank " << bubble_min
             << ") vs (p - 1) / (v m) = " << expected << "; ratio " << bubble / expected << "\n"
             << std::defaultfloat;
