@@ -58,5 +58,14 @@ expect_error "tokenizer mismatch" "tokenizer" "$TETRAD" eval --model "$W/run" --
 expect_error "wrong family checkpoint" "llama" "$TETRAD" train --set model.name=llama-tiny --set data.dir="$W/data" \
   --set run.dir="$W/run3" --set run.init_from="$W/hf" --set train.seq_len=32
 
+# tetrad plan: a ranked table for a shipped machine, JSON that parses, the published rows, and
+# a clear error for an unknown machine.
+plan_out=$("$TETRAD" plan --model small --machine perlmutter --ranks 8 --global-batch 8 --micro-batch 8 2>&1)
+check "plan table" grep -q "valid grids (x y z p d), fastest first" <<<"$plan_out"
+check "plan marks pipeline grids" grep -q "pipeline: not trainable yet\|^ *[0-9]* *[0-9]*x[0-9]*x[0-9]*x[2-8]x" <<<"$plan_out"
+check "plan json" bash -c "\"$TETRAD\" plan --model tiny --machine frontier --ranks 4 --json - | python3 -c 'import json,sys; j=json.load(sys.stdin); assert j[\"grids\"] and j[\"grids\"][0][\"valid\"]'"
+check "plan published" bash -c "\"$TETRAD\" plan --published | grep -q 'Megatron-LM.*| 163 |'"
+expect_error "plan unknown machine" "expected a .toml file or one of" "$TETRAD" plan --model small --machine nowhere
+
 echo "$fails failed"
 [ $fails -eq 0 ]

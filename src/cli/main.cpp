@@ -17,6 +17,10 @@
 #include "tetrad/data/prepare.hpp"
 #include "tetrad/data/tokenizer.hpp"
 #include "tetrad/model/sampling.hpp"
+#include "tetrad/planner/auto_grid.hpp"
+#include "tetrad/planner/machine.hpp"
+#include "tetrad/planner/planner.hpp"
+#include "tetrad/planner/validate.hpp"
 #include "tetrad/tools/bench.hpp"
 #include "tetrad/tools/memorization.hpp"
 #include "tetrad/train/config.hpp"
@@ -38,6 +42,91 @@ std::string resolve_model_dir(const std::string& path) {
   }
   fail("'", path, "' is neither a model folder (config.json + model.safetensors) nor a run "
        "folder (checkpoints/)");
+}
+
+
+// `tetrad plan`: one of --measure-machine, --compare, --published, or the plan itself.
+void run_plan_command(const std::string& model, const std::vector<std::string>& sets,
+                      const std::string& machine, int ranks, int64_t global_batch,
+                      int64_t micro_batch, int64_t micro_batch_per_replica, int seq,
+                      const std::string& precision, const std::string& recompute, int zero,
+                      const std::string& overlap, bool no_pipeline, int top, int show_rejected,
+                      const std::string& json_path, const std::string& measure_out, int threads,
+                      bool quick, const std::string& compare, bool published, bool under_mpi) {
+  using namespace planner;
+  int rank = 0;
+  if (under_mpi) MPI_Comm_rank(MPI_COMM_WORLD, &rank);
+  if (!measure_out.empty()) {
+    const std::string stem = fs::path(measure_out).stem().string();
+    const Machine m = measure_machine(stem, threads, quick);
+    if (rank == 0) {
+      std::ofstream f(measure_out);
+      f << machine_to_toml(m);
+      if (!f) fail("cannot write machine file '", measure_out, "'");
+      std::cout << machine_to_toml(m) << "wrote " << measure_out << "\n";
+    }
+    return;
+  }
+  if (rank != 0) return;  // planning is serial: only rank 0 answers when launched under mpirun
+  if (published) {
+    std::cout << published_text(published_results()) << "\nSensitivity to the assumed numbers:\n"
+              << published_sensitivity_text();
+    return;
+  }
+  if (machine.empty())
+    fail("tetrad plan needs --machine (a file or one of the shipped names; "
+         "tetrad plan --measure-machine FILE measures this one)");
+  const Machine m = load_machine(machine);
+  if (!compare.empty()) {
+    std::cout << comparison_text(compare_with_bench(compare, m),
+                                 "predicted (machine " + m.name + ") vs measured (" + compare + ")");
+    return;
+  }
+  PlanInput in;
+  RunConfig cfg;
+  if (model.ends_with(".toml")) {
+    cfg = load_run_config(model, sets);
+    in.model_name = cfg.model_name + " (" + model + ")";
+    in.model = cfg.model;
+  } else {
+    cfg = load_run_config("", sets);
+    std::vector<std::string> model_sets;
+    for (const auto& s : sets)
+      if (s.starts_with("model.")) model_sets.push_back(s);
+    in.model = planner_model(model);
+    in.model_name = model;
+    if (!model_sets.empty()) {
+      // Named bases the config schema knows take the overrides; the published ones are fixed.
+      model_sets.insert(model_sets.begin(), "model.name=" + model);
+      in.model = load_run_config("", model_sets).model;
+    }
+    cfg.train.seq_len = in.model.max_seq;
+  }
+  in.seq = seq > 0 ? seq : cfg.train.seq_len;
+  in.micro_batch = micro_batch;
+  in.micro_batch_per_replica = micro_batch_per_replica;
+  if (micro_batch == 0 && micro_batch_per_replica == 0) in.micro_batch = cfg.train.micro_batch;
+  in.global_batch = global_batch > 0 ? global_batch
+                                     : (in.micro_batch > 0 ? in.micro_batch : 1) * cfg.train.grad_accum;
+  if (!precision.empty()) in.precision = parse_precision(precision);
+  else if (model.ends_with(".toml")) in.precision = plan_input_of(cfg, 1).precision;  // as the trainer resolves it
+  in.recompute = parse_recompute(recompute);
+  in.zero = zero;
+  in.overlap = parse_overlap(overlap);
+  in.ranks = ranks > 0 ? ranks : m.ranks_per_node;
+  in.allow_pipeline = !no_pipeline;
+  const auto p = plan(in, m);
+  if (json_path == "-") {
+    std::cout << plan_json(in, m, p).dump(2) << "\n";
+    return;
+  }
+  std::cout << plan_text(in, m, p, show_rejected, top);
+  if (!json_path.empty()) {
+    std::ofstream f(json_path);
+    f << plan_json(in, m, p).dump(2) << "\n";
+    if (!f) fail("cannot write '", json_path, "'");
+    std::cout << "wrote " << json_path << "\n";
+  }
 }
 
 }  // namespace
@@ -193,6 +282,53 @@ int main(int argc, char** argv) {
   logits_cmd->add_option("--tokens", tokens_csv, "comma-separated token ids")->required();
   logits_cmd->add_option("-o,--out", logits_out, "output file")->required();
 
+  // plan
+  struct {
+    std::string model = "small", machine, json, measure_out, compare, precision,
+                recompute = "none", overlap = "none";
+    std::vector<std::string> sets;
+    int64_t global_batch = 0, micro_batch = 0, micro_batch_per_replica = 0;
+    int seq = 0, zero = 0, ranks = 0, top = 30, threads = 1, show_rejected = 20;
+    bool no_pipeline = false, published = false, quick = false;
+  } po;
+  auto* plan_cmd = app.add_subcommand(
+      "plan", "predict step time and memory of every grid and rank them (docs/planner.md)");
+  plan_cmd->add_option("--model", po.model,
+                       "named model (tiny, small, gpt2-124m, llama-small, gpt-1t, gpt-80b) or a "
+                       "TOML run config (its [model] and [train] sections)")->capture_default_str();
+  plan_cmd->add_option("-s,--set", po.sets, "override in the config: section.key=value");
+  plan_cmd->add_option("--machine", po.machine,
+                       "machine file or name of a shipped one (machines/*.toml)");
+  plan_cmd->add_option("--ranks", po.ranks, "number of ranks (default: the machine's ranks per node)");
+  plan_cmd->add_option("--global-batch", po.global_batch,
+                       "sequences per step (default: the config's micro_batch x grad_accum)");
+  plan_cmd->add_option("--micro-batch", po.micro_batch,
+                       "sequences per micro-batch of the whole job, split over Z x D "
+                       "(train.micro_batch; default: the config's)");
+  plan_cmd->add_option("--micro-batch-per-replica", po.micro_batch_per_replica,
+                       "sequences per micro-batch per (z, d) replica instead (Megatron's meaning)");
+  plan_cmd->add_option("--seq", po.seq, "tokens per sequence (default: the config's seq_len)");
+  plan_cmd->add_option("--precision", po.precision,
+                       "fp32 | bf16 (default: a config file's train.precision, else fp32)");
+  plan_cmd->add_option("--recompute", po.recompute, "none | selective | full")->capture_default_str();
+  plan_cmd->add_option("--zero", po.zero, "ZeRO stage over the data axis: 0 | 1 | 2")->capture_default_str();
+  plan_cmd->add_option("--overlap", po.overlap,
+                       "none (tetrad today) | tensor (AxoNN's OAR/ORS/OAG) | all (+ data-parallel)")
+      ->capture_default_str();
+  plan_cmd->add_flag("--no-pipeline", po.no_pipeline, "only grids with Gp = 1");
+  plan_cmd->add_option("--top", po.top, "valid grids shown (0: all)")->capture_default_str();
+  plan_cmd->add_option("--rejected", po.show_rejected, "rejected grids shown (-1: all)")->capture_default_str();
+  plan_cmd->add_option("--json", po.json, "write the whole plan as JSON to this file ('-': stdout)");
+  plan_cmd->add_option("--measure-machine", po.measure_out,
+                       "measure this machine (run under mpirun -n N for collectives among N ranks) "
+                       "and write its machine file");
+  plan_cmd->add_option("--threads", po.threads, "threads per rank for --measure-machine")->capture_default_str();
+  plan_cmd->add_flag("--quick", po.quick, "shorter --measure-machine");
+  plan_cmd->add_option("--compare", po.compare,
+                       "JSON lines of `tetrad bench --grids --json`: predicted vs measured per grid");
+  plan_cmd->add_flag("--published", po.published,
+                     "the published rows of performance-model.md: predicted vs reported");
+
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {
@@ -251,6 +387,11 @@ int main(int argc, char** argv) {
       } else {
         run_bench(bopt, std::cout);
       }
+    } else if (*plan_cmd) {
+      run_plan_command(po.model, po.sets, po.machine, po.ranks, po.global_batch, po.micro_batch,
+                       po.micro_batch_per_replica, po.seq, po.precision, po.recompute, po.zero,
+                       po.overlap, po.no_pipeline, po.top, po.show_rejected, po.json,
+                       po.measure_out, po.threads, po.quick, po.compare, po.published, mpi != nullptr);
     } else if (*memo) {
       memo_cmd.model_dir = resolve_model_dir(model_dir);
       run_memorization_command(memo_cmd, std::cout);

@@ -74,6 +74,17 @@ else
   echo "FAIL goldfish"; paste <(losses "$W/gf_serial") <(losses "$W/gf_grid"); fails=$((fails+1))
 fi
 
+# --grid auto: the planner's first choice (machine file: the shipped `local`), said why, and
+# trained like every other grid.
+"${MPIRUN[@]}" -n 2 "$TETRAD" train "${S[@]}" --set run.dir="$W/auto" --grid auto > "$W/log" 2>&1 || { cat "$W/log"; fails=$((fails+1)); }
+if grep -q "^grid auto: .*first choice" "$W/log" && grep -q "predicted .* s/step" "$W/log" &&
+   paste <(losses "$W/serial") <(losses "$W/auto") |
+   awk '{ n++; d = ($1 - $2) / $1; if (d < 0) d = -d; if (d > 1e-5) bad = 1 } END { exit (bad || n != 5) }'; then
+  echo "ok   grid auto: $(grep -m1 '^grid auto' "$W/log" | cut -c1-60)...; losses match the serial run"
+else
+  echo "FAIL grid auto"; cat "$W/log"; fails=$((fails+1))
+fi
+
 out=$("${MPIRUN[@]}" -n 2 "$TETRAD" train "${S[@]}" --set run.dir="$W/bad" --grid 2,2,1,1 2>&1)
 if grep -q "needs 4 ranks" <<<"$out"; then echo "ok   wrong grid refused"; else echo "FAIL wrong grid: $out"; fails=$((fails+1)); fi
 echo "$fails failed"

@@ -389,6 +389,7 @@ void run_bench_grids(const BenchOptions& opt, std::ostream& log) {
           << std::setw(7) << estimate / 1048576.0 << " MiB" << std::defaultfloat << "\n";
       if (json_out)
         json_out << nlohmann::json{{"config", name}, {"grid", shape.to_string()}, {"ranks", G},
+                                   {"global_batch", Bg}, {"seq", T},
                                    {"threads", threads}, {"tokens_per_s", tok_s},
                                    {"median_step_s", step}, {"comm_share", comm_share},
                                    {"state_bytes_per_rank", state_max},

@@ -115,7 +115,11 @@ const std::vector<Field>& schema() {
       STRING_FIELD("parallel.grid", c.grid,
                    "process grid \"x,y,z,d\" or \"x,y,z,p,d\": tensor parallelism over X, Y, Z "
                    "(Z shards weights), pipeline stages over P, data parallelism over D; the "
-                   "product must equal the number of ranks"),
+                   "product must equal the number of ranks. \"auto\": the planner's first "
+                   "choice for this run (docs/planner.md)"),
+      STRING_FIELD("parallel.machine", c.machine,
+                   "machine description the planner uses for grid = \"auto\": a TOML file or "
+                   "a shipped name (machines/*.toml: local, perlmutter, frontier, alps, dgx-a100)"),
       STRING_FIELD("parallel.schedule", c.schedule,
                    "pipeline schedule (Gp > 1): \"1f1b\" or \"interleaved\" (needs "
                    "train.grad_accum divisible by Gp); micro-batches = train.grad_accum"),

@@ -47,7 +47,8 @@ struct RunConfig {
   std::string data_dir = "data/kjv";  // output of `tetrad prepare`
   std::string init_from;             // Hugging Face folder to fine-tune from (optional)
   std::string run_dir = "runs/default";
-  std::string grid = "1,1,1,1";      // x,y,z,d or x,y,z,p,d process grid (docs/parallel.md)
+  std::string grid = "1,1,1,1";      // x,y,z,d or x,y,z,p,d process grid (docs/parallel.md), or "auto"
+  std::string machine = "local";     // machine file or shipped name for grid = "auto"
   int zero = 0;                      // ZeRO stage over the data axis: 0, 1 or 2
   std::string schedule = "1f1b";     // pipeline schedule: 1f1b | interleaved
   int virtual_stages = 1;            // pipeline chunks per stage (interleaved)

@@ -25,6 +25,7 @@
 #include "tetrad/kernels/precision.hpp"
 #include "tetrad/model/transformer.hpp"
 #include "tetrad/parallel/grid.hpp"
+#include "tetrad/planner/auto_grid.hpp"
 #include "tetrad/parallel/parallel_transformer.hpp"
 #include "tetrad/parallel/pipeline.hpp"
 #include "tetrad/parallel/process_groups.hpp"
@@ -135,17 +136,27 @@ TrainResult train(const RunConfig& cfg, const TrainOptions& opt, std::ostream& l
   // The process grid: the config's, checked against the ranks this job was launched with.
   using parallel::GridShape;
   using parallel::ProcessGroups;
-  const GridShape shape = parallel::parse_grid(cfg.grid);
   int mpi_ready = 0;
   MPI_Initialized(&mpi_ready);
   int world = 1;
   if (mpi_ready) MPI_Comm_size(MPI_COMM_WORLD, &world);
+  // "auto": the planner's first choice. Every rank computes it from the same inputs (pure
+  // function of config, rank count and machine file), so all ranks agree without talking.
+  std::string grid_text = cfg.grid, auto_why;
+  if (grid_text == "auto") {
+    const planner::AutoGrid a =
+        planner::choose_grid(cfg, world, planner::launcher_ranks_per_node());
+    grid_text = a.trainer_grid;
+    auto_why = a.why;
+  }
+  const GridShape shape = parallel::parse_grid(grid_text);
   parallel::validate_grid(shape, world);
   ProcessGroups groups =
       world > 1 ? ProcessGroups(comm::Communicator::world(), shape) : ProcessGroups();
   const bool root = groups.world.rank() == 0;
   std::ostream null_stream(nullptr);
   std::ostream& out = root ? log_stream : null_stream;
+  if (!auto_why.empty()) out << auto_why;
 
   const int replicas = shape.z * shape.d;
   if (t.micro_batch % replicas != 0)

@@ -1,0 +1,81 @@
+#include "tetrad/planner/auto_grid.hpp"
+
+#include <cstdlib>
+#include <iomanip>
+#include <sstream>
+
+#include "tetrad/core/error.hpp"
+#include "tetrad/kernels/precision.hpp"
+
+namespace tetrad::planner {
+
+PlanInput plan_input_of(const RunConfig& cfg, int ranks) {
+  PlanInput in;
+  in.model = cfg.model;
+  in.model_name = cfg.model_name;
+  in.micro_batch = cfg.train.micro_batch;
+  in.global_batch = int64_t(cfg.train.micro_batch) * cfg.train.grad_accum;
+  in.seq = cfg.train.seq_len;
+  in.ranks = ranks;
+  // train.precision "auto" means bf16 where this CPU has bf16 matrix units (kernels/precision.hpp).
+  const std::string& p = cfg.train.precision;
+  in.precision = p == "bf16" || (p == "auto" && kernels::native_bf16_matmul()) ? Precision::BF16
+                                                                                 : Precision::FP32;
+  return in;
+}
+
+int launcher_ranks_per_node() {
+  for (const char* v : {"OMPI_COMM_WORLD_LOCAL_SIZE", "MPI_LOCALNRANKS", "SLURM_NTASKS_PER_NODE"})
+    if (const char* e = std::getenv(v); e && std::atoi(e) > 0) return std::atoi(e);
+  return 0;
+}
+
+AutoGrid choose_grid(const RunConfig& cfg, int ranks, int ranks_per_node) {
+  Machine m = load_machine(cfg.machine);
+  if (ranks_per_node > 0) m.ranks_per_node = ranks_per_node;
+  const PlanInput in = plan_input_of(cfg, ranks);
+  const std::vector<Estimate> all = plan(in, m);
+  const Estimate* first = nullptr;
+  const Estimate* second = nullptr;
+  int trainable = 0, valid = 0;
+  for (const auto& e : all) {
+    if (!e.valid) continue;
+    ++valid;
+    if (!e.trainable) continue;
+    ++trainable;
+    if (!first) first = &e;
+    else if (!second) second = &e;
+  }
+  if (!first) {
+    std::ostringstream o;
+    o << "parallel.grid = \"auto\": no grid of " << ranks << " ranks can train this run";
+    int shown = 0;
+    for (const auto& e : all)
+      if (!e.valid && shown++ < 3) o << "; " << e.grid.to_string() << ": " << e.reject;
+    fail(o.str());
+  }
+  AutoGrid a;
+  a.grid = first->grid;
+  a.trainer_grid = trainer_grid_string(first->grid);
+  std::ostringstream w;
+  w << std::fixed << std::setprecision(3);
+  w << "grid auto: " << a.trainer_grid << " (x,y,z,p,d = " << first->grid.to_string()
+    << "), the planner's first choice of " << trainable << " trainable grids (" << valid
+    << " valid, " << all.size() << " in all) on machine '" << m.name << "' with "
+    << m.ranks_per_node << " ranks/node\n"
+    << "  predicted " << first->step << " s/step: compute " << std::setprecision(0)
+    << 100 * first->compute / first->step << "%, exposed communication "
+    << 100 * first->comm_exposed / first->step << "%, dominant " << first->dominant
+    << ", memory/rank " << std::setprecision(1) << first->memory.total() / 1e6 << " MB\n";
+  if (second)
+    w << std::setprecision(3) << "  runner-up " << trainer_grid_string(second->grid) << " at "
+      << second->step << " s/step (" << std::setprecision(1)
+      << 100 * (second->step / first->step - 1) << "% slower, dominant " << second->dominant << ")\n";
+  if (!all.empty() && all.front().valid && !all.front().trainable)
+    w << "  (" << all.front().grid.to_string() << " with a pipeline axis is predicted faster, "
+      << "but the trainer does not take Gp > 1 yet)\n";
+  a.why = w.str();
+  return a;
+}
+
+}  // namespace tetrad::planner

@@ -1,0 +1,331 @@
+#include "tetrad/planner/machine.hpp"
+
+#include <mpi.h>
+#include <omp.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+#include <filesystem>
+#include <iomanip>
+#include <sstream>
+#include <toml++/toml.h>
+
+#include "tetrad/comm/communicator.hpp"
+#include "tetrad/core/cpu.hpp"
+#include "tetrad/core/error.hpp"
+#include "tetrad/kernels/attention.hpp"
+#include "tetrad/tools/ceilings.hpp"
+
+namespace fs = std::filesystem;
+
+namespace tetrad::planner {
+
+namespace {
+
+constexpr double kT = 1e12, kG = 1e9, kUs = 1e-6;
+
+double get_number(const toml::table& t, const std::string& key, const std::string& where,
+                  bool required, double fallback = 0) {
+  const toml::node_view<const toml::node> n = t.at_path(key);
+  if (!n) {
+    if (required) fail("machine file '", where, "': missing key '", key, "' (a number)");
+    return fallback;
+  }
+  if (auto v = n.value<double>()) return *v;
+  fail("machine file '", where, "': '", key, "' must be a number");
+}
+
+std::string fmt(double v) {
+  std::ostringstream os;
+  os << std::setprecision(6) << v;
+  return os.str();
+}
+
+}  // namespace
+
+void Machine::validate() const {
+  auto positive = [&](const char* key, double v) {
+    if (!(v > 0))
+      fail("machine '", name, "': ", key, " must be > 0 (got ", v, ")");
+  };
+  if (ranks_per_node < 1) fail("machine '", name, "': ranks_per_node must be >= 1");
+  positive("compute.peak_fp32_tflops", peak_fp32);
+  if (peak_bf16 < 0) fail("machine '", name, "': compute.peak_bf16_tflops must be >= 0");
+  if (!(attention_efficiency >= 0 && attention_efficiency <= 1))
+    fail("machine '", name, "': compute.attention_efficiency must be in [0, 1] (got ",
+         attention_efficiency, "; 0 = same as gemm_efficiency)");
+  if (!(gemm_efficiency > 0 && gemm_efficiency <= 1))
+    fail("machine '", name, "': compute.gemm_efficiency must be in (0, 1] (got ", gemm_efficiency,
+         ")");
+  positive("memory.per_rank_gb", memory_bytes);
+  positive("memory.bandwidth_gb_per_s", memory_bandwidth);
+  positive("network.intra_bandwidth_gb_per_s", intra_bandwidth);
+  positive("network.inter_bandwidth_gb_per_s", inter_bandwidth);
+  if (intra_latency < 0 || inter_latency < 0)
+    fail("machine '", name, "': network latencies must be >= 0");
+  for (const auto& m : measured)
+    if (m.group_size < 2 || !(m.bandwidth > 0) || m.latency < 0)
+      fail("machine '", name, "': [[network.measured]] needs group_size >= 2, bandwidth > 0, "
+           "latency >= 0");
+}
+
+Machine load_machine_file(const std::string& path) {
+  toml::table t;
+  try {
+    t = toml::parse_file(path);
+  } catch (const toml::parse_error& e) {
+    const auto& b = e.source().begin;
+    fail("machine file '", path, "' line ", b.line, ", column ", b.column, ": ",
+         std::string(e.description()));
+  }
+  Machine m;
+  m.source = path;
+  m.name = t["name"].value_or(fs::path(path).stem().string());
+  m.description = t["description"].value_or(std::string());
+  m.ranks_per_node = int(get_number(t, "ranks_per_node", path, true));
+  m.peak_fp32 = get_number(t, "compute.peak_fp32_tflops", path, true) * kT;
+  m.peak_bf16 = get_number(t, "compute.peak_bf16_tflops", path, false) * kT;
+  m.gemm_efficiency = get_number(t, "compute.gemm_efficiency", path, true);
+  m.attention_efficiency = get_number(t, "compute.attention_efficiency", path, false, 0);
+  m.memory_bytes = get_number(t, "memory.per_rank_gb", path, true) * kG;
+  m.memory_bandwidth = get_number(t, "memory.bandwidth_gb_per_s", path, true) * kG;
+  m.intra_bandwidth = get_number(t, "network.intra_bandwidth_gb_per_s", path, true) * kG;
+  m.intra_latency = get_number(t, "network.intra_latency_us", path, true) * kUs;
+  m.inter_bandwidth = get_number(t, "network.inter_bandwidth_gb_per_s", path, true) * kG;
+  m.inter_latency = get_number(t, "network.inter_latency_us", path, true) * kUs;
+  if (const toml::array* arr = t.at_path("network.measured").as_array()) {
+    for (const auto& e : *arr) {
+      const toml::table* row = e.as_table();
+      if (!row) fail("machine file '", path, "': network.measured must be an array of tables");
+      MeasuredLink l;
+      l.op = (*row)["op"].value_or(std::string("all-reduce"));
+      if (l.op != "all-reduce" && l.op != "all-gather" && l.op != "reduce-scatter")
+        fail("machine file '", path, "': network.measured op '", l.op,
+             "': expected all-reduce, all-gather or reduce-scatter");
+      l.group_size = int(get_number(*row, "group_size", path, true));
+      l.bandwidth = get_number(*row, "bandwidth_gb_per_s", path, true) * kG;
+      l.latency = get_number(*row, "latency_us", path, true) * kUs;
+      m.measured.push_back(l);
+    }
+  }
+  m.validate();
+  return m;
+}
+
+static std::vector<fs::path> machine_dirs() {
+  return {fs::path("machines"), fs::path(TETRAD_SOURCE_DIR_STR) / "machines"};
+}
+
+std::vector<std::string> shipped_machines() {
+  std::vector<std::string> names;
+  for (const auto& dir : machine_dirs()) {
+    if (!fs::is_directory(dir)) continue;
+    for (const auto& e : fs::directory_iterator(dir))
+      if (e.path().extension() == ".toml") names.push_back(e.path().stem().string());
+    if (!names.empty()) break;
+  }
+  std::sort(names.begin(), names.end());
+  return names;
+}
+
+Machine load_machine(const std::string& name_or_path) {
+  if (name_or_path.ends_with(".toml") || name_or_path.find('/') != std::string::npos) {
+    if (!fs::exists(name_or_path)) fail("machine file '", name_or_path, "' does not exist");
+    return load_machine_file(name_or_path);
+  }
+  for (const auto& dir : machine_dirs()) {
+    const fs::path p = dir / (name_or_path + ".toml");
+    if (fs::exists(p)) return load_machine_file(p.string());
+  }
+  std::string known;
+  for (const auto& n : shipped_machines()) known += (known.empty() ? "" : ", ") + n;
+  fail("unknown machine '", name_or_path, "'; expected a .toml file or one of: ", known,
+       " (tetrad plan --measure-machine FILE writes one for this machine)");
+}
+
+std::string machine_to_toml(const Machine& m) {
+  std::ostringstream o;
+  o << "# Machine description for `tetrad plan` (docs/planner.md). Per-rank figures unless noted.\n"
+    << "name = " << toml::value<std::string>(m.name) << "\n"
+    << "description = " << toml::value<std::string>(m.description) << "\n"
+    << "ranks_per_node = " << m.ranks_per_node << "\n\n"
+    << "[compute]\n"
+    << "peak_fp32_tflops = " << fmt(m.peak_fp32 / kT) << "   # FLOP/s per rank\n"
+    << "peak_bf16_tflops = " << fmt(m.peak_bf16 / kT) << "   # 0: no bf16 rate\n"
+    << "gemm_efficiency = " << fmt(m.gemm_efficiency)
+    << "   # fraction of peak that large training GEMMs reach\n";
+  if (m.attention_efficiency > 0)
+    o << "attention_efficiency = " << fmt(m.attention_efficiency)
+      << "   # the same for the attention kernel (causal FLOPs executed)\n";
+  o << "\n"
+    << "[memory]\n"
+    << "per_rank_gb = " << fmt(m.memory_bytes / kG) << "\n"
+    << "bandwidth_gb_per_s = " << fmt(m.memory_bandwidth / kG) << "   # per rank\n\n"
+    << "[network]\n"
+    << "intra_bandwidth_gb_per_s = " << fmt(m.intra_bandwidth / kG)
+    << "   # per rank, one direction, inside a node\n"
+    << "intra_latency_us = " << fmt(m.intra_latency / kUs) << "\n"
+    << "inter_bandwidth_gb_per_s = " << fmt(m.inter_bandwidth / kG)
+    << "   # per node (all NICs), one direction\n"
+    << "inter_latency_us = " << fmt(m.inter_latency / kUs) << "\n";
+  for (const auto& l : m.measured)
+    o << "\n[[network.measured]]   # one collective among group_size ranks of one node\n"
+      << "op = " << toml::value<std::string>(l.op) << "\n"
+      << "group_size = " << l.group_size << "\n"
+      << "bandwidth_gb_per_s = " << fmt(l.bandwidth / kG) << "\n"
+      << "latency_us = " << fmt(l.latency / kUs) << "\n";
+  return o.str();
+}
+
+namespace {
+
+double now_s() {
+  return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count();
+}
+
+// Median seconds of one collective on `c` (all groups running at once): all-reduce of n floats,
+// all-gather into n floats, reduce-scatter of n floats. The median, not the best: the planner
+// predicts typical steps, and on a shared machine the best repetition is the one nobody else was
+// running.
+double time_collective(const std::string& op, const comm::Communicator& c,
+                       const comm::Communicator& world, size_t n, int reps) {
+  const size_t g = size_t(c.size());
+  n = std::max(n / g, size_t(1)) * g;
+  std::vector<float> buf(n, 1.0f), out(n, 0.0f);
+  auto run = [&] {
+    if (op == "all-reduce") c.allreduce_sum(buf.data(), n);
+    else if (op == "all-gather") c.allgather(buf.data(), out.data(), n / g);
+    else c.reduce_scatter_sum(buf.data(), out.data(), n / g);
+  };
+  run();  // warm-up: connections, buffers
+  std::vector<double> t;
+  for (int r = 0; r < reps; ++r) {
+    world.barrier();
+    const double t0 = now_s();
+    run();
+    double dt = now_s() - t0;
+    world.allreduce_max(&dt, 1);  // the slowest group sets the pace
+    t.push_back(dt);
+  }
+  std::sort(t.begin(), t.end());
+  return t[t.size() / 2];
+}
+
+// The attention kernel's forward + backward on a `small`-like shape (2 x 512 tokens, 8 heads of
+// 64), in executed causal FLOPs per second: the planner counts fwd + bwd as 3 forwards.
+double attention_gflops(int threads, int reps) {
+  const int B = 2, T = 512, H = 8, hd = 64, C = H * hd;
+  const size_t n = size_t(B) * T * C;
+  std::vector<float> q(n), k(n), v(n), out(n), dout(n), dq(n), dk(n), dv(n), lse(size_t(B) * H * T);
+  uint32_t s = 12345;
+  for (auto* buf : {&q, &k, &v, &dout})
+    for (auto& x : *buf) {
+      s = s * 1664525u + 1013904223u;
+      x = float(s >> 8) / float(1u << 23) - 1.0f;
+    }
+  kernels::AttentionDims d{B, T, T, H, H, hd, C, C, C, int64_t(T) * C, int64_t(T) * C, int64_t(T) * C};
+  const int prev = omp_get_max_threads();
+  omp_set_num_threads(threads);
+  std::vector<double> rates;
+  for (int r = 0; r <= reps; ++r) {
+    const double t0 = now_s();
+    kernels::attention_forward(out.data(), lse.data(), q.data(), k.data(), v.data(), d);
+    kernels::attention_backward(dq.data(), dk.data(), dv.data(), dout.data(), q.data(), k.data(),
+                                v.data(), out.data(), lse.data(), d);
+    const double dt = now_s() - t0;
+    if (r > 0) rates.push_back(3 * kernels::attention_forward_flops(d) / dt / 1e9);  // r = 0: warm-up
+  }
+  omp_set_num_threads(prev);
+  std::sort(rates.begin(), rates.end());
+  return rates[rates.size() / 2];
+}
+
+}  // namespace
+
+Machine measure_machine(const std::string& name, int threads, bool quick) {
+  int mpi_ready = 0;
+  MPI_Initialized(&mpi_ready);
+  comm::Communicator world = mpi_ready ? comm::Communicator::world() : comm::Communicator::self();
+  const int N = world.size();
+  threads = threads > 0 ? threads : 1;
+
+  // Compute ceilings with every rank computing at once: on a shared node that is the rate a rank
+  // actually gets (4 ranks on 2 cores get about half a core each).
+  world.barrier();
+  Measurement fma = measure_fma_peak(threads, quick ? 0.02 : 0.05, quick ? 3 : 5);
+  world.barrier();
+  const int sq = quick ? 768 : 1536;
+  Measurement gemm = measure_sgemm(GemmShape{"square", sq, sq, sq}, threads, quick ? 3 : 5);
+  world.barrier();
+  Measurement bf16 = measure_bf16_matmul(GemmShape{"square", sq, sq, sq}, threads, quick ? 2 : 3);
+  world.barrier();
+  Measurement mem = measure_memory_bandwidth(size_t(64) << 20, threads, quick ? 3 : 5);
+  world.barrier();
+  const double attn = attention_gflops(threads, quick ? 2 : 4);
+  // Medians: what a rank typically gets (on a shared machine the best repetition is the rare
+  // quiet moment).
+  double v[5] = {fma.median, gemm.median, bf16.ok() ? bf16.median : 0.0, mem.median, attn};
+  // The slowest rank sets every rank's pace: take the minimum over ranks.
+  for (double& x : v) {
+    x = -x;
+    world.allreduce_max(&x, 1);
+    x = -x;
+  }
+  Machine m;
+  m.name = name;
+  m.ranks_per_node = N;
+  m.peak_fp32 = v[0] * 1e9;
+  m.gemm_efficiency = std::min(1.0, v[1] / v[0]);
+  // bf16 on a CPU without a native bf16 GEMM: record none, so bf16 plans are rejected rather
+  // than predicted from a rate this machine does not have.
+  m.peak_bf16 = v[2] > 0 ? v[2] * 1e9 / m.gemm_efficiency : 0;
+  m.memory_bandwidth = v[3] * 1e9;
+  m.attention_efficiency = std::min(1.0, v[4] / v[0]);
+  const long pages = sysconf(_SC_PHYS_PAGES), page = sysconf(_SC_PAGE_SIZE);
+  m.memory_bytes = double(pages) * double(page) / N;
+
+  // Ring all-reduce among g consecutive ranks, every group at once; latency from 1 float,
+  // bandwidth from 16 Mi floats (64 MiB: larger than the last-level cache, like a model's
+  // gradients; 16 MiB measured cache bandwidth, 3-7x what the trainer's collectives got) after
+  // removing the latency part.
+  const size_t big = quick ? (size_t(1) << 22) : (size_t(1) << 24);
+  for (int g = 2; g <= N; ++g) {
+    if (N % g != 0) continue;
+    comm::Communicator grp = world.split(world.rank() / g, world.rank() % g, "g" + std::to_string(g));
+    for (const std::string op : {"all-reduce", "all-gather", "reduce-scatter"}) {
+      const double steps = op == "all-reduce" ? 2.0 * (g - 1) : double(g - 1);
+      const double t_small = time_collective(op, grp, world, size_t(g), quick ? 20 : 50);
+      const double t_big = time_collective(op, grp, world, big, quick ? 3 : 7);
+      MeasuredLink l;
+      l.op = op;
+      l.group_size = g;
+      l.latency = t_small / steps;
+      const double bw_time = std::max(t_big - t_small, 1e-9);
+      l.bandwidth = steps / g * double(big * sizeof(float)) / bw_time;
+      m.measured.push_back(l);
+    }
+  }
+  if (!m.measured.empty()) {
+    // The largest group's all-reduce stands for the node; there is no inter-node network on one
+    // machine, so "across nodes" gets the same figures (a plan never needs them when every rank
+    // is in one node).
+    m.intra_bandwidth = m.measured[m.measured.size() - 3].bandwidth;
+    m.intra_latency = m.measured[m.measured.size() - 3].latency;
+  } else {
+    m.intra_bandwidth = m.memory_bandwidth / 2;
+    m.intra_latency = 1e-6;
+  }
+  m.inter_bandwidth = m.intra_bandwidth * N;
+  m.inter_latency = m.intra_latency;
+  std::ostringstream d;
+  d << "measured by tetrad plan --measure-machine: " << N << " rank(s) x " << threads
+    << " thread(s), " << num_cores() << " core(s) visible to each rank, " << cpu_features().summary()
+    << "; compute measured with all ranks busy";
+  m.description = d.str();
+  m.validate();
+  return m;
+}
+
+}  // namespace tetrad::planner

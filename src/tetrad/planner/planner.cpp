@@ -1,0 +1,765 @@
+#include "tetrad/planner/planner.hpp"
+
+#include <algorithm>
+#include <cmath>
+#include <iomanip>
+#include <map>
+#include <nlohmann/json.hpp>
+#include <set>
+#include <sstream>
+
+#include "tetrad/core/error.hpp"
+#include "tetrad/parallel/grid.hpp"
+#include "tetrad/parallel/sharding.hpp"
+
+namespace tetrad::planner {
+
+// ------------------------------------------------------------------------------------ names
+
+Precision parse_precision(const std::string& s) {
+  if (s == "fp32") return Precision::FP32;
+  if (s == "bf16") return Precision::BF16;
+  fail("precision '", s, "': expected fp32 or bf16");
+}
+Recompute parse_recompute(const std::string& s) {
+  if (s == "none") return Recompute::None;
+  if (s == "selective") return Recompute::Selective;
+  if (s == "full") return Recompute::Full;
+  fail("recompute '", s, "': expected none, selective or full");
+}
+Overlap parse_overlap(const std::string& s) {
+  if (s == "none") return Overlap::None;
+  if (s == "tensor") return Overlap::Tensor;
+  if (s == "all") return Overlap::All;
+  fail("overlap '", s, "': expected none, tensor or all");
+}
+const char* name(Precision p) { return p == Precision::FP32 ? "fp32" : "bf16"; }
+const char* name(Recompute r) {
+  return r == Recompute::None ? "none" : r == Recompute::Selective ? "selective" : "full";
+}
+const char* name(Overlap o) {
+  return o == Overlap::None ? "none" : o == Overlap::Tensor ? "tensor" : "all";
+}
+const char* axis_label(AxisId a) {
+  switch (a) {
+    case AxisId::X: return "x";
+    case AxisId::Y: return "y";
+    case AxisId::Z: return "z";
+    case AxisId::P: return "p";
+    case AxisId::D: return "d";
+    case AxisId::ZD: return "zd";
+  }
+  return "?";
+}
+const char* op_name(Op op) {
+  switch (op) {
+    case Op::AllReduce: return "all-reduce";
+    case Op::AllGather: return "all-gather";
+    case Op::ReduceScatter: return "reduce-scatter";
+    case Op::SendRecv: return "send/recv";
+  }
+  return "?";
+}
+
+std::string Grid5::to_string() const {
+  std::ostringstream o;
+  o << x << "x" << y << "x" << z << "x" << p << "x" << d;
+  return o.str();
+}
+
+std::vector<Grid5> all_grids(int n) {
+  if (n < 1) fail("number of ranks must be >= 1 (got ", n, ")");
+  std::vector<int> div;
+  for (int k = 1; k <= n; ++k)
+    if (n % k == 0) div.push_back(k);
+  std::vector<Grid5> out;
+  for (int x : div)
+    for (int y : div)
+      if (n % (x * y) == 0)
+        for (int z : div)
+          if (n % (x * y * z) == 0)
+            for (int p : div)
+              if (n % (x * y * z * p) == 0) out.push_back({x, y, z, p, n / (x * y * z * p)});
+  return out;
+}
+
+void PlanInput::validate() const {
+  model.validate();
+  if (global_batch < 1) fail("plan: global batch must be >= 1 sequence (got ", global_batch, ")");
+  if (seq < 1) fail("plan: sequence length must be >= 1 (got ", seq, ")");
+  if (micro_batch < 0 || micro_batch_per_replica < 0 || (micro_batch == 0) == (micro_batch_per_replica == 0))
+    fail("plan: give exactly one of the micro-batch of the whole job (--micro-batch) or per "
+         "data replica (--micro-batch-per-replica)");
+  if (zero < 0 || zero > 2) fail("plan: ZeRO stage must be 0, 1 or 2 (got ", zero, ")");
+  if (ranks < 1) fail("plan: ranks must be >= 1 (got ", ranks, ")");
+}
+
+// ------------------------------------------------------------------------------------ FLOPs
+
+namespace {
+
+// Parameters in the GEMMs of one block, and of the output head.
+struct Sizes {
+  double H, L, F, V, S_max, QKV, FW;
+  bool gpt2, tied;
+  double block_matmul() const { return QKV * H + H * H + FW * H + H * F; }
+  double head() const { return V * H; }
+};
+Sizes sizes(const ModelConfig& m) {
+  Sizes s;
+  s.H = m.n_embd;
+  s.L = m.n_layer;
+  s.F = m.ffn;
+  s.V = m.vocab_size;
+  s.S_max = m.max_seq;
+  s.QKV = m.qkv_dim();
+  s.gpt2 = m.family == Family::GPT2;
+  s.FW = s.gpt2 ? s.F : 2 * s.F;
+  s.tied = m.tie_embeddings;
+  return s;
+}
+
+}  // namespace
+
+double model_flops_per_step(const ModelConfig& m, int64_t sequences, int seq) {
+  const Sizes s = sizes(m);
+  const double per_token = 6.0 * (s.L * s.block_matmul() + s.head()) + 12.0 * s.L * s.H * seq;
+  return per_token * double(sequences) * seq;
+}
+
+double hardware_flops_per_step(const ModelConfig& m, int64_t sequences, int seq, Recompute r) {
+  const Sizes s = sizes(m);
+  double extra = 0;  // per token
+  if (r == Recompute::Full) extra = 2.0 * s.L * s.block_matmul() + 4.0 * s.L * s.H * seq;
+  if (r == Recompute::Selective) extra = 4.0 * s.L * s.H * seq;
+  return model_flops_per_step(m, sequences, seq) + extra * double(sequences) * seq;
+}
+
+double bubble_fraction(int p, int m) {
+  TETRAD_CHECK(p >= 1 && m >= 1);
+  return double(p - 1) / double(m);
+}
+
+// ------------------------------------------------------------------------------------ placement
+
+Placement place(const Grid5& g, AxisId axis, const Machine& m) {
+  std::vector<int> members;
+  const int sx = 1, sy = g.x, sz = g.x * g.y, sp = sz * g.z, sd = sp * g.p;
+  auto line = [&](int stride, int n) {
+    for (int k = 0; k < n; ++k) members.push_back(k * stride);
+  };
+  switch (axis) {
+    case AxisId::X: line(sx, g.x); break;
+    case AxisId::Y: line(sy, g.y); break;
+    case AxisId::Z: line(sz, g.z); break;
+    case AxisId::P: line(sp, g.p); break;
+    case AxisId::D: line(sd, g.d); break;
+    case AxisId::ZD:
+      for (int d = 0; d < g.d; ++d)
+        for (int z = 0; z < g.z; ++z) members.push_back(z * sz + d * sd);
+      break;
+  }
+  Placement pl;
+  pl.group_size = int(members.size());
+  std::set<int> nodes;
+  for (int r : members) nodes.insert(r / m.ranks_per_node);
+  pl.nodes = int(nodes.size());
+  pl.per_node = std::max(1, pl.group_size / pl.nodes);
+  if (pl.nodes == 1) {
+    pl.bandwidth = m.intra_bandwidth;
+    pl.latency = m.intra_latency;
+    // A measured table (this machine) replaces the two-level figures: per collective, the row
+    // of the nearest group size.
+    const char* ops[3] = {"all-reduce", "all-gather", "reduce-scatter"};
+    for (int k = 0; k < 3; ++k) {
+      const MeasuredLink* best = nullptr;
+      for (const auto& l : m.measured)
+        if (l.op == ops[k] &&
+            (!best || std::abs(l.group_size - pl.group_size) < std::abs(best->group_size - pl.group_size)))
+          best = &l;
+      if (best) {
+        pl.op_bandwidth[k] = best->bandwidth;
+        pl.op_latency[k] = best->latency;
+        if (k == 0) pl.bandwidth = best->bandwidth, pl.latency = best->latency;
+      }
+    }
+  } else {
+    // A ring over nodes with per_node consecutive members per node crosses each node's NICs once
+    // per group; every rank of a node is in one group of this axis, so ranks_per_node / per_node
+    // rings share the node's injection bandwidth at once.
+    const int ranks_here = std::min(m.ranks_per_node, g.size());
+    const double rings_per_node = std::max(1.0, double(ranks_here) / pl.per_node);
+    pl.bandwidth = std::min(m.intra_bandwidth, m.inter_bandwidth / rings_per_node);
+    pl.latency = m.inter_latency;
+  }
+  return pl;
+}
+
+double collective_seconds(Op op, double bytes, const Placement& pl) {
+  const int g = pl.group_size;
+  if (op == Op::SendRecv) return pl.latency + bytes / pl.bandwidth;
+  if (g <= 1) return 0;
+  const double frac = double(g - 1) / g;
+  const int k = int(op);
+  const double bw = pl.op_bandwidth[k] > 0 ? pl.op_bandwidth[k] : pl.bandwidth;
+  const double lat = pl.op_bandwidth[k] > 0 ? pl.op_latency[k] : pl.latency;
+  switch (op) {
+    case Op::AllReduce: return 2.0 * (g - 1) * lat + 2.0 * frac * bytes / bw;
+    case Op::AllGather:
+    case Op::ReduceScatter: return (g - 1) * lat + frac * bytes / bw;
+    case Op::SendRecv: break;
+  }
+  return 0;
+}
+
+// ------------------------------------------------------------------------------------ memory
+
+int64_t trainer_activation_elements(const ModelConfig& m, const Grid5& g, int64_t N) {
+  const int64_t Cx = m.n_embd / g.x, Ay = m.n_embd / g.y, nhy = m.n_head / g.y;
+  const int64_t QKVy = int64_t(m.n_head + 2 * m.n_kv_head) * m.head_dim() / g.y;
+  const int64_t Fy = m.ffn / g.y, FWy = m.family == Family::GPT2 ? Fy : 2 * Fy;
+  const int64_t Vy = m.vocab_size / g.y;
+  const int64_t per_layer = N * (Cx + 2 + QKVy + Ay + nhy + Cx + Cx + 2 + FWy + Fy + Cx);
+  const int64_t global =
+      N * (Cx + Cx + 2 + Vy + 1 + Cx) + N * (Cx + Cx + QKVy + Ay + FWy + Fy);
+  return per_layer * (m.n_layer / g.p) + global;
+}
+
+namespace {
+
+// Parameters of the stage holding the embedding (first) and the head (last); both on one stage
+// when Gp = 1. Matrices are blocks over X and Y, split again over Z; vectors split over X or Y.
+struct StageParams {
+  double matrices = 0;  // z-sharded GEMM weights a rank stores
+  double vectors = 0;   // norm weights, biases, position table (replicated over Z, D)
+  double layer_block = 0, top_block = 0;  // gathered sizes (all of a layer's blocks / top blocks)
+  double total() const { return matrices + vectors; }
+};
+
+StageParams stage_params(const ModelConfig& m, const Grid5& g, bool first, bool last) {
+  const Sizes s = sizes(m);
+  const double xy = double(g.x) * g.y, Ls = s.L / g.p;
+  StageParams sp;
+  const double layer_vec =
+      s.gpt2 ? 6 * s.H / g.x + (s.QKV + s.F) / g.y : 2 * s.H / g.x;
+  sp.matrices = Ls * s.block_matmul() / xy / g.z;
+  sp.vectors = Ls * layer_vec;
+  sp.layer_block = s.block_matmul() / xy + layer_vec;
+  if (first) {
+    sp.matrices += s.head() / xy / g.z;  // token embedding
+    sp.top_block += s.head() / xy;
+    if (s.gpt2) {
+      sp.vectors += s.S_max * s.H / g.x;  // position table
+      sp.top_block += s.S_max * s.H / g.x;
+    }
+  }
+  if (last) {
+    const double lnf = (s.gpt2 ? 2 : 1) * s.H / g.x;
+    sp.vectors += lnf;
+    sp.top_block += lnf;
+    if (!s.tied || !first) {  // untied head, or the tied copy on the last stage
+      sp.matrices += s.head() / xy / g.z;
+      sp.top_block += s.head() / xy;
+    }
+  }
+  return sp;
+}
+
+int64_t micro_batch_of(const PlanInput& in, const Grid5& g) {
+  return in.micro_batch > 0 ? in.micro_batch : in.micro_batch_per_replica * g.z * g.d;
+}
+
+MemoryBreakdown memory_of_stage(const PlanInput& in, const Grid5& g, bool first, bool last) {
+  const ModelConfig& m = in.model;
+  const StageParams sp = stage_params(m, g, first, last);
+  const double psi = sp.total();
+  const bool bf16 = in.precision == Precision::BF16;
+  const double bw = bf16 ? 2 : 4;            // bytes of a weight / gradient
+  const double opt = bf16 ? 12 : 8;          // fp32 master + m + v, or m + v
+  MemoryBreakdown mb;
+  mb.weights = bw * psi;
+  mb.grads = bw * psi / (in.zero >= 2 ? g.d : 1);
+  mb.optimizer = opt * psi / (in.zero >= 1 ? g.d : 1);
+  if (g.z > 1) mb.gathered = 2 * bw * (sp.layer_block + sp.top_block);  // weights + grad blocks
+  // Activations: the trainer's buffers for one micro-batch, reduced by recomputation; a 1F1B
+  // stage keeps min(p, m) micro-batches in flight (the first stage the most).
+  const int64_t mbatch = std::max<int64_t>(1, micro_batch_of(in, g));
+  const int64_t N = mbatch / std::max(1, g.z * g.d) * in.seq;
+  const int64_t m_count = std::max<int64_t>(1, in.global_batch / mbatch);
+  const double act_b = bf16 ? 2 : 4;
+  Grid5 one_layer = g;
+  const double all = double(trainer_activation_elements(m, g, N));
+  ModelConfig m0 = m;
+  m0.n_layer = 0;
+  one_layer.p = 1;
+  const double global = double(trainer_activation_elements(m0, one_layer, N));
+  const double Ls = double(m.n_layer / g.p);
+  const double per_layer = Ls > 0 ? (all - global) / Ls : 0;
+  const double Cx = double(m.n_embd) / g.x, Fy = double(m.ffn) / g.y;
+  double kept = per_layer;  // per layer per micro-batch
+  double work = 0;          // one layer's recomputed activations while its backward runs
+  if (in.recompute == Recompute::Selective) {
+    kept = per_layer - double(N) * (2 * Cx + Fy);  // norm outputs and MLP activation recomputed
+    work = per_layer - kept;
+  } else if (in.recompute == Recompute::Full) {
+    kept = double(N) * Cx;  // the block's input only
+    work = per_layer;
+  }
+  const double in_flight = double(std::min<int64_t>(g.p, m_count));
+  mb.activations = act_b * (kept * Ls * in_flight + work + global);
+  return mb;
+}
+
+}  // namespace
+
+int64_t local_parameters(const ModelConfig& m, const Grid5& g) {
+  const auto a = stage_params(m, g, true, g.p == 1), b = stage_params(m, g, g.p == 1, true);
+  return int64_t(std::llround(std::max(a.total(), b.total())));
+}
+
+MemoryBreakdown memory_per_rank(const PlanInput& in, const Grid5& g) {
+  const MemoryBreakdown a = memory_of_stage(in, g, true, g.p == 1);
+  if (g.p == 1) return a;
+  const MemoryBreakdown b = memory_of_stage(in, g, false, true);
+  return a.total() >= b.total() ? a : b;
+}
+
+// ------------------------------------------------------------------------------------ validity
+
+std::string divisibility_problem(const PlanInput& in, const Grid5& g) {
+  const ModelConfig& m = in.model;
+  try {
+    parallel::validate_grid_for_model(m, parallel::GridShape{g.x, g.y, g.z, g.d});
+  } catch (const Error& e) {
+    std::string s = e.what();
+    if (s.starts_with("grid: ")) s = s.substr(6);
+    return s;
+  }
+  if (m.n_layer % g.p != 0)
+    return "model.n_layer (" + std::to_string(m.n_layer) + ") is not divisible by Gp = " +
+           std::to_string(g.p);
+  const int64_t mb = micro_batch_of(in, g);
+  if (mb % (int64_t(g.z) * g.d) != 0)
+    return "micro-batch (" + std::to_string(mb) + ") is not divisible by Gz x Gd = " +
+           std::to_string(g.z * g.d);
+  if (in.global_batch % mb != 0)
+    return "global batch (" + std::to_string(in.global_batch) +
+           ") is not a multiple of the micro-batch (" + std::to_string(mb) + ")";
+  // Z shards each rank's block of every GEMM weight without padding (parallel/sharding.cpp).
+  const int64_t hd = m.head_dim(), Cx = m.n_embd / g.x;
+  const std::vector<std::pair<const char*, int64_t>> blocks = {
+      {"q|k|v", int64_t(m.n_head + 2 * m.n_kv_head) * hd / g.y * Cx},
+      {"attention output", int64_t(m.n_embd / g.y) * Cx},
+      {"MLP up", int64_t(m.ffn / g.y) * Cx},
+      {"MLP down", int64_t(m.ffn / g.y) * Cx},
+      {"embedding", int64_t(m.vocab_size / g.y) * Cx}};
+  for (const auto& [what, n] : blocks)
+    if (n % g.z != 0)
+      return std::string("the ") + what + " block of a rank (" + std::to_string(n) +
+             " elements) is not divisible by Gz = " + std::to_string(g.z);
+  if (in.seq > m.max_seq)
+    return "sequence length " + std::to_string(in.seq) + " exceeds model.max_seq " +
+           std::to_string(m.max_seq);
+  return "";
+}
+
+bool trainer_supports_pipeline() {
+  try {
+    parallel::parse_grid("1,1,1,1,1");
+    return true;
+  } catch (const Error&) {
+    return false;
+  }
+}
+
+std::string trainer_grid_string(const Grid5& g) {
+  std::ostringstream o;
+  if (trainer_supports_pipeline())
+    o << g.x << "," << g.y << "," << g.z << "," << g.p << "," << g.d;
+  else
+    o << g.x << "," << g.y << "," << g.z << "," << g.d;
+  return o.str();
+}
+
+// ------------------------------------------------------------------------------------ the model
+
+Estimate estimate(const PlanInput& in, const Grid5& g, const Machine& mach) {
+  Estimate e;
+  e.grid = g;
+  e.trainable = g.p == 1 || trainer_supports_pipeline();
+  const ModelConfig& m = in.model;
+  const Sizes s = sizes(m);
+  e.model_flops = model_flops_per_step(m, in.global_batch, in.seq);
+  e.hardware_flops = hardware_flops_per_step(m, in.global_batch, in.seq, in.recompute);
+  if (std::string why = divisibility_problem(in, g); !why.empty()) {
+    e.reject = "does not divide: " + why;
+    return e;
+  }
+  const bool bf16 = in.precision == Precision::BF16;
+  if (mach.peak(bf16) <= 0) {
+    e.reject = std::string("machine '") + mach.name + "' has no " + name(in.precision) + " rate";
+    return e;
+  }
+  e.micro_batch = micro_batch_of(in, g);
+  e.micro_batches = in.global_batch / e.micro_batch;
+  const double T = double(e.micro_batch / (g.z * g.d)) * in.seq;  // tokens per rank per micro-batch
+  e.tokens_per_rank = int64_t(T);
+  e.memory = memory_per_rank(in, g);
+  if (e.memory.total() > mach.memory_bytes) {
+    std::ostringstream o;
+    o << std::fixed << std::setprecision(1) << "does not fit: needs " << e.memory.total() / 1e9
+      << " GB per rank (weights " << e.memory.weights / 1e9 << ", grads " << e.memory.grads / 1e9
+      << ", optimizer " << e.memory.optimizer / 1e9 << ", gathered " << e.memory.gathered / 1e9
+      << ", activations " << e.memory.activations / 1e9 << "), machine has "
+      << mach.memory_bytes / 1e9 << " GB";
+    e.reject = o.str();
+    return e;
+  }
+
+  // ---- compute of one micro-batch on one rank, per layer and for the top (embedding + head)
+  const double rate = mach.peak(bf16) * mach.gemm_efficiency;
+  const double xy = double(g.x) * g.y;
+  const double act_b = bf16 ? 2 : 4, w_b = bf16 ? 2 : 4;
+  const bool full = in.recompute == Recompute::Full, any_rc = in.recompute != Recompute::None;
+  const double gemm_fwd = 2 * T * s.block_matmul() / xy;                 // per layer
+  // Attention: heads split over Y, replicated over X; causal kernels execute half the scores.
+  const double attn_fwd = 0.5 * 4 * T * in.seq * s.H / g.y;
+  ModelConfig m1 = m;
+  m1.n_layer = 1;
+  Grid5 g1 = g;
+  g1.p = 1;
+  ModelConfig m0 = m;
+  m0.n_layer = 0;
+  const double layer_elems =
+      double(trainer_activation_elements(m1, g1, int64_t(T)) - trainer_activation_elements(m0, g1, int64_t(T)));
+  // Elementwise work is memory-bound: each stored activation is written and read in forward and
+  // backward, and its gradient written and read (4 passes); recomputation adds a forward (2).
+  const double elem_passes = 4 + (any_rc ? 2 : 0);
+  const double rate_attn = mach.peak(bf16) * mach.attention_eff();
+  const double t_layer_fwd = gemm_fwd / rate + attn_fwd / rate_attn + 2 * layer_elems * act_b / mach.memory_bandwidth;
+  const double t_layer_dw = gemm_fwd / rate;                                       // dW GEMMs
+  const double t_layer_bwd = (2 * gemm_fwd + (full ? gemm_fwd : 0)) / rate +
+                             (2 * attn_fwd + (any_rc ? attn_fwd : 0)) / rate_attn +
+                             (elem_passes - 2) * layer_elems * act_b / mach.memory_bandwidth;
+  const double head_flops = 2 * T * s.head() / xy;
+  const double logits_b = T * s.V / g.y * act_b;
+  const double t_head = 3 * head_flops / rate + 4 * logits_b / mach.memory_bandwidth;
+  const double Ls = s.L / g.p;
+
+  // ---- collectives: per layer per micro-batch (fwd / bwd), per micro-batch, per step
+  struct Item {
+    CollectiveCost c;
+    int kind;  // 0 exposed always, 1 z-gather fwd, 2 z bwd, 3 dIn bwd, 4 data (per step)
+    double per_layer;  // calls per layer per micro-batch (0: per micro-batch or per step)
+  };
+  std::vector<Item> items;
+  std::map<AxisId, Placement> pl;
+  for (AxisId a : {AxisId::X, AxisId::Y, AxisId::Z, AxisId::P, AxisId::D, AxisId::ZD})
+    pl[a] = place(g, a, mach);
+  auto add = [&](const char* what, AxisId a, Op op, double bytes, double calls, int kind,
+                 bool per_layer) {
+    if (pl[a].group_size <= 1 || bytes <= 0 || calls <= 0) return;
+    Item it;
+    it.c.what = what;
+    it.c.axis = a;
+    it.c.op = op;
+    it.c.bytes = bytes;
+    it.c.calls = calls;
+    it.c.inter_node = pl[a].nodes > 1;
+    it.c.seconds = collective_seconds(op, bytes, pl[a]);  // per call for now
+    it.kind = kind;
+    it.per_layer = per_layer ? calls : 0;
+    items.push_back(it);
+  };
+  const double fwd_mult = full ? 2 : 1;  // full recomputation repeats the forward collectives
+  const double stats_b = T * 2 * 8;      // [T, 2] doubles of row statistics
+  // Norms: statistics all-reduced over X in forward and again in backward (2 norms per layer).
+  add("norm statistics (fwd+bwd)", AxisId::X, Op::AllReduce, stats_b, 2 * (fwd_mult + 1), 0, true);
+  // Normal layers (q|k|v, MLP up): fwd all-reduce over X of [T, N/Gy]; bwd dIn over Y [T, H/Gx].
+  add("fwd all-reduce of q|k|v output", AxisId::X, Op::AllReduce, T * s.QKV / g.y * act_b, fwd_mult, 0, true);
+  add("fwd all-reduce of MLP-up output", AxisId::X, Op::AllReduce, T * s.FW / g.y * act_b, fwd_mult, 0, true);
+  add("bwd all-reduce of q|k|v dIn", AxisId::Y, Op::AllReduce, T * s.H / g.x * act_b, 1, 3, true);
+  add("bwd all-reduce of MLP-up dIn", AxisId::Y, Op::AllReduce, T * s.H / g.x * act_b, 1, 3, true);
+  // Transposed layers (attention output, MLP down): fwd over Y [T, H/Gx]; bwd dIn over X.
+  add("fwd all-reduce of attention-output", AxisId::Y, Op::AllReduce, T * s.H / g.x * act_b, fwd_mult, 0, true);
+  add("fwd all-reduce of MLP-down output", AxisId::Y, Op::AllReduce, T * s.H / g.x * act_b, fwd_mult, 0, true);
+  add("bwd all-reduce of attention-output dIn", AxisId::X, Op::AllReduce, T * s.H / g.y * act_b, 1, 3, true);
+  add("bwd all-reduce of MLP-down dIn", AxisId::X, Op::AllReduce, T * s.F / g.y * act_b, 1, 3, true);
+  // Z: the layer's blocks gathered before forward and again before backward; gradient blocks
+  // reduce-scattered after backward.
+  const double layer_block_b = s.block_matmul() / xy * w_b;
+  add("all-gather of layer weights (fwd)", AxisId::Z, Op::AllGather, layer_block_b, 1, 1, true);
+  add("all-gather of layer weights (bwd)", AxisId::Z, Op::AllGather, layer_block_b, 1, 2, true);
+  add("reduce-scatter of layer weight grads", AxisId::Z, Op::ReduceScatter, layer_block_b, 1, 2, true);
+  // Per micro-batch: embedding (fwd all-reduce over Y), head (fwd over X of the logits, bwd dIn
+  // over Y), cross-entropy (max and sums over Y), final norm, top blocks over Z.
+  const double top_b = (s.tied ? 1 : 2) * s.head() / xy * w_b;
+  add("fwd all-reduce of embedding", AxisId::Y, Op::AllReduce, T * s.H / g.x * act_b, 1, 0, false);
+  add("fwd all-reduce of logits", AxisId::X, Op::AllReduce, T * s.V / g.y * act_b, 1, 0, false);
+  add("bwd all-reduce of head dIn", AxisId::Y, Op::AllReduce, T * s.H / g.x * act_b, 1, 0, false);
+  add("cross-entropy max and sums", AxisId::Y, Op::AllReduce, T * 3 * 4, 2, 0, false);
+  add("final norm statistics", AxisId::X, Op::AllReduce, stats_b, 2, 0, false);
+  add("all-gather of embedding/head", AxisId::Z, Op::AllGather, top_b, 1, 0, false);
+  add("reduce-scatter of embedding/head grads", AxisId::Z, Op::ReduceScatter, top_b, 1, 0, false);
+  // Pipeline: activations forward and their gradients back, [T, H/Gx] split over Y so each rank
+  // sends its 1/Gy (Megatron's scatter-gather).
+  add("pipeline send/recv (fwd+bwd)", AxisId::P, Op::SendRecv, T * s.H / xy * act_b, 2, 0, false);
+  // Per step: Z shards all-reduced over D (ZeRO 1/2: reduce-scatter + all-gather, same ring
+  // volume); replicated vectors over Z x D.
+  const StageParams sp = stage_params(m, g, true, g.p == 1);
+  add("data-parallel all-reduce of gradients", AxisId::D, Op::AllReduce, sp.matrices * w_b, 1, 4, false);
+  add("all-reduce of replicated grads (norms, biases)", AxisId::ZD, Op::AllReduce, sp.vectors * w_b, 1, 4, false);
+
+  // ---- time of one micro-batch on the slowest stage, with overlap
+  const bool ov_tensor = in.overlap != Overlap::None, ov_all = in.overlap == Overlap::All;
+  double fwd_ar = 0, z_fwd = 0, z_bwd = 0, din = 0, per_mb_exposed = 0, per_mb_total = 0, step_comm = 0;
+  for (const auto& it : items) {
+    const double t = it.c.seconds * it.c.calls;
+    if (it.per_layer > 0) {
+      if (it.kind == 0) fwd_ar += t;
+      else if (it.kind == 1) z_fwd += t;
+      else if (it.kind == 2) z_bwd += t;
+      else if (it.kind == 3) din += t;
+    } else if (it.kind == 4) {
+      step_comm += t;
+    } else {
+      per_mb_total += t;
+    }
+  }
+  per_mb_exposed = per_mb_total;
+  const double layer_total = fwd_ar + z_fwd + z_bwd + din;
+  double layer_exposed = layer_total;
+  if (ov_tensor) {
+    layer_exposed = fwd_ar + std::max(0.0, z_fwd - t_layer_fwd) +
+                    std::max(0.0, z_bwd - (t_layer_bwd - t_layer_dw)) + std::max(0.0, din - t_layer_dw);
+  }
+  const double compute_mb = Ls * (t_layer_fwd + t_layer_bwd) + t_head;  // the head's stage
+  const double mb_time = compute_mb + Ls * layer_exposed + per_mb_exposed;
+  const int64_t mcount = e.micro_batches;
+  const double pipe = double(mcount + g.p - 1) * mb_time;
+  e.bubble = double(g.p - 1) * mb_time;
+  const double bwd_last = Ls * t_layer_bwd;
+  const double dp_exposed = ov_all ? std::max(0.0, step_comm - bwd_last) : step_comm;
+  // Optimizer: AdamW streams parameters, gradients and moments (read p, g, m, v, write p, m, v:
+  // 28 bytes per fp32 parameter; 36 with bf16 weights and fp32 master copies), plus the gradient
+  // norm's read; ZeRO >= 1 updates only 1/Gd of them.
+  const double opt_params = sp.total() / (in.zero >= 1 ? g.d : 1);
+  e.optimizer = ((bf16 ? 36.0 : 28.0) * opt_params + w_b * sp.total()) / mach.memory_bandwidth;
+  e.compute = double(mcount) * compute_mb;
+  e.comm_total = double(mcount) * (Ls * layer_total + per_mb_total) + step_comm;
+  e.comm_exposed = double(mcount) * (Ls * layer_exposed + per_mb_exposed) + dp_exposed;
+  e.step = pipe + dp_exposed + e.optimizer;
+  e.valid = true;
+  e.tokens_per_s = double(in.global_batch) * in.seq / e.step;
+  const double peak_all = mach.peak(bf16) * g.size();
+  e.mfu = e.model_flops / e.step / peak_all;
+  e.hfu = e.hardware_flops / e.step / peak_all;
+
+  // Per-step totals of every collective, exposure apportioned within its class.
+  std::map<std::string, double> exposed_by_axis;
+  for (auto& it : items) {
+    CollectiveCost c = it.c;
+    const double per_call = c.seconds;
+    if (it.per_layer > 0) c.calls = it.c.calls * Ls * double(mcount);
+    else if (it.kind != 4) c.calls = it.c.calls * double(mcount);
+    c.seconds = per_call * c.calls;
+    double share = 1;
+    if (it.per_layer > 0 && ov_tensor && it.kind != 0) {
+      const double cls = it.kind == 1 ? z_fwd : it.kind == 2 ? z_bwd : din;
+      const double cls_exp = it.kind == 1   ? std::max(0.0, z_fwd - t_layer_fwd)
+                             : it.kind == 2 ? std::max(0.0, z_bwd - (t_layer_bwd - t_layer_dw))
+                                            : std::max(0.0, din - t_layer_dw);
+      share = cls > 0 ? cls_exp / cls : 0;
+    }
+    if (it.kind == 4) share = step_comm > 0 ? dp_exposed / step_comm : 0;
+    c.exposed = c.seconds * share;
+    exposed_by_axis[std::string("comm ") + axis_label(c.axis)] += c.exposed;
+    e.collectives.push_back(c);
+  }
+  // Dominant cost: the largest of compute, bubble, optimizer and each axis's exposed time.
+  std::vector<std::pair<std::string, double>> parts = {
+      {"compute", e.compute}, {"bubble", e.bubble}, {"optimizer", e.optimizer}};
+  for (auto& [k, v] : exposed_by_axis) parts.push_back({k, v});
+  e.dominant = std::max_element(parts.begin(), parts.end(), [](auto& a, auto& b) {
+                 return a.second < b.second;
+               })->first;
+  return e;
+}
+
+std::vector<Estimate> plan(const PlanInput& in, const Machine& m) {
+  in.validate();
+  std::vector<Estimate> valid, rejected;
+  for (const Grid5& g : all_grids(in.ranks)) {
+    if (g.p > 1 && !in.allow_pipeline) continue;
+    Estimate e = estimate(in, g, m);
+    (e.valid ? valid : rejected).push_back(std::move(e));
+  }
+  std::stable_sort(valid.begin(), valid.end(),
+                   [](const Estimate& a, const Estimate& b) { return a.step < b.step; });
+  valid.insert(valid.end(), rejected.begin(), rejected.end());
+  return valid;
+}
+
+// ------------------------------------------------------------------------------------ output
+
+nlohmann::json Estimate::to_json() const {
+  nlohmann::json j = {{"grid", {{"x", grid.x}, {"y", grid.y}, {"z", grid.z}, {"p", grid.p}, {"d", grid.d}}},
+                      {"grid_string", grid.to_string()},
+                      {"valid", valid},
+                      {"trainable", trainable}};
+  if (!valid) {
+    j["reject"] = reject;
+    return j;
+  }
+  nlohmann::json colls = nlohmann::json::array();
+  for (const auto& c : collectives)
+    colls.push_back({{"what", c.what}, {"axis", axis_label(c.axis)}, {"op", op_name(c.op)},
+                     {"bytes_per_call", c.bytes}, {"calls_per_step", c.calls},
+                     {"seconds_per_step", c.seconds}, {"exposed_seconds_per_step", c.exposed},
+                     {"inter_node", c.inter_node}});
+  j.update({{"micro_batch", micro_batch},
+            {"micro_batches", micro_batches},
+            {"tokens_per_rank_per_micro_batch", tokens_per_rank},
+            {"step_s", step},
+            {"compute_s", compute},
+            {"comm_total_s", comm_total},
+            {"comm_exposed_s", comm_exposed},
+            {"bubble_s", bubble},
+            {"optimizer_s", optimizer},
+            {"tokens_per_s", tokens_per_s},
+            {"mfu", mfu},
+            {"hfu", hfu},
+            {"model_flops_per_step", model_flops},
+            {"hardware_flops_per_step", hardware_flops},
+            {"memory_bytes",
+             {{"weights", memory.weights}, {"grads", memory.grads}, {"optimizer", memory.optimizer},
+              {"gathered", memory.gathered}, {"activations", memory.activations},
+              {"total", memory.total()}}},
+            {"dominant", dominant},
+            {"collectives", colls}});
+  return j;
+}
+
+namespace {
+std::string human_time(double s) {
+  std::ostringstream o;
+  o << std::fixed;
+  if (s >= 1) o << std::setprecision(2) << s << " s";
+  else if (s >= 1e-3) o << std::setprecision(1) << s * 1e3 << " ms";
+  else o << std::setprecision(0) << s * 1e6 << " us";
+  return o.str();
+}
+std::string human_bytes(double b) {
+  std::ostringstream o;
+  o << std::fixed << std::setprecision(b >= 10e9 ? 1 : 2);
+  if (b >= 1e9) o << b / 1e9 << " GB";
+  else o << b / 1e6 << " MB";
+  return o.str();
+}
+}  // namespace
+
+std::string plan_text(const PlanInput& in, const Machine& m, const std::vector<Estimate>& plan,
+                      int show_rejected, int top) {
+  std::ostringstream o;
+  const ModelConfig& mc = in.model;
+  o << "model " << in.model_name << " (" << family_name(mc.family) << ", L=" << mc.n_layer
+    << " H=" << mc.n_embd << " heads=" << mc.n_head << " ffn=" << mc.ffn << " V=" << mc.vocab_size
+    << ", " << count_parameters(mc) / 1e6 << " M parameters)\n"
+    << "run: global batch " << in.global_batch << " x " << in.seq << " tokens, micro-batch ";
+  if (in.micro_batch > 0) o << in.micro_batch << " (whole job)";
+  else o << in.micro_batch_per_replica << " per data replica";
+  o << ", " << name(in.precision) << ", recompute " << name(in.recompute) << ", ZeRO " << in.zero
+    << ", overlap " << name(in.overlap) << ", " << in.ranks << " ranks\n"
+    << "machine " << m.name << ": " << m.ranks_per_node << " ranks/node, "
+    << m.peak(in.precision == Precision::BF16) / 1e12 << " TFLOP/s " << name(in.precision)
+    << " peak x " << m.gemm_efficiency << " GEMM efficiency, " << m.memory_bytes / 1e9
+    << " GB/rank" << (m.source.empty() ? "" : " (" + m.source + ")") << "\n"
+    << "FLOPs: model FLOPs = tokens x (6 N_matmul + 12 L H S) = "
+    << model_flops_per_step(mc, in.global_batch, in.seq) << " per step (MFU uses these); "
+    << "hardware FLOPs with recompute " << name(in.recompute) << " = "
+    << hardware_flops_per_step(mc, in.global_batch, in.seq, in.recompute) << " (HFU)\n\n";
+  int nvalid = 0, nrej = 0;
+  for (const auto& e : plan) (e.valid ? nvalid : nrej)++;
+  o << nvalid << " valid grids (x y z p d), fastest first; " << nrej << " rejected\n";
+  o << " rank  grid        step        tokens/s       MFU    HFU    memory/rank  compute  comm(exp)  bubble   dominant\n";
+  int rank = 0;
+  for (const auto& e : plan) {
+    if (!e.valid) continue;
+    ++rank;
+    if (top > 0 && rank > top) continue;
+    std::ostringstream line;
+    line << std::setw(5) << rank << "  " << std::left << std::setw(11) << e.grid.to_string()
+         << std::right << std::setw(10) << human_time(e.step) << std::setw(14) << std::fixed
+         << std::setprecision(e.tokens_per_s >= 100 ? 0 : 1) << e.tokens_per_s << std::setw(8)
+         << std::setprecision(1) << 100 * e.mfu << "%" << std::setw(6) << 100 * e.hfu << "%"
+         << std::setw(13) << human_bytes(e.memory.total()) << std::setw(8)
+         << 100 * e.compute / e.step << "%" << std::setw(9) << 100 * e.comm_exposed / e.step << "%"
+         << std::setw(8) << 100 * e.bubble / e.step << "%   " << e.dominant
+         << (e.trainable ? "" : "  [pipeline: not trainable yet]");
+    o << line.str() << "\n";
+  }
+  if (top > 0 && rank > top) o << "  ... " << rank - top << " more valid grids (--top 0 shows all)\n";
+  if (nrej > 0) {
+    o << "\nrejected:\n";
+    int shown = 0;
+    for (const auto& e : plan) {
+      if (e.valid) continue;
+      if (show_rejected >= 0 && shown++ >= show_rejected) {
+        o << "  ... " << nrej - show_rejected << " more (--json lists every one)\n";
+        break;
+      }
+      o << "  " << std::left << std::setw(11) << e.grid.to_string() << std::right << " " << e.reject
+        << "\n";
+    }
+  }
+  return o.str();
+}
+
+nlohmann::json plan_json(const PlanInput& in, const Machine& m, const std::vector<Estimate>& plan) {
+  nlohmann::json grids = nlohmann::json::array();
+  for (const auto& e : plan) grids.push_back(e.to_json());
+  return {{"model", {{"name", in.model_name}, {"family", family_name(in.model.family)},
+                     {"n_layer", in.model.n_layer}, {"n_embd", in.model.n_embd},
+                     {"n_head", in.model.n_head}, {"ffn", in.model.ffn},
+                     {"vocab_size", in.model.vocab_size}, {"parameters", count_parameters(in.model)}}},
+          {"run", {{"global_batch", in.global_batch}, {"micro_batch", in.micro_batch},
+                   {"micro_batch_per_replica", in.micro_batch_per_replica}, {"seq", in.seq},
+                   {"precision", name(in.precision)}, {"recompute", name(in.recompute)},
+                   {"zero", in.zero}, {"overlap", name(in.overlap)}, {"ranks", in.ranks}}},
+          {"machine", {{"name", m.name}, {"source", m.source}, {"ranks_per_node", m.ranks_per_node}}},
+          {"flops_formula", "model: tokens * (6*N_matmul + 12*L*H*S); hardware adds recomputed forward"},
+          {"grids", grids}};
+}
+
+double spearman(const std::vector<double>& a, const std::vector<double>& b) {
+  TETRAD_CHECK(a.size() == b.size());
+  const size_t n = a.size();
+  if (n < 2) return 0;
+  auto ranks = [n](const std::vector<double>& v) {
+    std::vector<size_t> idx(n);
+    for (size_t i = 0; i < n; ++i) idx[i] = i;
+    std::sort(idx.begin(), idx.end(), [&](size_t i, size_t j) { return v[i] < v[j]; });
+    std::vector<double> r(n);
+    for (size_t i = 0; i < n;) {
+      size_t j = i;
+      while (j + 1 < n && v[idx[j + 1]] == v[idx[i]]) ++j;
+      for (size_t k = i; k <= j; ++k) r[idx[k]] = 0.5 * double(i + j) + 1;
+      i = j + 1;
+    }
+    return r;
+  };
+  const auto ra = ranks(a), rb = ranks(b);
+  double ma = 0, mb = 0;
+  for (size_t i = 0; i < n; ++i) ma += ra[i], mb += rb[i];
+  ma /= n;
+  mb /= n;
+  double sab = 0, saa = 0, sbb = 0;
+  for (size_t i = 0; i < n; ++i) {
+    sab += (ra[i] - ma) * (rb[i] - mb);
+    saa += (ra[i] - ma) * (ra[i] - ma);
+    sbb += (rb[i] - mb) * (rb[i] - mb);
+  }
+  return saa > 0 && sbb > 0 ? sab / std::sqrt(saa * sbb) : 0;
+}
+
+}  // namespace tetrad::planner

@@ -1,0 +1,174 @@
+// The planner: a performance and memory model of one training step on a 5D grid
+// (Gx, Gy, Gz, Gp, Gd), as pure functions of the configuration (docs/planner.md has every
+// equation). It predicts, for every grid of a rank count, the step time split into compute,
+// exposed communication, pipeline bubble and optimizer, the per-rank memory, and ranks the grids;
+// grids that do not divide the model or do not fit in memory are kept with the reason.
+//
+// The algorithm modelled is the one tetrad implements (4d-parallelism.md, docs/parallel.md):
+// every collective the trainer issues, with its group, element count and how often, costed by a
+// ring latency-bandwidth model whose bandwidth depends on where the group's ranks sit (rank order
+// x fastest, then y, z, p, d; ranks_per_node consecutive ranks per node). The pipeline axis P
+// (between Z and D) is modelled as 1F1B with point-to-point transfers between stages.
+//
+// What it does not model: kernel-level effects (a GEMM's efficiency does not depend on its
+// shape), contention between different axes' collectives running at the same time, interleaved
+// pipeline schedules, hierarchical (two-level) collective algorithms, stragglers.
+#pragma once
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include <nlohmann/json_fwd.hpp>
+
+#include "tetrad/model/model_config.hpp"
+#include "tetrad/planner/machine.hpp"
+
+namespace tetrad::planner {
+
+enum class Precision { FP32, BF16 };          // train.precision
+enum class Recompute { None, Selective, Full };  // train.recompute
+// What communication hides behind compute. None: everything blocking (tetrad's trainer today).
+// Tensor: AxoNN's OAR/ORS/OAG (backward all-reduces behind the weight-gradient GEMM, Z gathers
+// and reduce-scatters behind the layer's compute). All: Tensor plus the data-parallel gradient
+// all-reduce behind the last micro-batch's backward.
+enum class Overlap { None, Tensor, All };
+
+Precision parse_precision(const std::string& s);   // "fp32" | "bf16"
+Recompute parse_recompute(const std::string& s);   // "none" | "selective" | "full"
+Overlap parse_overlap(const std::string& s);       // "none" | "tensor" | "all"
+const char* name(Precision p);
+const char* name(Recompute r);
+const char* name(Overlap o);
+
+struct Grid5 {
+  int x = 1, y = 1, z = 1, p = 1, d = 1;
+  int size() const { return x * y * z * p * d; }
+  std::string to_string() const;  // "2x1x2x1x1" (x, y, z, p, d)
+  bool operator==(const Grid5&) const = default;
+};
+// Every (x, y, z, p, d) with product n, lexicographic.
+std::vector<Grid5> all_grids(int n);
+
+struct PlanInput {
+  ModelConfig model;
+  std::string model_name;
+  int64_t global_batch = 0;    // sequences per optimizer step
+  // Sequences per micro-batch of the whole job, split over Z x D (train.micro_batch). When 0,
+  // micro_batch_per_replica x Gz x Gd is used instead (so every grid gets the same per-rank
+  // micro-batch, as Megatron's "micro-batch size" means).
+  int64_t micro_batch = 0;
+  int64_t micro_batch_per_replica = 0;
+  int seq = 0;
+  Precision precision = Precision::FP32;
+  Recompute recompute = Recompute::None;
+  int zero = 0;                // ZeRO stage over the data axis: 0, 1 (optimizer), 2 (+ gradients)
+  Overlap overlap = Overlap::None;
+  int ranks = 1;
+  bool allow_pipeline = true;  // plan Gp > 1 grids
+  void validate() const;
+};
+
+// FLOPs of one optimizer step of the whole job (forward + backward; multiply-add = 2):
+//   model FLOPs = tokens · (6·N_matmul + 12·L·H·S)   (PaLM appendix B; equal to Narayanan et
+//     al.'s 72·B·S·L·H²·(1 + S/(6H) + V/(12·L·H)) for GPT blocks with FFN = 4H)
+//   hardware FLOPs add what recomputation executes again: full: one more forward of every block
+//     (2·N_block + 4·L·H·S per token, giving 96·B·S·L·H²·(1 + S/(6H) + V/(16·L·H)));
+//     selective: the attention core's forward (4·L·H·S per token).
+// Attention is counted in full (causal masking not discounted), as both papers do.
+double model_flops_per_step(const ModelConfig& m, int64_t sequences, int seq);
+double hardware_flops_per_step(const ModelConfig& m, int64_t sequences, int seq, Recompute r);
+
+// Pipeline bubble of 1F1B with p stages and m micro-batches, as a fraction of the ideal
+// pipeline time: (p - 1) / m.
+double bubble_fraction(int p, int m);
+
+// Where an axis's groups sit on nodes.
+struct Placement {
+  int group_size = 1;
+  int nodes = 1;           // distinct nodes the group of rank 0 spans
+  int per_node = 1;        // group members per node (group_size / nodes)
+  double bandwidth = 0;    // bytes/s each ring edge gets
+  double latency = 0;      // seconds per ring step
+  // Measured per collective (machine file's [[network.measured]], groups inside one node):
+  // index = Op (all-reduce, all-gather, reduce-scatter); 0 = use bandwidth/latency above.
+  double op_bandwidth[3] = {0, 0, 0}, op_latency[3] = {0, 0, 0};
+};
+enum class AxisId { X, Y, Z, P, D, ZD };
+const char* axis_label(AxisId a);  // "x" ... "zd"
+Placement place(const Grid5& g, AxisId axis, const Machine& m);
+
+// Ring algorithms (n = bytes of the buffer per rank: the full buffer of an all-reduce, the
+// output of an all-gather, the input of a reduce-scatter):
+//   all-reduce      2(g-1)·α + 2(g-1)/g · n/β
+//   all-gather      (g-1)·α + (g-1)/g · n/β      reduce-scatter the same
+//   send/recv       α + n/β
+enum class Op { AllReduce, AllGather, ReduceScatter, SendRecv };
+const char* op_name(Op op);
+double collective_seconds(Op op, double bytes, const Placement& pl);
+
+struct CollectiveCost {
+  std::string what;      // "fwd all-reduce of qkv output"
+  AxisId axis = AxisId::X;
+  Op op = Op::AllReduce;
+  double bytes = 0;      // per rank per call
+  double calls = 0;      // per step, on the slowest stage
+  double seconds = 0;    // per step: calls x one call's time
+  double exposed = 0;    // per step, after overlap
+  bool inter_node = false;
+};
+
+struct MemoryBreakdown {  // bytes per rank (the fullest pipeline stage)
+  double weights = 0, grads = 0, optimizer = 0, gathered = 0, activations = 0;
+  double total() const { return weights + grads + optimizer + gathered + activations; }
+};
+
+struct Estimate {
+  Grid5 grid;
+  bool valid = false;
+  std::string reject;      // why not valid: "does not divide: ..." / "does not fit: ..."
+  bool trainable = false;  // the trainer can run this grid (Gp = 1 unless it takes a P axis)
+  int64_t micro_batch = 0;   // sequences per micro-batch, whole job
+  int64_t micro_batches = 0; // per step (train.grad_accum)
+  int64_t tokens_per_rank = 0;  // per micro-batch
+  double model_flops = 0, hardware_flops = 0;  // per step, whole job
+  double compute = 0;        // seconds per step on the slowest stage, no bubble
+  double comm_total = 0;     // seconds per step of communication before overlap
+  double comm_exposed = 0;
+  double bubble = 0;
+  double optimizer = 0;
+  double step = 0;
+  double tokens_per_s = 0, mfu = 0, hfu = 0;  // mfu/hfu against peak x ranks
+  MemoryBreakdown memory;
+  std::string dominant;      // "compute" | "bubble" | "comm x" | ...
+  std::vector<CollectiveCost> collectives;
+  nlohmann::json to_json() const;
+};
+
+// Memory per rank for a grid (no validity check beyond what the formula needs).
+MemoryBreakdown memory_per_rank(const PlanInput& in, const Grid5& g);
+// Elements of the trainer's activation buffer for one micro-batch of `tokens` tokens on a rank
+// of grid g, no recomputation (ParallelTransformer's layout, exactly).
+int64_t trainer_activation_elements(const ModelConfig& m, const Grid5& g, int64_t tokens);
+// Parameters a rank stores (ShardPlan's local_total for Gp = 1), on the fullest stage.
+int64_t local_parameters(const ModelConfig& m, const Grid5& g);
+
+// Why g cannot run this model/batch ("" if it can): divisibility only.
+std::string divisibility_problem(const PlanInput& in, const Grid5& g);
+// One grid, fully costed. Invalid grids come back with valid = false and the reason.
+Estimate estimate(const PlanInput& in, const Grid5& g, const Machine& m);
+// Every grid of in.ranks: valid ones by predicted step time (fastest first), then the rejected.
+std::vector<Estimate> plan(const PlanInput& in, const Machine& m);
+
+// Whether the trainer accepts a pipeline axis (its grid parser takes "x,y,z,p,d").
+bool trainer_supports_pipeline();
+// The trainer's grid string for g: "x,y,z,d" (or "x,y,z,p,d" once the trainer takes P).
+std::string trainer_grid_string(const Grid5& g);
+
+std::string plan_text(const PlanInput& in, const Machine& m, const std::vector<Estimate>& plan,
+                      int show_rejected = 20, int top = 0);
+nlohmann::json plan_json(const PlanInput& in, const Machine& m, const std::vector<Estimate>& plan);
+
+// Spearman rank correlation of two equally long samples (average ranks for ties).
+double spearman(const std::vector<double>& a, const std::vector<double>& b);
+
+}  // namespace tetrad::planner

@@ -1,0 +1,235 @@
+#include "tetrad/planner/validate.hpp"
+
+#include <algorithm>
+#include <cmath>
+#include <fstream>
+#include <iomanip>
+#include <nlohmann/json.hpp>
+#include <sstream>
+
+#include "tetrad/core/error.hpp"
+
+namespace tetrad::planner {
+
+ModelConfig planner_model(const std::string& name) {
+  auto gpt = [](int L, int H, int heads, int V, int S) {
+    ModelConfig c;
+    c.family = Family::GPT2;
+    c.n_layer = L;
+    c.n_embd = H;
+    c.n_head = heads;
+    c.n_kv_head = heads;
+    c.ffn = 4 * H;
+    c.vocab_size = V;
+    c.max_seq = S;
+    c.tie_embeddings = true;
+    return c;
+  };
+  if (name == "gpt-1t") return gpt(128, 25600, 160, 51200, 2048);
+  if (name == "gpt-80b") return gpt(42, 12288, 96, 51200, 2048);
+  try {
+    return named_model(name);
+  } catch (const Error& e) {
+    fail(e.what(), ", gpt-1t, gpt-80b (published rows)");
+  }
+}
+
+BenchComparison compare_with_bench(const std::string& path, const Machine& m) {
+  std::ifstream f(path);
+  if (!f) fail("cannot read bench results '", path, "' (tetrad bench --grids --json FILE)");
+  BenchComparison c;
+  std::string line;
+  int lineno = 0;
+  while (std::getline(f, line)) {
+    ++lineno;
+    if (line.empty()) continue;
+    nlohmann::json j;
+    try {
+      j = nlohmann::json::parse(line);
+    } catch (const std::exception& e) {
+      fail("'", path, "' line ", lineno, ": not JSON: ", e.what());
+    }
+    if (!j.contains("grid") || !j.contains("median_step_s")) continue;
+    MeasuredGrid r;
+    r.config = j.at("config").get<std::string>();
+    r.ranks = j.at("ranks").get<int>();
+    int v[5];
+    const std::string g = j.at("grid").get<std::string>();
+    // "XxYxZxD" from the trainer's 4D grid, "XxYxZxPxD" once it has the pipeline axis.
+    const int n = std::sscanf(g.c_str(), "%dx%dx%dx%dx%d", &v[0], &v[1], &v[2], &v[3], &v[4]);
+    if (n == 4) r.grid = Grid5{v[0], v[1], v[2], 1, v[3]};
+    else if (n == 5) r.grid = Grid5{v[0], v[1], v[2], v[3], v[4]};
+    else fail("'", path, "' line ", lineno, ": grid '", g, "' is not XxYxZxD or XxYxZxPxD");
+    r.measured_s = j.at("median_step_s").get<double>();
+    PlanInput in;
+    in.model = planner_model(r.config);
+    in.model_name = r.config;
+    in.seq = j.value("seq", in.model.max_seq);
+    in.global_batch = j.value("global_batch", 4);
+    in.micro_batch = in.global_batch;  // bench --grids: one micro-batch per step
+    in.ranks = r.ranks;
+    Machine mm = m;
+    mm.ranks_per_node = std::max(mm.ranks_per_node, r.ranks);  // one node: every rank is here
+    const Estimate e = estimate(in, r.grid, mm);
+    if (!e.valid) fail("'", path, "' line ", lineno, ": the planner rejects measured grid ", g, ": ", e.reject);
+    r.predicted_s = e.step;
+    r.dominant = e.dominant;
+    // The same grid measured again (a repeated sweep): keep the faster run, the one less
+    // disturbed by whatever else shared the machine.
+    bool seen = false;
+    for (auto& q : c.rows)
+      if (q.config == r.config && q.grid == r.grid && q.ranks == r.ranks) {
+        q.measured_s = std::min(q.measured_s, r.measured_s);
+        seen = true;
+      }
+    if (!seen) c.rows.push_back(r);
+  }
+  if (c.rows.empty()) fail("'", path, "' has no measured grids");
+  std::vector<double> a, b;
+  for (const auto& r : c.rows) a.push_back(r.measured_s), b.push_back(r.predicted_s);
+  c.spearman = spearman(a, b);
+  const auto best = std::min_element(a.begin(), a.end());
+  const auto pick = std::min_element(b.begin(), b.end()) - b.begin();
+  c.top_choice_vs_best = a[size_t(pick)] / *best - 1;
+  return c;
+}
+
+std::string comparison_text(const BenchComparison& c, const std::string& title) {
+  std::vector<size_t> by_measured(c.rows.size()), by_predicted(c.rows.size());
+  for (size_t i = 0; i < c.rows.size(); ++i) by_measured[i] = by_predicted[i] = i;
+  std::sort(by_measured.begin(), by_measured.end(),
+            [&](size_t i, size_t j) { return c.rows[i].measured_s < c.rows[j].measured_s; });
+  std::sort(by_predicted.begin(), by_predicted.end(),
+            [&](size_t i, size_t j) { return c.rows[i].predicted_s < c.rows[j].predicted_s; });
+  std::vector<int> rm(c.rows.size()), rp(c.rows.size());
+  for (size_t k = 0; k < c.rows.size(); ++k) rm[by_measured[k]] = int(k) + 1, rp[by_predicted[k]] = int(k) + 1;
+  std::ostringstream o;
+  o << title << "\n"
+    << "| grid (x,y,z,p,d) | measured s/step | predicted s/step | error | measured rank | predicted rank | predicted dominant |\n"
+    << "| --- | --- | --- | --- | --- | --- | --- |\n";
+  o << std::fixed;
+  for (size_t k = 0; k < c.rows.size(); ++k) {
+    const auto& r = c.rows[by_measured[k]];
+    o << "| " << r.grid.to_string() << " | " << std::setprecision(3) << r.measured_s << " | "
+      << r.predicted_s << " | " << std::showpos << std::setprecision(1)
+      << 100 * (r.predicted_s / r.measured_s - 1) << "%" << std::noshowpos << " | "
+      << rm[by_measured[k]] << " | " << rp[by_measured[k]] << " | " << r.dominant << " |\n";
+  }
+  o << std::setprecision(3) << "Spearman rank correlation (predicted vs measured): " << c.spearman
+    << "; the predicted-fastest grid measured " << std::setprecision(1)
+    << 100 * c.top_choice_vs_best << "% slower than the measured best\n";
+  return o.str();
+}
+
+std::vector<PublishedResult> published_results(double gemm_efficiency, int64_t batch_80b) {
+  std::vector<PublishedResult> out;
+  {
+    // Narayanan et al., SC21, Table 1, last row: 1T on 3072 A100-80GB (Selene: DGX A100 nodes).
+    PlanInput in;
+    in.model_name = "gpt-1t";
+    in.model = planner_model("gpt-1t");
+    in.seq = 2048;
+    in.global_batch = 3072;
+    in.micro_batch_per_replica = 1;
+    in.precision = Precision::BF16;
+    in.recompute = Recompute::Full;
+    in.zero = 0;
+    in.overlap = Overlap::None;
+    in.ranks = 3072;
+    Machine m = load_machine("dgx-a100");
+    if (gemm_efficiency > 0) m.gemm_efficiency = gemm_efficiency;
+    // Megatron's tensor parallelism (column- then row-parallel) is our Y axis with Gx = Gz = 1.
+    const Grid5 g{1, 8, 1, 64, 6};
+    PublishedResult r;
+    r.system = "Megatron-LM (Narayanan et al., SC21)";
+    r.model = "1T GPT (L=128, H=25600, 160 heads, S=2048, V=51200)";
+    r.machine = m.name;
+    r.configuration = "TP=8 (Gy=8), PP=64, DP=6; batch 3072, micro-batch 1; bf16, full "
+                      "recomputation, no overlap";
+    r.metric = "TFLOP/s per GPU (hardware FLOPs, recomputation counted)";
+    r.reported = 163;
+    r.estimate = estimate(in, g, m);
+    if (!r.estimate.valid) fail("published row ", r.system, ": the planner rejects ", g.to_string(), ": ", r.estimate.reject);
+    r.predicted = r.estimate.hardware_flops / r.estimate.step / in.ranks / 1e12;
+    r.assumptions = "1F1B schedule (no interleaving); Megatron's reported 163 counts the "
+                    "recomputed forward (96 B S L H^2 (1 + S/6H + V/16LH))";
+    out.push_back(r);
+  }
+  {
+    // Singh et al. 2023 (AxoNN): 80B GPT on 1024 A100-40GB of Perlmutter, 182 PFLOP/s in all.
+    PlanInput in;
+    in.model_name = "gpt-80b";
+    in.model = planner_model("gpt-80b");
+    in.seq = 2048;
+    in.global_batch = 2048;
+    in.micro_batch = 2048;  // one micro-batch per step (AxoNN has no pipeline)
+    in.precision = Precision::BF16;
+    in.recompute = Recompute::Full;
+    in.zero = 0;
+    in.overlap = Overlap::Tensor;
+    in.ranks = 1024;
+    in.allow_pipeline = false;  // AxoNN's 4D grid has no pipeline axis
+    Machine m = load_machine("perlmutter");
+    if (gemm_efficiency > 0) m.gemm_efficiency = gemm_efficiency;
+    // Larger batches accumulate micro-batches of 2048 sequences (2 per rank).
+    if (batch_80b > 0) in.global_batch = batch_80b, in.micro_batch = std::min<int64_t>(batch_80b, 2048);
+    const auto p = plan(in, m);
+    PublishedResult r;
+    r.system = "AxoNN (Singh et al., 2023)";
+    r.model = "80B GPT (L=42, H=12288, 96 heads, S=2048, V=51200)";
+    r.machine = m.name;
+    if (p.empty() || !p.front().valid) fail("published row ", r.system, ": no valid grid");
+    r.estimate = p.front();
+    r.configuration = "the planner's first choice " + r.estimate.grid.to_string() +
+                      " (x,y,z,p,d) among 4D grids (Gp = 1); batch " + std::to_string(in.global_batch) +
+                      " x 2048 tokens; bf16, "
+                      "full recomputation, overlap of tensor-parallel collectives";
+    r.metric = "PFLOP/s in total (hardware FLOPs, recomputation counted)";
+    r.reported = 182;
+    r.predicted = r.estimate.hardware_flops / r.estimate.step / 1e15;
+    r.assumptions = "vocabulary 51200, global batch 2048 sequences (4.2M tokens) and full "
+                    "recomputation are assumptions, not reported in the row";
+    out.push_back(r);
+  }
+  return out;
+}
+
+std::string published_text(const std::vector<PublishedResult>& rows) {
+  std::ostringstream o;
+  o << "| system | model | machine file | configuration | metric | reported | predicted | error |\n"
+    << "| --- | --- | --- | --- | --- | --- | --- | --- |\n";
+  for (const auto& r : rows) {
+    o << "| " << r.system << " | " << r.model << " | " << r.machine << " | " << r.configuration
+      << " | " << r.metric << " | " << std::fixed << std::setprecision(0) << r.reported << " | "
+      << r.predicted << " | " << std::showpos << std::setprecision(1) << 100 * r.error() << "%"
+      << std::noshowpos << " |\n";
+  }
+  for (const auto& r : rows) {
+    const Estimate& e = r.estimate;
+    o << "\n" << r.system << ": step " << std::setprecision(2) << e.step << " s = compute "
+      << std::setprecision(1) << 100 * e.compute / e.step << "% + exposed communication "
+      << 100 * e.comm_exposed / e.step << "% + bubble " << 100 * e.bubble / e.step
+      << "% + optimizer " << 100 * e.optimizer / e.step << "%; HFU " << 100 * e.hfu << "%, MFU "
+      << 100 * e.mfu << "%; memory/rank " << e.memory.total() / 1e9 << " GB; assumptions: "
+      << r.assumptions << "\n";
+  }
+  return o.str();
+}
+
+std::string published_sensitivity_text() {
+  std::ostringstream o;
+  o << "| gemm_efficiency (all GPU files) | AxoNN batch (sequences) | Megatron 1T error | AxoNN 80B error | AxoNN grid |\n"
+    << "| --- | --- | --- | --- | --- |\n";
+  for (double eff : {0.6, 0.65, 0.7, 0.8})
+    for (int64_t b : {int64_t(1024), int64_t(2048), int64_t(8192)}) {
+      if (b != 2048 && eff != 0.7) continue;
+      const auto rows = published_results(eff, b);
+      o << "| " << std::setprecision(2) << eff << " | " << b << " | " << std::showpos << std::fixed << std::setprecision(1)
+        << 100 * rows[0].error() << "% | " << 100 * rows[1].error() << "%" << std::noshowpos
+        << " | " << rows[1].estimate.grid.to_string() << " |\n";
+      o.unsetf(std::ios::fixed);
+    }
+  return o.str();
+}
+
+}  // namespace tetrad::planner

@@ -1,0 +1,54 @@
+// Checks of the planner against measurements (docs/planner.md, "Validation"):
+//  - against `tetrad bench --grids --json` lines measured on this machine: predicted against
+//    measured step time per grid, the rankings and their Spearman correlation;
+//  - against published results (performance-model.md): the authors' configuration on a machine
+//    file built from public specs only, predicted against reported throughput.
+#pragma once
+#include <iosfwd>
+#include <string>
+#include <vector>
+
+#include "tetrad/model/model_config.hpp"
+#include "tetrad/planner/planner.hpp"
+
+namespace tetrad::planner {
+
+// named_model() plus the published models: "gpt-1t" (Narayanan et al. 2021: L=128, H=25600,
+// 160 heads, S=2048, V=51200) and "gpt-80b" (Singh et al. 2023: L=42, H=12288, 96 heads, S=2048;
+// V=51200 assumed). Both GPT blocks with FFN = 4H.
+ModelConfig planner_model(const std::string& name);
+
+struct MeasuredGrid {
+  std::string config;
+  Grid5 grid;
+  int ranks = 0;
+  double measured_s = 0, predicted_s = 0;
+  std::string dominant;
+};
+struct BenchComparison {
+  std::vector<MeasuredGrid> rows;  // one per measured grid, in file order
+  double spearman = 0;
+  double top_choice_vs_best = 0;  // measured time of the predicted-fastest / measured best - 1
+};
+// Reads `tetrad bench --grids --json` lines (one group of ranks, one config per call: rows of
+// other configs or rank counts are kept apart by the caller choosing the file).
+BenchComparison compare_with_bench(const std::string& jsonl_path, const Machine& m);
+std::string comparison_text(const BenchComparison& c, const std::string& title);
+
+struct PublishedResult {
+  std::string system, model, machine, configuration, metric;
+  double reported = 0, predicted = 0;
+  double error() const { return predicted / reported - 1; }
+  Estimate estimate;
+  std::string assumptions;
+};
+// The two rows of performance-model.md, predicted with the shipped machine files (looked up by
+// load_machine, so run from the source tree or an installed machines/ folder).
+// `gemm_efficiency` > 0 replaces the machine files' value (the sensitivity table); `batch_80b`
+// > 0 replaces the assumed global batch of the AxoNN row.
+std::vector<PublishedResult> published_results(double gemm_efficiency = 0, int64_t batch_80b = 0);
+std::string published_text(const std::vector<PublishedResult>& rows);
+// How the errors move with the one assumed number of the GPU files and the AxoNN row's batch.
+std::string published_sensitivity_text();
+
+}  // namespace tetrad::planner
