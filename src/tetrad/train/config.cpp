@@ -134,7 +134,8 @@ const std::vector<Field>& schema() {
                  "per step, instead of per micro-batch and pass; costs Gz x the layer weights)"),
       BOOL_FIELD("parallel.overlap_dp_allreduce", c.overlap.dp_overlap,
                  "data-parallel gradient all-reduce in buckets started during the last "
-                 "micro-batch's backward, as soon as each bucket is final"),
+                 "micro-batch's backward, as soon as each bucket is final (no effect with "
+                 "parallel.zero >= 1 or a pipeline axis: they reduce at the end of the step)"),
       FLOAT_FIELD("parallel.dp_bucket_mb", c.overlap.dp_bucket_mb,
                   "data-parallel bucket size in MiB (0: one all-reduce per tensor, in place); "
                   "used with or without overlap, so it never changes results between the two"),
