@@ -87,9 +87,12 @@ else
   echo "FAIL goldfish"; paste <(losses "$W/gf_serial") <(losses "$W/gf_grid"); fails=$((fails+1))
 fi
 
-# On a grid with overlap on (the defaults), the logged time breakdown adds up to each step's time
-# (within 5%), and the trace and the report are written.
+# On a grid with overlap on, the logged time breakdown adds up to each step's time (within 5%),
+# and the trace and the report are written.
 "${MPIRUN[@]}" -n 2 "$TETRAD" train "${S[@]}" --set run.dir="$W/traced" --grid 1,1,2,1 \
+  --set parallel.overlap_backward_allreduce=true --set parallel.overlap_reduce_scatter=true \
+  --set parallel.prefetch_depth=1 --set parallel.overlap_dp_allreduce=true \
+  --set parallel.progress_thread=true \
   --trace "$W/traced/trace.json" > "$W/log" 2>&1 && "$TETRAD" report "$W/traced" > /dev/null ||
   { cat "$W/log"; fails=$((fails+1)); }
 field() { grep -o "\"$1\":[^,}]*" "$W/traced/metrics.jsonl" | cut -d: -f2; }

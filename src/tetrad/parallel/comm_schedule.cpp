@@ -155,10 +155,18 @@ void CommQueue::block_until(F&& ready, const char* what) {
     if (ready()) return;
     const double waited = std::chrono::duration<double>(clock::now() - t0).count();
     if (waited >= timeout) {
-      // Let the oldest pending request report itself (operation, group, count, time waited).
+      // Name the oldest pending request (operation, group, count) with the time really waited;
+      // its own zero-timeout wait marks it abandoned, so no destructor waits for it again.
       TETRAD_CHECK(!ops_.empty());
-      ops_.front().request.wait(0.0);
-      fail("collective wait timed out after ", waited, " s with ", ops_.size(), " pending");
+      const std::string what = ops_.front().request.description();
+      try {
+        ops_.front().request.wait(0.0);
+      } catch (const Error&) {
+      }
+      fail("MPI ", what, " did not complete within ", timeout, " s (waited ", waited,
+           " s, ", ops_.size(), " collective(s) pending): a peer rank may have died or stalled, "
+           "or the ranks of the group called different operations. The timeout is "
+           "train.comm_timeout / TETRAD_COMM_TIMEOUT.");
     }
     // As Request::wait: spin first, then give the core to a peer rank (oversubscribed runs).
     if (polls < 2000) continue;

@@ -309,7 +309,11 @@ Measurement measure_fma_peak(int threads, double seconds, int reps) {
   return m;
 }
 
-Measurement measure_sgemm(const GemmShape& s, int threads, int reps) {
+namespace {
+// Times a row-major GEMM on fp32 buffers shaped as `s` says: one warm-up call (page-in, thread
+// pool, kernel generation), then `reps` timed calls; the method line is completed by the caller.
+template <typename Gemm>
+Measurement time_fp32_gemm(const GemmShape& s, int threads, int reps, Gemm&& gemm) {
   check_shape(s);
   if (reps <= 0) reps = 1;
   OmpThreads omp(threads);
@@ -322,44 +326,7 @@ Measurement measure_sgemm(const GemmShape& s, int threads, int reps) {
   fill(A.get(), size_t(M * K), 1);
   fill(B.get(), size_t(K * N), 2);
   std::memset(C.get(), 0, size_t(M * N) * sizeof(float));
-
-  auto call = [&] {
-    dnnl_status_t st = dnnl_sgemm(ta ? 'T' : 'N', tb ? 'T' : 'N', M, N, K, 1.0f, A.get(), lda,
-                                  B.get(), ldb, 0.0f, C.get(), ldc);
-    if (st != dnnl_success) fail("dnnl_sgemm failed on ", s.to_string(), " (status ", int(st), ")");
-  };
-  call();  // warm-up: page-in, thread pool, kernel generation
-  Measurement m;
-  m.unit = "GFLOP/s";
-  for (int r = 0; r < reps; ++r) {
-    double t0 = now_s();
-    call();
-    double dt = now_s() - t0;
-    m.samples.push_back(s.flop() / dt * 1e-9);
-  }
-  finish(m);
-  m.method = "dnnl_sgemm row-major " + s.to_string() + ", " + std::to_string(omp.n()) +
-             " thread(s), 1 warm-up + " + std::to_string(reps) + " timed calls, best; " +
-             onednn_description();
-  return m;
-}
-
-Measurement measure_gemm_bf16(const GemmShape& s, int threads, int reps) {
-  check_shape(s);
-  if (reps <= 0) reps = 1;
-  OmpThreads omp(threads);
-  const bool ta = is_t(s.transa), tb = is_t(s.transb);
-  const int64_t M = s.M, N = s.N, K = s.K;
-  const int64_t lda = ta ? M : K, ldb = tb ? K : N, ldc = N;
-  auto A = alloc_aligned<float>(size_t(M * K));
-  auto B = alloc_aligned<float>(size_t(K * N));
-  auto C = alloc_aligned<float>(size_t(M * N));
-  fill(A.get(), size_t(M * K), 1);
-  fill(B.get(), size_t(K * N), 2);
-  std::memset(C.get(), 0, size_t(M * N) * sizeof(float));
-  auto call = [&] {
-    kernels::gemm_bf16(ta, tb, M, N, K, 1.0f, A.get(), lda, B.get(), ldb, 0.0f, C.get(), ldc);
-  };
+  auto call = [&] { gemm(ta, tb, M, N, K, A.get(), lda, B.get(), ldb, C.get(), ldc); };
   call();
   Measurement m;
   m.unit = "GFLOP/s";
@@ -370,8 +337,35 @@ Measurement measure_gemm_bf16(const GemmShape& s, int threads, int reps) {
     m.samples.push_back(s.flop() / dt * 1e-9);
   }
   finish(m);
-  m.method = "kernels::gemm_bf16 " + s.to_string() + ", " + std::to_string(omp.n()) +
-             " thread(s), fp32 in/out with bf16 operands: " + kernels::bf16_matmul_path();
+  m.method = s.to_string() + ", " + std::to_string(omp.n()) + " thread(s), 1 warm-up + " +
+             std::to_string(reps) + " timed calls, best";
+  return m;
+}
+}  // namespace
+
+Measurement measure_sgemm(const GemmShape& s, int threads, int reps) {
+  Measurement m = time_fp32_gemm(
+      s, threads, reps,
+      [&](bool ta, bool tb, int64_t M, int64_t N, int64_t K, const float* A, int64_t lda,
+          const float* B, int64_t ldb, float* C, int64_t ldc) {
+        dnnl_status_t st = dnnl_sgemm(ta ? 'T' : 'N', tb ? 'T' : 'N', M, N, K, 1.0f, A, lda, B,
+                                      ldb, 0.0f, C, ldc);
+        if (st != dnnl_success)
+          fail("dnnl_sgemm failed on ", s.to_string(), " (status ", int(st), ")");
+      });
+  m.method = "dnnl_sgemm row-major " + m.method + "; " + onednn_description();
+  return m;
+}
+
+Measurement measure_gemm_bf16(const GemmShape& s, int threads, int reps) {
+  Measurement m = time_fp32_gemm(
+      s, threads, reps,
+      [](bool ta, bool tb, int64_t M, int64_t N, int64_t K, const float* A, int64_t lda,
+         const float* B, int64_t ldb, float* C, int64_t ldc) {
+        kernels::gemm_bf16(ta, tb, M, N, K, 1.0f, A, lda, B, ldb, 0.0f, C, ldc);
+      });
+  m.method = "kernels::gemm_bf16 " + m.method + ", fp32 in/out with bf16 operands: " +
+             kernels::bf16_matmul_path();
   return m;
 }
 
