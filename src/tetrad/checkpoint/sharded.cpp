@@ -383,6 +383,10 @@ ShardedCheckpointInfo info_of(const ParsedMeta& m) {
   const auto& g = j.at("grid");
   info.grid = GridShape{g.at("x").get<int>(), g.at("y").get<int>(), g.at("z").get<int>(),
                         g.at("d").get<int>()};
+  // A pipeline grid also records p and the chunks per stage (absent: p = 1, written before the
+  // pipeline existed).
+  info.grid.p = g.value("p", 1);
+  info.virtual_stages = g.value("virtual_stages", 1);
   info.tokenizer_identity = j.at("tokenizer_identity").is_null()
                                 ? 0
                                 : parse_hex(j["tokenizer_identity"], "tokenizer_identity");
@@ -408,6 +412,9 @@ std::vector<IndexRun> shard_index_runs(const TensorShard& t, const GridShape& gr
 
 bool writes_shard(const TensorShard& t, const GridCoord& c) {
   if (c.d != 0) return false;
+  // Top-level tensors: every pipeline stage keeps the same copy; the first stage writes it.
+  // (A layer's tensors are stored, hence written, by its stage alone: shard_numel = 0 elsewhere.)
+  if (t.spec->layer < 0 && c.p != 0) return false;
   if (!t.z_sharded && c.z != 0) return false;
   if (t.layout == ShardLayout::ColsX && c.y != 0) return false;
   if (t.layout == ShardLayout::RowsY && c.x != 0) return false;
@@ -523,6 +530,10 @@ nlohmann::json build_sharded_meta(const ModelConfig& model, const ParamTable& ta
   j["checkpoint_id"] = hex64(checkpoint_id);
   j["step"] = info.step;
   j["grid"] = {{"x", g.x}, {"y", g.y}, {"z", g.z}, {"d", g.d}};
+  if (g.p > 1) {
+    j["grid"]["p"] = g.p;
+    j["grid"]["virtual_stages"] = info.virtual_stages;
+  }
   j["model"] = hf_config_json(model);
   j["tokenizer_identity"] = info.tokenizer_identity ? nlohmann::json(hex64(info.tokenizer_identity))
                                                     : nlohmann::json(nullptr);
@@ -541,7 +552,7 @@ nlohmann::json build_sharded_meta(const ModelConfig& model, const ParamTable& ta
   nlohmann::json files = nlohmann::json::array();
   for (int r = 0; r < g.size(); ++r) {
     const GridCoord c = parallel::coord_of(r, g);
-    const ShardPlan plan = ShardPlan::build(model, table, g, c);
+    const ShardPlan plan = ShardPlan::build(model, table, g, c, info.virtual_stages);
     int64_t bytes = 0;
     std::vector<ShardPiece> pieces = shard_file_pieces(plan, &bytes);
     if (!info.has_moments) {

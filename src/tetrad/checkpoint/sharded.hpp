@@ -79,6 +79,7 @@ std::string shard_file_name(int rank);  // "shard_00003.bin"
 struct ShardedCheckpointInfo {
   int64_t step = 0;
   parallel::GridShape grid;
+  int virtual_stages = 1;           // pipeline chunks per stage of the saving grid (grid.p > 1)
   uint64_t tokenizer_identity = 0;  // 0: unknown (not checked on load)
   nlohmann::json data = nlohmann::json::object();  // data loader positions (trainer-defined)
   nlohmann::json rng = nlohmann::json::object();   // random state (trainer-defined)

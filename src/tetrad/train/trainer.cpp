@@ -394,7 +394,7 @@ TrainResult train(const RunConfig& cfg, const TrainOptions& opt, std::ostream& l
           << std::defaultfloat;
   };
   Watchdog watchdog(t.step_timeout, groups.world.rank());
-  const bool streamed_save = cfg.zero >= 1 || shape.p > 1;  // see save() below
+  const bool streamed_save = cfg.zero >= 1;  // see save() below
   auto save = [&](int64_t at_step, bool wait) {
     // Never replace a good checkpoint with weights that are no longer finite.
     double sq = kernels::sum_squares(model.params(), model.num_local_params());
@@ -409,11 +409,11 @@ TrainResult train(const RunConfig& cfg, const TrainOptions& opt, std::ostream& l
       report_save();
     }
     if (streamed_save) {
-      // ZeRO >= 1 (Adam moments in D pieces) or Gp > 1 (each stage's layers from their owner):
-      // the sharded format writes every rank's local buffers as laid out by the shard plan, which
-      // neither case matches, so these save streamed one tensor at a time (synchronously): rank 0
-      // writes, every rank takes part in each tensor's gather, in the writer's order (params,
-      // then m, then v, each in table order).
+      // ZeRO >= 1 (Adam moments in D pieces): the sharded format writes every rank's local
+      // buffers as laid out by the shard plan, which the pieces do not match, so these save
+      // streamed one tensor at a time (synchronously): rank 0 writes, every rank takes part in
+      // each tensor's gather, in the writer's order (params, then m, then v, each in table
+      // order). (A pipeline grid saves sharded: each stage writes the layers it stores.)
       const auto t0 = std::chrono::steady_clock::now();
       auto gather = [&model](const float* local) {
         return [&model, local](size_t i, float* out) { model.gather_tensor(local, i, out); };
@@ -452,6 +452,7 @@ TrainResult train(const RunConfig& cfg, const TrainOptions& opt, std::ostream& l
     }
     ShardedCheckpointInfo info;
     info.step = at_step;
+    info.virtual_stages = cfg.virtual_stages;  // which layers each pipeline stage stores
     info.tokenizer_identity = data.tokenizer_identity;
     // The loader's position is the job's position in the global window stream (the same on
     // every replica); replica r's next window is stream position cursor + r (data/loader.hpp).
