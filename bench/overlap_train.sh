@@ -2,7 +2,8 @@
 # Overlap off vs on through `tetrad train` (the trainer's own breakdown, metrics.jsonl of rank 0):
 # 2 ranks x 1 thread, one grid, the given modes run in turn ROUNDS times (alternating, so load
 # drifts hit every mode alike). Prints per run the mean over the steps after the first of the
-# step time, exposed communication, issued communication and hidden share, and the last loss
+# step time, compute, wait (for the slowest rank), exposed and issued communication and the hidden
+# share, and the last loss
 # (modes that keep results bit-identical must print the same loss).
 #
 #   [SEQ=512] bench/overlap_train.sh TETRAD [GRID=1,1,2,1] [MODEL=small] [STEPS=4] [ROUNDS=3] [MODES="off thread poll"]
@@ -24,7 +25,7 @@ ALL=(--set parallel.overlap_backward_allreduce=true --set parallel.overlap_reduc
 NONE=(--set parallel.overlap_backward_allreduce=false --set parallel.overlap_reduce_scatter=false
       --set parallel.prefetch_depth=0 --set parallel.overlap_dp_allreduce=false
       --set parallel.progress_thread=false)
-printf "%-6s %-9s %-5s %9s %11s %10s %7s %s\n" round mode grid "step s" "exposed s" "issued s" hidden "last loss"
+printf "%-6s %-9s %-7s %8s %9s %8s %10s %9s %7s %s\n" round mode grid "step s" "compute s" "wait s" "exposed s" "issued s" hidden "last loss"
 for r in $(seq 1 "$ROUNDS"); do
   for m in $MODES; do
     case $m in
@@ -46,8 +47,9 @@ timed = rows[1:] or rows
 mean = lambda k: sum(x[k] for x in timed) / len(timed)
 issued = mean("t_comm_issued_s")
 hidden = 1 - mean("t_comm_exposed_s") / issued if issued > 0 else 0
-print(f"{sys.argv[2]:<6} {sys.argv[3]:<9} {sys.argv[4]:<5} {mean('step_time_s'):9.3f} "
-      f"{mean('t_comm_exposed_s'):11.3f} {issued:10.3f} {100 * hidden:6.0f}% {rows[-1]['loss']!r}")
+print(f"{sys.argv[2]:<6} {sys.argv[3]:<9} {sys.argv[4]:<7} {mean('step_time_s'):8.3f} "
+      f"{mean('t_compute_s'):9.3f} {mean('t_wait_s'):8.3f} {mean('t_comm_exposed_s'):10.3f} "
+      f"{issued:9.3f} {100 * hidden:6.0f}% {rows[-1]['loss']!r}")
 PY
   done
 done
