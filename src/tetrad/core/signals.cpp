@@ -5,7 +5,6 @@
 #include <sys/syscall.h>
 #include <unistd.h>
 
-#include <algorithm>
 #include <atomic>
 #include <condition_variable>
 #include <cstring>
@@ -62,14 +61,15 @@ StopSignals::StopSignals() : impl_(std::make_unique<Impl>()) {
   // This thread first: every thread it creates from here on starts with the signals blocked.
   TETRAD_CHECK(pthread_sigmask(SIG_BLOCK, &m.set, &m.old_mask) == 0);
   // The OpenMP workers already in the pool were created earlier with the old mask (model set-up
-  // runs parallel regions). A region at least as wide as any team the run will use reaches each
-  // of them once; libgomp reuses pool threads in order, so later teams are made of these threads
-  // or of new ones created from this thread (blocked too). oneDNN runs its GEMMs on this same
-  // OpenMP pool (libdnnl built with the OpenMP runtime).
+  // runs parallel regions). A region as wide as the teams the run uses (omp_get_max_threads(),
+  // which the trainer has set) reaches each of them once; libgomp reuses pool threads in order,
+  // so later teams of that size are these threads. Not wider: with one thread per rank and many
+  // ranks per node, a region of every core would leave that many idle threads in each rank.
+  // oneDNN runs its GEMMs on this same OpenMP pool (libdnnl built with the OpenMP runtime).
   sigemptyset(&m.pool_set);
   for (int s = 1; s < NSIG; ++s)
     if (sigismember(&m.set, s) == 1 && sigismember(&m.old_mask, s) == 0) sigaddset(&m.pool_set, s);
-  const int width = std::max(omp_get_max_threads(), omp_get_num_procs());
+  const int width = omp_get_max_threads();
   const sigset_t pool_set = m.pool_set;
 #pragma omp parallel num_threads(width)
   pthread_sigmask(SIG_BLOCK, &pool_set, nullptr);
@@ -110,7 +110,7 @@ StopSignals::~StopSignals() {
   // Then the previous actions, then the old masks: any other signal still pending gets its usual
   // effect.
   for (int i = 0; i < 2; ++i) sigaction(kHandled[i], &m.old_action[i], nullptr);
-  const int width = std::max(omp_get_max_threads(), omp_get_num_procs());
+  const int width = omp_get_max_threads();
   const sigset_t pool_set = m.pool_set;
 #pragma omp parallel num_threads(width)
   pthread_sigmask(SIG_UNBLOCK, &pool_set, nullptr);

@@ -19,8 +19,10 @@
 // A signal sent to a specific thread (pthread_kill, tgkill) is not covered; nothing here does
 // that, and a profiler that samples with SIGPROF on every thread would still hit this bug.
 //
-// Construct on the thread that runs the kernels (the training loop), before the OpenMP team it
-// will use runs a kernel. Not reentrant: one StopSignals at a time per process.
+// Construct on the thread that runs the kernels (the training loop), after its OpenMP thread
+// count is set (teams up to omp_get_max_threads() are covered; a larger team set later could
+// reuse idle pool threads created before with the old mask). One StopSignals at a time per
+// process.
 #pragma once
 #include <csignal>
 #include <memory>
