@@ -263,9 +263,9 @@ int main(int argc, char** argv) {
   bench->add_option("--trace", bopt.trace_path,
                     "Chrome trace-event JSON of the timed steps (one file per grid and mode)");
   bench->add_option("--overlap", bopt.overlap,
-                    "with --grids: a list of off, on (the parallel.* defaults), poll, thread (the "
-                    "defaults with either progress mode), chunked (the defaults with 2 forward "
-                    "chunks); both = off,on")
+                    "with --grids: a list of off, on (the parallel.* defaults), poll, thread (every "
+                    "bit-identical overlap on, with either progress mode), chunked (the defaults "
+                    "with 2 forward chunks); both = off,on")
       ->capture_default_str();
 
   // report

@@ -155,13 +155,17 @@ void CommQueue::block_until(F&& ready, const char* what) {
     if (ready()) return;
     const double waited = std::chrono::duration<double>(clock::now() - t0).count();
     if (waited >= timeout) {
-      // Name the oldest pending request (operation, group, count) with the time really waited;
-      // its own zero-timeout wait marks it abandoned, so no destructor waits for it again.
+      // Name the oldest pending request (operation, group, count) with the time really waited.
+      // A zero-timeout wait marks each pending request abandoned, so their destructors (while
+      // the error unwinds) test once instead of each waiting a whole timeout again: with overlap
+      // on, many are pending and the job would take minutes to end.
       TETRAD_CHECK(!ops_.empty());
       const std::string what = ops_.front().request.description();
-      try {
-        ops_.front().request.wait(0.0);
-      } catch (const Error&) {
+      for (Op& op : ops_) {
+        try {
+          op.request.wait(0.0);
+        } catch (const Error&) {
+        }
       }
       fail("MPI ", what, " did not complete within ", timeout, " s (waited ", waited,
            " s, ", ops_.size(), " collective(s) pending): a peer rank may have died or stalled, "

@@ -280,7 +280,6 @@ class ParallelTransformer {
   int64_t Cx_, Ay_, QKVy_, Fy_, FWy_, Vy_, nhy_, nkvy_, hd_;
   Buffer<float> params_, grads_;
   OverlapOptions ov_;
-  CommQueue q_;
   // Gathered weights: slots of layer blocks (prefetch_depth + 1 of them, or one per layer with the
   // cache), which layer each holds (-2: none) and its pending all-gathers.
   std::vector<Buffer<float>> gathered_;
@@ -301,6 +300,9 @@ class ParallelTransformer {
   int expected_micro_ = 0, micro_done_ = 0;
   Buffer<float> acts_, rope_cos_, rope_sin_;
   Buffer<double> stats_;  // [N, 2] row statistics for the all-reduces
+  // Declared after every buffer a collective reads or writes, so it is destroyed first: requests
+  // still pending when an error unwinds are finished (or abandoned) while their buffers exist.
+  CommQueue q_;
   std::vector<Layer> layers_;
   int wte_ = -1, wpe_ = -1, lnf_w_ = -1, lnf_b_ = -1, head_ = -1;
   std::unique_ptr<Acts> a_;

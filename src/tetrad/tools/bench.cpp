@@ -291,10 +291,15 @@ void run_bench_grids(const BenchOptions& opt, std::ostream& log) {
       const int Bl = Bg / (shape.z * shape.d);
       for (const std::string& mode : modes) {
       // "on": the parallel.* defaults of the run configuration (what training uses).
-      // poll / thread: the defaults with progress by polling between kernels / by the thread.
+      // poll / thread: every bit-identical overlap on (backward all-reduce, reduce-scatter,
+      // prefetch depth 1, data-parallel buckets), whatever the defaults are, with progress by
+      // polling between kernels / by the helper thread.
       OverlapOptions ov = mode == "off" ? OverlapOptions::all_off() : overlap_options(OverlapConfig{});
-      if (mode == "poll") ov.progress_thread = false;
-      if (mode == "thread") ov.progress_thread = true;
+      if (mode == "poll" || mode == "thread") {
+        ov.backward_allreduce = ov.reduce_scatter = ov.dp_overlap = true;
+        ov.prefetch_depth = std::max(ov.prefetch_depth, 1);
+        ov.progress_thread = mode == "thread";
+      }
       if (mode == "chunked") ov.forward_chunks = 2;  // the defaults + forward all-reduce in 2 chunks
       // Memory of this grid alone, from here: the previous grid's buffers are freed (returned to
       // Linux: they are large, so malloc maps them).

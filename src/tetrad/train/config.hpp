@@ -30,7 +30,9 @@ struct TrainConfig {
   int eval_batches = 8;
   int64_t checkpoint_interval = 0;  // 0: only at the end
   int keep_checkpoints = 3;
-  bool async_checkpoint = false;  // write checkpoints on a background thread while training goes on
+  // Write checkpoints on a background thread while training goes on. Briefly off while a heap
+  // corruption in SIGTERM'd runs was suspected of it; the cause was elsewhere (core/signals.hpp).
+  bool async_checkpoint = true;
   double step_timeout = 0;       // seconds a step (or a validation / checkpoint phase) may take; 0: off
   double comm_timeout = 0;       // seconds a collective may wait (0: TETRAD_COMM_TIMEOUT, else 300)
   int max_bad_steps = 5;      // consecutive non-finite steps before stopping
@@ -45,19 +47,23 @@ struct TrainConfig {
 };
 
 // parallel.* overlap switches (parallel/comm_schedule.hpp OverlapOptions; docs/parallel.md).
-// Defaults: off. Overlap hid 86-92% of the Z communication on the benchmark (docs/benchmarks.md,
-// "Overlap"), but with it on, a collective timeout unwinds through many pending requests (the job
-// ended too slowly in the Watchdog test) and a SIGTERM run on 2 ranks once aborted with heap
-// corruption (CkptCli); until those are understood the blocking schedule is the default.
+// Defaults: every switch that keeps results bit-identical and measured faster, with the progress
+// thread (2 ranks x 1 thread, small model, tetrad train, modes alternating, docs/benchmarks.md
+// "Overlap"): on the Z grid the step took 7.1-7.5 s against 9.4-10.5 s off, on the D grid the
+// exposed data-parallel all-reduce fell ~90%; losses bit-identical. They were off for a while
+// because of a heap corruption in SIGTERM'd runs, which was oneDNN's GEMM taking the signal
+// (core/signals.hpp), not the overlap; a collective timeout now abandons every pending request
+// instead of waiting for each again. Off: the weight cache (memory), forward chunks (changes
+// rounding), buckets (per-tensor all-reduces measured; no bucket size chosen yet).
 struct OverlapConfig {
-  bool backward_allreduce = false;
-  bool reduce_scatter = false;
-  int prefetch_depth = 0;
+  bool backward_allreduce = true;
+  bool reduce_scatter = true;
+  int prefetch_depth = 1;
   bool cache_gathered_weights = false;
-  bool dp_overlap = false;
+  bool dp_overlap = true;
   double dp_bucket_mb = 0;
   int forward_chunks = 1;
-  bool progress_thread = false;
+  bool progress_thread = true;
 };
 
 struct RunConfig {

@@ -26,6 +26,7 @@
 #include "tetrad/core/error.hpp"
 #include "tetrad/core/hash.hpp"
 #include "tetrad/core/profile.hpp"
+#include "tetrad/core/signals.hpp"
 #include "tetrad/data/loader.hpp"
 #include "tetrad/kernels/ops.hpp"
 #include "tetrad/kernels/precision.hpp"
@@ -45,28 +46,6 @@ namespace fs = std::filesystem;
 namespace tetrad {
 
 namespace {
-
-std::atomic<int> g_stop_signal{0};
-extern "C" void on_stop_signal(int sig) { g_stop_signal.store(sig); }
-
-// Installs SIGINT/SIGTERM handlers for the lifetime of a training call: a scheduler's SIGTERM
-// before the wall-clock limit ends the run with a final checkpoint instead of losing work.
-class StopSignals {
- public:
-  StopSignals() {
-    g_stop_signal.store(0);
-    prev_int_ = std::signal(SIGINT, on_stop_signal);
-    prev_term_ = std::signal(SIGTERM, on_stop_signal);
-  }
-  ~StopSignals() {
-    std::signal(SIGINT, prev_int_);
-    std::signal(SIGTERM, prev_term_);
-  }
-
- private:
-  void (*prev_int_)(int);
-  void (*prev_term_)(int);
-};
 
 std::string format_duration(double s) {
   if (!std::isfinite(s) || s < 0) return "?";
@@ -521,6 +500,9 @@ TrainResult train(const RunConfig& cfg, const TrainOptions& opt, std::ostream& l
     else if (t.precision == "auto")
       out << "precision: fp32 (auto: bf16 would be " << kernels::bf16_matmul_path() << ")\n";
   }
+  // SIGINT/SIGTERM end the run with a final checkpoint (a scheduler's SIGTERM before the
+  // wall-clock limit loses no work). The handler never runs on this thread or its OpenMP team:
+  // a signal taken inside oneDNN's GEMM corrupts the heap (core/signals.hpp).
   StopSignals signals;
   const auto run_start = std::chrono::steady_clock::now();
   int bad_steps = 0;
@@ -675,7 +657,7 @@ TrainResult train(const RunConfig& cfg, const TrainOptions& opt, std::ostream& l
     if (t.checkpoint_interval > 0 && done % t.checkpoint_interval == 0 && done < t.max_steps)
       save(done, /*wait=*/false);
     // Every rank stops at the same step: the signal may reach ranks at different times.
-    int sig = g_stop_signal.load();
+    int sig = StopSignals::received();
     if (world > 1) groups.world.allreduce_max(&sig, 1);
     if (sig) {
       out << "received " << (sig == SIGTERM ? "SIGTERM" : "SIGINT")
