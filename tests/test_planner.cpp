@@ -312,6 +312,73 @@ TEST(PlannerMachine, FileRoundTripAndShippedFiles) {
   std::filesystem::remove(path);
 }
 
+TEST(PlannerMachine, WaveQuantizationAndRoofline) {
+  // 108 units, 256x128 tiles (the A100 files): a GEMM whose tiles fill whole waves runs at the
+  // file's gemm_efficiency; one tile more costs a whole extra wave.
+  Machine m = test_machine();
+  m.compute_units = 108;
+  m.gemm_tile_m = 256;
+  m.gemm_tile_n = 128;
+  // 27 x 4 = 108 tiles: exactly one wave, and far above the roofline's ridge.
+  EXPECT_DOUBLE_EQ(m.gemm_eff(27 * 256, 4 * 128, 8192, true), 0.7);
+  // 109 tiles (whichever way round the tile lies): two waves, 109 / 216 of the units busy.
+  EXPECT_NEAR(m.gemm_eff(109 * 256, 128, 8192, true), 0.7 * 109.0 / 216.0, 1e-12);
+  // Thin in k: C[4096, 4096] from k = 16 is memory bound. Intensity = 2mnk / (b (mk + kn + mn)).
+  const double ai = 2.0 * 4096 * 4096 * 16 / (2.0 * (4096 * 16 + 16 * 4096 + 4096.0 * 4096));
+  EXPECT_NEAR(m.gemm_eff(4096, 4096, 16, true), ai * m.memory_bandwidth / m.peak_bf16, 1e-12);
+  EXPECT_LT(m.gemm_eff(4096, 4096, 16, true), 0.7);
+  // Without units the wave model is off: only the roofline remains.
+  EXPECT_DOUBLE_EQ(test_machine().gemm_eff(109 * 256, 128, 8192, true), 0.7);
+}
+
+TEST(PlannerMachine, MeasuredGemmLatticeInterpolatesAndRoundTrips) {
+  Machine m = test_machine();
+  // A lattice m, n, k in {128, 1024}: efficiency 0.2 when k = 128, 0.8 otherwise.
+  for (int a : {128, 1024})
+    for (int b : {128, 1024})
+      for (int c : {128, 1024}) m.gemm_shapes.push_back({a, b, c, c == 128 ? 0.2 : 0.8});
+  EXPECT_DOUBLE_EQ(m.gemm_eff(1024, 1024, 1024, false), 0.8);
+  EXPECT_DOUBLE_EQ(m.gemm_eff(512, 300, 128, false), 0.2);
+  // k = sqrt(128 * 1024) is halfway in log(k).
+  EXPECT_NEAR(m.gemm_eff(1024, 1024, std::sqrt(128.0 * 1024), false), 0.5, 1e-12);
+  // Outside the lattice: clamped to its edge.
+  EXPECT_DOUBLE_EQ(m.gemm_eff(8192, 8192, 8192, false), 0.8);
+  EXPECT_DOUBLE_EQ(m.gemm_eff(16, 16, 16, false), 0.2);
+  const std::string path = std::string(TETRAD_BINARY_DIR) + "/planner_machine_lattice.toml";
+  std::ofstream(path) << machine_to_toml(m);
+  const Machine r = load_machine_file(path);
+  ASSERT_EQ(r.gemm_shapes.size(), 8u);
+  EXPECT_NEAR(r.gemm_eff(1024, 1024, std::sqrt(128.0 * 1024), false), 0.5, 1e-6);
+  // An incomplete lattice is refused, naming what is missing.
+  m.gemm_shapes.pop_back();
+  std::ofstream(path) << machine_to_toml(m);
+  try {
+    load_machine_file(path);
+    ADD_FAILURE() << "expected an error";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("every combination"), std::string::npos) << e.what();
+  }
+  std::filesystem::remove(path);
+}
+
+TEST(PlannerModel, ThinGemmsMakeTheXSplitSlower) {
+  // With a measured lattice where a GEMM with k = 256 runs at half the rate of k = 512, the
+  // X-split grid (whose normal layers see k = H / 2 = 256) slows down and data parallelism does
+  // not (the small model: H = 512, T = 1024..2048 tokens per rank).
+  PlanInput in = input("small", 2, 4, 4);
+  Machine flat = test_machine(2);
+  Machine thin = flat;
+  for (int a : {256, 512, 2048})
+    for (int b : {256, 512, 2048})
+      for (int c : {256, 512, 2048}) thin.gemm_shapes.push_back({a, b, c, c == 256 ? 0.35 : 0.7});
+  const Grid5 xs{2, 1, 1, 1, 1}, dp{1, 1, 1, 1, 2};
+  const double x_flat = estimate(in, xs, flat).compute, x_thin = estimate(in, xs, thin).compute;
+  const double d_flat = estimate(in, dp, flat).compute, d_thin = estimate(in, dp, thin).compute;
+  EXPECT_GT(x_thin, 1.2 * x_flat);
+  // Every data-parallel GEMM has k >= 512 (H, F, V, or T = 1024 tokens for the weight gradients).
+  EXPECT_NEAR(d_thin, d_flat, 1e-9 * d_flat);
+}
+
 TEST(PlannerStats, Spearman) {
   EXPECT_DOUBLE_EQ(spearman({1, 2, 3, 4}, {10, 20, 30, 40}), 1.0);
   EXPECT_DOUBLE_EQ(spearman({1, 2, 3, 4}, {4, 3, 2, 1}), -1.0);

@@ -65,10 +65,85 @@ void Machine::validate() const {
   positive("network.inter_bandwidth_gb_per_s", inter_bandwidth);
   if (intra_latency < 0 || inter_latency < 0)
     fail("machine '", name, "': network latencies must be >= 0");
+  if (compute_units < 0) fail("machine '", name, "': compute.units must be >= 0 (0: not modelled)");
+  if (gemm_tile_m < 1 || gemm_tile_n < 1)
+    fail("machine '", name, "': compute.gemm_tile must be two positive numbers [m, n]");
+  for (const auto& gs : gemm_shapes)
+    if (gs.m < 1 || gs.n < 1 || gs.k < 1 || !(gs.efficiency > 0 && gs.efficiency <= 1))
+      fail("machine '", name, "': [[compute.gemm]] needs m, n, k >= 1 and efficiency in (0, 1] (got ",
+           gs.m, "x", gs.n, "x", gs.k, " at ", gs.efficiency, ")");
+  if (!gemm_shapes.empty()) {
+    // Interpolation needs every combination of the m, n and k values that occur.
+    std::vector<int> ms, ns, ks;
+    for (const auto& gs : gemm_shapes) ms.push_back(gs.m), ns.push_back(gs.n), ks.push_back(gs.k);
+    for (auto* v : {&ms, &ns, &ks}) {
+      std::sort(v->begin(), v->end());
+      v->erase(std::unique(v->begin(), v->end()), v->end());
+    }
+    if (gemm_shapes.size() != ms.size() * ns.size() * ks.size())
+      fail("machine '", name, "': [[compute.gemm]] rows must cover every combination of their m, n "
+           "and k values once (", ms.size(), " x ", ns.size(), " x ", ks.size(), " = ",
+           ms.size() * ns.size() * ks.size(), " rows expected, got ", gemm_shapes.size(), ")");
+  }
   for (const auto& m : measured)
     if (m.group_size < 2 || !(m.bandwidth > 0) || m.latency < 0)
       fail("machine '", name, "': [[network.measured]] needs group_size >= 2, bandwidth > 0, "
            "latency >= 0");
+}
+
+double Machine::gemm_eff(double m, double n, double k, bool bf16) const {
+  if (m < 1 || n < 1 || k < 1) return gemm_efficiency;
+  if (!gemm_shapes.empty()) {
+    // Trilinear interpolation in log(m), log(n), log(k) on the measured lattice, clamped at its
+    // edges (a shape beyond the largest measured one gets the edge's efficiency).
+    std::vector<double> axis[3];
+    for (const auto& gs : gemm_shapes) axis[0].push_back(gs.m), axis[1].push_back(gs.n), axis[2].push_back(gs.k);
+    for (auto& v : axis) {
+      std::sort(v.begin(), v.end());
+      v.erase(std::unique(v.begin(), v.end()), v.end());
+    }
+    const double q[3] = {m, n, k};
+    size_t lo[3], hi[3];
+    double w[3];
+    for (int d = 0; d < 3; ++d) {
+      const auto& v = axis[d];
+      const double x = std::clamp(q[d], v.front(), v.back());
+      size_t i = 0;
+      while (i + 1 < v.size() && v[i + 1] < x) ++i;
+      lo[d] = i;
+      hi[d] = std::min(i + 1, v.size() - 1);
+      w[d] = hi[d] == lo[d] ? 0.0 : std::log(x / v[lo[d]]) / std::log(v[hi[d]] / v[lo[d]]);
+    }
+    auto at = [&](size_t a, size_t b, size_t c) {
+      for (const auto& gs : gemm_shapes)
+        if (gs.m == axis[0][a] && gs.n == axis[1][b] && gs.k == axis[2][c]) return gs.efficiency;
+      return gemm_efficiency;  // unreachable: validate() checks the lattice is complete
+    };
+    double e = 0;
+    for (int corner = 0; corner < 8; ++corner) {
+      const bool bm = corner & 1, bn = corner & 2, bk = corner & 4;
+      const double wt = (bm ? w[0] : 1 - w[0]) * (bn ? w[1] : 1 - w[1]) * (bk ? w[2] : 1 - w[2]);
+      if (wt > 0) e += wt * at(bm ? hi[0] : lo[0], bn ? hi[1] : lo[1], bk ? hi[2] : lo[2]);
+    }
+    return std::clamp(e, 1e-3, 1.0);
+  }
+  double e = gemm_efficiency;
+  if (compute_units > 0) {
+    // Wave quantization: every unit computes one output tile at a time, so a GEMM takes
+    // ceil(tiles / units) waves and the last one may leave units idle.
+    // The library may lay the tile either way round; take the better.
+    auto wave = [&](double tm, double tn) {
+      const double tiles = std::ceil(m / tm) * std::ceil(n / tn);
+      return tiles / (std::ceil(tiles / compute_units) * compute_units);
+    };
+    e *= std::max(wave(gemm_tile_m, gemm_tile_n), wave(gemm_tile_n, gemm_tile_m));
+  }
+  // Roofline: the operands read once and the output written once, at the memory's bandwidth.
+  const double b = bf16 ? 2.0 : 4.0;
+  const double intensity = 2 * m * n * k / (b * (m * k + k * n + m * n));
+  const double pk = peak(bf16);
+  if (pk > 0 && memory_bandwidth > 0) e = std::min(e, intensity * memory_bandwidth / pk);
+  return e;
 }
 
 Machine load_machine_file(const std::string& path) {
@@ -89,6 +164,26 @@ Machine load_machine_file(const std::string& path) {
   m.peak_bf16 = get_number(t, "compute.peak_bf16_tflops", path, false) * kT;
   m.gemm_efficiency = get_number(t, "compute.gemm_efficiency", path, true);
   m.attention_efficiency = get_number(t, "compute.attention_efficiency", path, false, 0);
+  m.compute_units = int(get_number(t, "compute.units", path, false, 0));
+  if (auto tile = t.at_path("compute.gemm_tile")) {
+    const toml::array* a = tile.as_array();
+    if (!a || a->size() != 2 || !(*a)[0].value<double>() || !(*a)[1].value<double>())
+      fail("machine file '", path, "': compute.gemm_tile must be [m, n] (two numbers)");
+    m.gemm_tile_m = int(*(*a)[0].value<double>());
+    m.gemm_tile_n = int(*(*a)[1].value<double>());
+  }
+  if (const toml::array* arr = t.at_path("compute.gemm").as_array()) {
+    for (const auto& e : *arr) {
+      const toml::table* row = e.as_table();
+      if (!row) fail("machine file '", path, "': compute.gemm must be an array of tables");
+      MeasuredGemm gs;
+      gs.m = int(get_number(*row, "m", path, true));
+      gs.n = int(get_number(*row, "n", path, true));
+      gs.k = int(get_number(*row, "k", path, true));
+      gs.efficiency = get_number(*row, "efficiency", path, true);
+      m.gemm_shapes.push_back(gs);
+    }
+  }
   m.memory_bytes = get_number(t, "memory.per_rank_gb", path, true) * kG;
   m.memory_bandwidth = get_number(t, "memory.bandwidth_gb_per_s", path, true) * kG;
   m.intra_bandwidth = get_number(t, "network.intra_bandwidth_gb_per_s", path, true) * kG;
@@ -159,6 +254,13 @@ std::string machine_to_toml(const Machine& m) {
   if (m.attention_efficiency > 0)
     o << "attention_efficiency = " << fmt(m.attention_efficiency)
       << "   # the same for the attention kernel (causal FLOPs executed)\n";
+  if (m.compute_units > 0)
+    o << "units = " << m.compute_units << "   # SMs a GEMM's tiles are spread over\n"
+      << "gemm_tile = [" << m.gemm_tile_m << ", " << m.gemm_tile_n << "]   # output tile per unit\n";
+  for (const auto& gs : m.gemm_shapes)
+    o << "[[compute.gemm]]   # measured: C[m,n] += A[m,k] B[k,n], efficiency = sgemm / FMA peak\n"
+      << "m = " << gs.m << "\nn = " << gs.n << "\nk = " << gs.k << "\nefficiency = "
+      << fmt(gs.efficiency) << "\n";
   o << "\n"
     << "[memory]\n"
     << "per_rank_gb = " << fmt(m.memory_bytes / kG) << "\n"
@@ -258,6 +360,18 @@ Machine measure_machine(const std::string& name, int threads, bool quick) {
   world.barrier();
   const int sq = quick ? 768 : 1536;
   Measurement gemm = measure_sgemm(GemmShape{"square", sq, sq, sq}, threads, quick ? 3 : 5);
+  // sgemm on a lattice of shapes (every rank at once): how the efficiency falls for the thin
+  // GEMMs that splitting a layer over X or Y leaves a rank (docs/planner.md, "GEMM efficiency by
+  // shape"); the planner interpolates it in log(m), log(n), log(k).
+  const std::vector<int> dims = quick ? std::vector<int>{128, 1024} : std::vector<int>{128, 512, 1536};
+  std::vector<MeasuredGemm> lattice;
+  for (int gm : dims)
+    for (int gn : dims)
+      for (int gk : dims) {
+        world.barrier();
+        const Measurement r = measure_sgemm(GemmShape{"lattice", gm, gn, gk}, threads, quick ? 2 : 3);
+        lattice.push_back(MeasuredGemm{gm, gn, gk, r.median});
+      }
   world.barrier();
   Measurement bf16 = measure_bf16_matmul(GemmShape{"square", sq, sq, sq}, threads, quick ? 2 : 3);
   world.barrier();
@@ -283,6 +397,12 @@ Machine measure_machine(const std::string& name, int threads, bool quick) {
   m.peak_bf16 = v[2] > 0 ? v[2] * 1e9 / m.gemm_efficiency : 0;
   m.memory_bandwidth = v[3] * 1e9;
   m.attention_efficiency = std::min(1.0, v[4] / v[0]);
+  for (MeasuredGemm& gs : lattice) {
+    double r = -gs.efficiency;  // the slowest rank's rate
+    world.allreduce_max(&r, 1);
+    gs.efficiency = std::clamp(-r / v[0], 1e-3, 1.0);
+    m.gemm_shapes.push_back(gs);
+  }
   const long pages = sysconf(_SC_PHYS_PAGES), page = sysconf(_SC_PAGE_SIZE);
   m.memory_bytes = double(pages) * double(page) / N;
 

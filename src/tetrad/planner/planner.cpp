@@ -119,6 +119,30 @@ Sizes sizes(const ModelConfig& m) {
   return s;
 }
 
+// Seconds of one layer's GEMMs on one rank, by pass, and of the head's three GEMMs. The local
+// weight shapes follow the trainer's layout: normal layers (q|k|v, MLP up with its gate) hold
+// [H/Gx, N/Gy], transposed ones (attention output, MLP down) [N/Gy, H/Gx]; the head [H/Gx, V/Gy].
+struct GemmTimes {
+  double fwd = 0, din = 0, dw = 0, head = 0;
+};
+GemmTimes block_gemm_times(const Sizes& s, const Grid5& g, double T, const Machine& mach, bool bf16) {
+  const double pk = mach.peak(bf16);
+  auto t = [&](double m, double n, double k) { return 2 * m * n * k / (pk * mach.gemm_eff(m, n, k, bf16)); };
+  GemmTimes r;
+  auto weight = [&](double k, double n) {
+    r.fwd += t(T, n, k);
+    r.din += t(T, k, n);
+    r.dw += t(k, n, T);
+  };
+  weight(s.H / g.x, s.QKV / g.y);  // q|k|v
+  weight(s.H / g.y, s.H / g.x);    // attention output (transposed)
+  weight(s.H / g.x, s.FW / g.y);   // MLP up (+ gate)
+  weight(s.F / g.y, s.H / g.x);    // MLP down (transposed)
+  const double hk = s.H / g.x, hn = s.V / g.y;
+  r.head = t(T, hn, hk) + t(T, hk, hn) + t(hk, hn, T);
+  return r;
+}
+
 }  // namespace
 
 double model_flops_per_step(const ModelConfig& m, int64_t sequences, int seq) {
@@ -417,11 +441,9 @@ Estimate estimate(const PlanInput& in, const Grid5& g, const Machine& mach) {
   }
 
   // ---- compute of one micro-batch on one rank, per layer and for the top (embedding + head)
-  const double rate = mach.peak(bf16) * mach.gemm_efficiency;
   const double xy = double(g.x) * g.y;
   const double act_b = bf16 ? 2 : 4, w_b = bf16 ? 2 : 4;
   const bool full = in.recompute == Recompute::Full, any_rc = in.recompute != Recompute::None;
-  const double gemm_fwd = 2 * T * s.block_matmul() / xy;                 // per layer
   // Attention: heads split over Y, replicated over X; causal kernels execute half the scores.
   const double attn_fwd = 0.5 * 4 * T * in.seq * s.H / g.y;
   ModelConfig m1 = m;
@@ -436,14 +458,17 @@ Estimate estimate(const PlanInput& in, const Grid5& g, const Machine& mach) {
   // backward, and its gradient written and read (4 passes); recomputation adds a forward (2).
   const double elem_passes = 4 + (any_rc ? 2 : 0);
   const double rate_attn = mach.peak(bf16) * mach.attention_eff();
-  const double t_layer_fwd = gemm_fwd / rate + attn_fwd / rate_attn + 2 * layer_elems * act_b / mach.memory_bandwidth;
-  const double t_layer_dw = gemm_fwd / rate;                                       // dW GEMMs
-  const double t_layer_bwd = (2 * gemm_fwd + (full ? gemm_fwd : 0)) / rate +
+  // Each GEMM at the efficiency of its own per-rank shape (Machine::gemm_eff): forward
+  // C[T, n] = A[T, k] W[k, n], input gradient [T, k] = [T, n] W^T, weight gradient
+  // [k, n] = A^T [T, n] (a GEMM with k = T).
+  const GemmTimes gt = block_gemm_times(s, g, T, mach, bf16);
+  const double t_gemm_fwd = gt.fwd, t_layer_dw = gt.dw;
+  const double t_layer_fwd = t_gemm_fwd + attn_fwd / rate_attn + 2 * layer_elems * act_b / mach.memory_bandwidth;
+  const double t_layer_bwd = gt.din + gt.dw + (full ? t_gemm_fwd : 0) +
                              (2 * attn_fwd + (any_rc ? attn_fwd : 0)) / rate_attn +
                              (elem_passes - 2) * layer_elems * act_b / mach.memory_bandwidth;
-  const double head_flops = 2 * T * s.head() / xy;
   const double logits_b = T * s.V / g.y * act_b;
-  const double t_head = 3 * head_flops / rate + 4 * logits_b / mach.memory_bandwidth;
+  const double t_head = gt.head + 4 * logits_b / mach.memory_bandwidth;
   const double Ls = s.L / g.p;
 
   // ---- collectives: per layer per micro-batch (fwd / bwd), per micro-batch, per step

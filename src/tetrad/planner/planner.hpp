@@ -10,8 +10,10 @@
 // x fastest, then y, z, p, d; ranks_per_node consecutive ranks per node). The pipeline axis P
 // (between Z and D) is modelled as 1F1B with point-to-point transfers between stages.
 //
-// What it does not model: kernel-level effects (a GEMM's efficiency does not depend on its
-// shape), contention between different axes' collectives running at the same time, interleaved
+// Each GEMM runs at the efficiency of its own per-rank shape (Machine::gemm_eff: wave
+// quantization over the GPU's SMs and a memory roofline, or a measured lattice on a CPU).
+// What it does not model: other kernel-level effects (a collective's kernels sharing SMs and
+// memory bandwidth with the GEMMs they overlap, clock throttling), contention between different axes' collectives running at the same time, interleaved
 // pipeline schedules, hierarchical (two-level) collective algorithms, stragglers.
 #pragma once
 #include <cstdint>
