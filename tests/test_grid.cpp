@@ -155,7 +155,7 @@ TEST(Grid, ParseAcceptsFourPositiveIntegers) {
 }
 
 TEST(Grid, ParseErrorsSayWhatWasExpected) {
-  for (const char* bad : {"", "2,2", "2,2,2", "2,2,2,2,2", "2x2x1x1", "a,1,1,1", "1,0,1,1",
+  for (const char* bad : {"", "2,2", "2,2,2", "2,2,2,2,2,2", "2x2x1x1", "a,1,1,1", "1,0,1,1",
                           "1,1,-2,1", "1,1,1,2.5", "1,,1,1", "99999999999,1,1,1",
                           "65536,65536,1,1"}) {
     const std::string msg = parse_error(bad);
@@ -228,4 +228,26 @@ TEST(Grid, SerialProcessGroupsNeedNoMpi) {
   EXPECT_EQ(g.zd.name(), "zd");
   EXPECT_EQ(&g.group(Axis::Z), &g.z);
   EXPECT_EQ(g.summary(), "rank 0 = (x0,y0,z0,d0) of 1x1x1x1: x [0] y [0] z [0] d [0] zd [0]");
+}
+
+// The pipeline axis sits between Z and D in rank order; the four-number forms mean p = 1.
+TEST(Grid, PipelineAxisBetweenZAndD) {
+  const GridShape s = parse_grid("2,1,1,3,2");
+  EXPECT_EQ(s.x, 2);
+  EXPECT_EQ(s.p, 3);
+  EXPECT_EQ(s.d, 2);
+  EXPECT_EQ(s.size(), 12);
+  EXPECT_EQ(s.to_string(), "2x1x1x3x2");
+  EXPECT_EQ(parse_grid("2,1,1,2").p, 1);
+  EXPECT_EQ((GridShape{2, 1, 1, 2}).to_string(), "2x1x1x2");
+  // x fastest, then y, z, p, d.
+  EXPECT_EQ(coord_of(2, s), (GridCoord{0, 0, 0, 0, 1}));
+  EXPECT_EQ(coord_of(6, s), (GridCoord{0, 0, 0, 1, 0}));
+  EXPECT_EQ(coord_of(11, s), (GridCoord{1, 0, 0, 1, 2}));
+  EXPECT_EQ(to_string(coord_of(11, s)), "(x1,y0,z0,p2,d1)");
+  EXPECT_EQ(group_ranks(3, s, Axis::P), (std::vector<int>{1, 3, 5}));
+  const Axis zd[] = {Axis::Z, Axis::D};
+  EXPECT_EQ(group_ranks(3, s, zd), (std::vector<int>{3, 9}));  // same stage only
+  EXPECT_TRUE(contains(parse_error("1,2,3,4,5,6"), "or five \"x,y,z,p,d\""));
+  for (const GridShape& f : factorizations(8)) EXPECT_EQ(f.p, 1);
 }

@@ -193,8 +193,8 @@ int main(int argc, char** argv) {
   train_cmd->add_flag("--resume", topt.resume, "continue from the latest good checkpoint");
   std::string grid_arg;
   train_cmd->add_option("--grid", grid_arg,
-                        "process grid x,y,z,d (same as --set parallel.grid=...); run under "
-                        "mpirun -n x*y*z*d");
+                        "process grid x,y,z,d or x,y,z,p,d (same as --set parallel.grid=...); "
+                        "run under mpirun -n with their product");
   train_cmd->add_option("--trace", topt.trace_path,
                         "write a Chrome trace-event JSON timeline (every rank's compute and "
                         "communication; open in https://ui.perfetto.dev)");
@@ -241,6 +241,22 @@ int main(int argc, char** argv) {
   bool bench_grids = false;
   bench->add_flag("--grids", bench_grids,
                   "parallel mode, under mpirun: every grid of the ranks on the same global batch");
+  bench->add_option("--grid", bopt.grid, "with --grids: only this grid \"x,y,z,d\" or \"x,y,z,p,d\"");
+  bench->add_option("--zero", bopt.zero, "with --grids: ZeRO stage over D (0, 1, 2)")
+      ->capture_default_str();
+  bench->add_option("--recompute", bopt.recompute,
+                    "with --grids: activation recomputation (none, selective, full)")
+      ->capture_default_str();
+  bench->add_option("--micro-batches", bopt.micro_batches,
+                    "with --grids and a pipeline grid: micro-batches per step")
+      ->capture_default_str();
+  bench->add_option("--schedule", bopt.schedule, "with --grids: pipeline schedule (1f1b, interleaved)")
+      ->capture_default_str();
+  bench->add_option("--virtual-stages", bopt.virtual_stages,
+                    "with --grids: pipeline chunks per stage (interleaved)")
+      ->capture_default_str();
+  bench->add_option("--layers", bopt.layers, "replace the configuration's layer count (0: keep)")
+      ->capture_default_str();
   bench->add_option("--anchor", bopt.anchor_cmd,
                     "command running the PyTorch anchor (default: bench/pytorch_gpt2.py if "
                     "torch is importable; 'none' to skip)");
@@ -251,7 +267,6 @@ int main(int argc, char** argv) {
                     "defaults with either progress mode), chunked (the defaults with 2 forward "
                     "chunks); both = off,on")
       ->capture_default_str();
-  bench->add_option("--grid", bopt.grid, "with --grids: only this grid x,y,z,d");
 
   // report
   std::string report_dir, report_out;

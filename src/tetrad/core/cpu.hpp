@@ -58,5 +58,10 @@ int num_cores();
 int64_t peak_rss_bytes();
 // Resident set now (/proc/self/statm), in bytes; 0 where /proc is not available.
 int64_t current_rss_bytes();
+// The resident high-water mark (VmHWM of /proc/self/status), in bytes; 0 where unavailable.
+// reset_peak_rss() sets it back to the current resident set (writes 5 to /proc/self/clear_refs),
+// so one process can measure the peak of several phases in turn; false where Linux refuses.
+int64_t hwm_rss_bytes();
+bool reset_peak_rss();
 
 }  // namespace tetrad

@@ -13,16 +13,18 @@ const char* axis_name(Axis axis) {
     case Axis::X: return "x";
     case Axis::Y: return "y";
     case Axis::Z: return "z";
+    case Axis::P: return "p";
     case Axis::D: return "d";
   }
   TETRAD_CHECK(false, "unknown axis ", static_cast<int>(axis));
   return "";
 }
 
-int GridShape::size() const { return x * y * z * d; }
+int GridShape::size() const { return x * y * z * p * d; }
 
 std::string GridShape::to_string() const {
-  return detail::concat(x, "x", y, "x", z, "x", d);
+  if (p == 1) return detail::concat(x, "x", y, "x", z, "x", d);
+  return detail::concat(x, "x", y, "x", z, "x", p, "x", d);
 }
 
 int& extent(GridShape& shape, Axis axis) {
@@ -30,6 +32,7 @@ int& extent(GridShape& shape, Axis axis) {
     case Axis::X: return shape.x;
     case Axis::Y: return shape.y;
     case Axis::Z: return shape.z;
+    case Axis::P: return shape.p;
     case Axis::D: return shape.d;
   }
   TETRAD_CHECK(false, "unknown axis ", static_cast<int>(axis));
@@ -43,6 +46,7 @@ int& coordinate(GridCoord& coord, Axis axis) {
     case Axis::X: return coord.x;
     case Axis::Y: return coord.y;
     case Axis::Z: return coord.z;
+    case Axis::P: return coord.p;
     case Axis::D: return coord.d;
   }
   TETRAD_CHECK(false, "unknown axis ", static_cast<int>(axis));
@@ -56,6 +60,7 @@ int coordinate(const GridCoord& coord, Axis axis) {
 std::string to_string(const GridCoord& coord) {
   std::string s = "(";
   for (Axis a : kAxesInRankOrder) {
+    if (a == Axis::P && coord.p == 0) continue;  // grids without a pipeline read as before
     if (a != kAxesInRankOrder.front()) s += ",";
     s += axis_name(a);
     s += std::to_string(coordinate(coord, a));
@@ -125,7 +130,8 @@ std::vector<int> group_ranks(int rank, const GridShape& shape, std::span<const A
 }
 
 GridShape parse_grid(const std::string& text) {
-  const char* expected = "expected four positive integers \"x,y,z,d\" (e.g. \"2,1,2,1\")";
+  const char* expected =
+      "expected four positive integers \"x,y,z,d\" (e.g. \"2,1,2,1\") or five \"x,y,z,p,d\"";
   std::vector<std::string> parts;
   size_t start = 0;
   while (true) {
@@ -135,12 +141,13 @@ GridShape parse_grid(const std::string& text) {
     if (comma == std::string::npos) break;
     start = comma + 1;
   }
-  if (parts.size() != kAxesInRankOrder.size())
+  if (parts.size() != 4 && parts.size() != 5)
     fail("grid \"", text, "\": ", expected, ", got ", parts.size(),
          parts.size() == 1 ? " number" : " numbers");
+  const Axis four[] = {Axis::X, Axis::Y, Axis::Z, Axis::D};
   GridShape shape;
   for (size_t i = 0; i < parts.size(); ++i) {
-    const Axis a = kAxesInRankOrder[i];
+    const Axis a = parts.size() == 5 ? kAxesInRankOrder[i] : four[i];
     std::string p = parts[i];
     while (!p.empty() && p.front() == ' ') p.erase(p.begin());
     while (!p.empty() && p.back() == ' ') p.pop_back();
@@ -174,6 +181,11 @@ namespace {
 // axis takes what is left.
 void factor_axes(size_t i, int rest, GridShape& shape, std::vector<GridShape>& out) {
   const Axis a = kAxesInRankOrder[i];
+  if (a == Axis::P) {  // pipeline grids are not enumerated: p = 1
+    extent(shape, a) = 1;
+    factor_axes(i + 1, rest, shape, out);
+    return;
+  }
   if (i + 1 == kAxesInRankOrder.size()) {
     extent(shape, a) = rest;
     out.push_back(shape);

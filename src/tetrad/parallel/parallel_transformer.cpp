@@ -27,14 +27,45 @@ struct ParallelTransformer::Acts {
   float *dresid, *dln, *dqkv, *datty, *dfc, *dfc_act;
 };
 
+Recompute parse_recompute(const std::string& text) {
+  if (text == "none") return Recompute::None;
+  if (text == "selective") return Recompute::Selective;
+  if (text == "full") return Recompute::Full;
+  fail("train.recompute: expected \"none\", \"selective\" or \"full\", got \"", text, "\"");
+}
+
+const char* recompute_name(Recompute mode) {
+  switch (mode) {
+    case Recompute::None: return "none";
+    case Recompute::Selective: return "selective";
+    case Recompute::Full: return "full";
+  }
+  return "?";
+}
+
 ParallelTransformer::ParallelTransformer(const ModelConfig& config, ProcessGroups& groups,
-                                         int local_batch, int max_len,
-                                         const OverlapOptions& overlap)
-    : cfg_(config), g_(groups), local_batch_(local_batch), max_len_(max_len), ov_(overlap) {
+                                         int local_batch, int max_len, ParallelOptions options)
+    : cfg_(config), g_(groups), opt_(options), local_batch_(local_batch), max_len_(max_len),
+      ov_(options.overlap) {
+  if (opt_.zero < 0 || opt_.zero > 2)
+    fail("parallel.zero: expected 0, 1 or 2 (ZeRO stage over the data axis), got ", opt_.zero);
+  if (opt_.virtual_stages < 1)
+    fail("parallel.virtual_stages must be at least 1, got ", opt_.virtual_stages);
+  if (cfg_.n_layer < groups.shape.p * opt_.virtual_stages)
+    fail("model.n_layer (", cfg_.n_layer, ") is smaller than the pipeline's virtual stages Gp x "
+         "parallel.virtual_stages = ", groups.shape.p * opt_.virtual_stages,
+         ": every stage needs at least one layer");
   if (ov_.prefetch_depth < 0) fail("parallel.prefetch_depth must be >= 0, got ", ov_.prefetch_depth);
   if (ov_.forward_chunks < 1) fail("parallel.forward_chunks must be >= 1, got ", ov_.forward_chunks);
-  q_.enable_progress_thread(ov_.progress_thread);
   if (!(ov_.dp_bucket_mb >= 0)) fail("parallel.dp_bucket_mb must be >= 0, got ", ov_.dp_bucket_mb);
+  // Data-parallel buckets during the last backward only without ZeRO and without the pipeline:
+  // ZeRO reduce-scatters over D itself (per layer with ZeRO 2, into pieces at the end of the step
+  // with ZeRO 1), which the buckets' all-reduces would duplicate; with Gp > 1 the top-level
+  // gradients are first summed over P in reduce_gradients(), and the pipeline's backward chunks
+  // do not count micro-batches the way forward_backward does. Both reduce in reduce_gradients().
+  if (opt_.zero >= 1 || groups.shape.p > 1) ov_.dp_overlap = false;
+  opt_.overlap = ov_;
+  q_.enable_progress_thread(ov_.progress_thread);
   cfg_.validate();
   if (max_len <= 0 || max_len > cfg_.max_seq)
     fail("sequence length ", max_len, " is outside what the model supports (1..", cfg_.max_seq,
@@ -54,8 +85,33 @@ ParallelTransformer::ParallelTransformer(const ModelConfig& config, ProcessGroup
   FWy_ = gpt2_ ? Fy_ : 2 * Fy_;
   Vy_ = cfg_.vocab_size / G.y;
 
+  // ZeRO pieces: each tensor's local shard cut into Gd pieces of ceil(n / Gd), piece d on rank d.
+  const int Gd = G.d, dc = g_.coord.d;
+  int64_t piece_max = 0;
+  for (const auto& t : plan_.tensors) {
+    const int64_t n = t.shard_numel;
+    if (opt_.zero == 0) {
+      piece_.push_back(n);
+      zl_.param_offsets.push_back(t.offset);
+      zl_.grad_offsets.push_back(t.offset);
+      zl_.state_offsets.push_back(t.offset);
+      zl_.sizes.push_back(n);
+      continue;
+    }
+    const int64_t q = (n + Gd - 1) / Gd, lo = std::min(n, q * dc), hi = std::min(n, lo + q);
+    piece_.push_back(q);
+    piece_max = std::max(piece_max, q);
+    zl_.param_offsets.push_back(t.offset + lo);
+    zl_.grad_offsets.push_back(opt_.zero == 2 ? zl_.state_size : t.offset + lo);
+    zl_.state_offsets.push_back(zl_.state_size);
+    zl_.sizes.push_back(hi - lo);
+    zl_.state_size += q;
+  }
+  if (opt_.zero == 0) zl_.state_size = plan_.local_total;
+  else zero_tmp_ = Buffer<float>(size_t(Gd + 1) * piece_max);
+
   params_ = Buffer<float>(plan_.local_total);
-  grads_ = Buffer<float>(plan_.local_total);
+  grads_ = Buffer<float>(opt_.zero == 2 ? zl_.state_size : plan_.local_total);
 
   auto idx = [&](const std::string& name) -> int {
     for (size_t i = 0; i < table_.specs.size(); ++i)
@@ -92,8 +148,9 @@ ParallelTransformer::ParallelTransformer(const ModelConfig& config, ProcessGroup
   lnf_b_ = gpt2_ ? idx("transformer.ln_f.bias") : -1;
   head_ = cfg_.tie_embeddings ? wte_ : idx("lm_head.weight");
 
-  // Gather and gradient-block buffers: only when Z shards weights (Gz = 1 computes in place).
-  if (G.z > 1) {
+  // Gather and gradient-block buffers: only when Z shards weights (Gz = 1 computes in place),
+  // or, for the gradient blocks, when ZeRO 2 keeps only a piece of each gradient.
+  if (G.z > 1 || opt_.zero == 2) {
     int64_t layer_max = 0, top = 0, shard_max = 0;
     for (const auto& t : plan_.tensors) {
       const int64_t end = t.block_offset + (t.z_sharded ? t.shard_numel * G.z : t.block_numel);
@@ -101,19 +158,21 @@ ParallelTransformer::ParallelTransformer(const ModelConfig& config, ProcessGroup
       else layer_max = std::max(layer_max, end);
       shard_max = std::max(shard_max, t.shard_numel);
     }
+    if (G.z > 1) {
+      // Slots for gathered layers: the one in use plus prefetch_depth ahead, or all of them.
+      const int nslots = std::max(1, ov_.cache_gathered_weights
+                                         ? cfg_.n_layer
+                                         : std::min(ov_.prefetch_depth + 1, cfg_.n_layer));
+      for (int s = 0; s < nslots; ++s) gathered_.emplace_back(layer_max);
+      slot_layer_.assign(size_t(nslots), -2);
+      slot_tickets_.resize(size_t(nslots));
+      gathered_top_ = Buffer<float>(top);
+      scatter_tmp_ = Buffer<float>(plan_.local_total);  // each shard lands at its own offset
+    }
     (void)shard_max;
-    // Slots for gathered layers: the one in use plus prefetch_depth ahead, or all of them.
-    const int nslots = std::max(1, ov_.cache_gathered_weights
-                                       ? cfg_.n_layer
-                                       : std::min(ov_.prefetch_depth + 1, cfg_.n_layer));
-    for (int s = 0; s < nslots; ++s) gathered_.emplace_back(layer_max);
-    slot_layer_.assign(size_t(nslots), -2);
-    slot_tickets_.resize(size_t(nslots));
     gblock_[0] = Buffer<float>(layer_max);
     gblock_[1] = Buffer<float>(layer_max);
-    gathered_top_ = Buffer<float>(top);
     gblock_top_ = Buffer<float>(top);
-    scatter_tmp_ = Buffer<float>(plan_.local_total);  // each shard lands at its own offset
   }
   rs_remaining_.assign(size_t(cfg_.n_layer) + 1, 0);
   final_sharded_.assign(size_t(cfg_.n_layer) + 1, 0);
@@ -121,19 +180,38 @@ ParallelTransformer::ParallelTransformer(const ModelConfig& config, ProcessGroup
   build_buckets();
 
   const int64_t N = int64_t(local_batch) * max_len;
-  const int64_t per_layer = N * (Cx_ + 2 + QKVy_ + Ay_ + nhy_ + Cx_ + Cx_ + 2 + FWy_ + Fy_ + Cx_);
-  const int64_t global = N * (Cx_ + Cx_ + 2 + Vy_ + 1 + Cx_) + N * (Cx_ + Cx_ + QKVy_ + Ay_ + FWy_ + Fy_);
-  acts_ = Buffer<float>(per_layer * cfg_.n_layer + global);
+  acts_ = Buffer<float>(size_t(activation_bytes(opt_.recompute) / int64_t(sizeof(float))));
   a_ = std::make_unique<Acts>();
   float* cur = acts_.data();
   auto take = [&](int64_t n) { float* p = cur; cur += n; return p; };
-  a_->layer.resize(cfg_.n_layer);
-  for (auto& A : a_->layer) {
-    A.ln1 = take(N * Cx_); A.ln1_mean = take(N); A.ln1_rstd = take(N);
-    A.qkv = take(N * QKVy_); A.atty = take(N * Ay_); A.lse = take(N * nhy_);
-    A.resid_mid = take(N * Cx_); A.ln2 = take(N * Cx_); A.ln2_mean = take(N); A.ln2_rstd = take(N);
-    A.fc = take(N * FWy_); A.fc_act = take(N * Fy_); A.resid_out = take(N * Cx_);
+  // Kept tensors get their own memory per layer; recomputed ones share one layer's scratch.
+  const Recompute rc = opt_.recompute;
+  const bool full = rc == Recompute::Full, attn = rc != Recompute::None;
+  int64_t scratch_n = 0;
+  {
+    const int64_t per_layer = Cx_ + 2 + QKVy_ + Ay_ + nhy_ + Cx_ + Cx_ + 2 + FWy_ + Fy_ + Cx_;
+    scratch_n = full ? per_layer - Cx_ : attn ? Ay_ + nhy_ : 0;
   }
+  float* scratch = take(N * scratch_n);
+  a_->layer.resize(cfg_.n_layer);
+  layer_begin_.clear();
+  for (auto& A : a_->layer) {
+    layer_begin_.push_back(cur);
+    float* sc = scratch;
+    auto place = [&](bool kept, int64_t n) {
+      if (kept) return take(N * n);
+      float* p = sc;
+      sc += N * n;
+      return p;
+    };
+    A.ln1 = place(!full, Cx_); A.ln1_mean = place(!full, 1); A.ln1_rstd = place(!full, 1);
+    A.qkv = place(!full, QKVy_); A.atty = place(!attn, Ay_); A.lse = place(!attn, nhy_);
+    A.resid_mid = place(!full, Cx_); A.ln2 = place(!full, Cx_); A.ln2_mean = place(!full, 1);
+    A.ln2_rstd = place(!full, 1); A.fc = place(!full, FWy_); A.fc_act = place(!full, Fy_);
+    A.resid_out = take(N * Cx_);  // the next block's input: always kept
+    TETRAD_CHECK(sc == scratch + N * scratch_n);
+  }
+  layer_begin_.push_back(cur);  // end of the layers: the global activations follow
   a_->emb = take(N * Cx_); a_->lnf = take(N * Cx_); a_->lnf_mean = take(N); a_->lnf_rstd = take(N);
   a_->logits = take(N * Vy_); a_->losses = take(N); a_->tmp = take(N * Cx_);
   a_->dresid = take(N * Cx_); a_->dln = take(N * Cx_); a_->dqkv = take(N * QKVy_);
@@ -151,6 +229,29 @@ ParallelTransformer::ParallelTransformer(const ModelConfig& config, ProcessGroup
 
 ParallelTransformer::~ParallelTransformer() = default;
 
+int64_t ParallelTransformer::activation_bytes(Recompute mode) const {
+  const int64_t N = int64_t(local_batch_) * max_len_, L = cfg_.n_layer;
+  const int64_t per_layer = Cx_ + 2 + QKVy_ + Ay_ + nhy_ + Cx_ + Cx_ + 2 + FWy_ + Fy_ + Cx_;
+  const int64_t global = (Cx_ + Cx_ + 2 + Vy_ + 1 + Cx_) + (Cx_ + Cx_ + QKVy_ + Ay_ + FWy_ + Fy_);
+  int64_t per_token = 0;
+  switch (mode) {
+    case Recompute::None: per_token = L * per_layer; break;
+    case Recompute::Selective: per_token = L * (per_layer - Ay_ - nhy_) + (Ay_ + nhy_); break;
+    case Recompute::Full: per_token = L * Cx_ + (per_layer - Cx_); break;
+  }
+  return int64_t(sizeof(float)) * N * (per_token + global);
+}
+
+int64_t ParallelTransformer::state_bytes() const {
+  size_t gathered = 0;
+  for (const auto& b : gathered_) gathered += b.size();
+  const size_t n = params_.size() + grads_.size() + 2 * size_t(zl_.state_size) + gathered +
+                   gathered_top_.size() + gblock_[0].size() + gblock_[1].size() +
+                   gblock_top_.size() + scatter_tmp_.size() + zero_tmp_.size() +
+                   bucket_buf_.size();
+  return int64_t(n * sizeof(float));
+}
+
 // ---------------------------------------------------------------------------------------------
 // Parameters
 
@@ -162,29 +263,57 @@ void ParallelTransformer::init_weights(uint64_t seed) {
   }
 }
 
-void ParallelTransformer::scatter_tensor(float* local, size_t i, const float* full) const {
+std::vector<float> ParallelTransformer::shard_of(size_t i, const float* full) const {
   const TensorShard& t = plan_.tensors[i];
   std::vector<float> block(t.z_sharded ? t.shard_numel * g_.shape.z : t.block_numel, 0.0f);
   extract_block(t, full, block.data());
   const int64_t first = t.z_sharded ? t.shard_numel * g_.coord.z : 0;
-  std::memcpy(local + t.offset, block.data() + first, t.shard_numel * sizeof(float));
+  return std::vector<float>(block.begin() + first, block.begin() + first + t.shard_numel);
+}
+
+void ParallelTransformer::scatter_tensor(float* local, size_t i, const float* full) const {
+  const TensorShard& t = plan_.tensors[i];
+  const std::vector<float> shard = shard_of(i, full);
+  std::memcpy(local + t.offset, shard.data(), t.shard_numel * sizeof(float));
 }
 
 void ParallelTransformer::gather_tensor(const float* local, size_t i, float* full) {
+  gather_shard(local + plan_.tensors[i].offset, i, full);
+}
+
+void ParallelTransformer::gather_shard(const float* shard, size_t i, float* full) {
   const TensorShard& t = plan_.tensors[i];
   std::vector<float> block(t.z_sharded ? t.shard_numel * g_.shape.z : t.block_numel);
   if (t.z_sharded && g_.shape.z > 1)
-    g_.z.allgather(local + t.offset, block.data(), size_t(t.shard_numel));
+    g_.z.allgather(shard, block.data(), size_t(t.shard_numel));
   else
-    std::memcpy(block.data(), local + t.offset, t.block_numel * sizeof(float));
+    std::memcpy(block.data(), shard, t.block_numel * sizeof(float));
   // Disjoint blocks summed into zeros: exact. Only one owner of each replicated block writes.
   std::fill(full, full + t.spec->numel, 0.0f);
   const GridCoord& c = g_.coord;
-  bool owner = c.d == 0 && c.z == 0;
+  bool owner = c.d == 0 && c.z == 0 && owns(t);
   if (t.layout == ShardLayout::ColsX) owner = owner && c.y == 0;
   if (t.layout == ShardLayout::RowsY) owner = owner && c.x == 0;
   if (owner) insert_block(t, block.data(), full);
   if (g_.world.size() > 1) g_.world.allreduce_sum(full, size_t(t.spec->numel));
+}
+
+void ParallelTransformer::scatter_state_tensor(float* state, size_t i, const float* full) const {
+  if (opt_.zero == 0) return scatter_tensor(state, i, full);
+  const std::vector<float> shard = shard_of(i, full);
+  const int64_t lo = zl_.param_offsets[i] - plan_.tensors[i].offset;
+  std::memcpy(state + zl_.state_offsets[i], shard.data() + lo, zl_.sizes[i] * sizeof(float));
+}
+
+void ParallelTransformer::gather_state_tensor(const float* state, size_t i, float* full) {
+  if (opt_.zero == 0) return gather_tensor(state, i, full);
+  const int64_t q = piece_[i];
+  float* pieces = zero_tmp_.data();
+  float* mine = pieces + q * g_.shape.d;
+  std::fill(mine, mine + q, 0.0f);
+  std::memcpy(mine, state + zl_.state_offsets[i], zl_.sizes[i] * sizeof(float));
+  g_.d.allgather(mine, pieces, size_t(q));
+  gather_shard(pieces, i, full);  // the pieces in D order are the shard (padding past its end)
 }
 
 const float* ParallelTransformer::w(int i) const {
@@ -195,10 +324,14 @@ const float* ParallelTransformer::w(int i) const {
   return gathered_[size_t(slot_of(t.spec->layer))].data() + t.block_offset;
 }
 
+bool ParallelTransformer::staged(const TensorShard& t) const {
+  return opt_.zero == 2 || (t.z_sharded && g_.shape.z > 1);
+}
+
 float* ParallelTransformer::gw(int i) {
   if (i < 0) return nullptr;
   const TensorShard& t = plan_.tensors[i];
-  if (!t.z_sharded || g_.shape.z == 1) return grads_.data() + t.offset;
+  if (!staged(t)) return grads_.data() + t.offset;
   return (t.spec->layer < 0 ? gblock_top_.data() : gblock_[t.spec->layer & 1].data()) + t.block_offset;
 }
 
@@ -243,11 +376,11 @@ void ParallelTransformer::gather_layer(int layer) {
   for (auto t : layer < 0 ? top_tickets_ : slot_tickets_[size_t(slot_of(layer))]) q_.wait(t);
 }
 
-void ParallelTransformer::prefetch(int layer, int direction) {
+void ParallelTransformer::prefetch(int layer, int direction, int lo, int hi) {
   if (g_.shape.z == 1) return;
   for (int k = 1; k <= ov_.prefetch_depth; ++k) {
     const int j = layer + direction * k;
-    if (j >= 0 && j < cfg_.n_layer) issue_gather(j);
+    if (j >= lo && j < hi) issue_gather(j);
   }
 }
 
@@ -268,21 +401,64 @@ void ParallelTransformer::zero_grads() {
 void ParallelTransformer::begin_step(int micro_batches) {
   if (micro_batches <= 0) fail("begin_step: micro-batches must be positive, got ", micro_batches);
   zero_grads();
-  expected_micro_ = micro_batches;
+  // Only forward_backward counts micro-batches; the pipeline's chunks (Gp > 1) do not, and
+  // dp_overlap is off there and with ZeRO (see the constructor).
+  expected_micro_ = ov_.dp_overlap ? micro_batches : 0;
 }
 
 void ParallelTransformer::zero_layer_grad_blocks(int layer) {
-  if (g_.shape.z == 1) return;
+  if (g_.shape.z == 1 && opt_.zero != 2) return;
   // The buffer's previous reduce-scatters (layer + 2, or last micro-batch's) read it: finish them.
   for (auto t : rs_tickets_[layer < 0 ? 2 : layer & 1]) q_.wait(t);
   float* buf = layer < 0 ? gblock_top_.data() : gblock_[layer & 1].data();
   for (const auto& t : plan_.tensors)
-    if (t.spec->layer == layer && t.z_sharded)
-      std::fill(buf + t.block_offset, buf + t.block_offset + t.shard_numel * g_.shape.z, 0.0f);
+    if (t.spec->layer == layer && staged(t)) {
+      const int64_t n = t.z_sharded ? t.shard_numel * g_.shape.z : t.block_numel;
+      std::fill(buf + t.block_offset, buf + t.block_offset + n, 0.0f);
+    }
+}
+
+// piece[piece_[i]] = this D rank's piece of Σ_D shard (the shard zero-padded to Gd pieces).
+void ParallelTransformer::reduce_scatter_d(size_t i, const float* shard, float* piece) {
+  const int64_t n = plan_.tensors[i].shard_numel, q = piece_[i];
+  if (g_.shape.d == 1) {
+    std::memcpy(piece, shard, n * sizeof(float));
+    return;
+  }
+  float* padded = zero_tmp_.data();
+  std::memcpy(padded, shard, n * sizeof(float));
+  std::fill(padded + n, padded + q * g_.shape.d, 0.0f);
+  q_.run(g_.d.ireduce_scatter_sum(padded, piece, size_t(q)), g_.d, "reduce_scatter",
+         "dW pieces over D", plan_.tensors[i].spec->layer, q * g_.shape.d * int64_t(sizeof(float)));
 }
 
 void ParallelTransformer::scatter_layer_grads(int layer) {
   const bool last = last_micro_batch();
+  if (opt_.zero == 2) {
+    // ZeRO 2, every micro-batch: each staged block summed over Z (reduce-scatter of the Z shards,
+    // all-reduce of the replicated ones), then reduce-scattered over D; this rank keeps its piece.
+    // Blocking (through the queue): the pieces accumulate right away.
+    float* buf = layer < 0 ? gblock_top_.data() : gblock_[layer & 1].data();
+    for (size_t i = 0; i < plan_.tensors.size(); ++i) {
+      const TensorShard& t = plan_.tensors[i];
+      if (t.spec->layer != layer || !staged(t)) continue;
+      float* block = buf + t.block_offset;
+      const float* shard = block;
+      if (t.z_sharded && g_.shape.z > 1) {
+        float* land = scatter_tmp_.data() + t.offset;
+        q_.run(g_.z.ireduce_scatter_sum(block, land, size_t(t.shard_numel)), g_.z,
+               "reduce_scatter", "dW", layer, t.shard_numel * g_.shape.z * int64_t(sizeof(float)));
+        shard = land;
+      } else if (!t.z_sharded && g_.shape.z > 1) {
+        sum_over(g_.z, block, t.block_numel, "replicated grads");  // replicated over Z: sum first
+      }
+      float* piece = zero_tmp_.data() + piece_[i] * g_.shape.d;
+      reduce_scatter_d(i, shard, piece);
+      k::add_inplace(grads_.data() + zl_.grad_offsets[i], piece, zl_.sizes[i]);
+    }
+    if (last_micro_batch()) layer_final(layer, true);
+    return;
+  }
   if (g_.shape.z == 1) {
     if (last) layer_final(layer, true);
     return;
@@ -316,6 +492,10 @@ void ParallelTransformer::scatter_layer_grads(int layer) {
 // dp_bucket_mb (0: every tensor alone).
 void ParallelTransformer::build_buckets() {
   buckets_.clear();
+  if (opt_.zero >= 1) {  // ZeRO: reduce_gradients() reduce-scatters over D instead of buckets
+    bucket_buf_ = Buffer<float>(1);
+    return;
+  }
   const int64_t cap = int64_t(ov_.dp_bucket_mb * 1048576.0 / sizeof(float));
   Bucket open[2];  // [0]: replicated over zd, [1]: Z shards over d
   int64_t staged = 0;
@@ -413,6 +593,37 @@ void ParallelTransformer::reset_step_state() {
 void ParallelTransformer::reduce_gradients() {
   ScopedPhase sp(prof_, Phase::Other);
   q_.wait_all();  // reduce-scatters still running; buckets already started
+  if (g_.shape.p > 1) {
+    // Embedding (first stage) and head (last stage; the same tensor when tied), final norm,
+    // positions: summed over the stages, so every stage's copy takes the same update. (ZeRO 2:
+    // the pieces, already reduced over Z and D.) No bucket has started (dp_overlap is off with
+    // Gp > 1), so the data-parallel sums below see the stage sums.
+    for (size_t i = 0; i < plan_.tensors.size(); ++i)
+      if (plan_.tensors[i].spec->layer < 0) {
+        const bool piece = opt_.zero == 2;
+        float* gp = grads_.data() + (piece ? zl_.grad_offsets[i] : plan_.tensors[i].offset);
+        const int64_t n = piece ? zl_.sizes[i] : plan_.tensors[i].shard_numel;
+        if (n > 0) sum_over(g_.p, gp, n, "top-level grads over P");
+      }
+  }
+  if (opt_.zero == 2) {  // every layer was reduced (over Z and D) right after its backward
+    reset_step_state();
+    return;
+  }
+  if (opt_.zero == 1) {
+    // Replicated tensors first over Z; then every shard reduce-scattered over D into its piece.
+    for (size_t i = 0; i < plan_.tensors.size(); ++i) {
+      const TensorShard& t = plan_.tensors[i];
+      float* gp = grads_.data() + t.offset;
+      if (!t.z_sharded && g_.shape.z > 1) sum_over(g_.z, gp, t.shard_numel, "replicated grads");
+      if (g_.shape.d == 1) continue;
+      float* piece = zero_tmp_.data() + piece_[i] * g_.shape.d;
+      reduce_scatter_d(i, gp, piece);
+      std::memcpy(grads_.data() + zl_.grad_offsets[i], piece, zl_.sizes[i] * sizeof(float));
+    }
+    reset_step_state();
+    return;
+  }
   // Z-sharded weights: each shard already summed over Z; sum over data replicas.
   // Replicated tensors: sum over every token-splitting axis (Z and D) at once. Buckets not yet
   // started go in list order (each group's started ones are a prefix of its list).
@@ -425,16 +636,34 @@ void ParallelTransformer::reduce_gradients() {
   reset_step_state();
 }
 
+void ParallelTransformer::gather_updated_params() {
+  if (opt_.zero == 0 || g_.shape.d == 1) return;
+  invalidate_gathered();  // the parameters change: gathered copies are stale
+  for (size_t i = 0; i < plan_.tensors.size(); ++i) {
+    const TensorShard& t = plan_.tensors[i];
+    const int64_t q = piece_[i];
+    float* pieces = zero_tmp_.data();
+    float* mine = pieces + q * g_.shape.d;
+    std::fill(mine, mine + q, 0.0f);
+    std::memcpy(mine, params_.data() + zl_.param_offsets[i], zl_.sizes[i] * sizeof(float));
+    q_.run(g_.d.iallgather(mine, pieces, size_t(q)), g_.d, "allgather", "updated pieces over D",
+           t.spec->layer, q * g_.shape.d * int64_t(sizeof(float)));
+    std::memcpy(params_.data() + t.offset, pieces, t.shard_numel * sizeof(float));
+  }
+}
+
 double ParallelTransformer::grad_sum_squares() {
-  // Each element is counted by one rank: its owner on every axis it is replicated over.
+  // Each element is counted by one rank: its owner on every axis it is replicated over (with
+  // ZeRO each D rank holds a different piece, so D is no longer such an axis).
   const GridCoord& c = g_.coord;
   double local = 0;
-  for (const auto& t : plan_.tensors) {
-    bool owner = c.d == 0;
+  for (size_t i = 0; i < plan_.tensors.size(); ++i) {
+    const TensorShard& t = plan_.tensors[i];
+    bool owner = (opt_.zero > 0 || c.d == 0) && owns(t);
     if (!t.z_sharded) owner = owner && c.z == 0;
     if (t.layout == ShardLayout::ColsX) owner = owner && c.y == 0;
     if (t.layout == ShardLayout::RowsY) owner = owner && c.x == 0;
-    if (owner) local += k::sum_squares(grads_.data() + t.offset, t.shard_numel);
+    if (owner) local += k::sum_squares(grads_.data() + zl_.grad_offsets[i], zl_.sizes[i]);
   }
   if (g_.world.size() > 1) g_.world.allreduce_sum(&local, 1);
   return local;
@@ -476,106 +705,156 @@ void ParallelTransformer::sum_over(const comm::Communicator& group, T* data, int
 // ---------------------------------------------------------------------------------------------
 // Forward
 
+void ParallelTransformer::norm_fwd(float* out, float* mean, float* rstd, const float* x, int wi,
+                                   int bi, int64_t N) {
+  const int64_t C = cfg_.n_embd;
+  const float eps = cfg_.norm_eps;
+  double* st = stats_.data();
+  ScopedPhase sp(prof_, Phase::Norm);
+  if (gpt2_) {
+    row_sums(x, N, Cx_, st, 1, nullptr);
+    sum_over(g_.x, st, N, "norm mean");
+    for (int64_t t = 0; t < N; ++t) mean[t] = float(st[t] / double(C));
+    row_sums(x, N, Cx_, st, 1, mean);
+    sum_over(g_.x, st, N, "norm var");
+    for (int64_t t = 0; t < N; ++t) rstd[t] = float(1.0 / std::sqrt(st[t] / double(C) + eps));
+  } else {
+#pragma omp parallel for schedule(static)
+    for (int64_t t = 0; t < N; ++t) {
+      const float* r = x + t * Cx_;
+      double s = 0;
+#pragma omp simd reduction(+ : s)
+      for (int64_t c = 0; c < Cx_; ++c) s += double(r[c]) * r[c];
+      st[t] = s;
+    }
+    sum_over(g_.x, st, N, "norm ms");
+    for (int64_t t = 0; t < N; ++t) rstd[t] = float(1.0 / std::sqrt(st[t] / double(C) + eps));
+  }
+  const float* wv = w(wi);
+  const float* bv = w(bi);
+  const bool gpt2 = gpt2_;
+  const int64_t Cx = Cx_;
+#pragma omp parallel for schedule(static)
+  for (int64_t t = 0; t < N; ++t) {
+    const float* r = x + t * Cx;
+    float* o = out + t * Cx;
+    const float m = gpt2 ? mean[t] : 0.0f, s = rstd[t];
+    if (bv) {
+#pragma omp simd
+      for (int64_t c = 0; c < Cx; ++c) o[c] = (r[c] - m) * s * wv[c] + bv[c];
+    } else {
+#pragma omp simd
+      for (int64_t c = 0; c < Cx; ++c) o[c] = r[c] * s * wv[c];
+    }
+  }
+}
+
+// out[N, n_out] = in · Wᵀ, partial over `group` and all-reduced there. With forward_chunks > 1
+// the rows go in chunks: chunk i's all-reduce runs while chunk i+1's GEMM computes.
+void ParallelTransformer::gemm_allreduce(const char* what, float* out, const float* in, int wi,
+                                         int64_t k_in, int64_t n_out,
+                                         const comm::Communicator& group, int64_t N) {
+  const int64_t chunks = group.size() > 1 ? std::min<int64_t>(ov_.forward_chunks, N) : 1;
+  if (chunks == 1) {
+    gemm(what, false, true, N, n_out, k_in, in, k_in, w(wi), k_in, 0.0f, out, n_out);
+    sum_over(group, out, N * n_out, what);
+    return;
+  }
+  std::vector<CommQueue::Ticket> tickets;
+  for (int64_t c = 0; c < chunks; ++c) {
+    const int64_t r0 = N * c / chunks, r1 = N * (c + 1) / chunks;
+    gemm(what, false, true, r1 - r0, n_out, k_in, in + r0 * k_in, k_in, w(wi), k_in, 0.0f,
+         out + r0 * n_out, n_out);
+    tickets.push_back(q_.start(group.iallreduce_sum(out + r0 * n_out, size_t((r1 - r0) * n_out)),
+                               group, "allreduce", what, prof_ ? prof_->layer : -2,
+                               (r1 - r0) * n_out * int64_t(sizeof(float))));
+  }
+  for (auto t : tickets) q_.wait(t);
+}
+
+// Normal layer: out[N, n_out] = in[N, Cx-like] · Wᵀ, partial over X -> all-reduce X, + bias.
+void ParallelTransformer::normal_fwd(const char* what, float* out, const float* in, int wi, int bi,
+                                     int64_t k_in, int64_t n_out, int64_t N) {
+  gemm_allreduce(what, out, in, wi, k_in, n_out, g_.x, N);
+  if (const float* b = w(bi)) {
+#pragma omp parallel for schedule(static)
+    for (int64_t t = 0; t < N; ++t)
+      for (int64_t j = 0; j < n_out; ++j) out[t * n_out + j] += b[j];
+  }
+  q_.poll();
+}
+
+// Transposed layer + residual: out[N, Cx] = resid + all-reduce_Y(in · Wᵀ) + bias.
+void ParallelTransformer::transposed_fwd(const char* what, float* out, const float* resid,
+                                         const float* in, int wi, int bi, int64_t k_in, int64_t N) {
+  float* tmp = a_->tmp;
+  const int64_t Cx = Cx_;
+  gemm_allreduce(what, tmp, in, wi, k_in, Cx, g_.y, N);
+  const float* b = w(bi);
+  ScopedPhase sp(prof_, Phase::Residual);
+#pragma omp parallel for schedule(static)
+  for (int64_t t = 0; t < N; ++t)
+    for (int64_t c = 0; c < Cx; ++c)
+      out[t * Cx + c] = resid[t * Cx + c] + tmp[t * Cx + c] + (b ? b[c] : 0.0f);
+}
+
+// Attention of layer l from its stored q|k|v (after RoPE): atty and lse.
+void ParallelTransformer::attention_forward(int l, int B, int T) {
+  auto& A = a_->layer[l];
+  k::AttentionDims d{};
+  d.B = B; d.Tq = T; d.Tk = T; d.n_head = int(nhy_); d.n_kv_head = int(nkvy_); d.head_dim = int(hd_);
+  d.q_stride = d.kv_stride = QKVy_; d.q_batch_stride = d.kv_batch_stride = T * QKVy_;
+  d.out_stride = Ay_; d.out_batch_stride = T * Ay_;
+  timed(Phase::Attention, [&] {
+    k::attention_forward<float>(A.atty, A.lse, A.qkv, A.qkv + nhy_ * hd_, A.qkv + (nhy_ + nkvy_) * hd_, d);
+  });
+}
+
+// One block from its input x (its weights gathered): every activation of a_->layer[l].
+void ParallelTransformer::layer_forward(int l, const float* x, int B, int T) {
+  const int64_t N = int64_t(B) * T;
+  const Layer& L = layers_[l];
+  auto& A = a_->layer[l];
+  norm_fwd(A.ln1, A.ln1_mean, A.ln1_rstd, x, L.ln1_w, L.ln1_b, N);
+  normal_fwd("qkv", A.qkv, A.ln1, L.qkv_w, L.qkv_b, Cx_, QKVy_, N);
+  if (!gpt2_)
+    timed(Phase::Attention, [&] { k::rope_forward(A.qkv, N, T, 0, nhy_ + nkvy_, hd_, QKVy_, rope_cos_.data(), rope_sin_.data()); });
+  attention_forward(l, B, T);
+  q_.poll();
+  transposed_fwd("proj", A.resid_mid, x, A.atty, L.proj_w, L.proj_b, Ay_, N);
+  norm_fwd(A.ln2, A.ln2_mean, A.ln2_rstd, A.resid_mid, L.ln2_w, L.ln2_b, N);
+  normal_fwd("fc", A.fc, A.ln2, L.fc_w, L.fc_b, Cx_, FWy_, N);
+  timed(Phase::Activation, [&] {
+    if (gpt2_) k::gelu_forward(A.fc_act, A.fc, N * Fy_);
+    else k::swiglu_forward(A.fc_act, A.fc, N, Fy_);
+  });
+  q_.poll();
+  transposed_fwd("fcproj", A.resid_out, A.resid_mid, A.fc_act, L.fcproj_w, L.fcproj_b, Fy_, N);
+  scratch_layer_ = l;  // with recomputation, the shared scratch now holds this layer
+}
+
 void ParallelTransformer::forward(const int32_t* inputs, int B, int T) {
+  forward_chunk(0, cfg_.n_layer, true, true, inputs, B, T);
+}
+
+void ParallelTransformer::forward_chunk(int l0, int l1, bool embed, bool head,
+                                        const int32_t* inputs, int B, int T) {
   if (B <= 0 || B > local_batch_)
     fail("micro-batch of ", B, " sequences on this rank; the model was set up for 1..", local_batch_);
   if (T <= 0 || T > max_len_)
     fail("sequence of ", T, " tokens is longer than the model's maximum of ", max_len_,
          " (model.max_seq / train.seq_len)");
-  const int64_t N = int64_t(B) * T, C = cfg_.n_embd, V = cfg_.vocab_size;
-  const float eps = cfg_.norm_eps;
+  const int64_t N = int64_t(B) * T, V = cfg_.vocab_size;
   Acts& a = *a_;
-  double* st = stats_.data();
-
-  auto norm_fwd = [&](float* out, float* mean, float* rstd, const float* x, int wi, int bi) {
-    ScopedPhase sp(prof_, Phase::Norm);
-    if (gpt2_) {
-      row_sums(x, N, Cx_, st, 1, nullptr);
-      sum_over(g_.x, st, N, "norm mean");
-      for (int64_t t = 0; t < N; ++t) mean[t] = float(st[t] / double(C));
-      row_sums(x, N, Cx_, st, 1, mean);
-      sum_over(g_.x, st, N, "norm var");
-      for (int64_t t = 0; t < N; ++t) rstd[t] = float(1.0 / std::sqrt(st[t] / double(C) + eps));
-    } else {
-#pragma omp parallel for schedule(static)
-      for (int64_t t = 0; t < N; ++t) {
-        const float* r = x + t * Cx_;
-        double s = 0;
-#pragma omp simd reduction(+ : s)
-        for (int64_t c = 0; c < Cx_; ++c) s += double(r[c]) * r[c];
-        st[t] = s;
-      }
-      sum_over(g_.x, st, N, "norm ms");
-      for (int64_t t = 0; t < N; ++t) rstd[t] = float(1.0 / std::sqrt(st[t] / double(C) + eps));
-    }
-    const float* wv = w(wi);
-    const float* bv = w(bi);
-#pragma omp parallel for schedule(static)
-    for (int64_t t = 0; t < N; ++t) {
-      const float* r = x + t * Cx_;
-      float* o = out + t * Cx_;
-      const float m = gpt2_ ? mean[t] : 0.0f, s = rstd[t];
-      if (bv) {
-#pragma omp simd
-        for (int64_t c = 0; c < Cx_; ++c) o[c] = (r[c] - m) * s * wv[c] + bv[c];
-      } else {
-#pragma omp simd
-        for (int64_t c = 0; c < Cx_; ++c) o[c] = r[c] * s * wv[c];
-      }
-    }
-  };
-  // out[N, n_out] = in · Wᵀ, partial over `group` and all-reduced there. With forward_chunks > 1
-  // the rows go in chunks: chunk i's all-reduce runs while chunk i+1's GEMM computes.
-  auto gemm_allreduce = [&](const char* what, float* out, const float* in, int wi, int64_t k_in,
-                            int64_t n_out, const comm::Communicator& group) {
-    const int64_t chunks = group.size() > 1 ? std::min<int64_t>(ov_.forward_chunks, N) : 1;
-    if (chunks == 1) {
-      gemm(what, false, true, N, n_out, k_in, in, k_in, w(wi), k_in, 0.0f, out, n_out);
-      sum_over(group, out, N * n_out, what);
-      return;
-    }
-    std::vector<CommQueue::Ticket> tickets;
-    for (int64_t c = 0; c < chunks; ++c) {
-      const int64_t r0 = N * c / chunks, r1 = N * (c + 1) / chunks;
-      gemm(what, false, true, r1 - r0, n_out, k_in, in + r0 * k_in, k_in, w(wi), k_in, 0.0f,
-           out + r0 * n_out, n_out);
-      tickets.push_back(q_.start(group.iallreduce_sum(out + r0 * n_out, size_t((r1 - r0) * n_out)),
-                                 group, "allreduce", what, prof_ ? prof_->layer : -2,
-                                 (r1 - r0) * n_out * int64_t(sizeof(float))));
-    }
-    for (auto t : tickets) q_.wait(t);
-  };
-  // Normal layer: out[N, n_out] = in[N, Cx-like] · Wᵀ, partial over X -> all-reduce X, + bias.
-  auto normal_fwd = [&](const char* what, float* out, const float* in, int wi, int bi,
-                        int64_t k_in, int64_t n_out) {
-    gemm_allreduce(what, out, in, wi, k_in, n_out, g_.x);
-    if (const float* b = w(bi)) {
-#pragma omp parallel for schedule(static)
-      for (int64_t t = 0; t < N; ++t)
-        for (int64_t j = 0; j < n_out; ++j) out[t * n_out + j] += b[j];
-    }
-    q_.poll();
-  };
-  // Transposed layer + residual: out[N, Cx] = resid + all-reduce_Y(in · Wᵀ) + bias.
-  auto transposed_fwd = [&](const char* what, float* out, const float* resid, const float* in,
-                            int wi, int bi, int64_t k_in) {
-    gemm_allreduce(what, a.tmp, in, wi, k_in, Cx_, g_.y);
-    const float* b = w(bi);
-    ScopedPhase sp(prof_, Phase::Residual);
-#pragma omp parallel for schedule(static)
-    for (int64_t t = 0; t < N; ++t)
-      for (int64_t c = 0; c < Cx_; ++c)
-        out[t * Cx_ + c] = resid[t * Cx_ + c] + a.tmp[t * Cx_ + c] + (b ? b[c] : 0.0f);
-  };
 
   set_layer(-1);
-  issue_gather(-1);
-  if (cfg_.n_layer > 0 && ov_.prefetch_depth > 0) {  // layer 0 gathers during the embedding
-    issue_gather(0);
-    prefetch(0, +1);
+  if (embed || head) issue_gather(-1);
+  if (l1 > l0 && ov_.prefetch_depth > 0) {  // the chunk's first layer gathers during the embedding
+    issue_gather(l0);
+    prefetch(l0, +1, l0, l1);
   }
-  gather_layer(-1);
-  {
+  if (embed || head) gather_layer(-1);
+  if (embed) {
     // Vocabulary-parallel lookup: rows of this y's vocabulary slice, zeros elsewhere; sum over Y.
     ScopedPhase sp(prof_, Phase::Embedding);
     for (int64_t t = 0; t < N; ++t)
@@ -599,40 +878,19 @@ void ParallelTransformer::forward(const int32_t* inputs, int B, int T) {
     }
   }
 
-  const float* x = a.emb;
-  for (int l = 0; l < cfg_.n_layer; ++l) {
-    const Layer& L = layers_[l];
-    auto& A = a.layer[l];
+  const float* x = l0 == 0 ? a.emb : a.layer[l0 - 1].resid_out;  // the chunk's input
+  for (int l = l0; l < l1; ++l) {
     set_layer(l);
     gather_layer(l);
-    prefetch(l, +1);
-    norm_fwd(A.ln1, A.ln1_mean, A.ln1_rstd, x, L.ln1_w, L.ln1_b);
-    normal_fwd("qkv", A.qkv, A.ln1, L.qkv_w, L.qkv_b, Cx_, QKVy_);
-    if (!gpt2_)
-      timed(Phase::Attention, [&] { k::rope_forward(A.qkv, N, T, 0, nhy_ + nkvy_, hd_, QKVy_, rope_cos_.data(), rope_sin_.data()); });
-    k::AttentionDims d{};
-    d.B = B; d.Tq = T; d.Tk = T; d.n_head = int(nhy_); d.n_kv_head = int(nkvy_); d.head_dim = int(hd_);
-    d.q_stride = d.kv_stride = QKVy_; d.q_batch_stride = d.kv_batch_stride = T * QKVy_;
-    d.out_stride = Ay_; d.out_batch_stride = T * Ay_;
-    timed(Phase::Attention, [&] {
-      k::attention_forward<float>(A.atty, A.lse, A.qkv, A.qkv + nhy_ * hd_, A.qkv + (nhy_ + nkvy_) * hd_, d);
-    });
-    q_.poll();
-    transposed_fwd("proj", A.resid_mid, x, A.atty, L.proj_w, L.proj_b, Ay_);
-    norm_fwd(A.ln2, A.ln2_mean, A.ln2_rstd, A.resid_mid, L.ln2_w, L.ln2_b);
-    normal_fwd("fc", A.fc, A.ln2, L.fc_w, L.fc_b, Cx_, FWy_);
-    timed(Phase::Activation, [&] {
-      if (gpt2_) k::gelu_forward(A.fc_act, A.fc, N * Fy_);
-      else k::swiglu_forward(A.fc_act, A.fc, N, Fy_);
-    });
-    q_.poll();
-    transposed_fwd("fcproj", A.resid_out, A.resid_mid, A.fc_act, L.fcproj_w, L.fcproj_b, Fy_);
-    x = A.resid_out;
+    prefetch(l, +1, l0, l1);
+    layer_forward(l, x, B, T);
+    x = a.layer[l].resid_out;
   }
   set_layer(-1);
-  norm_fwd(a.lnf, a.lnf_mean, a.lnf_rstd, x, lnf_w_, lnf_b_);
+  if (!head) return;
+  norm_fwd(a.lnf, a.lnf_mean, a.lnf_rstd, x, lnf_w_, lnf_b_, N);
   // Output head: normal layer on the embedding's block -> logits [N, V/Gy].
-  gemm_allreduce("head", a.logits, a.lnf, head_, Cx_, Vy_, g_.x);
+  gemm_allreduce("head", a.logits, a.lnf, head_, Cx_, Vy_, g_.x, N);
 }
 
 // Vocabulary-parallel cross-entropy over Y: global row max, then Σ exp and the target logit
@@ -715,6 +973,11 @@ double ParallelTransformer::forward_backward(const int32_t* inputs, const int32_
 // Backward
 
 void ParallelTransformer::backward(const int32_t* inputs, int B, int T) {
+  backward_chunk(0, cfg_.n_layer, true, true, inputs, nullptr, B, T);
+}
+
+void ParallelTransformer::backward_chunk(int l0, int l1, bool embed, bool head,
+                                         const int32_t* inputs, const float* dout, int B, int T) {
   const int64_t N = int64_t(B) * T, C = cfg_.n_embd;
   Acts& a = *a_;
   double* st = stats_.data();
@@ -810,21 +1073,34 @@ void ParallelTransformer::backward(const int32_t* inputs, int B, int T) {
   };
 
   set_layer(-1);
-  zero_layer_grad_blocks(-1);
-  const float* x_last = cfg_.n_layer > 0 ? a.layer.back().resid_out : a.emb;
-  // Head: dlogits [N, Vy] -> dlnf [N, Cx] (sum over Y), d(head block): a normal layer.
-  linear_bwd("head", a.dln, a.logits, a.lnf, head_, -1, Cx_, Vy_, g_.y);
-  std::fill(a.dresid, a.dresid + N * Cx_, 0.0f);
-  norm_bwd(a.dresid, a.dln, x_last, a.lnf_mean, a.lnf_rstd, lnf_w_, lnf_b_);
+  if (embed || head) {
+    gather_layer(-1);
+    zero_layer_grad_blocks(-1);
+  }
+  if (head) {
+    const float* x_last = l1 > 0 ? a.layer[l1 - 1].resid_out : a.emb;
+    // Head: dlogits [N, Vy] -> dlnf [N, Cx] (sum over Y), d(head block): a normal layer.
+    linear_bwd("head", a.dln, a.logits, a.lnf, head_, -1, Cx_, Vy_, g_.y);
+    std::fill(a.dresid, a.dresid + N * Cx_, 0.0f);
+    norm_bwd(a.dresid, a.dln, x_last, a.lnf_mean, a.lnf_rstd, lnf_w_, lnf_b_);
+  } else {
+    std::memcpy(a.dresid, dout, size_t(N * Cx_) * sizeof(float));  // from the next stage
+  }
 
-  for (int l = cfg_.n_layer - 1; l >= 0; --l) {
+  for (int l = l1 - 1; l >= l0; --l) {
     const Layer& L = layers_[l];
     auto& A = a.layer[l];
     const float* x_in = l == 0 ? a.emb : a.layer[l - 1].resid_out;
     set_layer(l);
     gather_layer(l);
-    prefetch(l, -1);
+    prefetch(l, -1, l0, l1);
     zero_layer_grad_blocks(l);
+    // Recomputation: the scratch holds only the last layer run forward (the last one, at first).
+    if (opt_.recompute == Recompute::Full && scratch_layer_ != l) layer_forward(l, x_in, B, T);
+    if (opt_.recompute == Recompute::Selective && scratch_layer_ != l) {
+      attention_forward(l, B, T);
+      scratch_layer_ = l;
+    }
     transposed_bwd("fcproj", a.dfc_act, a.dresid, A.fc_act, L.fcproj_w, L.fcproj_b, Fy_);
     timed(Phase::Activation, [&] {
       if (gpt2_) k::gelu_backward(a.dfc, a.dfc_act, A.fc, N * Fy_);
@@ -850,7 +1126,7 @@ void ParallelTransformer::backward(const int32_t* inputs, int B, int T) {
   }
   set_layer(-1);
 
-  {
+  if (embed) {
     ScopedPhase sp(prof_, Phase::Embedding);
     float* dE = gw(wte_);
     const int64_t v0 = Vy_ * g_.coord.y;
@@ -869,8 +1145,69 @@ void ParallelTransformer::backward(const int32_t* inputs, int B, int T) {
       }
     }
   }
-  scatter_layer_grads(-1);
-  if (last_micro_batch()) layer_final(-1, false);
+  if (embed || head) {
+    scatter_layer_grads(-1);
+    if (last_micro_batch()) layer_final(-1, false);
+  }
+}
+
+// ---------------------------------------------------------------------------------------------
+// Pipeline support
+
+int ParallelTransformer::layer_stage(int l) const {
+  const int p = g_.shape.p, V = p * opt_.virtual_stages;
+  for (int j = 0; j < V; ++j)
+    if (l >= stage_layers(cfg_.n_layer, V, j).first && l < stage_layers(cfg_.n_layer, V, j).second)
+      return j % p;
+  return 0;
+}
+
+bool ParallelTransformer::owns(const TensorShard& t) const {
+  if (g_.shape.p == 1) return true;
+  // Top-level tensors: every stage keeps the same copy (their gradients are summed over P);
+  // stage 0 speaks for them.
+  if (t.spec->layer < 0) return g_.coord.p == 0;
+  return layer_stage(t.spec->layer) == g_.coord.p;
+}
+
+float* ParallelTransformer::chunk_input(int l0) {
+  return l0 == 0 ? a_->emb : a_->layer[l0 - 1].resid_out;
+}
+const float* ParallelTransformer::chunk_output(int l1) const {
+  return l1 == 0 ? a_->emb : a_->layer[l1 - 1].resid_out;
+}
+const float* ParallelTransformer::input_grad() const { return a_->dresid; }
+
+// What a chunk's backward reads from its forward: the recompute scratch, its layers' kept
+// activations from its input (layer l0 - 1's output) on, and with the embedding or the head the
+// global activations (embedding output, final norm, logits). Activation regions are contiguous
+// per layer in layer order (see the constructor).
+std::vector<std::pair<float*, size_t>> ParallelTransformer::chunk_regions(int l0, int l1, bool embed,
+                                                                          bool head) {
+  std::vector<std::pair<float*, size_t>> r;
+  r.push_back({acts_.data(), size_t(layer_begin_[0] - acts_.data())});
+  float* from = layer_begin_[std::max(0, l0 - 1)];
+  r.push_back({from, size_t(layer_begin_[l1] - from)});
+  if (embed || head) r.push_back({layer_begin_[cfg_.n_layer], size_t(acts_.data() + acts_.size() - layer_begin_[cfg_.n_layer])});
+  return r;
+}
+
+std::vector<float> ParallelTransformer::stash(int l0, int l1, bool embed, bool head) {
+  std::vector<float> out;
+  for (auto [p, n] : chunk_regions(l0, l1, embed, head)) out.insert(out.end(), p, p + n);
+  out.push_back(float(scratch_layer_));  // exact for any layer index
+  return out;
+}
+
+void ParallelTransformer::restore(int l0, int l1, bool embed, bool head, const std::vector<float>& s) {
+  size_t at = 0;
+  for (auto [p, n] : chunk_regions(l0, l1, embed, head)) {
+    TETRAD_CHECK(at + n < s.size(), "activation stash of the wrong chunk");
+    std::memcpy(p, s.data() + at, n * sizeof(float));
+    at += n;
+  }
+  TETRAD_CHECK(at + 1 == s.size(), "activation stash of the wrong chunk");
+  scratch_layer_ = int(s.back());
 }
 
 std::vector<int32_t> ParallelTransformer::greedy_next_tokens(const int32_t* inputs, int B,

@@ -24,6 +24,7 @@
 #pragma once
 #include <cstdint>
 #include <memory>
+#include <string>
 #include <vector>
 
 #include "tetrad/core/buffer.hpp"
@@ -32,15 +33,63 @@
 #include "tetrad/model/params.hpp"
 #include "tetrad/parallel/comm_schedule.hpp"
 #include "tetrad/parallel/process_groups.hpp"
+#include "tetrad/parallel/pipeline_schedule.hpp"
 #include "tetrad/parallel/sharding.hpp"
 
 namespace tetrad::parallel {
+
+// Activation recomputation (train.recompute): what the forward keeps for the backward.
+//   None       every layer's activations are kept.
+//   Selective  the attention internals (attention output and softmax log-sum-exp, per head) are
+//              not kept: one layer's worth of scratch; the backward recomputes the attention from
+//              the stored q|k|v (no communication, no GEMM: Megatron's "selective").
+//   Full       per block only its input is kept (the previous block's output); the backward
+//              recomputes the block's forward (GEMMs and their all-reduces included) into one
+//              layer's scratch before its backward.
+// Every mode gives bit-identical results: the recomputation repeats the same operations on the
+// same inputs (deterministic kernels, static OpenMP schedules).
+enum class Recompute { None, Selective, Full };
+Recompute parse_recompute(const std::string& text);  // "none" | "selective" | "full"
+const char* recompute_name(Recompute mode);
+
+// ZeRO over the data axis (parallel.zero), on top of whatever Z already shards:
+//   0  every D replica keeps the whole local shard of parameters, gradients and Adam moments;
+//      gradients are all-reduced over D.
+//   1  the Adam moments are sharded over D: each tensor's local shard is cut into Gd pieces
+//      (rank d owns piece d, ceil(n / Gd) elements, the last one shorter); gradients are
+//      reduce-scattered over D at the end of the step, each D rank updates its piece, and the
+//      updated pieces are all-gathered over D.
+//   2  as 1, and the gradients too: only the piece is kept (grads() has optimizer_state_size()
+//      elements); each layer's gradient is reduce-scattered over Z then D as soon as its
+//      backward is done, every micro-batch.
+//
+// overlap: the communication overlap switches (comm_schedule.hpp). dp_overlap is turned off with
+// ZeRO >= 1 and with Gp > 1 (see the constructor): their gradients are reduced in
+// reduce_gradients() (ZeRO 2: per layer) instead of in data-parallel buckets.
+struct ParallelOptions {
+  Recompute recompute = Recompute::None;
+  int zero = 0;
+  int virtual_stages = 1;  // pipeline chunks per stage (interleaved schedule; Gp > 1 only)
+  OverlapOptions overlap = OverlapOptions::all_off();
+};
+
+// Where the optimizer finds each tensor's part on this rank: parameters and gradients at
+// param_offset / grad_offset of params() / grads(), its moments at state_offset of a buffer of
+// optimizer_state_size(); numel elements (0 when this D rank's piece is empty).
+struct OptimizerLayout {
+  std::vector<int64_t> param_offsets, grad_offsets, state_offsets, sizes;
+  int64_t state_size = 0;
+};
 
 class ParallelTransformer {
  public:
   // local_batch: sequences of this rank per micro-batch (the global micro-batch / (Gz * Gd)).
   ParallelTransformer(const ModelConfig& config, ProcessGroups& groups, int local_batch,
-                      int max_len, const OverlapOptions& overlap = OverlapOptions::all_off());
+                      int max_len, ParallelOptions options = {});
+  // Overlap switches only (no recomputation, no ZeRO, one chunk per stage).
+  ParallelTransformer(const ModelConfig& config, ProcessGroups& groups, int local_batch,
+                      int max_len, const OverlapOptions& overlap)
+      : ParallelTransformer(config, groups, local_batch, max_len, with_overlap(overlap)) {}
   ~ParallelTransformer();
   ParallelTransformer(const ParallelTransformer&) = delete;
   ParallelTransformer& operator=(const ParallelTransformer&) = delete;
@@ -56,7 +105,14 @@ class ParallelTransformer {
     return params_.data();
   }
   float* grads() { return grads_.data(); }
+  const ParallelOptions& options() const { return opt_; }
+  // Bytes of this rank's activation buffer (the forward's saved tensors and the backward's
+  // scratch) as allocated, and what it would be under any recompute mode.
   int64_t activation_bytes() const { return int64_t(acts_.size() * sizeof(float)); }
+  int64_t activation_bytes(Recompute mode) const;
+  // Bytes this rank holds for parameters, gradients and Adam moments (two of
+  // optimizer_state_size()), plus the gather / gradient-staging buffers.
+  int64_t state_bytes() const;
   int max_len() const { return max_len_; }
   int local_batch() const { return local_batch_; }
 
@@ -72,12 +128,24 @@ class ParallelTransformer {
   // The same for any buffer laid out like the parameters (gradients, optimizer moments).
   void scatter_tensor(float* local, size_t index, const float* full) const;
   void gather_tensor(const float* local, size_t index, float* full);
+  // The same for optimizer state (Adam moments) laid out as optimizer_layout() says (pieces over
+  // D with ZeRO 1/2; like the parameters otherwise).
+  void scatter_state_tensor(float* state, size_t index, const float* full) const;
+  void gather_state_tensor(const float* state, size_t index, float* full);
 
+  // The layout the optimizer updates: with ZeRO, this D rank's pieces.
+  const OptimizerLayout& optimizer_layout() const { return zl_; }
+  int64_t num_local_grads() const { return int64_t(grads_.size()); }
+  // After the optimizer step (ZeRO 1/2): all-gather the updated pieces over D so every replica
+  // has the whole local shard again. No-op without ZeRO.
+  void gather_updated_params();
   void zero_grads();
   // zero_grads() for a step of `micro_batches` forward_backward calls: during the last one,
   // data-parallel buckets start as soon as their gradients are final (OverlapOptions::dp_overlap).
   // Without it (zero_grads only) every data-parallel reduction waits for reduce_gradients().
+  // The pipeline (Gp > 1) and ZeRO never start buckets early (dp_overlap is off there).
   void begin_step(int micro_batches);
+  // The switches in effect (dp_overlap cleared with ZeRO or Gp > 1).
   const OverlapOptions& overlap() const { return ov_; }
   // One micro-batch of this rank's tokens: forward, vocabulary-parallel cross-entropy with
   // d(grad_scale * Σ loss), backward; parameter gradients accumulate (Z-reduced per layer).
@@ -100,6 +168,30 @@ class ParallelTransformer {
     prof_ = p;
     q_.set_profile(p);
   }
+
+  // Pipeline (Gp > 1; parallel/pipeline.hpp drives these). Every stage keeps every tensor (its
+  // own layers are the ones it computes and reports; see docs/parallel.md). A chunk is the layers
+  // [l0, l1) of one virtual stage, with the embedding first (embed) and the final norm, head and
+  // loss last (head). forward_chunk reads its input from chunk_input(l0) (write the previous
+  // stage's output there; the embedding computes it) and leaves its output at chunk_output(l1).
+  void forward_chunk(int l0, int l1, bool embed, bool head, const int32_t* inputs, int B, int T);
+  // Head chunk, after forward_chunk: the cross-entropy as forward_backward does it.
+  double chunk_loss(const int32_t* targets, int B, int T, float grad_scale, bool with_grad) {
+    return cross_entropy(targets, int64_t(B) * T, grad_scale, with_grad);
+  }
+  // dout: gradient of the chunk's output (ignored with head); afterwards input_grad() holds the
+  // gradient of its input. Parameter gradients accumulate as in forward_backward.
+  void backward_chunk(int l0, int l1, bool embed, bool head, const int32_t* inputs,
+                      const float* dout, int B, int T);
+  float* chunk_input(int l0);
+  const float* chunk_output(int l1) const;
+  const float* input_grad() const;
+  // The activations a chunk's backward needs, copied out after its forward and back before its
+  // backward, so several micro-batches can be in flight on one activation buffer.
+  std::vector<float> stash(int l0, int l1, bool embed, bool head);
+  void restore(int l0, int l1, bool embed, bool head, const std::vector<float>& saved);
+  // The stage (0..Gp-1) whose chunk holds layer l.
+  int layer_stage(int l) const;
 
  private:
   struct Layer {
@@ -124,7 +216,8 @@ class ParallelTransformer {
   int slot_of(int layer) const { return layer % int(gathered_.size()); }
   void issue_gather(int layer);          // start the all-gather of a layer's Z shards (-1: top)
   void gather_layer(int layer);          // ... and wait for it (reusing a valid gather)
-  void prefetch(int layer, int direction);  // issue the next prefetch_depth layers' gathers
+  // Issue the next prefetch_depth layers' gathers (in `direction`), within layers [lo, hi).
+  void prefetch(int layer, int direction, int lo, int hi);
   void invalidate_gathered();
   void scatter_layer_grads(int layer);   // reduce-scatter the layer's gradient blocks over Z
   void zero_layer_grad_blocks(int layer);
@@ -139,7 +232,27 @@ class ParallelTransformer {
   }
   void gemm(const char* what, bool ta, bool tb, int64_t M, int64_t N, int64_t K, const float* A,
             int64_t lda, const float* B, int64_t ldb, float beta, float* C, int64_t ldc);
+  bool staged(const TensorShard& t) const;
+  bool owns(const TensorShard& t) const;  // this pipeline stage computes (and reports) it
+  std::vector<std::pair<float*, size_t>> chunk_regions(int l0, int l1, bool embed, bool head);
+  void gather_shard(const float* shard, size_t index, float* full);
+  std::vector<float> shard_of(size_t index, const float* full) const;  // gradient accumulates in a layer block buffer
+  void reduce_scatter_d(size_t tensor, const float* shard, float* piece);
   void forward(const int32_t* inputs, int B, int T);
+  void layer_forward(int l, const float* x, int B, int T);
+  void attention_forward(int l, int B, int T);
+  void norm_fwd(float* out, float* mean, float* rstd, const float* x, int wi, int bi, int64_t N);
+  void gemm_allreduce(const char* what, float* out, const float* in, int wi, int64_t k_in,
+                      int64_t n_out, const comm::Communicator& group, int64_t N);
+  void normal_fwd(const char* what, float* out, const float* in, int wi, int bi, int64_t k_in,
+                  int64_t n_out, int64_t N);
+  void transposed_fwd(const char* what, float* out, const float* resid, const float* in, int wi,
+                      int bi, int64_t k_in, int64_t N);
+  static ParallelOptions with_overlap(const OverlapOptions& o) {
+    ParallelOptions p;
+    p.overlap = o;
+    return p;
+  }
   void backward(const int32_t* inputs, int B, int T);
   double cross_entropy(const int32_t* targets, int64_t N, float grad_scale, bool with_grad);
   template <typename T>
@@ -152,6 +265,12 @@ class ParallelTransformer {
 
   ModelConfig cfg_;
   ProcessGroups& g_;
+  ParallelOptions opt_;
+  OptimizerLayout zl_;
+  std::vector<int64_t> piece_;  // ZeRO piece length of each tensor: ceil(shard_numel / Gd)
+  Buffer<float> zero_tmp_;      // Gd pieces: reduce-scatter input / all-gather output
+  int scratch_layer_ = -1;      // layer whose recomputable activations the scratch holds
+  std::vector<float*> layer_begin_;  // start of each layer's activations; [n_layer]: globals
   ParamTable table_;
   ShardPlan plan_;
   int local_batch_, max_len_;

@@ -31,7 +31,8 @@ ProcessGroups::ProcessGroups()
       y(Communicator::self("y")),
       z(Communicator::self("z")),
       d(Communicator::self("d")),
-      zd(Communicator::self("zd")) {}
+      zd(Communicator::self("zd")),
+      p(Communicator::self("p")) {}
 
 ProcessGroups::ProcessGroups(const Communicator& world_in, const GridShape& shape_in)
     : shape(shape_in),
@@ -41,8 +42,9 @@ ProcessGroups::ProcessGroups(const Communicator& world_in, const GridShape& shap
       y(split_axis(world, shape, coord, Axis::Y)),
       z(split_axis(world, shape, coord, Axis::Z)),
       d(split_axis(world, shape, coord, Axis::D)),
-      zd(world.split(rank_of(GridCoord{coord.x, coord.y, 0, 0}, shape),
-                     coord.z + shape.z * coord.d, "zd")) {
+      zd(world.split(rank_of(GridCoord{coord.x, coord.y, 0, 0, coord.p}, shape),
+                     coord.z + shape.z * coord.d, "zd")),
+      p(split_axis(world, shape, coord, Axis::P)) {
   // The splits must reproduce the grid's arithmetic; anything else is a bug here.
   for (Axis a : kAxesInRankOrder)
     TETRAD_CHECK(group(a).size() == extent(shape, a) && group(a).rank() == coordinate(coord, a),
@@ -56,6 +58,7 @@ const comm::Communicator& ProcessGroups::group(Axis axis) const {
     case Axis::X: return x;
     case Axis::Y: return y;
     case Axis::Z: return z;
+    case Axis::P: return p;
     case Axis::D: return d;
   }
   TETRAD_CHECK(false, "unknown axis ", static_cast<int>(axis));
@@ -66,7 +69,8 @@ std::string ProcessGroups::summary() const {
   const int r = world.rank();
   std::string s = detail::concat("rank ", r, " = ", to_string(coord), " of ", shape.to_string(), ":");
   for (Axis a : kAxesInRankOrder)
-    s += detail::concat(" ", axis_name(a), " ", ranks_list(group_ranks(r, shape, a)));
+    if (a != Axis::P || shape.p > 1)
+      s += detail::concat(" ", axis_name(a), " ", ranks_list(group_ranks(r, shape, a)));
   const Axis token_axes[] = {Axis::Z, Axis::D};
   s += " zd " + ranks_list(group_ranks(r, shape, token_axes));
   return s;

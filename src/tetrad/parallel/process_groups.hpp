@@ -4,11 +4,11 @@
 // Group along axis A: the ranks that differ from this one only in A, ordered by the A coordinate
 // (exactly grid.hpp's group_ranks(rank, shape, A)), made with MPI_Comm_split(color = world rank
 // with the A coordinate zeroed, key = the A coordinate). `zd` is the token-splitting group: the
-// ranks with the same (x, y), ordered by z + Gz*d; gradients of replicated parameters (norm
-// weights, biases) are summed over it.
+// ranks with the same (x, y) and pipeline stage p, ordered by z + Gz*d; gradients of replicated
+// parameters (norm weights, biases) are summed over it. `p` links the pipeline stages.
 //
-// What this does not do: the pipeline axis (not yet), reordering ranks for the network topology
-// (rank order is the grid's), or choosing the grid.
+// What this does not do: reordering ranks for the network topology (rank order is the grid's),
+// or choosing the grid.
 //
 // Failures: a grid whose product is not the world size throws tetrad::Error ("grid 2x2x1x1 needs
 // 4 ranks but mpirun started 2 ..."); MPI failures while splitting throw tetrad::Error naming the
@@ -32,12 +32,13 @@ struct ProcessGroups {
   GridCoord coord;
   comm::Communicator world;  // all ranks, rank order = grid rank order
   comm::Communicator x, y, z, d;
-  comm::Communicator zd;  // the Z and data axes together: same (x, y)
+  comm::Communicator zd;  // the Z and data axes together: same (x, y, p)
+  comm::Communicator p;   // the pipeline stages: same (x, y, z, d)
 
   // The group along one axis.
   const comm::Communicator& group(Axis axis) const;
   // One line, e.g. "rank 3 = (x1,y1,z0,d0) of 2x2x1x1: x [2,3] y [1,3] z [3] d [3] zd [3]"
-  // (each group's world ranks in group order).
+  // (each group's world ranks in group order; "p [...]" too when Gp > 1).
   std::string summary() const;
 };
 

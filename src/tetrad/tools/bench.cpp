@@ -11,6 +11,7 @@
 #include <fstream>
 #include <iomanip>
 #include <iostream>
+#include <memory>
 #include <nlohmann/json.hpp>
 #include <sstream>
 
@@ -21,6 +22,7 @@
 #include "tetrad/kernels/precision.hpp"
 #include "tetrad/model/transformer.hpp"
 #include "tetrad/parallel/parallel_transformer.hpp"
+#include "tetrad/parallel/pipeline.hpp"
 #include "tetrad/parallel/process_groups.hpp"
 #include "tetrad/tools/ceilings.hpp"
 #include "tetrad/train/optimizer.hpp"
@@ -251,7 +253,8 @@ void run_bench_grids(const BenchOptions& opt, std::ostream& log) {
   if (!opt.json_path.empty() && world.rank() == 0) json_out.open(opt.json_path);
   const double baseline_rss = double(current_rss_bytes());
   for (const std::string& name : opt.configs) {
-    const ModelConfig mc = named_model(name);
+    ModelConfig mc = named_model(name);
+    if (opt.layers > 0) mc.n_layer = opt.layers;
     const int Bg = standard_batch(name), T = mc.max_seq;
     const int64_t serial_state = 16 * build_param_table(mc).total;  // p, g, m, v in fp32
     out << "\n== " << name << ": global batch " << Bg << " x " << T << " tokens\n"
@@ -269,6 +272,11 @@ void run_bench_grids(const BenchOptions& opt, std::ostream& log) {
         modes.push_back(m);
       }
     }
+    ParallelOptions po;
+    po.zero = opt.zero;
+    po.recompute = parse_recompute(opt.recompute);
+    po.virtual_stages = opt.virtual_stages;
+    out << "  zero " << po.zero << ", recompute " << recompute_name(po.recompute) << "\n";
     for (const GridShape& shape : shapes) {
       try {
         validate_grid(shape, G);
@@ -288,22 +296,34 @@ void run_bench_grids(const BenchOptions& opt, std::ostream& log) {
       if (mode == "poll") ov.progress_thread = false;
       if (mode == "thread") ov.progress_thread = true;
       if (mode == "chunked") ov.forward_chunks = 2;  // the defaults + forward all-reduce in 2 chunks
-      ParallelTransformer model(mc, g, Bl, T, ov);
+      // Memory of this grid alone, from here: the previous grid's buffers are freed (returned to
+      // Linux: they are large, so malloc maps them).
+      const double rss_start = double(current_rss_bytes());
+      ParallelOptions pov = po;
+      pov.overlap = ov;  // dp_overlap is dropped by the model with ZeRO or Gp > 1
+      ParallelTransformer model(mc, g, Bl, T, pov);
       model.init_weights(1);
       TrainConfig tc;
-      std::vector<int64_t> off, size;
-      for (const auto& t : model.plan().tensors) {
-        off.push_back(t.offset);
-        size.push_back(t.shard_numel);
-      }
-      AdamW adam(decay_ranges(model.table(), tc, off, size), model.num_local_params(), tc);
+      const OptimizerLayout& ol = model.optimizer_layout();
+      AdamW adam(decay_ranges(model.table(), tc, ol.param_offsets, ol.sizes, ol.state_offsets,
+                              ol.grad_offsets),
+                 ol.state_size, tc);
+      // Gp > 1: the step's micro-batches through the pipeline schedule (tokens: M of them).
+      std::unique_ptr<PipelineDriver> pipe;
+      const int M = shape.p > 1 ? opt.micro_batches : 1;
+      if (shape.p > 1)
+        pipe = std::make_unique<PipelineDriver>(model, parse_pipeline_schedule(opt.schedule), M);
+      double wait_total = 0, busy_total = 0;
       Rng rng(7);
-      std::vector<int32_t> tokens(size_t(Bl) * T + 1);
+      std::vector<int32_t> tokens(size_t(M) * Bl * T + 1);
       for (auto& t : tokens) t = int32_t(rng.next_u64() % uint64_t(mc.vocab_size));
       StepProfile profile;
       TraceLog trace_log;
       if (!opt.trace_path.empty()) profile.trace = &trace_log;
       model.set_profile(&profile);
+      // The peak of the training steps: the high-water mark restarts after the set-up (whose
+      // whole-tensor temporaries of init_weights are not training memory).
+      const bool hwm_reset = reset_peak_rss();
       std::vector<double> times;
       double sum_step = 0;  // this rank's wall time of the timed steps
       for (int s = 0; s < opt.warmup + opt.steps; ++s) {
@@ -319,8 +339,22 @@ void run_bench_grids(const BenchOptions& opt, std::ostream& log) {
           ScopedPhase sp(&profile, Phase::Wait, "for the slowest rank");
           g.world.barrier();
         }
-        model.begin_step(1);
-        model.forward_backward(tokens.data(), tokens.data() + 1, Bl, T, 1.0f / float(Bg * T));
+        model.begin_step(M);
+        if (pipe) {
+          pipe->step(tokens.data(), tokens.data() + 1, Bl, T, 1.0f / float(Bg * T * M));
+          if (s >= opt.warmup) {
+            // Idle = the pipeline's makespan (the steps start together after the barrier; the
+            // slowest stage ends it) minus this rank's compute: waits inside the step plus the
+            // head and tail of the flush, which the textbook bubble counts too.
+            const double busy = pipe->last_step_s() - pipe->last_wait_s();
+            double makespan = pipe->last_step_s();
+            g.world.allreduce_max(&makespan, 1);
+            wait_total += makespan - busy;
+            busy_total += busy;
+          }
+        } else {
+          model.forward_backward(tokens.data(), tokens.data() + 1, Bl, T, 1.0f / float(Bg * T));
+        }
         model.reduce_gradients();
         double gn = 0;
         {
@@ -328,6 +362,7 @@ void run_bench_grids(const BenchOptions& opt, std::ostream& log) {
           gn = std::sqrt(model.grad_sum_squares());
           adam.update(model.params(), model.grads(), 1e-4, gn > 1 ? 1 / gn : 1, s + 1);
         }
+        model.gather_updated_params();
         double dt = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
         if (s >= opt.warmup) sum_step += dt;
         g.world.allreduce_max(&dt, 1);
@@ -359,7 +394,7 @@ void run_bench_grids(const BenchOptions& opt, std::ostream& log) {
       const double total = sums[3];
       const double comm_share = comm_s / total, wait_share = wait_s / total;
       const double hidden = issued_s > 0 ? std::max(0.0, 1 - comm_s / issued_s) : 0.0;
-      const double state = 16.0 * double(model.num_local_params());
+      const double state = double(model.state_bytes());
       double state_max = state;
       g.world.allreduce_max(&state_max, 1);
       const double tok_s = double(Bg) * T / step;
@@ -369,6 +404,48 @@ void run_bench_grids(const BenchOptions& opt, std::ostream& log) {
       g.world.allreduce_max(&rss, 1);
       double estimate = state + double(model.activation_bytes()) + baseline_rss;
       g.world.allreduce_max(&estimate, 1);
+      // Peak resident memory of the steps above this grid's starting point, largest rank,
+      // against the formula (docs/parallel.md): weights 4P, gradients 4P (/ Gd with ZeRO 2),
+      // Adam 8P (/ Gd with ZeRO >= 1) over this rank's P = its local shard, plus the gradient
+      // staging / gather buffers, plus the activations of the recompute mode.
+      const double P = double(model.num_local_params());
+      const double Gd = shape.d;
+      const double staging = double(model.state_bytes()) - 4 * P -
+                             4.0 * double(model.num_local_grads()) -
+                             8.0 * double(ol.state_size);
+      const double formula_state = 4 * P + 4 * P / (po.zero >= 2 ? Gd : 1.0) +
+                                   8 * P / (po.zero >= 1 ? Gd : 1.0) + staging;
+      const double formula = formula_state + double(model.activation_bytes(po.recompute));
+      double peak = double(hwm_rss_bytes()) - rss_start;
+      double formula_max = formula;
+      g.world.allreduce_max(&peak, 1);
+      g.world.allreduce_max(&formula_max, 1);
+      double bubble = 0, bubble_min = 0, expected = 0;
+      if (pipe) {
+        // Each rank's idle time over its compute time; with equal stages every rank idles
+        // (p - 1) chunk-times of m v per step: the textbook (p - 1) / (v m).
+        bubble = wait_total / busy_total;
+        g.world.allreduce_sum(&bubble, 1);
+        bubble /= G;
+        double neg = -(wait_total / busy_total);
+        g.world.allreduce_max(&neg, 1);
+        bubble_min = -neg;
+        expected = double(shape.p - 1) / (double(M) * opt.virtual_stages);
+        out << "  pipeline " << shape.to_string() << ": " << opt.schedule << ", " << M
+            << " micro-batches, " << opt.virtual_stages << " chunk(s) per stage, layers "
+            << mc.n_layer << ": bubble (idle / compute, mean over ranks) " << std::fixed
+            << std::setprecision(3) << bubble << " (least-waiting rank " << bubble_min
+            << ") vs (p - 1) / (v m) = " << expected << "; ratio " << bubble / expected << "\n"
+            << std::defaultfloat;
+      }
+      out << "  memory " << shape.to_string() << ": peak " << std::fixed << std::setprecision(1)
+          << peak / 1048576.0 << " MiB per rank (largest) vs formula " << formula_max / 1048576.0
+          << " MiB = state " << formula_state / 1048576.0 << " (of which staging "
+          << staging / 1048576.0 << ") + activations "
+          << double(model.activation_bytes(po.recompute)) / 1048576.0 << "; ratio "
+          << std::setprecision(3) << peak / formula_max
+          << (hwm_reset ? "" : " (peak not resettable here: includes earlier grids)") << "\n"
+          << std::defaultfloat;
       out << "  " << std::left << std::setw(9) << shape.to_string() << " " << std::setw(7) << mode
           << std::right << std::fixed << std::setprecision(1) << std::setw(9) << tok_s
           << std::setprecision(3) << std::setw(9) << step << std::setprecision(1) << std::setw(8)
@@ -389,7 +466,18 @@ void run_bench_grids(const BenchOptions& opt, std::ostream& log) {
                                    {"state_bytes_per_rank", state_max},
                                    {"state_vs_serial_over_G", state_max / (serial_state / double(G))},
                                    {"rss_mb", rss / 1048576.0},
-                                   {"estimate_mb", estimate / 1048576.0}}
+                                   {"estimate_mb", estimate / 1048576.0},
+                                   {"zero", po.zero}, {"recompute", recompute_name(po.recompute)},
+                                   {"peak_mb", peak / 1048576.0},
+                                   {"formula_mb", formula_max / 1048576.0},
+                                   {"formula_state_mb", formula_state / 1048576.0},
+                                   {"activation_mb", model.activation_bytes(po.recompute) / 1048576.0},
+                                   {"peak_vs_formula", peak / formula_max},
+                                   {"micro_batches", M}, {"schedule", opt.schedule},
+                                   {"virtual_stages", opt.virtual_stages},
+                                   {"layers", mc.n_layer}, {"bubble", bubble},
+                                   {"bubble_least_waiting", bubble_min},
+                                   {"bubble_formula", expected}}
                         .dump()
                  << "\n";
       }

@@ -19,9 +19,19 @@ struct BenchOptions {
   bool quick_ceilings = false;  // the longer measurement is steadier on a shared machine
   std::string trace_path;  // Chrome trace-event JSON of the timed steps ("": none)
   // --grids: "off" (every collective blocking), "on" (the parallel.* defaults), "both" (side by
-  // side); grid: only this grid ("x,y,z,d"; "": every factorisation).
+  // side); grid: only this grid ("x,y,z,d" or "x,y,z,p,d"; "": every factorisation).
   std::string overlap = "both";
   std::string grid;
+  // --grids: ZeRO stage and activation recomputation of the model (parallel.zero,
+  // train.recompute).
+  int zero = 0;
+  std::string recompute = "none";
+  // --grids with Gp > 1: micro-batches per step, schedule, chunks per stage; and (--grids) a
+  // layer count replacing the configuration's (0: keep it).
+  int micro_batches = 4;
+  std::string schedule = "1f1b";
+  int virtual_stages = 1;
+  int layers = 0;
 };
 
 void run_bench(const BenchOptions& opt, std::ostream& out);
@@ -29,8 +39,10 @@ void run_bench(const BenchOptions& opt, std::ostream& out);
 // Parallel mode, run under mpirun: every grid of the world size that divides the model trains
 // the configuration on the same global batch (its standard micro-batch); rank 0 prints tokens/s,
 // the time split into compute, exposed communication and idle, the share of communication hidden
-// behind compute (with overlap off and on, --overlap), and per-rank memory of
-// parameters + gradients + Adam against the serial figure / G. Compare with `tetrad bench` on one
+// behind compute (with overlap off and on, --overlap), per-rank memory of
+// parameters + gradients + Adam against the serial figure / G, and each rank's peak resident
+// memory during the steps against the formula of docs/parallel.md ("Memory per rank"). Compare
+// with `tetrad bench` on one
 // rank with as many threads as ranks here (bench/parallel.sh does both).
 void run_bench_grids(const BenchOptions& opt, std::ostream& out);
 

@@ -113,9 +113,10 @@ const std::vector<Field>& schema() {
       STRING_FIELD("run.init_from", c.init_from,
                    "Hugging Face model folder to start from (fine-tuning); empty: random init"),
       STRING_FIELD("parallel.grid", c.grid,
-                   "process grid \"x,y,z,d\": tensor parallelism over X, Y, Z (Z shards weights) "
-                   "times data parallelism over D; the product must equal the number of ranks. "
-                   "\"auto\": the planner's first choice for this run (docs/planner.md)"),
+                   "process grid \"x,y,z,d\" or \"x,y,z,p,d\": tensor parallelism over X, Y, Z "
+                   "(Z shards weights), pipeline stages over P, data parallelism over D; the "
+                   "product must equal the number of ranks. \"auto\": the planner's first "
+                   "choice for this run (docs/planner.md)"),
       STRING_FIELD("parallel.machine", c.machine,
                    "machine description the planner uses for grid = \"auto\": a TOML file or "
                    "a shipped name (machines/*.toml: local, perlmutter, frontier, alps, dgx-a100)"),
@@ -133,7 +134,8 @@ const std::vector<Field>& schema() {
                  "per step, instead of per micro-batch and pass; costs Gz x the layer weights)"),
       BOOL_FIELD("parallel.overlap_dp_allreduce", c.overlap.dp_overlap,
                  "data-parallel gradient all-reduce in buckets started during the last "
-                 "micro-batch's backward, as soon as each bucket is final"),
+                 "micro-batch's backward, as soon as each bucket is final (no effect with "
+                 "parallel.zero >= 1 or a pipeline axis: they reduce at the end of the step)"),
       FLOAT_FIELD("parallel.dp_bucket_mb", c.overlap.dp_bucket_mb,
                   "data-parallel bucket size in MiB (0: one all-reduce per tensor, in place); "
                   "used with or without overlap, so it never changes results between the two"),
@@ -144,6 +146,16 @@ const std::vector<Field>& schema() {
                  "a helper thread calls MPI every ~50 us during GEMMs while collectives are "
                  "pending (Open MPI progresses only inside MPI calls); off: MPI_Test polls "
                  "between kernels only"),
+      STRING_FIELD("parallel.schedule", c.schedule,
+                   "pipeline schedule (Gp > 1): \"1f1b\" or \"interleaved\" (needs "
+                   "train.grad_accum divisible by Gp); micro-batches = train.grad_accum"),
+      INT_FIELD("parallel.virtual_stages", c.virtual_stages,
+                "model chunks per pipeline stage (\"interleaved\" only; 1 with \"1f1b\"); the "
+                "layers split evenly over Gp x virtual_stages"),
+      INT_FIELD("parallel.zero", c.zero,
+                "ZeRO stage over the data axis: 0 replicates optimizer state over D; 1 shards the "
+                "Adam moments over D (gradients reduce-scattered, updated parameters "
+                "all-gathered); 2 shards the gradients too"),
       INT_FIELD("train.seed", c.train.seed, "seed of weight init and data order"),
       INT_FIELD("train.micro_batch", c.train.micro_batch,
                 "sequences per micro-batch of the whole job (split over the Z x D ranks)"),
@@ -182,6 +194,10 @@ const std::vector<Field>& schema() {
                   "error naming the operation and group (0: TETRAD_COMM_TIMEOUT, else 300)"),
       INT_FIELD("train.max_bad_steps", c.train.max_bad_steps,
                 "consecutive non-finite steps (skipped) before the run stops"),
+      STRING_FIELD("train.recompute", c.train.recompute,
+                   "activation recomputation: \"none\", \"selective\" (attention recomputed "
+                   "in the backward from the stored q|k|v) or \"full\" (each block keeps only "
+                   "its input and reruns its forward before its backward)"),
       STRING_FIELD("train.precision", c.train.precision,
                    "GEMM precision: \"fp32\", \"bf16\" (bf16 operands, fp32 accumulation; fp32 master weights, gradients, optimizer, norms, softmax, loss) or \"auto\" (bf16 where the CPU has AMX-BF16 or AVX512-BF16, else fp32)"),
       STRING_FIELD("train.loss_mask", c.train.loss_mask,
@@ -270,6 +286,14 @@ void RunConfig::validate() const {
   if (!(t.comm_timeout >= 0)) fail("train.comm_timeout must be >= 0 (0: default), got ", t.comm_timeout);
   if (run_dir.empty()) fail("run.dir must not be empty");
   LossMask{parse_loss_mask(t.loss_mask), t.goldfish_k, t.goldfish_h, t.seed}.validate();
+  if (t.recompute != "none" && t.recompute != "selective" && t.recompute != "full")
+    fail("train.recompute must be \"none\", \"selective\" or \"full\", got \"", t.recompute, "\"");
+  if (zero < 0 || zero > 2) fail("parallel.zero must be 0, 1 or 2, got ", zero);
+  if (schedule != "1f1b" && schedule != "interleaved")
+    fail("parallel.schedule must be \"1f1b\" or \"interleaved\", got \"", schedule, "\"");
+  if (virtual_stages < 1) fail("parallel.virtual_stages must be at least 1, got ", virtual_stages);
+  if (schedule == "1f1b" && virtual_stages != 1)
+    fail("parallel.virtual_stages = ", virtual_stages, " needs parallel.schedule = \"interleaved\"");
   if (t.precision != "auto") kernels::parse_precision(t.precision);  // throws naming the choices
 }
 

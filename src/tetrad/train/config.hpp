@@ -41,6 +41,7 @@ struct TrainConfig {
   std::string loss_mask = "none";  // none | goldfish | static | random (train/loss_mask.hpp)
   int goldfish_k = 4;
   int goldfish_h = 13;
+  std::string recompute = "none";  // none | selective | full (activation recomputation)
 };
 
 // parallel.* overlap switches (parallel/comm_schedule.hpp OverlapOptions; docs/parallel.md).
@@ -65,9 +66,12 @@ struct RunConfig {
   std::string data_dir = "data/kjv";  // output of `tetrad prepare`
   std::string init_from;             // Hugging Face folder to fine-tune from (optional)
   std::string run_dir = "runs/default";
-  std::string grid = "1,1,1,1";      // x,y,z,d process grid (docs/parallel.md), or "auto"
+  std::string grid = "1,1,1,1";      // x,y,z,d or x,y,z,p,d process grid (docs/parallel.md), or "auto"
   std::string machine = "local";     // machine file or shipped name for grid = "auto"
   OverlapConfig overlap;
+  int zero = 0;                      // ZeRO stage over the data axis: 0, 1 or 2
+  std::string schedule = "1f1b";     // pipeline schedule: 1f1b | interleaved
+  int virtual_stages = 1;            // pipeline chunks per stage (interleaved)
   TrainConfig train;
 
   void validate() const;  // throws Error naming the key

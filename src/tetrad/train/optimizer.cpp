@@ -18,21 +18,34 @@ double learning_rate(const TrainConfig& t, int64_t step) {
 
 std::vector<DecayRange> decay_ranges(const ParamTable& table, const TrainConfig& t,
                                      const std::vector<int64_t>& offsets,
-                                     const std::vector<int64_t>& sizes) {
+                                     const std::vector<int64_t>& sizes,
+                                     const std::vector<int64_t>& state_offsets,
+                                     const std::vector<int64_t>& grad_offsets) {
   std::vector<DecayRange> ranges;
   for (size_t i = 0; i < table.specs.size(); ++i) {
+    if (sizes[i] == 0) continue;
     const ParamSpec& s = table.specs[i];
     bool decay = true;
     if (s.kind == ParamKind::Embedding) decay = t.decay_embeddings;
     if (s.kind == ParamKind::Norm) decay = t.decay_norms;
     if (s.kind == ParamKind::Bias) decay = t.decay_biases;
-    if (!ranges.empty() && ranges.back().decay == decay &&
-        ranges.back().offset + ranges.back().numel == offsets[i])
-      ranges.back().numel += sizes[i];
-    else
-      ranges.push_back({offsets[i], sizes[i], decay});
+    if (!ranges.empty()) {
+      DecayRange& b = ranges.back();
+      if (b.decay == decay && b.offset + b.numel == offsets[i] &&
+          b.state_offset + b.numel == state_offsets[i] && b.grad_offset + b.numel == grad_offsets[i]) {
+        b.numel += sizes[i];
+        continue;
+      }
+    }
+    ranges.push_back({offsets[i], sizes[i], decay, state_offsets[i], grad_offsets[i]});
   }
   return ranges;
+}
+
+std::vector<DecayRange> decay_ranges(const ParamTable& table, const TrainConfig& t,
+                                     const std::vector<int64_t>& offsets,
+                                     const std::vector<int64_t>& sizes) {
+  return decay_ranges(table, t, offsets, sizes, offsets, offsets);
 }
 
 namespace {
@@ -54,12 +67,15 @@ AdamW::AdamW(std::vector<DecayRange> ranges, int64_t total, const TrainConfig& t
 
 void AdamW::update(float* params, const float* grads, double lr, double grad_scale,
                    int64_t step) {
-  for (const auto& r : ranges_)
-    kernels::adamw_update<float>(params + r.offset, grads + r.offset, m_.data() + r.offset,
-                                 v_.data() + r.offset, r.numel, float(lr), float(t_.beta1),
+  for (const auto& r : ranges_) {
+    const int64_t so = r.state_offset < 0 ? r.offset : r.state_offset;
+    const int64_t go = r.grad_offset < 0 ? r.offset : r.grad_offset;
+    kernels::adamw_update<float>(params + r.offset, grads + go, m_.data() + so,
+                                 v_.data() + so, r.numel, float(lr), float(t_.beta1),
                                  float(t_.beta2), float(t_.adam_eps),
                                  r.decay ? float(t_.weight_decay) : 0.0f, float(grad_scale),
                                  step);
+  }
 }
 
 double grad_norm(const float* grads, int64_t n) {

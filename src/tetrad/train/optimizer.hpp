@@ -17,9 +17,12 @@ double learning_rate(const TrainConfig& t, int64_t step);
 // Moments are fp32 buffers laid out like the parameters, so checkpoints and sharding slice them
 // the same way.
 // A contiguous run of the parameter buffer and whether weight decay applies to it.
+// Its moments are at state_offset of the moment buffers and its gradient at grad_offset of the
+// gradient buffer (-1: at `offset`, laid out like the parameters; ZeRO keeps them elsewhere).
 struct DecayRange {
   int64_t offset, numel;
   bool decay;
+  int64_t state_offset = -1, grad_offset = -1;
 };
 // Which tensors decay, by ParamKind and the config (norms, biases, embeddings excluded unless
 // asked); `offsets`/`sizes` give where each table entry lives in the buffer being optimised
@@ -27,11 +30,18 @@ struct DecayRange {
 std::vector<DecayRange> decay_ranges(const ParamTable& table, const TrainConfig& t,
                                      const std::vector<int64_t>& offsets,
                                      const std::vector<int64_t>& sizes);
+// The same with the moments and gradients of tensor i at state_offsets[i] / grad_offsets[i]
+// (a parallel rank's optimizer layout under ZeRO); runs merge only where all three are adjacent.
+std::vector<DecayRange> decay_ranges(const ParamTable& table, const TrainConfig& t,
+                                     const std::vector<int64_t>& offsets,
+                                     const std::vector<int64_t>& sizes,
+                                     const std::vector<int64_t>& state_offsets,
+                                     const std::vector<int64_t>& grad_offsets);
 
 class AdamW {
  public:
   AdamW(const ParamTable& table, const TrainConfig& t);
-  // Over any buffer described by ranges (a rank's shards), total elements.
+  // Over any buffer described by ranges (a rank's shards); total: elements of each moment buffer.
   AdamW(std::vector<DecayRange> ranges, int64_t total, const TrainConfig& t);
   // One update of every parameter. grad_scale multiplies the gradients first (clipping).
   // `step` is 1-based (bias correction).

@@ -7,12 +7,14 @@
 #include <chrono>
 #include <cmath>
 #include <csignal>
+#include <cstring>
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
 #include <iomanip>
 #include <iostream>
 #include <nlohmann/json.hpp>
+#include <memory>
 #include <sstream>
 #include <thread>
 
@@ -31,6 +33,7 @@
 #include "tetrad/parallel/grid.hpp"
 #include "tetrad/planner/auto_grid.hpp"
 #include "tetrad/parallel/parallel_transformer.hpp"
+#include "tetrad/parallel/pipeline.hpp"
 #include "tetrad/parallel/process_groups.hpp"
 #include "tetrad/tools/ceilings.hpp"
 #include "tetrad/train/loss_mask.hpp"
@@ -211,18 +214,25 @@ TrainResult train(const RunConfig& cfg, const TrainOptions& opt, std::ostream& l
                         << resolved << "\n";
   }
 
-  parallel::ParallelTransformer model(cfg.model, groups, B, T, overlap_options(cfg.overlap));
+  parallel::ParallelOptions popt;
+  popt.recompute = parallel::parse_recompute(t.recompute);
+  popt.zero = cfg.zero;
+  popt.virtual_stages = cfg.virtual_stages;
+  popt.overlap = overlap_options(cfg.overlap);  // dp_overlap dropped with ZeRO or Gp > 1
+  parallel::ParallelTransformer model(cfg.model, groups, B, T, popt);
   StepProfile prof;
   TraceLog trace_log;
   if (!opt.trace_path.empty()) prof.trace = &trace_log;
   model.set_profile(&prof);
   const ParamTable& table = model.table();
-  std::vector<int64_t> shard_offsets, shard_sizes;
-  for (const auto& s : model.plan().tensors) {
-    shard_offsets.push_back(s.offset);
-    shard_sizes.push_back(s.shard_numel);
-  }
-  AdamW adam(decay_ranges(table, t, shard_offsets, shard_sizes), model.num_local_params(), t);
+  // Gp > 1: the step's micro-batches go through the stages in the pipeline schedule's order.
+  std::unique_ptr<parallel::PipelineDriver> pipe;
+  if (shape.p > 1)
+    pipe = std::make_unique<parallel::PipelineDriver>(
+        model, parallel::parse_pipeline_schedule(cfg.schedule), t.grad_accum);
+  const parallel::OptimizerLayout& ol = model.optimizer_layout();
+  AdamW adam(decay_ranges(table, t, ol.param_offsets, ol.sizes, ol.state_offsets, ol.grad_offsets),
+             ol.state_size, t);
   data::LoaderOptions lopt;
   lopt.tokenizer_identity = data.tokenizer_identity;
   lopt.model_vocab = cfg.model.vocab_size;
@@ -261,9 +271,20 @@ TrainResult train(const RunConfig& cfg, const TrainOptions& opt, std::ostream& l
       std::string error;
       try {
         if (is_sharded_checkpoint(dir)) {
-          const ShardedCheckpointInfo info =
-              load_sharded_checkpoint(dir, cfg.model, data.tokenizer_identity, model.plan(),
-                                      model.params(), adam.m(), adam.v());
+          // The files hold the moments laid out like the parameters; with ZeRO this rank keeps
+          // its D piece of each tensor (optimizer_layout()).
+          const bool pieces = cfg.zero >= 1;
+          std::vector<float> m_full(pieces ? size_t(model.num_local_params()) : 0),
+              v_full(m_full.size());
+          const ShardedCheckpointInfo info = load_sharded_checkpoint(
+              dir, cfg.model, data.tokenizer_identity, model.plan(), model.params(),
+              pieces ? m_full.data() : adam.m(), pieces ? v_full.data() : adam.v());
+          if (pieces)
+            for (size_t i = 0; i < ol.sizes.size(); ++i) {
+              const size_t n = size_t(ol.sizes[i]) * sizeof(float);
+              std::memcpy(adam.m() + ol.state_offsets[i], m_full.data() + ol.param_offsets[i], n);
+              std::memcpy(adam.v() + ol.state_offsets[i], v_full.data() + ol.param_offsets[i], n);
+            }
           step = info.step;
           restore_data_position(info.data, dir, T, train_loader);
         } else {
@@ -271,8 +292,13 @@ TrainResult train(const RunConfig& cfg, const TrainOptions& opt, std::ostream& l
           auto keep = [&](float* local) {
             return [&model, local](size_t i, const float* d) { model.scatter_tensor(local, i, d); };
           };
+          auto keep_state = [&](float* local) {
+            return [&model, local](size_t i, const float* d) {
+              model.scatter_state_tensor(local, i, d);
+            };
+          };
           TrainerState st = load_run_checkpoint_streamed(dir, cfg.model, table, keep(model.params()),
-                                                         keep(adam.m()), keep(adam.v()));
+                                                         keep_state(adam.m()), keep_state(adam.v()));
           step = st.step;
           try {
             train_loader.restore(data::LoaderState{st.info.at("data_epoch").get<uint64_t>(),
@@ -331,7 +357,14 @@ TrainResult train(const RunConfig& cfg, const TrainOptions& opt, std::ostream& l
     if (r == groups.world.rank() && !opt.quiet)
       log_stream << groups.summary() << "; " << model.num_local_params() << " of " << table.total
                  << " parameters, " << B << " of " << t.micro_batch << " sequences per micro-batch"
-                 << std::endl;
+                 << "; memory: state " << std::fixed << std::setprecision(2)
+                 << double(model.state_bytes()) / (1 << 20) << " MiB (parallel.zero = " << cfg.zero
+                 << "), activations " << double(model.activation_bytes()) / (1 << 20)
+                 << " MiB (train.recompute = " << t.recompute << "; none: "
+                 << double(model.activation_bytes(parallel::Recompute::None)) / (1 << 20)
+                 << " MiB, saved " << double(model.activation_bytes(parallel::Recompute::None) -
+                                             model.activation_bytes()) / (1 << 20)
+                 << " MiB)" << std::defaultfloat << std::endl;
     if (world > 1) groups.world.barrier();
   }
 
@@ -361,6 +394,7 @@ TrainResult train(const RunConfig& cfg, const TrainOptions& opt, std::ostream& l
           << std::defaultfloat;
   };
   Watchdog watchdog(t.step_timeout, groups.world.rank());
+  const bool streamed_save = cfg.zero >= 1 || shape.p > 1;  // see save() below
   auto save = [&](int64_t at_step, bool wait) {
     // Never replace a good checkpoint with weights that are no longer finite.
     double sq = kernels::sum_squares(model.params(), model.num_local_params());
@@ -373,6 +407,48 @@ TrainResult train(const RunConfig& cfg, const TrainOptions& opt, std::ostream& l
     if (saver.pending()) {  // the previous one is still being written: wait for it
       saver.finish();
       report_save();
+    }
+    if (streamed_save) {
+      // ZeRO >= 1 (Adam moments in D pieces) or Gp > 1 (each stage's layers from their owner):
+      // the sharded format writes every rank's local buffers as laid out by the shard plan, which
+      // neither case matches, so these save streamed one tensor at a time (synchronously): rank 0
+      // writes, every rank takes part in each tensor's gather, in the writer's order (params,
+      // then m, then v, each in table order).
+      const auto t0 = std::chrono::steady_clock::now();
+      auto gather = [&model](const float* local) {
+        return [&model, local](size_t i, float* out) { model.gather_tensor(local, i, out); };
+      };
+      auto gather_state = [&model](const float* local) {
+        return [&model, local](size_t i, float* out) { model.gather_state_tensor(local, i, out); };
+      };
+      if (root) {
+        const auto ls = train_loader.state();
+        nlohmann::json info = {{"data_epoch", ls.epoch}, {"data_cursor", ls.cursor},
+                               {"tokens_seen", at_step * tokens_per_step},
+                               {"grid", shape.to_string()}, {"config", to_toml(cfg)}};
+        CheckpointOptions co;
+        co.tokenizer_path = data.tokenizer_path;
+        co.keep_last = t.keep_checkpoints;
+        result.last_checkpoint = save_run_checkpoint_streamed(
+            cfg.run_dir, cfg.model, table, gather(model.params()), gather_state(adam.m()),
+            gather_state(adam.v()), at_step, {}, info, co);
+        const double dt = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+        if (!opt.quiet) out << "checkpoint " << result.last_checkpoint << " (" << std::fixed
+                            << std::setprecision(2) << dt << " s)\n" << std::defaultfloat;
+      } else {
+        std::vector<float> tensor;
+        for (size_t i = 0; i < table.specs.size(); ++i) {
+          tensor.resize(size_t(table.specs[i].numel));
+          model.gather_tensor(model.params(), i, tensor.data());
+        }
+        for (const float* local : {(const float*)adam.m(), (const float*)adam.v()})
+          for (size_t i = 0; i < table.specs.size(); ++i) {
+            tensor.resize(size_t(table.specs[i].numel));
+            model.gather_state_tensor(local, i, tensor.data());
+          }
+      }
+      if (world > 1) groups.world.barrier();  // the checkpoint is complete before anyone goes on
+      return;
     }
     ShardedCheckpointInfo info;
     info.step = at_step;
@@ -406,10 +482,12 @@ TrainResult train(const RunConfig& cfg, const TrainOptions& opt, std::ostream& l
     std::vector<int32_t> vi(size_t(B) * T), vt(vi.size());
     for (int i = 0; i < t.eval_batches; ++i) {
       val.next_batch(vi.data(), vt.data());
-      sums[0] += model.forward_loss(vi.data(), vt.data(), B, T);
+      sums[0] += pipe ? pipe->forward_loss(vi.data(), vt.data(), B, T)
+                      : model.forward_loss(vi.data(), vt.data(), B, T);
       for (int32_t y : vt) sums[1] += y >= 0;
     }
     if (groups.zd.size() > 1) groups.zd.allreduce_sum(sums, 2);
+    if (pipe) groups.p.allreduce_sum(sums, 1);  // the loss is on the last stage
     const double vl = sums[0] / std::max(sums[1], 1.0);
     result.val_losses.push_back(vl);
     if (root) {
@@ -502,12 +580,17 @@ TrainResult train(const RunConfig& cfg, const TrainOptions& opt, std::ostream& l
       model.begin_step(t.grad_accum);
     }
     double loss_sum = 0;
-    for (int m = 0; m < t.grad_accum; ++m)
-      loss_sum += model.forward_backward(inputs.data() + size_t(m) * B * T,
-                                         targets.data() + size_t(m) * B * T, B, T,
-                                         float(1.0 / kept));
+    if (pipe) {
+      loss_sum = pipe->step(inputs.data(), targets.data(), B, T, float(1.0 / kept));
+    } else {
+      for (int m = 0; m < t.grad_accum; ++m)
+        loss_sum += model.forward_backward(inputs.data() + size_t(m) * B * T,
+                                           targets.data() + size_t(m) * B * T, B, T,
+                                           float(1.0 / kept));
+    }
     model.reduce_gradients();
     if (groups.zd.size() > 1) trainer_comm([&] { groups.zd.allreduce_sum(&loss_sum, 1); });
+    if (pipe) trainer_comm([&] { groups.p.allreduce_sum(&loss_sum, 1); });
     const double loss = loss_sum / kept;
     double gnorm = 0;
     {
@@ -534,6 +617,7 @@ TrainResult train(const RunConfig& cfg, const TrainOptions& opt, std::ostream& l
       ScopedPhase sp(&prof, Phase::Optimizer, "adamw");
       adam.update(model.params(), model.grads(), lr, clip, step + 1);
     }
+    model.gather_updated_params();  // ZeRO: every D replica gets the pieces the others updated
     result.losses.push_back(loss);
 
     const auto t1 = std::chrono::steady_clock::now();

@@ -1,0 +1,181 @@
+// The correctness contract's harness (4d-parallelism.md), shared by the MPI tests that extend it
+// (ZeRO, recomputation, pipeline): the same 20 steps of a tiny model, serially with
+// Transformer<float> and on a grid with ParallelTransformer, recording the loss and gradient norm
+// of every step and, at the end, every whole tensor.
+#pragma once
+#include <mpi.h>
+
+#include <cmath>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "tetrad/core/rng.hpp"
+#include "tetrad/model/transformer.hpp"
+#include "tetrad/parallel/parallel_transformer.hpp"
+#include "tetrad/parallel/pipeline.hpp"
+#include "tetrad/parallel/process_groups.hpp"
+#include "tetrad/train/optimizer.hpp"
+
+namespace contract {
+
+using namespace tetrad;
+using namespace tetrad::parallel;
+
+inline int world_rank() {
+  int r;
+  MPI_Comm_rank(MPI_COMM_WORLD, &r);
+  return r;
+}
+inline int world_size() {
+  int n;
+  MPI_Comm_size(MPI_COMM_WORLD, &n);
+  return n;
+}
+
+inline ModelConfig tiny_model(Family f, int n_layer) {
+  ModelConfig c;
+  c.family = f;
+  c.n_layer = n_layer;
+  c.n_embd = 64;
+  c.n_head = 8;
+  c.n_kv_head = f == Family::Llama ? 4 : 8;  // grouped-query attention for Llama
+  c.ffn = f == Family::Llama ? 96 : 128;
+  c.vocab_size = 256;
+  c.max_seq = 32;
+  c.tie_embeddings = f == Family::GPT2;
+  return c;
+}
+
+struct Run {
+  std::vector<double> losses, grad_norms;
+  std::vector<std::vector<float>> weights;  // every tensor, whole
+  std::vector<std::vector<float>> m, v;     // Adam moments, whole (parallel runs)
+};
+
+constexpr int kB = 8, kT = 16, kAccum = 2;
+
+inline std::vector<int32_t> batch_tokens(int step, int micro, int V) {
+  Rng r(1000 + 31 * step + micro);
+  std::vector<int32_t> t(size_t(kB) * (kT + 1));
+  for (auto& x : t) x = int32_t(r.next_u64() % uint64_t(V));
+  return t;
+}
+
+inline TrainConfig train_config(int steps) {
+  TrainConfig t;
+  t.lr = 3e-3;
+  t.weight_decay = 0.1;
+  t.grad_clip = 1.0;
+  t.warmup_steps = 2;
+  t.max_steps = steps;
+  return t;
+}
+
+inline Run serial_run(const ModelConfig& mc, int steps) {
+  Transformer<float> m(mc, kB, kT);
+  m.init_weights(7);
+  const TrainConfig tc = train_config(steps);
+  AdamW opt(m.table(), tc);
+  Run r;
+  std::vector<int32_t> x(size_t(kB) * kT), y(x.size());
+  for (int s = 0; s < steps; ++s) {
+    m.zero_grads();
+    double loss = 0;
+    for (int mb = 0; mb < kAccum; ++mb) {
+      auto tok = batch_tokens(s, mb, mc.vocab_size);
+      for (int b = 0; b < kB; ++b)
+        for (int t = 0; t < kT; ++t) {
+          x[b * kT + t] = tok[b * (kT + 1) + t];
+          y[b * kT + t] = tok[b * (kT + 1) + t + 1];
+        }
+      loss += m.forward_backward(x.data(), y.data(), kB, kT, 1.0f / (kB * kT * kAccum));
+    }
+    const double gn = grad_norm(m.grads(), m.num_params());
+    opt.update(m.params(), m.grads(), learning_rate(tc, s),
+               gn > tc.grad_clip ? tc.grad_clip / gn : 1.0, s + 1);
+    r.losses.push_back(loss / (kB * kT * kAccum));
+    r.grad_norms.push_back(gn);
+  }
+  for (const auto& s : m.table().specs)
+    r.weights.emplace_back(m.params() + s.offset, m.params() + s.offset + s.numel);
+  return r;
+}
+
+// The trainer's step on a grid (ParallelTransformer, optimizer over optimizer_layout(), ZeRO's
+// all-gather after the update).
+// Gp > 1: the micro-batches go through PipelineDriver with `schedule`.
+inline Run parallel_run(const ModelConfig& mc, ProcessGroups& g, int steps, ParallelOptions po,
+                        PipelineSchedule schedule = PipelineSchedule::OneFOneB) {
+  const int replicas = g.shape.z * g.shape.d;
+  const int Bl = kB / replicas;
+  const int slot = g.coord.z + g.shape.z * g.coord.d;  // this rank's slice of the sequences
+  ParallelTransformer m(mc, g, Bl, kT, po);
+  m.init_weights(7);
+  const TrainConfig tc = train_config(steps);
+  const OptimizerLayout& ol = m.optimizer_layout();
+  AdamW opt(decay_ranges(m.table(), tc, ol.param_offsets, ol.sizes, ol.state_offsets,
+                         ol.grad_offsets),
+            ol.state_size, tc);
+  std::unique_ptr<PipelineDriver> pipe;
+  if (g.shape.p > 1) pipe = std::make_unique<PipelineDriver>(m, schedule, kAccum);
+  Run r;
+  std::vector<int32_t> x(size_t(kAccum) * Bl * kT), y(x.size());
+  for (int s = 0; s < steps; ++s) {
+    m.zero_grads();
+    double loss = 0;
+    for (int mb = 0; mb < kAccum; ++mb) {
+      auto tok = batch_tokens(s, mb, mc.vocab_size);
+      for (int b = 0; b < Bl; ++b)
+        for (int t = 0; t < kT; ++t) {
+          x[(mb * Bl + b) * kT + t] = tok[(slot * Bl + b) * (kT + 1) + t];
+          y[(mb * Bl + b) * kT + t] = tok[(slot * Bl + b) * (kT + 1) + t + 1];
+        }
+    }
+    const float scale = 1.0f / (kB * kT * kAccum);
+    if (pipe) {
+      loss = pipe->step(x.data(), y.data(), Bl, kT, scale);
+    } else {
+      for (int mb = 0; mb < kAccum; ++mb)
+        loss += m.forward_backward(x.data() + size_t(mb) * Bl * kT, y.data() + size_t(mb) * Bl * kT,
+                                   Bl, kT, scale);
+    }
+    m.reduce_gradients();
+    if (g.zd.size() > 1) g.zd.allreduce_sum(&loss, 1);
+    if (pipe) g.p.allreduce_sum(&loss, 1);
+    const double gn = std::sqrt(m.grad_sum_squares());
+    opt.update(m.params(), m.grads(), learning_rate(tc, s),
+               gn > tc.grad_clip ? tc.grad_clip / gn : 1.0, s + 1);
+    m.gather_updated_params();
+    r.losses.push_back(loss / (kB * kT * kAccum));
+    r.grad_norms.push_back(gn);
+  }
+  for (size_t i = 0; i < m.table().specs.size(); ++i) {
+    std::vector<float> full(m.table().specs[i].numel);
+    m.get_tensor(i, full.data());
+    r.weights.push_back(full);
+    m.gather_state_tensor(opt.m(), i, full.data());
+    r.m.push_back(full);
+    m.gather_state_tensor(opt.v(), i, full.data());
+    r.v.push_back(full);
+  }
+  return r;
+}
+
+// Largest absolute difference over every weight, and the tensor it is in.
+inline double worst_weight_difference(const Run& a, const Run& b, const ModelConfig& mc,
+                                      std::string* where = nullptr) {
+  double worst = 0;
+  const ParamTable table = build_param_table(mc);
+  for (size_t i = 0; i < a.weights.size(); ++i)
+    for (size_t j = 0; j < a.weights[i].size(); ++j) {
+      const double d = std::abs(double(a.weights[i][j]) - b.weights[i][j]);
+      if (d > worst) {
+        worst = d;
+        if (where) *where = table.specs[i].name;
+      }
+    }
+  return worst;
+}
+
+}  // namespace contract

@@ -1,0 +1,79 @@
+// The pipeline schedules as pure functions: the order of forwards and backwards on each stage
+// against the textbook schedules (PipeDream-Flush 1F1B; Megatron-LM's interleaved schedule, its
+// Figure 4), every micro-batch and chunk run exactly once each way, and the bubble of the
+// simulated schedule against (p - 1) / m and (p - 1) / (v m).
+#include <gtest/gtest.h>
+
+#include <set>
+
+#include "tetrad/core/error.hpp"
+#include "tetrad/parallel/pipeline_schedule.hpp"
+
+using namespace tetrad;
+using namespace tetrad::parallel;
+
+namespace {
+constexpr auto k1F1B = PipelineSchedule::OneFOneB;
+constexpr auto kInter = PipelineSchedule::Interleaved;
+}  // namespace
+
+TEST(PipelineSchedule, OneFOneBMatchesTheTextbookOrder) {
+  // p = 4, m = 8: stage s warms up with p - s - 1 forwards, then one forward, one backward.
+  EXPECT_EQ(to_string(pipeline_schedule(k1F1B, 4, 0, 8, 1), 1),
+            "F0 F1 F2 F3 B0 F4 B1 F5 B2 F6 B3 F7 B4 B5 B6 B7");
+  EXPECT_EQ(to_string(pipeline_schedule(k1F1B, 4, 1, 8, 1), 1),
+            "F0 F1 F2 B0 F3 B1 F4 B2 F5 B3 F6 B4 F7 B5 B6 B7");
+  EXPECT_EQ(to_string(pipeline_schedule(k1F1B, 4, 3, 8, 1), 1),
+            "F0 B0 F1 B1 F2 B2 F3 B3 F4 B4 F5 B5 F6 B6 F7 B7");
+  // Fewer micro-batches than stages: all forwards, then all backwards.
+  EXPECT_EQ(to_string(pipeline_schedule(k1F1B, 4, 0, 2, 1), 1), "F0 F1 B0 B1");
+  // One stage: forward and backward of each micro-batch in turn (plain gradient accumulation).
+  EXPECT_EQ(to_string(pipeline_schedule(k1F1B, 1, 0, 3, 1), 1), "F0 B0 F1 B1 F2 B2");
+}
+
+TEST(PipelineSchedule, InterleavedMatchesMegatronFigure4) {
+  // p = 4, v = 2, m = 8, device 1 (stage 0): micro-batches 1-4 through chunk 0, 1-4 through
+  // chunk 1, 5 and 6 through chunk 0; then 1F1B; backwards start with the last chunk.
+  EXPECT_EQ(to_string(pipeline_schedule(kInter, 4, 0, 8, 2), 2),
+            "F0.0 F1.0 F2.0 F3.0 F0.1 F1.1 F2.1 F3.1 F4.0 F5.0 "
+            "F6.0 B0.1 F7.0 B1.1 F4.1 B2.1 F5.1 B3.1 F6.1 B0.0 F7.1 B1.0 "
+            "B2.0 B3.0 B4.1 B5.1 B6.1 B7.1 B4.0 B5.0 B6.0 B7.0");
+  // The last stage warms up with (v - 1) p forwards only.
+  const auto last = pipeline_schedule(kInter, 4, 3, 8, 2);
+  EXPECT_EQ(to_string({last.begin(), last.begin() + 6}, 2), "F0.0 F1.0 F2.0 F3.0 F0.1 B0.1");
+}
+
+TEST(PipelineSchedule, EveryMicroBatchAndChunkRunsOnceEachWay) {
+  for (auto [s, p, m, v] : {std::tuple{k1F1B, 4, 8, 1}, {k1F1B, 2, 5, 1}, {k1F1B, 4, 3, 1},
+                            {kInter, 2, 4, 2}, {kInter, 4, 8, 3}, {kInter, 2, 2, 4}}) {
+    for (int st = 0; st < p; ++st) {
+      std::set<std::tuple<bool, int, int>> seen;
+      for (const PipeOp& op : pipeline_schedule(s, p, st, m, v)) {
+        EXPECT_TRUE(seen.insert({op.forward, op.micro, op.chunk}).second);
+        EXPECT_TRUE(op.micro >= 0 && op.micro < m && op.chunk >= 0 && op.chunk < v);
+      }
+      EXPECT_EQ(seen.size(), size_t(2 * m * v));
+    }
+  }
+}
+
+TEST(PipelineSchedule, BubbleIsTheTextbookFraction) {
+  // Forward and backward of one chunk take t_f and t_b (a backward ~2 forwards).
+  for (auto [p, m] : {std::pair{2, 4}, {4, 8}, {4, 16}, {8, 32}}) {
+    const PipelineTiming t = simulate_pipeline(k1F1B, p, m, 1, 1.0, 2.0);
+    EXPECT_NEAR(t.bubble(), double(p - 1) / m, 1e-12) << "p " << p << " m " << m;
+    EXPECT_EQ(t.max_in_flight, std::min(p, m));  // 1F1B bounds the stashed activations by p
+  }
+  for (auto [p, m, v] : {std::tuple{2, 4, 2}, {4, 8, 2}, {4, 16, 4}}) {
+    const PipelineTiming t = simulate_pipeline(kInter, p, m, v, 1.0 / v, 2.0 / v);
+    EXPECT_NEAR(t.bubble(), double(p - 1) / (v * m), 1e-12) << "p " << p << " m " << m << " v " << v;
+  }
+}
+
+TEST(PipelineSchedule, RefusesWhatItCannotSchedule) {
+  EXPECT_THROW(pipeline_schedule(kInter, 4, 0, 6, 2), Error);  // m not a multiple of p
+  EXPECT_THROW(pipeline_schedule(k1F1B, 4, 0, 8, 2), Error);   // chunks need interleaving
+  EXPECT_THROW(pipeline_schedule(k1F1B, 0, 0, 8, 1), Error);
+  EXPECT_THROW(parse_pipeline_schedule("gpipe"), Error);
+  EXPECT_EQ(parse_pipeline_schedule("interleaved"), kInter);
+}
