@@ -11,6 +11,7 @@
 #include "tetrad/core/error.hpp"
 #include "tetrad/model/params.hpp"
 #include "tetrad/parallel/parallel_transformer.hpp"
+#include "tetrad/parallel/pipeline_schedule.hpp"
 #include "tetrad/parallel/process_groups.hpp"
 #include "tetrad/parallel/sharding.hpp"
 #include "tetrad/planner/auto_grid.hpp"
@@ -123,6 +124,24 @@ TEST(PlannerMemory, ActivationsMatchTrainerBuffer) {
   }
 }
 
+TEST(PlannerMemory, RecomputationKeepsWhatTheTrainerKeeps) {
+  // Each train.recompute mode's activation memory is the trainer's own count
+  // (ParallelTransformer::activation_bytes) on one rank, fp32.
+  for (const char* name : {"tiny", "llama-tiny"}) {
+    const ModelConfig m = named_model(name);
+    parallel::ProcessGroups serial;
+    const int B = 3, T = 32;
+    parallel::ParallelTransformer model(m, serial, B, T);
+    PlanInput in = input(name, 1, B, B);
+    in.seq = T;
+    for (Recompute r : {Recompute::None, Recompute::Selective, Recompute::Full}) {
+      in.recompute = r;
+      EXPECT_DOUBLE_EQ(memory_per_rank(in, Grid5{}).activations, double(model.activation_bytes(r)))
+          << name << " recompute " << planner::name(r);
+    }
+  }
+}
+
 TEST(PlannerMemory, ShardingAndRecomputationShrinkMemory) {
   PlanInput in = input("gpt2-124m", 8, 8, 8);
   in.seq = 1024;
@@ -193,6 +212,56 @@ TEST(PlannerModel, BubbleShrinksAsMicroBatchesGrow) {
     last = share;
   }
   EXPECT_LT(last, 0.1);
+}
+
+TEST(PlannerModel, BubbleIsTheTrainersSchedule) {
+  // The planner's bubble fraction is the one the trainer's schedules produce when simulated
+  // (parallel::simulate_pipeline, equal chunk times): (p-1)/m for 1F1B, (p-1)/(v m) interleaved.
+  for (auto [p, m] : {std::pair{2, 4}, {4, 8}, {8, 32}})
+    EXPECT_NEAR(bubble_fraction(p, m),
+                parallel::simulate_pipeline(Schedule::OneFOneB, p, m, 1, 1.0, 2.0).bubble(), 1e-12);
+  for (auto [p, m, v] : {std::tuple{2, 4, 2}, {4, 8, 2}, {4, 16, 4}})
+    EXPECT_NEAR(bubble_fraction(p, m, v),
+                parallel::simulate_pipeline(Schedule::Interleaved, p, m, v, 1.0 / v, 2.0 / v).bubble(), 1e-12);
+  // In a plan: interleaving two chunks per stage halves the bubble (the per-micro-batch time
+  // grows only by the extra point-to-point transfers).
+  PlanInput in = input("small", 4, 16, 2);
+  const Grid5 g{1, 1, 1, 2, 2};
+  const Estimate a = estimate(in, g, test_machine());
+  in.schedule = Schedule::Interleaved;
+  in.virtual_stages = 2;
+  const Estimate b = estimate(in, g, test_machine());
+  ASSERT_TRUE(a.valid && b.valid) << a.reject << b.reject;
+  EXPECT_NEAR(b.bubble / a.bubble, 0.5, 0.02);
+  EXPECT_LT(b.step, a.step);
+  // Interleaving needs the micro-batches divisible by Gp, as the trainer does; and layers for
+  // every virtual stage (small has 6: Gp = 2 x 4 chunks is too many).
+  in.global_batch = 6;
+  EXPECT_NE(estimate(in, g, test_machine()).reject.find("divisible by Gp"), std::string::npos);
+  in.global_batch = 16;
+  in.virtual_stages = 4;
+  EXPECT_NE(estimate(in, g, test_machine()).reject.find("smaller than Gp x virtual stages"), std::string::npos);
+  // An uneven split is allowed (the trainer gives the first stages one layer more) and the
+  // planner prices the fullest stage: 6 layers over 4 stages puts 2 on stage 0.
+  EXPECT_EQ(stage_layer_count(6, 4), 2);
+  EXPECT_EQ(stage_layer_count(6, 2, 2), 3);  // virtual stages 0 (2 layers) and 2 (1 layer)
+  in.schedule = Schedule::OneFOneB;
+  in.virtual_stages = 1;
+  EXPECT_TRUE(estimate(in, Grid5{1, 1, 1, 4, 1}, test_machine()).valid);
+}
+
+TEST(PlannerModel, PipelineGridsAreTrainable) {
+  // The trainer takes a fifth grid number now: Gp > 1 grids are trainable, and their grid
+  // string is the trainer's "x,y,z,p,d".
+  ASSERT_TRUE(trainer_supports_pipeline());
+  const PlanInput in = input("small", 4, 8, 2);
+  const Estimate e = estimate(in, Grid5{1, 1, 1, 2, 2}, test_machine());
+  EXPECT_TRUE(e.valid) << e.reject;
+  EXPECT_TRUE(e.trainable);
+  const parallel::GridShape gs = parallel::parse_grid(trainer_grid_string(Grid5{1, 2, 1, 2, 1}));
+  EXPECT_EQ(gs.y, 2);
+  EXPECT_EQ(gs.p, 2);
+  EXPECT_EQ(gs.d, 1);
 }
 
 TEST(PlannerModel, RejectsWhatDoesNotDivideOrFit) {
@@ -321,14 +390,22 @@ TEST(PlannerMachine, WaveQuantizationAndRoofline) {
   m.gemm_tile_n = 128;
   // 27 x 4 = 108 tiles: exactly one wave, and far above the roofline's ridge.
   EXPECT_DOUBLE_EQ(m.gemm_eff(27 * 256, 4 * 128, 8192, true), 0.7);
-  // 109 tiles (whichever way round the tile lies): two waves, 109 / 216 of the units busy.
-  EXPECT_NEAR(m.gemm_eff(109 * 256, 128, 8192, true), 0.7 * 109.0 / 216.0, 1e-12);
+  // C[109 x 256, 128]: 256x128 tiles give 109 tiles in two waves (109/216 busy); laid 128x256
+  // they give 218 tiles in three waves (218/324 busy), the better, which the model takes.
+  EXPECT_NEAR(m.gemm_eff(109 * 256, 128, 8192, true), 0.7 * 218.0 / 324.0, 1e-12);
+  // A square 256x256 tile: C[109 x 256, 256] is 109 tiles either way round, two waves.
+  m.gemm_tile_n = 256;
+  EXPECT_NEAR(m.gemm_eff(109 * 256, 256, 8192, true), 0.7 * 109.0 / 216.0, 1e-12);
+  m.gemm_tile_n = 128;
   // Thin in k: C[4096, 4096] from k = 16 is memory bound. Intensity = 2mnk / (b (mk + kn + mn)).
   const double ai = 2.0 * 4096 * 4096 * 16 / (2.0 * (4096 * 16 + 16 * 4096 + 4096.0 * 4096));
   EXPECT_NEAR(m.gemm_eff(4096, 4096, 16, true), ai * m.memory_bandwidth / m.peak_bf16, 1e-12);
   EXPECT_LT(m.gemm_eff(4096, 4096, 16, true), 0.7);
   // Without units the wave model is off: only the roofline remains.
   EXPECT_DOUBLE_EQ(test_machine().gemm_eff(109 * 256, 128, 8192, true), 0.7);
+  // Both A100 files describe the same part.
+  EXPECT_EQ(load_machine("perlmutter").compute_units, 108);
+  EXPECT_EQ(load_machine("dgx-a100").gemm_tile_m, 256);
 }
 
 TEST(PlannerMachine, MeasuredGemmLatticeInterpolatesAndRoundTrips) {
@@ -412,4 +489,19 @@ TEST(PlannerAuto, ChoosesATrainableGrid) {
   EXPECT_TRUE(a.grid.p == 1 || trainer_supports_pipeline());
   EXPECT_NE(a.why.find("first choice"), std::string::npos);
   EXPECT_NO_THROW(parallel::parse_grid(a.trainer_grid));
+}
+
+TEST(PlannerAuto, PassesTheTrainersRecomputeZeroAndSchedule) {
+  // --grid auto plans what the trainer will run: its recompute, ZeRO and pipeline schedule,
+  // parsed by the trainer's own parsers.
+  RunConfig cfg = load_run_config("", {"model.name=small", "train.recompute=selective",
+                                       "parallel.zero=1", "parallel.schedule=interleaved",
+                                       "parallel.virtual_stages=2"});
+  const PlanInput in = plan_input_of(cfg, 4);
+  EXPECT_EQ(in.recompute, parallel::Recompute::Selective);
+  EXPECT_EQ(in.zero, 1);
+  EXPECT_EQ(in.schedule, parallel::PipelineSchedule::Interleaved);
+  EXPECT_EQ(in.virtual_stages, 2);
+  EXPECT_STREQ(name(in.recompute), "selective");
+  EXPECT_THROW(parse_recompute("some"), Error);
 }

@@ -21,12 +21,6 @@ Precision parse_precision(const std::string& s) {
   if (s == "bf16") return Precision::BF16;
   fail("precision '", s, "': expected fp32 or bf16");
 }
-Recompute parse_recompute(const std::string& s) {
-  if (s == "none") return Recompute::None;
-  if (s == "selective") return Recompute::Selective;
-  if (s == "full") return Recompute::Full;
-  fail("recompute '", s, "': expected none, selective or full");
-}
 Overlap parse_overlap(const std::string& s) {
   if (s == "none") return Overlap::None;
   if (s == "tensor") return Overlap::Tensor;
@@ -34,9 +28,6 @@ Overlap parse_overlap(const std::string& s) {
   fail("overlap '", s, "': expected none, tensor or all");
 }
 const char* name(Precision p) { return p == Precision::FP32 ? "fp32" : "bf16"; }
-const char* name(Recompute r) {
-  return r == Recompute::None ? "none" : r == Recompute::Selective ? "selective" : "full";
-}
 const char* name(Overlap o) {
   return o == Overlap::None ? "none" : o == Overlap::Tensor ? "tensor" : "all";
 }
@@ -92,6 +83,10 @@ void PlanInput::validate() const {
          "data replica (--micro-batch-per-replica)");
   if (zero < 0 || zero > 2) fail("plan: ZeRO stage must be 0, 1 or 2 (got ", zero, ")");
   if (ranks < 1) fail("plan: ranks must be >= 1 (got ", ranks, ")");
+  if (virtual_stages < 1) fail("plan: virtual stages must be >= 1 (got ", virtual_stages, ")");
+  if (schedule == Schedule::OneFOneB && virtual_stages != 1)
+    fail("plan: ", virtual_stages, " virtual stages need the interleaved schedule (1F1B has one "
+         "chunk per stage)");
 }
 
 // ------------------------------------------------------------------------------------ FLOPs
@@ -159,9 +154,18 @@ double hardware_flops_per_step(const ModelConfig& m, int64_t sequences, int seq,
   return model_flops_per_step(m, sequences, seq) + extra * double(sequences) * seq;
 }
 
-double bubble_fraction(int p, int m) {
-  TETRAD_CHECK(p >= 1 && m >= 1);
-  return double(p - 1) / double(m);
+double bubble_fraction(int p, int m, int v) {
+  TETRAD_CHECK(p >= 1 && m >= 1 && v >= 1);
+  return double(p - 1) / (double(v) * double(m));
+}
+
+int stage_layer_count(int n_layer, int p, int v) {
+  int n = 0;
+  for (int c = 0; c < v; ++c) {
+    const auto [l0, l1] = parallel::stage_layers(n_layer, p * v, c * p);  // stage 0's chunk c
+    n += l1 - l0;
+  }
+  return n;
 }
 
 // ------------------------------------------------------------------------------------ placement
@@ -246,7 +250,7 @@ int64_t trainer_activation_elements(const ModelConfig& m, const Grid5& g, int64_
   const int64_t per_layer = N * (Cx + 2 + QKVy + Ay + nhy + Cx + Cx + 2 + FWy + Fy + Cx);
   const int64_t global =
       N * (Cx + Cx + 2 + Vy + 1 + Cx) + N * (Cx + Cx + QKVy + Ay + FWy + Fy);
-  return per_layer * (m.n_layer / g.p) + global;
+  return per_layer * stage_layer_count(m.n_layer, g.p) + global;
 }
 
 namespace {
@@ -260,9 +264,9 @@ struct StageParams {
   double total() const { return matrices + vectors; }
 };
 
-StageParams stage_params(const ModelConfig& m, const Grid5& g, bool first, bool last) {
+StageParams stage_params(const ModelConfig& m, const Grid5& g, bool first, bool last, int v = 1) {
   const Sizes s = sizes(m);
-  const double xy = double(g.x) * g.y, Ls = s.L / g.p;
+  const double xy = double(g.x) * g.y, Ls = stage_layer_count(m.n_layer, g.p, v);
   StageParams sp;
   const double layer_vec =
       s.gpt2 ? 6 * s.H / g.x + (s.QKV + s.F) / g.y : 2 * s.H / g.x;
@@ -295,7 +299,7 @@ int64_t micro_batch_of(const PlanInput& in, const Grid5& g) {
 
 MemoryBreakdown memory_of_stage(const PlanInput& in, const Grid5& g, bool first, bool last) {
   const ModelConfig& m = in.model;
-  const StageParams sp = stage_params(m, g, first, last);
+  const StageParams sp = stage_params(m, g, first, last, in.virtual_stages);
   const double psi = sp.total();
   const bool bf16 = in.precision == Precision::BF16;
   const double bw = bf16 ? 2 : 4;            // bytes of a weight / gradient
@@ -317,20 +321,38 @@ MemoryBreakdown memory_of_stage(const PlanInput& in, const Grid5& g, bool first,
   m0.n_layer = 0;
   one_layer.p = 1;
   const double global = double(trainer_activation_elements(m0, one_layer, N));
-  const double Ls = double(m.n_layer / g.p);
-  const double per_layer = Ls > 0 ? (all - global) / Ls : 0;
-  const double Cx = double(m.n_embd) / g.x, Fy = double(m.ffn) / g.y;
+  const double per_layer_count = stage_layer_count(m.n_layer, g.p);  // what `all` holds
+  const double per_layer = per_layer_count > 0 ? (all - global) / per_layer_count : 0;
+  const int v = in.virtual_stages;
+  const double Ls = stage_layer_count(m.n_layer, g.p, v);
+  const double Cx = double(m.n_embd) / g.x;
   double kept = per_layer;  // per layer per micro-batch
   double work = 0;          // one layer's recomputed activations while its backward runs
+  // What each mode keeps is the trainer's (ParallelTransformer::activation_bytes): selective drops
+  // the attention output and its log-sum-exp (recomputed from the kept q|k|v), full keeps only
+  // the block's input; the recomputed tensors share one layer's scratch.
+  const double Ay = double(m.n_embd) / g.y, nhy = double(m.n_head) / g.y;
   if (in.recompute == Recompute::Selective) {
-    kept = per_layer - double(N) * (2 * Cx + Fy);  // norm outputs and MLP activation recomputed
+    kept = per_layer - double(N) * (Ay + nhy);
     work = per_layer - kept;
   } else if (in.recompute == Recompute::Full) {
-    kept = double(N) * Cx;  // the block's input only
-    work = per_layer;
+    kept = double(N) * Cx;
+    work = per_layer - kept;
   }
-  const double in_flight = double(std::min<int64_t>(g.p, m_count));
-  mb.activations = act_b * (kept * Ls * in_flight + work + global);
+  // Micro-batch chunks the first stage holds at once, from the trainer's own schedule
+  // (1F1B: min(p, m) micro-batches; interleaved: more chunks, each Ls / v layers).
+  double in_flight_layers = Ls * double(std::min<int64_t>(g.p, m_count));
+  if (g.p > 1) {
+    try {
+      const auto ops = parallel::pipeline_schedule(in.schedule, g.p, 0, int(m_count), v);
+      int live = 0, most = 0;
+      for (const auto& op : ops) most = std::max(most, live += op.forward ? 1 : -1);
+      in_flight_layers = Ls / v * most;
+    } catch (const Error&) {
+      // A combination the trainer refuses is rejected by divisibility_problem; keep the 1F1B count.
+    }
+  }
+  mb.activations = act_b * (kept * in_flight_layers + work + global);
   return mb;
 }
 
@@ -359,9 +381,12 @@ std::string divisibility_problem(const PlanInput& in, const Grid5& g) {
     if (s.starts_with("grid: ")) s = s.substr(6);
     return s;
   }
-  if (m.n_layer % g.p != 0)
-    return "model.n_layer (" + std::to_string(m.n_layer) + ") is not divisible by Gp = " +
-           std::to_string(g.p);
+  // The trainer splits layers over Gp x virtual stages unevenly if need be, but each virtual
+  // stage needs one (parallel_transformer.cpp); interleaving needs m divisible by Gp
+  // (pipeline_schedule.cpp).
+  if (m.n_layer < g.p * in.virtual_stages)
+    return "model.n_layer (" + std::to_string(m.n_layer) + ") is smaller than Gp x virtual stages = " +
+           std::to_string(g.p * in.virtual_stages);
   const int64_t mb = micro_batch_of(in, g);
   if (mb % (int64_t(g.z) * g.d) != 0)
     return "micro-batch (" + std::to_string(mb) + ") is not divisible by Gz x Gd = " +
@@ -369,6 +394,9 @@ std::string divisibility_problem(const PlanInput& in, const Grid5& g) {
   if (in.global_batch % mb != 0)
     return "global batch (" + std::to_string(in.global_batch) +
            ") is not a multiple of the micro-batch (" + std::to_string(mb) + ")";
+  if (g.p > 1 && in.schedule == Schedule::Interleaved && (in.global_batch / mb) % g.p != 0)
+    return "the interleaved schedule needs the micro-batches (" + std::to_string(in.global_batch / mb) +
+           ") divisible by Gp = " + std::to_string(g.p);
   // Z shards each rank's block of every GEMM weight without padding (parallel/sharding.cpp).
   const int64_t hd = m.head_dim(), Cx = m.n_embd / g.x;
   const std::vector<std::pair<const char*, int64_t>> blocks = {
@@ -469,7 +497,8 @@ Estimate estimate(const PlanInput& in, const Grid5& g, const Machine& mach) {
                              (elem_passes - 2) * layer_elems * act_b / mach.memory_bandwidth;
   const double logits_b = T * s.V / g.y * act_b;
   const double t_head = gt.head + 4 * logits_b / mach.memory_bandwidth;
-  const double Ls = s.L / g.p;
+  const int v = in.virtual_stages;
+  const double Ls = stage_layer_count(m.n_layer, g.p, v);  // the fullest stage's layers
 
   // ---- collectives: per layer per micro-batch (fwd / bwd), per micro-batch, per step
   struct Item {
@@ -528,10 +557,11 @@ Estimate estimate(const PlanInput& in, const Grid5& g, const Machine& mach) {
   add("reduce-scatter of embedding/head grads", AxisId::Z, Op::ReduceScatter, top_b, 1, 0, false);
   // Pipeline: activations forward and their gradients back, [T, H/Gx] split over Y so each rank
   // sends its 1/Gy (Megatron's scatter-gather).
-  add("pipeline send/recv (fwd+bwd)", AxisId::P, Op::SendRecv, T * s.H / xy * act_b, 2, 0, false);
+  // With v chunks per stage a micro-batch crosses every stage boundary v times each way.
+  add("pipeline send/recv (fwd+bwd)", AxisId::P, Op::SendRecv, T * s.H / xy * act_b, 2.0 * v, 0, false);
   // Per step: Z shards all-reduced over D (ZeRO 1/2: reduce-scatter + all-gather, same ring
   // volume); replicated vectors over Z x D.
-  const StageParams sp = stage_params(m, g, true, g.p == 1);
+  const StageParams sp = stage_params(m, g, true, g.p == 1, v);
   add("data-parallel all-reduce of gradients", AxisId::D, Op::AllReduce, sp.matrices * w_b, 1, 4, false);
   add("all-reduce of replicated grads (norms, biases)", AxisId::ZD, Op::AllReduce, sp.vectors * w_b, 1, 4, false);
 
@@ -561,8 +591,10 @@ Estimate estimate(const PlanInput& in, const Grid5& g, const Machine& mach) {
   const double compute_mb = Ls * (t_layer_fwd + t_layer_bwd) + t_head;  // the head's stage
   const double mb_time = compute_mb + Ls * layer_exposed + per_mb_exposed;
   const int64_t mcount = e.micro_batches;
-  const double pipe = double(mcount + g.p - 1) * mb_time;
-  e.bubble = double(g.p - 1) * mb_time;
+  // The trainer's schedules: the bubble is (p - 1) / (v m) of the ideal m x t_mb
+  // (bubble_fraction; 1F1B is v = 1).
+  e.bubble = bubble_fraction(g.p, int(mcount), v) * double(mcount) * mb_time;
+  const double pipe = double(mcount) * mb_time + e.bubble;
   const double bwd_last = Ls * t_layer_bwd;
   const double dp_exposed = ov_all ? std::max(0.0, step_comm - bwd_last) : step_comm;
   // Optimizer: AdamW streams parameters, gradients and moments (read p, g, m, v, write p, m, v:
@@ -694,10 +726,16 @@ std::string plan_text(const PlanInput& in, const Machine& m, const std::vector<E
   if (in.micro_batch > 0) o << in.micro_batch << " (whole job)";
   else o << in.micro_batch_per_replica << " per data replica";
   o << ", " << name(in.precision) << ", recompute " << name(in.recompute) << ", ZeRO " << in.zero
-    << ", overlap " << name(in.overlap) << ", " << in.ranks << " ranks\n"
+    << ", overlap " << name(in.overlap) << ", pipeline " << name(in.schedule)
+    << (in.virtual_stages > 1 ? " x" + std::to_string(in.virtual_stages) : std::string()) << ", "
+    << in.ranks << " ranks\n"
     << "machine " << m.name << ": " << m.ranks_per_node << " ranks/node, "
     << m.peak(in.precision == Precision::BF16) / 1e12 << " TFLOP/s " << name(in.precision)
-    << " peak x " << m.gemm_efficiency << " GEMM efficiency, " << m.memory_bytes / 1e9
+    << " peak x " << m.gemm_efficiency << " GEMM efficiency"
+    << (m.gemm_shapes.size() ? " (by shape: measured lattice)"
+        : m.compute_units > 0 ? " (by shape: waves over " + std::to_string(m.compute_units) + " units, roofline)"
+                              : " (by shape: roofline)")
+    << ", " << m.memory_bytes / 1e9
     << " GB/rank" << (m.source.empty() ? "" : " (" + m.source + ")") << "\n"
     << "FLOPs: model FLOPs = tokens x (6 N_matmul + 12 L H S) = "
     << model_flops_per_step(mc, in.global_batch, in.seq) << " per step (MFU uses these); "
@@ -750,7 +788,8 @@ nlohmann::json plan_json(const PlanInput& in, const Machine& m, const std::vecto
           {"run", {{"global_batch", in.global_batch}, {"micro_batch", in.micro_batch},
                    {"micro_batch_per_replica", in.micro_batch_per_replica}, {"seq", in.seq},
                    {"precision", name(in.precision)}, {"recompute", name(in.recompute)},
-                   {"zero", in.zero}, {"overlap", name(in.overlap)}, {"ranks", in.ranks}}},
+                   {"zero", in.zero}, {"overlap", name(in.overlap)}, {"schedule", name(in.schedule)},
+                   {"virtual_stages", in.virtual_stages}, {"ranks", in.ranks}}},
           {"machine", {{"name", m.name}, {"source", m.source}, {"ranks_per_node", m.ranks_per_node}}},
           {"flops_formula", "model: tokens * (6*N_matmul + 12*L*H*S); hardware adds recomputed forward"},
           {"grids", grids}};
