@@ -10,6 +10,7 @@
 #include <filesystem>
 #include <iomanip>
 #include <sstream>
+#include <oneapi/dnnl/dnnl.h>
 #include <toml++/toml.h>
 
 #include "tetrad/comm/communicator.hpp"
@@ -344,6 +345,67 @@ double attention_gflops(int threads, int reps) {
   return rates[rates.size() / 2];
 }
 
+// GFLOP/s of dnnl_sgemm C[m,n] = A[m,k] B[k,n] (row-major), calling it until at least `min_s`
+// has passed: a 128^3 GEMM takes a tenth of a millisecond, far below a scheduler time slice.
+class SgemmTimer {
+ public:
+  SgemmTimer(int m, int n, int k) : m_(m), n_(n), k_(k), a_(size_t(m) * k, 1.0f), b_(size_t(k) * n, 0.5f), c_(size_t(m) * n) {
+    call();  // warm-up: oneDNN's kernel selection and first touch
+  }
+  double gflops(double min_s) {
+    int calls = 0;
+    const double t0 = now_s();
+    double dt = 0;
+    do {
+      call();
+      ++calls;
+      dt = now_s() - t0;
+    } while (dt < min_s);
+    return 2.0 * m_ * n_ * k_ * calls / dt * 1e-9;
+  }
+
+ private:
+  void call() {
+    if (dnnl_sgemm('N', 'N', m_, n_, k_, 1.0f, a_.data(), k_, b_.data(), n_, 0.0f, c_.data(), n_) != dnnl_success)
+      fail("dnnl_sgemm failed on ", m_, "x", n_, "x", k_);
+  }
+  int m_, n_, k_;
+  std::vector<float> a_, b_, c_;
+};
+
+// Efficiency of every lattice shape relative to the square that gives gemm_efficiency: rounds of (square, every shape), each
+// timed for at least 20 ms, and each shape's median ratio to the square of its own round, so a
+// load that changes between rounds (a shared machine) cancels out. Times the square's efficiency
+// (sgemm / FMA peak) gives each shape's.
+std::vector<MeasuredGemm> measure_gemm_lattice(const std::vector<int>& dims, int square, int threads,
+                                               int rounds, const comm::Communicator& world) {
+  const int prev = omp_get_max_threads();
+  omp_set_num_threads(threads);
+  SgemmTimer sq(square, square, square);
+  std::vector<MeasuredGemm> shapes;
+  std::vector<SgemmTimer> timers;
+  timers.reserve(dims.size() * dims.size() * dims.size());
+  for (int gm : dims)
+    for (int gn : dims)
+      for (int gk : dims) {
+        shapes.push_back(MeasuredGemm{gm, gn, gk, 0});
+        timers.emplace_back(gm, gn, gk);
+      }
+  std::vector<std::vector<double>> ratios(shapes.size());
+  for (int r = 0; r < rounds; ++r) {
+    world.barrier();
+    const double ref = sq.gflops(0.02);
+    for (size_t i = 0; i < shapes.size(); ++i) ratios[i].push_back(timers[i].gflops(0.02) / ref);
+  }
+  omp_set_num_threads(prev);
+  for (size_t i = 0; i < shapes.size(); ++i) {
+    auto& v = ratios[i];
+    std::sort(v.begin(), v.end());
+    shapes[i].efficiency = v[v.size() / 2];  // ratio to the square for now
+  }
+  return shapes;
+}
+
 }  // namespace
 
 Machine measure_machine(const std::string& name, int threads, bool quick) {
@@ -364,14 +426,7 @@ Machine measure_machine(const std::string& name, int threads, bool quick) {
   // GEMMs that splitting a layer over X or Y leaves a rank (docs/planner.md, "GEMM efficiency by
   // shape"); the planner interpolates it in log(m), log(n), log(k).
   const std::vector<int> dims = quick ? std::vector<int>{128, 1024} : std::vector<int>{128, 512, 1536};
-  std::vector<MeasuredGemm> lattice;
-  for (int gm : dims)
-    for (int gn : dims)
-      for (int gk : dims) {
-        world.barrier();
-        const Measurement r = measure_sgemm(GemmShape{"lattice", gm, gn, gk}, threads, quick ? 2 : 3);
-        lattice.push_back(MeasuredGemm{gm, gn, gk, r.median});
-      }
+  std::vector<MeasuredGemm> lattice = measure_gemm_lattice(dims, sq, threads, quick ? 3 : 5, world);
   world.barrier();
   Measurement bf16 = measure_bf16_matmul(GemmShape{"square", sq, sq, sq}, threads, quick ? 2 : 3);
   world.barrier();
@@ -398,9 +453,9 @@ Machine measure_machine(const std::string& name, int threads, bool quick) {
   m.memory_bandwidth = v[3] * 1e9;
   m.attention_efficiency = std::min(1.0, v[4] / v[0]);
   for (MeasuredGemm& gs : lattice) {
-    double r = -gs.efficiency;  // the slowest rank's rate
+    double r = -gs.efficiency;  // the slowest rank's ratio to the square
     world.allreduce_max(&r, 1);
-    gs.efficiency = std::clamp(-r / v[0], 1e-3, 1.0);
+    gs.efficiency = std::clamp(-r * m.gemm_efficiency, 1e-3, 1.0);
     m.gemm_shapes.push_back(gs);
   }
   const long pages = sysconf(_SC_PHYS_PAGES), page = sysconf(_SC_PAGE_SIZE);

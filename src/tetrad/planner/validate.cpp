@@ -50,6 +50,9 @@ BenchComparison compare_with_bench(const std::string& path, const Machine& m) {
       fail("'", path, "' line ", lineno, ": not JSON: ", e.what());
     }
     if (!j.contains("grid") || !j.contains("median_step_s")) continue;
+    // The planner predicts the blocking schedule (overlap none); rows timed with the trainer's
+    // overlap on would be a second, differently-run measurement of the same grid.
+    if (j.value("overlap", std::string("off")) != "off") continue;
     MeasuredGrid r;
     r.config = j.at("config").get<std::string>();
     r.ranks = j.at("ranks").get<int>();
