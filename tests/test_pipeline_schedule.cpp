@@ -7,7 +7,11 @@
 #include <set>
 
 #include "tetrad/core/error.hpp"
+#include "tetrad/model/model_config.hpp"
+#include "tetrad/model/params.hpp"
+#include "tetrad/parallel/grid.hpp"
 #include "tetrad/parallel/pipeline_schedule.hpp"
+#include "tetrad/parallel/sharding.hpp"
 
 using namespace tetrad;
 using namespace tetrad::parallel;
@@ -76,4 +80,55 @@ TEST(PipelineSchedule, RefusesWhatItCannotSchedule) {
   EXPECT_THROW(pipeline_schedule(k1F1B, 0, 0, 8, 1), Error);
   EXPECT_THROW(parse_pipeline_schedule("gpipe"), Error);
   EXPECT_EQ(parse_pipeline_schedule("interleaved"), kInter);
+}
+
+TEST(PipelineSchedule, StageOfLayerFollowsTheVirtualStages) {
+  // 8 layers, p = 2, v = 2: virtual stages 0..3 take layers {0,1} {2,3} {4,5} {6,7} and run on
+  // stages 0 1 0 1.
+  const int expected[8] = {0, 0, 1, 1, 0, 0, 1, 1};
+  for (int l = 0; l < 8; ++l) EXPECT_EQ(stage_of_layer(8, 2, 2, l), expected[l]) << l;
+  for (int l = 0; l < 5; ++l) EXPECT_EQ(stage_of_layer(5, 2, 1, l), l < 3 ? 0 : 1) << l;
+  EXPECT_THROW(stage_of_layer(4, 2, 1, 4), Error);
+}
+
+// A pipeline stage stores only its layers' shards (plus the top-level tensors, which every stage
+// keeps): the stages' local sizes add up to the whole local shard plus (Gp - 1) extra copies of
+// the top-level tensors, for 1F1B and interleaved layouts, alone and with X and Z.
+TEST(PipelineSchedule, EachStageStoresOnlyItsLayers) {
+  ModelConfig c = named_model("tiny");
+  c.n_layer = 4;
+  const ParamTable table = build_param_table(c);
+  for (const auto& [xyz, p, v] : {std::tuple{GridShape{1, 1, 1, 1, 1}, 2, 1},
+                                  std::tuple{GridShape{1, 1, 1, 1, 1}, 4, 1},
+                                  std::tuple{GridShape{1, 1, 1, 1, 1}, 2, 2},
+                                  std::tuple{GridShape{2, 1, 2, 1, 1}, 2, 2}}) {
+    GridShape g = xyz;
+    const ShardPlan whole = ShardPlan::build(c, table, g, GridCoord{});
+    int64_t top = 0;
+    for (const TensorShard& t : whole.tensors)
+      if (t.spec->layer < 0) top += t.shard_numel;
+    g.p = p;
+    int64_t sum = 0;
+    for (int s = 0; s < p; ++s) {
+      GridCoord at;
+      at.p = s;
+      const ShardPlan plan = ShardPlan::build(c, table, g, at, v);
+      ASSERT_EQ(plan.tensors.size(), whole.tensors.size());
+      int64_t expect_total = 0;
+      for (size_t i = 0; i < plan.tensors.size(); ++i) {
+        const TensorShard& t = plan.tensors[i];
+        const bool mine = t.spec->layer < 0 || stage_of_layer(c.n_layer, p, v, t.spec->layer) == s;
+        EXPECT_EQ(t.stored, mine) << t.spec->name << " stage " << s;
+        EXPECT_EQ(t.shard_numel, mine ? whole.tensors[i].shard_numel : 0) << t.spec->name;
+        EXPECT_EQ(t.offset, expect_total) << t.spec->name;  // stored shards packed in table order
+        expect_total += t.shard_numel;
+      }
+      EXPECT_EQ(plan.local_total, expect_total);
+      EXPECT_LT(plan.local_total, whole.local_total);
+      sum += plan.local_total;
+    }
+    EXPECT_EQ(sum, whole.local_total + (p - 1) * top) << g.to_string() << " v " << v;
+  }
+  GridShape g{1, 1, 1, 1, 4};
+  EXPECT_THROW(ShardPlan::build(c, table, g, GridCoord{}, 2), Error);  // 8 virtual stages, 4 layers
 }

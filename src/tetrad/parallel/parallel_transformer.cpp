@@ -72,7 +72,7 @@ ParallelTransformer::ParallelTransformer(const ModelConfig& config, ProcessGroup
          " = model.max_seq)");
   if (local_batch <= 0) fail("local micro-batch must be positive, got ", local_batch);
   table_ = build_param_table(cfg_);
-  plan_ = ShardPlan::build(cfg_, table_, g_.shape, g_.coord);
+  plan_ = ShardPlan::build(cfg_, table_, g_.shape, g_.coord, opt_.virtual_stages);
   const GridShape& G = g_.shape;
   gpt2_ = cfg_.family == Family::GPT2;
   hd_ = cfg_.head_dim();
@@ -265,6 +265,7 @@ void ParallelTransformer::init_weights(uint64_t seed) {
 
 std::vector<float> ParallelTransformer::shard_of(size_t i, const float* full) const {
   const TensorShard& t = plan_.tensors[i];
+  if (!t.stored) return {};  // another pipeline stage's layer
   std::vector<float> block(t.z_sharded ? t.shard_numel * g_.shape.z : t.block_numel, 0.0f);
   extract_block(t, full, block.data());
   const int64_t first = t.z_sharded ? t.shard_numel * g_.coord.z : 0;
@@ -283,18 +284,22 @@ void ParallelTransformer::gather_tensor(const float* local, size_t i, float* ful
 
 void ParallelTransformer::gather_shard(const float* shard, size_t i, float* full) {
   const TensorShard& t = plan_.tensors[i];
-  std::vector<float> block(t.z_sharded ? t.shard_numel * g_.shape.z : t.block_numel);
-  if (t.z_sharded && g_.shape.z > 1)
-    g_.z.allgather(shard, block.data(), size_t(t.shard_numel));
-  else
-    std::memcpy(block.data(), shard, t.block_numel * sizeof(float));
   // Disjoint blocks summed into zeros: exact. Only one owner of each replicated block writes.
+  // A stage that does not store the tensor (another stage's layer) contributes zeros; every
+  // rank of its Z group is in the same stage, so the Z all-gather is skipped by all or none.
   std::fill(full, full + t.spec->numel, 0.0f);
-  const GridCoord& c = g_.coord;
-  bool owner = c.d == 0 && c.z == 0 && owns(t);
-  if (t.layout == ShardLayout::ColsX) owner = owner && c.y == 0;
-  if (t.layout == ShardLayout::RowsY) owner = owner && c.x == 0;
-  if (owner) insert_block(t, block.data(), full);
+  if (t.stored) {
+    std::vector<float> block(t.z_sharded ? t.shard_numel * g_.shape.z : t.block_numel);
+    if (t.z_sharded && g_.shape.z > 1)
+      g_.z.allgather(shard, block.data(), size_t(t.shard_numel));
+    else
+      std::memcpy(block.data(), shard, t.block_numel * sizeof(float));
+    const GridCoord& c = g_.coord;
+    bool owner = c.d == 0 && c.z == 0 && owns(t);
+    if (t.layout == ShardLayout::ColsX) owner = owner && c.y == 0;
+    if (t.layout == ShardLayout::RowsY) owner = owner && c.x == 0;
+    if (owner) insert_block(t, block.data(), full);
+  }
   if (g_.world.size() > 1) g_.world.allreduce_sum(full, size_t(t.spec->numel));
 }
 
@@ -312,7 +317,7 @@ void ParallelTransformer::gather_state_tensor(const float* state, size_t i, floa
   float* mine = pieces + q * g_.shape.d;
   std::fill(mine, mine + q, 0.0f);
   std::memcpy(mine, state + zl_.state_offsets[i], zl_.sizes[i] * sizeof(float));
-  g_.d.allgather(mine, pieces, size_t(q));
+  if (q > 0) g_.d.allgather(mine, pieces, size_t(q));  // q = 0: not stored on this stage
   gather_shard(pieces, i, full);  // the pieces in D order are the shard (padding past its end)
 }
 
@@ -513,7 +518,7 @@ void ParallelTransformer::build_buckets() {
   for (int l = cfg_.n_layer - 1; l >= -1; --l) {
     for (size_t i = 0; i < plan_.tensors.size(); ++i) {
       const TensorShard& t = plan_.tensors[i];
-      if (t.spec->layer != l) continue;
+      if (t.spec->layer != l || !t.stored) continue;
       const comm::Communicator& grp = t.z_sharded ? g_.d : g_.zd;
       if (grp.size() == 1) continue;
       Bucket& b = open[t.z_sharded ? 1 : 0];
@@ -614,6 +619,7 @@ void ParallelTransformer::reduce_gradients() {
     // Replicated tensors first over Z; then every shard reduce-scattered over D into its piece.
     for (size_t i = 0; i < plan_.tensors.size(); ++i) {
       const TensorShard& t = plan_.tensors[i];
+      if (!t.stored) continue;  // another pipeline stage's layer
       float* gp = grads_.data() + t.offset;
       if (!t.z_sharded && g_.shape.z > 1) sum_over(g_.z, gp, t.shard_numel, "replicated grads");
       if (g_.shape.d == 1) continue;
@@ -641,6 +647,7 @@ void ParallelTransformer::gather_updated_params() {
   invalidate_gathered();  // the parameters change: gathered copies are stale
   for (size_t i = 0; i < plan_.tensors.size(); ++i) {
     const TensorShard& t = plan_.tensors[i];
+    if (!t.stored) continue;  // another pipeline stage's layer
     const int64_t q = piece_[i];
     float* pieces = zero_tmp_.data();
     float* mine = pieces + q * g_.shape.d;
@@ -1155,11 +1162,7 @@ void ParallelTransformer::backward_chunk(int l0, int l1, bool embed, bool head,
 // Pipeline support
 
 int ParallelTransformer::layer_stage(int l) const {
-  const int p = g_.shape.p, V = p * opt_.virtual_stages;
-  for (int j = 0; j < V; ++j)
-    if (l >= stage_layers(cfg_.n_layer, V, j).first && l < stage_layers(cfg_.n_layer, V, j).second)
-      return j % p;
-  return 0;
+  return stage_of_layer(cfg_.n_layer, g_.shape.p, opt_.virtual_stages, l);
 }
 
 bool ParallelTransformer::owns(const TensorShard& t) const {

@@ -4,6 +4,7 @@
 #include <map>
 
 #include "tetrad/core/error.hpp"
+#include "tetrad/parallel/pipeline_schedule.hpp"
 
 namespace tetrad::parallel {
 
@@ -22,8 +23,11 @@ void validate_grid_for_model(const ModelConfig& c, const GridShape& g) {
 }
 
 ShardPlan ShardPlan::build(const ModelConfig& c, const ParamTable& table, const GridShape& g,
-                           const GridCoord& at) {
+                           const GridCoord& at, int virtual_stages) {
   validate_grid_for_model(c, g);
+  if (g.p > 1 && c.n_layer < g.p * virtual_stages)
+    fail("grid: ", c.n_layer, " layers cannot be split over Gp x virtual stages = ", g.p, " x ",
+         virtual_stages, " pipeline stages (at least one layer each)");
   ShardPlan plan;
   plan.grid = g;
   plan.coord = at;
@@ -94,7 +98,9 @@ ShardPlan ShardPlan::build(const ModelConfig& c, const ParamTable& table, const 
     if (t.z_sharded && t.block_numel % g.z != 0)
       fail("grid: the block of '", n, "' on each rank has ", t.block_numel,
            " elements, not divisible by Gz = ", g.z);
-    t.shard_numel = t.z_sharded ? t.block_numel / g.z : t.block_numel;
+    // A pipeline stage stores only its own layers (and every top-level tensor, see the header).
+    t.stored = g.p == 1 || s.layer < 0 || stage_of_layer(c.n_layer, g.p, virtual_stages, s.layer) == at.p;
+    t.shard_numel = !t.stored ? 0 : t.z_sharded ? t.block_numel / g.z : t.block_numel;
     t.offset = local;
     local += t.shard_numel;
     // Tensors outside the blocks (layer -1: embeddings, final norm, head) share one buffer.
