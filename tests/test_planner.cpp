@@ -107,6 +107,16 @@ TEST(PlannerMemory, LocalParametersMatchShardPlan) {
         }
         const Grid5 g{s.x, s.y, s.z, 1, s.d};
         EXPECT_EQ(local_parameters(m, g), plan.local_total) << name << " " << s.to_string();
+        // With a pipeline axis: the fullest stage (stage 0, which gets the extra layers of an
+        // uneven split) stores its layers and a copy of every top-level tensor, as the trainer.
+        for (int p : {2, 3}) {
+          parallel::GridShape sp = s;
+          sp.p = p;
+          if (m.n_layer < p) continue;
+          const auto stage0 = parallel::ShardPlan::build(m, table, sp, parallel::coord_of(0, sp));
+          EXPECT_EQ(local_parameters(m, Grid5{s.x, s.y, s.z, p, s.d}), stage0.local_total)
+              << name << " " << sp.to_string();
+        }
       }
   }
 }

@@ -265,6 +265,9 @@ struct StageParams {
 };
 
 StageParams stage_params(const ModelConfig& m, const Grid5& g, bool first, bool last, int v = 1) {
+  // tetrad's pipeline keeps a copy of every top-level tensor (embeddings, final norm, head) on
+  // every stage (parallel/sharding.hpp, TensorShard::stored), so each stage holds both ends.
+  if (g.p > 1) first = last = true;
   const Sizes s = sizes(m);
   const double xy = double(g.x) * g.y, Ls = stage_layer_count(m.n_layer, g.p, v);
   StageParams sp;
