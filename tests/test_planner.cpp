@@ -491,6 +491,30 @@ TEST(PlannerValidation, PublishedRows) {
   EXPECT_EQ(rows[0].estimate.micro_batches, 512);
 }
 
+TEST(PlannerValidation, CompareUsesTheBenchRunsSettings) {
+  // A bench --grids row of a pipeline run (bench/pipeline.sh): 4 micro-batches of 4 sequences
+  // through 2 stages, interleaved with 2 chunks, 4 layers, selective recomputation. --compare
+  // predicts it with exactly those settings, and the same grid at a second setting is a
+  // second row, not a repeat.
+  Machine m = test_machine(2);
+  const std::string path = std::string(TETRAD_BINARY_DIR) + "/planner_compare_test.jsonl";
+  std::ofstream(path)
+      << R"({"config":"small","grid":"1x1x1x2x1","ranks":2,"global_batch":4,"seq":512,"overlap":"off","median_step_s":2.0,"micro_batches":4,"schedule":"interleaved","virtual_stages":2,"layers":4,"recompute":"selective","zero":0})" "\n"
+      << R"({"config":"small","grid":"1x1x1x2x1","ranks":2,"global_batch":4,"seq":512,"overlap":"off","median_step_s":2.5,"micro_batches":8,"schedule":"1f1b","virtual_stages":1,"layers":4,"recompute":"none","zero":0})" "\n"
+      << R"({"config":"small","grid":"1x1x1x2x1","ranks":2,"global_batch":4,"seq":512,"overlap":"on","median_step_s":1.0,"micro_batches":8,"schedule":"1f1b","virtual_stages":1,"layers":4,"recompute":"none","zero":0})" "\n";
+  const BenchComparison c = compare_with_bench(path, m);
+  std::filesystem::remove(path);
+  ASSERT_EQ(c.rows.size(), 2u);  // the overlap-on row is not what the planner predicts
+  PlanInput in = input("small", 2, 16, 4);
+  in.model.n_layer = 4;
+  in.recompute = Recompute::Selective;
+  in.schedule = Schedule::Interleaved;
+  in.virtual_stages = 2;
+  EXPECT_DOUBLE_EQ(c.rows[0].predicted_s, estimate(in, Grid5{1, 1, 1, 2, 1}, m).step);
+  EXPECT_DOUBLE_EQ(c.rows[0].measured_s, 2.0);
+  EXPECT_DOUBLE_EQ(c.rows[1].measured_s, 2.5);
+}
+
 TEST(PlannerAuto, ChoosesATrainableGrid) {
   RunConfig cfg = load_run_config("", {"model.name=small", "train.seq_len=512",
                                        "train.micro_batch=4", "parallel.machine=perlmutter"});

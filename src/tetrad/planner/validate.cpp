@@ -68,8 +68,16 @@ BenchComparison compare_with_bench(const std::string& path, const Machine& m) {
     in.model = planner_model(r.config);
     in.model_name = r.config;
     in.seq = j.value("seq", in.model.max_seq);
-    in.global_batch = j.value("global_batch", 4);
-    in.micro_batch = in.global_batch;  // bench --grids: one micro-batch per step
+    // bench --grids: `global_batch` sequences per micro-batch; with a pipeline axis the step runs
+    // `micro_batches` of them through the schedule. The run's layers, recomputation, ZeRO and
+    // schedule are predicted as the bench ran them (older files lack the keys: the defaults).
+    in.micro_batch = j.value("global_batch", 4);
+    in.global_batch = in.micro_batch * std::max(1, j.value("micro_batches", 1));
+    if (j.contains("layers")) in.model.n_layer = j.at("layers").get<int>();
+    in.recompute = parse_recompute(j.value("recompute", std::string("none")));
+    in.zero = j.value("zero", 0);
+    in.schedule = parse_pipeline_schedule(j.value("schedule", std::string("1f1b")));
+    in.virtual_stages = j.value("virtual_stages", 1);
     in.ranks = r.ranks;
     Machine mm = m;
     mm.ranks_per_node = std::max(mm.ranks_per_node, r.ranks);  // one node: every rank is here
@@ -81,7 +89,8 @@ BenchComparison compare_with_bench(const std::string& path, const Machine& m) {
     // disturbed by whatever else shared the machine.
     bool seen = false;
     for (auto& q : c.rows)
-      if (q.config == r.config && q.grid == r.grid && q.ranks == r.ranks) {
+      if (q.config == r.config && q.grid == r.grid && q.ranks == r.ranks &&
+          q.predicted_s == r.predicted_s) {  // same settings predict the same time
         q.measured_s = std::min(q.measured_s, r.measured_s);
         seen = true;
       }
