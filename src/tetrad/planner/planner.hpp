@@ -8,13 +8,15 @@
 // every collective the trainer issues, with its group, element count and how often, costed by a
 // ring latency-bandwidth model whose bandwidth depends on where the group's ranks sit (rank order
 // x fastest, then y, z, p, d; ranks_per_node consecutive ranks per node). The pipeline axis P
-// (between Z and D) is modelled as 1F1B with point-to-point transfers between stages.
+// (between Z and D) runs the trainer's schedules (1F1B or interleaved, parallel.schedule) with
+// point-to-point transfers between stages.
 //
 // Each GEMM runs at the efficiency of its own per-rank shape (Machine::gemm_eff: wave
 // quantization over the GPU's SMs and a memory roofline, or a measured lattice on a CPU).
 // What it does not model: other kernel-level effects (a collective's kernels sharing SMs and
-// memory bandwidth with the GEMMs they overlap, clock throttling), contention between different axes' collectives running at the same time, interleaved
-// pipeline schedules, hierarchical (two-level) collective algorithms, stragglers.
+// memory bandwidth with the GEMMs they overlap, clock throttling), contention between different
+// axes' collectives running at the same time, hierarchical (two-level) collective algorithms,
+// stragglers.
 #pragma once
 #include <cstdint>
 #include <string>
