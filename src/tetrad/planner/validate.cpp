@@ -79,6 +79,15 @@ BenchComparison compare_with_bench(const std::string& path, const Machine& m) {
     in.schedule = parse_pipeline_schedule(j.value("schedule", std::string("1f1b")));
     in.virtual_stages = j.value("virtual_stages", 1);
     in.ranks = r.ranks;
+    {
+      std::ostringstream set;
+      if (r.grid.p > 1)
+        set << name(in.schedule) << (in.virtual_stages > 1 ? " x" + std::to_string(in.virtual_stages) : "")
+            << ", m " << in.global_batch / in.micro_batch;
+      if (in.recompute != Recompute::None) set << (set.tellp() > 0 ? ", " : "") << "recompute " << name(in.recompute);
+      if (in.zero > 0) set << (set.tellp() > 0 ? ", " : "") << "ZeRO " << in.zero;
+      r.setting = set.str();
+    }
     Machine mm = m;
     mm.ranks_per_node = std::max(mm.ranks_per_node, r.ranks);  // one node: every rank is here
     const Estimate e = estimate(in, r.grid, mm);
@@ -122,7 +131,8 @@ std::string comparison_text(const BenchComparison& c, const std::string& title) 
   o << std::fixed;
   for (size_t k = 0; k < c.rows.size(); ++k) {
     const auto& r = c.rows[by_measured[k]];
-    o << "| " << r.grid.to_string() << " | " << std::setprecision(3) << r.measured_s << " | "
+    o << "| " << r.grid.to_string() << (r.setting.empty() ? "" : " (" + r.setting + ")") << " | "
+      << std::setprecision(3) << r.measured_s << " | "
       << r.predicted_s << " | " << std::showpos << std::setprecision(1)
       << 100 * (r.predicted_s / r.measured_s - 1) << "%" << std::noshowpos << " | "
       << rm[by_measured[k]] << " | " << rp[by_measured[k]] << " | " << r.dominant << " |\n";
