@@ -3,13 +3,13 @@
 // Transformer<float> and on a grid with ParallelTransformer, recording the loss and gradient norm
 // of every step and, at the end, every whole tensor.
 #pragma once
-#include <mpi.h>
 
 #include <cmath>
 #include <memory>
 #include <string>
 #include <vector>
 
+#include "mpi_test.hpp"
 #include "tetrad/core/rng.hpp"
 #include "tetrad/model/transformer.hpp"
 #include "tetrad/parallel/parallel_transformer.hpp"
@@ -22,16 +22,8 @@ namespace contract {
 using namespace tetrad;
 using namespace tetrad::parallel;
 
-inline int world_rank() {
-  int r;
-  MPI_Comm_rank(MPI_COMM_WORLD, &r);
-  return r;
-}
-inline int world_size() {
-  int n;
-  MPI_Comm_size(MPI_COMM_WORLD, &n);
-  return n;
-}
+using mpi_test::world_rank;
+using mpi_test::world_size;
 
 inline ModelConfig tiny_model(Family f, int n_layer) {
   ModelConfig c;

@@ -5,12 +5,11 @@
 // that do not divide evenly over the Z x data slots are still all evaluated once.
 // Runs under mpirun -n 2, 4, 8 (oversubscribed on small machines).
 #include <gtest/gtest.h>
-#include <mpi.h>
 
 #include <string>
 #include <vector>
 
-#include "tetrad/comm/mpi_env.hpp"
+#include "contract.hpp"
 #include "tetrad/core/error.hpp"
 #include "tetrad/core/rng.hpp"
 #include "tetrad/model/transformer.hpp"
@@ -22,28 +21,16 @@
 
 using namespace tetrad;
 using namespace tetrad::parallel;
-using tetrad::comm::MpiEnvironment;
 using Ids = std::vector<int32_t>;
 
 namespace {
 
-int world_size() {
-  int n;
-  MPI_Comm_size(MPI_COMM_WORLD, &n);
-  return n;
-}
+using contract::world_size;
 
+// The contract's tiny model, with room for a 40-token prefix and suffix.
 ModelConfig test_model(Family f) {
-  ModelConfig c;
-  c.family = f;
-  c.n_layer = 2;
-  c.n_embd = 64;
-  c.n_head = 8;
-  c.n_kv_head = f == Family::Llama ? 4 : 8;
-  c.ffn = f == Family::Llama ? 96 : 128;
-  c.vocab_size = 256;
+  ModelConfig c = contract::tiny_model(f, 2);
   c.max_seq = 40;
-  c.tie_embeddings = f == Family::GPT2;
   return c;
 }
 
@@ -119,15 +106,3 @@ void check_every_grid(Family family) {
 
 TEST(ParallelExtraction, Gpt2EveryGridMatchesTheSerialDecoder) { check_every_grid(Family::GPT2); }
 TEST(ParallelExtraction, LlamaEveryGridMatchesTheSerialDecoder) { check_every_grid(Family::Llama); }
-
-int main(int argc, char** argv) {
-  MpiEnvironment env(&argc, &argv);
-  ::testing::InitGoogleTest(&argc, argv);
-  int rank;
-  MPI_Comm_rank(MPI_COMM_WORLD, &rank);
-  if (rank != 0) {
-    auto& listeners = ::testing::UnitTest::GetInstance()->listeners();
-    delete listeners.Release(listeners.default_result_printer());
-  }
-  return RUN_ALL_TESTS();
-}

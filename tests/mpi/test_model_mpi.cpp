@@ -3,13 +3,12 @@
 // (relative 1e-5) and, gathered at the end, the same weights (within fp32 rounding).
 // Runs under mpirun -n 2, 4, 8 (oversubscribed on small machines).
 #include <gtest/gtest.h>
-#include <mpi.h>
 
 #include <cmath>
 #include <cstdio>
 #include <vector>
 
-#include "tetrad/comm/mpi_env.hpp"
+#include "contract.hpp"
 #include "tetrad/core/error.hpp"
 #include "tetrad/core/rng.hpp"
 #include "tetrad/model/transformer.hpp"
@@ -19,133 +18,18 @@
 
 using namespace tetrad;
 using namespace tetrad::parallel;
-using tetrad::comm::MpiEnvironment;
 
 namespace {
 
-int world_rank() {
-  int r;
-  MPI_Comm_rank(MPI_COMM_WORLD, &r);
-  return r;
-}
-int world_size() {
-  int n;
-  MPI_Comm_size(MPI_COMM_WORLD, &n);
-  return n;
-}
+using namespace contract;
 
-ModelConfig test_model(Family f) {
-  ModelConfig c;
-  c.family = f;
-  c.n_layer = 2;
-  c.n_embd = 64;
-  c.n_head = 8;
-  c.n_kv_head = f == Family::Llama ? 4 : 8;  // grouped-query attention for Llama
-  c.ffn = f == Family::Llama ? 96 : 128;
-  c.vocab_size = 256;
-  c.max_seq = 32;
-  c.tie_embeddings = f == Family::GPT2;
-  return c;
-}
+constexpr int kSteps = 20;
 
-struct Run {
-  std::vector<double> losses, grad_norms;
-  std::vector<std::vector<float>> weights;  // every tensor, whole
-};
-
-constexpr int kB = 8, kT = 16, kAccum = 2, kSteps = 20;
-
-std::vector<int32_t> batch_tokens(int step, int micro, int V) {
-  Rng r(1000 + 31 * step + micro);
-  std::vector<int32_t> t(size_t(kB) * (kT + 1));
-  for (auto& x : t) x = int32_t(r.next_u64() % uint64_t(V));
-  return t;
-}
-
-TrainConfig train_config() {
-  TrainConfig t;
-  t.lr = 3e-3;
-  t.weight_decay = 0.1;
-  t.grad_clip = 1.0;
-  t.warmup_steps = 2;
-  t.max_steps = kSteps;
-  return t;
-}
-
-Run serial_run(const ModelConfig& mc) {
-  Transformer<float> m(mc, kB, kT);
-  m.init_weights(7);
-  const TrainConfig tc = train_config();
-  AdamW opt(m.table(), tc);
-  Run r;
-  std::vector<int32_t> x(size_t(kB) * kT), y(x.size());
-  for (int s = 0; s < kSteps; ++s) {
-    m.zero_grads();
-    double loss = 0;
-    for (int mb = 0; mb < kAccum; ++mb) {
-      auto tok = batch_tokens(s, mb, mc.vocab_size);
-      for (int b = 0; b < kB; ++b)
-        for (int t = 0; t < kT; ++t) {
-          x[b * kT + t] = tok[b * (kT + 1) + t];
-          y[b * kT + t] = tok[b * (kT + 1) + t + 1];
-        }
-      loss += m.forward_backward(x.data(), y.data(), kB, kT, 1.0f / (kB * kT * kAccum));
-    }
-    const double gn = grad_norm(m.grads(), m.num_params());
-    opt.update(m.params(), m.grads(), learning_rate(tc, s), gn > tc.grad_clip ? tc.grad_clip / gn : 1.0, s + 1);
-    r.losses.push_back(loss / (kB * kT * kAccum));
-    r.grad_norms.push_back(gn);
-  }
-  for (const auto& s : m.table().specs)
-    r.weights.emplace_back(m.params() + s.offset, m.params() + s.offset + s.numel);
-  return r;
-}
-
-Run parallel_run(const ModelConfig& mc, ProcessGroups& g) {
-  const int replicas = g.shape.z * g.shape.d;
-  const int Bl = kB / replicas;
-  const int slot = g.coord.z + g.shape.z * g.coord.d;  // this rank's slice of the sequences
-  ParallelTransformer m(mc, g, Bl, kT);
-  m.init_weights(7);
-  const TrainConfig tc = train_config();
-  std::vector<int64_t> off, size;
-  for (const auto& t : m.plan().tensors) {
-    off.push_back(t.offset);
-    size.push_back(t.shard_numel);
-  }
-  AdamW opt(decay_ranges(m.table(), tc, off, size), m.num_local_params(), tc);
-  Run r;
-  std::vector<int32_t> x(size_t(Bl) * kT), y(x.size());
-  for (int s = 0; s < kSteps; ++s) {
-    m.zero_grads();
-    double loss = 0;
-    for (int mb = 0; mb < kAccum; ++mb) {
-      auto tok = batch_tokens(s, mb, mc.vocab_size);
-      for (int b = 0; b < Bl; ++b)
-        for (int t = 0; t < kT; ++t) {
-          x[b * kT + t] = tok[(slot * Bl + b) * (kT + 1) + t];
-          y[b * kT + t] = tok[(slot * Bl + b) * (kT + 1) + t + 1];
-        }
-      loss += m.forward_backward(x.data(), y.data(), Bl, kT, 1.0f / (kB * kT * kAccum));
-    }
-    m.reduce_gradients();
-    if (g.zd.size() > 1) g.zd.allreduce_sum(&loss, 1);
-    const double gn = std::sqrt(m.grad_sum_squares());
-    opt.update(m.params(), m.grads(), learning_rate(tc, s), gn > tc.grad_clip ? tc.grad_clip / gn : 1.0, s + 1);
-    r.losses.push_back(loss / (kB * kT * kAccum));
-    r.grad_norms.push_back(gn);
-  }
-  for (size_t i = 0; i < m.table().specs.size(); ++i) {
-    std::vector<float> full(m.table().specs[i].numel);
-    m.get_tensor(i, full.data());
-    r.weights.push_back(std::move(full));
-  }
-  return r;
-}
+ModelConfig test_model(Family f) { return tiny_model(f, 2); }
 
 void check_all_grids(Family family) {
   const ModelConfig mc = test_model(family);
-  const Run serial = serial_run(mc);
+  const Run serial = serial_run(mc, kSteps);
   int tested = 0, skipped = 0;
   for (const GridShape& shape : factorizations(world_size())) {
     try {
@@ -156,23 +40,15 @@ void check_all_grids(Family family) {
       continue;
     }
     ProcessGroups g(comm::Communicator::world(), shape);
-    const Run par = parallel_run(mc, g);
+    const Run par = parallel_run(mc, g, kSteps, ParallelOptions{});
     ++tested;
     const std::string where = family_name(family) + " grid " + shape.to_string();
     for (int s = 0; s < kSteps; ++s) {
       EXPECT_NEAR(par.losses[s] / serial.losses[s], 1.0, 1e-5) << where << " step " << s + 1;
       EXPECT_NEAR(par.grad_norms[s] / serial.grad_norms[s], 1.0, 1e-4) << where << " step " << s + 1;
     }
-    double worst = 0;
     std::string worst_name;
-    for (size_t i = 0; i < serial.weights.size(); ++i)
-      for (size_t j = 0; j < serial.weights[i].size(); ++j) {
-        const double d = std::abs(double(par.weights[i][j]) - serial.weights[i][j]);
-        if (d > worst) {
-          worst = d;
-          worst_name = build_param_table(mc).specs[i].name;
-        }
-      }
+    const double worst = worst_weight_difference(par, serial, mc, &worst_name);
     EXPECT_LT(worst, 2e-4) << where << ": largest weight difference in " << worst_name;
   }
   if (world_rank() == 0)
@@ -252,14 +128,4 @@ TEST(ParallelContract, GridThatDoesNotDivideTheModelIsRefused) {
   } catch (const Error& e) {
     EXPECT_NE(std::string(e.what()).find("model.n_embd (64) is not divisible by Gy = 3"), std::string::npos) << e.what();
   }
-}
-
-int main(int argc, char** argv) {
-  MpiEnvironment env(&argc, &argv);
-  ::testing::InitGoogleTest(&argc, argv);
-  if (world_rank() != 0) {
-    auto& listeners = ::testing::UnitTest::GetInstance()->listeners();
-    delete listeners.Release(listeners.default_result_printer());
-  }
-  return RUN_ALL_TESTS();
 }

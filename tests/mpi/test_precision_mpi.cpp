@@ -9,7 +9,7 @@
 #include <cstdio>
 #include <vector>
 
-#include "tetrad/comm/mpi_env.hpp"
+#include "contract.hpp"
 #include "tetrad/core/rng.hpp"
 #include "tetrad/kernels/precision.hpp"
 #include "tetrad/model/transformer.hpp"
@@ -19,25 +19,12 @@
 
 using namespace tetrad;
 using namespace tetrad::parallel;
-using tetrad::comm::MpiEnvironment;
 
 namespace {
 
 constexpr int kB = 8, kT = 16, kSteps = 200;
 
-ModelConfig test_model() {
-  ModelConfig c;
-  c.family = Family::GPT2;
-  c.n_layer = 2;
-  c.n_embd = 64;
-  c.n_head = 8;
-  c.n_kv_head = 8;
-  c.ffn = 128;
-  c.vocab_size = 256;
-  c.max_seq = 32;
-  c.tie_embeddings = true;
-  return c;
-}
+ModelConfig test_model() { return contract::tiny_model(Family::GPT2, 2); }
 
 TrainConfig train_config() {
   TrainConfig t;
@@ -137,16 +124,4 @@ TEST(Bf16Grid, TrainingOnFourRanksTracksTheFp32Curve) {
   EXPECT_LT(l32, 0.6 * f32[0]) << "the fp32 run did not learn; the comparison would be empty";
   EXPECT_NEAR(l16 / l32, 1.0, 0.02) << "fp32 serial " << l32 << ", bf16 on 2x1x2x1 " << l16;
   for (double l : b16) ASSERT_TRUE(std::isfinite(l));
-}
-
-int main(int argc, char** argv) {
-  MpiEnvironment env(&argc, &argv);
-  ::testing::InitGoogleTest(&argc, argv);
-  int rank;
-  MPI_Comm_rank(MPI_COMM_WORLD, &rank);
-  if (rank != 0) {
-    auto& listeners = ::testing::UnitTest::GetInstance()->listeners();
-    delete listeners.Release(listeners.default_result_printer());
-  }
-  return RUN_ALL_TESTS();
 }

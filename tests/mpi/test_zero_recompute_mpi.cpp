@@ -187,13 +187,3 @@ TEST(RecomputeContract, Gpt2EveryModeIsBitIdentical) { check_recompute(Family::G
 TEST(RecomputeContract, LlamaEveryModeIsBitIdentical) { check_recompute(Family::Llama); }
 
 }  // namespace
-
-int main(int argc, char** argv) {
-  MpiEnvironment env(&argc, &argv);
-  ::testing::InitGoogleTest(&argc, argv);
-  if (world_rank() != 0) {
-    auto& listeners = ::testing::UnitTest::GetInstance()->listeners();
-    delete listeners.Release(listeners.default_result_printer());
-  }
-  return RUN_ALL_TESTS();
-}

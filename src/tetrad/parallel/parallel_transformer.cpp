@@ -1196,10 +1196,22 @@ std::vector<std::pair<float*, size_t>> ParallelTransformer::chunk_regions(int l0
 }
 
 std::vector<float> ParallelTransformer::stash(int l0, int l1, bool embed, bool head) {
+  // Sized once: growing by insert() would hold up to twice the stash (and briefly the old
+  // and the new storage) per micro-batch in flight.
+  const auto regions = chunk_regions(l0, l1, embed, head);
+  size_t total = 1;
+  for (const auto& r : regions) total += r.second;
   std::vector<float> out;
-  for (auto [p, n] : chunk_regions(l0, l1, embed, head)) out.insert(out.end(), p, p + n);
+  out.reserve(total);
+  for (auto [p, n] : regions) out.insert(out.end(), p, p + n);
   out.push_back(float(scratch_layer_));  // exact for any layer index
   return out;
+}
+
+int64_t ParallelTransformer::stash_numel(int l0, int l1, bool embed, bool head) {
+  int64_t n = 1;  // the scratch layer index stash() appends
+  for (const auto& region : chunk_regions(l0, l1, embed, head)) n += int64_t(region.second);
+  return n;
 }
 
 void ParallelTransformer::restore(int l0, int l1, bool embed, bool head, const std::vector<float>& s) {

@@ -190,6 +190,8 @@ class ParallelTransformer {
   // backward, so several micro-batches can be in flight on one activation buffer.
   std::vector<float> stash(int l0, int l1, bool embed, bool head);
   void restore(int l0, int l1, bool embed, bool head, const std::vector<float>& saved);
+  // Elements stash() returns for that chunk (with the buffers as allocated now).
+  int64_t stash_numel(int l0, int l1, bool embed, bool head);
   // The stage (0..Gp-1) whose chunk holds layer l.
   int layer_stage(int l) const;
 

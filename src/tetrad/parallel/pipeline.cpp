@@ -1,5 +1,6 @@
 #include "tetrad/parallel/pipeline.hpp"
 
+#include <algorithm>
 #include <chrono>
 #include <cstring>
 
@@ -106,6 +107,18 @@ double PipelineDriver::step(const int32_t* inputs, const int32_t* targets, int B
   TETRAD_CHECK(stashed.empty(), "pipeline: a forward without its backward");
   step_s_ = seconds_since(t_start);
   return loss;
+}
+
+int64_t PipelineDriver::stash_peak_bytes(int B, int T) {
+  const int64_t n = int64_t(B) * T * (m_.config().n_embd / g_.shape.x);
+  int64_t alive = 0, peak = 0;
+  for (const PipeOp& op : pipeline_schedule(schedule_, p_, s_, m_micro_, v_)) {
+    const Chunk ch = chunk(op.chunk);
+    const int64_t k = m_.stash_numel(ch.l0, ch.l1, ch.embed, ch.head);
+    alive += op.forward ? k : -k;
+    peak = std::max(peak, alive);
+  }
+  return (peak + 3 * n) * int64_t(sizeof(float));
 }
 
 double PipelineDriver::forward_loss(const int32_t* inputs, const int32_t* targets, int B, int T) {

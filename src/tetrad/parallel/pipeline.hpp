@@ -39,6 +39,12 @@ class PipelineDriver {
   double last_wait_s() const { return wait_s_; }
   double last_step_s() const { return step_s_; }
 
+  // Bytes of activation memory the pipeline adds on this rank beyond the model's one activation
+  // buffer, by the schedule: the largest total of stashes alive at once (walking this stage's op
+  // list, each forward's chunk stash until its backward), plus the two receive buffers and one
+  // outgoing copy of a [B, T, C/Gx] hidden state. The memory benchmark adds it to its formula.
+  int64_t stash_peak_bytes(int B, int T);
+
  private:
   struct Chunk {
     int l0, l1;

@@ -415,7 +415,10 @@ void run_bench_grids(const BenchOptions& opt, std::ostream& log) {
                              8.0 * double(ol.state_size);
       const double formula_state = 4 * P + 4 * P / (po.zero >= 2 ? Gd : 1.0) +
                                    8 * P / (po.zero >= 1 ? Gd : 1.0) + staging;
-      const double formula = formula_state + double(model.activation_bytes(po.recompute));
+      // Gp > 1: plus the activation stashes of the micro-batches in flight (by the schedule).
+      const double stash = pipe ? double(pipe->stash_peak_bytes(Bl, T)) : 0.0;
+      const double formula =
+          formula_state + double(model.activation_bytes(po.recompute)) + stash;
       double peak = double(hwm_rss_bytes()) - rss_start;
       double formula_max = formula;
       g.world.allreduce_max(&peak, 1);
@@ -471,6 +474,7 @@ void run_bench_grids(const BenchOptions& opt, std::ostream& log) {
                                    {"peak_mb", peak / 1048576.0},
                                    {"formula_mb", formula_max / 1048576.0},
                                    {"formula_state_mb", formula_state / 1048576.0},
+                                   {"stash_mb", stash / 1048576.0},
                                    {"activation_mb", model.activation_bytes(po.recompute) / 1048576.0},
                                    {"peak_vs_formula", peak / formula_max},
                                    {"micro_batches", M}, {"schedule", opt.schedule},
