@@ -65,6 +65,8 @@ check "plan table" grep -q "valid grids (x y z p d), fastest first" <<<"$plan_ou
 check "plan marks pipeline grids" grep -q "pipeline: not trainable yet\|^ *[0-9]* *[0-9]*x[0-9]*x[0-9]*x[2-8]x" <<<"$plan_out"
 check "plan json" bash -c "\"$TETRAD\" plan --model tiny --machine frontier --ranks 4 --json - | python3 -c 'import json,sys; j=json.load(sys.stdin); assert j[\"grids\"] and j[\"grids\"][0][\"valid\"]'"
 check "plan published" bash -c "\"$TETRAD\" plan --published | grep -q 'Megatron-LM.*| 163 |'"
+check "plan interleaved" bash -c "\"$TETRAD\" plan --model small --machine perlmutter --ranks 8 --global-batch 16 --micro-batch 2 --schedule interleaved --virtual-stages 2 | grep -q 'pipeline interleaved x2'"
+expect_error "plan virtual stages need interleaving" "needs parallel.schedule" "$TETRAD" plan --model small --machine perlmutter --virtual-stages 2
 expect_error "plan unknown machine" "expected a .toml file or one of" "$TETRAD" plan --model small --machine nowhere
 
 echo "$fails failed"

@@ -118,6 +118,10 @@ void run_plan_command(const std::string& model, const std::vector<std::string>& 
   in.recompute = parse_recompute(recompute);
   in.zero = zero;
   in.overlap = parse_overlap(overlap);
+  // Pipeline schedule as the trainer reads it (parallel.schedule, parallel.virtual_stages; the
+  // config's validation already refused virtual stages without interleaving).
+  in.schedule = parse_pipeline_schedule(cfg.schedule);
+  in.virtual_stages = cfg.virtual_stages;
   in.ranks = ranks > 0 ? ranks : m.ranks_per_node;
   in.allow_pipeline = !no_pipeline;
   const auto p = plan(in, m);
@@ -327,11 +331,11 @@ int main(int argc, char** argv) {
 
   // plan
   struct {
-    std::string model = "small", machine, json, measure_out, compare, precision,
+    std::string model = "small", machine, json, measure_out, compare, precision, schedule,
                 recompute = "none", overlap = "none";
     std::vector<std::string> sets;
     int64_t global_batch = 0, micro_batch = 0, micro_batch_per_replica = 0;
-    int seq = 0, zero = 0, ranks = 0, top = 30, threads = 1, show_rejected = 20;
+    int seq = 0, zero = 0, ranks = 0, top = 30, threads = 1, show_rejected = 20, virtual_stages = 0;
     bool no_pipeline = false, published = false, quick = false;
   } po;
   auto* plan_cmd = app.add_subcommand(
@@ -358,6 +362,10 @@ int main(int argc, char** argv) {
   plan_cmd->add_option("--overlap", po.overlap,
                        "none (tetrad today) | tensor (AxoNN's OAR/ORS/OAG) | all (+ data-parallel)")
       ->capture_default_str();
+  plan_cmd->add_option("--schedule", po.schedule,
+                       "pipeline schedule: 1f1b | interleaved (parallel.schedule; default: the config's)");
+  plan_cmd->add_option("--virtual-stages", po.virtual_stages,
+                       "model chunks per pipeline stage, interleaved (parallel.virtual_stages)");
   plan_cmd->add_flag("--no-pipeline", po.no_pipeline, "only grids with Gp = 1");
   plan_cmd->add_option("--top", po.top, "valid grids shown (0: all)")->capture_default_str();
   plan_cmd->add_option("--rejected", po.show_rejected, "rejected grids shown (-1: all)")->capture_default_str();
@@ -435,6 +443,9 @@ int main(int argc, char** argv) {
       write_run_report(report_dir, path);
       std::cout << "wrote " << path << "\n";
     } else if (*plan_cmd) {
+      // --schedule / --virtual-stages are the trainer's config keys; they go through its parser.
+      if (!po.schedule.empty()) po.sets.push_back("parallel.schedule=" + po.schedule);
+      if (po.virtual_stages > 0) po.sets.push_back("parallel.virtual_stages=" + std::to_string(po.virtual_stages));
       run_plan_command(po.model, po.sets, po.machine, po.ranks, po.global_batch, po.micro_batch,
                        po.micro_batch_per_replica, po.seq, po.precision, po.recompute, po.zero,
                        po.overlap, po.no_pipeline, po.top, po.show_rejected, po.json,

@@ -21,6 +21,11 @@ PlanInput plan_input_of(const RunConfig& cfg, int ranks) {
   const std::string& p = cfg.train.precision;
   in.precision = p == "bf16" || (p == "auto" && kernels::native_bf16_matmul()) ? Precision::BF16
                                                                                  : Precision::FP32;
+  // What the trainer will run, parsed by the trainer's own parsers.
+  in.recompute = parse_recompute(cfg.train.recompute);
+  in.zero = cfg.zero;
+  in.schedule = parse_pipeline_schedule(cfg.schedule);
+  in.virtual_stages = cfg.virtual_stages;
   return in;
 }
 

@@ -10,6 +10,7 @@
 #include <filesystem>
 #include <iomanip>
 #include <sstream>
+#include <oneapi/dnnl/dnnl.h>
 #include <toml++/toml.h>
 
 #include "tetrad/comm/communicator.hpp"
@@ -65,10 +66,85 @@ void Machine::validate() const {
   positive("network.inter_bandwidth_gb_per_s", inter_bandwidth);
   if (intra_latency < 0 || inter_latency < 0)
     fail("machine '", name, "': network latencies must be >= 0");
+  if (compute_units < 0) fail("machine '", name, "': compute.units must be >= 0 (0: not modelled)");
+  if (gemm_tile_m < 1 || gemm_tile_n < 1)
+    fail("machine '", name, "': compute.gemm_tile must be two positive numbers [m, n]");
+  for (const auto& gs : gemm_shapes)
+    if (gs.m < 1 || gs.n < 1 || gs.k < 1 || !(gs.efficiency > 0 && gs.efficiency <= 1))
+      fail("machine '", name, "': [[compute.gemm]] needs m, n, k >= 1 and efficiency in (0, 1] (got ",
+           gs.m, "x", gs.n, "x", gs.k, " at ", gs.efficiency, ")");
+  if (!gemm_shapes.empty()) {
+    // Interpolation needs every combination of the m, n and k values that occur.
+    std::vector<int> ms, ns, ks;
+    for (const auto& gs : gemm_shapes) ms.push_back(gs.m), ns.push_back(gs.n), ks.push_back(gs.k);
+    for (auto* v : {&ms, &ns, &ks}) {
+      std::sort(v->begin(), v->end());
+      v->erase(std::unique(v->begin(), v->end()), v->end());
+    }
+    if (gemm_shapes.size() != ms.size() * ns.size() * ks.size())
+      fail("machine '", name, "': [[compute.gemm]] rows must cover every combination of their m, n "
+           "and k values once (", ms.size(), " x ", ns.size(), " x ", ks.size(), " = ",
+           ms.size() * ns.size() * ks.size(), " rows expected, got ", gemm_shapes.size(), ")");
+  }
   for (const auto& m : measured)
     if (m.group_size < 2 || !(m.bandwidth > 0) || m.latency < 0)
       fail("machine '", name, "': [[network.measured]] needs group_size >= 2, bandwidth > 0, "
            "latency >= 0");
+}
+
+double Machine::gemm_eff(double m, double n, double k, bool bf16) const {
+  if (m < 1 || n < 1 || k < 1) return gemm_efficiency;
+  if (!gemm_shapes.empty()) {
+    // Trilinear interpolation in log(m), log(n), log(k) on the measured lattice, clamped at its
+    // edges (a shape beyond the largest measured one gets the edge's efficiency).
+    std::vector<double> axis[3];
+    for (const auto& gs : gemm_shapes) axis[0].push_back(gs.m), axis[1].push_back(gs.n), axis[2].push_back(gs.k);
+    for (auto& v : axis) {
+      std::sort(v.begin(), v.end());
+      v.erase(std::unique(v.begin(), v.end()), v.end());
+    }
+    const double q[3] = {m, n, k};
+    size_t lo[3], hi[3];
+    double w[3];
+    for (int d = 0; d < 3; ++d) {
+      const auto& v = axis[d];
+      const double x = std::clamp(q[d], v.front(), v.back());
+      size_t i = 0;
+      while (i + 1 < v.size() && v[i + 1] < x) ++i;
+      lo[d] = i;
+      hi[d] = std::min(i + 1, v.size() - 1);
+      w[d] = hi[d] == lo[d] ? 0.0 : std::log(x / v[lo[d]]) / std::log(v[hi[d]] / v[lo[d]]);
+    }
+    auto at = [&](size_t a, size_t b, size_t c) {
+      for (const auto& gs : gemm_shapes)
+        if (gs.m == axis[0][a] && gs.n == axis[1][b] && gs.k == axis[2][c]) return gs.efficiency;
+      return gemm_efficiency;  // unreachable: validate() checks the lattice is complete
+    };
+    double e = 0;
+    for (int corner = 0; corner < 8; ++corner) {
+      const bool bm = corner & 1, bn = corner & 2, bk = corner & 4;
+      const double wt = (bm ? w[0] : 1 - w[0]) * (bn ? w[1] : 1 - w[1]) * (bk ? w[2] : 1 - w[2]);
+      if (wt > 0) e += wt * at(bm ? hi[0] : lo[0], bn ? hi[1] : lo[1], bk ? hi[2] : lo[2]);
+    }
+    return std::clamp(e, 1e-3, 1.0);
+  }
+  double e = gemm_efficiency;
+  if (compute_units > 0) {
+    // Wave quantization: every unit computes one output tile at a time, so a GEMM takes
+    // ceil(tiles / units) waves and the last one may leave units idle.
+    // The library may lay the tile either way round; take the better.
+    auto wave = [&](double tm, double tn) {
+      const double tiles = std::ceil(m / tm) * std::ceil(n / tn);
+      return tiles / (std::ceil(tiles / compute_units) * compute_units);
+    };
+    e *= std::max(wave(gemm_tile_m, gemm_tile_n), wave(gemm_tile_n, gemm_tile_m));
+  }
+  // Roofline: the operands read once and the output written once, at the memory's bandwidth.
+  const double b = bf16 ? 2.0 : 4.0;
+  const double intensity = 2 * m * n * k / (b * (m * k + k * n + m * n));
+  const double pk = peak(bf16);
+  if (pk > 0 && memory_bandwidth > 0) e = std::min(e, intensity * memory_bandwidth / pk);
+  return e;
 }
 
 Machine load_machine_file(const std::string& path) {
@@ -89,6 +165,26 @@ Machine load_machine_file(const std::string& path) {
   m.peak_bf16 = get_number(t, "compute.peak_bf16_tflops", path, false) * kT;
   m.gemm_efficiency = get_number(t, "compute.gemm_efficiency", path, true);
   m.attention_efficiency = get_number(t, "compute.attention_efficiency", path, false, 0);
+  m.compute_units = int(get_number(t, "compute.units", path, false, 0));
+  if (auto tile = t.at_path("compute.gemm_tile")) {
+    const toml::array* a = tile.as_array();
+    if (!a || a->size() != 2 || !(*a)[0].value<double>() || !(*a)[1].value<double>())
+      fail("machine file '", path, "': compute.gemm_tile must be [m, n] (two numbers)");
+    m.gemm_tile_m = int(*(*a)[0].value<double>());
+    m.gemm_tile_n = int(*(*a)[1].value<double>());
+  }
+  if (const toml::array* arr = t.at_path("compute.gemm").as_array()) {
+    for (const auto& e : *arr) {
+      const toml::table* row = e.as_table();
+      if (!row) fail("machine file '", path, "': compute.gemm must be an array of tables");
+      MeasuredGemm gs;
+      gs.m = int(get_number(*row, "m", path, true));
+      gs.n = int(get_number(*row, "n", path, true));
+      gs.k = int(get_number(*row, "k", path, true));
+      gs.efficiency = get_number(*row, "efficiency", path, true);
+      m.gemm_shapes.push_back(gs);
+    }
+  }
   m.memory_bytes = get_number(t, "memory.per_rank_gb", path, true) * kG;
   m.memory_bandwidth = get_number(t, "memory.bandwidth_gb_per_s", path, true) * kG;
   m.intra_bandwidth = get_number(t, "network.intra_bandwidth_gb_per_s", path, true) * kG;
@@ -159,6 +255,13 @@ std::string machine_to_toml(const Machine& m) {
   if (m.attention_efficiency > 0)
     o << "attention_efficiency = " << fmt(m.attention_efficiency)
       << "   # the same for the attention kernel (causal FLOPs executed)\n";
+  if (m.compute_units > 0)
+    o << "units = " << m.compute_units << "   # SMs a GEMM's tiles are spread over\n"
+      << "gemm_tile = [" << m.gemm_tile_m << ", " << m.gemm_tile_n << "]   # output tile per unit\n";
+  for (const auto& gs : m.gemm_shapes)
+    o << "[[compute.gemm]]   # measured: C[m,n] += A[m,k] B[k,n], efficiency = sgemm / FMA peak\n"
+      << "m = " << gs.m << "\nn = " << gs.n << "\nk = " << gs.k << "\nefficiency = "
+      << fmt(gs.efficiency) << "\n";
   o << "\n"
     << "[memory]\n"
     << "per_rank_gb = " << fmt(m.memory_bytes / kG) << "\n"
@@ -242,6 +345,67 @@ double attention_gflops(int threads, int reps) {
   return rates[rates.size() / 2];
 }
 
+// GFLOP/s of dnnl_sgemm C[m,n] = A[m,k] B[k,n] (row-major), calling it until at least `min_s`
+// has passed: a 128^3 GEMM takes a tenth of a millisecond, far below a scheduler time slice.
+class SgemmTimer {
+ public:
+  SgemmTimer(int m, int n, int k) : m_(m), n_(n), k_(k), a_(size_t(m) * k, 1.0f), b_(size_t(k) * n, 0.5f), c_(size_t(m) * n) {
+    call();  // warm-up: oneDNN's kernel selection and first touch
+  }
+  double gflops(double min_s) {
+    int calls = 0;
+    const double t0 = now_s();
+    double dt = 0;
+    do {
+      call();
+      ++calls;
+      dt = now_s() - t0;
+    } while (dt < min_s);
+    return 2.0 * m_ * n_ * k_ * calls / dt * 1e-9;
+  }
+
+ private:
+  void call() {
+    if (dnnl_sgemm('N', 'N', m_, n_, k_, 1.0f, a_.data(), k_, b_.data(), n_, 0.0f, c_.data(), n_) != dnnl_success)
+      fail("dnnl_sgemm failed on ", m_, "x", n_, "x", k_);
+  }
+  int m_, n_, k_;
+  std::vector<float> a_, b_, c_;
+};
+
+// Efficiency of every lattice shape relative to the square that gives gemm_efficiency: rounds of (square, every shape), each
+// timed for at least 20 ms, and each shape's median ratio to the square of its own round, so a
+// load that changes between rounds (a shared machine) cancels out. Times the square's efficiency
+// (sgemm / FMA peak) gives each shape's.
+std::vector<MeasuredGemm> measure_gemm_lattice(const std::vector<int>& dims, int square, int threads,
+                                               int rounds, const comm::Communicator& world) {
+  const int prev = omp_get_max_threads();
+  omp_set_num_threads(threads);
+  SgemmTimer sq(square, square, square);
+  std::vector<MeasuredGemm> shapes;
+  std::vector<SgemmTimer> timers;
+  timers.reserve(dims.size() * dims.size() * dims.size());
+  for (int gm : dims)
+    for (int gn : dims)
+      for (int gk : dims) {
+        shapes.push_back(MeasuredGemm{gm, gn, gk, 0});
+        timers.emplace_back(gm, gn, gk);
+      }
+  std::vector<std::vector<double>> ratios(shapes.size());
+  for (int r = 0; r < rounds; ++r) {
+    world.barrier();
+    const double ref = sq.gflops(0.02);
+    for (size_t i = 0; i < shapes.size(); ++i) ratios[i].push_back(timers[i].gflops(0.02) / ref);
+  }
+  omp_set_num_threads(prev);
+  for (size_t i = 0; i < shapes.size(); ++i) {
+    auto& v = ratios[i];
+    std::sort(v.begin(), v.end());
+    shapes[i].efficiency = v[v.size() / 2];  // ratio to the square for now
+  }
+  return shapes;
+}
+
 }  // namespace
 
 Machine measure_machine(const std::string& name, int threads, bool quick) {
@@ -258,6 +422,11 @@ Machine measure_machine(const std::string& name, int threads, bool quick) {
   world.barrier();
   const int sq = quick ? 768 : 1536;
   Measurement gemm = measure_sgemm(GemmShape{"square", sq, sq, sq}, threads, quick ? 3 : 5);
+  // sgemm on a lattice of shapes (every rank at once): how the efficiency falls for the thin
+  // GEMMs that splitting a layer over X or Y leaves a rank (docs/planner.md, "GEMM efficiency by
+  // shape"); the planner interpolates it in log(m), log(n), log(k).
+  const std::vector<int> dims = quick ? std::vector<int>{128, 1024} : std::vector<int>{128, 512, 1536};
+  std::vector<MeasuredGemm> lattice = measure_gemm_lattice(dims, sq, threads, quick ? 3 : 5, world);
   world.barrier();
   Measurement bf16 = measure_bf16_matmul(GemmShape{"square", sq, sq, sq}, threads, quick ? 2 : 3);
   world.barrier();
@@ -283,6 +452,12 @@ Machine measure_machine(const std::string& name, int threads, bool quick) {
   m.peak_bf16 = v[2] > 0 ? v[2] * 1e9 / m.gemm_efficiency : 0;
   m.memory_bandwidth = v[3] * 1e9;
   m.attention_efficiency = std::min(1.0, v[4] / v[0]);
+  for (MeasuredGemm& gs : lattice) {
+    double r = -gs.efficiency;  // the slowest rank's ratio to the square
+    world.allreduce_max(&r, 1);
+    gs.efficiency = std::clamp(-r * m.gemm_efficiency, 1e-3, 1.0);
+    m.gemm_shapes.push_back(gs);
+  }
   const long pages = sysconf(_SC_PHYS_PAGES), page = sysconf(_SC_PAGE_SIZE);
   m.memory_bytes = double(pages) * double(page) / N;
 

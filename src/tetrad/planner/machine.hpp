@@ -27,6 +27,13 @@ struct MeasuredLink {
   double latency = 0;    // seconds per ring step
 };
 
+// One measured GEMM shape (machine file's [[compute.gemm]], written by --measure-machine):
+// C[m, n] += A[m, k] B[k, n] at `efficiency` x the FMA peak, every rank computing at once.
+struct MeasuredGemm {
+  int m = 0, n = 0, k = 0;
+  double efficiency = 0;
+};
+
 struct Machine {
   std::string name;         // "perlmutter"
   std::string description;  // one line: hardware and where the numbers come from
@@ -35,6 +42,15 @@ struct Machine {
   double peak_bf16 = 0;       // FLOP/s per rank; 0: no bf16 rate (bf16 plans are rejected)
   double gemm_efficiency = 1; // fraction of peak that large training GEMMs reach
   double attention_efficiency = 0;  // the same for the attention kernel; 0: gemm_efficiency
+  // Shape-dependent GEMM efficiency (docs/planner.md, "GEMM efficiency by shape"). A GEMM's
+  // output is cut into tile_m x tile_n tiles spread over compute_units (SMs): the last wave of
+  // tiles leaves units idle (wave quantization), and a GEMM whose operands take longer to stream
+  // from memory than to multiply runs at the memory's pace (roofline). 0 units: not modelled.
+  int compute_units = 0;
+  int gemm_tile_m = 128, gemm_tile_n = 128;
+  // Measured efficiencies by shape (CPU files); when present they replace the analytic model:
+  // a full lattice of m, n, k values, interpolated in log(m), log(n), log(k).
+  std::vector<MeasuredGemm> gemm_shapes;
   double memory_bytes = 0;    // per rank
   double memory_bandwidth = 0;  // bytes/s per rank (elementwise work, optimizer)
   double intra_bandwidth = 0;   // bytes/s per rank, one direction, inside a node
@@ -47,6 +63,13 @@ struct Machine {
   double peak(bool bf16) const { return bf16 ? peak_bf16 : peak_fp32; }
   double attention_eff() const { return attention_efficiency > 0 ? attention_efficiency : gemm_efficiency; }
   void validate() const;  // throws Error naming the field and what was expected
+
+  // Fraction of peak(bf16) a GEMM C[m, n] = A[m, k] B[k, n] sustains (elements of `bytes` each):
+  // measured lattice if the file has one; otherwise
+  //   gemm_efficiency x wave(m, n), capped by the roofline AI x memory_bandwidth / peak, where
+  //   wave = tiles / (ceil(tiles / compute_units) x compute_units), tiles = ceil(m/tm)·ceil(n/tn)
+  //   AI = 2mnk / (bytes·(mk + kn + mn)).
+  double gemm_eff(double m, double n, double k, bool bf16) const;
 };
 
 // Reads a machine file; throws Error naming the file, the key and what was expected.

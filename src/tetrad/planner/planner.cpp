@@ -21,12 +21,6 @@ Precision parse_precision(const std::string& s) {
   if (s == "bf16") return Precision::BF16;
   fail("precision '", s, "': expected fp32 or bf16");
 }
-Recompute parse_recompute(const std::string& s) {
-  if (s == "none") return Recompute::None;
-  if (s == "selective") return Recompute::Selective;
-  if (s == "full") return Recompute::Full;
-  fail("recompute '", s, "': expected none, selective or full");
-}
 Overlap parse_overlap(const std::string& s) {
   if (s == "none") return Overlap::None;
   if (s == "tensor") return Overlap::Tensor;
@@ -34,9 +28,6 @@ Overlap parse_overlap(const std::string& s) {
   fail("overlap '", s, "': expected none, tensor or all");
 }
 const char* name(Precision p) { return p == Precision::FP32 ? "fp32" : "bf16"; }
-const char* name(Recompute r) {
-  return r == Recompute::None ? "none" : r == Recompute::Selective ? "selective" : "full";
-}
 const char* name(Overlap o) {
   return o == Overlap::None ? "none" : o == Overlap::Tensor ? "tensor" : "all";
 }
@@ -92,6 +83,10 @@ void PlanInput::validate() const {
          "data replica (--micro-batch-per-replica)");
   if (zero < 0 || zero > 2) fail("plan: ZeRO stage must be 0, 1 or 2 (got ", zero, ")");
   if (ranks < 1) fail("plan: ranks must be >= 1 (got ", ranks, ")");
+  if (virtual_stages < 1) fail("plan: virtual stages must be >= 1 (got ", virtual_stages, ")");
+  if (schedule == Schedule::OneFOneB && virtual_stages != 1)
+    fail("plan: ", virtual_stages, " virtual stages need the interleaved schedule (1F1B has one "
+         "chunk per stage)");
 }
 
 // ------------------------------------------------------------------------------------ FLOPs
@@ -119,6 +114,30 @@ Sizes sizes(const ModelConfig& m) {
   return s;
 }
 
+// Seconds of one layer's GEMMs on one rank, by pass, and of the head's three GEMMs. The local
+// weight shapes follow the trainer's layout: normal layers (q|k|v, MLP up with its gate) hold
+// [H/Gx, N/Gy], transposed ones (attention output, MLP down) [N/Gy, H/Gx]; the head [H/Gx, V/Gy].
+struct GemmTimes {
+  double fwd = 0, din = 0, dw = 0, head = 0;
+};
+GemmTimes block_gemm_times(const Sizes& s, const Grid5& g, double T, const Machine& mach, bool bf16) {
+  const double pk = mach.peak(bf16);
+  auto t = [&](double m, double n, double k) { return 2 * m * n * k / (pk * mach.gemm_eff(m, n, k, bf16)); };
+  GemmTimes r;
+  auto weight = [&](double k, double n) {
+    r.fwd += t(T, n, k);
+    r.din += t(T, k, n);
+    r.dw += t(k, n, T);
+  };
+  weight(s.H / g.x, s.QKV / g.y);  // q|k|v
+  weight(s.H / g.y, s.H / g.x);    // attention output (transposed)
+  weight(s.H / g.x, s.FW / g.y);   // MLP up (+ gate)
+  weight(s.F / g.y, s.H / g.x);    // MLP down (transposed)
+  const double hk = s.H / g.x, hn = s.V / g.y;
+  r.head = t(T, hn, hk) + t(T, hk, hn) + t(hk, hn, T);
+  return r;
+}
+
 }  // namespace
 
 double model_flops_per_step(const ModelConfig& m, int64_t sequences, int seq) {
@@ -135,9 +154,18 @@ double hardware_flops_per_step(const ModelConfig& m, int64_t sequences, int seq,
   return model_flops_per_step(m, sequences, seq) + extra * double(sequences) * seq;
 }
 
-double bubble_fraction(int p, int m) {
-  TETRAD_CHECK(p >= 1 && m >= 1);
-  return double(p - 1) / double(m);
+double bubble_fraction(int p, int m, int v) {
+  TETRAD_CHECK(p >= 1 && m >= 1 && v >= 1);
+  return double(p - 1) / (double(v) * double(m));
+}
+
+int stage_layer_count(int n_layer, int p, int v) {
+  int n = 0;
+  for (int c = 0; c < v; ++c) {
+    const auto [l0, l1] = parallel::stage_layers(n_layer, p * v, c * p);  // stage 0's chunk c
+    n += l1 - l0;
+  }
+  return n;
 }
 
 // ------------------------------------------------------------------------------------ placement
@@ -222,7 +250,7 @@ int64_t trainer_activation_elements(const ModelConfig& m, const Grid5& g, int64_
   const int64_t per_layer = N * (Cx + 2 + QKVy + Ay + nhy + Cx + Cx + 2 + FWy + Fy + Cx);
   const int64_t global =
       N * (Cx + Cx + 2 + Vy + 1 + Cx) + N * (Cx + Cx + QKVy + Ay + FWy + Fy);
-  return per_layer * (m.n_layer / g.p) + global;
+  return per_layer * stage_layer_count(m.n_layer, g.p) + global;
 }
 
 namespace {
@@ -236,9 +264,12 @@ struct StageParams {
   double total() const { return matrices + vectors; }
 };
 
-StageParams stage_params(const ModelConfig& m, const Grid5& g, bool first, bool last) {
+StageParams stage_params(const ModelConfig& m, const Grid5& g, bool first, bool last, int v = 1) {
+  // tetrad's pipeline keeps a copy of every top-level tensor (embeddings, final norm, head) on
+  // every stage (parallel/sharding.hpp, TensorShard::stored), so each stage holds both ends.
+  if (g.p > 1) first = last = true;
   const Sizes s = sizes(m);
-  const double xy = double(g.x) * g.y, Ls = s.L / g.p;
+  const double xy = double(g.x) * g.y, Ls = stage_layer_count(m.n_layer, g.p, v);
   StageParams sp;
   const double layer_vec =
       s.gpt2 ? 6 * s.H / g.x + (s.QKV + s.F) / g.y : 2 * s.H / g.x;
@@ -271,7 +302,7 @@ int64_t micro_batch_of(const PlanInput& in, const Grid5& g) {
 
 MemoryBreakdown memory_of_stage(const PlanInput& in, const Grid5& g, bool first, bool last) {
   const ModelConfig& m = in.model;
-  const StageParams sp = stage_params(m, g, first, last);
+  const StageParams sp = stage_params(m, g, first, last, in.virtual_stages);
   const double psi = sp.total();
   const bool bf16 = in.precision == Precision::BF16;
   const double bw = bf16 ? 2 : 4;            // bytes of a weight / gradient
@@ -293,20 +324,38 @@ MemoryBreakdown memory_of_stage(const PlanInput& in, const Grid5& g, bool first,
   m0.n_layer = 0;
   one_layer.p = 1;
   const double global = double(trainer_activation_elements(m0, one_layer, N));
-  const double Ls = double(m.n_layer / g.p);
-  const double per_layer = Ls > 0 ? (all - global) / Ls : 0;
-  const double Cx = double(m.n_embd) / g.x, Fy = double(m.ffn) / g.y;
+  const double per_layer_count = stage_layer_count(m.n_layer, g.p);  // what `all` holds
+  const double per_layer = per_layer_count > 0 ? (all - global) / per_layer_count : 0;
+  const int v = in.virtual_stages;
+  const double Ls = stage_layer_count(m.n_layer, g.p, v);
+  const double Cx = double(m.n_embd) / g.x;
   double kept = per_layer;  // per layer per micro-batch
   double work = 0;          // one layer's recomputed activations while its backward runs
+  // What each mode keeps is the trainer's (ParallelTransformer::activation_bytes): selective drops
+  // the attention output and its log-sum-exp (recomputed from the kept q|k|v), full keeps only
+  // the block's input; the recomputed tensors share one layer's scratch.
+  const double Ay = double(m.n_embd) / g.y, nhy = double(m.n_head) / g.y;
   if (in.recompute == Recompute::Selective) {
-    kept = per_layer - double(N) * (2 * Cx + Fy);  // norm outputs and MLP activation recomputed
+    kept = per_layer - double(N) * (Ay + nhy);
     work = per_layer - kept;
   } else if (in.recompute == Recompute::Full) {
-    kept = double(N) * Cx;  // the block's input only
-    work = per_layer;
+    kept = double(N) * Cx;
+    work = per_layer - kept;
   }
-  const double in_flight = double(std::min<int64_t>(g.p, m_count));
-  mb.activations = act_b * (kept * Ls * in_flight + work + global);
+  // Micro-batch chunks the first stage holds at once, from the trainer's own schedule
+  // (1F1B: min(p, m) micro-batches; interleaved: more chunks, each Ls / v layers).
+  double in_flight_layers = Ls * double(std::min<int64_t>(g.p, m_count));
+  if (g.p > 1) {
+    try {
+      const auto ops = parallel::pipeline_schedule(in.schedule, g.p, 0, int(m_count), v);
+      int live = 0, most = 0;
+      for (const auto& op : ops) most = std::max(most, live += op.forward ? 1 : -1);
+      in_flight_layers = Ls / v * most;
+    } catch (const Error&) {
+      // A combination the trainer refuses is rejected by divisibility_problem; keep the 1F1B count.
+    }
+  }
+  mb.activations = act_b * (kept * in_flight_layers + work + global);
   return mb;
 }
 
@@ -335,9 +384,12 @@ std::string divisibility_problem(const PlanInput& in, const Grid5& g) {
     if (s.starts_with("grid: ")) s = s.substr(6);
     return s;
   }
-  if (m.n_layer % g.p != 0)
-    return "model.n_layer (" + std::to_string(m.n_layer) + ") is not divisible by Gp = " +
-           std::to_string(g.p);
+  // The trainer splits layers over Gp x virtual stages unevenly if need be, but each virtual
+  // stage needs one (parallel_transformer.cpp); interleaving needs m divisible by Gp
+  // (pipeline_schedule.cpp).
+  if (m.n_layer < g.p * in.virtual_stages)
+    return "model.n_layer (" + std::to_string(m.n_layer) + ") is smaller than Gp x virtual stages = " +
+           std::to_string(g.p * in.virtual_stages);
   const int64_t mb = micro_batch_of(in, g);
   if (mb % (int64_t(g.z) * g.d) != 0)
     return "micro-batch (" + std::to_string(mb) + ") is not divisible by Gz x Gd = " +
@@ -345,6 +397,9 @@ std::string divisibility_problem(const PlanInput& in, const Grid5& g) {
   if (in.global_batch % mb != 0)
     return "global batch (" + std::to_string(in.global_batch) +
            ") is not a multiple of the micro-batch (" + std::to_string(mb) + ")";
+  if (g.p > 1 && in.schedule == Schedule::Interleaved && (in.global_batch / mb) % g.p != 0)
+    return "the interleaved schedule needs the micro-batches (" + std::to_string(in.global_batch / mb) +
+           ") divisible by Gp = " + std::to_string(g.p);
   // Z shards each rank's block of every GEMM weight without padding (parallel/sharding.cpp).
   const int64_t hd = m.head_dim(), Cx = m.n_embd / g.x;
   const std::vector<std::pair<const char*, int64_t>> blocks = {
@@ -417,11 +472,9 @@ Estimate estimate(const PlanInput& in, const Grid5& g, const Machine& mach) {
   }
 
   // ---- compute of one micro-batch on one rank, per layer and for the top (embedding + head)
-  const double rate = mach.peak(bf16) * mach.gemm_efficiency;
   const double xy = double(g.x) * g.y;
   const double act_b = bf16 ? 2 : 4, w_b = bf16 ? 2 : 4;
   const bool full = in.recompute == Recompute::Full, any_rc = in.recompute != Recompute::None;
-  const double gemm_fwd = 2 * T * s.block_matmul() / xy;                 // per layer
   // Attention: heads split over Y, replicated over X; causal kernels execute half the scores.
   const double attn_fwd = 0.5 * 4 * T * in.seq * s.H / g.y;
   ModelConfig m1 = m;
@@ -436,15 +489,19 @@ Estimate estimate(const PlanInput& in, const Grid5& g, const Machine& mach) {
   // backward, and its gradient written and read (4 passes); recomputation adds a forward (2).
   const double elem_passes = 4 + (any_rc ? 2 : 0);
   const double rate_attn = mach.peak(bf16) * mach.attention_eff();
-  const double t_layer_fwd = gemm_fwd / rate + attn_fwd / rate_attn + 2 * layer_elems * act_b / mach.memory_bandwidth;
-  const double t_layer_dw = gemm_fwd / rate;                                       // dW GEMMs
-  const double t_layer_bwd = (2 * gemm_fwd + (full ? gemm_fwd : 0)) / rate +
+  // Each GEMM at the efficiency of its own per-rank shape (Machine::gemm_eff): forward
+  // C[T, n] = A[T, k] W[k, n], input gradient [T, k] = [T, n] W^T, weight gradient
+  // [k, n] = A^T [T, n] (a GEMM with k = T).
+  const GemmTimes gt = block_gemm_times(s, g, T, mach, bf16);
+  const double t_gemm_fwd = gt.fwd, t_layer_dw = gt.dw;
+  const double t_layer_fwd = t_gemm_fwd + attn_fwd / rate_attn + 2 * layer_elems * act_b / mach.memory_bandwidth;
+  const double t_layer_bwd = gt.din + gt.dw + (full ? t_gemm_fwd : 0) +
                              (2 * attn_fwd + (any_rc ? attn_fwd : 0)) / rate_attn +
                              (elem_passes - 2) * layer_elems * act_b / mach.memory_bandwidth;
-  const double head_flops = 2 * T * s.head() / xy;
   const double logits_b = T * s.V / g.y * act_b;
-  const double t_head = 3 * head_flops / rate + 4 * logits_b / mach.memory_bandwidth;
-  const double Ls = s.L / g.p;
+  const double t_head = gt.head + 4 * logits_b / mach.memory_bandwidth;
+  const int v = in.virtual_stages;
+  const double Ls = stage_layer_count(m.n_layer, g.p, v);  // the fullest stage's layers
 
   // ---- collectives: per layer per micro-batch (fwd / bwd), per micro-batch, per step
   struct Item {
@@ -503,10 +560,11 @@ Estimate estimate(const PlanInput& in, const Grid5& g, const Machine& mach) {
   add("reduce-scatter of embedding/head grads", AxisId::Z, Op::ReduceScatter, top_b, 1, 0, false);
   // Pipeline: activations forward and their gradients back, [T, H/Gx] split over Y so each rank
   // sends its 1/Gy (Megatron's scatter-gather).
-  add("pipeline send/recv (fwd+bwd)", AxisId::P, Op::SendRecv, T * s.H / xy * act_b, 2, 0, false);
+  // With v chunks per stage a micro-batch crosses every stage boundary v times each way.
+  add("pipeline send/recv (fwd+bwd)", AxisId::P, Op::SendRecv, T * s.H / xy * act_b, 2.0 * v, 0, false);
   // Per step: Z shards all-reduced over D (ZeRO 1/2: reduce-scatter + all-gather, same ring
   // volume); replicated vectors over Z x D.
-  const StageParams sp = stage_params(m, g, true, g.p == 1);
+  const StageParams sp = stage_params(m, g, true, g.p == 1, v);
   add("data-parallel all-reduce of gradients", AxisId::D, Op::AllReduce, sp.matrices * w_b, 1, 4, false);
   add("all-reduce of replicated grads (norms, biases)", AxisId::ZD, Op::AllReduce, sp.vectors * w_b, 1, 4, false);
 
@@ -536,8 +594,10 @@ Estimate estimate(const PlanInput& in, const Grid5& g, const Machine& mach) {
   const double compute_mb = Ls * (t_layer_fwd + t_layer_bwd) + t_head;  // the head's stage
   const double mb_time = compute_mb + Ls * layer_exposed + per_mb_exposed;
   const int64_t mcount = e.micro_batches;
-  const double pipe = double(mcount + g.p - 1) * mb_time;
-  e.bubble = double(g.p - 1) * mb_time;
+  // The trainer's schedules: the bubble is (p - 1) / (v m) of the ideal m x t_mb
+  // (bubble_fraction; 1F1B is v = 1).
+  e.bubble = bubble_fraction(g.p, int(mcount), v) * double(mcount) * mb_time;
+  const double pipe = double(mcount) * mb_time + e.bubble;
   const double bwd_last = Ls * t_layer_bwd;
   const double dp_exposed = ov_all ? std::max(0.0, step_comm - bwd_last) : step_comm;
   // Optimizer: AdamW streams parameters, gradients and moments (read p, g, m, v, write p, m, v:
@@ -669,10 +729,16 @@ std::string plan_text(const PlanInput& in, const Machine& m, const std::vector<E
   if (in.micro_batch > 0) o << in.micro_batch << " (whole job)";
   else o << in.micro_batch_per_replica << " per data replica";
   o << ", " << name(in.precision) << ", recompute " << name(in.recompute) << ", ZeRO " << in.zero
-    << ", overlap " << name(in.overlap) << ", " << in.ranks << " ranks\n"
+    << ", overlap " << name(in.overlap) << ", pipeline " << name(in.schedule)
+    << (in.virtual_stages > 1 ? " x" + std::to_string(in.virtual_stages) : std::string()) << ", "
+    << in.ranks << " ranks\n"
     << "machine " << m.name << ": " << m.ranks_per_node << " ranks/node, "
     << m.peak(in.precision == Precision::BF16) / 1e12 << " TFLOP/s " << name(in.precision)
-    << " peak x " << m.gemm_efficiency << " GEMM efficiency, " << m.memory_bytes / 1e9
+    << " peak x " << m.gemm_efficiency << " GEMM efficiency"
+    << (m.gemm_shapes.size() ? " (by shape: measured lattice)"
+        : m.compute_units > 0 ? " (by shape: waves over " + std::to_string(m.compute_units) + " units, roofline)"
+                              : " (by shape: roofline)")
+    << ", " << m.memory_bytes / 1e9
     << " GB/rank" << (m.source.empty() ? "" : " (" + m.source + ")") << "\n"
     << "FLOPs: model FLOPs = tokens x (6 N_matmul + 12 L H S) = "
     << model_flops_per_step(mc, in.global_batch, in.seq) << " per step (MFU uses these); "
@@ -725,7 +791,8 @@ nlohmann::json plan_json(const PlanInput& in, const Machine& m, const std::vecto
           {"run", {{"global_batch", in.global_batch}, {"micro_batch", in.micro_batch},
                    {"micro_batch_per_replica", in.micro_batch_per_replica}, {"seq", in.seq},
                    {"precision", name(in.precision)}, {"recompute", name(in.recompute)},
-                   {"zero", in.zero}, {"overlap", name(in.overlap)}, {"ranks", in.ranks}}},
+                   {"zero", in.zero}, {"overlap", name(in.overlap)}, {"schedule", name(in.schedule)},
+                   {"virtual_stages", in.virtual_stages}, {"ranks", in.ranks}}},
           {"machine", {{"name", m.name}, {"source", m.source}, {"ranks_per_node", m.ranks_per_node}}},
           {"flops_formula", "model: tokens * (6*N_matmul + 12*L*H*S); hardware adds recomputed forward"},
           {"grids", grids}};

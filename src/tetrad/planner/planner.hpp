@@ -8,11 +8,15 @@
 // every collective the trainer issues, with its group, element count and how often, costed by a
 // ring latency-bandwidth model whose bandwidth depends on where the group's ranks sit (rank order
 // x fastest, then y, z, p, d; ranks_per_node consecutive ranks per node). The pipeline axis P
-// (between Z and D) is modelled as 1F1B with point-to-point transfers between stages.
+// (between Z and D) runs the trainer's schedules (1F1B or interleaved, parallel.schedule) with
+// point-to-point transfers between stages.
 //
-// What it does not model: kernel-level effects (a GEMM's efficiency does not depend on its
-// shape), contention between different axes' collectives running at the same time, interleaved
-// pipeline schedules, hierarchical (two-level) collective algorithms, stragglers.
+// Each GEMM runs at the efficiency of its own per-rank shape (Machine::gemm_eff: wave
+// quantization over the GPU's SMs and a memory roofline, or a measured lattice on a CPU).
+// What it does not model: other kernel-level effects (a collective's kernels sharing SMs and
+// memory bandwidth with the GEMMs they overlap, clock throttling), contention between different
+// axes' collectives running at the same time, hierarchical (two-level) collective algorithms,
+// stragglers.
 #pragma once
 #include <cstdint>
 #include <string>
@@ -21,12 +25,19 @@
 #include <nlohmann/json_fwd.hpp>
 
 #include "tetrad/model/model_config.hpp"
+#include "tetrad/parallel/parallel_transformer.hpp"
+#include "tetrad/parallel/pipeline_schedule.hpp"
 #include "tetrad/planner/machine.hpp"
 
 namespace tetrad::planner {
 
 enum class Precision { FP32, BF16 };          // train.precision
-enum class Recompute { None, Selective, Full };  // train.recompute
+// train.recompute and parallel.schedule are the trainer's own types and parsers, so the planner
+// plans exactly the modes the trainer runs (parallel_transformer.hpp, pipeline_schedule.hpp).
+using Recompute = parallel::Recompute;
+using parallel::parse_recompute;               // "none" | "selective" | "full"
+using Schedule = parallel::PipelineSchedule;
+using parallel::parse_pipeline_schedule;       // "1f1b" | "interleaved"
 // What communication hides behind compute. None: everything blocking (tetrad's trainer today).
 // Tensor: AxoNN's OAR/ORS/OAG (backward all-reduces behind the weight-gradient GEMM, Z gathers
 // and reduce-scatters behind the layer's compute). All: Tensor plus the data-parallel gradient
@@ -34,10 +45,10 @@ enum class Recompute { None, Selective, Full };  // train.recompute
 enum class Overlap { None, Tensor, All };
 
 Precision parse_precision(const std::string& s);   // "fp32" | "bf16"
-Recompute parse_recompute(const std::string& s);   // "none" | "selective" | "full"
 Overlap parse_overlap(const std::string& s);       // "none" | "tensor" | "all"
 const char* name(Precision p);
-const char* name(Recompute r);
+inline const char* name(Recompute r) { return parallel::recompute_name(r); }
+inline const char* name(Schedule s) { return parallel::schedule_name(s); }
 const char* name(Overlap o);
 
 struct Grid5 {
@@ -63,6 +74,8 @@ struct PlanInput {
   Recompute recompute = Recompute::None;
   int zero = 0;                // ZeRO stage over the data axis: 0, 1 (optimizer), 2 (+ gradients)
   Overlap overlap = Overlap::None;
+  Schedule schedule = Schedule::OneFOneB;  // parallel.schedule (pipeline grids)
+  int virtual_stages = 1;                  // parallel.virtual_stages: chunks per stage (interleaved)
   int ranks = 1;
   bool allow_pipeline = true;  // plan Gp > 1 grids
   void validate() const;
@@ -78,9 +91,13 @@ struct PlanInput {
 double model_flops_per_step(const ModelConfig& m, int64_t sequences, int seq);
 double hardware_flops_per_step(const ModelConfig& m, int64_t sequences, int seq, Recompute r);
 
-// Pipeline bubble of 1F1B with p stages and m micro-batches, as a fraction of the ideal
-// pipeline time: (p - 1) / m.
-double bubble_fraction(int p, int m);
+// Pipeline bubble with p stages, m micro-batches and v chunks per stage, as a fraction of the
+// ideal pipeline time: (p - 1) / m for 1F1B (v = 1), (p - 1) / (v m) interleaved (the trainer's
+// schedules, parallel/pipeline_schedule.hpp).
+double bubble_fraction(int p, int m, int v = 1);
+// Layers the fullest pipeline stage holds: the trainer splits L over V = p x v virtual stages
+// evenly, the first L % V one layer more (parallel::stage_layers); stage 0 holds the most.
+int stage_layer_count(int n_layer, int p, int v = 1);
 
 // Where an axis's groups sit on nodes.
 struct Placement {

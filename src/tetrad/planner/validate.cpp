@@ -50,6 +50,9 @@ BenchComparison compare_with_bench(const std::string& path, const Machine& m) {
       fail("'", path, "' line ", lineno, ": not JSON: ", e.what());
     }
     if (!j.contains("grid") || !j.contains("median_step_s")) continue;
+    // The planner predicts the blocking schedule (overlap none); rows timed with the trainer's
+    // overlap on would be a second, differently-run measurement of the same grid.
+    if (j.value("overlap", std::string("off")) != "off") continue;
     MeasuredGrid r;
     r.config = j.at("config").get<std::string>();
     r.ranks = j.at("ranks").get<int>();
@@ -65,9 +68,26 @@ BenchComparison compare_with_bench(const std::string& path, const Machine& m) {
     in.model = planner_model(r.config);
     in.model_name = r.config;
     in.seq = j.value("seq", in.model.max_seq);
-    in.global_batch = j.value("global_batch", 4);
-    in.micro_batch = in.global_batch;  // bench --grids: one micro-batch per step
+    // bench --grids: `global_batch` sequences per micro-batch; with a pipeline axis the step runs
+    // `micro_batches` of them through the schedule. The run's layers, recomputation, ZeRO and
+    // schedule are predicted as the bench ran them (older files lack the keys: the defaults).
+    in.micro_batch = j.value("global_batch", 4);
+    in.global_batch = in.micro_batch * std::max(1, j.value("micro_batches", 1));
+    if (j.contains("layers")) in.model.n_layer = j.at("layers").get<int>();
+    in.recompute = parse_recompute(j.value("recompute", std::string("none")));
+    in.zero = j.value("zero", 0);
+    in.schedule = parse_pipeline_schedule(j.value("schedule", std::string("1f1b")));
+    in.virtual_stages = j.value("virtual_stages", 1);
     in.ranks = r.ranks;
+    {
+      std::ostringstream set;
+      if (r.grid.p > 1)
+        set << name(in.schedule) << (in.virtual_stages > 1 ? " x" + std::to_string(in.virtual_stages) : "")
+            << ", m " << in.global_batch / in.micro_batch;
+      if (in.recompute != Recompute::None) set << (set.tellp() > 0 ? ", " : "") << "recompute " << name(in.recompute);
+      if (in.zero > 0) set << (set.tellp() > 0 ? ", " : "") << "ZeRO " << in.zero;
+      r.setting = set.str();
+    }
     Machine mm = m;
     mm.ranks_per_node = std::max(mm.ranks_per_node, r.ranks);  // one node: every rank is here
     const Estimate e = estimate(in, r.grid, mm);
@@ -78,7 +98,8 @@ BenchComparison compare_with_bench(const std::string& path, const Machine& m) {
     // disturbed by whatever else shared the machine.
     bool seen = false;
     for (auto& q : c.rows)
-      if (q.config == r.config && q.grid == r.grid && q.ranks == r.ranks) {
+      if (q.config == r.config && q.grid == r.grid && q.ranks == r.ranks &&
+          q.predicted_s == r.predicted_s) {  // same settings predict the same time
         q.measured_s = std::min(q.measured_s, r.measured_s);
         seen = true;
       }
@@ -110,7 +131,8 @@ std::string comparison_text(const BenchComparison& c, const std::string& title) 
   o << std::fixed;
   for (size_t k = 0; k < c.rows.size(); ++k) {
     const auto& r = c.rows[by_measured[k]];
-    o << "| " << r.grid.to_string() << " | " << std::setprecision(3) << r.measured_s << " | "
+    o << "| " << r.grid.to_string() << (r.setting.empty() ? "" : " (" + r.setting + ")") << " | "
+      << std::setprecision(3) << r.measured_s << " | "
       << r.predicted_s << " | " << std::showpos << std::setprecision(1)
       << 100 * (r.predicted_s / r.measured_s - 1) << "%" << std::noshowpos << " | "
       << rm[by_measured[k]] << " | " << rp[by_measured[k]] << " | " << r.dominant << " |\n";

@@ -24,6 +24,7 @@ struct MeasuredGrid {
   int ranks = 0;
   double measured_s = 0, predicted_s = 0;
   std::string dominant;
+  std::string setting;  // what else differs between rows of one grid: "1f1b, m 4", "recompute full"
 };
 struct BenchComparison {
   std::vector<MeasuredGrid> rows;  // one per measured grid, in file order
