@@ -255,8 +255,12 @@ TEST(OverlapMpi, TraceIsValidJsonWithATrackPerGroupAndNamedEvents) {
   EXPECT_EQ(int(pids.size()), world_size());
   EXPECT_TRUE(threads.count("compute"));
   EXPECT_TRUE(threads.count("comm x")) << "X all-reduces get their own track";
-  if (s.z > 1) EXPECT_TRUE(threads.count("comm z"));
-  if (s.z * s.d > 1) EXPECT_TRUE(threads.count("comm zd"));
+  if (s.z > 1) {
+    EXPECT_TRUE(threads.count("comm z"));
+  }
+  if (s.z * s.d > 1) {
+    EXPECT_TRUE(threads.count("comm zd"));
+  }
   EXPECT_GT(gemm_named, 0) << "GEMMs are named with their layer and sizes";
   EXPECT_GT(comm_events, 0);
   EXPECT_GT(compute_events, 0);
