@@ -74,6 +74,27 @@ TEST(PipelineSchedule, BubbleIsTheTextbookFraction) {
   }
 }
 
+// Unequal stages (the last one 1.5x slower, as a head and loss make it): the replay by op times
+// gives the bubble worked out by hand. p = 2, m = 2, stage 0 t_f = 1, t_b = 2, stage 1 1.5 and 3:
+// stage 0 runs F0 [0,1] F1 [1,2] B0 [5.5,7.5] B1 [10,12]; stage 1 F0 [1,2.5] B0 [2.5,5.5]
+// F1 [5.5,7] B1 [7,10]. Idle / busy: 6/6 and 3/9; mean 2/3, against (p - 1)/m = 1/2 for equal
+// stages.
+TEST(PipelineSchedule, ReplayWithUnequalStagesGivesTheHandWorkedBubble) {
+  const auto lists0 = pipeline_schedule(k1F1B, 2, 0, 2, 1), lists1 = pipeline_schedule(k1F1B, 2, 1, 2, 1);
+  const PipelineTiming t = simulate_pipeline(k1F1B, 2, 2, 1, [&](int st, size_t i) {
+    const PipeOp& op = (st == 0 ? lists0 : lists1)[i];
+    return (op.forward ? 1.0 : 2.0) * (st == 0 ? 1.0 : 1.5);
+  });
+  EXPECT_DOUBLE_EQ(t.makespan, 12.0);
+  ASSERT_EQ(t.busy.size(), 2u);
+  EXPECT_DOUBLE_EQ(t.busy[0], 6.0);
+  EXPECT_DOUBLE_EQ(t.busy[1], 9.0);
+  EXPECT_DOUBLE_EQ(t.ideal, 9.0);
+  EXPECT_NEAR(t.mean_bubble(), 2.0 / 3.0, 1e-12);
+  // Equal stages: the mean over stages is the textbook fraction too.
+  EXPECT_NEAR(simulate_pipeline(k1F1B, 4, 8, 1, 1.0, 2.0).mean_bubble(), 3.0 / 8.0, 1e-12);
+}
+
 TEST(PipelineSchedule, RefusesWhatItCannotSchedule) {
   EXPECT_THROW(pipeline_schedule(kInter, 4, 0, 6, 2), Error);  // m not a multiple of p
   EXPECT_THROW(pipeline_schedule(k1F1B, 4, 0, 8, 2), Error);   // chunks need interleaving

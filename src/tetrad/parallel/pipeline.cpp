@@ -43,6 +43,7 @@ double PipelineDriver::step(const int32_t* inputs, const int32_t* targets, int B
   const int64_t n = int64_t(B) * T * (m_.config().n_embd / g_.shape.x);  // hidden [N, C/Gx]
   const int next = (s_ + 1) % p_, prev = (s_ + p_ - 1) % p_;
   const std::vector<PipeOp> ops = pipeline_schedule(schedule_, p_, s_, m_micro_, v_);
+  op_s_.assign(ops.size(), 0.0);
   std::map<std::pair<int, int>, std::vector<float>> stashed;  // (micro, chunk) -> activations
   std::vector<comm::Request> sends;
   std::vector<float> in(size_t(n), 0.0f);
@@ -76,6 +77,7 @@ double PipelineDriver::step(const int32_t* inputs, const int32_t* targets, int B
       std::swap(in, ahead);
     }
     if (i + 1 < ops.size() && needs_recv(ops[i + 1])) pending = post_recv(ops[i + 1], ahead);
+    const auto t_op = std::chrono::steady_clock::now();
 
     if (op.forward) {
       if (!ch.embed) std::memcpy(m_.chunk_input(ch.l0), in.data(), size_t(n) * sizeof(float));
@@ -100,6 +102,7 @@ double PipelineDriver::step(const int32_t* inputs, const int32_t* targets, int B
     }
     // Completed sends free their copies; the rest are waited for at the end.
     for (auto& r : sends) r.test();
+    op_s_[i] = seconds_since(t_op);
   }
   const auto t0 = std::chrono::steady_clock::now();
   for (auto& r : sends) r.wait();

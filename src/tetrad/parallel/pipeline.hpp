@@ -38,6 +38,9 @@ class PipelineDriver {
   // plus any communication not hidden), and in all of it.
   double last_wait_s() const { return wait_s_; }
   double last_step_s() const { return step_s_; }
+  // Seconds of compute of each op of the last step(), in the order of this stage's op list
+  // (pipeline_schedule), excluding the waits for its input.
+  const std::vector<double>& last_op_s() const { return op_s_; }
 
   // Bytes of activation memory the pipeline adds on this rank beyond the model's one activation
   // buffer, by the schedule: the largest total of stashes alive at once (walking this stage's op
@@ -57,6 +60,7 @@ class PipelineDriver {
   PipelineSchedule schedule_;
   int m_micro_, v_, p_, s_;
   double wait_s_ = 0, step_s_ = 0;
+  std::vector<double> op_s_;
 };
 
 }  // namespace tetrad::parallel

@@ -82,7 +82,27 @@ std::string to_string(const std::vector<PipeOp>& ops, int v) {
   return os.str();
 }
 
+double PipelineTiming::mean_bubble() const {
+  double sum = 0;
+  for (double b : busy) sum += b > 0 ? (makespan - b) / b : 0.0;
+  return busy.empty() ? 0.0 : sum / double(busy.size());
+}
+
 PipelineTiming simulate_pipeline(PipelineSchedule s, int p, int m, int v, double t_f, double t_b) {
+  const std::vector<std::vector<PipeOp>> lists = [&] {
+    std::vector<std::vector<PipeOp>> l(static_cast<size_t>(p));
+    for (int st = 0; st < p; ++st) l[size_t(st)] = pipeline_schedule(s, p, st, m, v);
+    return l;
+  }();
+  PipelineTiming out = simulate_pipeline(s, p, m, v, [&](int st, size_t i) {
+    return lists[size_t(st)][i].forward ? t_f : t_b;
+  });
+  out.ideal = double(m) * v * (t_f + t_b);
+  return out;
+}
+
+PipelineTiming simulate_pipeline(PipelineSchedule s, int p, int m, int v,
+                                 const std::function<double(int, size_t)>& duration) {
   std::vector<std::vector<PipeOp>> lists(p);
   for (int st = 0; st < p; ++st) lists[st] = pipeline_schedule(s, p, st, m, v);
   const int V = p * v;  // virtual stages
@@ -93,6 +113,7 @@ PipelineTiming simulate_pipeline(PipelineSchedule s, int p, int m, int v, double
   std::vector<double> free_at(p, 0);
   std::vector<int> in_flight(p, 0);
   PipelineTiming out;
+  out.busy.assign(size_t(p), 0.0);
   size_t remaining = 0;
   for (const auto& l : lists) remaining += l.size();
   while (remaining > 0) {
@@ -118,9 +139,12 @@ PipelineTiming simulate_pipeline(PipelineSchedule s, int p, int m, int v, double
       }
     }
     if (best < 0) fail("pipeline schedule deadlocks: no stage can run its next op");
-    const PipeOp& op = lists[best][next[best]++];
+    const size_t index = next[best]++;
+    const PipeOp& op = lists[best][index];
     const int j = op.chunk * p + best;
-    const double end = best_start + (op.forward ? t_f : t_b);
+    const double dt = duration(best, index);
+    out.busy[size_t(best)] += dt;
+    const double end = best_start + dt;
     (op.forward ? fdone : bdone)[op.micro][j] = end;
     free_at[best] = end;
     in_flight[best] += op.forward ? 1 : -1;
@@ -128,7 +152,7 @@ PipelineTiming simulate_pipeline(PipelineSchedule s, int p, int m, int v, double
     out.makespan = std::max(out.makespan, end);
     --remaining;
   }
-  out.ideal = double(m) * v * (t_f + t_b);
+  out.ideal = *std::max_element(out.busy.begin(), out.busy.end());
   return out;
 }
 

@@ -15,6 +15,7 @@
 // stage j needs the forward of j - 1; a backward needs the backward of j + 1 and its own forward)
 // with fixed times per chunk, which both proves the order deadlock-free and gives the bubble.
 #pragma once
+#include <functional>
 #include <string>
 #include <utility>
 #include <vector>
@@ -44,6 +45,10 @@ struct PipelineTiming {
   double ideal = 0;     // one stage's busy time: m v (t_f + t_b)
   double bubble() const { return (makespan - ideal) / ideal; }  // idle fraction of the ideal
   int max_in_flight = 0;  // most micro-batch chunks forwarded but not yet backwarded, any stage
+  std::vector<double> busy;  // per stage: the sum of its ops' durations
+  // Idle over busy time, mean over the stages (what the benchmark measures; equals bubble() when
+  // every stage is equally busy).
+  double mean_bubble() const;
 };
 // The layers [first, second) of virtual stage j of V (V = Gp x virtual stages): an even split,
 // the first L % V virtual stages one layer more.
@@ -54,5 +59,10 @@ int stage_of_layer(int n_layer, int p, int v, int l);
 
 // t_f, t_b: time of one chunk's forward / backward. Throws tetrad::Error if the lists deadlock.
 PipelineTiming simulate_pipeline(PipelineSchedule s, int p, int m, int v, double t_f, double t_b);
+// The same with each op's own duration: duration(stage, i) for op i of that stage's list (e.g.
+// measured times, so unequal stages and slow messages show). ideal is then the busiest stage's
+// time.
+PipelineTiming simulate_pipeline(PipelineSchedule s, int p, int m, int v,
+                                 const std::function<double(int, size_t)>& duration);
 
 }  // namespace tetrad::parallel

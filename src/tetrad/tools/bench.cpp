@@ -319,6 +319,7 @@ void run_bench_grids(const BenchOptions& opt, std::ostream& log) {
       if (shape.p > 1)
         pipe = std::make_unique<PipelineDriver>(model, parse_pipeline_schedule(opt.schedule), M);
       double wait_total = 0, busy_total = 0;
+      std::vector<double> op_s_sum;  // Gp > 1: every stage's op times summed over the timed steps
       Rng rng(7);
       std::vector<int32_t> tokens(size_t(M) * Bl * T + 1);
       for (auto& t : tokens) t = int32_t(rng.next_u64() % uint64_t(mc.vocab_size));
@@ -356,6 +357,12 @@ void run_bench_grids(const BenchOptions& opt, std::ostream& log) {
             g.world.allreduce_max(&makespan, 1);
             wait_total += makespan - busy;
             busy_total += busy;
+            // Every stage's op times (the same count on each: 2 m v), for the replay below.
+            const std::vector<double>& mine = pipe->last_op_s();
+            std::vector<double> all(mine.size() * size_t(shape.p));
+            g.p.allgather(mine.data(), all.data(), mine.size());
+            if (op_s_sum.empty()) op_s_sum.assign(all.size(), 0.0);
+            for (size_t k = 0; k < all.size(); ++k) op_s_sum[k] += all[k];
           }
         } else {
           model.forward_backward(tokens.data(), tokens.data() + 1, Bl, T, 1.0f / float(Bg * T));
@@ -428,7 +435,7 @@ void run_bench_grids(const BenchOptions& opt, std::ostream& log) {
       double formula_max = formula;
       g.world.allreduce_max(&peak, 1);
       g.world.allreduce_max(&formula_max, 1);
-      double bubble = 0, bubble_min = 0, expected = 0;
+      double bubble = 0, bubble_min = 0, expected = 0, replayed = 0, imbalance = 0;
       if (pipe) {
         // Each rank's idle time over its compute time; with equal stages every rank idles
         // (p - 1) chunk-times of m v per step: the textbook (p - 1) / (v m).
@@ -439,11 +446,25 @@ void run_bench_grids(const BenchOptions& opt, std::ostream& log) {
         g.world.allreduce_max(&neg, 1);
         bubble_min = -neg;
         expected = double(shape.p - 1) / (double(M) * opt.virtual_stages);
+        // The schedule replayed with the ops' measured times (mean over the timed steps): the
+        // bubble these stages' real costs imply (the last stage's head and loss, the first's
+        // embedding, the copies and sends), with no waiting for messages beyond that.
+        const size_t nops = op_s_sum.size() / size_t(shape.p);
+        const PipelineTiming replay = simulate_pipeline(
+            parse_pipeline_schedule(opt.schedule), shape.p, M, opt.virtual_stages,
+            [&](int st, size_t i) { return op_s_sum[size_t(st) * nops + i] / opt.steps; });
+        replayed = replay.mean_bubble();
+        double stage_max = 0, stage_min = 1e300;
+        for (double b : replay.busy) stage_max = std::max(stage_max, b), stage_min = std::min(stage_min, b);
+        imbalance = stage_max / stage_min - 1;
         out << "  pipeline " << shape.to_string() << ": " << opt.schedule << ", " << M
             << " micro-batches, " << opt.virtual_stages << " chunk(s) per stage, layers "
             << mc.n_layer << ": bubble (idle / compute, mean over ranks) " << std::fixed
             << std::setprecision(3) << bubble << " (least-waiting rank " << bubble_min
-            << ") vs (p - 1) / (v m) = " << expected << "; ratio " << bubble / expected << "\n"
+            << ") vs (p - 1) / (v m) = " << expected << "; ratio " << bubble / expected
+            << "; the schedule replayed with the measured op times " << replayed << " (stages "
+            << std::setprecision(1) << 100 * imbalance << "% apart); measured / replayed "
+            << std::setprecision(3) << bubble / replayed << "\n"
             << std::defaultfloat;
       }
       out << "  memory " << shape.to_string() << ": peak " << std::fixed << std::setprecision(1)
@@ -484,7 +505,7 @@ void run_bench_grids(const BenchOptions& opt, std::ostream& log) {
                                    {"peak_vs_formula", peak / formula_max},
                                    {"micro_batches", M}, {"schedule", opt.schedule},
                                    {"virtual_stages", opt.virtual_stages},
-                                   {"layers", mc.n_layer}, {"bubble", bubble},
+                                   {"layers", mc.n_layer}, {"bubble", bubble}, {"bubble_replayed", replayed}, {"stage_imbalance", imbalance},
                                    {"bubble_least_waiting", bubble_min},
                                    {"bubble_formula", expected}}
                         .dump()
