@@ -66,6 +66,9 @@ check "plan marks pipeline grids" grep -q "pipeline: not trainable yet\|^ *[0-9]
 check "plan json" bash -c "\"$TETRAD\" plan --model tiny --machine frontier --ranks 4 --json - | python3 -c 'import json,sys; j=json.load(sys.stdin); assert j[\"grids\"] and j[\"grids\"][0][\"valid\"]'"
 check "plan published" bash -c "\"$TETRAD\" plan --published | grep -q 'Megatron-LM.*| 163 |'"
 check "plan interleaved" bash -c "\"$TETRAD\" plan --model small --machine perlmutter --ranks 8 --global-batch 16 --micro-batch 2 --schedule interleaved --virtual-stages 2 | grep -q 'pipeline interleaved x2'"
+printf '[model]\nname = "small"\n[train]\nrecompute = "full"\n' > "$W/plan.toml"
+check "plan takes recompute and ZeRO from the config" bash -c "\"$TETRAD\" plan --model \"$W/plan.toml\" --machine perlmutter --ranks 8 -s parallel.zero=1 | grep -q 'recompute full, ZeRO 1'"
+check "plan: the command line wins over the config" bash -c "\"$TETRAD\" plan --model \"$W/plan.toml\" --machine perlmutter --ranks 8 -s parallel.zero=1 --recompute none --zero 0 | grep -q 'recompute none, ZeRO 0'"
 expect_error "plan virtual stages need interleaving" "needs parallel.schedule" "$TETRAD" plan --model small --machine perlmutter --virtual-stages 2
 expect_error "plan unknown machine" "expected a .toml file or one of" "$TETRAD" plan --model small --machine nowhere
 

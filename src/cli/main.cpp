@@ -115,8 +115,10 @@ void run_plan_command(const std::string& model, const std::vector<std::string>& 
                                      : (in.micro_batch > 0 ? in.micro_batch : 1) * cfg.train.grad_accum;
   if (!precision.empty()) in.precision = parse_precision(precision);
   else if (model.ends_with(".toml")) in.precision = plan_input_of(cfg, 1).precision;  // as the trainer resolves it
-  in.recompute = parse_recompute(recompute);
-  in.zero = zero;
+  // Unset on the command line: the config's train.recompute and parallel.zero (their defaults,
+  // none and 0, for a named model), as the trainer would run it.
+  in.recompute = parse_recompute(recompute.empty() ? cfg.train.recompute : recompute);
+  in.zero = zero >= 0 ? zero : cfg.zero;
   in.overlap = parse_overlap(overlap);
   // Pipeline schedule as the trainer reads it (parallel.schedule, parallel.virtual_stages; the
   // config's validation already refused virtual stages without interleaving).
@@ -332,10 +334,10 @@ int main(int argc, char** argv) {
   // plan
   struct {
     std::string model = "small", machine, json, measure_out, compare, precision, schedule,
-                recompute = "none", overlap = "none";
+                recompute, overlap = "none";
     std::vector<std::string> sets;
     int64_t global_batch = 0, micro_batch = 0, micro_batch_per_replica = 0;
-    int seq = 0, zero = 0, ranks = 0, top = 30, threads = 1, show_rejected = 20, virtual_stages = 0;
+    int seq = 0, zero = -1, ranks = 0, top = 30, threads = 1, show_rejected = 20, virtual_stages = 0;
     bool no_pipeline = false, published = false, quick = false;
   } po;
   auto* plan_cmd = app.add_subcommand(
@@ -357,8 +359,10 @@ int main(int argc, char** argv) {
   plan_cmd->add_option("--seq", po.seq, "tokens per sequence (default: the config's seq_len)");
   plan_cmd->add_option("--precision", po.precision,
                        "fp32 | bf16 (default: a config file's train.precision, else fp32)");
-  plan_cmd->add_option("--recompute", po.recompute, "none | selective | full")->capture_default_str();
-  plan_cmd->add_option("--zero", po.zero, "ZeRO stage over the data axis: 0 | 1 | 2")->capture_default_str();
+  plan_cmd->add_option("--recompute", po.recompute,
+                       "none | selective | full (default: the config's train.recompute, else none)");
+  plan_cmd->add_option("--zero", po.zero,
+                       "ZeRO stage over the data axis: 0 | 1 | 2 (default: the config's parallel.zero, else 0)");
   plan_cmd->add_option("--overlap", po.overlap,
                        "none (tetrad today) | tensor (AxoNN's OAR/ORS/OAG) | all (+ data-parallel)")
       ->capture_default_str();
