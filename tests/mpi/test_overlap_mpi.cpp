@@ -9,7 +9,6 @@
 // Runs under mpirun -n 2, 4, 8; the sweep runs on 2 and 4 ranks (8 oversubscribed ranks on two
 // cores would take minutes), the trace test on every size.
 #include <gtest/gtest.h>
-#include <mpi.h>
 
 #include <cstdio>
 #include <cstdlib>
@@ -20,7 +19,7 @@
 #include <set>
 #include <vector>
 
-#include "tetrad/comm/mpi_env.hpp"
+#include "mpi_test.hpp"
 #include "tetrad/core/error.hpp"
 #include "tetrad/core/profile.hpp"
 #include "tetrad/core/rng.hpp"
@@ -31,20 +30,11 @@
 
 using namespace tetrad;
 using namespace tetrad::parallel;
-using tetrad::comm::MpiEnvironment;
 
 namespace {
 
-int world_rank() {
-  int r;
-  MPI_Comm_rank(MPI_COMM_WORLD, &r);
-  return r;
-}
-int world_size() {
-  int n;
-  MPI_Comm_size(MPI_COMM_WORLD, &n);
-  return n;
-}
+using mpi_test::world_rank;
+using mpi_test::world_size;
 
 ModelConfig tiny_model(Family f) {
   ModelConfig c;
@@ -267,13 +257,3 @@ TEST(OverlapMpi, TraceIsValidJsonWithATrackPerGroupAndNamedEvents) {
 }
 
 }  // namespace
-
-int main(int argc, char** argv) {
-  MpiEnvironment env(&argc, &argv);
-  ::testing::InitGoogleTest(&argc, argv);
-  if (world_rank() != 0 && !std::getenv("TETRAD_TEST_ALL_RANKS")) {
-    auto& listeners = ::testing::UnitTest::GetInstance()->listeners();
-    delete listeners.Release(listeners.default_result_printer());
-  }
-  return RUN_ALL_TESTS();
-}

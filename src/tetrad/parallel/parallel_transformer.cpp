@@ -1166,11 +1166,9 @@ int ParallelTransformer::layer_stage(int l) const {
 }
 
 bool ParallelTransformer::owns(const TensorShard& t) const {
-  if (g_.shape.p == 1) return true;
-  // Top-level tensors: every stage keeps the same copy (their gradients are summed over P);
-  // stage 0 speaks for them.
-  if (t.spec->layer < 0) return g_.coord.p == 0;
-  return layer_stage(t.spec->layer) == g_.coord.p;
+  // A layer's tensors: the stage that stores them (the plan decided). Top-level tensors: every
+  // stage keeps the same copy (their gradients are summed over P); stage 0 speaks for them.
+  return t.spec->layer < 0 ? g_.coord.p == 0 : t.stored;
 }
 
 float* ParallelTransformer::chunk_input(int l0) {

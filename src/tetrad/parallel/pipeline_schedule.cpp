@@ -89,20 +89,15 @@ double PipelineTiming::mean_bubble() const {
 }
 
 PipelineTiming simulate_pipeline(PipelineSchedule s, int p, int m, int v, double t_f, double t_b) {
-  const std::vector<std::vector<PipeOp>> lists = [&] {
-    std::vector<std::vector<PipeOp>> l(static_cast<size_t>(p));
-    for (int st = 0; st < p; ++st) l[size_t(st)] = pipeline_schedule(s, p, st, m, v);
-    return l;
-  }();
-  PipelineTiming out = simulate_pipeline(s, p, m, v, [&](int st, size_t i) {
-    return lists[size_t(st)][i].forward ? t_f : t_b;
-  });
+  PipelineTiming out = simulate_pipeline(
+      s, p, m, v, [&](int, size_t, const PipeOp& op) { return op.forward ? t_f : t_b; });
   out.ideal = double(m) * v * (t_f + t_b);
   return out;
 }
 
-PipelineTiming simulate_pipeline(PipelineSchedule s, int p, int m, int v,
-                                 const std::function<double(int, size_t)>& duration) {
+PipelineTiming simulate_pipeline(
+    PipelineSchedule s, int p, int m, int v,
+    const std::function<double(int stage, size_t index, const PipeOp& op)>& duration) {
   std::vector<std::vector<PipeOp>> lists(p);
   for (int st = 0; st < p; ++st) lists[st] = pipeline_schedule(s, p, st, m, v);
   const int V = p * v;  // virtual stages
@@ -142,7 +137,7 @@ PipelineTiming simulate_pipeline(PipelineSchedule s, int p, int m, int v,
     const size_t index = next[best]++;
     const PipeOp& op = lists[best][index];
     const int j = op.chunk * p + best;
-    const double dt = duration(best, index);
+    const double dt = duration(best, index, op);
     out.busy[size_t(best)] += dt;
     const double end = best_start + dt;
     (op.forward ? fdone : bdone)[op.micro][j] = end;

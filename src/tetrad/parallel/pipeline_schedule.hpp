@@ -59,10 +59,11 @@ int stage_of_layer(int n_layer, int p, int v, int l);
 
 // t_f, t_b: time of one chunk's forward / backward. Throws tetrad::Error if the lists deadlock.
 PipelineTiming simulate_pipeline(PipelineSchedule s, int p, int m, int v, double t_f, double t_b);
-// The same with each op's own duration: duration(stage, i) for op i of that stage's list (e.g.
-// measured times, so unequal stages and slow messages show). ideal is then the busiest stage's
-// time.
-PipelineTiming simulate_pipeline(PipelineSchedule s, int p, int m, int v,
-                                 const std::function<double(int, size_t)>& duration);
+// The same with each op's own duration: duration(stage, i, op) for op i of that stage's list
+// (e.g. measured times, so unequal stages and slow messages show). ideal is then the busiest
+// stage's time.
+PipelineTiming simulate_pipeline(
+    PipelineSchedule s, int p, int m, int v,
+    const std::function<double(int stage, size_t index, const PipeOp& op)>& duration);
 
 }  // namespace tetrad::parallel

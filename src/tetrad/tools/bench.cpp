@@ -452,7 +452,7 @@ void run_bench_grids(const BenchOptions& opt, std::ostream& log) {
         const size_t nops = op_s_sum.size() / size_t(shape.p);
         const PipelineTiming replay = simulate_pipeline(
             parse_pipeline_schedule(opt.schedule), shape.p, M, opt.virtual_stages,
-            [&](int st, size_t i) { return op_s_sum[size_t(st) * nops + i] / opt.steps; });
+            [&](int st, size_t i, const PipeOp&) { return op_s_sum[size_t(st) * nops + i] / opt.steps; });
         replayed = replay.mean_bubble();
         double stage_max = 0, stage_min = 1e300;
         for (double b : replay.busy) stage_max = std::max(stage_max, b), stage_min = std::min(stage_min, b);
