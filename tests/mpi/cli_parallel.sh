@@ -1,14 +1,7 @@
 #!/usr/bin/env bash
 # `tetrad train` under mpirun: the same losses as the one-rank run, step by step, on 2-rank grids;
 # and a grid that does not match the number of ranks is refused with a clear message.
-set -uo pipefail
-TETRAD=$1
-MPIRUN=(mpirun --allow-run-as-root --oversubscribe)
-W=$(mktemp -d)
-trap 'rm -rf "$W"' EXIT
-export OMP_NUM_THREADS=1
-for i in $(seq 1 200); do echo "the king went up to the city $i, and the people followed him."; [ $((i % 5)) -eq 0 ] && echo; done > "$W/c.txt"
-"$TETRAD" prepare --input "$W/c.txt" --out "$W/data" --vocab-size 300 > /dev/null || exit 1
+source "$(dirname "${BASH_SOURCE[0]}")/../cli_common.sh" "$1"
 S=(--set model.name=tiny --set data.dir="$W/data" --set train.seq_len=32 --set train.max_steps=5
    --set train.eval_interval=0)
 losses() { grep -o '"loss":[^,]*' "$1/metrics.jsonl" | cut -d: -f2; }
