@@ -198,6 +198,7 @@ TrainResult train(const RunConfig& cfg, const TrainOptions& opt, std::ostream& l
   popt.recompute = parallel::parse_recompute(t.recompute);
   popt.zero = cfg.zero;
   popt.virtual_stages = cfg.virtual_stages;
+  popt.sparse_embedding_grad = cfg.sparse_embedding_grad;
   popt.overlap = overlap_options(cfg.overlap);  // dp_overlap dropped with ZeRO or Gp > 1
   parallel::ParallelTransformer model(cfg.model, groups, B, T, popt);
   StepProfile prof;
