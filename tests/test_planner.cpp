@@ -233,8 +233,10 @@ TEST(PlannerModel, BubbleIsTheTrainersSchedule) {
   for (auto [p, m, v] : {std::tuple{2, 4, 2}, {4, 8, 2}, {4, 16, 4}})
     EXPECT_NEAR(bubble_fraction(p, m, v),
                 parallel::simulate_pipeline(Schedule::Interleaved, p, m, v, 1.0 / v, 2.0 / v).bubble(), 1e-12);
-  // In a plan: interleaving two chunks per stage halves the bubble (the per-micro-batch time
-  // grows only by the extra point-to-point transfers).
+  // In a plan: interleaving two chunks per stage shrinks the bubble, but by less than half: 6
+  // layers over 4 virtual stages are 2, 2, 1, 1 layers and the head sits on the last, so the
+  // chunks are unequal and the trainer's schedule idles more than the equal-chunk (p-1)/(v m)
+  // (the imbalance docs/planner.md measured in the interleaved pipeline).
   PlanInput in = input("small", 4, 16, 2);
   const Grid5 g{1, 1, 1, 2, 2};
   const Estimate a = estimate(in, g, test_machine());
@@ -242,7 +244,8 @@ TEST(PlannerModel, BubbleIsTheTrainersSchedule) {
   in.virtual_stages = 2;
   const Estimate b = estimate(in, g, test_machine());
   ASSERT_TRUE(a.valid && b.valid) << a.reject << b.reject;
-  EXPECT_NEAR(b.bubble / a.bubble, 0.5, 0.02);
+  EXPECT_GT(b.bubble / a.bubble, 0.5);
+  EXPECT_LT(b.bubble / a.bubble, 0.9);
   EXPECT_LT(b.step, a.step);
   // Interleaving needs the micro-batches divisible by Gp, as the trainer does; and layers for
   // every virtual stage (small has 6: Gp = 2 x 4 chunks is too many).
