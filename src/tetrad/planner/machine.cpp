@@ -469,8 +469,13 @@ Machine measure_machine(const std::string& name, int threads, bool quick) {
   // sgemm on a lattice of shapes (every rank at once): how the efficiency falls for the thin
   // GEMMs that splitting a layer over X or Y leaves a rank (docs/planner.md, "GEMM efficiency by
   // shape"); the planner interpolates it in log(m), log(n), log(k).
-  const std::vector<int> dims = quick ? std::vector<int>{128, 1024} : std::vector<int>{128, 512, 1536};
-  std::vector<MeasuredGemm> lattice = measure_gemm_lattice(dims, sq, threads, quick ? 3 : 5, world);
+  // The lattice has 256 as well: oneDNN's efficiency is not smooth in the width (on this machine
+  // its tn call ran at 0.65-0.75 of nn with an output side of 256 but matched it at 128 and 512),
+  // and 256 is what an X or Y split of a 512-wide model leaves a rank, so interpolating across
+  // it would miss the dip. Three variants x 64 shapes, 3 rounds: about 30 s on a quiet core.
+  const std::vector<int> dims =
+      quick ? std::vector<int>{128, 1024} : std::vector<int>{128, 256, 512, 1536};
+  std::vector<MeasuredGemm> lattice = measure_gemm_lattice(dims, sq, threads, 3, world);
   world.barrier();
   Measurement bf16 = measure_bf16_matmul(GemmShape{"square", sq, sq, sq}, threads, quick ? 2 : 3);
   world.barrier();
