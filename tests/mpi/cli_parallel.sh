@@ -129,7 +129,8 @@ fi
 # --micro-batches of a step as gradient accumulation, at --seq tokens, and says so in its JSON line
 # (tokens per step = 4 sequences x 16 tokens x 3 micro-batches).
 "${MPIRUN[@]}" -n 2 "$TETRAD" bench --grids --configs tiny --grid 1,1,1,1,2 --accumulate --micro-batches 3 \
-  --seq 16 --steps 1 --warmup 0 --overlap off --threads 1 --json "$W/acc.jsonl" > "$W/log" 2>&1
+  --seq 16 --steps 1 --warmup 0 --overlap off --threads 1 --json "$W/acc.jsonl" > "$W/log" 2>&1 ||
+  { cat "$W/log"; fails=$((fails+1)); }
 if python3 -c "import json,sys; j = json.loads(open(sys.argv[1]).readline()); assert (j['micro_batches'], j['seq']) == (3, 16); assert abs(j['tokens_per_s'] * j['median_step_s'] - 192) < 1e-6" "$W/acc.jsonl"; then
   echo "ok   bench --accumulate --seq"
 else
