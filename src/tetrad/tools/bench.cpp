@@ -255,7 +255,9 @@ void run_bench_grids(const BenchOptions& opt, std::ostream& log) {
   for (const std::string& name : opt.configs) {
     ModelConfig mc = named_model(name);
     if (opt.layers > 0) mc.n_layer = opt.layers;
-    const int Bg = standard_batch(name), T = mc.max_seq;
+    if (opt.seq < 0 || opt.seq > mc.max_seq)
+      fail("--seq ", opt.seq, ": expected 1..", mc.max_seq, " (model ", name, "'s max_seq; 0: max_seq)");
+    const int Bg = standard_batch(name), T = opt.seq > 0 ? opt.seq : mc.max_seq;
     const int64_t serial_state = 16 * build_param_table(mc).total;  // p, g, m, v in fp32
     out << "\n== " << name << ": global batch " << Bg << " x " << T << " tokens\n"
         << "  grid      overlap tokens/s   step s  compute  exposed  hidden  idle  state/rank   "
@@ -315,7 +317,7 @@ void run_bench_grids(const BenchOptions& opt, std::ostream& log) {
                  ol.state_size, tc);
       // Gp > 1: the step's micro-batches through the pipeline schedule (tokens: M of them).
       std::unique_ptr<PipelineDriver> pipe;
-      const int M = shape.p > 1 ? opt.micro_batches : 1;
+      const int M = shape.p > 1 || opt.accumulate ? opt.micro_batches : 1;
       if (shape.p > 1)
         pipe = std::make_unique<PipelineDriver>(model, parse_pipeline_schedule(opt.schedule), M);
       double wait_total = 0, busy_total = 0;
@@ -365,7 +367,11 @@ void run_bench_grids(const BenchOptions& opt, std::ostream& log) {
             for (size_t k = 0; k < all.size(); ++k) op_s_sum[k] += all[k];
           }
         } else {
-          model.forward_backward(tokens.data(), tokens.data() + 1, Bl, T, 1.0f / float(Bg * T));
+          // M > 1 (--accumulate): gradient accumulation over the step's micro-batches, as the
+          // trainer runs train.grad_accum.
+          for (int mb = 0; mb < M; ++mb)
+            model.forward_backward(tokens.data() + size_t(mb) * Bl * T, tokens.data() + size_t(mb) * Bl * T + 1,
+                                   Bl, T, 1.0f / float(Bg * T * M));
         }
         model.reduce_gradients();
         double gn = 0;
@@ -414,7 +420,7 @@ void run_bench_grids(const BenchOptions& opt, std::ostream& log) {
       const double state = double(model.state_bytes());
       double state_max = state;
       g.world.allreduce_max(&state_max, 1);
-      const double tok_s = double(Bg) * T / step;
+      const double tok_s = double(Bg) * T * M / step;  // the step's M micro-batches
       // Resident memory while the model is alive, largest rank, against state + activations
       // (+ the process's baseline before any model existed).
       double rss = double(current_rss_bytes());
