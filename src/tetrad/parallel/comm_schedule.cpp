@@ -17,7 +17,7 @@ std::string OverlapOptions::summary() const {
   std::ostringstream os;
   os << "overlap: backward all-reduce " << (backward_allreduce ? "on" : "off")
      << ", reduce-scatter " << (reduce_scatter ? "on" : "off") << ", prefetch depth "
-     << prefetch_depth << ", weight cache " << (cache_gathered_weights ? "on" : "off")
+     << prefetch_depth << (prefetch_across_steps ? " (across steps)" : "") << ", weight cache " << (cache_gathered_weights ? "on" : "off")
      << ", data-parallel buckets " << (dp_overlap ? "overlapped" : "at the end") << " ("
      << (dp_bucket_mb > 0 ? std::to_string(dp_bucket_mb) + " MiB" : std::string("per tensor"))
      << "), forward chunks " << forward_chunks << ", progress "
