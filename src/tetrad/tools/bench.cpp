@@ -476,6 +476,8 @@ void run_bench_grids(const BenchOptions& opt, std::ostream& log) {
       double growth[3] = {kinds_now.anon - kinds_start.anon, kinds_now.file - kinds_start.file,
                           kinds_now.shmem - kinds_start.shmem};
       g.world.allreduce_max(growth, 3);
+      double base_kinds[3] = {kinds_start.anon, kinds_start.file, kinds_start.shmem};
+      g.world.allreduce_max(base_kinds, 3);
       double bubble = 0, bubble_min = 0, expected = 0, replayed = 0, imbalance = 0;
       if (pipe) {
         // Each rank's idle time over its compute time; with equal stages every rank idles
@@ -516,7 +518,9 @@ void run_bench_grids(const BenchOptions& opt, std::ostream& log) {
           << std::setprecision(3) << peak / formula_max
           << (hwm_reset ? "" : " (peak not resettable here: includes earlier grids)") << "\n"
           << "  memory " << shape.to_string() << " with the process baseline: baseline "
-          << std::setprecision(1) << baseline_max / 1048576.0 << " MiB before the model; peak "
+          << std::setprecision(1) << baseline_max / 1048576.0 << " MiB before the model (anonymous "
+          << base_kinds[0] / 1048576.0 << ", file-backed " << base_kinds[1] / 1048576.0
+          << ", shared memory " << base_kinds[2] / 1048576.0 << "); peak "
           << peak_total / 1048576.0 << " MiB resident vs formula + baseline; ratio "
           << std::setprecision(3) << total_ratio << " (largest rank); resident growth from the "
           << "baseline after the steps: anonymous +" << std::setprecision(1)
@@ -554,6 +558,9 @@ void run_bench_grids(const BenchOptions& opt, std::ostream& log) {
                                    {"baseline_mb", baseline_max / 1048576.0},
                                    {"peak_total_mb", peak_total / 1048576.0},
                                    {"peak_total_vs_formula_plus_baseline", total_ratio},
+                                   {"baseline_anon_mb", base_kinds[0] / 1048576.0},
+                                   {"baseline_file_mb", base_kinds[1] / 1048576.0},
+                                   {"baseline_shmem_mb", base_kinds[2] / 1048576.0},
                                    {"growth_anon_mb", growth[0] / 1048576.0},
                                    {"growth_file_mb", growth[1] / 1048576.0},
                                    {"growth_shmem_mb", growth[2] / 1048576.0},
