@@ -181,10 +181,11 @@ void CommQueue::block_until(F&& ready, const char* what) {
 
 void CommQueue::wait(Ticket t) {
   if (done(t)) return;
-  const char* what = "wait";
+  // A copy: polling erases completed ops from ops_, which moves the others' strings.
+  std::string what = "wait";
   for (const Op& op : ops_)
-    if (op.id == t) what = op.op.c_str();
-  block_until([&] { return done(t); }, what);
+    if (op.id == t) what = op.op;
+  block_until([&] { return done(t); }, what.c_str());
 }
 
 void CommQueue::wait_all() {
