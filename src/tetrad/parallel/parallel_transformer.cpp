@@ -55,6 +55,8 @@ ParallelTransformer::ParallelTransformer(const ModelConfig& config, ProcessGroup
     fail("model.n_layer (", cfg_.n_layer, ") is smaller than the pipeline's virtual stages Gp x "
          "parallel.virtual_stages = ", groups.shape.p * opt_.virtual_stages,
          ": every stage needs at least one layer");
+  if (opt_.reduce_scatter_chunk_bytes < 1)
+    fail("reduce-scatter chunk size must be at least 1 byte, got ", opt_.reduce_scatter_chunk_bytes);
   if (ov_.prefetch_depth < 0) fail("parallel.prefetch_depth must be >= 0, got ", ov_.prefetch_depth);
   if (ov_.forward_chunks < 1) fail("parallel.forward_chunks must be >= 1, got ", ov_.forward_chunks);
   if (!(ov_.dp_bucket_mb >= 0)) fail("parallel.dp_bucket_mb must be >= 0, got ", ov_.dp_bucket_mb);
@@ -512,17 +514,37 @@ void ParallelTransformer::zero_layer_grad_blocks(int layer) {
 }
 
 // piece[piece_[i]] = this D rank's piece of Σ_D shard (the shard zero-padded to Gd pieces).
+//
+// In chunks of at most ParallelOptions::reduce_scatter_chunk_bytes per call: Open MPI's
+// non-blocking reduce-scatter (coll/libnbc, which every collective here goes through) allocates
+// a temporary of twice the whole message for each call, 32 MiB for the 16 MiB embedding
+// gradient of the small configuration, the largest part of the memory benchmark's excess over
+// the formula (found with heaptrack, docs/parallel.md "Memory per rank"). Chunk [a, a + len) of
+// every piece is packed into the front of zero_tmp_ (the piece itself lies behind the Gd q
+// padded elements) and reduce-scattered on its own. Every element is still summed over the same
+// D ranks by the same algorithm, so the result does not depend on the chunking; every D rank
+// makes the same calls (q and Gd are the same there).
 void ParallelTransformer::reduce_scatter_d(size_t i, const float* shard, float* piece) {
-  const int64_t n = plan_.tensors[i].shard_numel, q = piece_[i];
-  if (g_.shape.d == 1) {
+  const int64_t n = plan_.tensors[i].shard_numel, q = piece_[i], Gd = g_.shape.d;
+  if (Gd == 1) {
     std::memcpy(piece, shard, n * sizeof(float));
     return;
   }
-  float* padded = zero_tmp_.data();
-  std::memcpy(padded, shard, n * sizeof(float));
-  std::fill(padded + n, padded + q * g_.shape.d, 0.0f);
-  q_.run(g_.d.ireduce_scatter_sum(padded, piece, size_t(q)), g_.d, "reduce_scatter",
-         "dW pieces over D", plan_.tensors[i].spec->layer, q * g_.shape.d * int64_t(sizeof(float)));
+  const int64_t chunk =
+      std::max<int64_t>(1, opt_.reduce_scatter_chunk_bytes / (int64_t(sizeof(float)) * Gd));
+  float* packed = zero_tmp_.data();
+  for (int64_t a = 0; a < q; a += chunk) {
+    const int64_t len = std::min(chunk, q - a);
+    for (int64_t d = 0; d < Gd; ++d) {
+      // Elements [d q + a, d q + a + len) of the shard zero-padded to Gd q.
+      const int64_t first = d * q + a;
+      const int64_t have = std::clamp<int64_t>(n - first, 0, len);
+      if (have > 0) std::memcpy(packed + d * len, shard + first, size_t(have) * sizeof(float));
+      std::fill(packed + d * len + have, packed + (d + 1) * len, 0.0f);
+    }
+    q_.run(g_.d.ireduce_scatter_sum(packed, piece + a, size_t(len)), g_.d, "reduce_scatter",
+           "dW pieces over D", plan_.tensors[i].spec->layer, len * Gd * int64_t(sizeof(float)));
+  }
 }
 
 void ParallelTransformer::scatter_layer_grads(int layer) {

@@ -77,6 +77,10 @@ struct ParallelOptions {
   // its reduce-scatter right after the head's backward. Gp = 1 and ZeRO < 2 only.
   bool sparse_embedding_grad = true;
   OverlapOptions overlap = OverlapOptions::all_off();
+  // Largest message of one ZeRO reduce-scatter over D (larger ones go in chunks): bounds Open
+  // MPI's temporary, twice the message per call (docs/parallel.md, "Memory per rank"). Results
+  // do not depend on it; tests make it tiny to run many chunks.
+  int64_t reduce_scatter_chunk_bytes = int64_t(4) << 20;
 };
 
 // Where the optimizer finds each tensor's part on this rank: parameters and gradients at
