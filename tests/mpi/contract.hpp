@@ -10,6 +10,7 @@
 #include <vector>
 
 #include "mpi_test.hpp"
+#include "tetrad/core/error.hpp"
 #include "tetrad/core/rng.hpp"
 #include "tetrad/model/transformer.hpp"
 #include "tetrad/parallel/parallel_transformer.hpp"
@@ -46,6 +47,21 @@ struct Run {
 };
 
 constexpr int kB = 8, kT = 16, kAccum = 2;
+
+// The grids of this world size the contract runs: the model divides over them and the batch of
+// kB sequences over Z x D.
+inline std::vector<GridShape> contract_grids(const ModelConfig& mc) {
+  std::vector<GridShape> out;
+  for (const GridShape& shape : factorizations(world_size())) {
+    try {
+      validate_grid_for_model(mc, shape);
+    } catch (const Error&) {
+      continue;
+    }
+    if (kB % (shape.z * shape.d) == 0) out.push_back(shape);
+  }
+  return out;
+}
 
 inline std::vector<int32_t> batch_tokens(int step, int micro, int V) {
   Rng r(1000 + 31 * step + micro);

@@ -30,15 +30,10 @@ ModelConfig test_model(Family f) { return tiny_model(f, 2); }
 void check_all_grids(Family family) {
   const ModelConfig mc = test_model(family);
   const Run serial = serial_run(mc, kSteps);
-  int tested = 0, skipped = 0;
-  for (const GridShape& shape : factorizations(world_size())) {
-    try {
-      validate_grid_for_model(mc, shape);
-      if (kB % (shape.z * shape.d) != 0) throw Error("batch does not divide");
-    } catch (const Error&) {
-      ++skipped;
-      continue;
-    }
+  const std::vector<GridShape> grids = contract_grids(mc);
+  const int skipped = int(factorizations(world_size()).size() - grids.size());
+  int tested = 0;
+  for (const GridShape& shape : grids) {
     ProcessGroups g(comm::Communicator::world(), shape);
     const Run par = parallel_run(mc, g, kSteps, ParallelOptions{});
     ++tested;
@@ -52,7 +47,7 @@ void check_all_grids(Family family) {
     EXPECT_LT(worst, 2e-4) << where << ": largest weight difference in " << worst_name;
   }
   if (world_rank() == 0)
-    std::printf("[ %s ] %d grids of %d ranks tested, %d skipped (model does not divide)\n",
+    std::printf("[ %s ] %d grids of %d ranks tested, %d skipped (model or batch does not divide)\n",
                 family_name(family).c_str(), tested, world_size(), skipped);
   EXPECT_GT(tested, 0);
 }
@@ -74,13 +69,7 @@ void check_gradients_all_grids(Family family) {
   for (int32_t v : y) kept += v >= 0;
   serial.zero_grads();
   const double serial_loss = serial.forward_backward(x.data(), y.data(), kB, kT, 1.0f / kept);
-  for (const GridShape& shape : factorizations(world_size())) {
-    try {
-      validate_grid_for_model(mc, shape);
-      if (kB % (shape.z * shape.d) != 0) throw Error("batch does not divide");
-    } catch (const Error&) {
-      continue;
-    }
+  for (const GridShape& shape : contract_grids(mc)) {
     ProcessGroups g(comm::Communicator::world(), shape);
     const int Bl = kB / (shape.z * shape.d), slot = g.coord.z + shape.z * g.coord.d;
     ParallelTransformer m(mc, g, Bl, kT);
@@ -125,14 +114,8 @@ TEST(ParallelContract, LlamaEveryGridTrainsLikeOneRank) { check_all_grids(Family
 void check_sparse_embedding(Family family) {
   const ModelConfig mc = test_model(family);
   int sparse_grids = 0;
-  for (const GridShape& shape : factorizations(world_size())) {
+  for (const GridShape& shape : contract_grids(mc)) {
     if (shape.z == 1) continue;
-    try {
-      validate_grid_for_model(mc, shape);
-      if (kB % (shape.z * shape.d) != 0) throw Error("batch does not divide");
-    } catch (const Error&) {
-      continue;
-    }
     ProcessGroups g(comm::Communicator::world(), shape);
     ParallelOptions sparse, dense;
     dense.sparse_embedding_grad = false;
