@@ -159,13 +159,31 @@ double bubble_fraction(int p, int m, int v) {
   return double(p - 1) / (double(v) * double(m));
 }
 
-int stage_layer_count(int n_layer, int p, int v) {
-  int n = 0;
-  for (int c = 0; c < v; ++c) {
-    const auto [l0, l1] = parallel::stage_layers(n_layer, p * v, c * p);  // stage 0's chunk c
-    n += l1 - l0;
+parallel::LayerSplit layer_split_of(const PlanInput& in, const Grid5& g) {
+  if (g.p == 1) return parallel::LayerSplit::even(in.model.n_layer, 1);
+  return parallel::resolve_layer_split(in.pipeline_layers, in.model, in.seq, g.p,
+                                       in.virtual_stages);
+}
+
+std::vector<int> stage_layer_counts(const parallel::LayerSplit& split, int p) {
+  TETRAD_CHECK(p >= 1 && split.virtual_stages() % p == 0);
+  std::vector<int> n(size_t(p), 0);
+  for (int j = 0; j < split.virtual_stages(); ++j) {
+    const auto [l0, l1] = split.layers(j);
+    n[size_t(j % p)] += l1 - l0;
   }
   return n;
+}
+
+int stage_layer_count(const parallel::LayerSplit& split, int p) {
+  const auto n = stage_layer_counts(split, p);
+  return *std::max_element(n.begin(), n.end());
+}
+
+int stage_layer_count(int n_layer, int p, int v) {
+  // n_layer = 0: the planner's way of isolating the top-level activations (no layers at all).
+  if (n_layer == 0) return 0;
+  return stage_layer_count(parallel::LayerSplit::even(n_layer, p * v), p);
 }
 
 // ------------------------------------------------------------------------------------ placement
@@ -264,12 +282,13 @@ struct StageParams {
   double total() const { return matrices + vectors; }
 };
 
-StageParams stage_params(const ModelConfig& m, const Grid5& g, bool first, bool last, int v = 1) {
+// layers: the layers this stage stores (all of them when Gp = 1).
+StageParams stage_params(const ModelConfig& m, const Grid5& g, bool first, bool last, int layers) {
   // tetrad's pipeline keeps a copy of every top-level tensor (embeddings, final norm, head) on
   // every stage (parallel/sharding.hpp, TensorShard::stored), so each stage holds both ends.
   if (g.p > 1) first = last = true;
   const Sizes s = sizes(m);
-  const double xy = double(g.x) * g.y, Ls = stage_layer_count(m.n_layer, g.p, v);
+  const double xy = double(g.x) * g.y, Ls = layers;
   StageParams sp;
   const double layer_vec =
       s.gpt2 ? 6 * s.H / g.x + (s.QKV + s.F) / g.y : 2 * s.H / g.x;
@@ -302,7 +321,10 @@ int64_t micro_batch_of(const PlanInput& in, const Grid5& g) {
 
 MemoryBreakdown memory_of_stage(const PlanInput& in, const Grid5& g, bool first, bool last) {
   const ModelConfig& m = in.model;
-  const StageParams sp = stage_params(m, g, first, last, in.virtual_stages);
+  // The fullest stage under the trainer's split (every stage keeps both ends' tensors, so the
+  // most layers is the most memory).
+  const double Ls = stage_layer_count(layer_split_of(in, g), g.p);
+  const StageParams sp = stage_params(m, g, first, last, int(Ls));
   const double psi = sp.total();
   const bool bf16 = in.precision == Precision::BF16;
   const double bw = bf16 ? 2 : 4;            // bytes of a weight / gradient
@@ -327,7 +349,6 @@ MemoryBreakdown memory_of_stage(const PlanInput& in, const Grid5& g, bool first,
   const double per_layer_count = stage_layer_count(m.n_layer, g.p);  // what `all` holds
   const double per_layer = per_layer_count > 0 ? (all - global) / per_layer_count : 0;
   const int v = in.virtual_stages;
-  const double Ls = stage_layer_count(m.n_layer, g.p, v);
   const double Cx = double(m.n_embd) / g.x;
   double kept = per_layer;  // per layer per micro-batch
   double work = 0;          // one layer's recomputed activations while its backward runs
@@ -362,7 +383,9 @@ MemoryBreakdown memory_of_stage(const PlanInput& in, const Grid5& g, bool first,
 }  // namespace
 
 int64_t local_parameters(const ModelConfig& m, const Grid5& g) {
-  const auto a = stage_params(m, g, true, g.p == 1), b = stage_params(m, g, g.p == 1, true);
+  const int layers = stage_layer_count(m.n_layer, g.p);  // the ShardPlan default: even, v = 1
+  const auto a = stage_params(m, g, true, g.p == 1, layers),
+             b = stage_params(m, g, g.p == 1, true, layers);
   return int64_t(std::llround(std::max(a.total(), b.total())));
 }
 
@@ -390,6 +413,13 @@ std::string divisibility_problem(const PlanInput& in, const Grid5& g) {
   if (m.n_layer < g.p * in.virtual_stages)
     return "model.n_layer (" + std::to_string(m.n_layer) + ") is smaller than Gp x virtual stages = " +
            std::to_string(g.p * in.virtual_stages);
+  if (g.p > 1) {
+    try {
+      (void)layer_split_of(in, g);  // an explicit split of the wrong length for this Gp
+    } catch (const Error& e) {
+      return e.what();
+    }
+  }
   const int64_t mb = micro_batch_of(in, g);
   if (mb % (int64_t(g.z) * g.d) != 0)
     return "micro-batch (" + std::to_string(mb) + ") is not divisible by Gz x Gd = " +
@@ -501,7 +531,11 @@ Estimate estimate(const PlanInput& in, const Grid5& g, const Machine& mach) {
   const double logits_b = T * s.V / g.y * act_b;
   const double t_head = gt.head + 4 * logits_b / mach.memory_bandwidth;
   const int v = in.virtual_stages;
-  const double Ls = stage_layer_count(m.n_layer, g.p, v);  // the fullest stage's layers
+  // The trainer's split: layers per stage, and which stage runs the head (the last virtual stage).
+  const parallel::LayerSplit split = layer_split_of(in, g);
+  const std::vector<int> stage_layers = stage_layer_counts(split, g.p);
+  const int head_stage = (split.virtual_stages() - 1) % g.p;
+  const double Ls = stage_layer_count(split, g.p);  // the fullest stage's layers
 
   // ---- collectives: per layer per micro-batch (fwd / bwd), per micro-batch, per step
   struct Item {
@@ -564,7 +598,7 @@ Estimate estimate(const PlanInput& in, const Grid5& g, const Machine& mach) {
   add("pipeline send/recv (fwd+bwd)", AxisId::P, Op::SendRecv, T * s.H / xy * act_b, 2.0 * v, 0, false);
   // Per step: Z shards all-reduced over D (ZeRO 1/2: reduce-scatter + all-gather, same ring
   // volume); replicated vectors over Z x D.
-  const StageParams sp = stage_params(m, g, true, g.p == 1, v);
+  const StageParams sp = stage_params(m, g, true, g.p == 1, int(Ls));
   add("data-parallel all-reduce of gradients", AxisId::D, Op::AllReduce, sp.matrices * w_b, 1, 4, false);
   add("all-reduce of replicated grads (norms, biases)", AxisId::ZD, Op::AllReduce, sp.vectors * w_b, 1, 4, false);
 
@@ -591,8 +625,20 @@ Estimate estimate(const PlanInput& in, const Grid5& g, const Machine& mach) {
     layer_exposed = fwd_ar + std::max(0.0, z_fwd - t_layer_fwd) +
                     std::max(0.0, z_bwd - (t_layer_bwd - t_layer_dw)) + std::max(0.0, din - t_layer_dw);
   }
-  const double compute_mb = Ls * (t_layer_fwd + t_layer_bwd) + t_head;  // the head's stage
-  const double mb_time = compute_mb + Ls * layer_exposed + per_mb_exposed;
+  // One micro-batch on the slowest stage: its layers (compute and their exposed collectives)
+  // plus the head where it runs the last virtual stage. The per-micro-batch collectives
+  // (embedding, head, pipeline messages) are charged to it as before.
+  double compute_mb = 0, stage_mb = 0;
+  for (int st = 0; st < g.p; ++st) {
+    const double head = st == head_stage ? t_head : 0.0;
+    const double c = stage_layers[size_t(st)] * (t_layer_fwd + t_layer_bwd) + head;
+    const double t = c + stage_layers[size_t(st)] * layer_exposed;
+    if (t > stage_mb) {
+      stage_mb = t;
+      compute_mb = c;
+    }
+  }
+  const double mb_time = stage_mb + per_mb_exposed;
   const int64_t mcount = e.micro_batches;
   // The trainer's schedules: the bubble is (p - 1) / (v m) of the ideal m x t_mb
   // (bubble_fraction; 1F1B is v = 1).

@@ -78,6 +78,7 @@ struct RunConfig {
   int zero = 0;                      // ZeRO stage over the data axis: 0, 1 or 2
   std::string schedule = "1f1b";     // pipeline schedule: 1f1b | interleaved
   int virtual_stages = 1;            // pipeline chunks per stage (interleaved)
+  std::string pipeline_layers = "even";  // layer split: even | balanced | "3,1" (layer_split.hpp)
   TrainConfig train;
 
   void validate() const;  // throws Error naming the key

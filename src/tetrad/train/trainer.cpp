@@ -197,6 +197,7 @@ TrainResult train(const RunConfig& cfg, const TrainOptions& opt, std::ostream& l
   popt.recompute = parallel::parse_recompute(t.recompute);
   popt.zero = cfg.zero;
   popt.virtual_stages = cfg.virtual_stages;
+  popt.pipeline_layers = cfg.pipeline_layers;
   popt.overlap = overlap_options(cfg.overlap);  // dp_overlap dropped with ZeRO or Gp > 1
   parallel::ParallelTransformer model(cfg.model, groups, B, T, popt);
   StepProfile prof;
@@ -432,6 +433,7 @@ TrainResult train(const RunConfig& cfg, const TrainOptions& opt, std::ostream& l
     ShardedCheckpointInfo info;
     info.step = at_step;
     info.virtual_stages = cfg.virtual_stages;  // which layers each pipeline stage stores
+    info.pipeline_layers = model.layer_split().counts();
     info.tokenizer_identity = data.tokenizer_identity;
     // The loader's position is the job's position in the global window stream (the same on
     // every replica); replica r's next window is stream position cursor + r (data/loader.hpp).
