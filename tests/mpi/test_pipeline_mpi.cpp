@@ -63,8 +63,10 @@ std::vector<Case> cases(int n) {
               {{1, 1, 1, 1, 2}, k1F1B, {R::None, 0, 1}, Family::GPT2, "1,3"},
               {{1, 1, 1, 1, 2}, k1F1B, {R::None, 0, 1}, Family::GPT2, "balanced", 4, 1024, {3, 1}},
               {{1, 1, 1, 1, 2}, kInter, {R::None, 0, 2}, Family::GPT2, "3,1,1,1", 6},
+              // 6 layers over 4 virtual stages, the last one layer (+ the head): 2,1,2,1 puts 4
+              // layers on rank 0 and 2 + the head on rank 1 (1,2,2,1 would give rank 1 3 + head).
               {{1, 1, 1, 1, 2}, kInter, {R::None, 0, 2}, Family::GPT2, "balanced", 6, 1024,
-               {1, 2, 2, 1}}};
+               {2, 1, 2, 1}}};
     case 4:
       return {{{1, 1, 1, 1, 4}, k1F1B, {R::None, 0, 1}},
               {{1, 1, 1, 2, 2}, k1F1B, {R::None, 1, 1}},

@@ -210,6 +210,11 @@ TrainResult train(const RunConfig& cfg, const TrainOptions& opt, std::ostream& l
   if (shape.p > 1)
     pipe = std::make_unique<parallel::PipelineDriver>(
         model, parallel::parse_pipeline_schedule(cfg.schedule), t.grad_accum);
+  // The split actually run ("balanced" is resolved from the model's costs, so say what it chose).
+  if (shape.p > 1 && root && !opt.quiet)
+    out << "# pipeline: " << cfg.schedule << ", layers per virtual stage "
+        << model.layer_split().to_string() << " (parallel.pipeline_layers = \""
+        << cfg.pipeline_layers << "\")\n";
   const parallel::OptimizerLayout& ol = model.optimizer_layout();
   AdamW adam(decay_ranges(table, t, ol.param_offsets, ol.sizes, ol.state_offsets, ol.grad_offsets),
              ol.state_size, t);
