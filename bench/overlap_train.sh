@@ -9,7 +9,8 @@
 #   [SEQ=512] bench/overlap_train.sh TETRAD [GRID=1,1,2,1] [MODEL=small] [STEPS=4] [ROUNDS=3] [MODES="off thread poll"]
 #
 # Modes: off = every collective blocking; thread / poll = backward all-reduce, reduce-scatter,
-# prefetch depth 1 and data-parallel bucket overlap on, progress by the helper thread / by polling;
+# prefetch depth 1 (and across steps, during the optimizer) and data-parallel bucket overlap on,
+# progress by the helper thread / by polling; instep = thread without the prefetch across steps;
 # defaults = the configuration's defaults. Timings on a shared machine are noisy: compare modes
 # side by side only.
 set -euo pipefail
@@ -21,9 +22,11 @@ trap 'rm -rf "$W"' EXIT
 for i in $(seq 1 3000); do echo "the king went up to the city $i, and the people followed him to the river."; [ $((i % 5)) -eq 0 ] && echo; done > "$W/c.txt"
 "$T" prepare --input "$W/c.txt" --out "$W/data" --vocab-size 300 > /dev/null
 ALL=(--set parallel.overlap_backward_allreduce=true --set parallel.overlap_reduce_scatter=true
-     --set parallel.prefetch_depth=1 --set parallel.overlap_dp_allreduce=true)
+     --set parallel.prefetch_depth=1 --set parallel.overlap_dp_allreduce=true
+     --set parallel.prefetch_across_steps=true)
 NONE=(--set parallel.overlap_backward_allreduce=false --set parallel.overlap_reduce_scatter=false
       --set parallel.prefetch_depth=0 --set parallel.overlap_dp_allreduce=false
+      --set parallel.prefetch_across_steps=false
       --set parallel.progress_thread=false)
 printf "%-6s %-9s %-7s %8s %9s %8s %10s %9s %7s %s\n" round mode grid "step s" "compute s" "wait s" "exposed s" "issued s" hidden "last loss"
 for r in $(seq 1 "$ROUNDS"); do
@@ -32,6 +35,7 @@ for r in $(seq 1 "$ROUNDS"); do
       off) O=("${NONE[@]}") ;;
       thread) O=("${ALL[@]}" --set parallel.progress_thread=true) ;;
       poll) O=("${ALL[@]}" --set parallel.progress_thread=false) ;;
+      instep) O=("${ALL[@]}" --set parallel.progress_thread=true --set parallel.prefetch_across_steps=false) ;;
       defaults) O=() ;;
       *) echo "unknown mode $m" >&2; exit 1 ;;
     esac

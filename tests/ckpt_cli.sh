@@ -4,17 +4,10 @@
 # scheduler does); damaged checkpoints (a flipped byte, a truncated shard, deleted metadata) are
 # refused with a clear message and the previous good one used; another model config is refused;
 # export to a Hugging Face folder and import back give bit-identical logits.
-set -uo pipefail
-TETRAD=$1
-MPIRUN=(mpirun --allow-run-as-root --oversubscribe)
-W=$(mktemp -d)
-trap 'rm -rf "$W"' EXIT
-export OMP_NUM_THREADS=1
+source "$(dirname "${BASH_SOURCE[0]}")/cli_common.sh" "$1"
 fails=0
 ok() { echo "ok   $1"; }
 bad() { echo "FAIL $1"; fails=$((fails + 1)); }
-for i in $(seq 1 200); do echo "the king went up to the city $i, and the people followed him."; [ $((i % 5)) -eq 0 ] && echo; done > "$W/c.txt"
-"$TETRAD" prepare --input "$W/c.txt" --out "$W/data" --vocab-size 300 > /dev/null || exit 1
 N=400
 S=(--set model.name=tiny --set data.dir="$W/data" --set train.seq_len=32 --set train.max_steps=$N
    --set train.eval_interval=0 --set train.log_interval=100000)

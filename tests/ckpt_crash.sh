@@ -3,15 +3,8 @@
 # the checkpoint `latest` names must exist and verify completely (every chunk checksum, a full
 # load), and the next --resume must continue from it. Usage: ckpt_crash.sh TETRAD [KILLS]
 # Every 4th kill hits a 2-rank mpirun job (all ranks killed at once, as a node failure would).
-set -uo pipefail
-TETRAD=$1
+source "$(dirname "${BASH_SOURCE[0]}")/cli_common.sh" "$1"
 KILLS=${2:-24}
-MPIRUN=(mpirun --allow-run-as-root --oversubscribe)
-W=$(mktemp -d)
-trap 'rm -rf "$W"' EXIT
-export OMP_NUM_THREADS=1
-for i in $(seq 1 200); do echo "the king went up to the city $i, and the people followed him."; [ $((i % 5)) -eq 0 ] && echo; done > "$W/c.txt"
-"$TETRAD" prepare --input "$W/c.txt" --out "$W/data" --vocab-size 300 > /dev/null || exit 1
 S=(--set model.name=tiny --set data.dir="$W/data" --set run.dir="$W/run" --set train.seq_len=32
    --set train.max_steps=100000 --set train.eval_interval=0 --set train.checkpoint_interval=1
    --set train.keep_checkpoints=2 --set train.log_interval=1000)

@@ -2,6 +2,7 @@
 // with exactly the losses of the uninterrupted one, and bad input stops with a clear message.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <filesystem>
 #include <fstream>
@@ -248,4 +249,48 @@ TEST_F(TrainTest, ReportRendersFromARunFolderWithItsCurves) {
   EXPECT_EQ(html.find("<script src"), std::string::npos);
   EXPECT_EQ(html.find("href=\"http"), std::string::npos);
   EXPECT_THROW(write_run_report(c.run_dir + "/nope", out + "2"), Error);
+  EXPECT_EQ(count("id=\"exposed\""), 0) << "no trace, no exposed-communication table";
+}
+
+// The exposed communication of a trace, grouped by collective without the layer: per rank
+// (2 ranks here), largest first, shares of the whole; only the compute track's communication
+// events count (the communication tracks show transfers, hidden or not).
+TEST(Report, ExposedCommunicationGroupsTheTracesWaitsByCollective) {
+  const std::string dir = ::testing::TempDir() + "/tetrad_exposed_trace";
+  std::filesystem::create_directories(dir);
+  const std::string path = dir + "/trace.json";
+  {
+    std::ofstream f(path);
+    f << R"({"traceEvents":[
+      {"ph":"M","name":"process_name","pid":0,"tid":0,"args":{"name":"rank 0"}},
+      {"ph":"X","pid":0,"tid":0,"name":"gemm qkv L0","ts":0,"dur":9000},
+      {"ph":"X","pid":0,"tid":0,"name":"communication allgather L1","ts":1,"dur":3000},
+      {"ph":"X","pid":0,"tid":0,"name":"communication allgather L2","ts":2,"dur":1000},
+      {"ph":"X","pid":0,"tid":0,"name":"communication wait all","ts":3,"dur":2000},
+      {"ph":"X","pid":0,"tid":1,"name":"allgather W L1","ts":1,"dur":50000},
+      {"ph":"X","pid":1,"tid":0,"name":"communication allgather top","ts":1,"dur":1000},
+      {"ph":"X","pid":1,"tid":0,"name":"communication L3","ts":4,"dur":1000},
+      {"ph":"X","pid":1,"tid":0,"name":"communication wait all","ts":5,"dur":4000}]})";
+  }
+  int ranks = 0;
+  const std::vector<ExposedComm> rows = exposed_communication(path, &ranks);
+  EXPECT_EQ(ranks, 2);
+  ASSERT_EQ(rows.size(), 4u);
+  EXPECT_EQ(rows[0].what, "wait all");  // 6 of the 12 ms, over 2 ranks
+  EXPECT_NEAR(rows[0].seconds, 0.003, 1e-12);
+  EXPECT_DOUBLE_EQ(rows[0].count, 1.0);
+  EXPECT_NEAR(rows[0].share, 0.5, 1e-12);
+  EXPECT_EQ(rows[1].what, "allgather");  // L1 and L2 together, not "allgather top"
+  EXPECT_NEAR(rows[1].seconds, 0.002, 1e-12);
+  EXPECT_DOUBLE_EQ(rows[1].count, 1.0);
+  EXPECT_NEAR(rows[1].share, 1.0 / 3, 1e-12);
+  std::vector<std::string> rest = {rows[2].what, rows[3].what};
+  std::sort(rest.begin(), rest.end());
+  EXPECT_EQ(rest, (std::vector<std::string>{"(unnamed)", "allgather top"}));
+  {
+    std::ofstream f(dir + "/bad.json");
+    f << "{\"traceEvents\": 3}";
+  }
+  EXPECT_THROW(exposed_communication(dir + "/bad.json"), Error);
+  EXPECT_THROW(exposed_communication(dir + "/missing.json"), Error);
 }

@@ -285,6 +285,10 @@ int main(int argc, char** argv) {
       "report", "one self-contained HTML page of a run: loss curves, speed, time breakdown, config");
   report->add_option("run_dir", report_dir, "run folder (metrics.jsonl, config.toml)")->required();
   report->add_option("-o,--out", report_out, "output file (default RUN_DIR/report.html)");
+  std::string report_trace;
+  report->add_option("--trace", report_trace,
+                     "trace of the run (`tetrad train --trace`; default RUN_DIR/trace.json if it "
+                     "exists): adds where the exposed communication went");
 
   // export
   std::string export_out;
@@ -449,8 +453,20 @@ int main(int argc, char** argv) {
       }
     } else if (*report) {
       const std::string path = report_out.empty() ? report_dir + "/report.html" : report_out;
-      write_run_report(report_dir, path);
+      const std::string trace =
+          report_trace.empty() && std::filesystem::exists(report_dir + "/trace.json")
+              ? report_dir + "/trace.json" : report_trace;
+      write_run_report(report_dir, path, trace);
       std::cout << "wrote " << path << "\n";
+      if (!trace.empty()) {
+        int ranks = 0;
+        const auto rows = exposed_communication(trace, &ranks);
+        std::cout << "exposed communication by collective (" << trace << ", per rank of " << ranks
+                  << "):\n";
+        for (const auto& r : rows)
+          std::printf("  %-40s %8.1f waits %10.1f ms %5.1f%%\n", r.what.c_str(), r.count,
+                      r.seconds * 1e3, 100 * r.share);
+      }
     } else if (*plan_cmd) {
       // --schedule / --virtual-stages are the trainer's config keys; they go through its parser.
       if (!po.schedule.empty()) po.sets.push_back("parallel.schedule=" + po.schedule);

@@ -3,14 +3,7 @@
 # ranks resumes on another grid (of another size for most) and continues with the losses of the
 # run that never stopped (fp32 tolerance); on the same grid the resumed losses are bit-identical.
 # (tests/test_sharded_checkpoint.cpp compares the loaded state bit for bit on all 225 pairs.)
-set -uo pipefail
-TETRAD=$1
-MPIRUN=(mpirun --allow-run-as-root --oversubscribe)
-W=$(mktemp -d)
-trap 'rm -rf "$W"' EXIT
-export OMP_NUM_THREADS=1
-for i in $(seq 1 200); do echo "the king went up to the city $i, and the people followed him."; [ $((i % 5)) -eq 0 ] && echo; done > "$W/c.txt"
-"$TETRAD" prepare --input "$W/c.txt" --out "$W/data" --vocab-size 300 > /dev/null || exit 1
+source "$(dirname "${BASH_SOURCE[0]}")/../cli_common.sh" "$1"
 # warmup_steps (10) covers all 6 steps, so max_steps 3 vs 6 does not change the learning rates.
 S=(--set model.name=tiny --set data.dir="$W/data" --set train.seq_len=32 --set train.max_steps=6
    --set train.eval_interval=0 --set train.micro_batch=4)

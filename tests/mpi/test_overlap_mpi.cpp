@@ -1,6 +1,7 @@
 // Overlap changes when collectives run, never what they compute: on every grid of the world size,
 // training with any combination of the overlap switches gives bit-identical losses and weights to
-// the same grid with every switch off (tiny model, 2 steps of 2 micro-batches); forward chunks,
+// the same grid with every switch off (tiny model, 2 steps of 2 micro-batches, an evaluation
+// between them); forward chunks,
 // which split GEMMs, within fp32 rounding. Switches that
 // cannot act on a grid (the reduce-scatter, prefetch and cache without Z, the backward all-reduce
 // and forward chunks without X or Y, data-parallel buckets without Z x D) are held off there, since
@@ -92,9 +93,19 @@ Result train(const ModelConfig& mc, ProcessGroups& g, const OverlapOptions& ov,
     }
     m.reduce_gradients();
     const double gn = std::sqrt(m.grad_sum_squares());
-    opt.update(m.params(), m.grads(), learning_rate(tc, step), gn > 1 ? 1 / gn : 1.0, step + 1);
+    const float* grads = m.grads();
+    m.apply_update([&](float* params, int64_t lo, int64_t hi) {
+      opt.update(params, grads, learning_rate(tc, step), gn > 1 ? 1 / gn : 1.0, step + 1, lo, hi);
+    });
+    if (step == 0) {
+      // An evaluation between steps (as the trainer's validation) runs on the gathers the
+      // update started (prefetch_across_steps): it must see the updated weights.
+      std::vector<int32_t> tok(size_t(Bl) * kT);
+      for (size_t i = 0; i < tok.size(); ++i) tok[i] = int32_t((7 * i + slot) % size_t(mc.vocab_size));
+      r.losses.push_back(m.forward_loss(tok.data(), tok.data(), Bl, kT));
+    }
   }
-  const float* p = m.params();
+  const float* p = m.param_data();
   r.params.assign(p, p + m.num_local_params());
   return r;
 }
@@ -129,6 +140,8 @@ std::vector<OverlapOptions> combinations(const GridShape& s) {
               o.forward_chunks = fc;
               o.reduce_scatter = rs;
               o.prefetch_depth = pf;
+              // The next step's first gathers during the optimizer: on in two of three.
+              o.prefetch_across_steps = pf > 0 && out.size() % 3 != 0;
               o.cache_gathered_weights = cache;
               o.dp_overlap = dpo;
               // Progress by thread or by polling: half the combinations each.

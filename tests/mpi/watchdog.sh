@@ -4,14 +4,7 @@
 # watchdog (train.step_timeout), which names the rank, step and phase and ends the job; (3) a
 # rank frozen with SIGSTOP (cannot report anything) makes its peers' next collective time out
 # (train.comm_timeout), naming the operation and group, and the job ends.
-set -uo pipefail
-TETRAD=$1
-MPIRUN=(mpirun --allow-run-as-root --oversubscribe)
-W=$(mktemp -d)
-trap 'rm -rf "$W"' EXIT
-export OMP_NUM_THREADS=1
-for i in $(seq 1 200); do echo "the king went up to the city $i, and the people followed him."; [ $((i % 5)) -eq 0 ] && echo; done > "$W/c.txt"
-"$TETRAD" prepare --input "$W/c.txt" --out "$W/data" --vocab-size 300 > /dev/null || exit 1
+source "$(dirname "${BASH_SOURCE[0]}")/../cli_common.sh" "$1"
 S=(--set model.name=tiny --set data.dir="$W/data" --set train.seq_len=32 --set train.max_steps=1000000
    --set train.eval_interval=0 --set train.log_interval=1000)
 fails=0

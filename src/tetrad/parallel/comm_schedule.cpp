@@ -17,7 +17,7 @@ std::string OverlapOptions::summary() const {
   std::ostringstream os;
   os << "overlap: backward all-reduce " << (backward_allreduce ? "on" : "off")
      << ", reduce-scatter " << (reduce_scatter ? "on" : "off") << ", prefetch depth "
-     << prefetch_depth << ", weight cache " << (cache_gathered_weights ? "on" : "off")
+     << prefetch_depth << (prefetch_across_steps ? " (across steps)" : "") << ", weight cache " << (cache_gathered_weights ? "on" : "off")
      << ", data-parallel buckets " << (dp_overlap ? "overlapped" : "at the end") << " ("
      << (dp_bucket_mb > 0 ? std::to_string(dp_bucket_mb) + " MiB" : std::string("per tensor"))
      << "), forward chunks " << forward_chunks << ", progress "
@@ -181,10 +181,11 @@ void CommQueue::block_until(F&& ready, const char* what) {
 
 void CommQueue::wait(Ticket t) {
   if (done(t)) return;
-  const char* what = "wait";
+  // A copy: polling erases completed ops from ops_, which moves the others' strings.
+  std::string what = "wait";
   for (const Op& op : ops_)
-    if (op.id == t) what = op.op.c_str();
-  block_until([&] { return done(t); }, what);
+    if (op.id == t) what = op.op;
+  block_until([&] { return done(t); }, what.c_str());
 }
 
 void CommQueue::wait_all() {

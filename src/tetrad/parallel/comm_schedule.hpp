@@ -37,6 +37,7 @@ struct OverlapOptions {
   bool backward_allreduce = false;   // dIn all-reduce runs while the dW GEMM computes
   bool reduce_scatter = false;       // dW reduce-scatter over Z runs during earlier layers
   int prefetch_depth = 0;            // Z all-gathers issued this many layers ahead
+  bool prefetch_across_steps = false;  // the next step's first gathers start during the optimizer
   bool cache_gathered_weights = false;  // every layer's gathered weights kept for the whole step
   bool dp_overlap = false;           // data-parallel buckets start during the last backward
   double dp_bucket_mb = 0;           // bucket size (0: one bucket per tensor, in place)

@@ -391,13 +391,91 @@ void ParallelTransformer::prefetch(int layer, int direction, int lo, int hi) {
 }
 
 void ParallelTransformer::invalidate_gathered() {
+  prefetched_next_ = false;
   if (g_.shape.z == 1) return;
   if (q_.pending()) q_.wait_all();  // nothing may still write into the slots
   top_valid_ = false;
   std::fill(slot_layer_.begin(), slot_layer_.end(), -2);
 }
 
+void ParallelTransformer::issue_first_gathers() {
+  issue_gather(-1);
+  issue_gather(0);
+  prefetch(0, +1, 0, cfg_.n_layer);
+}
+
+void ParallelTransformer::apply_update(
+    const std::function<void(float* params, int64_t lo, int64_t hi)>& update) {
+  // All of it is the optimizer step on the breakdown, except the MPI calls that issue and poll
+  // the gathers (communication; the gathers' own time runs behind the update).
+  ScopedPhase phase(prof_, Phase::Optimizer, "update");
+  float* p = params();  // the parameters change: gathered copies are dropped
+  const int64_t n = plan_.local_total;
+  const bool across = ov_.prefetch_across_steps && ov_.prefetch_depth > 0 && g_.shape.z > 1 &&
+                      g_.shape.p == 1;
+  if (!across || opt_.zero >= 1) {
+    // ZeRO: the gathers need the pieces every D replica updated, so they wait for
+    // gather_updated_params(); they still overlap the trainer's work until the next forward.
+    update(p, 0, n);
+    gather_updated_params();
+    if (across) {
+      ScopedPhase issue(prof_, Phase::Comm, "issue next step's gathers");
+      issue_first_gathers();
+      prefetched_next_ = true;
+    }
+    return;
+  }
+  // The Z-sharded tensors of the top level and layers 0..prefetch_depth, as sorted, merged
+  // intervals of the local buffer.
+  std::vector<std::pair<int64_t, int64_t>> first;
+  const int last_first = std::min(ov_.prefetch_depth, cfg_.n_layer - 1);
+  for (const TensorShard& t : plan_.tensors)
+    if (t.z_sharded && t.spec->layer <= last_first && t.shard_numel > 0)
+      first.emplace_back(t.offset, t.offset + t.shard_numel);
+  std::sort(first.begin(), first.end());
+  std::vector<std::pair<int64_t, int64_t>> merged;
+  for (const auto& iv : first)
+    if (!merged.empty() && iv.first <= merged.back().second)
+      merged.back().second = std::max(merged.back().second, iv.second);
+    else
+      merged.push_back(iv);
+  for (const auto& [lo, hi] : merged) update(p, lo, hi);
+  {
+    ScopedPhase issue(prof_, Phase::Comm, "issue next step's gathers");
+    issue_first_gathers();
+  }
+  prefetched_next_ = true;
+  // The rest in slices, so the gathers move: by the progress thread while a slice computes, or
+  // by a poll after each (about 4 MB of parameters, ~1 ms).
+  constexpr int64_t kSlice = int64_t(1) << 20;
+  auto rest = [&](int64_t lo, int64_t hi) {
+    for (int64_t a = lo; a < hi; a += kSlice) {
+      {
+        CommQueue::ProgressScope progress(q_);
+        update(p, a, std::min(hi, a + kSlice));
+      }
+      ScopedPhase poll(prof_, Phase::Comm, "poll");
+      q_.poll();
+    }
+  };
+  int64_t at = 0;
+  for (const auto& [lo, hi] : merged) {
+    rest(at, lo);
+    at = hi;
+  }
+  rest(at, n);
+}
+
 void ParallelTransformer::zero_grads() {
+  if (prefetched_next_) {
+    // Only apply_update()'s gathers can be pending (reduce_gradients() finished every
+    // reduction before the optimizer ran); they write gathered slots, not gradients, and hold
+    // the current parameters, so they stay.
+    prefetched_next_ = false;
+    grads_.zero();
+    reset_step_state();
+    return;
+  }
   q_.wait_all();  // pending reduce-scatters would add into the zeroed gradients
   grads_.zero();
   reset_step_state();

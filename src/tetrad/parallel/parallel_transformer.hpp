@@ -23,6 +23,7 @@
 // Not thread-safe. All methods except the accessors are collective over the grid.
 #pragma once
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <string>
 #include <vector>
@@ -107,6 +108,8 @@ class ParallelTransformer {
     invalidate_gathered();
     return params_.data();
   }
+  // Read-only parameters (checkpoints, norms): gathered copies stay valid.
+  const float* param_data() const { return params_.data(); }
   float* grads() { return grads_.data(); }
   const ParallelOptions& options() const { return opt_; }
   // Bytes of this rank's activation buffer (the forward's saved tensors and the backward's
@@ -142,6 +145,14 @@ class ParallelTransformer {
   // After the optimizer step (ZeRO 1/2): all-gather the updated pieces over D so every replica
   // has the whole local shard again. No-op without ZeRO.
   void gather_updated_params();
+  // The optimizer step: update(params, lo, hi) must apply the optimizer to the local parameters
+  // at offsets [lo, hi) (it is called for disjoint intervals covering them all, in any order).
+  // With OverlapOptions::prefetch_across_steps (and Z > 1, prefetch_depth > 0, Gp = 1) the
+  // tensors the next forward gathers first (top-level ones, layers 0..prefetch_depth) are
+  // updated first and their Z all-gathers start while the rest is updated, so the next step
+  // does not begin waiting for them (with ZeRO they start after gather_updated_params()).
+  // Otherwise one update(params, 0, n), then gather_updated_params().
+  void apply_update(const std::function<void(float* params, int64_t lo, int64_t hi)>& update);
   void zero_grads();
   // zero_grads() for a step of `micro_batches` forward_backward calls: during the last one,
   // data-parallel buckets start as soon as their gradients are final (OverlapOptions::dp_overlap).
@@ -226,6 +237,8 @@ class ParallelTransformer {
   // Issue the next prefetch_depth layers' gathers (in `direction`), within layers [lo, hi).
   void prefetch(int layer, int direction, int lo, int hi);
   void invalidate_gathered();
+  // The gathers the next forward issues first: top-level tensors, layer 0, prefetch_depth ahead.
+  void issue_first_gathers();
   void scatter_layer_grads(int layer);   // reduce-scatter the layer's gradient blocks over Z
   void zero_layer_grad_blocks(int layer);
   void layer_final(int layer, bool sharded);  // gradients of a layer final for this step
@@ -293,6 +306,9 @@ class ParallelTransformer {
   std::vector<std::vector<CommQueue::Ticket>> slot_tickets_;
   Buffer<float> gathered_top_;
   bool top_valid_ = false;
+  // apply_update() started the next step's first gathers (of the updated parameters): the next
+  // begin_step keeps them instead of dropping the gathered copies.
+  bool prefetched_next_ = false;
   std::vector<CommQueue::Ticket> top_tickets_;
   // Gradient blocks: two layer buffers (a layer's reduce-scatter may still read one while the
   // next layer fills the other), their pending reduce-scatters, the results' landing area.

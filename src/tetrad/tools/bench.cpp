@@ -377,9 +377,14 @@ void run_bench_grids(const BenchOptions& opt, std::ostream& log) {
         {
           ScopedPhase sp(&profile, Phase::Optimizer);
           gn = std::sqrt(model.grad_sum_squares());
-          adam.update(model.params(), model.grads(), 1e-4, gn > 1 ? 1 / gn : 1, s + 1);
         }
-        model.gather_updated_params();
+        // As the trainer: ZeRO's all-gather of updated pieces, and the next step's first
+        // weight gathers during the update (parallel.prefetch_across_steps).
+        const float* grads = model.grads();
+        model.apply_update([&](float* params, int64_t lo, int64_t hi) {
+          ScopedPhase sp(&profile, Phase::Optimizer);
+          adam.update(params, grads, 1e-4, gn > 1 ? 1 / gn : 1, s + 1, lo, hi);
+        });
         double dt = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
         if (s >= opt.warmup) sum_step += dt;
         g.world.allreduce_max(&dt, 1);

@@ -102,7 +102,59 @@ std::string line_chart(const std::string& title, const std::string& id,
 
 }  // namespace
 
-void write_run_report(const std::string& run_dir, const std::string& out_path) {
+std::vector<ExposedComm> exposed_communication(const std::string& trace_path, int* ranks) {
+  std::ifstream f(trace_path);
+  if (!f) fail("cannot read the trace '", trace_path, "'");
+  nlohmann::json j;
+  try {
+    f >> j;
+  } catch (const std::exception& e) {
+    fail("the trace '", trace_path, "' is not JSON: ", e.what());
+  }
+  const nlohmann::json& events = j.is_object() ? j.value("traceEvents", nlohmann::json()) : j;
+  if (!events.is_array())
+    fail("the trace '", trace_path, "' has no traceEvents array (expected Chrome trace-event JSON "
+         "as `tetrad train --trace` writes)");
+  std::vector<ExposedComm> rows;
+  std::vector<int64_t> pids;
+  double total = 0;
+  static const std::string prefix = "communication";
+  for (const auto& e : events) {
+    if (!e.is_object() || e.value("ph", "") != "X" || e.value("tid", -1) != 0) continue;
+    const int64_t pid = e.value("pid", int64_t(0));
+    if (std::find(pids.begin(), pids.end(), pid) == pids.end()) pids.push_back(pid);
+    std::string name = e.value("name", "");
+    if (name.compare(0, prefix.size(), prefix) != 0) continue;
+    // "communication reduce_scatter L3" -> "reduce_scatter"; "... top" (embedding/head) kept;
+    // a wait the code did not name ("communication L3") -> "(unnamed)".
+    const size_t l = name.rfind(" L");
+    if (l != std::string::npos && l + 2 < name.size() &&
+        name.find_first_not_of("0123456789", l + 2) == std::string::npos)
+      name.erase(l);
+    name = name.size() > prefix.size() + 1 ? name.substr(prefix.size() + 1) : "(unnamed)";
+    const double s = e.value("dur", 0.0) * 1e-6;
+    auto it = std::find_if(rows.begin(), rows.end(), [&](const ExposedComm& r) { return r.what == name; });
+    if (it == rows.end()) {
+      rows.push_back({name, 0, 0, 0});
+      it = rows.end() - 1;
+    }
+    it->seconds += s;
+    it->count += 1;
+    total += s;
+  }
+  const double n = std::max<size_t>(pids.size(), 1);
+  for (auto& r : rows) {
+    r.share = total > 0 ? r.seconds / total : 0;
+    r.seconds /= n;
+    r.count /= n;
+  }
+  std::sort(rows.begin(), rows.end(), [](const ExposedComm& a, const ExposedComm& b) { return a.seconds > b.seconds; });
+  if (ranks) *ranks = int(pids.size());
+  return rows;
+}
+
+void write_run_report(const std::string& run_dir, const std::string& out_path,
+                      const std::string& trace_path) {
   const std::string metrics_path = run_dir + "/metrics.jsonl";
   std::ifstream f(metrics_path);
   if (!f) fail("run folder '", run_dir, "' has no metrics.jsonl (is it a `tetrad train` run.dir?)");
@@ -211,6 +263,26 @@ void write_run_report(const std::string& run_dir, const std::string& out_path) {
         << num(100 * p.sum / step_sum, 3) << "%</td></tr>\n";
     o << "<tr><td style=\"text-align:left\">step (measured)</td><td>" << num(avg * 1e3, 4)
       << "</td><td>100%</td></tr></table>\n";
+  }
+  std::string trace = trace_path;
+  if (trace.empty() && std::filesystem::exists(run_dir + "/trace.json")) trace = run_dir + "/trace.json";
+  if (!trace.empty()) {
+    int ranks = 0;
+    const std::vector<ExposedComm> rows = exposed_communication(trace, &ranks);
+    o << "<h2>Exposed communication by collective</h2>\n<p>From the trace " << html_escape(trace)
+      << " (" << ranks << " rank(s); time each rank's training thread was blocked in a collective, "
+      << "per rank over the traced steps).</p>\n";
+    if (rows.empty()) {
+      o << "<p>No exposed communication in the trace.</p>\n";
+    } else {
+      o << "<table id=\"exposed\"><tr><th style=\"text-align:left\">collective</th><th>waits</th>"
+        << "<th>ms</th><th>share</th></tr>\n";
+      for (const auto& r : rows)
+        o << "<tr><td style=\"text-align:left\">" << html_escape(r.what) << "</td><td>"
+          << num(r.count, 4) << "</td><td>" << num(r.seconds * 1e3, 4) << "</td><td>"
+          << num(100 * r.share, 3) << "%</td></tr>\n";
+      o << "</table>\n";
+    }
   }
   o << "<h2>Resolved configuration</h2>\n<pre id=\"config\">" << html_escape(config_text) << "</pre>\n";
   o << "</body></html>\n";

@@ -131,6 +131,11 @@ const std::vector<Field>& schema() {
       INT_FIELD("parallel.prefetch_depth", c.overlap.prefetch_depth,
                 "Z all-gathers of weights issued this many layers ahead (forward and backward; "
                 "0: gather when needed); one gathered layer of memory each"),
+      BOOL_FIELD("parallel.prefetch_across_steps", c.overlap.prefetch_across_steps,
+                 "the optimizer updates the weights the next forward gathers first (embedding, "
+                 "head, layers 0..prefetch_depth) first and starts their Z all-gathers while it "
+                 "updates the rest (needs prefetch_depth >= 1; no effect without Z or with a "
+                 "pipeline axis)"),
       BOOL_FIELD("parallel.cache_gathered_weights", c.overlap.cache_gathered_weights,
                  "keep every layer's gathered weights for the whole step (one gather per layer "
                  "per step, instead of per micro-batch and pass; costs Gz x the layer weights)"),

@@ -59,6 +59,7 @@ struct OverlapConfig {
   bool backward_allreduce = true;
   bool reduce_scatter = true;
   int prefetch_depth = 1;
+  bool prefetch_across_steps = true;
   bool cache_gathered_weights = false;
   bool dp_overlap = true;
   double dp_bucket_mb = 0;

@@ -1,6 +1,8 @@
 #include "tetrad/train/optimizer.hpp"
 
+#include <algorithm>
 #include <cmath>
+#include <limits>
 
 #include "tetrad/kernels/ops.hpp"
 
@@ -67,12 +69,20 @@ AdamW::AdamW(std::vector<DecayRange> ranges, int64_t total, const TrainConfig& t
 
 void AdamW::update(float* params, const float* grads, double lr, double grad_scale,
                    int64_t step) {
+  update(params, grads, lr, grad_scale, step, 0, std::numeric_limits<int64_t>::max());
+}
+
+void AdamW::update(float* params, const float* grads, double lr, double grad_scale, int64_t step,
+                   int64_t lo, int64_t hi) {
   for (const auto& r : ranges_) {
-    const int64_t so = r.state_offset < 0 ? r.offset : r.state_offset;
-    const int64_t go = r.grad_offset < 0 ? r.offset : r.grad_offset;
-    kernels::adamw_update<float>(params + r.offset, grads + go, m_.data() + so,
-                                 v_.data() + so, r.numel, float(lr), float(t_.beta1),
-                                 float(t_.beta2), float(t_.adam_eps),
+    // The part of this run inside [lo, hi); the update is elementwise, so any split is exact.
+    const int64_t a = std::max(lo, r.offset), b = std::min(hi, r.offset + r.numel);
+    if (a >= b) continue;
+    const int64_t skip = a - r.offset;
+    const int64_t so = (r.state_offset < 0 ? r.offset : r.state_offset) + skip;
+    const int64_t go = (r.grad_offset < 0 ? r.offset : r.grad_offset) + skip;
+    kernels::adamw_update<float>(params + a, grads + go, m_.data() + so, v_.data() + so, b - a,
+                                 float(lr), float(t_.beta1), float(t_.beta2), float(t_.adam_eps),
                                  r.decay ? float(t_.weight_decay) : 0.0f, float(grad_scale),
                                  step);
   }

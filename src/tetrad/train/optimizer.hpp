@@ -46,6 +46,10 @@ class AdamW {
   // One update of every parameter. grad_scale multiplies the gradients first (clipping).
   // `step` is 1-based (bias correction).
   void update(float* params, const float* grads, double lr, double grad_scale, int64_t step);
+  // The same for the parameters at buffer offsets [lo, hi) only (the rest untouched): an update
+  // split into intervals, in any order, gives the same bits as one whole update.
+  void update(float* params, const float* grads, double lr, double grad_scale, int64_t step,
+              int64_t lo, int64_t hi);
 
   float* m() { return m_.data(); }
   float* v() { return v_.data(); }

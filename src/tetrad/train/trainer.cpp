@@ -138,6 +138,7 @@ parallel::OverlapOptions overlap_options(const OverlapConfig& c) {
   o.backward_allreduce = c.backward_allreduce;
   o.reduce_scatter = c.reduce_scatter;
   o.prefetch_depth = c.prefetch_depth;
+  o.prefetch_across_steps = c.prefetch_across_steps;
   o.cache_gathered_weights = c.cache_gathered_weights;
   o.dp_overlap = c.dp_overlap;
   o.dp_bucket_mb = c.dp_bucket_mb;
@@ -382,7 +383,7 @@ TrainResult train(const RunConfig& cfg, const TrainOptions& opt, std::ostream& l
   const bool streamed_save = cfg.zero >= 1;  // see save() below
   auto save = [&](int64_t at_step, bool wait) {
     // Never replace a good checkpoint with weights that are no longer finite.
-    double sq = kernels::sum_squares(model.params(), model.num_local_params());
+    double sq = kernels::sum_squares(model.param_data(), model.num_local_params());
     if (world > 1) groups.world.allreduce_sum(&sq, 1);
     if (!std::isfinite(sq)) {
       out << "not writing a checkpoint at step " << at_step << ": the weights are not finite\n";
@@ -415,7 +416,7 @@ TrainResult train(const RunConfig& cfg, const TrainOptions& opt, std::ostream& l
         co.tokenizer_path = data.tokenizer_path;
         co.keep_last = t.keep_checkpoints;
         result.last_checkpoint = save_run_checkpoint_streamed(
-            cfg.run_dir, cfg.model, table, gather(model.params()), gather_state(adam.m()),
+            cfg.run_dir, cfg.model, table, gather(model.param_data()), gather_state(adam.m()),
             gather_state(adam.v()), at_step, {}, info, co);
         const double dt = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
         if (!opt.quiet) out << "checkpoint " << result.last_checkpoint << " (" << std::fixed
@@ -424,7 +425,7 @@ TrainResult train(const RunConfig& cfg, const TrainOptions& opt, std::ostream& l
         std::vector<float> tensor;
         for (size_t i = 0; i < table.specs.size(); ++i) {
           tensor.resize(size_t(table.specs[i].numel));
-          model.gather_tensor(model.params(), i, tensor.data());
+          model.gather_tensor(model.param_data(), i, tensor.data());
         }
         for (const float* local : {(const float*)adam.m(), (const float*)adam.v()})
           for (size_t i = 0; i < table.specs.size(); ++i) {
@@ -453,7 +454,7 @@ TrainResult train(const RunConfig& cfg, const TrainOptions& opt, std::ostream& l
     info.rng = {{"seed", t.seed}, {"generators", nlohmann::json::array()}};
     info.extra = {{"tokens_seen", at_step * tokens_per_step}, {"grid", shape.to_string()},
                   {"config", to_toml(cfg)}};
-    saver.begin(cfg.model, table, model.plan(), model.params(), adam.m(), adam.v(), info);
+    saver.begin(cfg.model, table, model.plan(), model.param_data(), adam.m(), adam.v(), info);
     if (wait || !t.async_checkpoint) {
       saver.finish();
       report_save();
@@ -603,11 +604,13 @@ TrainResult train(const RunConfig& cfg, const TrainOptions& opt, std::ostream& l
     }
     bad_steps = 0;
     const double clip = (t.grad_clip > 0 && gnorm > t.grad_clip) ? t.grad_clip / gnorm : 1.0;
-    {
+    // AdamW; with ZeRO every D replica then gets the pieces the others updated, and with
+    // parallel.prefetch_across_steps the next step's first weight gathers start meanwhile.
+    const float* grads = model.grads();
+    model.apply_update([&](float* params, int64_t lo, int64_t hi) {
       ScopedPhase sp(&prof, Phase::Optimizer, "adamw");
-      adam.update(model.params(), model.grads(), lr, clip, step + 1);
-    }
-    model.gather_updated_params();  // ZeRO: every D replica gets the pieces the others updated
+      adam.update(params, grads, lr, clip, step + 1, lo, hi);
+    });
     result.losses.push_back(loss);
 
     const auto t1 = std::chrono::steady_clock::now();
