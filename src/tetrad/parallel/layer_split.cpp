@@ -103,8 +103,9 @@ LayerSplit balanced_split(int n_layer, int p, int v, const StageCosts& costs) {
   const int V = p * v;
   (void)LayerSplit::even(n_layer, V);  // checks n_layer >= V
   if (!(costs.layer > 0) || costs.embedding < 0 || costs.head < 0)
-    fail("pipeline layer split: stage costs must be positive (layer ", costs.layer,
-         ", embedding ", costs.embedding, ", head ", costs.head, ")");
+    fail("pipeline layer split: a layer's cost must be positive and the embedding's and head's "
+         "non-negative (got layer ", costs.layer, ", embedding ", costs.embedding, ", head ",
+         costs.head, ")");
   // Cost of virtual stage j holding n layers.
   auto cost = [&](int j, int n) {
     return n * costs.layer + (j == 0 ? costs.embedding : 0.0) + (j == V - 1 ? costs.head : 0.0);
