@@ -65,6 +65,7 @@ check "plan table" grep -q "valid grids (x y z p d), fastest first" <<<"$plan_ou
 check "plan marks pipeline grids" grep -q "pipeline: not trainable yet\|^ *[0-9]* *[0-9]*x[0-9]*x[0-9]*x[2-8]x" <<<"$plan_out"
 check "plan json" bash -c "\"$TETRAD\" plan --model tiny --machine frontier --ranks 4 --json - | python3 -c 'import json,sys; j=json.load(sys.stdin); assert j[\"grids\"] and j[\"grids\"][0][\"valid\"]'"
 check "plan published" bash -c "\"$TETRAD\" plan --published | grep -q 'Megatron-LM.*| 163 |'"
+check "plan sweep lists pipeline grids" bash -c "\"$TETRAD\" plan --sweep-grids 4 | grep -q -- '--grid 1,1,1,4,1 .*--accumulate'"
 check "plan interleaved" bash -c "\"$TETRAD\" plan --model small --machine perlmutter --ranks 8 --global-batch 16 --micro-batch 2 --schedule interleaved --virtual-stages 2 | grep -q 'pipeline interleaved x2'"
 printf '[model]\nname = "small"\n[train]\nrecompute = "full"\n' > "$W/plan.toml"
 check "plan takes recompute and ZeRO from the config" bash -c "\"$TETRAD\" plan --model \"$W/plan.toml\" --machine perlmutter --ranks 8 -s parallel.zero=1 | grep -q 'recompute full, ZeRO 1'"

@@ -233,8 +233,10 @@ TEST(PlannerModel, BubbleIsTheTrainersSchedule) {
   for (auto [p, m, v] : {std::tuple{2, 4, 2}, {4, 8, 2}, {4, 16, 4}})
     EXPECT_NEAR(bubble_fraction(p, m, v),
                 parallel::simulate_pipeline(Schedule::Interleaved, p, m, v, 1.0 / v, 2.0 / v).bubble(), 1e-12);
-  // In a plan: interleaving two chunks per stage halves the bubble (the per-micro-batch time
-  // grows only by the extra point-to-point transfers).
+  // In a plan: interleaving two chunks per stage shrinks the bubble, but by less than half: 6
+  // layers over 4 virtual stages are 2, 2, 1, 1 layers and the head sits on the last, so the
+  // chunks are unequal and the trainer's schedule idles more than the equal-chunk (p-1)/(v m)
+  // (the imbalance docs/planner.md measured in the interleaved pipeline).
   PlanInput in = input("small", 4, 16, 2);
   const Grid5 g{1, 1, 1, 2, 2};
   const Estimate a = estimate(in, g, test_machine());
@@ -242,7 +244,8 @@ TEST(PlannerModel, BubbleIsTheTrainersSchedule) {
   in.virtual_stages = 2;
   const Estimate b = estimate(in, g, test_machine());
   ASSERT_TRUE(a.valid && b.valid) << a.reject << b.reject;
-  EXPECT_NEAR(b.bubble / a.bubble, 0.5, 0.02);
+  EXPECT_GT(b.bubble / a.bubble, 0.5);
+  EXPECT_LT(b.bubble / a.bubble, 0.9);
   EXPECT_LT(b.step, a.step);
   // Interleaving needs the micro-batches divisible by Gp, as the trainer does; and layers for
   // every virtual stage (small has 6: Gp = 2 x 4 chunks is too many).
@@ -562,4 +565,176 @@ TEST(PlannerAuto, PassesTheTrainersRecomputeZeroAndSchedule) {
   EXPECT_EQ(in.virtual_stages, 2);
   EXPECT_STREQ(name(in.recompute), "selective");
   EXPECT_THROW(parse_recompute("some"), Error);
+}
+
+TEST(PlannerModel, PipelineTimeIsTheTrainersScheduleOnTheTrainersSplit) {
+  // The even split (the trainer's default, parallel::LayerSplit::even), first stages one more.
+  EXPECT_EQ(pipeline_layer_split(6, 4), (std::vector<int>{2, 2, 1, 1}));
+  EXPECT_EQ(pipeline_layer_split(6, 2, 2), (std::vector<int>{2, 2, 1, 1}));  // j = chunk·p + stage
+  EXPECT_EQ(pipeline_layer_split(4, 4), (std::vector<int>{1, 1, 1, 1}));
+  // Equal stages: the makespan is the textbook (1 + (p-1)/(v m)) x the busiest stage.
+  auto equal = [](int, const parallel::PipeOp& op) { return op.forward ? 1.0 : 2.0; };
+  for (auto [p, m] : {std::pair{2, 2}, {4, 4}, {4, 16}}) {
+    const PipelineTime t = pipeline_time(Schedule::OneFOneB, p, m, 1, equal);
+    EXPECT_TRUE(t.simulated);
+    EXPECT_DOUBLE_EQ(t.busiest, 3.0 * m);
+    EXPECT_NEAR(t.makespan, t.busiest * (1 + bubble_fraction(p, m)), 1e-9);
+  }
+  // Unequal stages (a heavier last stage, like the head's): the trainer's schedule simulated
+  // with those op times, which costs more than the busiest stage's textbook bubble.
+  auto heavy_last = [](int st, const parallel::PipeOp& op) { return (op.forward ? 1.0 : 2.0) * (st == 3 ? 1.5 : 1.0); };
+  const PipelineTime u = pipeline_time(Schedule::OneFOneB, 4, 4, 1, heavy_last);
+  const parallel::PipelineTiming ref = parallel::simulate_pipeline(
+      Schedule::OneFOneB, 4, 4, 1, [&](int st, size_t, const parallel::PipeOp& op) { return heavy_last(st, op); });
+  EXPECT_DOUBLE_EQ(u.makespan, ref.makespan);
+  EXPECT_EQ(u.busiest_stage, 3);
+  EXPECT_DOUBLE_EQ(u.busiest, 4 * 4.5);
+  // Too many ops to simulate (thousands of ranks): the closed form on the busiest stage.
+  const PipelineTime big = pipeline_time(Schedule::OneFOneB, 64, 512, 1, equal);
+  EXPECT_FALSE(big.simulated);
+  EXPECT_NEAR(big.makespan, big.busiest * (1 + bubble_fraction(64, 512)), 1e-6);
+  // In a plan: a pipeline grid's step is its schedule's makespan plus what follows the flush.
+  PlanInput in = input("small", 2, 8, 4);
+  in.model.n_layer = 4;
+  const Estimate e = estimate(in, Grid5{1, 1, 1, 2, 1}, test_machine(2));
+  ASSERT_TRUE(e.valid) << e.reject;
+  EXPECT_GT(e.bubble, 0);
+  EXPECT_NEAR(e.step, e.compute + e.comm_exposed + e.bubble + e.contention + e.optimizer, 1e-9 * e.step);
+}
+
+TEST(PlannerModel, OverlapContentionCostsTheComputeItHidesBehind) {
+  // The pair's arithmetic: compute at 1 - f while the collective runs.
+  EXPECT_DOUBLE_EQ(overlap_contention(1.0, 2.0, 0.0), 0.0);
+  EXPECT_NEAR(overlap_contention(1.0, 2.0, 0.1), 0.1, 1e-12);  // 2 + 0.1·1 - 2
+  EXPECT_DOUBLE_EQ(overlap_contention(3.0, 1.0, 0.1), 0.0);    // slowed compute fits inside
+  EXPECT_NEAR(overlap_contention(1.0, 0.95, 0.1), 0.95 + 0.1 - 1.0, 1e-12);
+  // In a plan: Z-sharded grid with its collectives overlapped (AxoNN's OAG/ORS). Taking SMs from
+  // the GEMMs makes the step slower than the same plan with overlapped collectives free; without
+  // overlap nothing runs beside the compute and nothing changes.
+  Machine gpu = load_machine("perlmutter");
+  ASSERT_GT(gpu.collective_units, 0);
+  Machine free_comm = gpu;
+  free_comm.collective_units = 0;
+  PlanInput in = input("gpt2-124m", 8, 64, 0);
+  in.micro_batch = 0;
+  in.micro_batch_per_replica = 8;
+  in.precision = Precision::BF16;
+  in.overlap = Overlap::Tensor;
+  const Grid5 g{1, 1, 8, 1, 1};
+  const Estimate with = estimate(in, g, gpu), without = estimate(in, g, free_comm);
+  ASSERT_TRUE(with.valid && without.valid) << with.reject << without.reject;
+  EXPECT_GT(with.contention, 0);
+  EXPECT_GT(with.step, without.step);
+  EXPECT_DOUBLE_EQ(without.contention, 0);
+  EXPECT_NEAR(with.step - without.step, with.contention, 1e-9 * with.step);
+  in.overlap = Overlap::None;
+  EXPECT_DOUBLE_EQ(estimate(in, g, gpu).step, estimate(in, g, free_comm).step);
+  // The published rows: Megatron overlaps nothing (unchanged); AxoNN's overlapped Z collectives
+  // cost it throughput.
+  const auto rows = published_results();
+  EXPECT_DOUBLE_EQ(rows[0].predicted, rows[0].predicted_without_contention);
+  EXPECT_LT(rows[1].predicted, rows[1].predicted_without_contention);
+  EXPECT_GT(rows[1].estimate.contention, 0);
+}
+
+TEST(PlannerModel, XSplitPenaltyGrowsWithGx) {
+  // Against data parallelism on the same ranks, the X split replicates attention and the
+  // [T, ·/Gy] work, keeps every token on every rank (the weight gradient reduces over all of
+  // them) and adds forward all-reduces: the penalty grows with Gx.
+  PlanInput in = input("small", 4, 4, 4);
+  const Machine m = test_machine(4);
+  const double dp = estimate(in, Grid5{1, 1, 1, 1, 4}, m).step;
+  const double x2 = estimate(in, Grid5{2, 1, 1, 1, 2}, m).step;
+  const double x4 = estimate(in, Grid5{4, 1, 1, 1, 1}, m).step;
+  EXPECT_GT(x2, dp);
+  EXPECT_GT(x4 / dp - 1, 1.5 * (x2 / dp - 1));
+}
+
+TEST(PlannerModel, WeightGradientGemmsUseTheirOwnVariant) {
+  // The trainer's weight gradient is C[n_out, k_in] = dY^T A (tn), reduced over the rank's tokens.
+  // A machine whose tn GEMMs are slow when an output side is as thin as H / 2 = 256 (what X = 2
+  // leaves `small`) slows the X split's weight gradients only; data parallelism's tn GEMMs are
+  // at least 512 wide and keep their time. The forward (nt) and input gradient (nn) rows are
+  // unchanged between the two machines.
+  PlanInput in = input("small", 2, 4, 4);
+  Machine flat = test_machine(2), slow_tn = flat;
+  for (GemmOp op : {GemmOp::NN, GemmOp::NT, GemmOp::TN})
+    for (int a : {256, 512, 2048})
+      for (int b : {256, 512, 2048})
+        for (int c : {256, 512, 2048}) {
+          flat.gemm_shapes.push_back({a, b, c, 0.7, op});
+          const bool thin = op == GemmOp::TN && (a == 256 || b == 256);
+          slow_tn.gemm_shapes.push_back({a, b, c, thin ? 0.35 : 0.7, op});
+        }
+  EXPECT_DOUBLE_EQ(slow_tn.gemm_eff(1536, 256, 2048, false, GemmOp::TN), 0.35);
+  EXPECT_DOUBLE_EQ(slow_tn.gemm_eff(2048, 256, 2048, false, GemmOp::NN), 0.7);
+  const Grid5 xs{2, 1, 1, 1, 1}, dp{1, 1, 1, 1, 2};
+  const Estimate x_flat = estimate(in, xs, flat), x_slow = estimate(in, xs, slow_tn);
+  const Estimate d_flat = estimate(in, dp, flat), d_slow = estimate(in, dp, slow_tn);
+  EXPECT_GT(x_slow.compute_gemm, 1.2 * x_flat.compute_gemm);
+  EXPECT_NEAR(d_slow.compute_gemm, d_flat.compute_gemm, 1e-9 * d_flat.compute_gemm);
+  EXPECT_NEAR(x_slow.compute - x_flat.compute, x_slow.compute_gemm - x_flat.compute_gemm, 1e-9 * x_flat.compute);
+  // A file whose lattice has only "nn" rows (measured before the variants) prices all three alike.
+  Machine nn_only = test_machine(2);
+  for (int a : {256, 2048})
+    for (int b : {256, 2048})
+      for (int c : {256, 2048}) nn_only.gemm_shapes.push_back({a, b, c, c == 256 ? 0.3 : 0.6});
+  EXPECT_DOUBLE_EQ(nn_only.gemm_eff(2048, 2048, 256, false, GemmOp::TN), 0.3);
+  EXPECT_DOUBLE_EQ(nn_only.gemm_eff(2048, 2048, 2048, false, GemmOp::NT), 0.6);
+}
+
+TEST(PlannerMachine, VariantLatticeAndCollectiveUnitsRoundTrip) {
+  Machine m = test_machine();
+  m.compute_units = 108;
+  m.collective_units = 8;
+  for (GemmOp op : {GemmOp::NN, GemmOp::NT, GemmOp::TN})
+    for (int a : {128, 1024})
+      for (int b : {128, 1024})
+        for (int c : {128, 1024}) m.gemm_shapes.push_back({a, b, c, op == GemmOp::TN ? 0.3 : 0.6, op});
+  const std::string path = std::string(TETRAD_BINARY_DIR) + "/planner_machine_variants.toml";
+  std::ofstream(path) << machine_to_toml(m);
+  const Machine r = load_machine_file(path);
+  EXPECT_EQ(r.collective_units, 8);
+  EXPECT_NEAR(r.contended_fraction(), 8.0 / 108, 1e-12);
+  ASSERT_EQ(r.gemm_shapes.size(), 24u);
+  EXPECT_DOUBLE_EQ(r.gemm_eff(500, 500, 500, false, GemmOp::TN), 0.3);
+  EXPECT_DOUBLE_EQ(r.gemm_eff(500, 500, 500, false, GemmOp::NT), 0.6);
+  // More units held by a collective than the machine has is refused, naming the key.
+  m.collective_units = 108;
+  std::ofstream(path) << machine_to_toml(m);
+  try {
+    load_machine_file(path);
+    ADD_FAILURE() << "expected an error";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("collective_units"), std::string::npos) << e.what();
+  }
+  std::filesystem::remove(path);
+  EXPECT_THROW(parse_gemm_op("tt"), Error);
+  // Every shipped GPU file takes the same rule: two channels (SMs) per NIC of the node.
+  EXPECT_EQ(load_machine("perlmutter").collective_units, 8);
+  EXPECT_EQ(load_machine("dgx-a100").collective_units, 16);
+}
+
+TEST(PlannerValidation, SweepCoversPipelineGrids) {
+  // The local sweep runs every grid of 2 and 4 ranks the planner accepts, pipeline grids included,
+  // each accumulating the same micro-batches.
+  const auto two = local_sweep_grids(2), four = local_sweep_grids(4);
+  auto has = [](const std::vector<Grid5>& v, Grid5 g) { return std::find(v.begin(), v.end(), g) != v.end(); };
+  EXPECT_EQ(two.size(), 5u);
+  EXPECT_TRUE(has(two, Grid5{1, 1, 1, 2, 1}));
+  EXPECT_EQ(four.size(), 15u);
+  for (Grid5 g : {Grid5{1, 1, 1, 4, 1}, Grid5{2, 1, 1, 2, 1}, Grid5{1, 2, 1, 2, 1}, Grid5{1, 1, 2, 2, 1},
+                  Grid5{1, 1, 1, 2, 2}})
+    EXPECT_TRUE(has(four, g)) << g.to_string();
+  const SweepConfig sc = local_sweep_config(4);
+  EXPECT_EQ(sc.micro_batches, 4);
+  const PlanInput in = sweep_plan_input(sc, 4);
+  for (const Grid5& g : four) {
+    const Estimate e = estimate(in, g, test_machine(4));
+    ASSERT_TRUE(e.valid) << g.to_string() << ": " << e.reject;
+    EXPECT_EQ(e.micro_batches, 4);
+    if (g.p == 4) EXPECT_GT(e.bubble, 0.5 * e.step * 0.75 / 1.75);  // (p-1)/m = 3/4 of the busiest stage
+  }
+  const std::string args = local_sweep_bench_args(2);
+  EXPECT_NE(args.find("--grid 1,1,1,2,1 --layers 4 --seq 256 --micro-batches 2 --accumulate"), std::string::npos) << args;
 }

@@ -57,8 +57,13 @@ void run_plan_command(const std::string& model, const std::vector<std::string>& 
                       const std::string& precision, const std::string& recompute, int zero,
                       const std::string& overlap, bool no_pipeline, int top, int show_rejected,
                       const std::string& json_path, const std::string& measure_out, int threads,
-                      bool quick, const std::string& compare, bool published, bool under_mpi) {
+                      bool quick, const std::string& compare, bool published, bool under_mpi,
+                      int sweep_ranks) {
   using namespace planner;
+  if (sweep_ranks > 0) {  // the local validation sweep's grids, as `tetrad bench --grids` arguments
+    std::cout << local_sweep_bench_args(sweep_ranks);
+    return;
+  }
   int rank = 0;
   if (under_mpi) MPI_Comm_rank(MPI_COMM_WORLD, &rank);
   if (!measure_out.empty()) {
@@ -268,6 +273,12 @@ int main(int argc, char** argv) {
       ->capture_default_str();
   bench->add_option("--layers", bopt.layers, "replace the configuration's layer count (0: keep)")
       ->capture_default_str();
+  bench->add_flag("--accumulate", bopt.accumulate,
+                  "with --grids: grids without a pipeline also run --micro-batches micro-batches per "
+                  "step (gradient accumulation), so every grid does the same work per step");
+  bench->add_option("--seq", bopt.seq,
+                    "with --grids: tokens per sequence (0: the configuration's max_seq)")
+      ->capture_default_str();
   bench->add_option("--anchor", bopt.anchor_cmd,
                     "command running the PyTorch anchor (default: bench/pytorch_gpt2.py if "
                     "torch is importable; 'none' to skip)");
@@ -347,6 +358,7 @@ int main(int argc, char** argv) {
     std::vector<std::string> sets;
     int64_t global_batch = 0, micro_batch = 0, micro_batch_per_replica = 0;
     int seq = 0, zero = -1, ranks = 0, top = 30, threads = 1, show_rejected = 20, virtual_stages = 0;
+    int sweep_grids = 0;
     bool no_pipeline = false, published = false, quick = false;
   } po;
   auto* plan_cmd = app.add_subcommand(
@@ -392,6 +404,9 @@ int main(int argc, char** argv) {
                        "JSON lines of `tetrad bench --grids --json`: predicted vs measured per grid");
   plan_cmd->add_flag("--published", po.published,
                      "the published rows of performance-model.md: predicted vs reported");
+  plan_cmd->add_option("--sweep-grids", po.sweep_grids,
+                       "print the local validation sweep's grids of N ranks (pipeline grids "
+                       "included) as `tetrad bench --grids` arguments, one line each");
 
   try {
     app.parse(argc, argv);
@@ -474,7 +489,8 @@ int main(int argc, char** argv) {
       run_plan_command(po.model, po.sets, po.machine, po.ranks, po.global_batch, po.micro_batch,
                        po.micro_batch_per_replica, po.seq, po.precision, po.recompute, po.zero,
                        po.overlap, po.no_pipeline, po.top, po.show_rejected, po.json,
-                       po.measure_out, po.threads, po.quick, po.compare, po.published, mpi != nullptr);
+                       po.measure_out, po.threads, po.quick, po.compare, po.published, mpi != nullptr,
+                       po.sweep_grids);
     } else if (*memo) {
       memo_cmd.model_dir = resolve_model_dir(model_dir);
       run_memorization_command(memo_cmd, std::cout);

@@ -141,6 +141,18 @@ else
   echo "FAIL grid auto"; cat "$W/log"; fails=$((fails+1))
 fi
 
+# bench --grids --accumulate (the planner's local sweep): a grid without a pipeline runs the
+# --micro-batches of a step as gradient accumulation, at --seq tokens, and says so in its JSON line
+# (tokens per step = 4 sequences x 16 tokens x 3 micro-batches).
+"${MPIRUN[@]}" -n 2 "$TETRAD" bench --grids --configs tiny --grid 1,1,1,1,2 --accumulate --micro-batches 3 \
+  --seq 16 --steps 1 --warmup 0 --overlap off --threads 1 --json "$W/acc.jsonl" > "$W/log" 2>&1 ||
+  { cat "$W/log"; fails=$((fails+1)); }
+if python3 -c "import json,sys; j = json.loads(open(sys.argv[1]).readline()); assert (j['micro_batches'], j['seq']) == (3, 16); assert abs(j['tokens_per_s'] * j['median_step_s'] - 192) < 1e-6" "$W/acc.jsonl"; then
+  echo "ok   bench --accumulate --seq"
+else
+  echo "FAIL bench --accumulate --seq"; cat "$W/log"; fails=$((fails+1))
+fi
+
 out=$("${MPIRUN[@]}" -n 2 "$TETRAD" train "${S[@]}" --set run.dir="$W/bad" --grid 2,2,1,1 2>&1)
 if grep -q "needs 4 ranks" <<<"$out"; then echo "ok   wrong grid refused"; else echo "FAIL wrong grid: $out"; fails=$((fails+1)); fi
 echo "$fails failed"

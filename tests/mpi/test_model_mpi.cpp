@@ -119,6 +119,46 @@ TEST(ParallelLayers, LlamaGradientOfEveryTensorMatchesSerialOnEveryGrid) {
 TEST(ParallelContract, Gpt2EveryGridTrainsLikeOneRank) { check_all_grids(Family::GPT2); }
 TEST(ParallelContract, LlamaEveryGridTrainsLikeOneRank) { check_all_grids(Family::Llama); }
 
+// The token embedding's gradient exchanged over Z as the rows the batch touched (tied GPT-2: the
+// head's dense part reduce-scattered early; untied Llama: rows only) trains like the dense
+// reduce-scatter of the whole block, within fp32 rounding (the additions come in another order).
+void check_sparse_embedding(Family family) {
+  const ModelConfig mc = test_model(family);
+  int sparse_grids = 0;
+  for (const GridShape& shape : factorizations(world_size())) {
+    if (shape.z == 1) continue;
+    try {
+      validate_grid_for_model(mc, shape);
+      if (kB % (shape.z * shape.d) != 0) throw Error("batch does not divide");
+    } catch (const Error&) {
+      continue;
+    }
+    ProcessGroups g(comm::Communicator::world(), shape);
+    ParallelOptions sparse, dense;
+    dense.sparse_embedding_grad = false;
+    {
+      ParallelTransformer probe(mc, g, kB / (shape.z * shape.d), kT, sparse);
+      if (!probe.sparse_embedding_grad()) continue;  // more rows than the block: dense is chosen
+      ParallelTransformer off(mc, g, kB / (shape.z * shape.d), kT, dense);
+      EXPECT_FALSE(off.sparse_embedding_grad());
+    }
+    ++sparse_grids;
+    const Run a = parallel_run(mc, g, 5, sparse), b = parallel_run(mc, g, 5, dense);
+    const std::string where = family_name(family) + " grid " + shape.to_string();
+    for (int s = 0; s < 5; ++s) EXPECT_NEAR(a.losses[s] / b.losses[s], 1.0, 1e-5) << where;
+    std::string worst_name;
+    EXPECT_LT(worst_weight_difference(a, b, mc, &worst_name), 2e-4) << where << ": " << worst_name;
+  }
+  if (world_size() >= 2) EXPECT_GT(sparse_grids, 0) << "no grid of this size took the sparse path";
+}
+
+TEST(ParallelContract, Gpt2SparseEmbeddingGradientTrainsLikeTheDenseOne) {
+  check_sparse_embedding(Family::GPT2);
+}
+TEST(ParallelContract, LlamaSparseEmbeddingGradientTrainsLikeTheDenseOne) {
+  check_sparse_embedding(Family::Llama);
+}
+
 TEST(ParallelContract, GridThatDoesNotDivideTheModelIsRefused) {
   ModelConfig mc = test_model(Family::GPT2);
   GridShape g{1, 3, 1, 1};

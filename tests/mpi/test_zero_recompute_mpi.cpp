@@ -183,6 +183,29 @@ TEST(ZeroOverlap, OverlapOnIsBitIdenticalToOff) {
   }
 }
 
+// ZeRO's reduce-scatters over D go in chunks of ParallelOptions::reduce_scatter_chunk_bytes (to
+// bound Open MPI's temporaries); a chunk of 3 floats per rank cuts every piece of the tiny model
+// into many chunks, with a short last one: bit-identical to the default (one call per tensor).
+TEST(ZeroChunks, ChunkedReduceScatterIsBitIdentical) {
+  const int steps = 3;
+  const ModelConfig mc = tiny_model(Family::GPT2, 2);
+  for (const GridShape& shape : zero_grids(world_size())) {
+    ProcessGroups g(comm::Communicator::world(), shape);
+    for (int zero : {1, 2}) {
+      ParallelOptions po{Recompute::None, zero};
+      const contract::Run whole = parallel_run(mc, g, steps, po);
+      po.reduce_scatter_chunk_bytes = int64_t(3 * sizeof(float)) * shape.d;
+      const contract::Run chunked = parallel_run(mc, g, steps, po);
+      const std::string where = describe(Family::GPT2, shape, po) + " chunked";
+      for (int s = 0; s < steps; ++s) {
+        EXPECT_EQ(whole.losses[s], chunked.losses[s]) << where << " step " << s + 1;
+        EXPECT_EQ(whole.grad_norms[s], chunked.grad_norms[s]) << where << " step " << s + 1;
+      }
+      EXPECT_EQ(worst_weight_difference(chunked, whole, mc), 0.0) << where;
+    }
+  }
+}
+
 TEST(RecomputeContract, Gpt2EveryModeIsBitIdentical) { check_recompute(Family::GPT2); }
 TEST(RecomputeContract, LlamaEveryModeIsBitIdentical) { check_recompute(Family::Llama); }
 

@@ -51,6 +51,8 @@ ParallelTransformer::ParallelTransformer(const ModelConfig& config, ProcessGroup
     fail("parallel.zero: expected 0, 1 or 2 (ZeRO stage over the data axis), got ", opt_.zero);
   if (opt_.virtual_stages < 1)
     fail("parallel.virtual_stages must be at least 1, got ", opt_.virtual_stages);
+  if (opt_.reduce_scatter_chunk_bytes < 1)
+    fail("reduce-scatter chunk size must be at least 1 byte, got ", opt_.reduce_scatter_chunk_bytes);
   if (ov_.prefetch_depth < 0) fail("parallel.prefetch_depth must be >= 0, got ", ov_.prefetch_depth);
   if (ov_.forward_chunks < 1) fail("parallel.forward_chunks must be >= 1, got ", ov_.forward_chunks);
   if (!(ov_.dp_bucket_mb >= 0)) fail("parallel.dp_bucket_mb must be >= 0, got ", ov_.dp_bucket_mb);
@@ -175,6 +177,16 @@ ParallelTransformer::ParallelTransformer(const ModelConfig& config, ProcessGroup
     gblock_[1] = Buffer<float>(layer_max);
     gblock_top_ = Buffer<float>(top);
   }
+  if (opt_.sparse_embedding_grad && G.z > 1 && G.p == 1 && opt_.zero != 2) {
+    // Rows plus ids against the dense block: worth it when the Z group's tokens are fewer than
+    // this rank's vocabulary rows.
+    const int64_t rows = int64_t(G.z) * local_batch * max_len;
+    sparse_embedding_ = rows * (Cx_ + 1) < Vy_ * Cx_;
+    if (sparse_embedding_) {
+      emb_rows_ = Buffer<float>(size_t(rows * Cx_));
+      emb_ids_ = Buffer<int32_t>(size_t(rows));
+    }
+  }
   rs_remaining_.assign(size_t(cfg_.n_layer) + 1, 0);
   final_sharded_.assign(size_t(cfg_.n_layer) + 1, 0);
   final_repl_.assign(size_t(cfg_.n_layer) + 1, 0);
@@ -249,7 +261,7 @@ int64_t ParallelTransformer::state_bytes() const {
   const size_t n = params_.size() + grads_.size() + 2 * size_t(zl_.state_size) + gathered +
                    gathered_top_.size() + gblock_[0].size() + gblock_[1].size() +
                    gblock_top_.size() + scatter_tmp_.size() + zero_tmp_.size() +
-                   bucket_buf_.size();
+                   bucket_buf_.size() + emb_rows_.size() + emb_ids_.size();
   return int64_t(n * sizeof(float));
 }
 
@@ -503,17 +515,37 @@ void ParallelTransformer::zero_layer_grad_blocks(int layer) {
 }
 
 // piece[piece_[i]] = this D rank's piece of Σ_D shard (the shard zero-padded to Gd pieces).
+//
+// In chunks of at most ParallelOptions::reduce_scatter_chunk_bytes per call: Open MPI's
+// non-blocking reduce-scatter (coll/libnbc, which every collective here goes through) allocates
+// a temporary of twice the whole message for each call, 32 MiB for the 16 MiB embedding
+// gradient of the small configuration, the largest part of the memory benchmark's excess over
+// the formula (found with heaptrack, docs/parallel.md "Memory per rank"). Chunk [a, a + len) of
+// every piece is packed into the front of zero_tmp_ (the piece itself lies behind the Gd q
+// padded elements) and reduce-scattered on its own. Every element is still summed over the same
+// D ranks by the same algorithm, so the result does not depend on the chunking; every D rank
+// makes the same calls (q and Gd are the same there).
 void ParallelTransformer::reduce_scatter_d(size_t i, const float* shard, float* piece) {
-  const int64_t n = plan_.tensors[i].shard_numel, q = piece_[i];
-  if (g_.shape.d == 1) {
+  const int64_t n = plan_.tensors[i].shard_numel, q = piece_[i], Gd = g_.shape.d;
+  if (Gd == 1) {
     std::memcpy(piece, shard, n * sizeof(float));
     return;
   }
-  float* padded = zero_tmp_.data();
-  std::memcpy(padded, shard, n * sizeof(float));
-  std::fill(padded + n, padded + q * g_.shape.d, 0.0f);
-  q_.run(g_.d.ireduce_scatter_sum(padded, piece, size_t(q)), g_.d, "reduce_scatter",
-         "dW pieces over D", plan_.tensors[i].spec->layer, q * g_.shape.d * int64_t(sizeof(float)));
+  const int64_t chunk =
+      std::max<int64_t>(1, opt_.reduce_scatter_chunk_bytes / (int64_t(sizeof(float)) * Gd));
+  float* packed = zero_tmp_.data();
+  for (int64_t a = 0; a < q; a += chunk) {
+    const int64_t len = std::min(chunk, q - a);
+    for (int64_t d = 0; d < Gd; ++d) {
+      // Elements [d q + a, d q + a + len) of the shard zero-padded to Gd q.
+      const int64_t first = d * q + a;
+      const int64_t have = std::clamp<int64_t>(n - first, 0, len);
+      if (have > 0) std::memcpy(packed + d * len, shard + first, size_t(have) * sizeof(float));
+      std::fill(packed + d * len + have, packed + (d + 1) * len, 0.0f);
+    }
+    q_.run(g_.d.ireduce_scatter_sum(packed, piece + a, size_t(len)), g_.d, "reduce_scatter",
+           "dW pieces over D", plan_.tensors[i].spec->layer, len * Gd * int64_t(sizeof(float)));
+  }
 }
 
 void ParallelTransformer::scatter_layer_grads(int layer) {
@@ -569,6 +601,76 @@ void ParallelTransformer::scatter_layer_grads(int layer) {
       if (ov_.reduce_scatter) tickets.push_back(ticket);
       else q_.wait(ticket);
     }
+}
+
+// The sparse embedding gradient's top-level reduce-scatters over Z, in two parts: the head tensor
+// right after the head's backward (tied: the embedding's dense part, which nothing adds to
+// afterwards), the other Z-sharded top tensors but the embedding after the embedding's backward.
+// The embedding's rows (accumulate_embedding_rows) count as one more completion of the top.
+void ParallelTransformer::scatter_top_grads(bool head_part) {
+  const bool last = last_micro_batch();
+  float* buf = gblock_top_.data();
+  auto& tickets = rs_tickets_[2];
+  int& remaining = rs_remaining_[0];
+  auto scattered = [&](int i) {  // an untied embedding has no dense part to reduce
+    const TensorShard& t = plan_.tensors[size_t(i)];
+    return t.spec->layer < 0 && t.z_sharded && (i == head_ || i != wte_);
+  };
+  if (head_part) {
+    tickets.clear();
+    remaining = 1;  // the rows
+    for (int i = 0; i < int(plan_.tensors.size()); ++i) remaining += scattered(i);
+  }
+  for (int i = 0; i < int(plan_.tensors.size()); ++i) {
+    if (!scattered(i) || (i == head_) != head_part) continue;
+    const TensorShard& t = plan_.tensors[size_t(i)];
+    float* land = scatter_tmp_.data() + t.offset;
+    float* gp = grads_.data() + t.offset;
+    const int64_t n = t.shard_numel;
+    auto done = [this, land, gp, n, last, &remaining] {
+      k::add_inplace(gp, land, n);
+      if (--remaining == 0 && last) layer_final(-1, true);
+    };
+    const auto ticket = q_.start(g_.z.ireduce_scatter_sum(buf + t.block_offset, land, size_t(n)),
+                                 g_.z, "reduce_scatter", "dW", -1,
+                                 n * g_.shape.z * int64_t(sizeof(float)), done);
+    if (i == head_) head_rs_ticket_ = ticket;
+    if (ov_.reduce_scatter) tickets.push_back(ticket);
+    else q_.wait(ticket);
+  }
+}
+
+// This rank's shard of the token embedding's gradient += every Z rank's embedding-output
+// gradient rows at their tokens, in Z-rank then token order (after the head's dense part, so
+// the additions have one order whatever the overlap does).
+void ParallelTransformer::accumulate_embedding_rows(int64_t N) {
+  const int64_t Z = g_.shape.z, rows = Z * N;
+  q_.run(g_.z.iallgather(a_->dresid, emb_rows_.data(), size_t(N * Cx_)), g_.z, "allgather",
+         "embedding rows", -1, rows * Cx_ * int64_t(sizeof(float)));
+  q_.wait(emb_ids_ticket_);
+  if (head_ == wte_) q_.wait(head_rs_ticket_);
+  const TensorShard& t = plan_.tensors[size_t(wte_)];
+  const int64_t s0 = int64_t(g_.z.rank()) * t.shard_numel, s1 = s0 + t.shard_numel;
+  float* gp = grads_.data() + t.offset;
+  const int64_t v0 = Vy_ * g_.coord.y;
+  const float* R = emb_rows_.data();
+  const int32_t* ids = emb_ids_.data();
+  {
+    ScopedPhase sp(prof_, Phase::Embedding, "rows");
+    constexpr int64_t kBlock = 64;
+#pragma omp parallel for schedule(static)
+    for (int64_t c0 = 0; c0 < Cx_; c0 += kBlock) {
+      const int64_t c1 = std::min(Cx_, c0 + kBlock);
+      for (int64_t r = 0; r < rows; ++r) {
+        const int64_t v = ids[r] - v0;
+        if (v < 0 || v >= Vy_) continue;
+        const int64_t e = v * Cx_;  // the row's first element in the block
+        const int64_t lo = std::max(c0, s0 - e), hi = std::min(c1, s1 - e);
+        for (int64_t c = lo; c < hi; ++c) gp[e + c - s0] += R[r * Cx_ + c];
+      }
+    }
+  }
+  if (--rs_remaining_[0] == 0 && last_micro_batch()) layer_final(-1, true);
 }
 
 // Buckets in the order their gradients become final: layers from the last to the first, then the
@@ -1163,10 +1265,15 @@ void ParallelTransformer::backward_chunk(int l0, int l1, bool embed, bool head,
     gather_layer(-1);
     zero_layer_grad_blocks(-1);
   }
+  if (sparse_embedding_ && embed)  // the token ids the Z group's embedding rows belong to
+    emb_ids_ticket_ = q_.start(g_.z.iallgather(inputs, emb_ids_.data(), size_t(N)), g_.z,
+                               "allgather", "embedding ids", -1,
+                               N * g_.shape.z * int64_t(sizeof(int32_t)));
   if (head) {
     const float* x_last = l1 > 0 ? a.layer[l1 - 1].resid_out : a.emb;
     // Head: dlogits [N, Vy] -> dlnf [N, Cx] (sum over Y), d(head block): a normal layer.
     linear_bwd("head", a.dln, a.logits, a.lnf, head_, -1, Cx_, Vy_, g_.y);
+    if (sparse_embedding_) scatter_top_grads(/*head_part=*/true);
     std::fill(a.dresid, a.dresid + N * Cx_, 0.0f);
     norm_bwd(a.dresid, a.dln, x_last, a.lnf_mean, a.lnf_rstd, lnf_w_, lnf_b_);
   } else {
@@ -1214,7 +1321,7 @@ void ParallelTransformer::backward_chunk(int l0, int l1, bool embed, bool head,
 
   if (embed) {
     ScopedPhase sp(prof_, Phase::Embedding);
-    float* dE = gw(wte_);
+    float* dE = sparse_embedding_ ? nullptr : gw(wte_);  // sparse: accumulate_embedding_rows
     const int64_t v0 = Vy_ * g_.coord.y;
     float* dP = gw(wpe_);
     constexpr int64_t kBlock = 64;
@@ -1224,7 +1331,7 @@ void ParallelTransformer::backward_chunk(int l0, int l1, bool embed, bool head,
       for (int64_t t = 0; t < N; ++t) {
         const float* dr = a.dresid + t * Cx_;
         const int64_t v = inputs[t] - v0;
-        if (v >= 0 && v < Vy_)
+        if (dE && v >= 0 && v < Vy_)
           for (int64_t c = c0; c < c1; ++c) dE[v * Cx_ + c] += dr[c];
         if (dP)
           for (int64_t c = c0; c < c1; ++c) dP[(t % T) * Cx_ + c] += dr[c];
@@ -1232,7 +1339,12 @@ void ParallelTransformer::backward_chunk(int l0, int l1, bool embed, bool head,
     }
   }
   if (embed || head) {
-    scatter_layer_grads(-1);
+    if (sparse_embedding_) {  // Gp = 1: embed and head together
+      scatter_top_grads(/*head_part=*/false);
+      accumulate_embedding_rows(N);
+    } else {
+      scatter_layer_grads(-1);
+    }
     if (last_micro_batch()) layer_final(-1, false);
   }
 }

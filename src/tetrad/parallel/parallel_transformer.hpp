@@ -71,7 +71,16 @@ struct ParallelOptions {
   Recompute recompute = Recompute::None;
   int zero = 0;
   int virtual_stages = 1;  // pipeline chunks per stage (interleaved schedule; Gp > 1 only)
+  // With Z > 1: the token embedding's gradient is exchanged as the rows the micro-batch touched
+  // (an all-gather of N x C/Gx values and N ids over Z) instead of a reduce-scatter of the whole
+  // V/Gy x C/Gx block, when that moves less (Gz N < V/Gy); the head's dense part (tied) starts
+  // its reduce-scatter right after the head's backward. Gp = 1 and ZeRO < 2 only.
+  bool sparse_embedding_grad = true;
   OverlapOptions overlap = OverlapOptions::all_off();
+  // Largest message of one ZeRO reduce-scatter over D (larger ones go in chunks): bounds Open
+  // MPI's temporary, twice the message per call (docs/parallel.md, "Memory per rank"). Results
+  // do not depend on it; tests make it tiny to run many chunks.
+  int64_t reduce_scatter_chunk_bytes = int64_t(4) << 20;
   // parallel.pipeline_layers: how the layers split into the Gp x virtual_stages virtual stages
   // ("even", "balanced" or a comma list; layer_split.hpp). Gp > 1 only.
   std::string pipeline_layers = "even";
@@ -161,6 +170,8 @@ class ParallelTransformer {
   void begin_step(int micro_batches);
   // The switches in effect (dp_overlap cleared with ZeRO or Gp > 1).
   const OverlapOptions& overlap() const { return ov_; }
+  // Whether the embedding gradient goes over Z as touched rows (ParallelOptions).
+  bool sparse_embedding_grad() const { return sparse_embedding_; }
   // One micro-batch of this rank's tokens: forward, vocabulary-parallel cross-entropy with
   // d(grad_scale * Σ loss), backward; parameter gradients accumulate (Z-reduced per layer).
   // Returns this rank's Σ loss over kept targets (sum over Z x D for the global figure).
@@ -315,6 +326,16 @@ class ParallelTransformer {
   Buffer<float> gblock_[2], gblock_top_, scatter_tmp_;
   std::vector<CommQueue::Ticket> rs_tickets_[3];  // [layer parity], [2]: top
   std::vector<int> rs_remaining_;  // per layer + 1: reduce-scatters still running
+  // Sparse embedding gradient (ParallelOptions::sparse_embedding_grad, decided at construction).
+  bool sparse_embedding_ = false;
+  Buffer<float> emb_rows_;        // Gz x N x Cx: every Z rank's embedding-output gradient rows
+  Buffer<int32_t> emb_ids_;       // Gz x N: their token ids
+  CommQueue::Ticket emb_ids_ticket_ = 0, head_rs_ticket_ = 0;
+  // Top-level reduce-scatters over Z: the head's (after its backward) or the others (after the
+  // embedding's); with the sparse embedding gradient, rs_remaining_ of the top counts both and
+  // the rows' accumulation.
+  void scatter_top_grads(bool head_part);
+  void accumulate_embedding_rows(int64_t N);
   std::vector<Bucket> buckets_;
   Buffer<float> bucket_buf_;
   size_t next_bucket_[2] = {0, 0};  // per group kind (replicated, sharded): next to start

@@ -46,6 +46,16 @@ std::string fmt(double v) {
 
 }  // namespace
 
+const char* gemm_op_name(GemmOp op) {
+  return op == GemmOp::NN ? "nn" : op == GemmOp::NT ? "nt" : "tn";
+}
+GemmOp parse_gemm_op(const std::string& s) {
+  if (s == "nn") return GemmOp::NN;
+  if (s == "nt") return GemmOp::NT;
+  if (s == "tn") return GemmOp::TN;
+  fail("GEMM variant '", s, "': expected nn, nt or tn");
+}
+
 void Machine::validate() const {
   auto positive = [&](const char* key, double v) {
     if (!(v > 0))
@@ -67,24 +77,31 @@ void Machine::validate() const {
   if (intra_latency < 0 || inter_latency < 0)
     fail("machine '", name, "': network latencies must be >= 0");
   if (compute_units < 0) fail("machine '", name, "': compute.units must be >= 0 (0: not modelled)");
+  if (collective_units < 0 || (collective_units > 0 && collective_units >= compute_units))
+    fail("machine '", name, "': compute.collective_units must be >= 0 and below compute.units (got ",
+         collective_units, " of ", compute_units, " units; 0: contention not modelled)");
   if (gemm_tile_m < 1 || gemm_tile_n < 1)
     fail("machine '", name, "': compute.gemm_tile must be two positive numbers [m, n]");
   for (const auto& gs : gemm_shapes)
     if (gs.m < 1 || gs.n < 1 || gs.k < 1 || !(gs.efficiency > 0 && gs.efficiency <= 1))
       fail("machine '", name, "': [[compute.gemm]] needs m, n, k >= 1 and efficiency in (0, 1] (got ",
            gs.m, "x", gs.n, "x", gs.k, " at ", gs.efficiency, ")");
-  if (!gemm_shapes.empty()) {
-    // Interpolation needs every combination of the m, n and k values that occur.
+  for (GemmOp op : {GemmOp::NN, GemmOp::NT, GemmOp::TN}) {
+    // Interpolation needs every combination of the m, n and k values that occur (per variant).
     std::vector<int> ms, ns, ks;
-    for (const auto& gs : gemm_shapes) ms.push_back(gs.m), ns.push_back(gs.n), ks.push_back(gs.k);
+    size_t rows = 0;
+    for (const auto& gs : gemm_shapes)
+      if (gs.op == op) ms.push_back(gs.m), ns.push_back(gs.n), ks.push_back(gs.k), ++rows;
+    if (rows == 0) continue;
     for (auto* v : {&ms, &ns, &ks}) {
       std::sort(v->begin(), v->end());
       v->erase(std::unique(v->begin(), v->end()), v->end());
     }
-    if (gemm_shapes.size() != ms.size() * ns.size() * ks.size())
-      fail("machine '", name, "': [[compute.gemm]] rows must cover every combination of their m, n "
-           "and k values once (", ms.size(), " x ", ns.size(), " x ", ks.size(), " = ",
-           ms.size() * ns.size() * ks.size(), " rows expected, got ", gemm_shapes.size(), ")");
+    if (rows != ms.size() * ns.size() * ks.size())
+      fail("machine '", name, "': [[compute.gemm]] rows of op \"", gemm_op_name(op),
+           "\" must cover every combination of their m, n and k values once (", ms.size(), " x ",
+           ns.size(), " x ", ks.size(), " = ", ms.size() * ns.size() * ks.size(),
+           " rows expected, got ", rows, ")");
   }
   for (const auto& m : measured)
     if (m.group_size < 2 || !(m.bandwidth > 0) || m.latency < 0)
@@ -92,13 +109,21 @@ void Machine::validate() const {
            "latency >= 0");
 }
 
-double Machine::gemm_eff(double m, double n, double k, bool bf16) const {
+double Machine::gemm_eff(double m, double n, double k, bool bf16, GemmOp op) const {
   if (m < 1 || n < 1 || k < 1) return gemm_efficiency;
   if (!gemm_shapes.empty()) {
+    // The variant's own rows; a file measured before the variants existed has "nn" rows only.
+    std::vector<MeasuredGemm> rows;
+    for (const auto& gs : gemm_shapes)
+      if (gs.op == op) rows.push_back(gs);
+    if (rows.empty())
+      for (const auto& gs : gemm_shapes)
+        if (gs.op == GemmOp::NN) rows.push_back(gs);
+    if (rows.empty()) rows = gemm_shapes;
     // Trilinear interpolation in log(m), log(n), log(k) on the measured lattice, clamped at its
     // edges (a shape beyond the largest measured one gets the edge's efficiency).
     std::vector<double> axis[3];
-    for (const auto& gs : gemm_shapes) axis[0].push_back(gs.m), axis[1].push_back(gs.n), axis[2].push_back(gs.k);
+    for (const auto& gs : rows) axis[0].push_back(gs.m), axis[1].push_back(gs.n), axis[2].push_back(gs.k);
     for (auto& v : axis) {
       std::sort(v.begin(), v.end());
       v.erase(std::unique(v.begin(), v.end()), v.end());
@@ -116,7 +141,7 @@ double Machine::gemm_eff(double m, double n, double k, bool bf16) const {
       w[d] = hi[d] == lo[d] ? 0.0 : std::log(x / v[lo[d]]) / std::log(v[hi[d]] / v[lo[d]]);
     }
     auto at = [&](size_t a, size_t b, size_t c) {
-      for (const auto& gs : gemm_shapes)
+      for (const auto& gs : rows)
         if (gs.m == axis[0][a] && gs.n == axis[1][b] && gs.k == axis[2][c]) return gs.efficiency;
       return gemm_efficiency;  // unreachable: validate() checks the lattice is complete
     };
@@ -166,6 +191,7 @@ Machine load_machine_file(const std::string& path) {
   m.gemm_efficiency = get_number(t, "compute.gemm_efficiency", path, true);
   m.attention_efficiency = get_number(t, "compute.attention_efficiency", path, false, 0);
   m.compute_units = int(get_number(t, "compute.units", path, false, 0));
+  m.collective_units = int(get_number(t, "compute.collective_units", path, false, 0));
   if (auto tile = t.at_path("compute.gemm_tile")) {
     const toml::array* a = tile.as_array();
     if (!a || a->size() != 2 || !(*a)[0].value<double>() || !(*a)[1].value<double>())
@@ -182,6 +208,11 @@ Machine load_machine_file(const std::string& path) {
       gs.n = int(get_number(*row, "n", path, true));
       gs.k = int(get_number(*row, "k", path, true));
       gs.efficiency = get_number(*row, "efficiency", path, true);
+      try {
+        gs.op = parse_gemm_op((*row)["op"].value_or(std::string("nn")));
+      } catch (const Error& e) {
+        fail("machine file '", path, "': compute.gemm op: ", e.what());
+      }
       m.gemm_shapes.push_back(gs);
     }
   }
@@ -258,8 +289,12 @@ std::string machine_to_toml(const Machine& m) {
   if (m.compute_units > 0)
     o << "units = " << m.compute_units << "   # SMs a GEMM's tiles are spread over\n"
       << "gemm_tile = [" << m.gemm_tile_m << ", " << m.gemm_tile_n << "]   # output tile per unit\n";
+  if (m.collective_units > 0)
+    o << "collective_units = " << m.collective_units
+      << "   # units a running collective holds while it overlaps compute\n";
   for (const auto& gs : m.gemm_shapes)
-    o << "[[compute.gemm]]   # measured: C[m,n] += A[m,k] B[k,n], efficiency = sgemm / FMA peak\n"
+    o << "[[compute.gemm]]   # measured: C[m,n] += op(A)[m,k] op(B)[k,n], efficiency = sgemm / FMA peak\n"
+      << "op = \"" << gemm_op_name(gs.op) << "\"\n"
       << "m = " << gs.m << "\nn = " << gs.n << "\nk = " << gs.k << "\nefficiency = "
       << fmt(gs.efficiency) << "\n";
   o << "\n"
@@ -345,11 +380,13 @@ double attention_gflops(int threads, int reps) {
   return rates[rates.size() / 2];
 }
 
-// GFLOP/s of dnnl_sgemm C[m,n] = A[m,k] B[k,n] (row-major), calling it until at least `min_s`
-// has passed: a 128^3 GEMM takes a tenth of a millisecond, far below a scheduler time slice.
+// GFLOP/s of dnnl_sgemm C[m,n] = op(A)[m,k] op(B)[k,n] (row-major; op = the trainer's variant,
+// GemmOp), calling it until at least `min_s` has passed: a 128^3 GEMM takes a tenth of a
+// millisecond, far below a scheduler time slice.
 class SgemmTimer {
  public:
-  SgemmTimer(int m, int n, int k) : m_(m), n_(n), k_(k), a_(size_t(m) * k, 1.0f), b_(size_t(k) * n, 0.5f), c_(size_t(m) * n) {
+  SgemmTimer(int m, int n, int k, GemmOp op = GemmOp::NN)
+      : m_(m), n_(n), k_(k), op_(op), a_(size_t(m) * k, 1.0f), b_(size_t(k) * n, 0.5f), c_(size_t(m) * n) {
     call();  // warm-up: oneDNN's kernel selection and first touch
   }
   double gflops(double min_s) {
@@ -366,10 +403,14 @@ class SgemmTimer {
 
  private:
   void call() {
-    if (dnnl_sgemm('N', 'N', m_, n_, k_, 1.0f, a_.data(), k_, b_.data(), n_, 0.0f, c_.data(), n_) != dnnl_success)
+    const bool ta = op_ == GemmOp::TN, tb = op_ == GemmOp::NT;
+    // A is [m, k] (or [k, m] transposed), B [k, n] (or [n, k]): leading dimensions as stored.
+    if (dnnl_sgemm(ta ? 'T' : 'N', tb ? 'T' : 'N', m_, n_, k_, 1.0f, a_.data(), ta ? m_ : k_,
+                   b_.data(), tb ? k_ : n_, 0.0f, c_.data(), n_) != dnnl_success)
       fail("dnnl_sgemm failed on ", m_, "x", n_, "x", k_);
   }
   int m_, n_, k_;
+  GemmOp op_;
   std::vector<float> a_, b_, c_;
 };
 
@@ -384,13 +425,16 @@ std::vector<MeasuredGemm> measure_gemm_lattice(const std::vector<int>& dims, int
   SgemmTimer sq(square, square, square);
   std::vector<MeasuredGemm> shapes;
   std::vector<SgemmTimer> timers;
-  timers.reserve(dims.size() * dims.size() * dims.size());
-  for (int gm : dims)
-    for (int gn : dims)
-      for (int gk : dims) {
-        shapes.push_back(MeasuredGemm{gm, gn, gk, 0});
-        timers.emplace_back(gm, gn, gk);
-      }
+  timers.reserve(3 * dims.size() * dims.size() * dims.size());
+  // Each of the trainer's three variants (GemmOp): its weight-gradient GEMM (tn) reduces over the
+  // tokens with a transposed operand, which oneDNN packs differently from the forward's.
+  for (GemmOp op : {GemmOp::NN, GemmOp::NT, GemmOp::TN})
+    for (int gm : dims)
+      for (int gn : dims)
+        for (int gk : dims) {
+          shapes.push_back(MeasuredGemm{gm, gn, gk, 0, op});
+          timers.emplace_back(gm, gn, gk, op);
+        }
   std::vector<std::vector<double>> ratios(shapes.size());
   for (int r = 0; r < rounds; ++r) {
     world.barrier();
@@ -425,8 +469,13 @@ Machine measure_machine(const std::string& name, int threads, bool quick) {
   // sgemm on a lattice of shapes (every rank at once): how the efficiency falls for the thin
   // GEMMs that splitting a layer over X or Y leaves a rank (docs/planner.md, "GEMM efficiency by
   // shape"); the planner interpolates it in log(m), log(n), log(k).
-  const std::vector<int> dims = quick ? std::vector<int>{128, 1024} : std::vector<int>{128, 512, 1536};
-  std::vector<MeasuredGemm> lattice = measure_gemm_lattice(dims, sq, threads, quick ? 3 : 5, world);
+  // The lattice has 256 as well: oneDNN's efficiency is not smooth in the width (on this machine
+  // its tn call ran at 0.65-0.75 of nn with an output side of 256 but matched it at 128 and 512),
+  // and 256 is what an X or Y split of a 512-wide model leaves a rank, so interpolating across
+  // it would miss the dip. Three variants x 64 shapes, 3 rounds: about 30 s on a quiet core.
+  const std::vector<int> dims =
+      quick ? std::vector<int>{128, 1024} : std::vector<int>{128, 256, 512, 1536};
+  std::vector<MeasuredGemm> lattice = measure_gemm_lattice(dims, sq, threads, 3, world);
   world.barrier();
   Measurement bf16 = measure_bf16_matmul(GemmShape{"square", sq, sq, sq}, threads, quick ? 2 : 3);
   world.barrier();

@@ -27,11 +27,21 @@ struct MeasuredLink {
   double latency = 0;    // seconds per ring step
 };
 
+// The operand layouts of the trainer's three GEMMs per weight (parallel_transformer.cpp, rows
+// of activations are tokens): forward C[T, n] = A[T, k] W[n, k]^T ("nt"), input gradient
+// C[T, k] = dY[T, n] W[n, k] ("nn"), weight gradient C[n, k] = dY[T, n]^T A[T, k] ("tn", the
+// reduction runs over the tokens). A CPU library packs a transposed operand differently, so
+// on a CPU each has its own measured lattice; GPU files price them alike.
+enum class GemmOp { NN, NT, TN };
+const char* gemm_op_name(GemmOp op);     // "nn" | "nt" | "tn"
+GemmOp parse_gemm_op(const std::string& s);
+
 // One measured GEMM shape (machine file's [[compute.gemm]], written by --measure-machine):
-// C[m, n] += A[m, k] B[k, n] at `efficiency` x the FMA peak, every rank computing at once.
+// C[m, n] += op(A)[m, k] op(B)[k, n] at `efficiency` x the FMA peak, every rank computing at once.
 struct MeasuredGemm {
   int m = 0, n = 0, k = 0;
   double efficiency = 0;
+  GemmOp op = GemmOp::NN;  // files written before the variants existed hold "nn" rows only
 };
 
 struct Machine {
@@ -48,6 +58,12 @@ struct Machine {
   // from memory than to multiply runs at the memory's pace (roofline). 0 units: not modelled.
   int compute_units = 0;
   int gemm_tile_m = 128, gemm_tile_n = 128;
+  // Units one running collective occupies while it overlaps compute (compute.collective_units):
+  // NCCL runs each channel as one thread block that holds an SM to itself (NVIDIA/nccl#689),
+  // two channels per NIC of the node (NVIDIA/nccl#438, #689). The overlapped GEMMs run on the
+  // remaining compute_units - collective_units (docs/planner.md, "Overlap contention").
+  // 0: not modelled (an overlapped collective is free).
+  int collective_units = 0;
   // Measured efficiencies by shape (CPU files); when present they replace the analytic model:
   // a full lattice of m, n, k values, interpolated in log(m), log(n), log(k).
   std::vector<MeasuredGemm> gemm_shapes;
@@ -69,7 +85,13 @@ struct Machine {
   //   gemm_efficiency x wave(m, n), capped by the roofline AI x memory_bandwidth / peak, where
   //   wave = tiles / (ceil(tiles / compute_units) x compute_units), tiles = ceil(m/tm)·ceil(n/tn)
   //   AI = 2mnk / (bytes·(mk + kn + mn)).
-  double gemm_eff(double m, double n, double k, bool bf16) const;
+  // `op`: which lattice a measured file uses (falls back to the "nn" rows when the file has none
+  // of that variant); the analytic model prices every variant alike.
+  double gemm_eff(double m, double n, double k, bool bf16, GemmOp op = GemmOp::NN) const;
+  // Fraction of the compute rate left to kernels while a collective runs beside them.
+  double contended_fraction() const {
+    return compute_units > 0 && collective_units > 0 ? double(collective_units) / compute_units : 0.0;
+  }
 };
 
 // Reads a machine file; throws Error naming the file, the key and what was expected.

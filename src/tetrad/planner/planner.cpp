@@ -116,25 +116,31 @@ Sizes sizes(const ModelConfig& m) {
 
 // Seconds of one layer's GEMMs on one rank, by pass, and of the head's three GEMMs. The local
 // weight shapes follow the trainer's layout: normal layers (q|k|v, MLP up with its gate) hold
-// [H/Gx, N/Gy], transposed ones (attention output, MLP down) [N/Gy, H/Gx]; the head [H/Gx, V/Gy].
+// [n_out, k_in] = [N/Gy, H/Gx], transposed ones (attention output, MLP down) [H/Gx, N/Gy]; the
+// head [V/Gy, H/Gx]. Each pass is the trainer's own call (parallel_transformer.cpp): forward
+// C[T, n_out] = A W^T (nt), input gradient C[T, k_in] = dY W (nn), weight gradient
+// C[n_out, k_in] = dY^T A (tn, reduced over the T tokens), each at its variant's efficiency.
 struct GemmTimes {
-  double fwd = 0, din = 0, dw = 0, head = 0;
+  double fwd = 0, din = 0, dw = 0, head_fwd = 0, head_bwd = 0;
 };
 GemmTimes block_gemm_times(const Sizes& s, const Grid5& g, double T, const Machine& mach, bool bf16) {
   const double pk = mach.peak(bf16);
-  auto t = [&](double m, double n, double k) { return 2 * m * n * k / (pk * mach.gemm_eff(m, n, k, bf16)); };
+  auto t = [&](double m, double n, double k, GemmOp op) {
+    return 2 * m * n * k / (pk * mach.gemm_eff(m, n, k, bf16, op));
+  };
   GemmTimes r;
-  auto weight = [&](double k, double n) {
-    r.fwd += t(T, n, k);
-    r.din += t(T, k, n);
-    r.dw += t(k, n, T);
+  auto weight = [&](double k_in, double n_out) {
+    r.fwd += t(T, n_out, k_in, GemmOp::NT);
+    r.din += t(T, k_in, n_out, GemmOp::NN);
+    r.dw += t(n_out, k_in, T, GemmOp::TN);
   };
   weight(s.H / g.x, s.QKV / g.y);  // q|k|v
   weight(s.H / g.y, s.H / g.x);    // attention output (transposed)
   weight(s.H / g.x, s.FW / g.y);   // MLP up (+ gate)
   weight(s.F / g.y, s.H / g.x);    // MLP down (transposed)
   const double hk = s.H / g.x, hn = s.V / g.y;
-  r.head = t(T, hn, hk) + t(T, hk, hn) + t(hk, hn, T);
+  r.head_fwd = t(T, hn, hk, GemmOp::NT);
+  r.head_bwd = t(T, hk, hn, GemmOp::NN) + t(hn, hk, T, GemmOp::TN);
   return r;
 }
 
@@ -180,10 +186,49 @@ int stage_layer_count(const parallel::LayerSplit& split, int p) {
   return *std::max_element(n.begin(), n.end());
 }
 
+std::vector<int> pipeline_layer_split(int n_layer, int p, int v) {
+  TETRAD_CHECK(p >= 1 && v >= 1);
+  return parallel::LayerSplit::even(n_layer, p * v).counts();
+}
+
 int stage_layer_count(int n_layer, int p, int v) {
   // n_layer = 0: the planner's way of isolating the top-level activations (no layers at all).
   if (n_layer == 0) return 0;
+  // Stage 0 holds the most (the first L mod (p·v) virtual stages get one more layer).
   return stage_layer_count(parallel::LayerSplit::even(n_layer, p * v), p);
+}
+
+PipelineTime pipeline_time(parallel::PipelineSchedule s, int p, int m, int v,
+                           const std::function<double(int, const parallel::PipeOp&)>& op_seconds) {
+  TETRAD_CHECK(p >= 1 && m >= 1 && v >= 1);
+  PipelineTime out;
+  // Each stage's busy time for one micro-batch (every micro-batch costs the same).
+  std::vector<double> per_mb(size_t(p), 0.0);
+  for (int st = 0; st < p; ++st)
+    for (int c = 0; c < v; ++c)
+      for (bool fwd : {true, false}) per_mb[size_t(st)] += op_seconds(st, parallel::PipeOp{fwd, 0, c});
+  out.busiest_stage = int(std::max_element(per_mb.begin(), per_mb.end()) - per_mb.begin());
+  out.busiest = double(m) * per_mb[size_t(out.busiest_stage)];
+  if (p == 1) {
+    out.makespan = out.busiest;  // one stage never waits
+    return out;
+  }
+  const double work = double(p) * p * 2.0 * m * v;  // the simulation's cost: ops x stages scanned
+  if (work <= double(1 << 20)) {
+    const parallel::PipelineTiming t = parallel::simulate_pipeline(
+        s, p, m, v, [&](int st, size_t, const parallel::PipeOp& op) { return op_seconds(st, op); });
+    out.makespan = t.makespan;
+    out.simulated = true;
+  } else {
+    out.makespan = out.busiest * (1 + bubble_fraction(p, m, v));
+  }
+  return out;
+}
+
+double overlap_contention(double comm, double compute, double f) {
+  if (!(f > 0) || comm <= 0 || compute <= 0) return 0;
+  const double together = comm * (1 - f) >= compute ? comm : compute + f * comm;
+  return together - std::max(comm, compute);
 }
 
 // ------------------------------------------------------------------------------------ placement
@@ -529,26 +574,30 @@ Estimate estimate(const PlanInput& in, const Grid5& g, const Machine& mach) {
                              (2 * attn_fwd + (any_rc ? attn_fwd : 0)) / rate_attn +
                              (elem_passes - 2) * layer_elems * act_b / mach.memory_bandwidth;
   const double logits_b = T * s.V / g.y * act_b;
-  const double t_head = gt.head + 4 * logits_b / mach.memory_bandwidth;
+  // The head's GEMMs and the cross-entropy's passes over the logits (2 forward, 2 backward).
+  const double t_head_fwd = gt.head_fwd + 2 * logits_b / mach.memory_bandwidth;
+  const double t_head_bwd = gt.head_bwd + 2 * logits_b / mach.memory_bandwidth;
   const int v = in.virtual_stages;
-  // The trainer's split: layers per stage, and which stage runs the head (the last virtual stage).
-  const parallel::LayerSplit split = layer_split_of(in, g);
-  const std::vector<int> stage_layers = stage_layer_counts(split, g.p);
-  const int head_stage = (split.virtual_stages() - 1) % g.p;
-  const double Ls = stage_layer_count(split, g.p);  // the fullest stage's layers
+  // The trainer's split (parallel.pipeline_layers): layers of each virtual stage.
+  const parallel::LayerSplit layer_split = layer_split_of(in, g);
+  const double Ls = stage_layer_count(layer_split, g.p);  // the fullest stage's layers
 
   // ---- collectives: per layer per micro-batch (fwd / bwd), per micro-batch, per step
   struct Item {
     CollectiveCost c;
     int kind;  // 0 exposed always, 1 z-gather fwd, 2 z bwd, 3 dIn bwd, 4 data (per step)
     double per_layer;  // calls per layer per micro-batch (0: per micro-batch or per step)
+    // Per-micro-batch items: which pipeline op runs it (the embedding's on the first virtual
+    // stage's forward, the head's on the last's forward or backward, the point-to-point
+    // transfers once per op).
+    MbAt at = MbAt::LastFwd;
   };
   std::vector<Item> items;
   std::map<AxisId, Placement> pl;
   for (AxisId a : {AxisId::X, AxisId::Y, AxisId::Z, AxisId::P, AxisId::D, AxisId::ZD})
     pl[a] = place(g, a, mach);
   auto add = [&](const char* what, AxisId a, Op op, double bytes, double calls, int kind,
-                 bool per_layer) {
+                 bool per_layer, MbAt at = MbAt::LastFwd) {
     if (pl[a].group_size <= 1 || bytes <= 0 || calls <= 0) return;
     Item it;
     it.c.what = what;
@@ -560,6 +609,7 @@ Estimate estimate(const PlanInput& in, const Grid5& g, const Machine& mach) {
     it.c.seconds = collective_seconds(op, bytes, pl[a]);  // per call for now
     it.kind = kind;
     it.per_layer = per_layer ? calls : 0;
+    it.at = at;
     items.push_back(it);
   };
   const double fwd_mult = full ? 2 : 1;  // full recomputation repeats the forward collectives
@@ -585,17 +635,17 @@ Estimate estimate(const PlanInput& in, const Grid5& g, const Machine& mach) {
   // Per micro-batch: embedding (fwd all-reduce over Y), head (fwd over X of the logits, bwd dIn
   // over Y), cross-entropy (max and sums over Y), final norm, top blocks over Z.
   const double top_b = (s.tied ? 1 : 2) * s.head() / xy * w_b;
-  add("fwd all-reduce of embedding", AxisId::Y, Op::AllReduce, T * s.H / g.x * act_b, 1, 0, false);
+  add("fwd all-reduce of embedding", AxisId::Y, Op::AllReduce, T * s.H / g.x * act_b, 1, 0, false, MbAt::FirstFwd);
   add("fwd all-reduce of logits", AxisId::X, Op::AllReduce, T * s.V / g.y * act_b, 1, 0, false);
-  add("bwd all-reduce of head dIn", AxisId::Y, Op::AllReduce, T * s.H / g.x * act_b, 1, 0, false);
+  add("bwd all-reduce of head dIn", AxisId::Y, Op::AllReduce, T * s.H / g.x * act_b, 1, 0, false, MbAt::LastBwd);
   add("cross-entropy max and sums", AxisId::Y, Op::AllReduce, T * 3 * 4, 2, 0, false);
   add("final norm statistics", AxisId::X, Op::AllReduce, stats_b, 2, 0, false);
-  add("all-gather of embedding/head", AxisId::Z, Op::AllGather, top_b, 1, 0, false);
-  add("reduce-scatter of embedding/head grads", AxisId::Z, Op::ReduceScatter, top_b, 1, 0, false);
+  add("all-gather of embedding/head", AxisId::Z, Op::AllGather, top_b, 1, 0, false, MbAt::FirstFwd);
+  add("reduce-scatter of embedding/head grads", AxisId::Z, Op::ReduceScatter, top_b, 1, 0, false, MbAt::LastBwd);
   // Pipeline: activations forward and their gradients back, [T, H/Gx] split over Y so each rank
   // sends its 1/Gy (Megatron's scatter-gather).
   // With v chunks per stage a micro-batch crosses every stage boundary v times each way.
-  add("pipeline send/recv (fwd+bwd)", AxisId::P, Op::SendRecv, T * s.H / xy * act_b, 2.0 * v, 0, false);
+  add("pipeline send/recv (fwd+bwd)", AxisId::P, Op::SendRecv, T * s.H / xy * act_b, 2.0 * v, 0, false, MbAt::EveryOp);
   // Per step: Z shards all-reduced over D (ZeRO 1/2: reduce-scatter + all-gather, same ring
   // volume); replicated vectors over Z x D.
   const StageParams sp = stage_params(m, g, true, g.p == 1, int(Ls));
@@ -604,7 +654,8 @@ Estimate estimate(const PlanInput& in, const Grid5& g, const Machine& mach) {
 
   // ---- time of one micro-batch on the slowest stage, with overlap
   const bool ov_tensor = in.overlap != Overlap::None, ov_all = in.overlap == Overlap::All;
-  double fwd_ar = 0, z_fwd = 0, z_bwd = 0, din = 0, per_mb_exposed = 0, per_mb_total = 0, step_comm = 0;
+  double fwd_ar = 0, z_fwd = 0, z_bwd = 0, din = 0, per_mb_total = 0, step_comm = 0;
+  double mb_at[4] = {0, 0, 0, 0};  // per-micro-batch communication by MbAt
   for (const auto& it : items) {
     const double t = it.c.seconds * it.c.calls;
     if (it.per_layer > 0) {
@@ -616,45 +667,76 @@ Estimate estimate(const PlanInput& in, const Grid5& g, const Machine& mach) {
       step_comm += t;
     } else {
       per_mb_total += t;
+      mb_at[int(it.at)] += t;
     }
   }
-  per_mb_exposed = per_mb_total;
   const double layer_total = fwd_ar + z_fwd + z_bwd + din;
-  double layer_exposed = layer_total;
+  double layer_exposed = layer_total, layer_contention = 0;
+  // Overlap contention (docs/planner.md): a collective running beside compute holds
+  // collective_units of the machine's units, so the compute it hides behind runs at
+  // 1 - f of its rate while they overlap, f = collective_units / units.
+  const double f = mach.contended_fraction();
   if (ov_tensor) {
     layer_exposed = fwd_ar + std::max(0.0, z_fwd - t_layer_fwd) +
                     std::max(0.0, z_bwd - (t_layer_bwd - t_layer_dw)) + std::max(0.0, din - t_layer_dw);
+    layer_contention = overlap_contention(z_fwd, t_layer_fwd, f) +
+                       overlap_contention(z_bwd, t_layer_bwd - t_layer_dw, f) +
+                       overlap_contention(din, t_layer_dw, f);
   }
-  // One micro-batch on the slowest stage: its layers (compute and their exposed collectives)
-  // plus the head where it runs the last virtual stage. The per-micro-batch collectives
-  // (embedding, head, pipeline messages) are charged to it as before.
-  double compute_mb = 0, stage_mb = 0;
-  for (int st = 0; st < g.p; ++st) {
-    const double head = st == head_stage ? t_head : 0.0;
-    const double c = stage_layers[size_t(st)] * (t_layer_fwd + t_layer_bwd) + head;
-    const double t = c + stage_layers[size_t(st)] * layer_exposed;
-    if (t > stage_mb) {
-      stage_mb = t;
-      compute_mb = c;
-    }
-  }
-  const double mb_time = stage_mb + per_mb_exposed;
   const int64_t mcount = e.micro_batches;
-  // The trainer's schedules: the bubble is (p - 1) / (v m) of the ideal m x t_mb
-  // (bubble_fraction; 1F1B is v = 1).
-  e.bubble = bubble_fraction(g.p, int(mcount), v) * double(mcount) * mb_time;
-  const double pipe = double(mcount) * mb_time + e.bubble;
+  e.compute_gemm = double(mcount) * (Ls * (gt.fwd + gt.din + gt.dw + (full ? gt.fwd : 0)) + gt.head_fwd + gt.head_bwd);
+  e.compute_attention = double(mcount) * Ls * (3 * attn_fwd + (any_rc ? attn_fwd : 0)) / rate_attn;
+  // The pipeline: each op's duration on its stage from the layers the trainer gives that
+  // virtual stage (layer_split_of: parallel.pipeline_layers as the trainer resolves it), and the
+  // schedule's makespan (pipeline_time).
+  const double layer_time = t_layer_fwd + t_layer_bwd;
+  const double fwd_share = t_layer_fwd / layer_time;
+  // One op's seconds on its stage, by part: compute, exposed communication, contention.
+  struct OpParts {
+    double compute = 0, comm = 0, contention = 0;
+    double total() const { return compute + comm + contention; }
+  };
+  const std::vector<int> split = layer_split.counts();
+  auto op_parts = [&](int stage, const parallel::PipeOp& op) {
+    const int j = op.chunk * g.p + stage, V = g.p * v;
+    const double nl = split[size_t(j)];
+    const double share = op.forward ? fwd_share : 1 - fwd_share;  // of the layer's comm
+    OpParts o;
+    o.compute = nl * (op.forward ? t_layer_fwd : t_layer_bwd);
+    o.comm = nl * share * layer_exposed;
+    o.contention = nl * share * layer_contention;
+    if (op.forward && j == 0) o.comm += mb_at[int(MbAt::FirstFwd)];
+    if (j == V - 1) {
+      o.compute += op.forward ? t_head_fwd : t_head_bwd;
+      o.comm += mb_at[int(op.forward ? MbAt::LastFwd : MbAt::LastBwd)];
+    }
+    o.comm += mb_at[int(MbAt::EveryOp)] / (2.0 * v);  // one transfer per op
+    return o;
+  };
+  const PipelineTime pt = pipeline_time(in.schedule, g.p, int(mcount), v,
+                                        [&](int st, const parallel::PipeOp& op) { return op_parts(st, op).total(); });
+  // The busiest stage's parts (what the printed shares describe).
+  OpParts busiest;
+  for (int c = 0; c < v; ++c)
+    for (bool fwd : {true, false}) {
+      const OpParts o = op_parts(pt.busiest_stage, parallel::PipeOp{fwd, 0, c});
+      busiest.compute += o.compute, busiest.comm += o.comm, busiest.contention += o.contention;
+    }
+  const double pipe = pt.makespan;
+  e.bubble = pt.makespan - pt.busiest;
   const double bwd_last = Ls * t_layer_bwd;
   const double dp_exposed = ov_all ? std::max(0.0, step_comm - bwd_last) : step_comm;
+  const double dp_contention = ov_all ? overlap_contention(step_comm, bwd_last, f) : 0.0;
+  e.contention = double(mcount) * busiest.contention + dp_contention;
   // Optimizer: AdamW streams parameters, gradients and moments (read p, g, m, v, write p, m, v:
   // 28 bytes per fp32 parameter; 36 with bf16 weights and fp32 master copies), plus the gradient
   // norm's read; ZeRO >= 1 updates only 1/Gd of them.
   const double opt_params = sp.total() / (in.zero >= 1 ? g.d : 1);
   e.optimizer = ((bf16 ? 36.0 : 28.0) * opt_params + w_b * sp.total()) / mach.memory_bandwidth;
-  e.compute = double(mcount) * compute_mb;
+  e.compute = double(mcount) * busiest.compute;
   e.comm_total = double(mcount) * (Ls * layer_total + per_mb_total) + step_comm;
-  e.comm_exposed = double(mcount) * (Ls * layer_exposed + per_mb_exposed) + dp_exposed;
-  e.step = pipe + dp_exposed + e.optimizer;
+  e.comm_exposed = double(mcount) * busiest.comm + dp_exposed;
+  e.step = pipe + dp_exposed + dp_contention + e.optimizer;
   e.valid = true;
   e.tokens_per_s = double(in.global_batch) * in.seq / e.step;
   const double peak_all = mach.peak(bf16) * g.size();
@@ -728,6 +810,9 @@ nlohmann::json Estimate::to_json() const {
             {"tokens_per_rank_per_micro_batch", tokens_per_rank},
             {"step_s", step},
             {"compute_s", compute},
+            {"compute_gemm_s", compute_gemm},
+            {"compute_attention_s", compute_attention},
+            {"contention_s", contention},
             {"comm_total_s", comm_total},
             {"comm_exposed_s", comm_exposed},
             {"bubble_s", bubble},

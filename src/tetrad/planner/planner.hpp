@@ -13,12 +13,13 @@
 //
 // Each GEMM runs at the efficiency of its own per-rank shape (Machine::gemm_eff: wave
 // quantization over the GPU's SMs and a memory roofline, or a measured lattice on a CPU).
-// What it does not model: other kernel-level effects (a collective's kernels sharing SMs and
-// memory bandwidth with the GEMMs they overlap, clock throttling), contention between different
-// axes' collectives running at the same time, hierarchical (two-level) collective algorithms,
-// stragglers.
+// An overlapped collective holds Machine::collective_units of the units its compute runs on
+// (overlap_contention). What it does not model: other kernel-level effects (a collective's HBM
+// traffic, clock throttling), contention between different axes' collectives running at the
+// same time, hierarchical (two-level) collective algorithms, stragglers.
 #pragma once
 #include <cstdint>
+#include <functional>
 #include <string>
 #include <vector>
 
@@ -106,6 +107,30 @@ std::vector<int> stage_layer_counts(const parallel::LayerSplit& split, int p);
 int stage_layer_count(const parallel::LayerSplit& split, int p);
 // The even split's fullest stage (stage 0: the first L % V virtual stages take a layer more).
 int stage_layer_count(int n_layer, int p, int v = 1);
+// Layers of every virtual stage j = chunk·p + stage (p·v of them) under the even split
+// (parallel::LayerSplit::even). The estimate itself uses layer_split_of(in, g).
+std::vector<int> pipeline_layer_split(int n_layer, int p, int v = 1);
+
+// One optimizer step's pipeline, given each op's duration on its stage: the trainer's schedule
+// (parallel::pipeline_schedule) run by parallel::simulate_pipeline, so unequal stages (the head on
+// the last, the embedding on the first, an uneven split) give the trainer's bubble. Plans with
+// very many ops (p·(2·m·v·p) above 2^20: thousands of ranks) use the closed form instead:
+// busiest stage x (1 + (p - 1)/(v m)), which is the simulation's result for equal stages.
+struct PipelineTime {
+  double makespan = 0;  // first forward to last backward
+  double busiest = 0;   // the busiest stage's busy time (its compute and exposed communication)
+  int busiest_stage = 0;
+  bool simulated = false;
+};
+PipelineTime pipeline_time(parallel::PipelineSchedule s, int p, int m, int v,
+                           const std::function<double(int stage, const parallel::PipeOp& op)>& op_seconds);
+
+// Extra seconds a compute phase of `compute` seconds takes when a collective of `comm` seconds
+// runs beside it holding a fraction f of the compute units (docs/planner.md, "Overlap
+// contention"): while both run the compute proceeds at 1 - f of its rate; the pair takes
+// comm if the slowed compute still fits inside it, else compute + f·comm; minus the
+// uncontended max(comm, compute). 0 when f = 0 or either is 0.
+double overlap_contention(double comm, double compute, double f);
 
 // Where an axis's groups sit on nodes.
 struct Placement {
@@ -119,6 +144,8 @@ struct Placement {
   double op_bandwidth[3] = {0, 0, 0}, op_latency[3] = {0, 0, 0};
 };
 enum class AxisId { X, Y, Z, P, D, ZD };
+// Which pipeline op runs a per-micro-batch collective.
+enum class MbAt { FirstFwd, LastFwd, LastBwd, EveryOp };
 const char* axis_label(AxisId a);  // "x" ... "zd"
 Placement place(const Grid5& g, AxisId axis, const Machine& m);
 
@@ -157,6 +184,8 @@ struct Estimate {
   int64_t tokens_per_rank = 0;  // per micro-batch
   double model_flops = 0, hardware_flops = 0;  // per step, whole job
   double compute = 0;        // seconds per step on the slowest stage, no bubble
+  double compute_gemm = 0, compute_attention = 0;  // of which GEMMs (all three passes), attention
+  double contention = 0;     // seconds per step the overlapped collectives cost the compute
   double comm_total = 0;     // seconds per step of communication before overlap
   double comm_exposed = 0;
   double bubble = 0;

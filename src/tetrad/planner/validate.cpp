@@ -34,6 +34,50 @@ ModelConfig planner_model(const std::string& name) {
   }
 }
 
+namespace {
+std::vector<PublishedResult> published_results_impl(double gemm_efficiency, int64_t batch_80b,
+                                                    bool contention);
+}  // namespace
+
+SweepConfig local_sweep_config(int ranks) {
+  if (ranks < 1) fail("sweep: ranks must be >= 1 (got ", ranks, ")");
+  SweepConfig sc;
+  sc.micro_batches = ranks;  // Gp = ranks has a bubble of (ranks - 1) / ranks: visible
+  return sc;
+}
+
+PlanInput sweep_plan_input(const SweepConfig& sc, int ranks) {
+  PlanInput in;
+  in.model = planner_model(sc.model);
+  in.model.n_layer = sc.layers;
+  in.model_name = sc.model;
+  in.seq = sc.seq;
+  in.micro_batch = sc.micro_batch;
+  in.global_batch = int64_t(sc.micro_batch) * sc.micro_batches;
+  in.schedule = parse_pipeline_schedule(sc.schedule);
+  in.ranks = ranks;
+  return in;
+}
+
+std::vector<Grid5> local_sweep_grids(int ranks) {
+  const SweepConfig sc = local_sweep_config(ranks);
+  const PlanInput in = sweep_plan_input(sc, ranks);
+  std::vector<Grid5> out;
+  for (const Grid5& g : all_grids(ranks))
+    if (divisibility_problem(in, g).empty()) out.push_back(g);
+  return out;
+}
+
+std::string local_sweep_bench_args(int ranks) {
+  const SweepConfig sc = local_sweep_config(ranks);
+  std::ostringstream o;
+  for (const Grid5& g : local_sweep_grids(ranks))
+    o << "--configs " << sc.model << " --grid " << trainer_grid_string(g) << " --layers " << sc.layers
+      << " --seq " << sc.seq << " --micro-batches " << sc.micro_batches << " --accumulate --schedule "
+      << sc.schedule << "\n";
+  return o.str();
+}
+
 BenchComparison compare_with_bench(const std::string& path, const Machine& m) {
   std::ifstream f(path);
   if (!f) fail("cannot read bench results '", path, "' (tetrad bench --grids --json FILE)");
@@ -145,7 +189,23 @@ std::string comparison_text(const BenchComparison& c, const std::string& title) 
   return o.str();
 }
 
-std::vector<PublishedResult> published_results(double gemm_efficiency, int64_t batch_80b) {
+std::vector<PublishedResult> published_results(double gemm_efficiency, int64_t batch_80b,
+                                               bool contention) {
+  if (contention) {
+    // Both ways: the rows with the machine files as shipped, and with contention switched off.
+    std::vector<PublishedResult> with = published_results(gemm_efficiency, batch_80b, false);
+    std::vector<PublishedResult> out = published_results_impl(gemm_efficiency, batch_80b, true);
+    for (size_t i = 0; i < out.size(); ++i) out[i].predicted_without_contention = with[i].predicted;
+    return out;
+  }
+  std::vector<PublishedResult> out = published_results_impl(gemm_efficiency, batch_80b, false);
+  for (auto& r : out) r.predicted_without_contention = r.predicted;
+  return out;
+}
+
+namespace {
+std::vector<PublishedResult> published_results_impl(double gemm_efficiency, int64_t batch_80b,
+                                                    bool contention) {
   std::vector<PublishedResult> out;
   {
     // Narayanan et al., SC21, Table 1, last row: 1T on 3072 A100-80GB (Selene: DGX A100 nodes).
@@ -162,6 +222,7 @@ std::vector<PublishedResult> published_results(double gemm_efficiency, int64_t b
     in.ranks = 3072;
     Machine m = load_machine("dgx-a100");
     if (gemm_efficiency > 0) m.gemm_efficiency = gemm_efficiency;
+    if (!contention) m.collective_units = 0;
     // Megatron's tensor parallelism (column- then row-parallel) is our Y axis with Gx = Gz = 1.
     const Grid5 g{1, 8, 1, 64, 6};
     PublishedResult r;
@@ -195,6 +256,7 @@ std::vector<PublishedResult> published_results(double gemm_efficiency, int64_t b
     in.allow_pipeline = false;  // AxoNN's 4D grid has no pipeline axis
     Machine m = load_machine("perlmutter");
     if (gemm_efficiency > 0) m.gemm_efficiency = gemm_efficiency;
+    if (!contention) m.collective_units = 0;
     // Larger batches accumulate micro-batches of 2048 sequences (2 per rank).
     if (batch_80b > 0) in.global_batch = batch_80b, in.micro_batch = std::min<int64_t>(batch_80b, 2048);
     const auto p = plan(in, m);
@@ -217,15 +279,19 @@ std::vector<PublishedResult> published_results(double gemm_efficiency, int64_t b
   }
   return out;
 }
+}  // namespace
 
 std::string published_text(const std::vector<PublishedResult>& rows) {
   std::ostringstream o;
-  o << "| system | model | machine file | configuration | metric | reported | predicted | error |\n"
-    << "| --- | --- | --- | --- | --- | --- | --- | --- |\n";
+  o << "| system | model | machine file | configuration | metric | reported | predicted | error | "
+       "predicted without overlap contention | error |\n"
+    << "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |\n";
   for (const auto& r : rows) {
     o << "| " << r.system << " | " << r.model << " | " << r.machine << " | " << r.configuration
       << " | " << r.metric << " | " << std::fixed << std::setprecision(0) << r.reported << " | "
       << r.predicted << " | " << std::showpos << std::setprecision(1) << 100 * r.error() << "%"
+      << std::noshowpos << " | " << std::setprecision(0) << r.predicted_without_contention << " | "
+      << std::showpos << std::setprecision(1) << 100 * r.error_without_contention() << "%"
       << std::noshowpos << " |\n";
   }
   for (const auto& r : rows) {
@@ -233,7 +299,8 @@ std::string published_text(const std::vector<PublishedResult>& rows) {
     o << "\n" << r.system << ": step " << std::setprecision(2) << e.step << " s = compute "
       << std::setprecision(1) << 100 * e.compute / e.step << "% + exposed communication "
       << 100 * e.comm_exposed / e.step << "% + bubble " << 100 * e.bubble / e.step
-      << "% + optimizer " << 100 * e.optimizer / e.step << "%; HFU " << 100 * e.hfu << "%, MFU "
+      << "% + optimizer " << 100 * e.optimizer / e.step << "% + overlap contention "
+      << 100 * e.contention / e.step << "%; HFU " << 100 * e.hfu << "%, MFU "
       << 100 * e.mfu << "%; memory/rank " << e.memory.total() / 1e9 << " GB; assumptions: "
       << r.assumptions << "\n";
   }

@@ -18,6 +18,25 @@ namespace tetrad::planner {
 // V=51200 assumed). Both GPT blocks with FFN = 4H.
 ModelConfig planner_model(const std::string& name);
 
+// The local validation sweep (scripts/validate-planner.sh, docs/planner.md "Validation: on this
+// machine"): `small` cut to 4 layers (so Gp = 4 still has a layer per stage) at 256 tokens per
+// sequence, micro-batches of 4 sequences, and as many micro-batches per step as ranks, which every
+// grid runs, pipeline or not (`bench --accumulate`), so all grids of a rank count do the same
+// work per step and the pipeline's bubble shows: (2 - 1)/2 on 2 ranks; 1/4 and 3/4 on 4.
+struct SweepConfig {
+  std::string model = "small";
+  int layers = 4, seq = 256, micro_batch = 4, micro_batches = 1;
+  std::string schedule = "1f1b";
+};
+SweepConfig local_sweep_config(int ranks);
+// The planner's input for that sweep on `ranks` ranks (what compare_with_bench rebuilds from the
+// bench's JSON lines).
+PlanInput sweep_plan_input(const SweepConfig& sc, int ranks);
+// Every grid of `ranks` (pipeline grids included) the sweep's configuration divides over.
+std::vector<Grid5> local_sweep_grids(int ranks);
+// One line per grid: the `tetrad bench --grids` arguments that measure it.
+std::string local_sweep_bench_args(int ranks);
+
 struct MeasuredGrid {
   std::string config;
   Grid5 grid;
@@ -39,7 +58,9 @@ std::string comparison_text(const BenchComparison& c, const std::string& title);
 struct PublishedResult {
   std::string system, model, machine, configuration, metric;
   double reported = 0, predicted = 0;
+  double predicted_without_contention = 0;  // the same with compute.collective_units = 0
   double error() const { return predicted / reported - 1; }
+  double error_without_contention() const { return predicted_without_contention / reported - 1; }
   Estimate estimate;
   std::string assumptions;
 };
@@ -47,7 +68,9 @@ struct PublishedResult {
 // load_machine, so run from the source tree or an installed machines/ folder).
 // `gemm_efficiency` > 0 replaces the machine files' value (the sensitivity table); `batch_80b`
 // > 0 replaces the assumed global batch of the AxoNN row.
-std::vector<PublishedResult> published_results(double gemm_efficiency = 0, int64_t batch_80b = 0);
+// `contention` false: the machine files' collective_units set to 0 (overlapped collectives free).
+std::vector<PublishedResult> published_results(double gemm_efficiency = 0, int64_t batch_80b = 0,
+                                               bool contention = true);
 std::string published_text(const std::vector<PublishedResult>& rows);
 // How the errors move with the one assumed number of the GPU files and the AxoNN row's batch.
 std::string published_sensitivity_text();

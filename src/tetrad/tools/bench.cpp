@@ -38,6 +38,27 @@ int standard_batch(const std::string& name) {
   return 4;
 }
 
+// Resident memory by kind, bytes (/proc/self/status: RssAnon, RssFile, RssShmem; zeros where
+// unreadable). What grows during the steps beyond the formula shows where it lives: the heap
+// (anonymous), library code run for the first time (file-backed), MPI's shared-memory segments.
+struct ResidentKinds {
+  double anon = 0, file = 0, shmem = 0;
+};
+ResidentKinds resident_kinds() {
+  ResidentKinds k;
+  std::FILE* f = std::fopen("/proc/self/status", "r");
+  if (!f) return k;
+  char line[256];
+  long long kb = 0;
+  while (std::fgets(line, sizeof line, f)) {
+    if (std::sscanf(line, "RssAnon: %lld kB", &kb) == 1) k.anon = double(kb) * 1024;
+    if (std::sscanf(line, "RssFile: %lld kB", &kb) == 1) k.file = double(kb) * 1024;
+    if (std::sscanf(line, "RssShmem: %lld kB", &kb) == 1) k.shmem = double(kb) * 1024;
+  }
+  std::fclose(f);
+  return k;
+}
+
 double median(std::vector<double> v) {
   std::sort(v.begin(), v.end());
   const size_t n = v.size();
@@ -255,7 +276,9 @@ void run_bench_grids(const BenchOptions& opt, std::ostream& log) {
   for (const std::string& name : opt.configs) {
     ModelConfig mc = named_model(name);
     if (opt.layers > 0) mc.n_layer = opt.layers;
-    const int Bg = standard_batch(name), T = mc.max_seq;
+    if (opt.seq < 0 || opt.seq > mc.max_seq)
+      fail("--seq ", opt.seq, ": expected 1..", mc.max_seq, " (model ", name, "'s max_seq; 0: max_seq)");
+    const int Bg = standard_batch(name), T = opt.seq > 0 ? opt.seq : mc.max_seq;
     const int64_t serial_state = 16 * build_param_table(mc).total;  // p, g, m, v in fp32
     out << "\n== " << name << ": global batch " << Bg << " x " << T << " tokens\n"
         << "  grid      overlap tokens/s   step s  compute  exposed  hidden  idle  state/rank   "
@@ -309,6 +332,7 @@ void run_bench_grids(const BenchOptions& opt, std::ostream& log) {
       // Memory of this grid alone, from here: the previous grid's buffers are freed (returned to
       // Linux: they are large, so malloc maps them).
       const double rss_start = double(current_rss_bytes());
+      const ResidentKinds kinds_start = resident_kinds();
       ParallelOptions pov = po;
       pov.overlap = ov;  // dp_overlap is dropped by the model with ZeRO or Gp > 1
       ParallelTransformer model(mc, g, Bl, T, pov);
@@ -320,7 +344,7 @@ void run_bench_grids(const BenchOptions& opt, std::ostream& log) {
                  ol.state_size, tc);
       // Gp > 1: the step's micro-batches through the pipeline schedule (tokens: M of them).
       std::unique_ptr<PipelineDriver> pipe;
-      const int M = shape.p > 1 ? opt.micro_batches : 1;
+      const int M = shape.p > 1 || opt.accumulate ? opt.micro_batches : 1;
       if (shape.p > 1)
         pipe = std::make_unique<PipelineDriver>(model, parse_pipeline_schedule(opt.schedule), M);
       double wait_total = 0, busy_total = 0;
@@ -370,7 +394,11 @@ void run_bench_grids(const BenchOptions& opt, std::ostream& log) {
             for (size_t k = 0; k < all.size(); ++k) op_s_sum[k] += all[k];
           }
         } else {
-          model.forward_backward(tokens.data(), tokens.data() + 1, Bl, T, 1.0f / float(Bg * T));
+          // M > 1 (--accumulate): gradient accumulation over the step's micro-batches, as the
+          // trainer runs train.grad_accum.
+          for (int mb = 0; mb < M; ++mb)
+            model.forward_backward(tokens.data() + size_t(mb) * Bl * T, tokens.data() + size_t(mb) * Bl * T + 1,
+                                   Bl, T, 1.0f / float(Bg * T * M));
         }
         model.reduce_gradients();
         double gn = 0;
@@ -419,7 +447,7 @@ void run_bench_grids(const BenchOptions& opt, std::ostream& log) {
       const double state = double(model.state_bytes());
       double state_max = state;
       g.world.allreduce_max(&state_max, 1);
-      const double tok_s = double(Bg) * T / step;
+      const double tok_s = double(Bg) * T * M / step;  // the step's M micro-batches
       // Resident memory while the model is alive, largest rank, against state + activations
       // (+ the process's baseline before any model existed).
       double rss = double(current_rss_bytes());
@@ -441,10 +469,26 @@ void run_bench_grids(const BenchOptions& opt, std::ostream& log) {
       const double stash = pipe ? double(pipe->stash_peak_bytes(Bl, T)) : 0.0;
       const double formula =
           formula_state + double(model.activation_bytes(po.recompute)) + stash;
-      double peak = double(hwm_rss_bytes()) - rss_start;
+      // The process baseline: what was resident before this grid's model existed (program,
+      // libraries, MPI's buffers and shared memory, anything earlier grids left). The formula
+      // counts the training state above it; both views are reported, largest rank each.
+      const double hwm = double(hwm_rss_bytes());
+      double peak = hwm - rss_start;
       double formula_max = formula;
+      double baseline_max = rss_start, peak_total = hwm;
+      double total_ratio = hwm / (formula + rss_start);  // this rank's peak over formula + baseline
       g.world.allreduce_max(&peak, 1);
       g.world.allreduce_max(&formula_max, 1);
+      g.world.allreduce_max(&baseline_max, 1);
+      g.world.allreduce_max(&peak_total, 1);
+      g.world.allreduce_max(&total_ratio, 1);
+      // Growth by kind from the baseline to now (after the steps, the model still alive).
+      const ResidentKinds kinds_now = resident_kinds();
+      double growth[3] = {kinds_now.anon - kinds_start.anon, kinds_now.file - kinds_start.file,
+                          kinds_now.shmem - kinds_start.shmem};
+      g.world.allreduce_max(growth, 3);
+      double base_kinds[3] = {kinds_start.anon, kinds_start.file, kinds_start.shmem};
+      g.world.allreduce_max(base_kinds, 3);
       double bubble = 0, bubble_min = 0, expected = 0, replayed = 0, imbalance = 0;
       if (pipe) {
         // Each rank's idle time over its compute time; with equal stages every rank idles
@@ -485,6 +529,15 @@ void run_bench_grids(const BenchOptions& opt, std::ostream& log) {
           << double(model.activation_bytes(po.recompute)) / 1048576.0 << "; ratio "
           << std::setprecision(3) << peak / formula_max
           << (hwm_reset ? "" : " (peak not resettable here: includes earlier grids)") << "\n"
+          << "  memory " << shape.to_string() << " with the process baseline: baseline "
+          << std::setprecision(1) << baseline_max / 1048576.0 << " MiB before the model (anonymous "
+          << base_kinds[0] / 1048576.0 << ", file-backed " << base_kinds[1] / 1048576.0
+          << ", shared memory " << base_kinds[2] / 1048576.0 << "); peak "
+          << peak_total / 1048576.0 << " MiB resident vs formula + baseline; ratio "
+          << std::setprecision(3) << total_ratio << " (largest rank); resident growth from the "
+          << "baseline after the steps: anonymous +" << std::setprecision(1)
+          << growth[0] / 1048576.0 << ", file-backed (library code) +" << growth[1] / 1048576.0
+          << ", shared memory (MPI) +" << growth[2] / 1048576.0 << " MiB\n"
           << std::defaultfloat;
       out << "  " << std::left << std::setw(9) << shape.to_string() << " " << std::setw(7) << mode
           << std::right << std::fixed << std::setprecision(1) << std::setw(9) << tok_s
@@ -514,6 +567,15 @@ void run_bench_grids(const BenchOptions& opt, std::ostream& log) {
                                    {"stash_mb", stash / 1048576.0},
                                    {"activation_mb", model.activation_bytes(po.recompute) / 1048576.0},
                                    {"peak_vs_formula", peak / formula_max},
+                                   {"baseline_mb", baseline_max / 1048576.0},
+                                   {"peak_total_mb", peak_total / 1048576.0},
+                                   {"peak_total_vs_formula_plus_baseline", total_ratio},
+                                   {"baseline_anon_mb", base_kinds[0] / 1048576.0},
+                                   {"baseline_file_mb", base_kinds[1] / 1048576.0},
+                                   {"baseline_shmem_mb", base_kinds[2] / 1048576.0},
+                                   {"growth_anon_mb", growth[0] / 1048576.0},
+                                   {"growth_file_mb", growth[1] / 1048576.0},
+                                   {"growth_shmem_mb", growth[2] / 1048576.0},
                                    {"micro_batches", M}, {"schedule", opt.schedule},
                                    {"virtual_stages", opt.virtual_stages},
                                    {"pipeline_layers", opt.pipeline_layers},

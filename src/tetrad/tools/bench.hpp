@@ -33,6 +33,12 @@ struct BenchOptions {
   int virtual_stages = 1;
   std::string pipeline_layers = "even";  // parallel.pipeline_layers: even | balanced | "3,1"
   int layers = 0;
+  // --grids: Gp = 1 grids also run `micro_batches` micro-batches per step (gradient
+  // accumulation, as train.grad_accum), so every grid of a sweep that mixes pipeline and
+  // non-pipeline grids does the same work per step (the planner's validation).
+  bool accumulate = false;
+  // Tokens per sequence (0: the configuration's max_seq); at most max_seq.
+  int seq = 0;
 };
 
 void run_bench(const BenchOptions& opt, std::ostream& out);

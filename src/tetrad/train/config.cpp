@@ -168,6 +168,11 @@ const std::vector<Field>& schema() {
                 "ZeRO stage over the data axis: 0 replicates optimizer state over D; 1 shards the "
                 "Adam moments over D (gradients reduce-scattered, updated parameters "
                 "all-gathered); 2 shards the gradients too"),
+      BOOL_FIELD("parallel.sparse_embedding_grad", c.sparse_embedding_grad,
+                 "with Z > 1, exchange the token embedding's gradient as the rows the batch "
+                 "touched (all-gather of tokens x C/Gx over Z) instead of reduce-scattering the "
+                 "whole vocabulary block, when that moves less (Gz x tokens per rank < V/Gy); "
+                 "not with a pipeline axis or ZeRO 2"),
       INT_FIELD("train.seed", c.train.seed, "seed of weight init and data order"),
       INT_FIELD("train.micro_batch", c.train.micro_batch,
                 "sequences per micro-batch of the whole job (split over the Z x D ranks)"),

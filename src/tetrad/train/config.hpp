@@ -77,6 +77,7 @@ struct RunConfig {
   std::string machine = "local";     // machine file or shipped name for grid = "auto"
   OverlapConfig overlap;
   int zero = 0;                      // ZeRO stage over the data axis: 0, 1 or 2
+  bool sparse_embedding_grad = true;  // embedding gradient as touched rows over Z (docs/parallel.md)
   std::string schedule = "1f1b";     // pipeline schedule: 1f1b | interleaved
   int virtual_stages = 1;            // pipeline chunks per stage (interleaved)
   std::string pipeline_layers = "even";  // layer split: even | balanced | "3,1" (layer_split.hpp)

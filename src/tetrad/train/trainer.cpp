@@ -199,6 +199,7 @@ TrainResult train(const RunConfig& cfg, const TrainOptions& opt, std::ostream& l
   popt.zero = cfg.zero;
   popt.virtual_stages = cfg.virtual_stages;
   popt.pipeline_layers = cfg.pipeline_layers;
+  popt.sparse_embedding_grad = cfg.sparse_embedding_grad;
   popt.overlap = overlap_options(cfg.overlap);  // dp_overlap dropped with ZeRO or Gp > 1
   parallel::ParallelTransformer model(cfg.model, groups, B, T, popt);
   StepProfile prof;
