@@ -74,6 +74,17 @@ TEST(Config, BadInputNamesTheKeyAndWhatWasExpected) {
   EXPECT_TRUE(contains(error_of("[model]\nfamily = \"bert\"\n"), "expected \"gpt2\" or \"llama\""));
   EXPECT_TRUE(contains(error_of("[model]\nname = \"huge\"\n"), "unknown model 'huge'"));
   EXPECT_TRUE(contains(error_of("[model]\nn_head = 3\n"), "must divide model.n_embd"));
+  // parallel.pipeline_layers: syntax always; with a fixed pipeline grid, length and sum too.
+  const std::string pipe = "[model]\nn_layer = 4\n[parallel]\ngrid = \"1,1,1,2,1\"\n";
+  EXPECT_TRUE(contains(error_of(pipe + "pipeline_layers = \"3;1\"\n"),
+                       "expected \"even\", \"balanced\" or a comma list"));
+  EXPECT_TRUE(contains(error_of(pipe + "pipeline_layers = \"1,1,2\"\n"),
+                       "expected one per virtual stage: Gp x parallel.virtual_stages = 2 x 1 = 2"));
+  EXPECT_TRUE(contains(error_of(pipe + "pipeline_layers = \"2,1\"\n"),
+                       "sum to 3, expected model.n_layer = 4"));
+  EXPECT_TRUE(contains(error_of(pipe + "pipeline_layers = \"4,0\"\n"), "needs at least 1"));
+  EXPECT_EQ(error_of(pipe + "pipeline_layers = \"3,1\"\n"), "");
+  EXPECT_EQ(error_of(pipe + "pipeline_layers = \"balanced\"\n"), "");
   const std::string parse = error_of("[train]\nlr = = 3\n");
   EXPECT_TRUE(contains(parse, "line 2")) << parse;
   EXPECT_TRUE(contains(error_of("", {"trainlr=3"}), "expected section.key=value"));

@@ -263,6 +263,30 @@ TEST(PlannerModel, BubbleIsTheTrainersSchedule) {
   EXPECT_TRUE(estimate(in, Grid5{1, 1, 1, 4, 1}, test_machine()).valid);
 }
 
+// parallel.pipeline_layers: the planner resolves the split with the trainer's function and prices
+// the slowest stage (its layers, plus the head on the last virtual stage's stage).
+TEST(PlannerModel, PricesTheTrainersLayerSplit) {
+  PlanInput in = input("small", 2, 16, 2);
+  const Grid5 g{1, 1, 1, 2, 1};
+  in.pipeline_layers = "5,1";
+  EXPECT_EQ(layer_split_of(in, g), parallel::resolve_layer_split("5,1", in.model, in.seq, 2, 1));
+  EXPECT_EQ(stage_layer_counts(layer_split_of(in, g), 2), (std::vector<int>{5, 1}));
+  const Estimate lopsided = estimate(in, g, test_machine());
+  in.pipeline_layers = "even";
+  const Estimate even = estimate(in, g, test_machine());
+  ASSERT_TRUE(lopsided.valid && even.valid) << lopsided.reject << even.reject;
+  // 5 layers on one stage is slower than 3 | 3 (+ the head on stage 1).
+  EXPECT_GT(lopsided.step, even.step);
+  EXPECT_GT(lopsided.compute, even.compute);
+  // More memory on the fullest stage with the lopsided split.
+  EXPECT_GT(lopsided.memory.total(), even.memory.total());
+  // An explicit list that does not fit a grid's virtual stages rejects that grid, naming why.
+  in.pipeline_layers = "5,1";
+  const Estimate four = estimate(in, Grid5{1, 1, 1, 4, 1}, test_machine());
+  EXPECT_FALSE(four.valid);
+  EXPECT_NE(four.reject.find("expected one per virtual stage"), std::string::npos) << four.reject;
+}
+
 TEST(PlannerModel, PipelineGridsAreTrainable) {
   // The trainer takes a fifth grid number now: Gp > 1 grids are trainable, and their grid
   // string is the trainer's "x,y,z,p,d".
@@ -544,7 +568,7 @@ TEST(PlannerAuto, PassesTheTrainersRecomputeZeroAndSchedule) {
 }
 
 TEST(PlannerModel, PipelineTimeIsTheTrainersScheduleOnTheTrainersSplit) {
-  // The split: the trainer's (parallel::stage_layers), first stages one layer more.
+  // The even split (the trainer's default, parallel::LayerSplit::even), first stages one more.
   EXPECT_EQ(pipeline_layer_split(6, 4), (std::vector<int>{2, 2, 1, 1}));
   EXPECT_EQ(pipeline_layer_split(6, 2, 2), (std::vector<int>{2, 2, 1, 1}));  // j = chunk·p + stage
   EXPECT_EQ(pipeline_layer_split(4, 4), (std::vector<int>{1, 1, 1, 1}));

@@ -77,14 +77,22 @@ struct Model {
 
 // Writes the checkpoint every rank of `grid` would write (in one process) into `dir`.
 void write_simulated(const std::string& dir, const Model& md, const GridShape& grid, int64_t step,
-                     const nlohmann::json& data = nlohmann::json::object(), int virtual_stages = 1) {
+                     const nlohmann::json& data = nlohmann::json::object(), int virtual_stages = 1,
+                     const std::vector<int>& layer_counts = {}) {
+  // The pipeline's layer split: the given counts, else the even split over Gp x v (what the
+  // checkpoint records when info.pipeline_layers is left empty).
+  const parallel::LayerSplit split =
+      grid.p == 1 ? parallel::LayerSplit{}
+      : layer_counts.empty()
+          ? parallel::LayerSplit::even(md.cfg.n_layer, grid.p * virtual_stages)
+          : parallel::LayerSplit::from_counts(layer_counts, md.cfg.n_layer);
   fs::create_directories(dir);
   const uint64_t id = 0x1234567890abcdefull + uint64_t(step);
   std::vector<int64_t> bytes(size_t(grid.size()));
   std::vector<std::vector<uint64_t>> hashes(size_t(grid.size()));
   for (int r = 0; r < grid.size(); ++r) {
     const ShardPlan plan =
-        ShardPlan::build(md.cfg, md.table, grid, parallel::coord_of(r, grid), virtual_stages);
+        ShardPlan::build(md.cfg, md.table, grid, parallel::coord_of(r, grid), split);
     const auto lp = local_of(plan, md.p), lm = local_of(plan, md.m), lv = local_of(plan, md.v);
     const ShardSnapshot s = snapshot_shards(plan, lp.data(), lm.data(), lv.data(), true);
     bytes[size_t(r)] = int64_t(s.data.size());
@@ -95,6 +103,7 @@ void write_simulated(const std::string& dir, const Model& md, const GridShape& g
   info.step = step;
   info.grid = grid;
   info.virtual_stages = virtual_stages;
+  info.pipeline_layers = layer_counts;
   info.tokenizer_identity = 0xabcdef;
   info.data = data;
   write_sharded_meta_files(dir, build_sharded_meta(md.cfg, md.table, info, id, bytes, hashes),
@@ -220,17 +229,30 @@ TEST(ShardedCheckpoint, PipelineGridsSaveTheirStagesAndLoadAnywhere) {
   struct Layout {
     GridShape grid;
     int v;
+    std::vector<int> layers = {};  // uneven split (layer counts per virtual stage); {}: even
+    parallel::LayerSplit split(int n_layer) const {
+      if (grid.p == 1) return {};
+      return layers.empty() ? parallel::LayerSplit::even(n_layer, grid.p * v)
+                            : parallel::LayerSplit::from_counts(layers, n_layer);
+    }
+    std::string name() const {
+      std::string s = grid.to_string() + "-v" + std::to_string(v);
+      for (int n : layers) s += "-" + std::to_string(n);
+      return s;
+    }
   };
+  // One uneven split (stage 0 stores 3 layers, stage 1 one) among the even layouts.
   const std::vector<Layout> pipes = {{{1, 1, 1, 1, 2}, 1}, {{1, 1, 1, 1, 2}, 2},
                                      {{1, 1, 1, 1, 4}, 1}, {{2, 1, 1, 1, 2}, 2},
-                                     {{1, 1, 2, 1, 2}, 1}, {{1, 1, 1, 2, 2}, 1}};
+                                     {{1, 1, 2, 1, 2}, 1}, {{1, 1, 1, 2, 2}, 1},
+                                     {{1, 1, 1, 1, 2}, 1, {3, 1}}};
   std::vector<Layout> all = pipes;
   for (const GridShape& g : grids_1_2_4()) all.push_back({g, 1});
   const std::string base = test_dir() + "/pipeline";
   int pairs = 0;
   for (const Layout& a : all) {
-    const std::string dir = base + "/" + a.grid.to_string() + "-v" + std::to_string(a.v);
-    write_simulated(dir, md, a.grid, 10, nlohmann::json::object(), a.v);
+    const std::string dir = base + "/" + a.name();
+    write_simulated(dir, md, a.grid, 10, nlohmann::json::object(), a.v, a.layers);
     ASSERT_EQ(sharded_checkpoint_problem(dir), std::nullopt) << dir;
     uint64_t bytes = 0;
     for (const auto& f : fs::directory_iterator(dir))
@@ -240,14 +262,15 @@ TEST(ShardedCheckpoint, PipelineGridsSaveTheirStagesAndLoadAnywhere) {
     for (const Layout& b : all) {
       if (!a_pipe && b.grid.p == 1) continue;  // the p = 1 matrix is the test above
       for (int r = 0; r < b.grid.size(); ++r) {
-        const ShardPlan plan =
-            ShardPlan::build(md.cfg, md.table, b.grid, parallel::coord_of(r, b.grid), b.v);
+        const ShardPlan plan = ShardPlan::build(md.cfg, md.table, b.grid,
+                                                parallel::coord_of(r, b.grid), b.split(cfg.n_layer));
         std::vector<float> p(size_t(plan.local_total), -1.f), m(p), v(p);
         const auto info = load_sharded_checkpoint(dir, md.cfg, 0xabcdef, plan, p.data(), m.data(), v.data());
         EXPECT_EQ(info.grid, a.grid);
         EXPECT_EQ(info.virtual_stages, a.v);
-        const std::string where = a.grid.to_string() + " v" + std::to_string(a.v) + " -> " +
-                                  b.grid.to_string() + " v" + std::to_string(b.v) + " rank " + std::to_string(r);
+        // The saving grid's split is recorded (the even one when none was given).
+        EXPECT_EQ(info.pipeline_layers, a.split(cfg.n_layer).counts());
+        const std::string where = a.name() + " -> " + b.name() + " rank " + std::to_string(r);
         ASSERT_EQ(p, local_of(plan, md.p)) << where;
         ASSERT_EQ(m, local_of(plan, md.m)) << where;
         ASSERT_EQ(v, local_of(plan, md.v)) << where;
@@ -255,7 +278,7 @@ TEST(ShardedCheckpoint, PipelineGridsSaveTheirStagesAndLoadAnywhere) {
       ++pairs;
     }
   }
-  EXPECT_EQ(pairs, 6 * 21 + 15 * 6);
+  EXPECT_EQ(pairs, 7 * 22 + 15 * 7);
 }
 
 TEST(ShardedCheckpoint, DamageIsRefusedWithAClearMessage) {

@@ -129,6 +129,7 @@ void run_plan_command(const std::string& model, const std::vector<std::string>& 
   // config's validation already refused virtual stages without interleaving).
   in.schedule = parse_pipeline_schedule(cfg.schedule);
   in.virtual_stages = cfg.virtual_stages;
+  in.pipeline_layers = cfg.pipeline_layers;
   in.ranks = ranks > 0 ? ranks : m.ranks_per_node;
   in.allow_pipeline = !no_pipeline;
   const auto p = plan(in, m);
@@ -265,6 +266,10 @@ int main(int argc, char** argv) {
       ->capture_default_str();
   bench->add_option("--virtual-stages", bopt.virtual_stages,
                     "with --grids: pipeline chunks per stage (interleaved)")
+      ->capture_default_str();
+  bench->add_option("--pipeline-layers", bopt.pipeline_layers,
+                    "with --grids: layer split over the virtual stages (even, balanced, or counts "
+                    "such as 3,1; parallel.pipeline_layers)")
       ->capture_default_str();
   bench->add_option("--layers", bopt.layers, "replace the configuration's layer count (0: keep)")
       ->capture_default_str();

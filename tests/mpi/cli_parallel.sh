@@ -81,6 +81,22 @@ else
   echo "FAIL pipeline resume"; paste <(losses "$W/p_serial") <(losses "$W/p_resumed"); fails=$((fails+1))
 fi
 
+# An uneven layer split (parallel.pipeline_layers = 2,1 on a 3-layer tiny model): the serial
+# losses; the checkpoint records the split and resumes on grid 2,1,1,1 with the serial losses.
+U=(--set model.n_layer=3 --set run.dir="$W/u_grid")
+"$TETRAD" train "${S[@]}" "${P[@]}" --set model.n_layer=3 --set run.dir="$W/u_serial" > /dev/null &&
+"${MPIRUN[@]}" -n 2 "$TETRAD" train "${S[@]}" "${P[@]}" "${U[@]}" --grid 1,1,1,2,1 \
+  --set parallel.pipeline_layers=2,1 --set train.max_steps=3 > "$W/log" 2>&1 &&
+"${MPIRUN[@]}" -n 2 "$TETRAD" train "${S[@]}" "${P[@]}" "${U[@]}" --grid 2,1,1,1 --resume > "$W/log2" 2>&1 ||
+  { cat "$W/log" "$W/log2"; fails=$((fails+1)); }
+if paste <(losses "$W/u_serial") <(losses "$W/u_grid") |
+   awk '{ n++; d = ($1 - $2) / $1; if (d < 0) d = -d; if (d > 1e-5) bad = 1 } END { exit (bad || n != 5) }' &&
+   tr -d ' \n' < "$W"/u_grid/checkpoints/step_000003/meta.json | grep -q '"pipeline_layers":\[2,1\]'; then
+  echo "ok   pipeline split 2,1 (grid 1,1,1,2,1): serial losses; its checkpoint records the split and resumes on 2,1,1,1"
+else
+  echo "FAIL uneven pipeline split"; paste <(losses "$W/u_serial") <(losses "$W/u_grid"); fails=$((fails+1))
+fi
+
 # The Goldfish loss drops the same targets on every grid: same losses as its serial run.
 GF=(--set train.loss_mask=goldfish --set train.goldfish_k=3 --set train.goldfish_h=4)
 "$TETRAD" train "${S[@]}" "${GF[@]}" --set run.dir="$W/gf_serial" > /dev/null &&

@@ -8,6 +8,7 @@
 
 #include <cstdio>
 #include <map>
+#include <tuple>
 
 #include "contract.hpp"
 #include "tetrad/comm/mpi_env.hpp"
@@ -23,7 +24,27 @@ struct Case {
   PipelineSchedule schedule;
   ParallelOptions po;
   Family family = Family::GPT2;
+  // parallel.pipeline_layers, the model's layers, and its vocabulary (0: tiny_model's); the
+  // uneven-split cases need 6 layers to be uneven with v = 2, and "balanced" a vocabulary large
+  // enough that the head outweighs a layer (else it picks the even split).
+  std::string split = "even";
+  int layers = 4;
+  int vocab = 0;
+  // What "balanced" must resolve to for this case (checked, so the case stays uneven).
+  std::vector<int> expect_split = {};
 };
+
+ModelConfig case_model(const Case& c) {
+  ModelConfig mc = tiny_model(c.family, c.layers);
+  if (c.vocab > 0) mc.vocab_size = c.vocab;
+  return mc;
+}
+
+ParallelOptions case_options(const Case& c) {
+  ParallelOptions po = c.po;
+  po.pipeline_layers = c.split;
+  return po;
+}
 
 constexpr auto k1F1B = PipelineSchedule::OneFOneB;
 constexpr auto kInter = PipelineSchedule::Interleaved;
@@ -35,14 +56,25 @@ std::vector<Case> cases(int n) {
       return {{{1, 1, 1, 1, 2}, k1F1B, {R::None, 0, 1}},
               {{1, 1, 1, 1, 2}, kInter, {R::None, 0, 2}},
               {{1, 1, 1, 1, 2}, k1F1B, {R::Full, 0, 1}},
-              {{1, 1, 1, 1, 2}, kInter, {R::Selective, 0, 2}, Family::Llama}};
+              {{1, 1, 1, 1, 2}, kInter, {R::Selective, 0, 2}, Family::Llama},
+              // Uneven layer splits (parallel.pipeline_layers): explicit and balanced, 1F1B and
+              // interleaved. With vocabulary 1024 the head costs ~1.9 layers, so "balanced"
+              // moves layers off the last virtual stage.
+              {{1, 1, 1, 1, 2}, k1F1B, {R::None, 0, 1}, Family::GPT2, "1,3"},
+              {{1, 1, 1, 1, 2}, k1F1B, {R::None, 0, 1}, Family::GPT2, "balanced", 4, 1024, {3, 1}},
+              {{1, 1, 1, 1, 2}, kInter, {R::None, 0, 2}, Family::GPT2, "3,1,1,1", 6},
+              // 6 layers over 4 virtual stages, the last one layer (+ the head): 2,1,2,1 puts 4
+              // layers on rank 0 and 2 + the head on rank 1 (1,2,2,1 would give rank 1 3 + head).
+              {{1, 1, 1, 1, 2}, kInter, {R::None, 0, 2}, Family::GPT2, "balanced", 6, 1024,
+               {2, 1, 2, 1}}};
     case 4:
       return {{{1, 1, 1, 1, 4}, k1F1B, {R::None, 0, 1}},
               {{1, 1, 1, 2, 2}, k1F1B, {R::None, 1, 1}},
               {{1, 1, 1, 2, 2}, kInter, {R::Full, 2, 2}},
               {{2, 1, 1, 1, 2}, kInter, {R::None, 0, 2}},
               {{1, 2, 1, 1, 2}, k1F1B, {R::Selective, 0, 1}, Family::Llama},
-              {{1, 1, 2, 1, 2}, k1F1B, {R::None, 0, 1}}};
+              {{1, 1, 2, 1, 2}, k1F1B, {R::None, 0, 1}},
+              {{2, 1, 1, 1, 2}, k1F1B, {R::None, 0, 1}, Family::GPT2, "3,1"}};
     default:
       return {{{1, 1, 1, 2, 4}, k1F1B, {R::Selective, 2, 1}},
               {{2, 1, 2, 1, 2}, kInter, {R::None, 1, 2}},
@@ -52,17 +84,23 @@ std::vector<Case> cases(int n) {
 
 TEST(PipelineContract, EveryCaseTrainsLikeOneRank) {
   const int steps = world_size() == 8 ? 10 : 20;
-  std::map<int, contract::Run> serial;  // by family
+  std::map<std::tuple<int, int, int>, contract::Run> serial;  // by family, layers, vocabulary
   for (const Case& c : cases(world_size())) {
-    const ModelConfig mc = tiny_model(c.family, 4);
-    if (!serial.count(int(c.family))) serial[int(c.family)] = serial_run(mc, steps);
-    const contract::Run& ref = serial[int(c.family)];
+    const ModelConfig mc = case_model(c);
+    const auto key = std::tuple{int(c.family), mc.n_layer, mc.vocab_size};
+    if (!serial.count(key)) serial[key] = serial_run(mc, steps);
+    const contract::Run& ref = serial[key];
     ProcessGroups g(comm::Communicator::world(), c.grid);
-    const contract::Run par = parallel_run(mc, g, steps, c.po, c.schedule);
+    if (!c.expect_split.empty()) {
+      const ParallelTransformer probe(mc, g, kB, kT, case_options(c));
+      ASSERT_EQ(probe.layer_split().counts(), c.expect_split) << c.split << " on " << c.grid.to_string();
+    }
+    const contract::Run par = parallel_run(mc, g, steps, case_options(c), c.schedule);
     const std::string where = family_name(c.family) + " grid " + c.grid.to_string() + " " +
                               schedule_name(c.schedule) + " v" + std::to_string(c.po.virtual_stages) +
                               " zero " + std::to_string(c.po.zero) + " recompute " +
-                              recompute_name(c.po.recompute);
+                              recompute_name(c.po.recompute) + " layers " + c.split + " of " +
+                              std::to_string(mc.n_layer);
     for (int s = 0; s < steps; ++s) {
       EXPECT_NEAR(par.losses[s] / ref.losses[s], 1.0, 1e-5) << where << " step " << s + 1;
       EXPECT_NEAR(par.grad_norms[s] / ref.grad_norms[s], 1.0, 1e-4) << where << " step " << s + 1;
@@ -87,6 +125,7 @@ TEST(PipelineOverlap, OverlapOnIsBitIdenticalToOff) {
   on.dp_overlap = true;
   on.progress_thread = true;
   for (const Case& c : cases(world_size())) {
+    if (c.split != "even") continue;  // the split changes no overlap path; keeps CI time down
     const ModelConfig mc = tiny_model(c.family, 4);
     ProcessGroups g(comm::Communicator::world(), c.grid);
     const contract::Run off = parallel_run(mc, g, steps, c.po, c.schedule);
@@ -108,19 +147,32 @@ TEST(PipelineOverlap, OverlapOnIsBitIdenticalToOff) {
   }
 }
 
-TEST(Pipeline, LayersSplitEvenlyOverVirtualStages) {
-  EXPECT_EQ(stage_layers(4, 2, 0), (std::pair{0, 2}));
-  EXPECT_EQ(stage_layers(4, 2, 1), (std::pair{2, 4}));
-  EXPECT_EQ(stage_layers(5, 2, 0), (std::pair{0, 3}));  // the first stages take the remainder
-  EXPECT_EQ(stage_layers(5, 2, 1), (std::pair{3, 5}));
+TEST(Pipeline, LayersSplitOverVirtualStagesAsConfigured) {
   if (world_size() != 2) return;
   ProcessGroups g(comm::Communicator::world(), GridShape{1, 1, 1, 1, 2});
   ParallelTransformer m(tiny_model(Family::GPT2, 4), g, kB, kT, {Recompute::None, 0, 2});
-  // Interleaved, v = 2: virtual stages 0..3 of one layer each, on stages 0, 1, 0, 1.
+  // Interleaved, v = 2, even: virtual stages 0..3 of one layer each, on stages 0, 1, 0, 1.
+  EXPECT_EQ(m.layer_split().counts(), (std::vector<int>{1, 1, 1, 1}));
   EXPECT_EQ(m.layer_stage(0), 0);
   EXPECT_EQ(m.layer_stage(1), 1);
   EXPECT_EQ(m.layer_stage(2), 0);
   EXPECT_EQ(m.layer_stage(3), 1);
+  // 1F1B with 1,3: layer 0 on stage 0, layers 1-3 on stage 1; the model stores only its own.
+  ParallelOptions po;
+  po.pipeline_layers = "1,3";
+  ParallelTransformer u(tiny_model(Family::GPT2, 4), g, kB, kT, po);
+  for (int l = 0; l < 4; ++l) EXPECT_EQ(u.layer_stage(l), l == 0 ? 0 : 1) << l;
+  for (const TensorShard& t : u.plan().tensors)
+    if (t.spec->layer >= 0) EXPECT_EQ(t.stored, u.layer_stage(t.spec->layer) == g.coord.p);
+  // A list of the wrong length is refused, naming what was expected.
+  po.pipeline_layers = "1,1,2";
+  try {
+    ParallelTransformer bad(tiny_model(Family::GPT2, 4), g, kB, kT, po);
+    ADD_FAILURE() << "1,1,2 on Gp = 2 accepted";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("expected one per virtual stage"), std::string::npos)
+        << e.what();
+  }
 }
 
 }  // namespace

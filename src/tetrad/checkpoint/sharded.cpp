@@ -33,6 +33,21 @@ using parallel::TensorShard;
 
 namespace {
 
+// The saving grid's layer split: the recorded counts, or (none recorded: one chunk list from
+// before uneven splits existed) the even split over Gp x virtual_stages.
+parallel::LayerSplit saving_split(const ModelConfig& model, const ShardedCheckpointInfo& info) {
+  if (info.grid.p == 1) return {};
+  if (info.pipeline_layers.empty())
+    return parallel::LayerSplit::even(model.n_layer, info.grid.p * info.virtual_stages);
+  const parallel::LayerSplit split = parallel::LayerSplit::from_counts(info.pipeline_layers,
+                                                                       model.n_layer);
+  if (split.virtual_stages() != info.grid.p * info.virtual_stages)
+    fail("checkpoint: pipeline_layers ", split.to_string(), " has ", split.virtual_stages(),
+         " virtual stages, expected Gp x virtual_stages = ", info.grid.p, " x ",
+         info.virtual_stages);
+  return split;
+}
+
 double now_s() {
   return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count();
 }
@@ -387,6 +402,7 @@ ShardedCheckpointInfo info_of(const ParsedMeta& m) {
   // pipeline existed).
   info.grid.p = g.value("p", 1);
   info.virtual_stages = g.value("virtual_stages", 1);
+  info.pipeline_layers = g.value("pipeline_layers", std::vector<int>{});
   info.tokenizer_identity = j.at("tokenizer_identity").is_null()
                                 ? 0
                                 : parse_hex(j["tokenizer_identity"], "tokenizer_identity");
@@ -533,6 +549,7 @@ nlohmann::json build_sharded_meta(const ModelConfig& model, const ParamTable& ta
   if (g.p > 1) {
     j["grid"]["p"] = g.p;
     j["grid"]["virtual_stages"] = info.virtual_stages;
+    j["grid"]["pipeline_layers"] = saving_split(model, info).counts();
   }
   j["model"] = hf_config_json(model);
   j["tokenizer_identity"] = info.tokenizer_identity ? nlohmann::json(hex64(info.tokenizer_identity))
@@ -552,7 +569,7 @@ nlohmann::json build_sharded_meta(const ModelConfig& model, const ParamTable& ta
   nlohmann::json files = nlohmann::json::array();
   for (int r = 0; r < g.size(); ++r) {
     const GridCoord c = parallel::coord_of(r, g);
-    const ShardPlan plan = ShardPlan::build(model, table, g, c, info.virtual_stages);
+    const ShardPlan plan = ShardPlan::build(model, table, g, c, saving_split(model, info));
     int64_t bytes = 0;
     std::vector<ShardPiece> pieces = shard_file_pieces(plan, &bytes);
     if (!info.has_moments) {

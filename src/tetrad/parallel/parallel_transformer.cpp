@@ -51,10 +51,6 @@ ParallelTransformer::ParallelTransformer(const ModelConfig& config, ProcessGroup
     fail("parallel.zero: expected 0, 1 or 2 (ZeRO stage over the data axis), got ", opt_.zero);
   if (opt_.virtual_stages < 1)
     fail("parallel.virtual_stages must be at least 1, got ", opt_.virtual_stages);
-  if (cfg_.n_layer < groups.shape.p * opt_.virtual_stages)
-    fail("model.n_layer (", cfg_.n_layer, ") is smaller than the pipeline's virtual stages Gp x "
-         "parallel.virtual_stages = ", groups.shape.p * opt_.virtual_stages,
-         ": every stage needs at least one layer");
   if (opt_.reduce_scatter_chunk_bytes < 1)
     fail("reduce-scatter chunk size must be at least 1 byte, got ", opt_.reduce_scatter_chunk_bytes);
   if (ov_.prefetch_depth < 0) fail("parallel.prefetch_depth must be >= 0, got ", ov_.prefetch_depth);
@@ -74,7 +70,12 @@ ParallelTransformer::ParallelTransformer(const ModelConfig& config, ProcessGroup
          " = model.max_seq)");
   if (local_batch <= 0) fail("local micro-batch must be positive, got ", local_batch);
   table_ = build_param_table(cfg_);
-  plan_ = ShardPlan::build(cfg_, table_, g_.shape, g_.coord, opt_.virtual_stages);
+  // The split uses the sequence length this model runs (its attention cost, for "balanced"), as
+  // the planner does with its seq; resolve_layer_split names what is wrong with the setting.
+  if (g_.shape.p > 1)
+    split_ = resolve_layer_split(opt_.pipeline_layers, cfg_, max_len, g_.shape.p,
+                                 opt_.virtual_stages);
+  plan_ = ShardPlan::build(cfg_, table_, g_.shape, g_.coord, split_);
   const GridShape& G = g_.shape;
   gpt2_ = cfg_.family == Family::GPT2;
   hd_ = cfg_.head_dim();
@@ -1352,7 +1353,8 @@ void ParallelTransformer::backward_chunk(int l0, int l1, bool embed, bool head,
 // Pipeline support
 
 int ParallelTransformer::layer_stage(int l) const {
-  return stage_of_layer(cfg_.n_layer, g_.shape.p, opt_.virtual_stages, l);
+  if (g_.shape.p == 1) return 0;
+  return split_.stage_of(l, g_.shape.p);
 }
 
 bool ParallelTransformer::owns(const TensorShard& t) const {

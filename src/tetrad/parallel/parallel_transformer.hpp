@@ -81,6 +81,9 @@ struct ParallelOptions {
   // MPI's temporary, twice the message per call (docs/parallel.md, "Memory per rank"). Results
   // do not depend on it; tests make it tiny to run many chunks.
   int64_t reduce_scatter_chunk_bytes = int64_t(4) << 20;
+  // parallel.pipeline_layers: how the layers split into the Gp x virtual_stages virtual stages
+  // ("even", "balanced" or a comma list; layer_split.hpp). Gp > 1 only.
+  std::string pipeline_layers = "even";
 };
 
 // Where the optimizer finds each tensor's part on this rank: parameters and gradients at
@@ -216,6 +219,8 @@ class ParallelTransformer {
   int64_t stash_numel(int l0, int l1, bool embed, bool head);
   // The stage (0..Gp-1) whose chunk holds layer l.
   int layer_stage(int l) const;
+  // The layers of each virtual stage (Gp > 1; empty without a pipeline axis).
+  const LayerSplit& layer_split() const { return split_; }
 
  private:
   struct Layer {
@@ -298,6 +303,7 @@ class ParallelTransformer {
   int scratch_layer_ = -1;      // layer whose recomputable activations the scratch holds
   std::vector<float*> layer_begin_;  // start of each layer's activations; [n_layer]: globals
   ParamTable table_;
+  LayerSplit split_;
   ShardPlan plan_;
   int local_batch_, max_len_;
   bool gpt2_;

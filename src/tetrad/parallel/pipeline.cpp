@@ -31,7 +31,7 @@ PipelineDriver::PipelineDriver(ParallelTransformer& model, PipelineSchedule sche
 
 PipelineDriver::Chunk PipelineDriver::chunk(int c) const {
   const int V = p_ * v_, j = c * p_ + s_;
-  const auto [l0, l1] = stage_layers(m_.config().n_layer, V, j);
+  const auto [l0, l1] = m_.layer_split().layers(j);
   return {l0, l1, j == 0, j == V - 1};
 }
 

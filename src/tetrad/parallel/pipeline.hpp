@@ -3,7 +3,7 @@
 // gradients backward between neighbouring stages with non-blocking point-to-point messages on
 // the P group (docs/parallel.md, "The pipeline").
 //
-// Each rank runs its chunks (virtual stages j = c Gp + p, layers stage_layers(L, Gp v, j)) of the
+// Each rank runs its chunks (virtual stages j = c Gp + p, layers layer_split().layers(j)) of
 // one ParallelTransformer: the forward of a micro-batch's chunk, then its activations stashed
 // (ParallelTransformer::stash) until that chunk's backward. The output of a forward is sent with
 // isend as soon as it exists (the send owns a copy), and the receive of the next op's input is

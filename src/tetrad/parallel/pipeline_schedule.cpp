@@ -57,21 +57,6 @@ std::vector<PipeOp> pipeline_schedule(PipelineSchedule s, int p, int stage, int 
   return ops;
 }
 
-std::pair<int, int> stage_layers(int n_layer, int V, int j) {
-  const int base = n_layer / V, extra = n_layer % V;
-  const int first = j * base + std::min(j, extra);
-  return {first, first + base + (j < extra ? 1 : 0)};
-}
-
-int stage_of_layer(int n_layer, int p, int v, int l) {
-  const int V = p * v;
-  for (int j = 0; j < V; ++j) {
-    const auto [l0, l1] = stage_layers(n_layer, V, j);
-    if (l >= l0 && l < l1) return j % p;
-  }
-  fail("pipeline: layer ", l, " is outside the model's layers 0..", n_layer - 1);
-}
-
 std::string to_string(const std::vector<PipeOp>& ops, int v) {
   std::ostringstream os;
   for (size_t i = 0; i < ops.size(); ++i) {

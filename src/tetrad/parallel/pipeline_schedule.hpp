@@ -50,13 +50,6 @@ struct PipelineTiming {
   // every stage is equally busy).
   double mean_bubble() const;
 };
-// The layers [first, second) of virtual stage j of V (V = Gp x virtual stages): an even split,
-// the first L % V virtual stages one layer more.
-std::pair<int, int> stage_layers(int n_layer, int V, int j);
-// The pipeline stage (0..p-1) that runs layer l with v virtual stages per stage: virtual stage j
-// runs on stage j % p.
-int stage_of_layer(int n_layer, int p, int v, int l);
-
 // t_f, t_b: time of one chunk's forward / backward. Throws tetrad::Error if the lists deadlock.
 PipelineTiming simulate_pipeline(PipelineSchedule s, int p, int m, int v, double t_f, double t_b);
 // The same with each op's own duration: duration(stage, i, op) for op i of that stage's list

@@ -4,7 +4,7 @@
 #include <map>
 
 #include "tetrad/core/error.hpp"
-#include "tetrad/parallel/pipeline_schedule.hpp"
+#include "tetrad/parallel/layer_split.hpp"
 
 namespace tetrad::parallel {
 
@@ -23,11 +23,17 @@ void validate_grid_for_model(const ModelConfig& c, const GridShape& g) {
 }
 
 ShardPlan ShardPlan::build(const ModelConfig& c, const ParamTable& table, const GridShape& g,
-                           const GridCoord& at, int virtual_stages) {
+                           const GridCoord& at, const LayerSplit& layer_split) {
   validate_grid_for_model(c, g);
-  if (g.p > 1 && c.n_layer < g.p * virtual_stages)
-    fail("grid: ", c.n_layer, " layers cannot be split over Gp x virtual stages = ", g.p, " x ",
-         virtual_stages, " pipeline stages (at least one layer each)");
+  // Which layers each stage stores: the given split, or the even one with one chunk per stage.
+  LayerSplit split;
+  if (g.p > 1) {
+    split = layer_split.bounds.empty() ? LayerSplit::even(c.n_layer, g.p) : layer_split;
+    if (split.n_layer() != c.n_layer || split.virtual_stages() % g.p != 0)
+      fail("grid: the pipeline layer split ", split.to_string(), " (", split.virtual_stages(),
+           " virtual stages, ", split.n_layer(), " layers) does not fit Gp = ", g.p, " and ",
+           c.n_layer, " layers (expected a multiple of Gp virtual stages summing to n_layer)");
+  }
   ShardPlan plan;
   plan.grid = g;
   plan.coord = at;
@@ -99,7 +105,7 @@ ShardPlan ShardPlan::build(const ModelConfig& c, const ParamTable& table, const 
       fail("grid: the block of '", n, "' on each rank has ", t.block_numel,
            " elements, not divisible by Gz = ", g.z);
     // A pipeline stage stores only its own layers (and every top-level tensor, see the header).
-    t.stored = g.p == 1 || s.layer < 0 || stage_of_layer(c.n_layer, g.p, virtual_stages, s.layer) == at.p;
+    t.stored = g.p == 1 || s.layer < 0 || split.stage_of(s.layer, g.p) == at.p;
     t.shard_numel = !t.stored ? 0 : t.z_sharded ? t.block_numel / g.z : t.block_numel;
     t.offset = local;
     local += t.shard_numel;

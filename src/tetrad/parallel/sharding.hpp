@@ -22,6 +22,7 @@
 #include "tetrad/model/model_config.hpp"
 #include "tetrad/model/params.hpp"
 #include "tetrad/parallel/grid.hpp"
+#include "tetrad/parallel/layer_split.hpp"
 
 namespace tetrad::parallel {
 
@@ -34,9 +35,9 @@ struct TensorShard {
   int64_t col0 = 0, cols = 0;  // local columns are global [col0, col0 + cols)
   int64_t block_numel = 0;     // rows.size() * cols
   bool z_sharded = false;
-  // With a pipeline axis (Gp > 1) a rank stores only the layers its stage runs (stage_of_layer)
-  // plus every top-level tensor (embeddings, final norm, head: each stage keeps a copy); the
-  // other layers' tensors keep their block geometry but have shard_numel = 0 (no parameters,
+  // With a pipeline axis (Gp > 1) a rank stores only the layers its stage runs (the plan's
+  // LayerSplit) plus every top-level tensor (embeddings, final norm, head: each stage keeps a
+  // copy); the other layers' tensors keep their block geometry but have shard_numel = 0 (no parameters,
   // gradients or optimizer state here).
   bool stored = true;
   int64_t shard_numel = 0;     // elements this rank stores: block / Gz if z_sharded, 0 if !stored
@@ -51,10 +52,10 @@ struct ShardPlan {
   std::vector<TensorShard> tensors;  // same order as the ParamTable
   int64_t local_total = 0;           // size of the local parameter buffer
   // Throws Error naming the dimension when the grid does not divide the model.
-  // virtual_stages: model chunks per pipeline stage (the interleaved schedule), which decides
-  // which layers a stage stores when grid.p > 1.
+  // split: the pipeline's layer split (virtual stage j on stage j % Gp), which decides which
+  // layers a stage stores when grid.p > 1; empty means the even split with one chunk per stage.
   static ShardPlan build(const ModelConfig& c, const ParamTable& table, const GridShape& grid,
-                         const GridCoord& coord, int virtual_stages = 1);
+                         const GridCoord& coord, const LayerSplit& split = {});
 };
 
 // Checks that the grid divides the model: heads and kv heads by Gy, hidden by Gx and Gy, ffn

@@ -26,6 +26,7 @@ PlanInput plan_input_of(const RunConfig& cfg, int ranks) {
   in.zero = cfg.zero;
   in.schedule = parse_pipeline_schedule(cfg.schedule);
   in.virtual_stages = cfg.virtual_stages;
+  in.pipeline_layers = cfg.pipeline_layers;
   return in;
 }
 

@@ -165,22 +165,37 @@ double bubble_fraction(int p, int m, int v) {
   return double(p - 1) / (double(v) * double(m));
 }
 
+parallel::LayerSplit layer_split_of(const PlanInput& in, const Grid5& g) {
+  if (g.p == 1) return parallel::LayerSplit::even(in.model.n_layer, 1);
+  return parallel::resolve_layer_split(in.pipeline_layers, in.model, in.seq, g.p,
+                                       in.virtual_stages);
+}
+
+std::vector<int> stage_layer_counts(const parallel::LayerSplit& split, int p) {
+  TETRAD_CHECK(p >= 1 && split.virtual_stages() % p == 0);
+  std::vector<int> n(size_t(p), 0);
+  for (int j = 0; j < split.virtual_stages(); ++j) {
+    const auto [l0, l1] = split.layers(j);
+    n[size_t(j % p)] += l1 - l0;
+  }
+  return n;
+}
+
+int stage_layer_count(const parallel::LayerSplit& split, int p) {
+  const auto n = stage_layer_counts(split, p);
+  return *std::max_element(n.begin(), n.end());
+}
+
 std::vector<int> pipeline_layer_split(int n_layer, int p, int v) {
   TETRAD_CHECK(p >= 1 && v >= 1);
-  std::vector<int> layers(size_t(p) * v);
-  for (int j = 0; j < p * v; ++j) {
-    const auto [l0, l1] = parallel::stage_layers(n_layer, p * v, j);
-    layers[size_t(j)] = l1 - l0;
-  }
-  return layers;
+  return parallel::LayerSplit::even(n_layer, p * v).counts();
 }
 
 int stage_layer_count(int n_layer, int p, int v) {
+  // n_layer = 0: the planner's way of isolating the top-level activations (no layers at all).
+  if (n_layer == 0) return 0;
   // Stage 0 holds the most (the first L mod (p·v) virtual stages get one more layer).
-  const std::vector<int> split = pipeline_layer_split(n_layer, p, v);
-  int n = 0;
-  for (int c = 0; c < v; ++c) n += split[size_t(c) * p];  // stage 0's chunk c
-  return n;
+  return stage_layer_count(parallel::LayerSplit::even(n_layer, p * v), p);
 }
 
 PipelineTime pipeline_time(parallel::PipelineSchedule s, int p, int m, int v,
@@ -312,12 +327,13 @@ struct StageParams {
   double total() const { return matrices + vectors; }
 };
 
-StageParams stage_params(const ModelConfig& m, const Grid5& g, bool first, bool last, int v = 1) {
+// layers: the layers this stage stores (all of them when Gp = 1).
+StageParams stage_params(const ModelConfig& m, const Grid5& g, bool first, bool last, int layers) {
   // tetrad's pipeline keeps a copy of every top-level tensor (embeddings, final norm, head) on
   // every stage (parallel/sharding.hpp, TensorShard::stored), so each stage holds both ends.
   if (g.p > 1) first = last = true;
   const Sizes s = sizes(m);
-  const double xy = double(g.x) * g.y, Ls = stage_layer_count(m.n_layer, g.p, v);
+  const double xy = double(g.x) * g.y, Ls = layers;
   StageParams sp;
   const double layer_vec =
       s.gpt2 ? 6 * s.H / g.x + (s.QKV + s.F) / g.y : 2 * s.H / g.x;
@@ -350,7 +366,10 @@ int64_t micro_batch_of(const PlanInput& in, const Grid5& g) {
 
 MemoryBreakdown memory_of_stage(const PlanInput& in, const Grid5& g, bool first, bool last) {
   const ModelConfig& m = in.model;
-  const StageParams sp = stage_params(m, g, first, last, in.virtual_stages);
+  // The fullest stage under the trainer's split (every stage keeps both ends' tensors, so the
+  // most layers is the most memory).
+  const double Ls = stage_layer_count(layer_split_of(in, g), g.p);
+  const StageParams sp = stage_params(m, g, first, last, int(Ls));
   const double psi = sp.total();
   const bool bf16 = in.precision == Precision::BF16;
   const double bw = bf16 ? 2 : 4;            // bytes of a weight / gradient
@@ -375,7 +394,6 @@ MemoryBreakdown memory_of_stage(const PlanInput& in, const Grid5& g, bool first,
   const double per_layer_count = stage_layer_count(m.n_layer, g.p);  // what `all` holds
   const double per_layer = per_layer_count > 0 ? (all - global) / per_layer_count : 0;
   const int v = in.virtual_stages;
-  const double Ls = stage_layer_count(m.n_layer, g.p, v);
   const double Cx = double(m.n_embd) / g.x;
   double kept = per_layer;  // per layer per micro-batch
   double work = 0;          // one layer's recomputed activations while its backward runs
@@ -410,7 +428,9 @@ MemoryBreakdown memory_of_stage(const PlanInput& in, const Grid5& g, bool first,
 }  // namespace
 
 int64_t local_parameters(const ModelConfig& m, const Grid5& g) {
-  const auto a = stage_params(m, g, true, g.p == 1), b = stage_params(m, g, g.p == 1, true);
+  const int layers = stage_layer_count(m.n_layer, g.p);  // the ShardPlan default: even, v = 1
+  const auto a = stage_params(m, g, true, g.p == 1, layers),
+             b = stage_params(m, g, g.p == 1, true, layers);
   return int64_t(std::llround(std::max(a.total(), b.total())));
 }
 
@@ -438,6 +458,13 @@ std::string divisibility_problem(const PlanInput& in, const Grid5& g) {
   if (m.n_layer < g.p * in.virtual_stages)
     return "model.n_layer (" + std::to_string(m.n_layer) + ") is smaller than Gp x virtual stages = " +
            std::to_string(g.p * in.virtual_stages);
+  if (g.p > 1) {
+    try {
+      (void)layer_split_of(in, g);  // an explicit split of the wrong length for this Gp
+    } catch (const Error& e) {
+      return e.what();
+    }
+  }
   const int64_t mb = micro_batch_of(in, g);
   if (mb % (int64_t(g.z) * g.d) != 0)
     return "micro-batch (" + std::to_string(mb) + ") is not divisible by Gz x Gd = " +
@@ -551,7 +578,9 @@ Estimate estimate(const PlanInput& in, const Grid5& g, const Machine& mach) {
   const double t_head_fwd = gt.head_fwd + 2 * logits_b / mach.memory_bandwidth;
   const double t_head_bwd = gt.head_bwd + 2 * logits_b / mach.memory_bandwidth;
   const int v = in.virtual_stages;
-  const double Ls = stage_layer_count(m.n_layer, g.p, v);  // the fullest stage's layers
+  // The trainer's split (parallel.pipeline_layers): layers of each virtual stage.
+  const parallel::LayerSplit layer_split = layer_split_of(in, g);
+  const double Ls = stage_layer_count(layer_split, g.p);  // the fullest stage's layers
 
   // ---- collectives: per layer per micro-batch (fwd / bwd), per micro-batch, per step
   struct Item {
@@ -619,7 +648,7 @@ Estimate estimate(const PlanInput& in, const Grid5& g, const Machine& mach) {
   add("pipeline send/recv (fwd+bwd)", AxisId::P, Op::SendRecv, T * s.H / xy * act_b, 2.0 * v, 0, false, MbAt::EveryOp);
   // Per step: Z shards all-reduced over D (ZeRO 1/2: reduce-scatter + all-gather, same ring
   // volume); replicated vectors over Z x D.
-  const StageParams sp = stage_params(m, g, true, g.p == 1, v);
+  const StageParams sp = stage_params(m, g, true, g.p == 1, int(Ls));
   add("data-parallel all-reduce of gradients", AxisId::D, Op::AllReduce, sp.matrices * w_b, 1, 4, false);
   add("all-reduce of replicated grads (norms, biases)", AxisId::ZD, Op::AllReduce, sp.vectors * w_b, 1, 4, false);
 
@@ -658,7 +687,8 @@ Estimate estimate(const PlanInput& in, const Grid5& g, const Machine& mach) {
   e.compute_gemm = double(mcount) * (Ls * (gt.fwd + gt.din + gt.dw + (full ? gt.fwd : 0)) + gt.head_fwd + gt.head_bwd);
   e.compute_attention = double(mcount) * Ls * (3 * attn_fwd + (any_rc ? attn_fwd : 0)) / rate_attn;
   // The pipeline: each op's duration on its stage from the layers the trainer gives that
-  // virtual stage (pipeline_layer_split), and the schedule's makespan (pipeline_time).
+  // virtual stage (layer_split_of: parallel.pipeline_layers as the trainer resolves it), and the
+  // schedule's makespan (pipeline_time).
   const double layer_time = t_layer_fwd + t_layer_bwd;
   const double fwd_share = t_layer_fwd / layer_time;
   // One op's seconds on its stage, by part: compute, exposed communication, contention.
@@ -666,7 +696,7 @@ Estimate estimate(const PlanInput& in, const Grid5& g, const Machine& mach) {
     double compute = 0, comm = 0, contention = 0;
     double total() const { return compute + comm + contention; }
   };
-  const std::vector<int> split = pipeline_layer_split(m.n_layer, g.p, v);
+  const std::vector<int> split = layer_split.counts();
   auto op_parts = [&](int stage, const parallel::PipeOp& op) {
     const int j = op.chunk * g.p + stage, V = g.p * v;
     const double nl = split[size_t(j)];

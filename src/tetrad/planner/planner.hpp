@@ -27,6 +27,7 @@
 
 #include "tetrad/model/model_config.hpp"
 #include "tetrad/parallel/parallel_transformer.hpp"
+#include "tetrad/parallel/layer_split.hpp"
 #include "tetrad/parallel/pipeline_schedule.hpp"
 #include "tetrad/planner/machine.hpp"
 
@@ -77,6 +78,7 @@ struct PlanInput {
   Overlap overlap = Overlap::None;
   Schedule schedule = Schedule::OneFOneB;  // parallel.schedule (pipeline grids)
   int virtual_stages = 1;                  // parallel.virtual_stages: chunks per stage (interleaved)
+  std::string pipeline_layers = "even";    // parallel.pipeline_layers: the layer split
   int ranks = 1;
   bool allow_pipeline = true;  // plan Gp > 1 grids
   void validate() const;
@@ -96,13 +98,17 @@ double hardware_flops_per_step(const ModelConfig& m, int64_t sequences, int seq,
 // ideal pipeline time: (p - 1) / m for 1F1B (v = 1), (p - 1) / (v m) interleaved (the trainer's
 // schedules, parallel/pipeline_schedule.hpp).
 double bubble_fraction(int p, int m, int v = 1);
-// Layers the fullest pipeline stage holds: the trainer splits L over V = p x v virtual stages
-// evenly, the first L % V one layer more (parallel::stage_layers); stage 0 holds the most.
+// The layer split the trainer runs for this input on a grid with g.p stages:
+// parallel.pipeline_layers resolved by the trainer's own function (parallel/layer_split.hpp), with
+// the plan's sequence length. Every place the planner needs stage layers goes through here.
+parallel::LayerSplit layer_split_of(const PlanInput& in, const Grid5& g);
+// Layers each stage (0..p-1) holds under `split` (the sum over its chunks); and the most of them.
+std::vector<int> stage_layer_counts(const parallel::LayerSplit& split, int p);
+int stage_layer_count(const parallel::LayerSplit& split, int p);
+// The even split's fullest stage (stage 0: the first L % V virtual stages take a layer more).
 int stage_layer_count(int n_layer, int p, int v = 1);
-// Layers of every virtual stage j = chunk·p + stage (p·v of them), as the trainer splits them
-// (parallel::stage_layers). The one place the planner reads the trainer's split: the memory and
-// the time of every stage come from it, so another split (parallel.pipeline_layers) changes
-// this function only.
+// Layers of every virtual stage j = chunk·p + stage (p·v of them) under the even split
+// (parallel::LayerSplit::even). The estimate itself uses layer_split_of(in, g).
 std::vector<int> pipeline_layer_split(int n_layer, int p, int v = 1);
 
 // One optimizer step's pipeline, given each op's duration on its stage: the trainer's schedule

@@ -122,12 +122,14 @@ BenchComparison compare_with_bench(const std::string& path, const Machine& m) {
     in.zero = j.value("zero", 0);
     in.schedule = parse_pipeline_schedule(j.value("schedule", std::string("1f1b")));
     in.virtual_stages = j.value("virtual_stages", 1);
+    in.pipeline_layers = j.value("pipeline_layers", std::string("even"));
     in.ranks = r.ranks;
     {
       std::ostringstream set;
       if (r.grid.p > 1)
         set << name(in.schedule) << (in.virtual_stages > 1 ? " x" + std::to_string(in.virtual_stages) : "")
-            << ", m " << in.global_batch / in.micro_batch;
+            << ", m " << in.global_batch / in.micro_batch
+            << (in.pipeline_layers != "even" ? ", layers " + in.pipeline_layers : "");
       if (in.recompute != Recompute::None) set << (set.tellp() > 0 ? ", " : "") << "recompute " << name(in.recompute);
       if (in.zero > 0) set << (set.tellp() > 0 ? ", " : "") << "ZeRO " << in.zero;
       r.setting = set.str();

@@ -299,13 +299,18 @@ void run_bench_grids(const BenchOptions& opt, std::ostream& log) {
     po.zero = opt.zero;
     po.recompute = parse_recompute(opt.recompute);
     po.virtual_stages = opt.virtual_stages;
+    po.pipeline_layers = opt.pipeline_layers;
     out << "  zero " << po.zero << ", recompute " << recompute_name(po.recompute) << "\n";
     for (const GridShape& shape : shapes) {
       try {
         validate_grid(shape, G);
         validate_grid_for_model(mc, shape);
         if (Bg % (shape.z * shape.d) != 0) fail("batch does not divide over Z x D");
-        ShardPlan::build(mc, build_param_table(mc), shape, coord_of(0, shape));
+        // The split the model will run (an explicit list must fit this grid's Gp x v).
+        const LayerSplit split = shape.p > 1 ? resolve_layer_split(opt.pipeline_layers, mc, T, shape.p,
+                                                                   opt.virtual_stages)
+                                             : LayerSplit{};
+        ShardPlan::build(mc, build_param_table(mc), shape, coord_of(0, shape), split);
       } catch (const Error& e) {
         out << "  " << shape.to_string() << "   skipped: " << e.what() << "\n";
         continue;
@@ -508,7 +513,8 @@ void run_bench_grids(const BenchOptions& opt, std::ostream& log) {
         imbalance = stage_max / stage_min - 1;
         out << "  pipeline " << shape.to_string() << ": " << opt.schedule << ", " << M
             << " micro-batches, " << opt.virtual_stages << " chunk(s) per stage, layers "
-            << mc.n_layer << ": bubble (idle / compute, mean over ranks) " << std::fixed
+            << mc.n_layer << " split " << model.layer_split().to_string() << " ("
+            << opt.pipeline_layers << "): bubble (idle / compute, mean over ranks) " << std::fixed
             << std::setprecision(3) << bubble << " (least-waiting rank " << bubble_min
             << ") vs (p - 1) / (v m) = " << expected << "; ratio " << bubble / expected
             << "; the schedule replayed with the measured op times " << replayed << " (stages "
@@ -572,6 +578,8 @@ void run_bench_grids(const BenchOptions& opt, std::ostream& log) {
                                    {"growth_shmem_mb", growth[2] / 1048576.0},
                                    {"micro_batches", M}, {"schedule", opt.schedule},
                                    {"virtual_stages", opt.virtual_stages},
+                                   {"pipeline_layers", opt.pipeline_layers},
+                                   {"layer_split", model.layer_split().counts()},
                                    {"layers", mc.n_layer}, {"bubble", bubble}, {"bubble_replayed", replayed}, {"stage_imbalance", imbalance},
                                    {"bubble_least_waiting", bubble_min},
                                    {"bubble_formula", expected}}

@@ -31,6 +31,7 @@ struct BenchOptions {
   int micro_batches = 4;
   std::string schedule = "1f1b";
   int virtual_stages = 1;
+  std::string pipeline_layers = "even";  // parallel.pipeline_layers: even | balanced | "3,1"
   int layers = 0;
   // --grids: Gp = 1 grids also run `micro_batches` micro-batches per step (gradient
   // accumulation, as train.grad_accum), so every grid of a sweep that mixes pipeline and

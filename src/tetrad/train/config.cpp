@@ -8,6 +8,8 @@
 
 #include "tetrad/core/error.hpp"
 #include "tetrad/kernels/precision.hpp"
+#include "tetrad/parallel/grid.hpp"
+#include "tetrad/parallel/layer_split.hpp"
 #include "tetrad/train/loss_mask.hpp"
 
 namespace tetrad {
@@ -156,7 +158,12 @@ const std::vector<Field>& schema() {
                    "train.grad_accum divisible by Gp); micro-batches = train.grad_accum"),
       INT_FIELD("parallel.virtual_stages", c.virtual_stages,
                 "model chunks per pipeline stage (\"interleaved\" only; 1 with \"1f1b\"); the "
-                "layers split evenly over Gp x virtual_stages"),
+                "layers split over Gp x virtual_stages as parallel.pipeline_layers says"),
+      STRING_FIELD("parallel.pipeline_layers", c.pipeline_layers,
+                   "how the layers split into the Gp x virtual_stages virtual stages: \"even\" "
+                   "(the first L % V one layer more), \"balanced\" (fewest FLOPs on the busiest "
+                   "virtual stage, counting the embedding on the first and the output head + "
+                   "loss on the last), or layer counts per virtual stage, e.g. \"3,1\""),
       INT_FIELD("parallel.zero", c.zero,
                 "ZeRO stage over the data axis: 0 replicates optimizer state over D; 1 shards the "
                 "Adam moments over D (gradients reduce-scattered, updated parameters "
@@ -304,6 +311,15 @@ void RunConfig::validate() const {
   if (virtual_stages < 1) fail("parallel.virtual_stages must be at least 1, got ", virtual_stages);
   if (schedule == "1f1b" && virtual_stages != 1)
     fail("parallel.virtual_stages = ", virtual_stages, " needs parallel.schedule = \"interleaved\"");
+  parallel::check_layer_split_spec(pipeline_layers);
+  // With a fixed pipeline grid the split can be checked against the model now (an explicit list
+  // of the wrong length or sum); "auto" grids are checked when the grid is chosen.
+  if (grid != "auto") {
+    const parallel::GridShape shape = parallel::parse_grid(grid);
+    if (shape.p > 1)
+      (void)parallel::resolve_layer_split(pipeline_layers, model, t.seq_len, shape.p,
+                                          virtual_stages);
+  }
   if (t.precision != "auto") kernels::parse_precision(t.precision);  // throws naming the choices
 }
 

@@ -80,6 +80,7 @@ struct RunConfig {
   bool sparse_embedding_grad = true;  // embedding gradient as touched rows over Z (docs/parallel.md)
   std::string schedule = "1f1b";     // pipeline schedule: 1f1b | interleaved
   int virtual_stages = 1;            // pipeline chunks per stage (interleaved)
+  std::string pipeline_layers = "even";  // layer split: even | balanced | "3,1" (layer_split.hpp)
   TrainConfig train;
 
   void validate() const;  // throws Error naming the key

@@ -198,6 +198,7 @@ TrainResult train(const RunConfig& cfg, const TrainOptions& opt, std::ostream& l
   popt.recompute = parallel::parse_recompute(t.recompute);
   popt.zero = cfg.zero;
   popt.virtual_stages = cfg.virtual_stages;
+  popt.pipeline_layers = cfg.pipeline_layers;
   popt.sparse_embedding_grad = cfg.sparse_embedding_grad;
   popt.overlap = overlap_options(cfg.overlap);  // dp_overlap dropped with ZeRO or Gp > 1
   parallel::ParallelTransformer model(cfg.model, groups, B, T, popt);
@@ -211,6 +212,11 @@ TrainResult train(const RunConfig& cfg, const TrainOptions& opt, std::ostream& l
   if (shape.p > 1)
     pipe = std::make_unique<parallel::PipelineDriver>(
         model, parallel::parse_pipeline_schedule(cfg.schedule), t.grad_accum);
+  // The split actually run ("balanced" is resolved from the model's costs, so say what it chose).
+  if (shape.p > 1 && root && !opt.quiet)
+    out << "# pipeline: " << cfg.schedule << ", layers per virtual stage "
+        << model.layer_split().to_string() << " (parallel.pipeline_layers = \""
+        << cfg.pipeline_layers << "\")\n";
   const parallel::OptimizerLayout& ol = model.optimizer_layout();
   AdamW adam(decay_ranges(table, t, ol.param_offsets, ol.sizes, ol.state_offsets, ol.grad_offsets),
              ol.state_size, t);
@@ -434,6 +440,7 @@ TrainResult train(const RunConfig& cfg, const TrainOptions& opt, std::ostream& l
     ShardedCheckpointInfo info;
     info.step = at_step;
     info.virtual_stages = cfg.virtual_stages;  // which layers each pipeline stage stores
+    info.pipeline_layers = model.layer_split().counts();
     info.tokenizer_identity = data.tokenizer_identity;
     // The loader's position is the job's position in the global window stream (the same on
     // every replica); replica r's next window is stream position cursor + r (data/loader.hpp).
