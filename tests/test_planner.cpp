@@ -733,7 +733,9 @@ TEST(PlannerValidation, SweepCoversPipelineGrids) {
     const Estimate e = estimate(in, g, test_machine(4));
     ASSERT_TRUE(e.valid) << g.to_string() << ": " << e.reject;
     EXPECT_EQ(e.micro_batches, 4);
-    if (g.p == 4) EXPECT_GT(e.bubble, 0.5 * e.step * 0.75 / 1.75);  // (p-1)/m = 3/4 of the busiest stage
+    if (g.p == 4) {  // (p-1)/m = 3/4 of the busiest stage
+      EXPECT_GT(e.bubble, 0.5 * e.step * 0.75 / 1.75);
+    }
   }
   const std::string args = local_sweep_bench_args(2);
   EXPECT_NE(args.find("--grid 1,1,1,2,1 --layers 4 --seq 256 --micro-batches 2 --accumulate"), std::string::npos) << args;
