@@ -85,6 +85,13 @@ TEST(Config, BadInputNamesTheKeyAndWhatWasExpected) {
   EXPECT_TRUE(contains(error_of(pipe + "pipeline_layers = \"4,0\"\n"), "needs at least 1"));
   EXPECT_EQ(error_of(pipe + "pipeline_layers = \"3,1\"\n"), "");
   EXPECT_EQ(error_of(pipe + "pipeline_layers = \"balanced\"\n"), "");
+  // parallel.progress_thread: a bool or "auto".
+  EXPECT_TRUE(contains(error_of("[parallel]\nprogress_thread = \"maybe\"\n"),
+                       "parallel.progress_thread must be true, false or \"auto\", got \"maybe\""));
+  EXPECT_TRUE(contains(error_of("[parallel]\nprogress_thread = 1\n"), "parallel.progress_thread must be"));
+  EXPECT_EQ(load_run_config("", {}).overlap.progress_thread, "auto");
+  EXPECT_EQ(load_run_config("", {"parallel.progress_thread=true"}).overlap.progress_thread, "true");
+  EXPECT_EQ(load_run_config("", {"parallel.progress_thread=auto"}).overlap.progress_thread, "auto");
   const std::string parse = error_of("[train]\nlr = = 3\n");
   EXPECT_TRUE(contains(parse, "line 2")) << parse;
   EXPECT_TRUE(contains(error_of("", {"trainlr=3"}), "expected section.key=value"));

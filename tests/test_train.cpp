@@ -9,6 +9,7 @@
 #include <sstream>
 
 #include "tetrad/checkpoint/run_checkpoint.hpp"
+#include "tetrad/core/cpu.hpp"
 #include "tetrad/core/error.hpp"
 #include "tetrad/core/rng.hpp"
 #include "tetrad/data/prepare.hpp"
@@ -293,4 +294,21 @@ TEST(Report, ExposedCommunicationGroupsTheTracesWaitsByCollective) {
   }
   EXPECT_THROW(exposed_communication(dir + "/bad.json"), Error);
   EXPECT_THROW(exposed_communication(dir + "/missing.json"), Error);
+}
+
+// parallel.progress_thread = "auto": the helper thread only when every rank on the node has a
+// core to spare for it; true / false as given; anything else refused.
+TEST(ProgressThread, AutoTakesTheThreadOnlyWithACoreToSparePerRank) {
+  const int cores = num_cores();
+  EXPECT_TRUE(progress_thread_wins("true", 64, 64));
+  EXPECT_FALSE(progress_thread_wins("false", 1, 1));
+  EXPECT_EQ(progress_thread_wins("auto", 1, cores - 1), cores >= 2);
+  EXPECT_FALSE(progress_thread_wins("auto", 1, cores));     // every core computes
+  EXPECT_FALSE(progress_thread_wins("auto", cores, 1));     // one rank per core, 1 thread each
+  if (cores >= 2) EXPECT_TRUE(progress_thread_wins("auto", cores / 2, 1));
+  EXPECT_THROW(progress_thread_wins("sometimes", 1, 1), Error);
+  OverlapConfig c;
+  EXPECT_EQ(overlap_options(c, cores, 1).progress_thread, false);
+  c.progress_thread = "true";
+  EXPECT_EQ(overlap_options(c, cores, 1).progress_thread, true);
 }

@@ -23,6 +23,7 @@
 #include "tetrad/model/transformer.hpp"
 #include "tetrad/parallel/parallel_transformer.hpp"
 #include "tetrad/parallel/pipeline.hpp"
+#include "tetrad/planner/auto_grid.hpp"
 #include "tetrad/parallel/process_groups.hpp"
 #include "tetrad/tools/ceilings.hpp"
 #include "tetrad/train/optimizer.hpp"
@@ -322,7 +323,10 @@ void run_bench_grids(const BenchOptions& opt, std::ostream& log) {
       // poll / thread: every bit-identical overlap on (backward all-reduce, reduce-scatter,
       // prefetch depth 1, data-parallel buckets), whatever the defaults are, with progress by
       // polling between kernels / by the helper thread.
-      OverlapOptions ov = mode == "off" ? OverlapOptions::all_off() : overlap_options(OverlapConfig{});
+      const int on_node = planner::launcher_ranks_per_node() > 0 ? planner::launcher_ranks_per_node()
+                                                                 : world.size();
+      OverlapOptions ov = mode == "off" ? OverlapOptions::all_off()
+                                        : overlap_options(OverlapConfig{}, on_node, threads);
       if (mode == "poll" || mode == "thread") {
         ov.backward_allreduce = ov.reduce_scatter = ov.dp_overlap = true;
         ov.prefetch_depth = std::max(ov.prefetch_depth, 1);

@@ -149,10 +149,29 @@ const std::vector<Field>& schema() {
       INT_FIELD("parallel.forward_chunks", c.overlap.forward_chunks,
                 "forward: GEMM and all-reduce in this many row chunks, each chunk's all-reduce "
                 "behind the next chunk's GEMM (1: off)"),
-      BOOL_FIELD("parallel.progress_thread", c.overlap.progress_thread,
-                 "a helper thread calls MPI every ~50 us during GEMMs while collectives are "
-                 "pending (Open MPI progresses only inside MPI calls); off: MPI_Test polls "
-                 "between kernels only"),
+      Field{"parallel.progress_thread", "bool or \"auto\"",
+            "true: a helper thread calls MPI every ~50 us during GEMMs while collectives are "
+            "pending (Open MPI progresses only inside MPI calls); false: MPI_Test polls between "
+            "kernels only; \"auto\": the thread when every rank has a core to spare for it "
+            "(ranks on the node x (train.threads + 1) <= cores), else polling (on a full node the "
+            "thread takes its time from the kernels)",
+            [](RunConfig& c, const toml::node& n, const std::string& w) {
+              if (auto b = n.value_exact<bool>()) {
+                c.overlap.progress_thread = *b ? "true" : "false";
+                return;
+              }
+              const auto s = n.value_exact<std::string>();
+              if (s && (*s == "auto" || *s == "true" || *s == "false")) {
+                c.overlap.progress_thread = *s;
+                return;
+              }
+              if (s) fail(w, ": parallel.progress_thread must be true, false or \"auto\", got \"", *s, "\"");
+              fail(w, ": parallel.progress_thread must be true, false or \"auto\", got ", n.type());
+            },
+            [](const RunConfig& c) {
+              return c.overlap.progress_thread == "auto" ? toml_quote("auto")
+                                                         : c.overlap.progress_thread;
+            }},
       STRING_FIELD("parallel.schedule", c.schedule,
                    "pipeline schedule (Gp > 1): \"1f1b\" or \"interleaved\" (needs "
                    "train.grad_accum divisible by Gp); micro-batches = train.grad_accum"),

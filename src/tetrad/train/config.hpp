@@ -64,7 +64,7 @@ struct OverlapConfig {
   bool dp_overlap = true;
   double dp_bucket_mb = 0;
   int forward_chunks = 1;
-  bool progress_thread = true;
+  std::string progress_thread = "auto";  // true | false | auto (a core to spare per rank)
 };
 
 struct RunConfig {

@@ -100,13 +100,7 @@ void set_threads(int threads) {
     if (const char* env = std::getenv("OMP_NUM_THREADS"); env && std::atoi(env) > 0) {
       n = std::atoi(env);
     } else {
-      int local_ranks = 1;
-      for (const char* v : {"OMPI_COMM_WORLD_LOCAL_SIZE", "MPI_LOCALNRANKS", "SLURM_NTASKS_PER_NODE"})
-        if (const char* e = std::getenv(v); e && std::atoi(e) > 0) {
-          local_ranks = std::atoi(e);
-          break;
-        }
-      n = std::max(1, num_cores() / local_ranks);
+      n = std::max(1, num_cores() / std::max(1, planner::launcher_ranks_per_node()));
     }
   }
   omp_set_num_threads(n);
@@ -133,7 +127,18 @@ void restore_data_position(const nlohmann::json& d, const std::string& dir, int 
 
 }  // namespace
 
-parallel::OverlapOptions overlap_options(const OverlapConfig& c) {
+bool progress_thread_wins(const std::string& mode, int ranks_on_node, int threads) {
+  if (mode == "true") return true;
+  if (mode == "false") return false;
+  if (mode != "auto")
+    fail("parallel.progress_thread must be true, false or \"auto\", got \"", mode, "\"");
+  // The thread polls every ~50 us while collectives are pending: with a spare core it costs
+  // nothing, on a full node it takes that time from the kernels (bench/overlap_train.sh: +10% on
+  // the Z grid's step with 2 ranks x 1 thread on 2 cores, where polling costs nothing).
+  return int64_t(ranks_on_node) * (threads + 1) <= num_cores();
+}
+
+parallel::OverlapOptions overlap_options(const OverlapConfig& c, int ranks_on_node, int threads) {
   parallel::OverlapOptions o;
   o.backward_allreduce = c.backward_allreduce;
   o.reduce_scatter = c.reduce_scatter;
@@ -143,7 +148,7 @@ parallel::OverlapOptions overlap_options(const OverlapConfig& c) {
   o.dp_overlap = c.dp_overlap;
   o.dp_bucket_mb = c.dp_bucket_mb;
   o.forward_chunks = c.forward_chunks;
-  o.progress_thread = c.progress_thread;
+  o.progress_thread = progress_thread_wins(c.progress_thread, ranks_on_node, threads);
   return o;
 }
 
@@ -200,7 +205,9 @@ TrainResult train(const RunConfig& cfg, const TrainOptions& opt, std::ostream& l
   popt.virtual_stages = cfg.virtual_stages;
   popt.pipeline_layers = cfg.pipeline_layers;
   popt.sparse_embedding_grad = cfg.sparse_embedding_grad;
-  popt.overlap = overlap_options(cfg.overlap);  // dp_overlap dropped with ZeRO or Gp > 1
+  // Ranks on this node: the launcher's count, else all of them (one node assumed).
+  const int on_node = planner::launcher_ranks_per_node() > 0 ? planner::launcher_ranks_per_node() : world;
+  popt.overlap = overlap_options(cfg.overlap, on_node, omp_get_max_threads());  // dp_overlap dropped with ZeRO or Gp > 1
   parallel::ParallelTransformer model(cfg.model, groups, B, T, popt);
   StepProfile prof;
   TraceLog trace_log;

@@ -46,8 +46,12 @@ struct TrainOptions {
   int trace_steps = 3;        // steps on the timeline (after the first, when the run is longer)
 };
 
-// The parallel.* overlap keys as the model's options.
-parallel::OverlapOptions overlap_options(const OverlapConfig& c);
+// The parallel.* overlap keys as the model's options; parallel.progress_thread = "auto" resolves
+// by progress_thread_wins with this node's rank count and each rank's OpenMP threads.
+parallel::OverlapOptions overlap_options(const OverlapConfig& c, int ranks_on_node, int threads);
+// "true" / "false", or "auto": a helper thread only when every rank on the node has a core to
+// spare for it (ranks_on_node x (threads + 1) <= cores). Throws Error for another value.
+bool progress_thread_wins(const std::string& mode, int ranks_on_node, int threads);
 
 // Runs training as configured. Throws Error on bad input (config, data, checkpoint) before any
 // work is lost; a non-finite step is skipped and reported, train.max_bad_steps in a row stop the
