@@ -385,7 +385,7 @@ int main(int argc, char** argv) {
   plan_cmd->add_option("--zero", po.zero,
                        "ZeRO stage over the data axis: 0 | 1 | 2 (default: the config's parallel.zero, else 0)");
   plan_cmd->add_option("--overlap", po.overlap,
-                       "none (tetrad today) | tensor (AxoNN's OAR/ORS/OAG) | all (+ data-parallel)")
+                       "none (every collective exposed) | tensor (AxoNN's OAR/ORS/OAG) | all (+ data-parallel; tetrad's training defaults)")
       ->capture_default_str();
   plan_cmd->add_option("--schedule", po.schedule,
                        "pipeline schedule: 1f1b | interleaved (parallel.schedule; default: the config's)");
