@@ -579,28 +579,36 @@ void ParallelTransformer::scatter_layer_grads(int layer) {
     if (last) layer_final(layer, true);
     return;
   }
-  float* buf = layer < 0 ? gblock_top_.data() : gblock_[layer & 1].data();
-  auto& tickets = rs_tickets_[layer < 0 ? 2 : layer & 1];
-  tickets.clear();
+  rs_tickets_[layer < 0 ? 2 : layer & 1].clear();
   int& remaining = rs_remaining_[size_t(layer + 1)];
   remaining = 0;
   for (const auto& t : plan_.tensors)
     if (t.spec->layer == layer && t.z_sharded) ++remaining;
   for (const auto& t : plan_.tensors)
-    if (t.spec->layer == layer && t.z_sharded) {
-      float* land = scatter_tmp_.data() + t.offset;
-      float* gp = grads_.data() + t.offset;
-      const int64_t n = t.shard_numel;
-      auto done = [this, land, gp, n, layer, last, &remaining] {
-        k::add_inplace(gp, land, n);
-        if (--remaining == 0 && last) layer_final(layer, true);
-      };
-      const auto ticket = q_.start(g_.z.ireduce_scatter_sum(buf + t.block_offset, land, size_t(n)),
-                                   g_.z, "reduce_scatter", "dW", layer,
-                                   n * g_.shape.z * int64_t(sizeof(float)), done);
-      if (ov_.reduce_scatter) tickets.push_back(ticket);
-      else q_.wait(ticket);
-    }
+    if (t.spec->layer == layer && t.z_sharded) start_grad_reduce_scatter(t, last);
+}
+
+// The reduce-scatter over Z of one tensor's gradient block (the layer's staging buffer); on
+// completion this rank's shard is added into the gradients, and the layer is final once its last
+// one (rs_remaining_) is in, on the step's last micro-batch. Waited for at once without
+// OverlapOptions::reduce_scatter.
+CommQueue::Ticket ParallelTransformer::start_grad_reduce_scatter(const TensorShard& t, bool last) {
+  const int layer = t.spec->layer;
+  const float* block = (layer < 0 ? gblock_top_.data() : gblock_[layer & 1].data()) + t.block_offset;
+  float* land = scatter_tmp_.data() + t.offset;
+  float* gp = grads_.data() + t.offset;
+  const int64_t n = t.shard_numel;
+  int& remaining = rs_remaining_[size_t(layer + 1)];
+  auto done = [this, land, gp, n, layer, last, &remaining] {
+    k::add_inplace(gp, land, n);
+    if (--remaining == 0 && last) layer_final(layer, true);
+  };
+  const auto ticket = q_.start(g_.z.ireduce_scatter_sum(block, land, size_t(n)), g_.z,
+                               "reduce_scatter", "dW", layer,
+                               n * g_.shape.z * int64_t(sizeof(float)), done);
+  if (ov_.reduce_scatter) rs_tickets_[layer < 0 ? 2 : layer & 1].push_back(ticket);
+  else q_.wait(ticket);
+  return ticket;
 }
 
 // The sparse embedding gradient's top-level reduce-scatters over Z, in two parts: the head tensor
@@ -608,35 +616,20 @@ void ParallelTransformer::scatter_layer_grads(int layer) {
 // afterwards), the other Z-sharded top tensors but the embedding after the embedding's backward.
 // The embedding's rows (accumulate_embedding_rows) count as one more completion of the top.
 void ParallelTransformer::scatter_top_grads(bool head_part) {
-  const bool last = last_micro_batch();
-  float* buf = gblock_top_.data();
-  auto& tickets = rs_tickets_[2];
-  int& remaining = rs_remaining_[0];
   auto scattered = [&](int i) {  // an untied embedding has no dense part to reduce
     const TensorShard& t = plan_.tensors[size_t(i)];
     return t.spec->layer < 0 && t.z_sharded && (i == head_ || i != wte_);
   };
   if (head_part) {
-    tickets.clear();
+    rs_tickets_[2].clear();
+    int& remaining = rs_remaining_[0];
     remaining = 1;  // the rows
     for (int i = 0; i < int(plan_.tensors.size()); ++i) remaining += scattered(i);
   }
   for (int i = 0; i < int(plan_.tensors.size()); ++i) {
     if (!scattered(i) || (i == head_) != head_part) continue;
-    const TensorShard& t = plan_.tensors[size_t(i)];
-    float* land = scatter_tmp_.data() + t.offset;
-    float* gp = grads_.data() + t.offset;
-    const int64_t n = t.shard_numel;
-    auto done = [this, land, gp, n, last, &remaining] {
-      k::add_inplace(gp, land, n);
-      if (--remaining == 0 && last) layer_final(-1, true);
-    };
-    const auto ticket = q_.start(g_.z.ireduce_scatter_sum(buf + t.block_offset, land, size_t(n)),
-                                 g_.z, "reduce_scatter", "dW", -1,
-                                 n * g_.shape.z * int64_t(sizeof(float)), done);
+    const auto ticket = start_grad_reduce_scatter(plan_.tensors[size_t(i)], last_micro_batch());
     if (i == head_) head_rs_ticket_ = ticket;
-    if (ov_.reduce_scatter) tickets.push_back(ticket);
-    else q_.wait(ticket);
   }
 }
 

@@ -335,6 +335,7 @@ class ParallelTransformer {
   // embedding's); with the sparse embedding gradient, rs_remaining_ of the top counts both and
   // the rows' accumulation.
   void scatter_top_grads(bool head_part);
+  CommQueue::Ticket start_grad_reduce_scatter(const TensorShard& t, bool last);
   void accumulate_embedding_rows(int64_t N);
   std::vector<Bucket> buckets_;
   Buffer<float> bucket_buf_;
