@@ -569,9 +569,9 @@ TEST(PlannerAuto, PassesTheTrainersRecomputeZeroAndSchedule) {
 
 TEST(PlannerModel, PipelineTimeIsTheTrainersScheduleOnTheTrainersSplit) {
   // The even split (the trainer's default, parallel::LayerSplit::even), first stages one more.
-  EXPECT_EQ(pipeline_layer_split(6, 4), (std::vector<int>{2, 2, 1, 1}));
-  EXPECT_EQ(pipeline_layer_split(6, 2, 2), (std::vector<int>{2, 2, 1, 1}));  // j = chunk·p + stage
-  EXPECT_EQ(pipeline_layer_split(4, 4), (std::vector<int>{1, 1, 1, 1}));
+  EXPECT_EQ(parallel::LayerSplit::even(6, 4).counts(), (std::vector<int>{2, 2, 1, 1}));
+  EXPECT_EQ(parallel::LayerSplit::even(6, 2 * 2).counts(), (std::vector<int>{2, 2, 1, 1}));  // j = chunk·p + stage
+  EXPECT_EQ(parallel::LayerSplit::even(4, 4).counts(), (std::vector<int>{1, 1, 1, 1}));
   // Equal stages: the makespan is the textbook (1 + (p-1)/(v m)) x the busiest stage.
   auto equal = [](int, const parallel::PipeOp& op) { return op.forward ? 1.0 : 2.0; };
   for (auto [p, m] : {std::pair{2, 2}, {4, 4}, {4, 16}}) {

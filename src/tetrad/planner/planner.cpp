@@ -186,11 +186,6 @@ int stage_layer_count(const parallel::LayerSplit& split, int p) {
   return *std::max_element(n.begin(), n.end());
 }
 
-std::vector<int> pipeline_layer_split(int n_layer, int p, int v) {
-  TETRAD_CHECK(p >= 1 && v >= 1);
-  return parallel::LayerSplit::even(n_layer, p * v).counts();
-}
-
 int stage_layer_count(int n_layer, int p, int v) {
   // n_layer = 0: the planner's way of isolating the top-level activations (no layers at all).
   if (n_layer == 0) return 0;

@@ -107,9 +107,6 @@ std::vector<int> stage_layer_counts(const parallel::LayerSplit& split, int p);
 int stage_layer_count(const parallel::LayerSplit& split, int p);
 // The even split's fullest stage (stage 0: the first L % V virtual stages take a layer more).
 int stage_layer_count(int n_layer, int p, int v = 1);
-// Layers of every virtual stage j = chunk·p + stage (p·v of them) under the even split
-// (parallel::LayerSplit::even). The estimate itself uses layer_split_of(in, g).
-std::vector<int> pipeline_layer_split(int n_layer, int p, int v = 1);
 
 // One optimizer step's pipeline, given each op's duration on its stage: the trainer's schedule
 // (parallel::pipeline_schedule) run by parallel::simulate_pipeline, so unequal stages (the head on
