@@ -48,9 +48,9 @@ struct Run {
 
 constexpr int kB = 8, kT = 16, kAccum = 2;
 
-// The grids of this world size the contract runs: the model divides over them and the batch of
-// kB sequences over Z x D.
-inline std::vector<GridShape> contract_grids(const ModelConfig& mc) {
+// The grids of this world size a test can run: the model divides over them and the batch of
+// `batch` sequences over Z x D.
+inline std::vector<GridShape> contract_grids(const ModelConfig& mc, int batch = kB) {
   std::vector<GridShape> out;
   for (const GridShape& shape : factorizations(world_size())) {
     try {
@@ -58,7 +58,7 @@ inline std::vector<GridShape> contract_grids(const ModelConfig& mc) {
     } catch (const Error&) {
       continue;
     }
-    if (kB % (shape.z * shape.d) == 0) out.push_back(shape);
+    if (batch % (shape.z * shape.d) == 0) out.push_back(shape);
   }
   return out;
 }

@@ -20,6 +20,7 @@
 #include <set>
 #include <vector>
 
+#include "contract.hpp"
 #include "mpi_test.hpp"
 #include "tetrad/core/error.hpp"
 #include "tetrad/core/profile.hpp"
@@ -110,19 +111,6 @@ Result train(const ModelConfig& mc, ProcessGroups& g, const OverlapOptions& ov,
   return r;
 }
 
-std::vector<GridShape> usable_grids(const ModelConfig& mc) {
-  std::vector<GridShape> out;
-  for (const GridShape& s : factorizations(world_size())) {
-    try {
-      validate_grid_for_model(mc, s);
-    } catch (const Error&) {
-      continue;
-    }
-    if (kB % (s.z * s.d) == 0) out.push_back(s);
-  }
-  return out;
-}
-
 // Every combination of the switches that act on this grid.
 std::vector<OverlapOptions> combinations(const GridShape& s) {
   const bool tp = s.x > 1 || s.y > 1, z = s.z > 1, dp = s.z * s.d > 1;
@@ -182,7 +170,7 @@ void sweep(Family f) {
   const ModelConfig mc = tiny_model(f);
   comm::Communicator world = comm::Communicator::world();
   int runs = 0;
-  for (const GridShape& s : usable_grids(mc)) {
+  for (const GridShape& s : contract::contract_grids(mc, kB)) {
     ProcessGroups g(world, s);
     const Result base = train(mc, g, OverlapOptions::all_off());
     for (const OverlapOptions& o : combinations(s)) {
