@@ -2,7 +2,7 @@
 # Installs what tetrad needs from Debian 12's packages (skips what is already there).
 set -euo pipefail
 PKGS=(cmake g++ make pkg-config
-      libdnnl-dev libopenmpi-dev openmpi-bin
+      libdnnl-dev ocl-icd-opencl-dev opencl-headers libopenmpi-dev openmpi-bin
       libsentencepiece-dev nlohmann-json3-dev libcli11-dev libtomlplusplus-dev libxxhash-dev
       libgtest-dev
       bible-kjv bible-kjv-text)
