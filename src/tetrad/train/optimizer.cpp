@@ -74,6 +74,11 @@ void AdamW::update(float* params, const float* grads, double lr, double grad_sca
 
 void AdamW::update(float* params, const float* grads, double lr, double grad_scale, int64_t step,
                    int64_t lo, int64_t hi) {
+  update(params, nullptr, grads, lr, grad_scale, step, lo, hi);
+}
+
+void AdamW::update(float* params, uint16_t* params_bf16, const float* grads, double lr,
+                   double grad_scale, int64_t step, int64_t lo, int64_t hi) {
   for (const auto& r : ranges_) {
     // The part of this run inside [lo, hi); the update is elementwise, so any split is exact.
     const int64_t a = std::max(lo, r.offset), b = std::min(hi, r.offset + r.numel);
@@ -81,10 +86,15 @@ void AdamW::update(float* params, const float* grads, double lr, double grad_sca
     const int64_t skip = a - r.offset;
     const int64_t so = (r.state_offset < 0 ? r.offset : r.state_offset) + skip;
     const int64_t go = (r.grad_offset < 0 ? r.offset : r.grad_offset) + skip;
-    kernels::adamw_update<float>(params + a, grads + go, m_.data() + so, v_.data() + so, b - a,
-                                 float(lr), float(t_.beta1), float(t_.beta2), float(t_.adam_eps),
-                                 r.decay ? float(t_.weight_decay) : 0.0f, float(grad_scale),
-                                 step);
+    const float wd = r.decay ? float(t_.weight_decay) : 0.0f;
+    if (params_bf16)
+      kernels::adamw_update_bf16(params + a, params_bf16 + a, grads + go, m_.data() + so,
+                                 v_.data() + so, b - a, float(lr), float(t_.beta1),
+                                 float(t_.beta2), float(t_.adam_eps), wd, float(grad_scale), step);
+    else
+      kernels::adamw_update<float>(params + a, grads + go, m_.data() + so, v_.data() + so, b - a,
+                                   float(lr), float(t_.beta1), float(t_.beta2),
+                                   float(t_.adam_eps), wd, float(grad_scale), step);
   }
 }
 
