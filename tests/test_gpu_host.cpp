@@ -9,6 +9,10 @@
 #include <vector>
 
 #include "tetrad/backend/cuda/gemm_mapping.hpp"
+#include "tetrad/backend/device_select.hpp"
+#include "tetrad/core/error.hpp"
+
+#include <cstdlib>
 
 namespace {
 
@@ -75,6 +79,38 @@ TEST(GpuHost, LeadingDimensionCheck) {
   EXPECT_FALSE(tetrad::gpu::row_major_ld_ok(false, 4, 6, 5));
   EXPECT_TRUE(tetrad::gpu::row_major_ld_ok(true, 4, 6, 4));
   EXPECT_FALSE(tetrad::gpu::row_major_ld_ok(true, 4, 6, 3));
+}
+
+// One rank per GPU: the node-local rank from whichever launcher set it picks the device.
+TEST(GpuHost, LocalRankChoosesTheDevice) {
+  using namespace tetrad::backend;
+  for (const char* v : {"OMPI_COMM_WORLD_LOCAL_RANK", "SLURM_LOCALID", "MPI_LOCALRANKID", "LOCAL_RANK"})
+    unsetenv(v);
+  std::string src;
+  EXPECT_EQ(local_rank_from_environment(&src), 0);
+  EXPECT_EQ(src, "none");
+  setenv("SLURM_LOCALID", "3", 1);
+  EXPECT_EQ(local_rank_from_environment(&src), 3);
+  EXPECT_EQ(src, "SLURM_LOCALID");
+  setenv("OMPI_COMM_WORLD_LOCAL_RANK", "5", 1);  // Open MPI's wins
+  EXPECT_EQ(local_rank_from_environment(&src), 5);
+  setenv("OMPI_COMM_WORLD_LOCAL_RANK", "x1", 1);
+  try {
+    local_rank_from_environment();
+    ADD_FAILURE() << "a malformed local rank was accepted";
+  } catch (const tetrad::Error& e) {
+    EXPECT_NE(std::string(e.what()).find("OMPI_COMM_WORLD_LOCAL_RANK='x1'"), std::string::npos) << e.what();
+  }
+  unsetenv("OMPI_COMM_WORLD_LOCAL_RANK");
+  unsetenv("SLURM_LOCALID");
+  EXPECT_EQ(device_for_local_rank(0, 8), 0);
+  EXPECT_EQ(device_for_local_rank(9, 8), 1);
+  EXPECT_THROW(device_for_local_rank(0, 0), tetrad::Error);
+  EXPECT_EQ(parse_device_index("cuda", "cuda"), -1);
+  EXPECT_EQ(parse_device_index("cuda:3", "cuda"), 3);
+  EXPECT_THROW(parse_device_index("cuda:", "cuda"), tetrad::Error);
+  EXPECT_THROW(parse_device_index("cuda:-1", "cuda"), tetrad::Error);
+  EXPECT_THROW(parse_device_index("gpu", "cuda"), tetrad::Error);
 }
 
 }  // namespace

@@ -186,8 +186,8 @@ __global__ void k_cast_b2f(float* out, int64_t ldo, const uint16_t* in, int64_t 
 }
 
 // ---- norms: one block per row ----
-__global__ void k_norm_row_sums(double* stat, const float* x, const float* mean, bool square,
-                                int64_t Cx) {
+__global__ void k_norm_row_sums(double* stat, int64_t stride, const float* x, const float* mean,
+                                bool square, int64_t Cx) {
   const int64_t t = blockIdx.x;
   const float* r = x + t * Cx;
   double acc = 0;
@@ -203,7 +203,7 @@ __global__ void k_norm_row_sums(double* stat, const float* x, const float* mean,
     for (int64_t c = threadIdx.x; c < Cx; c += blockDim.x) acc += r[c];
   }
   acc = block_sum(acc);
-  if (threadIdx.x == 0) stat[t] = acc;
+  if (threadIdx.x == 0) stat[t * stride] = acc;
 }
 __global__ void k_norm_finish_mean(float* mean, const double* stat, int64_t ntok, int64_t C) {
   const int64_t t = blockIdx.x * int64_t(blockDim.x) + threadIdx.x;
@@ -358,15 +358,20 @@ __global__ void k_embed_fwd(float* out, const int32_t* tokens, const float* wte,
 // Vocabulary rows are dealt out to kBuckets buckets by (local row % kBuckets); thread (c, b)
 // owns column c of every row of bucket b and walks the tokens in order.
 constexpr int kEmbedBuckets = 64;
-__global__ void k_embed_bwd_wte(float* dwte, const float* dout, const int32_t* tokens,
-                                int64_t ntok, int64_t C, int64_t v0, int64_t Vl) {
+// Only elements e = local * C + c of the flattened (Vl, C) block with s0 <= e < s1 are written,
+// to dshard[e - s0] (a Z shard of the table's gradient; dense: s0 = 0, s1 = Vl * C).
+__global__ void k_embed_bwd_wte(float* dshard, int64_t s0, int64_t s1, const float* dout,
+                                const int32_t* tokens, int64_t ntok, int64_t C, int64_t v0,
+                                int64_t Vl) {
   const int64_t c = blockIdx.x * int64_t(blockDim.x) + threadIdx.x;
   const int64_t bucket = blockIdx.y;
   if (c >= C) return;
   for (int64_t t = 0; t < ntok; ++t) {
     const int64_t local = int64_t(tokens[t]) - v0;
     if (local < 0 || local >= Vl || local % kEmbedBuckets != bucket) continue;
-    dwte[local * C + c] += dout[t * C + c];
+    const int64_t e = local * C + c;
+    if (e < s0 || e >= s1) continue;
+    dshard[e - s0] += dout[t * C + c];
   }
 }
 // dwpe[p] += Σ over sequences of dout[b * T + p]: thread per (p, c), fixed order over b.
@@ -515,6 +520,144 @@ __global__ void k_ssq_stage2(double* out, const double* scratch, int64_t nblocks
   if (threadIdx.x == 0) *out = acc;
 }
 
+
+// ---- the op table's extra pieces (cuda_backend.cpp) ----
+__global__ void k_residual_add(float* out, const float* r, const float* y, const float* b,
+                               int64_t N, int64_t C) {
+  const int64_t n = N * C;
+  for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < n;
+       i += int64_t(gridDim.x) * blockDim.x)
+    out[i] = b ? r[i] + y[i] + b[i % C] : r[i] + y[i];
+}
+__global__ void k_position_add(float* out, const float* pos, int64_t N, int64_t T, int64_t C) {
+  const int64_t n = N * C;
+  for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < n;
+       i += int64_t(gridDim.x) * blockDim.x) {
+    const int64_t t = i / C, c = i - t * C;
+    out[i] += pos[(t % T) * C + c];
+  }
+}
+__global__ void k_round_bf16(float* x, int64_t n) {
+  for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < n;
+       i += int64_t(gridDim.x) * blockDim.x)
+    x[i] = bf2f(f2bf(x[i]));
+}
+__global__ void k_row_max(float* mx, const float* L, int64_t ld, int64_t Vs) {
+  const int64_t t = blockIdx.x;
+  const float* r = L + t * ld;
+  float m = -INFINITY;
+  for (int64_t j = threadIdx.x; j < Vs; j += blockDim.x) m = fmaxf(m, r[j]);
+  for (int o = kWarp / 2; o > 0; o /= 2) m = fmaxf(m, __shfl_xor_sync(0xffffffffu, m, o));
+  __shared__ float part[32];
+  if (threadIdx.x % kWarp == 0) part[threadIdx.x / kWarp] = m;
+  __syncthreads();
+  if (threadIdx.x == 0) {
+    float M = -INFINITY;
+    for (int w = 0; w < int(blockDim.x / kWarp); ++w) M = fmaxf(M, part[w]);
+    mx[t] = M;
+  }
+}
+__global__ void k_sum_exp_target(double* st, const float* L, const float* mx,
+                                 const int32_t* targets, int64_t v0, int64_t Vs) {
+  const int64_t t = blockIdx.x;
+  const float* r = L + t * Vs;
+  const float m = mx[t];
+  double acc = 0;
+  for (int64_t j = threadIdx.x; j < Vs; j += blockDim.x) acc += expf(r[j] - m);
+  acc = block_sum(acc);
+  if (threadIdx.x == 0) {
+    st[2 * t] = acc;
+    const int64_t v = int64_t(targets[t]) - v0;
+    st[2 * t + 1] = (targets[t] >= 0 && v >= 0 && v < Vs) ? double(r[v]) : 0.0;
+  }
+}
+__global__ void k_ce_loss(float* losses, const double* st, const float* mx,
+                          const int32_t* targets, int64_t N) {
+  const int64_t t = blockIdx.x * int64_t(blockDim.x) + threadIdx.x;
+  if (t < N)
+    losses[t] = targets[t] >= 0 ? float(log(st[2 * t]) + double(mx[t]) - st[2 * t + 1]) : 0.0f;
+}
+// The losses summed in row order by one thread: the op table asks for the CPU's order, and N is
+// at most a few hundred thousand (well under a millisecond).
+__global__ void k_sum_rows_in_order(double* total, const float* losses, int64_t N) {
+  if (threadIdx.x != 0 || blockIdx.x != 0) return;
+  double s = 0;
+  for (int64_t t = 0; t < N; ++t) s += losses[t];
+  *total = s;
+}
+__global__ void k_ce_grad(float* L, const float* mx, const double* st, const int32_t* targets,
+                          int64_t v0, int64_t Vs, float grad_scale) {
+  const int64_t t = blockIdx.x;
+  float* r = L + t * Vs;
+  if (targets[t] < 0) {
+    for (int64_t j = threadIdx.x; j < Vs; j += blockDim.x) r[j] = 0.0f;
+    return;
+  }
+  const float scale = grad_scale / float(st[2 * t]), m = mx[t];
+  const int64_t v = int64_t(targets[t]) - v0;
+  for (int64_t j = threadIdx.x; j < Vs; j += blockDim.x) {
+    float g = expf(r[j] - m) * scale;
+    if (j == v) g -= grad_scale;
+    r[j] = g;
+  }
+}
+__global__ void k_row_argmax(int32_t* idx, float* val, const float* L, int64_t Vs, int64_t ld) {
+  const int64_t t = blockIdx.x;
+  const float* r = L + t * ld;
+  float best = -INFINITY;
+  int64_t bi = Vs;  // past the end: no finite maximum seen yet
+  for (int64_t j = threadIdx.x; j < Vs; j += blockDim.x)
+    if (r[j] > best || (r[j] == best && j < bi)) {
+      best = r[j];
+      bi = j;
+    }
+  for (int o = kWarp / 2; o > 0; o /= 2) {
+    const float b2 = __shfl_xor_sync(0xffffffffu, best, o);
+    const int64_t i2 = __shfl_xor_sync(0xffffffffu, bi, o);
+    if (b2 > best || (b2 == best && i2 < bi)) {
+      best = b2;
+      bi = i2;
+    }
+  }
+  __shared__ float pb[32];
+  __shared__ int64_t pi[32];
+  if (threadIdx.x % kWarp == 0) {
+    pb[threadIdx.x / kWarp] = best;
+    pi[threadIdx.x / kWarp] = bi;
+  }
+  __syncthreads();
+  if (threadIdx.x == 0) {
+    for (int w = 1; w < int(blockDim.x / kWarp); ++w)
+      if (pb[w] > best || (pb[w] == best && pi[w] < bi)) {
+        best = pb[w];
+        bi = pi[w];
+      }
+    idx[t] = int32_t(bi == Vs ? 0 : bi);
+    val[t] = best;
+  }
+}
+__global__ void k_adamw_one(TensorSpan sp, float lr, float beta1, float beta2, float eps,
+                            float grad_scale, float bc1, float bc2) {
+  for (int64_t j = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; j < sp.n;
+       j += int64_t(gridDim.x) * blockDim.x) {
+    const float gi = sp.g[j] * grad_scale;
+    const float mi = beta1 * sp.m[j] + (1.0f - beta1) * gi;
+    const float vi = beta2 * sp.v[j] + (1.0f - beta2) * gi * gi;
+    sp.m[j] = mi;
+    sp.v[j] = vi;
+    const float p = sp.p[j] - lr * ((mi * bc1) / (sqrtf(vi * bc2) + eps) + sp.weight_decay * sp.p[j]);
+    sp.p[j] = p;
+    if (sp.p_bf16) sp.p_bf16[j] = f2bf(p);
+  }
+}
+__global__ void k_ssq_one(double* scratch, const float* x, int64_t n) {
+  const int64_t i0 = blockIdx.x * kSsqChunk;
+  const int64_t i1 = i0 + kSsqChunk < n ? i0 + kSsqChunk : n;
+  double acc = 0;
+  for (int64_t i = i0 + threadIdx.x; i < i1; i += blockDim.x) acc += double(x[i]) * x[i];
+  acc = block_sum(acc);
+  if (threadIdx.x == 0) scratch[blockIdx.x] = acc;
+}
 }  // namespace
 
 // ---------------------------------------------------------------------------------------------
@@ -571,10 +714,10 @@ void cast_bf16_to_f32(float* out, int64_t ldo, const uint16_t* in, int64_t ldi, 
   TETRAD_LAUNCH_CHECK("cast_bf16_to_f32");
 }
 
-void norm_row_sums(double* stat, const float* x, const float* mean, bool square, int64_t ntok,
-                   int64_t Cx, gpuStream_t s) {
+void norm_row_sums(double* stat, int64_t stride, const float* x, const float* mean, bool square,
+                   int64_t ntok, int64_t Cx, gpuStream_t s) {
   if (ntok <= 0) return;
-  k_norm_row_sums<<<unsigned(ntok), row_threads(Cx), 0, s>>>(stat, x, mean, square, Cx);
+  k_norm_row_sums<<<unsigned(ntok), row_threads(Cx), 0, s>>>(stat, stride, x, mean, square, Cx);
   TETRAD_LAUNCH_CHECK("norm_row_sums");
 }
 void norm_finish_mean(float* mean, const double* stat, int64_t ntok, int64_t C, gpuStream_t s) {
@@ -669,7 +812,7 @@ void embedding_backward(float* dwte, float* dwpe, const float* dout, const int32
   if (ntok * C <= 0) return;
   if (dwte) {
     dim3 grid(unsigned((C + 127) / 128), kEmbedBuckets);
-    k_embed_bwd_wte<<<grid, 128, 0, s>>>(dwte, dout, tokens, ntok, C, v0, Vl);
+    k_embed_bwd_wte<<<grid, 128, 0, s>>>(dwte, 0, Vl * C, dout, tokens, ntok, C, v0, Vl);
     TETRAD_LAUNCH_CHECK("embedding_backward(wte)");
   }
   if (dwpe) {
@@ -729,6 +872,100 @@ void sum_squares_multi(double* out, const float* const* ptrs_dev, const int64_t*
   }
   const int64_t nb = sum_squares_scratch(total);
   k_ssq_stage1<<<unsigned(nb), kThreads, 0, s>>>(scratch, ptrs_dev, offsets_dev, count, total);
+  TETRAD_LAUNCH_CHECK("sum_squares(stage1)");
+  k_ssq_stage2<<<1, 1024, 0, s>>>(out, scratch, nb);
+  TETRAD_LAUNCH_CHECK("sum_squares(stage2)");
+}
+
+
+void residual_add(float* out, const float* resid, const float* y, const float* b, int64_t N,
+                  int64_t C, gpuStream_t s) {
+  if (N * C <= 0) return;
+  k_residual_add<<<grid_for(N * C), kThreads, 0, s>>>(out, resid, y, b, N, C);
+  TETRAD_LAUNCH_CHECK("residual_add");
+}
+void position_add(float* out, const float* pos, int64_t N, int64_t T, int64_t C, gpuStream_t s) {
+  if (N * C <= 0) return;
+  k_position_add<<<grid_for(N * C), kThreads, 0, s>>>(out, pos, N, T, C);
+  TETRAD_LAUNCH_CHECK("position_add");
+}
+void position_grad(float* dpos, const float* dout, int64_t N, int64_t T, int64_t C, gpuStream_t s) {
+  if (N * C <= 0) return;
+  k_embed_bwd_wpe<<<grid_for(T * C), kThreads, 0, s>>>(dpos, dout, N, T, C);
+  TETRAD_LAUNCH_CHECK("position_grad");
+}
+void embedding_scatter_add(float* dshard, int64_t s0, int64_t s1, const float* dout,
+                           const int32_t* tokens, int64_t v0, int64_t Vs, int64_t N, int64_t C,
+                           gpuStream_t s) {
+  if (N * C <= 0 || s1 <= s0) return;
+  dim3 grid(unsigned((C + 127) / 128), kEmbedBuckets);
+  k_embed_bwd_wte<<<grid, 128, 0, s>>>(dshard, s0, s1, dout, tokens, N, C, v0, Vs);
+  TETRAD_LAUNCH_CHECK("embedding_scatter_add");
+}
+void round_to_bf16(float* x, int64_t n, gpuStream_t s) {
+  if (n <= 0) return;
+  k_round_bf16<<<grid_for(n), kThreads, 0, s>>>(x, n);
+  TETRAD_LAUNCH_CHECK("round_to_bf16");
+}
+void ce_row_max(float* mx, const float* logits, int64_t ld, int64_t N, int64_t Vs, gpuStream_t s) {
+  if (N <= 0) return;
+  k_row_max<<<unsigned(N), 512, 0, s>>>(mx, logits, ld, Vs);
+  TETRAD_LAUNCH_CHECK("ce_row_max");
+}
+void ce_sum_exp_target(double* st, const float* logits, const float* mx, const int32_t* targets,
+                       int64_t v0, int64_t Vs, int64_t N, gpuStream_t s) {
+  if (N <= 0) return;
+  k_sum_exp_target<<<unsigned(N), 512, 0, s>>>(st, logits, mx, targets, v0, Vs);
+  TETRAD_LAUNCH_CHECK("ce_sum_exp_target");
+}
+void ce_loss(float* losses, double* total, const double* st, const float* mx,
+             const int32_t* targets, int64_t N, gpuStream_t s) {
+  if (N <= 0) {
+    if (total) GPU_CHECK(gpuMemsetAsync(total, 0, sizeof(double), s));
+    return;
+  }
+  k_ce_loss<<<grid_for(N), kThreads, 0, s>>>(losses, st, mx, targets, N);
+  TETRAD_LAUNCH_CHECK("ce_loss");
+  if (total) {
+    k_sum_rows_in_order<<<1, 32, 0, s>>>(total, losses, N);
+    TETRAD_LAUNCH_CHECK("ce_loss(total)");
+  }
+}
+void ce_loss_total_in_order(double* total, const float* losses, int64_t N, gpuStream_t s) {
+  if (N <= 0) {
+    GPU_CHECK(gpuMemsetAsync(total, 0, sizeof(double), s));
+    return;
+  }
+  k_sum_rows_in_order<<<1, 32, 0, s>>>(total, losses, N);
+  TETRAD_LAUNCH_CHECK("ce_loss_total_in_order");
+}
+void ce_grad(float* logits, const float* mx, const double* st, const int32_t* targets, int64_t v0,
+             int64_t Vs, int64_t N, float grad_scale, gpuStream_t s) {
+  if (N <= 0) return;
+  k_ce_grad<<<unsigned(N), 512, 0, s>>>(logits, mx, st, targets, v0, Vs, grad_scale);
+  TETRAD_LAUNCH_CHECK("ce_grad");
+}
+void row_argmax(int32_t* idx, float* val, const float* logits, int64_t N, int64_t Vs, int64_t ld,
+                gpuStream_t s) {
+  if (N <= 0) return;
+  k_row_argmax<<<unsigned(N), 256, 0, s>>>(idx, val, logits, Vs, ld);
+  TETRAD_LAUNCH_CHECK("row_argmax");
+}
+void adamw(const TensorSpan& sp, float lr, float beta1, float beta2, float eps, float grad_scale,
+           int64_t step, gpuStream_t s) {
+  if (sp.n <= 0) return;
+  const float bc1 = float(1.0 / (1.0 - std::pow(double(beta1), double(step))));
+  const float bc2 = float(1.0 / (1.0 - std::pow(double(beta2), double(step))));
+  k_adamw_one<<<grid_for(sp.n), kThreads, 0, s>>>(sp, lr, beta1, beta2, eps, grad_scale, bc1, bc2);
+  TETRAD_LAUNCH_CHECK("adamw");
+}
+void sum_squares(double* out, const float* x, int64_t n, double* scratch, gpuStream_t s) {
+  if (n <= 0) {
+    GPU_CHECK(gpuMemsetAsync(out, 0, sizeof(double), s));
+    return;
+  }
+  const int64_t nb = sum_squares_scratch(n);
+  k_ssq_one<<<unsigned(nb), kThreads, 0, s>>>(scratch, x, n);
   TETRAD_LAUNCH_CHECK("sum_squares(stage1)");
   k_ssq_stage2<<<1, 1024, 0, s>>>(out, scratch, nb);
   TETRAD_LAUNCH_CHECK("sum_squares(stage2)");

@@ -50,8 +50,8 @@ void cast_bf16_to_f32(float* out, int64_t ldo, const uint16_t* in, int64_t ldi, 
 // stat[t] = Σ_c x[t, c]                    (mean == nullptr, square == false)
 //         = Σ_c x[t, c]²                   (mean == nullptr, square == true: RMSNorm)
 //         = Σ_c (x[t, c] - mean[t])²       (mean != nullptr: LayerNorm's centred variance)
-void norm_row_sums(double* stat, const float* x, const float* mean, bool square, int64_t ntok,
-                   int64_t Cx, gpuStream_t s);
+void norm_row_sums(double* stat, int64_t stride, const float* x, const float* mean, bool square,
+                   int64_t ntok, int64_t Cx, gpuStream_t s);  // stat[t * stride]
 // mean[t] = stat[t] / C (mean_out != nullptr) or rstd[t] = 1 / sqrt(stat[t] / C + eps).
 void norm_finish_mean(float* mean, const double* stat, int64_t ntok, int64_t C, gpuStream_t s);
 void norm_finish_rstd(float* rstd, const double* stat, int64_t ntok, int64_t C, float eps,
@@ -151,6 +151,39 @@ void adamw_multi(const TensorSpan* spans_dev, const int64_t* offsets_dev, int co
 void sum_squares_multi(double* out, const float* const* ptrs_dev, const int64_t* offsets_dev,
                        int count, int64_t total, double* scratch, gpuStream_t s);
 int64_t sum_squares_scratch(int64_t total);
+
+// ---- the op table's remaining pieces (backend/ops.hpp states each contract) -----------------------
+// out = resid + y (+ b[c]) over (N, C).
+void residual_add(float* out, const float* resid, const float* y, const float* b, int64_t N,
+                  int64_t C, gpuStream_t s);
+// out[t] += pos[t % T]; dpos[t % T] += dout[t] (fixed order over sequences, no atomics).
+void position_add(float* out, const float* pos, int64_t N, int64_t T, int64_t C, gpuStream_t s);
+void position_grad(float* dpos, const float* dout, int64_t N, int64_t T, int64_t C, gpuStream_t s);
+// dshard[e - s0] += dout[t, c] for e = (tokens[t] - v0) * C + c in [s0, s1), in token order.
+void embedding_scatter_add(float* dshard, int64_t s0, int64_t s1, const float* dout,
+                           const int32_t* tokens, int64_t v0, int64_t Vs, int64_t N, int64_t C,
+                           gpuStream_t s);
+void round_to_bf16(float* x, int64_t n, gpuStream_t s);
+// The cross-entropy pieces of the op table (two reads of the logits forward: the table's split
+// into a max all-reduce and a sum all-reduce needs the global max first; the one-rank fused path,
+// xent_partials & co above, reads them once).
+void ce_row_max(float* mx, const float* logits, int64_t ld, int64_t N, int64_t Vs, gpuStream_t s);
+void ce_sum_exp_target(double* st, const float* logits, const float* mx, const int32_t* targets,
+                       int64_t v0, int64_t Vs, int64_t N, gpuStream_t s);
+void ce_loss(float* losses, double* total, const double* st, const float* mx,
+             const int32_t* targets, int64_t N, gpuStream_t s);
+// *total = Σ losses[t] in row order (the op table's order).
+void ce_loss_total_in_order(double* total, const float* losses, int64_t N, gpuStream_t s);
+void ce_grad(float* logits, const float* mx, const double* st, const int32_t* targets, int64_t v0,
+             int64_t Vs, int64_t N, float grad_scale, gpuStream_t s);
+// idx[t], val[t]: the lowest column index of each row's maximum.
+void row_argmax(int32_t* idx, float* val, const float* logits, int64_t N, int64_t Vs, int64_t ld,
+                gpuStream_t s);
+// One tensor (an interval) of AdamW, p_bf16 written in the same pass when not null.
+void adamw(const TensorSpan& sp, float lr, float beta1, float beta2, float eps, float grad_scale,
+           int64_t step, gpuStream_t s);
+// *out (device) = Σ x² in double; scratch: sum_squares_scratch(n) doubles.
+void sum_squares(double* out, const float* x, int64_t n, double* scratch, gpuStream_t s);
 
 // ---- attention ----------------------------------------------------------------------------------
 // Causal scaled-dot-product attention with GQA, flash style: never a [T, T] matrix in memory;
