@@ -4,7 +4,8 @@
 #include <cmath>
 #include <limits>
 
-#include "tetrad/backend/cpu/ops.hpp"
+#include "tetrad/core/error.hpp"
+
 
 namespace tetrad {
 
@@ -61,11 +62,17 @@ std::vector<DecayRange> whole_tensor_ranges(const ParamTable& table, const Train
 }
 }  // namespace
 
-AdamW::AdamW(const ParamTable& table, const TrainConfig& t)
-    : AdamW(whole_tensor_ranges(table, t), table.total, t) {}
+AdamW::AdamW(const ParamTable& table, const TrainConfig& t, backend::Backend& be)
+    : AdamW(whole_tensor_ranges(table, t), table.total, t, be) {}
 
-AdamW::AdamW(std::vector<DecayRange> ranges, int64_t total, const TrainConfig& t)
-    : ranges_(std::move(ranges)), t_(t), m_(total), v_(total) {}
+AdamW::AdamW(std::vector<DecayRange> ranges, int64_t total, const TrainConfig& t,
+             backend::Backend& be)
+    : ranges_(std::move(ranges)),
+      t_(t),
+      be_(&be),
+      size_(total),
+      m_(be.alloc_array<float>(size_t(total))),
+      v_(be.alloc_array<float>(size_t(total))) {}
 
 void AdamW::update(float* params, const float* grads, double lr, double grad_scale,
                    int64_t step) {
@@ -79,6 +86,9 @@ void AdamW::update(float* params, const float* grads, double lr, double grad_sca
 
 void AdamW::update(float* params, uint16_t* params_bf16, const float* grads, double lr,
                    double grad_scale, int64_t step, int64_t lo, int64_t hi) {
+  if (params_bf16 && !be_->capabilities().adamw_bf16_copy)
+    fail("backend '", be_->name(), "' cannot write the bf16 weight copy in its AdamW update "
+         "(AdamWArgs::p16); update without it");
   for (const auto& r : ranges_) {
     // The part of this run inside [lo, hi); the update is elementwise, so any split is exact.
     const int64_t a = std::max(lo, r.offset), b = std::min(hi, r.offset + r.numel);
@@ -86,20 +96,42 @@ void AdamW::update(float* params, uint16_t* params_bf16, const float* grads, dou
     const int64_t skip = a - r.offset;
     const int64_t so = (r.state_offset < 0 ? r.offset : r.state_offset) + skip;
     const int64_t go = (r.grad_offset < 0 ? r.offset : r.grad_offset) + skip;
-    const float wd = r.decay ? float(t_.weight_decay) : 0.0f;
-    if (params_bf16)
-      kernels::adamw_update_bf16(params + a, params_bf16 + a, grads + go, m_.data() + so,
-                                 v_.data() + so, b - a, float(lr), float(t_.beta1),
-                                 float(t_.beta2), float(t_.adam_eps), wd, float(grad_scale), step);
-    else
-      kernels::adamw_update<float>(params + a, grads + go, m_.data() + so, v_.data() + so, b - a,
-                                   float(lr), float(t_.beta1), float(t_.beta2),
-                                   float(t_.adam_eps), wd, float(grad_scale), step);
+    backend::AdamWArgs u;
+    u.p = params + a;
+    u.g = grads + go;
+    u.m = m() + so;
+    u.v = v() + so;
+    u.n = b - a;
+    u.lr = float(lr);
+    u.beta1 = float(t_.beta1);
+    u.beta2 = float(t_.beta2);
+    u.eps = float(t_.adam_eps);
+    u.weight_decay = r.decay ? float(t_.weight_decay) : 0.0f;
+    u.grad_scale = float(grad_scale);
+    u.step = step;
+    u.p16 = params_bf16 ? params_bf16 + a : nullptr;
+    be_->ops().adamw(be_->queue(), u);
   }
 }
 
-double grad_norm(const float* grads, int64_t n) {
-  return std::sqrt(kernels::sum_squares(grads, n));
+double sum_squares(const float* x, int64_t n, backend::Backend& be) {
+  backend::Queue& q = be.queue();
+  if (be.capabilities().host_visible) {
+    double s = 0;
+    be.ops().sum_squares(q, &s, x, n);
+    q.synchronize();
+    return s;
+  }
+  backend::DeviceBuffer out = be.alloc_array<double>(1);
+  be.ops().sum_squares(q, out.as<double>(), x, n);
+  double s = 0;
+  q.copy_to_host(&s, out.data(), sizeof s);
+  q.synchronize();
+  return s;
+}
+
+double grad_norm(const float* grads, int64_t n, backend::Backend& be) {
+  return std::sqrt(sum_squares(grads, n, be));
 }
 
 }  // namespace tetrad
