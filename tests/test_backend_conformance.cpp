@@ -823,6 +823,32 @@ TEST_P(Conformance, AdamWOverAnInterval) {
     }
 }
 
+// The fused bf16 weight copy (AdamWArgs::p16): the fp32 update is unchanged bit for bit and p16
+// holds the updated parameters rounded to nearest even.
+TEST_P(Conformance, AdamWWritesTheBf16Copy) {
+  if (!be_->capabilities().adamw_bf16_copy)
+    GTEST_SKIP() << be_->name() << " has no fused bf16 copy in adamw (Capabilities::adamw_bf16_copy)";
+  const int64_t n = randint(10, 5000);
+  const VF p = rand(static_cast<size_t>(n)), g = rand(static_cast<size_t>(n)),
+           m = rand(static_cast<size_t>(n), -0.1f, 0.1f), v = rand(static_cast<size_t>(n), 0.0f, 0.01f);
+  AdamWArgs a;
+  a.lr = 3e-3f; a.weight_decay = 0.1f; a.grad_scale = 0.5f; a.step = randint(1, 50); a.n = n;
+  DeviceBuffer p1 = up(p), g1 = up(g), m1 = up(m), v1 = up(v);
+  DeviceBuffer p2 = up(p), m2 = up(m), v2 = up(v), h = up(std::vector<uint16_t>(size_t(n), 0x7fc1));
+  a.p = F(p1); a.g = F(g1); a.m = F(m1); a.v = F(v1);
+  ops_->adamw(*q_, a);
+  a.p = F(p2); a.m = F(m2); a.v = F(v2); a.p16 = h.as<uint16_t>();
+  ops_->adamw(*q_, a);
+  const VF w1 = down(p1, size_t(n)), w2 = down(p2, size_t(n));
+  DeviceBuffer back = poisoned(size_t(n));
+  ops_->cast_bf16_to_f32(*q_, F(back), h.as<uint16_t>(), n);
+  const VF b = down(back, size_t(n));
+  for (int64_t i = 0; i < n; ++i) {
+    ASSERT_EQ(w1[i], w2[i]) << "the bf16 copy changed the fp32 update at " << i << ", " << seed();
+    ASSERT_EQ(b[i], ref_bf16(w2[i])) << "bf16 copy of " << w2[i] << " at " << i << ", " << seed();
+  }
+}
+
 // ---- memory, queue, registry ----------------------------------------------------------------
 
 TEST_P(Conformance, MemoryQueueAndEvents) {

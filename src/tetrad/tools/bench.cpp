@@ -263,7 +263,11 @@ void run_bench(const BenchOptions& opt, std::ostream& out) {
           << best_layout_ceiling << " in the fastest layouts; model FLOP/s = "
           << 100 * model_flops / (best_layout_ceiling * 1e9) << "% of the fastest-layout ceiling\n";
       const std::string choices = kernels::gemm_layout_report();
-      if (!choices.empty()) out << "  layout choices (kernels::gemm_bf16):\n" << choices;
+      if (!choices.empty()) {
+        out << "  layout choices (kernels::gemm_bf16):\n";
+        std::istringstream lines(choices);
+        for (std::string l; std::getline(lines, l);) out << "    " << l << "\n";
+      }
     }
     out << "  memory:           peak RSS " << peak_rss / 1048576.0 << " MiB vs "
         << needed / 1048576.0 << " MiB needed (params+grads+Adam" << (state_bytes_per_param > 16 ? "+bf16 copy " : " ")
