@@ -169,13 +169,14 @@ struct MatmulKey {
   bool ta, tb;
   int64_t M, N, K, lda, ldb, ldc;
   float alpha, beta;
+  int policy;  // the GemmLayoutPolicy in force: a forced form must not reuse another's primitive
   bool operator==(const MatmulKey&) const = default;
 };
 struct MatmulKeyHash {
   size_t operator()(const MatmulKey& k) const {
     size_t h = 1469598103934665603ull;
     auto mix = [&](uint64_t v) { h = (h ^ v) * 1099511628211ull; };
-    mix(uint64_t(k.ta) | uint64_t(k.tb) << 1);
+    mix(uint64_t(k.ta) | uint64_t(k.tb) << 1 | uint64_t(k.policy) << 2);
     for (int64_t v : {k.M, k.N, k.K, k.lda, k.ldb, k.ldc}) mix(uint64_t(v));
     mix(std::hash<float>()(k.alpha));
     mix(std::hash<float>()(k.beta));
@@ -372,14 +373,20 @@ void gemm_bf16_native(bool ta, bool tb, int64_t M, int64_t N, int64_t K, float a
     convert_matrix_to_bf16(B.f32, B.ld, t_b16.data(), sb.cols, sb.rows, sb.cols);
     b = t_b16.data(), ldb = sb.cols;
   }
-  const MatmulKey key{ta, tb, M, N, K, lda, ldb, ldc, alpha, beta};
+  const MatmulKey key{ta, tb, M, N, K, lda, ldb, ldc, alpha, beta, int(g_layout_policy)};
   auto it = cache.find(key);
   if (it == cache.end()) {
     Matmul m;
     switch (g_layout_policy) {
       case GemmLayoutPolicy::kTune: m = tune(key); break;
-      case GemmLayoutPolicy::kPlain: m = make_matmul(key, false); break;
-      case GemmLayoutPolicy::kTransposed: m = make_matmul(key, true); break;
+      case GemmLayoutPolicy::kPlain:
+        m = make_matmul(key, false);
+        report(shape_name(key) + ": plain (forced)");
+        break;
+      case GemmLayoutPolicy::kTransposed:
+        m = make_matmul(key, true);
+        report(shape_name(key) + ": transposed (forced)");
+        break;
       case GemmLayoutPolicy::kRule:
         m = make_matmul(key, gemm_layout_rule(ta, tb, M, N, K));
         report(shape_name(key) + ": " + (m.transposed ? "transposed" : "plain") + " (rule)");
