@@ -29,8 +29,8 @@
 #include "tetrad/core/profile.hpp"
 #include "tetrad/core/signals.hpp"
 #include "tetrad/data/loader.hpp"
-#include "tetrad/kernels/ops.hpp"
-#include "tetrad/kernels/precision.hpp"
+#include "tetrad/backend/cpu/ops.hpp"
+#include "tetrad/backend/cpu/precision.hpp"
 #include "tetrad/model/transformer.hpp"
 #include "tetrad/parallel/grid.hpp"
 #include "tetrad/planner/auto_grid.hpp"
@@ -404,7 +404,7 @@ TrainResult train(const RunConfig& cfg, const TrainOptions& opt, std::ostream& l
   const bool streamed_save = cfg.zero >= 1;  // see save() below
   auto save = [&](int64_t at_step, bool wait) {
     // Never replace a good checkpoint with weights that are no longer finite.
-    double sq = kernels::sum_squares(model.param_data(), model.num_local_params());
+    double sq = sum_squares(model.param_data(), model.num_local_params());
     if (world > 1) groups.world.allreduce_sum(&sq, 1);
     if (!std::isfinite(sq)) {
       out << "not writing a checkpoint at step " << at_step << ": the weights are not finite\n";
