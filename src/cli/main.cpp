@@ -82,7 +82,9 @@ void run_plan_command(const std::string& model, const std::vector<std::string>& 
   }
   if (rank != 0) return;  // planning is serial: only rank 0 answers when launched under mpirun
   if (published_scaling) {
-    std::cout << published_scaling_text(planner::published_scaling());
+    std::cout << published_scaling_text(planner::published_scaling())
+              << "\nSensitivity to the assumed global batches (every series' batch scaled):\n"
+              << published_scaling_sensitivity_text();
     return;
   }
   if (published) {

@@ -690,4 +690,32 @@ std::string published_scaling_text(const std::vector<PublishedScaling>& series) 
   return o.str();
 }
 
+std::string published_scaling_sensitivity_text() {
+  std::ostringstream o;
+  o << "| batch x | AxoNN 512 PFLOP/s (error) | AxoNN 4096 PFLOP/s (error) | AxoNN weak eff. 512->4096 "
+       "(published 95.9%) | ORNL 175B weak | 175B strong | 1T weak | 1T strong |\n"
+    << "| --- | --- | --- | --- | --- | --- | --- | --- |\n";
+  for (double f : {0.5, 1.0, 2.0, 4.0}) {
+    const auto series = published_scaling(f);
+    auto cell = [&](const PublishedScalingRow& r) {
+      std::ostringstream c;
+      c << std::fixed << std::setprecision(1);
+      if (r.metric == "scaling efficiency") c << 100 * r.predicted << "%";
+      else c << r.predicted << " (" << std::showpos << 100 * r.error() << "%" << std::noshowpos << ")";
+      return c.str();
+    };
+    const auto& ax = series[0];
+    const ScalingPoint& a0 = ax.points.front();
+    const ScalingPoint& a1 = ax.points.back();
+    // AxoNN's own efficiency is per-GPU hardware FLOP/s; the planner's the same basis here.
+    const double eff = a0.valid && a1.valid ? (a1.hardware_flops_per_gpu / a0.hardware_flops_per_gpu) : 0;
+    o << "| " << f << " | " << cell(ax.rows[0]) << " | " << cell(ax.rows[1]) << " | " << std::fixed
+      << std::setprecision(1) << 100 * eff << "%";
+    o.unsetf(std::ios::fixed);
+    for (size_t k = 1; k < series.size(); ++k) o << " | " << cell(series[k].rows[0]);
+    o << " |\n";
+  }
+  return o.str();
+}
+
 }  // namespace tetrad::planner

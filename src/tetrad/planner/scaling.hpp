@@ -115,5 +115,7 @@ struct PublishedScaling {
 // `batch_scale` multiplies every assumed global batch (the sensitivity table); 1 = as assumed.
 std::vector<PublishedScaling> published_scaling(double batch_scale = 1);
 std::string published_scaling_text(const std::vector<PublishedScaling>& series);
+// How the rows move with the assumed global batches (x 0.5, 1, 2, 4 of every series' batch).
+std::string published_scaling_sensitivity_text();
 
 }  // namespace tetrad::planner
