@@ -6,7 +6,9 @@
 // it as not run, never as passed).
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
+#include <cstdio>
 #include <cstring>
 #include <random>
 #include <vector>
@@ -423,6 +425,63 @@ TEST_F(CudaKernels, MultiTensorAdamWWritesTheBf16CopyAndSumOfSquares) {
   Dev<double> out(1), scratch(size_t(g::sum_squares_scratch(offs.back())));
   g::sum_squares_multi(out.p, dptrs.p, doffs.p, int(sizes.size()), offs.back(), scratch.p, s_);
   EXPECT_NEAR(out.down()[0], ref, 1e-12 * ref);
+}
+
+// ---- ceilings (printed for scripts/gpu-check.sh; asserts only that they were measured) --------
+
+class CudaCeilings : public CudaKernels {};
+
+TEST_F(CudaCeilings, GemmAndCopy) {
+  const int64_t n = 8192;
+  Dev<float> a(rand(size_t(n * n))), b(rand(size_t(n * n))), c(size_t(n * n));
+  Dev<uint16_t> a16(size_t(n * n)), b16(size_t(n * n));
+  g::cast_f32_to_bf16(a16.p, n, a.p, n, n, n, s_);
+  g::cast_f32_to_bf16(b16.p, n, b.p, n, n, n, s_);
+  g::Gemm gemm;
+  cudaEvent_t e0, e1;
+  GPU_CHECK(cudaEventCreate(&e0));
+  GPU_CHECK(cudaEventCreate(&e1));
+  auto median_ms = [&](auto&& fn, int reps) {
+    fn();
+    std::vector<float> ms;
+    for (int r = 0; r < reps; ++r) {
+      GPU_CHECK(cudaEventRecord(e0, s_));
+      fn();
+      GPU_CHECK(cudaEventRecord(e1, s_));
+      GPU_CHECK(cudaEventSynchronize(e1));
+      float t = 0;
+      GPU_CHECK(cudaEventElapsedTime(&t, e0, e1));
+      ms.push_back(t);
+    }
+    std::sort(ms.begin(), ms.end());
+    return double(ms[ms.size() / 2]);
+  };
+  auto run = [&](g::GemmType t, g::GemmMath m) {
+    g::GemmCall call;
+    call.M = call.N = call.K = n;
+    call.lda = call.ldb = call.ldc = n;
+    call.A = t == g::GemmType::BF16 ? static_cast<const void*>(a16.p) : a.p;
+    call.B = t == g::GemmType::BF16 ? static_cast<const void*>(b16.p) : b.p;
+    call.a_type = call.b_type = t;
+    call.math = m;
+    call.C = c.p;
+    gemm.run(call, s_);
+  };
+  const double flop = 2.0 * double(n) * n * n;
+  const double bf16 = flop / median_ms([&] { run(g::GemmType::BF16, g::GemmMath::BF16); }, 10) / 1e9;
+  const double f32bf = flop / median_ms([&] { run(g::GemmType::F32, g::GemmMath::BF16); }, 10) / 1e9;
+  const double tf32 = flop / median_ms([&] { run(g::GemmType::F32, g::GemmMath::TF32); }, 5) / 1e9;
+  const double fp32 = flop / median_ms([&] { run(g::GemmType::F32, g::GemmMath::FP32); }, 3) / 1e9;
+  const size_t bytes = size_t(n * n) * 4;
+  const double copy = 2.0 * double(bytes) /
+                      median_ms([&] { GPU_CHECK(cudaMemcpyAsync(c.p, a.p, bytes, cudaMemcpyDeviceToDevice, s_)); }, 10) / 1e6;
+  std::printf("ceiling gemm_bf16_tflops %.1f\nceiling gemm_fp32_operands_bf16_math_tflops %.1f\n"
+              "ceiling gemm_tf32_tflops %.1f\nceiling gemm_fp32_tflops %.1f\nceiling copy_gbs %.0f\n",
+              bf16, f32bf, tf32, fp32, copy);
+  cudaEventDestroy(e0);
+  cudaEventDestroy(e1);
+  EXPECT_GT(bf16, 0);
+  EXPECT_GT(copy, 0);
 }
 
 }  // namespace

@@ -391,7 +391,7 @@ TrainResult train(const RunConfig& cfg, const TrainOptions& opt, std::ostream& l
   const bool streamed_save = cfg.zero >= 1;  // see save() below
   auto save = [&](int64_t at_step, bool wait) {
     // Never replace a good checkpoint with weights that are no longer finite.
-    double sq = kernels::sum_squares(model.param_data(), model.num_local_params());
+    double sq = sum_squares(model.param_data(), model.num_local_params());
     if (world > 1) groups.world.allreduce_sum(&sq, 1);
     if (!std::isfinite(sq)) {
       out << "not writing a checkpoint at step " << at_step << ": the weights are not finite\n";
