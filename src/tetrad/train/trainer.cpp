@@ -37,7 +37,7 @@
 #include "tetrad/parallel/parallel_transformer.hpp"
 #include "tetrad/parallel/pipeline.hpp"
 #include "tetrad/parallel/process_groups.hpp"
-#include "tetrad/tools/ceilings.hpp"
+#include "tetrad/backend/cpu/ceilings.hpp"
 #include "tetrad/train/loss_mask.hpp"
 #include "tetrad/train/optimizer.hpp"
 #include "tetrad/train/watchdog.hpp"

@@ -248,7 +248,7 @@ void* CpuBackend::allocate(size_t bytes, MemoryKind) {
 void CpuBackend::deallocate(void* p, size_t, MemoryKind) noexcept { std::free(p); }
 
 // A quick ceiling: the best of a few fp32 (and, when native, bf16) GEMMs on a square and a large
-// copy. tools/ceilings measures the same with more detail (FMA peak, the model's own shapes).
+// copy. backend/cpu/ceilings measures the same with more detail (FMA peak, the model's own shapes).
 DeviceCeilings CpuBackend::ceilings(int threads, bool quick) {
   DeviceCeilings c;
   const int saved = omp_get_max_threads();
