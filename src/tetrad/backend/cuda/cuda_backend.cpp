@@ -62,10 +62,38 @@ class CudaQueue final : public Queue {
   ~CudaQueue() override {
     if (s_) {
       g::gpuStreamSynchronize(s_);
+      gemm_.reset();
+      if (work_) g::gpuFree(work_);
       g::gpuStreamDestroy(s_);
     }
   }
   g::gpuStream_t stream() const { return s_; }
+
+  // Per queue, so that ops on different streams never share scratch: the cuBLASLt plans and
+  // workspace, and the reduction scratch (grows during the first step only; a resize waits for
+  // this stream's earlier work, which may still read the old buffer).
+  g::Gemm& gemm() {
+    if (!gemm_) {
+      GPU_CHECK(g::gpuSetDevice(device_));  // the handle and workspace belong to this device
+      gemm_ = std::make_unique<g::Gemm>();
+    }
+    return *gemm_;
+  }
+  void* workspace(size_t bytes) {
+    if (bytes <= work_bytes_) return work_;
+    GPU_CHECK(g::gpuStreamSynchronize(s_));
+    if (work_) GPU_CHECK(g::gpuFree(work_));
+    work_ = nullptr;
+    const size_t want = std::max(bytes, work_bytes_ * 2);
+    const g::gpuError_t e = g::gpuMalloc(&work_, want);
+    if (e != g::gpuSuccess) {
+      work_bytes_ = 0;
+      fail("cuda backend: cannot allocate ", want, " bytes of scratch on device ", device_, ": ",
+           g::gpu_error_string(e));
+    }
+    work_bytes_ = want;
+    return work_;
+  }
 
   void copy_to_device(void* dst, const void* src, size_t bytes) override { copy(dst, src, bytes); }
   void copy_to_host(void* dst, const void* src, size_t bytes) override { copy(dst, src, bytes); }
@@ -95,6 +123,9 @@ class CudaQueue final : public Queue {
   }
   int device_;
   g::gpuStream_t s_ = nullptr;
+  std::unique_ptr<g::Gemm> gemm_;
+  void* work_ = nullptr;
+  size_t work_bytes_ = 0;
 };
 
 // ---- the backend -----------------------------------------------------------------------------
@@ -108,7 +139,6 @@ class CudaBackend final : public Backend {
       fail("cuda backend: device ", device_, " (", info_.name, ") has compute capability ",
            info_.cc_major, ".", info_.cc_minor, "; tetrad's CUDA kernels need 8.0 or newer");
     queue_ = std::make_unique<CudaQueue>(*this, device_);
-    gemm_ = std::make_unique<g::Gemm>();
     caps_.host_visible = false;
     caps_.dtype_f32 = true;
     caps_.dtype_bf16 = true;
@@ -124,8 +154,6 @@ class CudaBackend final : public Backend {
   }
   ~CudaBackend() override {
     if (queue_) queue_->synchronize();
-    gemm_.reset();
-    if (work_) g::gpuFree(work_);
   }
 
   std::string name() const override { return "cuda:" + std::to_string(device_); }
@@ -139,25 +167,7 @@ class CudaBackend final : public Backend {
   std::unique_ptr<Queue> new_queue() override { return std::make_unique<CudaQueue>(*this, device_); }
   DeviceCeilings ceilings(int threads, bool quick) override;
 
-  g::Gemm& gemm() { return *gemm_; }
   const g::DeviceInfo& info() const { return info_; }
-  // Scratch of at least `bytes` (see the header: grows during the first step only). Ordered on
-  // the stream of `q`: a resize waits for the device to be idle first.
-  void* workspace(size_t bytes) {
-    if (bytes <= work_bytes_) return work_;
-    GPU_CHECK(g::gpuDeviceSynchronize());
-    if (work_) GPU_CHECK(g::gpuFree(work_));
-    work_ = nullptr;
-    const size_t want = std::max(bytes, work_bytes_ * 2);
-    const g::gpuError_t e = g::gpuMalloc(&work_, want);
-    if (e != g::gpuSuccess) {
-      work_bytes_ = 0;
-      fail("cuda backend: cannot allocate ", want, " bytes of scratch on ", name(), ": ",
-           g::gpu_error_string(e));
-    }
-    work_bytes_ = want;
-    return work_;
-  }
 
  protected:
   void* allocate(size_t bytes, MemoryKind kind) override {
@@ -194,13 +204,10 @@ class CudaBackend final : public Backend {
   g::DeviceInfo info_;
   Capabilities caps_;
   std::unique_ptr<CudaQueue> queue_;
-  std::unique_ptr<g::Gemm> gemm_;
-  void* work_ = nullptr;
-  size_t work_bytes_ = 0;
 };
 
 g::gpuStream_t stream_of(Queue& q) { return static_cast<CudaQueue&>(q).stream(); }
-CudaBackend& backend_of(Queue& q) { return static_cast<CudaBackend&>(q.backend()); }
+CudaQueue& queue_of(Queue& q) { return static_cast<CudaQueue&>(q); }
 
 // ---- op adapters -------------------------------------------------------------------------------
 
@@ -236,7 +243,7 @@ void op_gemm(Queue& q, const GemmArgs& a) {
     const int64_t rows = a_is_f32 ? (a.trans_a ? a.K : a.M) : (a.trans_b ? a.N : a.K);
     const int64_t cols = a_is_f32 ? (a.trans_a ? a.M : a.K) : (a.trans_b ? a.K : a.N);
     const int64_t ld = a_is_f32 ? a.lda : a.ldb;
-    auto* tmp = static_cast<uint16_t*>(backend_of(q).workspace(size_t(rows * cols) * 2));
+    auto* tmp = static_cast<uint16_t*>(queue_of(q).workspace(size_t(rows * cols) * 2));
     g::cast_f32_to_bf16(tmp, cols, static_cast<const float*>(a_is_f32 ? a.A : a.B), ld, rows, cols,
                         stream_of(q));
     if (a_is_f32) {
@@ -249,7 +256,7 @@ void op_gemm(Queue& q, const GemmArgs& a) {
       c.b_type = g::GemmType::BF16;
     }
   }
-  backend_of(q).gemm().run(c, stream_of(q));
+  queue_of(q).gemm().run(c, stream_of(q));
 }
 
 g::AttnDims attn_dims(const AttentionArgs& a) {
@@ -285,7 +292,7 @@ OpTable make_table() {
   t.add = [](Queue& q, float* x, const float* y, int64_t n) { g::add_inplace(x, y, n, stream_of(q)); };
   t.bias_grad = [](Queue& q, float* db, const float* dout, int64_t N, int64_t n) {
     float* scratch = static_cast<float*>(
-        backend_of(q).workspace(size_t(g::column_sum_scratch(N, n)) * sizeof(float)));
+        queue_of(q).workspace(size_t(g::column_sum_scratch(N, n)) * sizeof(float)));
     g::bias_backward(db, dout, N, n, n, scratch, stream_of(q));
   };
   t.norm_row_stats = [](Queue& q, RowStat stat, double* stats, int64_t stride, const float* x,
@@ -317,7 +324,7 @@ OpTable make_table() {
   t.norm_param_grads = [](Queue& q, float* dw, float* db, const float* dout, const float* x,
                           const float* mean, const float* rstd, int64_t N, int64_t C) {
     float* scratch = static_cast<float*>(
-        backend_of(q).workspace(2 * size_t(g::column_sum_scratch(N, C)) * sizeof(float)));
+        queue_of(q).workspace(2 * size_t(g::column_sum_scratch(N, C)) * sizeof(float)));
     g::norm_weight_grad(dw, db, dout, x, mean, rstd, N, C, scratch, stream_of(q));
   };
   t.attention_forward = [](Queue& q, const AttentionArgs& d, void* out, float* lse,
@@ -387,7 +394,7 @@ OpTable make_table() {
                     int64_t ld) { g::row_argmax(idx, val, L, N, Vs, ld, stream_of(q)); };
   t.sum_squares = [](Queue& q, double* out, const float* x, int64_t n) {
     double* scratch = static_cast<double*>(
-        backend_of(q).workspace(size_t(g::sum_squares_scratch(n) + 1) * sizeof(double)));
+        queue_of(q).workspace(size_t(g::sum_squares_scratch(n) + 1) * sizeof(double)));
     g::sum_squares(out, x, n, scratch, stream_of(q));
   };
   t.cast_f32_to_bf16 = [](Queue& q, uint16_t* out, const float* x, int64_t n) {
@@ -405,7 +412,7 @@ OpTable make_table() {
   // one read + write backward, no second copy of the softmax.
   t.cross_entropy_fused = [](Queue& q, float* logits, float* losses, double* total,
                              const int32_t* targets, int64_t N, int64_t V, float grad_scale) {
-    float* st = static_cast<float*>(backend_of(q).workspace(size_t(3 * N) * sizeof(float)));
+    float* st = static_cast<float*>(queue_of(q).workspace(size_t(3 * N) * sizeof(float)));
     float *mx = st, *sum = st + N, *tgt = st + 2 * N;
     const g::gpuStream_t s = stream_of(q);
     g::xent_partials(mx, sum, tgt, logits, V, targets, N, 0, V, s);
@@ -481,7 +488,7 @@ DeviceCeilings CudaBackend::ceilings(int, bool quick) {
     call.a_type = call.b_type = bf16 ? g::GemmType::BF16 : g::GemmType::F32;
     call.math = bf16 ? g::GemmMath::BF16 : g::GemmMath::FP32;
     call.C = out.as<float>();
-    gemm_->run(call, s);
+    queue_->gemm().run(call, s);
   };
   const double flop = 2.0 * double(n) * n * n;
   c.gemm_bf16_gflops = flop / (time_ms([&] { gemm(true); }) * 1e-3) / 1e9;

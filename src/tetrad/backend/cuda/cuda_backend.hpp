@@ -6,8 +6,9 @@
 // ops return at once, the host reads results only through copy_to_host + synchronize.
 // Op table: kernels.cu / attention.cu and cuBLASLt (gemm.cpp); bf16 GEMMs on the tensor cores.
 // Scratch that reductions need (weight-gradient column sums, sums of squares, the fused
-// cross-entropy's row statistics) comes from one workspace per backend that grows to the largest
-// call during the first step and never after (no allocation inside later steps).
+// cross-entropy's row statistics) and cuBLASLt's plans and 32 MiB workspace belong to each Queue,
+// so ops on different streams never share them; the scratch grows to the largest call during
+// the first step and never after (no allocation inside later steps).
 //
 // Attention arithmetic: the op table's AttentionArgs carry no precision, so the backend chooses:
 // fp32 (the exact path, default) or bf16 tensor cores (TETRAD_CUDA_ATTENTION=bf16, or
