@@ -578,7 +578,7 @@ TEST(Prepare, Errors) {
   fs::create_directories(d / "empty");
   o.inputs = {d / "empty"};
   msg = error_of([&] { prepare_data(o, log); });
-  EXPECT_CONTAINS(msg, "holds no *.txt files");
+  EXPECT_CONTAINS(msg, "holds no *.txt or *.jsonl files");
 
   spit(d / "blank.txt", "\n  \n\n");
   o.inputs = {d / "blank.txt"};
