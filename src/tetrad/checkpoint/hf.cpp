@@ -20,6 +20,7 @@
 #include "tetrad/checkpoint/atomic_file.hpp"
 #include "tetrad/checkpoint/safetensors.hpp"
 #include "tetrad/core/error.hpp"
+#include "tetrad/core/json.hpp"
 
 namespace fs = std::filesystem;
 
@@ -104,7 +105,9 @@ class FolderTensors {
     } else if (fs::exists(index, ec)) {
       nlohmann::json j;
       try {
-        j = nlohmann::json::parse(read_small_file(index.string()));
+        const std::string text = read_small_file(index.string());
+        check_json_depth(text, "'" + index.string() + "'");
+        j = nlohmann::json::parse(text);
       } catch (const nlohmann::json::exception& ex) {
         fail("checkpoint ", dir, ": '", index.string(), "' is not valid JSON (", ex.what(), ")");
       }
@@ -374,8 +377,10 @@ ModelConfig read_hf_config(const std::string& dir) {
   std::error_code ec;
   if (!fs::exists(path, ec)) fail("checkpoint ", dir, " has no config.json");
   nlohmann::json j;
+  const std::string text = read_small_file(path);
+  check_json_depth(text, "'" + path + "'");
   try {
-    j = nlohmann::json::parse(read_small_file(path));
+    j = nlohmann::json::parse(text);
   } catch (const nlohmann::json::exception& ex) {
     fail("'", path, "' is not valid JSON (", ex.what(), ")");
   }

@@ -29,7 +29,11 @@ extern "C" void on_stop_signal(int sig) {
   g_signal.store(sig);
 }
 
-constexpr int kHandled[] = {SIGINT, SIGTERM};
+// SIGUSR1 too: Open MPI's mpirun forwards it to every rank without killing the job (on SIGINT /
+// SIGTERM it kills the ranks itself after odls_base_sigkill_timeout), and Slurm's --signal sends it
+// ahead of the time limit.
+constexpr int kHandled[] = {SIGINT, SIGTERM, SIGUSR1};
+constexpr int kNumHandled = int(sizeof kHandled / sizeof kHandled[0]);
 
 }  // namespace
 
@@ -44,7 +48,7 @@ sigset_t blocked_signals() {
 
 struct StopSignals::Impl {
   sigset_t set{}, old_mask{}, pool_set{};
-  struct sigaction old_action[2]{};
+  struct sigaction old_action[kNumHandled]{};
   std::mutex mu;
   std::condition_variable cv;
   bool quit = false;
@@ -88,7 +92,8 @@ StopSignals::StopSignals() : impl_(std::make_unique<Impl>()) {
   sa.sa_handler = on_stop_signal;
   sigemptyset(&sa.sa_mask);
   sa.sa_flags = SA_RESTART;  // system calls interrupted on the catcher resume (as std::signal)
-  for (int i = 0; i < 2; ++i) TETRAD_CHECK(sigaction(kHandled[i], &sa, &m.old_action[i]) == 0);
+  for (int i = 0; i < kNumHandled; ++i)
+    TETRAD_CHECK(sigaction(kHandled[i], &sa, &m.old_action[i]) == 0);
 }
 
 StopSignals::~StopSignals() {
@@ -109,7 +114,7 @@ StopSignals::~StopSignals() {
   for (int s; (s = sigtimedwait(&handled, nullptr, &now)) > 0;) g_signal.store(s);
   // Then the previous actions, then the old masks: any other signal still pending gets its usual
   // effect.
-  for (int i = 0; i < 2; ++i) sigaction(kHandled[i], &m.old_action[i], nullptr);
+  for (int i = 0; i < kNumHandled; ++i) sigaction(kHandled[i], &m.old_action[i], nullptr);
   const int width = omp_get_max_threads();
   const sigset_t pool_set = m.pool_set;
 #pragma omp parallel num_threads(width)

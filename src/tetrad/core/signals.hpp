@@ -9,7 +9,7 @@
 // "Signals and oneDNN" has the evidence (core dumps, a 60 ms standalone reproducer).
 //
 // So while a StopSignals is alive:
-//  - SIGINT and SIGTERM run a handler that only records the signal (stop_signal_received());
+//  - SIGINT, SIGTERM and SIGUSR1 run a handler that only records the signal (received());
 //  - the asynchronous signals in blocked_signals() are blocked on the constructing thread and on
 //    every OpenMP worker thread (threads created later by either inherit the mask: the OpenMP
 //    pool grown later, the watchdog, the checkpoint writer, the progress thread);
@@ -36,7 +36,7 @@ class StopSignals {
   StopSignals(const StopSignals&) = delete;
   StopSignals& operator=(const StopSignals&) = delete;
 
-  // 0, or the number of the last SIGINT/SIGTERM received since construction.
+  // 0, or the number of the last SIGINT/SIGTERM/SIGUSR1 received since construction.
   static int received();
   // The kernel thread id (gettid) of the thread that ran the handler last; 0 if none yet.
   // For tests: it must be the catcher's (or a library thread's), never a compute thread's.
