@@ -1,4 +1,4 @@
-// Tests of kernels/attention: forward against a naive double-precision reference (materialised
+// Tests of backend/cpu/attention: forward against a naive double-precision reference (materialised
 // scores), backward against central finite differences, float against double, every code path the
 // CPU supports against the others, and determinism across runs and thread counts.
 //
@@ -17,7 +17,7 @@
 #include <string>
 #include <vector>
 
-#include "tetrad/kernels/attention.hpp"
+#include "tetrad/backend/cpu/attention.hpp"
 
 namespace tetrad::kernels {
 namespace {

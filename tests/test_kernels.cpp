@@ -1,4 +1,4 @@
-// Tests of the CPU kernels in kernels/ops.hpp and kernels/fast_math.hpp.
+// Tests of the CPU kernels in backend/cpu/ops.hpp and backend/cpu/fast_math.hpp.
 //
 //  * Gradients: every backward against central differences of its forward, in double, with the
 //    scalar loss L = Σ out ⊙ R (R random, fixed), for the input and every parameter.
@@ -28,8 +28,8 @@
 
 #include "gradcheck.hpp"
 #include "tetrad/core/error.hpp"
-#include "tetrad/kernels/fast_math.hpp"
-#include "tetrad/kernels/ops.hpp"
+#include "tetrad/backend/cpu/fast_math.hpp"
+#include "tetrad/backend/cpu/ops.hpp"
 
 namespace tetrad::kernels {
 namespace {

@@ -11,8 +11,8 @@
 
 #include "tetrad/core/error.hpp"
 #include "tetrad/core/rng.hpp"
-#include "tetrad/kernels/ops.hpp"
-#include "tetrad/kernels/precision.hpp"
+#include "tetrad/backend/cpu/ops.hpp"
+#include "tetrad/backend/cpu/precision.hpp"
 #include "tetrad/model/transformer.hpp"
 #include "tetrad/train/config.hpp"
 #include "tetrad/train/optimizer.hpp"

@@ -18,7 +18,7 @@
 
 #include "tetrad/core/error.hpp"
 #include "tetrad/core/signals.hpp"
-#include "tetrad/kernels/ops.hpp"
+#include "tetrad/backend/cpu/ops.hpp"
 
 namespace tetrad {
 namespace {

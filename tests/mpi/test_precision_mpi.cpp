@@ -11,7 +11,7 @@
 
 #include "contract.hpp"
 #include "tetrad/core/rng.hpp"
-#include "tetrad/kernels/precision.hpp"
+#include "tetrad/backend/cpu/precision.hpp"
 #include "tetrad/model/transformer.hpp"
 #include "tetrad/parallel/parallel_transformer.hpp"
 #include "tetrad/parallel/process_groups.hpp"

@@ -6,8 +6,8 @@
 
 #include "tetrad/core/error.hpp"
 #include "tetrad/core/rng.hpp"
-#include "tetrad/kernels/attention.hpp"
-#include "tetrad/kernels/ops.hpp"
+#include "tetrad/backend/cpu/attention.hpp"
+#include "tetrad/backend/cpu/ops.hpp"
 
 namespace tetrad {
 

@@ -5,9 +5,9 @@
 #include <cstring>
 
 #include "tetrad/core/error.hpp"
-#include "tetrad/kernels/attention.hpp"
-#include "tetrad/kernels/fast_math.hpp"
-#include "tetrad/kernels/ops.hpp"
+#include "tetrad/backend/cpu/attention.hpp"
+#include "tetrad/backend/cpu/fast_math.hpp"
+#include "tetrad/backend/cpu/ops.hpp"
 #include "tetrad/model/transformer.hpp"
 
 namespace tetrad::parallel {

@@ -5,7 +5,7 @@
 #include <sstream>
 
 #include "tetrad/core/error.hpp"
-#include "tetrad/kernels/precision.hpp"
+#include "tetrad/backend/cpu/precision.hpp"
 
 namespace tetrad::planner {
 
@@ -17,7 +17,7 @@ PlanInput plan_input_of(const RunConfig& cfg, int ranks) {
   in.global_batch = int64_t(cfg.train.micro_batch) * cfg.train.grad_accum;
   in.seq = cfg.train.seq_len;
   in.ranks = ranks;
-  // train.precision "auto" means bf16 where this CPU has bf16 matrix units (kernels/precision.hpp).
+  // train.precision "auto" means bf16 where this CPU has bf16 matrix units (backend/cpu/precision.hpp).
   const std::string& p = cfg.train.precision;
   in.precision = p == "bf16" || (p == "auto" && kernels::native_bf16_matmul()) ? Precision::BF16
                                                                                  : Precision::FP32;

@@ -16,7 +16,7 @@
 #include "tetrad/comm/communicator.hpp"
 #include "tetrad/core/cpu.hpp"
 #include "tetrad/core/error.hpp"
-#include "tetrad/kernels/attention.hpp"
+#include "tetrad/backend/cpu/attention.hpp"
 #include "tetrad/tools/ceilings.hpp"
 
 namespace fs = std::filesystem;

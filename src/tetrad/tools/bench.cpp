@@ -19,7 +19,7 @@
 #include "tetrad/core/error.hpp"
 #include "tetrad/core/profile.hpp"
 #include "tetrad/core/rng.hpp"
-#include "tetrad/kernels/precision.hpp"
+#include "tetrad/backend/cpu/precision.hpp"
 #include "tetrad/model/transformer.hpp"
 #include "tetrad/parallel/parallel_transformer.hpp"
 #include "tetrad/parallel/pipeline.hpp"

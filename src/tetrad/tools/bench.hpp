@@ -15,7 +15,7 @@ struct BenchOptions {
   int threads = 0;        // 0: all cores
   std::string json_path;  // also write one JSON object per line here
   std::string anchor_cmd; // "" = auto (python3 bench/pytorch_gpt2.py if torch imports), "none"
-  std::string precision = "fp32";  // "fp32" | "bf16" (kernels/precision.hpp)
+  std::string precision = "fp32";  // "fp32" | "bf16" (backend/cpu/precision.hpp)
   bool quick_ceilings = false;  // the longer measurement is steadier on a shared machine
   std::string trace_path;  // Chrome trace-event JSON of the timed steps ("": none)
   // --grids: "off" (every collective blocking), "on" (the parallel.* defaults), "both" (side by

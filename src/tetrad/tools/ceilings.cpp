@@ -21,7 +21,7 @@
 
 #include "tetrad/core/cpu.hpp"
 #include "tetrad/core/error.hpp"
-#include "tetrad/kernels/precision.hpp"
+#include "tetrad/backend/cpu/precision.hpp"
 
 namespace tetrad {
 

@@ -54,7 +54,7 @@ Measurement measure_fma_peak(int threads, double seconds = 0.05, int reps = 5);
 // fp32 GEMM through dnnl_sgemm (row-major): one warm-up call, then `reps` timed calls.
 Measurement measure_sgemm(const GemmShape& s, int threads, int reps);
 // The bf16 GEMM the model runs in bf16 mode (kernels::gemm_bf16: fp32 in and out, operands
-// rounded to bf16; native oneDNN matmul or emulated, kernels/precision.hpp), timed like sgemm.
+// rounded to bf16; native oneDNN matmul or emulated, backend/cpu/precision.hpp), timed like sgemm.
 Measurement measure_gemm_bf16(const GemmShape& s, int threads, int reps);
 // bf16 x bf16 -> f32 GEMM through the oneDNN matmul primitive (AMX or AVX-512-BF16 kernels):
 // one warm-up, then `reps` timed executions. Skipped (value 0) when oneDNN has only its

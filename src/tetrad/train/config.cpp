@@ -9,7 +9,7 @@
 #include <toml++/toml.h>
 
 #include "tetrad/core/error.hpp"
-#include "tetrad/kernels/precision.hpp"
+#include "tetrad/backend/cpu/precision.hpp"
 #include "tetrad/parallel/grid.hpp"
 #include "tetrad/parallel/layer_split.hpp"
 #include "tetrad/train/loss_mask.hpp"

@@ -38,7 +38,7 @@ struct TrainConfig {
   int max_bad_steps = 5;      // consecutive non-finite steps before stopping
   int threads = 0;            // 0: all cores
   // GEMM precision: "fp32", "bf16" (bf16 operands, fp32 accumulation, fp32 master weights and
-  // optimizer; kernels/precision.hpp) or "auto" (bf16 where the CPU has bf16 matrix units).
+  // optimizer; backend/cpu/precision.hpp) or "auto" (bf16 where the CPU has bf16 matrix units).
   std::string precision = "auto";
   std::string loss_mask = "none";  // none | goldfish | static | random (train/loss_mask.hpp)
   int goldfish_k = 4;

@@ -4,7 +4,7 @@
 #include <cmath>
 #include <limits>
 
-#include "tetrad/kernels/ops.hpp"
+#include "tetrad/backend/cpu/ops.hpp"
 
 namespace tetrad {
 

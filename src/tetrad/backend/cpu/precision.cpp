@@ -1,4 +1,4 @@
-#include "tetrad/kernels/precision.hpp"
+#include "tetrad/backend/cpu/precision.hpp"
 
 #include <cstdlib>
 #include <mutex>

@@ -32,7 +32,7 @@
 // loop gave 163-177 GFLOP/s, in its quiet moments: forward 17.6-20 ms, 80-91 GFLOP/s (47-52% of
 // that peak); backward 40.6-48 ms, 84-99 GFLOP/s (51-57%). The GEMM tiles reach about 85% of
 // peak alone and 65-70% in place; the rest of the forward is softmax, packing and transposes.
-#include "tetrad/kernels/attention.hpp"
+#include "tetrad/backend/cpu/attention.hpp"
 
 #include <omp.h>
 

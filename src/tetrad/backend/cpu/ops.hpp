@@ -6,7 +6,7 @@
 // and double (the finite-difference gradient checks). Multithreaded with OpenMP over rows;
 // deterministic for a given thread count (no atomics, fixed reduction order).
 //
-// What is deliberately not here: attention (kernels/attention.hpp) and parallel collectives
+// What is deliberately not here: attention (backend/cpu/attention.hpp) and parallel collectives
 // (comm/). Norm statistics are computed over the full row; the 3D-parallel layers split that into
 // partial sums + all-reduce.
 #pragma once
@@ -16,7 +16,7 @@ namespace tetrad::kernels {
 
 // C[M,N] = alpha * op(A) · op(B) + beta * C, row-major; op(X) = Xᵀ when the flag is set.
 // float: oneDNN sgemm (measured fastest on the model's shapes), or bf16 operands with fp32
-// accumulation when gemm_precision() is BF16 (kernels/precision.hpp); double: a
+// accumulation when gemm_precision() is BF16 (backend/cpu/precision.hpp); double: a
 // straightforward blocked loop (tests only).
 template <typename T>
 void gemm(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K, T alpha, const T* A,

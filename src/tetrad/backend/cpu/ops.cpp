@@ -1,4 +1,4 @@
-#include "tetrad/kernels/ops.hpp"
+#include "tetrad/backend/cpu/ops.hpp"
 
 #include <oneapi/dnnl/dnnl.h>
 
@@ -7,8 +7,8 @@
 #include <vector>
 
 #include "tetrad/core/error.hpp"
-#include "tetrad/kernels/fast_math.hpp"
-#include "tetrad/kernels/precision.hpp"
+#include "tetrad/backend/cpu/fast_math.hpp"
+#include "tetrad/backend/cpu/precision.hpp"
 
 namespace tetrad::kernels {
 
