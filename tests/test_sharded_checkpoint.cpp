@@ -546,8 +546,8 @@ TEST(RunFolder, PruningKeepsTheLastHealthyCheckpointAndRenamesFirst) {
     save_sharded_checkpoint_serial(run, md.cfg, md.table, md.p.data(), md.m.data(), md.v.data(), info, "", 2);
   }
   EXPECT_EQ(checkpoint_steps(run), (std::vector<int64_t>{10, 8, 4}));
-  EXPECT_EQ(checkpoint_healthy(run + "/checkpoints/step_000004"), std::optional<bool>(true));
-  EXPECT_EQ(checkpoint_healthy(run + "/checkpoints/step_000010"), std::optional<bool>(false));
+  EXPECT_TRUE(checkpoint_healthy(run + "/checkpoints/step_000004") == std::optional<bool>(true));
+  EXPECT_TRUE(checkpoint_healthy(run + "/checkpoints/step_000010") == std::optional<bool>(false));
   // Healthy again: the old healthy one is no longer needed.
   info.step = 12;
   info.extra = {{"loss", 2.5}, {"healthy", true}};

@@ -41,11 +41,14 @@ namespace {
 
 // A model folder given on the command line: a Hugging Face-format folder (config.json +
 // model.safetensors) or a run folder, meaning its latest good checkpoint.
+// The checkpoint resolve_model_dir chose in a run folder ("" when given a model folder).
+std::string g_resolved_run_checkpoint;
+
 std::string resolve_model_dir(const std::string& path) {
   if (fs::exists(path + "/config.json")) return path;
   if (fs::exists(path + "/checkpoints")) {
     auto found = find_latest_checkpoint(path, std::cerr);
-    if (found) return found->dir;
+    if (found) return g_resolved_run_checkpoint = found->dir;
     fail("run folder '", path, "' has no checkpoint yet");
   }
   fail("'", path, "' is neither a model folder (config.json + model.safetensors) nor a run "
@@ -74,7 +77,7 @@ void run_plan_command(const std::string& model, const std::vector<std::string>& 
     const Machine m = measure_machine(stem, threads, quick);
     if (rank == 0) {
       std::ofstream f(measure_out);
-      f << machine_to_toml(m);
+      f << machine_to_toml(m) << std::flush;
       if (!f) fail("cannot write machine file '", measure_out, "'");
       std::cout << machine_to_toml(m) << "wrote " << measure_out << "\n";
     }
@@ -143,7 +146,7 @@ void run_plan_command(const std::string& model, const std::vector<std::string>& 
   std::cout << plan_text(in, m, p, show_rejected, top);
   if (!json_path.empty()) {
     std::ofstream f(json_path);
-    f << plan_json(in, m, p).dump(2) << "\n";
+    f << plan_json(in, m, p).dump(2) << "\n" << std::flush;
     if (!f) fail("cannot write '", json_path, "'");
     std::cout << "wrote " << json_path << "\n";
   }
@@ -151,16 +154,21 @@ void run_plan_command(const std::string& model, const std::vector<std::string>& 
 
 // Range checks for command-line numbers that also catch NaN and infinity (CLI::Range lets NaN
 // through: every comparison with it is false).
+std::string number_text(double v) {
+  std::ostringstream os;
+  os << v;
+  return os.str();
+}
 CLI::Validator finite_at_least(double lo, const std::string& what) {
   return CLI::Validator(
       [lo, what](std::string& in) -> std::string {
         char* end = nullptr;
         const double v = std::strtod(in.c_str(), &end);
         if (end == in.c_str() || *end != '\0' || !std::isfinite(v) || !(v >= lo))
-          return what + " must be a finite number >= " + CLI::detail::to_string(lo) + ", got '" + in + "'";
+          return what + " must be a finite number >= " + number_text(lo) + ", got '" + in + "'";
         return std::string();
       },
-      ">= " + CLI::detail::to_string(lo));
+      ">= " + number_text(lo));
 }
 CLI::Validator int_in(long long lo, long long hi, const std::string& what) {
   return CLI::Validator(
@@ -467,6 +475,12 @@ int main(int argc, char** argv) {
     return app.exit(e);
   }
 
+  // A read-only command on a run folder reads its latest checkpoint; a trainer still running
+  // there may prune that checkpoint meanwhile (renamed away, then deleted: files already open
+  // stay readable, ones opened after are gone). Then the command starts again on the newest one.
+  const bool reads_a_model = *eval || *gen || *logits_cmd || *exp || *memo || *verify;
+  for (int attempt = 0;; ++attempt) {
+  g_resolved_run_checkpoint.clear();
   try {
     if (*prepare) {
       data::prepare_data(prep, std::cout);
@@ -490,6 +504,7 @@ int main(int argc, char** argv) {
       if (!fs::exists(dir + "/tokenizer.model"))
         fail("model folder '", dir, "' has no tokenizer.model to encode the prompt with");
       auto tok = data::Tokenizer::load(dir + "/tokenizer.model");
+      sopt.vocab_limit = tok.vocab_size();  // a padded model vocabulary: ids past it have no text
       Transformer<float> model(mc, 1, mc.max_seq);
       load_hf_params(dir, mc, model.table(), model.params());
       Rng rng(gen_seed);
@@ -567,6 +582,7 @@ int main(int argc, char** argv) {
       const float* lg = model.forward_logits(ids.data(), 1, int(ids.size()));
       std::ofstream f(logits_out, std::ios::binary);
       f.write(reinterpret_cast<const char*>(lg), std::streamsize(ids.size() * mc.vocab_size * sizeof(float)));
+      f.flush();
       if (!f) fail("cannot write '", logits_out, "'");
       std::cout << "wrote logits [" << ids.size() << ", " << mc.vocab_size << "] to " << logits_out << "\n";
     } else if (*verify) {
@@ -578,6 +594,7 @@ int main(int argc, char** argv) {
         std::string name = read_small_file(latest);
         while (!name.empty() && std::isspace(static_cast<unsigned char>(name.back()))) name.pop_back();
         dir = model_dir + "/checkpoints/" + name;
+        g_resolved_run_checkpoint = dir;
       }
       // The tokenizer kept with the checkpoint must load (generate needs it) and, where the
       // checkpoint records the shards' tokenizer, be that one.
@@ -641,7 +658,15 @@ int main(int argc, char** argv) {
       std::cout << "exported " << dir << " -> " << export_out << "\n";
     }
   } catch (const std::exception& e) {
+    const std::string& dir = g_resolved_run_checkpoint;
+    if (reads_a_model && attempt < 4 && !dir.empty() && !fs::exists(dir)) {
+      std::cerr << "tetrad: " << dir << " was pruned by the run's trainer while being read; "
+                << "reading the newest checkpoint instead\n";
+      continue;
+    }
     return fatal(e.what());
+  }
+  break;
   }
   return 0;
 }

@@ -28,11 +28,6 @@ std::string g_timeout_source;  // the setting a user changes ("train.comm_timeou
 // timeouts long).
 std::atomic<bool> g_comm_failed{false};
 
-std::string timeout_setting_text() {
-  std::lock_guard<std::mutex> lock(g_timeout_source_mu);
-  if (!g_timeout_source.empty()) return g_timeout_source;
-  return std::string("the environment variable TETRAD_COMM_TIMEOUT (train.comm_timeout in a training config)");
-}
 
 double timeout_from_environment() {
   static const double value = [] {
@@ -54,6 +49,12 @@ void set_collective_timeout(double seconds, const std::string& setting) {
   g_timeout_set.store(seconds);
   std::lock_guard<std::mutex> lock(g_timeout_source_mu);
   g_timeout_source = setting;
+}
+
+std::string collective_timeout_setting() {
+  std::lock_guard<std::mutex> lock(g_timeout_source_mu);
+  if (!g_timeout_source.empty()) return g_timeout_source;
+  return std::string("the environment variable TETRAD_COMM_TIMEOUT (train.comm_timeout in a training config)");
 }
 
 bool collective_failed() { return g_comm_failed.load(); }
@@ -301,7 +302,7 @@ void Request::wait(double timeout_s) {
            " s (waited ", waited_text, " s): a peer rank may have died or stalled, or the ranks of "
            "the group called different operations",
            s.is_recv ? " (the receive was cancelled)" : "", ". The timeout is ",
-           timeout_setting_text(), "; raise it if the peers are only slow");
+           collective_timeout_setting(), "; raise it if the peers are only slow");
     }
     // Spin first (most operations finish within microseconds), then stop burning a core that a
     // peer rank may need (oversubscribed runs), then poll every 200 us.

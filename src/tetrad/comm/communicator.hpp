@@ -57,6 +57,9 @@ concept Element = std::same_as<T, float> || std::same_as<T, double> ||
 // `setting`: what a user changes to set it (e.g. "train.comm_timeout"), named in timeout errors.
 void set_collective_timeout(double seconds, const std::string& setting = "");
 double collective_timeout();
+// What sets it, for messages: the `setting` given to set_collective_timeout, else the
+// environment variable (and the config key that sets it in training).
+std::string collective_timeout_setting();
 // True once a collective of this process timed out (Request::wait threw): the group's state is
 // unknown and the job is ending, so a pending Request destroyed from then on (the unwinding of
 // the error: prefetched all-gathers, queued reductions) is not waited for again (each would wait a

@@ -13,6 +13,7 @@ int32_t sample_token(const float* logits, int V, const SamplingOptions& opt, Rng
     fail("temperature must be a finite number >= 0 (0 = greedy), got ", opt.temperature);
   if (!(opt.top_p > 0 && opt.top_p <= 1)) fail("top_p must be in (0, 1], got ", opt.top_p);
   if (opt.top_k < 0) fail("top_k must be >= 0 (0 = off), got ", opt.top_k);
+  if (opt.vocab_limit > 0) V = std::min(V, opt.vocab_limit);
   if (opt.temperature == 0 || opt.top_k == 1)
     return int32_t(std::max_element(logits, logits + V) - logits);
 

@@ -295,7 +295,7 @@ void write_run_report(const std::string& run_dir, const std::string& out_path,
   o << "</body></html>\n";
   std::ofstream out(out_path);
   if (!out) fail("cannot write the report '", out_path, "'");
-  out << o.str();
+  out << o.str() << std::flush;
   if (!out) fail("writing the report '", out_path, "' failed");
 }
 

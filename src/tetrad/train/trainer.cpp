@@ -4,6 +4,8 @@
 #include <omp.h>
 
 #include <atomic>
+#include <cctype>
+#include <cstdlib>
 #include <chrono>
 #include <cmath>
 #include <csignal>
@@ -745,18 +747,21 @@ TrainResult train(const RunConfig& cfg, const TrainOptions& opt, std::ostream& l
   // SIGINT/SIGTERM end the run with a final checkpoint (a scheduler's SIGTERM before the
   // wall-clock limit loses no work). The handler never runs on this thread or its OpenMP team:
   // a signal taken inside oneDNN's GEMM corrupts the heap (core/signals.hpp).
-  StopSignals signals;
+  // Under Open MPI, a SIGCONT reaching a running rank is mpirun's first notice that it is ending
+  // the job (core/signals.hpp): stopping then, not at its SIGTERM, doubles the time to save.
+  StopSignals signals(std::getenv("OMPI_COMM_WORLD_SIZE") != nullptr);
   // Under Open MPI's mpirun, Ctrl-C / SIGTERM to mpirun reaches the ranks as SIGCONT, then
-  // SIGTERM odls_base_sigkill_timeout seconds later, then SIGKILL as long again (default 1 s,
-  // too short for a final checkpoint of most models); SIGUSR1 is forwarded without a kill.
+  // SIGTERM odls_base_sigkill_timeout seconds later, then SIGKILL as long again (default 1 s:
+  // 2 s from the notice to the kill, too short for a final checkpoint of most models); SIGUSR1
+  // is forwarded without a kill.
   if (root && !opt.quiet && std::getenv("OMPI_COMM_WORLD_SIZE")) {
     const char* g = std::getenv("OMPI_MCA_odls_base_sigkill_timeout");
     const int grace = g ? std::atoi(g) : 1;
     if (grace < 10)
-      out << "note: Ctrl-C or SIGTERM to mpirun gives the ranks " << grace
-          << " s from its SIGTERM to its SIGKILL (Open MPI's odls_base_sigkill_timeout), which may "
+      out << "note: Ctrl-C or SIGTERM to mpirun gives the ranks " << 2 * grace
+          << " s from its first notice to its SIGKILL (twice Open MPI's odls_base_sigkill_timeout), which may "
              "not be enough for the final checkpoint: launch with `mpirun --mca "
-             "odls_base_sigkill_timeout 60 ...`, or stop with `kill -USR1 <mpirun pid>` (forwarded "
+             "odls_base_sigkill_timeout 30 ...`, or stop with `kill -USR1 <mpirun pid>` (forwarded "
              "to every rank without a kill; docs/checkpoints.md, \"Stopping a run\")\n";
   }
   const auto run_start = std::chrono::steady_clock::now();
@@ -922,7 +927,11 @@ TrainResult train(const RunConfig& cfg, const TrainOptions& opt, std::ostream& l
     int sig = StopSignals::received();
     if (world > 1) groups.world.allreduce_max(&sig, 1);
     if (sig) {
-      out << "received " << (sig == SIGTERM ? "SIGTERM" : sig == SIGUSR1 ? "SIGUSR1" : "SIGINT")
+      out << "received "
+          << (sig == SIGTERM   ? "SIGTERM"
+              : sig == SIGUSR1 ? "SIGUSR1"
+              : sig == SIGCONT ? "SIGCONT from mpirun (it is ending the job; SIGTERM and SIGKILL follow)"
+                               : "SIGINT")
           << ": writing a final checkpoint and stopping at step " << done << "\n";
       result.stopped_by_signal = true;
       ++step;
