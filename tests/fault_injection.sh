@@ -221,14 +221,26 @@ case_bad_input() {
     expect "$name -> status $rc: $(grep -m1 -E 'error|must' "$W/bad.log" | sed 's|/tmp/[^ ]*/||g' | cut -c1-150)" \
       bash -c "[ $rc -ne 0 ] && [ $rc -lt 128 ] && grep -qF -- '$want' '$W/bad.log'"
   }
+  # A value nested 100,000 deep inside an otherwise valid file: the old readers' recursive dump
+  # (checksum, error messages) overflowed the stack (segfault, status 139).
+  deep_in() {  # deep_in FILE KEY: the value of KEY (a JSON key of FILE) nested 100,000 deep
+    python3 -c '
+import sys
+path, key = sys.argv[1], sys.argv[2]
+n = 100000
+s = open(path).read()
+s = s.replace("\"%s\":" % key, "\"%s\": %s1%s, \"was_%s\":" % (key, "[" * n, "]" * n, key), 1)
+open(path, "w").write(s)
+' "$1" "$2"
+  }
   cp -r "$W/r" "$W/deep_meta"; local dm; dm=$W/deep_meta/checkpoints/$(basename "$ck")
-  deep > "$dm/meta.json"
+  deep_in "$dm/meta.json" extra
   bad "meta.json nested 100000 deep: verify" "nested more than 64 levels" "$TETRAD" verify --model "$W/deep_meta"
   bad "meta.json nested 100000 deep: generate" "nested more than 64 levels" "$TETRAD" generate --model "$dm" -n 2
   bad "meta.json nested 100000 deep: train --resume" "nested more than 64 levels" \
     "$TETRAD" train "${T[@]}" --set run.dir="$W/deep_meta" --set train.max_steps=3 --resume
   mkdir -p "$W/hf"; "$TETRAD" export --model "$W/r" --out "$W/hf" > /dev/null 2>&1
-  cp -r "$W/hf" "$W/deep_cfg"; deep > "$W/deep_cfg/config.json"
+  cp -r "$W/hf" "$W/deep_cfg"; deep_in "$W/deep_cfg/config.json" n_layer
   bad "config.json nested 100000 deep: generate" "nested more than 64 levels" "$TETRAD" generate --model "$W/deep_cfg" -n 2
   cp -r "$W/hf" "$W/deep_st"
   python3 - "$W/deep_st/model.safetensors" <<'EOF'
@@ -301,6 +313,12 @@ case_hygiene() {
       bash -c "[ $rc -eq 1 ] && grep -qiE 'no space|disk' '$W/full.log'"
     expect "disk full: config.toml is whole" grep -q 'max_steps' "$W/small/run/config.toml"
     expect "disk full: the latest checkpoint still verifies" "$TETRAD" verify --model "$W/small/run"
+    # Full before the run starts: refused at once, and no empty config.toml left behind.
+    dd if=/dev/zero of="$W/small/fill" bs=4k count=1000 2>/dev/null
+    "$TETRAD" train "${T[@]}" --set run.dir="$W/small/run2" --set train.max_steps=2 > "$W/full2.log" 2>&1; rc=$?
+    LOGS=("$W/full2.log")
+    expect "disk full at the start: a clear error (status $rc), no empty config.toml" \
+      bash -c "[ $rc -eq 1 ] && grep -qiE 'no space|disk' '$W/full2.log' && { [ ! -e '$W/small/run2/config.toml' ] || [ -s '$W/small/run2/config.toml' ]; }"
     umount "$W/small"
   fi
 }
