@@ -14,7 +14,8 @@
 #include "tetrad/core/cpu.hpp"
 #include "tetrad/core/error.hpp"
 #include "tetrad/model/model_config.hpp"
-#include "tetrad/tools/ceilings.hpp"
+#include "tetrad/backend/cpu/ceilings.hpp"
+#include "tetrad/model/gemm_shapes.hpp"
 
 namespace tetrad {
 namespace {

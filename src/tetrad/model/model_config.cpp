@@ -56,9 +56,15 @@ ModelConfig named_model(const std::string& name) {
     c.family = Family::Llama; c.n_layer = 6; c.n_embd = 512; c.n_head = 8; c.n_kv_head = 4;
     c.ffn = 1408; c.vocab_size = 8192; c.max_seq = 512; c.tie_embeddings = false;
     c.norm_eps = 1e-6f;
+  } else if (name == "llama-1b") {
+    // ~1.03B parameters (TinyLlama-like widths, 20 layers): the GPU benchmark's Llama at
+    // sequence 2048 (docs/gpu.md).
+    c.family = Family::Llama; c.n_layer = 20; c.n_embd = 2048; c.n_head = 32; c.n_kv_head = 8;
+    c.ffn = 5632; c.vocab_size = 32000; c.max_seq = 2048; c.tie_embeddings = false;
+    c.norm_eps = 1e-5f;
   } else {
     fail("unknown model '", name,
-         "'; expected one of: tiny, small, gpt2-124m, llama-tiny, llama-small");
+         "'; expected one of: tiny, small, gpt2-124m, llama-tiny, llama-small, llama-1b");
   }
   return c;
 }

@@ -13,18 +13,6 @@
 
 namespace tetrad::parallel {
 
-std::string OverlapOptions::summary() const {
-  std::ostringstream os;
-  os << "overlap: backward all-reduce " << (backward_allreduce ? "on" : "off")
-     << ", reduce-scatter " << (reduce_scatter ? "on" : "off") << ", prefetch depth "
-     << prefetch_depth << (prefetch_across_steps ? " (across steps)" : "") << ", weight cache " << (cache_gathered_weights ? "on" : "off")
-     << ", data-parallel buckets " << (dp_overlap ? "overlapped" : "at the end") << " ("
-     << (dp_bucket_mb > 0 ? std::to_string(dp_bucket_mb) + " MiB" : std::string("per tensor"))
-     << "), forward chunks " << forward_chunks << ", progress "
-     << (progress_thread ? "thread" : "polling");
-  return os.str();
-}
-
 // The helper: sleeps on `cv` until a scope activates it; then, holding `mu` around each call,
 // probes MPI (any MPI call runs Open MPI's progress engine) every ~50 us until deactivated.
 struct CommQueue::Progress {

@@ -1,5 +1,5 @@
 // Scheduling the ParallelTransformer's collectives (docs/parallel.md, "Overlap"): which overlaps
-// are on (OverlapOptions, the parallel.* config keys) and the CommQueue that issues collectives
+// are on (OverlapOptions, the parallel.* config keys, in options.hpp) and the CommQueue that issues collectives
 // non-blocking, drives their progress and completes them as late as the schedule allows.
 //
 // Progress. Open MPI moves a non-blocking collective forward only inside MPI calls
@@ -25,28 +25,9 @@
 
 #include "tetrad/comm/communicator.hpp"
 #include "tetrad/core/profile.hpp"
+#include "tetrad/parallel/options.hpp"
 
 namespace tetrad::parallel {
-
-// Each switch only changes when a collective runs, never what it computes: the same messages
-// with the same sizes and the same GEMMs, so results are bit-identical to all switches off
-// (tests/mpi/test_overlap_mpi.cpp). forward_chunks is the exception: its GEMMs on row chunks
-// round differently from one GEMM (oneDNN chooses kernels by shape), identical within fp32
-// rounding only.
-struct OverlapOptions {
-  bool backward_allreduce = false;   // dIn all-reduce runs while the dW GEMM computes
-  bool reduce_scatter = false;       // dW reduce-scatter over Z runs during earlier layers
-  int prefetch_depth = 0;            // Z all-gathers issued this many layers ahead
-  bool prefetch_across_steps = false;  // the next step's first gathers start during the optimizer
-  bool cache_gathered_weights = false;  // every layer's gathered weights kept for the whole step
-  bool dp_overlap = false;           // data-parallel buckets start during the last backward
-  double dp_bucket_mb = 0;           // bucket size (0: one bucket per tensor, in place)
-  int forward_chunks = 1;            // forward GEMM + all-reduce in this many row chunks
-  bool progress_thread = false;      // a helper thread drives MPI progress during kernels
-
-  static OverlapOptions all_off() { return {}; }
-  std::string summary() const;
-};
 
 class CommQueue {
  public:

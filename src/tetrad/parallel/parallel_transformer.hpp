@@ -33,58 +33,14 @@
 #include "tetrad/model/model_config.hpp"
 #include "tetrad/model/params.hpp"
 #include "tetrad/parallel/comm_schedule.hpp"
+#include "tetrad/parallel/options.hpp"
 #include "tetrad/parallel/process_groups.hpp"
 #include "tetrad/parallel/pipeline_schedule.hpp"
 #include "tetrad/parallel/sharding.hpp"
 
 namespace tetrad::parallel {
 
-// Activation recomputation (train.recompute): what the forward keeps for the backward.
-//   None       every layer's activations are kept.
-//   Selective  the attention internals (attention output and softmax log-sum-exp, per head) are
-//              not kept: one layer's worth of scratch; the backward recomputes the attention from
-//              the stored q|k|v (no communication, no GEMM: Megatron's "selective").
-//   Full       per block only its input is kept (the previous block's output); the backward
-//              recomputes the block's forward (GEMMs and their all-reduces included) into one
-//              layer's scratch before its backward.
-// Every mode gives bit-identical results: the recomputation repeats the same operations on the
-// same inputs (deterministic kernels, static OpenMP schedules).
-enum class Recompute { None, Selective, Full };
-Recompute parse_recompute(const std::string& text);  // "none" | "selective" | "full"
-const char* recompute_name(Recompute mode);
-
-// ZeRO over the data axis (parallel.zero), on top of whatever Z already shards:
-//   0  every D replica keeps the whole local shard of parameters, gradients and Adam moments;
-//      gradients are all-reduced over D.
-//   1  the Adam moments are sharded over D: each tensor's local shard is cut into Gd pieces
-//      (rank d owns piece d, ceil(n / Gd) elements, the last one shorter); gradients are
-//      reduce-scattered over D at the end of the step, each D rank updates its piece, and the
-//      updated pieces are all-gathered over D.
-//   2  as 1, and the gradients too: only the piece is kept (grads() has optimizer_state_size()
-//      elements); each layer's gradient is reduce-scattered over Z then D as soon as its
-//      backward is done, every micro-batch.
-//
-// overlap: the communication overlap switches (comm_schedule.hpp). dp_overlap is turned off with
-// ZeRO >= 1 and with Gp > 1 (see the constructor): their gradients are reduced in
-// reduce_gradients() (ZeRO 2: per layer) instead of in data-parallel buckets.
-struct ParallelOptions {
-  Recompute recompute = Recompute::None;
-  int zero = 0;
-  int virtual_stages = 1;  // pipeline chunks per stage (interleaved schedule; Gp > 1 only)
-  // With Z > 1: the token embedding's gradient is exchanged as the rows the micro-batch touched
-  // (an all-gather of N x C/Gx values and N ids over Z) instead of a reduce-scatter of the whole
-  // V/Gy x C/Gx block, when that moves less (Gz N < V/Gy); the head's dense part (tied) starts
-  // its reduce-scatter right after the head's backward. Gp = 1 and ZeRO < 2 only.
-  bool sparse_embedding_grad = true;
-  OverlapOptions overlap = OverlapOptions::all_off();
-  // Largest message of one ZeRO reduce-scatter over D (larger ones go in chunks): bounds Open
-  // MPI's temporary, twice the message per call (docs/parallel.md, "Memory per rank"). Results
-  // do not depend on it; tests make it tiny to run many chunks.
-  int64_t reduce_scatter_chunk_bytes = int64_t(4) << 20;
-  // parallel.pipeline_layers: how the layers split into the Gp x virtual_stages virtual stages
-  // ("even", "balanced" or a comma list; layer_split.hpp). Gp > 1 only.
-  std::string pipeline_layers = "even";
-};
+struct ParallelActivations;
 
 // Where the optimizer finds each tensor's part on this rank: parameters and gradients at
 // param_offset / grad_offset of params() / grads(), its moments at state_offset of a buffer of
@@ -231,7 +187,7 @@ class ParallelTransformer {
         proj_b = -1, ln2_w = -1, ln2_b = -1, fc_w = -1, fc_b = -1, up_w = -1, fcproj_w = -1,
         fcproj_b = -1;
   };
-  struct Acts;
+  using Acts = ParallelActivations;  // transformer_activations.hpp
   // A data-parallel bucket: tensors reduced together over one group (d for Z shards, zd for
   // replicated tensors), in backward order; staged through bucket_buf_ when several.
   struct Bucket {
@@ -246,6 +202,72 @@ class ParallelTransformer {
   const float* w(int i) const;  // weight for compute: gathered block or local shard
   float* gw(int i);             // where its gradient block accumulates
   int slot_of(int layer) const { return layer % int(gathered_.size()); }
+  void set_layer(int l) {
+    if (prof_) prof_->layer = l;
+  }
+  static ParallelOptions with_overlap(const OverlapOptions& o) {
+    ParallelOptions p;
+    p.overlap = o;
+    return p;
+  }
+  template <typename F>
+  void timed(Phase ph, F&& f) {
+    ScopedPhase s(prof_, ph);
+    f();
+  }
+
+  // The implementation is split by role, one file each:
+  // parallel_transformer.cpp: construction; the model's forward and backward (embedding, blocks,
+  // final norm, head, loss, with the gathers and gradient reductions between layers).
+  void forward(const int32_t* inputs, int B, int T);
+  void backward(const int32_t* inputs, int B, int T);
+
+  // parallel_block.cpp: one block's wiring, forward and backward (norms, qkv, RoPE, attention,
+  // projections, MLP). layer_backward turns a_->dresid (gradient of the output) into the
+  // gradient of x_in, recomputing first what the forward did not keep.
+  void layer_forward(int l, const float* x, int B, int T);
+  void layer_backward(int l, const float* x_in, int B, int T);
+  void attention_forward(int l, int B, int T);
+
+  // parallel_linear.cpp: the parallel linear layers, each forward collective with its adjoint.
+  //   normal     (input over X, output over Y): forward all-reduce X, backward all-reduce Y.
+  //   transposed (input over Y, output over X): forward all-reduce Y, backward all-reduce X.
+  void gemm(const char* what, bool ta, bool tb, int64_t M, int64_t N, int64_t K, const float* A,
+            int64_t lda, const float* B, int64_t ldb, float beta, float* C, int64_t ldc);
+  // A sum over a group, skipped when the group is one rank (float and double).
+  template <typename T>
+  void sum_over(const comm::Communicator& group, T* data, int64_t n, const char* what = "");
+  void gemm_allreduce(const char* what, float* out, const float* in, int wi, int64_t k_in,
+                      int64_t n_out, const comm::Communicator& group, int64_t N);
+  void normal_fwd(const char* what, float* out, const float* in, int wi, int bi, int64_t k_in,
+                  int64_t n_out, int64_t N);
+  void transposed_fwd(const char* what, float* out, const float* resid, const float* in, int wi,
+                      int bi, int64_t k_in, int64_t N);
+  void linear_bwd(const char* what, float* din, const float* dout, const float* in, int wi,
+                  int bi, int64_t k_in, int64_t n_out, const comm::Communicator& group,
+                  int64_t N);
+  void normal_bwd(const char* what, float* din, const float* dout, const float* in, int wi,
+                  int bi, int64_t k_in, int64_t n_out, int64_t N);
+  void transposed_bwd(const char* what, float* din, const float* dout, const float* in, int wi,
+                      int bi, int64_t k_in, int64_t N);
+  void bias_bwd(float* db, const float* dout, int64_t width, int64_t N);
+
+  // parallel_norm.cpp: LayerNorm / RMSNorm with row statistics all-reduced over X.
+  void norm_fwd(float* out, float* mean, float* rstd, const float* x, int wi, int bi, int64_t N);
+  void norm_bwd(float* dx, const float* dout, const float* x, const float* mean,
+                const float* rstd, int wi, int bi, int64_t N);
+
+  // vocab_parallel.cpp: the embedding lookup, cross-entropy and greedy argmax over Y's slices.
+  void embedding_forward(const int32_t* inputs, int64_t N, int T);
+  void embedding_backward(const int32_t* inputs, int64_t N, int T);
+  double cross_entropy(const int32_t* targets, int64_t N, float grad_scale, bool with_grad);
+
+  // param_shards.cpp: whole tensors to and from this rank's shards; w() and gw() above.
+  bool staged(const TensorShard& t) const;
+  void gather_shard(const float* shard, size_t index, float* full);
+  std::vector<float> shard_of(size_t index, const float* full) const;
+
+  // weight_gather.cpp: the Z all-gathers of the weights into slots, prefetched and reused.
   void issue_gather(int layer);          // start the all-gather of a layer's Z shards (-1: top)
   void gather_layer(int layer);          // ... and wait for it (reusing a valid gather)
   // Issue the next prefetch_depth layers' gathers (in `direction`), within layers [lo, hi).
@@ -253,6 +275,8 @@ class ParallelTransformer {
   void invalidate_gathered();
   // The gathers the next forward issues first: top-level tensors, layer 0, prefetch_depth ahead.
   void issue_first_gathers();
+
+  // grad_reduction.cpp: gradient reductions over Z, D (ZeRO pieces, buckets) and P.
   void scatter_layer_grads(int layer);   // reduce-scatter the layer's gradient blocks over Z
   void zero_layer_grad_blocks(int layer);
   void layer_final(int layer, bool sharded);  // gradients of a layer final for this step
@@ -261,41 +285,17 @@ class ParallelTransformer {
   void build_buckets();
   void reset_step_state();
   bool last_micro_batch() const { return expected_micro_ > 0 && micro_done_ + 1 == expected_micro_; }
-  void set_layer(int l) {
-    if (prof_) prof_->layer = l;
-  }
-  void gemm(const char* what, bool ta, bool tb, int64_t M, int64_t N, int64_t K, const float* A,
-            int64_t lda, const float* B, int64_t ldb, float beta, float* C, int64_t ldc);
-  bool staged(const TensorShard& t) const;
+  void reduce_scatter_d(size_t tensor, const float* shard, float* piece);
+  // Top-level reduce-scatters over Z: the head's (after its backward) or the others (after the
+  // embedding's); with the sparse embedding gradient, rs_remaining_ of the top counts both and
+  // the rows' accumulation.
+  void scatter_top_grads(bool head_part);
+  CommQueue::Ticket start_grad_reduce_scatter(const TensorShard& t, bool last);
+  void accumulate_embedding_rows(int64_t N);
+
+  // pipeline_chunks.cpp: stage ownership and the activation regions a chunk stashes.
   bool owns(const TensorShard& t) const;  // this pipeline stage computes (and reports) it
   std::vector<std::pair<float*, size_t>> chunk_regions(int l0, int l1, bool embed, bool head);
-  void gather_shard(const float* shard, size_t index, float* full);
-  std::vector<float> shard_of(size_t index, const float* full) const;  // gradient accumulates in a layer block buffer
-  void reduce_scatter_d(size_t tensor, const float* shard, float* piece);
-  void forward(const int32_t* inputs, int B, int T);
-  void layer_forward(int l, const float* x, int B, int T);
-  void attention_forward(int l, int B, int T);
-  void norm_fwd(float* out, float* mean, float* rstd, const float* x, int wi, int bi, int64_t N);
-  void gemm_allreduce(const char* what, float* out, const float* in, int wi, int64_t k_in,
-                      int64_t n_out, const comm::Communicator& group, int64_t N);
-  void normal_fwd(const char* what, float* out, const float* in, int wi, int bi, int64_t k_in,
-                  int64_t n_out, int64_t N);
-  void transposed_fwd(const char* what, float* out, const float* resid, const float* in, int wi,
-                      int bi, int64_t k_in, int64_t N);
-  static ParallelOptions with_overlap(const OverlapOptions& o) {
-    ParallelOptions p;
-    p.overlap = o;
-    return p;
-  }
-  void backward(const int32_t* inputs, int B, int T);
-  double cross_entropy(const int32_t* targets, int64_t N, float grad_scale, bool with_grad);
-  template <typename T>
-  void sum_over(const comm::Communicator& group, T* data, int64_t n, const char* what = "");
-  template <typename F>
-  void timed(Phase ph, F&& f) {
-    ScopedPhase s(prof_, ph);
-    f();
-  }
 
   ModelConfig cfg_;
   ProcessGroups& g_;
@@ -334,12 +334,6 @@ class ParallelTransformer {
   Buffer<float> emb_rows_;        // Gz x N x Cx: every Z rank's embedding-output gradient rows
   Buffer<int32_t> emb_ids_;       // Gz x N: their token ids
   CommQueue::Ticket emb_ids_ticket_ = 0, head_rs_ticket_ = 0;
-  // Top-level reduce-scatters over Z: the head's (after its backward) or the others (after the
-  // embedding's); with the sparse embedding gradient, rs_remaining_ of the top counts both and
-  // the rows' accumulation.
-  void scatter_top_grads(bool head_part);
-  CommQueue::Ticket start_grad_reduce_scatter(const TensorShard& t, bool last);
-  void accumulate_embedding_rows(int64_t N);
   std::vector<Bucket> buckets_;
   Buffer<float> bucket_buf_;
   size_t next_bucket_[2] = {0, 0};  // per group kind (replicated, sharded): next to start

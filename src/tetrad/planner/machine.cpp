@@ -17,7 +17,7 @@
 #include "tetrad/core/cpu.hpp"
 #include "tetrad/core/error.hpp"
 #include "tetrad/backend/cpu/attention.hpp"
-#include "tetrad/tools/ceilings.hpp"
+#include "tetrad/backend/cpu/ceilings.hpp"
 
 namespace fs = std::filesystem;
 

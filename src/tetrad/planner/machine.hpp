@@ -27,7 +27,7 @@ struct MeasuredLink {
   double latency = 0;    // seconds per ring step
 };
 
-// The operand layouts of the trainer's three GEMMs per weight (parallel_transformer.cpp, rows
+// The operand layouts of the trainer's three GEMMs per weight (parallel/parallel_linear.cpp, rows
 // of activations are tokens): forward C[T, n] = A[T, k] W[n, k]^T ("nt"), input gradient
 // C[T, k] = dY[T, n] W[n, k] ("nn"), weight gradient C[n, k] = dY[T, n]^T A[T, k] ("tn", the
 // reduction runs over the tokens). A CPU library packs a transposed operand differently, so

@@ -117,7 +117,7 @@ Sizes sizes(const ModelConfig& m) {
 // Seconds of one layer's GEMMs on one rank, by pass, and of the head's three GEMMs. The local
 // weight shapes follow the trainer's layout: normal layers (q|k|v, MLP up with its gate) hold
 // [n_out, k_in] = [N/Gy, H/Gx], transposed ones (attention output, MLP down) [H/Gx, N/Gy]; the
-// head [V/Gy, H/Gx]. Each pass is the trainer's own call (parallel_transformer.cpp): forward
+// head [V/Gy, H/Gx]. Each pass is the trainer's own call (parallel/parallel_linear.cpp): forward
 // C[T, n_out] = A W^T (nt), input gradient C[T, k_in] = dY W (nn), weight gradient
 // C[n_out, k_in] = dY^T A (tn, reduced over the T tokens), each at its variant's efficiency.
 struct GemmTimes {

@@ -26,7 +26,7 @@
 #include <nlohmann/json_fwd.hpp>
 
 #include "tetrad/model/model_config.hpp"
-#include "tetrad/parallel/parallel_transformer.hpp"
+#include "tetrad/parallel/options.hpp"
 #include "tetrad/parallel/layer_split.hpp"
 #include "tetrad/parallel/pipeline_schedule.hpp"
 #include "tetrad/planner/machine.hpp"
@@ -35,7 +35,7 @@ namespace tetrad::planner {
 
 enum class Precision { FP32, BF16 };          // train.precision
 // train.recompute and parallel.schedule are the trainer's own types and parsers, so the planner
-// plans exactly the modes the trainer runs (parallel_transformer.hpp, pipeline_schedule.hpp).
+// plans exactly the modes the trainer runs (parallel/options.hpp, pipeline_schedule.hpp).
 using Recompute = parallel::Recompute;
 using parallel::parse_recompute;               // "none" | "selective" | "full"
 using Schedule = parallel::PipelineSchedule;

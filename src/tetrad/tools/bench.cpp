@@ -25,7 +25,8 @@
 #include "tetrad/parallel/pipeline.hpp"
 #include "tetrad/planner/auto_grid.hpp"
 #include "tetrad/parallel/process_groups.hpp"
-#include "tetrad/tools/ceilings.hpp"
+#include "tetrad/backend/cpu/ceilings.hpp"
+#include "tetrad/model/gemm_shapes.hpp"
 #include "tetrad/train/optimizer.hpp"
 #include "tetrad/train/trainer.hpp"
 

@@ -100,7 +100,7 @@ const std::vector<Field>& schema() {
   static const std::vector<Field> fields = {
       // model.name is handled first (it selects the base that the other model keys override).
       STRING_FIELD("model.name", c.model_name,
-                   "named base configuration: tiny, small, gpt2-124m, llama-tiny, llama-small"),
+                   "named base configuration: tiny, small, gpt2-124m, llama-tiny, llama-small, llama-1b"),
       Field{"model.family", "string", "\"gpt2\" or \"llama\"",
             [](RunConfig& c, const toml::node& n, const std::string& w) {
               c.model.family = parse_family(read_string(n, "model.family", w));

@@ -4,7 +4,6 @@
 #include <cmath>
 #include <limits>
 
-#include "tetrad/backend/cpu/ops.hpp"
 
 namespace tetrad {
 
@@ -61,11 +60,17 @@ std::vector<DecayRange> whole_tensor_ranges(const ParamTable& table, const Train
 }
 }  // namespace
 
-AdamW::AdamW(const ParamTable& table, const TrainConfig& t)
-    : AdamW(whole_tensor_ranges(table, t), table.total, t) {}
+AdamW::AdamW(const ParamTable& table, const TrainConfig& t, backend::Backend& be)
+    : AdamW(whole_tensor_ranges(table, t), table.total, t, be) {}
 
-AdamW::AdamW(std::vector<DecayRange> ranges, int64_t total, const TrainConfig& t)
-    : ranges_(std::move(ranges)), t_(t), m_(total), v_(total) {}
+AdamW::AdamW(std::vector<DecayRange> ranges, int64_t total, const TrainConfig& t,
+             backend::Backend& be)
+    : ranges_(std::move(ranges)),
+      t_(t),
+      be_(&be),
+      size_(total),
+      m_(be.alloc_array<float>(size_t(total))),
+      v_(be.alloc_array<float>(size_t(total))) {}
 
 void AdamW::update(float* params, const float* grads, double lr, double grad_scale,
                    int64_t step) {
@@ -81,15 +86,41 @@ void AdamW::update(float* params, const float* grads, double lr, double grad_sca
     const int64_t skip = a - r.offset;
     const int64_t so = (r.state_offset < 0 ? r.offset : r.state_offset) + skip;
     const int64_t go = (r.grad_offset < 0 ? r.offset : r.grad_offset) + skip;
-    kernels::adamw_update<float>(params + a, grads + go, m_.data() + so, v_.data() + so, b - a,
-                                 float(lr), float(t_.beta1), float(t_.beta2), float(t_.adam_eps),
-                                 r.decay ? float(t_.weight_decay) : 0.0f, float(grad_scale),
-                                 step);
+    backend::AdamWArgs u;
+    u.p = params + a;
+    u.g = grads + go;
+    u.m = m() + so;
+    u.v = v() + so;
+    u.n = b - a;
+    u.lr = float(lr);
+    u.beta1 = float(t_.beta1);
+    u.beta2 = float(t_.beta2);
+    u.eps = float(t_.adam_eps);
+    u.weight_decay = r.decay ? float(t_.weight_decay) : 0.0f;
+    u.grad_scale = float(grad_scale);
+    u.step = step;
+    be_->ops().adamw(be_->queue(), u);
   }
 }
 
-double grad_norm(const float* grads, int64_t n) {
-  return std::sqrt(kernels::sum_squares(grads, n));
+double sum_squares(const float* x, int64_t n, backend::Backend& be) {
+  backend::Queue& q = be.queue();
+  if (be.capabilities().host_visible) {
+    double s = 0;
+    be.ops().sum_squares(q, &s, x, n);
+    q.synchronize();
+    return s;
+  }
+  backend::DeviceBuffer out = be.alloc_array<double>(1);
+  be.ops().sum_squares(q, out.as<double>(), x, n);
+  double s = 0;
+  q.copy_to_host(&s, out.data(), sizeof s);
+  q.synchronize();
+  return s;
+}
+
+double grad_norm(const float* grads, int64_t n, backend::Backend& be) {
+  return std::sqrt(sum_squares(grads, n, be));
 }
 
 }  // namespace tetrad

@@ -3,7 +3,7 @@
 #include <cstdint>
 #include <vector>
 
-#include "tetrad/core/buffer.hpp"
+#include "tetrad/backend/backend.hpp"
 #include "tetrad/model/params.hpp"
 #include "tetrad/train/config.hpp"
 
@@ -38,11 +38,15 @@ std::vector<DecayRange> decay_ranges(const ParamTable& table, const TrainConfig&
                                      const std::vector<int64_t>& state_offsets,
                                      const std::vector<int64_t>& grad_offsets);
 
+// The moments live on `backend` (its device memory) and the update runs through its op table
+// (OpTable::adamw over each run); params and grads are device pointers of the same backend.
 class AdamW {
  public:
-  AdamW(const ParamTable& table, const TrainConfig& t);
+  AdamW(const ParamTable& table, const TrainConfig& t,
+        backend::Backend& be = backend::cpu_backend());
   // Over any buffer described by ranges (a rank's shards); total: elements of each moment buffer.
-  AdamW(std::vector<DecayRange> ranges, int64_t total, const TrainConfig& t);
+  AdamW(std::vector<DecayRange> ranges, int64_t total, const TrainConfig& t,
+        backend::Backend& be = backend::cpu_backend());
   // One update of every parameter. grad_scale multiplies the gradients first (clipping).
   // `step` is 1-based (bias correction).
   void update(float* params, const float* grads, double lr, double grad_scale, int64_t step);
@@ -51,17 +55,22 @@ class AdamW {
   void update(float* params, const float* grads, double lr, double grad_scale, int64_t step,
               int64_t lo, int64_t hi);
 
-  float* m() { return m_.data(); }
-  float* v() { return v_.data(); }
-  int64_t size() const { return int64_t(m_.size()); }
+  // Device pointers of the moments (host memory on the CPU backend: checkpoints read them).
+  float* m() { return m_.as<float>(); }
+  float* v() { return v_.as<float>(); }
+  int64_t size() const { return size_; }
 
  private:
   std::vector<DecayRange> ranges_;  // contiguous runs of tensors with the same decay setting
   TrainConfig t_;
-  Buffer<float> m_, v_;
+  backend::Backend* be_;
+  int64_t size_;
+  backend::DeviceBuffer m_, v_;
 };
 
-// Global L2 norm of the gradient buffer, in double.
-double grad_norm(const float* grads, int64_t n);
+// Global L2 norm of the gradient buffer (a device pointer of `be`), in double.
+double grad_norm(const float* grads, int64_t n, backend::Backend& be = backend::cpu_backend());
+// Σ x² of a buffer of `be`, in double (OpTable::sum_squares, copied back to the host).
+double sum_squares(const float* x, int64_t n, backend::Backend& be = backend::cpu_backend());
 
 }  // namespace tetrad

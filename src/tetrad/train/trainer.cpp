@@ -43,7 +43,7 @@
 #include "tetrad/parallel/parallel_transformer.hpp"
 #include "tetrad/parallel/pipeline.hpp"
 #include "tetrad/parallel/process_groups.hpp"
-#include "tetrad/tools/ceilings.hpp"
+#include "tetrad/backend/cpu/ceilings.hpp"
 #include "tetrad/train/loss_mask.hpp"
 #include "tetrad/train/optimizer.hpp"
 #include "tetrad/train/watchdog.hpp"
@@ -608,7 +608,7 @@ TrainResult train(const RunConfig& cfg, const TrainOptions& opt, std::ostream& l
   const bool streamed_save = cfg.zero >= 1;  // see save() below
   auto save = [&](int64_t at_step, bool wait) {
     // Never replace a good checkpoint with weights that are no longer finite.
-    double sq = kernels::sum_squares(model.param_data(), model.num_local_params());
+    double sq = sum_squares(model.param_data(), model.num_local_params());
     if (world > 1) groups.world.allreduce_sum(&sq, 1);
     if (!std::isfinite(sq)) {
       out << "not writing a checkpoint at step " << at_step << ": the weights are not finite\n";

@@ -1,4 +1,4 @@
-#include "tetrad/tools/ceilings.hpp"
+#include "tetrad/backend/cpu/ceilings.hpp"
 
 #include <omp.h>
 
@@ -487,29 +487,6 @@ double bf16_matmul_gflops(int M, int N, int K) {
 }
 double memory_bandwidth_gbs(size_t bytes, int threads) {
   return measure_memory_bandwidth(bytes, threads).value;
-}
-
-std::vector<GemmShape> model_gemm_shapes(const ModelConfig& c, int tokens) {
-  struct Linear {
-    const char* name;
-    int in, out;
-  };
-  const int C = c.n_embd;
-  const int fc_out = c.family == Family::Llama ? 2 * c.ffn : c.ffn;  // Llama: gate+up fused
-  const Linear linears[] = {{"attn.qkv", C, c.qkv_dim()},
-                            {"attn.proj", C, C},
-                            {"mlp.fc", C, fc_out},
-                            {"mlp.proj", c.ffn, C},
-                            {"lm_head", C, c.vocab_size}};
-  std::vector<GemmShape> shapes;
-  const int T = tokens;
-  for (const Linear& l : linears) {
-    std::string n = l.name;
-    shapes.push_back({n + ".fwd", T, l.out, l.in, 'N', 'T'});  // y[T,out] = x[T,in]·W[out,in]ᵀ
-    shapes.push_back({n + ".dx", T, l.in, l.out, 'N', 'N'});   // dx[T,in] = dy[T,out]·W
-    shapes.push_back({n + ".dw", l.out, l.in, T, 'T', 'N'});   // dW[out,in] = dyᵀ·x
-  }
-  return shapes;
 }
 
 std::vector<GemmResult> measure_gemms(const std::vector<GemmShape>& shapes, int threads, int reps,

@@ -1,8 +1,9 @@
-// The machine's own performance ceilings, measured on every benchmark run (docs/benchmarks.md):
-// the fp32 FMA peak of a register-only loop, the GEMM library on a large square and on the
-// model's own shapes (fp32 dnnl_sgemm; bf16 inputs with fp32 output through the oneDNN matmul
-// primitive), and memory bandwidth of a large copy. Model FLOP/s are reported as fractions of
-// these, so a number means the same thing on any machine.
+// The CPU backend's machine ceilings, measured on every benchmark run (docs/benchmarks.md) and by
+// the planner's machine measurement (planner/machine.hpp): the fp32 FMA peak of a register-only
+// loop, the GEMM library on a large square and on the model's own shapes (model/gemm_shapes.hpp;
+// fp32 dnnl_sgemm; bf16 inputs with fp32 output through the oneDNN matmul primitive), and memory
+// bandwidth of a large copy. Model FLOP/s are reported as fractions of these, so a number means
+// the same thing on any machine.
 //
 // Every measurement comes back as a Measurement: the number, the statistic behind it and a
 // sentence saying how it was measured (kernel, ISA, shape, threads, repetitions). A ceiling that
@@ -21,8 +22,6 @@
 #include <vector>
 
 #include <nlohmann/json_fwd.hpp>
-
-#include "tetrad/model/model_config.hpp"
 
 namespace tetrad {
 
@@ -70,12 +69,6 @@ double fma_peak_gflops(int threads);
 double sgemm_gflops(int M, int N, int K, char transa, char transb, int reps);
 double bf16_matmul_gflops(int M, int N, int K);
 double memory_bandwidth_gbs(size_t bytes, int threads);
-
-// The GEMMs of one training step of a model over `tokens` tokens, in tetrad's layout (linear
-// weights stored [out, in], y = x·Wᵀ): for each linear layer its forward (NT), input-gradient
-// (NN) and weight-gradient (TN) products, and the same for the output head. Attention's own
-// batched products (scores, values) are not included.
-std::vector<GemmShape> model_gemm_shapes(const ModelConfig& c, int tokens);
 
 struct GemmResult {
   GemmShape shape;

@@ -1,0 +1,181 @@
+// The device seam: a Backend owns memory on its device, an ordered execution queue with events,
+// its capabilities, its machine ceilings and the op table (backend/ops.hpp). The model, the loss
+// and the optimizer run on whatever Backend they are given; the CPU backend (backend/cpu/) is the
+// first, a CUDA or HIP backend fills the same interface (ggml's backend table is the model).
+//
+// Memory. DeviceBuffer is an owning allocation of `bytes` on one backend (its owner), freed back
+// to it in the destructor; movable, not copyable. MemoryKind::HostStaging is host memory the
+// device copies from and to fast (pinned on a GPU; plain aligned host memory on the CPU). Device
+// pointers are only dereferenced by the backend's own ops and copies, except on a backend whose
+// Capabilities::host_visible is true (the CPU: device memory is host memory, copies are memcpy).
+//
+// Queue. Work (ops, copies) submitted to one Queue runs in submission order. The CPU backend runs
+// everything inline, so every call has finished when it returns and every Event is already
+// complete; a GPU backend enqueues on a stream and returns at once. An Event marks a point in a
+// queue: query() says whether the work before it is done, synchronize() blocks until it is,
+// Queue::wait(e) makes later work on that queue wait for it (other queues, or communication).
+// A default-constructed Event is complete.
+//
+// Threads: one Queue is used from one thread at a time; Backend's allocation functions are
+// thread-safe. Errors: allocation failures and device errors throw tetrad::Error naming the
+// backend, the operation and the size; an unsupported request (a dtype the device lacks) throws
+// naming what is supported, never silently does something else.
+#pragma once
+#include <cstddef>
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "tetrad/backend/ops.hpp"
+
+namespace tetrad::backend {
+
+class Backend;
+
+enum class MemoryKind : uint8_t { Device, HostStaging };
+
+class DeviceBuffer {
+ public:
+  DeviceBuffer() = default;  // empty: no owner, 0 bytes
+  ~DeviceBuffer();
+  DeviceBuffer(DeviceBuffer&& o) noexcept;
+  DeviceBuffer& operator=(DeviceBuffer&& o) noexcept;
+  DeviceBuffer(const DeviceBuffer&) = delete;
+  DeviceBuffer& operator=(const DeviceBuffer&) = delete;
+
+  void* data() { return ptr_; }
+  const void* data() const { return ptr_; }
+  template <typename T> T* as() { return static_cast<T*>(ptr_); }
+  template <typename T> const T* as() const { return static_cast<const T*>(ptr_); }
+  size_t bytes() const { return bytes_; }
+  MemoryKind kind() const { return kind_; }
+  Backend* owner() const { return owner_; }
+  bool empty() const { return bytes_ == 0; }
+
+ private:
+  friend class Backend;
+  DeviceBuffer(Backend* owner, void* ptr, size_t bytes, MemoryKind kind)
+      : owner_(owner), ptr_(ptr), bytes_(bytes), kind_(kind) {}
+  void release() noexcept;
+  Backend* owner_ = nullptr;
+  void* ptr_ = nullptr;
+  size_t bytes_ = 0;
+  MemoryKind kind_ = MemoryKind::Device;
+};
+
+// A point in a queue's work (see the file comment). Cheap to copy (shared state).
+class Event {
+ public:
+  struct Impl {
+    virtual ~Impl() = default;
+    virtual bool query() = 0;
+    virtual void synchronize() = 0;
+  };
+  Event() = default;  // complete
+  explicit Event(std::shared_ptr<Impl> impl) : impl_(std::move(impl)) {}
+  bool query() const { return !impl_ || impl_->query(); }
+  void synchronize() const {
+    if (impl_) impl_->synchronize();
+  }
+  Impl* impl() const { return impl_.get(); }  // the backend's own type, for Queue::wait
+
+ private:
+  std::shared_ptr<Impl> impl_;
+};
+
+class Queue {
+ public:
+  virtual ~Queue() = default;
+  Backend& backend() const { return *backend_; }
+
+  // Copies, ordered with the queue's other work. host pointers: any host memory (HostStaging
+  // lets a GPU copy asynchronously; other host memory may make the copy synchronous).
+  virtual void copy_to_device(void* dst, const void* host_src, size_t bytes) = 0;
+  virtual void copy_to_host(void* host_dst, const void* src, size_t bytes) = 0;
+  virtual void copy_on_device(void* dst, const void* src, size_t bytes) = 0;
+  virtual void fill_zero(void* dst, size_t bytes) = 0;
+
+  virtual Event record() = 0;             // marks everything submitted so far
+  virtual void wait(const Event& e) = 0;  // later work waits for e (an event of any queue of this backend)
+  virtual void synchronize() = 0;         // blocks the host until everything submitted is done
+
+ protected:
+  explicit Queue(Backend& b) : backend_(&b) {}
+
+ private:
+  Backend* backend_;
+};
+
+// What a backend can do; the op table's optional entries are null where a flag is false.
+struct Capabilities {
+  bool host_visible = false;           // device memory is host memory (CPU)
+  bool dtype_f32 = true, dtype_bf16 = false, dtype_f64 = false;
+  bool gemm_bf16 = false;              // Precision::BF16 GEMMs run (natively or emulated)
+  bool gemm_bf16_native = false;       // ... on bf16 matrix hardware (AMX, tensor cores)
+  bool gemm_bf16_storage = false;      // GemmArgs a_type / b_type may be BF16
+  bool attention_bf16 = false;         // AttentionArgs::dtype may be BF16
+  bool attention_any_q_offset = false; // AttentionArgs::q_offset other than Tk - Tq
+  bool fused_cross_entropy = false;    // OpTable::cross_entropy_fused present
+  std::string gemm_bf16_path;          // how bf16 GEMMs run here, for logs
+};
+
+// The device's performance ceilings, for model FLOP/s utilisation (docs/benchmarks.md): peak
+// GEMM throughput in fp32 and bf16 (0 where not available, with `skipped` saying why) and memory
+// bandwidth, measured (or, where `measured` is false, from the vendor's data sheet).
+struct DeviceCeilings {
+  double gemm_fp32_gflops = 0, gemm_bf16_gflops = 0, memory_gbs = 0;
+  bool measured = false;
+  std::string method, skipped;
+};
+
+class Backend {
+ public:
+  virtual ~Backend() = default;
+  Backend(const Backend&) = delete;
+  Backend& operator=(const Backend&) = delete;
+
+  virtual std::string name() const = 0;         // "cpu", "cuda:0"
+  virtual std::string description() const = 0; // device, ISA / compute capability, library versions
+  virtual const Capabilities& capabilities() const = 0;
+  virtual const OpTable& ops() const = 0;
+  virtual Queue& queue() = 0;                   // the default ordered queue
+  virtual std::unique_ptr<Queue> new_queue() = 0;  // another one (a GPU: another stream)
+  // Ceilings on `threads` host threads (CPU; 0: all cores); quick: well under a second.
+  virtual DeviceCeilings ceilings(int threads, bool quick) = 0;
+
+  // Zero-filled allocation of `bytes` (rounded up to the device's alignment, at least 64).
+  DeviceBuffer alloc(size_t bytes, MemoryKind kind = MemoryKind::Device);
+  template <typename T>
+  DeviceBuffer alloc_array(size_t n, MemoryKind kind = MemoryKind::Device) {
+    return alloc(n * sizeof(T), kind);
+  }
+
+ protected:
+  Backend() = default;
+  // The device's allocator: zero-filled memory of `bytes` (> 0) or an Error.
+  virtual void* allocate(size_t bytes, MemoryKind kind) = 0;
+  virtual void deallocate(void* p, size_t bytes, MemoryKind kind) noexcept = 0;
+  friend class DeviceBuffer;
+};
+
+// ---- which backends this build has ------------------------------------------------------------
+
+// One entry per backend compiled in. available: a device is present here (a CUDA build on a
+// machine without a GPU lists "cuda" with available false and the reason in why_not).
+struct BackendInfo {
+  std::string name;
+  bool available = false;
+  std::string why_not;
+  // Makes one for a device name of this family ("cuda", "cuda:1"); only when available.
+  std::function<std::unique_ptr<Backend>(const std::string& device)> create;
+};
+std::vector<BackendInfo> backends();
+// The process's CPU backend (always present).
+Backend& cpu_backend();
+// A new backend by name ("cpu", "cuda", "cuda:1"); throws Error listing those this build has
+// and why an unavailable one cannot run.
+std::unique_ptr<Backend> create(const std::string& name);
+
+}  // namespace tetrad::backend

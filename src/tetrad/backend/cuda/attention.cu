@@ -1,0 +1,524 @@
+// Flash attention, forward and backward, on the GPU (kernels.hpp, attention_forward/backward).
+//
+// Own kernels, not cuDNN's fused attention: (1) the backward must be deterministic (the overlap
+// and recompute tests compare runs bit for bit, and cuDNN's SDPA backward accumulates dQ with
+// atomics unless its slower deterministic mode is asked for); (2) the op table's layout (strided
+// rows inside a fused qkv buffer, GQA, an arbitrary query offset into the key block) maps onto
+// these kernels directly, where cuDNN's graph needs its own tensor descriptors and a separate
+// build per shape; (3) a HIP port is mechanical: the only tensor-core code is the WMMA API, which
+// rocWMMA mirrors; (4) no cuDNN (hundreds of MB) to ship to a cluster node. docs/gpu.md says what
+// this costs against cuDNN's and FlashAttention-3's Hopper kernels (they use wgmma/TMA).
+//
+// Structure (FlashAttention-2's loop order): a block of 128 threads owns a tile of BQ queries of
+// one head and streams BK-key tiles through shared memory with an online softmax; the score tile
+// S, the probabilities P and the output accumulator O live in shared memory (never a [T, T]
+// matrix in device memory). The tile products go through one helper, tile_mma, with two bodies:
+// fp32 FMA (AttnPath::kF32, exact) and WMMA bf16 tensor cores with fp32 accumulation
+// (AttnPath::kBf16). Backward: one kernel per query tile computes dQ over key tiles; another per
+// (key tile, kv head) computes dK and dV over the GQA group's query heads and the query tiles
+// that see it; each recomputes P from the forward's log-sum-exp. No atomics anywhere.
+#include <cuda_bf16.h>
+#include <cuda_runtime.h>
+#include <mma.h>
+
+#include <cmath>
+#include <cstdint>
+#include <type_traits>
+
+#include "tetrad/backend/cuda/kernels.hpp"
+
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ < 800
+#error "the CUDA backend's attention needs sm_80 or newer (bf16 WMMA); set CMAKE_CUDA_ARCHITECTURES"
+#endif
+
+namespace tetrad::gpu {
+namespace {
+
+constexpr int kAttnThreads = 128;  // 4 warps
+constexpr int kWarps = kAttnThreads / 32;
+
+template <typename T> struct Elem;
+template <> struct Elem<float> {
+  static __device__ __forceinline__ float from(float x) { return x; }
+  static constexpr int kPad = 4;  // row padding (elements): keeps 16-byte rows, staggers banks
+};
+template <> struct Elem<__nv_bfloat16> {
+  static __device__ __forceinline__ __nv_bfloat16 from(float x) { return __float2bfloat16_rn(x); }
+  static constexpr int kPad = 8;  // WMMA: ld a multiple of 8, fragment starts 32-byte aligned
+};
+constexpr int kAccPad = 4;  // fp32 accumulators
+
+__device__ __forceinline__ float to_f(float x) { return x; }
+__device__ __forceinline__ float to_f(__nv_bfloat16 x) { return __bfloat162float(x); }
+
+// C[M,N] (fp32, ldc) (+)= A[M,K] · B[K,N]. A(m,k) = ACOL ? a[k*lda + m] : a[m*lda + k];
+// B(k,n) = BCOL ? b[n*ldb + k] : b[k*ldb + n]. All operands in shared memory; called by all
+// threads of the block; no barrier inside (the caller syncs before and after).
+template <bool ACOL, bool BCOL, int M, int N, int K>
+__device__ __forceinline__ void tile_mma(float* C, int ldc, const float* a, int lda,
+                                         const float* b, int ldb, bool accumulate) {
+  constexpr int kOut = M * N;
+  for (int e = threadIdx.x; e < kOut; e += kAttnThreads) {
+    const int m = e / N, n = e % N;
+    float acc = accumulate ? C[m * ldc + n] : 0.0f;
+#pragma unroll 8
+    for (int k = 0; k < K; ++k) {
+      const float av = ACOL ? a[k * lda + m] : a[m * lda + k];
+      const float bv = BCOL ? b[n * ldb + k] : b[k * ldb + n];
+      acc = fmaf(av, bv, acc);
+    }
+    C[m * ldc + n] = acc;
+  }
+}
+template <bool ACOL, bool BCOL, int M, int N, int K>
+__device__ __forceinline__ void tile_mma(float* C, int ldc, const __nv_bfloat16* a, int lda,
+                                         const __nv_bfloat16* b, int ldb, bool accumulate) {
+  using namespace nvcuda;
+  using ALayout = typename std::conditional<ACOL, wmma::col_major, wmma::row_major>::type;
+  using BLayout = typename std::conditional<BCOL, wmma::col_major, wmma::row_major>::type;
+  constexpr int kFm = M / 16, kFn = N / 16;
+  const int warp = threadIdx.x / 32;
+  for (int f = warp; f < kFm * kFn; f += kWarps) {
+    const int m0 = (f / kFn) * 16, n0 = (f % kFn) * 16;
+    wmma::fragment<wmma::accumulator, 16, 16, 16, float> acc;
+    if (accumulate)
+      wmma::load_matrix_sync(acc, C + m0 * ldc + n0, ldc, wmma::mem_row_major);
+    else
+      wmma::fill_fragment(acc, 0.0f);
+#pragma unroll
+    for (int k0 = 0; k0 < K; k0 += 16) {
+      wmma::fragment<wmma::matrix_a, 16, 16, 16, __nv_bfloat16, ALayout> fa;
+      wmma::fragment<wmma::matrix_b, 16, 16, 16, __nv_bfloat16, BLayout> fb;
+      wmma::load_matrix_sync(fa, ACOL ? a + k0 * lda + m0 : a + m0 * lda + k0, lda);
+      wmma::load_matrix_sync(fb, BCOL ? b + n0 * ldb + k0 : b + k0 * ldb + n0, ldb);
+      wmma::mma_sync(acc, fa, fb, acc);
+    }
+    wmma::store_matrix_sync(C + m0 * ldc + n0, acc, ldc, wmma::mem_row_major);
+  }
+}
+
+__device__ __forceinline__ float warp_max_f(float v) {
+  for (int o = 16; o > 0; o /= 2) v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, o));
+  return v;
+}
+__device__ __forceinline__ float warp_sum_f(float v) {
+  for (int o = 16; o > 0; o /= 2) v += __shfl_xor_sync(0xffffffffu, v, o);
+  return v;
+}
+
+// Loads rows [r0, r0 + R) of one head (hd real columns, HDP padded) into a T tile; rows past
+// `rows` and columns past hd are zero.
+template <typename T, int R, int HDP>
+__device__ __forceinline__ void load_tile(T* dst, int ld, const float* src, int64_t row_stride,
+                                          int r0, int rows, int hd) {
+  for (int e = threadIdx.x; e < R * HDP; e += kAttnThreads) {
+    const int r = e / HDP, d = e % HDP;
+    float v = 0.0f;
+    if (r0 + r < rows && d < hd) v = src[int64_t(r0 + r) * row_stride + d];
+    dst[r * ld + d] = Elem<T>::from(v);
+  }
+}
+
+constexpr size_t align128(size_t x) { return (x + 127) / 128 * 128; }
+
+struct Params {
+  const float *q, *k, *v, *o, *dout, *lse_in;
+  float *out, *lse, *dq, *dk, *dv;
+  int B, Tq, Tk, n_head, n_kv_head, hd;
+  int64_t q_offset;
+  int64_t q_stride, kv_stride, out_stride, q_bstride, kv_bstride, out_bstride;
+  float scale;
+};
+
+// ---- forward ----
+template <typename T, int BQ, int BK, int HDP>
+struct FwdSmem {
+  static constexpr int ldt = HDP + Elem<T>::kPad, lds = BK + kAccPad, ldp = BK + Elem<T>::kPad,
+                       ldo = HDP + kAccPad;
+  static constexpr size_t q = 0, k = align128(q + sizeof(T) * BQ * ldt),
+                          v = align128(k + sizeof(T) * BK * ldt),
+                          s = align128(v + sizeof(T) * BK * ldt),
+                          p = align128(s + sizeof(float) * BQ * lds),
+                          o = align128(p + sizeof(T) * BQ * ldp),
+                          st = align128(o + sizeof(float) * BQ * ldo),
+                          bytes = align128(st + sizeof(float) * 3 * BQ);
+};
+
+template <typename T, int BQ, int BK, int HDP>
+__global__ void __launch_bounds__(kAttnThreads) k_attn_fwd(Params P) {
+  using L = FwdSmem<T, BQ, BK, HDP>;
+  extern __shared__ __align__(128) unsigned char smem[];
+  T* Qs = reinterpret_cast<T*>(smem + L::q);
+  T* Ks = reinterpret_cast<T*>(smem + L::k);
+  T* Vs = reinterpret_cast<T*>(smem + L::v);
+  float* S = reinterpret_cast<float*>(smem + L::s);
+  T* Ps = reinterpret_cast<T*>(smem + L::p);
+  float* O = reinterpret_cast<float*>(smem + L::o);
+  float* mrow = reinterpret_cast<float*>(smem + L::st);
+  float* lrow = mrow + BQ;
+
+  const int q0 = blockIdx.x * BQ, h = blockIdx.y, b = blockIdx.z;
+  const int kvh = h / (P.n_head / P.n_kv_head);
+  const float* qb = P.q + b * P.q_bstride + int64_t(h) * P.hd;
+  const float* kb = P.k + b * P.kv_bstride + int64_t(kvh) * P.hd;
+  const float* vb = P.v + b * P.kv_bstride + int64_t(kvh) * P.hd;
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+
+  load_tile<T, BQ, HDP>(Qs, L::ldt, qb, P.q_stride, q0, P.Tq, P.hd);
+  for (int e = threadIdx.x; e < BQ * L::ldo; e += kAttnThreads) O[e] = 0.0f;
+  for (int i = threadIdx.x; i < BQ; i += kAttnThreads) {
+    mrow[i] = -INFINITY;
+    lrow[i] = 0.0f;
+  }
+  // Keys this tile can see: positions <= q_offset + (last query of the tile).
+  const int64_t last_q = q0 + BQ - 1 < P.Tq - 1 ? q0 + BQ - 1 : P.Tq - 1;
+  int64_t kend = P.q_offset + last_q + 1;
+  if (kend > P.Tk) kend = P.Tk;
+  for (int k0 = 0; k0 < kend; k0 += BK) {
+    __syncthreads();  // previous tile's products done with Ks/Vs/Ps
+    load_tile<T, BK, HDP>(Ks, L::ldt, kb, P.kv_stride, k0, P.Tk, P.hd);
+    load_tile<T, BK, HDP>(Vs, L::ldt, vb, P.kv_stride, k0, P.Tk, P.hd);
+    __syncthreads();
+    tile_mma<false, true, BQ, BK, HDP>(S, L::lds, Qs, L::ldt, Ks, L::ldt, false);
+    __syncthreads();
+    for (int i = warp; i < BQ; i += kWarps) {
+      const int64_t qpos = P.q_offset + q0 + i;
+      const bool row_ok = q0 + i < P.Tq;
+      float mx = -INFINITY;
+      for (int j = lane; j < BK; j += 32) {
+        const int64_t kj = k0 + j;
+        const bool ok = row_ok && kj < P.Tk && kj <= qpos;
+        const float sv = ok ? S[i * L::lds + j] * P.scale : -INFINITY;
+        S[i * L::lds + j] = sv;
+        mx = fmaxf(mx, sv);
+      }
+      mx = warp_max_f(mx);
+      const float mold = mrow[i];
+      const float mnew = fmaxf(mold, mx);
+      const float alpha = mnew == -INFINITY ? 1.0f : expf(mold - mnew);
+      float sum = 0.0f;
+      for (int j = lane; j < BK; j += 32) {
+        const float sv = S[i * L::lds + j];
+        const float p = sv == -INFINITY ? 0.0f : expf(sv - mnew);
+        const T pt = Elem<T>::from(p);
+        Ps[i * L::ldp + j] = pt;
+        sum += to_f(pt);  // the normaliser counts what P·V multiplies with
+      }
+      sum = warp_sum_f(sum);
+      for (int d = lane; d < HDP; d += 32) O[i * L::ldo + d] *= alpha;
+      __syncwarp();
+      if (lane == 0) {
+        lrow[i] = lrow[i] * alpha + sum;
+        mrow[i] = mnew;
+      }
+    }
+    __syncthreads();
+    tile_mma<false, false, BQ, HDP, BK>(O, L::ldo, Ps, L::ldp, Vs, L::ldt, true);
+  }
+  __syncthreads();
+  float* ob = P.out + b * P.out_bstride + int64_t(h) * P.hd;
+  for (int e = threadIdx.x; e < BQ * HDP; e += kAttnThreads) {
+    const int i = e / HDP, d = e % HDP;
+    if (q0 + i < P.Tq && d < P.hd) {
+      const float l = lrow[i];
+      ob[int64_t(q0 + i) * P.out_stride + d] = l > 0.0f ? O[i * L::ldo + d] / l : 0.0f;
+    }
+  }
+  if (P.lse)
+    for (int i = threadIdx.x; i < BQ; i += kAttnThreads)
+      if (q0 + i < P.Tq)
+        P.lse[(int64_t(b) * P.n_head + h) * P.Tq + q0 + i] = mrow[i] + logf(lrow[i]);
+}
+
+// ---- backward: dQ ----
+template <typename T, int BQ, int BK, int HDP>
+struct DqSmem {
+  static constexpr int ldt = HDP + Elem<T>::kPad, lds = BK + kAccPad, ldp = BK + Elem<T>::kPad,
+                       ldo = HDP + kAccPad;
+  static constexpr size_t q = 0, dout = align128(q + sizeof(T) * BQ * ldt),
+                          k = align128(dout + sizeof(T) * BQ * ldt),
+                          v = align128(k + sizeof(T) * BK * ldt),
+                          s = align128(v + sizeof(T) * BK * ldt),
+                          dp = align128(s + sizeof(float) * BQ * lds),
+                          ds = align128(dp + sizeof(float) * BQ * lds),
+                          dq = align128(ds + sizeof(T) * BQ * ldp),
+                          st = align128(dq + sizeof(float) * BQ * ldo),
+                          bytes = align128(st + sizeof(float) * 2 * BQ);
+};
+
+// D[i] = Σ_d dout[i, d] * out[i, d] for the rows of a query tile (one warp per row).
+template <int BQ>
+__device__ __forceinline__ void row_dots(float* D, const float* dob, const float* ob,
+                                         int64_t dstride, int64_t ostride, int q0, int Tq,
+                                         int hd) {
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+  for (int i = warp; i < BQ; i += kWarps) {
+    float acc = 0.0f;
+    if (q0 + i < Tq)
+      for (int d = lane; d < hd; d += 32)
+        acc += dob[int64_t(q0 + i) * dstride + d] * ob[int64_t(q0 + i) * ostride + d];
+    acc = warp_sum_f(acc);
+    if (lane == 0) D[i] = acc;
+  }
+}
+
+template <typename T, int BQ, int BK, int HDP>
+__global__ void __launch_bounds__(kAttnThreads) k_attn_bwd_dq(Params P) {
+  using L = DqSmem<T, BQ, BK, HDP>;
+  extern __shared__ __align__(128) unsigned char smem[];
+  T* Qs = reinterpret_cast<T*>(smem + L::q);
+  T* dOs = reinterpret_cast<T*>(smem + L::dout);
+  T* Ks = reinterpret_cast<T*>(smem + L::k);
+  T* Vs = reinterpret_cast<T*>(smem + L::v);
+  float* S = reinterpret_cast<float*>(smem + L::s);
+  float* dP = reinterpret_cast<float*>(smem + L::dp);
+  T* dS = reinterpret_cast<T*>(smem + L::ds);
+  float* dQ = reinterpret_cast<float*>(smem + L::dq);
+  float* lse = reinterpret_cast<float*>(smem + L::st);
+  float* D = lse + BQ;
+
+  const int q0 = blockIdx.x * BQ, h = blockIdx.y, b = blockIdx.z;
+  const int kvh = h / (P.n_head / P.n_kv_head);
+  const int64_t hoff = int64_t(h) * P.hd;
+  const float* qb = P.q + b * P.q_bstride + hoff;
+  const float* ob = P.o + b * P.out_bstride + hoff;
+  const float* dob = P.dout + b * P.out_bstride + hoff;
+  const float* kb = P.k + b * P.kv_bstride + int64_t(kvh) * P.hd;
+  const float* vb = P.v + b * P.kv_bstride + int64_t(kvh) * P.hd;
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+
+  load_tile<T, BQ, HDP>(Qs, L::ldt, qb, P.q_stride, q0, P.Tq, P.hd);
+  load_tile<T, BQ, HDP>(dOs, L::ldt, dob, P.out_stride, q0, P.Tq, P.hd);
+  for (int e = threadIdx.x; e < BQ * L::ldo; e += kAttnThreads) dQ[e] = 0.0f;
+  for (int i = threadIdx.x; i < BQ; i += kAttnThreads)
+    lse[i] = q0 + i < P.Tq ? P.lse_in[(int64_t(b) * P.n_head + h) * P.Tq + q0 + i] : INFINITY;
+  row_dots<BQ>(D, dob, ob, P.out_stride, P.out_stride, q0, P.Tq, P.hd);
+
+  const int64_t last_q = q0 + BQ - 1 < P.Tq - 1 ? q0 + BQ - 1 : P.Tq - 1;
+  int64_t kend = P.q_offset + last_q + 1;
+  if (kend > P.Tk) kend = P.Tk;
+  for (int k0 = 0; k0 < kend; k0 += BK) {
+    __syncthreads();
+    load_tile<T, BK, HDP>(Ks, L::ldt, kb, P.kv_stride, k0, P.Tk, P.hd);
+    load_tile<T, BK, HDP>(Vs, L::ldt, vb, P.kv_stride, k0, P.Tk, P.hd);
+    __syncthreads();
+    tile_mma<false, true, BQ, BK, HDP>(S, L::lds, Qs, L::ldt, Ks, L::ldt, false);
+    tile_mma<false, true, BQ, BK, HDP>(dP, L::lds, dOs, L::ldt, Vs, L::ldt, false);
+    __syncthreads();
+    for (int i = warp; i < BQ; i += kWarps) {
+      const int64_t qpos = P.q_offset + q0 + i;
+      const bool row_ok = q0 + i < P.Tq;
+      for (int j = lane; j < BK; j += 32) {
+        const int64_t kj = k0 + j;
+        const bool ok = row_ok && kj < P.Tk && kj <= qpos;
+        const float p = ok ? expf(S[i * L::lds + j] * P.scale - lse[i]) : 0.0f;
+        dS[i * L::ldp + j] = Elem<T>::from(p * (dP[i * L::lds + j] - D[i]));
+      }
+    }
+    __syncthreads();
+    tile_mma<false, false, BQ, HDP, BK>(dQ, L::ldo, dS, L::ldp, Ks, L::ldt, true);
+  }
+  __syncthreads();
+  float* dqb = P.dq + b * P.q_bstride + hoff;
+  for (int e = threadIdx.x; e < BQ * HDP; e += kAttnThreads) {
+    const int i = e / HDP, d = e % HDP;
+    if (q0 + i < P.Tq && d < P.hd) dqb[int64_t(q0 + i) * P.q_stride + d] = dQ[i * L::ldo + d] * P.scale;
+  }
+}
+
+// ---- backward: dK, dV ----
+template <typename T, int BQ, int BK, int HDP>
+struct DkvSmem {
+  static constexpr int ldt = HDP + Elem<T>::kPad, lds = BK + kAccPad, ldp = BK + Elem<T>::kPad,
+                       ldo = HDP + kAccPad;
+  static constexpr size_t k = 0, v = align128(k + sizeof(T) * BK * ldt),
+                          q = align128(v + sizeof(T) * BK * ldt),
+                          dout = align128(q + sizeof(T) * BQ * ldt),
+                          s = align128(dout + sizeof(T) * BQ * ldt),
+                          p = align128(s + sizeof(float) * BQ * lds),
+                          dk = align128(p + sizeof(T) * BQ * ldp),
+                          dv = align128(dk + sizeof(float) * BK * ldo),
+                          st = align128(dv + sizeof(float) * BK * ldo),
+                          bytes = align128(st + sizeof(float) * 2 * BQ);
+};
+
+template <typename T, int BQ, int BK, int HDP>
+__global__ void __launch_bounds__(kAttnThreads) k_attn_bwd_dkv(Params P) {
+  using L = DkvSmem<T, BQ, BK, HDP>;
+  extern __shared__ __align__(128) unsigned char smem[];
+  T* Ks = reinterpret_cast<T*>(smem + L::k);
+  T* Vs = reinterpret_cast<T*>(smem + L::v);
+  T* Qs = reinterpret_cast<T*>(smem + L::q);
+  T* dOs = reinterpret_cast<T*>(smem + L::dout);
+  float* S = reinterpret_cast<float*>(smem + L::s);   // scores, then dP
+  T* Ps = reinterpret_cast<T*>(smem + L::p);          // P, then dS
+  float* dK = reinterpret_cast<float*>(smem + L::dk);
+  float* dV = reinterpret_cast<float*>(smem + L::dv);
+  float* lse = reinterpret_cast<float*>(smem + L::st);
+  float* D = lse + BQ;
+
+  const int k0 = blockIdx.x * BK, kvh = blockIdx.y, b = blockIdx.z;
+  const int group = P.n_head / P.n_kv_head;
+  const float* kb = P.k + b * P.kv_bstride + int64_t(kvh) * P.hd;
+  const float* vb = P.v + b * P.kv_bstride + int64_t(kvh) * P.hd;
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+
+  load_tile<T, BK, HDP>(Ks, L::ldt, kb, P.kv_stride, k0, P.Tk, P.hd);
+  load_tile<T, BK, HDP>(Vs, L::ldt, vb, P.kv_stride, k0, P.Tk, P.hd);
+  for (int e = threadIdx.x; e < BK * L::ldo; e += kAttnThreads) {
+    dK[e] = 0.0f;
+    dV[e] = 0.0f;
+  }
+  // First query that sees key k0: position q_offset + i >= k0.
+  int64_t qfirst = int64_t(k0) - P.q_offset;
+  if (qfirst < 0) qfirst = 0;
+  const int qt0 = int(qfirst / BQ) * BQ;
+  for (int hh = 0; hh < group; ++hh) {
+    const int h = kvh * group + hh;
+    const int64_t hoff = int64_t(h) * P.hd;
+    const float* qb = P.q + b * P.q_bstride + hoff;
+    const float* ob = P.o + b * P.out_bstride + hoff;
+    const float* dob = P.dout + b * P.out_bstride + hoff;
+    for (int q0 = qt0; q0 < P.Tq; q0 += BQ) {
+      __syncthreads();
+      load_tile<T, BQ, HDP>(Qs, L::ldt, qb, P.q_stride, q0, P.Tq, P.hd);
+      load_tile<T, BQ, HDP>(dOs, L::ldt, dob, P.out_stride, q0, P.Tq, P.hd);
+      for (int i = threadIdx.x; i < BQ; i += kAttnThreads)
+        lse[i] = q0 + i < P.Tq ? P.lse_in[(int64_t(b) * P.n_head + h) * P.Tq + q0 + i] : INFINITY;
+      row_dots<BQ>(D, dob, ob, P.out_stride, P.out_stride, q0, P.Tq, P.hd);
+      __syncthreads();
+      tile_mma<false, true, BQ, BK, HDP>(S, L::lds, Qs, L::ldt, Ks, L::ldt, false);
+      __syncthreads();
+      for (int i = warp; i < BQ; i += kWarps) {
+        const int64_t qpos = P.q_offset + q0 + i;
+        const bool row_ok = q0 + i < P.Tq;
+        for (int j = lane; j < BK; j += 32) {
+          const int64_t kj = k0 + j;
+          const bool ok = row_ok && kj < P.Tk && kj <= qpos;
+          Ps[i * L::ldp + j] = Elem<T>::from(ok ? expf(S[i * L::lds + j] * P.scale - lse[i]) : 0.0f);
+        }
+      }
+      __syncthreads();
+      // dV += Pᵀ dO; dP = dO Vᵀ (into S, which is free now).
+      tile_mma<true, false, BK, HDP, BQ>(dV, L::ldo, Ps, L::ldp, dOs, L::ldt, true);
+      tile_mma<false, true, BQ, BK, HDP>(S, L::lds, dOs, L::ldt, Vs, L::ldt, false);
+      __syncthreads();
+      for (int e = threadIdx.x; e < BQ * BK; e += kAttnThreads) {
+        const int i = e / BK, j = e % BK;
+        const float p = to_f(Ps[i * L::ldp + j]);
+        Ps[i * L::ldp + j] = Elem<T>::from(p * (S[i * L::lds + j] - D[i]));
+      }
+      __syncthreads();
+      tile_mma<true, false, BK, HDP, BQ>(dK, L::ldo, Ps, L::ldp, Qs, L::ldt, true);
+    }
+  }
+  __syncthreads();
+  float* dkb = P.dk + b * P.kv_bstride + int64_t(kvh) * P.hd;
+  float* dvb = P.dv + b * P.kv_bstride + int64_t(kvh) * P.hd;
+  for (int e = threadIdx.x; e < BK * HDP; e += kAttnThreads) {
+    const int j = e / HDP, d = e % HDP;
+    if (k0 + j < P.Tk && d < P.hd) {
+      dkb[int64_t(k0 + j) * P.kv_stride + d] = dK[j * L::ldo + d] * P.scale;
+      dvb[int64_t(k0 + j) * P.kv_stride + d] = dV[j * L::ldo + d];
+    }
+  }
+}
+
+template <typename Kernel>
+void launch(Kernel k, dim3 grid, size_t smem, const Params& p, gpuStream_t s, const char* name) {
+  GPU_CHECK(cudaFuncSetAttribute(k, cudaFuncAttributeMaxDynamicSharedMemorySize, int(smem)));
+  k<<<grid, kAttnThreads, smem, s>>>(p);
+  gpu_check_launch(name);
+}
+
+template <typename T, int BQ, int BK, int HDP>
+void run_fwd(const Params& p, gpuStream_t s) {
+  dim3 grid(unsigned((p.Tq + BQ - 1) / BQ), unsigned(p.n_head), unsigned(p.B));
+  launch(k_attn_fwd<T, BQ, BK, HDP>, grid, FwdSmem<T, BQ, BK, HDP>::bytes, p, s, "attention_forward");
+}
+template <typename T, int BQ, int BK, int HDP>
+void run_bwd(const Params& p, gpuStream_t s) {
+  dim3 gq(unsigned((p.Tq + BQ - 1) / BQ), unsigned(p.n_head), unsigned(p.B));
+  launch(k_attn_bwd_dq<T, BQ, BK, HDP>, gq, DqSmem<T, BQ, BK, HDP>::bytes, p, s,
+         "attention_backward(dq)");
+  dim3 gk(unsigned((p.Tk + BK - 1) / BK), unsigned(p.n_kv_head), unsigned(p.B));
+  launch(k_attn_bwd_dkv<T, BQ, BK, HDP>, gk, DkvSmem<T, BQ, BK, HDP>::bytes, p, s,
+         "attention_backward(dkv)");
+}
+
+// Head dims are padded to the next of 16, 32, 64, 128 (zeros in shared memory).
+template <bool Bwd>
+void dispatch(const Params& p, AttnPath path, gpuStream_t s) {
+  const int hd = p.hd;
+  auto go = [&](auto tag_hdp) {
+    constexpr int HDP = decltype(tag_hdp)::value;
+    if (path == AttnPath::kBf16) {
+      if constexpr (Bwd) run_bwd<__nv_bfloat16, 64, 64, HDP>(p, s);
+      else run_fwd<__nv_bfloat16, 64, 64, HDP>(p, s);
+    } else {
+      if constexpr (Bwd) run_bwd<float, 32, 32, HDP>(p, s);
+      else run_fwd<float, 32, 32, HDP>(p, s);
+    }
+  };
+  if (hd <= 16) go(std::integral_constant<int, 16>{});
+  else if (hd <= 32) go(std::integral_constant<int, 32>{});
+  else if (hd <= 64) go(std::integral_constant<int, 64>{});
+  else if (hd <= 128) go(std::integral_constant<int, 128>{});
+  else fail("CUDA attention: head_dim ", hd, " is not supported (at most 128)");
+}
+
+Params make_params(const AttnDims& d) {
+  if (d.B <= 0 || d.Tq <= 0 || d.Tk <= 0 || d.n_head <= 0 || d.n_kv_head <= 0 ||
+      d.head_dim <= 0 || d.n_head % d.n_kv_head != 0)
+    fail("CUDA attention: bad dims B=", d.B, " Tq=", d.Tq, " Tk=", d.Tk, " n_head=", d.n_head,
+         " n_kv_head=", d.n_kv_head, " head_dim=", d.head_dim,
+         " (all > 0, n_head a multiple of n_kv_head)");
+  Params p{};
+  p.B = d.B;
+  p.Tq = d.Tq;
+  p.Tk = d.Tk;
+  p.n_head = d.n_head;
+  p.n_kv_head = d.n_kv_head;
+  p.hd = d.head_dim;
+  p.q_offset = d.q_offset < 0 ? int64_t(d.Tk) - d.Tq : d.q_offset;
+  p.q_stride = d.q_stride;
+  p.kv_stride = d.kv_stride;
+  p.out_stride = d.out_stride;
+  p.q_bstride = d.q_batch_stride;
+  p.kv_bstride = d.kv_batch_stride;
+  p.out_bstride = d.out_batch_stride;
+  p.scale = float(1.0 / std::sqrt(double(d.head_dim)));
+  return p;
+}
+
+}  // namespace
+
+void attention_forward(float* out, float* lse, const float* q, const float* k, const float* v,
+                       const AttnDims& d, AttnPath path, gpuStream_t s) {
+  Params p = make_params(d);
+  p.out = out;
+  p.lse = lse;
+  p.q = q;
+  p.k = k;
+  p.v = v;
+  dispatch<false>(p, path, s);
+}
+
+void attention_backward(float* dq, float* dk, float* dv, const float* dout, const float* q,
+                        const float* k, const float* v, const float* out, const float* lse,
+                        const AttnDims& d, AttnPath path, gpuStream_t s) {
+  if (!lse) fail("CUDA attention backward needs the forward's log-sum-exp (lse is null)");
+  Params p = make_params(d);
+  p.dq = dq;
+  p.dk = dk;
+  p.dv = dv;
+  p.dout = dout;
+  p.q = q;
+  p.k = k;
+  p.v = v;
+  p.o = out;
+  p.lse_in = lse;
+  dispatch<true>(p, path, s);
+}
+
+}  // namespace tetrad::gpu

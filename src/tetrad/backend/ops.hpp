@@ -1,0 +1,249 @@
+// The op table: every numeric operation the model, the loss and the optimizer run, as one table
+// of function pointers per backend (ggml's backend interface is the model). model/, parallel/ and
+// train/ hold wiring, sharding, schedules and communication; their arithmetic is a call through
+// this table, so a CUDA or HIP backend fills the same table and the same model runs on it.
+//
+// Conventions (as llm.c's kernels): row-major; shapes are written next to pointers; `N` = tokens
+// of the call (rows). Every pointer is a device pointer of the backend the table belongs to
+// (host memory for the CPU backend), except where an argument says "host". Parameter gradients
+// (dw, db, dtable, ...) ACCUMULATE (+=); activation gradients are OVERWRITTEN unless the comment
+// says +=. Ops run in order on the Queue they are given and return before the work is done on an
+// asynchronous backend: results that the host reads (a sum of squares, a loss total) land in
+// device memory and are copied back through the queue.
+//
+// Split statistics. With the hidden size split over X (4d-parallelism.md), a norm's statistics
+// are partial row sums [N] in double that the caller all-reduces over X between the ops:
+// norm_row_stats (partial) -> all-reduce -> norm_finish_stats -> norm_apply; backward:
+// norm_backward_partials -> all-reduce -> norm_backward_apply + norm_param_grads. With one rank
+// (X = 1) the same calls give the whole-row norm. The vocabulary-parallel cross-entropy is split
+// the same way: ce_row_max -> all-reduce max over Y -> ce_sum_exp_target -> all-reduce sum over Y
+// -> ce_loss, ce_grad.
+//
+// Determinism: every op of a backend must give bit-identical results for identical inputs and
+// shapes (the recompute and overlap tests compare bitwise); the CPU backend also for any OpenMP
+// thread count.
+//
+// Optional ops may be null (see Capabilities); callers check `has_*` / the pointer and compose the
+// required ops instead. Required ops are never null (backend::check_op_table verifies this).
+//
+// Not here: collectives (comm/), sampling strategies over host logits (model/sampling), the
+// double-precision reference (tests/). GEMM output and accumulation are always fp32.
+#pragma once
+#include <cstddef>
+#include <cstdint>
+
+namespace tetrad::backend {
+
+class Queue;
+
+// Element types of device memory.
+enum class DType : uint8_t { F32, BF16, F64, I32 };
+size_t dtype_size(DType t);
+const char* dtype_name(DType t);
+
+// GEMM operand precision: fp32, or operands rounded to bf16 (nearest even) with fp32
+// accumulation (docs/precision.md). Chosen per call by whoever owns the model's precision
+// setting, never a process-wide switch.
+enum class Precision : uint8_t { FP32, BF16 };
+
+// C[M,N] = alpha * op(A) · op(B) + beta * C; op(X) = Xᵀ when trans_x. A is stored [M,K] ([K,M]
+// transposed) with leading dimension lda, B [K,N] ([N,K]) with ldb; C is fp32 [M,N] with ldc.
+// a_type / b_type: how A and B are stored (F32, or BF16 storage where Capabilities::
+// gemm_bf16_storage); precision: the arithmetic (BF16 rounds fp32-stored operands to bf16).
+// beta == 0 overwrites C (NaN in C does not propagate).
+struct GemmArgs {
+  bool trans_a = false, trans_b = false;
+  int64_t M = 0, N = 0, K = 0;
+  float alpha = 1.0f;
+  const void* A = nullptr;  // (M, K) or (K, M)
+  int64_t lda = 0;
+  const void* B = nullptr;  // (K, N) or (N, K)
+  int64_t ldb = 0;
+  float beta = 0.0f;
+  float* C = nullptr;       // (M, N)
+  int64_t ldc = 0;
+  Precision precision = Precision::FP32;
+  DType a_type = DType::F32, b_type = DType::F32;
+};
+
+// Causal scaled-dot-product attention with grouped-query heads, per sequence. Query i of a
+// sequence sits at key position q_offset + i and attends keys 0..q_offset+i of the key block
+// (q_offset = Tk - Tq: queries are the block's last Tq positions, the training and KV-cache
+// case; q_offset >= Tk - 1: the query block comes after the whole key block, no mask inside it,
+// as a query block attending an earlier key block in context parallelism). Requires
+// 0 <= q_offset; keys q_offset+i+1.. are masked. Query head h uses kv head
+// h / (n_head / n_kv_head). Rows: element (b, t, head h, d) at b*batch_stride + t*stride + h*hd + d.
+// lse: [B, n_head, Tq] contiguous fp32 log-sum-exp of each query row's scaled scores (forward
+// output, backward input; may be null in the forward). dtype: of q, k, v, out (F32; BF16 where
+// Capabilities::attention_bf16).
+struct AttentionArgs {
+  int B = 0, Tq = 0, Tk = 0, n_head = 0, n_kv_head = 0, head_dim = 0;
+  int64_t q_offset = -1;  // -1: Tk - Tq
+  int64_t q_stride = 0, kv_stride = 0, out_stride = 0;
+  int64_t q_batch_stride = 0, kv_batch_stride = 0, out_batch_stride = 0;
+  DType dtype = DType::F32;
+  int64_t resolved_q_offset() const { return q_offset < 0 ? int64_t(Tk) - Tq : q_offset; }
+};
+
+// Rotary embedding (Hugging Face's rotate_half: element i of a head pairs with i + hd/2), in
+// place on the first n_heads heads of each row of x (row stride `stride`); row r is token
+// r % T_seq of its sequence, at position pos0 + r % T_seq. cos/sin: [max_pos, hd/2] device tables
+// the model builds once (its scaling rules live with the table, not here).
+struct RopeArgs {
+  float* x = nullptr;  // (N, stride), rotated in place
+  int64_t N = 0, T_seq = 0, pos0 = 0, n_heads = 0, head_dim = 0, stride = 0;
+  const float* cos = nullptr;  // (max_pos, hd/2)
+  const float* sin = nullptr;  // (max_pos, hd/2)
+};
+
+// AdamW (decoupled weight decay) on the interval of n elements the pointers start at:
+// g' = grad_scale * g; m = b1 m + (1-b1) g'; v = b2 v + (1-b2) g'²;
+// p -= lr * (m / (1-b1^step) / (sqrt(v / (1-b2^step)) + eps) + weight_decay * p).
+struct AdamWArgs {
+  float* p = nullptr;        // (n)
+  const float* g = nullptr;  // (n)
+  float* m = nullptr;        // (n)
+  float* v = nullptr;        // (n)
+  int64_t n = 0;
+  float lr = 0, beta1 = 0.9f, beta2 = 0.95f, eps = 1e-8f, weight_decay = 0, grad_scale = 1;
+  int64_t step = 1;  // 1-based
+};
+
+// Which statistic norm_row_stats sums over each row's (local slice of) features.
+enum class RowStat : uint8_t {
+  Sum,             // Σ x                (LayerNorm, first pass)
+  CenteredSquares, // Σ (x - mean)²      (LayerNorm, second pass; mean from norm_finish_stats)
+  Squares,         // Σ x²               (RMSNorm)
+};
+// What norm_finish_stats turns a full-row sum into.
+enum class StatFinish : uint8_t {
+  Mean,  // out = sum / C
+  Rstd,  // out = 1 / sqrt(sum / C + eps)
+};
+
+struct OpTable {
+  // ---- matrix multiply ------------------------------------------------------------------------
+  void (*gemm)(Queue& q, const GemmArgs& a) = nullptr;
+
+  // ---- elementwise and bias ------------------------------------------------------------------
+  // out[N, n] += b[n]
+  void (*bias_add)(Queue& q, float* out, const float* b, int64_t N, int64_t n) = nullptr;
+  // out[N, C] = resid[N, C] + y[N, C] (+ b[C] when b is not null)
+  void (*residual_add)(Queue& q, float* out, const float* resid, const float* y, const float* b,
+                       int64_t N, int64_t C) = nullptr;
+  // x[n] += y[n]
+  void (*add)(Queue& q, float* x, const float* y, int64_t n) = nullptr;
+  // db[n] += Σ_t dout[t, n]  (dout: (N, n))
+  void (*bias_grad)(Queue& q, float* db, const float* dout, int64_t N, int64_t n) = nullptr;
+
+  // ---- norms with split statistics (see the file comment) ------------------------------------
+  // stats[t * stride] = Σ_c stat(x[t, c]) over the C local features, in double. mean (N) only for
+  // CenteredSquares.
+  void (*norm_row_stats)(Queue& q, RowStat stat, double* stats, int64_t stride, const float* x,
+                         const float* mean, int64_t N, int64_t C) = nullptr;
+  // out[t] = finish(stats[t]) with the FULL row width C_full (fp32 out).
+  void (*norm_finish_stats)(Queue& q, StatFinish f, float* out, const double* stats, int64_t N,
+                            int64_t C_full, float eps) = nullptr;
+  // out[t, c] = (x[t, c] - mean[t]) * rstd[t] * w[c] (+ b[c]); mean null: RMSNorm (no centring),
+  // b null: no bias. x, out: (N, C); w, b: (C).
+  void (*norm_apply)(Queue& q, float* out, const float* x, const float* mean, const float* rstd,
+                     const float* w, const float* b, int64_t N, int64_t C) = nullptr;
+  // partials[2t] = Σ_c dout·w, partials[2t+1] = Σ_c dout·w·n̂ (n̂ = (x - mean) * rstd), over the
+  // local features, in double: to be all-reduced before norm_backward_apply.
+  void (*norm_backward_partials)(Queue& q, double* partials, const float* dout, const float* x,
+                                 const float* mean, const float* rstd, const float* w, int64_t N,
+                                 int64_t C) = nullptr;
+  // dx[t, c] += (dout·w - Σdn/C_full - n̂ · Σdn·n̂/C_full) * rstd; mean null: RMSNorm (the Σdn
+  // term is dropped).
+  void (*norm_backward_apply)(Queue& q, float* dx, const float* dout, const float* x,
+                              const float* mean, const float* rstd, const float* w,
+                              const double* partials, int64_t N, int64_t C,
+                              int64_t C_full) = nullptr;
+  // dw[c] += Σ_t dout·n̂; db[c] += Σ_t dout (db may be null).
+  void (*norm_param_grads)(Queue& q, float* dw, float* db, const float* dout, const float* x,
+                           const float* mean, const float* rstd, int64_t N, int64_t C) = nullptr;
+
+  // ---- attention ------------------------------------------------------------------------------
+  // out (and lse when not null) from q, k, v; out must not overlap q, k, v.
+  void (*attention_forward)(Queue& q, const AttentionArgs& d, void* out, float* lse,
+                            const void* qp, const void* kp, const void* vp) = nullptr;
+  // dq, dk, dv OVERWRITTEN (strides of q / k / v; may point into one fused buffer).
+  void (*attention_backward)(Queue& q, const AttentionArgs& d, void* dq, void* dk, void* dv,
+                             const void* dout, const void* qp, const void* kp, const void* vp,
+                             const void* out, const float* lse) = nullptr;
+  void (*rope_forward)(Queue& q, const RopeArgs& r) = nullptr;
+  // The adjoint (rotation by -angle), in place on the gradient.
+  void (*rope_backward)(Queue& q, const RopeArgs& r) = nullptr;
+
+  // ---- activations ----------------------------------------------------------------------------
+  // GELU, tanh approximation (GPT-2's gelu_new), n elements.
+  void (*gelu_forward)(Queue& q, float* out, const float* x, int64_t n) = nullptr;
+  void (*gelu_backward)(Queue& q, float* dx, const float* dout, const float* x, int64_t n) = nullptr;
+  // gu[N, 2F]: gate (first F) and up (last F) of each row; out[N, F] = silu(gate) * up.
+  void (*swiglu_forward)(Queue& q, float* out, const float* gu, int64_t N, int64_t F) = nullptr;
+  void (*swiglu_backward)(Queue& q, float* dgu, const float* dout, const float* gu, int64_t N,
+                          int64_t F) = nullptr;
+
+  // ---- vocabulary-parallel embedding ------------------------------------------------------------
+  // out[t, :] = table[tokens[t] - v0, :] when v0 <= tokens[t] < v0 + Vs, else zeros (the rows of
+  // the other vocabulary slices come from the all-reduce over Y). table: (Vs, C); tokens: (N)
+  // device int32, already validated against the full vocabulary by the caller.
+  void (*embedding_gather)(Queue& q, float* out, const int32_t* tokens, const float* table,
+                           int64_t v0, int64_t Vs, int64_t N, int64_t C) = nullptr;
+  // out[t, :] += pos[t % T_seq, :]  (pos: (max_pos, C))
+  void (*position_add)(Queue& q, float* out, const float* pos, int64_t N, int64_t T_seq,
+                       int64_t C) = nullptr;
+  // The adjoint of embedding_gather restricted to a shard: with e = (tokens[t] - v0) * C + c the
+  // element of the flattened (Vs, C) block, dshard[e - s0] += dout[t, c] for s0 <= e < s1 and
+  // tokens in the slice (dense: s0 = 0, s1 = Vs * C). Accumulates in token order per element.
+  void (*embedding_scatter_add)(Queue& q, float* dshard, int64_t s0, int64_t s1,
+                                const float* dout, const int32_t* tokens, int64_t v0, int64_t Vs,
+                                int64_t N, int64_t C) = nullptr;
+  // dpos[t % T_seq, :] += dout[t, :]
+  void (*position_grad)(Queue& q, float* dpos, const float* dout, int64_t N, int64_t T_seq,
+                        int64_t C) = nullptr;
+
+  // ---- vocabulary-parallel cross-entropy (see the file comment) ---------------------------------
+  // mx[t] = max_j logits[t, j] over the local Vs columns.
+  void (*ce_row_max)(Queue& q, float* mx, const float* logits, int64_t N, int64_t Vs) = nullptr;
+  // stats[2t] = Σ_j exp(logits[t, j] - mx[t]) (local columns); stats[2t+1] = logits[t, target -
+  // v0] when this slice owns targets[t] (>= 0), else 0.
+  void (*ce_sum_exp_target)(Queue& q, double* stats, const float* logits, const float* mx,
+                            const int32_t* targets, int64_t v0, int64_t Vs, int64_t N) = nullptr;
+  // losses[t] = log(stats[2t]) + mx[t] - stats[2t+1] for targets[t] >= 0, else 0; total[0] =
+  // Σ_t losses[t] in double, summed in row order.
+  void (*ce_loss)(Queue& q, float* losses, double* total, const double* stats, const float* mx,
+                  const int32_t* targets, int64_t N) = nullptr;
+  // In place: logits[t, j] = grad_scale * (exp(logits - mx) / stats[2t] - [j is the target]);
+  // rows with targets[t] < 0 become 0.
+  void (*ce_grad)(Queue& q, float* logits, const float* mx, const double* stats,
+                  const int32_t* targets, int64_t v0, int64_t Vs, int64_t N,
+                  float grad_scale) = nullptr;
+  // Index (among the Vs local columns, lowest on ties) and value of each row's maximum
+  // (greedy decoding); idx, val: (N).
+  void (*row_argmax)(Queue& q, int32_t* idx, float* val, const float* logits, int64_t N,
+                     int64_t Vs, int64_t ld) = nullptr;
+
+  // ---- reductions, casts, optimizer -----------------------------------------------------------
+  // out[0] = Σ x² in double (fixed summation order for a given n).
+  void (*sum_squares)(Queue& q, double* out, const float* x, int64_t n) = nullptr;
+  // out = bf16(x) (round to nearest even, NaN stays NaN), n elements.
+  void (*cast_f32_to_bf16)(Queue& q, uint16_t* out, const float* x, int64_t n) = nullptr;
+  void (*cast_bf16_to_f32)(Queue& q, float* out, const uint16_t* x, int64_t n) = nullptr;
+  // x[n] = float(bf16(x)) in place.
+  void (*round_to_bf16)(Queue& q, float* x, int64_t n) = nullptr;
+  void (*adamw)(Queue& q, const AdamWArgs& a) = nullptr;
+
+  // ---- optional (null when absent; see Capabilities) --------------------------------------------
+  // The cross-entropy pieces above fused for one rank holding the whole vocabulary (V): losses,
+  // logits -> dlogits in place, total[0] = Σ losses.
+  void (*cross_entropy_fused)(Queue& q, float* logits, float* losses, double* total,
+                              const int32_t* targets, int64_t N, int64_t V,
+                              float grad_scale) = nullptr;
+};
+
+// Throws tetrad::Error naming the first required entry that is null ("backend 'cuda': op table
+// has no norm_apply").
+void check_op_table(const OpTable& t, const char* backend_name);
+
+}  // namespace tetrad::backend

@@ -1,0 +1,77 @@
+// The settings of the parallel model (ParallelTransformer) that the trainer's config, the planner
+// and the benchmark share: activation recomputation, the communication overlap switches and the
+// rest of ParallelOptions. Plain values, no MPI: the planner costs exactly these types.
+#pragma once
+#include <cstdint>
+#include <string>
+
+namespace tetrad::parallel {
+
+// Activation recomputation (train.recompute): what the forward keeps for the backward.
+//   None       every layer's activations are kept.
+//   Selective  the attention internals (attention output and softmax log-sum-exp, per head) are
+//              not kept: one layer's worth of scratch; the backward recomputes the attention from
+//              the stored q|k|v (no communication, no GEMM: Megatron's "selective").
+//   Full       per block only its input is kept (the previous block's output); the backward
+//              recomputes the block's forward (GEMMs and their all-reduces included) into one
+//              layer's scratch before its backward.
+// Every mode gives bit-identical results: the recomputation repeats the same operations on the
+// same inputs (deterministic kernels, static OpenMP schedules).
+enum class Recompute { None, Selective, Full };
+Recompute parse_recompute(const std::string& text);  // "none" | "selective" | "full"
+const char* recompute_name(Recompute mode);
+
+// Each switch only changes when a collective runs, never what it computes: the same messages
+// with the same sizes and the same GEMMs, so results are bit-identical to all switches off
+// (tests/mpi/test_overlap_mpi.cpp). forward_chunks is the exception: its GEMMs on row chunks
+// round differently from one GEMM (oneDNN chooses kernels by shape), identical within fp32
+// rounding only.
+struct OverlapOptions {
+  bool backward_allreduce = false;   // dIn all-reduce runs while the dW GEMM computes
+  bool reduce_scatter = false;       // dW reduce-scatter over Z runs during earlier layers
+  int prefetch_depth = 0;            // Z all-gathers issued this many layers ahead
+  bool prefetch_across_steps = false;  // the next step's first gathers start during the optimizer
+  bool cache_gathered_weights = false;  // every layer's gathered weights kept for the whole step
+  bool dp_overlap = false;           // data-parallel buckets start during the last backward
+  double dp_bucket_mb = 0;           // bucket size (0: one bucket per tensor, in place)
+  int forward_chunks = 1;            // forward GEMM + all-reduce in this many row chunks
+  bool progress_thread = false;      // a helper thread drives MPI progress during kernels
+
+  static OverlapOptions all_off() { return {}; }
+  std::string summary() const;
+};
+
+// ZeRO over the data axis (parallel.zero), on top of whatever Z already shards:
+//   0  every D replica keeps the whole local shard of parameters, gradients and Adam moments;
+//      gradients are all-reduced over D.
+//   1  the Adam moments are sharded over D: each tensor's local shard is cut into Gd pieces
+//      (rank d owns piece d, ceil(n / Gd) elements, the last one shorter); gradients are
+//      reduce-scattered over D at the end of the step, each D rank updates its piece, and the
+//      updated pieces are all-gathered over D.
+//   2  as 1, and the gradients too: only the piece is kept (grads() has optimizer_state_size()
+//      elements); each layer's gradient is reduce-scattered over Z then D as soon as its
+//      backward is done, every micro-batch.
+//
+// overlap: the communication overlap switches (OverlapOptions above). dp_overlap is turned off with
+// ZeRO >= 1 and with Gp > 1 (see the constructor): their gradients are reduced in
+// reduce_gradients() (ZeRO 2: per layer) instead of in data-parallel buckets.
+struct ParallelOptions {
+  Recompute recompute = Recompute::None;
+  int zero = 0;
+  int virtual_stages = 1;  // pipeline chunks per stage (interleaved schedule; Gp > 1 only)
+  // With Z > 1: the token embedding's gradient is exchanged as the rows the micro-batch touched
+  // (an all-gather of N x C/Gx values and N ids over Z) instead of a reduce-scatter of the whole
+  // V/Gy x C/Gx block, when that moves less (Gz N < V/Gy); the head's dense part (tied) starts
+  // its reduce-scatter right after the head's backward. Gp = 1 and ZeRO < 2 only.
+  bool sparse_embedding_grad = true;
+  OverlapOptions overlap = OverlapOptions::all_off();
+  // Largest message of one ZeRO reduce-scatter over D (larger ones go in chunks): bounds Open
+  // MPI's temporary, twice the message per call (docs/parallel.md, "Memory per rank"). Results
+  // do not depend on it; tests make it tiny to run many chunks.
+  int64_t reduce_scatter_chunk_bytes = int64_t(4) << 20;
+  // parallel.pipeline_layers: how the layers split into the Gp x virtual_stages virtual stages
+  // ("even", "balanced" or a comma list; layer_split.hpp). Gp > 1 only.
+  std::string pipeline_layers = "even";
+};
+
+}  // namespace tetrad::parallel

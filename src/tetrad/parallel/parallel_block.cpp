@@ -1,0 +1,87 @@
+// ParallelTransformer: one transformer block's wiring on the grid, forward and backward.
+//   x -> norm_1 -> qkv (normal) -> RoPE (Llama) -> attention over this rank's heads
+//     -> proj (transposed) + x -> norm_2 -> fc (normal) -> GELU / SwiGLU -> fcproj (transposed) + .
+// The backward mirrors it line for line; with recomputation it first recomputes what the forward
+// did not keep (the whole block, or the attention). The layer's gathered weights are in place and
+// its gradient blocks zeroed by the caller (the model's forward / backward loops).
+#include "tetrad/parallel/parallel_transformer.hpp"
+
+#include "tetrad/backend/cpu/attention.hpp"
+#include "tetrad/backend/cpu/ops.hpp"
+#include "tetrad/parallel/transformer_activations.hpp"
+
+namespace tetrad::parallel {
+
+namespace k = kernels;
+
+// Attention of layer l from its stored q|k|v (after RoPE): atty and lse.
+void ParallelTransformer::attention_forward(int l, int B, int T) {
+  auto& A = a_->layer[l];
+  k::AttentionDims d{};
+  d.B = B; d.Tq = T; d.Tk = T; d.n_head = int(nhy_); d.n_kv_head = int(nkvy_); d.head_dim = int(hd_);
+  d.q_stride = d.kv_stride = QKVy_; d.q_batch_stride = d.kv_batch_stride = T * QKVy_;
+  d.out_stride = Ay_; d.out_batch_stride = T * Ay_;
+  timed(Phase::Attention, [&] {
+    k::attention_forward<float>(A.atty, A.lse, A.qkv, A.qkv + nhy_ * hd_, A.qkv + (nhy_ + nkvy_) * hd_, d);
+  });
+}
+
+// One block from its input x (its weights gathered): every activation of a_->layer[l].
+void ParallelTransformer::layer_forward(int l, const float* x, int B, int T) {
+  const int64_t N = int64_t(B) * T;
+  const Layer& L = layers_[l];
+  auto& A = a_->layer[l];
+  norm_fwd(A.ln1, A.ln1_mean, A.ln1_rstd, x, L.ln1_w, L.ln1_b, N);
+  normal_fwd("qkv", A.qkv, A.ln1, L.qkv_w, L.qkv_b, Cx_, QKVy_, N);
+  if (!gpt2_)
+    timed(Phase::Attention, [&] { k::rope_forward(A.qkv, N, T, 0, nhy_ + nkvy_, hd_, QKVy_, rope_cos_.data(), rope_sin_.data()); });
+  attention_forward(l, B, T);
+  q_.poll();
+  transposed_fwd("proj", A.resid_mid, x, A.atty, L.proj_w, L.proj_b, Ay_, N);
+  norm_fwd(A.ln2, A.ln2_mean, A.ln2_rstd, A.resid_mid, L.ln2_w, L.ln2_b, N);
+  normal_fwd("fc", A.fc, A.ln2, L.fc_w, L.fc_b, Cx_, FWy_, N);
+  timed(Phase::Activation, [&] {
+    if (gpt2_) k::gelu_forward(A.fc_act, A.fc, N * Fy_);
+    else k::swiglu_forward(A.fc_act, A.fc, N, Fy_);
+  });
+  q_.poll();
+  transposed_fwd("fcproj", A.resid_out, A.resid_mid, A.fc_act, L.fcproj_w, L.fcproj_b, Fy_, N);
+  scratch_layer_ = l;  // with recomputation, the shared scratch now holds this layer
+}
+
+// The block's backward from a_->dresid (the gradient of its output): a_->dresid becomes the
+// gradient of its input x_in; the layer's parameter gradients accumulate into its blocks.
+void ParallelTransformer::layer_backward(int l, const float* x_in, int B, int T) {
+  const int64_t N = int64_t(B) * T;
+  const Layer& L = layers_[l];
+  Acts& a = *a_;
+  auto& A = a.layer[l];
+  // Recomputation: the scratch holds only the last layer run forward (the last one, at first).
+  if (opt_.recompute == Recompute::Full && scratch_layer_ != l) layer_forward(l, x_in, B, T);
+  if (opt_.recompute == Recompute::Selective && scratch_layer_ != l) {
+    attention_forward(l, B, T);
+    scratch_layer_ = l;
+  }
+  transposed_bwd("fcproj", a.dfc_act, a.dresid, A.fc_act, L.fcproj_w, L.fcproj_b, Fy_, N);
+  timed(Phase::Activation, [&] {
+    if (gpt2_) k::gelu_backward(a.dfc, a.dfc_act, A.fc, N * Fy_);
+    else k::swiglu_backward(a.dfc, a.dfc_act, A.fc, N, Fy_);
+  });
+  normal_bwd("fc", a.dln, a.dfc, A.ln2, L.fc_w, L.fc_b, Cx_, FWy_, N);
+  norm_bwd(a.dresid, a.dln, A.resid_mid, A.ln2_mean, A.ln2_rstd, L.ln2_w, L.ln2_b, N);
+  transposed_bwd("proj", a.datty, a.dresid, A.atty, L.proj_w, L.proj_b, Ay_, N);
+  k::AttentionDims d{};
+  d.B = B; d.Tq = T; d.Tk = T; d.n_head = int(nhy_); d.n_kv_head = int(nkvy_); d.head_dim = int(hd_);
+  d.q_stride = d.kv_stride = QKVy_; d.q_batch_stride = d.kv_batch_stride = T * QKVy_;
+  d.out_stride = Ay_; d.out_batch_stride = T * Ay_;
+  timed(Phase::Attention, [&] {
+    k::attention_backward<float>(a.dqkv, a.dqkv + nhy_ * hd_, a.dqkv + (nhy_ + nkvy_) * hd_, a.datty,
+                                 A.qkv, A.qkv + nhy_ * hd_, A.qkv + (nhy_ + nkvy_) * hd_, A.atty, A.lse, d);
+    if (!gpt2_) k::rope_backward(a.dqkv, N, T, 0, nhy_ + nkvy_, hd_, QKVy_, rope_cos_.data(), rope_sin_.data());
+  });
+  q_.poll();
+  normal_bwd("qkv", a.dln, a.dqkv, A.ln1, L.qkv_w, L.qkv_b, Cx_, QKVy_, N);
+  norm_bwd(a.dresid, a.dln, x_in, A.ln1_mean, A.ln1_rstd, L.ln1_w, L.ln1_b, N);
+}
+
+}  // namespace tetrad::parallel

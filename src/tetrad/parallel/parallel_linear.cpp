@@ -1,0 +1,139 @@
+// ParallelTransformer: the parallel linear layers, each forward collective paired with its adjoint
+// (Megatron's column/row-parallel pairs, here on the X/Y blocks of 4d-parallelism.md; the hidden
+// state is [N, C/Gx], replicated over Y):
+//   normal layer      W block [n_out/Gy, k_in/Gx]: input split over X, output split over Y.
+//                     forward  partial GEMM, all-reduce over X (normal_fwd, gemm_allreduce(x))
+//                     backward dIn = all-reduce over Y of dOut · W (normal_bwd)
+//   transposed layer  W block [C/Gx, k_in/Gy]: input split over Y, output split over X.
+//                     forward  partial GEMM, all-reduce over Y (+ residual: transposed_fwd)
+//                     backward dIn = all-reduce over X of dOut · W (transposed_bwd)
+// The identity halves of the pairs (a normal layer's input replicated over Y, its output's
+// gradient replicated over X) need no message. Weight gradients dW += dOutᵀ · in stay local
+// (each rank owns its block; grad_reduction.cpp reduces them over Z and D).
+#include "tetrad/parallel/parallel_transformer.hpp"
+
+#include <algorithm>
+
+#include "tetrad/backend/cpu/ops.hpp"
+#include "tetrad/parallel/transformer_activations.hpp"
+
+namespace tetrad::parallel {
+
+namespace k = kernels;
+
+void ParallelTransformer::gemm(const char* what, bool ta, bool tb, int64_t M, int64_t N, int64_t K,
+                               const float* A, int64_t lda, const float* B, int64_t ldb,
+                               float beta, float* C, int64_t ldc) {
+  CommQueue::ProgressScope progress(q_);  // pending collectives move during the GEMM
+  ScopedPhase sp(prof_, Phase::Gemm, what, M, N, K);
+  k::gemm<float>(ta, tb, M, N, K, 1.0f, A, lda, B, ldb, beta, C, ldc);
+}
+
+// A sum over a group, skipped when the group is one rank; its time counts as communication.
+template <typename T>
+void ParallelTransformer::sum_over(const comm::Communicator& group, T* data, int64_t n,
+                                   const char* what) {
+  if (group.size() == 1) return;
+  q_.run(group.iallreduce_sum(data, size_t(n)), group, "allreduce", what,
+         prof_ ? prof_->layer : -2, n * int64_t(sizeof(T)));
+}
+template void ParallelTransformer::sum_over<float>(const comm::Communicator&, float*, int64_t,
+                                                   const char*);
+template void ParallelTransformer::sum_over<double>(const comm::Communicator&, double*, int64_t,
+                                                    const char*);
+
+// out[N, n_out] = in · Wᵀ, partial over `group` and all-reduced there. With forward_chunks > 1
+// the rows go in chunks: chunk i's all-reduce runs while chunk i+1's GEMM computes.
+void ParallelTransformer::gemm_allreduce(const char* what, float* out, const float* in, int wi,
+                                         int64_t k_in, int64_t n_out,
+                                         const comm::Communicator& group, int64_t N) {
+  const int64_t chunks = group.size() > 1 ? std::min<int64_t>(ov_.forward_chunks, N) : 1;
+  if (chunks == 1) {
+    gemm(what, false, true, N, n_out, k_in, in, k_in, w(wi), k_in, 0.0f, out, n_out);
+    sum_over(group, out, N * n_out, what);
+    return;
+  }
+  std::vector<CommQueue::Ticket> tickets;
+  for (int64_t c = 0; c < chunks; ++c) {
+    const int64_t r0 = N * c / chunks, r1 = N * (c + 1) / chunks;
+    gemm(what, false, true, r1 - r0, n_out, k_in, in + r0 * k_in, k_in, w(wi), k_in, 0.0f,
+         out + r0 * n_out, n_out);
+    tickets.push_back(q_.start(group.iallreduce_sum(out + r0 * n_out, size_t((r1 - r0) * n_out)),
+                               group, "allreduce", what, prof_ ? prof_->layer : -2,
+                               (r1 - r0) * n_out * int64_t(sizeof(float))));
+  }
+  for (auto t : tickets) q_.wait(t);
+}
+
+// Normal layer: out[N, n_out] = in[N, Cx-like] · Wᵀ, partial over X -> all-reduce X, + bias.
+void ParallelTransformer::normal_fwd(const char* what, float* out, const float* in, int wi, int bi,
+                                     int64_t k_in, int64_t n_out, int64_t N) {
+  gemm_allreduce(what, out, in, wi, k_in, n_out, g_.x, N);
+  if (const float* b = w(bi)) {
+#pragma omp parallel for schedule(static)
+    for (int64_t t = 0; t < N; ++t)
+      for (int64_t j = 0; j < n_out; ++j) out[t * n_out + j] += b[j];
+  }
+  q_.poll();
+}
+
+// Transposed layer + residual: out[N, Cx] = resid + all-reduce_Y(in · Wᵀ) + bias.
+void ParallelTransformer::transposed_fwd(const char* what, float* out, const float* resid,
+                                         const float* in, int wi, int bi, int64_t k_in, int64_t N) {
+  float* tmp = a_->tmp;
+  const int64_t Cx = Cx_;
+  gemm_allreduce(what, tmp, in, wi, k_in, Cx, g_.y, N);
+  const float* b = w(bi);
+  ScopedPhase sp(prof_, Phase::Residual);
+#pragma omp parallel for schedule(static)
+  for (int64_t t = 0; t < N; ++t)
+    for (int64_t c = 0; c < Cx; ++c)
+      out[t * Cx + c] = resid[t * Cx + c] + tmp[t * Cx + c] + (b ? b[c] : 0.0f);
+}
+
+// Bias gradient: Σ over tokens, parallel over columns (fixed order).
+void ParallelTransformer::bias_bwd(float* db, const float* dout, int64_t width, int64_t N) {
+  if (!db) return;
+#pragma omp parallel for schedule(static)
+  for (int64_t j0 = 0; j0 < width; j0 += 256) {
+    const int64_t j1 = std::min(width, j0 + 256);
+    for (int64_t t = 0; t < N; ++t)
+      for (int64_t j = j0; j < j1; ++j) db[j] += dout[t * width + j];
+  }
+}
+
+// din[N, k_in] = all-reduce over `group` of dout · W; dW[n_out, k_in] += doutᵀ · in; bias.
+// With backward_allreduce the all-reduce runs while dW computes (driven by the progress thread,
+// or by the polls after it).
+void ParallelTransformer::linear_bwd(const char* what, float* din, const float* dout,
+                                     const float* in, int wi, int bi, int64_t k_in, int64_t n_out,
+                                     const comm::Communicator& group, int64_t N) {
+  gemm(what, false, false, N, k_in, n_out, dout, n_out, w(wi), k_in, 0.0f, din, k_in);
+  if (ov_.backward_allreduce && group.size() > 1) {
+    const auto t = q_.start(group.iallreduce_sum(din, size_t(N * k_in)), group, "allreduce",
+                            what, prof_ ? prof_->layer : -2, N * k_in * int64_t(sizeof(float)));
+    gemm(what, true, false, n_out, k_in, N, dout, n_out, in, k_in, 1.0f, gw(wi), k_in);
+    bias_bwd(gw(bi), dout, n_out, N);
+    q_.wait(t);
+    return;
+  }
+  gemm(what, true, false, n_out, k_in, N, dout, n_out, in, k_in, 1.0f, gw(wi), k_in);
+  bias_bwd(gw(bi), dout, n_out, N);
+  sum_over(group, din, N * k_in, what);
+}
+
+// Normal layer backward: din = all-reduce_Y(dout · W).
+void ParallelTransformer::normal_bwd(const char* what, float* din, const float* dout,
+                                     const float* in, int wi, int bi, int64_t k_in, int64_t n_out,
+                                     int64_t N) {
+  linear_bwd(what, din, dout, in, wi, bi, k_in, n_out, g_.y, N);
+}
+
+// Transposed layer backward: din = all-reduce_X(dout · W), n_out = Cx.
+void ParallelTransformer::transposed_bwd(const char* what, float* din, const float* dout,
+                                         const float* in, int wi, int bi, int64_t k_in,
+                                         int64_t N) {
+  linear_bwd(what, din, dout, in, wi, bi, k_in, Cx_, g_.x, N);
+}
+
+}  // namespace tetrad::parallel

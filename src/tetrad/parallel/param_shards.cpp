@@ -1,0 +1,100 @@
+// ParallelTransformer: the parameters and their shards. Whole tensors in and out (initial values,
+// checkpoints: scatter / gather over Z, D and the pipeline stages), and where the compute finds a
+// weight (w: the gathered block or the local shard) and accumulates its gradient (gw).
+#include "tetrad/parallel/parallel_transformer.hpp"
+
+#include <algorithm>
+#include <cstring>
+
+#include "tetrad/model/transformer.hpp"
+
+namespace tetrad::parallel {
+
+using tetrad::init_parameter;
+
+void ParallelTransformer::init_weights(uint64_t seed) {
+  for (size_t i = 0; i < table_.specs.size(); ++i) {
+    std::vector<float> full(table_.specs[i].numel);
+    init_parameter(cfg_, table_.specs[i], i, seed, full.data());
+    set_tensor(i, full.data());
+  }
+}
+
+std::vector<float> ParallelTransformer::shard_of(size_t i, const float* full) const {
+  const TensorShard& t = plan_.tensors[i];
+  if (!t.stored) return {};  // another pipeline stage's layer
+  std::vector<float> block(t.z_sharded ? t.shard_numel * g_.shape.z : t.block_numel, 0.0f);
+  extract_block(t, full, block.data());
+  const int64_t first = t.z_sharded ? t.shard_numel * g_.coord.z : 0;
+  return std::vector<float>(block.begin() + first, block.begin() + first + t.shard_numel);
+}
+
+void ParallelTransformer::scatter_tensor(float* local, size_t i, const float* full) const {
+  const TensorShard& t = plan_.tensors[i];
+  const std::vector<float> shard = shard_of(i, full);
+  std::memcpy(local + t.offset, shard.data(), t.shard_numel * sizeof(float));
+}
+
+void ParallelTransformer::gather_tensor(const float* local, size_t i, float* full) {
+  gather_shard(local + plan_.tensors[i].offset, i, full);
+}
+
+void ParallelTransformer::gather_shard(const float* shard, size_t i, float* full) {
+  const TensorShard& t = plan_.tensors[i];
+  // Disjoint blocks summed into zeros: exact. Only one owner of each replicated block writes.
+  // A stage that does not store the tensor (another stage's layer) contributes zeros; every
+  // rank of its Z group is in the same stage, so the Z all-gather is skipped by all or none.
+  std::fill(full, full + t.spec->numel, 0.0f);
+  if (t.stored) {
+    std::vector<float> block(t.z_sharded ? t.shard_numel * g_.shape.z : t.block_numel);
+    if (t.z_sharded && g_.shape.z > 1)
+      g_.z.allgather(shard, block.data(), size_t(t.shard_numel));
+    else
+      std::memcpy(block.data(), shard, t.block_numel * sizeof(float));
+    const GridCoord& c = g_.coord;
+    bool owner = c.d == 0 && c.z == 0 && owns(t);
+    if (t.layout == ShardLayout::ColsX) owner = owner && c.y == 0;
+    if (t.layout == ShardLayout::RowsY) owner = owner && c.x == 0;
+    if (owner) insert_block(t, block.data(), full);
+  }
+  if (g_.world.size() > 1) g_.world.allreduce_sum(full, size_t(t.spec->numel));
+}
+
+void ParallelTransformer::scatter_state_tensor(float* state, size_t i, const float* full) const {
+  if (opt_.zero == 0) return scatter_tensor(state, i, full);
+  const std::vector<float> shard = shard_of(i, full);
+  const int64_t lo = zl_.param_offsets[i] - plan_.tensors[i].offset;
+  std::memcpy(state + zl_.state_offsets[i], shard.data() + lo, zl_.sizes[i] * sizeof(float));
+}
+
+void ParallelTransformer::gather_state_tensor(const float* state, size_t i, float* full) {
+  if (opt_.zero == 0) return gather_tensor(state, i, full);
+  const int64_t q = piece_[i];
+  float* pieces = zero_tmp_.data();
+  float* mine = pieces + q * g_.shape.d;
+  std::fill(mine, mine + q, 0.0f);
+  std::memcpy(mine, state + zl_.state_offsets[i], zl_.sizes[i] * sizeof(float));
+  if (q > 0) g_.d.allgather(mine, pieces, size_t(q));  // q = 0: not stored on this stage
+  gather_shard(pieces, i, full);  // the pieces in D order are the shard (padding past its end)
+}
+
+const float* ParallelTransformer::w(int i) const {
+  if (i < 0) return nullptr;
+  const TensorShard& t = plan_.tensors[i];
+  if (!t.z_sharded || g_.shape.z == 1) return params_.data() + t.offset;
+  if (t.spec->layer < 0) return gathered_top_.data() + t.block_offset;
+  return gathered_[size_t(slot_of(t.spec->layer))].data() + t.block_offset;
+}
+
+bool ParallelTransformer::staged(const TensorShard& t) const {
+  return opt_.zero == 2 || (t.z_sharded && g_.shape.z > 1);
+}
+
+float* ParallelTransformer::gw(int i) {
+  if (i < 0) return nullptr;
+  const TensorShard& t = plan_.tensors[i];
+  if (!staged(t)) return grads_.data() + t.offset;
+  return (t.spec->layer < 0 ? gblock_top_.data() : gblock_[t.spec->layer & 1].data()) + t.block_offset;
+}
+
+}  // namespace tetrad::parallel

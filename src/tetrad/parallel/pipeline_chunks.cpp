@@ -1,0 +1,77 @@
+// ParallelTransformer: what the pipeline (Gp > 1, pipeline.hpp) needs from the model. Which stage
+// owns a layer or tensor, where a chunk's input and output live, and the stash / restore of a
+// chunk's activations so several micro-batches can be in flight on one activation buffer.
+#include "tetrad/parallel/parallel_transformer.hpp"
+
+#include <algorithm>
+#include <cstring>
+
+#include "tetrad/core/error.hpp"
+#include "tetrad/parallel/transformer_activations.hpp"
+
+namespace tetrad::parallel {
+
+int ParallelTransformer::layer_stage(int l) const {
+  if (g_.shape.p == 1) return 0;
+  return split_.stage_of(l, g_.shape.p);
+}
+
+bool ParallelTransformer::owns(const TensorShard& t) const {
+  // A layer's tensors: the stage that stores them (the plan decided). Top-level tensors: every
+  // stage keeps the same copy (their gradients are summed over P); stage 0 speaks for them.
+  return t.spec->layer < 0 ? g_.coord.p == 0 : t.stored;
+}
+
+float* ParallelTransformer::chunk_input(int l0) {
+  return l0 == 0 ? a_->emb : a_->layer[l0 - 1].resid_out;
+}
+const float* ParallelTransformer::chunk_output(int l1) const {
+  return l1 == 0 ? a_->emb : a_->layer[l1 - 1].resid_out;
+}
+const float* ParallelTransformer::input_grad() const { return a_->dresid; }
+
+// What a chunk's backward reads from its forward: the recompute scratch, its layers' kept
+// activations from its input (layer l0 - 1's output) on, and with the embedding or the head the
+// global activations (embedding output, final norm, logits). Activation regions are contiguous
+// per layer in layer order (see the constructor).
+std::vector<std::pair<float*, size_t>> ParallelTransformer::chunk_regions(int l0, int l1, bool embed,
+                                                                          bool head) {
+  std::vector<std::pair<float*, size_t>> r;
+  r.push_back({acts_.data(), size_t(layer_begin_[0] - acts_.data())});
+  float* from = layer_begin_[std::max(0, l0 - 1)];
+  r.push_back({from, size_t(layer_begin_[l1] - from)});
+  if (embed || head) r.push_back({layer_begin_[cfg_.n_layer], size_t(acts_.data() + acts_.size() - layer_begin_[cfg_.n_layer])});
+  return r;
+}
+
+std::vector<float> ParallelTransformer::stash(int l0, int l1, bool embed, bool head) {
+  // Sized once: growing by insert() would hold up to twice the stash (and briefly the old
+  // and the new storage) per micro-batch in flight.
+  const auto regions = chunk_regions(l0, l1, embed, head);
+  size_t total = 1;
+  for (const auto& r : regions) total += r.second;
+  std::vector<float> out;
+  out.reserve(total);
+  for (auto [p, n] : regions) out.insert(out.end(), p, p + n);
+  out.push_back(float(scratch_layer_));  // exact for any layer index
+  return out;
+}
+
+int64_t ParallelTransformer::stash_numel(int l0, int l1, bool embed, bool head) {
+  int64_t n = 1;  // the scratch layer index stash() appends
+  for (const auto& region : chunk_regions(l0, l1, embed, head)) n += int64_t(region.second);
+  return n;
+}
+
+void ParallelTransformer::restore(int l0, int l1, bool embed, bool head, const std::vector<float>& s) {
+  size_t at = 0;
+  for (auto [p, n] : chunk_regions(l0, l1, embed, head)) {
+    TETRAD_CHECK(at + n < s.size(), "activation stash of the wrong chunk");
+    std::memcpy(p, s.data() + at, n * sizeof(float));
+    at += n;
+  }
+  TETRAD_CHECK(at + 1 == s.size(), "activation stash of the wrong chunk");
+  scratch_layer_ = int(s.back());
+}
+
+}  // namespace tetrad::parallel

@@ -1,0 +1,161 @@
+// ParallelTransformer: the vocabulary-parallel ends of the model, Megatron's scheme over Y. The
+// embedding table, output head and logits are split by vocabulary rows over Y (Vy = V/Gy rows
+// per rank, [Vy, Cx] blocks); the lookup sums every Y rank's slice, the cross-entropy combines
+// per-slice maxima, Σ exp and the target logit with all-reduces over Y, and greedy decoding
+// compares each slice's best logit after an all-gather over Y.
+#include "tetrad/parallel/parallel_transformer.hpp"
+
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+
+#include "tetrad/backend/cpu/fast_math.hpp"
+#include "tetrad/core/error.hpp"
+#include "tetrad/parallel/transformer_activations.hpp"
+
+namespace tetrad::parallel {
+
+namespace k = kernels;
+
+// Vocabulary-parallel lookup of this rank's tokens into a_->emb [N, Cx]: each Y rank copies the
+// rows of its vocabulary slice (zeros elsewhere) and the slices are summed over Y; then the
+// position table (GPT-2).
+void ParallelTransformer::embedding_forward(const int32_t* inputs, int64_t N, int T) {
+  const int64_t V = cfg_.vocab_size;
+  Acts& a = *a_;
+  ScopedPhase sp(prof_, Phase::Embedding);
+  for (int64_t t = 0; t < N; ++t)
+    if (inputs[t] < 0 || inputs[t] >= V)
+      fail("token id ", inputs[t], " at position ", t, " is outside the model's vocabulary [0, ", V, ")");
+  const float* E = w(wte_);
+  const int64_t v0 = Vy_ * g_.coord.y;
+#pragma omp parallel for schedule(static)
+  for (int64_t t = 0; t < N; ++t) {
+    float* o = a.emb + t * Cx_;
+    const int64_t v = inputs[t] - v0;
+    if (v >= 0 && v < Vy_) std::memcpy(o, E + v * Cx_, Cx_ * sizeof(float));
+    else std::fill(o, o + Cx_, 0.0f);
+  }
+  sum_over(g_.y, a.emb, N * Cx_, "embedding");
+  if (wpe_ >= 0) {
+    const float* P = w(wpe_);
+#pragma omp parallel for schedule(static)
+    for (int64_t t = 0; t < N; ++t)
+      for (int64_t c = 0; c < Cx_; ++c) a.emb[t * Cx_ + c] += P[(t % T) * Cx_ + c];
+  }
+}
+
+// The embedding's backward from a_->dresid: the rows of this rank's vocabulary slice accumulate
+// into the token embedding's gradient block (not with the sparse embedding gradient, whose rows
+// go over Z: accumulate_embedding_rows), every position into the position table's.
+void ParallelTransformer::embedding_backward(const int32_t* inputs, int64_t N, int T) {
+  Acts& a = *a_;
+  ScopedPhase sp(prof_, Phase::Embedding);
+  float* dE = sparse_embedding_ ? nullptr : gw(wte_);  // sparse: accumulate_embedding_rows
+  const int64_t v0 = Vy_ * g_.coord.y;
+  float* dP = gw(wpe_);
+  constexpr int64_t kBlock = 64;
+#pragma omp parallel for schedule(static)
+  for (int64_t c0 = 0; c0 < Cx_; c0 += kBlock) {
+    const int64_t c1 = std::min(Cx_, c0 + kBlock);
+    for (int64_t t = 0; t < N; ++t) {
+      const float* dr = a.dresid + t * Cx_;
+      const int64_t v = inputs[t] - v0;
+      if (dE && v >= 0 && v < Vy_)
+        for (int64_t c = c0; c < c1; ++c) dE[v * Cx_ + c] += dr[c];
+      if (dP)
+        for (int64_t c = c0; c < c1; ++c) dP[(t % T) * Cx_ + c] += dr[c];
+    }
+  }
+}
+
+// Vocabulary-parallel cross-entropy over Y: global row max, then Σ exp and the target logit
+// (from the rank that owns it) in one all-reduce. With grad: logits -> dlogits in place.
+double ParallelTransformer::cross_entropy(const int32_t* targets, int64_t N, float grad_scale,
+                                          bool with_grad) {
+  ScopedPhase sp(prof_, Phase::Loss);
+  const int64_t V = cfg_.vocab_size, v0 = Vy_ * g_.coord.y;
+  for (int64_t t = 0; t < N; ++t)
+    if (targets[t] >= V)
+      fail("target token id ", targets[t], " at position ", t, " is outside the model's vocabulary [0, ", V, ")");
+  float* L = a_->logits;
+  std::vector<float> mx(N);
+#pragma omp parallel for schedule(static)
+  for (int64_t t = 0; t < N; ++t) {
+    const float* r = L + t * Vy_;
+    float m = r[0];
+#pragma omp simd reduction(max : m)
+    for (int64_t j = 0; j < Vy_; ++j) m = std::max(m, r[j]);
+    mx[t] = m;
+  }
+  if (g_.y.size() > 1)
+    q_.run(g_.y.iallreduce_max(mx.data(), size_t(N)), g_.y, "allreduce_max", "logit max", -1,
+           N * int64_t(sizeof(float)));
+  double* st = stats_.data();
+#pragma omp parallel for schedule(static)
+  for (int64_t t = 0; t < N; ++t) {
+    const float* r = L + t * Vy_;
+    float s = 0;
+#pragma omp simd reduction(+ : s)
+    for (int64_t j = 0; j < Vy_; ++j) s += k::fast_exp(r[j] - mx[t]);
+    st[2 * t] = s;
+    const int64_t v = targets[t] - v0;
+    st[2 * t + 1] = (targets[t] >= 0 && v >= 0 && v < Vy_) ? r[v] : 0.0;
+  }
+  sum_over(g_.y, st, 2 * N, "softmax sums");
+  double total = 0;
+  for (int64_t t = 0; t < N; ++t) {
+    const bool kept = targets[t] >= 0;
+    a_->losses[t] = kept ? float(std::log(st[2 * t]) + mx[t] - st[2 * t + 1]) : 0.0f;
+    total += a_->losses[t];
+  }
+  if (with_grad) {
+#pragma omp parallel for schedule(static)
+    for (int64_t t = 0; t < N; ++t) {
+      float* r = L + t * Vy_;
+      if (targets[t] < 0) {
+        std::fill(r, r + Vy_, 0.0f);
+        continue;
+      }
+      const float scale = grad_scale / float(st[2 * t]), m = mx[t];
+#pragma omp simd
+      for (int64_t j = 0; j < Vy_; ++j) r[j] = k::fast_exp(r[j] - m) * scale;
+      const int64_t v = targets[t] - v0;
+      if (v >= 0 && v < Vy_) r[v] -= grad_scale;
+    }
+  }
+  return total;
+}
+
+std::vector<int32_t> ParallelTransformer::greedy_next_tokens(const int32_t* inputs, int B,
+                                                             int T) {
+  forward(inputs, B, T);
+  const int64_t v0 = int64_t(g_.coord.y) * Vy_;  // first vocabulary id of this rank's slice
+  std::vector<double> mine(2 * size_t(B));        // (best logit, its global id) per sequence
+  for (int b = 0; b < B; ++b) {
+    const float* row = a_->logits + (int64_t(b) * T + T - 1) * Vy_;
+    const int64_t j = std::max_element(row, row + Vy_) - row;
+    mine[2 * b] = row[j];
+    mine[2 * b + 1] = double(v0 + j);
+  }
+  const int gy = g_.y.size();
+  std::vector<double> all(mine.size() * size_t(gy));
+  if (gy == 1) {
+    all = mine;
+  } else {
+    ScopedPhase comm_phase(prof_, Phase::Comm);
+    g_.y.allgather(mine.data(), all.data(), mine.size());
+  }
+  std::vector<int32_t> next(B);
+  for (int b = 0; b < B; ++b) {
+    double best = all[2 * b], id = all[2 * b + 1];
+    for (int r = 1; r < gy; ++r) {
+      const double v = all[(size_t(r) * B + b) * 2], i = all[(size_t(r) * B + b) * 2 + 1];
+      if (v > best || (v == best && i < id)) best = v, id = i;
+    }
+    next[b] = int32_t(id);
+  }
+  return next;
+}
+
+}  // namespace tetrad::parallel

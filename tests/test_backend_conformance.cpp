@@ -1,0 +1,872 @@
+// The backend conformance suite: every op of the table (backend/ops.hpp) on every backend this
+// build has (backend::backends()), against a double-precision reference written here, on fresh
+// random inputs (the seed is printed with every failure; TETRAD_CONFORMANCE_SEED=N repeats one),
+// with every overwritten output poisoned with NaN first (a NaN or an untouched element never
+// passes), and every backward against central finite differences of the double reference
+// forward. It is the suite a new backend (CUDA, HIP) must pass; a backend the build has but this
+// machine cannot run (no GPU) reports GTEST_SKIP with the reason.
+//
+// Tolerances (docs/precision.md): fp32 ops against the double reference, normwise
+// max|got - ref| / max|ref| below 1e-5; backward against finite differences below 1e-4 (fp32
+// accumulation over the reduced axis); bf16 GEMMs against the double product of the
+// bf16-rounded operands below 1e-5, and against the unrounded product between 1e-4 and 2e-2 (so
+// the rounding demonstrably happened); casts and data movement exact.
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <cstdlib>
+#include <cstring>
+#include <functional>
+#include <limits>
+#include <random>
+#include <sstream>
+#include <string>
+#include <vector>
+
+#include "tetrad/backend/backend.hpp"
+#include "tetrad/core/error.hpp"
+
+namespace tetrad::backend {
+namespace {
+
+constexpr double kFwdTol = 1e-5;
+constexpr double kBwdTol = 1e-4;
+const float kNaN = std::numeric_limits<float>::quiet_NaN();
+
+using VF = std::vector<float>;
+using VD = std::vector<double>;
+using VI = std::vector<int32_t>;
+
+VD widen(const VF& v) { return VD(v.begin(), v.end()); }
+
+// round to nearest even onto bf16, computed independently of the backends' own helpers.
+float ref_bf16(float f) {
+  if (std::isnan(f)) return f;
+  uint32_t u;
+  std::memcpy(&u, &f, 4);
+  const uint32_t lo = u & 0xffff0000u, hi = lo + 0x10000u;
+  float flo, fhi;
+  std::memcpy(&flo, &lo, 4);
+  std::memcpy(&fhi, &hi, 4);
+  const double dlo = std::fabs(double(f) - double(flo));
+  if (std::isinf(f)) return f;
+  // Past the largest bf16 the next value up is 2^128 (rounds to infinity), as IEEE rounding does.
+  const double dhi = std::isinf(fhi) ? std::ldexp(1.0, 128) - std::fabs(double(f))
+                                     : std::fabs(double(fhi) - double(f));
+  if (dlo < dhi) return flo;
+  if (dhi < dlo) return fhi;
+  return ((lo >> 16) & 1u) ? fhi : flo;  // tie: the even one
+}
+
+// Normwise comparison; every element must be finite where the reference is.
+::testing::AssertionResult close(const std::string& what, const VF& got, const VD& ref,
+                                 double tol) {
+  if (got.size() != ref.size())
+    return ::testing::AssertionFailure() << what << ": " << got.size() << " elements, expected "
+                                         << ref.size();
+  double scale = 0, worst = 0;
+  size_t at = 0;
+  for (double r : ref) scale = std::max(scale, std::fabs(r));
+  for (size_t i = 0; i < got.size(); ++i) {
+    if (!std::isfinite(got[i]) && std::isfinite(ref[i]))
+      return ::testing::AssertionFailure() << what << "[" << i << "] = " << got[i]
+                                           << " (not written or not finite), expected " << ref[i];
+    const double e = std::fabs(double(got[i]) - ref[i]);
+    if (e > worst) worst = e, at = i;
+  }
+  const double rel = worst / std::max(scale, 1e-30);
+  if (rel <= tol) return ::testing::AssertionSuccess();
+  return ::testing::AssertionFailure() << what << ": relative error " << rel << " > " << tol
+                                       << " (worst at [" << at << "]: " << got[at] << " vs "
+                                       << ref[at] << ", scale " << scale << ")";
+}
+
+// Central differences of loss() with respect to every element of x (restored exactly).
+VD numeric_grad(VD& x, const std::function<double()>& loss) {
+  VD g(x.size());
+  for (size_t i = 0; i < x.size(); ++i) {
+    const double x0 = x[i];
+    const double h = 1e-6 * std::max(1.0, std::fabs(x0));
+    x[i] = x0 + h;
+    const double hp = x[i] - x0;
+    const double lp = loss();
+    x[i] = x0 - h;
+    const double hm = x0 - x[i];
+    const double lm = loss();
+    x[i] = x0;
+    g[i] = (lp - lm) / (hp + hm);
+  }
+  return g;
+}
+
+class Conformance : public ::testing::TestWithParam<std::string> {
+ protected:
+  void SetUp() override {
+    for (BackendInfo& info : backends()) {
+      if (info.name != GetParam()) continue;
+      if (!info.available) GTEST_SKIP() << "backend '" << info.name << "' is built but cannot run here: " << info.why_not;
+      be_ = info.create(info.name);
+    }
+    ASSERT_TRUE(be_) << "no backend " << GetParam();
+    q_ = &be_->queue();
+    ops_ = &be_->ops();
+    check_op_table(*ops_, GetParam().c_str());
+    const char* env = std::getenv("TETRAD_CONFORMANCE_SEED");
+    seed_ = env ? std::strtoull(env, nullptr, 10) : std::random_device{}();
+    rng_.seed(seed_);
+  }
+  std::string seed() const { return "seed " + std::to_string(seed_) + " (TETRAD_CONFORMANCE_SEED)"; }
+
+  VF rand(size_t n, float lo = -1.0f, float hi = 1.0f) {
+    std::uniform_real_distribution<float> d(lo, hi);
+    VF v(n);
+    for (float& x : v) x = d(rng_);
+    return v;
+  }
+  int64_t randint(int64_t lo, int64_t hi) { return std::uniform_int_distribution<int64_t>(lo, hi)(rng_); }
+
+  template <typename T>
+  DeviceBuffer up(const std::vector<T>& h) {
+    DeviceBuffer b = be_->alloc(std::max<size_t>(1, h.size()) * sizeof(T));
+    if (!h.empty()) q_->copy_to_device(b.data(), h.data(), h.size() * sizeof(T));
+    return b;
+  }
+  DeviceBuffer poisoned(size_t n) { return up(VF(n, kNaN)); }
+  DeviceBuffer poisoned_d(size_t n) { return up(VD(n, std::nan(""))); }
+  template <typename T = float>
+  std::vector<T> down(const DeviceBuffer& b, size_t n) {
+    std::vector<T> h(n);
+    if (n) q_->copy_to_host(h.data(), b.data(), n * sizeof(T));
+    q_->synchronize();
+    return h;
+  }
+  static float* F(DeviceBuffer& b) { return b.as<float>(); }
+  static double* D(DeviceBuffer& b) { return b.as<double>(); }
+  static int32_t* I(DeviceBuffer& b) { return b.as<int32_t>(); }
+
+  std::unique_ptr<Backend> be_;
+  Queue* q_ = nullptr;
+  const OpTable* ops_ = nullptr;
+  uint64_t seed_ = 0;
+  std::mt19937_64 rng_;
+};
+
+// ---- GEMM -------------------------------------------------------------------------------------
+
+VD ref_gemm(bool ta, bool tb, int64_t M, int64_t N, int64_t K, double alpha, const VD& A,
+            int64_t lda, const VD& B, int64_t ldb, double beta, const VD& C0, int64_t ldc) {
+  VD C(static_cast<size_t>(M * ldc));
+  for (int64_t i = 0; i < M; ++i)
+    for (int64_t j = 0; j < N; ++j) {
+      double s = 0;
+      for (int64_t k = 0; k < K; ++k)
+        s += (ta ? A[k * lda + i] : A[i * lda + k]) * (tb ? B[j * ldb + k] : B[k * ldb + j]);
+      C[i * ldc + j] = alpha * s + (beta == 0 ? 0.0 : beta * C0[i * ldc + j]);
+    }
+  return C;
+}
+
+VF rows_of(const VF& C, int64_t M, int64_t N, int64_t ldc) {
+  VF out;
+  for (int64_t i = 0; i < M; ++i) out.insert(out.end(), C.begin() + i * ldc, C.begin() + i * ldc + N);
+  return out;
+}
+VD rows_of(const VD& C, int64_t M, int64_t N, int64_t ldc) {
+  VD out;
+  for (int64_t i = 0; i < M; ++i) out.insert(out.end(), C.begin() + i * ldc, C.begin() + i * ldc + N);
+  return out;
+}
+
+TEST_P(Conformance, GemmEveryLayoutFp32AndBf16) {
+  const Capabilities& caps = be_->capabilities();
+  for (int layout = 0; layout < 4; ++layout) {
+    for (Precision prec : {Precision::FP32, Precision::BF16}) {
+      if (prec == Precision::BF16 && !caps.gemm_bf16) continue;
+      for (float beta : {0.0f, 0.5f}) {
+        const bool ta = layout & 1, tb = layout & 2;
+        const int64_t M = randint(1, 37), N = randint(1, 41), K = randint(1, 300);
+        const int64_t ar = ta ? K : M, ac = ta ? M : K, br = tb ? N : K, bc = tb ? K : N;
+        const int64_t lda = ac + randint(0, 3), ldb = bc + randint(0, 3), ldc = N + randint(0, 3);
+        const float alpha = float(randint(1, 4)) * 0.5f;
+        const VF A = rand(static_cast<size_t>(ar * lda)), B = rand(static_cast<size_t>(br * ldb));
+        VF C0 = rand(static_cast<size_t>(M * ldc));
+        if (beta == 0) std::fill(C0.begin(), C0.end(), kNaN);  // beta 0 must overwrite NaN
+        DeviceBuffer dA = up(A), dB = up(B), dC = up(C0);
+        GemmArgs g;
+        g.trans_a = ta; g.trans_b = tb; g.M = M; g.N = N; g.K = K; g.alpha = alpha;
+        g.A = dA.data(); g.lda = lda; g.B = dB.data(); g.ldb = ldb; g.beta = beta;
+        g.C = F(dC); g.ldc = ldc; g.precision = prec;
+        ops_->gemm(*q_, g);
+        const VF got = rows_of(down(dC, C0.size()), M, N, ldc);
+        std::ostringstream what;
+        what << "gemm " << (ta ? 'T' : 'N') << (tb ? 'T' : 'N') << " " << M << "x" << N << "x" << K
+             << " lda " << lda << " ldb " << ldb << " ldc " << ldc << " alpha " << alpha
+             << " beta " << beta << (prec == Precision::BF16 ? " bf16" : " fp32") << ", " << seed();
+        VD Ad = widen(A), Bd = widen(B);
+        const VD exact = rows_of(ref_gemm(ta, tb, M, N, K, alpha, Ad, lda, Bd, ldb, beta, widen(C0), ldc), M, N, ldc);
+        if (prec == Precision::FP32) {
+          EXPECT_TRUE(close(what.str(), got, exact, kFwdTol));
+          continue;
+        }
+        for (double& a : Ad) a = ref_bf16(float(a));
+        for (double& b : Bd) b = ref_bf16(float(b));
+        const VD rounded = rows_of(ref_gemm(ta, tb, M, N, K, alpha, Ad, lda, Bd, ldb, beta, widen(C0), ldc), M, N, ldc);
+        EXPECT_TRUE(close(what.str() + " vs rounded operands", got, rounded, kFwdTol));
+        if (K >= 16) {  // enough terms that the rounding must show
+          EXPECT_FALSE(close(what.str() + " vs fp32 operands", got, exact, 1e-4));
+          EXPECT_TRUE(close(what.str() + " vs fp32 operands", got, exact, 2e-2));
+        }
+      }
+    }
+  }
+}
+
+TEST_P(Conformance, GemmBf16StoredOperands) {
+  if (!be_->capabilities().gemm_bf16_storage) GTEST_SKIP() << "backend has no bf16-stored GEMM operands";
+  const int64_t M = 9, N = 13, K = 70;
+  VF A = rand(static_cast<size_t>(M * K)), B = rand(static_cast<size_t>(N * K));
+  for (float& a : A) a = ref_bf16(a);
+  for (float& b : B) b = ref_bf16(b);
+  std::vector<uint16_t> A16(A.size()), B16(B.size());
+  for (size_t i = 0; i < A.size(); ++i) { uint32_t u; std::memcpy(&u, &A[i], 4); A16[i] = uint16_t(u >> 16); }
+  for (size_t i = 0; i < B.size(); ++i) { uint32_t u; std::memcpy(&u, &B[i], 4); B16[i] = uint16_t(u >> 16); }
+  DeviceBuffer dA = up(A16), dB = up(B16), dC = poisoned(static_cast<size_t>(M * N));
+  GemmArgs g;
+  g.trans_b = true; g.M = M; g.N = N; g.K = K; g.A = dA.data(); g.lda = K; g.B = dB.data();
+  g.ldb = K; g.C = F(dC); g.ldc = N; g.precision = Precision::BF16;
+  g.a_type = g.b_type = DType::BF16;
+  ops_->gemm(*q_, g);
+  EXPECT_TRUE(close("gemm bf16 storage, " + seed(), down(dC, static_cast<size_t>(M * N)),
+                    ref_gemm(false, true, M, N, K, 1, widen(A), K, widen(B), K, 0, VD(static_cast<size_t>(M * N)), N), kFwdTol));
+}
+
+// ---- bias, residual, add, sums --------------------------------------------------------------
+
+TEST_P(Conformance, BiasResidualAddAndBiasGrad) {
+  const int64_t N = randint(1, 9), n = randint(1, 600);
+  const VF x = rand(static_cast<size_t>(N * n)), b = rand(static_cast<size_t>(n)), y = rand(static_cast<size_t>(N * n)), acc = rand(static_cast<size_t>(n));
+  {  // bias_add: out += b
+    DeviceBuffer d = up(x), db = up(b);
+    ops_->bias_add(*q_, F(d), F(db), N, n);
+    VD ref = widen(x);
+    for (int64_t t = 0; t < N; ++t) for (int64_t j = 0; j < n; ++j) ref[t * n + j] += b[j];
+    EXPECT_TRUE(close("bias_add, " + seed(), down(d, x.size()), ref, kFwdTol));
+  }
+  for (bool with_bias : {false, true}) {  // residual_add: out = resid + y (+ b)
+    DeviceBuffer dr = up(x), dy = up(y), db = up(b), out = poisoned(x.size());
+    ops_->residual_add(*q_, F(out), F(dr), F(dy), with_bias ? F(db) : nullptr, N, n);
+    VD ref(x.size());
+    for (int64_t t = 0; t < N; ++t)
+      for (int64_t j = 0; j < n; ++j) ref[t * n + j] = double(x[t * n + j]) + y[t * n + j] + (with_bias ? b[j] : 0.0);
+    EXPECT_TRUE(close(std::string("residual_add") + (with_bias ? " + bias, " : ", ") + seed(), down(out, x.size()), ref, kFwdTol));
+  }
+  {  // add: x += y
+    DeviceBuffer dx = up(x), dy = up(y);
+    ops_->add(*q_, F(dx), F(dy), int64_t(x.size()));
+    VD ref(x.size());
+    for (size_t i = 0; i < x.size(); ++i) ref[i] = double(x[i]) + y[i];
+    EXPECT_TRUE(close("add, " + seed(), down(dx, x.size()), ref, kFwdTol));
+  }
+  {  // bias_grad: db += Σ_t dout, checked as the adjoint of bias_add by finite differences
+    DeviceBuffer dacc = up(acc), dy = up(y);
+    ops_->bias_grad(*q_, F(dacc), F(dy), N, n);
+    VD bd = widen(b);
+    const VD dout = widen(y);
+    auto loss = [&] {
+      double L = 0;
+      for (int64_t t = 0; t < N; ++t) for (int64_t j = 0; j < n; ++j) L += dout[t * n + j] * (x[t * n + j] + bd[j]);
+      return L;
+    };
+    VD ref = numeric_grad(bd, loss);
+    for (int64_t j = 0; j < n; ++j) ref[j] += acc[j];
+    EXPECT_TRUE(close("bias_grad vs finite differences, " + seed(), down(dacc, static_cast<size_t>(n)), ref, kBwdTol));
+  }
+}
+
+TEST_P(Conformance, SumSquares) {
+  for (int64_t n : {int64_t(1), randint(2, 100), randint(5000, 70000)}) {
+    const VF x = rand(static_cast<size_t>(n), -3, 3);
+    DeviceBuffer dx = up(x), out = poisoned_d(1);
+    ops_->sum_squares(*q_, D(out), F(dx), n);
+    double ref = 0;
+    for (float v : x) ref += double(v) * v;
+    const double got = down<double>(out, 1)[0];
+    EXPECT_NEAR(got, ref, 1e-12 * ref) << "sum_squares of " << n << ", " << seed();
+  }
+}
+
+// ---- norms with split statistics --------------------------------------------------------------
+
+struct NormRef {
+  bool layer;  // LayerNorm (mean, bias) or RMSNorm
+  int64_t N, C;
+  double eps;
+  VD forward(const VD& x, const VD& w, const VD& b) const {
+    VD out(x.size());
+    for (int64_t t = 0; t < N; ++t) {
+      double m = 0, v = 0;
+      if (layer) {
+        for (int64_t c = 0; c < C; ++c) m += x[t * C + c];
+        m /= double(C);
+      }
+      for (int64_t c = 0; c < C; ++c) v += (x[t * C + c] - m) * (x[t * C + c] - m);
+      const double r = 1.0 / std::sqrt(v / double(C) + eps);
+      for (int64_t c = 0; c < C; ++c)
+        out[t * C + c] = (x[t * C + c] - m) * r * w[c] + (layer ? b[c] : 0.0);
+    }
+    return out;
+  }
+};
+
+// Runs the split-statistics norm as the sharded model does: the C features cut into slices
+// (as over X ranks), partial statistics per slice, summed on the host (the all-reduce).
+TEST_P(Conformance, NormsWithSplitStatisticsForwardAndBackward) {
+  for (bool layer : {true, false}) {
+    const int64_t N = randint(1, 5), C = randint(4, 24);
+    const int64_t cut = randint(1, C - 1);  // two uneven slices: [0, cut), [cut, C)
+    const int64_t widths[2] = {cut, C - cut}, starts[2] = {0, cut};
+    const float eps = 1e-5f;
+    const VF x = rand(static_cast<size_t>(N * C), -2, 2), w = rand(static_cast<size_t>(C), 0.5f, 1.5f), b = rand(static_cast<size_t>(C));
+    const VF dout = rand(static_cast<size_t>(N * C)), dx0 = rand(static_cast<size_t>(N * C)), dw0 = rand(static_cast<size_t>(C)), db0 = rand(static_cast<size_t>(C));
+    auto slice = [&](const VF& v, int s, int64_t rows) {
+      VF o;
+      for (int64_t t = 0; t < rows; ++t)
+        o.insert(o.end(), v.begin() + t * C + starts[s], v.begin() + t * C + starts[s] + widths[s]);
+      return o;
+    };
+    auto vec_slice = [&](const VF& v, int s) { return VF(v.begin() + starts[s], v.begin() + starts[s] + widths[s]); };
+    DeviceBuffer xs[2], ws[2], bs[2], outs[2], douts[2], dxs[2], dws[2], dbs[2];
+    for (int s = 0; s < 2; ++s) {
+      xs[s] = up(slice(x, s, N)); ws[s] = up(vec_slice(w, s)); bs[s] = up(vec_slice(b, s));
+      outs[s] = poisoned(static_cast<size_t>(N * widths[s])); douts[s] = up(slice(dout, s, N));
+      dxs[s] = up(slice(dx0, s, N)); dws[s] = up(vec_slice(dw0, s)); dbs[s] = up(vec_slice(db0, s));
+    }
+    // statistics: partial -> summed -> finished
+    auto all_reduce = [&](DeviceBuffer* parts, size_t n) {
+      VD sum(n, 0.0);
+      for (int s = 0; s < 2; ++s) {
+        const VD p = down<double>(parts[s], n);
+        for (size_t i = 0; i < n; ++i) sum[i] += p[i];
+      }
+      return up(sum);
+    };
+    DeviceBuffer st[2], mean = poisoned(static_cast<size_t>(N)), rstd = poisoned(static_cast<size_t>(N));
+    if (layer) {
+      for (int s = 0; s < 2; ++s) {
+        st[s] = poisoned_d(static_cast<size_t>(N));
+        ops_->norm_row_stats(*q_, RowStat::Sum, D(st[s]), 1, F(xs[s]), nullptr, N, widths[s]);
+      }
+      DeviceBuffer sum = all_reduce(st, static_cast<size_t>(N));
+      ops_->norm_finish_stats(*q_, StatFinish::Mean, F(mean), D(sum), N, C, eps);
+      for (int s = 0; s < 2; ++s)
+        ops_->norm_row_stats(*q_, RowStat::CenteredSquares, D(st[s]), 1, F(xs[s]), F(mean), N, widths[s]);
+    } else {
+      for (int s = 0; s < 2; ++s) {
+        st[s] = poisoned_d(static_cast<size_t>(N));
+        ops_->norm_row_stats(*q_, RowStat::Squares, D(st[s]), 1, F(xs[s]), nullptr, N, widths[s]);
+      }
+    }
+    DeviceBuffer sum = all_reduce(st, static_cast<size_t>(N));
+    ops_->norm_finish_stats(*q_, StatFinish::Rstd, F(rstd), D(sum), N, C, eps);
+    for (int s = 0; s < 2; ++s)
+      ops_->norm_apply(*q_, F(outs[s]), F(xs[s]), layer ? F(mean) : nullptr, F(rstd), F(ws[s]),
+                       layer ? F(bs[s]) : nullptr, N, widths[s]);
+    // backward: partials -> summed -> apply, parameter gradients
+    DeviceBuffer parts[2];
+    for (int s = 0; s < 2; ++s) {
+      parts[s] = poisoned_d(static_cast<size_t>(2 * N));
+      ops_->norm_backward_partials(*q_, D(parts[s]), F(douts[s]), F(xs[s]), layer ? F(mean) : nullptr,
+                                   F(rstd), F(ws[s]), N, widths[s]);
+    }
+    DeviceBuffer psum = all_reduce(parts, static_cast<size_t>(2 * N));
+    for (int s = 0; s < 2; ++s) {
+      ops_->norm_backward_apply(*q_, F(dxs[s]), F(douts[s]), F(xs[s]), layer ? F(mean) : nullptr,
+                                F(rstd), F(ws[s]), D(psum), N, widths[s], C);
+      ops_->norm_param_grads(*q_, F(dws[s]), layer ? F(dbs[s]) : nullptr, F(douts[s]), F(xs[s]),
+                             layer ? F(mean) : nullptr, F(rstd), N, widths[s]);
+    }
+    // reassemble
+    VF out(static_cast<size_t>(N * C)), dx(static_cast<size_t>(N * C)), dw(static_cast<size_t>(C)), db(static_cast<size_t>(C));
+    for (int s = 0; s < 2; ++s) {
+      const VF o = down(outs[s], static_cast<size_t>(N * widths[s])), g = down(dxs[s], static_cast<size_t>(N * widths[s]));
+      for (int64_t t = 0; t < N; ++t)
+        for (int64_t c = 0; c < widths[s]; ++c) {
+          out[t * C + starts[s] + c] = o[t * widths[s] + c];
+          dx[t * C + starts[s] + c] = g[t * widths[s] + c];
+        }
+      const VF gw = down(dws[s], static_cast<size_t>(widths[s])), gb = down(dbs[s], static_cast<size_t>(widths[s]));
+      std::copy(gw.begin(), gw.end(), dw.begin() + starts[s]);
+      std::copy(gb.begin(), gb.end(), db.begin() + starts[s]);
+    }
+    const NormRef ref{layer, N, C, eps};
+    VD xd = widen(x), wd = widen(w), bd = widen(b);
+    const std::string name = std::string(layer ? "layernorm" : "rmsnorm") + " split " +
+                             std::to_string(cut) + "+" + std::to_string(C - cut) + ", " + seed();
+    EXPECT_TRUE(close(name + " forward", out, ref.forward(xd, wd, bd), kFwdTol));
+    auto loss = [&] {
+      const VD o = ref.forward(xd, wd, bd);
+      double L = 0;
+      for (size_t i = 0; i < o.size(); ++i) L += double(dout[i]) * o[i];
+      return L;
+    };
+    auto plus = [](VD g, const VF& init) { for (size_t i = 0; i < g.size(); ++i) g[i] += init[i]; return g; };
+    EXPECT_TRUE(close(name + " dx vs finite differences", dx, plus(numeric_grad(xd, loss), dx0), kBwdTol));
+    EXPECT_TRUE(close(name + " dw vs finite differences", dw, plus(numeric_grad(wd, loss), dw0), kBwdTol));
+    if (layer) {
+      EXPECT_TRUE(close(name + " db vs finite differences", db, plus(numeric_grad(bd, loss), db0), kBwdTol));
+    }
+  }
+}
+
+// ---- attention ----------------------------------------------------------------------------------
+
+struct AttnRef {
+  AttentionArgs d;
+  // out and lse in double from q, k, v laid out by d's strides.
+  void forward(const VD& q, const VD& k, const VD& v, VD& out, VD& lse) const {
+    const int hd = d.head_dim, group = d.n_head / d.n_kv_head;
+    const int64_t off = d.resolved_q_offset();
+    out.assign(static_cast<size_t>(d.B) * d.out_batch_stride, 0.0);
+    lse.assign(static_cast<size_t>(d.B) * d.n_head * d.Tq, 0.0);
+    const double scale = 1.0 / std::sqrt(double(hd));
+    for (int b = 0; b < d.B; ++b)
+      for (int h = 0; h < d.n_head; ++h)
+        for (int i = 0; i < d.Tq; ++i) {
+          const int kvh = h / group;
+          const double* qi = q.data() + b * d.q_batch_stride + i * d.q_stride + h * hd;
+          const int64_t last = std::min<int64_t>(d.Tk - 1, off + i);
+          VD s(static_cast<size_t>(last + 1));
+          double mx = -1e300;
+          for (int64_t j = 0; j <= last; ++j) {
+            const double* kj = k.data() + b * d.kv_batch_stride + j * d.kv_stride + kvh * hd;
+            double dot = 0;
+            for (int c = 0; c < hd; ++c) dot += qi[c] * kj[c];
+            s[j] = dot * scale;
+            mx = std::max(mx, s[j]);
+          }
+          double z = 0;
+          for (double x : s) z += std::exp(x - mx);
+          lse[(static_cast<size_t>(b) * d.n_head + h) * d.Tq + i] = mx + std::log(z);
+          double* o = out.data() + b * d.out_batch_stride + i * d.out_stride + h * hd;
+          for (int64_t j = 0; j <= last; ++j) {
+            const double p = std::exp(s[j] - mx) / z;
+            const double* vj = v.data() + b * d.kv_batch_stride + j * d.kv_stride + kvh * hd;
+            for (int c = 0; c < hd; ++c) o[c] += p * vj[c];
+          }
+        }
+  }
+};
+
+TEST_P(Conformance, AttentionCausalGqaForwardBackward) {
+  struct Case { int B, Tq, Tk, nh, nkv, hd; };
+  const Case cases[] = {{2, 5, 5, 4, 2, 8}, {1, 3, 7, 2, 1, 4}, {2, 1, 6, 4, 4, 8}, {1, 17, 17, 2, 1, 16}};
+  for (const Case& c : cases) {
+    AttentionArgs d;
+    d.B = c.B; d.Tq = c.Tq; d.Tk = c.Tk; d.n_head = c.nh; d.n_kv_head = c.nkv; d.head_dim = c.hd;
+    // q, k, v in one fused row per token as the model stores them: [q heads | k heads | v heads]
+    // for the key block; the query block has its own buffer (its rows are the last Tq tokens).
+    const int64_t qkv = int64_t(c.nh + 2 * c.nkv) * c.hd;
+    d.q_stride = c.nh * c.hd + 3; d.q_batch_stride = c.Tq * d.q_stride;
+    d.kv_stride = qkv; d.kv_batch_stride = c.Tk * qkv;
+    d.out_stride = c.nh * c.hd; d.out_batch_stride = c.Tq * d.out_stride;
+    const VF qf = rand(static_cast<size_t>(c.B * d.q_batch_stride), -1.5f, 1.5f);
+    const VF kvf = rand(static_cast<size_t>(c.B * d.kv_batch_stride), -1.5f, 1.5f);
+    const int64_t k_off = int64_t(c.nh) * c.hd, v_off = k_off + int64_t(c.nkv) * c.hd;
+    DeviceBuffer dq = up(qf), dkv = up(kvf), out = poisoned(static_cast<size_t>(c.B * d.out_batch_stride)),
+                 lse = poisoned(static_cast<size_t>(c.B * c.nh * c.Tq));
+    ops_->attention_forward(*q_, d, F(out), F(lse), F(dq), F(dkv) + k_off, F(dkv) + v_off);
+    VD qd = widen(qf), kvd = widen(kvf), ro, rl;
+    AttnRef ref{d};
+    auto fwd = [&](VD& o, VD& l) {
+      ref.forward(qd, VD(kvd.begin() + k_off, kvd.end()), VD(kvd.begin() + v_off, kvd.end()), o, l);
+    };
+    fwd(ro, rl);
+    std::ostringstream name;
+    name << "attention B" << c.B << " Tq" << c.Tq << " Tk" << c.Tk << " heads " << c.nh << "/" << c.nkv
+         << " hd" << c.hd << ", " << seed();
+    EXPECT_TRUE(close(name.str() + " out", down(out, ro.size()), ro, kFwdTol));
+    EXPECT_TRUE(close(name.str() + " lse", down(lse, rl.size()), rl, kFwdTol));
+    // backward
+    const VF dout = rand(ro.size());
+    DeviceBuffer ddout = up(dout), gq = poisoned(qf.size()), gkv = poisoned(kvf.size());
+    ops_->attention_backward(*q_, d, F(gq), F(gkv) + k_off, F(gkv) + v_off, F(ddout), F(dq),
+                             F(dkv) + k_off, F(dkv) + v_off, F(out), F(lse));
+    auto loss = [&] {
+      VD o, l;
+      fwd(o, l);
+      double L = 0;
+      for (size_t i = 0; i < o.size(); ++i) L += double(dout[i]) * o[i];
+      return L;
+    };
+    // Only the elements the op owns: q's head columns, k and v columns (the padding and the
+    // q columns of the kv rows are not the op's outputs).
+    auto pick = [](const VF& g, const VD& n, int64_t rows, int64_t stride, int64_t lo, int64_t hi,
+                   VF& go, VD& no) {
+      for (int64_t r = 0; r < rows; ++r)
+        for (int64_t c = lo; c < hi; ++c) go.push_back(g[r * stride + c]), no.push_back(n[r * stride + c]);
+    };
+    const VD nq = numeric_grad(qd, loss), nkv = numeric_grad(kvd, loss);
+    VF gq_sel, gk_sel; VD nq_sel, nk_sel;
+    pick(down(gq, qf.size()), nq, c.B * c.Tq, d.q_stride, 0, k_off, gq_sel, nq_sel);
+    pick(down(gkv, kvf.size()), nkv, c.B * c.Tk, qkv, k_off, qkv, gk_sel, nk_sel);
+    EXPECT_TRUE(close(name.str() + " dq vs finite differences", gq_sel, nq_sel, kBwdTol));
+    EXPECT_TRUE(close(name.str() + " dk|dv vs finite differences", gk_sel, nk_sel, kBwdTol));
+  }
+}
+
+TEST_P(Conformance, AttentionKeyOffset) {
+  // A query block after (part of) a key block: q_offset other than Tk - Tq.
+  AttentionArgs d;
+  d.B = 1; d.Tq = 3; d.Tk = 4; d.n_head = 2; d.n_kv_head = 1; d.head_dim = 4;
+  d.q_offset = 6;  // queries at positions 6..8 of a sequence whose keys 0..3 this block holds
+  d.q_stride = d.out_stride = 8; d.kv_stride = 4;
+  d.q_batch_stride = d.out_batch_stride = 24; d.kv_batch_stride = 16;
+  const VF qf = rand(24), kf = rand(16), vf = rand(16);
+  DeviceBuffer dq = up(qf), dk = up(kf), dv = up(vf), out = poisoned(24), lse = poisoned(6);
+  if (!be_->capabilities().attention_any_q_offset) {
+    EXPECT_THROW(ops_->attention_forward(*q_, d, F(out), F(lse), F(dq), F(dk), F(dv)), Error)
+        << "a backend without attention_any_q_offset must refuse q_offset != Tk - Tq";
+    return;
+  }
+  ops_->attention_forward(*q_, d, F(out), F(lse), F(dq), F(dk), F(dv));
+  VD ro, rl;
+  AttnRef{d}.forward(widen(qf), widen(kf), widen(vf), ro, rl);
+  EXPECT_TRUE(close("attention q_offset out, " + seed(), down(out, 24), ro, kFwdTol));
+  EXPECT_TRUE(close("attention q_offset lse, " + seed(), down(lse, 6), rl, kFwdTol));
+}
+
+// ---- rotary -----------------------------------------------------------------------------------
+
+TEST_P(Conformance, RopeForwardAndAdjoint) {
+  const int64_t B = 2, T = randint(1, 6), hd = 2 * randint(1, 6), heads = randint(1, 3);
+  const int64_t stride = heads * hd + 5, pos0 = randint(0, 3), max_pos = pos0 + T, half = hd / 2;
+  const int64_t N = B * T;
+  VF cs(static_cast<size_t>(max_pos * half)), sn(static_cast<size_t>(max_pos * half));
+  for (int64_t p = 0; p < max_pos; ++p)
+    for (int64_t i = 0; i < half; ++i) {
+      const double a = double(p) * std::pow(10000.0, -double(2 * i) / double(hd));
+      cs[p * half + i] = float(std::cos(a));
+      sn[p * half + i] = float(std::sin(a));
+    }
+  const VF x = rand(static_cast<size_t>(N * stride));
+  auto ref = [&](const VD& in, bool inverse) {
+    VD o = in;
+    for (int64_t r = 0; r < N; ++r)
+      for (int64_t h = 0; h < heads; ++h)
+        for (int64_t i = 0; i < half; ++i) {
+          const int64_t p = pos0 + r % T;
+          const double c = cs[p * half + i], s = inverse ? -double(sn[p * half + i]) : double(sn[p * half + i]);
+          const double a = in[r * stride + h * hd + i], b = in[r * stride + h * hd + i + half];
+          o[r * stride + h * hd + i] = a * c - b * s;
+          o[r * stride + h * hd + i + half] = b * c + a * s;
+        }
+    return o;
+  };
+  DeviceBuffer dx = up(x), dc = up(cs), ds = up(sn);
+  RopeArgs r;
+  r.x = F(dx); r.N = N; r.T_seq = T; r.pos0 = pos0; r.n_heads = heads; r.head_dim = hd;
+  r.stride = stride; r.cos = F(dc); r.sin = F(ds);
+  ops_->rope_forward(*q_, r);
+  EXPECT_TRUE(close("rope forward, " + seed(), down(dx, x.size()), ref(widen(x), false), kFwdTol));
+  // backward = adjoint: d/dx Σ dout · rope(x)
+  const VF dout = rand(x.size());
+  DeviceBuffer dg = up(dout);
+  r.x = F(dg);
+  ops_->rope_backward(*q_, r);
+  VD xd = widen(x);
+  auto loss = [&] { const VD o = ref(xd, false); double L = 0; for (size_t i = 0; i < o.size(); ++i) L += dout[i] * o[i]; return L; };
+  EXPECT_TRUE(close("rope backward vs finite differences, " + seed(), down(dg, x.size()), numeric_grad(xd, loss), kBwdTol));
+}
+
+// ---- activations ------------------------------------------------------------------------------
+
+double gelu(double x) { return 0.5 * x * (1 + std::tanh(0.7978845608028654 * (x + 0.044715 * x * x * x))); }
+double silu(double x) { return x / (1 + std::exp(-x)); }
+
+TEST_P(Conformance, GeluAndSwigluForwardBackward) {
+  {
+    const int64_t n = randint(1, 3000);
+    const VF x = rand(static_cast<size_t>(n), -5, 5), dout = rand(static_cast<size_t>(n));
+    DeviceBuffer dx = up(x), out = poisoned(static_cast<size_t>(n)), dd = up(dout), g = poisoned(static_cast<size_t>(n));
+    ops_->gelu_forward(*q_, F(out), F(dx), n);
+    ops_->gelu_backward(*q_, F(g), F(dd), F(dx), n);
+    VD ref(static_cast<size_t>(n)), xd = widen(x);
+    for (int64_t i = 0; i < n; ++i) ref[i] = gelu(x[i]);
+    EXPECT_TRUE(close("gelu forward, " + seed(), down(out, static_cast<size_t>(n)), ref, kFwdTol));
+    // elementwise: the finite difference of each element's own output
+    VD num(static_cast<size_t>(n));
+    for (int64_t i = 0; i < n; ++i) {
+      const double h = 1e-6;
+      num[i] = dout[i] * (gelu(xd[i] + h) - gelu(xd[i] - h)) / (2 * h);
+    }
+    EXPECT_TRUE(close("gelu backward vs finite differences, " + seed(), down(g, static_cast<size_t>(n)), num, kBwdTol));
+  }
+  {
+    const int64_t N = randint(1, 6), Fw = randint(1, 200);
+    const VF gu = rand(static_cast<size_t>(N * 2 * Fw), -4, 4), dout = rand(static_cast<size_t>(N * Fw));
+    DeviceBuffer dgu = up(gu), out = poisoned(static_cast<size_t>(N * Fw)), dd = up(dout), g = poisoned(gu.size());
+    ops_->swiglu_forward(*q_, F(out), F(dgu), N, Fw);
+    ops_->swiglu_backward(*q_, F(g), F(dd), F(dgu), N, Fw);
+    VD gud = widen(gu);
+    auto fwd = [&] {
+      VD o(static_cast<size_t>(N * Fw));
+      for (int64_t t = 0; t < N; ++t)
+        for (int64_t j = 0; j < Fw; ++j) o[t * Fw + j] = silu(gud[t * 2 * Fw + j]) * gud[t * 2 * Fw + Fw + j];
+      return o;
+    };
+    EXPECT_TRUE(close("swiglu forward, " + seed(), down(out, static_cast<size_t>(N * Fw)), fwd(), kFwdTol));
+    auto loss = [&] { const VD o = fwd(); double L = 0; for (size_t i = 0; i < o.size(); ++i) L += dout[i] * o[i]; return L; };
+    EXPECT_TRUE(close("swiglu backward vs finite differences, " + seed(), down(g, gu.size()), numeric_grad(gud, loss), kBwdTol));
+  }
+}
+
+// ---- vocabulary-parallel embedding --------------------------------------------------------------
+
+TEST_P(Conformance, VocabParallelEmbeddingGatherScatterAndPositions) {
+  const int64_t V = randint(4, 30), C = randint(1, 70), T = randint(1, 5), N = T * randint(1, 3);
+  const int64_t v0 = randint(0, V - 2), Vs = randint(1, V - v0);  // this rank's slice [v0, v0+Vs)
+  VI tokens(static_cast<size_t>(N));
+  for (int32_t& t : tokens) t = int32_t(randint(0, V - 1));
+  tokens[0] = int32_t(v0);  // at least one hit
+  const VF table = rand(static_cast<size_t>(Vs * C)), pos = rand(static_cast<size_t>(T * C)), dout = rand(static_cast<size_t>(N * C));
+  DeviceBuffer dt = up(table), dtok = up(tokens), dpos = up(pos), out = poisoned(static_cast<size_t>(N * C));
+  ops_->embedding_gather(*q_, F(out), I(dtok), F(dt), v0, Vs, N, C);
+  ops_->position_add(*q_, F(out), F(dpos), N, T, C);
+  VD tabd = widen(table), posd = widen(pos);
+  auto fwd = [&] {
+    VD o(static_cast<size_t>(N * C), 0.0);
+    for (int64_t t = 0; t < N; ++t) {
+      const int64_t v = tokens[t] - v0;
+      for (int64_t c = 0; c < C; ++c)
+        o[t * C + c] = (v >= 0 && v < Vs ? tabd[v * C + c] : 0.0) + posd[(t % T) * C + c];
+    }
+    return o;
+  };
+  const std::string name = "embedding V" + std::to_string(V) + " slice [" + std::to_string(v0) + ", " +
+                           std::to_string(v0 + Vs) + ") C" + std::to_string(C) + ", " + seed();
+  EXPECT_TRUE(close(name + " gather + positions", down(out, static_cast<size_t>(N * C)), fwd(), kFwdTol));
+  auto loss = [&] { const VD o = fwd(); double L = 0; for (size_t i = 0; i < o.size(); ++i) L += dout[i] * o[i]; return L; };
+  const VD ntab = numeric_grad(tabd, loss), npos = numeric_grad(posd, loss);
+  // scatter-add into the whole block, and into a shard [s0, s1) of it (as the Z-sharded gradient)
+  const VF init = rand(table.size()), pinit = rand(pos.size());
+  DeviceBuffer dd = up(dout), gt = up(init), gp = up(pinit);
+  ops_->embedding_scatter_add(*q_, F(gt), 0, Vs * C, F(dd), I(dtok), v0, Vs, N, C);
+  ops_->position_grad(*q_, F(gp), F(dd), N, T, C);
+  VD ref = ntab, pref = npos;
+  for (size_t i = 0; i < ref.size(); ++i) ref[i] += init[i];
+  for (size_t i = 0; i < pref.size(); ++i) pref[i] += pinit[i];
+  EXPECT_TRUE(close(name + " scatter-add vs finite differences", down(gt, table.size()), ref, kBwdTol));
+  EXPECT_TRUE(close(name + " position grad vs finite differences", down(gp, pos.size()), pref, kBwdTol));
+  const int64_t s0 = randint(0, Vs * C - 1), s1 = randint(s0 + 1, Vs * C);
+  const VF sinit = rand(static_cast<size_t>(s1 - s0));
+  DeviceBuffer gs = up(sinit);
+  ops_->embedding_scatter_add(*q_, F(gs), s0, s1, F(dd), I(dtok), v0, Vs, N, C);
+  VD sref(static_cast<size_t>(s1 - s0));
+  for (int64_t e = s0; e < s1; ++e) sref[e - s0] = ntab[e] + sinit[e - s0];
+  EXPECT_TRUE(close(name + " shard [" + std::to_string(s0) + ", " + std::to_string(s1) + ")",
+                    down(gs, sref.size()), sref, kBwdTol));
+}
+
+// ---- vocabulary-parallel cross-entropy ----------------------------------------------------------
+
+TEST_P(Conformance, VocabParallelCrossEntropyPieces) {
+  const int64_t N = randint(1, 7), V = randint(3, 300), cut = randint(1, V - 1);
+  const int64_t v0s[2] = {0, cut}, Vss[2] = {cut, V - cut};
+  const float grad_scale = 0.37f;
+  const VF logits = rand(static_cast<size_t>(N * V), -8, 8);
+  VI targets(static_cast<size_t>(N));
+  for (int32_t& t : targets) t = int32_t(randint(0, V - 1));
+  if (N > 1) targets[1] = -1;  // masked
+  DeviceBuffer tg = up(targets), L[2], mx[2], st[2];
+  for (int s = 0; s < 2; ++s) {
+    VF part;
+    for (int64_t t = 0; t < N; ++t) part.insert(part.end(), logits.begin() + t * V + v0s[s], logits.begin() + t * V + v0s[s] + Vss[s]);
+    L[s] = up(part);
+    mx[s] = poisoned(static_cast<size_t>(N));
+    ops_->ce_row_max(*q_, F(mx[s]), F(L[s]), N, Vss[s]);
+  }
+  VF gmax(static_cast<size_t>(N));
+  {
+    const VF a = down(mx[0], static_cast<size_t>(N)), b = down(mx[1], static_cast<size_t>(N));
+    for (int64_t t = 0; t < N; ++t) {
+      double m = -1e300;
+      for (int64_t j = 0; j < V; ++j) m = std::max(m, double(logits[t * V + j]));
+      EXPECT_EQ(std::max(a[t], b[t]), float(m)) << "ce_row_max row " << t << ", " << seed();
+      gmax[t] = std::max(a[t], b[t]);  // the all-reduce max
+    }
+  }
+  DeviceBuffer dmax = up(gmax);
+  VD stsum(static_cast<size_t>(2 * N), 0.0);
+  for (int s = 0; s < 2; ++s) {
+    st[s] = poisoned_d(static_cast<size_t>(2 * N));
+    ops_->ce_sum_exp_target(*q_, D(st[s]), F(L[s]), F(dmax), I(tg), v0s[s], Vss[s], N);
+    const VD p = down<double>(st[s], static_cast<size_t>(2 * N));
+    for (int64_t i = 0; i < 2 * N; ++i) stsum[i] += p[i];
+  }
+  DeviceBuffer dst = up(stsum), losses = poisoned(static_cast<size_t>(N)), total = poisoned_d(1);
+  ops_->ce_loss(*q_, F(losses), D(total), D(dst), F(dmax), I(tg), N);
+  VD ld = widen(logits);
+  auto ref_losses = [&] {
+    VD out(static_cast<size_t>(N), 0.0);
+    for (int64_t t = 0; t < N; ++t) {
+      if (targets[t] < 0) continue;
+      double m = -1e300, z = 0;
+      for (int64_t j = 0; j < V; ++j) m = std::max(m, ld[t * V + j]);
+      for (int64_t j = 0; j < V; ++j) z += std::exp(ld[t * V + j] - m);
+      out[t] = m + std::log(z) - ld[t * V + targets[t]];
+    }
+    return out;
+  };
+  const VD rl = ref_losses();
+  const std::string name = "cross-entropy V" + std::to_string(V) + " split at " + std::to_string(cut) + ", " + seed();
+  EXPECT_TRUE(close(name + " losses", down(losses, static_cast<size_t>(N)), rl, kFwdTol));
+  double rtotal = 0;
+  for (double x : rl) rtotal += x;
+  EXPECT_NEAR(down<double>(total, 1)[0], rtotal, kFwdTol * std::max(1.0, rtotal)) << name;
+  // gradient of grad_scale * Σ losses
+  auto loss = [&] { double s = 0; for (double x : ref_losses()) s += x; return grad_scale * s; };
+  const VD num = numeric_grad(ld, loss);
+  VF grad(static_cast<size_t>(N * V));
+  for (int s = 0; s < 2; ++s) {
+    ops_->ce_grad(*q_, F(L[s]), F(dmax), D(dst), I(tg), v0s[s], Vss[s], N, grad_scale);
+    const VF g = down(L[s], static_cast<size_t>(N * Vss[s]));
+    for (int64_t t = 0; t < N; ++t)
+      for (int64_t j = 0; j < Vss[s]; ++j) grad[t * V + v0s[s] + j] = g[t * Vss[s] + j];
+  }
+  EXPECT_TRUE(close(name + " dlogits vs finite differences", grad, num, kBwdTol));
+  if (ops_->cross_entropy_fused) {
+    DeviceBuffer Lf = up(logits), lf = poisoned(static_cast<size_t>(N)), tf = poisoned_d(1);
+    ops_->cross_entropy_fused(*q_, F(Lf), F(lf), D(tf), I(tg), N, V, grad_scale);
+    EXPECT_TRUE(close(name + " fused losses", down(lf, static_cast<size_t>(N)), rl, kFwdTol));
+    EXPECT_TRUE(close(name + " fused dlogits vs finite differences", down(Lf, logits.size()), num, kBwdTol));
+    EXPECT_NEAR(down<double>(tf, 1)[0], rtotal, kFwdTol * std::max(1.0, rtotal)) << name;
+  }
+}
+
+TEST_P(Conformance, RowArgmaxLowestIndexOnTies) {
+  const int64_t N = randint(1, 6), Vs = randint(2, 100), ld = Vs + randint(0, 5);
+  VF L = rand(static_cast<size_t>(N * ld));
+  const int64_t tie = randint(0, Vs - 2);
+  L[tie] = L[tie + 1] = 5.0f;  // row 0: two equal maxima
+  DeviceBuffer dl = up(L), idx = up(VI(static_cast<size_t>(N), -7)), val = poisoned(static_cast<size_t>(N));
+  ops_->row_argmax(*q_, I(idx), F(val), F(dl), N, Vs, ld);
+  const VI gi = down<int32_t>(idx, static_cast<size_t>(N));
+  const VF gv = down(val, static_cast<size_t>(N));
+  for (int64_t r = 0; r < N; ++r) {
+    int64_t best = 0;
+    for (int64_t j = 1; j < Vs; ++j) if (L[r * ld + j] > L[r * ld + best]) best = j;
+    EXPECT_EQ(gi[r], best) << "row " << r << ", " << seed();
+    EXPECT_EQ(gv[r], L[r * ld + best]) << "row " << r << ", " << seed();
+  }
+}
+
+// ---- casts ------------------------------------------------------------------------------------
+
+TEST_P(Conformance, CastsRoundToNearestEven) {
+  VF x = rand(5000, -100, 100);
+  const float specials[] = {0.0f, -0.0f, 1.0f, 1.00390625f /* tie, even down */,
+                            1.01171875f /* tie, even up */, 3.4e38f, -3.4e38f, kNaN,
+                            std::numeric_limits<float>::infinity(), 1e-40f};
+  for (size_t i = 0; i < std::size(specials); ++i) x[i] = specials[i];
+  const int64_t n = int64_t(x.size());
+  DeviceBuffer dx = up(x), h = up(std::vector<uint16_t>(x.size(), 0x7fc1)), back = poisoned(x.size()), r = up(x);
+  ops_->cast_f32_to_bf16(*q_, h.as<uint16_t>(), F(dx), n);
+  ops_->cast_bf16_to_f32(*q_, F(back), h.as<uint16_t>(), n);
+  ops_->round_to_bf16(*q_, F(r), n);
+  const VF gb = down(back, x.size()), gr = down(r, x.size());
+  for (size_t i = 0; i < x.size(); ++i) {
+    const float want = ref_bf16(x[i]);
+    if (std::isnan(want)) {
+      EXPECT_TRUE(std::isnan(gb[i]) && std::isnan(gr[i])) << "NaN must stay NaN";
+      continue;
+    }
+    ASSERT_EQ(gb[i], want) << "cast of " << x[i] << " (element " << i << "), " << seed();
+    ASSERT_EQ(gr[i], want) << "round_to_bf16 of " << x[i] << " (element " << i << "), " << seed();
+  }
+}
+
+// ---- optimizer ----------------------------------------------------------------------------------
+
+TEST_P(Conformance, AdamWOverAnInterval) {
+  const int64_t total = randint(10, 5000), lo = randint(0, total / 2), hi = randint(lo + 1, total);
+  const VF p = rand(static_cast<size_t>(total)), g = rand(static_cast<size_t>(total)), m = rand(static_cast<size_t>(total), -0.1f, 0.1f),
+           v = rand(static_cast<size_t>(total), 0.0f, 0.01f);
+  AdamWArgs a;
+  a.lr = 3e-3f; a.beta1 = 0.9f; a.beta2 = 0.95f; a.eps = 1e-8f; a.weight_decay = 0.1f;
+  a.grad_scale = 0.5f; a.step = randint(1, 50);
+  DeviceBuffer dp = up(p), dg = up(g), dm = up(m), dv = up(v);
+  a.p = F(dp) + lo; a.g = F(dg) + lo; a.m = F(dm) + lo; a.v = F(dv) + lo; a.n = hi - lo;
+  ops_->adamw(*q_, a);
+  VD rp = widen(p), rm = widen(m), rv = widen(v);
+  const double bc1 = 1 - std::pow(double(a.beta1), double(a.step)), bc2 = 1 - std::pow(double(a.beta2), double(a.step));
+  for (int64_t i = lo; i < hi; ++i) {
+    const double gi = double(g[i]) * a.grad_scale;
+    rm[i] = a.beta1 * double(m[i]) + (1 - double(a.beta1)) * gi;
+    rv[i] = a.beta2 * double(v[i]) + (1 - double(a.beta2)) * gi * gi;
+    rp[i] = p[i] - double(a.lr) * ((rm[i] / bc1) / (std::sqrt(rv[i] / bc2) + a.eps) + a.weight_decay * double(p[i]));
+  }
+  const std::string name = "adamw on [" + std::to_string(lo) + ", " + std::to_string(hi) + ") of " +
+                           std::to_string(total) + " step " + std::to_string(a.step) + ", " + seed();
+  // The update is lr-sized: compare the change, not the weights, so the tolerance means something.
+  VF dpg = down(dp, p.size());
+  VF got_delta(p.size());
+  VD ref_delta(p.size());
+  for (size_t i = 0; i < p.size(); ++i) got_delta[i] = dpg[i] - p[i], ref_delta[i] = rp[i] - p[i];
+  EXPECT_TRUE(close(name + " parameter change", got_delta, ref_delta, 1e-4));
+  EXPECT_TRUE(close(name + " m", down(dm, m.size()), rm, kFwdTol));
+  EXPECT_TRUE(close(name + " v", down(dv, v.size()), rv, kFwdTol));
+  for (int64_t i = 0; i < total; ++i)
+    if (i < lo || i >= hi) {
+      ASSERT_EQ(dpg[i], p[i]) << "adamw wrote outside its interval at " << i;
+    }
+}
+
+// ---- memory, queue, registry ----------------------------------------------------------------
+
+TEST_P(Conformance, MemoryQueueAndEvents) {
+  DeviceBuffer a = be_->alloc(1000), s = be_->alloc(1000, MemoryKind::HostStaging);
+  EXPECT_EQ(a.bytes(), 1000u);
+  EXPECT_EQ(a.owner(), be_.get());
+  EXPECT_EQ(s.kind(), MemoryKind::HostStaging);
+  VF h = rand(250), back(250);
+  q_->copy_to_device(a.data(), h.data(), 1000);
+  DeviceBuffer b = be_->alloc(1000);
+  q_->copy_on_device(b.data(), a.data(), 1000);
+  Event e = q_->record();
+  q_->copy_to_host(back.data(), b.data(), 1000);
+  e.synchronize();
+  q_->synchronize();
+  EXPECT_TRUE(e.query());
+  EXPECT_EQ(std::memcmp(h.data(), back.data(), 1000), 0);
+  q_->fill_zero(b.data(), 1000);
+  EXPECT_EQ(down(b, 250), VF(250, 0.0f));
+  DeviceBuffer moved = std::move(b);
+  EXPECT_TRUE(b.empty());
+  EXPECT_EQ(moved.bytes(), 1000u);
+  std::unique_ptr<Queue> other = be_->new_queue();
+  other->wait(q_->record());
+  other->synchronize();
+}
+
+std::vector<std::string> backend_names() {
+  std::vector<std::string> names;
+  for (const BackendInfo& b : backends()) names.push_back(b.name);
+  return names;
+}
+
+INSTANTIATE_TEST_SUITE_P(Backends, Conformance, ::testing::ValuesIn(backend_names()),
+                         [](const auto& info) { return info.param; });
+
+TEST(BackendRegistry, CpuIsAlwaysThereAndUnknownNamesAreRefused) {
+  EXPECT_EQ(cpu_backend().name(), "cpu");
+  EXPECT_TRUE(cpu_backend().capabilities().host_visible);
+  EXPECT_NO_THROW(check_op_table(cpu_backend().ops(), "cpu"));
+  EXPECT_THROW(create("tpu"), Error);
+  OpTable empty;
+  EXPECT_THROW(check_op_table(empty, "empty"), Error);
+}
+
+}  // namespace
+}  // namespace tetrad::backend

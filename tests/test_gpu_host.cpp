@@ -1,0 +1,116 @@
+// Host-side logic of the GPU backend that needs no GPU, run in every build: the mapping of a
+// row-major GEMM onto one column-major library call (backend/cuda/gemm_mapping.hpp). The mapped
+// call is executed by a column-major reference product that reads operands exactly as cuBLASLt
+// does (stored rows x cols, leading dimension, then the transpose flag), on fresh random data
+// with padded leading dimensions, and compared with the row-major product.
+#include <gtest/gtest.h>
+
+#include <random>
+#include <vector>
+
+#include "tetrad/backend/cuda/gemm_mapping.hpp"
+#include "tetrad/backend/device_select.hpp"
+#include "tetrad/core/error.hpp"
+
+#include <cstdlib>
+
+namespace {
+
+using tetrad::gpu::ColMajorGemm;
+using tetrad::gpu::map_row_major_gemm;
+
+// Column-major D[m,n] = op(X)[m,k] op(Y)[k,n], X stored (xr, xc) with ldx, column-major.
+void colmajor_gemm(const ColMajorGemm& g, const double* X, const double* Y, double* D) {
+  auto x_at = [&](int64_t i, int64_t l) {  // op(X)(i, l)
+    const int64_t r = g.trans_first ? l : i, c = g.trans_first ? i : l;
+    EXPECT_LT(r, g.first_rows);
+    EXPECT_LT(c, g.first_cols);
+    return X[c * g.first_ld + r];
+  };
+  auto y_at = [&](int64_t l, int64_t j) {
+    const int64_t r = g.trans_second ? j : l, c = g.trans_second ? l : j;
+    EXPECT_LT(r, g.second_rows);
+    EXPECT_LT(c, g.second_cols);
+    return Y[c * g.second_ld + r];
+  };
+  for (int64_t j = 0; j < g.n; ++j)
+    for (int64_t i = 0; i < g.m; ++i) {
+      double s = 0;
+      for (int64_t l = 0; l < g.k; ++l) s += x_at(i, l) * y_at(l, j);
+      D[j * g.c_ld + i] = s;
+    }
+}
+
+TEST(GpuHost, RowMajorGemmMapsToOneColumnMajorCall) {
+  std::mt19937 rng(1234);
+  std::uniform_real_distribution<double> u(-1, 1);
+  for (int ta = 0; ta < 2; ++ta)
+    for (int tb = 0; tb < 2; ++tb)
+      for (auto [M, N, K] : {std::tuple<int64_t, int64_t, int64_t>{3, 5, 7}, {8, 2, 1}, {1, 9, 4}}) {
+        const int64_t lda = (ta ? M : K) + 3, ldb = (tb ? K : N) + 2, ldc = N + 1;
+        const int64_t arows = ta ? K : M, brows = tb ? N : K;
+        std::vector<double> A(arows * lda), B(brows * ldb), C(M * ldc, -777), R(M * ldc, -777);
+        for (auto& x : A) x = u(rng);
+        for (auto& x : B) x = u(rng);
+        for (int64_t i = 0; i < M; ++i)
+          for (int64_t j = 0; j < N; ++j) {
+            double s = 0;
+            for (int64_t l = 0; l < K; ++l)
+              s += (ta ? A[l * lda + i] : A[i * lda + l]) * (tb ? B[j * ldb + l] : B[l * ldb + j]);
+            R[i * ldc + j] = s;
+          }
+        const ColMajorGemm g = map_row_major_gemm(ta, tb, M, N, K, lda, ldb, ldc);
+        EXPECT_EQ(g.m, N);
+        EXPECT_EQ(g.n, M);
+        EXPECT_EQ(g.k, K);
+        // The library's first operand is the caller's B, the second A.
+        colmajor_gemm(g, B.data(), A.data(), C.data());
+        for (int64_t i = 0; i < M; ++i)
+          for (int64_t j = 0; j < N; ++j)
+            ASSERT_NEAR(C[i * ldc + j], R[i * ldc + j], 1e-12)
+                << "ta=" << ta << " tb=" << tb << " M=" << M << " N=" << N << " K=" << K;
+        // Padding columns of C were never written.
+        for (int64_t i = 0; i < M; ++i) EXPECT_EQ(C[i * ldc + N], -777);
+      }
+}
+
+TEST(GpuHost, LeadingDimensionCheck) {
+  EXPECT_TRUE(tetrad::gpu::row_major_ld_ok(false, 4, 6, 6));
+  EXPECT_FALSE(tetrad::gpu::row_major_ld_ok(false, 4, 6, 5));
+  EXPECT_TRUE(tetrad::gpu::row_major_ld_ok(true, 4, 6, 4));
+  EXPECT_FALSE(tetrad::gpu::row_major_ld_ok(true, 4, 6, 3));
+}
+
+// One rank per GPU: the node-local rank from whichever launcher set it picks the device.
+TEST(GpuHost, LocalRankChoosesTheDevice) {
+  using namespace tetrad::backend;
+  for (const char* v : {"OMPI_COMM_WORLD_LOCAL_RANK", "SLURM_LOCALID", "MPI_LOCALRANKID", "LOCAL_RANK"})
+    unsetenv(v);
+  std::string src;
+  EXPECT_EQ(local_rank_from_environment(&src), 0);
+  EXPECT_EQ(src, "none");
+  setenv("SLURM_LOCALID", "3", 1);
+  EXPECT_EQ(local_rank_from_environment(&src), 3);
+  EXPECT_EQ(src, "SLURM_LOCALID");
+  setenv("OMPI_COMM_WORLD_LOCAL_RANK", "5", 1);  // Open MPI's wins
+  EXPECT_EQ(local_rank_from_environment(&src), 5);
+  setenv("OMPI_COMM_WORLD_LOCAL_RANK", "x1", 1);
+  try {
+    local_rank_from_environment();
+    ADD_FAILURE() << "a malformed local rank was accepted";
+  } catch (const tetrad::Error& e) {
+    EXPECT_NE(std::string(e.what()).find("OMPI_COMM_WORLD_LOCAL_RANK='x1'"), std::string::npos) << e.what();
+  }
+  unsetenv("OMPI_COMM_WORLD_LOCAL_RANK");
+  unsetenv("SLURM_LOCALID");
+  EXPECT_EQ(device_for_local_rank(0, 8), 0);
+  EXPECT_EQ(device_for_local_rank(9, 8), 1);
+  EXPECT_THROW(device_for_local_rank(0, 0), tetrad::Error);
+  EXPECT_EQ(parse_device_index("cuda", "cuda"), -1);
+  EXPECT_EQ(parse_device_index("cuda:3", "cuda"), 3);
+  EXPECT_THROW(parse_device_index("cuda:", "cuda"), tetrad::Error);
+  EXPECT_THROW(parse_device_index("cuda:-1", "cuda"), tetrad::Error);
+  EXPECT_THROW(parse_device_index("gpu", "cuda"), tetrad::Error);
+}
+
+}  // namespace
