@@ -563,4 +563,10 @@ TEST(RunFolder, PruningKeepsTheLastHealthyCheckpointAndRenamesFirst) {
   clean_run_folder(run, log);
   EXPECT_FALSE(fs::exists(run + "/checkpoints/step_000002.pruning"));
   EXPECT_NE(log.str().find("interrupted prune"), std::string::npos) << log.str();
+  // A folder no resume can use (its meta.json gone, as an older prune left them) does not hold a
+  // place among the kept: with keep_last = 3, steps 14 and 12 stay, 10 goes.
+  fs::remove(run + "/checkpoints/step_000010/meta.json");
+  info.step = 14;
+  save_sharded_checkpoint_serial(run, md.cfg, md.table, md.p.data(), md.m.data(), md.v.data(), info, "", 3);
+  EXPECT_EQ(checkpoint_steps(run), (std::vector<int64_t>{14, 12}));
 }

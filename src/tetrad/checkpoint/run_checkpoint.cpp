@@ -127,6 +127,10 @@ void prune_checkpoints(const std::string& run_dir, int64_t step, int keep_last) 
     if (d.step == step) continue;
     if (d.step > step) {
       drop.push_back(&d);
+    } else if (keep_last > 0 && checkpoint_problem((ckdir / d.name).string())) {
+      // A folder no resume can use (half-deleted by an older tetrad's prune, damaged) must not
+      // take the place of a usable one among the kept.
+      drop.push_back(&d);
     } else if (keep_last > 0 && kept >= keep_last) {
       if (!kept_healthy && checkpoint_healthy((ckdir / d.name).string()).value_or(true)) {
         kept_healthy = true;  // the last healthy one stays

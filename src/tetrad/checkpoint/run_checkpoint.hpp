@@ -97,7 +97,8 @@ std::vector<FoundCheckpoint> resume_candidates(const std::string& run_dir, std::
 void publish_checkpoint(const std::string& run_dir, int64_t step, int keep_last, bool prune = true);
 // Deletes the step folders of later steps (an abandoned timeline) and earlier ones beyond the
 // newest keep_last - 1 (keep_last = 0: keeps all), except that the newest healthy checkpoint
-// (checkpoint_healthy) is kept besides them when none of the kept ones is healthy. Each folder
+// (checkpoint_healthy) is kept besides them when none of the kept ones is healthy; folders no
+// resume can use (checkpoint_problem: half-deleted, damaged) do not count and are deleted. Each folder
 // is renamed to step_N.pruning (atomically out of sight) before it is deleted.
 void prune_checkpoints(const std::string& run_dir, int64_t step, int keep_last);
 // What the trainer recorded about the loss at that checkpoint ("healthy": finite and not
