@@ -72,6 +72,20 @@ check "plan takes recompute and ZeRO from the config" bash -c "\"$TETRAD\" plan 
 check "plan: the command line wins over the config" bash -c "\"$TETRAD\" plan --model \"$W/plan.toml\" --machine perlmutter --ranks 8 -s parallel.zero=1 --recompute none --zero 0 | grep -q 'recompute none, ZeRO 0'"
 expect_error "plan virtual stages need interleaving" "needs parallel.schedule" "$TETRAD" plan --model small --machine perlmutter --virtual-stages 2
 expect_error "plan unknown machine" "expected a .toml file or one of" "$TETRAD" plan --model small --machine nowhere
+# tetrad plan --scaling: the table, JSON with every point, a well-formed SVG with the reference
+# points, weak scaling with a model per point, and refusals (docs/planner.md, "Scaling curves").
+S=(--machine perlmutter --global-batch 256 --micro-batch-per-replica 4 --seq 1024 --precision bf16)
+scal_out=$("$TETRAD" plan --scaling strong --model gpt2-124m --ranks 8,16,32 "${S[@]}" 2>&1)
+check "plan scaling table" grep -q "TFLOP/s/GPU" <<<"$scal_out"
+check "plan scaling first point 100%" grep -qE '^ +8 .* 100\.0% ' <<<"$scal_out"
+printf '[{"ranks": 8, "pflops": 0.4, "label": "measured"}, {"ranks": 32, "efficiency": 0.9, "label": "measured"}]' > "$W/refs.json"
+check "plan scaling json" bash -c "\"$TETRAD\" plan --scaling strong --model gpt2-124m --ranks 8,16,32 ${S[*]} --json - | python3 -c 'import json,sys; j=json.load(sys.stdin); p=j[\"points\"]; assert len(p)==3 and p[0][\"efficiency\"]==1 and all(k in p[2] for k in (\"grid\",\"step_s\",\"tokens_per_s\",\"pflops\",\"mfu\",\"hfu\",\"limit\"))'"
+check "plan scaling svg" bash -c "\"\$@\" > /dev/null" _ "$TETRAD" plan --scaling strong --model gpt2-124m --ranks 8,16,32 "${S[@]}" --points "$W/refs.json" --svg "$W/curve.svg"
+check "plan scaling svg parses" python3 -c "import sys, xml.etree.ElementTree as E; r=E.parse(sys.argv[1]).getroot(); assert r.tag.endswith('svg') and len(r.findall('.//{http://www.w3.org/2000/svg}polyline'))==2" "$W/curve.svg"
+check "plan weak scaling, a model per point" bash -c "\"$TETRAD\" plan --scaling weak --model gpt-5b,gpt-10b --ranks 512,1024 --machine perlmutter --global-batch 2048 --micro-batch 2048 --precision bf16 --recompute full --overlap tensor --no-pipeline | grep -q 'gpt-10b'"
+expect_error "plan ranks list needs --scaling" "needs --scaling" "$TETRAD" plan --model small --machine perlmutter --ranks 8,16
+expect_error "plan scaling needs ranks" "--scaling needs --ranks" "$TETRAD" plan --scaling weak --model small --machine perlmutter
+expect_error "plan strong scaling one model" "strong scaling keeps one model" "$TETRAD" plan --scaling strong --model small,tiny --ranks 4,8 --machine perlmutter --global-batch 8
 
 echo "$fails failed"
 [ $fails -eq 0 ]

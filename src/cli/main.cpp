@@ -11,6 +11,7 @@
 #include <fstream>
 #include <iostream>
 #include <memory>
+#include <optional>
 #include <sstream>
 
 #include "tetrad/checkpoint/atomic_file.hpp"
@@ -26,6 +27,7 @@
 #include "tetrad/planner/auto_grid.hpp"
 #include "tetrad/planner/machine.hpp"
 #include "tetrad/planner/planner.hpp"
+#include "tetrad/planner/scaling.hpp"
 #include "tetrad/planner/validate.hpp"
 #include "tetrad/tools/bench.hpp"
 #include "tetrad/tools/checkpoint_bench.hpp"
@@ -55,6 +57,48 @@ std::string resolve_model_dir(const std::string& path) {
        "folder (checkpoints/)");
 }
 
+// `tetrad tokenize`: standard input line by line (without its '\n' and a '\r' before it).
+void run_tokenize_command(const std::string& path, bool decode) {
+  std::string where = path;
+  if (fs::is_directory(path) && fs::exists(path + "/checkpoints")) where = resolve_model_dir(path);
+  const data::Tokenizer tok = data::Tokenizer::load(where);
+  std::ios::sync_with_stdio(false);
+  std::string line, out;
+  uint64_t number = 0;
+  while (std::getline(std::cin, line)) {
+    ++number;
+    if (!line.empty() && line.back() == '\r') line.pop_back();
+    out.clear();
+    if (!decode) {
+      const std::vector<int32_t> ids = tok.encode(line);
+      for (size_t i = 0; i < ids.size(); ++i) {
+        if (i) out += ' ';
+        out += std::to_string(ids[i]);
+      }
+    } else {
+      std::vector<int32_t> ids;
+      std::istringstream ss(line);
+      for (std::string item; ss >> item;) {
+        size_t used = 0;
+        long long v = -1;
+        try {
+          v = std::stoll(item, &used);
+        } catch (const std::exception&) {
+          used = 0;
+        }
+        if (used != item.size() || v < 0 || v >= tok.vocab_size())
+          fail("standard input line ", number, ": '", item, "' is not a token id of this tokenizer (0..",
+               tok.vocab_size() - 1, ")");
+        ids.push_back(int32_t(v));
+      }
+      out = tok.decode(ids);
+    }
+    out += '\n';
+    std::cout.write(out.data(), std::streamsize(out.size()));
+  }
+  if (std::cin.bad()) fail("error reading standard input");
+  std::cout.flush();
+}
 
 // `tetrad plan`: one of --measure-machine, --compare, --published, or the plan itself.
 void run_plan_command(const std::string& model, const std::vector<std::string>& sets,
@@ -64,7 +108,9 @@ void run_plan_command(const std::string& model, const std::vector<std::string>& 
                       const std::string& overlap, bool no_pipeline, int top, int show_rejected,
                       const std::string& json_path, const std::string& measure_out, int threads,
                       bool quick, const std::string& compare, bool published, bool under_mpi,
-                      int sweep_ranks) {
+                      int sweep_ranks, const std::string& scaling, const std::vector<int>& rank_list,
+                      const std::string& grids, const std::string& points_path,
+                      const std::string& svg_path, bool published_scaling) {
   using namespace planner;
   if (sweep_ranks > 0) {  // the local validation sweep's grids, as `tetrad bench --grids` arguments
     std::cout << local_sweep_bench_args(sweep_ranks);
@@ -84,6 +130,12 @@ void run_plan_command(const std::string& model, const std::vector<std::string>& 
     return;
   }
   if (rank != 0) return;  // planning is serial: only rank 0 answers when launched under mpirun
+  if (published_scaling) {
+    std::cout << published_scaling_text(planner::published_scaling())
+              << "\nSensitivity to the assumed global batches (every series' batch scaled):\n"
+              << published_scaling_sensitivity_text();
+    return;
+  }
   if (published) {
     std::cout << published_text(published_results()) << "\nSensitivity to the assumed numbers:\n"
               << published_sensitivity_text();
@@ -98,22 +150,30 @@ void run_plan_command(const std::string& model, const std::vector<std::string>& 
                                  "predicted (machine " + m.name + ") vs measured (" + compare + ")");
     return;
   }
+  // `--scaling weak --model a,b,c`: one named model per point; the first sets up the input.
+  std::vector<std::string> model_list;
+  if (model.find(',') != std::string::npos) {
+    if (scaling.empty()) fail("--model '", model, "': a list of models needs --scaling weak");
+    std::stringstream ms(model);
+    for (std::string tok; std::getline(ms, tok, ',');) model_list.push_back(tok);
+  }
+  const std::string model0 = model_list.empty() ? model : model_list.front();
   PlanInput in;
   RunConfig cfg;
-  if (model.ends_with(".toml")) {
-    cfg = load_run_config(model, sets);
-    in.model_name = cfg.model_name + " (" + model + ")";
+  if (model0.ends_with(".toml")) {
+    cfg = load_run_config(model0, sets);
+    in.model_name = cfg.model_name + " (" + model0 + ")";
     in.model = cfg.model;
   } else {
     cfg = load_run_config("", sets);
     std::vector<std::string> model_sets;
     for (const auto& s : sets)
       if (s.starts_with("model.")) model_sets.push_back(s);
-    in.model = planner_model(model);
-    in.model_name = model;
+    in.model = planner_model(model0);
+    in.model_name = model0;
     if (!model_sets.empty()) {
       // Named bases the config schema knows take the overrides; the published ones are fixed.
-      model_sets.insert(model_sets.begin(), "model.name=" + model);
+      model_sets.insert(model_sets.begin(), "model.name=" + model0);
       in.model = load_run_config("", model_sets).model;
     }
     cfg.train.seq_len = in.model.max_seq;
@@ -125,7 +185,7 @@ void run_plan_command(const std::string& model, const std::vector<std::string>& 
   in.global_batch = global_batch > 0 ? global_batch
                                      : (in.micro_batch > 0 ? in.micro_batch : 1) * cfg.train.grad_accum;
   if (!precision.empty()) in.precision = parse_precision(precision);
-  else if (model.ends_with(".toml")) in.precision = plan_input_of(cfg, 1).precision;  // as the trainer resolves it
+  else if (model0.ends_with(".toml")) in.precision = plan_input_of(cfg, 1).precision;  // as the trainer resolves it
   // Unset on the command line: the config's train.recompute and parallel.zero (their defaults,
   // none and 0, for a named model), as the trainer would run it.
   in.recompute = parse_recompute(recompute.empty() ? cfg.train.recompute : recompute);
@@ -138,6 +198,58 @@ void run_plan_command(const std::string& model, const std::vector<std::string>& 
   in.pipeline_layers = cfg.pipeline_layers;
   in.ranks = ranks > 0 ? ranks : m.ranks_per_node;
   in.allow_pipeline = !no_pipeline;
+  if (!scaling.empty()) {
+    ScalingSpec spec;
+    spec.kind = parse_scaling_kind(scaling);
+    spec.base = in;
+    spec.ranks = rank_list;
+    for (const auto& n : model_list) {
+      spec.model_names.push_back(n);
+      spec.models.push_back(planner_model(n));
+    }
+    if (!grids.empty()) spec.grids = parse_grid_list(grids);
+    const auto pts = scaling_curve(spec, m);
+    const std::vector<ReferencePoint> refs =
+        points_path.empty() ? std::vector<ReferencePoint>{} : load_reference_points(points_path);
+    if (json_path == "-") {
+      std::cout << scaling_json(spec, m, pts).dump(2) << "\n";
+    } else {
+      std::cout << scaling_text(spec, m, pts);
+      if (!refs.empty()) {
+        std::cout << "reference points (" << points_path << "):\n";
+        for (const auto& r : refs) {
+          std::cout << "  " << r.label << ": " << r.ranks << " ranks";
+          if (r.pflops >= 0) std::cout << ", " << r.pflops << " PFLOP/s";
+          if (r.efficiency >= 0) std::cout << ", efficiency " << 100 * r.efficiency << "%";
+          for (const auto& q : pts)
+            if (q.valid && q.ranks == r.ranks) {
+              if (r.pflops > 0)
+                std::cout << " | predicted " << q.hardware_flops_per_s / 1e15 << " PFLOP/s ("
+                          << std::showpos << 100 * (q.hardware_flops_per_s / 1e15 / r.pflops - 1)
+                          << "%" << std::noshowpos << ")";
+              if (r.efficiency >= 0)
+                std::cout << " | predicted efficiency " << 100 * q.efficiency << "%";
+            }
+          std::cout << "\n";
+        }
+      }
+    }
+    if (!json_path.empty() && json_path != "-") {
+      std::ofstream f(json_path);
+      f << scaling_json(spec, m, pts).dump(2) << "\n";
+      if (!f) fail("cannot write '", json_path, "'");
+      std::cout << "wrote " << json_path << "\n";
+    }
+    if (!svg_path.empty()) {
+      std::ofstream f(svg_path);
+      f << scaling_svg(spec, m, pts, refs);
+      if (!f) fail("cannot write '", svg_path, "'");
+      if (json_path != "-") std::cout << "wrote " << svg_path << "\n";
+    }
+    return;
+  }
+  if (!grids.empty() || !points_path.empty() || !svg_path.empty())
+    fail("--grids, --points and --svg belong to a scaling curve (--scaling weak|strong)");
   const auto p = plan(in, m);
   if (json_path == "-") {
     std::cout << plan_json(in, m, p).dump(2) << "\n";
@@ -229,7 +341,8 @@ int main(int argc, char** argv) {
   prepare->add_option("-i,--input", prep.inputs, "text files or folders (*.txt)")->required();
   prepare->add_option("-o,--out", prep.out_dir, "output folder")->required();
   prepare->add_option("--tokenizer", prep.tokenizer_model,
-                      "existing SentencePiece .model (default: train a BPE model)");
+                      "the model's tokenizer: a tokenizer.json, a SentencePiece .model, or a model folder "
+                      "holding either (default: train a SentencePiece BPE model)");
   prepare->add_option("--vocab-size", prep.vocab_size, "vocabulary of the trained tokenizer")
       ->capture_default_str();
   prepare->add_option("--val-fraction", prep.val_fraction, "documents held out for validation")
@@ -243,6 +356,17 @@ int main(int argc, char** argv) {
   prepare->add_option("--canary-repeats", prep.canary_repeats,
                       "copies of each canary: one count for all, or one per --canary")
       ->delimiter(',');
+
+  // tokenize
+  std::string tokenize_path;
+  bool tokenize_decode = false;
+  auto* tokenize_cmd = app.add_subcommand(
+      "tokenize", "token ids of each line of standard input, one output line each (no BOS/EOS)");
+  tokenize_cmd->add_option("--tokenizer", tokenize_path,
+                           "tokenizer.json, SentencePiece .model, or a model, data or run folder "
+                           "holding one")->required();
+  tokenize_cmd->add_flag("--decode", tokenize_decode,
+                         "the reverse: lines of space-separated ids in, their text out");
 
   // train
   std::string config_path;
@@ -378,7 +502,7 @@ int main(int argc, char** argv) {
       "import", "make a run folder whose checkpoint (step 0, zero moments) is a Hugging Face model");
   imp->add_option("--hf", import_hf, "Hugging Face folder (config.json + model.safetensors)")->required();
   imp->add_option("-o,--out", import_out, "run folder to create")->required();
-  imp->add_option("--tokenizer", import_tokenizer, "tokenizer.model to keep with it");
+  imp->add_option("--tokenizer", import_tokenizer, "tokenizer file or folder to keep with it (default: the one in --hf)");
   CheckpointBenchOptions cbopt;
   auto* cbench = app.add_subcommand(
       "bench-checkpoint", "sharded checkpoint write/read bandwidth and async blocked time");
@@ -415,12 +539,12 @@ int main(int argc, char** argv) {
   // plan
   struct {
     std::string model = "small", machine, json, measure_out, compare, precision, schedule,
-                recompute, overlap = "none";
+                recompute, overlap = "none", ranks_text, scaling, grids, points, svg;
     std::vector<std::string> sets;
     int64_t global_batch = 0, micro_batch = 0, micro_batch_per_replica = 0;
     int seq = 0, zero = -1, ranks = 0, top = 30, threads = 1, show_rejected = 20, virtual_stages = 0;
     int sweep_grids = 0;
-    bool no_pipeline = false, published = false, quick = false;
+    bool no_pipeline = false, published = false, quick = false, published_scaling = false;
   } po;
   auto* plan_cmd = app.add_subcommand(
       "plan", "predict step time and memory of every grid and rank them (docs/planner.md)");
@@ -430,7 +554,21 @@ int main(int argc, char** argv) {
   plan_cmd->add_option("-s,--set", po.sets, "override in the config: section.key=value");
   plan_cmd->add_option("--machine", po.machine,
                        "machine file or name of a shipped one (machines/*.toml)");
-  plan_cmd->add_option("--ranks", po.ranks, "number of ranks (default: the machine's ranks per node)");
+  plan_cmd->add_option("--ranks", po.ranks_text,
+                       "number of ranks (default: the machine's ranks per node); with --scaling a "
+                       "list, 512,1024,2048");
+  plan_cmd->add_option("--scaling", po.scaling,
+                       "weak | strong: a scaling curve over the --ranks list (weak: --model a,b,c "
+                       "one per point, or one model with the batch in proportion to the ranks)");
+  plan_cmd->add_option("--grids", po.grids,
+                       "with --scaling: the grid of each point instead of the fastest, "
+                       "'x,y,z,p,d;x,y,z,p,d;...'");
+  plan_cmd->add_option("--points", po.points,
+                       "with --scaling: measured or published points to plot beside the prediction "
+                       "(JSON: [{\"ranks\": 512, \"pflops\": 80.8, \"efficiency\": 1, \"label\": \"...\"}])");
+  plan_cmd->add_option("--svg", po.svg, "with --scaling: write the plot (self-contained SVG) to this file");
+  plan_cmd->add_flag("--published-scaling", po.published_scaling,
+                     "the published scaling rows (AxoNN on Perlmutter, ORNL on Frontier): predicted vs reported");
   plan_cmd->add_option("--global-batch", po.global_batch,
                        "sequences per step (default: the config's micro_batch x grad_accum)");
   plan_cmd->add_option("--micro-batch", po.micro_batch,
@@ -484,6 +622,8 @@ int main(int argc, char** argv) {
   try {
     if (*prepare) {
       data::prepare_data(prep, std::cout);
+    } else if (*tokenize_cmd) {
+      run_tokenize_command(tokenize_path, tokenize_decode);
     } else if (*config_doc) {
       std::cout << config_reference_markdown();
     } else if (*train_cmd) {
@@ -501,9 +641,10 @@ int main(int argc, char** argv) {
     } else if (*gen) {
       const std::string dir = resolve_model_dir(model_dir);
       const ModelConfig mc = read_hf_config(dir);
-      if (!fs::exists(dir + "/tokenizer.model"))
-        fail("model folder '", dir, "' has no tokenizer.model to encode the prompt with");
-      auto tok = data::Tokenizer::load(dir + "/tokenizer.model");
+      const std::string tok_file = data::find_tokenizer_file(dir);
+      if (tok_file.empty())
+        fail("model folder '", dir, "' has no tokenizer.model or tokenizer.json to encode the prompt with");
+      auto tok = data::Tokenizer::load(tok_file);
       sopt.vocab_limit = tok.vocab_size();  // a padded model vocabulary: ids past it have no text
       Transformer<float> model(mc, 1, mc.max_seq);
       load_hf_params(dir, mc, model.table(), model.params());
@@ -521,6 +662,8 @@ int main(int argc, char** argv) {
         const std::string text = tok.decode(all);
         const std::string base = tok.decode(ids);
         const std::string cont = text.substr(std::min(text.size(), base.size()));
+        // A character whose bytes are not all sampled yet decodes as U+FFFD: wait for the rest.
+        if (cont.ends_with("\xEF\xBF\xBD")) return;
         if (cont.size() > printed.size()) {
           std::cout << cont.substr(printed.size()) << std::flush;
           printed = cont;
@@ -556,11 +699,25 @@ int main(int argc, char** argv) {
       // --schedule / --virtual-stages are the trainer's config keys; they go through its parser.
       if (!po.schedule.empty()) po.sets.push_back("parallel.schedule=" + po.schedule);
       if (po.virtual_stages > 0) po.sets.push_back("parallel.virtual_stages=" + std::to_string(po.virtual_stages));
+      std::vector<int> rank_list;
+      if (!po.ranks_text.empty()) {
+        if (!po.scaling.empty()) {
+          rank_list = planner::parse_rank_list(po.ranks_text);
+        } else {
+          const auto one = planner::parse_rank_list(po.ranks_text);
+          if (one.size() != 1)
+            fail("--ranks '", po.ranks_text, "': a list of rank counts needs --scaling weak|strong");
+          po.ranks = one.front();
+        }
+      } else if (!po.scaling.empty()) {
+        fail("--scaling needs --ranks with the rank counts of the curve, e.g. --ranks 512,1024,2048");
+      }
       run_plan_command(po.model, po.sets, po.machine, po.ranks, po.global_batch, po.micro_batch,
                        po.micro_batch_per_replica, po.seq, po.precision, po.recompute, po.zero,
                        po.overlap, po.no_pipeline, po.top, po.show_rejected, po.json,
                        po.measure_out, po.threads, po.quick, po.compare, po.published, mpi != nullptr,
-                       po.sweep_grids);
+                       po.sweep_grids, po.scaling, rank_list, po.grids, po.points, po.svg,
+                       po.published_scaling);
     } else if (*memo) {
       memo_cmd.model_dir = resolve_model_dir(model_dir);
       run_memorization_command(memo_cmd, std::cout);
@@ -599,16 +756,17 @@ int main(int argc, char** argv) {
       // The tokenizer kept with the checkpoint must load (generate needs it) and, where the
       // checkpoint records the shards' tokenizer, be that one.
       auto verify_tokenizer = [&](uint64_t expected) -> std::string {
-        const std::string path = dir + "/tokenizer.model";
-        if (!fs::exists(path)) return "no tokenizer.model";
+        const std::string path = data::find_tokenizer_file(dir);
+        if (path.empty()) return "no tokenizer";
+        const std::string file = fs::path(path).filename().string();
         uint64_t id = 0;
         try {
           id = data::Tokenizer::load(path).identity();
         } catch (const std::exception& e) {
-          fail("checkpoint ", dir, ": tokenizer.model does not load (damaged?): ", e.what());
+          fail("checkpoint ", dir, ": ", file, " does not load (damaged?): ", e.what());
         }
         if (expected != 0 && id != expected)
-          fail("checkpoint ", dir, ": tokenizer.model (identity ", hex64(id),
+          fail("checkpoint ", dir, ": ", file, " (identity ", hex64(id),
                ") is not the tokenizer the model was trained with (the checkpoint records ",
                hex64(expected), ")");
         return "tokenizer " + hex64(id) + " loads";
@@ -639,7 +797,9 @@ int main(int argc, char** argv) {
       ShardedCheckpointInfo info;
       info.has_moments = false;
       std::string tok = import_tokenizer;
-      if (tok.empty() && fs::exists(import_hf + "/tokenizer.model")) tok = import_hf + "/tokenizer.model";
+      if (!tok.empty() && fs::is_directory(tok)) tok = data::find_tokenizer_file(tok);
+      if (tok.empty()) tok = data::find_tokenizer_file(import_hf);
+      if (!tok.empty()) info.tokenizer_identity = data::Tokenizer::load(tok).identity();
       const std::string dir = save_sharded_checkpoint_serial(import_out, mc, table, params.data(),
                                                              nullptr, nullptr, info, tok, 0);
       std::cout << "imported " << import_hf << " -> " << dir << "\n";
@@ -651,10 +811,19 @@ int main(int argc, char** argv) {
       std::vector<float> params(build_param_table(mc).total);
       const ParamTable table = build_param_table(mc);
       load_hf_params(dir, mc, table, params.data());
-      save_hf(export_out, mc, table, params.data());
-      if (fs::exists(dir + "/tokenizer.model"))
-        fs::copy_file(dir + "/tokenizer.model", export_out + "/tokenizer.model",
-                      fs::copy_options::overwrite_existing);
+      // The tokenizer goes along, so the folder is complete for AutoTokenizer; its BOS/EOS ids
+      // go into config.json.
+      const std::string tok_file = data::find_tokenizer_file(dir);
+      nlohmann::json extra = nlohmann::json::object();
+      std::optional<data::Tokenizer> tok;
+      if (!tok_file.empty()) {
+        tok.emplace(data::Tokenizer::load(tok_file));
+        if (tok->bos_id() >= 0) extra["bos_token_id"] = tok->bos_id();
+        if (tok->eos_id() >= 0) extra["eos_token_id"] = tok->eos_id();
+      }
+      save_hf(export_out, mc, table, params.data(), extra);
+      if (tok) data::write_hf_tokenizer_files(*tok, export_out, mc.max_seq);
+      else std::cerr << "tetrad: warning: " << dir << " has no tokenizer; the exported folder has none\n";
       std::cout << "exported " << dir << " -> " << export_out << "\n";
     }
   } catch (const std::exception& e) {

@@ -403,16 +403,28 @@ void prepare_data(const PrepareOptions& o, std::ostream& log) {
       << "\n";
 
   // Tokenizer: load and copy, or train on the train documents' lines.
-  const std::string model_path = (fs::path(o.out_dir) / "tokenizer.model").string();
   const auto t_tok = Clock::now();
   std::optional<Tokenizer> tok;
   bool trained = false;
   if (!o.tokenizer_model.empty()) {
     tok.emplace(Tokenizer::load(o.tokenizer_model));
-    if (!fs::exists(model_path) || !fs::equivalent(o.tokenizer_model, model_path)) {
-      write_text_atomic(model_path, tok->model_bytes());
+    // Stored under its own name, with its companions (tokenizer_config.json names BOS/EOS for
+    // transformers); what an earlier run left of another tokenizer goes.
+    const fs::path src(tok->path());
+    const fs::path dst = fs::path(o.out_dir) / tok->file_name();
+    if (!fs::exists(dst) || !fs::equivalent(src, dst)) write_text_atomic(dst.string(), tok->model_bytes());
+    for (const char* other : {"tokenizer.model", "tokenizer.json"})
+      if (other != tok->file_name()) fs::remove(fs::path(o.out_dir) / other);
+    for (const char* name : kTokenizerCompanions) {
+      const fs::path from = src.parent_path() / name, to = fs::path(o.out_dir) / name;
+      if (fs::is_regular_file(from)) {
+        if (!fs::exists(to) || !fs::equivalent(from, to)) write_text_atomic(to.string(), read_text(from.string()));
+      } else {
+        fs::remove(to);
+      }
     }
-    log << "prepare: loaded tokenizer " << o.tokenizer_model << " (vocab " << tok->vocab_size()
+    log << "prepare: loaded " << tok->kind() << " tokenizer " << tok->path() << " (vocab "
+        << tok->vocab_size() << ", BOS " << tok->bos_id() << ", EOS " << tok->eos_id()
         << ", identity " << hex64(tok->identity()) << ")\n";
   } else {
     size_t file = 0, doc = 0, line_pos = 0;
@@ -450,13 +462,16 @@ void prepare_data(const PrepareOptions& o, std::ostream& log) {
     tok.emplace(Tokenizer::train_lines(next_line, (fs::path(o.out_dir) / "tokenizer").string(),
                                        o.vocab_size, topt));
     trained = true;
+    for (const char* stale : {"tokenizer.json", "tokenizer_config.json", "special_tokens_map.json"})
+      fs::remove(fs::path(o.out_dir) / stale);
     log << "prepare: trained BPE tokenizer, vocab " << tok->vocab_size() << ", on " << lines_fed
         << " lines in " << seconds_since(t_tok) << " s (identity " << hex64(tok->identity())
         << ")\n";
   }
   const double tokenizer_seconds = seconds_since(t_tok);
   if (tok->eos_id() < 0)
-    fail("tokenizer '", o.tokenizer_model, "' has no EOS piece; prepare separates documents with EOS");
+    fail("tokenizer '", o.tokenizer_model, "' has no EOS token; prepare separates documents with "
+         "EOS (for a tokenizer.json, name it as eos_token in a tokenizer_config.json beside it)");
 
   // Canaries: encoded now, inserted before the training document their draw picked.
   struct Canary {
@@ -555,7 +570,8 @@ void prepare_data(const PrepareOptions& o, std::ostream& log) {
   nlohmann::json meta;
   meta["format"] = "tetrad-data";
   meta["version"] = 1;
-  meta["tokenizer"] = {{"file", "tokenizer.model"},
+  meta["tokenizer"] = {{"file", tok->file_name()},
+                       {"kind", tok->kind()},
                        {"identity", hex64(tok->identity())},
                        {"vocab_size", tok->vocab_size()},
                        {"bos_id", tok->bos_id()},

@@ -107,6 +107,7 @@ void Machine::validate() const {
     if (m.group_size < 2 || !(m.bandwidth > 0) || m.latency < 0)
       fail("machine '", name, "': [[network.measured]] needs group_size >= 2, bandwidth > 0, "
            "latency >= 0");
+  topology.validate(name);
 }
 
 double Machine::gemm_eff(double m, double n, double k, bool bf16, GemmOp op) const {
@@ -237,6 +238,23 @@ Machine load_machine_file(const std::string& path) {
       m.measured.push_back(l);
     }
   }
+  if (t.at_path("network.topology")) {
+    NetworkTopology& top = m.topology;
+    try {
+      top.kind = parse_topology_kind(t.at_path("network.topology.kind").value_or(std::string("")));
+    } catch (const Error& e) {
+      fail("machine file '", path, "': ", e.what());
+    }
+    top.nodes_per_group = int(get_number(t, "network.topology.nodes_per_group", path, true));
+    top.nodes = int(get_number(t, "network.topology.nodes", path, false, 0));
+    if (top.kind == NetworkTopology::Kind::Dragonfly) {
+      top.groups = int(get_number(t, "network.topology.groups", path, true));
+      top.links_per_arc = int(get_number(t, "network.topology.links_per_arc", path, true));
+      top.link_bandwidth = get_number(t, "network.topology.link_bandwidth_gb_per_s", path, true) * kG;
+    } else {
+      top.oversubscription = get_number(t, "network.topology.oversubscription", path, false, 1);
+    }
+  }
   m.validate();
   return m;
 }
@@ -308,6 +326,18 @@ std::string machine_to_toml(const Machine& m) {
     << "inter_bandwidth_gb_per_s = " << fmt(m.inter_bandwidth / kG)
     << "   # per node (all NICs), one direction\n"
     << "inter_latency_us = " << fmt(m.inter_latency / kUs) << "\n";
+  if (m.topology.present()) {
+    const NetworkTopology& top = m.topology;
+    o << "\n[network.topology]   # the level above the node (docs/planner.md, \"The network at scale\")\n"
+      << "kind = \"" << topology_kind_name(top.kind) << "\"\n"
+      << "nodes_per_group = " << top.nodes_per_group << "\n";
+    if (top.nodes > 0) o << "nodes = " << top.nodes << "\n";
+    if (top.kind == NetworkTopology::Kind::Dragonfly)
+      o << "groups = " << top.groups << "\nlinks_per_arc = " << top.links_per_arc
+        << "\nlink_bandwidth_gb_per_s = " << fmt(top.link_bandwidth / kG) << "\n";
+    else
+      o << "oversubscription = " << fmt(top.oversubscription) << "\n";
+  }
   for (const auto& l : m.measured)
     o << "\n[[network.measured]]   # one collective among group_size ranks of one node\n"
       << "op = " << toml::value<std::string>(l.op) << "\n"

@@ -14,6 +14,8 @@
 #include <string>
 #include <vector>
 
+#include "tetrad/planner/network.hpp"
+
 namespace tetrad::planner {
 
 // Latency and bandwidth of one collective among `group_size` ranks of one node, measured and
@@ -74,6 +76,10 @@ struct Machine {
   double inter_bandwidth = 0;   // bytes/s per NODE (all NICs), one direction
   double inter_latency = 0;     // seconds per message across nodes
   std::vector<MeasuredLink> measured;  // optional, intra-node, by group size
+  // Optional [network.topology]: how nodes are grouped above the node and what leaves a group
+  // (network.hpp; docs/planner.md, "The network at scale"). Absent: every node pair gets
+  // inter_bandwidth, however many nodes the job spans.
+  NetworkTopology topology;
   std::string source;               // file it was read from ("" if built in code)
 
   double peak(bool bf16) const { return bf16 ? peak_bf16 : peak_fp32; }

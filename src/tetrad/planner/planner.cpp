@@ -277,6 +277,16 @@ Placement place(const Grid5& g, AxisId axis, const Machine& m) {
     const double rings_per_node = std::max(1.0, double(ranks_here) / pl.per_node);
     pl.bandwidth = std::min(m.intra_bandwidth, m.inter_bandwidth / rings_per_node);
     pl.latency = m.inter_latency;
+    pl.intra_latency = m.intra_latency;
+    // Above the node: the groups' egress when the ring crosses groups (network.hpp).
+    const RingGroups rg = ring_groups(members, g.size(), m.ranks_per_node, m.topology);
+    pl.groups = rg.ring_groups;
+    pl.job_groups = rg.job_groups;
+    pl.cross_fraction = rg.cross_fraction();
+    const double capped =
+        topology_ring_bandwidth(pl.bandwidth, rings_per_node, rg, m.topology, m.inter_bandwidth);
+    pl.topology_limited = capped < pl.bandwidth;
+    pl.bandwidth = capped;
   }
   return pl;
 }
@@ -290,7 +300,13 @@ double collective_seconds(Op op, double bytes, const Placement& pl) {
   const double bw = pl.op_bandwidth[k] > 0 ? pl.op_bandwidth[k] : pl.bandwidth;
   const double lat = pl.op_bandwidth[k] > 0 ? pl.op_latency[k] : pl.latency;
   switch (op) {
-    case Op::AllReduce: return 2.0 * (g - 1) * lat + 2.0 * frac * bytes / bw;
+    case Op::AllReduce: {
+      const double ring = 2.0 * (g - 1) * lat + 2.0 * frac * bytes / bw;
+      if (pl.nodes <= 1) return ring;
+      // Across nodes NCCL picks its tree when it is faster (latency in log2(nodes)).
+      return std::min(ring, tree_allreduce_seconds(bytes, pl.nodes, pl.per_node, lat,
+                                                   pl.intra_latency, bw));
+    }
     case Op::AllGather:
     case Op::ReduceScatter: return (g - 1) * lat + frac * bytes / bw;
     case Op::SendRecv: break;
@@ -601,6 +617,8 @@ Estimate estimate(const PlanInput& in, const Grid5& g, const Machine& mach) {
     it.c.bytes = bytes;
     it.c.calls = calls;
     it.c.inter_node = pl[a].nodes > 1;
+    it.c.groups = pl[a].groups;
+    it.c.topology_limited = pl[a].topology_limited;
     it.c.seconds = collective_seconds(op, bytes, pl[a]);  // per call for now
     it.kind = kind;
     it.per_layer = per_layer ? calls : 0;
@@ -799,7 +817,8 @@ nlohmann::json Estimate::to_json() const {
     colls.push_back({{"what", c.what}, {"axis", axis_label(c.axis)}, {"op", op_name(c.op)},
                      {"bytes_per_call", c.bytes}, {"calls_per_step", c.calls},
                      {"seconds_per_step", c.seconds}, {"exposed_seconds_per_step", c.exposed},
-                     {"inter_node", c.inter_node}});
+                     {"inter_node", c.inter_node}, {"groups", c.groups},
+                     {"topology_limited", c.topology_limited}});
   j.update({{"micro_batch", micro_batch},
             {"micro_batches", micro_batches},
             {"tokens_per_rank_per_micro_batch", tokens_per_rank},

@@ -136,6 +136,13 @@ struct Placement {
   int per_node = 1;        // group members per node (group_size / nodes)
   double bandwidth = 0;    // bytes/s each ring edge gets
   double latency = 0;      // seconds per ring step
+  double intra_latency = 0;  // seconds per step inside a node (the tree all-reduce's chain)
+  // Above the node (machine.topology, network.hpp): groups the ring's members sit in, groups
+  // the whole job fills, the fraction of the ring's inter-node edges that cross groups, and
+  // whether the groups' egress, not the nodes' NICs, set `bandwidth`.
+  int groups = 1, job_groups = 1;
+  double cross_fraction = 0;
+  bool topology_limited = false;
   // Measured per collective (machine file's [[network.measured]], groups inside one node):
   // index = Op (all-reduce, all-gather, reduce-scatter); 0 = use bandwidth/latency above.
   double op_bandwidth[3] = {0, 0, 0}, op_latency[3] = {0, 0, 0};
@@ -148,7 +155,8 @@ Placement place(const Grid5& g, AxisId axis, const Machine& m);
 
 // Ring algorithms (n = bytes of the buffer per rank: the full buffer of an all-reduce, the
 // output of an all-gather, the input of a reduce-scatter):
-//   all-reduce      2(g-1)·α + 2(g-1)/g · n/β
+//   all-reduce      2(g-1)·α + 2(g-1)/g · n/β; across nodes the smaller of that and NCCL's
+//                   tree (tree_allreduce_seconds, network.hpp: log2(nodes) latency)
 //   all-gather      (g-1)·α + (g-1)/g · n/β      reduce-scatter the same
 //   send/recv       α + n/β
 enum class Op { AllReduce, AllGather, ReduceScatter, SendRecv };
@@ -164,6 +172,8 @@ struct CollectiveCost {
   double seconds = 0;    // per step: calls x one call's time
   double exposed = 0;    // per step, after overlap
   bool inter_node = false;
+  int groups = 1;              // topology groups (dragonfly groups, fat-tree leaves) it spans
+  bool topology_limited = false;  // its bandwidth set by the groups' egress (network.hpp)
 };
 
 struct MemoryBreakdown {  // bytes per rank (the fullest pipeline stage)

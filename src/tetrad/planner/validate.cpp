@@ -27,10 +27,21 @@ ModelConfig planner_model(const std::string& name) {
   };
   if (name == "gpt-1t") return gpt(128, 25600, 160, 51200, 2048);
   if (name == "gpt-80b") return gpt(42, 12288, 96, 51200, 2048);
+  // AxoNN's weak-scaling series (the shapes of its scripts; V = 51200 assumed) and the 175B
+  // GPT-3 shape of the ORNL Frontier runs: docs/planner.md, "Scaling curves".
+  if (name == "gpt-5b") return gpt(24, 4096, 32, 51200, 2048);
+  if (name == "gpt-10b") return gpt(32, 5120, 40, 51200, 2048);
+  if (name == "gpt-20b") return gpt(32, 7168, 56, 51200, 2048);
+  if (name == "gpt-40b") return gpt(38, 9216, 72, 51200, 2048);
+  if (name == "gpt-60b") return gpt(56, 9216, 72, 51200, 2048);
+  if (name == "gpt-160b") return gpt(84, 12288, 96, 51200, 2048);
+  if (name == "gpt-320b") return gpt(96, 16384, 128, 51200, 2048);
+  if (name == "gpt-175b") return gpt(96, 12288, 96, 51200, 2048);
   try {
     return named_model(name);
   } catch (const Error& e) {
-    fail(e.what(), ", gpt-1t, gpt-80b (published rows)");
+    fail(e.what(), ", gpt-1t, gpt-80b (published rows), gpt-5b, gpt-10b, gpt-20b, gpt-40b, "
+         "gpt-60b, gpt-160b, gpt-320b, gpt-175b (scaling series)");
   }
 }
 

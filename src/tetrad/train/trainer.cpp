@@ -1,3 +1,4 @@
+#include "tetrad/data/tokenizer.hpp"
 #include "tetrad/train/trainer.hpp"
 
 #include <mpi.h>
@@ -92,27 +93,32 @@ DataInfo read_data_info(const std::string& data_dir, const ModelConfig& model) {
     fail("the tokenizer of '", data_dir, "' has ", d.vocab_size,
          " tokens but model.vocab_size is ", model.vocab_size,
          "; set model.vocab_size >= ", d.vocab_size);
-  d.tokenizer_path = data_dir + "/tokenizer.model";
+  // Data folders from before tokenizer.json support name no file: theirs is tokenizer.model.
+  const auto& tj = j["tokenizer"];
+  d.tokenizer_path = data_dir + "/" +
+                     (tj.contains("file") && tj["file"].is_string() ? tj["file"].get<std::string>()
+                                                                    : std::string("tokenizer.model"));
   return d;
 }
 
 // Before any compute: the data folder's tokenizer is there, loads, and is the one the shards
 // were made with (it is copied into every checkpoint; `generate` needs it).
 void check_data_tokenizer(const std::string& data_dir, const DataInfo& d) {
+  const std::string file = fs::path(d.tokenizer_path).filename().string();
   std::error_code ec;
   if (!fs::exists(d.tokenizer_path, ec))
-    fail("data folder '", data_dir, "' has no tokenizer.model (the shards' tokenizer, kept with "
-         "every checkpoint); prepare the folder again with `tetrad prepare`");
+    fail("data folder '", data_dir, "' has no ", file, " (the shards' tokenizer, kept with every "
+         "checkpoint); prepare the folder again with `tetrad prepare`");
   uint64_t id = 0;
   try {
     id = data::Tokenizer::load(d.tokenizer_path).identity();
   } catch (const std::exception& e) {
-    fail("data folder '", data_dir, "': tokenizer.model does not load (damaged?): ", e.what());
+    fail("data folder '", data_dir, "': ", file, " does not load (damaged?): ", e.what());
   }
   if (id != d.tokenizer_identity)
-    fail("data folder '", data_dir, "': tokenizer.model (identity ", hex64(id),
+    fail("data folder '", data_dir, "': ", file, " (identity ", hex64(id),
          ") is not the tokenizer the shards were made with (meta.json records ",
-         hex64(d.tokenizer_identity), "); prepare the folder again or restore its tokenizer.model");
+         hex64(d.tokenizer_identity), "); prepare the folder again or restore its ", file);
 }
 
 // This node's memory for one rank: what the kernel reports available (MemAvailable), bounded by
@@ -523,6 +529,14 @@ TrainResult train(const RunConfig& cfg, const TrainOptions& opt, std::ostream& l
   }
   if (!loaded) {
     if (!cfg.init_from.empty()) {
+      // Fine-tuning: the data must be made with the model's own tokenizer.
+      if (const std::string tok = data::find_tokenizer_file(cfg.init_from); !tok.empty()) {
+        const uint64_t id = hash_file(tok);
+        if (id != data.tokenizer_identity)
+          fail("run.init_from '", cfg.init_from, "' has tokenizer ", hex64(id), " (", tok,
+               ") but the shards in '", cfg.data_dir, "' were made with tokenizer ",
+               hex64(data.tokenizer_identity), "; prepare the data with --tokenizer ", cfg.init_from);
+      }
       load_hf_params_streamed(cfg.init_from, cfg.model, table,
                               [&](size_t i, const float* data) {
                                 model.scatter_tensor(model.params(), i, data);
@@ -963,8 +977,8 @@ double evaluate_checkpoint(const std::string& model_dir, const std::string& data
   const ModelConfig mc = read_hf_config(model_dir);
   const int T = seq_len > 0 ? seq_len : mc.max_seq;
   const DataInfo data = read_data_info(data_dir, mc);
-  if (std::filesystem::exists(model_dir + "/tokenizer.model")) {
-    const uint64_t id = hash_file(model_dir + "/tokenizer.model");
+  if (const std::string tok = data::find_tokenizer_file(model_dir); !tok.empty()) {
+    const uint64_t id = hash_file(tok);
     if (id != data.tokenizer_identity)
       fail("model '", model_dir, "' was trained with tokenizer ", hex64(id), " but the shards in '",
            data_dir, "' were made with tokenizer ", hex64(data.tokenizer_identity));
