@@ -338,7 +338,14 @@ int main(int argc, char** argv) {
   // prepare
   data::PrepareOptions prep;
   auto* prepare = app.add_subcommand("prepare", "text files -> tokenizer + token shards");
-  prepare->add_option("-i,--input", prep.inputs, "text files or folders (*.txt)")->required();
+  prepare->add_option("-i,--input", prep.inputs,
+                      "text or JSON-lines files (*.jsonl, one document per line), or folders of "
+                      "them")->required();
+  prepare->add_option("--text-field", prep.text_field,
+                      "JSON lines: the field holding each document's text")->capture_default_str();
+  prepare->add_flag("--skip-bad-lines", prep.skip_bad_lines,
+                    "JSON lines: skip lines that are not JSON objects with the text field (counted) "
+                    "instead of failing on the first");
   prepare->add_option("-o,--out", prep.out_dir, "output folder")->required();
   prepare->add_option("--tokenizer", prep.tokenizer_model,
                       "the model's tokenizer: a tokenizer.json, a SentencePiece .model, or a model folder "
