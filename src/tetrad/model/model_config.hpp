@@ -35,10 +35,4 @@ struct ModelConfig {
 // "llama-tiny", "llama-small". Throws Error listing the known names.
 ModelConfig named_model(const std::string& name);
 
-// Non-embedding and total parameter counts.
-int64_t count_parameters(const ModelConfig& c);
-// Model FLOPs per token for forward+backward: 6*N_params_matmul + 12*L*C*T (attention,
-// causal counted in full as in the PaLM / Megatron convention).
-double flops_per_token(const ModelConfig& c, int seq_len);
-
 }  // namespace tetrad
