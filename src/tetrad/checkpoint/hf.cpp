@@ -262,7 +262,17 @@ void load_hf_impl(const std::string& dir, const ModelConfig& expected, const Par
   same("n_head", got.n_head, expected.n_head);
   same("n_kv_head", got.n_kv_head, expected.n_kv_head);
   same("norm_eps", got.norm_eps, expected.norm_eps);
-  if (expected.family == Family::Llama) same("rope_theta", got.rope_theta, expected.rope_theta);
+  if (expected.family == Family::Llama) {
+    same("rope_theta", got.rope_theta, expected.rope_theta);
+    same("rope type", got.rope_type, expected.rope_type);
+    if (expected.rope_llama3()) {
+      same("rope factor", got.rope_factor, expected.rope_factor);
+      same("rope low_freq_factor", got.rope_low_freq_factor, expected.rope_low_freq_factor);
+      same("rope high_freq_factor", got.rope_high_freq_factor, expected.rope_high_freq_factor);
+      same("rope original_max_position_embeddings", got.rope_original_max_position,
+           expected.rope_original_max_position);
+    }
+  }
   // (Llama's max_position_embeddings bounds nothing in the weights: a shorter run is fine.)
   if (expected.family == Family::GPT2) same("max_seq", got.max_seq, expected.max_seq);
 
