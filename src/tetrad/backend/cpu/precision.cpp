@@ -1,6 +1,7 @@
 #include "tetrad/backend/cpu/precision.hpp"
 
 #include <algorithm>
+#include <array>
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
@@ -186,9 +187,21 @@ const float* rounded_fp32(const Bf16Operand& x, Stored s, std::vector<float>& sc
   return scratch.data();
 }
 
+void report(const std::string& line);
+
 void gemm_bf16_emulated(bool ta, bool tb, int64_t M, int64_t N, int64_t K, float alpha,
                         const Bf16Operand& A, const Bf16Operand& B, float beta, float* C,
                         int64_t ldc) {
+  {  // the report names every shape whichever path ran it (once per shape and thread)
+    thread_local std::vector<std::array<int64_t, 5>> seen;
+    const std::array<int64_t, 5> key{int64_t(ta), int64_t(tb), M, N, K};
+    if (std::find(seen.begin(), seen.end(), key) == seen.end()) {
+      seen.push_back(key);
+      report(std::string(ta ? "T" : "N") + (tb ? "T" : "N") + " " + std::to_string(M) + "x" +
+             std::to_string(N) + "x" + std::to_string(K) +
+             ": emulated (sgemm on bf16-rounded operands; layout choice is for native matmuls)");
+    }
+  }
   const Stored sa = stored_a(ta, M, K), sb = stored_b(tb, K, N);
   const float* a = rounded_fp32(A, sa, t_a32);
   const float* b = rounded_fp32(B, sb, t_b32);
