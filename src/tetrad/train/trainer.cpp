@@ -199,7 +199,14 @@ TrainResult train(const RunConfig& cfg, const TrainOptions& opt, std::ostream& l
                         << resolved << "\n";
   }
 
+  // GEMM precision of this run's model (not a process-wide switch: the model carries it).
+  const kernels::Precision precision =
+      t.precision == "auto" ? (kernels::native_bf16_matmul() ? kernels::Precision::BF16
+                                                             : kernels::Precision::FP32)
+                            : kernels::parse_precision(t.precision);
   parallel::ParallelOptions popt;
+  popt.precision = precision == kernels::Precision::BF16 ? backend::Precision::BF16
+                                                         : backend::Precision::FP32;
   popt.recompute = parallel::parse_recompute(t.recompute);
   popt.zero = cfg.zero;
   popt.virtual_stages = cfg.virtual_stages;
@@ -499,16 +506,6 @@ TrainResult train(const RunConfig& cfg, const TrainOptions& opt, std::ostream& l
     out << "loss mask: " << t.loss_mask << " (k = " << t.goldfish_k
         << (loss_mask.mode == LossMaskMode::Goldfish ? ", h = " + std::to_string(t.goldfish_h) : std::string())
         << "): about 1 in " << t.goldfish_k << " targets dropped from the loss\n";
-  // GEMM precision for this run (process-wide; restored when train() returns).
-  struct PrecisionScope {
-    kernels::Precision saved = kernels::gemm_precision();
-    ~PrecisionScope() { kernels::set_gemm_precision(saved); }
-  } precision_scope;
-  const kernels::Precision precision =
-      t.precision == "auto" ? (kernels::native_bf16_matmul() ? kernels::Precision::BF16
-                                                             : kernels::Precision::FP32)
-                            : kernels::parse_precision(t.precision);
-  kernels::set_gemm_precision(precision);
   if (!opt.quiet) {
     if (precision == kernels::Precision::BF16)
       out << "precision: bf16 GEMMs, fp32 master weights and optimizer; "
