@@ -7,7 +7,9 @@
 #      conformance suite on the CUDA backend (test_backend_conformance, *cuda*)
 #   3. the tiny model 20 steps on the GPU against the CPU (test_gpu_model)
 #   4. 2 ranks on the one GPU through MPI, NCCL on one-rank groups (test_gpu_comm_mpi)
-#   5. benchmarks: gpt2-124m and llama-1b (bf16, sequence 2048) with tokens/s, MFU, time split
+#   5. benchmarks: the ops at gpt2-124m's and llama-1b's shapes (CudaBench.ModelShapes: GEMM rates
+#      per layer kind and pass, attention, cross-entropy), and the training benchmark
+#      (tetrad bench --device cuda: tokens/s, MFU, time split) once the model runs on the backend
 #
 # Binaries: from .gpu-bundle/bundle.tar.xz (scripts/gpu-bundle.sh, built where nvcc is) or, if
 # there is none, from build-gpu/. A step whose binary is not there is NOT BUILT; a GPU test that
@@ -105,6 +107,14 @@ cp "$OUT/test_cuda_kernels.txt" "$OUT/ceilings.txt" 2>/dev/null
 gtest_step "kernels vs double" 180 test_cuda_kernels --gtest_filter='CudaKernels.*'
 gtest_step "conformance (cuda)" 180 test_backend_conformance --gtest_filter='*cuda*'
 
+# Op benchmarks on the models' shapes: GEMM rates per layer kind, attention, cross-entropy.
+gtest_step "op bench (model shapes)" 240 test_cuda_kernels --gtest_filter='CudaBench.*'
+cp "$OUT/test_cuda_kernels.txt" "$OUT/op-bench.txt" 2>/dev/null
+while read -r line; do
+  set -- $line
+  row "ops $2" "measured" "$(echo "$line" | sed -E 's/^bench [^ ]+ summary //' | cut -c1-110)"
+done < <(grep '^bench .* summary' "$OUT/op-bench.txt" 2>/dev/null)
+
 # ---- 3. the tiny model, GPU against CPU ----
 gtest_step "tiny model 20 steps" 180 test_gpu_model
 
@@ -148,6 +158,6 @@ echo "== gpu-check: $DEVICE, $(elapsed) s; full log $LOG"
 printf '%-28s %-9s %s\n' "step" "status" "detail"
 printf '%s\n' "${ROWS[@]}"
 for r in "${ROWS[@]}"; do
-  case "$r" in *" PASS "*|*" PASS* "*|*" found "*|*" ran "*) ;; *) exit 1 ;; esac
+  case "$r" in *" PASS "*|*" PASS* "*|*" found "*|*" ran "*|*" measured "*) ;; *) exit 1 ;; esac
 done
 exit 0

@@ -4,6 +4,7 @@ set -euo pipefail
 PKGS=(cmake g++ make pkg-config
       libdnnl-dev ocl-icd-opencl-dev opencl-headers libopenmpi-dev openmpi-bin
       libsentencepiece-dev nlohmann-json3-dev libcli11-dev libtomlplusplus-dev libxxhash-dev
+      libpcre2-dev libicu-dev
       libgtest-dev
       bible-kjv bible-kjv-text)
 missing=()

@@ -578,7 +578,7 @@ TEST(Prepare, Errors) {
   fs::create_directories(d / "empty");
   o.inputs = {d / "empty"};
   msg = error_of([&] { prepare_data(o, log); });
-  EXPECT_CONTAINS(msg, "holds no *.txt files");
+  EXPECT_CONTAINS(msg, "holds no *.txt or *.jsonl files");
 
   spit(d / "blank.txt", "\n  \n\n");
   o.inputs = {d / "blank.txt"};
@@ -890,4 +890,101 @@ TEST(PrepareKjv, EndToEnd) {
   std::vector<int32_t> in(8 * 256), tg(8 * 256);
   train.next_batch(in.data(), tg.data());
   std::cout << "sample: " << tok.decode(std::vector<int32_t>(in.begin(), in.begin() + 40)) << "\n";
+}
+
+// ---- JSON lines and Hugging Face tokenizers in prepare ----
+
+namespace {
+std::string prepare_error(const PrepareOptions& o) {
+  std::ostringstream log;
+  try {
+    prepare_data(o, log);
+  } catch (const Error& e) {
+    return e.what();
+  }
+  return "";
+}
+}  // namespace
+
+TEST(PrepareJsonLines, DocumentsFieldsAndBadLines) {
+  // Valid: one document per line, blank lines ignored, other fields ignored, empty text dropped.
+  const std::string good = "{\"text\": \"In the beginning\\nGod\", \"id\": 1}\n\n"
+                           "{\"id\": 2, \"text\": \"And the earth\"}\n{\"text\": \"\"}\n";
+  EXPECT_EQ(json_lines_documents(good, "text", false, "g.jsonl"),
+            (std::vector<std::string>{"In the beginning\nGod", "And the earth"}));
+  EXPECT_THROW(json_lines_documents(good, "id", false, "g.jsonl"), Error);  // an int is not text
+}
+
+TEST(PrepareJsonLines, ErrorsNameTheLine) {
+  const std::string bad = "{\"text\": \"a\"}\n{\"text\": \"b\"\n{\"body\": \"c\"}\n[1]\n{\"text\": 5}\n";
+  auto error_of = [&](const std::string& text) {
+    try {
+      json_lines_documents(text, "text", false, "d.jsonl");
+    } catch (const Error& e) {
+      return std::string(e.what());
+    }
+    return std::string();
+  };
+  EXPECT_CONTAINS(error_of(bad), "'d.jsonl' line 2 is not valid JSON");
+  EXPECT_CONTAINS(error_of("{\"text\": \"a\"}\n{\"body\": \"c\"}\n"), "line 2 has no field 'text'");
+  EXPECT_CONTAINS(error_of("[1]\n"), "line 1 is not a JSON object");
+  EXPECT_CONTAINS(error_of("\n{\"text\": 5}\n"), "line 2 has a field 'text' that is not a string");
+  EXPECT_CONTAINS(error_of(std::string(100, '[') + std::string(100, ']')), "nested deeper than 64");
+  uint64_t skipped = 0;
+  std::string first;
+  EXPECT_EQ(json_lines_documents(bad, "text", true, "d.jsonl", &skipped, &first),
+            (std::vector<std::string>{"a"}));
+  EXPECT_EQ(skipped, 4u);
+  EXPECT_CONTAINS(first, "line 2");
+}
+
+TEST(PrepareJsonLines, EndToEndWithTheFixtureTokenizer) {
+  TempDir d;
+  std::string jl;
+  for (int i = 0; i < 40; ++i)
+    jl += "{\"text\": \"the king went up to the city " + std::to_string(i) + ",\\nand the people followed.\"}\n";
+  spit(d / "docs.jsonl", jl);
+  PrepareOptions o;
+  o.inputs = {d / "docs.jsonl"};
+  o.out_dir = d / "out";
+  o.val_fraction = 0.1;
+  o.tokenizer_model = std::string(TETRAD_SOURCE_DIR) + "/tests/fixtures/tokenizers/llama3";
+  std::ostringstream log;
+  prepare_data(o, log);
+  auto meta = nlohmann::json::parse(slurp(d / "out/meta.json"));
+  EXPECT_EQ(meta["documents"], 40);
+  EXPECT_EQ(meta["files"][0]["doc_split"], "json-lines");
+  EXPECT_EQ(meta["tokenizer"]["file"], "tokenizer.json");
+  EXPECT_EQ(meta["tokenizer"]["kind"], "hf-bpe");
+  const Tokenizer tok = Tokenizer::load(d / "out");
+  EXPECT_EQ(meta["tokenizer"]["identity"], hex64(tok.identity()));
+  EXPECT_EQ(meta["tokenizer"]["eos_id"], tok.token_to_id("<|end_of_text|>"));
+  EXPECT_TRUE(fs::exists(d / "out/tokenizer_config.json"));
+  EXPECT_FALSE(fs::exists(d / "out/tokenizer.model"));
+  // Every document's tokens, then EOS: the train and val streams together hold them all.
+  uint64_t tokens = 0;
+  for (int i = 0; i < 40; ++i)
+    tokens += tok.encode("the king went up to the city " + std::to_string(i) + ",\nand the people followed.").size() + 1;
+  EXPECT_EQ(meta["splits"]["train"]["tokens"].get<uint64_t>() + meta["splits"]["val"]["tokens"].get<uint64_t>(),
+            tokens);
+
+  // A bad line fails naming it, or is skipped and counted when asked.
+  spit(d / "docs.jsonl", jl + "{\"txt\": \"typo\"}\n");
+  EXPECT_CONTAINS(prepare_error(o), "line 41 has no field 'text'");
+  o.skip_bad_lines = true;
+  log.str("");
+  prepare_data(o, log);
+  EXPECT_CONTAINS(log.str(), "skipped 1 bad line(s), the first: line 41");
+  // Another field name.
+  spit(d / "body.jsonl", "{\"body\": \"one\"}\n{\"body\": \"two\"}\n");
+  o.inputs = {d / "body.jsonl"};
+  o.text_field = "body";
+  o.skip_bad_lines = false;
+  o.val_fraction = 0;
+  prepare_data(o, log);
+  EXPECT_EQ(nlohmann::json::parse(slurp(d / "out/meta.json"))["documents"], 2);
+  // An empty file holds no documents.
+  spit(d / "empty.jsonl", "");
+  o.inputs = {d / "empty.jsonl"};
+  EXPECT_CONTAINS(prepare_error(o), "hold no documents");
 }

@@ -9,6 +9,7 @@
 #include <fstream>
 #include <iostream>
 #include <memory>
+#include <optional>
 #include <sstream>
 
 #include "tetrad/checkpoint/atomic_file.hpp"
@@ -50,6 +51,48 @@ std::string resolve_model_dir(const std::string& path) {
        "folder (checkpoints/)");
 }
 
+// `tetrad tokenize`: standard input line by line (without its '\n' and a '\r' before it).
+void run_tokenize_command(const std::string& path, bool decode) {
+  std::string where = path;
+  if (fs::is_directory(path) && fs::exists(path + "/checkpoints")) where = resolve_model_dir(path);
+  const data::Tokenizer tok = data::Tokenizer::load(where);
+  std::ios::sync_with_stdio(false);
+  std::string line, out;
+  uint64_t number = 0;
+  while (std::getline(std::cin, line)) {
+    ++number;
+    if (!line.empty() && line.back() == '\r') line.pop_back();
+    out.clear();
+    if (!decode) {
+      const std::vector<int32_t> ids = tok.encode(line);
+      for (size_t i = 0; i < ids.size(); ++i) {
+        if (i) out += ' ';
+        out += std::to_string(ids[i]);
+      }
+    } else {
+      std::vector<int32_t> ids;
+      std::istringstream ss(line);
+      for (std::string item; ss >> item;) {
+        size_t used = 0;
+        long long v = -1;
+        try {
+          v = std::stoll(item, &used);
+        } catch (const std::exception&) {
+          used = 0;
+        }
+        if (used != item.size() || v < 0 || v >= tok.vocab_size())
+          fail("standard input line ", number, ": '", item, "' is not a token id of this tokenizer (0..",
+               tok.vocab_size() - 1, ")");
+        ids.push_back(int32_t(v));
+      }
+      out = tok.decode(ids);
+    }
+    out += '\n';
+    std::cout.write(out.data(), std::streamsize(out.size()));
+  }
+  if (std::cin.bad()) fail("error reading standard input");
+  std::cout.flush();
+}
 
 // `tetrad plan`: one of --measure-machine, --compare, --published, or the plan itself.
 void run_plan_command(const std::string& model, const std::vector<std::string>& sets,
@@ -246,10 +289,18 @@ int main(int argc, char** argv) {
   // prepare
   data::PrepareOptions prep;
   auto* prepare = app.add_subcommand("prepare", "text files -> tokenizer + token shards");
-  prepare->add_option("-i,--input", prep.inputs, "text files or folders (*.txt)")->required();
+  prepare->add_option("-i,--input", prep.inputs,
+                      "text or JSON-lines files (*.jsonl, one document per line), or folders of "
+                      "them")->required();
+  prepare->add_option("--text-field", prep.text_field,
+                      "JSON lines: the field holding each document's text")->capture_default_str();
+  prepare->add_flag("--skip-bad-lines", prep.skip_bad_lines,
+                    "JSON lines: skip lines that are not JSON objects with the text field (counted) "
+                    "instead of failing on the first");
   prepare->add_option("-o,--out", prep.out_dir, "output folder")->required();
   prepare->add_option("--tokenizer", prep.tokenizer_model,
-                      "existing SentencePiece .model (default: train a BPE model)");
+                      "the model's tokenizer: a tokenizer.json, a SentencePiece .model, or a model folder "
+                      "holding either (default: train a SentencePiece BPE model)");
   prepare->add_option("--vocab-size", prep.vocab_size, "vocabulary of the trained tokenizer")
       ->capture_default_str();
   prepare->add_option("--val-fraction", prep.val_fraction, "documents held out for validation")
@@ -263,6 +314,17 @@ int main(int argc, char** argv) {
   prepare->add_option("--canary-repeats", prep.canary_repeats,
                       "copies of each canary: one count for all, or one per --canary")
       ->delimiter(',');
+
+  // tokenize
+  std::string tokenize_path;
+  bool tokenize_decode = false;
+  auto* tokenize_cmd = app.add_subcommand(
+      "tokenize", "token ids of each line of standard input, one output line each (no BOS/EOS)");
+  tokenize_cmd->add_option("--tokenizer", tokenize_path,
+                           "tokenizer.json, SentencePiece .model, or a model, data or run folder "
+                           "holding one")->required();
+  tokenize_cmd->add_flag("--decode", tokenize_decode,
+                         "the reverse: lines of space-separated ids in, their text out");
 
   // train
   std::string config_path;
@@ -386,7 +448,7 @@ int main(int argc, char** argv) {
       "import", "make a run folder whose checkpoint (step 0, zero moments) is a Hugging Face model");
   imp->add_option("--hf", import_hf, "Hugging Face folder (config.json + model.safetensors)")->required();
   imp->add_option("-o,--out", import_out, "run folder to create")->required();
-  imp->add_option("--tokenizer", import_tokenizer, "tokenizer.model to keep with it");
+  imp->add_option("--tokenizer", import_tokenizer, "tokenizer file or folder to keep with it (default: the one in --hf)");
   CheckpointBenchOptions cbopt;
   auto* cbench = app.add_subcommand(
       "bench-checkpoint", "sharded checkpoint write/read bandwidth and async blocked time");
@@ -500,6 +562,8 @@ int main(int argc, char** argv) {
   try {
     if (*prepare) {
       data::prepare_data(prep, std::cout);
+    } else if (*tokenize_cmd) {
+      run_tokenize_command(tokenize_path, tokenize_decode);
     } else if (*config_doc) {
       std::cout << config_reference_markdown();
     } else if (*train_cmd) {
@@ -517,9 +581,10 @@ int main(int argc, char** argv) {
     } else if (*gen) {
       const std::string dir = resolve_model_dir(model_dir);
       const ModelConfig mc = read_hf_config(dir);
-      if (!fs::exists(dir + "/tokenizer.model"))
-        fail("model folder '", dir, "' has no tokenizer.model to encode the prompt with");
-      auto tok = data::Tokenizer::load(dir + "/tokenizer.model");
+      const std::string tok_file = data::find_tokenizer_file(dir);
+      if (tok_file.empty())
+        fail("model folder '", dir, "' has no tokenizer.model or tokenizer.json to encode the prompt with");
+      auto tok = data::Tokenizer::load(tok_file);
       Transformer<float> model(mc, 1, mc.max_seq);
       load_hf_params(dir, mc, model.table(), model.params());
       Rng rng(gen_seed);
@@ -536,6 +601,8 @@ int main(int argc, char** argv) {
         const std::string text = tok.decode(all);
         const std::string base = tok.decode(ids);
         const std::string cont = text.substr(std::min(text.size(), base.size()));
+        // A character whose bytes are not all sampled yet decodes as U+FFFD: wait for the rest.
+        if (cont.ends_with("\xEF\xBF\xBD")) return;
         if (cont.size() > printed.size()) {
           std::cout << cont.substr(printed.size()) << std::flush;
           printed = cont;
@@ -645,7 +712,9 @@ int main(int argc, char** argv) {
       ShardedCheckpointInfo info;
       info.has_moments = false;
       std::string tok = import_tokenizer;
-      if (tok.empty() && fs::exists(import_hf + "/tokenizer.model")) tok = import_hf + "/tokenizer.model";
+      if (!tok.empty() && fs::is_directory(tok)) tok = data::find_tokenizer_file(tok);
+      if (tok.empty()) tok = data::find_tokenizer_file(import_hf);
+      if (!tok.empty()) info.tokenizer_identity = data::Tokenizer::load(tok).identity();
       const std::string dir = save_sharded_checkpoint_serial(import_out, mc, table, params.data(),
                                                              nullptr, nullptr, info, tok, 0);
       std::cout << "imported " << import_hf << " -> " << dir << "\n";
@@ -657,10 +726,19 @@ int main(int argc, char** argv) {
       std::vector<float> params(build_param_table(mc).total);
       const ParamTable table = build_param_table(mc);
       load_hf_params(dir, mc, table, params.data());
-      save_hf(export_out, mc, table, params.data());
-      if (fs::exists(dir + "/tokenizer.model"))
-        fs::copy_file(dir + "/tokenizer.model", export_out + "/tokenizer.model",
-                      fs::copy_options::overwrite_existing);
+      // The tokenizer goes along, so the folder is complete for AutoTokenizer; its BOS/EOS ids
+      // go into config.json.
+      const std::string tok_file = data::find_tokenizer_file(dir);
+      nlohmann::json extra = nlohmann::json::object();
+      std::optional<data::Tokenizer> tok;
+      if (!tok_file.empty()) {
+        tok.emplace(data::Tokenizer::load(tok_file));
+        if (tok->bos_id() >= 0) extra["bos_token_id"] = tok->bos_id();
+        if (tok->eos_id() >= 0) extra["eos_token_id"] = tok->eos_id();
+      }
+      save_hf(export_out, mc, table, params.data(), extra);
+      if (tok) data::write_hf_tokenizer_files(*tok, export_out, mc.max_seq);
+      else std::cerr << "tetrad: warning: " << dir << " has no tokenizer; the exported folder has none\n";
       std::cout << "exported " << dir << " -> " << export_out << "\n";
     }
   } catch (const std::exception& e) {

@@ -242,7 +242,7 @@ TEST_F(CudaKernels, FlashAttentionForwardBackwardBothPathsAgainstNaiveDouble) {
 
 TEST_F(CudaKernels, NormsMatchTheCpuDoubleKernels) {
   const int64_t N = 77, C = 300;
-  VF x = rand(size_t(N * C)), w = rand(size_t(C)), b = rand(size_t(C)), dout = rand(size_t(N * C));
+  VF x = rand(size_t(N * C)), w = rand(static_cast<size_t>(C)), b = rand(static_cast<size_t>(C)), dout = rand(size_t(N * C));
   VD xo(size_t(N * C)), mean(N), rstd(N), dx(size_t(N * C), 0), dw(C, 0), db(C, 0);
   VD xd = dbl(x), wd = dbl(w), bd = dbl(b), dd = dbl(dout);
   tetrad::kernels::layernorm_forward<double>(xo.data(), mean.data(), rstd.data(), xd.data(), wd.data(), bd.data(), N, C, 1e-5);
@@ -484,4 +484,122 @@ TEST_F(CudaCeilings, GemmAndCopy) {
   EXPECT_GT(copy, 0);
 }
 
+}  // namespace
+
+// ---- op benchmarks on the models' own shapes (printed for scripts/gpu-check.sh) --------------
+// Not a training benchmark: the time of each GEMM (forward, input gradient, weight gradient) and
+// of attention forward/backward and the fused cross-entropy at the shapes of one micro-batch of
+// gpt2-124m (B 16, T 1024) and llama-1b (B 8, T 2048), bf16 math on fp32-stored operands as the
+// backend runs them, summed into the time the step's GEMMs and attention alone would take. It
+// gives the GEMM ceiling on the model's shapes and the attention kernel's rate, to set against
+// the training benchmark once the model runs on the backend.
+namespace {
+class CudaBench : public CudaKernels {};
+
+struct Shape { const char* name; int64_t M, N, K; int count; };  // C[M,N] = A[M,K] W[N,K]^T
+
+TEST_F(CudaBench, ModelShapes) {
+  struct Model { const char* name; int64_t B, T, C, L, H, KV, F, V; bool swiglu; };
+  const Model models[] = {{"gpt2-124m", 16, 1024, 768, 12, 12, 12, 3072, 50304, false},
+                          {"llama-1b", 8, 2048, 2048, 20, 32, 8, 5632, 32000, true}};
+  g::Gemm gemm;
+  cudaEvent_t e0, e1;
+  GPU_CHECK(cudaEventCreate(&e0));
+  GPU_CHECK(cudaEventCreate(&e1));
+  auto time_ms = [&](auto&& fn) {
+    fn();
+    std::vector<float> ms;
+    for (int r = 0; r < 5; ++r) {
+      GPU_CHECK(cudaEventRecord(e0, s_));
+      fn();
+      GPU_CHECK(cudaEventRecord(e1, s_));
+      GPU_CHECK(cudaEventSynchronize(e1));
+      float t = 0;
+      GPU_CHECK(cudaEventElapsedTime(&t, e0, e1));
+      ms.push_back(t);
+    }
+    std::sort(ms.begin(), ms.end());
+    return double(ms[2]);
+  };
+  for (const Model& m : models) {
+    const int64_t N = m.B * m.T, hd = m.C / m.H, kvd = m.KV * hd;
+    const Shape shapes[] = {{"qkv", N, m.C + 2 * kvd, m.C, int(m.L)},
+                            {"attn_out", N, m.C, m.C, int(m.L)},
+                            {"mlp_up", N, m.swiglu ? 2 * m.F : m.F, m.C, int(m.L)},
+                            {"mlp_down", N, m.C, m.F, int(m.L)},
+                            {"head", N, m.V, m.C, 1}};
+    int64_t maxA = 0, maxW = 0, maxC = 0;
+    for (const Shape& s : shapes) {
+      maxA = std::max({maxA, s.M * s.K, s.M * s.N});
+      maxW = std::max(maxW, s.N * s.K);
+      maxC = std::max(maxC, s.M * s.N);
+    }
+    Dev<float> A(rand(static_cast<size_t>(maxA))), W(rand(static_cast<size_t>(maxW))), Cb(size_t(std::max(maxC, maxA))),
+        dW(static_cast<size_t>(maxW));
+    double gemm_ms = 0, gemm_flop = 0;
+    for (const Shape& s : shapes) {
+      auto call = [&](bool ta, bool tb, int64_t M, int64_t Nn, int64_t K, const float* a,
+                      int64_t lda, const float* b, int64_t ldb, float* c, int64_t ldc) {
+        g::GemmCall gc;
+        gc.trans_a = ta; gc.trans_b = tb; gc.M = M; gc.N = Nn; gc.K = K;
+        gc.A = a; gc.lda = lda; gc.B = b; gc.ldb = ldb; gc.C = c; gc.ldc = ldc;
+        gc.math = g::GemmMath::BF16;
+        gemm.run(gc, s_);
+      };
+      // forward: out[M,N] = in[M,K] W[N,K]^T; input grad: din[M,K] = dout[M,N] W[N,K];
+      // weight grad: dW[N,K] += dout[M,N]^T in[M,K].
+      const double f = time_ms([&] { call(false, true, s.M, s.N, s.K, A.p, s.K, W.p, s.K, Cb.p, s.N); });
+      const double d = time_ms([&] { call(false, false, s.M, s.K, s.N, A.p, s.N, W.p, s.K, Cb.p, s.K); });
+      const double w = time_ms([&] { call(true, false, s.N, s.K, s.M, A.p, s.N, Cb.p, s.K, dW.p, s.K); });
+      const double flop = 2.0 * s.M * s.N * s.K;
+      std::printf("bench %s gemm %-8s M=%ld N=%ld K=%ld  fwd %.3f ms (%.0f TFLOP/s)  dgrad %.3f (%.0f)  wgrad %.3f (%.0f)  x%d\n",
+                  m.name, s.name, long(s.M), long(s.N), long(s.K), f, flop / f / 1e9, d, flop / d / 1e9,
+                  w, flop / w / 1e9, s.count);
+      gemm_ms += s.count * (f + d + w);
+      gemm_flop += s.count * 3 * flop;
+    }
+    // Attention (bf16 and fp32 paths), one layer, causal.
+    const int64_t qs = m.C + 2 * kvd;
+    Dev<float> qkv(rand(size_t(N * qs))), o(size_t(N * m.C)), lse(size_t(m.B * m.H * m.T)),
+        dqkv(size_t(N * qs)), dout(rand(size_t(N * m.C)));
+    g::AttnDims ad{int(m.B), int(m.T), int(m.T), int(m.H), int(m.KV), int(hd), -1, qs, qs, m.C,
+                   m.T * qs, m.T * qs, m.T * m.C};
+    const double causal_flop = 4.0 * m.B * m.H * double(m.T) * m.T * hd / 2;  // QK^T + PV, causal
+    double attn_ms = 0;
+    for (g::AttnPath path : {g::AttnPath::kBf16, g::AttnPath::kF32}) {
+      const double f = time_ms([&] {
+        g::attention_forward(o.p, lse.p, qkv.p, qkv.p + m.C, qkv.p + m.C + kvd, ad, path, s_);
+      });
+      const double b = time_ms([&] {
+        g::attention_backward(dqkv.p, dqkv.p + m.C, dqkv.p + m.C + kvd, dout.p, qkv.p, qkv.p + m.C,
+                              qkv.p + m.C + kvd, o.p, lse.p, ad, path, s_);
+      });
+      std::printf("bench %s attention %s fwd %.3f ms (%.0f TFLOP/s causal)  bwd %.3f ms (%.0f at 2.5x)  x%ld\n",
+                  m.name, path == g::AttnPath::kBf16 ? "bf16" : "fp32", f, causal_flop / f / 1e9, b,
+                  2.5 * causal_flop / b / 1e9, long(m.L));
+      if (path == g::AttnPath::kBf16) attn_ms = m.L * (f + b);
+    }
+    // Cross-entropy, fused, over the head's logits.
+    Dev<float> logits(rand(size_t(N * m.V), -4, 4)), mx(size_t(3 * N)), losses(static_cast<size_t>(N));
+    std::vector<int32_t> tg(static_cast<size_t>(N));
+    for (auto& t : tg) t = int32_t(std::uniform_int_distribution<int>(0, int(m.V) - 1)(rng_));
+    Dev<int32_t> dT(tg);
+    const double ce = time_ms([&] {
+      g::xent_partials(mx.p, mx.p + N, mx.p + 2 * N, logits.p, m.V, dT.p, N, 0, m.V, s_);
+      g::xent_losses(losses.p, nullptr, mx.p, mx.p + N, mx.p + 2 * N, dT.p, N, m.V, nullptr, s_);
+      g::xent_backward(logits.p, m.V, mx.p, mx.p + N, dT.p, N, 0, m.V, 1.0f, s_);
+    });
+    const double bytes = 3.0 * N * m.V * 4;  // read fwd, read + write bwd
+    std::printf("bench %s cross_entropy fused %.3f ms (%.0f GB/s over 3 passes of the logits)\n",
+                m.name, ce, bytes / ce / 1e6);
+    const double model_flop = gemm_flop + 3.0 * 2 * m.L * 2.0 * m.B * m.H * double(m.T) * m.T * hd;  // 12LCT-style, full attention
+    const double sum = gemm_ms + attn_ms + ce;
+    std::printf("bench %s summary gemms %.1f ms (%.0f TFLOP/s), attention %.1f ms, xent %.1f ms, sum %.1f ms "
+                "-> %.0f tokens/s, MFU %.1f%% of 989 if nothing else took time\n",
+                m.name, gemm_ms, gemm_flop / gemm_ms / 1e9, attn_ms, ce, sum, N / (sum * 1e-3),
+                100.0 * model_flop / (sum * 1e-3) / 989e12);
+  }
+  cudaEventDestroy(e0);
+  cudaEventDestroy(e1);
+}
 }  // namespace

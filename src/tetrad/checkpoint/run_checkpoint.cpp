@@ -1,3 +1,4 @@
+#include "tetrad/data/tokenizer.hpp"
 #include "tetrad/checkpoint/run_checkpoint.hpp"
 
 #include <algorithm>
@@ -133,11 +134,13 @@ std::string save_run_checkpoint_impl(
   try {
     write_model(tmp.string());
     if (!opts.tokenizer_path.empty())
-      copy_file_synced(opts.tokenizer_path, (tmp / "tokenizer.model").string());
+      data::copy_tokenizer_files(opts.tokenizer_path, tmp.string(),
+                                 [](const std::string& a, const std::string& b) { copy_file_synced(a, b); });
 
     // trainer_state.bin last: it records the hashes of everything else in the folder.
     nlohmann::json files = nlohmann::json::object();
-    for (const char* f : {"config.json", "model.safetensors", "tokenizer.model"})
+    for (const char* f : {"config.json", "model.safetensors", "tokenizer.model", "tokenizer.json",
+                          "tokenizer_config.json", "special_tokens_map.json"})
       if (fs::exists(tmp / f, ec)) files[f] = hex64(hash_file((tmp / f).string()));
     nlohmann::json info = state_info.is_object() ? state_info : nlohmann::json::object();
     info[kFilesKey] = files;

@@ -1,3 +1,4 @@
+#include "tetrad/data/tokenizer.hpp"
 #include "tetrad/checkpoint/sharded.hpp"
 
 #include <fcntl.h>
@@ -599,8 +600,10 @@ nlohmann::json build_sharded_meta(const ModelConfig& model, const ParamTable& ta
 void write_sharded_meta_files(const std::string& dir, const nlohmann::json& meta,
                               const ModelConfig& model, const std::string& tokenizer_path) {
   write_file_synced((fs::path(dir) / "config.json").string(), hf_config_json(model).dump(2) + "\n");
-  if (!tokenizer_path.empty())
-    copy_file_synced(tokenizer_path, (fs::path(dir) / "tokenizer.model").string());
+  if (!tokenizer_path.empty())  // under its own name, tokenizer_config.json and all
+    data::copy_tokenizer_files(tokenizer_path, dir, [](const std::string& a, const std::string& b) {
+      copy_file_synced(a, b);
+    });
   write_file_synced(meta_path(dir), meta.dump() + "\n");
 }
 

@@ -179,20 +179,65 @@ std::vector<std::string> expand_inputs(const std::vector<std::string>& inputs) {
       std::vector<std::string> found;
       for (auto it = fs::recursive_directory_iterator(in, ec); !ec && it != fs::end(it);
            it.increment(ec)) {
-        if (it->is_regular_file() && it->path().extension() == ".txt")
+        if (it->is_regular_file() &&
+            (it->path().extension() == ".txt" || is_json_lines_file(it->path().string())))
           found.push_back(it->path().string());
       }
       if (ec) fail("cannot list input folder '", in, "': ", ec.message());
-      if (found.empty()) fail("input folder '", in, "' holds no *.txt files");
+      if (found.empty()) fail("input folder '", in, "' holds no *.txt or *.jsonl files");
       std::sort(found.begin(), found.end());
       files.insert(files.end(), found.begin(), found.end());
     } else if (fs::is_regular_file(in, ec)) {
       files.push_back(in);
     } else {
-      fail("input '", in, "' does not exist (expected a text file or a folder of *.txt files)");
+      fail("input '", in, "' does not exist (expected a text or JSON-lines file, or a folder of "
+           "*.txt / *.jsonl files)");
     }
   }
   return files;
+}
+
+bool is_json_lines_file(const std::string& path) {
+  const std::string ext = fs::path(path).extension().string();
+  return ext == ".jsonl" || ext == ".ndjson";
+}
+
+std::vector<std::string> json_lines_documents(std::string_view text, const std::string& field,
+                                              bool skip_bad, const std::string& path,
+                                              uint64_t* skipped, std::string* first_problem) {
+  std::vector<std::string> docs;
+  uint64_t number = 0, bad = 0;
+  size_t pos = 0;
+  while (pos < text.size()) {
+    size_t end = text.find('\n', pos);
+    if (end == std::string_view::npos) end = text.size();
+    const std::string_view line = text.substr(pos, end - pos);
+    pos = end + 1;
+    ++number;
+    if (is_blank(line)) continue;
+    std::string problem;
+    try {
+      const nlohmann::json j = nlohmann::json::parse(line, [](int depth, nlohmann::json::parse_event_t,
+                                                              nlohmann::json&) {
+        if (depth > 64) throw std::runtime_error("nested deeper than 64 levels");
+        return true;
+      });
+      if (!j.is_object()) problem = "is not a JSON object";
+      else if (!j.contains(field)) problem = "has no field '" + field + "'";
+      else if (!j[field].is_string()) problem = "has a field '" + field + "' that is not a string";
+      else if (!j[field].get_ref<const std::string&>().empty()) docs.push_back(j[field].get<std::string>());
+    } catch (const std::exception& e) {
+      problem = std::string("is not valid JSON (") + e.what() + ")";
+    }
+    if (problem.empty()) continue;
+    if (!skip_bad)
+      fail("input '", path, "' line ", number, " ", problem,
+           " (expected one JSON object per line with a string field '", field,
+           "'; --skip-bad-lines skips such lines)");
+    if (bad++ == 0 && first_problem) *first_problem = "line " + std::to_string(number) + " " + problem;
+  }
+  if (skipped) *skipped = bad;
+  return docs;
 }
 
 double document_uniform(uint64_t index, uint64_t seed) {
@@ -221,6 +266,7 @@ std::string read_text(const std::string& path) {
 
 struct InputFile {
   std::string path;
+  bool json_lines = false;
   DocSplit mode = DocSplit::File;
   uint64_t first_doc = 0, num_docs = 0, bytes = 0;
 };
@@ -332,9 +378,17 @@ void prepare_data(const PrepareOptions& o, std::ostream& log) {
     std::string text = read_text(p);
     InputFile f;
     f.path = p;
+    f.json_lines = is_json_lines_file(p);
     f.mode = requested_split == DocSplit::Auto ? detect_doc_split(text) : requested_split;
     f.first_doc = num_docs;
-    f.num_docs = split_documents(text, f.mode).size();
+    uint64_t skipped = 0;
+    std::string first_problem;
+    f.num_docs = f.json_lines ? json_lines_documents(text, o.text_field, o.skip_bad_lines, p,
+                                                     &skipped, &first_problem).size()
+                              : split_documents(text, f.mode).size();
+    if (skipped > 0)
+      log << "prepare: input " << p << ": skipped " << skipped << " bad line(s), the first: "
+          << first_problem << "\n";
     f.bytes = text.size();
     for (uint64_t i = f.first_doc; i < f.first_doc + f.num_docs; ++i) {
       double u = document_uniform(i, o.seed);
@@ -344,10 +398,15 @@ void prepare_data(const PrepareOptions& o, std::ostream& log) {
     num_docs += f.num_docs;
     total_bytes += f.bytes;
     log << "prepare: input " << p << ": " << f.bytes << " bytes, " << f.num_docs << " documents ("
-        << doc_split_name(f.mode) << ")\n";
+        << (f.json_lines ? "JSON lines, field " + o.text_field : doc_split_name(f.mode)) << ")\n";
     files.push_back(std::move(f));
   }
   if (num_docs == 0) fail("prepare: the inputs hold no documents (all files are empty or blank)");
+  auto documents_of = [&](const InputFile& f) {
+    const std::string text = read_text(f.path);
+    return f.json_lines ? json_lines_documents(text, o.text_field, o.skip_bad_lines, f.path)
+                        : split_documents(text, f.mode);
+  };
   const bool fallback_val = o.val_fraction > 0 && num_val == 0 && num_docs >= 2;
   auto is_val = [&](uint64_t doc) {
     return document_uniform(doc, o.seed) < o.val_fraction || (fallback_val && doc == min_u_doc);
@@ -361,16 +420,28 @@ void prepare_data(const PrepareOptions& o, std::ostream& log) {
       << "\n";
 
   // Tokenizer: load and copy, or train on the train documents' lines.
-  const std::string model_path = (fs::path(o.out_dir) / "tokenizer.model").string();
   const auto t_tok = Clock::now();
   std::optional<Tokenizer> tok;
   bool trained = false;
   if (!o.tokenizer_model.empty()) {
     tok.emplace(Tokenizer::load(o.tokenizer_model));
-    if (!fs::exists(model_path) || !fs::equivalent(o.tokenizer_model, model_path)) {
-      write_text_atomic(model_path, tok->model_bytes());
+    // Stored under its own name, with its companions (tokenizer_config.json names BOS/EOS for
+    // transformers); what an earlier run left of another tokenizer goes.
+    const fs::path src(tok->path());
+    const fs::path dst = fs::path(o.out_dir) / tok->file_name();
+    if (!fs::exists(dst) || !fs::equivalent(src, dst)) write_text_atomic(dst.string(), tok->model_bytes());
+    for (const char* other : {"tokenizer.model", "tokenizer.json"})
+      if (other != tok->file_name()) fs::remove(fs::path(o.out_dir) / other);
+    for (const char* name : kTokenizerCompanions) {
+      const fs::path from = src.parent_path() / name, to = fs::path(o.out_dir) / name;
+      if (fs::is_regular_file(from)) {
+        if (!fs::exists(to) || !fs::equivalent(from, to)) write_text_atomic(to.string(), read_text(from.string()));
+      } else {
+        fs::remove(to);
+      }
     }
-    log << "prepare: loaded tokenizer " << o.tokenizer_model << " (vocab " << tok->vocab_size()
+    log << "prepare: loaded " << tok->kind() << " tokenizer " << tok->path() << " (vocab "
+        << tok->vocab_size() << ", BOS " << tok->bos_id() << ", EOS " << tok->eos_id()
         << ", identity " << hex64(tok->identity()) << ")\n";
   } else {
     size_t file = 0, doc = 0, line_pos = 0;
@@ -395,7 +466,7 @@ void prepare_data(const PrepareOptions& o, std::ostream& log) {
           continue;
         }
         if (file == files.size()) return false;
-        docs = split_documents(read_text(files[file].path), files[file].mode);
+        docs = documents_of(files[file]);
         TETRAD_CHECK(docs.size() == files[file].num_docs, "input changed while preparing: ",
                      files[file].path);
         ++file;
@@ -408,13 +479,16 @@ void prepare_data(const PrepareOptions& o, std::ostream& log) {
     tok.emplace(Tokenizer::train_lines(next_line, (fs::path(o.out_dir) / "tokenizer").string(),
                                        o.vocab_size, topt));
     trained = true;
+    for (const char* stale : {"tokenizer.json", "tokenizer_config.json", "special_tokens_map.json"})
+      fs::remove(fs::path(o.out_dir) / stale);
     log << "prepare: trained BPE tokenizer, vocab " << tok->vocab_size() << ", on " << lines_fed
         << " lines in " << seconds_since(t_tok) << " s (identity " << hex64(tok->identity())
         << ")\n";
   }
   const double tokenizer_seconds = seconds_since(t_tok);
   if (tok->eos_id() < 0)
-    fail("tokenizer '", o.tokenizer_model, "' has no EOS piece; prepare separates documents with EOS");
+    fail("tokenizer '", o.tokenizer_model, "' has no EOS token; prepare separates documents with "
+         "EOS (for a tokenizer.json, name it as eos_token in a tokenizer_config.json beside it)");
 
   // Canaries: encoded now, inserted before the training document their draw picked.
   struct Canary {
@@ -488,7 +562,7 @@ void prepare_data(const PrepareOptions& o, std::ostream& log) {
     batch_bytes = 0;
   };
   for (const auto& f : files) {
-    std::vector<std::string> docs = split_documents(read_text(f.path), f.mode);
+    std::vector<std::string> docs = documents_of(f);
     TETRAD_CHECK(docs.size() == f.num_docs, "input changed while preparing: ", f.path);
     for (size_t i = 0; i < docs.size(); ++i) {
       batch_bytes += docs[i].size();
@@ -513,7 +587,8 @@ void prepare_data(const PrepareOptions& o, std::ostream& log) {
   nlohmann::json meta;
   meta["format"] = "tetrad-data";
   meta["version"] = 1;
-  meta["tokenizer"] = {{"file", "tokenizer.model"},
+  meta["tokenizer"] = {{"file", tok->file_name()},
+                       {"kind", tok->kind()},
                        {"identity", hex64(tok->identity())},
                        {"vocab_size", tok->vocab_size()},
                        {"bos_id", tok->bos_id()},
@@ -529,11 +604,12 @@ void prepare_data(const PrepareOptions& o, std::ostream& log) {
   nlohmann::json jfiles = nlohmann::json::array();
   for (const auto& f : files)
     jfiles.push_back({{"path", f.path}, {"bytes", f.bytes}, {"documents", f.num_docs},
-                      {"doc_split", doc_split_name(f.mode)}});
+                      {"doc_split", f.json_lines ? "json-lines" : doc_split_name(f.mode)}});
   meta["files"] = jfiles;
   meta["options"] = {{"vocab_size", o.vocab_size},     {"val_fraction", o.val_fraction},
                      {"shard_tokens", o.shard_tokens}, {"seed", o.seed},
-                     {"doc_split", o.doc_split},       {"tokenizer_model", o.tokenizer_model}};
+                     {"doc_split", o.doc_split},       {"tokenizer_model", o.tokenizer_model},
+                     {"text_field", o.text_field},     {"skip_bad_lines", o.skip_bad_lines}};
   meta["documents"] = num_docs;
   meta["splits"] = {{"train", train.summary()}, {"val", val.summary()}};
   write_text_atomic((fs::path(o.out_dir) / "meta.json").string(), meta.dump(2) + "\n");

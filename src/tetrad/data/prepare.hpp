@@ -1,7 +1,8 @@
 // prepare_data: text files -> tokenizer + train/val token shards + meta.json (docs/data.md).
 //
-//   inputs (files, or folders: every *.txt below them, sorted by path)
-//     -> documents (per file, by doc_split)           document i = i-th in that order
+//   inputs (files, or folders: every *.txt and *.jsonl below them, sorted by path)
+//     -> documents (per file, by doc_split; a *.jsonl / *.ndjson file: one per line, the string
+//        in its text_field)                           document i = i-th in that order
 //     -> split: document i goes to val when u(i) < val_fraction, where
 //        u(i) = (XXH64(u64le i, seed) >> 11) * 2^-53; whole documents only
 //     -> tokenizer: loaded from tokenizer_model, or BPE-trained on the train documents' lines
@@ -44,8 +45,18 @@ DocSplit detect_doc_split(std::string_view text);  // the Auto rule; never retur
 std::vector<std::string> split_documents(std::string_view text, DocSplit mode);
 
 // Expands files and folders into the ordered list of input files; Error if one does not exist or
-// a folder holds no *.txt file.
+// a folder holds no *.txt or *.jsonl file.
 std::vector<std::string> expand_inputs(const std::vector<std::string>& inputs);
+
+// JSON lines (*.jsonl, *.ndjson): every non-blank line is a JSON object whose `field` is a string,
+// one document (taken as it is; an empty one is dropped). A line that is not valid JSON (nesting
+// is bounded at 64 levels), not an object, or without a string `field` is an Error naming the
+// file and line number, or, with skip_bad, skipped and counted in *skipped.
+bool is_json_lines_file(const std::string& path);
+std::vector<std::string> json_lines_documents(std::string_view text, const std::string& field,
+                                              bool skip_bad, const std::string& path,
+                                              uint64_t* skipped = nullptr,
+                                              std::string* first_problem = nullptr);
 
 // u(index) < val_fraction (see above). prepare_data adds one rule: if no document qualifies but
 // val_fraction > 0 and there are at least two documents, the document with the smallest u goes to
@@ -61,6 +72,8 @@ struct PrepareOptions {
   int64_t shard_tokens = 1 << 24;   // tokens per shard (the last one of a split may hold fewer)
   uint64_t seed = 1337;             // validation choice and tokenizer training
   std::string doc_split = "auto";   // see DocSplit
+  std::string text_field = "text";  // JSON lines: the field holding each document's text
+  bool skip_bad_lines = false;      // JSON lines: skip (and count) bad lines instead of failing
   // Canaries (memorization experiments): each file is one document, inserted canary_repeats[i]
   // times (one value: the same for all) between training documents at positions drawn from the
   // seed, never into validation. Where each copy landed (token offset in the train stream) is

@@ -317,9 +317,10 @@ void run_memorization_command(const MemorizationCommand& cmd, std::ostream& log)
   std::ostream& out = groups.world.rank() == 0 ? log : null_stream;
 
   const ModelConfig mc = read_hf_config(cmd.model_dir);
-  const std::string tok_path = cmd.model_dir + "/tokenizer.model";
-  if (!std::filesystem::exists(tok_path))
-    fail("model folder '", cmd.model_dir, "' has no tokenizer.model to encode the documents with");
+  const std::string tok_path = data::find_tokenizer_file(cmd.model_dir);
+  if (tok_path.empty())
+    fail("model folder '", cmd.model_dir, "' has no tokenizer.model or tokenizer.json to encode the "
+         "documents with");
   const auto tok = data::Tokenizer::load(tok_path);
   if (tok.vocab_size() > mc.vocab_size)
     fail("tokenizer in '", cmd.model_dir, "' has ", tok.vocab_size(),

@@ -1,3 +1,4 @@
+#include "tetrad/data/tokenizer.hpp"
 #include "tetrad/train/trainer.hpp"
 
 #include <mpi.h>
@@ -88,7 +89,11 @@ DataInfo read_data_info(const std::string& data_dir, const ModelConfig& model) {
     fail("the tokenizer of '", data_dir, "' has ", d.vocab_size,
          " tokens but model.vocab_size is ", model.vocab_size,
          "; set model.vocab_size >= ", d.vocab_size);
-  d.tokenizer_path = data_dir + "/tokenizer.model";
+  // Data folders from before tokenizer.json support name no file: theirs is tokenizer.model.
+  const auto& tj = j["tokenizer"];
+  d.tokenizer_path = data_dir + "/" +
+                     (tj.contains("file") && tj["file"].is_string() ? tj["file"].get<std::string>()
+                                                                    : std::string("tokenizer.model"));
   return d;
 }
 
@@ -330,6 +335,14 @@ TrainResult train(const RunConfig& cfg, const TrainOptions& opt, std::ostream& l
   }
   if (!loaded) {
     if (!cfg.init_from.empty()) {
+      // Fine-tuning: the data must be made with the model's own tokenizer.
+      if (const std::string tok = data::find_tokenizer_file(cfg.init_from); !tok.empty()) {
+        const uint64_t id = hash_file(tok);
+        if (id != data.tokenizer_identity)
+          fail("run.init_from '", cfg.init_from, "' has tokenizer ", hex64(id), " (", tok,
+               ") but the shards in '", cfg.data_dir, "' were made with tokenizer ",
+               hex64(data.tokenizer_identity), "; prepare the data with --tokenizer ", cfg.init_from);
+      }
       load_hf_params_streamed(cfg.init_from, cfg.model, table,
                               [&](size_t i, const float* data) {
                                 model.scatter_tensor(model.params(), i, data);
@@ -706,8 +719,8 @@ double evaluate_checkpoint(const std::string& model_dir, const std::string& data
   const ModelConfig mc = read_hf_config(model_dir);
   const int T = seq_len > 0 ? seq_len : mc.max_seq;
   const DataInfo data = read_data_info(data_dir, mc);
-  if (std::filesystem::exists(model_dir + "/tokenizer.model")) {
-    const uint64_t id = hash_file(model_dir + "/tokenizer.model");
+  if (const std::string tok = data::find_tokenizer_file(model_dir); !tok.empty()) {
+    const uint64_t id = hash_file(tok);
     if (id != data.tokenizer_identity)
       fail("model '", model_dir, "' was trained with tokenizer ", hex64(id), " but the shards in '",
            data_dir, "' were made with tokenizer ", hex64(data.tokenizer_identity));
