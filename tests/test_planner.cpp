@@ -740,3 +740,24 @@ TEST(PlannerValidation, SweepCoversPipelineGrids) {
   const std::string args = local_sweep_bench_args(2);
   EXPECT_NE(args.find("--grid 1,1,1,2,1 --layers 4 --seq 256 --micro-batches 2 --accumulate"), std::string::npos) << args;
 }
+
+// A machine file without the rate a run's precision needs: refused up front, naming the key to
+// add and the command that measures it (not "no grid can train this run").
+TEST(Planner, MissingPrecisionRateNamesTheKeyAndHowToMeasureIt) {
+  Machine m = test_machine();
+  m.peak_bf16 = 0;
+  m.source = "machines/mine.toml";
+  PlanInput in = input("small", 4, 16, 4);
+  in.precision = Precision::FP32;
+  EXPECT_FALSE(plan(in, m).empty());  // fp32 has its rate
+  in.precision = Precision::BF16;
+  try {
+    plan(in, m);
+    FAIL() << "a bf16 plan without a bf16 rate";
+  } catch (const Error& e) {
+    const std::string w = e.what();
+    EXPECT_NE(w.find("machine 'test' (machines/mine.toml) has no bf16 rate"), std::string::npos) << w;
+    EXPECT_NE(w.find("add [compute] peak_bf16_tflops"), std::string::npos) << w;
+    EXPECT_NE(w.find("tetrad plan --measure-machine machines/mine.toml"), std::string::npos) << w;
+  }
+}

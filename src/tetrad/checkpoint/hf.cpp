@@ -53,6 +53,96 @@ bool is_ignored_buffer(const std::string& name) {
 
 // --- config.json field access with messages naming the file and field ---------------------
 
+// Llama's rotary settings in either layout: transformers 4.x writes `rope_theta` at the top level
+// and `rope_scaling` (null, or {"rope_type" (older: "type"), scaling fields}); 5.x writes
+// `rope_parameters` = {"rope_type", "rope_theta", scaling fields}. Both layouts may be present;
+// where they overlap they must agree. Rope types other than "default" and "llama3", and fields
+// of a rope dict tetrad does not implement, are refused by name.
+void read_rope(const nlohmann::json& j, const std::string& where, ModelConfig& c) {
+  auto number = [&](const nlohmann::json& v, const std::string& key) {
+    if (!v.is_number()) fail(where, ": '", key, "' must be a number, got ", v.dump());
+    return v.get<double>();
+  };
+  bool have_theta = false;
+  double theta = 10000.0;
+  std::string theta_from;
+  auto set_theta = [&](const nlohmann::json& v, const std::string& key) {
+    const double t = number(v, key);
+    if (!(t > 0)) fail(where, ": '", key, "' = ", v.dump(), " must be positive");
+    if (have_theta && t != theta)
+      fail(where, ": '", key, "' = ", v.dump(), " disagrees with '", theta_from, "' = ", theta);
+    have_theta = true;
+    theta = t;
+    theta_from = key;
+  };
+  if (j.contains("rope_theta") && !j["rope_theta"].is_null()) set_theta(j["rope_theta"], "rope_theta");
+  std::string type = "default", type_from;
+  for (const char* key : {"rope_parameters", "rope_scaling"}) {
+    if (!j.contains(key) || j[key].is_null()) continue;
+    const nlohmann::json& d = j[key];
+    const std::string k = key;
+    if (!d.is_object()) fail(where, ": '", k, "' must be an object or null, got ", d.dump());
+    std::string t = "default";
+    for (const char* tk : {"rope_type", "type"})
+      if (d.contains(tk)) {
+        if (!d[tk].is_string()) fail(where, ": '", k, ".", tk, "' must be a string, got ", d[tk].dump());
+        t = d[tk].get<std::string>();
+      }
+    if (t != "default" && t != "llama3")
+      fail(where, ": '", k, "' has rope type \"", t, "\" (", d.dump(),
+           "), which tetrad does not implement; supported: \"default\" and \"llama3\"");
+    if (!type_from.empty() && t != type)
+      fail(where, ": '", k, "' has rope type \"", t, "\" but '", type_from, "' has \"", type, "\"");
+    type = t;
+    type_from = k;
+    if (d.contains("rope_theta") && !d["rope_theta"].is_null()) set_theta(d["rope_theta"], k + ".rope_theta");
+    static const char* const llama3_keys[] = {"factor", "low_freq_factor", "high_freq_factor",
+                                              "original_max_position_embeddings"};
+    for (auto it = d.begin(); it != d.end(); ++it) {
+      const std::string& f = it.key();
+      if (f == "rope_type" || f == "type" || f == "rope_theta") continue;
+      bool known = false;
+      if (t == "llama3")
+        for (const char* lk : llama3_keys) known = known || f == lk;
+      // Fields transformers leaves at their neutral value change nothing.
+      if (!known && f == "partial_rotary_factor" && it.value().is_number() && it.value() == 1) continue;
+      if (!known && f == "attention_factor" && (it.value().is_null() || (it.value().is_number() && it.value() == 1))) continue;
+      if (!known)
+        fail(where, ": '", k, ".", f, "' = ", it.value().dump(), " is not supported for rope type \"",
+             t, "\" (tetrad implements ", t == "llama3" ? "factor, low_freq_factor, high_freq_factor and "
+             "original_max_position_embeddings" : "no scaling fields", " there)");
+    }
+    if (t == "llama3") {
+      for (const char* lk : llama3_keys)
+        if (!d.contains(lk) || d[lk].is_null())
+          fail(where, ": '", k, "' (rope type llama3) lacks '", lk, "'");
+      const double factor = number(d["factor"], k + ".factor");
+      const double lo = number(d["low_freq_factor"], k + ".low_freq_factor");
+      const double hi = number(d["high_freq_factor"], k + ".high_freq_factor");
+      const nlohmann::json& om = d["original_max_position_embeddings"];
+      if (!om.is_number_integer() || om.get<int64_t>() <= 0 || om.get<int64_t>() > (int64_t(1) << 30))
+        fail(where, ": '", k, ".original_max_position_embeddings' must be a positive integer, got ", om.dump());
+      if (c.rope_type == "llama3" &&
+          (factor != c.rope_factor || lo != c.rope_low_freq_factor || hi != c.rope_high_freq_factor ||
+           om.get<int64_t>() != c.rope_original_max_position))
+        fail(where, ": 'rope_parameters' and 'rope_scaling' give different llama3 scaling");
+      c.rope_type = "llama3";
+      c.rope_factor = factor;
+      c.rope_low_freq_factor = lo;
+      c.rope_high_freq_factor = hi;
+      c.rope_original_max_position = int(om.get<int64_t>());
+      if (!(factor >= 1) || !(lo > 0) || !(hi > lo))
+        fail(where, ": '", k, "' = ", d.dump(), ": llama3 scaling needs factor >= 1 and "
+             "high_freq_factor > low_freq_factor > 0");
+    }
+  }
+  c.rope_type = type;
+  c.rope_theta = float(theta);
+  if (double(c.rope_theta) != theta)
+    fail(where, ": '", theta_from, "' = ", theta, " is not exact in single precision (tetrad keeps "
+         "rope theta as a float)");
+}
+
 struct ConfigReader {
   const nlohmann::json& j;
   const std::string& where;
@@ -157,6 +247,22 @@ bool replaceable_model_dir(const std::string& dir) {
 
 }  // namespace
 
+namespace {
+nlohmann::json rope_scaling_json(const ModelConfig& c) {
+  if (!c.rope_llama3()) return nullptr;
+  return {{"rope_type", "llama3"},
+          {"factor", c.rope_factor},
+          {"low_freq_factor", c.rope_low_freq_factor},
+          {"high_freq_factor", c.rope_high_freq_factor},
+          {"original_max_position_embeddings", c.rope_original_max_position}};
+}
+nlohmann::json rope_parameters_json(const ModelConfig& c) {
+  nlohmann::json p = c.rope_llama3() ? rope_scaling_json(c) : nlohmann::json{{"rope_type", "default"}};
+  p["rope_theta"] = json_float(c.rope_theta);
+  return p;
+}
+}  // namespace
+
 nlohmann::json hf_config_json(const ModelConfig& c, const nlohmann::json& extra) {
   nlohmann::json bos = nullptr, eos = nullptr;
   if (extra.is_object()) {
@@ -202,8 +308,11 @@ nlohmann::json hf_config_json(const ModelConfig& c, const nlohmann::json& extra)
          {"head_dim", c.head_dim()},
          {"max_position_embeddings", c.max_seq},
          {"rms_norm_eps", json_float(c.norm_eps)},
+         // Both layouts (the rope_* fields of read_rope): transformers 4.x reads rope_theta and
+         // rope_scaling, 5.x rope_parameters.
          {"rope_theta", json_float(c.rope_theta)},
-         {"rope_scaling", nullptr},
+         {"rope_scaling", rope_scaling_json(c)},
+         {"rope_parameters", rope_parameters_json(c)},
          {"vocab_size", c.vocab_size},
          {"tie_word_embeddings", c.tie_embeddings},
          {"hidden_act", "silu"},
@@ -343,17 +452,30 @@ ModelConfig parse_hf_config(const nlohmann::json& j, const std::string& where) {
     c.vocab_size = r.size("vocab_size");
     c.max_seq = r.size("max_position_embeddings");
     c.norm_eps = float(r.number_or("rms_norm_eps", 1e-6));
-    c.rope_theta = float(r.number_or("rope_theta", 10000.0));
+    read_rope(j, where, c);
     c.init_std = float(r.number_or("initializer_range", 0.02));
     c.tie_embeddings = r.boolean_or("tie_word_embeddings", false);
     const std::string act = r.string_or("hidden_act", "silu");
     if (act != "silu")
       fail(where, ": hidden_act '", act, "' is not supported; tetrad's Llama uses \"silu\"");
-    if (r.has("rope_scaling"))
-      fail(where, ": rope_scaling ", j["rope_scaling"].dump(),
-           " is not supported; only plain rotary positions (rope_scaling: null)");
     r.require_false("attention_bias", "tetrad's Llama has no attention biases");
     r.require_false("mlp_bias", "tetrad's Llama has no MLP biases");
+    r.require_false("use_sliding_window", "tetrad's attention is full causal attention");
+    if (r.has("sliding_window"))
+      fail(where, ": 'sliding_window' = ", j["sliding_window"].dump(),
+           " is not supported (tetrad's attention is full causal attention; expected null)");
+    if (r.has("layer_types")) {
+      if (!j["layer_types"].is_array())
+        fail(where, ": 'layer_types' must be a list, got ", j["layer_types"].dump());
+      for (const auto& t : j["layer_types"])
+        if (t != "full_attention")
+          fail(where, ": 'layer_types' holds ", t.dump(),
+               ", which is not supported (tetrad's layers are all \"full_attention\")");
+    }
+    for (const char* k : {"attn_logit_softcapping", "final_logit_softcapping", "logit_scale"})
+      if (r.has(k))
+        fail(where, ": '", k, "' = ", j[k].dump(), " is not supported (tetrad's Llama does not "
+             "scale or cap logits; expected null)");
     if (r.has("head_dim") && r.integer("head_dim") != c.n_embd / c.n_head)
       fail(where, ": head_dim = ", r.integer("head_dim"),
            " is not supported; tetrad's Llama uses hidden_size / num_attention_heads = ",
@@ -451,7 +573,17 @@ void load_hf_impl(const std::string& dir, const ModelConfig& expected, const Par
   same("n_head", got.n_head, expected.n_head);
   same("n_kv_head", got.n_kv_head, expected.n_kv_head);
   same("norm_eps", got.norm_eps, expected.norm_eps);
-  if (expected.family == Family::Llama) same("rope_theta", got.rope_theta, expected.rope_theta);
+  if (expected.family == Family::Llama) {
+    same("rope_theta", got.rope_theta, expected.rope_theta);
+    same("rope type", got.rope_type, expected.rope_type);
+    if (expected.rope_llama3()) {
+      same("rope factor", got.rope_factor, expected.rope_factor);
+      same("rope low_freq_factor", got.rope_low_freq_factor, expected.rope_low_freq_factor);
+      same("rope high_freq_factor", got.rope_high_freq_factor, expected.rope_high_freq_factor);
+      same("rope original_max_position_embeddings", got.rope_original_max_position,
+           expected.rope_original_max_position);
+    }
+  }
   // (Llama's max_position_embeddings bounds nothing in the weights: a shorter run is fine.)
   if (expected.family == Family::GPT2) same("max_seq", got.max_seq, expected.max_seq);
 

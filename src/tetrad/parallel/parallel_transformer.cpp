@@ -224,7 +224,7 @@ ParallelTransformer::ParallelTransformer(const ModelConfig& config, ProcessGroup
     // The tables are built on the host once (the model's rotary settings) and copied over.
     const size_t n = size_t(cfg_.max_seq) * size_t(half);
     std::vector<float> cos_host(n), sin_host(n);
-    k::rope_tables(cos_host.data(), sin_host.data(), cfg_.max_seq, hd_, cfg_.rope_theta);
+    k::rope_tables(cos_host.data(), sin_host.data(), cfg_.max_seq, hd_, rope_frequencies(cfg_));
     rope_cos_ = be_->alloc_array<float>(n);
     rope_sin_ = be_->alloc_array<float>(n);
     bq().copy_to_device(rope_cos_.data(), cos_host.data(), n * sizeof(float));

@@ -19,8 +19,8 @@ PlanInput plan_input_of(const RunConfig& cfg, int ranks) {
   in.ranks = ranks;
   // train.precision "auto" means bf16 where this CPU has bf16 matrix units (backend/cpu/precision.hpp).
   const std::string& p = cfg.train.precision;
-  in.precision = p == "bf16" || (p == "auto" && kernels::native_bf16_matmul()) ? Precision::BF16
-                                                                                 : Precision::FP32;
+  in.precision = kernels::resolve_precision(p) == kernels::Precision::BF16 ? Precision::BF16
+                                                                          : Precision::FP32;
   // What the trainer will run, parsed by the trainer's own parsers.
   in.recompute = parse_recompute(cfg.train.recompute);
   in.zero = cfg.zero;
