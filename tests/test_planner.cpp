@@ -14,7 +14,7 @@
 #include "tetrad/parallel/pipeline_schedule.hpp"
 #include "tetrad/parallel/process_groups.hpp"
 #include "tetrad/parallel/sharding.hpp"
-#include "tetrad/planner/auto_grid.hpp"
+#include "tetrad/train/auto_grid.hpp"
 #include "tetrad/planner/machine.hpp"
 #include "tetrad/planner/planner.hpp"
 #include "tetrad/planner/validate.hpp"
@@ -549,7 +549,7 @@ TEST(PlannerAuto, ChoosesATrainableGrid) {
   EXPECT_EQ(a.grid.size(), 4);
   EXPECT_TRUE(a.grid.p == 1 || trainer_supports_pipeline());
   EXPECT_NE(a.why.find("first choice"), std::string::npos);
-  EXPECT_NO_THROW(parallel::parse_grid(a.trainer_grid));
+  EXPECT_NO_THROW(parallel::validate_grid(a.grid, 4));
 }
 
 TEST(PlannerAuto, PassesTheTrainersRecomputeZeroAndSchedule) {

@@ -23,7 +23,7 @@
 #include "tetrad/data/prepare.hpp"
 #include "tetrad/data/tokenizer.hpp"
 #include "tetrad/model/sampling.hpp"
-#include "tetrad/planner/auto_grid.hpp"
+#include "tetrad/train/auto_grid.hpp"
 #include "tetrad/planner/machine.hpp"
 #include "tetrad/planner/planner.hpp"
 #include "tetrad/planner/scaling.hpp"

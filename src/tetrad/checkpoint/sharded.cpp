@@ -17,7 +17,7 @@
 #include <sstream>
 
 #include "tetrad/checkpoint/atomic_file.hpp"
-#include "tetrad/checkpoint/hf.hpp"
+#include "tetrad/checkpoint/hf_config.hpp"
 #include "tetrad/checkpoint/run_checkpoint.hpp"
 #include "tetrad/core/error.hpp"
 #include "tetrad/core/hash.hpp"

@@ -2,7 +2,6 @@
 
 #include "tetrad/backend/cpu/ops.hpp"
 #include "tetrad/core/error.hpp"
-#include "tetrad/model/params.hpp"
 
 namespace tetrad {
 
@@ -93,34 +92,6 @@ ModelConfig named_model(const std::string& name) {
          "'; expected one of: tiny, small, gpt2-124m, llama-tiny, llama-small, llama-1b");
   }
   return c;
-}
-
-int64_t count_parameters(const ModelConfig& c) { return build_param_table(c).total; }
-
-double flops_per_token(const ModelConfig& c, int seq_len) {
-  // 6 FLOPs per multiply-accumulate weight per token (2 forward, 4 backward) over the weights
-  // used in matrix multiplies (all linear weights and the output head), plus attention scores
-  // and values: 12 * L * C * T (PaLM appendix B; causal masking not discounted).
-  double n_matmul = 0;
-  for (const auto& p : build_param_table(c).specs)
-    if (p.kind == ParamKind::Linear) n_matmul += double(p.numel);
-  if (c.tie_embeddings) n_matmul += double(c.vocab_size) * c.n_embd;  // tied output head
-  return 6.0 * n_matmul + 12.0 * c.n_layer * double(c.n_embd) * seq_len;
-}
-
-double recompute_flops_per_token(const ModelConfig& c, int seq_len, const std::string& recompute) {
-  if (recompute == "none") return 0;
-  // Attention's score and value products again in the backward pass: 4 * L * C * T.
-  const double attention = 4.0 * c.n_layer * double(c.n_embd) * seq_len;
-  if (recompute == "selective") return attention;
-  if (recompute == "full") {
-    // Each block's forward again: its linear weights once more (2 FLOPs per weight) + attention.
-    double block = 0;
-    for (const auto& p : build_param_table(c).specs)
-      if (p.kind == ParamKind::Linear && p.layer >= 0) block += double(p.numel);
-    return 2.0 * block + attention;
-  }
-  fail("train.recompute = \"", recompute, "\": expected \"none\", \"selective\" or \"full\"");
 }
 
 }  // namespace tetrad

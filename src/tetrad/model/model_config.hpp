@@ -49,14 +49,4 @@ kernels::RopeFrequencies rope_frequencies(const ModelConfig& c);
 // "llama-tiny", "llama-small". Throws Error listing the known names.
 ModelConfig named_model(const std::string& name);
 
-// Non-embedding and total parameter counts.
-int64_t count_parameters(const ModelConfig& c);
-// Model FLOPs per token for forward+backward: 6*N_params_matmul + 12*L*C*T (attention,
-// causal counted in full as in the PaLM / Megatron convention).
-double flops_per_token(const ModelConfig& c, int seq_len);
-// FLOPs per token that recomputation adds ("none" | "selective" | "full", train.recompute):
-// selective reruns attention's score and value products (4 L C T), full each block's forward
-// (2 per block weight + 4 L C T). flops_per_token + this = hardware FLOPs (HFU).
-double recompute_flops_per_token(const ModelConfig& c, int seq_len, const std::string& recompute);
-
 }  // namespace tetrad

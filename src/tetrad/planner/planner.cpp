@@ -9,6 +9,7 @@
 #include <sstream>
 
 #include "tetrad/core/error.hpp"
+#include "tetrad/model/params.hpp"
 #include "tetrad/parallel/grid.hpp"
 #include "tetrad/parallel/sharding.hpp"
 

@@ -21,9 +21,10 @@
 #include "tetrad/core/rng.hpp"
 #include "tetrad/backend/cpu/precision.hpp"
 #include "tetrad/model/transformer.hpp"
+#include "tetrad/model/params.hpp"
 #include "tetrad/parallel/parallel_transformer.hpp"
 #include "tetrad/parallel/pipeline.hpp"
-#include "tetrad/planner/auto_grid.hpp"
+#include "tetrad/train/auto_grid.hpp"
 #include "tetrad/parallel/process_groups.hpp"
 #include "tetrad/backend/cpu/ceilings.hpp"
 #include "tetrad/model/gemm_shapes.hpp"
@@ -335,7 +336,7 @@ void run_bench_grids(const BenchOptions& opt, std::ostream& log) {
       // poll / thread: every bit-identical overlap on (backward all-reduce, reduce-scatter,
       // prefetch depth 1, data-parallel buckets), whatever the defaults are, with progress by
       // polling between kernels / by the helper thread.
-      const int on_node = planner::launcher_ranks_per_node() > 0 ? planner::launcher_ranks_per_node()
+      const int on_node = launcher_ranks_per_node() > 0 ? launcher_ranks_per_node()
                                                                  : world.size();
       OverlapOptions ov = mode == "off" ? OverlapOptions::all_off()
                                         : overlap_options(OverlapConfig{}, on_node, threads);

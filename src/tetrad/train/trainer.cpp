@@ -32,8 +32,9 @@
 #include "tetrad/backend/cpu/ops.hpp"
 #include "tetrad/backend/cpu/precision.hpp"
 #include "tetrad/model/transformer.hpp"
+#include "tetrad/model/params.hpp"
 #include "tetrad/parallel/grid.hpp"
-#include "tetrad/planner/auto_grid.hpp"
+#include "tetrad/train/auto_grid.hpp"
 #include "tetrad/parallel/parallel_transformer.hpp"
 #include "tetrad/parallel/pipeline.hpp"
 #include "tetrad/parallel/process_groups.hpp"
@@ -111,7 +112,7 @@ void set_threads(int threads) {
     if (const char* env = std::getenv("OMP_NUM_THREADS"); env && std::atoi(env) > 0) {
       n = std::atoi(env);
     } else {
-      n = std::max(1, num_cores() / std::max(1, planner::launcher_ranks_per_node()));
+      n = std::max(1, num_cores() / std::max(1, launcher_ranks_per_node()));
     }
   }
   omp_set_num_threads(n);
@@ -178,14 +179,15 @@ TrainResult train(const RunConfig& cfg, const TrainOptions& opt, std::ostream& l
   if (mpi_ready) MPI_Comm_size(MPI_COMM_WORLD, &world);
   // "auto": the planner's first choice. Every rank computes it from the same inputs (pure
   // function of config, rank count and machine file), so all ranks agree without talking.
-  std::string grid_text = cfg.grid, auto_why;
-  if (grid_text == "auto") {
-    const planner::AutoGrid a =
-        planner::choose_grid(cfg, world, planner::launcher_ranks_per_node());
-    grid_text = a.trainer_grid;
+  std::string auto_why;
+  GridShape shape;
+  if (cfg.grid == "auto") {
+    const AutoGrid a = choose_grid(cfg, world, launcher_ranks_per_node());
+    shape = a.grid;
     auto_why = a.why;
+  } else {
+    shape = parallel::parse_grid(cfg.grid);
   }
-  const GridShape shape = parallel::parse_grid(grid_text);
   parallel::validate_grid(shape, world);
   ProcessGroups groups =
       world > 1 ? ProcessGroups(comm::Communicator::world(), shape) : ProcessGroups();
@@ -221,7 +223,7 @@ TrainResult train(const RunConfig& cfg, const TrainOptions& opt, std::ostream& l
   popt.pipeline_layers = cfg.pipeline_layers;
   popt.sparse_embedding_grad = cfg.sparse_embedding_grad;
   // Ranks on this node: the launcher's count, else all of them (one node assumed).
-  const int on_node = planner::launcher_ranks_per_node() > 0 ? planner::launcher_ranks_per_node() : world;
+  const int on_node = launcher_ranks_per_node() > 0 ? launcher_ranks_per_node() : world;
   popt.overlap = overlap_options(cfg.overlap, on_node, omp_get_max_threads());  // dp_overlap dropped with ZeRO or Gp > 1
   parallel::ParallelTransformer model(cfg.model, groups, B, T, popt);
   StepProfile prof;

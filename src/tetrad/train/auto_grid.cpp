@@ -1,4 +1,4 @@
-#include "tetrad/planner/auto_grid.hpp"
+#include "tetrad/train/auto_grid.hpp"
 
 #include <cstdlib>
 #include <iomanip>
@@ -7,7 +7,9 @@
 #include "tetrad/core/error.hpp"
 #include "tetrad/backend/cpu/precision.hpp"
 
-namespace tetrad::planner {
+namespace tetrad {
+
+using namespace planner;
 
 PlanInput plan_input_of(const RunConfig& cfg, int ranks) {
   PlanInput in;
@@ -61,11 +63,11 @@ AutoGrid choose_grid(const RunConfig& cfg, int ranks, int ranks_per_node) {
     fail(o.str());
   }
   AutoGrid a;
-  a.grid = first->grid;
-  a.trainer_grid = trainer_grid_string(first->grid);
+  const Grid5& g = first->grid;
+  a.grid = parallel::GridShape{g.x, g.y, g.z, g.d, g.p};
   std::ostringstream w;
   w << std::fixed << std::setprecision(3);
-  w << "grid auto: " << a.trainer_grid << " (x,y,z,p,d = " << first->grid.to_string()
+  w << "grid auto: " << trainer_grid_string(g) << " (x,y,z,p,d = " << first->grid.to_string()
     << "), the planner's first choice of " << trainable << " trainable grids (" << valid
     << " valid, " << all.size() << " in all) on machine '" << m.name << "' with "
     << m.ranks_per_node << " ranks/node\n"
@@ -84,4 +86,4 @@ AutoGrid choose_grid(const RunConfig& cfg, int ranks, int ranks_per_node) {
   return a;
 }
 
-}  // namespace tetrad::planner
+}  // namespace tetrad
