@@ -920,6 +920,11 @@ TEST(RunCheckpoint, InterruptedSaveIsIgnoredAndCleanedUp) {
   auto found = find_latest_checkpoint(run, log);
   ASSERT_TRUE(found.has_value());
   EXPECT_EQ(found->step, 5);
+  // Finding is read-only (the .tmp folder may be a running trainer's save in progress): the
+  // leftovers stay until the run folder's lock holder cleans them at its start.
+  EXPECT_TRUE(fs::exists(ck + "/step_000006.tmp"));
+  EXPECT_TRUE(fs::exists(ck + "/latest.tmp-abc123"));
+  clean_run_folder(run, log);
   EXPECT_FALSE(fs::exists(ck + "/step_000006.tmp"));
   EXPECT_FALSE(fs::exists(ck + "/latest.tmp-abc123"));
   EXPECT_NE(log.str().find("interrupted save"), std::string::npos);

@@ -12,10 +12,13 @@
 #include <sstream>
 #include <chrono>
 #include <thread>
+#include <sys/wait.h>
+#include <unistd.h>
 
 #include "tetrad/checkpoint/atomic_file.hpp"
 #include "tetrad/checkpoint/hf.hpp"
 #include "tetrad/checkpoint/run_checkpoint.hpp"
+#include "tetrad/checkpoint/run_lock.hpp"
 #include "tetrad/checkpoint/sharded.hpp"
 #include "tetrad/comm/communicator.hpp"
 #include "tetrad/core/error.hpp"
@@ -396,13 +399,16 @@ TEST(ShardedCheckpoint, ResumeCandidatesSkipDamagedLatest) {
   EXPECT_EQ(c[0].step, 8);
   EXPECT_EQ(c[1].step, 4);
   fs::resize_file(dir8 + "/" + shard_file_name(0), 100);
-  // An interrupted save's leftovers are removed.
+  // An interrupted save's leftovers are skipped (finding only reads), and removed by the
+  // lock holder's clean_run_folder.
   fs::create_directories(run + "/checkpoints/step_000012.tmp");
   std::ostringstream log2;
   c = resume_candidates(run, log2);
   ASSERT_EQ(c.size(), 1u);
   EXPECT_EQ(c[0].step, 4);
   EXPECT_NE(log2.str().find("truncated"), std::string::npos) << log2.str();
+  EXPECT_TRUE(fs::exists(run + "/checkpoints/step_000012.tmp"));
+  clean_run_folder(run, log2);
   EXPECT_FALSE(fs::exists(run + "/checkpoints/step_000012.tmp"));
 }
 
@@ -483,4 +489,84 @@ TEST(ShardedCheckpoint, AsyncSaverSnapshotsAndCommits) {
   load_sharded_params(run + "/checkpoints/step_000004", md.cfg, md.table, got.data());
   EXPECT_EQ(got, md.p);
   verify_sharded_checkpoint(run + "/checkpoints/step_000004");
+}
+
+// ---- Issue 16: owning a run folder, pruning that keeps what matters -------------------------
+
+TEST(RunFolder, LockRefusesASecondHolderNamingIt) {
+  const std::string run = test_dir() + "/locked";
+  {
+    RunLock first(run);
+    try {
+      RunLock second(run);
+      FAIL() << "a second lock on the same folder was granted";
+    } catch (const Error& e) {
+      const std::string msg = e.what();
+      EXPECT_NE(msg.find("is in use"), std::string::npos) << msg;
+      EXPECT_NE(msg.find("pid " + std::to_string(getpid()) + " on host " + this_host_name()),
+                std::string::npos) << msg;
+    }
+  }
+  EXPECT_FALSE(fs::exists(run + "/train.lock"));  // released
+  RunLock again(run);                              // and free again
+}
+
+TEST(RunFolder, StaleLockOfADeadProcessIsTakenOver) {
+  const std::string run = test_dir() + "/stale";
+  fs::create_directories(run);
+  // A pid that is not running: a child that has exited and been reaped.
+  const pid_t child = fork();
+  if (child == 0) _exit(0);
+  ASSERT_GT(child, 0);
+  waitpid(child, nullptr, 0);
+  std::ofstream(run + "/train.lock") << "pid=" << child << " host=" << this_host_name() << " start=1\n";
+  std::string took;
+  RunLock lock(run, &took);
+  EXPECT_NE(took.find("no longer running; taking it over"), std::string::npos) << took;
+  // A holder on another host cannot be checked: refused, with its name.
+  const std::string run2 = test_dir() + "/remote";
+  fs::create_directories(run2);
+  std::ofstream(run2 + "/train.lock") << "pid=77 host=another-node start=5\n";
+  try {
+    RunLock remote(run2);
+    FAIL() << "a lock held on another host was taken";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("pid 77 on host another-node"), std::string::npos) << e.what();
+  }
+}
+
+TEST(RunFolder, PruningKeepsTheLastHealthyCheckpointAndRenamesFirst) {
+  const Model md("tiny");
+  const std::string run = test_dir() + "/healthy";
+  ShardedCheckpointInfo info;
+  // Steps 2, 4 healthy; 6, 8, 10 diverged; keep_last = 2.
+  for (int s = 2; s <= 10; s += 2) {
+    info.step = s;
+    info.extra = {{"loss", s <= 4 ? 3.0 : 19000.0}, {"healthy", s <= 4}};
+    save_sharded_checkpoint_serial(run, md.cfg, md.table, md.p.data(), md.m.data(), md.v.data(), info, "", 2);
+  }
+  EXPECT_EQ(checkpoint_steps(run), (std::vector<int64_t>{10, 8, 4}));
+  EXPECT_TRUE(checkpoint_healthy(run + "/checkpoints/step_000004") == std::optional<bool>(true));
+  EXPECT_TRUE(checkpoint_healthy(run + "/checkpoints/step_000010") == std::optional<bool>(false));
+  // Healthy again: the old healthy one is no longer needed.
+  info.step = 12;
+  info.extra = {{"loss", 2.5}, {"healthy", true}};
+  save_sharded_checkpoint_serial(run, md.cfg, md.table, md.p.data(), md.m.data(), md.v.data(), info, "", 2);
+  EXPECT_EQ(checkpoint_steps(run), (std::vector<int64_t>{12, 10}));
+  // Nothing of a pruned folder is left under its step name, and a half-pruned one is cleaned.
+  for (const auto& e : fs::directory_iterator(run + "/checkpoints"))
+    EXPECT_EQ(e.path().filename().string().find(".pruning"), std::string::npos);
+  fs::create_directories(run + "/checkpoints/step_000002.pruning");
+  std::ostringstream log;
+  EXPECT_EQ(resume_candidates(run, log).front().step, 12);  // readers ignore it
+  EXPECT_TRUE(fs::exists(run + "/checkpoints/step_000002.pruning"));
+  clean_run_folder(run, log);
+  EXPECT_FALSE(fs::exists(run + "/checkpoints/step_000002.pruning"));
+  EXPECT_NE(log.str().find("interrupted prune"), std::string::npos) << log.str();
+  // A folder no resume can use (its meta.json gone, as an older prune left them) does not hold a
+  // place among the kept: with keep_last = 3, steps 14 and 12 stay, 10 goes.
+  fs::remove(run + "/checkpoints/step_000010/meta.json");
+  info.step = 14;
+  save_sharded_checkpoint_serial(run, md.cfg, md.table, md.p.data(), md.m.data(), md.v.data(), info, "", 3);
+  EXPECT_EQ(checkpoint_steps(run), (std::vector<int64_t>{14, 12}));
 }

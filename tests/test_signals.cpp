@@ -7,6 +7,7 @@
 #include <pthread.h>
 #include <signal.h>
 #include <sys/syscall.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -133,6 +134,65 @@ TEST(StopSignals, SignalStormDuringGemms) {
     EXPECT_GT(gemms, 10);
   }
   omp_set_num_threads(saved);
+}
+
+// Issue 16: under Open MPI a SIGCONT reaching a running rank is mpirun's notice that it is ending
+// the job (SIGTERM and SIGKILL follow), taken as a stop request; a SIGCONT that resumes a stopped
+// process (kill -STOP / -CONT, Ctrl-Z and fg) is not. In a child process (its own signals).
+TEST(StopSignals, ContNoticeTellsARunningProcessFromAResumedOne) {
+  int to_child[2], to_parent[2];
+  ASSERT_EQ(pipe(to_child), 0);
+  ASSERT_EQ(pipe(to_parent), 0);
+  const pid_t child = fork();
+  ASSERT_GE(child, 0);
+  if (child == 0) {
+    int code = 0;
+    {
+      StopSignals guard(/*cont_notice=*/true);
+      char c = 'r';
+      if (write(to_parent[1], &c, 1) != 1) _exit(3);
+      for (;;) {
+        if (read(to_child[0], &c, 1) != 1) break;
+        const int got = StopSignals::received();
+        if (write(to_parent[1], &got, sizeof got) != ssize_t(sizeof got)) _exit(3);
+        if (c == 'q') break;
+      }
+    }
+    _exit(code);
+  }
+  char c = 0;
+  ASSERT_EQ(read(to_parent[0], &c, 1), 1);
+  std::this_thread::sleep_for(std::chrono::milliseconds(200));
+  // Stopped, then continued: a resume, not a notice.
+  ASSERT_EQ(kill(child, SIGSTOP), 0);
+  int status = 0;
+  ASSERT_EQ(waitpid(child, &status, WUNTRACED), child);
+  ASSERT_TRUE(WIFSTOPPED(status));
+  std::this_thread::sleep_for(std::chrono::milliseconds(600));
+  ASSERT_EQ(kill(child, SIGCONT), 0);
+  std::this_thread::sleep_for(std::chrono::milliseconds(1500));
+  int got = -1;
+  c = 'c';
+  ASSERT_EQ(write(to_child[1], &c, 1), 1);
+  ASSERT_EQ(read(to_parent[0], &got, sizeof got), ssize_t(sizeof got));
+  EXPECT_EQ(got, 0) << "the resume of a stopped process was taken as a stop request";
+  // Continued while running: mpirun's notice.
+  ASSERT_EQ(kill(child, SIGCONT), 0);
+  std::this_thread::sleep_for(std::chrono::milliseconds(300));
+  c = 'q';
+  ASSERT_EQ(write(to_child[1], &c, 1), 1);
+  ASSERT_EQ(read(to_parent[0], &got, sizeof got), ssize_t(sizeof got));
+  EXPECT_EQ(got, SIGCONT);
+  ASSERT_EQ(waitpid(child, &status, 0), child);
+  EXPECT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 0);
+}
+
+// Without the notice (one process, no mpirun) SIGCONT changes nothing.
+TEST(StopSignals, ContIsNoStopWithoutTheNotice) {
+  StopSignals guard;
+  ASSERT_EQ(::kill(::getpid(), SIGCONT), 0);
+  std::this_thread::sleep_for(std::chrono::milliseconds(200));
+  EXPECT_EQ(StopSignals::received(), 0);
 }
 
 }  // namespace

@@ -99,11 +99,11 @@ TEST_F(TrainTest, LossFallsAndRunFolderIsComplete) {
   EXPECT_TRUE(fs::exists(r.last_checkpoint + "/meta.json"));  // a sharded checkpoint
   EXPECT_TRUE(fs::exists(r.last_checkpoint + "/shard_00000.bin"));
   EXPECT_TRUE(fs::exists(r.last_checkpoint + "/tokenizer.model"));
-  // metrics.jsonl: one line per step and per validation.
+  // metrics.jsonl: one line per step and per validation, after the run's "start" line.
   std::ifstream m(c.run_dir + "/metrics.jsonl");
   int lines = 0;
   for (std::string l; std::getline(m, l);) ++lines;
-  EXPECT_EQ(lines, 42);
+  EXPECT_EQ(lines, 43);  // + the "start" event line
 }
 
 TEST_F(TrainTest, SameSeedSameLosses) {

@@ -4,6 +4,8 @@
 
 #include <CLI/CLI.hpp>
 #include <cctype>
+#include <cerrno>
+#include <cstdlib>
 #include <cmath>
 #include <filesystem>
 #include <fstream>
@@ -20,6 +22,7 @@
 #include "tetrad/backend/cpu/precision.hpp"
 #include "tetrad/core/cpu.hpp"
 #include "tetrad/core/error.hpp"
+#include "tetrad/core/hash.hpp"
 #include "tetrad/data/prepare.hpp"
 #include "tetrad/data/tokenizer.hpp"
 #include "tetrad/model/sampling.hpp"
@@ -42,11 +45,14 @@ namespace {
 
 // A model folder given on the command line: a Hugging Face-format folder (config.json +
 // model.safetensors) or a run folder, meaning its latest good checkpoint.
+// The checkpoint resolve_model_dir chose in a run folder ("" when given a model folder).
+std::string g_resolved_run_checkpoint;
+
 std::string resolve_model_dir(const std::string& path) {
   if (fs::exists(path + "/config.json")) return path;
   if (fs::exists(path + "/checkpoints")) {
     auto found = find_latest_checkpoint(path, std::cerr);
-    if (found) return found->dir;
+    if (found) return g_resolved_run_checkpoint = found->dir;
     fail("run folder '", path, "' has no checkpoint yet");
   }
   fail("'", path, "' is neither a model folder (config.json + model.safetensors) nor a run "
@@ -119,7 +125,7 @@ void run_plan_command(const std::string& model, const std::vector<std::string>& 
     const Machine m = measure_machine(stem, threads, quick);
     if (rank == 0) {
       std::ofstream f(measure_out);
-      f << machine_to_toml(m);
+      f << machine_to_toml(m) << std::flush;
       if (!f) fail("cannot write machine file '", measure_out, "'");
       std::cout << machine_to_toml(m) << "wrote " << measure_out << "\n";
     }
@@ -254,10 +260,53 @@ void run_plan_command(const std::string& model, const std::vector<std::string>& 
   std::cout << plan_text(in, m, p, show_rejected, top);
   if (!json_path.empty()) {
     std::ofstream f(json_path);
-    f << plan_json(in, m, p).dump(2) << "\n";
+    f << plan_json(in, m, p).dump(2) << "\n" << std::flush;
     if (!f) fail("cannot write '", json_path, "'");
     std::cout << "wrote " << json_path << "\n";
   }
+}
+
+// Range checks for command-line numbers that also catch NaN and infinity (CLI::Range lets NaN
+// through: every comparison with it is false).
+std::string number_text(double v) {
+  std::ostringstream os;
+  os << v;
+  return os.str();
+}
+CLI::Validator finite_at_least(double lo, const std::string& what) {
+  return CLI::Validator(
+      [lo, what](std::string& in) -> std::string {
+        char* end = nullptr;
+        const double v = std::strtod(in.c_str(), &end);
+        if (end == in.c_str() || *end != '\0' || !std::isfinite(v) || !(v >= lo))
+          return what + " must be a finite number >= " + number_text(lo) + ", got '" + in + "'";
+        return std::string();
+      },
+      ">= " + number_text(lo));
+}
+CLI::Validator int_in(long long lo, long long hi, const std::string& what) {
+  return CLI::Validator(
+      [lo, hi, what](std::string& in) -> std::string {
+        char* end = nullptr;
+        errno = 0;
+        const long long v = std::strtoll(in.c_str(), &end, 10);
+        if (end == in.c_str() || *end != '\0' || errno == ERANGE || v < lo || v > hi)
+          return what + " must be an integer in [" + std::to_string(lo) + ", " + std::to_string(hi) +
+                 "], got '" + in + "'";
+        return std::string();
+      },
+      "[" + std::to_string(lo) + ", " + std::to_string(hi) + "]");
+}
+CLI::Validator probability_mass(const std::string& what) {
+  return CLI::Validator(
+      [what](std::string& in) -> std::string {
+        char* end = nullptr;
+        const double v = std::strtod(in.c_str(), &end);
+        if (end == in.c_str() || *end != '\0' || !(v > 0 && v <= 1))
+          return what + " must be a number in (0, 1], got '" + in + "'";
+        return std::string();
+      },
+      "(0, 1]");
 }
 
 }  // namespace
@@ -336,6 +385,9 @@ int main(int argc, char** argv) {
   train_cmd->add_option("-c,--config", config_path, "TOML config (docs/config.md)");
   train_cmd->add_option("-s,--set", overrides, "override: section.key=value (repeatable)");
   train_cmd->add_flag("--resume", topt.resume, "continue from the latest good checkpoint");
+  train_cmd->add_flag("--overwrite", topt.overwrite,
+                      "run.dir already holds checkpoints: delete them and start afresh (without "
+                      "this or --resume such a folder is refused)");
   std::string grid_arg;
   train_cmd->add_option("--grid", grid_arg,
                         "process grid x,y,z,d or x,y,z,p,d (same as --set parallel.grid=...); "
@@ -356,9 +408,12 @@ int main(int argc, char** argv) {
   eval->add_option("-m,--model", model_dir, "model folder or run folder")->required();
   eval->add_option("-d,--data", data_dir, "prepared data folder")->capture_default_str();
   eval->add_option("--split", split, "train | val")->capture_default_str();
-  eval->add_option("--batches", eval_batches)->capture_default_str();
-  eval->add_option("--micro-batch", eval_b)->capture_default_str();
-  eval->add_option("--seq-len", eval_t, "default: the model's max_seq");
+  eval->add_option("--batches", eval_batches)->capture_default_str()
+      ->check(int_in(1, 1 << 30, "--batches"));
+  eval->add_option("--micro-batch", eval_b)->capture_default_str()
+      ->check(int_in(1, 1 << 20, "--micro-batch"));
+  eval->add_option("--seq-len", eval_t, "default: the model's max_seq")
+      ->check(int_in(0, 1 << 24, "--seq-len"));
 
   // generate
   std::string prompt = "In the beginning";
@@ -368,10 +423,14 @@ int main(int argc, char** argv) {
   auto* gen = app.add_subcommand("generate", "sample text from a model (KV cache)");
   gen->add_option("-m,--model", model_dir, "model folder or run folder")->required();
   gen->add_option("-p,--prompt", prompt)->capture_default_str();
-  gen->add_option("-n,--max-new", max_new, "tokens to generate")->capture_default_str();
-  gen->add_option("-t,--temperature", sopt.temperature, "0 = greedy")->capture_default_str();
-  gen->add_option("--top-k", sopt.top_k, "0 = off")->capture_default_str();
-  gen->add_option("--top-p", sopt.top_p, "nucleus mass, 1 = off")->capture_default_str();
+  gen->add_option("-n,--max-new", max_new, "tokens to generate")->capture_default_str()
+      ->check(int_in(1, 1 << 24, "-n/--max-new"));
+  gen->add_option("-t,--temperature", sopt.temperature, "0 = greedy")->capture_default_str()
+      ->check(finite_at_least(0, "-t/--temperature"));
+  gen->add_option("--top-k", sopt.top_k, "0 = off")->capture_default_str()
+      ->check(int_in(0, 1 << 30, "--top-k"));
+  gen->add_option("--top-p", sopt.top_p, "nucleus mass, 1 = off")->capture_default_str()
+      ->check(probability_mass("--top-p"));
   gen->add_option("--seed", gen_seed)->capture_default_str();
 
   // bench
@@ -430,7 +489,9 @@ int main(int argc, char** argv) {
   auto* report = app.add_subcommand(
       "report", "one self-contained HTML page of a run: loss curves, speed, time breakdown, config");
   report->add_option("run_dir", report_dir, "run folder (metrics.jsonl, config.toml)")->required();
-  report->add_option("-o,--out", report_out, "output file (default RUN_DIR/report.html)");
+  report->add_option("-o,--out", report_out,
+                     "output file (default NAME-report.html in the current folder, NAME the run "
+                     "folder's name: report never writes into a run folder)");
   std::string report_trace;
   report->add_option("--trace", report_trace,
                      "trace of the run (`tetrad train --trace`; default RUN_DIR/trace.json if it "
@@ -563,6 +624,12 @@ int main(int argc, char** argv) {
     return app.exit(e);
   }
 
+  // A read-only command on a run folder reads its latest checkpoint; a trainer still running
+  // there may prune that checkpoint meanwhile (renamed away, then deleted: files already open
+  // stay readable, ones opened after are gone). Then the command starts again on the newest one.
+  const bool reads_a_model = *eval || *gen || *logits_cmd || *exp || *memo || *verify;
+  for (int attempt = 0;; ++attempt) {
+  g_resolved_run_checkpoint.clear();
   try {
     if (*prepare) {
       data::prepare_data(prep, std::cout);
@@ -597,6 +664,7 @@ int main(int argc, char** argv) {
       if (tok_file.empty())
         fail("model folder '", dir, "' has no tokenizer.model or tokenizer.json to encode the prompt with");
       auto tok = data::Tokenizer::load(tok_file);
+      sopt.vocab_limit = tok.vocab_size();  // a padded model vocabulary: ids past it have no text
       Transformer<float> model(mc, 1, mc.max_seq);
       load_hf_params(dir, mc, model.table(), model.params());
       Rng rng(gen_seed);
@@ -629,7 +697,9 @@ int main(int argc, char** argv) {
         run_bench(bopt, std::cout);
       }
     } else if (*report) {
-      const std::string path = report_out.empty() ? report_dir + "/report.html" : report_out;
+      std::string name = fs::path(report_dir).lexically_normal().filename().string();
+      if (name.empty() || name == ".") name = fs::absolute(report_dir).lexically_normal().parent_path().filename().string();
+      const std::string path = report_out.empty() ? (name.empty() ? "run" : name) + "-report.html" : report_out;
       const std::string trace =
           report_trace.empty() && std::filesystem::exists(report_dir + "/trace.json")
               ? report_dir + "/trace.json" : report_trace;
@@ -688,6 +758,7 @@ int main(int argc, char** argv) {
       const float* lg = model.forward_logits(ids.data(), 1, int(ids.size()));
       std::ofstream f(logits_out, std::ios::binary);
       f.write(reinterpret_cast<const char*>(lg), std::streamsize(ids.size() * mc.vocab_size * sizeof(float)));
+      f.flush();
       if (!f) fail("cannot write '", logits_out, "'");
       std::cout << "wrote logits [" << ids.size() << ", " << mc.vocab_size << "] to " << logits_out << "\n";
     } else if (*verify) {
@@ -699,10 +770,30 @@ int main(int argc, char** argv) {
         std::string name = read_small_file(latest);
         while (!name.empty() && std::isspace(static_cast<unsigned char>(name.back()))) name.pop_back();
         dir = model_dir + "/checkpoints/" + name;
+        g_resolved_run_checkpoint = dir;
       }
+      // The tokenizer kept with the checkpoint must load (generate needs it) and, where the
+      // checkpoint records the shards' tokenizer, be that one.
+      auto verify_tokenizer = [&](uint64_t expected) -> std::string {
+        const std::string path = data::find_tokenizer_file(dir);
+        if (path.empty()) return "no tokenizer";
+        const std::string file = fs::path(path).filename().string();
+        uint64_t id = 0;
+        try {
+          id = data::Tokenizer::load(path).identity();
+        } catch (const std::exception& e) {
+          fail("checkpoint ", dir, ": ", file, " does not load (damaged?): ", e.what());
+        }
+        if (expected != 0 && id != expected)
+          fail("checkpoint ", dir, ": ", file, " (identity ", hex64(id),
+               ") is not the tokenizer the model was trained with (the checkpoint records ",
+               hex64(expected), ")");
+        return "tokenizer " + hex64(id) + " loads";
+      };
       if (!is_sharded_checkpoint(dir)) {
         if (auto problem = checkpoint_problem(dir)) fail("checkpoint ", dir, ": ", *problem);
-        std::cout << "ok: " << dir << " (Hugging Face folder + trainer_state.bin) verified\n";
+        const std::string tok = verify_tokenizer(0);
+        std::cout << "ok: " << dir << " (Hugging Face folder + trainer_state.bin) verified, " << tok << "\n";
       } else {
         verify_sharded_checkpoint(dir);
         const ModelConfig mc = sharded_model_config(dir);
@@ -712,9 +803,10 @@ int main(int argc, char** argv) {
         const nlohmann::json meta = read_sharded_meta(dir);
         int64_t bytes = 0;
         for (const auto& f : meta["files"]) bytes += f["data_bytes"].get<int64_t>();
+        const std::string tok = verify_tokenizer(info.tokenizer_identity);
         std::cout << "ok: " << dir << " verified: step " << info.step << ", grid "
                   << info.grid.to_string() << ", " << meta["files"].size() << " shard file(s), "
-                  << bytes << " bytes, every chunk checksum matches, loads\n";
+                  << bytes << " bytes, every chunk checksum matches, loads; " << tok << "\n";
       }
     } else if (*imp) {
       const ModelConfig mc = read_hf_config(import_hf);
@@ -754,7 +846,15 @@ int main(int argc, char** argv) {
       std::cout << "exported " << dir << " -> " << export_out << "\n";
     }
   } catch (const std::exception& e) {
+    const std::string& dir = g_resolved_run_checkpoint;
+    if (reads_a_model && attempt < 4 && !dir.empty() && !fs::exists(dir)) {
+      std::cerr << "tetrad: " << dir << " was pruned by the run's trainer while being read; "
+                << "reading the newest checkpoint instead\n";
+      continue;
+    }
     return fatal(e.what());
+  }
+  break;
   }
   return 0;
 }

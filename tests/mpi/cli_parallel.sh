@@ -128,15 +128,15 @@ fi
   --set parallel.overlap_backward_allreduce=true --set parallel.overlap_reduce_scatter=true \
   --set parallel.prefetch_depth=1 --set parallel.overlap_dp_allreduce=true \
   --set parallel.progress_thread=true \
-  --trace "$W/traced/trace.json" > "$W/log" 2>&1 && "$TETRAD" report "$W/traced" > /dev/null ||
+  --trace "$W/traced/trace.json" > "$W/log" 2>&1 && "$TETRAD" report "$W/traced" -o "$W/traced-report.html" > /dev/null ||
   { cat "$W/log"; fails=$((fails+1)); }
 field() { grep -o "\"$1\":[^,}]*" "$W/traced/metrics.jsonl" | cut -d: -f2; }
 if paste <(field step_time_s) <(field t_compute_s) <(field t_comm_exposed_s) <(field t_wait_s) \
          <(field t_optimizer_s) <(field t_data_s) |
    awk '{ n++; s = $2 + $3 + $4 + $5 + $6; d = (s - $1) / $1; if (d < 0) d = -d; if (d > 0.05) bad = 1 }
         END { exit (bad || n != 5) }' &&
-   grep -q '"comm z"' "$W/traced/trace.json" && grep -q 'id="loss-chart"' "$W/traced/report.html" &&
-   grep -q 'id="exposed"' "$W/traced/report.html"; then
+   grep -q '"comm z"' "$W/traced/trace.json" && grep -q 'id="loss-chart"' "$W/traced-report.html" &&
+   grep -q 'id="exposed"' "$W/traced-report.html"; then
   echo "ok   grid 1,1,2,1 with overlap: breakdown adds up to the step time, trace and report (with exposed communication by collective) written"
 else
   echo "FAIL breakdown/trace/report on a grid"; cat "$W/traced/metrics.jsonl"; fails=$((fails+1))

@@ -21,6 +21,7 @@
 #include "tetrad/checkpoint/hf_config.hpp"
 #include "tetrad/checkpoint/safetensors.hpp"
 #include "tetrad/core/error.hpp"
+#include "tetrad/core/json.hpp"
 
 namespace fs = std::filesystem;
 
@@ -57,7 +58,9 @@ class FolderTensors {
     } else if (fs::exists(index, ec)) {
       nlohmann::json j;
       try {
-        j = nlohmann::json::parse(read_small_file(index.string()));
+        const std::string text = read_small_file(index.string());
+        check_json_depth(text, "'" + index.string() + "'");
+        j = nlohmann::json::parse(text);
       } catch (const nlohmann::json::exception& ex) {
         fail("checkpoint ", dir, ": '", index.string(), "' is not valid JSON (", ex.what(), ")");
       }

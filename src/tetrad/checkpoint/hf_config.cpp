@@ -9,6 +9,7 @@
 
 #include "tetrad/checkpoint/atomic_file.hpp"
 #include "tetrad/core/error.hpp"
+#include "tetrad/core/json.hpp"
 
 namespace fs = std::filesystem;
 
@@ -325,8 +326,10 @@ ModelConfig read_hf_config(const std::string& dir) {
   std::error_code ec;
   if (!fs::exists(path, ec)) fail("checkpoint ", dir, " has no config.json");
   nlohmann::json j;
+  const std::string text = read_small_file(path);
+  check_json_depth(text, "'" + path + "'");
   try {
-    j = nlohmann::json::parse(read_small_file(path));
+    j = nlohmann::json::parse(text);
   } catch (const nlohmann::json::exception& ex) {
     fail("'", path, "' is not valid JSON (", ex.what(), ")");
   }

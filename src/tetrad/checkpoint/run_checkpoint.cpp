@@ -57,11 +57,13 @@ std::vector<StepDir> list_step_dirs(const fs::path& ckdir) {
   return out;
 }
 
-// Leftovers of an interrupted save: "step_N.tmp" folders, "*.tmp-XXXXXX" files and folders from
-// atomic writes, "*.old-PID" folders from a replace without atomic exchange.
+// Leftovers of an interrupted save or prune: "step_N.tmp" folders, "*.tmp-XXXXXX" files and
+// folders from atomic writes, "*.old-PID" folders from a replace without atomic exchange,
+// "step_N.pruning" folders a prune renamed before deleting them.
 bool is_leftover(const std::string& name) {
   return (name.size() > 4 && name.compare(name.size() - 4, 4, ".tmp") == 0) ||
-         name.find(".tmp-") != std::string::npos || name.find(".old-") != std::string::npos;
+         name.find(".tmp-") != std::string::npos || name.find(".old-") != std::string::npos ||
+         name.find(".pruning") != std::string::npos;
 }
 
 std::string trim(std::string s) {
@@ -93,19 +95,89 @@ void publish_checkpoint(const std::string& run_dir, int64_t step, int keep_last,
   if (prune) prune_checkpoints(run_dir, step, keep_last);
 }
 
+std::optional<bool> checkpoint_healthy(const std::string& dir) {
+  std::error_code ec;
+  try {
+    nlohmann::json rec;
+    if (is_sharded_checkpoint(dir)) {
+      rec = read_sharded_meta(dir).value("extra", nlohmann::json::object());
+    } else if (fs::exists(fs::path(dir) / "trainer_state.bin", ec)) {
+      rec = verify_trainer_state((fs::path(dir) / "trainer_state.bin").string()).info;
+    } else {
+      return std::nullopt;
+    }
+    if (!rec.is_object() || !rec.contains("healthy") || !rec["healthy"].is_boolean())
+      return std::nullopt;
+    return rec["healthy"].get<bool>();
+  } catch (const std::exception&) {
+    return std::nullopt;
+  }
+}
+
 void prune_checkpoints(const std::string& run_dir, int64_t step, int keep_last) {
   const fs::path ckdir = fs::path(run_dir) / "checkpoints";
-  // Prune: later steps belong to an abandoned timeline; of the earlier ones keep keep_last - 1.
+  // Prune: later steps belong to an abandoned timeline; of the earlier ones keep keep_last - 1,
+  // and besides them the newest healthy one when none of the kept ones is (a diverged run must
+  // not prune away the last checkpoint worth resuming from). Unknown health (checkpoints written
+  // before it was recorded) counts as healthy.
+  const std::vector<StepDir> dirs = list_step_dirs(ckdir);
+  std::vector<const StepDir*> drop;
+  bool kept_healthy = checkpoint_healthy((ckdir / checkpoint_folder_name(step)).string()).value_or(true);
   int kept = 1;
-  for (const auto& d : list_step_dirs(ckdir)) {
+  for (const auto& d : dirs) {
     if (d.step == step) continue;
-    if (d.step > step || (keep_last > 0 && kept >= keep_last)) {
-      remove_tree(ckdir / d.name);
+    if (d.step > step) {
+      drop.push_back(&d);
+    } else if (keep_last > 0 && checkpoint_problem((ckdir / d.name).string())) {
+      // A folder no resume can use (half-deleted by an older tetrad's prune, damaged) must not
+      // take the place of a usable one among the kept.
+      drop.push_back(&d);
+    } else if (keep_last > 0 && kept >= keep_last) {
+      if (!kept_healthy && checkpoint_healthy((ckdir / d.name).string()).value_or(true)) {
+        kept_healthy = true;  // the last healthy one stays
+        continue;
+      }
+      drop.push_back(&d);
     } else {
       ++kept;
+      if (checkpoint_healthy((ckdir / d.name).string()).value_or(true)) kept_healthy = true;
     }
   }
+  // Each folder first renamed out of the step_* namespace (one atomic rename: no reader or
+  // resume ever sees a half-deleted checkpoint), then deleted; a kill in between leaves a
+  // "*.pruning" folder that the next trainer removes (clean_run_folder).
+  for (const StepDir* d : drop) {
+    const fs::path gone = ckdir / (d->name + ".pruning");
+    remove_tree(gone);
+    std::error_code ec;
+    fs::rename(ckdir / d->name, gone, ec);
+    if (ec) fail("cannot rename '", (ckdir / d->name).string(), "' to prune it: ", ec.message());
+  }
+  if (!drop.empty()) fsync_dir(ckdir.string());
+  for (const StepDir* d : drop) remove_tree(ckdir / (d->name + ".pruning"));
   fsync_dir(ckdir.string());
+}
+
+std::vector<int64_t> checkpoint_steps(const std::string& run_dir) {
+  std::vector<int64_t> out;
+  for (const auto& d : list_step_dirs(fs::path(run_dir) / "checkpoints")) out.push_back(d.step);
+  return out;
+}
+
+void clean_run_folder(const std::string& run_dir, std::ostream& log) {
+  const fs::path ckdir = fs::path(run_dir) / "checkpoints";
+  std::error_code ec;
+  if (!fs::is_directory(ckdir, ec)) return;
+  for (const auto& e : fs::directory_iterator(ckdir, ec)) {
+    const std::string name = e.path().filename().string();
+    if (!is_leftover(name)) continue;
+    log << "checkpoint: removing " << e.path().string()
+        << (name.find(".pruning") != std::string::npos ? ", left by an interrupted prune\n"
+                                                        : ", left by an interrupted save\n");
+    std::error_code rm;
+    fs::remove_all(e.path(), rm);
+    if (rm) fail("cannot remove '", e.path().string(), "': ", rm.message());
+  }
 }
 
 namespace {
@@ -238,14 +310,6 @@ std::vector<FoundCheckpoint> resume_candidates(const std::string& run_dir, std::
   const fs::path ckdir = fs::path(run_dir) / "checkpoints";
   std::error_code ec;
   if (!fs::is_directory(ckdir, ec)) return found;
-
-  for (const auto& e : fs::directory_iterator(ckdir, ec)) {
-    const std::string name = e.path().filename().string();
-    if (!is_leftover(name)) continue;
-    log << "checkpoint: removing " << e.path().string() << ", left by an interrupted save\n";
-    std::error_code rm;
-    fs::remove_all(e.path(), rm);
-  }
 
   const std::vector<StepDir> dirs = list_step_dirs(ckdir);
   std::vector<std::string> rejected;

@@ -15,8 +15,10 @@
 // tensor_stream.hpp), for parallel runs in which no rank may hold the whole model.
 //
 // Not done here: coordination between ranks (only rank 0 calls these; in the streamed forms its
-// callbacks may gather from / scatter to the other ranks), locking against two
-// writers of one run_dir. Failures writing throw tetrad::Error; damaged checkpoints found while
+// callbacks may gather from / scatter to the other ranks). Locking against two writers of one
+// run_dir is RunLock's (run_lock.hpp), taken by the trainer; the functions that change a run
+// folder (save, publish, prune, clean_run_folder) are for its holder only. The finders
+// (find_latest_checkpoint, resume_candidates, checkpoint_problem) only read. Failures writing throw tetrad::Error; damaged checkpoints found while
 // looking for the latest are reported to the given stream and skipped.
 #pragma once
 #include <cstdint>
@@ -24,6 +26,7 @@
 #include <optional>
 #include <ostream>
 #include <string>
+#include <vector>
 
 #include "tetrad/checkpoint/tensor_stream.hpp"
 #include "tetrad/checkpoint/trainer_state.hpp"
@@ -74,14 +77,15 @@ struct FoundCheckpoint {
 };
 
 // The checkpoint to resume from: the one `latest` names if it is valid, else the newest valid
-// step_* folder (saying on `log` which one and why). Leftover `.tmp` folders and files from an
-// interrupted save are removed. Returns nullopt when the run has no checkpoint at all; throws
+// step_* folder (saying on `log` which one and why). Read-only: leftovers of an interrupted save
+// (a `.tmp` folder may be a running trainer's save in progress) are skipped, never removed.
+// Returns nullopt when the run has no checkpoint at all; throws
 // Error when it has checkpoints but none is valid (listing why each was rejected).
 std::optional<FoundCheckpoint> find_latest_checkpoint(const std::string& run_dir, std::ostream& log);
 
 // Every usable checkpoint, in the order to try them: the one `latest` names (if valid), then the
 // other valid step_* folders, newest first (what is skipped and why goes to `log`; leftovers of
-// interrupted saves are removed). first_only: stop at the first. Empty when the run has no
+// interrupted saves are skipped; read-only). first_only: stop at the first. Empty when the run has no
 // checkpoint; throws Error when it has some but none is valid. A sharded checkpoint's problem
 // here is structural (metadata, files and sizes); its data checksums are verified by the load,
 // so a caller falls back to the next candidate when a load fails.
@@ -92,8 +96,20 @@ std::vector<FoundCheckpoint> resume_candidates(const std::string& run_dir, std::
 // its name (atomically) and, if `prune`, calls prune_checkpoints.
 void publish_checkpoint(const std::string& run_dir, int64_t step, int keep_last, bool prune = true);
 // Deletes the step folders of later steps (an abandoned timeline) and earlier ones beyond the
-// newest keep_last - 1 (keep_last = 0: keeps all), then fsyncs the checkpoints folder.
+// newest keep_last - 1 (keep_last = 0: keeps all), except that the newest healthy checkpoint
+// (checkpoint_healthy) is kept besides them when none of the kept ones is healthy; folders no
+// resume can use (checkpoint_problem: half-deleted, damaged) do not count and are deleted. Each folder
+// is renamed to step_N.pruning (atomically out of sight) before it is deleted.
 void prune_checkpoints(const std::string& run_dir, int64_t step, int keep_last);
+// What the trainer recorded about the loss at that checkpoint ("healthy": finite and not
+// diverged, see trainer.cpp): true / false, or nullopt when not recorded or unreadable.
+std::optional<bool> checkpoint_healthy(const std::string& dir);
+// The steps of the complete checkpoint folders (step_*, renamed into place), newest first.
+std::vector<int64_t> checkpoint_steps(const std::string& run_dir);
+// For the run folder's lock holder, at start: removes what an interrupted save or prune left
+// (step_N.tmp, *.tmp-*, *.old-*, step_N.pruning), saying so on `log`. Throws Error when one
+// cannot be removed.
+void clean_run_folder(const std::string& run_dir, std::ostream& log);
 
 // Loads a checkpoint folder: weights into `params` (checked against `cfg`, see load_hf_params)
 // and the trainer state (moments of table.total floats). Verifies the recorded file hashes.

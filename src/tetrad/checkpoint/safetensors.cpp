@@ -13,6 +13,7 @@
 
 #include "tetrad/checkpoint/atomic_file.hpp"
 #include "tetrad/core/error.hpp"
+#include "tetrad/core/json.hpp"
 
 static_assert(std::endian::native == std::endian::little,
               "safetensors data is little-endian; this code reads it in place");
@@ -266,6 +267,7 @@ SafetensorsReader::SafetensorsReader(const std::string& path) : path_(path) {
     if (n == 0 || map_[8] != '{') bad("the header does not start with '{'");
     const char* hb = reinterpret_cast<const char*>(map_ + 8);
     nlohmann::json h;
+    check_json_depth(std::string_view(hb, size_t(n)), "'" + path + "' (its header)");
     try {
       h = nlohmann::json::parse(hb, hb + n);
     } catch (const nlohmann::json::exception& ex) {

@@ -20,6 +20,7 @@
 #include "tetrad/checkpoint/hf_config.hpp"
 #include "tetrad/checkpoint/run_checkpoint.hpp"
 #include "tetrad/core/error.hpp"
+#include "tetrad/core/json.hpp"
 #include "tetrad/core/hash.hpp"
 
 namespace fs = std::filesystem;
@@ -186,8 +187,10 @@ ParsedMeta parse_meta(const std::string& dir) {
     fail("checkpoint ", dir, ": ", kShardedMetaFile, " is missing (an incomplete or damaged "
          "checkpoint)");
   ParsedMeta m;
+  const std::string text = read_small_file(path);
+  check_json_depth(text, path);
   try {
-    m.json = nlohmann::json::parse(read_small_file(path));
+    m.json = nlohmann::json::parse(text);
   } catch (const nlohmann::json::exception& e) {
     fail(path, ": not valid JSON (damaged or truncated): ", e.what());
   }

@@ -9,6 +9,7 @@
 
 #include "tetrad/checkpoint/atomic_file.hpp"
 #include "tetrad/core/error.hpp"
+#include "tetrad/core/json.hpp"
 #include "tetrad/core/hash.hpp"
 
 namespace tetrad {
@@ -82,6 +83,7 @@ TrainerState read_state(const std::string& path, Arrays mode, const SinkPlan* pl
   read(text.data(), json_len, "the JSON header");
 
   nlohmann::json j;
+  check_json_depth(text, "'" + path + "' (its JSON header)");
   try {
     j = nlohmann::json::parse(text);
   } catch (const nlohmann::json::exception& ex) {

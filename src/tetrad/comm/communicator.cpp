@@ -20,6 +20,14 @@ namespace tetrad::comm {
 
 namespace {
 std::atomic<double> g_timeout_set{0.0};  // > 0 once set_collective_timeout was called
+std::mutex g_timeout_source_mu;
+std::string g_timeout_source;  // the setting a user changes ("train.comm_timeout"), "" if none
+// Set once a collective timed out: the job is ending (the group's state is unknown), so the
+// requests still pending are not waited for again while the error unwinds; each would otherwise
+// wait a whole timeout (a step with several prefetched all-gathers pending held the job many
+// timeouts long).
+std::atomic<bool> g_comm_failed{false};
+
 
 double timeout_from_environment() {
   static const double value = [] {
@@ -35,11 +43,22 @@ double timeout_from_environment() {
 }
 }  // namespace
 
-void set_collective_timeout(double seconds) {
+void set_collective_timeout(double seconds, const std::string& setting) {
   if (!(seconds > 0))
     fail("collective timeout: expected a positive number of seconds, got ", seconds);
   g_timeout_set.store(seconds);
+  std::lock_guard<std::mutex> lock(g_timeout_source_mu);
+  g_timeout_source = setting;
 }
+
+std::string collective_timeout_setting() {
+  std::lock_guard<std::mutex> lock(g_timeout_source_mu);
+  if (!g_timeout_source.empty()) return g_timeout_source;
+  return std::string("the environment variable TETRAD_COMM_TIMEOUT (train.comm_timeout in a training config)");
+}
+
+bool collective_failed() { return g_comm_failed.load(); }
+void clear_collective_failure() { g_comm_failed.store(false); }
 
 double collective_timeout() {
   const double set = g_timeout_set.load();
@@ -274,13 +293,16 @@ void Request::wait(double timeout_s) {
       } else {
         s.timed_out = true;
       }
+      if (!s.is_recv) g_comm_failed.store(true);
       char waited_text[32];
       std::snprintf(waited_text, sizeof waited_text, "%.2f", waited);
-      fail("MPI ", s.description(), " did not complete within ", timeout_s, " s (waited ",
-           waited_text, " s): a peer rank may have died or stalled, or the ranks of the group called different "
-           "operations",
-           s.is_recv ? " (the receive was cancelled)" : "",
-           ". The timeout is comm::set_collective_timeout() / TETRAD_COMM_TIMEOUT.");
+      int world_rank = -1;
+      if (!mpi_finalized()) MPI_Comm_rank(MPI_COMM_WORLD, &world_rank);
+      fail("rank ", world_rank, ": MPI ", s.description(), " did not complete within ", timeout_s,
+           " s (waited ", waited_text, " s): a peer rank may have died or stalled, or the ranks of "
+           "the group called different operations",
+           s.is_recv ? " (the receive was cancelled)" : "", ". The timeout is ",
+           collective_timeout_setting(), "; raise it if the peers are only slow");
     }
     // Spin first (most operations finish within microseconds), then stop burning a core that a
     // peer rank may need (oversubscribed runs), then poll every 200 us.
@@ -301,7 +323,13 @@ void Request::finish_in_destructor() noexcept {
     (void)state_.release();
     return;
   }
-  if (!s.timed_out) {
+  if (!s.timed_out && g_comm_failed.load()) {
+    // The job is ending after a timeout: one last test, no waiting, no warning for each.
+    try {
+      test();
+    } catch (const std::exception&) {
+    }
+  } else if (!s.timed_out) {
     const auto start = std::chrono::steady_clock::now();
     double timeout = 300;
     try {

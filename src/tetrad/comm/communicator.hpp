@@ -54,8 +54,21 @@ concept Element = std::same_as<T, float> || std::same_as<T, double> ||
 // value of the environment variable TETRAD_COMM_TIMEOUT when set (an invalid value throws
 // tetrad::Error from the first collective_timeout() call); set_collective_timeout() overrides
 // both. Must be > 0 (infinity allowed: no timeout). Thread-safe.
-void set_collective_timeout(double seconds);
+// `setting`: what a user changes to set it (e.g. "train.comm_timeout"), named in timeout errors.
+void set_collective_timeout(double seconds, const std::string& setting = "");
 double collective_timeout();
+// What sets it, for messages: the `setting` given to set_collective_timeout, else the
+// environment variable (and the config key that sets it in training).
+std::string collective_timeout_setting();
+// True once a collective of this process timed out (Request::wait threw): the group's state is
+// unknown and the job is ending, so a pending Request destroyed from then on (the unwinding of
+// the error: prefetched all-gathers, queued reductions) is not waited for again (each would wait a
+// whole timeout) but tested once and leaked: the job ends within about one timeout however many
+// requests are pending. wait() itself keeps its timeout (a timed-out request may be waited out
+// later). clear_collective_failure(): for a caller that provoked a timeout on purpose and goes on
+// (tests).
+bool collective_failed();
+void clear_collective_failure();
 
 // What this process is blocked on right now, for a watchdog on another thread: true while the
 // main thread waits in Request::wait past its first quick polls, with the operation's description

@@ -6,6 +6,8 @@
 #include <unistd.h>
 
 #include <atomic>
+#include <chrono>
+#include <ctime>
 #include <condition_variable>
 #include <cstring>
 #include <mutex>
@@ -29,7 +31,29 @@ extern "C" void on_stop_signal(int sig) {
   g_signal.store(sig);
 }
 
-constexpr int kHandled[] = {SIGINT, SIGTERM};
+// SIGCONT as Open MPI's notice (see signals.hpp): the catcher thread beats every kBeatNs while the
+// process runs; a SIGCONT that finds a recent beat (and no resume just seen) reached a process
+// that was not stopped. Monotonic nanoseconds; clock_gettime is async-signal-safe.
+constexpr int64_t kBeatNs = 50'000'000, kStaleNs = 300'000'000, kResumeQuietNs = 1'000'000'000;
+std::atomic<int64_t> g_beat_ns{0}, g_resumed_ns{0};
+int64_t mono_ns() {
+  timespec ts;
+  clock_gettime(CLOCK_MONOTONIC, &ts);
+  return int64_t(ts.tv_sec) * 1'000'000'000 + ts.tv_nsec;
+}
+extern "C" void on_cont_signal(int) {
+  const int64_t now = mono_ns();
+  if (now - g_beat_ns.load() > kStaleNs) return;         // the process was stopped: a resume
+  if (now - g_resumed_ns.load() < kResumeQuietNs) return;  // the catcher just saw a resume
+  g_handler_tid.store(this_tid());
+  g_signal.store(SIGCONT);
+}
+
+// SIGUSR1 too: Open MPI's mpirun forwards it to every rank without killing the job (on SIGINT /
+// SIGTERM it kills the ranks itself after odls_base_sigkill_timeout), and Slurm's --signal sends it
+// ahead of the time limit.
+constexpr int kHandled[] = {SIGINT, SIGTERM, SIGUSR1};
+constexpr int kNumHandled = int(sizeof kHandled / sizeof kHandled[0]);
 
 }  // namespace
 
@@ -37,14 +61,16 @@ sigset_t blocked_signals() {
   sigset_t set;
   sigemptyset(&set);
   for (int s : {SIGINT, SIGTERM, SIGHUP, SIGUSR1, SIGUSR2, SIGALRM, SIGCHLD, SIGWINCH, SIGPROF,
-                SIGVTALRM})
+                SIGVTALRM, SIGCONT})
     sigaddset(&set, s);
   return set;
 }
 
 struct StopSignals::Impl {
   sigset_t set{}, old_mask{}, pool_set{};
-  struct sigaction old_action[2]{};
+  struct sigaction old_action[kNumHandled]{};
+  bool cont_notice = false;
+  struct sigaction old_cont{};
   std::mutex mu;
   std::condition_variable cv;
   bool quit = false;
@@ -52,9 +78,11 @@ struct StopSignals::Impl {
   std::thread catcher;
 };
 
-StopSignals::StopSignals() : impl_(std::make_unique<Impl>()) {
+StopSignals::StopSignals(bool cont_notice) : impl_(std::make_unique<Impl>()) {
   if (g_active.exchange(true)) fail("StopSignals: only one may be alive at a time");
   Impl& m = *impl_;
+  m.cont_notice = cont_notice;
+  g_resumed_ns.store(0);
   g_signal.store(0);
   g_handler_tid.store(0);
   m.set = blocked_signals();
@@ -78,7 +106,16 @@ StopSignals::StopSignals() : impl_(std::make_unique<Impl>()) {
     pthread_sigmask(SIG_UNBLOCK, &m.set, nullptr);
     m.catcher_tid.store(this_tid());
     std::unique_lock<std::mutex> lock(m.mu);
-    m.cv.wait(lock, [&] { return m.quit; });
+    if (m.cont_notice) {
+      g_beat_ns.store(mono_ns());
+      while (!m.cv.wait_for(lock, std::chrono::nanoseconds(kBeatNs), [&] { return m.quit; })) {
+        const int64_t now = mono_ns();
+        if (now - g_beat_ns.load() > kStaleNs) g_resumed_ns.store(now);  // we were stopped
+        g_beat_ns.store(now);
+      }
+    } else {
+      m.cv.wait(lock, [&] { return m.quit; });
+    }
     // Back to blocked before it ends, so no signal lands on a thread being torn down.
     pthread_sigmask(SIG_BLOCK, &m.set, nullptr);
   });
@@ -88,7 +125,12 @@ StopSignals::StopSignals() : impl_(std::make_unique<Impl>()) {
   sa.sa_handler = on_stop_signal;
   sigemptyset(&sa.sa_mask);
   sa.sa_flags = SA_RESTART;  // system calls interrupted on the catcher resume (as std::signal)
-  for (int i = 0; i < 2; ++i) TETRAD_CHECK(sigaction(kHandled[i], &sa, &m.old_action[i]) == 0);
+  for (int i = 0; i < kNumHandled; ++i)
+    TETRAD_CHECK(sigaction(kHandled[i], &sa, &m.old_action[i]) == 0);
+  if (m.cont_notice) {
+    sa.sa_handler = on_cont_signal;
+    TETRAD_CHECK(sigaction(SIGCONT, &sa, &m.old_cont) == 0);
+  }
 }
 
 StopSignals::~StopSignals() {
@@ -109,7 +151,8 @@ StopSignals::~StopSignals() {
   for (int s; (s = sigtimedwait(&handled, nullptr, &now)) > 0;) g_signal.store(s);
   // Then the previous actions, then the old masks: any other signal still pending gets its usual
   // effect.
-  for (int i = 0; i < 2; ++i) sigaction(kHandled[i], &m.old_action[i], nullptr);
+  for (int i = 0; i < kNumHandled; ++i) sigaction(kHandled[i], &m.old_action[i], nullptr);
+  if (m.cont_notice) sigaction(SIGCONT, &m.old_cont, nullptr);
   const int width = omp_get_max_threads();
   const sigset_t pool_set = m.pool_set;
 #pragma omp parallel num_threads(width)

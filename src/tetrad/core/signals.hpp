@@ -9,7 +9,7 @@
 // "Signals and oneDNN" has the evidence (core dumps, a 60 ms standalone reproducer).
 //
 // So while a StopSignals is alive:
-//  - SIGINT and SIGTERM run a handler that only records the signal (stop_signal_received());
+//  - SIGINT, SIGTERM and SIGUSR1 run a handler that only records the signal (received());
 //  - the asynchronous signals in blocked_signals() are blocked on the constructing thread and on
 //    every OpenMP worker thread (threads created later by either inherit the mask: the OpenMP
 //    pool grown later, the watchdog, the checkpoint writer, the progress thread);
@@ -31,12 +31,21 @@ namespace tetrad {
 
 class StopSignals {
  public:
-  StopSignals();
+  // cont_notice: also take a SIGCONT that reaches the process while it runs (not after it was
+  // stopped) as a stop request: received() returns SIGCONT. Open MPI's mpirun, told to end the
+  // job (Ctrl-C, SIGTERM, a failed rank), sends every rank SIGCONT first, SIGTERM
+  // odls_base_sigkill_timeout seconds later and SIGKILL as long after that; stopping at the
+  // SIGCONT leaves twice that time for the final checkpoint. A SIGCONT that resumes a stopped
+  // process (Ctrl-Z and fg, a debugger, kill -STOP / -CONT) is told apart by a heartbeat of the
+  // catcher thread (every 50 ms; none while stopped) and ignored; under a load that delays the
+  // heartbeat over 300 ms a notice may be missed, and the SIGTERM still stops the run.
+  explicit StopSignals(bool cont_notice = false);
   ~StopSignals();
   StopSignals(const StopSignals&) = delete;
   StopSignals& operator=(const StopSignals&) = delete;
 
-  // 0, or the number of the last SIGINT/SIGTERM received since construction.
+  // 0, or the number of the last SIGINT/SIGTERM/SIGUSR1 (or SIGCONT notice) received since
+  // construction.
   static int received();
   // The kernel thread id (gettid) of the thread that ran the handler last; 0 if none yet.
   // For tests: it must be the catcher's (or a library thread's), never a compute thread's.
@@ -51,7 +60,7 @@ class StopSignals {
 
 // The signals kept off compute threads: SIGINT and SIGTERM (handled above) and the other
 // asynchronous ones a library or tool may install a handler for (SIGHUP, SIGUSR1, SIGUSR2,
-// SIGALRM, SIGCHLD, SIGWINCH, SIGPROF, SIGVTALRM). Blocking one whose action is the default
+// SIGALRM, SIGCHLD, SIGWINCH, SIGPROF, SIGVTALRM, SIGCONT). Blocking one whose action is the default
 // changes nothing: the catcher thread takes it and the default action (end the process, or
 // ignore) applies as before.
 sigset_t blocked_signals();

@@ -8,6 +8,7 @@
 #include <fstream>
 #include <map>
 #include <memory>
+#include <iomanip>
 #include <nlohmann/json.hpp>
 #include <optional>
 #include <regex>
@@ -255,6 +256,46 @@ double seconds_since(Clock::time_point t0) {
   return std::chrono::duration<double>(Clock::now() - t0).count();
 }
 
+// Input that is not text gets a warning (NUL bytes, a share of invalid UTF-8 above 1%: a binary
+// file given by mistake), and, when a tokenizer is trained on it, a line longer than the
+// trainer takes (SentencePiece skips such lines, and fails cryptically when it skips them all)
+// is an error naming the file and line. max_line = 0: no line limit.
+void check_text_input(const std::string& path, const std::string& text, int max_line,
+                      std::ostream& log) {
+  uint64_t nul = 0, invalid = 0;
+  for (size_t i = 0; i < text.size();) {
+    const unsigned char c = static_cast<unsigned char>(text[i]);
+    if (c == 0) ++nul;
+    int len = c < 0x80 ? 1 : (c >> 5) == 0x6 ? 2 : (c >> 4) == 0xE ? 3 : (c >> 3) == 0x1E ? 4 : 0;
+    bool ok = len > 0 && i + size_t(len) <= text.size();
+    for (int k = 1; ok && k < len; ++k)
+      ok = (static_cast<unsigned char>(text[i + size_t(k)]) & 0xC0) == 0x80;
+    if (!ok) {
+      ++invalid;
+      i += 1;
+    } else {
+      i += size_t(len);
+    }
+  }
+  const double share = text.empty() ? 0.0 : double(invalid) / double(text.size());
+  if (nul > 0 || share > 0.01)
+    log << "prepare: warning: " << path << " does not look like text: " << nul << " NUL byte(s), "
+        << std::fixed << std::setprecision(1) << 100 * share << std::defaultfloat
+        << "% of its bytes are not valid UTF-8 (is it a binary file?)\n";
+  if (max_line <= 0) return;
+  uint64_t line = 1;
+  for (size_t at = 0; at < text.size(); ++line) {
+    size_t end = text.find('\n', at);
+    if (end == std::string::npos) end = text.size();
+    if (end - at > size_t(max_line))
+      fail("prepare: line ", line, " of ", path, " is ", end - at,
+           " bytes long; the tokenizer trainer (SentencePiece) takes lines of at most ", max_line,
+           " bytes and would skip it: break the text into shorter lines (documents may span "
+           "lines), or pass --tokenizer with an existing tokenizer");
+    at = end + 1;
+  }
+}
+
 std::string read_text(const std::string& path) {
   std::ifstream f(path, std::ios::binary);
   if (!f) fail("cannot open input '", path, "': ", std::strerror(errno));
@@ -397,6 +438,7 @@ void prepare_data(const PrepareOptions& o, std::ostream& log) {
     }
     num_docs += f.num_docs;
     total_bytes += f.bytes;
+    check_text_input(p, text, o.tokenizer_model.empty() ? TokenizerTrainOptions{}.max_sentence_length : 0, log);
     log << "prepare: input " << p << ": " << f.bytes << " bytes, " << f.num_docs << " documents ("
         << (f.json_lines ? "JSON lines, field " + o.text_field : doc_split_name(f.mode)) << ")\n";
     files.push_back(std::move(f));

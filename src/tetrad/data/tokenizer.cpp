@@ -15,6 +15,7 @@
 #include <unordered_map>
 
 #include "tetrad/core/error.hpp"
+#include "tetrad/core/json.hpp"
 #include "tetrad/core/hash.hpp"
 #include "tetrad/data/hf_tokenizer.hpp"
 #include "tetrad/data/utf8.hpp"
@@ -192,8 +193,10 @@ std::optional<nlohmann::json> read_json_beside(const std::string& path, const ch
   const auto p = std::filesystem::path(path).parent_path() / name;
   std::error_code ec;
   if (!std::filesystem::is_regular_file(p, ec)) return std::nullopt;
+  const std::string text = read_file(p.string(), name);
+  check_json_depth(text, "'" + p.string() + "'");
   try {
-    return nlohmann::json::parse(read_file(p.string(), name), nullptr, true, false);
+    return nlohmann::json::parse(text, nullptr, true, false);
   } catch (const nlohmann::json::exception& e) {
     fail("'", p.string(), "' is not valid JSON: ", e.what());
   }

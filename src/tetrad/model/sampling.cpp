@@ -9,9 +9,11 @@
 namespace tetrad {
 
 int32_t sample_token(const float* logits, int V, const SamplingOptions& opt, Rng& rng) {
-  if (opt.temperature < 0) fail("temperature must be >= 0 (0 = greedy), got ", opt.temperature);
+  if (!(opt.temperature >= 0) || !std::isfinite(opt.temperature))
+    fail("temperature must be a finite number >= 0 (0 = greedy), got ", opt.temperature);
   if (!(opt.top_p > 0 && opt.top_p <= 1)) fail("top_p must be in (0, 1], got ", opt.top_p);
   if (opt.top_k < 0) fail("top_k must be >= 0 (0 = off), got ", opt.top_k);
+  if (opt.vocab_limit > 0) V = std::min(V, opt.vocab_limit);
   if (opt.temperature == 0 || opt.top_k == 1)
     return int32_t(std::max_element(logits, logits + V) - logits);
 
@@ -53,6 +55,7 @@ std::vector<int32_t> generate(Transformer<float>& model, const std::vector<int32
                               int max_new, const SamplingOptions& opt, Rng& rng,
                               int32_t stop_token, const std::function<void(int32_t)>& on_token) {
   if (prompt.empty()) fail("generation needs a non-empty prompt");
+  if (max_new < 0) fail("tokens to generate must be >= 0, got ", max_new);
   const int max_len = model.max_len();
   if (int(prompt.size()) >= max_len)
     fail("prompt of ", prompt.size(), " tokens leaves no room: the model's maximum length is ",

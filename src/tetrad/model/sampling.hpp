@@ -13,6 +13,9 @@ struct SamplingOptions {
   double temperature = 1.0;  // 0: greedy (argmax)
   int top_k = 0;             // 0: no top-k filter
   double top_p = 1.0;        // nucleus: smallest set of tokens with probability mass >= top_p
+  // > 0: only ids below it are sampled (the tokenizer's vocabulary when the model's is padded
+  // larger: ids past it have no text). 0: every id of the model.
+  int vocab_limit = 0;
 };
 
 // Picks one token from logits[V]. Greedy ties go to the lowest id. Throws Error on options out

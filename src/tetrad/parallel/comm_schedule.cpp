@@ -155,10 +155,14 @@ void CommQueue::block_until(F&& ready, const char* what) {
         } catch (const Error&) {
         }
       }
-      fail("MPI ", what, " did not complete within ", timeout, " s (waited ", waited,
-           " s, ", ops_.size(), " collective(s) pending): a peer rank may have died or stalled, "
-           "or the ranks of the group called different operations. The timeout is "
-           "train.comm_timeout / TETRAD_COMM_TIMEOUT.");
+      int world_rank = -1, mpi_up = 0, mpi_down = 0;
+      MPI_Initialized(&mpi_up);
+      MPI_Finalized(&mpi_down);
+      if (mpi_up && !mpi_down) MPI_Comm_rank(MPI_COMM_WORLD, &world_rank);
+      fail("rank ", world_rank, ": MPI ", what, " did not complete within ", timeout, " s (waited ",
+           waited, " s, ", ops_.size(), " collective(s) pending): a peer rank may have died or "
+           "stalled, or the ranks of the group called different operations. The timeout is ",
+           comm::collective_timeout_setting(), "; raise it if the peers are only slow");
     }
     // As Request::wait: spin first, then give the core to a peer rank (oversubscribed runs).
     if (polls < 2000) continue;
@@ -208,7 +212,7 @@ void write_trace(const comm::Communicator& world, const TraceLog& log, const std
     const std::string text(reinterpret_cast<const char*>(w.data() + 1), size_t(w[0]));
     f << ",\n" << text;
   }
-  f << "\n]}\n";
+  f << "\n]}\n" << std::flush;
   if (!f) fail("writing the trace file '", path, "' failed");
 }
 

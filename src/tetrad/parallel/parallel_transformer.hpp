@@ -122,6 +122,9 @@ class ParallelTransformer {
   // does not begin waiting for them (with ZeRO they start after gather_updated_params()).
   // Otherwise one update(params, 0, n), then gather_updated_params().
   void apply_update(const std::function<void(float* params, int64_t lo, int64_t hi)>& update);
+  // Waits for every collective still pending (the next step's gathers apply_update started), so
+  // a run that ends leaves no request to its destructors.
+  void finish_communication() { q_.wait_all(); }
   void zero_grads();
   // zero_grads() for a step of `micro_batches` forward_backward calls: during the last one,
   // data-parallel buckets start as soon as their gradients are final (OverlapOptions::dp_overlap).

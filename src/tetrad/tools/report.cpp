@@ -179,6 +179,13 @@ void write_run_report(const std::string& run_dir, const std::string& out_path,
     }
     if (!j.contains("step")) continue;
     const double step = j["step"].get<double>();
+    if (j.value("event", "") == "start") {
+      // A (re)start from `step`: what an earlier timeline logged after it was abandoned.
+      for (Series* s : {&loss, &val, &tok_s, &mfu})
+        s->erase(std::remove_if(s->begin(), s->end(), [&](const auto& p) { return p.first > step; }),
+                 s->end());
+      continue;
+    }
     if (j.contains("val_loss")) val.emplace_back(step, j["val_loss"].get<double>());
     if (j.value("skipped", false)) ++skipped;
     if (!j.contains("loss")) continue;
@@ -294,7 +301,7 @@ void write_run_report(const std::string& run_dir, const std::string& out_path,
   o << "</body></html>\n";
   std::ofstream out(out_path);
   if (!out) fail("cannot write the report '", out_path, "'");
-  out << o.str();
+  out << o.str() << std::flush;
   if (!out) fail("writing the report '", out_path, "' failed");
 }
 

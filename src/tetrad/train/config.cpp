@@ -2,6 +2,8 @@
 
 #include <charconv>
 #include <functional>
+#include <limits>
+#include <utility>
 #include <map>
 #include <sstream>
 #include <toml++/toml.h>
@@ -36,6 +38,15 @@ int64_t read_int(const toml::node& n, const std::string& key, const std::string&
   if (auto v = n.value_exact<int64_t>()) return *v;
   fail(where, ": ", key, " must be an integer, got ", n.type());
 }
+// An integer into the field's own type: a value that does not fit is an error, never wrapped
+// (n_layer = 4294967298 must not become 2).
+template <typename T>
+T narrow_int(int64_t v, const std::string& key, const std::string& where) {
+  if (!std::in_range<T>(v))
+    fail(where, ": ", key, " = ", v, " is out of range: it must be between ",
+         +std::numeric_limits<T>::min(), " and ", +std::numeric_limits<T>::max());
+  return static_cast<T>(v);
+}
 double read_double(const toml::node& n, const std::string& key, const std::string& where) {
   if (auto v = n.value_exact<double>()) return *v;
   if (auto v = n.value_exact<int64_t>()) return double(*v);
@@ -63,7 +74,7 @@ std::string fmt_double(F v) {
 #define INT_FIELD(KEY, EXPR, DOC)                                                              \
   Field{KEY, "integer", DOC,                                                                   \
         [](RunConfig& c, const toml::node& n, const std::string& w) {                          \
-          EXPR = static_cast<std::remove_reference_t<decltype(EXPR)>>(read_int(n, KEY, w));    \
+          EXPR = narrow_int<std::remove_reference_t<decltype(EXPR)>>(read_int(n, KEY, w), KEY, w); \
         },                                                                                     \
         [](const RunConfig& c) { return std::to_string(EXPR); }}
 #define FLOAT_FIELD(KEY, EXPR, DOC)                                                            \

@@ -5,6 +5,8 @@
 #include <omp.h>
 
 #include <atomic>
+#include <cctype>
+#include <cstdlib>
 #include <chrono>
 #include <cmath>
 #include <csignal>
@@ -20,20 +22,25 @@
 #include <thread>
 
 #include "tetrad/checkpoint/hf.hpp"
+#include "tetrad/checkpoint/atomic_file.hpp"
 #include "tetrad/checkpoint/run_checkpoint.hpp"
+#include "tetrad/checkpoint/run_lock.hpp"
 #include "tetrad/checkpoint/sharded.hpp"
 #include "tetrad/comm/communicator.hpp"
 #include "tetrad/core/cpu.hpp"
 #include "tetrad/core/error.hpp"
+#include "tetrad/core/json.hpp"
 #include "tetrad/core/hash.hpp"
 #include "tetrad/core/profile.hpp"
 #include "tetrad/core/signals.hpp"
 #include "tetrad/data/loader.hpp"
+#include "tetrad/data/tokenizer.hpp"
 #include "tetrad/backend/cpu/ops.hpp"
 #include "tetrad/backend/cpu/precision.hpp"
 #include "tetrad/model/transformer.hpp"
 #include "tetrad/model/params.hpp"
 #include "tetrad/parallel/grid.hpp"
+#include "tetrad/planner/planner.hpp"
 #include "tetrad/train/auto_grid.hpp"
 #include "tetrad/parallel/parallel_transformer.hpp"
 #include "tetrad/parallel/pipeline.hpp"
@@ -78,12 +85,9 @@ DataInfo read_data_info(const std::string& data_dir, const ModelConfig& model) {
   if (!f)
     fail("data folder '", data_dir, "' has no meta.json; prepare it first with `tetrad prepare "
          "--input <text> --out ", data_dir, "`");
-  nlohmann::json j;
-  try {
-    f >> j;
-  } catch (const std::exception& e) {
-    fail("'", meta_path, "' is not valid JSON: ", e.what());
-  }
+  std::stringstream text;
+  text << f.rdbuf();
+  const nlohmann::json j = parse_json_file_text(text.str(), "'" + meta_path + "'");
   DataInfo d;
   try {
     d.vocab_size = j.at("tokenizer").at("vocab_size").get<int>();
@@ -102,6 +106,83 @@ DataInfo read_data_info(const std::string& data_dir, const ModelConfig& model) {
                      (tj.contains("file") && tj["file"].is_string() ? tj["file"].get<std::string>()
                                                                     : std::string("tokenizer.model"));
   return d;
+}
+
+// Before any compute: the data folder's tokenizer is there, loads, and is the one the shards
+// were made with (it is copied into every checkpoint; `generate` needs it).
+void check_data_tokenizer(const std::string& data_dir, const DataInfo& d) {
+  const std::string file = fs::path(d.tokenizer_path).filename().string();
+  std::error_code ec;
+  if (!fs::exists(d.tokenizer_path, ec))
+    fail("data folder '", data_dir, "' has no ", file, " (the shards' tokenizer, kept with every "
+         "checkpoint); prepare the folder again with `tetrad prepare`");
+  uint64_t id = 0;
+  try {
+    id = data::Tokenizer::load(d.tokenizer_path).identity();
+  } catch (const std::exception& e) {
+    fail("data folder '", data_dir, "': ", file, " does not load (damaged?): ", e.what());
+  }
+  if (id != d.tokenizer_identity)
+    fail("data folder '", data_dir, "': ", file, " (identity ", hex64(id),
+         ") is not the tokenizer the shards were made with (meta.json records ",
+         hex64(d.tokenizer_identity), "); prepare the folder again or restore its ", file);
+}
+
+// This node's memory for one rank: what the kernel reports available (MemAvailable), bounded by
+// the cgroup's limit when there is one, divided among the ranks of the node. 0: unknown.
+double memory_per_rank_available(int ranks_on_node, double* node_bytes) {
+  double avail = 0;
+  {
+    std::ifstream f("/proc/meminfo");
+    std::string key;
+    double kb = 0;
+    std::string unit;
+    while (f >> key >> kb) {
+      std::getline(f, unit);
+      if (key == "MemAvailable:") avail = kb * 1024;
+    }
+  }
+  for (const char* p : {"/sys/fs/cgroup/memory.max", "/sys/fs/cgroup/memory/memory.limit_in_bytes"}) {
+    std::ifstream f(p);
+    std::string v;
+    if (f >> v && !v.empty() && std::isdigit(static_cast<unsigned char>(v[0]))) {
+      const double limit = std::strtod(v.c_str(), nullptr);
+      if (limit > 0 && limit < 1e18 && (avail == 0 || limit < avail)) avail = limit;
+    }
+  }
+  if (node_bytes) *node_bytes = avail;
+  return avail / std::max(1, ranks_on_node);
+}
+
+// Before the model is allocated: the memory the planner's formula gives for this run on this
+// grid (weights, gradients, optimizer state, gathered weights, activations; planner.hpp) must fit
+// the memory this node has for each rank, or the run is refused with both numbers (rather than
+// allocating until the machine runs out).
+void check_memory_fits(const RunConfig& cfg, const parallel::GridShape& shape, int world,
+                       int ranks_on_node) {
+  planner::MemoryBreakdown need;
+  try {
+    const planner::PlanInput in = plan_input_of(cfg, world);
+    need = planner::memory_per_rank(in, planner::Grid5{shape.x, shape.y, shape.z, shape.p, shape.d});
+  } catch (const Error&) {
+    return;  // a layout the formula cannot take; the model's own checks report what is wrong
+  }
+  double node = 0;
+  const double have = memory_per_rank_available(ranks_on_node, &node);
+  if (have <= 0 || need.total() <= have) return;
+  auto gib = [](double b) {
+    std::ostringstream os;
+    os << std::fixed << std::setprecision(2) << b / double(1 << 30) << " GiB";
+    return os.str();
+  };
+  fail("the model does not fit in memory: it needs about ", gib(need.total()),
+       " per rank (planner formula: weights ", gib(need.weights), ", gradients ", gib(need.grads),
+       ", optimizer ", gib(need.optimizer), ", gathered weights ", gib(need.gathered),
+       ", activations ", gib(need.activations), ") but this machine has ", gib(have),
+       " per rank (", gib(node), " available for ", std::max(1, ranks_on_node),
+       " rank(s) on the node). Make the model smaller (model.n_layer = ", cfg.model.n_layer,
+       ", model.n_embd = ", cfg.model.n_embd, "), the micro-batch smaller, use more ranks "
+       "(parallel.grid), parallel.zero or train.recompute");
 }
 
 // train.threads = 0: OMP_NUM_THREADS if set, else this node's cores shared among its ranks
@@ -137,6 +218,83 @@ void restore_data_position(const nlohmann::json& d, const std::string& dir, int 
   }
 }
 
+// The checkpoint a run folder's `latest` names, else its newest step folder ("" if none).
+std::string latest_checkpoint_name(const std::string& run_dir, const std::vector<int64_t>& steps) {
+  const std::string latest = run_dir + "/checkpoints/latest";
+  std::error_code ec;
+  if (fs::exists(latest, ec)) {
+    try {
+      std::string name = read_small_file(latest);
+      while (!name.empty() && std::isspace(static_cast<unsigned char>(name.back()))) name.pop_back();
+      if (!name.empty()) return name;
+    } catch (const Error&) {
+    }
+  }
+  return steps.empty() ? std::string() : checkpoint_folder_name(steps.front());
+}
+
+// On rank 0, holding the run folder's lock: a folder that already holds a trained run is only
+// continued (--resume) or, when asked (--overwrite), emptied; never silently overwritten. Then
+// what an interrupted save or prune left is removed.
+void claim_run_folder(const std::string& run_dir, const TrainOptions& opt, std::ostream& out) {
+  if (opt.resume && opt.overwrite)
+    fail("--resume and --overwrite contradict each other: --resume continues the run in ", run_dir,
+         ", --overwrite deletes it");
+  const std::vector<int64_t> steps = checkpoint_steps(run_dir);
+  if (!opt.resume && !steps.empty()) {
+    std::string list;
+    for (size_t i = 0; i < steps.size() && i < 5; ++i) list += (i ? ", " : "") + std::to_string(steps[i]);
+    if (steps.size() > 5) list += ", ...";
+    const std::string latest = latest_checkpoint_name(run_dir, steps);
+    if (!opt.overwrite)
+      fail("run folder '", run_dir, "' already holds a trained run: checkpoints of step(s) ", list,
+           ", the latest ", run_dir, "/checkpoints/", latest,
+           ". Not overwriting it. To continue that run pass --resume; to start another run set "
+           "run.dir to a new folder (--set run.dir=...); to delete it and start afresh pass --overwrite");
+    out << "overwrite: deleting the run in " << run_dir << " (checkpoints of step(s) " << list
+        << ", metrics.jsonl) and starting afresh\n";
+    const fs::path ck = fs::path(run_dir) / "checkpoints", gone = fs::path(run_dir) / "checkpoints.pruning";
+    std::error_code ec;
+    fs::remove_all(gone, ec);
+    fs::rename(ck, gone, ec);
+    if (ec) fail("cannot move '", ck.string(), "' out of the way: ", ec.message());
+    fs::remove_all(gone, ec);
+    if (ec) fail("cannot delete '", gone.string(), "': ", ec.message());
+    fs::remove(fs::path(run_dir) / "metrics.jsonl", ec);
+  }
+  std::error_code ec;
+  if (fs::exists(fs::path(run_dir) / "checkpoints.pruning", ec)) {
+    fs::remove_all(fs::path(run_dir) / "checkpoints.pruning", ec);
+    if (ec) fail("cannot delete '", run_dir, "/checkpoints.pruning' (left by an interrupted --overwrite): ",
+                 ec.message());
+  }
+  clean_run_folder(run_dir, out);
+}
+
+// A checkpoint's loss record: the mean training loss of the last steps before it, and whether it
+// is healthy (finite, no worse than a uniform guess over the vocabulary plus 1 nat, and not more
+// than twice the best such mean of the run). An unhealthy checkpoint only changes pruning: the
+// newest healthy one is kept besides the newest train.keep_checkpoints (run_checkpoint.hpp).
+struct LossRecord {
+  double loss = NAN;
+  bool known = false, healthy = true;
+};
+
+LossRecord loss_record(const std::vector<double>& losses, double best, int vocab) {
+  LossRecord r;
+  const size_t n = losses.size(), from = n > 20 ? n - 20 : 0;
+  if (n == 0) return r;
+  double sum = 0;
+  int finite = 0;
+  for (size_t i = from; i < n; ++i)
+    if (std::isfinite(losses[i])) sum += losses[i], ++finite;
+  r.known = true;
+  r.loss = finite ? sum / finite : NAN;
+  r.healthy = std::isfinite(r.loss) && r.loss <= std::log(double(std::max(vocab, 2))) + 1.0 &&
+              (!std::isfinite(best) || r.loss <= 2 * best);
+  return r;
+}
+
 }  // namespace
 
 bool progress_thread_wins(const std::string& mode, int ranks_on_node, int threads) {
@@ -168,7 +326,7 @@ TrainResult train(const RunConfig& cfg, const TrainOptions& opt, std::ostream& l
   cfg.validate();
   const TrainConfig& t = cfg.train;
   set_threads(t.threads);
-  if (t.comm_timeout > 0) comm::set_collective_timeout(t.comm_timeout);
+  if (t.comm_timeout > 0) comm::set_collective_timeout(t.comm_timeout, "train.comm_timeout");
 
   // The process grid: the config's, checked against the ranks this job was launched with.
   using parallel::GridShape;
@@ -203,13 +361,49 @@ TrainResult train(const RunConfig& cfg, const TrainOptions& opt, std::ostream& l
   const int B = t.micro_batch / replicas, T = t.seq_len;
   const int slot = groups.coord.z + shape.z * groups.coord.d;  // this rank's share of the tokens
   const DataInfo data = read_data_info(cfg.data_dir, cfg.model);
+  check_data_tokenizer(cfg.data_dir, data);
+  {
+    // The shards of both splits (validation only where evaluation is on) open and match the
+    // tokenizer and model now, not at the first evaluation after compute was spent.
+    data::LoaderOptions o;
+    o.tokenizer_identity = data.tokenizer_identity;
+    o.model_vocab = cfg.model.vocab_size;
+    o.shuffle = false;
+    const data::DataLoader train_split(cfg.data_dir, "train", B, T, slot, replicas, t.seed, o);
+    if (t.eval_interval > 0) {
+      const data::DataLoader val_split(cfg.data_dir, "val", B, T, slot, replicas, t.seed, o);
+    }
+  }
+  check_memory_fits(cfg, shape, world,
+                    launcher_ranks_per_node() > 0 ? launcher_ranks_per_node() : world);
 
-  if (root) {
-    fs::create_directories(cfg.run_dir);
-    const std::string resolved = to_toml(cfg);
-    std::ofstream(cfg.run_dir + "/config.toml") << resolved;
-    if (!opt.quiet) out << "# resolved configuration (saved to " << cfg.run_dir << "/config.toml)\n"
-                        << resolved << "\n";
+  // The run folder is this run's from here to the end (rank 0 holds its lock; every rank writes
+  // shards into it): a second trainer is refused, and a folder holding a trained run is not
+  // overwritten without --resume or --overwrite.
+  std::unique_ptr<RunLock> run_lock;
+  {
+    int refused = 0;
+    std::exception_ptr why;
+    if (root) {
+      try {
+        std::string took_over;
+        run_lock = std::make_unique<RunLock>(cfg.run_dir, &took_over);
+        if (!took_over.empty()) out << took_over << "\n";
+        claim_run_folder(cfg.run_dir, opt, out);
+        const std::string resolved = to_toml(cfg);
+        write_file_atomic(cfg.run_dir + "/config.toml", resolved);
+        if (!opt.quiet) out << "# resolved configuration (saved to " << cfg.run_dir << "/config.toml)\n"
+                            << resolved << "\n";
+      } catch (const Error&) {
+        refused = 1;
+        why = std::current_exception();
+      }
+    }
+    if (world > 1) groups.world.broadcast(&refused, 1, 0);
+    if (refused) {
+      if (why) std::rethrow_exception(why);
+      fail("rank 0 refused the run folder ", cfg.run_dir, " (see its message)");
+    }
   }
 
   // GEMM precision of this run's model (not a process-wide switch: the model carries it).
@@ -254,6 +448,11 @@ TrainResult train(const RunConfig& cfg, const TrainOptions& opt, std::ostream& l
   TrainResult result;
   int64_t step = 0;
   bool loaded = false;
+  double best_loss = INFINITY;  // the best healthy checkpoint loss of the run (loss_record)
+  auto restore_best = [&](const nlohmann::json& rec) {
+    if (rec.is_object() && rec.contains("best_loss") && rec["best_loss"].is_number())
+      best_loss = rec["best_loss"].get<double>();
+  };
   if (opt.resume) {
     // Rank 0 lists the usable checkpoints (latest first, cleaning up after an interrupted save)
     // and offers them one at a time; every rank loads its part of the offered one (sharded:
@@ -297,6 +496,7 @@ TrainResult train(const RunConfig& cfg, const TrainOptions& opt, std::ostream& l
               std::memcpy(adam.v() + ol.state_offsets[i], v_full.data() + ol.param_offsets[i], n);
             }
           step = info.step;
+          restore_best(info.extra);
           restore_data_position(info.data, dir, T, train_loader);
         } else {
           // The previous format (one HF folder + trainer_state.bin), tensor by tensor.
@@ -311,6 +511,7 @@ TrainResult train(const RunConfig& cfg, const TrainOptions& opt, std::ostream& l
           TrainerState st = load_run_checkpoint_streamed(dir, cfg.model, table, keep(model.params()),
                                                          keep_state(adam.m()), keep_state(adam.v()));
           step = st.step;
+          restore_best(st.info);
           try {
             train_loader.restore(data::LoaderState{st.info.at("data_epoch").get<uint64_t>(),
                                                    st.info.at("data_cursor").get<uint64_t>()});
@@ -402,8 +603,25 @@ TrainResult train(const RunConfig& cfg, const TrainOptions& opt, std::ostream& l
     if (world > 1) groups.world.barrier();
   }
 
+  // metrics.jsonl is appended to, never truncated (--overwrite deleted it first): each start
+  // writes an "event": "start" line with the step it starts from, so a reader (report) drops the
+  // lines of an abandoned timeline after that step.
   std::ofstream metrics;
-  if (root) metrics.open(cfg.run_dir + "/metrics.jsonl", opt.resume ? std::ios::app : std::ios::trunc);
+  const std::string metrics_path = cfg.run_dir + "/metrics.jsonl";
+  auto check_metrics = [&] {
+    if (!metrics)
+      fail("cannot write '", metrics_path, "' (is the disk full?); the last checkpoint (",
+           result.last_checkpoint.empty() ? "none written by this run" : result.last_checkpoint,
+           ") is intact");
+  };
+  if (root) {
+    metrics.open(metrics_path, std::ios::app);
+    metrics << nlohmann::json{{"event", "start"}, {"step", step}, {"resumed", loaded},
+                              {"max_steps", t.max_steps}}.dump()
+            << "\n";
+    metrics.flush();
+    check_metrics();
+  }
   std::vector<int32_t> inputs(size_t(t.grad_accum) * B * T), targets(inputs.size());
 
   // Checkpoints: every rank writes its own shards (sharded.hpp), on a background thread from a
@@ -438,6 +656,14 @@ TrainResult train(const RunConfig& cfg, const TrainOptions& opt, std::ostream& l
       return;
     }
     watchdog.arm(at_step, "checkpoint");
+    const LossRecord lr_rec = loss_record(result.losses, best_loss, cfg.model.vocab_size);
+    nlohmann::json health = nlohmann::json::object();
+    if (lr_rec.known) {
+      health["loss"] = std::isfinite(lr_rec.loss) ? nlohmann::json(lr_rec.loss) : nlohmann::json(nullptr);
+      health["healthy"] = lr_rec.healthy;
+      if (lr_rec.healthy) best_loss = std::min(best_loss, lr_rec.loss);
+    }
+    if (std::isfinite(best_loss)) health["best_loss"] = best_loss;
     if (saver.pending()) {  // the previous one is still being written: wait for it
       saver.finish();
       report_save();
@@ -460,6 +686,7 @@ TrainResult train(const RunConfig& cfg, const TrainOptions& opt, std::ostream& l
         nlohmann::json info = {{"data_epoch", ls.epoch}, {"data_cursor", ls.cursor},
                                {"tokens_seen", at_step * tokens_per_step},
                                {"grid", shape.to_string()}, {"config", to_toml(cfg)}};
+        info.update(health);
         CheckpointOptions co;
         co.tokenizer_path = data.tokenizer_path;
         co.keep_last = t.keep_checkpoints;
@@ -502,6 +729,7 @@ TrainResult train(const RunConfig& cfg, const TrainOptions& opt, std::ostream& l
     info.rng = {{"seed", t.seed}, {"generators", nlohmann::json::array()}};
     info.extra = {{"tokens_seen", at_step * tokens_per_step}, {"grid", shape.to_string()},
                   {"config", to_toml(cfg)}};
+    info.extra.update(health);
     saver.begin(cfg.model, table, model.plan(), model.param_data(), adam.m(), adam.v(), info);
     if (wait || !t.async_checkpoint) {
       saver.finish();
@@ -529,6 +757,7 @@ TrainResult train(const RunConfig& cfg, const TrainOptions& opt, std::ostream& l
     if (root) {
       metrics << nlohmann::json{{"step", at_step}, {"val_loss", vl}}.dump() << "\n";
       metrics.flush();
+      check_metrics();
     }
     if (!opt.quiet) out << "step " << at_step << " | val loss " << std::fixed
                         << std::setprecision(4) << vl << std::defaultfloat << "\n";
@@ -551,7 +780,23 @@ TrainResult train(const RunConfig& cfg, const TrainOptions& opt, std::ostream& l
   // SIGINT/SIGTERM end the run with a final checkpoint (a scheduler's SIGTERM before the
   // wall-clock limit loses no work). The handler never runs on this thread or its OpenMP team:
   // a signal taken inside oneDNN's GEMM corrupts the heap (core/signals.hpp).
-  StopSignals signals;
+  // Under Open MPI, a SIGCONT reaching a running rank is mpirun's first notice that it is ending
+  // the job (core/signals.hpp): stopping then, not at its SIGTERM, doubles the time to save.
+  StopSignals signals(std::getenv("OMPI_COMM_WORLD_SIZE") != nullptr);
+  // Under Open MPI's mpirun, Ctrl-C / SIGTERM to mpirun reaches the ranks as SIGCONT, then
+  // SIGTERM odls_base_sigkill_timeout seconds later, then SIGKILL as long again (default 1 s:
+  // 2 s from the notice to the kill, too short for a final checkpoint of most models); SIGUSR1
+  // is forwarded without a kill.
+  if (root && !opt.quiet && std::getenv("OMPI_COMM_WORLD_SIZE")) {
+    const char* g = std::getenv("OMPI_MCA_odls_base_sigkill_timeout");
+    const int grace = g ? std::atoi(g) : 1;
+    if (grace < 10)
+      out << "note: Ctrl-C or SIGTERM to mpirun gives the ranks " << 2 * grace
+          << " s from its first notice to its SIGKILL (twice Open MPI's odls_base_sigkill_timeout), which may "
+             "not be enough for the final checkpoint: launch with `mpirun --mca "
+             "odls_base_sigkill_timeout 30 ...`, or stop with `kill -USR1 <mpirun pid>` (forwarded "
+             "to every rank without a kill; docs/checkpoints.md, \"Stopping a run\")\n";
+  }
   const auto run_start = std::chrono::steady_clock::now();
   int bad_steps = 0;
   const int64_t start_step = step;
@@ -635,7 +880,11 @@ TrainResult train(const RunConfig& cfg, const TrainOptions& opt, std::ostream& l
       out << "step " << step + 1 << ": non-finite " << (std::isfinite(loss) ? "gradient" : "loss")
           << " (loss " << loss << ", grad norm " << gnorm << "); step skipped (" << bad_steps
           << " in a row, limit train.max_bad_steps = " << t.max_bad_steps << ")\n";
-      if (root) metrics << nlohmann::json{{"step", step + 1}, {"skipped", true}}.dump() << "\n";
+      if (root) {
+        metrics << nlohmann::json{{"step", step + 1}, {"skipped", true}}.dump() << "\n";
+        metrics.flush();
+        check_metrics();
+      }
       if (bad_steps >= t.max_bad_steps)
         fail("stopping: ", bad_steps, " consecutive non-finite steps; the last good checkpoint (",
              result.last_checkpoint.empty() ? "none written this run" : result.last_checkpoint,
@@ -683,6 +932,7 @@ TrainResult train(const RunConfig& cfg, const TrainOptions& opt, std::ostream& l
       if (report_hfu) line["hfu"] = hfu;  // hardware FLOPs (with recomputation) / the same peak
       metrics << line.dump() << "\n";
       metrics.flush();
+      check_metrics();
     }
     if (!opt.quiet && (done % t.log_interval == 0 || done == t.max_steps || done == start_step + 1)) {
       out << "step " << std::setw(5) << done << "/" << t.max_steps << " | loss " << std::fixed
@@ -714,7 +964,11 @@ TrainResult train(const RunConfig& cfg, const TrainOptions& opt, std::ostream& l
     int sig = StopSignals::received();
     if (world > 1) groups.world.allreduce_max(&sig, 1);
     if (sig) {
-      out << "received " << (sig == SIGTERM ? "SIGTERM" : "SIGINT")
+      out << "received "
+          << (sig == SIGTERM   ? "SIGTERM"
+              : sig == SIGUSR1 ? "SIGUSR1"
+              : sig == SIGCONT ? "SIGCONT from mpirun (it is ending the job; SIGTERM and SIGKILL follow)"
+                               : "SIGINT")
           << ": writing a final checkpoint and stopping at step " << done << "\n";
       result.stopped_by_signal = true;
       ++step;
@@ -731,6 +985,7 @@ TrainResult train(const RunConfig& cfg, const TrainOptions& opt, std::ostream& l
   watchdog.arm(step, "validation");
   if (t.eval_interval > 0 && step % t.eval_interval != 0 && !result.stopped_by_signal) validate(step);
   save(step, /*wait=*/true);
+  model.finish_communication();  // the next step's prefetched gathers: none is left pending
   watchdog.disarm();
   return result;
 }

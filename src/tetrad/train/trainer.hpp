@@ -40,6 +40,7 @@ struct TrainResult {
 
 struct TrainOptions {
   bool resume = false;        // continue from the latest good checkpoint in run.dir
+  bool overwrite = false;     // run.dir holds checkpoints and !resume: delete them (else refused)
   double peak_gflops = 0;     // FMA peak for MFU (0: measure at start)
   bool quiet = false;         // no progress lines (tests)
   std::string trace_path;     // Chrome trace-event JSON of trace_steps steps ("" : none)
