@@ -1,11 +1,13 @@
 #!/usr/bin/env bash
 # Installs what tetrad needs from Debian 12's packages (skips what is already there).
+# python3 is for the test scripts only (they check JSON, SVG and binary files with its standard
+# library); tetrad itself never runs it. A minimal Debian 12 has no python3.
 set -euo pipefail
 PKGS=(cmake g++ make pkg-config
       libdnnl-dev ocl-icd-opencl-dev opencl-headers libopenmpi-dev openmpi-bin
       libsentencepiece-dev nlohmann-json3-dev libcli11-dev libtomlplusplus-dev libxxhash-dev
       libpcre2-dev libicu-dev
-      libgtest-dev
+      libgtest-dev python3
       bible-kjv bible-kjv-text)
 missing=()
 for p in "${PKGS[@]}"; do
