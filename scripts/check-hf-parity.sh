@@ -1,19 +1,96 @@
 #!/usr/bin/env bash
-# Checks that Hugging Face transformers loads tetrad checkpoints of both families and computes
-# the same logits as tetrad. Not part of CTest (it needs PyTorch and transformers):
-#   apt-get install python3-torch python3-venv
-#   python3 -m venv --system-site-packages /tmp/hfenv && /tmp/hfenv/bin/pip install 'transformers<4.37'
-# Usage: scripts/check-hf-parity.sh [PYTHON] (default /tmp/hfenv/bin/python). Needs data/kjv.
+# Checks that Hugging Face transformers and tetrad compute the same logits (within 1e-4 of the
+# largest logit), both ways. Not part of CTest: it needs PyTorch and transformers.
+#
+#   scripts/check-hf-parity.sh [PYTHON]       transformers 4.x: tetrad-made tiny and llama-tiny
+#                                             exported and loaded by transformers. PYTHON
+#                                             defaults to /tmp/hfenv/bin/python, made with
+#       apt-get install python3-torch python3-venv
+#       python3 -m venv --system-site-packages /tmp/hfenv && /tmp/hfenv/bin/pip install 'transformers<4.37'
+#   scripts/check-hf-parity.sh --tf5 [VENV]   transformers 5.x from PyPI in VENV (default
+#                                             /tmp/tetrad-hf5; made with pip if missing: torch
+#                                             from PyPI runs on the CPU, ~3 GB). HF-made GPT-2,
+#       Llama with GQA, tied Llama, theta 500000 and llama3-scaled Llama imported with
+#       `tetrad import` (tetrad's logits against transformers'), and tetrad-made models of the
+#       same five kinds exported with `tetrad export` and loaded by transformers; prints a table.
+# Needs a build (./build/tetrad). Exits non-zero if any row fails.
 set -euo pipefail
 cd "$(dirname "$0")/.."
-PY=${1:-/tmp/hfenv/bin/python}
-TOKENS="1,50,300,7,99,1000,8000,3,42,42,5"
-echo "[$TOKENS]" > /tmp/tetrad_hf_tokens.json
-for m in tiny llama-tiny; do
-  ./build/tetrad train --set model.name=$m --set model.vocab_size=8192 --set run.dir=runs/hf_$m \
-    --set train.max_steps=5 --set train.eval_interval=0 > /dev/null
-  ./build/tetrad logits --model runs/hf_$m --tokens "$TOKENS" --out /tmp/tetrad_logits_$m.bin
-  ./build/tetrad export --model runs/hf_$m --out runs/hf_$m/hf
-  "$PY" scripts/hf_check.py runs/hf_$m/hf \
-    /tmp/tetrad_hf_tokens.json /tmp/tetrad_logits_$m.bin
+T=./build/tetrad
+W=$(mktemp -d)
+trap 'rm -rf "$W"' EXIT
+
+if [ "${1:-}" != "--tf5" ]; then
+  PY=${1:-/tmp/hfenv/bin/python}
+  TOKENS="1,50,300,7,99,1000,8000,3,42,42,5"
+  echo "[$TOKENS]" > "$W/tokens.json"
+  for m in tiny llama-tiny; do
+    "$T" train --set model.name=$m --set model.vocab_size=8192 --set run.dir="$W/hf_$m" \
+      --set train.max_steps=5 --set train.eval_interval=0 > /dev/null
+    "$T" logits --model "$W/hf_$m" --tokens "$TOKENS" --out "$W/logits_$m.bin"
+    "$T" export --model "$W/hf_$m" --out "$W/hf_$m/hf"
+    "$PY" scripts/hf_check.py "$W/hf_$m/hf" "$W/tokens.json" "$W/logits_$m.bin"
+  done
+  exit 0
+fi
+
+VENV=${2:-/tmp/tetrad-hf5}
+if [ ! -x "$VENV/bin/python" ] || ! "$VENV/bin/python" -c "import torch, transformers" 2>/dev/null; then
+  echo "== making $VENV (transformers 5.x, torch and safetensors from PyPI)"
+  python3 -m venv "$VENV"
+  "$VENV/bin/pip" install -q 'transformers>=5,<6' torch safetensors
+fi
+PY="$VENV/bin/python"
+TFV=$("$PY" -c "import transformers; print(transformers.__version__)")
+TV=$("$PY" -c "import torch; print(torch.__version__)")
+case "$TFV" in 5.*) ;; *) echo "expected transformers 5.x in $VENV, found $TFV"; exit 2 ;; esac
+
+# 48 tokens spread over the vocabulary (8192): positions reach past every rope band edge.
+TOKENS=$(python3 -c "print(','.join(str((i * 2654435761) % 8192) for i in range(1, 49)))")
+echo "[$TOKENS]" > "$W/tokens.json"
+# A small corpus for the tetrad-made models' few training steps (as tests/cli_common.sh).
+for i in $(seq 1 200); do echo "the king went up to the city $i, and the people followed him."; done > "$W/c.txt"
+"$T" prepare --input "$W/c.txt" --out "$W/data" --vocab-size 300 > /dev/null
+
+declare -A SETS=(
+  [gpt2]="--set model.name=tiny"
+  [llama-gqa]="--set model.name=llama-tiny"
+  [llama-tied]="--set model.name=llama-tiny --set model.tie_embeddings=true --set model.n_kv_head=4"
+  [llama-theta500k]="--set model.name=llama-tiny --set model.rope_theta=500000"
+  [llama3-scaled]="--set model.name=llama-tiny --set model.rope_theta=500000 --set model.max_seq=128 --set model.rope_type=llama3 --set model.rope_factor=8 --set model.rope_low_freq_factor=1 --set model.rope_high_freq_factor=4 --set model.rope_original_max_position=64"
+)
+KINDS=(gpt2 llama-gqa llama-tied llama-theta500k llama3-scaled)
+rows=()
+fails=0
+rel_of() { sed -n 's/.*relative to max |[a-z ]*| [^:]*: \([0-9.e+-]*\).*/\1/p' "$1" | tail -n 1; }
+for k in "${KINDS[@]}"; do
+  # HF-made, imported.
+  "$PY" scripts/hf_make.py make "$k" "$W/hf_$k" "$W/tokens.json" > "$W/make.log" 2>&1 || { cat "$W/make.log"; exit 1; }
+  status=ok
+  { "$T" import --hf "$W/hf_$k" --out "$W/imp_$k" > "$W/imp.log" 2>&1 &&
+    "$T" logits --model "$W/imp_$k" --tokens "$TOKENS" --out "$W/imp_$k.bin" >> "$W/imp.log" 2>&1 &&
+    "$PY" scripts/hf_make.py compare "$W/imp_$k.bin" "$W/hf_$k/hf_logits.bin" > "$W/cmp.log" 2>&1; } ||
+    { status=FAIL; fails=$((fails+1)); cat "$W/imp.log" "$W/cmp.log" 2>/dev/null; }
+  rows+=("| $k | HF-made, tetrad import | $(rel_of "$W/cmp.log") | $status |")
+  # tetrad-made, exported.
+  status=ok
+  # shellcheck disable=SC2086
+  { "$T" train ${SETS[$k]} --set model.vocab_size=8192 --set data.dir="$W/data" --set train.seq_len=32 \
+      --set train.max_steps=3 --set train.eval_interval=0 --set run.dir="$W/run_$k" > "$W/train.log" 2>&1 &&
+    "$T" logits --model "$W/run_$k" --tokens "$TOKENS" --out "$W/run_$k.bin" >> "$W/train.log" 2>&1 &&
+    "$T" export --model "$W/run_$k" --out "$W/exp_$k" >> "$W/train.log" 2>&1 &&
+    "$PY" scripts/hf_check.py "$W/exp_$k" "$W/tokens.json" "$W/run_$k.bin" > "$W/cmp.log" 2>&1; } ||
+    { status=FAIL; fails=$((fails+1)); cat "$W/train.log" "$W/cmp.log" 2>/dev/null; }
+  rows+=("| $k | tetrad-made, tetrad export | $(rel_of "$W/cmp.log") | $status |")
 done
+# Control: the llama3-scaled and theta-500000 models have the same weights (same seed and
+# shapes), so their logits differ only by the scaling; the check must be able to see it.
+"$PY" scripts/hf_make.py compare "$W/imp_llama3-scaled.bin" "$W/hf_llama-theta500k/hf_logits.bin" > "$W/cmp.log" 2>&1 &&
+  { echo "control failed: llama3 scaling made no difference"; fails=$((fails+1)); }
+rows+=("| control: llama3-scaled (tetrad) vs theta 500000 (HF) | scaling changes the logits | $(rel_of "$W/cmp.log") | $(grep -q FAIL "$W/cmp.log" && echo "ok (differs)" || echo FAIL) |")
+echo
+echo "transformers $TFV, torch $TV; ${#KINDS[@]} models x 2 directions, 48 tokens, tolerance 1e-4 (max |diff| / max |logit|)"
+echo "| model | direction | relative max difference | result |"
+echo "| --- | --- | --- | --- |"
+printf '%s\n' "${rows[@]}"
+[ $fails -eq 0 ]

@@ -87,5 +87,17 @@ expect_error "plan ranks list needs --scaling" "needs --scaling" "$TETRAD" plan 
 expect_error "plan scaling needs ranks" "--scaling needs --ranks" "$TETRAD" plan --scaling weak --model small --machine perlmutter
 expect_error "plan strong scaling one model" "strong scaling keeps one model" "$TETRAD" plan --scaling strong --model small,tiny --ranks 4,8 --machine perlmutter --global-batch 8
 
+# bench in both precisions: MFU against the peak of the arithmetic the run uses, named; the phase
+# list names each phase once (issue 15: "other" was printed twice).
+for prec in fp32 bf16; do
+  "$TETRAD" bench --configs tiny --steps 2 --warmup 1 --threads 1 --precision $prec --anchor none \
+    --json "$W/bench_$prec.jsonl" > "$W/bench_$prec.txt" 2>&1
+  want=$([ $prec = bf16 ] && echo "bf16 matrix peak" || echo "fp32 FMA peak")
+  check "bench $prec: MFU against the $want" grep -q "MFU: .*% of the $want (" "$W/bench_$prec.txt"
+  check "bench $prec: each phase once" bash -c "grep 'compute by phase' '$W/bench_$prec.txt' | tr ',' '\n' | sed 's/^ *//; s/ [0-9.]*%//; s/.*: //' | sort | uniq -d | grep -q . && exit 1 || exit 0"
+  check "bench $prec: JSON names the peak" python3 -c "import json,sys; j=[json.loads(l) for l in open(sys.argv[1])][1]; assert j['mfu_peak'].startswith(sys.argv[2]) and j['mfu'] > 0, j" "$W/bench_$prec.jsonl" "$want"
+done
+check "bench: the bf16 matrix peak is among the ceilings" grep -q "bf16 matrix peak, 1 thr" "$W/bench_fp32.txt"
+
 echo "$fails failed"
 [ $fails -eq 0 ]

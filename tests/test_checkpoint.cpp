@@ -95,7 +95,7 @@ void write_raw_safetensors(const std::string& path, const std::string& header, s
 
 // Runs f, which must throw tetrad::Error whose message contains every one of `parts`.
 template <typename F>
-std::string expect_error(F&& f, std::initializer_list<std::string> parts) {
+std::string expect_error(F&& f, const std::vector<std::string>& parts) {
   try {
     f();
   } catch (const Error& e) {
@@ -563,7 +563,8 @@ TEST(HfFolder, ConfigErrorsNameTheProblem) {
   with([](json& j) { j.erase("hidden_size"); });
   expect_error([&] { read_hf_config(dir); }, {cfg_path, "missing field 'hidden_size'"});
   with([](json& j) { j["rope_scaling"] = {{"type", "linear"}, {"factor", 2.0}}; });
-  expect_error([&] { read_hf_config(dir); }, {cfg_path, "rope_scaling", "not supported"});
+  expect_error([&] { read_hf_config(dir); },
+               {cfg_path, "'rope_scaling' has rope type \"linear\"", "does not implement"});
   with([](json& j) { j["hidden_act"] = "gelu"; });
   expect_error([&] { read_hf_config(dir); }, {cfg_path, "hidden_act 'gelu'"});
   with([](json& j) { j["attention_bias"] = true; });
@@ -573,7 +574,12 @@ TEST(HfFolder, ConfigErrorsNameTheProblem) {
   with([](json& j) { j["num_key_value_heads"] = 3; });
   expect_error([&] { read_hf_config(dir); }, {cfg_path, "n_kv_head"});
   // Fields transformers defaults are optional.
-  with([](json& j) { j.erase("rms_norm_eps"); j.erase("num_key_value_heads"); j.erase("rope_theta"); });
+  with([](json& j) {
+    j.erase("rms_norm_eps");
+    j.erase("num_key_value_heads");
+    j.erase("rope_theta");
+    j.erase("rope_parameters");
+  });
   const ModelConfig d = read_hf_config(dir);
   EXPECT_EQ(d.norm_eps, 1e-6f);
   EXPECT_EQ(d.n_kv_head, d.n_head);
@@ -594,6 +600,121 @@ TEST(HfFolder, ConfigErrorsNameTheProblem) {
   EXPECT_EQ(gc.ffn, 4 * gc.n_embd);
   EXPECT_EQ(gc.max_seq, g.cfg.max_seq);  // from n_ctx
   expect_error([&] { read_hf_config(root + "/none"); }, {"has no config.json"});
+}
+
+// config.json as transformers 4.x and 5.x write it (tests/data/hf_configs/, made with
+// scripts/make-hf-config-fixtures.py): rope_theta at the top level or inside rope_parameters,
+// llama3 scaling in rope_scaling or rope_parameters.
+TEST(HfConfig, ReadsTransformers4And5Layouts) {
+  const std::string fx = std::string(TETRAD_SOURCE_DIR) + "/tests/data/hf_configs/";
+  auto load = [&](const std::string& name) {
+    return parse_hf_config(read_json(fx + name), fx + name);
+  };
+  for (const char* v : {"tf4", "tf5"}) {
+    SCOPED_TRACE(v);
+    const ModelConfig plain = load(std::string("llama_theta500k_") + v + ".json");
+    EXPECT_EQ(plain.rope_theta, 500000.0f);
+    EXPECT_EQ(plain.rope_type, "default");
+    EXPECT_EQ(plain.n_kv_head, 2);
+    const ModelConfig l3 = load(std::string("llama3_scaled_") + v + ".json");
+    EXPECT_EQ(l3.rope_theta, 500000.0f);
+    EXPECT_EQ(l3.rope_type, "llama3");
+    EXPECT_EQ(l3.rope_factor, 8.0);
+    EXPECT_EQ(l3.rope_low_freq_factor, 1.0);
+    EXPECT_EQ(l3.rope_high_freq_factor, 4.0);
+    EXPECT_EQ(l3.rope_original_max_position, 32);
+    const ModelConfig g = load(std::string("gpt2_") + v + ".json");
+    EXPECT_EQ(g.family, Family::GPT2);
+    EXPECT_EQ(g.n_embd, 64);
+  }
+}
+
+TEST(HfConfig, RefusesWhatTetradDoesNotImplementByKeyAndValue) {
+  const std::string fx = std::string(TETRAD_SOURCE_DIR) + "/tests/data/hf_configs/";
+  for (const char* v : {"tf4", "tf5"}) {
+    SCOPED_TRACE(v);
+    const json base = read_json(fx + "llama_theta500k_" + v + ".json");
+    auto refused = [&](const std::function<void(json&)>& edit,
+                       const std::vector<std::string>& parts) {
+      json j = base;
+      edit(j);
+      expect_error([&] { parse_hf_config(j, "cfg.json"); }, parts);
+    };
+    refused([](json& j) { j["attention_bias"] = true; }, {"cfg.json", "'attention_bias' = true"});
+    refused([](json& j) { j["mlp_bias"] = true; }, {"'mlp_bias' = true"});
+    refused([](json& j) { j["sliding_window"] = 4096; }, {"'sliding_window' = 4096"});
+    refused([](json& j) { j["head_dim"] = 32; }, {"head_dim = 32", "hidden_size / num_attention_heads = 16"});
+    refused([](json& j) { j["hidden_act"] = "gelu"; }, {"hidden_act 'gelu'", "silu"});
+    refused([](json& j) { j["layer_types"] = {"full_attention", "sliding_attention"}; },
+            {"'layer_types'", "\"sliding_attention\""});
+    // Each rope dict alone (the fixture's own layout removed first).
+    auto only = [](json& j) {
+      j.erase("rope_scaling");
+      j.erase("rope_parameters");
+    };
+    for (const char* key : {"rope_scaling", "rope_parameters"}) {
+      refused([&](json& j) { only(j); j[key] = {{"rope_type", "yarn"}, {"factor", 4.0}, {"rope_theta", 500000.0}}; },
+              {std::string("'") + key + "' has rope type \"yarn\"", "\"default\" and \"llama3\""});
+      refused([&](json& j) { only(j); j[key] = {{"type", "dynamic"}, {"factor", 2.0}}; },
+              {std::string("'") + key + "' has rope type \"dynamic\""});
+      refused([&](json& j) {
+        only(j);
+        j[key] = {{"rope_type", "llama3"}, {"factor", 8.0}, {"low_freq_factor", 1.0},
+                  {"high_freq_factor", 4.0}};
+      }, {"lacks 'original_max_position_embeddings'"});
+      refused([&](json& j) {
+        only(j);
+        j[key] = {{"rope_type", "default"}, {"partial_rotary_factor", 0.5}};
+      }, {std::string("'") + key + ".partial_rotary_factor' = 0.5"});
+    }
+    refused([](json& j) { j["rope_theta"] = 10000.0; j["rope_parameters"] = {{"rope_type", "default"}, {"rope_theta", 500000.0}}; },
+            {"'rope_parameters.rope_theta' = 500000.0", "disagrees with 'rope_theta'"});
+    refused([](json& j) {
+      j["rope_scaling"] = {{"rope_type", "llama3"}, {"factor", 8.0}, {"low_freq_factor", 1.0},
+                           {"high_freq_factor", 4.0}, {"original_max_position_embeddings", 32}};
+      j["rope_parameters"] = {{"rope_type", "default"}, {"rope_theta", 500000.0}};
+    }, {"rope type \"llama3\"", "\"default\""});
+  }
+  const json g = read_json(fx + "gpt2_tf5.json");
+  json bad = g;
+  bad["activation_function"] = "relu";
+  expect_error([&] { parse_hf_config(bad, "g.json"); }, {"activation_function 'relu'"});
+  bad = g;
+  bad["scale_attn_by_inverse_layer_idx"] = true;
+  expect_error([&] { parse_hf_config(bad, "g.json"); }, {"'scale_attn_by_inverse_layer_idx' = true"});
+}
+
+// Exported config.json carries both layouts, and reads back to the same model.
+TEST(HfConfig, ExportWritesBothLayoutsAndReadsBack) {
+  ModelConfig c = named_model("llama-tiny");
+  c.rope_theta = 500000.0f;
+  c.rope_type = "llama3";
+  c.rope_factor = 8;
+  c.rope_low_freq_factor = 1;
+  c.rope_high_freq_factor = 4;
+  c.rope_original_max_position = 32;
+  const json j = hf_config_json(c);
+  EXPECT_EQ(j["rope_theta"].get<double>(), 500000.0);
+  EXPECT_EQ(j["rope_scaling"]["rope_type"], "llama3");
+  EXPECT_EQ(j["rope_scaling"]["original_max_position_embeddings"], 32);
+  EXPECT_EQ(j["rope_parameters"]["rope_type"], "llama3");
+  EXPECT_EQ(j["rope_parameters"]["rope_theta"].get<double>(), 500000.0);
+  EXPECT_EQ(j["rope_parameters"]["factor"].get<double>(), 8.0);
+  const ModelConfig back = parse_hf_config(j, "exported");
+  EXPECT_EQ(back.rope_type, "llama3");
+  EXPECT_EQ(back.rope_factor, 8.0);
+  EXPECT_EQ(back.rope_original_max_position, 32);
+  EXPECT_EQ(back.rope_theta, 500000.0f);
+  ModelConfig d = named_model("llama-tiny");
+  const json jd = hf_config_json(d);
+  EXPECT_TRUE(jd["rope_scaling"].is_null());
+  EXPECT_EQ(jd["rope_parameters"], json({{"rope_type", "default"}, {"rope_theta", 10000.0}}));
+  // A checkpoint for one rope refuses to load into a model of another.
+  const std::string dir = test_dir() + "/l3";
+  Model m = random_model(c, 30);
+  save_hf(dir, m.cfg, m.table, m.params.data());
+  expect_error([&] { load_hf_params(dir, d, m.table, m.params.data()); },
+               {dir, "rope"});
 }
 
 TEST(HfFolder, SaveReplacesModelFoldersOnly) {

@@ -14,7 +14,6 @@
 #include "tetrad/core/cpu.hpp"
 #include "tetrad/core/error.hpp"
 #include "tetrad/model/model_config.hpp"
-#include "tetrad/model/params.hpp"
 #include "tetrad/backend/cpu/ceilings.hpp"
 #include "tetrad/model/gemm_shapes.hpp"
 
@@ -44,11 +43,84 @@ TEST(Cpu, AgreesWithCompilerRuntime) {
   __builtin_cpu_init();
   EXPECT_EQ(f.fma && f.os_avx, bool(__builtin_cpu_supports("fma")));
   EXPECT_EQ(f.avx2 && f.os_avx, bool(__builtin_cpu_supports("avx2")));
-  EXPECT_EQ(f.use_avx512(), bool(__builtin_cpu_supports("avx512f")));
+  EXPECT_EQ(f.avx512f && f.os_avx512, bool(__builtin_cpu_supports("avx512f")));
   EXPECT_EQ(f.avx512bw && f.os_avx512, bool(__builtin_cpu_supports("avx512bw")));
   EXPECT_EQ(f.avx512vl && f.os_avx512, bool(__builtin_cpu_supports("avx512vl")));
 }
 #endif
+
+// TETRAD_MAX_CPU_ISA: the cap only lowers what use_* report, level by level.
+TEST(Cpu, IsaCapLowersEveryPathAboveIt) {
+  CpuFeatures all;
+  all.avx2 = all.fma = all.avx512f = all.avx512bw = all.avx512vl = all.avx512_bf16 = true;
+  all.amx_tile = all.amx_bf16 = all.amx_int8 = true;
+  all.os_avx = all.os_avx512 = all.amx_permitted = true;
+  EXPECT_EQ(all.best_isa(), "amx-bf16");
+  const CpuFeatures a2 = with_isa_cap(all, IsaLevel::Avx2);
+  EXPECT_TRUE(a2.use_avx2_fma());
+  EXPECT_FALSE(a2.use_avx512() || a2.use_avx512_bf16() || a2.use_amx_bf16());
+  EXPECT_EQ(a2.best_isa(), "avx2+fma");
+  EXPECT_NE(a2.summary().find("capped at avx2 (TETRAD_MAX_CPU_ISA)"), std::string::npos);
+  const CpuFeatures a5 = with_isa_cap(all, IsaLevel::Avx512);
+  EXPECT_TRUE(a5.use_avx512());
+  EXPECT_FALSE(a5.use_avx512_bf16() || a5.use_amx_bf16());
+  const CpuFeatures ab = with_isa_cap(all, IsaLevel::Avx512Bf16);
+  EXPECT_TRUE(ab.use_avx512_bf16());
+  EXPECT_FALSE(ab.use_amx_bf16());
+  const CpuFeatures sc = with_isa_cap(all, IsaLevel::Scalar);
+  EXPECT_EQ(sc.best_isa(), "scalar");
+  // A cap never adds what the CPU lacks.
+  CpuFeatures avx2_only;
+  avx2_only.avx2 = avx2_only.fma = avx2_only.os_avx = true;
+  EXPECT_FALSE(with_isa_cap(avx2_only, IsaLevel::Amx).use_avx512());
+  for (IsaLevel l : {IsaLevel::Scalar, IsaLevel::Avx2, IsaLevel::Avx512, IsaLevel::Avx512Bf16,
+                     IsaLevel::Amx})
+    EXPECT_EQ(parse_isa_level(isa_level_name(l)), l);
+  try {
+    parse_isa_level("sse9");
+    FAIL() << "accepted";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("TETRAD_MAX_CPU_ISA = \"sse9\""), std::string::npos);
+    EXPECT_NE(std::string(e.what()).find("avx2, avx512, avx512_bf16 or amx"), std::string::npos);
+  }
+}
+
+// Under CTest's CpuBranch.* runs (tests/CMakeLists.txt) the process was started with a cap:
+// tetrad's dispatch and oneDNN's both stay at or below it.
+TEST(Cpu, EnvironmentCapReachesTetradAndOneDnn) {
+  const char* want = std::getenv("TETRAD_TEST_EXPECT_ISA_CAP");
+  const CpuFeatures& f = cpu_features();
+  if (!want) {
+    EXPECT_FALSE(f.capped() && !std::getenv("TETRAD_MAX_CPU_ISA"));
+    return;
+  }
+  const IsaLevel cap = parse_isa_level(want);
+  EXPECT_EQ(f.max_isa, cap);
+  if (!f.allows(IsaLevel::Avx512)) EXPECT_FALSE(f.use_avx512());
+  if (!f.allows(IsaLevel::Avx512Bf16)) EXPECT_FALSE(f.use_avx512_bf16());
+  if (!f.allows(IsaLevel::Amx)) EXPECT_FALSE(f.use_amx_bf16());
+  const dnnl_cpu_isa_t eff = dnnl_get_effective_cpu_isa();
+  std::cout << "cap " << want << ": " << f.best_isa() << ", oneDNN effective isa " << int(eff) << "\n";
+  if (cap == IsaLevel::Avx2) {
+    EXPECT_TRUE(eff == dnnl_cpu_isa_avx2 || eff == dnnl_cpu_isa_avx || eff == dnnl_cpu_isa_sse41)
+        << int(eff);
+  }
+  if (cap != IsaLevel::Amx) EXPECT_NE(eff, dnnl_cpu_isa_avx512_core_amx);
+}
+
+TEST(Ceilings, Bf16PeakUsesTheWidestBf16UnitsAllowed) {
+  const CpuFeatures& f = cpu_features();
+  const Measurement m = measure_bf16_peak(1, 0.01, 2);
+  ASSERT_TRUE(m.ok()) << m.skipped;
+  EXPECT_TRUE(std::isfinite(m.value));
+  const std::string want = f.use_amx_bf16()      ? "AMX-BF16 register loop"
+                           : f.use_avx512_bf16() ? "AVX512-BF16 register loop"
+                                                 : "bf16 GEMM ceiling";
+  EXPECT_EQ(m.basis, want) << m.method;
+  EXPECT_FALSE(m.method.empty());
+  std::cout << "bf16 peak, 1 thread: " << m.value << " GFLOP/s (" << m.method << ")\n";
+  EXPECT_EQ(measure_fma_peak(1, 0.01, 1).basis, "fp32 FMA register loop");
+}
 
 TEST(Cpu, CoresAndMemory) {
   int n = num_cores();

@@ -537,6 +537,11 @@ struct RopeSetup {
     sin_t.resize(max_pos * hd / 2);
     rope_tables(cos_t.data(), sin_t.data(), max_pos, hd, theta);
   }
+  explicit RopeSetup(const RopeFrequencies& f) : theta(f.theta) {
+    cos_t.resize(max_pos * hd / 2);
+    sin_t.resize(max_pos * hd / 2);
+    rope_tables(cos_t.data(), sin_t.data(), max_pos, hd, f);
+  }
   void forward(double* x) const {
     rope_forward(x, ntok, T, pos0, n_rot, hd, stride, cos_t.data(), sin_t.data());
   }
@@ -602,6 +607,84 @@ TEST(Rope, BackwardIsTheAdjointAndTheInverse) {
   s.backward(round_trip.data());
   for (size_t i = 0; i < x.size(); ++i) ASSERT_NEAR(round_trip[i], x[i], 1e-15) << i;
   // And as a gradient: d/dx Σ rope(x) ⊙ R = rope_backward(R).
+  Vec xv = x, R = rng.vec(x.size()), out;
+  auto loss = [&] {
+    out = xv;
+    s.forward(out.data());
+    return weighted_sum(out, R);
+  };
+  Vec dx = R;
+  s.backward(dx.data());
+  EXPECT_TRUE(gradient_matches("dx", xv, dx, loss));
+}
+
+// Llama 3.1's scaling (rope type "llama3"), with the bands placed so that hd = 8 has one
+// frequency in each: theta 100 gives inv_freq 1, 0.316, 0.1, 0.0316 (wavelengths 6.3, 19.9,
+// 62.8, 199); original context 64 with low/high factors 2 and 8 puts the band edges at
+// wavelengths 32 and 8: i = 0 unchanged, i = 1 in the smooth band, i = 2 and 3 divided by 8.
+RopeFrequencies llama3_test_frequencies() {
+  RopeFrequencies f;
+  f.theta = 100;
+  f.factor = 8;
+  f.low_freq_factor = 2;
+  f.high_freq_factor = 8;
+  f.original_max_position = 64;
+  return f;
+}
+
+TEST(Rope, Llama3FrequenciesByHand) {
+  const RopeFrequencies f = llama3_test_frequencies();
+  const std::vector<double> inv = rope_inv_freq(8, f);
+  ASSERT_EQ(inv.size(), 4u);
+  const double pi = 3.14159265358979323846;
+  const double base1 = std::pow(100.0, -2.0 / 8);  // 0.3162
+  // i = 0: wavelength 2 pi < 64 / 8: a high frequency, unchanged.
+  EXPECT_NEAR(inv[0], 1.0, 1e-15);
+  // i = 1: wavelength 2 pi / 0.3162 = 19.87, between 8 and 32: the smooth band,
+  // s = (64 / 19.87 - 2) / (8 - 2) = 0.2034; inv = (1 - s) base / 8 + s base.
+  const double s = (64.0 / (2 * pi / base1) - 2.0) / 6.0;
+  EXPECT_NEAR(s, 0.20342, 1e-4);
+  EXPECT_NEAR(inv[1], (1 - s) * base1 / 8 + s * base1, 1e-15);
+  EXPECT_GT(inv[1], base1 / 8);  // strictly inside the band: between the two limits
+  EXPECT_LT(inv[1], base1);
+  // i = 2, 3: wavelengths 62.8 and 198.7 > 32: low frequencies, divided by the factor.
+  EXPECT_NEAR(inv[2], 0.1 / 8, 1e-15);
+  EXPECT_NEAR(inv[3], std::pow(100.0, -6.0 / 8) / 8, 1e-15);
+  // No scaling (factor 0) is the default rope.
+  RopeFrequencies plain;
+  plain.theta = 100;
+  const std::vector<double> p = rope_inv_freq(8, plain);
+  for (int i = 0; i < 4; ++i) EXPECT_NEAR(p[i], std::pow(100.0, -2.0 * i / 8), 1e-15);
+  // The tables use these frequencies.
+  const RopeSetup st(f);
+  for (int64_t pos = 0; pos < st.max_pos; ++pos)
+    for (int i = 0; i < 4; ++i) {
+      EXPECT_NEAR(st.cos_t[pos * 4 + i], std::cos(pos * inv[i]), 1e-14);
+      EXPECT_NEAR(st.sin_t[pos * 4 + i], std::sin(pos * inv[i]), 1e-14);
+    }
+}
+
+TEST(Rope, Llama3ForwardAndBackward) {
+  const RopeSetup s(llama3_test_frequencies());
+  const std::vector<double> inv = rope_inv_freq(s.hd, llama3_test_frequencies());
+  const int64_t half = s.hd / 2;
+  Rng rng(21);
+  const Vec x = rng.vec(s.ntok * s.stride);
+  Vec y = x;
+  s.forward(y.data());
+  for (int64_t t = 0; t < s.ntok; ++t) {
+    const int64_t pos = s.pos0 + t % s.T;
+    for (int64_t h = 0; h < s.n_rot; ++h) {
+      const double* xh = x.data() + t * s.stride + h * s.hd;
+      const double* yh = y.data() + t * s.stride + h * s.hd;
+      for (int64_t i = 0; i < s.hd; ++i) {
+        const double ang = double(pos) * inv[size_t(i % half)];
+        const double rot = i < half ? -xh[i + half] : xh[i - half];
+        EXPECT_NEAR(yh[i], xh[i] * std::cos(ang) + rot * std::sin(ang), 1e-14);
+      }
+    }
+  }
+  // Backward: the gradient of Σ rope(x) ⊙ R against finite differences.
   Vec xv = x, R = rng.vec(x.size()), out;
   auto loss = [&] {
     out = xv;

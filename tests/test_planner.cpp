@@ -14,7 +14,7 @@
 #include "tetrad/parallel/pipeline_schedule.hpp"
 #include "tetrad/parallel/process_groups.hpp"
 #include "tetrad/parallel/sharding.hpp"
-#include "tetrad/train/auto_grid.hpp"
+#include "tetrad/planner/auto_grid.hpp"
 #include "tetrad/planner/machine.hpp"
 #include "tetrad/planner/planner.hpp"
 #include "tetrad/planner/validate.hpp"
@@ -549,7 +549,7 @@ TEST(PlannerAuto, ChoosesATrainableGrid) {
   EXPECT_EQ(a.grid.size(), 4);
   EXPECT_TRUE(a.grid.p == 1 || trainer_supports_pipeline());
   EXPECT_NE(a.why.find("first choice"), std::string::npos);
-  EXPECT_NO_THROW(parallel::validate_grid(a.grid, 4));
+  EXPECT_NO_THROW(parallel::parse_grid(a.trainer_grid));
 }
 
 TEST(PlannerAuto, PassesTheTrainersRecomputeZeroAndSchedule) {
@@ -739,4 +739,25 @@ TEST(PlannerValidation, SweepCoversPipelineGrids) {
   }
   const std::string args = local_sweep_bench_args(2);
   EXPECT_NE(args.find("--grid 1,1,1,2,1 --layers 4 --seq 256 --micro-batches 2 --accumulate"), std::string::npos) << args;
+}
+
+// A machine file without the rate a run's precision needs: refused up front, naming the key to
+// add and the command that measures it (not "no grid can train this run").
+TEST(Planner, MissingPrecisionRateNamesTheKeyAndHowToMeasureIt) {
+  Machine m = test_machine();
+  m.peak_bf16 = 0;
+  m.source = "machines/mine.toml";
+  PlanInput in = input("small", 4, 16, 4);
+  in.precision = Precision::FP32;
+  EXPECT_FALSE(plan(in, m).empty());  // fp32 has its rate
+  in.precision = Precision::BF16;
+  try {
+    plan(in, m);
+    FAIL() << "a bf16 plan without a bf16 rate";
+  } catch (const Error& e) {
+    const std::string w = e.what();
+    EXPECT_NE(w.find("machine 'test' (machines/mine.toml) has no bf16 rate"), std::string::npos) << w;
+    EXPECT_NE(w.find("add [compute] peak_bf16_tflops"), std::string::npos) << w;
+    EXPECT_NE(w.find("tetrad plan --measure-machine machines/mine.toml"), std::string::npos) << w;
+  }
 }

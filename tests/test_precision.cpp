@@ -6,9 +6,12 @@
 
 #include <cmath>
 #include <cstdio>
+#include <cstdlib>
+#include <iostream>
 #include <limits>
 #include <vector>
 
+#include "tetrad/core/cpu.hpp"
 #include "tetrad/core/error.hpp"
 #include "tetrad/core/rng.hpp"
 #include "tetrad/backend/cpu/ops.hpp"
@@ -134,6 +137,48 @@ TEST(Bf16, PrecisionNamesAndThePathAreReported) {
   }
   const std::string path = bf16_matmul_path();
   EXPECT_EQ(path.rfind(native_bf16_matmul() ? "native" : "emulated", 0), 0u) << path;
+}
+
+// precision "auto": bf16 exactly where bf16 GEMMs are native, unless TETRAD_PRECISION_AUTO
+// forces a branch (tests/CMakeLists.txt runs test_train with each).
+TEST(Bf16, PrecisionAutoFollowsTheHardwareUnlessForced) {
+  const char* saved = std::getenv("TETRAD_PRECISION_AUTO");
+  const std::string keep = saved ? saved : "";
+  ::unsetenv("TETRAD_PRECISION_AUTO");
+  EXPECT_EQ(resolve_precision("auto"), native_bf16_matmul() ? Precision::BF16 : Precision::FP32);
+  EXPECT_EQ(resolve_precision("fp32"), Precision::FP32);
+  EXPECT_EQ(resolve_precision("bf16"), Precision::BF16);
+  ::setenv("TETRAD_PRECISION_AUTO", "bf16", 1);
+  EXPECT_EQ(resolve_precision("auto"), Precision::BF16);
+  EXPECT_EQ(resolve_precision("fp32"), Precision::FP32);  // only "auto" is forced
+  EXPECT_NE(auto_precision_reason().find("TETRAD_PRECISION_AUTO=bf16"), std::string::npos);
+  ::setenv("TETRAD_PRECISION_AUTO", "fp32", 1);
+  EXPECT_EQ(resolve_precision("auto"), Precision::FP32);
+  ::setenv("TETRAD_PRECISION_AUTO", "fp16", 1);
+  try {
+    resolve_precision("auto");
+    FAIL() << "fp16 accepted";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("TETRAD_PRECISION_AUTO = \"fp16\""), std::string::npos);
+  }
+  try {
+    resolve_precision("half");
+    FAIL() << "half accepted";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("\"fp32\", \"bf16\" or \"auto\""), std::string::npos);
+  }
+  if (saved) ::setenv("TETRAD_PRECISION_AUTO", keep.c_str(), 1);
+  else ::unsetenv("TETRAD_PRECISION_AUTO");
+}
+
+// The native path exactly where tetrad may use bf16 hardware (TETRAD_MAX_CPU_ISA and
+// TETRAD_BF16=emulate lower it; tests/CMakeLists.txt runs this binary under each).
+TEST(Bf16, NativeOnlyWhereAllowed) {
+  const CpuFeatures& f = cpu_features();
+  const char* e = std::getenv("TETRAD_BF16");
+  if ((e && std::string(e) == "emulate") || (!f.use_amx_bf16() && !f.use_avx512_bf16()))
+    EXPECT_FALSE(native_bf16_matmul()) << bf16_matmul_path();
+  std::cout << "bf16 GEMMs: " << bf16_matmul_path() << "\n";
 }
 
 // A learnable stream: x[t+1] = (5 x[t] + 7 + r) mod V with r uniform in {0..3}, so the best

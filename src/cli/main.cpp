@@ -17,11 +17,13 @@
 #include "tetrad/checkpoint/run_checkpoint.hpp"
 #include "tetrad/checkpoint/sharded.hpp"
 #include "tetrad/comm/mpi_env.hpp"
+#include "tetrad/backend/cpu/precision.hpp"
+#include "tetrad/core/cpu.hpp"
 #include "tetrad/core/error.hpp"
 #include "tetrad/data/prepare.hpp"
 #include "tetrad/data/tokenizer.hpp"
 #include "tetrad/model/sampling.hpp"
-#include "tetrad/train/auto_grid.hpp"
+#include "tetrad/planner/auto_grid.hpp"
 #include "tetrad/planner/machine.hpp"
 #include "tetrad/planner/planner.hpp"
 #include "tetrad/planner/scaling.hpp"
@@ -344,6 +346,8 @@ int main(int argc, char** argv) {
   train_cmd->add_option("--trace-steps", topt.trace_steps, "steps on the timeline")
       ->capture_default_str();
   auto* config_doc = app.add_subcommand("config-doc", "print the reference of every config key");
+  auto* cpu_cmd = app.add_subcommand(
+      "cpu", "what this CPU runs: features, kernel paths, bf16 GEMMs, what precision auto picks");
 
   // eval
   std::string model_dir, data_dir = "data/kjv", split = "val";
@@ -562,6 +566,14 @@ int main(int argc, char** argv) {
   try {
     if (*prepare) {
       data::prepare_data(prep, std::cout);
+    } else if (*cpu_cmd) {
+      const kernels::Precision p = kernels::resolve_precision("auto");
+      std::cout << "cpu: " << cpu_features().summary() << "\n"
+                << "bf16 GEMMs: " << kernels::bf16_matmul_path() << "\n"
+                << "precision auto: " << kernels::precision_name(p) << " ("
+                << kernels::auto_precision_reason() << ")\n"
+                << "switches: TETRAD_MAX_CPU_ISA=scalar|avx2|avx512|avx512_bf16|amx caps the "
+                   "kernels (and oneDNN); TETRAD_BF16=emulate; TETRAD_PRECISION_AUTO=fp32|bf16\n";
     } else if (*tokenize_cmd) {
       run_tokenize_command(tokenize_path, tokenize_decode);
     } else if (*config_doc) {

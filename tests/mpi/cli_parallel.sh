@@ -41,6 +41,18 @@ else
   echo "FAIL zero"; paste <(losses "$W/serial") <(losses "$W/zero"); fails=$((fails+1))
 fi
 
+# With recomputation the metrics carry HFU beside MFU (recomputed FLOPs counted: HFU > MFU),
+# both against the peak they name.
+if python3 -c "
+import json, sys
+rows = [json.loads(l) for l in open(sys.argv[1]) if '\"loss\"' in l]
+assert rows and all(r['hfu'] > r['mfu'] > 0 and r['mfu_peak'] for r in rows), rows
+" "$W/zero/metrics.jsonl" && grep -q "| MFU [0-9.]*% | HFU [0-9.]*%" "$W/log2"; then
+  echo "ok   recomputation: HFU beside MFU in metrics.jsonl and the progress line"
+else
+  echo "FAIL HFU"; cat "$W/zero/metrics.jsonl" "$W/log2"; fails=$((fails+1))
+fi
+
 # A sharded checkpoint (ZeRO 0, overlap defaults) resumed with ZeRO 1 (moments cut into D pieces
 # on load), and that run's streamed checkpoint resumed with ZeRO 0 again: the serial losses.
 Z2=(--set run.dir="$W/zero_sharded" --grid 1,1,1,2)
@@ -131,14 +143,29 @@ else
 fi
 
 # --grid auto: the planner's first choice (machine file: the shipped `local`), said why, and
-# trained like every other grid.
-"${MPIRUN[@]}" -n 2 "$TETRAD" train "${S[@]}" --set run.dir="$W/auto" --grid auto > "$W/log" 2>&1 || { cat "$W/log"; fails=$((fails+1)); }
-if grep -q "^grid auto: .*first choice" "$W/log" && grep -q "predicted .* s/step" "$W/log" &&
-   paste <(losses "$W/serial") <(losses "$W/auto") |
-   awk '{ n++; d = ($1 - $2) / $1; if (d < 0) d = -d; if (d > 1e-5) bad = 1 } END { exit (bad || n != 5) }'; then
-  echo "ok   grid auto: $(grep -m1 '^grid auto' "$W/log" | cut -c1-60)...; losses match the serial run"
+# trained like every other grid; in both of precision auto's branches, forced (the planner must
+# price bf16 runs too, on any CPU: issue 15), against a serial run in the same precision. A
+# machine file without the bf16 rate a bf16 run needs is refused naming the key to add.
+for prec in fp32 bf16; do
+  TETRAD_PRECISION_AUTO=$prec "$TETRAD" train "${S[@]}" --set run.dir="$W/serial_$prec" > "$W/log_s" 2>&1 || { cat "$W/log_s"; fails=$((fails+1)); }
+  TETRAD_PRECISION_AUTO=$prec "${MPIRUN[@]}" -x TETRAD_PRECISION_AUTO -n 2 "$TETRAD" train "${S[@]}" --set run.dir="$W/auto_$prec" --grid auto > "$W/log" 2>&1 || { cat "$W/log"; fails=$((fails+1)); }
+  if grep -q "^grid auto: .*first choice" "$W/log" && grep -q "predicted .* s/step" "$W/log" &&
+     grep -q "^precision: $prec" "$W/log" &&
+     grep -q "MFU baseline: $([ $prec = bf16 ] && echo bf16 matrix || echo fp32 FMA) peak" "$W/log" &&
+     paste <(losses "$W/serial_$prec") <(losses "$W/auto_$prec") |
+     awk '{ n++; d = ($1 - $2) / $1; if (d < 0) d = -d; if (d > 1e-5) bad = 1 } END { exit (bad || n != 5) }'; then
+    echo "ok   grid auto ($prec): $(grep -m1 '^grid auto' "$W/log" | cut -c1-60)...; losses match the serial run"
+  else
+    echo "FAIL grid auto ($prec)"; cat "$W/log"; fails=$((fails+1))
+  fi
+done
+grep -v "peak_bf16_tflops" "$(dirname "${BASH_SOURCE[0]}")/../../machines/local.toml" > "$W/no_bf16.toml"
+out=$(TETRAD_PRECISION_AUTO=bf16 "${MPIRUN[@]}" -x TETRAD_PRECISION_AUTO -n 2 "$TETRAD" train "${S[@]}" --set run.dir="$W/nobf16" --grid auto --set parallel.machine="$W/no_bf16.toml" 2>&1)
+if grep -q "has no bf16 rate, which a bf16 run needs: add \[compute\] peak_bf16_tflops" <<<"$out" &&
+   grep -q "tetrad plan --measure-machine" <<<"$out"; then
+  echo "ok   a machine file without the bf16 rate: refused naming the key and how to measure it"
 else
-  echo "FAIL grid auto"; cat "$W/log"; fails=$((fails+1))
+  echo "FAIL missing bf16 rate: $out"; fails=$((fails+1))
 fi
 
 # bench --grids --accumulate (the planner's local sweep): a grid without a pipeline runs the

@@ -54,8 +54,8 @@ void check_all_grids(Family family) {
 
 // One micro-batch, no optimizer: the loss and the gradient of every tensor (every layer's forward
 // and backward, both layouts, the embedding, head and loss) against the serial model.
-void check_gradients_all_grids(Family family) {
-  const ModelConfig mc = test_model(family);
+void check_gradients_all_grids(const ModelConfig& mc) {
+  const Family family = mc.family;
   Transformer<float> serial(mc, kB, kT);
   serial.init_weights(3);
   auto tok = batch_tokens(0, 0, mc.vocab_size);
@@ -99,10 +99,41 @@ void check_gradients_all_grids(Family family) {
 }  // namespace
 
 TEST(ParallelLayers, Gpt2GradientOfEveryTensorMatchesSerialOnEveryGrid) {
-  check_gradients_all_grids(Family::GPT2);
+  check_gradients_all_grids(test_model(Family::GPT2));
 }
 TEST(ParallelLayers, LlamaGradientOfEveryTensorMatchesSerialOnEveryGrid) {
-  check_gradients_all_grids(Family::Llama);
+  check_gradients_all_grids(test_model(Family::Llama));
+}
+
+// Llama 3.1's rope scaling (rope type "llama3"; the frequencies of test_kernels' Rope tests, one
+// in each band for head_dim 8): forward and backward on every grid as serially.
+TEST(ParallelLayers, LlamaWithLlama3RopeGradientOfEveryTensorMatchesSerialOnEveryGrid) {
+  ModelConfig mc = test_model(Family::Llama);
+  mc.rope_theta = 100;
+  mc.rope_type = "llama3";
+  mc.rope_factor = 8;
+  mc.rope_low_freq_factor = 2;
+  mc.rope_high_freq_factor = 8;
+  mc.rope_original_max_position = 64;
+  ASSERT_EQ(mc.head_dim(), 8);
+  // The scaling changes the model (else this test could not tell whether a grid applied it).
+  auto serial_loss = [](const ModelConfig& c) {
+    Transformer<float> m(c, kB, kT);
+    m.init_weights(3);
+    auto tok = batch_tokens(0, 0, c.vocab_size);
+    std::vector<int32_t> x(size_t(kB) * kT), y(x.size());
+    for (int b = 0; b < kB; ++b)
+      for (int t = 0; t < kT; ++t) {
+        x[b * kT + t] = tok[b * (kT + 1) + t];
+        y[b * kT + t] = tok[b * (kT + 1) + t + 1];
+      }
+    m.zero_grads();
+    return m.forward_backward(x.data(), y.data(), kB, kT, 1.0f / (kB * kT));
+  };
+  ModelConfig plain = mc;
+  plain.rope_type = "default";
+  EXPECT_GT(std::abs(serial_loss(mc) - serial_loss(plain)), 1e-6);
+  check_gradients_all_grids(mc);
 }
 
 TEST(ParallelContract, Gpt2EveryGridTrainsLikeOneRank) { check_all_grids(Family::GPT2); }

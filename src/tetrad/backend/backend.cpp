@@ -2,6 +2,10 @@
 
 #include <utility>
 
+#include "tetrad/backend/cpu/cpu_backend.hpp"
+#if TETRAD_HAVE_CUDA
+#include "tetrad/backend/cuda/cuda_backend.hpp"
+#endif
 #include "tetrad/core/error.hpp"
 
 namespace tetrad::backend {
@@ -98,6 +102,44 @@ void check_op_table(const OpTable& t, const char* backend_name) {
   TETRAD_REQUIRE_OP(round_to_bf16);
   TETRAD_REQUIRE_OP(adamw);
 #undef TETRAD_REQUIRE_OP
+}
+
+// ---- the registry -----------------------------------------------------------------------------
+// One entry per backend compiled in; a GPU backend adds its entry here under its build option
+// (e.g. #if TETRAD_WITH_CUDA ... cuda::backend_info() ... #endif), reporting available = false
+// with the reason when this machine has no device for it.
+
+std::vector<BackendInfo> backends() {
+  std::vector<BackendInfo> list;
+  BackendInfo c;
+  c.name = "cpu";
+  c.available = true;
+  c.create = [](const std::string&) { return std::unique_ptr<Backend>(new cpu::CpuBackend()); };
+  list.push_back(std::move(c));
+#if TETRAD_HAVE_CUDA
+  // Listed in every CUDA build; available only where a device answers (the conformance suite
+  // then skips it with the runtime's reason on a machine without a GPU).
+  list.push_back(cuda::backend_info());
+#endif
+  return list;
+}
+
+Backend& cpu_backend() {
+  static cpu::CpuBackend b;
+  return b;
+}
+
+std::unique_ptr<Backend> create(const std::string& name) {
+  std::string known;
+  const std::string family = name.substr(0, name.find(':'));
+  for (BackendInfo& b : backends()) {
+    known += (known.empty() ? "" : ", ") + b.name + (b.available ? "" : " (unavailable)");
+    if (b.name != family) continue;
+    if (!b.available) fail("backend \"", name, "\" cannot run here: ", b.why_not);
+    if (family == "cpu" && name != "cpu") fail("backend \"", name, "\": the cpu backend takes no device index");
+    return b.create(name);
+  }
+  fail("unknown backend \"", name, "\"; this build has: ", known);
 }
 
 }  // namespace tetrad::backend

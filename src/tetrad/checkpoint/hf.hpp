@@ -13,7 +13,6 @@
 #include <nlohmann/json.hpp>
 #include <string>
 
-#include "tetrad/checkpoint/hf_config.hpp"
 #include "tetrad/checkpoint/tensor_stream.hpp"
 #include "tetrad/model/model_config.hpp"
 #include "tetrad/model/params.hpp"
@@ -41,6 +40,16 @@ void write_hf_files(const std::string& dir, const ModelConfig& cfg, const ParamT
 void write_hf_files_streamed(const std::string& dir, const ModelConfig& cfg,
                              const ParamTable& table, const TensorSource& params,
                              const nlohmann::json& extra_metadata = {});
+
+// The config.json transformers reads for this model.
+nlohmann::json hf_config_json(const ModelConfig& cfg, const nlohmann::json& extra_metadata = {});
+
+// Reads `dir/config.json` into a ModelConfig. Throws Error for an unknown model_type, missing
+// size fields, and features this code does not implement (rope_scaling, biases in Llama,
+// activations other than gelu_new / gelu_pytorch_tanh (gpt2) or silu (llama), ...). Fields
+// that transformers defaults (epsilons, rope_theta, num_key_value_heads) take its defaults.
+ModelConfig read_hf_config(const std::string& dir);
+ModelConfig parse_hf_config(const nlohmann::json& j, const std::string& where);
 
 // Loads the weights of `dir` into `params` (table.total floats, laid out by `table`).
 // The folder's config.json must describe `expected` (same family, sizes, epsilons); every tensor

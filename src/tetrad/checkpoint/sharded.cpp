@@ -17,7 +17,7 @@
 #include <sstream>
 
 #include "tetrad/checkpoint/atomic_file.hpp"
-#include "tetrad/checkpoint/hf_config.hpp"
+#include "tetrad/checkpoint/hf.hpp"
 #include "tetrad/checkpoint/run_checkpoint.hpp"
 #include "tetrad/core/error.hpp"
 #include "tetrad/core/hash.hpp"
@@ -386,7 +386,17 @@ void check_model(const ModelConfig& saved, const ModelConfig& want, const std::s
   cmp("model.max_seq", saved.max_seq, want.max_seq);
   cmp("model.norm_eps", saved.norm_eps, want.norm_eps);
   cmp("model.tie_embeddings", saved.tie_embeddings, want.tie_embeddings);
-  if (want.family == Family::Llama) cmp("model.rope_theta", saved.rope_theta, want.rope_theta);
+  if (want.family == Family::Llama) {
+    cmp("model.rope_theta", saved.rope_theta, want.rope_theta);
+    cmp("model.rope_type", saved.rope_type, want.rope_type);
+    if (want.rope_llama3() && saved.rope_llama3()) {
+      cmp("model.rope_factor", saved.rope_factor, want.rope_factor);
+      cmp("model.rope_low_freq_factor", saved.rope_low_freq_factor, want.rope_low_freq_factor);
+      cmp("model.rope_high_freq_factor", saved.rope_high_freq_factor, want.rope_high_freq_factor);
+      cmp("model.rope_original_max_position", saved.rope_original_max_position,
+          want.rope_original_max_position);
+    }
+  }
   if (!diff.str().empty())
     fail("checkpoint ", dir, " was saved for another model than the config describes:", diff.str(),
          "\n(resume with the model settings it was trained with, or start a new run.dir)");

@@ -6,7 +6,10 @@
 #include <unistd.h>
 
 #include <cstdio>
+#include <cstdlib>
 #include <cstring>
+
+#include "tetrad/core/error.hpp"
 
 #if defined(__x86_64__) || defined(__i386__)
 #include <cpuid.h>
@@ -116,7 +119,62 @@ CpuFeatures detect() {
   return f;
 }
 
+const char* env_isa_cap() {
+  const char* e = std::getenv("TETRAD_MAX_CPU_ISA");
+  return e && *e ? e : nullptr;
+}
+
+const char* onednn_isa_name(IsaLevel l) {
+  switch (l) {
+    case IsaLevel::Scalar: return "SSE41";
+    case IsaLevel::Avx2: return "AVX2";
+    case IsaLevel::Avx512: return "AVX512_CORE";
+    case IsaLevel::Avx512Bf16: return "AVX512_CORE_BF16";
+    case IsaLevel::Amx: return "AVX512_CORE_AMX";
+  }
+  return "ALL";
+}
+
+// Before main(): hand the cap to oneDNN, which reads ONEDNN_MAX_CPU_ISA once, at its first
+// kernel; after that the variable would be ignored. A bad value is left for cpu_features() to
+// report (throwing here would abort before main with no message).
+const bool g_onednn_cap_applied = [] {
+  const char* e = env_isa_cap();
+  if (!e || std::getenv("ONEDNN_MAX_CPU_ISA")) return false;
+  try {
+    ::setenv("ONEDNN_MAX_CPU_ISA", onednn_isa_name(parse_isa_level(e)), 0);
+    return true;
+  } catch (const Error&) {
+    return false;
+  }
+}();
+
 }  // namespace
+
+const char* isa_level_name(IsaLevel l) {
+  switch (l) {
+    case IsaLevel::Scalar: return "scalar";
+    case IsaLevel::Avx2: return "avx2";
+    case IsaLevel::Avx512: return "avx512";
+    case IsaLevel::Avx512Bf16: return "avx512_bf16";
+    case IsaLevel::Amx: return "amx";
+  }
+  return "?";
+}
+
+IsaLevel parse_isa_level(const std::string& s) {
+  for (IsaLevel l : {IsaLevel::Scalar, IsaLevel::Avx2, IsaLevel::Avx512, IsaLevel::Avx512Bf16,
+                     IsaLevel::Amx})
+    if (s == isa_level_name(l)) return l;
+  fail("TETRAD_MAX_CPU_ISA = \"", s,
+       "\": expected scalar, avx2, avx512, avx512_bf16 or amx (the widest instruction set "
+       "tetrad's kernels may use)");
+}
+
+CpuFeatures with_isa_cap(CpuFeatures f, IsaLevel cap) {
+  f.max_isa = cap;
+  return f;
+}
 
 std::string CpuFeatures::best_isa() const {
   if (use_amx_bf16()) return "amx-bf16";
@@ -147,12 +205,18 @@ std::string CpuFeatures::summary() const {
   s += os_avx512 ? "yes" : "no";
   s += " amx=";
   s += amx_permitted ? "yes" : "no";
+  if (capped()) s += std::string(" | capped at ") + isa_level_name(max_isa) + " (TETRAD_MAX_CPU_ISA)";
   s += " | best: " + best_isa();
   return s;
 }
 
 const CpuFeatures& cpu_features() {
-  static const CpuFeatures features = detect();
+  static const CpuFeatures features = [] {
+    CpuFeatures f = detect();
+    if (const char* e = env_isa_cap()) f = with_isa_cap(f, parse_isa_level(e));
+    return f;
+  }();
+  (void)g_onednn_cap_applied;
   return features;
 }
 

@@ -7,6 +7,12 @@
 // has asked for the tile-data state (arch_prctl(ARCH_REQ_XCOMP_PERM)). The use_* helpers combine
 // the three; the raw bits are kept for the machine line of benchmark output.
 //
+// TETRAD_MAX_CPU_ISA = scalar | avx2 | avx512 | avx512_bf16 | amx in the environment caps what
+// the use_* helpers report (never above what the CPU has), so every run-time branch a narrower
+// CPU takes can be forced on a wider one: tetrad's own kernels dispatch on use_*, and, unless
+// ONEDNN_MAX_CPU_ISA is already set, the same cap is handed to oneDNN (its ISA names, read by
+// oneDNN at its first kernel) before main() runs. An unknown value throws Error naming the choices.
+//
 // Not done here: frequency, cache sizes or topology beyond the affinity count; non-x86 CPUs report
 // every feature false. Everything is thread-safe; cpu_features() is computed once.
 #pragma once
@@ -14,6 +20,12 @@
 #include <string>
 
 namespace tetrad {
+
+// Instruction-set levels, each including the ones before it (what TETRAD_MAX_CPU_ISA names).
+enum class IsaLevel { Scalar = 0, Avx2 = 1, Avx512 = 2, Avx512Bf16 = 3, Amx = 4 };
+const char* isa_level_name(IsaLevel l);  // "scalar" | "avx2" | "avx512" | "avx512_bf16" | "amx"
+// Parses a TETRAD_MAX_CPU_ISA value; throws Error listing the choices.
+IsaLevel parse_isa_level(const std::string& s);
 
 struct CpuFeatures {
   std::string vendor;  // cpuid leaf 0, e.g. "GenuineIntel", "AuthenticAMD"
@@ -35,17 +47,30 @@ struct CpuFeatures {
   bool os_avx512 = false;      // XCR0 has SSE, AVX, opmask, ZMM_Hi256 and Hi16_ZMM state
   bool amx_permitted = false;  // XCR0 has tile state and Linux granted XTILEDATA to the process
 
-  // What code may use.
-  bool use_avx2_fma() const { return avx2 && fma && os_avx; }
-  bool use_avx512() const { return avx512f && os_avx512; }
-  bool use_avx512_bf16() const { return use_avx512() && avx512_bf16; }
-  bool use_amx_bf16() const { return amx_tile && amx_bf16 && amx_permitted; }
+  // The cap from TETRAD_MAX_CPU_ISA (Amx, i.e. none, when unset).
+  IsaLevel max_isa = IsaLevel::Amx;
+  bool capped() const { return max_isa != IsaLevel::Amx; }
+
+  // What code may use: the CPU and the OS support it, and the cap allows it.
+  bool use_avx2_fma() const { return allows(IsaLevel::Avx2) && avx2 && fma && os_avx; }
+  bool use_avx512() const { return allows(IsaLevel::Avx512) && avx512f && os_avx512; }
+  bool use_avx512_bf16() const {
+    return allows(IsaLevel::Avx512Bf16) && use_avx512() && avx512_bf16;
+  }
+  bool use_amx_bf16() const {
+    return allows(IsaLevel::Amx) && amx_tile && amx_bf16 && amx_permitted;
+  }
+  bool allows(IsaLevel l) const { return int(l) <= int(max_isa); }
 
   // The widest usable floating-point path: "amx-bf16", "avx512", "avx2+fma" or "scalar".
   std::string best_isa() const;
   // One line: vendor, brand, cpuid features, OS state and the best usable path.
   std::string summary() const;
 };
+
+// The features of `raw` with the cap `cap` applied (what cpu_features() does with the
+// environment's cap; pure, for tests).
+CpuFeatures with_isa_cap(CpuFeatures raw, IsaLevel cap);
 
 // Detected once (thread-safe) and cached. The first call also asks Linux for AMX tile data
 // permission when the CPU has AMX; that is what amx_permitted records.

@@ -1,6 +1,8 @@
 #include "tetrad/model/model_config.hpp"
 
+#include "tetrad/backend/cpu/ops.hpp"
 #include "tetrad/core/error.hpp"
+#include "tetrad/model/params.hpp"
 
 namespace tetrad {
 
@@ -35,7 +37,32 @@ void ModelConfig::validate() const {
   if (family == Family::Llama && head_dim() % 2 != 0)
     fail("model: rotary positions need an even head dimension, got ", head_dim());
   if (!(norm_eps > 0)) fail("model.norm_eps must be positive");
+  if (family == Family::Llama) {
+    if (!(rope_theta > 0)) fail("model.rope_theta must be positive, got ", rope_theta);
+    if (rope_type != "default" && rope_type != "llama3")
+      fail("model.rope_type = \"", rope_type, "\": expected \"default\" or \"llama3\"");
+    if (rope_type == "llama3") {
+      if (!(rope_factor >= 1)) fail("model.rope_factor must be >= 1 (llama3 rope), got ", rope_factor);
+      if (!(rope_low_freq_factor > 0) || !(rope_high_freq_factor > rope_low_freq_factor))
+        fail("model.rope_high_freq_factor (", rope_high_freq_factor,
+             ") must exceed model.rope_low_freq_factor (", rope_low_freq_factor, ") > 0");
+      if (rope_original_max_position <= 0)
+        fail("model.rope_original_max_position must be positive, got ", rope_original_max_position);
+    }
+  }
   if (!(init_std > 0)) fail("model.init_std must be positive");
+}
+
+kernels::RopeFrequencies rope_frequencies(const ModelConfig& c) {
+  kernels::RopeFrequencies f;
+  f.theta = c.rope_theta;
+  if (c.rope_llama3()) {
+    f.factor = c.rope_factor;
+    f.low_freq_factor = c.rope_low_freq_factor;
+    f.high_freq_factor = c.rope_high_freq_factor;
+    f.original_max_position = c.rope_original_max_position;
+  }
+  return f;
 }
 
 ModelConfig named_model(const std::string& name) {
@@ -66,6 +93,34 @@ ModelConfig named_model(const std::string& name) {
          "'; expected one of: tiny, small, gpt2-124m, llama-tiny, llama-small, llama-1b");
   }
   return c;
+}
+
+int64_t count_parameters(const ModelConfig& c) { return build_param_table(c).total; }
+
+double flops_per_token(const ModelConfig& c, int seq_len) {
+  // 6 FLOPs per multiply-accumulate weight per token (2 forward, 4 backward) over the weights
+  // used in matrix multiplies (all linear weights and the output head), plus attention scores
+  // and values: 12 * L * C * T (PaLM appendix B; causal masking not discounted).
+  double n_matmul = 0;
+  for (const auto& p : build_param_table(c).specs)
+    if (p.kind == ParamKind::Linear) n_matmul += double(p.numel);
+  if (c.tie_embeddings) n_matmul += double(c.vocab_size) * c.n_embd;  // tied output head
+  return 6.0 * n_matmul + 12.0 * c.n_layer * double(c.n_embd) * seq_len;
+}
+
+double recompute_flops_per_token(const ModelConfig& c, int seq_len, const std::string& recompute) {
+  if (recompute == "none") return 0;
+  // Attention's score and value products again in the backward pass: 4 * L * C * T.
+  const double attention = 4.0 * c.n_layer * double(c.n_embd) * seq_len;
+  if (recompute == "selective") return attention;
+  if (recompute == "full") {
+    // Each block's forward again: its linear weights once more (2 FLOPs per weight) + attention.
+    double block = 0;
+    for (const auto& p : build_param_table(c).specs)
+      if (p.kind == ParamKind::Linear && p.layer >= 0) block += double(p.numel);
+    return 2.0 * block + attention;
+  }
+  fail("train.recompute = \"", recompute, "\": expected \"none\", \"selective\" or \"full\"");
 }
 
 }  // namespace tetrad

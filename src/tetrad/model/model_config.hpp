@@ -5,6 +5,9 @@
 #include <string>
 
 namespace tetrad {
+namespace kernels {
+struct RopeFrequencies;
+}
 
 enum class Family { GPT2, Llama };
 
@@ -22,17 +25,38 @@ struct ModelConfig {
   int max_seq = 64;      // learned positions (GPT-2) / longest sequence (Llama)
   float norm_eps = 1e-5f;
   float rope_theta = 10000.0f;  // Llama only
+  // Llama only: "default" or "llama3" (Llama 3.1's frequency scaling with the four fields below,
+  // as Hugging Face's rope_type "llama3"; backend/cpu/ops.hpp has the formula).
+  std::string rope_type = "default";
+  double rope_factor = 8.0;
+  double rope_low_freq_factor = 1.0;
+  double rope_high_freq_factor = 4.0;
+  int rope_original_max_position = 8192;
   bool tie_embeddings = true;   // GPT-2 always ties; Llama does not by default
   float init_std = 0.02f;
 
   int head_dim() const { return n_embd / n_head; }
+  bool rope_llama3() const { return family == Family::Llama && rope_type == "llama3"; }
   int qkv_dim() const { return (n_head + 2 * n_kv_head) * head_dim(); }
   // Throws Error when sizes are inconsistent (heads not dividing C, kv heads not dividing heads...).
   void validate() const;
 };
 
+// The rotary frequencies of a Llama config (theta and, for rope_type "llama3", its scaling).
+kernels::RopeFrequencies rope_frequencies(const ModelConfig& c);
+
 // Named standard configurations (benchmarks.md): "tiny", "small", "gpt2-124m", plus
 // "llama-tiny", "llama-small". Throws Error listing the known names.
 ModelConfig named_model(const std::string& name);
+
+// Non-embedding and total parameter counts.
+int64_t count_parameters(const ModelConfig& c);
+// Model FLOPs per token for forward+backward: 6*N_params_matmul + 12*L*C*T (attention,
+// causal counted in full as in the PaLM / Megatron convention).
+double flops_per_token(const ModelConfig& c, int seq_len);
+// FLOPs per token that recomputation adds ("none" | "selective" | "full", train.recompute):
+// selective reruns attention's score and value products (4 L C T), full each block's forward
+// (2 per block weight + 4 L C T). flops_per_token + this = hardware FLOPs (HFU).
+double recompute_flops_per_token(const ModelConfig& c, int seq_len, const std::string& recompute);
 
 }  // namespace tetrad

@@ -75,17 +75,4 @@ ParamTable build_param_table(const ModelConfig& c) {
   return t;
 }
 
-int64_t count_parameters(const ModelConfig& c) { return build_param_table(c).total; }
-
-double flops_per_token(const ModelConfig& c, int seq_len) {
-  // 6 FLOPs per multiply-accumulate weight per token (2 forward, 4 backward) over the weights
-  // used in matrix multiplies (all linear weights and the output head), plus attention scores
-  // and values: 12 * L * C * T (PaLM appendix B; causal masking not discounted).
-  double n_matmul = 0;
-  for (const auto& p : build_param_table(c).specs)
-    if (p.kind == ParamKind::Linear) n_matmul += double(p.numel);
-  if (c.tie_embeddings) n_matmul += double(c.vocab_size) * c.n_embd;  // tied output head
-  return 6.0 * n_matmul + 12.0 * c.n_layer * double(c.n_embd) * seq_len;
-}
-
 }  // namespace tetrad

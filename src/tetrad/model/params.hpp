@@ -42,10 +42,4 @@ struct ParamTable {
 // Builds the table for a model config (deterministic order = memory order).
 ParamTable build_param_table(const ModelConfig& c);
 
-// Total parameter count (build_param_table(c).total).
-int64_t count_parameters(const ModelConfig& c);
-// Model FLOPs per token for forward+backward: 6*N_params_matmul + 12*L*C*T (attention,
-// causal counted in full as in the PaLM / Megatron convention).
-double flops_per_token(const ModelConfig& c, int seq_len);
-
 }  // namespace tetrad

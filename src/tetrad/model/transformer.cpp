@@ -128,7 +128,7 @@ Transformer<T>::Transformer(const ModelConfig& config, int max_batch, int max_le
     rope_cos_ = Buffer<T>(size_t(cfg_.max_seq) * half);
     rope_sin_ = Buffer<T>(size_t(cfg_.max_seq) * half);
     k::rope_tables(rope_cos_.data(), rope_sin_.data(), cfg_.max_seq, cfg_.head_dim(),
-                   cfg_.rope_theta);
+                   rope_frequencies(cfg_));
   }
 }
 

@@ -210,7 +210,7 @@ ParallelTransformer::ParallelTransformer(const ModelConfig& config, ProcessGroup
     const int64_t half = hd_ / 2;
     rope_cos_ = Buffer<float>(size_t(cfg_.max_seq) * half);
     rope_sin_ = Buffer<float>(size_t(cfg_.max_seq) * half);
-    k::rope_tables(rope_cos_.data(), rope_sin_.data(), cfg_.max_seq, hd_, cfg_.rope_theta);
+    k::rope_tables(rope_cos_.data(), rope_sin_.data(), cfg_.max_seq, hd_, rope_frequencies(cfg_));
   }
 }
 

@@ -9,7 +9,6 @@
 #include <sstream>
 
 #include "tetrad/core/error.hpp"
-#include "tetrad/model/params.hpp"
 #include "tetrad/parallel/grid.hpp"
 #include "tetrad/parallel/sharding.hpp"
 
@@ -520,6 +519,22 @@ std::string trainer_grid_string(const Grid5& g) {
 
 // ------------------------------------------------------------------------------------ the model
 
+std::string missing_rate_message(const Machine& m, Precision p) {
+  const char* key = p == Precision::BF16 ? "peak_bf16_tflops" : "peak_fp32_tflops";
+  std::ostringstream o;
+  o << "machine '" << m.name << "'" << (m.source.empty() ? "" : " (" + m.source + ")")
+    << " has no " << name(p) << " rate, which a " << name(p) << " run needs: add [compute] " << key
+    << " (TFLOP/s per rank) to the file, or measure this machine with `mpirun -n RANKS tetrad plan "
+       "--measure-machine "
+    << (m.source.empty() ? "machines/" + m.name + ".toml" : m.source) << "`";
+  if (p == Precision::BF16) o << " (it records the bf16 GEMM rate the trainer runs here)";
+  return o.str();
+}
+
+void require_rate(const Machine& m, Precision p) {
+  if (m.peak(p == Precision::BF16) <= 0) fail(missing_rate_message(m, p));
+}
+
 Estimate estimate(const PlanInput& in, const Grid5& g, const Machine& mach) {
   Estimate e;
   e.grid = g;
@@ -534,7 +549,7 @@ Estimate estimate(const PlanInput& in, const Grid5& g, const Machine& mach) {
   }
   const bool bf16 = in.precision == Precision::BF16;
   if (mach.peak(bf16) <= 0) {
-    e.reject = std::string("machine '") + mach.name + "' has no " + name(in.precision) + " rate";
+    e.reject = missing_rate_message(mach, in.precision);
     return e;
   }
   e.micro_batch = micro_batch_of(in, g);
@@ -785,6 +800,7 @@ Estimate estimate(const PlanInput& in, const Grid5& g, const Machine& mach) {
 
 std::vector<Estimate> plan(const PlanInput& in, const Machine& m) {
   in.validate();
+  require_rate(m, in.precision);
   std::vector<Estimate> valid, rejected;
   for (const Grid5& g : all_grids(in.ranks)) {
     if (g.p > 1 && !in.allow_pipeline) continue;

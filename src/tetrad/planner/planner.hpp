@@ -220,7 +220,12 @@ std::string divisibility_problem(const PlanInput& in, const Grid5& g);
 // One grid, fully costed. Invalid grids come back with valid = false and the reason.
 Estimate estimate(const PlanInput& in, const Grid5& g, const Machine& m);
 // Every grid of in.ranks: valid ones by predicted step time (fastest first), then the rejected.
+// A machine without a rate for in.precision throws require_rate's error (no grid could run).
 std::vector<Estimate> plan(const PlanInput& in, const Machine& m);
+// The machine has a compute rate for precision p, or Error naming the file, the key to add
+// ([compute] peak_bf16_tflops / peak_fp32_tflops) and the command that measures it.
+void require_rate(const Machine& m, Precision p);
+std::string missing_rate_message(const Machine& m, Precision p);
 
 // Whether the trainer accepts a pipeline axis (its grid parser takes "x,y,z,p,d").
 bool trainer_supports_pipeline();

@@ -21,10 +21,9 @@
 #include "tetrad/core/rng.hpp"
 #include "tetrad/backend/cpu/precision.hpp"
 #include "tetrad/model/transformer.hpp"
-#include "tetrad/model/params.hpp"
 #include "tetrad/parallel/parallel_transformer.hpp"
 #include "tetrad/parallel/pipeline.hpp"
-#include "tetrad/train/auto_grid.hpp"
+#include "tetrad/planner/auto_grid.hpp"
 #include "tetrad/parallel/process_groups.hpp"
 #include "tetrad/backend/cpu/ceilings.hpp"
 #include "tetrad/model/gemm_shapes.hpp"
@@ -109,6 +108,10 @@ void run_bench(const BenchOptions& opt, std::ostream& out) {
   const double fma_peak = ceil.fma.value;
   const kernels::Precision precision = kernels::parse_precision(opt.precision);
   const bool bf16 = precision == kernels::Precision::BF16;
+  // MFU against the peak of the arithmetic the run uses (bf16 matrix units or fp32 FMA).
+  const Measurement& mfu_peak = bf16 ? ceil.bf16_peak : ceil.fma;
+  const std::string mfu_peak_name =
+      std::string(bf16 ? "bf16 matrix peak" : "fp32 FMA peak") + " (" + mfu_peak.basis + ")";
   struct PrecisionScope {
     kernels::Precision saved = kernels::gemm_precision();
     ~PrecisionScope() { kernels::set_gemm_precision(saved); }
@@ -208,8 +211,8 @@ void run_bench(const BenchOptions& opt, std::ostream& out) {
     out << "  tokens/s:         " << tok_s << "\n";
     out << "  model FLOP/s:     " << model_flops / 1e9
         << " GFLOP/s  (6*N_matmul + 12*L*C*T per token, PaLM appendix B)\n";
-    out << "  MFU:              " << 100 * model_flops / (fma_peak * 1e9)
-        << "% of the FMA peak (" << fma_peak << " GFLOP/s)\n";
+    out << "  MFU:              " << 100 * model_flops / (mfu_peak.value * 1e9) << "% of the "
+        << mfu_peak_name << ", " << mfu_peak.value << " GFLOP/s\n";
     out << "  GEMM ceiling:     " << 100 * model_flops / (gemm_ceiling * 1e9)
         << "% of " << (bf16 ? "the bf16 GEMM" : "sgemm") << " on this model's shapes ("
         << gemm_ceiling << " GFLOP/s)\n";
@@ -220,19 +223,23 @@ void run_bench(const BenchOptions& opt, std::ostream& out) {
     out << "  time split:       compute 100% | exposed communication 0% | idle 0% (1 rank)\n";
     out << "  compute by phase: ";
     nlohmann::json phases;
+    // "other" is Phase::Other (model code outside the named kernels) plus the step time no
+    // phase recorded (loop overhead): one entry, so the shares add up to 100%.
+    const double untimed = std::max(0.0, total_time - profile.total());
     for (int ph = 0; ph < int(Phase::Count); ++ph) {
-      const double share = profile.seconds[ph] / total_time;
-      phases[phase_name(Phase(ph))] = profile.seconds[ph] / opt.steps;
-      out << phase_name(Phase(ph)) << " " << std::setprecision(1) << 100 * share << "%"
-          << (ph + 1 < int(Phase::Count) ? ", " : "");
+      const double sec = profile.seconds[ph] + (Phase(ph) == Phase::Other ? untimed : 0.0);
+      phases[phase_name(Phase(ph))] = sec / opt.steps;
+      out << phase_name(Phase(ph)) << " " << std::setprecision(1) << 100 * sec / total_time << "%"
+          << (ph + 1 < int(Phase::Count) ? ", " : "\n");
     }
-    out << ", other " << 100 * (1 - profile.total() / total_time) << "%\n";
     (void)rss_before;
 
     nlohmann::json j = {{"config", name}, {"family", family_name(mc.family)},
                         {"precision", opt.precision}, {"batch", B}, {"seq", T}, {"threads", threads},
                         {"params", nparams}, {"median_step_s", step_median},
                         {"tokens_per_s", tok_s}, {"model_gflops", model_flops / 1e9},
+                        {"mfu", model_flops / (mfu_peak.value * 1e9)},
+                        {"mfu_peak", mfu_peak_name}, {"mfu_peak_gflops", mfu_peak.value},
                         {"mfu_fma", model_flops / (fma_peak * 1e9)},
                         {"gemm_ceiling_gflops", gemm_ceiling},
                         {"frac_gemm_ceiling", model_flops / (gemm_ceiling * 1e9)},
@@ -325,7 +332,7 @@ void run_bench_grids(const BenchOptions& opt, std::ostream& log) {
       // poll / thread: every bit-identical overlap on (backward all-reduce, reduce-scatter,
       // prefetch depth 1, data-parallel buckets), whatever the defaults are, with progress by
       // polling between kernels / by the helper thread.
-      const int on_node = launcher_ranks_per_node() > 0 ? launcher_ranks_per_node()
+      const int on_node = planner::launcher_ranks_per_node() > 0 ? planner::launcher_ranks_per_node()
                                                                  : world.size();
       OverlapOptions ov = mode == "off" ? OverlapOptions::all_off()
                                         : overlap_options(OverlapConfig{}, on_node, threads);

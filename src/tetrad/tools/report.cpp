@@ -158,7 +158,8 @@ void write_run_report(const std::string& run_dir, const std::string& out_path,
   const std::string metrics_path = run_dir + "/metrics.jsonl";
   std::ifstream f(metrics_path);
   if (!f) fail("run folder '", run_dir, "' has no metrics.jsonl (is it a `tetrad train` run.dir?)");
-  Series loss, val, tok_s, mfu;
+  Series loss, val, tok_s, mfu, hfu;
+  std::string mfu_peak = "FMA peak";  // what MFU is measured against (older runs: the FMA peak)
   struct Part { const char* key; const char* label; const char* color; double sum = 0; };
   std::vector<Part> parts = {{"t_compute_s", "compute", "#4e79a7"},
                              {"t_comm_exposed_s", "exposed communication", "#e15759"},
@@ -184,6 +185,8 @@ void write_run_report(const std::string& run_dir, const std::string& out_path,
     loss.emplace_back(step, j["loss"].get<double>());
     if (j.contains("tokens_per_s")) tok_s.emplace_back(step, j["tokens_per_s"].get<double>());
     if (j.contains("mfu")) mfu.emplace_back(step, 100 * j["mfu"].get<double>());
+    if (j.contains("hfu")) hfu.emplace_back(step, 100 * j["hfu"].get<double>());
+    if (j.contains("mfu_peak") && j["mfu_peak"].is_string()) mfu_peak = j["mfu_peak"].get<std::string>();
     if (j.contains("t_compute_s") && j.contains("step_time_s")) {
       // The first step of a run carries one-off costs: left out of the average when there are more.
       if (loss.size() == 1) continue;
@@ -231,7 +234,10 @@ void write_run_report(const std::string& run_dir, const std::string& out_path,
   o << "</p>\n<div class=\"charts\">\n";
   o << line_chart("loss", "loss-chart", {{"train loss", loss}, {"validation loss", val}}, colors, "loss");
   o << line_chart("tokens/s", "tokens-chart", {{"tokens/s", tok_s}}, {"#59a14f"}, "tokens/s");
-  o << line_chart("MFU (% of FMA peak)", "mfu-chart", {{"MFU %", mfu}}, {"#f28e2b"}, "MFU %");
+  std::vector<std::pair<std::string, Series>> util = {{"MFU %", mfu}};
+  if (!hfu.empty()) util.push_back({"HFU % (with recomputation)", hfu});
+  o << line_chart("MFU (% of the " + mfu_peak + ")", "mfu-chart", util, {"#f28e2b", "#76b7b2"},
+                  "MFU %");
   o << "</div>\n<h2>Where the step time goes</h2>\n";
   if (timed_steps == 0) {
     o << "<p>No time breakdown in this run's metrics (written by an older tetrad).</p>\n";

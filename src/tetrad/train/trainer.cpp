@@ -32,9 +32,8 @@
 #include "tetrad/backend/cpu/ops.hpp"
 #include "tetrad/backend/cpu/precision.hpp"
 #include "tetrad/model/transformer.hpp"
-#include "tetrad/model/params.hpp"
 #include "tetrad/parallel/grid.hpp"
-#include "tetrad/train/auto_grid.hpp"
+#include "tetrad/planner/auto_grid.hpp"
 #include "tetrad/parallel/parallel_transformer.hpp"
 #include "tetrad/parallel/pipeline.hpp"
 #include "tetrad/parallel/process_groups.hpp"
@@ -48,6 +47,12 @@ namespace fs = std::filesystem;
 namespace tetrad {
 
 namespace {
+
+std::string fixed1(double v) {
+  std::ostringstream o;
+  o << std::fixed << std::setprecision(1) << v;
+  return o.str();
+}
 
 std::string format_duration(double s) {
   if (!std::isfinite(s) || s < 0) return "?";
@@ -106,7 +111,7 @@ void set_threads(int threads) {
     if (const char* env = std::getenv("OMP_NUM_THREADS"); env && std::atoi(env) > 0) {
       n = std::atoi(env);
     } else {
-      n = std::max(1, num_cores() / std::max(1, launcher_ranks_per_node()));
+      n = std::max(1, num_cores() / std::max(1, planner::launcher_ranks_per_node()));
     }
   }
   omp_set_num_threads(n);
@@ -173,15 +178,14 @@ TrainResult train(const RunConfig& cfg, const TrainOptions& opt, std::ostream& l
   if (mpi_ready) MPI_Comm_size(MPI_COMM_WORLD, &world);
   // "auto": the planner's first choice. Every rank computes it from the same inputs (pure
   // function of config, rank count and machine file), so all ranks agree without talking.
-  std::string auto_why;
-  GridShape shape;
-  if (cfg.grid == "auto") {
-    const AutoGrid a = choose_grid(cfg, world, launcher_ranks_per_node());
-    shape = a.grid;
+  std::string grid_text = cfg.grid, auto_why;
+  if (grid_text == "auto") {
+    const planner::AutoGrid a =
+        planner::choose_grid(cfg, world, planner::launcher_ranks_per_node());
+    grid_text = a.trainer_grid;
     auto_why = a.why;
-  } else {
-    shape = parallel::parse_grid(cfg.grid);
   }
+  const GridShape shape = parallel::parse_grid(grid_text);
   parallel::validate_grid(shape, world);
   ProcessGroups groups =
       world > 1 ? ProcessGroups(comm::Communicator::world(), shape) : ProcessGroups();
@@ -213,7 +217,7 @@ TrainResult train(const RunConfig& cfg, const TrainOptions& opt, std::ostream& l
   popt.pipeline_layers = cfg.pipeline_layers;
   popt.sparse_embedding_grad = cfg.sparse_embedding_grad;
   // Ranks on this node: the launcher's count, else all of them (one node assumed).
-  const int on_node = launcher_ranks_per_node() > 0 ? launcher_ranks_per_node() : world;
+  const int on_node = planner::launcher_ranks_per_node() > 0 ? planner::launcher_ranks_per_node() : world;
   popt.overlap = overlap_options(cfg.overlap, on_node, omp_get_max_threads());  // dp_overlap dropped with ZeRO or Gp > 1
   parallel::ParallelTransformer model(cfg.model, groups, B, T, popt);
   StepProfile prof;
@@ -349,16 +353,32 @@ TrainResult train(const RunConfig& cfg, const TrainOptions& opt, std::ostream& l
   }
   result.first_step = step;
 
-  const double peak_gflops = opt.peak_gflops > 0 ? opt.peak_gflops
-                                                 : fma_peak_gflops(omp_get_max_threads());
+  // MFU against the peak of the arithmetic the run's GEMMs use: the bf16 matrix peak for a bf16
+  // run, the fp32 FMA peak otherwise (backend/cpu/ceilings.hpp). HFU counts the FLOPs recomputation
+  // adds as well, against the same peak.
+  const kernels::Precision precision = kernels::resolve_precision(t.precision);
+  const bool bf16_run = precision == kernels::Precision::BF16;
+  std::string peak_basis = "given";
+  double peak_gflops = opt.peak_gflops;
+  if (peak_gflops <= 0) {
+    const Measurement pk = bf16_run ? measure_bf16_peak(omp_get_max_threads())
+                                    : measure_fma_peak(omp_get_max_threads());
+    peak_gflops = pk.value;
+    peak_basis = pk.basis;
+  }
+  const std::string peak_name = std::string(bf16_run ? "bf16 matrix peak" : "fp32 FMA peak") +
+                                " (" + peak_basis + ")";
   const double flops_tok = flops_per_token(cfg.model, T);
+  const double hw_flops_tok = flops_tok + recompute_flops_per_token(cfg.model, T, t.recompute);
+  const bool report_hfu = t.recompute != "none";
   const int64_t tokens_per_step = int64_t(t.micro_batch) * T * t.grad_accum;
   if (!opt.quiet) {
     out << "model: " << family_name(cfg.model.family) << " " << cfg.model_name << ", "
         << table.total << " parameters; batch " << t.grad_accum << " x " << t.micro_batch << " x "
         << T << " = " << tokens_per_step << " tokens/step; " << world << " rank(s) x "
-        << omp_get_max_threads() << " threads; FMA peak " << std::fixed << std::setprecision(0)
-        << peak_gflops << " GFLOP/s per rank (MFU baseline)\n" << std::defaultfloat;
+        << omp_get_max_threads() << " threads; MFU baseline: " << peak_name << " "
+        << std::fixed << std::setprecision(0) << peak_gflops << " GFLOP/s per rank\n"
+        << std::defaultfloat;
     if (world > 1) out << model.overlap().summary() << "\n";
   }
   // Which rank holds what: one line per rank, in rank order.
@@ -519,17 +539,15 @@ TrainResult train(const RunConfig& cfg, const TrainOptions& opt, std::ostream& l
     kernels::Precision saved = kernels::gemm_precision();
     ~PrecisionScope() { kernels::set_gemm_precision(saved); }
   } precision_scope;
-  const kernels::Precision precision =
-      t.precision == "auto" ? (kernels::native_bf16_matmul() ? kernels::Precision::BF16
-                                                             : kernels::Precision::FP32)
-                            : kernels::parse_precision(t.precision);
   kernels::set_gemm_precision(precision);
   if (!opt.quiet) {
     if (precision == kernels::Precision::BF16)
       out << "precision: bf16 GEMMs, fp32 master weights and optimizer; "
-          << kernels::bf16_matmul_path() << "\n";
+          << kernels::bf16_matmul_path()
+          << (t.precision == "auto" ? " (auto: " + kernels::auto_precision_reason() + ")" : "")
+          << "\n";
     else if (t.precision == "auto")
-      out << "precision: fp32 (auto: bf16 would be " << kernels::bf16_matmul_path() << ")\n";
+      out << "precision: fp32 (auto: " << kernels::auto_precision_reason() << ")\n";
   }
   // SIGINT/SIGTERM end the run with a final checkpoint (a scheduler's SIGTERM before the
   // wall-clock limit loses no work). The handler never runs on this thread or its OpenMP team:
@@ -650,19 +668,21 @@ TrainResult train(const RunConfig& cfg, const TrainOptions& opt, std::ostream& l
     const double elapsed = std::chrono::duration<double>(t1 - run_start).count();
     const double tokens_per_s = double(tokens_per_step) / dt;
     const double mfu = flops_tok * tokens_per_s / (peak_gflops * 1e9 * world);
+    const double hfu = hw_flops_tok * tokens_per_s / (peak_gflops * 1e9 * world);
     const int64_t done = step + 1;
     const double eta = elapsed / double(done - start_step) * double(t.max_steps - done);
     if (root) {
-      metrics << nlohmann::json{{"step", done}, {"loss", loss}, {"lr", lr}, {"grad_norm", gnorm},
+      nlohmann::json line{{"step", done}, {"loss", loss}, {"lr", lr}, {"grad_norm", gnorm},
                                 {"tokens_per_s", tokens_per_s}, {"mfu", mfu},
+                                {"mfu_peak", peak_name}, {"mfu_peak_gflops", peak_gflops},
                                 {"step_time_s", dt}, {"elapsed_s", elapsed},
                                 {"dropped_fraction", drop_fraction},
                                 {"t_compute_s", bd.compute}, {"t_comm_exposed_s", bd.comm_exposed},
                                 {"t_wait_s", bd.wait}, {"t_optimizer_s", bd.optimizer},
                                 {"t_data_s", bd.data}, {"t_comm_issued_s", bd.comm_issued},
-                                {"comm_hidden_fraction", bd.hidden_fraction()}}
-                     .dump()
-              << "\n";
+                                {"comm_hidden_fraction", bd.hidden_fraction()}};
+      if (report_hfu) line["hfu"] = hfu;  // hardware FLOPs (with recomputation) / the same peak
+      metrics << line.dump() << "\n";
       metrics.flush();
     }
     if (!opt.quiet && (done % t.log_interval == 0 || done == t.max_steps || done == start_step + 1)) {
@@ -670,7 +690,9 @@ TrainResult train(const RunConfig& cfg, const TrainOptions& opt, std::ostream& l
           << std::setprecision(4) << loss << " | lr " << std::scientific << std::setprecision(2)
           << lr << " | gnorm " << std::fixed << std::setprecision(3) << gnorm << " | "
           << std::setprecision(0) << tokens_per_s << " tok/s | MFU " << std::setprecision(1)
-          << 100 * mfu << "% | " << format_duration(elapsed) << " elapsed, ETA "
+          << 100 * mfu << "%"
+          << (report_hfu ? " | HFU " + fixed1(100 * hfu) + "%" : std::string()) << " | "
+          << format_duration(elapsed) << " elapsed, ETA "
           << format_duration(eta)
           << (loss_mask.mode != LossMaskMode::None
                   ? " | dropped " + std::to_string(int(100 * drop_fraction + 0.5)) + "%"

@@ -43,6 +43,7 @@
 #include <limits>
 #include <memory>
 
+#include "tetrad/core/cpu.hpp"
 #include "tetrad/core/error.hpp"
 
 // The vector helpers pass vectors by value; they are always inlined, so the ABI note is moot.
@@ -727,11 +728,12 @@ const char* attention_path_name(AttentionPath p) {
 bool attention_path_supported(AttentionPath p) {
   switch (p) {
     case AttentionPath::kPortable: return true;
-    case AttentionPath::kAvx2:
-      return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma");
-    case AttentionPath::kAvx512:
-      return __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
-             __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("fma");
+    // cpu_features(), not the compiler's runtime: it honours TETRAD_MAX_CPU_ISA.
+    case AttentionPath::kAvx2: return cpu_features().use_avx2_fma();
+    case AttentionPath::kAvx512: {
+      const CpuFeatures& f = cpu_features();
+      return f.use_avx512() && f.avx512bw && f.avx512vl && f.use_avx2_fma();
+    }
   }
   return false;
 }

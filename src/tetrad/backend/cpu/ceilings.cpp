@@ -167,6 +167,85 @@ __attribute__((target("avx2,fma"), noinline)) float fma_avx2(int64_t iters, floa
 }
 #endif
 
+#ifdef TETRAD_X86
+// ---------------------------------------------------------------- bf16 matrix peak kernels
+//
+// The same idea for the bf16 matrix units: independent accumulations held in registers (AMX
+// tiles, or zmm registers for AVX512-BF16), operands loaded once, so only the multiply units are
+// timed. Operands are bf16 copies of a and b; accumulators grow by 32·a·b per step (no overflow
+// for any count the calibration reaches).
+
+// One AMX step: 4 x TDPBF16PS, each C[16x16 fp32] += A[16x32 bf16] · B[32x16 bf16] (K = 32:
+// 16 pairs per 64-byte row) = 2·16·16·32 FLOP; tiles 0-3 accumulate, 4-5 hold A, 6-7 hold B.
+constexpr double kAmxFlopPerIter = 4.0 * 2 * 16 * 16 * 32;
+struct alignas(64) AmxTileConfig {
+  uint8_t palette = 1, start_row = 0;
+  uint8_t reserved[14] = {};
+  uint16_t colsb[16] = {};
+  uint8_t rows[16] = {};
+};
+
+__attribute__((target("amx-tile,amx-bf16"), noinline)) float amx_bf16_loop(int64_t iters, float a,
+                                                                          float b) {
+  AmxTileConfig cfg;
+  for (int t = 0; t < 8; ++t) cfg.colsb[t] = 64, cfg.rows[t] = 16;
+  alignas(64) uint16_t A[16 * 32], B[16 * 32];
+  for (int i = 0; i < 16 * 32; ++i) {
+    A[i] = kernels::float_to_bf16(a * (1.0f + float(i % 7) * 1e-3f));
+    B[i] = kernels::float_to_bf16(b * (1.0f + float(i % 5) * 1e-3f));
+  }
+  alignas(64) float C[16 * 16];
+  _tile_loadconfig(&cfg);
+  _tile_zero(0);
+  _tile_zero(1);
+  _tile_zero(2);
+  _tile_zero(3);
+  _tile_loadd(4, A, 64);
+  _tile_loadd(5, A, 64);
+  _tile_loadd(6, B, 64);
+  _tile_loadd(7, B, 64);
+  for (int64_t i = 0; i < iters; ++i) {
+    _tile_dpbf16ps(0, 4, 6);
+    _tile_dpbf16ps(1, 4, 7);
+    _tile_dpbf16ps(2, 5, 6);
+    _tile_dpbf16ps(3, 5, 7);
+  }
+  float r = 0;
+  _tile_stored(0, C, 64);
+  for (float v : C) r += v;
+  _tile_stored(1, C, 64);
+  for (float v : C) r += v;
+  _tile_stored(2, C, 64);
+  for (float v : C) r += v;
+  _tile_stored(3, C, 64);
+  for (float v : C) r += v;
+  _tile_release();
+  return r;
+}
+
+// AVX512-BF16: 16 independent zmm chains of VDPBF16PS (16 fp32 lanes, each += 2 bf16 products:
+// 64 FLOP per instruction).
+constexpr int kBf16Chains = 16;
+__attribute__((target("avx512f,avx512bf16"), noinline)) float avx512_bf16_loop(int64_t iters,
+                                                                              float a, float b) {
+  const __m512bh va = _mm512_cvtne2ps_pbh(_mm512_set1_ps(a), _mm512_set1_ps(a));
+  const __m512bh vb = _mm512_cvtne2ps_pbh(_mm512_set1_ps(b), _mm512_set1_ps(b));
+  __m512 c[kBf16Chains];
+  for (int j = 0; j < kBf16Chains; ++j) c[j] = _mm512_set1_ps(0.01f * float(j));
+  for (int64_t i = 0; i < iters; ++i) {
+#pragma GCC unroll 16
+    for (int j = 0; j < kBf16Chains; ++j) c[j] = _mm512_dpbf16_ps(c[j], va, vb);
+  }
+  __m512 s = c[0];
+  for (int j = 1; j < kBf16Chains; ++j) s = _mm512_add_ps(s, c[j]);
+  alignas(64) float lanes[16];
+  _mm512_store_ps(lanes, s);
+  float r = 0;
+  for (float v : lanes) r += v;
+  return r;
+}
+#endif
+
 constexpr int kScalarChains = 8;
 __attribute__((noinline)) float fma_scalar(int64_t iters, float a, float b) {
   float c[kScalarChains];
@@ -252,6 +331,7 @@ nlohmann::json Measurement::to_json() const {
   j["unit"] = unit;
   j["method"] = method;
   if (!skipped.empty()) j["skipped"] = skipped;
+  if (!basis.empty()) j["basis"] = basis;
   j["samples"] = samples;
   return j;
 }
@@ -303,9 +383,71 @@ Measurement measure_fma_peak(int threads, double seconds, int reps) {
     m.samples.push_back(flop_per_iter * double(iters) * ran / dt * 1e-9);
   }
   finish(m);
+  m.basis = "fp32 FMA register loop";
   m.method = "register-only FMA loop: " + what + ", " + std::to_string(ran) + " thread(s) x " +
              std::to_string(iters) + " iterations (" + fmt(seconds * 1e3, 0) +
              " ms), best of " + std::to_string(reps);
+  return m;
+}
+
+namespace {
+// Calibrates `kernel` to about `seconds` per run on `threads` threads (as the FMA peak does),
+// then times `reps` runs; flop_per_iter per thread.
+Measurement time_register_loop(FmaKernel kernel, double flop_per_iter, int threads,
+                               double seconds, int reps, int* ran_out, int64_t* iters_out) {
+  int ran = threads;
+  int64_t iters = 1 << 10;
+  double t = run_fma(kernel, threads, iters, &ran);
+  while (t < 0.01 && iters < (int64_t(1) << 40)) {
+    iters *= 4;
+    t = run_fma(kernel, threads, iters, &ran);
+  }
+  for (int i = 0; i < 2; ++i) t = std::min(t, run_fma(kernel, threads, iters, &ran));
+  iters = std::max(iters, int64_t(double(iters) * seconds / std::max(t, 1e-9)));
+  Measurement m;
+  m.unit = "GFLOP/s";
+  for (int r = 0; r < reps; ++r) {
+    double dt = run_fma(kernel, threads, iters, &ran);
+    m.samples.push_back(flop_per_iter * double(iters) * ran / dt * 1e-9);
+  }
+  finish(m);
+  *ran_out = ran;
+  *iters_out = iters;
+  return m;
+}
+}  // namespace
+
+Measurement measure_bf16_peak(int threads, double seconds, int reps) {
+  if (threads <= 0) threads = omp_get_max_threads();
+  if (reps <= 0) reps = 1;
+  const CpuFeatures& cpu = cpu_features();
+  int ran = threads;
+  int64_t iters = 0;
+  Measurement m;
+#ifdef TETRAD_X86
+  if (cpu.use_amx_bf16() || cpu.use_avx512_bf16()) {
+    const bool amx = cpu.use_amx_bf16();
+    m = amx ? time_register_loop(amx_bf16_loop, kAmxFlopPerIter, threads, seconds, reps, &ran,
+                                 &iters)
+            : time_register_loop(avx512_bf16_loop, 64.0 * kBf16Chains, threads, seconds, reps,
+                                 &ran, &iters);
+    m.basis = amx ? "AMX-BF16 register loop" : "AVX512-BF16 register loop";
+    m.method = std::string("register-only bf16 loop: ") +
+               (amx ? "AMX TDPBF16PS on 4 accumulator tiles (16x16 fp32 += 16x32 bf16 x 32x16 "
+                      "bf16, operands in tiles 4-7)"
+                    : "AVX512-BF16 VDPBF16PS, 16 independent zmm chains") +
+               ", " + std::to_string(ran) + " thread(s) x " + std::to_string(iters) +
+               " iterations (" + fmt(seconds * 1e3, 0) + " ms), best of " + std::to_string(reps);
+    return m;
+  }
+#endif
+  // No bf16 matrix instructions usable here: the ceiling is what the bf16 GEMM the trainer runs
+  // (emulated: bf16-rounded operands through sgemm) reaches on a large square.
+  const int n = 1024;
+  m = measure_gemm_bf16(GemmShape{"square", n, n, n, 'N', 'T'}, threads, std::max(reps, 2));
+  m.basis = "bf16 GEMM ceiling";
+  m.method = "no AMX-BF16 or AVX512-BF16 usable here (" + cpu.best_isa() +
+             "), so the measured bf16 GEMM ceiling: " + m.method;
   return m;
 }
 
@@ -479,6 +621,7 @@ Measurement measure_memory_bandwidth(size_t bytes, int threads, int reps) {
 }
 
 double fma_peak_gflops(int threads) { return measure_fma_peak(threads).value; }
+double bf16_peak_gflops(int threads) { return measure_bf16_peak(threads).value; }
 double sgemm_gflops(int M, int N, int K, char transa, char transb, int reps) {
   return measure_sgemm(GemmShape{"", M, N, K, transa, transb}, 0, reps).value;
 }
@@ -513,6 +656,7 @@ MachineCeilings measure_ceilings(int threads, bool quick) {
   const int reps = quick ? 3 : 5;
   mc.fma_1thread = measure_fma_peak(1, fma_s, reps);
   mc.fma = mc.threads == 1 ? mc.fma_1thread : measure_fma_peak(mc.threads, fma_s, reps);
+  mc.bf16_peak = measure_bf16_peak(mc.threads, fma_s, reps);
   const int n = quick ? 1024 : 3072;
   mc.square = GemmShape{"square", n, n, n, 'N', 'N'};
   mc.sgemm_square = measure_sgemm(mc.square, mc.threads, 3);
@@ -543,6 +687,8 @@ std::string MachineCeilings::to_text() const {
   os << "ceilings (" << fmt(seconds, 1) << " s to measure):\n";
   line("fp32 FMA peak, 1 thread", fma_1thread, "");
   line("fp32 FMA peak, " + std::to_string(threads) + " threads", fma, "");
+  line("bf16 matrix peak, " + std::to_string(threads) + " thr", bf16_peak,
+       " [" + bf16_peak.basis + "]");
   std::string sq = std::to_string(square.M) + "^3";
   line("sgemm " + sq, sgemm_square, of_peak(sgemm_square));
   line("bf16 matmul " + sq, bf16_square, "");
@@ -572,6 +718,7 @@ nlohmann::json MachineCeilings::to_json() const {
   j["onednn"] = onednn;
   j["fma_peak_1thread"] = fma_1thread.to_json();
   j["fma_peak"] = fma.to_json();
+  j["bf16_peak"] = bf16_peak.to_json();
   j["square"] = {{"M", square.M}, {"N", square.N}, {"K", square.K}};
   j["sgemm_square"] = sgemm_square.to_json();
   j["bf16_matmul_square"] = bf16_square.to_json();

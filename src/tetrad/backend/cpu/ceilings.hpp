@@ -31,6 +31,7 @@ struct Measurement {
   std::string unit;             // "GFLOP/s" | "GB/s"
   std::string method;           // how it was measured
   std::string skipped;          // non-empty: why there is no number
+  std::string basis;            // short name of what the number is ("AMX-BF16 register loop")
   std::vector<double> samples;  // every timed repetition, in the unit above
   bool ok() const { return skipped.empty() && value > 0; }
   nlohmann::json to_json() const;
@@ -50,6 +51,12 @@ struct GemmShape {
 // (AVX-512: 16 zmm chains; AVX2+FMA: 12 ymm chains; otherwise 8 scalar multiply-add chains),
 // calibrated to about `seconds` per repetition; best of `reps`.
 Measurement measure_fma_peak(int threads, double seconds = 0.05, int reps = 5);
+// bf16 matrix peak, the baseline of a bf16 run's MFU: a register-only loop like the FMA peak's
+// on the AMX tiles (TDPBF16PS, 4 accumulator tiles) where AMX-BF16 is usable, else on the
+// AVX512-BF16 units (VDPBF16PS, 16 zmm chains); on a CPU with neither (or capped below them by
+// TETRAD_MAX_CPU_ISA), the measured ceiling of the bf16 GEMM the trainer runs there
+// (measure_gemm_bf16 on a 1024 square, NT). `basis` says which.
+Measurement measure_bf16_peak(int threads, double seconds = 0.05, int reps = 5);
 // fp32 GEMM through dnnl_sgemm (row-major): one warm-up call, then `reps` timed calls.
 Measurement measure_sgemm(const GemmShape& s, int threads, int reps);
 // The bf16 GEMM the model runs in bf16 mode (kernels::gemm_bf16: fp32 in and out, operands
@@ -66,6 +73,7 @@ Measurement measure_memory_bandwidth(size_t bytes, int threads, int reps = 5);
 // The numbers only (the forms above with their defaults; sgemm and bf16 use the caller's
 // OpenMP thread count).
 double fma_peak_gflops(int threads);
+double bf16_peak_gflops(int threads);
 double sgemm_gflops(int M, int N, int K, char transa, char transb, int reps);
 double bf16_matmul_gflops(int M, int N, int K);
 double memory_bandwidth_gbs(size_t bytes, int threads);
@@ -85,6 +93,7 @@ struct MachineCeilings {
   std::string onednn;        // oneDNN version and the ISA it dispatches to
   Measurement fma_1thread;   // FMA peak, one thread
   Measurement fma;           // FMA peak, `threads` threads
+  Measurement bf16_peak;     // bf16 matrix peak (measure_bf16_peak), `threads` threads
   GemmShape square;          // the large square below
   Measurement sgemm_square;  // fp32 dnnl_sgemm
   Measurement bf16_square;   // bf16 oneDNN matmul

@@ -325,12 +325,52 @@ void swiglu_backward(T* dgu, const T* dout, const T* gu, int64_t ntok, int64_t F
 // ---------------------------------------------------------------------------------------------
 // Rotary positions
 
-template <typename T>
-void rope_tables(T* cos_table, T* sin_table, int64_t max_pos, int64_t hd, double theta) {
+std::vector<double> rope_inv_freq(int64_t hd, const RopeFrequencies& f) {
+  TETRAD_CHECK(hd > 0 && hd % 2 == 0, "rotary positions need an even head dimension, got ", hd);
+  TETRAD_CHECK(f.theta > 0, "rope theta must be positive, got ", f.theta);
   const int64_t half = hd / 2;
+  std::vector<double> inv(static_cast<size_t>(half));
   for (int64_t i = 0; i < half; ++i) {
     // As Hugging Face: inv_freq = 1 / theta^(2i / hd), angle = pos * inv_freq.
-    const double inv_freq = 1.0 / std::pow(theta, double(2 * i) / double(hd));
+    inv[size_t(i)] = 1.0 / std::pow(f.theta, double(2 * i) / double(hd));
+  }
+  if (f.factor > 0) {
+    TETRAD_CHECK(f.high_freq_factor > f.low_freq_factor && f.low_freq_factor > 0 &&
+                     f.original_max_position > 0,
+                 "llama3 rope scaling needs high_freq_factor > low_freq_factor > 0 and "
+                 "original_max_position_embeddings > 0");
+    const double pi = 3.14159265358979323846;
+    const double low_wavelen = f.original_max_position / f.low_freq_factor;
+    const double high_wavelen = f.original_max_position / f.high_freq_factor;
+    for (double& x : inv) {
+      const double wavelen = 2 * pi / x;
+      if (wavelen < high_wavelen) continue;
+      if (wavelen > low_wavelen) {
+        x /= f.factor;
+        continue;
+      }
+      const double s = (f.original_max_position / wavelen - f.low_freq_factor) /
+                       (f.high_freq_factor - f.low_freq_factor);
+      x = (1 - s) * x / f.factor + s * x;
+    }
+  }
+  return inv;
+}
+
+template <typename T>
+void rope_tables(T* cos_table, T* sin_table, int64_t max_pos, int64_t hd, double theta) {
+  RopeFrequencies f;
+  f.theta = theta;
+  rope_tables(cos_table, sin_table, max_pos, hd, f);
+}
+
+template <typename T>
+void rope_tables(T* cos_table, T* sin_table, int64_t max_pos, int64_t hd,
+                 const RopeFrequencies& f) {
+  const int64_t half = hd / 2;
+  const std::vector<double> inv = rope_inv_freq(hd, f);
+  for (int64_t i = 0; i < half; ++i) {
+    const double inv_freq = inv[size_t(i)];
     for (int64_t p = 0; p < max_pos; ++p) {
       cos_table[p * half + i] = T(std::cos(double(p) * inv_freq));
       sin_table[p * half + i] = T(std::sin(double(p) * inv_freq));
@@ -523,6 +563,7 @@ void adamw_update(T* p, const T* g, T* m, T* v, int64_t n, T lr, T beta1, T beta
   template void swiglu_forward<T>(T*, const T*, int64_t, int64_t);                               \
   template void swiglu_backward<T>(T*, const T*, const T*, int64_t, int64_t);                    \
   template void rope_tables<T>(T*, T*, int64_t, int64_t, double);                                \
+  template void rope_tables<T>(T*, T*, int64_t, int64_t, const RopeFrequencies&);                                \
   template void rope_forward<T>(T*, int64_t, int64_t, int64_t, int64_t, int64_t, int64_t,        \
                                 const T*, const T*);                                             \
   template void rope_backward<T>(T*, int64_t, int64_t, int64_t, int64_t, int64_t, int64_t,       \

@@ -31,8 +31,12 @@ Bf16Probe probe() {
     return p;
   }
   if (!cpu.use_amx_bf16() && !cpu.use_avx512_bf16()) {
-    p.path = "emulated (this CPU has neither AMX-BF16 nor AVX512-BF16: bf16 operands are "
-             "rounded and multiplied in fp32, slower than fp32)";
+    p.path = std::string("emulated (") +
+             (cpu.capped() && (cpu.amx_bf16 || cpu.avx512_bf16)
+                  ? std::string("TETRAD_MAX_CPU_ISA=") + isa_level_name(cpu.max_isa) +
+                        " leaves neither AMX-BF16 nor AVX512-BF16"
+                  : std::string("this CPU has neither AMX-BF16 nor AVX512-BF16")) +
+             ": bf16 operands are rounded and multiplied in fp32, slower than fp32)";
     return p;
   }
   try {
@@ -68,6 +72,34 @@ Precision parse_precision(const std::string& name) {
 }
 
 std::string precision_name(Precision p) { return p == Precision::BF16 ? "bf16" : "fp32"; }
+
+namespace {
+const char* auto_override() {
+  const char* e = std::getenv("TETRAD_PRECISION_AUTO");
+  return e && *e ? e : nullptr;
+}
+}  // namespace
+
+Precision resolve_precision(const std::string& setting) {
+  if (setting != "auto") {
+    if (setting == "fp32" || setting == "bf16") return parse_precision(setting);
+    fail("precision must be \"fp32\", \"bf16\" or \"auto\", got \"", setting, "\"");
+  }
+  if (const char* e = auto_override()) {
+    const std::string v = e;
+    if (v != "fp32" && v != "bf16")
+      fail("TETRAD_PRECISION_AUTO = \"", v, "\": expected \"fp32\" or \"bf16\" (what precision "
+           "\"auto\" resolves to)");
+    return parse_precision(v);
+  }
+  return native_bf16_matmul() ? Precision::BF16 : Precision::FP32;
+}
+
+std::string auto_precision_reason() {
+  if (const char* e = auto_override()) return std::string("forced by TETRAD_PRECISION_AUTO=") + e;
+  return native_bf16_matmul() ? "bf16 GEMMs here: " + bf16_matmul_path()
+                              : "bf16 would be " + bf16_matmul_path();
+}
 
 bool native_bf16_matmul() { return probed().native; }
 std::string bf16_matmul_path() { return probed().path; }

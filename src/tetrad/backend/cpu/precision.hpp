@@ -14,7 +14,12 @@
 //   * emulated: the operands rounded to bf16 into fp32 scratch, then the fp32 sgemm. The products
 //     of two bf16 values are exact in fp32, so this is the same arithmetic (up to summation
 //     order) — correct everywhere, but slower than plain fp32 (the rounding pass is extra work).
-// TETRAD_BF16=emulate in the environment forces the emulated path (to compare the two).
+// TETRAD_BF16=emulate in the environment forces the emulated path (to compare the two; so does
+// TETRAD_MAX_CPU_ISA=avx512 or lower, core/cpu.hpp).
+//
+// train.precision = "auto" is bf16 where bf16 GEMMs run natively, fp32 elsewhere;
+// TETRAD_PRECISION_AUTO = bf16 | fp32 in the environment overrides that choice (so both of auto's
+// branches run on any CPU: tests force each).
 //
 // Not done: bf16 storage of activations between layers (they are rounded where they enter a
 // GEMM, stored in fp32), bf16 inside the attention kernel, bf16 collectives.
@@ -30,6 +35,10 @@ enum class Precision { FP32, BF16 };
 // "fp32" | "bf16"; anything else throws Error naming the choices.
 Precision parse_precision(const std::string& name);
 std::string precision_name(Precision p);
+// "fp32" | "bf16" | "auto" (see above); anything else throws Error naming the choices.
+Precision resolve_precision(const std::string& setting);
+// Why "auto" resolves as it does here, one phrase ("bf16 GEMMs are native here: ...").
+std::string auto_precision_reason();
 
 // Whether bf16 GEMMs run on bf16 hardware here (AMX-BF16 or AVX512-BF16, and oneDNN built a bf16
 // matmul for it). Probed once, thread-safe.

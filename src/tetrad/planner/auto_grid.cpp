@@ -1,4 +1,4 @@
-#include "tetrad/train/auto_grid.hpp"
+#include "tetrad/planner/auto_grid.hpp"
 
 #include <cstdlib>
 #include <iomanip>
@@ -7,9 +7,7 @@
 #include "tetrad/core/error.hpp"
 #include "tetrad/backend/cpu/precision.hpp"
 
-namespace tetrad {
-
-using namespace planner;
+namespace tetrad::planner {
 
 PlanInput plan_input_of(const RunConfig& cfg, int ranks) {
   PlanInput in;
@@ -21,8 +19,8 @@ PlanInput plan_input_of(const RunConfig& cfg, int ranks) {
   in.ranks = ranks;
   // train.precision "auto" means bf16 where this CPU has bf16 matrix units (backend/cpu/precision.hpp).
   const std::string& p = cfg.train.precision;
-  in.precision = p == "bf16" || (p == "auto" && kernels::native_bf16_matmul()) ? Precision::BF16
-                                                                                 : Precision::FP32;
+  in.precision = kernels::resolve_precision(p) == kernels::Precision::BF16 ? Precision::BF16
+                                                                          : Precision::FP32;
   // What the trainer will run, parsed by the trainer's own parsers.
   in.recompute = parse_recompute(cfg.train.recompute);
   in.zero = cfg.zero;
@@ -63,11 +61,11 @@ AutoGrid choose_grid(const RunConfig& cfg, int ranks, int ranks_per_node) {
     fail(o.str());
   }
   AutoGrid a;
-  const Grid5& g = first->grid;
-  a.grid = parallel::GridShape{g.x, g.y, g.z, g.d, g.p};
+  a.grid = first->grid;
+  a.trainer_grid = trainer_grid_string(first->grid);
   std::ostringstream w;
   w << std::fixed << std::setprecision(3);
-  w << "grid auto: " << trainer_grid_string(g) << " (x,y,z,p,d = " << first->grid.to_string()
+  w << "grid auto: " << a.trainer_grid << " (x,y,z,p,d = " << first->grid.to_string()
     << "), the planner's first choice of " << trainable << " trainable grids (" << valid
     << " valid, " << all.size() << " in all) on machine '" << m.name << "' with "
     << m.ranks_per_node << " ranks/node\n"
@@ -86,4 +84,4 @@ AutoGrid choose_grid(const RunConfig& cfg, int ranks, int ranks_per_node) {
   return a;
 }
 
-}  // namespace tetrad
+}  // namespace tetrad::planner
