@@ -28,6 +28,7 @@
 #include <string>
 #include <vector>
 
+#include "tetrad/backend/backend.hpp"
 #include "tetrad/core/buffer.hpp"
 #include "tetrad/core/profile.hpp"
 #include "tetrad/model/model_config.hpp"
@@ -77,6 +78,9 @@ class ParallelTransformer {
   const float* param_data() const { return params_.data(); }
   float* grads() { return grads_.data(); }
   const ParallelOptions& options() const { return opt_; }
+  // The backend the model computes on and its GEMM precision (ParallelOptions).
+  backend::Backend& compute_backend() const { return *be_; }
+  backend::Precision gemm_precision() const { return precision_; }
   // Bytes of this rank's activation buffer (the forward's saved tensors and the backward's
   // scratch) as allocated, and what it would be under any recompute mode.
   int64_t activation_bytes() const { return int64_t(acts_.size() * sizeof(float)); }
@@ -140,8 +144,22 @@ class ParallelTransformer {
   // Greedy decoding on the grid: forward over this rank's [B, T] tokens, then for each sequence
   // the argmax over the whole vocabulary of its last position's logits (each Y slice's winner
   // compared after an all-gather over Y; ties go to the lowest id, as in the serial decoder).
-  // There is no KV cache on the grid: each call recomputes the whole prefix. Collective.
+  // Each call recomputes the whole prefix (decode() below keeps a KV cache). Collective.
   std::vector<int32_t> greedy_next_tokens(const int32_t* inputs, int B, int T);
+  // Logits over the whole vocabulary of this rank's [B, T] tokens: [B*T, V] rows in host
+  // memory, the same on every rank of the Y group (each slice's [B*T, V/Gy] all-gathered over
+  // Y). Valid until the next call. Collective.
+  const float* forward_logits(const int32_t* inputs, int B, int T);
+
+  // Incremental decoding with a key/value cache (generation, extraction), on any grid without a
+  // pipeline axis (kv_decode.cpp). start_cache(B) empties the cache for B sequences of this rank
+  // (B <= local_batch; each rank caches its own heads' keys and values, as its attention
+  // splits them over Y); decode() appends Tq tokens per sequence at cache_position() and returns
+  // the logits of each sequence's last new token over the whole vocabulary, [B, V] in host
+  // memory, on every rank of the Y group. Collective: every rank calls it, with its own tokens.
+  void start_cache(int B);
+  const float* decode(const int32_t* tokens, int B, int Tq);
+  int cache_position() const { return cache_pos_ < 0 ? 0 : cache_pos_; }
   // After the step's last micro-batch: data-parallel and replicated-tensor reductions (those
   // already started are waited for).
   void reduce_gradients();
@@ -225,9 +243,12 @@ class ParallelTransformer {
   // parallel_block.cpp: one block's wiring, forward and backward (norms, qkv, RoPE, attention,
   // projections, MLP). layer_backward turns a_->dresid (gradient of the output) into the
   // gradient of x_in, recomputing first what the forward did not keep.
-  void layer_forward(int l, const float* x, int B, int T);
+  // pos0 >= 0: decoding, T new tokens per sequence at positions pos0.. (RoPE there), attending
+  // over the KV cache, into which their keys and values are appended first.
+  void layer_forward(int l, const float* x, int B, int T, int pos0 = -1);
   void layer_backward(int l, const float* x_in, int B, int T);
   void attention_forward(int l, int B, int T);
+  void cached_attention(int l, int B, int Tq, int pos0);
 
   // parallel_linear.cpp: the parallel linear layers, each forward collective with its adjoint.
   //   normal     (input over X, output over Y): forward all-reduce X, backward all-reduce Y.
@@ -258,7 +279,8 @@ class ParallelTransformer {
                 const float* rstd, int wi, int bi, int64_t N);
 
   // vocab_parallel.cpp: the embedding lookup, cross-entropy and greedy argmax over Y's slices.
-  void embedding_forward(const int32_t* inputs, int64_t N, int T);
+  // pos0: position of the first token of each sequence (decoding; 0 in training).
+  void embedding_forward(const int32_t* inputs, int64_t N, int T, int pos0 = 0);
   void embedding_backward(const int32_t* inputs, int64_t N, int T);
   double cross_entropy(const int32_t* targets, int64_t N, float grad_scale, bool with_grad);
 
@@ -339,8 +361,31 @@ class ParallelTransformer {
   size_t next_bucket_[2] = {0, 0};  // per group kind (replicated, sharded): next to start
   std::vector<char> final_sharded_, final_repl_;  // per layer + 1, this step
   int expected_micro_ = 0, micro_done_ = 0;
-  Buffer<float> acts_, rope_cos_, rope_sin_;
+  Buffer<float> acts_;
+  backend::DeviceBuffer rope_cos_, rope_sin_;  // [max_seq, hd/2] rotary tables (Llama)
   Buffer<double> stats_;  // [N, 2] row statistics for the all-reduces
+  // The backend this model computes on, its GEMM precision, and device scratch: token ids and
+  // targets copied from the host (when the device is not host memory), the cross-entropy's row
+  // maxima, one double for sums read back, greedy decoding's per-row winners.
+  backend::Backend* be_ = nullptr;
+  backend::Precision precision_ = backend::Precision::FP32;
+  backend::DeviceBuffer ids_dev_[2], row_max_, scalar_, argmax_idx_, argmax_val_;
+  const backend::OpTable& ops() const { return be_->ops(); }
+  backend::RopeArgs rope_args(float* x, int64_t N, int T, int pos0 = 0) const;  // this rank's q|k heads
+  // kv_decode.cpp: the KV cache, [L][k|v][B][max_len][nkvy*hd] (this rank's kv heads), its
+  // batch and next position (-1: no cache started); the whole-vocabulary logits in host memory.
+  backend::DeviceBuffer kv_cache_;
+  int cache_b_ = 0, cache_pos_ = -1;
+  std::vector<float> host_logits_, gathered_logits_;
+  float* cache_k(int l);
+  float* cache_v(int l);
+  // logits (rows of [rows, Vy], device) over the whole vocabulary into host_logits_ [rows, V].
+  const float* whole_vocabulary(const float* logits, int64_t rows);
+  backend::Queue& bq() const { return be_->queue(); }
+  // `host` (n ids) as a device pointer: itself on a host-visible backend, else copied to slot.
+  const int32_t* device_ids(const int32_t* host, int64_t n, int slot);
+  // The double at `dev` (device memory) on the host.
+  double read_scalar(const double* dev);
   // Declared after every buffer a collective reads or writes, so it is destroyed first: requests
   // still pending when an error unwinds are finished (or abandoned) while their buffers exist.
   CommQueue q_;

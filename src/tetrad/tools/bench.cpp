@@ -20,7 +20,6 @@
 #include "tetrad/core/profile.hpp"
 #include "tetrad/core/rng.hpp"
 #include "tetrad/backend/cpu/precision.hpp"
-#include "tetrad/model/transformer.hpp"
 #include "tetrad/model/params.hpp"
 #include "tetrad/parallel/parallel_transformer.hpp"
 #include "tetrad/parallel/pipeline.hpp"
@@ -156,11 +155,19 @@ void run_bench(const BenchOptions& opt, std::ostream& out) {
     StepProfile profile;
     int64_t nparams = 0, act_bytes = 0;
     {
-      TrainConfig tc;
-      Transformer<float> model(mc, B, T);
+      // The one model on the trivial grid (1x1x1x1: every group this process), as `tetrad train`
+      // runs it on one rank, with the run configuration's overlap defaults (no-ops on one rank).
+      parallel::ProcessGroups groups;
+      parallel::ParallelOptions po;
+      po.precision = bf16 ? backend::Precision::BF16 : backend::Precision::FP32;
+      parallel::ParallelTransformer model(mc, groups, B, T, po);
       model.init_weights(1);
-      AdamW adam(model.table(), tc);
-      nparams = model.num_params();
+      TrainConfig tc;
+      const parallel::OptimizerLayout& ol = model.optimizer_layout();
+      AdamW adam(decay_ranges(model.table(), tc, ol.param_offsets, ol.sizes, ol.state_offsets,
+                              ol.grad_offsets),
+                 ol.state_size, tc);
+      nparams = model.num_local_params();
       act_bytes = model.activation_bytes();
       Rng rng(7);
       std::vector<int32_t> tokens(N + 1);
@@ -178,14 +185,20 @@ void run_bench(const BenchOptions& opt, std::ostream& out) {
         const auto t0 = std::chrono::steady_clock::now();
         {
           ScopedPhase sp(&profile, Phase::Optimizer);
-          model.zero_grads();
+          model.begin_step(1);  // zero_grads for a step of one micro-batch
         }
         model.forward_backward(tokens.data(), tokens.data() + 1, B, T, 1.0f / float(N));
+        model.reduce_gradients();
+        double gn = 0;
         {
           ScopedPhase sp(&profile, Phase::Optimizer);
-          const double gn = grad_norm(model.grads(), model.num_params());
-          adam.update(model.params(), model.grads(), 1e-4, gn > 1 ? 1 / gn : 1, s + 1);
+          gn = std::sqrt(model.grad_sum_squares());
         }
+        const float* grads = model.grads();
+        model.apply_update([&](float* params, int64_t lo, int64_t hi) {
+          ScopedPhase sp(&profile, Phase::Optimizer);
+          adam.update(params, grads, 1e-4, gn > 1 ? 1 / gn : 1, s + 1, lo, hi);
+        });
         const double dt = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
         if (s >= opt.warmup) times.push_back(dt);
       }
@@ -307,6 +320,9 @@ void run_bench_grids(const BenchOptions& opt, std::ostream& log) {
       }
     }
     ParallelOptions po;
+    po.precision = kernels::parse_precision(opt.precision) == kernels::Precision::BF16
+                       ? backend::Precision::BF16
+                       : backend::Precision::FP32;
     po.zero = opt.zero;
     po.recompute = parse_recompute(opt.recompute);
     po.virtual_stages = opt.virtual_stages;

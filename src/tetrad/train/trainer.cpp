@@ -1,5 +1,6 @@
 #include "tetrad/data/tokenizer.hpp"
 #include "tetrad/train/trainer.hpp"
+#include "tetrad/train/inference.hpp"
 
 #include <mpi.h>
 #include <omp.h>
@@ -37,7 +38,6 @@
 #include "tetrad/data/tokenizer.hpp"
 #include "tetrad/backend/cpu/ops.hpp"
 #include "tetrad/backend/cpu/precision.hpp"
-#include "tetrad/model/transformer.hpp"
 #include "tetrad/model/params.hpp"
 #include "tetrad/parallel/grid.hpp"
 #include "tetrad/planner/planner.hpp"
@@ -411,7 +411,11 @@ TrainResult train(const RunConfig& cfg, const TrainOptions& opt, std::ostream& l
     }
   }
 
+  // GEMM precision of this run's model (not a process-wide switch: the model carries it).
+  const kernels::Precision precision = kernels::resolve_precision(t.precision);
   parallel::ParallelOptions popt;
+  popt.precision = precision == kernels::Precision::BF16 ? backend::Precision::BF16
+                                                         : backend::Precision::FP32;
   popt.recompute = parallel::parse_recompute(t.recompute);
   popt.zero = cfg.zero;
   popt.virtual_stages = cfg.virtual_stages;
@@ -564,7 +568,6 @@ TrainResult train(const RunConfig& cfg, const TrainOptions& opt, std::ostream& l
   // MFU against the peak of the arithmetic the run's GEMMs use: the bf16 matrix peak for a bf16
   // run, the fp32 FMA peak otherwise (backend/cpu/ceilings.hpp). HFU counts the FLOPs recomputation
   // adds as well, against the same peak.
-  const kernels::Precision precision = kernels::resolve_precision(t.precision);
   const bool bf16_run = precision == kernels::Precision::BF16;
   std::string peak_basis = "given";
   double peak_gflops = opt.peak_gflops;
@@ -770,12 +773,6 @@ TrainResult train(const RunConfig& cfg, const TrainOptions& opt, std::ostream& l
     out << "loss mask: " << t.loss_mask << " (k = " << t.goldfish_k
         << (loss_mask.mode == LossMaskMode::Goldfish ? ", h = " + std::to_string(t.goldfish_h) : std::string())
         << "): about 1 in " << t.goldfish_k << " targets dropped from the loss\n";
-  // GEMM precision for this run (process-wide; restored when train() returns).
-  struct PrecisionScope {
-    kernels::Precision saved = kernels::gemm_precision();
-    ~PrecisionScope() { kernels::set_gemm_precision(saved); }
-  } precision_scope;
-  kernels::set_gemm_precision(precision);
   if (!opt.quiet) {
     if (precision == kernels::Precision::BF16)
       out << "precision: bf16 GEMMs, fp32 master weights and optimizer; "
@@ -1014,8 +1011,9 @@ double evaluate_checkpoint(const std::string& model_dir, const std::string& data
       fail("model '", model_dir, "' was trained with tokenizer ", hex64(id), " but the shards in '",
            data_dir, "' were made with tokenizer ", hex64(data.tokenizer_identity));
   }
-  Transformer<float> model(mc, micro_batch, T);
-  load_hf_params(model_dir, mc, model.table(), model.params());
+  // The one model on the trivial grid (one process; under mpirun every rank evaluates alone).
+  InferenceModel im = load_inference_model(model_dir, mc, "1,1,1,1", micro_batch, T);
+  parallel::ParallelTransformer& model = *im.model;
   data::LoaderOptions lopt;
   lopt.tokenizer_identity = data.tokenizer_identity;
   lopt.model_vocab = mc.vocab_size;
