@@ -13,8 +13,9 @@
 #   experiments/memorization.sh finetune-quick  tiny base pretrained here on a slice of the Bible,
 #                                              seconds (CI)
 #   experiments/memorization.sh finetune       4-layer base pretrained here on the whole Bible
-#                                              (BASE_STEPS, 1000), then fine-tuned (STEPS, 300);
-#                                              REPEATS, PER_R, LR override; ~20 minutes on one core. BASE=HF_DIR fine-tunes that model
+#                                              (BASE_STEPS, 1000), then fine-tuned (STEPS, 800);
+#                                              REPEATS, PER_R, LR override; about 15 minutes of
+#                                              one quiet core. BASE=HF_DIR fine-tunes that model
 #                                              instead (its config.json and tokenizer; e.g. a KJV
 #                                              model made with `tetrad export`).
 # The fine-tuning modes measure the base model too (its extraction before fine-tuning is the
@@ -67,17 +68,17 @@ finetune-quick)
   VOCAB=512; PREFIX=16; SUFFIX=32; SEQ=64; EVALB=8; CANARY_WORDS=${CANARY_WORDS:-14}
   FT_CORPUS=(Apache-2.0 Artistic BSD CC0-1.0 MPL-2.0) ;;
 finetune)
-  # 16 GPL v3 paragraphs, 4 per repetition count; R = 0: held back. Fine-tuning runs about 7
-  # passes over the data, so a canary planted R times is seen about 7R times.
-  REPEATS="${REPEATS:-0,1,4,16}"; PER_R=${PER_R:-4}
+  # 16 GPL v3 paragraphs, 4 per repetition count; R = 0: held back. Fine-tuning runs about 11
+  # passes over the data, so a canary planted R times is seen about 11R times.
+  REPEATS="${REPEATS:-0,2,8,32}"; PER_R=${PER_R:-4}
   bible -f "Gen1:1-Rev22:21" > "$OUT/base_corpus.txt"
   # The base: the full mode's 4-layer GPT-2 (256 wide, 8192-token vocabulary, 5.3 M parameters).
   BASE_MODEL=(--set model.name=small --set model.n_layer=4 --set model.n_embd=256 --set model.n_head=4
               --set model.n_kv_head=4 --set model.ffn=1024 --set model.max_seq=128)
   BASE_TRAIN=(--set train.micro_batch=8 --set train.seq_len=128 --set train.max_steps=${BASE_STEPS:-1000}
               --set train.lr=2e-3 --set train.warmup_steps=100)
-  TRAIN=(--set train.micro_batch=8 --set train.seq_len=128 --set train.max_steps=${STEPS:-300} --set train.lr=${LR:-1e-3}
-         --set train.warmup_steps=30)
+  TRAIN=(--set train.micro_batch=8 --set train.seq_len=128 --set train.max_steps=${STEPS:-800} --set train.lr=${LR:-2e-3}
+         --set train.warmup_steps=50)
   # Held-out: 5 x 4 x 128 tokens, about the whole validation split of the licenses.
   VOCAB=8192; PREFIX=32; SUFFIX=50; SEQ=128; EVALB=5
   FT_CORPUS=(Apache-2.0 Artistic BSD CC0-1.0 GFDL-1.2 GFDL-1.3 MPL-1.1 MPL-2.0) ;;
