@@ -16,6 +16,7 @@
 #include <random>
 #include <sstream>
 
+#include "expect_error.hpp"
 #include "tetrad/checkpoint/hf.hpp"
 #include "tetrad/checkpoint/run_checkpoint.hpp"
 #include "tetrad/checkpoint/safetensors.hpp"
@@ -93,20 +94,7 @@ void write_raw_safetensors(const std::string& path, const std::string& header, s
   write_bytes(path, b);
 }
 
-// Runs f, which must throw tetrad::Error whose message contains every one of `parts`.
-template <typename F>
-std::string expect_error(F&& f, const std::vector<std::string>& parts) {
-  try {
-    f();
-  } catch (const Error& e) {
-    const std::string msg = e.what();
-    for (const auto& p : parts)
-      EXPECT_NE(msg.find(p), std::string::npos) << "message lacks '" << p << "': " << msg;
-    return msg;
-  }
-  ADD_FAILURE() << "expected tetrad::Error";
-  return "";
-}
+using tetrad_test::expect_error;
 
 bool same_bits(const std::vector<float>& a, const std::vector<float>& b) {
   return a.size() == b.size() && std::memcmp(a.data(), b.data(), a.size() * 4) == 0;

@@ -9,13 +9,11 @@
 #include <algorithm>
 #include <cstring>
 
-#include "tetrad/backend/cpu/ops.hpp"
 #include "tetrad/core/error.hpp"
 #include "tetrad/parallel/transformer_activations.hpp"
 
 namespace tetrad::parallel {
 
-namespace k = kernels;
 
 void ParallelTransformer::zero_grads() {
   if (prefetched_next_) {
@@ -109,7 +107,7 @@ void ParallelTransformer::scatter_layer_grads(int layer) {
       }
       float* piece = zero_tmp_.data() + piece_[i] * g_.shape.d;
       reduce_scatter_d(i, shard, piece);
-      k::add_inplace(grads_.data() + zl_.grad_offsets[i], piece, zl_.sizes[i]);
+      ops().add(bq(), grads_.data() + zl_.grad_offsets[i], piece, zl_.sizes[i]);
     }
     if (last_micro_batch()) layer_final(layer, true);
     return;
@@ -139,7 +137,7 @@ CommQueue::Ticket ParallelTransformer::start_grad_reduce_scatter(const TensorSha
   const int64_t n = t.shard_numel;
   int& remaining = rs_remaining_[size_t(layer + 1)];
   auto done = [this, land, gp, n, layer, last, &remaining] {
-    k::add_inplace(gp, land, n);
+    ops().add(bq(), gp, land, n);
     if (--remaining == 0 && last) layer_final(layer, true);
   };
   const auto ticket = q_.start(g_.z.ireduce_scatter_sum(block, land, size_t(n)), g_.z,
@@ -185,22 +183,10 @@ void ParallelTransformer::accumulate_embedding_rows(int64_t N) {
   const int64_t s0 = int64_t(g_.z.rank()) * t.shard_numel, s1 = s0 + t.shard_numel;
   float* gp = grads_.data() + t.offset;
   const int64_t v0 = Vy_ * g_.coord.y;
-  const float* R = emb_rows_.data();
-  const int32_t* ids = emb_ids_.data();
   {
     ScopedPhase sp(prof_, Phase::Embedding, "rows");
-    constexpr int64_t kBlock = 64;
-#pragma omp parallel for schedule(static)
-    for (int64_t c0 = 0; c0 < Cx_; c0 += kBlock) {
-      const int64_t c1 = std::min(Cx_, c0 + kBlock);
-      for (int64_t r = 0; r < rows; ++r) {
-        const int64_t v = ids[r] - v0;
-        if (v < 0 || v >= Vy_) continue;
-        const int64_t e = v * Cx_;  // the row's first element in the block
-        const int64_t lo = std::max(c0, s0 - e), hi = std::min(c1, s1 - e);
-        for (int64_t c = lo; c < hi; ++c) gp[e + c - s0] += R[r * Cx_ + c];
-      }
-    }
+    ops().embedding_scatter_add(bq(), gp, s0, s1, emb_rows_.data(), emb_ids_.data(), v0, Vy_,
+                                rows, Cx_);
   }
   if (--rs_remaining_[0] == 0 && last_micro_batch()) layer_final(-1, true);
 }
@@ -360,13 +346,16 @@ double ParallelTransformer::grad_sum_squares() {
   // ZeRO each D rank holds a different piece, so D is no longer such an axis).
   const GridCoord& c = g_.coord;
   double local = 0;
+  double* part = scalar_.as<double>();
   for (size_t i = 0; i < plan_.tensors.size(); ++i) {
     const TensorShard& t = plan_.tensors[i];
     bool owner = (opt_.zero > 0 || c.d == 0) && owns(t);
     if (!t.z_sharded) owner = owner && c.z == 0;
     if (t.layout == ShardLayout::ColsX) owner = owner && c.y == 0;
     if (t.layout == ShardLayout::RowsY) owner = owner && c.x == 0;
-    if (owner) local += k::sum_squares(grads_.data() + zl_.grad_offsets[i], zl_.sizes[i]);
+    if (!owner) continue;
+    ops().sum_squares(bq(), part, grads_.data() + zl_.grad_offsets[i], zl_.sizes[i]);
+    local += read_scalar(part);
   }
   if (g_.world.size() > 1) g_.world.allreduce_sum(&local, 1);
   return local;

@@ -3,7 +3,14 @@
 // rest of ParallelOptions. Plain values, no MPI: the planner costs exactly these types.
 #pragma once
 #include <cstdint>
+#include <optional>
 #include <string>
+
+#include "tetrad/backend/ops.hpp"
+
+namespace tetrad::backend {
+class Backend;
+}
 
 namespace tetrad::parallel {
 
@@ -72,6 +79,13 @@ struct ParallelOptions {
   // parallel.pipeline_layers: how the layers split into the Gp x virtual_stages virtual stages
   // ("even", "balanced" or a comma list; layer_split.hpp). Gp > 1 only.
   std::string pipeline_layers = "even";
+  // (Last, so the positional initialisers {recompute, zero, virtual_stages} keep working.)
+  // Where the model computes (its memory, queue and op table); null: the CPU backend.
+  backend::Backend* device = nullptr;
+  // GEMM precision of this model (docs/precision.md). Unset: the CPU kernels' process default at
+  // construction (kernels::gemm_precision(), kept for the serial oracle and older callers); the
+  // trainer and the benchmark always set it.
+  std::optional<backend::Precision> precision;
 };
 
 }  // namespace tetrad::parallel

@@ -6,23 +6,36 @@
 // its gradient blocks zeroed by the caller (the model's forward / backward loops).
 #include "tetrad/parallel/parallel_transformer.hpp"
 
-#include "tetrad/backend/cpu/attention.hpp"
-#include "tetrad/backend/cpu/ops.hpp"
 #include "tetrad/parallel/transformer_activations.hpp"
 
 namespace tetrad::parallel {
 
-namespace k = kernels;
+namespace {
+// This rank's heads of one micro-batch: q|k|v rows of QKVy, outputs of Ay, causal per sequence.
+backend::AttentionArgs local_heads(int B, int T, int64_t nh, int64_t nkv, int64_t hd,
+                                   int64_t qkv_row, int64_t out_row) {
+  backend::AttentionArgs d;
+  d.B = B; d.Tq = T; d.Tk = T; d.n_head = int(nh); d.n_kv_head = int(nkv); d.head_dim = int(hd);
+  d.q_stride = d.kv_stride = qkv_row; d.q_batch_stride = d.kv_batch_stride = T * qkv_row;
+  d.out_stride = out_row; d.out_batch_stride = T * out_row;
+  return d;
+}
+}  // namespace
+
+backend::RopeArgs ParallelTransformer::rope_args(float* x, int64_t N, int T) const {
+  backend::RopeArgs r;
+  r.x = x; r.N = N; r.T_seq = T; r.pos0 = 0; r.n_heads = nhy_ + nkvy_; r.head_dim = hd_;
+  r.stride = QKVy_; r.cos = rope_cos_.as<float>(); r.sin = rope_sin_.as<float>();
+  return r;
+}
 
 // Attention of layer l from its stored q|k|v (after RoPE): atty and lse.
 void ParallelTransformer::attention_forward(int l, int B, int T) {
   auto& A = a_->layer[l];
-  k::AttentionDims d{};
-  d.B = B; d.Tq = T; d.Tk = T; d.n_head = int(nhy_); d.n_kv_head = int(nkvy_); d.head_dim = int(hd_);
-  d.q_stride = d.kv_stride = QKVy_; d.q_batch_stride = d.kv_batch_stride = T * QKVy_;
-  d.out_stride = Ay_; d.out_batch_stride = T * Ay_;
+  const backend::AttentionArgs d = local_heads(B, T, nhy_, nkvy_, hd_, QKVy_, Ay_);
   timed(Phase::Attention, [&] {
-    k::attention_forward<float>(A.atty, A.lse, A.qkv, A.qkv + nhy_ * hd_, A.qkv + (nhy_ + nkvy_) * hd_, d);
+    ops().attention_forward(bq(), d, A.atty, A.lse, A.qkv, A.qkv + nhy_ * hd_,
+                            A.qkv + (nhy_ + nkvy_) * hd_);
   });
 }
 
@@ -34,15 +47,15 @@ void ParallelTransformer::layer_forward(int l, const float* x, int B, int T) {
   norm_fwd(A.ln1, A.ln1_mean, A.ln1_rstd, x, L.ln1_w, L.ln1_b, N);
   normal_fwd("qkv", A.qkv, A.ln1, L.qkv_w, L.qkv_b, Cx_, QKVy_, N);
   if (!gpt2_)
-    timed(Phase::Attention, [&] { k::rope_forward(A.qkv, N, T, 0, nhy_ + nkvy_, hd_, QKVy_, rope_cos_.data(), rope_sin_.data()); });
+    timed(Phase::Attention, [&] { ops().rope_forward(bq(), rope_args(A.qkv, N, T)); });
   attention_forward(l, B, T);
   q_.poll();
   transposed_fwd("proj", A.resid_mid, x, A.atty, L.proj_w, L.proj_b, Ay_, N);
   norm_fwd(A.ln2, A.ln2_mean, A.ln2_rstd, A.resid_mid, L.ln2_w, L.ln2_b, N);
   normal_fwd("fc", A.fc, A.ln2, L.fc_w, L.fc_b, Cx_, FWy_, N);
   timed(Phase::Activation, [&] {
-    if (gpt2_) k::gelu_forward(A.fc_act, A.fc, N * Fy_);
-    else k::swiglu_forward(A.fc_act, A.fc, N, Fy_);
+    if (gpt2_) ops().gelu_forward(bq(), A.fc_act, A.fc, N * Fy_);
+    else ops().swiglu_forward(bq(), A.fc_act, A.fc, N, Fy_);
   });
   q_.poll();
   transposed_fwd("fcproj", A.resid_out, A.resid_mid, A.fc_act, L.fcproj_w, L.fcproj_b, Fy_, N);
@@ -64,20 +77,18 @@ void ParallelTransformer::layer_backward(int l, const float* x_in, int B, int T)
   }
   transposed_bwd("fcproj", a.dfc_act, a.dresid, A.fc_act, L.fcproj_w, L.fcproj_b, Fy_, N);
   timed(Phase::Activation, [&] {
-    if (gpt2_) k::gelu_backward(a.dfc, a.dfc_act, A.fc, N * Fy_);
-    else k::swiglu_backward(a.dfc, a.dfc_act, A.fc, N, Fy_);
+    if (gpt2_) ops().gelu_backward(bq(), a.dfc, a.dfc_act, A.fc, N * Fy_);
+    else ops().swiglu_backward(bq(), a.dfc, a.dfc_act, A.fc, N, Fy_);
   });
   normal_bwd("fc", a.dln, a.dfc, A.ln2, L.fc_w, L.fc_b, Cx_, FWy_, N);
   norm_bwd(a.dresid, a.dln, A.resid_mid, A.ln2_mean, A.ln2_rstd, L.ln2_w, L.ln2_b, N);
   transposed_bwd("proj", a.datty, a.dresid, A.atty, L.proj_w, L.proj_b, Ay_, N);
-  k::AttentionDims d{};
-  d.B = B; d.Tq = T; d.Tk = T; d.n_head = int(nhy_); d.n_kv_head = int(nkvy_); d.head_dim = int(hd_);
-  d.q_stride = d.kv_stride = QKVy_; d.q_batch_stride = d.kv_batch_stride = T * QKVy_;
-  d.out_stride = Ay_; d.out_batch_stride = T * Ay_;
+  const backend::AttentionArgs d = local_heads(B, T, nhy_, nkvy_, hd_, QKVy_, Ay_);
   timed(Phase::Attention, [&] {
-    k::attention_backward<float>(a.dqkv, a.dqkv + nhy_ * hd_, a.dqkv + (nhy_ + nkvy_) * hd_, a.datty,
-                                 A.qkv, A.qkv + nhy_ * hd_, A.qkv + (nhy_ + nkvy_) * hd_, A.atty, A.lse, d);
-    if (!gpt2_) k::rope_backward(a.dqkv, N, T, 0, nhy_ + nkvy_, hd_, QKVy_, rope_cos_.data(), rope_sin_.data());
+    ops().attention_backward(bq(), d, a.dqkv, a.dqkv + nhy_ * hd_, a.dqkv + (nhy_ + nkvy_) * hd_,
+                             a.datty, A.qkv, A.qkv + nhy_ * hd_, A.qkv + (nhy_ + nkvy_) * hd_,
+                             A.atty, A.lse);
+    if (!gpt2_) ops().rope_backward(bq(), rope_args(a.dqkv, N, T));
   });
   q_.poll();
   normal_bwd("qkv", a.dln, a.dqkv, A.ln1, L.qkv_w, L.qkv_b, Cx_, QKVy_, N);

@@ -14,19 +14,30 @@
 
 #include <algorithm>
 
-#include "tetrad/backend/cpu/ops.hpp"
 #include "tetrad/parallel/transformer_activations.hpp"
 
 namespace tetrad::parallel {
-
-namespace k = kernels;
 
 void ParallelTransformer::gemm(const char* what, bool ta, bool tb, int64_t M, int64_t N, int64_t K,
                                const float* A, int64_t lda, const float* B, int64_t ldb,
                                float beta, float* C, int64_t ldc) {
   CommQueue::ProgressScope progress(q_);  // pending collectives move during the GEMM
   ScopedPhase sp(prof_, Phase::Gemm, what, M, N, K);
-  k::gemm<float>(ta, tb, M, N, K, 1.0f, A, lda, B, ldb, beta, C, ldc);
+  backend::GemmArgs g;
+  g.trans_a = ta;
+  g.trans_b = tb;
+  g.M = M;
+  g.N = N;
+  g.K = K;
+  g.A = A;
+  g.lda = lda;
+  g.B = B;
+  g.ldb = ldb;
+  g.beta = beta;
+  g.C = C;
+  g.ldc = ldc;
+  g.precision = precision_;
+  ops().gemm(bq(), g);
 }
 
 // A sum over a group, skipped when the group is one rank; its time counts as communication.
@@ -69,11 +80,7 @@ void ParallelTransformer::gemm_allreduce(const char* what, float* out, const flo
 void ParallelTransformer::normal_fwd(const char* what, float* out, const float* in, int wi, int bi,
                                      int64_t k_in, int64_t n_out, int64_t N) {
   gemm_allreduce(what, out, in, wi, k_in, n_out, g_.x, N);
-  if (const float* b = w(bi)) {
-#pragma omp parallel for schedule(static)
-    for (int64_t t = 0; t < N; ++t)
-      for (int64_t j = 0; j < n_out; ++j) out[t * n_out + j] += b[j];
-  }
+  if (const float* b = w(bi)) ops().bias_add(bq(), out, b, N, n_out);
   q_.poll();
 }
 
@@ -81,25 +88,14 @@ void ParallelTransformer::normal_fwd(const char* what, float* out, const float* 
 void ParallelTransformer::transposed_fwd(const char* what, float* out, const float* resid,
                                          const float* in, int wi, int bi, int64_t k_in, int64_t N) {
   float* tmp = a_->tmp;
-  const int64_t Cx = Cx_;
-  gemm_allreduce(what, tmp, in, wi, k_in, Cx, g_.y, N);
-  const float* b = w(bi);
+  gemm_allreduce(what, tmp, in, wi, k_in, Cx_, g_.y, N);
   ScopedPhase sp(prof_, Phase::Residual);
-#pragma omp parallel for schedule(static)
-  for (int64_t t = 0; t < N; ++t)
-    for (int64_t c = 0; c < Cx; ++c)
-      out[t * Cx + c] = resid[t * Cx + c] + tmp[t * Cx + c] + (b ? b[c] : 0.0f);
+  ops().residual_add(bq(), out, resid, tmp, w(bi), N, Cx_);
 }
 
 // Bias gradient: Σ over tokens, parallel over columns (fixed order).
 void ParallelTransformer::bias_bwd(float* db, const float* dout, int64_t width, int64_t N) {
-  if (!db) return;
-#pragma omp parallel for schedule(static)
-  for (int64_t j0 = 0; j0 < width; j0 += 256) {
-    const int64_t j1 = std::min(width, j0 + 256);
-    for (int64_t t = 0; t < N; ++t)
-      for (int64_t j = j0; j < j1; ++j) db[j] += dout[t * width + j];
-  }
+  if (db) ops().bias_grad(bq(), db, dout, N, width);
 }
 
 // din[N, k_in] = all-reduce over `group` of dout · W; dW[n_out, k_in] += doutᵀ · in; bias.

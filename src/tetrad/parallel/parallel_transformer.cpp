@@ -10,6 +10,7 @@
 #include <cstring>
 
 #include "tetrad/backend/cpu/ops.hpp"
+#include "tetrad/backend/cpu/precision.hpp"
 #include "tetrad/core/error.hpp"
 #include "tetrad/parallel/transformer_activations.hpp"
 
@@ -21,6 +22,12 @@ ParallelTransformer::ParallelTransformer(const ModelConfig& config, ProcessGroup
                                          int local_batch, int max_len, ParallelOptions options)
     : cfg_(config), g_(groups), opt_(options), local_batch_(local_batch), max_len_(max_len),
       ov_(options.overlap) {
+  be_ = opt_.device ? opt_.device : &backend::cpu_backend();
+  precision_ = opt_.precision ? *opt_.precision
+                              : (k::gemm_precision() == k::Precision::BF16 ? backend::Precision::BF16
+                                                                            : backend::Precision::FP32);
+  if (precision_ == backend::Precision::BF16 && !be_->capabilities().gemm_bf16)
+    fail("precision bf16: backend '", be_->name(), "' has no bf16 GEMM");
   if (opt_.zero < 0 || opt_.zero > 2)
     fail("parallel.zero: expected 0, 1 or 2 (ZeRO stage over the data axis), got ", opt_.zero);
   if (opt_.virtual_stages < 1)
@@ -205,12 +212,24 @@ ParallelTransformer::ParallelTransformer(const ModelConfig& config, ProcessGroup
   a_->datty = take(N * Ay_); a_->dfc = take(N * FWy_); a_->dfc_act = take(N * Fy_);
   TETRAD_CHECK(cur == acts_.data() + acts_.size());
   stats_ = Buffer<double>(size_t(N) * 2);
+  if (!be_->capabilities().host_visible)
+    for (auto& b : ids_dev_) b = be_->alloc_array<int32_t>(size_t(N));
+  row_max_ = be_->alloc_array<float>(size_t(N));
+  scalar_ = be_->alloc_array<double>(1);
+  argmax_idx_ = be_->alloc_array<int32_t>(size_t(local_batch));
+  argmax_val_ = be_->alloc_array<float>(size_t(local_batch));
 
   if (!gpt2_) {
     const int64_t half = hd_ / 2;
-    rope_cos_ = Buffer<float>(size_t(cfg_.max_seq) * half);
-    rope_sin_ = Buffer<float>(size_t(cfg_.max_seq) * half);
-    k::rope_tables(rope_cos_.data(), rope_sin_.data(), cfg_.max_seq, hd_, rope_frequencies(cfg_));
+    // The tables are built on the host once (the model's rotary settings) and copied over.
+    const size_t n = size_t(cfg_.max_seq) * size_t(half);
+    std::vector<float> cos_host(n), sin_host(n);
+    k::rope_tables(cos_host.data(), sin_host.data(), cfg_.max_seq, hd_, rope_frequencies(cfg_));
+    rope_cos_ = be_->alloc_array<float>(n);
+    rope_sin_ = be_->alloc_array<float>(n);
+    bq().copy_to_device(rope_cos_.data(), cos_host.data(), n * sizeof(float));
+    bq().copy_to_device(rope_sin_.data(), sin_host.data(), n * sizeof(float));
+    bq().synchronize();
   }
 }
 
@@ -352,6 +371,19 @@ void ParallelTransformer::backward_chunk(int l0, int l1, bool embed, bool head,
     }
     if (last_micro_batch()) layer_final(-1, false);
   }
+}
+
+const int32_t* ParallelTransformer::device_ids(const int32_t* host, int64_t n, int slot) {
+  if (be_->capabilities().host_visible) return host;
+  bq().copy_to_device(ids_dev_[slot].data(), host, size_t(n) * sizeof(int32_t));
+  return ids_dev_[slot].as<int32_t>();
+}
+
+double ParallelTransformer::read_scalar(const double* dev) {
+  double v = 0;
+  bq().copy_to_host(&v, dev, sizeof v);
+  bq().synchronize();
+  return v;
 }
 
 }  // namespace tetrad::parallel

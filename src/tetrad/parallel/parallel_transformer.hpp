@@ -28,6 +28,7 @@
 #include <string>
 #include <vector>
 
+#include "tetrad/backend/backend.hpp"
 #include "tetrad/core/buffer.hpp"
 #include "tetrad/core/profile.hpp"
 #include "tetrad/model/model_config.hpp"
@@ -77,6 +78,9 @@ class ParallelTransformer {
   const float* param_data() const { return params_.data(); }
   float* grads() { return grads_.data(); }
   const ParallelOptions& options() const { return opt_; }
+  // The backend the model computes on and its GEMM precision (ParallelOptions).
+  backend::Backend& compute_backend() const { return *be_; }
+  backend::Precision gemm_precision() const { return precision_; }
   // Bytes of this rank's activation buffer (the forward's saved tensors and the backward's
   // scratch) as allocated, and what it would be under any recompute mode.
   int64_t activation_bytes() const { return int64_t(acts_.size() * sizeof(float)); }
@@ -339,8 +343,22 @@ class ParallelTransformer {
   size_t next_bucket_[2] = {0, 0};  // per group kind (replicated, sharded): next to start
   std::vector<char> final_sharded_, final_repl_;  // per layer + 1, this step
   int expected_micro_ = 0, micro_done_ = 0;
-  Buffer<float> acts_, rope_cos_, rope_sin_;
+  Buffer<float> acts_;
+  backend::DeviceBuffer rope_cos_, rope_sin_;  // [max_seq, hd/2] rotary tables (Llama)
   Buffer<double> stats_;  // [N, 2] row statistics for the all-reduces
+  // The backend this model computes on, its GEMM precision, and device scratch: token ids and
+  // targets copied from the host (when the device is not host memory), the cross-entropy's row
+  // maxima, one double for sums read back, greedy decoding's per-row winners.
+  backend::Backend* be_ = nullptr;
+  backend::Precision precision_ = backend::Precision::FP32;
+  backend::DeviceBuffer ids_dev_[2], row_max_, scalar_, argmax_idx_, argmax_val_;
+  const backend::OpTable& ops() const { return be_->ops(); }
+  backend::RopeArgs rope_args(float* x, int64_t N, int T) const;  // this rank's q|k heads
+  backend::Queue& bq() const { return be_->queue(); }
+  // `host` (n ids) as a device pointer: itself on a host-visible backend, else copied to slot.
+  const int32_t* device_ids(const int32_t* host, int64_t n, int slot);
+  // The double at `dev` (device memory) on the host.
+  double read_scalar(const double* dev);
   // Declared after every buffer a collective reads or writes, so it is destroyed first: requests
   // still pending when an error unwinds are finished (or abandoned) while their buffers exist.
   CommQueue q_;

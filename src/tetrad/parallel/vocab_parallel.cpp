@@ -27,22 +27,10 @@ void ParallelTransformer::embedding_forward(const int32_t* inputs, int64_t N, in
   for (int64_t t = 0; t < N; ++t)
     if (inputs[t] < 0 || inputs[t] >= V)
       fail("token id ", inputs[t], " at position ", t, " is outside the model's vocabulary [0, ", V, ")");
-  const float* E = w(wte_);
   const int64_t v0 = Vy_ * g_.coord.y;
-#pragma omp parallel for schedule(static)
-  for (int64_t t = 0; t < N; ++t) {
-    float* o = a.emb + t * Cx_;
-    const int64_t v = inputs[t] - v0;
-    if (v >= 0 && v < Vy_) std::memcpy(o, E + v * Cx_, Cx_ * sizeof(float));
-    else std::fill(o, o + Cx_, 0.0f);
-  }
+  ops().embedding_gather(bq(), a.emb, device_ids(inputs, N, 0), w(wte_), v0, Vy_, N, Cx_);
   sum_over(g_.y, a.emb, N * Cx_, "embedding");
-  if (wpe_ >= 0) {
-    const float* P = w(wpe_);
-#pragma omp parallel for schedule(static)
-    for (int64_t t = 0; t < N; ++t)
-      for (int64_t c = 0; c < Cx_; ++c) a.emb[t * Cx_ + c] += P[(t % T) * Cx_ + c];
-  }
+  if (wpe_ >= 0) ops().position_add(bq(), a.emb, w(wpe_), N, T, Cx_);
 }
 
 // The embedding's backward from a_->dresid: the rows of this rank's vocabulary slice accumulate
@@ -54,22 +42,15 @@ void ParallelTransformer::embedding_backward(const int32_t* inputs, int64_t N, i
   float* dE = sparse_embedding_ ? nullptr : gw(wte_);  // sparse: accumulate_embedding_rows
   const int64_t v0 = Vy_ * g_.coord.y;
   float* dP = gw(wpe_);
-  constexpr int64_t kBlock = 64;
-#pragma omp parallel for schedule(static)
-  for (int64_t c0 = 0; c0 < Cx_; c0 += kBlock) {
-    const int64_t c1 = std::min(Cx_, c0 + kBlock);
-    for (int64_t t = 0; t < N; ++t) {
-      const float* dr = a.dresid + t * Cx_;
-      const int64_t v = inputs[t] - v0;
-      if (dE && v >= 0 && v < Vy_)
-        for (int64_t c = c0; c < c1; ++c) dE[v * Cx_ + c] += dr[c];
-      if (dP)
-        for (int64_t c = c0; c < c1; ++c) dP[(t % T) * Cx_ + c] += dr[c];
-    }
-  }
+  if (dE)
+    ops().embedding_scatter_add(bq(), dE, 0, Vy_ * Cx_, a.dresid, device_ids(inputs, N, 0), v0,
+                                Vy_, N, Cx_);
+  if (dP) ops().position_grad(bq(), dP, a.dresid, N, T, Cx_);
 }
 
-// Vocabulary-parallel cross-entropy over Y: global row max, then Σ exp and the target logit
+// Vocabulary-parallel cross-entropy over Y (still inline here: the op table's ce_* pieces, which
+// the conformance suite checks, round the first step's loss differently in the last bits, not yet
+// understood; kept inline until they are bit-identical): global row max, then Σ exp and the target logit
 // (from the rank that owns it) in one all-reduce. With grad: logits -> dlogits in place.
 double ParallelTransformer::cross_entropy(const int32_t* targets, int64_t N, float grad_scale,
                                           bool with_grad) {
@@ -132,11 +113,17 @@ std::vector<int32_t> ParallelTransformer::greedy_next_tokens(const int32_t* inpu
   forward(inputs, B, T);
   const int64_t v0 = int64_t(g_.coord.y) * Vy_;  // first vocabulary id of this rank's slice
   std::vector<double> mine(2 * size_t(B));        // (best logit, its global id) per sequence
+  // Each sequence's last row: rows T*Vy apart, starting at row T-1.
+  ops().row_argmax(bq(), argmax_idx_.as<int32_t>(), argmax_val_.as<float>(),
+                   a_->logits + int64_t(T - 1) * Vy_, B, Vy_, int64_t(T) * Vy_);
+  std::vector<int32_t> idx(static_cast<size_t>(B));
+  std::vector<float> val(static_cast<size_t>(B));
+  bq().copy_to_host(idx.data(), argmax_idx_.data(), idx.size() * sizeof(int32_t));
+  bq().copy_to_host(val.data(), argmax_val_.data(), val.size() * sizeof(float));
+  bq().synchronize();
   for (int b = 0; b < B; ++b) {
-    const float* row = a_->logits + (int64_t(b) * T + T - 1) * Vy_;
-    const int64_t j = std::max_element(row, row + Vy_) - row;
-    mine[2 * b] = row[j];
-    mine[2 * b + 1] = double(v0 + j);
+    mine[2 * b] = val[size_t(b)];
+    mine[2 * b + 1] = double(v0 + idx[size_t(b)]);
   }
   const int gy = g_.y.size();
   std::vector<double> all(mine.size() * size_t(gy));

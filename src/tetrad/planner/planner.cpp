@@ -17,11 +17,6 @@ namespace tetrad::planner {
 
 // ------------------------------------------------------------------------------------ names
 
-Precision parse_precision(const std::string& s) {
-  if (s == "fp32") return Precision::FP32;
-  if (s == "bf16") return Precision::BF16;
-  fail("precision '", s, "': expected fp32 or bf16");
-}
 Overlap parse_overlap(const std::string& s) {
   if (s == "none") return Overlap::None;
   if (s == "tensor") return Overlap::Tensor;

@@ -307,6 +307,9 @@ void run_bench_grids(const BenchOptions& opt, std::ostream& log) {
       }
     }
     ParallelOptions po;
+    po.precision = kernels::parse_precision(opt.precision) == kernels::Precision::BF16
+                       ? backend::Precision::BF16
+                       : backend::Precision::FP32;
     po.zero = opt.zero;
     po.recompute = parse_recompute(opt.recompute);
     po.virtual_stages = opt.virtual_stages;

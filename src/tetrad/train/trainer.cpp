@@ -406,7 +406,11 @@ TrainResult train(const RunConfig& cfg, const TrainOptions& opt, std::ostream& l
     }
   }
 
+  // GEMM precision of this run's model (not a process-wide switch: the model carries it).
+  const kernels::Precision precision = kernels::resolve_precision(t.precision);
   parallel::ParallelOptions popt;
+  popt.precision = precision == kernels::Precision::BF16 ? backend::Precision::BF16
+                                                         : backend::Precision::FP32;
   popt.recompute = parallel::parse_recompute(t.recompute);
   popt.zero = cfg.zero;
   popt.virtual_stages = cfg.virtual_stages;
@@ -559,7 +563,6 @@ TrainResult train(const RunConfig& cfg, const TrainOptions& opt, std::ostream& l
   // MFU against the peak of the arithmetic the run's GEMMs use: the bf16 matrix peak for a bf16
   // run, the fp32 FMA peak otherwise (backend/cpu/ceilings.hpp). HFU counts the FLOPs recomputation
   // adds as well, against the same peak.
-  const kernels::Precision precision = kernels::resolve_precision(t.precision);
   const bool bf16_run = precision == kernels::Precision::BF16;
   std::string peak_basis = "given";
   double peak_gflops = opt.peak_gflops;
@@ -765,12 +768,6 @@ TrainResult train(const RunConfig& cfg, const TrainOptions& opt, std::ostream& l
     out << "loss mask: " << t.loss_mask << " (k = " << t.goldfish_k
         << (loss_mask.mode == LossMaskMode::Goldfish ? ", h = " + std::to_string(t.goldfish_h) : std::string())
         << "): about 1 in " << t.goldfish_k << " targets dropped from the loss\n";
-  // GEMM precision for this run (process-wide; restored when train() returns).
-  struct PrecisionScope {
-    kernels::Precision saved = kernels::gemm_precision();
-    ~PrecisionScope() { kernels::set_gemm_precision(saved); }
-  } precision_scope;
-  kernels::set_gemm_precision(precision);
   if (!opt.quiet) {
     if (precision == kernels::Precision::BF16)
       out << "precision: bf16 GEMMs, fp32 master weights and optimizer; "
