@@ -179,6 +179,21 @@ void CommQueue::wait(Ticket t) {
   block_until([&] { return done(t); }, what.c_str());
 }
 
+void CommQueue::order_compute_after(Ticket t) {
+  if (done(t)) return;
+  if (compute_)
+    for (const Op& op : ops_)
+      if (op.id == t) {
+        const Event e = op.request.event();
+        if (e.native().kind != NativeEvent::Kind::None) {
+          compute_->wait(e);  // on the device; poll()/wait() see it complete later
+          return;
+        }
+        break;
+      }
+  wait(t);
+}
+
 void CommQueue::wait_all() {
   block_until([&] { return ops_.empty(); }, "wait all");
 }

@@ -70,7 +70,7 @@ double ParallelTransformer::cross_entropy(const int32_t* targets, int64_t N, flo
     mx[t] = m;
   }
   if (g_.y.size() > 1)
-    q_.run(g_.y.iallreduce_max(mx.data(), size_t(N)), g_.y, "allreduce_max", "logit max", -1,
+    q_.run(g_.y.iallreduce_max(mx.data(), size_t(N), q_.ready()), g_.y, "allreduce_max", "logit max", -1,
            N * int64_t(sizeof(float)));
   double* st = stats_.data();
 #pragma omp parallel for schedule(static)
