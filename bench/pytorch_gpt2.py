@@ -1,4 +1,4 @@
-#!/usr/bin/python3
+#!/usr/bin/env python3
 """PyTorch anchor for tetrad's training benchmarks (docs/benchmarks.md).
 
 Trains the same model tetrad trains -- GPT-2 or Llama, built from arguments -- on random tokens
@@ -6,15 +6,15 @@ and times whole training steps: forward, loss, backward, gradient clipping and t
 Prints one JSON line with the median step time and tokens/s, to be set beside tetrad's own
 numbers for the same configuration, thread count and step count.
 
-Written for Debian 12's PyTorch 1.13 (apt-get install python3-torch), which lives in the system
-Python: run it as /usr/bin/python3 bench/pytorch_gpt2.py. Debian's torch calls the generic BLAS
-interface (libblas.so.3); with the reference BLAS behind it fp32 matmuls run at about 2 GFLOP/s.
-Install libopenblas0-openmp so the alternative points to OpenBLAS (the "blas" field of the
-output says which library was loaded).
+The anchor is a current PyTorch 2.x from PyPI in a venv (bench/setup-pytorch.sh makes it:
+.venv-pytorch/bin/python bench/pytorch_gpt2.py). With PyTorch 2 attention is
+F.scaled_dot_product_attention (causal); --modes eager,compile times the eager model and the
+torch.compile'd one (each after its own warm-up) and reports both, "tokens_per_s" being the faster
+(what a user would pick). Debian 12's PyTorch 1.13 still runs (explicit masked softmax, eager
+only), but is no longer the anchor.
 
 What it deliberately does not do: no dropout, no data loading, no mixed-precision loss scaling
-(bf16 needs none), no torch.compile (not in 1.13), no fused/flash attention (1.13 has no
-F.scaled_dot_product_attention; attention is the explicit masked softmax a 1.13 user writes).
+(bf16 needs none).
 """
 import argparse
 import json
@@ -56,6 +56,11 @@ def parse_args(argv):
     p.add_argument("--steps", type=int, default=5, help="timed steps")
     p.add_argument("--warmup", type=int, default=2, help="untimed steps before the timed ones")
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--modes", default="eager,compile",
+                   help="comma list of eager, compile (torch.compile); the faster is reported")
+    p.add_argument("--attention", choices=["sdpa", "explicit"], default="sdpa",
+                   help="sdpa = F.scaled_dot_product_attention (PyTorch 2), explicit = masked "
+                   "softmax (what PyTorch 1.13 offers)")
     a = p.parse_args(argv)
     given = {f: getattr(a, f) for f in FIELDS}
     base = dict(zip(FIELDS, CONFIGS[a.config or "tiny"]))
@@ -77,6 +82,9 @@ def parse_args(argv):
 
 
 args = parse_args(sys.argv[1:])
+for _m in args.modes.split(","):
+    if _m not in ("eager", "compile"):
+        sys.exit(f"--modes: expected eager and/or compile, got {_m!r}")
 # Thread counts must be set before torch (and its OpenMP/BLAS) start.
 for var in ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS"):
     os.environ[var] = str(args.threads)
@@ -84,6 +92,10 @@ for var in ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS"):
 import torch  # noqa: E402
 import torch.nn as nn  # noqa: E402
 import torch.nn.functional as F  # noqa: E402
+
+HAVE_SDPA = hasattr(F, "scaled_dot_product_attention")
+if args.attention == "sdpa" and not HAVE_SDPA:
+    args.attention = "explicit"  # PyTorch 1.x
 
 torch.set_num_threads(args.threads)
 torch.set_num_interop_threads(args.threads)
@@ -108,6 +120,9 @@ class CausalSelfAttention(nn.Module):
         q = q.view(B, T, self.nh, C // self.nh).transpose(1, 2)  # (B, nh, T, hd)
         k = k.view(B, T, self.nh, C // self.nh).transpose(1, 2)
         v = v.view(B, T, self.nh, C // self.nh).transpose(1, 2)
+        if args.attention == "sdpa":
+            y = F.scaled_dot_product_attention(q, k, v, is_causal=True)
+            return self.c_proj(y.transpose(1, 2).contiguous().view(B, T, C))
         att = (q @ k.transpose(-2, -1)) * (1.0 / math.sqrt(k.size(-1)))
         att = att.masked_fill(~self.mask[:, :, :T, :T], float("-inf"))
         att = F.softmax(att, dim=-1)
@@ -203,6 +218,9 @@ class LlamaAttention(nn.Module):
         if self.nkv != self.nh:  # HF repeat_kv
             k = k.repeat_interleave(self.nh // self.nkv, dim=1)
             v = v.repeat_interleave(self.nh // self.nkv, dim=1)
+        if args.attention == "sdpa":
+            y = F.scaled_dot_product_attention(q, k, v, is_causal=True)
+            return self.o_proj(y.transpose(1, 2).contiguous().view(B, T, self.nh * self.hd))
         att = (q @ k.transpose(-2, -1)) * (1.0 / math.sqrt(self.hd))
         att = att.masked_fill(~self.mask[:, :, :T, :T], float("-inf"))
         att = F.softmax(att.float(), dim=-1).to(q.dtype)
@@ -268,10 +286,12 @@ def loaded_blas():
     return sorted(libs)
 
 
-def main(a):
+def run_mode(a, mode):
+    """Median step time and losses of one mode (eager or torch.compile) on a fresh model."""
     torch.manual_seed(a.seed)
     model = GPT2(a) if a.family == "gpt2" else Llama(a)
     model.train()
+    fwd = torch.compile(model) if mode == "compile" else model
     decay = [p for p in model.parameters() if p.dim() >= 2]
     no_decay = [p for p in model.parameters() if p.dim() < 2]
     opt = torch.optim.AdamW([{"params": decay, "weight_decay": 0.1},
@@ -284,7 +304,7 @@ def main(a):
     def step():
         opt.zero_grad(set_to_none=True)
         with torch.autocast("cpu", dtype=torch.bfloat16, enabled=a.precision == "bf16"):
-            logits = model(x)
+            logits = fwd(x)
             loss = F.cross_entropy(logits.view(-1, logits.size(-1)).float(), y.view(-1))
         loss.backward()
         torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
@@ -298,8 +318,33 @@ def main(a):
         dt = time.perf_counter() - t0
         if i >= a.warmup:
             times.append(dt)
-        print(f"step {i}{' (warm-up)' if i < a.warmup else ''}: {dt:.3f} s, "
+        print(f"{mode} step {i}{' (warm-up)' if i < a.warmup else ''}: {dt:.3f} s, "
               f"loss {losses[-1]:.4f}", file=sys.stderr, flush=True)
+    return model, times, losses
+
+
+def main(a):
+    modes = a.modes.split(",")
+    if "compile" in modes and not hasattr(torch, "compile"):
+        print("torch.compile unavailable (PyTorch 1.x): eager only", file=sys.stderr)
+        modes = [m for m in modes if m != "compile"]
+    per_mode = {}
+    model = times = losses = None
+    best = None
+    for mode in modes:
+        try:
+            m, t, l = run_mode(a, mode)
+        except Exception as e:  # a compile failure must not hide the eager number
+            print(f"{mode} failed: {e}", file=sys.stderr)
+            per_mode[mode] = {"error": str(e)[:300]}
+            continue
+        tps_m = a.batch * a.seq / statistics.median(t)
+        per_mode[mode] = {"median_step_s": statistics.median(t), "tokens_per_s": tps_m,
+                          "step_s": [round(x, 6) for x in t]}
+        if best is None or tps_m > per_mode[best]["tokens_per_s"]:
+            best, model, times, losses = mode, m, t, l
+    if best is None:
+        sys.exit("no mode ran")
 
     med = statistics.median(times)
     n_params = sum(p.numel() for p in model.parameters())
@@ -315,6 +360,9 @@ def main(a):
         "params": n_params,
         "threads": torch.get_num_threads(),
         "precision": a.precision,
+        "attention": a.attention,
+        "best_mode": best,
+        "modes": per_mode,
         "warmup": a.warmup, "steps": a.steps,
         "step_s": [round(t, 6) for t in times],
         "median_step_s": med,

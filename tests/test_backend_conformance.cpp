@@ -223,23 +223,48 @@ TEST_P(Conformance, GemmEveryLayoutFp32AndBf16) {
   }
 }
 
+// Operands stored in bf16 (the weight copy, activations their producers stored in bf16), alone
+// or beside an fp32 one, in every layout with padded leading dimensions and beta accumulation:
+// the product of the stored values (exact in fp32) summed in fp32.
 TEST_P(Conformance, GemmBf16StoredOperands) {
   if (!be_->capabilities().gemm_bf16_storage) GTEST_SKIP() << "backend has no bf16-stored GEMM operands";
-  const int64_t M = 9, N = 13, K = 70;
-  VF A = rand(static_cast<size_t>(M * K)), B = rand(static_cast<size_t>(N * K));
-  for (float& a : A) a = ref_bf16(a);
-  for (float& b : B) b = ref_bf16(b);
-  std::vector<uint16_t> A16(A.size()), B16(B.size());
-  for (size_t i = 0; i < A.size(); ++i) { uint32_t u; std::memcpy(&u, &A[i], 4); A16[i] = uint16_t(u >> 16); }
-  for (size_t i = 0; i < B.size(); ++i) { uint32_t u; std::memcpy(&u, &B[i], 4); B16[i] = uint16_t(u >> 16); }
-  DeviceBuffer dA = up(A16), dB = up(B16), dC = poisoned(static_cast<size_t>(M * N));
-  GemmArgs g;
-  g.trans_b = true; g.M = M; g.N = N; g.K = K; g.A = dA.data(); g.lda = K; g.B = dB.data();
-  g.ldb = K; g.C = F(dC); g.ldc = N; g.precision = Precision::BF16;
-  g.a_type = g.b_type = DType::BF16;
-  ops_->gemm(*q_, g);
-  EXPECT_TRUE(close("gemm bf16 storage, " + seed(), down(dC, static_cast<size_t>(M * N)),
-                    ref_gemm(false, true, M, N, K, 1, widen(A), K, widen(B), K, 0, VD(static_cast<size_t>(M * N)), N), kFwdTol));
+  auto to16 = [](const VF& x) {
+    std::vector<uint16_t> h(x.size());
+    for (size_t i = 0; i < x.size(); ++i) { uint32_t u; std::memcpy(&u, &x[i], 4); h[i] = uint16_t(u >> 16); }
+    return h;
+  };
+  for (int layout = 0; layout < 4; ++layout)
+    for (int form = 1; form < 4; ++form) {  // bit 0: A stored in bf16, bit 1: B stored in bf16
+      const bool ta = layout & 1, tb = layout & 2, a16 = form & 1, b16 = form & 2;
+      const int64_t M = randint(1, 37), N = randint(1, 41), K = randint(16, 300);
+      const int64_t ar = ta ? K : M, ac = ta ? M : K, br = tb ? N : K, bc = tb ? K : N;
+      const int64_t lda = ac + randint(0, 3), ldb = bc + randint(0, 3), ldc = N + randint(0, 3);
+      VF A = rand(static_cast<size_t>(ar * lda)), B = rand(static_cast<size_t>(br * ldb));
+      for (float& a : A) a = ref_bf16(a);  // stored values (and the fp32 operand: rounding it is exact)
+      for (float& b : B) b = ref_bf16(b);
+      const float beta = layout == 2 ? 1.0f : 0.0f;  // TN is the weight gradient: accumulates
+      VF C0 = rand(static_cast<size_t>(M * ldc));
+      if (beta == 0) std::fill(C0.begin(), C0.end(), kNaN);
+      DeviceBuffer dA = a16 ? up(to16(A)) : up(A), dB = b16 ? up(to16(B)) : up(B), dC = up(C0);
+      GemmArgs g;
+      g.trans_a = ta; g.trans_b = tb; g.M = M; g.N = N; g.K = K; g.A = dA.data(); g.lda = lda;
+      g.B = dB.data(); g.ldb = ldb; g.beta = beta; g.C = F(dC); g.ldc = ldc;
+      g.precision = Precision::BF16;
+      g.a_type = a16 ? DType::BF16 : DType::F32;
+      g.b_type = b16 ? DType::BF16 : DType::F32;
+      ops_->gemm(*q_, g);
+      std::ostringstream what;
+      what << "gemm " << (ta ? 'T' : 'N') << (tb ? 'T' : 'N') << " " << M << "x" << N << "x" << K
+           << " lda " << lda << " ldb " << ldb << " ldc " << ldc << (a16 ? " A bf16" : " A fp32")
+           << (b16 ? " B bf16" : " B fp32") << ", " << seed();
+      const VF got = down(dC, C0.size());
+      EXPECT_TRUE(close(what.str(), rows_of(got, M, N, ldc),
+                        rows_of(ref_gemm(ta, tb, M, N, K, 1, widen(A), lda, widen(B), ldb, beta,
+                                         widen(C0), ldc), M, N, ldc), kFwdTol));
+      for (int64_t i = 0; i < M; ++i)  // C's padding untouched
+        for (int64_t j = N; j < ldc; ++j)
+          EXPECT_TRUE(std::isnan(C0[i * ldc + j]) ? std::isnan(got[i * ldc + j]) : got[i * ldc + j] == C0[i * ldc + j]) << what.str();
+    }
 }
 
 // ---- bias, residual, add, sums --------------------------------------------------------------
@@ -821,6 +846,32 @@ TEST_P(Conformance, AdamWOverAnInterval) {
     if (i < lo || i >= hi) {
       ASSERT_EQ(dpg[i], p[i]) << "adamw wrote outside its interval at " << i;
     }
+}
+
+// The fused bf16 weight copy (AdamWArgs::p16): the fp32 update is unchanged bit for bit and p16
+// holds the updated parameters rounded to nearest even.
+TEST_P(Conformance, AdamWWritesTheBf16Copy) {
+  if (!be_->capabilities().adamw_bf16_copy)
+    GTEST_SKIP() << be_->name() << " has no fused bf16 copy in adamw (Capabilities::adamw_bf16_copy)";
+  const int64_t n = randint(10, 5000);
+  const VF p = rand(static_cast<size_t>(n)), g = rand(static_cast<size_t>(n)),
+           m = rand(static_cast<size_t>(n), -0.1f, 0.1f), v = rand(static_cast<size_t>(n), 0.0f, 0.01f);
+  AdamWArgs a;
+  a.lr = 3e-3f; a.weight_decay = 0.1f; a.grad_scale = 0.5f; a.step = randint(1, 50); a.n = n;
+  DeviceBuffer p1 = up(p), g1 = up(g), m1 = up(m), v1 = up(v);
+  DeviceBuffer p2 = up(p), m2 = up(m), v2 = up(v), h = up(std::vector<uint16_t>(size_t(n), 0x7fc1));
+  a.p = F(p1); a.g = F(g1); a.m = F(m1); a.v = F(v1);
+  ops_->adamw(*q_, a);
+  a.p = F(p2); a.m = F(m2); a.v = F(v2); a.p16 = h.as<uint16_t>();
+  ops_->adamw(*q_, a);
+  const VF w1 = down(p1, size_t(n)), w2 = down(p2, size_t(n));
+  DeviceBuffer back = poisoned(size_t(n));
+  ops_->cast_bf16_to_f32(*q_, F(back), h.as<uint16_t>(), n);
+  const VF b = down(back, size_t(n));
+  for (int64_t i = 0; i < n; ++i) {
+    ASSERT_EQ(w1[i], w2[i]) << "the bf16 copy changed the fp32 update at " << i << ", " << seed();
+    ASSERT_EQ(b[i], ref_bf16(w2[i])) << "bf16 copy of " << w2[i] << " at " << i << ", " << seed();
+  }
 }
 
 // ---- memory, queue, registry ----------------------------------------------------------------

@@ -9,6 +9,7 @@
 #include <cstdlib>
 #include <iostream>
 #include <limits>
+#include <tuple>
 #include <vector>
 
 #include "tetrad/core/cpu.hpp"
@@ -214,7 +215,10 @@ TEST(Bf16, TinyModelTrainedInBf16TracksFp32) {
       m.zero_grads();
       const double loss = m.forward_backward(x.data(), y.data(), B, T, 1.0f / (B * T)) / (B * T);
       const double gn = grad_norm(m.grads(), m.num_params());
-      opt.update(m.params(), m.grads(), learning_rate(tc, s), gn > 1 ? 1 / gn : 1, s + 1);
+      // In bf16 the update writes the bf16 weight copy as well (params_bf16() is null in fp32).
+      opt.update(m.params(), m.params_bf16(), m.grads(), learning_rate(tc, s),
+                 gn > 1 ? 1 / gn : 1, s + 1);
+      m.params_bf16_written();
       losses.push_back(loss);
     }
     return losses;
@@ -230,4 +234,290 @@ TEST(Bf16, TinyModelTrainedInBf16TracksFp32) {
   EXPECT_NEAR(l16 / l32, 1.0, 0.02) << "fp32 " << l32 << " bf16 " << l16;
   EXPECT_NE(f32, b16) << "bf16 run identical to fp32: the precision switch did nothing";
   for (double l : b16) ASSERT_TRUE(std::isfinite(l));
+}
+
+// ---------------------------------------------------------------------------------------------
+// Issue 19: bf16 operands stored by their producers, layout choices, the bf16 kernels, the bf16
+// model.
+
+namespace {
+
+std::vector<uint16_t> to_bf16(const std::vector<float>& x) {
+  std::vector<uint16_t> y(x.size());
+  for (size_t i = 0; i < x.size(); ++i) y[i] = float_to_bf16(x[i]);
+  return y;
+}
+
+double rel_l2(const float* a, const float* b, size_t n) {
+  double e = 0, s = 0;
+  for (size_t i = 0; i < n; ++i) {
+    e += (double(a[i]) - double(b[i])) * (double(a[i]) - double(b[i]));
+    s += double(b[i]) * double(b[i]);
+  }
+  return std::sqrt(e / std::max(s, 1e-300));
+}
+
+struct LayoutGuard {
+  GemmLayoutPolicy saved = gemm_layout_policy();
+  ~LayoutGuard() {
+    set_gemm_layout_policy(saved);
+    set_bf16_emulation_forced(false);
+  }
+};
+
+}  // namespace
+
+// Every layout (NN, NT, TN, TT) x every way of computing it (the plain product, its transpose,
+// the fixed rule, timed once) x operands given in fp32 or stored in bf16 with padded rows x the
+// native and the emulated path: against the double-precision product of the bf16-rounded
+// operands (only fp32 summation error may remain) and, for the layout choice, against the plain
+// product.
+TEST(Bf16, EveryLayoutChoiceAndOperandFormMatchesThePlainProduct) {
+  LayoutGuard guard;
+  const int64_t M = 45, N = 70, K = 96;
+  const GemmLayoutPolicy policies[] = {GemmLayoutPolicy::kPlain, GemmLayoutPolicy::kTransposed,
+                                       GemmLayoutPolicy::kRule, GemmLayoutPolicy::kTune};
+  for (int emulate = 0; emulate < 2; ++emulate) {
+    if (!emulate && !native_bf16_matmul()) continue;  // this CPU has only the emulated path
+    set_bf16_emulation_forced(emulate == 1);
+    for (int ta = 0; ta < 2; ++ta)
+      for (int tb = 0; tb < 2; ++tb) {
+        const int64_t lda = (ta ? M : K) + 2, ldb = (tb ? K : N) + 6, ldc = N + 3;
+        const auto A = normal(size_t((ta ? K : M) * lda), 11 + ta);
+        const auto B = normal(size_t((tb ? N : K) * ldb), 13 + tb);
+        const auto C0 = normal(size_t(M * ldc), 17);
+        const auto A16 = to_bf16(A), B16 = to_bf16(B);
+        const float alpha = 1.0f, beta = 1.0f;  // the weight-gradient form: accumulate
+        std::vector<double> ref(size_t(M * ldc));
+        for (int64_t i = 0; i < M; ++i)
+          for (int64_t j = 0; j < N; ++j) {
+            double s = 0;
+            for (int64_t k = 0; k < K; ++k)
+              s += double(bf16_to_float(ta ? A16[k * lda + i] : A16[i * lda + k])) *
+                   double(bf16_to_float(tb ? B16[j * ldb + k] : B16[k * ldb + j]));
+            ref[i * ldc + j] = alpha * s + beta * double(C0[i * ldc + j]);
+          }
+        std::vector<float> plain;
+        for (GemmLayoutPolicy pol : policies) {
+          set_gemm_layout_policy(pol);
+          for (int form = 0; form < 3; ++form) {  // fp32 operands, bf16 operands, mixed
+            std::vector<float> c = C0;
+            const Bf16Operand a = form == 0 ? Bf16Operand::fp32(A.data(), lda)
+                                            : Bf16Operand::bf16_stored(A16.data(), lda);
+            const Bf16Operand b = form == 1 ? Bf16Operand::bf16_stored(B16.data(), ldb)
+                                            : Bf16Operand::fp32(B.data(), ldb);
+            gemm_bf16(ta, tb, M, N, K, alpha, a, b, beta, c.data(), ldc);
+            double err = 0, norm = 0;
+            for (int64_t i = 0; i < M; ++i)
+              for (int64_t j = 0; j < N; ++j) {
+                ASSERT_FALSE(std::isnan(c[i * ldc + j]));
+                err += std::pow(double(c[i * ldc + j]) - ref[i * ldc + j], 2);
+                norm += ref[i * ldc + j] * ref[i * ldc + j];
+              }
+            const std::string where = "emulate=" + std::to_string(emulate) + " ta=" +
+                                      std::to_string(ta) + " tb=" + std::to_string(tb) +
+                                      " policy=" + std::to_string(int(pol)) +
+                                      " form=" + std::to_string(form);
+            EXPECT_LT(std::sqrt(err / norm), 1e-5) << where;
+            for (int64_t i = 0; i < M; ++i)  // padding of C untouched, whatever the form
+              for (int64_t j = N; j < ldc; ++j) ASSERT_EQ(c[i * ldc + j], C0[i * ldc + j]) << where;
+            if (plain.empty()) plain = c;
+            EXPECT_LT(rel_l2(c.data(), plain.data(), c.size()), 1e-5) << where;
+          }
+        }
+      }
+  }
+  // The report names each shape (native: the form chosen; emulated: that no choice applies).
+  const std::string rep = gemm_layout_report();
+  for (const char* shape : {"NN 45x70x96", "NT 45x70x96", "TN 45x70x96", "TT 45x70x96"})
+    EXPECT_NE(rep.find(shape), std::string::npos) << shape << " missing from:\n" << rep;
+}
+
+// alpha != 1 goes through oneDNN's scales (a different mechanism in oneDNN 2 and 3).
+TEST(Bf16, GemmScalesByAlphaInBothForms) {
+  LayoutGuard guard;
+  const int64_t M = 20, N = 33, K = 64;
+  const auto A = normal(size_t(M * K), 21), B = normal(size_t(N * K), 22);
+  for (GemmLayoutPolicy pol : {GemmLayoutPolicy::kPlain, GemmLayoutPolicy::kTransposed}) {
+    set_gemm_layout_policy(pol);
+    std::vector<float> c1(size_t(M * N)), c2(size_t(M * N));
+    gemm_bf16(false, true, M, N, K, 1.0f, A.data(), K, B.data(), K, 0.0f, c1.data(), N);
+    gemm_bf16(false, true, M, N, K, -0.375f, A.data(), K, B.data(), K, 0.0f, c2.data(), N);
+    for (size_t i = 0; i < c1.size(); ++i) EXPECT_NEAR(c2[i], -0.375f * c1[i], 1e-5f * (1 + std::fabs(c1[i])));
+  }
+}
+
+// Each bf16-output kernel against its fp32 kernel: the stored result is the fp32 result rounded
+// (relative error at most 2^-8 per element, never NaN).
+TEST(Bf16, FusedCastKernelsRoundTheFp32Result) {
+  const int64_t n = 37, C = 96, F = 80;
+  const auto x = normal(size_t(n * C), 31), w = normal(size_t(C), 32), b = normal(size_t(C), 33);
+  auto check = [&](const std::vector<float>& ref, const std::vector<uint16_t>& got, const char* what) {
+    ASSERT_EQ(ref.size(), got.size());
+    for (size_t i = 0; i < ref.size(); ++i) {
+      const float g = bf16_to_float(got[i]);
+      ASSERT_FALSE(std::isnan(g)) << what << " " << i;
+      EXPECT_LE(std::fabs(g - ref[i]), 0x1p-8f * std::fabs(ref[i]) + 1e-30f) << what << " " << i;
+    }
+  };
+  {
+    std::vector<float> out(x.size()), mean(n), rstd(n), mean16(n), rstd16(n);
+    std::vector<uint16_t> out16(x.size());
+    layernorm_forward<float>(out.data(), mean.data(), rstd.data(), x.data(), w.data(), b.data(), n, C, 1e-5f);
+    layernorm_forward_bf16(out16.data(), mean16.data(), rstd16.data(), x.data(), w.data(), b.data(), n, C, 1e-5f);
+    check(out, out16, "layernorm");
+    EXPECT_EQ(mean, mean16);
+    EXPECT_EQ(rstd, rstd16);
+  }
+  {
+    std::vector<float> out(x.size()), rstd(n), rstd16(n);
+    std::vector<uint16_t> out16(x.size());
+    rmsnorm_forward<float>(out.data(), rstd.data(), x.data(), w.data(), n, C, 1e-5f);
+    rmsnorm_forward_bf16(out16.data(), rstd16.data(), x.data(), w.data(), n, C, 1e-5f);
+    check(out, out16, "rmsnorm");
+    EXPECT_EQ(rstd, rstd16);
+  }
+  {
+    const auto d = normal(x.size(), 34);
+    std::vector<float> out(x.size()), dx(x.size());
+    std::vector<uint16_t> out16(x.size()), dx16(x.size());
+    gelu_forward<float>(out.data(), x.data(), int64_t(x.size()));
+    gelu_forward_bf16(out16.data(), x.data(), int64_t(x.size()));
+    check(out, out16, "gelu forward");
+    gelu_backward<float>(dx.data(), d.data(), x.data(), int64_t(x.size()));
+    gelu_backward_bf16(dx16.data(), d.data(), x.data(), int64_t(x.size()));
+    check(dx, dx16, "gelu backward");
+  }
+  {
+    const auto gu = normal(size_t(n * 2 * F), 35), d = normal(size_t(n * F), 36);
+    std::vector<float> out(size_t(n * F)), dgu(gu.size());
+    std::vector<uint16_t> out16(out.size()), dgu16(gu.size());
+    swiglu_forward<float>(out.data(), gu.data(), n, F);
+    swiglu_forward_bf16(out16.data(), gu.data(), n, F);
+    check(out, out16, "swiglu forward");
+    swiglu_backward<float>(dgu.data(), d.data(), gu.data(), n, F);
+    swiglu_backward_bf16(dgu16.data(), d.data(), gu.data(), n, F);
+    check(dgu, dgu16, "swiglu backward");
+  }
+  {
+    const int64_t V = 300;
+    auto logits = normal(size_t(n * V), 37);
+    for (auto& v : logits) v *= 3;
+    std::vector<int32_t> tgt(n);
+    for (int64_t t = 0; t < n; ++t) tgt[t] = t == 5 ? -1 : int32_t((t * 37) % V);
+    std::vector<float> l32 = logits, l16 = logits, losses(n), losses16(n);
+    std::vector<uint16_t> d16(size_t(n * V), 0xFFFF);
+    const double s32 = cross_entropy_fused<float>(l32.data(), losses.data(), tgt.data(), n, V, 0.25f);
+    const double s16 = cross_entropy_fused_bf16(l16.data(), d16.data(), losses16.data(), tgt.data(), n, V, 0.25f);
+    EXPECT_EQ(s32, s16);
+    EXPECT_EQ(losses, losses16);
+    for (size_t i = 0; i < d16.size(); ++i) {
+      const float g = bf16_to_float(d16[i]);
+      ASSERT_FALSE(std::isnan(g)) << i;
+      EXPECT_LE(std::fabs(g - l32[i]), 0x1p-8f * std::fabs(l32[i]) + 1e-30f) << i;
+    }
+  }
+  {
+    const int64_t m = 5000;
+    auto p = normal(size_t(m), 41), g = normal(size_t(m), 42);
+    std::vector<float> p2 = p, mo(m), vo(m), mo2(m), vo2(m);
+    std::vector<uint16_t> p16(m);
+    for (int step = 1; step <= 3; ++step) {
+      adamw_update<float>(p.data(), g.data(), mo.data(), vo.data(), m, 1e-2f, 0.9f, 0.95f, 1e-8f, 0.1f, 0.5f, step);
+      adamw_update_bf16(p2.data(), p16.data(), g.data(), mo2.data(), vo2.data(), m, 1e-2f, 0.9f, 0.95f, 1e-8f, 0.1f, 0.5f, step);
+    }
+    EXPECT_EQ(p, p2);  // the fused pass changes nothing in the fp32 update
+    EXPECT_EQ(mo, mo2);
+    EXPECT_EQ(vo, vo2);
+    for (int64_t i = 0; i < m; ++i) ASSERT_EQ(p16[i], float_to_bf16(p[i])) << i;
+  }
+  {
+    const auto big = normal(200000, 43);
+    std::vector<uint16_t> h(big.size());
+    std::vector<float> back(big.size());
+    convert_to_bf16(big.data(), h.data(), int64_t(big.size()));
+    convert_from_bf16(h.data(), back.data(), int64_t(big.size()));
+    for (size_t i = 0; i < big.size(); ++i) {
+      ASSERT_EQ(h[i], float_to_bf16(big[i])) << i;
+      ASSERT_EQ(back[i], round_to_bf16(big[i])) << i;
+    }
+  }
+}
+
+// linear_forward_bf16 / linear_backward_bf16 against the fp32 linear layer: bf16 tolerances.
+TEST(Bf16, LinearOnBf16OperandsTracksFp32ForwardAndBackward) {
+  const int64_t n = 64, IC = 96, OC = 72;
+  const auto x = normal(size_t(n * IC), 51), W = normal(size_t(OC * IC), 52),
+             bias = normal(size_t(OC), 53), dy = normal(size_t(n * OC), 54);
+  const auto x16 = to_bf16(x), W16 = to_bf16(W), dy16 = to_bf16(dy);
+  std::vector<float> y(size_t(n * OC)), y16(y.size());
+  linear_forward<float>(y.data(), x.data(), W.data(), bias.data(), n, IC, OC);
+  linear_forward_bf16(y16.data(), x16.data(), W16.data(), bias.data(), n, IC, OC);
+  const double ef = rel_l2(y16.data(), y.data(), y.size());
+  EXPECT_GT(ef, 1e-4);
+  EXPECT_LT(ef, 1e-2);
+  std::vector<float> dx(size_t(n * IC)), dW(W.size(), 0.5f), db(OC, 0.25f);
+  std::vector<float> dx16(dx.size()), dW16(W.size(), 0.5f), db16(OC, 0.25f);
+  linear_backward<float>(dx.data(), dW.data(), db.data(), dy.data(), x.data(), W.data(), n, IC, OC);
+  linear_backward_bf16(dx16.data(), dW16.data(), db16.data(), dy16.data(), dy.data(), x16.data(),
+                       W16.data(), n, IC, OC);
+  for (auto [got, want, what] : {std::tuple{&dx16, &dx, "dx"}, std::tuple{&dW16, &dW, "dW"}}) {
+    const double e = rel_l2(got->data(), want->data(), got->size());
+    EXPECT_LT(e, 1e-2) << what;
+    for (float v : *got) ASSERT_FALSE(std::isnan(v)) << what;
+  }
+  EXPECT_EQ(db, db16);  // the bias gradient sums the fp32 dout given
+  std::vector<float> db_b(OC, 0.25f);
+  linear_backward_bf16(nullptr, nullptr, db_b.data(), dy16.data(), nullptr, x16.data(), W16.data(), n, IC, OC);
+  EXPECT_LT(rel_l2(db_b.data(), db.data(), db.size()), 1e-2);
+}
+
+// The bf16 model (bf16 weight copy, bf16 activations) against the fp32 model on the same weights:
+// loss and every parameter gradient within bf16 tolerances, GPT-2 and Llama; its activation
+// memory is smaller; the optimizer-written weight copy gives the same bits as the model's own.
+TEST(Bf16, ModelInBf16TracksFp32LossAndGradients) {
+  PrecisionGuard guard;
+  for (const char* name : {"tiny", "llama-tiny"}) {
+    const ModelConfig mc = named_model(name);
+    const int B = 2, T = 32;
+    std::vector<int32_t> x(size_t(B) * T), y(x.size());
+    Rng r(3);
+    for (auto& v : x) v = int32_t(r.next_u64() % uint64_t(mc.vocab_size));
+    for (auto& v : y) v = int32_t(r.next_u64() % uint64_t(mc.vocab_size));
+    set_gemm_precision(Precision::FP32);
+    Transformer<float> m32(mc, B, T);
+    m32.init_weights(9);
+    set_gemm_precision(Precision::BF16);
+    Transformer<float> m16(mc, B, T);
+    m16.init_weights(9);
+    ASSERT_FALSE(m32.bf16());
+    ASSERT_TRUE(m16.bf16());
+    EXPECT_LT(m16.activation_bytes(), m32.activation_bytes());
+    m32.zero_grads();
+    m16.zero_grads();
+    const double l32 = m32.forward_backward(x.data(), y.data(), B, T, 1.0f / (B * T));
+    const double l16 = m16.forward_backward(x.data(), y.data(), B, T, 1.0f / (B * T));
+    EXPECT_NEAR(l16 / l32, 1.0, 2e-3) << name;
+    for (const ParamSpec& s : m32.table().specs) {
+      const double e = rel_l2(m16.grads() + s.offset, m32.grads() + s.offset, size_t(s.numel));
+      EXPECT_LT(e, 3e-2) << name << " " << s.name;
+      for (int64_t i = 0; i < s.numel; ++i) ASSERT_FALSE(std::isnan(m16.grads()[s.offset + i])) << s.name;
+    }
+    // An optimizer step writing the bf16 copy, against the same step followed by the model's own
+    // conversion: the next forward sees identical weights.
+    TrainConfig tc;
+    AdamW o1(m16.table(), tc);
+    set_gemm_precision(Precision::BF16);
+    Transformer<float> m16b(mc, B, T);
+    m16b.init_weights(9);
+    m16b.zero_grads();
+    m16b.forward_backward(x.data(), y.data(), B, T, 1.0f / (B * T));
+    AdamW o2(m16b.table(), tc);
+    o1.update(m16.params(), m16.params_bf16(), m16.grads(), 1e-3, 1.0, 1);
+    m16.params_bf16_written();
+    o2.update(m16b.params(), m16b.grads(), 1e-3, 1.0, 1);
+    const double a = m16.forward_loss(x.data(), y.data(), B, T);
+    const double b = m16b.forward_loss(x.data(), y.data(), B, T);
+    EXPECT_EQ(a, b) << name;
+  }
 }

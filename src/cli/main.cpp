@@ -36,6 +36,7 @@
 #include "tetrad/tools/memorization.hpp"
 #include "tetrad/tools/report.hpp"
 #include "tetrad/train/config.hpp"
+#include "tetrad/train/inference.hpp"
 #include "tetrad/train/trainer.hpp"
 
 namespace fs = std::filesystem;
@@ -432,6 +433,10 @@ int main(int argc, char** argv) {
   gen->add_option("--top-p", sopt.top_p, "nucleus mass, 1 = off")->capture_default_str()
       ->check(probability_mass("--top-p"));
   gen->add_option("--seed", gen_seed)->capture_default_str();
+  std::string gen_grid;
+  gen->add_option("--grid", gen_grid,
+                  "under mpirun: process grid x,y,z,d (default 1,1,1,<ranks>); every rank decodes "
+                  "the prompt with its share of the model, rank 0 prints");
 
   // bench
   BenchOptions bopt;
@@ -665,14 +670,18 @@ int main(int argc, char** argv) {
         fail("model folder '", dir, "' has no tokenizer.model or tokenizer.json to encode the prompt with");
       auto tok = data::Tokenizer::load(tok_file);
       sopt.vocab_limit = tok.vocab_size();  // a padded model vocabulary: ids past it have no text
-      Transformer<float> model(mc, 1, mc.max_seq);
-      load_hf_params(dir, mc, model.table(), model.params());
-      Rng rng(gen_seed);
+      const std::string grid = inference_grid(gen_grid, inference_world_size());
+      InferenceModel im = load_inference_model(dir, mc, grid, 1, mc.max_seq);
+      const bool root = im.groups->world.rank() == 0;
+      std::ostream null_stream(nullptr);
+      std::ostream& gout = root ? std::cout : null_stream;
+      Rng rng(gen_seed);  // the same seed on every rank: every rank samples the same tokens
       std::vector<int32_t> ids = tok.encode(prompt);
-      std::cout << prompt << std::flush;
+      gout << prompt << std::flush;
       std::vector<int32_t> sofar;
       std::string printed;
-      generate(model, ids, max_new, sopt, rng, tok.eos_id(), [&](int32_t t) {
+      generate(*im.model, ids, max_new, sopt, rng, tok.eos_id(), [&](int32_t t) {
+        if (!root) return;
         // Decode the whole continuation and print what is new, so multi-token characters and
         // SentencePiece's word-boundary spaces come out right while streaming.
         sofar.push_back(t);
@@ -688,7 +697,7 @@ int main(int argc, char** argv) {
           printed = cont;
         }
       });
-      std::cout << "\n";
+      gout << "\n";
     } else if (*bench) {
       if (bench_grids) {
         if (!mpi) fail("bench --grids runs under mpirun (e.g. mpirun -n 2 tetrad bench --grids)");
@@ -753,9 +762,10 @@ int main(int argc, char** argv) {
         }
       }
       if (ids.empty()) fail("--tokens: no token ids given");
-      Transformer<float> model(mc, 1, int(ids.size()));
-      load_hf_params(dir, mc, model.table(), model.params());
-      const float* lg = model.forward_logits(ids.data(), 1, int(ids.size()));
+      if (int64_t(ids.size()) > mc.max_seq)
+        fail("--tokens: ", ids.size(), " tokens but the model's maximum length is ", mc.max_seq);
+      InferenceModel im = load_inference_model(dir, mc, "1,1,1,1", 1, int(ids.size()));
+      const float* lg = im.model->forward_logits(ids.data(), 1, int(ids.size()));
       std::ofstream f(logits_out, std::ios::binary);
       f.write(reinterpret_cast<const char*>(lg), std::streamsize(ids.size() * mc.vocab_size * sizeof(float)));
       f.flush();

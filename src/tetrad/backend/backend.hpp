@@ -103,6 +103,7 @@ struct Capabilities {
   bool gemm_bf16 = false;              // Precision::BF16 GEMMs run (natively or emulated)
   bool gemm_bf16_native = false;       // ... on bf16 matrix hardware (AMX, tensor cores)
   bool gemm_bf16_storage = false;      // GemmArgs a_type / b_type may be BF16
+  bool adamw_bf16_copy = false;        // AdamWArgs::p16 (the fused bf16 weight copy) is written
   bool attention_bf16 = false;         // AttentionArgs::dtype may be BF16
   bool attention_any_q_offset = false; // AttentionArgs::q_offset other than Tk - Tq
   bool fused_cross_entropy = false;    // OpTable::cross_entropy_fused present

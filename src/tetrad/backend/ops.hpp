@@ -107,6 +107,10 @@ struct AdamWArgs {
   int64_t n = 0;
   float lr = 0, beta1 = 0.9f, beta2 = 0.95f, eps = 1e-8f, weight_decay = 0, grad_scale = 1;
   int64_t step = 1;  // 1-based
+  // Optional (bf16 mixed precision): also write the updated p rounded to bf16 here (n), the
+  // weight copy the next step's GEMMs read, in the same pass. Backends without it refuse it
+  // (Capabilities::adamw_bf16_copy).
+  uint16_t* p16 = nullptr;
 };
 
 // Which statistic norm_row_stats sums over each row's (local slice of) features.

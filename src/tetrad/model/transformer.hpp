@@ -45,12 +45,37 @@ class Transformer {
   int max_batch() const { return max_batch_; }
   int max_len() const { return max_len_; }
   int64_t num_params() const { return table_.total; }
-  T* params() { return params_.data(); }
+  // Non-const access may change the parameters: the bf16 weight copy is then refreshed from
+  // them before the next forward (unless params_bf16_written() says the caller wrote it).
+  T* params() {
+    params16_current_ = false;
+    return params_.data();
+  }
   const T* params() const { return params_.data(); }
   T* grads() { return grads_.data(); }
   const T* grads() const { return grads_.data(); }
-  T* param(const std::string& name) { return params_.data() + table_.find(name).offset; }
-  int64_t activation_bytes() const { return int64_t(acts_.size() * sizeof(T)); }
+  T* param(const std::string& name) {
+    params16_current_ = false;
+    return params_.data() + table_.find(name).offset;
+  }
+  // Bytes of the activation buffers (fp32 and, in bf16 mode, bf16 ones).
+  int64_t activation_bytes() const {
+    return int64_t(acts_.size() * sizeof(T) + acts16_.size() * sizeof(uint16_t));
+  }
+
+  // bf16 mixed precision (docs/precision.md). A float model constructed while
+  // kernels::gemm_precision() is BF16 runs in bf16 for its lifetime: its GEMMs read a bf16 copy of
+  // the parameters and the activations that only feed GEMMs (normalised inputs, the MLP
+  // activation, gradients entering GEMMs) are stored in bf16 by the kernels that produce them.
+  // A model constructed in fp32 follows the process-wide switch through kernels::gemm (fp32
+  // storage, operands rounded per GEMM).
+  bool bf16() const { return bf16_; }
+  // The bf16 copy of the parameters, laid out like params() (nullptr unless bf16()). The optimizer
+  // writes it in its update pass (AdamW::update with params_bf16) and then calls
+  // params_bf16_written(); otherwise the model converts the parameters itself before the next
+  // forward.
+  uint16_t* params_bf16() { return bf16_ ? params16_.data() : nullptr; }
+  void params_bf16_written() { params16_current_ = bf16_; }
 
   // The family's initialisation (GPT-2: N(0, 0.02), residual projections scaled by
   // 1/sqrt(2L), biases 0, norms 1; Llama: N(0, init_std), norms 1). Each tensor draws from its own
@@ -95,7 +120,11 @@ class Transformer {
   ModelConfig cfg_;
   ParamTable table_;
   int max_batch_, max_len_;
+  void refresh_params_bf16();
   Buffer<T> params_, grads_, acts_, rope_cos_, rope_sin_;
+  bool bf16_ = false;
+  bool params16_current_ = false;
+  Buffer<uint16_t> params16_, acts16_;
   std::vector<Layer> layers_;
   std::unique_ptr<Acts> a_;
   std::unique_ptr<Cache> cache_;

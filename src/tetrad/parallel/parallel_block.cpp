@@ -6,6 +6,8 @@
 // its gradient blocks zeroed by the caller (the model's forward / backward loops).
 #include "tetrad/parallel/parallel_transformer.hpp"
 
+#include <algorithm>
+
 #include "tetrad/parallel/transformer_activations.hpp"
 
 namespace tetrad::parallel {
@@ -22,9 +24,9 @@ backend::AttentionArgs local_heads(int B, int T, int64_t nh, int64_t nkv, int64_
 }
 }  // namespace
 
-backend::RopeArgs ParallelTransformer::rope_args(float* x, int64_t N, int T) const {
+backend::RopeArgs ParallelTransformer::rope_args(float* x, int64_t N, int T, int pos0) const {
   backend::RopeArgs r;
-  r.x = x; r.N = N; r.T_seq = T; r.pos0 = 0; r.n_heads = nhy_ + nkvy_; r.head_dim = hd_;
+  r.x = x; r.N = N; r.T_seq = T; r.pos0 = pos0; r.n_heads = nhy_ + nkvy_; r.head_dim = hd_;
   r.stride = QKVy_; r.cos = rope_cos_.as<float>(); r.sin = rope_sin_.as<float>();
   return r;
 }
@@ -39,16 +41,41 @@ void ParallelTransformer::attention_forward(int l, int B, int T) {
   });
 }
 
+// Decoding: this step's Tq keys and values of each sequence appended to layer l's cache at
+// pos0.., then each query attends over the cache's first pos0 + Tq positions (its own and the
+// earlier ones: the query block is the key block's last Tq rows).
+void ParallelTransformer::cached_attention(int l, int B, int Tq, int pos0) {
+  auto& A = a_->layer[l];
+  const int64_t KW = nkvy_ * hd_;
+  float* kc = cache_k(l);
+  float* vc = cache_v(l);
+  timed(Phase::Attention, [&] {
+    for (int b = 0; b < B; ++b)
+      for (int i = 0; i < Tq; ++i) {
+        const float* row = A.qkv + (int64_t(b) * Tq + i) * QKVy_;
+        const int64_t dst = (int64_t(b) * max_len_ + pos0 + i) * KW;
+        bq().copy_on_device(kc + dst, row + nhy_ * hd_, size_t(KW) * sizeof(float));
+        bq().copy_on_device(vc + dst, row + (nhy_ + nkvy_) * hd_, size_t(KW) * sizeof(float));
+      }
+    backend::AttentionArgs d = local_heads(B, Tq, nhy_, nkvy_, hd_, QKVy_, Ay_);
+    d.Tk = pos0 + Tq;
+    d.kv_stride = KW;
+    d.kv_batch_stride = int64_t(max_len_) * KW;
+    ops().attention_forward(bq(), d, A.atty, nullptr, A.qkv, kc, vc);
+  });
+}
+
 // One block from its input x (its weights gathered): every activation of a_->layer[l].
-void ParallelTransformer::layer_forward(int l, const float* x, int B, int T) {
+void ParallelTransformer::layer_forward(int l, const float* x, int B, int T, int pos0) {
   const int64_t N = int64_t(B) * T;
   const Layer& L = layers_[l];
   auto& A = a_->layer[l];
   norm_fwd(A.ln1, A.ln1_mean, A.ln1_rstd, x, L.ln1_w, L.ln1_b, N);
   normal_fwd("qkv", A.qkv, A.ln1, L.qkv_w, L.qkv_b, Cx_, QKVy_, N);
   if (!gpt2_)
-    timed(Phase::Attention, [&] { ops().rope_forward(bq(), rope_args(A.qkv, N, T)); });
-  attention_forward(l, B, T);
+    timed(Phase::Attention, [&] { ops().rope_forward(bq(), rope_args(A.qkv, N, T, std::max(pos0, 0))); });
+  if (pos0 < 0) attention_forward(l, B, T);
+  else cached_attention(l, B, T, pos0);
   q_.poll();
   transposed_fwd("proj", A.resid_mid, x, A.atty, L.proj_w, L.proj_b, Ay_, N);
   norm_fwd(A.ln2, A.ln2_mean, A.ln2_rstd, A.resid_mid, L.ln2_w, L.ln2_b, N);

@@ -144,8 +144,22 @@ class ParallelTransformer {
   // Greedy decoding on the grid: forward over this rank's [B, T] tokens, then for each sequence
   // the argmax over the whole vocabulary of its last position's logits (each Y slice's winner
   // compared after an all-gather over Y; ties go to the lowest id, as in the serial decoder).
-  // There is no KV cache on the grid: each call recomputes the whole prefix. Collective.
+  // Each call recomputes the whole prefix (decode() below keeps a KV cache). Collective.
   std::vector<int32_t> greedy_next_tokens(const int32_t* inputs, int B, int T);
+  // Logits over the whole vocabulary of this rank's [B, T] tokens: [B*T, V] rows in host
+  // memory, the same on every rank of the Y group (each slice's [B*T, V/Gy] all-gathered over
+  // Y). Valid until the next call. Collective.
+  const float* forward_logits(const int32_t* inputs, int B, int T);
+
+  // Incremental decoding with a key/value cache (generation, extraction), on any grid without a
+  // pipeline axis (kv_decode.cpp). start_cache(B) empties the cache for B sequences of this rank
+  // (B <= local_batch; each rank caches its own heads' keys and values, as its attention
+  // splits them over Y); decode() appends Tq tokens per sequence at cache_position() and returns
+  // the logits of each sequence's last new token over the whole vocabulary, [B, V] in host
+  // memory, on every rank of the Y group. Collective: every rank calls it, with its own tokens.
+  void start_cache(int B);
+  const float* decode(const int32_t* tokens, int B, int Tq);
+  int cache_position() const { return cache_pos_ < 0 ? 0 : cache_pos_; }
   // After the step's last micro-batch: data-parallel and replicated-tensor reductions (those
   // already started are waited for).
   void reduce_gradients();
@@ -229,9 +243,12 @@ class ParallelTransformer {
   // parallel_block.cpp: one block's wiring, forward and backward (norms, qkv, RoPE, attention,
   // projections, MLP). layer_backward turns a_->dresid (gradient of the output) into the
   // gradient of x_in, recomputing first what the forward did not keep.
-  void layer_forward(int l, const float* x, int B, int T);
+  // pos0 >= 0: decoding, T new tokens per sequence at positions pos0.. (RoPE there), attending
+  // over the KV cache, into which their keys and values are appended first.
+  void layer_forward(int l, const float* x, int B, int T, int pos0 = -1);
   void layer_backward(int l, const float* x_in, int B, int T);
   void attention_forward(int l, int B, int T);
+  void cached_attention(int l, int B, int Tq, int pos0);
 
   // parallel_linear.cpp: the parallel linear layers, each forward collective with its adjoint.
   //   normal     (input over X, output over Y): forward all-reduce X, backward all-reduce Y.
@@ -262,7 +279,8 @@ class ParallelTransformer {
                 const float* rstd, int wi, int bi, int64_t N);
 
   // vocab_parallel.cpp: the embedding lookup, cross-entropy and greedy argmax over Y's slices.
-  void embedding_forward(const int32_t* inputs, int64_t N, int T);
+  // pos0: position of the first token of each sequence (decoding; 0 in training).
+  void embedding_forward(const int32_t* inputs, int64_t N, int T, int pos0 = 0);
   void embedding_backward(const int32_t* inputs, int64_t N, int T);
   double cross_entropy(const int32_t* targets, int64_t N, float grad_scale, bool with_grad);
 
@@ -353,7 +371,16 @@ class ParallelTransformer {
   backend::Precision precision_ = backend::Precision::FP32;
   backend::DeviceBuffer ids_dev_[2], row_max_, scalar_, argmax_idx_, argmax_val_;
   const backend::OpTable& ops() const { return be_->ops(); }
-  backend::RopeArgs rope_args(float* x, int64_t N, int T) const;  // this rank's q|k heads
+  backend::RopeArgs rope_args(float* x, int64_t N, int T, int pos0 = 0) const;  // this rank's q|k heads
+  // kv_decode.cpp: the KV cache, [L][k|v][B][max_len][nkvy*hd] (this rank's kv heads), its
+  // batch and next position (-1: no cache started); the whole-vocabulary logits in host memory.
+  backend::DeviceBuffer kv_cache_;
+  int cache_b_ = 0, cache_pos_ = -1;
+  std::vector<float> host_logits_, gathered_logits_;
+  float* cache_k(int l);
+  float* cache_v(int l);
+  // logits (rows of [rows, Vy], device) over the whole vocabulary into host_logits_ [rows, V].
+  const float* whole_vocabulary(const float* logits, int64_t rows);
   backend::Queue& bq() const { return be_->queue(); }
   // `host` (n ids) as a device pointer: itself on a host-visible backend, else copied to slot.
   const int32_t* device_ids(const int32_t* host, int64_t n, int slot);

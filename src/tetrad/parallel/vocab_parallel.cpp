@@ -6,21 +6,17 @@
 #include "tetrad/parallel/parallel_transformer.hpp"
 
 #include <algorithm>
-#include <cmath>
 #include <cstring>
 
-#include "tetrad/backend/cpu/fast_math.hpp"
 #include "tetrad/core/error.hpp"
 #include "tetrad/parallel/transformer_activations.hpp"
 
 namespace tetrad::parallel {
 
-namespace k = kernels;
-
 // Vocabulary-parallel lookup of this rank's tokens into a_->emb [N, Cx]: each Y rank copies the
 // rows of its vocabulary slice (zeros elsewhere) and the slices are summed over Y; then the
 // position table (GPT-2).
-void ParallelTransformer::embedding_forward(const int32_t* inputs, int64_t N, int T) {
+void ParallelTransformer::embedding_forward(const int32_t* inputs, int64_t N, int T, int pos0) {
   const int64_t V = cfg_.vocab_size;
   Acts& a = *a_;
   ScopedPhase sp(prof_, Phase::Embedding);
@@ -30,7 +26,7 @@ void ParallelTransformer::embedding_forward(const int32_t* inputs, int64_t N, in
   const int64_t v0 = Vy_ * g_.coord.y;
   ops().embedding_gather(bq(), a.emb, device_ids(inputs, N, 0), w(wte_), v0, Vy_, N, Cx_);
   sum_over(g_.y, a.emb, N * Cx_, "embedding");
-  if (wpe_ >= 0) ops().position_add(bq(), a.emb, w(wpe_), N, T, Cx_);
+  if (wpe_ >= 0) ops().position_add(bq(), a.emb, w(wpe_) + int64_t(pos0) * Cx_, N, T, Cx_);
 }
 
 // The embedding's backward from a_->dresid: the rows of this rank's vocabulary slice accumulate
@@ -48,10 +44,9 @@ void ParallelTransformer::embedding_backward(const int32_t* inputs, int64_t N, i
   if (dP) ops().position_grad(bq(), dP, a.dresid, N, T, Cx_);
 }
 
-// Vocabulary-parallel cross-entropy over Y (still inline here: the op table's ce_* pieces, which
-// the conformance suite checks, round the first step's loss differently in the last bits, not yet
-// understood; kept inline until they are bit-identical): global row max, then Σ exp and the target logit
-// (from the rank that owns it) in one all-reduce. With grad: logits -> dlogits in place.
+// Vocabulary-parallel cross-entropy over Y: global row max, then Σ exp and the target logit
+// (from the rank that owns it) in one all-reduce, then the losses and, with grad, logits ->
+// dlogits in place (the op table's ce_* pieces).
 double ParallelTransformer::cross_entropy(const int32_t* targets, int64_t N, float grad_scale,
                                           bool with_grad) {
   ScopedPhase sp(prof_, Phase::Loss);
@@ -60,51 +55,19 @@ double ParallelTransformer::cross_entropy(const int32_t* targets, int64_t N, flo
     if (targets[t] >= V)
       fail("target token id ", targets[t], " at position ", t, " is outside the model's vocabulary [0, ", V, ")");
   float* L = a_->logits;
-  std::vector<float> mx(N);
-#pragma omp parallel for schedule(static)
-  for (int64_t t = 0; t < N; ++t) {
-    const float* r = L + t * Vy_;
-    float m = r[0];
-#pragma omp simd reduction(max : m)
-    for (int64_t j = 0; j < Vy_; ++j) m = std::max(m, r[j]);
-    mx[t] = m;
-  }
+  float* mx = row_max_.as<float>();
+  const int32_t* tg = device_ids(targets, N, 1);
+  const backend::OpTable& op = ops();
+  op.ce_row_max(bq(), mx, L, N, Vy_);
   if (g_.y.size() > 1)
-    q_.run(g_.y.iallreduce_max(mx.data(), size_t(N), q_.ready()), g_.y, "allreduce_max", "logit max", -1,
+    q_.run(g_.y.iallreduce_max(mx, size_t(N), q_.ready()), g_.y, "allreduce_max", "logit max", -1,
            N * int64_t(sizeof(float)));
   double* st = stats_.data();
-#pragma omp parallel for schedule(static)
-  for (int64_t t = 0; t < N; ++t) {
-    const float* r = L + t * Vy_;
-    float s = 0;
-#pragma omp simd reduction(+ : s)
-    for (int64_t j = 0; j < Vy_; ++j) s += k::fast_exp(r[j] - mx[t]);
-    st[2 * t] = s;
-    const int64_t v = targets[t] - v0;
-    st[2 * t + 1] = (targets[t] >= 0 && v >= 0 && v < Vy_) ? r[v] : 0.0;
-  }
+  op.ce_sum_exp_target(bq(), st, L, mx, tg, v0, Vy_, N);
   sum_over(g_.y, st, 2 * N, "softmax sums");
-  double total = 0;
-  for (int64_t t = 0; t < N; ++t) {
-    const bool kept = targets[t] >= 0;
-    a_->losses[t] = kept ? float(std::log(st[2 * t]) + mx[t] - st[2 * t + 1]) : 0.0f;
-    total += a_->losses[t];
-  }
-  if (with_grad) {
-#pragma omp parallel for schedule(static)
-    for (int64_t t = 0; t < N; ++t) {
-      float* r = L + t * Vy_;
-      if (targets[t] < 0) {
-        std::fill(r, r + Vy_, 0.0f);
-        continue;
-      }
-      const float scale = grad_scale / float(st[2 * t]), m = mx[t];
-#pragma omp simd
-      for (int64_t j = 0; j < Vy_; ++j) r[j] = k::fast_exp(r[j] - m) * scale;
-      const int64_t v = targets[t] - v0;
-      if (v >= 0 && v < Vy_) r[v] -= grad_scale;
-    }
-  }
+  op.ce_loss(bq(), a_->losses, scalar_.as<double>(), st, mx, tg, N);
+  const double total = read_scalar(scalar_.as<double>());
+  if (with_grad) op.ce_grad(bq(), L, mx, st, tg, v0, Vy_, N, grad_scale);
   return total;
 }
 

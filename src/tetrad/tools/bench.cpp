@@ -20,7 +20,6 @@
 #include "tetrad/core/profile.hpp"
 #include "tetrad/core/rng.hpp"
 #include "tetrad/backend/cpu/precision.hpp"
-#include "tetrad/model/transformer.hpp"
 #include "tetrad/model/params.hpp"
 #include "tetrad/parallel/parallel_transformer.hpp"
 #include "tetrad/parallel/pipeline.hpp"
@@ -80,8 +79,17 @@ std::string run_capture(const std::string& cmd) {
   return out;
 }
 
+// The PyTorch anchor: TETRAD_PYTORCH_PYTHON, else the venv bench/setup-pytorch.sh makes
+// (.venv-pytorch in the working directory or the source tree), else a system Python with torch.
 std::string default_anchor() {
-  for (const char* py : {"/usr/bin/python3", "python3"}) {
+  std::vector<std::string> pythons;
+  if (const char* e = std::getenv("TETRAD_PYTORCH_PYTHON"); e && *e) pythons.push_back(e);
+  for (const char* root : {".", TETRAD_SOURCE_DIR_STR})
+    if (std::filesystem::exists(std::string(root) + "/.venv-pytorch/bin/python"))
+      pythons.push_back(std::string(root) + "/.venv-pytorch/bin/python");
+  pythons.push_back("/usr/bin/python3");
+  pythons.push_back("python3");
+  for (const std::string& py : pythons) {
     const std::string probe = std::string(py) + " -c 'import torch' >/dev/null 2>&1";
     if (std::system(probe.c_str()) == 0) {
       for (const char* script : {"bench/pytorch_gpt2.py", TETRAD_SOURCE_DIR_STR "/bench/pytorch_gpt2.py"})
@@ -129,7 +137,8 @@ void run_bench(const BenchOptions& opt, std::ostream& out) {
   }
   std::string anchor = opt.anchor_cmd == "none" ? "" : (opt.anchor_cmd.empty() ? default_anchor() : opt.anchor_cmd);
   if (opt.anchor_cmd.empty() && anchor.empty())
-    out << "anchor: PyTorch not importable (apt-get install python3-torch); ratios skipped\n";
+    out << "anchor: PyTorch not importable (bash bench/setup-pytorch.sh makes its venv); ratios "
+           "skipped\n";
 
   for (const std::string& name : opt.configs) {
     const ModelConfig mc = named_model(name);
@@ -150,17 +159,55 @@ void run_bench(const BenchOptions& opt, std::ostream& out) {
       }
     }
     const double gemm_ceiling = gemm_time > 0 ? gemm_flop / gemm_time / 1e9 : 0;
+    // bf16: oneDNN's matmul on bf16 operands (what the bf16 model stores) in the layout the step
+    // calls, and in the fastest of NN/NT/TN/TT for each shape: the ceiling if every GEMM ran in
+    // its best layout.
+    double step_layout_time = 0, best_layout_time = 0, bf16_flop = 0;
+    std::ostringstream layout_lines;
+    if (bf16 && kernels::native_bf16_matmul()) {
+      for (const GemmShape& s : model_gemm_shapes(mc, int(N))) {
+        const Measurement used = measure_bf16_matmul(s, threads, 3);
+        if (!used.ok()) continue;
+        double best = used.value;
+        std::string best_layout = std::string(1, s.transa) + s.transb;
+        for (const char* l : {"NN", "NT", "TN", "TT"}) {
+          GemmShape t = s;
+          t.transa = l[0], t.transb = l[1];
+          if (t.transa == s.transa && t.transb == s.transb) continue;
+          const Measurement m = measure_bf16_matmul(t, threads, 3);
+          if (m.ok() && m.value > best) best = m.value, best_layout = l;
+        }
+        bf16_flop += s.flop();
+        step_layout_time += s.flop() / (used.value * 1e9);
+        best_layout_time += s.flop() / (best * 1e9);
+        layout_lines << "    " << std::left << std::setw(14) << s.name << std::right << " "
+                     << s.M << "x" << s.N << "x" << s.K << ": step's " << s.transa << s.transb
+                     << " " << std::fixed << std::setprecision(0) << used.value
+                     << " GFLOP/s, fastest " << best_layout << " " << best << "\n";
+      }
+    }
+    const double step_layout_ceiling = step_layout_time > 0 ? bf16_flop / step_layout_time / 1e9 : 0;
+    const double best_layout_ceiling = best_layout_time > 0 ? bf16_flop / best_layout_time / 1e9 : 0;
 
     const int64_t rss_before = current_rss_bytes();
     double step_median = 0, total_time = 0;
     StepProfile profile;
     int64_t nparams = 0, act_bytes = 0;
+    double state_bytes_per_param = 16;  // p, g, Adam m, v in fp32 (+2: the bf16 weight copy)
     {
-      TrainConfig tc;
-      Transformer<float> model(mc, B, T);
+      // The one model on the trivial grid (1x1x1x1: every group this process), as `tetrad train`
+      // runs it on one rank, with the run configuration's overlap defaults (no-ops on one rank).
+      parallel::ProcessGroups groups;
+      parallel::ParallelOptions po;
+      po.precision = bf16 ? backend::Precision::BF16 : backend::Precision::FP32;
+      parallel::ParallelTransformer model(mc, groups, B, T, po);
       model.init_weights(1);
-      AdamW adam(model.table(), tc);
-      nparams = model.num_params();
+      TrainConfig tc;
+      const parallel::OptimizerLayout& ol = model.optimizer_layout();
+      AdamW adam(decay_ranges(model.table(), tc, ol.param_offsets, ol.sizes, ol.state_offsets,
+                              ol.grad_offsets),
+                 ol.state_size, tc);
+      nparams = model.num_local_params();
       act_bytes = model.activation_bytes();
       Rng rng(7);
       std::vector<int32_t> tokens(N + 1);
@@ -178,14 +225,20 @@ void run_bench(const BenchOptions& opt, std::ostream& out) {
         const auto t0 = std::chrono::steady_clock::now();
         {
           ScopedPhase sp(&profile, Phase::Optimizer);
-          model.zero_grads();
+          model.begin_step(1);  // zero_grads for a step of one micro-batch
         }
         model.forward_backward(tokens.data(), tokens.data() + 1, B, T, 1.0f / float(N));
+        model.reduce_gradients();
+        double gn = 0;
         {
           ScopedPhase sp(&profile, Phase::Optimizer);
-          const double gn = grad_norm(model.grads(), model.num_params());
-          adam.update(model.params(), model.grads(), 1e-4, gn > 1 ? 1 / gn : 1, s + 1);
+          gn = std::sqrt(model.grad_sum_squares());
         }
+        const float* grads = model.grads();
+        model.apply_update([&](float* params, int64_t lo, int64_t hi) {
+          ScopedPhase sp(&profile, Phase::Optimizer);
+          adam.update(params, grads, 1e-4, gn > 1 ? 1 / gn : 1, s + 1, lo, hi);
+        });
         const double dt = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
         if (s >= opt.warmup) times.push_back(dt);
       }
@@ -203,7 +256,7 @@ void run_bench(const BenchOptions& opt, std::ostream& out) {
     const double tok_s = double(N) / step_median;
     const double model_flops = flops_per_token(mc, T) * tok_s;
     // Memory that training needs: parameters, gradients, two Adam moments (fp32) + activations.
-    const double needed = 16.0 * double(nparams) + double(act_bytes);
+    const double needed = state_bytes_per_param * double(nparams) + double(act_bytes);
 
     out << std::fixed << std::setprecision(3);
     out << "  step time (median of " << opt.steps << ", after " << opt.warmup
@@ -217,8 +270,22 @@ void run_bench(const BenchOptions& opt, std::ostream& out) {
     out << "  GEMM ceiling:     " << 100 * model_flops / (gemm_ceiling * 1e9)
         << "% of " << (bf16 ? "the bf16 GEMM" : "sgemm") << " on this model's shapes ("
         << gemm_ceiling << " GFLOP/s)\n";
+    if (best_layout_ceiling > 0) {
+      out << "  bf16 GEMM ceiling on this model's shapes (oneDNN matmul, bf16 operands):\n"
+          << layout_lines.str() << std::setprecision(1)
+          << "    FLOP-weighted: " << step_layout_ceiling << " GFLOP/s in the step's layouts, "
+          << best_layout_ceiling << " in the fastest layouts; model FLOP/s = "
+          << 100 * model_flops / (best_layout_ceiling * 1e9) << "% of the fastest-layout ceiling\n";
+      const std::string choices = kernels::gemm_layout_report();
+      if (!choices.empty()) {
+        out << "  layout choices (kernels::gemm_bf16):\n";
+        std::istringstream lines(choices);
+        for (std::string l; std::getline(lines, l);) out << "    " << l << "\n";
+      }
+    }
     out << "  memory:           peak RSS " << peak_rss / 1048576.0 << " MiB vs "
-        << needed / 1048576.0 << " MiB needed (params+grads+Adam " << 16.0 * nparams / 1048576.0
+        << needed / 1048576.0 << " MiB needed (params+grads+Adam" << (state_bytes_per_param > 16 ? "+bf16 copy " : " ")
+        << state_bytes_per_param * nparams / 1048576.0
         << " + activations " << act_bytes / 1048576.0 << "): " << std::setprecision(2)
         << double(peak_rss) / needed << "x\n";
     out << "  time split:       compute 100% | exposed communication 0% | idle 0% (1 rank)\n";
@@ -246,6 +313,11 @@ void run_bench(const BenchOptions& opt, std::ostream& out) {
                         {"frac_gemm_ceiling", model_flops / (gemm_ceiling * 1e9)},
                         {"peak_rss_mb", peak_rss / 1048576.0}, {"needed_mb", needed / 1048576.0},
                         {"phase_seconds_per_step", phases}};
+    if (best_layout_ceiling > 0) {
+      j["bf16_ceiling_step_layouts_gflops"] = step_layout_ceiling;
+      j["bf16_ceiling_fastest_layouts_gflops"] = best_layout_ceiling;
+      j["frac_bf16_fastest_layout_ceiling"] = model_flops / (best_layout_ceiling * 1e9);
+    }
 
     if (!anchor.empty() && mc.family == Family::GPT2) {
       std::ostringstream cmd;
@@ -257,10 +329,19 @@ void run_bench(const BenchOptions& opt, std::ostream& out) {
         const auto line = res.substr(res.rfind('{'));
         auto pj = nlohmann::json::parse(line);
         const double pt = pj.at("tokens_per_s").get<double>();
-        out << std::setprecision(1) << "  PyTorch " << pj.value("torch_version", "?")
-            << " " << opt.precision << ":    " << pt << " tokens/s -> tetrad/PyTorch = " << std::setprecision(2)
-            << tok_s / pt << "x\n";
+        out << std::setprecision(1) << "  PyTorch " << pj.value("torch_version", "?") << " "
+            << opt.precision << " (" << pj.value("attention", "explicit") << " attention):";
+        if (pj.contains("modes"))
+          for (const auto& [mode, r] : pj["modes"].items())
+            if (r.contains("tokens_per_s"))
+              out << " " << mode << " " << r["tokens_per_s"].get<double>() << " tokens/s;";
+            else
+              out << " " << mode << " failed;";
+        out << " -> tetrad / PyTorch " << pj.value("best_mode", "eager") << " (the faster) = "
+            << std::setprecision(2) << tok_s / pt << "x\n";
         j["pytorch_tokens_per_s"] = pt;
+        j["pytorch_best_mode"] = pj.value("best_mode", "eager");
+        if (pj.contains("modes")) j["pytorch_modes"] = pj["modes"];
         j["ratio_vs_pytorch"] = tok_s / pt;
       } catch (const std::exception&) {
         out << "  PyTorch anchor failed to run: " << cmd.str() << "\n";

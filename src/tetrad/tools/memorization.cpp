@@ -181,26 +181,19 @@ ExtractionReport measure_extraction(parallel::ParallelTransformer& model,
   // decoded them and summed over the world (everybody else contributes zeros).
   std::vector<int32_t> generated(todo.size() * size_t(N), 0);
   const bool writer = g.coord.x == 0 && g.coord.y == 0;
-  std::vector<int32_t> seq;
   for (size_t round = 0; round < rounds; ++round) {
     const size_t first = round * per_round + size_t(slot) * B;
-    std::vector<std::vector<int32_t>> rows(B);
+    std::vector<std::vector<int32_t>> prompts(B);
     for (int b = 0; b < B; ++b) {
       const size_t k = first + size_t(b);
       const auto& doc = documents[todo[k < todo.size() ? k : 0]];
-      rows[b].assign(doc.begin(), doc.begin() + P);
+      prompts[b].assign(doc.begin(), doc.begin() + P);
     }
-    for (int s = 0; s < N; ++s) {
-      const int T = P + s;
-      seq.resize(size_t(B) * T);
-      for (int b = 0; b < B; ++b) std::copy(rows[b].begin(), rows[b].end(), seq.begin() + size_t(b) * T);
-      const std::vector<int32_t> next = model.greedy_next_tokens(seq.data(), B, T);
-      for (int b = 0; b < B; ++b) rows[b].push_back(next[b]);
-    }
+    const auto gen = generate_greedy_batch(model, prompts, N);  // KV cache on the grid
     for (int b = 0; b < B; ++b) {
       const size_t k = first + size_t(b);
       if (!writer || k >= todo.size()) continue;
-      std::copy(rows[b].begin() + P, rows[b].end(), generated.begin() + k * N);
+      std::copy(gen[b].begin(), gen[b].end(), generated.begin() + k * N);
     }
   }
   if (g.world.size() > 1) g.world.allreduce_sum(generated.data(), generated.size());
@@ -338,23 +331,21 @@ void run_memorization_command(const MemorizationCommand& cmd, std::ostream& log)
     for (auto& w : windows) docs.push_back(std::move(w));
   }
 
-  ExtractionReport rep;
-  if (!on_grid) {
-    const int batch = std::max(1, std::min<int>(opt.batch, int(docs.size())));
-    Transformer<float> model(mc, batch, mc.max_seq);
-    load_hf_params(cmd.model_dir, mc, model.table(), model.params());
-    rep = measure_extraction(model, docs, names, opt);
-  } else {
-    const int slots = groups.shape.z * groups.shape.d;
-    const int per_slot = int((docs.size() + size_t(slots) - 1) / size_t(slots));
-    const int local_batch = std::max(1, std::min(opt.batch, per_slot));
-    const int max_len = std::min(mc.max_seq, opt.prefix_len + opt.suffix_len);
-    parallel::ParallelTransformer model(mc, groups, local_batch, max_len);
-    load_hf_params_streamed(cmd.model_dir, mc, model.table(),
-                            [&](size_t i, const float* data) { model.set_tensor(i, data); });
-    out << "extraction on grid " << grid << " (x,y,z,d): " << local_batch << " documents per rank at a time\n";
-    rep = measure_extraction(model, docs, names, opt);
-  }
+  // The one model on every grid; without one, the trivial 1x1x1x1 grid (the same code).
+  const int slots = groups.shape.z * groups.shape.d;
+  const int per_slot = int((docs.size() + size_t(slots) - 1) / size_t(slots));
+  const int local_batch = std::max(1, std::min(opt.batch, per_slot));
+  const int max_len = std::min(mc.max_seq, opt.prefix_len + opt.suffix_len);
+  parallel::ParallelOptions po;
+  po.precision = backend::Precision::FP32;
+  po.recompute = parallel::Recompute::Full;  // forward only: one layer's scratch (inference.hpp)
+  parallel::ParallelTransformer model(mc, groups, local_batch, max_len, po);
+  load_hf_params_streamed(cmd.model_dir, mc, model.table(),
+                          [&](size_t i, const float* data) { model.set_tensor(i, data); });
+  if (on_grid)
+    out << "extraction on grid " << grid << " (x,y,z,d): " << local_batch
+        << " documents per rank at a time\n";
+  const ExtractionReport rep = measure_extraction(model, docs, names, opt);
   out << rep.table();
   if (!cmd.json_out.empty() && groups.world.rank() == 0) {
     write_file_atomic(cmd.json_out, rep.to_json().dump(2) + "\n");

@@ -77,21 +77,20 @@ struct ExtractionReport {
 };
 
 // Runs the extraction test on token documents (names[i] labels documents[i]; names may be empty,
-// then documents are named by index). Throws Error if prefix_len < 1, suffix_len < 1, batch < 1,
-// names has a different non-zero size, or prefix_len + suffix_len > model.max_len().
+// then documents are named by index) with the one model on its process grid (collective over
+// the grid; every rank returns the whole report; 1x1x1x1: one process). Documents are dealt out
+// over the Z and data axes, model.local_batch() per rank at a time, and continued greedily with
+// the model's KV cache (generate_greedy_batch). Throws Error if prefix_len < 1, suffix_len < 1,
+// batch < 1, names has a different non-zero size, or prefix_len + suffix_len > model.max_len().
 // Uses (and resets) the model's KV cache; the parameters are not changed.
-ExtractionReport measure_extraction(Transformer<float>& model,
+ExtractionReport measure_extraction(parallel::ParallelTransformer& model,
                                     const std::vector<std::vector<int32_t>>& documents,
                                     const std::vector<std::string>& names,
                                     const ExtractionOptions& opt);
 
-// The same test with the model on a process grid (collective over the grid; every rank returns
-// the whole report). Documents are dealt out over the Z and data axes, model.local_batch() per
-// rank at a time; each generated token is one forward over the whole prefix (no KV cache on the
-// grid): about N(P + N/2) token-forwards per document against P + N with the serial decoder's
-// cache. Argmax ties and near-ties
-// may resolve differently from the serial model's, as the logits agree only within fp32 rounding.
-ExtractionReport measure_extraction(parallel::ParallelTransformer& model,
+// The same test on the serial Transformer<float>, the test oracle (tests compare the one
+// model's report with it); `tetrad memorization` never runs it.
+ExtractionReport measure_extraction(Transformer<float>& model,
                                     const std::vector<std::vector<int32_t>>& documents,
                                     const std::vector<std::string>& names,
                                     const ExtractionOptions& opt);
@@ -106,7 +105,7 @@ struct MemorizationCommand {
   std::string data_dir, split = "train";
   int samples = 0;
   // Process grid "x,y,z,d" when launched under mpirun (x*y*z*d = ranks); empty: all ranks on the
-  // data axis ("1,1,1,n"); one rank without a grid uses the serial model and its KV cache.
+  // data axis ("1,1,1,n"); one rank without a grid: 1x1x1x1.
   std::string grid;
   ExtractionOptions opt;
   std::string json_out;  // also write the report as JSON (rank 0)

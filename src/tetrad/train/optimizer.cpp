@@ -4,6 +4,8 @@
 #include <cmath>
 #include <limits>
 
+#include "tetrad/core/error.hpp"
+
 
 namespace tetrad {
 
@@ -79,6 +81,14 @@ void AdamW::update(float* params, const float* grads, double lr, double grad_sca
 
 void AdamW::update(float* params, const float* grads, double lr, double grad_scale, int64_t step,
                    int64_t lo, int64_t hi) {
+  update(params, nullptr, grads, lr, grad_scale, step, lo, hi);
+}
+
+void AdamW::update(float* params, uint16_t* params_bf16, const float* grads, double lr,
+                   double grad_scale, int64_t step, int64_t lo, int64_t hi) {
+  if (params_bf16 && !be_->capabilities().adamw_bf16_copy)
+    fail("backend '", be_->name(), "' cannot write the bf16 weight copy in its AdamW update "
+         "(AdamWArgs::p16); update without it");
   for (const auto& r : ranges_) {
     // The part of this run inside [lo, hi); the update is elementwise, so any split is exact.
     const int64_t a = std::max(lo, r.offset), b = std::min(hi, r.offset + r.numel);
@@ -99,6 +109,7 @@ void AdamW::update(float* params, const float* grads, double lr, double grad_sca
     u.weight_decay = r.decay ? float(t_.weight_decay) : 0.0f;
     u.grad_scale = float(grad_scale);
     u.step = step;
+    u.p16 = params_bf16 ? params_bf16 + a : nullptr;
     be_->ops().adamw(be_->queue(), u);
   }
 }

@@ -1,6 +1,7 @@
 // AdamW over the flat parameter buffer, the learning-rate schedule and gradient clipping.
 #pragma once
 #include <cstdint>
+#include <limits>
 #include <vector>
 
 #include "tetrad/backend/backend.hpp"
@@ -54,6 +55,12 @@ class AdamW {
   // split into intervals, in any order, gives the same bits as one whole update.
   void update(float* params, const float* grads, double lr, double grad_scale, int64_t step,
               int64_t lo, int64_t hi);
+  // bf16 mixed precision: the same update, also writing each updated parameter rounded to bf16
+  // into params_bf16 (laid out like params) in the same pass: the weight copy the next step's
+  // GEMMs read, written once per step instead of converted at every GEMM.
+  void update(float* params, uint16_t* params_bf16, const float* grads, double lr,
+              double grad_scale, int64_t step, int64_t lo = 0,
+              int64_t hi = std::numeric_limits<int64_t>::max());
 
   // Device pointers of the moments (host memory on the CPU backend: checkpoints read them).
   float* m() { return m_.as<float>(); }

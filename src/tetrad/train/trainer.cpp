@@ -1,5 +1,6 @@
 #include "tetrad/data/tokenizer.hpp"
 #include "tetrad/train/trainer.hpp"
+#include "tetrad/train/inference.hpp"
 
 #include <mpi.h>
 #include <omp.h>
@@ -37,7 +38,6 @@
 #include "tetrad/data/tokenizer.hpp"
 #include "tetrad/backend/cpu/ops.hpp"
 #include "tetrad/backend/cpu/precision.hpp"
-#include "tetrad/model/transformer.hpp"
 #include "tetrad/model/params.hpp"
 #include "tetrad/parallel/grid.hpp"
 #include "tetrad/planner/planner.hpp"
@@ -1006,8 +1006,9 @@ double evaluate_checkpoint(const std::string& model_dir, const std::string& data
       fail("model '", model_dir, "' was trained with tokenizer ", hex64(id), " but the shards in '",
            data_dir, "' were made with tokenizer ", hex64(data.tokenizer_identity));
   }
-  Transformer<float> model(mc, micro_batch, T);
-  load_hf_params(model_dir, mc, model.table(), model.params());
+  // The one model on the trivial grid (one process; under mpirun every rank evaluates alone).
+  InferenceModel im = load_inference_model(model_dir, mc, "1,1,1,1", micro_batch, T);
+  parallel::ParallelTransformer& model = *im.model;
   data::LoaderOptions lopt;
   lopt.tokenizer_identity = data.tokenizer_identity;
   lopt.model_vocab = mc.vocab_size;

@@ -529,7 +529,11 @@ Measurement measure_bf16_matmul(const GemmShape& s, int threads, int reps) {
     memory::desc a_md({M, K}, dt::bf16, ta ? memory::dims{1, M} : memory::dims{K, 1});
     memory::desc b_md({K, N}, dt::bf16, tb ? memory::dims{1, K} : memory::dims{N, 1});
     memory::desc c_md({M, N}, dt::f32, memory::dims{N, 1});
+#if DNNL_VERSION_MAJOR >= 3
+    dnnl::matmul::primitive_desc pd(eng, a_md, b_md, c_md);
+#else
     dnnl::matmul::primitive_desc pd(dnnl::matmul::desc(a_md, b_md, c_md), eng);
+#endif
     impl = pd.impl_info_str();
     m.method = "oneDNN matmul bf16 x bf16 -> f32 " + s.to_string() + ", kernel " + impl + ", " +
                std::to_string(omp.n()) + " thread(s), 1 warm-up + " + std::to_string(reps) +

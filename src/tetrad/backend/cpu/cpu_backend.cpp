@@ -62,31 +62,25 @@ k::AttentionDims dims(const AttentionArgs& a) {
   return d;
 }
 
-// bf16-stored operands are widened into per-thread scratch (exact), then multiplied as bf16.
-thread_local std::vector<float> t_wide_a, t_wide_b;
-const float* widen(const void* p, DType t, bool trans, int64_t rows, int64_t cols, int64_t ld,
-                   std::vector<float>& scratch) {
-  if (t == DType::F32) return static_cast<const float*>(p);
+// A GEMM operand as gemm_bf16 takes it: bf16-stored operands are read in place through their
+// strides (no widening pass: the native matmul reads bf16, the emulated path widens once).
+k::Bf16Operand operand(const void* p, DType t, int64_t ld) {
+  if (t == DType::F32) return k::Bf16Operand::fp32(static_cast<const float*>(p), ld);
   if (t != DType::BF16) fail("cpu backend: GEMM operand type ", dtype_name(t), " (F32 or BF16)");
-  const int64_t r = trans ? cols : rows, c = trans ? rows : cols;  // stored shape
-  scratch.resize(size_t(r * ld));
-  const uint16_t* h = static_cast<const uint16_t*>(p);
-#pragma omp parallel for schedule(static) if (r * c > 32768)
-  for (int64_t i = 0; i < r; ++i)
-    for (int64_t j = 0; j < c; ++j) scratch[size_t(i * ld + j)] = k::bf16_to_float(h[i * ld + j]);
-  return scratch.data();
+  return k::Bf16Operand::bf16_stored(static_cast<const uint16_t*>(p), ld);
 }
 
 void op_gemm(Queue&, const GemmArgs& g) {
   if (g.M == 0 || g.N == 0) return;
-  const bool wide = g.a_type != DType::F32 || g.b_type != DType::F32;
-  const float* A = widen(g.A, g.a_type, g.trans_a, g.M, g.K, g.lda, t_wide_a);
-  const float* B = widen(g.B, g.b_type, g.trans_b, g.K, g.N, g.ldb, t_wide_b);
-  if (g.precision == Precision::BF16 || wide) {
-    k::gemm_bf16(g.trans_a, g.trans_b, g.M, g.N, g.K, g.alpha, A, g.lda, B, g.ldb, g.beta, g.C,
-                 g.ldc);
+  // A bf16-stored operand makes the product a bf16 one whatever g.precision says.
+  const bool stored16 = g.a_type != DType::F32 || g.b_type != DType::F32;
+  if (g.precision == Precision::BF16 || stored16) {
+    k::gemm_bf16(g.trans_a, g.trans_b, g.M, g.N, g.K, g.alpha, operand(g.A, g.a_type, g.lda),
+                 operand(g.B, g.b_type, g.ldb), g.beta, g.C, g.ldc);
     return;
   }
+  const float* A = static_cast<const float*>(g.A);
+  const float* B = static_cast<const float*>(g.B);
   const dnnl_status_t st = dnnl_sgemm(g.trans_a ? 'T' : 'N', g.trans_b ? 'T' : 'N', g.M, g.N, g.K,
                                       g.alpha, A, g.lda, B, g.ldb, g.beta, g.C, g.ldc);
   TETRAD_CHECK(st == dnnl_success, "dnnl_sgemm failed with status ", int(st), " for M=", g.M,
@@ -192,8 +186,12 @@ OpTable make_table() {
     for (int64_t i = 0; i < n; ++i) x[i] = k::round_to_bf16(x[i]);
   };
   t.adamw = [](Queue&, const AdamWArgs& a) {
-    k::adamw_update<float>(a.p, a.g, a.m, a.v, a.n, a.lr, a.beta1, a.beta2, a.eps,
+    if (a.p16)
+      k::adamw_update_bf16(a.p, a.p16, a.g, a.m, a.v, a.n, a.lr, a.beta1, a.beta2, a.eps,
                            a.weight_decay, a.grad_scale, a.step);
+    else
+      k::adamw_update<float>(a.p, a.g, a.m, a.v, a.n, a.lr, a.beta1, a.beta2, a.eps,
+                             a.weight_decay, a.grad_scale, a.step);
   };
   t.cross_entropy_fused = [](Queue&, float* L, float* losses, double* total, const int32_t* tg,
                              int64_t N, int64_t V, float gs) {
@@ -223,6 +221,7 @@ CpuBackend::CpuBackend() : queue_(std::make_unique<InlineQueue>(*this)) {
   caps_.gemm_bf16 = true;  // native where the CPU has bf16 matrix units, emulated elsewhere
   caps_.gemm_bf16_native = k::native_bf16_matmul();
   caps_.gemm_bf16_storage = true;
+  caps_.adamw_bf16_copy = true;
   caps_.attention_bf16 = false;
   caps_.attention_any_q_offset = false;
   caps_.fused_cross_entropy = true;

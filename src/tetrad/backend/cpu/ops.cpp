@@ -4,6 +4,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <type_traits>
 #include <vector>
 
 #include "tetrad/core/error.hpp"
@@ -11,6 +12,15 @@
 #include "tetrad/backend/cpu/precision.hpp"
 
 namespace tetrad::kernels {
+
+namespace {
+// Stores v as the output type: plain for T, rounded to bf16 for uint16_t.
+template <typename O, typename T>
+inline O to_out(T v) {
+  if constexpr (std::is_same_v<O, uint16_t>) return float_to_bf16(float(v));
+  else return O(v);
+}
+}  // namespace
 
 // ---------------------------------------------------------------------------------------------
 // GEMM
@@ -91,6 +101,55 @@ void linear_backward(T* din, T* dW, T* dbias, const T* dout, const T* in, const 
   }
 }
 
+void linear_forward_bf16(float* out, const uint16_t* in, const uint16_t* W, const float* bias,
+                         int64_t ntok, int64_t IC, int64_t OC, bool accumulate) {
+  if (bias) {
+#pragma omp parallel for schedule(static)
+    for (int64_t t = 0; t < ntok; ++t) {
+      float* o = out + t * OC;
+      if (accumulate) {
+#pragma omp simd
+        for (int64_t j = 0; j < OC; ++j) o[j] += bias[j];
+      } else {
+#pragma omp simd
+        for (int64_t j = 0; j < OC; ++j) o[j] = bias[j];
+      }
+    }
+  }
+  const float beta = (bias || accumulate) ? 1.0f : 0.0f;
+  gemm_bf16(false, true, ntok, OC, IC, 1.0f, Bf16Operand::bf16_stored(in, IC),
+            Bf16Operand::bf16_stored(W, IC), beta, out, OC);
+}
+
+void linear_backward_bf16(float* din, float* dW, float* dbias, const uint16_t* dout,
+                          const float* dout_f32, const uint16_t* in, const uint16_t* W,
+                          int64_t ntok, int64_t IC, int64_t OC) {
+  if (din)
+    gemm_bf16(false, false, ntok, IC, OC, 1.0f, Bf16Operand::bf16_stored(dout, OC),
+              Bf16Operand::bf16_stored(W, IC), 0.0f, din, IC);
+  if (dW)
+    gemm_bf16(true, false, OC, IC, ntok, 1.0f, Bf16Operand::bf16_stored(dout, OC),
+              Bf16Operand::bf16_stored(in, IC), 1.0f, dW, IC);
+  if (dbias) {
+    constexpr int64_t kBlock = 256;
+#pragma omp parallel for schedule(static)
+    for (int64_t j0 = 0; j0 < OC; j0 += kBlock) {
+      const int64_t j1 = std::min(OC, j0 + kBlock);
+      for (int64_t t = 0; t < ntok; ++t) {
+        if (dout_f32) {
+          const float* d = dout_f32 + t * OC;
+#pragma omp simd
+          for (int64_t j = j0; j < j1; ++j) dbias[j] += d[j];
+        } else {
+          const uint16_t* d = dout + t * OC;
+#pragma omp simd
+          for (int64_t j = j0; j < j1; ++j) dbias[j] += bf16_to_float(d[j]);
+        }
+      }
+    }
+  }
+}
+
 // ---------------------------------------------------------------------------------------------
 // Embedding
 
@@ -141,9 +200,10 @@ void embedding_backward(T* dwte, T* dwpe, const T* dout, const int32_t* tokens, 
 // ---------------------------------------------------------------------------------------------
 // Norms
 
-template <typename T>
-void layernorm_forward(T* out, T* mean, T* rstd, const T* x, const T* w, const T* b,
-                       int64_t ntok, int64_t C, T eps) {
+namespace {
+template <typename T, typename O>
+void layernorm_forward_impl(O* out, T* mean, T* rstd, const T* x, const T* w, const T* b,
+                            int64_t ntok, int64_t C, T eps) {
 #pragma omp parallel for schedule(static)
   for (int64_t t = 0; t < ntok; ++t) {
     const T* xr = x + t * C;
@@ -155,12 +215,23 @@ void layernorm_forward(T* out, T* mean, T* rstd, const T* x, const T* w, const T
 #pragma omp simd reduction(+ : v)
     for (int64_t c = 0; c < C; ++c) v += (xr[c] - m) * (xr[c] - m);
     const T r = T(1) / std::sqrt(v / T(C) + eps);
-    T* o = out + t * C;
+    O* o = out + t * C;
 #pragma omp simd
-    for (int64_t c = 0; c < C; ++c) o[c] = (xr[c] - m) * r * w[c] + b[c];
+    for (int64_t c = 0; c < C; ++c) o[c] = to_out<O>((xr[c] - m) * r * w[c] + b[c]);
     mean[t] = m;
     rstd[t] = r;
   }
+}
+}  // namespace
+
+template <typename T>
+void layernorm_forward(T* out, T* mean, T* rstd, const T* x, const T* w, const T* b,
+                       int64_t ntok, int64_t C, T eps) {
+  layernorm_forward_impl(out, mean, rstd, x, w, b, ntok, C, eps);
+}
+void layernorm_forward_bf16(uint16_t* out, float* mean, float* rstd, const float* x,
+                            const float* w, const float* b, int64_t ntok, int64_t C, float eps) {
+  layernorm_forward_impl(out, mean, rstd, x, w, b, ntok, C, eps);
 }
 
 template <typename T>
@@ -205,8 +276,10 @@ void layernorm_backward(T* dx, T* dw, T* db, const T* dout, const T* x, const T*
   }
 }
 
-template <typename T>
-void rmsnorm_forward(T* out, T* rstd, const T* x, const T* w, int64_t ntok, int64_t C, T eps) {
+namespace {
+template <typename T, typename O>
+void rmsnorm_forward_impl(O* out, T* rstd, const T* x, const T* w, int64_t ntok, int64_t C,
+                          T eps) {
 #pragma omp parallel for schedule(static)
   for (int64_t t = 0; t < ntok; ++t) {
     const T* xr = x + t * C;
@@ -214,11 +287,21 @@ void rmsnorm_forward(T* out, T* rstd, const T* x, const T* w, int64_t ntok, int6
 #pragma omp simd reduction(+ : ss)
     for (int64_t c = 0; c < C; ++c) ss += xr[c] * xr[c];
     const T r = T(1) / std::sqrt(ss / T(C) + eps);
-    T* o = out + t * C;
+    O* o = out + t * C;
 #pragma omp simd
-    for (int64_t c = 0; c < C; ++c) o[c] = xr[c] * r * w[c];
+    for (int64_t c = 0; c < C; ++c) o[c] = to_out<O>(xr[c] * r * w[c]);
     rstd[t] = r;
   }
+}
+}  // namespace
+
+template <typename T>
+void rmsnorm_forward(T* out, T* rstd, const T* x, const T* w, int64_t ntok, int64_t C, T eps) {
+  rmsnorm_forward_impl(out, rstd, x, w, ntok, C, eps);
+}
+void rmsnorm_forward_bf16(uint16_t* out, float* rstd, const float* x, const float* w,
+                          int64_t ntok, int64_t C, float eps) {
+  rmsnorm_forward_impl(out, rstd, x, w, ntok, C, eps);
 }
 
 template <typename T>
@@ -260,8 +343,8 @@ constexpr double kGeluA = 0.044715;
 constexpr int64_t kElemChunk = 16384;  // elementwise work split into fixed chunks
 }  // namespace
 
-template <typename T>
-void gelu_forward(T* out, const T* x, int64_t n) {
+template <typename T, typename O>
+void gelu_forward_impl(O* out, const T* x, int64_t n) {
   const T s = T(kGeluS), a = T(kGeluA);
 #pragma omp parallel for schedule(static)
   for (int64_t i0 = 0; i0 < n; i0 += kElemChunk) {
@@ -269,13 +352,16 @@ void gelu_forward(T* out, const T* x, int64_t n) {
 #pragma omp simd
     for (int64_t i = i0; i < i1; ++i) {
       const T v = x[i];
-      out[i] = T(0.5) * v * (T(1) + fast_tanh(s * (v + a * v * v * v)));
+      out[i] = to_out<O>(T(0.5) * v * (T(1) + fast_tanh(s * (v + a * v * v * v))));
     }
   }
 }
-
 template <typename T>
-void gelu_backward(T* dx, const T* dout, const T* x, int64_t n) {
+void gelu_forward(T* out, const T* x, int64_t n) { gelu_forward_impl(out, x, n); }
+void gelu_forward_bf16(uint16_t* out, const float* x, int64_t n) { gelu_forward_impl(out, x, n); }
+
+template <typename T, typename O>
+void gelu_backward_impl(O* dx, const T* dout, const T* x, int64_t n) {
   const T s = T(kGeluS), a = T(kGeluA);
 #pragma omp parallel for schedule(static)
   for (int64_t i0 = 0; i0 < n; i0 += kElemChunk) {
@@ -286,40 +372,60 @@ void gelu_backward(T* dx, const T* dout, const T* x, int64_t n) {
       const T th = fast_tanh(s * (v + a * v * v * v));
       const T local = T(0.5) * (T(1) + th) +
                       T(0.5) * v * (T(1) - th * th) * s * (T(1) + T(3) * a * v * v);
-      dx[i] = local * dout[i];
+      dx[i] = to_out<O>(local * dout[i]);
     }
   }
 }
-
 template <typename T>
-void swiglu_forward(T* out, const T* gu, int64_t ntok, int64_t F) {
+void gelu_backward(T* dx, const T* dout, const T* x, int64_t n) { gelu_backward_impl(dx, dout, x, n); }
+void gelu_backward_bf16(uint16_t* dx, const float* dout, const float* x, int64_t n) {
+  gelu_backward_impl(dx, dout, x, n);
+}
+
+template <typename T, typename O>
+void swiglu_forward_impl(O* out, const T* gu, int64_t ntok, int64_t F) {
 #pragma omp parallel for schedule(static)
   for (int64_t t = 0; t < ntok; ++t) {
     const T* g = gu + t * 2 * F;
     const T* u = g + F;
-    T* o = out + t * F;
+    O* o = out + t * F;
 #pragma omp simd
-    for (int64_t j = 0; j < F; ++j) o[j] = g[j] * fast_sigmoid(g[j]) * u[j];
+    for (int64_t j = 0; j < F; ++j) o[j] = to_out<O>(g[j] * fast_sigmoid(g[j]) * u[j]);
   }
 }
-
 template <typename T>
-void swiglu_backward(T* dgu, const T* dout, const T* gu, int64_t ntok, int64_t F) {
+void swiglu_forward(T* out, const T* gu, int64_t ntok, int64_t F) {
+  swiglu_forward_impl(out, gu, ntok, F);
+}
+void swiglu_forward_bf16(uint16_t* out, const float* gu, int64_t ntok, int64_t F) {
+  swiglu_forward_impl(out, gu, ntok, F);
+}
+
+template <typename T, typename O>
+void swiglu_backward_impl(O* dgu, const T* dout, const T* gu, int64_t ntok, int64_t F) {
 #pragma omp parallel for schedule(static)
   for (int64_t t = 0; t < ntok; ++t) {
     const T* g = gu + t * 2 * F;
     const T* u = g + F;
     const T* d = dout + t * F;
-    T* dg = dgu + t * 2 * F;
-    T* du = dg + F;
+    O* dg = dgu + t * 2 * F;
+    O* du = dg + F;
 #pragma omp simd
     for (int64_t j = 0; j < F; ++j) {
       const T sg = fast_sigmoid(g[j]);
       const T silu = g[j] * sg;
-      dg[j] = d[j] * u[j] * sg * (T(1) + g[j] * (T(1) - sg));
-      du[j] = d[j] * silu;
+      dg[j] = to_out<O>(d[j] * u[j] * sg * (T(1) + g[j] * (T(1) - sg)));
+      du[j] = to_out<O>(d[j] * silu);
     }
   }
+}
+template <typename T>
+void swiglu_backward(T* dgu, const T* dout, const T* gu, int64_t ntok, int64_t F) {
+  swiglu_backward_impl(dgu, dout, gu, ntok, F);
+}
+void swiglu_backward_bf16(uint16_t* dgu, const float* dout, const float* gu, int64_t ntok,
+                          int64_t F) {
+  swiglu_backward_impl(dgu, dout, gu, ntok, F);
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -535,6 +641,65 @@ void adamw_update(T* p, const T* g, T* m, T* v, int64_t n, T lr, T beta1, T beta
       m[i] = mi;
       v[i] = vi;
       p[i] -= lr * ((mi * bc1) / (std::sqrt(vi * bc2) + eps) + weight_decay * p[i]);
+    }
+  }
+}
+
+double cross_entropy_fused_bf16(float* logits, uint16_t* dlogits, float* losses,
+                                const int32_t* targets, int64_t ntok, int64_t V,
+                                float grad_scale) {
+  check_targets(targets, ntok, V);
+#pragma omp parallel for schedule(static)
+  for (int64_t t = 0; t < ntok; ++t) {
+    float* row = logits + t * V;
+    uint16_t* drow = dlogits + t * V;
+    const int32_t tgt = targets[t];
+    if (tgt < 0) {
+      std::fill(drow, drow + V, uint16_t(0));
+      losses[t] = 0;
+      continue;
+    }
+    float mx = row[0];
+#pragma omp simd reduction(max : mx)
+    for (int64_t j = 0; j < V; ++j) mx = std::max(mx, row[j]);
+    const float target_logit = row[tgt];
+    float sum = 0;
+#pragma omp simd reduction(+ : sum)
+    for (int64_t j = 0; j < V; ++j) {
+      const float e = fast_exp(row[j] - mx);
+      row[j] = e;
+      sum += e;
+    }
+    losses[t] = std::log(sum) + mx - target_logit;
+    const float scale = grad_scale / sum;
+    const float at_target = row[tgt] * scale - grad_scale;
+#pragma omp simd
+    for (int64_t j = 0; j < V; ++j) drow[j] = float_to_bf16(row[j] * scale);
+    drow[tgt] = float_to_bf16(at_target);
+  }
+  double total = 0;
+  for (int64_t t = 0; t < ntok; ++t) total += double(losses[t]);
+  return total;
+}
+
+void adamw_update_bf16(float* p, uint16_t* p16, const float* g, float* m, float* v, int64_t n,
+                       float lr, float beta1, float beta2, float eps, float weight_decay,
+                       float grad_scale, int64_t step) {
+  const float bc1 = 1.0f / (1.0f - float(std::pow(double(beta1), double(step))));
+  const float bc2 = 1.0f / (1.0f - float(std::pow(double(beta2), double(step))));
+#pragma omp parallel for schedule(static)
+  for (int64_t i0 = 0; i0 < n; i0 += kElemChunk) {
+    const int64_t i1 = std::min(n, i0 + kElemChunk);
+#pragma omp simd
+    for (int64_t i = i0; i < i1; ++i) {
+      const float gi = g[i] * grad_scale;
+      const float mi = beta1 * m[i] + (1.0f - beta1) * gi;
+      const float vi = beta2 * v[i] + (1.0f - beta2) * gi * gi;
+      m[i] = mi;
+      v[i] = vi;
+      const float pi = p[i] - lr * ((mi * bc1) / (std::sqrt(vi * bc2) + eps) + weight_decay * p[i]);
+      p[i] = pi;
+      p16[i] = float_to_bf16(pi);
     }
   }
 }

@@ -133,4 +133,42 @@ template <typename T>
 void adamw_update(T* p, const T* g, T* m, T* v, int64_t n, T lr, T beta1, T beta2, T eps,
                   T weight_decay, T grad_scale, int64_t step);
 
+// ---------------------------------------------------------------------------------------------
+// bf16 mixed precision (docs/precision.md): the same kernels writing their output in bf16 where
+// that output only feeds GEMMs, so the cast is fused into the producer (one write of 2 bytes
+// instead of a 4-byte write, a 4-byte read and a 2-byte write in a separate pass). Arithmetic is
+// fp32; only the stored result is rounded (to nearest even).
+
+// linear_forward with the input and the weight stored in bf16 (W [OC, IC], the optimizer's bf16
+// copy); out, bias and accumulation fp32.
+void linear_forward_bf16(float* out, const uint16_t* in, const uint16_t* W, const float* bias,
+                         int64_t ntok, int64_t IC, int64_t OC, bool accumulate = false);
+// linear_backward with dout, the saved input and the weight in bf16; din (overwritten), dW and
+// dbias (accumulated) fp32. dbias sums dout_f32 when given (the fp32 gradient), else the bf16 one.
+void linear_backward_bf16(float* din, float* dW, float* dbias, const uint16_t* dout,
+                          const float* dout_f32, const uint16_t* in, const uint16_t* W,
+                          int64_t ntok, int64_t IC, int64_t OC);
+
+// layernorm_forward with out in bf16; mean and rstd fp32.
+void layernorm_forward_bf16(uint16_t* out, float* mean, float* rstd, const float* x,
+                            const float* w, const float* b, int64_t ntok, int64_t C, float eps);
+void rmsnorm_forward_bf16(uint16_t* out, float* rstd, const float* x, const float* w,
+                          int64_t ntok, int64_t C, float eps);
+void gelu_forward_bf16(uint16_t* out, const float* x, int64_t n);
+// dx in bf16 (it feeds the up projection's input- and weight-gradient GEMMs only).
+void gelu_backward_bf16(uint16_t* dx, const float* dout, const float* x, int64_t n);
+void swiglu_forward_bf16(uint16_t* out, const float* gu, int64_t ntok, int64_t F);
+void swiglu_backward_bf16(uint16_t* dgu, const float* dout, const float* gu, int64_t ntok,
+                          int64_t F);
+// cross_entropy_fused writing d(loss)/d logits in bf16 to dlogits[ntok, V] instead of in place
+// (logits are left holding intermediate values). Returns Σ losses.
+double cross_entropy_fused_bf16(float* logits, uint16_t* dlogits, float* losses,
+                                const int32_t* targets, int64_t ntok, int64_t V,
+                                float grad_scale);
+// adamw_update that also writes the updated parameters rounded to bf16 into p16 (the weight
+// copy the next step's GEMMs read): one pass over the parameters per step.
+void adamw_update_bf16(float* p, uint16_t* p16, const float* g, float* m, float* v, int64_t n,
+                       float lr, float beta1, float beta2, float eps, float weight_decay,
+                       float grad_scale, int64_t step);
+
 }  // namespace tetrad::kernels

@@ -1,5 +1,9 @@
 #include "tetrad/backend/cpu/precision.hpp"
 
+#include <algorithm>
+#include <array>
+#include <chrono>
+#include <cstdio>
 #include <cstdlib>
 #include <mutex>
 #include <oneapi/dnnl/dnnl.h>
@@ -45,7 +49,11 @@ Bf16Probe probe() {
     const memory::dims d = {64, 64};
     memory::desc a(d, memory::data_type::bf16, memory::format_tag::ab);
     memory::desc c(d, memory::data_type::f32, memory::format_tag::ab);
+#if DNNL_VERSION_MAJOR >= 3
+    dnnl::matmul::primitive_desc pd(eng, a, a, c);
+#else
     dnnl::matmul::primitive_desc pd(dnnl::matmul::desc(a, a, c), eng);
+#endif
     const std::string impl = pd.impl_info_str();
     if (impl.find("ref") != std::string::npos) {
       p.path = "emulated (oneDNN offers only '" + impl + "' for bf16 matmul here)";
@@ -101,7 +109,9 @@ std::string auto_precision_reason() {
                               : "bf16 would be " + bf16_matmul_path();
 }
 
-bool native_bf16_matmul() { return probed().native; }
+static bool g_force_emulation = false;
+void set_bf16_emulation_forced(bool on) { g_force_emulation = on; }
+bool native_bf16_matmul() { return probed().native && !g_force_emulation; }
 std::string bf16_matmul_path() { return probed().path; }
 
 void set_gemm_precision(Precision p) { g_precision = p; }
@@ -115,6 +125,26 @@ void round_matrix_to_bf16(const float* in, int64_t ldi, float* out, int64_t ldo,
     float* y = out + r * ldo;
 #pragma omp simd
     for (int64_t c = 0; c < cols; ++c) y[c] = round_to_bf16(x[c]);
+  }
+}
+
+void convert_to_bf16(const float* in, uint16_t* out, int64_t n, bool parallel) {
+  constexpr int64_t kChunk = 1 << 14;
+#pragma omp parallel for schedule(static) if (parallel && n > 4 * kChunk)
+  for (int64_t i0 = 0; i0 < n; i0 += kChunk) {
+    const int64_t i1 = std::min(n, i0 + kChunk);
+#pragma omp simd
+    for (int64_t i = i0; i < i1; ++i) out[i] = float_to_bf16(in[i]);
+  }
+}
+
+void convert_from_bf16(const uint16_t* in, float* out, int64_t n, bool parallel) {
+  constexpr int64_t kChunk = 1 << 14;
+#pragma omp parallel for schedule(static) if (parallel && n > 4 * kChunk)
+  for (int64_t i0 = 0; i0 < n; i0 += kChunk) {
+    const int64_t i1 = std::min(n, i0 + kChunk);
+#pragma omp simd
+    for (int64_t i = i0; i < i1; ++i) out[i] = bf16_to_float(in[i]);
   }
 }
 
@@ -135,82 +165,320 @@ namespace {
 thread_local std::vector<float> t_a32, t_b32;
 thread_local std::vector<uint16_t> t_a16, t_b16;
 
+// Stored extent of an operand: rows x cols of the matrix as laid out in memory.
+struct Stored {
+  int64_t rows, cols;
+};
+Stored stored_a(bool ta, int64_t M, int64_t K) { return ta ? Stored{K, M} : Stored{M, K}; }
+Stored stored_b(bool tb, int64_t K, int64_t N) { return tb ? Stored{N, K} : Stored{K, N}; }
+
+// The operand as fp32 with every element rounded to bf16 (emulated path): a bf16 operand is
+// widened exactly, an fp32 one rounded; into a compact copy (leading dimension = cols).
+const float* rounded_fp32(const Bf16Operand& x, Stored s, std::vector<float>& scratch) {
+  scratch.resize(size_t(s.rows * s.cols));
+  if (x.bf16) {
+#pragma omp parallel for schedule(static) if (s.rows * s.cols > 32768)
+    for (int64_t r = 0; r < s.rows; ++r)
+      for (int64_t c = 0; c < s.cols; ++c)
+        scratch[size_t(r * s.cols + c)] = bf16_to_float(x.bf16[r * x.ld + c]);
+  } else {
+    round_matrix_to_bf16(x.f32, x.ld, scratch.data(), s.cols, s.rows, s.cols);
+  }
+  return scratch.data();
+}
+
+void report(const std::string& line);
+
 void gemm_bf16_emulated(bool ta, bool tb, int64_t M, int64_t N, int64_t K, float alpha,
-                        const float* A, int64_t lda, const float* B, int64_t ldb, float beta,
-                        float* C, int64_t ldc) {
-  // Stored shapes: A is [M, K] (or [K, M] when transposed), B is [K, N] (or [N, K]).
-  const int64_t ar = ta ? K : M, ac = ta ? M : K, br = tb ? N : K, bc = tb ? K : N;
-  t_a32.resize(size_t(ar * ac));
-  t_b32.resize(size_t(br * bc));
-  round_matrix_to_bf16(A, lda, t_a32.data(), ac, ar, ac);
-  round_matrix_to_bf16(B, ldb, t_b32.data(), bc, br, bc);
-  const dnnl_status_t st = dnnl_sgemm(ta ? 'T' : 'N', tb ? 'T' : 'N', M, N, K, alpha,
-                                      t_a32.data(), ac, t_b32.data(), bc, beta, C, ldc);
+                        const Bf16Operand& A, const Bf16Operand& B, float beta, float* C,
+                        int64_t ldc) {
+  {  // the report names every shape whichever path ran it (once per shape and thread)
+    thread_local std::vector<std::array<int64_t, 5>> seen;
+    const std::array<int64_t, 5> key{int64_t(ta), int64_t(tb), M, N, K};
+    if (std::find(seen.begin(), seen.end(), key) == seen.end()) {
+      seen.push_back(key);
+      report(std::string(ta ? "T" : "N") + (tb ? "T" : "N") + " " + std::to_string(M) + "x" +
+             std::to_string(N) + "x" + std::to_string(K) +
+             ": emulated (sgemm on bf16-rounded operands; layout choice is for native matmuls)");
+    }
+  }
+  const Stored sa = stored_a(ta, M, K), sb = stored_b(tb, K, N);
+  const float* a = rounded_fp32(A, sa, t_a32);
+  const float* b = rounded_fp32(B, sb, t_b32);
+  const dnnl_status_t st = dnnl_sgemm(ta ? 'T' : 'N', tb ? 'T' : 'N', M, N, K, alpha, a, sa.cols,
+                                      b, sb.cols, beta, C, ldc);
   TETRAD_CHECK(st == dnnl_success, "dnnl_sgemm failed with status ", int(st));
 }
 
 struct MatmulKey {
   bool ta, tb;
-  int64_t M, N, K, ldc;
+  int64_t M, N, K, lda, ldb, ldc;
   float alpha, beta;
+  int policy;  // the GemmLayoutPolicy in force: a forced form must not reuse another's primitive
   bool operator==(const MatmulKey&) const = default;
 };
 struct MatmulKeyHash {
   size_t operator()(const MatmulKey& k) const {
-    size_t h = std::hash<int64_t>()(k.M) ^ (std::hash<int64_t>()(k.N) << 1) ^
-               (std::hash<int64_t>()(k.K) << 2) ^ (std::hash<int64_t>()(k.ldc) << 3);
-    return h ^ (size_t(k.ta) << 60) ^ (size_t(k.tb) << 61) ^ std::hash<float>()(k.alpha) ^
-           (std::hash<float>()(k.beta) << 4);
+    size_t h = 1469598103934665603ull;
+    auto mix = [&](uint64_t v) { h = (h ^ v) * 1099511628211ull; };
+    mix(uint64_t(k.ta) | uint64_t(k.tb) << 1 | uint64_t(k.policy) << 2);
+    for (int64_t v : {k.M, k.N, k.K, k.lda, k.ldb, k.ldc}) mix(uint64_t(v));
+    mix(std::hash<float>()(k.alpha));
+    mix(std::hash<float>()(k.beta));
+    return h;
   }
 };
 
-// oneDNN matmul with bf16 inputs (converted into compact copies of the stored matrices, so the
-// transposes become strides) and fp32 output; alpha as the output scale, beta as a sum post-op.
-// Primitives are cached per shape: the model has a handful.
-void gemm_bf16_native(bool ta, bool tb, int64_t M, int64_t N, int64_t K, float alpha,
-                      const float* A, int64_t lda, const float* B, int64_t ldb, float beta,
-                      float* C, int64_t ldc) {
-  using dnnl::memory;
+using dnnl::memory;
+
+// A logical [rows, cols] matrix at the given element strides.
+memory::desc strided(int64_t rows, int64_t cols, int64_t row_stride, int64_t col_stride,
+                     memory::data_type dt) {
+  return memory::desc({rows, cols}, dt, memory::dims{row_stride, col_stride});
+}
+
+dnnl::engine& engine() {
   static dnnl::engine eng(dnnl::engine::kind::cpu, 0);
-  thread_local dnnl::stream strm(eng);
-  thread_local std::unordered_map<MatmulKey, dnnl::matmul, MatmulKeyHash> cache;
-  const int64_t ar = ta ? K : M, ac = ta ? M : K, br = tb ? N : K, bc = tb ? K : N;
-  const memory::desc a_md({M, K}, memory::data_type::bf16,
-                          ta ? memory::dims{1, M} : memory::dims{K, 1});
-  const memory::desc b_md({K, N}, memory::data_type::bf16,
-                          tb ? memory::dims{1, K} : memory::dims{N, 1});
-  const memory::desc c_md({M, N}, memory::data_type::f32, memory::dims{ldc, 1});
-  const MatmulKey key{ta, tb, M, N, K, ldc, alpha, beta};
+  return eng;
+}
+
+// One matmul primitive: src [m, k] · weights [k, n] -> dst [m, n] with the strides of the
+// chosen form, alpha as a scale of the source, beta as a sum post-op.
+struct Matmul {
+  dnnl::matmul prim;
+  bool transposed = false;  // computes Cᵀ = op(B)ᵀ·op(A)ᵀ
+  bool scaled = false;
+  std::string impl;
+  memory::desc src_md, wei_md, dst_md;
+};
+
+Matmul make_matmul(const MatmulKey& k, bool transposed) {
+  using dt = memory::data_type;
+  // op(A) [M, K] at (row, col) strides; op(B) [K, N] likewise.
+  const int64_t a_rs = k.ta ? 1 : k.lda, a_cs = k.ta ? k.lda : 1;
+  const int64_t b_rs = k.tb ? 1 : k.ldb, b_cs = k.tb ? k.ldb : 1;
+  memory::desc src, wei, dst;
+  if (!transposed) {
+    src = strided(k.M, k.K, a_rs, a_cs, dt::bf16);
+    wei = strided(k.K, k.N, b_rs, b_cs, dt::bf16);
+    dst = strided(k.M, k.N, k.ldc, 1, dt::f32);
+  } else {
+    // op(B)ᵀ [N, K], op(A)ᵀ [K, M] (transposing swaps the stride pairs), into a compact Cᵀ
+    // [N, M] scratch that execute() adds into C transposed: oneDNN has only its reference
+    // kernel for a column-major destination (measured: "ref:any" in 2.6 and 3.2).
+    src = strided(k.N, k.K, b_cs, b_rs, dt::bf16);
+    wei = strided(k.K, k.M, a_cs, a_rs, dt::bf16);
+    dst = strided(k.N, k.M, k.M, 1, dt::f32);
+  }
+  dnnl::primitive_attr attr;
+  Matmul m;
+  m.transposed = transposed;
+  if (k.alpha != 1.0f) {
+#if DNNL_VERSION_MAJOR >= 3
+    attr.set_scales_mask(DNNL_ARG_SRC, 0);
+    m.scaled = true;
+#else
+    attr.set_output_scales(0, {k.alpha});
+#endif
+  }
+  if (k.beta != 0.0f && !transposed) {  // transposed: beta applied when adding the scratch
+    dnnl::post_ops po;
+    po.append_sum(k.beta);
+    attr.set_post_ops(po);
+  }
+#if DNNL_VERSION_MAJOR >= 3
+  dnnl::matmul::primitive_desc pd(engine(), src, wei, dst, attr);
+#else
+  dnnl::matmul::primitive_desc pd(dnnl::matmul::desc(src, wei, dst), attr, engine());
+#endif
+  m.impl = pd.impl_info_str();
+  m.prim = dnnl::matmul(pd);
+  m.src_md = src, m.wei_md = wei, m.dst_md = dst;
+  return m;
+}
+
+void execute(const Matmul& m, const MatmulKey& k, const uint16_t* a, const uint16_t* b,
+             float* c) {
+  using dt = memory::data_type;
+  thread_local dnnl::stream strm(engine());
+  const uint16_t* src = m.transposed ? b : a;
+  const uint16_t* wei = m.transposed ? a : b;
+  memory src_m(m.src_md, engine(), const_cast<uint16_t*>(src));
+  memory wei_m(m.wei_md, engine(), const_cast<uint16_t*>(wei));
+  thread_local std::vector<float> ct;  // Cᵀ of the transposed form
+  if (m.transposed) ct.resize(size_t(k.M * k.N));
+  memory dst_m(m.dst_md, engine(), m.transposed ? ct.data() : c);
+  std::unordered_map<int, memory> args{
+      {DNNL_ARG_SRC, src_m}, {DNNL_ARG_WEIGHTS, wei_m}, {DNNL_ARG_DST, dst_m}};
+#if DNNL_VERSION_MAJOR >= 3
+  float alpha = k.alpha;  // oneDNN 3 takes scales at run time
+  if (m.scaled)
+    args.emplace(DNNL_ARG_ATTR_SCALES | DNNL_ARG_SRC,
+                 memory(memory::desc({1}, dt::f32, memory::format_tag::a), engine(), &alpha));
+#else
+  (void)k;
+  (void)dt::f32;
+#endif
+  m.prim.execute(strm, args);
+  strm.wait();
+  if (m.transposed) {  // C = beta C + (Cᵀ)ᵀ, in 32x32 blocks
+    constexpr int64_t kB = 32;
+    const float beta = k.beta;
+#pragma omp parallel for collapse(2) schedule(static) if (k.M * k.N > 32768)
+    for (int64_t i0 = 0; i0 < k.M; i0 += kB)
+      for (int64_t j0 = 0; j0 < k.N; j0 += kB)
+        for (int64_t i = i0; i < std::min(k.M, i0 + kB); ++i)
+          for (int64_t j = j0; j < std::min(k.N, j0 + kB); ++j) {
+            const float v = ct[size_t(j * k.M + i)];
+            float& o = c[i * k.ldc + j];
+            o = beta == 0.0f ? v : beta * o + v;
+          }
+  }
+}
+
+GemmLayoutPolicy policy_from_env() {
+  const char* e = std::getenv("TETRAD_GEMM_LAYOUT");
+  if (!e || !*e) return GemmLayoutPolicy::kRule;
+  const std::string v(e);
+  if (v == "rule") return GemmLayoutPolicy::kRule;
+  if (v == "tune") return GemmLayoutPolicy::kTune;
+  if (v == "plain") return GemmLayoutPolicy::kPlain;
+  if (v == "transposed") return GemmLayoutPolicy::kTransposed;
+  fail("TETRAD_GEMM_LAYOUT must be rule, tune, plain or transposed, got \"", v, "\"");
+}
+GemmLayoutPolicy g_layout_policy = policy_from_env();
+
+std::mutex g_report_mu;
+std::vector<std::string> g_report;
+void report(const std::string& line) {
+  std::lock_guard<std::mutex> lock(g_report_mu);
+  if (std::find(g_report.begin(), g_report.end(), line) == g_report.end()) g_report.push_back(line);
+}
+
+std::string shape_name(const MatmulKey& k) {
+  return std::string(k.ta ? "T" : "N") + (k.tb ? "T" : "N") + " " + std::to_string(k.M) + "x" +
+         std::to_string(k.N) + "x" + std::to_string(k.K);
+}
+
+// Best of 3 runs of each form on random bf16 operands of the key's shape (zeros run faster
+// than real data, machine-notes.md); returns the faster form.
+Matmul tune(const MatmulKey& k) {
+  const Stored sa = stored_a(k.ta, k.M, k.K), sb = stored_b(k.tb, k.K, k.N);
+  std::vector<uint16_t> a(size_t(sa.rows * k.lda)), b(size_t(sb.rows * k.ldb));
+  std::vector<float> c(size_t(k.M * k.ldc));
+  uint64_t x = 0x9E3779B97F4A7C15ull;
+  auto next = [&] {
+    x ^= x << 13, x ^= x >> 7, x ^= x << 17;
+    return float(int64_t(x >> 40) - (1 << 23)) / float(1 << 23);
+  };
+  for (auto& v : a) v = float_to_bf16(next());
+  for (auto& v : b) v = float_to_bf16(next());
+  for (auto& v : c) v = next();
+  Matmul best;
+  double best_t = 1e30, times[2] = {0, 0};
+  for (int form = 0; form < 2; ++form) {
+    Matmul m = make_matmul(k, form == 1);
+    execute(m, k, a.data(), b.data(), c.data());
+    double t = 1e30;
+    for (int r = 0; r < 3; ++r) {
+      const auto t0 = std::chrono::steady_clock::now();
+      execute(m, k, a.data(), b.data(), c.data());
+      t = std::min(t, std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
+    }
+    times[form] = t;
+    if (t < best_t) best_t = t, best = std::move(m);
+  }
+  const double flop = 2.0 * double(k.M) * double(k.N) * double(k.K);
+  char buf[160];
+  std::snprintf(buf, sizeof buf, ": %s (plain %.0f, transposed %.0f GFLOP/s, tuned)",
+                best.transposed ? "transposed" : "plain", flop / times[0] / 1e9,
+                flop / times[1] / 1e9);
+  report(shape_name(k) + buf);
+  return best;
+}
+
+// oneDNN matmul with bf16 inputs and fp32 output. fp32 operands are converted into compact bf16
+// copies first; bf16 ones are read in place through their strides. Primitives are cached per
+// shape and layout: the model has a handful.
+void gemm_bf16_native(bool ta, bool tb, int64_t M, int64_t N, int64_t K, float alpha,
+                      const Bf16Operand& A, const Bf16Operand& B, float beta, float* C,
+                      int64_t ldc) {
+  thread_local std::unordered_map<MatmulKey, Matmul, MatmulKeyHash> cache;
+  const Stored sa = stored_a(ta, M, K), sb = stored_b(tb, K, N);
+  const uint16_t* a = A.bf16;
+  const uint16_t* b = B.bf16;
+  int64_t lda = A.ld, ldb = B.ld;
+  if (!a) {
+    t_a16.resize(size_t(sa.rows * sa.cols));
+    convert_matrix_to_bf16(A.f32, A.ld, t_a16.data(), sa.cols, sa.rows, sa.cols);
+    a = t_a16.data(), lda = sa.cols;
+  }
+  if (!b) {
+    t_b16.resize(size_t(sb.rows * sb.cols));
+    convert_matrix_to_bf16(B.f32, B.ld, t_b16.data(), sb.cols, sb.rows, sb.cols);
+    b = t_b16.data(), ldb = sb.cols;
+  }
+  const MatmulKey key{ta, tb, M, N, K, lda, ldb, ldc, alpha, beta, int(g_layout_policy)};
   auto it = cache.find(key);
   if (it == cache.end()) {
-    dnnl::primitive_attr attr;
-    if (alpha != 1.0f) attr.set_output_scales(0, {alpha});
-    if (beta != 0.0f) {
-      dnnl::post_ops po;
-      po.append_sum(beta);
-      attr.set_post_ops(po);
+    Matmul m;
+    switch (g_layout_policy) {
+      case GemmLayoutPolicy::kTune: m = tune(key); break;
+      case GemmLayoutPolicy::kPlain:
+        m = make_matmul(key, false);
+        report(shape_name(key) + ": plain (forced)");
+        break;
+      case GemmLayoutPolicy::kTransposed:
+        m = make_matmul(key, true);
+        report(shape_name(key) + ": transposed (forced)");
+        break;
+      case GemmLayoutPolicy::kRule:
+        m = make_matmul(key, gemm_layout_rule(ta, tb, M, N, K));
+        report(shape_name(key) + ": " + (m.transposed ? "transposed" : "plain") + " (rule)");
+        break;
     }
-    dnnl::matmul::primitive_desc pd(dnnl::matmul::desc(a_md, b_md, c_md), attr, eng);
-    it = cache.emplace(key, dnnl::matmul(pd)).first;
+    it = cache.emplace(key, std::move(m)).first;
   }
-  t_a16.resize(size_t(ar * ac));
-  t_b16.resize(size_t(br * bc));
-  convert_matrix_to_bf16(A, lda, t_a16.data(), ac, ar, ac);
-  convert_matrix_to_bf16(B, ldb, t_b16.data(), bc, br, bc);
-  memory a_mem(a_md, eng, t_a16.data()), b_mem(b_md, eng, t_b16.data()), c_mem(c_md, eng, C);
-  it->second.execute(strm, {{DNNL_ARG_SRC, a_mem}, {DNNL_ARG_WEIGHTS, b_mem}, {DNNL_ARG_DST, c_mem}});
-  strm.wait();
+  execute(it->second, key, a, b, C);
 }
 
 }  // namespace
 
+void set_gemm_layout_policy(GemmLayoutPolicy p) { g_layout_policy = p; }
+GemmLayoutPolicy gemm_layout_policy() { return g_layout_policy; }
+
+bool gemm_layout_rule(bool ta, bool tb, int64_t M, int64_t N, int64_t K) {
+  (void)ta, (void)tb, (void)M, (void)N, (void)K;
+  return false;
+}
+
+std::string gemm_layout_report() {
+  std::lock_guard<std::mutex> lock(g_report_mu);
+  std::string s;
+  for (const auto& l : g_report) s += l + "\n";
+  return s;
+}
+
+void gemm_bf16(bool ta, bool tb, int64_t M, int64_t N, int64_t K, float alpha, Bf16Operand A,
+               Bf16Operand B, float beta, float* C, int64_t ldc) {
+  if (M == 0 || N == 0) return;
+  TETRAD_CHECK((A.f32 != nullptr) != (A.bf16 != nullptr) && (B.f32 != nullptr) != (B.bf16 != nullptr),
+               "gemm_bf16: each operand needs exactly one of an fp32 or a bf16 pointer");
+  if (K == 0) {  // nothing to multiply: C = beta * C
+    for (int64_t i = 0; i < M; ++i)
+      for (int64_t j = 0; j < N; ++j) C[i * ldc + j] = beta == 0 ? 0.0f : beta * C[i * ldc + j];
+    return;
+  }
+  if (native_bf16_matmul())
+    gemm_bf16_native(ta, tb, M, N, K, alpha, A, B, beta, C, ldc);
+  else
+    gemm_bf16_emulated(ta, tb, M, N, K, alpha, A, B, beta, C, ldc);
+}
+
 void gemm_bf16(bool ta, bool tb, int64_t M, int64_t N, int64_t K, float alpha, const float* A,
                int64_t lda, const float* B, int64_t ldb, float beta, float* C, int64_t ldc) {
-  if (M == 0 || N == 0) return;
-  if (native_bf16_matmul())
-    gemm_bf16_native(ta, tb, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc);
-  else
-    gemm_bf16_emulated(ta, tb, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc);
+  gemm_bf16(ta, tb, M, N, K, alpha, Bf16Operand::fp32(A, lda), Bf16Operand::fp32(B, ldb), beta, C,
+            ldc);
 }
 
 }  // namespace tetrad::kernels

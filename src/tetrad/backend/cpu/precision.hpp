@@ -43,6 +43,9 @@ std::string auto_precision_reason();
 // Whether bf16 GEMMs run on bf16 hardware here (AMX-BF16 or AVX512-BF16, and oneDNN built a bf16
 // matmul for it). Probed once, thread-safe.
 bool native_bf16_matmul();
+// Tests force the emulated path on a CPU that has the native one (both must be exercised on
+// every machine). Not to be changed while another thread is inside a GEMM.
+void set_bf16_emulation_forced(bool on);
 // "native (oneDNN matmul on amx-bf16)" / "emulated (no AMX-BF16 or AVX512-BF16 on this CPU)" etc.
 std::string bf16_matmul_path();
 
@@ -57,6 +60,43 @@ Precision gemm_precision();
 void gemm_bf16(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K, float alpha,
                const float* A, int64_t lda, const float* B, int64_t ldb, float beta, float* C,
                int64_t ldc);
+
+// A GEMM operand for gemm_bf16: either fp32 (rounded to bf16 on the way in, on every call) or
+// already stored in bf16 by the code that produced it (a weight copy the optimizer writes, an
+// activation a norm or activation kernel writes in bf16): then no conversion pass runs. `ld` is
+// the leading dimension of whichever pointer is set, in elements.
+struct Bf16Operand {
+  const float* f32 = nullptr;
+  const uint16_t* bf16 = nullptr;
+  int64_t ld = 0;
+  static Bf16Operand fp32(const float* p, int64_t ld) { return {p, nullptr, ld}; }
+  static Bf16Operand bf16_stored(const uint16_t* p, int64_t ld) { return {nullptr, p, ld}; }
+};
+
+// The same GEMM with each operand in either form. Transposes are strides of the stored operand
+// (no copy when it is stored in bf16).
+void gemm_bf16(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K, float alpha,
+               Bf16Operand A, Bf16Operand B, float beta, float* C, int64_t ldc);
+
+// How gemm_bf16 computes a product whose layout runs slowly on the matrix units. oneDNN's matmul
+// runs NT (second operand stored [N, K], tetrad's weights) fastest and TN (first operand stored
+// transposed, every weight gradient) slowest (machine-notes.md). A product can instead be
+// computed as its transpose, Cᵀ = op(B)ᵀ·op(A)ᵀ (for TN again a TN product, with the operands'
+// roles swapped, which oneDNN blocks differently), into a scratch then added into C transposed
+// (oneDNN's matmul has only its reference kernel for a transposed destination).
+//   kRule: a fixed rule from measurements (gemm_layout_rule below): the same choice in every
+//          process, so bf16 runs stay bit-reproducible (resume, grids against serial);
+//   kTune: time both once per shape on random operands and keep the faster (AxoNN's way; the
+//          choice may differ between processes, so results need not be bit-identical);
+//   kPlain / kTransposed: force one (tests, benchmarks).
+// TETRAD_GEMM_LAYOUT=rule|tune|plain|transposed sets the default (rule).
+enum class GemmLayoutPolicy { kRule, kTune, kPlain, kTransposed };
+void set_gemm_layout_policy(GemmLayoutPolicy p);
+GemmLayoutPolicy gemm_layout_policy();
+// Whether the fixed rule computes C[M, N] = op(A)·op(B) as its transpose.
+bool gemm_layout_rule(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K);
+// For benchmarks: the choice made for each shape seen so far, one line each.
+std::string gemm_layout_report();
 
 // bf16 conversions: round to nearest even; NaN stays NaN (quiet), ±inf stays ±inf, values past
 // the largest bf16 round to ±inf as IEEE rounding does.
@@ -81,5 +121,9 @@ void round_matrix_to_bf16(const float* in, int64_t ldi, float* out, int64_t ldo,
 // The same into bf16 storage.
 void convert_matrix_to_bf16(const float* in, int64_t ldi, uint16_t* out, int64_t ldo,
                             int64_t rows, int64_t cols);
+// n contiguous elements, vectorised (AVX-512 where the CPU has it); OpenMP over chunks when
+// `parallel` (callers already inside a parallel region pass false).
+void convert_to_bf16(const float* in, uint16_t* out, int64_t n, bool parallel = true);
+void convert_from_bf16(const uint16_t* in, float* out, int64_t n, bool parallel = true);
 
 }  // namespace tetrad::kernels

@@ -214,14 +214,18 @@ void ce_row_max(float* mx, const float* L, int64_t N, int64_t Vs) {
   }
 }
 
+// Σ exp is one float accumulator per row, summed in column order (a scalar loop: no simd
+// reduction). That is the order the parallel model's loss has always been summed in (GCC never
+// vectorised the loop when it was inline in parallel/vocab_parallel.cpp), so losses stay
+// bit-identical with earlier runs; a vectorised sum would change their last bits.
 void ce_sum_exp_target(double* st, const float* L, const float* mx, const int32_t* targets,
                        int64_t v0, int64_t Vs, int64_t N) {
 #pragma omp parallel for schedule(static)
   for (int64_t t = 0; t < N; ++t) {
     const float* r = L + t * Vs;
+    const float m = mx[t];
     float s = 0;
-#pragma omp simd reduction(+ : s)
-    for (int64_t j = 0; j < Vs; ++j) s += kernels::fast_exp(r[j] - mx[t]);
+    for (int64_t j = 0; j < Vs; ++j) s += kernels::fast_exp(r[j] - m);
     st[2 * t] = s;
     const int64_t v = targets[t] - v0;
     st[2 * t + 1] = (targets[t] >= 0 && v >= 0 && v < Vs) ? r[v] : 0.0;

@@ -1,0 +1,46 @@
+#include "tetrad/train/inference.hpp"
+
+#include "tetrad/checkpoint/hf.hpp"
+#include "tetrad/comm/mpi_env.hpp"
+#include "tetrad/core/error.hpp"
+#include "tetrad/parallel/grid.hpp"
+
+namespace tetrad {
+
+int inference_world_size() {
+  return comm::MpiEnvironment::is_initialized() ? comm::Communicator::world().size() : 1;
+}
+
+std::string inference_grid(const std::string& grid, int world_size) {
+  const std::string g = grid.empty() ? "1,1,1," + std::to_string(world_size) : grid;
+  const parallel::GridShape s = parallel::parse_grid(g);
+  if (s.p > 1)
+    fail("grid '", g, "': a pipeline axis (Gp = ", s.p, ") is not supported for inference; "
+         "give x,y,z,d");
+  return g;
+}
+
+InferenceModel load_inference_model(const std::string& dir, const ModelConfig& mc,
+                                    const std::string& grid, int local_batch, int max_len) {
+  InferenceModel m;
+  m.grid = grid;
+  const parallel::GridShape shape = parallel::parse_grid(grid);
+  if (shape.size() == 1)  // one process, or each rank of an mpirun alone
+    m.groups = std::make_unique<parallel::ProcessGroups>();
+  else if (!comm::MpiEnvironment::is_initialized())
+    fail("grid ", grid, " needs ", shape.size(), " ranks: run under mpirun -n ", shape.size());
+  else
+    m.groups = std::make_unique<parallel::ProcessGroups>(comm::Communicator::world(), shape);
+  parallel::ParallelOptions po;
+  po.precision = backend::Precision::FP32;
+  // Forward only: no layer's activations need to outlive it (one layer's scratch, as full
+  // recomputation lays them out; the forward computes the same values).
+  po.recompute = parallel::Recompute::Full;
+  m.model = std::make_unique<parallel::ParallelTransformer>(mc, *m.groups, local_batch, max_len, po);
+  parallel::ParallelTransformer& model = *m.model;
+  load_hf_params_streamed(dir, mc, model.table(),
+                          [&](size_t i, const float* data) { model.set_tensor(i, data); });
+  return m;
+}
+
+}  // namespace tetrad
