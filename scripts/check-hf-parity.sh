@@ -19,6 +19,9 @@ cd "$(dirname "$0")/.."
 T=./build/tetrad
 W=$(mktemp -d)
 trap 'rm -rf "$W"' EXIT
+# A small corpus for the tetrad-made models' few training steps (as tests/cli_common.sh).
+for i in $(seq 1 200); do echo "the king went up to the city $i, and the people followed him."; done > "$W/c.txt"
+"$T" prepare --input "$W/c.txt" --out "$W/data" --vocab-size 300 > /dev/null
 
 if [ "${1:-}" != "--tf5" ]; then
   PY=${1:-/tmp/hfenv/bin/python}
@@ -26,7 +29,7 @@ if [ "${1:-}" != "--tf5" ]; then
   echo "[$TOKENS]" > "$W/tokens.json"
   for m in tiny llama-tiny; do
     "$T" train --set model.name=$m --set model.vocab_size=8192 --set run.dir="$W/hf_$m" \
-      --set train.max_steps=5 --set train.eval_interval=0 > /dev/null
+      --set data.dir="$W/data" --set train.seq_len=32 --set train.max_steps=5 --set train.eval_interval=0 > /dev/null
     "$T" logits --model "$W/hf_$m" --tokens "$TOKENS" --out "$W/logits_$m.bin"
     "$T" export --model "$W/hf_$m" --out "$W/hf_$m/hf"
     "$PY" scripts/hf_check.py "$W/hf_$m/hf" "$W/tokens.json" "$W/logits_$m.bin"
@@ -48,9 +51,6 @@ case "$TFV" in 5.*) ;; *) echo "expected transformers 5.x in $VENV, found $TFV";
 # 48 tokens spread over the vocabulary (8192): positions reach past every rope band edge.
 TOKENS=$(python3 -c "print(','.join(str((i * 2654435761) % 8192) for i in range(1, 49)))")
 echo "[$TOKENS]" > "$W/tokens.json"
-# A small corpus for the tetrad-made models' few training steps (as tests/cli_common.sh).
-for i in $(seq 1 200); do echo "the king went up to the city $i, and the people followed him."; done > "$W/c.txt"
-"$T" prepare --input "$W/c.txt" --out "$W/data" --vocab-size 300 > /dev/null
 
 declare -A SETS=(
   [gpt2]="--set model.name=tiny"

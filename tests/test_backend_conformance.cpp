@@ -562,6 +562,103 @@ TEST_P(Conformance, AttentionKeyOffset) {
   EXPECT_TRUE(close("attention q_offset lse, " + seed(), down(lse, 6), rl, kFwdTol));
 }
 
+// bf16 products (AttentionArgs::precision): forward against the double reference and backward
+// against the backend's own fp32 backward (checked against finite differences above), both within
+// bf16 tolerances and demonstrably rounded; shapes across the kernel's 128-row blocks (tails,
+// decode-like Tq < Tk, GQA groups, several sequences, padded strides); then a query block after
+// its keys (q_offset) with its backward against finite differences.
+TEST_P(Conformance, AttentionBf16ProductsAgainstFp32) {
+  if (!be_->capabilities().attention_bf16_products) GTEST_SKIP() << "backend has no bf16 attention products";
+  struct Case { int B, Tq, Tk, nh, nkv, hd; };
+  const Case cases[] = {{2, 5, 5, 4, 2, 8}, {1, 150, 150, 4, 2, 16}, {2, 1, 140, 4, 1, 8},
+                        {1, 130, 257, 2, 2, 32}, {1, 300, 300, 2, 1, 64}};
+  constexpr double kLo = 1e-5, kHi = 2e-2;  // rounding shows, and stays at bf16 size
+  for (const Case& c : cases) {
+    AttentionArgs d;
+    d.B = c.B; d.Tq = c.Tq; d.Tk = c.Tk; d.n_head = c.nh; d.n_kv_head = c.nkv; d.head_dim = c.hd;
+    const int64_t qkv = int64_t(c.nh + 2 * c.nkv) * c.hd;
+    d.q_stride = c.nh * c.hd + 3; d.q_batch_stride = c.Tq * d.q_stride;
+    d.kv_stride = qkv; d.kv_batch_stride = c.Tk * qkv;
+    d.out_stride = c.nh * c.hd + 1; d.out_batch_stride = c.Tq * d.out_stride;
+    const VF qf = rand(static_cast<size_t>(c.B * d.q_batch_stride), -1.5f, 1.5f);
+    const VF kvf = rand(static_cast<size_t>(c.B * d.kv_batch_stride), -1.5f, 1.5f);
+    const VF dout = rand(static_cast<size_t>(c.B * d.out_batch_stride));
+    const int64_t k_off = int64_t(c.nh) * c.hd, v_off = k_off + int64_t(c.nkv) * c.hd;
+    const size_t n_out = static_cast<size_t>(c.B * d.out_batch_stride), n_lse = static_cast<size_t>(c.B * c.nh * c.Tq);
+    DeviceBuffer dq = up(qf), dkv = up(kvf), ddout = up(dout);
+    VF out[2], lse[2], gq[2], gkv[2];
+    for (int bf = 0; bf < 2; ++bf) {
+      d.precision = bf ? Precision::BF16 : Precision::FP32;
+      DeviceBuffer o = poisoned(n_out), l = poisoned(n_lse), g1 = poisoned(qf.size()), g2 = poisoned(kvf.size());
+      ops_->attention_forward(*q_, d, F(o), F(l), F(dq), F(dkv) + k_off, F(dkv) + v_off);
+      ops_->attention_backward(*q_, d, F(g1), F(g2) + k_off, F(g2) + v_off, F(ddout), F(dq),
+                               F(dkv) + k_off, F(dkv) + v_off, F(o), F(l));
+      out[bf] = down(o, n_out), lse[bf] = down(l, n_lse), gq[bf] = down(g1, qf.size()), gkv[bf] = down(g2, kvf.size());
+    }
+    std::ostringstream name;
+    name << "bf16 attention B" << c.B << " Tq" << c.Tq << " Tk" << c.Tk << " heads " << c.nh << "/"
+         << c.nkv << " hd" << c.hd << ", " << seed();
+    VD ro, rl;
+    AttnRef{d}.forward(widen(qf), VD(kvf.begin() + k_off, kvf.end()), VD(kvf.begin() + v_off, kvf.end()), ro, rl);
+    // Only the elements the ops write (head columns of each row; the strides' padding is not theirs).
+    auto pick = [](const VF& g, int64_t rows, int64_t stride, int64_t lo, int64_t hi) {
+      VF o;
+      for (int64_t r = 0; r < rows; ++r)
+        for (int64_t col = lo; col < hi; ++col) o.push_back(g[r * stride + col]);
+      return o;
+    };
+    auto pickd = [](const VD& g, int64_t rows, int64_t stride, int64_t lo, int64_t hi) {
+      VD o;
+      for (int64_t r = 0; r < rows; ++r)
+        for (int64_t col = lo; col < hi; ++col) o.push_back(g[r * stride + col]);
+      return o;
+    };
+    const VF o16 = pick(out[1], c.B * c.Tq, d.out_stride, 0, k_off);
+    const VD oref = pickd(ro, c.B * c.Tq, d.out_stride, 0, k_off);
+    EXPECT_TRUE(close(name.str() + " out", o16, oref, kHi));
+    EXPECT_FALSE(close(name.str() + " out (rounded?)", o16, oref, kLo));
+    EXPECT_TRUE(close(name.str() + " lse", lse[1], rl, kHi));
+    const VF q16 = pick(gq[1], c.B * c.Tq, d.q_stride, 0, k_off), q32 = pick(gq[0], c.B * c.Tq, d.q_stride, 0, k_off);
+    const VF kv16 = pick(gkv[1], c.B * c.Tk, qkv, k_off, qkv), kv32 = pick(gkv[0], c.B * c.Tk, qkv, k_off, qkv);
+    EXPECT_TRUE(close(name.str() + " dq vs fp32", q16, widen(q32), kHi));
+    EXPECT_FALSE(close(name.str() + " dq vs fp32 (rounded?)", q16, widen(q32), kLo));
+    EXPECT_TRUE(close(name.str() + " dk|dv vs fp32", kv16, widen(kv32), kHi));
+    EXPECT_FALSE(close(name.str() + " dk|dv vs fp32 (rounded?)", kv16, widen(kv32), kLo));
+    // Bit-identical when repeated (fixed block order).
+    d.precision = Precision::BF16;
+    DeviceBuffer o = poisoned(n_out), l = poisoned(n_lse);
+    ops_->attention_forward(*q_, d, F(o), F(l), F(dq), F(dkv) + k_off, F(dkv) + v_off);
+    const VF again = down(o, n_out);
+    EXPECT_EQ(0, std::memcmp(again.data(), out[1].data(), n_out * sizeof(float))) << name.str();
+  }
+  // q_offset (queries after their keys; bf16 products take any q_offset >= 0): the backward
+  // against finite differences of the reference.
+  AttentionArgs d;
+  d.B = 1; d.Tq = 3; d.Tk = 20; d.n_head = 2; d.n_kv_head = 1; d.head_dim = 8;
+  d.q_offset = 25;
+  d.q_stride = d.out_stride = 16; d.kv_stride = 8;
+  d.q_batch_stride = d.out_batch_stride = 48; d.kv_batch_stride = 160;
+  d.precision = Precision::BF16;
+  const VF qf = rand(48), kf = rand(160), vf = rand(160), dout = rand(48);
+  DeviceBuffer dq = up(qf), dk = up(kf), dv = up(vf), ddout = up(dout), out = poisoned(48), lse = poisoned(6);
+  ops_->attention_forward(*q_, d, F(out), F(lse), F(dq), F(dk), F(dv));
+  VD qd = widen(qf), kd = widen(kf), vd = widen(vf), ro, rl;
+  AttnRef{d}.forward(qd, kd, vd, ro, rl);
+  EXPECT_TRUE(close("bf16 attention q_offset out, " + seed(), down(out, 48), ro, kHi));
+  DeviceBuffer gq = poisoned(48), gk = poisoned(160), gv = poisoned(160);
+  ops_->attention_backward(*q_, d, F(gq), F(gk), F(gv), F(ddout), F(dq), F(dk), F(dv), F(out), F(lse));
+  auto loss = [&] {
+    VD o, l;
+    AttnRef{d}.forward(qd, kd, vd, o, l);
+    double L = 0;
+    for (size_t i = 0; i < o.size(); ++i) L += double(dout[i]) * o[i];
+    return L;
+  };
+  EXPECT_TRUE(close("bf16 attention q_offset dq, " + seed(), down(gq, 48), numeric_grad(qd, loss), kHi));
+  EXPECT_TRUE(close("bf16 attention q_offset dk, " + seed(), down(gk, 160), numeric_grad(kd, loss), kHi));
+  EXPECT_TRUE(close("bf16 attention q_offset dv, " + seed(), down(gv, 160), numeric_grad(vd, loss), kHi));
+}
+
 // ---- rotary -----------------------------------------------------------------------------------
 
 TEST_P(Conformance, RopeForwardAndAdjoint) {

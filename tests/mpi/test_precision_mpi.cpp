@@ -72,11 +72,14 @@ std::vector<double> serial_fp32(const ModelConfig& mc) {
   return losses;
 }
 
-std::vector<double> grid_bf16(const ModelConfig& mc, ProcessGroups& g) {
+std::vector<double> grid_bf16(const ModelConfig& mc, ProcessGroups& g, bool bf16_attention = false) {
   kernels::set_gemm_precision(kernels::Precision::BF16);
   const int Bl = kB / (g.shape.z * g.shape.d);
   const int slot = g.coord.z + g.shape.z * g.coord.d;
-  ParallelTransformer m(mc, g, Bl, kT);
+  ParallelOptions po;
+  po.precision = backend::Precision::BF16;
+  if (bf16_attention) po.attention_precision = backend::Precision::BF16;
+  ParallelTransformer m(mc, g, Bl, kT, po);
   m.init_weights(7);
   const TrainConfig tc = train_config();
   std::vector<int64_t> off, size;
@@ -124,4 +127,29 @@ TEST(Bf16Grid, TrainingOnFourRanksTracksTheFp32Curve) {
   EXPECT_LT(l32, 0.6 * f32[0]) << "the fp32 run did not learn; the comparison would be empty";
   EXPECT_NEAR(l16 / l32, 1.0, 0.02) << "fp32 serial " << l32 << ", bf16 on 2x1x2x1 " << l16;
   for (double l : b16) ASSERT_TRUE(std::isfinite(l));
+}
+
+// bf16 attention products as well (AttentionArgs::precision), on the 4-rank grid and on one rank
+// (the model `tetrad train` runs, on the trivial grid), against the same serial fp32 curve.
+TEST(Bf16Grid, Bf16AttentionOnFourRanksAndOneTracksTheFp32Curve) {
+  int world;
+  MPI_Comm_size(MPI_COMM_WORLD, &world);
+  if (world != 4) GTEST_SKIP() << "runs on 4 ranks only";
+  const ModelConfig mc = test_model();
+  const auto f32 = serial_fp32(mc);
+  ProcessGroups g(comm::Communicator::world(), GridShape{2, 1, 2, 1});
+  const auto grid = grid_bf16(mc, g, true);
+  ProcessGroups one;  // this rank alone
+  const auto single = grid_bf16(mc, one, true);
+  double l32 = 0, lg = 0, l1 = 0;
+  for (int s = kSteps - 10; s < kSteps; ++s) l32 += f32[s] / 10, lg += grid[s] / 10, l1 += single[s] / 10;
+  if (g.world.rank() == 0)
+    std::printf("final loss (mean of last 10 of %d steps): fp32 serial %.4f; bf16 GEMMs and "
+                "attention: 2x1x2x1 %.4f (%+.2f%%), one rank %.4f (%+.2f%%)\n", kSteps, l32, lg,
+                100 * (lg / l32 - 1), l1, 100 * (l1 / l32 - 1));
+  EXPECT_LT(l32, 0.6 * f32[0]) << "the fp32 run did not learn; the comparison would be empty";
+  EXPECT_NEAR(lg / l32, 1.0, 0.02) << "fp32 serial " << l32 << ", bf16 on 2x1x2x1 " << lg;
+  EXPECT_NEAR(l1 / l32, 1.0, 0.02) << "fp32 serial " << l32 << ", bf16 on one rank " << l1;
+  for (double l : grid) ASSERT_TRUE(std::isfinite(l));
+  for (double l : single) ASSERT_TRUE(std::isfinite(l));
 }

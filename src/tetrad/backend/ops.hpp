@@ -75,13 +75,17 @@ struct GemmArgs {
 // h / (n_head / n_kv_head). Rows: element (b, t, head h, d) at b*batch_stride + t*stride + h*hd + d.
 // lse: [B, n_head, Tq] contiguous fp32 log-sum-exp of each query row's scaled scores (forward
 // output, backward input; may be null in the forward). dtype: of q, k, v, out (F32; BF16 where
-// Capabilities::attention_bf16).
+// Capabilities::attention_bf16). precision: the arithmetic of the products QKᵀ and PV (and the
+// backward's): FP32, or BF16 where Capabilities::attention_bf16_products (operands rounded to
+// bf16, P and dS included, fp32 accumulation; softmax statistics and lse in fp32). A backward
+// runs in the precision of the forward whose lse it reads.
 struct AttentionArgs {
   int B = 0, Tq = 0, Tk = 0, n_head = 0, n_kv_head = 0, head_dim = 0;
   int64_t q_offset = -1;  // -1: Tk - Tq
   int64_t q_stride = 0, kv_stride = 0, out_stride = 0;
   int64_t q_batch_stride = 0, kv_batch_stride = 0, out_batch_stride = 0;
   DType dtype = DType::F32;
+  Precision precision = Precision::FP32;
   int64_t resolved_q_offset() const { return q_offset < 0 ? int64_t(Tk) - Tq : q_offset; }
 };
 

@@ -86,6 +86,11 @@ struct ParallelOptions {
   // construction (kernels::gemm_precision(), kept for the serial oracle and older callers); the
   // trainer and the benchmark always set it.
   std::optional<backend::Precision> precision;
+  // Arithmetic of attention's products (QKᵀ, PV and the backward's): FP32, or BF16 (bf16
+  // operands, fp32 accumulation and softmax statistics; Capabilities::attention_bf16_products).
+  // Separate from `precision` because on the CPU the bf16 kernel is not yet faster than the fp32
+  // one (docs/precision.md), so bf16 runs keep fp32 attention unless asked.
+  backend::Precision attention_precision = backend::Precision::FP32;
 };
 
 }  // namespace tetrad::parallel

@@ -11,6 +11,7 @@
 #include <vector>
 
 #include "tetrad/backend/cpu/attention.hpp"
+#include "tetrad/backend/cpu/attention_bf16.hpp"
 #include "tetrad/backend/cpu/ops.hpp"
 #include "tetrad/backend/cpu/precision.hpp"
 #include "tetrad/backend/cpu/split_ops.hpp"
@@ -48,8 +49,10 @@ class InlineQueue final : public Queue {
 
 k::AttentionDims dims(const AttentionArgs& a) {
   if (a.dtype != DType::F32)
-    fail("cpu backend: attention in ", dtype_name(a.dtype), " is not implemented (fp32 only)");
-  if (a.resolved_q_offset() != int64_t(a.Tk) - a.Tq)
+    fail("cpu backend: attention on ", dtype_name(a.dtype), "-stored q/k/v is not implemented "
+         "(fp32 storage; bf16 products: AttentionArgs::precision)");
+  // The bf16 kernel takes any q_offset >= 0; the fp32 kernel only the training case.
+  if (a.precision != Precision::BF16 && a.resolved_q_offset() != int64_t(a.Tk) - a.Tq)
     fail("cpu backend: attention with q_offset ", a.q_offset, " (Tq ", a.Tq, ", Tk ", a.Tk,
          ") is not implemented; only q_offset = Tk - Tq (queries are the key block's last Tq "
          "positions)");
@@ -119,6 +122,12 @@ OpTable make_table() {
   };
   t.attention_forward = [](Queue&, const AttentionArgs& a, void* out, float* lse, const void* q,
                            const void* kp, const void* v) {
+    if (a.precision == Precision::BF16) {
+      k::attention_forward_bf16(static_cast<float*>(out), lse, static_cast<const float*>(q),
+                                static_cast<const float*>(kp), static_cast<const float*>(v),
+                                dims(a), a.resolved_q_offset());
+      return;
+    }
     k::attention_forward<float>(static_cast<float*>(out), lse, static_cast<const float*>(q),
                                 static_cast<const float*>(kp), static_cast<const float*>(v),
                                 dims(a));
@@ -126,6 +135,14 @@ OpTable make_table() {
   t.attention_backward = [](Queue&, const AttentionArgs& a, void* dq, void* dk, void* dv,
                             const void* dout, const void* q, const void* kp, const void* v,
                             const void* out, const float* lse) {
+    if (a.precision == Precision::BF16) {
+      k::attention_backward_bf16(static_cast<float*>(dq), static_cast<float*>(dk),
+                                 static_cast<float*>(dv), static_cast<const float*>(dout),
+                                 static_cast<const float*>(q), static_cast<const float*>(kp),
+                                 static_cast<const float*>(v), static_cast<const float*>(out),
+                                 lse, dims(a), a.resolved_q_offset());
+      return;
+    }
     k::attention_backward<float>(static_cast<float*>(dq), static_cast<float*>(dk),
                                  static_cast<float*>(dv), static_cast<const float*>(dout),
                                  static_cast<const float*>(q), static_cast<const float*>(kp),
@@ -223,6 +240,7 @@ CpuBackend::CpuBackend() : queue_(std::make_unique<InlineQueue>(*this)) {
   caps_.gemm_bf16_storage = true;
   caps_.adamw_bf16_copy = true;
   caps_.attention_bf16 = false;
+  caps_.attention_bf16_products = true;  // native on bf16 matrix units, emulated elsewhere
   caps_.attention_any_q_offset = false;
   caps_.fused_cross_entropy = true;
   caps_.gemm_bf16_path = k::bf16_matmul_path();

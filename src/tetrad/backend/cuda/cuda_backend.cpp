@@ -150,6 +150,7 @@ class CudaBackend final : public Backend {
     caps_.gemm_bf16_native = true;
     caps_.gemm_bf16_storage = true;
     caps_.attention_bf16 = false;  // bf16 *storage* of q/k/v: not yet (the arithmetic: see header)
+    caps_.attention_bf16_products = true;
     caps_.attention_any_q_offset = true;
     caps_.fused_cross_entropy = true;
     caps_.gemm_bf16_path = "cuBLASLt bf16 tensor cores, fp32 accumulation";
@@ -282,7 +283,11 @@ g::AttnDims attn_dims(const AttentionArgs& a) {
   d.out_batch_stride = a.out_batch_stride;
   return d;
 }
-g::AttnPath attn_path() { return g_attention_bf16.load() == 1 ? g::AttnPath::kBf16 : g::AttnPath::kF32; }
+// bf16 tensor cores when the call asks for bf16 products or the process chose them (header).
+g::AttnPath attn_path(const AttentionArgs& a) {
+  return a.precision == Precision::BF16 || g_attention_bf16.load() == 1 ? g::AttnPath::kBf16
+                                                                        : g::AttnPath::kF32;
+}
 
 OpTable make_table() {
   OpTable t;
@@ -334,7 +339,7 @@ OpTable make_table() {
                            const void* qp, const void* kp, const void* vp) {
     g::attention_forward(static_cast<float*>(out), lse, static_cast<const float*>(qp),
                          static_cast<const float*>(kp), static_cast<const float*>(vp),
-                         attn_dims(d), attn_path(), stream_of(q));
+                         attn_dims(d), attn_path(d), stream_of(q));
   };
   t.attention_backward = [](Queue& q, const AttentionArgs& d, void* dq, void* dk, void* dv,
                             const void* dout, const void* qp, const void* kp, const void* vp,
@@ -343,7 +348,7 @@ OpTable make_table() {
                           static_cast<float*>(dv), static_cast<const float*>(dout),
                           static_cast<const float*>(qp), static_cast<const float*>(kp),
                           static_cast<const float*>(vp), static_cast<const float*>(out), lse,
-                          attn_dims(d), attn_path(), stream_of(q));
+                          attn_dims(d), attn_path(d), stream_of(q));
   };
   t.rope_forward = [](Queue& q, const RopeArgs& r) {
     g::rope_forward(r.x, r.N, r.T_seq, r.pos0, r.n_heads, r.head_dim, r.stride, r.cos, r.sin,

@@ -10,9 +10,9 @@
 // so ops on different streams never share them; the scratch grows to the largest call during
 // the first step and never after (no allocation inside later steps).
 //
-// Attention arithmetic: the op table's AttentionArgs carry no precision, so the backend chooses:
-// fp32 (the exact path, default) or bf16 tensor cores (TETRAD_CUDA_ATTENTION=bf16, or
-// set_attention_bf16(true), what a bf16 training run wants). Anything else in that variable is
+// Attention arithmetic: bf16 tensor cores when AttentionArgs::precision is BF16 (what a bf16
+// training run asks for) or the process chose them (TETRAD_CUDA_ATTENTION=bf16, or
+// set_attention_bf16(true)); fp32 (the exact path) otherwise. Anything else in that variable is
 // refused.
 //
 // Device choice: "cuda" is device local_rank % device_count (local rank from OMPI_COMM_WORLD_
