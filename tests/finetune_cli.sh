@@ -49,6 +49,15 @@ check "data keeps tokenizer.json" cmp -s "$W/ft_data/tokenizer.json" "$FX/gpt2/t
 check "fine-tune on 2 ranks" "${MPIRUN[@]}" -n 2 "$TETRAD" train "${M[@]}" --set data.dir="$W/ft_data" \
   --set run.dir="$W/ft_run" --set run.init_from="$W/hf" --set train.max_steps=4 --grid 2,1,1,1 > "$W/ft.log" 2>&1
 check "initialised from the folder" test -d "$W/ft_run/checkpoints"
+# No [model] key: the model is the folder's (config.json), and the saved config says so.
+check "fine-tune with the folder's model (no model keys)" "$TETRAD" train --set train.seq_len=32 \
+  --set train.eval_interval=0 --set data.dir="$W/ft_data" --set run.dir="$W/ft_run2" \
+  --set run.init_from="$W/hf" --set train.max_steps=2
+check "saved config has the folder's vocabulary" grep -q "^vocab_size = 1000$" "$W/ft_run2/config.toml"
+# A model key given means the config describes the model: a mismatch is refused by name.
+expect_error "a [model] that is not the folder's is refused" "config.json has norm_eps = 1e-05 but the config asks for 1e-06" \
+  "$TETRAD" train --set model.name=tiny --set model.vocab_size=1000 --set model.norm_eps=1e-6 --set train.seq_len=32 --set train.eval_interval=0 --set data.dir="$W/ft_data" \
+  --set run.dir="$W/ft_run3" --set run.init_from="$W/hf" --set train.max_steps=1
 # Data made with another tokenizer is refused for this model.
 "$TETRAD" prepare --input "$W/ft.jsonl" --out "$W/other_data" --tokenizer "$FX/sp" > /dev/null 2>&1
 expect_error "other tokenizer refused" "prepare the data with --tokenizer" "$TETRAD" train "${M[@]}" \

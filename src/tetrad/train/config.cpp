@@ -8,6 +8,7 @@
 #include <sstream>
 #include <toml++/toml.h>
 
+#include "tetrad/checkpoint/hf_config.hpp"
 #include "tetrad/core/error.hpp"
 #include "tetrad/backend/cpu/precision.hpp"
 #include "tetrad/parallel/grid.hpp"
@@ -131,7 +132,8 @@ const std::vector<Field>& schema() {
       STRING_FIELD("run.dir", c.run_dir,
                    "run folder: resolved config, metrics.jsonl, checkpoints"),
       STRING_FIELD("run.init_from", c.init_from,
-                   "Hugging Face model folder to start from (fine-tuning); empty: random init"),
+                   "Hugging Face model folder to start from (fine-tuning); when no model.* key is set "
+                   "anywhere, the model is the one its config.json describes; empty: random init"),
       STRING_FIELD("parallel.grid", c.grid,
                    "process grid \"x,y,z,d\" or \"x,y,z,p,d\": tensor parallelism over X, Y, Z "
                    "(Z shards weights), pipeline stages over P, data parallelism over D; the "
@@ -408,6 +410,19 @@ RunConfig load_run_config(const std::string& path, const std::vector<std::string
   for (size_t i = 0; i < override_entries.size(); ++i) {
     const auto& [key, node] = override_entries[i];
     if (key != "model.name") apply(c, key, *node, "command line");
+  }
+  // Fine-tuning with no [model] key anywhere: the model is the one run.init_from's config.json
+  // describes (what a user of a published model expects); any model key given means the config
+  // describes the model itself, and a mismatch with the folder is refused when it is loaded.
+  bool model_keys = false;
+  for (auto* list : {&entries, &override_entries})
+    for (const auto& e : *list)
+      if (e.first.rfind("model.", 0) == 0) model_keys = true;
+  if (!c.init_from.empty() && !model_keys) {
+    c.model = read_hf_config(c.init_from);
+    // The named base only matters for reading a saved config back: every model field is
+    // written out, so this base is fully overridden.
+    c.model_name = c.model.family == Family::Llama ? "llama-tiny" : "tiny";
   }
   c.validate();
   return c;

@@ -371,7 +371,12 @@ TrainResult train(const RunConfig& cfg, const TrainOptions& opt, std::ostream& l
     o.shuffle = false;
     const data::DataLoader train_split(cfg.data_dir, "train", B, T, slot, replicas, t.seed, o);
     if (t.eval_interval > 0) {
-      const data::DataLoader val_split(cfg.data_dir, "val", B, T, slot, replicas, t.seed, o);
+      try {
+        const data::DataLoader val_split(cfg.data_dir, "val", B, T, slot, replicas, t.seed, o);
+      } catch (const Error& e) {
+        fail(e.what(), " (validation is on, train.eval_interval = ", t.eval_interval,
+             ": prepare with a larger --val-fraction, or set train.eval_interval = 0)");
+      }
     }
   }
   check_memory_fits(cfg, shape, world,
