@@ -3,7 +3,8 @@
 # machine needs to run scripts/gpu-check.sh into .gpu-bundle/ (ignored by git; carried with the
 # device tool's `carry: [".gpu-bundle"]`, at most 64 MiB in all, docs/gpu.md "The prepared check"):
 #   bin/      tetrad, the GPU test binaries (test_cuda_kernels, test_backend_conformance when the
-#             seam's suite is built, test_gpu_comm_mpi, test_gpu_model when present)
+#             seam's suite is built, test_gpu_comm_mpi, test_comm_conformance (the communication
+#             interface's suite: NCCL on one rank), test_gpu_model when present)
 #   lib/      every non-CUDA, non-glibc shared library they load (ldd), so the lent machine needs
 #             none of our Debian packages (it has none: oneDNN, Open MPI, SentencePiece, ...)
 #   ompi/     a relocatable copy of Debian's Open MPI (orterun, orted, its components and help
@@ -33,7 +34,7 @@ if [ ! -f "$BUILD/CMakeCache.txt" ]; then
         -DCMAKE_CUDA_ARCHITECTURES=90 "${launcher[@]}" > "$BUILD.log" 2>&1 ||
     { tail -30 "$BUILD.log"; exit 1; }
 fi
-targets=(tetrad test_cuda_kernels test_gpu_comm_mpi)
+targets=(tetrad test_cuda_kernels test_gpu_comm_mpi test_comm_conformance)
 for t in test_backend_conformance test_gpu_model; do
   grep -q "^$t:" "$BUILD/Makefile" 2>/dev/null && targets+=("$t") || true
 done

@@ -6,7 +6,8 @@
 #   2. the CUDA kernels against double references (test_cuda_kernels) and the seam's backend
 #      conformance suite on the CUDA backend (test_backend_conformance, *cuda*)
 #   3. the tiny model 20 steps on the GPU against the CPU (test_gpu_model)
-#   4. 2 ranks on the one GPU through MPI, NCCL on one-rank groups (test_gpu_comm_mpi)
+#   4. 2 ranks on the one GPU through MPI, NCCL on one-rank groups (test_gpu_comm_mpi); the
+#      communication conformance suite on NCCL with one rank (test_comm_conformance)
 #   5. benchmarks: the ops at gpt2-124m's and llama-1b's shapes (CudaBench.ModelShapes: GEMM rates
 #      per layer kind and pass, attention, cross-entropy), and the training benchmark
 #      (tetrad bench --device cuda: tokens/s, MFU, time split) once the model runs on the backend
@@ -130,6 +131,20 @@ else
   elif grep -q 'SKIPPED' "$OUT/test_gpu_comm_mpi.txt"; then
     row "2 ranks (MPI) + NCCL" "PASS*" "$(grep -c '\[       OK \]' "$OUT/test_gpu_comm_mpi.txt") ok; skips: $(grep -A1 Skipped "$OUT/test_gpu_comm_mpi.txt" | tail -1 | cut -c1-60)"
   else row "2 ranks (MPI) + NCCL" "PASS" "$(grep -c '\[       OK \]' "$OUT/test_gpu_comm_mpi.txt") tests"; fi
+fi
+
+# ---- 4b. the communication conformance suite on NCCL (one rank: one GPU) ----
+conf=$(findbin test_comm_conformance)
+if [ -z "$conf" ]; then row "comm conformance (nccl, 1 rank)" "NOT BUILT" "test_comm_conformance missing"
+else
+  echo "== communication conformance on NCCL, one rank ($(elapsed) s in)"
+  timeout 120 mpirun --allow-run-as-root --oversubscribe -n 1 -x LD_LIBRARY_PATH -x OPAL_PREFIX \
+    "$conf" --gtest_filter='*/nccl' 2>&1 | tee "$OUT/test_comm_conformance.txt"
+  rc=${PIPESTATUS[0]}
+  if [ "$rc" != 0 ]; then row "comm conformance (nccl, 1 rank)" "FAIL" "rc $rc"
+  elif grep -q "cannot run here" "$OUT/test_comm_conformance.txt"; then
+    row "comm conformance (nccl, 1 rank)" "SKIPPED" "$(grep -m1 'cannot run here' "$OUT/test_comm_conformance.txt" | cut -c1-80)"
+  else row "comm conformance (nccl, 1 rank)" "PASS" "$(grep -c '\[       OK \]' "$OUT/test_comm_conformance.txt") ok, $(grep -c '\[  SKIPPED \]' "$OUT/test_comm_conformance.txt") need 2 ranks"; fi
 fi
 
 # ---- 5. benchmarks ----

@@ -23,6 +23,7 @@
 #include <vector>
 
 #include "tetrad/comm/communicator.hpp"
+#include "tetrad/comm/mpi_communicator.hpp"
 #include "tetrad/comm/mpi_env.hpp"
 #include "tetrad/core/error.hpp"
 #include "tetrad/parallel/grid.hpp"

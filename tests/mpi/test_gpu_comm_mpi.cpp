@@ -46,8 +46,9 @@ TEST(GpuCommMpi, NcclOnOneRankGroups) {
   Communicator solo = world.split(world.rank(), 0, "solo");
   GPU_CHECK(g::gpuSetDevice(tetrad::backend::device_for_local_rank(
       tetrad::backend::local_rank_from_environment(), ndev)));
-  auto nc = tetrad::comm::NcclCommunicator::create(solo);
+  Communicator nc = tetrad::comm::nccl_communicator(solo);
   ASSERT_EQ(nc.size(), 1);
+  ASSERT_STREQ(nc.transport(), "NCCL");
   const size_t n = 1000;
   std::vector<float> h(n);
   for (size_t i = 0; i < n; ++i) h[i] = float(i) * 0.5f + float(world.rank());
@@ -55,9 +56,9 @@ TEST(GpuCommMpi, NcclOnOneRankGroups) {
   GPU_CHECK(g::gpuMalloc(reinterpret_cast<void**>(&d), n * 4));
   GPU_CHECK(g::gpuMalloc(reinterpret_cast<void**>(&r), n * 4));
   GPU_CHECK(cudaMemcpy(d, h.data(), n * 4, cudaMemcpyHostToDevice));
-  nc.allreduce_sum(d, n, nullptr).wait();
-  nc.allgather(d, r, n, nullptr).wait();
-  nc.broadcast(r, n, 0, nullptr).wait();
+  nc.iallreduce_sum(d, n).wait();
+  nc.iallgather(d, r, n).wait();
+  nc.ibroadcast(r, n, 0).wait();
   std::vector<float> back(n);
   GPU_CHECK(cudaMemcpy(back.data(), r, n * 4, cudaMemcpyDeviceToHost));
   EXPECT_EQ(back, h);  // a one-rank sum, gather and broadcast are the identity
@@ -73,7 +74,7 @@ TEST(GpuCommMpi, TwoRanksOnOneGpuAreRefusedWithTheWayOut) {
   if (world.size() <= ndev) GTEST_SKIP() << "every rank has its own GPU here (" << ndev << " devices)";
   GPU_CHECK(g::gpuSetDevice(world.rank() % ndev));
   try {
-    auto nc = tetrad::comm::NcclCommunicator::create(world);
+    Communicator nc = tetrad::comm::nccl_communicator(world);
     ADD_FAILURE() << "NCCL communicator over ranks sharing a GPU was created";
   } catch (const tetrad::Error& e) {
     EXPECT_NE(std::string(e.what()).find("share GPU"), std::string::npos) << e.what();

@@ -29,6 +29,7 @@
 #include <vector>
 
 #include "tetrad/backend/ops.hpp"
+#include "tetrad/core/event.hpp"
 
 namespace tetrad::backend {
 
@@ -65,25 +66,10 @@ class DeviceBuffer {
   MemoryKind kind_ = MemoryKind::Device;
 };
 
-// A point in a queue's work (see the file comment). Cheap to copy (shared state).
-class Event {
- public:
-  struct Impl {
-    virtual ~Impl() = default;
-    virtual bool query() = 0;
-    virtual void synchronize() = 0;
-  };
-  Event() = default;  // complete
-  explicit Event(std::shared_ptr<Impl> impl) : impl_(std::move(impl)) {}
-  bool query() const { return !impl_ || impl_->query(); }
-  void synchronize() const {
-    if (impl_) impl_->synchronize();
-  }
-  Impl* impl() const { return impl_.get(); }  // the backend's own type, for Queue::wait
-
- private:
-  std::shared_ptr<Impl> impl_;
-};
+// A point in a queue's work (see the file comment): core's Event, which communicators share, so
+// that a queue can wait for a collective's completion (Queue::wait(request.event())) and a
+// collective can start after a queue's work (core/event.hpp).
+using Event = ::tetrad::Event;
 
 class Queue {
  public:
@@ -98,7 +84,9 @@ class Queue {
   virtual void fill_zero(void* dst, size_t bytes) = 0;
 
   virtual Event record() = 0;             // marks everything submitted so far
-  virtual void wait(const Event& e) = 0;  // later work waits for e (an event of any queue of this backend)
+  // Later work waits for e: an event of any queue of this backend, or of a communicator (a CUDA
+  // event is waited for on the device; an event without a native form is synchronized on first).
+  virtual void wait(const Event& e) = 0;
   virtual void synchronize() = 0;         // blocks the host until everything submitted is done
 
  protected:

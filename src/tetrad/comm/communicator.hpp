@@ -1,83 +1,60 @@
-// Communicator: one process group (an MPI communicator it owns) and the collectives tetrad uses on
-// it; Request: the handle of a non-blocking operation (docs/parallel.md).
+// Communicator: one process group and the collectives tetrad uses on it; Request: the handle of a
+// non-blocking operation (docs/parallel.md, "Communication"). The interface every communication
+// implementation fills (comm/comm_impl.hpp): MPI (comm/mpi_communicator.hpp, the first one, for
+// host memory) and NCCL (comm/nccl_communicator.hpp, built with TETRAD_NCCL, for device memory).
+// Callers hold Communicator and Request values and never see which one runs underneath.
 //
-// Ownership. A Communicator owns its MPI_Comm (a duplicate or a split, never MPI_COMM_WORLD
-// itself) and frees it in its destructor; it is movable, not copyable. A Request owns its
-// MPI_Request and shared ownership of whatever it was given to keep alive (keep_alive(), or the
-// vector moved into isend); raw buffers passed to the i* calls stay the caller's and must outlive
-// the request's completion (wait() / test() returning true).
+// Completion is an event. A Request completes when its implementation's event fires: for MPI the
+// MPI_Request (MPI_Test, which is also what moves Open MPI's non-blocking collectives forward),
+// for NCCL a CUDA event recorded on the communicator's stream after the collective. event()
+// returns it as a core Event, so a backend queue can order compute after a collective
+// (Queue::wait(request.event()): on the device for NCCL, no host round trip); the `after` event
+// of every operation orders the operation after compute (a queue's record()). The CPU backend's
+// events are complete at once, so on the CPU `after` is free and nothing changes.
 //
-// Errors. Every communicator has MPI_ERRORS_RETURN set; every MPI return code is checked and a
-// failure throws tetrad::Error naming the operation, the group (e.g. "x", "zd", "world"), the
-// element count and MPI's error string. Nothing waits forever: Request::wait(timeout_s) polls
-// MPI_Test (which is also what moves Open MPI's non-blocking collectives forward) and throws
-// tetrad::Error naming the operation, group, element count and the time waited when the timeout
-// passes. Blocking calls are the non-blocking call plus wait(collective_timeout()), so a dead or
-// diverged peer becomes an error, not a hang. After a collective times out the group is in an
-// unknown state: report and end the job (MpiEnvironment::abort). A timed-out irecv is cancelled
-// (MPI_Cancel), so the group stays usable.
+// Ownership. A Communicator shares its implementation (an MPI_Comm it duplicated or split, never
+// MPI_COMM_WORLD itself; an ncclComm_t) with its pending requests: it is freed when the last of
+// them lets go. Movable, not copyable. A Request owns its operation and shared ownership of
+// whatever it was given to keep alive (keep_alive(), or the vector moved into isend); raw buffers
+// passed to the i* calls stay the caller's and must outlive the request's completion (wait() /
+// test() returning true).
 //
-// Self. Communicator::self() is a size-1 group with no MPI behind it (works without MPI_Init):
-// collectives are local copies or no-ops, so serial code runs the same calls.
+// Errors. Every return code is checked; a failure throws tetrad::Error naming the operation, the
+// group (e.g. "x", "zd", "world"), the element count and the library's error string. Nothing
+// waits forever: Request::wait(timeout_s) polls the completion and throws tetrad::Error naming
+// the rank, the transport ("MPI", "NCCL"), operation, group, element count and the time waited
+// when the timeout passes. Blocking calls are the non-blocking call plus
+// wait(collective_timeout()), so a dead or diverged peer becomes an error, not a hang. After a
+// collective times out the group is in an unknown state: report and end the job
+// (MpiEnvironment::abort). A timed-out MPI receive is cancelled (MPI_Cancel), so the group stays
+// usable; a timed-out NCCL operation aborts its communicator (ncclCommAbort).
+//
+// Self. Communicator::self() is a size-1 group with no implementation behind it (works without
+// MPI_Init): collectives are local copies or no-ops, so serial code runs the same calls.
 //
 // What this does not do: progress threads (poll with Request::test() between compute chunks; the
 // parallel layer's CommQueue has one, parallel/comm_schedule.hpp), MPI_THREAD_MULTIPLE (call from
-// one thread at a time), GPU buffers, counts above INT_MAX elements
-// per rank (rejected with an Error), point-to-point on self().
+// one thread at a time), counts above INT_MAX elements per rank on MPI (rejected with an Error),
+// point-to-point on self().
 #pragma once
-// The C API only: no deprecated C++ bindings (Open MPI's mpicxx.h, MPICH's equivalent).
-#ifndef OMPI_SKIP_MPICXX
-#define OMPI_SKIP_MPICXX 1
-#endif
-#ifndef MPICH_SKIP_MPICXX
-#define MPICH_SKIP_MPICXX 1
-#endif
-#include <mpi.h>
-
-#include <concepts>
 #include <cstddef>
 #include <cstdint>
 #include <memory>
 #include <string>
 #include <vector>
 
+#include "tetrad/comm/comm_base.hpp"
+#include "tetrad/core/event.hpp"
+
 namespace tetrad::comm {
 
-// The element types the collectives accept (mapped to MPI_FLOAT, MPI_DOUBLE, MPI_INT32_T,
-// MPI_INT64_T, MPI_UINT64_T).
-template <typename T>
-concept Element = std::same_as<T, float> || std::same_as<T, double> ||
-                  std::same_as<T, std::int32_t> || std::same_as<T, std::int64_t> ||
-                  std::same_as<T, std::uint64_t>;
-
-// Process-wide timeout (seconds) of blocking calls and of Request::wait(). Default 300 s, or the
-// value of the environment variable TETRAD_COMM_TIMEOUT when set (an invalid value throws
-// tetrad::Error from the first collective_timeout() call); set_collective_timeout() overrides
-// both. Must be > 0 (infinity allowed: no timeout). Thread-safe.
-// `setting`: what a user changes to set it (e.g. "train.comm_timeout"), named in timeout errors.
-void set_collective_timeout(double seconds, const std::string& setting = "");
-double collective_timeout();
-// What sets it, for messages: the `setting` given to set_collective_timeout, else the
-// environment variable (and the config key that sets it in training).
-std::string collective_timeout_setting();
-// True once a collective of this process timed out (Request::wait threw): the group's state is
-// unknown and the job is ending, so a pending Request destroyed from then on (the unwinding of
-// the error: prefetched all-gathers, queued reductions) is not waited for again (each would wait a
-// whole timeout) but tested once and leaked: the job ends within about one timeout however many
-// requests are pending. wait() itself keeps its timeout (a timed-out request may be waited out
-// later). clear_collective_failure(): for a caller that provoked a timeout on purpose and goes on
-// (tests).
-bool collective_failed();
-void clear_collective_failure();
-
-// What this process is blocked on right now, for a watchdog on another thread: true while the
-// main thread waits in Request::wait past its first quick polls, with the operation's description
-// ("allreduce_sum of 2 double on group 'world'") and the seconds waited so far. Thread-safe.
-bool blocked_in_wait(std::string* what, double* seconds);
+class PendingOp;  // one started operation of an implementation (comm/comm_impl.hpp)
+class CommImpl;   // an implementation's group (comm/comm_impl.hpp)
 
 class Request {
  public:
   Request();  // an empty handle: already complete
+  explicit Request(std::shared_ptr<PendingOp> op);
   Request(Request&& other) noexcept;
   // Finishes the request this handle held first, as the destructor does.
   Request& operator=(Request&& other) noexcept;
@@ -85,41 +62,50 @@ class Request {
   Request& operator=(const Request&) = delete;
   // A pending request is waited for (collective_timeout()) and reported on stderr, since dropping
   // a pending handle is a bug in the caller. If it still does not complete, its state and buffers
-  // are deliberately leaked (MPI may still write into them) and that is reported too.
+  // are deliberately leaked (the library may still write into them) and that is reported too.
   ~Request();
 
-  // One MPI_Test: true when complete (then the keep-alive buffers are released). Call it between
-  // compute chunks so Open MPI progresses. Throws tetrad::Error if the operation failed.
+  // One non-blocking look at the completion event (MPI_Test; cudaEventQuery): true when complete
+  // (then the keep-alive buffers are released). Call it between compute chunks so Open MPI
+  // progresses. Throws tetrad::Error if the operation failed.
   bool test();
   // Polls test() until complete; throws tetrad::Error after timeout_s seconds.
   void wait();  // timeout collective_timeout()
   void wait(double timeout_s);
   bool pending() const;  // started and not yet seen complete
 
+  // The completion as an event (core/event.hpp): a backend queue waits for it (on the device where
+  // it is a CUDA event). Complete for an empty handle. The event keeps the operation's state alive;
+  // it does not replace wait()/test() on this handle.
+  Event event() const;
+  // False where the operation completes without the host calling into the library (NCCL).
+  bool needs_host_progress() const;
+
   // Keeps `owner` alive until the request completes (for buffers the request must not outlive).
   void keep_alive(std::shared_ptr<const void> owner);
 
   // "iallreduce_sum of 1024 float on group 'x'"; "" for an empty handle.
   std::string description() const;
-
-  struct State;  // defined in communicator.cpp; only the Communicator makes one
-  explicit Request(std::unique_ptr<State> state);
+  // "MPI", "NCCL"; "" for an empty handle.
+  const char* transport() const;
 
  private:
   void finish_in_destructor() noexcept;
-  std::unique_ptr<State> state_;
+  std::shared_ptr<PendingOp> op_;
 };
 
 class Communicator {
  public:
   // A size-1 group of this process alone; needs no MPI (works before MPI_Init and without mpirun).
   static Communicator self(std::string name = "self");
-  // A duplicate of MPI_COMM_WORLD named `name`. MPI must be initialised (MpiEnvironment).
+  // A duplicate of MPI_COMM_WORLD named `name` (the MPI implementation). MPI must be initialised
+  // (MpiEnvironment).
   static Communicator world(std::string name = "world");
-  // A duplicate of `comm` (which stays the caller's). Collective over `comm`.
-  static Communicator duplicate(MPI_Comm comm, std::string name);
+  // Wraps an implementation (comm/mpi_communicator.cpp, comm/nccl_communicator.cpp).
+  explicit Communicator(std::shared_ptr<CommImpl> impl);
 
-  // Collective over this group: a duplicate of it / MPI_Comm_split(color >= 0, key).
+  // Collective over this group: a duplicate of it / the ranks of equal color (>= 0), ordered by
+  // key. Same implementation as this one.
   Communicator dup(std::string name) const;
   Communicator split(int color, int key, std::string name) const;
 
@@ -127,15 +113,17 @@ class Communicator {
   Communicator& operator=(Communicator&& other) noexcept;
   Communicator(const Communicator&) = delete;
   Communicator& operator=(const Communicator&) = delete;
-  // Lets go of the MPI_Comm, which is freed (MPI_Comm_free) once no pending Request uses it;
-  // skipped if MPI is already finalised.
+  // Lets go of the implementation, which is freed once no pending Request uses it.
   ~Communicator();
 
   int rank() const;
   int size() const;
   const std::string& name() const { return name_; }
-  bool is_self() const;     // self(): no MPI communicator behind it
-  MPI_Comm native() const;  // MPI_COMM_NULL for self()
+  bool is_self() const;  // self(): no implementation behind it
+  // "MPI", "NCCL"; "self" for self().
+  const char* transport() const;
+  BufferSpace buffer_space() const;  // Host for self()
+  CommImpl* impl() const { return impl_.get(); }  // nullptr for self()
 
   // Blocking, guarded by collective_timeout(). Counts are elements per rank.
   template <Element T> void allreduce_sum(T* inout, size_t n) const;
@@ -146,35 +134,40 @@ class Communicator {
   template <Element T> void reduce_scatter_sum(const T* send, T* recv, size_t n_per_rank) const;
   template <Element T> void broadcast(T* data, size_t n, int root) const;
   template <Element T> void send(const T* data, size_t n, int peer, int tag) const;
-  // Receives exactly n elements (a message of another length is an Error).
+  // Receives exactly n elements (a message of another length is an Error where the
+  // implementation can tell: MPI).
   template <Element T> void recv(T* data, size_t n, int peer, int tag) const;
   void barrier() const;
 
   // Non-blocking forms: same semantics; the buffers must stay valid until the Request completes.
-  template <Element T> [[nodiscard]] Request iallreduce_sum(T* inout, size_t n) const;
-  template <Element T> [[nodiscard]] Request iallreduce_max(T* inout, size_t n) const;
+  // `after`: the operation reads its input only once this event has completed (a backend queue's
+  // record() after producing the buffer; empty: now). MPI synchronizes the host on it when it is
+  // not complete yet; NCCL makes its stream wait for it on the device.
   template <Element T>
-  [[nodiscard]] Request iallgather(const T* send, T* recv, size_t n_per_rank) const;
+  [[nodiscard]] Request iallreduce_sum(T* inout, size_t n, const Event& after = {}) const;
   template <Element T>
-  [[nodiscard]] Request ireduce_scatter_sum(const T* send, T* recv, size_t n_per_rank) const;
-  template <Element T> [[nodiscard]] Request ibroadcast(T* data, size_t n, int root) const;
-  template <Element T> [[nodiscard]] Request isend(const T* data, size_t n, int peer, int tag) const;
+  [[nodiscard]] Request iallreduce_max(T* inout, size_t n, const Event& after = {}) const;
+  template <Element T>
+  [[nodiscard]] Request iallgather(const T* send, T* recv, size_t n_per_rank,
+                                   const Event& after = {}) const;
+  template <Element T>
+  [[nodiscard]] Request ireduce_scatter_sum(const T* send, T* recv, size_t n_per_rank,
+                                            const Event& after = {}) const;
+  template <Element T>
+  [[nodiscard]] Request ibroadcast(T* data, size_t n, int root, const Event& after = {}) const;
+  template <Element T>
+  [[nodiscard]] Request isend(const T* data, size_t n, int peer, int tag,
+                              const Event& after = {}) const;
   // Takes the data: the Request keeps it alive until the send completes.
   template <Element T> [[nodiscard]] Request isend(std::vector<T> data, int peer, int tag) const;
-  template <Element T> [[nodiscard]] Request irecv(T* data, size_t n, int peer, int tag) const;
+  template <Element T>
+  [[nodiscard]] Request irecv(T* data, size_t n, int peer, int tag, const Event& after = {}) const;
   [[nodiscard]] Request ibarrier() const;
 
  private:
-  friend struct CommAccess;                       // communicator.cpp's helpers
-  struct Handle;                                  // owns the MPI_Comm (communicator.cpp)
-  Communicator() = default;                       // moved-from state; self() fills it in
-  Communicator(MPI_Comm comm, std::string name);  // takes ownership of comm
+  Communicator() = default;  // moved-from state; self() fills it in
   void check_usable() const;
-  // The MPI_Comm is freed when the last of this object and its pending requests lets go of it:
-  // a request that never completes (a timed-out collective) keeps its communicator alive, since
-  // Open MPI keeps progressing it.
-  std::shared_ptr<Handle> handle_;
-  MPI_Comm comm_ = MPI_COMM_NULL;  // handle_->comm
+  std::shared_ptr<CommImpl> impl_;  // null for self()
   std::string name_;
   int rank_ = 0, size_ = 0;  // size_ == 0: moved-from
 };

@@ -1,63 +1,55 @@
-// NCCL communicator (nccl_communicator.hpp).
+// The NCCL implementation of the communication interface (nccl_communicator.hpp).
 #include "tetrad/comm/nccl_communicator.hpp"
 
 #include <cuda_runtime_api.h>
 #include <nccl.h>
 
-#include <chrono>
 #include <cstdio>
-#include <vector>
 #include <cstring>
-#include <thread>
+#include <vector>
 
+#include "tetrad/comm/comm_impl.hpp"
 #include "tetrad/core/error.hpp"
 
 namespace tetrad::comm {
 
 namespace {
 
-ncclDataType_t to_nccl(NcclType t) {
+ncclDataType_t to_nccl(DType t) {
   switch (t) {
-    case NcclType::F32: return ncclFloat32;
-    case NcclType::F64: return ncclFloat64;
-    case NcclType::I32: return ncclInt32;
-    case NcclType::I64: return ncclInt64;
-    case NcclType::BF16: return ncclBfloat16;
+    case DType::F32: return ncclFloat32;
+    case DType::F64: return ncclFloat64;
+    case DType::I32: return ncclInt32;
+    case DType::I64: return ncclInt64;
+    case DType::U64: return ncclUint64;
   }
   return ncclFloat32;
 }
-const char* type_name(NcclType t) {
-  switch (t) {
-    case NcclType::F32: return "float";
-    case NcclType::F64: return "double";
-    case NcclType::I32: return "int32";
-    case NcclType::I64: return "int64";
-    case NcclType::BF16: return "bf16";
-  }
-  return "?";
-}
 
-void cuda_ok(cudaError_t e, const char* what) {
+void cuda_ok(cudaError_t e, const std::string& what) {
   if (e != cudaSuccess) fail("NCCL communicator: ", what, ": ", cudaGetErrorString(e));
 }
 
-}  // namespace
-
-struct NcclCommunicator::Impl {
+// What an NCCL group owns: the ncclComm_t, its stream, a one-int device buffer for barriers.
+struct NcclGroup {
   ncclComm_t comm = nullptr;
   cudaStream_t stream = nullptr;
+  int* barrier_word = nullptr;
   int rank = 0, size = 0, device = 0;
   std::string name;
   bool aborted = false;
-  ~Impl() {
-    if (stream) {
-      cudaStreamSynchronize(stream);
-      cudaStreamDestroy(stream);
-    }
+
+  NcclGroup() = default;
+  NcclGroup(const NcclGroup&) = delete;
+  NcclGroup& operator=(const NcclGroup&) = delete;
+  ~NcclGroup() {
+    if (!aborted && stream) cudaStreamSynchronize(stream);
     if (comm) {
       if (aborted) ncclCommAbort(comm);
       else ncclCommDestroy(comm);
     }
+    if (barrier_word) cudaFree(barrier_word);
+    if (stream) cudaStreamDestroy(stream);
   }
   std::string where() const {
     return detail::concat("group '", name, "' (rank ", rank, " of ", size, ", device ", device, ")");
@@ -65,169 +57,225 @@ struct NcclCommunicator::Impl {
   void check(ncclResult_t r, const std::string& op) const {
     if (r != ncclSuccess && r != ncclInProgress)
       fail("NCCL ", op, " failed on ", where(), ": ", ncclGetErrorString(r), " (",
-           ncclGetLastError(comm), ")");
+           comm ? ncclGetLastError(comm) : "", ")");
+  }
+  void abort() {
+    if (comm && !aborted) ncclCommAbort(comm);
+    comm = nullptr;
+    aborted = true;
+  }
+  // The rest of the setup once `comm` exists: the stream and the barrier word.
+  void finish_setup() {
+    cuda_ok(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking), "cudaStreamCreate");
+    cuda_ok(cudaMalloc(reinterpret_cast<void**>(&barrier_word), sizeof(int)), "cudaMalloc");
   }
 };
 
-struct NcclRequest::State {
-  std::shared_ptr<NcclCommunicator::Impl> comm;
+// One enqueued NCCL operation: the CUDA event recorded after it on the group's stream is its
+// completion.
+class NcclOp final : public PendingOp {
+ public:
+  std::shared_ptr<NcclGroup> group_state;
   cudaEvent_t done = nullptr;
-  std::string what;
-  ~State() {
+  ~NcclOp() override {
+    // Released by the runtime once the event completes, even if it has not yet.
     if (done) cudaEventDestroy(done);
   }
+
+  bool poll_native() override {
+    if (group_state->aborted)
+      fail("NCCL ", description(), ": the communicator of ", group_state->where(),
+           " was aborted after an earlier error or timeout");
+    const cudaError_t e = cudaEventQuery(done);
+    if (e == cudaSuccess) return true;
+    if (e != cudaErrorNotReady) cuda_ok(e, description());
+    ncclResult_t async = ncclSuccess;
+    ncclCommGetAsyncError(group_state->comm, &async);
+    if (async != ncclSuccess && async != ncclInProgress) {
+      const std::string where = group_state->where();
+      group_state->abort();
+      fail("NCCL ", description(), " failed asynchronously on ", where, ": ",
+           ncclGetErrorString(async), "; the NCCL communicator was aborted");
+    }
+    return false;
+  }
+
+  bool on_timeout(double, std::string* note, bool* group_usable, bool* over) override {
+    // Abort so that the NCCL kernels stop spinning; the job must end (as after an MPI timeout).
+    group_state->abort();
+    *note = " (the NCCL communicator was aborted)";
+    *group_usable = false;
+    *over = true;
+    return false;
+  }
+
+  bool needs_host_progress() const override { return false; }
+  NativeEvent native() const override { return {NativeEvent::Kind::CudaEvent, done}; }
 };
 
-NcclRequest::NcclRequest(std::unique_ptr<State> s) : state_(std::move(s)) {}
-NcclRequest::NcclRequest(NcclRequest&&) noexcept = default;
-NcclRequest& NcclRequest::operator=(NcclRequest&&) noexcept = default;
-NcclRequest::~NcclRequest() {
-  // A pending request is waited for: its buffers and event must outlive the device work.
-  if (state_ && state_->done) cudaEventSynchronize(state_->done);
-}
-CUevent_st* NcclRequest::event() const { return state_ ? state_->done : nullptr; }
-std::string NcclRequest::description() const { return state_ ? state_->what : ""; }
+class NcclImpl final : public CommImpl {
+ public:
+  explicit NcclImpl(std::shared_ptr<NcclGroup> g) : g_(std::move(g)) {}
 
-bool NcclRequest::test() {
-  if (!state_) return true;
-  const cudaError_t e = cudaEventQuery(state_->done);
-  if (e == cudaSuccess) return true;
-  if (e != cudaErrorNotReady) cuda_ok(e, state_->what.c_str());
-  ncclResult_t async = ncclSuccess;
-  ncclCommGetAsyncError(state_->comm->comm, &async);
-  if (async != ncclSuccess && async != ncclInProgress) {
-    state_->comm->aborted = true;
-    fail("NCCL ", state_->what, " failed asynchronously on ", state_->comm->where(), ": ",
-         ncclGetErrorString(async));
+  const char* transport() const override { return "NCCL"; }
+  BufferSpace buffer_space() const override { return BufferSpace::Device; }
+  int rank() const override { return g_->rank; }
+  int size() const override { return g_->size; }
+  const std::string& name() const override { return g_->name; }
+
+  std::shared_ptr<PendingOp> allreduce(const char* op, void* inout, size_t n, DType t, ReduceOp r,
+                                       const Event& after) override {
+    auto s = new_op(op, t, n);
+    order_after(after);
+    g_->check(ncclAllReduce(inout, inout, n, to_nccl(t), r == ReduceOp::Max ? ncclMax : ncclSum,
+                            live(*s), g_->stream),
+              s->description());
+    return finish(std::move(s));
   }
-  return false;
-}
+  std::shared_ptr<PendingOp> allgather(const char* op, const void* send, void* recv, size_t n,
+                                       DType t, const Event& after) override {
+    auto s = new_op(op, t, n);
+    order_after(after);
+    g_->check(ncclAllGather(send, recv, n, to_nccl(t), live(*s), g_->stream), s->description());
+    return finish(std::move(s));
+  }
+  std::shared_ptr<PendingOp> reduce_scatter(const char* op, const void* send, void* recv,
+                                            size_t n, DType t, const Event& after) override {
+    auto s = new_op(op, t, n);
+    order_after(after);
+    g_->check(ncclReduceScatter(send, recv, n, to_nccl(t), ncclSum, live(*s), g_->stream),
+              s->description());
+    return finish(std::move(s));
+  }
+  std::shared_ptr<PendingOp> broadcast(const char* op, void* data, size_t n, DType t, int root,
+                                       const Event& after) override {
+    auto s = new_op(op, t, n);
+    s->extra = detail::concat(" from root ", root);
+    order_after(after);
+    g_->check(ncclBroadcast(data, data, n, to_nccl(t), root, live(*s), g_->stream),
+              s->description());
+    return finish(std::move(s));
+  }
+  std::shared_ptr<PendingOp> send(const char* op, const void* data, size_t n, DType t, int peer,
+                                  int tag, const Event& after) override {
+    auto s = new_op(op, t, n);
+    s->extra = detail::concat(" to rank ", peer, ", tag ", tag);
+    check_peer(*s, peer);
+    order_after(after);
+    g_->check(ncclSend(data, n, to_nccl(t), peer, live(*s), g_->stream), s->description());
+    return finish(std::move(s));
+  }
+  std::shared_ptr<PendingOp> recv(const char* op, void* data, size_t n, DType t, int peer, int tag,
+                                  const Event& after) override {
+    auto s = new_op(op, t, n);
+    s->extra = detail::concat(" from rank ", peer, ", tag ", tag);
+    s->is_recv = true;
+    check_peer(*s, peer);
+    order_after(after);
+    g_->check(ncclRecv(data, n, to_nccl(t), peer, live(*s), g_->stream), s->description());
+    return finish(std::move(s));
+  }
+  std::shared_ptr<PendingOp> barrier(const char* op) override {
+    // NCCL has no barrier: an all-reduce of one word completes only when every rank has joined.
+    auto s = std::make_shared<NcclOp>();
+    describe_untyped(*s, op);
+    s->group_state = g_;
+    g_->check(ncclAllReduce(g_->barrier_word, g_->barrier_word, 1, ncclInt32, ncclSum, live(*s),
+                            g_->stream),
+              s->description());
+    return finish(std::move(s));
+  }
 
-void NcclRequest::wait() { wait(collective_timeout()); }
+  std::shared_ptr<CommImpl> dup(const std::string& name) override {
+    return split(0, g_->rank, name);
+  }
+  std::shared_ptr<CommImpl> split(int color, int key, const std::string& name) override {
+    auto g = std::make_shared<NcclGroup>();
+    g->name = name;
+    g->device = g_->device;
+    if (g_->aborted) fail("NCCL split of ", g_->where(), ": the communicator was aborted");
+    g_->check(ncclCommSplit(g_->comm, color, key, &g->comm, nullptr),
+              detail::concat("ncclCommSplit into '", name, "'"));
+    g->check(ncclCommCount(g->comm, &g->size), "ncclCommCount");
+    g->check(ncclCommUserRank(g->comm, &g->rank), "ncclCommUserRank");
+    g->finish_setup();
+    return std::make_shared<NcclImpl>(std::move(g));
+  }
 
-void NcclRequest::wait(double timeout_s) {
-  if (test()) return;
-  using clock = std::chrono::steady_clock;
-  const auto start = clock::now();
-  for (long polls = 1;; ++polls) {
-    if (test()) return;
-    const double waited = std::chrono::duration<double>(clock::now() - start).count();
-    if (waited >= timeout_s) {
-      // Abort so that the NCCL kernels stop spinning; the job must end (as after an MPI timeout).
-      ncclCommAbort(state_->comm->comm);
-      state_->comm->comm = nullptr;
-      state_->comm->aborted = true;
-      const std::string what = state_->what, where = state_->comm->where();
-      state_->done = nullptr;  // the event may never fire: leak it rather than wait in ~State
-      fail(what, " on ", where, " did not complete within ", timeout_s,
-           " s (a peer died or diverged); the NCCL communicator was aborted");
+ private:
+  std::shared_ptr<NcclOp> new_op(const char* op, DType t, size_t n) const {
+    auto s = std::make_shared<NcclOp>();
+    describe(*s, op, t, n);
+    s->group_state = g_;
+    return s;
+  }
+  ncclComm_t live(const NcclOp& s) const {
+    if (g_->aborted)
+      fail("NCCL ", s.description(), ": the communicator of ", g_->where(),
+           " was aborted after an earlier error or timeout");
+    return g_->comm;
+  }
+  void check_peer(const NcclOp& s, int peer) const {
+    if (peer == g_->rank)
+      fail("NCCL ", s.description(), ": a rank cannot send to or receive from itself");
+  }
+  void order_after(const Event& after) const {
+    const NativeEvent e = after.native();
+    if (e.kind == NativeEvent::Kind::CudaEvent) {
+      cuda_ok(cudaStreamWaitEvent(g_->stream, static_cast<cudaEvent_t>(e.handle), 0),
+              "cudaStreamWaitEvent");
+    } else if (!after.empty() && !after.query()) {
+      after.synchronize();  // an event of the host (an MPI request)
     }
-    if (polls > 100) std::this_thread::sleep_for(std::chrono::microseconds(50));
   }
-}
+  std::shared_ptr<PendingOp> finish(std::shared_ptr<NcclOp> s) const {
+    cuda_ok(cudaEventCreateWithFlags(&s->done, cudaEventDisableTiming), "cudaEventCreate");
+    cuda_ok(cudaEventRecord(s->done, g_->stream), "cudaEventRecord");
+    return s;
+  }
+  std::shared_ptr<NcclGroup> g_;
+};
 
-NcclCommunicator::NcclCommunicator(std::shared_ptr<Impl> impl) : impl_(std::move(impl)) {}
-NcclCommunicator::NcclCommunicator(NcclCommunicator&&) noexcept = default;
-NcclCommunicator& NcclCommunicator::operator=(NcclCommunicator&&) noexcept = default;
-NcclCommunicator::~NcclCommunicator() = default;
+}  // namespace
 
-NcclCommunicator NcclCommunicator::create(const Communicator& group) {
-  auto impl = std::make_shared<Impl>();
-  impl->rank = group.rank();
-  impl->size = group.size();
-  impl->name = group.name();
-  cuda_ok(cudaGetDevice(&impl->device), "cudaGetDevice");
+Communicator nccl_communicator(const Communicator& group, std::string name) {
+  if (name.empty()) name = group.name();
+  if (group.buffer_space() != BufferSpace::Host)
+    fail("nccl_communicator for group '", name, "': the unique id travels over a host-memory "
+         "communicator (MPI), but '", group.name(), "' is ", group.transport());
+  auto g = std::make_shared<NcclGroup>();
+  g->rank = group.rank();
+  g->size = group.size();
+  g->name = name;
+  cuda_ok(cudaGetDevice(&g->device), "cudaGetDevice");
   // NCCL refuses two ranks of one communicator on one GPU: detect it first and say what to do.
   {
     cudaDeviceProp p{};
-    cuda_ok(cudaGetDeviceProperties(&p, impl->device), "cudaGetDeviceProperties");
+    cuda_ok(cudaGetDeviceProperties(&p, g->device), "cudaGetDeviceProperties");
     char bus[32] = {0};
     std::snprintf(bus, sizeof(bus), "%04x:%02x:%02x", p.pciDomainID, p.pciBusID, p.pciDeviceID);
-    std::vector<char> all(size_t(impl->size) * sizeof(bus));
-    if (!group.is_self()) group.allgather(reinterpret_cast<const int32_t*>(bus),
-                                          reinterpret_cast<int32_t*>(all.data()), sizeof(bus) / 4);
-    else std::memcpy(all.data(), bus, sizeof(bus));
-    for (int r = 0; r < impl->size; ++r)
-      if (r != impl->rank && std::strncmp(all.data() + size_t(r) * sizeof(bus), bus, sizeof(bus)) == 0)
-        fail("NCCL communicator for group '", impl->name, "': ranks ", impl->rank, " and ", r,
+    std::vector<char> all(size_t(g->size) * sizeof(bus));
+    static_assert(sizeof(bus) % 4 == 0, "bus ids travel as 32-bit words");
+    group.allgather(reinterpret_cast<const int32_t*>(bus), reinterpret_cast<int32_t*>(all.data()),
+                    sizeof(bus) / 4);
+    for (int r = 0; r < g->size; ++r)
+      if (r != g->rank && std::strncmp(all.data() + size_t(r) * sizeof(bus), bus, sizeof(bus)) == 0)
+        fail("NCCL communicator for group '", name, "': ranks ", g->rank, " and ", r,
              " share GPU ", bus, "; NCCL needs one GPU per rank (run one rank per GPU, or use the "
-             "MPI communicator: comm backend 'mpi')");
+             "MPI communicator)");
   }
   ncclUniqueId id;
-  if (impl->rank == 0) {
+  std::memset(&id, 0, sizeof id);
+  if (g->rank == 0) {
     const ncclResult_t r = ncclGetUniqueId(&id);
     if (r != ncclSuccess)
-      fail("ncclGetUniqueId failed for group '", impl->name, "': ", ncclGetErrorString(r));
+      fail("ncclGetUniqueId failed for group '", name, "': ", ncclGetErrorString(r));
   }
-  static_assert(sizeof(ncclUniqueId) % 8 == 0, "unique id is broadcast as 64-bit words");
-  if (!group.is_self())
-    group.broadcast(reinterpret_cast<std::int64_t*>(&id), sizeof(id) / 8, 0);
-  impl->check(ncclCommInitRank(&impl->comm, impl->size, id, impl->rank), "ncclCommInitRank");
-  cuda_ok(cudaStreamCreateWithFlags(&impl->stream, cudaStreamNonBlocking), "cudaStreamCreate");
-  return NcclCommunicator(std::move(impl));
-}
-
-int NcclCommunicator::rank() const { return impl_->rank; }
-int NcclCommunicator::size() const { return impl_->size; }
-const std::string& NcclCommunicator::name() const { return impl_->name; }
-CUstream_st* NcclCommunicator::stream() const { return impl_->stream; }
-
-namespace {
-NcclRequest finish(const std::shared_ptr<NcclCommunicator::Impl>& c, std::string what) {
-  auto st = std::make_unique<NcclRequest::State>();
-  st->comm = c;
-  st->what = std::move(what);
-  cuda_ok(cudaEventCreateWithFlags(&st->done, cudaEventDisableTiming), "cudaEventCreate");
-  cuda_ok(cudaEventRecord(st->done, c->stream), "cudaEventRecord");
-  return NcclRequest(std::move(st));
-}
-void order_after(const NcclCommunicator::Impl& c, CUevent_st* after) {
-  if (after) cuda_ok(cudaStreamWaitEvent(c.stream, after, 0), "cudaStreamWaitEvent");
-}
-std::string describe(const char* op, size_t n, NcclType t, const std::string& group) {
-  return detail::concat(op, " of ", n, " ", type_name(t), " on group '", group, "'");
-}
-}  // namespace
-
-NcclRequest NcclCommunicator::allreduce(void* inout, size_t n, NcclType t, bool max,
-                                        CUevent_st* after) const {
-  const std::string what = describe(max ? "allreduce_max" : "allreduce_sum", n, t, impl_->name);
-  order_after(*impl_, after);
-  impl_->check(ncclAllReduce(inout, inout, n, to_nccl(t), max ? ncclMax : ncclSum, impl_->comm,
-                             impl_->stream), what);
-  return finish(impl_, what);
-}
-NcclRequest NcclCommunicator::allgather_raw(const void* s, void* r, size_t n, NcclType t,
-                                            CUevent_st* after) const {
-  const std::string what = describe("allgather", n, t, impl_->name);
-  order_after(*impl_, after);
-  impl_->check(ncclAllGather(s, r, n, to_nccl(t), impl_->comm, impl_->stream), what);
-  return finish(impl_, what);
-}
-NcclRequest NcclCommunicator::reduce_scatter_raw(const void* s, void* r, size_t n, NcclType t,
-                                                 CUevent_st* after) const {
-  const std::string what = describe("reduce_scatter_sum", n, t, impl_->name);
-  order_after(*impl_, after);
-  impl_->check(ncclReduceScatter(s, r, n, to_nccl(t), ncclSum, impl_->comm, impl_->stream), what);
-  return finish(impl_, what);
-}
-NcclRequest NcclCommunicator::broadcast_raw(void* d, size_t n, NcclType t, int root,
-                                            CUevent_st* after) const {
-  const std::string what = describe("broadcast", n, t, impl_->name);
-  order_after(*impl_, after);
-  impl_->check(ncclBroadcast(d, d, n, to_nccl(t), root, impl_->comm, impl_->stream), what);
-  return finish(impl_, what);
-}
-NcclRequest NcclCommunicator::p2p(void* d, size_t n, NcclType t, int peer, bool is_send,
-                                  CUevent_st* after) const {
-  const std::string what = detail::concat(describe(is_send ? "send" : "recv", n, t, impl_->name),
-                                          is_send ? " to " : " from ", "rank ", peer);
-  if (peer < 0 || peer >= impl_->size || peer == impl_->rank)
-    fail("NCCL ", what, ": peer must be another rank of the group (size ", impl_->size, ")");
-  order_after(*impl_, after);
-  if (is_send) impl_->check(ncclSend(d, n, to_nccl(t), peer, impl_->comm, impl_->stream), what);
-  else impl_->check(ncclRecv(d, n, to_nccl(t), peer, impl_->comm, impl_->stream), what);
-  return finish(impl_, what);
+  static_assert(sizeof(ncclUniqueId) % 8 == 0, "the unique id is broadcast as 64-bit words");
+  group.broadcast(reinterpret_cast<std::int64_t*>(&id), sizeof(id) / 8, 0);
+  g->check(ncclCommInitRank(&g->comm, g->size, id, g->rank), "ncclCommInitRank");
+  g->finish_setup();
+  return Communicator(std::make_shared<NcclImpl>(std::move(g)));
 }
 
 std::string nccl_version() {

@@ -14,15 +14,15 @@
 namespace tetrad::parallel {
 
 // The helper: sleeps on `cv` until a scope activates it; then, holding `mu` around each call,
-// probes MPI (any MPI call runs Open MPI's progress engine) every ~50 us until deactivated.
+// drives the communicator's host progress (an MPI probe: any MPI call runs Open MPI's progress
+// engine) every ~50 us until deactivated.
 struct CommQueue::Progress {
   std::mutex mu;
   std::condition_variable cv;
   bool active = false, quit = false;
-  MPI_Comm comm = MPI_COMM_NULL;
   std::thread thread;
 
-  explicit Progress(MPI_Comm c) : comm(c), thread([this] { run(); }) {}
+  Progress() : thread([this] { run(); }) {}
   ~Progress() {
     {
       std::lock_guard<std::mutex> lock(mu);
@@ -36,8 +36,7 @@ struct CommQueue::Progress {
     for (;;) {
       cv.wait(lock, [&] { return active || quit; });
       if (quit) return;
-      int flag = 0;
-      MPI_Iprobe(MPI_ANY_SOURCE, MPI_ANY_TAG, comm, &flag, MPI_STATUS_IGNORE);
+      comm::drive_host_progress();
       // Release the lock while sleeping, so the main thread can take it back at once.
       lock.unlock();
       std::this_thread::sleep_for(std::chrono::microseconds(50));
@@ -51,14 +50,16 @@ CommQueue::~CommQueue() = default;
 
 CommQueue::ProgressScope::ProgressScope(CommQueue& q) {
   if (!q.use_thread_ || q.ops_.empty()) return;
+  // Only operations the host must drive (MPI) need the helper; NCCL's progress on the device.
+  bool host_driven = false;
+  for (const Op& op : q.ops_) host_driven = host_driven || op.request.needs_host_progress();
+  if (!host_driven) return;
   if (!q.progress_) {
-    int level = 0;
-    MPI_Query_thread(&level);
-    if (level < MPI_THREAD_SERIALIZED) {
+    if (!comm::host_progress_available()) {
       q.use_thread_ = false;  // MPI initialised by someone else with less: poll only
       return;
     }
-    q.progress_ = std::make_unique<Progress>(MPI_COMM_WORLD);
+    q.progress_ = std::make_unique<Progress>();
   }
   q_ = &q;
   {
@@ -149,17 +150,15 @@ void CommQueue::block_until(F&& ready, const char* what) {
       // on, many are pending and the job would take minutes to end.
       TETRAD_CHECK(!ops_.empty());
       const std::string what = ops_.front().request.description();
+      const std::string transport = ops_.front().request.transport();
       for (Op& op : ops_) {
         try {
           op.request.wait(0.0);
         } catch (const Error&) {
         }
       }
-      int world_rank = -1, mpi_up = 0, mpi_down = 0;
-      MPI_Initialized(&mpi_up);
-      MPI_Finalized(&mpi_down);
-      if (mpi_up && !mpi_down) MPI_Comm_rank(MPI_COMM_WORLD, &world_rank);
-      fail("rank ", world_rank, ": MPI ", what, " did not complete within ", timeout, " s (waited ",
+      fail("rank ", comm::job_rank(), ": ", transport, " ", what, " did not complete within ",
+           timeout, " s (waited ",
            waited, " s, ", ops_.size(), " collective(s) pending): a peer rank may have died or "
            "stalled, or the ranks of the group called different operations. The timeout is ",
            comm::collective_timeout_setting(), "; raise it if the peers are only slow");
@@ -178,6 +177,21 @@ void CommQueue::wait(Ticket t) {
   for (const Op& op : ops_)
     if (op.id == t) what = op.op;
   block_until([&] { return done(t); }, what.c_str());
+}
+
+void CommQueue::order_compute_after(Ticket t) {
+  if (done(t)) return;
+  if (compute_)
+    for (const Op& op : ops_)
+      if (op.id == t) {
+        const Event e = op.request.event();
+        if (e.native().kind != NativeEvent::Kind::None) {
+          compute_->wait(e);  // on the device; poll()/wait() see it complete later
+          return;
+        }
+        break;
+      }
+  wait(t);
 }
 
 void CommQueue::wait_all() {

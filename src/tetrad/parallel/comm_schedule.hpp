@@ -15,6 +15,14 @@
 // started from completion callbacks are data-parallel buckets, and those start strictly in bucket
 // order (ParallelTransformer::start_ready_buckets).
 //
+// Events. The queue knows the backend queue the model computes on (set_compute_queue). Every
+// collective is started after ready(), that queue's record() at the point the input is produced
+// (comm::Communicator's `after`): free on the CPU, whose events are complete at once; on a GPU the
+// communicator's stream waits for the compute stream on the device. Completion is the request's
+// event: wait() blocks the host until it has fired (MPI_Test, or cudaEventQuery for NCCL), and
+// order_compute_after() makes the compute queue wait for it instead, on the device where the
+// event is a device event (no host round trip), else by waiting on the host.
+//
 // Not thread-safe: the main thread only (MPI_THREAD_FUNNELED).
 #pragma once
 #include <cstdint>
@@ -23,7 +31,9 @@
 #include <string>
 #include <vector>
 
+#include "tetrad/backend/backend.hpp"
 #include "tetrad/comm/communicator.hpp"
+#include "tetrad/core/event.hpp"
 #include "tetrad/core/profile.hpp"
 #include "tetrad/parallel/options.hpp"
 
@@ -34,6 +44,10 @@ class CommQueue {
   using Ticket = uint64_t;  // 0: nothing to wait for
 
   void set_profile(StepProfile* p) { prof_ = p; }
+  // The backend queue the model computes on (null: none, host compute).
+  void set_compute_queue(backend::Queue* q) { compute_ = q; }
+  // The event a collective starts after: the compute queue's work so far (empty on the CPU).
+  Event ready() const { return compute_ ? compute_->record() : Event(); }
 
   // Takes a started request. on_done runs (in poll() or a wait) once it completes; it may call
   // start() itself. Names: op = "allreduce_sum", what = "dIn fc", layer for the timeline.
@@ -44,6 +58,9 @@ class CommQueue {
   // Blocks until the ticket's operation is complete (time counted as exposed communication).
   void wait(Ticket t);
   void wait_all();
+  // Later work on the compute queue waits for the ticket's operation; the host does not wait where
+  // the operation's completion is a device event (NCCL); otherwise the same as wait(t).
+  void order_compute_after(Ticket t);
   bool done(Ticket t) const;
   size_t pending() const { return ops_.size(); }
 
@@ -92,6 +109,7 @@ class CommQueue {
   std::unique_ptr<Progress> progress_;
   SteadyTime busy_since_;  // since when ops_ has been non-empty
   StepProfile* prof_ = nullptr;
+  backend::Queue* compute_ = nullptr;
 };
 
 // Writes the trace of every rank of `world` as one Chrome trace-event JSON file on rank 0

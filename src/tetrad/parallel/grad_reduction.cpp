@@ -80,7 +80,7 @@ void ParallelTransformer::reduce_scatter_d(size_t i, const float* shard, float* 
       if (have > 0) std::memcpy(packed + d * len, shard + first, size_t(have) * sizeof(float));
       std::fill(packed + d * len + have, packed + (d + 1) * len, 0.0f);
     }
-    q_.run(g_.d.ireduce_scatter_sum(packed, piece + a, size_t(len)), g_.d, "reduce_scatter",
+    q_.run(g_.d.ireduce_scatter_sum(packed, piece + a, size_t(len), q_.ready()), g_.d, "reduce_scatter",
            "dW pieces over D", plan_.tensors[i].spec->layer, len * Gd * int64_t(sizeof(float)));
   }
 }
@@ -99,7 +99,7 @@ void ParallelTransformer::scatter_layer_grads(int layer) {
       const float* shard = block;
       if (t.z_sharded && g_.shape.z > 1) {
         float* land = scatter_tmp_.data() + t.offset;
-        q_.run(g_.z.ireduce_scatter_sum(block, land, size_t(t.shard_numel)), g_.z,
+        q_.run(g_.z.ireduce_scatter_sum(block, land, size_t(t.shard_numel), q_.ready()), g_.z,
                "reduce_scatter", "dW", layer, t.shard_numel * g_.shape.z * int64_t(sizeof(float)));
         shard = land;
       } else if (!t.z_sharded && g_.shape.z > 1) {
@@ -140,7 +140,7 @@ CommQueue::Ticket ParallelTransformer::start_grad_reduce_scatter(const TensorSha
     ops().add(bq(), gp, land, n);
     if (--remaining == 0 && last) layer_final(layer, true);
   };
-  const auto ticket = q_.start(g_.z.ireduce_scatter_sum(block, land, size_t(n)), g_.z,
+  const auto ticket = q_.start(g_.z.ireduce_scatter_sum(block, land, size_t(n), q_.ready()), g_.z,
                                "reduce_scatter", "dW", layer,
                                n * g_.shape.z * int64_t(sizeof(float)), done);
   if (ov_.reduce_scatter) rs_tickets_[layer < 0 ? 2 : layer & 1].push_back(ticket);
@@ -175,7 +175,7 @@ void ParallelTransformer::scatter_top_grads(bool head_part) {
 // the additions have one order whatever the overlap does).
 void ParallelTransformer::accumulate_embedding_rows(int64_t N) {
   const int64_t Z = g_.shape.z, rows = Z * N;
-  q_.run(g_.z.iallgather(a_->dresid, emb_rows_.data(), size_t(N * Cx_)), g_.z, "allgather",
+  q_.run(g_.z.iallgather(a_->dresid, emb_rows_.data(), size_t(N * Cx_), q_.ready()), g_.z, "allgather",
          "embedding rows", -1, rows * Cx_ * int64_t(sizeof(float)));
   q_.wait(emb_ids_ticket_);
   if (head_ == wte_) q_.wait(head_rs_ticket_);
@@ -240,7 +240,7 @@ void ParallelTransformer::start_bucket(Bucket& b) {
   const int layer = b.layers.front();
   if (b.offset < 0) {
     const TensorShard& t = plan_.tensors[size_t(b.tensors[0])];
-    b.ticket = q_.start(b.group->iallreduce_sum(grads_.data() + t.offset, size_t(t.shard_numel)),
+    b.ticket = q_.start(b.group->iallreduce_sum(grads_.data() + t.offset, size_t(t.shard_numel), q_.ready()),
                         *b.group, "allreduce", what, layer, t.shard_numel * int64_t(sizeof(float)));
     return;
   }
@@ -252,7 +252,7 @@ void ParallelTransformer::start_bucket(Bucket& b) {
     o += t.shard_numel;
   }
   Bucket* bp = &b;
-  b.ticket = q_.start(b.group->iallreduce_sum(stage, size_t(b.numel)), *b.group, "allreduce",
+  b.ticket = q_.start(b.group->iallreduce_sum(stage, size_t(b.numel), q_.ready()), *b.group, "allreduce",
                       what, layer, b.numel * int64_t(sizeof(float)), [this, bp, stage] {
                         int64_t off = 0;
                         for (int i : bp->tensors) {

@@ -45,7 +45,7 @@ template <typename T>
 void ParallelTransformer::sum_over(const comm::Communicator& group, T* data, int64_t n,
                                    const char* what) {
   if (group.size() == 1) return;
-  q_.run(group.iallreduce_sum(data, size_t(n)), group, "allreduce", what,
+  q_.run(group.iallreduce_sum(data, size_t(n), q_.ready()), group, "allreduce", what,
          prof_ ? prof_->layer : -2, n * int64_t(sizeof(T)));
 }
 template void ParallelTransformer::sum_over<float>(const comm::Communicator&, float*, int64_t,
@@ -69,7 +69,7 @@ void ParallelTransformer::gemm_allreduce(const char* what, float* out, const flo
     const int64_t r0 = N * c / chunks, r1 = N * (c + 1) / chunks;
     gemm(what, false, true, r1 - r0, n_out, k_in, in + r0 * k_in, k_in, w(wi), k_in, 0.0f,
          out + r0 * n_out, n_out);
-    tickets.push_back(q_.start(group.iallreduce_sum(out + r0 * n_out, size_t((r1 - r0) * n_out)),
+    tickets.push_back(q_.start(group.iallreduce_sum(out + r0 * n_out, size_t((r1 - r0) * n_out), q_.ready()),
                                group, "allreduce", what, prof_ ? prof_->layer : -2,
                                (r1 - r0) * n_out * int64_t(sizeof(float))));
   }
@@ -106,7 +106,7 @@ void ParallelTransformer::linear_bwd(const char* what, float* din, const float* 
                                      const comm::Communicator& group, int64_t N) {
   gemm(what, false, false, N, k_in, n_out, dout, n_out, w(wi), k_in, 0.0f, din, k_in);
   if (ov_.backward_allreduce && group.size() > 1) {
-    const auto t = q_.start(group.iallreduce_sum(din, size_t(N * k_in)), group, "allreduce",
+    const auto t = q_.start(group.iallreduce_sum(din, size_t(N * k_in), q_.ready()), group, "allreduce",
                             what, prof_ ? prof_->layer : -2, N * k_in * int64_t(sizeof(float)));
     gemm(what, true, false, n_out, k_in, N, dout, n_out, in, k_in, 1.0f, gw(wi), k_in);
     bias_bwd(gw(bi), dout, n_out, N);

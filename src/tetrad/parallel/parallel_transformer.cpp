@@ -48,6 +48,7 @@ ParallelTransformer::ParallelTransformer(const ModelConfig& config, ProcessGroup
   if (opt_.zero >= 1 || groups.shape.p > 1) ov_.dp_overlap = false;
   opt_.overlap = ov_;
   q_.enable_progress_thread(ov_.progress_thread);
+  q_.set_compute_queue(&be_->queue());  // collectives start after, and complete into, its work
   cfg_.validate();
   if (max_len <= 0 || max_len > cfg_.max_seq)
     fail("sequence length ", max_len, " is outside what the model supports (1..", cfg_.max_seq,
@@ -338,7 +339,7 @@ void ParallelTransformer::backward_chunk(int l0, int l1, bool embed, bool head,
     zero_layer_grad_blocks(-1);
   }
   if (sparse_embedding_ && embed)  // the token ids the Z group's embedding rows belong to
-    emb_ids_ticket_ = q_.start(g_.z.iallgather(inputs, emb_ids_.data(), size_t(N)), g_.z,
+    emb_ids_ticket_ = q_.start(g_.z.iallgather(inputs, emb_ids_.data(), size_t(N), q_.ready()), g_.z,
                                "allgather", "embedding ids", -1,
                                N * g_.shape.z * int64_t(sizeof(int32_t)));
   if (head) {

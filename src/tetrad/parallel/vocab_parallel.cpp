@@ -60,7 +60,7 @@ double ParallelTransformer::cross_entropy(const int32_t* targets, int64_t N, flo
   const backend::OpTable& op = ops();
   op.ce_row_max(bq(), mx, L, N, Vy_);
   if (g_.y.size() > 1)
-    q_.run(g_.y.iallreduce_max(mx, size_t(N)), g_.y, "allreduce_max", "logit max", -1,
+    q_.run(g_.y.iallreduce_max(mx, size_t(N), q_.ready()), g_.y, "allreduce_max", "logit max", -1,
            N * int64_t(sizeof(float)));
   double* st = stats_.data();
   op.ce_sum_exp_target(bq(), st, L, mx, tg, v0, Vy_, N);

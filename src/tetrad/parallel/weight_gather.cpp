@@ -32,7 +32,7 @@ void ParallelTransformer::issue_gather(int layer) {
   for (const auto& t : plan_.tensors)
     if (t.spec->layer == layer && t.z_sharded)
       tickets->push_back(q_.start(
-          g_.z.iallgather(params_.data() + t.offset, buf + t.block_offset, size_t(t.shard_numel)),
+          g_.z.iallgather(params_.data() + t.offset, buf + t.block_offset, size_t(t.shard_numel), q_.ready()),
           g_.z, "allgather", "W", layer, t.shard_numel * g_.shape.z * int64_t(sizeof(float))));
 }
 
@@ -137,7 +137,7 @@ void ParallelTransformer::gather_updated_params() {
     float* mine = pieces + q * g_.shape.d;
     std::fill(mine, mine + q, 0.0f);
     std::memcpy(mine, params_.data() + zl_.param_offsets[i], zl_.sizes[i] * sizeof(float));
-    q_.run(g_.d.iallgather(mine, pieces, size_t(q)), g_.d, "allgather", "updated pieces over D",
+    q_.run(g_.d.iallgather(mine, pieces, size_t(q), q_.ready()), g_.d, "allgather", "updated pieces over D",
            t.spec->layer, q * g_.shape.d * int64_t(sizeof(float)));
     std::memcpy(params_.data() + t.offset, pieces, t.shard_numel * sizeof(float));
   }

@@ -1,6 +1,7 @@
 #include "tetrad/tools/checkpoint_bench.hpp"
 
 #include <fcntl.h>
+#include <mpi.h>
 #include <unistd.h>
 
 #include <algorithm>

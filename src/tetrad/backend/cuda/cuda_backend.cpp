@@ -45,7 +45,8 @@ class CudaEvent final : public Event::Impl {
     g::gpu_fail("cudaEventQuery", __FILE__, __LINE__, r);
   }
   void synchronize() override { GPU_CHECK(g::gpuEventSynchronize(e_)); }
-  g::gpuEvent_t native() const { return e_; }
+  NativeEvent native() const override { return {NativeEvent::Kind::CudaEvent, e_}; }
+  g::gpuEvent_t handle() const { return e_; }
 
  private:
   g::gpuEvent_t e_ = nullptr;
@@ -103,17 +104,19 @@ class CudaQueue final : public Queue {
   }
   Event record() override {
     auto e = std::make_shared<CudaEvent>();
-    GPU_CHECK(g::gpuEventRecord(e->native(), s_));
+    GPU_CHECK(g::gpuEventRecord(e->handle(), s_));
     return Event(e);
   }
   void wait(const Event& e) override {
     if (!e.impl()) return;  // a complete event
-    auto* ce = dynamic_cast<CudaEvent*>(e.impl());
-    if (!ce) {
-      e.synchronize();  // an event of another kind (the CPU's are always complete)
+    const NativeEvent n = e.native();
+    if (n.kind != NativeEvent::Kind::CudaEvent) {
+      // An event of another kind (the CPU's are always complete; an MPI request): the host waits.
+      e.synchronize();
       return;
     }
-    GPU_CHECK(g::gpuStreamWaitEvent(s_, ce->native()));
+    // A CUDA event of any stream: this queue's, another queue's, an NCCL communicator's.
+    GPU_CHECK(g::gpuStreamWaitEvent(s_, static_cast<g::gpuEvent_t>(n.handle)));
   }
   void synchronize() override { GPU_CHECK(g::gpuStreamSynchronize(s_)); }
 

@@ -1,0 +1,283 @@
+// The MPI implementation of the communication interface (mpi_communicator.hpp).
+#include "tetrad/comm/mpi_communicator.hpp"
+
+#include <climits>
+#include <cstdio>
+
+#include "tetrad/comm/comm_impl.hpp"
+#include "tetrad/comm/mpi_env.hpp"
+#include "tetrad/core/error.hpp"
+
+namespace tetrad::comm {
+
+namespace {
+
+std::string mpi_error_string(int rc) {
+  char text[MPI_MAX_ERROR_STRING];
+  int len = 0;
+  if (MPI_Error_string(rc, text, &len) != MPI_SUCCESS) return "MPI error code " + std::to_string(rc);
+  return std::string(text, len);
+}
+
+bool mpi_finalized() {
+  int finalized = 0;
+  return MPI_Finalized(&finalized) != MPI_SUCCESS || finalized;
+}
+
+bool mpi_running() {
+  int up = 0;
+  if (MPI_Initialized(&up) != MPI_SUCCESS || !up) return false;
+  return !mpi_finalized();
+}
+
+MPI_Datatype mpi_type(DType t) {
+  switch (t) {
+    case DType::F32: return MPI_FLOAT;
+    case DType::F64: return MPI_DOUBLE;
+    case DType::I32: return MPI_INT32_T;
+    case DType::I64: return MPI_INT64_T;
+    case DType::U64: return MPI_UINT64_T;
+  }
+  return MPI_DATATYPE_NULL;
+}
+
+// An MPI host-side completion: the host waits for events it is given to start after.
+void wait_on_host(const Event& after) {
+  if (!after.empty() && !after.query()) after.synchronize();
+}
+
+// One started MPI operation: its MPI_Request is its completion event.
+class MpiOp final : public PendingOp {
+ public:
+  MPI_Request request = MPI_REQUEST_NULL;
+  MPI_Datatype datatype = MPI_DATATYPE_NULL;  // for checking a receive's length
+
+  bool poll_native() override {
+    int flag = 0;
+    MPI_Status status;
+    const int rc = MPI_Test(&request, &flag, &status);
+    if (rc != MPI_SUCCESS) {
+      // A failed operation is finished as far as we are concerned; MPI releases the request.
+      request = MPI_REQUEST_NULL;
+      fail("MPI ", description(), " failed: ", mpi_error_string(rc));
+    }
+    if (!flag) return false;
+    completed(status);
+    return true;
+  }
+
+  bool on_timeout(double waited, std::string* note, bool* group_usable, bool* over) override {
+    if (!is_recv) {
+      // A collective (or a send) cannot be cancelled: it stays pending; a late peer may still
+      // complete it (wait() again), but the group's state is unknown.
+      *group_usable = false;
+      *over = false;
+      return false;
+    }
+    // A receive can be cancelled cleanly; if the message arrived meanwhile, it is complete.
+    MPI_Status status;
+    int rc = MPI_Cancel(&request);
+    if (rc == MPI_SUCCESS) rc = MPI_Wait(&request, &status);
+    int cancelled = 0;
+    if (rc == MPI_SUCCESS) rc = MPI_Test_cancelled(&status, &cancelled);
+    request = MPI_REQUEST_NULL;
+    if (rc != MPI_SUCCESS)
+      fail("MPI ", description(), " timed out after ", waited,
+           " s and cancelling it failed: ", mpi_error_string(rc));
+    if (!cancelled) {
+      completed(status);
+      return true;
+    }
+    *note = " (the receive was cancelled)";
+    *group_usable = true;
+    *over = true;
+    return false;
+  }
+
+  bool library_finalized() const override { return mpi_finalized(); }
+
+ private:
+  // MPI reported completion: check a receive's length.
+  void completed(const MPI_Status& status) {
+    if (!is_recv) return;
+    int got = 0;
+    const int rc = MPI_Get_count(&status, datatype, &got);
+    if (rc != MPI_SUCCESS)
+      fail("MPI ", description(), ": MPI_Get_count failed: ", mpi_error_string(rc));
+    if (got < 0 || static_cast<size_t>(got) != count)
+      fail("MPI ", description(), ": received ", got, " elements, expected ", count,
+           " (the sender and receiver disagree on the message length)");
+  }
+};
+
+// One MPI communicator, owned: a duplicate or a split, freed (MPI_Comm_free) when the last
+// Communicator and pending operation let go of it; skipped if MPI is already finalised.
+class MpiImpl final : public CommImpl {
+ public:
+  MpiImpl(MPI_Comm comm, std::string name) : comm_(comm), name_(std::move(name)) {
+    int rc = MPI_Comm_set_errhandler(comm_, MPI_ERRORS_RETURN);
+    if (rc == MPI_SUCCESS) rc = MPI_Comm_rank(comm_, &rank_);
+    if (rc == MPI_SUCCESS) rc = MPI_Comm_size(comm_, &size_);
+    if (rc != MPI_SUCCESS)
+      fail("MPI: setting up communicator '", name_, "' failed: ", mpi_error_string(rc));
+  }
+  ~MpiImpl() override {
+    if (comm_ == MPI_COMM_NULL || mpi_finalized()) return;
+    const int rc = MPI_Comm_free(&comm_);
+    if (rc != MPI_SUCCESS)
+      std::fprintf(stderr, "tetrad: MPI_Comm_free of group '%s' failed: %s\n", name_.c_str(),
+                   mpi_error_string(rc).c_str());
+  }
+  MpiImpl(const MpiImpl&) = delete;
+  MpiImpl& operator=(const MpiImpl&) = delete;
+
+  static std::shared_ptr<CommImpl> duplicate(MPI_Comm comm, const std::string& name) {
+    MPI_Comm out = MPI_COMM_NULL;
+    const int rc = MPI_Comm_dup(comm, &out);
+    if (rc != MPI_SUCCESS)
+      fail("MPI_Comm_dup for group '", name, "' failed: ", mpi_error_string(rc));
+    return std::make_shared<MpiImpl>(out, name);
+  }
+
+  MPI_Comm native() const { return comm_; }
+  const char* transport() const override { return "MPI"; }
+  BufferSpace buffer_space() const override { return BufferSpace::Host; }
+  int rank() const override { return rank_; }
+  int size() const override { return size_; }
+  const std::string& name() const override { return name_; }
+
+  std::shared_ptr<PendingOp> allreduce(const char* op, void* inout, size_t n, DType t, ReduceOp r,
+                                       const Event& after) override {
+    auto s = new_op(op, t, n);
+    const int count = to_count(n, *s);
+    wait_on_host(after);
+    const int rc = MPI_Iallreduce(MPI_IN_PLACE, inout, count, mpi_type(t),
+                                  r == ReduceOp::Max ? MPI_MAX : MPI_SUM, comm_, &s->request);
+    return started(std::move(s), rc);
+  }
+  std::shared_ptr<PendingOp> allgather(const char* op, const void* send, void* recv, size_t n,
+                                       DType t, const Event& after) override {
+    auto s = new_op(op, t, n);
+    const int count = to_count(n, *s);
+    const bool in_place =
+        send == static_cast<const char*>(recv) + static_cast<size_t>(rank_) * n * dtype_size(t);
+    wait_on_host(after);
+    const int rc = MPI_Iallgather(in_place ? MPI_IN_PLACE : send, count, mpi_type(t), recv, count,
+                                  mpi_type(t), comm_, &s->request);
+    return started(std::move(s), rc);
+  }
+  std::shared_ptr<PendingOp> reduce_scatter(const char* op, const void* send, void* recv,
+                                            size_t n, DType t, const Event& after) override {
+    auto s = new_op(op, t, n);
+    const int count = to_count(n, *s);
+    wait_on_host(after);
+    const int rc =
+        MPI_Ireduce_scatter_block(send, recv, count, mpi_type(t), MPI_SUM, comm_, &s->request);
+    return started(std::move(s), rc);
+  }
+  std::shared_ptr<PendingOp> broadcast(const char* op, void* data, size_t n, DType t, int root,
+                                       const Event& after) override {
+    auto s = new_op(op, t, n);
+    s->extra = detail::concat(" from root ", root);
+    const int count = to_count(n, *s);
+    wait_on_host(after);
+    const int rc = MPI_Ibcast(data, count, mpi_type(t), root, comm_, &s->request);
+    return started(std::move(s), rc);
+  }
+  std::shared_ptr<PendingOp> send(const char* op, const void* data, size_t n, DType t, int peer,
+                                  int tag, const Event& after) override {
+    auto s = new_op(op, t, n);
+    s->extra = detail::concat(" to rank ", peer, ", tag ", tag);
+    const int count = to_count(n, *s);
+    wait_on_host(after);
+    const int rc = MPI_Isend(data, count, mpi_type(t), peer, tag, comm_, &s->request);
+    return started(std::move(s), rc);
+  }
+  std::shared_ptr<PendingOp> recv(const char* op, void* data, size_t n, DType t, int peer, int tag,
+                                  const Event& after) override {
+    auto s = new_op(op, t, n);
+    s->extra = detail::concat(" from rank ", peer, ", tag ", tag);
+    s->is_recv = true;
+    const int count = to_count(n, *s);
+    wait_on_host(after);
+    const int rc = MPI_Irecv(data, count, mpi_type(t), peer, tag, comm_, &s->request);
+    return started(std::move(s), rc);
+  }
+  std::shared_ptr<PendingOp> barrier(const char* op) override {
+    auto s = std::make_shared<MpiOp>();
+    describe_untyped(*s, op);
+    const int rc = MPI_Ibarrier(comm_, &s->request);
+    return started(std::move(s), rc);
+  }
+
+  std::shared_ptr<CommImpl> dup(const std::string& name) override { return duplicate(comm_, name); }
+  std::shared_ptr<CommImpl> split(int color, int key, const std::string& name) override {
+    MPI_Comm out = MPI_COMM_NULL;
+    const int rc = MPI_Comm_split(comm_, color, key, &out);
+    if (rc != MPI_SUCCESS)
+      fail("MPI_Comm_split of group '", name_, "' into '", name, "' failed: ", mpi_error_string(rc));
+    return std::make_shared<MpiImpl>(out, name);
+  }
+
+ private:
+  std::shared_ptr<MpiOp> new_op(const char* op, DType t, size_t n) const {
+    auto s = std::make_shared<MpiOp>();
+    describe(*s, op, t, n);
+    s->datatype = mpi_type(t);
+    return s;
+  }
+  // MPI takes int counts.
+  static int to_count(size_t n, const MpiOp& s) {
+    if (n > static_cast<size_t>(INT_MAX))
+      fail("MPI ", s.description(), ": ", n, " elements is more than MPI's int count allows (",
+           INT_MAX, "); split the buffer");
+    return static_cast<int>(n);
+  }
+  static std::shared_ptr<PendingOp> started(std::shared_ptr<MpiOp> s, int rc) {
+    if (rc != MPI_SUCCESS) fail("MPI ", s->description(), " failed to start: ", mpi_error_string(rc));
+    return s;
+  }
+
+  MPI_Comm comm_ = MPI_COMM_NULL;
+  std::string name_;
+  int rank_ = 0, size_ = 0;
+};
+
+}  // namespace
+
+Communicator Communicator::world(std::string name) {
+  if (!MpiEnvironment::is_initialized())
+    fail("Communicator::world: MPI is not initialised (construct a comm::MpiEnvironment first)");
+  return mpi_duplicate(MPI_COMM_WORLD, std::move(name));
+}
+
+Communicator mpi_duplicate(MPI_Comm comm, std::string name) {
+  return Communicator(MpiImpl::duplicate(comm, name));
+}
+
+MPI_Comm mpi_native(const Communicator& c) {
+  const auto* m = dynamic_cast<const MpiImpl*>(c.impl());
+  return m ? m->native() : MPI_COMM_NULL;
+}
+
+int job_rank() {
+  if (!mpi_running()) return -1;
+  int rank = -1;
+  MPI_Comm_rank(MPI_COMM_WORLD, &rank);
+  return rank;
+}
+
+bool host_progress_available() {
+  if (!mpi_running()) return false;
+  int level = 0;
+  MPI_Query_thread(&level);
+  return level >= MPI_THREAD_SERIALIZED;
+}
+
+void drive_host_progress() {
+  // Any MPI call runs Open MPI's progress engine; a probe is the cheapest that has no effect.
+  int flag = 0;
+  MPI_Iprobe(MPI_ANY_SOURCE, MPI_ANY_TAG, MPI_COMM_WORLD, &flag, MPI_STATUS_IGNORE);
+}
+
+}  // namespace tetrad::comm
