@@ -351,56 +351,12 @@ std::string GemmShape::to_string() const {
   return os.str();
 }
 
-Measurement measure_fma_peak(int threads, double seconds, int reps) {
-  if (threads <= 0) threads = omp_get_max_threads();
-  if (reps <= 0) reps = 1;
-  const CpuFeatures& cpu = cpu_features();
-  FmaKernel kernel = fma_scalar;
-  int lanes = 1, chains = kScalarChains;
-  std::string what = "8 scalar multiply-add chains (baseline x86-64 code; the compiler may pack "
-                     "them into SSE)";
-#ifdef TETRAD_X86
-  if (cpu.use_avx512()) {
-    kernel = fma_avx512, lanes = 16, chains = kAvx512Chains;
-    what = "AVX-512 vfmadd, 16 independent zmm chains";
-  } else if (cpu.use_avx2_fma()) {
-    kernel = fma_avx2, lanes = 8, chains = kAvx2Chains;
-    what = "AVX2 vfmadd, 12 independent ymm chains";
-  }
-#endif
-  const double flop_per_iter = 2.0 * lanes * chains;  // one FMA = 2 FLOP per lane
-
-  // Calibrate: grow the iteration count until one run takes 10 ms, then scale it to `seconds`
-  // using the fastest of three runs, never going below the calibration count (a run slowed by
-  // another process must not shrink the loop to nothing). These runs also bring the cores up
-  // to clock.
-  int ran = threads;
-  int64_t iters = 1 << 14;
-  double t = run_fma(kernel, threads, iters, &ran);
-  while (t < 0.01 && iters < (int64_t(1) << 40)) {
-    iters *= 4;
-    t = run_fma(kernel, threads, iters, &ran);
-  }
-  for (int i = 0; i < 2; ++i) t = std::min(t, run_fma(kernel, threads, iters, &ran));
-  iters = std::max(iters, int64_t(double(iters) * seconds / std::max(t, 1e-9)));
-
-  Measurement m;
-  m.unit = "GFLOP/s";
-  for (int r = 0; r < reps; ++r) {
-    double dt = run_fma(kernel, threads, iters, &ran);
-    m.samples.push_back(flop_per_iter * double(iters) * ran / dt * 1e-9);
-  }
-  finish(m);
-  m.basis = "fp32 FMA register loop";
-  m.method = "register-only FMA loop: " + what + ", " + std::to_string(ran) + " thread(s) x " +
-             std::to_string(iters) + " iterations (" + fmt(seconds * 1e3, 0) +
-             " ms, each thread timed on its own CPU clock), best of " + std::to_string(reps);
-  return m;
-}
-
 namespace {
-// Calibrates `kernel` to about `seconds` per run on `threads` threads (as the FMA peak does),
-// then times `reps` runs; flop_per_iter per thread.
+// Times a register-only loop (the FMA and bf16 peaks): calibrate by growing the iteration count
+// until one run takes 10 ms, then scale it to `seconds` using the fastest of three runs, never
+// going below the calibration count (a run slowed by another process must not shrink the loop to
+// nothing; these runs also bring the cores up to clock); then `reps` timed runs.
+// flop_per_iter is per thread.
 Measurement time_register_loop(FmaKernel kernel, double flop_per_iter, int threads,
                                double seconds, int reps, int* ran_out, int64_t* iters_out) {
   int ran = threads;
@@ -424,6 +380,35 @@ Measurement time_register_loop(FmaKernel kernel, double flop_per_iter, int threa
   return m;
 }
 }  // namespace
+
+Measurement measure_fma_peak(int threads, double seconds, int reps) {
+  if (threads <= 0) threads = omp_get_max_threads();
+  if (reps <= 0) reps = 1;
+  const CpuFeatures& cpu = cpu_features();
+  FmaKernel kernel = fma_scalar;
+  int lanes = 1, chains = kScalarChains;
+  std::string what = "8 scalar multiply-add chains (baseline x86-64 code; the compiler may pack "
+                     "them into SSE)";
+#ifdef TETRAD_X86
+  if (cpu.use_avx512()) {
+    kernel = fma_avx512, lanes = 16, chains = kAvx512Chains;
+    what = "AVX-512 vfmadd, 16 independent zmm chains";
+  } else if (cpu.use_avx2_fma()) {
+    kernel = fma_avx2, lanes = 8, chains = kAvx2Chains;
+    what = "AVX2 vfmadd, 12 independent ymm chains";
+  }
+#endif
+  const double flop_per_iter = 2.0 * lanes * chains;  // one FMA = 2 FLOP per lane
+
+  int ran = threads;
+  int64_t iters = 0;
+  Measurement m = time_register_loop(kernel, flop_per_iter, threads, seconds, reps, &ran, &iters);
+  m.basis = "fp32 FMA register loop";
+  m.method = "register-only FMA loop: " + what + ", " + std::to_string(ran) + " thread(s) x " +
+             std::to_string(iters) + " iterations (" + fmt(seconds * 1e3, 0) +
+             " ms, each thread timed on its own CPU clock), best of " + std::to_string(reps);
+  return m;
+}
 
 Measurement measure_bf16_peak(int threads, double seconds, int reps) {
   if (threads <= 0) threads = omp_get_max_threads();
