@@ -532,6 +532,27 @@ void check_targets(const int32_t* targets, int64_t ntok, int64_t V) {
       fail("target token id ", targets[t], " at position ", t,
            " is outside the model's vocabulary [0, ", V, ")");
 }
+// One row of the fused cross-entropy: its max and its target's logit, then e^(x - max) in place
+// and their sum. Shared by the fp32-gradient and bf16-gradient forms so both compute the same.
+template <typename T>
+struct ExpRow {
+  T max, target_logit, sum;
+};
+template <typename T>
+inline ExpRow<T> exp_row_in_place(T* row, int64_t V, int32_t tgt) {
+  T mx = row[0];
+#pragma omp simd reduction(max : mx)
+  for (int64_t j = 0; j < V; ++j) mx = std::max(mx, row[j]);
+  const T target_logit = row[tgt];
+  T sum = 0;
+#pragma omp simd reduction(+ : sum)
+  for (int64_t j = 0; j < V; ++j) {
+    const T e = fast_exp(row[j] - mx);
+    row[j] = e;
+    sum += e;
+  }
+  return {mx, target_logit, sum};
+}
 }  // namespace
 
 template <typename T>
@@ -547,19 +568,9 @@ double cross_entropy_fused(T* logits, T* losses, const int32_t* targets, int64_t
       losses[t] = 0;
       continue;
     }
-    T mx = row[0];
-#pragma omp simd reduction(max : mx)
-    for (int64_t j = 0; j < V; ++j) mx = std::max(mx, row[j]);
-    const T target_logit = row[tgt];
-    T sum = 0;
-#pragma omp simd reduction(+ : sum)
-    for (int64_t j = 0; j < V; ++j) {
-      const T e = fast_exp(row[j] - mx);
-      row[j] = e;
-      sum += e;
-    }
-    losses[t] = std::log(sum) + mx - target_logit;
-    const T scale = grad_scale / sum;
+    const ExpRow<T> r = exp_row_in_place(row, V, tgt);
+    losses[t] = std::log(r.sum) + r.max - r.target_logit;
+    const T scale = grad_scale / r.sum;
 #pragma omp simd
     for (int64_t j = 0; j < V; ++j) row[j] *= scale;
     row[tgt] -= grad_scale;
@@ -659,19 +670,9 @@ double cross_entropy_fused_bf16(float* logits, uint16_t* dlogits, float* losses,
       losses[t] = 0;
       continue;
     }
-    float mx = row[0];
-#pragma omp simd reduction(max : mx)
-    for (int64_t j = 0; j < V; ++j) mx = std::max(mx, row[j]);
-    const float target_logit = row[tgt];
-    float sum = 0;
-#pragma omp simd reduction(+ : sum)
-    for (int64_t j = 0; j < V; ++j) {
-      const float e = fast_exp(row[j] - mx);
-      row[j] = e;
-      sum += e;
-    }
-    losses[t] = std::log(sum) + mx - target_logit;
-    const float scale = grad_scale / sum;
+    const ExpRow<float> r = exp_row_in_place(row, V, tgt);
+    losses[t] = std::log(r.sum) + r.max - r.target_logit;
+    const float scale = grad_scale / r.sum;
     const float at_target = row[tgt] * scale - grad_scale;
 #pragma omp simd
     for (int64_t j = 0; j < V; ++j) drow[j] = float_to_bf16(row[j] * scale);
