@@ -77,8 +77,10 @@ void PendingOp::wait(double timeout_s) {
            collective_timeout_setting(), "; raise it if the peers are only slow");
     }
     // Spin first (most operations finish within microseconds), then stop burning a core that a
-    // peer rank may need (oversubscribed runs), then poll every 200 us.
-    if (polls < 2000) continue;
+    // peer rank may need (oversubscribed runs), then poll every 200 us. The spin ends after 2000
+    // polls or 1 ms, whichever comes first: on a loaded machine 2000 polls took longer than a
+    // 0.6 s timeout, so the wait never told the watchdog what it was blocked on.
+    if (polls < 2000 && waited < 1e-3) continue;
     if (!blocked.set) blocked.mark(description(), start);
     if (waited < 0.01)
       std::this_thread::yield();
