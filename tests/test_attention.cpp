@@ -413,8 +413,7 @@ bool all_finite(const Layout& L, char which, const std::vector<float>& x) {
 
 TEST(AttentionBf16, EveryPathAgainstDoubleWithinBf16Tolerance) {
   // Across the kernel's 32-row blocks (tails), GQA, several sequences, decode-like Tq < Tk, head
-  // sizes that are not multiples of 32, and one kv head of one sequence (the backward then splits
-  // its key blocks into chunks whose dq shares are summed).
+  // sizes that are not multiples of 32, and one kv head of one sequence (a single backward task).
   const std::vector<Shape> shapes = {
       {1, 1, 1, 1, 1, 8, true},      {2, 7, 7, 2, 2, 16, true},    {1, 64, 64, 2, 2, 64, true},
       {2, 65, 65, 3, 3, 32, true},   {2, 130, 130, 4, 2, 24, true}, {1, 67, 67, 4, 1, 5, true},
@@ -543,6 +542,38 @@ TEST(AttentionBf16, DeterministicAcrossRunsAndThreadCounts) {
     }
     if (first_out.empty()) first_out = out[0];
     else EXPECT_LT(rel_error(L, 'o', out[0], first_out), 1e-5);
+  }
+}
+
+// A head's results do not depend on what else the call holds: the first sequence's first kv
+// group alone (fewer heads, one sequence, same strides) gives bit for bit what the whole call gives
+// for it, forward and backward (what lets grids that split heads over Y or the batch over D match
+// one rank).
+TEST(AttentionBf16, HeadsAndSequencesAreIndependentOfTheRestOfTheCall) {
+  const Layout L = make_layout(2, 100, 100, 4, 2, 64, false);
+  const std::vector<float> in = random_vector<float>(L.in_size, 51);
+  const std::vector<float> R = random_vector<float>(L.out_size, 52);
+  Layout S = L;
+  S.d.B = 1, S.d.n_head = 2, S.d.n_kv_head = 1;
+  for (AttentionBf16Path path : supported_bf16_paths()) {
+    SCOPED_TRACE(attention_bf16_path_name(path));
+    std::vector<float> out, lse, din, out_s, lse_s, din_s;
+    run_forward_bf16(out, lse, in, L, 0, path);
+    run_backward_bf16(din, R, in, out, lse, L, 0, path);
+    run_forward_bf16(out_s, lse_s, in, S, 0, path);
+    // lse of the sub-call is [1][2][T]: the first two heads' rows of the whole call's.
+    run_backward_bf16(din_s, R, in, out_s, lse_s, S, 0, path);
+    int64_t checked = 0;
+    for_each_element(S, 'o', [&](int64_t i) {
+      ASSERT_EQ(std::memcmp(&out[i], &out_s[i], sizeof(float)), 0) << "out element " << i;
+      ++checked;
+    });
+    for_each_element(S, 'i', [&](int64_t i) {
+      ASSERT_EQ(std::memcmp(&din[i], &din_s[i], sizeof(float)), 0) << "gradient element " << i;
+      ++checked;
+    });
+    EXPECT_EQ(0, std::memcmp(lse.data(), lse_s.data(), sizeof(float) * 2 * L.d.Tq));
+    EXPECT_GT(checked, 0);
   }
 }
 

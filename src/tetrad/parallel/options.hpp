@@ -88,9 +88,10 @@ struct ParallelOptions {
   std::optional<backend::Precision> precision;
   // Arithmetic of attention's products (QKᵀ, PV and the backward's): FP32, or BF16 (bf16
   // operands, fp32 accumulation and softmax statistics; Capabilities::attention_bf16_products).
-  // Separate from `precision` because on the CPU the bf16 kernel is not yet faster than the fp32
-  // one (docs/precision.md), so bf16 runs keep fp32 attention unless asked.
-  backend::Precision attention_precision = backend::Precision::FP32;
+  // Unset: it follows `precision` where bf16 attention is the faster one on the backend
+  // (Capabilities::attention_bf16_faster: CPUs with AMX), else FP32 (docs/precision.md, "bf16
+  // attention"); set, it is forced (BF16 refused where the backend has no bf16 products).
+  std::optional<backend::Precision> attention_precision;
 };
 
 }  // namespace tetrad::parallel

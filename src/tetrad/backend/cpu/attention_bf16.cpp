@@ -44,7 +44,6 @@ namespace {
 
 constexpr int kB = 32;            // rows of a query or key block; head_dim is padded to it
 constexpr int kMaxHdp = 1024;     // head_dim limit (the packers' row buffers)
-constexpr int kMinBackwardTasks = 8;
 constexpr float kLog2e = 1.4426950408889634f;
 constexpr float kLn2 = 0.6931471805599453f;
 
@@ -513,13 +512,12 @@ struct BwdCtx {
   Shape z;
   const float *q, *k, *v, *dout, *out, *lse;
   float *dq, *dk, *dv;
-  int n_chunks;
   // Q and dO as npanels (Sᵀ, dPᵀ) and dpanels (dK, dV) [BH][Tqp*hdp]; K, V rows (Sᵀ, dPᵀ)
   // [B*nkv][Tkp*hdp]; Kᵀ trows (dQᵀ) [B*nkv][hdp*ldt].
   uint16_t *qn, *qd, *don, *dod, *ka, *va, *kt;
   float *L, *D;   // [BH][Tqp]: lse·log2(e) and rowsum(dO ∘ O); 0 for padding rows
   int32_t* vis;   // [Tqp]: keys each query sees
-  float* dqt;     // [n_chunks][BH][hdp][ldq]
+  float* dqt;     // [BH][hdp][ldq]
 };
 
 // Per thread: one key block against every query that sees it, keys as rows. st / dpt: Sᵀ and
@@ -574,7 +572,7 @@ template <class Mm>
 inline void backward_worker(const BwdCtx& c) {
   const Shape& z = c.z;
   const AttentionDims& d = *c.d;
-  const int64_t BH = z.B * z.nh, KV = z.B * z.nkv;
+  const int64_t KV = z.B * z.nkv;
   const int hd = int(z.hd), hdp = int(z.hdp);
 #pragma omp for schedule(static) nowait  // (the k/v loop's barrier waits for both)
   for (int64_t r = 0; r < z.B * z.Tqp / kB; ++r) {
@@ -616,19 +614,20 @@ inline void backward_worker(const BwdCtx& c) {
   }
   BwdScratch& s = bwd_scratch(z);
   const float scale = 1.0f / std::sqrt(float(hd)), scale2 = scale * kLog2e;
-  const int64_t nkb = z.Tkp / kB, nch = c.n_chunks;
+  const int64_t nkb = z.Tkp / kB;
   const int64_t dq_head = int64_t(hdp) * z.ldq;
   Mm::begin();
-  // Task (sequence b, kv head g, chunk): key blocks chunk, chunk + n_chunks, ... (interleaved, so
-  // the chunks of a causal problem get similar work); it owns their dk/dv rows and its chunk's
-  // slice of dqᵀ for the group's heads.
+  // Task (sequence b, kv head g): it owns the dk/dv rows of g and the dqᵀ of the group's heads.
+  // Only the (sequence, kv head) pairs are spread over threads, never a head's key blocks: a
+  // head's arithmetic then depends on nothing but its own shapes, so a grid that splits the heads
+  // or the batch computes bit for bit what one rank does (bf16 rounding of P and dS would turn
+  // a different summation order of dQ into visibly different losses).
 #pragma omp for schedule(dynamic, 1)
-  for (int64_t task = 0; task < KV * nch; ++task) {
-    const int64_t kvh = task / nch, chunk = task % nch, b = kvh / z.nkv, g = kvh % z.nkv;
+  for (int64_t kvh = 0; kvh < KV; ++kvh) {
+    const int64_t b = kvh / z.nkv, g = kvh % z.nkv;
     for (int64_t gi = 0; gi < z.group; ++gi)
-      std::memset(c.dqt + (chunk * BH + b * z.nh + g * z.group + gi) * dq_head, 0,
-                  sizeof(float) * dq_head);
-    for (int64_t jb = chunk; jb < nkb; jb += nch) {
+      std::memset(c.dqt + (b * z.nh + g * z.group + gi) * dq_head, 0, sizeof(float) * dq_head);
+    for (int64_t jb = 0; jb < nkb; ++jb) {
       const int64_t j0 = jb * kB;
       std::fill(s.acc_k.begin(), s.acc_k.begin() + kB * hdp, 0.0f);
       std::fill(s.acc_v.begin(), s.acc_v.begin() + kB * hdp, 0.0f);
@@ -639,7 +638,7 @@ inline void backward_worker(const BwdCtx& c) {
         const uint16_t* KTj = c.kt + kvh * hdp * z.ldt + j0;
         for (int64_t gi = 0; gi < z.group; ++gi) {
           const int64_t bh = b * z.nh + g * z.group + gi;
-          float* dqt = c.dqt + (chunk * BH + bh) * dq_head;
+          float* dqt = c.dqt + bh * dq_head;
           // Every query that sees the block at once (from its first 32-query block on): the
           // score products keep K_j / V_j in the tiles, and dK_j, dV_j accumulate over all of
           // them in one product each.
@@ -667,7 +666,7 @@ inline void backward_worker(const BwdCtx& c) {
     }
   }
   Mm::end();
-  // dq rows from dqᵀ, the chunks summed in chunk order; 16 queries of every head per item
+  // dq rows from dqᵀ; 16 queries of every head per item
   // (token-major: the dq rows are written in order).
   const int64_t nib = z.Tqp / 16;
 #pragma omp for schedule(static)
@@ -680,15 +679,7 @@ inline void backward_worker(const BwdCtx& c) {
       alignas(64) float rows[16 * kMaxHdp];
       for (int64_t e = 0; e < hd; ++e) {
         const float* src = c.dqt + bh * dq_head + e * z.ldq + i0;
-        float acc[16];
-#pragma omp simd
-        for (int ii = 0; ii < 16; ++ii) acc[ii] = src[ii];
-        for (int64_t ch = 1; ch < nch; ++ch) {
-          const float* sc = src + ch * BH * dq_head;
-#pragma omp simd
-          for (int ii = 0; ii < 16; ++ii) acc[ii] += sc[ii];
-        }
-        for (int ii = 0; ii < 16; ++ii) rows[ii * hd + e] = acc[ii];
+        for (int ii = 0; ii < 16; ++ii) rows[ii * hd + e] = src[ii];
       }
       for (int64_t ii = 0; ii < n; ++ii)
         std::memcpy(c.dq + b * d.q_batch_stride + (i0 + ii) * d.q_stride + h * hd, rows + ii * hd,
@@ -731,34 +722,34 @@ T* grow(Buf<T>& b, int64_t n) {
     b.p.reset();
     const size_t bytes = (sizeof(T) * size_t(n) + 63) / 64 * 64;
     b.p.reset(static_cast<T*>(std::aligned_alloc(64, bytes)));
-    TETRAD_CHECK(b.p != nullptr, "attention (bf16): ", bytes, " bytes of packed operands");
+    if (!b.p) fail("attention (bf16): out of memory for ", bytes, " bytes of packed operands");
     b.n = n;
   }
   return b.p.get();
 }
 
 void check(const AttentionDims& d, int64_t qoff) {
-  TETRAD_CHECK(d.B >= 0 && d.Tq >= 0 && d.Tk >= 0 && d.head_dim > 0 && d.n_kv_head > 0 &&
-                   d.n_head % d.n_kv_head == 0,
-               "attention (bf16): n_head ", d.n_head, " must be a multiple of n_kv_head ",
-               d.n_kv_head, " and head_dim positive (", d.head_dim, ")");
-  TETRAD_CHECK(d.head_dim <= kMaxHdp, "attention (bf16): head_dim ", d.head_dim,
-               " is above the kernel's limit of ", kMaxHdp);
-  TETRAD_CHECK(qoff >= 0, "attention (bf16): q_offset ", qoff, " must be >= 0");
-  TETRAD_CHECK(d.q_stride >= int64_t(d.n_head) * d.head_dim &&
-                   d.out_stride >= int64_t(d.n_head) * d.head_dim &&
-                   d.kv_stride >= int64_t(d.n_kv_head) * d.head_dim,
-               "attention (bf16): a row stride is shorter than its row (q ", d.q_stride, ", kv ",
-               d.kv_stride, ", out ", d.out_stride, ")");
+  if (!(d.B >= 0 && d.Tq >= 0 && d.Tk >= 0 && d.head_dim > 0 && d.n_kv_head > 0 &&
+        d.n_head % d.n_kv_head == 0))
+    fail("attention (bf16): n_head ", d.n_head, " must be a multiple of n_kv_head ", d.n_kv_head,
+         " and head_dim positive (", d.head_dim, ")");
+  if (d.head_dim > kMaxHdp)
+    fail("attention (bf16): head_dim ", d.head_dim, " is above the kernel's limit of ", kMaxHdp);
+  if (qoff < 0) fail("attention (bf16): q_offset ", qoff, " must be >= 0");
+  if (d.q_stride < int64_t(d.n_head) * d.head_dim || d.out_stride < int64_t(d.n_head) * d.head_dim ||
+      d.kv_stride < int64_t(d.n_kv_head) * d.head_dim)
+    fail("attention (bf16): a row stride is shorter than its row (q ", d.q_stride, ", kv ",
+         d.kv_stride, ", out ", d.out_stride, ")");
 }
 
 void check_path(AttentionBf16Path p) {
-  TETRAD_CHECK(attention_bf16_path_supported(p), "attention (bf16): path ",
-               attention_bf16_path_name(p), " is not supported on this CPU (",
-               cpu_features().best_isa(), ")");
+  if (!attention_bf16_path_supported(p))
+    fail("attention (bf16): path ", attention_bf16_path_name(p), " is not supported on this CPU (",
+         cpu_features().best_isa(), ")");
 }
 
 }  // namespace
+
 const char* attention_bf16_path_name(AttentionBf16Path p) {
   switch (p) {
     case AttentionBf16Path::kEmulated: return "emulated";
@@ -808,7 +799,7 @@ void attention_forward_bf16(float* out, float* lse, const float* q, const float*
   check(d, q_offset);
   check_path(path);
   if (d.B == 0 || d.Tq == 0 || d.n_head == 0) return;
-  TETRAD_CHECK(d.Tk > 0, "attention (bf16): queries but no keys");
+  if (d.Tk <= 0) fail("attention (bf16): queries but no keys");
   const Shape z(d, q_offset);
   CallArena& a = call_arena();
   const int64_t nq = z.B * z.nh * z.Tqp * z.hdp, nkv = z.B * z.nkv * z.Tkp * z.hdp;
@@ -830,7 +821,7 @@ void attention_backward_bf16(float* dq, float* dk, float* dv, const float* dout,
   check(d, q_offset);
   check_path(path);
   if (d.B == 0 || d.n_head == 0) return;
-  TETRAD_CHECK(lse != nullptr || d.Tq == 0, "attention_backward (bf16) needs the forward's lse");
+  if (lse == nullptr && d.Tq > 0) fail("attention_backward (bf16) needs the forward's lse");
   if (d.Tq == 0) {  // no queries: no gradient reaches k, v
     for (int64_t b = 0; b < d.B; ++b)
       for (int64_t j = 0; j < d.Tk; ++j)
@@ -839,18 +830,15 @@ void attention_backward_bf16(float* dq, float* dk, float* dv, const float* dout,
               dv[b * d.kv_batch_stride + j * d.kv_stride + c] = 0.0f;
     return;
   }
-  TETRAD_CHECK(d.Tk > 0, "attention_backward (bf16): queries but no keys");
+  if (d.Tk <= 0) fail("attention_backward (bf16): queries but no keys");
   const Shape z(d, q_offset);
   CallArena& a = call_arena();
   const int64_t BH = z.B * z.nh, KV = z.B * z.nkv;
   const int64_t nq = BH * z.Tqp * z.hdp, nkv = KV * z.Tkp * z.hdp;
-  const int64_t units = std::max<int64_t>(1, KV), nkb = z.Tkp / kB;
-  const int n_chunks = int(std::max<int64_t>(
-      1, std::min<int64_t>(nkb, (kMinBackwardTasks + units - 1) / units)));
-  BwdCtx c{&d, z, q, k, v, dout, out, lse, dq, dk, dv, n_chunks,
+  BwdCtx c{&d, z, q, k, v, dout, out, lse, dq, dk, dv,
            grow(a.a, nq), grow(a.b, nq), grow(a.c, nq), grow(a.d, nq), grow(a.e, nkv),
            grow(a.f, nkv), grow(a.g, KV * z.hdp * z.ldt), grow(a.L, BH * z.Tqp),
-           grow(a.D, BH * z.Tqp), grow(a.vis, z.Tqp), grow(a.dqt, n_chunks * BH * z.hdp * z.ldq)};
+           grow(a.D, BH * z.Tqp), grow(a.vis, z.Tqp), grow(a.dqt, BH * z.hdp * z.ldq)};
   for (int64_t i = 0; i < z.Tqp; ++i) c.vis[i] = int32_t(z.visible(i));
   void (*fn)(const BwdCtx&) = nullptr;
   switch (path) {

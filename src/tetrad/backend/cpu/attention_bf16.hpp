@@ -16,12 +16,15 @@
 //   forward, per (sequence, head, 32-query block): S = Q_i·Kᵀ over every key the block sees, an
 //     exact softmax of each row in fp32 (base 2; no online rescaling), P rounded to bf16,
 //     out = P·V / l, lse;
-//   backward, per (sequence, kv head[, chunk of its 32-key blocks]), for each key block, for
+//   backward, per (sequence, kv head), for each 32-key block, for
 //     each query head of the group, against every query that sees the block at once, in the
 //     transposed orientation (keys as rows): Sᵀ = K_j·Qᵀ, dPᵀ = V_j·dOᵀ, Pᵀ = 2^(Sᵀ - L),
 //     dSᵀ = Pᵀ (dPᵀ - D) / sqrt(hd) (D = rowsum(dO ∘ O), from the fp32 out), dV_j += Pᵀ·dO,
 //     dK_j += dSᵀ·Q, dQᵀ += K_jᵀ·dSᵀ. dK_j and dV_j stay in the task's scratch until the block
-//     is done; dQᵀ goes to a per-chunk buffer, summed in chunk order at the end.
+//     is done; dQᵀ accumulates in a per-call buffer, transposed into dq at the end. Threads
+//     share out the (sequence, kv head) pairs only, so a head's results do not depend on how
+//     many heads or sequences a call holds: grids that split heads or the batch match one rank
+//     bit for bit (a sequence with one kv head runs on one thread).
 // Each task writes only its own rows: no reduction crosses threads.
 //
 // Paths, one source (the block products are one routine per path, C (+)= A·B on the packed
@@ -36,8 +39,7 @@
 // emulated one where bf16 GEMMs are emulated (TETRAD_BF16=emulate, set_bf16_emulation_forced).
 //
 // Memory per call: the packed operands (bf16, about 3 (forward) or 7 (backward) copies of q's
-// size), and in the backward a dqᵀ buffer of B x n_head x 32⌈hd/32⌉ x (32⌈Tq/32⌉ + 16) fp32 per
-// key chunk; per thread a 32 x T block of scores (fp32) and probabilities (bf16) (the backward:
+// size), and in the backward a dqᵀ buffer of B x n_head x 32⌈hd/32⌉ x (32⌈Tq/32⌉ + 16) fp32; per thread a 32 x T block of scores (fp32) and probabilities (bf16) (the backward:
 // two of each); thread_local arenas kept between calls (they grow to the largest call, never
 // shrink).
 // Determinism: every output element is computed by one task in an order fixed by the shapes:
