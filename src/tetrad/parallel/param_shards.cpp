@@ -7,7 +7,7 @@
 #include <cstring>
 
 #include "tetrad/core/error.hpp"
-#include "tetrad/model/transformer.hpp"
+#include "tetrad/model/params.hpp"
 
 namespace tetrad::parallel {
 
