@@ -234,7 +234,7 @@ PY
     echo "FAIL logits on grid $grid"; fails=$((fails+1))
   fi
 done
-out=$("${MPIRUN[@]}" -n 2 "$TETRAD" "${E[@]}" --grid 1,1,1,1,2 2>&1)
+out=$("${MPIRUN[@]}" -n 2 "$TETRAD" "${E[@]}" --grid 1,1,1,2,1 2>&1)
 if grep -q "pipeline axis" <<<"$out"; then echo "ok   eval on a pipeline grid refused"; else echo "FAIL eval pipeline grid: $out"; fails=$((fails+1)); fi
 
 out=$("${MPIRUN[@]}" -n 2 "$TETRAD" train "${S[@]}" --set run.dir="$W/bad" --grid 2,2,1,1 2>&1)
