@@ -50,8 +50,7 @@ std::vector<int32_t> batch(int step, int V) {
 }
 
 std::vector<double> serial_fp32(const ModelConfig& mc) {
-  kernels::set_gemm_precision(kernels::Precision::FP32);
-  Transformer<float> m(mc, kB, kT);
+  Transformer<float> m(mc, kB, kT, kernels::Precision::FP32);
   m.init_weights(7);
   const TrainConfig tc = train_config();
   AdamW opt(m.table(), tc);
@@ -74,7 +73,6 @@ std::vector<double> serial_fp32(const ModelConfig& mc) {
 }
 
 std::vector<double> grid_bf16(const ModelConfig& mc, ProcessGroups& g, bool bf16_attention = false) {
-  kernels::set_gemm_precision(kernels::Precision::BF16);
   const int Bl = kB / (g.shape.z * g.shape.d);
   const int slot = g.coord.z + g.shape.z * g.coord.d;
   ParallelOptions po;
@@ -106,7 +104,6 @@ std::vector<double> grid_bf16(const ModelConfig& mc, ProcessGroups& g, bool bf16
     opt.update(m.params(), m.grads(), learning_rate(tc, s), gn > 1 ? 1 / gn : 1.0, s + 1);
     losses.push_back(loss / (kB * kT));
   }
-  kernels::set_gemm_precision(kernels::Precision::FP32);
   return losses;
 }
 

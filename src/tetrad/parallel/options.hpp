@@ -3,7 +3,6 @@
 // rest of ParallelOptions. Plain values, no MPI: the planner costs exactly these types.
 #pragma once
 #include <cstdint>
-#include <optional>
 #include <string>
 
 #include "tetrad/backend/ops.hpp"
@@ -82,10 +81,10 @@ struct ParallelOptions {
   // (Last, so the positional initialisers {recompute, zero, virtual_stages} keep working.)
   // Where the model computes (its memory, queue and op table); null: the CPU backend.
   backend::Backend* device = nullptr;
-  // GEMM precision of this model (docs/precision.md). Unset: the CPU kernels' process default at
-  // construction (kernels::gemm_precision(), kept for the serial oracle and older callers); the
-  // trainer and the benchmark always set it.
-  std::optional<backend::Precision> precision;
+  // GEMM precision of this model (docs/precision.md), passed to every GEMM it calls
+  // (GemmArgs::precision): there is no process-wide setting. The trainer, the benchmark and the
+  // inference commands set it from their configurations.
+  backend::Precision precision = backend::Precision::FP32;
   // Arithmetic of attention's products (QKᵀ, PV and the backward's): FP32, or BF16 (bf16
   // operands, fp32 accumulation and softmax statistics; Capabilities::attention_bf16_products).
   // Separate from `precision` because on the CPU the bf16 kernel is not yet faster than the fp32

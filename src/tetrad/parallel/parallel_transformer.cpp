@@ -10,7 +10,6 @@
 #include <cstring>
 
 #include "tetrad/backend/cpu/ops.hpp"
-#include "tetrad/backend/cpu/precision.hpp"
 #include "tetrad/core/error.hpp"
 #include "tetrad/parallel/transformer_activations.hpp"
 
@@ -23,9 +22,7 @@ ParallelTransformer::ParallelTransformer(const ModelConfig& config, ProcessGroup
     : cfg_(config), g_(groups), opt_(options), local_batch_(local_batch), max_len_(max_len),
       ov_(options.overlap) {
   be_ = opt_.device ? opt_.device : &backend::cpu_backend();
-  precision_ = opt_.precision ? *opt_.precision
-                              : (k::gemm_precision() == k::Precision::BF16 ? backend::Precision::BF16
-                                                                            : backend::Precision::FP32);
+  precision_ = opt_.precision;
   if (precision_ == backend::Precision::BF16 && !be_->capabilities().gemm_bf16)
     fail("precision bf16: backend '", be_->name(), "' has no bf16 GEMM");
   if (opt_.attention_precision == backend::Precision::BF16 &&

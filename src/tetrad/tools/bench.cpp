@@ -121,11 +121,6 @@ void run_bench(const BenchOptions& opt, std::ostream& out) {
   const Measurement& mfu_peak = bf16 ? ceil.bf16_peak : ceil.fma;
   const std::string mfu_peak_name =
       std::string(bf16 ? "bf16 matrix peak" : "fp32 FMA peak") + " (" + mfu_peak.basis + ")";
-  struct PrecisionScope {
-    kernels::Precision saved = kernels::gemm_precision();
-    ~PrecisionScope() { kernels::set_gemm_precision(saved); }
-  } precision_scope;
-  kernels::set_gemm_precision(precision);
   if (bf16) out << "precision: bf16 GEMMs (fp32 accumulation, master weights, optimizer), "
                 << kernels::bf16_matmul_path() << "\n";
 
