@@ -1,22 +1,22 @@
-// The GPT-2 / Llama decoder as one class over flat buffers, forward and backward written out.
+// The serial test oracle: the GPT-2 / Llama decoder as one class over flat buffers, forward and
+// backward written out (tests/support, not part of tetrad_lib: every command runs
+// parallel::ParallelTransformer, the one model).
 //
 // Parameters, gradients and activations each live in one Buffer; the ParamTable gives every
-// tensor's (offset, size), so the optimizer, checkpoints and later the sharding code work on
-// slices. The whole model reads top to bottom in transformer.cpp: forward() then backward()
-// mirroring it line for line.
+// tensor's (offset, size). The whole model reads top to bottom in transformer.cpp: forward() then
+// backward() mirroring it line for line, straight onto the CPU kernels.
 //
-// Templated on the element type: float trains; double exists so the whole model's gradient can be
-// checked against finite differences.
-//
-// This is the serial reference: `tetrad train` runs parallel::ParallelTransformer on every grid
-// (one rank included), which must follow this model's trajectory; this class (float and double)
-// serves the gradient checks, evaluation, generation and memorization measurements.
+// Templated on the element type: double exists so the whole model's gradient can be checked
+// against finite differences (test_model); float is the serial reference that the parallel model
+// on every grid must follow (tests/mpi/contract.hpp), the bf16 precision checks
+// (test_precision), decoding (test_decode) and extraction (support/extraction.hpp).
 // Not thread-safe: one model object per training loop.
 #pragma once
 #include <cstdint>
 #include <memory>
 #include <vector>
 
+#include "tetrad/backend/cpu/precision.hpp"
 #include "tetrad/core/buffer.hpp"
 #include "tetrad/core/profile.hpp"
 #include "tetrad/model/model_config.hpp"
@@ -24,18 +24,14 @@
 
 namespace tetrad {
 
-// The family's initial values of one tensor (index = its position in the ParamTable), written to
-// p[spec.numel]. Each tensor has its own random stream, so any rank can produce any tensor.
-template <typename T>
-void init_parameter(const ModelConfig& cfg, const ParamSpec& spec, size_t index, uint64_t seed,
-                    T* p);
-
 template <typename T>
 class Transformer {
  public:
   // Allocates parameters, gradients and activations for micro-batches of up to max_batch
-  // sequences of up to max_len tokens (max_len <= config.max_seq).
-  Transformer(const ModelConfig& config, int max_batch, int max_len);
+  // sequences of up to max_len tokens (max_len <= config.max_seq). `precision` is the model's
+  // GEMM precision for its lifetime (see bf16() below); BF16 is for Transformer<float> only.
+  Transformer(const ModelConfig& config, int max_batch, int max_len,
+              kernels::Precision precision = kernels::Precision::FP32);
   ~Transformer();
   Transformer(const Transformer&) = delete;
   Transformer& operator=(const Transformer&) = delete;
@@ -63,12 +59,10 @@ class Transformer {
     return int64_t(acts_.size() * sizeof(T) + acts16_.size() * sizeof(uint16_t));
   }
 
-  // bf16 mixed precision (docs/precision.md). A float model constructed while
-  // kernels::gemm_precision() is BF16 runs in bf16 for its lifetime: its GEMMs read a bf16 copy of
-  // the parameters and the activations that only feed GEMMs (normalised inputs, the MLP
-  // activation, gradients entering GEMMs) are stored in bf16 by the kernels that produce them.
-  // A model constructed in fp32 follows the process-wide switch through kernels::gemm (fp32
-  // storage, operands rounded per GEMM).
+  // bf16 mixed precision (docs/precision.md). A float model constructed with Precision::BF16
+  // runs in bf16 for its lifetime: its GEMMs read a bf16 copy of the parameters and the
+  // activations that only feed GEMMs (normalised inputs, the MLP activation, gradients entering
+  // GEMMs) are stored in bf16 by the kernels that produce them. In FP32 every GEMM is fp32.
   bool bf16() const { return bf16_; }
   // The bf16 copy of the parameters, laid out like params() (nullptr unless bf16()). The optimizer
   // writes it in its update pass (AdamW::update with params_bf16) and then calls

@@ -1,4 +1,4 @@
-#include "tetrad/model/transformer.hpp"
+#include "support/transformer.hpp"
 
 #include <algorithm>
 #include <cmath>
@@ -116,8 +116,10 @@ struct Transformer<T>::Cache {
 };
 
 template <typename T>
-Transformer<T>::Transformer(const ModelConfig& config, int max_batch, int max_len)
+Transformer<T>::Transformer(const ModelConfig& config, int max_batch, int max_len,
+                            k::Precision precision)
     : cfg_(config), max_batch_(max_batch), max_len_(max_len) {
+  if (precision == k::Precision::BF16 && !std::is_same_v<T, float>) fail(kNoBf16);
   cfg_.validate();
   if (max_batch <= 0) fail("micro-batch size must be positive, got ", max_batch);
   if (max_len <= 0 || max_len > cfg_.max_seq)
@@ -156,7 +158,7 @@ Transformer<T>::Transformer(const ModelConfig& config, int max_batch, int max_le
 
   // Activations: one allocation per element type, carved into views. In bf16 mode the tensors
   // that only feed GEMMs are bf16 (see Acts); the fp32 ones they replace are not allocated.
-  bf16_ = std::is_same_v<T, float> && k::gemm_precision() == k::Precision::BF16;
+  bf16_ = precision == k::Precision::BF16;
   const int64_t N = int64_t(max_batch) * max_len, C = cfg_.n_embd, V = cfg_.vocab_size;
   const int64_t QKV = cfg_.qkv_dim(), F = cfg_.ffn, FW = gpt2 ? F : 2 * F;
   const int64_t h = bf16_ ? 0 : 1;  // 1 where an fp32 tensor exists only in fp32 mode
@@ -208,28 +210,6 @@ Transformer<T>::Transformer(const ModelConfig& config, int max_batch, int max_le
 
 template <typename T>
 Transformer<T>::~Transformer() = default;
-
-template <typename T>
-void init_parameter(const ModelConfig& cfg, const ParamSpec& s, size_t index, uint64_t seed, T* p) {
-  if (s.kind == ParamKind::Norm) {
-    std::fill(p, p + s.numel, T(1));
-    return;
-  }
-  if (s.kind == ParamKind::Bias) {
-    std::fill(p, p + s.numel, T(0));
-    return;
-  }
-  double std = cfg.init_std;
-  // GPT-2 scales the projections that write into the residual stream (Radford et al. 2019).
-  if (cfg.family == Family::GPT2 && s.kind == ParamKind::Linear &&
-      (s.name.ends_with("attn.c_proj.weight") || s.name.ends_with("mlp.c_proj.weight")))
-    std /= std::sqrt(2.0 * cfg.n_layer);
-  uint64_t sm = seed ^ (0x5DEECE66Dull * (index + 1));
-  Rng rng(splitmix64(sm));
-  for (int64_t j = 0; j < s.numel; ++j) p[j] = T(rng.normal() * std);
-}
-template void init_parameter<float>(const ModelConfig&, const ParamSpec&, size_t, uint64_t, float*);
-template void init_parameter<double>(const ModelConfig&, const ParamSpec&, size_t, uint64_t, double*);
 
 template <typename T>
 void Transformer<T>::refresh_params_bf16() {
