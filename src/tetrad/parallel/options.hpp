@@ -3,6 +3,7 @@
 // rest of ParallelOptions. Plain values, no MPI: the planner costs exactly these types.
 #pragma once
 #include <cstdint>
+#include <optional>
 #include <string>
 
 #include "tetrad/backend/ops.hpp"
