@@ -12,7 +12,7 @@
 //   5  train                        run config, optimizer, the training loop
 //   4  planner | checkpoint         the cost model; checkpoint formats and their I/O
 //   3  parallel                     grid, groups, sharding, the parallel model, pipeline
-//   2  model                        model configs, parameter table, the serial transformer
+//   2  model                        model configs, parameter table and initial values, sampling
 //   1  backend | comm | data        compute backends (cpu/); communicators; tokenizer, shards
 //   0  core                         errors, buffers, RNG, hashing, profiling, CPU features
 //

@@ -15,7 +15,7 @@
 #include "tetrad/core/error.hpp"
 #include "tetrad/core/rng.hpp"
 #include "tetrad/data/tokenizer.hpp"
-#include "tetrad/model/transformer.hpp"
+#include "support/extraction.hpp"
 #include "tetrad/tools/memorization.hpp"
 #include "tetrad/train/optimizer.hpp"
 

@@ -10,7 +10,7 @@
 #include "tetrad/core/error.hpp"
 #include "tetrad/core/rng.hpp"
 #include "tetrad/model/sampling.hpp"
-#include "tetrad/model/transformer.hpp"
+#include "support/transformer.hpp"
 #include "tetrad/train/optimizer.hpp"
 
 using namespace tetrad;

@@ -17,7 +17,7 @@
 #include "tetrad/core/rng.hpp"
 #include "tetrad/backend/cpu/ops.hpp"
 #include "tetrad/backend/cpu/precision.hpp"
-#include "tetrad/model/transformer.hpp"
+#include "support/transformer.hpp"
 #include "tetrad/train/config.hpp"
 #include "tetrad/train/optimizer.hpp"
 

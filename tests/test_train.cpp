@@ -7,6 +7,7 @@
 #include <filesystem>
 #include <fstream>
 #include <sstream>
+#include <vector>
 
 #include "tetrad/checkpoint/run_checkpoint.hpp"
 #include "tetrad/core/cpu.hpp"
@@ -185,24 +186,31 @@ TEST_F(TrainTest, TimeBreakdownAddsUpToTheStepTime) {
   std::ostringstream log;
   TrainResult r = train(c, o, log);
   ASSERT_EQ(r.breakdowns.size(), 6u);
-  // Compute is most of a step (nothing of it is booked elsewhere), judged on the median step: one
-  // step that the scheduler stalls for 100+ ms inside its optimizer or data phase (seen on a
-  // loaded 2-core machine: compute 0.0029 of 0.0097 s) says nothing about the accounting.
-  std::vector<double> compute_share;
+  // Compute is most of a step (nothing of it is booked elsewhere), and the phases add up to the
+  // step, both judged on the median step: one step that the scheduler stalls for 100+ ms (seen on
+  // a loaded 2-core machine: compute 0.0029 of 0.0097 s; once a stall in the glue between phases)
+  // says nothing about the accounting. No step may book more than its own time (phases overlap in
+  // the accounting), and a gap that every step has (a phase not booked) fails the median.
+  auto median = [](std::vector<double> v) {
+    std::nth_element(v.begin(), v.begin() + v.size() / 2, v.end());
+    return v[v.size() / 2];
+  };
+  std::vector<double> compute_share, unbooked_share;
   for (size_t i = 1; i < r.breakdowns.size(); ++i) {
     const StepBreakdown& b = r.breakdowns[i];
     const double parts = b.compute + b.comm_exposed + b.wait + b.optimizer + b.data;
     EXPECT_GT(b.compute, 0.0) << "step " << i;
-    compute_share.push_back(b.compute / b.step);
     EXPECT_GT(b.optimizer, 0.0);
     EXPECT_GT(b.data, 0.0);
-    EXPECT_NEAR(parts, b.step, 0.05 * b.step) << "step " << i << ": parts " << parts << " s";
+    EXPECT_LE(parts, 1.05 * b.step) << "step " << i << ": parts " << parts << " s of " << b.step;
+    compute_share.push_back(b.compute / b.step);
+    unbooked_share.push_back(std::abs(b.step - parts) / b.step);
   }
-  std::nth_element(compute_share.begin(), compute_share.begin() + compute_share.size() / 2,
-                   compute_share.end());
-  EXPECT_GT(compute_share[compute_share.size() / 2], 0.5) << "median compute share of a step";
+  EXPECT_GT(median(compute_share), 0.5) << "median compute share of a step";
+  EXPECT_LT(median(unbooked_share), 0.05) << "median share of a step booked to no phase";
   std::ifstream m(c.run_dir + "/metrics.jsonl");
   int steps = 0;
+  std::vector<double> logged_unbooked;
   for (std::string l; std::getline(m, l);) {
     const auto j = nlohmann::json::parse(l);
     if (!j.contains("loss")) continue;
@@ -210,10 +218,14 @@ TEST_F(TrainTest, TimeBreakdownAddsUpToTheStepTime) {
     const double parts = j.at("t_compute_s").get<double>() + j.at("t_comm_exposed_s").get<double>() +
                          j.at("t_wait_s").get<double>() + j.at("t_optimizer_s").get<double>() +
                          j.at("t_data_s").get<double>();
-    EXPECT_NEAR(parts, j.at("step_time_s").get<double>(), 0.05 * j.at("step_time_s").get<double>());
+    const double step = j.at("step_time_s").get<double>();
+    EXPECT_LE(parts, 1.05 * step);
+    logged_unbooked.push_back(std::abs(step - parts) / step);
     EXPECT_TRUE(j.contains("comm_hidden_fraction"));
   }
   EXPECT_EQ(steps, 6);
+  if (!logged_unbooked.empty())
+    EXPECT_LT(median(logged_unbooked), 0.05) << "metrics.jsonl: median unbooked share";
   std::ifstream t(o.trace_path);
   nlohmann::json trace;
   ASSERT_NO_THROW(t >> trace);

@@ -12,7 +12,7 @@
 #include "mpi_test.hpp"
 #include "tetrad/core/error.hpp"
 #include "tetrad/core/rng.hpp"
-#include "tetrad/model/transformer.hpp"
+#include "support/transformer.hpp"
 #include "tetrad/parallel/parallel_transformer.hpp"
 #include "tetrad/parallel/pipeline.hpp"
 #include "tetrad/parallel/process_groups.hpp"

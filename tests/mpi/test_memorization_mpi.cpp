@@ -12,7 +12,7 @@
 #include "contract.hpp"
 #include "tetrad/core/error.hpp"
 #include "tetrad/core/rng.hpp"
-#include "tetrad/model/transformer.hpp"
+#include "support/extraction.hpp"
 #include "tetrad/parallel/grid.hpp"
 #include "tetrad/parallel/parallel_transformer.hpp"
 #include "tetrad/parallel/process_groups.hpp"

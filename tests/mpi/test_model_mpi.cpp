@@ -11,7 +11,7 @@
 #include "contract.hpp"
 #include "tetrad/core/error.hpp"
 #include "tetrad/core/rng.hpp"
-#include "tetrad/model/transformer.hpp"
+#include "support/transformer.hpp"
 #include "tetrad/parallel/parallel_transformer.hpp"
 #include "tetrad/parallel/process_groups.hpp"
 #include "tetrad/train/optimizer.hpp"

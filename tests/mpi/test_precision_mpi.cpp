@@ -12,7 +12,7 @@
 #include "contract.hpp"
 #include "tetrad/core/rng.hpp"
 #include "tetrad/backend/cpu/precision.hpp"
-#include "tetrad/model/transformer.hpp"
+#include "support/transformer.hpp"
 #include "tetrad/parallel/parallel_transformer.hpp"
 #include "tetrad/parallel/process_groups.hpp"
 #include "tetrad/train/optimizer.hpp"

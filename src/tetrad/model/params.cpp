@@ -1,8 +1,11 @@
 #include "tetrad/model/params.hpp"
 
+#include <algorithm>
+#include <cmath>
 #include <string>
 
 #include "tetrad/core/error.hpp"
+#include "tetrad/core/rng.hpp"
 
 namespace tetrad {
 
@@ -102,5 +105,27 @@ double recompute_flops_per_token(const ModelConfig& c, int seq_len, const std::s
   }
   fail("train.recompute = \"", recompute, "\": expected \"none\", \"selective\" or \"full\"");
 }
+
+template <typename T>
+void init_parameter(const ModelConfig& cfg, const ParamSpec& s, size_t index, uint64_t seed, T* p) {
+  if (s.kind == ParamKind::Norm) {
+    std::fill(p, p + s.numel, T(1));
+    return;
+  }
+  if (s.kind == ParamKind::Bias) {
+    std::fill(p, p + s.numel, T(0));
+    return;
+  }
+  double std = cfg.init_std;
+  // GPT-2 scales the projections that write into the residual stream (Radford et al. 2019).
+  if (cfg.family == Family::GPT2 && s.kind == ParamKind::Linear &&
+      (s.name.ends_with("attn.c_proj.weight") || s.name.ends_with("mlp.c_proj.weight")))
+    std /= std::sqrt(2.0 * cfg.n_layer);
+  uint64_t sm = seed ^ (0x5DEECE66Dull * (index + 1));
+  Rng rng(splitmix64(sm));
+  for (int64_t j = 0; j < s.numel; ++j) p[j] = T(rng.normal() * std);
+}
+template void init_parameter<float>(const ModelConfig&, const ParamSpec&, size_t, uint64_t, float*);
+template void init_parameter<double>(const ModelConfig&, const ParamSpec&, size_t, uint64_t, double*);
 
 }  // namespace tetrad

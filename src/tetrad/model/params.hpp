@@ -52,4 +52,13 @@ double flops_per_token(const ModelConfig& c, int seq_len);
 // (2 per block weight + 4 L C T). flops_per_token + this = hardware FLOPs (HFU).
 double recompute_flops_per_token(const ModelConfig& c, int seq_len, const std::string& recompute);
 
+// The family's initial values of one tensor (index = its position in the ParamTable), written to
+// p[spec.numel]: GPT-2 N(0, init_std) with the residual projections scaled by 1/sqrt(2L), Llama
+// N(0, init_std); biases 0, norms 1. Each tensor draws from its own random stream seeded by
+// (seed, index), so any rank can produce any tensor and init does not depend on allocation
+// order. float for the model, double for the test oracle's gradient checks.
+template <typename T>
+void init_parameter(const ModelConfig& cfg, const ParamSpec& spec, size_t index, uint64_t seed,
+                    T* p);
+
 }  // namespace tetrad

@@ -6,7 +6,7 @@
 #include <algorithm>
 #include <cstring>
 
-#include "tetrad/model/transformer.hpp"
+#include "tetrad/model/params.hpp"
 
 namespace tetrad::parallel {
 

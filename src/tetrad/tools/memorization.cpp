@@ -62,9 +62,6 @@ double rouge_l(const std::vector<int32_t>& generated, const std::vector<int32_t>
 
 // ---- extraction ------------------------------------------------------------------------------
 
-namespace {
-
-// Checks the options, fills rep's names and skip reasons, and returns the documents to evaluate.
 std::vector<size_t> plan_extraction(ExtractionReport& rep,
                                     const std::vector<std::vector<int32_t>>& documents,
                                     const std::vector<std::string>& names,
@@ -115,7 +112,7 @@ void score_document(DocumentResult& d, const std::vector<int32_t>& doc,
   d.rouge_l = rouge_l(generated, truth);
 }
 
-void summarize(ExtractionReport& rep) {
+void summarize_extraction(ExtractionReport& rep) {
   for (const auto& d : rep.docs) {
     if (d.skipped) {
       ++rep.skipped;
@@ -131,32 +128,6 @@ void summarize(ExtractionReport& rep) {
     rep.token_match_rate /= rep.evaluated;
     rep.rouge_l /= rep.evaluated;
   }
-}
-
-}  // namespace
-
-ExtractionReport measure_extraction(Transformer<float>& model,
-                                    const std::vector<std::vector<int32_t>>& documents,
-                                    const std::vector<std::string>& names,
-                                    const ExtractionOptions& opt) {
-  ExtractionReport rep;
-  const std::vector<size_t> todo = plan_extraction(rep, documents, names, opt, model.max_len(),
-                                                   model.config().vocab_size);
-  const int P = opt.prefix_len, N = opt.suffix_len;
-  const size_t B = size_t(std::min(opt.batch, model.max_batch()));
-  for (size_t g = 0; g < todo.size(); g += B) {
-    const size_t n = std::min(B, todo.size() - g);
-    std::vector<std::vector<int32_t>> prompts(n);
-    for (size_t k = 0; k < n; ++k) {
-      const auto& doc = documents[todo[g + k]];
-      prompts[k].assign(doc.begin(), doc.begin() + P);
-    }
-    const auto gen = generate_greedy_batch(model, prompts, N);
-    for (size_t k = 0; k < n; ++k)
-      score_document(rep.docs[todo[g + k]], documents[todo[g + k]], gen[k], P, N);
-  }
-  summarize(rep);
-  return rep;
 }
 
 // On a grid, documents are dealt out like training sequences: over the Z and data axes (the
@@ -201,7 +172,7 @@ ExtractionReport measure_extraction(parallel::ParallelTransformer& model,
     const std::vector<int32_t> gen(generated.begin() + k * N, generated.begin() + (k + 1) * N);
     score_document(rep.docs[todo[k]], documents[todo[k]], gen, P, N);
   }
-  summarize(rep);
+  summarize_extraction(rep);
   return rep;
 }
 

@@ -21,8 +21,6 @@
 #include <string>
 #include <vector>
 
-#include "tetrad/model/transformer.hpp"
-
 namespace tetrad::parallel {
 class ParallelTransformer;
 }
@@ -88,12 +86,18 @@ ExtractionReport measure_extraction(parallel::ParallelTransformer& model,
                                     const std::vector<std::string>& names,
                                     const ExtractionOptions& opt);
 
-// The same test on the serial Transformer<float>, the test oracle (tests compare the one
-// model's report with it); `tetrad memorization` never runs it.
-ExtractionReport measure_extraction(Transformer<float>& model,
+// The pieces of the test, so that another decoder runs exactly the same test (the tests' serial
+// oracle does: tests/support/extraction.hpp). plan_extraction checks the options (throws as
+// measure_extraction does), fills rep's prefix/suffix lengths, names and skip reasons, and returns
+// the indices of the documents to evaluate; score_document compares one generated suffix with
+// the document's true continuation; summarize_extraction fills the counts and averages.
+std::vector<size_t> plan_extraction(ExtractionReport& rep,
                                     const std::vector<std::vector<int32_t>>& documents,
                                     const std::vector<std::string>& names,
-                                    const ExtractionOptions& opt);
+                                    const ExtractionOptions& opt, int max_len, int vocab_size);
+void score_document(DocumentResult& d, const std::vector<int32_t>& doc,
+                    const std::vector<int32_t>& generated, int prefix_len, int suffix_len);
+void summarize_extraction(ExtractionReport& rep);
 
 // `tetrad memorization`.
 struct MemorizationCommand {

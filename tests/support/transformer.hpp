@@ -1,16 +1,15 @@
-// The GPT-2 / Llama decoder as one class over flat buffers, forward and backward written out.
+// The serial test oracle: the GPT-2 / Llama decoder as one class over flat buffers, forward and
+// backward written out (tests/support, not part of tetrad_lib: every command runs
+// parallel::ParallelTransformer, the one model).
 //
 // Parameters, gradients and activations each live in one Buffer; the ParamTable gives every
-// tensor's (offset, size), so the optimizer, checkpoints and later the sharding code work on
-// slices. The whole model reads top to bottom in transformer.cpp: forward() then backward()
-// mirroring it line for line.
+// tensor's (offset, size). The whole model reads top to bottom in transformer.cpp: forward() then
+// backward() mirroring it line for line, straight onto the CPU kernels.
 //
-// Templated on the element type: float trains; double exists so the whole model's gradient can be
-// checked against finite differences.
-//
-// This is the serial reference: `tetrad train` runs parallel::ParallelTransformer on every grid
-// (one rank included), which must follow this model's trajectory; this class (float and double)
-// serves the gradient checks, evaluation, generation and memorization measurements.
+// Templated on the element type: double exists so the whole model's gradient can be checked
+// against finite differences (test_model); float is the serial reference that the parallel model
+// on every grid must follow (tests/mpi/contract.hpp), the bf16 precision checks
+// (test_precision), decoding (test_decode) and extraction (support/extraction.hpp).
 // Not thread-safe: one model object per training loop.
 #pragma once
 #include <cstdint>
@@ -23,12 +22,6 @@
 #include "tetrad/model/params.hpp"
 
 namespace tetrad {
-
-// The family's initial values of one tensor (index = its position in the ParamTable), written to
-// p[spec.numel]. Each tensor has its own random stream, so any rank can produce any tensor.
-template <typename T>
-void init_parameter(const ModelConfig& cfg, const ParamSpec& spec, size_t index, uint64_t seed,
-                    T* p);
 
 template <typename T>
 class Transformer {

@@ -1,4 +1,4 @@
-#include "tetrad/model/transformer.hpp"
+#include "support/transformer.hpp"
 
 #include <algorithm>
 #include <cmath>
@@ -208,28 +208,6 @@ Transformer<T>::Transformer(const ModelConfig& config, int max_batch, int max_le
 
 template <typename T>
 Transformer<T>::~Transformer() = default;
-
-template <typename T>
-void init_parameter(const ModelConfig& cfg, const ParamSpec& s, size_t index, uint64_t seed, T* p) {
-  if (s.kind == ParamKind::Norm) {
-    std::fill(p, p + s.numel, T(1));
-    return;
-  }
-  if (s.kind == ParamKind::Bias) {
-    std::fill(p, p + s.numel, T(0));
-    return;
-  }
-  double std = cfg.init_std;
-  // GPT-2 scales the projections that write into the residual stream (Radford et al. 2019).
-  if (cfg.family == Family::GPT2 && s.kind == ParamKind::Linear &&
-      (s.name.ends_with("attn.c_proj.weight") || s.name.ends_with("mlp.c_proj.weight")))
-    std /= std::sqrt(2.0 * cfg.n_layer);
-  uint64_t sm = seed ^ (0x5DEECE66Dull * (index + 1));
-  Rng rng(splitmix64(sm));
-  for (int64_t j = 0; j < s.numel; ++j) p[j] = T(rng.normal() * std);
-}
-template void init_parameter<float>(const ModelConfig&, const ParamSpec&, size_t, uint64_t, float*);
-template void init_parameter<double>(const ModelConfig&, const ParamSpec&, size_t, uint64_t, double*);
 
 template <typename T>
 void Transformer<T>::refresh_params_bf16() {
