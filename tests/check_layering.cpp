@@ -55,13 +55,10 @@ constexpr Layer kLayers[] = {
 
 // Include circles that exist today and are still to be broken, each a whole strongly connected
 // set of modules. A listed circle is reported as known, not as a failure; any other circle fails,
-// and so does a listed one that no longer exists, so the list can only shrink.
-//   checkpoint: sharded.cpp uses the run folder's checkpoint_folder_name / publish_checkpoint /
-//   prune_checkpoints (run_checkpoint), which uses sharded checkpoints and Hugging Face folders;
-//   the way out is the run folder's layout in a module of its own below both.
-const std::vector<std::set<std::string>> kKnownCircles = {
-    {"tetrad/checkpoint/hf", "tetrad/checkpoint/run_checkpoint", "tetrad/checkpoint/sharded"},
-};
+// and so does a listed one that no longer exists, so the list can only shrink. None today (the
+// last one, checkpoint/hf -> sharded -> run_checkpoint -> hf, went when sharded checkpoints'
+// run-folder writers moved to checkpoint/sharded_saver, above run_checkpoint).
+const std::vector<std::set<std::string>> kKnownCircles = {};
 
 int level_of(const std::string& folder) {
   for (const auto& l : kLayers)

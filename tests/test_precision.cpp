@@ -1,7 +1,7 @@
 // bf16 mixed precision (issue 5): the bf16 conversion by hand, the bf16 GEMM against an fp32
 // reference (error of the size bf16 operands give, and exactly "bf16 operands, fp32
-// accumulation"), the process-wide switch of kernels::gemm<float>, and a tiny model trained 200
-// steps in bf16 tracking the fp32 loss curve.
+// accumulation"), the precision chosen per GEMM call (GemmArgs::precision of the CPU backend),
+// and a tiny model trained 200 steps in bf16 tracking the fp32 loss curve.
 #include <gtest/gtest.h>
 
 #include <cmath>
@@ -15,6 +15,7 @@
 #include "tetrad/core/cpu.hpp"
 #include "tetrad/core/error.hpp"
 #include "tetrad/core/rng.hpp"
+#include "tetrad/backend/backend.hpp"
 #include "tetrad/backend/cpu/ops.hpp"
 #include "tetrad/backend/cpu/precision.hpp"
 #include "support/transformer.hpp"
@@ -25,11 +26,6 @@ using namespace tetrad;
 using namespace tetrad::kernels;
 
 namespace {
-
-struct PrecisionGuard {
-  Precision saved = gemm_precision();
-  ~PrecisionGuard() { set_gemm_precision(saved); }
-};
 
 std::vector<float> normal(size_t n, uint64_t seed) {
   Rng r(seed);
@@ -113,17 +109,28 @@ TEST(Bf16, GemmMatchesFp32WithinBf16ErrorInEveryLayout) {
     }
 }
 
-TEST(Bf16, GemmPrecisionSwitchesFloatGemm) {
-  PrecisionGuard guard;
+// There is no process-wide precision: each GEMM call says its own (GemmArgs::precision). BF16
+// is exactly gemm_bf16, FP32 exactly the fp32 gemm<float>, whatever the call before asked.
+TEST(Bf16, GemmPrecisionIsChosenPerCall) {
   const int64_t M = 16, N = 24, K = 64;
   const auto A = normal(size_t(M * K), 7), B = normal(size_t(K * N), 8);
-  std::vector<float> want(size_t(M * N)), got(size_t(M * N)), fp32(size_t(M * N));
+  std::vector<float> want(size_t(M * N)), want32(size_t(M * N)), got(size_t(M * N)),
+      fp32(size_t(M * N));
   gemm_bf16(false, false, M, N, K, 1.0f, A.data(), K, B.data(), N, 0.0f, want.data(), N);
-  set_gemm_precision(Precision::BF16);
-  gemm<float>(false, false, M, N, K, 1.0f, A.data(), K, B.data(), N, 0.0f, got.data(), N);
-  set_gemm_precision(Precision::FP32);
-  gemm<float>(false, false, M, N, K, 1.0f, A.data(), K, B.data(), N, 0.0f, fp32.data(), N);
+  gemm<float>(false, false, M, N, K, 1.0f, A.data(), K, B.data(), N, 0.0f, want32.data(), N);
+  backend::Backend& be = backend::cpu_backend();
+  backend::GemmArgs g;
+  g.M = M, g.N = N, g.K = K;
+  g.A = A.data(), g.lda = K, g.B = B.data(), g.ldb = N, g.ldc = N;
+  g.precision = backend::Precision::BF16;
+  g.C = got.data();
+  be.ops().gemm(be.queue(), g);
+  g.precision = backend::Precision::FP32;
+  g.C = fp32.data();
+  be.ops().gemm(be.queue(), g);
+  be.queue().synchronize();
   EXPECT_EQ(got, want);
+  EXPECT_EQ(fp32, want32);
   EXPECT_NE(fp32, want);
 }
 
@@ -185,12 +192,10 @@ TEST(Bf16, NativeOnlyWhereAllowed) {
 // A learnable stream: x[t+1] = (5 x[t] + 7 + r) mod V with r uniform in {0..3}, so the best
 // possible loss is ln 4 and the curve has room to fall from ln V.
 TEST(Bf16, TinyModelTrainedInBf16TracksFp32) {
-  PrecisionGuard guard;
   const ModelConfig mc = named_model("tiny");
   const int B = 4, T = 32, steps = 200;
   auto run = [&](Precision p) {
-    set_gemm_precision(p);
-    Transformer<float> m(mc, B, T);
+    Transformer<float> m(mc, B, T, p);
     m.init_weights(5);
     TrainConfig tc;
     tc.lr = 3e-3;
@@ -476,7 +481,6 @@ TEST(Bf16, LinearOnBf16OperandsTracksFp32ForwardAndBackward) {
 // loss and every parameter gradient within bf16 tolerances, GPT-2 and Llama; its activation
 // memory is smaller; the optimizer-written weight copy gives the same bits as the model's own.
 TEST(Bf16, ModelInBf16TracksFp32LossAndGradients) {
-  PrecisionGuard guard;
   for (const char* name : {"tiny", "llama-tiny"}) {
     const ModelConfig mc = named_model(name);
     const int B = 2, T = 32;
@@ -484,11 +488,9 @@ TEST(Bf16, ModelInBf16TracksFp32LossAndGradients) {
     Rng r(3);
     for (auto& v : x) v = int32_t(r.next_u64() % uint64_t(mc.vocab_size));
     for (auto& v : y) v = int32_t(r.next_u64() % uint64_t(mc.vocab_size));
-    set_gemm_precision(Precision::FP32);
-    Transformer<float> m32(mc, B, T);
+    Transformer<float> m32(mc, B, T, Precision::FP32);
     m32.init_weights(9);
-    set_gemm_precision(Precision::BF16);
-    Transformer<float> m16(mc, B, T);
+    Transformer<float> m16(mc, B, T, Precision::BF16);
     m16.init_weights(9);
     ASSERT_FALSE(m32.bf16());
     ASSERT_TRUE(m16.bf16());
@@ -507,8 +509,7 @@ TEST(Bf16, ModelInBf16TracksFp32LossAndGradients) {
     // conversion: the next forward sees identical weights.
     TrainConfig tc;
     AdamW o1(m16.table(), tc);
-    set_gemm_precision(Precision::BF16);
-    Transformer<float> m16b(mc, B, T);
+    Transformer<float> m16b(mc, B, T, Precision::BF16);
     m16b.init_weights(9);
     m16b.zero_grads();
     m16b.forward_backward(x.data(), y.data(), B, T, 1.0f / (B * T));

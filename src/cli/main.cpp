@@ -17,7 +17,7 @@
 #include "tetrad/checkpoint/atomic_file.hpp"
 #include "tetrad/checkpoint/hf.hpp"
 #include "tetrad/checkpoint/run_checkpoint.hpp"
-#include "tetrad/checkpoint/sharded.hpp"
+#include "tetrad/checkpoint/sharded_saver.hpp"
 #include "tetrad/comm/mpi_env.hpp"
 #include "tetrad/backend/cpu/precision.hpp"
 #include "tetrad/core/cpu.hpp"
@@ -415,6 +415,10 @@ int main(int argc, char** argv) {
       ->check(int_in(1, 1 << 20, "--micro-batch"));
   eval->add_option("--seq-len", eval_t, "default: the model's max_seq")
       ->check(int_in(0, 1 << 24, "--seq-len"));
+  std::string eval_grid;
+  eval->add_option("--grid", eval_grid,
+                   "under mpirun: process grid x,y,z,d (default 1,1,1,<ranks>); the micro-batches "
+                   "are dealt out over Z x D, rank 0 prints");
 
   // generate
   std::string prompt = "In the beginning";
@@ -551,6 +555,10 @@ int main(int argc, char** argv) {
   logits_cmd->add_option("-m,--model", model_dir, "model folder or run folder")->required();
   logits_cmd->add_option("--tokens", tokens_csv, "comma-separated token ids")->required();
   logits_cmd->add_option("-o,--out", logits_out, "output file")->required();
+  std::string logits_grid;
+  logits_cmd->add_option("--grid", logits_grid,
+                         "under mpirun: process grid x,y,z,d (default 1,1,1,<ranks>); rank 0 "
+                         "writes the file");
 
   // plan
   struct {
@@ -659,9 +667,13 @@ int main(int argc, char** argv) {
                   << "; final checkpoint " << r.last_checkpoint << "\n";
     } else if (*eval) {
       const std::string dir = resolve_model_dir(model_dir);
+      const std::string grid = inference_grid(eval_grid, inference_world_size());
+      const bool root = !mpi || mpi->rank() == 0;
+      std::ostream null_stream(nullptr);
+      std::ostream& eout = root ? std::cout : null_stream;
       const double loss = evaluate_checkpoint(dir, data_dir, split, eval_b, eval_t, eval_batches,
-                                              std::cout);
-      std::cout << "loss " << loss << " | perplexity " << std::exp(loss) << "\n";
+                                              eout, grid);
+      eout << "loss " << loss << " | perplexity " << std::exp(loss) << "\n";
     } else if (*gen) {
       const std::string dir = resolve_model_dir(model_dir);
       const ModelConfig mc = read_hf_config(dir);
@@ -764,13 +776,18 @@ int main(int argc, char** argv) {
       if (ids.empty()) fail("--tokens: no token ids given");
       if (int64_t(ids.size()) > mc.max_seq)
         fail("--tokens: ", ids.size(), " tokens but the model's maximum length is ", mc.max_seq);
-      InferenceModel im = load_inference_model(dir, mc, "1,1,1,1", 1, int(ids.size()));
+      // On a grid every rank runs the sequence with its share of the model (each Z x D slot the
+      // same one) and holds the whole-vocabulary logits; rank 0 writes them.
+      const std::string grid = inference_grid(logits_grid, inference_world_size());
+      InferenceModel im = load_inference_model(dir, mc, grid, 1, int(ids.size()));
       const float* lg = im.model->forward_logits(ids.data(), 1, int(ids.size()));
-      std::ofstream f(logits_out, std::ios::binary);
-      f.write(reinterpret_cast<const char*>(lg), std::streamsize(ids.size() * mc.vocab_size * sizeof(float)));
-      f.flush();
-      if (!f) fail("cannot write '", logits_out, "'");
-      std::cout << "wrote logits [" << ids.size() << ", " << mc.vocab_size << "] to " << logits_out << "\n";
+      if (im.groups->world.rank() == 0) {
+        std::ofstream f(logits_out, std::ios::binary);
+        f.write(reinterpret_cast<const char*>(lg), std::streamsize(ids.size() * mc.vocab_size * sizeof(float)));
+        f.flush();
+        if (!f) fail("cannot write '", logits_out, "'");
+        std::cout << "wrote logits [" << ids.size() << ", " << mc.vocab_size << "] to " << logits_out << "\n";
+      }
     } else if (*verify) {
       std::string dir = model_dir;
       if (fs::exists(model_dir + "/checkpoints")) {

@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # `tetrad train` under mpirun: the same losses as the one-rank run, step by step, on 2-rank grids;
-# `tetrad generate` on 2-rank grids: the same greedy tokens as on one rank; and a grid that does
-# not match the number of ranks is refused with a clear message.
+# `tetrad generate` on 2-rank grids: the same greedy tokens as on one rank; `eval` and `logits`
+# on them: the one-rank figures; and a grid that does not match the number of ranks is refused
+# with a clear message.
 source "$(dirname "${BASH_SOURCE[0]}")/../cli_common.sh" "$1"
 S=(--set model.name=tiny --set data.dir="$W/data" --set train.seq_len=32 --set train.max_steps=5
    --set train.eval_interval=0)
@@ -197,6 +198,44 @@ for grid in 2,1,1,1 1,2,1,1 1,1,2,1 1,1,1,2; do
 done
 out=$("${MPIRUN[@]}" -n 2 "$TETRAD" "${G[@]}" --grid 1,1,1,2,1 2>&1)
 if grep -q "pipeline axis" <<<"$out"; then echo "ok   generate on a pipeline grid refused"; else echo "FAIL generate pipeline grid: $out"; fails=$((fails+1)); fi
+
+# eval and logits on a grid: the one model gives the figures of one rank (eval's 3 micro-batches
+# dealt out over Z x D, one slot repeating one and dropping it in the last round; the logits
+# all-gathered over Y), up to the order of float sums.
+E=(eval --model "$W/gen_model" --data "$W/data" --split val --batches 3 --micro-batch 2 --seq-len 32)
+L=(logits --model "$W/gen_model" --tokens 5,17,42,99,3,250,7,8,64,128)
+"$TETRAD" "${E[@]}" > "$W/eval_1" 2>&1 || { cat "$W/eval_1"; fails=$((fails+1)); }
+"$TETRAD" "${L[@]}" --out "$W/logits_1" > "$W/log" 2>&1 || { cat "$W/log"; fails=$((fails+1)); }
+eval_loss() { sed -n 's/^loss \([^ ]*\) .*/\1/p' "$1"; }
+for grid in 2,1,1,1 1,2,1,1 1,1,2,1 1,1,1,2; do
+  "${MPIRUN[@]}" -n 2 "$TETRAD" "${E[@]}" --grid $grid > "$W/eval_g" 2>&1
+  a=$(eval_loss "$W/eval_1"); b=$(eval_loss "$W/eval_g")
+  if [ -n "$a" ] && [ "$(grep -c '^loss ' "$W/eval_g")" -eq 1 ] &&
+     awk -v a="$a" -v b="$b" 'BEGIN { d = (a - b) / a; if (d < 0) d = -d; exit !(b != "" && d <= 1e-5) }'; then
+    echo "ok   eval on grid $grid: loss $b (one rank: $a)"
+  else
+    echo "FAIL eval on grid $grid"; cat "$W/eval_1" "$W/eval_g"; fails=$((fails+1))
+  fi
+  rm -f "$W/logits_g"
+  "${MPIRUN[@]}" -n 2 "$TETRAD" "${L[@]}" --grid $grid --out "$W/logits_g" > "$W/log" 2>&1 || cat "$W/log"
+  if python3 - "$W/logits_1" "$W/logits_g" <<'PY'
+import array, sys
+a, b = array.array('f'), array.array('f')
+a.frombytes(open(sys.argv[1], 'rb').read())
+b.frombytes(open(sys.argv[2], 'rb').read())
+assert len(a) == len(b) and len(a) > 0 and len(a) % 10 == 0, (len(a), len(b))
+scale = max(abs(v) for v in a)
+diff = max(abs(u - v) for u, v in zip(a, b))
+assert scale > 0 and diff <= 1e-5 * scale, (diff, scale)
+PY
+  then
+    echo "ok   logits on grid $grid: the one-rank logits"
+  else
+    echo "FAIL logits on grid $grid"; fails=$((fails+1))
+  fi
+done
+out=$("${MPIRUN[@]}" -n 2 "$TETRAD" "${E[@]}" --grid 1,1,1,2,1 2>&1)
+if grep -q "pipeline axis" <<<"$out"; then echo "ok   eval on a pipeline grid refused"; else echo "FAIL eval pipeline grid: $out"; fails=$((fails+1)); fi
 
 out=$("${MPIRUN[@]}" -n 2 "$TETRAD" train "${S[@]}" --set run.dir="$W/bad" --grid 2,2,1,1 2>&1)
 if grep -q "needs 4 ranks" <<<"$out"; then echo "ok   wrong grid refused"; else echo "FAIL wrong grid: $out"; fails=$((fails+1)); fi

@@ -16,6 +16,7 @@
 #include <memory>
 #include <vector>
 
+#include "tetrad/backend/cpu/precision.hpp"
 #include "tetrad/core/buffer.hpp"
 #include "tetrad/core/profile.hpp"
 #include "tetrad/model/model_config.hpp"
@@ -27,8 +28,10 @@ template <typename T>
 class Transformer {
  public:
   // Allocates parameters, gradients and activations for micro-batches of up to max_batch
-  // sequences of up to max_len tokens (max_len <= config.max_seq).
-  Transformer(const ModelConfig& config, int max_batch, int max_len);
+  // sequences of up to max_len tokens (max_len <= config.max_seq). `precision` is the model's
+  // GEMM precision for its lifetime (see bf16() below); BF16 is for Transformer<float> only.
+  Transformer(const ModelConfig& config, int max_batch, int max_len,
+              kernels::Precision precision = kernels::Precision::FP32);
   ~Transformer();
   Transformer(const Transformer&) = delete;
   Transformer& operator=(const Transformer&) = delete;
@@ -56,12 +59,10 @@ class Transformer {
     return int64_t(acts_.size() * sizeof(T) + acts16_.size() * sizeof(uint16_t));
   }
 
-  // bf16 mixed precision (docs/precision.md). A float model constructed while
-  // kernels::gemm_precision() is BF16 runs in bf16 for its lifetime: its GEMMs read a bf16 copy of
-  // the parameters and the activations that only feed GEMMs (normalised inputs, the MLP
-  // activation, gradients entering GEMMs) are stored in bf16 by the kernels that produce them.
-  // A model constructed in fp32 follows the process-wide switch through kernels::gemm (fp32
-  // storage, operands rounded per GEMM).
+  // bf16 mixed precision (docs/precision.md). A float model constructed with Precision::BF16
+  // runs in bf16 for its lifetime: its GEMMs read a bf16 copy of the parameters and the
+  // activations that only feed GEMMs (normalised inputs, the MLP activation, gradients entering
+  // GEMMs) are stored in bf16 by the kernels that produce them. In FP32 every GEMM is fp32.
   bool bf16() const { return bf16_; }
   // The bf16 copy of the parameters, laid out like params() (nullptr unless bf16()). The optimizer
   // writes it in its update pass (AdamW::update with params_bf16) and then calls

@@ -3,7 +3,6 @@
 // rest of ParallelOptions. Plain values, no MPI: the planner costs exactly these types.
 #pragma once
 #include <cstdint>
-#include <optional>
 #include <string>
 
 #include "tetrad/backend/ops.hpp"
@@ -82,15 +81,32 @@ struct ParallelOptions {
   // (Last, so the positional initialisers {recompute, zero, virtual_stages} keep working.)
   // Where the model computes (its memory, queue and op table); null: the CPU backend.
   backend::Backend* device = nullptr;
-  // GEMM precision of this model (docs/precision.md). Unset: the CPU kernels' process default at
-  // construction (kernels::gemm_precision(), kept for the serial oracle and older callers); the
-  // trainer and the benchmark always set it.
-  std::optional<backend::Precision> precision;
+  // GEMM precision of this model (docs/precision.md), passed to every GEMM it calls
+  // (GemmArgs::precision): there is no process-wide setting. The trainer, the benchmark and the
+  // inference commands set it from their configurations.
+  backend::Precision precision = backend::Precision::FP32;
   // Arithmetic of attention's products (QKᵀ, PV and the backward's): FP32, or BF16 (bf16
   // operands, fp32 accumulation and softmax statistics; Capabilities::attention_bf16_products).
   // Separate from `precision` because on the CPU the bf16 kernel is not yet faster than the fp32
   // one (docs/precision.md), so bf16 runs keep fp32 attention unless asked.
   backend::Precision attention_precision = backend::Precision::FP32;
+  // With precision BF16: the GEMMs read the weights from a bf16 copy of the parameters (written
+  // by the optimizer's fused AdamW pass, or cast once after any other change), gathered over Z
+  // in bf16 (half the bytes), instead of rounding the fp32 weights at every GEMM call. The same
+  // bits either way (rounding a shard then gathering is gathering then rounding); off only to
+  // compare the two. Needs Capabilities::gemm_bf16_storage (refused without it).
+  bool bf16_weight_copy = true;
+  // With precision BF16: the activations that only feed GEMMs (norm outputs, the MLP activation)
+  // are written in bf16 by their producers (no fp32 tensor: half their memory), and each
+  // gradient entering a linear layer's backward is cast to bf16 once for its two GEMMs. The
+  // same bits as rounding at every GEMM (the producers round their fp32 result). Off only to
+  // compare.
+  bool bf16_activations = true;
+  // With bf16_activations: the weight gradient dW = dYᵀ·X runs as an NN product on a transposed
+  // bf16 copy of dY (written in the same pass as the plain one, OpTable::
+  // cast_transpose_f32_to_bf16) instead of the TN product oneDNN runs slowest (docs/precision.md
+  // has the measurements). Sums in another order than TN: equal within fp32 rounding.
+  bool bf16_weight_grad_nn = true;
 };
 
 }  // namespace tetrad::parallel

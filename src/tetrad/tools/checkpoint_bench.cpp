@@ -14,7 +14,7 @@
 #include <vector>
 
 #include "tetrad/checkpoint/run_checkpoint.hpp"
-#include "tetrad/checkpoint/sharded.hpp"
+#include "tetrad/checkpoint/sharded_saver.hpp"
 #include "tetrad/comm/communicator.hpp"
 #include "tetrad/core/error.hpp"
 #include "tetrad/model/model_config.hpp"

@@ -26,7 +26,7 @@
 #include "tetrad/checkpoint/atomic_file.hpp"
 #include "tetrad/checkpoint/run_checkpoint.hpp"
 #include "tetrad/checkpoint/run_lock.hpp"
-#include "tetrad/checkpoint/sharded.hpp"
+#include "tetrad/checkpoint/sharded_saver.hpp"
 #include "tetrad/comm/communicator.hpp"
 #include "tetrad/core/cpu.hpp"
 #include "tetrad/core/error.hpp"
@@ -901,9 +901,10 @@ TrainResult train(const RunConfig& cfg, const TrainOptions& opt, std::ostream& l
     // AdamW; with ZeRO every D replica then gets the pieces the others updated, and with
     // parallel.prefetch_across_steps the next step's first weight gathers start meanwhile.
     const float* grads = model.grads();
-    model.apply_update([&](float* params, int64_t lo, int64_t hi) {
+    // With bf16 GEMMs the same pass writes the bf16 weight copy the next step's GEMMs read.
+    model.apply_update([&](float* params, uint16_t* params16, int64_t lo, int64_t hi) {
       ScopedPhase sp(&prof, Phase::Optimizer, "adamw");
-      adam.update(params, grads, lr, clip, step + 1, lo, hi);
+      adam.update(params, params16, grads, lr, clip, step + 1, lo, hi);
     });
     result.losses.push_back(loss);
 
@@ -1001,7 +1002,7 @@ namespace tetrad {
 
 double evaluate_checkpoint(const std::string& model_dir, const std::string& data_dir,
                            const std::string& split, int micro_batch, int seq_len, int batches,
-                           std::ostream& out) {
+                           std::ostream& out, const std::string& grid) {
   const ModelConfig mc = read_hf_config(model_dir);
   const int T = seq_len > 0 ? seq_len : mc.max_seq;
   const DataInfo data = read_data_info(data_dir, mc);
@@ -1011,22 +1012,35 @@ double evaluate_checkpoint(const std::string& model_dir, const std::string& data
       fail("model '", model_dir, "' was trained with tokenizer ", hex64(id), " but the shards in '",
            data_dir, "' were made with tokenizer ", hex64(data.tokenizer_identity));
   }
-  // The one model on the trivial grid (one process; under mpirun every rank evaluates alone).
-  InferenceModel im = load_inference_model(model_dir, mc, "1,1,1,1", micro_batch, T);
+  // The one model on the grid ("1,1,1,1": this process alone, each rank of an mpirun by itself).
+  InferenceModel im = load_inference_model(model_dir, mc, grid, micro_batch, T);
   parallel::ParallelTransformer& model = *im.model;
+  const parallel::ProcessGroups& g = *im.groups;
   data::LoaderOptions lopt;
   lopt.tokenizer_identity = data.tokenizer_identity;
   lopt.model_vocab = mc.vocab_size;
   lopt.shuffle = false;
   data::DataLoader loader(data_dir, split, micro_batch, T, 0, 1, 0, lopt);
-  std::vector<int32_t> x(size_t(micro_batch) * T), y(x.size());
+  // Every rank reads every micro-batch and evaluates those of its Z x D slot; in the last round
+  // a slot without one repeats the round's first and drops its loss, so that every rank makes
+  // the same collective calls.
+  const int slots = g.shape.z * g.shape.d;
+  const int slot = g.coord.z + g.shape.z * g.coord.d;
+  const size_t n = size_t(micro_batch) * T;
+  std::vector<int32_t> x(n), y(n), other_x(n), other_y(n);
   double sum = 0;
-  int64_t count = 0;
-  for (int i = 0; i < batches; ++i) {
-    loader.next_batch(x.data(), y.data());
-    sum += model.forward_loss(x.data(), y.data(), micro_batch, T);
-    count += int64_t(micro_batch) * T;
+  const int64_t count = int64_t(batches) * micro_batch * T;
+  for (int round = 0; round * slots < batches; ++round) {
+    const bool mine = round * slots + slot < batches;
+    for (int s = 0; s < slots && round * slots + s < batches; ++s) {
+      if (s == slot || s == 0) loader.next_batch(x.data(), y.data());  // slot 0's, then ours
+      else loader.next_batch(other_x.data(), other_y.data());
+    }
+    const double loss = model.forward_loss(x.data(), y.data(), micro_batch, T);
+    if (mine) sum += loss;
   }
+  // A slot's loss is the same on its X x Y ranks: the whole sum is the sum over Z x D.
+  if (g.zd.size() > 1) g.zd.allreduce_sum(&sum, 1);
   out << "evaluated " << count << " tokens of " << data_dir << " (" << split << ") with "
       << model_dir << "\n";
   return sum / double(count);

@@ -16,9 +16,9 @@
 namespace tetrad::kernels {
 
 // C[M,N] = alpha * op(A) · op(B) + beta * C, row-major; op(X) = Xᵀ when the flag is set.
-// float: oneDNN sgemm (measured fastest on the model's shapes), or bf16 operands with fp32
-// accumulation when gemm_precision() is BF16 (backend/cpu/precision.hpp); double: a
-// straightforward blocked loop (tests only).
+// float: oneDNN sgemm in fp32 (measured fastest on the model's shapes; the bf16 product is
+// gemm_bf16, backend/cpu/precision.hpp, chosen per call by whoever owns the precision); double:
+// a straightforward blocked loop (tests only).
 template <typename T>
 void gemm(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K, T alpha, const T* A,
           int64_t lda, const T* B, int64_t ldb, T beta, T* C, int64_t ldc);

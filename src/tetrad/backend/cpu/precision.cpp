@@ -17,8 +17,6 @@
 namespace tetrad::kernels {
 
 namespace {
-Precision g_precision = Precision::FP32;
-
 struct Bf16Probe {
   bool native = false;
   std::string path;
@@ -113,9 +111,6 @@ static bool g_force_emulation = false;
 void set_bf16_emulation_forced(bool on) { g_force_emulation = on; }
 bool native_bf16_matmul() { return probed().native && !g_force_emulation; }
 std::string bf16_matmul_path() { return probed().path; }
-
-void set_gemm_precision(Precision p) { g_precision = p; }
-Precision gemm_precision() { return g_precision; }
 
 void round_matrix_to_bf16(const float* in, int64_t ldi, float* out, int64_t ldo, int64_t rows,
                           int64_t cols) {

@@ -4,8 +4,10 @@
 // the operands of every float GEMM (weights and activations, forward and backward) are rounded to
 // bfloat16 (8-bit mantissa, round to nearest even) and the products are accumulated in fp32; the
 // master weights, gradients, optimizer state, norms, softmax, attention and the loss stay fp32.
-// The setting is process-wide because the GEMM call sites (serial and 3D-parallel models) are the
-// same either way; the trainer and the benchmark set it from the config.
+// The precision is chosen per call, never process-wide: the op table's GEMM takes it in
+// GemmArgs::precision, which the model sets from its own setting (ParallelOptions::precision,
+// filled by the trainer, the benchmark and the inference commands from their configs);
+// kernels::gemm<float> is always fp32 and gemm_bf16 below is the bf16 product.
 //
 // Two ways to run a bf16 GEMM, chosen at run time:
 //   * native: oneDNN's matmul primitive with bf16 inputs and fp32 output, which oneDNN runs on
@@ -49,14 +51,9 @@ void set_bf16_emulation_forced(bool on);
 // "native (oneDNN matmul on amx-bf16)" / "emulated (no AMX-BF16 or AVX512-BF16 on this CPU)" etc.
 std::string bf16_matmul_path();
 
-// Precision of kernels::gemm<float> for the whole process (default FP32). Not to be changed
-// while another thread is inside a GEMM.
-void set_gemm_precision(Precision p);
-Precision gemm_precision();
-
 // C = alpha * op(A) · op(B) + beta * C with A and B rounded to bf16 and fp32 accumulation (the
-// layout contract of kernels::gemm), native or emulated as above. gemm<float> calls it in BF16
-// mode; tests call it directly.
+// layout contract of kernels::gemm), native or emulated as above. The CPU backend's GEMM calls
+// it for Precision::BF16; tests call it directly.
 void gemm_bf16(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K, float alpha,
                const float* A, int64_t lda, const float* B, int64_t ldb, float beta, float* C,
                int64_t ldc);

@@ -246,10 +246,46 @@ OpTable make_strict_table() {
     cpu_ops().cross_entropy_fused(cpu_queue(q), T_(L, o, "logits"), T_(losses, o, "losses"),
                                   T_(total, o, "total"), T_(tg, o, "targets"), N, V, gs);
   };
+  t.norm_apply_bf16 = [](Queue& q, uint16_t* out, const float* x, const float* mean,
+                         const float* rstd, const float* w, const float* b, int64_t N, int64_t C) {
+    const char* o = "norm_apply_bf16";
+    cpu_ops().norm_apply_bf16(cpu_queue(q), T_(out, o, "out"), T_(x, o, "x"), T_(mean, o, "mean"),
+                              T_(rstd, o, "rstd"), T_(w, o, "w"), T_(b, o, "b"), N, C);
+  };
+  t.gelu_forward_bf16 = [](Queue& q, uint16_t* out, const float* x, int64_t n) {
+    cpu_ops().gelu_forward_bf16(cpu_queue(q), T_(out, "gelu_forward_bf16", "out"),
+                                T_(x, "gelu_forward_bf16", "x"), n);
+  };
+  t.swiglu_forward_bf16 = [](Queue& q, uint16_t* out, const float* gu, int64_t N, int64_t F) {
+    cpu_ops().swiglu_forward_bf16(cpu_queue(q), T_(out, "swiglu_forward_bf16", "out"),
+                                  T_(gu, "swiglu_forward_bf16", "gu"), N, F);
+  };
+  t.cast_transpose_f32_to_bf16 = [](Queue& q, uint16_t* out, uint16_t* out_t, const float* x,
+                                    int64_t rows, int64_t cols) {
+    const char* o = "cast_transpose_f32_to_bf16";
+    cpu_ops().cast_transpose_f32_to_bf16(cpu_queue(q), T_(out, o, "out"), T_(out_t, o, "out_t"),
+                                         T_(x, o, "x"), rows, cols);
+  };
   return t;
 }
 
 #undef T_
+
+// Every entry the CPU table fills must have a translating wrapper here: an op added to the seam
+// and to the CPU backend but not here would otherwise be a null pointer the model calls (the
+// capabilities are the CPU's). The table is a struct of function pointers only.
+void check_covers_cpu(const OpTable& strict_table) {
+  using Slot = void (*)();
+  static_assert(sizeof(OpTable) % sizeof(Slot) == 0, "OpTable holds function pointers only");
+  constexpr size_t n = sizeof(OpTable) / sizeof(Slot);
+  Slot cpu_slots[n], strict_slots[n];
+  std::memcpy(cpu_slots, &op_table(), sizeof(OpTable));
+  std::memcpy(strict_slots, &strict_table, sizeof(OpTable));
+  for (size_t i = 0; i < n; ++i)
+    if (cpu_slots[i] && !strict_slots[i])
+      fail("cpu-strict: op table entry ", i, " (in ops.hpp order) is filled by the cpu backend "
+           "but has no translating wrapper in backend/cpu/strict_backend.cpp");
+}
 
 size_t page_size() {
   static const size_t p = size_t(sysconf(_SC_PAGESIZE));
@@ -275,6 +311,7 @@ const OpTable& StrictBackend::ops() const {
   static const OpTable t = [] {
     OpTable table = make_strict_table();
     check_op_table(table, "cpu-strict");
+    check_covers_cpu(table);
     return table;
   }();
   return t;
