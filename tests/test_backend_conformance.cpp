@@ -909,6 +909,160 @@ TEST_P(Conformance, CastsRoundToNearestEven) {
   }
 }
 
+// ---- bf16 producers (Capabilities::bf16_producers) ----------------------------------------------
+
+// The bf16 forms write round(fp32 op) bit for bit, which is within bf16's half-ulp (relative
+// 2^-9 = 2e-3) of the double reference; every element written (outputs poisoned with a bf16
+// NaN pattern first).
+TEST_P(Conformance, Bf16ProducersAreTheRoundedFp32Outputs) {
+  if (!be_->capabilities().bf16_producers)
+    GTEST_SKIP() << be_->name() << " has no bf16 producers (Capabilities::bf16_producers)";
+  ASSERT_TRUE(ops_->norm_apply_bf16 && ops_->gelu_forward_bf16 && ops_->swiglu_forward_bf16 &&
+              ops_->cast_transpose_f32_to_bf16) << "capability declared, entries missing";
+  auto widen16 = [](const std::vector<uint16_t>& h) {
+    VD d(h.size());
+    for (size_t i = 0; i < h.size(); ++i) {
+      const uint32_t u = uint32_t(h[i]) << 16;
+      float f;
+      std::memcpy(&f, &u, 4);
+      d[i] = f;
+    }
+    return d;
+  };
+  // Each bf16 output against the rounded fp32 output (exact) and the double reference (bf16
+  // tolerance: relative 1e-2 at most, never NaN).
+  auto check = [&](const std::string& what, const std::vector<uint16_t>& got16, const VF& fp32,
+                   const VD& ref) {
+    const VD got = widen16(got16);
+    for (size_t i = 0; i < got.size(); ++i) {
+      ASSERT_FALSE(std::isnan(got[i])) << what << ": element " << i << " unwritten or NaN, " << seed();
+      ASSERT_EQ(float(got[i]), ref_bf16(fp32[i])) << what << ": element " << i << " is not the rounded fp32 output, " << seed();
+    }
+    VF gotf(got.begin(), got.end());
+    EXPECT_TRUE(close(what + " vs double, " + seed(), gotf, ref, 1e-2));
+  };
+  const uint16_t kPoison16 = 0x7fc1;  // a quiet NaN in bf16
+  for (int layer = 0; layer < 2; ++layer) {  // LayerNorm (mean, bias) and RMSNorm
+    const int64_t N = randint(1, 9), C = randint(1, 300);
+    const VF x = rand(static_cast<size_t>(N * C), -3, 3), w = rand(static_cast<size_t>(C)),
+             b = rand(static_cast<size_t>(C));
+    VF mean(static_cast<size_t>(N)), rstd(static_cast<size_t>(N));
+    for (int64_t t = 0; t < N; ++t) {
+      double m = 0, v = 0;
+      for (int64_t c = 0; c < C; ++c) m += x[t * C + c];
+      m /= double(C);
+      for (int64_t c = 0; c < C; ++c) v += (layer ? (x[t * C + c] - m) * (x[t * C + c] - m) : double(x[t * C + c]) * x[t * C + c]);
+      mean[t] = float(m);
+      rstd[t] = float(1 / std::sqrt(v / double(C) + 1e-5));
+    }
+    DeviceBuffer dx = up(x), dw = up(w), db = up(b), dm = up(mean), dr = up(rstd),
+                 o32 = poisoned(x.size()), o16 = up(std::vector<uint16_t>(x.size(), kPoison16));
+    const float* m = layer ? F(dm) : nullptr;
+    const float* bb = layer ? F(db) : nullptr;
+    ops_->norm_apply(*q_, F(o32), F(dx), m, F(dr), F(dw), bb, N, C);
+    ops_->norm_apply_bf16(*q_, o16.as<uint16_t>(), F(dx), m, F(dr), F(dw), bb, N, C);
+    VD ref(x.size());
+    for (int64_t t = 0; t < N; ++t)
+      for (int64_t c = 0; c < C; ++c)
+        ref[t * C + c] = (double(x[t * C + c]) - (layer ? double(mean[t]) : 0.0)) * double(rstd[t]) * w[c] +
+                         (layer ? double(b[c]) : 0.0);
+    check(layer ? "norm_apply_bf16 (LayerNorm)" : "norm_apply_bf16 (RMSNorm)",
+          down<uint16_t>(o16, x.size()), down(o32, x.size()), ref);
+  }
+  {
+    const int64_t n = randint(1, 5000);
+    const VF x = rand(static_cast<size_t>(n), -5, 5);
+    DeviceBuffer dx = up(x), o32 = poisoned(x.size()), o16 = up(std::vector<uint16_t>(x.size(), kPoison16));
+    ops_->gelu_forward(*q_, F(o32), F(dx), n);
+    ops_->gelu_forward_bf16(*q_, o16.as<uint16_t>(), F(dx), n);
+    VD ref(x.size());
+    for (int64_t i = 0; i < n; ++i) ref[i] = gelu(x[i]);
+    // GELU crosses zero near x = 0 and -0.75 (where the relative error of any rounding grows):
+    // the reference check is on the rounded fp32 (exact) and close() (absolute floor) for the rest.
+    check("gelu_forward_bf16", down<uint16_t>(o16, x.size()), down(o32, x.size()), ref);
+  }
+  {
+    const int64_t N = randint(1, 6), Fw = randint(1, 300);
+    const VF gu = rand(static_cast<size_t>(N * 2 * Fw), -4, 4);
+    DeviceBuffer dgu = up(gu), o32 = poisoned(static_cast<size_t>(N * Fw)),
+                 o16 = up(std::vector<uint16_t>(size_t(N * Fw), kPoison16));
+    ops_->swiglu_forward(*q_, F(o32), F(dgu), N, Fw);
+    ops_->swiglu_forward_bf16(*q_, o16.as<uint16_t>(), F(dgu), N, Fw);
+    VD ref(static_cast<size_t>(N * Fw));
+    for (int64_t t = 0; t < N; ++t)
+      for (int64_t j = 0; j < Fw; ++j) ref[t * Fw + j] = silu(gu[t * 2 * Fw + j]) * double(gu[t * 2 * Fw + Fw + j]);
+    check("swiglu_forward_bf16", down<uint16_t>(o16, ref.size()), down(o32, ref.size()), ref);
+  }
+  // The cast-transpose: both outputs, each alone, shapes across the 64-wide tiles with tails.
+  for (const auto& [rows, cols] : {std::pair<int64_t, int64_t>{1, 1}, {3, 130}, {129, 65},
+                                   {randint(1, 200), randint(1, 200)}}) {
+    VF x = rand(static_cast<size_t>(rows * cols), -100, 100);
+    x[0] = kNaN;
+    DeviceBuffer dx = up(x);
+    for (int which = 0; which < 3; ++which) {  // 0: both, 1: plain only, 2: transposed only
+      DeviceBuffer o = up(std::vector<uint16_t>(x.size(), kPoison16)),
+                   t = up(std::vector<uint16_t>(x.size(), kPoison16));
+      ops_->cast_transpose_f32_to_bf16(*q_, which == 2 ? nullptr : o.as<uint16_t>(),
+                                       which == 1 ? nullptr : t.as<uint16_t>(), F(dx), rows, cols);
+      const VD go = widen16(down<uint16_t>(o, x.size())), gt = widen16(down<uint16_t>(t, x.size()));
+      const std::string what = "cast_transpose " + std::to_string(rows) + "x" + std::to_string(cols) +
+                               " form " + std::to_string(which) + ", " + seed();
+      for (int64_t r = 0; r < rows; ++r)
+        for (int64_t c = 0; c < cols; ++c) {
+          const float want = ref_bf16(x[r * cols + c]);
+          const double po = go[r * cols + c], pt = gt[c * rows + r];
+          if (which != 2) {
+            if (std::isnan(want)) ASSERT_TRUE(std::isnan(po)) << what;
+            else ASSERT_EQ(float(po), want) << what << " plain (" << r << ", " << c << ")";
+          } else {
+            ASSERT_TRUE(std::isnan(po)) << what << ": the null plain output was written";
+          }
+          if (which != 1) {
+            if (std::isnan(want)) ASSERT_TRUE(std::isnan(pt)) << what;
+            else ASSERT_EQ(float(pt), want) << what << " transposed (" << c << ", " << r << ")";
+          } else {
+            ASSERT_TRUE(std::isnan(pt)) << what << ": the null transposed output was written";
+          }
+        }
+    }
+  }
+}
+
+// The weight-gradient form the model runs with bf16 activations: dW += (dYᵀ stored)·X as an NN
+// product on the cast-transposed gradient equals the TN product dYᵀ·X on the plain bf16 copy
+// (the same products, summed in another order: fp32 rounding apart) and the double reference.
+TEST_P(Conformance, WeightGradientNnOnTheTransposedCastMatchesTn) {
+  if (!be_->capabilities().bf16_producers || !be_->capabilities().gemm_bf16_storage)
+    GTEST_SKIP() << be_->name() << " has no cast-transpose or no bf16-stored GEMM operands";
+  for (int rep = 0; rep < 3; ++rep) {
+    const int64_t N = randint(1, 300), n_out = randint(1, 200), k_in = randint(1, 150);
+    const VF dy = rand(static_cast<size_t>(N * n_out)), x = rand(static_cast<size_t>(N * k_in));
+    VF x16 = x;
+    for (float& v : x16) v = ref_bf16(v);
+    const VF dw0 = rand(static_cast<size_t>(n_out * k_in));
+    DeviceBuffer ddy = up(dy), dx = up(x16), p = up(std::vector<uint16_t>(dy.size(), 0x7fc1)),
+                 t = up(std::vector<uint16_t>(dy.size(), 0x7fc1)), w_tn = up(dw0), w_nn = up(dw0);
+    ops_->cast_transpose_f32_to_bf16(*q_, p.as<uint16_t>(), t.as<uint16_t>(), F(ddy), N, n_out);
+    GemmArgs g;
+    g.M = n_out; g.N = k_in; g.K = N; g.B = dx.data(); g.ldb = k_in; g.beta = 1.0f; g.ldc = k_in;
+    g.precision = Precision::BF16; g.a_type = DType::BF16;
+    g.trans_a = true; g.A = p.data(); g.lda = n_out; g.C = F(w_tn);
+    ops_->gemm(*q_, g);
+    g.trans_a = false; g.A = t.data(); g.lda = N; g.C = F(w_nn);
+    ops_->gemm(*q_, g);
+    VF dy16 = dy;
+    for (float& v : dy16) v = ref_bf16(v);
+    const VD ref = ref_gemm(true, false, n_out, k_in, N, 1, widen(dy16), n_out, widen(x16), k_in, 1,
+                            widen(dw0), k_in);
+    const std::string what = "dW " + std::to_string(n_out) + "x" + std::to_string(k_in) + "x" +
+                             std::to_string(N) + ", " + seed();
+    const VF tn = down(w_tn, dw0.size()), nn = down(w_nn, dw0.size());
+    EXPECT_TRUE(close("TN " + what, tn, ref, kFwdTol));
+    EXPECT_TRUE(close("NN on the transposed cast " + what, nn, ref, kFwdTol));
+    EXPECT_TRUE(close("NN against TN " + what, nn, widen(tn), kFwdTol));
+  }
+}
+
 // ---- optimizer ----------------------------------------------------------------------------------
 
 TEST_P(Conformance, AdamWOverAnInterval) {

@@ -404,6 +404,55 @@ TEST_P(CommConformance, EveryCollectiveMatchesTheSerialReferenceForEveryType) {
   check_exact<float>(c(), salt++, 70000);
 }
 
+// uint16_t carries bf16 bit patterns (the bf16 weight copy's all-gathers): gathered and broadcast
+// bit for bit (NaN and infinity patterns included), never reduced (a sum of the bits would be
+// silently wrong, so reductions throw naming the type).
+TEST_P(CommConformance, Bf16BitsAreGatheredAndBroadcastNotReduced) {
+  const int S = c().size(), r = c().rank();
+  for (size_t n : {size_t(1), size_t(7), size_t(5000)}) {
+    auto input = [&](int rank) {
+      std::vector<uint16_t> v(n);
+      for (size_t i = 0; i < n; ++i) v[i] = uint16_t(rank * 7919 + i * 31 + 1);
+      v[0] = rank % 2 ? 0x7fc1 : 0xff80;  // a NaN, -infinity
+      return v;
+    };
+    for (int blocking = 0; blocking < 2; ++blocking) {
+      auto send = space().make(input(r));
+      auto recv = space().make(std::vector<uint16_t>(size_t(S) * n, 0));
+      if (blocking) {
+        c().allgather(static_cast<const uint16_t*>(send.ptr), static_cast<uint16_t*>(recv.ptr), n);
+      } else {
+        Request q = c().iallgather(static_cast<const uint16_t*>(send.ptr), static_cast<uint16_t*>(recv.ptr), n);
+        q.wait();
+      }
+      const auto got = space().read<uint16_t>(recv, size_t(S) * n);
+      for (int k = 0; k < S; ++k) {
+        const auto want = input(k);
+        for (size_t i = 0; i < n; ++i)
+          ASSERT_EQ(got[size_t(k) * n + i], want[i]) << "allgather block " << k << " element " << i;
+      }
+    }
+    auto b = space().make(r == 0 ? input(0) : std::vector<uint16_t>(n, 0));
+    c().broadcast(static_cast<uint16_t*>(b.ptr), n, 0);
+    const auto got = space().read<uint16_t>(b, n);
+    const auto want = input(0);
+    for (size_t i = 0; i < n; ++i) ASSERT_EQ(got[i], want[i]) << "broadcast element " << i;
+  }
+  uint16_t x[4] = {1, 2, 3, 4};
+  try {
+    c().allreduce_sum(x, 1);
+    FAIL() << "a sum of uint16 bit patterns was accepted";
+  } catch (const Error& e) {
+    EXPECT_TRUE(contains(e.what(), "uint16")) << e.what();
+  }
+  try {
+    (void)c().ireduce_scatter_sum(x, x, 1);
+    FAIL() << "a reduce-scatter of uint16 bit patterns was accepted";
+  } catch (const Error& e) {
+    EXPECT_TRUE(contains(e.what(), "not reduced")) << e.what();
+  }
+}
+
 TEST_P(CommConformance, RealDataWithinRounding) {
   check_real(c(), 11, 5);
   check_real(c(), 12, 100000);

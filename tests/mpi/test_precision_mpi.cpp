@@ -7,6 +7,7 @@
 
 #include <cmath>
 #include <cstdio>
+#include <optional>
 #include <vector>
 
 #include "contract.hpp"
@@ -149,4 +150,96 @@ TEST(Bf16Grid, Bf16AttentionOnFourRanksAndOneTracksTheFp32Curve) {
   EXPECT_NEAR(l1 / l32, 1.0, 0.02) << "fp32 serial " << l32 << ", bf16 on one rank " << l1;
   for (double l : grid) ASSERT_TRUE(std::isfinite(l));
   for (double l : single) ASSERT_TRUE(std::isfinite(l));
+}
+
+namespace {
+
+// kSteps_short steps of the tiny model in bf16 on `g` through apply_update (as the trainer:
+// the 4-argument form whose AdamW pass writes the bf16 weight copy), with or without the copy.
+std::vector<double> bf16_losses(const ModelConfig& mc, ProcessGroups& g, ParallelOptions po,
+                                int steps) {
+  po.precision = backend::Precision::BF16;
+  const int Bl = kB / (g.shape.z * g.shape.d);
+  const int slot = g.coord.z + g.shape.z * g.coord.d;
+  ParallelTransformer m(mc, g, Bl, kT, po);
+  m.init_weights(7);
+  const TrainConfig tc = train_config();
+  const OptimizerLayout& ol = m.optimizer_layout();
+  AdamW opt(decay_ranges(m.table(), tc, ol.param_offsets, ol.sizes, ol.state_offsets,
+                         ol.grad_offsets),
+            ol.state_size, tc);
+  std::vector<double> losses;
+  std::vector<int32_t> x(size_t(Bl) * kT), y(x.size());
+  for (int s = 0; s < steps; ++s) {
+    const auto tok = batch(s, mc.vocab_size);
+    for (int b = 0; b < Bl; ++b)
+      for (int t = 0; t < kT; ++t) {
+        x[b * kT + t] = tok[(slot * Bl + b) * (kT + 1) + t];
+        y[b * kT + t] = tok[(slot * Bl + b) * (kT + 1) + t + 1];
+      }
+    m.begin_step(1);
+    double loss = m.forward_backward(x.data(), y.data(), Bl, kT, 1.0f / (kB * kT));
+    m.reduce_gradients();
+    if (g.zd.size() > 1) g.zd.allreduce_sum(&loss, 1);
+    const double gn = std::sqrt(m.grad_sum_squares());
+    const float* grads = m.grads();
+    m.apply_update([&](float* p, uint16_t* p16, int64_t lo, int64_t hi) {
+      EXPECT_EQ(p16 != nullptr, m.bf16_weights());
+      opt.update(p, p16, grads, learning_rate(tc, s), gn > 1 ? 1 / gn : 1.0, s + 1, lo, hi);
+    });
+    losses.push_back(loss / (kB * kT));
+  }
+  m.finish_communication();
+  return losses;
+}
+
+}  // namespace
+
+// The bf16 weight copy (written by the fused AdamW pass, gathered over Z in bf16) and the bf16
+// activations (written by their producers, the gradients cast once per linear backward) give the
+// same bits as rounding every operand at every GEMM: on the trivial grid, with Z and X (bf16
+// gathers, prefetched across steps), and with ZeRO 1 over D (the copy remade after the pieces
+// are gathered). The NN weight-gradient form on the transposed cast sums in another order: the
+// same losses within fp32 rounding.
+TEST(Bf16Grid, WeightCopyAndBf16ActivationsGiveTheBitsOfPerCallRounding) {
+  int world;
+  MPI_Comm_size(MPI_COMM_WORLD, &world);
+  if (world != 4) GTEST_SKIP() << "runs on 4 ranks only";
+  const ModelConfig mc = test_model();
+  constexpr int kShort = 12;
+  struct Case {
+    const char* name;
+    GridShape shape;
+    int zero;
+    bool across;
+  };
+  for (const Case& c : {Case{"1x1x1x1", {1, 1, 1, 1}, 0, false},
+                        Case{"2x1x2x1 prefetch across steps", {2, 1, 2, 1}, 0, true},
+                        Case{"1x1x2x2 ZeRO 1", {1, 1, 2, 2}, 1, false}}) {
+    SCOPED_TRACE(c.name);
+    std::optional<ProcessGroups> grid;
+    ProcessGroups one;  // this rank alone
+    if (c.shape.x * c.shape.y * c.shape.z * c.shape.d > 1)
+      grid.emplace(comm::Communicator::world(), c.shape);
+    ProcessGroups& g = grid ? *grid : one;
+    ParallelOptions po;
+    po.zero = c.zero;
+    if (c.across) {
+      po.overlap.prefetch_depth = 1;
+      po.overlap.prefetch_across_steps = true;
+    }
+    ParallelOptions tn = po, off = po;
+    tn.bf16_weight_grad_nn = false;
+    off.bf16_weight_copy = false;
+    off.bf16_activations = false;
+    const auto stored = bf16_losses(mc, g, tn, kShort);
+    const auto per_call = bf16_losses(mc, g, off, kShort);
+    const auto fastest = bf16_losses(mc, g, po, kShort);
+    ASSERT_EQ(stored.size(), per_call.size());
+    for (size_t s = 0; s < stored.size(); ++s) {
+      EXPECT_EQ(stored[s], per_call[s]) << "step " << s;
+      EXPECT_NEAR(fastest[s], per_call[s], 2e-3 * per_call[s]) << "step " << s << " (NN weight gradients)";
+    }
+    EXPECT_LT(stored.back(), stored.front() - 0.05) << "the run did not learn";
+  }
 }

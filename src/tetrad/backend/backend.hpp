@@ -108,6 +108,8 @@ struct Capabilities {
   bool attention_bf16_products = false;// AttentionArgs::precision may be BF16 (any q_offset >= 0)
   bool attention_any_q_offset = false; // AttentionArgs::q_offset other than Tk - Tq
   bool fused_cross_entropy = false;    // OpTable::cross_entropy_fused present
+  bool bf16_producers = false;         // OpTable::norm_apply_bf16, gelu_forward_bf16,
+                                       // swiglu_forward_bf16, cast_transpose_f32_to_bf16 present
   std::string gemm_bf16_path;          // how bf16 GEMMs run here, for logs
 };
 

@@ -248,6 +248,22 @@ struct OpTable {
   void (*cross_entropy_fused)(Queue& q, float* logits, float* losses, double* total,
                               const int32_t* targets, int64_t N, int64_t V,
                               float grad_scale) = nullptr;
+
+  // bf16 producers (Capabilities::bf16_producers): for activations that only feed GEMMs, the
+  // fp32 op's output rounded to bf16 (nearest even), bit for bit round(fp32 op), written in bf16
+  // only (no fp32 tensor, no separate cast pass). Shapes as the fp32 ops'.
+  void (*norm_apply_bf16)(Queue& q, uint16_t* out, const float* x, const float* mean,
+                          const float* rstd, const float* w, const float* b, int64_t N,
+                          int64_t C) = nullptr;
+  void (*gelu_forward_bf16)(Queue& q, uint16_t* out, const float* x, int64_t n) = nullptr;
+  void (*swiglu_forward_bf16)(Queue& q, uint16_t* out, const float* gu, int64_t N,
+                              int64_t F) = nullptr;
+  // One read of x (rows, cols, compact): out (rows, cols) = bf16(x) and out_t (cols, rows) =
+  // bf16(x)ᵀ (either may be null). A gradient's two GEMM operands in one pass: the input
+  // gradient reads it as stored, the weight gradient transposed, which makes dW = dYᵀ·X an NN
+  // product (faster than TN on oneDNN's AMX kernels, docs/precision.md).
+  void (*cast_transpose_f32_to_bf16)(Queue& q, uint16_t* out, uint16_t* out_t, const float* x,
+                                     int64_t rows, int64_t cols) = nullptr;
 };
 
 // Throws tetrad::Error naming the first required entry that is null ("backend 'cuda': op table

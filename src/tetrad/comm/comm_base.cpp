@@ -16,6 +16,7 @@ size_t dtype_size(DType t) {
     case DType::I32: return 4;
     case DType::I64: return 8;
     case DType::U64: return 8;
+    case DType::U16: return 2;
   }
   return 0;
 }
@@ -27,6 +28,7 @@ const char* dtype_name(DType t) {
     case DType::I32: return "int32";
     case DType::I64: return "int64";
     case DType::U64: return "uint64";
+    case DType::U16: return "uint16";
   }
   return "?";
 }

@@ -11,22 +11,25 @@
 
 namespace tetrad::comm {
 
-// The element types the collectives accept.
+// The element types the collectives accept. uint16_t carries bf16 bit patterns (the bf16 weight
+// copy's all-gathers move half the bytes of fp32): moved, never reduced (a sum or max over
+// uint16_t throws, since integer arithmetic on bf16 bits would be silently wrong).
 template <typename T>
 concept Element = std::same_as<T, float> || std::same_as<T, double> ||
                   std::same_as<T, std::int32_t> || std::same_as<T, std::int64_t> ||
-                  std::same_as<T, std::uint64_t>;
+                  std::same_as<T, std::uint64_t> || std::same_as<T, std::uint16_t>;
 
-enum class DType : uint8_t { F32, F64, I32, I64, U64 };
+enum class DType : uint8_t { F32, F64, I32, I64, U64, U16 };
 template <Element T> constexpr DType dtype_of() {
   if constexpr (std::same_as<T, float>) return DType::F32;
   else if constexpr (std::same_as<T, double>) return DType::F64;
   else if constexpr (std::same_as<T, std::int32_t>) return DType::I32;
   else if constexpr (std::same_as<T, std::int64_t>) return DType::I64;
+  else if constexpr (std::same_as<T, std::uint16_t>) return DType::U16;
   else return DType::U64;
 }
 size_t dtype_size(DType t);
-const char* dtype_name(DType t);  // "float", "double", "int32", "int64", "uint64"
+const char* dtype_name(DType t);  // "float", "double", "int32", "int64", "uint64", "uint16"
 
 enum class ReduceOp : uint8_t { Sum, Max };
 

@@ -189,9 +189,18 @@ void wait_on_host(const Event& after) {
   if (!after.empty() && !after.query()) after.synchronize();
 }
 
+// bf16 bit patterns (uint16_t) are moved, never reduced (comm_base.hpp).
+template <Element T>
+void refuse_reduction_of_bits(const Communicator& c, const char* op) {
+  if constexpr (std::same_as<T, std::uint16_t>)
+    fail(op, " on group '", c.name(), "': uint16 elements (bf16 bit patterns) can be gathered, "
+         "broadcast and sent, not reduced; reduce fp32 (or float) data");
+}
+
 template <Element T>
 Request start_allreduce(const Communicator& c, const char* op, T* inout, size_t n, ReduceOp r,
                         const Event& after) {
+  refuse_reduction_of_bits<T>(c, op);
   if (c.is_self()) {
     wait_on_host(after);
     return Request();
@@ -213,6 +222,7 @@ Request start_allgather(const Communicator& c, const char* op, const T* send, T*
 template <Element T>
 Request start_reduce_scatter(const Communicator& c, const char* op, const T* send, T* recv,
                              size_t n, const Event& after) {
+  refuse_reduction_of_bits<T>(c, op);
   if (c.is_self()) {
     wait_on_host(after);
     if (send != recv && n > 0) std::memmove(recv, send, n * sizeof(T));
@@ -355,6 +365,7 @@ TETRAD_INSTANTIATE_COLLECTIVES(double)
 TETRAD_INSTANTIATE_COLLECTIVES(std::int32_t)
 TETRAD_INSTANTIATE_COLLECTIVES(std::int64_t)
 TETRAD_INSTANTIATE_COLLECTIVES(std::uint64_t)
+TETRAD_INSTANTIATE_COLLECTIVES(std::uint16_t)
 #undef TETRAD_INSTANTIATE_COLLECTIVES
 
 }  // namespace tetrad::comm

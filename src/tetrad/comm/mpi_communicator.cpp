@@ -37,6 +37,7 @@ MPI_Datatype mpi_type(DType t) {
     case DType::I32: return MPI_INT32_T;
     case DType::I64: return MPI_INT64_T;
     case DType::U64: return MPI_UINT64_T;
+    case DType::U16: return MPI_UINT16_T;
   }
   return MPI_DATATYPE_NULL;
 }

@@ -22,6 +22,7 @@ ncclDataType_t to_nccl(DType t) {
     case DType::I32: return ncclInt32;
     case DType::I64: return ncclInt64;
     case DType::U64: return ncclUint64;
+    case DType::U16: return ncclBfloat16;  // moved only (reductions refuse uint16)
   }
   return ncclFloat32;
 }

@@ -47,6 +47,7 @@ const float* ParallelTransformer::decode(const int32_t* tokens, int B, int Tq) {
   const int64_t N = int64_t(B) * Tq;
   const int L = cfg_.n_layer;
   Acts& a = *a_;
+  ensure_params16();
   set_layer(-1);
   issue_gather(-1);
   if (L > 0 && ov_.prefetch_depth > 0) {
@@ -64,11 +65,13 @@ const float* ParallelTransformer::decode(const int32_t* tokens, int B, int Tq) {
     x = a.layer[l].resid_out;
   }
   set_layer(-1);
-  norm_fwd(a.lnf, a.lnf_mean, a.lnf_rstd, x, lnf_w_, lnf_b_, N);
+  norm_fwd(a.lnf, a.lnf_mean, a.lnf_rstd, x, lnf_w_, lnf_b_, N, a.lnf16);
   // Output head on each sequence's last new row only (rows Tq*Cx apart, from row Tq-1): a
   // normal layer, partial over X.
-  gemm("head", false, true, B, Vy_, Cx_, a.lnf + int64_t(Tq - 1) * Cx_, int64_t(Tq) * Cx_,
-       w(head_), Cx_, 0.0f, a.logits, Vy_);
+  const int64_t last = int64_t(Tq - 1) * Cx_;
+  gemm("head", false, true, B, Vy_, Cx_,
+       act(a.lnf ? a.lnf + last : nullptr, a.lnf16 ? a.lnf16 + last : nullptr), int64_t(Tq) * Cx_,
+       weight_operand(head_), Cx_, 0.0f, a.logits, Vy_);
   sum_over(g_.x, a.logits, int64_t(B) * Vy_, "head");
   cache_pos_ += Tq;
   return whole_vocabulary(a.logits, B);

@@ -90,6 +90,23 @@ struct ParallelOptions {
   // Separate from `precision` because on the CPU the bf16 kernel is not yet faster than the fp32
   // one (docs/precision.md), so bf16 runs keep fp32 attention unless asked.
   backend::Precision attention_precision = backend::Precision::FP32;
+  // With precision BF16: the GEMMs read the weights from a bf16 copy of the parameters (written
+  // by the optimizer's fused AdamW pass, or cast once after any other change), gathered over Z
+  // in bf16 (half the bytes), instead of rounding the fp32 weights at every GEMM call. The same
+  // bits either way (rounding a shard then gathering is gathering then rounding); off only to
+  // compare the two. Needs Capabilities::gemm_bf16_storage (refused without it).
+  bool bf16_weight_copy = true;
+  // With precision BF16: the activations that only feed GEMMs (norm outputs, the MLP activation)
+  // are written in bf16 by their producers (no fp32 tensor: half their memory), and each
+  // gradient entering a linear layer's backward is cast to bf16 once for its two GEMMs. The
+  // same bits as rounding at every GEMM (the producers round their fp32 result). Off only to
+  // compare.
+  bool bf16_activations = true;
+  // With bf16_activations: the weight gradient dW = dYᵀ·X runs as an NN product on a transposed
+  // bf16 copy of dY (written in the same pass as the plain one, OpTable::
+  // cast_transpose_f32_to_bf16) instead of the TN product oneDNN runs slowest (docs/precision.md
+  // has the measurements). Sums in another order than TN: equal within fp32 rounding.
+  bool bf16_weight_grad_nn = true;
 };
 
 }  // namespace tetrad::parallel

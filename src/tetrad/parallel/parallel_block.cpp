@@ -71,23 +71,39 @@ void ParallelTransformer::layer_forward(int l, const float* x, int B, int T, int
   const int64_t N = int64_t(B) * T;
   const Layer& L = layers_[l];
   auto& A = a_->layer[l];
-  norm_fwd(A.ln1, A.ln1_mean, A.ln1_rstd, x, L.ln1_w, L.ln1_b, N);
-  normal_fwd("qkv", A.qkv, A.ln1, L.qkv_w, L.qkv_b, Cx_, QKVy_, N);
+  norm_fwd(A.ln1, A.ln1_mean, A.ln1_rstd, x, L.ln1_w, L.ln1_b, N, A.ln1_16);
+  normal_fwd("qkv", A.qkv, act(A.ln1, A.ln1_16), L.qkv_w, L.qkv_b, Cx_, QKVy_, N);
   if (!gpt2_)
     timed(Phase::Attention, [&] { ops().rope_forward(bq(), rope_args(A.qkv, N, T, std::max(pos0, 0))); });
   if (pos0 < 0) attention_forward(l, B, T);
   else cached_attention(l, B, T, pos0);
   q_.poll();
-  transposed_fwd("proj", A.resid_mid, x, A.atty, L.proj_w, L.proj_b, Ay_, N);
-  norm_fwd(A.ln2, A.ln2_mean, A.ln2_rstd, A.resid_mid, L.ln2_w, L.ln2_b, N);
-  normal_fwd("fc", A.fc, A.ln2, L.fc_w, L.fc_b, Cx_, FWy_, N);
-  timed(Phase::Activation, [&] {
-    if (gpt2_) ops().gelu_forward(bq(), A.fc_act, A.fc, N * Fy_);
-    else ops().swiglu_forward(bq(), A.fc_act, A.fc, N, Fy_);
-  });
+  transposed_fwd("proj", A.resid_mid, x, f32(A.atty), L.proj_w, L.proj_b, Ay_, N);
+  norm_fwd(A.ln2, A.ln2_mean, A.ln2_rstd, A.resid_mid, L.ln2_w, L.ln2_b, N, A.ln2_16);
+  normal_fwd("fc", A.fc, act(A.ln2, A.ln2_16), L.fc_w, L.fc_b, Cx_, FWy_, N);
+  mlp_activation(l, N);
   q_.poll();
-  transposed_fwd("fcproj", A.resid_out, A.resid_mid, A.fc_act, L.fcproj_w, L.fcproj_b, Fy_, N);
+  transposed_fwd("fcproj", A.resid_out, A.resid_mid, act(A.fc_act, A.fc_act16), L.fcproj_w,
+                 L.fcproj_b, Fy_, N);
   scratch_layer_ = l;  // with recomputation, the shared scratch now holds this layer
+}
+
+// fc_act = GELU(fc) or SwiGLU(gate, up); in bf16 by the fused producer (or fp32 then a cast, on
+// a backend without it) when the model stores bf16 activations.
+void ParallelTransformer::mlp_activation(int l, int64_t N) {
+  auto& A = a_->layer[l];
+  ScopedPhase sp(prof_, Phase::Activation);
+  const backend::OpTable& op = ops();
+  if (A.fc_act16 && op.gelu_forward_bf16 && op.swiglu_forward_bf16) {
+    if (gpt2_) op.gelu_forward_bf16(bq(), A.fc_act16, A.fc, N * Fy_);
+    else op.swiglu_forward_bf16(bq(), A.fc_act16, A.fc, N, Fy_);
+    return;
+  }
+  // The backward's dfc_act is free here (forward, or a recompute before the layer's backward).
+  float* out = A.fc_act16 ? a_->dfc_act : A.fc_act;
+  if (gpt2_) op.gelu_forward(bq(), out, A.fc, N * Fy_);
+  else op.swiglu_forward(bq(), out, A.fc, N, Fy_);
+  if (A.fc_act16) op.cast_f32_to_bf16(bq(), A.fc_act16, out, N * Fy_);
 }
 
 // The block's backward from a_->dresid (the gradient of its output): a_->dresid becomes the
@@ -103,14 +119,15 @@ void ParallelTransformer::layer_backward(int l, const float* x_in, int B, int T)
     attention_forward(l, B, T);
     scratch_layer_ = l;
   }
-  transposed_bwd("fcproj", a.dfc_act, a.dresid, A.fc_act, L.fcproj_w, L.fcproj_b, Fy_, N);
+  transposed_bwd("fcproj", a.dfc_act, a.dresid, act(A.fc_act, A.fc_act16), L.fcproj_w,
+                 L.fcproj_b, Fy_, N);
   timed(Phase::Activation, [&] {
     if (gpt2_) ops().gelu_backward(bq(), a.dfc, a.dfc_act, A.fc, N * Fy_);
     else ops().swiglu_backward(bq(), a.dfc, a.dfc_act, A.fc, N, Fy_);
   });
-  normal_bwd("fc", a.dln, a.dfc, A.ln2, L.fc_w, L.fc_b, Cx_, FWy_, N);
+  normal_bwd("fc", a.dln, a.dfc, act(A.ln2, A.ln2_16), L.fc_w, L.fc_b, Cx_, FWy_, N);
   norm_bwd(a.dresid, a.dln, A.resid_mid, A.ln2_mean, A.ln2_rstd, L.ln2_w, L.ln2_b, N);
-  transposed_bwd("proj", a.datty, a.dresid, A.atty, L.proj_w, L.proj_b, Ay_, N);
+  transposed_bwd("proj", a.datty, a.dresid, f32(A.atty), L.proj_w, L.proj_b, Ay_, N);
   const backend::AttentionArgs d = local_heads(B, T, nhy_, nkvy_, hd_, QKVy_, Ay_, opt_.attention_precision);
   timed(Phase::Attention, [&] {
     ops().attention_backward(bq(), d, a.dqkv, a.dqkv + nhy_ * hd_, a.dqkv + (nhy_ + nkvy_) * hd_,
@@ -119,7 +136,7 @@ void ParallelTransformer::layer_backward(int l, const float* x_in, int B, int T)
     if (!gpt2_) ops().rope_backward(bq(), rope_args(a.dqkv, N, T));
   });
   q_.poll();
-  normal_bwd("qkv", a.dln, a.dqkv, A.ln1, L.qkv_w, L.qkv_b, Cx_, QKVy_, N);
+  normal_bwd("qkv", a.dln, a.dqkv, act(A.ln1, A.ln1_16), L.qkv_w, L.qkv_b, Cx_, QKVy_, N);
   norm_bwd(a.dresid, a.dln, x_in, A.ln1_mean, A.ln1_rstd, L.ln1_w, L.ln1_b, N);
 }
 

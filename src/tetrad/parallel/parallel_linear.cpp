@@ -19,8 +19,8 @@
 namespace tetrad::parallel {
 
 void ParallelTransformer::gemm(const char* what, bool ta, bool tb, int64_t M, int64_t N, int64_t K,
-                               const float* A, int64_t lda, const float* B, int64_t ldb,
-                               float beta, float* C, int64_t ldc) {
+                               Operand A, int64_t lda, Operand B, int64_t ldb, float beta,
+                               float* C, int64_t ldc) {
   CommQueue::ProgressScope progress(q_);  // pending collectives move during the GEMM
   ScopedPhase sp(prof_, Phase::Gemm, what, M, N, K);
   backend::GemmArgs g;
@@ -29,9 +29,11 @@ void ParallelTransformer::gemm(const char* what, bool ta, bool tb, int64_t M, in
   g.M = M;
   g.N = N;
   g.K = K;
-  g.A = A;
+  g.A = A.p;
+  g.a_type = A.type;
   g.lda = lda;
-  g.B = B;
+  g.B = B.p;
+  g.b_type = B.type;
   g.ldb = ldb;
   g.beta = beta;
   g.C = C;
@@ -55,19 +57,21 @@ template void ParallelTransformer::sum_over<double>(const comm::Communicator&, d
 
 // out[N, n_out] = in · Wᵀ, partial over `group` and all-reduced there. With forward_chunks > 1
 // the rows go in chunks: chunk i's all-reduce runs while chunk i+1's GEMM computes.
-void ParallelTransformer::gemm_allreduce(const char* what, float* out, const float* in, int wi,
+void ParallelTransformer::gemm_allreduce(const char* what, float* out, Operand in, int wi,
                                          int64_t k_in, int64_t n_out,
                                          const comm::Communicator& group, int64_t N) {
   const int64_t chunks = group.size() > 1 ? std::min<int64_t>(ov_.forward_chunks, N) : 1;
   if (chunks == 1) {
-    gemm(what, false, true, N, n_out, k_in, in, k_in, w(wi), k_in, 0.0f, out, n_out);
+    gemm(what, false, true, N, n_out, k_in, in, k_in, weight_operand(wi), k_in, 0.0f, out, n_out);
     sum_over(group, out, N * n_out, what);
     return;
   }
   std::vector<CommQueue::Ticket> tickets;
   for (int64_t c = 0; c < chunks; ++c) {
     const int64_t r0 = N * c / chunks, r1 = N * (c + 1) / chunks;
-    gemm(what, false, true, r1 - r0, n_out, k_in, in + r0 * k_in, k_in, w(wi), k_in, 0.0f,
+    const Operand rows{static_cast<const char*>(in.p) + r0 * k_in * int64_t(backend::dtype_size(in.type)),
+                       in.type};
+    gemm(what, false, true, r1 - r0, n_out, k_in, rows, k_in, weight_operand(wi), k_in, 0.0f,
          out + r0 * n_out, n_out);
     tickets.push_back(q_.start(group.iallreduce_sum(out + r0 * n_out, size_t((r1 - r0) * n_out), q_.ready()),
                                group, "allreduce", what, prof_ ? prof_->layer : -2,
@@ -77,7 +81,7 @@ void ParallelTransformer::gemm_allreduce(const char* what, float* out, const flo
 }
 
 // Normal layer: out[N, n_out] = in[N, Cx-like] · Wᵀ, partial over X -> all-reduce X, + bias.
-void ParallelTransformer::normal_fwd(const char* what, float* out, const float* in, int wi, int bi,
+void ParallelTransformer::normal_fwd(const char* what, float* out, Operand in, int wi, int bi,
                                      int64_t k_in, int64_t n_out, int64_t N) {
   gemm_allreduce(what, out, in, wi, k_in, n_out, g_.x, N);
   if (const float* b = w(bi)) ops().bias_add(bq(), out, b, N, n_out);
@@ -86,7 +90,7 @@ void ParallelTransformer::normal_fwd(const char* what, float* out, const float* 
 
 // Transposed layer + residual: out[N, Cx] = resid + all-reduce_Y(in · Wᵀ) + bias.
 void ParallelTransformer::transposed_fwd(const char* what, float* out, const float* resid,
-                                         const float* in, int wi, int bi, int64_t k_in, int64_t N) {
+                                         Operand in, int wi, int bi, int64_t k_in, int64_t N) {
   float* tmp = a_->tmp;
   gemm_allreduce(what, tmp, in, wi, k_in, Cx_, g_.y, N);
   ScopedPhase sp(prof_, Phase::Residual);
@@ -100,34 +104,57 @@ void ParallelTransformer::bias_bwd(float* db, const float* dout, int64_t width, 
 
 // din[N, k_in] = all-reduce over `group` of dout · W; dW[n_out, k_in] += doutᵀ · in; bias.
 // With backward_allreduce the all-reduce runs while dW computes (driven by the progress thread,
-// or by the polls after it).
+// or by the polls after it). With bf16 activations dout is cast to bf16 once for both GEMMs
+// (and transposed, so that dW is the NN product (doutᵀ stored)·in: wgrad_nn_).
 void ParallelTransformer::linear_bwd(const char* what, float* din, const float* dout,
-                                     const float* in, int wi, int bi, int64_t k_in, int64_t n_out,
+                                     Operand in, int wi, int bi, int64_t k_in, int64_t n_out,
                                      const comm::Communicator& group, int64_t N) {
-  gemm(what, false, false, N, k_in, n_out, dout, n_out, w(wi), k_in, 0.0f, din, k_in);
+  Operand dy = f32(dout);
+  bool dy_t = false;  // dy holds doutᵀ [n_out, N] for the weight gradient
+  Operand dy_wgrad = dy;
+  if (bf16_acts_) {
+    ScopedPhase sp(prof_, Phase::Gemm, "cast dY to bf16");
+    uint16_t* d16 = a_->dout16;
+    if (wgrad_nn_) {
+      ops().cast_transpose_f32_to_bf16(bq(), d16, a_->dout16_t, dout, N, n_out);
+      dy_wgrad = {a_->dout16_t, backend::DType::BF16};
+      dy_t = true;
+    } else {
+      ops().cast_f32_to_bf16(bq(), d16, dout, N * n_out);
+      dy_wgrad = {d16, backend::DType::BF16};
+    }
+    dy = {d16, backend::DType::BF16};
+  }
+  auto weight_grad = [&] {
+    if (dy_t)
+      gemm(what, false, false, n_out, k_in, N, dy_wgrad, N, in, k_in, 1.0f, gw(wi), k_in);
+    else
+      gemm(what, true, false, n_out, k_in, N, dy_wgrad, n_out, in, k_in, 1.0f, gw(wi), k_in);
+  };
+  gemm(what, false, false, N, k_in, n_out, dy, n_out, weight_operand(wi), k_in, 0.0f, din, k_in);
   if (ov_.backward_allreduce && group.size() > 1) {
     const auto t = q_.start(group.iallreduce_sum(din, size_t(N * k_in), q_.ready()), group, "allreduce",
                             what, prof_ ? prof_->layer : -2, N * k_in * int64_t(sizeof(float)));
-    gemm(what, true, false, n_out, k_in, N, dout, n_out, in, k_in, 1.0f, gw(wi), k_in);
+    weight_grad();
     bias_bwd(gw(bi), dout, n_out, N);
     q_.wait(t);
     return;
   }
-  gemm(what, true, false, n_out, k_in, N, dout, n_out, in, k_in, 1.0f, gw(wi), k_in);
+  weight_grad();
   bias_bwd(gw(bi), dout, n_out, N);
   sum_over(group, din, N * k_in, what);
 }
 
 // Normal layer backward: din = all-reduce_Y(dout · W).
 void ParallelTransformer::normal_bwd(const char* what, float* din, const float* dout,
-                                     const float* in, int wi, int bi, int64_t k_in, int64_t n_out,
+                                     Operand in, int wi, int bi, int64_t k_in, int64_t n_out,
                                      int64_t N) {
   linear_bwd(what, din, dout, in, wi, bi, k_in, n_out, g_.y, N);
 }
 
 // Transposed layer backward: din = all-reduce_X(dout · W), n_out = Cx.
 void ParallelTransformer::transposed_bwd(const char* what, float* din, const float* dout,
-                                         const float* in, int wi, int bi, int64_t k_in,
+                                         Operand in, int wi, int bi, int64_t k_in,
                                          int64_t N) {
   linear_bwd(what, din, dout, in, wi, bi, k_in, Cx_, g_.x, N);
 }

@@ -4,13 +4,15 @@
 // normalises its own columns. Weight and bias gradients accumulate per column, in token order.
 #include "tetrad/parallel/parallel_transformer.hpp"
 
+#include "tetrad/parallel/transformer_activations.hpp"
+
 namespace tetrad::parallel {
 
 using backend::RowStat;
 using backend::StatFinish;
 
 void ParallelTransformer::norm_fwd(float* out, float* mean, float* rstd, const float* x, int wi,
-                                   int bi, int64_t N) {
+                                   int bi, int64_t N, uint16_t* out16) {
   const int64_t C = cfg_.n_embd;
   const float eps = cfg_.norm_eps;
   double* st = stats_.data();
@@ -27,7 +29,15 @@ void ParallelTransformer::norm_fwd(float* out, float* mean, float* rstd, const f
     sum_over(g_.x, st, N, "norm ms");
   }
   op.norm_finish_stats(bq(), StatFinish::Rstd, rstd, st, N, C, eps);
-  op.norm_apply(bq(), out, x, gpt2_ ? mean : nullptr, rstd, w(wi), w(bi), N, Cx_);
+  const float* m = gpt2_ ? mean : nullptr;
+  if (!out16) {
+    op.norm_apply(bq(), out, x, m, rstd, w(wi), w(bi), N, Cx_);
+  } else if (op.norm_apply_bf16) {  // bf16 only: the output feeds GEMMs only
+    op.norm_apply_bf16(bq(), out16, x, m, rstd, w(wi), w(bi), N, Cx_);
+  } else {  // a backend without the fused form: fp32 into the free tmp, then a cast
+    op.norm_apply(bq(), a_->tmp, x, m, rstd, w(wi), w(bi), N, Cx_);
+    op.cast_f32_to_bf16(bq(), out16, a_->tmp, N * Cx_);
+  }
 }
 
 // dx += norm backward; dw, db accumulate. Row sums of dn and dn*n are all-reduced over X.

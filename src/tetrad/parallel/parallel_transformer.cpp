@@ -96,6 +96,15 @@ ParallelTransformer::ParallelTransformer(const ModelConfig& config, ProcessGroup
   else zero_tmp_ = Buffer<float>(size_t(Gd + 1) * piece_max);
 
   params_ = Buffer<float>(plan_.local_total);
+  if (precision_ == backend::Precision::BF16 && opt_.bf16_weight_copy) {
+    if (!be_->capabilities().gemm_bf16_storage)
+      fail("bf16 weight copy: backend '", be_->name(), "' cannot read bf16-stored GEMM operands "
+           "(Capabilities::gemm_bf16_storage); set ParallelOptions::bf16_weight_copy = false");
+    bf16_weights_ = true;
+    params16_ = be_->alloc_array<uint16_t>(size_t(plan_.local_total));
+  }
+  bf16_acts_ = precision_ == backend::Precision::BF16 && opt_.bf16_activations;
+  wgrad_nn_ = bf16_acts_ && opt_.bf16_weight_grad_nn && be_->capabilities().bf16_producers;
   grads_ = Buffer<float>(opt_.zero == 2 ? zl_.state_size : plan_.local_total);
 
   auto idx = [&](const std::string& name) -> int {
@@ -149,9 +158,13 @@ ParallelTransformer::ParallelTransformer(const ModelConfig& config, ProcessGroup
                                          ? cfg_.n_layer
                                          : std::min(ov_.prefetch_depth + 1, cfg_.n_layer));
       for (int s = 0; s < nslots; ++s) gathered_.emplace_back(layer_max);
+      if (bf16_weights_)
+        for (int s = 0; s < nslots; ++s)
+          gathered16_.push_back(be_->alloc_array<uint16_t>(size_t(layer_max)));
       slot_layer_.assign(size_t(nslots), -2);
       slot_tickets_.resize(size_t(nslots));
       gathered_top_ = Buffer<float>(top);
+      if (bf16_weights_) gathered16_top_ = be_->alloc_array<uint16_t>(size_t(top));
       scatter_tmp_ = Buffer<float>(plan_.local_total);  // each shard lands at its own offset
     }
     (void)shard_max;
@@ -179,38 +192,54 @@ ParallelTransformer::ParallelTransformer(const ModelConfig& config, ProcessGroup
   a_ = std::make_unique<Acts>();
   float* cur = acts_.data();
   auto take = [&](int64_t n) { float* p = cur; cur += n; return p; };
-  // Kept tensors get their own memory per layer; recomputed ones share one layer's scratch.
-  const Recompute rc = opt_.recompute;
-  const bool full = rc == Recompute::Full, attn = rc != Recompute::None;
-  int64_t scratch_n = 0;
-  {
-    const int64_t per_layer = Cx_ + 2 + QKVy_ + Ay_ + nhy_ + Cx_ + Cx_ + 2 + FWy_ + Fy_ + Cx_;
-    scratch_n = full ? per_layer - Cx_ : attn ? Ay_ + nhy_ : 0;
-  }
-  float* scratch = take(N * scratch_n);
+  const bool b16 = bf16_acts_;
+  // A bf16 tensor of N x n elements takes ceil(N n / 2) floats of the buffer (activation_sizes).
+  auto as16 = [](float* p) { return reinterpret_cast<uint16_t*>(p); };
+  const ActivationSizes sz = activation_sizes(opt_.recompute);
+  float* scratch = take(sz.scratch);
   a_->layer.resize(cfg_.n_layer);
   layer_begin_.clear();
   for (auto& A : a_->layer) {
     layer_begin_.push_back(cur);
     float* sc = scratch;
-    auto place = [&](bool kept, int64_t n) {
-      if (kept) return take(N * n);
+    // Kept tensors get their own memory per layer; recomputed ones share one layer's scratch.
+    auto place = [&](bool kept, int64_t floats) {
+      if (kept) return take(floats);
       float* p = sc;
-      sc += N * n;
+      sc += floats;
       return p;
     };
-    A.ln1 = place(!full, Cx_); A.ln1_mean = place(!full, 1); A.ln1_rstd = place(!full, 1);
-    A.qkv = place(!full, QKVy_); A.atty = place(!attn, Ay_); A.lse = place(!attn, nhy_);
-    A.resid_mid = place(!full, Cx_); A.ln2 = place(!full, Cx_); A.ln2_mean = place(!full, 1);
-    A.ln2_rstd = place(!full, 1); A.fc = place(!full, FWy_); A.fc_act = place(!full, Fy_);
+    const ActivationSizes::Layer& s = sz.layer;
+    A.ln1 = place(s.ln1.kept, s.ln1.floats);
+    if (b16) A.ln1_16 = as16(A.ln1), A.ln1 = nullptr;
+    A.ln1_mean = place(s.ln1_mean.kept, s.ln1_mean.floats);
+    A.ln1_rstd = place(s.ln1_rstd.kept, s.ln1_rstd.floats);
+    A.qkv = place(s.qkv.kept, s.qkv.floats);
+    A.atty = place(s.atty.kept, s.atty.floats);
+    A.lse = place(s.lse.kept, s.lse.floats);
+    A.resid_mid = place(s.resid_mid.kept, s.resid_mid.floats);
+    A.ln2 = place(s.ln2.kept, s.ln2.floats);
+    if (b16) A.ln2_16 = as16(A.ln2), A.ln2 = nullptr;
+    A.ln2_mean = place(s.ln2_mean.kept, s.ln2_mean.floats);
+    A.ln2_rstd = place(s.ln2_rstd.kept, s.ln2_rstd.floats);
+    A.fc = place(s.fc.kept, s.fc.floats);
+    A.fc_act = place(s.fc_act.kept, s.fc_act.floats);
+    if (b16) A.fc_act16 = as16(A.fc_act), A.fc_act = nullptr;
     A.resid_out = take(N * Cx_);  // the next block's input: always kept
-    TETRAD_CHECK(sc == scratch + N * scratch_n);
+    TETRAD_CHECK(sc == scratch + sz.scratch);
   }
   layer_begin_.push_back(cur);  // end of the layers: the global activations follow
-  a_->emb = take(N * Cx_); a_->lnf = take(N * Cx_); a_->lnf_mean = take(N); a_->lnf_rstd = take(N);
+  a_->emb = take(N * Cx_);
+  a_->lnf = take(b16 ? (N * Cx_ + 1) / 2 : N * Cx_);
+  if (b16) a_->lnf16 = as16(a_->lnf), a_->lnf = nullptr;
+  a_->lnf_mean = take(N); a_->lnf_rstd = take(N);
   a_->logits = take(N * Vy_); a_->losses = take(N); a_->tmp = take(N * Cx_);
   a_->dresid = take(N * Cx_); a_->dln = take(N * Cx_); a_->dqkv = take(N * QKVy_);
   a_->datty = take(N * Ay_); a_->dfc = take(N * FWy_); a_->dfc_act = take(N * Fy_);
+  if (b16) {
+    a_->dout16 = as16(take(sz.dout16));
+    a_->dout16_t = as16(take(sz.dout16));
+  }
   TETRAD_CHECK(cur == acts_.data() + acts_.size());
   stats_ = Buffer<double>(size_t(N) * 2);
   if (!be_->capabilities().host_visible)
@@ -236,17 +265,34 @@ ParallelTransformer::ParallelTransformer(const ModelConfig& config, ProcessGroup
 
 ParallelTransformer::~ParallelTransformer() = default;
 
-int64_t ParallelTransformer::activation_bytes(Recompute mode) const {
+ParallelTransformer::ActivationSizes ParallelTransformer::activation_sizes(Recompute mode) const {
   const int64_t N = int64_t(local_batch_) * max_len_, L = cfg_.n_layer;
-  const int64_t per_layer = Cx_ + 2 + QKVy_ + Ay_ + nhy_ + Cx_ + Cx_ + 2 + FWy_ + Fy_ + Cx_;
-  const int64_t global = (Cx_ + Cx_ + 2 + Vy_ + 1 + Cx_) + (Cx_ + Cx_ + QKVy_ + Ay_ + FWy_ + Fy_);
-  int64_t per_token = 0;
-  switch (mode) {
-    case Recompute::None: per_token = L * per_layer; break;
-    case Recompute::Selective: per_token = L * (per_layer - Ay_ - nhy_) + (Ay_ + nhy_); break;
-    case Recompute::Full: per_token = L * Cx_ + (per_layer - Cx_); break;
-  }
-  return int64_t(sizeof(float)) * N * (per_token + global);
+  const bool full = mode == Recompute::Full, attn = mode != Recompute::None;
+  // fp32 tensors take N n floats; bf16 ones (bf16 activations) ceil(N n / 2).
+  auto f = [&](bool kept, int64_t n) { return ActivationSizes::Tensor{kept, N * n}; };
+  auto h = [&](bool kept, int64_t n) {
+    return ActivationSizes::Tensor{kept, bf16_acts_ ? (N * n + 1) / 2 : N * n};
+  };
+  ActivationSizes s;
+  ActivationSizes::Layer& y = s.layer;
+  y.ln1 = h(!full, Cx_); y.ln1_mean = f(!full, 1); y.ln1_rstd = f(!full, 1);
+  y.qkv = f(!full, QKVy_); y.atty = f(!attn, Ay_); y.lse = f(!attn, nhy_);
+  y.resid_mid = f(!full, Cx_); y.ln2 = h(!full, Cx_); y.ln2_mean = f(!full, 1);
+  y.ln2_rstd = f(!full, 1); y.fc = f(!full, FWy_); y.fc_act = h(!full, Fy_);
+  int64_t kept = N * Cx_;  // resid_out
+  for (const auto* t : {&y.ln1, &y.ln1_mean, &y.ln1_rstd, &y.qkv, &y.atty, &y.lse, &y.resid_mid,
+                        &y.ln2, &y.ln2_mean, &y.ln2_rstd, &y.fc, &y.fc_act})
+    (t->kept ? kept : s.scratch) += t->floats;
+  const int64_t max_out = std::max({QKVy_, FWy_, Cx_, Vy_});
+  s.dout16 = bf16_acts_ ? (N * max_out + 1) / 2 : 0;
+  const int64_t global = N * (Cx_ + 2 + Vy_ + 1 + Cx_) + h(true, Cx_).floats +
+                         N * (Cx_ + Cx_ + QKVy_ + Ay_ + FWy_ + Fy_) + 2 * s.dout16;
+  s.total = s.scratch + L * kept + global;
+  return s;
+}
+
+int64_t ParallelTransformer::activation_bytes(Recompute mode) const {
+  return int64_t(sizeof(float)) * activation_sizes(mode).total;
 }
 
 int64_t ParallelTransformer::state_bytes() const {
@@ -256,7 +302,9 @@ int64_t ParallelTransformer::state_bytes() const {
                    gathered_top_.size() + gblock_[0].size() + gblock_[1].size() +
                    gblock_top_.size() + scatter_tmp_.size() + zero_tmp_.size() +
                    bucket_buf_.size() + emb_rows_.size() + emb_ids_.size();
-  return int64_t(n * sizeof(float));
+  size_t bf16_bytes = params16_.bytes() + gathered16_top_.bytes();
+  for (const auto& b : gathered16_) bf16_bytes += b.bytes();
+  return int64_t(n * sizeof(float) + bf16_bytes);
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -275,6 +323,7 @@ void ParallelTransformer::forward_chunk(int l0, int l1, bool embed, bool head,
          " (model.max_seq / train.seq_len)");
   const int64_t N = int64_t(B) * T;
   Acts& a = *a_;
+  ensure_params16();
 
   set_layer(-1);
   if (embed || head) issue_gather(-1);
@@ -295,9 +344,9 @@ void ParallelTransformer::forward_chunk(int l0, int l1, bool embed, bool head,
   }
   set_layer(-1);
   if (!head) return;
-  norm_fwd(a.lnf, a.lnf_mean, a.lnf_rstd, x, lnf_w_, lnf_b_, N);
+  norm_fwd(a.lnf, a.lnf_mean, a.lnf_rstd, x, lnf_w_, lnf_b_, N, a.lnf16);
   // Output head: normal layer on the embedding's block -> logits [N, V/Gy].
-  gemm_allreduce("head", a.logits, a.lnf, head_, Cx_, Vy_, g_.x, N);
+  gemm_allreduce("head", a.logits, act(a.lnf, a.lnf16), head_, Cx_, Vy_, g_.x, N);
 }
 
 double ParallelTransformer::forward_loss(const int32_t* inputs, const int32_t* targets, int B, int T) {
@@ -329,6 +378,7 @@ void ParallelTransformer::backward_chunk(int l0, int l1, bool embed, bool head,
                                          const int32_t* inputs, const float* dout, int B, int T) {
   const int64_t N = int64_t(B) * T;
   Acts& a = *a_;
+  ensure_params16();
 
   set_layer(-1);
   if (embed || head) {
@@ -342,7 +392,7 @@ void ParallelTransformer::backward_chunk(int l0, int l1, bool embed, bool head,
   if (head) {
     const float* x_last = l1 > 0 ? a.layer[l1 - 1].resid_out : a.emb;
     // Head: dlogits [N, Vy] -> dlnf [N, Cx] (sum over Y), d(head block): a normal layer.
-    linear_bwd("head", a.dln, a.logits, a.lnf, head_, -1, Cx_, Vy_, g_.y, N);
+    linear_bwd("head", a.dln, a.logits, act(a.lnf, a.lnf16), head_, -1, Cx_, Vy_, g_.y, N);
     if (sparse_embedding_) scatter_top_grads(/*head_part=*/true);
     std::fill(a.dresid, a.dresid + N * Cx_, 0.0f);
     norm_bwd(a.dresid, a.dln, x_last, a.lnf_mean, a.lnf_rstd, lnf_w_, lnf_b_, N);

@@ -69,9 +69,11 @@ class ParallelTransformer {
   const ShardPlan& plan() const { return plan_; }
   ProcessGroups& groups() { return g_; }
   int64_t num_local_params() const { return plan_.local_total; }
-  // Writable parameters: the caller may change them, so gathered copies are dropped.
+  // Writable parameters: the caller may change them, so gathered copies (and the bf16 weight
+  // copy) are dropped and remade before the next forward.
   float* params() {
     invalidate_gathered();
+    params16_valid_ = false;
     return params_.data();
   }
   // Read-only parameters (checkpoints, norms): gathered copies stay valid.
@@ -85,6 +87,20 @@ class ParallelTransformer {
   // scratch) as allocated, and what it would be under any recompute mode.
   int64_t activation_bytes() const { return int64_t(acts_.size() * sizeof(float)); }
   int64_t activation_bytes(Recompute mode) const;
+  // The floats of the activation buffer by tensor (one layer's, the recompute scratch, each of
+  // the two bf16 gradient copies, the whole buffer) under a recompute mode, as laid out.
+  struct ActivationSizes {
+    struct Tensor {
+      bool kept = true;    // own memory per layer (else in the shared recompute scratch)
+      int64_t floats = 0;
+    };
+    struct Layer {
+      Tensor ln1, ln1_mean, ln1_rstd, qkv, atty, lse, resid_mid, ln2, ln2_mean, ln2_rstd, fc,
+          fc_act;
+    } layer;
+    int64_t scratch = 0, dout16 = 0, total = 0;
+  };
+  ActivationSizes activation_sizes(Recompute mode) const;
   // Bytes this rank holds for parameters, gradients and Adam moments (two of
   // optimizer_state_size()), plus the gather / gradient-staging buffers.
   int64_t state_bytes() const;
@@ -97,6 +113,7 @@ class ParallelTransformer {
   // rank); get_tensor assembles the whole tensor on every rank (collective).
   void set_tensor(size_t index, const float* full) {
     invalidate_gathered();
+    params16_valid_ = false;
     scatter_tensor(params_.data(), index, full);
   }
   void get_tensor(size_t index, float* full) { gather_tensor(params_.data(), index, full); }
@@ -122,6 +139,14 @@ class ParallelTransformer {
   // does not begin waiting for them (with ZeRO they start after gather_updated_params()).
   // Otherwise one update(params, 0, n), then gather_updated_params().
   void apply_update(const std::function<void(float* params, int64_t lo, int64_t hi)>& update);
+  // The same for an optimizer that also writes the bf16 weight copy in its pass (AdamW::update
+  // with params_bf16, OpTable::adamw's p16): update(params, params16, lo, hi) must write both for
+  // [lo, hi). params16 is null when the model keeps no bf16 copy (fp32, or bf16_weight_copy off).
+  // The 3-argument form above casts each interval itself after the update.
+  void apply_update(
+      const std::function<void(float* params, uint16_t* params16, int64_t lo, int64_t hi)>& update);
+  // Whether the GEMMs read a bf16 weight copy (ParallelOptions::bf16_weight_copy with bf16).
+  bool bf16_weights() const { return bf16_weights_; }
   // Waits for every collective still pending (the next step's gathers apply_update started), so
   // a run that ends leaves no request to its destructors.
   void finish_communication() { q_.wait_all(); }
@@ -218,6 +243,21 @@ class ParallelTransformer {
     bool started = false;
   };
   const float* w(int i) const;  // weight for compute: gathered block or local shard
+  // The bf16 copy of a GEMM weight (bf16_weights_): gathered block or local shard.
+  const uint16_t* w16(int i) const;
+  // Whether tensor i is a GEMM weight (a linear layer's matrix, or the output head's table).
+  bool gemm_weight(int i) const;
+  // A GEMM operand: the pointer and how it is stored.
+  struct Operand {
+    const void* p = nullptr;
+    backend::DType type = backend::DType::F32;
+  };
+  // The weight operand of tensor i's GEMMs: its bf16 copy, or the fp32 weight.
+  Operand weight_operand(int i) const;
+  static Operand f32(const float* p) { return {p, backend::DType::F32}; }
+  // Remakes the bf16 weight copy from the fp32 parameters when anything but the fused optimizer
+  // pass changed them (params(), set_tensor, ZeRO's gathered pieces).
+  void ensure_params16();
   float* gw(int i);             // where its gradient block accumulates
   int slot_of(int layer) const { return layer % int(gathered_.size()); }
   void set_layer(int l) {
@@ -253,28 +293,37 @@ class ParallelTransformer {
   // parallel_linear.cpp: the parallel linear layers, each forward collective with its adjoint.
   //   normal     (input over X, output over Y): forward all-reduce X, backward all-reduce Y.
   //   transposed (input over Y, output over X): forward all-reduce Y, backward all-reduce X.
-  void gemm(const char* what, bool ta, bool tb, int64_t M, int64_t N, int64_t K, const float* A,
-            int64_t lda, const float* B, int64_t ldb, float beta, float* C, int64_t ldc);
+  void gemm(const char* what, bool ta, bool tb, int64_t M, int64_t N, int64_t K, Operand A,
+            int64_t lda, Operand B, int64_t ldb, float beta, float* C, int64_t ldc);
   // A sum over a group, skipped when the group is one rank (float and double).
   template <typename T>
   void sum_over(const comm::Communicator& group, T* data, int64_t n, const char* what = "");
-  void gemm_allreduce(const char* what, float* out, const float* in, int wi, int64_t k_in,
+  // `in`: the layer's input activation [N, k_in], fp32 or bf16-stored (act() below).
+  void gemm_allreduce(const char* what, float* out, Operand in, int wi, int64_t k_in,
                       int64_t n_out, const comm::Communicator& group, int64_t N);
-  void normal_fwd(const char* what, float* out, const float* in, int wi, int bi, int64_t k_in,
+  void normal_fwd(const char* what, float* out, Operand in, int wi, int bi, int64_t k_in,
                   int64_t n_out, int64_t N);
-  void transposed_fwd(const char* what, float* out, const float* resid, const float* in, int wi,
+  void transposed_fwd(const char* what, float* out, const float* resid, Operand in, int wi,
                       int bi, int64_t k_in, int64_t N);
-  void linear_bwd(const char* what, float* din, const float* dout, const float* in, int wi,
+  void linear_bwd(const char* what, float* din, const float* dout, Operand in, int wi,
                   int bi, int64_t k_in, int64_t n_out, const comm::Communicator& group,
                   int64_t N);
-  void normal_bwd(const char* what, float* din, const float* dout, const float* in, int wi,
+  void normal_bwd(const char* what, float* din, const float* dout, Operand in, int wi,
                   int bi, int64_t k_in, int64_t n_out, int64_t N);
-  void transposed_bwd(const char* what, float* din, const float* dout, const float* in, int wi,
+  void transposed_bwd(const char* what, float* din, const float* dout, Operand in, int wi,
                       int bi, int64_t k_in, int64_t N);
+  // An activation that feeds GEMMs: its bf16 form where the model stores one, else fp32.
+  static Operand act(const float* f, const uint16_t* b) {
+    return b ? Operand{b, backend::DType::BF16} : f32(f);
+  }
   void bias_bwd(float* db, const float* dout, int64_t width, int64_t N);
 
   // parallel_norm.cpp: LayerNorm / RMSNorm with row statistics all-reduced over X.
-  void norm_fwd(float* out, float* mean, float* rstd, const float* x, int wi, int bi, int64_t N);
+  // out16 (not null): the normalised output in bf16 only (out unused).
+  void norm_fwd(float* out, float* mean, float* rstd, const float* x, int wi, int bi, int64_t N,
+                uint16_t* out16 = nullptr);
+  // The MLP activation of layer l's fc output, into fc_act (or fc_act16).
+  void mlp_activation(int l, int64_t N);
   void norm_bwd(float* dx, const float* dout, const float* x, const float* mean,
                 const float* rstd, int wi, int bi, int64_t N);
 
@@ -346,6 +395,15 @@ class ParallelTransformer {
   // begin_step keeps them instead of dropping the gathered copies.
   bool prefetched_next_ = false;
   std::vector<CommQueue::Ticket> top_tickets_;
+  // The bf16 weight copy (bf16_weights_): laid out like params_ (every tensor's shard, only the
+  // GEMM weights' elements used), valid while params16_valid_; with Z > 1 the GEMM weights are
+  // gathered from it into bf16 slots beside the fp32 ones (which then carry only the other
+  // tensors, and the tied embedding table for the lookup).
+  bool bf16_weights_ = false, params16_valid_ = false;
+  bool bf16_acts_ = false;     // ParallelOptions::bf16_activations in force (with bf16)
+  bool wgrad_nn_ = false;      // ... and the NN weight-gradient form (needs the cast-transpose)
+  backend::DeviceBuffer params16_, gathered16_top_;
+  std::vector<backend::DeviceBuffer> gathered16_;
   // Gradient blocks: two layer buffers (a layer's reduce-scatter may still read one while the
   // next layer fills the other), their pending reduce-scatters, the results' landing area.
   Buffer<float> gblock_[2], gblock_top_, scatter_tmp_;

@@ -11,13 +11,16 @@ namespace tetrad::parallel {
 
 void ParallelTransformer::issue_gather(int layer) {
   if (g_.shape.z == 1) return;
+  ensure_params16();  // the bf16 gathers read the copy
   std::vector<CommQueue::Ticket>* tickets;
   float* buf;
+  uint16_t* buf16 = nullptr;
   if (layer < 0) {
     if (top_valid_) return;
     top_valid_ = true;
     tickets = &top_tickets_;
     buf = gathered_top_.data();
+    if (bf16_weights_) buf16 = gathered16_top_.as<uint16_t>();
   } else {
     const int s = slot_of(layer);
     if (slot_layer_[size_t(s)] == layer) return;
@@ -27,13 +30,26 @@ void ParallelTransformer::issue_gather(int layer) {
     slot_layer_[size_t(s)] = layer;
     tickets = &slot_tickets_[size_t(s)];
     buf = gathered_[size_t(s)].data();
+    if (bf16_weights_) buf16 = gathered16_[size_t(s)].as<uint16_t>();
   }
   tickets->clear();
-  for (const auto& t : plan_.tensors)
-    if (t.spec->layer == layer && t.z_sharded)
+  for (size_t i = 0; i < plan_.tensors.size(); ++i) {
+    const TensorShard& t = plan_.tensors[i];
+    if (t.spec->layer != layer || !t.z_sharded) continue;
+    // With the bf16 weight copy a GEMM weight is gathered in bf16 only (half the bytes; the same
+    // bits as rounding the gathered fp32 block), except the embedding table, whose lookup reads
+    // fp32 (tied to the head: gathered in both).
+    const bool in16 = bf16_weights_ && gemm_weight(int(i));
+    if (in16)
+      tickets->push_back(q_.start(
+          g_.z.iallgather(params16_.as<uint16_t>() + t.offset, buf16 + t.block_offset,
+                          size_t(t.shard_numel), q_.ready()),
+          g_.z, "allgather", "W bf16", layer, t.shard_numel * g_.shape.z * int64_t(sizeof(uint16_t))));
+    if (!in16 || int(i) == wte_)
       tickets->push_back(q_.start(
           g_.z.iallgather(params_.data() + t.offset, buf + t.block_offset, size_t(t.shard_numel), q_.ready()),
           g_.z, "allgather", "W", layer, t.shard_numel * g_.shape.z * int64_t(sizeof(float))));
+  }
 }
 
 void ParallelTransformer::gather_layer(int layer) {
@@ -66,10 +82,25 @@ void ParallelTransformer::issue_first_gathers() {
 
 void ParallelTransformer::apply_update(
     const std::function<void(float* params, int64_t lo, int64_t hi)>& update) {
+  // An optimizer that writes only the fp32 parameters: each updated interval is cast into the
+  // bf16 copy right after (the bits the fused pass would write).
+  apply_update([&](float* p, uint16_t* p16, int64_t lo, int64_t hi) {
+    update(p, lo, hi);
+    if (p16 && hi > lo) ops().cast_f32_to_bf16(bq(), p16 + lo, p + lo, hi - lo);
+  });
+}
+
+void ParallelTransformer::apply_update(
+    const std::function<void(float* params, uint16_t* params16, int64_t lo, int64_t hi)>& update16) {
   // All of it is the optimizer step on the breakdown, except the MPI calls that issue and poll
   // the gathers (communication; the gathers' own time runs behind the update).
   ScopedPhase phase(prof_, Phase::Optimizer, "update");
   float* p = params();  // the parameters change: gathered copies are dropped
+  uint16_t* p16 = bf16_weights_ ? params16_.as<uint16_t>() : nullptr;
+  // Every interval is updated through update16, which writes its bf16 copy too: the gathers
+  // issued below read only intervals already updated, and at the end all of it is current.
+  params16_valid_ = bf16_weights_;
+  auto update = [&](float* params, int64_t lo, int64_t hi) { update16(params, p16, lo, hi); };
   const int64_t n = plan_.local_total;
   const bool across = ov_.prefetch_across_steps && ov_.prefetch_depth > 0 && g_.shape.z > 1 &&
                       g_.shape.p == 1;
@@ -129,6 +160,9 @@ void ParallelTransformer::apply_update(
 void ParallelTransformer::gather_updated_params() {
   if (opt_.zero == 0 || g_.shape.d == 1) return;
   invalidate_gathered();  // the parameters change: gathered copies are stale
+  // The bf16 copy holds only this rank's pieces updated: remade before the next forward
+  // (gathering the bf16 pieces over D as well would halve that traffic; not done).
+  params16_valid_ = false;
   for (size_t i = 0; i < plan_.tensors.size(); ++i) {
     const TensorShard& t = plan_.tensors[i];
     if (!t.stored) continue;  // another pipeline stage's layer

@@ -160,7 +160,12 @@ void run_bench(const BenchOptions& opt, std::ostream& out) {
     double step_layout_time = 0, best_layout_time = 0, bf16_flop = 0;
     std::ostringstream layout_lines;
     if (bf16 && kernels::native_bf16_matmul()) {
-      for (const GemmShape& s : model_gemm_shapes(mc, int(N))) {
+      // The bf16 model runs each weight gradient as an NN product on the transposed bf16 copy of
+      // dY (ParallelOptions::bf16_weight_grad_nn, the default), not as the TN one listed.
+      const bool wgrad_nn = parallel::ParallelOptions{}.bf16_activations &&
+                            parallel::ParallelOptions{}.bf16_weight_grad_nn;
+      for (GemmShape s : model_gemm_shapes(mc, int(N))) {
+        if (wgrad_nn && s.name.ends_with(".dw")) s.transa = 'N';
         const Measurement used = measure_bf16_matmul(s, threads, 3);
         if (!used.ok()) continue;
         double best = used.value;
@@ -204,6 +209,7 @@ void run_bench(const BenchOptions& opt, std::ostream& out) {
                  ol.state_size, tc);
       nparams = model.num_local_params();
       act_bytes = model.activation_bytes();
+      if (model.bf16_weights()) state_bytes_per_param = 18;
       Rng rng(7);
       std::vector<int32_t> tokens(N + 1);
       for (auto& t : tokens) t = int32_t(rng.next_u64() % uint64_t(mc.vocab_size));
@@ -230,9 +236,9 @@ void run_bench(const BenchOptions& opt, std::ostream& out) {
           gn = std::sqrt(model.grad_sum_squares());
         }
         const float* grads = model.grads();
-        model.apply_update([&](float* params, int64_t lo, int64_t hi) {
+        model.apply_update([&](float* params, uint16_t* params16, int64_t lo, int64_t hi) {
           ScopedPhase sp(&profile, Phase::Optimizer);
-          adam.update(params, grads, 1e-4, gn > 1 ? 1 / gn : 1, s + 1, lo, hi);
+          adam.update(params, params16, grads, 1e-4, gn > 1 ? 1 / gn : 1, s + 1, lo, hi);
         });
         const double dt = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
         if (s >= opt.warmup) times.push_back(dt);
@@ -502,9 +508,9 @@ void run_bench_grids(const BenchOptions& opt, std::ostream& log) {
         // As the trainer: ZeRO's all-gather of updated pieces, and the next step's first
         // weight gathers during the update (parallel.prefetch_across_steps).
         const float* grads = model.grads();
-        model.apply_update([&](float* params, int64_t lo, int64_t hi) {
+        model.apply_update([&](float* params, uint16_t* params16, int64_t lo, int64_t hi) {
           ScopedPhase sp(&profile, Phase::Optimizer);
-          adam.update(params, grads, 1e-4, gn > 1 ? 1 / gn : 1, s + 1, lo, hi);
+          adam.update(params, params16, grads, 1e-4, gn > 1 ? 1 / gn : 1, s + 1, lo, hi);
         });
         double dt = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
         if (s >= opt.warmup) sum_step += dt;

@@ -86,9 +86,9 @@ void AdamW::update(float* params, const float* grads, double lr, double grad_sca
 
 void AdamW::update(float* params, uint16_t* params_bf16, const float* grads, double lr,
                    double grad_scale, int64_t step, int64_t lo, int64_t hi) {
-  if (params_bf16 && !be_->capabilities().adamw_bf16_copy)
-    fail("backend '", be_->name(), "' cannot write the bf16 weight copy in its AdamW update "
-         "(AdamWArgs::p16); update without it");
+  // A backend without the fused copy (Capabilities::adamw_bf16_copy) gets the same bits from
+  // the plain update followed by a cast of each run (one more pass over the parameters).
+  const bool fused = params_bf16 && be_->capabilities().adamw_bf16_copy;
   for (const auto& r : ranges_) {
     // The part of this run inside [lo, hi); the update is elementwise, so any split is exact.
     const int64_t a = std::max(lo, r.offset), b = std::min(hi, r.offset + r.numel);
@@ -109,8 +109,10 @@ void AdamW::update(float* params, uint16_t* params_bf16, const float* grads, dou
     u.weight_decay = r.decay ? float(t_.weight_decay) : 0.0f;
     u.grad_scale = float(grad_scale);
     u.step = step;
-    u.p16 = params_bf16 ? params_bf16 + a : nullptr;
+    u.p16 = fused ? params_bf16 + a : nullptr;
     be_->ops().adamw(be_->queue(), u);
+    if (params_bf16 && !fused)
+      be_->ops().cast_f32_to_bf16(be_->queue(), params_bf16 + a, params + a, b - a);
   }
 }
 

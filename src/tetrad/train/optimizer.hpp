@@ -57,7 +57,8 @@ class AdamW {
               int64_t lo, int64_t hi);
   // bf16 mixed precision: the same update, also writing each updated parameter rounded to bf16
   // into params_bf16 (laid out like params) in the same pass: the weight copy the next step's
-  // GEMMs read, written once per step instead of converted at every GEMM.
+  // GEMMs read, written once per step instead of converted at every GEMM (by OpTable::adamw's
+  // p16 where Capabilities::adamw_bf16_copy, else by a cast after the update: the same bits).
   void update(float* params, uint16_t* params_bf16, const float* grads, double lr,
               double grad_scale, int64_t step, int64_t lo = 0,
               int64_t hi = std::numeric_limits<int64_t>::max());

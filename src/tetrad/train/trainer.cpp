@@ -901,9 +901,10 @@ TrainResult train(const RunConfig& cfg, const TrainOptions& opt, std::ostream& l
     // AdamW; with ZeRO every D replica then gets the pieces the others updated, and with
     // parallel.prefetch_across_steps the next step's first weight gathers start meanwhile.
     const float* grads = model.grads();
-    model.apply_update([&](float* params, int64_t lo, int64_t hi) {
+    // With bf16 GEMMs the same pass writes the bf16 weight copy the next step's GEMMs read.
+    model.apply_update([&](float* params, uint16_t* params16, int64_t lo, int64_t hi) {
       ScopedPhase sp(&prof, Phase::Optimizer, "adamw");
-      adam.update(params, grads, lr, clip, step + 1, lo, hi);
+      adam.update(params, params16, grads, lr, clip, step + 1, lo, hi);
     });
     result.losses.push_back(loss);
 

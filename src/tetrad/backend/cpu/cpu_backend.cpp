@@ -214,6 +214,20 @@ OpTable make_table() {
                              int64_t N, int64_t V, float gs) {
     *total = k::cross_entropy_fused<float>(L, losses, tg, N, V, gs);
   };
+  t.norm_apply_bf16 = [](Queue&, uint16_t* out, const float* x, const float* mean,
+                         const float* rstd, const float* w, const float* b, int64_t N, int64_t C) {
+    norm_apply_bf16(out, x, mean, rstd, w, b, N, C);
+  };
+  t.gelu_forward_bf16 = [](Queue&, uint16_t* out, const float* x, int64_t n) {
+    k::gelu_forward_bf16(out, x, n);
+  };
+  t.swiglu_forward_bf16 = [](Queue&, uint16_t* out, const float* gu, int64_t N, int64_t F) {
+    k::swiglu_forward_bf16(out, gu, N, F);
+  };
+  t.cast_transpose_f32_to_bf16 = [](Queue&, uint16_t* out, uint16_t* out_t, const float* x,
+                                    int64_t rows, int64_t cols) {
+    cast_transpose_to_bf16(out, out_t, x, rows, cols);
+  };
   return t;
 }
 
@@ -243,6 +257,7 @@ CpuBackend::CpuBackend() : queue_(std::make_unique<InlineQueue>(*this)) {
   caps_.attention_bf16_products = true;  // native on bf16 matrix units, emulated elsewhere
   caps_.attention_any_q_offset = false;
   caps_.fused_cross_entropy = true;
+  caps_.bf16_producers = true;
   caps_.gemm_bf16_path = k::bf16_matmul_path();
 }
 

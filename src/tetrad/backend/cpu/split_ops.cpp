@@ -5,6 +5,7 @@
 #include <cstring>
 
 #include "tetrad/backend/cpu/fast_math.hpp"
+#include "tetrad/backend/cpu/precision.hpp"
 
 namespace tetrad::backend::cpu {
 
@@ -76,23 +77,65 @@ void norm_finish_stats(StatFinish f, float* out, const double* st, int64_t N, in
     for (int64_t t = 0; t < N; ++t) out[t] = float(1.0 / std::sqrt(st[t] / double(C) + eps));
 }
 
-void norm_apply(float* out, const float* x, const float* mean, const float* rstd, const float* wv,
-                const float* bv, int64_t N, int64_t Cx) {
+namespace {
+inline float store_as(float, float v) { return v; }
+inline uint16_t store_as(uint16_t, float v) { return kernels::float_to_bf16(v); }
+}  // namespace
+
+// The same arithmetic for both outputs, so the bf16 form is the fp32 result rounded, bit for bit.
+template <typename O>
+void norm_apply_impl(O* out, const float* x, const float* mean, const float* rstd, const float* wv,
+                     const float* bv, int64_t N, int64_t Cx) {
 #pragma omp parallel for schedule(static)
   for (int64_t t = 0; t < N; ++t) {
     const float* r = x + t * Cx;
-    float* o = out + t * Cx;
+    O* o = out + t * Cx;
     const float m = mean ? mean[t] : 0.0f, s = rstd[t];
     if (bv) {
 #pragma omp simd
-      for (int64_t c = 0; c < Cx; ++c) o[c] = (r[c] - m) * s * wv[c] + bv[c];
+      for (int64_t c = 0; c < Cx; ++c) o[c] = store_as(O(), (r[c] - m) * s * wv[c] + bv[c]);
     } else if (mean) {
 #pragma omp simd
-      for (int64_t c = 0; c < Cx; ++c) o[c] = (r[c] - m) * s * wv[c];
+      for (int64_t c = 0; c < Cx; ++c) o[c] = store_as(O(), (r[c] - m) * s * wv[c]);
     } else {
 #pragma omp simd
-      for (int64_t c = 0; c < Cx; ++c) o[c] = r[c] * s * wv[c];
+      for (int64_t c = 0; c < Cx; ++c) o[c] = store_as(O(), r[c] * s * wv[c]);
     }
+  }
+}
+
+void norm_apply(float* out, const float* x, const float* mean, const float* rstd, const float* wv,
+                const float* bv, int64_t N, int64_t Cx) {
+  norm_apply_impl(out, x, mean, rstd, wv, bv, N, Cx);
+}
+
+void norm_apply_bf16(uint16_t* out, const float* x, const float* mean, const float* rstd,
+                     const float* wv, const float* bv, int64_t N, int64_t Cx) {
+  norm_apply_impl(out, x, mean, rstd, wv, bv, N, Cx);
+}
+
+void cast_transpose_to_bf16(uint16_t* out, uint16_t* out_t, const float* x, int64_t rows,
+                            int64_t cols) {
+  // 64 x 64 tiles: a tile's 16 KiB of input and 8 KiB of transposed output stay in L1.
+  constexpr int64_t kT = 64;
+  const int64_t tr = (rows + kT - 1) / kT, tc = (cols + kT - 1) / kT;
+#pragma omp parallel for schedule(static) if (rows * cols > 32768)
+  for (int64_t tile = 0; tile < tr * tc; ++tile) {
+    const int64_t r0 = (tile / tc) * kT, c0 = (tile % tc) * kT;
+    const int64_t r1 = std::min(rows, r0 + kT), c1 = std::min(cols, c0 + kT);
+    uint16_t buf[kT * kT];
+    for (int64_t r = r0; r < r1; ++r) {
+      const float* xr = x + r * cols;
+      uint16_t* br = buf + (r - r0) * kT;
+#pragma omp simd
+      for (int64_t c = c0; c < c1; ++c) br[c - c0] = kernels::float_to_bf16(xr[c]);
+      if (out) std::memcpy(out + r * cols + c0, br, size_t(c1 - c0) * sizeof(uint16_t));
+    }
+    if (out_t)
+      for (int64_t c = c0; c < c1; ++c) {
+        uint16_t* o = out_t + c * rows;
+        for (int64_t r = r0; r < r1; ++r) o[r] = buf[(r - r0) * kT + (c - c0)];
+      }
   }
 }
 

@@ -24,6 +24,13 @@ void norm_finish_stats(StatFinish f, float* out, const double* stats, int64_t N,
                        float eps);
 void norm_apply(float* out, const float* x, const float* mean, const float* rstd, const float* w,
                 const float* b, int64_t N, int64_t C);
+// norm_apply's result rounded to bf16 (the same arithmetic: bit for bit the rounded fp32 output).
+void norm_apply_bf16(uint16_t* out, const float* x, const float* mean, const float* rstd,
+                     const float* w, const float* b, int64_t N, int64_t C);
+// out (rows, cols) = bf16(x) and out_t (cols, rows) = bf16(x)ᵀ in one pass over x (rows, cols);
+// either may be null.
+void cast_transpose_to_bf16(uint16_t* out, uint16_t* out_t, const float* x, int64_t rows,
+                            int64_t cols);
 void norm_backward_partials(double* partials, const float* dout, const float* x,
                             const float* mean, const float* rstd, const float* w, int64_t N,
                             int64_t C);

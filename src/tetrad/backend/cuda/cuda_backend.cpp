@@ -153,6 +153,10 @@ class CudaBackend final : public Backend {
     caps_.attention_bf16_products = true;
     caps_.attention_any_q_offset = true;
     caps_.fused_cross_entropy = true;
+    // Not yet: norm / activation kernels writing bf16 and the cast-transpose (the model casts
+    // fp32 outputs with cast_f32_to_bf16 instead), AdamW's fused bf16 copy (AdamW casts after).
+    caps_.bf16_producers = false;
+    caps_.adamw_bf16_copy = false;
     caps_.gemm_bf16_path = "cuBLASLt bf16 tensor cores, fp32 accumulation";
     if (g_attention_bf16.load() < 0) g_attention_bf16 = attention_bf16_from_env() ? 1 : 0;
   }
