@@ -18,8 +18,9 @@
 // Gathered weights are reused while they are valid: from the first gather after a parameter
 // change (params(), set_tensor, init_weights, begin_step, zero_grads) until the next one.
 //
-// The serial Transformer<T> (model/transformer.hpp) is the reference this class is tested
-// against: on any grid it must follow the same trajectory within fp32 rounding.
+// The serial Transformer<T> (tests/support/transformer.hpp, the test oracle) is the reference
+// this class is tested against: on any grid it must follow the same trajectory within fp32
+// rounding.
 // Not thread-safe. All methods except the accessors are collective over the grid.
 #pragma once
 #include <cstdint>
