@@ -177,6 +177,7 @@ class CudaBackend final : public Backend {
   Queue& queue() override { return *queue_; }
   std::unique_ptr<Queue> new_queue() override { return std::make_unique<CudaQueue>(*this, device_); }
   DeviceCeilings ceilings(int threads, bool quick) override;
+  bool host_readable(const void* p) const override { return g::gpuHostReadable(p); }
 
   const g::DeviceInfo& info() const { return info_; }
 
