@@ -256,6 +256,10 @@ const std::vector<Field>& schema() {
                    "its input and reruns its forward before its backward)"),
       STRING_FIELD("train.precision", c.train.precision,
                    "GEMM precision: \"fp32\", \"bf16\" (bf16 operands, fp32 accumulation; fp32 master weights, gradients, optimizer, norms, softmax, loss) or \"auto\" (bf16 where the CPU has AMX-BF16 or AVX512-BF16, else fp32)"),
+      STRING_FIELD("train.device", c.train.device,
+                   "where the model computes: \"cpu\", \"cpu-strict\" (the CPU's arithmetic on "
+                   "device memory the host cannot read) or, in a CUDA build with a GPU, "
+                   "\"cuda\" (the node-local rank's GPU) / \"cuda:N\""),
       STRING_FIELD("train.loss_mask", c.train.loss_mask,
                    "targets dropped from the loss: \"none\", \"goldfish\" (hashed, Hans et al. "
                    "2024), \"static\" (every k-th) or \"random\" (per position)"),
@@ -360,6 +364,11 @@ void RunConfig::validate() const {
                                           virtual_stages);
   }
   if (t.precision != "auto") kernels::parse_precision(t.precision);  // throws naming the choices
+  // Whether this build and machine can run it is checked when the run starts (backend::create).
+  if (!(t.device == "cpu" || t.device == "cpu-strict" || t.device == "cuda" ||
+        t.device.rfind("cuda:", 0) == 0))
+    fail("train.device: expected \"cpu\", \"cpu-strict\", \"cuda\" or \"cuda:N\", got \"",
+         t.device, "\"");
 }
 
 RunConfig load_run_config(const std::string& path, const std::vector<std::string>& overrides) {

@@ -40,6 +40,10 @@ struct TrainConfig {
   // GEMM precision: "fp32", "bf16" (bf16 operands, fp32 accumulation, fp32 master weights and
   // optimizer; backend/cpu/precision.hpp) or "auto" (bf16 where the CPU has bf16 matrix units).
   std::string precision = "auto";
+  // Where the model computes (backend::create): "cpu"; "cpu-strict" (the CPU's arithmetic on
+  // memory the host cannot read: the device path checked without a GPU); "cuda" (one GPU per
+  // rank, chosen by the node-local rank) or "cuda:N", in a CUDA build on a machine with a GPU.
+  std::string device = "cpu";
   std::string loss_mask = "none";  // none | goldfish | static | random (train/loss_mask.hpp)
   int goldfish_k = 4;
   int goldfish_h = 13;
