@@ -124,6 +124,8 @@ struct Capabilities {
   bool adamw_bf16_copy = false;        // AdamWArgs::p16 (the fused bf16 weight copy) is written
   bool attention_bf16 = false;         // AttentionArgs::dtype may be BF16
   bool attention_bf16_products = false;// AttentionArgs::precision may be BF16 (any q_offset >= 0)
+  bool attention_bf16_faster = false;  // ... and runs faster than fp32 attention here (bf16 runs
+                                       // then default to it: ParallelOptions::attention_precision)
   bool attention_any_q_offset = false; // AttentionArgs::q_offset other than Tk - Tq
   bool fused_cross_entropy = false;    // OpTable::cross_entropy_fused present
   bool bf16_producers = false;         // OpTable::norm_apply_bf16, gelu_forward_bf16,

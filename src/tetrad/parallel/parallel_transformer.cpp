@@ -28,6 +28,11 @@ ParallelTransformer::ParallelTransformer(const ModelConfig& config, ProcessGroup
   if (opt_.attention_precision == backend::Precision::BF16 &&
       !be_->capabilities().attention_bf16_products)
     fail("attention precision bf16: backend '", be_->name(), "' has no bf16 attention products");
+  attention_precision_ =
+      opt_.attention_precision ? *opt_.attention_precision
+      : precision_ == backend::Precision::BF16 && be_->capabilities().attention_bf16_faster
+          ? backend::Precision::BF16
+          : backend::Precision::FP32;
   if (opt_.zero < 0 || opt_.zero > 2)
     fail("parallel.zero: expected 0, 1 or 2 (ZeRO stage over the data axis), got ", opt_.zero);
   if (opt_.virtual_stages < 1)

@@ -84,6 +84,8 @@ class ParallelTransformer {
   // The backend the model computes on and its GEMM precision (ParallelOptions).
   backend::Backend& compute_backend() const { return *be_; }
   backend::Precision gemm_precision() const { return precision_; }
+  // The arithmetic of attention's products (ParallelOptions::attention_precision, resolved).
+  backend::Precision attention_precision() const { return attention_precision_; }
   // Bytes of this rank's activation buffer (the forward's saved tensors and the backward's
   // scratch) as allocated, and what it would be under any recompute mode.
   int64_t activation_bytes() const { return int64_t(acts_.size() * sizeof(float)); }
@@ -444,6 +446,7 @@ class ParallelTransformer {
   // maxima, one double for sums read back, greedy decoding's per-row winners.
   backend::Backend* be_ = nullptr;
   backend::Precision precision_ = backend::Precision::FP32;
+  backend::Precision attention_precision_ = backend::Precision::FP32;
   backend::DeviceBuffer ids_dev_[2], row_max_, scalar_, argmax_idx_, argmax_val_;
   const backend::OpTable& ops() const { return be_->ops(); }
   backend::RopeArgs rope_args(float* x, int64_t N, int T, int pos0 = 0) const;  // this rank's q|k heads

@@ -40,6 +40,9 @@ struct TrainConfig {
   // GEMM precision: "fp32", "bf16" (bf16 operands, fp32 accumulation, fp32 master weights and
   // optimizer; backend/cpu/precision.hpp) or "auto" (bf16 where the CPU has bf16 matrix units).
   std::string precision = "auto";
+  // Arithmetic of attention's products: "auto" (bf16 in bf16 runs where the bf16 attention kernel
+  // is the faster one: CPUs with AMX; else fp32), "fp32" or "bf16" (docs/precision.md).
+  std::string attention_precision = "auto";
   // Where the model computes (backend::create): "cpu"; "cpu-strict" (the CPU's arithmetic on
   // memory the host cannot read: the device path checked without a GPU); "cuda" (one GPU per
   // rank, chosen by the node-local rank) or "cuda:N", in a CUDA build on a machine with a GPU.
