@@ -2,7 +2,8 @@
 // scores), backward against central finite differences, float against double, every code path the
 // CPU supports against the others, and determinism across runs and thread counts.
 //
-// The benchmark (gpt2-124m attention shapes) is the disabled test DISABLED_Benchmark.Gpt2Small:
+// The benchmarks (gpt2-124m attention shapes; bf16 against fp32 also small's) are the disabled
+// tests DISABLED_Benchmark.Gpt2Small and DISABLED_Benchmark.Bf16AgainstFp32:
 //   OMP_NUM_THREADS=2 ./build/tests/test_attention --gtest_also_run_disabled_tests
 //       --gtest_filter='*Benchmark*'
 #include <gtest/gtest.h>
@@ -13,11 +14,15 @@
 #include <cmath>
 #include <cstdio>
 #include <cstring>
+#include <ctime>
+#include <functional>
 #include <random>
 #include <string>
 #include <vector>
 
 #include "tetrad/backend/cpu/attention.hpp"
+#include "tetrad/backend/cpu/attention_bf16.hpp"
+#include "tetrad/core/error.hpp"
 
 namespace tetrad::kernels {
 namespace {
@@ -368,6 +373,224 @@ TEST(Attention, Deterministic) {
 }
 
 // ---------------------------------------------------------------------------------------------
+// bf16 products (attention_bf16.hpp): every path the CPU supports, forced one by one, against the
+// double reference (forward) and the double kernel's backward (itself checked against finite
+// differences above), within bf16 tolerances and demonstrably rounded; outputs poisoned with NaN
+// first; q_offset beyond Tk - Tq against finite differences; bit-identical across runs and thread
+// counts.
+
+std::vector<AttentionBf16Path> supported_bf16_paths() {
+  std::vector<AttentionBf16Path> paths;
+  for (AttentionBf16Path p : {AttentionBf16Path::kEmulated, AttentionBf16Path::kEmulatedAvx2,
+                              AttentionBf16Path::kAvx512Bf16, AttentionBf16Path::kAmx})
+    if (attention_bf16_path_supported(p)) paths.push_back(p);
+  return paths;
+}
+
+void run_forward_bf16(std::vector<float>& out, std::vector<float>& lse, const std::vector<float>& in,
+                      const Layout& L, int64_t q_offset, AttentionBf16Path path) {
+  out.assign(L.out_size, std::numeric_limits<float>::quiet_NaN());
+  lse.assign(int64_t(L.d.B) * L.d.n_head * L.d.Tq, std::numeric_limits<float>::quiet_NaN());
+  attention_forward_bf16(out.data(), lse.data(), in.data() + L.q_off, in.data() + L.k_off,
+                         in.data() + L.v_off, L.d, q_offset, path);
+}
+void run_backward_bf16(std::vector<float>& din, const std::vector<float>& dout,
+                       const std::vector<float>& in, const std::vector<float>& out,
+                       const std::vector<float>& lse, const Layout& L, int64_t q_offset,
+                       AttentionBf16Path path) {
+  din.assign(L.in_size, std::numeric_limits<float>::quiet_NaN());
+  attention_backward_bf16(din.data() + L.q_off, din.data() + L.k_off, din.data() + L.v_off,
+                          dout.data(), in.data() + L.q_off, in.data() + L.k_off,
+                          in.data() + L.v_off, out.data(), lse.data(), L.d, q_offset, path);
+}
+
+// Every listed element is finite (the NaN poison was overwritten, and nothing overflowed).
+bool all_finite(const Layout& L, char which, const std::vector<float>& x) {
+  bool ok = true;
+  for_each_element(L, which, [&](int64_t i) { ok = ok && std::isfinite(x[i]); });
+  return ok;
+}
+
+TEST(AttentionBf16, EveryPathAgainstDoubleWithinBf16Tolerance) {
+  // Across the kernel's 32-row blocks (tails), GQA, several sequences, decode-like Tq < Tk, head
+  // sizes that are not multiples of 32, and one kv head of one sequence (a single backward task).
+  const std::vector<Shape> shapes = {
+      {1, 1, 1, 1, 1, 8, true},      {2, 7, 7, 2, 2, 16, true},    {1, 64, 64, 2, 2, 64, true},
+      {2, 65, 65, 3, 3, 32, true},   {2, 130, 130, 4, 2, 24, true}, {1, 67, 67, 4, 1, 5, true},
+      {1, 1, 10, 4, 2, 16, false},   {2, 3, 40, 4, 1, 16, false},  {1, 70, 200, 2, 1, 40, false},
+      {1, 129, 129, 1, 1, 128, false}, {1, 300, 300, 2, 1, 64, true},
+  };
+  constexpr double kLo = 1e-5, kHi = 2e-2;  // the rounding shows, and stays at bf16 size
+  for (const Shape& s : shapes) {
+    const Layout L = make_layout(s.B, s.Tq, s.Tk, s.nh, s.nkv, s.hd, s.fused);
+    const std::vector<double> in = random_vector<double>(L.in_size, 4321 + s.Tq * 7 + s.hd, 1.5);
+    const std::vector<double> R = random_vector<double>(L.out_size, 17 + s.Tk);
+    std::vector<double> ref_out, ref_lse, ref_din;
+    reference_forward(ref_out, ref_lse, in, L);
+    run_backward(ref_din, R, in, ref_out, ref_lse, L, attention_default_path());
+    const std::vector<float> in_f(in.begin(), in.end()), R_f(R.begin(), R.end());
+    for (AttentionBf16Path path : supported_bf16_paths()) {
+      SCOPED_TRACE(describe(s) + " bf16 path " + attention_bf16_path_name(path));
+      std::vector<float> out, lse, din;
+      run_forward_bf16(out, lse, in_f, L, s.Tk - s.Tq, path);
+      ASSERT_TRUE(all_finite(L, 'o', out));
+      for (float x : lse) ASSERT_TRUE(std::isfinite(x));
+      const double e_out = rel_error(L, 'o', out, ref_out);
+      EXPECT_LT(e_out, kHi);
+      if (s.Tk > 1) {
+        EXPECT_GT(e_out, kLo) << "no bf16 rounding visible";
+      }
+      // lse: relative to the largest |lse| (a score's rounding error grows with the score).
+      double lse_scale = 1;
+      for (double x : ref_lse) lse_scale = std::max(lse_scale, std::abs(x));
+      EXPECT_LT(lse_error(lse, ref_lse) / lse_scale, kHi);
+      run_backward_bf16(din, R_f, in_f, out, lse, L, s.Tk - s.Tq, path);
+      ASSERT_TRUE(all_finite(L, 'i', din));
+      const double e_din = rel_error(L, 'i', din, ref_din);
+      EXPECT_LT(e_din, kHi);
+      EXPECT_GT(e_din, kLo) << "no bf16 rounding visible";
+    }
+  }
+}
+
+// Queries after (part of) their key block (q_offset > Tk - Tq, context parallelism's case): the
+// forward against a double reference with that offset, the backward against its finite
+// differences.
+TEST(AttentionBf16, KeyOffsetAgainstFiniteDifferences) {
+  const Layout L = make_layout(2, 5, 40, 4, 2, 16, false);
+  const int64_t off = 45;  // every query sees all 40 keys
+  const std::vector<double> in = random_vector<double>(L.in_size, 77, 1.0);
+  const std::vector<double> R = random_vector<double>(L.out_size, 78);
+  // With off >= Tk every query sees every key: the reference is the full (unmasked) softmax,
+  // which the causal reference gives for a layout whose queries sit at the end of Tk + Tq keys.
+  auto ref_loss = [&](const std::vector<double>& x, std::vector<double>* out_ref) {
+    const AttentionDims& d = L.d;
+    std::vector<double> o(L.out_size, 0.0);
+    const int hd = d.head_dim, group = d.n_head / d.n_kv_head;
+    double loss = 0;
+    for (int b = 0; b < d.B; ++b)
+      for (int h = 0; h < d.n_head; ++h)
+        for (int i = 0; i < d.Tq; ++i) {
+          const double* q = &x[L.q_off + b * d.q_batch_stride + i * d.q_stride + h * hd];
+          const int nk = int(std::min<int64_t>(d.Tk, off + i + 1));
+          std::vector<double> sc(nk);
+          double m = -INFINITY, sum = 0;
+          for (int j = 0; j < nk; ++j) {
+            const double* k = &x[L.k_off + b * d.kv_batch_stride + j * d.kv_stride + (h / group) * hd];
+            double dot = 0;
+            for (int e = 0; e < hd; ++e) dot += q[e] * k[e];
+            sc[j] = dot / std::sqrt(double(hd));
+            m = std::max(m, sc[j]);
+          }
+          for (int j = 0; j < nk; ++j) sum += std::exp(sc[j] - m);
+          double* orow = &o[b * d.out_batch_stride + i * d.out_stride + h * hd];
+          for (int j = 0; j < nk; ++j) {
+            const double* v = &x[L.v_off + b * d.kv_batch_stride + j * d.kv_stride + (h / group) * hd];
+            for (int e = 0; e < hd; ++e) orow[e] += std::exp(sc[j] - m) / sum * v[e];
+          }
+        }
+    for_each_element(L, 'o', [&](int64_t i) { loss += o[i] * R[i]; });
+    if (out_ref) *out_ref = o;
+    return loss;
+  };
+  std::vector<double> ref_out;
+  ref_loss(in, &ref_out);
+  std::vector<double> x = in, fd(L.in_size, 0.0);
+  const double eps = 1e-5;
+  for_each_element(L, 'i', [&](int64_t i) {
+    const double x0 = x[i];
+    x[i] = x0 + eps;
+    const double lp = ref_loss(x, nullptr);
+    x[i] = x0 - eps;
+    const double lm = ref_loss(x, nullptr);
+    x[i] = x0;
+    fd[i] = (lp - lm) / (2 * eps);
+  });
+  const std::vector<float> in_f(in.begin(), in.end()), R_f(R.begin(), R.end());
+  for (AttentionBf16Path path : supported_bf16_paths()) {
+    SCOPED_TRACE(std::string("bf16 path ") + attention_bf16_path_name(path));
+    std::vector<float> out, lse, din;
+    run_forward_bf16(out, lse, in_f, L, off, path);
+    EXPECT_LT(rel_error(L, 'o', out, ref_out), 2e-2);
+    run_backward_bf16(din, R_f, in_f, out, lse, L, off, path);
+    ASSERT_TRUE(all_finite(L, 'i', din));
+    EXPECT_LT(rel_error(L, 'i', din, fd), 2e-2);
+  }
+}
+
+// Bit-identical between runs and for 1 and 2 threads, on every path; the paths differ from each
+// other only by summation order (within bf16 rounding of the product inputs: far below kHi).
+TEST(AttentionBf16, DeterministicAcrossRunsAndThreadCounts) {
+  const Layout L = make_layout(2, 150, 150, 4, 2, 64, true);
+  const std::vector<float> in = random_vector<float>(L.in_size, 31);
+  const std::vector<float> R = random_vector<float>(L.out_size, 32);
+  std::vector<float> first_out;
+  for (AttentionBf16Path path : supported_bf16_paths()) {
+    SCOPED_TRACE(attention_bf16_path_name(path));
+    std::vector<float> out[3], lse[3], din[3];
+    const int saved = omp_get_max_threads();
+    for (int run = 0; run < 3; ++run) {
+      omp_set_num_threads(run == 2 ? 1 : 2);
+      run_forward_bf16(out[run], lse[run], in, L, 0, path);
+      run_backward_bf16(din[run], R, in, out[run], lse[run], L, 0, path);
+    }
+    omp_set_num_threads(saved);
+    for (int run = 1; run < 3; ++run) {
+      EXPECT_EQ(0, std::memcmp(out[0].data(), out[run].data(), out[0].size() * sizeof(float)));
+      EXPECT_EQ(0, std::memcmp(lse[0].data(), lse[run].data(), lse[0].size() * sizeof(float)));
+      EXPECT_EQ(0, std::memcmp(din[0].data(), din[run].data(), din[0].size() * sizeof(float)));
+    }
+    if (first_out.empty()) first_out = out[0];
+    else EXPECT_LT(rel_error(L, 'o', out[0], first_out), 1e-5);
+  }
+}
+
+// A head's results do not depend on what else the call holds: the first sequence's first kv
+// group alone (fewer heads, one sequence, same strides) gives bit for bit what the whole call gives
+// for it, forward and backward (what lets grids that split heads over Y or the batch over D match
+// one rank).
+TEST(AttentionBf16, HeadsAndSequencesAreIndependentOfTheRestOfTheCall) {
+  const Layout L = make_layout(2, 100, 100, 4, 2, 64, false);
+  const std::vector<float> in = random_vector<float>(L.in_size, 51);
+  const std::vector<float> R = random_vector<float>(L.out_size, 52);
+  Layout S = L;
+  S.d.B = 1, S.d.n_head = 2, S.d.n_kv_head = 1;
+  for (AttentionBf16Path path : supported_bf16_paths()) {
+    SCOPED_TRACE(attention_bf16_path_name(path));
+    std::vector<float> out, lse, din, out_s, lse_s, din_s;
+    run_forward_bf16(out, lse, in, L, 0, path);
+    run_backward_bf16(din, R, in, out, lse, L, 0, path);
+    run_forward_bf16(out_s, lse_s, in, S, 0, path);
+    // lse of the sub-call is [1][2][T]: the first two heads' rows of the whole call's.
+    run_backward_bf16(din_s, R, in, out_s, lse_s, S, 0, path);
+    int64_t checked = 0;
+    for_each_element(S, 'o', [&](int64_t i) {
+      ASSERT_EQ(std::memcmp(&out[i], &out_s[i], sizeof(float)), 0) << "out element " << i;
+      ++checked;
+    });
+    for_each_element(S, 'i', [&](int64_t i) {
+      ASSERT_EQ(std::memcmp(&din[i], &din_s[i], sizeof(float)), 0) << "gradient element " << i;
+      ++checked;
+    });
+    EXPECT_EQ(0, std::memcmp(lse.data(), lse_s.data(), sizeof(float) * 2 * L.d.Tq));
+    EXPECT_GT(checked, 0);
+  }
+}
+
+TEST(AttentionBf16, UnsupportedPathIsRefused) {
+  const Layout L = make_layout(1, 4, 4, 1, 1, 8, true);
+  const std::vector<float> in = random_vector<float>(L.in_size, 3);
+  for (AttentionBf16Path p : {AttentionBf16Path::kEmulatedAvx2, AttentionBf16Path::kAvx512Bf16,
+                              AttentionBf16Path::kAmx})
+    if (!attention_bf16_path_supported(p)) {
+      std::vector<float> out, lse;
+      EXPECT_THROW(run_forward_bf16(out, lse, in, L, 0, p), Error) << attention_bf16_path_name(p);
+    }
+  // The default is the widest supported path (or an emulated one where bf16 GEMMs are).
+  EXPECT_TRUE(attention_bf16_path_supported(attention_bf16_default_path()));
+}
+
+// ---------------------------------------------------------------------------------------------
 // Benchmark: gpt2-124m attention (B=1, T=1024, 12 heads, hd=64), float, fused qkv layout.
 
 typedef float v8f __attribute__((vector_size(32)));
@@ -440,6 +663,62 @@ TEST(DISABLED_Benchmark, Gpt2Small) {
         "backward %.2f ms %.1f GFLOP/s (%.0f%% of peak)\n",
         attention_path_name(path), tf * 1e3, fwd_flop / tf / 1e9, 100 * fwd_flop / tf / peak,
         tb * 1e3, bwd_flop / tb / 1e9, 100 * bwd_flop / tb / peak);
+  }
+}
+
+// bf16 attention against the fp32 kernel, gpt2-124m's (B=1, T=1024, 12 heads, hd 64) and small's
+// (B=4, T=512, 8 heads) shapes, fused qkv layout: every supported bf16 path and the fp32 default
+// path in interleaved rounds, medians of wall time and of the process's CPU time (on a shared
+// machine the CPU time is the steadier one).
+TEST(DISABLED_Benchmark, Bf16AgainstFp32) {
+  struct Case { const char* name; int B, T, H; };
+  for (const Case& cs : {Case{"gpt2-124m", 1, 1024, 12}, Case{"small", 4, 512, 8}}) {
+    const Layout L = make_layout(cs.B, cs.T, cs.T, cs.H, cs.H, 64, true);
+    const std::vector<float> in = random_vector<float>(L.in_size, 1);
+    const std::vector<float> R = random_vector<float>(L.out_size, 2);
+    std::vector<float> out(L.out_size), lse(int64_t(cs.B) * cs.H * cs.T), din(L.in_size);
+    const float *q = in.data() + L.q_off, *k = in.data() + L.k_off, *v = in.data() + L.v_off;
+    float *dq = din.data() + L.q_off, *dk = din.data() + L.k_off, *dv = din.data() + L.v_off;
+    struct Kernel {
+      std::string name;
+      std::function<void()> fwd, bwd;
+      std::vector<double> tf, tb, cf, cb;
+    };
+    std::vector<Kernel> ks;
+    ks.push_back({"fp32 " + std::string(attention_path_name(attention_default_path())),
+                  [&] { attention_forward(out.data(), lse.data(), q, k, v, L.d); },
+                  [&] { attention_backward(dq, dk, dv, R.data(), q, k, v, out.data(), lse.data(), L.d); },
+                  {}, {}, {}, {}});
+    for (AttentionBf16Path p : supported_bf16_paths())
+      ks.push_back({std::string("bf16 ") + attention_bf16_path_name(p),
+                    [&, p] { attention_forward_bf16(out.data(), lse.data(), q, k, v, L.d, 0, p); },
+                    [&, p] {
+                      attention_backward_bf16(dq, dk, dv, R.data(), q, k, v, out.data(),
+                                              lse.data(), L.d, 0, p);
+                    },
+                    {}, {}, {}, {}});
+    auto wall = [] { return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count(); };
+    auto cpu = [] { return double(std::clock()) / CLOCKS_PER_SEC; };
+    for (Kernel& x : ks) x.fwd(), x.bwd();  // warm-up (arenas, pages)
+    for (int round = 0; round < 7; ++round)
+      for (Kernel& x : ks) {
+        const double w0 = wall(), c0 = cpu();
+        x.fwd();
+        const double w1 = wall(), c1 = cpu();
+        x.bwd();
+        const double w2 = wall(), c2 = cpu();
+        x.tf.push_back(w1 - w0), x.tb.push_back(w2 - w1), x.cf.push_back(c1 - c0), x.cb.push_back(c2 - c1);
+      }
+    auto med = [](std::vector<double> t) {
+      std::sort(t.begin(), t.end());
+      return t[t.size() / 2] * 1e3;
+    };
+    std::printf("%s (B=%d T=%d heads=%d hd=64), %d threads, ms per call, medians of 7 interleaved "
+                "rounds: wall (CPU time)\n", cs.name, cs.B, cs.T, cs.H, omp_get_max_threads());
+    for (const Kernel& x : ks)
+      std::printf("  %-20s forward %7.2f (%7.2f) x%.2f   backward %7.2f (%7.2f) x%.2f\n",
+                  x.name.c_str(), med(x.tf), med(x.cf), med(ks[0].cf) / med(x.cf), med(x.tb),
+                  med(x.cb), med(ks[0].cb) / med(x.cb));
   }
 }
 

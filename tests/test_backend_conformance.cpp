@@ -14,6 +14,7 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <cctype>
 #include <cmath>
 #include <cstdint>
 #include <cstdlib>
@@ -1158,8 +1159,65 @@ std::vector<std::string> backend_names() {
   return names;
 }
 
+// gtest names take letters, digits and '_' only ("cpu-strict" -> "cpu_strict").
 INSTANTIATE_TEST_SUITE_P(Backends, Conformance, ::testing::ValuesIn(backend_names()),
-                         [](const auto& info) { return info.param; });
+                         [](const auto& info) {
+                           std::string n = info.param;
+                           for (char& c : n)
+                             if (!std::isalnum(static_cast<unsigned char>(c))) c = '_';
+                           return n;
+                         });
+
+// cpu-strict (backend/cpu/strict_backend.hpp) stands in for a GPU's memory: what it promises is
+// what makes the model's device tests mean something.
+TEST(StrictBackend, DeviceMemoryIsNotHostMemory) {
+  std::unique_ptr<Backend> be = create("cpu-strict");
+  EXPECT_FALSE(be->capabilities().host_visible);
+  DeviceBuffer d = be->alloc_array<float>(100);
+  DeviceBuffer s = be->alloc_array<float>(100, MemoryKind::HostStaging);
+  std::vector<float> h(100, 1.5f);
+  EXPECT_FALSE(be->host_readable(d.data()));
+  EXPECT_FALSE(be->host_readable(d.as<float>() + 99));
+  EXPECT_TRUE(be->host_readable(s.data()));
+  EXPECT_TRUE(be->host_readable(h.data()));
+  // A host load through a device pointer faults, as on a GPU.
+  float* dev = d.as<float>();
+  EXPECT_DEATH({ volatile float x = dev[3]; (void)x; }, "");
+  EXPECT_DEATH({ dev[3] = 1.0f; }, "");
+  // Host pointers given to an op, or as the device side of a copy, are refused by name.
+  Queue& q = be->queue();
+  auto msg = [](const std::function<void()>& f) {
+    try {
+      f();
+    } catch (const Error& e) {
+      return std::string(e.what());
+    }
+    return std::string("(no error)");
+  };
+  EXPECT_NE(msg([&] { be->ops().add(q, h.data(), dev, 100); }).find("add argument x"),
+            std::string::npos);
+  EXPECT_NE(msg([&] { be->ops().add(q, dev, s.as<float>(), 100); }).find("add argument y"),
+            std::string::npos);
+  EXPECT_NE(msg([&] { q.copy_to_device(h.data(), h.data(), 400); }).find("copy_to_device"),
+            std::string::npos);
+  EXPECT_NE(msg([&] { q.copy_to_host(h.data(), h.data(), 400); }).find("copy_to_host"),
+            std::string::npos);
+  EXPECT_NE(msg([&] { q.copy_to_device(dev, dev, 400); }).find("expected host memory"),
+            std::string::npos);
+  // The same op on device memory works and round-trips exactly.
+  q.copy_to_device(dev, h.data(), 400);
+  DeviceBuffer d2 = be->alloc_array<float>(100);
+  q.copy_on_device(d2.data(), dev, 400);
+  be->ops().add(q, dev, d2.as<float>(), 100);
+  std::vector<float> back(100);
+  q.copy_to_host(back.data(), dev, 400);
+  q.synchronize();
+  EXPECT_EQ(back, std::vector<float>(100, 3.0f));
+  // Freed memory is no longer device memory.
+  void* gone = d2.data();
+  d2 = DeviceBuffer();
+  EXPECT_NE(msg([&] { q.fill_zero(gone, 4); }).find("not device memory"), std::string::npos);
+}
 
 TEST(BackendRegistry, CpuIsAlwaysThereAndUnknownNamesAreRefused) {
   EXPECT_EQ(cpu_backend().name(), "cpu");

@@ -5,8 +5,12 @@
 # (tests/test_sharded_checkpoint.cpp compares the loaded state bit for bit on all 225 pairs.)
 source "$(dirname "${BASH_SOURCE[0]}")/../cli_common.sh" "$1"
 # warmup_steps (10) covers all 6 steps, so max_steps 3 vs 6 does not change the learning rates.
+# Attention in fp32 (train.attention_precision): with bf16 attention products (auto's choice in
+# bf16 runs on AMX) a grid's 1-ulp differences in the GEMM outputs flip bf16 roundings of P and dS
+# and the losses differ by ~1e-5 after one Adam step (cli_parallel.sh checks that case at bf16
+# tolerance); what is tested here is the checkpoint's layout, not attention's arithmetic.
 S=(--set model.name=tiny --set data.dir="$W/data" --set train.seq_len=32 --set train.max_steps=6
-   --set train.eval_interval=0 --set train.micro_batch=4)
+   --set train.eval_interval=0 --set train.micro_batch=4 --set train.attention_precision=fp32)
 losses() { grep -o '"loss":[^,}]*' "$1/metrics.jsonl" | cut -d: -f2; }
 run() {  # run GRID ARGS...: one rank without mpirun, else mpirun -n (product of the grid)
   local g=$1; shift

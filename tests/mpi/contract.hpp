@@ -111,7 +111,8 @@ inline Run serial_run(const ModelConfig& mc, int steps) {
 }
 
 // The trainer's step on a grid (ParallelTransformer, optimizer over optimizer_layout(), ZeRO's
-// all-gather after the update).
+// all-gather after the update), on the backend ParallelOptions::device names (the CPU's when
+// null; test_device_model_mpi.cpp runs it on cpu-strict).
 // Gp > 1: the micro-batches go through PipelineDriver with `schedule`.
 inline Run parallel_run(const ModelConfig& mc, ProcessGroups& g, int steps, ParallelOptions po,
                         PipelineSchedule schedule = PipelineSchedule::OneFOneB) {
@@ -124,7 +125,7 @@ inline Run parallel_run(const ModelConfig& mc, ProcessGroups& g, int steps, Para
   const OptimizerLayout& ol = m.optimizer_layout();
   AdamW opt(decay_ranges(m.table(), tc, ol.param_offsets, ol.sizes, ol.state_offsets,
                          ol.grad_offsets),
-            ol.state_size, tc);
+            ol.state_size, tc, m.compute_backend());  // the moments live with the model
   std::unique_ptr<PipelineDriver> pipe;
   if (g.shape.p > 1) pipe = std::make_unique<PipelineDriver>(m, schedule, kAccum);
   Run r;

@@ -11,6 +11,7 @@
 #include <vector>
 
 #include "contract.hpp"
+#include "tetrad/backend/backend.hpp"
 #include "tetrad/core/rng.hpp"
 #include "tetrad/backend/cpu/precision.hpp"
 #include "support/transformer.hpp"
@@ -77,7 +78,9 @@ std::vector<double> grid_bf16(const ModelConfig& mc, ProcessGroups& g, bool bf16
   const int slot = g.coord.z + g.shape.z * g.coord.d;
   ParallelOptions po;
   po.precision = backend::Precision::BF16;
-  if (bf16_attention) po.attention_precision = backend::Precision::BF16;
+  // Forced either way (unset, it would follow the GEMM precision where bf16 attention is the
+  // faster kernel: the test below).
+  po.attention_precision = bf16_attention ? backend::Precision::BF16 : backend::Precision::FP32;
   ParallelTransformer m(mc, g, Bl, kT, po);
   m.init_weights(7);
   const TrainConfig tc = train_config();
@@ -150,6 +153,27 @@ TEST(Bf16Grid, Bf16AttentionOnFourRanksAndOneTracksTheFp32Curve) {
   EXPECT_NEAR(l1 / l32, 1.0, 0.02) << "fp32 serial " << l32 << ", bf16 on one rank " << l1;
   for (double l : grid) ASSERT_TRUE(std::isfinite(l));
   for (double l : single) ASSERT_TRUE(std::isfinite(l));
+}
+
+// ParallelOptions::attention_precision unset follows the GEMM precision where the backend's bf16
+// attention is the faster kernel (Capabilities::attention_bf16_faster: AMX here), else fp32; set,
+// it is kept (forcing fp32 in a bf16 run, or bf16 products on any CPU).
+TEST(Bf16Grid, AttentionPrecisionFollowsThePrecisionWhereFaster) {
+  const ModelConfig mc = test_model();
+  ProcessGroups one;
+  const bool faster = backend::cpu_backend().capabilities().attention_bf16_faster;
+  auto resolved = [&](backend::Precision p, std::optional<backend::Precision> a) {
+    ParallelOptions po;
+    po.precision = p;
+    po.attention_precision = a;
+    ParallelTransformer m(mc, one, 2, kT, po);
+    return m.attention_precision();
+  };
+  using P = backend::Precision;
+  EXPECT_EQ(resolved(P::BF16, std::nullopt), faster ? P::BF16 : P::FP32);
+  EXPECT_EQ(resolved(P::FP32, std::nullopt), P::FP32);
+  EXPECT_EQ(resolved(P::BF16, P::FP32), P::FP32);
+  EXPECT_EQ(resolved(P::FP32, P::BF16), P::BF16);
 }
 
 namespace {

@@ -66,6 +66,24 @@ class DeviceBuffer {
   MemoryKind kind_ = MemoryKind::Device;
 };
 
+// A typed, sized array in one backend's memory (parameters, gradients, activations, scratch):
+// data() is a device pointer (dereferenceable by the host only where the backend is
+// host_visible). Zero-filled; empty when n is 0 (data() null). Movable.
+template <typename T>
+class DeviceArray {
+ public:
+  DeviceArray() = default;
+  DeviceArray(Backend& be, size_t n, MemoryKind kind = MemoryKind::Device);
+  T* data() { return buf_.as<T>(); }
+  const T* data() const { return buf_.as<T>(); }
+  size_t size() const { return n_; }
+  bool empty() const { return n_ == 0; }
+
+ private:
+  DeviceBuffer buf_;
+  size_t n_ = 0;
+};
+
 // A point in a queue's work (see the file comment): core's Event, which communicators share, so
 // that a queue can wait for a collective's completion (Queue::wait(request.event())) and a
 // collective can start after a queue's work (core/event.hpp).
@@ -106,6 +124,8 @@ struct Capabilities {
   bool adamw_bf16_copy = false;        // AdamWArgs::p16 (the fused bf16 weight copy) is written
   bool attention_bf16 = false;         // AttentionArgs::dtype may be BF16
   bool attention_bf16_products = false;// AttentionArgs::precision may be BF16 (any q_offset >= 0)
+  bool attention_bf16_faster = false;  // ... and runs faster than fp32 attention here (bf16 runs
+                                       // then default to it: ParallelOptions::attention_precision)
   bool attention_any_q_offset = false; // AttentionArgs::q_offset other than Tk - Tq
   bool fused_cross_entropy = false;    // OpTable::cross_entropy_fused present
   bool bf16_producers = false;         // OpTable::norm_apply_bf16, gelu_forward_bf16,
@@ -136,6 +156,11 @@ class Backend {
   virtual std::unique_ptr<Queue> new_queue() = 0;  // another one (a GPU: another stream)
   // Ceilings on `threads` host threads (CPU; 0: all cores); quick: well under a second.
   virtual DeviceCeilings ceilings(int threads, bool quick) = 0;
+  // Whether the host may load and store through p: true for host memory and, where
+  // Capabilities::host_visible, for device memory too; false for device memory of a GPU (or of
+  // "cpu-strict"). A communicator that moves host memory (MPI) stages p through host memory when
+  // this is false (comm::DeviceStaging, staging_for()).
+  virtual bool host_readable(const void* p) const = 0;
 
   // Zero-filled allocation of `bytes` (rounded up to the device's alignment, at least 64).
   DeviceBuffer alloc(size_t bytes, MemoryKind kind = MemoryKind::Device);
@@ -151,6 +176,10 @@ class Backend {
   virtual void deallocate(void* p, size_t bytes, MemoryKind kind) noexcept = 0;
   friend class DeviceBuffer;
 };
+
+template <typename T>
+DeviceArray<T>::DeviceArray(Backend& be, size_t n, MemoryKind kind)
+    : buf_(be.alloc_array<T>(n, kind)), n_(n) {}
 
 // ---- which backends this build has ------------------------------------------------------------
 

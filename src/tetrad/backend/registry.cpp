@@ -8,6 +8,7 @@
 
 #include "tetrad/backend/backend.hpp"
 #include "tetrad/backend/cpu/cpu_backend.hpp"
+#include "tetrad/backend/cpu/strict_backend.hpp"
 #if TETRAD_HAVE_CUDA
 #include "tetrad/backend/cuda/cuda_backend.hpp"
 #endif
@@ -26,6 +27,13 @@ std::vector<BackendInfo> backends() {
   c.available = true;
   c.create = [](const std::string&) { return std::unique_ptr<Backend>(new cpu::CpuBackend()); };
   list.push_back(std::move(c));
+  // The CPU's arithmetic on memory the host cannot read: the model's device path, checked on
+  // every machine (backend/cpu/strict_backend.hpp).
+  BackendInfo s;
+  s.name = "cpu-strict";
+  s.available = true;
+  s.create = [](const std::string&) { return std::unique_ptr<Backend>(new cpu::StrictBackend()); };
+  list.push_back(std::move(s));
 #if TETRAD_HAVE_CUDA
   // Listed in every CUDA build; available only where a device answers (the conformance suite
   // then skips it with the runtime's reason on a machine without a GPU).
@@ -46,7 +54,8 @@ std::unique_ptr<Backend> create(const std::string& name) {
     known += (known.empty() ? "" : ", ") + b.name + (b.available ? "" : " (unavailable)");
     if (b.name != family) continue;
     if (!b.available) fail("backend \"", name, "\" cannot run here: ", b.why_not);
-    if (family == "cpu" && name != "cpu") fail("backend \"", name, "\": the cpu backend takes no device index");
+    if ((family == "cpu" || family == "cpu-strict") && name != family)
+      fail("backend \"", name, "\": the ", family, " backend takes no device index");
     return b.create(name);
   }
   fail("unknown backend \"", name, "\"; this build has: ", known);

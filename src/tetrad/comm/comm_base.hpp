@@ -5,6 +5,7 @@
 #pragma once
 #include <chrono>
 #include <concepts>
+#include <memory>
 #include <cstddef>
 #include <cstdint>
 #include <string>
@@ -36,6 +37,21 @@ enum class ReduceOp : uint8_t { Sum, Max };
 // Where an implementation's buffers must live: host memory (MPI) or the current device's memory
 // (NCCL). A GPU run over MPI stages device buffers through pinned host memory.
 enum class BufferSpace : uint8_t { Host, Device };
+
+// How a communicator that moves host memory (MPI) reaches device memory the host cannot read
+// (a GPU's, or cpu-strict's): a GPU run without NCCL stages its buffers through host memory.
+// Filled by the layer that knows the backend (parallel/device_staging.hpp), since comm/ and
+// backend/ do not include each other. Copies are complete when they return; to_host is called
+// after the operation's `after` event, to_device when the operation has completed, before
+// Request::test() reports it (so a queue that waits for the request sees the data on the
+// device). Thread-safe: called from whichever thread starts or completes an operation.
+class DeviceStaging {
+ public:
+  virtual ~DeviceStaging() = default;
+  virtual bool host_readable(const void* p) const = 0;
+  virtual void to_host(void* host, const void* device, size_t bytes) = 0;
+  virtual void to_device(void* device, const void* host, size_t bytes) = 0;
+};
 
 // Process-wide timeout (seconds) of blocking calls and of Request::wait(). Default 300 s, or the
 // value of the environment variable TETRAD_COMM_TIMEOUT when set (an invalid value throws

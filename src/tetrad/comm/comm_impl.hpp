@@ -102,6 +102,11 @@ class CommImpl : public std::enable_shared_from_this<CommImpl> {
                                           int tag, const Event& after) = 0;
   virtual std::shared_ptr<PendingOp> barrier(const char* op) = 0;
 
+  // Buffers the host cannot read are staged through host memory from now on, on this group and
+  // the groups dup() and split() make from it (MPI; NCCL reads device memory itself and ignores
+  // it). Null: no staging.
+  virtual void stage_device_memory(std::shared_ptr<DeviceStaging>) {}
+
   // Collective over this group: always a group of this implementation (size 1 included), so
   // that sub-groups keep the transport the caller chose.
   virtual std::shared_ptr<CommImpl> dup(const std::string& name) = 0;

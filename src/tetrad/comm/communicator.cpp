@@ -163,6 +163,11 @@ int Communicator::size() const {
   return size_;
 }
 
+void Communicator::stage_device_memory(std::shared_ptr<DeviceStaging> staging) const {
+  check_usable();
+  if (impl_) impl_->stage_device_memory(std::move(staging));
+}
+
 bool Communicator::is_self() const {
   check_usable();
   return impl_ == nullptr;

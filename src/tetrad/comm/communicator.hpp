@@ -124,6 +124,11 @@ class Communicator {
   const char* transport() const;
   BufferSpace buffer_space() const;  // Host for self()
   CommImpl* impl() const { return impl_.get(); }  // nullptr for self()
+  // Device buffers (those `staging` says the host cannot read) given to this group's operations
+  // are staged through host memory where the implementation needs host memory (MPI); null turns
+  // it off. On self() nothing moves between ranks: its local copies need host-readable buffers
+  // (callers skip size-1 groups for device buffers).
+  void stage_device_memory(std::shared_ptr<DeviceStaging> staging) const;
 
   // Blocking, guarded by collective_timeout(). Counts are elements per rank.
   template <Element T> void allreduce_sum(T* inout, size_t n) const;

@@ -3,6 +3,8 @@
 
 #include <climits>
 #include <cstdio>
+#include <memory>
+#include <vector>
 
 #include "tetrad/comm/comm_impl.hpp"
 #include "tetrad/comm/mpi_env.hpp"
@@ -53,6 +55,17 @@ class MpiOp final : public PendingOp {
   MPI_Request request = MPI_REQUEST_NULL;
   MPI_Datatype datatype = MPI_DATATYPE_NULL;  // for checking a receive's length
 
+  // Device buffers staged through host memory (MpiImpl::host_side): the host copies MPI works on,
+  // and those to copy back to the device once the operation completes.
+  struct Staged {
+    std::unique_ptr<char[]> host;
+    void* device = nullptr;
+    size_t bytes = 0;
+    bool back = false;
+  };
+  std::shared_ptr<DeviceStaging> staging;
+  std::vector<Staged> staged;
+
   bool poll_native() override {
     int flag = 0;
     MPI_Status status;
@@ -98,8 +111,11 @@ class MpiOp final : public PendingOp {
   bool library_finalized() const override { return mpi_finalized(); }
 
  private:
-  // MPI reported completion: check a receive's length.
+  // MPI reported completion: check a receive's length; staged results go back to the device.
   void completed(const MPI_Status& status) {
+    for (Staged& b : staged)
+      if (b.back) staging->to_device(b.device, b.host.get(), b.bytes);
+    staged.clear();
     if (!is_recv) return;
     int got = 0;
     const int rc = MPI_Get_count(&status, datatype, &got);
@@ -152,6 +168,7 @@ class MpiImpl final : public CommImpl {
     auto s = new_op(op, t, n);
     const int count = to_count(n, *s);
     wait_on_host(after);
+    inout = host_side(*s, inout, n * dtype_size(t), true, true);
     const int rc = MPI_Iallreduce(MPI_IN_PLACE, inout, count, mpi_type(t),
                                   r == ReduceOp::Max ? MPI_MAX : MPI_SUM, comm_, &s->request);
     return started(std::move(s), rc);
@@ -163,6 +180,9 @@ class MpiImpl final : public CommImpl {
     const bool in_place =
         send == static_cast<const char*>(recv) + static_cast<size_t>(rank_) * n * dtype_size(t);
     wait_on_host(after);
+    const size_t bytes = n * dtype_size(t);
+    recv = host_side(*s, recv, bytes * static_cast<size_t>(size_), in_place, true);
+    if (!in_place) send = host_side(*s, send, bytes, true, false);
     const int rc = MPI_Iallgather(in_place ? MPI_IN_PLACE : send, count, mpi_type(t), recv, count,
                                   mpi_type(t), comm_, &s->request);
     return started(std::move(s), rc);
@@ -172,6 +192,9 @@ class MpiImpl final : public CommImpl {
     auto s = new_op(op, t, n);
     const int count = to_count(n, *s);
     wait_on_host(after);
+    const size_t bytes = n * dtype_size(t);
+    send = host_side(*s, send, bytes * static_cast<size_t>(size_), true, false);
+    recv = host_side(*s, recv, bytes, false, true);
     const int rc =
         MPI_Ireduce_scatter_block(send, recv, count, mpi_type(t), MPI_SUM, comm_, &s->request);
     return started(std::move(s), rc);
@@ -182,6 +205,7 @@ class MpiImpl final : public CommImpl {
     s->extra = detail::concat(" from root ", root);
     const int count = to_count(n, *s);
     wait_on_host(after);
+    data = host_side(*s, data, n * dtype_size(t), rank_ == root, rank_ != root);
     const int rc = MPI_Ibcast(data, count, mpi_type(t), root, comm_, &s->request);
     return started(std::move(s), rc);
   }
@@ -191,6 +215,7 @@ class MpiImpl final : public CommImpl {
     s->extra = detail::concat(" to rank ", peer, ", tag ", tag);
     const int count = to_count(n, *s);
     wait_on_host(after);
+    data = host_side(*s, data, n * dtype_size(t), true, false);
     const int rc = MPI_Isend(data, count, mpi_type(t), peer, tag, comm_, &s->request);
     return started(std::move(s), rc);
   }
@@ -201,6 +226,7 @@ class MpiImpl final : public CommImpl {
     s->is_recv = true;
     const int count = to_count(n, *s);
     wait_on_host(after);
+    data = host_side(*s, data, n * dtype_size(t), false, true);
     const int rc = MPI_Irecv(data, count, mpi_type(t), peer, tag, comm_, &s->request);
     return started(std::move(s), rc);
   }
@@ -211,16 +237,43 @@ class MpiImpl final : public CommImpl {
     return started(std::move(s), rc);
   }
 
-  std::shared_ptr<CommImpl> dup(const std::string& name) override { return duplicate(comm_, name); }
+  std::shared_ptr<CommImpl> dup(const std::string& name) override {
+    auto d = duplicate(comm_, name);
+    d->stage_device_memory(staging_);
+    return d;
+  }
   std::shared_ptr<CommImpl> split(int color, int key, const std::string& name) override {
     MPI_Comm out = MPI_COMM_NULL;
     const int rc = MPI_Comm_split(comm_, color, key, &out);
     if (rc != MPI_SUCCESS)
       fail("MPI_Comm_split of group '", name_, "' into '", name, "' failed: ", mpi_error_string(rc));
-    return std::make_shared<MpiImpl>(out, name);
+    auto g = std::make_shared<MpiImpl>(out, name);
+    g->stage_device_memory(staging_);
+    return g;
+  }
+  void stage_device_memory(std::shared_ptr<DeviceStaging> staging) override {
+    staging_ = std::move(staging);
   }
 
  private:
+  // The host memory MPI works on for `p` (bytes): p itself where the host can read it; else a
+  // host copy the operation owns, filled from the device now when `fill` (the input; the caller
+  // has waited for its `after` event) and copied back to p on completion when `back`.
+  template <typename P>
+  P* host_side(MpiOp& s, P* p, size_t bytes, bool fill, bool back) const {
+    if (!staging_ || !p || bytes == 0 || staging_->host_readable(p)) return p;
+    MpiOp::Staged b;
+    b.host = std::make_unique<char[]>(bytes);
+    b.device = const_cast<void*>(static_cast<const void*>(p));
+    b.bytes = bytes;
+    b.back = back;
+    if (fill) staging_->to_host(b.host.get(), p, bytes);
+    P* h = reinterpret_cast<P*>(b.host.get());
+    s.staging = staging_;
+    s.staged.push_back(std::move(b));
+    return h;
+  }
+
   std::shared_ptr<MpiOp> new_op(const char* op, DType t, size_t n) const {
     auto s = std::make_shared<MpiOp>();
     describe(*s, op, t, n);
@@ -242,6 +295,7 @@ class MpiImpl final : public CommImpl {
   MPI_Comm comm_ = MPI_COMM_NULL;
   std::string name_;
   int rank_ = 0, size_ = 0;
+  std::shared_ptr<DeviceStaging> staging_;  // null: every buffer is host memory
 };
 
 }  // namespace

@@ -21,12 +21,12 @@ void ParallelTransformer::zero_grads() {
     // reduction before the optimizer ran); they write gathered slots, not gradients, and hold
     // the current parameters, so they stay.
     prefetched_next_ = false;
-    grads_.zero();
+    zero_dev(grads_.data(), int64_t(grads_.size()));
     reset_step_state();
     return;
   }
   q_.wait_all();  // pending reduce-scatters would add into the zeroed gradients
-  grads_.zero();
+  zero_dev(grads_.data(), int64_t(grads_.size()));
   reset_step_state();
   invalidate_gathered();
 }
@@ -47,7 +47,7 @@ void ParallelTransformer::zero_layer_grad_blocks(int layer) {
   for (const auto& t : plan_.tensors)
     if (t.spec->layer == layer && staged(t)) {
       const int64_t n = t.z_sharded ? t.shard_numel * g_.shape.z : t.block_numel;
-      std::fill(buf + t.block_offset, buf + t.block_offset + n, 0.0f);
+      zero_dev(buf + t.block_offset, n);
     }
 }
 
@@ -65,7 +65,7 @@ void ParallelTransformer::zero_layer_grad_blocks(int layer) {
 void ParallelTransformer::reduce_scatter_d(size_t i, const float* shard, float* piece) {
   const int64_t n = plan_.tensors[i].shard_numel, q = piece_[i], Gd = g_.shape.d;
   if (Gd == 1) {
-    std::memcpy(piece, shard, n * sizeof(float));
+    copy_dev(piece, shard, n);
     return;
   }
   const int64_t chunk =
@@ -77,8 +77,8 @@ void ParallelTransformer::reduce_scatter_d(size_t i, const float* shard, float* 
       // Elements [d q + a, d q + a + len) of the shard zero-padded to Gd q.
       const int64_t first = d * q + a;
       const int64_t have = std::clamp<int64_t>(n - first, 0, len);
-      if (have > 0) std::memcpy(packed + d * len, shard + first, size_t(have) * sizeof(float));
-      std::fill(packed + d * len + have, packed + (d + 1) * len, 0.0f);
+      if (have > 0) copy_dev(packed + d * len, shard + first, have);
+      zero_dev(packed + d * len + have, len - have);
     }
     q_.run(g_.d.ireduce_scatter_sum(packed, piece + a, size_t(len), q_.ready()), g_.d, "reduce_scatter",
            "dW pieces over D", plan_.tensors[i].spec->layer, len * Gd * int64_t(sizeof(float)));
@@ -197,7 +197,7 @@ void ParallelTransformer::accumulate_embedding_rows(int64_t N) {
 void ParallelTransformer::build_buckets() {
   buckets_.clear();
   if (opt_.zero >= 1) {  // ZeRO: reduce_gradients() reduce-scatters over D instead of buckets
-    bucket_buf_ = Buffer<float>(1);
+    bucket_buf_ = backend::DeviceArray<float>(*be_, 1);
     return;
   }
   const int64_t cap = int64_t(ov_.dp_bucket_mb * 1048576.0 / sizeof(float));
@@ -231,7 +231,7 @@ void ParallelTransformer::build_buckets() {
   }
   close(open[1]);
   close(open[0]);
-  bucket_buf_ = Buffer<float>(size_t(std::max<int64_t>(staged, 1)));
+  bucket_buf_ = backend::DeviceArray<float>(*be_, size_t(std::max<int64_t>(staged, 1)));
 }
 
 void ParallelTransformer::start_bucket(Bucket& b) {
@@ -248,7 +248,7 @@ void ParallelTransformer::start_bucket(Bucket& b) {
   int64_t o = 0;
   for (int i : b.tensors) {
     const TensorShard& t = plan_.tensors[size_t(i)];
-    std::memcpy(stage + o, grads_.data() + t.offset, size_t(t.shard_numel) * sizeof(float));
+    copy_dev(stage + o, grads_.data() + t.offset, t.shard_numel);
     o += t.shard_numel;
   }
   Bucket* bp = &b;
@@ -257,8 +257,7 @@ void ParallelTransformer::start_bucket(Bucket& b) {
                         int64_t off = 0;
                         for (int i : bp->tensors) {
                           const TensorShard& t = plan_.tensors[size_t(i)];
-                          std::memcpy(grads_.data() + t.offset, stage + off,
-                                      size_t(t.shard_numel) * sizeof(float));
+                          copy_dev(grads_.data() + t.offset, stage + off, t.shard_numel);
                           off += t.shard_numel;
                         }
                       });
@@ -324,7 +323,7 @@ void ParallelTransformer::reduce_gradients() {
       if (g_.shape.d == 1) continue;
       float* piece = zero_tmp_.data() + piece_[i] * g_.shape.d;
       reduce_scatter_d(i, gp, piece);
-      std::memcpy(grads_.data() + zl_.grad_offsets[i], piece, zl_.sizes[i] * sizeof(float));
+      copy_dev(grads_.data() + zl_.grad_offsets[i], piece, zl_.sizes[i]);
     }
     reset_step_state();
     return;

@@ -3,6 +3,7 @@
 // rest of ParallelOptions. Plain values, no MPI: the planner costs exactly these types.
 #pragma once
 #include <cstdint>
+#include <optional>
 #include <string>
 
 #include "tetrad/backend/ops.hpp"
@@ -87,9 +88,10 @@ struct ParallelOptions {
   backend::Precision precision = backend::Precision::FP32;
   // Arithmetic of attention's products (QKᵀ, PV and the backward's): FP32, or BF16 (bf16
   // operands, fp32 accumulation and softmax statistics; Capabilities::attention_bf16_products).
-  // Separate from `precision` because on the CPU the bf16 kernel is not yet faster than the fp32
-  // one (docs/precision.md), so bf16 runs keep fp32 attention unless asked.
-  backend::Precision attention_precision = backend::Precision::FP32;
+  // Unset: it follows `precision` where bf16 attention is the faster one on the backend
+  // (Capabilities::attention_bf16_faster: CPUs with AMX), else FP32 (docs/precision.md, "bf16
+  // attention"); set, it is forced (BF16 refused where the backend has no bf16 products).
+  std::optional<backend::Precision> attention_precision;
   // With precision BF16: the GEMMs read the weights from a bf16 copy of the parameters (written
   // by the optimizer's fused AdamW pass, or cast once after any other change), gathered over Z
   // in bf16 (half the bytes), instead of rounding the fp32 weights at every GEMM call. The same

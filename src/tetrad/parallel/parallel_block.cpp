@@ -35,7 +35,7 @@ backend::RopeArgs ParallelTransformer::rope_args(float* x, int64_t N, int T, int
 // Attention of layer l from its stored q|k|v (after RoPE): atty and lse.
 void ParallelTransformer::attention_forward(int l, int B, int T) {
   auto& A = a_->layer[l];
-  const backend::AttentionArgs d = local_heads(B, T, nhy_, nkvy_, hd_, QKVy_, Ay_, opt_.attention_precision);
+  const backend::AttentionArgs d = local_heads(B, T, nhy_, nkvy_, hd_, QKVy_, Ay_, attention_precision_);
   timed(Phase::Attention, [&] {
     ops().attention_forward(bq(), d, A.atty, A.lse, A.qkv, A.qkv + nhy_ * hd_,
                             A.qkv + (nhy_ + nkvy_) * hd_);
@@ -58,7 +58,7 @@ void ParallelTransformer::cached_attention(int l, int B, int Tq, int pos0) {
         bq().copy_on_device(kc + dst, row + nhy_ * hd_, size_t(KW) * sizeof(float));
         bq().copy_on_device(vc + dst, row + (nhy_ + nkvy_) * hd_, size_t(KW) * sizeof(float));
       }
-    backend::AttentionArgs d = local_heads(B, Tq, nhy_, nkvy_, hd_, QKVy_, Ay_, opt_.attention_precision);
+    backend::AttentionArgs d = local_heads(B, Tq, nhy_, nkvy_, hd_, QKVy_, Ay_, attention_precision_);
     d.Tk = pos0 + Tq;
     d.kv_stride = KW;
     d.kv_batch_stride = int64_t(max_len_) * KW;
@@ -128,7 +128,7 @@ void ParallelTransformer::layer_backward(int l, const float* x_in, int B, int T)
   normal_bwd("fc", a.dln, a.dfc, act(A.ln2, A.ln2_16), L.fc_w, L.fc_b, Cx_, FWy_, N);
   norm_bwd(a.dresid, a.dln, A.resid_mid, A.ln2_mean, A.ln2_rstd, L.ln2_w, L.ln2_b, N);
   transposed_bwd("proj", a.datty, a.dresid, f32(A.atty), L.proj_w, L.proj_b, Ay_, N);
-  const backend::AttentionArgs d = local_heads(B, T, nhy_, nkvy_, hd_, QKVy_, Ay_, opt_.attention_precision);
+  const backend::AttentionArgs d = local_heads(B, T, nhy_, nkvy_, hd_, QKVy_, Ay_, attention_precision_);
   timed(Phase::Attention, [&] {
     ops().attention_backward(bq(), d, a.dqkv, a.dqkv + nhy_ * hd_, a.dqkv + (nhy_ + nkvy_) * hd_,
                              a.datty, A.qkv, A.qkv + nhy_ * hd_, A.qkv + (nhy_ + nkvy_) * hd_,

@@ -28,6 +28,11 @@ ParallelTransformer::ParallelTransformer(const ModelConfig& config, ProcessGroup
   if (opt_.attention_precision == backend::Precision::BF16 &&
       !be_->capabilities().attention_bf16_products)
     fail("attention precision bf16: backend '", be_->name(), "' has no bf16 attention products");
+  attention_precision_ =
+      opt_.attention_precision ? *opt_.attention_precision
+      : precision_ == backend::Precision::BF16 && be_->capabilities().attention_bf16_faster
+          ? backend::Precision::BF16
+          : backend::Precision::FP32;
   if (opt_.zero < 0 || opt_.zero > 2)
     fail("parallel.zero: expected 0, 1 or 2 (ZeRO stage over the data axis), got ", opt_.zero);
   if (opt_.virtual_stages < 1)
@@ -46,6 +51,9 @@ ParallelTransformer::ParallelTransformer(const ModelConfig& config, ProcessGroup
   opt_.overlap = ov_;
   q_.enable_progress_thread(ov_.progress_thread);
   q_.set_compute_queue(&be_->queue());  // collectives start after, and complete into, its work
+  g_.use_backend(*be_);  // device buffers through host memory where a group moves host memory
+  backend_use_.groups = &g_;
+  backend_use_.be = be_;
   cfg_.validate();
   if (max_len <= 0 || max_len > cfg_.max_seq)
     fail("sequence length ", max_len, " is outside what the model supports (1..", cfg_.max_seq,
@@ -93,9 +101,9 @@ ParallelTransformer::ParallelTransformer(const ModelConfig& config, ProcessGroup
     zl_.state_size += q;
   }
   if (opt_.zero == 0) zl_.state_size = plan_.local_total;
-  else zero_tmp_ = Buffer<float>(size_t(Gd + 1) * piece_max);
+  else zero_tmp_ = backend::DeviceArray<float>(*be_, size_t(Gd + 1) * piece_max);
 
-  params_ = Buffer<float>(plan_.local_total);
+  params_ = backend::DeviceArray<float>(*be_, plan_.local_total);
   if (precision_ == backend::Precision::BF16 && opt_.bf16_weight_copy) {
     if (!be_->capabilities().gemm_bf16_storage)
       fail("bf16 weight copy: backend '", be_->name(), "' cannot read bf16-stored GEMM operands "
@@ -105,7 +113,7 @@ ParallelTransformer::ParallelTransformer(const ModelConfig& config, ProcessGroup
   }
   bf16_acts_ = precision_ == backend::Precision::BF16 && opt_.bf16_activations;
   wgrad_nn_ = bf16_acts_ && opt_.bf16_weight_grad_nn && be_->capabilities().bf16_producers;
-  grads_ = Buffer<float>(opt_.zero == 2 ? zl_.state_size : plan_.local_total);
+  grads_ = backend::DeviceArray<float>(*be_, opt_.zero == 2 ? zl_.state_size : plan_.local_total);
 
   auto idx = [&](const std::string& name) -> int {
     for (size_t i = 0; i < table_.specs.size(); ++i)
@@ -157,20 +165,20 @@ ParallelTransformer::ParallelTransformer(const ModelConfig& config, ProcessGroup
       const int nslots = std::max(1, ov_.cache_gathered_weights
                                          ? cfg_.n_layer
                                          : std::min(ov_.prefetch_depth + 1, cfg_.n_layer));
-      for (int s = 0; s < nslots; ++s) gathered_.emplace_back(layer_max);
+      for (int s = 0; s < nslots; ++s) gathered_.emplace_back(*be_, size_t(layer_max));
       if (bf16_weights_)
         for (int s = 0; s < nslots; ++s)
           gathered16_.push_back(be_->alloc_array<uint16_t>(size_t(layer_max)));
       slot_layer_.assign(size_t(nslots), -2);
       slot_tickets_.resize(size_t(nslots));
-      gathered_top_ = Buffer<float>(top);
+      gathered_top_ = backend::DeviceArray<float>(*be_, top);
       if (bf16_weights_) gathered16_top_ = be_->alloc_array<uint16_t>(size_t(top));
-      scatter_tmp_ = Buffer<float>(plan_.local_total);  // each shard lands at its own offset
+      scatter_tmp_ = backend::DeviceArray<float>(*be_, plan_.local_total);  // each shard lands at its own offset
     }
     (void)shard_max;
-    gblock_[0] = Buffer<float>(layer_max);
-    gblock_[1] = Buffer<float>(layer_max);
-    gblock_top_ = Buffer<float>(top);
+    gblock_[0] = backend::DeviceArray<float>(*be_, layer_max);
+    gblock_[1] = backend::DeviceArray<float>(*be_, layer_max);
+    gblock_top_ = backend::DeviceArray<float>(*be_, top);
   }
   if (opt_.sparse_embedding_grad && G.z > 1 && G.p == 1 && opt_.zero != 2) {
     // Rows plus ids against the dense block: worth it when the Z group's tokens are fewer than
@@ -178,8 +186,8 @@ ParallelTransformer::ParallelTransformer(const ModelConfig& config, ProcessGroup
     const int64_t rows = int64_t(G.z) * local_batch * max_len;
     sparse_embedding_ = rows * (Cx_ + 1) < Vy_ * Cx_;
     if (sparse_embedding_) {
-      emb_rows_ = Buffer<float>(size_t(rows * Cx_));
-      emb_ids_ = Buffer<int32_t>(size_t(rows));
+      emb_rows_ = backend::DeviceArray<float>(*be_, size_t(rows * Cx_));
+      emb_ids_ = backend::DeviceArray<int32_t>(*be_, size_t(rows));
     }
   }
   rs_remaining_.assign(size_t(cfg_.n_layer) + 1, 0);
@@ -188,7 +196,7 @@ ParallelTransformer::ParallelTransformer(const ModelConfig& config, ProcessGroup
   build_buckets();
 
   const int64_t N = int64_t(local_batch) * max_len;
-  acts_ = Buffer<float>(size_t(activation_bytes(opt_.recompute) / int64_t(sizeof(float))));
+  acts_ = backend::DeviceArray<float>(*be_, size_t(activation_bytes(opt_.recompute) / int64_t(sizeof(float))));
   a_ = std::make_unique<Acts>();
   float* cur = acts_.data();
   auto take = [&](int64_t n) { float* p = cur; cur += n; return p; };
@@ -241,7 +249,7 @@ ParallelTransformer::ParallelTransformer(const ModelConfig& config, ProcessGroup
     a_->dout16_t = as16(take(sz.dout16));
   }
   TETRAD_CHECK(cur == acts_.data() + acts_.size());
-  stats_ = Buffer<double>(size_t(N) * 2);
+  stats_ = backend::DeviceArray<double>(*be_, size_t(N) * 2);
   if (!be_->capabilities().host_visible)
     for (auto& b : ids_dev_) b = be_->alloc_array<int32_t>(size_t(N));
   row_max_ = be_->alloc_array<float>(size_t(N));
@@ -386,7 +394,7 @@ void ParallelTransformer::backward_chunk(int l0, int l1, bool embed, bool head,
     zero_layer_grad_blocks(-1);
   }
   if (sparse_embedding_ && embed)  // the token ids the Z group's embedding rows belong to
-    emb_ids_ticket_ = q_.start(g_.z.iallgather(inputs, emb_ids_.data(), size_t(N), q_.ready()), g_.z,
+    emb_ids_ticket_ = q_.start(g_.z.iallgather(device_ids(inputs, N, 0), emb_ids_.data(), size_t(N), q_.ready()), g_.z,
                                "allgather", "embedding ids", -1,
                                N * g_.shape.z * int64_t(sizeof(int32_t)));
   if (head) {
@@ -394,10 +402,11 @@ void ParallelTransformer::backward_chunk(int l0, int l1, bool embed, bool head,
     // Head: dlogits [N, Vy] -> dlnf [N, Cx] (sum over Y), d(head block): a normal layer.
     linear_bwd("head", a.dln, a.logits, act(a.lnf, a.lnf16), head_, -1, Cx_, Vy_, g_.y, N);
     if (sparse_embedding_) scatter_top_grads(/*head_part=*/true);
-    std::fill(a.dresid, a.dresid + N * Cx_, 0.0f);
+    zero_dev(a.dresid, N * Cx_);
     norm_bwd(a.dresid, a.dln, x_last, a.lnf_mean, a.lnf_rstd, lnf_w_, lnf_b_, N);
   } else {
-    std::memcpy(a.dresid, dout, size_t(N * Cx_) * sizeof(float));  // from the next stage
+    // From the next stage, in host memory (the pipeline's receive buffer).
+    bq().copy_to_device(a.dresid, dout, size_t(N * Cx_) * sizeof(float));
   }
 
   for (int l = l1 - 1; l >= l0; --l) {

@@ -18,8 +18,9 @@
 // Gathered weights are reused while they are valid: from the first gather after a parameter
 // change (params(), set_tensor, init_weights, begin_step, zero_grads) until the next one.
 //
-// The serial Transformer<T> (model/transformer.hpp) is the reference this class is tested
-// against: on any grid it must follow the same trajectory within fp32 rounding.
+// The serial Transformer<T> (tests/support/transformer.hpp, the test oracle) is the reference
+// this class is tested against: on any grid it must follow the same trajectory within fp32
+// rounding.
 // Not thread-safe. All methods except the accessors are collective over the grid.
 #pragma once
 #include <cstdint>
@@ -83,6 +84,8 @@ class ParallelTransformer {
   // The backend the model computes on and its GEMM precision (ParallelOptions).
   backend::Backend& compute_backend() const { return *be_; }
   backend::Precision gemm_precision() const { return precision_; }
+  // The arithmetic of attention's products (ParallelOptions::attention_precision, resolved).
+  backend::Precision attention_precision() const { return attention_precision_; }
   // Bytes of this rank's activation buffer (the forward's saved tensors and the backward's
   // scratch) as allocated, and what it would be under any recompute mode.
   int64_t activation_bytes() const { return int64_t(acts_.size() * sizeof(float)); }
@@ -337,6 +340,8 @@ class ParallelTransformer {
   bool staged(const TensorShard& t) const;
   void gather_shard(const float* shard, size_t index, float* full);
   std::vector<float> shard_of(size_t index, const float* full) const;
+  // n floats of host memory into device memory of the model's backend (complete on return).
+  void upload(float* dev, const float* host, int64_t n) const;
 
   // weight_gather.cpp: the Z all-gathers of the weights into slots, prefetched and reused.
   void issue_gather(int layer);          // start the all-gather of a layer's Z shards (-1: top)
@@ -370,10 +375,24 @@ class ParallelTransformer {
 
   ModelConfig cfg_;
   ProcessGroups& g_;
+  // Releases the groups' staging of this model's backend (ProcessGroups::use_backend) last of
+  // all, after the pending requests (q_) have copied their results back.
+  struct BackendUse {
+    ProcessGroups* groups = nullptr;
+    backend::Backend* be = nullptr;
+    BackendUse() = default;
+    BackendUse(const BackendUse&) = delete;
+    BackendUse& operator=(const BackendUse&) = delete;
+    ~BackendUse() {
+      if (groups) groups->release_backend(*be);
+    }
+  } backend_use_;
   ParallelOptions opt_;
   OptimizerLayout zl_;
   std::vector<int64_t> piece_;  // ZeRO piece length of each tensor: ceil(shard_numel / Gd)
-  Buffer<float> zero_tmp_;      // Gd pieces: reduce-scatter input / all-gather output
+  // Device memory of the model's backend from here on (backend::DeviceArray): the host reaches
+  // it only through the queue's copies (docs/backend.md, "Device memory").
+  backend::DeviceArray<float> zero_tmp_;  // Gd pieces: reduce-scatter input / all-gather output
   int scratch_layer_ = -1;      // layer whose recomputable activations the scratch holds
   std::vector<float*> layer_begin_;  // start of each layer's activations; [n_layer]: globals
   ParamTable table_;
@@ -382,14 +401,14 @@ class ParallelTransformer {
   int local_batch_, max_len_;
   bool gpt2_;
   int64_t Cx_, Ay_, QKVy_, Fy_, FWy_, Vy_, nhy_, nkvy_, hd_;
-  Buffer<float> params_, grads_;
+  backend::DeviceArray<float> params_, grads_;
   OverlapOptions ov_;
   // Gathered weights: slots of layer blocks (prefetch_depth + 1 of them, or one per layer with the
   // cache), which layer each holds (-2: none) and its pending all-gathers.
-  std::vector<Buffer<float>> gathered_;
+  std::vector<backend::DeviceArray<float>> gathered_;
   std::vector<int> slot_layer_;
   std::vector<std::vector<CommQueue::Ticket>> slot_tickets_;
-  Buffer<float> gathered_top_;
+  backend::DeviceArray<float> gathered_top_;
   bool top_valid_ = false;
   // apply_update() started the next step's first gathers (of the updated parameters): the next
   // begin_step keeps them instead of dropping the gathered copies.
@@ -406,27 +425,28 @@ class ParallelTransformer {
   std::vector<backend::DeviceBuffer> gathered16_;
   // Gradient blocks: two layer buffers (a layer's reduce-scatter may still read one while the
   // next layer fills the other), their pending reduce-scatters, the results' landing area.
-  Buffer<float> gblock_[2], gblock_top_, scatter_tmp_;
+  backend::DeviceArray<float> gblock_[2], gblock_top_, scatter_tmp_;
   std::vector<CommQueue::Ticket> rs_tickets_[3];  // [layer parity], [2]: top
   std::vector<int> rs_remaining_;  // per layer + 1: reduce-scatters still running
   // Sparse embedding gradient (ParallelOptions::sparse_embedding_grad, decided at construction).
   bool sparse_embedding_ = false;
-  Buffer<float> emb_rows_;        // Gz x N x Cx: every Z rank's embedding-output gradient rows
-  Buffer<int32_t> emb_ids_;       // Gz x N: their token ids
+  backend::DeviceArray<float> emb_rows_;  // Gz x N x Cx: every Z rank's embedding-output gradient rows
+  backend::DeviceArray<int32_t> emb_ids_;  // Gz x N: their token ids
   CommQueue::Ticket emb_ids_ticket_ = 0, head_rs_ticket_ = 0;
   std::vector<Bucket> buckets_;
-  Buffer<float> bucket_buf_;
+  backend::DeviceArray<float> bucket_buf_;
   size_t next_bucket_[2] = {0, 0};  // per group kind (replicated, sharded): next to start
   std::vector<char> final_sharded_, final_repl_;  // per layer + 1, this step
   int expected_micro_ = 0, micro_done_ = 0;
-  Buffer<float> acts_;
+  backend::DeviceArray<float> acts_;
   backend::DeviceBuffer rope_cos_, rope_sin_;  // [max_seq, hd/2] rotary tables (Llama)
-  Buffer<double> stats_;  // [N, 2] row statistics for the all-reduces
+  backend::DeviceArray<double> stats_;  // [N, 2] row statistics for the all-reduces
   // The backend this model computes on, its GEMM precision, and device scratch: token ids and
   // targets copied from the host (when the device is not host memory), the cross-entropy's row
   // maxima, one double for sums read back, greedy decoding's per-row winners.
   backend::Backend* be_ = nullptr;
   backend::Precision precision_ = backend::Precision::FP32;
+  backend::Precision attention_precision_ = backend::Precision::FP32;
   backend::DeviceBuffer ids_dev_[2], row_max_, scalar_, argmax_idx_, argmax_val_;
   const backend::OpTable& ops() const { return be_->ops(); }
   backend::RopeArgs rope_args(float* x, int64_t N, int T, int pos0 = 0) const;  // this rank's q|k heads
@@ -440,6 +460,14 @@ class ParallelTransformer {
   // logits (rows of [rows, Vy], device) over the whole vocabulary into host_logits_ [rows, V].
   const float* whole_vocabulary(const float* logits, int64_t rows);
   backend::Queue& bq() const { return be_->queue(); }
+  // Zeros / a copy of n elements of device memory, through the queue (the host never touches
+  // the model's buffers: they may be a GPU's).
+  template <typename T> void zero_dev(T* p, int64_t n) const {
+    if (n > 0) bq().fill_zero(p, size_t(n) * sizeof(T));
+  }
+  template <typename T> void copy_dev(T* dst, const T* src, int64_t n) const {
+    if (n > 0 && dst != src) bq().copy_on_device(dst, src, size_t(n) * sizeof(T));
+  }
   // `host` (n ids) as a device pointer: itself on a host-visible backend, else copied to slot.
   const int32_t* device_ids(const int32_t* host, int64_t n, int slot);
   // The double at `dev` (device memory) on the host.

@@ -33,7 +33,13 @@ std::vector<float> ParallelTransformer::shard_of(size_t i, const float* full) co
 void ParallelTransformer::scatter_tensor(float* local, size_t i, const float* full) const {
   const TensorShard& t = plan_.tensors[i];
   const std::vector<float> shard = shard_of(i, full);
-  std::memcpy(local + t.offset, shard.data(), t.shard_numel * sizeof(float));
+  upload(local + t.offset, shard.data(), t.shard_numel);
+}
+
+void ParallelTransformer::upload(float* dev, const float* host, int64_t n) const {
+  if (n <= 0) return;
+  bq().copy_to_device(dev, host, size_t(n) * sizeof(float));
+  bq().synchronize();  // `host` may go away when the caller returns
 }
 
 void ParallelTransformer::gather_tensor(const float* local, size_t i, float* full) {
@@ -48,10 +54,13 @@ void ParallelTransformer::gather_shard(const float* shard, size_t i, float* full
   std::fill(full, full + t.spec->numel, 0.0f);
   if (t.stored) {
     std::vector<float> block(t.z_sharded ? t.shard_numel * g_.shape.z : t.block_numel);
-    if (t.z_sharded && g_.shape.z > 1)
+    if (t.z_sharded && g_.shape.z > 1) {
+      bq().synchronize();  // the shard is final (the host side of a staged all-gather reads it)
       g_.z.allgather(shard, block.data(), size_t(t.shard_numel));
-    else
-      std::memcpy(block.data(), shard, t.block_numel * sizeof(float));
+    } else if (t.block_numel > 0) {
+      bq().copy_to_host(block.data(), shard, size_t(t.block_numel) * sizeof(float));
+      bq().synchronize();
+    }
     const GridCoord& c = g_.coord;
     bool owner = c.d == 0 && c.z == 0 && owns(t);
     if (t.layout == ShardLayout::ColsX) owner = owner && c.y == 0;
@@ -65,7 +74,7 @@ void ParallelTransformer::scatter_state_tensor(float* state, size_t i, const flo
   if (opt_.zero == 0) return scatter_tensor(state, i, full);
   const std::vector<float> shard = shard_of(i, full);
   const int64_t lo = zl_.param_offsets[i] - plan_.tensors[i].offset;
-  std::memcpy(state + zl_.state_offsets[i], shard.data() + lo, zl_.sizes[i] * sizeof(float));
+  upload(state + zl_.state_offsets[i], shard.data() + lo, zl_.sizes[i]);
 }
 
 void ParallelTransformer::gather_state_tensor(const float* state, size_t i, float* full) {
@@ -73,9 +82,13 @@ void ParallelTransformer::gather_state_tensor(const float* state, size_t i, floa
   const int64_t q = piece_[i];
   float* pieces = zero_tmp_.data();
   float* mine = pieces + q * g_.shape.d;
-  std::fill(mine, mine + q, 0.0f);
-  std::memcpy(mine, state + zl_.state_offsets[i], zl_.sizes[i] * sizeof(float));
-  if (q > 0) g_.d.allgather(mine, pieces, size_t(q));  // q = 0: not stored on this stage
+  zero_dev(mine, q);
+  copy_dev(mine, state + zl_.state_offsets[i], zl_.sizes[i]);
+  if (q > 0 && g_.d.size() > 1) {  // q = 0: not stored on this stage
+    bq().synchronize();  // a staged all-gather reads `mine` from the host side
+    g_.d.allgather(mine, pieces, size_t(q));
+  } else
+    copy_dev(pieces, static_cast<const float*>(mine), q);
   gather_shard(pieces, i, full);  // the pieces in D order are the shard (padding past its end)
 }
 

@@ -14,6 +14,20 @@ double seconds_since(std::chrono::steady_clock::time_point t0) {
 }
 // Message tags: one per (micro-batch, receiving virtual stage, direction), unique within a step.
 int tag(int micro, int j, int V, bool forward) { return (micro * V + j) * 2 + (forward ? 0 : 1); }
+// Hidden states cross the stages in host memory (the messages' buffers; a device model's are
+// copied through its queue).
+void to_model(ParallelTransformer& m, float* dev, const float* host, int64_t n) {
+  backend::Queue& q = m.compute_backend().queue();
+  q.copy_to_device(dev, host, size_t(n) * sizeof(float));
+  q.synchronize();
+}
+std::vector<float> from_model(ParallelTransformer& m, const float* dev, int64_t n) {
+  backend::Queue& q = m.compute_backend().queue();
+  std::vector<float> host(static_cast<size_t>(n));
+  q.copy_to_host(host.data(), dev, size_t(n) * sizeof(float));
+  q.synchronize();
+  return host;
+}
 }  // namespace
 
 PipelineDriver::PipelineDriver(ParallelTransformer& model, PipelineSchedule schedule,
@@ -80,13 +94,13 @@ double PipelineDriver::step(const int32_t* inputs, const int32_t* targets, int B
     const auto t_op = std::chrono::steady_clock::now();
 
     if (op.forward) {
-      if (!ch.embed) std::memcpy(m_.chunk_input(ch.l0), in.data(), size_t(n) * sizeof(float));
+      if (!ch.embed) to_model(m_, m_.chunk_input(ch.l0), in.data(), n);
       m_.forward_chunk(ch.l0, ch.l1, ch.embed, ch.head, x, B, T);
       if (ch.head) {
         loss += m_.chunk_loss(y, B, T, grad_scale, true);
       } else {
-        const float* out = m_.chunk_output(ch.l1);
-        sends.push_back(g_.p.isend(std::vector<float>(out, out + n), next, tag(op.micro, j + 1, V, true)));
+        sends.push_back(g_.p.isend(from_model(m_, m_.chunk_output(ch.l1), n), next,
+                                   tag(op.micro, j + 1, V, true)));
       }
       stashed[{op.micro, op.chunk}] = m_.stash(ch.l0, ch.l1, ch.embed, ch.head);
     } else {
@@ -96,8 +110,8 @@ double PipelineDriver::step(const int32_t* inputs, const int32_t* targets, int B
       stashed.erase(it);
       m_.backward_chunk(ch.l0, ch.l1, ch.embed, ch.head, x, in.data(), B, T);
       if (!ch.embed) {
-        const float* d = m_.input_grad();
-        sends.push_back(g_.p.isend(std::vector<float>(d, d + n), prev, tag(op.micro, j - 1, V, false)));
+        sends.push_back(g_.p.isend(from_model(m_, m_.input_grad(), n), prev,
+                                   tag(op.micro, j - 1, V, false)));
       }
     }
     // Completed sends free their copies; the rest are waited for at the end.
@@ -138,8 +152,7 @@ double PipelineDriver::forward_loss(const int32_t* inputs, const int32_t* target
     if (ch.head) {
       loss += m_.chunk_loss(targets, B, T, 0.0f, false);
     } else {
-      const float* out = m_.chunk_output(ch.l1);
-      sends.push_back(g_.p.isend(std::vector<float>(out, out + n), next, tag(0, j + 1, V, true)));
+      sends.push_back(g_.p.isend(from_model(m_, m_.chunk_output(ch.l1), n), next, tag(0, j + 1, V, true)));
     }
   }
   for (auto& r : sends) r.wait();

@@ -50,10 +50,14 @@ std::vector<float> ParallelTransformer::stash(int l0, int l1, bool embed, bool h
   const auto regions = chunk_regions(l0, l1, embed, head);
   size_t total = 1;
   for (const auto& r : regions) total += r.second;
-  std::vector<float> out;
-  out.reserve(total);
-  for (auto [p, n] : regions) out.insert(out.end(), p, p + n);
-  out.push_back(float(scratch_layer_));  // exact for any layer index
+  std::vector<float> out(total);
+  size_t at = 0;
+  for (auto [p, n] : regions) {
+    if (n) bq().copy_to_host(out.data() + at, p, n * sizeof(float));
+    at += n;
+  }
+  bq().synchronize();
+  out.back() = float(scratch_layer_);  // exact for any layer index
   return out;
 }
 
@@ -67,10 +71,11 @@ void ParallelTransformer::restore(int l0, int l1, bool embed, bool head, const s
   size_t at = 0;
   for (auto [p, n] : chunk_regions(l0, l1, embed, head)) {
     TETRAD_CHECK(at + n < s.size(), "activation stash of the wrong chunk");
-    std::memcpy(p, s.data() + at, n * sizeof(float));
+    if (n) bq().copy_to_device(p, s.data() + at, n * sizeof(float));
     at += n;
   }
   TETRAD_CHECK(at + 1 == s.size(), "activation stash of the wrong chunk");
+  bq().synchronize();  // the stash may be freed when the caller returns
   scratch_layer_ = int(s.back());
 }
 

@@ -25,6 +25,20 @@ std::string ranks_list(const std::vector<int>& ranks) {
 }
 }  // namespace
 
+void ProcessGroups::use_backend(backend::Backend& be) {
+  if (be.capabilities().host_visible) return;
+  if (!staging) {
+    staging = std::make_shared<BackendStaging>();
+    for (const Communicator* c : {&world, &x, &y, &z, &d, &zd, &p})
+      if (!c->is_self()) c->stage_device_memory(staging);
+  }
+  staging->add(be);
+}
+
+void ProcessGroups::release_backend(backend::Backend& be) {
+  if (staging && !be.capabilities().host_visible) staging->remove(be);
+}
+
 ProcessGroups::ProcessGroups()
     : world(Communicator::self("world")),
       x(Communicator::self("x")),

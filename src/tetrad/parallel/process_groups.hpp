@@ -14,9 +14,12 @@
 // 4 ranks but mpirun started 2 ..."); MPI failures while splitting throw tetrad::Error naming the
 // group. Not thread-safe (communicator creation is collective; main thread only).
 #pragma once
+#include <memory>
 #include <string>
 
+#include "tetrad/backend/backend.hpp"
 #include "tetrad/comm/communicator.hpp"
+#include "tetrad/parallel/device_staging.hpp"
 #include "tetrad/parallel/grid.hpp"
 
 namespace tetrad::parallel {
@@ -37,6 +40,13 @@ struct ProcessGroups {
 
   // The group along one axis.
   const comm::Communicator& group(Axis axis) const;
+
+  // A model on `be` uses these groups: where its memory is not host memory, the groups' host
+  // communicators (MPI) stage its buffers through host memory from now on (device_staging.hpp).
+  // release_backend undoes one use_backend. No-op on a host-visible backend.
+  void use_backend(backend::Backend& be);
+  void release_backend(backend::Backend& be);
+  std::shared_ptr<BackendStaging> staging;  // null until a device backend uses the groups
   // One line, e.g. "rank 3 = (x1,y1,z0,d0) of 2x2x1x1: x [2,3] y [1,3] z [3] d [3] zd [3]"
   // (each group's world ranks in group order; "p [...]" too when Gp > 1).
   std::string summary() const;

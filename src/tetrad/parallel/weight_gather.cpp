@@ -169,11 +169,11 @@ void ParallelTransformer::gather_updated_params() {
     const int64_t q = piece_[i];
     float* pieces = zero_tmp_.data();
     float* mine = pieces + q * g_.shape.d;
-    std::fill(mine, mine + q, 0.0f);
-    std::memcpy(mine, params_.data() + zl_.param_offsets[i], zl_.sizes[i] * sizeof(float));
+    zero_dev(mine, q);
+    copy_dev(mine, params_.data() + zl_.param_offsets[i], zl_.sizes[i]);
     q_.run(g_.d.iallgather(mine, pieces, size_t(q), q_.ready()), g_.d, "allgather", "updated pieces over D",
            t.spec->layer, q * g_.shape.d * int64_t(sizeof(float)));
-    std::memcpy(params_.data() + t.offset, pieces, t.shard_numel * sizeof(float));
+    copy_dev(params_.data() + t.offset, pieces, t.shard_numel);
   }
 }
 

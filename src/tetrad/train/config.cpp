@@ -256,6 +256,8 @@ const std::vector<Field>& schema() {
                    "its input and reruns its forward before its backward)"),
       STRING_FIELD("train.precision", c.train.precision,
                    "GEMM precision: \"fp32\", \"bf16\" (bf16 operands, fp32 accumulation; fp32 master weights, gradients, optimizer, norms, softmax, loss) or \"auto\" (bf16 where the CPU has AMX-BF16 or AVX512-BF16, else fp32)"),
+      STRING_FIELD("train.attention_precision", c.train.attention_precision,
+                   "attention's products (QK^T, PV and the backward's): \"auto\" (bf16 in bf16 runs where the bf16 attention kernel is the faster one, i.e. on CPUs with AMX; else fp32), \"fp32\" or \"bf16\" (bf16 operands, fp32 accumulation and softmax statistics)"),
       STRING_FIELD("train.loss_mask", c.train.loss_mask,
                    "targets dropped from the loss: \"none\", \"goldfish\" (hashed, Hans et al. "
                    "2024), \"static\" (every k-th) or \"random\" (per position)"),
@@ -360,6 +362,10 @@ void RunConfig::validate() const {
                                           virtual_stages);
   }
   if (t.precision != "auto") kernels::parse_precision(t.precision);  // throws naming the choices
+  if (t.attention_precision != "auto" && t.attention_precision != "fp32" &&
+      t.attention_precision != "bf16")
+    fail("train.attention_precision = \"", t.attention_precision,
+         "\": expected \"auto\", \"fp32\" or \"bf16\"");
 }
 
 RunConfig load_run_config(const std::string& path, const std::vector<std::string>& overrides) {

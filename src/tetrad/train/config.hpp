@@ -40,6 +40,9 @@ struct TrainConfig {
   // GEMM precision: "fp32", "bf16" (bf16 operands, fp32 accumulation, fp32 master weights and
   // optimizer; backend/cpu/precision.hpp) or "auto" (bf16 where the CPU has bf16 matrix units).
   std::string precision = "auto";
+  // Arithmetic of attention's products: "auto" (bf16 in bf16 runs where the bf16 attention kernel
+  // is the faster one: CPUs with AMX; else fp32), "fp32" or "bf16" (docs/precision.md).
+  std::string attention_precision = "auto";
   std::string loss_mask = "none";  // none | goldfish | static | random (train/loss_mask.hpp)
   int goldfish_k = 4;
   int goldfish_h = 13;

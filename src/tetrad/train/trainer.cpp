@@ -37,6 +37,7 @@
 #include "tetrad/data/loader.hpp"
 #include "tetrad/data/tokenizer.hpp"
 #include "tetrad/backend/cpu/ops.hpp"
+#include "tetrad/backend/cpu/attention_bf16.hpp"
 #include "tetrad/backend/cpu/precision.hpp"
 #include "tetrad/model/params.hpp"
 #include "tetrad/parallel/grid.hpp"
@@ -416,6 +417,9 @@ TrainResult train(const RunConfig& cfg, const TrainOptions& opt, std::ostream& l
   parallel::ParallelOptions popt;
   popt.precision = precision == kernels::Precision::BF16 ? backend::Precision::BF16
                                                          : backend::Precision::FP32;
+  if (t.attention_precision != "auto")
+    popt.attention_precision = t.attention_precision == "bf16" ? backend::Precision::BF16
+                                                               : backend::Precision::FP32;
   popt.recompute = parallel::parse_recompute(t.recompute);
   popt.zero = cfg.zero;
   popt.virtual_stages = cfg.virtual_stages;
@@ -774,11 +778,20 @@ TrainResult train(const RunConfig& cfg, const TrainOptions& opt, std::ostream& l
         << (loss_mask.mode == LossMaskMode::Goldfish ? ", h = " + std::to_string(t.goldfish_h) : std::string())
         << "): about 1 in " << t.goldfish_k << " targets dropped from the loss\n";
   if (!opt.quiet) {
+    const std::string attn_path = &model.compute_backend() == &backend::cpu_backend()
+                                      ? std::string(" (") + kernels::attention_bf16_path() + ")"
+                                      : std::string();
     if (precision == kernels::Precision::BF16)
       out << "precision: bf16 GEMMs, fp32 master weights and optimizer; "
           << kernels::bf16_matmul_path()
           << (t.precision == "auto" ? " (auto: " + kernels::auto_precision_reason() + ")" : "")
-          << "\n";
+          << "; attention "
+          << (model.attention_precision() == backend::Precision::BF16
+                  ? "bf16 products" + attn_path
+                  : std::string("fp32"))
+          << (t.attention_precision == "auto" ? " (auto)" : "") << "\n";
+    else if (model.attention_precision() == backend::Precision::BF16)
+      out << "precision: fp32 GEMMs; attention bf16 products" << attn_path << "\n";
     else if (t.precision == "auto")
       out << "precision: fp32 (auto: " << kernels::auto_precision_reason() << ")\n";
   }

@@ -1,33 +1,59 @@
 // bf16 attention on the matrix units: see attention_bf16.hpp for the contract and the method.
+//
+// Packed layouts (bf16 bits, uint16_t), per head slice, T rows padded to Tp (a multiple of 32),
+// head_dim padded to hdp (a multiple of 32), zeros in the padding:
+//   rows    [Tp][hdp]                 the first operand A of a product (row-major)
+//   npanels [Tp/16][hdp/2][16][2]     X as the second operand of A·Xᵀ: panels of 16 rows of X,
+//                                     pairs of head columns interleaved (AMX's / vdpbf16ps's
+//                                     "VNNI" B layout, K = head columns)
+//   dpanels [hdp/16][Tp/2][16][2]     X as the second operand of A·X: panels of 16 head columns,
+//                                     pairs of rows interleaved (K = rows)
+//   trows   [hdp][ldt]                Xᵀ as a first operand (K = rows of X)
+// A product C[M][N] (+)= A[M][K]·B reads B as panels of 16 columns (panel stride `pstride`
+// elements, row pair p of a panel at p * 32); M, N are multiples of 32 and K of 32 everywhere.
 #include "tetrad/backend/cpu/attention_bf16.hpp"
 
-#include <oneapi/dnnl/dnnl.hpp>
+#include <immintrin.h>
+#include <omp.h>
 
 #include <algorithm>
 #include <bit>
 #include <cmath>
+#include <cstdlib>
 #include <cstring>
 #include <limits>
-#include <string>
-#include <type_traits>
-#include <unordered_map>
+#include <memory>
 #include <vector>
 
 #include "tetrad/backend/cpu/precision.hpp"
+#include "tetrad/core/cpu.hpp"
 #include "tetrad/core/error.hpp"
+
+// The vector helpers pass vectors by value; they are always inlined, so the ABI note is moot.
+#pragma GCC diagnostic ignored "-Wpsabi"
 
 namespace tetrad::kernels {
 namespace {
 
-constexpr int64_t kBlock = 128;  // rows of a query or key block (products of 128 x 128 x hd)
+#define TETRAD_INLINE inline __attribute__((always_inline))
+#define TETRAD_T_AVX2 __attribute__((target("avx2,fma")))
+#define TETRAD_T_AVX512BF16 \
+  __attribute__((target("avx512f,avx512bw,avx512vl,avx512dq,avx512bf16,avx2,fma")))
+#define TETRAD_T_AMX \
+  __attribute__((target("avx512f,avx512bw,avx512vl,avx512dq,avx512bf16,avx2,fma,amx-tile,amx-bf16")))
+
+constexpr int kB = 32;            // rows of a query or key block; head_dim is padded to it
+constexpr int kMaxHdp = 1024;     // head_dim limit (the packers' row buffers)
 constexpr float kLog2e = 1.4426950408889634f;
 constexpr float kLn2 = 0.6931471805599453f;
+
+typedef uint32_t u32_alias __attribute__((may_alias));
 
 int64_t round_up(int64_t x, int64_t m) { return (x + m - 1) / m * m; }
 
 // 2^x, x clamped to [-126, 126]: the degree-6 fit of attention.cpp (relative error 2e-8), written
 // scalar so the row loops vectorise.
-inline float exp2_fast(float x) {
+TETRAD_INLINE float exp2_fast(float x) {
   x = x < -126.0f ? -126.0f : x;
   x = x > 126.0f ? 126.0f : x;
   constexpr float magic = 1.5f * 8388608.0f;
@@ -43,392 +69,759 @@ inline float exp2_fast(float x) {
   return p * std::bit_cast<float>(e);
 }
 
-// The stored operand type: bf16 bits (native) or fp32 holding bf16-rounded values (emulated).
-// Branch-free (so the row loops vectorise), the same bits as float_to_bf16: round to nearest
-// even, NaN kept quiet.
-inline uint16_t bf16_bits(float x) {
+// Round to bf16, nearest even, NaN kept quiet: the bits of float_to_bf16, branch-free so the row
+// loops vectorise.
+TETRAD_INLINE uint16_t bf16_bits(float x) {
   const uint32_t u = std::bit_cast<uint32_t>(x);
   const uint32_t rounded = (u + 0x7fffu + ((u >> 16) & 1u)) >> 16;
   const uint32_t nan = (u >> 16) | 0x40u;
   return uint16_t((u & 0x7fffffffu) > 0x7f800000u ? nan : rounded);
 }
-template <class S>
-inline S to_stored(float x) {
-  if constexpr (std::is_same_v<S, uint16_t>) return bf16_bits(x);
-  else return std::bit_cast<float>(uint32_t(bf16_bits(x)) << 16);
-}
 
-using dnnl::memory;
-
-dnnl::engine& engine() {
-  static dnnl::engine eng(dnnl::engine::kind::cpu, 0);
-  return eng;
-}
-
-struct MmKey {
-  int64_t M, N, K;
-  bool nt, accumulate, bf16;
-  bool operator==(const MmKey&) const = default;
-};
-struct MmKeyHash {
-  size_t operator()(const MmKey& k) const {
-    size_t h = 1469598103934665603ull;
-    for (int64_t v : {k.M, k.N, k.K, int64_t(k.nt) | int64_t(k.accumulate) << 1 | int64_t(k.bf16) << 2})
-      h = (h ^ uint64_t(v)) * 1099511628211ull;
-    return h;
-  }
-};
-struct Mm {
-  dnnl::matmul prim;
-  memory::desc src, wei, dst;
-};
-
-std::string g_path = "not run yet";
-
-// dst[M, N] (+)= src[M, K] · W, all compact; W stored [N, K] (nt: the product's second operand
-// transposed, the weights' layout) or [K, N]. Called inside the kernel's parallel region: oneDNN
-// then runs it on the calling thread alone. Primitives are cached per thread and shape.
-template <class S>
-void mm(int64_t M, int64_t N, int64_t K, const S* src, const S* w, bool nt, float* dst,
-        bool accumulate) {
-  constexpr bool kBf16 = std::is_same_v<S, uint16_t>;
-  thread_local std::unordered_map<MmKey, Mm, MmKeyHash> cache;
-  thread_local dnnl::stream strm(engine());
-  const MmKey key{M, N, K, nt, accumulate, kBf16};
-  auto it = cache.find(key);
-  if (it == cache.end()) {
-    using dt = memory::data_type;
-    const dt st = kBf16 ? dt::bf16 : dt::f32;
-    Mm b;
-    b.src = memory::desc({M, K}, st, memory::format_tag::ab);
-    b.wei = memory::desc({K, N}, st, nt ? memory::format_tag::ba : memory::format_tag::ab);
-    b.dst = memory::desc({M, N}, dt::f32, memory::format_tag::ab);
-    dnnl::primitive_attr attr;
-    if (accumulate) {
-      dnnl::post_ops po;
-      po.append_sum(1.0f);
-      attr.set_post_ops(po);
-    }
-#if DNNL_VERSION_MAJOR >= 3
-    dnnl::matmul::primitive_desc pd(engine(), b.src, b.wei, b.dst, attr);
-#else
-    dnnl::matmul::primitive_desc pd(dnnl::matmul::desc(b.src, b.wei, b.dst), attr, engine());
-#endif
-    if (M == kBlock && K != kBlock) {  // one representative shape names the path
-#pragma omp critical(tetrad_attention_bf16_path)
-      g_path = std::string(kBf16 ? "native (oneDNN bf16 matmul '" : "emulated (oneDNN f32 matmul '") +
-               pd.impl_info_str() + "')";
-    }
-    b.prim = dnnl::matmul(pd);
-    it = cache.emplace(key, std::move(b)).first;
-  }
-  const Mm& b = it->second;
-  memory sm(b.src, engine(), const_cast<S*>(src)), wm(b.wei, engine(), const_cast<S*>(w)),
-      dm(b.dst, engine(), dst);
-  b.prim.execute(strm, {{DNNL_ARG_SRC, sm}, {DNNL_ARG_WEIGHTS, wm}, {DNNL_ARG_DST, dm}});
-  strm.wait();
-}
-
-// Shapes of one call. Sequences are padded to whole blocks (zero rows).
-struct Shape {
-  int64_t B, nh, nkv, g, hd, Tq, Tk, Bq, Bk, Tqp, Tkp, q_offset;
-  Shape(const AttentionDims& d, int64_t qoff)
-      : B(d.B), nh(d.n_head), nkv(d.n_kv_head), g(d.n_head / d.n_kv_head), hd(d.head_dim),
-        Tq(d.Tq), Tk(d.Tk), Bq(std::min(kBlock, round_up(d.Tq, 16))),
-        Bk(std::min(kBlock, round_up(d.Tk, 16))), Tqp(round_up(d.Tq, Bq)), Tkp(round_up(d.Tk, Bk)),
-        q_offset(qoff) {}
-  // Keys (a multiple of Bk) some query of the block starting at i0 sees.
-  int64_t key_prefix(int64_t i0) const {
-    const int64_t last = q_offset + std::min(Tq, i0 + Bq) - 1;
-    return std::min(Tkp, (last / Bk + 1) * Bk);
-  }
-  // Keys of row i (query index) that it sees: causal, and within the Tk real keys.
-  int64_t visible(int64_t i) const {
-    return i < Tq ? std::clamp<int64_t>(q_offset + i + 1, 0, Tk) : 0;
-  }
-};
-
-// dst[b][h][t][c] = x[b * bs + t * rs + h * hd + c] as stored values, zero for t in [T, Tp).
-template <class S>
-void pack(S* dst, const float* x, int64_t B, int64_t H, int64_t hd, int64_t T, int64_t Tp,
-          int64_t rs, int64_t bs) {
-#pragma omp for collapse(2) schedule(static)
-  for (int64_t bh = 0; bh < B * H; ++bh)
-    for (int64_t t = 0; t < Tp; ++t) {
-      const int64_t b = bh / H, h = bh % H;
-      S* o = dst + (bh * Tp + t) * hd;
-      if (t >= T) {
-        std::fill(o, o + hd, S(0));
-        continue;
-      }
-      const float* row = x + b * bs + t * rs + h * hd;
+// max of x[0..n), n >= 1, in 16 independent lanes (a plain max loop is one dependency chain: the
+// compiler does not reassociate it).
+TETRAD_INLINE float row_max(const float* x, int64_t n) {
+  float m[16];
+  for (int l = 0; l < 16; ++l) m[l] = x[0];
+  int64_t j = 0;
+  for (; j + 16 <= n; j += 16)
 #pragma omp simd
-      for (int64_t c = 0; c < hd; ++c) o[c] = to_stored<S>(row[c]);
-    }
+    for (int l = 0; l < 16; ++l) m[l] = x[j + l] > m[l] ? x[j + l] : m[l];
+  for (; j < n; ++j) m[0] = x[j] > m[0] ? x[j] : m[0];
+  float r = m[0];
+  for (int l = 1; l < 16; ++l) r = m[l] > r ? m[l] : r;
+  return r;
 }
 
-template <class S>
-struct Arena {
-  std::vector<S> q, k, v, dO;
-  std::vector<float> D, L;
+// ---- the block product, one per path ---------------------------------------------------------
+// gemm<acc>(M, N, K, A, lda, B, pstride, C, ldc): C[M][N] (+)= A[M][K] · B[K][N], A row-major
+// bf16, B in panels of 16 columns (see the file comment), C row-major fp32. M, N, K multiples of
+// 32. begin() / end() bracket a thread's use (AMX: the tile configuration).
+
+// Rounding to bf16 (to_bf16: n values; to_bf16_pairs: y[2l], y[2l+1] = x0[l], x1[l] for n, a
+// multiple of 16, values of each): vcvtne2ps2bf16 on the bf16 paths (round to nearest even;
+// like the bf16 units themselves it flushes denormals), the bit arithmetic of bf16_bits on the
+// emulated ones.
+struct Avx512Cvt {
+  static TETRAD_T_AVX512BF16 inline void to_bf16(const float* x, uint16_t* y, int64_t n) {
+    int64_t i = 0;
+    for (; i + 32 <= n; i += 32) {
+      const __m512bh v = _mm512_cvtne2ps_pbh(_mm512_loadu_ps(x + i + 16), _mm512_loadu_ps(x + i));
+      _mm512_storeu_si512(y + i, (__m512i)v);
+    }
+    for (; i < n; i += 16) {
+      const __mmask16 m = n - i >= 16 ? __mmask16(0xffff) : __mmask16((1u << (n - i)) - 1);
+      const __m256bh v = _mm512_cvtneps_pbh(_mm512_maskz_loadu_ps(m, x + i));
+      _mm256_mask_storeu_epi16(y + i, m, (__m256i)v);
+    }
+  }
+  static TETRAD_T_AVX512BF16 inline void to_bf16_pairs(const float* x0, const float* x1,
+                                                       uint16_t* y, int64_t n) {
+    alignas(64) static const uint16_t kInterleave[32] = {0,  16, 1,  17, 2,  18, 3,  19,
+                                                         4,  20, 5,  21, 6,  22, 7,  23,
+                                                         8,  24, 9,  25, 10, 26, 11, 27,
+                                                         12, 28, 13, 29, 14, 30, 15, 31};
+    const __m512i idx = _mm512_load_si512(kInterleave);
+    for (int64_t i = 0; i < n; i += 16) {
+      const __m512i v =
+          (__m512i)_mm512_cvtne2ps_pbh(_mm512_loadu_ps(x1 + i), _mm512_loadu_ps(x0 + i));
+      _mm512_storeu_si512(y + 2 * i, _mm512_permutexvar_epi16(idx, v));
+    }
+  }
 };
-template <class S>
-Arena<S>& shared_arena() {
-  thread_local Arena<S> a;  // the caller's: its parallel region's threads read it by reference
-  return a;
+struct ScalarCvt {
+  static inline void to_bf16(const float* x, uint16_t* y, int64_t n) {
+#pragma omp simd
+    for (int64_t i = 0; i < n; ++i) y[i] = bf16_bits(x[i]);
+  }
+  static inline void to_bf16_pairs(const float* x0, const float* x1, uint16_t* y, int64_t n) {
+    u32_alias* o = reinterpret_cast<u32_alias*>(y);
+#pragma omp simd
+    for (int64_t i = 0; i < n; ++i) o[i] = uint32_t(bf16_bits(x0[i])) | uint32_t(bf16_bits(x1[i])) << 16;
+  }
+};
+
+// AMX: all eight tiles 16 rows x 64 bytes; a 32 x 32 block of C is four accumulator tiles (0-3),
+// held across the whole K loop, fed by two A tiles (4, 5) and two B tiles (6, 7) per 32 of K.
+struct AmxMm : Avx512Cvt {
+  struct alignas(64) TileConfig {
+    uint8_t palette, start_row, reserved[14];
+    uint16_t colsb[16];
+    uint8_t rows[16];
+  };
+  static TETRAD_T_AMX inline void begin() {
+    TileConfig cfg{};
+    cfg.palette = 1;
+    for (int t = 0; t < 8; ++t) cfg.colsb[t] = 64, cfg.rows[t] = 16;
+    _tile_loadconfig(&cfg);
+  }
+  static TETRAD_T_AMX inline void end() { _tile_release(); }
+  template <bool kAcc>
+  static TETRAD_T_AMX inline void gemm(int64_t M, int64_t N, int64_t K, const uint16_t* A,
+                                              int64_t lda, const uint16_t* B, int64_t pstride,
+                                              float* C, int64_t ldc) {
+    const int64_t as = lda * 2, cs = ldc * 4;
+    for (int64_t m0 = 0; m0 < M; m0 += 32)
+      for (int64_t n0 = 0; n0 < N; n0 += 32) {
+        float* c0 = C + m0 * ldc + n0;
+        float* c1 = c0 + 16 * ldc;
+        if constexpr (kAcc) {
+          _tile_loadd(0, c0, cs);
+          _tile_loadd(1, c0 + 16, cs);
+          _tile_loadd(2, c1, cs);
+          _tile_loadd(3, c1 + 16, cs);
+        } else {
+          _tile_zero(0);
+          _tile_zero(1);
+          _tile_zero(2);
+          _tile_zero(3);
+        }
+        const uint16_t* a0 = A + m0 * lda;
+        const uint16_t* a1 = a0 + 16 * lda;
+        const uint16_t* b0 = B + (n0 / 16) * pstride;
+        const uint16_t* b1 = b0 + pstride;
+        for (int64_t k0 = 0; k0 < K; k0 += 32) {
+          _tile_loadd(4, a0 + k0, as);
+          _tile_loadd(6, b0 + k0 * 16, 64);
+          _tile_dpbf16ps(0, 4, 6);
+          _tile_loadd(7, b1 + k0 * 16, 64);
+          _tile_dpbf16ps(1, 4, 7);
+          _tile_loadd(5, a1 + k0, as);
+          _tile_dpbf16ps(2, 5, 6);
+          _tile_dpbf16ps(3, 5, 7);
+        }
+        _tile_stored(0, c0, cs);
+        _tile_stored(1, c0 + 16, cs);
+        _tile_stored(2, c1, cs);
+        _tile_stored(3, c1 + 16, cs);
+      }
+  }
+  // C[32][N] = A[32][K] · B for K <= 64: A's (up to) four tiles stay loaded (2-5) while the
+  // B panels stream through tiles 6-7 into the accumulators 0-1, one 16-column panel at a time:
+  // half the tile loads of gemm() for the score blocks, whose K is only head_dim.
+  static TETRAD_T_AMX inline void gemm_a32(int64_t N, int64_t K, const uint16_t* A, int64_t lda,
+                                           const uint16_t* B, int64_t pstride, float* C,
+                                           int64_t ldc) {
+    if (K > 64) return gemm<false>(32, N, K, A, lda, B, pstride, C, ldc);
+    const int64_t as = lda * 2, cs = ldc * 4;
+    const bool two = K > 32;
+    _tile_loadd(2, A, as);
+    _tile_loadd(3, A + 16 * lda, as);
+    if (two) {
+      _tile_loadd(4, A + 32, as);
+      _tile_loadd(5, A + 16 * lda + 32, as);
+    }
+    for (int64_t n0 = 0; n0 < N; n0 += 16) {
+      const uint16_t* b = B + (n0 / 16) * pstride;
+      _tile_zero(0);
+      _tile_zero(1);
+      _tile_loadd(6, b, 64);
+      _tile_dpbf16ps(0, 2, 6);
+      _tile_dpbf16ps(1, 3, 6);
+      if (two) {
+        _tile_loadd(7, b + 512, 64);
+        _tile_dpbf16ps(0, 4, 7);
+        _tile_dpbf16ps(1, 5, 7);
+      }
+      _tile_stored(0, C + n0, cs);
+      _tile_stored(1, C + 16 * ldc + n0, cs);
+    }
+  }
+};
+
+// AVX512-BF16: 8 rows x 32 columns of C in 16 zmm accumulators; per pair of K, two B vectors
+// (one per panel) and a broadcast pair of A per row.
+struct Avx512Bf16Mm : Avx512Cvt {
+  static inline void begin() {}
+  static inline void end() {}
+  static TETRAD_T_AVX512BF16 inline void gemm_a32(int64_t N, int64_t K, const uint16_t* A,
+                                                  int64_t lda, const uint16_t* B, int64_t pstride,
+                                                  float* C, int64_t ldc) {
+    gemm<false>(32, N, K, A, lda, B, pstride, C, ldc);
+  }
+  template <bool kAcc>
+  static TETRAD_T_AVX512BF16 inline void gemm(int64_t M, int64_t N, int64_t K,
+                                                     const uint16_t* A, int64_t lda,
+                                                     const uint16_t* B, int64_t pstride, float* C,
+                                                     int64_t ldc) {
+    constexpr int R = 8;
+    for (int64_t n0 = 0; n0 < N; n0 += 32) {
+      const uint16_t* b0 = B + (n0 / 16) * pstride;
+      const uint16_t* b1 = b0 + pstride;
+      for (int64_t m0 = 0; m0 < M; m0 += R) {
+        __m512 acc[R][2];
+#pragma GCC unroll 8
+        for (int r = 0; r < R; ++r) {
+          acc[r][0] = kAcc ? _mm512_loadu_ps(C + (m0 + r) * ldc + n0) : _mm512_setzero_ps();
+          acc[r][1] = kAcc ? _mm512_loadu_ps(C + (m0 + r) * ldc + n0 + 16) : _mm512_setzero_ps();
+        }
+        const uint16_t* a = A + m0 * lda;
+        for (int64_t kp = 0; kp < K / 2; ++kp) {
+          const __m512bh w0 = (__m512bh)_mm512_loadu_si512(b0 + kp * 32);
+          const __m512bh w1 = (__m512bh)_mm512_loadu_si512(b1 + kp * 32);
+#pragma GCC unroll 8
+          for (int r = 0; r < R; ++r) {
+            uint32_t x;
+            std::memcpy(&x, a + r * lda + 2 * kp, 4);
+            const __m512bh ar = (__m512bh)_mm512_set1_epi32(int(x));
+            acc[r][0] = _mm512_dpbf16_ps(acc[r][0], ar, w0);
+            acc[r][1] = _mm512_dpbf16_ps(acc[r][1], ar, w1);
+          }
+        }
+#pragma GCC unroll 8
+        for (int r = 0; r < R; ++r) {
+          _mm512_storeu_ps(C + (m0 + r) * ldc + n0, acc[r][0]);
+          _mm512_storeu_ps(C + (m0 + r) * ldc + n0 + 16, acc[r][1]);
+        }
+      }
+    }
+  }
+};
+
+// Emulated: the bf16 operands widened to fp32 (exact: a bf16 is the top half of a float) and
+// multiplied in fp32, 4 rows x 32 columns per register tile; compiled for AVX2+FMA or SSE2 by the
+// entry it is inlined into.
+typedef float f32x16 __attribute__((vector_size(64)));
+typedef uint32_t u32x16 __attribute__((vector_size(64)));
+struct EmulatedMm : ScalarCvt {
+  static inline void begin() {}
+  static inline void end() {}
+  static inline void gemm_a32(int64_t N, int64_t K, const uint16_t* A, int64_t lda,
+                              const uint16_t* B, int64_t pstride, float* C, int64_t ldc) {
+    gemm<false>(32, N, K, A, lda, B, pstride, C, ldc);
+  }
+  template <bool kAcc>
+  static inline void gemm(int64_t M, int64_t N, int64_t K, const uint16_t* A, int64_t lda,
+                                 const uint16_t* B, int64_t pstride, float* C, int64_t ldc) {
+    constexpr int R = 4;
+    for (int64_t n0 = 0; n0 < N; n0 += 32) {
+      const uint16_t* b0 = B + (n0 / 16) * pstride;
+      const uint16_t* b1 = b0 + pstride;
+      for (int64_t m0 = 0; m0 < M; m0 += R) {
+        f32x16 acc[R][2];
+        for (int r = 0; r < R; ++r) {
+          if (kAcc) {
+            std::memcpy(&acc[r][0], C + (m0 + r) * ldc + n0, 64);
+            std::memcpy(&acc[r][1], C + (m0 + r) * ldc + n0 + 16, 64);
+          } else {
+            acc[r][0] = f32x16{};
+            acc[r][1] = f32x16{};
+          }
+        }
+        const uint16_t* a = A + m0 * lda;
+        for (int64_t kp = 0; kp < K / 2; ++kp) {
+          u32x16 w0, w1;
+          std::memcpy(&w0, b0 + kp * 32, 64);
+          std::memcpy(&w1, b1 + kp * 32, 64);
+          const f32x16 lo0 = (f32x16)(w0 << 16), hi0 = (f32x16)(w0 & 0xffff0000u);
+          const f32x16 lo1 = (f32x16)(w1 << 16), hi1 = (f32x16)(w1 & 0xffff0000u);
+          for (int r = 0; r < R; ++r) {
+            uint32_t x;
+            std::memcpy(&x, a + r * lda + 2 * kp, 4);
+            const float alo = std::bit_cast<float>(x << 16);
+            const float ahi = std::bit_cast<float>(x & 0xffff0000u);
+            acc[r][0] += alo * lo0 + ahi * hi0;
+            acc[r][1] += alo * lo1 + ahi * hi1;
+          }
+        }
+        for (int r = 0; r < R; ++r) {
+          std::memcpy(C + (m0 + r) * ldc + n0, &acc[r][0], 64);
+          std::memcpy(C + (m0 + r) * ldc + n0 + 16, &acc[r][1], 64);
+        }
+      }
+    }
+  }
+};
+
+// ---- packing -----------------------------------------------------------------------------------
+
+struct PackTo {
+  uint16_t* rows = nullptr;  // [Tp][hdp]
+  uint16_t* np = nullptr;    // [Tp/16][hdp/2][16][2]
+  uint16_t* dp = nullptr;    // [hdp/16][Tp/2][16][2]
+  uint16_t* tr = nullptr;    // [hdp][ldt]
+};
+
+// Rows t0..t0+31 (t0 a multiple of 32) of one head slice: src points at row t0 (row stride rs),
+// rows at or after T are padding (zeros). Rounded once into a row buffer in L1, then written to
+// each requested layout in whole cache lines (a row at a time would scatter 4-byte stores over
+// dozens of lines per row).
+template <class Mm>
+inline void pack_block(const float* src, int64_t rs, int64_t T, int hd, int hdp, int64_t Tp,
+                       int64_t ldt, int64_t t0, const PackTo& o) {
+  alignas(64) uint16_t x[kB * kMaxHdp];
+  for (int r = 0; r < kB; ++r) {
+    uint16_t* xr = x + r * hdp;
+    if (t0 + r < T) {
+      Mm::to_bf16(src + r * rs, xr, hd);
+      for (int c = hd; c < hdp; ++c) xr[c] = 0;
+    } else {
+      std::memset(xr, 0, sizeof(uint16_t) * hdp);
+    }
+  }
+  if (o.rows) std::memcpy(o.rows + t0 * hdp, x, sizeof(uint16_t) * kB * hdp);
+  const u32_alias* x32 = reinterpret_cast<const u32_alias*>(x);
+  if (o.np) {  // two panels of 16 rows: [hdp/2][16] words, word (cp, l) = row l's column pair cp
+    for (int q = 0; q < 2; ++q) {
+      u32_alias* dst = reinterpret_cast<u32_alias*>(o.np + (t0 / 16 + q) * hdp * 16);
+      for (int cp = 0; cp < hdp / 2; ++cp)
+#pragma omp simd
+        for (int l = 0; l < 16; ++l) dst[cp * 16 + l] = x32[(q * 16 + l) * (hdp / 2) + cp];
+    }
+  }
+  if (o.dp) {  // per panel of 16 columns: 16 row pairs x 16 columns, the pair in one word
+    for (int p = 0; p < hdp / 16; ++p) {
+      u32_alias* dst = reinterpret_cast<u32_alias*>(o.dp + p * Tp * 16 + (t0 / 2) * 32);
+      for (int rp = 0; rp < kB / 2; ++rp)
+#pragma omp simd
+        for (int l = 0; l < 16; ++l)
+          dst[rp * 16 + l] = uint32_t(x[2 * rp * hdp + p * 16 + l]) |
+                             uint32_t(x[(2 * rp + 1) * hdp + p * 16 + l]) << 16;
+    }
+  }
+  if (o.tr) {
+    for (int c = 0; c < hdp; ++c)
+#pragma omp simd
+      for (int r = 0; r < kB; ++r) o.tr[c * ldt + t0 + r] = x[r * hdp + c];
+  }
 }
-template <class S>
-struct Scratch {  // one per thread
-  std::vector<float> s, dp, acc_k, acc_v;
-  std::vector<S> p, ds;
-  std::vector<int32_t> lim;
+
+// ---- shapes ------------------------------------------------------------------------------------
+
+struct Shape {
+  int64_t B, nh, nkv, group, hd, hdp, Tq, Tk, Tqp, Tkp, ldt, ldq, qoff;
+  // ldt: row stride of Kᵀ; ldq: of dqᵀ (one cache line past the row, so that a tile's 16 rows do
+  // not fall on the same L1 sets, as 4 KiB strides would)
+  Shape(const AttentionDims& d, int64_t q_offset)
+      : B(d.B), nh(d.n_head), nkv(d.n_kv_head), group(d.n_head / d.n_kv_head), hd(d.head_dim),
+        hdp(round_up(d.head_dim, kB)), Tq(d.Tq), Tk(d.Tk), Tqp(round_up(d.Tq, kB)),
+        Tkp(round_up(d.Tk, kB)), ldt(round_up(d.Tk, kB) + kB), ldq(round_up(d.Tq, kB) + 16),
+        qoff(q_offset) {}
+  // Keys query i sees (causal and within the Tk real keys); none for padding rows.
+  int64_t visible(int64_t i) const {
+    return i < Tq ? std::clamp<int64_t>(qoff + i + 1, 0, Tk) : 0;
+  }
 };
-template <class S>
-Scratch<S>& scratch() {
-  thread_local Scratch<S> t;
+
+// ---- forward -----------------------------------------------------------------------------------
+
+struct FwdCtx {
+  const AttentionDims* d;
+  Shape z;
+  const float *q, *k, *v;
+  float *out, *lse;
+  uint16_t *qa, *kn, *vd;  // Q rows [BH][Tqp][hdp]; K npanels, V dpanels [B*nkv][Tkp*hdp]
+};
+
+struct FwdScratch {
+  std::vector<float> s, o, l;
+  std::vector<uint16_t> p;
+};
+__attribute__((noinline)) FwdScratch& fwd_scratch(const Shape& z, int64_t lds, int64_t ldp) {
+  thread_local FwdScratch t;
+  if (t.s.size() < size_t(kB * lds)) t.s.resize(size_t(kB * lds));
+  if (t.p.size() < size_t(kB * ldp)) t.p.resize(size_t(kB * ldp));
+  if (t.o.size() < size_t(kB * z.hdp)) t.o.resize(size_t(kB * z.hdp));
+  if (t.l.size() < size_t(kB)) t.l.resize(kB);
   return t;
 }
 
-// Forward: one task per (sequence, head, query block); its row of scores against every key
-// block it sees is one product, the softmax is exact over that row (no rescaling), then PV.
-template <class S>
-void forward_impl(float* out, float* lse, const float* q, const float* k, const float* v,
-                  const AttentionDims& d, int64_t qoff) {
-  const Shape z(d, qoff);
-  Arena<S>& a = shared_arena<S>();
-  a.q.resize(size_t(z.B * z.nh * z.Tqp * z.hd));
-  a.k.resize(size_t(z.B * z.nkv * z.Tkp * z.hd));
-  a.v.resize(a.k.size());
-  const float scale2 = kLog2e / std::sqrt(float(z.hd));  // scores in base 2
-  const int64_t nqb = z.Tqp / z.Bq;
-#pragma omp parallel
-  {
-    pack(a.q.data(), q, z.B, z.nh, z.hd, z.Tq, z.Tqp, d.q_stride, d.q_batch_stride);
-    pack(a.k.data(), k, z.B, z.nkv, z.hd, z.Tk, z.Tkp, d.kv_stride, d.kv_batch_stride);
-    pack(a.v.data(), v, z.B, z.nkv, z.hd, z.Tk, z.Tkp, d.kv_stride, d.kv_batch_stride);
-    Scratch<S>& t = scratch<S>();
-    t.s.resize(size_t(z.Bq * z.Tkp));
-    t.p.resize(t.s.size());
-    t.acc_k.resize(size_t(z.Bq));      // row sums
-    t.dp.resize(size_t(z.Bq * z.hd));  // PV
-    // Later query blocks see more keys: the largest tasks first.
-#pragma omp for collapse(2) schedule(dynamic, 1)
-    for (int64_t ib = nqb - 1; ib >= 0; --ib)
-      for (int64_t bh = 0; bh < z.B * z.nh; ++bh) {
-        const int64_t b = bh / z.nh, h = bh % z.nh, kvh = b * z.nkv + h / z.g, i0 = ib * z.Bq;
-        const int64_t n = z.key_prefix(i0);
-        mm<S>(z.Bq, n, z.hd, a.q.data() + (bh * z.Tqp + i0) * z.hd, a.k.data() + kvh * z.Tkp * z.hd,
-              true, t.s.data(), false);
-        float* lrow = t.acc_k.data();
-        for (int64_t r = 0; r < z.Bq; ++r) {
-          const int64_t nvis = z.visible(i0 + r);
-          const float* srow = t.s.data() + r * n;
-          S* prow = t.p.data() + r * n;
-          float mx = -std::numeric_limits<float>::infinity(), sum = 0;
-#pragma omp simd reduction(max : mx)
-          for (int64_t c = 0; c < nvis; ++c) mx = std::max(mx, srow[c] * scale2);
+template <class Mm>
+inline void forward_worker(const FwdCtx& c) {
+  const Shape& z = c.z;
+  const AttentionDims& d = *c.d;
+  const int64_t BH = z.B * z.nh;
+  const int hd = int(z.hd), hdp = int(z.hdp);
+  // Token-major (a block of 32 tokens, every head): the source rows are read in order, not one
+  // head's slice at a row stride (which defeats the prefetchers).
+#pragma omp for schedule(static) nowait  // (the k/v loop's barrier waits for both)
+  for (int64_t r = 0; r < z.B * z.Tqp / kB; ++r) {
+    const int64_t b = r / (z.Tqp / kB), t0 = r % (z.Tqp / kB) * kB;
+    for (int64_t h = 0; h < z.nh; ++h) {
+      PackTo o;
+      o.rows = c.qa + (b * z.nh + h) * z.Tqp * hdp;
+      pack_block<Mm>(c.q + b * d.q_batch_stride + t0 * d.q_stride + h * hd, d.q_stride, z.Tq, hd,
+                     hdp, z.Tqp, 0, t0, o);
+    }
+  }
+#pragma omp for schedule(static)
+  for (int64_t r = 0; r < z.B * z.Tkp / kB; ++r) {
+    const int64_t b = r / (z.Tkp / kB), t0 = r % (z.Tkp / kB) * kB;
+    for (int64_t g = 0; g < z.nkv; ++g) {
+      const int64_t kvh = b * z.nkv + g, off = b * d.kv_batch_stride + t0 * d.kv_stride + g * hd;
+      PackTo ok, ov;
+      ok.np = c.kn + kvh * z.Tkp * hdp;
+      ov.dp = c.vd + kvh * z.Tkp * hdp;
+      pack_block<Mm>(c.k + off, d.kv_stride, z.Tk, hd, hdp, z.Tkp, 0, t0, ok);
+      pack_block<Mm>(c.v + off, d.kv_stride, z.Tk, hd, hdp, z.Tkp, 0, t0, ov);
+    }
+  }
+  // Row strides of the score and probability blocks one cache line past the block's width, so a
+  // tile's 16 rows do not share L1 sets.
+  const int64_t lds = z.Tkp + 16, ldp = z.Tkp + 32;
+  FwdScratch& s = fwd_scratch(z, lds, ldp);
+  const float scale2 = kLog2e / std::sqrt(float(hd));  // scores in base 2
+  const int64_t nqb = z.Tqp / kB;
+  Mm::begin();
+  // The last query blocks see the most keys: largest tasks first.
+#pragma omp for schedule(dynamic, 1)
+  for (int64_t task = 0; task < nqb * BH; ++task) {
+    const int64_t ib = nqb - 1 - task / BH, bh = task % BH;
+    const int64_t b = bh / z.nh, h = bh % z.nh, kvh = b * z.nkv + h / z.group, i0 = ib * kB;
+    const int64_t last = std::min(z.Tq, i0 + kB) - 1;
+    const int64_t n = std::min(z.Tkp, round_up(std::min(z.Tk, z.qoff + last + 1), kB));
+    Mm::gemm_a32(n, hdp, c.qa + (bh * z.Tqp + i0) * hdp, hdp, c.kn + kvh * z.Tkp * hdp,
+                 int64_t(hdp) * 16, s.s.data(), lds);
+    float* lrow = s.l.data();
+    for (int64_t r = 0; r < kB; ++r) {
+      const int64_t nvis = z.visible(i0 + r);
+      const float* srow = s.s.data() + r * lds;
+      uint16_t* prow = s.p.data() + r * ldp;
+      float* sw = s.s.data() + r * lds;
+      float mx = nvis > 0 ? row_max(srow, nvis) * scale2 : 0.0f, sum = 0;
+      // (max(s)·scale2 = max(s·scale2): scale2 > 0 and rounding is monotone.) P in fp32 in place
+      // of S, then rounded in one pass.
 #pragma omp simd reduction(+ : sum)
-          for (int64_t c = 0; c < nvis; ++c) {
-            const float p = exp2_fast(srow[c] * scale2 - mx);
-            sum += p;
-            prow[c] = to_stored<S>(p);
-          }
-          std::fill(prow + nvis, prow + n, S(0));
-          lrow[r] = sum;
-          if (nvis > 0 && lse) lse[bh * z.Tq + i0 + r] = (mx + std::log2(sum)) * kLn2;
-        }
-        const float* o = t.dp.data();
-        mm<S>(z.Bq, z.hd, n, t.p.data(), a.v.data() + kvh * z.Tkp * z.hd, false, t.dp.data(), false);
-        for (int64_t r = 0; r < z.Bq && i0 + r < z.Tq; ++r) {
-          const float inv = 1.0f / lrow[r];
-          float* dst = out + b * d.out_batch_stride + (i0 + r) * d.out_stride + h * z.hd;
-#pragma omp simd
-          for (int64_t c = 0; c < z.hd; ++c) dst[c] = o[r * z.hd + c] * inv;
-        }
+      for (int64_t j = 0; j < nvis; ++j) {
+        const float p = exp2_fast(srow[j] * scale2 - mx);
+        sum += p;
+        sw[j] = p;
       }
+      for (int64_t j = nvis; j < n; ++j) sw[j] = 0.0f;
+      Mm::to_bf16(sw, prow, n);
+      lrow[r] = nvis > 0 ? sum : 1.0f;
+      if (nvis > 0 && c.lse) c.lse[bh * z.Tq + i0 + r] = (mx + std::log2(sum)) * kLn2;
+    }
+    Mm::template gemm<false>(kB, hdp, n, s.p.data(), ldp, c.vd + kvh * z.Tkp * hdp,
+                             z.Tkp * 16, s.o.data(), hdp);
+    for (int64_t r = 0; r < kB && i0 + r < z.Tq; ++r) {
+      const float inv = 1.0f / lrow[r];
+      const float* o = s.o.data() + r * hdp;
+      float* dst = c.out + b * d.out_batch_stride + (i0 + r) * d.out_stride + h * hd;
+#pragma omp simd
+      for (int e = 0; e < hd; ++e) dst[e] = o[e] * inv;
+    }
+  }
+  Mm::end();
+}
+
+// ---- backward ----------------------------------------------------------------------------------
+
+struct BwdCtx {
+  const AttentionDims* d;
+  Shape z;
+  const float *q, *k, *v, *dout, *out, *lse;
+  float *dq, *dk, *dv;
+  // Q and dO as npanels (Sᵀ, dPᵀ) and dpanels (dK, dV) [BH][Tqp*hdp]; K, V rows (Sᵀ, dPᵀ)
+  // [B*nkv][Tkp*hdp]; Kᵀ trows (dQᵀ) [B*nkv][hdp*ldt].
+  uint16_t *qn, *qd, *don, *dod, *ka, *va, *kt;
+  float *L, *D;   // [BH][Tqp]: lse·log2(e) and rowsum(dO ∘ O); 0 for padding rows
+  int32_t* vis;   // [Tqp]: keys each query sees
+  float* dqt;     // [BH][hdp][ldq]
+};
+
+// Per thread: one key block against every query that sees it, keys as rows. st / dpt: Sᵀ and
+// dPᵀ (fp32, then P and dS in place) [32][ldn]; pt / dst: Pᵀ and dSᵀ in bf16 [32][ldb]; dsv: dSᵀ
+// as the second operand of Kᵀ·dSᵀ (panels of 16 queries, pairs of keys interleaved) [Tqp][32].
+struct BwdScratch {
+  int64_t ldn = 0, ldb = 0;
+  std::vector<float> st, dpt, acc_k, acc_v;  // acc_k / acc_v: dK, dV of the block [32][hdp]
+  std::vector<uint16_t> pt, dst, dsv;
+};
+__attribute__((noinline)) BwdScratch& bwd_scratch(const Shape& z) {
+  thread_local BwdScratch t;
+  t.ldn = z.Tqp + 16, t.ldb = z.Tqp + 32;  // one cache line past the row (see Shape::ldq)
+  auto grow_to = [](auto& v, int64_t n) {
+    if (v.size() < size_t(n)) v.resize(size_t(n));
+  };
+  grow_to(t.st, kB * t.ldn), grow_to(t.dpt, kB * t.ldn);
+  grow_to(t.pt, kB * t.ldb), grow_to(t.dst, kB * t.ldb), grow_to(t.dsv, z.Tqp * kB);
+  grow_to(t.acc_k, kB * z.hdp), grow_to(t.acc_v, kB * z.hdp);
+  return t;
+}
+
+// P and dS of key block j0 against queries i0.. (nq of them, a multiple of 32; L, D, vis start at
+// i0), in fp32 in place of Sᵀ and dPᵀ, then rounded into pt, dst and dsv.
+template <class Mm>
+inline void block_probabilities(BwdScratch& s, int64_t nq, const float* L, const float* D,
+                                const int32_t* vis, int64_t j0, float scale2, float scale) {
+  for (int r = 0; r < kB; ++r) {
+    const int32_t j = int32_t(j0 + r);
+    float* srow = s.st.data() + r * s.ldn;
+    float* dprow = s.dpt.data() + r * s.ldn;
+#pragma omp simd
+    for (int64_t c = 0; c < nq; ++c) {
+      const bool on = j < vis[c];
+      const float p = exp2_fast(srow[c] * scale2 - L[c]);
+      const float ds = p * (dprow[c] - D[c]) * scale;
+      srow[c] = on ? p : 0.0f;
+      dprow[c] = on ? ds : 0.0f;
+    }
+    Mm::to_bf16(srow, s.pt.data() + r * s.ldb, nq);
+    Mm::to_bf16(dprow, s.dst.data() + r * s.ldb, nq);
+  }
+  for (int rp = 0; rp < kB / 2; ++rp) {
+    const float* r0 = s.dpt.data() + 2 * rp * s.ldn;
+    for (int64_t p = 0; p < nq / 16; ++p)
+      Mm::to_bf16_pairs(r0 + p * 16, r0 + s.ldn + p * 16, s.dsv.data() + p * (kB / 2) * 32 + rp * 32,
+                        16);
   }
 }
 
-// P = 2^(S·scale2 - L) and dS = P (dP - D) · scale of one tile (rows x cols, stored compact),
-// zero where masked; visible(row, col) says which.
-// Vis: a callable nvis(row) (rows are queries), or a struct whose `limits` array holds nvis of
-// each column (transposed: rows are keys).
-template <class S, class Vis>
-inline void probabilities(S* p, S* ds, const float* s, const float* dp, int64_t rows,
-                          int64_t cols, float scale2, float scale, const float* L_of_row,
-                          const float* D_of_row, const float* L_of_col, const float* D_of_col,
-                          const Vis& nvis_of_row, bool transposed) {
-  constexpr bool kRows = std::is_invocable_v<const Vis&, int64_t>;
-  (void)transposed;
-  for (int64_t r = 0; r < rows; ++r) {
-    const float* srow = s + r * cols;
-    const float* dprow = dp + r * cols;
-    S* prow = p + r * cols;
-    S* dsrow = ds + r * cols;
-    if constexpr (kRows) {  // rows are queries, columns keys
-      const int64_t nvis = nvis_of_row(r);
-      const float Li = L_of_row[r], Di = D_of_row[r];
-#pragma omp simd
-      for (int64_t c = 0; c < cols; ++c) {
-        const float pv = c < nvis ? exp2_fast(srow[c] * scale2 - Li) : 0.0f;
-        prow[c] = to_stored<S>(pv);
-        dsrow[c] = to_stored<S>(pv * (dprow[c] - Di) * scale);
+template <class Mm>
+inline void backward_worker(const BwdCtx& c) {
+  const Shape& z = c.z;
+  const AttentionDims& d = *c.d;
+  const int64_t KV = z.B * z.nkv;
+  const int hd = int(z.hd), hdp = int(z.hdp);
+#pragma omp for schedule(static) nowait  // (the k/v loop's barrier waits for both)
+  for (int64_t r = 0; r < z.B * z.Tqp / kB; ++r) {
+    const int64_t b = r / (z.Tqp / kB), t0 = r % (z.Tqp / kB) * kB;
+    for (int64_t h = 0; h < z.nh; ++h) {
+      const int64_t bh = b * z.nh + h;
+      const int64_t oo = b * d.out_batch_stride + t0 * d.out_stride + h * hd;
+      PackTo oq, og;
+      oq.np = c.qn + bh * z.Tqp * hdp, oq.dp = c.qd + bh * z.Tqp * hdp;
+      og.np = c.don + bh * z.Tqp * hdp, og.dp = c.dod + bh * z.Tqp * hdp;
+      pack_block<Mm>(c.q + b * d.q_batch_stride + t0 * d.q_stride + h * hd, d.q_stride, z.Tq, hd,
+                     hdp, z.Tqp, 0, t0, oq);
+      pack_block<Mm>(c.dout + oo, d.out_stride, z.Tq, hd, hdp, z.Tqp, 0, t0, og);
+      for (int64_t i = t0; i < t0 + kB; ++i) {
+        float dd = 0, l = 0;
+        if (i < z.Tq) {
+          const float* o = c.out + oo + (i - t0) * d.out_stride;
+          const float* g = c.dout + oo + (i - t0) * d.out_stride;
+#pragma omp simd reduction(+ : dd)
+          for (int e = 0; e < hd; ++e) dd += o[e] * g[e];
+          l = c.lse[bh * z.Tq + i] * kLog2e;
+        }
+        c.D[bh * z.Tqp + i] = dd;
+        c.L[bh * z.Tqp + i] = l;
       }
-    } else {  // rows are keys (row r = key r), columns queries: visible when key < nvis(query)
-      const int32_t* lim = nvis_of_row.limits;
-#pragma omp simd
-      for (int64_t c = 0; c < cols; ++c) {
-        const bool vis = r < lim[c];
-        const float pv = vis ? exp2_fast(srow[c] * scale2 - L_of_col[c]) : 0.0f;
-        prow[c] = to_stored<S>(pv);
-        dsrow[c] = to_stored<S>(pv * (dprow[c] - D_of_col[c]) * scale);
+    }
+  }
+#pragma omp for schedule(static)
+  for (int64_t r = 0; r < z.B * z.Tkp / kB; ++r) {
+    const int64_t b = r / (z.Tkp / kB), t0 = r % (z.Tkp / kB) * kB;
+    for (int64_t g = 0; g < z.nkv; ++g) {
+      const int64_t kvh = b * z.nkv + g, off = b * d.kv_batch_stride + t0 * d.kv_stride + g * hd;
+      PackTo ok, ov;
+      ok.rows = c.ka + kvh * z.Tkp * hdp, ok.tr = c.kt + kvh * hdp * z.ldt;
+      ov.rows = c.va + kvh * z.Tkp * hdp;
+      pack_block<Mm>(c.k + off, d.kv_stride, z.Tk, hd, hdp, z.Tkp, z.ldt, t0, ok);
+      pack_block<Mm>(c.v + off, d.kv_stride, z.Tk, hd, hdp, z.Tkp, z.ldt, t0, ov);
+    }
+  }
+  BwdScratch& s = bwd_scratch(z);
+  const float scale = 1.0f / std::sqrt(float(hd)), scale2 = scale * kLog2e;
+  const int64_t nkb = z.Tkp / kB;
+  const int64_t dq_head = int64_t(hdp) * z.ldq;
+  Mm::begin();
+  // Task (sequence b, kv head g): it owns the dk/dv rows of g and the dqᵀ of the group's heads.
+  // Only the (sequence, kv head) pairs are spread over threads, never a head's key blocks: a
+  // head's arithmetic then depends on nothing but its own shapes, so a grid that splits the heads
+  // or the batch computes bit for bit what one rank does (bf16 rounding of P and dS would turn
+  // a different summation order of dQ into visibly different losses).
+#pragma omp for schedule(dynamic, 1)
+  for (int64_t kvh = 0; kvh < KV; ++kvh) {
+    const int64_t b = kvh / z.nkv, g = kvh % z.nkv;
+    for (int64_t gi = 0; gi < z.group; ++gi)
+      std::memset(c.dqt + (b * z.nh + g * z.group + gi) * dq_head, 0, sizeof(float) * dq_head);
+    for (int64_t jb = 0; jb < nkb; ++jb) {
+      const int64_t j0 = jb * kB;
+      std::fill(s.acc_k.begin(), s.acc_k.begin() + kB * hdp, 0.0f);
+      std::fill(s.acc_v.begin(), s.acc_v.begin() + kB * hdp, 0.0f);
+      const int64_t i_first = std::max<int64_t>(0, j0 - z.qoff);  // first query that sees j0
+      if (i_first < z.Tq) {
+        const uint16_t* Kj = c.ka + (kvh * z.Tkp + j0) * hdp;
+        const uint16_t* Vj = c.va + (kvh * z.Tkp + j0) * hdp;
+        const uint16_t* KTj = c.kt + kvh * hdp * z.ldt + j0;
+        for (int64_t gi = 0; gi < z.group; ++gi) {
+          const int64_t bh = b * z.nh + g * z.group + gi;
+          float* dqt = c.dqt + bh * dq_head;
+          // Every query that sees the block at once (from its first 32-query block on): the
+          // score products keep K_j / V_j in the tiles, and dK_j, dV_j accumulate over all of
+          // them in one product each.
+          const int64_t qo = bh * z.Tqp * hdp;
+          const int64_t i0 = i_first / kB * kB, nq = z.Tqp - i0;
+          Mm::gemm_a32(nq, hdp, Kj, hdp, c.qn + qo + i0 * hdp, int64_t(hdp) * 16, s.st.data(),
+                       s.ldn);
+          Mm::gemm_a32(nq, hdp, Vj, hdp, c.don + qo + i0 * hdp, int64_t(hdp) * 16, s.dpt.data(),
+                       s.ldn);
+          block_probabilities<Mm>(s, nq, c.L + bh * z.Tqp + i0, c.D + bh * z.Tqp + i0,
+                                  c.vis + i0, j0, scale2, scale);
+          Mm::template gemm<true>(kB, hdp, nq, s.pt.data(), s.ldb, c.dod + qo + i0 * 16,
+                                  z.Tqp * 16, s.acc_v.data(), hdp);
+          Mm::template gemm<true>(kB, hdp, nq, s.dst.data(), s.ldb, c.qd + qo + i0 * 16,
+                                  z.Tqp * 16, s.acc_k.data(), hdp);
+          Mm::template gemm<true>(hdp, nq, kB, KTj, z.ldt, s.dsv.data(), (kB / 2) * 32, dqt + i0,
+                                  z.ldq);
+        }
       }
+      for (int64_t r = 0; r < kB && j0 + r < z.Tk; ++r) {
+        const int64_t o = b * d.kv_batch_stride + (j0 + r) * d.kv_stride + g * hd;
+        std::memcpy(c.dk + o, s.acc_k.data() + r * hdp, sizeof(float) * hd);
+        std::memcpy(c.dv + o, s.acc_v.data() + r * hdp, sizeof(float) * hd);
+      }
+    }
+  }
+  Mm::end();
+  // dq rows from dqᵀ; 16 queries of every head per item
+  // (token-major: the dq rows are written in order).
+  const int64_t nib = z.Tqp / 16;
+#pragma omp for schedule(static)
+  for (int64_t item = 0; item < z.B * nib; ++item) {
+    const int64_t b = item / nib, i0 = item % nib * 16;
+    const int64_t n = std::min<int64_t>(16, z.Tq - i0);
+    if (n <= 0) continue;
+    for (int64_t h = 0; h < z.nh; ++h) {
+      const int64_t bh = b * z.nh + h;
+      alignas(64) float rows[16 * kMaxHdp];
+      for (int64_t e = 0; e < hd; ++e) {
+        const float* src = c.dqt + bh * dq_head + e * z.ldq + i0;
+        for (int ii = 0; ii < 16; ++ii) rows[ii * hd + e] = src[ii];
+      }
+      for (int64_t ii = 0; ii < n; ++ii)
+        std::memcpy(c.dq + b * d.q_batch_stride + (i0 + ii) * d.q_stride + h * hd, rows + ii * hd,
+                    sizeof(float) * hd);
     }
   }
 }
 
-// Backward in two passes, each task owning what it writes (no reduction across threads):
-//   keys: per (sequence, kv head, key block): for each query head of the group, Sᵀ = K_j·Qᵀ and
-//         dPᵀ = V_j·dOᵀ over every query that sees the block, Pᵀ and dSᵀ, dV_j += Pᵀ·dO,
-//         dK_j += dSᵀ·Q;
-//   queries: per (sequence, head, query block): S, dP, dS again over its key prefix, dQ = dS·K.
-template <class S>
-void backward_impl(float* dq, float* dk, float* dv, const float* dout, const float* q,
-                   const float* k, const float* v, const float* out, const float* lse,
-                   const AttentionDims& d, int64_t qoff) {
-  const Shape z(d, qoff);
-  Arena<S>& a = shared_arena<S>();
-  const int64_t BH = z.B * z.nh;
-  a.q.resize(size_t(BH * z.Tqp * z.hd));
-  a.dO.resize(a.q.size());
-  a.k.resize(size_t(z.B * z.nkv * z.Tkp * z.hd));
-  a.v.resize(a.k.size());
-  a.D.resize(size_t(BH * z.Tqp));
-  a.L.resize(a.D.size());
-  const float scale = 1.0f / std::sqrt(float(z.hd)), scale2 = scale * kLog2e;
-  const int64_t nqb = z.Tqp / z.Bq, nkb = z.Tkp / z.Bk;
-#pragma omp parallel
-  {
-    pack(a.q.data(), q, z.B, z.nh, z.hd, z.Tq, z.Tqp, d.q_stride, d.q_batch_stride);
-    pack(a.dO.data(), dout, z.B, z.nh, z.hd, z.Tq, z.Tqp, d.out_stride, d.out_batch_stride);
-    pack(a.k.data(), k, z.B, z.nkv, z.hd, z.Tk, z.Tkp, d.kv_stride, d.kv_batch_stride);
-    pack(a.v.data(), v, z.B, z.nkv, z.hd, z.Tk, z.Tkp, d.kv_stride, d.kv_batch_stride);
-    // D_i = dO_i · O_i (fp32 out) and the log-sum-exp in base 2; zero for padded rows.
-#pragma omp for collapse(2) schedule(static)
-    for (int64_t bh = 0; bh < BH; ++bh)
-      for (int64_t i = 0; i < z.Tqp; ++i) {
-        float s = 0, l = 0;
-        if (i < z.Tq) {
-          const int64_t b = bh / z.nh, h = bh % z.nh;
-          const float* o = out + b * d.out_batch_stride + i * d.out_stride + h * z.hd;
-          const float* g = dout + b * d.out_batch_stride + i * d.out_stride + h * z.hd;
-#pragma omp simd reduction(+ : s)
-          for (int64_t c = 0; c < z.hd; ++c) s += o[c] * g[c];
-          l = lse[bh * z.Tq + i] * kLog2e;
-        }
-        a.D[size_t(bh * z.Tqp + i)] = s;
-        a.L[size_t(bh * z.Tqp + i)] = l;
-      }
-    Scratch<S>& t = scratch<S>();
-    const size_t tile = size_t(std::max(z.Bq * z.Tkp, z.Bk * z.Tqp));
-    t.s.resize(tile);
-    t.dp.resize(tile);
-    t.p.resize(tile);
-    t.ds.resize(tile);
-    t.acc_k.resize(size_t(std::max(z.Bk, z.Bq) * z.hd));
-    t.acc_v.resize(t.acc_k.size());
-    t.lim.resize(size_t(z.Tqp));
-    // Pass 1: dK, dV per key block (the first blocks see the most queries: largest first).
-#pragma omp for collapse(2) schedule(dynamic, 1)
-    for (int64_t jb = 0; jb < nkb; ++jb)
-      for (int64_t bk = 0; bk < z.B * z.nkv; ++bk) {
-        const int64_t b = bk / z.nkv, kv = bk % z.nkv, j0 = jb * z.Bk;
-        // First query that sees key j0, rounded down to a query block.
-        const int64_t i_first = std::max<int64_t>(0, j0 - z.q_offset);
-        std::fill(t.acc_k.begin(), t.acc_k.end(), 0.0f);
-        std::fill(t.acc_v.begin(), t.acc_v.end(), 0.0f);
-        if (i_first < z.Tq) {
-          const int64_t i0 = i_first / z.Bq * z.Bq, n = z.Tqp - i0;
-          for (int64_t gi = 0; gi < z.g; ++gi) {
-            const int64_t bh = b * z.nh + kv * z.g + gi;
-            const S* Kj = a.k.data() + (bk * z.Tkp + j0) * z.hd;
-            const S* Vj = a.v.data() + (bk * z.Tkp + j0) * z.hd;
-            const S* Qi = a.q.data() + (bh * z.Tqp + i0) * z.hd;
-            const S* dOi = a.dO.data() + (bh * z.Tqp + i0) * z.hd;
-            mm<S>(z.Bk, n, z.hd, Kj, Qi, true, t.s.data(), false);
-            mm<S>(z.Bk, n, z.hd, Vj, dOi, true, t.dp.data(), false);
-            const float* L = a.L.data() + bh * z.Tqp + i0;
-            const float* D = a.D.data() + bh * z.Tqp + i0;
-            // Key row r (key j0 + r) is visible to query column c when j0 + r < nvis(i0 + c).
-            for (int64_t c = 0; c < n; ++c) t.lim[size_t(c)] = int32_t(z.visible(i0 + c) - j0);
-            struct {
-              const int32_t* limits;
-            } cols{t.lim.data()};
-            probabilities(t.p.data(), t.ds.data(), t.s.data(), t.dp.data(), z.Bk, n, scale2, scale,
-                          nullptr, nullptr, L, D, cols, true);
-            mm<S>(z.Bk, z.hd, n, t.p.data(), dOi, false, t.acc_v.data(), true);
-            mm<S>(z.Bk, z.hd, n, t.ds.data(), Qi, false, t.acc_k.data(), true);
-          }
-        }
-        for (int64_t r = 0; r < z.Bk && j0 + r < z.Tk; ++r) {
-          float* ok = dk + b * d.kv_batch_stride + (j0 + r) * d.kv_stride + kv * z.hd;
-          float* ov = dv + b * d.kv_batch_stride + (j0 + r) * d.kv_stride + kv * z.hd;
-          std::copy(t.acc_k.data() + r * z.hd, t.acc_k.data() + (r + 1) * z.hd, ok);
-          std::copy(t.acc_v.data() + r * z.hd, t.acc_v.data() + (r + 1) * z.hd, ov);
-        }
-      }
-    // Pass 2: dQ per query block (the last blocks see the most keys: largest first).
-#pragma omp for collapse(2) schedule(dynamic, 1)
-    for (int64_t ib = nqb - 1; ib >= 0; --ib)
-      for (int64_t bh = 0; bh < BH; ++bh) {
-        const int64_t b = bh / z.nh, h = bh % z.nh, kvh = b * z.nkv + h / z.g, i0 = ib * z.Bq;
-        const int64_t n = z.key_prefix(i0);
-        const S* Qi = a.q.data() + (bh * z.Tqp + i0) * z.hd;
-        const S* dOi = a.dO.data() + (bh * z.Tqp + i0) * z.hd;
-        const S* K = a.k.data() + kvh * z.Tkp * z.hd;
-        mm<S>(z.Bq, n, z.hd, Qi, K, true, t.s.data(), false);
-        mm<S>(z.Bq, n, z.hd, dOi, a.v.data() + kvh * z.Tkp * z.hd, true, t.dp.data(), false);
-        struct {
-          const Shape& z;
-          int64_t i0;
-          int64_t operator()(int64_t r) const { return z.visible(i0 + r); }
-        } rows{z, i0};
-        probabilities(t.p.data(), t.ds.data(), t.s.data(), t.dp.data(), z.Bq, n, scale2, scale,
-                      a.L.data() + bh * z.Tqp + i0, a.D.data() + bh * z.Tqp + i0, nullptr,
-                      nullptr, rows, false);
-        mm<S>(z.Bq, z.hd, n, t.ds.data(), K, false, t.acc_k.data(), false);
-        for (int64_t r = 0; r < z.Bq && i0 + r < z.Tq; ++r)
-          std::copy(t.acc_k.data() + r * z.hd, t.acc_k.data() + (r + 1) * z.hd,
-                    dq + b * d.q_batch_stride + (i0 + r) * d.q_stride + h * z.hd);
-      }
+// ---- entries, one per path: the worker inlined into a function compiled for the path's ISA ----
+
+TETRAD_T_AMX __attribute__((flatten)) void forward_amx(const FwdCtx& c) { forward_worker<AmxMm>(c); }
+TETRAD_T_AVX512BF16 __attribute__((flatten)) void forward_avx512bf16(const FwdCtx& c) { forward_worker<Avx512Bf16Mm>(c); }
+TETRAD_T_AVX2 __attribute__((flatten)) void forward_emulated_avx2(const FwdCtx& c) { forward_worker<EmulatedMm>(c); }
+__attribute__((flatten)) void forward_emulated(const FwdCtx& c) { forward_worker<EmulatedMm>(c); }
+TETRAD_T_AMX __attribute__((flatten)) void backward_amx(const BwdCtx& c) { backward_worker<AmxMm>(c); }
+TETRAD_T_AVX512BF16 __attribute__((flatten)) void backward_avx512bf16(const BwdCtx& c) { backward_worker<Avx512Bf16Mm>(c); }
+TETRAD_T_AVX2 __attribute__((flatten)) void backward_emulated_avx2(const BwdCtx& c) { backward_worker<EmulatedMm>(c); }
+__attribute__((flatten)) void backward_emulated(const BwdCtx& c) { backward_worker<EmulatedMm>(c); }
+
+// Per-call packed operands: the caller's thread_local arena (its parallel region's threads read
+// it by reference); grows to the largest call.
+// A 64-byte aligned buffer that grows to the largest request (contents not kept).
+template <class T>
+struct Buf {
+  std::unique_ptr<T[], void (*)(void*)> p{nullptr, std::free};
+  int64_t n = 0;
+};
+struct CallArena {
+  Buf<uint16_t> a, b, c, d, e, f, g;
+  Buf<float> L, D, dqt;
+  Buf<int32_t> vis;
+};
+CallArena& call_arena() {
+  thread_local CallArena a;
+  return a;
+}
+template <class T>
+T* grow(Buf<T>& b, int64_t n) {
+  if (b.n < n) {
+    b.p.reset();
+    const size_t bytes = (sizeof(T) * size_t(n) + 63) / 64 * 64;
+    b.p.reset(static_cast<T*>(std::aligned_alloc(64, bytes)));
+    if (!b.p) fail("attention (bf16): out of memory for ", bytes, " bytes of packed operands");
+    b.n = n;
   }
+  return b.p.get();
 }
 
 void check(const AttentionDims& d, int64_t qoff) {
-  TETRAD_CHECK(d.B >= 0 && d.Tq >= 0 && d.Tk >= 0 && d.head_dim > 0 && d.n_kv_head > 0 &&
-                   d.n_head % d.n_kv_head == 0,
-               "attention (bf16): n_head ", d.n_head, " must be a multiple of n_kv_head ",
-               d.n_kv_head, " and head_dim positive (", d.head_dim, ")");
-  TETRAD_CHECK(qoff >= 0, "attention (bf16): q_offset ", qoff, " must be >= 0");
+  if (!(d.B >= 0 && d.Tq >= 0 && d.Tk >= 0 && d.head_dim > 0 && d.n_kv_head > 0 &&
+        d.n_head % d.n_kv_head == 0))
+    fail("attention (bf16): n_head ", d.n_head, " must be a multiple of n_kv_head ", d.n_kv_head,
+         " and head_dim positive (", d.head_dim, ")");
+  if (d.head_dim > kMaxHdp)
+    fail("attention (bf16): head_dim ", d.head_dim, " is above the kernel's limit of ", kMaxHdp);
+  if (qoff < 0) fail("attention (bf16): q_offset ", qoff, " must be >= 0");
+  if (d.q_stride < int64_t(d.n_head) * d.head_dim || d.out_stride < int64_t(d.n_head) * d.head_dim ||
+      d.kv_stride < int64_t(d.n_kv_head) * d.head_dim)
+    fail("attention (bf16): a row stride is shorter than its row (q ", d.q_stride, ", kv ",
+         d.kv_stride, ", out ", d.out_stride, ")");
+}
+
+void check_path(AttentionBf16Path p) {
+  if (!attention_bf16_path_supported(p))
+    fail("attention (bf16): path ", attention_bf16_path_name(p), " is not supported on this CPU (",
+         cpu_features().best_isa(), ")");
 }
 
 }  // namespace
 
+const char* attention_bf16_path_name(AttentionBf16Path p) {
+  switch (p) {
+    case AttentionBf16Path::kEmulated: return "emulated";
+    case AttentionBf16Path::kEmulatedAvx2: return "emulated-avx2";
+    case AttentionBf16Path::kAvx512Bf16: return "avx512_bf16";
+    case AttentionBf16Path::kAmx: return "amx";
+  }
+  return "?";
+}
+
+bool attention_bf16_path_supported(AttentionBf16Path p) {
+  const CpuFeatures& f = cpu_features();  // honours TETRAD_MAX_CPU_ISA
+  const bool avx512bf16 = f.use_avx512_bf16() && f.avx512bw && f.avx512vl && f.use_avx2_fma();
+  switch (p) {
+    case AttentionBf16Path::kEmulated: return true;
+    case AttentionBf16Path::kEmulatedAvx2: return f.use_avx2_fma();
+    case AttentionBf16Path::kAvx512Bf16: return avx512bf16;
+    case AttentionBf16Path::kAmx: return avx512bf16 && f.use_amx_bf16();
+  }
+  return false;
+}
+
+AttentionBf16Path attention_bf16_default_path() {
+  using P = AttentionBf16Path;
+  // Where bf16 GEMMs are emulated (no bf16 units, a cap, TETRAD_BF16=emulate), so is attention.
+  if (native_bf16_matmul()) {
+    if (attention_bf16_path_supported(P::kAmx)) return P::kAmx;
+    if (attention_bf16_path_supported(P::kAvx512Bf16)) return P::kAvx512Bf16;
+  }
+  return attention_bf16_path_supported(P::kEmulatedAvx2) ? P::kEmulatedAvx2 : P::kEmulated;
+}
+
+const char* attention_bf16_path() {
+  switch (attention_bf16_default_path()) {
+    case AttentionBf16Path::kEmulated: return "emulated (bf16 operands multiplied in fp32, SSE2)";
+    case AttentionBf16Path::kEmulatedAvx2:
+      return "emulated-avx2 (bf16 operands multiplied in fp32, AVX2+FMA)";
+    case AttentionBf16Path::kAvx512Bf16: return "avx512_bf16 (vdpbf16ps)";
+    case AttentionBf16Path::kAmx: return "amx (AMX-BF16 tiles)";
+  }
+  return "?";
+}
+
 void attention_forward_bf16(float* out, float* lse, const float* q, const float* k,
-                            const float* v, const AttentionDims& d, int64_t q_offset) {
+                            const float* v, const AttentionDims& d, int64_t q_offset,
+                            AttentionBf16Path path) {
   check(d, q_offset);
+  check_path(path);
   if (d.B == 0 || d.Tq == 0 || d.n_head == 0) return;
-  TETRAD_CHECK(d.Tk > 0, "attention (bf16): queries but no keys");
-  if (native_bf16_matmul()) forward_impl<uint16_t>(out, lse, q, k, v, d, q_offset);
-  else forward_impl<float>(out, lse, q, k, v, d, q_offset);
+  if (d.Tk <= 0) fail("attention (bf16): queries but no keys");
+  const Shape z(d, q_offset);
+  CallArena& a = call_arena();
+  const int64_t nq = z.B * z.nh * z.Tqp * z.hdp, nkv = z.B * z.nkv * z.Tkp * z.hdp;
+  FwdCtx c{&d, z, q, k, v, out, lse, grow(a.a, nq), grow(a.b, nkv), grow(a.c, nkv)};
+  void (*fn)(const FwdCtx&) = nullptr;
+  switch (path) {
+    case AttentionBf16Path::kAmx: fn = forward_amx; break;
+    case AttentionBf16Path::kAvx512Bf16: fn = forward_avx512bf16; break;
+    case AttentionBf16Path::kEmulatedAvx2: fn = forward_emulated_avx2; break;
+    case AttentionBf16Path::kEmulated: fn = forward_emulated; break;
+  }
+#pragma omp parallel
+  fn(c);
 }
 
 void attention_backward_bf16(float* dq, float* dk, float* dv, const float* dout, const float* q,
                              const float* k, const float* v, const float* out, const float* lse,
-                             const AttentionDims& d, int64_t q_offset) {
+                             const AttentionDims& d, int64_t q_offset, AttentionBf16Path path) {
   check(d, q_offset);
+  check_path(path);
   if (d.B == 0 || d.n_head == 0) return;
-  TETRAD_CHECK(lse != nullptr || d.Tq == 0, "attention_backward (bf16) needs the forward's lse");
+  if (lse == nullptr && d.Tq > 0) fail("attention_backward (bf16) needs the forward's lse");
   if (d.Tq == 0) {  // no queries: no gradient reaches k, v
     for (int64_t b = 0; b < d.B; ++b)
       for (int64_t j = 0; j < d.Tk; ++j)
@@ -437,10 +830,37 @@ void attention_backward_bf16(float* dq, float* dk, float* dv, const float* dout,
               dv[b * d.kv_batch_stride + j * d.kv_stride + c] = 0.0f;
     return;
   }
-  if (native_bf16_matmul()) backward_impl<uint16_t>(dq, dk, dv, dout, q, k, v, out, lse, d, q_offset);
-  else backward_impl<float>(dq, dk, dv, dout, q, k, v, out, lse, d, q_offset);
+  if (d.Tk <= 0) fail("attention_backward (bf16): queries but no keys");
+  const Shape z(d, q_offset);
+  CallArena& a = call_arena();
+  const int64_t BH = z.B * z.nh, KV = z.B * z.nkv;
+  const int64_t nq = BH * z.Tqp * z.hdp, nkv = KV * z.Tkp * z.hdp;
+  BwdCtx c{&d, z, q, k, v, dout, out, lse, dq, dk, dv,
+           grow(a.a, nq), grow(a.b, nq), grow(a.c, nq), grow(a.d, nq), grow(a.e, nkv),
+           grow(a.f, nkv), grow(a.g, KV * z.hdp * z.ldt), grow(a.L, BH * z.Tqp),
+           grow(a.D, BH * z.Tqp), grow(a.vis, z.Tqp), grow(a.dqt, BH * z.hdp * z.ldq)};
+  for (int64_t i = 0; i < z.Tqp; ++i) c.vis[i] = int32_t(z.visible(i));
+  void (*fn)(const BwdCtx&) = nullptr;
+  switch (path) {
+    case AttentionBf16Path::kAmx: fn = backward_amx; break;
+    case AttentionBf16Path::kAvx512Bf16: fn = backward_avx512bf16; break;
+    case AttentionBf16Path::kEmulatedAvx2: fn = backward_emulated_avx2; break;
+    case AttentionBf16Path::kEmulated: fn = backward_emulated; break;
+  }
+#pragma omp parallel
+  fn(c);
 }
 
-const char* attention_bf16_path() { return g_path.c_str(); }
+void attention_forward_bf16(float* out, float* lse, const float* q, const float* k,
+                            const float* v, const AttentionDims& d, int64_t q_offset) {
+  attention_forward_bf16(out, lse, q, k, v, d, q_offset, attention_bf16_default_path());
+}
+
+void attention_backward_bf16(float* dq, float* dk, float* dv, const float* dout, const float* q,
+                             const float* k, const float* v, const float* out, const float* lse,
+                             const AttentionDims& d, int64_t q_offset) {
+  attention_backward_bf16(dq, dk, dv, dout, q, k, v, out, lse, d, q_offset,
+                          attention_bf16_default_path());
+}
 
 }  // namespace tetrad::kernels

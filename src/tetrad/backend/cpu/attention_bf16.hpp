@@ -1,7 +1,7 @@
-// Causal grouped-query attention with its two products, QKᵀ and PV (and the backward's five),
-// on bf16 operands with fp32 accumulation, on the matrix units (AMX / AVX512-BF16 through
-// oneDNN's matmul), and the softmax statistics (row maxima, sums, log-sum-exp) in fp32: what
-// flash attention does in bf16 on a GPU.
+// Causal grouped-query attention with its products, QKᵀ and PV (and the backward's dP = dO·Vᵀ,
+// dS·K, dSᵀ·Q, Pᵀ·dO), on bf16 operands with fp32 accumulation on the CPU's matrix units, and
+// the softmax statistics (row maxima, sums, log-sum-exp) in fp32: what flash attention does in
+// bf16 on a GPU.
 //
 // The contract of attention_forward / attention_backward (attention.hpp: rows, strides, causal
 // positions, GQA, lse) with q, k, v, out and the gradients stored in fp32; they are rounded to
@@ -9,29 +9,42 @@
 // itself), so results differ from the fp32 kernel by bf16 rounding (relative error 1e-3..1e-2).
 // Query i sits at key position q_offset + i (q_offset >= 0; Tk - Tq in training).
 //
-// How it runs. q, k, v (and dout) are packed once per call into compact per-head rows in the
-// stored type, sequences padded to whole 128-row blocks. One OpenMP region; each task runs its
-// products as oneDNN matmuls on its own thread (oneDNN runs sequentially inside a parallel
-// region), the second operand stored transposed where the layout allows ("NT", the fast one):
-//   forward, per (sequence, head, query block): S = Q_i·Kᵀ over every key the block sees, an
-//     exact softmax per row in fp32 (base 2), P rounded, out = P·V / l, lse;
-//   backward pass 1, per (sequence, kv head, key block), for each query head of its group:
-//     Sᵀ = K_j·Qᵀ and dPᵀ = V_j·dOᵀ over every query that sees the block, Pᵀ = 2^(Sᵀ - L),
-//     dSᵀ = Pᵀ (dPᵀ - D) / sqrt(hd) with D = rowsum(dO ∘ O), dV_j += Pᵀ·dO, dK_j += dSᵀ·Q;
-//   pass 2, per (sequence, head, query block): S, dP and dS again, dQ_i = dS·K.
-// Each task writes only its own rows, so no reduction crosses threads.
-// Paths: native (bf16 operands, oneDNN's bf16 matmul) where kernels::native_bf16_matmul(), else
-// emulated (the same rounded operands held in fp32, oneDNN's fp32 matmul): the same arithmetic
-// up to summation order, on any CPU, slower than the fp32 kernel (for tests and AVX2 machines;
-// precision "auto" is fp32 there). TETRAD_BF16=emulate and TETRAD_MAX_CPU_ISA force the emulated
-// one like every bf16 GEMM.
+// How it runs. One OpenMP region per call. q, k, v (and dout) are first packed (in parallel, by
+// rows) into bf16 in the layouts the products read: rows padded to 32 head columns and sequences
+// to 32 rows with zeros, and the second operand of a product in the pair-interleaved ("VNNI")
+// panels of 16 columns that AMX and vdpbf16ps take. Then:
+//   forward, per (sequence, head, 32-query block): S = Q_i·Kᵀ over every key the block sees, an
+//     exact softmax of each row in fp32 (base 2; no online rescaling), P rounded to bf16,
+//     out = P·V / l, lse;
+//   backward, per (sequence, kv head), for each 32-key block, for
+//     each query head of the group, against every query that sees the block at once, in the
+//     transposed orientation (keys as rows): Sᵀ = K_j·Qᵀ, dPᵀ = V_j·dOᵀ, Pᵀ = 2^(Sᵀ - L),
+//     dSᵀ = Pᵀ (dPᵀ - D) / sqrt(hd) (D = rowsum(dO ∘ O), from the fp32 out), dV_j += Pᵀ·dO,
+//     dK_j += dSᵀ·Q, dQᵀ += K_jᵀ·dSᵀ. dK_j and dV_j stay in the task's scratch until the block
+//     is done; dQᵀ accumulates in a per-call buffer, transposed into dq at the end. Threads
+//     share out the (sequence, kv head) pairs only, so a head's results do not depend on how
+//     many heads or sequences a call holds: grids that split heads or the batch match one rank
+//     bit for bit (a sequence with one kv head runs on one thread).
+// Each task writes only its own rows: no reduction crosses threads.
 //
-// Memory per call: packed copies of q, k, v (and dout) in the stored type; per thread a 128 x T
-// fp32 score tile, the probabilities and small accumulators; thread_local arenas kept between
-// calls (they grow to the largest call).
-// Determinism: every output row is computed by one task in a fixed order: bit-identical between
-// runs and for any thread count.
-// Speed: see docs/precision.md (not yet faster than the fp32 kernel on the CPU).
+// Paths, one source (the block products are one routine per path, C (+)= A·B on the packed
+// operands; the elementwise code is compiled for each path's instruction set):
+//   amx          AMX-BF16 tiles (_tile_dpbf16ps; 16 x 16 fp32 accumulators, 2 x 2 of them per
+//                32 x 32 output block), AVX-512 elementwise;
+//   avx512_bf16  vdpbf16ps on zmm registers (8 rows x 32 columns of accumulators);
+//   emulated-avx2, emulated  the same bf16 operands widened to fp32 (exact) and multiplied in
+//                fp32 (AVX2+FMA, or SSE2): the same arithmetic up to summation order, for CPUs
+//                without bf16 units (AMD Zen 3), slower than the fp32 kernel there.
+// The default is the widest the CPU allows (cpu_features(): TETRAD_MAX_CPU_ISA caps it), and an
+// emulated one where bf16 GEMMs are emulated (TETRAD_BF16=emulate, set_bf16_emulation_forced).
+//
+// Memory per call: the packed operands (bf16, about 3 (forward) or 7 (backward) copies of q's
+// size), and in the backward a dqᵀ buffer of B x n_head x 32⌈hd/32⌉ x (32⌈Tq/32⌉ + 16) fp32; per thread a 32 x T block of scores (fp32) and probabilities (bf16) (the backward:
+// two of each); thread_local arenas kept between calls (they grow to the largest call, never
+// shrink).
+// Determinism: every output element is computed by one task in an order fixed by the shapes:
+// bit-identical between runs and for any thread count (for a given path).
+// Speed: docs/precision.md ("bf16 attention").
 #pragma once
 #include <cstdint>
 
@@ -39,14 +52,27 @@
 
 namespace tetrad::kernels {
 
+enum class AttentionBf16Path { kEmulated, kEmulatedAvx2, kAvx512Bf16, kAmx };
+const char* attention_bf16_path_name(AttentionBf16Path p);  // "emulated", ..., "amx"
+bool attention_bf16_path_supported(AttentionBf16Path p);
+// The path the calls without one take (see above).
+AttentionBf16Path attention_bf16_default_path();
+
 void attention_forward_bf16(float* out, float* lse, const float* q, const float* k,
                             const float* v, const AttentionDims& d, int64_t q_offset);
 void attention_backward_bf16(float* dq, float* dk, float* dv, const float* dout, const float* q,
                              const float* k, const float* v, const float* out, const float* lse,
                              const AttentionDims& d, int64_t q_offset);
+// A given path (it must be supported; tests and benchmarks force each).
+void attention_forward_bf16(float* out, float* lse, const float* q, const float* k,
+                            const float* v, const AttentionDims& d, int64_t q_offset,
+                            AttentionBf16Path path);
+void attention_backward_bf16(float* dq, float* dk, float* dv, const float* dout, const float* q,
+                             const float* k, const float* v, const float* out, const float* lse,
+                             const AttentionDims& d, int64_t q_offset, AttentionBf16Path path);
 
-// "native (oneDNN bf16 matmul 'brg:avx512_core_amx')" or "emulated (...)": what the last call
-// ran its products with (for benchmarks and tests).
+// "amx (AMX-BF16 tiles)" etc.: the path the default calls take here (for benchmarks and the
+// backend's description).
 const char* attention_bf16_path();
 
 }  // namespace tetrad::kernels

@@ -255,6 +255,8 @@ CpuBackend::CpuBackend() : queue_(std::make_unique<InlineQueue>(*this)) {
   caps_.adamw_bf16_copy = true;
   caps_.attention_bf16 = false;
   caps_.attention_bf16_products = true;  // native on bf16 matrix units, emulated elsewhere
+  // Measured faster than the fp32 kernel only on AMX (docs/precision.md, "bf16 attention").
+  caps_.attention_bf16_faster = k::attention_bf16_default_path() == k::AttentionBf16Path::kAmx;
   caps_.attention_any_q_offset = false;
   caps_.fused_cross_entropy = true;
   caps_.bf16_producers = true;
@@ -264,7 +266,8 @@ CpuBackend::CpuBackend() : queue_(std::make_unique<InlineQueue>(*this)) {
 CpuBackend::~CpuBackend() = default;
 
 std::string CpuBackend::description() const {
-  return "cpu: " + cpu_features().summary() + "; bf16 GEMMs " + caps_.gemm_bf16_path;
+  return "cpu: " + cpu_features().summary() + "; bf16 GEMMs " + caps_.gemm_bf16_path +
+         "; bf16 attention " + k::attention_bf16_path();
 }
 
 std::unique_ptr<Queue> CpuBackend::new_queue() { return std::make_unique<InlineQueue>(*this); }

@@ -27,6 +27,7 @@ class CpuBackend final : public Backend {
   Queue& queue() override { return *queue_; }
   std::unique_ptr<Queue> new_queue() override;
   DeviceCeilings ceilings(int threads, bool quick) override;
+  bool host_readable(const void*) const override { return true; }  // device memory is host memory
 
  protected:
   void* allocate(size_t bytes, MemoryKind kind) override;

@@ -24,7 +24,7 @@
 // branches run on any CPU: tests force each).
 //
 // Not done: bf16 storage of activations between layers (they are rounded where they enter a
-// GEMM, stored in fp32), bf16 inside the attention kernel, bf16 collectives.
+// GEMM, stored in fp32), bf16 collectives. (bf16 attention: attention_bf16.hpp.)
 #pragma once
 #include <cstdint>
 #include <cstring>

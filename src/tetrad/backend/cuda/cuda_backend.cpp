@@ -151,6 +151,9 @@ class CudaBackend final : public Backend {
     caps_.gemm_bf16_storage = true;
     caps_.attention_bf16 = false;  // bf16 *storage* of q/k/v: not yet (the arithmetic: see header)
     caps_.attention_bf16_products = true;
+    // Not the default of bf16 runs until measured on a GPU against the fp32 path (docs/gpu.md):
+    // train.attention_precision = "bf16" or TETRAD_CUDA_ATTENTION=bf16 choose it.
+    caps_.attention_bf16_faster = false;
     caps_.attention_any_q_offset = true;
     caps_.fused_cross_entropy = true;
     // Not yet: norm / activation kernels writing bf16 and the cast-transpose (the model casts
@@ -174,6 +177,7 @@ class CudaBackend final : public Backend {
   Queue& queue() override { return *queue_; }
   std::unique_ptr<Queue> new_queue() override { return std::make_unique<CudaQueue>(*this, device_); }
   DeviceCeilings ceilings(int threads, bool quick) override;
+  bool host_readable(const void* p) const override { return g::gpuHostReadable(p); }
 
   const g::DeviceInfo& info() const { return info_; }
 

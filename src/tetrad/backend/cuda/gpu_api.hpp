@@ -70,6 +70,16 @@ inline gpuError_t gpuMemGetInfo(size_t* free_b, size_t* total_b) {
   return cudaMemGetInfo(free_b, total_b);
 }
 inline gpuError_t gpuDeviceSynchronize() { return cudaDeviceSynchronize(); }
+// Whether the host can load and store through p: host memory (pageable, pinned or unregistered)
+// yes, device memory no (managed memory counts as host-readable).
+inline bool gpuHostReadable(const void* p) {
+  cudaPointerAttributes a{};
+  if (cudaPointerGetAttributes(&a, p) != cudaSuccess) {
+    cudaGetLastError();  // clear the sticky-free error of an unknown pointer: plain host memory
+    return true;
+  }
+  return a.type != cudaMemoryTypeDevice;
+}
 
 // The device's facts the backend uses (read once per device).
 struct DeviceInfo {

@@ -1,0 +1,124 @@
+// A tiny model trained a few steps with the trainer's step (ParallelTransformer, AdamW over its
+// optimizer layout on the model's backend, gradient clipping), on whatever backend
+// ParallelOptions::device names: the harness of the device tests (tests/test_device_model.cpp on
+// cpu-strict, tests/gpu/test_gpu_model.cpp on cuda), serial or on a grid (the groups given).
+// Returns every step's loss and gradient norm and, at the end, every whole tensor and Adam
+// moment, copied to the host through the model's own gathers.
+#pragma once
+
+#include <cmath>
+#include <vector>
+
+#include "tetrad/core/rng.hpp"
+#include "tetrad/parallel/parallel_transformer.hpp"
+#include "tetrad/parallel/process_groups.hpp"
+#include "tetrad/train/optimizer.hpp"
+
+namespace device_model {
+
+using namespace tetrad;
+using namespace tetrad::parallel;
+
+constexpr int kB = 4, kT = 16, kAccum = 2, kSteps = 8;
+
+inline ModelConfig tiny_model(Family f) {
+  ModelConfig c;
+  c.family = f;
+  c.n_layer = 2;
+  c.n_embd = 64;
+  c.n_head = 4;
+  c.n_kv_head = f == Family::Llama ? 2 : 4;
+  c.ffn = f == Family::Llama ? 96 : 256;
+  c.vocab_size = 128;
+  c.max_seq = 16;
+  c.tie_embeddings = f == Family::GPT2;
+  return c;
+}
+
+struct Trace {
+  std::vector<double> losses, grad_norms;
+  std::vector<std::vector<float>> weights, m, v;  // whole tensors
+};
+
+// A checkpoint in host memory: whole tensors, moments and the next step.
+struct Saved {
+  std::vector<std::vector<float>> weights, m, v;
+  int step = 0;
+};
+
+// Trains steps [from, steps) (from: resume->step, else 0) of the global batch kB x kT, split
+// over the groups' Z x D ranks as the trainer splits it; `save` (when given) receives the state
+// after the last step.
+inline Trace train(const ModelConfig& mc, ProcessGroups& g, const ParallelOptions& po, int steps,
+                   const Saved* resume = nullptr, Saved* save = nullptr) {
+  const int replicas = g.shape.z * g.shape.d;
+  const int Bl = kB / replicas;
+  const int slot = g.coord.z + g.shape.z * g.coord.d;
+  ParallelTransformer model(mc, g, Bl, kT, po);
+  TrainConfig tc;
+  tc.lr = 1e-2;
+  tc.weight_decay = 0.1;
+  tc.grad_clip = 1.0;
+  tc.warmup_steps = 2;
+  tc.max_steps = kSteps;  // one schedule, so a resumed run continues the same one
+  const OptimizerLayout& ol = model.optimizer_layout();
+  AdamW opt(decay_ranges(model.table(), tc, ol.param_offsets, ol.sizes, ol.state_offsets,
+                         ol.grad_offsets),
+            ol.state_size, tc, model.compute_backend());
+  int from = 0;
+  if (resume) {
+    for (size_t i = 0; i < model.table().specs.size(); ++i) {
+      model.set_tensor(i, resume->weights[i].data());
+      model.scatter_state_tensor(opt.m(), i, resume->m[i].data());
+      model.scatter_state_tensor(opt.v(), i, resume->v[i].data());
+    }
+    from = resume->step;
+  } else {
+    model.init_weights(7);
+  }
+  Trace tr;
+  std::vector<int32_t> x(size_t(Bl) * kT), y(x.size());
+  for (int s = from; s < steps; ++s) {
+    model.begin_step(kAccum);
+    double loss = 0;
+    for (int mb = 0; mb < kAccum; ++mb) {
+      Rng r(1000 + mb);  // the same batches every step: the loss must fall
+      std::vector<int32_t> tok(size_t(kB) * (kT + 1));
+      for (auto& t : tok) t = int32_t(r.next_u64() % uint64_t(mc.vocab_size));
+      for (int b = 0; b < Bl; ++b)
+        for (int t = 0; t < kT; ++t) {
+          x[size_t(b) * kT + t] = tok[size_t(slot * Bl + b) * (kT + 1) + t];
+          y[size_t(b) * kT + t] = tok[size_t(slot * Bl + b) * (kT + 1) + t + 1];
+        }
+      loss += model.forward_backward(x.data(), y.data(), Bl, kT, 1.0f / (kB * kT * kAccum));
+    }
+    model.reduce_gradients();
+    if (g.zd.size() > 1) g.zd.allreduce_sum(&loss, 1);
+    const double gn = std::sqrt(model.grad_sum_squares());
+    const double lr = learning_rate(tc, s), scale = gn > tc.grad_clip ? tc.grad_clip / gn : 1.0;
+    model.apply_update([&](float* p, int64_t lo, int64_t hi) {
+      opt.update(p, model.grads(), lr, scale, s + 1, lo, hi);
+    });
+    tr.losses.push_back(loss / (kB * kT * kAccum));
+    tr.grad_norms.push_back(gn);
+  }
+  model.finish_communication();
+  for (size_t i = 0; i < model.table().specs.size(); ++i) {
+    std::vector<float> full(size_t(model.table().specs[i].numel));
+    model.get_tensor(i, full.data());
+    tr.weights.push_back(full);
+    model.gather_state_tensor(opt.m(), i, full.data());
+    tr.m.push_back(full);
+    model.gather_state_tensor(opt.v(), i, full.data());
+    tr.v.push_back(full);
+  }
+  if (save) {
+    save->weights = tr.weights;
+    save->m = tr.m;
+    save->v = tr.v;
+    save->step = steps;
+  }
+  return tr;
+}
+
+}  // namespace device_model
