@@ -5,7 +5,8 @@
 #   1. nvidia-smi; the measured bf16 / fp32 GEMM ceilings and copy bandwidth (CudaKernels.Ceilings)
 #   2. the CUDA kernels against double references (test_cuda_kernels) and the seam's backend
 #      conformance suite on the CUDA backend (test_backend_conformance, *cuda*)
-#   3. the tiny model 20 steps on the GPU against the CPU (test_gpu_model)
+#   3. the tiny model 20 steps on the GPU against the CPU (test_gpu_model), and on every 2-rank
+#      grid with both ranks on the one GPU through the MPI communicator (test_device_model_mpi)
 #   4. 2 ranks on the one GPU through MPI, NCCL on one-rank groups (test_gpu_comm_mpi); the
 #      communication conformance suite on NCCL with one rank (test_comm_conformance)
 #   5. benchmarks: the ops at gpt2-124m's and llama-1b's shapes (CudaBench.ModelShapes: GEMM rates
@@ -117,7 +118,21 @@ while read -r line; do
 done < <(grep '^bench .* summary' "$OUT/op-bench.txt" 2>/dev/null)
 
 # ---- 3. the tiny model, GPU against CPU ----
+# The same harness the cpu-strict stand-in passes bit for bit in every CPU build
+# (tests/device_model_harness.hpp; DeviceModel.*, DeviceModelMpi.* on cpu-strict).
 gtest_step "tiny model 20 steps" 180 test_gpu_model
+dm=$(findbin test_device_model_mpi)
+if [ -z "$dm" ]; then row "model 2 ranks, 1 GPU (MPI)" "NOT BUILT" "test_device_model_mpi missing"
+else
+  echo "== the model on 2 ranks sharing the GPU, MPI staging ($(elapsed) s in)"
+  timeout 150 mpirun --allow-run-as-root --oversubscribe -n 2 -x LD_LIBRARY_PATH -x OPAL_PREFIX \
+    -x OMP_NUM_THREADS "$dm" --gtest_filter='*Cuda*' 2>&1 | tee "$OUT/test_device_model_mpi.txt"
+  rc=${PIPESTATUS[0]}
+  if [ "$rc" != 0 ]; then row "model 2 ranks, 1 GPU (MPI)" "FAIL" "rc $rc"
+  elif grep -q 'SKIPPED' "$OUT/test_device_model_mpi.txt"; then
+    row "model 2 ranks, 1 GPU (MPI)" "SKIPPED" "$(grep -m1 -A1 Skipped "$OUT/test_device_model_mpi.txt" | tail -1 | cut -c1-70)"
+  else row "model 2 ranks, 1 GPU (MPI)" "PASS" "every 2-rank grid within rounding of the CPU"; fi
+fi
 
 # ---- 4. ranks: MPI on one GPU, NCCL on one-rank groups ----
 mpi=$(findbin test_gpu_comm_mpi)

@@ -49,8 +49,9 @@ struct Saved {
 // Trains steps [from, steps) (from: resume->step, else 0) of the global batch kB x kT, split
 // over the groups' Z x D ranks as the trainer splits it; `save` (when given) receives the state
 // after the last step.
+// The learning-rate schedule runs over `schedule` steps (the same for a run and its resumption).
 inline Trace train(const ModelConfig& mc, ProcessGroups& g, const ParallelOptions& po, int steps,
-                   const Saved* resume = nullptr, Saved* save = nullptr) {
+                   const Saved* resume = nullptr, Saved* save = nullptr, int schedule = kSteps) {
   const int replicas = g.shape.z * g.shape.d;
   const int Bl = kB / replicas;
   const int slot = g.coord.z + g.shape.z * g.coord.d;
@@ -60,7 +61,7 @@ inline Trace train(const ModelConfig& mc, ProcessGroups& g, const ParallelOption
   tc.weight_decay = 0.1;
   tc.grad_clip = 1.0;
   tc.warmup_steps = 2;
-  tc.max_steps = kSteps;  // one schedule, so a resumed run continues the same one
+  tc.max_steps = schedule;
   const OptimizerLayout& ol = model.optimizer_layout();
   AdamW opt(decay_ranges(model.table(), tc, ol.param_offsets, ol.sizes, ol.state_offsets,
                          ol.grad_offsets),

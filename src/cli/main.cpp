@@ -389,6 +389,10 @@ int main(int argc, char** argv) {
   train_cmd->add_flag("--overwrite", topt.overwrite,
                       "run.dir already holds checkpoints: delete them and start afresh (without "
                       "this or --resume such a folder is refused)");
+  std::string device_arg;
+  train_cmd->add_option("--device", device_arg,
+                        "where the model computes: cpu, cpu-strict, cuda, cuda:N (same as --set "
+                        "train.device=...)");
   std::string grid_arg;
   train_cmd->add_option("--grid", grid_arg,
                         "process grid x,y,z,d or x,y,z,p,d (same as --set parallel.grid=...); "
@@ -660,6 +664,7 @@ int main(int argc, char** argv) {
       std::cout << config_reference_markdown();
     } else if (*train_cmd) {
       if (!grid_arg.empty()) overrides.push_back("parallel.grid=\"" + grid_arg + "\"");
+      if (!device_arg.empty()) overrides.push_back("train.device=\"" + device_arg + "\"");
       RunConfig cfg = load_run_config(config_path, overrides);
       TrainResult r = train(cfg, topt, std::cout);
       if (!r.last_checkpoint.empty() && (!mpi || mpi->rank() == 0))

@@ -15,6 +15,8 @@
 #include <string>
 #include <vector>
 
+#include <mpi.h>
+
 #include "contract.hpp"
 #include "tetrad/backend/backend.hpp"
 
@@ -91,6 +93,37 @@ void check_all_grids(Family family) {
   if (world_rank() == 0)
     std::printf("[ %s ] %d grid/option runs of %d ranks on cpu-strict, bit-identical to cpu\n",
                 family_name(family).c_str(), tested, world_size());
+}
+
+// The same on the GPU ("cuda"; every rank on the node-local GPU, MPI staging through host
+// memory: two ranks may share one GPU, which NCCL would refuse), within rounding: the GPU's
+// kernels sum in other orders than the CPU's. SKIPs on every rank alike without a GPU.
+TEST(DeviceModelMpi, CudaEveryGridMatchesTheCpuWithinRounding) {
+  std::string why = "this build has no cuda backend";
+  bool available = false;
+  for (const auto& b : tetrad::backend::backends())
+    if (b.name == "cuda") {
+      available = b.available;
+      why = b.why_not;
+    }
+  int mine = available ? 1 : 0, all = 0;
+  MPI_Allreduce(&mine, &all, 1, MPI_INT, MPI_MIN, MPI_COMM_WORLD);
+  if (!all) GTEST_SKIP() << "no GPU on some rank: " << why;
+  std::unique_ptr<tetrad::backend::Backend> gpu = tetrad::backend::create("cuda");
+  for (Family family : {Family::GPT2, Family::Llama}) {
+    const ModelConfig mc = tiny_model(family, 4);
+    for (const GridShape& shape : contract_grids(mc)) {
+      ProcessGroups g(comm::Communicator::world(), shape);
+      ParallelOptions po;
+      const contract::Run cpu = parallel_run(mc, g, kSteps, po);
+      po.device = gpu.get();
+      const contract::Run dev = parallel_run(mc, g, kSteps, po);
+      const std::string where = family_name(family) + " grid " + shape.to_string();
+      for (size_t s = 0; s < cpu.losses.size(); ++s)
+        EXPECT_NEAR(dev.losses[s] / cpu.losses[s], 1.0, 1e-4) << where << " step " << s + 1;
+      EXPECT_LT(worst_weight_difference(cpu, dev, mc), 1e-3) << where;
+    }
+  }
 }
 
 TEST(DeviceModelMpi, Gpt2EveryGridOnDeviceMemoryMatchesTheCpuBitForBit) {

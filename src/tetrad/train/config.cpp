@@ -258,6 +258,10 @@ const std::vector<Field>& schema() {
                    "GEMM precision: \"fp32\", \"bf16\" (bf16 operands, fp32 accumulation; fp32 master weights, gradients, optimizer, norms, softmax, loss) or \"auto\" (bf16 where the CPU has AMX-BF16 or AVX512-BF16, else fp32)"),
       STRING_FIELD("train.attention_precision", c.train.attention_precision,
                    "attention's products (QK^T, PV and the backward's): \"auto\" (bf16 in bf16 runs where the bf16 attention kernel is the faster one, i.e. on CPUs with AMX; else fp32), \"fp32\" or \"bf16\" (bf16 operands, fp32 accumulation and softmax statistics)"),
+      STRING_FIELD("train.device", c.train.device,
+                   "where the model computes: \"cpu\", \"cpu-strict\" (the CPU's arithmetic on "
+                   "device memory the host cannot read) or, in a CUDA build with a GPU, "
+                   "\"cuda\" (the node-local rank's GPU) / \"cuda:N\""),
       STRING_FIELD("train.loss_mask", c.train.loss_mask,
                    "targets dropped from the loss: \"none\", \"goldfish\" (hashed, Hans et al. "
                    "2024), \"static\" (every k-th) or \"random\" (per position)"),
@@ -366,6 +370,11 @@ void RunConfig::validate() const {
       t.attention_precision != "bf16")
     fail("train.attention_precision = \"", t.attention_precision,
          "\": expected \"auto\", \"fp32\" or \"bf16\"");
+  // Whether this build and machine can run it is checked when the run starts (backend::create).
+  if (!(t.device == "cpu" || t.device == "cpu-strict" || t.device == "cuda" ||
+        t.device.rfind("cuda:", 0) == 0))
+    fail("train.device: expected \"cpu\", \"cpu-strict\", \"cuda\" or \"cuda:N\", got \"",
+         t.device, "\"");
 }
 
 RunConfig load_run_config(const std::string& path, const std::vector<std::string>& overrides) {

@@ -412,9 +412,24 @@ TrainResult train(const RunConfig& cfg, const TrainOptions& opt, std::ostream& l
     }
   }
 
-  // GEMM precision of this run's model (not a process-wide switch: the model carries it).
-  const kernels::Precision precision = kernels::resolve_precision(t.precision);
+  // Where the model computes (train.device): its parameters, gradients, moments and activations
+  // live there; the host reaches them through the backend's queue (checkpoints below).
+  std::unique_ptr<backend::Backend> device_owner;
+  backend::Backend* device = &backend::cpu_backend();
+  if (t.device != "cpu") {
+    device_owner = backend::create(t.device);  // refuses naming what this build and machine lack
+    device = device_owner.get();
+  }
+  const bool host_memory = device->capabilities().host_visible;
+  // GEMM precision of this run's model (not a process-wide switch: the model carries it). "auto"
+  // on a GPU: bf16 where it has bf16 matrix hardware.
+  const kernels::Precision precision =
+      t.precision == "auto" && t.device.rfind("cuda", 0) == 0
+          ? (device->capabilities().gemm_bf16_native ? kernels::Precision::BF16
+                                                     : kernels::Precision::FP32)
+          : kernels::resolve_precision(t.precision);
   parallel::ParallelOptions popt;
+  popt.device = device;
   popt.precision = precision == kernels::Precision::BF16 ? backend::Precision::BF16
                                                          : backend::Precision::FP32;
   if (t.attention_precision != "auto")
@@ -446,7 +461,19 @@ TrainResult train(const RunConfig& cfg, const TrainOptions& opt, std::ostream& l
         << cfg.pipeline_layers << "\")\n";
   const parallel::OptimizerLayout& ol = model.optimizer_layout();
   AdamW adam(decay_ranges(table, t, ol.param_offsets, ol.sizes, ol.state_offsets, ol.grad_offsets),
-             ol.state_size, t);
+             ol.state_size, t, *device);
+  // Host copies of device memory (not on the CPU backend, whose memory is host memory): n floats
+  // of `dev` into host staging memory, and back.
+  auto to_host = [&](const float* dev, size_t n) {
+    backend::DeviceArray<float> h(*device, n, backend::MemoryKind::HostStaging);
+    if (n) device->queue().copy_to_host(h.data(), dev, n * sizeof(float));
+    device->queue().synchronize();
+    return h;
+  };
+  auto to_device = [&](float* dev, const float* host, size_t n) {
+    if (n) device->queue().copy_to_device(dev, host, n * sizeof(float));
+    device->queue().synchronize();
+  };
   data::LoaderOptions lopt;
   lopt.tokenizer_identity = data.tokenizer_identity;
   lopt.model_vocab = cfg.model.vocab_size;
@@ -492,18 +519,27 @@ TrainResult train(const RunConfig& cfg, const TrainOptions& opt, std::ostream& l
         if (is_sharded_checkpoint(dir)) {
           // The files hold the moments laid out like the parameters; with ZeRO this rank keeps
           // its D piece of each tensor (optimizer_layout()).
+          // On a device the files are read into host memory and copied over.
           const bool pieces = cfg.zero >= 1;
-          std::vector<float> m_full(pieces ? size_t(model.num_local_params()) : 0),
-              v_full(m_full.size());
+          const size_t np = size_t(model.num_local_params());
+          std::vector<float> m_full(pieces || !host_memory ? np : 0), v_full(m_full.size()),
+              p_host(host_memory ? 0 : np);
           const ShardedCheckpointInfo info = load_sharded_checkpoint(
-              dir, cfg.model, data.tokenizer_identity, model.plan(), model.params(),
-              pieces ? m_full.data() : adam.m(), pieces ? v_full.data() : adam.v());
-          if (pieces)
+              dir, cfg.model, data.tokenizer_identity, model.plan(),
+              host_memory ? model.params() : p_host.data(),
+              pieces || !host_memory ? m_full.data() : adam.m(),
+              pieces || !host_memory ? v_full.data() : adam.v());
+          if (!host_memory) to_device(model.params(), p_host.data(), np);
+          if (pieces) {
             for (size_t i = 0; i < ol.sizes.size(); ++i) {
-              const size_t n = size_t(ol.sizes[i]) * sizeof(float);
-              std::memcpy(adam.m() + ol.state_offsets[i], m_full.data() + ol.param_offsets[i], n);
-              std::memcpy(adam.v() + ol.state_offsets[i], v_full.data() + ol.param_offsets[i], n);
+              const size_t n = size_t(ol.sizes[i]);
+              to_device(adam.m() + ol.state_offsets[i], m_full.data() + ol.param_offsets[i], n);
+              to_device(adam.v() + ol.state_offsets[i], v_full.data() + ol.param_offsets[i], n);
             }
+          } else if (!host_memory) {
+            to_device(adam.m(), m_full.data(), np);
+            to_device(adam.v(), v_full.data(), np);
+          }
           step = info.step;
           restore_best(info.extra);
           restore_data_position(info.data, dir, T, train_loader);
@@ -595,6 +631,7 @@ TrainResult train(const RunConfig& cfg, const TrainOptions& opt, std::ostream& l
         << std::fixed << std::setprecision(0) << peak_gflops << " GFLOP/s per rank\n"
         << std::defaultfloat;
     if (world > 1) out << model.overlap().summary() << "\n";
+    if (t.device != "cpu") out << "device: " << device->description() << "\n";
   }
   // Which rank holds what: one line per rank, in rank order.
   for (int r = 0; r < world; ++r) {
@@ -658,7 +695,7 @@ TrainResult train(const RunConfig& cfg, const TrainOptions& opt, std::ostream& l
   const bool streamed_save = cfg.zero >= 1;  // see save() below
   auto save = [&](int64_t at_step, bool wait) {
     // Never replace a good checkpoint with weights that are no longer finite.
-    double sq = sum_squares(model.param_data(), model.num_local_params());
+    double sq = sum_squares(model.param_data(), model.num_local_params(), *device);
     if (world > 1) groups.world.allreduce_sum(&sq, 1);
     if (!std::isfinite(sq)) {
       out << "not writing a checkpoint at step " << at_step << ": the weights are not finite\n";
@@ -739,7 +776,14 @@ TrainResult train(const RunConfig& cfg, const TrainOptions& opt, std::ostream& l
     info.extra = {{"tokens_seen", at_step * tokens_per_step}, {"grid", shape.to_string()},
                   {"config", to_toml(cfg)}};
     info.extra.update(health);
-    saver.begin(cfg.model, table, model.plan(), model.param_data(), adam.m(), adam.v(), info);
+    if (host_memory) {
+      saver.begin(cfg.model, table, model.plan(), model.param_data(), adam.m(), adam.v(), info);
+    } else {  // the snapshot is taken from host copies (pinned memory on a GPU)
+      const size_t np = size_t(model.num_local_params());
+      const backend::DeviceArray<float> hp = to_host(model.param_data(), np),
+                                        hm = to_host(adam.m(), np), hv = to_host(adam.v(), np);
+      saver.begin(cfg.model, table, model.plan(), hp.data(), hm.data(), hv.data(), info);
+    }
     if (wait || !t.async_checkpoint) {
       saver.finish();
       report_save();
