@@ -116,9 +116,17 @@ TEST(StopSignals, SignalStormDuringGemms) {
     });
     const int M = 512, N = 64, K = 256;
     std::vector<float> A(size_t(M) * K, 0.5f), B(size_t(K) * N, 0.25f), C(size_t(M) * N);
+    // At least 400 ms and at least 200 signals sent: on a loaded 2-core machine the two compute
+    // threads starve the sender (a fresh Debian run sent 97 in 400 ms), and a storm of a few
+    // dozen signals tests less than the test says. 60 s bounds it.
     const auto t0 = std::chrono::steady_clock::now();
+    auto storming = [&] {
+      const auto dt = std::chrono::steady_clock::now() - t0;
+      if (dt > std::chrono::seconds(60)) return false;
+      return dt < std::chrono::milliseconds(400) || sent.load() < 200;
+    };
     int gemms = 0;
-    while (std::chrono::steady_clock::now() - t0 < std::chrono::milliseconds(400)) {
+    while (storming()) {
       std::vector<char> churn(size_t(1000 + gemms % 5000));  // heap chunks beside the workspace
       kernels::gemm<float>(false, false, M, N, K, 1.0f, A.data(), K, B.data(), N, 0.0f, C.data(), N);
       ++gemms;
