@@ -262,6 +262,11 @@ const std::vector<Field>& schema() {
                    "where the model computes: \"cpu\", \"cpu-strict\" (the CPU's arithmetic on "
                    "device memory the host cannot read) or, in a CUDA build with a GPU, "
                    "\"cuda\" (the node-local rank's GPU) / \"cuda:N\""),
+      STRING_FIELD("train.comm", c.train.comm,
+                   "the model's communicator: \"auto\" (nccl where train.device is cuda, the "
+                   "build has NCCL, there is more than one rank, each with a GPU of its own, and "
+                   "no pipeline axis; else mpi), \"nccl\" (collectives on GPU memory) or "
+                   "\"mpi\" (device buffers staged through host memory)"),
       STRING_FIELD("train.loss_mask", c.train.loss_mask,
                    "targets dropped from the loss: \"none\", \"goldfish\" (hashed, Hans et al. "
                    "2024), \"static\" (every k-th) or \"random\" (per position)"),
@@ -375,6 +380,23 @@ void RunConfig::validate() const {
         t.device.rfind("cuda:", 0) == 0))
     fail("train.device: expected \"cpu\", \"cpu-strict\", \"cuda\" or \"cuda:N\", got \"",
          t.device, "\"");
+  if (t.comm != "auto" && t.comm != "mpi" && t.comm != "nccl")
+    fail("train.comm = \"", t.comm, "\": expected \"auto\", \"mpi\" or \"nccl\"");
+  if (t.comm == "nccl") {
+    // Refused, never ignored: NCCL moves GPU memory only, and only a build with it has it.
+    if (t.device.rfind("cuda", 0) != 0)
+      fail("train.comm = \"nccl\" needs train.device = \"cuda\" (NCCL moves GPU memory), but "
+           "train.device = \"", t.device, "\"; use train.comm = \"mpi\" or \"auto\"");
+#if !TETRAD_HAVE_NCCL
+    fail("train.comm = \"nccl\": this build has no NCCL (configure with -DTETRAD_CUDA=ON "
+         "-DTETRAD_NCCL=ON where CUDA and NCCL are installed); use train.comm = \"mpi\" or "
+         "\"auto\"");
+#endif
+    if (grid != "auto" && parallel::parse_grid(grid).p > 1)
+      fail("train.comm = \"nccl\" with a pipeline axis (grid ", grid, "): the pipeline's "
+           "point-to-point messages are not run on NCCL yet (NCCL matches them in posting order, "
+           "and the schedules assume MPI's tags); use train.comm = \"mpi\" or \"auto\"");
+  }
 }
 
 RunConfig load_run_config(const std::string& path, const std::vector<std::string>& overrides) {

@@ -28,6 +28,9 @@
 #include "tetrad/checkpoint/run_lock.hpp"
 #include "tetrad/checkpoint/sharded_saver.hpp"
 #include "tetrad/comm/communicator.hpp"
+#if TETRAD_HAVE_NCCL
+#include "tetrad/comm/nccl_communicator.hpp"
+#endif
 #include "tetrad/core/cpu.hpp"
 #include "tetrad/core/error.hpp"
 #include "tetrad/core/json.hpp"
@@ -348,6 +351,15 @@ TrainResult train(const RunConfig& cfg, const TrainOptions& opt, std::ostream& l
     shape = parallel::parse_grid(cfg.grid);
   }
   parallel::validate_grid(shape, world);
+  if (t.comm == "nccl" && shape.p > 1)
+    fail("train.comm = \"nccl\" with a pipeline axis (grid ", shape.to_string(), "): the "
+         "pipeline's point-to-point messages are not run on NCCL yet; use train.comm = \"mpi\" "
+         "or \"auto\"");
+  // The trainer's own groups are MPI's (or self() on one rank), whatever train.comm says: every
+  // value the trainer reduces lives in host memory (loss sums, token counts, the weights' sum of
+  // squares, failure flags, signals, the run-folder and checkpoint agreements), and NCCL
+  // collectives take device memory only. The model gets NCCL groups of its own below when
+  // train.comm resolves to nccl (their host() twins are MPI too).
   ProcessGroups groups =
       world > 1 ? ProcessGroups(comm::Communicator::world(), shape) : ProcessGroups();
   const bool root = groups.world.rank() == 0;
@@ -421,6 +433,33 @@ TrainResult train(const RunConfig& cfg, const TrainOptions& opt, std::ostream& l
     device = device_owner.get();
   }
   const bool host_memory = device->capabilities().host_visible;
+  // train.comm resolved (config.hpp): the model's groups on NCCL or on MPI, and why, for the log.
+  // Made after the device, whose creation selects this rank's GPU (NCCL's communicators live on
+  // the current device).
+  bool use_nccl = t.comm == "nccl";  // validate() refused it without a cuda device or NCCL
+  std::string comm_why = "train.comm = " + t.comm;
+  if (t.comm == "auto") {
+    const bool cuda = t.device.rfind("cuda", 0) == 0;
+    if (!cuda) comm_why += ": train.device = " + t.device;
+    else if (!TETRAD_HAVE_NCCL) comm_why += ": this build has no NCCL";
+    else if (world == 1) comm_why += ": one rank";
+    else if (shape.p > 1) comm_why += ": the pipeline's point-to-point runs on MPI";
+    else {
+#if TETRAD_HAVE_NCCL
+      // NCCL refuses two ranks on one GPU (e.g. a 2-rank grid on one device): stay on MPI.
+      // Collective, and every rank gets the same answer.
+      const std::string shared = comm::ranks_sharing_a_gpu(groups.world);
+      if (shared.empty()) use_nccl = true;
+      else comm_why += ": " + shared;
+#endif
+    }
+  }
+  std::unique_ptr<ProcessGroups> nccl_groups;
+  if (use_nccl)
+    nccl_groups = std::make_unique<ProcessGroups>(ProcessGroups::on_nccl(
+        mpi_ready ? comm::Communicator::world() : comm::Communicator::self("world"), shape));
+  // The model's groups: NCCL's, or the trainer's own MPI groups.
+  ProcessGroups& model_groups = nccl_groups ? *nccl_groups : groups;
   // GEMM precision of this run's model (not a process-wide switch: the model carries it). "auto"
   // on a GPU: bf16 where it has bf16 matrix hardware.
   const kernels::Precision precision =
@@ -443,7 +482,7 @@ TrainResult train(const RunConfig& cfg, const TrainOptions& opt, std::ostream& l
   // Ranks on this node: the launcher's count, else all of them (one node assumed).
   const int on_node = launcher_ranks_per_node() > 0 ? launcher_ranks_per_node() : world;
   popt.overlap = overlap_options(cfg.overlap, on_node, omp_get_max_threads());  // dp_overlap dropped with ZeRO or Gp > 1
-  parallel::ParallelTransformer model(cfg.model, groups, B, T, popt);
+  parallel::ParallelTransformer model(cfg.model, model_groups, B, T, popt);
   StepProfile prof;
   TraceLog trace_log;
   if (!opt.trace_path.empty()) prof.trace = &trace_log;
@@ -632,6 +671,8 @@ TrainResult train(const RunConfig& cfg, const TrainOptions& opt, std::ostream& l
         << std::defaultfloat;
     if (world > 1) out << model.overlap().summary() << "\n";
     if (t.device != "cpu") out << "device: " << device->description() << "\n";
+    // After the model is made: its device registered with the groups (the staging is known).
+    out << "comm: " << model_groups.transport_summary() << " (" << comm_why << ")\n";
   }
   // Which rank holds what: one line per rank, in rank order.
   for (int r = 0; r < world; ++r) {
