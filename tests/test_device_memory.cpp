@@ -12,7 +12,7 @@
 namespace {
 
 TEST(DeviceMemory, FitsOrSaysWhyWithTheFormulasNumbers) {
-  using namespace tetrad::train;
+  using namespace tetrad;
   tetrad::planner::MemoryBreakdown m;
   const double G = double(1ull << 30);
   m.weights = 2 * G;

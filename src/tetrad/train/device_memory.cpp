@@ -7,7 +7,7 @@
 
 #include "tetrad/core/error.hpp"
 
-namespace tetrad::train {
+namespace tetrad {
 
 namespace {
 std::string mib(double b) {
@@ -64,4 +64,4 @@ std::string memory_fit_problem(const MemoryFit& f, const FitContext& c) {
       "; where the device is shared, train.memory_limit_mib sets this rank's share");
 }
 
-}  // namespace tetrad::train
+}  // namespace tetrad

@@ -10,7 +10,7 @@
 
 #include "tetrad/planner/planner.hpp"
 
-namespace tetrad::train {
+namespace tetrad {
 
 // What the CUDA backend holds besides the formula's buffers: cuBLASLt's workspace (32 MiB), the
 // reduction scratch (grows to the largest weight-gradient column sum of the first step), the
@@ -43,4 +43,4 @@ std::string memory_fit_line(const MemoryFit& f);
 // available and where that figure comes from, and what to change.
 std::string memory_fit_problem(const MemoryFit& f, const FitContext& c);
 
-}  // namespace tetrad::train
+}  // namespace tetrad

@@ -140,16 +140,26 @@ void check_data_tokenizer(const std::string& data_dir, const DataInfo& d) {
 void check_memory_fits(const RunConfig& cfg, const parallel::GridShape& shape, int world, int rank,
                        int ranks_on_node, backend::Backend& device, bool bf16, std::ostream& out,
                        bool quiet) {
-  train::MemoryFit fit;
+  MemoryFit fit;
   try {
     planner::PlanInput in = plan_input_of(cfg, world);
     in.precision = bf16 ? planner::Precision::BF16 : planner::Precision::FP32;  // as run on this device
-    fit.formula =
-        planner::memory_per_rank(in, planner::Grid5{shape.x, shape.y, shape.z, shape.p, shape.d});
+    const planner::Grid5 g{shape.x, shape.y, shape.z, shape.p, shape.d};
+    fit.formula = planner::memory_per_rank(in, g);
+    // The planner's bf16 activations are 2 bytes an element (a bf16-storage layout); the trainer's
+    // activation buffer is sized in fp32 whatever the GEMM precision (ParallelTransformer::
+    // activation_bytes; its bf16 copies sit beside fp32 ones), so the check takes the fp32 term
+    // (the tiny model in bf16: 1.8 MiB, the buffer 1.84 MiB; the bf16 term said 0.9 MiB).
+    if (bf16) {
+      planner::PlanInput f32 = in;
+      f32.precision = planner::Precision::FP32;
+      fit.formula.activations =
+          std::max(fit.formula.activations, planner::memory_per_rank(f32, g).activations);
+    }
   } catch (const Error&) {
     return;  // a layout the formula cannot take; the model's own checks report what is wrong
   }
-  if (device.name().rfind("cuda", 0) == 0) fit.workspace = train::backend_reserve_bytes(fit.formula);
+  if (device.name().rfind("cuda", 0) == 0) fit.workspace = backend_reserve_bytes(fit.formula);
   fit.device = device.name();
   const double MiB = double(1 << 20);
   if (cfg.train.memory_limit_mib > 0) {
@@ -174,14 +184,14 @@ void check_memory_fits(const RunConfig& cfg, const parallel::GridShape& shape, i
                     : std::string());
     if (m.available == 0) fit.available_from = m.source + " gave no figure: not checked";
   }
-  if (!quiet) out << train::memory_fit_line(fit) << "\n";
-  train::FitContext c;
+  if (!quiet) out << memory_fit_line(fit) << "\n";
+  FitContext c;
   c.rank = rank;
   c.world = world;
   c.micro_batch = cfg.train.micro_batch;
   c.recompute = cfg.train.recompute;
   c.bf16 = bf16;
-  if (const std::string why = train::memory_fit_problem(fit, c); !why.empty()) fail(why);
+  if (const std::string why = memory_fit_problem(fit, c); !why.empty()) fail(why);
 }
 
 // train.threads = 0: OMP_NUM_THREADS if set, else this node's cores shared among its ranks
