@@ -267,6 +267,9 @@ const std::vector<Field>& schema() {
                    "build has NCCL, there is more than one rank, each with a GPU of its own, and "
                    "no pipeline axis; else mpi), \"nccl\" (collectives on GPU memory) or "
                    "\"mpi\" (device buffers staged through host memory)"),
+      INT_FIELD("train.memory_limit_mib", c.train.memory_limit_mib,
+                "MiB of device memory this rank may use, checked against the memory formula "
+                "before the first step (0: what the device has free, shared among its ranks)"),
       STRING_FIELD("train.loss_mask", c.train.loss_mask,
                    "targets dropped from the loss: \"none\", \"goldfish\" (hashed, Hans et al. "
                    "2024), \"static\" (every k-th) or \"random\" (per position)"),
@@ -349,6 +352,9 @@ void RunConfig::validate() const {
   if (t.checkpoint_interval < 0)
     fail("train.checkpoint_interval must be >= 0, got ", t.checkpoint_interval);
   if (t.threads < 0) fail("train.threads must be >= 0, got ", t.threads);
+  if (t.memory_limit_mib < 0)
+    fail("train.memory_limit_mib must be >= 0 (MiB per rank; 0: the device's free memory), got ",
+         t.memory_limit_mib);
   if (!(t.step_timeout >= 0)) fail("train.step_timeout must be >= 0 (0 disables), got ", t.step_timeout);
   if (!(t.comm_timeout >= 0)) fail("train.comm_timeout must be >= 0 (0: default), got ", t.comm_timeout);
   if (run_dir.empty()) fail("run.dir must not be empty");
