@@ -155,12 +155,11 @@ std::vector<double> train_bf16(const ModelConfig& mc, ProcessGroups& g, bool gra
   ParallelTransformer m(mc, g, Bl, kT, po);
   m.init_weights(7);
   const TrainConfig tc = train_config();
-  std::vector<int64_t> off, size;
-  for (const auto& t : m.plan().tensors) {
-    off.push_back(t.offset);
-    size.push_back(t.shard_numel);
-  }
-  AdamW opt(decay_ranges(m.table(), tc, off, size), m.num_local_params(), tc);
+  // Through apply_update, as the trainer runs it (with ZeRO the optimizer updates pieces).
+  const OptimizerLayout& ol = m.optimizer_layout();
+  AdamW opt(decay_ranges(m.table(), tc, ol.param_offsets, ol.sizes, ol.state_offsets,
+                         ol.grad_offsets),
+            ol.state_size, tc);
   std::vector<double> losses;
   std::vector<int32_t> x(size_t(Bl) * kT), y(x.size());
   for (int s = 0; s < kSteps; ++s) {
@@ -170,14 +169,18 @@ std::vector<double> train_bf16(const ModelConfig& mc, ProcessGroups& g, bool gra
         x[b * kT + t] = tok[(slot * Bl + b) * (kT + 1) + t];
         y[b * kT + t] = tok[(slot * Bl + b) * (kT + 1) + t + 1];
       }
-    m.zero_grads();
+    m.begin_step(1);
     double loss = m.forward_backward(x.data(), y.data(), Bl, kT, 1.0f / (kB * kT));
     m.reduce_gradients();
     if (g.zd.size() > 1) g.zd.allreduce_sum(&loss, 1);
     const double gn = std::sqrt(m.grad_sum_squares());
-    opt.update(m.params(), m.grads(), learning_rate(tc, s), gn > 1 ? 1 / gn : 1.0, s + 1);
+    const float* grads = m.grads();
+    m.apply_update([&](float* p, uint16_t* p16, int64_t lo, int64_t hi) {
+      opt.update(p, p16, grads, learning_rate(tc, s), gn > 1 ? 1 / gn : 1.0, s + 1, lo, hi);
+    });
     losses.push_back(loss / (kB * kT));
   }
+  m.finish_communication();
   return losses;
 }
 
