@@ -100,5 +100,18 @@ for prec in fp32 bf16; do
 done
 check "bench: the bf16 matrix peak is among the ceilings" grep -q "bf16 matrix peak, 1 thr" "$W/bench_fp32.txt"
 
+# bench on a device backend (issue 18): cpu-strict runs the model on device memory the host cannot
+# read, so this is the path `tetrad bench --device cuda` takes on a GPU; --batch and --seq set the
+# shape; what cannot be honoured is refused.
+"$TETRAD" bench --device cpu-strict --configs tiny --batch 2 --seq 32 --steps 2 --warmup 1 --threads 1 \
+  --anchor none --json "$W/bench_strict.jsonl" > "$W/bench_strict.txt" 2>&1
+check "bench --device cpu-strict: names the device" grep -q "^device: cpu-strict" "$W/bench_strict.txt"
+check "bench --device cpu-strict: the formula's memory on the device" grep -q "memory: *on cpu-strict: .* MiB by the formula" "$W/bench_strict.txt"
+check "bench --device cpu-strict: JSON device, batch, seq, tokens/s" python3 -c "import json,sys; j=[json.loads(l) for l in open(sys.argv[1])][1]; assert j['device'] == 'cpu-strict' and j['batch'] == 2 and j['seq'] == 32 and j['tokens_per_s'] > 0 and j['mfu'] > 0, j" "$W/bench_strict.jsonl"
+expect_error "bench unknown device" "bogus" "$TETRAD" bench --device bogus --configs tiny --steps 1 --warmup 0 --anchor none
+expect_error "bench negative batch" "--batch -1: expected a positive count" "$TETRAD" bench --batch -1 --configs tiny
+expect_error "bench seq beyond max_seq" "--seq 65: expected 1..64" "$TETRAD" bench --seq 65 --configs tiny --steps 1 --warmup 0 --anchor none
+expect_error "bench --grids refuses --device" "the grid sweep runs on the CPU only" "$TETRAD" bench --grids --device cpu-strict
+
 echo "$fails failed"
 [ $fails -eq 0 ]

@@ -483,8 +483,14 @@ int main(int argc, char** argv) {
   bench->add_flag("--accumulate", bopt.accumulate,
                   "with --grids: grids without a pipeline also run --micro-batches micro-batches per "
                   "step (gradient accumulation), so every grid does the same work per step");
-  bench->add_option("--seq", bopt.seq,
-                    "with --grids: tokens per sequence (0: the configuration's max_seq)")
+  bench->add_option("--seq", bopt.seq, "tokens per sequence (0: the configuration's max_seq)")
+      ->capture_default_str();
+  bench->add_option("--batch", bopt.batch,
+                    "sequences per step (0: the configuration's standard batch); not with --grids")
+      ->capture_default_str();
+  bench->add_option("--device", bopt.device,
+                    "where the model computes: cpu, cpu-strict, cuda, cuda:N (train.device); not "
+                    "with --grids")
       ->capture_default_str();
   bench->add_option("--anchor", bopt.anchor_cmd,
                     "command running the PyTorch anchor (default: bench/pytorch_gpt2.py if "
@@ -717,6 +723,12 @@ int main(int argc, char** argv) {
       gout << "\n";
     } else if (*bench) {
       if (bench_grids) {
+        // Refused rather than ignored: the grid sweep builds its models on the CPU.
+        if (bopt.device != "cpu")
+          fail("bench --grids --device ", bopt.device, ": the grid sweep runs on the CPU only; "
+               "drop --device, or time one device with `tetrad bench --device ", bopt.device, "`");
+        if (bopt.batch != 0)
+          fail("bench --grids --batch: the sweep uses each configuration's standard global batch");
         if (!mpi) fail("bench --grids runs under mpirun (e.g. mpirun -n 2 tetrad bench --grids)");
         run_bench_grids(bopt, std::cout);
       } else {

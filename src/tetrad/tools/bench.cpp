@@ -24,6 +24,7 @@
 #include "tetrad/parallel/parallel_transformer.hpp"
 #include "tetrad/parallel/pipeline.hpp"
 #include "tetrad/train/auto_grid.hpp"
+#include "tetrad/planner/gpu_machines.hpp"
 #include "tetrad/parallel/process_groups.hpp"
 #include "tetrad/backend/cpu/ceilings.hpp"
 #include "tetrad/model/gemm_shapes.hpp"
@@ -111,16 +112,48 @@ void run_bench(const BenchOptions& opt, std::ostream& out) {
   std::string mpi_first_line(mpi_version, std::min<int>(mpi_len, 60));
   mpi_first_line = mpi_first_line.substr(0, mpi_first_line.find_first_of(",\n"));
 
-  MachineCeilings ceil = measure_ceilings(threads, opt.quick_ceilings);
+  if (opt.batch < 0) fail("--batch ", opt.batch, ": expected a positive count (0: the standard batch)");
+  // Where the model computes. A GPU is timed against its own peak and ceiling; the host CPU's
+  // ceilings are still measured (quickly: they only describe the host there) for the log.
+  std::unique_ptr<backend::Backend> device_owner;
+  backend::Backend* device = &backend::cpu_backend();
+  if (opt.device != "cpu") {
+    device_owner = backend::create(opt.device);  // refuses naming what this build and machine lack
+    device = device_owner.get();
+  }
+  const bool on_gpu = !(opt.device == "cpu" || opt.device == "cpu-strict");
+  MachineCeilings ceil = measure_ceilings(threads, opt.quick_ceilings || on_gpu);
   out << ceil.to_text() << "libraries: oneDNN " << dv->major << "." << dv->minor << "." << dv->patch
       << ", " << mpi_first_line << "\n";
   const double fma_peak = ceil.fma.value;
   const kernels::Precision precision = kernels::parse_precision(opt.precision);
   const bool bf16 = precision == kernels::Precision::BF16;
   // MFU against the peak of the arithmetic the run uses (bf16 matrix units or fp32 FMA).
-  const Measurement& mfu_peak = bf16 ? ceil.bf16_peak : ceil.fma;
-  const std::string mfu_peak_name =
+  Measurement mfu_peak = bf16 ? ceil.bf16_peak : ceil.fma;
+  std::string mfu_peak_name =
       std::string(bf16 ? "bf16 matrix peak" : "fp32 FMA peak") + " (" + mfu_peak.basis + ")";
+  // On a GPU: the datasheet's dense peak of the device (planner/gpu_machines: H100, H200, A100),
+  // and the GEMM ceiling the backend measures on a large square (fp32 TF32 or bf16, cuBLASLt).
+  double device_gemm_ceiling = 0;
+  if (on_gpu) {
+    const planner::GpuKind kind = planner::gpu_kind(device->description());
+    mfu_peak = Measurement{};
+    mfu_peak.unit = "GFLOP/s";
+    if (kind.bf16_tflops > 0) {
+      mfu_peak.value = 1000 * (bf16 ? kind.bf16_tflops : kind.fp32_tflops);
+      mfu_peak_name = kind.part + std::string(bf16 ? " bf16 dense peak" : " fp32 peak") +
+                      " (datasheet)";
+    }
+    const backend::DeviceCeilings dc = device->ceilings(threads, opt.quick_ceilings);
+    device_gemm_ceiling = bf16 ? dc.gemm_bf16_gflops : dc.gemm_fp32_gflops;
+    if (mfu_peak.value <= 0) {  // a GPU the table does not know: its measured ceiling instead
+      mfu_peak.value = device_gemm_ceiling;
+      mfu_peak_name = "measured GEMM ceiling (no datasheet peak for this GPU in planner/gpu_machines)";
+    }
+    out << "device: " << device->description() << "\n";
+  } else if (opt.device != "cpu") {
+    out << "device: " << device->description() << "\n";
+  }
   if (bf16) out << "precision: bf16 GEMMs (fp32 accumulation, master weights, optimizer), "
                 << kernels::bf16_matmul_path() << "\n";
 
@@ -137,7 +170,10 @@ void run_bench(const BenchOptions& opt, std::ostream& out) {
 
   for (const std::string& name : opt.configs) {
     const ModelConfig mc = named_model(name);
-    const int B = standard_batch(name), T = mc.max_seq;
+    if (opt.seq < 0 || opt.seq > mc.max_seq)
+      fail("--seq ", opt.seq, ": expected 1..", mc.max_seq, " (model ", name, "'s max_seq; 0: max_seq)");
+    const int B = opt.batch > 0 ? opt.batch : standard_batch(name);
+    const int T = opt.seq > 0 ? opt.seq : mc.max_seq;
     const int64_t N = int64_t(B) * T;
     out << "\n== " << name << " (" << family_name(mc.family) << ", L=" << mc.n_layer
         << " C=" << mc.n_embd << " heads=" << mc.n_head << " ffn=" << mc.ffn
@@ -147,19 +183,21 @@ void run_bench(const BenchOptions& opt, std::ostream& out) {
     // (of the GEMM this precision runs: sgemm, or the bf16 GEMM).
     double gemm_flop = 0, gemm_time = 0;
     for (const GemmShape& s : model_gemm_shapes(mc, int(N))) {
+      if (on_gpu) break;  // the host's GEMM says nothing about the GPU's: device_gemm_ceiling
       const Measurement m = bf16 ? measure_gemm_bf16(s, threads, 3) : measure_sgemm(s, threads, 3);
       if (m.ok()) {
         gemm_flop += s.flop();
         gemm_time += s.flop() / (m.value * 1e9);
       }
     }
-    const double gemm_ceiling = gemm_time > 0 ? gemm_flop / gemm_time / 1e9 : 0;
+    const double gemm_ceiling =
+        on_gpu ? device_gemm_ceiling : (gemm_time > 0 ? gemm_flop / gemm_time / 1e9 : 0);
     // bf16: oneDNN's matmul on bf16 operands (what the bf16 model stores) in the layout the step
     // calls, and in the fastest of NN/NT/TN/TT for each shape: the ceiling if every GEMM ran in
     // its best layout.
     double step_layout_time = 0, best_layout_time = 0, bf16_flop = 0;
     std::ostringstream layout_lines;
-    if (bf16 && kernels::native_bf16_matmul()) {
+    if (bf16 && !on_gpu && kernels::native_bf16_matmul()) {
       // The bf16 model runs each weight gradient as an NN product on the transposed bf16 copy of
       // dY (ParallelOptions::bf16_weight_grad_nn, the default), not as the TN one listed.
       const bool wgrad_nn = parallel::ParallelOptions{}.bf16_activations &&
@@ -199,6 +237,7 @@ void run_bench(const BenchOptions& opt, std::ostream& out) {
       // runs it on one rank, with the run configuration's overlap defaults (no-ops on one rank).
       parallel::ProcessGroups groups;
       parallel::ParallelOptions po;
+      po.device = device;
       po.precision = bf16 ? backend::Precision::BF16 : backend::Precision::FP32;
       parallel::ParallelTransformer model(mc, groups, B, T, po);
       model.init_weights(1);
@@ -206,7 +245,7 @@ void run_bench(const BenchOptions& opt, std::ostream& out) {
       const parallel::OptimizerLayout& ol = model.optimizer_layout();
       AdamW adam(decay_ranges(model.table(), tc, ol.param_offsets, ol.sizes, ol.state_offsets,
                               ol.grad_offsets),
-                 ol.state_size, tc);
+                 ol.state_size, tc, *device);
       nparams = model.num_local_params();
       act_bytes = model.activation_bytes();
       if (model.bf16_weights()) state_bytes_per_param = 18;
@@ -240,6 +279,7 @@ void run_bench(const BenchOptions& opt, std::ostream& out) {
           ScopedPhase sp(&profile, Phase::Optimizer);
           adam.update(params, params16, grads, 1e-4, gn > 1 ? 1 / gn : 1, s + 1, lo, hi);
         });
+        device->queue().synchronize();  // a GPU's step ends when its queue has drained
         const double dt = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
         if (s >= opt.warmup) times.push_back(dt);
       }
@@ -284,6 +324,11 @@ void run_bench(const BenchOptions& opt, std::ostream& out) {
         for (std::string l; std::getline(lines, l);) out << "    " << l << "\n";
       }
     }
+    if (!device->capabilities().host_visible)
+      out << "  memory:           on " << device->name() << ": " << needed / 1048576.0
+          << " MiB by the formula (params+grads+Adam" << (state_bytes_per_param > 16 ? "+bf16 copy " : " ")
+          << state_bytes_per_param * nparams / 1048576.0 << " + activations "
+          << act_bytes / 1048576.0 << "); the host process's peak RSS follows\n";
     out << "  memory:           peak RSS " << peak_rss / 1048576.0 << " MiB vs "
         << needed / 1048576.0 << " MiB needed (params+grads+Adam" << (state_bytes_per_param > 16 ? "+bf16 copy " : " ")
         << state_bytes_per_param * nparams / 1048576.0
@@ -304,6 +349,7 @@ void run_bench(const BenchOptions& opt, std::ostream& out) {
     (void)rss_before;
 
     nlohmann::json j = {{"config", name}, {"family", family_name(mc.family)},
+                        {"device", device->name()},
                         {"precision", opt.precision}, {"batch", B}, {"seq", T}, {"threads", threads},
                         {"params", nparams}, {"median_step_s", step_median},
                         {"tokens_per_s", tok_s}, {"model_gflops", model_flops / 1e9},
@@ -320,7 +366,10 @@ void run_bench(const BenchOptions& opt, std::ostream& out) {
       j["frac_bf16_fastest_layout_ceiling"] = model_flops / (best_layout_ceiling * 1e9);
     }
 
-    if (!anchor.empty() && mc.family == Family::GPT2) {
+    if (on_gpu && !anchor.empty())
+      out << "  PyTorch anchor: skipped (it runs on the CPU; the GPU's anchors are llm.c and "
+             "PyTorch on the GPU, docs/gpu.md)\n";
+    if (!anchor.empty() && !on_gpu && mc.family == Family::GPT2) {
       std::ostringstream cmd;
       cmd << anchor << " --config " << name << " --threads " << threads << " --steps "
           << opt.steps << " --warmup " << opt.warmup << " --precision " << opt.precision

@@ -39,6 +39,11 @@ struct BenchOptions {
   bool accumulate = false;
   // Tokens per sequence (0: the configuration's max_seq); at most max_seq.
   int seq = 0;
+  // Sequences per step on one rank (0: the configuration's standard batch). Serial mode only.
+  int batch = 0;
+  // Where the serial model computes: "cpu", "cpu-strict", "cuda", "cuda:N" (backend::create;
+  // train.device). Serial mode only; --grids runs on the CPU.
+  std::string device = "cpu";
 };
 
 void run_bench(const BenchOptions& opt, std::ostream& out);

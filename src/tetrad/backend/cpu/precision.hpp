@@ -97,12 +97,13 @@ std::string gemm_layout_report();
 
 // bf16 conversions: round to nearest even; NaN stays NaN (quiet), ±inf stays ±inf, values past
 // the largest bf16 round to ±inf as IEEE rounding does.
+// Written as a select, not an early return, so loops that call it vectorise (a blend).
 inline uint16_t float_to_bf16(float f) {
   uint32_t u;
   std::memcpy(&u, &f, 4);
-  if ((u & 0x7fffffffu) > 0x7f800000u) return uint16_t((u >> 16) | 0x40);  // NaN: keep it quiet
-  u += 0x7fffu + ((u >> 16) & 1u);
-  return uint16_t(u >> 16);
+  const uint32_t quiet_nan = (u >> 16) | 0x40u;                 // NaN: keep it quiet
+  const uint32_t rounded = (u + 0x7fffu + ((u >> 16) & 1u)) >> 16;
+  return uint16_t((u & 0x7fffffffu) > 0x7f800000u ? quiet_nan : rounded);
 }
 inline float bf16_to_float(uint16_t h) {
   const uint32_t u = uint32_t(h) << 16;
