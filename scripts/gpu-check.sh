@@ -8,7 +8,8 @@
 #   3. the tiny model 20 steps on the GPU against the CPU (test_gpu_model), and on every 2-rank
 #      grid with both ranks on the one GPU through the MPI communicator (test_device_model_mpi)
 #   4. 2 ranks on the one GPU through MPI, NCCL on one-rank groups (test_gpu_comm_mpi); the
-#      communication conformance suite on NCCL with one rank (test_comm_conformance)
+#      communication conformance suite on NCCL with one rank (test_comm_conformance); tetrad
+#      train with train.comm = nccl on one rank against the CPU (tests/comm_cli.sh gpu)
 #   5. benchmarks: the ops at gpt2-124m's and llama-1b's shapes (CudaBench.ModelShapes: GEMM rates
 #      per layer kind and pass, attention, cross-entropy), and the training benchmark
 #      (tetrad bench --device cuda: tokens/s, MFU, time split) once the model runs on the backend
@@ -162,8 +163,21 @@ else
   else row "comm conformance (nccl, 1 rank)" "PASS" "$(grep -c '\[       OK \]' "$OUT/test_comm_conformance.txt") ok, $(grep -c '\[  SKIPPED \]' "$OUT/test_comm_conformance.txt") need 2 ranks"; fi
 fi
 
-# ---- 5. benchmarks ----
+# ---- 4c. tetrad train with train.comm = nccl (one rank: NCCL groups of one GPU) vs the CPU ----
 tetrad=$(findbin tetrad)
+if [ -z "$tetrad" ]; then row "train comm=nccl vs cpu" "NOT BUILT" "tetrad missing"
+else
+  echo "== tetrad train --device cuda --set train.comm=nccl against --device cpu ($(elapsed) s in)"
+  timeout 150 bash tests/comm_cli.sh "$tetrad" gpu 2>&1 | tee "$OUT/comm_cli_gpu.txt"
+  rc=${PIPESTATUS[0]}
+  if [ "$rc" = 124 ]; then row "train comm=nccl vs cpu" "TIMEOUT" "after 150 s"
+  elif [ "$rc" != 0 ]; then row "train comm=nccl vs cpu" "FAIL" "rc $rc, $(grep -c '^FAIL' "$OUT/comm_cli_gpu.txt") failed"
+  elif grep -q '^SKIPPED' "$OUT/comm_cli_gpu.txt"; then
+    row "train comm=nccl vs cpu" "SKIPPED" "$(grep -m1 '^SKIPPED' "$OUT/comm_cli_gpu.txt" | cut -c1-70)"
+  else row "train comm=nccl vs cpu" "PASS" "$(grep -c '^ok' "$OUT/comm_cli_gpu.txt") checks, losses within 1e-4"; fi
+fi
+
+# ---- 5. benchmarks ----
 steps=10
 [ "$QUICK" = 1 ] && steps=3
 if [ -z "$tetrad" ]; then row "bench" "NOT BUILT" "tetrad missing"

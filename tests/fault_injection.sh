@@ -203,7 +203,7 @@ case_early_checks() {
     local secs=$(( ($(ms) - s0) / 1000 ))
     LOGS=("$W/big$n.log")
     expect "n_layer = $n: refused with both memory numbers in ${secs} s" \
-      bash -c "grep -q 'does not fit in memory: it needs about' '$W/big$n.log' && grep -q 'per rank (' '$W/big$n.log' && ! grep -q bad_alloc '$W/big$n.log'"
+      bash -c "grep -q 'does not fit in memory on cpu: the memory formula needs' '$W/big$n.log' && grep -q 'MiB per rank but' '$W/big$n.log' && ! grep -q bad_alloc '$W/big$n.log'"
   done
 }
 

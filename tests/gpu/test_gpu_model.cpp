@@ -75,6 +75,39 @@ TEST(GpuModel, LlamaBf16TwentyStepsAgainstTheCpu) {
   compare(Family::Llama, backend::Precision::BF16, 2e-2, 1e-1, 2e-2);
 }
 
+// The model on NCCL process groups (ProcessGroups::on_nccl, what train.comm = nccl builds) of
+// one rank: NCCL refuses two ranks on one GPU, so one GPU checks the construction, the model's
+// host values going through the MPI twins (host()) and the run against the CPU; every
+// collective of a grid is checked by CommConformance.nccl.* where there is one GPU per rank.
+TEST(GpuModel, LlamaFp32OnNcclGroupsAgainstTheCpu) {
+#if TETRAD_HAVE_NCCL
+  std::string why;
+  auto be = cuda_or_skip(&why);
+  if (!be) GTEST_SKIP() << "no GPU: " << why;
+  const ModelConfig mc = device_model::tiny_model(Family::Llama);
+  ProcessGroups cpu_groups;
+  ParallelOptions po;
+  po.precision = backend::Precision::FP32;
+  const device_model::Trace cpu =
+      device_model::train(mc, cpu_groups, po, kGpuSteps, nullptr, nullptr, kGpuSteps);
+  ProcessGroups g = ProcessGroups::on_nccl(comm::Communicator::self("world"), GridShape{});
+  ASSERT_TRUE(g.on_nccl());
+  EXPECT_STREQ(g.world.transport(), "NCCL");
+  EXPECT_STREQ(g.host().world.transport(), "self");
+  po.device = be.get();
+  const device_model::Trace gpu =
+      device_model::train(mc, g, po, kGpuSteps, nullptr, nullptr, kGpuSteps);
+  ASSERT_EQ(gpu.losses.size(), size_t(kGpuSteps));
+  for (int s = 0; s < kGpuSteps; ++s) {
+    EXPECT_NEAR(gpu.losses[s] / cpu.losses[s], 1.0, 1e-4) << "step " << s + 1;
+    EXPECT_NEAR(gpu.grad_norms[s] / cpu.grad_norms[s], 1.0, 1e-3) << "step " << s + 1;
+  }
+  EXPECT_LT(gpu.losses.back(), gpu.losses.front());
+#else
+  GTEST_SKIP() << "this build has no NCCL (TETRAD_NCCL)";
+#endif
+}
+
 TEST(GpuModel, CheckpointRoundTripOnTheDevice) {
   std::string why;
   auto be = cuda_or_skip(&why);

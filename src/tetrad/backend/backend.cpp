@@ -1,5 +1,10 @@
 #include "tetrad/backend/backend.hpp"
 
+#include <algorithm>
+#include <cctype>
+#include <cstdlib>
+#include <fstream>
+#include <string>
 #include <utility>
 
 #include "tetrad/core/error.hpp"
@@ -24,6 +29,62 @@ const char* dtype_name(DType t) {
     case DType::I32: return "i32";
   }
   return "?";
+}
+
+// ---- host memory ------------------------------------------------------------------------------
+
+namespace {
+
+// The first whitespace-separated number of a file (0 where it is missing or not a number, such as
+// cgroup v2's "max").
+double read_number(const char* path) {
+  std::ifstream f(path);
+  std::string v;
+  if (!(f >> v) || v.empty() || !std::isdigit(static_cast<unsigned char>(v[0]))) return 0;
+  return std::strtod(v.c_str(), nullptr);
+}
+
+// `key value` lines (/proc/meminfo, memory.stat): the value of key, scaled; 0 when absent.
+double read_keyed(const char* path, const std::string& key, double scale) {
+  std::ifstream f(path);
+  std::string k, rest;
+  double v = 0;
+  while (f >> k >> v) {
+    std::getline(f, rest);
+    if (k == key) return v * scale;
+  }
+  return 0;
+}
+
+}  // namespace
+
+MemoryAvailable host_memory_available() {
+  MemoryAvailable m;
+  m.host_shared = true;
+  m.available = uint64_t(read_keyed("/proc/meminfo", "MemAvailable:", 1024));
+  m.total = uint64_t(read_keyed("/proc/meminfo", "MemTotal:", 1024));
+  m.source = "MemAvailable";
+  // A cgroup's limit less its working set (usage without the inactive file cache, which the kernel
+  // reclaims before it counts against the limit), where that is lower: a container's share.
+  struct Cgroup { const char *limit, *usage, *stat, *inactive, *name; };
+  for (const Cgroup& c : {Cgroup{"/sys/fs/cgroup/memory.max", "/sys/fs/cgroup/memory.current",
+                                 "/sys/fs/cgroup/memory.stat", "inactive_file", "cgroup memory.max"},
+                          Cgroup{"/sys/fs/cgroup/memory/memory.limit_in_bytes",
+                                 "/sys/fs/cgroup/memory/memory.usage_in_bytes",
+                                 "/sys/fs/cgroup/memory/memory.stat", "total_inactive_file",
+                                 "cgroup memory.limit_in_bytes"}}) {
+    const double limit = read_number(c.limit);
+    if (!(limit > 0 && limit < 1e18)) continue;  // none, "max", or v1's "unlimited" 2^63
+    const double used = std::max(0.0, read_number(c.usage) - read_keyed(c.stat, c.inactive, 1));
+    const double avail = std::max(0.0, limit - used);
+    if (m.available == 0 || avail < double(m.available)) {
+      m.available = uint64_t(avail);
+      m.source = c.name;
+    }
+    if (m.total == 0 || limit < double(m.total)) m.total = uint64_t(limit);
+    break;
+  }
+  return m;
 }
 
 // ---- DeviceBuffer -----------------------------------------------------------------------------

@@ -142,6 +142,23 @@ struct DeviceCeilings {
   std::string method, skipped;
 };
 
+// Memory a backend's device has for new allocations now, for the trainer's check that a run fits
+// before its first step (train/device_memory.hpp). available, total: bytes (0: unknown). source
+// names the figure for logs and errors ("MemAvailable", "cgroup memory.max", "cudaMemGetInfo").
+// host_shared: it is the node's host memory, which every rank on the node shares (the CPU
+// backends); a GPU's memory is shared only by the ranks on that GPU (`devices`: the GPUs visible,
+// `index`: this one, for counting them).
+struct MemoryAvailable {
+  uint64_t available = 0, total = 0;
+  std::string source;
+  bool host_shared = false;
+  int devices = 1, index = 0;
+};
+
+// The node's host memory: MemAvailable of /proc/meminfo, bounded by the cgroup's limit (v2
+// memory.max less memory.current, or v1 limit_in_bytes less usage_in_bytes) where that is lower.
+MemoryAvailable host_memory_available();
+
 class Backend {
  public:
   virtual ~Backend() = default;
@@ -161,6 +178,8 @@ class Backend {
   // "cpu-strict"). A communicator that moves host memory (MPI) stages p through host memory when
   // this is false (comm::DeviceStaging, staging_for()).
   virtual bool host_readable(const void* p) const = 0;
+  // What the device has free now (see MemoryAvailable); cheap, callable before any allocation.
+  virtual MemoryAvailable memory_available() const = 0;
 
   // Zero-filled allocation of `bytes` (rounded up to the device's alignment, at least 64).
   DeviceBuffer alloc(size_t bytes, MemoryKind kind = MemoryKind::Device);

@@ -6,6 +6,7 @@
 
 #include <cstdio>
 #include <cstring>
+#include <unistd.h>
 #include <vector>
 
 #include "tetrad/comm/comm_impl.hpp"
@@ -127,6 +128,7 @@ class NcclImpl final : public CommImpl {
   std::shared_ptr<PendingOp> allreduce(const char* op, void* inout, size_t n, DType t, ReduceOp r,
                                        const Event& after) override {
     auto s = new_op(op, t, n);
+    require_device_memory(*s, inout, n);
     order_after(after);
     g_->check(ncclAllReduce(inout, inout, n, to_nccl(t), r == ReduceOp::Max ? ncclMax : ncclSum,
                             live(*s), g_->stream),
@@ -136,6 +138,8 @@ class NcclImpl final : public CommImpl {
   std::shared_ptr<PendingOp> allgather(const char* op, const void* send, void* recv, size_t n,
                                        DType t, const Event& after) override {
     auto s = new_op(op, t, n);
+    require_device_memory(*s, send, n);
+    require_device_memory(*s, recv, n);
     order_after(after);
     g_->check(ncclAllGather(send, recv, n, to_nccl(t), live(*s), g_->stream), s->description());
     return finish(std::move(s));
@@ -143,6 +147,8 @@ class NcclImpl final : public CommImpl {
   std::shared_ptr<PendingOp> reduce_scatter(const char* op, const void* send, void* recv,
                                             size_t n, DType t, const Event& after) override {
     auto s = new_op(op, t, n);
+    require_device_memory(*s, send, n);
+    require_device_memory(*s, recv, n);
     order_after(after);
     g_->check(ncclReduceScatter(send, recv, n, to_nccl(t), ncclSum, live(*s), g_->stream),
               s->description());
@@ -152,6 +158,7 @@ class NcclImpl final : public CommImpl {
                                        const Event& after) override {
     auto s = new_op(op, t, n);
     s->extra = detail::concat(" from root ", root);
+    require_device_memory(*s, data, n);
     order_after(after);
     g_->check(ncclBroadcast(data, data, n, to_nccl(t), root, live(*s), g_->stream),
               s->description());
@@ -162,6 +169,7 @@ class NcclImpl final : public CommImpl {
     auto s = new_op(op, t, n);
     s->extra = detail::concat(" to rank ", peer, ", tag ", tag);
     check_peer(*s, peer);
+    require_device_memory(*s, data, n);
     order_after(after);
     g_->check(ncclSend(data, n, to_nccl(t), peer, live(*s), g_->stream), s->description());
     return finish(std::move(s));
@@ -172,6 +180,7 @@ class NcclImpl final : public CommImpl {
     s->extra = detail::concat(" from rank ", peer, ", tag ", tag);
     s->is_recv = true;
     check_peer(*s, peer);
+    require_device_memory(*s, data, n);
     order_after(after);
     g_->check(ncclRecv(data, n, to_nccl(t), peer, live(*s), g_->stream), s->description());
     return finish(std::move(s));
@@ -216,6 +225,20 @@ class NcclImpl final : public CommImpl {
            " was aborted after an earlier error or timeout");
     return g_->comm;
   }
+  // NCCL reads and writes its buffers from the device: pageable host memory (a host scalar, a
+  // std::vector) would fault inside the kernel or fail obscurely, so it is refused here with the
+  // place it belongs (host values go through the MPI twins, ProcessGroups::host()).
+  void require_device_memory(const NcclOp& s, const void* p, size_t n) const {
+    if (n == 0 || p == nullptr) return;
+    cudaPointerAttributes a{};
+    if (cudaPointerGetAttributes(&a, p) != cudaSuccess) {
+      (void)cudaGetLastError();
+      a.type = cudaMemoryTypeUnregistered;
+    }
+    if (a.type == cudaMemoryTypeUnregistered)
+      fail("NCCL ", s.description(), " on ", g_->where(), ": the buffer is host memory, but NCCL "
+           "moves device memory (host values go through the MPI groups, ProcessGroups::host())");
+  }
   void check_peer(const NcclOp& s, int peer) const {
     if (peer == g_->rank)
       fail("NCCL ", s.description(), ": a rank cannot send to or receive from itself");
@@ -239,6 +262,29 @@ class NcclImpl final : public CommImpl {
 
 }  // namespace
 
+std::string ranks_sharing_a_gpu(const Communicator& group) {
+  int device = 0;
+  cuda_ok(cudaGetDevice(&device), "cudaGetDevice");
+  cudaDeviceProp p{};
+  cuda_ok(cudaGetDeviceProperties(&p, device), "cudaGetDeviceProperties");
+  // The host name too: PCI bus ids repeat from node to node.
+  char id[96] = {0};
+  char host[64] = {0};
+  gethostname(host, sizeof(host) - 1);
+  std::snprintf(id, sizeof(id), "%04x:%02x:%02x@%s", p.pciDomainID, p.pciBusID, p.pciDeviceID, host);
+  static_assert(sizeof(id) % 4 == 0, "ids travel as 32-bit words");
+  std::vector<char> all(size_t(group.size()) * sizeof(id));
+  group.allgather(reinterpret_cast<const int32_t*>(id), reinterpret_cast<int32_t*>(all.data()),
+                  sizeof(id) / 4);
+  for (int a = 0; a < group.size(); ++a)
+    for (int b = a + 1; b < group.size(); ++b)
+      if (std::strncmp(all.data() + size_t(a) * sizeof(id), all.data() + size_t(b) * sizeof(id),
+                       sizeof(id)) == 0)
+        return detail::concat("ranks ", a, " and ", b, " share GPU ",
+                              std::string(all.data() + size_t(a) * sizeof(id)));
+  return "";
+}
+
 Communicator nccl_communicator(const Communicator& group, std::string name) {
   if (name.empty()) name = group.name();
   if (group.buffer_space() != BufferSpace::Host)
@@ -250,21 +296,9 @@ Communicator nccl_communicator(const Communicator& group, std::string name) {
   g->name = name;
   cuda_ok(cudaGetDevice(&g->device), "cudaGetDevice");
   // NCCL refuses two ranks of one communicator on one GPU: detect it first and say what to do.
-  {
-    cudaDeviceProp p{};
-    cuda_ok(cudaGetDeviceProperties(&p, g->device), "cudaGetDeviceProperties");
-    char bus[32] = {0};
-    std::snprintf(bus, sizeof(bus), "%04x:%02x:%02x", p.pciDomainID, p.pciBusID, p.pciDeviceID);
-    std::vector<char> all(size_t(g->size) * sizeof(bus));
-    static_assert(sizeof(bus) % 4 == 0, "bus ids travel as 32-bit words");
-    group.allgather(reinterpret_cast<const int32_t*>(bus), reinterpret_cast<int32_t*>(all.data()),
-                    sizeof(bus) / 4);
-    for (int r = 0; r < g->size; ++r)
-      if (r != g->rank && std::strncmp(all.data() + size_t(r) * sizeof(bus), bus, sizeof(bus)) == 0)
-        fail("NCCL communicator for group '", name, "': ranks ", g->rank, " and ", r,
-             " share GPU ", bus, "; NCCL needs one GPU per rank (run one rank per GPU, or use the "
-             "MPI communicator)");
-  }
+  if (const std::string shared = ranks_sharing_a_gpu(group); !shared.empty())
+    fail("NCCL communicator for group '", name, "': ", shared, "; NCCL needs one GPU per rank "
+         "(run one rank per GPU, or use the MPI communicator: train.comm = mpi)");
   ncclUniqueId id;
   std::memset(&id, 0, sizeof id);
   if (g->rank == 0) {

@@ -45,6 +45,11 @@ namespace tetrad::comm {
 // this rank's device.
 Communicator nccl_communicator(const Communicator& group, std::string name = "");
 
+// Collective over `group` (MPI): "" when every rank has a GPU of its own, else which ranks share
+// one ("ranks 0 and 1 share GPU 0000:1b:00@node7"). train.comm = auto uses it to stay on MPI
+// where NCCL would refuse.
+std::string ranks_sharing_a_gpu(const Communicator& group);
+
 // NCCL's version string ("2.28.3"), for logs.
 std::string nccl_version();
 

@@ -380,7 +380,8 @@ double ParallelTransformer::grad_sum_squares() {
     ops().sum_squares(bq(), part, grads_.data() + zl_.grad_offsets[i], zl_.sizes[i]);
     local += read_scalar(part);
   }
-  if (g_.world.size() > 1) g_.world.allreduce_sum(&local, 1);
+  // `local` is a host double: over the host groups (MPI even where the model's groups are NCCL's).
+  if (g_.world.size() > 1) g_.host().world.allreduce_sum(&local, 1);
   return local;
 }
 

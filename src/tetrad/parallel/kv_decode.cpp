@@ -100,7 +100,7 @@ const float* ParallelTransformer::whole_vocabulary(const float* logits, int64_t 
   gathered_logits_.resize(slice * size_t(gy));
   {
     ScopedPhase comm_phase(prof_, Phase::Comm);
-    g_.y.allgather(mine.data(), gathered_logits_.data(), slice);
+    g_.host().y.allgather(mine.data(), gathered_logits_.data(), slice);  // host vectors
   }
   const int64_t V = int64_t(gy) * Vy_;
   for (int r = 0; r < gy; ++r)

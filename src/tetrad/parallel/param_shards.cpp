@@ -56,7 +56,7 @@ void ParallelTransformer::gather_shard(const float* shard, size_t i, float* full
     std::vector<float> block(t.z_sharded ? t.shard_numel * g_.shape.z : t.block_numel);
     if (t.z_sharded && g_.shape.z > 1) {
       bq().synchronize();  // the shard is final (the host side of a staged all-gather reads it)
-      g_.z.allgather(shard, block.data(), size_t(t.shard_numel));
+      g_.host().z.allgather(shard, block.data(), size_t(t.shard_numel));  // into host memory
     } else if (t.block_numel > 0) {
       bq().copy_to_host(block.data(), shard, size_t(t.block_numel) * sizeof(float));
       bq().synchronize();
@@ -67,7 +67,7 @@ void ParallelTransformer::gather_shard(const float* shard, size_t i, float* full
     if (t.layout == ShardLayout::RowsY) owner = owner && c.x == 0;
     if (owner) insert_block(t, block.data(), full);
   }
-  if (g_.world.size() > 1) g_.world.allreduce_sum(full, size_t(t.spec->numel));
+  if (g_.world.size() > 1) g_.host().world.allreduce_sum(full, size_t(t.spec->numel));  // host
 }
 
 void ParallelTransformer::scatter_state_tensor(float* state, size_t i, const float* full) const {

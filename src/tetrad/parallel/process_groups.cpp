@@ -1,6 +1,9 @@
 #include "tetrad/parallel/process_groups.hpp"
 
 #include "tetrad/core/error.hpp"
+#if TETRAD_HAVE_NCCL
+#include "tetrad/comm/nccl_communicator.hpp"
+#endif
 
 namespace tetrad::parallel {
 
@@ -27,6 +30,9 @@ std::string ranks_list(const std::vector<int>& ranks) {
 
 void ProcessGroups::use_backend(backend::Backend& be) {
   if (be.capabilities().host_visible) return;
+  // NCCL takes the device pointers as they are; the MPI twins stage what reaches them (e.g. a
+  // device shard all-gathered into a host vector for a checkpoint).
+  if (host_) return host_->use_backend(be);
   if (!staging) {
     staging = std::make_shared<BackendStaging>();
     for (const Communicator* c : {&world, &x, &y, &z, &d, &zd, &p})
@@ -36,6 +42,7 @@ void ProcessGroups::use_backend(backend::Backend& be) {
 }
 
 void ProcessGroups::release_backend(backend::Backend& be) {
+  if (host_) return host_->release_backend(be);
   if (staging && !be.capabilities().host_visible) staging->remove(be);
 }
 
@@ -65,6 +72,36 @@ ProcessGroups::ProcessGroups(const Communicator& world_in, const GridShape& shap
                  "group ", axis_name(a), " of rank ", world.rank(), " does not match the grid");
   TETRAD_CHECK(zd.size() == shape.z * shape.d && zd.rank() == coord.z + shape.z * coord.d,
                "group zd of rank ", world.rank(), " does not match the grid");
+}
+
+ProcessGroups ProcessGroups::on_nccl(const Communicator& world, const GridShape& shape) {
+#if TETRAD_HAVE_NCCL
+  auto host = std::make_shared<ProcessGroups>(world, shape);
+  // The NCCL world in grid rank order (the MPI twins' world), then every group split from it.
+  ProcessGroups g(comm::nccl_communicator(host->world, "world"), shape);
+  g.host_ = std::move(host);
+  return g;
+#else
+  (void)world;
+  (void)shape;
+  fail("NCCL process groups (train.comm = nccl): this build has no NCCL (configure with "
+       "-DTETRAD_CUDA=ON -DTETRAD_NCCL=ON where CUDA and NCCL are installed)");
+#endif
+}
+
+std::string ProcessGroups::transport_summary() const {
+  if (world.is_self()) return "none (one rank)";
+  if (host_) {
+    int n = 0;
+    for (const Communicator* c : {&world, &x, &y, &z, &d, &zd, &p}) n += !c->is_self();
+#if TETRAD_HAVE_NCCL
+    const std::string version = " " + comm::nccl_version();
+#else
+    const std::string version;
+#endif
+    return detail::concat("nccl", version, " (", n, " communicators; host values over mpi)");
+  }
+  return staging ? "mpi (device buffers staged through host memory)" : "mpi";
 }
 
 const comm::Communicator& ProcessGroups::group(Axis axis) const {

@@ -7,6 +7,12 @@
 // ranks with the same (x, y) and pipeline stage p, ordered by z + Gz*d; gradients of replicated
 // parameters (norm weights, biases) are summed over it. `p` links the pipeline stages.
 //
+// Groups on NCCL (on_nccl): every group is an NCCL communicator (ncclCommSplit of the world,
+// which comm::nccl_communicator made from MPI), and host() holds the same groups on MPI. NCCL
+// collectives move device memory only, so values the host holds (loss sums, norms summed into
+// host doubles, flags, checkpoint tensors gathered into host vectors) must go through host();
+// NCCL refuses a host buffer with an error saying so.
+//
 // What this does not do: reordering ranks for the network topology (rank order is the grid's),
 // or choosing the grid.
 //
@@ -31,6 +37,18 @@ struct ProcessGroups {
   // `world` is duplicated, so the caller's communicator stays its own.
   ProcessGroups(const comm::Communicator& world, const GridShape& shape);
 
+  // Collective over `world` (MPI): the groups on NCCL, host() the same groups on MPI. The
+  // current CUDA device is this rank's. Only in a build with NCCL (TETRAD_HAVE_NCCL); refused
+  // elsewhere, and NCCL refuses two ranks of the grid on one GPU.
+  static ProcessGroups on_nccl(const comm::Communicator& world, const GridShape& shape);
+
+  // The groups that move host memory: *this, unless these are NCCL's (then their MPI twins).
+  const ProcessGroups& host() const { return host_ ? *host_ : *this; }
+  bool on_nccl() const { return host_ != nullptr; }
+  // For the run's log: "nccl 2.28.3 (7 communicators; host values over mpi)", "mpi (device
+  // buffers staged through host memory)", "mpi", or "none (one rank)" for the serial groups.
+  std::string transport_summary() const;
+
   GridShape shape;
   GridCoord coord;
   comm::Communicator world;  // all ranks, rank order = grid rank order
@@ -50,6 +68,9 @@ struct ProcessGroups {
   // One line, e.g. "rank 3 = (x1,y1,z0,d0) of 2x2x1x1: x [2,3] y [1,3] z [3] d [3] zd [3]"
   // (each group's world ranks in group order; "p [...]" too when Gp > 1).
   std::string summary() const;
+
+ private:
+  std::shared_ptr<ProcessGroups> host_;  // the MPI twins of NCCL groups; null otherwise
 };
 
 }  // namespace tetrad::parallel

@@ -94,7 +94,7 @@ std::vector<int32_t> ParallelTransformer::greedy_next_tokens(const int32_t* inpu
     all = mine;
   } else {
     ScopedPhase comm_phase(prof_, Phase::Comm);
-    g_.y.allgather(mine.data(), all.data(), mine.size());
+    g_.host().y.allgather(mine.data(), all.data(), mine.size());  // host vectors
   }
   std::vector<int32_t> next(B);
   for (int b = 0; b < B; ++b) {

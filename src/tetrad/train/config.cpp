@@ -264,6 +264,14 @@ const std::vector<Field>& schema() {
                    "where the model computes: \"cpu\", \"cpu-strict\" (the CPU's arithmetic on "
                    "device memory the host cannot read) or, in a CUDA build with a GPU, "
                    "\"cuda\" (the node-local rank's GPU) / \"cuda:N\""),
+      STRING_FIELD("train.comm", c.train.comm,
+                   "the model's communicator: \"auto\" (nccl where train.device is cuda, the "
+                   "build has NCCL, there is more than one rank, each with a GPU of its own, and "
+                   "no pipeline axis; else mpi), \"nccl\" (collectives on GPU memory) or "
+                   "\"mpi\" (device buffers staged through host memory)"),
+      INT_FIELD("train.memory_limit_mib", c.train.memory_limit_mib,
+                "MiB of device memory this rank may use, checked against the memory formula "
+                "before the first step (0: what the device has free, shared among its ranks)"),
       STRING_FIELD("train.loss_mask", c.train.loss_mask,
                    "targets dropped from the loss: \"none\", \"goldfish\" (hashed, Hans et al. "
                    "2024), \"static\" (every k-th) or \"random\" (per position)"),
@@ -346,6 +354,9 @@ void RunConfig::validate() const {
   if (t.checkpoint_interval < 0)
     fail("train.checkpoint_interval must be >= 0, got ", t.checkpoint_interval);
   if (t.threads < 0) fail("train.threads must be >= 0, got ", t.threads);
+  if (t.memory_limit_mib < 0)
+    fail("train.memory_limit_mib must be >= 0 (MiB per rank; 0: the device's free memory), got ",
+         t.memory_limit_mib);
   if (!(t.step_timeout >= 0)) fail("train.step_timeout must be >= 0 (0 disables), got ", t.step_timeout);
   if (!(t.comm_timeout >= 0)) fail("train.comm_timeout must be >= 0 (0: default), got ", t.comm_timeout);
   if (run_dir.empty()) fail("run.dir must not be empty");
@@ -379,6 +390,23 @@ void RunConfig::validate() const {
         t.device.rfind("cuda:", 0) == 0))
     fail("train.device: expected \"cpu\", \"cpu-strict\", \"cuda\" or \"cuda:N\", got \"",
          t.device, "\"");
+  if (t.comm != "auto" && t.comm != "mpi" && t.comm != "nccl")
+    fail("train.comm = \"", t.comm, "\": expected \"auto\", \"mpi\" or \"nccl\"");
+  if (t.comm == "nccl") {
+    // Refused, never ignored: NCCL moves GPU memory only, and only a build with it has it.
+    if (t.device.rfind("cuda", 0) != 0)
+      fail("train.comm = \"nccl\" needs train.device = \"cuda\" (NCCL moves GPU memory), but "
+           "train.device = \"", t.device, "\"; use train.comm = \"mpi\" or \"auto\"");
+#if !TETRAD_HAVE_NCCL
+    fail("train.comm = \"nccl\": this build has no NCCL (configure with -DTETRAD_CUDA=ON "
+         "-DTETRAD_NCCL=ON where CUDA and NCCL are installed); use train.comm = \"mpi\" or "
+         "\"auto\"");
+#endif
+    if (grid != "auto" && parallel::parse_grid(grid).p > 1)
+      fail("train.comm = \"nccl\" with a pipeline axis (grid ", grid, "): the pipeline's "
+           "point-to-point messages are not run on NCCL yet (NCCL matches them in posting order, "
+           "and the schedules assume MPI's tags); use train.comm = \"mpi\" or \"auto\"");
+  }
 }
 
 RunConfig load_run_config(const std::string& path, const std::vector<std::string>& overrides) {

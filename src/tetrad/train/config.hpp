@@ -50,6 +50,16 @@ struct TrainConfig {
   // memory the host cannot read: the device path checked without a GPU); "cuda" (one GPU per
   // rank, chosen by the node-local rank) or "cuda:N", in a CUDA build on a machine with a GPU.
   std::string device = "cpu";
+  // The communicator of the model's process groups: "nccl" (collectives on the GPU's memory,
+  // parallel/process_groups.hpp on_nccl; needs train.device = cuda and a build with NCCL), "mpi"
+  // (device buffers staged through host memory), or "auto" (nccl where the device is cuda, the
+  // build has NCCL, the job has more than one rank, every rank has a GPU of its own and the grid
+  // has no pipeline axis; else mpi). The trainer's host values always go over MPI.
+  std::string comm = "auto";
+  // MiB this rank may use on its device, replacing the device's own figure in the memory check
+  // before the first step (train/device_memory.hpp): for ranks sharing a device with other jobs,
+  // and for tests. 0: the device's figure (Backend::memory_available divided among its ranks).
+  int64_t memory_limit_mib = 0;
   std::string loss_mask = "none";  // none | goldfish | static | random (train/loss_mask.hpp)
   int goldfish_k = 4;
   int goldfish_h = 13;

@@ -1,15 +1,18 @@
 #include "tetrad/train/device_memory.hpp"
 
+#include <algorithm>
 #include <cstdio>
+#include <utility>
+#include <vector>
 
 #include "tetrad/core/error.hpp"
 
-namespace tetrad::train {
+namespace tetrad {
 
 namespace {
-std::string gib(double b) {
-  char s[32];
-  std::snprintf(s, sizeof(s), "%.2f GiB", b / double(1ull << 30));
+std::string mib(double b) {
+  char s[48];
+  std::snprintf(s, sizeof(s), "%.1f MiB", b / double(1 << 20));
   return s;
 }
 }  // namespace
@@ -22,19 +25,43 @@ double backend_reserve_bytes(const planner::MemoryBreakdown& m) {
   return 32.0 * (1 << 20) + scratch;
 }
 
-std::string device_memory_problem(const planner::MemoryBreakdown& m, double free_bytes,
-                                  double total_bytes, const std::string& device) {
-  const double reserve = backend_reserve_bytes(m);
-  const double need = m.total() + reserve;
-  if (need <= free_bytes) return "";
-  return detail::concat(
-      "this run does not fit on ", device, ": the memory formula needs ", gib(need),
-      " per rank (weights ", gib(m.weights), ", gradients ", gib(m.grads), ", optimizer ",
-      gib(m.optimizer), ", gathered shards ", gib(m.gathered), ", activations ",
-      gib(m.activations), ", backend workspace ", gib(reserve), ") but ", gib(free_bytes),
-      " of ", gib(total_bytes), " are free; use a smaller train.micro_batch, train.recompute = "
-      "\"selective\" or \"full\", or more ranks over Z or P (parallel.grid; `tetrad plan` "
-      "shows the memory of every grid)");
+std::string memory_fit_line(const MemoryFit& f) {
+  return detail::concat("memory: formula ", mib(f.need()), " of ",
+                        f.available > 0 ? mib(f.available) : std::string("an unknown amount"),
+                        " available on ", f.device, " per rank (", f.available_from,
+                        "; formula: weights ", mib(f.formula.weights), ", gradients ",
+                        mib(f.formula.grads), ", optimizer ", mib(f.formula.optimizer),
+                        ", gathered weights ", mib(f.formula.gathered), ", activations ",
+                        mib(f.formula.activations), ", backend workspace ", mib(f.workspace), ")");
 }
 
-}  // namespace tetrad::train
+std::string memory_fit_problem(const MemoryFit& f, const FitContext& c) {
+  if (!(f.available > 0) || f.need() <= f.available) return "";
+  std::vector<std::pair<const char*, double>> items = {
+      {"weights", f.formula.weights},     {"gradients", f.formula.grads},
+      {"optimizer state", f.formula.optimizer}, {"gathered weights", f.formula.gathered},
+      {"activations", f.formula.activations},   {"backend workspace", f.workspace}};
+  std::stable_sort(items.begin(), items.end(),
+                   [](const auto& a, const auto& b) { return a.second > b.second; });
+  std::string largest;
+  for (size_t i = 0; i < 3 && items[i].second > 0; ++i)
+    largest += detail::concat(i ? ", " : "", items[i].first, " ", mib(items[i].second));
+  std::string advice = detail::concat(
+      "more ranks on the grid (parallel.grid: over Z or P, or D with parallel.zero = 1 or 2; "
+      "`tetrad plan` shows the memory of every grid), a smaller train.micro_batch (now ",
+      c.micro_batch, ")");
+  if (c.recompute != "full")
+    advice += detail::concat(", train.recompute = ", c.recompute == "none" ? "\"selective\" or " : "",
+                             "\"full\" (now \"", c.recompute, "\")");
+  if (!c.bf16) advice += ", train.precision = \"bf16\" (now fp32)";
+  return detail::concat(
+      "rank ", c.rank, " of ", c.world, ": this run does not fit in memory on ", f.device,
+      ": the memory formula needs ", mib(f.need()), " per rank but ", mib(f.available),
+      " are available (", f.available_from, "); largest items: ", largest, " (weights ",
+      mib(f.formula.weights), ", gradients ", mib(f.formula.grads), ", optimizer state ",
+      mib(f.formula.optimizer), ", gathered weights ", mib(f.formula.gathered), ", activations ",
+      mib(f.formula.activations), ", backend workspace ", mib(f.workspace), "). To fit: ", advice,
+      "; where the device is shared, train.memory_limit_mib sets this rank's share");
+}
+
+}  // namespace tetrad

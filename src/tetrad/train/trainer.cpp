@@ -28,6 +28,9 @@
 #include "tetrad/checkpoint/run_lock.hpp"
 #include "tetrad/checkpoint/sharded_saver.hpp"
 #include "tetrad/comm/communicator.hpp"
+#if TETRAD_HAVE_NCCL
+#include "tetrad/comm/nccl_communicator.hpp"
+#endif
 #include "tetrad/core/cpu.hpp"
 #include "tetrad/core/error.hpp"
 #include "tetrad/core/json.hpp"
@@ -43,6 +46,7 @@
 #include "tetrad/parallel/grid.hpp"
 #include "tetrad/planner/planner.hpp"
 #include "tetrad/train/auto_grid.hpp"
+#include "tetrad/train/device_memory.hpp"
 #include "tetrad/parallel/parallel_transformer.hpp"
 #include "tetrad/parallel/pipeline.hpp"
 #include "tetrad/parallel/process_groups.hpp"
@@ -129,61 +133,68 @@ void check_data_tokenizer(const std::string& data_dir, const DataInfo& d) {
          hex64(d.tokenizer_identity), "); prepare the folder again or restore its ", file);
 }
 
-// This node's memory for one rank: what the kernel reports available (MemAvailable), bounded by
-// the cgroup's limit when there is one, divided among the ranks of the node. 0: unknown.
-double memory_per_rank_available(int ranks_on_node, double* node_bytes) {
-  double avail = 0;
-  {
-    std::ifstream f("/proc/meminfo");
-    std::string key;
-    double kb = 0;
-    std::string unit;
-    while (f >> key >> kb) {
-      std::getline(f, unit);
-      if (key == "MemAvailable:") avail = kb * 1024;
-    }
-  }
-  for (const char* p : {"/sys/fs/cgroup/memory.max", "/sys/fs/cgroup/memory/memory.limit_in_bytes"}) {
-    std::ifstream f(p);
-    std::string v;
-    if (f >> v && !v.empty() && std::isdigit(static_cast<unsigned char>(v[0]))) {
-      const double limit = std::strtod(v.c_str(), nullptr);
-      if (limit > 0 && limit < 1e18 && (avail == 0 || limit < avail)) avail = limit;
-    }
-  }
-  if (node_bytes) *node_bytes = avail;
-  return avail / std::max(1, ranks_on_node);
-}
-
-// Before the model is allocated: the memory the planner's formula gives for this run on this
-// grid (weights, gradients, optimizer state, gathered weights, activations; planner.hpp) must fit
-// the memory this node has for each rank, or the run is refused with both numbers (rather than
-// allocating until the machine runs out).
-void check_memory_fits(const RunConfig& cfg, const parallel::GridShape& shape, int world,
-                       int ranks_on_node) {
-  planner::MemoryBreakdown need;
+// Before the model is allocated, on every rank: the memory the planner's formula gives for this
+// run on this grid (weights, gradients, optimizer state, gathered weights, activations;
+// planner.hpp), plus the backend's own workspace, must fit the memory this rank has on its device
+// (train.memory_limit_mib, else Backend::memory_available() divided among the ranks that share
+// the device), or the run stops with the formula's numbers (rather than allocating until the
+// device runs out, or failing inside a step). Root logs the line; each rank that does not fit
+// names itself (under mpirun the first error ends the job).
+void check_memory_fits(const RunConfig& cfg, const parallel::GridShape& shape, int world, int rank,
+                       int ranks_on_node, backend::Backend& device, bool bf16, std::ostream& out,
+                       bool quiet) {
+  MemoryFit fit;
   try {
-    const planner::PlanInput in = plan_input_of(cfg, world);
-    need = planner::memory_per_rank(in, planner::Grid5{shape.x, shape.y, shape.z, shape.p, shape.d});
+    planner::PlanInput in = plan_input_of(cfg, world);
+    in.precision = bf16 ? planner::Precision::BF16 : planner::Precision::FP32;  // as run on this device
+    const planner::Grid5 g{shape.x, shape.y, shape.z, shape.p, shape.d};
+    fit.formula = planner::memory_per_rank(in, g);
+    // The planner's bf16 activations are 2 bytes an element (a bf16-storage layout); the trainer's
+    // activation buffer is sized in fp32 whatever the GEMM precision (ParallelTransformer::
+    // activation_bytes; its bf16 copies sit beside fp32 ones), so the check takes the fp32 term
+    // (the tiny model in bf16: 1.8 MiB, the buffer 1.84 MiB; the bf16 term said 0.9 MiB).
+    if (bf16) {
+      planner::PlanInput f32 = in;
+      f32.precision = planner::Precision::FP32;
+      fit.formula.activations =
+          std::max(fit.formula.activations, planner::memory_per_rank(f32, g).activations);
+    }
   } catch (const Error&) {
     return;  // a layout the formula cannot take; the model's own checks report what is wrong
   }
-  double node = 0;
-  const double have = memory_per_rank_available(ranks_on_node, &node);
-  if (have <= 0 || need.total() <= have) return;
-  auto gib = [](double b) {
-    std::ostringstream os;
-    os << std::fixed << std::setprecision(2) << b / double(1 << 30) << " GiB";
-    return os.str();
-  };
-  fail("the model does not fit in memory: it needs about ", gib(need.total()),
-       " per rank (planner formula: weights ", gib(need.weights), ", gradients ", gib(need.grads),
-       ", optimizer ", gib(need.optimizer), ", gathered weights ", gib(need.gathered),
-       ", activations ", gib(need.activations), ") but this machine has ", gib(have),
-       " per rank (", gib(node), " available for ", std::max(1, ranks_on_node),
-       " rank(s) on the node). Make the model smaller (model.n_layer = ", cfg.model.n_layer,
-       ", model.n_embd = ", cfg.model.n_embd, "), the micro-batch smaller, use more ranks "
-       "(parallel.grid), parallel.zero or train.recompute");
+  if (device.name().rfind("cuda", 0) == 0) fit.workspace = backend_reserve_bytes(fit.formula);
+  fit.device = device.name();
+  const double MiB = double(1 << 20);
+  if (cfg.train.memory_limit_mib > 0) {
+    fit.available = double(cfg.train.memory_limit_mib) * MiB;
+    fit.available_from = detail::concat("train.memory_limit_mib = ", cfg.train.memory_limit_mib);
+  } else {
+    const backend::MemoryAvailable m = device.memory_available();
+    // Host memory is shared by every rank of the node; a GPU by the ranks on it: "cuda" picks
+    // local_rank % devices (backend/device_select.hpp), "cuda:N" puts every rank on N.
+    int sharing = std::max(1, ranks_on_node);
+    if (!m.host_shared && cfg.train.device == "cuda" && m.devices > 1) {
+      sharing = 0;
+      for (int r = 0; r < ranks_on_node; ++r) sharing += r % m.devices == m.index;
+      sharing = std::max(1, sharing);
+    }
+    fit.available = double(m.available) / sharing;
+    fit.available_from = detail::concat(
+        m.source, " ", fixed1(double(m.available) / MiB), " MiB of ", fixed1(double(m.total) / MiB),
+        " MiB",
+        sharing > 1 ? detail::concat(" / ", sharing, m.host_shared ? " ranks on the node"
+                                                                   : " ranks on the device")
+                    : std::string());
+    if (m.available == 0) fit.available_from = m.source + " gave no figure: not checked";
+  }
+  if (!quiet) out << memory_fit_line(fit) << "\n";
+  FitContext c;
+  c.rank = rank;
+  c.world = world;
+  c.micro_batch = cfg.train.micro_batch;
+  c.recompute = cfg.train.recompute;
+  c.bf16 = bf16;
+  if (const std::string why = memory_fit_problem(fit, c); !why.empty()) fail(why);
 }
 
 // train.threads = 0: OMP_NUM_THREADS if set, else this node's cores shared among its ranks
@@ -348,6 +359,15 @@ TrainResult train(const RunConfig& cfg, const TrainOptions& opt, std::ostream& l
     shape = parallel::parse_grid(cfg.grid);
   }
   parallel::validate_grid(shape, world);
+  if (t.comm == "nccl" && shape.p > 1)
+    fail("train.comm = \"nccl\" with a pipeline axis (grid ", shape.to_string(), "): the "
+         "pipeline's point-to-point messages are not run on NCCL yet; use train.comm = \"mpi\" "
+         "or \"auto\"");
+  // The trainer's own groups are MPI's (or self() on one rank), whatever train.comm says: every
+  // value the trainer reduces lives in host memory (loss sums, token counts, the weights' sum of
+  // squares, failure flags, signals, the run-folder and checkpoint agreements), and NCCL
+  // collectives take device memory only. The model gets NCCL groups of its own below when
+  // train.comm resolves to nccl (their host() twins are MPI too).
   ProcessGroups groups =
       world > 1 ? ProcessGroups(comm::Communicator::world(), shape) : ProcessGroups();
   const bool root = groups.world.rank() == 0;
@@ -380,8 +400,52 @@ TrainResult train(const RunConfig& cfg, const TrainOptions& opt, std::ostream& l
       }
     }
   }
-  check_memory_fits(cfg, shape, world,
-                    launcher_ranks_per_node() > 0 ? launcher_ranks_per_node() : world);
+  // Where the model computes (train.device): its parameters, gradients, moments and activations
+  // live there; the host reaches them through the backend's queue (checkpoints below).
+  std::unique_ptr<backend::Backend> device_owner;
+  backend::Backend* device = &backend::cpu_backend();
+  if (t.device != "cpu") {
+    device_owner = backend::create(t.device);  // refuses naming what this build and machine lack
+    device = device_owner.get();
+  }
+  const bool host_memory = device->capabilities().host_visible;
+  // train.comm resolved (config.hpp): the model's groups on NCCL or on MPI, and why, for the log.
+  // Made after the device, whose creation selects this rank's GPU (NCCL's communicators live on
+  // the current device).
+  bool use_nccl = t.comm == "nccl";  // validate() refused it without a cuda device or NCCL
+  std::string comm_why = "train.comm = " + t.comm;
+  if (t.comm == "auto") {
+    const bool cuda = t.device.rfind("cuda", 0) == 0;
+    if (!cuda) comm_why += ": train.device = " + t.device;
+    else if (!TETRAD_HAVE_NCCL) comm_why += ": this build has no NCCL";
+    else if (world == 1) comm_why += ": one rank";
+    else if (shape.p > 1) comm_why += ": the pipeline's point-to-point runs on MPI";
+    else {
+#if TETRAD_HAVE_NCCL
+      // NCCL refuses two ranks on one GPU (e.g. a 2-rank grid on one device): stay on MPI.
+      // Collective, and every rank gets the same answer.
+      const std::string shared = comm::ranks_sharing_a_gpu(groups.world);
+      if (shared.empty()) use_nccl = true;
+      else comm_why += ": " + shared;
+#endif
+    }
+  }
+  std::unique_ptr<ProcessGroups> nccl_groups;
+  if (use_nccl)
+    nccl_groups = std::make_unique<ProcessGroups>(ProcessGroups::on_nccl(
+        mpi_ready ? comm::Communicator::world() : comm::Communicator::self("world"), shape));
+  // The model's groups: NCCL's, or the trainer's own MPI groups.
+  ProcessGroups& model_groups = nccl_groups ? *nccl_groups : groups;
+  // GEMM precision of this run's model (not a process-wide switch: the model carries it). "auto"
+  // on a GPU: bf16 where it has bf16 matrix hardware.
+  const kernels::Precision precision =
+      t.precision == "auto" && t.device.rfind("cuda", 0) == 0
+          ? (device->capabilities().gemm_bf16_native ? kernels::Precision::BF16
+                                                     : kernels::Precision::FP32)
+          : kernels::resolve_precision(t.precision);
+  check_memory_fits(cfg, shape, world, groups.world.rank(),
+                    launcher_ranks_per_node() > 0 ? launcher_ranks_per_node() : world, *device,
+                    precision == kernels::Precision::BF16, out, opt.quiet);
 
   // The run folder is this run's from here to the end (rank 0 holds its lock; every rank writes
   // shards into it): a second trainer is refused, and a folder holding a trained run is not
@@ -412,22 +476,6 @@ TrainResult train(const RunConfig& cfg, const TrainOptions& opt, std::ostream& l
     }
   }
 
-  // Where the model computes (train.device): its parameters, gradients, moments and activations
-  // live there; the host reaches them through the backend's queue (checkpoints below).
-  std::unique_ptr<backend::Backend> device_owner;
-  backend::Backend* device = &backend::cpu_backend();
-  if (t.device != "cpu") {
-    device_owner = backend::create(t.device);  // refuses naming what this build and machine lack
-    device = device_owner.get();
-  }
-  const bool host_memory = device->capabilities().host_visible;
-  // GEMM precision of this run's model (not a process-wide switch: the model carries it). "auto"
-  // on a GPU: bf16 where it has bf16 matrix hardware.
-  const kernels::Precision precision =
-      t.precision == "auto" && t.device.rfind("cuda", 0) == 0
-          ? (device->capabilities().gemm_bf16_native ? kernels::Precision::BF16
-                                                     : kernels::Precision::FP32)
-          : kernels::resolve_precision(t.precision);
   parallel::ParallelOptions popt;
   popt.device = device;
   popt.precision = precision == kernels::Precision::BF16 ? backend::Precision::BF16
@@ -444,7 +492,7 @@ TrainResult train(const RunConfig& cfg, const TrainOptions& opt, std::ostream& l
   // Ranks on this node: the launcher's count, else all of them (one node assumed).
   const int on_node = launcher_ranks_per_node() > 0 ? launcher_ranks_per_node() : world;
   popt.overlap = overlap_options(cfg.overlap, on_node, omp_get_max_threads());  // dp_overlap dropped with ZeRO or Gp > 1
-  parallel::ParallelTransformer model(cfg.model, groups, B, T, popt);
+  parallel::ParallelTransformer model(cfg.model, model_groups, B, T, popt);
   StepProfile prof;
   TraceLog trace_log;
   if (!opt.trace_path.empty()) prof.trace = &trace_log;
@@ -633,6 +681,8 @@ TrainResult train(const RunConfig& cfg, const TrainOptions& opt, std::ostream& l
         << std::defaultfloat;
     if (world > 1) out << model.overlap().summary() << "\n";
     if (t.device != "cpu") out << "device: " << device->description() << "\n";
+    // After the model is made: its device registered with the groups (the staging is known).
+    out << "comm: " << model_groups.transport_summary() << " (" << comm_why << ")\n";
   }
   // Which rank holds what: one line per rank, in rank order.
   for (int r = 0; r < world; ++r) {

@@ -28,6 +28,7 @@ class CpuBackend final : public Backend {
   std::unique_ptr<Queue> new_queue() override;
   DeviceCeilings ceilings(int threads, bool quick) override;
   bool host_readable(const void*) const override { return true; }  // device memory is host memory
+  MemoryAvailable memory_available() const override { return host_memory_available(); }
 
  protected:
   void* allocate(size_t bytes, MemoryKind kind) override;

@@ -43,6 +43,8 @@ class StrictBackend final : public Backend {
   std::unique_ptr<Queue> new_queue() override;
   DeviceCeilings ceilings(int threads, bool quick) override;
   bool host_readable(const void* p) const override;
+  // Its "device" memory is host memory (mmap'ed pages): the node's, shared by its ranks.
+  MemoryAvailable memory_available() const override { return host_memory_available(); }
 
   // Where the host finds the data of device address p (p must lie in a live device allocation,
   // its end included); `op` and `arg` name the caller for the Error. Null stays null.

@@ -178,6 +178,20 @@ class CudaBackend final : public Backend {
   std::unique_ptr<Queue> new_queue() override { return std::make_unique<CudaQueue>(*this, device_); }
   DeviceCeilings ceilings(int threads, bool quick) override;
   bool host_readable(const void* p) const override { return g::gpuHostReadable(p); }
+  // The device's free memory now (cudaMemGetInfo: the context's own reserve is already taken).
+  MemoryAvailable memory_available() const override {
+    GPU_CHECK(g::gpuSetDevice(device_));
+    size_t free_b = 0, total_b = 0;
+    GPU_CHECK(g::gpuMemGetInfo(&free_b, &total_b));
+    MemoryAvailable m;
+    m.available = free_b;
+    m.total = total_b;
+    m.source = "cudaMemGetInfo";
+    m.host_shared = false;
+    m.devices = std::max(1, g::device_count(nullptr));
+    m.index = device_;
+    return m;
+  }
 
   const g::DeviceInfo& info() const { return info_; }
 
