@@ -11,9 +11,6 @@ bad() { echo "FAIL $1"; fails=$((fails + 1)); }
 N=400
 S=(--set model.name=tiny --set data.dir="$W/data" --set train.seq_len=32 --set train.max_steps=$N
    --set train.eval_interval=0 --set train.log_interval=100000)
-# The loss of each step, the last one written for it (a resumed run may redo steps).
-losses() { grep '"loss"' "$1/metrics.jsonl" | sed 's/.*"loss":\([^,}]*\).*"step":\([0-9]*\).*/\2 \1/' |
-           awk '{ l[$1] = $2 } END { for (s = 1; s in l; s++) print l[s] }'; }
 wait_steps() {
   for _ in $(seq 1 600); do n=$(grep -c '"loss"' "$1/metrics.jsonl" 2>/dev/null); [ "${n:-0}" -ge "$2" ] && return 0; sleep 0.05; done
   return 1

@@ -16,8 +16,6 @@ N=8
 S=(--set model.name=tiny --set data.dir="$W/data" --set train.seq_len=32 --set train.max_steps=$N
    --set train.eval_interval=0 --set train.log_interval=100000 --set train.checkpoint_interval=0
    --set train.precision=fp32)
-losses() { grep '"loss"' "$1/metrics.jsonl" | sed 's/.*"loss":\([^,}]*\).*"step":\([0-9]*\).*/\2 \1/' |
-           awk '{ l[$1] = $2 } END { for (s = 1; s in l; s++) print l[s] }'; }
 
 if [ "$mode" = gpu ]; then
   out=$("$TETRAD" train "${S[@]}" --device cuda --set train.comm=nccl --set run.dir="$W/nccl" 2>&1); rc=$?

@@ -13,8 +13,6 @@ N=12
 S=(--set model.name=tiny --set data.dir="$W/data" --set train.seq_len=32 --set train.max_steps=$N
    --set train.eval_interval=0 --set train.log_interval=100000 --set train.checkpoint_interval=4
    --set train.keep_checkpoints=5)
-losses() { grep '"loss"' "$1/metrics.jsonl" | sed 's/.*"loss":\([^,}]*\).*"step":\([0-9]*\).*/\2 \1/' |
-           awk '{ l[$1] = $2 } END { for (s = 1; s in l; s++) print l[s] }'; }
 
 for mode in serial mpi mpi_zero1; do
   case $mode in

@@ -36,6 +36,13 @@ namespace tetrad {
 namespace {
 
 // Standard micro-batch of each configuration (benchmarks.md).
+// Tokens per sequence of a bench run: --seq, or the configuration's max_seq (0); refused past it.
+int bench_seq(const BenchOptions& opt, const ModelConfig& mc, const std::string& name) {
+  if (opt.seq < 0 || opt.seq > mc.max_seq)
+    fail("--seq ", opt.seq, ": expected 1..", mc.max_seq, " (model ", name, "'s max_seq; 0: max_seq)");
+  return opt.seq > 0 ? opt.seq : mc.max_seq;
+}
+
 int standard_batch(const std::string& name) {
   if (name == "gpt2-124m") return 1;
   return 4;
@@ -170,10 +177,8 @@ void run_bench(const BenchOptions& opt, std::ostream& out) {
 
   for (const std::string& name : opt.configs) {
     const ModelConfig mc = named_model(name);
-    if (opt.seq < 0 || opt.seq > mc.max_seq)
-      fail("--seq ", opt.seq, ": expected 1..", mc.max_seq, " (model ", name, "'s max_seq; 0: max_seq)");
     const int B = opt.batch > 0 ? opt.batch : standard_batch(name);
-    const int T = opt.seq > 0 ? opt.seq : mc.max_seq;
+    const int T = bench_seq(opt, mc, name);
     const int64_t N = int64_t(B) * T;
     out << "\n== " << name << " (" << family_name(mc.family) << ", L=" << mc.n_layer
         << " C=" << mc.n_embd << " heads=" << mc.n_head << " ffn=" << mc.ffn
@@ -418,9 +423,7 @@ void run_bench_grids(const BenchOptions& opt, std::ostream& log) {
   for (const std::string& name : opt.configs) {
     ModelConfig mc = named_model(name);
     if (opt.layers > 0) mc.n_layer = opt.layers;
-    if (opt.seq < 0 || opt.seq > mc.max_seq)
-      fail("--seq ", opt.seq, ": expected 1..", mc.max_seq, " (model ", name, "'s max_seq; 0: max_seq)");
-    const int Bg = standard_batch(name), T = opt.seq > 0 ? opt.seq : mc.max_seq;
+    const int Bg = standard_batch(name), T = bench_seq(opt, mc, name);
     const int64_t serial_state = 16 * build_param_table(mc).total;  // p, g, m, v in fp32
     out << "\n== " << name << ": global batch " << Bg << " x " << T << " tokens\n"
         << "  grid      overlap tokens/s   step s  compute  exposed  hidden  idle  state/rank   "
