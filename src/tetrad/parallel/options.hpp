@@ -109,6 +109,13 @@ struct ParallelOptions {
   // cast_transpose_f32_to_bf16) instead of the TN product oneDNN runs slowest (docs/precision.md
   // has the measurements). Sums in another order than TN: equal within fp32 rounding.
   bool bf16_weight_grad_nn = true;
+  // train.grad_comm_precision = "bf16": the gradient reduce-scatters over Z, the ZeRO
+  // reduce-scatters over D and the data-parallel bucket all-reduces move bf16 (half the bytes);
+  // every rank's contribution is rounded to bf16 once and the sums are accumulated in fp32
+  // (parallel/bf16_grad_comm.hpp). The gradients stay fp32. Independent of `precision`.
+  // Blocking (no overlap for these collectives); refused on NCCL. The small replicated tensors'
+  // sums over Z (ZeRO) and the top-level sums over P stay fp32 (docs/precision.md).
+  bool grad_comm_bf16 = false;
 };
 
 }  // namespace tetrad::parallel

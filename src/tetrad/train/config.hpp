@@ -43,6 +43,9 @@ struct TrainConfig {
   // Arithmetic of attention's products: "auto" (bf16 in bf16 runs where the bf16 attention kernel
   // is the faster one: CPUs with AMX; else fp32), "fp32" or "bf16" (docs/precision.md).
   std::string attention_precision = "auto";
+  // Gradient communication (reduce-scatters over Z and D, data-parallel all-reduces): "fp32", or
+  // "bf16" (bf16 on the wire, fp32 sums; docs/precision.md, "bf16 gradient communication").
+  std::string grad_comm_precision = "fp32";
   // Where the model computes (backend::create): "cpu"; "cpu-strict" (the CPU's arithmetic on
   // memory the host cannot read: the device path checked without a GPU); "cuda" (one GPU per
   // rank, chosen by the node-local rank) or "cuda:N", in a CUDA build on a machine with a GPU.

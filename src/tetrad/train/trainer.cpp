@@ -473,6 +473,7 @@ TrainResult train(const RunConfig& cfg, const TrainOptions& opt, std::ostream& l
   if (t.attention_precision != "auto")
     popt.attention_precision = t.attention_precision == "bf16" ? backend::Precision::BF16
                                                                : backend::Precision::FP32;
+  popt.grad_comm_bf16 = t.grad_comm_precision == "bf16";
   popt.recompute = parallel::parse_recompute(t.recompute);
   popt.zero = cfg.zero;
   popt.virtual_stages = cfg.virtual_stages;
