@@ -54,6 +54,8 @@ ActivationSizes activation_sizes(const ModelConfig& cfg, const GridShape& G, int
   // dresid, dln, dqkv, datty, dfc, dfc_act; the two bf16 gradient copies.
   s.global = N * (Cx + 2 + Vy + 1 + Cx) + h(true, Cx).floats +
              N * (Cx + Cx + QKVy + Ay + FWy + Fy) + 2 * s.dout16;
+  s.embedding_out = N * Cx;
+  s.head_kept = h(true, Cx).floats + N * (2 + Vy + 1);
   s.layer_kept = kept;
   s.input_slot = N * Cx;
   for (LayerSlots k : slots) {
@@ -166,10 +168,10 @@ ModelMemory model_memory(const ModelConfig& cfg, const GridShape& G, const GridC
       activation_sizes(cfg, G, local_batch, max_len, bf16_acts, opt.recompute, slots);
   mm.activations = f4 * a.total;
   if (G.p > 1) {
-    // Each forward's chunk stash lives until its backward (pipeline_chunks.cpp): the recompute
-    // scratch, the chunk's layers' slots from its input (the previous layer's output slot) on,
-    // the global activations with the embedding or the head, and the scratch layer's index;
-    // plus two receive buffers and one outgoing copy of the hidden state.
+    // Each forward's chunk stash lives until its backward (pipeline_chunks.cpp): the chunk's
+    // layers' slots from its input (the previous layer's output slot) on, the embedding's output
+    // with the embedding, the final norm, logits and losses with the head, and the scratch
+    // layer's index; plus two receive buffers and one outgoing copy of the hidden state.
     std::vector<int64_t> begin(slots.size() + 1, 0);  // floats before layer l's slots
     for (size_t l = 0; l < slots.size(); ++l)
       begin[l + 1] = begin[l] + (slots[l] == LayerSlots::Full    ? a.layer_kept
@@ -180,8 +182,8 @@ ModelMemory model_memory(const ModelConfig& cfg, const GridShape& G, const GridC
     for (const PipeOp& op : pipeline_schedule(schedule, p, coord.p, micro_batches, v)) {
       const int j = op.chunk * p + coord.p;
       const auto [l0, l1] = split.layers(j);
-      const int64_t k = 1 + a.scratch + begin[size_t(l1)] - begin[size_t(std::max(0, l0 - 1))] +
-                        (j == 0 || j == V - 1 ? a.global : 0);
+      const int64_t k = 1 + begin[size_t(l1)] - begin[size_t(std::max(0, l0 - 1))] +
+                        (j == 0 ? a.embedding_out : 0) + (j == V - 1 ? a.head_kept : 0);
       alive += op.forward ? k : -k;
       peak = std::max(peak, alive);
     }

@@ -33,6 +33,8 @@ struct ActivationSizes {
   int64_t input_slot = 0;  // floats of a layer output slot alone (N x C/Gx)
   int64_t full_layers = 0, input_layers = 0;  // layers with all their slots / only the output
   int64_t global = 0;      // the embedding output, final norm, logits and the backward's buffers
+  int64_t embedding_out = 0;  // of `global`: the embedding's output (N x C/Gx)
+  int64_t head_kept = 0;      // of `global`: the final norm, its statistics, logits and losses
 };
 
 // Which activation slots a rank allocates for each layer: every layer's on one stage (Gp = 1);

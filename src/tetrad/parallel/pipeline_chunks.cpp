@@ -30,17 +30,22 @@ const float* ParallelTransformer::chunk_output(int l1) const {
 }
 const float* ParallelTransformer::input_grad() const { return a_->dresid; }
 
-// What a chunk's backward reads from its forward: the recompute scratch, its layers' kept
-// activations from its input (layer l0 - 1's output) on, and with the embedding or the head the
-// global activations (embedding output, final norm, logits). Activation regions are contiguous
-// per layer in layer order (see the constructor).
+// What a chunk's backward reads from its forward: its layers' kept activations from its input
+// (layer l0 - 1's output slot) on, with the embedding its output (layer 0's input), with the head
+// the final norm, its statistics, the logits (the loss gradient once chunk_loss ran) and the
+// losses. Not the recompute scratch (restore() marks it empty: the backward recomputes its first
+// layer again) nor the backward's own buffers (dresid ... the bf16 gradient copies), which hold
+// nothing between micro-batches. Activation regions are contiguous per layer in layer order, the
+// global ones in the constructor's order (emb, lnf, its statistics, logits, losses, tmp, ...).
 std::vector<std::pair<float*, size_t>> ParallelTransformer::chunk_regions(int l0, int l1, bool embed,
                                                                           bool head) {
   std::vector<std::pair<float*, size_t>> r;
-  r.push_back({acts_.data(), size_t(layer_begin_[0] - acts_.data())});
   float* from = layer_begin_[std::max(0, l0 - 1)];
   r.push_back({from, size_t(layer_begin_[l1] - from)});
-  if (embed || head) r.push_back({layer_begin_[cfg_.n_layer], size_t(acts_.data() + acts_.size() - layer_begin_[cfg_.n_layer])});
+  float* const global = layer_begin_[cfg_.n_layer];  // a_->emb
+  const size_t emb = size_t(local_batch_) * size_t(max_len_) * size_t(Cx_);
+  if (embed) r.push_back({global, emb});
+  if (head) r.push_back({global + emb, size_t(a_->tmp - (global + emb))});
   return r;
 }
 
@@ -76,7 +81,9 @@ void ParallelTransformer::restore(int l0, int l1, bool embed, bool head, const s
   }
   TETRAD_CHECK(at + 1 == s.size(), "activation stash of the wrong chunk");
   bq().synchronize();  // the stash may be freed when the caller returns
-  scratch_layer_ = int(s.back());
+  // The recompute scratch is not stashed: other micro-batches used it since (s.back() is the
+  // layer it held then, kept in the format only).
+  scratch_layer_ = -1;
 }
 
 }  // namespace tetrad::parallel
