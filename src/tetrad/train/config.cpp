@@ -258,6 +258,8 @@ const std::vector<Field>& schema() {
                    "GEMM precision: \"fp32\", \"bf16\" (bf16 operands, fp32 accumulation; fp32 master weights, gradients, optimizer, norms, softmax, loss) or \"auto\" (bf16 where the CPU has AMX-BF16 or AVX512-BF16, else fp32)"),
       STRING_FIELD("train.attention_precision", c.train.attention_precision,
                    "attention's products (QK^T, PV and the backward's): \"auto\" (bf16 in bf16 runs where the bf16 attention kernel is the faster one, i.e. on CPUs with AMX; else fp32), \"fp32\" or \"bf16\" (bf16 operands, fp32 accumulation and softmax statistics)"),
+      STRING_FIELD("train.gemm_layouts", c.train.gemm_layouts,
+                   "layout of each bf16 GEMM (forward, input and weight gradient of every linear layer): \"auto\" (tune where bf16 GEMMs run natively, on AMX-BF16 or AVX512-BF16, else rule), \"rule\" (fixed forms, the same in every process) or \"tune\" (each product's realizable forms timed at start-up on this rank's shapes, rank 0's choice used by every rank, the plan kept in checkpoints and reused on resume)"),
       STRING_FIELD("train.device", c.train.device,
                    "where the model computes: \"cpu\", \"cpu-strict\" (the CPU's arithmetic on "
                    "device memory the host cannot read) or, in a CUDA build with a GPU, "
@@ -381,6 +383,8 @@ void RunConfig::validate() const {
       t.attention_precision != "bf16")
     fail("train.attention_precision = \"", t.attention_precision,
          "\": expected \"auto\", \"fp32\" or \"bf16\"");
+  if (t.gemm_layouts != "auto" && t.gemm_layouts != "rule" && t.gemm_layouts != "tune")
+    fail("train.gemm_layouts = \"", t.gemm_layouts, "\": expected \"auto\", \"rule\" or \"tune\"");
   // Whether this build and machine can run it is checked when the run starts (backend::create).
   if (!(t.device == "cpu" || t.device == "cpu-strict" || t.device == "cuda" ||
         t.device.rfind("cuda:", 0) == 0))

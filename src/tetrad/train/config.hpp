@@ -43,6 +43,10 @@ struct TrainConfig {
   // Arithmetic of attention's products: "auto" (bf16 in bf16 runs where the bf16 attention kernel
   // is the faster one: CPUs with AMX; else fp32), "fp32" or "bf16" (docs/precision.md).
   std::string attention_precision = "auto";
+  // Layout of each bf16 GEMM (parallel/gemm_layouts.hpp, docs/precision.md): "auto" (tune where
+  // bf16 GEMMs run natively on the CPU's matrix units, else rule), "rule" (fixed, the same in
+  // every process) or "tune" (timed at start-up on this rank's shapes; kept in checkpoints).
+  std::string gemm_layouts = "auto";
   // Where the model computes (backend::create): "cpu"; "cpu-strict" (the CPU's arithmetic on
   // memory the host cannot read: the device path checked without a GPU); "cuda" (one GPU per
   // rank, chosen by the node-local rank) or "cuda:N", in a CUDA build on a machine with a GPU.
