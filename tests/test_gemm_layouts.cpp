@@ -22,6 +22,9 @@
 using namespace tetrad;
 using namespace tetrad::parallel;
 
+// EXPECT_ERROR(expression, "part of the message"): the expression throws tetrad::Error naming it.
+#define EXPECT_ERROR(expr, part) tetrad_test::expect_error([&] { (void)(expr); }, {part})
+
 namespace {
 
 std::vector<float> uniform(size_t n, uint64_t seed) {
@@ -269,7 +272,8 @@ TEST(GemmLayouts, PlansThatCannotRunAreRefused) {
 
 // tune where bf16 GEMMs are native: a tuned plan (the rule's forms left only for 5% faster ones)
 // and its log line; where they are emulated (forced here), the rule, saying why; auto follows
-// the same and fp32 is always the rule. A tuned model's gradients match the rule's.
+// the same and fp32 is always the rule. A tuned model's gradients match the rule's, and its
+// plan given to a fresh model gives the same bits (tuning leaves nothing behind in the model).
 TEST(GemmLayouts, TuneRunsWhereBf16IsNativeElseTheRuleSaysWhy) {
   EmulationGuard guard;
   const ModelConfig mc = named_model("tiny");
@@ -278,13 +282,13 @@ TEST(GemmLayouts, TuneRunsWhereBf16IsNativeElseTheRuleSaysWhy) {
   EXPECT_EQ(resolve_gemm_layouts("auto", backend::Precision::FP32, cpu, &why), GemmLayouts::Rule);
   EXPECT_NE(why.find("fp32"), std::string::npos) << why;
   EXPECT_EQ(resolve_gemm_layouts("rule", backend::Precision::BF16, cpu, &why), GemmLayouts::Rule);
-  ParallelOptions po;
-  po.precision = backend::Precision::BF16;
-  po.attention_precision = backend::Precision::FP32;
-  const Result rule = run(mc, po);
   for (int emulate = 0; emulate < 2; ++emulate) {
     if (!emulate && !kernels::native_bf16_matmul()) continue;
     kernels::set_bf16_emulation_forced(emulate == 1);
+    ParallelOptions po;
+    po.precision = backend::Precision::BF16;
+    po.attention_precision = backend::Precision::FP32;
+    const Result rule = run(mc, po);
     const GemmLayouts mode = resolve_gemm_layouts("auto", backend::Precision::BF16, cpu, &why);
     po.gemm_layouts = GemmLayouts::Tune;
     const Result tuned = run(mc, po);
@@ -308,6 +312,12 @@ TEST(GemmLayouts, TuneRunsWhereBf16IsNativeElseTheRuleSaysWhy) {
       e += std::pow(double(tuned.grads[i]) - rule.grads[i], 2);
       s += double(rule.grads[i]) * rule.grads[i];
     }
-    EXPECT_LT(std::sqrt(e / s), 1e-4);
+    EXPECT_LT(std::sqrt(e / s), 1e-4) << tuned.plan.to_string() << "\n" << tuned.summary;
+    ParallelOptions same = po;
+    same.gemm_layout_plan = tuned.plan.to_string();
+    const Result again = run(mc, same);
+    for (size_t i = 0; i < again.grads.size(); ++i)  // tuning leaves nothing behind
+      ASSERT_EQ(again.grads[i], tuned.grads[i]) << "the tuned plan given again, element " << i;
+    EXPECT_EQ(again.loss, tuned.loss);
   }
 }

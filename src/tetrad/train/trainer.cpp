@@ -483,9 +483,12 @@ TrainResult train(const RunConfig& cfg, const TrainOptions& opt, std::ostream& l
   if (t.attention_precision != "auto")
     popt.attention_precision = t.attention_precision == "bf16" ? backend::Precision::BF16
                                                                : backend::Precision::FP32;
-  std::string layouts_why;
-  popt.gemm_layouts = parallel::resolve_gemm_layouts(t.gemm_layouts, popt.precision, *device,
-                                                     &layouts_why);
+  std::string layouts_why = "a plan given";
+  if (t.gemm_layouts.find(':') != std::string::npos)
+    popt.gemm_layout_plan = t.gemm_layouts;
+  else
+    popt.gemm_layouts = parallel::resolve_gemm_layouts(t.gemm_layouts, popt.precision, *device,
+                                                       &layouts_why);
   popt.recompute = parallel::parse_recompute(t.recompute);
   popt.zero = cfg.zero;
   popt.virtual_stages = cfg.virtual_stages;
@@ -912,7 +915,8 @@ TrainResult train(const RunConfig& cfg, const TrainOptions& opt, std::ostream& l
     else if (t.precision == "auto")
       out << "precision: fp32 (auto: " << kernels::auto_precision_reason() << ")\n";
     if (precision == kernels::Precision::BF16)
-      out << model.gemm_layout_summary() << " [train.gemm_layouts = " << t.gemm_layouts << ": "
+      out << model.gemm_layout_summary() << " [train.gemm_layouts = "
+          << (popt.gemm_layout_plan.empty() ? t.gemm_layouts : std::string("<plan>")) << ": "
           << layouts_why << "]"
           << (layouts_resumed.empty() ? std::string() : "; on resume: " + layouts_resumed) << "\n";
   }
