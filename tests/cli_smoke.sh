@@ -42,6 +42,7 @@ expect_error "unknown config key" "unknown key 'train.lrr'" "$TETRAD" train "${T
 expect_error "missing data" "tetrad prepare" "$TETRAD" train --set model.name=tiny --set data.dir="$W/nope"
 expect_error "missing input" "$W/missing.txt" "$TETRAD" prepare --input "$W/missing.txt" --out "$W/d2"
 expect_error "sequence too long" "model.max_seq" "$TETRAD" train "${T[@]}" --set train.seq_len=65
+expect_error "bad grad_comm_precision" "train.grad_comm_precision = \"fp16\": expected \"fp32\" or \"bf16\"" "$TETRAD" train "${T[@]}" --set train.grad_comm_precision=fp16
 printf '[train]\nlr = = 1\n' > "$W/bad.toml"
 expect_error "malformed config" "line 2" "$TETRAD" train --config "$W/bad.toml"
 

@@ -4,7 +4,10 @@
 // and a tiny model trained 200 steps in bf16 tracking the fp32 loss curve.
 #include <gtest/gtest.h>
 
+#include <algorithm>
+#include <chrono>
 #include <cmath>
+#include <ctime>
 #include <cstdio>
 #include <cstdlib>
 #include <iostream>
@@ -12,13 +15,19 @@
 #include <tuple>
 #include <vector>
 
+#include <omp.h>
+#include <oneapi/dnnl/dnnl.hpp>
+
 #include "tetrad/core/cpu.hpp"
 #include "tetrad/core/error.hpp"
 #include "tetrad/core/rng.hpp"
 #include "tetrad/backend/backend.hpp"
+#include "tetrad/backend/cpu/ceilings.hpp"
 #include "tetrad/backend/cpu/ops.hpp"
 #include "tetrad/backend/cpu/precision.hpp"
 #include "support/transformer.hpp"
+#include "tetrad/model/gemm_shapes.hpp"
+#include "tetrad/model/model_config.hpp"
 #include "tetrad/train/config.hpp"
 #include "tetrad/train/optimizer.hpp"
 
@@ -520,5 +529,169 @@ TEST(Bf16, ModelInBf16TracksFp32LossAndGradients) {
     const double a = m16.forward_loss(x.data(), y.data(), B, T);
     const double b = m16b.forward_loss(x.data(), y.data(), B, T);
     EXPECT_EQ(a, b) << name;
+  }
+}
+
+// oneDNN's own packed weight format against the plain layouts the step calls (issue 19): on the
+// GEMMs whose B operand is a model weight (forward Y = X·Wᵀ, NT; input gradient dX = dY·W, NN),
+// gpt2-124m's (1024 tokens) and small's (4 x 512) shapes from model_gemm_shapes, random bf16
+// operands (zeros run faster than real data). The packed form is the matmul created with
+// weights format_tag::any on a copy reordered into the format it asks for; the reorder is what
+// a packed weight costs per update. Plain and packed in alternating order, then the reorder, in
+// TETRAD_BENCH_ROUNDS rounds (default 9); medians of wall time and of the process's CPU time.
+// Prints per shape, and per model the time one step would save with each weight packed once
+// per update and used once (a step of one micro-batch) against the reorders it costs, and the
+// uses per update that repay them; then the forward shapes of decoding (1 and 16 tokens), where
+// the weights stay the same for every generated token.
+//   OMP_NUM_THREADS=1 build/tests/test_precision --gtest_also_run_disabled_tests
+//     --gtest_filter='DISABLED_Benchmark.Bf16PackedWeightsAgainstPlain'   (one command line)
+TEST(DISABLED_Benchmark, Bf16PackedWeightsAgainstPlain) {
+  if (!native_bf16_matmul()) GTEST_SKIP() << "no native bf16 matmul here: " << bf16_matmul_path();
+  using dnnl::memory;
+  using dt = memory::data_type;
+  const char* env = std::getenv("TETRAD_BENCH_ROUNDS");
+  const int rounds = env && *env ? std::max(1, std::atoi(env)) : 9;
+  dnnl::engine eng(dnnl::engine::kind::cpu, 0);
+  dnnl::stream strm(eng);
+  auto wall = [] {
+    return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count();
+  };
+  auto cpu = [] {
+    timespec ts;
+    clock_gettime(CLOCK_PROCESS_CPUTIME_ID, &ts);
+    return double(ts.tv_sec) + 1e-9 * double(ts.tv_nsec);
+  };
+  auto median = [](std::vector<double> v) {
+    std::sort(v.begin(), v.end());
+    return v[v.size() / 2];
+  };
+  auto make_pd = [&](const memory::desc& a, const memory::desc& w, const memory::desc& c) {
+#if DNNL_VERSION_MAJOR >= 3
+    return dnnl::matmul::primitive_desc(eng, a, w, c);
+#else
+    return dnnl::matmul::primitive_desc(dnnl::matmul::desc(a, w, c), eng);
+#endif
+  };
+  std::printf("threads %d, %d rounds, load average at start: ", omp_get_max_threads(), rounds);
+  if (FILE* f = std::fopen("/proc/loadavg", "r")) {
+    char buf[64] = {};
+    if (std::fgets(buf, sizeof buf, f)) std::printf("%s", buf);
+    std::fclose(f);
+  }
+  struct Case {
+    GemmShape s;
+    dnnl::matmul plain, packed;
+    memory a, w, wp, c;
+    dnnl::reorder pack;
+    std::vector<double> wall_plain, wall_packed, wall_pack, cpu_plain, cpu_packed, cpu_pack;
+    double max_rel_diff = 0;
+  };
+  struct Run {
+    std::string model;
+    int tokens;
+    bool forward_only;  // decoding: the weights' forward GEMMs on a few tokens, no backward
+  };
+  for (const auto& [model, tokens, forward_only] :
+       {Run{"gpt2-124m", 1024, false}, Run{"small", 2048, false}, Run{"gpt2-124m", 1, true},
+        Run{"gpt2-124m", 16, true}}) {
+    std::vector<Case> cases;
+    for (const GemmShape& s : model_gemm_shapes(named_model(model), tokens)) {
+      if (s.transa != 'N') continue;  // the weight gradient: B is an activation
+      if (forward_only && s.transb != 'T') continue;
+      Case c;
+      c.s = s;
+      const int64_t M = s.M, N = s.N, K = s.K;
+      const bool tb = s.transb == 'T';  // forward: W [N, K] read transposed
+      const memory::desc a_md({M, K}, dt::bf16, memory::dims{K, 1});
+      const memory::desc w_md({K, N}, dt::bf16, tb ? memory::dims{1, K} : memory::dims{N, 1});
+      const memory::desc c_md({M, N}, dt::f32, memory::dims{N, 1});
+      const memory::desc any_md({K, N}, dt::bf16, memory::format_tag::any);
+      const auto pd_plain = make_pd(a_md, w_md, c_md), pd_packed = make_pd(a_md, any_md, c_md);
+      c.plain = dnnl::matmul(pd_plain);
+      c.packed = dnnl::matmul(pd_packed);
+      c.a = memory(a_md, eng);
+      c.w = memory(w_md, eng);
+      c.wp = memory(pd_packed.weights_desc(), eng);
+      c.c = memory(c_md, eng);
+      for (auto [mem, n, seed] : {std::tuple{&c.a, M * K, 1}, std::tuple{&c.w, K * N, 2}}) {
+        const std::vector<float> v = normal(size_t(n), uint64_t(seed) + 10 * cases.size());
+        convert_to_bf16(v.data(), static_cast<uint16_t*>(mem->get_data_handle()), n, true);
+      }
+      c.pack = dnnl::reorder(c.w, c.wp);
+      cases.push_back(std::move(c));
+    }
+    auto run_plain = [&](Case& c) {
+      c.plain.execute(strm, {{DNNL_ARG_SRC, c.a}, {DNNL_ARG_WEIGHTS, c.w}, {DNNL_ARG_DST, c.c}});
+      strm.wait();
+    };
+    auto run_packed = [&](Case& c) {
+      c.packed.execute(strm, {{DNNL_ARG_SRC, c.a}, {DNNL_ARG_WEIGHTS, c.wp}, {DNNL_ARG_DST, c.c}});
+      strm.wait();
+    };
+    auto run_pack = [&](Case& c) {
+      c.pack.execute(strm, c.w, c.wp);
+      strm.wait();
+    };
+    for (Case& c : cases) {  // warm-up, and the two products against each other
+      run_pack(c);
+      run_plain(c);
+      const float* out = static_cast<const float*>(c.c.get_data_handle());
+      const std::vector<float> ref(out, out + int64_t(c.s.M) * c.s.N);
+      run_packed(c);
+      double scale = 0, diff = 0;
+      for (size_t i = 0; i < ref.size(); ++i) {
+        ASSERT_FALSE(std::isnan(out[i])) << c.s.to_string();
+        scale = std::max(scale, double(std::fabs(ref[i])));
+        diff = std::max(diff, double(std::fabs(out[i] - ref[i])));
+      }
+      c.max_rel_diff = diff / scale;
+      EXPECT_LT(c.max_rel_diff, 1e-5) << c.s.to_string();  // summation order only
+    }
+    for (int r = 0; r < rounds; ++r)
+      for (size_t i = 0; i < cases.size(); ++i) {
+        Case& c = cases[i];
+        for (int k = 0; k < 2; ++k) {
+          const bool packed = (k == 0) == bool((r + i) & 1);
+          const double w0 = wall(), c0 = cpu();
+          packed ? run_packed(c) : run_plain(c);
+          (packed ? c.wall_packed : c.wall_plain).push_back(wall() - w0);
+          (packed ? c.cpu_packed : c.cpu_plain).push_back(cpu() - c0);
+        }
+        const double w0 = wall(), c0 = cpu();
+        run_pack(c);
+        c.wall_pack.push_back(wall() - w0);
+        c.cpu_pack.push_back(cpu() - c0);
+      }
+    std::printf("%s, %d tokens%s: ms per call, wall | CPU\n", model.c_str(), tokens,
+                forward_only ? " (forward only, as a decoding step)" : "");
+    std::printf("  %-30s %17s %17s %9s %15s  %s\n", "shape", "plain", "packed", "plain/pk",
+                "reorder", "packed vs plain");
+    double saved_w = 0, saved_c = 0, pack_w = 0, pack_c = 0, plain_w = 0, plain_c = 0;
+    double sel_saved_c = 0, sel_pack_c = 0;  // only the shapes whose packed product ran faster
+    for (Case& c : cases) {
+      const double pw = median(c.wall_plain), kw = median(c.wall_packed), rw = median(c.wall_pack);
+      const double pc = median(c.cpu_plain), kc = median(c.cpu_packed), rc = median(c.cpu_pack);
+      // A weight of L layers is one tensor per layer: the step runs the shape n_layer times
+      // (the head once).
+      const int n = c.s.name.rfind("lm_head", 0) == 0 ? 1 : named_model(model).n_layer;
+      saved_w += n * (pw - kw), saved_c += n * (pc - kc);
+      pack_w += n * rw, pack_c += n * rc;
+      plain_w += n * pw, plain_c += n * pc;
+      if (kc < pc) sel_saved_c += n * (pc - kc), sel_pack_c += n * rc;
+      std::printf("  %-30s %8.2f | %6.2f %8.2f | %6.2f %4.2f|%4.2f %6.2f | %6.2f  max rel diff %.1e\n",
+                  c.s.to_string().c_str(), pw * 1e3, pc * 1e3, kw * 1e3, kc * 1e3, pw / kw,
+                  pc / kc, rw * 1e3, rc * 1e3, c.max_rel_diff);
+    }
+    std::printf("  per %s (each weight packed once, used once): plain %.1f | %.1f ms, packed "
+                "saves %.1f | %.1f ms, reorders cost %.1f | %.1f ms: net %+.1f | %+.1f ms\n",
+                forward_only ? "token" : "step", plain_w * 1e3, plain_c * 1e3, saved_w * 1e3, saved_c * 1e3, pack_w * 1e3,
+                pack_c * 1e3, (saved_w - pack_w) * 1e3, (saved_c - pack_c) * 1e3);
+    // Uses per update (micro-batches of gradient accumulation or of a pipeline) at which the
+    // reorders are paid back, in CPU time: every weight packed, and only the shapes that gained.
+    std::printf("  uses per update to repay the reorders (CPU): all packed %s; only the shapes "
+                "where packed ran faster (%s ms saved per use): %.1f\n",
+                saved_c > 0 ? std::to_string(pack_c / saved_c).substr(0, 4).c_str() : "never",
+                std::to_string(sel_saved_c * 1e3).substr(0, 5).c_str(),
+                sel_saved_c > 0 ? sel_pack_c / sel_saved_c : 0.0);
   }
 }

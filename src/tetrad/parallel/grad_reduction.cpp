@@ -10,6 +10,7 @@
 #include <cstring>
 
 #include "tetrad/core/error.hpp"
+#include "tetrad/parallel/bf16_grad_comm.hpp"
 #include "tetrad/parallel/transformer_activations.hpp"
 
 namespace tetrad::parallel {
@@ -80,8 +81,12 @@ void ParallelTransformer::reduce_scatter_d(size_t i, const float* shard, float* 
       if (have > 0) copy_dev(packed + d * len, shard + first, have);
       zero_dev(packed + d * len + have, len - have);
     }
-    q_.run(g_.d.ireduce_scatter_sum(packed, piece + a, size_t(len), q_.ready()), g_.d, "reduce_scatter",
-           "dW pieces over D", plan_.tensors[i].spec->layer, len * Gd * int64_t(sizeof(float)));
+    if (opt_.grad_comm_bf16)
+      reduce_scatter_sum_bf16(*be_, g_.d, packed, piece + a, len);
+    else
+      q_.run(g_.d.ireduce_scatter_sum(packed, piece + a, size_t(len), q_.ready()), g_.d,
+             "reduce_scatter", "dW pieces over D", plan_.tensors[i].spec->layer,
+             len * Gd * int64_t(sizeof(float)));
   }
 }
 
@@ -99,8 +104,11 @@ void ParallelTransformer::scatter_layer_grads(int layer) {
       const float* shard = block;
       if (t.z_sharded && g_.shape.z > 1) {
         float* land = scatter_tmp_.data() + t.offset;
-        q_.run(g_.z.ireduce_scatter_sum(block, land, size_t(t.shard_numel), q_.ready()), g_.z,
-               "reduce_scatter", "dW", layer, t.shard_numel * g_.shape.z * int64_t(sizeof(float)));
+        if (opt_.grad_comm_bf16)
+          reduce_scatter_sum_bf16(*be_, g_.z, block, land, t.shard_numel);
+        else
+          q_.run(g_.z.ireduce_scatter_sum(block, land, size_t(t.shard_numel), q_.ready()), g_.z,
+                 "reduce_scatter", "dW", layer, t.shard_numel * g_.shape.z * int64_t(sizeof(float)));
         shard = land;
       } else if (!t.z_sharded && g_.shape.z > 1) {
         sum_over(g_.z, block, t.block_numel, "replicated grads");  // replicated over Z: sum first
@@ -140,6 +148,11 @@ CommQueue::Ticket ParallelTransformer::start_grad_reduce_scatter(const TensorSha
     ops().add(bq(), gp, land, n);
     if (--remaining == 0 && last) layer_final(layer, true);
   };
+  if (opt_.grad_comm_bf16) {  // blocking: done() runs at once, nothing to wait for later
+    reduce_scatter_sum_bf16(*be_, g_.z, block, land, n);
+    return q_.start(comm::Request(), g_.z, "reduce_scatter", "dW bf16", layer,
+                    n * g_.shape.z * int64_t(sizeof(uint16_t)), done);
+  }
   const auto ticket = q_.start(g_.z.ireduce_scatter_sum(block, land, size_t(n), q_.ready()), g_.z,
                                "reduce_scatter", "dW", layer,
                                n * g_.shape.z * int64_t(sizeof(float)), done);
@@ -240,6 +253,12 @@ void ParallelTransformer::start_bucket(Bucket& b) {
   const int layer = b.layers.front();
   if (b.offset < 0) {
     const TensorShard& t = plan_.tensors[size_t(b.tensors[0])];
+    if (opt_.grad_comm_bf16) {  // blocking (bf16_grad_comm.hpp)
+      allreduce_sum_bf16(*be_, *b.group, grads_.data() + t.offset, t.shard_numel);
+      b.ticket = q_.start(comm::Request(), *b.group, "allreduce", what, layer,
+                          t.shard_numel * int64_t(sizeof(uint16_t)));
+      return;
+    }
     b.ticket = q_.start(b.group->iallreduce_sum(grads_.data() + t.offset, size_t(t.shard_numel), q_.ready()),
                         *b.group, "allreduce", what, layer, t.shard_numel * int64_t(sizeof(float)));
     return;
@@ -252,8 +271,13 @@ void ParallelTransformer::start_bucket(Bucket& b) {
     o += t.shard_numel;
   }
   Bucket* bp = &b;
-  b.ticket = q_.start(b.group->iallreduce_sum(stage, size_t(b.numel), q_.ready()), *b.group, "allreduce",
-                      what, layer, b.numel * int64_t(sizeof(float)), [this, bp, stage] {
+  comm::Request request;  // bf16: already complete (blocking, bf16_grad_comm.hpp)
+  if (opt_.grad_comm_bf16)
+    allreduce_sum_bf16(*be_, *b.group, stage, b.numel);
+  else
+    request = b.group->iallreduce_sum(stage, size_t(b.numel), q_.ready());
+  const int64_t bytes = b.numel * int64_t(opt_.grad_comm_bf16 ? sizeof(uint16_t) : sizeof(float));
+  b.ticket = q_.start(std::move(request), *b.group, "allreduce", what, layer, bytes, [this, bp, stage] {
                         int64_t off = 0;
                         for (int i : bp->tensors) {
                           const TensorShard& t = plan_.tensors[size_t(i)];

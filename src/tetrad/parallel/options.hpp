@@ -119,6 +119,13 @@ struct ParallelOptions {
   // A plan to run instead (GemmLayoutPlan::to_string's form, sizes may be "*"; tests force every
   // form with it): overrides gemm_layouts; refused where its forms cannot run.
   std::string gemm_layout_plan;
+  // train.grad_comm_precision = "bf16": the gradient reduce-scatters over Z, the ZeRO
+  // reduce-scatters over D and the data-parallel bucket all-reduces move bf16 (half the bytes);
+  // every rank's contribution is rounded to bf16 once and the sums are accumulated in fp32
+  // (parallel/bf16_grad_comm.hpp). The gradients stay fp32. Independent of `precision`.
+  // Blocking (no overlap for these collectives); refused on NCCL. The small replicated tensors'
+  // sums over Z (ZeRO) and the top-level sums over P stay fp32 (docs/precision.md).
+  bool grad_comm_bf16 = false;
 };
 
 }  // namespace tetrad::parallel

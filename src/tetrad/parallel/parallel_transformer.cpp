@@ -39,6 +39,10 @@ ParallelTransformer::ParallelTransformer(const ModelConfig& config, ProcessGroup
     fail("parallel.virtual_stages must be at least 1, got ", opt_.virtual_stages);
   if (opt_.reduce_scatter_chunk_bytes < 1)
     fail("reduce-scatter chunk size must be at least 1 byte, got ", opt_.reduce_scatter_chunk_bytes);
+  for (const comm::Communicator* c : {&g_.z, &g_.d, &g_.zd})
+    if (opt_.grad_comm_bf16 && c->size() > 1 && std::string(c->transport()) == "NCCL")
+      fail("train.grad_comm_precision = \"bf16\" is not implemented on NCCL (group '", c->name(),
+           "'); use \"fp32\"");
   if (ov_.prefetch_depth < 0) fail("parallel.prefetch_depth must be >= 0, got ", ov_.prefetch_depth);
   if (ov_.forward_chunks < 1) fail("parallel.forward_chunks must be >= 1, got ", ov_.forward_chunks);
   if (!(ov_.dp_bucket_mb >= 0)) fail("parallel.dp_bucket_mb must be >= 0, got ", ov_.dp_bucket_mb);

@@ -260,7 +260,9 @@ const std::vector<Field>& schema() {
       STRING_FIELD("train.attention_precision", c.train.attention_precision,
                    "attention's products (QK^T, PV and the backward's): \"auto\" (bf16 in bf16 runs where the bf16 attention kernel is the faster one, i.e. on CPUs with AMX; else fp32), \"fp32\" or \"bf16\" (bf16 operands, fp32 accumulation and softmax statistics)"),
       STRING_FIELD("train.gemm_layouts", c.train.gemm_layouts,
-                   "layout of each bf16 GEMM (forward, input and weight gradient of every linear layer): \"auto\" (tune where bf16 GEMMs run natively, on AMX-BF16 or AVX512-BF16, else rule), \"rule\" (fixed forms, the same in every process) \"tune\" (each product's realizable forms timed at start-up on this rank's shapes, rank 0's choice used by every rank, the plan kept in checkpoints and reused on resume), or a plan as a checkpoint's meta.json records it (\"qkv:1024:768:2304:NT:TN:NN proj:...\", one site:N:k_in:n_out:fwd:dx:dw per site)"),
+                   "layout of each bf16 GEMM (forward, input and weight gradient of every linear layer): \"auto\" (tune where bf16 GEMMs run natively, on AMX-BF16 or AVX512-BF16, else rule), \"rule\" (fixed forms, the same in every process), \"tune\" (each product's realizable forms timed at start-up on this rank's shapes, rank 0's choice used by every rank, the plan kept in checkpoints and reused on resume), or a plan as a checkpoint's meta.json records it (\"qkv:1024:768:2304:NT:TN:NN proj:...\", one site:N:k_in:n_out:fwd:dx:dw per site)"),
+      STRING_FIELD("train.grad_comm_precision", c.train.grad_comm_precision,
+                   "gradient reduce-scatters (over Z, ZeRO over D) and data-parallel all-reduces: \"fp32\" or \"bf16\" (each rank's contribution rounded to bf16 once, bf16 on the wire: half the bytes; summed in fp32; the gradients stay fp32; blocking, not on NCCL; docs/precision.md)"),
       STRING_FIELD("train.device", c.train.device,
                    "where the model computes: \"cpu\", \"cpu-strict\" (the CPU's arithmetic on "
                    "device memory the host cannot read) or, in a CUDA build with a GPU, "
@@ -390,6 +392,8 @@ void RunConfig::validate() const {
     fail("train.gemm_layouts = \"", t.gemm_layouts, "\": expected \"auto\", \"rule\", \"tune\" "
          "or a plan (site:N:k_in:n_out:fwd:dx:dw for each of qkv, proj, fc, fcproj, head, as a "
          "checkpoint's meta.json records it)");
+  if (t.grad_comm_precision != "fp32" && t.grad_comm_precision != "bf16")
+    fail("train.grad_comm_precision = \"", t.grad_comm_precision, "\": expected \"fp32\" or \"bf16\"");
   // Whether this build and machine can run it is checked when the run starts (backend::create).
   if (!(t.device == "cpu" || t.device == "cpu-strict" || t.device == "cuda" ||
         t.device.rfind("cuda:", 0) == 0))

@@ -47,6 +47,9 @@ struct TrainConfig {
   // bf16 GEMMs run natively on the CPU's matrix units, else rule), "rule" (fixed, the same in
   // every process) or "tune" (timed at start-up on this rank's shapes; kept in checkpoints).
   std::string gemm_layouts = "auto";
+  // Gradient communication (reduce-scatters over Z and D, data-parallel all-reduces): "fp32", or
+  // "bf16" (bf16 on the wire, fp32 sums; docs/precision.md, "bf16 gradient communication").
+  std::string grad_comm_precision = "fp32";
   // Where the model computes (backend::create): "cpu"; "cpu-strict" (the CPU's arithmetic on
   // memory the host cannot read: the device path checked without a GPU); "cuda" (one GPU per
   // rank, chosen by the node-local rank) or "cuda:N", in a CUDA build on a machine with a GPU.

@@ -489,6 +489,7 @@ TrainResult train(const RunConfig& cfg, const TrainOptions& opt, std::ostream& l
   else
     popt.gemm_layouts = parallel::resolve_gemm_layouts(t.gemm_layouts, popt.precision, *device,
                                                        &layouts_why);
+  popt.grad_comm_bf16 = t.grad_comm_precision == "bf16";
   popt.recompute = parallel::parse_recompute(t.recompute);
   popt.zero = cfg.zero;
   popt.virtual_stages = cfg.virtual_stages;
