@@ -97,6 +97,12 @@ for prec in fp32 bf16; do
   check "bench $prec: MFU against the $want" grep -q "MFU: .*% of the $want (" "$W/bench_$prec.txt"
   check "bench $prec: each phase once" bash -c "grep 'compute by phase' '$W/bench_$prec.txt' | tr ',' '\n' | sed 's/^ *//; s/ [0-9.]*%//; s/.*: //' | sort | uniq -d | grep -q . && exit 1 || exit 0"
   check "bench $prec: JSON names the peak" python3 -c "import json,sys; j=[json.loads(l) for l in open(sys.argv[1])][1]; assert j['mfu_peak'].startswith(sys.argv[2]) and j['mfu'] > 0, j" "$W/bench_$prec.jsonl" "$want"
+  # The model-shape GEMM ceiling is measured before and after the steps: either a fraction with
+  # both windows and their spread, or (windows more than 20% apart, or the step above the best)
+  # the flag and no fraction. Which one depends on the machine's clock: the format is checked.
+  g=$([ $prec = bf16 ] && echo "the bf16 GEMM" || echo "sgemm")
+  check "bench $prec: GEMM ceiling before and after the steps, or flagged unstable" grep -Eq "^  GEMM ceiling: +([0-9.]+% of $g on this model's shapes \([0-9.]+ GFLOP/s, each shape's best of before the steps [0-9.]+ and after [0-9.]+: spread [0-9.]+%\)|ceiling unstable: before [0-9.]+, after [0-9.]+ GFLOP/s \($g on this model's shapes, measured before and after the steps: spread [0-9.]+%.*\); no fraction of it is given)$" "$W/bench_$prec.txt"
+  check "bench $prec: JSON has both ceiling windows; no fraction when unstable" python3 -c "import json,sys; j=[json.loads(l) for l in open(sys.argv[1])][1]; b, a = j['gemm_ceiling_before_gflops'], j['gemm_ceiling_after_gflops']; assert b > 0 and a > 0 and j['gemm_ceiling_gflops'] >= min(a, b), j; assert abs(j['gemm_ceiling_spread'] - abs(a - b) / min(a, b)) < 1e-9, j; assert (j['frac_gemm_ceiling'] is None) == j['gemm_ceiling_unstable'], j" "$W/bench_$prec.jsonl"
 done
 check "bench: the bf16 matrix peak is among the ceilings" grep -q "bf16 matrix peak, 1 thr" "$W/bench_fp32.txt"
 

@@ -78,6 +78,40 @@ for dev in cpu cpu-strict; do
   done
 done
 
+# The formula is the model's own count: the fit line's total equals the state + activations the
+# model reports on its per-rank line (one memory formula, parallel::model_memory), in fp32 and in
+# bf16 (fp32 master weights, gradients and Adam moments plus the bf16 weight copy; ln1, ln2, the
+# final norm and the MLP activation stored in bf16 plus two bf16 gradient copies), serially and
+# on 2 ranks; bf16's state is 18 bytes a parameter against fp32's 16 (the bf16 copy).
+declare -A state
+for prec in fp32 bf16; do
+  for mode in serial mpi; do
+    case $mode in
+      serial) G=(--grid 1,1,1,1); L=() ;;
+      mpi) G=(--grid 2,1,1,1); L=("${MPIRUN[@]}" -n 2) ;;
+    esac
+    run=$W/${prec}_${mode}_own
+    "${L[@]}" "$TETRAD" train "${S[@]}" "${G[@]}" --set train.precision=$prec --set train.max_steps=1 \
+      --set run.dir="$run" > "$W/log" 2>&1; rc=$?
+    f=$(sed -n 's/^memory: formula \([0-9.]*\) MiB of .*/\1/p' "$W/log" | head -1)
+    st=$(sed -n 's/.*; memory: state \([0-9.]*\) MiB .*/\1/p' "$W/log" | head -1)
+    ac=$(sed -n 's/.*; memory: state .*), activations \([0-9.]*\) MiB (train.recompute.*/\1/p' "$W/log" | head -1)
+    if [ $rc -eq 0 ] && [ -n "$f" ] && [ -n "$st" ] && [ -n "$ac" ] &&
+       awk -v f="$f" -v s="$st" -v a="$ac" 'BEGIN { d = f - s - a; exit !(d < 0.06 && d > -0.06) }'; then
+      ok "$prec $mode: formula $f MiB = the model's state $st + activations $ac MiB"
+    else
+      bad "$prec $mode: formula '$f' MiB against the model's state '$st' + activations '$ac' MiB (status $rc)"
+      grep -E "^memory|memory: state|error" "$W/log" | head -5
+    fi
+    state[$prec$mode]=$st
+  done
+done
+if awk -v a="${state[fp32serial]}" -v b="${state[bf16serial]}" 'BEGIN { r = (b - a) / a; exit !(a > 0 && r > 0.115 && r < 0.135) }'; then
+  ok "bf16 state ${state[bf16serial]} MiB = fp32's ${state[fp32serial]} MiB x 18/16 (the bf16 weight copy)"
+else
+  bad "bf16 state '${state[bf16serial]}' MiB against fp32's '${state[fp32serial]}' MiB: expected 18/16 of it"
+fi
+
 # Invalid limits: refused naming the setting, before anything runs.
 for v in -1 1.5 '"lots"'; do
   out=$("$TETRAD" train "${S[@]}" --set run.dir="$W/bad" "--set=train.memory_limit_mib=$v" 2>&1); rc=$?

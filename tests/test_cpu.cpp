@@ -235,6 +235,52 @@ TEST(Ceilings, ModelGemmShapesMatchFlopCount) {
   EXPECT_EQ(dw.transa, 'T');
 }
 
+// The model-shape ceiling of two windows (before and after a benchmark's steps): each shape at
+// its better window, FLOP-weighted; flagged when the windows are more than 20% apart or the step
+// beat the best, never otherwise. Pure arithmetic on given rates (no timing).
+TEST(Ceilings, TwoWindowsFlagAMovingClock) {
+  const std::vector<double> flop = {2e9, 6e9};
+  // Steady: 1000 and 900 GFLOP/s on the two shapes in both windows, the step at 600.
+  CeilingWindows w = ceiling_windows(flop, {1000, 900}, {1000, 900}, 600);
+  const double steady = 8e9 / (2e9 / 1000 + 6e9 / 900);
+  EXPECT_DOUBLE_EQ(w.before, steady);
+  EXPECT_DOUBLE_EQ(w.after, steady);
+  EXPECT_DOUBLE_EQ(w.best, steady);
+  EXPECT_DOUBLE_EQ(w.spread(), 0);
+  EXPECT_FALSE(w.unstable());
+  EXPECT_EQ(w.flag(), "");
+  // Each shape at its better window: the best is above both windows' figures.
+  w = ceiling_windows(flop, {1000, 800}, {700, 900}, 600);
+  EXPECT_DOUBLE_EQ(w.best, steady);
+  EXPECT_GT(w.best, std::max(w.before, w.after));
+  EXPECT_LT(w.spread(), 0.2);
+  EXPECT_FALSE(w.unstable());
+  // The host's clock moved: 1636 before, 689 after (measured on this project's machine).
+  w = ceiling_windows({1e9}, {1636}, {689}, 600);
+  EXPECT_NEAR(w.spread(), (1636.0 - 689) / 689, 1e-12);
+  EXPECT_TRUE(w.unstable());
+  EXPECT_FALSE(w.step_above());
+  EXPECT_EQ(w.flag(), "ceiling unstable: before 1636.0, after 689.0 GFLOP/s");
+  // Within 20% but the step beat the best (134% of the ceiling): flagged too.
+  w = ceiling_windows({1e9}, {300}, {320}, 1.34 * 320);
+  EXPECT_LT(w.spread(), 0.2);
+  EXPECT_TRUE(w.step_above());
+  EXPECT_TRUE(w.unstable());
+  EXPECT_EQ(w.flag(), "ceiling unstable: before 300.0, after 320.0 GFLOP/s");
+  // Just inside and just outside the tolerance.
+  EXPECT_FALSE(ceiling_windows({1e9}, {100}, {119.9}, 50).unstable());
+  EXPECT_TRUE(ceiling_windows({1e9}, {100}, {120.1}, 50).unstable());
+  EXPECT_TRUE(ceiling_windows({1e9}, {120.1}, {100}, 50).unstable());
+  // A shape not measured in a window (0) is left out of that window only.
+  w = ceiling_windows(flop, {0, 900}, {1000, 900}, 100);
+  EXPECT_DOUBLE_EQ(w.before, 900);
+  EXPECT_DOUBLE_EQ(w.best, steady);
+  // Nothing measured: no ceiling, no flag from the spread.
+  w = ceiling_windows({}, {}, {}, 100);
+  EXPECT_EQ(w.best, 0);
+  EXPECT_FALSE(w.unstable());
+}
+
 TEST(Ceilings, QuickMeasurementReports) {
   MachineCeilings mc = measure_ceilings(2, /*quick=*/true);
   EXPECT_EQ(mc.threads, 2);

@@ -200,6 +200,7 @@ ParallelTransformer::ParallelTransformer(const ModelConfig& config, ProcessGroup
   build_buckets();
 
   const int64_t N = int64_t(local_batch) * max_len;
+  layer_slots_ = layer_slots(cfg_.n_layer, split_, G.p, g_.coord.p);
   acts_ = backend::DeviceArray<float>(*be_, size_t(activation_bytes(opt_.recompute) / int64_t(sizeof(float))));
   a_ = std::make_unique<Acts>();
   float* cur = acts_.data();
@@ -211,8 +212,17 @@ ParallelTransformer::ParallelTransformer(const ModelConfig& config, ProcessGroup
   float* scratch = take(sz.scratch);
   a_->layer.resize(cfg_.n_layer);
   layer_begin_.clear();
-  for (auto& A : a_->layer) {
+  for (int l = 0; l < cfg_.n_layer; ++l) {
+    auto& A = a_->layer[size_t(l)];
     layer_begin_.push_back(cur);
+    // A pipeline stage holds only the layers it runs, and the output slot of the layer before
+    // each of its chunks (the chunk's input arrives there); other layers have no memory here.
+    A = {};
+    if (layer_slots_[size_t(l)] == LayerSlots::None) continue;
+    if (layer_slots_[size_t(l)] == LayerSlots::Input) {
+      A.resid_out = take(N * Cx_);
+      continue;
+    }
     float* sc = scratch;
     // Kept tensors get their own memory per layer; recomputed ones share one layer's scratch.
     auto place = [&](bool kept, int64_t floats) {
@@ -278,29 +288,8 @@ ParallelTransformer::ParallelTransformer(const ModelConfig& config, ProcessGroup
 ParallelTransformer::~ParallelTransformer() = default;
 
 ParallelTransformer::ActivationSizes ParallelTransformer::activation_sizes(Recompute mode) const {
-  const int64_t N = int64_t(local_batch_) * max_len_, L = cfg_.n_layer;
-  const bool full = mode == Recompute::Full, attn = mode != Recompute::None;
-  // fp32 tensors take N n floats; bf16 ones (bf16 activations) ceil(N n / 2).
-  auto f = [&](bool kept, int64_t n) { return ActivationSizes::Tensor{kept, N * n}; };
-  auto h = [&](bool kept, int64_t n) {
-    return ActivationSizes::Tensor{kept, bf16_acts_ ? (N * n + 1) / 2 : N * n};
-  };
-  ActivationSizes s;
-  ActivationSizes::Layer& y = s.layer;
-  y.ln1 = h(!full, Cx_); y.ln1_mean = f(!full, 1); y.ln1_rstd = f(!full, 1);
-  y.qkv = f(!full, QKVy_); y.atty = f(!attn, Ay_); y.lse = f(!attn, nhy_);
-  y.resid_mid = f(!full, Cx_); y.ln2 = h(!full, Cx_); y.ln2_mean = f(!full, 1);
-  y.ln2_rstd = f(!full, 1); y.fc = f(!full, FWy_); y.fc_act = h(!full, Fy_);
-  int64_t kept = N * Cx_;  // resid_out
-  for (const auto* t : {&y.ln1, &y.ln1_mean, &y.ln1_rstd, &y.qkv, &y.atty, &y.lse, &y.resid_mid,
-                        &y.ln2, &y.ln2_mean, &y.ln2_rstd, &y.fc, &y.fc_act})
-    (t->kept ? kept : s.scratch) += t->floats;
-  const int64_t max_out = std::max({QKVy_, FWy_, Cx_, Vy_});
-  s.dout16 = bf16_acts_ ? (N * max_out + 1) / 2 : 0;
-  const int64_t global = N * (Cx_ + 2 + Vy_ + 1 + Cx_) + h(true, Cx_).floats +
-                         N * (Cx_ + Cx_ + QKVy_ + Ay_ + FWy_ + Fy_) + 2 * s.dout16;
-  s.total = s.scratch + L * kept + global;
-  return s;
+  return parallel::activation_sizes(cfg_, g_.shape, local_batch_, max_len_, bf16_acts_, mode,
+                                    layer_slots_);
 }
 
 int64_t ParallelTransformer::activation_bytes(Recompute mode) const {

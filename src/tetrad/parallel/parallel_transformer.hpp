@@ -35,6 +35,7 @@
 #include "tetrad/model/model_config.hpp"
 #include "tetrad/model/params.hpp"
 #include "tetrad/parallel/comm_schedule.hpp"
+#include "tetrad/parallel/memory_model.hpp"
 #include "tetrad/parallel/options.hpp"
 #include "tetrad/parallel/process_groups.hpp"
 #include "tetrad/parallel/pipeline_schedule.hpp"
@@ -90,19 +91,9 @@ class ParallelTransformer {
   // scratch) as allocated, and what it would be under any recompute mode.
   int64_t activation_bytes() const { return int64_t(acts_.size() * sizeof(float)); }
   int64_t activation_bytes(Recompute mode) const;
-  // The floats of the activation buffer by tensor (one layer's, the recompute scratch, each of
-  // the two bf16 gradient copies, the whole buffer) under a recompute mode, as laid out.
-  struct ActivationSizes {
-    struct Tensor {
-      bool kept = true;    // own memory per layer (else in the shared recompute scratch)
-      int64_t floats = 0;
-    };
-    struct Layer {
-      Tensor ln1, ln1_mean, ln1_rstd, qkv, atty, lse, resid_mid, ln2, ln2_mean, ln2_rstd, fc,
-          fc_act;
-    } layer;
-    int64_t scratch = 0, dout16 = 0, total = 0;
-  };
+  // The floats of the activation buffer by tensor under a recompute mode, as laid out
+  // (memory_model.hpp: the same arithmetic the planner's memory formula calls).
+  using ActivationSizes = parallel::ActivationSizes;
   ActivationSizes activation_sizes(Recompute mode) const;
   // Bytes this rank holds for parameters, gradients and Adam moments (two of
   // optimizer_state_size()), plus the gather / gradient-staging buffers.
@@ -397,6 +388,9 @@ class ParallelTransformer {
   std::vector<float*> layer_begin_;  // start of each layer's activations; [n_layer]: globals
   ParamTable table_;
   LayerSplit split_;
+  // Which layers' activation slots this rank allocates (memory_model.hpp: all on one stage; a
+  // pipeline stage only its own layers' and its chunks' input slots).
+  std::vector<LayerSlots> layer_slots_;
   ShardPlan plan_;
   int local_batch_, max_len_;
   bool gpt2_;

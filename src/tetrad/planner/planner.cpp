@@ -371,7 +371,8 @@ int64_t micro_batch_of(const PlanInput& in, const Grid5& g) {
   return in.micro_batch > 0 ? in.micro_batch : in.micro_batch_per_replica * g.z * g.d;
 }
 
-MemoryBreakdown memory_of_stage(const PlanInput& in, const Grid5& g, bool first, bool last) {
+// MemoryModel::Reference (planner.hpp): the textbook layout, not tetrad's.
+MemoryBreakdown reference_memory_of_stage(const PlanInput& in, const Grid5& g, bool first, bool last) {
   const ModelConfig& m = in.model;
   // The fullest stage under the trainer's split (every stage keeps both ends' tensors, so the
   // most layers is the most memory).
@@ -441,11 +442,63 @@ int64_t local_parameters(const ModelConfig& m, const Grid5& g) {
   return int64_t(std::llround(std::max(a.total(), b.total())));
 }
 
+parallel::ParallelOptions model_options(const PlanInput& in) {
+  parallel::ParallelOptions po;
+  po.precision = in.precision == Precision::BF16 ? backend::Precision::BF16 : backend::Precision::FP32;
+  po.recompute = in.recompute;
+  po.zero = in.zero;
+  po.virtual_stages = in.virtual_stages;
+  po.pipeline_layers = in.pipeline_layers;
+  po.sparse_embedding_grad = in.sparse_embedding_grad;
+  po.overlap = in.overlap_switches;
+  return po;
+}
+
+MemoryBreakdown memory_breakdown(const parallel::ModelMemory& m) {
+  MemoryBreakdown b;
+  b.weights = double(m.params + m.params16);
+  b.grads = double(m.grads);
+  b.optimizer = double(m.optimizer);
+  b.gathered = double(m.gathered);
+  b.staging = double(m.staging);
+  b.activations = double(m.activations + m.pipeline);
+  return b;
+}
+
 MemoryBreakdown memory_per_rank(const PlanInput& in, const Grid5& g) {
-  const MemoryBreakdown a = memory_of_stage(in, g, true, g.p == 1);
-  if (g.p == 1) return a;
-  const MemoryBreakdown b = memory_of_stage(in, g, false, true);
-  return a.total() >= b.total() ? a : b;
+  if (in.memory_model == MemoryModel::Reference) {
+    const MemoryBreakdown a = reference_memory_of_stage(in, g, true, g.p == 1);
+    if (g.p == 1) return a;
+    const MemoryBreakdown b = reference_memory_of_stage(in, g, false, true);
+    return a.total() >= b.total() ? a : b;
+  }
+  // The model's own arithmetic for the rank of each candidate stage (coordinate 0 on the other
+  // axes: ZeRO's pieces are ceil(n / Gd) on every D rank, and X, Y, Z blocks divide evenly).
+  const parallel::GridShape shape{g.x, g.y, g.z, g.d, g.p};
+  const int64_t mbatch = std::max<int64_t>(1, micro_batch_of(in, g));
+  const int local = int(std::max<int64_t>(1, mbatch / std::max(1, g.z * g.d)));
+  const int m_count = int(std::max<int64_t>(1, in.global_batch / mbatch));
+  const parallel::ParallelOptions po = model_options(in);
+  // Every stage keeps the top-level tensors and the whole activation buffer, so the fullest is
+  // the one with the most layers (state) or the most in flight (stage 0) or the last chunk's
+  // stash (stage p - 1): those three, not all p (plans over thousands of ranks stay cheap).
+  std::vector<int> stages{0};
+  if (g.p > 1) {
+    const std::vector<int> n = stage_layer_counts(layer_split_of(in, g), g.p);
+    stages.push_back(int(std::max_element(n.begin(), n.end()) - n.begin()));
+    stages.push_back(g.p - 1);
+  }
+  MemoryBreakdown best;
+  bool first = true;
+  for (int st : stages) {
+    parallel::GridCoord c;
+    c.p = st;
+    const MemoryBreakdown b = memory_breakdown(
+        parallel::model_memory(in.model, shape, c, local, in.seq, po, in.schedule, m_count));
+    if (first || b.total() > best.total()) best = b;
+    first = false;
+  }
+  return best;
 }
 
 // ------------------------------------------------------------------------------------ validity
@@ -563,7 +616,7 @@ Estimate estimate(const PlanInput& in, const Grid5& g, const Machine& mach) {
     o << std::fixed << std::setprecision(1) << "does not fit: needs " << e.memory.total() / 1e9
       << " GB per rank (weights " << e.memory.weights / 1e9 << ", grads " << e.memory.grads / 1e9
       << ", optimizer " << e.memory.optimizer / 1e9 << ", gathered " << e.memory.gathered / 1e9
-      << ", activations " << e.memory.activations / 1e9 << "), machine has "
+      << ", staging " << e.memory.staging / 1e9 << ", activations " << e.memory.activations / 1e9 << "), machine has "
       << mach.memory_bytes / 1e9 << " GB";
     e.reject = o.str();
     return e;
@@ -851,7 +904,8 @@ nlohmann::json Estimate::to_json() const {
             {"hardware_flops_per_step", hardware_flops},
             {"memory_bytes",
              {{"weights", memory.weights}, {"grads", memory.grads}, {"optimizer", memory.optimizer},
-              {"gathered", memory.gathered}, {"activations", memory.activations},
+              {"gathered", memory.gathered}, {"staging", memory.staging},
+              {"activations", memory.activations},
               {"total", memory.total()}}},
             {"dominant", dominant},
             {"collectives", colls}});

@@ -27,6 +27,7 @@
 
 #include "tetrad/backend/cpu/precision.hpp"
 #include "tetrad/model/model_config.hpp"
+#include "tetrad/parallel/memory_model.hpp"
 #include "tetrad/parallel/options.hpp"
 #include "tetrad/parallel/layer_split.hpp"
 #include "tetrad/parallel/pipeline_schedule.hpp"
@@ -64,6 +65,15 @@ struct Grid5 {
 // Every (x, y, z, p, d) with product n, lexicographic.
 std::vector<Grid5> all_grids(int n);
 
+// Whose memory layout a plan prices. Tetrad: what tetrad's model allocates
+// (parallel::model_memory), for every plan of a tetrad run. Reference: the textbook
+// mixed-precision layout of Megatron-LM and the ZeRO paper (2-byte weights and gradients in bf16
+// plus 12 bytes of fp32 master weights and Adam moments per parameter, 2-byte activations, each
+// pipeline stage holding only the kept activations of its micro-batches in flight), for the
+// published rows of other frameworks' runs (validate.hpp, scaling.hpp), whose grids fit their
+// framework's memory, not tetrad's.
+enum class MemoryModel { Tetrad, Reference };
+
 struct PlanInput {
   ModelConfig model;
   std::string model_name;
@@ -81,6 +91,12 @@ struct PlanInput {
   Schedule schedule = Schedule::OneFOneB;  // parallel.schedule (pipeline grids)
   int virtual_stages = 1;                  // parallel.virtual_stages: chunks per stage (interleaved)
   std::string pipeline_layers = "even";    // parallel.pipeline_layers: the layer split
+  // The model's settings that size its buffers (what the trainer passes in ParallelOptions):
+  // parallel.prefetch_depth and cache_gathered_weights (Z gather slots), parallel.dp_bucket_mb
+  // (staged data-parallel buckets), parallel.sparse_embedding_grad. Only the memory reads them.
+  parallel::OverlapOptions overlap_switches;
+  bool sparse_embedding_grad = true;
+  MemoryModel memory_model = MemoryModel::Tetrad;
   int ranks = 1;
   bool allow_pipeline = true;  // plan Gp > 1 grids
   void validate() const;
@@ -178,9 +194,16 @@ struct CollectiveCost {
   bool topology_limited = false;  // its bandwidth set by the groups' egress (network.hpp)
 };
 
-struct MemoryBreakdown {  // bytes per rank (the fullest pipeline stage)
-  double weights = 0, grads = 0, optimizer = 0, gathered = 0, activations = 0;
-  double total() const { return weights + grads + optimizer + gathered + activations; }
+// Bytes per rank (the fullest pipeline stage): what the model allocates there
+// (parallel::model_memory, memory_model.hpp), grouped. weights: the fp32 parameters (the master
+// copy in bf16) and the bf16 weight copy; grads: fp32; optimizer: Adam's two fp32 moments;
+// gathered: the Z all-gather slots (fp32 and bf16); staging: gradient blocks, the reduce-scatter
+// landing buffer, ZeRO's pieces, data-parallel buckets, sparse embedding rows; activations: the
+// activation buffer (bf16 where bf16 activations are stored, recompute applied) and the
+// pipeline's stashes of the micro-batches in flight.
+struct MemoryBreakdown {
+  double weights = 0, grads = 0, optimizer = 0, gathered = 0, staging = 0, activations = 0;
+  double total() const { return weights + grads + optimizer + gathered + staging + activations; }
 };
 
 struct Estimate {
@@ -207,8 +230,16 @@ struct Estimate {
   nlohmann::json to_json() const;
 };
 
-// Memory per rank for a grid (no validity check beyond what the formula needs).
+// Memory per rank for a grid: parallel::model_memory of the trainer's model for this input
+// (micro-batch, sequence, precision, recompute, ZeRO, schedule, overlap switches), the most of
+// the first, the last and the fullest pipeline stage. Throws the model's Error where g does not
+// divide the model. (MemoryModel::Reference: the textbook layout instead.)
 MemoryBreakdown memory_per_rank(const PlanInput& in, const Grid5& g);
+// The same from the model's own byte counts (one rank's parallel::ModelMemory), grouped as above.
+MemoryBreakdown memory_breakdown(const parallel::ModelMemory& m);
+// The ParallelOptions the trainer builds for this input (precision, recompute, ZeRO, stages,
+// split, overlap switches): what the memory formula sizes.
+parallel::ParallelOptions model_options(const PlanInput& in);
 // Elements of the trainer's activation buffer for one micro-batch of `tokens` tokens on a rank
 // of grid g, no recomputation (ParallelTransformer's layout, exactly).
 int64_t trainer_activation_elements(const ModelConfig& m, const Grid5& g, int64_t tokens);

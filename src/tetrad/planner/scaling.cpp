@@ -608,6 +608,7 @@ std::vector<PublishedScaling> published_scaling(double batch_scale) {
     in.micro_batch = in.global_batch;
     in.precision = Precision::BF16;
     in.recompute = Recompute::Full;
+    in.memory_model = MemoryModel::Reference;  // another framework's run (planner.hpp)
     in.overlap = Overlap::Tensor;
     in.allow_pipeline = false;
     const std::string assume = "V = 51200 and global batch " + std::to_string(in.global_batch) +
@@ -638,6 +639,7 @@ std::vector<PublishedScaling> published_scaling(double batch_scale) {
     in.micro_batch_per_replica = 1;
     in.precision = Precision::BF16;
     in.recompute = Recompute::Full;
+    in.memory_model = MemoryModel::Reference;  // another framework's run (planner.hpp)
     in.zero = 1;
     in.overlap = Overlap::None;
     const std::string assume =

@@ -21,6 +21,7 @@
 #include "tetrad/core/rng.hpp"
 #include "tetrad/backend/cpu/precision.hpp"
 #include "tetrad/model/params.hpp"
+#include "tetrad/parallel/memory_model.hpp"
 #include "tetrad/parallel/parallel_transformer.hpp"
 #include "tetrad/parallel/pipeline.hpp"
 #include "tetrad/train/auto_grid.hpp"
@@ -185,18 +186,26 @@ void run_bench(const BenchOptions& opt, std::ostream& out) {
         << " V=" << mc.vocab_size << ", B=" << B << " T=" << T << ", " << opt.precision << ")\n";
 
     // GEMM ceiling on the model's own shapes: total GEMM FLOPs / total time at measured rates
-    // (of the GEMM this precision runs: sgemm, or the bf16 GEMM).
-    double gemm_flop = 0, gemm_time = 0;
-    for (const GemmShape& s : model_gemm_shapes(mc, int(N))) {
-      if (on_gpu) break;  // the host's GEMM says nothing about the GPU's: device_gemm_ceiling
-      const Measurement m = bf16 ? measure_gemm_bf16(s, threads, 3) : measure_sgemm(s, threads, 3);
-      if (m.ok()) {
-        gemm_flop += s.flop();
-        gemm_time += s.flop() / (m.value * 1e9);
+    // (of the GEMM this precision runs: sgemm, or the bf16 GEMM), measured in two windows, here
+    // and again after the timed steps: the host's clock moves between them on a shared machine
+    // (CeilingWindows, backend/cpu/ceilings.hpp), so each shape takes its better window and the
+    // line says when the two disagree.
+    std::vector<GemmShape> ceiling_shapes;
+    std::vector<double> ceiling_flop;
+    if (!on_gpu)  // the host's GEMM says nothing about the GPU's: device_gemm_ceiling
+      for (const GemmShape& s : model_gemm_shapes(mc, int(N))) {
+        ceiling_shapes.push_back(s);
+        ceiling_flop.push_back(s.flop());
       }
-    }
-    const double gemm_ceiling =
-        on_gpu ? device_gemm_ceiling : (gemm_time > 0 ? gemm_flop / gemm_time / 1e9 : 0);
+    auto measure_model_ceiling = [&] {
+      std::vector<double> rate;
+      for (const GemmShape& s : ceiling_shapes) {
+        const Measurement m = bf16 ? measure_gemm_bf16(s, threads, 3) : measure_sgemm(s, threads, 3);
+        rate.push_back(m.ok() ? m.value : 0);
+      }
+      return rate;
+    };
+    const std::vector<double> ceiling_before = measure_model_ceiling();
     // bf16: oneDNN's matmul on bf16 operands (what the bf16 model stores) in the layout the step
     // calls, and in the fastest of NN/NT/TN/TT for each shape: the ceiling if every GEMM ran in
     // its best layout.
@@ -235,8 +244,8 @@ void run_bench(const BenchOptions& opt, std::ostream& out) {
     const int64_t rss_before = current_rss_bytes();
     double step_median = 0, total_time = 0;
     StepProfile profile;
-    int64_t nparams = 0, act_bytes = 0;
-    double state_bytes_per_param = 16;  // p, g, Adam m, v in fp32 (+2: the bf16 weight copy)
+    int64_t nparams = 0;
+    parallel::ModelMemory mem;  // the memory formula for this model (parallel/memory_model.hpp)
     {
       // The one model on the trivial grid (1x1x1x1: every group this process), as `tetrad train`
       // runs it on one rank, with the run configuration's overlap defaults (no-ops on one rank).
@@ -252,8 +261,8 @@ void run_bench(const BenchOptions& opt, std::ostream& out) {
                               ol.grad_offsets),
                  ol.state_size, tc, *device);
       nparams = model.num_local_params();
-      act_bytes = model.activation_bytes();
-      if (model.bf16_weights()) state_bytes_per_param = 18;
+      // The planner's and the trainer's formula, the same function (one rank, these options).
+      mem = parallel::model_memory(mc, parallel::GridShape{}, parallel::GridCoord{}, B, T, po);
       Rng rng(7);
       std::vector<int32_t> tokens(N + 1);
       for (auto& t : tokens) t = int32_t(rng.next_u64() % uint64_t(mc.vocab_size));
@@ -301,8 +310,19 @@ void run_bench(const BenchOptions& opt, std::ostream& out) {
     const int64_t peak_rss = peak_rss_bytes();
     const double tok_s = double(N) / step_median;
     const double model_flops = flops_per_token(mc, T) * tok_s;
-    // Memory that training needs: parameters, gradients, two Adam moments (fp32) + activations.
-    const double needed = state_bytes_per_param * double(nparams) + double(act_bytes);
+    const CeilingWindows ceiling = ceiling_windows(ceiling_flop, ceiling_before,
+                                                   measure_model_ceiling(), model_flops / 1e9);
+    const double gemm_ceiling = on_gpu ? device_gemm_ceiling : ceiling.best;
+    // Memory that training needs, by the formula the planner and the trainer's fit check use:
+    // fp32 parameters, gradients and Adam moments, the bf16 weight copy (bf16), staging buffers,
+    // and the activation buffer (bf16 where bf16 activations are stored).
+    const double needed = double(mem.total());
+    std::ostringstream mem_terms;
+    mem_terms << std::fixed << std::setprecision(1) << "params " << mem.params / 1048576.0;
+    if (mem.params16 > 0) mem_terms << " + bf16 copy " << mem.params16 / 1048576.0;
+    mem_terms << " + grads " << mem.grads / 1048576.0 << " + Adam " << mem.optimizer / 1048576.0
+              << " + staging " << (mem.gathered + mem.staging) / 1048576.0 << " + activations "
+              << mem.activations / 1048576.0;
 
     out << std::fixed << std::setprecision(3);
     out << "  step time (median of " << opt.steps << ", after " << opt.warmup
@@ -313,9 +333,25 @@ void run_bench(const BenchOptions& opt, std::ostream& out) {
         << " GFLOP/s  (6*N_matmul + 12*L*C*T per token, PaLM appendix B)\n";
     out << "  MFU:              " << 100 * model_flops / (mfu_peak.value * 1e9) << "% of the "
         << mfu_peak_name << ", " << mfu_peak.value << " GFLOP/s\n";
-    out << "  GEMM ceiling:     " << 100 * model_flops / (gemm_ceiling * 1e9)
-        << "% of " << (bf16 ? "the bf16 GEMM" : "sgemm") << " on this model's shapes ("
-        << gemm_ceiling << " GFLOP/s)\n";
+    const char* ceiling_of = bf16 ? "the bf16 GEMM" : "sgemm";
+    if (on_gpu) {
+      out << "  GEMM ceiling:     " << 100 * model_flops / (gemm_ceiling * 1e9) << "% of "
+          << ceiling_of << " on " << device->name() << " (" << gemm_ceiling << " GFLOP/s)\n";
+    } else if (ceiling.unstable()) {
+      // No fraction: neither window measured the machine the step ran on.
+      out << "  GEMM ceiling:     " << ceiling.flag() << " (" << ceiling_of
+          << " on this model's shapes, measured before and after the steps: spread "
+          << 100 * ceiling.spread() << "%";
+      if (ceiling.step_above())
+        out << "; the step's " << model_flops / 1e9 << " model GFLOP/s beat the best of them, "
+            << ceiling.best;
+      out << "); no fraction of it is given\n";
+    } else {
+      out << "  GEMM ceiling:     " << 100 * model_flops / (gemm_ceiling * 1e9) << "% of "
+          << ceiling_of << " on this model's shapes (" << gemm_ceiling
+          << " GFLOP/s, each shape's best of before the steps " << ceiling.before << " and after "
+          << ceiling.after << ": spread " << 100 * ceiling.spread() << "%)\n";
+    }
     if (best_layout_ceiling > 0) {
       out << "  bf16 GEMM ceiling on this model's shapes (oneDNN matmul, bf16 operands):\n"
           << layout_lines.str() << std::setprecision(1)
@@ -331,14 +367,10 @@ void run_bench(const BenchOptions& opt, std::ostream& out) {
     }
     if (!device->capabilities().host_visible)
       out << "  memory:           on " << device->name() << ": " << needed / 1048576.0
-          << " MiB by the formula (params+grads+Adam" << (state_bytes_per_param > 16 ? "+bf16 copy " : " ")
-          << state_bytes_per_param * nparams / 1048576.0 << " + activations "
-          << act_bytes / 1048576.0 << "); the host process's peak RSS follows\n";
+          << " MiB by the formula (" << mem_terms.str() << "); the host process's peak RSS follows\n";
     out << "  memory:           peak RSS " << peak_rss / 1048576.0 << " MiB vs "
-        << needed / 1048576.0 << " MiB needed (params+grads+Adam" << (state_bytes_per_param > 16 ? "+bf16 copy " : " ")
-        << state_bytes_per_param * nparams / 1048576.0
-        << " + activations " << act_bytes / 1048576.0 << "): " << std::setprecision(2)
-        << double(peak_rss) / needed << "x\n";
+        << needed / 1048576.0 << " MiB by the formula (" << mem_terms.str() << "): "
+        << std::setprecision(2) << double(peak_rss) / needed << "x\n";
     out << "  time split:       compute 100% | exposed communication 0% | idle 0% (1 rank)\n";
     out << "  compute by phase: ";
     nlohmann::json phases;
@@ -362,7 +394,14 @@ void run_bench(const BenchOptions& opt, std::ostream& out) {
                         {"mfu_peak", mfu_peak_name}, {"mfu_peak_gflops", mfu_peak.value},
                         {"mfu_fma", model_flops / (fma_peak * 1e9)},
                         {"gemm_ceiling_gflops", gemm_ceiling},
-                        {"frac_gemm_ceiling", model_flops / (gemm_ceiling * 1e9)},
+                        {"gemm_ceiling_before_gflops", ceiling.before},
+                        {"gemm_ceiling_after_gflops", ceiling.after},
+                        {"gemm_ceiling_spread", ceiling.spread()},
+                        {"gemm_ceiling_unstable", !on_gpu && ceiling.unstable()},
+                        // null where the ceiling is unstable: no window saw the step's machine
+                        {"frac_gemm_ceiling", !on_gpu && ceiling.unstable()
+                                                  ? nlohmann::json(nullptr)
+                                                  : nlohmann::json(model_flops / (gemm_ceiling * 1e9))},
                         {"peak_rss_mb", peak_rss / 1048576.0}, {"needed_mb", needed / 1048576.0},
                         {"phase_seconds_per_step", phases}};
     if (best_layout_ceiling > 0) {
@@ -606,20 +645,16 @@ void run_bench_grids(const BenchOptions& opt, std::ostream& log) {
       double estimate = state + double(model.activation_bytes()) + baseline_rss;
       g.world.allreduce_max(&estimate, 1);
       // Peak resident memory of the steps above this grid's starting point, largest rank,
-      // against the formula (docs/parallel.md): weights 4P, gradients 4P (/ Gd with ZeRO 2),
-      // Adam 8P (/ Gd with ZeRO >= 1) over this rank's P = its local shard, plus the gradient
-      // staging / gather buffers, plus the activations of the recompute mode.
-      const double P = double(model.num_local_params());
-      const double Gd = shape.d;
-      const double staging = double(model.state_bytes()) - 4 * P -
-                             4.0 * double(model.num_local_grads()) -
-                             8.0 * double(ol.state_size);
-      const double formula_state = 4 * P + 4 * P / (po.zero >= 2 ? Gd : 1.0) +
-                                   8 * P / (po.zero >= 1 ? Gd : 1.0) + staging;
-      // Gp > 1: plus the activation stashes of the micro-batches in flight (by the schedule).
-      const double stash = pipe ? double(pipe->stash_peak_bytes(Bl, T)) : 0.0;
-      const double formula =
-          formula_state + double(model.activation_bytes(po.recompute)) + stash;
+      // against the memory formula (parallel::model_memory, the planner's and the trainer's fit
+      // check's: weights 4P (+2P bf16 copy), gradients 4P (/ Gd with ZeRO 2), Adam 8P (/ Gd with
+      // ZeRO >= 1) over this rank's P = its local shard, the gather and staging buffers, the
+      // activations of the recompute mode and, Gp > 1, the stashes of the micro-batches in flight).
+      const parallel::ModelMemory mem = parallel::model_memory(
+          mc, shape, g.coord, Bl, T, pov, parse_pipeline_schedule(opt.schedule), M);
+      const double staging = double(mem.gathered + mem.staging);
+      const double formula_state = double(mem.state());
+      const double stash = double(mem.pipeline);
+      const double formula = double(mem.total());
       // The process baseline: what was resident before this grid's model existed (program,
       // libraries, MPI's buffers and shared memory, anything earlier grids left). The formula
       // counts the training state above it; both views are reported, largest rank each.

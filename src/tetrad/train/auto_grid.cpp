@@ -29,6 +29,11 @@ PlanInput plan_input_of(const RunConfig& cfg, int ranks) {
   in.schedule = parse_pipeline_schedule(cfg.schedule);
   in.virtual_stages = cfg.virtual_stages;
   in.pipeline_layers = cfg.pipeline_layers;
+  // The switches that size the model's buffers (the rest only move when collectives run).
+  in.overlap_switches.prefetch_depth = cfg.overlap.prefetch_depth;
+  in.overlap_switches.cache_gathered_weights = cfg.overlap.cache_gathered_weights;
+  in.overlap_switches.dp_bucket_mb = cfg.overlap.dp_bucket_mb;
+  in.sparse_embedding_grad = cfg.sparse_embedding_grad;
   return in;
 }
 

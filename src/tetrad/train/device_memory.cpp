@@ -31,8 +31,9 @@ std::string memory_fit_line(const MemoryFit& f) {
                         " available on ", f.device, " per rank (", f.available_from,
                         "; formula: weights ", mib(f.formula.weights), ", gradients ",
                         mib(f.formula.grads), ", optimizer ", mib(f.formula.optimizer),
-                        ", gathered weights ", mib(f.formula.gathered), ", activations ",
-                        mib(f.formula.activations), ", backend workspace ", mib(f.workspace), ")");
+                        ", gathered weights ", mib(f.formula.gathered), ", staging ",
+                        mib(f.formula.staging), ", activations ", mib(f.formula.activations),
+                        ", backend workspace ", mib(f.workspace), ")");
 }
 
 std::string memory_fit_problem(const MemoryFit& f, const FitContext& c) {
@@ -40,7 +41,7 @@ std::string memory_fit_problem(const MemoryFit& f, const FitContext& c) {
   std::vector<std::pair<const char*, double>> items = {
       {"weights", f.formula.weights},     {"gradients", f.formula.grads},
       {"optimizer state", f.formula.optimizer}, {"gathered weights", f.formula.gathered},
-      {"activations", f.formula.activations},   {"backend workspace", f.workspace}};
+      {"staging buffers", f.formula.staging},   {"activations", f.formula.activations},   {"backend workspace", f.workspace}};
   std::stable_sort(items.begin(), items.end(),
                    [](const auto& a, const auto& b) { return a.second > b.second; });
   std::string largest;
@@ -59,8 +60,9 @@ std::string memory_fit_problem(const MemoryFit& f, const FitContext& c) {
       ": the memory formula needs ", mib(f.need()), " per rank but ", mib(f.available),
       " are available (", f.available_from, "); largest items: ", largest, " (weights ",
       mib(f.formula.weights), ", gradients ", mib(f.formula.grads), ", optimizer state ",
-      mib(f.formula.optimizer), ", gathered weights ", mib(f.formula.gathered), ", activations ",
-      mib(f.formula.activations), ", backend workspace ", mib(f.workspace), "). To fit: ", advice,
+      mib(f.formula.optimizer), ", gathered weights ", mib(f.formula.gathered), ", staging ",
+      mib(f.formula.staging), ", activations ", mib(f.formula.activations), ", backend workspace ",
+      mib(f.workspace), "). To fit: ", advice,
       "; where the device is shared, train.memory_limit_mib sets this rank's share");
 }
 

@@ -149,16 +149,6 @@ void check_memory_fits(const RunConfig& cfg, const parallel::GridShape& shape, i
     in.precision = bf16 ? planner::Precision::BF16 : planner::Precision::FP32;  // as run on this device
     const planner::Grid5 g{shape.x, shape.y, shape.z, shape.p, shape.d};
     fit.formula = planner::memory_per_rank(in, g);
-    // The planner's bf16 activations are 2 bytes an element (a bf16-storage layout); the trainer's
-    // activation buffer is sized in fp32 whatever the GEMM precision (ParallelTransformer::
-    // activation_bytes; its bf16 copies sit beside fp32 ones), so the check takes the fp32 term
-    // (the tiny model in bf16: 1.8 MiB, the buffer 1.84 MiB; the bf16 term said 0.9 MiB).
-    if (bf16) {
-      planner::PlanInput f32 = in;
-      f32.precision = planner::Precision::FP32;
-      fit.formula.activations =
-          std::max(fit.formula.activations, planner::memory_per_rank(f32, g).activations);
-    }
   } catch (const Error&) {
     return;  // a layout the formula cannot take; the model's own checks report what is wrong
   }

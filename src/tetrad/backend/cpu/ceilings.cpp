@@ -346,6 +346,36 @@ nlohmann::json Measurement::to_json() const {
   return j;
 }
 
+double CeilingWindows::spread() const {
+  if (!(before > 0) || !(after > 0)) return 0;
+  return std::abs(before - after) / std::min(before, after);
+}
+
+std::string CeilingWindows::flag() const {
+  if (!unstable()) return "";
+  return "ceiling unstable: before " + fmt(before) + ", after " + fmt(after) + " GFLOP/s";
+}
+
+CeilingWindows ceiling_windows(const std::vector<double>& flop, const std::vector<double>& before,
+                               const std::vector<double>& after, double achieved_gflops,
+                               double tolerance) {
+  TETRAD_CHECK(flop.size() == before.size() && flop.size() == after.size());
+  // FLOP-weighted: total FLOPs over the total time at each shape's rate.
+  double f[3] = {0, 0, 0}, t[3] = {0, 0, 0};
+  for (size_t i = 0; i < flop.size(); ++i) {
+    const double rates[3] = {before[i], after[i], std::max(before[i], after[i])};
+    for (int k = 0; k < 3; ++k)
+      if (rates[k] > 0) f[k] += flop[i], t[k] += flop[i] / rates[k];
+  }
+  CeilingWindows w;
+  w.before = t[0] > 0 ? f[0] / t[0] : 0;
+  w.after = t[1] > 0 ? f[1] / t[1] : 0;
+  w.best = t[2] > 0 ? f[2] / t[2] : 0;
+  w.achieved = achieved_gflops;
+  w.tolerance = tolerance;
+  return w;
+}
+
 std::string GemmShape::to_string() const {
   std::ostringstream os;
   if (!name.empty()) os << name << " ";

@@ -78,6 +78,30 @@ double sgemm_gflops(int M, int N, int K, char transa, char transb, int reps);
 double bf16_matmul_gflops(int M, int N, int K);
 double memory_bandwidth_gbs(size_t bytes, int threads);
 
+// A model-shape GEMM ceiling measured in two windows, before and after the timed steps: on a
+// shared host whose clock moves, the same shapes measured 1636 and 689 GFLOP/s in two processes
+// minutes apart, and a step once ran at 134% of the ceiling measured before it. The ceiling is
+// the best of the two windows per shape; it is unstable when the windows differ by more than
+// `tolerance` of the lower, or when the step's rate beats the best (then neither window saw the
+// machine the step ran on, and a fraction above 100% means nothing).
+struct CeilingWindows {
+  double before = 0, after = 0;  // GFLOP/s of each window, FLOP-weighted over the shapes
+  double best = 0;               // FLOP-weighted over the shapes, each at its better window
+  double achieved = 0;           // the step's rate on the same work, GFLOP/s
+  double tolerance = 0.2;
+  // |before - after| / min(before, after); 0 when a window is missing.
+  double spread() const;
+  bool step_above() const { return best > 0 && achieved > best; }
+  bool unstable() const { return spread() > tolerance || step_above(); }
+  // "ceiling unstable: before 1636.0, after 689.0 GFLOP/s" ("" when stable).
+  std::string flag() const;
+};
+// flop[i]: FLOPs of shape i; before[i], after[i]: its rate in each window (GFLOP/s; 0 or less:
+// not measured, left out of that window, and of `best` when neither has it).
+CeilingWindows ceiling_windows(const std::vector<double>& flop, const std::vector<double>& before,
+                               const std::vector<double>& after, double achieved_gflops,
+                               double tolerance = 0.2);
+
 struct GemmResult {
   GemmShape shape;
   Measurement fp32;  // dnnl_sgemm

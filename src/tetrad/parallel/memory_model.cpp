@@ -1,0 +1,193 @@
+// The parallel model's buffers as arithmetic (memory_model.hpp). Each term follows the
+// constructor of ParallelTransformer (parallel_transformer.cpp), build_buckets
+// (grad_reduction.cpp) and PipelineDriver::stash_peak_bytes (pipeline.cpp); the tests
+// (PlannerMemory.*, MemoryMpi.*) hold them equal to the model's own counts on every grid.
+#include "tetrad/parallel/memory_model.hpp"
+
+#include <algorithm>
+
+#include "tetrad/model/params.hpp"
+#include "tetrad/parallel/layer_split.hpp"
+#include "tetrad/parallel/sharding.hpp"
+
+namespace tetrad::parallel {
+
+std::vector<LayerSlots> layer_slots(int n_layer, const LayerSplit& split, int p, int stage) {
+  std::vector<LayerSlots> s(size_t(n_layer), p == 1 ? LayerSlots::Full : LayerSlots::None);
+  if (p == 1) return s;
+  for (int l = 0; l < n_layer; ++l)
+    if (split.stage_of(l, p) == stage) s[size_t(l)] = LayerSlots::Full;
+  for (int l = 0; l + 1 < n_layer; ++l)
+    if (s[size_t(l)] == LayerSlots::None && s[size_t(l) + 1] == LayerSlots::Full)
+      s[size_t(l)] = LayerSlots::Input;
+  return s;
+}
+
+ActivationSizes activation_sizes(const ModelConfig& cfg, const GridShape& G, int64_t local_batch,
+                                 int max_len, bool bf16_acts, Recompute mode,
+                                 const std::vector<LayerSlots>& slots) {
+  const int64_t N = local_batch * max_len;
+  const int64_t hd = cfg.head_dim();
+  const int64_t Cx = cfg.n_embd / G.x, Ay = cfg.n_embd / G.y, nhy = cfg.n_head / G.y;
+  const int64_t QKVy = (nhy + 2 * (cfg.n_kv_head / G.y)) * hd;
+  const int64_t Fy = cfg.ffn / G.y, FWy = cfg.family == Family::GPT2 ? Fy : 2 * Fy;
+  const int64_t Vy = cfg.vocab_size / G.y;
+  const bool full = mode == Recompute::Full, attn = mode != Recompute::None;
+  // fp32 tensors take N n floats; bf16 ones (bf16 activations) ceil(N n / 2).
+  auto f = [&](bool kept, int64_t n) { return ActivationSizes::Tensor{kept, N * n}; };
+  auto h = [&](bool kept, int64_t n) {
+    return ActivationSizes::Tensor{kept, bf16_acts ? (N * n + 1) / 2 : N * n};
+  };
+  ActivationSizes s;
+  ActivationSizes::Layer& y = s.layer;
+  y.ln1 = h(!full, Cx); y.ln1_mean = f(!full, 1); y.ln1_rstd = f(!full, 1);
+  y.qkv = f(!full, QKVy); y.atty = f(!attn, Ay); y.lse = f(!attn, nhy);
+  y.resid_mid = f(!full, Cx); y.ln2 = h(!full, Cx); y.ln2_mean = f(!full, 1);
+  y.ln2_rstd = f(!full, 1); y.fc = f(!full, FWy); y.fc_act = h(!full, Fy);
+  int64_t kept = N * Cx;  // resid_out
+  for (const auto* t : {&y.ln1, &y.ln1_mean, &y.ln1_rstd, &y.qkv, &y.atty, &y.lse, &y.resid_mid,
+                        &y.ln2, &y.ln2_mean, &y.ln2_rstd, &y.fc, &y.fc_act})
+    (t->kept ? kept : s.scratch) += t->floats;
+  const int64_t max_out = std::max({QKVy, FWy, Cx, Vy});
+  s.dout16 = bf16_acts ? (N * max_out + 1) / 2 : 0;
+  // emb, lnf (bf16 with bf16 activations), its statistics, logits, losses, tmp; the backward's
+  // dresid, dln, dqkv, datty, dfc, dfc_act; the two bf16 gradient copies.
+  s.global = N * (Cx + 2 + Vy + 1 + Cx) + h(true, Cx).floats +
+             N * (Cx + Cx + QKVy + Ay + FWy + Fy) + 2 * s.dout16;
+  s.layer_kept = kept;
+  s.input_slot = N * Cx;
+  for (LayerSlots k : slots) {
+    s.full_layers += k == LayerSlots::Full;
+    s.input_layers += k == LayerSlots::Input;
+  }
+  s.total = s.scratch + s.full_layers * kept + s.input_layers * s.input_slot + s.global;
+  return s;
+}
+
+ModelMemory model_memory(const ModelConfig& cfg, const GridShape& G, const GridCoord& coord,
+                         int local_batch, int max_len, const ParallelOptions& opt,
+                         PipelineSchedule schedule, int micro_batches) {
+  cfg.validate();
+  LayerSplit split;
+  if (G.p > 1) split = resolve_layer_split(opt.pipeline_layers, cfg, max_len, G.p, opt.virtual_stages);
+  validate_grid_for_model(cfg, G);
+  // Every layer is sharded alike, so one layer's plan (and the top-level tensors', which do not
+  // depend on the layer count or the stage: every stage keeps them) gives the whole stage's: its
+  // stored layers times the layer's, plus the top. Exact, and cheap for plans over thousands of
+  // ranks of models with a hundred layers.
+  ModelConfig one = cfg;
+  one.n_layer = 1;
+  const ParamTable table = build_param_table(one);
+  GridShape g1 = G;
+  g1.p = 1;
+  GridCoord c1 = coord;
+  c1.p = 0;
+  const ShardPlan plan = ShardPlan::build(one, table, g1, c1);
+  const std::vector<LayerSlots> slots = layer_slots(cfg.n_layer, split, G.p, coord.p);
+  int64_t stored_layers = 0;
+  for (LayerSlots k : slots) stored_layers += k == LayerSlots::Full;
+  std::vector<const TensorShard*> layer_tensors, top_tensors;
+  for (const auto& t : plan.tensors) (t.spec->layer < 0 ? top_tensors : layer_tensors).push_back(&t);
+
+  const bool bf16 = opt.precision == backend::Precision::BF16;
+  const bool copy16 = bf16 && opt.bf16_weight_copy;
+  const int64_t f4 = int64_t(sizeof(float)), b2 = 2;
+  ModelMemory mm;
+
+  // The local shard; ZeRO pieces: each tensor's shard cut into Gd pieces of ceil(n / Gd).
+  int64_t local_total = 0, state_size = 0, piece_max = 0;
+  auto add = [&](const std::vector<const TensorShard*>& ts, int64_t times) {
+    for (const TensorShard* t : ts) {
+      const int64_t q = (t->shard_numel + G.d - 1) / G.d;
+      local_total += times * t->shard_numel;
+      state_size += times * q;
+      if (times > 0) piece_max = std::max(piece_max, q);
+    }
+  };
+  add(layer_tensors, stored_layers);
+  add(top_tensors, 1);
+  if (opt.zero == 0) state_size = local_total;
+  mm.params = f4 * local_total;
+  mm.params16 = copy16 ? b2 * local_total : 0;
+  mm.grads = f4 * (opt.zero == 2 ? state_size : local_total);
+  mm.optimizer = f4 * 2 * state_size;
+  if (opt.zero != 0) mm.staging += f4 * int64_t(G.d + 1) * piece_max;
+
+  if (G.z > 1 || opt.zero == 2) {
+    int64_t layer_max = 0, top = 0;
+    for (const auto& t : plan.tensors) {
+      const int64_t end = t.block_offset + (t.z_sharded ? t.shard_numel * G.z : t.block_numel);
+      if (t.spec->layer < 0) top = std::max(top, end);
+      else layer_max = std::max(layer_max, end);
+    }
+    if (G.z > 1) {
+      const int64_t L = cfg.n_layer;
+      const int64_t slots_z = std::max<int64_t>(
+          1, opt.overlap.cache_gathered_weights ? L : std::min<int64_t>(opt.overlap.prefetch_depth + 1, L));
+      mm.gathered = f4 * (slots_z * layer_max + top) + (copy16 ? b2 * (slots_z * layer_max + top) : 0);
+      mm.staging += f4 * local_total;  // the reduce-scatter's landing buffer
+    }
+    mm.staging += f4 * (2 * layer_max + top);  // two layers' gradient blocks and the top block
+  }
+  if (opt.sparse_embedding_grad && G.z > 1 && G.p == 1 && opt.zero != 2) {
+    const int64_t rows = int64_t(G.z) * local_batch * max_len;
+    const int64_t Cx = cfg.n_embd / G.x, Vy = cfg.vocab_size / G.y;
+    if (rows * (Cx + 1) < Vy * Cx) mm.staging += f4 * rows * Cx + int64_t(sizeof(int32_t)) * rows;
+  }
+  // Data-parallel buckets (build_buckets): tensors in the order their gradients become final
+  // (layers from the last, then the top-level ones), one open bucket per group; a bucket of more
+  // than one tensor is staged.
+  int64_t staged = 0;
+  if (opt.zero == 0) {
+    const int64_t cap = int64_t(opt.overlap.dp_bucket_mb * 1048576.0 / sizeof(float));
+    int64_t numel[2] = {0, 0}, count[2] = {0, 0};
+    auto close = [&](int k) {
+      if (count[k] > 1) staged += numel[k];
+      numel[k] = count[k] = 0;
+    };
+    auto bucket = [&](const std::vector<const TensorShard*>& ts) {
+      for (const TensorShard* t : ts) {
+        if ((t->z_sharded ? G.d : G.z * G.d) == 1) continue;
+        const int k = t->z_sharded ? 1 : 0;
+        numel[k] += t->shard_numel;
+        ++count[k];
+        if (numel[k] >= cap) close(k);
+      }
+    };
+    for (int64_t l = 0; l < stored_layers; ++l) bucket(layer_tensors);
+    bucket(top_tensors);
+    close(1);
+    close(0);
+  }
+  mm.staging += f4 * std::max<int64_t>(staged, 1);
+
+  const bool bf16_acts = bf16 && opt.bf16_activations;
+  const ActivationSizes a =
+      activation_sizes(cfg, G, local_batch, max_len, bf16_acts, opt.recompute, slots);
+  mm.activations = f4 * a.total;
+  if (G.p > 1) {
+    // Each forward's chunk stash lives until its backward (pipeline_chunks.cpp): the recompute
+    // scratch, the chunk's layers' slots from its input (the previous layer's output slot) on,
+    // the global activations with the embedding or the head, and the scratch layer's index;
+    // plus two receive buffers and one outgoing copy of the hidden state.
+    std::vector<int64_t> begin(slots.size() + 1, 0);  // floats before layer l's slots
+    for (size_t l = 0; l < slots.size(); ++l)
+      begin[l + 1] = begin[l] + (slots[l] == LayerSlots::Full    ? a.layer_kept
+                                 : slots[l] == LayerSlots::Input ? a.input_slot
+                                                                 : 0);
+    const int p = G.p, v = opt.virtual_stages, V = p * v;
+    int64_t alive = 0, peak = 0;
+    for (const PipeOp& op : pipeline_schedule(schedule, p, coord.p, micro_batches, v)) {
+      const int j = op.chunk * p + coord.p;
+      const auto [l0, l1] = split.layers(j);
+      const int64_t k = 1 + a.scratch + begin[size_t(l1)] - begin[size_t(std::max(0, l0 - 1))] +
+                        (j == 0 || j == V - 1 ? a.global : 0);
+      alive += op.forward ? k : -k;
+      peak = std::max(peak, alive);
+    }
+    mm.pipeline = f4 * (peak + 3 * a.input_slot);
+  }
+  return mm;
+}
+
+}  // namespace tetrad::parallel

@@ -1,0 +1,170 @@
+// One memory formula: parallel::model_memory (what the planner's memory_per_rank, the trainer's
+// memory fit check and `tetrad bench`'s memory lines call) against what the parallel model itself
+// allocates, on every rank of every grid of this world size the tiny models divide over (X, Y, Z,
+// D and their mixtures) and on pipeline grids (1F1B and interleaved), in fp32 and bf16 (bf16
+// weight copy, bf16 activations), with recomputation, ZeRO 1 and 2, the Z gather slots of
+// prefetching and of cached gathered weights, and staged data-parallel buckets:
+//   - state (every buffer ParallelTransformer::state_bytes counts), activations
+//     (activation_bytes) and the pipeline's stash (PipelineDriver::stash_peak_bytes), each equal
+//     to the byte on this rank;
+//   - the planner's memory_per_rank equal to the largest rank's total.
+// Constructing is enough: no step runs. Under mpirun -n 2, 4, 8.
+#include <gtest/gtest.h>
+
+#include <mpi.h>
+
+#include <string>
+#include <vector>
+
+#include "contract.hpp"
+#include "tetrad/parallel/memory_model.hpp"
+#include "tetrad/parallel/pipeline.hpp"
+#include "tetrad/planner/planner.hpp"
+
+using namespace contract;
+
+namespace {
+
+constexpr int kLocalB = 2, kLen = 16, kMicro = 4;
+
+std::string describe(const ModelConfig& mc, const GridShape& s, const ParallelOptions& po,
+                     PipelineSchedule sched) {
+  return family_name(mc.family) + " grid " + s.to_string() + " " +
+         (po.precision == backend::Precision::BF16 ? "bf16" : "fp32") + " zero " +
+         std::to_string(po.zero) + " recompute " + recompute_name(po.recompute) + " prefetch " +
+         std::to_string(po.overlap.prefetch_depth) + (po.overlap.cache_gathered_weights ? " cached" : "") +
+         " buckets " + std::to_string(po.overlap.dp_bucket_mb) + " MB" +
+         (s.p > 1 ? std::string(" ") + schedule_name(sched) + " v " + std::to_string(po.virtual_stages) : "");
+}
+
+// Builds the model on g and compares its own counts with the formula, on this rank and (the
+// planner) over the world.
+void check(const ModelConfig& mc, ProcessGroups& g, const ParallelOptions& po,
+           PipelineSchedule sched) {
+  const std::string where = describe(mc, g.shape, po, sched) + " rank " + std::to_string(world_rank());
+  ParallelTransformer model(mc, g, kLocalB, kLen, po);
+  int64_t stash = 0;
+  if (g.shape.p > 1) {
+    PipelineDriver pipe(model, sched, kMicro);
+    stash = pipe.stash_peak_bytes(kLocalB, kLen);
+  }
+  const ModelMemory mm = model_memory(mc, g.shape, g.coord, kLocalB, kLen, po, sched, kMicro);
+  EXPECT_EQ(mm.state(), model.state_bytes()) << where;
+  EXPECT_EQ(mm.activations, model.activation_bytes()) << where;
+  EXPECT_EQ(mm.pipeline, stash) << where;
+  EXPECT_EQ(mm.params16 > 0, model.bf16_weights()) << where;
+
+  // The planner: the largest rank's total, from the plan's own input.
+  double total = double(model.state_bytes() + model.activation_bytes() + stash);
+  MPI_Allreduce(MPI_IN_PLACE, &total, 1, MPI_DOUBLE, MPI_MAX, MPI_COMM_WORLD);
+  planner::PlanInput in;
+  in.model = mc;
+  in.micro_batch = int64_t(kLocalB) * g.shape.z * g.shape.d;
+  in.global_batch = in.micro_batch * (g.shape.p > 1 ? kMicro : 1);
+  in.seq = kLen;
+  in.ranks = world_size();
+  in.precision = po.precision == backend::Precision::BF16 ? planner::Precision::BF16
+                                                           : planner::Precision::FP32;
+  in.recompute = po.recompute;
+  in.zero = po.zero;
+  in.schedule = sched;
+  in.virtual_stages = po.virtual_stages;
+  in.pipeline_layers = po.pipeline_layers;
+  in.overlap_switches = po.overlap;
+  in.sparse_embedding_grad = po.sparse_embedding_grad;
+  const planner::Grid5 g5{g.shape.x, g.shape.y, g.shape.z, g.shape.p, g.shape.d};
+  EXPECT_EQ(planner::memory_per_rank(in, g5).total(), total) << where;
+}
+
+std::vector<ParallelOptions> option_sets(const GridShape& s) {
+  std::vector<ParallelOptions> out;
+  for (auto prec : {backend::Precision::FP32, backend::Precision::BF16}) {
+    ParallelOptions po;
+    po.precision = prec;
+    out.push_back(po);
+    po.recompute = prec == backend::Precision::FP32 ? Recompute::Selective : Recompute::Full;
+    out.push_back(po);
+    po.recompute = Recompute::None;
+    if (s.z > 1) {
+      po.overlap.prefetch_depth = 1;
+      out.push_back(po);
+      po.overlap.cache_gathered_weights = true;
+      out.push_back(po);
+      po.overlap = OverlapOptions::all_off();
+    }
+    if (s.d > 1) {
+      po.overlap.dp_bucket_mb = 0.01;  // several tensors per bucket: staged
+      out.push_back(po);
+      po.overlap = OverlapOptions::all_off();
+      for (int zero : {1, 2}) {
+        po.zero = zero;
+        out.push_back(po);
+      }
+      po.zero = 0;
+    }
+  }
+  return out;
+}
+
+TEST(MemoryFormula, EqualsWhatTheModelAllocatesOnEveryGrid) {
+  int checked = 0;
+  for (Family f : {Family::GPT2, Family::Llama}) {
+    const ModelConfig mc = tiny_model(f, 4);
+    std::vector<GridShape> grids = contract_grids(mc, kLocalB * world_size());
+    // 8 oversubscribed ranks on 2 cores: a representative part (CI time).
+    if (world_size() == 8 && grids.size() > 6) grids.resize(6);
+    if (f == Family::Llama && grids.size() > 3) grids.resize(3);
+    for (const GridShape& shape : grids) {
+      ProcessGroups g(comm::Communicator::world(), shape);
+      for (const ParallelOptions& po : option_sets(shape)) {
+        check(mc, g, po, PipelineSchedule::OneFOneB);
+        ++checked;
+      }
+    }
+  }
+  EXPECT_GT(checked, 10);
+}
+
+TEST(MemoryFormula, EqualsWhatThePipelineHolds) {
+  // Stage counts of this world size, the rest over D (and Z where there is room).
+  std::vector<GridShape> grids;
+  const int n = world_size();
+  for (int p : {2, 4}) {
+    if (n % p) continue;
+    GridShape s;
+    s.p = p;
+    s.d = n / p;
+    grids.push_back(s);
+    if (n / p >= 2 && n == 8) {
+      s.d = n / p / 2;
+      s.z = 2;
+      grids.push_back(s);
+    }
+  }
+  int checked = 0;
+  for (Family f : {Family::GPT2, Family::Llama}) {
+    const ModelConfig mc = tiny_model(f, 4);
+    for (const GridShape& shape : grids) {
+      ProcessGroups g(comm::Communicator::world(), shape);
+      for (auto prec : {backend::Precision::FP32, backend::Precision::BF16}) {
+        ParallelOptions po;
+        po.precision = prec;
+        check(mc, g, po, PipelineSchedule::OneFOneB);
+        po.recompute = Recompute::Full;
+        check(mc, g, po, PipelineSchedule::OneFOneB);
+        po.recompute = Recompute::None;
+        if (shape.p == 2) {  // 4 layers: 2 chunks per stage over 2 stages
+          po.virtual_stages = 2;
+          check(mc, g, po, PipelineSchedule::Interleaved);
+          po.virtual_stages = 1;
+          po.pipeline_layers = "3,1";  // uneven: the fuller stage decides
+          check(mc, g, po, PipelineSchedule::OneFOneB);
+        }
+        checked += 4;
+      }
+    }
+  }
+  EXPECT_GT(checked, 0);
+}
+
+}  // namespace
