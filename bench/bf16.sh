@@ -13,7 +13,7 @@ for prec in fp32 bf16; do
   for bin in "$BEFORE" "$AFTER"; do
     echo "=== $bin --precision $prec"
     "$bin" bench --configs "$CONFIG" --precision "$prec" --threads "$T" --steps "$STEPS" \
-      --warmup "$WARMUP" --anchor none 2>&1 | grep -E "step time|tokens/s|model FLOP|GEMM ceiling|FLOP-weighted|memory:|by phase|fastest|precision:"
+      --warmup "$WARMUP" --anchor none 2>&1 | grep -E "step time|tokens/s|model FLOP|GEMM ceiling|FLOP-weighted|memory:|by phase|fastest|precision:|gemm layouts"
   done
 done
 if [ "${ANCHOR:-}" != "none" ] && [ -x .venv-pytorch/bin/python ]; then

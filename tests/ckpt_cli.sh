@@ -9,8 +9,11 @@ fails=0
 ok() { echo "ok   $1"; }
 bad() { echo "FAIL $1"; fails=$((fails + 1)); }
 N=400
+# train.gemm_layouts = rule: the uninterrupted and the stopped runs are separate processes, which
+# tune would time separately (possibly another plan: the same sums in another order); the tuned
+# resume is checked below against a run given the stopped run's plan.
 S=(--set model.name=tiny --set data.dir="$W/data" --set train.seq_len=32 --set train.max_steps=$N
-   --set train.eval_interval=0 --set train.log_interval=100000)
+   --set train.eval_interval=0 --set train.log_interval=100000 --set train.gemm_layouts=rule)
 wait_steps() {
   for _ in $(seq 1 600); do n=$(grep -c '"loss"' "$1/metrics.jsonl" 2>/dev/null); [ "${n:-0}" -ge "$2" ] && return 0; sleep 0.05; done
   return 1
@@ -39,6 +42,34 @@ for mode in serial mpi; do
     bad "$mode: resumed losses differ"; diff <(losses "$W/ref_$mode") <(losses "$W/term_$mode") | head
   fi
 done
+
+# ---- tuned GEMM layouts (bf16): the checkpoint keeps the plan and the resumed run reuses it ----
+# The stopped run tunes at its start; its resumption takes the checkpoint's plan (said in the log);
+# an uninterrupted run given that plan (train.gemm_layouts = the plan's text) has the same bits.
+# Where bf16 GEMMs are emulated tune runs the rule (said in the log) and the same checks hold.
+TU=(--set model.name=tiny --set data.dir="$W/data" --set train.seq_len=32 --set train.max_steps=$N
+    --set train.eval_interval=0 --set train.log_interval=100000 --set train.precision=bf16
+    --set train.attention_precision=fp32)
+"$TETRAD" train "${TU[@]}" --set train.gemm_layouts=tune --set run.dir="$W/term_tune" > "$W/log_tune" 2>&1 &
+pid=$!
+wait_steps "$W/term_tune" 20
+kill -TERM "$pid"; wait "$pid" || bad "tune: SIGTERM run failed"
+grep -q "gemm layouts" "$W/log_tune" || bad "tune: no gemm layouts line in the log"
+"$TETRAD" train "${TU[@]}" --set train.gemm_layouts=tune --set run.dir="$W/term_tune" --resume > "$W/log" 2>&1 || { cat "$W/log"; bad "tune: resume"; }
+meta=$(ls -d "$W"/term_tune/checkpoints/step_* | head -1)/meta.json
+plan=$(tr -d '\n' < "$meta" | grep -o '"gemm_layouts":"[^"]*"' | head -1 | cut -d'"' -f4)
+src=$(tr -d '\n' < "$meta" | grep -o '"gemm_layouts_source":"[^"]*"' | head -1 | cut -d'"' -f4)
+if [ -n "$plan" ]; then
+  "$TETRAD" train "${TU[@]}" --set train.gemm_layouts="$plan" --set run.dir="$W/ref_tune" > "$W/log2" 2>&1 || { cat "$W/log2"; bad "tune: run given the plan"; }
+fi
+if { [ "$src" != tuned ] && [ "$src" != checkpoint ] || grep -q "on resume: the checkpoint's" "$W/log"; } &&
+   grep -q "gemm layouts (given)" "$W/log2" && [ -n "$plan" ] &&
+   cmp -s <(losses "$W/ref_tune") <(losses "$W/term_tune") && [ "$(losses "$W/term_tune" | wc -l)" -eq $N ]; then
+  ok "tune ($src): the resumed run reuses the checkpoint's plan; $N losses bit-identical to an uninterrupted run with that plan"
+else
+  bad "tune ($src): resumed losses differ or the plan was not reused"; grep "gemm layouts" "$W/log" "$W/log2"
+  diff <(losses "$W/ref_tune") <(losses "$W/term_tune") | head
+fi
 
 # ---- damaged checkpoints ----
 D=(--set model.name=tiny --set data.dir="$W/data" --set train.seq_len=32 --set train.eval_interval=0

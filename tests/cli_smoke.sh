@@ -43,6 +43,8 @@ expect_error "missing data" "tetrad prepare" "$TETRAD" train --set model.name=ti
 expect_error "missing input" "$W/missing.txt" "$TETRAD" prepare --input "$W/missing.txt" --out "$W/d2"
 expect_error "sequence too long" "model.max_seq" "$TETRAD" train "${T[@]}" --set train.seq_len=65
 expect_error "bad grad_comm_precision" "train.grad_comm_precision = \"fp16\": expected \"fp32\" or \"bf16\"" "$TETRAD" train "${T[@]}" --set train.grad_comm_precision=fp16
+expect_error "bad gemm_layouts" "train.gemm_layouts = \"fast\": expected \"auto\", \"rule\", \"tune\" or a plan" "$TETRAD" train "${T[@]}" --set train.gemm_layouts=fast
+expect_error "bad bench --gemm-layouts" "--gemm-layouts \"fast\": expected \"auto\", \"rule\" or \"tune\"" "$TETRAD" bench --configs tiny --gemm-layouts fast
 printf '[train]\nlr = = 1\n' > "$W/bad.toml"
 expect_error "malformed config" "line 2" "$TETRAD" train --config "$W/bad.toml"
 
@@ -105,6 +107,10 @@ for prec in fp32 bf16; do
   check "bench $prec: JSON has both ceiling windows; no fraction when unstable" python3 -c "import json,sys; j=[json.loads(l) for l in open(sys.argv[1])][1]; b, a = j['gemm_ceiling_before_gflops'], j['gemm_ceiling_after_gflops']; assert b > 0 and a > 0 and j['gemm_ceiling_gflops'] >= min(a, b), j; assert abs(j['gemm_ceiling_spread'] - abs(a - b) / min(a, b)) < 1e-9, j; assert (j['frac_gemm_ceiling'] is None) == j['gemm_ceiling_unstable'], j" "$W/bench_$prec.jsonl"
 done
 check "bench: the bf16 matrix peak is among the ceilings" grep -q "bf16 matrix peak, 1 thr" "$W/bench_fp32.txt"
+# bf16: the model's GEMM layout plan is printed (tuned where bf16 GEMMs are native, else the
+# rule, saying why) and recorded in the JSON.
+check "bench bf16: the gemm layouts line" grep -q "gemm layouts.*\[--gemm-layouts auto: " "$W/bench_bf16.txt"
+check "bench bf16: JSON has the plan" python3 -c "import json,sys; j=[json.loads(l) for l in open(sys.argv[1])][1]; assert j['gemm_layouts'].startswith('qkv:') and j['gemm_layouts_source'] in ('tuned', 'rule'), j" "$W/bench_bf16.jsonl"
 
 # bench on a device backend (issue 18): cpu-strict runs the model on device memory the host cannot
 # read, so this is the path `tetrad bench --device cuda` takes on a GPU; --batch and --seq set the

@@ -92,6 +92,15 @@ TEST(Config, BadInputNamesTheKeyAndWhatWasExpected) {
   EXPECT_EQ(load_run_config("", {}).overlap.progress_thread, "auto");
   EXPECT_EQ(load_run_config("", {"parallel.progress_thread=true"}).overlap.progress_thread, "true");
   EXPECT_EQ(load_run_config("", {"parallel.progress_thread=auto"}).overlap.progress_thread, "auto");
+  // train.gemm_layouts: auto | rule | tune, or a plan's text (checked site by site).
+  EXPECT_TRUE(contains(error_of("[train]\ngemm_layouts = \"fast\"\n"),
+                       "train.gemm_layouts = \"fast\": expected \"auto\", \"rule\", \"tune\" or a plan"));
+  EXPECT_TRUE(contains(error_of("[train]\ngemm_layouts = \"qkv:*:*:*:NT:XX:NN\"\n"),
+                       "qkv.dx = \"XX\": expected \"NN\", \"TN\", \"NN/tr\" or \"TN/tr\""));
+  EXPECT_TRUE(contains(error_of("[train]\ngemm_layouts = \"qkv:*:*:*:NT:NN:NN\"\n"), "lacks site \"proj\""));
+  EXPECT_EQ(load_run_config("", {}).train.gemm_layouts, "auto");
+  for (const char* v : {"rule", "tune", "auto"})
+    EXPECT_EQ(error_of(std::string("[train]\ngemm_layouts = \"") + v + "\"\n"), "") << v;
   const std::string parse = error_of("[train]\nlr = = 3\n");
   EXPECT_TRUE(contains(parse, "line 2")) << parse;
   EXPECT_TRUE(contains(error_of("", {"trainlr=3"}), "expected section.key=value"));

@@ -9,6 +9,7 @@
 #include <sstream>
 #include <vector>
 
+#include "tetrad/backend/cpu/precision.hpp"
 #include "tetrad/checkpoint/run_checkpoint.hpp"
 #include "tetrad/core/cpu.hpp"
 #include "tetrad/core/error.hpp"
@@ -107,9 +108,12 @@ TEST_F(TrainTest, LossFallsAndRunFolderIsComplete) {
   EXPECT_EQ(lines, 43);  // + the "start" event line
 }
 
+// Two processes' runs: with train.gemm_layouts = rule (tune times each run on its own and may
+// choose another plan: the same sums in another order).
 TEST_F(TrainTest, SameSeedSameLosses) {
-  TrainResult a = run(tiny("det_a")), b = run(tiny("det_b"));
-  EXPECT_EQ(a.losses, b.losses);
+  RunConfig a = tiny("det_a"), b = tiny("det_b");
+  a.train.gemm_layouts = b.train.gemm_layouts = "rule";
+  EXPECT_EQ(run(a).losses, run(b).losses);
 }
 
 TEST_F(TrainTest, ResumedRunContinuesExactly) {
@@ -126,6 +130,35 @@ TEST_F(TrainTest, ResumedRunContinuesExactly) {
   EXPECT_EQ(rest.first_step, 6);
   ASSERT_EQ(rest.losses.size(), 6u);
   for (int i = 0; i < 6; ++i) EXPECT_EQ(rest.losses[i], full.losses[6 + i]) << "step " << 7 + i;
+}
+
+// bf16 with tuned GEMM layouts: the checkpoint keeps the plan, the resumed run runs it (said in
+// its log) and continues bit-identically (the uninterrupted run's plan, whatever its own timing
+// would choose). Where bf16 GEMMs are emulated, tune is the rule and the log says so.
+TEST_F(TrainTest, ResumedTunedRunReusesTheCheckpointsPlan) {
+  RunConfig c = tiny("tuned_full");
+  c.train.precision = "bf16";
+  c.train.gemm_layouts = "tune";
+  TrainResult full = run(c);
+  ASSERT_EQ(full.losses.size(), 12u);
+  RunConfig r = c;
+  r.run_dir = (g_root / "tuned_resumed").string();
+  fs::create_directories(r.run_dir + "/checkpoints");
+  fs::copy(c.run_dir + "/checkpoints/step_000006", r.run_dir + "/checkpoints/step_000006",
+           fs::copy_options::recursive);
+  std::ofstream(r.run_dir + "/checkpoints/latest") << "step_000006\n";
+  TrainOptions o;
+  o.resume = true;
+  o.peak_gflops = 100;
+  std::ostringstream log;
+  TrainResult rest = train(r, o, log);
+  ASSERT_EQ(rest.losses.size(), 6u);
+  for (int i = 0; i < 6; ++i) EXPECT_EQ(rest.losses[i], full.losses[6 + i]) << "step " << 7 + i;
+  const std::string text = log.str();
+  if (kernels::native_bf16_matmul())
+    EXPECT_NE(text.find("gemm layouts (checkpoint)"), std::string::npos) << text;
+  else
+    EXPECT_NE(text.find("gemm layouts: rule (tune: bf16 GEMMs are emulated"), std::string::npos) << text;
 }
 
 TEST_F(TrainTest, MissingDataFolderIsExplained) {

@@ -456,6 +456,10 @@ int main(int argc, char** argv) {
   bench->add_option("--threads", bopt.threads, "0 = all cores")->capture_default_str();
   bench->add_option("--precision", bopt.precision, "fp32 | bf16 (bf16 GEMM operands, fp32 accumulation)")
       ->capture_default_str();
+  bench->add_option("--gemm-layouts", bopt.gemm_layouts,
+                    "bf16 GEMM layouts: auto (tune where bf16 GEMMs are native), rule or tune "
+                    "(train.gemm_layouts)")
+      ->capture_default_str();
   bench->add_option("--json", bopt.json_path, "also write one JSON object per config here");
   bool bench_grids = false;
   bench->add_flag("--grids", bench_grids,

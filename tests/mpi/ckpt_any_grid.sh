@@ -9,8 +9,11 @@ source "$(dirname "${BASH_SOURCE[0]}")/../cli_common.sh" "$1"
 # bf16 runs on AMX) a grid's 1-ulp differences in the GEMM outputs flip bf16 roundings of P and dS
 # and the losses differ by ~1e-5 after one Adam step (cli_parallel.sh checks that case at bf16
 # tolerance); what is tested here is the checkpoint's layout, not attention's arithmetic.
+# train.gemm_layouts = rule: the uninterrupted and the stopped runs are separate processes, which
+# tune would time separately (possibly another plan: the same sums in another order).
 S=(--set model.name=tiny --set data.dir="$W/data" --set train.seq_len=32 --set train.max_steps=6
-   --set train.eval_interval=0 --set train.micro_batch=4 --set train.attention_precision=fp32)
+   --set train.eval_interval=0 --set train.micro_batch=4 --set train.attention_precision=fp32
+   --set train.gemm_layouts=rule)
 losses() { grep -o '"loss":[^,}]*' "$1/metrics.jsonl" | cut -d: -f2; }
 run() {  # run GRID ARGS...: one rank without mpirun, else mpirun -n (product of the grid)
   local g=$1; shift

@@ -267,3 +267,128 @@ TEST(Bf16Grid, WeightCopyAndBf16ActivationsGiveTheBitsOfPerCallRounding) {
     EXPECT_LT(stored.back(), stored.front() - 0.05) << "the run did not learn";
   }
 }
+
+namespace {
+
+// One forward_backward of the tiny model in bf16 on `g` under `po`: this rank's gradients (and
+// the loss summed over the data ranks).
+std::pair<double, std::vector<float>> one_step_grads(const ModelConfig& mc, ProcessGroups& g,
+                                                     ParallelOptions po, std::string* plan = nullptr) {
+  po.precision = backend::Precision::BF16;
+  po.attention_precision = backend::Precision::FP32;
+  const int Bl = kB / (g.shape.z * g.shape.d);
+  const int slot = g.coord.z + g.shape.z * g.coord.d;
+  ParallelTransformer m(mc, g, Bl, kT, po);
+  m.init_weights(7);
+  const auto tok = batch(3, mc.vocab_size);
+  std::vector<int32_t> x(size_t(Bl) * kT), y(x.size());
+  for (int b = 0; b < Bl; ++b)
+    for (int t = 0; t < kT; ++t) {
+      x[b * kT + t] = tok[(slot * Bl + b) * (kT + 1) + t];
+      y[b * kT + t] = tok[(slot * Bl + b) * (kT + 1) + t + 1];
+    }
+  m.zero_grads();
+  double loss = m.forward_backward(x.data(), y.data(), Bl, kT, 1.0f / (kB * kT));
+  m.reduce_gradients();
+  if (g.zd.size() > 1) g.zd.allreduce_sum(&loss, 1);
+  if (plan) *plan = m.gemm_layout_plan().to_string();
+  m.finish_communication();
+  return {loss, std::vector<float>(m.grads(), m.grads() + m.num_local_params())};
+}
+
+double rel_dev(const std::vector<float>& a, const std::vector<float>& b) {
+  double e = 0, s = 0;
+  for (size_t i = 0; i < a.size(); ++i) {
+    e += (double(a[i]) - b[i]) * (double(a[i]) - b[i]);
+    s += double(b[i]) * b[i];
+  }
+  return std::sqrt(e / std::max(s, 1e-300));
+}
+
+std::string plan_of_forms(const char* fwd, const char* dx, const char* dw) {
+  std::string s;
+  for (const char* site : kGemmSiteNames)
+    s += std::string(s.empty() ? "" : " ") + site + ":*:*:*:" + fwd + ":" + dx + ":" + dw;
+  return s;
+}
+
+}  // namespace
+
+// Forced GEMM layout plans (every dx and dw form, the forward plain and transposed, and a mixed
+// plan) on one rank and on grids that split both layer kinds (2x2x1x1: X and Y) and shard the
+// weights (1x1x2x2, ZeRO 1): each rank's gradients equal the rule's within fp32 summation
+// error (the same bf16 operands in another summation order), never NaN.
+TEST(Bf16Grid, EveryGemmLayoutPlanMatchesTheRuleOnOneRankAndFour) {
+  int world;
+  MPI_Comm_size(MPI_COMM_WORLD, &world);
+  if (world != 4) GTEST_SKIP() << "runs on 4 ranks only";
+  const ModelConfig mc = test_model();
+  std::vector<std::string> plans;
+  for (const char* fwd : {"NT", "NT/tr"})
+    for (const char* dx : {"NN", "TN", "NN/tr", "TN/tr"})
+      for (const char* dw : {"NN", "TN", "NN/tr", "TN/tr"}) plans.push_back(plan_of_forms(fwd, dx, dw));
+  plans.push_back("qkv:*:*:*:NT:TN:NN proj:*:*:*:NT/tr:NN/tr:TN fc:*:*:*:NT:TN/tr:TN/tr "
+                  "fcproj:*:*:*:NT/tr:NN:NN/tr head:*:*:*:NT:TN:TN");
+  struct Case {
+    const char* name;
+    GridShape shape;
+    int zero;
+  };
+  for (const Case& c : {Case{"1x1x1x1", {1, 1, 1, 1}, 0}, Case{"2x2x1x1", {2, 2, 1, 1}, 0},
+                        Case{"1x1x2x2 ZeRO 1", {1, 1, 2, 2}, 1}}) {
+    SCOPED_TRACE(c.name);
+    std::optional<ProcessGroups> grid;
+    ProcessGroups one;
+    if (c.shape.x * c.shape.y * c.shape.z * c.shape.d > 1)
+      grid.emplace(comm::Communicator::world(), c.shape);
+    ProcessGroups& g = grid ? *grid : one;
+    ParallelOptions po;
+    po.zero = c.zero;
+    const auto rule = one_step_grads(mc, g, po);
+    for (const std::string& p : plans) {
+      SCOPED_TRACE(p);
+      ParallelOptions forced = po;
+      forced.gemm_layout_plan = p;
+      const auto got = one_step_grads(mc, g, forced);
+      for (float v : got.second) ASSERT_FALSE(std::isnan(v));
+      EXPECT_NEAR(got.first, rule.first, 1e-5 * std::fabs(rule.first));
+      EXPECT_LT(rel_dev(got.second, rule.second), 1e-4);
+    }
+  }
+}
+
+// tune on a grid: every rank runs rank 0's plan (each rank timed its own; the broadcast makes
+// them one), and the tuned grid's gradients match the rule's. Where bf16 GEMMs are emulated
+// (forced), tune runs the rule on every rank.
+TEST(Bf16Grid, TunedGemmLayoutsAreTheSameOnEveryRank) {
+  int world;
+  MPI_Comm_size(MPI_COMM_WORLD, &world);
+  if (world != 4) GTEST_SKIP() << "runs on 4 ranks only";
+  const ModelConfig mc = test_model();
+  ProcessGroups g(comm::Communicator::world(), GridShape{2, 1, 2, 1});
+  for (int emulate = 0; emulate < 2; ++emulate) {
+    if (!emulate && !kernels::native_bf16_matmul()) continue;
+    kernels::set_bf16_emulation_forced(emulate == 1);
+    SCOPED_TRACE(emulate ? "emulated" : "native");
+    ParallelOptions po;
+    const auto rule = one_step_grads(mc, g, po);
+    po.gemm_layouts = GemmLayouts::Tune;
+    std::string plan;
+    const auto tuned = one_step_grads(mc, g, po, &plan);
+    std::vector<int32_t> mine(1024, 0);
+    ASSERT_LT(plan.size(), mine.size());
+    std::copy(plan.begin(), plan.end(), mine.begin());
+    std::vector<int32_t> root = mine;
+    g.world.broadcast(root.data(), root.size(), 0);
+    EXPECT_EQ(mine, root) << "rank " << g.world.rank() << " runs " << plan;
+    const GemmLayoutPlan parsed = GemmLayoutPlan::parse(plan, "given");
+    if (emulate)
+      for (const GemmSiteLayout& s : parsed.site) {
+        EXPECT_EQ(s.dx, (GemmForm{false, false}));
+        EXPECT_EQ(s.dw, (GemmForm{false, false}));
+        EXPECT_EQ(s.fwd, (GemmForm{false, false}));
+      }
+    EXPECT_LT(rel_dev(tuned.second, rule.second), 1e-4);
+  }
+  kernels::set_bf16_emulation_forced(false);
+}

@@ -51,6 +51,13 @@ enum class Precision : uint8_t { FP32, BF16 };
 // a_type / b_type: how A and B are stored (F32, or BF16 storage where Capabilities::
 // gemm_bf16_storage); precision: the arithmetic (BF16 rounds fp32-stored operands to bf16).
 // beta == 0 overwrites C (NaN in C does not propagate).
+// How a bf16 GEMM computes its product (backends with Capabilities::gemm_product_forms; others
+// ignore it): Default follows the kernel's own policy (the CPU's TETRAD_GEMM_LAYOUT, "rule" unless
+// set); Plain computes C as stored; Transposed computes Cᵀ = op(B)ᵀ·op(A)ᵀ into a scratch added
+// into C transposed (docs/precision.md, "Layouts"). The model's per-site plan sets it
+// (parallel/gemm_layouts.hpp).
+enum class GemmProduct : uint8_t { Default, Plain, Transposed };
+
 struct GemmArgs {
   bool trans_a = false, trans_b = false;
   int64_t M = 0, N = 0, K = 0;
@@ -64,6 +71,7 @@ struct GemmArgs {
   int64_t ldc = 0;
   Precision precision = Precision::FP32;
   DType a_type = DType::F32, b_type = DType::F32;
+  GemmProduct product = GemmProduct::Default;
 };
 
 // Causal scaled-dot-product attention with grouped-query heads, per sequence. Query i of a

@@ -7,6 +7,7 @@
 #include <string>
 
 #include "tetrad/backend/ops.hpp"
+#include "tetrad/parallel/gemm_layouts.hpp"
 
 namespace tetrad::backend {
 class Backend;
@@ -109,6 +110,15 @@ struct ParallelOptions {
   // cast_transpose_f32_to_bf16) instead of the TN product oneDNN runs slowest (docs/precision.md
   // has the measurements). Sums in another order than TN: equal within fp32 rounding.
   bool bf16_weight_grad_nn = true;
+  // With precision BF16: the GEMM layout of each site (gemm_layouts.hpp): Rule (the fixed
+  // defaults above: forward NT, dx NN, dw NN on dY16ᵀ) or Tune (timed once at construction on
+  // this rank's shapes, rank 0's choice broadcast over the world; collective). Callers resolve
+  // train.gemm_layouts = auto with resolve_gemm_layouts; Tune where it cannot apply (fp32,
+  // emulated bf16, a backend without GemmArgs::product) runs Rule.
+  GemmLayouts gemm_layouts = GemmLayouts::Rule;
+  // A plan to run instead (GemmLayoutPlan::to_string's form, sizes may be "*"; tests force every
+  // form with it): overrides gemm_layouts; refused where its forms cannot run.
+  std::string gemm_layout_plan;
   // train.grad_comm_precision = "bf16": the gradient reduce-scatters over Z, the ZeRO
   // reduce-scatters over D and the data-parallel bucket all-reduces move bf16 (half the bytes);
   // every rank's contribution is rounded to bf16 once and the sums are accumulated in fp32

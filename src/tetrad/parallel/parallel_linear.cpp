@@ -20,7 +20,7 @@ namespace tetrad::parallel {
 
 void ParallelTransformer::gemm(const char* what, bool ta, bool tb, int64_t M, int64_t N, int64_t K,
                                Operand A, int64_t lda, Operand B, int64_t ldb, float beta,
-                               float* C, int64_t ldc) {
+                               float* C, int64_t ldc, backend::GemmProduct product) {
   CommQueue::ProgressScope progress(q_);  // pending collectives move during the GEMM
   ScopedPhase sp(prof_, Phase::Gemm, what, M, N, K);
   backend::GemmArgs g;
@@ -39,6 +39,7 @@ void ParallelTransformer::gemm(const char* what, bool ta, bool tb, int64_t M, in
   g.C = C;
   g.ldc = ldc;
   g.precision = precision_;
+  g.product = product;
   ops().gemm(bq(), g);
 }
 
@@ -61,8 +62,10 @@ void ParallelTransformer::gemm_allreduce(const char* what, float* out, Operand i
                                          int64_t k_in, int64_t n_out,
                                          const comm::Communicator& group, int64_t N) {
   const int64_t chunks = group.size() > 1 ? std::min<int64_t>(ov_.forward_chunks, N) : 1;
+  const backend::GemmProduct fwd = product_of(site_layout(what).fwd);
   if (chunks == 1) {
-    gemm(what, false, true, N, n_out, k_in, in, k_in, weight_operand(wi), k_in, 0.0f, out, n_out);
+    gemm(what, false, true, N, n_out, k_in, in, k_in, weight_operand(wi), k_in, 0.0f, out, n_out,
+         fwd);
     sum_over(group, out, N * n_out, what);
     return;
   }
@@ -72,7 +75,7 @@ void ParallelTransformer::gemm_allreduce(const char* what, float* out, Operand i
     const Operand rows{static_cast<const char*>(in.p) + r0 * k_in * int64_t(backend::dtype_size(in.type)),
                        in.type};
     gemm(what, false, true, r1 - r0, n_out, k_in, rows, k_in, weight_operand(wi), k_in, 0.0f,
-         out + r0 * n_out, n_out);
+         out + r0 * n_out, n_out, fwd);
     tickets.push_back(q_.start(group.iallreduce_sum(out + r0 * n_out, size_t((r1 - r0) * n_out), q_.ready()),
                                group, "allreduce", what, prof_ ? prof_->layer : -2,
                                (r1 - r0) * n_out * int64_t(sizeof(float))));
@@ -104,34 +107,40 @@ void ParallelTransformer::bias_bwd(float* db, const float* dout, int64_t width, 
 
 // din[N, k_in] = all-reduce over `group` of dout · W; dW[n_out, k_in] += doutᵀ · in; bias.
 // With backward_allreduce the all-reduce runs while dW computes (driven by the progress thread,
-// or by the polls after it). With bf16 activations dout is cast to bf16 once for both GEMMs
-// (and transposed, so that dW is the NN product (doutᵀ stored)·in: wgrad_nn_).
+// or by the polls after it). With bf16 activations dout is cast to bf16 once for both GEMMs, as
+// stored (dY16) and/or transposed (dY16ᵀ), whichever the site's layout plan reads
+// (gemm_layouts.hpp: dx NN reads dY16, TN dY16ᵀ; dw NN reads dY16ᵀ, TN dY16).
 void ParallelTransformer::linear_bwd(const char* what, float* din, const float* dout,
                                      Operand in, int wi, int bi, int64_t k_in, int64_t n_out,
                                      const comm::Communicator& group, int64_t N) {
-  Operand dy = f32(dout);
-  bool dy_t = false;  // dy holds doutᵀ [n_out, N] for the weight gradient
-  Operand dy_wgrad = dy;
+  const GemmSiteLayout& lay = site_layout(what);
+  Operand dy = f32(dout), dyt{};  // dyt: doutᵀ [n_out, N] in bf16
   if (bf16_acts_) {
     ScopedPhase sp(prof_, Phase::Gemm, "cast dY to bf16");
-    uint16_t* d16 = a_->dout16;
-    if (wgrad_nn_) {
+    const bool plain = !lay.dx.ta || lay.dw.ta, transposed = lay.dx.ta || !lay.dw.ta;
+    uint16_t* d16 = plain ? a_->dout16 : nullptr;
+    if (transposed) {
       ops().cast_transpose_f32_to_bf16(bq(), d16, a_->dout16_t, dout, N, n_out);
-      dy_wgrad = {a_->dout16_t, backend::DType::BF16};
-      dy_t = true;
+      dyt = {a_->dout16_t, backend::DType::BF16};
     } else {
       ops().cast_f32_to_bf16(bq(), d16, dout, N * n_out);
-      dy_wgrad = {d16, backend::DType::BF16};
     }
-    dy = {d16, backend::DType::BF16};
+    if (plain) dy = {d16, backend::DType::BF16};
   }
   auto weight_grad = [&] {
-    if (dy_t)
-      gemm(what, false, false, n_out, k_in, N, dy_wgrad, N, in, k_in, 1.0f, gw(wi), k_in);
+    if (lay.dw.ta)
+      gemm(what, true, false, n_out, k_in, N, dy, n_out, in, k_in, 1.0f, gw(wi), k_in,
+           product_of(lay.dw));
     else
-      gemm(what, true, false, n_out, k_in, N, dy_wgrad, n_out, in, k_in, 1.0f, gw(wi), k_in);
+      gemm(what, false, false, n_out, k_in, N, dyt, N, in, k_in, 1.0f, gw(wi), k_in,
+           product_of(lay.dw));
   };
-  gemm(what, false, false, N, k_in, n_out, dy, n_out, weight_operand(wi), k_in, 0.0f, din, k_in);
+  if (lay.dx.ta)
+    gemm(what, true, false, N, k_in, n_out, dyt, N, weight_operand(wi), k_in, 0.0f, din, k_in,
+         product_of(lay.dx));
+  else
+    gemm(what, false, false, N, k_in, n_out, dy, n_out, weight_operand(wi), k_in, 0.0f, din, k_in,
+         product_of(lay.dx));
   if (ov_.backward_allreduce && group.size() > 1) {
     const auto t = q_.start(group.iallreduce_sum(din, size_t(N * k_in), q_.ready()), group, "allreduce",
                             what, prof_ ? prof_->layer : -2, N * k_in * int64_t(sizeof(float)));

@@ -261,6 +261,7 @@ ParallelTransformer::ParallelTransformer(const ModelConfig& config, ProcessGroup
   if (b16) {
     a_->dout16 = as16(take(sz.dout16));
     a_->dout16_t = as16(take(sz.dout16));
+    dout16_floats_ = sz.dout16;
   }
   TETRAD_CHECK(cur == acts_.data() + acts_.size());
   stats_ = backend::DeviceArray<double>(*be_, size_t(N) * 2);
@@ -282,6 +283,26 @@ ParallelTransformer::ParallelTransformer(const ModelConfig& config, ProcessGroup
     bq().copy_to_device(rope_cos_.data(), cos_host.data(), n * sizeof(float));
     bq().copy_to_device(rope_sin_.data(), sin_host.data(), n * sizeof(float));
     bq().synchronize();
+  }
+
+  // The GEMM layout of every site: given, tuned here (collective over the world), or the rule.
+  layouts_ = rule_gemm_layouts();
+  const char* rule_forms = wgrad_nn_ ? "forward NT, dx NN, dw NN on dY16ᵀ"
+                                     : "forward NT, dx NN, dw TN";
+  layout_summary_ = std::string("gemm layouts: rule (") + rule_forms + ")";
+  if (!opt_.gemm_layout_plan.empty()) {
+    const GemmLayoutPlan given = GemmLayoutPlan::parse(opt_.gemm_layout_plan, "given");
+    if (!set_gemm_layout_plan(given))
+      fail("gemm layout plan \"", opt_.gemm_layout_plan, "\": its sizes are not this model's (",
+           rule_gemm_layouts().to_string(), ")");
+  } else if (opt_.gemm_layouts == GemmLayouts::Tune) {
+    std::string why;
+    if (resolve_gemm_layouts("tune", precision_, *be_, &why) == GemmLayouts::Rule)
+      layout_summary_ = "gemm layouts: " + why + ", " + rule_forms;
+    else if (!bf16_acts_)
+      layout_summary_ = std::string("gemm layouts: rule (tune: needs bf16 activations), ") + rule_forms;
+    else
+      tune_gemm_layouts();
   }
 }
 

@@ -141,6 +141,16 @@ class ParallelTransformer {
       const std::function<void(float* params, uint16_t* params16, int64_t lo, int64_t hi)>& update);
   // Whether the GEMMs read a bf16 weight copy (ParallelOptions::bf16_weight_copy with bf16).
   bool bf16_weights() const { return bf16_weights_; }
+  // The GEMM layout of every site (gemm_layouts.hpp): the rule, tuned at construction
+  // (ParallelOptions::gemm_layouts = Tune), given, or set from a checkpoint.
+  const GemmLayoutPlan& gemm_layout_plan() const { return layouts_; }
+  // One line for the run's log: "gemm layouts (tuned in 1.2 s on rank 0, used by every rank):
+  // head.dx TN (495 vs rule NN 345 GFLOP/s), ...; the other products as the rule".
+  const std::string& gemm_layout_summary() const { return layout_summary_; }
+  // Runs `plan` from now on (a checkpoint's, on resume: the same sums as the run that wrote
+  // it). Refused (Error) where its forms cannot run here (dY16ᵀ without bf16 activations).
+  // Returns false, changing nothing, when its shapes are not this model's.
+  bool set_gemm_layout_plan(const GemmLayoutPlan& plan);
   // Waits for every collective still pending (the next step's gathers apply_update started), so
   // a run that ends leaves no request to its destructors.
   void finish_communication() { q_.wait_all(); }
@@ -288,7 +298,18 @@ class ParallelTransformer {
   //   normal     (input over X, output over Y): forward all-reduce X, backward all-reduce Y.
   //   transposed (input over Y, output over X): forward all-reduce Y, backward all-reduce X.
   void gemm(const char* what, bool ta, bool tb, int64_t M, int64_t N, int64_t K, Operand A,
-            int64_t lda, Operand B, int64_t ldb, float beta, float* C, int64_t ldc);
+            int64_t lda, Operand B, int64_t ldb, float beta, float* C, int64_t ldc,
+            backend::GemmProduct product = backend::GemmProduct::Default);
+  // gemm_layouts.cpp's model half: the rule plan for this model, the tuning, the site shapes.
+  GemmLayoutPlan rule_gemm_layouts() const;
+  void tune_gemm_layouts();
+  void check_gemm_layout_plan(const GemmLayoutPlan& plan) const;
+  const GemmSiteLayout& site_layout(const char* what) const;
+  backend::GemmProduct product_of(GemmForm f) const {
+    return !layouts_.explicit_forms() ? backend::GemmProduct::Default
+           : f.transposed             ? backend::GemmProduct::Transposed
+                                      : backend::GemmProduct::Plain;
+  }
   // A sum over a group, skipped when the group is one rank (float and double).
   template <typename T>
   void sum_over(const comm::Communicator& group, T* data, int64_t n, const char* what = "");
@@ -415,6 +436,9 @@ class ParallelTransformer {
   bool bf16_weights_ = false, params16_valid_ = false;
   bool bf16_acts_ = false;     // ParallelOptions::bf16_activations in force (with bf16)
   bool wgrad_nn_ = false;      // ... and the NN weight-gradient form (needs the cast-transpose)
+  GemmLayoutPlan layouts_;     // every site's GEMM forms (gemm_layouts.hpp)
+  int64_t dout16_floats_ = 0;  // each bf16 gradient copy's size (a_->dout16, a_->dout16_t)
+  std::string layout_summary_;
   backend::DeviceBuffer params16_, gathered16_top_;
   std::vector<backend::DeviceBuffer> gathered16_;
   // Gradient blocks: two layer buffers (a layer's reduce-scatter may still read one while the

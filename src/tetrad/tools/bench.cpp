@@ -111,6 +111,8 @@ std::string default_anchor() {
 }  // namespace
 
 void run_bench(const BenchOptions& opt, std::ostream& out) {
+  if (opt.gemm_layouts != "auto" && opt.gemm_layouts != "rule" && opt.gemm_layouts != "tune")
+    fail("--gemm-layouts \"", opt.gemm_layouts, "\": expected \"auto\", \"rule\" or \"tune\"");
   const int threads = opt.threads > 0 ? opt.threads : num_cores();
   omp_set_num_threads(threads);
   const dnnl_version_t* dv = dnnl_version();
@@ -206,26 +208,44 @@ void run_bench(const BenchOptions& opt, std::ostream& out) {
       return rate;
     };
     const std::vector<double> ceiling_before = measure_model_ceiling();
-    // bf16: oneDNN's matmul on bf16 operands (what the bf16 model stores) in the layout the step
-    // calls, and in the fastest of NN/NT/TN/TT for each shape: the ceiling if every GEMM ran in
-    // its best layout.
+    // bf16: oneDNN's matmul on bf16 operands (what the bf16 model stores) in the layouts the
+    // model's plan runs (parallel/gemm_layouts.hpp: the rule, or tuned at its construction), and
+    // in the fastest of NN/NT/TN/TT for each shape: the ceiling if every GEMM ran in its best
+    // layout. Measured after the model's steps (its plan is known then).
     double step_layout_time = 0, best_layout_time = 0, bf16_flop = 0;
     std::ostringstream layout_lines;
-    if (bf16 && !on_gpu && kernels::native_bf16_matmul()) {
-      // The bf16 model runs each weight gradient as an NN product on the transposed bf16 copy of
-      // dY (ParallelOptions::bf16_weight_grad_nn, the default), not as the TN one listed.
-      const bool wgrad_nn = parallel::ParallelOptions{}.bf16_activations &&
-                            parallel::ParallelOptions{}.bf16_weight_grad_nn;
+    auto measure_layouts = [&](const parallel::GemmLayoutPlan& plan) {
+      if (!(bf16 && !on_gpu && kernels::native_bf16_matmul())) return;
+      const std::pair<const char*, const char*> sites[] = {{"attn.qkv", "qkv"}, {"attn.proj", "proj"},
+                                                           {"mlp.fc", "fc"}, {"mlp.proj", "fcproj"},
+                                                           {"lm_head", "head"}};
       for (GemmShape s : model_gemm_shapes(mc, int(N))) {
-        if (wgrad_nn && s.name.ends_with(".dw")) s.transa = 'N';
-        const Measurement used = measure_bf16_matmul(s, threads, 3);
+        const std::string prefix = s.name.substr(0, s.name.rfind('.'));
+        const std::string kind = s.name.substr(s.name.rfind('.') + 1);
+        parallel::GemmForm f;
+        for (const auto& [shape_name, site] : sites)
+          if (prefix == shape_name) {
+            const parallel::GemmSiteLayout& l = plan.site[size_t(parallel::gemm_site_index(site))];
+            f = kind == "fwd" ? l.fwd : kind == "dx" ? l.dx : l.dw;
+          }
+        const std::string step_form = parallel::gemm_form_name(kind == "fwd", f);
+        if (kind != "fwd") s.transa = f.ta ? 'T' : 'N';
+        // A transposed product Cᵀ = op(B)ᵀ·op(A)ᵀ is the plain [N, M] product with the operands'
+        // roles and transposes swapped (its pass adding Cᵀ into C is not in this figure).
+        GemmShape run = s;
+        if (f.transposed) {
+          run.M = s.N, run.N = s.M;
+          run.transa = s.transb == 'T' ? 'N' : 'T';
+          run.transb = s.transa == 'T' ? 'N' : 'T';
+        }
+        const Measurement used = measure_bf16_matmul(run, threads, 3);
         if (!used.ok()) continue;
         double best = used.value;
-        std::string best_layout = std::string(1, s.transa) + s.transb;
+        std::string best_layout = step_form;
         for (const char* l : {"NN", "NT", "TN", "TT"}) {
           GemmShape t = s;
           t.transa = l[0], t.transb = l[1];
-          if (t.transa == s.transa && t.transb == s.transb) continue;
+          if (!f.transposed && t.transa == s.transa && t.transb == s.transb) continue;
           const Measurement m = measure_bf16_matmul(t, threads, 3);
           if (m.ok() && m.value > best) best = m.value, best_layout = l;
         }
@@ -233,13 +253,13 @@ void run_bench(const BenchOptions& opt, std::ostream& out) {
         step_layout_time += s.flop() / (used.value * 1e9);
         best_layout_time += s.flop() / (best * 1e9);
         layout_lines << "    " << std::left << std::setw(14) << s.name << std::right << " "
-                     << s.M << "x" << s.N << "x" << s.K << ": step's " << s.transa << s.transb
-                     << " " << std::fixed << std::setprecision(0) << used.value
-                     << " GFLOP/s, fastest " << best_layout << " " << best << "\n";
+                     << s.M << "x" << s.N << "x" << s.K << ": step's " << step_form << " "
+                     << std::fixed << std::setprecision(0) << used.value << " GFLOP/s, fastest "
+                     << best_layout << " " << best << "\n";
       }
-    }
-    const double step_layout_ceiling = step_layout_time > 0 ? bf16_flop / step_layout_time / 1e9 : 0;
-    const double best_layout_ceiling = best_layout_time > 0 ? bf16_flop / best_layout_time / 1e9 : 0;
+    };
+    parallel::GemmLayoutPlan step_plan;
+    std::string layout_summary;
 
     const int64_t rss_before = current_rss_bytes();
     double step_median = 0, total_time = 0;
@@ -253,7 +273,14 @@ void run_bench(const BenchOptions& opt, std::ostream& out) {
       parallel::ParallelOptions po;
       po.device = device;
       po.precision = bf16 ? backend::Precision::BF16 : backend::Precision::FP32;
+      std::string layouts_why;
+      po.gemm_layouts =
+          parallel::resolve_gemm_layouts(opt.gemm_layouts, po.precision, *device, &layouts_why);
       parallel::ParallelTransformer model(mc, groups, B, T, po);
+      step_plan = model.gemm_layout_plan();
+      layout_summary = model.gemm_layout_summary() + " [--gemm-layouts " + opt.gemm_layouts +
+                       ": " + layouts_why + "]";
+      if (bf16) out << "  " << layout_summary << "\n";
       model.init_weights(1);
       TrainConfig tc;
       const parallel::OptimizerLayout& ol = model.optimizer_layout();
@@ -308,6 +335,9 @@ void run_bench(const BenchOptions& opt, std::ostream& out) {
       for (double t : times) total_time += t;
     }
     const int64_t peak_rss = peak_rss_bytes();
+    measure_layouts(step_plan);
+    const double step_layout_ceiling = step_layout_time > 0 ? bf16_flop / step_layout_time / 1e9 : 0;
+    const double best_layout_ceiling = best_layout_time > 0 ? bf16_flop / best_layout_time / 1e9 : 0;
     const double tok_s = double(N) / step_median;
     const double model_flops = flops_per_token(mc, T) * tok_s;
     const CeilingWindows ceiling = ceiling_windows(ceiling_flop, ceiling_before,
@@ -404,6 +434,10 @@ void run_bench(const BenchOptions& opt, std::ostream& out) {
                                                   : nlohmann::json(model_flops / (gemm_ceiling * 1e9))},
                         {"peak_rss_mb", peak_rss / 1048576.0}, {"needed_mb", needed / 1048576.0},
                         {"phase_seconds_per_step", phases}};
+    if (bf16) {
+      j["gemm_layouts"] = step_plan.to_string();
+      j["gemm_layouts_source"] = step_plan.source;
+    }
     if (best_layout_ceiling > 0) {
       j["bf16_ceiling_step_layouts_gflops"] = step_layout_ceiling;
       j["bf16_ceiling_fastest_layouts_gflops"] = best_layout_ceiling;
@@ -483,6 +517,8 @@ void run_bench_grids(const BenchOptions& opt, std::ostream& log) {
     po.precision = kernels::parse_precision(opt.precision) == kernels::Precision::BF16
                        ? backend::Precision::BF16
                        : backend::Precision::FP32;
+    po.gemm_layouts = resolve_gemm_layouts(opt.gemm_layouts, po.precision, backend::cpu_backend(),
+                                           nullptr);
     po.zero = opt.zero;
     po.recompute = parse_recompute(opt.recompute);
     po.virtual_stages = opt.virtual_stages;

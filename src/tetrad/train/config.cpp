@@ -11,6 +11,7 @@
 #include "tetrad/checkpoint/hf_config.hpp"
 #include "tetrad/core/error.hpp"
 #include "tetrad/backend/cpu/precision.hpp"
+#include "tetrad/parallel/gemm_layouts.hpp"
 #include "tetrad/parallel/grid.hpp"
 #include "tetrad/parallel/layer_split.hpp"
 #include "tetrad/train/loss_mask.hpp"
@@ -258,6 +259,8 @@ const std::vector<Field>& schema() {
                    "GEMM precision: \"fp32\", \"bf16\" (bf16 operands, fp32 accumulation; fp32 master weights, gradients, optimizer, norms, softmax, loss) or \"auto\" (bf16 where the CPU has AMX-BF16 or AVX512-BF16, else fp32)"),
       STRING_FIELD("train.attention_precision", c.train.attention_precision,
                    "attention's products (QK^T, PV and the backward's): \"auto\" (bf16 in bf16 runs where the bf16 attention kernel is the faster one, i.e. on CPUs with AMX; else fp32), \"fp32\" or \"bf16\" (bf16 operands, fp32 accumulation and softmax statistics)"),
+      STRING_FIELD("train.gemm_layouts", c.train.gemm_layouts,
+                   "layout of each bf16 GEMM (forward, input and weight gradient of every linear layer): \"auto\" (tune where bf16 GEMMs run natively, on AMX-BF16 or AVX512-BF16, else rule), \"rule\" (fixed forms, the same in every process), \"tune\" (each product's realizable forms timed at start-up on this rank's shapes, rank 0's choice used by every rank, the plan kept in checkpoints and reused on resume), or a plan as a checkpoint's meta.json records it (\"qkv:1024:768:2304:NT:TN:NN proj:...\", one site:N:k_in:n_out:fwd:dx:dw per site)"),
       STRING_FIELD("train.grad_comm_precision", c.train.grad_comm_precision,
                    "gradient reduce-scatters (over Z, ZeRO over D) and data-parallel all-reduces: \"fp32\" or \"bf16\" (each rank's contribution rounded to bf16 once, bf16 on the wire: half the bytes; summed in fp32; the gradients stay fp32; blocking, not on NCCL; docs/precision.md)"),
       STRING_FIELD("train.device", c.train.device,
@@ -383,6 +386,12 @@ void RunConfig::validate() const {
       t.attention_precision != "bf16")
     fail("train.attention_precision = \"", t.attention_precision,
          "\": expected \"auto\", \"fp32\" or \"bf16\"");
+  if (t.gemm_layouts.find(':') != std::string::npos)  // a plan's text: refused naming the bad part
+    (void)parallel::GemmLayoutPlan::parse(t.gemm_layouts, "given");
+  else if (t.gemm_layouts != "auto" && t.gemm_layouts != "rule" && t.gemm_layouts != "tune")
+    fail("train.gemm_layouts = \"", t.gemm_layouts, "\": expected \"auto\", \"rule\", \"tune\" "
+         "or a plan (site:N:k_in:n_out:fwd:dx:dw for each of qkv, proj, fc, fcproj, head, as a "
+         "checkpoint's meta.json records it)");
   if (t.grad_comm_precision != "fp32" && t.grad_comm_precision != "bf16")
     fail("train.grad_comm_precision = \"", t.grad_comm_precision, "\": expected \"fp32\" or \"bf16\"");
   // Whether this build and machine can run it is checked when the run starts (backend::create).

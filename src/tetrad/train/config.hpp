@@ -43,6 +43,10 @@ struct TrainConfig {
   // Arithmetic of attention's products: "auto" (bf16 in bf16 runs where the bf16 attention kernel
   // is the faster one: CPUs with AMX; else fp32), "fp32" or "bf16" (docs/precision.md).
   std::string attention_precision = "auto";
+  // Layout of each bf16 GEMM (parallel/gemm_layouts.hpp, docs/precision.md): "auto" (tune where
+  // bf16 GEMMs run natively on the CPU's matrix units, else rule), "rule" (fixed, the same in
+  // every process) or "tune" (timed at start-up on this rank's shapes; kept in checkpoints).
+  std::string gemm_layouts = "auto";
   // Gradient communication (reduce-scatters over Z and D, data-parallel all-reduces): "fp32", or
   // "bf16" (bf16 on the wire, fp32 sums; docs/precision.md, "bf16 gradient communication").
   std::string grad_comm_precision = "fp32";

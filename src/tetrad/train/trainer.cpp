@@ -473,6 +473,12 @@ TrainResult train(const RunConfig& cfg, const TrainOptions& opt, std::ostream& l
   if (t.attention_precision != "auto")
     popt.attention_precision = t.attention_precision == "bf16" ? backend::Precision::BF16
                                                                : backend::Precision::FP32;
+  std::string layouts_why = "a plan given";
+  if (t.gemm_layouts.find(':') != std::string::npos)
+    popt.gemm_layout_plan = t.gemm_layouts;
+  else
+    popt.gemm_layouts = parallel::resolve_gemm_layouts(t.gemm_layouts, popt.precision, *device,
+                                                       &layouts_why);
   popt.grad_comm_bf16 = t.grad_comm_precision == "bf16";
   popt.recompute = parallel::parse_recompute(t.recompute);
   popt.zero = cfg.zero;
@@ -528,6 +534,23 @@ TrainResult train(const RunConfig& cfg, const TrainOptions& opt, std::ostream& l
     if (rec.is_object() && rec.contains("best_loss") && rec["best_loss"].is_number())
       best_loss = rec["best_loss"].get<double>();
   };
+  // A tuned plan is the checkpoint's on resume (the same sums as the run that wrote it, so a
+  // resumed run is bit-identical to an uninterrupted one); re-tuned only where the local shapes
+  // changed (another grid or micro-batch). rule stays rule.
+  std::string layouts_resumed;
+  auto restore_gemm_layouts = [&](const nlohmann::json& rec) {
+    if (popt.gemm_layouts != parallel::GemmLayouts::Tune || !rec.is_object() ||
+        !rec.contains("gemm_layouts") || !rec["gemm_layouts"].is_string())
+      return;
+    const std::string src = rec.value("gemm_layouts_source", std::string());
+    if (src != "tuned" && src != "checkpoint") return;  // that run had no tuned plan
+    const parallel::GemmLayoutPlan saved =
+        parallel::GemmLayoutPlan::parse(rec["gemm_layouts"].get<std::string>(), "checkpoint");
+    layouts_resumed = model.set_gemm_layout_plan(saved)
+                          ? "the checkpoint's"
+                          : "re-tuned: the checkpoint's plan was for other shapes (" +
+                                saved.to_string() + ")";
+  };
   if (opt.resume) {
     // Rank 0 lists the usable checkpoints (latest first, cleaning up after an interrupted save)
     // and offers them one at a time; every rank loads its part of the offered one (sharded:
@@ -581,6 +604,7 @@ TrainResult train(const RunConfig& cfg, const TrainOptions& opt, std::ostream& l
           }
           step = info.step;
           restore_best(info.extra);
+          restore_gemm_layouts(info.extra);
           restore_data_position(info.data, dir, T, train_loader);
         } else {
           // The previous format (one HF folder + trainer_state.bin), tensor by tensor.
@@ -815,7 +839,9 @@ TrainResult train(const RunConfig& cfg, const TrainOptions& opt, std::ostream& l
     // (seed, epoch, step), so the seed is the whole random state.
     info.rng = {{"seed", t.seed}, {"generators", nlohmann::json::array()}};
     info.extra = {{"tokens_seen", at_step * tokens_per_step}, {"grid", shape.to_string()},
-                  {"config", to_toml(cfg)}};
+                  {"config", to_toml(cfg)},
+                  {"gemm_layouts", model.gemm_layout_plan().to_string()},
+                  {"gemm_layouts_source", model.gemm_layout_plan().source}};
     info.extra.update(health);
     if (host_memory) {
       saver.begin(cfg.model, table, model.plan(), model.param_data(), adam.m(), adam.v(), info);
@@ -879,6 +905,11 @@ TrainResult train(const RunConfig& cfg, const TrainOptions& opt, std::ostream& l
       out << "precision: fp32 GEMMs; attention bf16 products" << attn_path << "\n";
     else if (t.precision == "auto")
       out << "precision: fp32 (auto: " << kernels::auto_precision_reason() << ")\n";
+    if (precision == kernels::Precision::BF16)
+      out << model.gemm_layout_summary() << " [train.gemm_layouts = "
+          << (popt.gemm_layout_plan.empty() ? t.gemm_layouts : std::string("<plan>")) << ": "
+          << layouts_why << "]"
+          << (layouts_resumed.empty() ? std::string() : "; on resume: " + layouts_resumed) << "\n";
   }
   // SIGINT/SIGTERM end the run with a final checkpoint (a scheduler's SIGTERM before the
   // wall-clock limit loses no work). The handler never runs on this thread or its OpenMP team:

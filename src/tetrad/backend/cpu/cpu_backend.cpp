@@ -78,8 +78,12 @@ void op_gemm(Queue&, const GemmArgs& g) {
   // A bf16-stored operand makes the product a bf16 one whatever g.precision says.
   const bool stored16 = g.a_type != DType::F32 || g.b_type != DType::F32;
   if (g.precision == Precision::BF16 || stored16) {
+    const k::GemmProductForm form = g.product == GemmProduct::Plain ? k::GemmProductForm::kPlain
+                                    : g.product == GemmProduct::Transposed
+                                        ? k::GemmProductForm::kTransposed
+                                        : k::GemmProductForm::kPolicy;
     k::gemm_bf16(g.trans_a, g.trans_b, g.M, g.N, g.K, g.alpha, operand(g.A, g.a_type, g.lda),
-                 operand(g.B, g.b_type, g.ldb), g.beta, g.C, g.ldc);
+                 operand(g.B, g.b_type, g.ldb), g.beta, g.C, g.ldc, form);
     return;
   }
   const float* A = static_cast<const float*>(g.A);
@@ -252,6 +256,7 @@ CpuBackend::CpuBackend() : queue_(std::make_unique<InlineQueue>(*this)) {
   caps_.gemm_bf16 = true;  // native where the CPU has bf16 matrix units, emulated elsewhere
   caps_.gemm_bf16_native = k::native_bf16_matmul();
   caps_.gemm_bf16_storage = true;
+  caps_.gemm_product_forms = true;  // GemmArgs::product: plain or transposed product (native bf16)
   caps_.adamw_bf16_copy = true;
   caps_.attention_bf16 = false;
   caps_.attention_bf16_products = true;  // native on bf16 matrix units, emulated elsewhere

@@ -319,12 +319,15 @@ void execute(const Matmul& m, const MatmulKey& k, const uint16_t* a, const uint1
   if (m.transposed) {  // C = beta C + (Cᵀ)ᵀ, in 32x32 blocks
     constexpr int64_t kB = 32;
     const float beta = k.beta;
+    // The calling thread's scratch: `ct` named inside the parallel region would be each OpenMP
+    // worker's own (empty) thread_local vector.
+    const float* ctp = ct.data();
 #pragma omp parallel for collapse(2) schedule(static) if (k.M * k.N > 32768)
     for (int64_t i0 = 0; i0 < k.M; i0 += kB)
       for (int64_t j0 = 0; j0 < k.N; j0 += kB)
         for (int64_t i = i0; i < std::min(k.M, i0 + kB); ++i)
           for (int64_t j = j0; j < std::min(k.N, j0 + kB); ++j) {
-            const float v = ct[size_t(j * k.M + i)];
+            const float v = ctp[size_t(j * k.M + i)];
             float& o = c[i * k.ldc + j];
             o = beta == 0.0f ? v : beta * o + v;
           }
@@ -397,7 +400,7 @@ Matmul tune(const MatmulKey& k) {
 // shape and layout: the model has a handful.
 void gemm_bf16_native(bool ta, bool tb, int64_t M, int64_t N, int64_t K, float alpha,
                       const Bf16Operand& A, const Bf16Operand& B, float beta, float* C,
-                      int64_t ldc) {
+                      int64_t ldc, GemmProductForm form) {
   thread_local std::unordered_map<MatmulKey, Matmul, MatmulKeyHash> cache;
   const Stored sa = stored_a(ta, M, K), sb = stored_b(tb, K, N);
   const uint16_t* a = A.bf16;
@@ -413,19 +416,26 @@ void gemm_bf16_native(bool ta, bool tb, int64_t M, int64_t N, int64_t K, float a
     convert_matrix_to_bf16(B.f32, B.ld, t_b16.data(), sb.cols, sb.rows, sb.cols);
     b = t_b16.data(), ldb = sb.cols;
   }
-  const MatmulKey key{ta, tb, M, N, K, lda, ldb, ldc, alpha, beta, int(g_layout_policy)};
+  // A form chosen by the caller is keyed like the forced policies (the same primitive).
+  const GemmLayoutPolicy policy = form == GemmProductForm::kPlain ? GemmLayoutPolicy::kPlain
+                                  : form == GemmProductForm::kTransposed
+                                      ? GemmLayoutPolicy::kTransposed
+                                      : g_layout_policy;
+  const MatmulKey key{ta, tb, M, N, K, lda, ldb, ldc, alpha, beta, int(policy)};
   auto it = cache.find(key);
   if (it == cache.end()) {
     Matmul m;
-    switch (g_layout_policy) {
+    // Forms the caller chose are its plan's to report (the model's "gemm layouts" line).
+    const bool own = form == GemmProductForm::kPolicy;
+    switch (policy) {
       case GemmLayoutPolicy::kTune: m = tune(key); break;
       case GemmLayoutPolicy::kPlain:
         m = make_matmul(key, false);
-        report(shape_name(key) + ": plain (forced)");
+        if (own) report(shape_name(key) + ": plain (forced)");
         break;
       case GemmLayoutPolicy::kTransposed:
         m = make_matmul(key, true);
-        report(shape_name(key) + ": transposed (forced)");
+        if (own) report(shape_name(key) + ": transposed (forced)");
         break;
       case GemmLayoutPolicy::kRule:
         m = make_matmul(key, gemm_layout_rule(ta, tb, M, N, K));
@@ -455,7 +465,7 @@ std::string gemm_layout_report() {
 }
 
 void gemm_bf16(bool ta, bool tb, int64_t M, int64_t N, int64_t K, float alpha, Bf16Operand A,
-               Bf16Operand B, float beta, float* C, int64_t ldc) {
+               Bf16Operand B, float beta, float* C, int64_t ldc, GemmProductForm form) {
   if (M == 0 || N == 0) return;
   TETRAD_CHECK((A.f32 != nullptr) != (A.bf16 != nullptr) && (B.f32 != nullptr) != (B.bf16 != nullptr),
                "gemm_bf16: each operand needs exactly one of an fp32 or a bf16 pointer");
@@ -465,7 +475,7 @@ void gemm_bf16(bool ta, bool tb, int64_t M, int64_t N, int64_t K, float alpha, B
     return;
   }
   if (native_bf16_matmul())
-    gemm_bf16_native(ta, tb, M, N, K, alpha, A, B, beta, C, ldc);
+    gemm_bf16_native(ta, tb, M, N, K, alpha, A, B, beta, C, ldc, form);
   else
     gemm_bf16_emulated(ta, tb, M, N, K, alpha, A, B, beta, C, ldc);
 }

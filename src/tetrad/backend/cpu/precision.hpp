@@ -70,10 +70,16 @@ struct Bf16Operand {
   static Bf16Operand bf16_stored(const uint16_t* p, int64_t ld) { return {nullptr, p, ld}; }
 };
 
+// How one call computes its product (see GemmLayoutPolicy below): kPolicy follows the policy in
+// force; kPlain / kTransposed choose for this call (the model's per-site plan,
+// parallel/gemm_layouts.hpp). The emulated path has one form (sgemm) and ignores it.
+enum class GemmProductForm { kPolicy, kPlain, kTransposed };
+
 // The same GEMM with each operand in either form. Transposes are strides of the stored operand
 // (no copy when it is stored in bf16).
 void gemm_bf16(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K, float alpha,
-               Bf16Operand A, Bf16Operand B, float beta, float* C, int64_t ldc);
+               Bf16Operand A, Bf16Operand B, float beta, float* C, int64_t ldc,
+               GemmProductForm form = GemmProductForm::kPolicy);
 
 // How gemm_bf16 computes a product whose layout runs slowly on the matrix units. oneDNN's matmul
 // runs NT (second operand stored [N, K], tetrad's weights) fastest and TN (first operand stored
