@@ -300,8 +300,10 @@ const char* isa_name(dnnl_cpu_isa_t isa) {
     case dnnl_cpu_isa_sse41: return "sse41";
     case dnnl_cpu_isa_avx: return "avx";
     case dnnl_cpu_isa_avx2: return "avx2";
+#if DNNL_VERSION_MAJOR < 3  // oneDNN 3 dropped the Xeon Phi ISAs
     case dnnl_cpu_isa_avx512_mic: return "avx512_mic";
     case dnnl_cpu_isa_avx512_mic_4ops: return "avx512_mic_4ops";
+#endif
     case dnnl_cpu_isa_avx512_core: return "avx512_core";
     case dnnl_cpu_isa_avx512_core_vnni: return "avx512_core_vnni";
     case dnnl_cpu_isa_avx512_core_bf16: return "avx512_core_bf16";
