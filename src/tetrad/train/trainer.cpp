@@ -138,11 +138,14 @@ void check_data_tokenizer(const std::string& data_dir, const DataInfo& d) {
 // planner.hpp), plus the backend's own workspace, must fit the memory this rank has on its device
 // (train.memory_limit_mib, else Backend::memory_available() divided among the ranks that share
 // the device), or the run stops with the formula's numbers (rather than allocating until the
-// device runs out, or failing inside a step). Root logs the line; each rank that does not fit
-// names itself (under mpirun the first error ends the job).
-void check_memory_fits(const RunConfig& cfg, const parallel::GridShape& shape, int world, int rank,
-                       int ranks_on_node, backend::Backend& device, bool bf16, std::ostream& out,
-                       bool quiet) {
+// device runs out, or failing inside a step). The ranks decide together: root logs its line and
+// flushes it, a collective finds the lowest rank that does not fit, and every rank stops with that
+// rank's message. (Deciding alone raced: a rank that stopped first made mpirun kill root before
+// its line was out, and the log lost the figure the error is about.)
+std::string memory_problem_of_this_rank(const RunConfig& cfg, const parallel::GridShape& shape,
+                                        int world, int rank, int ranks_on_node,
+                                        backend::Backend& device, bool bf16, std::ostream& out,
+                                        bool quiet) {
   MemoryFit fit;
   try {
     planner::PlanInput in = plan_input_of(cfg, world);
@@ -150,7 +153,7 @@ void check_memory_fits(const RunConfig& cfg, const parallel::GridShape& shape, i
     const planner::Grid5 g{shape.x, shape.y, shape.z, shape.p, shape.d};
     fit.formula = planner::memory_per_rank(in, g);
   } catch (const Error&) {
-    return;  // a layout the formula cannot take; the model's own checks report what is wrong
+    return "";  // a layout the formula cannot take; the model's own checks report what is wrong
   }
   if (device.name().rfind("cuda", 0) == 0) fit.workspace = backend_reserve_bytes(fit.formula);
   fit.device = device.name();
@@ -177,14 +180,44 @@ void check_memory_fits(const RunConfig& cfg, const parallel::GridShape& shape, i
                     : std::string());
     if (m.available == 0) fit.available_from = m.source + " gave no figure: not checked";
   }
-  if (!quiet) out << memory_fit_line(fit) << "\n";
+  if (!quiet) out << memory_fit_line(fit) << std::endl;  // out before any rank can stop the job
   FitContext c;
   c.rank = rank;
   c.world = world;
   c.micro_batch = cfg.train.micro_batch;
   c.recompute = cfg.train.recompute;
   c.bf16 = bf16;
-  if (const std::string why = memory_fit_problem(fit, c); !why.empty()) fail(why);
+  return memory_fit_problem(fit, c);
+}
+
+void check_memory_fits(const RunConfig& cfg, const parallel::GridShape& shape, int world, int rank,
+                       int ranks_on_node, backend::Backend& device, bool bf16, std::ostream& out,
+                       bool quiet, const comm::Communicator& world_group) {
+  const std::string why =
+      memory_problem_of_this_rank(cfg, shape, world, rank, ranks_on_node, device, bf16, out, quiet);
+  // The lowest rank that does not fit, or world when all do (every rank gets here: a rank that
+  // throws before it ends the job under mpirun, it does not leave the others waiting).
+  int32_t first_bad = why.empty() ? world : rank;
+  if (world > 1) {
+    first_bad = -first_bad;
+    world_group.allreduce_max(&first_bad, 1);
+    first_bad = -first_bad;
+  }
+  if (first_bad == world) return;
+  // Every rank stops with that rank's message: the first error ends the job (MPI_Abort), so
+  // whichever rank's comes out, it carries the numbers.
+  std::string msg = why;
+  if (world > 1) {
+    int64_t len = int64_t(msg.size());
+    world_group.broadcast(&len, 1, first_bad);
+    std::vector<uint16_t> text(static_cast<size_t>(len));  // bytes, one an element
+    if (rank == first_bad)
+      for (size_t i = 0; i < msg.size(); ++i) text[i] = static_cast<unsigned char>(msg[i]);
+    world_group.broadcast(text.data(), text.size(), first_bad);
+    msg.resize(text.size());
+    for (size_t i = 0; i < text.size(); ++i) msg[i] = static_cast<char>(text[i]);
+  }
+  fail(msg);
 }
 
 // train.threads = 0: OMP_NUM_THREADS if set, else this node's cores shared among its ranks
@@ -435,7 +468,7 @@ TrainResult train(const RunConfig& cfg, const TrainOptions& opt, std::ostream& l
           : kernels::resolve_precision(t.precision);
   check_memory_fits(cfg, shape, world, groups.world.rank(),
                     launcher_ranks_per_node() > 0 ? launcher_ranks_per_node() : world, *device,
-                    precision == kernels::Precision::BF16, out, opt.quiet);
+                    precision == kernels::Precision::BF16, out, opt.quiet, groups.world);
 
   // The run folder is this run's from here to the end (rank 0 holds its lock; every rank writes
   // shards into it): a second trainer is refused, and a folder holding a trained run is not
