@@ -868,6 +868,102 @@ TEST_P(Conformance, VocabParallelCrossEntropyPieces) {
   }
 }
 
+// ce_row_max_sum_exp_target (Capabilities::ce_row_stats_fused): bit for bit ce_row_max then
+// ce_sum_exp_target, on a slice (the target inside, outside and masked) of a width that is no
+// multiple of a vector width, and on one row wider than the fixed 16-lane sum's blocks.
+TEST_P(Conformance, CeRowStatsFusedIsRowMaxThenSumExp) {
+  if (!be_->capabilities().ce_row_stats_fused)
+    GTEST_SKIP() << be_->name() << " has no ce_row_max_sum_exp_target (Capabilities::ce_row_stats_fused)";
+  ASSERT_TRUE(ops_->ce_row_max_sum_exp_target) << "capability declared, entry missing";
+  for (int round = 0; round < 2; ++round) {
+    const int64_t N = round ? 1 : randint(1, 9), V = round ? 50257 : randint(2, 300),
+                  v0 = round ? 0 : randint(0, V - 1), Vs = round ? V : randint(1, V - v0);
+    const VF logits = rand(static_cast<size_t>(N * Vs), -12, 12);
+    VI targets(static_cast<size_t>(N));
+    for (int32_t& t : targets) t = int32_t(randint(0, V - 1));
+    if (N > 2) targets[2] = -1;
+    DeviceBuffer L = up(logits), tg = up(targets), m1 = poisoned(static_cast<size_t>(N)),
+                 m2 = poisoned(static_cast<size_t>(N)), s1 = poisoned_d(static_cast<size_t>(2 * N)),
+                 s2 = poisoned_d(static_cast<size_t>(2 * N));
+    ops_->ce_row_max(*q_, F(m1), F(L), N, Vs);
+    ops_->ce_sum_exp_target(*q_, D(s1), F(L), F(m1), I(tg), v0, Vs, N);
+    ops_->ce_row_max_sum_exp_target(*q_, F(m2), D(s2), F(L), I(tg), v0, Vs, N);
+    const std::string name = "ce_row_max_sum_exp_target N" + std::to_string(N) + " slice [" +
+                             std::to_string(v0) + ", " + std::to_string(v0 + Vs) + "), " + seed();
+    EXPECT_EQ(down(m2, static_cast<size_t>(N)), down(m1, static_cast<size_t>(N))) << name;
+    const VD a = down<double>(s1, static_cast<size_t>(2 * N)), b = down<double>(s2, static_cast<size_t>(2 * N));
+    for (int64_t i = 0; i < 2 * N; ++i) ASSERT_EQ(b[i], a[i]) << name << ": stats[" << i << "]";
+    // and Σ exp against double
+    const VF mx = down(m1, static_cast<size_t>(N));
+    for (int64_t t = 0; t < N; ++t) {
+      double z = 0;
+      for (int64_t j = 0; j < Vs; ++j) z += std::exp(double(logits[t * Vs + j]) - mx[t]);
+      EXPECT_NEAR(b[2 * t], z, 1e-5 * z) << name << ": row " << t;
+    }
+  }
+}
+
+// ce_grad_bf16 (Capabilities::bf16_loss_grad): each element of both copies is bit for bit the
+// rounded fp32 ce_grad output (masked rows 0, the target column included), on a vocabulary slice
+// whose width is not a multiple of any vector width or tile, with more rows than one tile; and
+// within bf16's rounding of the double finite-difference gradient.
+TEST_P(Conformance, CeGradBf16IsTheRoundedFp32Gradient) {
+  if (!be_->capabilities().bf16_loss_grad)
+    GTEST_SKIP() << be_->name() << " has no ce_grad_bf16 (Capabilities::bf16_loss_grad)";
+  ASSERT_TRUE(ops_->ce_grad_bf16) << "capability declared, entry missing";
+  const int64_t N = randint(1, 70), V = randint(2, 300), v0 = randint(0, V - 1), Vs = randint(1, V - v0);
+  const float grad_scale = 0.61f;
+  const VF logits = rand(static_cast<size_t>(N * Vs), -10, 10);
+  VI targets(static_cast<size_t>(N));
+  for (int32_t& t : targets) t = int32_t(randint(0, V - 1));  // inside and outside the slice
+  for (int64_t t = 0; t < N; t += 3) targets[t] = -1;           // masked (loss mask, Goldfish)
+  if (N > 1) targets[1] = int32_t(v0 + Vs - 1);                  // the slice's last column
+  VF mx(static_cast<size_t>(N));
+  VD st(static_cast<size_t>(2 * N));
+  for (int64_t t = 0; t < N; ++t) {
+    mx[t] = *std::max_element(logits.begin() + t * Vs, logits.begin() + (t + 1) * Vs) + 0.25f;
+    double z = 0;
+    for (int64_t j = 0; j < Vs; ++j) z += std::exp(double(logits[t * Vs + j]) - mx[t]);
+    st[2 * t] = z * 1.5;  // as if other slices held a third of the mass
+    st[2 * t + 1] = 0;
+  }
+  const size_t n = logits.size();
+  const uint16_t kPoison16 = 0x7fc1;
+  DeviceBuffer L32 = up(logits), L16 = up(logits), dm = up(mx), ds = up(st), tg = up(targets),
+               o = up(std::vector<uint16_t>(n, kPoison16)), ot = up(std::vector<uint16_t>(n, kPoison16)),
+               o_only = up(std::vector<uint16_t>(n, kPoison16)), ot_only = up(std::vector<uint16_t>(n, kPoison16));
+  ops_->ce_grad(*q_, F(L32), F(dm), D(ds), I(tg), v0, Vs, N, grad_scale);
+  ops_->ce_grad_bf16(*q_, o.as<uint16_t>(), ot.as<uint16_t>(), F(L16), F(dm), D(ds), I(tg), v0, Vs, N, grad_scale);
+  ops_->ce_grad_bf16(*q_, o_only.as<uint16_t>(), nullptr, F(L16), F(dm), D(ds), I(tg), v0, Vs, N, grad_scale);
+  ops_->ce_grad_bf16(*q_, nullptr, ot_only.as<uint16_t>(), F(L16), F(dm), D(ds), I(tg), v0, Vs, N, grad_scale);
+  const VF g32 = down(L32, n);
+  const std::vector<uint16_t> g16 = down<uint16_t>(o, n), g16t = down<uint16_t>(ot, n),
+                              g16o = down<uint16_t>(o_only, n), g16to = down<uint16_t>(ot_only, n);
+  EXPECT_EQ(down(L16, n), logits) << "ce_grad_bf16 must only read the logits, " << seed();
+  const std::string name = "ce_grad_bf16 N" + std::to_string(N) + " slice [" + std::to_string(v0) + ", " +
+                           std::to_string(v0 + Vs) + "), " + seed();
+  for (int64_t t = 0; t < N; ++t)
+    for (int64_t j = 0; j < Vs; ++j) {
+      const size_t i = size_t(t * Vs + j), it = size_t(j * N + t);
+      const uint32_t u = uint32_t(g16[i]) << 16;
+      float got;
+      std::memcpy(&got, &u, 4);
+      ASSERT_FALSE(std::isnan(got)) << name << ": row " << t << " column " << j << " unwritten or NaN";
+      ASSERT_EQ(got, ref_bf16(g32[i])) << name << ": row " << t << " column " << j << " (target " << targets[t] << ")";
+      ASSERT_EQ(g16t[it], g16[i]) << name << ": transposed copy, row " << t << " column " << j;
+      ASSERT_EQ(g16o[i], g16[i]) << name << ": stored copy alone, row " << t << " column " << j;
+      ASSERT_EQ(g16to[it], g16[i]) << name << ": transposed copy alone, row " << t << " column " << j;
+      // against the double value of the same formula
+      const int32_t tgt = targets[t];
+      double want = 0;
+      if (tgt >= 0) {
+        want = grad_scale * std::exp(double(logits[i]) - mx[t]) / st[2 * t];
+        if (tgt - v0 == j) want -= grad_scale;
+      }
+      ASSERT_NEAR(got, want, 1e-2 * std::fabs(want) + 1e-7) << name << ": row " << t << " column " << j;
+    }
+}
+
 TEST_P(Conformance, RowArgmaxLowestIndexOnTies) {
   const int64_t N = randint(1, 6), Vs = randint(2, 100), ld = Vs + randint(0, 5);
   VF L = rand(static_cast<size_t>(N * ld));

@@ -130,6 +130,8 @@ struct Capabilities {
   bool fused_cross_entropy = false;    // OpTable::cross_entropy_fused present
   bool bf16_producers = false;         // OpTable::norm_apply_bf16, gelu_forward_bf16,
                                        // swiglu_forward_bf16, cast_transpose_f32_to_bf16 present
+  bool bf16_loss_grad = false;         // OpTable::ce_grad_bf16 present
+  bool ce_row_stats_fused = false;     // OpTable::ce_row_max_sum_exp_target present
   bool gemm_product_forms = false;     // GemmArgs::product is honoured by bf16 GEMMs (the model
                                        // may then tune its per-site layouts, gemm_layouts.hpp)
   std::string gemm_bf16_path;          // how bf16 GEMMs run here, for logs

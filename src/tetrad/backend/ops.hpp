@@ -272,6 +272,19 @@ struct OpTable {
   // product (faster than TN on oneDNN's AMX kernels, docs/precision.md).
   void (*cast_transpose_f32_to_bf16)(Queue& q, uint16_t* out, uint16_t* out_t, const float* x,
                                      int64_t rows, int64_t cols) = nullptr;
+  // ce_row_max then ce_sum_exp_target row by row (Capabilities::ce_row_stats_fused), the same
+  // values bit for bit: where one rank holds the whole vocabulary (no max to all-reduce between
+  // them), each row is read from memory once, its second sweep from cache.
+  void (*ce_row_max_sum_exp_target)(Queue& q, float* mx, double* stats, const float* logits,
+                                    const int32_t* targets, int64_t v0, int64_t Vs,
+                                    int64_t N) = nullptr;
+  // ce_grad written in bf16 only (Capabilities::bf16_loss_grad): out (N, Vs) as stored and / or
+  // out_t (Vs, N) transposed (either may be null), each element bit for bit the bf16 rounding of
+  // ce_grad's fp32 value; logits are only read. The head's backward GEMM operands straight from
+  // the loss, instead of ce_grad writing fp32 dlogits that cast_transpose_f32_to_bf16 reads back.
+  void (*ce_grad_bf16)(Queue& q, uint16_t* out, uint16_t* out_t, const float* logits,
+                       const float* mx, const double* stats, const int32_t* targets, int64_t v0,
+                       int64_t Vs, int64_t N, float grad_scale) = nullptr;
 };
 
 // Throws tetrad::Error naming the first required entry that is null ("backend 'cuda': op table

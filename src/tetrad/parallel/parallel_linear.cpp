@@ -10,6 +10,7 @@
 // The identity halves of the pairs (a normal layer's input replicated over Y, its output's
 // gradient replicated over X) need no message. Weight gradients dW += dOutᵀ · in stay local
 // (each rank owns its block; grad_reduction.cpp reduces them over Z and D).
+#include "tetrad/core/error.hpp"
 #include "tetrad/parallel/parallel_transformer.hpp"
 
 #include <algorithm>
@@ -112,20 +113,22 @@ void ParallelTransformer::bias_bwd(float* db, const float* dout, int64_t width, 
 // (gemm_layouts.hpp: dx NN reads dY16, TN dY16ᵀ; dw NN reads dY16ᵀ, TN dY16).
 void ParallelTransformer::linear_bwd(const char* what, float* din, const float* dout,
                                      Operand in, int wi, int bi, int64_t k_in, int64_t n_out,
-                                     const comm::Communicator& group, int64_t N) {
+                                     const comm::Communicator& group, int64_t N,
+                                     bool dout16_ready) {
   const GemmSiteLayout& lay = site_layout(what);
   Operand dy = f32(dout), dyt{};  // dyt: doutᵀ [n_out, N] in bf16
+  TETRAD_CHECK(!dout16_ready || bf16_acts_, "linear_bwd ", what, ": bf16 dY copies without bf16 activations");
   if (bf16_acts_) {
-    ScopedPhase sp(prof_, Phase::Gemm, "cast dY to bf16");
-    const bool plain = !lay.dx.ta || lay.dw.ta, transposed = lay.dx.ta || !lay.dw.ta;
-    uint16_t* d16 = plain ? a_->dout16 : nullptr;
-    if (transposed) {
-      ops().cast_transpose_f32_to_bf16(bq(), d16, a_->dout16_t, dout, N, n_out);
-      dyt = {a_->dout16_t, backend::DType::BF16};
-    } else {
-      ops().cast_f32_to_bf16(bq(), d16, dout, N * n_out);
+    const auto [d16, d16t] = dy16_copies(lay);
+    if (!dout16_ready) {
+      ScopedPhase sp(prof_, Phase::Gemm, "cast dY to bf16");
+      if (d16t)
+        ops().cast_transpose_f32_to_bf16(bq(), d16, d16t, dout, N, n_out);
+      else
+        ops().cast_f32_to_bf16(bq(), d16, dout, N * n_out);
     }
-    if (plain) dy = {d16, backend::DType::BF16};
+    if (d16t) dyt = {d16t, backend::DType::BF16};
+    if (d16) dy = {d16, backend::DType::BF16};
   }
   auto weight_grad = [&] {
     if (lay.dw.ta)
@@ -152,6 +155,11 @@ void ParallelTransformer::linear_bwd(const char* what, float* din, const float* 
   weight_grad();
   bias_bwd(gw(bi), dout, n_out, N);
   sum_over(group, din, N * k_in, what);
+}
+
+std::pair<uint16_t*, uint16_t*> ParallelTransformer::dy16_copies(const GemmSiteLayout& lay) const {
+  const bool plain = !lay.dx.ta || lay.dw.ta, transposed = lay.dx.ta || !lay.dw.ta;
+  return {plain ? a_->dout16 : nullptr, transposed ? a_->dout16_t : nullptr};
 }
 
 // Normal layer backward: din = all-reduce_Y(dout · W).

@@ -414,7 +414,9 @@ void ParallelTransformer::backward_chunk(int l0, int l1, bool embed, bool head,
   if (head) {
     const float* x_last = l1 > 0 ? a.layer[l1 - 1].resid_out : a.emb;
     // Head: dlogits [N, Vy] -> dlnf [N, Cx] (sum over Y), d(head block): a normal layer.
-    linear_bwd("head", a.dln, a.logits, act(a.lnf, a.lnf16), head_, -1, Cx_, Vy_, g_.y, N);
+    linear_bwd("head", a.dln, a.logits, act(a.lnf, a.lnf16), head_, -1, Cx_, Vy_, g_.y, N,
+               head_dy16_ready_);
+    head_dy16_ready_ = false;
     if (sparse_embedding_) scatter_top_grads(/*head_part=*/true);
     zero_dev(a.dresid, N * Cx_);
     norm_bwd(a.dresid, a.dln, x_last, a.lnf_mean, a.lnf_rstd, lnf_w_, lnf_b_, N);

@@ -320,9 +320,14 @@ class ParallelTransformer {
                   int64_t n_out, int64_t N);
   void transposed_fwd(const char* what, float* out, const float* resid, Operand in, int wi,
                       int bi, int64_t k_in, int64_t N);
+  // dout16_ready: dout's bf16 copies the site's layout reads are already in a_->dout16 /
+  // a_->dout16_t (the loss wrote them: head_dy16), so no cast runs and dout is not read.
   void linear_bwd(const char* what, float* din, const float* dout, Operand in, int wi,
                   int bi, int64_t k_in, int64_t n_out, const comm::Communicator& group,
-                  int64_t N);
+                  int64_t N, bool dout16_ready = false);
+  // With bf16 activations, the bf16 copies of a site's dY its backward GEMMs read: as stored
+  // (a_->dout16) and / or transposed (a_->dout16_t); null where its layout reads none.
+  std::pair<uint16_t*, uint16_t*> dy16_copies(const GemmSiteLayout& lay) const;
   void normal_bwd(const char* what, float* din, const float* dout, Operand in, int wi,
                   int bi, int64_t k_in, int64_t n_out, int64_t N);
   void transposed_bwd(const char* what, float* din, const float* dout, Operand in, int wi,
@@ -436,6 +441,9 @@ class ParallelTransformer {
   bool bf16_weights_ = false, params16_valid_ = false;
   bool bf16_acts_ = false;     // ParallelOptions::bf16_activations in force (with bf16)
   bool wgrad_nn_ = false;      // ... and the NN weight-gradient form (needs the cast-transpose)
+  // The loss wrote d(loss)/d logits straight into the head's bf16 dY copies (ce_grad_bf16), not
+  // into a_->logits: set by cross_entropy, consumed by the head's backward.
+  bool head_dy16_ready_ = false;
   GemmLayoutPlan layouts_;     // every site's GEMM forms (gemm_layouts.hpp)
   int64_t dout16_floats_ = 0;  // each bf16 gradient copy's size (a_->dout16, a_->dout16_t)
   std::string layout_summary_;

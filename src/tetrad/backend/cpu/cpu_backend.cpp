@@ -232,6 +232,13 @@ OpTable make_table() {
                                     int64_t rows, int64_t cols) {
     cast_transpose_to_bf16(out, out_t, x, rows, cols);
   };
+  t.ce_row_max_sum_exp_target = [](Queue&, float* mx, double* st, const float* L,
+                                   const int32_t* tg, int64_t v0, int64_t Vs, int64_t N) {
+    ce_row_max_sum_exp_target(mx, st, L, tg, v0, Vs, N);
+  };
+  t.ce_grad_bf16 = [](Queue&, uint16_t* out, uint16_t* out_t, const float* L, const float* mx,
+                      const double* st, const int32_t* tg, int64_t v0, int64_t Vs, int64_t N,
+                      float gs) { ce_grad_bf16(out, out_t, L, mx, st, tg, v0, Vs, N, gs); };
   return t;
 }
 
@@ -265,6 +272,8 @@ CpuBackend::CpuBackend() : queue_(std::make_unique<InlineQueue>(*this)) {
   caps_.attention_any_q_offset = false;
   caps_.fused_cross_entropy = true;
   caps_.bf16_producers = true;
+  caps_.bf16_loss_grad = true;
+  caps_.ce_row_stats_fused = true;
   caps_.gemm_bf16_path = k::bf16_matmul_path();
 }
 

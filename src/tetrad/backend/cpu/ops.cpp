@@ -536,9 +536,7 @@ struct ExpRow {
 };
 template <typename T>
 inline ExpRow<T> exp_row_in_place(T* row, int64_t V, int32_t tgt) {
-  T mx = row[0];
-#pragma omp simd reduction(max : mx)
-  for (int64_t j = 0; j < V; ++j) mx = std::max(mx, row[j]);
+  const T mx = row_max(row, V);
   const T target_logit = row[tgt];
   T sum = 0;
 #pragma omp simd reduction(+ : sum)
@@ -588,12 +586,8 @@ double cross_entropy_forward(T* losses, const T* logits, const int32_t* targets,
       losses[t] = 0;
       continue;
     }
-    T mx = row[0];
-#pragma omp simd reduction(max : mx)
-    for (int64_t j = 0; j < V; ++j) mx = std::max(mx, row[j]);
-    T sum = 0;
-#pragma omp simd reduction(+ : sum)
-    for (int64_t j = 0; j < V; ++j) sum += fast_exp(row[j] - mx);
+    const T mx = row_max(row, V);
+    const T sum = sum_exp_shifted(row, V, mx);
     losses[t] = std::log(sum) + mx - row[tgt];
   }
   double total = 0;

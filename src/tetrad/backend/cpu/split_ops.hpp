@@ -50,10 +50,16 @@ void position_grad(float* dpos, const float* dout, int64_t N, int64_t T_seq, int
 void ce_row_max(float* mx, const float* logits, int64_t N, int64_t Vs);
 void ce_sum_exp_target(double* stats, const float* logits, const float* mx,
                        const int32_t* targets, int64_t v0, int64_t Vs, int64_t N);
+void ce_row_max_sum_exp_target(float* mx, double* stats, const float* logits,
+                               const int32_t* targets, int64_t v0, int64_t Vs, int64_t N);
 void ce_loss(float* losses, double* total, const double* stats, const float* mx,
              const int32_t* targets, int64_t N);
 void ce_grad(float* logits, const float* mx, const double* stats, const int32_t* targets,
              int64_t v0, int64_t Vs, int64_t N, float grad_scale);
+void ce_grad_bf16(uint16_t* out, uint16_t* out_t, const float* logits, const float* mx,
+                  const double* stats, const int32_t* targets, int64_t v0, int64_t Vs, int64_t N,
+                  float grad_scale);
+void transpose_bf16(uint16_t* out_t, const uint16_t* x, int64_t rows, int64_t cols);
 void row_argmax(int32_t* idx, float* val, const float* logits, int64_t N, int64_t Vs, int64_t ld);
 
 }  // namespace tetrad::backend::cpu

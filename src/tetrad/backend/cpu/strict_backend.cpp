@@ -266,6 +266,20 @@ OpTable make_strict_table() {
     cpu_ops().cast_transpose_f32_to_bf16(cpu_queue(q), T_(out, o, "out"), T_(out_t, o, "out_t"),
                                          T_(x, o, "x"), rows, cols);
   };
+  t.ce_row_max_sum_exp_target = [](Queue& q, float* mx, double* st, const float* L,
+                                   const int32_t* tg, int64_t v0, int64_t Vs, int64_t N) {
+    const char* o = "ce_row_max_sum_exp_target";
+    cpu_ops().ce_row_max_sum_exp_target(cpu_queue(q), T_(mx, o, "mx"), T_(st, o, "stats"),
+                                        T_(L, o, "logits"), T_(tg, o, "targets"), v0, Vs, N);
+  };
+  t.ce_grad_bf16 = [](Queue& q, uint16_t* out, uint16_t* out_t, const float* L, const float* mx,
+                      const double* st, const int32_t* tg, int64_t v0, int64_t Vs, int64_t N,
+                      float gs) {
+    const char* o = "ce_grad_bf16";
+    cpu_ops().ce_grad_bf16(cpu_queue(q), T_(out, o, "out"), T_(out_t, o, "out_t"),
+                           T_(L, o, "logits"), T_(mx, o, "mx"), T_(st, o, "stats"),
+                           T_(tg, o, "targets"), v0, Vs, N, gs);
+  };
   return t;
 }
 
