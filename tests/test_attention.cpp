@@ -414,12 +414,15 @@ bool all_finite(const Layout& L, char which, const std::vector<float>& x) {
 
 TEST(AttentionBf16, EveryPathAgainstDoubleWithinBf16Tolerance) {
   // Across the kernel's 32-row blocks (tails), GQA, several sequences, decode-like Tq < Tk, head
-  // sizes that are not multiples of 32, and one kv head of one sequence (a single backward task).
+  // sizes that are not multiples of 32, one kv head of one sequence (a single backward task), and
+  // more keys than one chunk of the backward.
   const std::vector<Shape> shapes = {
       {1, 1, 1, 1, 1, 8, true},      {2, 7, 7, 2, 2, 16, true},    {1, 64, 64, 2, 2, 64, true},
       {2, 65, 65, 3, 3, 32, true},   {2, 130, 130, 4, 2, 24, true}, {1, 67, 67, 4, 1, 5, true},
       {1, 1, 10, 4, 2, 16, false},   {2, 3, 40, 4, 1, 16, false},  {1, 70, 200, 2, 1, 40, false},
       {1, 129, 129, 1, 1, 128, false}, {1, 300, 300, 2, 1, 64, true},
+      // more keys than the backward's 512-key chunk (dQ accumulated over chunks)
+      {1, 600, 600, 2, 1, 16, true},  {1, 40, 1100, 4, 2, 24, false},
   };
   constexpr double kLo = 1e-5, kHi = 2e-2;  // the rounding shows, and stays at bf16 size
   for (const Shape& s : shapes) {
