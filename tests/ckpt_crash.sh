@@ -17,17 +17,35 @@ for k in $(seq 1 "$KILLS"); do
     "$TETRAD" train "${S[@]}" --resume > "$W/log" 2>&1 &
   fi
   pid=$!
-  # Wait for the job to be training, then a random 0-400 ms more.
-  for _ in $(seq 1 200); do grep -q "^step\|resumed from" "$W/log" 2>/dev/null && break; sleep 0.05; done
+  # Wait for the job to be training (however long a loaded machine takes to start it: a 10 s
+  # bound once let the kill below find no rank yet, and the job trained on until CTest's
+  # timeout), then a random 0-400 ms more. A job that never trains fails the test, not hangs it.
+  started=0
+  for _ in $(seq 1 2400); do
+    grep -q "^step\|resumed from" "$W/log" 2>/dev/null && { started=1; break; }
+    kill -0 "$pid" 2>/dev/null || break
+    sleep 0.05
+  done
+  if [ $started -eq 0 ]; then
+    echo "FAIL kill $k: the job did not start training"; cat "$W/log"
+    kill -9 $(pgrep -P "$pid") "$pid" 2>/dev/null; wait "$pid" 2>/dev/null
+    exit 1
+  fi
   sleep "0.$(printf %03d $((RANDOM % 400)))"
   if [ $((k % 4)) -eq 0 ]; then
     kids=$(pgrep -P "$pid" | tr '\n' ' ')
     kill -9 $kids 2>/dev/null
-    wait "$pid" 2>/dev/null
   else
     kill -9 "$pid" 2>/dev/null
-    wait "$pid" 2>/dev/null
   fi
+  # The job must end now; if it does not, say so instead of waiting for CTest's timeout.
+  for _ in $(seq 1 1200); do kill -0 "$pid" 2>/dev/null || break; sleep 0.05; done
+  if kill -0 "$pid" 2>/dev/null; then
+    echo "FAIL kill $k: the job survived kill -9 of its processes (${kids:-$pid})"
+    kill -9 $(pgrep -P "$pid") "$pid" 2>/dev/null; wait "$pid" 2>/dev/null
+    exit 1
+  fi
+  wait "$pid" 2>/dev/null
   kills=$((kills + 1))
   grep -q "resumed from" "$W/log" && resumed=$((resumed + 1))
   ls "$W/run/checkpoints" 2>/dev/null | grep -q '\.tmp$' && mid_write=$((mid_write + 1))

@@ -9,6 +9,8 @@
 #include <random>
 #include <sstream>
 
+#include <unistd.h>
+
 #include "tetrad/core/error.hpp"
 #include "tetrad/data/hf_tokenizer.hpp"
 #include "tetrad/data/tokenizer.hpp"
@@ -151,7 +153,9 @@ TEST(HfTokenizer, FolderAndSpecialTokens) {
   EXPECT_EQ(s.eos_id(), 2);
 
   // A folder with both files: tokenizer.model, the original in Llama 2 / Mistral folders.
-  const fs::path both = fs::temp_directory_path() / "tetrad_hftok_both";
+  // Named by this process: two suites at once (CI's two builds, worktrees side by side) would
+  // otherwise share one folder and remove each other's files midway.
+  const fs::path both = fs::temp_directory_path() / ("tetrad_hftok_both_" + std::to_string(::getpid()));
   fs::remove_all(both);
   fs::create_directories(both);
   fs::copy_file(kFixtures / "sp/tokenizer.model", both / "tokenizer.model");

@@ -535,6 +535,38 @@ TEST(RunFolder, StaleLockOfADeadProcessIsTakenOver) {
   }
 }
 
+// A holder killed but not yet reaped (a zombie: the ranks of a killed mpirun job until their
+// parent collects them) holds nothing: its lock is taken over, not refused as "still running".
+TEST(RunFolder, LockOfAnExitedButUnreapedHolderIsTakenOver) {
+  const std::string run = test_dir() + "/zombie";
+  fs::create_directories(run);
+  int ready[2];
+  ASSERT_EQ(pipe(ready), 0);
+  const pid_t child = fork();
+  ASSERT_GE(child, 0);
+  if (child == 0) {
+    new RunLock(run);  // never released: the process ends holding it, as under kill -9
+    char c = 'l';
+    _exit(write(ready[1], &c, 1) == 1 ? 0 : 1);
+  }
+  char c = 0;
+  ASSERT_EQ(read(ready[0], &c, 1), 1);
+  // Until the child has exited, without reaping it: a zombie from here on.
+  siginfo_t info{};
+  ASSERT_EQ(waitid(P_PID, id_t(child), &info, WEXITED | WNOWAIT), 0);
+  std::string took;
+  try {
+    RunLock lock(run, &took);
+    EXPECT_NE(took.find("no longer running; taking it over"), std::string::npos) << took;
+    EXPECT_NE(took.find("pid " + std::to_string(child)), std::string::npos) << took;
+  } catch (const Error& e) {
+    ADD_FAILURE() << "the lock of an exited (unreaped) holder was refused: " << e.what();
+  }
+  waitpid(child, nullptr, 0);
+  close(ready[0]);
+  close(ready[1]);
+}
+
 TEST(RunFolder, PruningKeepsTheLastHealthyCheckpointAndRenamesFirst) {
   const Model md("tiny");
   const std::string run = test_dir() + "/healthy";

@@ -36,6 +36,17 @@ std::string process_start_time(long pid) {
   return "";
 }
 
+// The process's state letter (/proc/PID/stat field 3: R, S, D, Z, ...), or 0 when it does not
+// exist (or /proc is not there).
+char process_state(long pid) {
+  std::ifstream f("/proc/" + std::to_string(pid) + "/stat");
+  std::string s;
+  if (!f || !std::getline(f, s)) return 0;
+  const size_t close = s.rfind(')');
+  if (close == std::string::npos || close + 2 >= s.size()) return 0;
+  return s[close + 2];
+}
+
 struct Holder {
   long pid = 0;
   std::string host, start;
@@ -73,6 +84,12 @@ std::string read_fd(int fd) {
 bool holder_alive_here(const Holder& h) {
   if (h.pid <= 0) return false;
   if (::kill(pid_t(h.pid), 0) != 0 && errno == ESRCH) return false;
+  // A zombie has exited (its files, the lock's included, are closed) and only waits for its
+  // parent to reap it, which for the ranks of a killed mpirun job can take a while: kill(pid, 0)
+  // still finds it, yet it holds nothing. (CkptCrash: a --resume right after kill -9 of a job's
+  // ranks was refused, "which is still running".)
+  const char state = process_state(h.pid);
+  if (state == 'Z' || state == 'X') return false;
   const std::string start = process_start_time(h.pid);
   if (start.empty()) return ::kill(pid_t(h.pid), 0) == 0 || errno == EPERM;
   return h.start.empty() || start == h.start;  // another start time: the pid was reused
