@@ -13,6 +13,7 @@
 #include <chrono>
 #include <cmath>
 #include <cstdio>
+#include <cstdlib>
 #include <cstring>
 #include <ctime>
 #include <functional>
@@ -413,12 +414,15 @@ bool all_finite(const Layout& L, char which, const std::vector<float>& x) {
 
 TEST(AttentionBf16, EveryPathAgainstDoubleWithinBf16Tolerance) {
   // Across the kernel's 32-row blocks (tails), GQA, several sequences, decode-like Tq < Tk, head
-  // sizes that are not multiples of 32, and one kv head of one sequence (a single backward task).
+  // sizes that are not multiples of 32, one kv head of one sequence (a single backward task), and
+  // more keys than one chunk of the backward.
   const std::vector<Shape> shapes = {
       {1, 1, 1, 1, 1, 8, true},      {2, 7, 7, 2, 2, 16, true},    {1, 64, 64, 2, 2, 64, true},
       {2, 65, 65, 3, 3, 32, true},   {2, 130, 130, 4, 2, 24, true}, {1, 67, 67, 4, 1, 5, true},
       {1, 1, 10, 4, 2, 16, false},   {2, 3, 40, 4, 1, 16, false},  {1, 70, 200, 2, 1, 40, false},
       {1, 129, 129, 1, 1, 128, false}, {1, 300, 300, 2, 1, 64, true},
+      // more keys than the backward's 512-key chunk (dQ accumulated over chunks)
+      {1, 600, 600, 2, 1, 16, true},  {1, 40, 1100, 4, 2, 24, false},
   };
   constexpr double kLo = 1e-5, kHi = 2e-2;  // the rounding shows, and stays at bf16 size
   for (const Shape& s : shapes) {
@@ -719,6 +723,55 @@ TEST(DISABLED_Benchmark, Bf16AgainstFp32) {
       std::printf("  %-20s forward %7.2f (%7.2f) x%.2f   backward %7.2f (%7.2f) x%.2f\n",
                   x.name.c_str(), med(x.tf), med(x.cf), med(ks[0].cf) / med(x.cf), med(x.tb),
                   med(x.cb), med(ks[0].cb) / med(x.cb));
+  }
+}
+
+// The default bf16 path alone on gpt2-124m's shape (B=1, T=1024, 12 heads, hd 64; and small's,
+// B=4, T=512, 8 heads), fused qkv layout: ms per call and GFLOP/s, forward and backward, medians
+// of TETRAD_BENCH_ROUNDS rounds (default 15) of wall time and of the process's CPU time. FLOPs:
+// attention_forward_flops (the causal QKᵀ and PV, 4·T²/2·hd·heads), the backward 2.5x that (five
+// products of the same size). The one to run under perf: no other kernel runs beside it.
+TEST(DISABLED_Benchmark, Bf16DefaultPath) {
+  const char* env = std::getenv("TETRAD_BENCH_ROUNDS");
+  const int rounds = env ? std::max(1, std::atoi(env)) : 15;
+  const AttentionBf16Path p = attention_bf16_default_path();
+  struct Case { const char* name; int B, T, H; };
+  for (const Case& cs : {Case{"gpt2-124m", 1, 1024, 12}, Case{"small", 4, 512, 8}}) {
+    const Layout L = make_layout(cs.B, cs.T, cs.T, cs.H, cs.H, 64, true);
+    const std::vector<float> in = random_vector<float>(L.in_size, 1);
+    const std::vector<float> R = random_vector<float>(L.out_size, 2);
+    std::vector<float> out(L.out_size), lse(int64_t(cs.B) * cs.H * cs.T), din(L.in_size);
+    const float *q = in.data() + L.q_off, *k = in.data() + L.k_off, *v = in.data() + L.v_off;
+    float *dq = din.data() + L.q_off, *dk = din.data() + L.k_off, *dv = din.data() + L.v_off;
+    auto wall = [] { return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count(); };
+    auto cpu = [] { return double(std::clock()) / CLOCKS_PER_SEC; };
+    auto fwd = [&] { attention_forward_bf16(out.data(), lse.data(), q, k, v, L.d, 0, p); };
+    auto bwd = [&] {
+      attention_backward_bf16(dq, dk, dv, R.data(), q, k, v, out.data(), lse.data(), L.d, 0, p);
+    };
+    fwd(), bwd();  // warm-up (arenas, pages)
+    std::vector<double> tf, tb, cf, cb;
+    for (int round = 0; round < rounds; ++round) {
+      const double w0 = wall(), c0 = cpu();
+      fwd();
+      const double w1 = wall(), c1 = cpu();
+      bwd();
+      const double w2 = wall(), c2 = cpu();
+      tf.push_back(w1 - w0), tb.push_back(w2 - w1), cf.push_back(c1 - c0), cb.push_back(c2 - c1);
+    }
+    auto med = [](std::vector<double> t) {
+      std::sort(t.begin(), t.end());
+      return t[t.size() / 2];
+    };
+    const double ff = attention_forward_flops(L.d), fb = 2.5 * ff;
+    const int th = omp_get_max_threads();
+    std::printf("%s (B=%d T=%d heads=%d hd=64) bf16 %s, %d threads, medians of %d rounds: "
+                "forward %.2f ms wall %.0f GFLOP/s, %.2f ms CPU %.0f GFLOP/s per thread; "
+                "backward %.2f ms wall %.0f GFLOP/s, %.2f ms CPU %.0f GFLOP/s per thread\n",
+                cs.name, cs.B, cs.T, cs.H, attention_bf16_path_name(p), th, rounds,
+                med(tf) * 1e3, ff / med(tf) / 1e9, med(cf) * 1e3, ff / med(cf) / 1e9,
+                med(tb) * 1e3, fb / med(tb) / 1e9, med(cb) * 1e3, fb / med(cb) / 1e9);
+    EXPECT_TRUE(std::isfinite(out[0]) && std::isfinite(din[0]));
   }
 }
 

@@ -48,6 +48,8 @@ constexpr float kLog2e = 1.4426950408889634f;
 constexpr float kLn2 = 0.6931471805599453f;
 
 typedef uint32_t u32_alias __attribute__((may_alias));
+typedef float f32x16 __attribute__((vector_size(64)));
+typedef uint32_t u32x16 __attribute__((vector_size(64)));
 
 int64_t round_up(int64_t x, int64_t m) { return (x + m - 1) / m * m; }
 
@@ -281,8 +283,6 @@ struct Avx512Bf16Mm : Avx512Cvt {
 // Emulated: the bf16 operands widened to fp32 (exact: a bf16 is the top half of a float) and
 // multiplied in fp32, 4 rows x 32 columns per register tile; compiled for AVX2+FMA or SSE2 by the
 // entry it is inlined into.
-typedef float f32x16 __attribute__((vector_size(64)));
-typedef uint32_t u32x16 __attribute__((vector_size(64)));
 struct EmulatedMm : ScalarCvt {
   static inline void begin() {}
   static inline void end() {}
@@ -477,18 +477,27 @@ inline void forward_worker(const FwdCtx& c) {
       const int64_t nvis = z.visible(i0 + r);
       const float* srow = s.s.data() + r * lds;
       uint16_t* prow = s.p.data() + r * ldp;
-      float* sw = s.s.data() + r * lds;
-      float mx = nvis > 0 ? row_max(srow, nvis) * scale2 : 0.0f, sum = 0;
-      // (max(s)·scale2 = max(s·scale2): scale2 > 0 and rounding is monotone.) P in fp32 in place
-      // of S, then rounded in one pass.
-#pragma omp simd reduction(+ : sum)
-      for (int64_t j = 0; j < nvis; ++j) {
-        const float p = exp2_fast(srow[j] * scale2 - mx);
-        sum += p;
-        sw[j] = p;
+      const float mx = nvis > 0 ? row_max(srow, nvis) * scale2 : 0.0f;
+      // (max(s)·scale2 = max(s·scale2): scale2 > 0 and rounding is monotone.) P in fp32 in
+      // 32-key pieces that stay in L1, rounded into prow from there (the masked keys, scores of
+      // real or zero padding keys, are finite and give 0); the sum in 16 lanes of a register.
+      f32x16 acc{};
+      for (int64_t j0 = 0; j0 < n; j0 += 32) {
+        alignas(64) float pf[32];
+        const int lim = int(std::clamp<int64_t>(nvis - j0, 0, 32));  // (32-bit lane compares)
+#pragma omp simd
+        for (int l = 0; l < 32; ++l) {
+          const float p = exp2_fast(srow[j0 + l] * scale2 - mx);
+          pf[l] = l < lim ? p : 0.0f;
+        }
+        f32x16 a0, a1;
+        std::memcpy(&a0, pf, 64);
+        std::memcpy(&a1, pf + 16, 64);
+        acc += a0 + a1;
+        Mm::to_bf16(pf, prow + j0, 32);
       }
-      for (int64_t j = nvis; j < n; ++j) sw[j] = 0.0f;
-      Mm::to_bf16(sw, prow, n);
+      float sum = 0;
+      for (int l = 0; l < 16; ++l) sum += acc[l];
       lrow[r] = nvis > 0 ? sum : 1.0f;
       if (nvis > 0 && c.lse) c.lse[bh * z.Tq + i0 + r] = (mx + std::log2(sum)) * kLn2;
     }
@@ -517,55 +526,70 @@ struct BwdCtx {
   uint16_t *qn, *qd, *don, *dod, *ka, *va, *kt;
   float *L, *D;   // [BH][Tqp]: lse·log2(e) and rowsum(dO ∘ O); 0 for padding rows
   int32_t* vis;   // [Tqp]: keys each query sees
-  float* dqt;     // [BH][hdp][ldq]
 };
 
+// Keys per chunk of the backward: dSᵀ of a chunk's keys against every query is kept (bf16, in
+// the B layout of dQᵀ = Kᵀ·dSᵀ), and dQᵀ then runs as one product per 32-query block over all
+// the chunk's keys that block sees, its accumulators held in the tiles from the first key to the
+// last (a product per key block would load and store dQᵀ's accumulators for every 32 keys: three
+// tile transfers per tile product instead of one). 512 keys: 1 MiB of dSᵀ per thread at 1024
+// queries, linear in the sequence length.
+constexpr int64_t kKeyChunk = 512;
+
 // Per thread: one key block against every query that sees it, keys as rows. st / dpt: Sᵀ and
-// dPᵀ (fp32, then P and dS in place) [32][ldn]; pt / dst: Pᵀ and dSᵀ in bf16 [32][ldb]; dsv: dSᵀ
-// as the second operand of Kᵀ·dSᵀ (panels of 16 queries, pairs of keys interleaved) [Tqp][32].
+// dPᵀ (fp32) [32][ldn]; pt / dst: Pᵀ and dSᵀ in bf16 [32][ldb]; dsv: the chunk's dSᵀ as the
+// second operand of Kᵀ·dSᵀ (panels of 16 queries, pairs of keys interleaved)
+// [Tqp/16][kc/2][16][2] (panel stride kc·16, kc = the chunk's width); acc_k / acc_v: dK, dV of
+// the chunk's keys [kc][hdp]; dqt: dQᵀ of the task's heads [group][hdp][ldq].
 struct BwdScratch {
   int64_t ldn = 0, ldb = 0;
-  std::vector<float> st, dpt, acc_k, acc_v;  // acc_k / acc_v: dK, dV of the block [32][hdp]
+  std::vector<float> st, dpt, acc_k, acc_v, dqt;
   std::vector<uint16_t> pt, dst, dsv;
 };
-__attribute__((noinline)) BwdScratch& bwd_scratch(const Shape& z) {
+__attribute__((noinline)) BwdScratch& bwd_scratch(const Shape& z, int64_t kc) {
   thread_local BwdScratch t;
   t.ldn = z.Tqp + 16, t.ldb = z.Tqp + 32;  // one cache line past the row (see Shape::ldq)
   auto grow_to = [](auto& v, int64_t n) {
     if (v.size() < size_t(n)) v.resize(size_t(n));
   };
   grow_to(t.st, kB * t.ldn), grow_to(t.dpt, kB * t.ldn);
-  grow_to(t.pt, kB * t.ldb), grow_to(t.dst, kB * t.ldb), grow_to(t.dsv, z.Tqp * kB);
-  grow_to(t.acc_k, kB * z.hdp), grow_to(t.acc_v, kB * z.hdp);
+  grow_to(t.pt, kB * t.ldb), grow_to(t.dst, kB * t.ldb), grow_to(t.dsv, z.Tqp * kc);
+  grow_to(t.acc_k, kc * z.hdp), grow_to(t.acc_v, kc * z.hdp);
+  grow_to(t.dqt, z.group * z.hdp * z.ldq);
   return t;
 }
 
 // P and dS of key block j0 against queries i0.. (nq of them, a multiple of 32; L, D, vis start at
-// i0), in fp32 in place of Sᵀ and dPᵀ, then rounded into pt, dst and dsv.
+// i0), from Sᵀ and dPᵀ, rounded straight into pt, dst and the key block's rows of dsv (dsv
+// points at query i0's panel and the block's first key pair; panels dstride apart), two keys at a
+// time in 32-query pieces that stay in L1.
 template <class Mm>
 inline void block_probabilities(BwdScratch& s, int64_t nq, const float* L, const float* D,
-                                const int32_t* vis, int64_t j0, float scale2, float scale) {
-  for (int r = 0; r < kB; ++r) {
-    const int32_t j = int32_t(j0 + r);
-    float* srow = s.st.data() + r * s.ldn;
-    float* dprow = s.dpt.data() + r * s.ldn;
+                                const int32_t* vis, int64_t j0, float scale2, float scale,
+                                uint16_t* dsv, int64_t dstride) {
+  for (int rp = 0; rp < kB / 2; ++rp)
+    for (int64_t c0 = 0; c0 < nq; c0 += 32) {
+      alignas(64) float p[2][32], ds[2][32];
+      for (int h = 0; h < 2; ++h) {
+        const int r = 2 * rp + h;
+        const int32_t j = int32_t(j0 + r);
+        const float* srow = s.st.data() + r * s.ldn + c0;
+        const float* dprow = s.dpt.data() + r * s.ldn + c0;
 #pragma omp simd
-    for (int64_t c = 0; c < nq; ++c) {
-      const bool on = j < vis[c];
-      const float p = exp2_fast(srow[c] * scale2 - L[c]);
-      const float ds = p * (dprow[c] - D[c]) * scale;
-      srow[c] = on ? p : 0.0f;
-      dprow[c] = on ? ds : 0.0f;
+        for (int l = 0; l < 32; ++l) {
+          const bool on = j < vis[c0 + l];
+          const float pv = exp2_fast(srow[l] * scale2 - L[c0 + l]);
+          const float dv = pv * (dprow[l] - D[c0 + l]) * scale;
+          p[h][l] = on ? pv : 0.0f;
+          ds[h][l] = on ? dv : 0.0f;
+        }
+        Mm::to_bf16(p[h], s.pt.data() + r * s.ldb + c0, 32);
+        Mm::to_bf16(ds[h], s.dst.data() + r * s.ldb + c0, 32);
+      }
+      uint16_t* o = dsv + (c0 / 16) * dstride + rp * 32;
+      Mm::to_bf16_pairs(ds[0], ds[1], o, 16);
+      Mm::to_bf16_pairs(ds[0] + 16, ds[1] + 16, o + dstride, 16);
     }
-    Mm::to_bf16(srow, s.pt.data() + r * s.ldb, nq);
-    Mm::to_bf16(dprow, s.dst.data() + r * s.ldb, nq);
-  }
-  for (int rp = 0; rp < kB / 2; ++rp) {
-    const float* r0 = s.dpt.data() + 2 * rp * s.ldn;
-    for (int64_t p = 0; p < nq / 16; ++p)
-      Mm::to_bf16_pairs(r0 + p * 16, r0 + s.ldn + p * 16, s.dsv.data() + p * (kB / 2) * 32 + rp * 32,
-                        16);
-  }
 }
 
 template <class Mm>
@@ -612,80 +636,86 @@ inline void backward_worker(const BwdCtx& c) {
       pack_block<Mm>(c.v + off, d.kv_stride, z.Tk, hd, hdp, z.Tkp, z.ldt, t0, ov);
     }
   }
-  BwdScratch& s = bwd_scratch(z);
   const float scale = 1.0f / std::sqrt(float(hd)), scale2 = scale * kLog2e;
-  const int64_t nkb = z.Tkp / kB;
+  const int64_t kc_max = std::min<int64_t>(kKeyChunk, z.Tkp);
+  BwdScratch& s = bwd_scratch(z, kc_max);
   const int64_t dq_head = int64_t(hdp) * z.ldq;
   Mm::begin();
-  // Task (sequence b, kv head g): it owns the dk/dv rows of g and the dqᵀ of the group's heads.
-  // Only the (sequence, kv head) pairs are spread over threads, never a head's key blocks: a
-  // head's arithmetic then depends on nothing but its own shapes, so a grid that splits the heads
-  // or the batch computes bit for bit what one rank does (bf16 rounding of P and dS would turn
-  // a different summation order of dQ into visibly different losses).
+  // Task (sequence b, kv head g): it owns the dk/dv rows of g and the dq columns of the group's
+  // heads. Only the (sequence, kv head) pairs are spread over threads, never a head's key blocks:
+  // a head's arithmetic then depends on nothing but its own shapes, so a grid that splits the
+  // heads or the batch computes bit for bit what one rank does (bf16 rounding of P and dS would
+  // turn a different summation order of dQ into visibly different losses).
 #pragma omp for schedule(dynamic, 1)
   for (int64_t kvh = 0; kvh < KV; ++kvh) {
     const int64_t b = kvh / z.nkv, g = kvh % z.nkv;
-    for (int64_t gi = 0; gi < z.group; ++gi)
-      std::memset(c.dqt + (b * z.nh + g * z.group + gi) * dq_head, 0, sizeof(float) * dq_head);
-    for (int64_t jb = 0; jb < nkb; ++jb) {
-      const int64_t j0 = jb * kB;
-      std::fill(s.acc_k.begin(), s.acc_k.begin() + kB * hdp, 0.0f);
-      std::fill(s.acc_v.begin(), s.acc_v.begin() + kB * hdp, 0.0f);
-      const int64_t i_first = std::max<int64_t>(0, j0 - z.qoff);  // first query that sees j0
-      if (i_first < z.Tq) {
-        const uint16_t* Kj = c.ka + (kvh * z.Tkp + j0) * hdp;
-        const uint16_t* Vj = c.va + (kvh * z.Tkp + j0) * hdp;
-        const uint16_t* KTj = c.kt + kvh * hdp * z.ldt + j0;
-        for (int64_t gi = 0; gi < z.group; ++gi) {
-          const int64_t bh = b * z.nh + g * z.group + gi;
-          float* dqt = c.dqt + bh * dq_head;
+    for (int64_t c0 = 0; c0 < z.Tkp; c0 += kc_max) {
+      const int64_t kc = std::min(kc_max, z.Tkp - c0);  // a multiple of 32
+      const bool last_chunk = c0 + kc >= z.Tkp;
+      std::fill(s.acc_k.begin(), s.acc_k.begin() + kc * hdp, 0.0f);
+      std::fill(s.acc_v.begin(), s.acc_v.begin() + kc * hdp, 0.0f);
+      for (int64_t gi = 0; gi < z.group; ++gi) {
+        const int64_t bh = b * z.nh + g * z.group + gi;
+        const int64_t qo = bh * z.Tqp * hdp;
+        float* dqt = s.dqt.data() + gi * dq_head;
+        for (int64_t j0 = c0; j0 < c0 + kc; j0 += kB) {
+          const int64_t i_first = std::max<int64_t>(0, j0 - z.qoff);  // first query that sees j0
+          if (i_first >= z.Tq) break;  // nor any later key
           // Every query that sees the block at once (from its first 32-query block on): the
           // score products keep K_j / V_j in the tiles, and dK_j, dV_j accumulate over all of
           // them in one product each.
-          const int64_t qo = bh * z.Tqp * hdp;
           const int64_t i0 = i_first / kB * kB, nq = z.Tqp - i0;
+          const uint16_t* Kj = c.ka + (kvh * z.Tkp + j0) * hdp;
+          const uint16_t* Vj = c.va + (kvh * z.Tkp + j0) * hdp;
           Mm::gemm_a32(nq, hdp, Kj, hdp, c.qn + qo + i0 * hdp, int64_t(hdp) * 16, s.st.data(),
                        s.ldn);
           Mm::gemm_a32(nq, hdp, Vj, hdp, c.don + qo + i0 * hdp, int64_t(hdp) * 16, s.dpt.data(),
                        s.ldn);
           block_probabilities<Mm>(s, nq, c.L + bh * z.Tqp + i0, c.D + bh * z.Tqp + i0,
-                                  c.vis + i0, j0, scale2, scale);
+                                  c.vis + i0, j0, scale2, scale,
+                                  s.dsv.data() + (i0 / 16) * kc * 16 + (j0 - c0) * 16, kc * 16);
           Mm::template gemm<true>(kB, hdp, nq, s.pt.data(), s.ldb, c.dod + qo + i0 * 16,
-                                  z.Tqp * 16, s.acc_v.data(), hdp);
+                                  z.Tqp * 16, s.acc_v.data() + (j0 - c0) * hdp, hdp);
           Mm::template gemm<true>(kB, hdp, nq, s.dst.data(), s.ldb, c.qd + qo + i0 * 16,
-                                  z.Tqp * 16, s.acc_k.data(), hdp);
-          Mm::template gemm<true>(hdp, nq, kB, KTj, z.ldt, s.dsv.data(), (kB / 2) * 32, dqt + i0,
-                                  z.ldq);
+                                  z.Tqp * 16, s.acc_k.data() + (j0 - c0) * hdp, hdp);
+        }
+        // dQᵀ (+)= Kᵀ·dSᵀ per 32-query block over the chunk's keys it sees (those dsv holds for
+        // it: a key block's rows start at its first query block). The first chunk writes every
+        // block (each sees key 0).
+        const uint16_t* KT = c.kt + kvh * hdp * z.ldt + c0;
+        for (int64_t i0 = 0; i0 < z.Tqp; i0 += kB) {
+          const int64_t last = std::min(z.Tq, i0 + kB) - 1;
+          const int64_t kend = std::min(z.Tkp, round_up(std::min(z.Tk, z.qoff + last + 1), kB));
+          const int64_t kk = std::min(kend, c0 + kc) - c0;
+          if (kk <= 0) continue;
+          const uint16_t* B = s.dsv.data() + (i0 / 16) * kc * 16;
+          if (c0 == 0)
+            Mm::template gemm<false>(hdp, kB, kk, KT, z.ldt, B, kc * 16, dqt + i0, z.ldq);
+          else
+            Mm::template gemm<true>(hdp, kB, kk, KT, z.ldt, B, kc * 16, dqt + i0, z.ldq);
+        }
+        if (last_chunk) {  // the head's dq rows from its dqᵀ (still in this core's cache)
+          for (int64_t i0 = 0; i0 < z.Tq; i0 += 16) {
+            const int64_t n = std::min<int64_t>(16, z.Tq - i0);
+            alignas(64) float rows[16 * kMaxHdp];
+            for (int64_t e = 0; e < hd; ++e) {
+              const float* src = dqt + e * z.ldq + i0;
+              for (int ii = 0; ii < 16; ++ii) rows[ii * hd + e] = src[ii];
+            }
+            for (int64_t ii = 0; ii < n; ++ii)
+              std::memcpy(c.dq + b * d.q_batch_stride + (i0 + ii) * d.q_stride + (bh % z.nh) * hd,
+                          rows + ii * hd, sizeof(float) * hd);
+          }
         }
       }
-      for (int64_t r = 0; r < kB && j0 + r < z.Tk; ++r) {
-        const int64_t o = b * d.kv_batch_stride + (j0 + r) * d.kv_stride + g * hd;
+      for (int64_t r = 0; r < kc && c0 + r < z.Tk; ++r) {
+        const int64_t o = b * d.kv_batch_stride + (c0 + r) * d.kv_stride + g * hd;
         std::memcpy(c.dk + o, s.acc_k.data() + r * hdp, sizeof(float) * hd);
         std::memcpy(c.dv + o, s.acc_v.data() + r * hdp, sizeof(float) * hd);
       }
     }
   }
   Mm::end();
-  // dq rows from dqᵀ; 16 queries of every head per item
-  // (token-major: the dq rows are written in order).
-  const int64_t nib = z.Tqp / 16;
-#pragma omp for schedule(static)
-  for (int64_t item = 0; item < z.B * nib; ++item) {
-    const int64_t b = item / nib, i0 = item % nib * 16;
-    const int64_t n = std::min<int64_t>(16, z.Tq - i0);
-    if (n <= 0) continue;
-    for (int64_t h = 0; h < z.nh; ++h) {
-      const int64_t bh = b * z.nh + h;
-      alignas(64) float rows[16 * kMaxHdp];
-      for (int64_t e = 0; e < hd; ++e) {
-        const float* src = c.dqt + bh * dq_head + e * z.ldq + i0;
-        for (int ii = 0; ii < 16; ++ii) rows[ii * hd + e] = src[ii];
-      }
-      for (int64_t ii = 0; ii < n; ++ii)
-        std::memcpy(c.dq + b * d.q_batch_stride + (i0 + ii) * d.q_stride + h * hd, rows + ii * hd,
-                    sizeof(float) * hd);
-    }
-  }
 }
 
 // ---- entries, one per path: the worker inlined into a function compiled for the path's ISA ----
@@ -709,7 +739,7 @@ struct Buf {
 };
 struct CallArena {
   Buf<uint16_t> a, b, c, d, e, f, g;
-  Buf<float> L, D, dqt;
+  Buf<float> L, D;
   Buf<int32_t> vis;
 };
 CallArena& call_arena() {
@@ -838,7 +868,7 @@ void attention_backward_bf16(float* dq, float* dk, float* dv, const float* dout,
   BwdCtx c{&d, z, q, k, v, dout, out, lse, dq, dk, dv,
            grow(a.a, nq), grow(a.b, nq), grow(a.c, nq), grow(a.d, nq), grow(a.e, nkv),
            grow(a.f, nkv), grow(a.g, KV * z.hdp * z.ldt), grow(a.L, BH * z.Tqp),
-           grow(a.D, BH * z.Tqp), grow(a.vis, z.Tqp), grow(a.dqt, BH * z.hdp * z.ldq)};
+           grow(a.D, BH * z.Tqp), grow(a.vis, z.Tqp)};
   for (int64_t i = 0; i < z.Tqp; ++i) c.vis[i] = int32_t(z.visible(i));
   void (*fn)(const BwdCtx&) = nullptr;
   switch (path) {

@@ -16,12 +16,14 @@
 //   forward, per (sequence, head, 32-query block): S = Q_i·Kᵀ over every key the block sees, an
 //     exact softmax of each row in fp32 (base 2; no online rescaling), P rounded to bf16,
 //     out = P·V / l, lse;
-//   backward, per (sequence, kv head), for each 32-key block, for
-//     each query head of the group, against every query that sees the block at once, in the
-//     transposed orientation (keys as rows): Sᵀ = K_j·Qᵀ, dPᵀ = V_j·dOᵀ, Pᵀ = 2^(Sᵀ - L),
-//     dSᵀ = Pᵀ (dPᵀ - D) / sqrt(hd) (D = rowsum(dO ∘ O), from the fp32 out), dV_j += Pᵀ·dO,
-//     dK_j += dSᵀ·Q, dQᵀ += K_jᵀ·dSᵀ. dK_j and dV_j stay in the task's scratch until the block
-//     is done; dQᵀ accumulates in a per-call buffer, transposed into dq at the end. Threads
+//   backward, per (sequence, kv head), for each chunk of up to 512 keys, for each query head of
+//     the group: for each 32-key block of the chunk, against every query that sees the block at
+//     once, in the transposed orientation (keys as rows): Sᵀ = K_j·Qᵀ, dPᵀ = V_j·dOᵀ,
+//     Pᵀ = 2^(Sᵀ - L), dSᵀ = Pᵀ (dPᵀ - D) / sqrt(hd) (D = rowsum(dO ∘ O), from the fp32 out),
+//     dV_j += Pᵀ·dO, dK_j += dSᵀ·Q, and dSᵀ kept for the chunk; then dQᵀ (+)= Kᵀ·dSᵀ per
+//     32-query block over all the chunk's keys it sees (the accumulators stay in the tiles
+//     across the chunk). dK, dV of the chunk and dQᵀ of the group's heads stay in the task's
+//     scratch; the head's dq rows are written from its dQᵀ after the last chunk. Threads
 //     share out the (sequence, kv head) pairs only, so a head's results do not depend on how
 //     many heads or sequences a call holds: grids that split heads or the batch match one rank
 //     bit for bit (a sequence with one kv head runs on one thread).
@@ -39,9 +41,10 @@
 // emulated one where bf16 GEMMs are emulated (TETRAD_BF16=emulate, set_bf16_emulation_forced).
 //
 // Memory per call: the packed operands (bf16, about 3 (forward) or 7 (backward) copies of q's
-// size), and in the backward a dqᵀ buffer of B x n_head x 32⌈hd/32⌉ x (32⌈Tq/32⌉ + 16) fp32; per thread a 32 x T block of scores (fp32) and probabilities (bf16) (the backward:
-// two of each); thread_local arenas kept between calls (they grow to the largest call, never
-// shrink).
+// size); per thread a 32 x T block of scores (fp32) and probabilities (bf16) (the backward: two
+// of each), and in the backward the chunk's dSᵀ (bf16, 32⌈Tq/32⌉ x min(512, 32⌈Tk/32⌉)), dK and
+// dV of the chunk and the group's dQᵀ (fp32, group x 32⌈hd/32⌉ x (32⌈Tq/32⌉ + 16)); thread_local
+// arenas kept between calls (they grow to the largest call, never shrink).
 // Determinism: every output element is computed by one task in an order fixed by the shapes:
 // bit-identical between runs and for any thread count (for a given path).
 // Speed: docs/precision.md ("bf16 attention").
