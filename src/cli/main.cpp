@@ -676,6 +676,9 @@ int main(int argc, char** argv) {
       if (!grid_arg.empty()) overrides.push_back("parallel.grid=\"" + grid_arg + "\"");
       if (!device_arg.empty()) overrides.push_back("train.device=\"" + device_arg + "\"");
       RunConfig cfg = load_run_config(config_path, overrides);
+      // Test hook (tests/mpi/watchdog.sh): TETRAD_TEST_STALL_AT=RANK:STEP makes that rank hang in
+      // that step, as a stuck kernel or file system would.
+      if (const char* e = std::getenv("TETRAD_TEST_STALL_AT")) topt.step_hook = stall_hook(e);
       TrainResult r = train(cfg, topt, std::cout);
       if (!r.last_checkpoint.empty() && (!mpi || mpi->rank() == 0))
         std::cout << (r.stopped_by_signal ? "stopped" : "done") << " at step " << r.steps_done

@@ -1,0 +1,124 @@
+#include "tetrad/train/run_plan.hpp"
+
+#include "tetrad/backend/cpu/precision.hpp"
+#include "tetrad/core/cpu.hpp"
+#include "tetrad/core/error.hpp"
+#include "tetrad/parallel/gemm_layouts.hpp"
+#include "tetrad/train/auto_grid.hpp"
+
+namespace tetrad {
+
+bool progress_thread_wins(const std::string& mode, int ranks_on_node, int threads) {
+  if (mode == "true") return true;
+  if (mode == "false") return false;
+  if (mode != "auto")
+    fail("parallel.progress_thread must be true, false or \"auto\", got \"", mode, "\"");
+  // The thread polls every ~50 us while collectives are pending: with a spare core it costs
+  // nothing, on a full node it takes that time from the kernels (bench/overlap_train.sh: +10% on
+  // the Z grid's step with 2 ranks x 1 thread on 2 cores, where polling costs nothing).
+  return int64_t(ranks_on_node) * (threads + 1) <= num_cores();
+}
+
+parallel::OverlapOptions overlap_options(const OverlapConfig& c, int ranks_on_node, int threads) {
+  parallel::OverlapOptions o;
+  o.backward_allreduce = c.backward_allreduce;
+  o.reduce_scatter = c.reduce_scatter;
+  o.prefetch_depth = c.prefetch_depth;
+  o.prefetch_across_steps = c.prefetch_across_steps;
+  o.cache_gathered_weights = c.cache_gathered_weights;
+  o.dp_overlap = c.dp_overlap;
+  o.dp_bucket_mb = c.dp_bucket_mb;
+  o.forward_chunks = c.forward_chunks;
+  o.progress_thread = progress_thread_wins(c.progress_thread, ranks_on_node, threads);
+  return o;
+}
+
+parallel::GridShape resolve_grid(const RunConfig& cfg, const Launch& launch, std::string* why) {
+  // "auto": the planner's first choice. Every rank computes it from the same inputs (pure
+  // function of config, rank count and machine file), so all ranks agree without talking.
+  parallel::GridShape shape;
+  if (cfg.grid == "auto") {
+    const AutoGrid a = choose_grid(cfg, launch.world, launch.ranks_per_node);
+    shape = a.grid;
+    if (why) *why = a.why;
+  } else {
+    shape = parallel::parse_grid(cfg.grid);
+  }
+  parallel::validate_grid(shape, launch.world);
+  if (cfg.train.comm == "nccl" && shape.p > 1)
+    fail("train.comm = \"nccl\" with a pipeline axis (grid ", shape.to_string(), "): the "
+         "pipeline's point-to-point messages are not run on NCCL yet; use train.comm = \"mpi\" "
+         "or \"auto\"");
+  return shape;
+}
+
+backend::Precision resolve_gemm_precision(const std::string& setting, const std::string& device,
+                                          const backend::Capabilities& caps) {
+  // "auto" on a GPU: bf16 where it has bf16 matrix hardware.
+  if (setting == "auto" && device.rfind("cuda", 0) == 0)
+    return caps.gemm_bf16_native ? backend::Precision::BF16 : backend::Precision::FP32;
+  return kernels::resolve_precision(setting) == kernels::Precision::BF16 ? backend::Precision::BF16
+                                                                        : backend::Precision::FP32;
+}
+
+namespace {
+
+// train.comm resolved (config.hpp): the model's groups on NCCL or on MPI, and why, for the log.
+RunPlan::Transport resolve_transport(const TrainConfig& t, int world, const parallel::GridShape& g) {
+  RunPlan::Transport tr;
+  tr.nccl = t.comm == "nccl";  // validate() refused it without a cuda device or NCCL
+  tr.why = "train.comm = " + t.comm;
+  if (t.comm != "auto") return tr;
+  const bool cuda = t.device.rfind("cuda", 0) == 0;
+  if (!cuda) tr.why += ": train.device = " + t.device;
+  else if (!TETRAD_HAVE_NCCL) tr.why += ": this build has no NCCL";
+  else if (world == 1) tr.why += ": one rank";
+  else if (g.p > 1) tr.why += ": the pipeline's point-to-point runs on MPI";
+  else {
+    // NCCL refuses two ranks on one GPU (e.g. a 2-rank grid on one device): the caller asks
+    // (collective, every rank gets the same answer) and stays on MPI then.
+    tr.nccl = true;
+    tr.check_gpu_sharing = true;
+  }
+  return tr;
+}
+
+}  // namespace
+
+RunPlan resolve_run_plan(const RunConfig& cfg, const Launch& launch, const backend::Backend& device) {
+  const TrainConfig& t = cfg.train;
+  RunPlan plan;
+  plan.grid = resolve_grid(cfg, launch, &plan.grid_why);
+  plan.replicas = plan.grid.z * plan.grid.d;
+  if (t.micro_batch % plan.replicas != 0)
+    fail("train.micro_batch (", t.micro_batch, ") must be divisible by Gz x Gd = ", plan.replicas,
+         " (its sequences are split over the Z and data-parallel ranks)");
+  plan.local_batch = t.micro_batch / plan.replicas;
+  plan.seq_len = t.seq_len;
+  plan.tokens_per_step = int64_t(t.micro_batch) * t.seq_len * t.grad_accum;
+  plan.transport = resolve_transport(t, launch.world, plan.grid);
+
+  // GEMM precision of this run's model (not a process-wide switch: the model carries it).
+  parallel::ParallelOptions& popt = plan.model;
+  popt.precision = resolve_gemm_precision(t.precision, t.device, device.capabilities());
+  if (t.attention_precision != "auto")
+    popt.attention_precision = t.attention_precision == "bf16" ? backend::Precision::BF16
+                                                               : backend::Precision::FP32;
+  plan.layouts_why = "a plan given";
+  if (t.gemm_layouts.find(':') != std::string::npos)
+    popt.gemm_layout_plan = t.gemm_layouts;
+  else
+    popt.gemm_layouts = parallel::resolve_gemm_layouts(t.gemm_layouts, popt.precision, device,
+                                                       &plan.layouts_why);
+  popt.grad_comm_bf16 = t.grad_comm_precision == "bf16";
+  popt.recompute = parallel::parse_recompute(t.recompute);
+  popt.zero = cfg.zero;
+  popt.virtual_stages = cfg.virtual_stages;
+  popt.pipeline_layers = cfg.pipeline_layers;
+  popt.sparse_embedding_grad = cfg.sparse_embedding_grad;
+  // dp_overlap is dropped by the model with ZeRO or Gp > 1.
+  popt.overlap = overlap_options(cfg.overlap, launch.ranks_on_node(), launch.threads);
+  return plan;
+}
+
+}  // namespace tetrad
