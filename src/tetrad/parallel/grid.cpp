@@ -157,7 +157,7 @@ std::string axis_list() {
 
 GridShape parse_grid(const std::string& text) {
   const char* expected =
-      "expected four positive integers \"x,y,z,d\" (e.g. \"2,1,2,1\"), five \"x,y,z,p,d\", or "
+      "expected four positive integers \"x,y,z,d\" (e.g. \"2,1,2,1\") or five \"x,y,z,p,d\", or "
       "named extents \"d=2,x=2\"";
   std::vector<std::string> parts;
   size_t start = 0;
