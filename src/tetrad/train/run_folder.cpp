@@ -62,20 +62,19 @@ void claim_run_folder(const std::string& run_dir, const ClaimOptions& opt, std::
   clean_run_folder(run_dir, out);
 }
 
-RunFolder::RunFolder(const RunConfig& cfg, const ClaimOptions& opt, const comm::Communicator& world,
-                     std::ostream& out)
-    : dir_(cfg.run_dir) {
+RunFolder::RunFolder(const std::string& run_dir, const std::string& resolved,
+                     const ClaimOptions& opt, const comm::Communicator& world, std::ostream& out)
+    : dir_(run_dir) {
   int refused = 0;
   std::exception_ptr why;
   if (world.rank() == 0) {
     try {
       std::string took_over;
-      lock_ = std::make_unique<RunLock>(cfg.run_dir, &took_over);
+      lock_ = std::make_unique<RunLock>(run_dir, &took_over);
       if (!took_over.empty()) out << took_over << "\n";
-      claim_run_folder(cfg.run_dir, opt, out);
-      const std::string resolved = to_toml(cfg);
-      write_file_atomic(cfg.run_dir + "/config.toml", resolved);
-      if (!opt.quiet) out << "# resolved configuration (saved to " << cfg.run_dir << "/config.toml)\n"
+      claim_run_folder(run_dir, opt, out);
+      write_file_atomic(run_dir + "/config.toml", resolved);
+      if (!opt.quiet) out << "# resolved configuration (saved to " << run_dir << "/config.toml)\n"
                           << resolved << "\n";
     } catch (const Error&) {
       refused = 1;
@@ -85,7 +84,7 @@ RunFolder::RunFolder(const RunConfig& cfg, const ClaimOptions& opt, const comm::
   if (world.size() > 1) world.broadcast(&refused, 1, 0);
   if (refused) {
     if (why) std::rethrow_exception(why);
-    fail("rank 0 refused the run folder ", cfg.run_dir, " (see its message)");
+    fail("rank 0 refused the run folder ", run_dir, " (see its message)");
   }
 }
 

@@ -11,7 +11,6 @@
 
 #include "tetrad/checkpoint/run_lock.hpp"
 #include "tetrad/comm/communicator.hpp"
-#include "tetrad/train/config.hpp"
 
 namespace tetrad {
 
@@ -23,9 +22,10 @@ struct ClaimOptions {
 
 class RunFolder {
  public:
-  // Collective over `world`. Throws Error on every rank when rank 0 refuses the folder.
-  RunFolder(const RunConfig& cfg, const ClaimOptions& opt, const comm::Communicator& world,
-            std::ostream& out);
+  // Collective over `world`. resolved_config: the TOML written to run_dir/config.toml. Throws
+  // Error on every rank when rank 0 refuses the folder.
+  RunFolder(const std::string& run_dir, const std::string& resolved_config,
+            const ClaimOptions& opt, const comm::Communicator& world, std::ostream& out);
   const std::string& dir() const { return dir_; }
 
  private:

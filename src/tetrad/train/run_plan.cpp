@@ -33,23 +33,10 @@ parallel::OverlapOptions overlap_options(const OverlapConfig& c, int ranks_on_no
   return o;
 }
 
-parallel::GridShape resolve_grid(const RunConfig& cfg, const Launch& launch, std::string* why) {
-  // "auto": the planner's first choice. Every rank computes it from the same inputs (pure
-  // function of config, rank count and machine file), so all ranks agree without talking.
-  parallel::GridShape shape;
-  if (cfg.grid == "auto") {
-    const AutoGrid a = choose_grid(cfg, launch.world, launch.ranks_per_node);
-    shape = a.grid;
-    if (why) *why = a.why;
-  } else {
-    shape = parallel::parse_grid(cfg.grid);
-  }
-  parallel::validate_grid(shape, launch.world);
-  if (cfg.train.comm == "nccl" && shape.p > 1)
-    fail("train.comm = \"nccl\" with a pipeline axis (grid ", shape.to_string(), "): the "
-         "pipeline's point-to-point messages are not run on NCCL yet; use train.comm = \"mpi\" "
-         "or \"auto\"");
-  return shape;
+RunConfig resolved_config(const RunConfig& cfg, const RunPlan& plan) {
+  RunConfig saved = cfg;
+  if (saved.grid.empty()) saved.grid = grid_arg(plan.grid);
+  return saved;
 }
 
 backend::Precision resolve_gemm_precision(const std::string& setting, const std::string& device,
@@ -88,7 +75,15 @@ RunPlan::Transport resolve_transport(const TrainConfig& t, int world, const para
 RunPlan resolve_run_plan(const RunConfig& cfg, const Launch& launch, const backend::Backend& device) {
   const TrainConfig& t = cfg.train;
   RunPlan plan;
-  plan.grid = resolve_grid(cfg, launch, &plan.grid_why);
+  // "auto", or no grid named on more than one rank: the planner's first choice, and why. Every
+  // rank computes the same answer from the same inputs, so they agree without talking.
+  const AutoGrid chosen = resolve_grid(cfg, launch.world, launch.ranks_per_node);
+  plan.grid = chosen.grid;
+  plan.grid_why = chosen.why;
+  if (t.comm == "nccl" && plan.grid.p > 1)
+    fail("train.comm = \"nccl\" with a pipeline axis (grid ", plan.grid.to_string(), "): the "
+         "pipeline's point-to-point messages are not run on NCCL yet; use train.comm = \"mpi\" "
+         "or \"auto\"");
   plan.replicas = plan.grid.z * plan.grid.d;
   if (t.micro_batch % plan.replicas != 0)
     fail("train.micro_batch (", t.micro_batch, ") must be divisible by Gz x Gd = ", plan.replicas,

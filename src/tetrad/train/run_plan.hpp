@@ -31,7 +31,9 @@ struct Launch {
 
 struct RunPlan {
   parallel::GridShape grid;
-  std::string grid_why;  // grid = "auto": the planner's lines (machine, prediction, runner-up)
+  // grid = "auto", or none named on more than one rank: the planner's lines (machine,
+  // prediction, runner-up); "" for a grid the config names.
+  std::string grid_why;
   // The global micro-batch's sequences are split over the Z x D ranks (`replicas` slots).
   int replicas = 1;
   int local_batch = 1;    // sequences per micro-batch on this rank (B)
@@ -61,8 +63,9 @@ struct RunPlan {
 // will run on (its capabilities decide precision "auto" on a GPU and the GEMM layouts).
 RunPlan resolve_run_plan(const RunConfig& cfg, const Launch& launch, const backend::Backend& device);
 
-// The grid alone (its first part): the config's, or "auto"'s choice, checked against the ranks.
-parallel::GridShape resolve_grid(const RunConfig& cfg, const Launch& launch, std::string* why);
+// The config with what the plan chose filled in (a grid not named: the one chosen), as the run
+// folder's config.toml records it.
+RunConfig resolved_config(const RunConfig& cfg, const RunPlan& plan);
 
 // GEMM precision of a run: train.precision, with "auto" resolved for the device (on a GPU: bf16
 // where it has bf16 matrix hardware; on the CPU: the CPU backend's rule).

@@ -34,6 +34,7 @@
 #include "tetrad/train/progress.hpp"
 #include "tetrad/train/run_folder.hpp"
 #include "tetrad/train/run_plan.hpp"
+#include "tetrad/train/step_runner.hpp"
 #include "tetrad/train/training_data.hpp"
 #include "tetrad/train/validator.hpp"
 
@@ -107,15 +108,16 @@ std::unique_ptr<ProcessGroups> model_groups_on_nccl(RunPlan& plan, const Launch&
       launch.mpi ? comm::Communicator::world() : comm::Communicator::self("world"), plan.grid));
 }
 
-// A collective the trainer calls itself: exposed communication, and issued too.
-template <typename F>
-void trainer_comm(StepProfile& prof, F&& f) {
-  const auto c0 = Clock::now();
-  {
-    ScopedPhase sp(&prof, Phase::Comm, "trainer");
-    f();
-  }
-  prof.comm_issued_s += std::chrono::duration<double>(Clock::now() - c0).count();
+StepOptions step_options(const RunConfig& cfg, const RunPlan& plan, StepProfile* prof) {
+  StepOptions o;
+  o.micro_batches = cfg.train.grad_accum;
+  o.B = plan.local_batch;
+  o.T = plan.seq_len;
+  o.grad_clip = cfg.train.grad_clip;
+  o.max_bad_steps = cfg.train.max_bad_steps;
+  o.schedule = parallel::parse_pipeline_schedule(cfg.schedule);
+  o.profile = prof;
+  return o;
 }
 
 // What the loop works with, made in order by train().
@@ -126,8 +128,7 @@ struct Loop {
   const ProcessGroups& groups;
   std::ostream& out;
   parallel::ParallelTransformer& model;
-  parallel::PipelineDriver* pipe;
-  AdamW& adam;
+  StepRunner& runner;
   TrainingData& data;
   Checkpointer& ckpt;
   MetricsLog& metrics;
@@ -139,73 +140,30 @@ struct Loop {
   TrainResult& result;
 };
 
-struct StepOutcome {
-  double loss = 0, grad_norm = 0, lr = 0, dropped_fraction = 0;
-  bool applied = false;  // false: non-finite loss or gradient, the update skipped
-};
-
-// One step: the batch, forward/backward over the micro-batches (or the pipeline's step), the
-// reductions, the loss and gradient norm, the non-finite guard, clipping and AdamW.
-StepOutcome train_step(Loop& l, int64_t step) {
-  const TrainConfig& t = l.cfg.train;
-  const ProcessGroups& groups = l.groups;
-  StepProfile& prof = l.prof;
-  const int B = l.plan.local_batch, T = l.plan.seq_len;
+// The batch of step `step` (0-based) read and masked, then the step itself (the step runner);
+// dropped: the fraction of targets the loss mask dropped.
+StepResult train_step(Loop& l, int64_t step, double& dropped) {
   std::array<double, 2> counts;  // kept targets, dropped by the loss mask
   {
-    ScopedPhase sp(&prof, Phase::Data);
+    ScopedPhase sp(&l.prof, Phase::Data);
     counts = l.data.next_step(step);
   }
-  if (groups.zd.size() > 1) trainer_comm(prof, [&] { groups.zd.allreduce_sum(counts.data(), 2); });
+  l.runner.sum_over_replicas(counts.data(), 2);
   const double kept = std::max(counts[0], 1.0);
-  StepOutcome o;
-  o.dropped_fraction = counts[1] / (counts[0] + counts[1]);
-  {
-    ScopedPhase sp(&prof, Phase::Other, "zero gradients");
-    l.model.begin_step(t.grad_accum);
-  }
-  const int32_t* inputs = l.data.inputs().data();
-  const int32_t* targets = l.data.targets().data();
-  double loss_sum = 0;
-  if (l.pipe) {
-    loss_sum = l.pipe->step(inputs, targets, B, T, float(1.0 / kept));
-  } else {
-    for (int m = 0; m < t.grad_accum; ++m)
-      loss_sum += l.model.forward_backward(inputs + size_t(m) * B * T, targets + size_t(m) * B * T,
-                                           B, T, float(1.0 / kept));
-  }
-  l.model.reduce_gradients();
-  if (groups.zd.size() > 1) trainer_comm(prof, [&] { groups.zd.allreduce_sum(&loss_sum, 1); });
-  if (l.pipe) trainer_comm(prof, [&] { groups.p.allreduce_sum(&loss_sum, 1); });
-  o.loss = loss_sum / kept;
-  {
-    ScopedPhase sp(&prof, Phase::Optimizer, "grad norm");
-    o.grad_norm = std::sqrt(l.model.grad_sum_squares());
-  }
-  o.lr = learning_rate(t, step);
-  if (!std::isfinite(o.loss) || !std::isfinite(o.grad_norm)) return o;
-  const double clip = (t.grad_clip > 0 && o.grad_norm > t.grad_clip) ? t.grad_clip / o.grad_norm : 1.0;
-  // AdamW; with ZeRO every D replica then gets the pieces the others updated, and with
-  // parallel.prefetch_across_steps the next step's first weight gathers start meanwhile.
-  const float* grads = l.model.grads();
-  // With bf16 GEMMs the same pass writes the bf16 weight copy the next step's GEMMs read.
-  l.model.apply_update([&](float* params, uint16_t* params16, int64_t lo, int64_t hi) {
-    ScopedPhase sp(&prof, Phase::Optimizer, "adamw");
-    l.adam.update(params, params16, grads, o.lr, clip, step + 1, lo, hi);
-  });
-  o.applied = true;
-  return o;
+  dropped = counts[1] / (counts[0] + counts[1]);
+  return l.runner.run(l.data.inputs().data(), l.data.targets().data(), kept,
+                      learning_rate(l.cfg.train, step), step);
 }
 
 // A non-finite step: reported and skipped; train.max_bad_steps in a row stop the run.
-void skip_step(Loop& l, int64_t step, const StepOutcome& o, int bad_steps) {
+void skip_step(Loop& l, int64_t step, const StepResult& r) {
   const TrainConfig& t = l.cfg.train;
-  l.out << "step " << step + 1 << ": non-finite " << (std::isfinite(o.loss) ? "gradient" : "loss")
-        << " (loss " << o.loss << ", grad norm " << o.grad_norm << "); step skipped (" << bad_steps
-        << " in a row, limit train.max_bad_steps = " << t.max_bad_steps << ")\n";
+  l.out << "step " << step + 1 << ": non-finite " << (std::isfinite(r.loss) ? "gradient" : "loss")
+        << " (loss " << r.loss << ", grad norm " << r.grad_norm << "); step skipped ("
+        << r.bad_steps << " in a row, limit train.max_bad_steps = " << t.max_bad_steps << ")\n";
   l.metrics.write(skipped_record(step + 1));
-  if (bad_steps >= t.max_bad_steps)
-    fail("stopping: ", bad_steps, " consecutive non-finite steps; the last good checkpoint (",
+  if (r.verdict == StepVerdict::Stop)
+    fail("stopping: ", r.bad_steps, " consecutive non-finite steps; the last good checkpoint (",
          l.ckpt.last_checkpoint().empty() ? "none written this run" : l.ckpt.last_checkpoint(),
          ") is intact. Lower train.lr or check the data.");
 }
@@ -222,34 +180,28 @@ void trace_window(Loop& l, int64_t step, int64_t trace_from) {
 // The steps from `step` to train.max_steps, or to a stop signal; returns the step reached.
 int64_t run_loop(Loop& l, int64_t step) {
   const TrainConfig& t = l.cfg.train;
-  const int world = l.groups.world.size();
   // The timeline skips the first step (one-off allocation and warm-up) when the run is longer.
   const int64_t trace_from = step + (t.max_steps - step > l.opt.trace_steps ? 1 : 0);
-  int bad_steps = 0;
   l.progress.start(step);
   for (; step < t.max_steps; ++step) {
     l.prof.clear();
     trace_window(l, step, trace_from);
     const auto t0 = Clock::now();
     l.stop.begin_step(step + 1);
-    // Load imbalance: how long this rank waits here for the slowest one, before any collective
-    // of the step would absorb that wait into "communication".
-    if (world > 1) {
-      ScopedPhase sp(&l.prof, Phase::Wait, "for the slowest rank");
-      l.groups.world.barrier();
-    }
-    const StepOutcome o = train_step(l, step);
-    l.result.losses.push_back(o.loss);
-    if (!o.applied) {
-      skip_step(l, step, o, ++bad_steps);
+    l.runner.wait_for_slowest_rank();
+    double dropped = 0;
+    const StepResult r = train_step(l, step, dropped);
+    l.result.losses.push_back(r.loss);
+    if (r.verdict != StepVerdict::Apply) {
+      skip_step(l, step, r);
       continue;
     }
-    bad_steps = 0;
     const auto t1 = Clock::now();
     const StepBreakdown bd = breakdown_of(l.prof, std::chrono::duration<double>(t1 - t0).count());
     l.result.breakdowns.push_back(bd);
     const int64_t done = step + 1;
-    const StepMetrics m = l.progress.measure(done, o.loss, o.lr, o.grad_norm, o.dropped_fraction, bd, t1);
+    const StepMetrics m = l.progress.measure(done, r.loss, learning_rate(t, step), r.grad_norm,
+                                             dropped, bd, t1);
     l.metrics.write(step_record(m));
     l.progress.print_step(m, l.data.masking());
     l.ckpt.poll();
@@ -311,7 +263,8 @@ TrainResult train(const RunConfig& cfg, const TrainOptions& opt, std::ostream& l
   const std::unique_ptr<ProcessGroups> nccl_groups = model_groups_on_nccl(plan, launch, groups);
   ProcessGroups& model_groups = nccl_groups ? *nccl_groups : groups;
   check_memory_fits(cfg, plan, launch, *device.be, groups.world, out, opt.quiet);
-  const RunFolder folder(cfg, ClaimOptions{opt.resume, opt.overwrite, opt.quiet}, groups.world, out);
+  const RunFolder folder(cfg.run_dir, to_toml(resolved_config(cfg, plan)),
+                         ClaimOptions{opt.resume, opt.overwrite, opt.quiet}, groups.world, out);
 
   parallel::ParallelOptions popt = plan.model;
   popt.device = device.be;
@@ -320,20 +273,17 @@ TrainResult train(const RunConfig& cfg, const TrainOptions& opt, std::ostream& l
   TraceLog trace_log;
   if (!opt.trace_path.empty()) prof.trace = &trace_log;
   model.set_profile(&prof);
-  // Gp > 1: the step's micro-batches go through the stages in the pipeline schedule's order.
-  std::unique_ptr<parallel::PipelineDriver> pipe;
-  if (plan.grid.p > 1) {
-    pipe = std::make_unique<parallel::PipelineDriver>(
-        model, parallel::parse_pipeline_schedule(cfg.schedule), t.grad_accum);
-    // The split actually run ("balanced" is resolved from the model's costs: say what it chose).
-    if (!opt.quiet)
-      out << "# pipeline: " << cfg.schedule << ", layers per virtual stage "
-          << model.layer_split().to_string() << " (parallel.pipeline_layers = \""
-          << cfg.pipeline_layers << "\")\n";
-  }
+  // The split actually run ("balanced" is resolved from the model's costs: say what it chose).
+  if (plan.grid.p > 1 && !opt.quiet)
+    out << "# pipeline: " << cfg.schedule << ", layers per virtual stage "
+        << model.layer_split().to_string() << " (parallel.pipeline_layers = \""
+        << cfg.pipeline_layers << "\")\n";
   const parallel::OptimizerLayout& ol = model.optimizer_layout();
   AdamW adam(decay_ranges(model.table(), t, ol.param_offsets, ol.sizes, ol.state_offsets, ol.grad_offsets),
              ol.state_size, t, *device.be);
+  // The step (train/step_runner.hpp); Gp > 1: its micro-batches go through the stages in the
+  // pipeline schedule's order. Host values are summed over the trainer's own MPI groups.
+  StepRunner runner(model, adam, groups, step_options(cfg, plan, &prof));
 
   StopControl stop(t.step_timeout, groups.world, launch.open_mpi, opt.step_hook);
   Checkpointer ckpt({cfg, plan, model, adam, *device.be, groups.world, data, stop.watchdog(), out,
@@ -352,13 +302,13 @@ TrainResult train(const RunConfig& cfg, const TrainOptions& opt, std::ostream& l
     metrics.open(cfg.run_dir, &ckpt.last_checkpoint());
     metrics.write(start_record(start.step, start.loaded, t.max_steps));
   }
-  Validator validator(cfg, data, model, pipe.get(), groups, metrics, out, opt.quiet);
+  Validator validator(cfg, data, model, runner.pipeline(), groups, metrics, out, opt.quiet);
   if (!opt.quiet) data.describe_loss_mask(out);
   progress.print_precision(model, start.layouts_resumed);
   if (!opt.quiet && launch.open_mpi) StopControl::note_kill_grace(launch.sigkill_timeout, out);
 
-  Loop loop{cfg,  opt,   plan,     groups,   out,       model, pipe.get(), adam,      data,
-            ckpt, metrics, progress, validator, stop, prof,  trace_log,  result};
+  Loop loop{cfg,     opt,      plan,      groups, out,  model,     runner, data,
+            ckpt,    metrics,  progress,  validator, stop, prof, trace_log, result};
   finish_run(loop, run_loop(loop, start.step));
   return result;
 }
