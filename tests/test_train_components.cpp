@@ -83,7 +83,7 @@ TEST(RunPlan, SettingsBecomeTheModelsOptions) {
                               "train.recompute=\"full\"", "train.grad_comm_precision=\"bf16\"",
                               "parallel.zero=1", "parallel.grid=\"1,1,1,2\"",
                               "parallel.progress_thread=\"false\"",
-                              "parallel.backward_allreduce=true"});
+                              "parallel.overlap_backward_allreduce=true"});
   const RunPlan p = resolve_run_plan(c, launch(2), backend::cpu_backend());
   EXPECT_TRUE(p.bf16());
   ASSERT_TRUE(p.model.attention_precision.has_value());
