@@ -29,8 +29,9 @@ Runner setup(CLI::App& sub) {
                  "where the model computes: cpu, cpu-strict, cuda, cuda:N (same as --set "
                  "train.device=...)");
   sub.add_option("--grid", o->grid,
-                 "process grid x,y,z,d or x,y,z,p,d (same as --set parallel.grid=...); "
-                 "run under mpirun -n with their product");
+                 "process grid x,y,z,d, x,y,z,p,d or named (d=2,x=2; axes not named are "
+                 "1), or auto (same as --set parallel.grid=...); run under mpirun -n with "
+                 "their product. Not given: 1,1,1,1 on one rank, auto on more");
   sub.add_option("--trace", o->topt.trace_path,
                  "write a Chrome trace-event JSON timeline (every rank's compute and "
                  "communication; open in https://ui.perfetto.dev)");

@@ -370,18 +370,10 @@ TrainResult train(const RunConfig& cfg, const TrainOptions& opt, std::ostream& l
   MPI_Initialized(&mpi_ready);
   int world = 1;
   if (mpi_ready) MPI_Comm_size(MPI_COMM_WORLD, &world);
-  // "auto": the planner's first choice. Every rank computes it from the same inputs (pure
-  // function of config, rank count and machine file), so all ranks agree without talking.
-  std::string auto_why;
-  GridShape shape;
-  if (cfg.grid == "auto") {
-    const AutoGrid a = choose_grid(cfg, world, launcher_ranks_per_node());
-    shape = a.grid;
-    auto_why = a.why;
-  } else {
-    shape = parallel::parse_grid(cfg.grid);
-  }
-  parallel::validate_grid(shape, world);
+  // "auto", or no grid named on more than one rank: the planner's first choice, and why.
+  const AutoGrid chosen_grid = resolve_grid(cfg, world, launcher_ranks_per_node());
+  const GridShape shape = chosen_grid.grid;
+  const std::string& auto_why = chosen_grid.why;
   if (t.comm == "nccl" && shape.p > 1)
     fail("train.comm = \"nccl\" with a pipeline axis (grid ", shape.to_string(), "): the "
          "pipeline's point-to-point messages are not run on NCCL yet; use train.comm = \"mpi\" "
@@ -483,7 +475,9 @@ TrainResult train(const RunConfig& cfg, const TrainOptions& opt, std::ostream& l
         run_lock = std::make_unique<RunLock>(cfg.run_dir, &took_over);
         if (!took_over.empty()) out << took_over << "\n";
         claim_run_folder(cfg.run_dir, opt, out);
-        const std::string resolved = to_toml(cfg);
+        RunConfig saved = cfg;  // a grid not named: the one chosen
+        if (saved.grid.empty()) saved.grid = grid_arg(shape);
+        const std::string resolved = to_toml(saved);
         write_file_atomic(cfg.run_dir + "/config.toml", resolved);
         if (!opt.quiet) out << "# resolved configuration (saved to " << cfg.run_dir << "/config.toml)\n"
                             << resolved << "\n";
