@@ -30,7 +30,7 @@ ActivationSizes activation_sizes(const ModelConfig& cfg, const GridShape& G, int
   const int64_t hd = cfg.head_dim();
   const int64_t Cx = cfg.n_embd / G.x, Ay = cfg.n_embd / G.y, nhy = cfg.n_head / G.y;
   const int64_t QKVy = (nhy + 2 * (cfg.n_kv_head / G.y)) * hd;
-  const int64_t Fy = cfg.ffn / G.y, FWy = cfg.family == Family::GPT2 ? Fy : 2 * Fy;
+  const int64_t Fy = cfg.ffn / G.y, FWy = cfg.desc().mlp_in_factor() * Fy;
   const int64_t Vy = cfg.vocab_size / G.y;
   const bool full = mode == Recompute::Full, attn = mode != Recompute::None;
   // fp32 tensors take N n floats; bf16 ones (bf16 activations) ceil(N n / 2).

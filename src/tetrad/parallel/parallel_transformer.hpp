@@ -419,7 +419,10 @@ class ParallelTransformer {
   std::vector<LayerSlots> layer_slots_;
   ShardPlan plan_;
   int local_batch_, max_len_;
-  bool gpt2_;
+  // The family's block (model/family.hpp): which norm, MLP and positions the model runs.
+  NormKind norm_;
+  MlpKind mlp_;
+  Positions positions_;
   int64_t Cx_, Ay_, QKVy_, Fy_, FWy_, Vy_, nhy_, nkvy_, hd_;
   backend::DeviceArray<float> params_, grads_;
   OverlapOptions ov_;
