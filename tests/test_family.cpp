@@ -1,5 +1,5 @@
 // Model families and tensor roles as data (model/family.hpp): the registered families' tables,
-// the fused-group check, sharding by role, the config.json formats.
+// the fused-group check, sharding by role, the config.json formats, and GEMM sites by enum.
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -11,6 +11,7 @@
 #include "tetrad/model/family.hpp"
 #include "tetrad/model/model_config.hpp"
 #include "tetrad/model/params.hpp"
+#include "tetrad/parallel/gemm_layouts.hpp"
 #include "tetrad/parallel/sharding.hpp"
 
 using namespace tetrad;
@@ -205,4 +206,12 @@ TEST(ModelFamily, ConfigJsonRoundTripsEveryFamily) {
   const std::string e = error_of([&] { parse_hf_config(j, "config.json"); });
   EXPECT_NE(e.find("model_type 'qwen2' is not supported; expected \"gpt2\" or \"llama\""),
             std::string::npos) << e;
+}
+
+TEST(ModelFamily, GemmSitesByEnumNamesForIo) {
+  using parallel::GemmSite;
+  for (GemmSite s : {GemmSite::Qkv, GemmSite::Proj, GemmSite::Fc, GemmSite::FcProj, GemmSite::Head})
+    EXPECT_EQ(parallel::gemm_site_index(parallel::gemm_site_name(s)), int(s));
+  EXPECT_STREQ(parallel::gemm_site_name(GemmSite::FcProj), "fcproj");
+  EXPECT_EQ(parallel::gemm_site_index("mlp"), -1);
 }

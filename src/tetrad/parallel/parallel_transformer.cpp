@@ -375,7 +375,7 @@ void ParallelTransformer::forward_chunk(int l0, int l1, bool embed, bool head,
   if (!head) return;
   norm_fwd(a.lnf, a.lnf_mean, a.lnf_rstd, x, lnf_w_, lnf_b_, N, a.lnf16);
   // Output head: normal layer on the embedding's block -> logits [N, V/Gy].
-  gemm_allreduce("head", a.logits, act(a.lnf, a.lnf16), head_, Cx_, Vy_, g_.x, N);
+  gemm_allreduce(GemmSite::Head, a.logits, act(a.lnf, a.lnf16), head_, Cx_, Vy_, g_.x, N);
 }
 
 double ParallelTransformer::forward_loss(const int32_t* inputs, const int32_t* targets, int B, int T) {
@@ -421,7 +421,7 @@ void ParallelTransformer::backward_chunk(int l0, int l1, bool embed, bool head,
   if (head) {
     const float* x_last = l1 > 0 ? a.layer[l1 - 1].resid_out : a.emb;
     // Head: dlogits [N, Vy] -> dlnf [N, Cx] (sum over Y), d(head block): a normal layer.
-    linear_bwd("head", a.dln, a.logits, act(a.lnf, a.lnf16), head_, -1, Cx_, Vy_, g_.y, N,
+    linear_bwd(GemmSite::Head, a.dln, a.logits, act(a.lnf, a.lnf16), head_, -1, Cx_, Vy_, g_.y, N,
                head_dy16_ready_);
     head_dy16_ready_ = false;
     if (sparse_embedding_) scatter_top_grads(/*head_part=*/true);
