@@ -395,8 +395,9 @@ int main(int argc, char** argv) {
                         "train.device=...)");
   std::string grid_arg;
   train_cmd->add_option("--grid", grid_arg,
-                        "process grid x,y,z,d or x,y,z,p,d (same as --set parallel.grid=...); "
-                        "run under mpirun -n with their product");
+                        "process grid x,y,z,d, x,y,z,p,d or named (d=2,x=2; axes not named are "
+                        "1), or auto (same as --set parallel.grid=...); run under mpirun -n with "
+                        "their product. Not given: 1,1,1,1 on one rank, auto on more");
   train_cmd->add_option("--trace", topt.trace_path,
                         "write a Chrome trace-event JSON timeline (every rank's compute and "
                         "communication; open in https://ui.perfetto.dev)");
