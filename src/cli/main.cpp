@@ -19,7 +19,7 @@
 #include "tetrad/checkpoint/run_checkpoint.hpp"
 #include "tetrad/checkpoint/sharded_saver.hpp"
 #include "tetrad/comm/mpi_env.hpp"
-#include "tetrad/backend/cpu/precision.hpp"
+#include "tetrad/backend/backend.hpp"
 #include "tetrad/core/cpu.hpp"
 #include "tetrad/core/error.hpp"
 #include "tetrad/core/hash.hpp"
@@ -188,7 +188,8 @@ void run_plan_command(const std::string& model, const std::vector<std::string>& 
   in.global_batch = global_batch > 0 ? global_batch
                                      : (in.micro_batch > 0 ? in.micro_batch : 1) * cfg.train.grad_accum;
   if (!precision.empty()) in.precision = parse_precision(precision);
-  else if (model0.ends_with(".toml")) in.precision = plan_input_of(cfg, 1).precision;  // as the trainer resolves it
+  else if (model0.ends_with(".toml"))  // as the trainer resolves it on the CPU
+    in.precision = plan_input_of(cfg, 1, backend::cpu_backend()).precision;
   // Unset on the command line: the config's train.recompute and parallel.zero (their defaults,
   // none and 0, for a named model), as the trainer would run it.
   in.recompute = parse_recompute(recompute.empty() ? cfg.train.recompute : recompute);
@@ -661,11 +662,11 @@ int main(int argc, char** argv) {
     if (*prepare) {
       data::prepare_data(prep, std::cout);
     } else if (*cpu_cmd) {
-      const kernels::Precision p = kernels::resolve_precision("auto");
+      const backend::PrecisionChoice p = backend::cpu_backend().auto_precision();
       std::cout << "cpu: " << cpu_features().summary() << "\n"
-                << "bf16 GEMMs: " << kernels::bf16_matmul_path() << "\n"
-                << "precision auto: " << kernels::precision_name(p) << " ("
-                << kernels::auto_precision_reason() << ")\n"
+                << "bf16 GEMMs: " << backend::cpu_backend().capabilities().gemm_bf16_path << "\n"
+                << "precision auto: " << backend::precision_name(p.precision) << " (" << p.why
+                << ")\n"
                 << "switches: TETRAD_MAX_CPU_ISA=scalar|avx2|avx512|avx512_bf16|amx caps the "
                    "kernels (and oneDNN); TETRAD_BF16=emulate; TETRAD_PRECISION_AUTO=fp32|bf16\n";
     } else if (*tokenize_cmd) {
