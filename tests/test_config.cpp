@@ -85,6 +85,14 @@ TEST(Config, BadInputNamesTheKeyAndWhatWasExpected) {
   EXPECT_TRUE(contains(error_of(pipe + "pipeline_layers = \"4,0\"\n"), "needs at least 1"));
   EXPECT_EQ(error_of(pipe + "pipeline_layers = \"3,1\"\n"), "");
   EXPECT_EQ(error_of(pipe + "pipeline_layers = \"balanced\"\n"), "");
+  // parallel.grid: not set by default (the trainer chooses on more than one rank); the named
+  // form is a grid like the positional ones, and its errors name the axis.
+  EXPECT_EQ(load_run_config("", {}).grid, "");
+  EXPECT_EQ(error_of("[parallel]\ngrid = \"d=2,x=2\"\n"), "");
+  EXPECT_TRUE(contains(error_of("[parallel]\ngrid = \"d=2,q=2\"\n"), "unknown axis \"q\""));
+  EXPECT_TRUE(contains(error_of("[model]\nn_layer = 4\n[parallel]\ngrid = \"p=2\"\n"
+                                "pipeline_layers = \"2,1\"\n"),
+                       "sum to 3, expected model.n_layer = 4"));
   // parallel.progress_thread: a bool or "auto".
   EXPECT_TRUE(contains(error_of("[parallel]\nprogress_thread = \"maybe\"\n"),
                        "parallel.progress_thread must be true, false or \"auto\", got \"maybe\""));

@@ -170,6 +170,32 @@ TEST(Grid, ParseErrorsSayWhatWasExpected) {
   EXPECT_TRUE(contains(parse_error("1,1,1,x"), "for d")) << parse_error("1,1,1,x");
 }
 
+// The named form: any order, axes not named are 1; the form new axes are given in.
+TEST(Grid, ParseAcceptsNamedExtents) {
+  EXPECT_EQ(parse_grid("d=2,x=2"), parse_grid("2,1,1,2"));
+  EXPECT_EQ(parse_grid("x=2,d=2"), parse_grid("2,1,1,2"));
+  EXPECT_EQ(parse_grid(" z = 4 "), parse_grid("1,1,4,1"));
+  EXPECT_EQ(parse_grid("p=3,y=2"), parse_grid("1,2,1,3,1"));
+  EXPECT_EQ(parse_grid("x=1"), GridShape{});
+  EXPECT_EQ(parse_grid("d=2,p=2,z=2,y=2,x=2").size(), 32);
+}
+
+TEST(Grid, NamedExtentErrorsNameTheAxis) {
+  EXPECT_TRUE(contains(parse_error("d=2,q=2"), "unknown axis \"q\"")) << parse_error("d=2,q=2");
+  EXPECT_TRUE(contains(parse_error("d=2,q=2"), "x, y, z, p, d")) << parse_error("d=2,q=2");
+  EXPECT_TRUE(contains(parse_error("X=2"), "unknown axis \"X\"")) << parse_error("X=2");
+  EXPECT_TRUE(contains(parse_error("d=2,x=1,d=4"), "axis d is named twice"))
+      << parse_error("d=2,x=1,d=4");
+  EXPECT_TRUE(contains(parse_error("d=0"), "got \"0\" for d")) << parse_error("d=0");
+  EXPECT_TRUE(contains(parse_error("x=two"), "got \"two\" for x")) << parse_error("x=two");
+  EXPECT_TRUE(contains(parse_error("x=2,2"), "\"2\" names no axis")) << parse_error("x=2,2");
+  for (const char* bad : {"=2", "x=", "x=2,", "x=2;d=2", "x=65536,y=65536", "x=2147483647,y=2147483647,z=2147483647,p=2147483647,d=2147483647"}) {
+    const std::string msg = parse_error(bad);
+    ASSERT_FALSE(msg.empty()) << "'" << bad << "' was accepted";
+    EXPECT_TRUE(contains(msg, std::string("\"") + bad + "\"")) << msg;
+  }
+}
+
 TEST(Grid, ValidateChecksTheRankCount) {
   EXPECT_NO_THROW(validate_grid({2, 2, 1, 1}, 4));
   EXPECT_NO_THROW(validate_grid({}, 1));

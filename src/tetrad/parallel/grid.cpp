@@ -1,8 +1,10 @@
 #include "tetrad/parallel/grid.hpp"
 
+#include <algorithm>
 #include <cerrno>
 #include <climits>
 #include <cstdlib>
+#include <optional>
 
 #include "tetrad/core/error.hpp"
 
@@ -129,38 +131,81 @@ std::vector<int> group_ranks(int rank, const GridShape& shape, std::span<const A
   return ranks;
 }
 
+namespace {
+std::string trimmed(std::string s) {
+  while (!s.empty() && s.front() == ' ') s.erase(s.begin());
+  while (!s.empty() && s.back() == ' ') s.pop_back();
+  return s;
+}
+
+// One extent: a positive integer that fits an int, or nullopt.
+std::optional<int> parse_extent(const std::string& text) {
+  if (text.empty()) return std::nullopt;
+  char* end = nullptr;
+  errno = 0;
+  const long v = std::strtol(text.c_str(), &end, 10);
+  if (*end != '\0' || errno == ERANGE || v < 1 || v > INT_MAX) return std::nullopt;
+  return static_cast<int>(v);
+}
+
+std::string axis_list() {
+  std::string s;
+  for (Axis a : kAxesInRankOrder) s += std::string(s.empty() ? "" : ", ") + axis_name(a);
+  return s;
+}
+}  // namespace
+
 GridShape parse_grid(const std::string& text) {
   const char* expected =
-      "expected four positive integers \"x,y,z,d\" (e.g. \"2,1,2,1\") or five \"x,y,z,p,d\"";
+      "expected four positive integers \"x,y,z,d\" (e.g. \"2,1,2,1\") or five \"x,y,z,p,d\", or "
+      "named extents \"d=2,x=2\"";
   std::vector<std::string> parts;
   size_t start = 0;
   while (true) {
     const size_t comma = text.find(',', start);
-    parts.push_back(text.substr(start, comma == std::string::npos ? std::string::npos
-                                                                  : comma - start));
+    parts.push_back(trimmed(text.substr(
+        start, comma == std::string::npos ? std::string::npos : comma - start)));
     if (comma == std::string::npos) break;
     start = comma + 1;
   }
-  if (parts.size() != 4 && parts.size() != 5)
-    fail("grid \"", text, "\": ", expected, ", got ", parts.size(),
-         parts.size() == 1 ? " number" : " numbers");
-  const Axis four[] = {Axis::X, Axis::Y, Axis::Z, Axis::D};
   GridShape shape;
-  for (size_t i = 0; i < parts.size(); ++i) {
-    const Axis a = parts.size() == 5 ? kAxesInRankOrder[i] : four[i];
-    std::string p = parts[i];
-    while (!p.empty() && p.front() == ' ') p.erase(p.begin());
-    while (!p.empty() && p.back() == ' ') p.pop_back();
-    char* end = nullptr;
-    errno = 0;
-    const long v = p.empty() ? 0 : std::strtol(p.c_str(), &end, 10);
-    if (p.empty() || *end != '\0' || errno == ERANGE || v < 1 || v > INT_MAX)
-      fail("grid \"", text, "\": ", expected, ", got \"", p, "\" for ", axis_name(a));
-    extent(shape, a) = static_cast<int>(v);
+  const bool named = text.find('=') != std::string::npos;
+  if (named) {
+    // "d=2,x=2": every part names one axis; axes not named are 1.
+    std::vector<Axis> seen;
+    for (const std::string& part : parts) {
+      const size_t eq = part.find('=');
+      if (eq == std::string::npos)
+        fail("grid \"", text, "\": \"", part, "\" names no axis; ", expected);
+      const std::string name = trimmed(part.substr(0, eq)), value = trimmed(part.substr(eq + 1));
+      std::optional<Axis> axis;
+      for (Axis a : kAxesInRankOrder)
+        if (name == axis_name(a)) axis = a;
+      if (!axis)
+        fail("grid \"", text, "\": unknown axis \"", name, "\" (the axes are ", axis_list(), ")");
+      if (std::find(seen.begin(), seen.end(), *axis) != seen.end())
+        fail("grid \"", text, "\": axis ", name, " is named twice");
+      seen.push_back(*axis);
+      const std::optional<int> v = parse_extent(value);
+      if (!v) fail("grid \"", text, "\": ", expected, ", got \"", value, "\" for ", name);
+      extent(shape, *axis) = *v;
+    }
+  } else {
+    if (parts.size() != 4 && parts.size() != 5)
+      fail("grid \"", text, "\": ", expected, ", got ", parts.size(),
+           parts.size() == 1 ? " number" : " numbers");
+    const Axis four[] = {Axis::X, Axis::Y, Axis::Z, Axis::D};
+    for (size_t i = 0; i < parts.size(); ++i) {
+      const Axis a = parts.size() == 5 ? kAxesInRankOrder[i] : four[i];
+      const std::optional<int> v = parse_extent(parts[i]);
+      if (!v) fail("grid \"", text, "\": ", expected, ", got \"", parts[i], "\" for ", axis_name(a));
+      extent(shape, a) = *v;
+    }
   }
   // The product must fit an int too (it is a rank count).
   long long product = 1;
-  for (Axis a : kAxesInRankOrder) product *= extent(shape, a);
+  for (Axis a : kAxesInRankOrder)
+    if (product <= INT_MAX) product *= extent(shape, a);
   if (product > INT_MAX) fail("grid \"", text, "\": ", product, " ranks is too many");
   return shape;
 }

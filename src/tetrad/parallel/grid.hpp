@@ -71,8 +71,8 @@ std::vector<int> group_ranks(int rank, const GridShape& shape, Axis axis);
 // group), in increasing rank order, i.e. ordered by the mixed-radix index of those coordinates.
 std::vector<int> group_ranks(int rank, const GridShape& shape, std::span<const Axis> axes);
 
-// Parses "x,y,z,d" (four positive integers, e.g. "2,1,2,1"; p = 1) or "x,y,z,p,d" (five);
-// spaces around numbers allowed.
+// Parses "x,y,z,d" (e.g. "2,1,2,1"; p = 1), "x,y,z,p,d", or named extents "d=2,x=2" (axes not
+// named are 1; an unknown or repeated axis is an error naming it); spaces allowed.
 GridShape parse_grid(const std::string& text);
 
 // Throws tetrad::Error unless every extent is >= 1 and shape.size() == world_size, e.g.

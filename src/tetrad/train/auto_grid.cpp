@@ -91,4 +91,26 @@ AutoGrid choose_grid(const RunConfig& cfg, int ranks, int ranks_per_node,
   return a;
 }
 
+std::string grid_arg(const parallel::GridShape& s) {
+  if (s.p == 1) return detail::concat(s.x, ",", s.y, ",", s.z, ",", s.d);
+  return detail::concat(s.x, ",", s.y, ",", s.z, ",", s.p, ",", s.d);
+}
+
+AutoGrid resolve_grid(const RunConfig& cfg, int ranks, int ranks_per_node,
+                      const backend::Backend& device) {
+  AutoGrid a;
+  if (cfg.grid == "auto") {
+    a = choose_grid(cfg, ranks, ranks_per_node, device);
+  } else if (cfg.grid.empty() && ranks > 1) {
+    a = choose_grid(cfg, ranks, ranks_per_node, device);
+    a.why = detail::concat("parallel.grid is not set and ", ranks, " ranks were launched: ",
+                           "choosing one as parallel.grid = \"auto\" does (set parallel.grid or ",
+                           "--grid to fix it)\n", a.why);
+  } else if (!cfg.grid.empty()) {
+    a.grid = parallel::parse_grid(cfg.grid);
+  }
+  parallel::validate_grid(a.grid, ranks);
+  return a;
+}
+
 }  // namespace tetrad

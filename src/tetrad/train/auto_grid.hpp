@@ -1,5 +1,5 @@
-// `parallel.grid = "auto"` (`tetrad train --grid auto`): the planner's first choice among the
-// grids the trainer can run, for the run's own model, batch and rank count, on the machine
+// `parallel.grid = "auto"` (`tetrad train --grid auto`, and a multi-rank launch whose config
+// names no grid): the planner's first choice among the grids the trainer can run, for the run's own model, batch and rank count, on the machine
 // `parallel.machine` describes. The trainer's side of the planner: the conversion of a run
 // config into a planner query lives here, with the trainer, so the planner (planner/) stays a
 // pure cost model that knows nothing of run configs.
@@ -30,6 +30,18 @@ planner::PlanInput plan_input_of(const RunConfig& cfg, int ranks, const backend:
 // `device`: the run's backend (train.device), which says what precision "auto" means.
 AutoGrid choose_grid(const RunConfig& cfg, int ranks, int ranks_per_node,
                      const backend::Backend& device);
+
+// The grid a run trains on, and why (empty for a grid the config names): parallel.grid as
+// given, "auto" as choose_grid, and a config that names no grid (parallel.grid = ""): 1x1x1x1
+// on one rank, on more the planner's choice as for "auto", saying that no grid was named.
+// Throws Error when the grid does not match `ranks` ("grid 2x2x1x1 needs 4 ranks but mpirun
+// started 2 ..."): an explicit grid is never replaced by another. Every rank computes the same
+// answer from the same inputs (config, rank count, machine file), so they agree without talking.
+AutoGrid resolve_grid(const RunConfig& cfg, int ranks, int ranks_per_node,
+                      const backend::Backend& device);
+
+// The grid as parallel.grid names it: "2,2,1,1", or five numbers "x,y,z,p,d" when Gp > 1.
+std::string grid_arg(const parallel::GridShape& shape);
 
 // Ranks on this node as the launcher says (Open MPI, MPICH/Hydra, Slurm); 0 if unknown.
 int launcher_ranks_per_node();

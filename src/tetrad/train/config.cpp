@@ -136,10 +136,12 @@ const std::vector<Field>& schema() {
                    "Hugging Face model folder to start from (fine-tuning); when no model.* key is set "
                    "anywhere, the model is the one its config.json describes; empty: random init"),
       STRING_FIELD("parallel.grid", c.grid,
-                   "process grid \"x,y,z,d\" or \"x,y,z,p,d\": tensor parallelism over X, Y, Z "
-                   "(Z shards weights), pipeline stages over P, data parallelism over D; the "
-                   "product must equal the number of ranks. \"auto\": the planner's first "
-                   "choice for this run (docs/planner.md)"),
+                   "process grid \"x,y,z,d\", \"x,y,z,p,d\" or named extents \"d=2,x=2\" "
+                   "(axes not named are 1): tensor parallelism over X, Y, Z (Z shards weights), "
+                   "pipeline stages over P, data parallelism over D; the product must equal the "
+                   "number of ranks. \"auto\": the planner's first choice for this run "
+                   "(docs/planner.md); empty (not set): 1,1,1,1 on one rank, on more the "
+                   "planner's choice as for \"auto\""),
       STRING_FIELD("parallel.machine", c.machine,
                    "machine description the planner uses for grid = \"auto\": a TOML file or "
                    "a shipped name (machines/*.toml: local, perlmutter, frontier, alps, dgx-a100)"),
@@ -374,8 +376,8 @@ void RunConfig::validate() const {
     fail("parallel.virtual_stages = ", virtual_stages, " needs parallel.schedule = \"interleaved\"");
   parallel::check_layer_split_spec(pipeline_layers);
   // With a fixed pipeline grid the split can be checked against the model now (an explicit list
-  // of the wrong length or sum); "auto" grids are checked when the grid is chosen.
-  if (grid != "auto") {
+  // of the wrong length or sum); chosen grids ("auto", none named) are checked when chosen.
+  if (grid != "auto" && !grid.empty()) {
     const parallel::GridShape shape = parallel::parse_grid(grid);
     if (shape.p > 1)
       (void)parallel::resolve_layer_split(pipeline_layers, model, t.seq_len, shape.p,
@@ -411,7 +413,7 @@ void RunConfig::validate() const {
          "-DTETRAD_NCCL=ON where CUDA and NCCL are installed); use train.comm = \"mpi\" or "
          "\"auto\"");
 #endif
-    if (grid != "auto" && parallel::parse_grid(grid).p > 1)
+    if (grid != "auto" && !grid.empty() && parallel::parse_grid(grid).p > 1)
       fail("train.comm = \"nccl\" with a pipeline axis (grid ", grid, "): the pipeline's "
            "point-to-point messages are not run on NCCL yet (NCCL matches them in posting order, "
            "and the schedules assume MPI's tags); use train.comm = \"mpi\" or \"auto\"");

@@ -97,7 +97,9 @@ struct RunConfig {
   std::string data_dir = "data/kjv";  // output of `tetrad prepare`
   std::string init_from;             // Hugging Face folder to fine-tune from (optional)
   std::string run_dir = "runs/default";
-  std::string grid = "1,1,1,1";      // x,y,z,d or x,y,z,p,d process grid (docs/parallel.md), or "auto"
+  // x,y,z,d, x,y,z,p,d or named ("d=2,x=2") process grid (docs/parallel.md), or "auto"; empty
+  // (not named): 1x1x1x1 on one rank, chosen as "auto" on more (train/auto_grid.hpp)
+  std::string grid;
   std::string machine = "local";     // machine file or shipped name for grid = "auto"
   OverlapConfig overlap;
   int zero = 0;                      // ZeRO stage over the data axis: 0, 1 or 2

@@ -1,0 +1,49 @@
+#!/usr/bin/env bash
+# The grid a 2-rank `tetrad train` runs on (parallel/grid.hpp, train/auto_grid.hpp): a config
+# that names no grid gets the planner's choice and says why (not the 1x1x1x1 default that does
+# not fit 2 ranks); the named form `--grid d=2` trains exactly like `--grid 1,1,1,2`; a grid
+# that does not match the ranks, and a named grid with an unknown or repeated axis, are refused
+# naming what is wrong.
+source "$(dirname "${BASH_SOURCE[0]}")/../cli_common.sh" "$1"
+S=(--set model.name=tiny --set data.dir="$W/data" --set train.seq_len=32 --set train.max_steps=3
+   --set train.eval_interval=0 --set train.gemm_layouts=rule)
+fails=0
+ok() { echo "ok   $1"; }
+bad() { echo "FAIL $1"; shift; [ $# -gt 0 ] && cat "$@"; fails=$((fails + 1)); }
+
+# No grid named, 2 ranks: chosen, said why, trained, and the chosen grid is recorded.
+if "${MPIRUN[@]}" -n 2 "$TETRAD" train "${S[@]}" --set run.dir="$W/none" > "$W/log_none" 2>&1 &&
+   grep -q "^parallel.grid is not set and 2 ranks were launched: choosing one" "$W/log_none" &&
+   grep -q "^grid auto: .*first choice" "$W/log_none" &&
+   [ "$(losses "$W/none" | wc -l)" -eq 3 ]; then
+  chosen=$(grep '^grid = ' "$W/none/config.toml" | tr -d "\"' " | cut -d= -f2)
+  if [ -n "$chosen" ] && [ "$(tr ',' '\n' <<<"$chosen" | awk '{ p *= $1 } BEGIN { p = 1 } END { print p }')" = 2 ]; then
+    ok "no grid on 2 ranks: the planner's choice $chosen, said why, recorded in config.toml"
+  else
+    bad "no grid on 2 ranks: config.toml records grid '$chosen'" "$W/none/config.toml" "$W/log_none"
+  fi
+else
+  bad "no grid on 2 ranks" "$W/log_none"
+fi
+
+# The named form is the positional grid: the same losses, bit for bit.
+"${MPIRUN[@]}" -n 2 "$TETRAD" train "${S[@]}" --set run.dir="$W/pos" --grid 1,1,1,2 > "$W/log_pos" 2>&1 &&
+"${MPIRUN[@]}" -n 2 "$TETRAD" train "${S[@]}" --set run.dir="$W/named" --grid d=2 > "$W/log_named" 2>&1 ||
+  bad "positional or named grid did not train" "$W/log_pos" "$W/log_named"
+if [ -s "$W/pos/metrics.jsonl" ] && cmp -s <(losses "$W/pos") <(losses "$W/named"); then
+  ok "--grid d=2 trains as --grid 1,1,1,2 (the same losses)"
+else
+  bad "--grid d=2 against --grid 1,1,1,2"; paste <(losses "$W/pos") <(losses "$W/named")
+fi
+
+# Refusals: an explicit grid is never replaced by a chosen one.
+expect_refusal() {  # NAME PATTERN GRID
+  local out
+  out=$("${MPIRUN[@]}" -n 2 "$TETRAD" train "${S[@]}" --set run.dir="$W/refused" --grid "$3" 2>&1)
+  if grep -q -- "$2" <<<"$out" && ! grep -q "first choice" <<<"$out"; then ok "$1"; else bad "$1: $out"; fi
+}
+expect_refusal "explicit grid 2,2,1,1 on 2 ranks refused" "grid 2x2x1x1 needs 4 ranks but mpirun started 2" 2,2,1,1
+expect_refusal "explicit grid 1,1,1,1 on 2 ranks refused" "grid 1x1x1x1 needs 1 ranks but mpirun started 2" 1,1,1,1
+expect_refusal "named grid with an unknown axis refused" 'unknown axis "q"' d=2,q=1
+expect_refusal "named grid with a repeated axis refused" "axis d is named twice" d=2,d=1
+exit $((fails > 0))
