@@ -96,17 +96,6 @@ TEST(RunPlan, SettingsBecomeTheModelsOptions) {
   EXPECT_FALSE(p.layouts_why.empty());
 }
 
-TEST(RunPlan, GpuPrecisionAutoFollowsTheBackendsBf16Hardware) {
-  backend::Capabilities caps;
-  caps.gemm_bf16_native = true;
-  EXPECT_EQ(resolve_gemm_precision("auto", "cuda", caps), backend::Precision::BF16);
-  EXPECT_EQ(resolve_gemm_precision("auto", "cuda:1", caps), backend::Precision::BF16);
-  caps.gemm_bf16_native = false;
-  EXPECT_EQ(resolve_gemm_precision("auto", "cuda", caps), backend::Precision::FP32);
-  EXPECT_EQ(resolve_gemm_precision("fp32", "cuda", caps), backend::Precision::FP32);
-  EXPECT_EQ(resolve_gemm_precision("bf16", "cpu", caps), backend::Precision::BF16);
-}
-
 TEST(RunPlan, TransportStaysOnMpiSayingWhy) {
   RunPlan::Transport t;
   t.nccl = true;

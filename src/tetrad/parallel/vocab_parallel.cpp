@@ -35,7 +35,7 @@ void ParallelTransformer::embedding_forward(const int32_t* inputs, int64_t N, in
 void ParallelTransformer::embedding_backward(const int32_t* inputs, int64_t N, int T) {
   Acts& a = *a_;
   ScopedPhase sp(prof_, Phase::Embedding);
-  float* dE = sparse_embedding_ ? nullptr : gw(wte_);  // sparse: accumulate_embedding_rows
+  float* dE = reduce_->sparse_embedding() ? nullptr : gw(wte_);  // sparse: accumulate_embedding_rows
   const int64_t v0 = Vy_ * g_.coord.y;
   float* dP = gw(wpe_);
   if (dE)
@@ -78,7 +78,7 @@ double ParallelTransformer::cross_entropy(const int32_t* targets, int64_t N, flo
     // (on gpt2-124m 2 x 206 MB less traffic). Not with a pipeline: its stash keeps the fp32
     // logits buffer (as dlogits) between micro-batches, not the bf16 copies.
     if (bf16_acts_ && g_.shape.p == 1 && be_->capabilities().bf16_loss_grad) {
-      const auto [d16, d16t] = dy16_copies(site_layout("head"));
+      const auto [d16, d16t] = dy16_copies(site_layout(GemmSite::Head));
       op.ce_grad_bf16(bq(), d16, d16t, L, mx, st, tg, v0, Vy_, N, grad_scale);
       head_dy16_ready_ = true;
     } else {

@@ -53,8 +53,8 @@ std::string memory_problem_of_this_rank(const RunConfig& cfg, const RunPlan& pla
   const parallel::GridShape& shape = plan.grid;
   MemoryFit fit;
   try {
-    planner::PlanInput in = plan_input_of(cfg, launch.world);
-    in.precision = plan.bf16() ? planner::Precision::BF16 : planner::Precision::FP32;  // as run on this device
+    planner::PlanInput in = plan_input_of(cfg, launch.world, device);
+    in.precision = plan.model.precision;  // as run on this device
     const planner::Grid5 g{shape.x, shape.y, shape.z, shape.p, shape.d};
     fit.formula = planner::memory_per_rank(in, g);
   } catch (const Error&) {

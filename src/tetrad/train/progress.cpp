@@ -6,9 +6,6 @@
 #include <sstream>
 
 #include "tetrad/backend/cpu/attention_bf16.hpp"
-#include "tetrad/backend/cpu/ceilings.hpp"
-#include "tetrad/backend/cpu/ops.hpp"
-#include "tetrad/backend/cpu/precision.hpp"
 #include "tetrad/model/params.hpp"
 
 namespace tetrad {
@@ -33,21 +30,12 @@ std::string format_duration(double s) {
   return os.str();
 }
 
-MfuPeak mfu_peak(double given, bool bf16, backend::Backend& device, int threads) {
-  std::string basis = "given";
-  double gflops = given;
-  if (gflops <= 0 && device.name().rfind("cuda", 0) == 0) {
-    // A GPU: its own ceilings, not the host CPU's.
-    const backend::DeviceCeilings c = device.ceilings(threads, /*quick=*/true);
-    gflops = bf16 ? c.gemm_bf16_gflops : c.gemm_fp32_gflops;
-    basis = device.name() + (c.measured ? ", measured" : ", data sheet");
-  }
-  if (gflops <= 0) {
-    const Measurement pk = bf16 ? measure_bf16_peak(threads) : measure_fma_peak(threads);
-    gflops = pk.value;
-    basis = pk.basis;
-  }
-  return {gflops, std::string(bf16 ? "bf16 matrix peak" : "fp32 FMA peak") + " (" + basis + ")"};
+MfuPeak mfu_peak(double given, backend::Precision precision, backend::Backend& device) {
+  if (given > 0)
+    return {given, std::string(precision == backend::Precision::BF16 ? "bf16 matrix peak"
+                                                                     : "fp32 FMA peak") +
+                       " (given)"};
+  return device.peak(precision, 0);
 }
 
 StepBreakdown breakdown_of(const StepProfile& prof, double step_s) {
@@ -115,6 +103,7 @@ void ProgressReporter::print_rank_shares(const parallel::ParallelTransformer& mo
 }
 
 void ProgressReporter::print_precision(const parallel::ParallelTransformer& model,
+                                       const backend::Backend& device,
                                        const std::string& layouts_resumed) const {
   if (quiet_) return;
   const TrainConfig& t = cfg_.train;
@@ -124,14 +113,14 @@ void ProgressReporter::print_precision(const parallel::ParallelTransformer& mode
   const bool attn_bf16 = model.attention_precision() == backend::Precision::BF16;
   if (plan_.bf16())
     out_ << "precision: bf16 GEMMs, fp32 master weights and optimizer; "
-         << kernels::bf16_matmul_path()
-         << (t.precision == "auto" ? " (auto: " + kernels::auto_precision_reason() + ")" : "")
+         << device.capabilities().gemm_bf16_path
+         << (t.precision == "auto" ? " (auto: " + plan_.precision_why + ")" : "")
          << "; attention " << (attn_bf16 ? "bf16 products" + attn_path : std::string("fp32"))
          << (t.attention_precision == "auto" ? " (auto)" : "") << "\n";
   else if (attn_bf16)
     out_ << "precision: fp32 GEMMs; attention bf16 products" << attn_path << "\n";
   else if (t.precision == "auto")
-    out_ << "precision: fp32 (auto: " << kernels::auto_precision_reason() << ")\n";
+    out_ << "precision: fp32 (auto: " << plan_.precision_why << ")\n";
   if (plan_.bf16())
     out_ << model.gemm_layout_summary() << " [train.gemm_layouts = "
          << (plan_.model.gemm_layout_plan.empty() ? t.gemm_layouts : std::string("<plan>")) << ": "

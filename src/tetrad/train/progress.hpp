@@ -22,14 +22,11 @@ namespace tetrad {
 // "1h02m", "3m05s", "42s" ("?" when not finite or negative).
 std::string format_duration(double s);
 
-// The peak MFU is counted against: the bf16 matrix peak for a bf16 run, the fp32 FMA peak
-// otherwise. given > 0: that figure; a GPU: its Backend::ceilings(); the CPU: measured now on
-// `threads` threads (backend/cpu/ceilings.hpp).
-struct MfuPeak {
-  double gflops = 0;  // per rank
-  std::string name;   // "fp32 FMA peak (AVX-512 FMA register loop)"
-};
-MfuPeak mfu_peak(double given, bool bf16, backend::Backend& device, int threads);
+// The peak MFU is counted against, per rank: the device's peak of the arithmetic the run's GEMMs
+// use (Backend::peak: on a CPU the bf16 matrix peak for a bf16 run, the fp32 FMA peak otherwise;
+// on a GPU its datasheet peak); given > 0: that figure.
+using MfuPeak = backend::DevicePeak;
+MfuPeak mfu_peak(double given, backend::Precision precision, backend::Backend& device);
 
 // Where the step's time went, from the profile of the step and its wall time.
 StepBreakdown breakdown_of(const StepProfile& prof, double step_s);
@@ -47,7 +44,7 @@ class ProgressReporter {
   void print_rank_shares(const parallel::ParallelTransformer& model,
                          const parallel::ProcessGroups& groups, std::ostream& log) const;
   // "precision: ..." and the GEMM layouts (bf16), as resolved by the plan and the model.
-  void print_precision(const parallel::ParallelTransformer& model,
+  void print_precision(const parallel::ParallelTransformer& model, const backend::Backend& device,
                        const std::string& layouts_resumed) const;
 
   // The clock of the ETA starts now; step counts from `start_step`.

@@ -1,6 +1,5 @@
 #include "tetrad/train/run_plan.hpp"
 
-#include "tetrad/backend/cpu/precision.hpp"
 #include "tetrad/core/cpu.hpp"
 #include "tetrad/core/error.hpp"
 #include "tetrad/parallel/gemm_layouts.hpp"
@@ -39,15 +38,6 @@ RunConfig resolved_config(const RunConfig& cfg, const RunPlan& plan) {
   return saved;
 }
 
-backend::Precision resolve_gemm_precision(const std::string& setting, const std::string& device,
-                                          const backend::Capabilities& caps) {
-  // "auto" on a GPU: bf16 where it has bf16 matrix hardware.
-  if (setting == "auto" && device.rfind("cuda", 0) == 0)
-    return caps.gemm_bf16_native ? backend::Precision::BF16 : backend::Precision::FP32;
-  return kernels::resolve_precision(setting) == kernels::Precision::BF16 ? backend::Precision::BF16
-                                                                        : backend::Precision::FP32;
-}
-
 namespace {
 
 // train.comm resolved (config.hpp): the model's groups on NCCL or on MPI, and why, for the log.
@@ -77,7 +67,7 @@ RunPlan resolve_run_plan(const RunConfig& cfg, const Launch& launch, const backe
   RunPlan plan;
   // "auto", or no grid named on more than one rank: the planner's first choice, and why. Every
   // rank computes the same answer from the same inputs, so they agree without talking.
-  const AutoGrid chosen = resolve_grid(cfg, launch.world, launch.ranks_per_node);
+  const AutoGrid chosen = resolve_grid(cfg, launch.world, launch.ranks_per_node, device);
   plan.grid = chosen.grid;
   plan.grid_why = chosen.why;
   if (t.comm == "nccl" && plan.grid.p > 1)
@@ -93,9 +83,12 @@ RunPlan resolve_run_plan(const RunConfig& cfg, const Launch& launch, const backe
   plan.tokens_per_step = int64_t(t.micro_batch) * t.seq_len * t.grad_accum;
   plan.transport = resolve_transport(t, launch.world, plan.grid);
 
-  // GEMM precision of this run's model (not a process-wide switch: the model carries it).
+  // GEMM precision of this run's model (not a process-wide switch: the model carries it). "auto"
+  // is the device's to say (Backend::auto_precision: bf16 where it has bf16 matrix hardware).
   parallel::ParallelOptions& popt = plan.model;
-  popt.precision = resolve_gemm_precision(t.precision, t.device, device.capabilities());
+  const backend::PrecisionChoice precision = backend::resolve_precision(t.precision, device);
+  popt.precision = precision.precision;
+  plan.precision_why = precision.why;
   if (t.attention_precision != "auto")
     popt.attention_precision = t.attention_precision == "bf16" ? backend::Precision::BF16
                                                                : backend::Precision::FP32;

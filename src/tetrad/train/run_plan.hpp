@@ -54,23 +54,20 @@ struct RunPlan {
   // The model's options: GEMM and attention precision, GEMM layouts, recomputation, ZeRO, the
   // pipeline's layers and the overlap switches (device left null: the caller's backend).
   parallel::ParallelOptions model;
-  std::string layouts_why;  // how train.gemm_layouts resolved
+  std::string precision_why;  // train.precision = "auto": the device's reason ("" otherwise)
+  std::string layouts_why;    // how train.gemm_layouts resolved
   bool bf16() const { return model.precision == backend::Precision::BF16; }
 };
 
 // Throws Error for a grid that does not match the launch, a micro-batch the grid cannot split,
 // NCCL with a pipeline axis, and the settings the parsers refuse. `device`: the backend the model
-// will run on (its capabilities decide precision "auto" on a GPU and the GEMM layouts).
+// will run on (it says what precision "auto" means, Backend::auto_precision, and decides the GEMM
+// layouts).
 RunPlan resolve_run_plan(const RunConfig& cfg, const Launch& launch, const backend::Backend& device);
 
 // The config with what the plan chose filled in (a grid not named: the one chosen), as the run
 // folder's config.toml records it.
 RunConfig resolved_config(const RunConfig& cfg, const RunPlan& plan);
-
-// GEMM precision of a run: train.precision, with "auto" resolved for the device (on a GPU: bf16
-// where it has bf16 matrix hardware; on the CPU: the CPU backend's rule).
-backend::Precision resolve_gemm_precision(const std::string& setting, const std::string& device,
-                                          const backend::Capabilities& caps);
 
 // The parallel.* overlap keys as the model's options; parallel.progress_thread = "auto" resolves
 // by progress_thread_wins with this node's rank count and each rank's OpenMP threads.

@@ -293,7 +293,7 @@ TrainResult train(const RunConfig& cfg, const TrainOptions& opt, std::ostream& l
   result.first_step = start.step;
   result.resumed_from = start.resumed_from;
 
-  const MfuPeak peak = mfu_peak(opt.peak_gflops, plan.bf16(), *device.be, omp_get_max_threads());
+  const MfuPeak peak = mfu_peak(opt.peak_gflops, plan.model.precision, *device.be);
   ProgressReporter progress(cfg, plan, peak, launch.world, out, opt.quiet);
   progress.print_header(model, model_groups, *device.be, omp_get_max_threads());
   progress.print_rank_shares(model, groups, log_stream);
@@ -304,7 +304,7 @@ TrainResult train(const RunConfig& cfg, const TrainOptions& opt, std::ostream& l
   }
   Validator validator(cfg, data, model, runner.pipeline(), groups, metrics, out, opt.quiet);
   if (!opt.quiet) data.describe_loss_mask(out);
-  progress.print_precision(model, start.layouts_resumed);
+  progress.print_precision(model, *device.be, start.layouts_resumed);
   if (!opt.quiet && launch.open_mpi) StopControl::note_kill_grace(launch.sigkill_timeout, out);
 
   Loop loop{cfg,     opt,      plan,      groups, out,  model,     runner, data,
