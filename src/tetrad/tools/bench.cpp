@@ -25,7 +25,6 @@
 #include "tetrad/parallel/parallel_transformer.hpp"
 #include "tetrad/parallel/pipeline.hpp"
 #include "tetrad/train/auto_grid.hpp"
-#include "tetrad/planner/gpu_machines.hpp"
 #include "tetrad/parallel/process_groups.hpp"
 #include "tetrad/backend/cpu/ceilings.hpp"
 #include "tetrad/model/gemm_shapes.hpp"
@@ -137,30 +136,25 @@ void run_bench(const BenchOptions& opt, std::ostream& out) {
   out << ceil.to_text() << "libraries: oneDNN " << dv->major << "." << dv->minor << "." << dv->patch
       << ", " << mpi_first_line << "\n";
   const double fma_peak = ceil.fma.value;
-  const kernels::Precision precision = kernels::parse_precision(opt.precision);
-  const bool bf16 = precision == kernels::Precision::BF16;
-  // MFU against the peak of the arithmetic the run uses (bf16 matrix units or fp32 FMA).
+  const backend::Precision precision = backend::resolve_precision(opt.precision, *device).precision;
+  const bool bf16 = precision == backend::Precision::BF16;
+  // MFU against the peak of the arithmetic the run uses (bf16 matrix units or fp32 FMA; the CPU
+  // backend's Backend::peak, here from the ceilings just measured).
   Measurement mfu_peak = bf16 ? ceil.bf16_peak : ceil.fma;
   std::string mfu_peak_name =
       std::string(bf16 ? "bf16 matrix peak" : "fp32 FMA peak") + " (" + mfu_peak.basis + ")";
-  // On a GPU: the datasheet's dense peak of the device (planner/gpu_machines: H100, H200, A100),
-  // and the GEMM ceiling the backend measures on a large square (fp32 TF32 or bf16, cuBLASLt).
+  // On a GPU: the device's peak (Backend::peak: its part's datasheet dense peak, else its measured
+  // GEMM ceiling), and the GEMM ceiling the backend measures on a large square (fp32 TF32 or
+  // bf16, cuBLASLt).
   double device_gemm_ceiling = 0;
   if (on_gpu) {
-    const planner::GpuKind kind = planner::gpu_kind(device->description());
+    const backend::DevicePeak pk = device->peak(precision, threads);
     mfu_peak = Measurement{};
     mfu_peak.unit = "GFLOP/s";
-    if (kind.bf16_tflops > 0) {
-      mfu_peak.value = 1000 * (bf16 ? kind.bf16_tflops : kind.fp32_tflops);
-      mfu_peak_name = kind.part + std::string(bf16 ? " bf16 dense peak" : " fp32 peak") +
-                      " (datasheet)";
-    }
+    mfu_peak.value = pk.gflops;
+    mfu_peak_name = pk.name;
     const backend::DeviceCeilings dc = device->ceilings(threads, opt.quick_ceilings);
     device_gemm_ceiling = bf16 ? dc.gemm_bf16_gflops : dc.gemm_fp32_gflops;
-    if (mfu_peak.value <= 0) {  // a GPU the table does not know: its measured ceiling instead
-      mfu_peak.value = device_gemm_ceiling;
-      mfu_peak_name = "measured GEMM ceiling (no datasheet peak for this GPU in planner/gpu_machines)";
-    }
     out << "device: " << device->description() << "\n";
   } else if (opt.device != "cpu") {
     out << "device: " << device->description() << "\n";
@@ -506,9 +500,7 @@ void run_bench_grids(const BenchOptions& opt, std::ostream& log) {
       }
     }
     ParallelOptions po;
-    po.precision = kernels::parse_precision(opt.precision) == kernels::Precision::BF16
-                       ? backend::Precision::BF16
-                       : backend::Precision::FP32;
+    po.precision = backend::resolve_precision(opt.precision, backend::cpu_backend()).precision;
     po.gemm_layouts = resolve_gemm_layouts(opt.gemm_layouts, po.precision, backend::cpu_backend(),
                                            nullptr);
     po.zero = opt.zero;
