@@ -18,6 +18,7 @@
 #include "tetrad/parallel/parallel_transformer.hpp"
 #include "tetrad/parallel/process_groups.hpp"
 #include "tetrad/train/optimizer.hpp"
+#include "tetrad/train/step_runner.hpp"
 
 using namespace tetrad;
 using namespace tetrad::parallel;
@@ -90,6 +91,12 @@ std::vector<double> grid_bf16(const ModelConfig& mc, ProcessGroups& g, bool bf16
     size.push_back(t.shard_numel);
   }
   AdamW opt(decay_ranges(m.table(), tc, off, size), m.num_local_params(), tc);
+  // The trainer's own step (train/step_runner.hpp), one micro-batch, clipped at norm 1.
+  StepOptions so;
+  so.B = Bl;
+  so.T = kT;
+  so.grad_clip = tc.grad_clip;
+  StepRunner runner(m, opt, g, so);
   std::vector<double> losses;
   std::vector<int32_t> x(size_t(Bl) * kT), y(x.size());
   for (int s = 0; s < kSteps; ++s) {
@@ -99,14 +106,9 @@ std::vector<double> grid_bf16(const ModelConfig& mc, ProcessGroups& g, bool bf16
         x[b * kT + t] = tok[(slot * Bl + b) * (kT + 1) + t];
         y[b * kT + t] = tok[(slot * Bl + b) * (kT + 1) + t + 1];
       }
-    m.zero_grads();
-    double loss = m.forward_backward(x.data(), y.data(), Bl, kT, 1.0f / (kB * kT));
-    m.reduce_gradients();
-    if (g.zd.size() > 1) g.zd.allreduce_sum(&loss, 1);
-    const double gn = std::sqrt(m.grad_sum_squares());
-    opt.update(m.params(), m.grads(), learning_rate(tc, s), gn > 1 ? 1 / gn : 1.0, s + 1);
-    losses.push_back(loss / (kB * kT));
+    losses.push_back(runner.run(x.data(), y.data(), double(kB * kT), learning_rate(tc, s), s).loss);
   }
+  m.finish_communication();
   return losses;
 }
 

@@ -69,10 +69,10 @@ const float* ParallelTransformer::decode(const int32_t* tokens, int B, int Tq) {
   // Output head on each sequence's last new row only (rows Tq*Cx apart, from row Tq-1): a
   // normal layer, partial over X.
   const int64_t last = int64_t(Tq - 1) * Cx_;
-  gemm("head", false, true, B, Vy_, Cx_,
+  gemm(gemm_site_name(GemmSite::Head), false, true, B, Vy_, Cx_,
        act(a.lnf ? a.lnf + last : nullptr, a.lnf16 ? a.lnf16 + last : nullptr), int64_t(Tq) * Cx_,
        weight_operand(head_), Cx_, 0.0f, a.logits, Vy_);
-  sum_over(g_.x, a.logits, int64_t(B) * Vy_, "head");
+  sum_over(g_.x, a.logits, int64_t(B) * Vy_, gemm_site_name(GemmSite::Head));
   cache_pos_ += Tq;
   return whole_vocabulary(a.logits, B);
 }

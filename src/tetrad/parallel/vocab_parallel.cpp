@@ -35,7 +35,7 @@ void ParallelTransformer::embedding_forward(const int32_t* inputs, int64_t N, in
 void ParallelTransformer::embedding_backward(const int32_t* inputs, int64_t N, int T) {
   Acts& a = *a_;
   ScopedPhase sp(prof_, Phase::Embedding);
-  float* dE = sparse_embedding_ ? nullptr : gw(wte_);  // sparse: accumulate_embedding_rows
+  float* dE = reduce_->sparse_embedding() ? nullptr : gw(wte_);  // sparse: accumulate_embedding_rows
   const int64_t v0 = Vy_ * g_.coord.y;
   float* dP = gw(wpe_);
   if (dE)
