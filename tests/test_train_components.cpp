@@ -34,7 +34,7 @@ Launch launch(int world) {
   return l;
 }
 
-TEST(RunPlan, OneRankSplitsNothingAndSaysWhyItStaysOnMpi) {
+TEST(RunPlan, OneRankSplitsNothing) {
   const RunConfig c = config({"train.micro_batch=4", "train.seq_len=32", "train.grad_accum=3",
                               "train.precision=\"fp32\""});
   const RunPlan p = resolve_run_plan(c, launch(1), backend::cpu_backend());
@@ -44,9 +44,6 @@ TEST(RunPlan, OneRankSplitsNothingAndSaysWhyItStaysOnMpi) {
   EXPECT_EQ(p.local_batch, 4);
   EXPECT_EQ(p.seq_len, 32);
   EXPECT_EQ(p.tokens_per_step, 4 * 32 * 3);
-  EXPECT_FALSE(p.transport.nccl);
-  EXPECT_FALSE(p.transport.check_gpu_sharing);
-  EXPECT_EQ(p.transport.why, "train.comm = auto: train.device = cpu");
   EXPECT_FALSE(p.bf16());
   EXPECT_EQ(p.model.precision, backend::Precision::FP32);
   EXPECT_FALSE(p.model.attention_precision.has_value());
@@ -94,17 +91,6 @@ TEST(RunPlan, SettingsBecomeTheModelsOptions) {
   EXPECT_TRUE(p.model.overlap.backward_allreduce);
   EXPECT_FALSE(p.model.overlap.progress_thread);
   EXPECT_FALSE(p.layouts_why.empty());
-}
-
-TEST(RunPlan, TransportStaysOnMpiSayingWhy) {
-  RunPlan::Transport t;
-  t.nccl = true;
-  t.check_gpu_sharing = true;
-  t.why = "train.comm = auto";
-  t.stay_on_mpi("ranks 0 and 1 share GPU 0");
-  EXPECT_FALSE(t.nccl);
-  EXPECT_FALSE(t.check_gpu_sharing);
-  EXPECT_EQ(t.why, "train.comm = auto: ranks 0 and 1 share GPU 0");
 }
 
 TEST(CheckpointHealth, MeanOfTheLastTwentyStepsJudgedAgainstTheVocabularyAndTheBest) {

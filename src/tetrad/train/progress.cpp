@@ -66,6 +66,7 @@ ProgressReporter::ProgressReporter(const RunConfig& cfg, const RunPlan& plan, co
 
 void ProgressReporter::print_header(const parallel::ParallelTransformer& model,
                                     const parallel::ProcessGroups& model_groups,
+                                    const std::string& transport_why,
                                     const backend::Backend& device, int threads) const {
   if (quiet_) return;
   const TrainConfig& t = cfg_.train;
@@ -78,7 +79,7 @@ void ProgressReporter::print_header(const parallel::ParallelTransformer& model,
   if (world_ > 1) out_ << model.overlap().summary() << "\n";
   if (t.device != "cpu") out_ << "device: " << device.description() << "\n";
   // After the model is made: its device registered with the groups (the staging is known).
-  out_ << "comm: " << model_groups.transport_summary() << " (" << plan_.transport.why << ")\n";
+  out_ << "comm: " << model_groups.transport_summary() << " (" << transport_why << ")\n";
 }
 
 void ProgressReporter::print_rank_shares(const parallel::ParallelTransformer& model,

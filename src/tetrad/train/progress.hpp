@@ -38,8 +38,8 @@ class ProgressReporter {
 
   // "model: ..." (the run's size and MFU baseline), overlap, device and transport lines.
   void print_header(const parallel::ParallelTransformer& model,
-                    const parallel::ProcessGroups& model_groups, const backend::Backend& device,
-                    int threads) const;
+                    const parallel::ProcessGroups& model_groups, const std::string& transport_why,
+                    const backend::Backend& device, int threads) const;
   // One line per rank, in rank order (collective): its coordinates, parameters, batch, memory.
   void print_rank_shares(const parallel::ParallelTransformer& model,
                          const parallel::ProcessGroups& groups, std::ostream& log) const;

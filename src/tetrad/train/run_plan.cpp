@@ -1,5 +1,6 @@
 #include "tetrad/train/run_plan.hpp"
 
+#include "tetrad/comm/transports.hpp"
 #include "tetrad/core/cpu.hpp"
 #include "tetrad/core/error.hpp"
 #include "tetrad/parallel/gemm_layouts.hpp"
@@ -38,30 +39,6 @@ RunConfig resolved_config(const RunConfig& cfg, const RunPlan& plan) {
   return saved;
 }
 
-namespace {
-
-// train.comm resolved (config.hpp): the model's groups on NCCL or on MPI, and why, for the log.
-RunPlan::Transport resolve_transport(const TrainConfig& t, int world, const parallel::GridShape& g) {
-  RunPlan::Transport tr;
-  tr.nccl = t.comm == "nccl";  // validate() refused it without a cuda device or NCCL
-  tr.why = "train.comm = " + t.comm;
-  if (t.comm != "auto") return tr;
-  const bool cuda = t.device.rfind("cuda", 0) == 0;
-  if (!cuda) tr.why += ": train.device = " + t.device;
-  else if (!TETRAD_HAVE_NCCL) tr.why += ": this build has no NCCL";
-  else if (world == 1) tr.why += ": one rank";
-  else if (g.p > 1) tr.why += ": the pipeline's point-to-point runs on MPI";
-  else {
-    // NCCL refuses two ranks on one GPU (e.g. a 2-rank grid on one device): the caller asks
-    // (collective, every rank gets the same answer) and stays on MPI then.
-    tr.nccl = true;
-    tr.check_gpu_sharing = true;
-  }
-  return tr;
-}
-
-}  // namespace
-
 RunPlan resolve_run_plan(const RunConfig& cfg, const Launch& launch, const backend::Backend& device) {
   const TrainConfig& t = cfg.train;
   RunPlan plan;
@@ -70,10 +47,7 @@ RunPlan resolve_run_plan(const RunConfig& cfg, const Launch& launch, const backe
   const AutoGrid chosen = resolve_grid(cfg, launch.world, launch.ranks_per_node, device);
   plan.grid = chosen.grid;
   plan.grid_why = chosen.why;
-  if (t.comm == "nccl" && plan.grid.p > 1)
-    fail("train.comm = \"nccl\" with a pipeline axis (grid ", plan.grid.to_string(), "): the "
-         "pipeline's point-to-point messages are not run on NCCL yet; use train.comm = \"mpi\" "
-         "or \"auto\"");
+  comm::check_transport(t.comm, t.device, plan.grid.p);  // a chosen grid may have a pipeline axis
   plan.replicas = plan.grid.z * plan.grid.d;
   if (t.micro_batch % plan.replicas != 0)
     fail("train.micro_batch (", t.micro_batch, ") must be divisible by Gz x Gd = ", plan.replicas,
@@ -81,7 +55,6 @@ RunPlan resolve_run_plan(const RunConfig& cfg, const Launch& launch, const backe
   plan.local_batch = t.micro_batch / plan.replicas;
   plan.seq_len = t.seq_len;
   plan.tokens_per_step = int64_t(t.micro_batch) * t.seq_len * t.grad_accum;
-  plan.transport = resolve_transport(t, launch.world, plan.grid);
 
   // GEMM precision of this run's model (not a process-wide switch: the model carries it). "auto"
   // is the device's to say (Backend::auto_precision: bf16 where it has bf16 matrix hardware).

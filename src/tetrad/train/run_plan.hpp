@@ -1,8 +1,9 @@
 // The run plan: every setting of a training run that is resolved from the config, the launch
 // and the device, resolved in one place (resolve_run_plan) and carried as typed values with the
 // reason for each choice the log prints. A pure function of its inputs: no MPI, no files, no
-// device work (the planner behind `grid = "auto"` reads its machine file; the one collective
-// question, whether ranks share a GPU, is left to the caller: RunPlan::Transport).
+// device work (the planner behind `grid = "auto"` reads its machine file). The model's transport
+// is checked here (comm::check_transport) but chosen by the caller: choosing asks, collectively,
+// whether ranks share a GPU (comm::choose_transport).
 //
 // What this does not do: build anything (process groups, the model, loaders), or check that the
 // run fits in memory (memory_check.hpp).
@@ -39,18 +40,7 @@ struct RunPlan {
   int local_batch = 1;    // sequences per micro-batch on this rank (B)
   int seq_len = 1;        // T
   int64_t tokens_per_step = 0;  // micro_batch x seq_len x grad_accum (the whole job's)
-  // The model's communicator. nccl with check_gpu_sharing: NCCL, unless ranks share a GPU (a
-  // collective question: comm::ranks_sharing_a_gpu; then stay_on_mpi).
-  struct Transport {
-    bool nccl = false;
-    bool check_gpu_sharing = false;
-    std::string why;  // "train.comm = auto: one rank"
-    void stay_on_mpi(const std::string& reason) {
-      nccl = false;
-      check_gpu_sharing = false;
-      why += ": " + reason;
-    }
-  } transport;
+
   // The model's options: GEMM and attention precision, GEMM layouts, recomputation, ZeRO, the
   // pipeline's layers and the overlap switches (device left null: the caller's backend).
   parallel::ParallelOptions model;

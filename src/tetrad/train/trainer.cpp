@@ -13,9 +13,7 @@
 
 #include "tetrad/checkpoint/hf.hpp"
 #include "tetrad/comm/communicator.hpp"
-#if TETRAD_HAVE_NCCL
-#include "tetrad/comm/nccl_communicator.hpp"
-#endif
+#include "tetrad/comm/transports.hpp"
 #include "tetrad/core/cpu.hpp"
 #include "tetrad/core/error.hpp"
 #include "tetrad/core/hash.hpp"
@@ -85,25 +83,19 @@ struct Device {
   }
 };
 
-// The model's groups on NCCL when the plan says so and no two ranks share a GPU (NCCL refuses
-// that; collective, every rank gets the same answer), else null: the trainer's own MPI groups.
+// The model's transport (comm/transports.hpp: collective where it asks whether ranks share a
+// GPU), and its groups on NCCL when that is the choice, else null: the trainer's own MPI groups.
 // The trainer's own groups are MPI's (or self() on one rank), whatever train.comm says: every
 // value the trainer reduces lives in host memory (loss sums, token counts, the weights' sum of
 // squares, failure flags, signals, the run-folder and checkpoint agreements), and NCCL
 // collectives take device memory only. Made after the device, whose creation selects this rank's
 // GPU (NCCL's communicators live on the current device).
-std::unique_ptr<ProcessGroups> model_groups_on_nccl(RunPlan& plan, const Launch& launch,
-                                                    const ProcessGroups& groups) {
-#if TETRAD_HAVE_NCCL
-  if (plan.transport.check_gpu_sharing) {
-    const std::string shared = comm::ranks_sharing_a_gpu(groups.world);
-    if (shared.empty()) plan.transport.check_gpu_sharing = false;
-    else plan.transport.stay_on_mpi(shared);
-  }
-#else
-  (void)groups;
-#endif
-  if (!plan.transport.nccl) return nullptr;
+std::unique_ptr<ProcessGroups> model_groups_on_nccl(const RunConfig& cfg, const RunPlan& plan,
+                                                    const Launch& launch,
+                                                    const ProcessGroups& groups,
+                                                    comm::TransportChoice& transport) {
+  transport = comm::choose_transport(cfg.train.comm, cfg.train.device, plan.grid.p, groups.world);
+  if (transport.name != "nccl") return nullptr;
   return std::make_unique<ProcessGroups>(ProcessGroups::on_nccl(
       launch.mpi ? comm::Communicator::world() : comm::Communicator::self("world"), plan.grid));
 }
@@ -260,7 +252,9 @@ TrainResult train(const RunConfig& cfg, const TrainOptions& opt, std::ostream& l
   // This rank's share of the tokens: slot z + Gz d of the Z x D replicas.
   const int slot = groups.coord.z + plan.grid.z * groups.coord.d;
   TrainingData data(cfg, DataSlot{plan.local_batch, plan.seq_len, slot, plan.replicas});
-  const std::unique_ptr<ProcessGroups> nccl_groups = model_groups_on_nccl(plan, launch, groups);
+  comm::TransportChoice transport;
+  const std::unique_ptr<ProcessGroups> nccl_groups =
+      model_groups_on_nccl(cfg, plan, launch, groups, transport);
   ProcessGroups& model_groups = nccl_groups ? *nccl_groups : groups;
   check_memory_fits(cfg, plan, launch, *device.be, groups.world, out, opt.quiet);
   const RunFolder folder(cfg.run_dir, to_toml(resolved_config(cfg, plan)),
@@ -295,7 +289,7 @@ TrainResult train(const RunConfig& cfg, const TrainOptions& opt, std::ostream& l
 
   const MfuPeak peak = mfu_peak(opt.peak_gflops, plan.model.precision, *device.be);
   ProgressReporter progress(cfg, plan, peak, launch.world, out, opt.quiet);
-  progress.print_header(model, model_groups, *device.be, omp_get_max_threads());
+  progress.print_header(model, model_groups, transport.why, *device.be, omp_get_max_threads());
   progress.print_rank_shares(model, groups, log_stream);
   MetricsLog metrics;
   if (root) {
