@@ -744,6 +744,7 @@ void prepare_data(const PrepareOptions& o, std::ostream& log) {
     prepare_into(inner, log);
     sync_folder(tmp);
     swap_in(tmp, out);  // the old folder (and the lock file in it) goes
+    if (!created) log << "prepare: replaced the earlier content of " << out << " (swapped in whole)\n";
   } catch (...) {
     if (!tmp.empty()) fs::remove_all(tmp, ec);
     // Nothing was there before: the empty folder goes (only an empty one: a prepare refused by
