@@ -19,14 +19,13 @@
 #include "tetrad/core/error.hpp"
 #include "tetrad/core/profile.hpp"
 #include "tetrad/core/rng.hpp"
-#include "tetrad/backend/cpu/precision.hpp"
 #include "tetrad/model/params.hpp"
 #include "tetrad/parallel/memory_model.hpp"
 #include "tetrad/parallel/parallel_transformer.hpp"
 #include "tetrad/parallel/pipeline.hpp"
 #include "tetrad/train/auto_grid.hpp"
 #include "tetrad/parallel/process_groups.hpp"
-#include "tetrad/backend/cpu/ceilings.hpp"
+#include "tetrad/backend/ceilings.hpp"
 #include "tetrad/model/gemm_shapes.hpp"
 #include "tetrad/train/optimizer.hpp"
 #include "tetrad/train/step_runner.hpp"
@@ -160,7 +159,7 @@ void run_bench(const BenchOptions& opt, std::ostream& out) {
     out << "device: " << device->description() << "\n";
   }
   if (bf16) out << "precision: bf16 GEMMs (fp32 accumulation, master weights, optimizer), "
-                << kernels::bf16_matmul_path() << "\n";
+                << device->bf16_status().gemm_path << "\n";
 
   std::ofstream json_out;
   if (!opt.json_path.empty()) {
@@ -185,7 +184,7 @@ void run_bench(const BenchOptions& opt, std::ostream& out) {
     // GEMM ceiling on the model's own shapes: total GEMM FLOPs / total time at measured rates
     // (of the GEMM this precision runs: sgemm, or the bf16 GEMM), measured in two windows, here
     // and again after the timed steps: the host's clock moves between them on a shared machine
-    // (CeilingWindows, backend/cpu/ceilings.hpp), so each shape takes its better window and the
+    // (CeilingWindows, backend/ceilings.hpp), so each shape takes its better window and the
     // line says when the two disagree.
     std::vector<GemmShape> ceiling_shapes;
     std::vector<double> ceiling_flop;
@@ -210,7 +209,7 @@ void run_bench(const BenchOptions& opt, std::ostream& out) {
     double step_layout_time = 0, best_layout_time = 0, bf16_flop = 0;
     std::ostringstream layout_lines;
     auto measure_layouts = [&](const parallel::GemmLayoutPlan& plan) {
-      if (!(bf16 && !on_gpu && kernels::native_bf16_matmul())) return;
+      if (!(bf16 && !on_gpu && device->bf16_status().native)) return;
       const std::pair<const char*, const char*> sites[] = {{"attn.qkv", "qkv"}, {"attn.proj", "proj"},
                                                            {"mlp.fc", "fc"}, {"mlp.proj", "fcproj"},
                                                            {"lm_head", "head"}};
@@ -374,7 +373,7 @@ void run_bench(const BenchOptions& opt, std::ostream& out) {
           << "    FLOP-weighted: " << step_layout_ceiling << " GFLOP/s in the step's layouts, "
           << best_layout_ceiling << " in the fastest layouts; model FLOP/s = "
           << 100 * model_flops / (best_layout_ceiling * 1e9) << "% of the fastest-layout ceiling\n";
-      const std::string choices = kernels::gemm_layout_report();
+      const std::string choices = backend::cpu_backend().bf16_status().layout_choices;
       if (!choices.empty()) {
         out << "  layout choices (kernels::gemm_bf16):\n";
         std::istringstream lines(choices);
