@@ -9,7 +9,7 @@
 #include <algorithm>
 #include <cstring>
 
-#include "tetrad/backend/cpu/ops.hpp"
+#include "tetrad/backend/rope_tables.hpp"
 #include "tetrad/core/error.hpp"
 #include "tetrad/parallel/activation_layout.hpp"
 

@@ -19,14 +19,13 @@
 #include "tetrad/core/error.hpp"
 #include "tetrad/core/profile.hpp"
 #include "tetrad/core/rng.hpp"
-#include "tetrad/backend/cpu/precision.hpp"
 #include "tetrad/model/params.hpp"
 #include "tetrad/parallel/memory_model.hpp"
 #include "tetrad/parallel/parallel_transformer.hpp"
 #include "tetrad/parallel/pipeline.hpp"
 #include "tetrad/train/auto_grid.hpp"
 #include "tetrad/parallel/process_groups.hpp"
-#include "tetrad/backend/cpu/ceilings.hpp"
+#include "tetrad/backend/ceilings.hpp"
 #include "tetrad/model/gemm_shapes.hpp"
 #include "tetrad/train/optimizer.hpp"
 #include "tetrad/train/step_runner.hpp"
@@ -141,7 +140,7 @@ void set_up_machine(const BenchOptions& opt, SerialMachine& m, std::ostream& out
     out << "device: " << device->description() << "\n";
   }
   if (m.bf16) out << "precision: bf16 GEMMs (fp32 accumulation, master weights, optimizer), "
-                  << kernels::bf16_matmul_path() << "\n";
+                  << device->bf16_status().gemm_path << "\n";
 
   if (!opt.json_path.empty()) {
     m.json_out.open(opt.json_path);
@@ -356,7 +355,7 @@ nlohmann::json print_serial(const BenchOptions& opt, const SerialMachine& m, con
         << "    FLOP-weighted: " << r.layouts.step_ceiling() << " GFLOP/s in the step's layouts, "
         << best_layout_ceiling << " in the fastest layouts; model FLOP/s = "
         << 100 * model_flops / (best_layout_ceiling * 1e9) << "% of the fastest-layout ceiling\n";
-    const std::string choices = kernels::gemm_layout_report();
+    const std::string choices = backend::cpu_backend().bf16_status().layout_choices;
     if (!choices.empty()) {
       out << "  layout choices (kernels::gemm_bf16):\n";
       std::istringstream lines(choices);
@@ -479,7 +478,7 @@ void bench_config(const BenchOptions& opt, SerialMachine& m, const std::string& 
   // GEMM ceiling on the model's own shapes: total GEMM FLOPs / total time at measured rates
   // (of the GEMM this precision runs: sgemm, or the bf16 GEMM), measured in two windows, here
   // and again after the timed steps: the host's clock moves between them on a shared machine
-  // (CeilingWindows, backend/cpu/ceilings.hpp), so each shape takes its better window and the
+  // (CeilingWindows, backend/ceilings.hpp), so each shape takes its better window and the
   // line says when the two disagree.
   std::vector<GemmShape> ceiling_shapes;
   std::vector<double> ceiling_flop;
@@ -493,7 +492,7 @@ void bench_config(const BenchOptions& opt, SerialMachine& m, const std::string& 
   run_serial_steps(opt, m, r, out);
   r.peak_rss = peak_rss_bytes();
   // The bf16 layout ceilings, measured after the model's steps (its plan is known then).
-  if (m.bf16 && !m.on_gpu && kernels::native_bf16_matmul())
+  if (m.bf16 && !m.on_gpu && m.device->bf16_status().native)
     r.layouts = measure_layout_ceiling(mc, r.N, r.step_plan, m.threads);
   r.tok_s = double(r.N) / r.step_median;
   r.model_flops = flops_per_token(mc, r.T) * r.tok_s;
