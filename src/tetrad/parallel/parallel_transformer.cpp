@@ -9,7 +9,7 @@
 #include <algorithm>
 #include <cstring>
 
-#include "tetrad/backend/cpu/ops.hpp"
+#include "tetrad/backend/rope_tables.hpp"
 #include "tetrad/core/error.hpp"
 #include "tetrad/parallel/activation_layout.hpp"
 
@@ -79,8 +79,6 @@ ParallelTransformer::ParallelTransformer(const ModelConfig& config, ProcessGroup
   ctx_.queue = &q_;
   ctx_.be = be_;
   ctx_.dims = dims_;
-  hd_ = dims_.hd, Cx_ = dims_.Cx, Ay_ = dims_.Ay, nhy_ = dims_.nhy, nkvy_ = dims_.nkvy;
-  QKVy_ = dims_.QKVy, Fy_ = dims_.Fy, FWy_ = dims_.FWy, Vy_ = dims_.Vy;
 
   params_ = backend::DeviceArray<float>(*be_, plan_.local_total);
   const bool bf16_weights = precision_ == backend::Precision::BF16 && opt_.bf16_weight_copy;
@@ -140,7 +138,7 @@ ParallelTransformer::ParallelTransformer(const ModelConfig& config, ProcessGroup
 
   const int64_t N = int64_t(local_batch) * max_len;
   layer_slots_ = layer_slots(cfg_.n_layer, split_, G.p, g_.coord.p);
-  // The activation buffer and its views, both from the spec list (transformer_activations.hpp).
+  // The activation buffer and its views, both from the spec list (activation_layout.hpp).
   const ActivationSizes sz = activation_sizes(opt_.recompute);
   acts_ = backend::DeviceArray<float>(*be_, size_t(sz.total));
   a_ = std::make_unique<Acts>(lay_out_activations(acts_.data(), sz, layer_slots_, bf16_acts_));
@@ -153,11 +151,11 @@ ParallelTransformer::ParallelTransformer(const ModelConfig& config, ProcessGroup
   argmax_val_ = be_->alloc_array<float>(size_t(local_batch));
 
   if (positions_ == Positions::Rope) {
-    const int64_t half = hd_ / 2;
+    const int64_t half = dims_.hd / 2;
     // The tables are built on the host once (the model's rotary settings) and copied over.
     const size_t n = size_t(cfg_.max_seq) * size_t(half);
     std::vector<float> cos_host(n), sin_host(n);
-    k::rope_tables(cos_host.data(), sin_host.data(), cfg_.max_seq, hd_, rope_frequencies(cfg_));
+    k::rope_tables(cos_host.data(), sin_host.data(), cfg_.max_seq, dims_.hd, rope_frequencies(cfg_));
     rope_cos_ = be_->alloc_array<float>(n);
     rope_sin_ = be_->alloc_array<float>(n);
     bq().copy_to_device(rope_cos_.data(), cos_host.data(), n * sizeof(float));
@@ -241,7 +239,7 @@ void ParallelTransformer::forward_chunk(int l0, int l1, bool embed, bool head,
   if (!head) return;
   norm_fwd(a.lnf, a.lnf_mean, a.lnf_rstd, x, lnf_w_, lnf_b_, N, a.lnf16);
   // Output head: normal layer on the embedding's block -> logits [N, V/Gy].
-  gemm_allreduce(GemmSite::Head, a.logits, act(a.lnf, a.lnf16), head_, Cx_, Vy_, g_.x, N);
+  gemm_allreduce(GemmSite::Head, a.logits, act(a.lnf, a.lnf16), head_, N);
 }
 
 double ParallelTransformer::forward_loss(const int32_t* inputs, const int32_t* targets, int B, int T) {
@@ -285,15 +283,15 @@ void ParallelTransformer::backward_chunk(int l0, int l1, bool embed, bool head,
   if (head) {
     const float* x_last = l1 > 0 ? a.layer[l1 - 1].resid_out : a.emb;
     // Head: dlogits [N, Vy] -> dlnf [N, Cx] (sum over Y), d(head block): a normal layer.
-    linear_bwd(GemmSite::Head, a.dln, a.logits, act(a.lnf, a.lnf16), head_, -1, Cx_, Vy_, g_.y, N,
+    linear_bwd(GemmSite::Head, a.dln, a.logits, act(a.lnf, a.lnf16), head_, -1, N,
                head_dy16_ready_);
     head_dy16_ready_ = false;
     if (reduce_->sparse_embedding()) reduce_->scatter_top(/*head_part=*/true);
-    zero_dev(a.dresid, N * Cx_);
+    zero_dev(a.dresid, N * dims_.Cx);
     norm_bwd(a.dresid, a.dln, x_last, a.lnf_mean, a.lnf_rstd, lnf_w_, lnf_b_, N);
   } else {
     // From the next stage, in host memory (the pipeline's receive buffer).
-    bq().copy_to_device(a.dresid, dout, size_t(N * Cx_) * sizeof(float));
+    bq().copy_to_device(a.dresid, dout, size_t(N * dims_.Cx) * sizeof(float));
   }
 
   for (int l = l1 - 1; l >= l0; --l) {

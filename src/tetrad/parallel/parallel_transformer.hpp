@@ -36,6 +36,7 @@
 #include "tetrad/model/params.hpp"
 #include "tetrad/parallel/comm_schedule.hpp"
 #include "tetrad/parallel/grad_reduction.hpp"
+#include "tetrad/parallel/linear_layers.hpp"
 #include "tetrad/parallel/local_dims.hpp"
 #include "tetrad/parallel/memory_model.hpp"
 #include "tetrad/parallel/options.hpp"
@@ -291,25 +292,19 @@ class ParallelTransformer {
   // A sum over a group, skipped when the group is one rank (float and double).
   template <typename T>
   void sum_over(const comm::Communicator& group, T* data, int64_t n, const char* what = "");
-  // `in`: the layer's input activation [N, k_in], fp32 or bf16-stored (act() below).
-  void gemm_allreduce(GemmSite site, float* out, Operand in, int wi, int64_t k_in,
-                      int64_t n_out, const comm::Communicator& group, int64_t N);
-  void normal_fwd(GemmSite site, float* out, Operand in, int wi, int bi, int64_t k_in,
-                  int64_t n_out, int64_t N);
+  // A site's shape and collectives are its LinearSpec's (linear_layers.hpp). `in`: the layer's
+  // input activation [N, k_in], fp32 or bf16-stored (act() below).
+  void gemm_allreduce(GemmSite site, float* out, Operand in, int wi, int64_t N);
+  void normal_fwd(GemmSite site, float* out, Operand in, int wi, int bi, int64_t N);
   void transposed_fwd(GemmSite site, float* out, const float* resid, Operand in, int wi,
-                      int bi, int64_t k_in, int64_t N);
+                      int bi, int64_t N);
   // dout16_ready: dout's bf16 copies the site's layout reads are already in a_->dout16 /
   // a_->dout16_t (the loss wrote them: head_dy16), so no cast runs and dout is not read.
-  void linear_bwd(GemmSite site, float* din, const float* dout, Operand in, int wi,
-                  int bi, int64_t k_in, int64_t n_out, const comm::Communicator& group,
+  void linear_bwd(GemmSite site, float* din, const float* dout, Operand in, int wi, int bi,
                   int64_t N, bool dout16_ready = false);
   // With bf16 activations, the bf16 copies of a site's dY its backward GEMMs read: as stored
   // (a_->dout16) and / or transposed (a_->dout16_t); null where its layout reads none.
   std::pair<uint16_t*, uint16_t*> dy16_copies(const GemmSiteLayout& lay) const;
-  void normal_bwd(GemmSite site, float* din, const float* dout, Operand in, int wi,
-                  int bi, int64_t k_in, int64_t n_out, int64_t N);
-  void transposed_bwd(GemmSite site, float* din, const float* dout, Operand in, int wi,
-                      int bi, int64_t k_in, int64_t N);
   // An activation that feeds GEMMs: its bf16 form where the model stores one, else fp32.
   static Operand act(const float* f, const uint16_t* b) {
     return b ? Operand{b, backend::DType::BF16} : f32(f);
@@ -371,7 +366,6 @@ class ParallelTransformer {
   MlpKind mlp_;
   Positions positions_;
   LocalDims dims_;  // this rank's sizes (local_dims.hpp)
-  int64_t Cx_, Ay_, QKVy_, Fy_, FWy_, Vy_, nhy_, nkvy_, hd_;
   backend::DeviceArray<float> params_;
   OverlapOptions ov_;
   // What the parts below compute and communicate with (step_context.hpp).
