@@ -19,62 +19,24 @@
 #include "tetrad/core/error.hpp"
 #include "tetrad/core/profile.hpp"
 #include "tetrad/core/rng.hpp"
-#include "tetrad/backend/cpu/precision.hpp"
 #include "tetrad/model/params.hpp"
 #include "tetrad/parallel/memory_model.hpp"
 #include "tetrad/parallel/parallel_transformer.hpp"
 #include "tetrad/parallel/pipeline.hpp"
 #include "tetrad/train/auto_grid.hpp"
 #include "tetrad/parallel/process_groups.hpp"
-#include "tetrad/backend/cpu/ceilings.hpp"
+#include "tetrad/backend/ceilings.hpp"
 #include "tetrad/model/gemm_shapes.hpp"
 #include "tetrad/train/optimizer.hpp"
 #include "tetrad/train/step_runner.hpp"
 #include "tetrad/train/trainer.hpp"
+#include "tetrad/tools/bench_common.hpp"
 
 namespace tetrad {
 
 namespace {
 
-// Standard micro-batch of each configuration (benchmarks.md).
-// Tokens per sequence of a bench run: --seq, or the configuration's max_seq (0); refused past it.
-int bench_seq(const BenchOptions& opt, const ModelConfig& mc, const std::string& name) {
-  if (opt.seq < 0 || opt.seq > mc.max_seq)
-    fail("--seq ", opt.seq, ": expected 1..", mc.max_seq, " (model ", name, "'s max_seq; 0: max_seq)");
-  return opt.seq > 0 ? opt.seq : mc.max_seq;
-}
-
-int standard_batch(const std::string& name) {
-  if (name == "gpt2-124m") return 1;
-  return 4;
-}
-
-// Resident memory by kind, bytes (/proc/self/status: RssAnon, RssFile, RssShmem; zeros where
-// unreadable). What grows during the steps beyond the formula shows where it lives: the heap
-// (anonymous), library code run for the first time (file-backed), MPI's shared-memory segments.
-struct ResidentKinds {
-  double anon = 0, file = 0, shmem = 0;
-};
-ResidentKinds resident_kinds() {
-  ResidentKinds k;
-  std::FILE* f = std::fopen("/proc/self/status", "r");
-  if (!f) return k;
-  char line[256];
-  long long kb = 0;
-  while (std::fgets(line, sizeof line, f)) {
-    if (std::sscanf(line, "RssAnon: %lld kB", &kb) == 1) k.anon = double(kb) * 1024;
-    if (std::sscanf(line, "RssFile: %lld kB", &kb) == 1) k.file = double(kb) * 1024;
-    if (std::sscanf(line, "RssShmem: %lld kB", &kb) == 1) k.shmem = double(kb) * 1024;
-  }
-  std::fclose(f);
-  return k;
-}
-
-double median(std::vector<double> v) {
-  std::sort(v.begin(), v.end());
-  const size_t n = v.size();
-  return n % 2 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
-}
+using namespace bench_detail;
 
 // Runs a shell command and returns its stdout ("" on failure).
 std::string run_capture(const std::string& cmd) {
@@ -108,12 +70,31 @@ std::string default_anchor() {
   return "";
 }
 
-}  // namespace
 
-void run_bench(const BenchOptions& opt, std::ostream& out) {
+// ---- serial mode (run_bench) ------------------------------------------------------------------
+
+// What a serial run times on: threads, the device, the peak MFU is reported against and the
+// device's GEMM ceiling, the --json file and the PyTorch anchor command ("": none).
+struct SerialMachine {
+  int threads = 0;
+  std::unique_ptr<backend::Backend> device_owner;
+  backend::Backend* device = nullptr;
+  bool on_gpu = false;
+  backend::Precision precision = backend::Precision::FP32;
+  bool bf16 = false;
+  double fma_peak = 0;
+  Measurement mfu_peak;
+  std::string mfu_peak_name;
+  double device_gemm_ceiling = 0;
+  std::ofstream json_out;
+  std::string anchor;
+};
+
+// Sets up `m` and prints the machine's lines: ceilings, libraries, device, precision, anchor.
+void set_up_machine(const BenchOptions& opt, SerialMachine& m, std::ostream& out) {
   if (opt.gemm_layouts != "auto" && opt.gemm_layouts != "rule" && opt.gemm_layouts != "tune")
     fail("--gemm-layouts \"", opt.gemm_layouts, "\": expected \"auto\", \"rule\" or \"tune\"");
-  const int threads = opt.threads > 0 ? opt.threads : num_cores();
+  const int threads = m.threads = opt.threads > 0 ? opt.threads : num_cores();
   omp_set_num_threads(threads);
   const dnnl_version_t* dv = dnnl_version();
   char mpi_version[MPI_MAX_LIBRARY_VERSION_STRING];
@@ -125,656 +106,414 @@ void run_bench(const BenchOptions& opt, std::ostream& out) {
   if (opt.batch < 0) fail("--batch ", opt.batch, ": expected a positive count (0: the standard batch)");
   // Where the model computes. A GPU is timed against its own peak and ceiling; the host CPU's
   // ceilings are still measured (quickly: they only describe the host there) for the log.
-  std::unique_ptr<backend::Backend> device_owner;
-  backend::Backend* device = &backend::cpu_backend();
+  m.device = &backend::cpu_backend();
   if (opt.device != "cpu") {
-    device_owner = backend::create(opt.device);  // refuses naming what this build and machine lack
-    device = device_owner.get();
+    m.device_owner = backend::create(opt.device);  // refuses naming what this build and machine lack
+    m.device = m.device_owner.get();
   }
-  const bool on_gpu = !(opt.device == "cpu" || opt.device == "cpu-strict");
-  MachineCeilings ceil = measure_ceilings(threads, opt.quick_ceilings || on_gpu);
+  backend::Backend* device = m.device;
+  m.on_gpu = !(opt.device == "cpu" || opt.device == "cpu-strict");
+  MachineCeilings ceil = measure_ceilings(threads, opt.quick_ceilings || m.on_gpu);
   out << ceil.to_text() << "libraries: oneDNN " << dv->major << "." << dv->minor << "." << dv->patch
       << ", " << mpi_first_line << "\n";
-  const double fma_peak = ceil.fma.value;
-  const backend::Precision precision = backend::resolve_precision(opt.precision, *device).precision;
-  const bool bf16 = precision == backend::Precision::BF16;
+  m.fma_peak = ceil.fma.value;
+  m.precision = backend::resolve_precision(opt.precision, *device).precision;
+  m.bf16 = m.precision == backend::Precision::BF16;
   // MFU against the peak of the arithmetic the run uses (bf16 matrix units or fp32 FMA; the CPU
   // backend's Backend::peak, here from the ceilings just measured).
-  Measurement mfu_peak = bf16 ? ceil.bf16_peak : ceil.fma;
-  std::string mfu_peak_name =
-      std::string(bf16 ? "bf16 matrix peak" : "fp32 FMA peak") + " (" + mfu_peak.basis + ")";
+  m.mfu_peak = m.bf16 ? ceil.bf16_peak : ceil.fma;
+  m.mfu_peak_name =
+      std::string(m.bf16 ? "bf16 matrix peak" : "fp32 FMA peak") + " (" + m.mfu_peak.basis + ")";
   // On a GPU: the device's peak (Backend::peak: its part's datasheet dense peak, else its measured
   // GEMM ceiling), and the GEMM ceiling the backend measures on a large square (fp32 TF32 or
   // bf16, cuBLASLt).
-  double device_gemm_ceiling = 0;
-  if (on_gpu) {
-    const backend::DevicePeak pk = device->peak(precision, threads);
-    mfu_peak = Measurement{};
-    mfu_peak.unit = "GFLOP/s";
-    mfu_peak.value = pk.gflops;
-    mfu_peak_name = pk.name;
+  if (m.on_gpu) {
+    const backend::DevicePeak pk = device->peak(m.precision, threads);
+    m.mfu_peak = Measurement{};
+    m.mfu_peak.unit = "GFLOP/s";
+    m.mfu_peak.value = pk.gflops;
+    m.mfu_peak_name = pk.name;
     const backend::DeviceCeilings dc = device->ceilings(threads, opt.quick_ceilings);
-    device_gemm_ceiling = bf16 ? dc.gemm_bf16_gflops : dc.gemm_fp32_gflops;
+    m.device_gemm_ceiling = m.bf16 ? dc.gemm_bf16_gflops : dc.gemm_fp32_gflops;
     out << "device: " << device->description() << "\n";
   } else if (opt.device != "cpu") {
     out << "device: " << device->description() << "\n";
   }
-  if (bf16) out << "precision: bf16 GEMMs (fp32 accumulation, master weights, optimizer), "
-                << kernels::bf16_matmul_path() << "\n";
+  if (m.bf16) out << "precision: bf16 GEMMs (fp32 accumulation, master weights, optimizer), "
+                  << device->bf16_status().gemm_path << "\n";
 
-  std::ofstream json_out;
   if (!opt.json_path.empty()) {
-    json_out.open(opt.json_path);
-    if (!json_out) fail("cannot write --json file '", opt.json_path, "'");
-    json_out << nlohmann::json{{"machine", ceil.to_json()}}.dump() << "\n";
+    m.json_out.open(opt.json_path);
+    if (!m.json_out) fail("cannot write --json file '", opt.json_path, "'");
+    m.json_out << nlohmann::json{{"machine", ceil.to_json()}}.dump() << "\n";
   }
-  std::string anchor = opt.anchor_cmd == "none" ? "" : (opt.anchor_cmd.empty() ? default_anchor() : opt.anchor_cmd);
-  if (opt.anchor_cmd.empty() && anchor.empty())
+  m.anchor = opt.anchor_cmd == "none" ? "" : (opt.anchor_cmd.empty() ? default_anchor() : opt.anchor_cmd);
+  if (opt.anchor_cmd.empty() && m.anchor.empty())
     out << "anchor: PyTorch not importable (bash bench/setup-pytorch.sh makes its venv); ratios "
            "skipped\n";
+}
 
-  for (const std::string& name : opt.configs) {
-    const ModelConfig mc = named_model(name);
-    const int B = opt.batch > 0 ? opt.batch : standard_batch(name);
-    const int T = bench_seq(opt, mc, name);
-    const int64_t N = int64_t(B) * T;
-    out << "\n== " << name << " (" << family_name(mc.family) << ", L=" << mc.n_layer
-        << " C=" << mc.n_embd << " heads=" << mc.n_head << " ffn=" << mc.ffn
-        << " V=" << mc.vocab_size << ", B=" << B << " T=" << T << ", " << opt.precision << ")\n";
+// The rate of each shape's GEMM (sgemm, or the bf16 GEMM), GFLOP/s (0 where it failed).
+std::vector<double> measure_model_ceiling(const std::vector<GemmShape>& shapes, bool bf16,
+                                          int threads) {
+  std::vector<double> rate;
+  for (const GemmShape& s : shapes) {
+    const Measurement m = bf16 ? measure_gemm_bf16(s, threads, 3) : measure_sgemm(s, threads, 3);
+    rate.push_back(m.ok() ? m.value : 0);
+  }
+  return rate;
+}
 
-    // GEMM ceiling on the model's own shapes: total GEMM FLOPs / total time at measured rates
-    // (of the GEMM this precision runs: sgemm, or the bf16 GEMM), measured in two windows, here
-    // and again after the timed steps: the host's clock moves between them on a shared machine
-    // (CeilingWindows, backend/cpu/ceilings.hpp), so each shape takes its better window and the
-    // line says when the two disagree.
-    std::vector<GemmShape> ceiling_shapes;
-    std::vector<double> ceiling_flop;
-    if (!on_gpu)  // the host's GEMM says nothing about the GPU's: device_gemm_ceiling
-      for (const GemmShape& s : model_gemm_shapes(mc, int(N))) {
-        ceiling_shapes.push_back(s);
-        ceiling_flop.push_back(s.flop());
-      }
-    auto measure_model_ceiling = [&] {
-      std::vector<double> rate;
-      for (const GemmShape& s : ceiling_shapes) {
-        const Measurement m = bf16 ? measure_gemm_bf16(s, threads, 3) : measure_sgemm(s, threads, 3);
-        rate.push_back(m.ok() ? m.value : 0);
-      }
-      return rate;
-    };
-    const std::vector<double> ceiling_before = measure_model_ceiling();
-    // bf16: oneDNN's matmul on bf16 operands (what the bf16 model stores) in the layouts the
-    // model's plan runs (parallel/gemm_layouts.hpp: the rule, or tuned at its construction), and
-    // in the fastest of NN/NT/TN/TT for each shape: the ceiling if every GEMM ran in its best
-    // layout. Measured after the model's steps (its plan is known then).
-    double step_layout_time = 0, best_layout_time = 0, bf16_flop = 0;
-    std::ostringstream layout_lines;
-    auto measure_layouts = [&](const parallel::GemmLayoutPlan& plan) {
-      if (!(bf16 && !on_gpu && kernels::native_bf16_matmul())) return;
-      const std::pair<const char*, const char*> sites[] = {{"attn.qkv", "qkv"}, {"attn.proj", "proj"},
-                                                           {"mlp.fc", "fc"}, {"mlp.proj", "fcproj"},
-                                                           {"lm_head", "head"}};
-      for (GemmShape s : model_gemm_shapes(mc, int(N))) {
-        const std::string prefix = s.name.substr(0, s.name.rfind('.'));
-        const std::string kind = s.name.substr(s.name.rfind('.') + 1);
-        parallel::GemmForm f;
-        for (const auto& [shape_name, site] : sites)
-          if (prefix == shape_name) {
-            const parallel::GemmSiteLayout& l = plan.site[size_t(parallel::gemm_site_index(site))];
-            f = kind == "fwd" ? l.fwd : kind == "dx" ? l.dx : l.dw;
-          }
-        const std::string step_form = parallel::gemm_form_name(kind == "fwd", f);
-        if (kind != "fwd") s.transa = f.ta ? 'T' : 'N';
-        // A transposed product Cᵀ = op(B)ᵀ·op(A)ᵀ is the plain [N, M] product with the operands'
-        // roles and transposes swapped (its pass adding Cᵀ into C is not in this figure).
-        GemmShape run = s;
-        if (f.transposed) {
-          run.M = s.N, run.N = s.M;
-          run.transa = s.transb == 'T' ? 'N' : 'T';
-          run.transb = s.transa == 'T' ? 'N' : 'T';
-        }
-        const Measurement used = measure_bf16_matmul(run, threads, 3);
-        if (!used.ok()) continue;
-        double best = used.value;
-        std::string best_layout = step_form;
-        for (const char* l : {"NN", "NT", "TN", "TT"}) {
-          GemmShape t = s;
-          t.transa = l[0], t.transb = l[1];
-          if (!f.transposed && t.transa == s.transa && t.transb == s.transb) continue;
-          const Measurement m = measure_bf16_matmul(t, threads, 3);
-          if (m.ok() && m.value > best) best = m.value, best_layout = l;
-        }
-        bf16_flop += s.flop();
-        step_layout_time += s.flop() / (used.value * 1e9);
-        best_layout_time += s.flop() / (best * 1e9);
-        layout_lines << "    " << std::left << std::setw(14) << s.name << std::right << " "
-                     << s.M << "x" << s.N << "x" << s.K << ": step's " << step_form << " "
-                     << std::fixed << std::setprecision(0) << used.value << " GFLOP/s, fastest "
-                     << best_layout << " " << best << "\n";
-      }
-    };
-    parallel::GemmLayoutPlan step_plan;
-    std::string layout_summary;
+// bf16: oneDNN's matmul on bf16 operands (what the bf16 model stores) in the layouts the model's
+// plan runs (parallel/gemm_layouts.hpp: the rule, or tuned at its construction), and in the
+// fastest of NN/NT/TN/TT for each shape: the ceiling if every GEMM ran in its best layout.
+struct LayoutCeiling {
+  double step_layout_time = 0, best_layout_time = 0, bf16_flop = 0;
+  std::string lines;  // one per shape
+  double step_ceiling() const { return step_layout_time > 0 ? bf16_flop / step_layout_time / 1e9 : 0; }
+  double best_ceiling() const { return best_layout_time > 0 ? bf16_flop / best_layout_time / 1e9 : 0; }
+};
 
-    const int64_t rss_before = current_rss_bytes();
-    double step_median = 0, total_time = 0;
-    StepProfile profile;
-    int64_t nparams = 0;
-    parallel::ModelMemory mem;  // the memory formula for this model (parallel/memory_model.hpp)
-    {
-      // The one model on the trivial grid (1x1x1x1: every group this process), as `tetrad train`
-      // runs it on one rank, with the run configuration's overlap defaults (no-ops on one rank).
-      parallel::ProcessGroups groups;
-      parallel::ParallelOptions po;
-      po.device = device;
-      po.precision = bf16 ? backend::Precision::BF16 : backend::Precision::FP32;
-      std::string layouts_why;
-      po.gemm_layouts =
-          parallel::resolve_gemm_layouts(opt.gemm_layouts, po.precision, *device, &layouts_why);
-      parallel::ParallelTransformer model(mc, groups, B, T, po);
-      step_plan = model.gemm_layout_plan();
-      layout_summary = model.gemm_layout_summary() + " [--gemm-layouts " + opt.gemm_layouts +
-                       ": " + layouts_why + "]";
-      if (bf16) out << "  " << layout_summary << "\n";
-      model.init_weights(1);
-      TrainConfig tc;
-      const parallel::OptimizerLayout& ol = model.optimizer_layout();
-      AdamW adam(decay_ranges(model.table(), tc, ol.param_offsets, ol.sizes, ol.state_offsets,
-                              ol.grad_offsets),
-                 ol.state_size, tc, *device);
-      nparams = model.num_local_params();
-      // The planner's and the trainer's formula, the same function (one rank, these options).
-      mem = parallel::model_memory(mc, parallel::GridShape{}, parallel::GridCoord{}, B, T, po);
-      Rng rng(7);
-      std::vector<int32_t> tokens(N + 1);
-      for (auto& t : tokens) t = int32_t(rng.next_u64() % uint64_t(mc.vocab_size));
-      std::vector<double> times;
-      TraceLog trace_log;
-      if (!opt.trace_path.empty()) profile.trace = &trace_log;
-      model.set_profile(&profile);
-      // The trainer's step (train/step_runner.hpp) of one micro-batch, clipped at norm 1.
-      StepOptions so;
-      so.B = B;
-      so.T = T;
-      so.profile = &profile;
-      StepRunner runner(model, adam, groups, so);
-      for (int s = 0; s < opt.warmup + opt.steps; ++s) {
-        if (s == opt.warmup) {
-          profile.clear();
-          trace_log.recording = true;
-          trace_log.origin = std::chrono::steady_clock::now();
-        }
-        const auto t0 = std::chrono::steady_clock::now();
-        runner.run(tokens.data(), tokens.data() + 1, double(N), 1e-4, s);
-        device->queue().synchronize();  // a GPU's step ends when its queue has drained
-        const double dt = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-        if (s >= opt.warmup) times.push_back(dt);
+LayoutCeiling measure_layout_ceiling(const ModelConfig& mc, int64_t N,
+                                     const parallel::GemmLayoutPlan& plan, int threads) {
+  LayoutCeiling r;
+  std::ostringstream layout_lines;
+  const std::pair<const char*, const char*> sites[] = {{"attn.qkv", "qkv"}, {"attn.proj", "proj"},
+                                                       {"mlp.fc", "fc"}, {"mlp.proj", "fcproj"},
+                                                       {"lm_head", "head"}};
+  for (GemmShape s : model_gemm_shapes(mc, int(N))) {
+    const std::string prefix = s.name.substr(0, s.name.rfind('.'));
+    const std::string kind = s.name.substr(s.name.rfind('.') + 1);
+    parallel::GemmForm f;
+    for (const auto& [shape_name, site] : sites)
+      if (prefix == shape_name) {
+        const parallel::GemmSiteLayout& l = plan.site[size_t(parallel::gemm_site_index(site))];
+        f = kind == "fwd" ? l.fwd : kind == "dx" ? l.dx : l.dw;
       }
-      model.set_profile(nullptr);
-      if (!opt.trace_path.empty()) {
-        trace_log.recording = false;
-        parallel::write_trace(comm::Communicator::self(), trace_log,
-                              opt.configs.size() > 1 ? name + "." + opt.trace_path : opt.trace_path);
-      }
-      step_median = median(times);
-      total_time = 0;
-      for (double t : times) total_time += t;
+    const std::string step_form = parallel::gemm_form_name(kind == "fwd", f);
+    if (kind != "fwd") s.transa = f.ta ? 'T' : 'N';
+    // A transposed product Cᵀ = op(B)ᵀ·op(A)ᵀ is the plain [N, M] product with the operands'
+    // roles and transposes swapped (its pass adding Cᵀ into C is not in this figure).
+    GemmShape run = s;
+    if (f.transposed) {
+      run.M = s.N, run.N = s.M;
+      run.transa = s.transb == 'T' ? 'N' : 'T';
+      run.transb = s.transa == 'T' ? 'N' : 'T';
     }
-    const int64_t peak_rss = peak_rss_bytes();
-    measure_layouts(step_plan);
-    const double step_layout_ceiling = step_layout_time > 0 ? bf16_flop / step_layout_time / 1e9 : 0;
-    const double best_layout_ceiling = best_layout_time > 0 ? bf16_flop / best_layout_time / 1e9 : 0;
-    const double tok_s = double(N) / step_median;
-    const double model_flops = flops_per_token(mc, T) * tok_s;
-    const CeilingWindows ceiling = ceiling_windows(ceiling_flop, ceiling_before,
-                                                   measure_model_ceiling(), model_flops / 1e9);
-    const double gemm_ceiling = on_gpu ? device_gemm_ceiling : ceiling.best;
-    // Memory that training needs, by the formula the planner and the trainer's fit check use:
-    // fp32 parameters, gradients and Adam moments, the bf16 weight copy (bf16), staging buffers,
-    // and the activation buffer (bf16 where bf16 activations are stored).
-    const double needed = double(mem.total());
-    std::ostringstream mem_terms;
-    mem_terms << std::fixed << std::setprecision(1) << "params " << mem.params / 1048576.0;
-    if (mem.params16 > 0) mem_terms << " + bf16 copy " << mem.params16 / 1048576.0;
-    mem_terms << " + grads " << mem.grads / 1048576.0 << " + Adam " << mem.optimizer / 1048576.0
-              << " + staging " << (mem.gathered + mem.staging) / 1048576.0 << " + activations "
-              << mem.activations / 1048576.0;
+    const Measurement used = measure_bf16_matmul(run, threads, 3);
+    if (!used.ok()) continue;
+    double best = used.value;
+    std::string best_layout = step_form;
+    for (const char* l : {"NN", "NT", "TN", "TT"}) {
+      GemmShape t = s;
+      t.transa = l[0], t.transb = l[1];
+      if (!f.transposed && t.transa == s.transa && t.transb == s.transb) continue;
+      const Measurement m = measure_bf16_matmul(t, threads, 3);
+      if (m.ok() && m.value > best) best = m.value, best_layout = l;
+    }
+    r.bf16_flop += s.flop();
+    r.step_layout_time += s.flop() / (used.value * 1e9);
+    r.best_layout_time += s.flop() / (best * 1e9);
+    layout_lines << "    " << std::left << std::setw(14) << s.name << std::right << " "
+                 << s.M << "x" << s.N << "x" << s.K << ": step's " << step_form << " "
+                 << std::fixed << std::setprecision(0) << used.value << " GFLOP/s, fastest "
+                 << best_layout << " " << best << "\n";
+  }
+  r.lines = layout_lines.str();
+  return r;
+}
 
-    out << std::fixed << std::setprecision(3);
-    out << "  step time (median of " << opt.steps << ", after " << opt.warmup
-        << " warm-up): " << step_median << " s\n";
-    out << std::setprecision(1);
-    out << "  tokens/s:         " << tok_s << "\n";
-    out << "  model FLOP/s:     " << model_flops / 1e9
-        << " GFLOP/s  (6*N_matmul + 12*L*C*T per token, PaLM appendix B)\n";
-    out << "  MFU:              " << 100 * model_flops / (mfu_peak.value * 1e9) << "% of the "
-        << mfu_peak_name << ", " << mfu_peak.value << " GFLOP/s\n";
-    const char* ceiling_of = bf16 ? "the bf16 GEMM" : "sgemm";
-    if (on_gpu) {
-      out << "  GEMM ceiling:     " << 100 * model_flops / (gemm_ceiling * 1e9) << "% of "
-          << ceiling_of << " on " << device->name() << " (" << gemm_ceiling << " GFLOP/s)\n";
-    } else if (ceiling.unstable()) {
-      // No fraction: neither window measured the machine the step ran on.
-      out << "  GEMM ceiling:     " << ceiling.flag() << " (" << ceiling_of
-          << " on this model's shapes, measured before and after the steps: spread "
-          << 100 * ceiling.spread() << "%";
-      if (ceiling.step_above())
-        out << "; the step's " << model_flops / 1e9 << " model GFLOP/s beat the best of them, "
-            << ceiling.best;
-      out << "); no fraction of it is given\n";
-    } else {
-      out << "  GEMM ceiling:     " << 100 * model_flops / (gemm_ceiling * 1e9) << "% of "
-          << ceiling_of << " on this model's shapes (" << gemm_ceiling
-          << " GFLOP/s, each shape's best of before the steps " << ceiling.before << " and after "
-          << ceiling.after << ": spread " << 100 * ceiling.spread() << "%)\n";
+// One configuration's serial run: its shape, the timed steps and what was measured around them.
+struct SerialRun {
+  std::string name;
+  ModelConfig mc;
+  int B = 0, T = 0;
+  int64_t N = 0;
+  // The timed steps.
+  double step_median = 0, total_time = 0;
+  StepProfile profile;
+  int64_t nparams = 0;
+  parallel::ModelMemory mem;  // the memory formula for this model (parallel/memory_model.hpp)
+  parallel::GemmLayoutPlan step_plan;
+  int64_t peak_rss = 0;
+  // Derived from them and the ceilings.
+  double tok_s = 0, model_flops = 0, gemm_ceiling = 0;
+  CeilingWindows ceiling;
+  LayoutCeiling layouts;
+};
+
+// The one model on the trivial grid (1x1x1x1: every group this process), as `tetrad train` runs
+// it on one rank, with the run configuration's overlap defaults (no-ops on one rank): built,
+// trained for warm-up + timed steps of the trainer's StepRunner; fills r's timed-step fields.
+void run_serial_steps(const BenchOptions& opt, const SerialMachine& m, SerialRun& r,
+                      std::ostream& out) {
+  backend::Backend* device = m.device;
+  parallel::ProcessGroups groups;
+  parallel::ParallelOptions po;
+  po.device = device;
+  po.precision = m.bf16 ? backend::Precision::BF16 : backend::Precision::FP32;
+  std::string layouts_why;
+  po.gemm_layouts =
+      parallel::resolve_gemm_layouts(opt.gemm_layouts, po.precision, *device, &layouts_why);
+  parallel::ParallelTransformer model(r.mc, groups, r.B, r.T, po);
+  r.step_plan = model.gemm_layout_plan();
+  const std::string layout_summary = model.gemm_layout_summary() + " [--gemm-layouts " +
+                                     opt.gemm_layouts + ": " + layouts_why + "]";
+  if (m.bf16) out << "  " << layout_summary << "\n";
+  model.init_weights(1);
+  AdamW adam = make_adam(model, *device);
+  r.nparams = model.num_local_params();
+  // The planner's and the trainer's formula, the same function (one rank, these options).
+  r.mem = parallel::model_memory(r.mc, parallel::GridShape{}, parallel::GridCoord{}, r.B, r.T, po);
+  const std::vector<int32_t> tokens = random_tokens(size_t(r.N + 1), r.mc.vocab_size);
+  std::vector<double> times;
+  TraceLog trace_log;
+  StepProfile& profile = r.profile;
+  if (!opt.trace_path.empty()) profile.trace = &trace_log;
+  model.set_profile(&profile);
+  // The trainer's step (train/step_runner.hpp) of one micro-batch, clipped at norm 1.
+  StepOptions so;
+  so.B = r.B;
+  so.T = r.T;
+  so.profile = &profile;
+  StepRunner runner(model, adam, groups, so);
+  for (int s = 0; s < opt.warmup + opt.steps; ++s) {
+    if (s == opt.warmup) {
+      profile.clear();
+      trace_log.recording = true;
+      trace_log.origin = std::chrono::steady_clock::now();
     }
-    if (best_layout_ceiling > 0) {
-      out << "  bf16 GEMM ceiling on this model's shapes (oneDNN matmul, bf16 operands):\n"
-          << layout_lines.str() << std::setprecision(1)
-          << "    FLOP-weighted: " << step_layout_ceiling << " GFLOP/s in the step's layouts, "
-          << best_layout_ceiling << " in the fastest layouts; model FLOP/s = "
-          << 100 * model_flops / (best_layout_ceiling * 1e9) << "% of the fastest-layout ceiling\n";
-      const std::string choices = kernels::gemm_layout_report();
-      if (!choices.empty()) {
-        out << "  layout choices (kernels::gemm_bf16):\n";
-        std::istringstream lines(choices);
-        for (std::string l; std::getline(lines, l);) out << "    " << l << "\n";
+    const auto t0 = std::chrono::steady_clock::now();
+    runner.run(tokens.data(), tokens.data() + 1, double(r.N), 1e-4, s);
+    device->queue().synchronize();  // a GPU's step ends when its queue has drained
+    const double dt = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    if (s >= opt.warmup) times.push_back(dt);
+  }
+  model.set_profile(nullptr);
+  profile.trace = nullptr;  // trace_log ends here
+  if (!opt.trace_path.empty()) {
+    trace_log.recording = false;
+    parallel::write_trace(comm::Communicator::self(), trace_log,
+                          opt.configs.size() > 1 ? r.name + "." + opt.trace_path : opt.trace_path);
+  }
+  r.step_median = median(times);
+  r.total_time = 0;
+  for (double t : times) r.total_time += t;
+}
+
+// The report lines of a serial run after its steps: step time, tokens/s, MFU, the GEMM ceilings,
+// memory, the time split and compute by phase. Returns the phases' seconds per step (--json).
+nlohmann::json print_serial(const BenchOptions& opt, const SerialMachine& m, const SerialRun& r,
+                            std::ostream& out) {
+  backend::Backend* device = m.device;
+  const parallel::ModelMemory& mem = r.mem;
+  const double model_flops = r.model_flops, gemm_ceiling = r.gemm_ceiling;
+  const CeilingWindows& ceiling = r.ceiling;
+  // Memory that training needs, by the formula the planner and the trainer's fit check use:
+  // fp32 parameters, gradients and Adam moments, the bf16 weight copy (bf16), staging buffers,
+  // and the activation buffer (bf16 where bf16 activations are stored).
+  const double needed = double(mem.total());
+  std::ostringstream mem_terms;
+  mem_terms << std::fixed << std::setprecision(1) << "params " << mem.params / 1048576.0;
+  if (mem.params16 > 0) mem_terms << " + bf16 copy " << mem.params16 / 1048576.0;
+  mem_terms << " + grads " << mem.grads / 1048576.0 << " + Adam " << mem.optimizer / 1048576.0
+            << " + staging " << (mem.gathered + mem.staging) / 1048576.0 << " + activations "
+            << mem.activations / 1048576.0;
+
+  out << std::fixed << std::setprecision(3);
+  out << "  step time (median of " << opt.steps << ", after " << opt.warmup
+      << " warm-up): " << r.step_median << " s\n";
+  out << std::setprecision(1);
+  out << "  tokens/s:         " << r.tok_s << "\n";
+  out << "  model FLOP/s:     " << model_flops / 1e9
+      << " GFLOP/s  (6*N_matmul + 12*L*C*T per token, PaLM appendix B)\n";
+  out << "  MFU:              " << 100 * model_flops / (m.mfu_peak.value * 1e9) << "% of the "
+      << m.mfu_peak_name << ", " << m.mfu_peak.value << " GFLOP/s\n";
+  const char* ceiling_of = m.bf16 ? "the bf16 GEMM" : "sgemm";
+  if (m.on_gpu) {
+    out << "  GEMM ceiling:     " << 100 * model_flops / (gemm_ceiling * 1e9) << "% of "
+        << ceiling_of << " on " << device->name() << " (" << gemm_ceiling << " GFLOP/s)\n";
+  } else if (ceiling.unstable()) {
+    // No fraction: neither window measured the machine the step ran on.
+    out << "  GEMM ceiling:     " << ceiling.flag() << " (" << ceiling_of
+        << " on this model's shapes, measured before and after the steps: spread "
+        << 100 * ceiling.spread() << "%";
+    if (ceiling.step_above())
+      out << "; the step's " << model_flops / 1e9 << " model GFLOP/s beat the best of them, "
+          << ceiling.best;
+    out << "); no fraction of it is given\n";
+  } else {
+    out << "  GEMM ceiling:     " << 100 * model_flops / (gemm_ceiling * 1e9) << "% of "
+        << ceiling_of << " on this model's shapes (" << gemm_ceiling
+        << " GFLOP/s, each shape's best of before the steps " << ceiling.before << " and after "
+        << ceiling.after << ": spread " << 100 * ceiling.spread() << "%)\n";
+  }
+  const double best_layout_ceiling = r.layouts.best_ceiling();
+  if (best_layout_ceiling > 0) {
+    out << "  bf16 GEMM ceiling on this model's shapes (oneDNN matmul, bf16 operands):\n"
+        << r.layouts.lines << std::setprecision(1)
+        << "    FLOP-weighted: " << r.layouts.step_ceiling() << " GFLOP/s in the step's layouts, "
+        << best_layout_ceiling << " in the fastest layouts; model FLOP/s = "
+        << 100 * model_flops / (best_layout_ceiling * 1e9) << "% of the fastest-layout ceiling\n";
+    const std::string choices = backend::cpu_backend().bf16_status().layout_choices;
+    if (!choices.empty()) {
+      out << "  layout choices (kernels::gemm_bf16):\n";
+      std::istringstream lines(choices);
+      for (std::string l; std::getline(lines, l);) out << "    " << l << "\n";
+    }
+  }
+  if (!device->capabilities().host_visible)
+    out << "  memory:           on " << device->name() << ": " << needed / 1048576.0
+        << " MiB by the formula (" << mem_terms.str() << "); the host process's peak RSS follows\n";
+  out << "  memory:           peak RSS " << r.peak_rss / 1048576.0 << " MiB vs "
+      << needed / 1048576.0 << " MiB by the formula (" << mem_terms.str() << "): "
+      << std::setprecision(2) << double(r.peak_rss) / needed << "x\n";
+  out << "  time split:       compute 100% | exposed communication 0% | idle 0% (1 rank)\n";
+  out << "  compute by phase: ";
+  nlohmann::json phases;
+  // "other" is Phase::Other (model code outside the named kernels) plus the step time no
+  // phase recorded (loop overhead): one entry, so the shares add up to 100%.
+  const double untimed = std::max(0.0, r.total_time - r.profile.total());
+  for (int ph = 0; ph < int(Phase::Count); ++ph) {
+    const double sec = r.profile.seconds[ph] + (Phase(ph) == Phase::Other ? untimed : 0.0);
+    phases[phase_name(Phase(ph))] = sec / opt.steps;
+    out << phase_name(Phase(ph)) << " " << std::setprecision(1) << 100 * sec / r.total_time << "%"
+        << (ph + 1 < int(Phase::Count) ? ", " : "\n");
+  }
+  return phases;
+}
+
+// The --json row of a serial run (without the PyTorch fields).
+nlohmann::json serial_json(const BenchOptions& opt, const SerialMachine& m, const SerialRun& r,
+                           const nlohmann::json& phases) {
+  const double model_flops = r.model_flops, gemm_ceiling = r.gemm_ceiling;
+  const CeilingWindows& ceiling = r.ceiling;
+  const bool on_gpu = m.on_gpu;
+  nlohmann::json j = {{"config", r.name}, {"family", family_name(r.mc.family)},
+                      {"device", m.device->name()},
+                      {"precision", opt.precision}, {"batch", r.B}, {"seq", r.T}, {"threads", m.threads},
+                      {"params", r.nparams}, {"median_step_s", r.step_median},
+                      {"tokens_per_s", r.tok_s}, {"model_gflops", model_flops / 1e9},
+                      {"mfu", model_flops / (m.mfu_peak.value * 1e9)},
+                      {"mfu_peak", m.mfu_peak_name}, {"mfu_peak_gflops", m.mfu_peak.value},
+                      {"mfu_fma", model_flops / (m.fma_peak * 1e9)},
+                      {"gemm_ceiling_gflops", gemm_ceiling},
+                      {"gemm_ceiling_before_gflops", ceiling.before},
+                      {"gemm_ceiling_after_gflops", ceiling.after},
+                      {"gemm_ceiling_spread", ceiling.spread()},
+                      {"gemm_ceiling_unstable", !on_gpu && ceiling.unstable()},
+                      // null where the ceiling is unstable: no window saw the step's machine
+                      {"frac_gemm_ceiling", !on_gpu && ceiling.unstable()
+                                                ? nlohmann::json(nullptr)
+                                                : nlohmann::json(model_flops / (gemm_ceiling * 1e9))},
+                      {"peak_rss_mb", r.peak_rss / 1048576.0},
+                      {"needed_mb", double(r.mem.total()) / 1048576.0},
+                      {"phase_seconds_per_step", phases}};
+  if (m.bf16) {
+    j["gemm_layouts"] = r.step_plan.to_string();
+    j["gemm_layouts_source"] = r.step_plan.source;
+  }
+  const double best_layout_ceiling = r.layouts.best_ceiling();
+  if (best_layout_ceiling > 0) {
+    j["bf16_ceiling_step_layouts_gflops"] = r.layouts.step_ceiling();
+    j["bf16_ceiling_fastest_layouts_gflops"] = best_layout_ceiling;
+    j["frac_bf16_fastest_layout_ceiling"] = model_flops / (best_layout_ceiling * 1e9);
+  }
+  return j;
+}
+
+// The PyTorch anchor on the same configuration and CPU (GPT-2 family only): its line, and its
+// fields in j.
+void compare_pytorch(const BenchOptions& opt, const SerialMachine& m, const SerialRun& r,
+                     nlohmann::json& j, std::ostream& out) {
+  if (m.on_gpu && !m.anchor.empty())
+    out << "  PyTorch anchor: skipped (it runs on the CPU; the GPU's anchors are llm.c and "
+           "PyTorch on the GPU, docs/gpu.md)\n";
+  if (m.anchor.empty() || m.on_gpu || r.mc.family != Family::GPT2) return;
+  std::ostringstream cmd;
+  cmd << m.anchor << " --config " << r.name << " --threads " << m.threads << " --steps "
+      << opt.steps << " --warmup " << opt.warmup << " --precision " << opt.precision
+      << " 2>/dev/null";
+  const std::string res = run_capture(cmd.str());
+  try {
+    const auto line = res.substr(res.rfind('{'));
+    auto pj = nlohmann::json::parse(line);
+    const double pt = pj.at("tokens_per_s").get<double>();
+    out << std::setprecision(1) << "  PyTorch " << pj.value("torch_version", "?") << " "
+        << opt.precision << " (" << pj.value("attention", "explicit") << " attention):";
+    if (pj.contains("modes")) {
+      for (const auto& [mode, res_mode] : pj["modes"].items()) {
+        if (res_mode.contains("tokens_per_s"))
+          out << " " << mode << " " << res_mode["tokens_per_s"].get<double>() << " tokens/s;";
+        else
+          out << " " << mode << " failed;";
       }
     }
-    if (!device->capabilities().host_visible)
-      out << "  memory:           on " << device->name() << ": " << needed / 1048576.0
-          << " MiB by the formula (" << mem_terms.str() << "); the host process's peak RSS follows\n";
-    out << "  memory:           peak RSS " << peak_rss / 1048576.0 << " MiB vs "
-        << needed / 1048576.0 << " MiB by the formula (" << mem_terms.str() << "): "
-        << std::setprecision(2) << double(peak_rss) / needed << "x\n";
-    out << "  time split:       compute 100% | exposed communication 0% | idle 0% (1 rank)\n";
-    out << "  compute by phase: ";
-    nlohmann::json phases;
-    // "other" is Phase::Other (model code outside the named kernels) plus the step time no
-    // phase recorded (loop overhead): one entry, so the shares add up to 100%.
-    const double untimed = std::max(0.0, total_time - profile.total());
-    for (int ph = 0; ph < int(Phase::Count); ++ph) {
-      const double sec = profile.seconds[ph] + (Phase(ph) == Phase::Other ? untimed : 0.0);
-      phases[phase_name(Phase(ph))] = sec / opt.steps;
-      out << phase_name(Phase(ph)) << " " << std::setprecision(1) << 100 * sec / total_time << "%"
-          << (ph + 1 < int(Phase::Count) ? ", " : "\n");
-    }
-    (void)rss_before;
-
-    nlohmann::json j = {{"config", name}, {"family", family_name(mc.family)},
-                        {"device", device->name()},
-                        {"precision", opt.precision}, {"batch", B}, {"seq", T}, {"threads", threads},
-                        {"params", nparams}, {"median_step_s", step_median},
-                        {"tokens_per_s", tok_s}, {"model_gflops", model_flops / 1e9},
-                        {"mfu", model_flops / (mfu_peak.value * 1e9)},
-                        {"mfu_peak", mfu_peak_name}, {"mfu_peak_gflops", mfu_peak.value},
-                        {"mfu_fma", model_flops / (fma_peak * 1e9)},
-                        {"gemm_ceiling_gflops", gemm_ceiling},
-                        {"gemm_ceiling_before_gflops", ceiling.before},
-                        {"gemm_ceiling_after_gflops", ceiling.after},
-                        {"gemm_ceiling_spread", ceiling.spread()},
-                        {"gemm_ceiling_unstable", !on_gpu && ceiling.unstable()},
-                        // null where the ceiling is unstable: no window saw the step's machine
-                        {"frac_gemm_ceiling", !on_gpu && ceiling.unstable()
-                                                  ? nlohmann::json(nullptr)
-                                                  : nlohmann::json(model_flops / (gemm_ceiling * 1e9))},
-                        {"peak_rss_mb", peak_rss / 1048576.0}, {"needed_mb", needed / 1048576.0},
-                        {"phase_seconds_per_step", phases}};
-    if (bf16) {
-      j["gemm_layouts"] = step_plan.to_string();
-      j["gemm_layouts_source"] = step_plan.source;
-    }
-    if (best_layout_ceiling > 0) {
-      j["bf16_ceiling_step_layouts_gflops"] = step_layout_ceiling;
-      j["bf16_ceiling_fastest_layouts_gflops"] = best_layout_ceiling;
-      j["frac_bf16_fastest_layout_ceiling"] = model_flops / (best_layout_ceiling * 1e9);
-    }
-
-    if (on_gpu && !anchor.empty())
-      out << "  PyTorch anchor: skipped (it runs on the CPU; the GPU's anchors are llm.c and "
-             "PyTorch on the GPU, docs/gpu.md)\n";
-    if (!anchor.empty() && !on_gpu && mc.family == Family::GPT2) {
-      std::ostringstream cmd;
-      cmd << anchor << " --config " << name << " --threads " << threads << " --steps "
-          << opt.steps << " --warmup " << opt.warmup << " --precision " << opt.precision
-          << " 2>/dev/null";
-      const std::string res = run_capture(cmd.str());
-      try {
-        const auto line = res.substr(res.rfind('{'));
-        auto pj = nlohmann::json::parse(line);
-        const double pt = pj.at("tokens_per_s").get<double>();
-        out << std::setprecision(1) << "  PyTorch " << pj.value("torch_version", "?") << " "
-            << opt.precision << " (" << pj.value("attention", "explicit") << " attention):";
-        if (pj.contains("modes"))
-          for (const auto& [mode, r] : pj["modes"].items())
-            if (r.contains("tokens_per_s"))
-              out << " " << mode << " " << r["tokens_per_s"].get<double>() << " tokens/s;";
-            else
-              out << " " << mode << " failed;";
-        out << " -> tetrad / PyTorch " << pj.value("best_mode", "eager") << " (the faster) = "
-            << std::setprecision(2) << tok_s / pt << "x\n";
-        j["pytorch_tokens_per_s"] = pt;
-        j["pytorch_best_mode"] = pj.value("best_mode", "eager");
-        if (pj.contains("modes")) j["pytorch_modes"] = pj["modes"];
-        j["ratio_vs_pytorch"] = tok_s / pt;
-      } catch (const std::exception&) {
-        out << "  PyTorch anchor failed to run: " << cmd.str() << "\n";
-      }
-    }
-    out << std::defaultfloat;
-    if (json_out) json_out << j.dump() << "\n";
+    out << " -> tetrad / PyTorch " << pj.value("best_mode", "eager") << " (the faster) = "
+        << std::setprecision(2) << r.tok_s / pt << "x\n";
+    j["pytorch_tokens_per_s"] = pt;
+    j["pytorch_best_mode"] = pj.value("best_mode", "eager");
+    if (pj.contains("modes")) j["pytorch_modes"] = pj["modes"];
+    j["ratio_vs_pytorch"] = r.tok_s / pt;
+  } catch (const std::exception&) {
+    out << "  PyTorch anchor failed to run: " << cmd.str() << "\n";
   }
 }
 
-void run_bench_grids(const BenchOptions& opt, std::ostream& log) {
-  using namespace parallel;
-  const int threads = opt.threads > 0 ? opt.threads : 1;
-  omp_set_num_threads(threads);
-  comm::Communicator world = comm::Communicator::world();
-  const int G = world.size();
-  std::ostream null_stream(nullptr);
-  std::ostream& out = world.rank() == 0 ? log : null_stream;
-  out << "parallel benchmark: " << G << " ranks x " << threads << " thread(s) | "
-      << cpu_features().summary() << "\n";
-  std::ofstream json_out;
-  if (!opt.json_path.empty() && world.rank() == 0) json_out.open(opt.json_path);
-  const double baseline_rss = double(current_rss_bytes());
-  for (const std::string& name : opt.configs) {
-    ModelConfig mc = named_model(name);
-    if (opt.layers > 0) mc.n_layer = opt.layers;
-    const int Bg = standard_batch(name), T = bench_seq(opt, mc, name);
-    const int64_t serial_state = 16 * build_param_table(mc).total;  // p, g, m, v in fp32
-    out << "\n== " << name << ": global batch " << Bg << " x " << T << " tokens\n"
-        << "  grid      overlap tokens/s   step s  compute  exposed  hidden  idle  state/rank   "
-           "vs serial/G   RSS/rank  estimate\n";
-    std::vector<GridShape> shapes = factorizations(G);
-    if (!opt.grid.empty()) shapes = {parse_grid(opt.grid)};
-    std::vector<std::string> modes;
-    {
-      std::stringstream ss(opt.overlap == "both" ? std::string("off,on") : opt.overlap);
-      for (std::string m; std::getline(ss, m, ',');) {
-        if (m != "off" && m != "on" && m != "poll" && m != "thread" && m != "chunked")
-          fail("--overlap: expected a list of off, on, poll, thread, chunked (or both), got '", m,
-               "'");
-        modes.push_back(m);
-      }
+// One configuration of a serial run: its header, the model's GEMM ceiling before the steps, the
+// steps, the ceilings after them, the report lines, the anchor and the --json row.
+void bench_config(const BenchOptions& opt, SerialMachine& m, const std::string& name,
+                  std::ostream& out) {
+  SerialRun r;
+  r.name = name;
+  r.mc = named_model(name);
+  const ModelConfig& mc = r.mc;
+  r.B = opt.batch > 0 ? opt.batch : standard_batch(name);
+  r.T = bench_seq(opt.seq, mc, name);
+  r.N = int64_t(r.B) * r.T;
+  out << "\n== " << name << " (" << family_name(mc.family) << ", L=" << mc.n_layer
+      << " C=" << mc.n_embd << " heads=" << mc.n_head << " ffn=" << mc.ffn
+      << " V=" << mc.vocab_size << ", B=" << r.B << " T=" << r.T << ", " << opt.precision << ")\n";
+
+  // GEMM ceiling on the model's own shapes: total GEMM FLOPs / total time at measured rates
+  // (of the GEMM this precision runs: sgemm, or the bf16 GEMM), measured in two windows, here
+  // and again after the timed steps: the host's clock moves between them on a shared machine
+  // (CeilingWindows, backend/ceilings.hpp), so each shape takes its better window and the
+  // line says when the two disagree.
+  std::vector<GemmShape> ceiling_shapes;
+  std::vector<double> ceiling_flop;
+  if (!m.on_gpu)  // the host's GEMM says nothing about the GPU's: device_gemm_ceiling
+    for (const GemmShape& s : model_gemm_shapes(mc, int(r.N))) {
+      ceiling_shapes.push_back(s);
+      ceiling_flop.push_back(s.flop());
     }
-    ParallelOptions po;
-    po.precision = backend::resolve_precision(opt.precision, backend::cpu_backend()).precision;
-    po.gemm_layouts = resolve_gemm_layouts(opt.gemm_layouts, po.precision, backend::cpu_backend(),
-                                           nullptr);
-    po.zero = opt.zero;
-    po.recompute = parse_recompute(opt.recompute);
-    po.virtual_stages = opt.virtual_stages;
-    po.pipeline_layers = opt.pipeline_layers;
-    out << "  zero " << po.zero << ", recompute " << recompute_name(po.recompute) << "\n";
-    for (const GridShape& shape : shapes) {
-      try {
-        validate_grid(shape, G);
-        validate_grid_for_model(mc, shape);
-        if (Bg % (shape.z * shape.d) != 0) fail("batch does not divide over Z x D");
-        // The split the model will run (an explicit list must fit this grid's Gp x v).
-        const LayerSplit split = shape.p > 1 ? resolve_layer_split(opt.pipeline_layers, mc, T, shape.p,
-                                                                   opt.virtual_stages)
-                                             : LayerSplit{};
-        ShardPlan::build(mc, build_param_table(mc), shape, coord_of(0, shape), split);
-      } catch (const Error& e) {
-        out << "  " << shape.to_string() << "   skipped: " << e.what() << "\n";
-        continue;
-      }
-      ProcessGroups g(world, shape);
-      const int Bl = Bg / (shape.z * shape.d);
-      for (const std::string& mode : modes) {
-      // "on": the parallel.* defaults of the run configuration (what training uses).
-      // poll / thread: every bit-identical overlap on (backward all-reduce, reduce-scatter,
-      // prefetch depth 1, data-parallel buckets), whatever the defaults are, with progress by
-      // polling between kernels / by the helper thread.
-      const int on_node = launcher_ranks_per_node() > 0 ? launcher_ranks_per_node()
-                                                                 : world.size();
-      OverlapOptions ov = mode == "off" ? OverlapOptions::all_off()
-                                        : overlap_options(OverlapConfig{}, on_node, threads);
-      if (mode == "poll" || mode == "thread") {
-        ov.backward_allreduce = ov.reduce_scatter = ov.dp_overlap = true;
-        ov.prefetch_depth = std::max(ov.prefetch_depth, 1);
-        ov.progress_thread = mode == "thread";
-      }
-      if (mode == "chunked") ov.forward_chunks = 2;  // the defaults + forward all-reduce in 2 chunks
-      // Memory of this grid alone, from here: the previous grid's buffers are freed (returned to
-      // Linux: they are large, so malloc maps them).
-      const double rss_start = double(current_rss_bytes());
-      const ResidentKinds kinds_start = resident_kinds();
-      ParallelOptions pov = po;
-      pov.overlap = ov;  // dp_overlap is dropped by the model with ZeRO or Gp > 1
-      ParallelTransformer model(mc, g, Bl, T, pov);
-      model.init_weights(1);
-      TrainConfig tc;
-      const OptimizerLayout& ol = model.optimizer_layout();
-      AdamW adam(decay_ranges(model.table(), tc, ol.param_offsets, ol.sizes, ol.state_offsets,
-                              ol.grad_offsets),
-                 ol.state_size, tc);
-      const int M = shape.p > 1 || opt.accumulate ? opt.micro_batches : 1;
-      double wait_total = 0, busy_total = 0;
-      std::vector<double> op_s_sum;  // Gp > 1: every stage's op times summed over the timed steps
-      Rng rng(7);
-      std::vector<int32_t> tokens(size_t(M) * Bl * T + 1);
-      for (auto& t : tokens) t = int32_t(rng.next_u64() % uint64_t(mc.vocab_size));
-      StepProfile profile;
-      TraceLog trace_log;
-      if (!opt.trace_path.empty()) profile.trace = &trace_log;
-      model.set_profile(&profile);
-      // The trainer's step (train/step_runner.hpp), clipped at norm 1. Gp > 1: the step's
-      // micro-batches through the pipeline schedule (tokens: M of them); M > 1 without a
-      // pipeline (--accumulate): gradient accumulation, as the trainer runs train.grad_accum.
-      StepOptions so;
-      so.micro_batches = M;
-      so.B = Bl;
-      so.T = T;
-      so.schedule = parse_pipeline_schedule(opt.schedule);
-      so.profile = &profile;
-      StepRunner runner(model, adam, g, so);
-      PipelineDriver* const pipe = runner.pipeline();
-      // The peak of the training steps: the high-water mark restarts after the set-up (whose
-      // whole-tensor temporaries of init_weights are not training memory).
-      const bool hwm_reset = reset_peak_rss();
-      std::vector<double> times;
-      double sum_step = 0;  // this rank's wall time of the timed steps
-      for (int s = 0; s < opt.warmup + opt.steps; ++s) {
-        if (s == opt.warmup) {
-          profile.clear();
-          g.world.barrier();
-          trace_log.recording = true;
-          trace_log.origin = std::chrono::steady_clock::now();
-        }
-        const auto t0 = std::chrono::steady_clock::now();
-        runner.wait_for_slowest_rank();
-        runner.run(tokens.data(), tokens.data() + 1, double(Bg) * T * M, 1e-4, s);
-        if (pipe && s >= opt.warmup) {
-          // Idle = the pipeline's makespan (the steps start together after the barrier; the
-          // slowest stage ends it) minus this rank's compute: waits inside the step plus the
-          // head and tail of the flush, which the textbook bubble counts too.
-          const double busy = pipe->last_step_s() - pipe->last_wait_s();
-          double makespan = pipe->last_step_s();
-          g.world.allreduce_max(&makespan, 1);
-          wait_total += makespan - busy;
-          busy_total += busy;
-          // Every stage's op times (the same count on each: 2 m v), for the replay below.
-          const std::vector<double>& mine = pipe->last_op_s();
-          std::vector<double> all(mine.size() * size_t(shape.p));
-          g.p.allgather(mine.data(), all.data(), mine.size());
-          if (op_s_sum.empty()) op_s_sum.assign(all.size(), 0.0);
-          for (size_t k = 0; k < all.size(); ++k) op_s_sum[k] += all[k];
-        }
-        double dt = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-        if (s >= opt.warmup) sum_step += dt;
-        g.world.allreduce_max(&dt, 1);
-        if (s >= opt.warmup) times.push_back(dt);
-      }
-      model.set_profile(nullptr);
-      if (!opt.trace_path.empty()) {
-        trace_log.recording = false;
-        std::string path = opt.trace_path;
-        if (shapes.size() > 1 || modes.size() > 1 || opt.configs.size() > 1) {
-          const size_t dot = path.rfind('.');
-          const std::string tag = "." + name + "-" + shape.to_string() + "-overlap-" + mode;
-          path = dot == std::string::npos ? path + tag : path.substr(0, dot) + tag + path.substr(dot);
-        }
-        parallel::write_trace(g.world, trace_log, path);
-        out << "  trace: " << path << "\n";
-      }
-      const double step = median(times);
-      // Shares of the slowest rank's step: exposed communication, idle (waiting for another
-      // rank) and the rest (compute, optimizer); hidden = issued communication not exposed.
-      double comm_s = profile.seconds[size_t(Phase::Comm)];
-      double wait_s = profile.seconds[size_t(Phase::Wait)];
-      double issued_s = profile.comm_issued_s;
-      double sums[4] = {comm_s, wait_s, issued_s, sum_step};
-      g.world.allreduce_max(sums, 4);
-      comm_s = sums[0];
-      wait_s = sums[1];
-      issued_s = sums[2];
-      const double total = sums[3];
-      const double comm_share = comm_s / total, wait_share = wait_s / total;
-      const double hidden = issued_s > 0 ? std::max(0.0, 1 - comm_s / issued_s) : 0.0;
-      const double state = double(model.state_bytes());
-      double state_max = state;
-      g.world.allreduce_max(&state_max, 1);
-      const double tok_s = double(Bg) * T * M / step;  // the step's M micro-batches
-      // Resident memory while the model is alive, largest rank, against state + activations
-      // (+ the process's baseline before any model existed).
-      double rss = double(current_rss_bytes());
-      g.world.allreduce_max(&rss, 1);
-      double estimate = state + double(model.activation_bytes()) + baseline_rss;
-      g.world.allreduce_max(&estimate, 1);
-      // Peak resident memory of the steps above this grid's starting point, largest rank,
-      // against the memory formula (parallel::model_memory, the planner's and the trainer's fit
-      // check's: weights 4P (+2P bf16 copy), gradients 4P (/ Gd with ZeRO 2), Adam 8P (/ Gd with
-      // ZeRO >= 1) over this rank's P = its local shard, the gather and staging buffers, the
-      // activations of the recompute mode and, Gp > 1, the stashes of the micro-batches in flight).
-      const parallel::ModelMemory mem = parallel::model_memory(
-          mc, shape, g.coord, Bl, T, pov, parse_pipeline_schedule(opt.schedule), M);
-      const double staging = double(mem.gathered + mem.staging);
-      const double formula_state = double(mem.state());
-      const double stash = double(mem.pipeline);
-      const double formula = double(mem.total());
-      // The process baseline: what was resident before this grid's model existed (program,
-      // libraries, MPI's buffers and shared memory, anything earlier grids left). The formula
-      // counts the training state above it; both views are reported, largest rank each.
-      const double hwm = double(hwm_rss_bytes());
-      double peak = hwm - rss_start;
-      double formula_max = formula;
-      double baseline_max = rss_start, peak_total = hwm;
-      double total_ratio = hwm / (formula + rss_start);  // this rank's peak over formula + baseline
-      g.world.allreduce_max(&peak, 1);
-      g.world.allreduce_max(&formula_max, 1);
-      g.world.allreduce_max(&baseline_max, 1);
-      g.world.allreduce_max(&peak_total, 1);
-      g.world.allreduce_max(&total_ratio, 1);
-      // Growth by kind from the baseline to now (after the steps, the model still alive).
-      const ResidentKinds kinds_now = resident_kinds();
-      double growth[3] = {kinds_now.anon - kinds_start.anon, kinds_now.file - kinds_start.file,
-                          kinds_now.shmem - kinds_start.shmem};
-      g.world.allreduce_max(growth, 3);
-      double base_kinds[3] = {kinds_start.anon, kinds_start.file, kinds_start.shmem};
-      g.world.allreduce_max(base_kinds, 3);
-      double bubble = 0, bubble_min = 0, expected = 0, replayed = 0, imbalance = 0;
-      if (pipe) {
-        // Each rank's idle time over its compute time; with equal stages every rank idles
-        // (p - 1) chunk-times of m v per step: the textbook (p - 1) / (v m).
-        bubble = wait_total / busy_total;
-        g.world.allreduce_sum(&bubble, 1);
-        bubble /= G;
-        double neg = -(wait_total / busy_total);
-        g.world.allreduce_max(&neg, 1);
-        bubble_min = -neg;
-        expected = double(shape.p - 1) / (double(M) * opt.virtual_stages);
-        // The schedule replayed with the ops' measured times (mean over the timed steps): the
-        // bubble these stages' real costs imply (the last stage's head and loss, the first's
-        // embedding, the copies and sends), with no waiting for messages beyond that.
-        const size_t nops = op_s_sum.size() / size_t(shape.p);
-        const PipelineTiming replay = simulate_pipeline(
-            parse_pipeline_schedule(opt.schedule), shape.p, M, opt.virtual_stages,
-            [&](int st, size_t i, const PipeOp&) { return op_s_sum[size_t(st) * nops + i] / opt.steps; });
-        replayed = replay.mean_bubble();
-        double stage_max = 0, stage_min = 1e300;
-        for (double b : replay.busy) stage_max = std::max(stage_max, b), stage_min = std::min(stage_min, b);
-        imbalance = stage_max / stage_min - 1;
-        out << "  pipeline " << shape.to_string() << ": " << opt.schedule << ", " << M
-            << " micro-batches, " << opt.virtual_stages << " chunk(s) per stage, layers "
-            << mc.n_layer << " split " << model.layer_split().to_string() << " ("
-            << opt.pipeline_layers << "): bubble (idle / compute, mean over ranks) " << std::fixed
-            << std::setprecision(3) << bubble << " (least-waiting rank " << bubble_min
-            << ") vs (p - 1) / (v m) = " << expected << "; ratio " << bubble / expected
-            << "; the schedule replayed with the measured op times " << replayed << " (stages "
-            << std::setprecision(1) << 100 * imbalance << "% apart); measured / replayed "
-            << std::setprecision(3) << bubble / replayed << "\n"
-            << std::defaultfloat;
-      }
-      out << "  memory " << shape.to_string() << ": peak " << std::fixed << std::setprecision(1)
-          << peak / 1048576.0 << " MiB per rank (largest) vs formula " << formula_max / 1048576.0
-          << " MiB = state " << formula_state / 1048576.0 << " (of which staging "
-          << staging / 1048576.0 << ") + activations "
-          << double(model.activation_bytes(po.recompute)) / 1048576.0 << "; ratio "
-          << std::setprecision(3) << peak / formula_max
-          << (hwm_reset ? "" : " (peak not resettable here: includes earlier grids)") << "\n"
-          << "  memory " << shape.to_string() << " with the process baseline: baseline "
-          << std::setprecision(1) << baseline_max / 1048576.0 << " MiB before the model (anonymous "
-          << base_kinds[0] / 1048576.0 << ", file-backed " << base_kinds[1] / 1048576.0
-          << ", shared memory " << base_kinds[2] / 1048576.0 << "); peak "
-          << peak_total / 1048576.0 << " MiB resident vs formula + baseline; ratio "
-          << std::setprecision(3) << total_ratio << " (largest rank); resident growth from the "
-          << "baseline after the steps: anonymous +" << std::setprecision(1)
-          << growth[0] / 1048576.0 << ", file-backed (library code) +" << growth[1] / 1048576.0
-          << ", shared memory (MPI) +" << growth[2] / 1048576.0 << " MiB\n"
-          << std::defaultfloat;
-      out << "  " << std::left << std::setw(9) << shape.to_string() << " " << std::setw(7) << mode
-          << std::right << std::fixed << std::setprecision(1) << std::setw(9) << tok_s
-          << std::setprecision(3) << std::setw(9) << step << std::setprecision(1) << std::setw(8)
-          << 100 * (1 - comm_share - wait_share) << "%" << std::setw(8) << 100 * comm_share << "%"
-          << std::setw(7) << 100 * hidden << "%" << std::setw(5) << 100 * wait_share << "%"
-          << std::setw(10) << state_max / 1048576.0
-          << " MiB" << std::setprecision(3) << std::setw(9) << state_max / (serial_state / double(G))
-          << "x" << std::setprecision(1) << std::setw(9) << rss / 1048576.0 << " MiB"
-          << std::setw(7) << estimate / 1048576.0 << " MiB" << std::defaultfloat << "\n";
-      if (json_out)
-        json_out << nlohmann::json{{"config", name}, {"grid", shape.to_string()}, {"ranks", G},
-                                   {"global_batch", Bg}, {"seq", T},
-                                   {"threads", threads}, {"overlap", mode},
-                                   {"tokens_per_s", tok_s}, {"median_step_s", step},
-                                   {"comm_share", comm_share}, {"comm_exposed_s_per_step", comm_s / opt.steps},
-                                   {"comm_issued_s_per_step", issued_s / opt.steps},
-                                   {"comm_hidden_fraction", hidden}, {"wait_share", wait_share},
-                                   {"state_bytes_per_rank", state_max},
-                                   {"state_vs_serial_over_G", state_max / (serial_state / double(G))},
-                                   {"rss_mb", rss / 1048576.0},
-                                   {"estimate_mb", estimate / 1048576.0},
-                                   {"zero", po.zero}, {"recompute", recompute_name(po.recompute)},
-                                   {"peak_mb", peak / 1048576.0},
-                                   {"formula_mb", formula_max / 1048576.0},
-                                   {"formula_state_mb", formula_state / 1048576.0},
-                                   {"stash_mb", stash / 1048576.0},
-                                   {"activation_mb", model.activation_bytes(po.recompute) / 1048576.0},
-                                   {"peak_vs_formula", peak / formula_max},
-                                   {"baseline_mb", baseline_max / 1048576.0},
-                                   {"peak_total_mb", peak_total / 1048576.0},
-                                   {"peak_total_vs_formula_plus_baseline", total_ratio},
-                                   {"baseline_anon_mb", base_kinds[0] / 1048576.0},
-                                   {"baseline_file_mb", base_kinds[1] / 1048576.0},
-                                   {"baseline_shmem_mb", base_kinds[2] / 1048576.0},
-                                   {"growth_anon_mb", growth[0] / 1048576.0},
-                                   {"growth_file_mb", growth[1] / 1048576.0},
-                                   {"growth_shmem_mb", growth[2] / 1048576.0},
-                                   {"micro_batches", M}, {"schedule", opt.schedule},
-                                   {"virtual_stages", opt.virtual_stages},
-                                   {"pipeline_layers", opt.pipeline_layers},
-                                   {"layer_split", model.layer_split().counts()},
-                                   {"layers", mc.n_layer}, {"bubble", bubble}, {"bubble_replayed", replayed}, {"stage_imbalance", imbalance},
-                                   {"bubble_least_waiting", bubble_min},
-                                   {"bubble_formula", expected}}
-                        .dump()
-                 << "\n";
-      }
-    }
-  }
+  const std::vector<double> ceiling_before = measure_model_ceiling(ceiling_shapes, m.bf16, m.threads);
+
+  run_serial_steps(opt, m, r, out);
+  r.peak_rss = peak_rss_bytes();
+  // The bf16 layout ceilings, measured after the model's steps (its plan is known then).
+  if (m.bf16 && !m.on_gpu && m.device->bf16_status().native)
+    r.layouts = measure_layout_ceiling(mc, r.N, r.step_plan, m.threads);
+  r.tok_s = double(r.N) / r.step_median;
+  r.model_flops = flops_per_token(mc, r.T) * r.tok_s;
+  r.ceiling = ceiling_windows(ceiling_flop, ceiling_before,
+                              measure_model_ceiling(ceiling_shapes, m.bf16, m.threads),
+                              r.model_flops / 1e9);
+  r.gemm_ceiling = m.on_gpu ? m.device_gemm_ceiling : r.ceiling.best;
+
+  const nlohmann::json phases = print_serial(opt, m, r, out);
+  nlohmann::json j = serial_json(opt, m, r, phases);
+  compare_pytorch(opt, m, r, j, out);
+  out << std::defaultfloat;
+  if (m.json_out) m.json_out << j.dump() << "\n";
+}
+
+}  // namespace
+
+void run_bench(const BenchOptions& opt, std::ostream& out) {
+  SerialMachine m;
+  set_up_machine(opt, m, out);
+  for (const std::string& name : opt.configs) bench_config(opt, m, name, out);
 }
 
 }  // namespace tetrad

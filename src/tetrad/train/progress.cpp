@@ -5,7 +5,6 @@
 #include <ostream>
 #include <sstream>
 
-#include "tetrad/backend/cpu/attention_bf16.hpp"
 #include "tetrad/model/params.hpp"
 
 namespace tetrad {
@@ -109,7 +108,7 @@ void ProgressReporter::print_precision(const parallel::ParallelTransformer& mode
   if (quiet_) return;
   const TrainConfig& t = cfg_.train;
   const std::string attn_path = &model.compute_backend() == &backend::cpu_backend()
-                                    ? std::string(" (") + kernels::attention_bf16_path() + ")"
+                                    ? " (" + backend::cpu_backend().bf16_status().attention_path + ")"
                                     : std::string();
   const bool attn_bf16 = model.attention_precision() == backend::Precision::BF16;
   if (plan_.bf16())
