@@ -52,9 +52,9 @@ struct Saved {
 // The learning-rate schedule runs over `schedule` steps (the same for a run and its resumption).
 inline Trace train(const ModelConfig& mc, ProcessGroups& g, const ParallelOptions& po, int steps,
                    const Saved* resume = nullptr, Saved* save = nullptr, int schedule = kSteps) {
-  const int replicas = g.shape.z * g.shape.d;
+  const int replicas = token_slots(g.shape);
   const int Bl = kB / replicas;
-  const int slot = g.coord.z + g.shape.z * g.coord.d;
+  const int slot = token_slot(g.coord, g.shape);
   ParallelTransformer model(mc, g, Bl, kT, po);
   TrainConfig tc;
   tc.lr = 1e-2;
@@ -94,7 +94,7 @@ inline Trace train(const ModelConfig& mc, ProcessGroups& g, const ParallelOption
       loss += model.forward_backward(x.data(), y.data(), Bl, kT, 1.0f / (kB * kT * kAccum));
     }
     model.reduce_gradients();
-    if (g.zd.size() > 1) g.zd.allreduce_sum(&loss, 1);
+    if (g.tokens().size() > 1) g.tokens().allreduce_sum(&loss, 1);
     const double gn = std::sqrt(model.grad_sum_squares());
     const double lr = learning_rate(tc, s), scale = gn > tc.grad_clip ? tc.grad_clip / gn : 1.0;
     model.apply_update([&](float* p, int64_t lo, int64_t hi) {

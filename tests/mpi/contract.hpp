@@ -58,7 +58,7 @@ inline std::vector<GridShape> contract_grids(const ModelConfig& mc, int batch = 
     } catch (const Error&) {
       continue;
     }
-    if (batch % (shape.z * shape.d) == 0) out.push_back(shape);
+    if (batch % token_slots(shape) == 0) out.push_back(shape);
   }
   return out;
 }
@@ -116,9 +116,9 @@ inline Run serial_run(const ModelConfig& mc, int steps) {
 // Gp > 1: the micro-batches go through PipelineDriver with `schedule`.
 inline Run parallel_run(const ModelConfig& mc, ProcessGroups& g, int steps, ParallelOptions po,
                         PipelineSchedule schedule = PipelineSchedule::OneFOneB) {
-  const int replicas = g.shape.z * g.shape.d;
+  const int replicas = token_slots(g.shape);
   const int Bl = kB / replicas;
-  const int slot = g.coord.z + g.shape.z * g.coord.d;  // this rank's slice of the sequences
+  const int slot = token_slot(g.coord, g.shape);  // this rank's slice of the sequences
   ParallelTransformer m(mc, g, Bl, kT, po);
   m.init_weights(7);
   const TrainConfig tc = train_config(steps);
@@ -127,7 +127,7 @@ inline Run parallel_run(const ModelConfig& mc, ProcessGroups& g, int steps, Para
                          ol.grad_offsets),
             ol.state_size, tc, m.compute_backend());  // the moments live with the model
   std::unique_ptr<PipelineDriver> pipe;
-  if (g.shape.p > 1) pipe = std::make_unique<PipelineDriver>(m, schedule, kAccum);
+  if (g.shape.p() > 1) pipe = std::make_unique<PipelineDriver>(m, schedule, kAccum);
   Run r;
   std::vector<int32_t> x(size_t(kAccum) * Bl * kT), y(x.size());
   for (int s = 0; s < steps; ++s) {
@@ -150,8 +150,8 @@ inline Run parallel_run(const ModelConfig& mc, ProcessGroups& g, int steps, Para
                                    Bl, kT, scale);
     }
     m.reduce_gradients();
-    if (g.zd.size() > 1) g.zd.allreduce_sum(&loss, 1);
-    if (pipe) g.p.allreduce_sum(&loss, 1);
+    if (g.tokens().size() > 1) g.tokens().allreduce_sum(&loss, 1);
+    if (pipe) g.p().allreduce_sum(&loss, 1);
     const double gn = std::sqrt(m.grad_sum_squares());
     opt.update(m.params(), m.grads(), learning_rate(tc, s),
                gn > tc.grad_clip ? tc.grad_clip / gn : 1.0, s + 1);

@@ -145,8 +145,8 @@ std::vector<int32_t> batch(int step, int V) {
 }
 
 std::vector<double> train_bf16(const ModelConfig& mc, ProcessGroups& g, bool grad_comm_bf16, int zero) {
-  const int Bl = kB / (g.shape.z * g.shape.d);
-  const int slot = g.coord.z + g.shape.z * g.coord.d;
+  const int Bl = kB / token_slots(g.shape);
+  const int slot = token_slot(g.coord, g.shape);
   ParallelOptions po;
   po.precision = backend::Precision::BF16;
   po.attention_precision = backend::Precision::FP32;
@@ -172,7 +172,7 @@ std::vector<double> train_bf16(const ModelConfig& mc, ProcessGroups& g, bool gra
     m.begin_step(1);
     double loss = m.forward_backward(x.data(), y.data(), Bl, kT, 1.0f / (kB * kT));
     m.reduce_gradients();
-    if (g.zd.size() > 1) g.zd.allreduce_sum(&loss, 1);
+    if (g.tokens().size() > 1) g.tokens().allreduce_sum(&loss, 1);
     const double gn = std::sqrt(m.grad_sum_squares());
     const float* grads = m.grads();
     m.apply_update([&](float* p, uint16_t* p16, int64_t lo, int64_t hi) {

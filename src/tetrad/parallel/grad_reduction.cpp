@@ -41,13 +41,13 @@ void ParallelTransformer::begin_step(int micro_batches) {
 }
 
 void ParallelTransformer::zero_layer_grad_blocks(int layer) {
-  if (g_.shape.z == 1 && opt_.zero != 2) return;
+  if (g_.shape.z() == 1 && opt_.zero != 2) return;
   // The buffer's previous reduce-scatters (layer + 2, or last micro-batch's) read it: finish them.
   for (auto t : rs_tickets_[layer < 0 ? 2 : layer & 1]) q_.wait(t);
   float* buf = layer < 0 ? gblock_top_.data() : gblock_[layer & 1].data();
   for (const auto& t : plan_.tensors)
     if (t.spec->layer == layer && staged(t)) {
-      const int64_t n = t.z_sharded ? t.shard_numel * g_.shape.z : t.block_numel;
+      const int64_t n = t.z_sharded ? t.shard_numel * g_.shape.z() : t.block_numel;
       zero_dev(buf + t.block_offset, n);
     }
 }
@@ -64,7 +64,7 @@ void ParallelTransformer::zero_layer_grad_blocks(int layer) {
 // D ranks by the same algorithm, so the result does not depend on the chunking; every D rank
 // makes the same calls (q and Gd are the same there).
 void ParallelTransformer::reduce_scatter_d(size_t i, const float* shard, float* piece) {
-  const int64_t n = plan_.tensors[i].shard_numel, q = piece_[i], Gd = g_.shape.d;
+  const int64_t n = plan_.tensors[i].shard_numel, q = piece_[i], Gd = g_.shape.d();
   if (Gd == 1) {
     copy_dev(piece, shard, n);
     return;
@@ -82,9 +82,9 @@ void ParallelTransformer::reduce_scatter_d(size_t i, const float* shard, float* 
       zero_dev(packed + d * len + have, len - have);
     }
     if (opt_.grad_comm_bf16)
-      reduce_scatter_sum_bf16(*be_, g_.d, packed, piece + a, len);
+      reduce_scatter_sum_bf16(*be_, g_.d(), packed, piece + a, len);
     else
-      q_.run(g_.d.ireduce_scatter_sum(packed, piece + a, size_t(len), q_.ready()), g_.d,
+      q_.run(g_.d().ireduce_scatter_sum(packed, piece + a, size_t(len), q_.ready()), g_.d(),
              "reduce_scatter", "dW pieces over D", plan_.tensors[i].spec->layer,
              len * Gd * int64_t(sizeof(float)));
   }
@@ -102,25 +102,25 @@ void ParallelTransformer::scatter_layer_grads(int layer) {
       if (t.spec->layer != layer || !staged(t)) continue;
       float* block = buf + t.block_offset;
       const float* shard = block;
-      if (t.z_sharded && g_.shape.z > 1) {
+      if (t.z_sharded && g_.shape.z() > 1) {
         float* land = scatter_tmp_.data() + t.offset;
         if (opt_.grad_comm_bf16)
-          reduce_scatter_sum_bf16(*be_, g_.z, block, land, t.shard_numel);
+          reduce_scatter_sum_bf16(*be_, g_.z(), block, land, t.shard_numel);
         else
-          q_.run(g_.z.ireduce_scatter_sum(block, land, size_t(t.shard_numel), q_.ready()), g_.z,
-                 "reduce_scatter", "dW", layer, t.shard_numel * g_.shape.z * int64_t(sizeof(float)));
+          q_.run(g_.z().ireduce_scatter_sum(block, land, size_t(t.shard_numel), q_.ready()), g_.z(),
+                 "reduce_scatter", "dW", layer, t.shard_numel * g_.shape.z() * int64_t(sizeof(float)));
         shard = land;
-      } else if (!t.z_sharded && g_.shape.z > 1) {
-        sum_over(g_.z, block, t.block_numel, "replicated grads");  // replicated over Z: sum first
+      } else if (!t.z_sharded && g_.shape.z() > 1) {
+        sum_over(g_.z(), block, t.block_numel, "replicated grads");  // replicated over Z: sum first
       }
-      float* piece = zero_tmp_.data() + piece_[i] * g_.shape.d;
+      float* piece = zero_tmp_.data() + piece_[i] * g_.shape.d();
       reduce_scatter_d(i, shard, piece);
       ops().add(bq(), grads_.data() + zl_.grad_offsets[i], piece, zl_.sizes[i]);
     }
     if (last_micro_batch()) layer_final(layer, true);
     return;
   }
-  if (g_.shape.z == 1) {
+  if (g_.shape.z() == 1) {
     if (last) layer_final(layer, true);
     return;
   }
@@ -149,13 +149,13 @@ CommQueue::Ticket ParallelTransformer::start_grad_reduce_scatter(const TensorSha
     if (--remaining == 0 && last) layer_final(layer, true);
   };
   if (opt_.grad_comm_bf16) {  // blocking: done() runs at once, nothing to wait for later
-    reduce_scatter_sum_bf16(*be_, g_.z, block, land, n);
-    return q_.start(comm::Request(), g_.z, "reduce_scatter", "dW bf16", layer,
-                    n * g_.shape.z * int64_t(sizeof(uint16_t)), done);
+    reduce_scatter_sum_bf16(*be_, g_.z(), block, land, n);
+    return q_.start(comm::Request(), g_.z(), "reduce_scatter", "dW bf16", layer,
+                    n * g_.shape.z() * int64_t(sizeof(uint16_t)), done);
   }
-  const auto ticket = q_.start(g_.z.ireduce_scatter_sum(block, land, size_t(n), q_.ready()), g_.z,
+  const auto ticket = q_.start(g_.z().ireduce_scatter_sum(block, land, size_t(n), q_.ready()), g_.z(),
                                "reduce_scatter", "dW", layer,
-                               n * g_.shape.z * int64_t(sizeof(float)), done);
+                               n * g_.shape.z() * int64_t(sizeof(float)), done);
   if (ov_.reduce_scatter) rs_tickets_[layer < 0 ? 2 : layer & 1].push_back(ticket);
   else q_.wait(ticket);
   return ticket;
@@ -187,15 +187,15 @@ void ParallelTransformer::scatter_top_grads(bool head_part) {
 // gradient rows at their tokens, in Z-rank then token order (after the head's dense part, so
 // the additions have one order whatever the overlap does).
 void ParallelTransformer::accumulate_embedding_rows(int64_t N) {
-  const int64_t Z = g_.shape.z, rows = Z * N;
-  q_.run(g_.z.iallgather(a_->dresid, emb_rows_.data(), size_t(N * Cx_), q_.ready()), g_.z, "allgather",
+  const int64_t Z = g_.shape.z(), rows = Z * N;
+  q_.run(g_.z().iallgather(a_->dresid, emb_rows_.data(), size_t(N * Cx_), q_.ready()), g_.z(), "allgather",
          "embedding rows", -1, rows * Cx_ * int64_t(sizeof(float)));
   q_.wait(emb_ids_ticket_);
   if (head_ == wte_) q_.wait(head_rs_ticket_);
   const TensorShard& t = plan_.tensors[size_t(wte_)];
-  const int64_t s0 = int64_t(g_.z.rank()) * t.shard_numel, s1 = s0 + t.shard_numel;
+  const int64_t s0 = int64_t(g_.z().rank()) * t.shard_numel, s1 = s0 + t.shard_numel;
   float* gp = grads_.data() + t.offset;
-  const int64_t v0 = Vy_ * g_.coord.y;
+  const int64_t v0 = Vy_ * g_.coord.y();
   {
     ScopedPhase sp(prof_, Phase::Embedding, "rows");
     ops().embedding_scatter_add(bq(), gp, s0, s1, emb_rows_.data(), emb_ids_.data(), v0, Vy_,
@@ -231,7 +231,7 @@ void ParallelTransformer::build_buckets() {
     for (size_t i = 0; i < plan_.tensors.size(); ++i) {
       const TensorShard& t = plan_.tensors[i];
       if (t.spec->layer != l || !t.stored) continue;
-      const comm::Communicator& grp = t.z_sharded ? g_.d : g_.zd;
+      const comm::Communicator& grp = t.z_sharded ? g_.d() : g_.tokens();
       if (grp.size() == 1) continue;
       Bucket& b = open[t.z_sharded ? 1 : 0];
       b.group = &grp;
@@ -320,7 +320,7 @@ void ParallelTransformer::reset_step_state() {
 void ParallelTransformer::reduce_gradients() {
   ScopedPhase sp(prof_, Phase::Other);
   q_.wait_all();  // reduce-scatters still running; buckets already started
-  if (g_.shape.p > 1) {
+  if (g_.shape.p() > 1) {
     // Embedding (first stage) and head (last stage; the same tensor when tied), final norm,
     // positions: summed over the stages, so every stage's copy takes the same update. (ZeRO 2:
     // the pieces, already reduced over Z and D.) No bucket has started (dp_overlap is off with
@@ -330,7 +330,7 @@ void ParallelTransformer::reduce_gradients() {
         const bool piece = opt_.zero == 2;
         float* gp = grads_.data() + (piece ? zl_.grad_offsets[i] : plan_.tensors[i].offset);
         const int64_t n = piece ? zl_.sizes[i] : plan_.tensors[i].shard_numel;
-        if (n > 0) sum_over(g_.p, gp, n, "top-level grads over P");
+        if (n > 0) sum_over(g_.p(), gp, n, "top-level grads over P");
       }
   }
   if (opt_.zero == 2) {  // every layer was reduced (over Z and D) right after its backward
@@ -343,9 +343,9 @@ void ParallelTransformer::reduce_gradients() {
       const TensorShard& t = plan_.tensors[i];
       if (!t.stored) continue;  // another pipeline stage's layer
       float* gp = grads_.data() + t.offset;
-      if (!t.z_sharded && g_.shape.z > 1) sum_over(g_.z, gp, t.shard_numel, "replicated grads");
-      if (g_.shape.d == 1) continue;
-      float* piece = zero_tmp_.data() + piece_[i] * g_.shape.d;
+      if (!t.z_sharded && g_.shape.z() > 1) sum_over(g_.z(), gp, t.shard_numel, "replicated grads");
+      if (g_.shape.d() == 1) continue;
+      float* piece = zero_tmp_.data() + piece_[i] * g_.shape.d();
       reduce_scatter_d(i, gp, piece);
       copy_dev(grads_.data() + zl_.grad_offsets[i], piece, zl_.sizes[i]);
     }
@@ -372,10 +372,10 @@ double ParallelTransformer::grad_sum_squares() {
   double* part = scalar_.as<double>();
   for (size_t i = 0; i < plan_.tensors.size(); ++i) {
     const TensorShard& t = plan_.tensors[i];
-    bool owner = (opt_.zero > 0 || c.d == 0) && owns(t);
-    if (!t.z_sharded) owner = owner && c.z == 0;
-    if (t.layout == ShardLayout::ColsX) owner = owner && c.y == 0;
-    if (t.layout == ShardLayout::RowsY) owner = owner && c.x == 0;
+    bool owner = (opt_.zero > 0 || c.d() == 0) && owns(t);
+    if (!t.z_sharded) owner = owner && c.z() == 0;
+    if (t.layout == ShardLayout::ColsX) owner = owner && c.y() == 0;
+    if (t.layout == ShardLayout::RowsY) owner = owner && c.x() == 0;
     if (!owner) continue;
     ops().sum_squares(bq(), part, grads_.data() + zl_.grad_offsets[i], zl_.sizes[i]);
     local += read_scalar(part);

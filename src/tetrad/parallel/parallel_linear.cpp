@@ -87,7 +87,7 @@ void ParallelTransformer::gemm_allreduce(const char* what, float* out, Operand i
 // Normal layer: out[N, n_out] = in[N, Cx-like] · Wᵀ, partial over X -> all-reduce X, + bias.
 void ParallelTransformer::normal_fwd(const char* what, float* out, Operand in, int wi, int bi,
                                      int64_t k_in, int64_t n_out, int64_t N) {
-  gemm_allreduce(what, out, in, wi, k_in, n_out, g_.x, N);
+  gemm_allreduce(what, out, in, wi, k_in, n_out, g_.x(), N);
   if (const float* b = w(bi)) ops().bias_add(bq(), out, b, N, n_out);
   q_.poll();
 }
@@ -96,7 +96,7 @@ void ParallelTransformer::normal_fwd(const char* what, float* out, Operand in, i
 void ParallelTransformer::transposed_fwd(const char* what, float* out, const float* resid,
                                          Operand in, int wi, int bi, int64_t k_in, int64_t N) {
   float* tmp = a_->tmp;
-  gemm_allreduce(what, tmp, in, wi, k_in, Cx_, g_.y, N);
+  gemm_allreduce(what, tmp, in, wi, k_in, Cx_, g_.y(), N);
   ScopedPhase sp(prof_, Phase::Residual);
   ops().residual_add(bq(), out, resid, tmp, w(bi), N, Cx_);
 }
@@ -166,14 +166,14 @@ std::pair<uint16_t*, uint16_t*> ParallelTransformer::dy16_copies(const GemmSiteL
 void ParallelTransformer::normal_bwd(const char* what, float* din, const float* dout,
                                      Operand in, int wi, int bi, int64_t k_in, int64_t n_out,
                                      int64_t N) {
-  linear_bwd(what, din, dout, in, wi, bi, k_in, n_out, g_.y, N);
+  linear_bwd(what, din, dout, in, wi, bi, k_in, n_out, g_.y(), N);
 }
 
 // Transposed layer backward: din = all-reduce_X(dout · W), n_out = Cx.
 void ParallelTransformer::transposed_bwd(const char* what, float* din, const float* dout,
                                          Operand in, int wi, int bi, int64_t k_in,
                                          int64_t N) {
-  linear_bwd(what, din, dout, in, wi, bi, k_in, Cx_, g_.x, N);
+  linear_bwd(what, din, dout, in, wi, bi, k_in, Cx_, g_.x(), N);
 }
 
 }  // namespace tetrad::parallel

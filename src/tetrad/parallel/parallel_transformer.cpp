@@ -39,7 +39,7 @@ ParallelTransformer::ParallelTransformer(const ModelConfig& config, ProcessGroup
     fail("parallel.virtual_stages must be at least 1, got ", opt_.virtual_stages);
   if (opt_.reduce_scatter_chunk_bytes < 1)
     fail("reduce-scatter chunk size must be at least 1 byte, got ", opt_.reduce_scatter_chunk_bytes);
-  for (const comm::Communicator* c : {&g_.z, &g_.d, &g_.zd})
+  for (const comm::Communicator* c : {&g_.z(), &g_.d(), &g_.tokens()})
     if (opt_.grad_comm_bf16 && c->size() > 1 && std::string(c->transport()) == "NCCL")
       fail("train.grad_comm_precision = \"bf16\" is not implemented on NCCL (group '", c->name(),
            "'); use \"fp32\"");
@@ -51,7 +51,7 @@ ParallelTransformer::ParallelTransformer(const ModelConfig& config, ProcessGroup
   // with ZeRO 1), which the buckets' all-reduces would duplicate; with Gp > 1 the top-level
   // gradients are first summed over P in reduce_gradients(), and the pipeline's backward chunks
   // do not count micro-batches the way forward_backward does. Both reduce in reduce_gradients().
-  if (opt_.zero >= 1 || groups.shape.p > 1) ov_.dp_overlap = false;
+  if (opt_.zero >= 1 || groups.shape.p() > 1) ov_.dp_overlap = false;
   opt_.overlap = ov_;
   q_.enable_progress_thread(ov_.progress_thread);
   q_.set_compute_queue(&be_->queue());  // collectives start after, and complete into, its work
@@ -66,24 +66,24 @@ ParallelTransformer::ParallelTransformer(const ModelConfig& config, ProcessGroup
   table_ = build_param_table(cfg_);
   // The split uses the sequence length this model runs (its attention cost, for "balanced"), as
   // the planner does with its seq; resolve_layer_split names what is wrong with the setting.
-  if (g_.shape.p > 1)
-    split_ = resolve_layer_split(opt_.pipeline_layers, cfg_, max_len, g_.shape.p,
+  if (g_.shape.p() > 1)
+    split_ = resolve_layer_split(opt_.pipeline_layers, cfg_, max_len, g_.shape.p(),
                                  opt_.virtual_stages);
   plan_ = ShardPlan::build(cfg_, table_, g_.shape, g_.coord, split_);
   const GridShape& G = g_.shape;
   gpt2_ = cfg_.family == Family::GPT2;
   hd_ = cfg_.head_dim();
-  Cx_ = cfg_.n_embd / G.x;
-  Ay_ = cfg_.n_embd / G.y;
-  nhy_ = cfg_.n_head / G.y;
-  nkvy_ = cfg_.n_kv_head / G.y;
+  Cx_ = cfg_.n_embd / G.x();
+  Ay_ = cfg_.n_embd / G.y();
+  nhy_ = cfg_.n_head / G.y();
+  nkvy_ = cfg_.n_kv_head / G.y();
   QKVy_ = (nhy_ + 2 * nkvy_) * hd_;
-  Fy_ = cfg_.ffn / G.y;
+  Fy_ = cfg_.ffn / G.y();
   FWy_ = gpt2_ ? Fy_ : 2 * Fy_;
-  Vy_ = cfg_.vocab_size / G.y;
+  Vy_ = cfg_.vocab_size / G.y();
 
   // ZeRO pieces: each tensor's local shard cut into Gd pieces of ceil(n / Gd), piece d on rank d.
-  const int Gd = G.d, dc = g_.coord.d;
+  const int Gd = G.d(), dc = g_.coord.d();
   int64_t piece_max = 0;
   for (const auto& t : plan_.tensors) {
     const int64_t n = t.shard_numel;
@@ -156,15 +156,15 @@ ParallelTransformer::ParallelTransformer(const ModelConfig& config, ProcessGroup
 
   // Gather and gradient-block buffers: only when Z shards weights (Gz = 1 computes in place),
   // or, for the gradient blocks, when ZeRO 2 keeps only a piece of each gradient.
-  if (G.z > 1 || opt_.zero == 2) {
+  if (G.z() > 1 || opt_.zero == 2) {
     int64_t layer_max = 0, top = 0, shard_max = 0;
     for (const auto& t : plan_.tensors) {
-      const int64_t end = t.block_offset + (t.z_sharded ? t.shard_numel * G.z : t.block_numel);
+      const int64_t end = t.block_offset + (t.z_sharded ? t.shard_numel * G.z() : t.block_numel);
       if (t.spec->layer < 0) top = std::max(top, end);
       else layer_max = std::max(layer_max, end);
       shard_max = std::max(shard_max, t.shard_numel);
     }
-    if (G.z > 1) {
+    if (G.z() > 1) {
       // Slots for gathered layers: the one in use plus prefetch_depth ahead, or all of them.
       const int nslots = std::max(1, ov_.cache_gathered_weights
                                          ? cfg_.n_layer
@@ -184,10 +184,10 @@ ParallelTransformer::ParallelTransformer(const ModelConfig& config, ProcessGroup
     gblock_[1] = backend::DeviceArray<float>(*be_, layer_max);
     gblock_top_ = backend::DeviceArray<float>(*be_, top);
   }
-  if (opt_.sparse_embedding_grad && G.z > 1 && G.p == 1 && opt_.zero != 2) {
+  if (opt_.sparse_embedding_grad && G.z() > 1 && G.p() == 1 && opt_.zero != 2) {
     // Rows plus ids against the dense block: worth it when the Z group's tokens are fewer than
     // this rank's vocabulary rows.
-    const int64_t rows = int64_t(G.z) * local_batch * max_len;
+    const int64_t rows = int64_t(G.z()) * local_batch * max_len;
     sparse_embedding_ = rows * (Cx_ + 1) < Vy_ * Cx_;
     if (sparse_embedding_) {
       emb_rows_ = backend::DeviceArray<float>(*be_, size_t(rows * Cx_));
@@ -200,7 +200,7 @@ ParallelTransformer::ParallelTransformer(const ModelConfig& config, ProcessGroup
   build_buckets();
 
   const int64_t N = int64_t(local_batch) * max_len;
-  layer_slots_ = layer_slots(cfg_.n_layer, split_, G.p, g_.coord.p);
+  layer_slots_ = layer_slots(cfg_.n_layer, split_, G.p(), g_.coord.p());
   acts_ = backend::DeviceArray<float>(*be_, size_t(activation_bytes(opt_.recompute) / int64_t(sizeof(float))));
   a_ = std::make_unique<Acts>();
   float* cur = acts_.data();
@@ -368,7 +368,7 @@ void ParallelTransformer::forward_chunk(int l0, int l1, bool embed, bool head,
   if (!head) return;
   norm_fwd(a.lnf, a.lnf_mean, a.lnf_rstd, x, lnf_w_, lnf_b_, N, a.lnf16);
   // Output head: normal layer on the embedding's block -> logits [N, V/Gy].
-  gemm_allreduce("head", a.logits, act(a.lnf, a.lnf16), head_, Cx_, Vy_, g_.x, N);
+  gemm_allreduce("head", a.logits, act(a.lnf, a.lnf16), head_, Cx_, Vy_, g_.x(), N);
 }
 
 double ParallelTransformer::forward_loss(const int32_t* inputs, const int32_t* targets, int B, int T) {
@@ -408,13 +408,13 @@ void ParallelTransformer::backward_chunk(int l0, int l1, bool embed, bool head,
     zero_layer_grad_blocks(-1);
   }
   if (sparse_embedding_ && embed)  // the token ids the Z group's embedding rows belong to
-    emb_ids_ticket_ = q_.start(g_.z.iallgather(device_ids(inputs, N, 0), emb_ids_.data(), size_t(N), q_.ready()), g_.z,
+    emb_ids_ticket_ = q_.start(g_.z().iallgather(device_ids(inputs, N, 0), emb_ids_.data(), size_t(N), q_.ready()), g_.z(),
                                "allgather", "embedding ids", -1,
-                               N * g_.shape.z * int64_t(sizeof(int32_t)));
+                               N * g_.shape.z() * int64_t(sizeof(int32_t)));
   if (head) {
     const float* x_last = l1 > 0 ? a.layer[l1 - 1].resid_out : a.emb;
     // Head: dlogits [N, Vy] -> dlnf [N, Cx] (sum over Y), d(head block): a normal layer.
-    linear_bwd("head", a.dln, a.logits, act(a.lnf, a.lnf16), head_, -1, Cx_, Vy_, g_.y, N,
+    linear_bwd("head", a.dln, a.logits, act(a.lnf, a.lnf16), head_, -1, Cx_, Vy_, g_.y(), N,
                head_dy16_ready_);
     head_dy16_ready_ = false;
     if (sparse_embedding_) scatter_top_grads(/*head_part=*/true);

@@ -13,13 +13,13 @@ void validate_grid_for_model(const ModelConfig& c, const GridShape& g) {
     if (n % k != 0)
       fail("grid: ", what, " (", n, ") is not divisible by G", axis, " = ", k);
   };
-  divides("model.n_embd", c.n_embd, "x", g.x);
-  divides("model.n_embd", c.n_embd, "y", g.y);
-  divides("model.n_head", c.n_head, "y", g.y);
-  divides("model.n_kv_head", c.n_kv_head, "y", g.y);
-  divides("model.ffn", c.ffn, "x", g.x);
-  divides("model.ffn", c.ffn, "y", g.y);
-  divides("model.vocab_size", c.vocab_size, "y", g.y);
+  divides("model.n_embd", c.n_embd, "x", g.x());
+  divides("model.n_embd", c.n_embd, "y", g.y());
+  divides("model.n_head", c.n_head, "y", g.y());
+  divides("model.n_kv_head", c.n_kv_head, "y", g.y());
+  divides("model.ffn", c.ffn, "x", g.x());
+  divides("model.ffn", c.ffn, "y", g.y());
+  divides("model.vocab_size", c.vocab_size, "y", g.y());
 }
 
 ShardPlan ShardPlan::build(const ModelConfig& c, const ParamTable& table, const GridShape& g,
@@ -27,11 +27,11 @@ ShardPlan ShardPlan::build(const ModelConfig& c, const ParamTable& table, const 
   validate_grid_for_model(c, g);
   // Which layers each stage stores: the given split, or the even one with one chunk per stage.
   LayerSplit split;
-  if (g.p > 1) {
-    split = layer_split.bounds.empty() ? LayerSplit::even(c.n_layer, g.p) : layer_split;
-    if (split.n_layer() != c.n_layer || split.virtual_stages() % g.p != 0)
+  if (g.p() > 1) {
+    split = layer_split.bounds.empty() ? LayerSplit::even(c.n_layer, g.p()) : layer_split;
+    if (split.n_layer() != c.n_layer || split.virtual_stages() % g.p() != 0)
       fail("grid: the pipeline layer split ", split.to_string(), " (", split.virtual_stages(),
-           " virtual stages, ", split.n_layer(), " layers) does not fit Gp = ", g.p, " and ",
+           " virtual stages, ", split.n_layer(), " layers) does not fit Gp = ", g.p(), " and ",
            c.n_layer, " layers (expected a multiple of Gp virtual stages summing to n_layer)");
   }
   ShardPlan plan;
@@ -49,7 +49,7 @@ ShardPlan ShardPlan::build(const ModelConfig& c, const ParamTable& table, const 
   auto qkv_rows = [&] {
     std::vector<int64_t> rows;
     for (int part = 0; part < 3; ++part)
-      for (int64_t r : slice_rows(C, g.y, at.y)) rows.push_back(part * C + r);
+      for (int64_t r : slice_rows(C, g.y(), at.y())) rows.push_back(part * C + r);
     return rows;
   };
   int64_t local = 0;
@@ -63,56 +63,56 @@ ShardPlan ShardPlan::build(const ModelConfig& c, const ParamTable& table, const 
     if (s.kind == ParamKind::Embedding && n.find("wpe") != std::string::npos) {
       t.layout = ShardLayout::ColsX;  // position table [S, C]: columns over X
       t.rows = contiguous(0, R);
-      t.col0 = K / g.x * at.x;
-      t.cols = K / g.x;
+      t.col0 = K / g.x() * at.x();
+      t.cols = K / g.x();
     } else if (matrix && (s.kind == ParamKind::Embedding || s.kind == ParamKind::Linear)) {
       const bool transposed = n.ends_with("attn.c_proj.weight") || n.ends_with("mlp.c_proj.weight") ||
                               n.ends_with("o_proj.weight") || n.ends_with("down_proj.weight");
       if (transposed) {
         t.layout = ShardLayout::Transposed;
-        t.rows = slice_rows(R, g.x, at.x);
-        t.col0 = K / g.y * at.y;
-        t.cols = K / g.y;
+        t.rows = slice_rows(R, g.x(), at.x());
+        t.col0 = K / g.y() * at.y();
+        t.cols = K / g.y();
       } else {
         t.layout = ShardLayout::Normal;
         if (n.ends_with("attn.c_attn.weight")) {
           t.rows = qkv_rows();  // fused q|k|v [3C, C]: y holds q, k and v rows of its heads
         } else {
-          t.rows = slice_rows(R, g.y, at.y);
+          t.rows = slice_rows(R, g.y(), at.y());
         }
-        t.col0 = K / g.x * at.x;
-        t.cols = K / g.x;
+        t.col0 = K / g.x() * at.x();
+        t.cols = K / g.x();
       }
       t.z_sharded = true;
     } else if (n.ends_with("attn.c_attn.bias") || n.ends_with("mlp.c_fc.bias")) {
       // Bias of a normal layer: one entry per output row of the layer, so split over Y the same
       // way. Kept as a list of entries (cols = 1, col0 = -1 marks a 1-D entry list).
       t.layout = ShardLayout::RowsY;
-      t.rows = n.ends_with("attn.c_attn.bias") ? qkv_rows() : slice_rows(K, g.y, at.y);
+      t.rows = n.ends_with("attn.c_attn.bias") ? qkv_rows() : slice_rows(K, g.y(), at.y());
       t.col0 = -1;
       t.cols = 1;
     } else {
       // Norm weights and biases over C, biases of transposed layers: columns over X.
       t.layout = ShardLayout::ColsX;
       t.rows = {0};
-      t.col0 = K / g.x * at.x;
-      t.cols = K / g.x;
+      t.col0 = K / g.x() * at.x();
+      t.cols = K / g.x();
     }
     t.block_numel = int64_t(t.rows.size()) * t.cols;
     // Blocks that are computed on together (q|k|v, gate|up) must stay adjacent when gathered, so
     // Z shards are never padded: the block must divide evenly.
-    if (t.z_sharded && t.block_numel % g.z != 0)
+    if (t.z_sharded && t.block_numel % g.z() != 0)
       fail("grid: the block of '", n, "' on each rank has ", t.block_numel,
-           " elements, not divisible by Gz = ", g.z);
+           " elements, not divisible by Gz = ", g.z());
     // A pipeline stage stores only its own layers (and every top-level tensor, see the header).
-    t.stored = g.p == 1 || s.layer < 0 || split.stage_of(s.layer, g.p) == at.p;
-    t.shard_numel = !t.stored ? 0 : t.z_sharded ? t.block_numel / g.z : t.block_numel;
+    t.stored = g.p() == 1 || s.layer < 0 || split.stage_of(s.layer, g.p()) == at.p();
+    t.shard_numel = !t.stored ? 0 : t.z_sharded ? t.block_numel / g.z() : t.block_numel;
     t.offset = local;
     local += t.shard_numel;
     // Tensors outside the blocks (layer -1: embeddings, final norm, head) share one buffer.
     int64_t& layer_block = layer_end[s.layer];
     t.block_offset = layer_block;
-    layer_block += t.z_sharded ? t.shard_numel * g.z : t.block_numel;  // all-gather output size
+    layer_block += t.z_sharded ? t.shard_numel * g.z() : t.block_numel;  // all-gather output size
     plan.tensors.push_back(std::move(t));
   }
   plan.local_total = local;

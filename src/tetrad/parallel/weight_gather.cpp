@@ -10,7 +10,7 @@
 namespace tetrad::parallel {
 
 void ParallelTransformer::issue_gather(int layer) {
-  if (g_.shape.z == 1) return;
+  if (g_.shape.z() == 1) return;
   ensure_params16();  // the bf16 gathers read the copy
   std::vector<CommQueue::Ticket>* tickets;
   float* buf;
@@ -42,24 +42,24 @@ void ParallelTransformer::issue_gather(int layer) {
     const bool in16 = bf16_weights_ && gemm_weight(int(i));
     if (in16)
       tickets->push_back(q_.start(
-          g_.z.iallgather(params16_.as<uint16_t>() + t.offset, buf16 + t.block_offset,
+          g_.z().iallgather(params16_.as<uint16_t>() + t.offset, buf16 + t.block_offset,
                           size_t(t.shard_numel), q_.ready()),
-          g_.z, "allgather", "W bf16", layer, t.shard_numel * g_.shape.z * int64_t(sizeof(uint16_t))));
+          g_.z(), "allgather", "W bf16", layer, t.shard_numel * g_.shape.z() * int64_t(sizeof(uint16_t))));
     if (!in16 || int(i) == wte_)
       tickets->push_back(q_.start(
-          g_.z.iallgather(params_.data() + t.offset, buf + t.block_offset, size_t(t.shard_numel), q_.ready()),
-          g_.z, "allgather", "W", layer, t.shard_numel * g_.shape.z * int64_t(sizeof(float))));
+          g_.z().iallgather(params_.data() + t.offset, buf + t.block_offset, size_t(t.shard_numel), q_.ready()),
+          g_.z(), "allgather", "W", layer, t.shard_numel * g_.shape.z() * int64_t(sizeof(float))));
   }
 }
 
 void ParallelTransformer::gather_layer(int layer) {
-  if (g_.shape.z == 1) return;
+  if (g_.shape.z() == 1) return;
   issue_gather(layer);
   for (auto t : layer < 0 ? top_tickets_ : slot_tickets_[size_t(slot_of(layer))]) q_.wait(t);
 }
 
 void ParallelTransformer::prefetch(int layer, int direction, int lo, int hi) {
-  if (g_.shape.z == 1) return;
+  if (g_.shape.z() == 1) return;
   for (int k = 1; k <= ov_.prefetch_depth; ++k) {
     const int j = layer + direction * k;
     if (j >= lo && j < hi) issue_gather(j);
@@ -68,7 +68,7 @@ void ParallelTransformer::prefetch(int layer, int direction, int lo, int hi) {
 
 void ParallelTransformer::invalidate_gathered() {
   prefetched_next_ = false;
-  if (g_.shape.z == 1) return;
+  if (g_.shape.z() == 1) return;
   if (q_.pending()) q_.wait_all();  // nothing may still write into the slots
   top_valid_ = false;
   std::fill(slot_layer_.begin(), slot_layer_.end(), -2);
@@ -102,8 +102,8 @@ void ParallelTransformer::apply_update(
   params16_valid_ = bf16_weights_;
   auto update = [&](float* params, int64_t lo, int64_t hi) { update16(params, p16, lo, hi); };
   const int64_t n = plan_.local_total;
-  const bool across = ov_.prefetch_across_steps && ov_.prefetch_depth > 0 && g_.shape.z > 1 &&
-                      g_.shape.p == 1;
+  const bool across = ov_.prefetch_across_steps && ov_.prefetch_depth > 0 && g_.shape.z() > 1 &&
+                      g_.shape.p() == 1;
   if (!across || opt_.zero >= 1) {
     // ZeRO: the gathers need the pieces every D replica updated, so they wait for
     // gather_updated_params(); they still overlap the trainer's work until the next forward.
@@ -158,7 +158,7 @@ void ParallelTransformer::apply_update(
 }
 
 void ParallelTransformer::gather_updated_params() {
-  if (opt_.zero == 0 || g_.shape.d == 1) return;
+  if (opt_.zero == 0 || g_.shape.d() == 1) return;
   invalidate_gathered();  // the parameters change: gathered copies are stale
   // The bf16 copy holds only this rank's pieces updated: remade before the next forward
   // (gathering the bf16 pieces over D as well would halve that traffic; not done).
@@ -168,11 +168,11 @@ void ParallelTransformer::gather_updated_params() {
     if (!t.stored) continue;  // another pipeline stage's layer
     const int64_t q = piece_[i];
     float* pieces = zero_tmp_.data();
-    float* mine = pieces + q * g_.shape.d;
+    float* mine = pieces + q * g_.shape.d();
     zero_dev(mine, q);
     copy_dev(mine, params_.data() + zl_.param_offsets[i], zl_.sizes[i]);
-    q_.run(g_.d.iallgather(mine, pieces, size_t(q), q_.ready()), g_.d, "allgather", "updated pieces over D",
-           t.spec->layer, q * g_.shape.d * int64_t(sizeof(float)));
+    q_.run(g_.d().iallgather(mine, pieces, size_t(q), q_.ready()), g_.d(), "allgather", "updated pieces over D",
+           t.spec->layer, q * g_.shape.d() * int64_t(sizeof(float)));
     copy_dev(params_.data() + t.offset, pieces, t.shard_numel);
   }
 }

@@ -27,17 +27,6 @@ const char* name(Precision p) { return p == Precision::FP32 ? "fp32" : "bf16"; }
 const char* name(Overlap o) {
   return o == Overlap::None ? "none" : o == Overlap::Tensor ? "tensor" : "all";
 }
-const char* axis_label(AxisId a) {
-  switch (a) {
-    case AxisId::X: return "x";
-    case AxisId::Y: return "y";
-    case AxisId::Z: return "z";
-    case AxisId::P: return "p";
-    case AxisId::D: return "d";
-    case AxisId::ZD: return "zd";
-  }
-  return "?";
-}
 const char* op_name(Op op) {
   switch (op) {
     case Op::AllReduce: return "all-reduce";
@@ -48,26 +37,15 @@ const char* op_name(Op op) {
   return "?";
 }
 
-std::string Grid5::to_string() const {
-  std::ostringstream o;
-  o << x << "x" << y << "x" << z << "x" << p << "x" << d;
-  return o.str();
+std::string grid_label(const GridShape& g) {
+  std::string s;
+  for (Axis a : parallel::kAxesInRankOrder) s += (s.empty() ? "" : "x") + std::to_string(g[a]);
+  return s;
 }
 
-std::vector<Grid5> all_grids(int n) {
+std::vector<GridShape> all_grids(int n) {
   if (n < 1) fail("number of ranks must be >= 1 (got ", n, ")");
-  std::vector<int> div;
-  for (int k = 1; k <= n; ++k)
-    if (n % k == 0) div.push_back(k);
-  std::vector<Grid5> out;
-  for (int x : div)
-    for (int y : div)
-      if (n % (x * y) == 0)
-        for (int z : div)
-          if (n % (x * y * z) == 0)
-            for (int p : div)
-              if (n % (x * y * z * p) == 0) out.push_back({x, y, z, p, n / (x * y * z * p)});
-  return out;
+  return parallel::factorizations(n, {Axis::X, Axis::Y, Axis::Z, Axis::P, Axis::D});
 }
 
 void PlanInput::validate() const {
@@ -119,7 +97,7 @@ Sizes sizes(const ModelConfig& m) {
 struct GemmTimes {
   double fwd = 0, din = 0, dw = 0, head_fwd = 0, head_bwd = 0;
 };
-GemmTimes block_gemm_times(const Sizes& s, const Grid5& g, double T, const Machine& mach, bool bf16) {
+GemmTimes block_gemm_times(const Sizes& s, const GridShape& g, double T, const Machine& mach, bool bf16) {
   const double pk = mach.peak(bf16);
   auto t = [&](double m, double n, double k, GemmOp op) {
     return 2 * m * n * k / (pk * mach.gemm_eff(m, n, k, bf16, op));
@@ -130,11 +108,11 @@ GemmTimes block_gemm_times(const Sizes& s, const Grid5& g, double T, const Machi
     r.din += t(T, k_in, n_out, GemmOp::NN);
     r.dw += t(n_out, k_in, T, GemmOp::TN);
   };
-  weight(s.H / g.x, s.QKV / g.y);  // q|k|v
-  weight(s.H / g.y, s.H / g.x);    // attention output (transposed)
-  weight(s.H / g.x, s.FW / g.y);   // MLP up (+ gate)
-  weight(s.F / g.y, s.H / g.x);    // MLP down (transposed)
-  const double hk = s.H / g.x, hn = s.V / g.y;
+  weight(s.H / g.x(), s.QKV / g.y());  // q|k|v
+  weight(s.H / g.y(), s.H / g.x());    // attention output (transposed)
+  weight(s.H / g.x(), s.FW / g.y());   // MLP up (+ gate)
+  weight(s.F / g.y(), s.H / g.x());    // MLP down (transposed)
+  const double hk = s.H / g.x(), hn = s.V / g.y();
   r.head_fwd = t(T, hn, hk, GemmOp::NT);
   r.head_bwd = t(T, hk, hn, GemmOp::NN) + t(hn, hk, T, GemmOp::TN);
   return r;
@@ -161,9 +139,9 @@ double bubble_fraction(int p, int m, int v) {
   return double(p - 1) / (double(v) * double(m));
 }
 
-parallel::LayerSplit layer_split_of(const PlanInput& in, const Grid5& g) {
-  if (g.p == 1) return parallel::LayerSplit::even(in.model.n_layer, 1);
-  return parallel::resolve_layer_split(in.pipeline_layers, in.model, in.seq, g.p,
+parallel::LayerSplit layer_split_of(const PlanInput& in, const GridShape& g) {
+  if (g.p() == 1) return parallel::LayerSplit::even(in.model.n_layer, 1);
+  return parallel::resolve_layer_split(in.pipeline_layers, in.model, in.seq, g.p(),
                                        in.virtual_stages);
 }
 
@@ -224,23 +202,8 @@ double overlap_contention(double comm, double compute, double f) {
 
 // ------------------------------------------------------------------------------------ placement
 
-Placement place(const Grid5& g, AxisId axis, const Machine& m) {
-  std::vector<int> members;
-  const int sx = 1, sy = g.x, sz = g.x * g.y, sp = sz * g.z, sd = sp * g.p;
-  auto line = [&](int stride, int n) {
-    for (int k = 0; k < n; ++k) members.push_back(k * stride);
-  };
-  switch (axis) {
-    case AxisId::X: line(sx, g.x); break;
-    case AxisId::Y: line(sy, g.y); break;
-    case AxisId::Z: line(sz, g.z); break;
-    case AxisId::P: line(sp, g.p); break;
-    case AxisId::D: line(sd, g.d); break;
-    case AxisId::ZD:
-      for (int d = 0; d < g.d; ++d)
-        for (int z = 0; z < g.z; ++z) members.push_back(z * sz + d * sd);
-      break;
-  }
+Placement place(const GridShape& g, AxisSet axes, const Machine& m) {
+  const std::vector<int> members = parallel::group_ranks(0, g, axes);  // rank 0's group
   Placement pl;
   pl.group_size = int(members.size());
   std::set<int> nodes;
@@ -312,15 +275,15 @@ double collective_seconds(Op op, double bytes, const Placement& pl) {
 
 // ------------------------------------------------------------------------------------ memory
 
-int64_t trainer_activation_elements(const ModelConfig& m, const Grid5& g, int64_t N) {
-  const int64_t Cx = m.n_embd / g.x, Ay = m.n_embd / g.y, nhy = m.n_head / g.y;
-  const int64_t QKVy = int64_t(m.n_head + 2 * m.n_kv_head) * m.head_dim() / g.y;
-  const int64_t Fy = m.ffn / g.y, FWy = m.family == Family::GPT2 ? Fy : 2 * Fy;
-  const int64_t Vy = m.vocab_size / g.y;
+int64_t trainer_activation_elements(const ModelConfig& m, const GridShape& g, int64_t N) {
+  const int64_t Cx = m.n_embd / g.x(), Ay = m.n_embd / g.y(), nhy = m.n_head / g.y();
+  const int64_t QKVy = int64_t(m.n_head + 2 * m.n_kv_head) * m.head_dim() / g.y();
+  const int64_t Fy = m.ffn / g.y(), FWy = m.family == Family::GPT2 ? Fy : 2 * Fy;
+  const int64_t Vy = m.vocab_size / g.y();
   const int64_t per_layer = N * (Cx + 2 + QKVy + Ay + nhy + Cx + Cx + 2 + FWy + Fy + Cx);
   const int64_t global =
       N * (Cx + Cx + 2 + Vy + 1 + Cx) + N * (Cx + Cx + QKVy + Ay + FWy + Fy);
-  return per_layer * stage_layer_count(m.n_layer, g.p) + global;
+  return per_layer * stage_layer_count(m.n_layer, g.p()) + global;
 }
 
 namespace {
@@ -335,48 +298,48 @@ struct StageParams {
 };
 
 // layers: the layers this stage stores (all of them when Gp = 1).
-StageParams stage_params(const ModelConfig& m, const Grid5& g, bool first, bool last, int layers) {
+StageParams stage_params(const ModelConfig& m, const GridShape& g, bool first, bool last, int layers) {
   // tetrad's pipeline keeps a copy of every top-level tensor (embeddings, final norm, head) on
   // every stage (parallel/sharding.hpp, TensorShard::stored), so each stage holds both ends.
-  if (g.p > 1) first = last = true;
+  if (g.p() > 1) first = last = true;
   const Sizes s = sizes(m);
-  const double xy = double(g.x) * g.y, Ls = layers;
+  const double xy = double(g.x()) * g.y(), Ls = layers;
   StageParams sp;
   const double layer_vec =
-      s.gpt2 ? 6 * s.H / g.x + (s.QKV + s.F) / g.y : 2 * s.H / g.x;
-  sp.matrices = Ls * s.block_matmul() / xy / g.z;
+      s.gpt2 ? 6 * s.H / g.x() + (s.QKV + s.F) / g.y() : 2 * s.H / g.x();
+  sp.matrices = Ls * s.block_matmul() / xy / g.z();
   sp.vectors = Ls * layer_vec;
   sp.layer_block = s.block_matmul() / xy + layer_vec;
   if (first) {
-    sp.matrices += s.head() / xy / g.z;  // token embedding
+    sp.matrices += s.head() / xy / g.z();  // token embedding
     sp.top_block += s.head() / xy;
     if (s.gpt2) {
-      sp.vectors += s.S_max * s.H / g.x;  // position table
-      sp.top_block += s.S_max * s.H / g.x;
+      sp.vectors += s.S_max * s.H / g.x();  // position table
+      sp.top_block += s.S_max * s.H / g.x();
     }
   }
   if (last) {
-    const double lnf = (s.gpt2 ? 2 : 1) * s.H / g.x;
+    const double lnf = (s.gpt2 ? 2 : 1) * s.H / g.x();
     sp.vectors += lnf;
     sp.top_block += lnf;
     if (!s.tied || !first) {  // untied head, or the tied copy on the last stage
-      sp.matrices += s.head() / xy / g.z;
+      sp.matrices += s.head() / xy / g.z();
       sp.top_block += s.head() / xy;
     }
   }
   return sp;
 }
 
-int64_t micro_batch_of(const PlanInput& in, const Grid5& g) {
-  return in.micro_batch > 0 ? in.micro_batch : in.micro_batch_per_replica * g.z * g.d;
+int64_t micro_batch_of(const PlanInput& in, const GridShape& g) {
+  return in.micro_batch > 0 ? in.micro_batch : in.micro_batch_per_replica * token_slots(g);
 }
 
 // MemoryModel::Reference (planner.hpp): the textbook layout, not tetrad's.
-MemoryBreakdown reference_memory_of_stage(const PlanInput& in, const Grid5& g, bool first, bool last) {
+MemoryBreakdown reference_memory_of_stage(const PlanInput& in, const GridShape& g, bool first, bool last) {
   const ModelConfig& m = in.model;
   // The fullest stage under the trainer's split (every stage keeps both ends' tensors, so the
   // most layers is the most memory).
-  const double Ls = stage_layer_count(layer_split_of(in, g), g.p);
+  const double Ls = stage_layer_count(layer_split_of(in, g), g.p());
   const StageParams sp = stage_params(m, g, first, last, int(Ls));
   const double psi = sp.total();
   const bool bf16 = in.precision == Precision::BF16;
@@ -384,31 +347,31 @@ MemoryBreakdown reference_memory_of_stage(const PlanInput& in, const Grid5& g, b
   const double opt = bf16 ? 12 : 8;          // fp32 master + m + v, or m + v
   MemoryBreakdown mb;
   mb.weights = bw * psi;
-  mb.grads = bw * psi / (in.zero >= 2 ? g.d : 1);
-  mb.optimizer = opt * psi / (in.zero >= 1 ? g.d : 1);
-  if (g.z > 1) mb.gathered = 2 * bw * (sp.layer_block + sp.top_block);  // weights + grad blocks
+  mb.grads = bw * psi / (in.zero >= 2 ? g.d() : 1);
+  mb.optimizer = opt * psi / (in.zero >= 1 ? g.d() : 1);
+  if (g.z() > 1) mb.gathered = 2 * bw * (sp.layer_block + sp.top_block);  // weights + grad blocks
   // Activations: the trainer's buffers for one micro-batch, reduced by recomputation; a 1F1B
   // stage keeps min(p, m) micro-batches in flight (the first stage the most).
   const int64_t mbatch = std::max<int64_t>(1, micro_batch_of(in, g));
-  const int64_t N = mbatch / std::max(1, g.z * g.d) * in.seq;
+  const int64_t N = mbatch / std::max(1, token_slots(g)) * in.seq;
   const int64_t m_count = std::max<int64_t>(1, in.global_batch / mbatch);
   const double act_b = bf16 ? 2 : 4;
-  Grid5 one_layer = g;
+  GridShape one_layer = g;
   const double all = double(trainer_activation_elements(m, g, N));
   ModelConfig m0 = m;
   m0.n_layer = 0;
-  one_layer.p = 1;
+  one_layer[Axis::P] = 1;
   const double global = double(trainer_activation_elements(m0, one_layer, N));
-  const double per_layer_count = stage_layer_count(m.n_layer, g.p);  // what `all` holds
+  const double per_layer_count = stage_layer_count(m.n_layer, g.p());  // what `all` holds
   const double per_layer = per_layer_count > 0 ? (all - global) / per_layer_count : 0;
   const int v = in.virtual_stages;
-  const double Cx = double(m.n_embd) / g.x;
+  const double Cx = double(m.n_embd) / g.x();
   double kept = per_layer;  // per layer per micro-batch
   double work = 0;          // one layer's recomputed activations while its backward runs
   // What each mode keeps is the trainer's (ParallelTransformer::activation_bytes): selective drops
   // the attention output and its log-sum-exp (recomputed from the kept q|k|v), full keeps only
   // the block's input; the recomputed tensors share one layer's scratch.
-  const double Ay = double(m.n_embd) / g.y, nhy = double(m.n_head) / g.y;
+  const double Ay = double(m.n_embd) / g.y(), nhy = double(m.n_head) / g.y();
   if (in.recompute == Recompute::Selective) {
     kept = per_layer - double(N) * (Ay + nhy);
     work = per_layer - kept;
@@ -418,10 +381,10 @@ MemoryBreakdown reference_memory_of_stage(const PlanInput& in, const Grid5& g, b
   }
   // Micro-batch chunks the first stage holds at once, from the trainer's own schedule
   // (1F1B: min(p, m) micro-batches; interleaved: more chunks, each Ls / v layers).
-  double in_flight_layers = Ls * double(std::min<int64_t>(g.p, m_count));
-  if (g.p > 1) {
+  double in_flight_layers = Ls * double(std::min<int64_t>(g.p(), m_count));
+  if (g.p() > 1) {
     try {
-      const auto ops = parallel::pipeline_schedule(in.schedule, g.p, 0, int(m_count), v);
+      const auto ops = parallel::pipeline_schedule(in.schedule, g.p(), 0, int(m_count), v);
       int live = 0, most = 0;
       for (const auto& op : ops) most = std::max(most, live += op.forward ? 1 : -1);
       in_flight_layers = Ls / v * most;
@@ -435,10 +398,10 @@ MemoryBreakdown reference_memory_of_stage(const PlanInput& in, const Grid5& g, b
 
 }  // namespace
 
-int64_t local_parameters(const ModelConfig& m, const Grid5& g) {
-  const int layers = stage_layer_count(m.n_layer, g.p);  // the ShardPlan default: even, v = 1
-  const auto a = stage_params(m, g, true, g.p == 1, layers),
-             b = stage_params(m, g, g.p == 1, true, layers);
+int64_t local_parameters(const ModelConfig& m, const GridShape& g) {
+  const int layers = stage_layer_count(m.n_layer, g.p());  // the ShardPlan default: even, v = 1
+  const auto a = stage_params(m, g, true, g.p() == 1, layers),
+             b = stage_params(m, g, g.p() == 1, true, layers);
   return int64_t(std::llround(std::max(a.total(), b.total())));
 }
 
@@ -465,36 +428,35 @@ MemoryBreakdown memory_breakdown(const parallel::ModelMemory& m) {
   return b;
 }
 
-MemoryBreakdown memory_per_rank(const PlanInput& in, const Grid5& g) {
+MemoryBreakdown memory_per_rank(const PlanInput& in, const GridShape& g) {
   if (in.memory_model == MemoryModel::Reference) {
-    const MemoryBreakdown a = reference_memory_of_stage(in, g, true, g.p == 1);
-    if (g.p == 1) return a;
+    const MemoryBreakdown a = reference_memory_of_stage(in, g, true, g.p() == 1);
+    if (g.p() == 1) return a;
     const MemoryBreakdown b = reference_memory_of_stage(in, g, false, true);
     return a.total() >= b.total() ? a : b;
   }
   // The model's own arithmetic for the rank of each candidate stage (coordinate 0 on the other
   // axes: ZeRO's pieces are ceil(n / Gd) on every D rank, and X, Y, Z blocks divide evenly).
-  const parallel::GridShape shape{g.x, g.y, g.z, g.d, g.p};
   const int64_t mbatch = std::max<int64_t>(1, micro_batch_of(in, g));
-  const int local = int(std::max<int64_t>(1, mbatch / std::max(1, g.z * g.d)));
+  const int local = int(std::max<int64_t>(1, mbatch / std::max(1, token_slots(g))));
   const int m_count = int(std::max<int64_t>(1, in.global_batch / mbatch));
   const parallel::ParallelOptions po = model_options(in);
   // Every stage keeps the top-level tensors and the whole activation buffer, so the fullest is
   // the one with the most layers (state) or the most in flight (stage 0) or the last chunk's
   // stash (stage p - 1): those three, not all p (plans over thousands of ranks stay cheap).
   std::vector<int> stages{0};
-  if (g.p > 1) {
-    const std::vector<int> n = stage_layer_counts(layer_split_of(in, g), g.p);
+  if (g.p() > 1) {
+    const std::vector<int> n = stage_layer_counts(layer_split_of(in, g), g.p());
     stages.push_back(int(std::max_element(n.begin(), n.end()) - n.begin()));
-    stages.push_back(g.p - 1);
+    stages.push_back(g.p() - 1);
   }
   MemoryBreakdown best;
   bool first = true;
   for (int st : stages) {
     parallel::GridCoord c;
-    c.p = st;
+    c[Axis::P] = st;
     const MemoryBreakdown b = memory_breakdown(
-        parallel::model_memory(in.model, shape, c, local, in.seq, po, in.schedule, m_count));
+        parallel::model_memory(in.model, g, c, local, in.seq, po, in.schedule, m_count));
     if (first || b.total() > best.total()) best = b;
     first = false;
   }
@@ -503,10 +465,10 @@ MemoryBreakdown memory_per_rank(const PlanInput& in, const Grid5& g) {
 
 // ------------------------------------------------------------------------------------ validity
 
-std::string divisibility_problem(const PlanInput& in, const Grid5& g) {
+std::string divisibility_problem(const PlanInput& in, const GridShape& g) {
   const ModelConfig& m = in.model;
   try {
-    parallel::validate_grid_for_model(m, parallel::GridShape{g.x, g.y, g.z, g.d});
+    parallel::validate_grid_for_model(m, g);
   } catch (const Error& e) {
     std::string s = e.what();
     if (s.starts_with("grid: ")) s = s.substr(6);
@@ -515,10 +477,10 @@ std::string divisibility_problem(const PlanInput& in, const Grid5& g) {
   // The trainer splits layers over Gp x virtual stages unevenly if need be, but each virtual
   // stage needs one (parallel_transformer.cpp); interleaving needs m divisible by Gp
   // (pipeline_schedule.cpp).
-  if (m.n_layer < g.p * in.virtual_stages)
+  if (m.n_layer < g.p() * in.virtual_stages)
     return "model.n_layer (" + std::to_string(m.n_layer) + ") is smaller than Gp x virtual stages = " +
-           std::to_string(g.p * in.virtual_stages);
-  if (g.p > 1) {
+           std::to_string(g.p() * in.virtual_stages);
+  if (g.p() > 1) {
     try {
       (void)layer_split_of(in, g);  // an explicit split of the wrong length for this Gp
     } catch (const Error& e) {
@@ -526,27 +488,27 @@ std::string divisibility_problem(const PlanInput& in, const Grid5& g) {
     }
   }
   const int64_t mb = micro_batch_of(in, g);
-  if (mb % (int64_t(g.z) * g.d) != 0)
+  if (mb % token_slots(g) != 0)
     return "micro-batch (" + std::to_string(mb) + ") is not divisible by Gz x Gd = " +
-           std::to_string(g.z * g.d);
+           std::to_string(token_slots(g));
   if (in.global_batch % mb != 0)
     return "global batch (" + std::to_string(in.global_batch) +
            ") is not a multiple of the micro-batch (" + std::to_string(mb) + ")";
-  if (g.p > 1 && in.schedule == Schedule::Interleaved && (in.global_batch / mb) % g.p != 0)
+  if (g.p() > 1 && in.schedule == Schedule::Interleaved && (in.global_batch / mb) % g.p() != 0)
     return "the interleaved schedule needs the micro-batches (" + std::to_string(in.global_batch / mb) +
-           ") divisible by Gp = " + std::to_string(g.p);
+           ") divisible by Gp = " + std::to_string(g.p());
   // Z shards each rank's block of every GEMM weight without padding (parallel/sharding.cpp).
-  const int64_t hd = m.head_dim(), Cx = m.n_embd / g.x;
+  const int64_t hd = m.head_dim(), Cx = m.n_embd / g.x();
   const std::vector<std::pair<const char*, int64_t>> blocks = {
-      {"q|k|v", int64_t(m.n_head + 2 * m.n_kv_head) * hd / g.y * Cx},
-      {"attention output", int64_t(m.n_embd / g.y) * Cx},
-      {"MLP up", int64_t(m.ffn / g.y) * Cx},
-      {"MLP down", int64_t(m.ffn / g.y) * Cx},
-      {"embedding", int64_t(m.vocab_size / g.y) * Cx}};
+      {"q|k|v", int64_t(m.n_head + 2 * m.n_kv_head) * hd / g.y() * Cx},
+      {"attention output", int64_t(m.n_embd / g.y()) * Cx},
+      {"MLP up", int64_t(m.ffn / g.y()) * Cx},
+      {"MLP down", int64_t(m.ffn / g.y()) * Cx},
+      {"embedding", int64_t(m.vocab_size / g.y()) * Cx}};
   for (const auto& [what, n] : blocks)
-    if (n % g.z != 0)
+    if (n % g.z() != 0)
       return std::string("the ") + what + " block of a rank (" + std::to_string(n) +
-             " elements) is not divisible by Gz = " + std::to_string(g.z);
+             " elements) is not divisible by Gz = " + std::to_string(g.z());
   if (in.seq > m.max_seq)
     return "sequence length " + std::to_string(in.seq) + " exceeds model.max_seq " +
            std::to_string(m.max_seq);
@@ -562,12 +524,12 @@ bool trainer_supports_pipeline() {
   }
 }
 
-std::string trainer_grid_string(const Grid5& g) {
+std::string trainer_grid_string(const GridShape& g) {
   std::ostringstream o;
   if (trainer_supports_pipeline())
-    o << g.x << "," << g.y << "," << g.z << "," << g.p << "," << g.d;
+    o << g.x() << "," << g.y() << "," << g.z() << "," << g.p() << "," << g.d();
   else
-    o << g.x << "," << g.y << "," << g.z << "," << g.d;
+    o << g.x() << "," << g.y() << "," << g.z() << "," << g.d();
   return o.str();
 }
 
@@ -589,10 +551,10 @@ void require_rate(const Machine& m, Precision p) {
   if (m.peak(p == Precision::BF16) <= 0) fail(missing_rate_message(m, p));
 }
 
-Estimate estimate(const PlanInput& in, const Grid5& g, const Machine& mach) {
+Estimate estimate(const PlanInput& in, const GridShape& g, const Machine& mach) {
   Estimate e;
   e.grid = g;
-  e.trainable = g.p == 1 || trainer_supports_pipeline();
+  e.trainable = g.p() == 1 || trainer_supports_pipeline();
   const ModelConfig& m = in.model;
   const Sizes s = sizes(m);
   e.model_flops = model_flops_per_step(m, in.global_batch, in.seq);
@@ -608,7 +570,7 @@ Estimate estimate(const PlanInput& in, const Grid5& g, const Machine& mach) {
   }
   e.micro_batch = micro_batch_of(in, g);
   e.micro_batches = in.global_batch / e.micro_batch;
-  const double T = double(e.micro_batch / (g.z * g.d)) * in.seq;  // tokens per rank per micro-batch
+  const double T = double(e.micro_batch / token_slots(g)) * in.seq;  // tokens per rank per micro-batch
   e.tokens_per_rank = int64_t(T);
   e.memory = memory_per_rank(in, g);
   if (e.memory.total() > mach.memory_bytes) {
@@ -623,15 +585,15 @@ Estimate estimate(const PlanInput& in, const Grid5& g, const Machine& mach) {
   }
 
   // ---- compute of one micro-batch on one rank, per layer and for the top (embedding + head)
-  const double xy = double(g.x) * g.y;
+  const double xy = double(g.x()) * g.y();
   const double act_b = bf16 ? 2 : 4, w_b = bf16 ? 2 : 4;
   const bool full = in.recompute == Recompute::Full, any_rc = in.recompute != Recompute::None;
   // Attention: heads split over Y, replicated over X; causal kernels execute half the scores.
-  const double attn_fwd = 0.5 * 4 * T * in.seq * s.H / g.y;
+  const double attn_fwd = 0.5 * 4 * T * in.seq * s.H / g.y();
   ModelConfig m1 = m;
   m1.n_layer = 1;
-  Grid5 g1 = g;
-  g1.p = 1;
+  GridShape g1 = g;
+  g1[Axis::P] = 1;
   ModelConfig m0 = m;
   m0.n_layer = 0;
   const double layer_elems =
@@ -649,14 +611,14 @@ Estimate estimate(const PlanInput& in, const Grid5& g, const Machine& mach) {
   const double t_layer_bwd = gt.din + gt.dw + (full ? t_gemm_fwd : 0) +
                              (2 * attn_fwd + (any_rc ? attn_fwd : 0)) / rate_attn +
                              (elem_passes - 2) * layer_elems * act_b / mach.memory_bandwidth;
-  const double logits_b = T * s.V / g.y * act_b;
+  const double logits_b = T * s.V / g.y() * act_b;
   // The head's GEMMs and the cross-entropy's passes over the logits (2 forward, 2 backward).
   const double t_head_fwd = gt.head_fwd + 2 * logits_b / mach.memory_bandwidth;
   const double t_head_bwd = gt.head_bwd + 2 * logits_b / mach.memory_bandwidth;
   const int v = in.virtual_stages;
   // The trainer's split (parallel.pipeline_layers): layers of each virtual stage.
   const parallel::LayerSplit layer_split = layer_split_of(in, g);
-  const double Ls = stage_layer_count(layer_split, g.p);  // the fullest stage's layers
+  const double Ls = stage_layer_count(layer_split, g.p());  // the fullest stage's layers
 
   // ---- collectives: per layer per micro-batch (fwd / bwd), per micro-batch, per step
   struct Item {
@@ -669,22 +631,26 @@ Estimate estimate(const PlanInput& in, const Grid5& g, const Machine& mach) {
     MbAt at = MbAt::LastFwd;
   };
   std::vector<Item> items;
-  std::map<AxisId, Placement> pl;
-  for (AxisId a : {AxisId::X, AxisId::Y, AxisId::Z, AxisId::P, AxisId::D, AxisId::ZD})
-    pl[a] = place(g, a, mach);
-  auto add = [&](const char* what, AxisId a, Op op, double bytes, double calls, int kind,
+  // Where each group sits: every axis, and the token-splitting axes together.
+  const AxisSet tokens = parallel::token_axes();
+  std::map<unsigned, Placement> placed;  // by AxisSet::bits()
+  for (AxisSet a : {AxisSet(Axis::X), AxisSet(Axis::Y), AxisSet(Axis::Z), AxisSet(Axis::P),
+                    AxisSet(Axis::D), tokens})
+    placed[a.bits()] = place(g, a, mach);
+  auto add = [&](const char* what, AxisSet a, Op op, double bytes, double calls, int kind,
                  bool per_layer, MbAt at = MbAt::LastFwd) {
-    if (pl[a].group_size <= 1 || bytes <= 0 || calls <= 0) return;
+    const Placement& pl = placed.at(a.bits());
+    if (pl.group_size <= 1 || bytes <= 0 || calls <= 0) return;
     Item it;
     it.c.what = what;
     it.c.axis = a;
     it.c.op = op;
     it.c.bytes = bytes;
     it.c.calls = calls;
-    it.c.inter_node = pl[a].nodes > 1;
-    it.c.groups = pl[a].groups;
-    it.c.topology_limited = pl[a].topology_limited;
-    it.c.seconds = collective_seconds(op, bytes, pl[a]);  // per call for now
+    it.c.inter_node = pl.nodes > 1;
+    it.c.groups = pl.groups;
+    it.c.topology_limited = pl.topology_limited;
+    it.c.seconds = collective_seconds(op, bytes, pl);  // per call for now
     it.kind = kind;
     it.per_layer = per_layer ? calls : 0;
     it.at = at;
@@ -693,42 +659,42 @@ Estimate estimate(const PlanInput& in, const Grid5& g, const Machine& mach) {
   const double fwd_mult = full ? 2 : 1;  // full recomputation repeats the forward collectives
   const double stats_b = T * 2 * 8;      // [T, 2] doubles of row statistics
   // Norms: statistics all-reduced over X in forward and again in backward (2 norms per layer).
-  add("norm statistics (fwd+bwd)", AxisId::X, Op::AllReduce, stats_b, 2 * (fwd_mult + 1), 0, true);
+  add("norm statistics (fwd+bwd)", Axis::X, Op::AllReduce, stats_b, 2 * (fwd_mult + 1), 0, true);
   // Normal layers (q|k|v, MLP up): fwd all-reduce over X of [T, N/Gy]; bwd dIn over Y [T, H/Gx].
-  add("fwd all-reduce of q|k|v output", AxisId::X, Op::AllReduce, T * s.QKV / g.y * act_b, fwd_mult, 0, true);
-  add("fwd all-reduce of MLP-up output", AxisId::X, Op::AllReduce, T * s.FW / g.y * act_b, fwd_mult, 0, true);
-  add("bwd all-reduce of q|k|v dIn", AxisId::Y, Op::AllReduce, T * s.H / g.x * act_b, 1, 3, true);
-  add("bwd all-reduce of MLP-up dIn", AxisId::Y, Op::AllReduce, T * s.H / g.x * act_b, 1, 3, true);
+  add("fwd all-reduce of q|k|v output", Axis::X, Op::AllReduce, T * s.QKV / g.y() * act_b, fwd_mult, 0, true);
+  add("fwd all-reduce of MLP-up output", Axis::X, Op::AllReduce, T * s.FW / g.y() * act_b, fwd_mult, 0, true);
+  add("bwd all-reduce of q|k|v dIn", Axis::Y, Op::AllReduce, T * s.H / g.x() * act_b, 1, 3, true);
+  add("bwd all-reduce of MLP-up dIn", Axis::Y, Op::AllReduce, T * s.H / g.x() * act_b, 1, 3, true);
   // Transposed layers (attention output, MLP down): fwd over Y [T, H/Gx]; bwd dIn over X.
-  add("fwd all-reduce of attention-output", AxisId::Y, Op::AllReduce, T * s.H / g.x * act_b, fwd_mult, 0, true);
-  add("fwd all-reduce of MLP-down output", AxisId::Y, Op::AllReduce, T * s.H / g.x * act_b, fwd_mult, 0, true);
-  add("bwd all-reduce of attention-output dIn", AxisId::X, Op::AllReduce, T * s.H / g.y * act_b, 1, 3, true);
-  add("bwd all-reduce of MLP-down dIn", AxisId::X, Op::AllReduce, T * s.F / g.y * act_b, 1, 3, true);
+  add("fwd all-reduce of attention-output", Axis::Y, Op::AllReduce, T * s.H / g.x() * act_b, fwd_mult, 0, true);
+  add("fwd all-reduce of MLP-down output", Axis::Y, Op::AllReduce, T * s.H / g.x() * act_b, fwd_mult, 0, true);
+  add("bwd all-reduce of attention-output dIn", Axis::X, Op::AllReduce, T * s.H / g.y() * act_b, 1, 3, true);
+  add("bwd all-reduce of MLP-down dIn", Axis::X, Op::AllReduce, T * s.F / g.y() * act_b, 1, 3, true);
   // Z: the layer's blocks gathered before forward and again before backward; gradient blocks
   // reduce-scattered after backward.
   const double layer_block_b = s.block_matmul() / xy * w_b;
-  add("all-gather of layer weights (fwd)", AxisId::Z, Op::AllGather, layer_block_b, 1, 1, true);
-  add("all-gather of layer weights (bwd)", AxisId::Z, Op::AllGather, layer_block_b, 1, 2, true);
-  add("reduce-scatter of layer weight grads", AxisId::Z, Op::ReduceScatter, layer_block_b, 1, 2, true);
+  add("all-gather of layer weights (fwd)", Axis::Z, Op::AllGather, layer_block_b, 1, 1, true);
+  add("all-gather of layer weights (bwd)", Axis::Z, Op::AllGather, layer_block_b, 1, 2, true);
+  add("reduce-scatter of layer weight grads", Axis::Z, Op::ReduceScatter, layer_block_b, 1, 2, true);
   // Per micro-batch: embedding (fwd all-reduce over Y), head (fwd over X of the logits, bwd dIn
   // over Y), cross-entropy (max and sums over Y), final norm, top blocks over Z.
   const double top_b = (s.tied ? 1 : 2) * s.head() / xy * w_b;
-  add("fwd all-reduce of embedding", AxisId::Y, Op::AllReduce, T * s.H / g.x * act_b, 1, 0, false, MbAt::FirstFwd);
-  add("fwd all-reduce of logits", AxisId::X, Op::AllReduce, T * s.V / g.y * act_b, 1, 0, false);
-  add("bwd all-reduce of head dIn", AxisId::Y, Op::AllReduce, T * s.H / g.x * act_b, 1, 0, false, MbAt::LastBwd);
-  add("cross-entropy max and sums", AxisId::Y, Op::AllReduce, T * 3 * 4, 2, 0, false);
-  add("final norm statistics", AxisId::X, Op::AllReduce, stats_b, 2, 0, false);
-  add("all-gather of embedding/head", AxisId::Z, Op::AllGather, top_b, 1, 0, false, MbAt::FirstFwd);
-  add("reduce-scatter of embedding/head grads", AxisId::Z, Op::ReduceScatter, top_b, 1, 0, false, MbAt::LastBwd);
+  add("fwd all-reduce of embedding", Axis::Y, Op::AllReduce, T * s.H / g.x() * act_b, 1, 0, false, MbAt::FirstFwd);
+  add("fwd all-reduce of logits", Axis::X, Op::AllReduce, T * s.V / g.y() * act_b, 1, 0, false);
+  add("bwd all-reduce of head dIn", Axis::Y, Op::AllReduce, T * s.H / g.x() * act_b, 1, 0, false, MbAt::LastBwd);
+  add("cross-entropy max and sums", Axis::Y, Op::AllReduce, T * 3 * 4, 2, 0, false);
+  add("final norm statistics", Axis::X, Op::AllReduce, stats_b, 2, 0, false);
+  add("all-gather of embedding/head", Axis::Z, Op::AllGather, top_b, 1, 0, false, MbAt::FirstFwd);
+  add("reduce-scatter of embedding/head grads", Axis::Z, Op::ReduceScatter, top_b, 1, 0, false, MbAt::LastBwd);
   // Pipeline: activations forward and their gradients back, [T, H/Gx] split over Y so each rank
   // sends its 1/Gy (Megatron's scatter-gather).
   // With v chunks per stage a micro-batch crosses every stage boundary v times each way.
-  add("pipeline send/recv (fwd+bwd)", AxisId::P, Op::SendRecv, T * s.H / xy * act_b, 2.0 * v, 0, false, MbAt::EveryOp);
+  add("pipeline send/recv (fwd+bwd)", Axis::P, Op::SendRecv, T * s.H / xy * act_b, 2.0 * v, 0, false, MbAt::EveryOp);
   // Per step: Z shards all-reduced over D (ZeRO 1/2: reduce-scatter + all-gather, same ring
   // volume); replicated vectors over Z x D.
-  const StageParams sp = stage_params(m, g, true, g.p == 1, int(Ls));
-  add("data-parallel all-reduce of gradients", AxisId::D, Op::AllReduce, sp.matrices * w_b, 1, 4, false);
-  add("all-reduce of replicated grads (norms, biases)", AxisId::ZD, Op::AllReduce, sp.vectors * w_b, 1, 4, false);
+  const StageParams sp = stage_params(m, g, true, g.p() == 1, int(Ls));
+  add("data-parallel all-reduce of gradients", Axis::D, Op::AllReduce, sp.matrices * w_b, 1, 4, false);
+  add("all-reduce of replicated grads (norms, biases)", tokens, Op::AllReduce, sp.vectors * w_b, 1, 4, false);
 
   // ---- time of one micro-batch on the slowest stage, with overlap
   const bool ov_tensor = in.overlap != Overlap::None, ov_all = in.overlap == Overlap::All;
@@ -776,7 +742,7 @@ Estimate estimate(const PlanInput& in, const Grid5& g, const Machine& mach) {
   };
   const std::vector<int> split = layer_split.counts();
   auto op_parts = [&](int stage, const parallel::PipeOp& op) {
-    const int j = op.chunk * g.p + stage, V = g.p * v;
+    const int j = op.chunk * g.p() + stage, V = g.p() * v;
     const double nl = split[size_t(j)];
     const double share = op.forward ? fwd_share : 1 - fwd_share;  // of the layer's comm
     OpParts o;
@@ -791,7 +757,7 @@ Estimate estimate(const PlanInput& in, const Grid5& g, const Machine& mach) {
     o.comm += mb_at[int(MbAt::EveryOp)] / (2.0 * v);  // one transfer per op
     return o;
   };
-  const PipelineTime pt = pipeline_time(in.schedule, g.p, int(mcount), v,
+  const PipelineTime pt = pipeline_time(in.schedule, g.p(), int(mcount), v,
                                         [&](int st, const parallel::PipeOp& op) { return op_parts(st, op).total(); });
   // The busiest stage's parts (what the printed shares describe).
   OpParts busiest;
@@ -809,7 +775,7 @@ Estimate estimate(const PlanInput& in, const Grid5& g, const Machine& mach) {
   // Optimizer: AdamW streams parameters, gradients and moments (read p, g, m, v, write p, m, v:
   // 28 bytes per fp32 parameter; 36 with bf16 weights and fp32 master copies), plus the gradient
   // norm's read; ZeRO >= 1 updates only 1/Gd of them.
-  const double opt_params = sp.total() / (in.zero >= 1 ? g.d : 1);
+  const double opt_params = sp.total() / (in.zero >= 1 ? g.d() : 1);
   e.optimizer = ((bf16 ? 36.0 : 28.0) * opt_params + w_b * sp.total()) / mach.memory_bandwidth;
   e.compute = double(mcount) * busiest.compute;
   e.comm_total = double(mcount) * (Ls * layer_total + per_mb_total) + step_comm;
@@ -839,7 +805,7 @@ Estimate estimate(const PlanInput& in, const Grid5& g, const Machine& mach) {
     }
     if (it.kind == 4) share = step_comm > 0 ? dp_exposed / step_comm : 0;
     c.exposed = c.seconds * share;
-    exposed_by_axis[std::string("comm ") + axis_label(c.axis)] += c.exposed;
+    exposed_by_axis[std::string("comm ") + c.axis.name()] += c.exposed;
     e.collectives.push_back(c);
   }
   // Dominant cost: the largest of compute, bubble, optimizer and each axis's exposed time.
@@ -856,8 +822,8 @@ std::vector<Estimate> plan(const PlanInput& in, const Machine& m) {
   in.validate();
   require_rate(m, in.precision);
   std::vector<Estimate> valid, rejected;
-  for (const Grid5& g : all_grids(in.ranks)) {
-    if (g.p > 1 && !in.allow_pipeline) continue;
+  for (const GridShape& g : all_grids(in.ranks)) {
+    if (g.p() > 1 && !in.allow_pipeline) continue;
     Estimate e = estimate(in, g, m);
     (e.valid ? valid : rejected).push_back(std::move(e));
   }
@@ -870,8 +836,8 @@ std::vector<Estimate> plan(const PlanInput& in, const Machine& m) {
 // ------------------------------------------------------------------------------------ output
 
 nlohmann::json Estimate::to_json() const {
-  nlohmann::json j = {{"grid", {{"x", grid.x}, {"y", grid.y}, {"z", grid.z}, {"p", grid.p}, {"d", grid.d}}},
-                      {"grid_string", grid.to_string()},
+  nlohmann::json j = {{"grid", {{"x", grid.x()}, {"y", grid.y()}, {"z", grid.z()}, {"p", grid.p()}, {"d", grid.d()}}},
+                      {"grid_string", grid_label(grid)},
                       {"valid", valid},
                       {"trainable", trainable}};
   if (!valid) {
@@ -880,7 +846,7 @@ nlohmann::json Estimate::to_json() const {
   }
   nlohmann::json colls = nlohmann::json::array();
   for (const auto& c : collectives)
-    colls.push_back({{"what", c.what}, {"axis", axis_label(c.axis)}, {"op", op_name(c.op)},
+    colls.push_back({{"what", c.what}, {"axis", c.axis.name()}, {"op", op_name(c.op)},
                      {"bytes_per_call", c.bytes}, {"calls_per_step", c.calls},
                      {"seconds_per_step", c.seconds}, {"exposed_seconds_per_step", c.exposed},
                      {"inter_node", c.inter_node}, {"groups", c.groups},
@@ -966,7 +932,7 @@ std::string plan_text(const PlanInput& in, const Machine& m, const std::vector<E
     ++rank;
     if (top > 0 && rank > top) continue;
     std::ostringstream line;
-    line << std::setw(5) << rank << "  " << std::left << std::setw(11) << e.grid.to_string()
+    line << std::setw(5) << rank << "  " << std::left << std::setw(11) << grid_label(e.grid)
          << std::right << std::setw(10) << human_time(e.step) << std::setw(14) << std::fixed
          << std::setprecision(e.tokens_per_s >= 100 ? 0 : 1) << e.tokens_per_s << std::setw(8)
          << std::setprecision(1) << 100 * e.mfu << "%" << std::setw(6) << 100 * e.hfu << "%"
@@ -986,7 +952,7 @@ std::string plan_text(const PlanInput& in, const Machine& m, const std::vector<E
         o << "  ... " << nrej - show_rejected << " more (--json lists every one)\n";
         break;
       }
-      o << "  " << std::left << std::setw(11) << e.grid.to_string() << std::right << " " << e.reject
+      o << "  " << std::left << std::setw(11) << grid_label(e.grid) << std::right << " " << e.reject
         << "\n";
     }
   }

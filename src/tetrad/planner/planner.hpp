@@ -27,6 +27,7 @@
 
 #include "tetrad/backend/cpu/precision.hpp"
 #include "tetrad/model/model_config.hpp"
+#include "tetrad/parallel/grid.hpp"
 #include "tetrad/parallel/memory_model.hpp"
 #include "tetrad/parallel/options.hpp"
 #include "tetrad/parallel/layer_split.hpp"
@@ -56,14 +57,14 @@ inline const char* name(Recompute r) { return parallel::recompute_name(r); }
 inline const char* name(Schedule s) { return parallel::schedule_name(s); }
 const char* name(Overlap o);
 
-struct Grid5 {
-  int x = 1, y = 1, z = 1, p = 1, d = 1;
-  int size() const { return x * y * z * p * d; }
-  std::string to_string() const;  // "2x1x2x1x1" (x, y, z, p, d)
-  bool operator==(const Grid5&) const = default;
-};
-// Every (x, y, z, p, d) with product n, lexicographic.
-std::vector<Grid5> all_grids(int n);
+// The grid a plan prices: the trainer's own (parallel/grid.hpp), every axis.
+using parallel::Axis;
+using parallel::AxisSet;
+using parallel::GridShape;
+// Every grid with product n, lexicographic in (x, y, z, p, d).
+std::vector<GridShape> all_grids(int n);
+// "2x1x2x1x1": every extent (x, y, z, p, d), the form of the planner's tables and JSON.
+std::string grid_label(const GridShape& g);
 
 // Whose memory layout a plan prices. Tetrad: what tetrad's model allocates
 // (parallel::model_memory), for every plan of a tetrad run. Reference: the textbook
@@ -116,10 +117,10 @@ double hardware_flops_per_step(const ModelConfig& m, int64_t sequences, int seq,
 // ideal pipeline time: (p - 1) / m for 1F1B (v = 1), (p - 1) / (v m) interleaved (the trainer's
 // schedules, parallel/pipeline_schedule.hpp).
 double bubble_fraction(int p, int m, int v = 1);
-// The layer split the trainer runs for this input on a grid with g.p stages:
+// The layer split the trainer runs for this input on a grid with g.p() stages:
 // parallel.pipeline_layers resolved by the trainer's own function (parallel/layer_split.hpp), with
 // the plan's sequence length. Every place the planner needs stage layers goes through here.
-parallel::LayerSplit layer_split_of(const PlanInput& in, const Grid5& g);
+parallel::LayerSplit layer_split_of(const PlanInput& in, const GridShape& g);
 // Layers each stage (0..p-1) holds under `split` (the sum over its chunks); and the most of them.
 std::vector<int> stage_layer_counts(const parallel::LayerSplit& split, int p);
 int stage_layer_count(const parallel::LayerSplit& split, int p);
@@ -165,11 +166,10 @@ struct Placement {
   // index = Op (all-reduce, all-gather, reduce-scatter); 0 = use bandwidth/latency above.
   double op_bandwidth[3] = {0, 0, 0}, op_latency[3] = {0, 0, 0};
 };
-enum class AxisId { X, Y, Z, P, D, ZD };
 // Which pipeline op runs a per-micro-batch collective.
 enum class MbAt { FirstFwd, LastFwd, LastBwd, EveryOp };
-const char* axis_label(AxisId a);  // "x" ... "zd"
-Placement place(const Grid5& g, AxisId axis, const Machine& m);
+// Where the group over `axes` (one axis, or parallel::token_axes()) of rank 0 sits.
+Placement place(const GridShape& g, AxisSet axes, const Machine& m);
 
 // Ring algorithms (n = bytes of the buffer per rank: the full buffer of an all-reduce, the
 // output of an all-gather, the input of a reduce-scatter):
@@ -183,7 +183,7 @@ double collective_seconds(Op op, double bytes, const Placement& pl);
 
 struct CollectiveCost {
   std::string what;      // "fwd all-reduce of qkv output"
-  AxisId axis = AxisId::X;
+  AxisSet axis = Axis::X;  // the group's axes (axis.name(): "x" ... "zd")
   Op op = Op::AllReduce;
   double bytes = 0;      // per rank per call
   double calls = 0;      // per step, on the slowest stage
@@ -207,7 +207,7 @@ struct MemoryBreakdown {
 };
 
 struct Estimate {
-  Grid5 grid;
+  GridShape grid;
   bool valid = false;
   std::string reject;      // why not valid: "does not divide: ..." / "does not fit: ..."
   bool trainable = false;  // the trainer can run this grid (Gp = 1 unless it takes a P axis)
@@ -234,7 +234,7 @@ struct Estimate {
 // (micro-batch, sequence, precision, recompute, ZeRO, schedule, overlap switches), the most of
 // the first, the last and the fullest pipeline stage. Throws the model's Error where g does not
 // divide the model. (MemoryModel::Reference: the textbook layout instead.)
-MemoryBreakdown memory_per_rank(const PlanInput& in, const Grid5& g);
+MemoryBreakdown memory_per_rank(const PlanInput& in, const GridShape& g);
 // The same from the model's own byte counts (one rank's parallel::ModelMemory), grouped as above.
 MemoryBreakdown memory_breakdown(const parallel::ModelMemory& m);
 // The ParallelOptions the trainer builds for this input (precision, recompute, ZeRO, stages,
@@ -242,14 +242,14 @@ MemoryBreakdown memory_breakdown(const parallel::ModelMemory& m);
 parallel::ParallelOptions model_options(const PlanInput& in);
 // Elements of the trainer's activation buffer for one micro-batch of `tokens` tokens on a rank
 // of grid g, no recomputation (ParallelTransformer's layout, exactly).
-int64_t trainer_activation_elements(const ModelConfig& m, const Grid5& g, int64_t tokens);
+int64_t trainer_activation_elements(const ModelConfig& m, const GridShape& g, int64_t tokens);
 // Parameters a rank stores (ShardPlan's local_total for Gp = 1), on the fullest stage.
-int64_t local_parameters(const ModelConfig& m, const Grid5& g);
+int64_t local_parameters(const ModelConfig& m, const GridShape& g);
 
 // Why g cannot run this model/batch ("" if it can): divisibility only.
-std::string divisibility_problem(const PlanInput& in, const Grid5& g);
+std::string divisibility_problem(const PlanInput& in, const GridShape& g);
 // One grid, fully costed. Invalid grids come back with valid = false and the reason.
-Estimate estimate(const PlanInput& in, const Grid5& g, const Machine& m);
+Estimate estimate(const PlanInput& in, const GridShape& g, const Machine& m);
 // Every grid of in.ranks: valid ones by predicted step time (fastest first), then the rejected.
 // A machine without a rate for in.precision throws require_rate's error (no grid could run).
 std::vector<Estimate> plan(const PlanInput& in, const Machine& m);
@@ -261,7 +261,7 @@ std::string missing_rate_message(const Machine& m, Precision p);
 // Whether the trainer accepts a pipeline axis (its grid parser takes "x,y,z,p,d").
 bool trainer_supports_pipeline();
 // The trainer's grid string for g: "x,y,z,d" (or "x,y,z,p,d" once the trainer takes P).
-std::string trainer_grid_string(const Grid5& g);
+std::string trainer_grid_string(const GridShape& g);
 
 std::string plan_text(const PlanInput& in, const Machine& m, const std::vector<Estimate>& plan,
                       int show_rejected = 20, int top = 0);

@@ -528,9 +528,9 @@ void run_bench_grids(const BenchOptions& opt, std::ostream& log) {
       try {
         validate_grid(shape, G);
         validate_grid_for_model(mc, shape);
-        if (Bg % (shape.z * shape.d) != 0) fail("batch does not divide over Z x D");
+        if (Bg % token_slots(shape) != 0) fail("batch does not divide over Z x D");
         // The split the model will run (an explicit list must fit this grid's Gp x v).
-        const LayerSplit split = shape.p > 1 ? resolve_layer_split(opt.pipeline_layers, mc, T, shape.p,
+        const LayerSplit split = shape.p() > 1 ? resolve_layer_split(opt.pipeline_layers, mc, T, shape.p(),
                                                                    opt.virtual_stages)
                                              : LayerSplit{};
         ShardPlan::build(mc, build_param_table(mc), shape, coord_of(0, shape), split);
@@ -539,7 +539,7 @@ void run_bench_grids(const BenchOptions& opt, std::ostream& log) {
         continue;
       }
       ProcessGroups g(world, shape);
-      const int Bl = Bg / (shape.z * shape.d);
+      const int Bl = Bg / token_slots(shape);
       for (const std::string& mode : modes) {
       // "on": the parallel.* defaults of the run configuration (what training uses).
       // poll / thread: every bit-identical overlap on (backward all-reduce, reduce-scatter,
@@ -570,8 +570,8 @@ void run_bench_grids(const BenchOptions& opt, std::ostream& log) {
                  ol.state_size, tc);
       // Gp > 1: the step's micro-batches through the pipeline schedule (tokens: M of them).
       std::unique_ptr<PipelineDriver> pipe;
-      const int M = shape.p > 1 || opt.accumulate ? opt.micro_batches : 1;
-      if (shape.p > 1)
+      const int M = shape.p() > 1 || opt.accumulate ? opt.micro_batches : 1;
+      if (shape.p() > 1)
         pipe = std::make_unique<PipelineDriver>(model, parse_pipeline_schedule(opt.schedule), M);
       double wait_total = 0, busy_total = 0;
       std::vector<double> op_s_sum;  // Gp > 1: every stage's op times summed over the timed steps
@@ -614,8 +614,8 @@ void run_bench_grids(const BenchOptions& opt, std::ostream& log) {
             busy_total += busy;
             // Every stage's op times (the same count on each: 2 m v), for the replay below.
             const std::vector<double>& mine = pipe->last_op_s();
-            std::vector<double> all(mine.size() * size_t(shape.p));
-            g.p.allgather(mine.data(), all.data(), mine.size());
+            std::vector<double> all(mine.size() * size_t(shape.p()));
+            g.p().allgather(mine.data(), all.data(), mine.size());
             if (op_s_sum.empty()) op_s_sum.assign(all.size(), 0.0);
             for (size_t k = 0; k < all.size(); ++k) op_s_sum[k] += all[k];
           }
@@ -721,13 +721,13 @@ void run_bench_grids(const BenchOptions& opt, std::ostream& log) {
         double neg = -(wait_total / busy_total);
         g.world.allreduce_max(&neg, 1);
         bubble_min = -neg;
-        expected = double(shape.p - 1) / (double(M) * opt.virtual_stages);
+        expected = double(shape.p() - 1) / (double(M) * opt.virtual_stages);
         // The schedule replayed with the ops' measured times (mean over the timed steps): the
         // bubble these stages' real costs imply (the last stage's head and loss, the first's
         // embedding, the copies and sends), with no waiting for messages beyond that.
-        const size_t nops = op_s_sum.size() / size_t(shape.p);
+        const size_t nops = op_s_sum.size() / size_t(shape.p());
         const PipelineTiming replay = simulate_pipeline(
-            parse_pipeline_schedule(opt.schedule), shape.p, M, opt.virtual_stages,
+            parse_pipeline_schedule(opt.schedule), shape.p(), M, opt.virtual_stages,
             [&](int st, size_t i, const PipeOp&) { return op_s_sum[size_t(st) * nops + i] / opt.steps; });
         replayed = replay.mean_bubble();
         double stage_max = 0, stage_min = 1e300;

@@ -379,8 +379,8 @@ void RunConfig::validate() const {
   // of the wrong length or sum); chosen grids ("auto", none named) are checked when chosen.
   if (grid != "auto" && !grid.empty()) {
     const parallel::GridShape shape = parallel::parse_grid(grid);
-    if (shape.p > 1)
-      (void)parallel::resolve_layer_split(pipeline_layers, model, t.seq_len, shape.p,
+    if (shape.p() > 1)
+      (void)parallel::resolve_layer_split(pipeline_layers, model, t.seq_len, shape.p(),
                                           virtual_stages);
   }
   if (t.precision != "auto") kernels::parse_precision(t.precision);  // throws naming the choices
@@ -413,7 +413,7 @@ void RunConfig::validate() const {
          "-DTETRAD_NCCL=ON where CUDA and NCCL are installed); use train.comm = \"mpi\" or "
          "\"auto\"");
 #endif
-    if (grid != "auto" && !grid.empty() && parallel::parse_grid(grid).p > 1)
+    if (grid != "auto" && !grid.empty() && parallel::parse_grid(grid).p() > 1)
       fail("train.comm = \"nccl\" with a pipeline axis (grid ", grid, "): the pipeline's "
            "point-to-point messages are not run on NCCL yet (NCCL matches them in posting order, "
            "and the schedules assume MPI's tags); use train.comm = \"mpi\" or \"auto\"");
