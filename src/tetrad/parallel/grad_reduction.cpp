@@ -11,17 +11,16 @@
 
 #include "tetrad/core/error.hpp"
 #include "tetrad/parallel/bf16_grad_comm.hpp"
-#include "tetrad/parallel/transformer_activations.hpp"
+#include "tetrad/parallel/activation_layout.hpp"
 
 namespace tetrad::parallel {
 
 
 void ParallelTransformer::zero_grads() {
-  if (prefetched_next_) {
+  if (gather_->take_next_step()) {
     // Only apply_update()'s gathers can be pending (reduce_gradients() finished every
     // reduction before the optimizer ran); they write gathered slots, not gradients, and hold
     // the current parameters, so they stay.
-    prefetched_next_ = false;
     zero_dev(grads_.data(), int64_t(grads_.size()));
     reset_step_state();
     return;
@@ -29,7 +28,7 @@ void ParallelTransformer::zero_grads() {
   q_.wait_all();  // pending reduce-scatters would add into the zeroed gradients
   zero_dev(grads_.data(), int64_t(grads_.size()));
   reset_step_state();
-  invalidate_gathered();
+  gather_->invalidate();
 }
 
 void ParallelTransformer::begin_step(int micro_batches) {

@@ -9,7 +9,7 @@
 
 #include "tetrad/core/error.hpp"
 #include "tetrad/parallel/parallel_transformer.hpp"
-#include "tetrad/parallel/transformer_activations.hpp"
+#include "tetrad/parallel/activation_layout.hpp"
 
 namespace tetrad::parallel {
 
@@ -47,20 +47,20 @@ const float* ParallelTransformer::decode(const int32_t* tokens, int B, int Tq) {
   const int64_t N = int64_t(B) * Tq;
   const int L = cfg_.n_layer;
   Acts& a = *a_;
-  ensure_params16();
+  gather_->ensure_bf16_copy();
   set_layer(-1);
-  issue_gather(-1);
+  gather_->issue(-1);
   if (L > 0 && ov_.prefetch_depth > 0) {
-    issue_gather(0);
-    prefetch(0, +1, 0, L);
+    gather_->issue(0);
+    gather_->prefetch(0, +1, 0, L);
   }
-  gather_layer(-1);
+  gather_->gather(-1);
   embedding_forward(tokens, N, Tq, pos0);
   const float* x = a.emb;
   for (int l = 0; l < L; ++l) {
     set_layer(l);
-    gather_layer(l);
-    prefetch(l, +1, 0, L);
+    gather_->gather(l);
+    gather_->prefetch(l, +1, 0, L);
     layer_forward(l, x, B, Tq, pos0);
     x = a.layer[l].resid_out;
   }

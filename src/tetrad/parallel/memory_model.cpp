@@ -12,60 +12,6 @@
 
 namespace tetrad::parallel {
 
-std::vector<LayerSlots> layer_slots(int n_layer, const LayerSplit& split, int p, int stage) {
-  std::vector<LayerSlots> s(size_t(n_layer), p == 1 ? LayerSlots::Full : LayerSlots::None);
-  if (p == 1) return s;
-  for (int l = 0; l < n_layer; ++l)
-    if (split.stage_of(l, p) == stage) s[size_t(l)] = LayerSlots::Full;
-  for (int l = 0; l + 1 < n_layer; ++l)
-    if (s[size_t(l)] == LayerSlots::None && s[size_t(l) + 1] == LayerSlots::Full)
-      s[size_t(l)] = LayerSlots::Input;
-  return s;
-}
-
-ActivationSizes activation_sizes(const ModelConfig& cfg, const GridShape& G, int64_t local_batch,
-                                 int max_len, bool bf16_acts, Recompute mode,
-                                 const std::vector<LayerSlots>& slots) {
-  const int64_t N = local_batch * max_len;
-  const int64_t hd = cfg.head_dim();
-  const int64_t Cx = cfg.n_embd / G.x(), Ay = cfg.n_embd / G.y(), nhy = cfg.n_head / G.y();
-  const int64_t QKVy = (nhy + 2 * (cfg.n_kv_head / G.y())) * hd;
-  const int64_t Fy = cfg.ffn / G.y(), FWy = cfg.family == Family::GPT2 ? Fy : 2 * Fy;
-  const int64_t Vy = cfg.vocab_size / G.y();
-  const bool full = mode == Recompute::Full, attn = mode != Recompute::None;
-  // fp32 tensors take N n floats; bf16 ones (bf16 activations) ceil(N n / 2).
-  auto f = [&](bool kept, int64_t n) { return ActivationSizes::Tensor{kept, N * n}; };
-  auto h = [&](bool kept, int64_t n) {
-    return ActivationSizes::Tensor{kept, bf16_acts ? (N * n + 1) / 2 : N * n};
-  };
-  ActivationSizes s;
-  ActivationSizes::Layer& y = s.layer;
-  y.ln1 = h(!full, Cx); y.ln1_mean = f(!full, 1); y.ln1_rstd = f(!full, 1);
-  y.qkv = f(!full, QKVy); y.atty = f(!attn, Ay); y.lse = f(!attn, nhy);
-  y.resid_mid = f(!full, Cx); y.ln2 = h(!full, Cx); y.ln2_mean = f(!full, 1);
-  y.ln2_rstd = f(!full, 1); y.fc = f(!full, FWy); y.fc_act = h(!full, Fy);
-  int64_t kept = N * Cx;  // resid_out
-  for (const auto* t : {&y.ln1, &y.ln1_mean, &y.ln1_rstd, &y.qkv, &y.atty, &y.lse, &y.resid_mid,
-                        &y.ln2, &y.ln2_mean, &y.ln2_rstd, &y.fc, &y.fc_act})
-    (t->kept ? kept : s.scratch) += t->floats;
-  const int64_t max_out = std::max({QKVy, FWy, Cx, Vy});
-  s.dout16 = bf16_acts ? (N * max_out + 1) / 2 : 0;
-  // emb, lnf (bf16 with bf16 activations), its statistics, logits, losses, tmp; the backward's
-  // dresid, dln, dqkv, datty, dfc, dfc_act; the two bf16 gradient copies.
-  s.global = N * (Cx + 2 + Vy + 1 + Cx) + h(true, Cx).floats +
-             N * (Cx + Cx + QKVy + Ay + FWy + Fy) + 2 * s.dout16;
-  s.embedding_out = N * Cx;
-  s.head_kept = h(true, Cx).floats + N * (2 + Vy + 1);
-  s.layer_kept = kept;
-  s.input_slot = N * Cx;
-  for (LayerSlots k : slots) {
-    s.full_layers += k == LayerSlots::Full;
-    s.input_layers += k == LayerSlots::Input;
-  }
-  s.total = s.scratch + s.full_layers * kept + s.input_layers * s.input_slot + s.global;
-  return s;
-}
-
 ModelMemory model_memory(const ModelConfig& cfg, const GridShape& G, const GridCoord& coord,
                          int local_batch, int max_len, const ParallelOptions& opt,
                          PipelineSchedule schedule, int micro_batches) {
@@ -133,7 +79,8 @@ ModelMemory model_memory(const ModelConfig& cfg, const GridShape& G, const GridC
   }
   if (opt.sparse_embedding_grad && G.z() > 1 && G.p() == 1 && opt.zero != 2) {
     const int64_t rows = int64_t(G.z()) * local_batch * max_len;
-    const int64_t Cx = cfg.n_embd / G.x(), Vy = cfg.vocab_size / G.y();
+    const LocalDims dims = LocalDims::of(cfg, G);
+    const int64_t Cx = dims.Cx, Vy = dims.Vy;
     if (rows * (Cx + 1) < Vy * Cx) mm.staging += f4 * rows * Cx + int64_t(sizeof(int32_t)) * rows;
   }
   // Data-parallel buckets (build_buckets): tensors in the order their gradients become final

@@ -1,5 +1,6 @@
 // What a ParallelTransformer allocates on one rank, by buffer, as pure arithmetic of its settings
-// (no MPI, no allocation): the model sizes its activation buffer with activation_sizes(), and
+// (no MPI, no allocation): the model sizes its activation buffer with activation_sizes()
+// (activation_layout.hpp), and
 // model_memory() gives the bytes of every buffer state_bytes() and activation_bytes() count, plus
 // the pipeline's activation stashes (PipelineDriver::stash_peak_bytes). The planner's memory
 // formula (planner::memory_per_rank), the trainer's memory fit check and `tetrad bench`'s memory
@@ -10,47 +11,13 @@
 #include <vector>
 
 #include "tetrad/model/model_config.hpp"
+#include "tetrad/parallel/activation_layout.hpp"
 #include "tetrad/parallel/grid.hpp"
 #include "tetrad/parallel/layer_split.hpp"
 #include "tetrad/parallel/options.hpp"
 #include "tetrad/parallel/pipeline_schedule.hpp"
 
 namespace tetrad::parallel {
-
-// The floats of the activation buffer by tensor (one layer's, the recompute scratch, each of the
-// two bf16 gradient copies, the whole buffer) under a recompute mode, as the model lays it out.
-// A bf16 tensor of n elements takes ceil(n / 2) floats.
-struct ActivationSizes {
-  struct Tensor {
-    bool kept = true;    // own memory per layer (else in the shared recompute scratch)
-    int64_t floats = 0;
-  };
-  struct Layer {
-    Tensor ln1, ln1_mean, ln1_rstd, qkv, atty, lse, resid_mid, ln2, ln2_mean, ln2_rstd, fc, fc_act;
-  } layer;
-  int64_t scratch = 0, dout16 = 0, total = 0;
-  int64_t layer_kept = 0;  // floats each layer this stage runs keeps (kept tensors and output)
-  int64_t input_slot = 0;  // floats of a layer output slot alone (N x C/Gx)
-  int64_t full_layers = 0, input_layers = 0;  // layers with all their slots / only the output
-  int64_t global = 0;      // the embedding output, final norm, logits and the backward's buffers
-  int64_t embedding_out = 0;  // of `global`: the embedding's output (N x C/Gx)
-  int64_t head_kept = 0;      // of `global`: the final norm, its statistics, logits and losses
-};
-
-// Which activation slots a rank allocates for each layer: every layer's on one stage (Gp = 1);
-// on a pipeline stage, those of the layers it runs (Full) and the output slot of the layer before
-// each of its chunks (Input: where the chunk's input is received), none for the other layers.
-enum class LayerSlots : unsigned char { None, Input, Full };
-std::vector<LayerSlots> layer_slots(int n_layer, const LayerSplit& split, int p, int stage);
-
-// The activation buffer of a model of `cfg` on `shape` with `local_batch` sequences of up to
-// `max_len` tokens per micro-batch, with `slots` per layer (layer_slots); bf16_activations:
-// precision bf16 with ParallelOptions::bf16_activations (ln1, ln2, the final norm and the MLP
-// activation in bf16, and the two bf16 copies of the gradient entering a linear layer's
-// backward).
-ActivationSizes activation_sizes(const ModelConfig& cfg, const GridShape& shape, int64_t local_batch,
-                                 int max_len, bool bf16_activations, Recompute mode,
-                                 const std::vector<LayerSlots>& slots);
 
 // Bytes one rank holds, by buffer (ParallelTransformer's members, as its constructor sizes them).
 struct ModelMemory {

@@ -10,7 +10,7 @@
 #include "tetrad/backend/cpu/precision.hpp"
 #include "tetrad/core/error.hpp"
 #include "tetrad/parallel/parallel_transformer.hpp"
-#include "tetrad/parallel/transformer_activations.hpp"
+#include "tetrad/parallel/activation_layout.hpp"
 
 namespace tetrad::parallel {
 
@@ -129,7 +129,7 @@ void ParallelTransformer::tune_gemm_layouts() {
   uint16_t* W16 = reinterpret_cast<uint16_t*>(base + x_f);
   float* C = base + x_f + w_f;
   {  // random values in [-1, 1): zeros run faster than real data
-    const int64_t n16 = 2 * (x_f + w_f), nd = int64_t(dout16_floats_) * 2;
+    const int64_t n16 = 2 * (x_f + w_f), nd = int64_t(a_->dout16_floats) * 2;
     std::vector<uint16_t> h(size_t(std::max(n16, nd)));
     uint64_t x = 0x9E3779B97F4A7C15ull ^ uint64_t(g_.world.rank());
     for (auto& v : h) {
@@ -218,8 +218,8 @@ void ParallelTransformer::tune_gemm_layouts() {
   // Leave the model's buffers as constructed (zeros): nothing read before written depends on it,
   // but a constructed model is the same whether or not it tuned.
   if (own.empty()) bq().fill_zero(acts_.data(), size_t(need) * sizeof(float));
-  bq().fill_zero(a_->dout16, size_t(dout16_floats_) * 4);
-  bq().fill_zero(a_->dout16_t, size_t(dout16_floats_) * 4);
+  bq().fill_zero(a_->dout16, size_t(a_->dout16_floats) * 4);
+  bq().fill_zero(a_->dout16_t, size_t(a_->dout16_floats) * 4);
   bq().synchronize();
 
   // One plan per grid: rank 0's (every rank has the same local shapes).

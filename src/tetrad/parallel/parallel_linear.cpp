@@ -15,7 +15,7 @@
 
 #include <algorithm>
 
-#include "tetrad/parallel/transformer_activations.hpp"
+#include "tetrad/parallel/activation_layout.hpp"
 
 namespace tetrad::parallel {
 

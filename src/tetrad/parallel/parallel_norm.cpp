@@ -4,7 +4,7 @@
 // normalises its own columns. Weight and bias gradients accumulate per column, in token order.
 #include "tetrad/parallel/parallel_transformer.hpp"
 
-#include "tetrad/parallel/transformer_activations.hpp"
+#include "tetrad/parallel/activation_layout.hpp"
 
 namespace tetrad::parallel {
 

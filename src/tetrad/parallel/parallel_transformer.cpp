@@ -11,7 +11,7 @@
 
 #include "tetrad/backend/cpu/ops.hpp"
 #include "tetrad/core/error.hpp"
-#include "tetrad/parallel/transformer_activations.hpp"
+#include "tetrad/parallel/activation_layout.hpp"
 
 namespace tetrad::parallel {
 
@@ -72,15 +72,13 @@ ParallelTransformer::ParallelTransformer(const ModelConfig& config, ProcessGroup
   plan_ = ShardPlan::build(cfg_, table_, g_.shape, g_.coord, split_);
   const GridShape& G = g_.shape;
   gpt2_ = cfg_.family == Family::GPT2;
-  hd_ = cfg_.head_dim();
-  Cx_ = cfg_.n_embd / G.x();
-  Ay_ = cfg_.n_embd / G.y();
-  nhy_ = cfg_.n_head / G.y();
-  nkvy_ = cfg_.n_kv_head / G.y();
-  QKVy_ = (nhy_ + 2 * nkvy_) * hd_;
-  Fy_ = cfg_.ffn / G.y();
-  FWy_ = gpt2_ ? Fy_ : 2 * Fy_;
-  Vy_ = cfg_.vocab_size / G.y();
+  dims_ = LocalDims::of(cfg_, G);
+  ctx_.groups = &g_;
+  ctx_.queue = &q_;
+  ctx_.be = be_;
+  ctx_.dims = dims_;
+  hd_ = dims_.hd, Cx_ = dims_.Cx, Ay_ = dims_.Ay, nhy_ = dims_.nhy, nkvy_ = dims_.nkvy;
+  QKVy_ = dims_.QKVy, Fy_ = dims_.Fy, FWy_ = dims_.FWy, Vy_ = dims_.Vy;
 
   // ZeRO pieces: each tensor's local shard cut into Gd pieces of ceil(n / Gd), piece d on rank d.
   const int Gd = G.d(), dc = g_.coord.d();
@@ -108,13 +106,10 @@ ParallelTransformer::ParallelTransformer(const ModelConfig& config, ProcessGroup
   else zero_tmp_ = backend::DeviceArray<float>(*be_, size_t(Gd + 1) * piece_max);
 
   params_ = backend::DeviceArray<float>(*be_, plan_.local_total);
-  if (precision_ == backend::Precision::BF16 && opt_.bf16_weight_copy) {
-    if (!be_->capabilities().gemm_bf16_storage)
-      fail("bf16 weight copy: backend '", be_->name(), "' cannot read bf16-stored GEMM operands "
-           "(Capabilities::gemm_bf16_storage); set ParallelOptions::bf16_weight_copy = false");
-    bf16_weights_ = true;
-    params16_ = be_->alloc_array<uint16_t>(size_t(plan_.local_total));
-  }
+  const bool bf16_weights = precision_ == backend::Precision::BF16 && opt_.bf16_weight_copy;
+  if (bf16_weights && !be_->capabilities().gemm_bf16_storage)
+    fail("bf16 weight copy: backend '", be_->name(), "' cannot read bf16-stored GEMM operands "
+         "(Capabilities::gemm_bf16_storage); set ParallelOptions::bf16_weight_copy = false");
   bf16_acts_ = precision_ == backend::Precision::BF16 && opt_.bf16_activations;
   wgrad_nn_ = bf16_acts_ && opt_.bf16_weight_grad_nn && be_->capabilities().bf16_producers;
   grads_ = backend::DeviceArray<float>(*be_, opt_.zero == 2 ? zl_.state_size : plan_.local_total);
@@ -154,35 +149,20 @@ ParallelTransformer::ParallelTransformer(const ModelConfig& config, ProcessGroup
   lnf_b_ = gpt2_ ? idx("transformer.ln_f.bias") : -1;
   head_ = cfg_.tie_embeddings ? wte_ : idx("lm_head.weight");
 
-  // Gather and gradient-block buffers: only when Z shards weights (Gz = 1 computes in place),
-  // or, for the gradient blocks, when ZeRO 2 keeps only a piece of each gradient.
+  std::vector<char> gemm_weights(plan_.tensors.size());
+  for (size_t i = 0; i < gemm_weights.size(); ++i) gemm_weights[i] = gemm_weight(int(i));
+  gather_ = std::make_unique<WeightGatherer>(ctx_, plan_, params_.data(), std::move(gemm_weights),
+                                             wte_, cfg_.n_layer, ov_, bf16_weights);
+
+  // Gradient blocks: when Z shards weights (Gz = 1 accumulates in place), or when ZeRO 2 keeps
+  // only a piece of each gradient.
   if (G.z() > 1 || opt_.zero == 2) {
-    int64_t layer_max = 0, top = 0, shard_max = 0;
-    for (const auto& t : plan_.tensors) {
-      const int64_t end = t.block_offset + (t.z_sharded ? t.shard_numel * G.z() : t.block_numel);
-      if (t.spec->layer < 0) top = std::max(top, end);
-      else layer_max = std::max(layer_max, end);
-      shard_max = std::max(shard_max, t.shard_numel);
-    }
-    if (G.z() > 1) {
-      // Slots for gathered layers: the one in use plus prefetch_depth ahead, or all of them.
-      const int nslots = std::max(1, ov_.cache_gathered_weights
-                                         ? cfg_.n_layer
-                                         : std::min(ov_.prefetch_depth + 1, cfg_.n_layer));
-      for (int s = 0; s < nslots; ++s) gathered_.emplace_back(*be_, size_t(layer_max));
-      if (bf16_weights_)
-        for (int s = 0; s < nslots; ++s)
-          gathered16_.push_back(be_->alloc_array<uint16_t>(size_t(layer_max)));
-      slot_layer_.assign(size_t(nslots), -2);
-      slot_tickets_.resize(size_t(nslots));
-      gathered_top_ = backend::DeviceArray<float>(*be_, top);
-      if (bf16_weights_) gathered16_top_ = be_->alloc_array<uint16_t>(size_t(top));
-      scatter_tmp_ = backend::DeviceArray<float>(*be_, plan_.local_total);  // each shard lands at its own offset
-    }
-    (void)shard_max;
-    gblock_[0] = backend::DeviceArray<float>(*be_, layer_max);
-    gblock_[1] = backend::DeviceArray<float>(*be_, layer_max);
-    gblock_top_ = backend::DeviceArray<float>(*be_, top);
+    const BlockExtents e = block_extents(plan_, G.z());
+    // each shard lands at its own offset
+    if (G.z() > 1) scatter_tmp_ = backend::DeviceArray<float>(*be_, plan_.local_total);
+    gblock_[0] = backend::DeviceArray<float>(*be_, e.layer);
+    gblock_[1] = backend::DeviceArray<float>(*be_, e.layer);
+    gblock_top_ = backend::DeviceArray<float>(*be_, e.top);
   }
   if (opt_.sparse_embedding_grad && G.z() > 1 && G.p() == 1 && opt_.zero != 2) {
     // Rows plus ids against the dense block: worth it when the Z group's tokens are fewer than
@@ -201,69 +181,10 @@ ParallelTransformer::ParallelTransformer(const ModelConfig& config, ProcessGroup
 
   const int64_t N = int64_t(local_batch) * max_len;
   layer_slots_ = layer_slots(cfg_.n_layer, split_, G.p(), g_.coord.p());
-  acts_ = backend::DeviceArray<float>(*be_, size_t(activation_bytes(opt_.recompute) / int64_t(sizeof(float))));
-  a_ = std::make_unique<Acts>();
-  float* cur = acts_.data();
-  auto take = [&](int64_t n) { float* p = cur; cur += n; return p; };
-  const bool b16 = bf16_acts_;
-  // A bf16 tensor of N x n elements takes ceil(N n / 2) floats of the buffer (activation_sizes).
-  auto as16 = [](float* p) { return reinterpret_cast<uint16_t*>(p); };
+  // The activation buffer and its views, both from the spec list (transformer_activations.hpp).
   const ActivationSizes sz = activation_sizes(opt_.recompute);
-  float* scratch = take(sz.scratch);
-  a_->layer.resize(cfg_.n_layer);
-  layer_begin_.clear();
-  for (int l = 0; l < cfg_.n_layer; ++l) {
-    auto& A = a_->layer[size_t(l)];
-    layer_begin_.push_back(cur);
-    // A pipeline stage holds only the layers it runs, and the output slot of the layer before
-    // each of its chunks (the chunk's input arrives there); other layers have no memory here.
-    A = {};
-    if (layer_slots_[size_t(l)] == LayerSlots::None) continue;
-    if (layer_slots_[size_t(l)] == LayerSlots::Input) {
-      A.resid_out = take(N * Cx_);
-      continue;
-    }
-    float* sc = scratch;
-    // Kept tensors get their own memory per layer; recomputed ones share one layer's scratch.
-    auto place = [&](bool kept, int64_t floats) {
-      if (kept) return take(floats);
-      float* p = sc;
-      sc += floats;
-      return p;
-    };
-    const ActivationSizes::Layer& s = sz.layer;
-    A.ln1 = place(s.ln1.kept, s.ln1.floats);
-    if (b16) A.ln1_16 = as16(A.ln1), A.ln1 = nullptr;
-    A.ln1_mean = place(s.ln1_mean.kept, s.ln1_mean.floats);
-    A.ln1_rstd = place(s.ln1_rstd.kept, s.ln1_rstd.floats);
-    A.qkv = place(s.qkv.kept, s.qkv.floats);
-    A.atty = place(s.atty.kept, s.atty.floats);
-    A.lse = place(s.lse.kept, s.lse.floats);
-    A.resid_mid = place(s.resid_mid.kept, s.resid_mid.floats);
-    A.ln2 = place(s.ln2.kept, s.ln2.floats);
-    if (b16) A.ln2_16 = as16(A.ln2), A.ln2 = nullptr;
-    A.ln2_mean = place(s.ln2_mean.kept, s.ln2_mean.floats);
-    A.ln2_rstd = place(s.ln2_rstd.kept, s.ln2_rstd.floats);
-    A.fc = place(s.fc.kept, s.fc.floats);
-    A.fc_act = place(s.fc_act.kept, s.fc_act.floats);
-    if (b16) A.fc_act16 = as16(A.fc_act), A.fc_act = nullptr;
-    A.resid_out = take(N * Cx_);  // the next block's input: always kept
-    TETRAD_CHECK(sc == scratch + sz.scratch);
-  }
-  layer_begin_.push_back(cur);  // end of the layers: the global activations follow
-  a_->emb = take(N * Cx_);
-  a_->lnf = take(b16 ? (N * Cx_ + 1) / 2 : N * Cx_);
-  if (b16) a_->lnf16 = as16(a_->lnf), a_->lnf = nullptr;
-  a_->lnf_mean = take(N); a_->lnf_rstd = take(N);
-  a_->logits = take(N * Vy_); a_->losses = take(N); a_->tmp = take(N * Cx_);
-  a_->dresid = take(N * Cx_); a_->dln = take(N * Cx_); a_->dqkv = take(N * QKVy_);
-  a_->datty = take(N * Ay_); a_->dfc = take(N * FWy_); a_->dfc_act = take(N * Fy_);
-  if (b16) {
-    a_->dout16 = as16(take(sz.dout16));
-    a_->dout16_t = as16(take(sz.dout16));
-    dout16_floats_ = sz.dout16;
-  }
-  TETRAD_CHECK(cur == acts_.data() + acts_.size());
+  acts_ = backend::DeviceArray<float>(*be_, size_t(sz.total));
+  a_ = std::make_unique<Acts>(lay_out_activations(acts_.data(), sz, layer_slots_, bf16_acts_));
   stats_ = backend::DeviceArray<double>(*be_, size_t(N) * 2);
   if (!be_->capabilities().host_visible)
     for (auto& b : ids_dev_) b = be_->alloc_array<int32_t>(size_t(N));
@@ -318,15 +239,11 @@ int64_t ParallelTransformer::activation_bytes(Recompute mode) const {
 }
 
 int64_t ParallelTransformer::state_bytes() const {
-  size_t gathered = 0;
-  for (const auto& b : gathered_) gathered += b.size();
-  const size_t n = params_.size() + grads_.size() + 2 * size_t(zl_.state_size) + gathered +
-                   gathered_top_.size() + gblock_[0].size() + gblock_[1].size() +
-                   gblock_top_.size() + scatter_tmp_.size() + zero_tmp_.size() +
-                   bucket_buf_.size() + emb_rows_.size() + emb_ids_.size();
-  size_t bf16_bytes = params16_.bytes() + gathered16_top_.bytes();
-  for (const auto& b : gathered16_) bf16_bytes += b.bytes();
-  return int64_t(n * sizeof(float) + bf16_bytes);
+  const size_t n = params_.size() + grads_.size() + 2 * size_t(zl_.state_size) +
+                   gblock_[0].size() + gblock_[1].size() + gblock_top_.size() +
+                   scatter_tmp_.size() + zero_tmp_.size() + bucket_buf_.size() + emb_rows_.size() +
+                   emb_ids_.size();
+  return int64_t(n * sizeof(float)) + gather_->bytes();
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -345,22 +262,22 @@ void ParallelTransformer::forward_chunk(int l0, int l1, bool embed, bool head,
          " (model.max_seq / train.seq_len)");
   const int64_t N = int64_t(B) * T;
   Acts& a = *a_;
-  ensure_params16();
+  gather_->ensure_bf16_copy();
 
   set_layer(-1);
-  if (embed || head) issue_gather(-1);
+  if (embed || head) gather_->issue(-1);
   if (l1 > l0 && ov_.prefetch_depth > 0) {  // the chunk's first layer gathers during the embedding
-    issue_gather(l0);
-    prefetch(l0, +1, l0, l1);
+    gather_->issue(l0);
+    gather_->prefetch(l0, +1, l0, l1);
   }
-  if (embed || head) gather_layer(-1);
+  if (embed || head) gather_->gather(-1);
   if (embed) embedding_forward(inputs, N, T);
 
   const float* x = l0 == 0 ? a.emb : a.layer[l0 - 1].resid_out;  // the chunk's input
   for (int l = l0; l < l1; ++l) {
     set_layer(l);
-    gather_layer(l);
-    prefetch(l, +1, l0, l1);
+    gather_->gather(l);
+    gather_->prefetch(l, +1, l0, l1);
     layer_forward(l, x, B, T);
     x = a.layer[l].resid_out;
   }
@@ -400,11 +317,11 @@ void ParallelTransformer::backward_chunk(int l0, int l1, bool embed, bool head,
                                          const int32_t* inputs, const float* dout, int B, int T) {
   const int64_t N = int64_t(B) * T;
   Acts& a = *a_;
-  ensure_params16();
+  gather_->ensure_bf16_copy();
 
   set_layer(-1);
   if (embed || head) {
-    gather_layer(-1);
+    gather_->gather(-1);
     zero_layer_grad_blocks(-1);
   }
   if (sparse_embedding_ && embed)  // the token ids the Z group's embedding rows belong to
@@ -428,8 +345,8 @@ void ParallelTransformer::backward_chunk(int l0, int l1, bool embed, bool head,
   for (int l = l1 - 1; l >= l0; --l) {
     const float* x_in = l == 0 ? a.emb : a.layer[l - 1].resid_out;
     set_layer(l);
-    gather_layer(l);
-    prefetch(l, -1, l0, l1);
+    gather_->gather(l);
+    gather_->prefetch(l, -1, l0, l1);
     zero_layer_grad_blocks(l);
     layer_backward(l, x_in, B, T);
     scatter_layer_grads(l);

@@ -35,11 +35,14 @@
 #include "tetrad/model/model_config.hpp"
 #include "tetrad/model/params.hpp"
 #include "tetrad/parallel/comm_schedule.hpp"
+#include "tetrad/parallel/local_dims.hpp"
 #include "tetrad/parallel/memory_model.hpp"
 #include "tetrad/parallel/options.hpp"
 #include "tetrad/parallel/process_groups.hpp"
 #include "tetrad/parallel/pipeline_schedule.hpp"
 #include "tetrad/parallel/sharding.hpp"
+#include "tetrad/parallel/step_context.hpp"
+#include "tetrad/parallel/weight_gather.hpp"
 
 namespace tetrad::parallel {
 
@@ -74,8 +77,7 @@ class ParallelTransformer {
   // Writable parameters: the caller may change them, so gathered copies (and the bf16 weight
   // copy) are dropped and remade before the next forward.
   float* params() {
-    invalidate_gathered();
-    params16_valid_ = false;
+    gather_->parameters_changed();
     return params_.data();
   }
   // Read-only parameters (checkpoints, norms): gathered copies stay valid.
@@ -106,8 +108,7 @@ class ParallelTransformer {
   // Whole tensors (checkpoints): set_tensor keeps this rank's shard of `full` (given on every
   // rank); get_tensor assembles the whole tensor on every rank (collective).
   void set_tensor(size_t index, const float* full) {
-    invalidate_gathered();
-    params16_valid_ = false;
+    gather_->parameters_changed();
     scatter_tensor(params_.data(), index, full);
   }
   void get_tensor(size_t index, float* full) { gather_tensor(params_.data(), index, full); }
@@ -140,7 +141,7 @@ class ParallelTransformer {
   void apply_update(
       const std::function<void(float* params, uint16_t* params16, int64_t lo, int64_t hi)>& update);
   // Whether the GEMMs read a bf16 weight copy (ParallelOptions::bf16_weight_copy with bf16).
-  bool bf16_weights() const { return bf16_weights_; }
+  bool bf16_weights() const { return gather_->bf16(); }
   // The GEMM layout of every site (gemm_layouts.hpp): the rule, tuned at construction
   // (ParallelOptions::gemm_layouts = Tune), given, or set from a checkpoint.
   const GemmLayoutPlan& gemm_layout_plan() const { return layouts_; }
@@ -197,6 +198,7 @@ class ParallelTransformer {
   // AdamW ranges: the local buffer as (offset, numel, decays) runs, by parameter kind.
   void set_profile(StepProfile* p) {
     prof_ = p;
+    ctx_.prof = p;
     q_.set_profile(p);
   }
 
@@ -234,7 +236,7 @@ class ParallelTransformer {
         proj_b = -1, ln2_w = -1, ln2_b = -1, fc_w = -1, fc_b = -1, up_w = -1, fcproj_w = -1,
         fcproj_b = -1;
   };
-  using Acts = ParallelActivations;  // transformer_activations.hpp
+  using Acts = ParallelActivations;  // activation_layout.hpp
   // A data-parallel bucket: tensors reduced together over one group (d for Z shards, zd for
   // replicated tensors), in backward order; staged through bucket_buf_ when several.
   struct Bucket {
@@ -247,8 +249,6 @@ class ParallelTransformer {
     bool started = false;
   };
   const float* w(int i) const;  // weight for compute: gathered block or local shard
-  // The bf16 copy of a GEMM weight (bf16_weights_): gathered block or local shard.
-  const uint16_t* w16(int i) const;
   // Whether tensor i is a GEMM weight (a linear layer's matrix, or the output head's table).
   bool gemm_weight(int i) const;
   // A GEMM operand: the pointer and how it is stored.
@@ -259,11 +259,7 @@ class ParallelTransformer {
   // The weight operand of tensor i's GEMMs: its bf16 copy, or the fp32 weight.
   Operand weight_operand(int i) const;
   static Operand f32(const float* p) { return {p, backend::DType::F32}; }
-  // Remakes the bf16 weight copy from the fp32 parameters when anything but the fused optimizer
-  // pass changed them (params(), set_tensor, ZeRO's gathered pieces).
-  void ensure_params16();
   float* gw(int i);             // where its gradient block accumulates
-  int slot_of(int layer) const { return layer % int(gathered_.size()); }
   void set_layer(int l) {
     if (prof_) prof_->layer = l;
   }
@@ -360,15 +356,6 @@ class ParallelTransformer {
   // n floats of host memory into device memory of the model's backend (complete on return).
   void upload(float* dev, const float* host, int64_t n) const;
 
-  // weight_gather.cpp: the Z all-gathers of the weights into slots, prefetched and reused.
-  void issue_gather(int layer);          // start the all-gather of a layer's Z shards (-1: top)
-  void gather_layer(int layer);          // ... and wait for it (reusing a valid gather)
-  // Issue the next prefetch_depth layers' gathers (in `direction`), within layers [lo, hi).
-  void prefetch(int layer, int direction, int lo, int hi);
-  void invalidate_gathered();
-  // The gathers the next forward issues first: top-level tensors, layer 0, prefetch_depth ahead.
-  void issue_first_gathers();
-
   // grad_reduction.cpp: gradient reductions over Z, D (ZeRO pieces, buckets) and P.
   void scatter_layer_grads(int layer);   // reduce-scatter the layer's gradient blocks over Z
   void zero_layer_grad_blocks(int layer);
@@ -411,7 +398,6 @@ class ParallelTransformer {
   // it only through the queue's copies (docs/backend.md, "Device memory").
   backend::DeviceArray<float> zero_tmp_;  // Gd pieces: reduce-scatter input / all-gather output
   int scratch_layer_ = -1;      // layer whose recomputable activations the scratch holds
-  std::vector<float*> layer_begin_;  // start of each layer's activations; [n_layer]: globals
   ParamTable table_;
   LayerSplit split_;
   // Which layers' activation slots this rank allocates (memory_model.hpp: all on one stage; a
@@ -420,35 +406,22 @@ class ParallelTransformer {
   ShardPlan plan_;
   int local_batch_, max_len_;
   bool gpt2_;
+  LocalDims dims_;  // this rank's sizes (local_dims.hpp)
   int64_t Cx_, Ay_, QKVy_, Fy_, FWy_, Vy_, nhy_, nkvy_, hd_;
   backend::DeviceArray<float> params_, grads_;
   OverlapOptions ov_;
-  // Gathered weights: slots of layer blocks (prefetch_depth + 1 of them, or one per layer with the
-  // cache), which layer each holds (-2: none) and its pending all-gathers.
-  std::vector<backend::DeviceArray<float>> gathered_;
-  std::vector<int> slot_layer_;
-  std::vector<std::vector<CommQueue::Ticket>> slot_tickets_;
-  backend::DeviceArray<float> gathered_top_;
-  bool top_valid_ = false;
-  // apply_update() started the next step's first gathers (of the updated parameters): the next
-  // begin_step keeps them instead of dropping the gathered copies.
-  bool prefetched_next_ = false;
-  std::vector<CommQueue::Ticket> top_tickets_;
-  // The bf16 weight copy (bf16_weights_): laid out like params_ (every tensor's shard, only the
-  // GEMM weights' elements used), valid while params16_valid_; with Z > 1 the GEMM weights are
-  // gathered from it into bf16 slots beside the fp32 ones (which then carry only the other
-  // tensors, and the tied embedding table for the lookup).
-  bool bf16_weights_ = false, params16_valid_ = false;
+  // What the parts below compute and communicate with (step_context.hpp).
+  StepContext ctx_;
+  // The weights as the compute reads them: gathered slots, prefetch, the bf16 copy
+  // (weight_gather.hpp). Declared before q_, whose pending all-gathers write into its slots.
+  std::unique_ptr<WeightGatherer> gather_;
   bool bf16_acts_ = false;     // ParallelOptions::bf16_activations in force (with bf16)
   bool wgrad_nn_ = false;      // ... and the NN weight-gradient form (needs the cast-transpose)
   // The loss wrote d(loss)/d logits straight into the head's bf16 dY copies (ce_grad_bf16), not
   // into a_->logits: set by cross_entropy, consumed by the head's backward.
   bool head_dy16_ready_ = false;
   GemmLayoutPlan layouts_;     // every site's GEMM forms (gemm_layouts.hpp)
-  int64_t dout16_floats_ = 0;  // each bf16 gradient copy's size (a_->dout16, a_->dout16_t)
   std::string layout_summary_;
-  backend::DeviceBuffer params16_, gathered16_top_;
-  std::vector<backend::DeviceBuffer> gathered16_;
   // Gradient blocks: two layer buffers (a layer's reduce-scatter may still read one while the
   // next layer fills the other), their pending reduce-scatters, the results' landing area.
   backend::DeviceArray<float> gblock_[2], gblock_top_, scatter_tmp_;

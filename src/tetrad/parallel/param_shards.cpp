@@ -92,37 +92,15 @@ void ParallelTransformer::gather_state_tensor(const float* state, size_t i, floa
   gather_shard(pieces, i, full);  // the pieces in D order are the shard (padding past its end)
 }
 
-const float* ParallelTransformer::w(int i) const {
-  if (i < 0) return nullptr;
-  const TensorShard& t = plan_.tensors[i];
-  if (!t.z_sharded || g_.shape.z() == 1) return params_.data() + t.offset;
-  if (t.spec->layer < 0) return gathered_top_.data() + t.block_offset;
-  return gathered_[size_t(slot_of(t.spec->layer))].data() + t.block_offset;
-}
+const float* ParallelTransformer::w(int i) const { return gather_->weight(i); }
 
 bool ParallelTransformer::gemm_weight(int i) const {
   return i >= 0 && (table_.specs[size_t(i)].kind == ParamKind::Linear || i == head_);
 }
 
-const uint16_t* ParallelTransformer::w16(int i) const {
-  const TensorShard& t = plan_.tensors[size_t(i)];
-  TETRAD_CHECK(bf16_weights_ && gemm_weight(i), "w16: no bf16 copy of tensor ", i);
-  if (!t.z_sharded || g_.shape.z() == 1) return params16_.as<uint16_t>() + t.offset;
-  if (t.spec->layer < 0) return gathered16_top_.as<uint16_t>() + t.block_offset;
-  return gathered16_[size_t(slot_of(t.spec->layer))].as<uint16_t>() + t.block_offset;
-}
-
 ParallelTransformer::Operand ParallelTransformer::weight_operand(int i) const {
-  if (bf16_weights_) return {w16(i), backend::DType::BF16};
+  if (gather_->bf16()) return {gather_->weight16(i), backend::DType::BF16};
   return f32(w(i));
-}
-
-void ParallelTransformer::ensure_params16() {
-  if (!bf16_weights_ || params16_valid_) return;
-  // Whatever the gathered bf16 slots hold came from the stale copy.
-  invalidate_gathered();
-  ops().cast_f32_to_bf16(bq(), params16_.as<uint16_t>(), params_.data(), plan_.local_total);
-  params16_valid_ = true;
 }
 
 bool ParallelTransformer::staged(const TensorShard& t) const {

@@ -7,7 +7,7 @@
 #include <cstring>
 
 #include "tetrad/core/error.hpp"
-#include "tetrad/parallel/transformer_activations.hpp"
+#include "tetrad/parallel/activation_layout.hpp"
 
 namespace tetrad::parallel {
 
@@ -35,17 +35,16 @@ const float* ParallelTransformer::input_grad() const { return a_->dresid; }
 // the final norm, its statistics, the logits (the loss gradient once chunk_loss ran) and the
 // losses. Not the recompute scratch (restore() marks it empty: the backward recomputes its first
 // layer again) nor the backward's own buffers (dresid ... the bf16 gradient copies), which hold
-// nothing between micro-batches. Activation regions are contiguous per layer in layer order, the
-// global ones in the constructor's order (emb, lnf, its statistics, logits, losses, tmp, ...).
+// nothing between micro-batches. Activation regions are contiguous per layer in layer order, and
+// each end's top-level tensors are one range (the spec list, transformer_activations.hpp).
 std::vector<std::pair<float*, size_t>> ParallelTransformer::chunk_regions(int l0, int l1, bool embed,
                                                                           bool head) {
   std::vector<std::pair<float*, size_t>> r;
-  float* from = layer_begin_[std::max(0, l0 - 1)];
-  r.push_back({from, size_t(layer_begin_[l1] - from)});
-  float* const global = layer_begin_[cfg_.n_layer];  // a_->emb
-  const size_t emb = size_t(local_batch_) * size_t(max_len_) * size_t(Cx_);
-  if (embed) r.push_back({global, emb});
-  if (head) r.push_back({global + emb, size_t(a_->tmp - (global + emb))});
+  const Acts& a = *a_;
+  float* from = a.layer_begin[size_t(std::max(0, l0 - 1))];
+  r.push_back({from, size_t(a.layer_begin[size_t(l1)] - from)});
+  if (embed) r.push_back({a.embedding_end.begin, size_t(a.embedding_end.floats)});
+  if (head) r.push_back({a.head_end.begin, size_t(a.head_end.floats)});
   return r;
 }
 

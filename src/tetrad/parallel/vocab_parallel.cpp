@@ -9,7 +9,7 @@
 #include <cstring>
 
 #include "tetrad/core/error.hpp"
-#include "tetrad/parallel/transformer_activations.hpp"
+#include "tetrad/parallel/activation_layout.hpp"
 
 namespace tetrad::parallel {
 

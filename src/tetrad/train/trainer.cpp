@@ -52,6 +52,7 @@
 #include "tetrad/parallel/process_groups.hpp"
 #include "tetrad/backend/cpu/ceilings.hpp"
 #include "tetrad/train/loss_mask.hpp"
+#include "tetrad/train/step_runner.hpp"
 #include "tetrad/train/optimizer.hpp"
 #include "tetrad/train/watchdog.hpp"
 
@@ -520,11 +521,6 @@ TrainResult train(const RunConfig& cfg, const TrainOptions& opt, std::ostream& l
   if (!opt.trace_path.empty()) prof.trace = &trace_log;
   model.set_profile(&prof);
   const ParamTable& table = model.table();
-  // Gp > 1: the step's micro-batches go through the stages in the pipeline schedule's order.
-  std::unique_ptr<parallel::PipelineDriver> pipe;
-  if (shape.p() > 1)
-    pipe = std::make_unique<parallel::PipelineDriver>(
-        model, parallel::parse_pipeline_schedule(cfg.schedule), t.grad_accum);
   // The split actually run ("balanced" is resolved from the model's costs, so say what it chose).
   if (shape.p() > 1 && root && !opt.quiet)
     out << "# pipeline: " << cfg.schedule << ", layers per virtual stage "
@@ -533,6 +529,19 @@ TrainResult train(const RunConfig& cfg, const TrainOptions& opt, std::ostream& l
   const parallel::OptimizerLayout& ol = model.optimizer_layout();
   AdamW adam(decay_ranges(table, t, ol.param_offsets, ol.sizes, ol.state_offsets, ol.grad_offsets),
              ol.state_size, t, *device);
+  // The step (train/step_runner.hpp). Gp > 1: its micro-batches go through the stages in the
+  // pipeline schedule's order (runner.pipeline()). Host values are summed over the trainer's
+  // own MPI groups.
+  StepOptions sopt;
+  sopt.micro_batches = t.grad_accum;
+  sopt.B = B;
+  sopt.T = T;
+  sopt.grad_clip = t.grad_clip;
+  sopt.max_bad_steps = t.max_bad_steps;
+  sopt.schedule = parallel::parse_pipeline_schedule(cfg.schedule);
+  sopt.profile = &prof;
+  StepRunner runner(model, adam, groups, sopt);
+  parallel::PipelineDriver* const pipe = runner.pipeline();
   // Host copies of device memory (not on the CPU backend, whose memory is host memory): n floats
   // of `dev` into host staging memory, and back.
   auto to_host = [&](const float* dev, size_t n) {
@@ -958,19 +967,9 @@ TrainResult train(const RunConfig& cfg, const TrainOptions& opt, std::ostream& l
              "to every rank without a kill; docs/checkpoints.md, \"Stopping a run\")\n";
   }
   const auto run_start = std::chrono::steady_clock::now();
-  int bad_steps = 0;
   const int64_t start_step = step;
   // The timeline skips the first step (one-off allocation and warm-up) when the run is longer.
   const int64_t trace_from = start_step + (t.max_steps - start_step > opt.trace_steps ? 1 : 0);
-  // A collective the trainer calls itself: exposed communication, and issued too.
-  auto trainer_comm = [&](auto&& f) {
-    const auto c0 = std::chrono::steady_clock::now();
-    {
-      ScopedPhase sp(&prof, Phase::Comm, "trainer");
-      f();
-    }
-    prof.comm_issued_s += std::chrono::duration<double>(std::chrono::steady_clock::now() - c0).count();
-  };
   // Test hook (tests/mpi/watchdog.sh): TETRAD_TEST_STALL_AT=RANK:STEP makes that rank hang in
   // that step, as a stuck kernel or file system would.
   int stall_rank = -1;
@@ -990,12 +989,7 @@ TrainResult train(const RunConfig& cfg, const TrainOptions& opt, std::ostream& l
     watchdog.arm(step + 1, "a training step");
     if (groups.world.rank() == stall_rank && step + 1 == stall_step)
       for (;;) std::this_thread::sleep_for(std::chrono::seconds(1));
-    // Load imbalance: how long this rank waits here for the slowest one, before any collective
-    // of the step would absorb that wait into "communication".
-    if (world > 1) {
-      ScopedPhase sp(&prof, Phase::Wait, "for the slowest rank");
-      groups.world.barrier();
-    }
+    runner.wait_for_slowest_rank();
     double counts[2] = {0, 0};  // kept targets, dropped by the loss mask
     {
       ScopedPhase sp(&prof, Phase::Data);
@@ -1008,59 +1002,28 @@ TrainResult train(const RunConfig& cfg, const TrainOptions& opt, std::ostream& l
                                             step, m, replicas, slot));
       for (int32_t y : targets) counts[0] += y >= 0;
     }
-    if (groups.tokens().size() > 1) trainer_comm([&] { groups.tokens().allreduce_sum(counts, 2); });
+    runner.sum_over_replicas(counts, 2);
     const double kept = std::max(counts[0], 1.0);
     const double drop_fraction = counts[1] / (counts[0] + counts[1]);
-    {
-      ScopedPhase sp(&prof, Phase::Other, "zero gradients");
-      model.begin_step(t.grad_accum);
-    }
-    double loss_sum = 0;
-    if (pipe) {
-      loss_sum = pipe->step(inputs.data(), targets.data(), B, T, float(1.0 / kept));
-    } else {
-      for (int m = 0; m < t.grad_accum; ++m)
-        loss_sum += model.forward_backward(inputs.data() + size_t(m) * B * T,
-                                           targets.data() + size_t(m) * B * T, B, T,
-                                           float(1.0 / kept));
-    }
-    model.reduce_gradients();
-    if (groups.tokens().size() > 1) trainer_comm([&] { groups.tokens().allreduce_sum(&loss_sum, 1); });
-    if (pipe) trainer_comm([&] { groups.p().allreduce_sum(&loss_sum, 1); });
-    const double loss = loss_sum / kept;
-    double gnorm = 0;
-    {
-      ScopedPhase sp(&prof, Phase::Optimizer, "grad norm");
-      gnorm = std::sqrt(model.grad_sum_squares());
-    }
     const double lr = learning_rate(t, step);
-    if (!std::isfinite(loss) || !std::isfinite(gnorm)) {
-      ++bad_steps;
+    const StepResult sr = runner.run(inputs.data(), targets.data(), kept, lr, step);
+    const double loss = sr.loss, gnorm = sr.grad_norm;
+    if (sr.verdict != StepVerdict::Apply) {
       result.losses.push_back(loss);
       out << "step " << step + 1 << ": non-finite " << (std::isfinite(loss) ? "gradient" : "loss")
-          << " (loss " << loss << ", grad norm " << gnorm << "); step skipped (" << bad_steps
+          << " (loss " << loss << ", grad norm " << gnorm << "); step skipped (" << sr.bad_steps
           << " in a row, limit train.max_bad_steps = " << t.max_bad_steps << ")\n";
       if (root) {
         metrics << nlohmann::json{{"step", step + 1}, {"skipped", true}}.dump() << "\n";
         metrics.flush();
         check_metrics();
       }
-      if (bad_steps >= t.max_bad_steps)
-        fail("stopping: ", bad_steps, " consecutive non-finite steps; the last good checkpoint (",
+      if (sr.verdict == StepVerdict::Stop)
+        fail("stopping: ", sr.bad_steps, " consecutive non-finite steps; the last good checkpoint (",
              result.last_checkpoint.empty() ? "none written this run" : result.last_checkpoint,
              ") is intact. Lower train.lr or check the data.");
       continue;
     }
-    bad_steps = 0;
-    const double clip = (t.grad_clip > 0 && gnorm > t.grad_clip) ? t.grad_clip / gnorm : 1.0;
-    // AdamW; with ZeRO every D replica then gets the pieces the others updated, and with
-    // parallel.prefetch_across_steps the next step's first weight gathers start meanwhile.
-    const float* grads = model.grads();
-    // With bf16 GEMMs the same pass writes the bf16 weight copy the next step's GEMMs read.
-    model.apply_update([&](float* params, uint16_t* params16, int64_t lo, int64_t hi) {
-      ScopedPhase sp(&prof, Phase::Optimizer, "adamw");
-      adam.update(params, params16, grads, lr, clip, step + 1, lo, hi);
-    });
     result.losses.push_back(loss);
 
     const auto t1 = std::chrono::steady_clock::now();

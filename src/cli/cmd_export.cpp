@@ -1,0 +1,54 @@
+// `tetrad export`: a run's latest checkpoint (or a checkpoint) as a Hugging Face folder, with its
+// tokenizer.
+#include <iostream>
+#include <memory>
+#include <optional>
+
+#include "cli/command.hpp"
+#include "tetrad/checkpoint/hf.hpp"
+#include "tetrad/data/tokenizer.hpp"
+#include "tetrad/model/params.hpp"
+
+namespace tetrad::cli {
+
+namespace {
+
+struct Options {
+  std::string model_dir, out;
+};
+
+void run(Context& ctx, const Options& o) {
+  const std::string dir = ctx.resolve_model_dir(o.model_dir);
+  const ModelConfig mc = read_hf_config(dir);
+  std::vector<float> params(build_param_table(mc).total);
+  const ParamTable table = build_param_table(mc);
+  load_hf_params(dir, mc, table, params.data());
+  // The tokenizer goes along, so the folder is complete for AutoTokenizer; its BOS/EOS ids go
+  // into config.json.
+  const std::string tok_file = data::find_tokenizer_file(dir);
+  nlohmann::json extra = nlohmann::json::object();
+  std::optional<data::Tokenizer> tok;
+  if (!tok_file.empty()) {
+    tok.emplace(data::Tokenizer::load(tok_file));
+    if (tok->bos_id() >= 0) extra["bos_token_id"] = tok->bos_id();
+    if (tok->eos_id() >= 0) extra["eos_token_id"] = tok->eos_id();
+  }
+  save_hf(o.out, mc, table, params.data(), extra);
+  if (tok) data::write_hf_tokenizer_files(*tok, o.out, mc.max_seq);
+  else std::cerr << "tetrad: warning: " << dir << " has no tokenizer; the exported folder has none\n";
+  std::cout << "exported " << dir << " -> " << o.out << "\n";
+}
+
+Runner setup(CLI::App& sub) {
+  auto o = std::make_shared<Options>();
+  sub.add_option("-m,--model", o->model_dir, "run folder or checkpoint")->required();
+  sub.add_option("-o,--out", o->out, "output folder")->required();
+  return [o](Context& ctx) { run(ctx, *o); };
+}
+
+}  // namespace
+
+const Command export_command{"export", "copy a run's latest checkpoint as a Hugging Face folder",
+                             true, &setup};
+
+}  // namespace tetrad::cli

@@ -1,0 +1,59 @@
+// `tetrad report`: one self-contained HTML page of a run (tools/report), and where a trace is
+// there, where the exposed communication went.
+#include <cstdio>
+#include <filesystem>
+#include <iostream>
+#include <memory>
+
+#include "cli/command.hpp"
+#include "tetrad/tools/report.hpp"
+
+namespace fs = std::filesystem;
+
+namespace tetrad::cli {
+
+namespace {
+
+struct Options {
+  std::string run_dir, out, trace;
+};
+
+void run(const Options& o) {
+  std::string name = fs::path(o.run_dir).lexically_normal().filename().string();
+  if (name.empty() || name == ".")
+    name = fs::absolute(o.run_dir).lexically_normal().parent_path().filename().string();
+  const std::string path = o.out.empty() ? (name.empty() ? "run" : name) + "-report.html" : o.out;
+  const std::string trace = o.trace.empty() && fs::exists(o.run_dir + "/trace.json")
+                                ? o.run_dir + "/trace.json" : o.trace;
+  write_run_report(o.run_dir, path, trace);
+  std::cout << "wrote " << path << "\n";
+  if (!trace.empty()) {
+    int ranks = 0;
+    const auto rows = exposed_communication(trace, &ranks);
+    std::cout << "exposed communication by collective (" << trace << ", per rank of " << ranks
+              << "):\n";
+    for (const auto& r : rows)
+      std::printf("  %-40s %8.1f waits %10.1f ms %5.1f%%\n", r.what.c_str(), r.count,
+                  r.seconds * 1e3, 100 * r.share);
+  }
+}
+
+Runner setup(CLI::App& sub) {
+  auto o = std::make_shared<Options>();
+  sub.add_option("run_dir", o->run_dir, "run folder (metrics.jsonl, config.toml)")->required();
+  sub.add_option("-o,--out", o->out,
+                 "output file (default NAME-report.html in the current folder, NAME the run "
+                 "folder's name: report never writes into a run folder)");
+  sub.add_option("--trace", o->trace,
+                 "trace of the run (`tetrad train --trace`; default RUN_DIR/trace.json if it "
+                 "exists): adds where the exposed communication went");
+  return [o](Context&) { run(*o); };
+}
+
+}  // namespace
+
+const Command report_command{
+    "report", "one self-contained HTML page of a run: loss curves, speed, time breakdown, config",
+    false, &setup};
+
+}  // namespace tetrad::cli

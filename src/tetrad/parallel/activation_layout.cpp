@@ -1,0 +1,138 @@
+// The activation spec list's sizes and the views laid out from them (activation_layout.hpp).
+#include "tetrad/parallel/activation_layout.hpp"
+
+#include "tetrad/core/error.hpp"
+
+namespace tetrad::parallel {
+
+int64_t act_width(ActWidth w, const LocalDims& d) {
+  switch (w) {
+    case ActWidth::One: return 1;
+    case ActWidth::Cx: return d.Cx;
+    case ActWidth::Ay: return d.Ay;
+    case ActWidth::QKVy: return d.QKVy;
+    case ActWidth::Nhy: return d.nhy;
+    case ActWidth::FWy: return d.FWy;
+    case ActWidth::Fy: return d.Fy;
+    case ActWidth::Vy: return d.Vy;
+    case ActWidth::MaxLinearOut: return d.max_linear_out();
+  }
+  TETRAD_CHECK(false, "unknown activation width");
+  return 0;
+}
+
+int64_t act_floats(int64_t N, ActWidth w, ActStore s, const LocalDims& d, bool bf16_activations) {
+  const int64_t n = N * act_width(w, d);
+  if (s == ActStore::F32) return n;
+  if (bf16_activations) return (n + 1) / 2;
+  return s == ActStore::OnlyBf16 ? 0 : n;
+}
+
+bool act_kept(ActKeep k, Recompute mode) {
+  switch (k) {
+    case ActKeep::UnlessFull: return mode != Recompute::Full;
+    case ActKeep::UnlessRecompute: return mode == Recompute::None;
+    case ActKeep::Output: return true;
+  }
+  return true;
+}
+
+std::vector<LayerSlots> layer_slots(int n_layer, const LayerSplit& split, int p, int stage) {
+  std::vector<LayerSlots> s(size_t(n_layer), p == 1 ? LayerSlots::Full : LayerSlots::None);
+  if (p == 1) return s;
+  for (int l = 0; l < n_layer; ++l)
+    if (split.stage_of(l, p) == stage) s[size_t(l)] = LayerSlots::Full;
+  for (int l = 0; l + 1 < n_layer; ++l)
+    if (s[size_t(l)] == LayerSlots::None && s[size_t(l) + 1] == LayerSlots::Full)
+      s[size_t(l)] = LayerSlots::Input;
+  return s;
+}
+
+ActivationSizes activation_sizes(const ModelConfig& cfg, const GridShape& G, int64_t local_batch,
+                                 int max_len, bool bf16_acts, Recompute mode,
+                                 const std::vector<LayerSlots>& slots) {
+  const int64_t N = local_batch * max_len;
+  const LocalDims dims = LocalDims::of(cfg, G);
+  ActivationSizes s;
+  for (const LayerActSpec& t : kLayerActs) {
+    const int64_t floats = act_floats(N, t.width, t.store, dims, bf16_acts);
+    const bool kept = t.keep == ActKeep::Output || act_kept(t.keep, mode);
+    s.layer.push_back({kept, floats});
+    (kept ? s.layer_kept : s.scratch) += floats;
+    if (t.keep == ActKeep::Output) s.input_slot += floats;
+  }
+  for (const GlobalActSpec& t : kGlobalActs) {
+    const int64_t floats = act_floats(N, t.width, t.store, dims, bf16_acts);
+    s.globals.push_back(floats);
+    s.global += floats;
+    if (t.part == ActPart::Embedding) s.embedding_out += floats;
+    if (t.part == ActPart::Head) s.head_kept += floats;
+  }
+  for (LayerSlots k : slots) {
+    s.full_layers += k == LayerSlots::Full;
+    s.input_layers += k == LayerSlots::Input;
+  }
+  s.total = s.scratch + s.full_layers * s.layer_kept + s.input_layers * s.input_slot + s.global;
+  return s;
+}
+
+namespace {
+uint16_t* as16(float* p) { return reinterpret_cast<uint16_t*>(p); }
+
+// Points the views of one tensor at p: the bf16 one where it is stored in bf16, else the fp32 one.
+template <typename Views, typename Spec>
+void point(Views& v, const Spec& t, float* p, bool bf16_activations) {
+  if (t.store != ActStore::F32 && bf16_activations) v.*(t.bf16) = as16(p);
+  else if (t.f32) v.*(t.f32) = p;
+}
+}  // namespace
+
+ParallelActivations lay_out_activations(float* base, const ActivationSizes& sz,
+                                        const std::vector<LayerSlots>& slots, bool b16) {
+  ParallelActivations a;
+  float* cur = base;
+  auto take = [&](int64_t n) { float* p = cur; cur += n; return p; };
+  float* const scratch = take(sz.scratch);
+  a.layer.resize(slots.size());
+  for (size_t l = 0; l < slots.size(); ++l) {
+    LayerActs& A = a.layer[l];
+    a.layer_begin.push_back(cur);
+    // A pipeline stage holds only the layers it runs, and the output slot of the layer before
+    // each of its chunks (the chunk's input arrives there); other layers have no memory here.
+    if (slots[l] == LayerSlots::None) continue;
+    float* sc = scratch;
+    for (size_t i = 0; i < std::size(kLayerActs); ++i) {
+      const LayerActSpec& t = kLayerActs[i];
+      if (slots[l] == LayerSlots::Input && t.keep != ActKeep::Output) continue;
+      // Kept tensors get their own memory per layer; recomputed ones share one layer's scratch.
+      float* p;
+      if (sz.layer[i].kept) {
+        p = take(sz.layer[i].floats);
+      } else {
+        p = sc;
+        sc += sz.layer[i].floats;
+      }
+      point(A, t, p, b16);
+    }
+    TETRAD_CHECK(slots[l] == LayerSlots::Input || sc == scratch + sz.scratch);
+  }
+  a.layer_begin.push_back(cur);  // end of the layers: the top-level activations follow
+  for (size_t i = 0; i < std::size(kGlobalActs); ++i) {
+    const GlobalActSpec& t = kGlobalActs[i];
+    float* p = take(sz.globals[i]);
+    point(a, t, p, b16);
+    ParallelActivations::Range* r = t.part == ActPart::Embedding ? &a.embedding_end
+                                    : t.part == ActPart::Head    ? &a.head_end
+                                                                 : nullptr;
+    if (r) {
+      TETRAD_CHECK(!r->begin || r->begin + r->floats == p, "activation part not contiguous: ", t.name);
+      if (!r->begin) r->begin = p;
+      r->floats += sz.globals[i];
+    }
+    if (t.bf16 == &ParallelActivations::dout16) a.dout16_floats = sz.globals[i];
+  }
+  TETRAD_CHECK(cur == base + sz.total);
+  return a;
+}
+
+}  // namespace tetrad::parallel

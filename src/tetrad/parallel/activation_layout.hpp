@@ -1,0 +1,164 @@
+// The ParallelTransformer's activation buffer: one spec list of every tensor in it, from which
+// both the sizes (activation_sizes: the activation term of the memory formula, model_memory in
+// memory_model.hpp, which the planner, the memory fit check and bench read) and the model's views
+// (lay_out_activations) are made, so the layout is written once. Pure arithmetic, no allocation.
+#pragma once
+#include <cstdint>
+#include <iterator>
+#include <vector>
+
+#include "tetrad/parallel/local_dims.hpp"
+#include "tetrad/model/model_config.hpp"
+#include "tetrad/parallel/grid.hpp"
+#include "tetrad/parallel/layer_split.hpp"
+#include "tetrad/parallel/options.hpp"
+
+namespace tetrad::parallel {
+
+// Activation views, local sizes (LocalDims): N tokens of this rank, Cx = C/Gx hidden slice, QKVy =
+// q|k|v of this rank's heads, Ay = C/Gy attention output slice, FWy/Fy = MLP slices, Vy =
+// vocabulary slice. With bf16 activations (ParallelOptions::bf16_activations) ln1, ln2, fc_act and
+// lnf are stored in bf16 only (the *16 views; the fp32 ones are null), and dout16 / dout16_t hold
+// the bf16 copy of the gradient entering a linear layer's backward, as stored and transposed
+// ([N, n_out] and [n_out, N], n_out up to the largest layer output).
+struct ParallelActivations {
+  struct PerLayer {
+    float *ln1 = nullptr, *ln1_mean = nullptr, *ln1_rstd = nullptr, *qkv = nullptr,
+          *atty = nullptr, *lse = nullptr, *resid_mid = nullptr, *ln2 = nullptr,
+          *ln2_mean = nullptr, *ln2_rstd = nullptr, *fc = nullptr, *fc_act = nullptr,
+          *resid_out = nullptr;
+    uint16_t *ln1_16 = nullptr, *ln2_16 = nullptr, *fc_act16 = nullptr;
+  };
+  std::vector<PerLayer> layer;
+  float *emb = nullptr, *lnf = nullptr, *lnf_mean = nullptr, *lnf_rstd = nullptr,
+        *logits = nullptr, *losses = nullptr, *tmp = nullptr;
+  float *dresid = nullptr, *dln = nullptr, *dqkv = nullptr, *datty = nullptr, *dfc = nullptr,
+        *dfc_act = nullptr;
+  uint16_t *lnf16 = nullptr, *dout16 = nullptr, *dout16_t = nullptr;
+  int64_t dout16_floats = 0;  // each bf16 gradient copy's size in floats (0 without bf16 acts)
+
+  // Where the regions a pipeline chunk stashes lie (pipeline_chunks.cpp): each layer's slots
+  // begin at layer_begin[l] (layer_begin[n_layer]: the end of the layers), and the top-level
+  // tensors of the embedding's and the head's ends are each one contiguous range.
+  std::vector<float*> layer_begin;
+  struct Range {
+    float* begin = nullptr;
+    int64_t floats = 0;
+  };
+  Range embedding_end, head_end;
+};
+
+// A tensor's row width: floats per token of this rank (LocalDims), One for row statistics.
+enum class ActWidth : unsigned char { One, Cx, Ay, QKVy, Nhy, FWy, Fy, Vy, MaxLinearOut };
+// How it is stored: in fp32; in bf16 with bf16 activations (ceil(N n / 2) floats, the bf16 view
+// only), else fp32; or only with bf16 activations (absent otherwise).
+enum class ActStore : unsigned char { F32, Bf16WithActs, OnlyBf16 };
+// Which layer tensors have memory of their own in every layer (else they share one layer's
+// recompute scratch): all but under full recomputation, all but under any recomputation, or
+// always, as the block's output (the next block's input; a pipeline chunk's input slot).
+enum class ActKeep : unsigned char { UnlessFull, UnlessRecompute, Output };
+// Of the top-level tensors: the embedding's output, the head's saved tensors (a chunk with the
+// embedding or the head stashes them), or work buffers that hold nothing between calls.
+enum class ActPart : unsigned char { Embedding, Head, Work };
+
+using LayerActs = ParallelActivations::PerLayer;
+struct LayerActSpec {
+  const char* name;
+  float* LayerActs::*f32;      // the fp32 view (null with ActStore::OnlyBf16)
+  uint16_t* LayerActs::*bf16;  // the bf16 view (ActStore other than F32)
+  ActWidth width;
+  ActStore store;
+  ActKeep keep;
+};
+struct GlobalActSpec {
+  const char* name;
+  float* ParallelActivations::*f32;
+  uint16_t* ParallelActivations::*bf16;
+  ActWidth width;
+  ActStore store;
+  ActPart part;
+};
+
+// One layer's tensors, in buffer order (the kept ones in each layer's slots, the others in the
+// shared scratch), as the block computes them.
+inline constexpr LayerActSpec kLayerActs[] = {
+    {"ln1", &LayerActs::ln1, &LayerActs::ln1_16, ActWidth::Cx, ActStore::Bf16WithActs, ActKeep::UnlessFull},
+    {"ln1_mean", &LayerActs::ln1_mean, nullptr, ActWidth::One, ActStore::F32, ActKeep::UnlessFull},
+    {"ln1_rstd", &LayerActs::ln1_rstd, nullptr, ActWidth::One, ActStore::F32, ActKeep::UnlessFull},
+    {"qkv", &LayerActs::qkv, nullptr, ActWidth::QKVy, ActStore::F32, ActKeep::UnlessFull},
+    {"atty", &LayerActs::atty, nullptr, ActWidth::Ay, ActStore::F32, ActKeep::UnlessRecompute},
+    {"lse", &LayerActs::lse, nullptr, ActWidth::Nhy, ActStore::F32, ActKeep::UnlessRecompute},
+    {"resid_mid", &LayerActs::resid_mid, nullptr, ActWidth::Cx, ActStore::F32, ActKeep::UnlessFull},
+    {"ln2", &LayerActs::ln2, &LayerActs::ln2_16, ActWidth::Cx, ActStore::Bf16WithActs, ActKeep::UnlessFull},
+    {"ln2_mean", &LayerActs::ln2_mean, nullptr, ActWidth::One, ActStore::F32, ActKeep::UnlessFull},
+    {"ln2_rstd", &LayerActs::ln2_rstd, nullptr, ActWidth::One, ActStore::F32, ActKeep::UnlessFull},
+    {"fc", &LayerActs::fc, nullptr, ActWidth::FWy, ActStore::F32, ActKeep::UnlessFull},
+    {"fc_act", &LayerActs::fc_act, &LayerActs::fc_act16, ActWidth::Fy, ActStore::Bf16WithActs, ActKeep::UnlessFull},
+    {"resid_out", &LayerActs::resid_out, nullptr, ActWidth::Cx, ActStore::F32, ActKeep::Output},
+};
+
+// The top-level tensors after the layers, in buffer order; each part's tensors are adjacent.
+inline constexpr GlobalActSpec kGlobalActs[] = {
+    {"emb", &ParallelActivations::emb, nullptr, ActWidth::Cx, ActStore::F32, ActPart::Embedding},
+    {"lnf", &ParallelActivations::lnf, &ParallelActivations::lnf16, ActWidth::Cx, ActStore::Bf16WithActs, ActPart::Head},
+    {"lnf_mean", &ParallelActivations::lnf_mean, nullptr, ActWidth::One, ActStore::F32, ActPart::Head},
+    {"lnf_rstd", &ParallelActivations::lnf_rstd, nullptr, ActWidth::One, ActStore::F32, ActPart::Head},
+    {"logits", &ParallelActivations::logits, nullptr, ActWidth::Vy, ActStore::F32, ActPart::Head},
+    {"losses", &ParallelActivations::losses, nullptr, ActWidth::One, ActStore::F32, ActPart::Head},
+    {"tmp", &ParallelActivations::tmp, nullptr, ActWidth::Cx, ActStore::F32, ActPart::Work},
+    {"dresid", &ParallelActivations::dresid, nullptr, ActWidth::Cx, ActStore::F32, ActPart::Work},
+    {"dln", &ParallelActivations::dln, nullptr, ActWidth::Cx, ActStore::F32, ActPart::Work},
+    {"dqkv", &ParallelActivations::dqkv, nullptr, ActWidth::QKVy, ActStore::F32, ActPart::Work},
+    {"datty", &ParallelActivations::datty, nullptr, ActWidth::Ay, ActStore::F32, ActPart::Work},
+    {"dfc", &ParallelActivations::dfc, nullptr, ActWidth::FWy, ActStore::F32, ActPart::Work},
+    {"dfc_act", &ParallelActivations::dfc_act, nullptr, ActWidth::Fy, ActStore::F32, ActPart::Work},
+    {"dout16", nullptr, &ParallelActivations::dout16, ActWidth::MaxLinearOut, ActStore::OnlyBf16, ActPart::Work},
+    {"dout16_t", nullptr, &ParallelActivations::dout16_t, ActWidth::MaxLinearOut, ActStore::OnlyBf16, ActPart::Work},
+};
+
+// The floats of the activation buffer by tensor (one layer's, the top-level ones), the recompute
+// scratch and the whole buffer under a recompute mode, as the model lays it out: the sums of the
+// spec list above, from which the model's views are made too. A bf16 tensor of n elements takes
+// ceil(n / 2) floats.
+struct ActivationSizes {
+  struct Tensor {
+    bool kept = true;    // own memory per layer (else in the shared recompute scratch)
+    int64_t floats = 0;
+  };
+  std::vector<Tensor> layer;     // one layer's tensors, in the order of kLayerActs
+  std::vector<int64_t> globals;  // the top-level tensors' floats, in the order of kGlobalActs
+  int64_t scratch = 0, total = 0;
+  int64_t layer_kept = 0;  // floats each layer this stage runs keeps (kept tensors and output)
+  int64_t input_slot = 0;  // floats of a layer output slot alone (N x C/Gx)
+  int64_t full_layers = 0, input_layers = 0;  // layers with all their slots / only the output
+  int64_t global = 0;      // the embedding output, final norm, logits and the work buffers
+  int64_t embedding_out = 0;  // of `global`: the embedding's output (N x C/Gx)
+  int64_t head_kept = 0;      // of `global`: the final norm, its statistics, logits and losses
+};
+
+// Which activation slots a rank allocates for each layer: every layer's on one stage (Gp = 1);
+// on a pipeline stage, those of the layers it runs (Full) and the output slot of the layer before
+// each of its chunks (Input: where the chunk's input is received), none for the other layers.
+enum class LayerSlots : unsigned char { None, Input, Full };
+std::vector<LayerSlots> layer_slots(int n_layer, const LayerSplit& split, int p, int stage);
+
+// The activation buffer of a model of `cfg` on `shape` with `local_batch` sequences of up to
+// `max_len` tokens per micro-batch, with `slots` per layer (layer_slots); bf16_activations:
+// precision bf16 with ParallelOptions::bf16_activations (ln1, ln2, the final norm and the MLP
+// activation in bf16, and the two bf16 copies of the gradient entering a linear layer's
+// backward).
+ActivationSizes activation_sizes(const ModelConfig& cfg, const GridShape& shape, int64_t local_batch,
+                                 int max_len, bool bf16_activations, Recompute mode,
+                                 const std::vector<LayerSlots>& slots);
+
+int64_t act_width(ActWidth w, const LocalDims& d);
+// Floats of the buffer a tensor of N rows of `w` stored as `s` takes.
+int64_t act_floats(int64_t N, ActWidth w, ActStore s, const LocalDims& d, bool bf16_activations);
+bool act_kept(ActKeep k, Recompute mode);
+
+// The views into `base` (sizes.total floats), from the spec list and the sizes it gave
+// (activation_sizes with the same slots and bf16 setting).
+ParallelActivations lay_out_activations(float* base, const ActivationSizes& sizes,
+                                        const std::vector<LayerSlots>& slots, bool bf16_activations);
+
+}  // namespace tetrad::parallel

@@ -1,0 +1,43 @@
+// The sizes one rank of a grid works with (4d-parallelism.md): the model's dimensions divided by
+// the axes that split them. One value, computed once from (model, grid), that the model's parts,
+// its activation layout and the memory formula all read instead of dividing by hand.
+#pragma once
+#include <algorithm>
+#include <cstdint>
+
+#include "tetrad/model/model_config.hpp"
+#include "tetrad/parallel/grid.hpp"
+
+namespace tetrad::parallel {
+
+struct LocalDims {
+  int64_t hd = 0;    // head dimension (not split)
+  int64_t Cx = 0;    // hidden slice C / Gx: the hidden state's columns on this rank
+  int64_t Ay = 0;    // attention output slice C / Gy
+  int64_t nhy = 0;   // query heads of this rank: n_head / Gy
+  int64_t nkvy = 0;  // key/value heads of this rank: n_kv_head / Gy
+  int64_t QKVy = 0;  // q|k|v row of this rank's heads: (nhy + 2 nkvy) hd
+  int64_t Fy = 0;    // MLP hidden slice ffn / Gy (the activation's output)
+  int64_t FWy = 0;   // the MLP's first GEMM's output: Fy (GELU) or gate|up, 2 Fy (SwiGLU)
+  int64_t Vy = 0;    // vocabulary slice V / Gy
+
+  // The widest output of a linear layer (the bf16 gradient copies hold any of them).
+  int64_t max_linear_out() const { return std::max({QKVy, FWy, Cx, Vy}); }
+
+  // The grid's divisibility is checked elsewhere (validate_grid_for_model).
+  static LocalDims of(const ModelConfig& cfg, const GridShape& g) {
+    LocalDims d;
+    d.hd = cfg.head_dim();
+    d.Cx = cfg.n_embd / g.x();
+    d.Ay = cfg.n_embd / g.y();
+    d.nhy = cfg.n_head / g.y();
+    d.nkvy = cfg.n_kv_head / g.y();
+    d.QKVy = (d.nhy + 2 * d.nkvy) * d.hd;
+    d.Fy = cfg.ffn / g.y();
+    d.FWy = cfg.family == Family::GPT2 ? d.Fy : 2 * d.Fy;
+    d.Vy = cfg.vocab_size / g.y();
+    return d;
+  }
+};
+
+}  // namespace tetrad::parallel

@@ -1,0 +1,107 @@
+// ParallelTransformer: the optimizer step's side. apply_update runs the optimizer over the local
+// parameters, starting the next step's first Z all-gathers (the weight gatherer's) while the rest
+// is updated; with ZeRO the updated pieces are all-gathered over D (gather_updated_params).
+#include "tetrad/parallel/parallel_transformer.hpp"
+
+#include <algorithm>
+
+#include "tetrad/parallel/weight_gather.hpp"
+
+namespace tetrad::parallel {
+
+void ParallelTransformer::apply_update(
+    const std::function<void(float* params, int64_t lo, int64_t hi)>& update) {
+  // An optimizer that writes only the fp32 parameters: each updated interval is cast into the
+  // bf16 copy right after (the bits the fused pass would write).
+  apply_update([&](float* p, uint16_t* p16, int64_t lo, int64_t hi) {
+    update(p, lo, hi);
+    if (p16 && hi > lo) ops().cast_f32_to_bf16(bq(), p16 + lo, p + lo, hi - lo);
+  });
+}
+
+void ParallelTransformer::apply_update(
+    const std::function<void(float* params, uint16_t* params16, int64_t lo, int64_t hi)>& update16) {
+  // All of it is the optimizer step on the breakdown, except the MPI calls that issue and poll
+  // the gathers (communication; the gathers' own time runs behind the update).
+  ScopedPhase phase(prof_, Phase::Optimizer, "update");
+  float* p = params();  // the parameters change: gathered copies are dropped
+  uint16_t* p16 = gather_->bf16_copy();
+  // Every interval is updated through update16, which writes its bf16 copy too: the gathers
+  // issued below read only intervals already updated, and at the end all of it is current.
+  gather_->bf16_copy_written();
+  auto update = [&](float* params, int64_t lo, int64_t hi) { update16(params, p16, lo, hi); };
+  const int64_t n = plan_.local_total;
+  const bool across = ov_.prefetch_across_steps && ov_.prefetch_depth > 0 && g_.shape.z() > 1 &&
+                      g_.shape.p() == 1;
+  if (!across || opt_.zero >= 1) {
+    // ZeRO: the gathers need the pieces every D replica updated, so they wait for
+    // gather_updated_params(); they still overlap the trainer's work until the next forward.
+    update(p, 0, n);
+    gather_updated_params();
+    if (across) {
+      ScopedPhase issue(prof_, Phase::Comm, "issue next step's gathers");
+      gather_->issue_next_step();
+    }
+    return;
+  }
+  // The Z-sharded tensors of the top level and layers 0..prefetch_depth, as sorted, merged
+  // intervals of the local buffer.
+  std::vector<std::pair<int64_t, int64_t>> first;
+  const int last_first = std::min(ov_.prefetch_depth, cfg_.n_layer - 1);
+  for (const TensorShard& t : plan_.tensors)
+    if (t.z_sharded && t.spec->layer <= last_first && t.shard_numel > 0)
+      first.emplace_back(t.offset, t.offset + t.shard_numel);
+  std::sort(first.begin(), first.end());
+  std::vector<std::pair<int64_t, int64_t>> merged;
+  for (const auto& iv : first)
+    if (!merged.empty() && iv.first <= merged.back().second)
+      merged.back().second = std::max(merged.back().second, iv.second);
+    else
+      merged.push_back(iv);
+  for (const auto& [lo, hi] : merged) update(p, lo, hi);
+  {
+    ScopedPhase issue(prof_, Phase::Comm, "issue next step's gathers");
+    gather_->issue_next_step();
+  }
+  // The rest in slices, so the gathers move: by the progress thread while a slice computes, or
+  // by a poll after each (about 4 MB of parameters, ~1 ms).
+  constexpr int64_t kSlice = int64_t(1) << 20;
+  auto rest = [&](int64_t lo, int64_t hi) {
+    for (int64_t a = lo; a < hi; a += kSlice) {
+      {
+        CommQueue::ProgressScope progress(q_);
+        update(p, a, std::min(hi, a + kSlice));
+      }
+      ScopedPhase poll(prof_, Phase::Comm, "poll");
+      q_.poll();
+    }
+  };
+  int64_t at = 0;
+  for (const auto& [lo, hi] : merged) {
+    rest(at, lo);
+    at = hi;
+  }
+  rest(at, n);
+}
+
+void ParallelTransformer::gather_updated_params() {
+  if (opt_.zero == 0 || g_.shape.d() == 1) return;
+  // The parameters change: gathered copies are stale, and the bf16 copy holds only this rank's
+  // pieces updated: remade before the next forward (gathering the bf16 pieces over D as well
+  // would halve that traffic; not done).
+  gather_->parameters_changed();
+  for (size_t i = 0; i < plan_.tensors.size(); ++i) {
+    const TensorShard& t = plan_.tensors[i];
+    if (!t.stored) continue;  // another pipeline stage's layer
+    const int64_t q = piece_[i];
+    float* pieces = zero_tmp_.data();
+    float* mine = pieces + q * g_.shape.d();
+    zero_dev(mine, q);
+    copy_dev(mine, params_.data() + zl_.param_offsets[i], zl_.sizes[i]);
+    q_.run(g_.d().iallgather(mine, pieces, size_t(q), q_.ready()), g_.d(), "allgather", "updated pieces over D",
+           t.spec->layer, q * g_.shape.d() * int64_t(sizeof(float)));
+    copy_dev(params_.data() + t.offset, pieces, t.shard_numel);
+  }
+}
+
+}  // namespace tetrad::parallel
