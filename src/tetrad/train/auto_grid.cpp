@@ -99,7 +99,7 @@ AutoGrid resolve_grid(const RunConfig& cfg, int ranks, int ranks_per_node) {
     a = choose_grid(cfg, ranks, ranks_per_node);
     a.why = detail::concat("parallel.grid is not set and ", ranks, " ranks were launched: ",
                            "choosing one as parallel.grid = \"auto\" does (set parallel.grid or ",
-                           "--grid to fix it)\n", a.why);
+                           "--grid to choose one yourself)\n", a.why);
   } else if (!cfg.grid.empty()) {
     a.grid = parallel::parse_grid(cfg.grid);
   }
