@@ -62,8 +62,6 @@ const std::vector<Offender> kKnownOffenders = {
     {"tetrad/backend/cuda/kernels.cu", ""},  // every kernel, then every launcher
     {"tetrad/data/hf_tokenizer.cpp", "tetrad::data::HfTokenizer::parse"},
     {"tetrad/data/prepare.cpp", "tetrad::data::prepare_data"},
-    {"tetrad/parallel/parallel_transformer.cpp",
-     "tetrad::parallel::ParallelTransformer::ParallelTransformer"},
     {"tetrad/planner/planner.cpp", ""},  // the cost model and its report together
     {"tetrad/planner/planner.cpp", "tetrad::planner::estimate"},
     {"tetrad/tools/bench.cpp", "tetrad::run_bench"},

@@ -1,5 +1,6 @@
-// A tiny model trained a few steps with the trainer's step (ParallelTransformer, AdamW over its
-// optimizer layout on the model's backend, gradient clipping), on whatever backend
+// A tiny model trained a few steps with the trainer's own step (train/step_runner.hpp:
+// ParallelTransformer, AdamW over its optimizer layout on the model's backend, gradient
+// clipping, the non-finite guard), on whatever backend
 // ParallelOptions::device names: the harness of the device tests (tests/test_device_model.cpp on
 // cpu-strict, tests/gpu/test_gpu_model.cpp on cuda), serial or on a grid (the groups given).
 // Returns every step's loss and gradient norm and, at the end, every whole tensor and Adam
@@ -13,6 +14,7 @@
 #include "tetrad/parallel/parallel_transformer.hpp"
 #include "tetrad/parallel/process_groups.hpp"
 #include "tetrad/train/optimizer.hpp"
+#include "tetrad/train/step_runner.hpp"
 
 namespace device_model {
 
@@ -77,31 +79,30 @@ inline Trace train(const ModelConfig& mc, ProcessGroups& g, const ParallelOption
   } else {
     model.init_weights(7);
   }
+  StepOptions so;
+  so.micro_batches = kAccum;
+  so.B = Bl;
+  so.T = kT;
+  so.grad_clip = tc.grad_clip;
+  so.max_bad_steps = tc.max_bad_steps;
+  StepRunner runner(model, opt, g.host(), so);  // host values over MPI where g is NCCL's
   Trace tr;
-  std::vector<int32_t> x(size_t(Bl) * kT), y(x.size());
+  std::vector<int32_t> x(size_t(kAccum) * Bl * kT), y(x.size());
   for (int s = from; s < steps; ++s) {
-    model.begin_step(kAccum);
-    double loss = 0;
     for (int mb = 0; mb < kAccum; ++mb) {
       Rng r(1000 + mb);  // the same batches every step: the loss must fall
       std::vector<int32_t> tok(size_t(kB) * (kT + 1));
       for (auto& t : tok) t = int32_t(r.next_u64() % uint64_t(mc.vocab_size));
       for (int b = 0; b < Bl; ++b)
         for (int t = 0; t < kT; ++t) {
-          x[size_t(b) * kT + t] = tok[size_t(slot * Bl + b) * (kT + 1) + t];
-          y[size_t(b) * kT + t] = tok[size_t(slot * Bl + b) * (kT + 1) + t + 1];
+          x[size_t(mb * Bl + b) * kT + t] = tok[size_t(slot * Bl + b) * (kT + 1) + t];
+          y[size_t(mb * Bl + b) * kT + t] = tok[size_t(slot * Bl + b) * (kT + 1) + t + 1];
         }
-      loss += model.forward_backward(x.data(), y.data(), Bl, kT, 1.0f / (kB * kT * kAccum));
     }
-    model.reduce_gradients();
-    if (g.tokens().size() > 1) g.tokens().allreduce_sum(&loss, 1);
-    const double gn = std::sqrt(model.grad_sum_squares());
-    const double lr = learning_rate(tc, s), scale = gn > tc.grad_clip ? tc.grad_clip / gn : 1.0;
-    model.apply_update([&](float* p, int64_t lo, int64_t hi) {
-      opt.update(p, model.grads(), lr, scale, s + 1, lo, hi);
-    });
-    tr.losses.push_back(loss / (kB * kT * kAccum));
-    tr.grad_norms.push_back(gn);
+    const StepResult sr =
+        runner.run(x.data(), y.data(), double(kB * kT * kAccum), learning_rate(tc, s), s);
+    tr.losses.push_back(sr.loss);
+    tr.grad_norms.push_back(sr.grad_norm);
   }
   model.finish_communication();
   for (size_t i = 0; i < model.table().specs.size(); ++i) {

@@ -625,7 +625,7 @@ TEST(PlannerValidation, CompareUsesTheBenchRunsSettings) {
 TEST(PlannerAuto, ChoosesATrainableGrid) {
   RunConfig cfg = load_run_config("", {"model.name=small", "train.seq_len=512",
                                        "train.micro_batch=4", "parallel.machine=perlmutter"});
-  const AutoGrid a = choose_grid(cfg, 4, 0);
+  const AutoGrid a = choose_grid(cfg, 4, 0, backend::cpu_backend());
   EXPECT_EQ(a.grid.size(), 4);
   EXPECT_TRUE(a.grid.p() == 1 || trainer_supports_pipeline());
   EXPECT_NE(a.why.find("first choice"), std::string::npos);
@@ -638,7 +638,7 @@ TEST(PlannerAuto, PassesTheTrainersRecomputeZeroAndSchedule) {
   RunConfig cfg = load_run_config("", {"model.name=small", "train.recompute=selective",
                                        "parallel.zero=1", "parallel.schedule=interleaved",
                                        "parallel.virtual_stages=2"});
-  const PlanInput in = plan_input_of(cfg, 4);
+  const PlanInput in = plan_input_of(cfg, 4, backend::cpu_backend());
   EXPECT_EQ(in.recompute, parallel::Recompute::Selective);
   EXPECT_EQ(in.zero, 1);
   EXPECT_EQ(in.schedule, parallel::PipelineSchedule::Interleaved);

@@ -33,6 +33,7 @@
 
 using namespace tetrad;
 using namespace tetrad::kernels;
+using backend::parse_precision;
 
 namespace {
 
@@ -157,14 +158,21 @@ TEST(Bf16, PrecisionNamesAndThePathAreReported) {
 }
 
 // precision "auto": bf16 exactly where bf16 GEMMs are native, unless TETRAD_PRECISION_AUTO
-// forces a branch (tests/CMakeLists.txt runs test_train with each).
+// forces a branch (tests/CMakeLists.txt runs test_train with each). Asked of the CPU backend, as
+// the trainer, the planner's query and the benchmark ask their device (backend/precision.hpp).
 TEST(Bf16, PrecisionAutoFollowsTheHardwareUnlessForced) {
+  auto resolve_precision = [](const std::string& s) {
+    return backend::resolve_precision(s, backend::cpu_backend()).precision;
+  };
+  auto auto_precision_reason = [] { return backend::cpu_backend().auto_precision().why; };
   const char* saved = std::getenv("TETRAD_PRECISION_AUTO");
   const std::string keep = saved ? saved : "";
   ::unsetenv("TETRAD_PRECISION_AUTO");
   EXPECT_EQ(resolve_precision("auto"), native_bf16_matmul() ? Precision::BF16 : Precision::FP32);
   EXPECT_EQ(resolve_precision("fp32"), Precision::FP32);
   EXPECT_EQ(resolve_precision("bf16"), Precision::BF16);
+  EXPECT_EQ(backend::resolve_precision("bf16", backend::cpu_backend()).why, "");
+  EXPECT_EQ(auto_precision_reason(), kernels::auto_precision_reason());
   ::setenv("TETRAD_PRECISION_AUTO", "bf16", 1);
   EXPECT_EQ(resolve_precision("auto"), Precision::BF16);
   EXPECT_EQ(resolve_precision("fp32"), Precision::FP32);  // only "auto" is forced

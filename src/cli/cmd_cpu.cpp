@@ -2,7 +2,7 @@
 #include <iostream>
 
 #include "cli/command.hpp"
-#include "tetrad/backend/cpu/precision.hpp"
+#include "tetrad/backend/backend.hpp"
 #include "tetrad/core/cpu.hpp"
 
 namespace tetrad::cli {
@@ -11,11 +11,12 @@ namespace {
 
 Runner setup(CLI::App&) {
   return [](Context&) {
-    const kernels::Precision p = kernels::resolve_precision("auto");
+    backend::Backend& cpu = backend::cpu_backend();
+    const backend::PrecisionChoice p = cpu.auto_precision();
     std::cout << "cpu: " << cpu_features().summary() << "\n"
-              << "bf16 GEMMs: " << kernels::bf16_matmul_path() << "\n"
-              << "precision auto: " << kernels::precision_name(p) << " ("
-              << kernels::auto_precision_reason() << ")\n"
+              << "bf16 GEMMs: " << cpu.capabilities().gemm_bf16_path << "\n"
+              << "precision auto: " << backend::precision_name(p.precision) << " (" << p.why
+              << ")\n"
               << "switches: TETRAD_MAX_CPU_ISA=scalar|avx2|avx512|avx512_bf16|amx caps the "
                  "kernels (and oneDNN); TETRAD_BF16=emulate; TETRAD_PRECISION_AUTO=fp32|bf16\n";
   };

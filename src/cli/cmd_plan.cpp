@@ -67,7 +67,8 @@ planner::PlanInput plan_input(const Options& o, const std::string& model0, const
   in.global_batch = o.global_batch > 0 ? o.global_batch
                                        : (in.micro_batch > 0 ? in.micro_batch : 1) * cfg.train.grad_accum;
   if (!o.precision.empty()) in.precision = parse_precision(o.precision);
-  else if (model0.ends_with(".toml")) in.precision = plan_input_of(cfg, 1).precision;  // as the trainer resolves it
+  else if (model0.ends_with(".toml"))  // as the trainer resolves it on the CPU
+    in.precision = plan_input_of(cfg, 1, backend::cpu_backend()).precision;
   // Unset on the command line: the config's train.recompute and parallel.zero (their defaults,
   // none and 0, for a named model), as the trainer would run it.
   in.recompute = parse_recompute(o.recompute.empty() ? cfg.train.recompute : o.recompute);

@@ -4,6 +4,8 @@
 // of every step and, at the end, every whole tensor.
 #pragma once
 
+#include <gtest/gtest.h>
+
 #include <cmath>
 #include <memory>
 #include <string>
@@ -14,9 +16,9 @@
 #include "tetrad/core/rng.hpp"
 #include "support/transformer.hpp"
 #include "tetrad/parallel/parallel_transformer.hpp"
-#include "tetrad/parallel/pipeline.hpp"
 #include "tetrad/parallel/process_groups.hpp"
 #include "tetrad/train/optimizer.hpp"
+#include "tetrad/train/step_runner.hpp"
 
 namespace contract {
 
@@ -110,10 +112,11 @@ inline Run serial_run(const ModelConfig& mc, int steps) {
   return r;
 }
 
-// The trainer's step on a grid (ParallelTransformer, optimizer over optimizer_layout(), ZeRO's
-// all-gather after the update), on the backend ParallelOptions::device names (the CPU's when
-// null; test_device_model_mpi.cpp runs it on cpu-strict).
-// Gp > 1: the micro-batches go through PipelineDriver with `schedule`.
+// The trainer's own step (train/step_runner.hpp: begin_step, forward/backward or the pipeline's
+// step, reductions, norm, guard, clipping, AdamW through apply_update with ZeRO's all-gather) on
+// a grid, on the backend ParallelOptions::device names (the CPU's when null;
+// test_device_model_mpi.cpp runs it on cpu-strict). Gp > 1: the micro-batches go through the
+// runner's PipelineDriver with `schedule`.
 inline Run parallel_run(const ModelConfig& mc, ProcessGroups& g, int steps, ParallelOptions po,
                         PipelineSchedule schedule = PipelineSchedule::OneFOneB) {
   const int replicas = token_slots(g.shape);
@@ -126,13 +129,17 @@ inline Run parallel_run(const ModelConfig& mc, ProcessGroups& g, int steps, Para
   AdamW opt(decay_ranges(m.table(), tc, ol.param_offsets, ol.sizes, ol.state_offsets,
                          ol.grad_offsets),
             ol.state_size, tc, m.compute_backend());  // the moments live with the model
-  std::unique_ptr<PipelineDriver> pipe;
-  if (g.shape.p() > 1) pipe = std::make_unique<PipelineDriver>(m, schedule, kAccum);
+  StepOptions so;
+  so.micro_batches = kAccum;
+  so.B = Bl;
+  so.T = kT;
+  so.grad_clip = tc.grad_clip;
+  so.max_bad_steps = tc.max_bad_steps;
+  so.schedule = schedule;
+  StepRunner runner(m, opt, g, so);
   Run r;
   std::vector<int32_t> x(size_t(kAccum) * Bl * kT), y(x.size());
   for (int s = 0; s < steps; ++s) {
-    m.zero_grads();
-    double loss = 0;
     for (int mb = 0; mb < kAccum; ++mb) {
       auto tok = batch_tokens(s, mb, mc.vocab_size);
       for (int b = 0; b < Bl; ++b)
@@ -141,24 +148,13 @@ inline Run parallel_run(const ModelConfig& mc, ProcessGroups& g, int steps, Para
           y[(mb * Bl + b) * kT + t] = tok[(slot * Bl + b) * (kT + 1) + t + 1];
         }
     }
-    const float scale = 1.0f / (kB * kT * kAccum);
-    if (pipe) {
-      loss = pipe->step(x.data(), y.data(), Bl, kT, scale);
-    } else {
-      for (int mb = 0; mb < kAccum; ++mb)
-        loss += m.forward_backward(x.data() + size_t(mb) * Bl * kT, y.data() + size_t(mb) * Bl * kT,
-                                   Bl, kT, scale);
-    }
-    m.reduce_gradients();
-    if (g.tokens().size() > 1) g.tokens().allreduce_sum(&loss, 1);
-    if (pipe) g.p().allreduce_sum(&loss, 1);
-    const double gn = std::sqrt(m.grad_sum_squares());
-    opt.update(m.params(), m.grads(), learning_rate(tc, s),
-               gn > tc.grad_clip ? tc.grad_clip / gn : 1.0, s + 1);
-    m.gather_updated_params();
-    r.losses.push_back(loss / (kB * kT * kAccum));
-    r.grad_norms.push_back(gn);
+    const StepResult sr =
+        runner.run(x.data(), y.data(), double(kB * kT * kAccum), learning_rate(tc, s), s);
+    EXPECT_EQ(sr.verdict, StepVerdict::Apply) << "step " << s + 1 << " is not finite";
+    r.losses.push_back(sr.loss);
+    r.grad_norms.push_back(sr.grad_norm);
   }
+  m.finish_communication();  // the next step's gathers the last update started
   for (size_t i = 0; i < m.table().specs.size(); ++i) {
     std::vector<float> full(m.table().specs[i].numel);
     m.get_tensor(i, full.data());

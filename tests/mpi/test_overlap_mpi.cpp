@@ -29,6 +29,7 @@
 #include "tetrad/parallel/parallel_transformer.hpp"
 #include "tetrad/parallel/process_groups.hpp"
 #include "tetrad/train/optimizer.hpp"
+#include "tetrad/train/step_runner.hpp"
 
 using namespace tetrad;
 using namespace tetrad::parallel;
@@ -76,28 +77,31 @@ Result train(const ModelConfig& mc, ProcessGroups& g, const OverlapOptions& ov,
     size.push_back(t.shard_numel);
   }
   AdamW opt(decay_ranges(m.table(), tc, off, size), m.num_local_params(), tc);
+  // The trainer's own step (train/step_runner.hpp); its per-micro-batch losses are compared.
+  StepOptions so;
+  so.micro_batches = kAccum;
+  so.B = Bl;
+  so.T = kT;
+  so.grad_clip = tc.grad_clip;
+  so.max_bad_steps = tc.max_bad_steps;
+  so.profile = prof;
+  StepRunner runner(m, opt, g, so);
   Result r;
+  std::vector<int32_t> in(size_t(kAccum) * Bl * kT), tg(in.size());
   for (int step = 0; step < kSteps; ++step) {
-    m.begin_step(kAccum);
     for (int micro = 0; micro < kAccum; ++micro) {
       Rng rng(500 + 17 * step + micro);
       std::vector<int32_t> tok(size_t(kB) * (kT + 1));
       for (auto& x : tok) x = int32_t(rng.next_u64() % uint64_t(mc.vocab_size));
       // This rank's sequences of the global micro-batch, as inputs and shifted targets.
-      std::vector<int32_t> in(size_t(Bl) * kT), tg(in.size());
       for (int b = 0; b < Bl; ++b)
         for (int t = 0; t < kT; ++t) {
-          in[size_t(b) * kT + t] = tok[size_t(slot * Bl + b) * (kT + 1) + t];
-          tg[size_t(b) * kT + t] = tok[size_t(slot * Bl + b) * (kT + 1) + t + 1];
+          in[size_t(micro * Bl + b) * kT + t] = tok[size_t(slot * Bl + b) * (kT + 1) + t];
+          tg[size_t(micro * Bl + b) * kT + t] = tok[size_t(slot * Bl + b) * (kT + 1) + t + 1];
         }
-      r.losses.push_back(m.forward_backward(in.data(), tg.data(), Bl, kT, 1.0f / (kB * kT * kAccum)));
     }
-    m.reduce_gradients();
-    const double gn = std::sqrt(m.grad_sum_squares());
-    const float* grads = m.grads();
-    m.apply_update([&](float* params, int64_t lo, int64_t hi) {
-      opt.update(params, grads, learning_rate(tc, step), gn > 1 ? 1 / gn : 1.0, step + 1, lo, hi);
-    });
+    runner.run(in.data(), tg.data(), double(kB * kT * kAccum), learning_rate(tc, step), step);
+    for (double l : runner.micro_losses()) r.losses.push_back(l);
     if (step == 0) {
       // An evaluation between steps (as the trainer's validation) runs on the gathers the
       // update started (prefetch_across_steps): it must see the updated weights.

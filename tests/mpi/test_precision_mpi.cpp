@@ -51,7 +51,7 @@ std::vector<int32_t> batch(int step, int V) {
 }
 
 std::vector<double> serial_fp32(const ModelConfig& mc) {
-  Transformer<float> m(mc, kB, kT, kernels::Precision::FP32);
+  Transformer<float> m(mc, kB, kT, backend::Precision::FP32);
   m.init_weights(7);
   const TrainConfig tc = train_config();
   AdamW opt(m.table(), tc);

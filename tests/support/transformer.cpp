@@ -117,9 +117,9 @@ struct Transformer<T>::Cache {
 
 template <typename T>
 Transformer<T>::Transformer(const ModelConfig& config, int max_batch, int max_len,
-                            k::Precision precision)
+                            backend::Precision precision)
     : cfg_(config), max_batch_(max_batch), max_len_(max_len) {
-  if (precision == k::Precision::BF16 && !std::is_same_v<T, float>) fail(kNoBf16);
+  if (precision == backend::Precision::BF16 && !std::is_same_v<T, float>) fail(kNoBf16);
   cfg_.validate();
   if (max_batch <= 0) fail("micro-batch size must be positive, got ", max_batch);
   if (max_len <= 0 || max_len > cfg_.max_seq)
@@ -158,7 +158,7 @@ Transformer<T>::Transformer(const ModelConfig& config, int max_batch, int max_le
 
   // Activations: one allocation per element type, carved into views. In bf16 mode the tensors
   // that only feed GEMMs are bf16 (see Acts); the fp32 ones they replace are not allocated.
-  bf16_ = precision == k::Precision::BF16;
+  bf16_ = precision == backend::Precision::BF16;
   const int64_t N = int64_t(max_batch) * max_len, C = cfg_.n_embd, V = cfg_.vocab_size;
   const int64_t QKV = cfg_.qkv_dim(), F = cfg_.ffn, FW = gpt2 ? F : 2 * F;
   const int64_t h = bf16_ ? 0 : 1;  // 1 where an fp32 tensor exists only in fp32 mode

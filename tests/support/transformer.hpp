@@ -31,7 +31,7 @@ class Transformer {
   // sequences of up to max_len tokens (max_len <= config.max_seq). `precision` is the model's
   // GEMM precision for its lifetime (see bf16() below); BF16 is for Transformer<float> only.
   Transformer(const ModelConfig& config, int max_batch, int max_len,
-              kernels::Precision precision = kernels::Precision::FP32);
+              backend::Precision precision = backend::Precision::FP32);
   ~Transformer();
   Transformer(const Transformer&) = delete;
   Transformer& operator=(const Transformer&) = delete;

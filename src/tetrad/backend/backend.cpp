@@ -115,6 +115,19 @@ void DeviceBuffer::release() noexcept {
   bytes_ = 0;
 }
 
+PrecisionChoice resolve_precision(const std::string& setting, const Backend& device) {
+  if (setting == "auto") return device.auto_precision();
+  if (setting == "fp32" || setting == "bf16") return {parse_precision(setting), ""};
+  fail("precision must be \"fp32\", \"bf16\" or \"auto\", got \"", setting, "\"");
+}
+
+PrecisionChoice Backend::auto_precision() const {
+  const Capabilities& c = capabilities();
+  if (c.gemm_bf16_native) return {Precision::BF16, "bf16 GEMMs here: " + c.gemm_bf16_path};
+  return {Precision::FP32, c.gemm_bf16 ? "bf16 would be " + c.gemm_bf16_path
+                                       : "bf16 GEMMs do not run here"};
+}
+
 DeviceBuffer Backend::alloc(size_t bytes, MemoryKind kind) {
   if (bytes == 0) return DeviceBuffer();
   return DeviceBuffer(this, allocate(bytes, kind), bytes, kind);

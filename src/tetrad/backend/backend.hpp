@@ -146,6 +146,14 @@ struct DeviceCeilings {
   std::string method, skipped;
 };
 
+// The peak a run's model FLOP/s are divided by (MFU and HFU in the trainer and the benchmark), for
+// GEMMs in one precision, per device: gflops, and name, what it is for the log ("bf16 matrix
+// peak (AMX-BF16 register loop)", "H100 SXM bf16 dense peak (datasheet)").
+struct DevicePeak {
+  double gflops = 0;
+  std::string name;
+};
+
 // Memory a backend's device has for new allocations now, for the trainer's check that a run fits
 // before its first step (train/device_memory.hpp). available, total: bytes (0: unknown). source
 // names the figure for logs and errors ("MemAvailable", "cgroup memory.max", "cudaMemGetInfo").
@@ -177,6 +185,16 @@ class Backend {
   virtual std::unique_ptr<Queue> new_queue() = 0;  // another one (a GPU: another stream)
   // Ceilings on `threads` host threads (CPU; 0: all cores); quick: well under a second.
   virtual DeviceCeilings ceilings(int threads, bool quick) = 0;
+  // The MFU baseline among the ceilings: the peak of GEMMs in precision p on this device, one
+  // rank on `threads` host threads (CPU; 0: OpenMP's current count). The CPU backends measure it
+  // (the fp32 FMA peak, the bf16 matrix peak: backend/cpu/ceilings.hpp); a GPU gives its part's
+  // datasheet peak (backend/gpu_parts.hpp), else its measured GEMM ceiling.
+  virtual DevicePeak peak(Precision p, int threads) = 0;
+  // What GEMM precision "auto" means on this backend, and why (resolve_precision,
+  // backend/precision.hpp): bf16 where bf16 GEMMs run on bf16 matrix hardware
+  // (Capabilities::gemm_bf16_native), fp32 elsewhere. The CPU backends also honour
+  // TETRAD_PRECISION_AUTO (backend/cpu/precision.hpp).
+  virtual PrecisionChoice auto_precision() const;
   // Whether the host may load and store through p: true for host memory and, where
   // Capabilities::host_visible, for device memory too; false for device memory of a GPU (or of
   // "cpu-strict"). A communicator that moves host memory (MPI) stages p through host memory when
@@ -203,6 +221,10 @@ class Backend {
 template <typename T>
 DeviceArray<T>::DeviceArray(Backend& be, size_t n, MemoryKind kind)
     : buf_(be.alloc_array<T>(n, kind)), n_(n) {}
+
+// A GEMM precision setting on `device` (backend/precision.hpp): "fp32" | "bf16" as given, "auto"
+// as device.auto_precision() says; anything else throws Error naming the choices.
+PrecisionChoice resolve_precision(const std::string& setting, const Backend& device);
 
 // ---- which backends this build has ------------------------------------------------------------
 

@@ -32,6 +32,8 @@
 #include <cstddef>
 #include <cstdint>
 
+#include "tetrad/backend/precision.hpp"
+
 namespace tetrad::backend {
 
 class Queue;
@@ -41,10 +43,7 @@ enum class DType : uint8_t { F32, BF16, F64, I32 };
 size_t dtype_size(DType t);
 const char* dtype_name(DType t);
 
-// GEMM operand precision: fp32, or operands rounded to bf16 (nearest even) with fp32
-// accumulation (docs/precision.md). Chosen per call by whoever owns the model's precision
-// setting, never a process-wide switch.
-enum class Precision : uint8_t { FP32, BF16 };
+// GEMM operand precision: Precision (backend/precision.hpp), chosen per call.
 
 // C[M,N] = alpha * op(A) · op(B) + beta * C; op(X) = Xᵀ when trans_x. A is stored [M,K] ([K,M]
 // transposed) with leading dimension lda, B [K,N] ([N,K]) with ldb; C is fp32 [M,N] with ldc.

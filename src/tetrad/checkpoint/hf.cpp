@@ -34,14 +34,13 @@ std::vector<int64_t> hf_shape(const ParamSpec& s) {
   return {s.shape[1], s.shape[0]};
 }
 
-bool ends_with(const std::string& s, const std::string& suffix) {
-  return s.size() >= suffix.size() && s.compare(s.size() - suffix.size(), suffix.size(), suffix) == 0;
-}
-
-// Buffers HF models carry in their state dicts that are not parameters.
+// Buffers HF models carry in their state dicts that are not parameters (any family's: a folder
+// of another family is refused by its config before its tensors are read).
 bool is_ignored_buffer(const std::string& name) {
-  return ends_with(name, ".attn.bias") || ends_with(name, ".attn.masked_bias") ||
-         ends_with(name, ".rotary_emb.inv_freq");
+  for (const FamilyDesc& f : families())
+    for (const char* suffix : f.hf_ignored_buffers)
+      if (name.ends_with(suffix)) return true;
+  return false;
 }
 
 
@@ -212,10 +211,12 @@ void load_hf_impl(const std::string& dir, const ModelConfig& expected, const Par
          expected.tie_embeddings ? "tied" : "untied", " embeddings");
 
   FolderTensors files(dir);
-  // The original GPT-2 upload names tensors without the "transformer." prefix.
-  const std::string prefix = "transformer.";
-  const bool strip = expected.family == Family::GPT2 &&
-                     !files.file_of("transformer.wte.weight") && files.file_of("wte.weight");
+  // Some uploads name every tensor without the family's prefix (the original GPT-2's
+  // "transformer."): recognised by the table's first tensor.
+  const std::string prefix = expected.desc().hf_optional_prefix;
+  const std::string& first = table.specs.front().name;
+  const bool strip = !prefix.empty() && first.starts_with(prefix) && !files.file_of(first) &&
+                     files.file_of(first.substr(prefix.size()));
   auto file_name = [&](const std::string& n) {
     return strip && n.compare(0, prefix.size(), prefix) == 0 ? n.substr(prefix.size()) : n;
   };
@@ -244,7 +245,7 @@ void load_hf_impl(const std::string& dir, const ModelConfig& expected, const Par
   }
   for (const auto& [name, f] : files.all()) {
     if (used.count(name) || is_ignored_buffer(name)) continue;
-    if (name == "lm_head.weight" && expected.tie_embeddings) continue;  // tied copy
+    if (name == expected.desc().hf_tied_head && expected.tie_embeddings) continue;  // tied copy
     fail("checkpoint ", dir, ": tensor '", name, "' (in '", f->path(),
          "') is not a parameter of this model");
   }
@@ -262,7 +263,8 @@ void load_hf_impl(const std::string& dir, const ModelConfig& expected, const Par
   same("n_head", got.n_head, expected.n_head);
   same("n_kv_head", got.n_kv_head, expected.n_kv_head);
   same("norm_eps", got.norm_eps, expected.norm_eps);
-  if (expected.family == Family::Llama) {
+  const Positions positions = expected.desc().positions;
+  if (positions == Positions::Rope) {
     same("rope_theta", got.rope_theta, expected.rope_theta);
     same("rope type", got.rope_type, expected.rope_type);
     if (expected.rope_llama3()) {
@@ -274,7 +276,7 @@ void load_hf_impl(const std::string& dir, const ModelConfig& expected, const Par
     }
   }
   // (Llama's max_position_embeddings bounds nothing in the weights: a shorter run is fine.)
-  if (expected.family == Family::GPT2) same("max_seq", got.max_seq, expected.max_seq);
+  if (positions == Positions::Learned) same("max_seq", got.max_seq, expected.max_seq);
 
   if (params) {
     for (const auto& s : table.specs) {

@@ -175,6 +175,150 @@ nlohmann::json rope_parameters_json(const ModelConfig& c) {
 }
 }  // namespace
 
+namespace {
+
+// Each family's config.json, both ways: its own fields (model_type and architectures come from
+// the family's description). A family is registered by an entry in kConfigFormats.
+using Ids = const nlohmann::json&;
+nlohmann::json gpt2_config_json(const ModelConfig& c, Ids bos, Ids eos) {
+  return {{"n_embd", c.n_embd},
+          {"n_layer", c.n_layer},
+          {"n_head", c.n_head},
+          {"n_inner", c.ffn},
+          {"n_positions", c.max_seq},
+          {"n_ctx", c.max_seq},
+          {"vocab_size", c.vocab_size},
+          {"layer_norm_epsilon", json_float(c.norm_eps)},
+          {"activation_function", "gelu_new"},
+          {"initializer_range", json_float(c.init_std)},
+          {"tie_word_embeddings", true},
+          // tetrad trains without dropout; HF's defaults (0.1) would differ when fine-tuning.
+          {"attn_pdrop", 0.0},
+          {"embd_pdrop", 0.0},
+          {"resid_pdrop", 0.0},
+          {"scale_attn_weights", true},
+          {"scale_attn_by_inverse_layer_idx", false},
+          {"reorder_and_upcast_attn", false},
+          {"bos_token_id", bos},
+          {"eos_token_id", eos},
+          {"use_cache", true},
+          {"torch_dtype", "float32"}};
+}
+
+nlohmann::json llama_config_json(const ModelConfig& c, Ids bos, Ids eos) {
+  return {{"hidden_size", c.n_embd},
+          {"intermediate_size", c.ffn},
+          {"num_hidden_layers", c.n_layer},
+          {"num_attention_heads", c.n_head},
+          {"num_key_value_heads", c.n_kv_head},
+          {"head_dim", c.head_dim()},
+          {"max_position_embeddings", c.max_seq},
+          {"rms_norm_eps", json_float(c.norm_eps)},
+          // Both layouts (the rope_* fields of read_rope): transformers 4.x reads rope_theta
+          // and rope_scaling, 5.x rope_parameters.
+          {"rope_theta", json_float(c.rope_theta)},
+          {"rope_scaling", rope_scaling_json(c)},
+          {"rope_parameters", rope_parameters_json(c)},
+          {"vocab_size", c.vocab_size},
+          {"tie_word_embeddings", c.tie_embeddings},
+          {"hidden_act", "silu"},
+          {"attention_bias", false},
+          {"attention_dropout", 0.0},
+          {"mlp_bias", false},
+          {"pretraining_tp", 1},
+          {"initializer_range", json_float(c.init_std)},
+          {"bos_token_id", bos},
+          {"eos_token_id", eos},
+          {"use_cache", true},
+          {"torch_dtype", "float32"}};
+}
+
+void read_gpt2_config(const nlohmann::json& j, const std::string& where, ConfigReader& r,
+                      ModelConfig& c) {
+  (void)j;
+  c.n_embd = r.size("n_embd");
+  c.n_layer = r.size("n_layer");
+  c.n_head = r.size("n_head");
+  c.n_kv_head = c.n_head;
+  c.ffn = r.size_or("n_inner", 4 * c.n_embd);
+  c.vocab_size = r.size("vocab_size");
+  if (!r.has("n_positions") && !r.has("n_ctx")) fail(where, ": missing field 'n_positions'");
+  c.max_seq = r.has("n_positions") ? r.size("n_positions") : r.size("n_ctx");
+  c.norm_eps = float(r.number_or("layer_norm_epsilon", 1e-5));
+  c.init_std = float(r.number_or("initializer_range", 0.02));
+  const std::string act = r.string_or("activation_function", "gelu_new");
+  if (act != "gelu_new" && act != "gelu_pytorch_tanh")
+    fail(where, ": activation_function '", act,
+         "' is not supported; tetrad's GPT-2 uses the tanh GELU (\"gelu_new\" or "
+         "\"gelu_pytorch_tanh\")");
+  if (!r.boolean_or("tie_word_embeddings", true))
+    fail(where, ": tie_word_embeddings = false is not supported for gpt2 (tetrad's GPT-2 ties "
+                "the output head to the token embedding)");
+  if (!r.boolean_or("scale_attn_weights", true))
+    fail(where, ": scale_attn_weights = false is not supported");
+  r.require_false("scale_attn_by_inverse_layer_idx", "attention is scaled by 1/sqrt(head_dim) only");
+  r.require_false("add_cross_attention", "decoder-only models only");
+  c.tie_embeddings = true;
+}
+
+void read_llama_config(const nlohmann::json& j, const std::string& where, ConfigReader& r,
+                       ModelConfig& c) {
+  c.n_embd = r.size("hidden_size");
+  c.ffn = r.size("intermediate_size");
+  c.n_layer = r.size("num_hidden_layers");
+  c.n_head = r.size("num_attention_heads");
+  c.n_kv_head = r.size_or("num_key_value_heads", c.n_head);
+  c.vocab_size = r.size("vocab_size");
+  c.max_seq = r.size("max_position_embeddings");
+  c.norm_eps = float(r.number_or("rms_norm_eps", 1e-6));
+  read_rope(j, where, c);
+  c.init_std = float(r.number_or("initializer_range", 0.02));
+  c.tie_embeddings = r.boolean_or("tie_word_embeddings", false);
+  const std::string act = r.string_or("hidden_act", "silu");
+  if (act != "silu")
+    fail(where, ": hidden_act '", act, "' is not supported; tetrad's Llama uses \"silu\"");
+  r.require_false("attention_bias", "tetrad's Llama has no attention biases");
+  r.require_false("mlp_bias", "tetrad's Llama has no MLP biases");
+  r.require_false("use_sliding_window", "tetrad's attention is full causal attention");
+  if (r.has("sliding_window"))
+    fail(where, ": 'sliding_window' = ", j["sliding_window"].dump(),
+         " is not supported (tetrad's attention is full causal attention; expected null)");
+  if (r.has("layer_types")) {
+    if (!j["layer_types"].is_array())
+      fail(where, ": 'layer_types' must be a list, got ", j["layer_types"].dump());
+    for (const auto& t : j["layer_types"])
+      if (t != "full_attention")
+        fail(where, ": 'layer_types' holds ", t.dump(),
+             ", which is not supported (tetrad's layers are all \"full_attention\")");
+  }
+  for (const char* k : {"attn_logit_softcapping", "final_logit_softcapping", "logit_scale"})
+    if (r.has(k))
+      fail(where, ": '", k, "' = ", j[k].dump(), " is not supported (tetrad's Llama does not "
+           "scale or cap logits; expected null)");
+  if (r.has("head_dim") && r.integer("head_dim") != c.n_embd / c.n_head)
+    fail(where, ": head_dim = ", r.integer("head_dim"),
+         " is not supported; tetrad's Llama uses hidden_size / num_attention_heads = ",
+         c.n_embd / c.n_head);
+}
+
+struct ConfigFormat {
+  Family family;
+  nlohmann::json (*write)(const ModelConfig&, Ids bos, Ids eos);
+  void (*read)(const nlohmann::json&, const std::string& where, ConfigReader&, ModelConfig&);
+};
+constexpr ConfigFormat kConfigFormats[] = {
+    {Family::GPT2, gpt2_config_json, read_gpt2_config},
+    {Family::Llama, llama_config_json, read_llama_config},
+};
+
+const ConfigFormat& config_format(Family f) {
+  for (const ConfigFormat& k : kConfigFormats)
+    if (k.family == f) return k;
+  fail("model family '", family_name(f), "' has no Hugging Face config format");
+}
+
+}  // namespace
+
 nlohmann::json hf_config_json(const ModelConfig& c, const nlohmann::json& extra) {
   nlohmann::json bos = nullptr, eos = nullptr;
   if (extra.is_object()) {
@@ -183,61 +327,9 @@ nlohmann::json hf_config_json(const ModelConfig& c, const nlohmann::json& extra)
     if (extra.contains("eos_token_id") && extra["eos_token_id"].is_number_integer())
       eos = extra["eos_token_id"];
   }
-  nlohmann::json j;
-  if (c.family == Family::GPT2) {
-    j = {{"architectures", {"GPT2LMHeadModel"}},
-         {"model_type", "gpt2"},
-         {"n_embd", c.n_embd},
-         {"n_layer", c.n_layer},
-         {"n_head", c.n_head},
-         {"n_inner", c.ffn},
-         {"n_positions", c.max_seq},
-         {"n_ctx", c.max_seq},
-         {"vocab_size", c.vocab_size},
-         {"layer_norm_epsilon", json_float(c.norm_eps)},
-         {"activation_function", "gelu_new"},
-         {"initializer_range", json_float(c.init_std)},
-         {"tie_word_embeddings", true},
-         // tetrad trains without dropout; HF's defaults (0.1) would differ when fine-tuning.
-         {"attn_pdrop", 0.0},
-         {"embd_pdrop", 0.0},
-         {"resid_pdrop", 0.0},
-         {"scale_attn_weights", true},
-         {"scale_attn_by_inverse_layer_idx", false},
-         {"reorder_and_upcast_attn", false},
-         {"bos_token_id", bos},
-         {"eos_token_id", eos},
-         {"use_cache", true},
-         {"torch_dtype", "float32"}};
-  } else {
-    j = {{"architectures", {"LlamaForCausalLM"}},
-         {"model_type", "llama"},
-         {"hidden_size", c.n_embd},
-         {"intermediate_size", c.ffn},
-         {"num_hidden_layers", c.n_layer},
-         {"num_attention_heads", c.n_head},
-         {"num_key_value_heads", c.n_kv_head},
-         {"head_dim", c.head_dim()},
-         {"max_position_embeddings", c.max_seq},
-         {"rms_norm_eps", json_float(c.norm_eps)},
-         // Both layouts (the rope_* fields of read_rope): transformers 4.x reads rope_theta and
-         // rope_scaling, 5.x rope_parameters.
-         {"rope_theta", json_float(c.rope_theta)},
-         {"rope_scaling", rope_scaling_json(c)},
-         {"rope_parameters", rope_parameters_json(c)},
-         {"vocab_size", c.vocab_size},
-         {"tie_word_embeddings", c.tie_embeddings},
-         {"hidden_act", "silu"},
-         {"attention_bias", false},
-         {"attention_dropout", 0.0},
-         {"mlp_bias", false},
-         {"pretraining_tp", 1},
-         {"initializer_range", json_float(c.init_std)},
-         {"bos_token_id", bos},
-         {"eos_token_id", eos},
-         {"use_cache", true},
-         {"torch_dtype", "float32"}};
-  }
+  nlohmann::json j = config_format(c.family).write(c, bos, eos);
+  j["architectures"] = nlohmann::json::array({c.desc().hf_architecture});
+  j["model_type"] = c.desc().hf_model_type;
   return j;
 }
 
@@ -247,72 +339,16 @@ ModelConfig parse_hf_config(const nlohmann::json& j, const std::string& where) {
   if (!r.has("model_type")) fail(where, ": missing field 'model_type'");
   const std::string type = r.string_or("model_type", "");
   ModelConfig c;
-  if (type == "gpt2") {
-    c.family = Family::GPT2;
-    c.n_embd = r.size("n_embd");
-    c.n_layer = r.size("n_layer");
-    c.n_head = r.size("n_head");
-    c.n_kv_head = c.n_head;
-    c.ffn = r.size_or("n_inner", 4 * c.n_embd);
-    c.vocab_size = r.size("vocab_size");
-    if (!r.has("n_positions") && !r.has("n_ctx")) fail(where, ": missing field 'n_positions'");
-    c.max_seq = r.has("n_positions") ? r.size("n_positions") : r.size("n_ctx");
-    c.norm_eps = float(r.number_or("layer_norm_epsilon", 1e-5));
-    c.init_std = float(r.number_or("initializer_range", 0.02));
-    const std::string act = r.string_or("activation_function", "gelu_new");
-    if (act != "gelu_new" && act != "gelu_pytorch_tanh")
-      fail(where, ": activation_function '", act,
-           "' is not supported; tetrad's GPT-2 uses the tanh GELU (\"gelu_new\" or "
-           "\"gelu_pytorch_tanh\")");
-    if (!r.boolean_or("tie_word_embeddings", true))
-      fail(where, ": tie_word_embeddings = false is not supported for gpt2 (tetrad's GPT-2 ties "
-                  "the output head to the token embedding)");
-    if (!r.boolean_or("scale_attn_weights", true))
-      fail(where, ": scale_attn_weights = false is not supported");
-    r.require_false("scale_attn_by_inverse_layer_idx", "attention is scaled by 1/sqrt(head_dim) only");
-    r.require_false("add_cross_attention", "decoder-only models only");
-    c.tie_embeddings = true;
-  } else if (type == "llama") {
-    c.family = Family::Llama;
-    c.n_embd = r.size("hidden_size");
-    c.ffn = r.size("intermediate_size");
-    c.n_layer = r.size("num_hidden_layers");
-    c.n_head = r.size("num_attention_heads");
-    c.n_kv_head = r.size_or("num_key_value_heads", c.n_head);
-    c.vocab_size = r.size("vocab_size");
-    c.max_seq = r.size("max_position_embeddings");
-    c.norm_eps = float(r.number_or("rms_norm_eps", 1e-6));
-    read_rope(j, where, c);
-    c.init_std = float(r.number_or("initializer_range", 0.02));
-    c.tie_embeddings = r.boolean_or("tie_word_embeddings", false);
-    const std::string act = r.string_or("hidden_act", "silu");
-    if (act != "silu")
-      fail(where, ": hidden_act '", act, "' is not supported; tetrad's Llama uses \"silu\"");
-    r.require_false("attention_bias", "tetrad's Llama has no attention biases");
-    r.require_false("mlp_bias", "tetrad's Llama has no MLP biases");
-    r.require_false("use_sliding_window", "tetrad's attention is full causal attention");
-    if (r.has("sliding_window"))
-      fail(where, ": 'sliding_window' = ", j["sliding_window"].dump(),
-           " is not supported (tetrad's attention is full causal attention; expected null)");
-    if (r.has("layer_types")) {
-      if (!j["layer_types"].is_array())
-        fail(where, ": 'layer_types' must be a list, got ", j["layer_types"].dump());
-      for (const auto& t : j["layer_types"])
-        if (t != "full_attention")
-          fail(where, ": 'layer_types' holds ", t.dump(),
-               ", which is not supported (tetrad's layers are all \"full_attention\")");
-    }
-    for (const char* k : {"attn_logit_softcapping", "final_logit_softcapping", "logit_scale"})
-      if (r.has(k))
-        fail(where, ": '", k, "' = ", j[k].dump(), " is not supported (tetrad's Llama does not "
-             "scale or cap logits; expected null)");
-    if (r.has("head_dim") && r.integer("head_dim") != c.n_embd / c.n_head)
-      fail(where, ": head_dim = ", r.integer("head_dim"),
-           " is not supported; tetrad's Llama uses hidden_size / num_attention_heads = ",
-           c.n_embd / c.n_head);
-  } else {
-    fail(where, ": model_type '", type, "' is not supported; expected \"gpt2\" or \"llama\"");
+  const FamilyDesc* family = nullptr;
+  std::string known;
+  for (const FamilyDesc& d : families()) {
+    if (type == d.hf_model_type) family = &d;
+    known += std::string(known.empty() ? "" : &d == &families().back() ? " or " : ", ") + "\"" +
+             d.hf_model_type + "\"";
   }
+  if (!family) fail(where, ": model_type '", type, "' is not supported; expected ", known);
+  c.family = family->id;
+  config_format(c.family).read(j, where, r, c);
   try {
     c.validate();
   } catch (const Error& e) {

@@ -382,7 +382,7 @@ void check_model(const ModelConfig& saved, const ModelConfig& want, const std::s
   cmp("model.max_seq", saved.max_seq, want.max_seq);
   cmp("model.norm_eps", saved.norm_eps, want.norm_eps);
   cmp("model.tie_embeddings", saved.tie_embeddings, want.tie_embeddings);
-  if (want.family == Family::Llama) {
+  if (want.desc().positions == Positions::Rope) {
     cmp("model.rope_theta", saved.rope_theta, want.rope_theta);
     cmp("model.rope_type", saved.rope_type, want.rope_type);
     if (want.rope_llama3() && saved.rope_llama3()) {

@@ -10,7 +10,7 @@ std::vector<GemmShape> model_gemm_shapes(const ModelConfig& c, int tokens) {
     int in, out;
   };
   const int C = c.n_embd;
-  const int fc_out = c.family == Family::Llama ? 2 * c.ffn : c.ffn;  // Llama: gate+up fused
+  const int fc_out = c.mlp_in_dim();  // SwiGLU: gate+up fused
   const Linear linears[] = {{"attn.qkv", C, c.qkv_dim()},
                             {"attn.proj", C, C},
                             {"mlp.fc", C, fc_out},

@@ -5,14 +5,6 @@
 
 namespace tetrad {
 
-std::string family_name(Family f) { return f == Family::GPT2 ? "gpt2" : "llama"; }
-
-Family parse_family(const std::string& s) {
-  if (s == "gpt2") return Family::GPT2;
-  if (s == "llama") return Family::Llama;
-  fail("model.family: unknown family '", s, "'; expected \"gpt2\" or \"llama\"");
-}
-
 void ModelConfig::validate() const {
   auto positive = [](const char* field, long v) {
     if (v <= 0) fail("model.", field, " must be positive, got ", v);
@@ -28,15 +20,16 @@ void ModelConfig::validate() const {
     fail("model.n_head (", n_head, ") must divide model.n_embd (", n_embd, ")");
   if (n_head % n_kv_head != 0)
     fail("model.n_kv_head (", n_kv_head, ") must divide model.n_head (", n_head, ")");
-  if (family == Family::GPT2 && n_kv_head != n_head)
-    fail("model.n_kv_head: GPT-2 has no grouped-query attention; set it equal to n_head (",
+  const FamilyDesc& d = desc();
+  if (!d.grouped_query_attention && n_kv_head != n_head)
+    fail("model.n_kv_head: ", d.display, " has no grouped-query attention; set it equal to n_head (",
          n_head, ") or use family = \"llama\"");
-  if (family == Family::GPT2 && !tie_embeddings)
-    fail("model.tie_embeddings: GPT-2 always ties the output head to the token embedding");
-  if (family == Family::Llama && head_dim() % 2 != 0)
+  if (d.tied == TiedEmbeddings::Always && !tie_embeddings)
+    fail("model.tie_embeddings: ", d.display, " always ties the output head to the token embedding");
+  if (d.positions == Positions::Rope && head_dim() % 2 != 0)
     fail("model: rotary positions need an even head dimension, got ", head_dim());
   if (!(norm_eps > 0)) fail("model.norm_eps must be positive");
-  if (family == Family::Llama) {
+  if (d.positions == Positions::Rope) {
     if (!(rope_theta > 0)) fail("model.rope_theta must be positive, got ", rope_theta);
     if (rope_type != "default" && rope_type != "llama3")
       fail("model.rope_type = \"", rope_type, "\": expected \"default\" or \"llama3\"");

@@ -4,15 +4,12 @@
 #include <cstdint>
 #include <string>
 
+#include "tetrad/model/family.hpp"
+
 namespace tetrad {
 namespace kernels {
 struct RopeFrequencies;
 }
-
-enum class Family { GPT2, Llama };
-
-std::string family_name(Family f);      // "gpt2" | "llama"
-Family parse_family(const std::string& s);  // throws Error naming the accepted values
 
 struct ModelConfig {
   Family family = Family::GPT2;
@@ -36,7 +33,10 @@ struct ModelConfig {
   float init_std = 0.02f;
 
   int head_dim() const { return n_embd / n_head; }
-  bool rope_llama3() const { return family == Family::Llama && rope_type == "llama3"; }
+  const FamilyDesc& desc() const { return family_desc(family); }
+  bool rope_llama3() const { return desc().positions == Positions::Rope && rope_type == "llama3"; }
+  // Rows of the MLP's input GEMM: ffn, or 2 ffn where gate and up are fused (SwiGLU).
+  int mlp_in_dim() const { return desc().mlp_in_factor() * ffn; }
   int qkv_dim() const { return (n_head + 2 * n_kv_head) * head_dim(); }
   // Throws Error when sizes are inconsistent (heads not dividing C, kv heads not dividing heads...).
   void validate() const;

@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <span>
 #include <string>
 
 #include "tetrad/core/error.hpp"
@@ -21,61 +22,97 @@ const ParamSpec& ParamTable::find(const std::string& name) const {
   return *s;
 }
 
+ParamKind role_kind(TensorRole role) {
+  using R = TensorRole;
+  switch (role) {
+    case R::TokenEmbedding:
+    case R::PositionEmbedding:
+      return ParamKind::Embedding;
+    case R::AttnNorm:
+    case R::MlpNorm:
+    case R::FinalNorm:
+      return ParamKind::Norm;
+    case R::AttnNormBias:
+    case R::QkvBias:
+    case R::AttnOutBias:
+    case R::MlpNormBias:
+    case R::MlpInBias:
+    case R::MlpOutBias:
+    case R::FinalNormBias:
+      return ParamKind::Bias;
+    case R::Qkv:
+    case R::Q:
+    case R::K:
+    case R::V:
+    case R::AttnOut:
+    case R::MlpIn:
+    case R::Gate:
+    case R::Up:
+    case R::MlpOut:
+    case R::Head:
+      return ParamKind::Linear;
+  }
+  fail("tensor role ", int(role), " has no kind");
+}
+
 ParamTable build_param_table(const ModelConfig& c) {
+  const FamilyDesc& f = c.desc();
+  const int64_t hd = c.head_dim();
+  auto size = [&](Dim d) -> int64_t {
+    switch (d) {
+      case Dim::None: return 0;
+      case Dim::Vocab: return c.vocab_size;
+      case Dim::Hidden: return c.n_embd;
+      case Dim::Positions: return c.max_seq;
+      case Dim::Ffn: return c.ffn;
+      case Dim::QHeads: return c.n_head * hd;
+      case Dim::KvHeads: return c.n_kv_head * hd;
+      case Dim::QkvHeads: return c.qkv_dim();
+    }
+    fail("dimension ", int(d), " has no size");
+  };
   ParamTable t;
-  auto add = [&](std::string name, std::vector<int64_t> shape, ParamKind kind, int layer,
-                 bool hf_t = false) {
+  auto add = [&](const TensorEntry& e, std::string name, int layer) {
+    if (e.role == TensorRole::Head && c.tie_embeddings) return;  // the token embedding serves
     ParamSpec s;
     s.name = std::move(name);
-    s.shape = std::move(shape);
+    s.shape = {size(e.rows)};
+    if (e.cols != Dim::None) s.shape.push_back(size(e.cols));
     s.numel = 1;
     for (auto d : s.shape) s.numel *= d;
     s.offset = t.total;
-    s.kind = kind;
+    s.role = e.role;
+    s.kind = role_kind(e.role);
     s.layer = layer;
-    s.hf_transposed = hf_t;
+    s.hf_transposed = e.hf_transposed;
     t.total += s.numel;
     t.specs.push_back(std::move(s));
   };
-  const int64_t C = c.n_embd, F = c.ffn, V = c.vocab_size, hd = c.head_dim();
-  if (c.family == Family::GPT2) {
-    add("transformer.wte.weight", {V, C}, ParamKind::Embedding, -1);
-    add("transformer.wpe.weight", {c.max_seq, C}, ParamKind::Embedding, -1);
-    for (int l = 0; l < c.n_layer; ++l) {
-      const std::string p = "transformer.h." + std::to_string(l) + ".";
-      add(p + "ln_1.weight", {C}, ParamKind::Norm, l);
-      add(p + "ln_1.bias", {C}, ParamKind::Bias, l);
-      add(p + "attn.c_attn.weight", {3 * C, C}, ParamKind::Linear, l, true);
-      add(p + "attn.c_attn.bias", {3 * C}, ParamKind::Bias, l);
-      add(p + "attn.c_proj.weight", {C, C}, ParamKind::Linear, l, true);
-      add(p + "attn.c_proj.bias", {C}, ParamKind::Bias, l);
-      add(p + "ln_2.weight", {C}, ParamKind::Norm, l);
-      add(p + "ln_2.bias", {C}, ParamKind::Bias, l);
-      add(p + "mlp.c_fc.weight", {F, C}, ParamKind::Linear, l, true);
-      add(p + "mlp.c_fc.bias", {F}, ParamKind::Bias, l);
-      add(p + "mlp.c_proj.weight", {C, F}, ParamKind::Linear, l, true);
-      add(p + "mlp.c_proj.bias", {C}, ParamKind::Bias, l);
-    }
-    add("transformer.ln_f.weight", {C}, ParamKind::Norm, -1);
-    add("transformer.ln_f.bias", {C}, ParamKind::Bias, -1);
-  } else {
-    add("model.embed_tokens.weight", {V, C}, ParamKind::Embedding, -1);
-    for (int l = 0; l < c.n_layer; ++l) {
-      const std::string p = "model.layers." + std::to_string(l) + ".";
-      add(p + "input_layernorm.weight", {C}, ParamKind::Norm, l);
-      add(p + "self_attn.q_proj.weight", {c.n_head * hd, C}, ParamKind::Linear, l);
-      add(p + "self_attn.k_proj.weight", {c.n_kv_head * hd, C}, ParamKind::Linear, l);
-      add(p + "self_attn.v_proj.weight", {c.n_kv_head * hd, C}, ParamKind::Linear, l);
-      add(p + "self_attn.o_proj.weight", {C, c.n_head * hd}, ParamKind::Linear, l);
-      add(p + "post_attention_layernorm.weight", {C}, ParamKind::Norm, l);
-      add(p + "mlp.gate_proj.weight", {F, C}, ParamKind::Linear, l);
-      add(p + "mlp.up_proj.weight", {F, C}, ParamKind::Linear, l);
-      add(p + "mlp.down_proj.weight", {C, F}, ParamKind::Linear, l);
-    }
-    add("model.norm.weight", {C}, ParamKind::Norm, -1);
-    if (!c.tie_embeddings) add("lm_head.weight", {V, C}, ParamKind::Linear, -1);
+  for (const TensorEntry& e : f.top) add(e, e.name, -1);
+  for (int l = 0; l < c.n_layer; ++l) {
+    const std::string p = f.layer_prefix + std::to_string(l) + ".";
+    for (const TensorEntry& e : f.layer) add(e, p + e.name, l);
   }
+  for (const TensorEntry& e : f.bottom) add(e, e.name, -1);
+  check_fused_groups(t);
   return t;
+}
+
+void check_fused_groups(const ParamTable& t) {
+  for (size_t i = 0; i < t.specs.size(); ++i)
+    for (std::span<const TensorRole> group : kFusedGroups) {
+      if (t.specs[i].role != group[0]) continue;
+      for (size_t k = 1; k < group.size(); ++k) {
+        const ParamSpec* next = i + k < t.specs.size() ? &t.specs[i + k] : nullptr;
+        if (!next || next->role != group[k] || next->layer != t.specs[i].layer ||
+            next->offset != t.specs[i + k - 1].offset + t.specs[i + k - 1].numel)
+          fail("parameter table: '", t.specs[i + k - 1].name, "' (", role_name(group[k - 1]),
+               ") must be followed by the layer's ", role_name(group[k]),
+               " tensor: they are computed as one GEMM, so the family's table must list them "
+               "adjacent and in this order; found ",
+               next ? "'" + next->name + "' (" + role_name(next->role) + ")" : "the table's end");
+      }
+    }
 }
 
 int64_t count_parameters(const ModelConfig& c) { return build_param_table(c).total; }
@@ -118,8 +155,8 @@ void init_parameter(const ModelConfig& cfg, const ParamSpec& s, size_t index, ui
   }
   double std = cfg.init_std;
   // GPT-2 scales the projections that write into the residual stream (Radford et al. 2019).
-  if (cfg.family == Family::GPT2 && s.kind == ParamKind::Linear &&
-      (s.name.ends_with("attn.c_proj.weight") || s.name.ends_with("mlp.c_proj.weight")))
+  if (cfg.desc().scaled_residual_init &&
+      (s.role == TensorRole::AttnOut || s.role == TensorRole::MlpOut))
     std /= std::sqrt(2.0 * cfg.n_layer);
   uint64_t sm = seed ^ (0x5DEECE66Dull * (index + 1));
   Rng rng(splitmix64(sm));

@@ -41,9 +41,13 @@ struct GemmForm {
 // "NT", "NT/tr" (forward); "NN", "TN", "NN/tr", "TN/tr" (dx, dw).
 std::string gemm_form_name(bool forward, GemmForm f);
 
+// The linear sites, in plan order. The model passes the enum; the names are only for I/O (the
+// plan's text form, printed plans, profile and communication labels).
+enum class GemmSite : uint8_t { Qkv, Proj, Fc, FcProj, Head };
 inline constexpr int kGemmSites = 5;
 inline constexpr std::array<const char*, kGemmSites> kGemmSiteNames = {"qkv", "proj", "fc",
                                                                         "fcproj", "head"};
+inline const char* gemm_site_name(GemmSite s) { return kGemmSiteNames[size_t(s)]; }
 int gemm_site_index(const std::string& name);  // -1 if not a site
 
 struct GemmSiteLayout {
@@ -54,6 +58,7 @@ struct GemmSiteLayout {
 
 struct GemmLayoutPlan {
   std::array<GemmSiteLayout, kGemmSites> site{};
+  const GemmSiteLayout& at(GemmSite s) const { return site[size_t(s)]; }
   // "rule", "tuned", "checkpoint" or "given" (ParallelOptions::gemm_layout_plan).
   std::string source = "rule";
   // Explicit plans (tuned, checkpoint, given) pass their products' form to every GEMM

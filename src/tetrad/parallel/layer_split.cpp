@@ -80,9 +80,9 @@ StageCosts stage_costs(const ModelConfig& c, int seq_len) {
   // Output head GEMM [V, C] (6 FLOPs per weight as above) and the loss: softmax forward (max,
   // exp, sum, divide: about 4 per vocabulary entry) and its gradient (softmax minus one-hot: 1).
   s.head = 6.0 * C * V + 5.0 * V;
-  // The lookup itself copies; the position add (GPT-2) is C forward, and the backward
-  // scatter-adds the gradient into the token (and position) table: C each.
-  s.embedding = c.family == Family::GPT2 ? 3.0 * C : 1.0 * C;
+  // The lookup itself copies; the position add (learned positions) is C forward, and the
+  // backward scatter-adds the gradient into the token (and position) table: C each.
+  s.embedding = c.desc().positions == Positions::Learned ? 3.0 * C : 1.0 * C;
   return s;
 }
 

@@ -34,7 +34,7 @@ struct LocalDims {
     d.nkvy = cfg.n_kv_head / g.y();
     d.QKVy = (d.nhy + 2 * d.nkvy) * d.hd;
     d.Fy = cfg.ffn / g.y();
-    d.FWy = cfg.family == Family::GPT2 ? d.Fy : 2 * d.Fy;
+    d.FWy = cfg.desc().mlp_in_factor() * d.Fy;
     d.Vy = cfg.vocab_size / g.y();
     return d;
   }

@@ -72,18 +72,18 @@ void ParallelTransformer::layer_forward(int l, const float* x, int B, int T, int
   const Layer& L = layers_[l];
   auto& A = a_->layer[l];
   norm_fwd(A.ln1, A.ln1_mean, A.ln1_rstd, x, L.ln1_w, L.ln1_b, N, A.ln1_16);
-  normal_fwd("qkv", A.qkv, act(A.ln1, A.ln1_16), L.qkv_w, L.qkv_b, Cx_, QKVy_, N);
-  if (!gpt2_)
+  normal_fwd(GemmSite::Qkv, A.qkv, act(A.ln1, A.ln1_16), L.qkv_w, L.qkv_b, Cx_, QKVy_, N);
+  if (positions_ == Positions::Rope)
     timed(Phase::Attention, [&] { ops().rope_forward(bq(), rope_args(A.qkv, N, T, std::max(pos0, 0))); });
   if (pos0 < 0) attention_forward(l, B, T);
   else cached_attention(l, B, T, pos0);
   q_.poll();
-  transposed_fwd("proj", A.resid_mid, x, f32(A.atty), L.proj_w, L.proj_b, Ay_, N);
+  transposed_fwd(GemmSite::Proj, A.resid_mid, x, f32(A.atty), L.proj_w, L.proj_b, Ay_, N);
   norm_fwd(A.ln2, A.ln2_mean, A.ln2_rstd, A.resid_mid, L.ln2_w, L.ln2_b, N, A.ln2_16);
-  normal_fwd("fc", A.fc, act(A.ln2, A.ln2_16), L.fc_w, L.fc_b, Cx_, FWy_, N);
+  normal_fwd(GemmSite::Fc, A.fc, act(A.ln2, A.ln2_16), L.fc_w, L.fc_b, Cx_, FWy_, N);
   mlp_activation(l, N);
   q_.poll();
-  transposed_fwd("fcproj", A.resid_out, A.resid_mid, act(A.fc_act, A.fc_act16), L.fcproj_w,
+  transposed_fwd(GemmSite::FcProj, A.resid_out, A.resid_mid, act(A.fc_act, A.fc_act16), L.fcproj_w,
                  L.fcproj_b, Fy_, N);
   scratch_layer_ = l;  // with recomputation, the shared scratch now holds this layer
 }
@@ -95,14 +95,18 @@ void ParallelTransformer::mlp_activation(int l, int64_t N) {
   ScopedPhase sp(prof_, Phase::Activation);
   const backend::OpTable& op = ops();
   if (A.fc_act16 && op.gelu_forward_bf16 && op.swiglu_forward_bf16) {
-    if (gpt2_) op.gelu_forward_bf16(bq(), A.fc_act16, A.fc, N * Fy_);
-    else op.swiglu_forward_bf16(bq(), A.fc_act16, A.fc, N, Fy_);
+    switch (mlp_) {
+      case MlpKind::Gelu: op.gelu_forward_bf16(bq(), A.fc_act16, A.fc, N * Fy_); break;
+      case MlpKind::SwiGLU: op.swiglu_forward_bf16(bq(), A.fc_act16, A.fc, N, Fy_); break;
+    }
     return;
   }
   // The backward's dfc_act is free here (forward, or a recompute before the layer's backward).
   float* out = A.fc_act16 ? a_->dfc_act : A.fc_act;
-  if (gpt2_) op.gelu_forward(bq(), out, A.fc, N * Fy_);
-  else op.swiglu_forward(bq(), out, A.fc, N, Fy_);
+  switch (mlp_) {
+    case MlpKind::Gelu: op.gelu_forward(bq(), out, A.fc, N * Fy_); break;
+    case MlpKind::SwiGLU: op.swiglu_forward(bq(), out, A.fc, N, Fy_); break;
+  }
   if (A.fc_act16) op.cast_f32_to_bf16(bq(), A.fc_act16, out, N * Fy_);
 }
 
@@ -119,24 +123,26 @@ void ParallelTransformer::layer_backward(int l, const float* x_in, int B, int T)
     attention_forward(l, B, T);
     scratch_layer_ = l;
   }
-  transposed_bwd("fcproj", a.dfc_act, a.dresid, act(A.fc_act, A.fc_act16), L.fcproj_w,
+  transposed_bwd(GemmSite::FcProj, a.dfc_act, a.dresid, act(A.fc_act, A.fc_act16), L.fcproj_w,
                  L.fcproj_b, Fy_, N);
   timed(Phase::Activation, [&] {
-    if (gpt2_) ops().gelu_backward(bq(), a.dfc, a.dfc_act, A.fc, N * Fy_);
-    else ops().swiglu_backward(bq(), a.dfc, a.dfc_act, A.fc, N, Fy_);
+    switch (mlp_) {
+      case MlpKind::Gelu: ops().gelu_backward(bq(), a.dfc, a.dfc_act, A.fc, N * Fy_); break;
+      case MlpKind::SwiGLU: ops().swiglu_backward(bq(), a.dfc, a.dfc_act, A.fc, N, Fy_); break;
+    }
   });
-  normal_bwd("fc", a.dln, a.dfc, act(A.ln2, A.ln2_16), L.fc_w, L.fc_b, Cx_, FWy_, N);
+  normal_bwd(GemmSite::Fc, a.dln, a.dfc, act(A.ln2, A.ln2_16), L.fc_w, L.fc_b, Cx_, FWy_, N);
   norm_bwd(a.dresid, a.dln, A.resid_mid, A.ln2_mean, A.ln2_rstd, L.ln2_w, L.ln2_b, N);
-  transposed_bwd("proj", a.datty, a.dresid, f32(A.atty), L.proj_w, L.proj_b, Ay_, N);
+  transposed_bwd(GemmSite::Proj, a.datty, a.dresid, f32(A.atty), L.proj_w, L.proj_b, Ay_, N);
   const backend::AttentionArgs d = local_heads(B, T, nhy_, nkvy_, hd_, QKVy_, Ay_, attention_precision_);
   timed(Phase::Attention, [&] {
     ops().attention_backward(bq(), d, a.dqkv, a.dqkv + nhy_ * hd_, a.dqkv + (nhy_ + nkvy_) * hd_,
                              a.datty, A.qkv, A.qkv + nhy_ * hd_, A.qkv + (nhy_ + nkvy_) * hd_,
                              A.atty, A.lse);
-    if (!gpt2_) ops().rope_backward(bq(), rope_args(a.dqkv, N, T));
+    if (positions_ == Positions::Rope) ops().rope_backward(bq(), rope_args(a.dqkv, N, T));
   });
   q_.poll();
-  normal_bwd("qkv", a.dln, a.dqkv, act(A.ln1, A.ln1_16), L.qkv_w, L.qkv_b, Cx_, QKVy_, N);
+  normal_bwd(GemmSite::Qkv, a.dln, a.dqkv, act(A.ln1, A.ln1_16), L.qkv_w, L.qkv_b, Cx_, QKVy_, N);
   norm_bwd(a.dresid, a.dln, x_in, A.ln1_mean, A.ln1_rstd, L.ln1_w, L.ln1_b, N);
 }
 

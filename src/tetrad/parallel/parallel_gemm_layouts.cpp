@@ -30,12 +30,6 @@ GemmLayoutPlan ParallelTransformer::rule_gemm_layouts() const {
   return p;
 }
 
-const GemmSiteLayout& ParallelTransformer::site_layout(const char* what) const {
-  const int i = gemm_site_index(what);
-  TETRAD_CHECK(i >= 0, "GEMM site '", what, "' has no layout");
-  return layouts_.site[size_t(i)];
-}
-
 void ParallelTransformer::check_gemm_layout_plan(const GemmLayoutPlan& plan) const {
   const bool can_dyt = bf16_acts_ && be_->capabilities().bf16_producers;
   const bool can_tr = precision_ == backend::Precision::BF16 &&

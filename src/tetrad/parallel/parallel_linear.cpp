@@ -59,11 +59,12 @@ template void ParallelTransformer::sum_over<double>(const comm::Communicator&, d
 
 // out[N, n_out] = in · Wᵀ, partial over `group` and all-reduced there. With forward_chunks > 1
 // the rows go in chunks: chunk i's all-reduce runs while chunk i+1's GEMM computes.
-void ParallelTransformer::gemm_allreduce(const char* what, float* out, Operand in, int wi,
+void ParallelTransformer::gemm_allreduce(GemmSite site, float* out, Operand in, int wi,
                                          int64_t k_in, int64_t n_out,
                                          const comm::Communicator& group, int64_t N) {
+  const char* what = gemm_site_name(site);
   const int64_t chunks = group.size() > 1 ? std::min<int64_t>(ov_.forward_chunks, N) : 1;
-  const backend::GemmProduct fwd = product_of(site_layout(what).fwd);
+  const backend::GemmProduct fwd = product_of(site_layout(site).fwd);
   if (chunks == 1) {
     gemm(what, false, true, N, n_out, k_in, in, k_in, weight_operand(wi), k_in, 0.0f, out, n_out,
          fwd);
@@ -85,18 +86,18 @@ void ParallelTransformer::gemm_allreduce(const char* what, float* out, Operand i
 }
 
 // Normal layer: out[N, n_out] = in[N, Cx-like] · Wᵀ, partial over X -> all-reduce X, + bias.
-void ParallelTransformer::normal_fwd(const char* what, float* out, Operand in, int wi, int bi,
+void ParallelTransformer::normal_fwd(GemmSite site, float* out, Operand in, int wi, int bi,
                                      int64_t k_in, int64_t n_out, int64_t N) {
-  gemm_allreduce(what, out, in, wi, k_in, n_out, g_.x(), N);
+  gemm_allreduce(site, out, in, wi, k_in, n_out, g_.x(), N);
   if (const float* b = w(bi)) ops().bias_add(bq(), out, b, N, n_out);
   q_.poll();
 }
 
 // Transposed layer + residual: out[N, Cx] = resid + all-reduce_Y(in · Wᵀ) + bias.
-void ParallelTransformer::transposed_fwd(const char* what, float* out, const float* resid,
+void ParallelTransformer::transposed_fwd(GemmSite site, float* out, const float* resid,
                                          Operand in, int wi, int bi, int64_t k_in, int64_t N) {
   float* tmp = a_->tmp;
-  gemm_allreduce(what, tmp, in, wi, k_in, Cx_, g_.y(), N);
+  gemm_allreduce(site, tmp, in, wi, k_in, Cx_, g_.y(), N);
   ScopedPhase sp(prof_, Phase::Residual);
   ops().residual_add(bq(), out, resid, tmp, w(bi), N, Cx_);
 }
@@ -111,11 +112,12 @@ void ParallelTransformer::bias_bwd(float* db, const float* dout, int64_t width, 
 // or by the polls after it). With bf16 activations dout is cast to bf16 once for both GEMMs, as
 // stored (dY16) and/or transposed (dY16ᵀ), whichever the site's layout plan reads
 // (gemm_layouts.hpp: dx NN reads dY16, TN dY16ᵀ; dw NN reads dY16ᵀ, TN dY16).
-void ParallelTransformer::linear_bwd(const char* what, float* din, const float* dout,
+void ParallelTransformer::linear_bwd(GemmSite site, float* din, const float* dout,
                                      Operand in, int wi, int bi, int64_t k_in, int64_t n_out,
                                      const comm::Communicator& group, int64_t N,
                                      bool dout16_ready) {
-  const GemmSiteLayout& lay = site_layout(what);
+  const char* what = gemm_site_name(site);
+  const GemmSiteLayout& lay = site_layout(site);
   Operand dy = f32(dout), dyt{};  // dyt: doutᵀ [n_out, N] in bf16
   TETRAD_CHECK(!dout16_ready || bf16_acts_, "linear_bwd ", what, ": bf16 dY copies without bf16 activations");
   if (bf16_acts_) {
@@ -163,17 +165,17 @@ std::pair<uint16_t*, uint16_t*> ParallelTransformer::dy16_copies(const GemmSiteL
 }
 
 // Normal layer backward: din = all-reduce_Y(dout · W).
-void ParallelTransformer::normal_bwd(const char* what, float* din, const float* dout,
+void ParallelTransformer::normal_bwd(GemmSite site, float* din, const float* dout,
                                      Operand in, int wi, int bi, int64_t k_in, int64_t n_out,
                                      int64_t N) {
-  linear_bwd(what, din, dout, in, wi, bi, k_in, n_out, g_.y(), N);
+  linear_bwd(site, din, dout, in, wi, bi, k_in, n_out, g_.y(), N);
 }
 
 // Transposed layer backward: din = all-reduce_X(dout · W), n_out = Cx.
-void ParallelTransformer::transposed_bwd(const char* what, float* din, const float* dout,
+void ParallelTransformer::transposed_bwd(GemmSite site, float* din, const float* dout,
                                          Operand in, int wi, int bi, int64_t k_in,
                                          int64_t N) {
-  linear_bwd(what, din, dout, in, wi, bi, k_in, Cx_, g_.x(), N);
+  linear_bwd(site, din, dout, in, wi, bi, k_in, Cx_, g_.x(), N);
 }
 
 }  // namespace tetrad::parallel

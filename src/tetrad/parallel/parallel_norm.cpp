@@ -18,7 +18,7 @@ void ParallelTransformer::norm_fwd(float* out, float* mean, float* rstd, const f
   double* st = stats_.data();
   ScopedPhase sp(prof_, Phase::Norm);
   const backend::OpTable& op = ops();
-  if (gpt2_) {
+  if (norm_ == NormKind::LayerNorm) {
     op.norm_row_stats(bq(), RowStat::Sum, st, 1, x, nullptr, N, Cx_);
     sum_over(g_.x(), st, N, "norm mean");
     op.norm_finish_stats(bq(), StatFinish::Mean, mean, st, N, C, eps);
@@ -29,7 +29,7 @@ void ParallelTransformer::norm_fwd(float* out, float* mean, float* rstd, const f
     sum_over(g_.x(), st, N, "norm ms");
   }
   op.norm_finish_stats(bq(), StatFinish::Rstd, rstd, st, N, C, eps);
-  const float* m = gpt2_ ? mean : nullptr;
+  const float* m = norm_ == NormKind::LayerNorm ? mean : nullptr;
   if (!out16) {
     op.norm_apply(bq(), out, x, m, rstd, w(wi), w(bi), N, Cx_);
   } else if (op.norm_apply_bf16) {  // bf16 only: the output feeds GEMMs only
@@ -47,7 +47,7 @@ void ParallelTransformer::norm_bwd(float* dx, const float* dout, const float* x,
   double* st = stats_.data();
   ScopedPhase sp(prof_, Phase::Norm);
   const backend::OpTable& op = ops();
-  const float* m = gpt2_ ? mean : nullptr;
+  const float* m = norm_ == NormKind::LayerNorm ? mean : nullptr;
   const float* wv = w(wi);
   op.norm_backward_partials(bq(), st, dout, x, m, rstd, wv, N, Cx_);
   sum_over(g_.x(), st, 2 * N, "norm grad");

@@ -71,7 +71,9 @@ ParallelTransformer::ParallelTransformer(const ModelConfig& config, ProcessGroup
                                  opt_.virtual_stages);
   plan_ = ShardPlan::build(cfg_, table_, g_.shape, g_.coord, split_);
   const GridShape& G = g_.shape;
-  gpt2_ = cfg_.family == Family::GPT2;
+  norm_ = cfg_.desc().norm;
+  mlp_ = cfg_.desc().mlp;
+  positions_ = cfg_.desc().positions;
   dims_ = LocalDims::of(cfg_, G);
   ctx_.groups = &g_;
   ctx_.queue = &q_;
@@ -114,40 +116,45 @@ ParallelTransformer::ParallelTransformer(const ModelConfig& config, ProcessGroup
   wgrad_nn_ = bf16_acts_ && opt_.bf16_weight_grad_nn && be_->capabilities().bf16_producers;
   grads_ = backend::DeviceArray<float>(*be_, opt_.zero == 2 ? zl_.state_size : plan_.local_total);
 
-  auto idx = [&](const std::string& name) -> int {
-    for (size_t i = 0; i < table_.specs.size(); ++i)
-      if (table_.specs[i].name == name) return int(i);
-    return -1;
-  };
+  // Each tensor's place in the model, by its role (fused groups follow their first tensor:
+  // build_param_table checked that k, v follow q and up follows gate).
   layers_.resize(cfg_.n_layer);
-  for (int l = 0; l < cfg_.n_layer; ++l) {
-    Layer& L = layers_[l];
-    if (gpt2_) {
-      const std::string p = "transformer.h." + std::to_string(l) + ".";
-      L.ln1_w = idx(p + "ln_1.weight"); L.ln1_b = idx(p + "ln_1.bias");
-      L.qkv_w = idx(p + "attn.c_attn.weight"); L.qkv_b = idx(p + "attn.c_attn.bias");
-      L.proj_w = idx(p + "attn.c_proj.weight"); L.proj_b = idx(p + "attn.c_proj.bias");
-      L.ln2_w = idx(p + "ln_2.weight"); L.ln2_b = idx(p + "ln_2.bias");
-      L.fc_w = idx(p + "mlp.c_fc.weight"); L.fc_b = idx(p + "mlp.c_fc.bias");
-      L.fcproj_w = idx(p + "mlp.c_proj.weight"); L.fcproj_b = idx(p + "mlp.c_proj.bias");
-    } else {
-      const std::string p = "model.layers." + std::to_string(l) + ".";
-      L.ln1_w = idx(p + "input_layernorm.weight");
-      L.qkv_w = idx(p + "self_attn.q_proj.weight");
-      L.k_w = idx(p + "self_attn.k_proj.weight");
-      L.v_w = idx(p + "self_attn.v_proj.weight");
-      L.proj_w = idx(p + "self_attn.o_proj.weight");
-      L.ln2_w = idx(p + "post_attention_layernorm.weight");
-      L.fc_w = idx(p + "mlp.gate_proj.weight");
-      L.up_w = idx(p + "mlp.up_proj.weight");
-      L.fcproj_w = idx(p + "mlp.down_proj.weight");
+  for (size_t i = 0; i < table_.specs.size(); ++i) {
+    const ParamSpec& s = table_.specs[i];
+    const int ti = int(i);
+    using R = TensorRole;
+    if (s.layer < 0) {
+      switch (s.role) {
+        case R::TokenEmbedding: wte_ = ti; break;
+        case R::PositionEmbedding: wpe_ = ti; break;
+        case R::FinalNorm: lnf_w_ = ti; break;
+        case R::FinalNormBias: lnf_b_ = ti; break;
+        case R::Head: head_ = ti; break;
+        default: fail("tensor '", s.name, "' (", role_name(s.role), ") outside the blocks");
+      }
+      continue;
+    }
+    Layer& L = layers_[size_t(s.layer)];
+    switch (s.role) {
+      case R::AttnNorm: L.ln1_w = ti; break;
+      case R::AttnNormBias: L.ln1_b = ti; break;
+      case R::Qkv: case R::Q: L.qkv_w = ti; break;
+      case R::K: L.k_w = ti; break;
+      case R::V: L.v_w = ti; break;
+      case R::QkvBias: L.qkv_b = ti; break;
+      case R::AttnOut: L.proj_w = ti; break;
+      case R::AttnOutBias: L.proj_b = ti; break;
+      case R::MlpNorm: L.ln2_w = ti; break;
+      case R::MlpNormBias: L.ln2_b = ti; break;
+      case R::MlpIn: case R::Gate: L.fc_w = ti; break;
+      case R::Up: L.up_w = ti; break;
+      case R::MlpInBias: L.fc_b = ti; break;
+      case R::MlpOut: L.fcproj_w = ti; break;
+      case R::MlpOutBias: L.fcproj_b = ti; break;
+      default: fail("tensor '", s.name, "' (", role_name(s.role), ") inside a block");
     }
   }
-  wte_ = gpt2_ ? idx("transformer.wte.weight") : idx("model.embed_tokens.weight");
-  wpe_ = gpt2_ ? idx("transformer.wpe.weight") : -1;
-  lnf_w_ = gpt2_ ? idx("transformer.ln_f.weight") : idx("model.norm.weight");
-  lnf_b_ = gpt2_ ? idx("transformer.ln_f.bias") : -1;
-  head_ = cfg_.tie_embeddings ? wte_ : idx("lm_head.weight");
+  if (cfg_.tie_embeddings) head_ = wte_;
 
   std::vector<char> gemm_weights(plan_.tensors.size());
   for (size_t i = 0; i < gemm_weights.size(); ++i) gemm_weights[i] = gemm_weight(int(i));
@@ -193,7 +200,7 @@ ParallelTransformer::ParallelTransformer(const ModelConfig& config, ProcessGroup
   argmax_idx_ = be_->alloc_array<int32_t>(size_t(local_batch));
   argmax_val_ = be_->alloc_array<float>(size_t(local_batch));
 
-  if (!gpt2_) {
+  if (positions_ == Positions::Rope) {
     const int64_t half = hd_ / 2;
     // The tables are built on the host once (the model's rotary settings) and copied over.
     const size_t n = size_t(cfg_.max_seq) * size_t(half);
@@ -285,7 +292,7 @@ void ParallelTransformer::forward_chunk(int l0, int l1, bool embed, bool head,
   if (!head) return;
   norm_fwd(a.lnf, a.lnf_mean, a.lnf_rstd, x, lnf_w_, lnf_b_, N, a.lnf16);
   // Output head: normal layer on the embedding's block -> logits [N, V/Gy].
-  gemm_allreduce("head", a.logits, act(a.lnf, a.lnf16), head_, Cx_, Vy_, g_.x(), N);
+  gemm_allreduce(GemmSite::Head, a.logits, act(a.lnf, a.lnf16), head_, Cx_, Vy_, g_.x(), N);
 }
 
 double ParallelTransformer::forward_loss(const int32_t* inputs, const int32_t* targets, int B, int T) {
@@ -331,7 +338,7 @@ void ParallelTransformer::backward_chunk(int l0, int l1, bool embed, bool head,
   if (head) {
     const float* x_last = l1 > 0 ? a.layer[l1 - 1].resid_out : a.emb;
     // Head: dlogits [N, Vy] -> dlnf [N, Cx] (sum over Y), d(head block): a normal layer.
-    linear_bwd("head", a.dln, a.logits, act(a.lnf, a.lnf16), head_, -1, Cx_, Vy_, g_.y(), N,
+    linear_bwd(GemmSite::Head, a.dln, a.logits, act(a.lnf, a.lnf16), head_, -1, Cx_, Vy_, g_.y(), N,
                head_dy16_ready_);
     head_dy16_ready_ = false;
     if (sparse_embedding_) scatter_top_grads(/*head_part=*/true);

@@ -300,7 +300,7 @@ class ParallelTransformer {
   GemmLayoutPlan rule_gemm_layouts() const;
   void tune_gemm_layouts();
   void check_gemm_layout_plan(const GemmLayoutPlan& plan) const;
-  const GemmSiteLayout& site_layout(const char* what) const;
+  const GemmSiteLayout& site_layout(GemmSite site) const { return layouts_.at(site); }
   backend::GemmProduct product_of(GemmForm f) const {
     return !layouts_.explicit_forms() ? backend::GemmProduct::Default
            : f.transposed             ? backend::GemmProduct::Transposed
@@ -310,23 +310,23 @@ class ParallelTransformer {
   template <typename T>
   void sum_over(const comm::Communicator& group, T* data, int64_t n, const char* what = "");
   // `in`: the layer's input activation [N, k_in], fp32 or bf16-stored (act() below).
-  void gemm_allreduce(const char* what, float* out, Operand in, int wi, int64_t k_in,
+  void gemm_allreduce(GemmSite site, float* out, Operand in, int wi, int64_t k_in,
                       int64_t n_out, const comm::Communicator& group, int64_t N);
-  void normal_fwd(const char* what, float* out, Operand in, int wi, int bi, int64_t k_in,
+  void normal_fwd(GemmSite site, float* out, Operand in, int wi, int bi, int64_t k_in,
                   int64_t n_out, int64_t N);
-  void transposed_fwd(const char* what, float* out, const float* resid, Operand in, int wi,
+  void transposed_fwd(GemmSite site, float* out, const float* resid, Operand in, int wi,
                       int bi, int64_t k_in, int64_t N);
   // dout16_ready: dout's bf16 copies the site's layout reads are already in a_->dout16 /
   // a_->dout16_t (the loss wrote them: head_dy16), so no cast runs and dout is not read.
-  void linear_bwd(const char* what, float* din, const float* dout, Operand in, int wi,
+  void linear_bwd(GemmSite site, float* din, const float* dout, Operand in, int wi,
                   int bi, int64_t k_in, int64_t n_out, const comm::Communicator& group,
                   int64_t N, bool dout16_ready = false);
   // With bf16 activations, the bf16 copies of a site's dY its backward GEMMs read: as stored
   // (a_->dout16) and / or transposed (a_->dout16_t); null where its layout reads none.
   std::pair<uint16_t*, uint16_t*> dy16_copies(const GemmSiteLayout& lay) const;
-  void normal_bwd(const char* what, float* din, const float* dout, Operand in, int wi,
+  void normal_bwd(GemmSite site, float* din, const float* dout, Operand in, int wi,
                   int bi, int64_t k_in, int64_t n_out, int64_t N);
-  void transposed_bwd(const char* what, float* din, const float* dout, Operand in, int wi,
+  void transposed_bwd(GemmSite site, float* din, const float* dout, Operand in, int wi,
                       int bi, int64_t k_in, int64_t N);
   // An activation that feeds GEMMs: its bf16 form where the model stores one, else fp32.
   static Operand act(const float* f, const uint16_t* b) {
@@ -405,7 +405,10 @@ class ParallelTransformer {
   std::vector<LayerSlots> layer_slots_;
   ShardPlan plan_;
   int local_batch_, max_len_;
-  bool gpt2_;
+  // The family's block (model/family.hpp): which norm, MLP and positions the model runs.
+  NormKind norm_;
+  MlpKind mlp_;
+  Positions positions_;
   LocalDims dims_;  // this rank's sizes (local_dims.hpp)
   int64_t Cx_, Ay_, QKVy_, Fy_, FWy_, Vy_, nhy_, nkvy_, hd_;
   backend::DeviceArray<float> params_, grads_;

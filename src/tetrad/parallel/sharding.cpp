@@ -37,7 +37,6 @@ ShardPlan ShardPlan::build(const ModelConfig& c, const ParamTable& table, const 
   ShardPlan plan;
   plan.grid = g;
   plan.coord = at;
-  const int64_t C = c.n_embd;
   auto contiguous = [](int64_t first, int64_t n) {
     std::vector<int64_t> r(n);
     for (int64_t i = 0; i < n; ++i) r[i] = first + i;
@@ -46,10 +45,13 @@ ShardPlan ShardPlan::build(const ModelConfig& c, const ParamTable& table, const 
   auto slice_rows = [&](int64_t total, int parts, int index) {
     return contiguous(total / parts * index, total / parts);
   };
+  // Fused q|k|v [(nh + 2 nkv) hd, .]: y holds the q, k and v rows of its own heads.
   auto qkv_rows = [&] {
     std::vector<int64_t> rows;
-    for (int part = 0; part < 3; ++part)
-      for (int64_t r : slice_rows(C, g.y(), at.y())) rows.push_back(part * C + r);
+    const int64_t hd = c.head_dim(), q = c.n_head * hd, kv = c.n_kv_head * hd;
+    for (int64_t r : slice_rows(q, g.y(), at.y())) rows.push_back(r);
+    for (int64_t r : slice_rows(kv, g.y(), at.y())) rows.push_back(q + r);
+    for (int64_t r : slice_rows(kv, g.y(), at.y())) rows.push_back(q + kv + r);
     return rows;
   };
   int64_t local = 0;
@@ -57,47 +59,73 @@ ShardPlan ShardPlan::build(const ModelConfig& c, const ParamTable& table, const 
   for (const ParamSpec& s : table.specs) {
     TensorShard t;
     t.spec = &s;
-    const std::string& n = s.name;
     const bool matrix = s.shape.size() == 2;
     const int64_t R = matrix ? s.shape[0] : 1, K = matrix ? s.shape[1] : s.shape[0];
-    if (s.kind == ParamKind::Embedding && n.find("wpe") != std::string::npos) {
-      t.layout = ShardLayout::ColsX;  // position table [S, C]: columns over X
-      t.rows = contiguous(0, R);
+    auto normal = [&](std::vector<int64_t> rows) {  // GEMM weight: rows over Y, columns over X
+      t.layout = ShardLayout::Normal;
+      t.rows = std::move(rows);
       t.col0 = K / g.x() * at.x();
       t.cols = K / g.x();
-    } else if (matrix && (s.kind == ParamKind::Embedding || s.kind == ParamKind::Linear)) {
-      const bool transposed = n.ends_with("attn.c_proj.weight") || n.ends_with("mlp.c_proj.weight") ||
-                              n.ends_with("o_proj.weight") || n.ends_with("down_proj.weight");
-      if (transposed) {
+      t.z_sharded = true;
+    };
+    auto cols_x = [&](std::vector<int64_t> rows) {  // columns over X, replicated over Y
+      t.layout = ShardLayout::ColsX;
+      t.rows = std::move(rows);
+      t.col0 = K / g.x() * at.x();
+      t.cols = K / g.x();
+    };
+    // Bias of a normal layer: one entry per output row of the layer, so split over Y the same
+    // way. Kept as a list of entries (cols = 1, col0 = -1 marks a 1-D entry list).
+    auto rows_y = [&](std::vector<int64_t> rows) {
+      t.layout = ShardLayout::RowsY;
+      t.rows = std::move(rows);
+      t.col0 = -1;
+      t.cols = 1;
+    };
+    using R_ = TensorRole;
+    switch (s.role) {
+      case R_::PositionEmbedding:  // position table [S, C]: columns over X
+        cols_x(contiguous(0, R));
+        break;
+      case R_::TokenEmbedding:
+      case R_::Head:
+      case R_::Q:
+      case R_::K:
+      case R_::V:
+      case R_::MlpIn:
+      case R_::Gate:
+      case R_::Up:
+        normal(slice_rows(R, g.y(), at.y()));
+        break;
+      case R_::Qkv:
+        normal(qkv_rows());
+        break;
+      case R_::AttnOut:
+      case R_::MlpOut:  // transposed layer: rows over X, columns over Y
         t.layout = ShardLayout::Transposed;
         t.rows = slice_rows(R, g.x(), at.x());
         t.col0 = K / g.y() * at.y();
         t.cols = K / g.y();
-      } else {
-        t.layout = ShardLayout::Normal;
-        if (n.ends_with("attn.c_attn.weight")) {
-          t.rows = qkv_rows();  // fused q|k|v [3C, C]: y holds q, k and v rows of its heads
-        } else {
-          t.rows = slice_rows(R, g.y(), at.y());
-        }
-        t.col0 = K / g.x() * at.x();
-        t.cols = K / g.x();
-      }
-      t.z_sharded = true;
-    } else if (n.ends_with("attn.c_attn.bias") || n.ends_with("mlp.c_fc.bias")) {
-      // Bias of a normal layer: one entry per output row of the layer, so split over Y the same
-      // way. Kept as a list of entries (cols = 1, col0 = -1 marks a 1-D entry list).
-      t.layout = ShardLayout::RowsY;
-      t.rows = n.ends_with("attn.c_attn.bias") ? qkv_rows() : slice_rows(K, g.y(), at.y());
-      t.col0 = -1;
-      t.cols = 1;
-    } else {
-      // Norm weights and biases over C, biases of transposed layers: columns over X.
-      t.layout = ShardLayout::ColsX;
-      t.rows = {0};
-      t.col0 = K / g.x() * at.x();
-      t.cols = K / g.x();
+        t.z_sharded = true;
+        break;
+      case R_::QkvBias:
+        rows_y(qkv_rows());
+        break;
+      case R_::MlpInBias:
+        rows_y(slice_rows(K, g.y(), at.y()));
+        break;
+      case R_::AttnNorm:
+      case R_::AttnNormBias:
+      case R_::MlpNorm:
+      case R_::MlpNormBias:
+      case R_::FinalNorm:
+      case R_::FinalNormBias:
+      case R_::AttnOutBias:
+      case R_::MlpOutBias:  // vectors over C: norms and the biases of transposed layers
+        cols_x({0});
+        break;
     }
+    const std::string& n = s.name;
     t.block_numel = int64_t(t.rows.size()) * t.cols;
     // Blocks that are computed on together (q|k|v, gate|up) must stay adjacent when gathered, so
     // Z shards are never padded: the block must divide evenly.

@@ -78,7 +78,7 @@ double ParallelTransformer::cross_entropy(const int32_t* targets, int64_t N, flo
     // (on gpt2-124m 2 x 206 MB less traffic). Not with a pipeline: its stash keeps the fp32
     // logits buffer (as dlogits) between micro-batches, not the bf16 copies.
     if (bf16_acts_ && g_.shape.p() == 1 && be_->capabilities().bf16_loss_grad) {
-      const auto [d16, d16t] = dy16_copies(site_layout("head"));
+      const auto [d16, d16t] = dy16_copies(site_layout(GemmSite::Head));
       op.ce_grad_bf16(bq(), d16, d16t, L, mx, st, tg, v0, Vy_, N, grad_scale);
       head_dy16_ready_ = true;
     } else {

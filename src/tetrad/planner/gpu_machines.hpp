@@ -1,7 +1,7 @@
-// Which machine file and which bf16 peak belong to a GPU, from the name the driver reports
-// ("NVIDIA H200", "NVIDIA H100 80GB HBM3", "NVIDIA A100-SXM4-80GB"). The benchmark measures MFU
-// against this peak on a GPU (and against the GEMM ceiling it measures); `tetrad plan` uses the
-// machine file. Pure string matching, tested on every build.
+// Which machine file belongs to a GPU, from the name the driver reports ("NVIDIA H200", "NVIDIA
+// H100 80GB HBM3", "NVIDIA A100-SXM4-80GB"), with the part's datasheet peaks (backend/gpu_parts.hpp,
+// the MFU baseline of a GPU backend). `tetrad plan` uses the machine file. Pure string matching,
+// tested on every build.
 #pragma once
 #include <string>
 

@@ -70,7 +70,10 @@ namespace {
 // Parameters in the GEMMs of one block, and of the output head.
 struct Sizes {
   double H, L, F, V, S_max, QKV, FW;
-  bool gpt2, tied;
+  // The family's vectors (model/family.hpp): a norm's (weight, or weight and bias), whether the
+  // layers have biases, whether positions are a learned table.
+  int norm_vectors;
+  bool biases, learned_positions, tied;
   double block_matmul() const { return QKV * H + H * H + FW * H + H * F; }
   double head() const { return V * H; }
 };
@@ -82,8 +85,11 @@ Sizes sizes(const ModelConfig& m) {
   s.V = m.vocab_size;
   s.S_max = m.max_seq;
   s.QKV = m.qkv_dim();
-  s.gpt2 = m.family == Family::GPT2;
-  s.FW = s.gpt2 ? s.F : 2 * s.F;
+  const FamilyDesc& f = m.desc();
+  s.norm_vectors = f.norm == NormKind::LayerNorm ? 2 : 1;
+  s.biases = f.linear_biases;
+  s.learned_positions = f.positions == Positions::Learned;
+  s.FW = f.mlp_in_factor() * s.F;
   s.tied = m.tie_embeddings;
   return s;
 }
@@ -278,7 +284,7 @@ double collective_seconds(Op op, double bytes, const Placement& pl) {
 int64_t trainer_activation_elements(const ModelConfig& m, const GridShape& g, int64_t N) {
   const int64_t Cx = m.n_embd / g.x(), Ay = m.n_embd / g.y(), nhy = m.n_head / g.y();
   const int64_t QKVy = int64_t(m.n_head + 2 * m.n_kv_head) * m.head_dim() / g.y();
-  const int64_t Fy = m.ffn / g.y(), FWy = m.family == Family::GPT2 ? Fy : 2 * Fy;
+  const int64_t Fy = m.ffn / g.y(), FWy = m.desc().mlp_in_factor() * Fy;
   const int64_t Vy = m.vocab_size / g.y();
   const int64_t per_layer = N * (Cx + 2 + QKVy + Ay + nhy + Cx + Cx + 2 + FWy + Fy + Cx);
   const int64_t global =
@@ -305,21 +311,22 @@ StageParams stage_params(const ModelConfig& m, const GridShape& g, bool first, b
   const Sizes s = sizes(m);
   const double xy = double(g.x()) * g.y(), Ls = layers;
   StageParams sp;
-  const double layer_vec =
-      s.gpt2 ? 6 * s.H / g.x() + (s.QKV + s.F) / g.y() : 2 * s.H / g.x();
+  // Two norms, and with biases those of the transposed layers (over X) and of q|k|v and fc (Y).
+  const double layer_vec = s.biases ? (2 * s.norm_vectors + 2) * s.H / g.x() + (s.QKV + s.F) / g.y()
+                                    : 2 * s.norm_vectors * s.H / g.x();
   sp.matrices = Ls * s.block_matmul() / xy / g.z();
   sp.vectors = Ls * layer_vec;
   sp.layer_block = s.block_matmul() / xy + layer_vec;
   if (first) {
     sp.matrices += s.head() / xy / g.z();  // token embedding
     sp.top_block += s.head() / xy;
-    if (s.gpt2) {
+    if (s.learned_positions) {
       sp.vectors += s.S_max * s.H / g.x();  // position table
       sp.top_block += s.S_max * s.H / g.x();
     }
   }
   if (last) {
-    const double lnf = (s.gpt2 ? 2 : 1) * s.H / g.x();
+    const double lnf = s.norm_vectors * s.H / g.x();
     sp.vectors += lnf;
     sp.top_block += lnf;
     if (!s.tied || !first) {  // untied head, or the tied copy on the last stage

@@ -25,7 +25,7 @@
 
 #include <nlohmann/json_fwd.hpp>
 
-#include "tetrad/backend/cpu/precision.hpp"
+#include "tetrad/backend/precision.hpp"
 #include "tetrad/model/model_config.hpp"
 #include "tetrad/parallel/grid.hpp"
 #include "tetrad/parallel/memory_model.hpp"
@@ -36,8 +36,8 @@
 
 namespace tetrad::planner {
 
-// train.precision: the backend's own type and parser (backend/cpu/precision.hpp).
-using Precision = kernels::Precision;
+// train.precision: the backend's own type and parser (backend/precision.hpp).
+using Precision = backend::Precision;
 // train.recompute and parallel.schedule are the trainer's own types and parsers, so the planner
 // plans exactly the modes the trainer runs (parallel/options.hpp, pipeline_schedule.hpp).
 using Recompute = parallel::Recompute;
@@ -50,7 +50,7 @@ using parallel::parse_pipeline_schedule;       // "1f1b" | "interleaved"
 // all-reduce behind the last micro-batch's backward.
 enum class Overlap { None, Tensor, All };
 
-using kernels::parse_precision;                    // "fp32" | "bf16"
+using backend::parse_precision;                    // "fp32" | "bf16"
 Overlap parse_overlap(const std::string& s);       // "none" | "tensor" | "all"
 const char* name(Precision p);
 inline const char* name(Recompute r) { return parallel::recompute_name(r); }

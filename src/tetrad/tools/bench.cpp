@@ -25,11 +25,11 @@
 #include "tetrad/parallel/parallel_transformer.hpp"
 #include "tetrad/parallel/pipeline.hpp"
 #include "tetrad/train/auto_grid.hpp"
-#include "tetrad/planner/gpu_machines.hpp"
 #include "tetrad/parallel/process_groups.hpp"
 #include "tetrad/backend/cpu/ceilings.hpp"
 #include "tetrad/model/gemm_shapes.hpp"
 #include "tetrad/train/optimizer.hpp"
+#include "tetrad/train/step_runner.hpp"
 #include "tetrad/train/trainer.hpp"
 
 namespace tetrad {
@@ -136,30 +136,25 @@ void run_bench(const BenchOptions& opt, std::ostream& out) {
   out << ceil.to_text() << "libraries: oneDNN " << dv->major << "." << dv->minor << "." << dv->patch
       << ", " << mpi_first_line << "\n";
   const double fma_peak = ceil.fma.value;
-  const kernels::Precision precision = kernels::parse_precision(opt.precision);
-  const bool bf16 = precision == kernels::Precision::BF16;
-  // MFU against the peak of the arithmetic the run uses (bf16 matrix units or fp32 FMA).
+  const backend::Precision precision = backend::resolve_precision(opt.precision, *device).precision;
+  const bool bf16 = precision == backend::Precision::BF16;
+  // MFU against the peak of the arithmetic the run uses (bf16 matrix units or fp32 FMA; the CPU
+  // backend's Backend::peak, here from the ceilings just measured).
   Measurement mfu_peak = bf16 ? ceil.bf16_peak : ceil.fma;
   std::string mfu_peak_name =
       std::string(bf16 ? "bf16 matrix peak" : "fp32 FMA peak") + " (" + mfu_peak.basis + ")";
-  // On a GPU: the datasheet's dense peak of the device (planner/gpu_machines: H100, H200, A100),
-  // and the GEMM ceiling the backend measures on a large square (fp32 TF32 or bf16, cuBLASLt).
+  // On a GPU: the device's peak (Backend::peak: its part's datasheet dense peak, else its measured
+  // GEMM ceiling), and the GEMM ceiling the backend measures on a large square (fp32 TF32 or
+  // bf16, cuBLASLt).
   double device_gemm_ceiling = 0;
   if (on_gpu) {
-    const planner::GpuKind kind = planner::gpu_kind(device->description());
+    const backend::DevicePeak pk = device->peak(precision, threads);
     mfu_peak = Measurement{};
     mfu_peak.unit = "GFLOP/s";
-    if (kind.bf16_tflops > 0) {
-      mfu_peak.value = 1000 * (bf16 ? kind.bf16_tflops : kind.fp32_tflops);
-      mfu_peak_name = kind.part + std::string(bf16 ? " bf16 dense peak" : " fp32 peak") +
-                      " (datasheet)";
-    }
+    mfu_peak.value = pk.gflops;
+    mfu_peak_name = pk.name;
     const backend::DeviceCeilings dc = device->ceilings(threads, opt.quick_ceilings);
     device_gemm_ceiling = bf16 ? dc.gemm_bf16_gflops : dc.gemm_fp32_gflops;
-    if (mfu_peak.value <= 0) {  // a GPU the table does not know: its measured ceiling instead
-      mfu_peak.value = device_gemm_ceiling;
-      mfu_peak_name = "measured GEMM ceiling (no datasheet peak for this GPU in planner/gpu_machines)";
-    }
     out << "device: " << device->description() << "\n";
   } else if (opt.device != "cpu") {
     out << "device: " << device->description() << "\n";
@@ -297,6 +292,12 @@ void run_bench(const BenchOptions& opt, std::ostream& out) {
       TraceLog trace_log;
       if (!opt.trace_path.empty()) profile.trace = &trace_log;
       model.set_profile(&profile);
+      // The trainer's step (train/step_runner.hpp) of one micro-batch, clipped at norm 1.
+      StepOptions so;
+      so.B = B;
+      so.T = T;
+      so.profile = &profile;
+      StepRunner runner(model, adam, groups, so);
       for (int s = 0; s < opt.warmup + opt.steps; ++s) {
         if (s == opt.warmup) {
           profile.clear();
@@ -304,22 +305,7 @@ void run_bench(const BenchOptions& opt, std::ostream& out) {
           trace_log.origin = std::chrono::steady_clock::now();
         }
         const auto t0 = std::chrono::steady_clock::now();
-        {
-          ScopedPhase sp(&profile, Phase::Optimizer);
-          model.begin_step(1);  // zero_grads for a step of one micro-batch
-        }
-        model.forward_backward(tokens.data(), tokens.data() + 1, B, T, 1.0f / float(N));
-        model.reduce_gradients();
-        double gn = 0;
-        {
-          ScopedPhase sp(&profile, Phase::Optimizer);
-          gn = std::sqrt(model.grad_sum_squares());
-        }
-        const float* grads = model.grads();
-        model.apply_update([&](float* params, uint16_t* params16, int64_t lo, int64_t hi) {
-          ScopedPhase sp(&profile, Phase::Optimizer);
-          adam.update(params, params16, grads, 1e-4, gn > 1 ? 1 / gn : 1, s + 1, lo, hi);
-        });
+        runner.run(tokens.data(), tokens.data() + 1, double(N), 1e-4, s);
         device->queue().synchronize();  // a GPU's step ends when its queue has drained
         const double dt = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
         if (s >= opt.warmup) times.push_back(dt);
@@ -514,9 +500,7 @@ void run_bench_grids(const BenchOptions& opt, std::ostream& log) {
       }
     }
     ParallelOptions po;
-    po.precision = kernels::parse_precision(opt.precision) == kernels::Precision::BF16
-                       ? backend::Precision::BF16
-                       : backend::Precision::FP32;
+    po.precision = backend::resolve_precision(opt.precision, backend::cpu_backend()).precision;
     po.gemm_layouts = resolve_gemm_layouts(opt.gemm_layouts, po.precision, backend::cpu_backend(),
                                            nullptr);
     po.zero = opt.zero;
@@ -568,11 +552,7 @@ void run_bench_grids(const BenchOptions& opt, std::ostream& log) {
       AdamW adam(decay_ranges(model.table(), tc, ol.param_offsets, ol.sizes, ol.state_offsets,
                               ol.grad_offsets),
                  ol.state_size, tc);
-      // Gp > 1: the step's micro-batches through the pipeline schedule (tokens: M of them).
-      std::unique_ptr<PipelineDriver> pipe;
       const int M = shape.p() > 1 || opt.accumulate ? opt.micro_batches : 1;
-      if (shape.p() > 1)
-        pipe = std::make_unique<PipelineDriver>(model, parse_pipeline_schedule(opt.schedule), M);
       double wait_total = 0, busy_total = 0;
       std::vector<double> op_s_sum;  // Gp > 1: every stage's op times summed over the timed steps
       Rng rng(7);
@@ -582,6 +562,17 @@ void run_bench_grids(const BenchOptions& opt, std::ostream& log) {
       TraceLog trace_log;
       if (!opt.trace_path.empty()) profile.trace = &trace_log;
       model.set_profile(&profile);
+      // The trainer's step (train/step_runner.hpp), clipped at norm 1. Gp > 1: the step's
+      // micro-batches through the pipeline schedule (tokens: M of them); M > 1 without a
+      // pipeline (--accumulate): gradient accumulation, as the trainer runs train.grad_accum.
+      StepOptions so;
+      so.micro_batches = M;
+      so.B = Bl;
+      so.T = T;
+      so.schedule = parse_pipeline_schedule(opt.schedule);
+      so.profile = &profile;
+      StepRunner runner(model, adam, g, so);
+      PipelineDriver* const pipe = runner.pipeline();
       // The peak of the training steps: the high-water mark restarts after the set-up (whose
       // whole-tensor temporaries of init_weights are not training memory).
       const bool hwm_reset = reset_peak_rss();
@@ -595,50 +586,24 @@ void run_bench_grids(const BenchOptions& opt, std::ostream& log) {
           trace_log.origin = std::chrono::steady_clock::now();
         }
         const auto t0 = std::chrono::steady_clock::now();
-        {
-          // Load imbalance: the wait for the slowest rank before the step's first collective.
-          ScopedPhase sp(&profile, Phase::Wait, "for the slowest rank");
-          g.world.barrier();
+        runner.wait_for_slowest_rank();
+        runner.run(tokens.data(), tokens.data() + 1, double(Bg) * T * M, 1e-4, s);
+        if (pipe && s >= opt.warmup) {
+          // Idle = the pipeline's makespan (the steps start together after the barrier; the
+          // slowest stage ends it) minus this rank's compute: waits inside the step plus the
+          // head and tail of the flush, which the textbook bubble counts too.
+          const double busy = pipe->last_step_s() - pipe->last_wait_s();
+          double makespan = pipe->last_step_s();
+          g.world.allreduce_max(&makespan, 1);
+          wait_total += makespan - busy;
+          busy_total += busy;
+          // Every stage's op times (the same count on each: 2 m v), for the replay below.
+          const std::vector<double>& mine = pipe->last_op_s();
+          std::vector<double> all(mine.size() * size_t(shape.p()));
+          g.p().allgather(mine.data(), all.data(), mine.size());
+          if (op_s_sum.empty()) op_s_sum.assign(all.size(), 0.0);
+          for (size_t k = 0; k < all.size(); ++k) op_s_sum[k] += all[k];
         }
-        model.begin_step(M);
-        if (pipe) {
-          pipe->step(tokens.data(), tokens.data() + 1, Bl, T, 1.0f / float(Bg * T * M));
-          if (s >= opt.warmup) {
-            // Idle = the pipeline's makespan (the steps start together after the barrier; the
-            // slowest stage ends it) minus this rank's compute: waits inside the step plus the
-            // head and tail of the flush, which the textbook bubble counts too.
-            const double busy = pipe->last_step_s() - pipe->last_wait_s();
-            double makespan = pipe->last_step_s();
-            g.world.allreduce_max(&makespan, 1);
-            wait_total += makespan - busy;
-            busy_total += busy;
-            // Every stage's op times (the same count on each: 2 m v), for the replay below.
-            const std::vector<double>& mine = pipe->last_op_s();
-            std::vector<double> all(mine.size() * size_t(shape.p()));
-            g.p().allgather(mine.data(), all.data(), mine.size());
-            if (op_s_sum.empty()) op_s_sum.assign(all.size(), 0.0);
-            for (size_t k = 0; k < all.size(); ++k) op_s_sum[k] += all[k];
-          }
-        } else {
-          // M > 1 (--accumulate): gradient accumulation over the step's micro-batches, as the
-          // trainer runs train.grad_accum.
-          for (int mb = 0; mb < M; ++mb)
-            model.forward_backward(tokens.data() + size_t(mb) * Bl * T, tokens.data() + size_t(mb) * Bl * T + 1,
-                                   Bl, T, 1.0f / float(Bg * T * M));
-        }
-        model.reduce_gradients();
-        double gn = 0;
-        {
-          ScopedPhase sp(&profile, Phase::Optimizer);
-          gn = std::sqrt(model.grad_sum_squares());
-        }
-        // As the trainer: ZeRO's all-gather of updated pieces, and the next step's first
-        // weight gathers during the update (parallel.prefetch_across_steps).
-        const float* grads = model.grads();
-        model.apply_update([&](float* params, uint16_t* params16, int64_t lo, int64_t hi) {
-          ScopedPhase sp(&profile, Phase::Optimizer);
-          adam.update(params, params16, grads, 1e-4, gn > 1 ? 1 / gn : 1, s + 1, lo, hi);
-        });
         double dt = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
         if (s >= opt.warmup) sum_step += dt;
         g.world.allreduce_max(&dt, 1);

@@ -5,13 +5,13 @@
 #include <sstream>
 
 #include "tetrad/core/error.hpp"
-#include "tetrad/backend/cpu/precision.hpp"
+#include "tetrad/backend/backend.hpp"
 
 namespace tetrad {
 
 using namespace planner;
 
-PlanInput plan_input_of(const RunConfig& cfg, int ranks) {
+PlanInput plan_input_of(const RunConfig& cfg, int ranks, const backend::Backend& device) {
   PlanInput in;
   in.model = cfg.model;
   in.model_name = cfg.model_name;
@@ -19,10 +19,9 @@ PlanInput plan_input_of(const RunConfig& cfg, int ranks) {
   in.global_batch = int64_t(cfg.train.micro_batch) * cfg.train.grad_accum;
   in.seq = cfg.train.seq_len;
   in.ranks = ranks;
-  // train.precision "auto" means bf16 where this CPU has bf16 matrix units (backend/cpu/precision.hpp).
-  const std::string& p = cfg.train.precision;
-  in.precision = kernels::resolve_precision(p) == kernels::Precision::BF16 ? Precision::BF16
-                                                                          : Precision::FP32;
+  // train.precision "auto" as the device says (Backend::auto_precision: bf16 where it has bf16
+  // matrix hardware).
+  in.precision = backend::resolve_precision(cfg.train.precision, device).precision;
   // What the trainer will run, parsed by the trainer's own parsers.
   in.recompute = parse_recompute(cfg.train.recompute);
   in.zero = cfg.zero;
@@ -43,10 +42,11 @@ int launcher_ranks_per_node() {
   return 0;
 }
 
-AutoGrid choose_grid(const RunConfig& cfg, int ranks, int ranks_per_node) {
+AutoGrid choose_grid(const RunConfig& cfg, int ranks, int ranks_per_node,
+                     const backend::Backend& device) {
   Machine m = load_machine(cfg.machine);
   if (ranks_per_node > 0) m.ranks_per_node = ranks_per_node;
-  const PlanInput in = plan_input_of(cfg, ranks);
+  const PlanInput in = plan_input_of(cfg, ranks, device);
   const std::vector<Estimate> all = plan(in, m);
   const Estimate* first = nullptr;
   const Estimate* second = nullptr;
@@ -91,12 +91,13 @@ AutoGrid choose_grid(const RunConfig& cfg, int ranks, int ranks_per_node) {
   return a;
 }
 
-AutoGrid resolve_grid(const RunConfig& cfg, int ranks, int ranks_per_node) {
+AutoGrid resolve_grid(const RunConfig& cfg, int ranks, int ranks_per_node,
+                      const backend::Backend& device) {
   AutoGrid a;
   if (cfg.grid == "auto") {
-    a = choose_grid(cfg, ranks, ranks_per_node);
+    a = choose_grid(cfg, ranks, ranks_per_node, device);
   } else if (cfg.grid.empty() && ranks > 1) {
-    a = choose_grid(cfg, ranks, ranks_per_node);
+    a = choose_grid(cfg, ranks, ranks_per_node, device);
     a.why = detail::concat("parallel.grid is not set and ", ranks, " ranks were launched: ",
                            "choosing one as parallel.grid = \"auto\" does (set parallel.grid or ",
                            "--grid to choose one yourself)\n", a.why);

@@ -6,6 +6,7 @@
 #pragma once
 #include <string>
 
+#include "tetrad/backend/backend.hpp"
 #include "tetrad/parallel/grid.hpp"
 #include "tetrad/planner/planner.hpp"
 #include "tetrad/train/config.hpp"
@@ -18,14 +19,17 @@ struct AutoGrid {
 };
 
 // The planner input of a run config: global batch = micro_batch x grad_accum, the whole job's
-// micro-batch, seq_len, train.precision ("auto" resolved as the trainer does), no
-// recomputation, ZeRO 0 and no overlap (what the trainer does today).
-planner::PlanInput plan_input_of(const RunConfig& cfg, int ranks);
+// micro-batch, seq_len, train.precision ("auto" resolved on `device` as the trainer does,
+// backend::resolve_precision), no recomputation, ZeRO 0 and no overlap (what the trainer does
+// today).
+planner::PlanInput plan_input_of(const RunConfig& cfg, int ranks, const backend::Backend& device);
 
 // Throws Error when no trainable grid is valid (naming the first rejections).
 // `ranks_per_node`: > 0 replaces the machine file's (the launcher knows how many ranks share
 // this node: OMPI_COMM_WORLD_LOCAL_SIZE).
-AutoGrid choose_grid(const RunConfig& cfg, int ranks, int ranks_per_node);
+// `device`: the run's backend (train.device), which says what precision "auto" means.
+AutoGrid choose_grid(const RunConfig& cfg, int ranks, int ranks_per_node,
+                     const backend::Backend& device);
 
 // The grid a run trains on, and why (empty for a grid the config names): parallel.grid as
 // given, "auto" as choose_grid, and a config that names no grid (parallel.grid = ""): 1x1x1x1
@@ -33,7 +37,8 @@ AutoGrid choose_grid(const RunConfig& cfg, int ranks, int ranks_per_node);
 // Throws Error when the grid does not match `ranks` ("grid 2x2x1x1 needs 4 ranks but mpirun
 // started 2 ..."): an explicit grid is never replaced by another. Every rank computes the same
 // answer from the same inputs (config, rank count, machine file), so they agree without talking.
-AutoGrid resolve_grid(const RunConfig& cfg, int ranks, int ranks_per_node);
+AutoGrid resolve_grid(const RunConfig& cfg, int ranks, int ranks_per_node,
+                      const backend::Backend& device);
 
 // Ranks on this node as the launcher says (Open MPI, MPICH/Hydra, Slurm); 0 if unknown.
 int launcher_ranks_per_node();

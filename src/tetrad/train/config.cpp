@@ -10,7 +10,7 @@
 
 #include "tetrad/checkpoint/hf_config.hpp"
 #include "tetrad/core/error.hpp"
-#include "tetrad/backend/cpu/precision.hpp"
+#include "tetrad/backend/precision.hpp"
 #include "tetrad/parallel/gemm_layouts.hpp"
 #include "tetrad/parallel/grid.hpp"
 #include "tetrad/parallel/layer_split.hpp"
@@ -383,7 +383,7 @@ void RunConfig::validate() const {
       (void)parallel::resolve_layer_split(pipeline_layers, model, t.seq_len, shape.p(),
                                           virtual_stages);
   }
-  if (t.precision != "auto") kernels::parse_precision(t.precision);  // throws naming the choices
+  if (t.precision != "auto") backend::parse_precision(t.precision);  // throws naming the choices
   if (t.attention_precision != "auto" && t.attention_precision != "fp32" &&
       t.attention_precision != "bf16")
     fail("train.attention_precision = \"", t.attention_precision,

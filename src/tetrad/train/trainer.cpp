@@ -149,8 +149,8 @@ std::string memory_problem_of_this_rank(const RunConfig& cfg, const parallel::Gr
                                         bool quiet) {
   MemoryFit fit;
   try {
-    planner::PlanInput in = plan_input_of(cfg, world);
-    in.precision = bf16 ? planner::Precision::BF16 : planner::Precision::FP32;  // as run on this device
+    planner::PlanInput in = plan_input_of(cfg, world, device);
+    in.precision = bf16 ? backend::Precision::BF16 : backend::Precision::FP32;  // as run on this device
     fit.formula = planner::memory_per_rank(in, shape);
   } catch (const Error&) {
     return "";  // a layout the formula cannot take; the model's own checks report what is wrong
@@ -370,8 +370,17 @@ TrainResult train(const RunConfig& cfg, const TrainOptions& opt, std::ostream& l
   MPI_Initialized(&mpi_ready);
   int world = 1;
   if (mpi_ready) MPI_Comm_size(MPI_COMM_WORLD, &world);
+  // Where the model computes (train.device): its parameters, gradients, moments and activations
+  // live there; the host reaches them through the backend's queue (checkpoints below).
+  // Made before the grid is chosen: what precision "auto" means is the device's to say.
+  std::unique_ptr<backend::Backend> device_owner;
+  backend::Backend* device = &backend::cpu_backend();
+  if (t.device != "cpu") {
+    device_owner = backend::create(t.device);  // refuses naming what this build and machine lack
+    device = device_owner.get();
+  }
   // "auto", or no grid named on more than one rank: the planner's first choice, and why.
-  const AutoGrid chosen_grid = resolve_grid(cfg, world, launcher_ranks_per_node());
+  const AutoGrid chosen_grid = resolve_grid(cfg, world, launcher_ranks_per_node(), *device);
   const GridShape shape = chosen_grid.grid;
   const std::string& auto_why = chosen_grid.why;
   if (t.comm == "nccl" && shape.p() > 1)
@@ -415,14 +424,6 @@ TrainResult train(const RunConfig& cfg, const TrainOptions& opt, std::ostream& l
       }
     }
   }
-  // Where the model computes (train.device): its parameters, gradients, moments and activations
-  // live there; the host reaches them through the backend's queue (checkpoints below).
-  std::unique_ptr<backend::Backend> device_owner;
-  backend::Backend* device = &backend::cpu_backend();
-  if (t.device != "cpu") {
-    device_owner = backend::create(t.device);  // refuses naming what this build and machine lack
-    device = device_owner.get();
-  }
   const bool host_memory = device->capabilities().host_visible;
   // train.comm resolved (config.hpp): the model's groups on NCCL or on MPI, and why, for the log.
   // Made after the device, whose creation selects this rank's GPU (NCCL's communicators live on
@@ -452,15 +453,12 @@ TrainResult train(const RunConfig& cfg, const TrainOptions& opt, std::ostream& l
   // The model's groups: NCCL's, or the trainer's own MPI groups.
   ProcessGroups& model_groups = nccl_groups ? *nccl_groups : groups;
   // GEMM precision of this run's model (not a process-wide switch: the model carries it). "auto"
-  // on a GPU: bf16 where it has bf16 matrix hardware.
-  const kernels::Precision precision =
-      t.precision == "auto" && t.device.rfind("cuda", 0) == 0
-          ? (device->capabilities().gemm_bf16_native ? kernels::Precision::BF16
-                                                     : kernels::Precision::FP32)
-          : kernels::resolve_precision(t.precision);
+  // is the device's to say (Backend::auto_precision: bf16 where it has bf16 matrix hardware).
+  const backend::PrecisionChoice precision_choice = backend::resolve_precision(t.precision, *device);
+  const backend::Precision precision = precision_choice.precision;
   check_memory_fits(cfg, shape, world, groups.world.rank(),
                     launcher_ranks_per_node() > 0 ? launcher_ranks_per_node() : world, *device,
-                    precision == kernels::Precision::BF16, out, opt.quiet, groups.world);
+                    precision == backend::Precision::BF16, out, opt.quiet, groups.world);
 
   // The run folder is this run's from here to the end (rank 0 holds its lock; every rank writes
   // shards into it): a second trainer is refused, and a folder holding a trained run is not
@@ -495,8 +493,7 @@ TrainResult train(const RunConfig& cfg, const TrainOptions& opt, std::ostream& l
 
   parallel::ParallelOptions popt;
   popt.device = device;
-  popt.precision = precision == kernels::Precision::BF16 ? backend::Precision::BF16
-                                                         : backend::Precision::FP32;
+  popt.precision = precision;
   if (t.attention_precision != "auto")
     popt.attention_precision = t.attention_precision == "bf16" ? backend::Precision::BF16
                                                                : backend::Precision::FP32;
@@ -703,20 +700,18 @@ TrainResult train(const RunConfig& cfg, const TrainOptions& opt, std::ostream& l
   }
   result.first_step = step;
 
-  // MFU against the peak of the arithmetic the run's GEMMs use: the bf16 matrix peak for a bf16
-  // run, the fp32 FMA peak otherwise (backend/cpu/ceilings.hpp). HFU counts the FLOPs recomputation
-  // adds as well, against the same peak.
-  const bool bf16_run = precision == kernels::Precision::BF16;
-  std::string peak_basis = "given";
+  // MFU against the device's peak of the arithmetic the run's GEMMs use (Backend::peak: on a CPU
+  // the bf16 matrix peak for a bf16 run, the fp32 FMA peak otherwise; on a GPU its datasheet
+  // peak). HFU counts the FLOPs recomputation adds as well, against the same peak.
+  const bool bf16_run = precision == backend::Precision::BF16;
+  std::string peak_name =
+      std::string(bf16_run ? "bf16 matrix peak" : "fp32 FMA peak") + " (given)";
   double peak_gflops = opt.peak_gflops;
   if (peak_gflops <= 0) {
-    const Measurement pk = bf16_run ? measure_bf16_peak(omp_get_max_threads())
-                                    : measure_fma_peak(omp_get_max_threads());
-    peak_gflops = pk.value;
-    peak_basis = pk.basis;
+    const backend::DevicePeak pk = device->peak(precision, 0);
+    peak_gflops = pk.gflops;
+    peak_name = pk.name;
   }
-  const std::string peak_name = std::string(bf16_run ? "bf16 matrix peak" : "fp32 FMA peak") +
-                                " (" + peak_basis + ")";
   const double flops_tok = flops_per_token(cfg.model, T);
   const double hw_flops_tok = flops_tok + recompute_flops_per_token(cfg.model, T, t.recompute);
   const bool report_hfu = t.recompute != "none";
@@ -927,10 +922,10 @@ TrainResult train(const RunConfig& cfg, const TrainOptions& opt, std::ostream& l
     const std::string attn_path = &model.compute_backend() == &backend::cpu_backend()
                                       ? std::string(" (") + kernels::attention_bf16_path() + ")"
                                       : std::string();
-    if (precision == kernels::Precision::BF16)
+    if (precision == backend::Precision::BF16)
       out << "precision: bf16 GEMMs, fp32 master weights and optimizer; "
-          << kernels::bf16_matmul_path()
-          << (t.precision == "auto" ? " (auto: " + kernels::auto_precision_reason() + ")" : "")
+          << device->capabilities().gemm_bf16_path
+          << (t.precision == "auto" ? " (auto: " + precision_choice.why + ")" : "")
           << "; attention "
           << (model.attention_precision() == backend::Precision::BF16
                   ? "bf16 products" + attn_path
@@ -939,8 +934,8 @@ TrainResult train(const RunConfig& cfg, const TrainOptions& opt, std::ostream& l
     else if (model.attention_precision() == backend::Precision::BF16)
       out << "precision: fp32 GEMMs; attention bf16 products" << attn_path << "\n";
     else if (t.precision == "auto")
-      out << "precision: fp32 (auto: " << kernels::auto_precision_reason() << ")\n";
-    if (precision == kernels::Precision::BF16)
+      out << "precision: fp32 (auto: " << precision_choice.why << ")\n";
+    if (precision == backend::Precision::BF16)
       out << model.gemm_layout_summary() << " [train.gemm_layouts = "
           << (popt.gemm_layout_plan.empty() ? t.gemm_layouts : std::string("<plan>")) << ": "
           << layouts_why << "]"

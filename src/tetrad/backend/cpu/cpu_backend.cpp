@@ -12,6 +12,7 @@
 
 #include "tetrad/backend/cpu/attention.hpp"
 #include "tetrad/backend/cpu/attention_bf16.hpp"
+#include "tetrad/backend/cpu/ceilings.hpp"
 #include "tetrad/backend/cpu/ops.hpp"
 #include "tetrad/backend/cpu/precision.hpp"
 #include "tetrad/backend/cpu/split_ops.hpp"
@@ -295,6 +296,17 @@ void* CpuBackend::allocate(size_t bytes, MemoryKind) {
 }
 
 void CpuBackend::deallocate(void* p, size_t, MemoryKind) noexcept { std::free(p); }
+
+// The MFU baseline: the register-only peak of the arithmetic the GEMMs use (ceilings.hpp).
+DevicePeak CpuBackend::peak(Precision p, int threads) {
+  const bool bf16 = p == Precision::BF16;
+  const Measurement m = bf16 ? measure_bf16_peak(threads) : measure_fma_peak(threads);
+  return {m.value, std::string(bf16 ? "bf16 matrix peak" : "fp32 FMA peak") + " (" + m.basis + ")"};
+}
+
+PrecisionChoice CpuBackend::auto_precision() const {
+  return {k::auto_precision(), k::auto_precision_reason()};
+}
 
 // A quick ceiling: the best of a few fp32 (and, when native, bf16) GEMMs on a square and a large
 // copy. backend/cpu/ceilings measures the same with more detail (FMA peak, the model's own shapes).

@@ -27,6 +27,8 @@ class CpuBackend final : public Backend {
   Queue& queue() override { return *queue_; }
   std::unique_ptr<Queue> new_queue() override;
   DeviceCeilings ceilings(int threads, bool quick) override;
+  DevicePeak peak(Precision p, int threads) override;
+  PrecisionChoice auto_precision() const override;
   bool host_readable(const void*) const override { return true; }  // device memory is host memory
   MemoryAvailable memory_available() const override { return host_memory_available(); }
 

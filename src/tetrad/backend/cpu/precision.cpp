@@ -71,14 +71,6 @@ const Bf16Probe& probed() {
 }
 }  // namespace
 
-Precision parse_precision(const std::string& name) {
-  if (name == "fp32") return Precision::FP32;
-  if (name == "bf16") return Precision::BF16;
-  fail("precision must be \"fp32\" or \"bf16\", got \"", name, "\"");
-}
-
-std::string precision_name(Precision p) { return p == Precision::BF16 ? "bf16" : "fp32"; }
-
 namespace {
 const char* auto_override() {
   const char* e = std::getenv("TETRAD_PRECISION_AUTO");
@@ -86,17 +78,13 @@ const char* auto_override() {
 }
 }  // namespace
 
-Precision resolve_precision(const std::string& setting) {
-  if (setting != "auto") {
-    if (setting == "fp32" || setting == "bf16") return parse_precision(setting);
-    fail("precision must be \"fp32\", \"bf16\" or \"auto\", got \"", setting, "\"");
-  }
+Precision auto_precision() {
   if (const char* e = auto_override()) {
     const std::string v = e;
     if (v != "fp32" && v != "bf16")
       fail("TETRAD_PRECISION_AUTO = \"", v, "\": expected \"fp32\" or \"bf16\" (what precision "
            "\"auto\" resolves to)");
-    return parse_precision(v);
+    return backend::parse_precision(v);
   }
   return native_bf16_matmul() ? Precision::BF16 : Precision::FP32;
 }

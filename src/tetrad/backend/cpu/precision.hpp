@@ -19,7 +19,8 @@
 // TETRAD_BF16=emulate in the environment forces the emulated path (to compare the two; so does
 // TETRAD_MAX_CPU_ISA=avx512 or lower, core/cpu.hpp).
 //
-// train.precision = "auto" is bf16 where bf16 GEMMs run natively, fp32 elsewhere;
+// train.precision = "auto" is bf16 where bf16 GEMMs run natively, fp32 elsewhere (the CPU
+// backends' Backend::auto_precision, backend/precision.hpp);
 // TETRAD_PRECISION_AUTO = bf16 | fp32 in the environment overrides that choice (so both of auto's
 // branches run on any CPU: tests force each).
 //
@@ -30,16 +31,15 @@
 #include <cstring>
 #include <string>
 
+#include "tetrad/backend/precision.hpp"
+
 namespace tetrad::kernels {
 
-enum class Precision { FP32, BF16 };
+using backend::Precision;  // the one precision type (backend/precision.hpp)
 
-// "fp32" | "bf16"; anything else throws Error naming the choices.
-Precision parse_precision(const std::string& name);
-std::string precision_name(Precision p);
-// "fp32" | "bf16" | "auto" (see above); anything else throws Error naming the choices.
-Precision resolve_precision(const std::string& setting);
-// Why "auto" resolves as it does here, one phrase ("bf16 GEMMs are native here: ...").
+// What precision "auto" means on this CPU (see above; a bad TETRAD_PRECISION_AUTO throws Error
+// naming the choices), and why, one phrase ("bf16 GEMMs here: native ...").
+Precision auto_precision();
 std::string auto_precision_reason();
 
 // Whether bf16 GEMMs run on bf16 hardware here (AMX-BF16 or AVX512-BF16, and oneDNN built a bf16

@@ -341,6 +341,8 @@ std::unique_ptr<Queue> StrictBackend::new_queue() { return std::make_unique<Stri
 DeviceCeilings StrictBackend::ceilings(int threads, bool quick) {
   return cpu_->ceilings(threads, quick);
 }
+DevicePeak StrictBackend::peak(Precision p, int threads) { return cpu_->peak(p, threads); }
+PrecisionChoice StrictBackend::auto_precision() const { return cpu_->auto_precision(); }
 
 bool StrictBackend::host_readable(const void* p) const {
   const uintptr_t a = reinterpret_cast<uintptr_t>(p);

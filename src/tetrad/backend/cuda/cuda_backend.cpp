@@ -13,6 +13,7 @@
 #include "tetrad/backend/cuda/gemm.hpp"
 #include "tetrad/backend/cuda/gpu_api.hpp"
 #include "tetrad/backend/cuda/kernels.hpp"
+#include "tetrad/backend/gpu_parts.hpp"
 #include "tetrad/core/error.hpp"
 
 namespace tetrad::backend::cuda {
@@ -177,6 +178,7 @@ class CudaBackend final : public Backend {
   Queue& queue() override { return *queue_; }
   std::unique_ptr<Queue> new_queue() override { return std::make_unique<CudaQueue>(*this, device_); }
   DeviceCeilings ceilings(int threads, bool quick) override;
+  DevicePeak peak(Precision p, int threads) override;
   bool host_readable(const void* p) const override { return g::gpuHostReadable(p); }
   // The device's free memory now (cudaMemGetInfo: the context's own reserve is already taken).
   MemoryAvailable memory_available() const override {
@@ -532,6 +534,19 @@ DeviceCeilings CudaBackend::ceilings(int, bool quick) {
                             "median of ", reps, " after a warm-up; device-to-device copy of ",
                             bytes >> 20, " MiB counting read + write");
   return c;
+}
+
+// The part's datasheet dense peak (backend/gpu_parts.hpp); a part the table does not know: the
+// GEMM ceiling measured on a large square (quick), and the name says so.
+DevicePeak CudaBackend::peak(Precision p, int threads) {
+  const bool bf16 = p == Precision::BF16;
+  const GpuPart part = gpu_part(info_.name);
+  if (part.bf16_tflops > 0)
+    return {1000 * (bf16 ? part.bf16_tflops : part.fp32_tflops),
+            part.part + (bf16 ? " bf16 dense peak" : " fp32 peak") + " (datasheet)"};
+  const DeviceCeilings c = ceilings(threads, true);
+  return {bf16 ? c.gemm_bf16_gflops : c.gemm_fp32_gflops,
+          "measured GEMM ceiling (no datasheet peak for this GPU in backend/gpu_parts)"};
 }
 
 void set_attention_bf16(bool on) { g_attention_bf16 = on ? 1 : 0; }

@@ -1,0 +1,155 @@
+// The registered model families (family.hpp). Adding one: an entry below (its tensors, names and
+// properties), a value in Family, its config.json reader and writer (checkpoint/hf_config.cpp),
+// and the block parts its new properties or roles need.
+#include "tetrad/model/family.hpp"
+
+#include "tetrad/core/error.hpp"
+
+namespace tetrad {
+namespace {
+
+using R = TensorRole;
+using D = Dim;
+
+// GPT2LMHeadModel. Linear weights stored [out, in]; Hugging Face's Conv1D stores [in, out].
+constexpr TensorEntry kGpt2Top[] = {
+    {R::TokenEmbedding, "transformer.wte.weight", D::Vocab, D::Hidden},
+    {R::PositionEmbedding, "transformer.wpe.weight", D::Positions, D::Hidden},
+};
+constexpr TensorEntry kGpt2Layer[] = {
+    {R::AttnNorm, "ln_1.weight", D::Hidden},
+    {R::AttnNormBias, "ln_1.bias", D::Hidden},
+    {R::Qkv, "attn.c_attn.weight", D::QkvHeads, D::Hidden, true},
+    {R::QkvBias, "attn.c_attn.bias", D::QkvHeads},
+    {R::AttnOut, "attn.c_proj.weight", D::Hidden, D::QHeads, true},
+    {R::AttnOutBias, "attn.c_proj.bias", D::Hidden},
+    {R::MlpNorm, "ln_2.weight", D::Hidden},
+    {R::MlpNormBias, "ln_2.bias", D::Hidden},
+    {R::MlpIn, "mlp.c_fc.weight", D::Ffn, D::Hidden, true},
+    {R::MlpInBias, "mlp.c_fc.bias", D::Ffn},
+    {R::MlpOut, "mlp.c_proj.weight", D::Hidden, D::Ffn, true},
+    {R::MlpOutBias, "mlp.c_proj.bias", D::Hidden},
+};
+constexpr TensorEntry kGpt2Bottom[] = {
+    {R::FinalNorm, "transformer.ln_f.weight", D::Hidden},
+    {R::FinalNormBias, "transformer.ln_f.bias", D::Hidden},
+};
+constexpr const char* kGpt2Buffers[] = {".attn.bias", ".attn.masked_bias"};
+
+// LlamaForCausalLM: q, k, v and gate, up adjacent (kFusedGroups), one GEMM each.
+constexpr TensorEntry kLlamaTop[] = {
+    {R::TokenEmbedding, "model.embed_tokens.weight", D::Vocab, D::Hidden},
+};
+constexpr TensorEntry kLlamaLayer[] = {
+    {R::AttnNorm, "input_layernorm.weight", D::Hidden},
+    {R::Q, "self_attn.q_proj.weight", D::QHeads, D::Hidden},
+    {R::K, "self_attn.k_proj.weight", D::KvHeads, D::Hidden},
+    {R::V, "self_attn.v_proj.weight", D::KvHeads, D::Hidden},
+    {R::AttnOut, "self_attn.o_proj.weight", D::Hidden, D::QHeads},
+    {R::MlpNorm, "post_attention_layernorm.weight", D::Hidden},
+    {R::Gate, "mlp.gate_proj.weight", D::Ffn, D::Hidden},
+    {R::Up, "mlp.up_proj.weight", D::Ffn, D::Hidden},
+    {R::MlpOut, "mlp.down_proj.weight", D::Hidden, D::Ffn},
+};
+constexpr TensorEntry kLlamaBottom[] = {
+    {R::FinalNorm, "model.norm.weight", D::Hidden},
+    {R::Head, "lm_head.weight", D::Vocab, D::Hidden},
+};
+constexpr const char* kLlamaBuffers[] = {".rotary_emb.inv_freq"};
+
+const FamilyDesc kFamilies[] = {
+    {.id = Family::GPT2,
+     .name = "gpt2",
+     .display = "GPT-2",
+     .norm = NormKind::LayerNorm,
+     .mlp = MlpKind::Gelu,
+     .positions = Positions::Learned,
+     .linear_biases = true,
+     .grouped_query_attention = false,
+     .tied = TiedEmbeddings::Always,
+     .scaled_residual_init = true,  // Radford et al. 2019
+     .top = kGpt2Top,
+     .layer = kGpt2Layer,
+     .bottom = kGpt2Bottom,
+     .layer_prefix = "transformer.h.",
+     .hf_model_type = "gpt2",
+     .hf_architecture = "GPT2LMHeadModel",
+     .hf_optional_prefix = "transformer.",
+     .hf_tied_head = "lm_head.weight",
+     .hf_ignored_buffers = kGpt2Buffers},
+    {.id = Family::Llama,
+     .name = "llama",
+     .display = "Llama",
+     .norm = NormKind::RMSNorm,
+     .mlp = MlpKind::SwiGLU,
+     .positions = Positions::Rope,
+     .linear_biases = false,
+     .grouped_query_attention = true,
+     .tied = TiedEmbeddings::Optional,
+     .scaled_residual_init = false,
+     .top = kLlamaTop,
+     .layer = kLlamaLayer,
+     .bottom = kLlamaBottom,
+     .layer_prefix = "model.layers.",
+     .hf_model_type = "llama",
+     .hf_architecture = "LlamaForCausalLM",
+     .hf_optional_prefix = "",
+     .hf_tied_head = "lm_head.weight",
+     .hf_ignored_buffers = kLlamaBuffers},
+};
+
+}  // namespace
+
+const char* role_name(TensorRole r) {
+  switch (r) {
+    case R::TokenEmbedding: return "token embedding";
+    case R::PositionEmbedding: return "position embedding";
+    case R::AttnNorm: return "attention norm";
+    case R::AttnNormBias: return "attention norm bias";
+    case R::Qkv: return "q|k|v";
+    case R::QkvBias: return "q|k|v bias";
+    case R::Q: return "q";
+    case R::K: return "k";
+    case R::V: return "v";
+    case R::AttnOut: return "attention output";
+    case R::AttnOutBias: return "attention output bias";
+    case R::MlpNorm: return "MLP norm";
+    case R::MlpNormBias: return "MLP norm bias";
+    case R::MlpIn: return "MLP input";
+    case R::MlpInBias: return "MLP input bias";
+    case R::Gate: return "gate";
+    case R::Up: return "up";
+    case R::MlpOut: return "MLP output";
+    case R::MlpOutBias: return "MLP output bias";
+    case R::FinalNorm: return "final norm";
+    case R::FinalNormBias: return "final norm bias";
+    case R::Head: return "output head";
+  }
+  return "?";
+}
+
+std::span<const FamilyDesc> families() { return kFamilies; }
+
+const FamilyDesc& family_desc(Family f) {
+  for (const FamilyDesc& d : kFamilies)
+    if (d.id == f) return d;
+  fail("model family ", int(f), " is not registered");
+}
+
+std::string family_name(Family f) { return family_desc(f).name; }
+
+std::string family_names_quoted() {
+  std::string s;
+  for (size_t i = 0; i < std::size(kFamilies); ++i)
+    s += std::string(i == 0 ? "" : i + 1 == std::size(kFamilies) ? " or " : ", ") + "\"" +
+         kFamilies[i].name + "\"";
+  return s;
+}
+
+Family parse_family(const std::string& s) {
+  for (const FamilyDesc& d : kFamilies)
+    if (s == d.name) return d.id;
+  fail("model.family: unknown family '", s, "'; expected ", family_names_quoted());
+}
+
+}  // namespace tetrad

@@ -1,0 +1,105 @@
+// A model family as data: what its blocks are made of (norm, MLP, positions, biases, tied
+// embeddings), its parameter table (every tensor with its role, Hugging Face name and shape) and
+// the names its Hugging Face folders use. Code that depends on the family switches on these
+// properties and on tensor roles, never on the family itself or on tensor names; so a new family
+// (Qwen: q/k/v biases, per-head q/k RMSNorm) is a new entry in family.cpp plus the parts its new
+// properties and roles need, not branches in the old ones.
+//
+// Pure data: no ModelConfig here (model_config.hpp includes this header); params.cpp turns an
+// entry's symbolic shapes into sizes.
+#pragma once
+#include <cstdint>
+#include <span>
+#include <string>
+
+namespace tetrad {
+
+enum class Family { GPT2, Llama };
+
+enum class NormKind { LayerNorm, RMSNorm };  // LayerNorm: mean and variance, weight and bias
+enum class MlpKind { Gelu, SwiGLU };         // SwiGLU: gate|up fused into one input GEMM
+enum class Positions { Learned, Rope };      // a position table added to the embedding | rotary
+enum class TiedEmbeddings { Always, Optional };
+
+// What a tensor is to the model. Sharding (parallel/sharding.cpp), initialisation
+// (init_parameter) and the model's wiring switch on the role.
+enum class TensorRole {
+  TokenEmbedding,     // [V, C]
+  PositionEmbedding,  // [S, C], learned positions
+  AttnNorm, AttnNormBias,
+  Qkv, QkvBias,       // one fused q|k|v tensor ([q rows | k rows | v rows], GPT-2's c_attn)
+  Q, K, V,            // separate tensors, adjacent so one GEMM covers them (kFusedGroups)
+  AttnOut, AttnOutBias,
+  MlpNorm, MlpNormBias,
+  MlpIn, MlpInBias,   // the GELU MLP's input layer
+  Gate, Up,           // the SwiGLU MLP's halves, adjacent (gate rows first)
+  MlpOut, MlpOutBias,
+  FinalNorm, FinalNormBias,
+  Head,               // the untied output head [V, C]; a tied model has none
+};
+const char* role_name(TensorRole r);
+
+// Roles computed on as one GEMM operand: in every layer they follow each other in the table (and
+// so in every buffer laid out in its order). build_param_table fails when they do not.
+inline constexpr TensorRole kFusedQkv[] = {TensorRole::Q, TensorRole::K, TensorRole::V};
+inline constexpr TensorRole kFusedGateUp[] = {TensorRole::Gate, TensorRole::Up};
+inline constexpr std::span<const TensorRole> kFusedGroups[] = {kFusedQkv, kFusedGateUp};
+
+// Symbolic sizes of a tensor's dimensions (params.cpp evaluates them for a config).
+enum class Dim {
+  None,      // a 1-D tensor's second dimension
+  Vocab,     // V
+  Hidden,    // C
+  Positions, // S = max_seq
+  Ffn,       // F, the MLP's inner size
+  QHeads,    // n_head * head_dim
+  KvHeads,   // n_kv_head * head_dim
+  QkvHeads,  // (n_head + 2 n_kv_head) * head_dim
+};
+
+// One tensor of the table: per-layer names are the family's layer prefix + layer index + "." +
+// name. hf_transposed: Hugging Face stores [cols, rows] (GPT-2's Conv1D weights).
+struct TensorEntry {
+  TensorRole role;
+  const char* name;
+  Dim rows;
+  Dim cols = Dim::None;
+  bool hf_transposed = false;
+};
+
+struct FamilyDesc {
+  Family id;
+  const char* name;     // "gpt2" (model.family, checkpoints)
+  const char* display;  // "GPT-2" (messages)
+  NormKind norm;
+  MlpKind mlp;
+  Positions positions;
+  bool linear_biases;             // every linear layer but the head has a bias
+  bool grouped_query_attention;   // n_kv_head may be smaller than n_head
+  TiedEmbeddings tied;
+  bool scaled_residual_init;      // AttnOut / MlpOut drawn with init_std / sqrt(2 n_layer)
+  // The parameter table in memory order: the tensors before the blocks, one block's, after.
+  std::span<const TensorEntry> top, layer, bottom;
+  const char* layer_prefix;       // "transformer.h."
+  // Hugging Face: config.json's model_type and architectures[0]; a prefix some uploads leave off
+  // every tensor name (the original GPT-2's "transformer."; "" if none); state-dict buffers that
+  // are not parameters (name suffixes).
+  const char* hf_model_type;
+  const char* hf_architecture;
+  const char* hf_optional_prefix;
+  const char* hf_tied_head;  // a tied model's folder may still hold the head under this name
+  std::span<const char* const> hf_ignored_buffers;
+
+  // Rows of the MLP's input GEMM per inner-size unit: 2 when gate and up are fused.
+  int mlp_in_factor() const { return mlp == MlpKind::SwiGLU ? 2 : 1; }
+};
+
+// Every family, in the order of Family.
+std::span<const FamilyDesc> families();
+const FamilyDesc& family_desc(Family f);
+std::string family_name(Family f);          // "gpt2" | "llama"
+Family parse_family(const std::string& s);  // throws Error naming the accepted values
+// "\"gpt2\" or \"llama\"": the accepted names, for messages.
+std::string family_names_quoted();
+
+}  // namespace tetrad

@@ -1,0 +1,217 @@
+// Model families and tensor roles as data (model/family.hpp): the registered families' tables,
+// the fused-group check, sharding by role, the config.json formats, and GEMM sites by enum.
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <string>
+#include <vector>
+
+#include "tetrad/checkpoint/hf_config.hpp"
+#include "tetrad/core/error.hpp"
+#include "tetrad/model/family.hpp"
+#include "tetrad/model/model_config.hpp"
+#include "tetrad/model/params.hpp"
+#include "tetrad/parallel/gemm_layouts.hpp"
+#include "tetrad/parallel/sharding.hpp"
+
+using namespace tetrad;
+using parallel::ShardLayout;
+using parallel::ShardPlan;
+using parallel::GridShape;
+using parallel::GridCoord;
+
+namespace {
+
+std::string error_of(auto&& f) {
+  try {
+    f();
+  } catch (const Error& e) {
+    return e.what();
+  }
+  return "";
+}
+
+std::vector<std::string> layer_names(const ParamTable& t, int layer) {
+  std::vector<std::string> names;
+  for (const ParamSpec& s : t.specs)
+    if (s.layer == layer) names.push_back(s.name);
+  return names;
+}
+
+}  // namespace
+
+TEST(ModelFamily, RegistryNamesRoundTrip) {
+  ASSERT_EQ(families().size(), 2u);
+  for (const FamilyDesc& f : families()) {
+    EXPECT_EQ(parse_family(f.name), f.id);
+    EXPECT_EQ(&family_desc(f.id), &f);
+  }
+  EXPECT_EQ(family_names_quoted(), "\"gpt2\" or \"llama\"");
+  const std::string e = error_of([] { parse_family("qwen2"); });
+  EXPECT_NE(e.find("unknown family 'qwen2'; expected \"gpt2\" or \"llama\""), std::string::npos) << e;
+}
+
+// The tables as they were written by hand before they became data: same names, order, shapes.
+TEST(ModelFamily, Gpt2TableOrderNamesAndRoles) {
+  const ModelConfig c = named_model("tiny");
+  const ParamTable t = build_param_table(c);
+  ASSERT_EQ(t.specs.size(), 2u + 12u * size_t(c.n_layer) + 2u);
+  EXPECT_EQ(t.specs[0].name, "transformer.wte.weight");
+  EXPECT_EQ(t.specs[0].role, TensorRole::TokenEmbedding);
+  EXPECT_EQ(t.specs[1].role, TensorRole::PositionEmbedding);
+  EXPECT_EQ(t.specs[1].shape, (std::vector<int64_t>{c.max_seq, c.n_embd}));
+  EXPECT_EQ(layer_names(t, 1),
+            (std::vector<std::string>{
+                "transformer.h.1.ln_1.weight", "transformer.h.1.ln_1.bias",
+                "transformer.h.1.attn.c_attn.weight", "transformer.h.1.attn.c_attn.bias",
+                "transformer.h.1.attn.c_proj.weight", "transformer.h.1.attn.c_proj.bias",
+                "transformer.h.1.ln_2.weight", "transformer.h.1.ln_2.bias",
+                "transformer.h.1.mlp.c_fc.weight", "transformer.h.1.mlp.c_fc.bias",
+                "transformer.h.1.mlp.c_proj.weight", "transformer.h.1.mlp.c_proj.bias"}));
+  const ParamSpec& qkv = t.find("transformer.h.0.attn.c_attn.weight");
+  EXPECT_EQ(qkv.role, TensorRole::Qkv);
+  EXPECT_EQ(qkv.shape, (std::vector<int64_t>{3 * c.n_embd, c.n_embd}));
+  EXPECT_TRUE(qkv.hf_transposed);
+  EXPECT_EQ(t.find("transformer.h.0.mlp.c_proj.weight").role, TensorRole::MlpOut);
+  EXPECT_EQ(t.specs.back().name, "transformer.ln_f.bias");
+  EXPECT_EQ(t.specs.back().role, TensorRole::FinalNormBias);
+  EXPECT_EQ(t.try_find("lm_head.weight"), nullptr);  // tied
+  int64_t offset = 0;
+  for (const ParamSpec& s : t.specs) {
+    EXPECT_EQ(s.offset, offset) << s.name;
+    EXPECT_EQ(s.kind, role_kind(s.role)) << s.name;
+    offset += s.numel;
+  }
+  EXPECT_EQ(offset, t.total);
+}
+
+TEST(ModelFamily, LlamaTableOrderNamesAndRoles) {
+  ModelConfig c = named_model("llama-tiny");
+  const ParamTable t = build_param_table(c);
+  EXPECT_EQ(t.specs[0].name, "model.embed_tokens.weight");
+  EXPECT_EQ(layer_names(t, 0),
+            (std::vector<std::string>{
+                "model.layers.0.input_layernorm.weight", "model.layers.0.self_attn.q_proj.weight",
+                "model.layers.0.self_attn.k_proj.weight", "model.layers.0.self_attn.v_proj.weight",
+                "model.layers.0.self_attn.o_proj.weight",
+                "model.layers.0.post_attention_layernorm.weight",
+                "model.layers.0.mlp.gate_proj.weight", "model.layers.0.mlp.up_proj.weight",
+                "model.layers.0.mlp.down_proj.weight"}));
+  const int64_t hd = c.head_dim();
+  EXPECT_EQ(t.find("model.layers.0.self_attn.k_proj.weight").shape,
+            (std::vector<int64_t>{c.n_kv_head * hd, c.n_embd}));
+  EXPECT_EQ(t.find("model.layers.0.self_attn.o_proj.weight").role, TensorRole::AttnOut);
+  EXPECT_EQ(t.specs.back().name, "lm_head.weight");
+  EXPECT_EQ(t.specs.back().role, TensorRole::Head);
+  c.tie_embeddings = true;
+  EXPECT_EQ(build_param_table(c).specs.back().name, "model.norm.weight");
+}
+
+// The fused GEMMs read q|k|v and gate|up as one operand: a table whose order breaks a group is
+// refused where it is built, naming the tensors.
+TEST(ModelFamily, FusedGroupsMustBeAdjacent) {
+  const ParamTable good = build_param_table(named_model("llama-tiny"));
+  EXPECT_NO_THROW(check_fused_groups(good));
+  auto swapped = [&](const std::string& a, const std::string& b) {
+    ParamTable t = good;
+    auto ia = std::find_if(t.specs.begin(), t.specs.end(), [&](auto& s) { return s.name == a; });
+    auto ib = std::find_if(t.specs.begin(), t.specs.end(), [&](auto& s) { return s.name == b; });
+    std::iter_swap(ia, ib);
+    int64_t offset = 0;
+    for (ParamSpec& s : t.specs) s.offset = offset, offset += s.numel;
+    return t;
+  };
+  std::string e = error_of([&] {
+    check_fused_groups(swapped("model.layers.1.self_attn.k_proj.weight",
+                               "model.layers.1.self_attn.v_proj.weight"));
+  });
+  EXPECT_NE(e.find("'model.layers.1.self_attn.q_proj.weight' (q) must be followed by the "
+                   "layer's k tensor"), std::string::npos) << e;
+  EXPECT_NE(e.find("found 'model.layers.1.self_attn.v_proj.weight' (v)"), std::string::npos) << e;
+  e = error_of([&] {
+    check_fused_groups(swapped("model.layers.0.mlp.up_proj.weight",
+                               "model.layers.0.mlp.down_proj.weight"));
+  });
+  EXPECT_NE(e.find("'model.layers.0.mlp.gate_proj.weight' (gate) must be followed by the "
+                   "layer's up tensor"), std::string::npos) << e;
+  // A tensor between members of a group (here: the group's last member moved to the end).
+  ParamTable t = good;
+  std::rotate(t.specs.begin() + 3, t.specs.begin() + 4, t.specs.end());  // v_proj of layer 0 last
+  int64_t offset = 0;
+  for (ParamSpec& s : t.specs) s.offset = offset, offset += s.numel;
+  EXPECT_THROW(check_fused_groups(t), Error);
+}
+
+// Sharding follows the role: on X = 2, Y = 2 every GEMM weight is a Normal or Transposed block,
+// the fused q|k|v tensor gives each y its own heads' q, k and v rows, and the norms are
+// column-split vectors; the same roles get the same layouts in both families.
+TEST(ModelFamily, ShardingByRole) {
+  const GridShape g{2, 2, 1, 1};
+  for (const char* name : {"tiny", "llama-tiny"}) {
+    const ModelConfig c = named_model(name);
+    const ParamTable t = build_param_table(c);
+    const ShardPlan plan = ShardPlan::build(c, t, g, GridCoord{1, 1, 0, 0});
+    for (const parallel::TensorShard& s : plan.tensors) {
+      ShardLayout want = ShardLayout::ColsX;
+      switch (s.spec->role) {
+        case TensorRole::AttnOut:
+        case TensorRole::MlpOut:
+          want = ShardLayout::Transposed;
+          break;
+        case TensorRole::QkvBias:
+        case TensorRole::MlpInBias:
+          want = ShardLayout::RowsY;
+          break;
+        case TensorRole::PositionEmbedding:
+        case TensorRole::AttnNorm:
+        case TensorRole::AttnNormBias:
+        case TensorRole::MlpNorm:
+        case TensorRole::MlpNormBias:
+        case TensorRole::FinalNorm:
+        case TensorRole::FinalNormBias:
+        case TensorRole::AttnOutBias:
+        case TensorRole::MlpOutBias:
+          want = ShardLayout::ColsX;
+          break;
+        default:
+          want = ShardLayout::Normal;
+      }
+      EXPECT_EQ(s.layout, want) << name << " " << s.spec->name;
+      EXPECT_EQ(s.z_sharded, want == ShardLayout::Normal || want == ShardLayout::Transposed)
+          << s.spec->name;
+    }
+    if (c.family == Family::GPT2) {
+      const parallel::TensorShard& qkv = plan.tensors[size_t(&t.find("transformer.h.0.attn.c_attn.weight") - t.specs.data())];
+      const int64_t C = c.n_embd, half = C / 2;
+      ASSERT_EQ(qkv.rows.size(), size_t(3 * half));
+      EXPECT_EQ(qkv.rows[0], half);              // y = 1: the second half of the q rows,
+      EXPECT_EQ(qkv.rows[size_t(half)], C + half);  // of the k rows
+      EXPECT_EQ(qkv.rows[size_t(2 * half)], 2 * C + half);  // and of the v rows
+    }
+  }
+}
+
+TEST(ModelFamily, ConfigJsonRoundTripsEveryFamily) {
+  for (const char* name : {"tiny", "llama-tiny"}) {
+    const ModelConfig c = named_model(name);
+    const nlohmann::json j = hf_config_json(c);
+    EXPECT_EQ(j["model_type"], c.desc().hf_model_type);
+    EXPECT_EQ(j["architectures"], nlohmann::json::array({c.desc().hf_architecture}));
+    const ModelConfig back = parse_hf_config(j, "config.json");
+    EXPECT_EQ(back.family, c.family);
+    EXPECT_EQ(build_param_table(back).total, build_param_table(c).total);
+  }
+  nlohmann::json j = hf_config_json(named_model("tiny"));
+  j["model_type"] = "qwen2";
+  const std::string e = error_of([&] { parse_hf_config(j, "config.json"); });
+  EXPECT_NE(e.find("model_type 'qwen2' is not supported; expected \"gpt2\" or \"llama\""),
+            std::string::npos) << e;
+}
+
+TEST(ModelFamily, GemmSitesByEnumNamesForIo) {
+  using parallel::GemmSite;
+  for (GemmSite s : {GemmSite::Qkv, GemmSite::Proj, GemmSite::Fc, GemmSite::FcProj, GemmSite::Head})
+    EXPECT_EQ(parallel::gemm_site_index(parallel::gemm_site_name(s)), int(s));
+  EXPECT_STREQ(parallel::gemm_site_name(GemmSite::FcProj), "fcproj");
+  EXPECT_EQ(parallel::gemm_site_index("mlp"), -1);
+}
