@@ -1,4 +1,5 @@
-// The parts of comm/ that need no MPI: Communicator::self() and the collective timeout setting.
+// The parts of comm/ that need no MPI: Communicator::self(), the collective timeout setting and
+// the transport rules (comm/transports.hpp).
 // (Everything else runs under mpirun: tests/mpi/test_comm_mpi.cpp.)
 #include <gtest/gtest.h>
 
@@ -6,6 +7,7 @@
 #include <string>
 
 #include "tetrad/comm/communicator.hpp"
+#include "tetrad/comm/transports.hpp"
 #include "tetrad/core/error.hpp"
 
 using namespace tetrad;
@@ -73,4 +75,49 @@ TEST(Comm, CollectiveTimeoutCanBeSet) {
   EXPECT_THROW(comm::set_collective_timeout(0), Error);
   EXPECT_THROW(comm::set_collective_timeout(-1), Error);
   comm::set_collective_timeout(before);
+}
+
+// train.comm's rules in one place (comm/transports.hpp): what config validation and the trainer
+// refuse, and what "auto" picks and says, on one rank without MPI.
+TEST(Transports, RefusalsAndTheAutoChoiceAreOneRule) {
+  bool mpi = false, nccl_known = false;
+  for (const comm::TransportInfo& t : comm::transports()) {
+    if (t.name == "mpi") mpi = t.available && t.pipeline;
+    if (t.name == "nccl") nccl_known = t.device_memory_only && !t.pipeline;
+  }
+  EXPECT_TRUE(mpi);
+  EXPECT_TRUE(nccl_known);
+  auto refusal = [](const std::string& setting, const std::string& device, int stages) {
+    try {
+      comm::check_transport(setting, device, stages);
+    } catch (const Error& e) {
+      return std::string(e.what());
+    }
+    return std::string();
+  };
+  EXPECT_TRUE(contains(refusal("bogus", "cpu", 0), "expected \"auto\", \"mpi\" or \"nccl\""));
+  EXPECT_TRUE(contains(refusal("nccl", "cpu", 0),
+                       "train.comm = \"nccl\" needs train.device = \"cuda\" (NCCL moves GPU "
+                       "memory), but train.device = \"cpu\""));
+  if (TETRAD_HAVE_NCCL) {
+    EXPECT_EQ(refusal("nccl", "cuda", 0), "");
+    EXPECT_TRUE(contains(refusal("nccl", "cuda:1", 2), "with a pipeline axis"));
+  } else {
+    EXPECT_TRUE(contains(refusal("nccl", "cuda", 0), "this build has no NCCL"));
+  }
+  EXPECT_EQ(refusal("mpi", "cuda", 4), "");
+  EXPECT_EQ(refusal("auto", "cuda", 4), "");
+
+  const comm::Communicator self = comm::Communicator::self("world");
+  comm::TransportChoice c = comm::choose_transport("auto", "cpu", 1, self);
+  EXPECT_EQ(c.name, "mpi");
+  EXPECT_EQ(c.why, "train.comm = auto: train.device = cpu");
+  c = comm::choose_transport("auto", "cuda", 1, self);
+  EXPECT_EQ(c.name, "mpi");
+  EXPECT_EQ(c.why, TETRAD_HAVE_NCCL ? "train.comm = auto: one rank"
+                                    : "train.comm = auto: this build has no NCCL");
+  c = comm::choose_transport("mpi", "cuda", 2, self);
+  EXPECT_EQ(c.name, "mpi");
+  EXPECT_EQ(c.why, "train.comm = mpi");
+  EXPECT_THROW(comm::choose_transport("nccl", "cpu-strict", 1, self), Error);
 }

@@ -3,6 +3,7 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <span>
 #include <string>
 #include <vector>
 
@@ -214,4 +215,29 @@ TEST(ModelFamily, GemmSitesByEnumNamesForIo) {
     EXPECT_EQ(parallel::gemm_site_index(parallel::gemm_site_name(s)), int(s));
   EXPECT_STREQ(parallel::gemm_site_name(GemmSite::FcProj), "fcproj");
   EXPECT_EQ(parallel::gemm_site_index("mlp"), -1);
+}
+
+// What the fused GEMMs read: on every grid, a group's shards are one run of the local buffer
+// and of the layer's gathered block (k right after q, v after k, up after gate).
+TEST(ModelFamily, FusedGroupsStayAdjacentInEveryShardPlan) {
+  const ModelConfig c = named_model("llama-tiny");
+  const ParamTable t = build_param_table(c);
+  for (const GridShape g : {GridShape{1, 1, 1, 1}, GridShape{2, 1, 1, 1}, GridShape{1, 2, 1, 1},
+                            GridShape{1, 1, 2, 1}, GridShape{2, 2, 2, 1}})
+    for (int y = 0; y < g.y(); ++y)
+      for (int z = 0; z < g.z(); ++z) {
+        const ShardPlan plan = ShardPlan::build(c, t, g, GridCoord{0, y, z, 0});
+        int groups = 0;
+        for (size_t i = 0; i < t.specs.size(); ++i)
+          for (std::span<const TensorRole> group : kFusedGroups) {
+            if (t.specs[i].role != group[0]) continue;
+            ++groups;
+            for (size_t k = 1; k < group.size(); ++k) {
+              const parallel::TensorShard &a = plan.tensors[i + k - 1], &b = plan.tensors[i + k];
+              EXPECT_EQ(b.offset, a.offset + a.shard_numel) << b.spec->name;
+              EXPECT_EQ(b.block_offset, a.block_offset + a.shard_numel * g.z()) << b.spec->name;
+            }
+          }
+        EXPECT_EQ(groups, 2 * c.n_layer);
+      }
 }

@@ -18,6 +18,7 @@
 #include "tetrad/train/auto_grid.hpp"
 #include "tetrad/planner/machine.hpp"
 #include "tetrad/planner/planner.hpp"
+#include "tetrad/planner/report.hpp"
 #include "tetrad/planner/validate.hpp"
 
 using namespace tetrad;

@@ -1,13 +1,20 @@
 // `tetrad export`: a run's latest checkpoint (or a checkpoint) as a Hugging Face folder, with its
-// tokenizer.
+// tokenizer. The folder is built beside --out and renamed into place when complete; --out inside
+// a run folder, or over an existing model folder without --overwrite, is refused
+// (checkpoint/output_path.hpp).
+#include <filesystem>
 #include <iostream>
 #include <memory>
 #include <optional>
 
 #include "cli/command.hpp"
+#include "tetrad/checkpoint/atomic_file.hpp"
 #include "tetrad/checkpoint/hf.hpp"
+#include "tetrad/checkpoint/output_path.hpp"
 #include "tetrad/data/tokenizer.hpp"
 #include "tetrad/model/params.hpp"
+
+namespace fs = std::filesystem;
 
 namespace tetrad::cli {
 
@@ -15,9 +22,11 @@ namespace {
 
 struct Options {
   std::string model_dir, out;
+  bool overwrite = false;
 };
 
 void run(Context& ctx, const Options& o) {
+  check_reader_output(o.out, o.overwrite, true, "export", "--out");
   const std::string dir = ctx.resolve_model_dir(o.model_dir);
   const ModelConfig mc = read_hf_config(dir);
   std::vector<float> params(build_param_table(mc).total);
@@ -33,16 +42,30 @@ void run(Context& ctx, const Options& o) {
     if (tok->bos_id() >= 0) extra["bos_token_id"] = tok->bos_id();
     if (tok->eos_id() >= 0) extra["eos_token_id"] = tok->eos_id();
   }
-  save_hf(o.out, mc, table, params.data(), extra);
-  if (tok) data::write_hf_tokenizer_files(*tok, o.out, mc.max_seq);
-  else std::cerr << "tetrad: warning: " << dir << " has no tokenizer; the exported folder has none\n";
+  const std::string tmp = make_temp_sibling(o.out);
+  try {
+    write_hf_files(tmp, mc, table, params.data(), extra);
+    if (tok) data::write_hf_tokenizer_files(*tok, tmp, mc.max_seq);
+    fsync_dir(tmp);
+    std::error_code ec;
+    if (fs::exists(o.out, ec)) replace_dir(tmp, o.out);  // checked: empty, or --overwrite
+    else publish_new_dir(tmp, o.out);
+  } catch (...) {
+    std::error_code ec;
+    fs::remove_all(tmp, ec);
+    throw;
+  }
+  if (!tok) std::cerr << "tetrad: warning: " << dir << " has no tokenizer; the exported folder has none\n";
   std::cout << "exported " << dir << " -> " << o.out << "\n";
 }
 
 Runner setup(CLI::App& sub) {
   auto o = std::make_shared<Options>();
   sub.add_option("-m,--model", o->model_dir, "run folder or checkpoint")->required();
-  sub.add_option("-o,--out", o->out, "output folder")->required();
+  sub.add_option("-o,--out", o->out,
+                 "output folder (not inside a run folder; an existing model folder is replaced "
+                 "only with --overwrite)")->required();
+  sub.add_flag("--overwrite", o->overwrite, "replace an existing model folder at --out");
   return [o](Context& ctx) { run(ctx, *o); };
 }
 

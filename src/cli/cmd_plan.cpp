@@ -14,6 +14,7 @@
 #include "tetrad/core/error.hpp"
 #include "tetrad/planner/machine.hpp"
 #include "tetrad/planner/planner.hpp"
+#include "tetrad/planner/report.hpp"
 #include "tetrad/planner/scaling.hpp"
 #include "tetrad/planner/validate.hpp"
 #include "tetrad/train/auto_grid.hpp"

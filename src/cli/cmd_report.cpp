@@ -6,6 +6,7 @@
 #include <memory>
 
 #include "cli/command.hpp"
+#include "tetrad/checkpoint/output_path.hpp"
 #include "tetrad/tools/report.hpp"
 
 namespace fs = std::filesystem;
@@ -16,6 +17,7 @@ namespace {
 
 struct Options {
   std::string run_dir, out, trace;
+  bool overwrite = false;
 };
 
 void run(const Options& o) {
@@ -25,6 +27,7 @@ void run(const Options& o) {
   const std::string path = o.out.empty() ? (name.empty() ? "run" : name) + "-report.html" : o.out;
   const std::string trace = o.trace.empty() && fs::exists(o.run_dir + "/trace.json")
                                 ? o.run_dir + "/trace.json" : o.trace;
+  check_reader_output(path, o.overwrite, false, "report", "-o");
   write_run_report(o.run_dir, path, trace);
   std::cout << "wrote " << path << "\n";
   if (!trace.empty()) {
@@ -43,7 +46,9 @@ Runner setup(CLI::App& sub) {
   sub.add_option("run_dir", o->run_dir, "run folder (metrics.jsonl, config.toml)")->required();
   sub.add_option("-o,--out", o->out,
                  "output file (default NAME-report.html in the current folder, NAME the run "
-                 "folder's name: report never writes into a run folder)");
+                 "folder's name: report never writes into a run folder, and replaces an existing "
+                 "file only with --overwrite)");
+  sub.add_flag("--overwrite", o->overwrite, "replace an existing file at -o");
   sub.add_option("--trace", o->trace,
                  "trace of the run (`tetrad train --trace`; default RUN_DIR/trace.json if it "
                  "exists): adds where the exposed communication went");

@@ -21,6 +21,7 @@
 #include "tetrad/parallel/parallel_transformer.hpp"
 #include "tetrad/parallel/process_groups.hpp"
 #include "tetrad/train/optimizer.hpp"
+#include "tetrad/train/step_runner.hpp"
 
 using namespace tetrad;
 using namespace tetrad::parallel;
@@ -160,6 +161,12 @@ std::vector<double> train_bf16(const ModelConfig& mc, ProcessGroups& g, bool gra
   AdamW opt(decay_ranges(m.table(), tc, ol.param_offsets, ol.sizes, ol.state_offsets,
                          ol.grad_offsets),
             ol.state_size, tc);
+  // The trainer's own step (train/step_runner.hpp), one micro-batch, clipped at norm 1.
+  StepOptions so;
+  so.B = Bl;
+  so.T = kT;
+  so.grad_clip = tc.grad_clip;
+  StepRunner runner(m, opt, g, so);
   std::vector<double> losses;
   std::vector<int32_t> x(size_t(Bl) * kT), y(x.size());
   for (int s = 0; s < kSteps; ++s) {
@@ -169,16 +176,7 @@ std::vector<double> train_bf16(const ModelConfig& mc, ProcessGroups& g, bool gra
         x[b * kT + t] = tok[(slot * Bl + b) * (kT + 1) + t];
         y[b * kT + t] = tok[(slot * Bl + b) * (kT + 1) + t + 1];
       }
-    m.begin_step(1);
-    double loss = m.forward_backward(x.data(), y.data(), Bl, kT, 1.0f / (kB * kT));
-    m.reduce_gradients();
-    if (g.tokens().size() > 1) g.tokens().allreduce_sum(&loss, 1);
-    const double gn = std::sqrt(m.grad_sum_squares());
-    const float* grads = m.grads();
-    m.apply_update([&](float* p, uint16_t* p16, int64_t lo, int64_t hi) {
-      opt.update(p, p16, grads, learning_rate(tc, s), gn > 1 ? 1 / gn : 1.0, s + 1, lo, hi);
-    });
-    losses.push_back(loss / (kB * kT));
+    losses.push_back(runner.run(x.data(), y.data(), double(kB * kT), learning_rate(tc, s), s).loss);
   }
   m.finish_communication();
   return losses;

@@ -18,6 +18,7 @@
 #include "tetrad/parallel/parallel_transformer.hpp"
 #include "tetrad/parallel/process_groups.hpp"
 #include "tetrad/train/optimizer.hpp"
+#include "tetrad/train/step_runner.hpp"
 
 using namespace tetrad;
 using namespace tetrad::parallel;
@@ -74,8 +75,8 @@ std::vector<double> serial_fp32(const ModelConfig& mc) {
 }
 
 std::vector<double> grid_bf16(const ModelConfig& mc, ProcessGroups& g, bool bf16_attention = false) {
-  const int Bl = kB / token_slots(g.shape);
-  const int slot = token_slot(g.coord, g.shape);
+  const int Bl = kB / (g.shape.z() * g.shape.d());
+  const int slot = g.coord.z() + g.shape.z() * g.coord.d();
   ParallelOptions po;
   po.precision = backend::Precision::BF16;
   // Forced either way (unset, it would follow the GEMM precision where bf16 attention is the
@@ -90,6 +91,12 @@ std::vector<double> grid_bf16(const ModelConfig& mc, ProcessGroups& g, bool bf16
     size.push_back(t.shard_numel);
   }
   AdamW opt(decay_ranges(m.table(), tc, off, size), m.num_local_params(), tc);
+  // The trainer's own step (train/step_runner.hpp), one micro-batch, clipped at norm 1.
+  StepOptions so;
+  so.B = Bl;
+  so.T = kT;
+  so.grad_clip = tc.grad_clip;
+  StepRunner runner(m, opt, g, so);
   std::vector<double> losses;
   std::vector<int32_t> x(size_t(Bl) * kT), y(x.size());
   for (int s = 0; s < kSteps; ++s) {
@@ -99,14 +106,9 @@ std::vector<double> grid_bf16(const ModelConfig& mc, ProcessGroups& g, bool bf16
         x[b * kT + t] = tok[(slot * Bl + b) * (kT + 1) + t];
         y[b * kT + t] = tok[(slot * Bl + b) * (kT + 1) + t + 1];
       }
-    m.zero_grads();
-    double loss = m.forward_backward(x.data(), y.data(), Bl, kT, 1.0f / (kB * kT));
-    m.reduce_gradients();
-    if (g.tokens().size() > 1) g.tokens().allreduce_sum(&loss, 1);
-    const double gn = std::sqrt(m.grad_sum_squares());
-    opt.update(m.params(), m.grads(), learning_rate(tc, s), gn > 1 ? 1 / gn : 1.0, s + 1);
-    losses.push_back(loss / (kB * kT));
+    losses.push_back(runner.run(x.data(), y.data(), double(kB * kT), learning_rate(tc, s), s).loss);
   }
+  m.finish_communication();
   return losses;
 }
 
@@ -183,8 +185,8 @@ namespace {
 std::vector<double> bf16_losses(const ModelConfig& mc, ProcessGroups& g, ParallelOptions po,
                                 int steps) {
   po.precision = backend::Precision::BF16;
-  const int Bl = kB / token_slots(g.shape);
-  const int slot = token_slot(g.coord, g.shape);
+  const int Bl = kB / (g.shape.z() * g.shape.d());
+  const int slot = g.coord.z() + g.shape.z() * g.coord.d();
   ParallelTransformer m(mc, g, Bl, kT, po);
   m.init_weights(7);
   const TrainConfig tc = train_config();
@@ -276,8 +278,8 @@ std::pair<double, std::vector<float>> one_step_grads(const ModelConfig& mc, Proc
                                                      ParallelOptions po, std::string* plan = nullptr) {
   po.precision = backend::Precision::BF16;
   po.attention_precision = backend::Precision::FP32;
-  const int Bl = kB / token_slots(g.shape);
-  const int slot = token_slot(g.coord, g.shape);
+  const int Bl = kB / (g.shape.z() * g.shape.d());
+  const int slot = g.coord.z() + g.shape.z() * g.coord.d();
   ParallelTransformer m(mc, g, Bl, kT, po);
   m.init_weights(7);
   const auto tok = batch(3, mc.vocab_size);

@@ -170,8 +170,13 @@ RunLock::RunLock(const std::string& run_dir, std::string* took_over) {
 RunLock::~RunLock() {
   if (fd_ < 0) return;
   // Remove while still holding the flock, so no one takes over a file that is about to vanish
-  // (a waiter that opened it before finds its inode gone and starts again).
-  ::unlink(path_.c_str());
+  // (a waiter that opened it before finds its inode gone and starts again). Only our own file:
+  // a holder that replaced the whole folder (import --overwrite) took its lock file with it, and
+  // the path may now be a later trainer's lock.
+  struct stat a {}, b {};
+  if (::fstat(fd_, &a) == 0 && ::stat(path_.c_str(), &b) == 0 && a.st_ino == b.st_ino &&
+      a.st_dev == b.st_dev)
+    ::unlink(path_.c_str());
   ::close(fd_);
 }
 

@@ -14,11 +14,11 @@
 namespace tetrad::parallel {
 
 float* ParallelTransformer::cache_k(int l) {
-  const int64_t per = int64_t(cache_b_) * max_len_ * nkvy_ * hd_;  // one of k or v of a layer
+  const int64_t per = int64_t(cache_b_) * max_len_ * dims_.nkvy * dims_.hd;  // one of k or v of a layer
   return kv_cache_.as<float>() + int64_t(2 * l) * per;
 }
 
-float* ParallelTransformer::cache_v(int l) { return cache_k(l) + int64_t(cache_b_) * max_len_ * nkvy_ * hd_; }
+float* ParallelTransformer::cache_v(int l) { return cache_k(l) + int64_t(cache_b_) * max_len_ * dims_.nkvy * dims_.hd; }
 
 void ParallelTransformer::start_cache(int B) {
   if (g_.shape.p() > 1)
@@ -30,7 +30,7 @@ void ParallelTransformer::start_cache(int B) {
   if (B != cache_b_ || kv_cache_.empty()) {
     cache_b_ = B;
     const size_t n = size_t(2) * size_t(cfg_.n_layer) * size_t(B) * size_t(max_len_) *
-                     size_t(nkvy_ * hd_);
+                     size_t(dims_.nkvy * dims_.hd);
     kv_cache_ = be_->alloc_array<float>(n);
   }
   cache_pos_ = 0;
@@ -68,11 +68,11 @@ const float* ParallelTransformer::decode(const int32_t* tokens, int B, int Tq) {
   norm_fwd(a.lnf, a.lnf_mean, a.lnf_rstd, x, lnf_w_, lnf_b_, N, a.lnf16);
   // Output head on each sequence's last new row only (rows Tq*Cx apart, from row Tq-1): a
   // normal layer, partial over X.
-  const int64_t last = int64_t(Tq - 1) * Cx_;
-  gemm("head", false, true, B, Vy_, Cx_,
-       act(a.lnf ? a.lnf + last : nullptr, a.lnf16 ? a.lnf16 + last : nullptr), int64_t(Tq) * Cx_,
-       weight_operand(head_), Cx_, 0.0f, a.logits, Vy_);
-  sum_over(g_.x(), a.logits, int64_t(B) * Vy_, "head");
+  const int64_t last = int64_t(Tq - 1) * dims_.Cx;
+  gemm(gemm_site_name(GemmSite::Head), false, true, B, dims_.Vy, dims_.Cx,
+       act(a.lnf ? a.lnf + last : nullptr, a.lnf16 ? a.lnf16 + last : nullptr), int64_t(Tq) * dims_.Cx,
+       weight_operand(head_), dims_.Cx, 0.0f, a.logits, dims_.Vy);
+  sum_over(g_.x(), a.logits, int64_t(B) * dims_.Vy, gemm_site_name(GemmSite::Head));
   cache_pos_ += Tq;
   return whole_vocabulary(a.logits, B);
 }
@@ -87,7 +87,7 @@ const float* ParallelTransformer::forward_logits(const int32_t* inputs, int B, i
 // laid out row by row.
 const float* ParallelTransformer::whole_vocabulary(const float* logits, int64_t rows) {
   const int gy = g_.y().size();
-  const size_t slice = size_t(rows) * size_t(Vy_);
+  const size_t slice = size_t(rows) * size_t(dims_.Vy);
   host_logits_.resize(slice * size_t(gy));
   if (gy == 1) {
     bq().copy_to_host(host_logits_.data(), logits, slice * sizeof(float));
@@ -102,12 +102,12 @@ const float* ParallelTransformer::whole_vocabulary(const float* logits, int64_t 
     ScopedPhase comm_phase(prof_, Phase::Comm);
     g_.host().y().allgather(mine.data(), gathered_logits_.data(), slice);  // host vectors
   }
-  const int64_t V = int64_t(gy) * Vy_;
+  const int64_t V = int64_t(gy) * dims_.Vy;
   for (int r = 0; r < gy; ++r)
     for (int64_t t = 0; t < rows; ++t)
-      std::memcpy(host_logits_.data() + t * V + int64_t(r) * Vy_,
-                  gathered_logits_.data() + size_t(r) * slice + size_t(t) * size_t(Vy_),
-                  size_t(Vy_) * sizeof(float));
+      std::memcpy(host_logits_.data() + t * V + int64_t(r) * dims_.Vy,
+                  gathered_logits_.data() + size_t(r) * slice + size_t(t) * size_t(dims_.Vy),
+                  size_t(dims_.Vy) * sizeof(float));
   return host_logits_.data();
 }
 

@@ -27,18 +27,18 @@ backend::AttentionArgs local_heads(int B, int T, int64_t nh, int64_t nkv, int64_
 
 backend::RopeArgs ParallelTransformer::rope_args(float* x, int64_t N, int T, int pos0) const {
   backend::RopeArgs r;
-  r.x = x; r.N = N; r.T_seq = T; r.pos0 = pos0; r.n_heads = nhy_ + nkvy_; r.head_dim = hd_;
-  r.stride = QKVy_; r.cos = rope_cos_.as<float>(); r.sin = rope_sin_.as<float>();
+  r.x = x; r.N = N; r.T_seq = T; r.pos0 = pos0; r.n_heads = dims_.nhy + dims_.nkvy; r.head_dim = dims_.hd;
+  r.stride = dims_.QKVy; r.cos = rope_cos_.as<float>(); r.sin = rope_sin_.as<float>();
   return r;
 }
 
 // Attention of layer l from its stored q|k|v (after RoPE): atty and lse.
 void ParallelTransformer::attention_forward(int l, int B, int T) {
   auto& A = a_->layer[l];
-  const backend::AttentionArgs d = local_heads(B, T, nhy_, nkvy_, hd_, QKVy_, Ay_, attention_precision_);
+  const backend::AttentionArgs d = local_heads(B, T, dims_.nhy, dims_.nkvy, dims_.hd, dims_.QKVy, dims_.Ay, attention_precision_);
   timed(Phase::Attention, [&] {
-    ops().attention_forward(bq(), d, A.atty, A.lse, A.qkv, A.qkv + nhy_ * hd_,
-                            A.qkv + (nhy_ + nkvy_) * hd_);
+    ops().attention_forward(bq(), d, A.atty, A.lse, A.qkv, A.qkv + dims_.nhy * dims_.hd,
+                            A.qkv + (dims_.nhy + dims_.nkvy) * dims_.hd);
   });
 }
 
@@ -47,18 +47,18 @@ void ParallelTransformer::attention_forward(int l, int B, int T) {
 // earlier ones: the query block is the key block's last Tq rows).
 void ParallelTransformer::cached_attention(int l, int B, int Tq, int pos0) {
   auto& A = a_->layer[l];
-  const int64_t KW = nkvy_ * hd_;
+  const int64_t KW = dims_.nkvy * dims_.hd;
   float* kc = cache_k(l);
   float* vc = cache_v(l);
   timed(Phase::Attention, [&] {
     for (int b = 0; b < B; ++b)
       for (int i = 0; i < Tq; ++i) {
-        const float* row = A.qkv + (int64_t(b) * Tq + i) * QKVy_;
+        const float* row = A.qkv + (int64_t(b) * Tq + i) * dims_.QKVy;
         const int64_t dst = (int64_t(b) * max_len_ + pos0 + i) * KW;
-        bq().copy_on_device(kc + dst, row + nhy_ * hd_, size_t(KW) * sizeof(float));
-        bq().copy_on_device(vc + dst, row + (nhy_ + nkvy_) * hd_, size_t(KW) * sizeof(float));
+        bq().copy_on_device(kc + dst, row + dims_.nhy * dims_.hd, size_t(KW) * sizeof(float));
+        bq().copy_on_device(vc + dst, row + (dims_.nhy + dims_.nkvy) * dims_.hd, size_t(KW) * sizeof(float));
       }
-    backend::AttentionArgs d = local_heads(B, Tq, nhy_, nkvy_, hd_, QKVy_, Ay_, attention_precision_);
+    backend::AttentionArgs d = local_heads(B, Tq, dims_.nhy, dims_.nkvy, dims_.hd, dims_.QKVy, dims_.Ay, attention_precision_);
     d.Tk = pos0 + Tq;
     d.kv_stride = KW;
     d.kv_batch_stride = int64_t(max_len_) * KW;
@@ -72,19 +72,19 @@ void ParallelTransformer::layer_forward(int l, const float* x, int B, int T, int
   const Layer& L = layers_[l];
   auto& A = a_->layer[l];
   norm_fwd(A.ln1, A.ln1_mean, A.ln1_rstd, x, L.ln1_w, L.ln1_b, N, A.ln1_16);
-  normal_fwd(GemmSite::Qkv, A.qkv, act(A.ln1, A.ln1_16), L.qkv_w, L.qkv_b, Cx_, QKVy_, N);
+  normal_fwd(GemmSite::Qkv, A.qkv, act(A.ln1, A.ln1_16), L.qkv_w, L.qkv_b, N);
   if (positions_ == Positions::Rope)
     timed(Phase::Attention, [&] { ops().rope_forward(bq(), rope_args(A.qkv, N, T, std::max(pos0, 0))); });
   if (pos0 < 0) attention_forward(l, B, T);
   else cached_attention(l, B, T, pos0);
   q_.poll();
-  transposed_fwd(GemmSite::Proj, A.resid_mid, x, f32(A.atty), L.proj_w, L.proj_b, Ay_, N);
+  transposed_fwd(GemmSite::Proj, A.resid_mid, x, f32(A.atty), L.proj_w, L.proj_b, N);
   norm_fwd(A.ln2, A.ln2_mean, A.ln2_rstd, A.resid_mid, L.ln2_w, L.ln2_b, N, A.ln2_16);
-  normal_fwd(GemmSite::Fc, A.fc, act(A.ln2, A.ln2_16), L.fc_w, L.fc_b, Cx_, FWy_, N);
+  normal_fwd(GemmSite::Fc, A.fc, act(A.ln2, A.ln2_16), L.fc_w, L.fc_b, N);
   mlp_activation(l, N);
   q_.poll();
   transposed_fwd(GemmSite::FcProj, A.resid_out, A.resid_mid, act(A.fc_act, A.fc_act16), L.fcproj_w,
-                 L.fcproj_b, Fy_, N);
+                 L.fcproj_b, N);
   scratch_layer_ = l;  // with recomputation, the shared scratch now holds this layer
 }
 
@@ -96,18 +96,18 @@ void ParallelTransformer::mlp_activation(int l, int64_t N) {
   const backend::OpTable& op = ops();
   if (A.fc_act16 && op.gelu_forward_bf16 && op.swiglu_forward_bf16) {
     switch (mlp_) {
-      case MlpKind::Gelu: op.gelu_forward_bf16(bq(), A.fc_act16, A.fc, N * Fy_); break;
-      case MlpKind::SwiGLU: op.swiglu_forward_bf16(bq(), A.fc_act16, A.fc, N, Fy_); break;
+      case MlpKind::Gelu: op.gelu_forward_bf16(bq(), A.fc_act16, A.fc, N * dims_.Fy); break;
+      case MlpKind::SwiGLU: op.swiglu_forward_bf16(bq(), A.fc_act16, A.fc, N, dims_.Fy); break;
     }
     return;
   }
   // The backward's dfc_act is free here (forward, or a recompute before the layer's backward).
   float* out = A.fc_act16 ? a_->dfc_act : A.fc_act;
   switch (mlp_) {
-    case MlpKind::Gelu: op.gelu_forward(bq(), out, A.fc, N * Fy_); break;
-    case MlpKind::SwiGLU: op.swiglu_forward(bq(), out, A.fc, N, Fy_); break;
+    case MlpKind::Gelu: op.gelu_forward(bq(), out, A.fc, N * dims_.Fy); break;
+    case MlpKind::SwiGLU: op.swiglu_forward(bq(), out, A.fc, N, dims_.Fy); break;
   }
-  if (A.fc_act16) op.cast_f32_to_bf16(bq(), A.fc_act16, out, N * Fy_);
+  if (A.fc_act16) op.cast_f32_to_bf16(bq(), A.fc_act16, out, N * dims_.Fy);
 }
 
 // The block's backward from a_->dresid (the gradient of its output): a_->dresid becomes the
@@ -123,26 +123,26 @@ void ParallelTransformer::layer_backward(int l, const float* x_in, int B, int T)
     attention_forward(l, B, T);
     scratch_layer_ = l;
   }
-  transposed_bwd(GemmSite::FcProj, a.dfc_act, a.dresid, act(A.fc_act, A.fc_act16), L.fcproj_w,
-                 L.fcproj_b, Fy_, N);
+  linear_bwd(GemmSite::FcProj, a.dfc_act, a.dresid, act(A.fc_act, A.fc_act16), L.fcproj_w,
+             L.fcproj_b, N);
   timed(Phase::Activation, [&] {
     switch (mlp_) {
-      case MlpKind::Gelu: ops().gelu_backward(bq(), a.dfc, a.dfc_act, A.fc, N * Fy_); break;
-      case MlpKind::SwiGLU: ops().swiglu_backward(bq(), a.dfc, a.dfc_act, A.fc, N, Fy_); break;
+      case MlpKind::Gelu: ops().gelu_backward(bq(), a.dfc, a.dfc_act, A.fc, N * dims_.Fy); break;
+      case MlpKind::SwiGLU: ops().swiglu_backward(bq(), a.dfc, a.dfc_act, A.fc, N, dims_.Fy); break;
     }
   });
-  normal_bwd(GemmSite::Fc, a.dln, a.dfc, act(A.ln2, A.ln2_16), L.fc_w, L.fc_b, Cx_, FWy_, N);
+  linear_bwd(GemmSite::Fc, a.dln, a.dfc, act(A.ln2, A.ln2_16), L.fc_w, L.fc_b, N);
   norm_bwd(a.dresid, a.dln, A.resid_mid, A.ln2_mean, A.ln2_rstd, L.ln2_w, L.ln2_b, N);
-  transposed_bwd(GemmSite::Proj, a.datty, a.dresid, f32(A.atty), L.proj_w, L.proj_b, Ay_, N);
-  const backend::AttentionArgs d = local_heads(B, T, nhy_, nkvy_, hd_, QKVy_, Ay_, attention_precision_);
+  linear_bwd(GemmSite::Proj, a.datty, a.dresid, f32(A.atty), L.proj_w, L.proj_b, N);
+  const backend::AttentionArgs d = local_heads(B, T, dims_.nhy, dims_.nkvy, dims_.hd, dims_.QKVy, dims_.Ay, attention_precision_);
   timed(Phase::Attention, [&] {
-    ops().attention_backward(bq(), d, a.dqkv, a.dqkv + nhy_ * hd_, a.dqkv + (nhy_ + nkvy_) * hd_,
-                             a.datty, A.qkv, A.qkv + nhy_ * hd_, A.qkv + (nhy_ + nkvy_) * hd_,
+    ops().attention_backward(bq(), d, a.dqkv, a.dqkv + dims_.nhy * dims_.hd, a.dqkv + (dims_.nhy + dims_.nkvy) * dims_.hd,
+                             a.datty, A.qkv, A.qkv + dims_.nhy * dims_.hd, A.qkv + (dims_.nhy + dims_.nkvy) * dims_.hd,
                              A.atty, A.lse);
     if (positions_ == Positions::Rope) ops().rope_backward(bq(), rope_args(a.dqkv, N, T));
   });
   q_.poll();
-  normal_bwd(GemmSite::Qkv, a.dln, a.dqkv, act(A.ln1, A.ln1_16), L.qkv_w, L.qkv_b, Cx_, QKVy_, N);
+  linear_bwd(GemmSite::Qkv, a.dln, a.dqkv, act(A.ln1, A.ln1_16), L.qkv_w, L.qkv_b, N);
   norm_bwd(a.dresid, a.dln, x_in, A.ln1_mean, A.ln1_rstd, L.ln1_w, L.ln1_b, N);
 }
 

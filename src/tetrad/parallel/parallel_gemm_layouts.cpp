@@ -18,11 +18,10 @@ GemmLayoutPlan ParallelTransformer::rule_gemm_layouts() const {
   GemmLayoutPlan p;
   p.source = "rule";
   const int64_t N = int64_t(local_batch_) * max_len_;
-  const int64_t shapes[kGemmSites][2] = {{Cx_, QKVy_}, {Ay_, Cx_}, {Cx_, FWy_}, {Fy_, Cx_},
-                                         {Cx_, Vy_}};
+
   for (int i = 0; i < kGemmSites; ++i) {
     GemmSiteLayout& s = p.site[size_t(i)];
-    s.N = N, s.k_in = shapes[i][0], s.n_out = shapes[i][1];
+    s.N = N, s.k_in = dims_.*kLinears[i].in, s.n_out = dims_.*kLinears[i].out;
     s.fwd = {};
     s.dx = {false, false};       // dY16 · W
     s.dw = {!wgrad_nn_, false};  // NN on dY16ᵀ where the cast-transpose runs, else TN on dY
@@ -101,7 +100,7 @@ void ParallelTransformer::tune_gemm_layouts() {
   const GemmLayoutPlan rule = plan;
   const bool can_dyt = wgrad_nn_ || (bf16_acts_ && be_->capabilities().bf16_producers);
   const int64_t N = int64_t(local_batch_) * max_len_;
-  const int64_t widest = N * std::max({Cx_, Ay_, QKVy_, FWy_, Fy_});
+  const int64_t widest = N * std::max({dims_.Cx, dims_.Ay, dims_.QKVy, dims_.FWy, dims_.Fy});
 
   // Operand space: X16 [N, k_in] and W16 [n_out, k_in] (bf16), the output (fp32), carved from
   // the activations before the gradient copies; dY16 / dY16ᵀ are the gradient copies.

@@ -1,6 +1,7 @@
 // ParallelTransformer: the parallel linear layers, each forward collective paired with its adjoint
 // (Megatron's column/row-parallel pairs, here on the X/Y blocks of 4d-parallelism.md; the hidden
-// state is [N, C/Gx], replicated over Y):
+// state is [N, C/Gx], replicated over Y). Each site's kind and widths are declared once
+// (linear_layers.hpp, kLinears); the functions below take a site and read its shape there:
 //   normal layer      W block [n_out/Gy, k_in/Gx]: input split over X, output split over Y.
 //                     forward  partial GEMM, all-reduce over X (normal_fwd, gemm_allreduce(x))
 //                     backward dIn = all-reduce over Y of dOut · W (normal_bwd)
@@ -16,6 +17,7 @@
 #include <algorithm>
 
 #include "tetrad/parallel/activation_layout.hpp"
+#include "tetrad/parallel/linear_layers.hpp"
 
 namespace tetrad::parallel {
 
@@ -60,9 +62,11 @@ template void ParallelTransformer::sum_over<double>(const comm::Communicator&, d
 // out[N, n_out] = in · Wᵀ, partial over `group` and all-reduced there. With forward_chunks > 1
 // the rows go in chunks: chunk i's all-reduce runs while chunk i+1's GEMM computes.
 void ParallelTransformer::gemm_allreduce(GemmSite site, float* out, Operand in, int wi,
-                                         int64_t k_in, int64_t n_out,
-                                         const comm::Communicator& group, int64_t N) {
+                                         int64_t N) {
   const char* what = gemm_site_name(site);
+  const LinearSpec& spec = linear_spec(site);
+  const int64_t k_in = dims_.*spec.in, n_out = dims_.*spec.out;
+  const comm::Communicator& group = g_.group(collectives(spec.kind).forward);
   const int64_t chunks = group.size() > 1 ? std::min<int64_t>(ov_.forward_chunks, N) : 1;
   const backend::GemmProduct fwd = product_of(site_layout(site).fwd);
   if (chunks == 1) {
@@ -87,19 +91,22 @@ void ParallelTransformer::gemm_allreduce(GemmSite site, float* out, Operand in, 
 
 // Normal layer: out[N, n_out] = in[N, Cx-like] · Wᵀ, partial over X -> all-reduce X, + bias.
 void ParallelTransformer::normal_fwd(GemmSite site, float* out, Operand in, int wi, int bi,
-                                     int64_t k_in, int64_t n_out, int64_t N) {
-  gemm_allreduce(site, out, in, wi, k_in, n_out, g_.x(), N);
-  if (const float* b = w(bi)) ops().bias_add(bq(), out, b, N, n_out);
+                                     int64_t N) {
+  TETRAD_CHECK(linear_spec(site).kind == LinearKind::Normal, gemm_site_name(site), ": not normal");
+  gemm_allreduce(site, out, in, wi, N);
+  if (const float* b = w(bi)) ops().bias_add(bq(), out, b, N, dims_.*linear_spec(site).out);
   q_.poll();
 }
 
 // Transposed layer + residual: out[N, Cx] = resid + all-reduce_Y(in · Wᵀ) + bias.
 void ParallelTransformer::transposed_fwd(GemmSite site, float* out, const float* resid,
-                                         Operand in, int wi, int bi, int64_t k_in, int64_t N) {
+                                         Operand in, int wi, int bi, int64_t N) {
+  TETRAD_CHECK(linear_spec(site).kind == LinearKind::Transposed, gemm_site_name(site),
+               ": not transposed");
   float* tmp = a_->tmp;
-  gemm_allreduce(site, tmp, in, wi, k_in, Cx_, g_.y(), N);
+  gemm_allreduce(site, tmp, in, wi, N);
   ScopedPhase sp(prof_, Phase::Residual);
-  ops().residual_add(bq(), out, resid, tmp, w(bi), N, Cx_);
+  ops().residual_add(bq(), out, resid, tmp, w(bi), N, dims_.Cx);
 }
 
 // Bias gradient: Σ over tokens, parallel over columns (fixed order).
@@ -107,16 +114,18 @@ void ParallelTransformer::bias_bwd(float* db, const float* dout, int64_t width, 
   if (db) ops().bias_grad(bq(), db, dout, N, width);
 }
 
-// din[N, k_in] = all-reduce over `group` of dout · W; dW[n_out, k_in] += doutᵀ · in; bias.
+// din[N, k_in] = all-reduce of dout · W over the adjoint's group (Y for a normal layer, X for a
+// transposed one); dW[n_out, k_in] += doutᵀ · in; bias.
 // With backward_allreduce the all-reduce runs while dW computes (driven by the progress thread,
 // or by the polls after it). With bf16 activations dout is cast to bf16 once for both GEMMs, as
 // stored (dY16) and/or transposed (dY16ᵀ), whichever the site's layout plan reads
 // (gemm_layouts.hpp: dx NN reads dY16, TN dY16ᵀ; dw NN reads dY16ᵀ, TN dY16).
 void ParallelTransformer::linear_bwd(GemmSite site, float* din, const float* dout,
-                                     Operand in, int wi, int bi, int64_t k_in, int64_t n_out,
-                                     const comm::Communicator& group, int64_t N,
-                                     bool dout16_ready) {
+                                     Operand in, int wi, int bi, int64_t N, bool dout16_ready) {
   const char* what = gemm_site_name(site);
+  const LinearSpec& spec = linear_spec(site);
+  const int64_t k_in = dims_.*spec.in, n_out = dims_.*spec.out;
+  const comm::Communicator& group = g_.group(collectives(spec.kind).backward);
   const GemmSiteLayout& lay = site_layout(site);
   Operand dy = f32(dout), dyt{};  // dyt: doutᵀ [n_out, N] in bf16
   TETRAD_CHECK(!dout16_ready || bf16_acts_, "linear_bwd ", what, ": bf16 dY copies without bf16 activations");
@@ -162,20 +171,6 @@ void ParallelTransformer::linear_bwd(GemmSite site, float* din, const float* dou
 std::pair<uint16_t*, uint16_t*> ParallelTransformer::dy16_copies(const GemmSiteLayout& lay) const {
   const bool plain = !lay.dx.ta || lay.dw.ta, transposed = lay.dx.ta || !lay.dw.ta;
   return {plain ? a_->dout16 : nullptr, transposed ? a_->dout16_t : nullptr};
-}
-
-// Normal layer backward: din = all-reduce_Y(dout · W).
-void ParallelTransformer::normal_bwd(GemmSite site, float* din, const float* dout,
-                                     Operand in, int wi, int bi, int64_t k_in, int64_t n_out,
-                                     int64_t N) {
-  linear_bwd(site, din, dout, in, wi, bi, k_in, n_out, g_.y(), N);
-}
-
-// Transposed layer backward: din = all-reduce_X(dout · W), n_out = Cx.
-void ParallelTransformer::transposed_bwd(GemmSite site, float* din, const float* dout,
-                                         Operand in, int wi, int bi, int64_t k_in,
-                                         int64_t N) {
-  linear_bwd(site, din, dout, in, wi, bi, k_in, Cx_, g_.x(), N);
 }
 
 }  // namespace tetrad::parallel

@@ -19,24 +19,24 @@ void ParallelTransformer::norm_fwd(float* out, float* mean, float* rstd, const f
   ScopedPhase sp(prof_, Phase::Norm);
   const backend::OpTable& op = ops();
   if (norm_ == NormKind::LayerNorm) {
-    op.norm_row_stats(bq(), RowStat::Sum, st, 1, x, nullptr, N, Cx_);
+    op.norm_row_stats(bq(), RowStat::Sum, st, 1, x, nullptr, N, dims_.Cx);
     sum_over(g_.x(), st, N, "norm mean");
     op.norm_finish_stats(bq(), StatFinish::Mean, mean, st, N, C, eps);
-    op.norm_row_stats(bq(), RowStat::CenteredSquares, st, 1, x, mean, N, Cx_);
+    op.norm_row_stats(bq(), RowStat::CenteredSquares, st, 1, x, mean, N, dims_.Cx);
     sum_over(g_.x(), st, N, "norm var");
   } else {
-    op.norm_row_stats(bq(), RowStat::Squares, st, 1, x, nullptr, N, Cx_);
+    op.norm_row_stats(bq(), RowStat::Squares, st, 1, x, nullptr, N, dims_.Cx);
     sum_over(g_.x(), st, N, "norm ms");
   }
   op.norm_finish_stats(bq(), StatFinish::Rstd, rstd, st, N, C, eps);
   const float* m = norm_ == NormKind::LayerNorm ? mean : nullptr;
   if (!out16) {
-    op.norm_apply(bq(), out, x, m, rstd, w(wi), w(bi), N, Cx_);
+    op.norm_apply(bq(), out, x, m, rstd, w(wi), w(bi), N, dims_.Cx);
   } else if (op.norm_apply_bf16) {  // bf16 only: the output feeds GEMMs only
-    op.norm_apply_bf16(bq(), out16, x, m, rstd, w(wi), w(bi), N, Cx_);
+    op.norm_apply_bf16(bq(), out16, x, m, rstd, w(wi), w(bi), N, dims_.Cx);
   } else {  // a backend without the fused form: fp32 into the free tmp, then a cast
-    op.norm_apply(bq(), a_->tmp, x, m, rstd, w(wi), w(bi), N, Cx_);
-    op.cast_f32_to_bf16(bq(), out16, a_->tmp, N * Cx_);
+    op.norm_apply(bq(), a_->tmp, x, m, rstd, w(wi), w(bi), N, dims_.Cx);
+    op.cast_f32_to_bf16(bq(), out16, a_->tmp, N * dims_.Cx);
   }
 }
 
@@ -49,10 +49,10 @@ void ParallelTransformer::norm_bwd(float* dx, const float* dout, const float* x,
   const backend::OpTable& op = ops();
   const float* m = norm_ == NormKind::LayerNorm ? mean : nullptr;
   const float* wv = w(wi);
-  op.norm_backward_partials(bq(), st, dout, x, m, rstd, wv, N, Cx_);
+  op.norm_backward_partials(bq(), st, dout, x, m, rstd, wv, N, dims_.Cx);
   sum_over(g_.x(), st, 2 * N, "norm grad");
-  op.norm_backward_apply(bq(), dx, dout, x, m, rstd, wv, st, N, Cx_, C);
-  op.norm_param_grads(bq(), gw(wi), gw(bi), dout, x, m, rstd, N, Cx_);
+  op.norm_backward_apply(bq(), dx, dout, x, m, rstd, wv, st, N, dims_.Cx, C);
+  op.norm_param_grads(bq(), gw(wi), gw(bi), dout, x, m, rstd, N, dims_.Cx);
 }
 
 }  // namespace tetrad::parallel

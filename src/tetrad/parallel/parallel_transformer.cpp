@@ -79,33 +79,6 @@ ParallelTransformer::ParallelTransformer(const ModelConfig& config, ProcessGroup
   ctx_.queue = &q_;
   ctx_.be = be_;
   ctx_.dims = dims_;
-  hd_ = dims_.hd, Cx_ = dims_.Cx, Ay_ = dims_.Ay, nhy_ = dims_.nhy, nkvy_ = dims_.nkvy;
-  QKVy_ = dims_.QKVy, Fy_ = dims_.Fy, FWy_ = dims_.FWy, Vy_ = dims_.Vy;
-
-  // ZeRO pieces: each tensor's local shard cut into Gd pieces of ceil(n / Gd), piece d on rank d.
-  const int Gd = G.d(), dc = g_.coord.d();
-  int64_t piece_max = 0;
-  for (const auto& t : plan_.tensors) {
-    const int64_t n = t.shard_numel;
-    if (opt_.zero == 0) {
-      piece_.push_back(n);
-      zl_.param_offsets.push_back(t.offset);
-      zl_.grad_offsets.push_back(t.offset);
-      zl_.state_offsets.push_back(t.offset);
-      zl_.sizes.push_back(n);
-      continue;
-    }
-    const int64_t q = (n + Gd - 1) / Gd, lo = std::min(n, q * dc), hi = std::min(n, lo + q);
-    piece_.push_back(q);
-    piece_max = std::max(piece_max, q);
-    zl_.param_offsets.push_back(t.offset + lo);
-    zl_.grad_offsets.push_back(opt_.zero == 2 ? zl_.state_size : t.offset + lo);
-    zl_.state_offsets.push_back(zl_.state_size);
-    zl_.sizes.push_back(hi - lo);
-    zl_.state_size += q;
-  }
-  if (opt_.zero == 0) zl_.state_size = plan_.local_total;
-  else zero_tmp_ = backend::DeviceArray<float>(*be_, size_t(Gd + 1) * piece_max);
 
   params_ = backend::DeviceArray<float>(*be_, plan_.local_total);
   const bool bf16_weights = precision_ == backend::Precision::BF16 && opt_.bf16_weight_copy;
@@ -114,7 +87,6 @@ ParallelTransformer::ParallelTransformer(const ModelConfig& config, ProcessGroup
          "(Capabilities::gemm_bf16_storage); set ParallelOptions::bf16_weight_copy = false");
   bf16_acts_ = precision_ == backend::Precision::BF16 && opt_.bf16_activations;
   wgrad_nn_ = bf16_acts_ && opt_.bf16_weight_grad_nn && be_->capabilities().bf16_producers;
-  grads_ = backend::DeviceArray<float>(*be_, opt_.zero == 2 ? zl_.state_size : plan_.local_total);
 
   // Each tensor's place in the model, by its role (fused groups follow their first tensor:
   // build_param_table checked that k, v follow q and up follows gate).
@@ -161,30 +133,8 @@ ParallelTransformer::ParallelTransformer(const ModelConfig& config, ProcessGroup
   gather_ = std::make_unique<WeightGatherer>(ctx_, plan_, params_.data(), std::move(gemm_weights),
                                              wte_, cfg_.n_layer, ov_, bf16_weights);
 
-  // Gradient blocks: when Z shards weights (Gz = 1 accumulates in place), or when ZeRO 2 keeps
-  // only a piece of each gradient.
-  if (G.z() > 1 || opt_.zero == 2) {
-    const BlockExtents e = block_extents(plan_, G.z());
-    // each shard lands at its own offset
-    if (G.z() > 1) scatter_tmp_ = backend::DeviceArray<float>(*be_, plan_.local_total);
-    gblock_[0] = backend::DeviceArray<float>(*be_, e.layer);
-    gblock_[1] = backend::DeviceArray<float>(*be_, e.layer);
-    gblock_top_ = backend::DeviceArray<float>(*be_, e.top);
-  }
-  if (opt_.sparse_embedding_grad && G.z() > 1 && G.p() == 1 && opt_.zero != 2) {
-    // Rows plus ids against the dense block: worth it when the Z group's tokens are fewer than
-    // this rank's vocabulary rows.
-    const int64_t rows = int64_t(G.z()) * local_batch * max_len;
-    sparse_embedding_ = rows * (Cx_ + 1) < Vy_ * Cx_;
-    if (sparse_embedding_) {
-      emb_rows_ = backend::DeviceArray<float>(*be_, size_t(rows * Cx_));
-      emb_ids_ = backend::DeviceArray<int32_t>(*be_, size_t(rows));
-    }
-  }
-  rs_remaining_.assign(size_t(cfg_.n_layer) + 1, 0);
-  final_sharded_.assign(size_t(cfg_.n_layer) + 1, 0);
-  final_repl_.assign(size_t(cfg_.n_layer) + 1, 0);
-  build_buckets();
+  reduce_ = std::make_unique<GradReducer>(ctx_, plan_, opt_, ov_, cfg_.n_layer, wte_, head_,
+                                          int64_t(local_batch) * max_len);
 
   const int64_t N = int64_t(local_batch) * max_len;
   layer_slots_ = layer_slots(cfg_.n_layer, split_, G.p(), g_.coord.p());
@@ -201,11 +151,11 @@ ParallelTransformer::ParallelTransformer(const ModelConfig& config, ProcessGroup
   argmax_val_ = be_->alloc_array<float>(size_t(local_batch));
 
   if (positions_ == Positions::Rope) {
-    const int64_t half = hd_ / 2;
+    const int64_t half = dims_.hd / 2;
     // The tables are built on the host once (the model's rotary settings) and copied over.
     const size_t n = size_t(cfg_.max_seq) * size_t(half);
     std::vector<float> cos_host(n), sin_host(n);
-    k::rope_tables(cos_host.data(), sin_host.data(), cfg_.max_seq, hd_, rope_frequencies(cfg_));
+    k::rope_tables(cos_host.data(), sin_host.data(), cfg_.max_seq, dims_.hd, rope_frequencies(cfg_));
     rope_cos_ = be_->alloc_array<float>(n);
     rope_sin_ = be_->alloc_array<float>(n);
     bq().copy_to_device(rope_cos_.data(), cos_host.data(), n * sizeof(float));
@@ -246,11 +196,8 @@ int64_t ParallelTransformer::activation_bytes(Recompute mode) const {
 }
 
 int64_t ParallelTransformer::state_bytes() const {
-  const size_t n = params_.size() + grads_.size() + 2 * size_t(zl_.state_size) +
-                   gblock_[0].size() + gblock_[1].size() + gblock_top_.size() +
-                   scatter_tmp_.size() + zero_tmp_.size() + bucket_buf_.size() + emb_rows_.size() +
-                   emb_ids_.size();
-  return int64_t(n * sizeof(float)) + gather_->bytes();
+  const size_t n = params_.size() + 2 * size_t(optimizer_layout().state_size);
+  return int64_t(n * sizeof(float)) + reduce_->bytes() + gather_->bytes();
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -292,7 +239,7 @@ void ParallelTransformer::forward_chunk(int l0, int l1, bool embed, bool head,
   if (!head) return;
   norm_fwd(a.lnf, a.lnf_mean, a.lnf_rstd, x, lnf_w_, lnf_b_, N, a.lnf16);
   // Output head: normal layer on the embedding's block -> logits [N, V/Gy].
-  gemm_allreduce(GemmSite::Head, a.logits, act(a.lnf, a.lnf16), head_, Cx_, Vy_, g_.x(), N);
+  gemm_allreduce(GemmSite::Head, a.logits, act(a.lnf, a.lnf16), head_, N);
 }
 
 double ParallelTransformer::forward_loss(const int32_t* inputs, const int32_t* targets, int B, int T) {
@@ -308,7 +255,7 @@ double ParallelTransformer::forward_backward(const int32_t* inputs, const int32_
   forward(inputs, B, T);
   const double loss = cross_entropy(targets, int64_t(B) * T, grad_scale, true);
   backward(inputs, B, T);
-  ++micro_done_;
+  reduce_->micro_batch_done();
   set_layer(-2);
   return loss;
 }
@@ -329,24 +276,22 @@ void ParallelTransformer::backward_chunk(int l0, int l1, bool embed, bool head,
   set_layer(-1);
   if (embed || head) {
     gather_->gather(-1);
-    zero_layer_grad_blocks(-1);
+    reduce_->zero_layer_blocks(-1);
   }
-  if (sparse_embedding_ && embed)  // the token ids the Z group's embedding rows belong to
-    emb_ids_ticket_ = q_.start(g_.z().iallgather(device_ids(inputs, N, 0), emb_ids_.data(), size_t(N), q_.ready()), g_.z(),
-                               "allgather", "embedding ids", -1,
-                               N * g_.shape.z() * int64_t(sizeof(int32_t)));
+  if (reduce_->sparse_embedding() && embed)  // the token ids the Z group's embedding rows belong to
+    reduce_->start_embedding_ids(device_ids(inputs, N, 0), N);
   if (head) {
     const float* x_last = l1 > 0 ? a.layer[l1 - 1].resid_out : a.emb;
     // Head: dlogits [N, Vy] -> dlnf [N, Cx] (sum over Y), d(head block): a normal layer.
-    linear_bwd(GemmSite::Head, a.dln, a.logits, act(a.lnf, a.lnf16), head_, -1, Cx_, Vy_, g_.y(), N,
+    linear_bwd(GemmSite::Head, a.dln, a.logits, act(a.lnf, a.lnf16), head_, -1, N,
                head_dy16_ready_);
     head_dy16_ready_ = false;
-    if (sparse_embedding_) scatter_top_grads(/*head_part=*/true);
-    zero_dev(a.dresid, N * Cx_);
+    if (reduce_->sparse_embedding()) reduce_->scatter_top(/*head_part=*/true);
+    zero_dev(a.dresid, N * dims_.Cx);
     norm_bwd(a.dresid, a.dln, x_last, a.lnf_mean, a.lnf_rstd, lnf_w_, lnf_b_, N);
   } else {
     // From the next stage, in host memory (the pipeline's receive buffer).
-    bq().copy_to_device(a.dresid, dout, size_t(N * Cx_) * sizeof(float));
+    bq().copy_to_device(a.dresid, dout, size_t(N * dims_.Cx) * sizeof(float));
   }
 
   for (int l = l1 - 1; l >= l0; --l) {
@@ -354,22 +299,22 @@ void ParallelTransformer::backward_chunk(int l0, int l1, bool embed, bool head,
     set_layer(l);
     gather_->gather(l);
     gather_->prefetch(l, -1, l0, l1);
-    zero_layer_grad_blocks(l);
+    reduce_->zero_layer_blocks(l);
     layer_backward(l, x_in, B, T);
-    scatter_layer_grads(l);
-    if (last_micro_batch()) layer_final(l, false);
+    reduce_->scatter_layer(l);
+    if (reduce_->last_micro_batch()) reduce_->layer_final(l, false);
   }
   set_layer(-1);
 
   if (embed) embedding_backward(inputs, N, T);
   if (embed || head) {
-    if (sparse_embedding_) {  // Gp = 1: embed and head together
-      scatter_top_grads(/*head_part=*/false);
-      accumulate_embedding_rows(N);
+    if (reduce_->sparse_embedding()) {  // Gp = 1: embed and head together
+      reduce_->scatter_top(/*head_part=*/false);
+      reduce_->accumulate_embedding_rows(a.dresid, N);
     } else {
-      scatter_layer_grads(-1);
+      reduce_->scatter_layer(-1);
     }
-    if (last_micro_batch()) layer_final(-1, false);
+    if (reduce_->last_micro_batch()) reduce_->layer_final(-1, false);
   }
 }
 

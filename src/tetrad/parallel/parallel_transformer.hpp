@@ -35,6 +35,8 @@
 #include "tetrad/model/model_config.hpp"
 #include "tetrad/model/params.hpp"
 #include "tetrad/parallel/comm_schedule.hpp"
+#include "tetrad/parallel/grad_reduction.hpp"
+#include "tetrad/parallel/linear_layers.hpp"
 #include "tetrad/parallel/local_dims.hpp"
 #include "tetrad/parallel/memory_model.hpp"
 #include "tetrad/parallel/options.hpp"
@@ -47,14 +49,6 @@
 namespace tetrad::parallel {
 
 struct ParallelActivations;
-
-// Where the optimizer finds each tensor's part on this rank: parameters and gradients at
-// param_offset / grad_offset of params() / grads(), its moments at state_offset of a buffer of
-// optimizer_state_size(); numel elements (0 when this D rank's piece is empty).
-struct OptimizerLayout {
-  std::vector<int64_t> param_offsets, grad_offsets, state_offsets, sizes;
-  int64_t state_size = 0;
-};
 
 class ParallelTransformer {
  public:
@@ -82,7 +76,7 @@ class ParallelTransformer {
   }
   // Read-only parameters (checkpoints, norms): gathered copies stay valid.
   const float* param_data() const { return params_.data(); }
-  float* grads() { return grads_.data(); }
+  float* grads() { return reduce_->grads(); }
   const ParallelOptions& options() const { return opt_; }
   // The backend the model computes on and its GEMM precision (ParallelOptions).
   backend::Backend& compute_backend() const { return *be_; }
@@ -121,8 +115,8 @@ class ParallelTransformer {
   void gather_state_tensor(const float* state, size_t index, float* full);
 
   // The layout the optimizer updates: with ZeRO, this D rank's pieces.
-  const OptimizerLayout& optimizer_layout() const { return zl_; }
-  int64_t num_local_grads() const { return int64_t(grads_.size()); }
+  const OptimizerLayout& optimizer_layout() const { return reduce_->layout(); }
+  int64_t num_local_grads() const { return reduce_->num_grads(); }
   // After the optimizer step (ZeRO 1/2): all-gather the updated pieces over D so every replica
   // has the whole local shard again. No-op without ZeRO.
   void gather_updated_params();
@@ -164,7 +158,7 @@ class ParallelTransformer {
   // The switches in effect (dp_overlap cleared with ZeRO or Gp > 1).
   const OverlapOptions& overlap() const { return ov_; }
   // Whether the embedding gradient goes over Z as touched rows (ParallelOptions).
-  bool sparse_embedding_grad() const { return sparse_embedding_; }
+  bool sparse_embedding_grad() const { return reduce_->sparse_embedding(); }
   // One micro-batch of this rank's tokens: forward, vocabulary-parallel cross-entropy with
   // d(grad_scale * Σ loss), backward; parameter gradients accumulate (Z-reduced per layer).
   // Returns this rank's Σ loss over kept targets (sum over Z x D for the global figure).
@@ -237,17 +231,6 @@ class ParallelTransformer {
         fcproj_b = -1;
   };
   using Acts = ParallelActivations;  // activation_layout.hpp
-  // A data-parallel bucket: tensors reduced together over one group (d for Z shards, zd for
-  // replicated tensors), in backward order; staged through bucket_buf_ when several.
-  struct Bucket {
-    const comm::Communicator* group = nullptr;
-    std::vector<int> tensors;
-    std::vector<int> layers;  // layers whose gradients must be final first
-    bool sharded = false;
-    int64_t offset = 0, numel = 0;  // in bucket_buf_
-    CommQueue::Ticket ticket = 0;
-    bool started = false;
-  };
   const float* w(int i) const;  // weight for compute: gathered block or local shard
   // Whether tensor i is a GEMM weight (a linear layer's matrix, or the output head's table).
   bool gemm_weight(int i) const;
@@ -259,7 +242,7 @@ class ParallelTransformer {
   // The weight operand of tensor i's GEMMs: its bf16 copy, or the fp32 weight.
   Operand weight_operand(int i) const;
   static Operand f32(const float* p) { return {p, backend::DType::F32}; }
-  float* gw(int i);             // where its gradient block accumulates
+  float* gw(int i) { return reduce_->accumulator(i); }  // where its gradient accumulates
   void set_layer(int l) {
     if (prof_) prof_->layer = l;
   }
@@ -309,25 +292,19 @@ class ParallelTransformer {
   // A sum over a group, skipped when the group is one rank (float and double).
   template <typename T>
   void sum_over(const comm::Communicator& group, T* data, int64_t n, const char* what = "");
-  // `in`: the layer's input activation [N, k_in], fp32 or bf16-stored (act() below).
-  void gemm_allreduce(GemmSite site, float* out, Operand in, int wi, int64_t k_in,
-                      int64_t n_out, const comm::Communicator& group, int64_t N);
-  void normal_fwd(GemmSite site, float* out, Operand in, int wi, int bi, int64_t k_in,
-                  int64_t n_out, int64_t N);
+  // A site's shape and collectives are its LinearSpec's (linear_layers.hpp). `in`: the layer's
+  // input activation [N, k_in], fp32 or bf16-stored (act() below).
+  void gemm_allreduce(GemmSite site, float* out, Operand in, int wi, int64_t N);
+  void normal_fwd(GemmSite site, float* out, Operand in, int wi, int bi, int64_t N);
   void transposed_fwd(GemmSite site, float* out, const float* resid, Operand in, int wi,
-                      int bi, int64_t k_in, int64_t N);
+                      int bi, int64_t N);
   // dout16_ready: dout's bf16 copies the site's layout reads are already in a_->dout16 /
   // a_->dout16_t (the loss wrote them: head_dy16), so no cast runs and dout is not read.
-  void linear_bwd(GemmSite site, float* din, const float* dout, Operand in, int wi,
-                  int bi, int64_t k_in, int64_t n_out, const comm::Communicator& group,
+  void linear_bwd(GemmSite site, float* din, const float* dout, Operand in, int wi, int bi,
                   int64_t N, bool dout16_ready = false);
   // With bf16 activations, the bf16 copies of a site's dY its backward GEMMs read: as stored
   // (a_->dout16) and / or transposed (a_->dout16_t); null where its layout reads none.
   std::pair<uint16_t*, uint16_t*> dy16_copies(const GemmSiteLayout& lay) const;
-  void normal_bwd(GemmSite site, float* din, const float* dout, Operand in, int wi,
-                  int bi, int64_t k_in, int64_t n_out, int64_t N);
-  void transposed_bwd(GemmSite site, float* din, const float* dout, Operand in, int wi,
-                      int bi, int64_t k_in, int64_t N);
   // An activation that feeds GEMMs: its bf16 form where the model stores one, else fp32.
   static Operand act(const float* f, const uint16_t* b) {
     return b ? Operand{b, backend::DType::BF16} : f32(f);
@@ -349,32 +326,14 @@ class ParallelTransformer {
   void embedding_backward(const int32_t* inputs, int64_t N, int T);
   double cross_entropy(const int32_t* targets, int64_t N, float grad_scale, bool with_grad);
 
-  // param_shards.cpp: whole tensors to and from this rank's shards; w() and gw() above.
-  bool staged(const TensorShard& t) const;
+  // param_shards.cpp: whole tensors to and from this rank's shards; w() above.
   void gather_shard(const float* shard, size_t index, float* full);
   std::vector<float> shard_of(size_t index, const float* full) const;
   // n floats of host memory into device memory of the model's backend (complete on return).
   void upload(float* dev, const float* host, int64_t n) const;
 
-  // grad_reduction.cpp: gradient reductions over Z, D (ZeRO pieces, buckets) and P.
-  void scatter_layer_grads(int layer);   // reduce-scatter the layer's gradient blocks over Z
-  void zero_layer_grad_blocks(int layer);
-  void layer_final(int layer, bool sharded);  // gradients of a layer final for this step
-  void start_ready_buckets();
-  void start_bucket(Bucket& b);
-  void build_buckets();
-  void reset_step_state();
-  bool last_micro_batch() const { return expected_micro_ > 0 && micro_done_ + 1 == expected_micro_; }
-  void reduce_scatter_d(size_t tensor, const float* shard, float* piece);
-  // Top-level reduce-scatters over Z: the head's (after its backward) or the others (after the
-  // embedding's); with the sparse embedding gradient, rs_remaining_ of the top counts both and
-  // the rows' accumulation.
-  void scatter_top_grads(bool head_part);
-  CommQueue::Ticket start_grad_reduce_scatter(const TensorShard& t, bool last);
-  void accumulate_embedding_rows(int64_t N);
-
   // pipeline_chunks.cpp: stage ownership and the activation regions a chunk stashes.
-  bool owns(const TensorShard& t) const;  // this pipeline stage computes (and reports) it
+  bool owns(const TensorShard& t) const { return stage_owns(t, g_.coord); }
   std::vector<std::pair<float*, size_t>> chunk_regions(int l0, int l1, bool embed, bool head);
 
   ModelConfig cfg_;
@@ -392,11 +351,8 @@ class ParallelTransformer {
     }
   } backend_use_;
   ParallelOptions opt_;
-  OptimizerLayout zl_;
-  std::vector<int64_t> piece_;  // ZeRO piece length of each tensor: ceil(shard_numel / Gd)
   // Device memory of the model's backend from here on (backend::DeviceArray): the host reaches
   // it only through the queue's copies (docs/backend.md, "Device memory").
-  backend::DeviceArray<float> zero_tmp_;  // Gd pieces: reduce-scatter input / all-gather output
   int scratch_layer_ = -1;      // layer whose recomputable activations the scratch holds
   ParamTable table_;
   LayerSplit split_;
@@ -410,8 +366,7 @@ class ParallelTransformer {
   MlpKind mlp_;
   Positions positions_;
   LocalDims dims_;  // this rank's sizes (local_dims.hpp)
-  int64_t Cx_, Ay_, QKVy_, Fy_, FWy_, Vy_, nhy_, nkvy_, hd_;
-  backend::DeviceArray<float> params_, grads_;
+  backend::DeviceArray<float> params_;
   OverlapOptions ov_;
   // What the parts below compute and communicate with (step_context.hpp).
   StepContext ctx_;
@@ -425,21 +380,10 @@ class ParallelTransformer {
   bool head_dy16_ready_ = false;
   GemmLayoutPlan layouts_;     // every site's GEMM forms (gemm_layouts.hpp)
   std::string layout_summary_;
-  // Gradient blocks: two layer buffers (a layer's reduce-scatter may still read one while the
-  // next layer fills the other), their pending reduce-scatters, the results' landing area.
-  backend::DeviceArray<float> gblock_[2], gblock_top_, scatter_tmp_;
-  std::vector<CommQueue::Ticket> rs_tickets_[3];  // [layer parity], [2]: top
-  std::vector<int> rs_remaining_;  // per layer + 1: reduce-scatters still running
-  // Sparse embedding gradient (ParallelOptions::sparse_embedding_grad, decided at construction).
-  bool sparse_embedding_ = false;
-  backend::DeviceArray<float> emb_rows_;  // Gz x N x Cx: every Z rank's embedding-output gradient rows
-  backend::DeviceArray<int32_t> emb_ids_;  // Gz x N: their token ids
-  CommQueue::Ticket emb_ids_ticket_ = 0, head_rs_ticket_ = 0;
-  std::vector<Bucket> buckets_;
-  backend::DeviceArray<float> bucket_buf_;
-  size_t next_bucket_[2] = {0, 0};  // per group kind (replicated, sharded): next to start
-  std::vector<char> final_sharded_, final_repl_;  // per layer + 1, this step
-  int expected_micro_ = 0, micro_done_ = 0;
+  // The gradients and their reductions: blocks, Z reduce-scatters, buckets, ZeRO pieces, sparse
+  // embedding rows (grad_reduction.hpp). Declared before q_, whose pending reduce-scatters
+  // write into its buffers and call back into it.
+  std::unique_ptr<GradReducer> reduce_;
   backend::DeviceArray<float> acts_;
   backend::DeviceBuffer rope_cos_, rope_sin_;  // [max_seq, hd/2] rotary tables (Llama)
   backend::DeviceArray<double> stats_;  // [N, 2] row statistics for the all-reduces

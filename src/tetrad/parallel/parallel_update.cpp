@@ -1,13 +1,42 @@
-// ParallelTransformer: the optimizer step's side. apply_update runs the optimizer over the local
-// parameters, starting the next step's first Z all-gathers (the weight gatherer's) while the rest
-// is updated; with ZeRO the updated pieces are all-gathered over D (gather_updated_params).
+// ParallelTransformer: the step around the forward and backward, between its parts. zero_grads /
+// begin_step (the gradient reducer's bookkeeping, the weight gatherer's copies kept or dropped),
+// reduce_gradients and the gradient norm (the reducer's); apply_update runs the optimizer over
+// the local parameters, starting the next step's first Z all-gathers (the weight gatherer's)
+// while the rest is updated; with ZeRO the updated pieces are all-gathered over D
+// (gather_updated_params).
 #include "tetrad/parallel/parallel_transformer.hpp"
 
 #include <algorithm>
 
+#include "tetrad/core/error.hpp"
 #include "tetrad/parallel/weight_gather.hpp"
 
 namespace tetrad::parallel {
+
+void ParallelTransformer::zero_grads() {
+  if (gather_->take_next_step()) {
+    // Only apply_update()'s gathers can be pending (reduce_gradients() finished every
+    // reduction before the optimizer ran); they write gathered slots, not gradients, and hold
+    // the current parameters, so they stay.
+    reduce_->zero();
+    return;
+  }
+  q_.wait_all();  // pending reduce-scatters would add into the zeroed gradients
+  reduce_->zero();
+  gather_->invalidate();
+}
+
+void ParallelTransformer::begin_step(int micro_batches) {
+  if (micro_batches <= 0) fail("begin_step: micro-batches must be positive, got ", micro_batches);
+  zero_grads();
+  // Only forward_backward counts micro-batches; the pipeline's chunks (Gp > 1) do not, and
+  // dp_overlap is off there and with ZeRO (see the constructor).
+  reduce_->expect(micro_batches);
+}
+
+void ParallelTransformer::reduce_gradients() { reduce_->reduce(); }
+
+double ParallelTransformer::grad_sum_squares() { return reduce_->sum_squares(); }
 
 void ParallelTransformer::apply_update(
     const std::function<void(float* params, int64_t lo, int64_t hi)>& update) {
@@ -93,11 +122,11 @@ void ParallelTransformer::gather_updated_params() {
   for (size_t i = 0; i < plan_.tensors.size(); ++i) {
     const TensorShard& t = plan_.tensors[i];
     if (!t.stored) continue;  // another pipeline stage's layer
-    const int64_t q = piece_[i];
-    float* pieces = zero_tmp_.data();
+    const int64_t q = reduce_->piece(i);
+    float* pieces = reduce_->piece_staging();
     float* mine = pieces + q * g_.shape.d();
     zero_dev(mine, q);
-    copy_dev(mine, params_.data() + zl_.param_offsets[i], zl_.sizes[i]);
+    copy_dev(mine, params_.data() + optimizer_layout().param_offsets[i], optimizer_layout().sizes[i]);
     q_.run(g_.d().iallgather(mine, pieces, size_t(q), q_.ready()), g_.d(), "allgather", "updated pieces over D",
            t.spec->layer, q * g_.shape.d() * int64_t(sizeof(float)));
     copy_dev(params_.data() + t.offset, pieces, t.shard_numel);

@@ -1,6 +1,6 @@
 // ParallelTransformer: the parameters and their shards. Whole tensors in and out (initial values,
 // checkpoints: scatter / gather over Z, D and the pipeline stages), and where the compute finds a
-// weight (w: the gathered block or the local shard) and accumulates its gradient (gw).
+// weight (w: the weight gatherer's block or the local shard).
 #include "tetrad/parallel/parallel_transformer.hpp"
 
 #include <algorithm>
@@ -73,17 +73,17 @@ void ParallelTransformer::gather_shard(const float* shard, size_t i, float* full
 void ParallelTransformer::scatter_state_tensor(float* state, size_t i, const float* full) const {
   if (opt_.zero == 0) return scatter_tensor(state, i, full);
   const std::vector<float> shard = shard_of(i, full);
-  const int64_t lo = zl_.param_offsets[i] - plan_.tensors[i].offset;
-  upload(state + zl_.state_offsets[i], shard.data() + lo, zl_.sizes[i]);
+  const int64_t lo = optimizer_layout().param_offsets[i] - plan_.tensors[i].offset;
+  upload(state + optimizer_layout().state_offsets[i], shard.data() + lo, optimizer_layout().sizes[i]);
 }
 
 void ParallelTransformer::gather_state_tensor(const float* state, size_t i, float* full) {
   if (opt_.zero == 0) return gather_tensor(state, i, full);
-  const int64_t q = piece_[i];
-  float* pieces = zero_tmp_.data();
+  const int64_t q = reduce_->piece(i);
+  float* pieces = reduce_->piece_staging();
   float* mine = pieces + q * g_.shape.d();
   zero_dev(mine, q);
-  copy_dev(mine, state + zl_.state_offsets[i], zl_.sizes[i]);
+  copy_dev(mine, state + optimizer_layout().state_offsets[i], optimizer_layout().sizes[i]);
   if (q > 0 && g_.d().size() > 1) {  // q = 0: not stored on this stage
     bq().synchronize();  // a staged all-gather reads `mine` from the host side
     g_.d().allgather(mine, pieces, size_t(q));
@@ -101,17 +101,6 @@ bool ParallelTransformer::gemm_weight(int i) const {
 ParallelTransformer::Operand ParallelTransformer::weight_operand(int i) const {
   if (gather_->bf16()) return {gather_->weight16(i), backend::DType::BF16};
   return f32(w(i));
-}
-
-bool ParallelTransformer::staged(const TensorShard& t) const {
-  return opt_.zero == 2 || (t.z_sharded && g_.shape.z() > 1);
-}
-
-float* ParallelTransformer::gw(int i) {
-  if (i < 0) return nullptr;
-  const TensorShard& t = plan_.tensors[i];
-  if (!staged(t)) return grads_.data() + t.offset;
-  return (t.spec->layer < 0 ? gblock_top_.data() : gblock_[t.spec->layer & 1].data()) + t.block_offset;
 }
 
 }  // namespace tetrad::parallel

@@ -16,12 +16,6 @@ int ParallelTransformer::layer_stage(int l) const {
   return split_.stage_of(l, g_.shape.p());
 }
 
-bool ParallelTransformer::owns(const TensorShard& t) const {
-  // A layer's tensors: the stage that stores them (the plan decided). Top-level tensors: every
-  // stage keeps the same copy (their gradients are summed over P); stage 0 speaks for them.
-  return t.spec->layer < 0 ? g_.coord.p() == 0 : t.stored;
-}
-
 float* ParallelTransformer::chunk_input(int l0) {
   return l0 == 0 ? a_->emb : a_->layer[l0 - 1].resid_out;
 }

@@ -1,9 +1,7 @@
 #include "tetrad/parallel/process_groups.hpp"
 
+#include "tetrad/comm/transports.hpp"
 #include "tetrad/core/error.hpp"
-#if TETRAD_HAVE_NCCL
-#include "tetrad/comm/nccl_communicator.hpp"
-#endif
 
 namespace tetrad::parallel {
 
@@ -70,18 +68,15 @@ ProcessGroups::ProcessGroups(const Communicator& world_in, const GridShape& shap
 }
 
 ProcessGroups ProcessGroups::on_nccl(const Communicator& world, const GridShape& shape) {
-#if TETRAD_HAVE_NCCL
+  // Refused (comm/transports.hpp) in a build without NCCL, before any group is made.
+  for (const comm::TransportInfo& t : comm::transports())
+    if (t.name == "nccl" && !t.available)
+      fail("NCCL process groups (train.comm = nccl): ", t.why_not);
   auto host = std::make_shared<ProcessGroups>(world, shape);
   // The NCCL world in grid rank order (the MPI twins' world), then every group split from it.
-  ProcessGroups g(comm::nccl_communicator(host->world, "world"), shape);
+  ProcessGroups g(comm::transport_communicator("nccl", host->world, "world"), shape);
   g.host_ = std::move(host);
   return g;
-#else
-  (void)world;
-  (void)shape;
-  fail("NCCL process groups (train.comm = nccl): this build has no NCCL (configure with "
-       "-DTETRAD_CUDA=ON -DTETRAD_NCCL=ON where CUDA and NCCL are installed)");
-#endif
 }
 
 std::string ProcessGroups::transport_summary() const {
@@ -89,12 +84,9 @@ std::string ProcessGroups::transport_summary() const {
   if (host_) {
     int n = !world.is_self();
     for (const auto& [axes, c] : groups_) n += !c.is_self();
-#if TETRAD_HAVE_NCCL
-    const std::string version = " " + comm::nccl_version();
-#else
-    const std::string version;
-#endif
-    return detail::concat("nccl", version, " (", n, " communicators; host values over mpi)");
+    const std::string v = comm::transport_version("nccl");
+    return detail::concat("nccl", v.empty() ? "" : " " + v, " (", n,
+                          " communicators; host values over mpi)");
   }
   return staging ? "mpi (device buffers staged through host memory)" : "mpi";
 }

@@ -22,6 +22,105 @@ void validate_grid_for_model(const ModelConfig& c, const GridShape& g) {
   divides("model.vocab_size", c.vocab_size, "y", g.y());
 }
 
+namespace {
+
+std::vector<int64_t> contiguous(int64_t first, int64_t n) {
+  std::vector<int64_t> r(static_cast<size_t>(n));
+  for (int64_t i = 0; i < n; ++i) r[size_t(i)] = first + i;
+  return r;
+}
+
+std::vector<int64_t> slice_rows(int64_t total, int parts, int index) {
+  return contiguous(total / parts * index, total / parts);
+}
+
+// Fused q|k|v [(nh + 2 nkv) hd, .]: y holds the q, k and v rows of its own heads.
+std::vector<int64_t> qkv_rows(const ModelConfig& c, const GridShape& g, const GridCoord& at) {
+  std::vector<int64_t> rows;
+  const int64_t hd = c.head_dim(), q = c.n_head * hd, kv = c.n_kv_head * hd;
+  for (int64_t r : slice_rows(q, g.y(), at.y())) rows.push_back(r);
+  for (int64_t r : slice_rows(kv, g.y(), at.y())) rows.push_back(q + r);
+  for (int64_t r : slice_rows(kv, g.y(), at.y())) rows.push_back(q + kv + r);
+  return rows;
+}
+
+// The block of tensor `s` this rank holds, by the tensor's role (layout, rows, columns, whether
+// Z shards it); sizes and offsets are ShardPlan::build's.
+TensorShard block_of(const ModelConfig& c, const ParamSpec& s, const GridShape& g,
+                     const GridCoord& at) {
+  TensorShard t;
+  t.spec = &s;
+  const bool matrix = s.shape.size() == 2;
+  const int64_t R = matrix ? s.shape[0] : 1, K = matrix ? s.shape[1] : s.shape[0];
+  auto normal = [&](std::vector<int64_t> rows) {  // GEMM weight: rows over Y, columns over X
+    t.layout = ShardLayout::Normal;
+    t.rows = std::move(rows);
+    t.col0 = K / g.x() * at.x();
+    t.cols = K / g.x();
+    t.z_sharded = true;
+  };
+  auto cols_x = [&](std::vector<int64_t> rows) {  // columns over X, replicated over Y
+    t.layout = ShardLayout::ColsX;
+    t.rows = std::move(rows);
+    t.col0 = K / g.x() * at.x();
+    t.cols = K / g.x();
+  };
+  // Bias of a normal layer: one entry per output row of the layer, so split over Y the same
+  // way. Kept as a list of entries (cols = 1, col0 = -1 marks a 1-D entry list).
+  auto rows_y = [&](std::vector<int64_t> rows) {
+    t.layout = ShardLayout::RowsY;
+    t.rows = std::move(rows);
+    t.col0 = -1;
+    t.cols = 1;
+  };
+  using R_ = TensorRole;
+  switch (s.role) {
+    case R_::PositionEmbedding:  // position table [S, C]: columns over X
+      cols_x(contiguous(0, R));
+      break;
+    case R_::TokenEmbedding:
+    case R_::Head:
+    case R_::Q:
+    case R_::K:
+    case R_::V:
+    case R_::MlpIn:
+    case R_::Gate:
+    case R_::Up:
+      normal(slice_rows(R, g.y(), at.y()));
+      break;
+    case R_::Qkv:
+      normal(qkv_rows(c, g, at));
+      break;
+    case R_::AttnOut:
+    case R_::MlpOut:  // transposed layer: rows over X, columns over Y
+      t.layout = ShardLayout::Transposed;
+      t.rows = slice_rows(R, g.x(), at.x());
+      t.col0 = K / g.y() * at.y();
+      t.cols = K / g.y();
+      t.z_sharded = true;
+      break;
+    case R_::QkvBias:
+      rows_y(qkv_rows(c, g, at));
+      break;
+    case R_::MlpInBias:
+      rows_y(slice_rows(K, g.y(), at.y()));
+      break;
+    case R_::AttnNorm:
+    case R_::AttnNormBias:
+    case R_::MlpNorm:
+    case R_::MlpNormBias:
+    case R_::FinalNorm:
+    case R_::FinalNormBias:
+    case R_::AttnOutBias:
+    case R_::MlpOutBias:  // vectors over C: norms and the biases of transposed layers
+      cols_x({0});
+      break;
+  }
+  return t;
+}
+
+}  // namespace
+
 ShardPlan ShardPlan::build(const ModelConfig& c, const ParamTable& table, const GridShape& g,
                            const GridCoord& at, const LayerSplit& layer_split) {
   validate_grid_for_model(c, g);
@@ -37,94 +136,10 @@ ShardPlan ShardPlan::build(const ModelConfig& c, const ParamTable& table, const 
   ShardPlan plan;
   plan.grid = g;
   plan.coord = at;
-  auto contiguous = [](int64_t first, int64_t n) {
-    std::vector<int64_t> r(n);
-    for (int64_t i = 0; i < n; ++i) r[i] = first + i;
-    return r;
-  };
-  auto slice_rows = [&](int64_t total, int parts, int index) {
-    return contiguous(total / parts * index, total / parts);
-  };
-  // Fused q|k|v [(nh + 2 nkv) hd, .]: y holds the q, k and v rows of its own heads.
-  auto qkv_rows = [&] {
-    std::vector<int64_t> rows;
-    const int64_t hd = c.head_dim(), q = c.n_head * hd, kv = c.n_kv_head * hd;
-    for (int64_t r : slice_rows(q, g.y(), at.y())) rows.push_back(r);
-    for (int64_t r : slice_rows(kv, g.y(), at.y())) rows.push_back(q + r);
-    for (int64_t r : slice_rows(kv, g.y(), at.y())) rows.push_back(q + kv + r);
-    return rows;
-  };
   int64_t local = 0;
   std::map<int, int64_t> layer_end;
   for (const ParamSpec& s : table.specs) {
-    TensorShard t;
-    t.spec = &s;
-    const bool matrix = s.shape.size() == 2;
-    const int64_t R = matrix ? s.shape[0] : 1, K = matrix ? s.shape[1] : s.shape[0];
-    auto normal = [&](std::vector<int64_t> rows) {  // GEMM weight: rows over Y, columns over X
-      t.layout = ShardLayout::Normal;
-      t.rows = std::move(rows);
-      t.col0 = K / g.x() * at.x();
-      t.cols = K / g.x();
-      t.z_sharded = true;
-    };
-    auto cols_x = [&](std::vector<int64_t> rows) {  // columns over X, replicated over Y
-      t.layout = ShardLayout::ColsX;
-      t.rows = std::move(rows);
-      t.col0 = K / g.x() * at.x();
-      t.cols = K / g.x();
-    };
-    // Bias of a normal layer: one entry per output row of the layer, so split over Y the same
-    // way. Kept as a list of entries (cols = 1, col0 = -1 marks a 1-D entry list).
-    auto rows_y = [&](std::vector<int64_t> rows) {
-      t.layout = ShardLayout::RowsY;
-      t.rows = std::move(rows);
-      t.col0 = -1;
-      t.cols = 1;
-    };
-    using R_ = TensorRole;
-    switch (s.role) {
-      case R_::PositionEmbedding:  // position table [S, C]: columns over X
-        cols_x(contiguous(0, R));
-        break;
-      case R_::TokenEmbedding:
-      case R_::Head:
-      case R_::Q:
-      case R_::K:
-      case R_::V:
-      case R_::MlpIn:
-      case R_::Gate:
-      case R_::Up:
-        normal(slice_rows(R, g.y(), at.y()));
-        break;
-      case R_::Qkv:
-        normal(qkv_rows());
-        break;
-      case R_::AttnOut:
-      case R_::MlpOut:  // transposed layer: rows over X, columns over Y
-        t.layout = ShardLayout::Transposed;
-        t.rows = slice_rows(R, g.x(), at.x());
-        t.col0 = K / g.y() * at.y();
-        t.cols = K / g.y();
-        t.z_sharded = true;
-        break;
-      case R_::QkvBias:
-        rows_y(qkv_rows());
-        break;
-      case R_::MlpInBias:
-        rows_y(slice_rows(K, g.y(), at.y()));
-        break;
-      case R_::AttnNorm:
-      case R_::AttnNormBias:
-      case R_::MlpNorm:
-      case R_::MlpNormBias:
-      case R_::FinalNorm:
-      case R_::FinalNormBias:
-      case R_::AttnOutBias:
-      case R_::MlpOutBias:  // vectors over C: norms and the biases of transposed layers
-        cols_x({0});
-        break;
-    }
+    TensorShard t = block_of(c, s, g, at);
     const std::string& n = s.name;
     t.block_numel = int64_t(t.rows.size()) * t.cols;
     // Blocks that are computed on together (q|k|v, gate|up) must stay adjacent when gathered, so

@@ -1,6 +1,6 @@
 // Which part of every parameter tensor a rank of the (X, Y, Z) grid holds (4d-parallelism.md).
 //
-// Every tensor of the ParamTable gets a layout:
+// Every tensor of the ParamTable gets a layout, chosen by its role (model/family.hpp, TensorRole):
 //   Normal      GEMM weight [N, K] of a layer whose input features are split over X and output
 //               features over Y: the block rows(y) x cols(x). Token embedding and output head too.
 //   Transposed  GEMM weight [N, K] with the roles swapped: rows(x) x cols(y).

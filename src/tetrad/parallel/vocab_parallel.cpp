@@ -23,10 +23,10 @@ void ParallelTransformer::embedding_forward(const int32_t* inputs, int64_t N, in
   for (int64_t t = 0; t < N; ++t)
     if (inputs[t] < 0 || inputs[t] >= V)
       fail("token id ", inputs[t], " at position ", t, " is outside the model's vocabulary [0, ", V, ")");
-  const int64_t v0 = Vy_ * g_.coord.y();
-  ops().embedding_gather(bq(), a.emb, device_ids(inputs, N, 0), w(wte_), v0, Vy_, N, Cx_);
-  sum_over(g_.y(), a.emb, N * Cx_, "embedding");
-  if (wpe_ >= 0) ops().position_add(bq(), a.emb, w(wpe_) + int64_t(pos0) * Cx_, N, T, Cx_);
+  const int64_t v0 = dims_.Vy * g_.coord.y();
+  ops().embedding_gather(bq(), a.emb, device_ids(inputs, N, 0), w(wte_), v0, dims_.Vy, N, dims_.Cx);
+  sum_over(g_.y(), a.emb, N * dims_.Cx, "embedding");
+  if (wpe_ >= 0) ops().position_add(bq(), a.emb, w(wpe_) + int64_t(pos0) * dims_.Cx, N, T, dims_.Cx);
 }
 
 // The embedding's backward from a_->dresid: the rows of this rank's vocabulary slice accumulate
@@ -35,13 +35,13 @@ void ParallelTransformer::embedding_forward(const int32_t* inputs, int64_t N, in
 void ParallelTransformer::embedding_backward(const int32_t* inputs, int64_t N, int T) {
   Acts& a = *a_;
   ScopedPhase sp(prof_, Phase::Embedding);
-  float* dE = sparse_embedding_ ? nullptr : gw(wte_);  // sparse: accumulate_embedding_rows
-  const int64_t v0 = Vy_ * g_.coord.y();
+  float* dE = reduce_->sparse_embedding() ? nullptr : gw(wte_);  // sparse: accumulate_embedding_rows
+  const int64_t v0 = dims_.Vy * g_.coord.y();
   float* dP = gw(wpe_);
   if (dE)
-    ops().embedding_scatter_add(bq(), dE, 0, Vy_ * Cx_, a.dresid, device_ids(inputs, N, 0), v0,
-                                Vy_, N, Cx_);
-  if (dP) ops().position_grad(bq(), dP, a.dresid, N, T, Cx_);
+    ops().embedding_scatter_add(bq(), dE, 0, dims_.Vy * dims_.Cx, a.dresid, device_ids(inputs, N, 0), v0,
+                                dims_.Vy, N, dims_.Cx);
+  if (dP) ops().position_grad(bq(), dP, a.dresid, N, T, dims_.Cx);
 }
 
 // Vocabulary-parallel cross-entropy over Y: global row max, then Σ exp and the target logit
@@ -50,7 +50,7 @@ void ParallelTransformer::embedding_backward(const int32_t* inputs, int64_t N, i
 double ParallelTransformer::cross_entropy(const int32_t* targets, int64_t N, float grad_scale,
                                           bool with_grad) {
   ScopedPhase sp(prof_, Phase::Loss);
-  const int64_t V = cfg_.vocab_size, v0 = Vy_ * g_.coord.y();
+  const int64_t V = cfg_.vocab_size, v0 = dims_.Vy * g_.coord.y();
   for (int64_t t = 0; t < N; ++t)
     if (targets[t] >= V)
       fail("target token id ", targets[t], " at position ", t, " is outside the model's vocabulary [0, ", V, ")");
@@ -60,13 +60,13 @@ double ParallelTransformer::cross_entropy(const int32_t* targets, int64_t N, flo
   const backend::OpTable& op = ops();
   double* st = stats_.data();
   if (g_.y().size() == 1 && be_->capabilities().ce_row_stats_fused) {
-    op.ce_row_max_sum_exp_target(bq(), mx, st, L, tg, v0, Vy_, N);  // the same values, one read
+    op.ce_row_max_sum_exp_target(bq(), mx, st, L, tg, v0, dims_.Vy, N);  // the same values, one read
   } else {
-    op.ce_row_max(bq(), mx, L, N, Vy_);
+    op.ce_row_max(bq(), mx, L, N, dims_.Vy);
     if (g_.y().size() > 1)
       q_.run(g_.y().iallreduce_max(mx, size_t(N), q_.ready()), g_.y(), "allreduce_max", "logit max",
              -1, N * int64_t(sizeof(float)));
-    op.ce_sum_exp_target(bq(), st, L, mx, tg, v0, Vy_, N);
+    op.ce_sum_exp_target(bq(), st, L, mx, tg, v0, dims_.Vy, N);
     sum_over(g_.y(), st, 2 * N, "softmax sums");
   }
   op.ce_loss(bq(), a_->losses, scalar_.as<double>(), st, mx, tg, N);
@@ -79,10 +79,10 @@ double ParallelTransformer::cross_entropy(const int32_t* targets, int64_t N, flo
     // logits buffer (as dlogits) between micro-batches, not the bf16 copies.
     if (bf16_acts_ && g_.shape.p() == 1 && be_->capabilities().bf16_loss_grad) {
       const auto [d16, d16t] = dy16_copies(site_layout(GemmSite::Head));
-      op.ce_grad_bf16(bq(), d16, d16t, L, mx, st, tg, v0, Vy_, N, grad_scale);
+      op.ce_grad_bf16(bq(), d16, d16t, L, mx, st, tg, v0, dims_.Vy, N, grad_scale);
       head_dy16_ready_ = true;
     } else {
-      op.ce_grad(bq(), L, mx, st, tg, v0, Vy_, N, grad_scale);
+      op.ce_grad(bq(), L, mx, st, tg, v0, dims_.Vy, N, grad_scale);
     }
   }
   return total;
@@ -91,11 +91,11 @@ double ParallelTransformer::cross_entropy(const int32_t* targets, int64_t N, flo
 std::vector<int32_t> ParallelTransformer::greedy_next_tokens(const int32_t* inputs, int B,
                                                              int T) {
   forward(inputs, B, T);
-  const int64_t v0 = int64_t(g_.coord.y()) * Vy_;  // first vocabulary id of this rank's slice
+  const int64_t v0 = int64_t(g_.coord.y()) * dims_.Vy;  // first vocabulary id of this rank's slice
   std::vector<double> mine(2 * size_t(B));        // (best logit, its global id) per sequence
   // Each sequence's last row: rows T*Vy apart, starting at row T-1.
   ops().row_argmax(bq(), argmax_idx_.as<int32_t>(), argmax_val_.as<float>(),
-                   a_->logits + int64_t(T - 1) * Vy_, B, Vy_, int64_t(T) * Vy_);
+                   a_->logits + int64_t(T - 1) * dims_.Vy, B, dims_.Vy, int64_t(T) * dims_.Vy);
   std::vector<int32_t> idx(static_cast<size_t>(B));
   std::vector<float> val(static_cast<size_t>(B));
   bq().copy_to_host(idx.data(), argmax_idx_.data(), idx.size() * sizeof(int32_t));

@@ -263,11 +263,4 @@ bool trainer_supports_pipeline();
 // The trainer's grid string for g: "x,y,z,d" (or "x,y,z,p,d" once the trainer takes P).
 std::string trainer_grid_string(const GridShape& g);
 
-std::string plan_text(const PlanInput& in, const Machine& m, const std::vector<Estimate>& plan,
-                      int show_rejected = 20, int top = 0);
-nlohmann::json plan_json(const PlanInput& in, const Machine& m, const std::vector<Estimate>& plan);
-
-// Spearman rank correlation of two equally long samples (average ranks for ties).
-double spearman(const std::vector<double>& a, const std::vector<double>& b);
-
 }  // namespace tetrad::planner

@@ -8,6 +8,7 @@
 #include <sstream>
 
 #include "tetrad/core/error.hpp"
+#include "tetrad/planner/report.hpp"
 
 namespace tetrad::planner {
 

@@ -9,6 +9,7 @@
 #include <sstream>
 #include <vector>
 
+#include "tetrad/checkpoint/atomic_file.hpp"
 #include "tetrad/core/error.hpp"
 
 namespace tetrad {
@@ -299,10 +300,7 @@ void write_run_report(const std::string& run_dir, const std::string& out_path,
   }
   o << "<h2>Resolved configuration</h2>\n<pre id=\"config\">" << html_escape(config_text) << "</pre>\n";
   o << "</body></html>\n";
-  std::ofstream out(out_path);
-  if (!out) fail("cannot write the report '", out_path, "'");
-  out << o.str() << std::flush;
-  if (!out) fail("writing the report '", out_path, "' failed");
+  write_file_atomic(out_path, o.str());
 }
 
 }  // namespace tetrad

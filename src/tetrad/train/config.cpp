@@ -9,6 +9,7 @@
 #include <toml++/toml.h>
 
 #include "tetrad/checkpoint/hf_config.hpp"
+#include "tetrad/comm/transports.hpp"
 #include "tetrad/core/error.hpp"
 #include "tetrad/backend/precision.hpp"
 #include "tetrad/parallel/gemm_layouts.hpp"
@@ -401,23 +402,9 @@ void RunConfig::validate() const {
         t.device.rfind("cuda:", 0) == 0))
     fail("train.device: expected \"cpu\", \"cpu-strict\", \"cuda\" or \"cuda:N\", got \"",
          t.device, "\"");
-  if (t.comm != "auto" && t.comm != "mpi" && t.comm != "nccl")
-    fail("train.comm = \"", t.comm, "\": expected \"auto\", \"mpi\" or \"nccl\"");
-  if (t.comm == "nccl") {
-    // Refused, never ignored: NCCL moves GPU memory only, and only a build with it has it.
-    if (t.device.rfind("cuda", 0) != 0)
-      fail("train.comm = \"nccl\" needs train.device = \"cuda\" (NCCL moves GPU memory), but "
-           "train.device = \"", t.device, "\"; use train.comm = \"mpi\" or \"auto\"");
-#if !TETRAD_HAVE_NCCL
-    fail("train.comm = \"nccl\": this build has no NCCL (configure with -DTETRAD_CUDA=ON "
-         "-DTETRAD_NCCL=ON where CUDA and NCCL are installed); use train.comm = \"mpi\" or "
-         "\"auto\"");
-#endif
-    if (grid != "auto" && !grid.empty() && parallel::parse_grid(grid).p() > 1)
-      fail("train.comm = \"nccl\" with a pipeline axis (grid ", grid, "): the pipeline's "
-           "point-to-point messages are not run on NCCL yet (NCCL matches them in posting order, "
-           "and the schedules assume MPI's tags); use train.comm = \"mpi\" or \"auto\"");
-  }
+  // The model's transport (comm/transports.hpp); a grid chosen by auto is checked once chosen.
+  comm::check_transport(t.comm, t.device,
+                        grid != "auto" && !grid.empty() ? parallel::parse_grid(grid).p : 0);
 }
 
 RunConfig load_run_config(const std::string& path, const std::vector<std::string>& overrides) {

@@ -28,9 +28,7 @@
 #include "tetrad/checkpoint/run_lock.hpp"
 #include "tetrad/checkpoint/sharded_saver.hpp"
 #include "tetrad/comm/communicator.hpp"
-#if TETRAD_HAVE_NCCL
-#include "tetrad/comm/nccl_communicator.hpp"
-#endif
+#include "tetrad/comm/transports.hpp"
 #include "tetrad/core/cpu.hpp"
 #include "tetrad/core/error.hpp"
 #include "tetrad/core/json.hpp"
@@ -383,10 +381,7 @@ TrainResult train(const RunConfig& cfg, const TrainOptions& opt, std::ostream& l
   const AutoGrid chosen_grid = resolve_grid(cfg, world, launcher_ranks_per_node(), *device);
   const GridShape shape = chosen_grid.grid;
   const std::string& auto_why = chosen_grid.why;
-  if (t.comm == "nccl" && shape.p() > 1)
-    fail("train.comm = \"nccl\" with a pipeline axis (grid ", shape.to_string(), "): the "
-         "pipeline's point-to-point messages are not run on NCCL yet; use train.comm = \"mpi\" "
-         "or \"auto\"");
+  comm::check_transport(t.comm, t.device, shape.p());  // a chosen grid may have a pipeline axis
   // The trainer's own groups are MPI's (or self() on one rank), whatever train.comm says: every
   // value the trainer reduces lives in host memory (loss sums, token counts, the weights' sum of
   // squares, failure flags, signals, the run-folder and checkpoint agreements), and NCCL
@@ -428,24 +423,11 @@ TrainResult train(const RunConfig& cfg, const TrainOptions& opt, std::ostream& l
   // train.comm resolved (config.hpp): the model's groups on NCCL or on MPI, and why, for the log.
   // Made after the device, whose creation selects this rank's GPU (NCCL's communicators live on
   // the current device).
-  bool use_nccl = t.comm == "nccl";  // validate() refused it without a cuda device or NCCL
-  std::string comm_why = "train.comm = " + t.comm;
-  if (t.comm == "auto") {
-    const bool cuda = t.device.rfind("cuda", 0) == 0;
-    if (!cuda) comm_why += ": train.device = " + t.device;
-    else if (!TETRAD_HAVE_NCCL) comm_why += ": this build has no NCCL";
-    else if (world == 1) comm_why += ": one rank";
-    else if (shape.p() > 1) comm_why += ": the pipeline's point-to-point runs on MPI";
-    else {
-#if TETRAD_HAVE_NCCL
-      // NCCL refuses two ranks on one GPU (e.g. a 2-rank grid on one device): stay on MPI.
-      // Collective, and every rank gets the same answer.
-      const std::string shared = comm::ranks_sharing_a_gpu(groups.world);
-      if (shared.empty()) use_nccl = true;
-      else comm_why += ": " + shared;
-#endif
-    }
-  }
+  // The rules: comm/transports.hpp.
+  const comm::TransportChoice transport =
+      comm::choose_transport(t.comm, t.device, shape.p(), groups.world);
+  const bool use_nccl = transport.name == "nccl";
+  const std::string& comm_why = transport.why;
   std::unique_ptr<ProcessGroups> nccl_groups;
   if (use_nccl)
     nccl_groups = std::make_unique<ProcessGroups>(ProcessGroups::on_nccl(

@@ -4,7 +4,8 @@
 // pinned host staging buffers (cudaMallocHost) for checkpoints, export and the async save.
 // Queue: one CUDA stream per Queue (non-blocking streams; events without timing order them);
 // ops return at once, the host reads results only through copy_to_host + synchronize.
-// Op table: kernels.cu / attention.cu and cuBLASLt (gemm.cpp); bf16 GEMMs on the tensor cores.
+// Op table: the kernels (kernels.hpp: one .cu per op family) and cuBLASLt (gemm.cpp); bf16 GEMMs
+// on the tensor cores.
 // Scratch that reductions need (weight-gradient column sums, sums of squares, the fused
 // cross-entropy's row statistics) and cuBLASLt's plans and 32 MiB workspace belong to each Queue,
 // so ops on different streams never share them; the scratch grows to the largest call during

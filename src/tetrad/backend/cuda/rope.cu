@@ -1,0 +1,54 @@
+// CUDA kernels beside their launchers (kernels.hpp): rotary position embedding, forward and
+// backward (the same rotation with the sine negated).
+#include <cuda_runtime.h>
+
+#include <cmath>
+#include <cstdint>
+
+#include "tetrad/backend/cuda/kernel_common.cuh"
+#include "tetrad/backend/cuda/kernels.hpp"
+
+namespace tetrad::gpu {
+namespace {
+
+// ---- rotary ----
+__global__ void k_rope(float* x, int64_t ntok, int64_t T, int64_t pos0, int64_t n_rot_heads,
+                       int64_t hd, int64_t stride, const float* cs, const float* sn, float sign) {
+  const int64_t half = hd / 2;
+  const int64_t n = ntok * n_rot_heads * half;
+  for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < n;
+       i += int64_t(gridDim.x) * blockDim.x) {
+    const int64_t j = i % half;
+    const int64_t th = i / half;
+    const int64_t h = th % n_rot_heads, t = th / n_rot_heads;
+    const int64_t pos = pos0 + t % T;
+    float* x1 = x + t * stride + h * hd;
+    const float a = x1[j], b = x1[j + half];
+    const float c = cs[pos * half + j], sv = sign * sn[pos * half + j];
+    x1[j] = a * c - b * sv;
+    x1[j + half] = b * c + a * sv;
+  }
+}
+
+}  // namespace
+
+void rope_forward(float* x, int64_t ntok, int64_t T, int64_t pos0, int64_t n_rot_heads,
+                  int64_t hd, int64_t stride, const float* cos_table, const float* sin_table,
+                  gpuStream_t s) {
+  const int64_t n = ntok * n_rot_heads * (hd / 2);
+  if (n <= 0) return;
+  k_rope<<<grid_for(n), kThreads, 0, s>>>(x, ntok, T, pos0, n_rot_heads, hd, stride, cos_table,
+                                           sin_table, 1.0f);
+  TETRAD_LAUNCH_CHECK("rope_forward");
+}
+void rope_backward(float* dx, int64_t ntok, int64_t T, int64_t pos0, int64_t n_rot_heads,
+                   int64_t hd, int64_t stride, const float* cos_table, const float* sin_table,
+                   gpuStream_t s) {
+  const int64_t n = ntok * n_rot_heads * (hd / 2);
+  if (n <= 0) return;
+  k_rope<<<grid_for(n), kThreads, 0, s>>>(dx, ntok, T, pos0, n_rot_heads, hd, stride, cos_table,
+                                           sin_table, -1.0f);
+  TETRAD_LAUNCH_CHECK("rope_backward");
+}
+
+}  // namespace tetrad::gpu

@@ -1,0 +1,130 @@
+#!/usr/bin/env bash
+# Every command as safe as `train` (issue 31): a command that writes takes the lock of what it
+# writes, builds it beside its destination and publishes it whole, and replaces nothing it did not
+# create without --overwrite; a reader never writes inside a run folder. One case per CTest test.
+# Usage: command_safety.sh TETRAD CASE
+#   import   import over an existing run (refused naming its latest checkpoint; --overwrite
+#            replaces it, never while its trainer holds the lock), over a file, into a new folder
+#   readers  export --out and report -o inside a run folder (its checkpoint, meta.json,
+#            metrics.jsonl, train.lock, latest), over existing output (refused without --overwrite)
+source "$(dirname "${BASH_SOURCE[0]}")/cli_common.sh" "$1"
+CASE=$2
+fails=0
+T=(--set model.name=tiny --set data.dir="$W/data" --set train.seq_len=32 --set train.log_interval=1000
+   --set train.eval_interval=0)
+ok() { echo "ok   $1"; }
+bad() { echo "FAIL $1"; fails=$((fails + 1)); [ -f "$W/out" ] && tail -5 "$W/out"; }
+# refused NAME PATTERN CMD...: CMD exits 1 (an error, not a crash) saying PATTERN.
+refused() {
+  local name=$1 pat=$2; shift 2
+  "$@" > "$W/out" 2>&1; local rc=$?
+  if [ $rc -eq 1 ] && grep -qF -- "$pat" "$W/out"; then ok "$name: refused ($(grep -m1 error "$W/out" | cut -c1-150)...)"
+  else bad "$name: status $rc, expected 1 and '$pat'"; fi
+}
+# works NAME CMD...: CMD exits 0.
+works() {
+  local name=$1; shift
+  if "$@" > "$W/out" 2>&1; then ok "$name"; else bad "$name: status $?"; fi
+}
+# The tree of a folder: every file with its checksum.
+tree_sum() { (cd "$1" && find . -type f ! -name train.lock -print0 | sort -z | xargs -0 md5sum); }
+latest() { cat "$1/checkpoints/latest" 2>/dev/null; }
+
+train_run() {  # train_run DIR STEPS: a finished run with checkpoints every 2 steps
+  "$TETRAD" train "${T[@]}" --set run.dir="$1" --set train.max_steps="$2" \
+    --set train.checkpoint_interval=2 --set train.keep_checkpoints=5 > "$1.log" 2>&1 || { cat "$1.log"; exit 1; }
+}
+
+case_import() {
+  train_run "$W/r" 6
+  "$TETRAD" export --model "$W/r" --out "$W/hf" > /dev/null 2>&1 || { echo "export failed"; exit 1; }
+  tree_sum "$W/r" > "$W/r.sum"
+  refused "import over a run with checkpoints" "the latest $W/r/checkpoints/step_000006" \
+    "$TETRAD" import --hf "$W/hf" --out "$W/r"
+  grep -qF -- "--overwrite" "$W/out" || bad "import refusal does not name --overwrite"
+  tree_sum "$W/r" | cmp -s - "$W/r.sum" && [ "$(latest "$W/r")" = step_000006 ] &&
+    ok "the refused import left the run as it was (latest step_000006)" || bad "the refused import changed the run"
+  refused "import over a run, trailing slash" "step_000006" "$TETRAD" import --hf "$W/hf" --out "$W/r/"
+  echo x > "$W/file"
+  refused "import --out a file" "is not a folder" "$TETRAD" import --hf "$W/hf" --out "$W/file"
+  mkdir -p "$W/other"; echo x > "$W/other/notes.txt"
+  refused "import --out a folder of other things, even with --overwrite" "not replacing it" \
+    "$TETRAD" import --hf "$W/hf" --out "$W/other" --overwrite
+  [ -f "$W/other/notes.txt" ] || bad "the folder of other things was touched"
+
+  # A trainer running on r2: import --overwrite must not touch it.
+  "$TETRAD" train "${T[@]}" --set run.dir="$W/r2" --set train.max_steps=100000 \
+    --set train.checkpoint_interval=5 > "$W/r2.log" 2>&1 & local pid=$!
+  for _ in $(seq 1 1200); do [ -n "$(latest "$W/r2")" ] && break; sleep 0.05; done
+  refused "import --overwrite while a trainer holds the run's lock" "is in use" \
+    "$TETRAD" import --hf "$W/hf" --out "$W/r2" --overwrite
+  if [ "$(latest "$W/r2")" != step_000000 ] && [ -f "$W/r2/train.lock" ] && kill -0 $pid 2>/dev/null; then
+    ok "the trainer's run is untouched (latest $(latest "$W/r2"), lock in place, trainer running)"
+  else bad "the trainer's run was changed (latest $(latest "$W/r2"))"; fi
+  kill -TERM $pid; wait $pid
+  [ "$(latest "$W/r2")" != step_000000 ] || bad "the stopped trainer's run was replaced"
+
+  works "import --overwrite replaces a run" "$TETRAD" import --hf "$W/hf" --out "$W/r" --overwrite
+  if [ "$(latest "$W/r")" = step_000000 ] && [ ! -e "$W/r/metrics.jsonl" ] && [ ! -e "$W/r/train.lock" ] &&
+     [ "$(ls "$W/r/checkpoints" | grep -c '^step_')" -eq 1 ] && "$TETRAD" verify --model "$W/r" > /dev/null 2>&1; then
+    ok "the replaced run holds only the import (step_000000, verified), no lock left"
+  else bad "the replaced run: latest $(latest "$W/r"), $(ls "$W/r" "$W/r/checkpoints" | tr '\n' ' ')"; fi
+  works "import into a new folder" "$TETRAD" import --hf "$W/hf" --out "$W/new/run"
+  mkdir -p "$W/empty"
+  works "import into an empty folder" "$TETRAD" import --hf "$W/hf" --out "$W/empty"
+  [ "$(latest "$W/empty")" = step_000000 ] || bad "import into an empty folder: no checkpoint"
+  ls -d "$W"/*.tmp-* "$W"/new/*.tmp-* 2>/dev/null | grep -q . && bad "temporary folders left: $(ls -d "$W"/*.tmp-*)"
+  # An import that fails (a damaged model) leaves nothing behind.
+  cp -r "$W/hf" "$W/hf_bad"; echo garbage > "$W/hf_bad/model.safetensors"
+  "$TETRAD" import --hf "$W/hf_bad" --out "$W/fail" > "$W/out" 2>&1
+  [ ! -e "$W/fail" ] && ! ls -d "$W"/fail.tmp-* > /dev/null 2>&1 && ok "a failed import leaves no folder" ||
+    bad "a failed import left $(ls -d "$W"/fail*)"
+}
+
+case_readers() {
+  train_run "$W/r" 6
+  local ck=$W/r/checkpoints/step_000006
+  tree_sum "$W/r" > "$W/r.sum"
+  refused "export --out the latest checkpoint" "inside the run folder" \
+    "$TETRAD" export --model "$W/r" --out "$ck"
+  refused "export --out the run folder" "is the run folder" "$TETRAD" export --model "$W/r" --out "$W/r"
+  refused "export --out a new folder inside the run" "inside the run folder" \
+    "$TETRAD" export --model "$W/r" --out "$W/r/hf" --overwrite
+  for f in "$ck/meta.json" "$W/r/metrics.jsonl" "$W/r/config.toml" "$W/r/checkpoints/latest" "$W/r/train.lock" "$W/r/new.html"; do
+    refused "report -o ${f#$W/}" "inside the run folder" "$TETRAD" report "$W/r" -o "$f" --overwrite
+  done
+  refused "report with the default name inside the run folder" "inside the run folder" \
+    bash -c "cd '$W/r/checkpoints' && '$(realpath "$TETRAD")' report '$W/r'"
+  # A symbolic link into the run folder is inside it too.
+  ln -s "$W/r/checkpoints" "$W/link"
+  refused "export --out through a link into the run" "inside the run folder" \
+    "$TETRAD" export --model "$W/r" --out "$W/link/x"
+  tree_sum "$W/r" | cmp -s - "$W/r.sum" && "$TETRAD" verify --model "$W/r" > /dev/null 2>&1 &&
+    ok "the run folder is untouched and verifies" || bad "the run folder was changed"
+
+  works "export to a new folder" "$TETRAD" export --model "$W/r" --out "$W/hf"
+  tree_sum "$W/hf" > "$W/hf.sum"
+  refused "export over an existing model folder" "--overwrite" "$TETRAD" export --model "$W/r" --out "$W/hf"
+  tree_sum "$W/hf" | cmp -s - "$W/hf.sum" || bad "the refused export changed the folder"
+  works "export --overwrite" "$TETRAD" export --model "$W/r" --out "$W/hf" --overwrite
+  mkdir -p "$W/other"; echo x > "$W/other/notes.txt"
+  refused "export over a folder of other things" "not replacing it" \
+    "$TETRAD" export --model "$W/r" --out "$W/other" --overwrite
+  echo x > "$W/file"
+  refused "export --out a file" "is not a folder" "$TETRAD" export --model "$W/r" --out "$W/file" --overwrite
+  mkdir -p "$W/empty"
+  works "export into an empty folder" "$TETRAD" export --model "$W/r" --out "$W/empty"
+
+  works "report to a new file" "$TETRAD" report "$W/r" -o "$W/rep.html"
+  cp "$W/rep.html" "$W/rep.orig"; echo mine > "$W/mine.html"
+  refused "report over an existing file" "--overwrite" "$TETRAD" report "$W/r" -o "$W/mine.html"
+  [ "$(cat "$W/mine.html")" = mine ] || bad "the refused report changed the file"
+  works "report --overwrite" "$TETRAD" report "$W/r" -o "$W/mine.html" --overwrite
+  grep -q "<html" "$W/mine.html" || bad "report --overwrite did not write the page"
+  refused "report -o a folder" "is a folder" "$TETRAD" report "$W/r" -o "$W/other" --overwrite
+  ls -d "$W"/*.tmp-* 2>/dev/null | grep -q . && bad "temporary files left: $(ls -d "$W"/*.tmp-*)"
+}
+
+"case_$CASE"
+[ $fails -eq 0 ] && echo "all $CASE checks passed" || echo "$fails $CASE check(s) failed"
+[ $fails -eq 0 ]
