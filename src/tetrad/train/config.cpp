@@ -404,7 +404,7 @@ void RunConfig::validate() const {
          t.device, "\"");
   // The model's transport (comm/transports.hpp); a grid chosen by auto is checked once chosen.
   comm::check_transport(t.comm, t.device,
-                        grid != "auto" && !grid.empty() ? parallel::parse_grid(grid).p : 0);
+                        grid != "auto" && !grid.empty() ? parallel::parse_grid(grid).p() : 0);
 }
 
 RunConfig load_run_config(const std::string& path, const std::vector<std::string>& overrides) {
