@@ -7,6 +7,9 @@
 #            replaces it, never while its trainer holds the lock), over a file, into a new folder
 #   readers  export --out and report -o inside a run folder (its checkpoint, meta.json,
 #            metrics.jsonl, train.lock, latest), over existing output (refused without --overwrite)
+#   prepare  prepare into an existing data folder: an input error or SIGTERM/SIGKILL at any moment
+#            leaves the old folder whole; a second prepare on the folder is refused naming the
+#            first; leftovers of a killed one are removed by the next
 source "$(dirname "${BASH_SOURCE[0]}")/cli_common.sh" "$1"
 CASE=$2
 fails=0
@@ -27,7 +30,7 @@ works() {
   if "$@" > "$W/out" 2>&1; then ok "$name"; else bad "$name: status $?"; fi
 }
 # The tree of a folder: every file with its checksum.
-tree_sum() { (cd "$1" && find . -type f ! -name train.lock -print0 | sort -z | xargs -0 md5sum); }
+tree_sum() { (cd "$1" && find . -type f ! -name train.lock ! -name prepare.lock -print0 | sort -z | xargs -0 md5sum); }
 latest() { cat "$1/checkpoints/latest" 2>/dev/null; }
 
 train_run() {  # train_run DIR STEPS: a finished run with checkpoints every 2 steps
@@ -123,6 +126,64 @@ case_readers() {
   grep -q "<html" "$W/mine.html" || bad "report --overwrite did not write the page"
   refused "report -o a folder" "is a folder" "$TETRAD" report "$W/r" -o "$W/other" --overwrite
   ls -d "$W"/*.tmp-* 2>/dev/null | grep -q . && bad "temporary files left: $(ls -d "$W"/*.tmp-*)"
+}
+
+case_prepare() {
+  local D=$W/data
+  tree_sum "$D" > "$W/d.sum"
+  same_data() { tree_sum "$D" | cmp -s - "$W/d.sum"; }
+  # A JSON error at line 51 of the new input: refused, the old folder untouched.
+  for i in $(seq 1 50); do echo "{\"text\": \"document $i of the new corpus\"}"; done > "$W/bad.jsonl"
+  echo '{"text": broken' >> "$W/bad.jsonl"
+  refused "prepare with a JSON error at line 51" "line 51" \
+    "$TETRAD" prepare --input "$W/bad.jsonl" --out "$D" --vocab-size 300
+  same_data && ok "the failed prepare left the old data folder whole" || bad "the failed prepare changed the data folder"
+  "$TETRAD" prepare --input "$W/bad.jsonl" --out "$W/new_data" --vocab-size 300 > /dev/null 2>&1
+  [ ! -e "$W/new_data" ] && ok "a failed prepare into a new folder leaves none" || bad "a failed prepare left $W/new_data"
+  echo x > "$W/file"
+  refused "prepare --out a file" "is not a folder" "$TETRAD" prepare --input "$W/c.txt" --out "$W/file"
+
+  # A larger corpus, so that a prepare takes a while.
+  for i in $(seq 1 60000); do echo "line $i: the $((i % 97)) kings of the $((i % 13)) cities went up, and $((i * 7 % 1000)) people followed."; done > "$W/big.txt"
+  # Interrupted at random moments (SIGINT and SIGKILL): the folder is the old one, whole.
+  local n=0 intact=0
+  cp -r "$D" "$W/d.orig"
+  for delay in 0.1 0.4 0.8 1.5 0.2 0.6 1.0 2.0; do
+    n=$((n + 1))
+    # SIGTERM for Ctrl-C's SIGINT (the same default action; a script's background commands start
+    # with SIGINT ignored).
+    local sig=TERM; [ $((n % 2)) -eq 0 ] && sig=KILL
+    "$TETRAD" prepare --input "$W/big.txt" --doc-split line --out "$D" --vocab-size 300 > "$W/p.log" 2>&1 & local pid=$!
+    sleep $delay
+    if kill -0 $pid 2>/dev/null; then
+      kill -$sig $pid; wait $pid
+      if same_data; then intact=$((intact + 1)); else bad "SIG$sig after $delay s: the data folder changed"; ls "$D"; fi
+    else
+      wait $pid; echo "     (prepare finished before $delay s; restoring the old folder)"
+      rm -rf "$D"; cp -r "$W/d.orig" "$D"
+    fi
+  done
+  [ $intact -ge 4 ] && ok "$intact prepares killed (SIGTERM/SIGKILL) at 0.1-2 s: the old data folder whole each time" ||
+    bad "only $intact interrupted prepares checked"
+  # The next prepare removes what the killed ones left beside the folder.
+  if ls -d "$D".tmp-* > /dev/null 2>&1; then
+    works "prepare after killed ones" "$TETRAD" prepare --input "$W/c.txt" --out "$D" --vocab-size 300
+    grep -q "left by an interrupted prepare" "$W/out" && ! ls -d "$D".tmp-* > /dev/null 2>&1 &&
+      ok "their leftovers were removed, saying so" || bad "leftovers of killed prepares: $(ls -d "$D".tmp-* 2>/dev/null)"
+  fi
+
+  # Two prepares on one folder: the second is refused naming the first, which completes.
+  "$TETRAD" prepare --input "$W/big.txt" --doc-split line --out "$D" --vocab-size 300 > "$W/p1.log" 2>&1 & local p1=$!
+  for _ in $(seq 1 400); do [ -e "$D/prepare.lock" ] && break; sleep 0.01; done
+  refused "a second prepare on the same folder" "pid $p1" \
+    "$TETRAD" prepare --input "$W/c.txt" --out "$D" --vocab-size 300
+  grep -qF "being prepared by another" "$W/out" || bad "the refusal does not say why"
+  wait $p1; local rc1=$?
+  if [ $rc1 -eq 0 ] && [ -f "$D/meta.json" ] && [ ! -e "$D/prepare.lock" ] && grep -q '"documents": 60000' "$D/meta.json"; then
+    ok "the first prepare completed (60000 documents, no lock left)"
+  else bad "the first prepare: status $rc1, $(ls "$D" | tr '\n' ' ')"; tail -3 "$W/p1.log"; fi
+  "$TETRAD" train "${T[@]}" --set run.dir="$W/r" --set train.max_steps=2 > "$W/out" 2>&1 &&
+    ok "train reads the prepared folder" || bad "train on the prepared folder failed"
 }
 
 "case_$CASE"

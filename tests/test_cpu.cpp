@@ -15,7 +15,7 @@
 #include "tetrad/core/error.hpp"
 #include "tetrad/model/model_config.hpp"
 #include "tetrad/model/params.hpp"
-#include "tetrad/backend/cpu/ceilings.hpp"
+#include "tetrad/backend/ceilings.hpp"
 #include "tetrad/model/gemm_shapes.hpp"
 
 namespace tetrad {

@@ -545,14 +545,15 @@ TEST(Prepare, EndToEndOnGeneratedCorpus) {
   for (const char* f : {"tokenizer.model", "train_000000.bin", "val_000000.bin"})
     EXPECT_EQ(slurp(d / (std::string("out/") + f)), slurp(d / (std::string("out2/") + f))) << f;
 
-  // Reusing the tokenizer gives the same shards; re-running into a used folder drops stale shards.
+  // Reusing the tokenizer gives the same shards; re-running into a used folder replaces it whole
+  // (no stale shards).
   PrepareOptions o3 = o;
   o3.tokenizer_model = d / "out/tokenizer.model";
   o3.out_dir = d / "out2";
   o3.shard_tokens = 1 << 20;
   std::ostringstream log3;
   prepare_data(o3, log3);
-  EXPECT_CONTAINS(log3.str(), "removed");
+  EXPECT_CONTAINS(log3.str(), "replaced the earlier content");
   EXPECT_FALSE(fs::exists(d / "out2/train_000001.bin"));
   EXPECT_EQ(split_tokens(d / "out2", "train"), train);
 

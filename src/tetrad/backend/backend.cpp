@@ -121,6 +121,11 @@ PrecisionChoice resolve_precision(const std::string& setting, const Backend& dev
   fail("precision must be \"fp32\", \"bf16\" or \"auto\", got \"", setting, "\"");
 }
 
+Bf16Status Backend::bf16_status() const {
+  const Capabilities& c = capabilities();
+  return {c.gemm_bf16_native, c.gemm_bf16_path, "", ""};
+}
+
 PrecisionChoice Backend::auto_precision() const {
   const Capabilities& c = capabilities();
   if (c.gemm_bf16_native) return {Precision::BF16, "bf16 GEMMs here: " + c.gemm_bf16_path};

@@ -154,6 +154,16 @@ struct DevicePeak {
   std::string name;
 };
 
+// bf16 as a backend runs it now (Backend::bf16_status). native: bf16 GEMMs on bf16 matrix
+// hardware now (Capabilities::gemm_bf16_native, unless a CPU backend's emulation is forced:
+// TETRAD_BF16=emulate, kernels::set_bf16_emulation_forced); gemm_path: how bf16 GEMMs run;
+// attention_path: how bf16 attention products run ("" where the backend does not say);
+// layout_choices: the GEMM layout its kernels chose per shape so far, one line each ("" if none).
+struct Bf16Status {
+  bool native = false;
+  std::string gemm_path, attention_path, layout_choices;
+};
+
 // Memory a backend's device has for new allocations now, for the trainer's check that a run fits
 // before its first step (train/device_memory.hpp). available, total: bytes (0: unknown). source
 // names the figure for logs and errors ("MemAvailable", "cgroup memory.max", "cudaMemGetInfo").
@@ -187,7 +197,7 @@ class Backend {
   virtual DeviceCeilings ceilings(int threads, bool quick) = 0;
   // The MFU baseline among the ceilings: the peak of GEMMs in precision p on this device, one
   // rank on `threads` host threads (CPU; 0: OpenMP's current count). The CPU backends measure it
-  // (the fp32 FMA peak, the bf16 matrix peak: backend/cpu/ceilings.hpp); a GPU gives its part's
+  // (the fp32 FMA peak, the bf16 matrix peak: backend/ceilings.hpp); a GPU gives its part's
   // datasheet peak (backend/gpu_parts.hpp), else its measured GEMM ceiling.
   virtual DevicePeak peak(Precision p, int threads) = 0;
   // What GEMM precision "auto" means on this backend, and why (resolve_precision,
@@ -195,6 +205,8 @@ class Backend {
   // (Capabilities::gemm_bf16_native), fp32 elsewhere. The CPU backends also honour
   // TETRAD_PRECISION_AUTO (backend/cpu/precision.hpp).
   virtual PrecisionChoice auto_precision() const;
+  // bf16 as it runs here now, for logs and the choices that depend on it (see Bf16Status).
+  virtual Bf16Status bf16_status() const;
   // Whether the host may load and store through p: true for host memory and, where
   // Capabilities::host_visible, for device memory too; false for device memory of a GPU (or of
   // "cpu-strict"). A communicator that moves host memory (MPI) stages p through host memory when

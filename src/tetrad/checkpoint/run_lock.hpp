@@ -1,4 +1,6 @@
-// The exclusive lock a trainer holds on its run folder for the run's life (RUN_DIR/train.lock).
+// The exclusive lock a trainer holds on its run folder for the run's life (RUN_DIR/train.lock),
+// a FileLock (core/file_lock.hpp) with the run folder's messages. `import --overwrite` takes it
+// too, so no trainer runs in a folder it replaces.
 //
 // Two trainers writing one run folder destroy each other's checkpoints (each prunes and cleans
 // the other's in-progress save), so a second one is refused, naming the holder. The lock is the
@@ -15,7 +17,10 @@
 // Read-only commands never take this lock and never write into a run folder; they read only
 // published checkpoints (the one `latest` names, else the newest complete step_* folder).
 #pragma once
+#include <memory>
 #include <string>
+
+#include "tetrad/core/file_lock.hpp"
 
 namespace tetrad {
 
@@ -29,17 +34,13 @@ class RunLock {
   RunLock(const RunLock&) = delete;
   RunLock& operator=(const RunLock&) = delete;
 
-  const std::string& path() const { return path_; }
+  const std::string& path() const;
 
-  // "pid 1234 on host node7 (started ...)" from a lock file's content, for messages.
+  // "pid 1234 on host node7" from a lock file's content, for messages.
   static std::string describe_holder(const std::string& lock_file_content);
 
  private:
-  std::string path_;
-  int fd_ = -1;
+  std::unique_ptr<FileLock> lock_;  // the mechanism (core/file_lock.hpp)
 };
-
-// This host's name (gethostname).
-std::string this_host_name();
 
 }  // namespace tetrad

@@ -1,5 +1,10 @@
 #include "tetrad/data/prepare.hpp"
 
+#include <fcntl.h>
+#include <stdio.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
@@ -15,6 +20,7 @@
 #include <sstream>
 
 #include "tetrad/core/error.hpp"
+#include "tetrad/core/file_lock.hpp"
 #include "tetrad/core/hash.hpp"
 #include "tetrad/core/rng.hpp"
 #include "tetrad/data/shards.hpp"
@@ -368,15 +374,35 @@ class SplitWriter {
 };
 
 // Deletes what an earlier run left: shards of either split (and their temporaries), meta.json.
-void remove_stale_outputs(const std::string& dir, std::ostream& log) {
-  static const std::regex stale(R"((train|val)_[0-9]{6}\.bin(\.tmp)?|meta\.json(\.tmp)?)");
-  std::vector<fs::path> victims;
-  for (const auto& e : fs::directory_iterator(dir))
-    if (e.is_regular_file() && std::regex_match(e.path().filename().string(), stale))
-      victims.push_back(e.path());
-  for (const auto& p : victims) fs::remove(p);
-  if (!victims.empty())
-    log << "prepare: removed " << victims.size() << " files of an earlier run from " << dir << "\n";
+// meta.json's description of the inputs, tokenizer and options (prepare_into adds the canaries
+// and the splits).
+nlohmann::json meta_of(const PrepareOptions& o, const Tokenizer& tok, bool trained,
+                       const std::vector<InputFile>& files, uint64_t num_docs) {
+  nlohmann::json meta;
+  meta["format"] = "tetrad-data";
+  meta["version"] = 1;
+  meta["tokenizer"] = {{"file", tok.file_name()},
+                       {"kind", tok.kind()},
+                       {"identity", hex64(tok.identity())},
+                       {"vocab_size", tok.vocab_size()},
+                       {"bos_id", tok.bos_id()},
+                       {"eos_id", tok.eos_id()},
+                       {"unk_id", tok.unk_id()},
+                       {"trained", trained},
+                       {"source", trained ? std::string() : o.tokenizer_model}};
+  meta["inputs"] = o.inputs;
+  meta["canaries"] = nlohmann::json::array();
+  nlohmann::json jfiles = nlohmann::json::array();
+  for (const auto& f : files)
+    jfiles.push_back({{"path", f.path}, {"bytes", f.bytes}, {"documents", f.num_docs},
+                      {"doc_split", f.json_lines ? "json-lines" : doc_split_name(f.mode)}});
+  meta["files"] = jfiles;
+  meta["options"] = {{"vocab_size", o.vocab_size},     {"val_fraction", o.val_fraction},
+                     {"shard_tokens", o.shard_tokens}, {"seed", o.seed},
+                     {"doc_split", o.doc_split},       {"tokenizer_model", o.tokenizer_model},
+                     {"text_field", o.text_field},     {"skip_bad_lines", o.skip_bad_lines}};
+  meta["documents"] = num_docs;
+  return meta;
 }
 
 void write_text_atomic(const std::string& path, const std::string& text) {
@@ -393,21 +419,10 @@ void write_text_atomic(const std::string& path, const std::string& text) {
   if (ec) fail("cannot rename '", tmp, "' to '", path, "': ", ec.message());
 }
 
-}  // namespace
-
-void prepare_data(const PrepareOptions& o, std::ostream& log) {
-  // Options.
-  if (o.out_dir.empty()) fail("prepare: out_dir is empty");
-  if (!(o.val_fraction >= 0.0 && o.val_fraction < 1.0))
-    fail("prepare: val_fraction ", o.val_fraction, " must be in [0, 1)");
-  if (o.shard_tokens < 1) fail("prepare: shard_tokens ", o.shard_tokens, " must be at least 1");
+// The whole preparation into o.out_dir, a new empty folder (prepare_data's temporary one).
+void prepare_into(const PrepareOptions& o, std::ostream& log) {
   const DocSplit requested_split = parse_doc_split(o.doc_split);
   const std::vector<std::string> paths = expand_inputs(o.inputs);
-
-  std::error_code ec;
-  fs::create_directories(o.out_dir, ec);
-  if (ec) fail("cannot create output folder '", o.out_dir, "': ", ec.message());
-  remove_stale_outputs(o.out_dir, log);
   const auto t_start = Clock::now();
 
   // Pass 1: find the documents (count them, resolve each file's split mode) and choose val.
@@ -626,33 +641,10 @@ void prepare_data(const PrepareOptions& o, std::ostream& log) {
   const double encode_seconds = seconds_since(t_enc);
 
   // meta.json, last.
-  nlohmann::json meta;
-  meta["format"] = "tetrad-data";
-  meta["version"] = 1;
-  meta["tokenizer"] = {{"file", tok->file_name()},
-                       {"kind", tok->kind()},
-                       {"identity", hex64(tok->identity())},
-                       {"vocab_size", tok->vocab_size()},
-                       {"bos_id", tok->bos_id()},
-                       {"eos_id", tok->eos_id()},
-                       {"unk_id", tok->unk_id()},
-                       {"trained", trained},
-                       {"source", trained ? std::string() : o.tokenizer_model}};
-  meta["inputs"] = o.inputs;
-  meta["canaries"] = nlohmann::json::array();
+  nlohmann::json meta = meta_of(o, *tok, trained, files, num_docs);
   for (const auto& k : canaries)
     meta["canaries"].push_back({{"file", k.file}, {"repeats", k.repeats},
                                 {"tokens", k.tokens.size()}, {"offsets", k.offsets}});
-  nlohmann::json jfiles = nlohmann::json::array();
-  for (const auto& f : files)
-    jfiles.push_back({{"path", f.path}, {"bytes", f.bytes}, {"documents", f.num_docs},
-                      {"doc_split", f.json_lines ? "json-lines" : doc_split_name(f.mode)}});
-  meta["files"] = jfiles;
-  meta["options"] = {{"vocab_size", o.vocab_size},     {"val_fraction", o.val_fraction},
-                     {"shard_tokens", o.shard_tokens}, {"seed", o.seed},
-                     {"doc_split", o.doc_split},       {"tokenizer_model", o.tokenizer_model},
-                     {"text_field", o.text_field},     {"skip_bad_lines", o.skip_bad_lines}};
-  meta["documents"] = num_docs;
   meta["splits"] = {{"train", train.summary()}, {"val", val.summary()}};
   write_text_atomic((fs::path(o.out_dir) / "meta.json").string(), meta.dump(2) + "\n");
 
@@ -661,6 +653,105 @@ void prepare_data(const PrepareOptions& o, std::ostream& log) {
       << " shards), val " << val.tokens() << " tokens (" << val.documents() << " docs, "
       << val.num_shards() << " shards); tokenizer " << tokenizer_seconds << " s, encode "
       << encode_seconds << " s\n";
+}
+
+// fsync of every file in `dir` and of the folder, before it is renamed into place.
+void sync_folder(const std::string& dir) {
+  for (const auto& e : fs::directory_iterator(dir)) {
+    if (!e.is_regular_file()) continue;
+    const int fd = ::open(e.path().c_str(), O_RDONLY | O_CLOEXEC);
+    if (fd < 0 || ::fsync(fd) != 0) fail("cannot sync '", e.path().string(), "': ", std::strerror(errno));
+    ::close(fd);
+  }
+  const int fd = ::open(dir.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+  if (fd >= 0) ::fsync(fd), ::close(fd);
+}
+
+// Puts the complete folder `tmp` in the place of `dir` (which exists): one atomic exchange
+// (renameat2 RENAME_EXCHANGE) where the file system has it, else `dir` moved aside and `tmp` in;
+// then the old content is deleted. (checkpoint/atomic_file's replace_dir, a layer above data.)
+void swap_in(const std::string& tmp, const std::string& dir) {
+  std::error_code ec;
+  if (::renameat2(AT_FDCWD, tmp.c_str(), AT_FDCWD, dir.c_str(), RENAME_EXCHANGE) != 0) {
+    const std::string old = dir + ".old-" + std::to_string(::getpid());
+    fs::remove_all(old, ec);
+    if (::rename(dir.c_str(), old.c_str()) != 0 || ::rename(tmp.c_str(), dir.c_str()) != 0)
+      fail("cannot move the prepared folder '", tmp, "' into the place of '", dir, "': ",
+           std::strerror(errno));
+    fs::remove_all(old, ec);
+  } else {
+    fs::remove_all(tmp, ec);  // now the old content
+  }
+  const fs::path parent = fs::path(dir).parent_path();
+  const int fd = ::open(parent.empty() ? "." : parent.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+  if (fd >= 0) ::fsync(fd), ::close(fd);
+}
+
+// What an interrupted prepare of `dir` left beside it (dir.tmp-XXXXXX); called under the lock.
+void remove_leftovers(const std::string& dir, std::ostream& log) {
+  const fs::path p(dir);
+  const fs::path parent = p.parent_path().empty() ? fs::path(".") : p.parent_path();
+  const std::string prefix = p.filename().string() + ".tmp-";
+  std::error_code ec;
+  for (const auto& e : fs::directory_iterator(parent, ec)) {
+    const std::string name = e.path().filename().string();
+    if (name.size() == prefix.size() + 6 && name.compare(0, prefix.size(), prefix) == 0 &&
+        e.is_directory(ec)) {
+      fs::remove_all(e.path(), ec);
+      log << "prepare: removed " << e.path().string() << ", left by an interrupted prepare\n";
+    }
+  }
+}
+
+}  // namespace
+
+void prepare_data(const PrepareOptions& o, std::ostream& log) {
+  std::string out = o.out_dir;
+  while (out.size() > 1 && out.back() == '/') out.pop_back();
+  if (out.empty()) fail("prepare: out_dir is empty");
+  if (!(o.val_fraction >= 0.0 && o.val_fraction < 1.0))
+    fail("prepare: val_fraction ", o.val_fraction, " must be in [0, 1)");
+  if (o.shard_tokens < 1) fail("prepare: shard_tokens ", o.shard_tokens, " must be at least 1");
+  std::error_code ec;
+  const fs::file_status st = fs::symlink_status(out, ec);
+  if (fs::exists(st) && !fs::is_directory(fs::status(out, ec)))
+    fail("prepare --out '", out, "' exists and is not a folder; give a folder for the data");
+  const bool created = !fs::exists(st);
+  fs::create_directories(out, ec);
+  if (ec) fail("cannot create output folder '", out, "': ", ec.message());
+  std::string tmp;
+  bool locked = false;
+  try {
+    // The lock lives in the folder it guards; the new folder swapped in has none, and a prepare
+    // that opened the old one's finds it gone and starts again (core/file_lock).
+    const std::string lock_path = (fs::path(out) / "prepare.lock").string();
+    FileLock lock(lock_path, [&](FileLock::Busy why, const std::string& holder) {
+      return "data folder '" + out + "' is being prepared by another `tetrad prepare` (" + holder +
+             (why == FileLock::Busy::OtherHost ? ", on another host" : "") + ", holding " +
+             lock_path + "): two prepares into one folder would mix their shards and tokenizers. "
+             "Wait for it to finish, stop it, or prepare into another --out" +
+             (why == FileLock::Busy::Locked ? "" : " (if it is gone, delete " + lock_path + ")");
+    });
+    locked = true;
+    remove_leftovers(out, log);
+    char templ[4096];
+    std::snprintf(templ, sizeof templ, "%s.tmp-XXXXXX", out.c_str());
+    if (!::mkdtemp(templ)) fail("cannot create a folder beside '", out, "': ", std::strerror(errno));
+    tmp = templ;
+    ::chmod(tmp.c_str(), 0755);
+    PrepareOptions inner = o;
+    inner.out_dir = tmp;
+    prepare_into(inner, log);
+    sync_folder(tmp);
+    swap_in(tmp, out);  // the old folder (and the lock file in it) goes
+    if (!created) log << "prepare: replaced the earlier content of " << out << " (swapped in whole)\n";
+  } catch (...) {
+    if (!tmp.empty()) fs::remove_all(tmp, ec);
+    // Nothing was there before: the empty folder goes (only an empty one: a prepare refused by
+    // another's lock, or one that took the folder meanwhile, leaves it).
+    if (created && locked) fs::remove(out, ec);
+    throw;
+  }
 }
 
 }  // namespace tetrad::data

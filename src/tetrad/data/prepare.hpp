@@ -10,8 +10,11 @@
 //     -> out_dir/{tokenizer.model, train_000000.bin..., val_000000.bin..., meta.json}
 //
 // Output is a pure function of the input bytes and the options: running it twice gives identical
-// files. Stale train_*/val_* shards and meta.json already in out_dir are removed first; meta.json
-// is written last, so its presence marks a complete run.
+// files. The folder is built beside out_dir (out_dir.tmp-XXXXXX, every file fsync'ed) and swapped
+// in whole when complete (renameat2 RENAME_EXCHANGE), so an input error, Ctrl-C or a kill leaves
+// an existing out_dir as it was; the old content is deleted after the swap. A lock on out_dir
+// (out_dir/prepare.lock, core/file_lock) refuses a second prepare of the same folder, naming the
+// first; under it, folders left beside out_dir by a killed prepare are removed.
 //
 // What this does not do: deduplication, filtering, or streaming a single huge file (one input
 // file at a time is held in memory, plus one batch of encoded documents).

@@ -1,9 +1,9 @@
 // The GEMM problems a model's training step runs, as shapes the backend's ceilings can time
-// (backend/cpu/ceilings.hpp measures them; `tetrad bench` reports each against the square's).
+// (backend/ceilings.hpp measures them; `tetrad bench` reports each against the square's).
 #pragma once
 #include <vector>
 
-#include "tetrad/backend/cpu/ceilings.hpp"
+#include "tetrad/backend/ceilings.hpp"
 #include "tetrad/model/model_config.hpp"
 
 namespace tetrad {

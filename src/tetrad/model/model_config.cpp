@@ -1,6 +1,6 @@
 #include "tetrad/model/model_config.hpp"
 
-#include "tetrad/backend/cpu/ops.hpp"
+#include "tetrad/backend/rope_tables.hpp"
 #include "tetrad/core/error.hpp"
 
 namespace tetrad {

@@ -4,7 +4,6 @@
 #include <vector>
 
 #include "tetrad/backend/backend.hpp"
-#include "tetrad/backend/cpu/precision.hpp"
 #include "tetrad/core/error.hpp"
 
 namespace tetrad::parallel {
@@ -153,9 +152,10 @@ GemmLayouts resolve_gemm_layouts(const std::string& setting, backend::Precision 
     return GemmLayouts::Rule;
   }
   // The CPU backend's capability is probed once; forced emulation (TETRAD_BF16=emulate,
-  // set_bf16_emulation_forced) is read here.
-  if (!caps.gemm_bf16_native || !kernels::native_bf16_matmul()) {
-    const std::string path = kernels::bf16_matmul_path();
+  // set_bf16_emulation_forced) is read here (Backend::bf16_status).
+  const backend::Bf16Status bf16 = be.bf16_status();
+  if (!caps.gemm_bf16_native || !bf16.native) {
+    const std::string& path = bf16.gemm_path;
     say("rule (" + asked + ": bf16 GEMMs are " +
         (path.starts_with("native") ? std::string("emulated (forced)") : path) +
         "; layouts matter only to the native matmul)");

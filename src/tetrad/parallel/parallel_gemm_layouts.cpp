@@ -7,7 +7,7 @@
 #include <sstream>
 #include <vector>
 
-#include "tetrad/backend/cpu/precision.hpp"
+#include "tetrad/backend/bf16.hpp"
 #include "tetrad/core/error.hpp"
 #include "tetrad/parallel/parallel_transformer.hpp"
 #include "tetrad/parallel/activation_layout.hpp"
@@ -127,7 +127,7 @@ void ParallelTransformer::tune_gemm_layouts() {
     uint64_t x = 0x9E3779B97F4A7C15ull ^ uint64_t(g_.world.rank());
     for (auto& v : h) {
       x ^= x << 13, x ^= x >> 7, x ^= x << 17;
-      v = kernels::float_to_bf16(float(int64_t(x >> 40) - (1 << 23)) / float(1 << 23));
+      v = backend::float_to_bf16(float(int64_t(x >> 40) - (1 << 23)) / float(1 << 23));
     }
     bq().copy_to_device(base, h.data(), size_t(n16) * 2);
     bq().copy_to_device(a_->dout16, h.data(), size_t(nd) * 2);

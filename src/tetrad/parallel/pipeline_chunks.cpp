@@ -30,7 +30,7 @@ const float* ParallelTransformer::input_grad() const { return a_->dresid; }
 // losses. Not the recompute scratch (restore() marks it empty: the backward recomputes its first
 // layer again) nor the backward's own buffers (dresid ... the bf16 gradient copies), which hold
 // nothing between micro-batches. Activation regions are contiguous per layer in layer order, and
-// each end's top-level tensors are one range (the spec list, transformer_activations.hpp).
+// each end's top-level tensors are one range (the spec list, activation_layout.hpp).
 std::vector<std::pair<float*, size_t>> ParallelTransformer::chunk_regions(int l0, int l1, bool embed,
                                                                           bool head) {
   std::vector<std::pair<float*, size_t>> r;

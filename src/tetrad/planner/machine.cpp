@@ -16,9 +16,8 @@
 #include "tetrad/comm/communicator.hpp"
 #include "tetrad/core/cpu.hpp"
 #include "tetrad/core/error.hpp"
-#include "tetrad/backend/cpu/precision.hpp"
-#include "tetrad/backend/cpu/attention.hpp"
-#include "tetrad/backend/cpu/ceilings.hpp"
+#include "tetrad/backend/backend.hpp"
+#include "tetrad/backend/ceilings.hpp"
 
 namespace fs = std::filesystem;
 
@@ -382,35 +381,6 @@ double time_collective(const std::string& op, const comm::Communicator& c,
   return t[t.size() / 2];
 }
 
-// The attention kernel's forward + backward on a `small`-like shape (2 x 512 tokens, 8 heads of
-// 64), in executed causal FLOPs per second: the planner counts fwd + bwd as 3 forwards.
-double attention_gflops(int threads, int reps) {
-  const int B = 2, T = 512, H = 8, hd = 64, C = H * hd;
-  const size_t n = size_t(B) * T * C;
-  std::vector<float> q(n), k(n), v(n), out(n), dout(n), dq(n), dk(n), dv(n), lse(size_t(B) * H * T);
-  uint32_t s = 12345;
-  for (auto* buf : {&q, &k, &v, &dout})
-    for (auto& x : *buf) {
-      s = s * 1664525u + 1013904223u;
-      x = float(s >> 8) / float(1u << 23) - 1.0f;
-    }
-  kernels::AttentionDims d{B, T, T, H, H, hd, C, C, C, int64_t(T) * C, int64_t(T) * C, int64_t(T) * C};
-  const int prev = omp_get_max_threads();
-  omp_set_num_threads(threads);
-  std::vector<double> rates;
-  for (int r = 0; r <= reps; ++r) {
-    const double t0 = now_s();
-    kernels::attention_forward(out.data(), lse.data(), q.data(), k.data(), v.data(), d);
-    kernels::attention_backward(dq.data(), dk.data(), dv.data(), dout.data(), q.data(), k.data(),
-                                v.data(), out.data(), lse.data(), d);
-    const double dt = now_s() - t0;
-    if (r > 0) rates.push_back(3 * kernels::attention_forward_flops(d) / dt / 1e9);  // r = 0: warm-up
-  }
-  omp_set_num_threads(prev);
-  std::sort(rates.begin(), rates.end());
-  return rates[rates.size() / 2];
-}
-
 // GFLOP/s of dnnl_sgemm C[m,n] = op(A)[m,k] op(B)[k,n] (row-major; op = the trainer's variant,
 // GemmOp), calling it until at least `min_s` has passed: a 128^3 GEMM takes a tenth of a
 // millisecond, far below a scheduler time slice.
@@ -580,7 +550,7 @@ Machine measure_machine(const std::string& name, int threads, bool quick) {
   std::ostringstream d;
   d << "measured by tetrad plan --measure-machine: " << N << " rank(s) x " << threads
     << " thread(s), " << num_cores() << " core(s) visible to each rank, " << cpu_features().summary()
-    << "; compute measured with all ranks busy; bf16 GEMMs " << kernels::bf16_matmul_path();
+    << "; compute measured with all ranks busy; bf16 GEMMs " << backend::cpu_backend().bf16_status().gemm_path;
   m.description = d.str();
   m.validate();
   return m;

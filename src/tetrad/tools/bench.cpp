@@ -19,62 +19,24 @@
 #include "tetrad/core/error.hpp"
 #include "tetrad/core/profile.hpp"
 #include "tetrad/core/rng.hpp"
-#include "tetrad/backend/cpu/precision.hpp"
 #include "tetrad/model/params.hpp"
 #include "tetrad/parallel/memory_model.hpp"
 #include "tetrad/parallel/parallel_transformer.hpp"
 #include "tetrad/parallel/pipeline.hpp"
 #include "tetrad/train/auto_grid.hpp"
 #include "tetrad/parallel/process_groups.hpp"
-#include "tetrad/backend/cpu/ceilings.hpp"
+#include "tetrad/backend/ceilings.hpp"
 #include "tetrad/model/gemm_shapes.hpp"
 #include "tetrad/train/optimizer.hpp"
 #include "tetrad/train/step_runner.hpp"
 #include "tetrad/train/trainer.hpp"
+#include "tetrad/tools/bench_common.hpp"
 
 namespace tetrad {
 
 namespace {
 
-// Standard micro-batch of each configuration (benchmarks.md).
-// Tokens per sequence of a bench run: --seq, or the configuration's max_seq (0); refused past it.
-int bench_seq(const BenchOptions& opt, const ModelConfig& mc, const std::string& name) {
-  if (opt.seq < 0 || opt.seq > mc.max_seq)
-    fail("--seq ", opt.seq, ": expected 1..", mc.max_seq, " (model ", name, "'s max_seq; 0: max_seq)");
-  return opt.seq > 0 ? opt.seq : mc.max_seq;
-}
-
-int standard_batch(const std::string& name) {
-  if (name == "gpt2-124m") return 1;
-  return 4;
-}
-
-// Resident memory by kind, bytes (/proc/self/status: RssAnon, RssFile, RssShmem; zeros where
-// unreadable). What grows during the steps beyond the formula shows where it lives: the heap
-// (anonymous), library code run for the first time (file-backed), MPI's shared-memory segments.
-struct ResidentKinds {
-  double anon = 0, file = 0, shmem = 0;
-};
-ResidentKinds resident_kinds() {
-  ResidentKinds k;
-  std::FILE* f = std::fopen("/proc/self/status", "r");
-  if (!f) return k;
-  char line[256];
-  long long kb = 0;
-  while (std::fgets(line, sizeof line, f)) {
-    if (std::sscanf(line, "RssAnon: %lld kB", &kb) == 1) k.anon = double(kb) * 1024;
-    if (std::sscanf(line, "RssFile: %lld kB", &kb) == 1) k.file = double(kb) * 1024;
-    if (std::sscanf(line, "RssShmem: %lld kB", &kb) == 1) k.shmem = double(kb) * 1024;
-  }
-  std::fclose(f);
-  return k;
-}
-
-double median(std::vector<double> v) {
-  std::sort(v.begin(), v.end());
-  const size_t n = v.size();
-  return n % 2 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
-}
+using namespace bench_detail;
 
 // Runs a shell command and returns its stdout ("" on failure).
 std::string run_capture(const std::string& cmd) {
@@ -108,12 +70,31 @@ std::string default_anchor() {
   return "";
 }
 
-}  // namespace
 
-void run_bench(const BenchOptions& opt, std::ostream& out) {
+// ---- serial mode (run_bench) ------------------------------------------------------------------
+
+// What a serial run times on: threads, the device, the peak MFU is reported against and the
+// device's GEMM ceiling, the --json file and the PyTorch anchor command ("": none).
+struct SerialMachine {
+  int threads = 0;
+  std::unique_ptr<backend::Backend> device_owner;
+  backend::Backend* device = nullptr;
+  bool on_gpu = false;
+  backend::Precision precision = backend::Precision::FP32;
+  bool bf16 = false;
+  double fma_peak = 0;
+  Measurement mfu_peak;
+  std::string mfu_peak_name;
+  double device_gemm_ceiling = 0;
+  std::ofstream json_out;
+  std::string anchor;
+};
+
+// Sets up `m` and prints the machine's lines: ceilings, libraries, device, precision, anchor.
+void set_up_machine(const BenchOptions& opt, SerialMachine& m, std::ostream& out) {
   if (opt.gemm_layouts != "auto" && opt.gemm_layouts != "rule" && opt.gemm_layouts != "tune")
     fail("--gemm-layouts \"", opt.gemm_layouts, "\": expected \"auto\", \"rule\" or \"tune\"");
-  const int threads = opt.threads > 0 ? opt.threads : num_cores();
+  const int threads = m.threads = opt.threads > 0 ? opt.threads : num_cores();
   omp_set_num_threads(threads);
   const dnnl_version_t* dv = dnnl_version();
   char mpi_version[MPI_MAX_LIBRARY_VERSION_STRING];
@@ -125,380 +106,388 @@ void run_bench(const BenchOptions& opt, std::ostream& out) {
   if (opt.batch < 0) fail("--batch ", opt.batch, ": expected a positive count (0: the standard batch)");
   // Where the model computes. A GPU is timed against its own peak and ceiling; the host CPU's
   // ceilings are still measured (quickly: they only describe the host there) for the log.
-  std::unique_ptr<backend::Backend> device_owner;
-  backend::Backend* device = &backend::cpu_backend();
+  m.device = &backend::cpu_backend();
   if (opt.device != "cpu") {
-    device_owner = backend::create(opt.device);  // refuses naming what this build and machine lack
-    device = device_owner.get();
+    m.device_owner = backend::create(opt.device);  // refuses naming what this build and machine lack
+    m.device = m.device_owner.get();
   }
-  const bool on_gpu = !(opt.device == "cpu" || opt.device == "cpu-strict");
-  MachineCeilings ceil = measure_ceilings(threads, opt.quick_ceilings || on_gpu);
+  backend::Backend* device = m.device;
+  m.on_gpu = !(opt.device == "cpu" || opt.device == "cpu-strict");
+  MachineCeilings ceil = measure_ceilings(threads, opt.quick_ceilings || m.on_gpu);
   out << ceil.to_text() << "libraries: oneDNN " << dv->major << "." << dv->minor << "." << dv->patch
       << ", " << mpi_first_line << "\n";
-  const double fma_peak = ceil.fma.value;
-  const backend::Precision precision = backend::resolve_precision(opt.precision, *device).precision;
-  const bool bf16 = precision == backend::Precision::BF16;
+  m.fma_peak = ceil.fma.value;
+  m.precision = backend::resolve_precision(opt.precision, *device).precision;
+  m.bf16 = m.precision == backend::Precision::BF16;
   // MFU against the peak of the arithmetic the run uses (bf16 matrix units or fp32 FMA; the CPU
   // backend's Backend::peak, here from the ceilings just measured).
-  Measurement mfu_peak = bf16 ? ceil.bf16_peak : ceil.fma;
-  std::string mfu_peak_name =
-      std::string(bf16 ? "bf16 matrix peak" : "fp32 FMA peak") + " (" + mfu_peak.basis + ")";
+  m.mfu_peak = m.bf16 ? ceil.bf16_peak : ceil.fma;
+  m.mfu_peak_name =
+      std::string(m.bf16 ? "bf16 matrix peak" : "fp32 FMA peak") + " (" + m.mfu_peak.basis + ")";
   // On a GPU: the device's peak (Backend::peak: its part's datasheet dense peak, else its measured
   // GEMM ceiling), and the GEMM ceiling the backend measures on a large square (fp32 TF32 or
   // bf16, cuBLASLt).
-  double device_gemm_ceiling = 0;
-  if (on_gpu) {
-    const backend::DevicePeak pk = device->peak(precision, threads);
-    mfu_peak = Measurement{};
-    mfu_peak.unit = "GFLOP/s";
-    mfu_peak.value = pk.gflops;
-    mfu_peak_name = pk.name;
+  if (m.on_gpu) {
+    const backend::DevicePeak pk = device->peak(m.precision, threads);
+    m.mfu_peak = Measurement{};
+    m.mfu_peak.unit = "GFLOP/s";
+    m.mfu_peak.value = pk.gflops;
+    m.mfu_peak_name = pk.name;
     const backend::DeviceCeilings dc = device->ceilings(threads, opt.quick_ceilings);
-    device_gemm_ceiling = bf16 ? dc.gemm_bf16_gflops : dc.gemm_fp32_gflops;
+    m.device_gemm_ceiling = m.bf16 ? dc.gemm_bf16_gflops : dc.gemm_fp32_gflops;
     out << "device: " << device->description() << "\n";
   } else if (opt.device != "cpu") {
     out << "device: " << device->description() << "\n";
   }
-  if (bf16) out << "precision: bf16 GEMMs (fp32 accumulation, master weights, optimizer), "
-                << kernels::bf16_matmul_path() << "\n";
+  if (m.bf16) out << "precision: bf16 GEMMs (fp32 accumulation, master weights, optimizer), "
+                  << device->bf16_status().gemm_path << "\n";
 
-  std::ofstream json_out;
   if (!opt.json_path.empty()) {
-    json_out.open(opt.json_path);
-    if (!json_out) fail("cannot write --json file '", opt.json_path, "'");
-    json_out << nlohmann::json{{"machine", ceil.to_json()}}.dump() << "\n";
+    m.json_out.open(opt.json_path);
+    if (!m.json_out) fail("cannot write --json file '", opt.json_path, "'");
+    m.json_out << nlohmann::json{{"machine", ceil.to_json()}}.dump() << "\n";
   }
-  std::string anchor = opt.anchor_cmd == "none" ? "" : (opt.anchor_cmd.empty() ? default_anchor() : opt.anchor_cmd);
-  if (opt.anchor_cmd.empty() && anchor.empty())
+  m.anchor = opt.anchor_cmd == "none" ? "" : (opt.anchor_cmd.empty() ? default_anchor() : opt.anchor_cmd);
+  if (opt.anchor_cmd.empty() && m.anchor.empty())
     out << "anchor: PyTorch not importable (bash bench/setup-pytorch.sh makes its venv); ratios "
            "skipped\n";
+}
 
-  for (const std::string& name : opt.configs) {
-    const ModelConfig mc = named_model(name);
-    const int B = opt.batch > 0 ? opt.batch : standard_batch(name);
-    const int T = bench_seq(opt, mc, name);
-    const int64_t N = int64_t(B) * T;
-    out << "\n== " << name << " (" << family_name(mc.family) << ", L=" << mc.n_layer
-        << " C=" << mc.n_embd << " heads=" << mc.n_head << " ffn=" << mc.ffn
-        << " V=" << mc.vocab_size << ", B=" << B << " T=" << T << ", " << opt.precision << ")\n";
+// The rate of each shape's GEMM (sgemm, or the bf16 GEMM), GFLOP/s (0 where it failed).
+std::vector<double> measure_model_ceiling(const std::vector<GemmShape>& shapes, bool bf16,
+                                          int threads) {
+  std::vector<double> rate;
+  for (const GemmShape& s : shapes) {
+    const Measurement m = bf16 ? measure_gemm_bf16(s, threads, 3) : measure_sgemm(s, threads, 3);
+    rate.push_back(m.ok() ? m.value : 0);
+  }
+  return rate;
+}
 
-    // GEMM ceiling on the model's own shapes: total GEMM FLOPs / total time at measured rates
-    // (of the GEMM this precision runs: sgemm, or the bf16 GEMM), measured in two windows, here
-    // and again after the timed steps: the host's clock moves between them on a shared machine
-    // (CeilingWindows, backend/cpu/ceilings.hpp), so each shape takes its better window and the
-    // line says when the two disagree.
-    std::vector<GemmShape> ceiling_shapes;
-    std::vector<double> ceiling_flop;
-    if (!on_gpu)  // the host's GEMM says nothing about the GPU's: device_gemm_ceiling
-      for (const GemmShape& s : model_gemm_shapes(mc, int(N))) {
-        ceiling_shapes.push_back(s);
-        ceiling_flop.push_back(s.flop());
-      }
-    auto measure_model_ceiling = [&] {
-      std::vector<double> rate;
-      for (const GemmShape& s : ceiling_shapes) {
-        const Measurement m = bf16 ? measure_gemm_bf16(s, threads, 3) : measure_sgemm(s, threads, 3);
-        rate.push_back(m.ok() ? m.value : 0);
-      }
-      return rate;
-    };
-    const std::vector<double> ceiling_before = measure_model_ceiling();
-    // bf16: oneDNN's matmul on bf16 operands (what the bf16 model stores) in the layouts the
-    // model's plan runs (parallel/gemm_layouts.hpp: the rule, or tuned at its construction), and
-    // in the fastest of NN/NT/TN/TT for each shape: the ceiling if every GEMM ran in its best
-    // layout. Measured after the model's steps (its plan is known then).
-    double step_layout_time = 0, best_layout_time = 0, bf16_flop = 0;
-    std::ostringstream layout_lines;
-    auto measure_layouts = [&](const parallel::GemmLayoutPlan& plan) {
-      if (!(bf16 && !on_gpu && kernels::native_bf16_matmul())) return;
-      const std::pair<const char*, const char*> sites[] = {{"attn.qkv", "qkv"}, {"attn.proj", "proj"},
-                                                           {"mlp.fc", "fc"}, {"mlp.proj", "fcproj"},
-                                                           {"lm_head", "head"}};
-      for (GemmShape s : model_gemm_shapes(mc, int(N))) {
-        const std::string prefix = s.name.substr(0, s.name.rfind('.'));
-        const std::string kind = s.name.substr(s.name.rfind('.') + 1);
-        parallel::GemmForm f;
-        for (const auto& [shape_name, site] : sites)
-          if (prefix == shape_name) {
-            const parallel::GemmSiteLayout& l = plan.site[size_t(parallel::gemm_site_index(site))];
-            f = kind == "fwd" ? l.fwd : kind == "dx" ? l.dx : l.dw;
-          }
-        const std::string step_form = parallel::gemm_form_name(kind == "fwd", f);
-        if (kind != "fwd") s.transa = f.ta ? 'T' : 'N';
-        // A transposed product Cᵀ = op(B)ᵀ·op(A)ᵀ is the plain [N, M] product with the operands'
-        // roles and transposes swapped (its pass adding Cᵀ into C is not in this figure).
-        GemmShape run = s;
-        if (f.transposed) {
-          run.M = s.N, run.N = s.M;
-          run.transa = s.transb == 'T' ? 'N' : 'T';
-          run.transb = s.transa == 'T' ? 'N' : 'T';
-        }
-        const Measurement used = measure_bf16_matmul(run, threads, 3);
-        if (!used.ok()) continue;
-        double best = used.value;
-        std::string best_layout = step_form;
-        for (const char* l : {"NN", "NT", "TN", "TT"}) {
-          GemmShape t = s;
-          t.transa = l[0], t.transb = l[1];
-          if (!f.transposed && t.transa == s.transa && t.transb == s.transb) continue;
-          const Measurement m = measure_bf16_matmul(t, threads, 3);
-          if (m.ok() && m.value > best) best = m.value, best_layout = l;
-        }
-        bf16_flop += s.flop();
-        step_layout_time += s.flop() / (used.value * 1e9);
-        best_layout_time += s.flop() / (best * 1e9);
-        layout_lines << "    " << std::left << std::setw(14) << s.name << std::right << " "
-                     << s.M << "x" << s.N << "x" << s.K << ": step's " << step_form << " "
-                     << std::fixed << std::setprecision(0) << used.value << " GFLOP/s, fastest "
-                     << best_layout << " " << best << "\n";
-      }
-    };
-    parallel::GemmLayoutPlan step_plan;
-    std::string layout_summary;
+// bf16: oneDNN's matmul on bf16 operands (what the bf16 model stores) in the layouts the model's
+// plan runs (parallel/gemm_layouts.hpp: the rule, or tuned at its construction), and in the
+// fastest of NN/NT/TN/TT for each shape: the ceiling if every GEMM ran in its best layout.
+struct LayoutCeiling {
+  double step_layout_time = 0, best_layout_time = 0, bf16_flop = 0;
+  std::string lines;  // one per shape
+  double step_ceiling() const { return step_layout_time > 0 ? bf16_flop / step_layout_time / 1e9 : 0; }
+  double best_ceiling() const { return best_layout_time > 0 ? bf16_flop / best_layout_time / 1e9 : 0; }
+};
 
-    const int64_t rss_before = current_rss_bytes();
-    double step_median = 0, total_time = 0;
-    StepProfile profile;
-    int64_t nparams = 0;
-    parallel::ModelMemory mem;  // the memory formula for this model (parallel/memory_model.hpp)
-    {
-      // The one model on the trivial grid (1x1x1x1: every group this process), as `tetrad train`
-      // runs it on one rank, with the run configuration's overlap defaults (no-ops on one rank).
-      parallel::ProcessGroups groups;
-      parallel::ParallelOptions po;
-      po.device = device;
-      po.precision = bf16 ? backend::Precision::BF16 : backend::Precision::FP32;
-      std::string layouts_why;
-      po.gemm_layouts =
-          parallel::resolve_gemm_layouts(opt.gemm_layouts, po.precision, *device, &layouts_why);
-      parallel::ParallelTransformer model(mc, groups, B, T, po);
-      step_plan = model.gemm_layout_plan();
-      layout_summary = model.gemm_layout_summary() + " [--gemm-layouts " + opt.gemm_layouts +
-                       ": " + layouts_why + "]";
-      if (bf16) out << "  " << layout_summary << "\n";
-      model.init_weights(1);
-      TrainConfig tc;
-      const parallel::OptimizerLayout& ol = model.optimizer_layout();
-      AdamW adam(decay_ranges(model.table(), tc, ol.param_offsets, ol.sizes, ol.state_offsets,
-                              ol.grad_offsets),
-                 ol.state_size, tc, *device);
-      nparams = model.num_local_params();
-      // The planner's and the trainer's formula, the same function (one rank, these options).
-      mem = parallel::model_memory(mc, parallel::GridShape{}, parallel::GridCoord{}, B, T, po);
-      Rng rng(7);
-      std::vector<int32_t> tokens(N + 1);
-      for (auto& t : tokens) t = int32_t(rng.next_u64() % uint64_t(mc.vocab_size));
-      std::vector<double> times;
-      TraceLog trace_log;
-      if (!opt.trace_path.empty()) profile.trace = &trace_log;
-      model.set_profile(&profile);
-      // The trainer's step (train/step_runner.hpp) of one micro-batch, clipped at norm 1.
-      StepOptions so;
-      so.B = B;
-      so.T = T;
-      so.profile = &profile;
-      StepRunner runner(model, adam, groups, so);
-      for (int s = 0; s < opt.warmup + opt.steps; ++s) {
-        if (s == opt.warmup) {
-          profile.clear();
-          trace_log.recording = true;
-          trace_log.origin = std::chrono::steady_clock::now();
-        }
-        const auto t0 = std::chrono::steady_clock::now();
-        runner.run(tokens.data(), tokens.data() + 1, double(N), 1e-4, s);
-        device->queue().synchronize();  // a GPU's step ends when its queue has drained
-        const double dt = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-        if (s >= opt.warmup) times.push_back(dt);
+LayoutCeiling measure_layout_ceiling(const ModelConfig& mc, int64_t N,
+                                     const parallel::GemmLayoutPlan& plan, int threads) {
+  LayoutCeiling r;
+  std::ostringstream layout_lines;
+  const std::pair<const char*, const char*> sites[] = {{"attn.qkv", "qkv"}, {"attn.proj", "proj"},
+                                                       {"mlp.fc", "fc"}, {"mlp.proj", "fcproj"},
+                                                       {"lm_head", "head"}};
+  for (GemmShape s : model_gemm_shapes(mc, int(N))) {
+    const std::string prefix = s.name.substr(0, s.name.rfind('.'));
+    const std::string kind = s.name.substr(s.name.rfind('.') + 1);
+    parallel::GemmForm f;
+    for (const auto& [shape_name, site] : sites)
+      if (prefix == shape_name) {
+        const parallel::GemmSiteLayout& l = plan.site[size_t(parallel::gemm_site_index(site))];
+        f = kind == "fwd" ? l.fwd : kind == "dx" ? l.dx : l.dw;
       }
-      model.set_profile(nullptr);
-      if (!opt.trace_path.empty()) {
-        trace_log.recording = false;
-        parallel::write_trace(comm::Communicator::self(), trace_log,
-                              opt.configs.size() > 1 ? name + "." + opt.trace_path : opt.trace_path);
-      }
-      step_median = median(times);
-      total_time = 0;
-      for (double t : times) total_time += t;
+    const std::string step_form = parallel::gemm_form_name(kind == "fwd", f);
+    if (kind != "fwd") s.transa = f.ta ? 'T' : 'N';
+    // A transposed product Cᵀ = op(B)ᵀ·op(A)ᵀ is the plain [N, M] product with the operands'
+    // roles and transposes swapped (its pass adding Cᵀ into C is not in this figure).
+    GemmShape run = s;
+    if (f.transposed) {
+      run.M = s.N, run.N = s.M;
+      run.transa = s.transb == 'T' ? 'N' : 'T';
+      run.transb = s.transa == 'T' ? 'N' : 'T';
     }
-    const int64_t peak_rss = peak_rss_bytes();
-    measure_layouts(step_plan);
-    const double step_layout_ceiling = step_layout_time > 0 ? bf16_flop / step_layout_time / 1e9 : 0;
-    const double best_layout_ceiling = best_layout_time > 0 ? bf16_flop / best_layout_time / 1e9 : 0;
-    const double tok_s = double(N) / step_median;
-    const double model_flops = flops_per_token(mc, T) * tok_s;
-    const CeilingWindows ceiling = ceiling_windows(ceiling_flop, ceiling_before,
-                                                   measure_model_ceiling(), model_flops / 1e9);
-    const double gemm_ceiling = on_gpu ? device_gemm_ceiling : ceiling.best;
-    // Memory that training needs, by the formula the planner and the trainer's fit check use:
-    // fp32 parameters, gradients and Adam moments, the bf16 weight copy (bf16), staging buffers,
-    // and the activation buffer (bf16 where bf16 activations are stored).
-    const double needed = double(mem.total());
-    std::ostringstream mem_terms;
-    mem_terms << std::fixed << std::setprecision(1) << "params " << mem.params / 1048576.0;
-    if (mem.params16 > 0) mem_terms << " + bf16 copy " << mem.params16 / 1048576.0;
-    mem_terms << " + grads " << mem.grads / 1048576.0 << " + Adam " << mem.optimizer / 1048576.0
-              << " + staging " << (mem.gathered + mem.staging) / 1048576.0 << " + activations "
-              << mem.activations / 1048576.0;
+    const Measurement used = measure_bf16_matmul(run, threads, 3);
+    if (!used.ok()) continue;
+    double best = used.value;
+    std::string best_layout = step_form;
+    for (const char* l : {"NN", "NT", "TN", "TT"}) {
+      GemmShape t = s;
+      t.transa = l[0], t.transb = l[1];
+      if (!f.transposed && t.transa == s.transa && t.transb == s.transb) continue;
+      const Measurement m = measure_bf16_matmul(t, threads, 3);
+      if (m.ok() && m.value > best) best = m.value, best_layout = l;
+    }
+    r.bf16_flop += s.flop();
+    r.step_layout_time += s.flop() / (used.value * 1e9);
+    r.best_layout_time += s.flop() / (best * 1e9);
+    layout_lines << "    " << std::left << std::setw(14) << s.name << std::right << " "
+                 << s.M << "x" << s.N << "x" << s.K << ": step's " << step_form << " "
+                 << std::fixed << std::setprecision(0) << used.value << " GFLOP/s, fastest "
+                 << best_layout << " " << best << "\n";
+  }
+  r.lines = layout_lines.str();
+  return r;
+}
 
-    out << std::fixed << std::setprecision(3);
-    out << "  step time (median of " << opt.steps << ", after " << opt.warmup
-        << " warm-up): " << step_median << " s\n";
-    out << std::setprecision(1);
-    out << "  tokens/s:         " << tok_s << "\n";
-    out << "  model FLOP/s:     " << model_flops / 1e9
-        << " GFLOP/s  (6*N_matmul + 12*L*C*T per token, PaLM appendix B)\n";
-    out << "  MFU:              " << 100 * model_flops / (mfu_peak.value * 1e9) << "% of the "
-        << mfu_peak_name << ", " << mfu_peak.value << " GFLOP/s\n";
-    const char* ceiling_of = bf16 ? "the bf16 GEMM" : "sgemm";
-    if (on_gpu) {
-      out << "  GEMM ceiling:     " << 100 * model_flops / (gemm_ceiling * 1e9) << "% of "
-          << ceiling_of << " on " << device->name() << " (" << gemm_ceiling << " GFLOP/s)\n";
-    } else if (ceiling.unstable()) {
-      // No fraction: neither window measured the machine the step ran on.
-      out << "  GEMM ceiling:     " << ceiling.flag() << " (" << ceiling_of
-          << " on this model's shapes, measured before and after the steps: spread "
-          << 100 * ceiling.spread() << "%";
-      if (ceiling.step_above())
-        out << "; the step's " << model_flops / 1e9 << " model GFLOP/s beat the best of them, "
-            << ceiling.best;
-      out << "); no fraction of it is given\n";
-    } else {
-      out << "  GEMM ceiling:     " << 100 * model_flops / (gemm_ceiling * 1e9) << "% of "
-          << ceiling_of << " on this model's shapes (" << gemm_ceiling
-          << " GFLOP/s, each shape's best of before the steps " << ceiling.before << " and after "
-          << ceiling.after << ": spread " << 100 * ceiling.spread() << "%)\n";
+// One configuration's serial run: its shape, the timed steps and what was measured around them.
+struct SerialRun {
+  std::string name;
+  ModelConfig mc;
+  int B = 0, T = 0;
+  int64_t N = 0;
+  // The timed steps.
+  double step_median = 0, total_time = 0;
+  StepProfile profile;
+  int64_t nparams = 0;
+  parallel::ModelMemory mem;  // the memory formula for this model (parallel/memory_model.hpp)
+  parallel::GemmLayoutPlan step_plan;
+  int64_t peak_rss = 0;
+  // Derived from them and the ceilings.
+  double tok_s = 0, model_flops = 0, gemm_ceiling = 0;
+  CeilingWindows ceiling;
+  LayoutCeiling layouts;
+};
+
+// The one model on the trivial grid (1x1x1x1: every group this process), as `tetrad train` runs
+// it on one rank, with the run configuration's overlap defaults (no-ops on one rank): built,
+// trained for warm-up + timed steps of the trainer's StepRunner; fills r's timed-step fields.
+void run_serial_steps(const BenchOptions& opt, const SerialMachine& m, SerialRun& r,
+                      std::ostream& out) {
+  backend::Backend* device = m.device;
+  parallel::ProcessGroups groups;
+  parallel::ParallelOptions po;
+  po.device = device;
+  po.precision = m.bf16 ? backend::Precision::BF16 : backend::Precision::FP32;
+  std::string layouts_why;
+  po.gemm_layouts =
+      parallel::resolve_gemm_layouts(opt.gemm_layouts, po.precision, *device, &layouts_why);
+  parallel::ParallelTransformer model(r.mc, groups, r.B, r.T, po);
+  r.step_plan = model.gemm_layout_plan();
+  const std::string layout_summary = model.gemm_layout_summary() + " [--gemm-layouts " +
+                                     opt.gemm_layouts + ": " + layouts_why + "]";
+  if (m.bf16) out << "  " << layout_summary << "\n";
+  model.init_weights(1);
+  AdamW adam = make_adam(model, *device);
+  r.nparams = model.num_local_params();
+  // The planner's and the trainer's formula, the same function (one rank, these options).
+  r.mem = parallel::model_memory(r.mc, parallel::GridShape{}, parallel::GridCoord{}, r.B, r.T, po);
+  const std::vector<int32_t> tokens = random_tokens(size_t(r.N + 1), r.mc.vocab_size);
+  std::vector<double> times;
+  TraceLog trace_log;
+  StepProfile& profile = r.profile;
+  if (!opt.trace_path.empty()) profile.trace = &trace_log;
+  model.set_profile(&profile);
+  // The trainer's step (train/step_runner.hpp) of one micro-batch, clipped at norm 1.
+  StepOptions so;
+  so.B = r.B;
+  so.T = r.T;
+  so.profile = &profile;
+  StepRunner runner(model, adam, groups, so);
+  for (int s = 0; s < opt.warmup + opt.steps; ++s) {
+    if (s == opt.warmup) {
+      profile.clear();
+      trace_log.recording = true;
+      trace_log.origin = std::chrono::steady_clock::now();
     }
-    if (best_layout_ceiling > 0) {
-      out << "  bf16 GEMM ceiling on this model's shapes (oneDNN matmul, bf16 operands):\n"
-          << layout_lines.str() << std::setprecision(1)
-          << "    FLOP-weighted: " << step_layout_ceiling << " GFLOP/s in the step's layouts, "
-          << best_layout_ceiling << " in the fastest layouts; model FLOP/s = "
-          << 100 * model_flops / (best_layout_ceiling * 1e9) << "% of the fastest-layout ceiling\n";
-      const std::string choices = kernels::gemm_layout_report();
-      if (!choices.empty()) {
-        out << "  layout choices (kernels::gemm_bf16):\n";
-        std::istringstream lines(choices);
-        for (std::string l; std::getline(lines, l);) out << "    " << l << "\n";
+    const auto t0 = std::chrono::steady_clock::now();
+    runner.run(tokens.data(), tokens.data() + 1, double(r.N), 1e-4, s);
+    device->queue().synchronize();  // a GPU's step ends when its queue has drained
+    const double dt = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    if (s >= opt.warmup) times.push_back(dt);
+  }
+  model.set_profile(nullptr);
+  profile.trace = nullptr;  // trace_log ends here
+  if (!opt.trace_path.empty()) {
+    trace_log.recording = false;
+    parallel::write_trace(comm::Communicator::self(), trace_log,
+                          opt.configs.size() > 1 ? r.name + "." + opt.trace_path : opt.trace_path);
+  }
+  r.step_median = median(times);
+  r.total_time = 0;
+  for (double t : times) r.total_time += t;
+}
+
+// The report lines of a serial run after its steps: step time, tokens/s, MFU, the GEMM ceilings,
+// memory, the time split and compute by phase. Returns the phases' seconds per step (--json).
+nlohmann::json print_serial(const BenchOptions& opt, const SerialMachine& m, const SerialRun& r,
+                            std::ostream& out) {
+  backend::Backend* device = m.device;
+  const parallel::ModelMemory& mem = r.mem;
+  const double model_flops = r.model_flops, gemm_ceiling = r.gemm_ceiling;
+  const CeilingWindows& ceiling = r.ceiling;
+  // Memory that training needs, by the formula the planner and the trainer's fit check use:
+  // fp32 parameters, gradients and Adam moments, the bf16 weight copy (bf16), staging buffers,
+  // and the activation buffer (bf16 where bf16 activations are stored).
+  const double needed = double(mem.total());
+  std::ostringstream mem_terms;
+  mem_terms << std::fixed << std::setprecision(1) << "params " << mem.params / 1048576.0;
+  if (mem.params16 > 0) mem_terms << " + bf16 copy " << mem.params16 / 1048576.0;
+  mem_terms << " + grads " << mem.grads / 1048576.0 << " + Adam " << mem.optimizer / 1048576.0
+            << " + staging " << (mem.gathered + mem.staging) / 1048576.0 << " + activations "
+            << mem.activations / 1048576.0;
+
+  out << std::fixed << std::setprecision(3);
+  out << "  step time (median of " << opt.steps << ", after " << opt.warmup
+      << " warm-up): " << r.step_median << " s\n";
+  out << std::setprecision(1);
+  out << "  tokens/s:         " << r.tok_s << "\n";
+  out << "  model FLOP/s:     " << model_flops / 1e9
+      << " GFLOP/s  (6*N_matmul + 12*L*C*T per token, PaLM appendix B)\n";
+  out << "  MFU:              " << 100 * model_flops / (m.mfu_peak.value * 1e9) << "% of the "
+      << m.mfu_peak_name << ", " << m.mfu_peak.value << " GFLOP/s\n";
+  const char* ceiling_of = m.bf16 ? "the bf16 GEMM" : "sgemm";
+  if (m.on_gpu) {
+    out << "  GEMM ceiling:     " << 100 * model_flops / (gemm_ceiling * 1e9) << "% of "
+        << ceiling_of << " on " << device->name() << " (" << gemm_ceiling << " GFLOP/s)\n";
+  } else if (ceiling.unstable()) {
+    // No fraction: neither window measured the machine the step ran on.
+    out << "  GEMM ceiling:     " << ceiling.flag() << " (" << ceiling_of
+        << " on this model's shapes, measured before and after the steps: spread "
+        << 100 * ceiling.spread() << "%";
+    if (ceiling.step_above())
+      out << "; the step's " << model_flops / 1e9 << " model GFLOP/s beat the best of them, "
+          << ceiling.best;
+    out << "); no fraction of it is given\n";
+  } else {
+    out << "  GEMM ceiling:     " << 100 * model_flops / (gemm_ceiling * 1e9) << "% of "
+        << ceiling_of << " on this model's shapes (" << gemm_ceiling
+        << " GFLOP/s, each shape's best of before the steps " << ceiling.before << " and after "
+        << ceiling.after << ": spread " << 100 * ceiling.spread() << "%)\n";
+  }
+  const double best_layout_ceiling = r.layouts.best_ceiling();
+  if (best_layout_ceiling > 0) {
+    out << "  bf16 GEMM ceiling on this model's shapes (oneDNN matmul, bf16 operands):\n"
+        << r.layouts.lines << std::setprecision(1)
+        << "    FLOP-weighted: " << r.layouts.step_ceiling() << " GFLOP/s in the step's layouts, "
+        << best_layout_ceiling << " in the fastest layouts; model FLOP/s = "
+        << 100 * model_flops / (best_layout_ceiling * 1e9) << "% of the fastest-layout ceiling\n";
+    const std::string choices = backend::cpu_backend().bf16_status().layout_choices;
+    if (!choices.empty()) {
+      out << "  layout choices (kernels::gemm_bf16):\n";
+      std::istringstream lines(choices);
+      for (std::string l; std::getline(lines, l);) out << "    " << l << "\n";
+    }
+  }
+  if (!device->capabilities().host_visible)
+    out << "  memory:           on " << device->name() << ": " << needed / 1048576.0
+        << " MiB by the formula (" << mem_terms.str() << "); the host process's peak RSS follows\n";
+  out << "  memory:           peak RSS " << r.peak_rss / 1048576.0 << " MiB vs "
+      << needed / 1048576.0 << " MiB by the formula (" << mem_terms.str() << "): "
+      << std::setprecision(2) << double(r.peak_rss) / needed << "x\n";
+  out << "  time split:       compute 100% | exposed communication 0% | idle 0% (1 rank)\n";
+  out << "  compute by phase: ";
+  nlohmann::json phases;
+  // "other" is Phase::Other (model code outside the named kernels) plus the step time no
+  // phase recorded (loop overhead): one entry, so the shares add up to 100%.
+  const double untimed = std::max(0.0, r.total_time - r.profile.total());
+  for (int ph = 0; ph < int(Phase::Count); ++ph) {
+    const double sec = r.profile.seconds[ph] + (Phase(ph) == Phase::Other ? untimed : 0.0);
+    phases[phase_name(Phase(ph))] = sec / opt.steps;
+    out << phase_name(Phase(ph)) << " " << std::setprecision(1) << 100 * sec / r.total_time << "%"
+        << (ph + 1 < int(Phase::Count) ? ", " : "\n");
+  }
+  return phases;
+}
+
+// The --json row of a serial run (without the PyTorch fields).
+nlohmann::json serial_json(const BenchOptions& opt, const SerialMachine& m, const SerialRun& r,
+                           const nlohmann::json& phases) {
+  const double model_flops = r.model_flops, gemm_ceiling = r.gemm_ceiling;
+  const CeilingWindows& ceiling = r.ceiling;
+  const bool on_gpu = m.on_gpu;
+  nlohmann::json j = {{"config", r.name}, {"family", family_name(r.mc.family)},
+                      {"device", m.device->name()},
+                      {"precision", opt.precision}, {"batch", r.B}, {"seq", r.T}, {"threads", m.threads},
+                      {"params", r.nparams}, {"median_step_s", r.step_median},
+                      {"tokens_per_s", r.tok_s}, {"model_gflops", model_flops / 1e9},
+                      {"mfu", model_flops / (m.mfu_peak.value * 1e9)},
+                      {"mfu_peak", m.mfu_peak_name}, {"mfu_peak_gflops", m.mfu_peak.value},
+                      {"mfu_fma", model_flops / (m.fma_peak * 1e9)},
+                      {"gemm_ceiling_gflops", gemm_ceiling},
+                      {"gemm_ceiling_before_gflops", ceiling.before},
+                      {"gemm_ceiling_after_gflops", ceiling.after},
+                      {"gemm_ceiling_spread", ceiling.spread()},
+                      {"gemm_ceiling_unstable", !on_gpu && ceiling.unstable()},
+                      // null where the ceiling is unstable: no window saw the step's machine
+                      {"frac_gemm_ceiling", !on_gpu && ceiling.unstable()
+                                                ? nlohmann::json(nullptr)
+                                                : nlohmann::json(model_flops / (gemm_ceiling * 1e9))},
+                      {"peak_rss_mb", r.peak_rss / 1048576.0},
+                      {"needed_mb", double(r.mem.total()) / 1048576.0},
+                      {"phase_seconds_per_step", phases}};
+  if (m.bf16) {
+    j["gemm_layouts"] = r.step_plan.to_string();
+    j["gemm_layouts_source"] = r.step_plan.source;
+  }
+  const double best_layout_ceiling = r.layouts.best_ceiling();
+  if (best_layout_ceiling > 0) {
+    j["bf16_ceiling_step_layouts_gflops"] = r.layouts.step_ceiling();
+    j["bf16_ceiling_fastest_layouts_gflops"] = best_layout_ceiling;
+    j["frac_bf16_fastest_layout_ceiling"] = model_flops / (best_layout_ceiling * 1e9);
+  }
+  return j;
+}
+
+// The PyTorch anchor on the same configuration and CPU (GPT-2 family only): its line, and its
+// fields in j.
+void compare_pytorch(const BenchOptions& opt, const SerialMachine& m, const SerialRun& r,
+                     nlohmann::json& j, std::ostream& out) {
+  if (m.on_gpu && !m.anchor.empty())
+    out << "  PyTorch anchor: skipped (it runs on the CPU; the GPU's anchors are llm.c and "
+           "PyTorch on the GPU, docs/gpu.md)\n";
+  if (m.anchor.empty() || m.on_gpu || r.mc.family != Family::GPT2) return;
+  std::ostringstream cmd;
+  cmd << m.anchor << " --config " << r.name << " --threads " << m.threads << " --steps "
+      << opt.steps << " --warmup " << opt.warmup << " --precision " << opt.precision
+      << " 2>/dev/null";
+  const std::string res = run_capture(cmd.str());
+  try {
+    const auto line = res.substr(res.rfind('{'));
+    auto pj = nlohmann::json::parse(line);
+    const double pt = pj.at("tokens_per_s").get<double>();
+    out << std::setprecision(1) << "  PyTorch " << pj.value("torch_version", "?") << " "
+        << opt.precision << " (" << pj.value("attention", "explicit") << " attention):";
+    if (pj.contains("modes")) {
+      for (const auto& [mode, res_mode] : pj["modes"].items()) {
+        if (res_mode.contains("tokens_per_s"))
+          out << " " << mode << " " << res_mode["tokens_per_s"].get<double>() << " tokens/s;";
+        else
+          out << " " << mode << " failed;";
       }
     }
-    if (!device->capabilities().host_visible)
-      out << "  memory:           on " << device->name() << ": " << needed / 1048576.0
-          << " MiB by the formula (" << mem_terms.str() << "); the host process's peak RSS follows\n";
-    out << "  memory:           peak RSS " << peak_rss / 1048576.0 << " MiB vs "
-        << needed / 1048576.0 << " MiB by the formula (" << mem_terms.str() << "): "
-        << std::setprecision(2) << double(peak_rss) / needed << "x\n";
-    out << "  time split:       compute 100% | exposed communication 0% | idle 0% (1 rank)\n";
-    out << "  compute by phase: ";
-    nlohmann::json phases;
-    // "other" is Phase::Other (model code outside the named kernels) plus the step time no
-    // phase recorded (loop overhead): one entry, so the shares add up to 100%.
-    const double untimed = std::max(0.0, total_time - profile.total());
-    for (int ph = 0; ph < int(Phase::Count); ++ph) {
-      const double sec = profile.seconds[ph] + (Phase(ph) == Phase::Other ? untimed : 0.0);
-      phases[phase_name(Phase(ph))] = sec / opt.steps;
-      out << phase_name(Phase(ph)) << " " << std::setprecision(1) << 100 * sec / total_time << "%"
-          << (ph + 1 < int(Phase::Count) ? ", " : "\n");
-    }
-    (void)rss_before;
-
-    nlohmann::json j = {{"config", name}, {"family", family_name(mc.family)},
-                        {"device", device->name()},
-                        {"precision", opt.precision}, {"batch", B}, {"seq", T}, {"threads", threads},
-                        {"params", nparams}, {"median_step_s", step_median},
-                        {"tokens_per_s", tok_s}, {"model_gflops", model_flops / 1e9},
-                        {"mfu", model_flops / (mfu_peak.value * 1e9)},
-                        {"mfu_peak", mfu_peak_name}, {"mfu_peak_gflops", mfu_peak.value},
-                        {"mfu_fma", model_flops / (fma_peak * 1e9)},
-                        {"gemm_ceiling_gflops", gemm_ceiling},
-                        {"gemm_ceiling_before_gflops", ceiling.before},
-                        {"gemm_ceiling_after_gflops", ceiling.after},
-                        {"gemm_ceiling_spread", ceiling.spread()},
-                        {"gemm_ceiling_unstable", !on_gpu && ceiling.unstable()},
-                        // null where the ceiling is unstable: no window saw the step's machine
-                        {"frac_gemm_ceiling", !on_gpu && ceiling.unstable()
-                                                  ? nlohmann::json(nullptr)
-                                                  : nlohmann::json(model_flops / (gemm_ceiling * 1e9))},
-                        {"peak_rss_mb", peak_rss / 1048576.0}, {"needed_mb", needed / 1048576.0},
-                        {"phase_seconds_per_step", phases}};
-    if (bf16) {
-      j["gemm_layouts"] = step_plan.to_string();
-      j["gemm_layouts_source"] = step_plan.source;
-    }
-    if (best_layout_ceiling > 0) {
-      j["bf16_ceiling_step_layouts_gflops"] = step_layout_ceiling;
-      j["bf16_ceiling_fastest_layouts_gflops"] = best_layout_ceiling;
-      j["frac_bf16_fastest_layout_ceiling"] = model_flops / (best_layout_ceiling * 1e9);
-    }
-
-    if (on_gpu && !anchor.empty())
-      out << "  PyTorch anchor: skipped (it runs on the CPU; the GPU's anchors are llm.c and "
-             "PyTorch on the GPU, docs/gpu.md)\n";
-    if (!anchor.empty() && !on_gpu && mc.family == Family::GPT2) {
-      std::ostringstream cmd;
-      cmd << anchor << " --config " << name << " --threads " << threads << " --steps "
-          << opt.steps << " --warmup " << opt.warmup << " --precision " << opt.precision
-          << " 2>/dev/null";
-      const std::string res = run_capture(cmd.str());
-      try {
-        const auto line = res.substr(res.rfind('{'));
-        auto pj = nlohmann::json::parse(line);
-        const double pt = pj.at("tokens_per_s").get<double>();
-        out << std::setprecision(1) << "  PyTorch " << pj.value("torch_version", "?") << " "
-            << opt.precision << " (" << pj.value("attention", "explicit") << " attention):";
-        if (pj.contains("modes"))
-          for (const auto& [mode, r] : pj["modes"].items())
-            if (r.contains("tokens_per_s"))
-              out << " " << mode << " " << r["tokens_per_s"].get<double>() << " tokens/s;";
-            else
-              out << " " << mode << " failed;";
-        out << " -> tetrad / PyTorch " << pj.value("best_mode", "eager") << " (the faster) = "
-            << std::setprecision(2) << tok_s / pt << "x\n";
-        j["pytorch_tokens_per_s"] = pt;
-        j["pytorch_best_mode"] = pj.value("best_mode", "eager");
-        if (pj.contains("modes")) j["pytorch_modes"] = pj["modes"];
-        j["ratio_vs_pytorch"] = tok_s / pt;
-      } catch (const std::exception&) {
-        out << "  PyTorch anchor failed to run: " << cmd.str() << "\n";
-      }
-    }
-    out << std::defaultfloat;
-    if (json_out) json_out << j.dump() << "\n";
+    out << " -> tetrad / PyTorch " << pj.value("best_mode", "eager") << " (the faster) = "
+        << std::setprecision(2) << r.tok_s / pt << "x\n";
+    j["pytorch_tokens_per_s"] = pt;
+    j["pytorch_best_mode"] = pj.value("best_mode", "eager");
+    if (pj.contains("modes")) j["pytorch_modes"] = pj["modes"];
+    j["ratio_vs_pytorch"] = r.tok_s / pt;
+  } catch (const std::exception&) {
+    out << "  PyTorch anchor failed to run: " << cmd.str() << "\n";
   }
 }
 
-void run_bench_grids(const BenchOptions& opt, std::ostream& log) {
-  using namespace parallel;
-  const int threads = opt.threads > 0 ? opt.threads : 1;
-  omp_set_num_threads(threads);
-  comm::Communicator world = comm::Communicator::world();
-  const int G = world.size();
-  std::ostream null_stream(nullptr);
-  std::ostream& out = world.rank() == 0 ? log : null_stream;
-  out << "parallel benchmark: " << G << " ranks x " << threads << " thread(s) | "
-      << cpu_features().summary() << "\n";
-  std::ofstream json_out;
-  if (!opt.json_path.empty() && world.rank() == 0) json_out.open(opt.json_path);
-  const double baseline_rss = double(current_rss_bytes());
-  for (const std::string& name : opt.configs) {
-    ModelConfig mc = named_model(name);
-    if (opt.layers > 0) mc.n_layer = opt.layers;
-    const int Bg = standard_batch(name), T = bench_seq(opt, mc, name);
-    const int64_t serial_state = 16 * build_param_table(mc).total;  // p, g, m, v in fp32
-    out << "\n== " << name << ": global batch " << Bg << " x " << T << " tokens\n"
-        << "  grid      overlap tokens/s   step s  compute  exposed  hidden  idle  state/rank   "
-           "vs serial/G   RSS/rank  estimate\n";
-    std::vector<GridShape> shapes = factorizations(G);
-    if (!opt.grid.empty()) shapes = {parse_grid(opt.grid)};
-    std::vector<std::string> modes;
-    {
-      std::stringstream ss(opt.overlap == "both" ? std::string("off,on") : opt.overlap);
-      for (std::string m; std::getline(ss, m, ',');) {
-        if (m != "off" && m != "on" && m != "poll" && m != "thread" && m != "chunked")
-          fail("--overlap: expected a list of off, on, poll, thread, chunked (or both), got '", m,
-               "'");
-        modes.push_back(m);
-      }
+// One configuration of a serial run: its header, the model's GEMM ceiling before the steps, the
+// steps, the ceilings after them, the report lines, the anchor and the --json row.
+void bench_config(const BenchOptions& opt, SerialMachine& m, const std::string& name,
+                  std::ostream& out) {
+  SerialRun r;
+  r.name = name;
+  r.mc = named_model(name);
+  const ModelConfig& mc = r.mc;
+  r.B = opt.batch > 0 ? opt.batch : standard_batch(name);
+  r.T = bench_seq(opt.seq, mc, name);
+  r.N = int64_t(r.B) * r.T;
+  out << "\n== " << name << " (" << family_name(mc.family) << ", L=" << mc.n_layer
+      << " C=" << mc.n_embd << " heads=" << mc.n_head << " ffn=" << mc.ffn
+      << " V=" << mc.vocab_size << ", B=" << r.B << " T=" << r.T << ", " << opt.precision << ")\n";
+
+  // GEMM ceiling on the model's own shapes: total GEMM FLOPs / total time at measured rates
+  // (of the GEMM this precision runs: sgemm, or the bf16 GEMM), measured in two windows, here
+  // and again after the timed steps: the host's clock moves between them on a shared machine
+  // (CeilingWindows, backend/ceilings.hpp), so each shape takes its better window and the
+  // line says when the two disagree.
+  std::vector<GemmShape> ceiling_shapes;
+  std::vector<double> ceiling_flop;
+  if (!m.on_gpu)  // the host's GEMM says nothing about the GPU's: device_gemm_ceiling
+    for (const GemmShape& s : model_gemm_shapes(mc, int(r.N))) {
+      ceiling_shapes.push_back(s);
+      ceiling_flop.push_back(s.flop());
     }
+<<<<<<< HEAD
     ParallelOptions po;
     po.precision = backend::resolve_precision(opt.precision, backend::cpu_backend()).precision;
     po.gemm_layouts = resolve_gemm_layouts(opt.gemm_layouts, po.precision, backend::cpu_backend(),
@@ -775,6 +764,35 @@ void run_bench_grids(const BenchOptions& opt, std::ostream& log) {
       }
     }
   }
+=======
+  const std::vector<double> ceiling_before = measure_model_ceiling(ceiling_shapes, m.bf16, m.threads);
+
+  run_serial_steps(opt, m, r, out);
+  r.peak_rss = peak_rss_bytes();
+  // The bf16 layout ceilings, measured after the model's steps (its plan is known then).
+  if (m.bf16 && !m.on_gpu && m.device->bf16_status().native)
+    r.layouts = measure_layout_ceiling(mc, r.N, r.step_plan, m.threads);
+  r.tok_s = double(r.N) / r.step_median;
+  r.model_flops = flops_per_token(mc, r.T) * r.tok_s;
+  r.ceiling = ceiling_windows(ceiling_flop, ceiling_before,
+                              measure_model_ceiling(ceiling_shapes, m.bf16, m.threads),
+                              r.model_flops / 1e9);
+  r.gemm_ceiling = m.on_gpu ? m.device_gemm_ceiling : r.ceiling.best;
+
+  const nlohmann::json phases = print_serial(opt, m, r, out);
+  nlohmann::json j = serial_json(opt, m, r, phases);
+  compare_pytorch(opt, m, r, j, out);
+  out << std::defaultfloat;
+  if (m.json_out) m.json_out << j.dump() << "\n";
+}
+
+}  // namespace
+
+void run_bench(const BenchOptions& opt, std::ostream& out) {
+  SerialMachine m;
+  set_up_machine(opt, m, out);
+  for (const std::string& name : opt.configs) bench_config(opt, m, name, out);
+>>>>>>> main
 }
 
 }  // namespace tetrad

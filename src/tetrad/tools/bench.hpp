@@ -15,7 +15,7 @@ struct BenchOptions {
   int threads = 0;        // 0: all cores
   std::string json_path;  // also write one JSON object per line here
   std::string anchor_cmd; // "" = auto (python3 bench/pytorch_gpt2.py if torch imports), "none"
-  std::string precision = "fp32";  // "fp32" | "bf16" (backend/cpu/precision.hpp)
+  std::string precision = "fp32";  // "fp32" | "bf16" (backend/precision.hpp)
   // bf16 GEMM layouts of the model: "auto" | "rule" | "tune" (train.gemm_layouts)
   std::string gemm_layouts = "auto";
   bool quick_ceilings = false;  // the longer measurement is steadier on a shared machine

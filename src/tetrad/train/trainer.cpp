@@ -37,9 +37,6 @@
 #include "tetrad/core/signals.hpp"
 #include "tetrad/data/loader.hpp"
 #include "tetrad/data/tokenizer.hpp"
-#include "tetrad/backend/cpu/ops.hpp"
-#include "tetrad/backend/cpu/attention_bf16.hpp"
-#include "tetrad/backend/cpu/precision.hpp"
 #include "tetrad/model/params.hpp"
 #include "tetrad/parallel/grid.hpp"
 #include "tetrad/planner/planner.hpp"
@@ -48,7 +45,6 @@
 #include "tetrad/parallel/parallel_transformer.hpp"
 #include "tetrad/parallel/pipeline.hpp"
 #include "tetrad/parallel/process_groups.hpp"
-#include "tetrad/backend/cpu/ceilings.hpp"
 #include "tetrad/train/loss_mask.hpp"
 #include "tetrad/train/step_runner.hpp"
 #include "tetrad/train/optimizer.hpp"
@@ -902,7 +898,7 @@ TrainResult train(const RunConfig& cfg, const TrainOptions& opt, std::ostream& l
         << "): about 1 in " << t.goldfish_k << " targets dropped from the loss\n";
   if (!opt.quiet) {
     const std::string attn_path = &model.compute_backend() == &backend::cpu_backend()
-                                      ? std::string(" (") + kernels::attention_bf16_path() + ")"
+                                      ? " (" + backend::cpu_backend().bf16_status().attention_path + ")"
                                       : std::string();
     if (precision == backend::Precision::BF16)
       out << "precision: bf16 GEMMs, fp32 master weights and optimizer; "

@@ -12,7 +12,7 @@
 
 #include "tetrad/backend/cpu/attention.hpp"
 #include "tetrad/backend/cpu/attention_bf16.hpp"
-#include "tetrad/backend/cpu/ceilings.hpp"
+#include "tetrad/backend/ceilings.hpp"
 #include "tetrad/backend/cpu/ops.hpp"
 #include "tetrad/backend/cpu/precision.hpp"
 #include "tetrad/backend/cpu/split_ops.hpp"
@@ -308,8 +308,13 @@ PrecisionChoice CpuBackend::auto_precision() const {
   return {k::auto_precision(), k::auto_precision_reason()};
 }
 
+Bf16Status CpuBackend::bf16_status() const {
+  return {caps_.gemm_bf16_native && k::native_bf16_matmul(), k::bf16_matmul_path(),
+          k::attention_bf16_path(), k::gemm_layout_report()};
+}
+
 // A quick ceiling: the best of a few fp32 (and, when native, bf16) GEMMs on a square and a large
-// copy. backend/cpu/ceilings measures the same with more detail (FMA peak, the model's own shapes).
+// copy. backend/ceilings measures the same with more detail (FMA peak, the model's own shapes).
 DeviceCeilings CpuBackend::ceilings(int threads, bool quick) {
   DeviceCeilings c;
   const int saved = omp_get_max_threads();

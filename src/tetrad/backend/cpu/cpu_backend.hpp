@@ -29,6 +29,7 @@ class CpuBackend final : public Backend {
   DeviceCeilings ceilings(int threads, bool quick) override;
   DevicePeak peak(Precision p, int threads) override;
   PrecisionChoice auto_precision() const override;
+  Bf16Status bf16_status() const override;
   bool host_readable(const void*) const override { return true; }  // device memory is host memory
   MemoryAvailable memory_available() const override { return host_memory_available(); }
 

@@ -13,6 +13,8 @@
 #include <cstdint>
 #include <vector>
 
+#include "tetrad/backend/rope_tables.hpp"
+
 namespace tetrad::kernels {
 
 // C[M,N] = alpha * op(A) · op(B) + beta * C, row-major; op(X) = Xᵀ when the flag is set.
@@ -77,27 +79,8 @@ void swiglu_backward(T* dgu, const T* dout, const T* gu, int64_t ntok, int64_t F
 // (row stride `stride`), the token of row r of sequence b sitting at position pos0 + r % T.
 // cos/sin tables: [max_pos, hd/2] from rope_tables().
 //
-// The frequencies: inv_freq[i] = theta^(-2i/hd) (Hugging Face's "default" rope type), or with
-// Llama 3.1's scaling (rope type "llama3": `factor` > 0 below) as transformers computes it:
-// with wavelen = 2 pi / inv_freq, low = original_max_position / low_freq_factor and
-// high = original_max_position / high_freq_factor,
-//   wavelen < high:  inv_freq unchanged (high frequencies)
-//   wavelen > low:   inv_freq / factor (low frequencies)
-//   otherwise:       (1 - s) inv_freq / factor + s inv_freq,
-//                    s = (original_max_position / wavelen - low_freq_factor)
-//                        / (high_freq_factor - low_freq_factor)  (the smooth band).
-struct RopeFrequencies {
-  double theta = 10000;
-  double factor = 0;  // 0: no scaling (default rope); > 0: llama3 scaling with the fields below
-  double low_freq_factor = 1, high_freq_factor = 4, original_max_position = 8192;
-};
-// The hd/2 inverse frequencies.
-std::vector<double> rope_inv_freq(int64_t hd, const RopeFrequencies& f);
-template <typename T>
-void rope_tables(T* cos_table, T* sin_table, int64_t max_pos, int64_t hd,
-                 const RopeFrequencies& f);
-template <typename T>
-void rope_tables(T* cos_table, T* sin_table, int64_t max_pos, int64_t hd, double theta);
+// The frequencies and tables (RopeFrequencies, rope_inv_freq, rope_tables):
+// backend/rope_tables.hpp.
 template <typename T>
 void rope_forward(T* x, int64_t ntok, int64_t T_seq, int64_t pos0, int64_t n_rot_heads,
                   int64_t hd, int64_t stride, const T* cos_table, const T* sin_table);

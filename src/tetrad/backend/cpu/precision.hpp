@@ -31,6 +31,7 @@
 #include <cstring>
 #include <string>
 
+#include "tetrad/backend/bf16.hpp"
 #include "tetrad/backend/precision.hpp"
 
 namespace tetrad::kernels {
@@ -101,23 +102,10 @@ bool gemm_layout_rule(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t 
 // For benchmarks: the choice made for each shape seen so far, one line each.
 std::string gemm_layout_report();
 
-// bf16 conversions: round to nearest even; NaN stays NaN (quiet), ±inf stays ±inf, values past
-// the largest bf16 round to ±inf as IEEE rounding does.
-// Written as a select, not an early return, so loops that call it vectorise (a blend).
-inline uint16_t float_to_bf16(float f) {
-  uint32_t u;
-  std::memcpy(&u, &f, 4);
-  const uint32_t quiet_nan = (u >> 16) | 0x40u;                 // NaN: keep it quiet
-  const uint32_t rounded = (u + 0x7fffu + ((u >> 16) & 1u)) >> 16;
-  return uint16_t((u & 0x7fffffffu) > 0x7f800000u ? quiet_nan : rounded);
-}
-inline float bf16_to_float(uint16_t h) {
-  const uint32_t u = uint32_t(h) << 16;
-  float f;
-  std::memcpy(&f, &u, 4);
-  return f;
-}
-inline float round_to_bf16(float f) { return bf16_to_float(float_to_bf16(f)); }
+// bf16 conversions: backend/bf16.hpp.
+using backend::float_to_bf16;
+using backend::bf16_to_float;
+using backend::round_to_bf16;
 
 // out[r * ldo + c] = round_to_bf16(in[r * ldi + c]) for r < rows, c < cols (OpenMP over rows).
 void round_matrix_to_bf16(const float* in, int64_t ldi, float* out, int64_t ldo, int64_t rows,

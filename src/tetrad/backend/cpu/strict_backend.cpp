@@ -343,6 +343,7 @@ DeviceCeilings StrictBackend::ceilings(int threads, bool quick) {
 }
 DevicePeak StrictBackend::peak(Precision p, int threads) { return cpu_->peak(p, threads); }
 PrecisionChoice StrictBackend::auto_precision() const { return cpu_->auto_precision(); }
+Bf16Status StrictBackend::bf16_status() const { return cpu_->bf16_status(); }
 
 bool StrictBackend::host_readable(const void* p) const {
   const uintptr_t a = reinterpret_cast<uintptr_t>(p);

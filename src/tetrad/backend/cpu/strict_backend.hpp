@@ -44,6 +44,7 @@ class StrictBackend final : public Backend {
   DeviceCeilings ceilings(int threads, bool quick) override;
   DevicePeak peak(Precision p, int threads) override;
   PrecisionChoice auto_precision() const override;
+  Bf16Status bf16_status() const override;
   bool host_readable(const void* p) const override;
   // Its "device" memory is host memory (mmap'ed pages): the node's, shared by its ranks.
   MemoryAvailable memory_available() const override { return host_memory_available(); }

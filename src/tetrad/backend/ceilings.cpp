@@ -1,4 +1,4 @@
-#include "tetrad/backend/cpu/ceilings.hpp"
+#include "tetrad/backend/ceilings.hpp"
 
 #include <omp.h>
 
@@ -22,6 +22,7 @@
 
 #include "tetrad/core/cpu.hpp"
 #include "tetrad/core/error.hpp"
+#include "tetrad/backend/cpu/attention.hpp"
 #include "tetrad/backend/cpu/precision.hpp"
 
 namespace tetrad {
@@ -767,6 +768,35 @@ nlohmann::json MachineCeilings::to_json() const {
   }
   j["seconds"] = seconds;
   return j;
+}
+
+// The planner's attention rate (planner/machine.cpp), measured here beside the kernels it times.
+double attention_gflops(int threads, int reps) {
+  const int B = 2, T = 512, H = 8, hd = 64, C = H * hd;
+  const size_t n = size_t(B) * T * C;
+  std::vector<float> q(n), k(n), v(n), out(n), dout(n), dq(n), dk(n), dv(n), lse(size_t(B) * H * T);
+  uint32_t s = 12345;
+  for (auto* buf : {&q, &k, &v, &dout})
+    for (auto& x : *buf) {
+      s = s * 1664525u + 1013904223u;
+      x = float(s >> 8) / float(1u << 23) - 1.0f;
+    }
+  kernels::AttentionDims d{B, T, T, H, H, hd, C, C, C, int64_t(T) * C, int64_t(T) * C, int64_t(T) * C};
+  const int prev = omp_get_max_threads();
+  omp_set_num_threads(threads);
+  std::vector<double> rates;
+  for (int r = 0; r <= reps; ++r) {
+    const auto t0 = std::chrono::steady_clock::now();
+    kernels::attention_forward(out.data(), lse.data(), q.data(), k.data(), v.data(), d);
+    kernels::attention_backward(dq.data(), dk.data(), dv.data(), dout.data(), q.data(), k.data(),
+                                v.data(), out.data(), lse.data(), d);
+    const double dt =
+        std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    if (r > 0) rates.push_back(3 * kernels::attention_forward_flops(d) / dt / 1e9);  // r = 0: warm-up
+  }
+  omp_set_num_threads(prev);
+  std::sort(rates.begin(), rates.end());
+  return rates[rates.size() / 2];
 }
 
 }  // namespace tetrad

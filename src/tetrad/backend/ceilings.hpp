@@ -1,4 +1,6 @@
-// The CPU backend's machine ceilings, measured on every benchmark run (docs/benchmarks.md) and by
+// The host CPU's machine ceilings (backend level: the benchmark, the planner's machine
+// measurement and the CPU backends' Backend::peak read them; measured with the CPU kernels of
+// backend/cpu/), measured on every benchmark run (docs/benchmarks.md) and by
 // the planner's machine measurement (planner/machine.hpp): the fp32 FMA peak of a register-only
 // loop, the GEMM library on a large square and on the model's own shapes (model/gemm_shapes.hpp;
 // fp32 dnnl_sgemm; bf16 inputs with fp32 output through the oneDNN matmul primitive), and memory
@@ -128,6 +130,11 @@ struct MachineCeilings {
   std::string to_text() const;  // a few aligned lines for benchmark output
   nlohmann::json to_json() const;
 };
+
+// The CPU attention kernel's forward + backward on a `small`-like shape (2 x 512 tokens, 8 heads
+// of 64), in executed causal FLOPs per second (fwd + bwd counted as 3 forwards, as the planner
+// does): the median of `reps` after a warm-up, on `threads` threads (planner/machine's rate).
+double attention_gflops(int threads, int reps);
 
 // Measures the ceilings above on `threads` threads (0 = num_cores()). quick: shorter loops and
 // a 1024 square (well under a second); otherwise a 3072 square and longer loops (a few seconds).
