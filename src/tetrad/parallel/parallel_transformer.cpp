@@ -137,13 +137,8 @@ ParallelTransformer::ParallelTransformer(const ModelConfig& config, ProcessGroup
                                           int64_t(local_batch) * max_len);
 
   const int64_t N = int64_t(local_batch) * max_len;
-<<<<<<< HEAD
   layer_slots_ = layer_slots(cfg_.n_layer, split_, G.p(), g_.coord.p());
-  // The activation buffer and its views, both from the spec list (transformer_activations.hpp).
-=======
-  layer_slots_ = layer_slots(cfg_.n_layer, split_, G.p, g_.coord.p);
   // The activation buffer and its views, both from the spec list (activation_layout.hpp).
->>>>>>> main
   const ActivationSizes sz = activation_sizes(opt_.recompute);
   acts_ = backend::DeviceArray<float>(*be_, size_t(sz.total));
   a_ = std::make_unique<Acts>(lay_out_activations(acts_.data(), sz, layer_slots_, bf16_acts_));
