@@ -548,6 +548,61 @@ struct HfTokenizer::Impl {
 HfTokenizer::HfTokenizer(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
 HfTokenizer::~HfTokenizer() = default;
 
+namespace {
+
+// The post-processor: the single template's special tokens, before (prefix) and after (suffix)
+// the text's.
+void parse_post_processor(const json& p, const std::string& where, std::vector<int32_t>& prefix,
+                          std::vector<int32_t>& suffix) {
+  if (p.is_null()) return;
+  const std::string type = type_of(p, where, "the post_processor");
+  if (type == "ByteLevel") return;  // offsets only
+  if (type == "Sequence") {
+    check_keys(p, {"type", "processors"}, where, "the Sequence post_processor");
+    if (!p.contains("processors") || !p["processors"].is_array())
+      fail("tokenizer '", where, "': the Sequence post_processor has no \"processors\" array");
+    for (const json& x : p["processors"]) parse_post_processor(x, where, prefix, suffix);
+    return;
+  }
+  if (type != "TemplateProcessing")
+    refuse(where, "post_processor '" + type + "' (ByteLevel, TemplateProcessing and Sequence are)");
+  check_keys(p, {"type", "single", "pair", "special_tokens"}, where, "the TemplateProcessing post_processor");
+  if (!p.contains("single") || !p["single"].is_array())
+    fail("tokenizer '", where, "': TemplateProcessing has no \"single\" template");
+  const json specials = p.value("special_tokens", json::object());
+  bool seen_sequence = false;
+  for (const json& item : p["single"]) {
+    if (item.contains("Sequence")) {
+      seen_sequence = true;
+      continue;
+    }
+    if (!item.contains("SpecialToken") || !item["SpecialToken"].is_object())
+      fail("tokenizer '", where, "': a TemplateProcessing item is neither Sequence nor SpecialToken");
+    const std::string name = get_string(item["SpecialToken"], "id", where);
+    if (!specials.contains(name) || !specials[name].contains("ids") || !specials[name]["ids"].is_array())
+      fail("tokenizer '", where, "': template token '", name, "' is not in special_tokens");
+    for (const json& id : specials[name]["ids"]) {
+      if (!id.is_number_integer()) fail("tokenizer '", where, "': special token '", name, "' has a bad id");
+      (seen_sequence ? suffix : prefix).push_back(id.get<int32_t>());
+    }
+  }
+}
+
+// The decoder: whether it is byte-level (ByteLevel, alone or in a Sequence); refuses any other.
+bool byte_level_decoder(const json& d, const std::string& where) {
+  if (d.is_null()) return false;
+  const std::string type = type_of(d, where, "the decoder");
+  if (type == "ByteLevel") return true;
+  if (type == "Sequence" && d.contains("decoders") && d["decoders"].is_array()) {
+    bool any = false;
+    for (const json& x : d["decoders"]) any = byte_level_decoder(x, where) || any;
+    return any;
+  }
+  refuse(where, "decoder '" + type + "' (only ByteLevel is)");
+}
+
+}  // namespace
+
 std::unique_ptr<HfTokenizer> HfTokenizer::parse(const std::string& text, const std::string& where) {
   json j;
   try {
@@ -742,55 +797,10 @@ std::unique_ptr<HfTokenizer> HfTokenizer::parse(const std::string& text, const s
   if (j.contains("pre_tokenizer")) pre(j["pre_tokenizer"]);
 
   // post-processor: the single template's special tokens
-  std::function<void(const json&)> post = [&](const json& p) {
-    if (p.is_null()) return;
-    const std::string type = type_of(p, where, "the post_processor");
-    if (type == "ByteLevel") return;  // offsets only
-    if (type == "Sequence") {
-      check_keys(p, {"type", "processors"}, where, "the Sequence post_processor");
-      if (!p.contains("processors") || !p["processors"].is_array())
-        fail("tokenizer '", where, "': the Sequence post_processor has no \"processors\" array");
-      for (const json& x : p["processors"]) post(x);
-      return;
-    }
-    if (type != "TemplateProcessing")
-      refuse(where, "post_processor '" + type + "' (ByteLevel, TemplateProcessing and Sequence are)");
-    check_keys(p, {"type", "single", "pair", "special_tokens"}, where, "the TemplateProcessing post_processor");
-    if (!p.contains("single") || !p["single"].is_array())
-      fail("tokenizer '", where, "': TemplateProcessing has no \"single\" template");
-    const json specials = p.value("special_tokens", json::object());
-    bool seen_sequence = false;
-    for (const json& item : p["single"]) {
-      if (item.contains("Sequence")) {
-        seen_sequence = true;
-        continue;
-      }
-      if (!item.contains("SpecialToken") || !item["SpecialToken"].is_object())
-        fail("tokenizer '", where, "': a TemplateProcessing item is neither Sequence nor SpecialToken");
-      const std::string name = get_string(item["SpecialToken"], "id", where);
-      if (!specials.contains(name) || !specials[name].contains("ids") || !specials[name]["ids"].is_array())
-        fail("tokenizer '", where, "': template token '", name, "' is not in special_tokens");
-      for (const json& id : specials[name]["ids"]) {
-        if (!id.is_number_integer()) fail("tokenizer '", where, "': special token '", name, "' has a bad id");
-        (seen_sequence ? t.suffix : t.prefix).push_back(id.get<int32_t>());
-      }
-    }
-  };
-  if (j.contains("post_processor")) post(j["post_processor"]);
+  if (j.contains("post_processor")) parse_post_processor(j["post_processor"], where, t.prefix, t.suffix);
 
   // decoder: byte-level only
-  std::function<bool(const json&)> decoder = [&](const json& d) -> bool {
-    if (d.is_null()) return false;
-    const std::string type = type_of(d, where, "the decoder");
-    if (type == "ByteLevel") return true;
-    if (type == "Sequence" && d.contains("decoders") && d["decoders"].is_array()) {
-      bool any = false;
-      for (const json& x : d["decoders"]) any = decoder(x) || any;
-      return any;
-    }
-    refuse(where, "decoder '" + type + "' (only ByteLevel is)");
-  };
-  if (!j.contains("decoder") || !decoder(j["decoder"]))
+  if (!j.contains("decoder") || !byte_level_decoder(j["decoder"], where))
     refuse(where, "a tokenizer without a ByteLevel decoder");
 
   for (int32_t id : t.prefix)

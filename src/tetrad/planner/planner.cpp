@@ -67,16 +67,6 @@ void PlanInput::validate() const {
 
 namespace {
 
-// Parameters in the GEMMs of one block, and of the output head.
-struct Sizes {
-  double H, L, F, V, S_max, QKV, FW;
-  // The family's vectors (model/family.hpp): a norm's (weight, or weight and bias), whether the
-  // layers have biases, whether positions are a learned table.
-  int norm_vectors;
-  bool biases, learned_positions, tied;
-  double block_matmul() const { return QKV * H + H * H + FW * H + H * F; }
-  double head() const { return V * H; }
-};
 Sizes sizes(const ModelConfig& m) {
   Sizes s;
   s.H = m.n_embd;
@@ -558,6 +548,193 @@ void require_rate(const Machine& m, Precision p) {
   if (m.peak(p == Precision::BF16) <= 0) fail(missing_rate_message(m, p));
 }
 
+// ------------------------------------------------------------------- estimate, by cost term
+
+namespace {
+
+// Why a grid's memory per rank does not fit the machine; "" when it fits.
+std::string fit_problem(const MemoryBreakdown& mem, const Machine& mach) {
+  if (mem.total() <= mach.memory_bytes) return "";
+  std::ostringstream o;
+  o << std::fixed << std::setprecision(1) << "does not fit: needs " << mem.total() / 1e9
+    << " GB per rank (weights " << mem.weights / 1e9 << ", grads " << mem.grads / 1e9
+    << ", optimizer " << mem.optimizer / 1e9 << ", gathered " << mem.gathered / 1e9
+    << ", staging " << mem.staging / 1e9 << ", activations " << mem.activations / 1e9 << "), machine has "
+    << mach.memory_bytes / 1e9 << " GB";
+  return o.str();
+}
+
+// Compute of one micro-batch on one rank, per layer and for the top (embedding + head).
+struct ComputeTimes {
+  GemmTimes gt;
+  double attn_fwd = 0;   // causal attention's forward work (flops)
+  double rate_attn = 0;  // attention's rate (flop/s)
+  double layer_fwd = 0, layer_bwd = 0, layer_dw = 0;  // seconds per layer
+  double head_fwd = 0, head_bwd = 0;                  // seconds of the head and the loss
+};
+
+ComputeTimes compute_times(const PlanInput& in, const GridShape& g, const Machine& mach, const Sizes& s, double T) {
+  const ModelConfig& m = in.model;
+  const bool bf16 = in.precision == Precision::BF16;
+  const double act_b = bf16 ? 2 : 4;
+  const bool full = in.recompute == Recompute::Full, any_rc = in.recompute != Recompute::None;
+  ComputeTimes c;
+  // Attention: heads split over Y, replicated over X; causal kernels execute half the scores.
+  c.attn_fwd = 0.5 * 4 * T * in.seq * s.H / g.y();
+  ModelConfig m1 = m;
+  m1.n_layer = 1;
+  GridShape g1 = g;
+  g1[Axis::P] = 1;
+  ModelConfig m0 = m;
+  m0.n_layer = 0;
+  const double layer_elems =
+      double(trainer_activation_elements(m1, g1, int64_t(T)) - trainer_activation_elements(m0, g1, int64_t(T)));
+  // Elementwise work is memory-bound: each stored activation is written and read in forward and
+  // backward, and its gradient written and read (4 passes); recomputation adds a forward (2).
+  const double elem_passes = 4 + (any_rc ? 2 : 0);
+  c.rate_attn = mach.peak(bf16) * mach.attention_eff();
+  // Each GEMM at the efficiency of its own per-rank shape (Machine::gemm_eff): forward
+  // C[T, n] = A[T, k] W[k, n], input gradient [T, k] = [T, n] W^T, weight gradient
+  // [k, n] = A^T [T, n] (a GEMM with k = T).
+  c.gt = block_gemm_times(s, g, T, mach, bf16);
+  const double t_gemm_fwd = c.gt.fwd;
+  c.layer_dw = c.gt.dw;
+  c.layer_fwd = t_gemm_fwd + c.attn_fwd / c.rate_attn + 2 * layer_elems * act_b / mach.memory_bandwidth;
+  c.layer_bwd = c.gt.din + c.gt.dw + (full ? t_gemm_fwd : 0) +
+                (2 * c.attn_fwd + (any_rc ? c.attn_fwd : 0)) / c.rate_attn +
+                (elem_passes - 2) * layer_elems * act_b / mach.memory_bandwidth;
+  const double logits_b = T * s.V / g.y() * act_b;
+  // The head's GEMMs and the cross-entropy's passes over the logits (2 forward, 2 backward).
+  c.head_fwd = c.gt.head_fwd + 2 * logits_b / mach.memory_bandwidth;
+  c.head_bwd = c.gt.head_bwd + 2 * logits_b / mach.memory_bandwidth;
+  return c;
+}
+
+// The exposed part of an overlapped class of a layer's collectives (what its compute cannot hide).
+double z_fwd_exposed(const CommSums& c, const ComputeTimes& t) { return std::max(0.0, c.z_fwd - t.layer_fwd); }
+double z_bwd_exposed(const CommSums& c, const ComputeTimes& t) {
+  return std::max(0.0, c.z_bwd - (t.layer_bwd - t.layer_dw));
+}
+double din_exposed(const CommSums& c, const ComputeTimes& t) { return std::max(0.0, c.din - t.layer_dw); }
+
+// A layer's communication per micro-batch: exposed and the contention of the hidden part.
+struct LayerComm {
+  double exposed = 0, contention = 0;
+};
+
+LayerComm layer_comm(const CommSums& c, const ComputeTimes& t, bool ov_tensor, double f) {
+  LayerComm l;
+  l.exposed = c.layer_total();
+  // Overlap contention (docs/planner.md): a collective running beside compute holds
+  // collective_units of the machine's units, so the compute it hides behind runs at
+  // 1 - f of its rate while they overlap, f = collective_units / units.
+  if (ov_tensor) {
+    l.exposed = c.fwd_ar + z_fwd_exposed(c, t) + z_bwd_exposed(c, t) + din_exposed(c, t);
+    l.contention = overlap_contention(c.z_fwd, t.layer_fwd, f) +
+                   overlap_contention(c.z_bwd, t.layer_bwd - t.layer_dw, f) +
+                   overlap_contention(c.din, t.layer_dw, f);
+  }
+  return l;
+}
+
+// ---- the pipeline: each op's duration on its stage from the layers the trainer gives that
+// virtual stage (layer_split_of: parallel.pipeline_layers as the trainer resolves it), and the
+// schedule's makespan (pipeline_time).
+
+// One op's seconds on its stage, by part: compute, exposed communication, contention.
+struct OpParts {
+  double compute = 0, comm = 0, contention = 0;
+  double total() const { return compute + comm + contention; }
+};
+
+struct PipelineParts {
+  PipelineTime pt;
+  OpParts busiest;  // the busiest stage's parts (what the printed shares describe)
+};
+
+PipelineParts pipeline_parts(const PlanInput& in, const GridShape& g, const parallel::LayerSplit& layer_split,
+                             const ComputeTimes& t, const CommSums& sums, const LayerComm& lc, int64_t mcount) {
+  const int v = in.virtual_stages;
+  const double layer_time = t.layer_fwd + t.layer_bwd;
+  const double fwd_share = t.layer_fwd / layer_time;
+  const std::vector<int> split = layer_split.counts();
+  auto op_parts = [&](int stage, const parallel::PipeOp& op) {
+    const int j = op.chunk * g.p() + stage, V = g.p() * v;
+    const double nl = split[size_t(j)];
+    const double share = op.forward ? fwd_share : 1 - fwd_share;  // of the layer's comm
+    OpParts o;
+    o.compute = nl * (op.forward ? t.layer_fwd : t.layer_bwd);
+    o.comm = nl * share * lc.exposed;
+    o.contention = nl * share * lc.contention;
+    if (op.forward && j == 0) o.comm += sums.mb_at[int(MbAt::FirstFwd)];
+    if (j == V - 1) {
+      o.compute += op.forward ? t.head_fwd : t.head_bwd;
+      o.comm += sums.mb_at[int(op.forward ? MbAt::LastFwd : MbAt::LastBwd)];
+    }
+    o.comm += sums.mb_at[int(MbAt::EveryOp)] / (2.0 * v);  // one transfer per op
+    return o;
+  };
+  PipelineParts r;
+  r.pt = pipeline_time(in.schedule, g.p(), int(mcount), v,
+                       [&](int st, const parallel::PipeOp& op) { return op_parts(st, op).total(); });
+  for (int c = 0; c < v; ++c)
+    for (bool fwd : {true, false}) {
+      const OpParts o = op_parts(r.pt.busiest_stage, parallel::PipeOp{fwd, 0, c});
+      r.busiest.compute += o.compute, r.busiest.comm += o.comm, r.busiest.contention += o.contention;
+    }
+  return r;
+}
+
+// Optimizer: AdamW streams parameters, gradients and moments (read p, g, m, v, write p, m, v:
+// 28 bytes per fp32 parameter; 36 with bf16 weights and fp32 master copies), plus the gradient
+// norm's read; ZeRO >= 1 updates only 1/Gd of them.
+double optimizer_seconds(const PlanInput& in, const GridShape& g, const Machine& mach, const StageParams& sp) {
+  const bool bf16 = in.precision == Precision::BF16;
+  const double w_b = bf16 ? 2 : 4;
+  const double opt_params = sp.total() / (in.zero >= 1 ? g.d() : 1);
+  return ((bf16 ? 36.0 : 28.0) * opt_params + w_b * sp.total()) / mach.memory_bandwidth;
+}
+
+// Per-step totals of every collective into e.collectives, exposure apportioned within its class;
+// returns the exposed seconds by axis ("comm x", ...).
+std::map<std::string, double> per_step_collectives(Estimate& e, const std::vector<CommItem>& items, const CommSums& sums,
+                                                   const ComputeTimes& t, double Ls, int64_t mcount,
+                                                   bool ov_tensor, double dp_exposed) {
+  std::map<std::string, double> exposed_by_axis;
+  for (auto& it : items) {
+    CollectiveCost c = it.c;
+    const double per_call = c.seconds;
+    if (it.per_layer > 0) c.calls = it.c.calls * Ls * double(mcount);
+    else if (it.kind != kData) c.calls = it.c.calls * double(mcount);
+    c.seconds = per_call * c.calls;
+    double share = 1;
+    if (it.per_layer > 0 && ov_tensor && it.kind != kExposed) {
+      const double cls = it.kind == kZFwd ? sums.z_fwd : it.kind == kZBwd ? sums.z_bwd : sums.din;
+      const double cls_exp = it.kind == kZFwd   ? z_fwd_exposed(sums, t)
+                             : it.kind == kZBwd ? z_bwd_exposed(sums, t)
+                                                : din_exposed(sums, t);
+      share = cls > 0 ? cls_exp / cls : 0;
+    }
+    if (it.kind == kData) share = sums.step_comm > 0 ? dp_exposed / sums.step_comm : 0;
+    c.exposed = c.seconds * share;
+    exposed_by_axis[std::string("comm ") + c.axis.name()] += c.exposed;
+    e.collectives.push_back(c);
+  }
+  return exposed_by_axis;
+}
+
+// Dominant cost: the largest of compute, bubble, optimizer and each axis's exposed time.
+std::string dominant_cost(const Estimate& e, const std::map<std::string, double>& exposed_by_axis) {
+  std::vector<std::pair<std::string, double>> parts = {
+      {"compute", e.compute}, {"bubble", e.bubble}, {"optimizer", e.optimizer}};
+  for (auto& [k, v] : exposed_by_axis) parts.push_back({k, v});
+  return std::max_element(parts.begin(), parts.end(), [](auto& a, auto& b) {
+           return a.second < b.second;
+         })->first;
+}
+
+}  // namespace
+
 Estimate estimate(const PlanInput& in, const GridShape& g, const Machine& mach) {
   Estimate e;
   e.grid = g;
@@ -580,248 +757,53 @@ Estimate estimate(const PlanInput& in, const GridShape& g, const Machine& mach) 
   const double T = double(e.micro_batch / token_slots(g)) * in.seq;  // tokens per rank per micro-batch
   e.tokens_per_rank = int64_t(T);
   e.memory = memory_per_rank(in, g);
-  if (e.memory.total() > mach.memory_bytes) {
-    std::ostringstream o;
-    o << std::fixed << std::setprecision(1) << "does not fit: needs " << e.memory.total() / 1e9
-      << " GB per rank (weights " << e.memory.weights / 1e9 << ", grads " << e.memory.grads / 1e9
-      << ", optimizer " << e.memory.optimizer / 1e9 << ", gathered " << e.memory.gathered / 1e9
-      << ", staging " << e.memory.staging / 1e9 << ", activations " << e.memory.activations / 1e9 << "), machine has "
-      << mach.memory_bytes / 1e9 << " GB";
-    e.reject = o.str();
+  if (std::string why = fit_problem(e.memory, mach); !why.empty()) {
+    e.reject = why;
     return e;
   }
 
-  // ---- compute of one micro-batch on one rank, per layer and for the top (embedding + head)
-  const double xy = double(g.x()) * g.y();
-  const double act_b = bf16 ? 2 : 4, w_b = bf16 ? 2 : 4;
   const bool full = in.recompute == Recompute::Full, any_rc = in.recompute != Recompute::None;
-  // Attention: heads split over Y, replicated over X; causal kernels execute half the scores.
-  const double attn_fwd = 0.5 * 4 * T * in.seq * s.H / g.y();
-  ModelConfig m1 = m;
-  m1.n_layer = 1;
-  GridShape g1 = g;
-  g1[Axis::P] = 1;
-  ModelConfig m0 = m;
-  m0.n_layer = 0;
-  const double layer_elems =
-      double(trainer_activation_elements(m1, g1, int64_t(T)) - trainer_activation_elements(m0, g1, int64_t(T)));
-  // Elementwise work is memory-bound: each stored activation is written and read in forward and
-  // backward, and its gradient written and read (4 passes); recomputation adds a forward (2).
-  const double elem_passes = 4 + (any_rc ? 2 : 0);
-  const double rate_attn = mach.peak(bf16) * mach.attention_eff();
-  // Each GEMM at the efficiency of its own per-rank shape (Machine::gemm_eff): forward
-  // C[T, n] = A[T, k] W[k, n], input gradient [T, k] = [T, n] W^T, weight gradient
-  // [k, n] = A^T [T, n] (a GEMM with k = T).
-  const GemmTimes gt = block_gemm_times(s, g, T, mach, bf16);
-  const double t_gemm_fwd = gt.fwd, t_layer_dw = gt.dw;
-  const double t_layer_fwd = t_gemm_fwd + attn_fwd / rate_attn + 2 * layer_elems * act_b / mach.memory_bandwidth;
-  const double t_layer_bwd = gt.din + gt.dw + (full ? t_gemm_fwd : 0) +
-                             (2 * attn_fwd + (any_rc ? attn_fwd : 0)) / rate_attn +
-                             (elem_passes - 2) * layer_elems * act_b / mach.memory_bandwidth;
-  const double logits_b = T * s.V / g.y() * act_b;
-  // The head's GEMMs and the cross-entropy's passes over the logits (2 forward, 2 backward).
-  const double t_head_fwd = gt.head_fwd + 2 * logits_b / mach.memory_bandwidth;
-  const double t_head_bwd = gt.head_bwd + 2 * logits_b / mach.memory_bandwidth;
-  const int v = in.virtual_stages;
+  const ComputeTimes t = compute_times(in, g, mach, s, T);
   // The trainer's split (parallel.pipeline_layers): layers of each virtual stage.
   const parallel::LayerSplit layer_split = layer_split_of(in, g);
   const double Ls = stage_layer_count(layer_split, g.p());  // the fullest stage's layers
-
-  // ---- collectives: per layer per micro-batch (fwd / bwd), per micro-batch, per step
-  struct Item {
-    CollectiveCost c;
-    int kind;  // 0 exposed always, 1 z-gather fwd, 2 z bwd, 3 dIn bwd, 4 data (per step)
-    double per_layer;  // calls per layer per micro-batch (0: per micro-batch or per step)
-    // Per-micro-batch items: which pipeline op runs it (the embedding's on the first virtual
-    // stage's forward, the head's on the last's forward or backward, the point-to-point
-    // transfers once per op).
-    MbAt at = MbAt::LastFwd;
-  };
-  std::vector<Item> items;
-  // Where each group sits: every axis, and the token-splitting axes together.
-  const AxisSet tokens = parallel::token_axes();
-  std::map<unsigned, Placement> placed;  // by AxisSet::bits()
-  for (AxisSet a : {AxisSet(Axis::X), AxisSet(Axis::Y), AxisSet(Axis::Z), AxisSet(Axis::P),
-                    AxisSet(Axis::D), tokens})
-    placed[a.bits()] = place(g, a, mach);
-  auto add = [&](const char* what, AxisSet a, Op op, double bytes, double calls, int kind,
-                 bool per_layer, MbAt at = MbAt::LastFwd) {
-    const Placement& pl = placed.at(a.bits());
-    if (pl.group_size <= 1 || bytes <= 0 || calls <= 0) return;
-    Item it;
-    it.c.what = what;
-    it.c.axis = a;
-    it.c.op = op;
-    it.c.bytes = bytes;
-    it.c.calls = calls;
-    it.c.inter_node = pl.nodes > 1;
-    it.c.groups = pl.groups;
-    it.c.topology_limited = pl.topology_limited;
-    it.c.seconds = collective_seconds(op, bytes, pl);  // per call for now
-    it.kind = kind;
-    it.per_layer = per_layer ? calls : 0;
-    it.at = at;
-    items.push_back(it);
-  };
-  const double fwd_mult = full ? 2 : 1;  // full recomputation repeats the forward collectives
-  const double stats_b = T * 2 * 8;      // [T, 2] doubles of row statistics
-  // Norms: statistics all-reduced over X in forward and again in backward (2 norms per layer).
-  add("norm statistics (fwd+bwd)", Axis::X, Op::AllReduce, stats_b, 2 * (fwd_mult + 1), 0, true);
-  // Normal layers (q|k|v, MLP up): fwd all-reduce over X of [T, N/Gy]; bwd dIn over Y [T, H/Gx].
-  add("fwd all-reduce of q|k|v output", Axis::X, Op::AllReduce, T * s.QKV / g.y() * act_b, fwd_mult, 0, true);
-  add("fwd all-reduce of MLP-up output", Axis::X, Op::AllReduce, T * s.FW / g.y() * act_b, fwd_mult, 0, true);
-  add("bwd all-reduce of q|k|v dIn", Axis::Y, Op::AllReduce, T * s.H / g.x() * act_b, 1, 3, true);
-  add("bwd all-reduce of MLP-up dIn", Axis::Y, Op::AllReduce, T * s.H / g.x() * act_b, 1, 3, true);
-  // Transposed layers (attention output, MLP down): fwd over Y [T, H/Gx]; bwd dIn over X.
-  add("fwd all-reduce of attention-output", Axis::Y, Op::AllReduce, T * s.H / g.x() * act_b, fwd_mult, 0, true);
-  add("fwd all-reduce of MLP-down output", Axis::Y, Op::AllReduce, T * s.H / g.x() * act_b, fwd_mult, 0, true);
-  add("bwd all-reduce of attention-output dIn", Axis::X, Op::AllReduce, T * s.H / g.y() * act_b, 1, 3, true);
-  add("bwd all-reduce of MLP-down dIn", Axis::X, Op::AllReduce, T * s.F / g.y() * act_b, 1, 3, true);
-  // Z: the layer's blocks gathered before forward and again before backward; gradient blocks
-  // reduce-scattered after backward.
-  const double layer_block_b = s.block_matmul() / xy * w_b;
-  add("all-gather of layer weights (fwd)", Axis::Z, Op::AllGather, layer_block_b, 1, 1, true);
-  add("all-gather of layer weights (bwd)", Axis::Z, Op::AllGather, layer_block_b, 1, 2, true);
-  add("reduce-scatter of layer weight grads", Axis::Z, Op::ReduceScatter, layer_block_b, 1, 2, true);
-  // Per micro-batch: embedding (fwd all-reduce over Y), head (fwd over X of the logits, bwd dIn
-  // over Y), cross-entropy (max and sums over Y), final norm, top blocks over Z.
-  const double top_b = (s.tied ? 1 : 2) * s.head() / xy * w_b;
-  add("fwd all-reduce of embedding", Axis::Y, Op::AllReduce, T * s.H / g.x() * act_b, 1, 0, false, MbAt::FirstFwd);
-  add("fwd all-reduce of logits", Axis::X, Op::AllReduce, T * s.V / g.y() * act_b, 1, 0, false);
-  add("bwd all-reduce of head dIn", Axis::Y, Op::AllReduce, T * s.H / g.x() * act_b, 1, 0, false, MbAt::LastBwd);
-  add("cross-entropy max and sums", Axis::Y, Op::AllReduce, T * 3 * 4, 2, 0, false);
-  add("final norm statistics", Axis::X, Op::AllReduce, stats_b, 2, 0, false);
-  add("all-gather of embedding/head", Axis::Z, Op::AllGather, top_b, 1, 0, false, MbAt::FirstFwd);
-  add("reduce-scatter of embedding/head grads", Axis::Z, Op::ReduceScatter, top_b, 1, 0, false, MbAt::LastBwd);
-  // Pipeline: activations forward and their gradients back, [T, H/Gx] split over Y so each rank
-  // sends its 1/Gy (Megatron's scatter-gather).
-  // With v chunks per stage a micro-batch crosses every stage boundary v times each way.
-  add("pipeline send/recv (fwd+bwd)", Axis::P, Op::SendRecv, T * s.H / xy * act_b, 2.0 * v, 0, false, MbAt::EveryOp);
-  // Per step: Z shards all-reduced over D (ZeRO 1/2: reduce-scatter + all-gather, same ring
-  // volume); replicated vectors over Z x D.
   const StageParams sp = stage_params(m, g, true, g.p() == 1, int(Ls));
-  add("data-parallel all-reduce of gradients", Axis::D, Op::AllReduce, sp.matrices * w_b, 1, 4, false);
-  add("all-reduce of replicated grads (norms, biases)", tokens, Op::AllReduce, sp.vectors * w_b, 1, 4, false);
+
+  Collectives coll(g, mach);
+  add_tensor_layer_comm(coll, in, g, s, T);
+  add_sharded_layer_comm(coll, in, g, s);
+  add_top_comm(coll, in, g, s, T);
+  add_pipeline_comm(coll, in, g, s, T);
+  add_data_comm(coll, in, sp.matrices, sp.vectors);
+  const CommSums sums = comm_sums(coll.items());
 
   // ---- time of one micro-batch on the slowest stage, with overlap
   const bool ov_tensor = in.overlap != Overlap::None, ov_all = in.overlap == Overlap::All;
-  double fwd_ar = 0, z_fwd = 0, z_bwd = 0, din = 0, per_mb_total = 0, step_comm = 0;
-  double mb_at[4] = {0, 0, 0, 0};  // per-micro-batch communication by MbAt
-  for (const auto& it : items) {
-    const double t = it.c.seconds * it.c.calls;
-    if (it.per_layer > 0) {
-      if (it.kind == 0) fwd_ar += t;
-      else if (it.kind == 1) z_fwd += t;
-      else if (it.kind == 2) z_bwd += t;
-      else if (it.kind == 3) din += t;
-    } else if (it.kind == 4) {
-      step_comm += t;
-    } else {
-      per_mb_total += t;
-      mb_at[int(it.at)] += t;
-    }
-  }
-  const double layer_total = fwd_ar + z_fwd + z_bwd + din;
-  double layer_exposed = layer_total, layer_contention = 0;
-  // Overlap contention (docs/planner.md): a collective running beside compute holds
-  // collective_units of the machine's units, so the compute it hides behind runs at
-  // 1 - f of its rate while they overlap, f = collective_units / units.
   const double f = mach.contended_fraction();
-  if (ov_tensor) {
-    layer_exposed = fwd_ar + std::max(0.0, z_fwd - t_layer_fwd) +
-                    std::max(0.0, z_bwd - (t_layer_bwd - t_layer_dw)) + std::max(0.0, din - t_layer_dw);
-    layer_contention = overlap_contention(z_fwd, t_layer_fwd, f) +
-                       overlap_contention(z_bwd, t_layer_bwd - t_layer_dw, f) +
-                       overlap_contention(din, t_layer_dw, f);
-  }
+  const LayerComm lc = layer_comm(sums, t, ov_tensor, f);
   const int64_t mcount = e.micro_batches;
+  const GemmTimes& gt = t.gt;
   e.compute_gemm = double(mcount) * (Ls * (gt.fwd + gt.din + gt.dw + (full ? gt.fwd : 0)) + gt.head_fwd + gt.head_bwd);
-  e.compute_attention = double(mcount) * Ls * (3 * attn_fwd + (any_rc ? attn_fwd : 0)) / rate_attn;
-  // The pipeline: each op's duration on its stage from the layers the trainer gives that
-  // virtual stage (layer_split_of: parallel.pipeline_layers as the trainer resolves it), and the
-  // schedule's makespan (pipeline_time).
-  const double layer_time = t_layer_fwd + t_layer_bwd;
-  const double fwd_share = t_layer_fwd / layer_time;
-  // One op's seconds on its stage, by part: compute, exposed communication, contention.
-  struct OpParts {
-    double compute = 0, comm = 0, contention = 0;
-    double total() const { return compute + comm + contention; }
-  };
-  const std::vector<int> split = layer_split.counts();
-  auto op_parts = [&](int stage, const parallel::PipeOp& op) {
-    const int j = op.chunk * g.p() + stage, V = g.p() * v;
-    const double nl = split[size_t(j)];
-    const double share = op.forward ? fwd_share : 1 - fwd_share;  // of the layer's comm
-    OpParts o;
-    o.compute = nl * (op.forward ? t_layer_fwd : t_layer_bwd);
-    o.comm = nl * share * layer_exposed;
-    o.contention = nl * share * layer_contention;
-    if (op.forward && j == 0) o.comm += mb_at[int(MbAt::FirstFwd)];
-    if (j == V - 1) {
-      o.compute += op.forward ? t_head_fwd : t_head_bwd;
-      o.comm += mb_at[int(op.forward ? MbAt::LastFwd : MbAt::LastBwd)];
-    }
-    o.comm += mb_at[int(MbAt::EveryOp)] / (2.0 * v);  // one transfer per op
-    return o;
-  };
-  const PipelineTime pt = pipeline_time(in.schedule, g.p(), int(mcount), v,
-                                        [&](int st, const parallel::PipeOp& op) { return op_parts(st, op).total(); });
-  // The busiest stage's parts (what the printed shares describe).
-  OpParts busiest;
-  for (int c = 0; c < v; ++c)
-    for (bool fwd : {true, false}) {
-      const OpParts o = op_parts(pt.busiest_stage, parallel::PipeOp{fwd, 0, c});
-      busiest.compute += o.compute, busiest.comm += o.comm, busiest.contention += o.contention;
-    }
-  const double pipe = pt.makespan;
-  e.bubble = pt.makespan - pt.busiest;
-  const double bwd_last = Ls * t_layer_bwd;
-  const double dp_exposed = ov_all ? std::max(0.0, step_comm - bwd_last) : step_comm;
-  const double dp_contention = ov_all ? overlap_contention(step_comm, bwd_last, f) : 0.0;
-  e.contention = double(mcount) * busiest.contention + dp_contention;
-  // Optimizer: AdamW streams parameters, gradients and moments (read p, g, m, v, write p, m, v:
-  // 28 bytes per fp32 parameter; 36 with bf16 weights and fp32 master copies), plus the gradient
-  // norm's read; ZeRO >= 1 updates only 1/Gd of them.
-  const double opt_params = sp.total() / (in.zero >= 1 ? g.d() : 1);
-  e.optimizer = ((bf16 ? 36.0 : 28.0) * opt_params + w_b * sp.total()) / mach.memory_bandwidth;
-  e.compute = double(mcount) * busiest.compute;
-  e.comm_total = double(mcount) * (Ls * layer_total + per_mb_total) + step_comm;
-  e.comm_exposed = double(mcount) * busiest.comm + dp_exposed;
-  e.step = pipe + dp_exposed + dp_contention + e.optimizer;
+  e.compute_attention = double(mcount) * Ls * (3 * t.attn_fwd + (any_rc ? t.attn_fwd : 0)) / t.rate_attn;
+  const PipelineParts pp = pipeline_parts(in, g, layer_split, t, sums, lc, mcount);
+  e.bubble = pp.pt.makespan - pp.pt.busiest;
+  const double bwd_last = Ls * t.layer_bwd;
+  const double dp_exposed = ov_all ? std::max(0.0, sums.step_comm - bwd_last) : sums.step_comm;
+  const double dp_contention = ov_all ? overlap_contention(sums.step_comm, bwd_last, f) : 0.0;
+  e.contention = double(mcount) * pp.busiest.contention + dp_contention;
+  e.optimizer = optimizer_seconds(in, g, mach, sp);
+  e.compute = double(mcount) * pp.busiest.compute;
+  e.comm_total = double(mcount) * (Ls * sums.layer_total() + sums.per_mb_total) + sums.step_comm;
+  e.comm_exposed = double(mcount) * pp.busiest.comm + dp_exposed;
+  e.step = pp.pt.makespan + dp_exposed + dp_contention + e.optimizer;
   e.valid = true;
   e.tokens_per_s = double(in.global_batch) * in.seq / e.step;
   const double peak_all = mach.peak(bf16) * g.size();
   e.mfu = e.model_flops / e.step / peak_all;
   e.hfu = e.hardware_flops / e.step / peak_all;
 
-  // Per-step totals of every collective, exposure apportioned within its class.
-  std::map<std::string, double> exposed_by_axis;
-  for (auto& it : items) {
-    CollectiveCost c = it.c;
-    const double per_call = c.seconds;
-    if (it.per_layer > 0) c.calls = it.c.calls * Ls * double(mcount);
-    else if (it.kind != 4) c.calls = it.c.calls * double(mcount);
-    c.seconds = per_call * c.calls;
-    double share = 1;
-    if (it.per_layer > 0 && ov_tensor && it.kind != 0) {
-      const double cls = it.kind == 1 ? z_fwd : it.kind == 2 ? z_bwd : din;
-      const double cls_exp = it.kind == 1   ? std::max(0.0, z_fwd - t_layer_fwd)
-                             : it.kind == 2 ? std::max(0.0, z_bwd - (t_layer_bwd - t_layer_dw))
-                                            : std::max(0.0, din - t_layer_dw);
-      share = cls > 0 ? cls_exp / cls : 0;
-    }
-    if (it.kind == 4) share = step_comm > 0 ? dp_exposed / step_comm : 0;
-    c.exposed = c.seconds * share;
-    exposed_by_axis[std::string("comm ") + c.axis.name()] += c.exposed;
-    e.collectives.push_back(c);
-  }
-  // Dominant cost: the largest of compute, bubble, optimizer and each axis's exposed time.
-  std::vector<std::pair<std::string, double>> parts = {
-      {"compute", e.compute}, {"bubble", e.bubble}, {"optimizer", e.optimizer}};
-  for (auto& [k, v] : exposed_by_axis) parts.push_back({k, v});
-  e.dominant = std::max_element(parts.begin(), parts.end(), [](auto& a, auto& b) {
-                 return a.second < b.second;
-               })->first;
+  const auto exposed_by_axis = per_step_collectives(e, coll.items(), sums, t, Ls, mcount, ov_tensor, dp_exposed);
+  e.dominant = dominant_cost(e, exposed_by_axis);
   return e;
 }
 

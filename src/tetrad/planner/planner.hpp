@@ -20,6 +20,7 @@
 #pragma once
 #include <cstdint>
 #include <functional>
+#include <map>
 #include <string>
 #include <vector>
 
@@ -262,5 +263,96 @@ std::string missing_rate_message(const Machine& m, Precision p);
 bool trainer_supports_pipeline();
 // The trainer's grid string for g: "x,y,z,d" (or "x,y,z,p,d" once the trainer takes P).
 std::string trainer_grid_string(const GridShape& g);
+
+// ---- estimate's collectives (planner/collectives.cpp): each collective of a layer, of a
+// micro-batch and of a step with its bytes, calls and per-call seconds on its placement, by the
+// axis it runs over, and their seconds summed by class (what each class can hide behind).
+
+// Parameters in the GEMMs of one block, and of the output head.
+struct Sizes {
+  double H, L, F, V, S_max, QKV, FW;
+  // The family's vectors (model/family.hpp): a norm's (weight, or weight and bias), whether the
+  // layers have biases, whether positions are a learned table.
+  int norm_vectors;
+  bool biases, learned_positions, tied;
+  double block_matmul() const { return QKV * H + H * H + FW * H + H * F; }
+  double head() const { return V * H; }
+};
+
+// When a collective runs, which decides what it can hide behind.
+enum CommKind { kExposed = 0, kZFwd = 1, kZBwd = 2, kDIn = 3, kData = 4 };
+
+struct CommItem {
+  CollectiveCost c;
+  int kind;  // CommKind: 0 exposed always, 1 z-gather fwd, 2 z bwd, 3 dIn bwd, 4 data (per step)
+  double per_layer;  // calls per layer per micro-batch (0: per micro-batch or per step)
+  // Per-micro-batch items: which pipeline op runs it (the embedding's on the first virtual
+  // stage's forward, the head's on the last's forward or backward, the point-to-point
+  // transfers once per op).
+  MbAt at = MbAt::LastFwd;
+};
+
+// The grid's collectives in the order the report lists them, each with its per-call seconds.
+class Collectives {
+ public:
+  // Where each group sits: every axis, and the token-splitting axes together.
+  Collectives(const GridShape& g, const Machine& mach) {
+    for (AxisSet a : {AxisSet(Axis::X), AxisSet(Axis::Y), AxisSet(Axis::Z), AxisSet(Axis::P),
+                      AxisSet(Axis::D), parallel::token_axes()})
+      pl_[a.bits()] = place(g, a, mach);
+  }
+  void add(const char* what, AxisSet axes, Op op, double bytes, double calls, int kind,
+           bool per_layer, MbAt at = MbAt::LastFwd) {
+    const Placement& pl = pl_.at(axes.bits());
+    if (pl.group_size <= 1 || bytes <= 0 || calls <= 0) return;
+    CommItem it;
+    it.c.what = what;
+    it.c.axis = axes;
+    it.c.op = op;
+    it.c.bytes = bytes;
+    it.c.calls = calls;
+    it.c.inter_node = pl.nodes > 1;
+    it.c.groups = pl.groups;
+    it.c.topology_limited = pl.topology_limited;
+    it.c.seconds = collective_seconds(op, bytes, pl);  // per call for now
+    it.kind = kind;
+    it.per_layer = per_layer ? calls : 0;
+    it.at = at;
+    items_.push_back(it);
+  }
+  const std::vector<CommItem>& items() const { return items_; }
+
+ private:
+  std::vector<CommItem> items_;
+  std::map<unsigned, Placement> pl_;  // by AxisSet::bits()
+};
+
+// Tensor parallelism (X and Y): the layers' norms and linear layers, per layer.
+void add_tensor_layer_comm(Collectives& c, const PlanInput& in, const GridShape& g, const Sizes& s, double T);
+
+// Weight sharding (Z): the layer's blocks gathered before forward and again before backward;
+// gradient blocks reduce-scattered after backward.
+void add_sharded_layer_comm(Collectives& c, const PlanInput& in, const GridShape& g, const Sizes& s);
+
+// Per micro-batch: embedding (fwd all-reduce over Y), head (fwd over X of the logits, bwd dIn
+// over Y), cross-entropy (max and sums over Y), final norm, top blocks over Z.
+void add_top_comm(Collectives& c, const PlanInput& in, const GridShape& g, const Sizes& s, double T);
+
+// Pipeline (P): activations forward and their gradients back, [T, H/Gx] split over Y so each rank
+// sends its 1/Gy (Megatron's scatter-gather). With v chunks per stage a micro-batch crosses every
+// stage boundary v times each way.
+void add_pipeline_comm(Collectives& c, const PlanInput& in, const GridShape& g, const Sizes& s, double T);
+
+// Data parallelism (D, Z x D), per step: Z shards all-reduced over D (ZeRO 1/2: reduce-scatter +
+// all-gather, same ring volume); replicated vectors over Z x D.
+void add_data_comm(Collectives& c, const PlanInput& in, double matrices, double vectors);
+
+// Seconds of the collectives by class: per layer per micro-batch, per micro-batch, per step.
+struct CommSums {
+  double fwd_ar = 0, z_fwd = 0, z_bwd = 0, din = 0, per_mb_total = 0, step_comm = 0;
+  double mb_at[4] = {0, 0, 0, 0};  // per-micro-batch communication by MbAt
+  double layer_total() const { return fwd_ar + z_fwd + z_bwd + din; }
+};
+CommSums comm_sums(const std::vector<CommItem>& items);
 
 }  // namespace tetrad::planner
