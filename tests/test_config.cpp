@@ -5,6 +5,7 @@
 #include <cmath>
 #include <cstdio>
 #include <fstream>
+#include <sstream>
 #include <string>
 
 #include "tetrad/core/error.hpp"
@@ -146,5 +147,42 @@ TEST(AdamW, WeightDecayFollowsParameterKinds) {
   for (const auto& s : table.specs) {
     const bool decays = s.kind == ParamKind::Linear;
     EXPECT_FLOAT_EQ(p[s.offset], decays ? 0.95f : 1.0f) << s.name;
+  }
+}
+
+// Issue 31: every number key of the schema, given a non-finite, huge, negative or wrongly typed
+// value, is refused with an Error naming the key (never accepted, never a crash).
+TEST(Config, FuzzEveryNumberKeyIsRefusedNamingIt) {
+  std::vector<std::pair<std::string, std::string>> keys;  // key, type
+  std::istringstream doc(config_reference_markdown());
+  for (std::string line; std::getline(doc, line);) {
+    const size_t a = line.find("| `"), b = line.find("` | ");
+    if (a != 0 || b == std::string::npos) continue;
+    const std::string key = line.substr(3, b - 3);
+    const std::string type = line.substr(b + 4, line.find(" |", b + 4) - (b + 4));
+    if (type == "integer" || type == "number") keys.emplace_back(key, type);
+  }
+  ASSERT_GE(keys.size(), 40u);
+  int checked = 0;
+  for (const auto& [key, type] : keys) {
+    for (const std::string v : {"nan", "inf", "-inf", "+inf", "1e300", "-1", "-1e300", "\"text\"",
+                                "true", "99999999999999999999", "18446744073709551615", "[1]"}) {
+      const std::string msg = error_of("", {key + "=" + v});
+      EXPECT_TRUE(contains(msg, key)) << key << " = " << v << ": " << (msg.empty() ? "accepted" : msg);
+      ++checked;
+    }
+  }
+  EXPECT_GE(checked, 480);
+  // The ones issue 31 found accepted, with the expected range in the message.
+  for (const char* s : {"train.lr=inf", "train.weight_decay=nan", "train.weight_decay=inf",
+                        "train.grad_clip=nan", "train.adam_eps=inf", "model.init_std=inf",
+                        "model.norm_eps=inf"})
+    EXPECT_TRUE(contains(error_of("", {s}), "expected a finite number in")) << s;
+  EXPECT_TRUE(contains(error_of("", {"train.seed=18446744073709551615"}), "out of range"));
+  try {
+    load_run_config("/tmp", {});
+    ADD_FAILURE() << "--config /tmp (a folder) accepted";
+  } catch (const Error& e) {
+    EXPECT_TRUE(contains(e.what(), "is not a regular file")) << e.what();
   }
 }

@@ -1,6 +1,8 @@
 #include "tetrad/train/config.hpp"
 
 #include <charconv>
+#include <cmath>
+#include <filesystem>
 #include <functional>
 #include <limits>
 #include <utility>
@@ -39,21 +41,85 @@ std::string toml_quote(const std::string& s) {
 // Readers that check the TOML type and name the key on mismatch.
 int64_t read_int(const toml::node& n, const std::string& key, const std::string& where) {
   if (auto v = n.value_exact<int64_t>()) return *v;
+  // An integer too long for TOML (--set train.seed=18446744073709551615 arrives as a string).
+  if (auto s = n.value_exact<std::string>();
+      s && !s->empty() && s->find_first_not_of("-+0123456789") == std::string::npos &&
+      s->find_first_of("0123456789") != std::string::npos)
+    fail(where, ": ", key, " = ", *s, " is out of range: it must be an integer between ",
+         std::numeric_limits<int64_t>::min(), " and ", std::numeric_limits<int64_t>::max(),
+         " (a TOML integer) and within the key's own range (`tetrad config-doc`)");
   fail(where, ": ", key, " must be an integer, got ", n.type());
 }
 // An integer into the field's own type: a value that does not fit is an error, never wrapped
 // (n_layer = 4294967298 must not become 2).
+// The least value of each integer key (every one has one; checked where the value is read).
+int64_t least_int(const std::string& key) {
+  static const std::map<std::string, int64_t> zero_ok = {
+      {"parallel.prefetch_depth", 0}, {"parallel.zero", 0},        {"train.seed", 0},
+      {"train.warmup_steps", 0},      {"train.eval_interval", 0},  {"train.checkpoint_interval", 0},
+      {"train.memory_limit_mib", 0},  {"train.threads", 0},        {"train.goldfish_k", 2}};
+  const auto it = zero_ok.find(key);
+  return it == zero_ok.end() ? 1 : it->second;
+}
 template <typename T>
 T narrow_int(int64_t v, const std::string& key, const std::string& where) {
+  if (const int64_t least = least_int(key); v < least)
+    fail(where, ": ", key, " must be ",
+         least == 1 ? std::string("positive")
+                    : least == 0 ? std::string(">= 0") : "at least " + std::to_string(least),
+         ", got ", v, " (`tetrad config-doc` lists every key)");
   if (!std::in_range<T>(v))
     fail(where, ": ", key, " = ", v, " is out of range: it must be between ",
          +std::numeric_limits<T>::min(), " and ", +std::numeric_limits<T>::max());
   return static_cast<T>(v);
 }
+// The range of each number key, checked where the value is read (every value finite; nan and inf
+// are refused for every key, whatever later checks would make of them).
+struct NumberRange {
+  double lo, hi;
+  bool lo_open, hi_open;
+};
+const std::map<std::string, NumberRange>& number_ranges() {
+  static const std::map<std::string, NumberRange> r = {
+      {"model.norm_eps", {0, 1, true, false}},
+      {"model.rope_theta", {0, 1e12, true, false}},
+      {"model.rope_factor", {0, 1e6, true, false}},
+      {"model.rope_low_freq_factor", {0, 1e6, true, false}},
+      {"model.rope_high_freq_factor", {0, 1e6, true, false}},
+      {"model.init_std", {0, 10, true, false}},
+      {"parallel.dp_bucket_mb", {0, 1e6, false, false}},
+      {"train.lr", {0, 100, true, false}},
+      {"train.min_lr_ratio", {0, 1, false, false}},
+      {"train.weight_decay", {0, 1e3, false, false}},
+      {"train.beta1", {0, 1, false, true}},
+      {"train.beta2", {0, 1, false, true}},
+      {"train.adam_eps", {0, 1, true, false}},
+      {"train.grad_clip", {0, 1e9, false, false}},
+      {"train.step_timeout", {0, 1e7, false, false}},
+      {"train.comm_timeout", {0, 1e7, false, false}},
+  };
+  return r;
+}
 double read_double(const toml::node& n, const std::string& key, const std::string& where) {
-  if (auto v = n.value_exact<double>()) return *v;
-  if (auto v = n.value_exact<int64_t>()) return double(*v);
-  fail(where, ": ", key, " must be a number, got ", n.type());
+  double v = 0;
+  if (auto d = n.value_exact<double>()) v = *d;
+  else if (auto i = n.value_exact<int64_t>()) v = double(*i);
+  else fail(where, ": ", key, " must be a number, got ", n.type());
+  const auto it = number_ranges().find(key);
+  if (it == number_ranges().end()) {
+    if (!std::isfinite(v)) fail(where, ": ", key, " = ", v, " is not a finite number");
+    return v;
+  }
+  const NumberRange& r = it->second;
+  const bool ok = std::isfinite(v) && (r.lo_open ? v > r.lo : v >= r.lo) &&
+                  (r.hi_open ? v < r.hi : v <= r.hi);
+  if (!ok) {
+    std::ostringstream range;
+    range << (r.lo_open ? "(" : "[") << r.lo << ", " << r.hi << (r.hi_open ? ")" : "]");
+    fail(where, ": ", key, " = ", v, std::isfinite(v) ? " is out of range" : " is not a finite number",
+         ": expected a finite number in ", range.str(), " (`tetrad config-doc` lists every key)");
+  }
+  return v;
 }
 bool read_bool(const toml::node& n, const std::string& key, const std::string& where) {
   if (auto v = n.value_exact<bool>()) return *v;
@@ -435,6 +501,10 @@ RunConfig load_run_config(const std::string& path, const std::vector<std::string
   std::vector<std::pair<std::string, const toml::node*>> entries;
   toml::table file_table;
   if (!path.empty()) {
+    std::error_code ec;
+    if (!std::filesystem::is_regular_file(path, ec))
+      fail("config '", path, "' ", std::filesystem::exists(path, ec) ? "is not a regular file (a folder?)" : "does not exist",
+           ": --config takes a TOML file, e.g. configs/default.toml");
     try {
       file_table = toml::parse_file(path);
     } catch (const toml::parse_error& e) {
