@@ -165,8 +165,9 @@ std::string fmt_double(F v) {
         },                                                                                     \
         [](const RunConfig& c) { return toml_quote(EXPR); }}
 
-const std::vector<Field>& schema() {
-  static const std::vector<Field> fields = {
+// The keys of [model], [data] and [run], in the order to_toml writes them.
+std::vector<Field> model_data_run_fields() {
+  return {
       // model.name is handled first (it selects the base that the other model keys override).
       STRING_FIELD("model.name", c.model_name,
                    "named base configuration: tiny, small, gpt2-124m, llama-tiny, llama-small, llama-1b"),
@@ -202,6 +203,12 @@ const std::vector<Field>& schema() {
       STRING_FIELD("run.init_from", c.init_from,
                    "Hugging Face model folder to start from (fine-tuning); when no model.* key is set "
                    "anywhere, the model is the one its config.json describes; empty: random init"),
+  };
+}
+
+// The keys of [parallel].
+std::vector<Field> parallel_fields() {
+  return {
       STRING_FIELD("parallel.grid", c.grid,
                    "process grid \"x,y,z,d\", \"x,y,z,p,d\" or named extents \"d=2,x=2\" "
                    "(axes not named are 1): tensor parallelism over X, Y, Z (Z shards weights), "
@@ -282,6 +289,12 @@ const std::vector<Field>& schema() {
                  "touched (all-gather of tokens x C/Gx over Z) instead of reduce-scattering the "
                  "whole vocabulary block, when that moves less (Gz x tokens per rank < V/Gy); "
                  "not with a pipeline axis or ZeRO 2"),
+  };
+}
+
+// The keys of [train].
+std::vector<Field> train_fields() {
+  return {
       INT_FIELD("train.seed", c.train.seed, "seed of weight init and data order"),
       INT_FIELD("train.micro_batch", c.train.micro_batch,
                 "sequences per micro-batch of the whole job (split over the Z x D ranks)"),
@@ -352,6 +365,17 @@ const std::vector<Field>& schema() {
                 "Goldfish context width: tokens hashed to decide each drop"),
       INT_FIELD("train.threads", c.train.threads, "OpenMP threads per rank (0: OMP_NUM_THREADS, else the cores divided among the ranks of the node)"),
   };
+}
+
+const std::vector<Field>& schema() {
+  static const std::vector<Field> fields = [] {
+    std::vector<Field> all = model_data_run_fields();
+    for (auto* section : {parallel_fields, train_fields}) {
+      std::vector<Field> f = section();
+      all.insert(all.end(), f.begin(), f.end());
+    }
+    return all;
+  }();
   return fields;
 }
 
