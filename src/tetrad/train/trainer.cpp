@@ -145,8 +145,7 @@ std::string memory_problem_of_this_rank(const RunConfig& cfg, const parallel::Gr
   try {
     planner::PlanInput in = plan_input_of(cfg, world, device);
     in.precision = bf16 ? backend::Precision::BF16 : backend::Precision::FP32;  // as run on this device
-    const planner::Grid5 g{shape.x, shape.y, shape.z, shape.p, shape.d};
-    fit.formula = planner::memory_per_rank(in, g);
+    fit.formula = planner::memory_per_rank(in, shape);
   } catch (const Error&) {
     return "";  // a layout the formula cannot take; the model's own checks report what is wrong
   }
@@ -378,7 +377,7 @@ TrainResult train(const RunConfig& cfg, const TrainOptions& opt, std::ostream& l
   const AutoGrid chosen_grid = resolve_grid(cfg, world, launcher_ranks_per_node(), *device);
   const GridShape shape = chosen_grid.grid;
   const std::string& auto_why = chosen_grid.why;
-  comm::check_transport(t.comm, t.device, shape.p);  // a chosen grid may have a pipeline axis
+  comm::check_transport(t.comm, t.device, shape.p());  // a chosen grid may have a pipeline axis
   // The trainer's own groups are MPI's (or self() on one rank), whatever train.comm says: every
   // value the trainer reduces lives in host memory (loss sums, token counts, the weights' sum of
   // squares, failure flags, signals, the run-folder and checkpoint agreements), and NCCL
@@ -391,12 +390,12 @@ TrainResult train(const RunConfig& cfg, const TrainOptions& opt, std::ostream& l
   std::ostream& out = root ? log_stream : null_stream;
   if (!auto_why.empty()) out << auto_why;
 
-  const int replicas = shape.z * shape.d;
+  const int replicas = token_slots(shape);
   if (t.micro_batch % replicas != 0)
     fail("train.micro_batch (", t.micro_batch, ") must be divisible by Gz x Gd = ", replicas,
          " (its sequences are split over the Z and data-parallel ranks)");
   const int B = t.micro_batch / replicas, T = t.seq_len;
-  const int slot = groups.coord.z + shape.z * groups.coord.d;  // this rank's share of the tokens
+  const int slot = token_slot(groups.coord, shape);  // this rank's share of the tokens
   const DataInfo data = read_data_info(cfg.data_dir, cfg.model);
   check_data_tokenizer(cfg.data_dir, data);
   {
@@ -422,7 +421,7 @@ TrainResult train(const RunConfig& cfg, const TrainOptions& opt, std::ostream& l
   // the current device).
   // The rules: comm/transports.hpp.
   const comm::TransportChoice transport =
-      comm::choose_transport(t.comm, t.device, shape.p, groups.world);
+      comm::choose_transport(t.comm, t.device, shape.p(), groups.world);
   const bool use_nccl = transport.name == "nccl";
   const std::string& comm_why = transport.why;
   std::unique_ptr<ProcessGroups> nccl_groups;
@@ -453,7 +452,7 @@ TrainResult train(const RunConfig& cfg, const TrainOptions& opt, std::ostream& l
         if (!took_over.empty()) out << took_over << "\n";
         claim_run_folder(cfg.run_dir, opt, out);
         RunConfig saved = cfg;  // a grid not named: the one chosen
-        if (saved.grid.empty()) saved.grid = grid_arg(shape);
+        if (saved.grid.empty()) saved.grid = shape.to_arg();
         const std::string resolved = to_toml(saved);
         write_file_atomic(cfg.run_dir + "/config.toml", resolved);
         if (!opt.quiet) out << "# resolved configuration (saved to " << cfg.run_dir << "/config.toml)\n"
@@ -498,7 +497,7 @@ TrainResult train(const RunConfig& cfg, const TrainOptions& opt, std::ostream& l
   model.set_profile(&prof);
   const ParamTable& table = model.table();
   // The split actually run ("balanced" is resolved from the model's costs, so say what it chose).
-  if (shape.p > 1 && root && !opt.quiet)
+  if (shape.p() > 1 && root && !opt.quiet)
     out << "# pipeline: " << cfg.schedule << ", layers per virtual stage "
         << model.layer_split().to_string() << " (parallel.pipeline_layers = \""
         << cfg.pipeline_layers << "\")\n";
@@ -879,8 +878,8 @@ TrainResult train(const RunConfig& cfg, const TrainOptions& opt, std::ostream& l
                       : model.forward_loss(vi.data(), vt.data(), B, T);
       for (int32_t y : vt) sums[1] += y >= 0;
     }
-    if (groups.zd.size() > 1) groups.zd.allreduce_sum(sums, 2);
-    if (pipe) groups.p.allreduce_sum(sums, 1);  // the loss is on the last stage
+    if (groups.tokens().size() > 1) groups.tokens().allreduce_sum(sums, 2);
+    if (pipe) groups.p().allreduce_sum(sums, 1);  // the loss is on the last stage
     const double vl = sums[0] / std::max(sums[1], 1.0);
     result.val_losses.push_back(vl);
     if (root) {
@@ -1116,8 +1115,8 @@ double evaluate_checkpoint(const std::string& model_dir, const std::string& data
   // Every rank reads every micro-batch and evaluates those of its Z x D slot; in the last round
   // a slot without one repeats the round's first and drops its loss, so that every rank makes
   // the same collective calls.
-  const int slots = g.shape.z * g.shape.d;
-  const int slot = g.coord.z + g.shape.z * g.coord.d;
+  const int slots = token_slots(g.shape);
+  const int slot = token_slot(g.coord, g.shape);
   const size_t n = size_t(micro_batch) * T;
   std::vector<int32_t> x(n), y(n), other_x(n), other_y(n);
   double sum = 0;
@@ -1132,7 +1131,7 @@ double evaluate_checkpoint(const std::string& model_dir, const std::string& data
     if (mine) sum += loss;
   }
   // A slot's loss is the same on its X x Y ranks: the whole sum is the sum over Z x D.
-  if (g.zd.size() > 1) g.zd.allreduce_sum(&sum, 1);
+  if (g.tokens().size() > 1) g.tokens().allreduce_sum(&sum, 1);
   out << "evaluated " << count << " tokens of " << data_dir << " (" << split << ") with "
       << model_dir << "\n";
   return sum / double(count);
