@@ -54,9 +54,9 @@ struct Saved {
 // The learning-rate schedule runs over `schedule` steps (the same for a run and its resumption).
 inline Trace train(const ModelConfig& mc, ProcessGroups& g, const ParallelOptions& po, int steps,
                    const Saved* resume = nullptr, Saved* save = nullptr, int schedule = kSteps) {
-  const int replicas = g.shape.z * g.shape.d;
+  const int replicas = token_slots(g.shape);
   const int Bl = kB / replicas;
-  const int slot = g.coord.z + g.shape.z * g.coord.d;
+  const int slot = token_slot(g.coord, g.shape);
   ParallelTransformer model(mc, g, Bl, kT, po);
   TrainConfig tc;
   tc.lr = 1e-2;

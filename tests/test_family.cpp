@@ -224,8 +224,8 @@ TEST(ModelFamily, FusedGroupsStayAdjacentInEveryShardPlan) {
   const ParamTable t = build_param_table(c);
   for (const GridShape g : {GridShape{1, 1, 1, 1}, GridShape{2, 1, 1, 1}, GridShape{1, 2, 1, 1},
                             GridShape{1, 1, 2, 1}, GridShape{2, 2, 2, 1}})
-    for (int y = 0; y < g.y; ++y)
-      for (int z = 0; z < g.z; ++z) {
+    for (int y = 0; y < g.y(); ++y)
+      for (int z = 0; z < g.z(); ++z) {
         const ShardPlan plan = ShardPlan::build(c, t, g, GridCoord{0, y, z, 0});
         int groups = 0;
         for (size_t i = 0; i < t.specs.size(); ++i)
@@ -235,7 +235,7 @@ TEST(ModelFamily, FusedGroupsStayAdjacentInEveryShardPlan) {
             for (size_t k = 1; k < group.size(); ++k) {
               const parallel::TensorShard &a = plan.tensors[i + k - 1], &b = plan.tensors[i + k];
               EXPECT_EQ(b.offset, a.offset + a.shard_numel) << b.spec->name;
-              EXPECT_EQ(b.block_offset, a.block_offset + a.shard_numel * g.z) << b.spec->name;
+              EXPECT_EQ(b.block_offset, a.block_offset + a.shard_numel * g.z()) << b.spec->name;
             }
           }
         EXPECT_EQ(groups, 2 * c.n_layer);

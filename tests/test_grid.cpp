@@ -45,14 +45,44 @@ TEST(Grid, SizeAndToString) {
   EXPECT_EQ(to_string(GridCoord{1, 0, 2, 3}), "(x1,y0,z2,d3)");
 }
 
+// One number per axis: named or positional construction, [] by Axis, sizes over axis sets.
+TEST(Grid, ShapesAreIndexedByAxis) {
+  GridShape s{{Axis::D, 4}, {Axis::P, 2}};
+  EXPECT_EQ(s, GridShape::xyzpd(1, 1, 1, 2, 4));
+  EXPECT_EQ(s, parse_grid("d=4,p=2"));
+  EXPECT_EQ(s[Axis::D], 4);
+  EXPECT_EQ(s.x(), 1);
+  s[Axis::X] = 3;
+  EXPECT_EQ(s.x(), 3);
+  EXPECT_EQ(s.size(), 24);
+  EXPECT_EQ(s.size({Axis::X, Axis::D}), 12);
+  EXPECT_EQ(s.size(AxisSet()), 1);
+  EXPECT_EQ(s.to_arg(), "3,1,1,2,4");
+  EXPECT_EQ(parse_grid(s.to_arg()), s);
+  EXPECT_EQ((GridShape{2, 1, 2, 1}).to_arg(), "2,1,2,1");
+  EXPECT_EQ((GridShape{2, 1, 2, 1}), GridShape::xyzpd(2, 1, 2, 1, 1));
+  EXPECT_EQ((GridCoord{{Axis::P, 1}}), GridCoord::xyzpd(0, 0, 0, 1, 0));
+  EXPECT_TRUE(AxisSet(Axis::Z).contains(Axis::Z));
+  EXPECT_FALSE(token_axes().contains(Axis::X));
+  EXPECT_EQ(AxisSet(Axis::Z) | AxisSet(Axis::D), token_axes());
+  EXPECT_EQ(token_axes().axes(), (std::vector<Axis>{Axis::Z, Axis::D}));
+  // Every axis, the planner's enumeration: lexicographic in rank order.
+  const std::vector<GridShape> all = factorizations(8, {Axis::X, Axis::Y, Axis::Z, Axis::P, Axis::D});
+  EXPECT_EQ(all.size(), 35u);  // C(3+4, 4) ways to share three factors of 2 among five axes
+  EXPECT_EQ(all.front(), GridShape::xyzpd(1, 1, 1, 1, 8));
+  EXPECT_EQ(all[1], GridShape::xyzpd(1, 1, 1, 2, 4));
+  EXPECT_EQ(all.back(), GridShape::xyzpd(8, 1, 1, 1, 1));
+  EXPECT_EQ(factorizations(8, Axis::Y), (std::vector<GridShape>{GridShape::xyzpd(1, 8, 1, 1, 1)}));
+}
+
 TEST(Grid, CoordinatesFollowTheDocumentedFormula) {
   for (const GridShape& s : many_shapes()) {
     for (int r = 0; r < s.size(); ++r) {
       const GridCoord c = coord_of(r, s);
-      EXPECT_EQ(c.x, r % s.x);
-      EXPECT_EQ(c.y, (r / s.x) % s.y);
-      EXPECT_EQ(c.z, (r / (s.x * s.y)) % s.z);
-      EXPECT_EQ(c.d, r / (s.x * s.y * s.z));
+      EXPECT_EQ(c.x(), r % s.x());
+      EXPECT_EQ(c.y(), (r / s.x()) % s.y());
+      EXPECT_EQ(c.z(), (r / (s.x() * s.y())) % s.z());
+      EXPECT_EQ(c.d(), r / (s.x() * s.y() * s.z()));
     }
   }
 }
@@ -66,10 +96,10 @@ TEST(Grid, RankOfInvertsCoordOf) {
     }
     // And the other way: every coordinate maps to a distinct rank that maps back.
     std::set<int> ranks;
-    for (int d = 0; d < s.d; ++d)
-      for (int z = 0; z < s.z; ++z)
-        for (int y = 0; y < s.y; ++y)
-          for (int x = 0; x < s.x; ++x) {
+    for (int d = 0; d < s.d(); ++d)
+      for (int z = 0; z < s.z(); ++z)
+        for (int y = 0; y < s.y(); ++y)
+          for (int x = 0; x < s.x(); ++x) {
             const GridCoord c{x, y, z, d};
             const int r = rank_of(c, s);
             EXPECT_EQ(coord_of(r, s), c);
@@ -93,14 +123,15 @@ TEST(Grid, GroupRanksDifferOnlyInTheirAxisAndAreOrderedByIt) {
     for (Axis a : kAxesInRankOrder) {
       for (int r = 0; r < s.size(); ++r) {
         const std::vector<int> g = group_ranks(r, s, a);
-        ASSERT_EQ(static_cast<int>(g.size()), extent(s, a)) << s.to_string() << " " << axis_name(a);
+        ASSERT_EQ(static_cast<int>(g.size()), s[a]) << s.to_string() << " " << axis_name(a);
         const GridCoord me = coord_of(r, s);
         // r is in its own group, at the position of its coordinate.
-        EXPECT_EQ(g[coordinate(me, a)], r);
+        EXPECT_EQ(g[me[a]], r);
+        EXPECT_EQ(position_in(me, s, a), me[a]);
         for (int i = 0; i < static_cast<int>(g.size()); ++i) {
           GridCoord c = coord_of(g[i], s);
-          EXPECT_EQ(coordinate(c, a), i);
-          coordinate(c, a) = coordinate(me, a);
+          EXPECT_EQ(c[a], i);
+          c[a] = me[a];
           EXPECT_EQ(c, me) << "rank " << g[i] << " differs from " << r << " outside axis "
                            << axis_name(a);
         }
@@ -116,7 +147,7 @@ TEST(Grid, GroupsOfEachAxisPartitionTheWorld) {
     for (Axis a : kAxesInRankOrder) {
       std::set<std::vector<int>> groups;
       for (int r = 0; r < s.size(); ++r) groups.insert(group_ranks(r, s, a));
-      EXPECT_EQ(static_cast<int>(groups.size()), s.size() / extent(s, a));
+      EXPECT_EQ(static_cast<int>(groups.size()), s.size() / s[a]);
       std::vector<int> all;
       for (const auto& g : groups) all.insert(all.end(), g.begin(), g.end());
       std::sort(all.begin(), all.end());
@@ -128,7 +159,10 @@ TEST(Grid, GroupsOfEachAxisPartitionTheWorld) {
 
 TEST(Grid, MultiAxisGroups) {
   const GridShape s{2, 3, 2, 2};
-  const Axis zd[] = {Axis::Z, Axis::D};
+  const AxisSet zd = {Axis::Z, Axis::D};
+  EXPECT_EQ(zd, token_axes());
+  EXPECT_EQ(zd.name(), "zd");
+  EXPECT_EQ(s.size(zd), 4);
   for (int r = 0; r < s.size(); ++r) {
     const std::vector<int> g = group_ranks(r, s, zd);
     ASSERT_EQ(g.size(), 4u);
@@ -136,16 +170,23 @@ TEST(Grid, MultiAxisGroups) {
     const GridCoord me = coord_of(r, s);
     for (int i = 0; i < 4; ++i) {
       const GridCoord c = coord_of(g[i], s);
-      EXPECT_EQ(c.x, me.x);
-      EXPECT_EQ(c.y, me.y);
-      EXPECT_EQ(c.z + s.z * c.d, i);  // the order ProcessGroups' zd key uses
+      EXPECT_EQ(c.x(), me.x());
+      EXPECT_EQ(c.y(), me.y());
+      EXPECT_EQ(c.z() + s.z() * c.d(), i);  // the order ProcessGroups' zd key uses
+      EXPECT_EQ(position_in(c, s, zd), i);
+      EXPECT_EQ(token_slot(c, s), i);
     }
+    EXPECT_EQ(g[position_in(me, s, zd)], r);
   }
-  // A single axis through the span overload equals the single-axis form.
-  const Axis y[] = {Axis::Y};
-  for (int r = 0; r < s.size(); ++r) EXPECT_EQ(group_ranks(r, s, y), group_ranks(r, s, Axis::Y));
-  // All axes: the whole world.
-  EXPECT_EQ(group_ranks(5, s, kAxesInRankOrder).size(), static_cast<size_t>(s.size()));
+  EXPECT_EQ(token_slots(s), 4);
+  // All axes: the whole world, in rank order.
+  const AxisSet all = {Axis::X, Axis::Y, Axis::Z, Axis::P, Axis::D};
+  std::vector<int> world(s.size());
+  for (int r = 0; r < s.size(); ++r) world[r] = r;
+  EXPECT_EQ(group_ranks(5, s, all), world);
+  EXPECT_EQ(all.name(), "xyzpd");
+  EXPECT_EQ(AxisSet().name(), "");
+  EXPECT_EQ(group_ranks(5, s, AxisSet()), std::vector<int>{5});
 }
 
 TEST(Grid, ParseAcceptsFourPositiveIntegers) {
@@ -189,7 +230,8 @@ TEST(Grid, NamedExtentErrorsNameTheAxis) {
   EXPECT_TRUE(contains(parse_error("d=0"), "got \"0\" for d")) << parse_error("d=0");
   EXPECT_TRUE(contains(parse_error("x=two"), "got \"two\" for x")) << parse_error("x=two");
   EXPECT_TRUE(contains(parse_error("x=2,2"), "\"2\" names no axis")) << parse_error("x=2,2");
-  for (const char* bad : {"=2", "x=", "x=2,", "x=2;d=2", "x=65536,y=65536", "x=2147483647,y=2147483647,z=2147483647,p=2147483647,d=2147483647"}) {
+  for (const char* bad : {"=2", "x=", "x=2,", "x=2;d=2", "x=65536,y=65536",
+                          "x=2147483647,y=2147483647,z=2147483647,p=2147483647,d=2147483647"}) {
     const std::string msg = parse_error(bad);
     ASSERT_FALSE(msg.empty()) << "'" << bad << "' was accepted";
     EXPECT_TRUE(contains(msg, std::string("\"") + bad + "\"")) << msg;
@@ -245,35 +287,34 @@ TEST(Grid, SerialProcessGroupsNeedNoMpi) {
   const ProcessGroups g;
   EXPECT_EQ(g.shape, GridShape{});
   EXPECT_EQ(g.coord, GridCoord{});
-  for (const comm::Communicator* c : {&g.world, &g.x, &g.y, &g.z, &g.d, &g.zd}) {
+  for (const comm::Communicator* c : {&g.world, &g.x(), &g.y(), &g.z(), &g.d(), &g.tokens()}) {
     EXPECT_TRUE(c->is_self());
     EXPECT_EQ(c->size(), 1);
     EXPECT_EQ(c->rank(), 0);
   }
-  EXPECT_EQ(g.x.name(), "x");
-  EXPECT_EQ(g.zd.name(), "zd");
-  EXPECT_EQ(&g.group(Axis::Z), &g.z);
+  EXPECT_EQ(g.x().name(), "x");
+  EXPECT_EQ(g.tokens().name(), "zd");
+  EXPECT_EQ(&g.group(Axis::Z), &g.z());
   EXPECT_EQ(g.summary(), "rank 0 = (x0,y0,z0,d0) of 1x1x1x1: x [0] y [0] z [0] d [0] zd [0]");
 }
 
 // The pipeline axis sits between Z and D in rank order; the four-number forms mean p = 1.
 TEST(Grid, PipelineAxisBetweenZAndD) {
   const GridShape s = parse_grid("2,1,1,3,2");
-  EXPECT_EQ(s.x, 2);
-  EXPECT_EQ(s.p, 3);
-  EXPECT_EQ(s.d, 2);
+  EXPECT_EQ(s.x(), 2);
+  EXPECT_EQ(s.p(), 3);
+  EXPECT_EQ(s.d(), 2);
   EXPECT_EQ(s.size(), 12);
   EXPECT_EQ(s.to_string(), "2x1x1x3x2");
-  EXPECT_EQ(parse_grid("2,1,1,2").p, 1);
+  EXPECT_EQ(parse_grid("2,1,1,2").p(), 1);
   EXPECT_EQ((GridShape{2, 1, 1, 2}).to_string(), "2x1x1x2");
   // x fastest, then y, z, p, d.
-  EXPECT_EQ(coord_of(2, s), (GridCoord{0, 0, 0, 0, 1}));
-  EXPECT_EQ(coord_of(6, s), (GridCoord{0, 0, 0, 1, 0}));
-  EXPECT_EQ(coord_of(11, s), (GridCoord{1, 0, 0, 1, 2}));
+  EXPECT_EQ(coord_of(2, s), GridCoord::xyzpd(0, 0, 0, 1, 0));
+  EXPECT_EQ(coord_of(6, s), GridCoord::xyzpd(0, 0, 0, 0, 1));
+  EXPECT_EQ(coord_of(11, s), GridCoord::xyzpd(1, 0, 0, 2, 1));
   EXPECT_EQ(to_string(coord_of(11, s)), "(x1,y0,z0,p2,d1)");
   EXPECT_EQ(group_ranks(3, s, Axis::P), (std::vector<int>{1, 3, 5}));
-  const Axis zd[] = {Axis::Z, Axis::D};
-  EXPECT_EQ(group_ranks(3, s, zd), (std::vector<int>{3, 9}));  // same stage only
+  EXPECT_EQ(group_ranks(3, s, token_axes()), (std::vector<int>{3, 9}));  // same stage only
   EXPECT_TRUE(contains(parse_error("1,2,3,4,5,6"), "or five \"x,y,z,p,d\""));
-  for (const GridShape& f : factorizations(8)) EXPECT_EQ(f.p, 1);
+  for (const GridShape& f : factorizations(8)) EXPECT_EQ(f.p(), 1);
 }

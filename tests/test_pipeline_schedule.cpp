@@ -256,20 +256,20 @@ TEST(PipelineSchedule, EachStageStoresOnlyItsLayers) {
   ModelConfig c = named_model("tiny");
   c.n_layer = 4;
   const ParamTable table = build_param_table(c);
-  for (const auto& [xyz, p, v] : {std::tuple{GridShape{1, 1, 1, 1, 1}, 2, 1},
-                                  std::tuple{GridShape{1, 1, 1, 1, 1}, 4, 1},
-                                  std::tuple{GridShape{1, 1, 1, 1, 1}, 2, 2},
-                                  std::tuple{GridShape{2, 1, 2, 1, 1}, 2, 2}}) {
+  for (const auto& [xyz, p, v] : {std::tuple{GridShape::xyzpd(1, 1, 1, 1, 1), 2, 1},
+                                  std::tuple{GridShape::xyzpd(1, 1, 1, 1, 1), 4, 1},
+                                  std::tuple{GridShape::xyzpd(1, 1, 1, 1, 1), 2, 2},
+                                  std::tuple{GridShape::xyzpd(2, 1, 2, 1, 1), 2, 2}}) {
     GridShape g = xyz;
     const ShardPlan whole = ShardPlan::build(c, table, g, GridCoord{});
     int64_t top = 0;
     for (const TensorShard& t : whole.tensors)
       if (t.spec->layer < 0) top += t.shard_numel;
-    g.p = p;
+    g[Axis::P] = p;
     int64_t sum = 0;
     for (int s = 0; s < p; ++s) {
       GridCoord at;
-      at.p = s;
+      at[Axis::P] = s;
       const LayerSplit split = LayerSplit::even(c.n_layer, p * v);
       const ShardPlan plan = ShardPlan::build(c, table, g, at, split);
       ASSERT_EQ(plan.tensors.size(), whole.tensors.size());
@@ -288,10 +288,10 @@ TEST(PipelineSchedule, EachStageStoresOnlyItsLayers) {
     }
     EXPECT_EQ(sum, whole.local_total + (p - 1) * top) << g.to_string() << " v " << v;
   }
-  GridShape g{1, 1, 1, 1, 4};
+  GridShape g = GridShape::xyzpd(1, 1, 1, 4, 1);
   EXPECT_THROW(LayerSplit::even(c.n_layer, 8), Error);  // 8 virtual stages, 4 layers
   // A split that does not fit the grid: 3 virtual stages on Gp = 2, or another layer count.
-  g.p = 2;
+  g[Axis::P] = 2;
   EXPECT_THROW(ShardPlan::build(c, table, g, GridCoord{}, LayerSplit::from_counts({2, 1, 1}, 4)),
                Error);
   EXPECT_THROW(ShardPlan::build(c, table, g, GridCoord{}, LayerSplit::from_counts({3, 2}, 5)), Error);
@@ -304,10 +304,10 @@ TEST(PipelineSchedule, AnUnevenSplitStoresTheLayersWhereTheSplitSays) {
   c.n_layer = 4;
   const ParamTable table = build_param_table(c);
   const LayerSplit split = LayerSplit::from_counts({3, 1}, 4);
-  GridShape g{1, 1, 1, 1, 2};
+  GridShape g = GridShape::xyzpd(1, 1, 1, 2, 1);
   for (int s = 0; s < 2; ++s) {
     GridCoord at;
-    at.p = s;
+    at[Axis::P] = s;
     const ShardPlan plan = ShardPlan::build(c, table, g, at, split);
     for (const TensorShard& t : plan.tensors)
       EXPECT_EQ(t.stored, t.spec->layer < 0 || (t.spec->layer < 3) == (s == 0))

@@ -107,16 +107,15 @@ TEST(PlannerMemory, LocalParametersMatchShardPlan) {
         } catch (const Error&) {
           continue;
         }
-        const Grid5 g{s.x, s.y, s.z, 1, s.d};
-        EXPECT_EQ(local_parameters(m, g), plan.local_total) << name << " " << s.to_string();
+        EXPECT_EQ(local_parameters(m, s), plan.local_total) << name << " " << s.to_string();
         // With a pipeline axis: the fullest stage (stage 0, which gets the extra layers of an
         // uneven split) stores its layers and a copy of every top-level tensor, as the trainer.
         for (int p : {2, 3}) {
           parallel::GridShape sp = s;
-          sp.p = p;
+          sp[parallel::Axis::P] = p;
           if (m.n_layer < p) continue;
           const auto stage0 = parallel::ShardPlan::build(m, table, sp, parallel::coord_of(0, sp));
-          EXPECT_EQ(local_parameters(m, Grid5{s.x, s.y, s.z, p, s.d}), stage0.local_total)
+          EXPECT_EQ(local_parameters(m, sp), stage0.local_total)
               << name << " " << sp.to_string();
         }
       }
@@ -130,9 +129,9 @@ TEST(PlannerMemory, ActivationsMatchTrainerBuffer) {
     parallel::ProcessGroups serial;
     const int B = 3, T = 32;
     parallel::ParallelTransformer model(m, serial, B, T);
-    EXPECT_EQ(trainer_activation_elements(m, Grid5{}, int64_t(B) * T) * 4, model.activation_bytes())
+    EXPECT_EQ(trainer_activation_elements(m, GridShape{}, int64_t(B) * T) * 4, model.activation_bytes())
         << name;
-    EXPECT_EQ(local_parameters(m, Grid5{}), model.num_local_params()) << name;
+    EXPECT_EQ(local_parameters(m, GridShape{}), model.num_local_params()) << name;
   }
 }
 
@@ -148,7 +147,7 @@ TEST(PlannerMemory, RecomputationKeepsWhatTheTrainerKeeps) {
     in.seq = T;
     for (Recompute r : {Recompute::None, Recompute::Selective, Recompute::Full}) {
       in.recompute = r;
-      EXPECT_DOUBLE_EQ(memory_per_rank(in, Grid5{}).activations, double(model.activation_bytes(r)))
+      EXPECT_DOUBLE_EQ(memory_per_rank(in, GridShape{}).activations, double(model.activation_bytes(r)))
           << name << " recompute " << planner::name(r);
     }
   }
@@ -175,7 +174,7 @@ TEST(PlannerMemory, FormulaIsWhatTheModelAllocates) {
           parallel::ParallelTransformer model(m, serial, B, T, model_options(in));
           const std::string where = std::string(name) + " " + planner::name(p) + " recompute " +
                                     planner::name(r) + " zero " + std::to_string(zero);
-          const MemoryBreakdown f = memory_per_rank(in, Grid5{});
+          const MemoryBreakdown f = memory_per_rank(in, GridShape{});
           EXPECT_EQ(f.weights + f.grads + f.optimizer + f.gathered + f.staging,
                     double(model.state_bytes())) << where;
           EXPECT_EQ(f.activations, double(model.activation_bytes())) << where;
@@ -196,7 +195,7 @@ TEST(PlannerMemory, Gpt2SmallFormulaIsWhatTheModelAllocates) {
     PlanInput in = input("gpt2-124m", 1, 1, 1);
     in.seq = 1024;
     in.precision = p;
-    const MemoryBreakdown f = memory_per_rank(in, Grid5{});
+    const MemoryBreakdown f = memory_per_rank(in, GridShape{});
     parallel::ParallelTransformer model(m, serial, 1, 1024, model_options(in));
     EXPECT_EQ(f.weights + f.grads + f.optimizer + f.gathered + f.staging, double(model.state_bytes()))
         << planner::name(p);
@@ -216,7 +215,7 @@ TEST(PlannerMemory, Gpt2SmallFormulaIsWhatTheModelAllocates) {
 TEST(PlannerMemory, ShardingAndRecomputationShrinkMemory) {
   PlanInput in = input("gpt2-124m", 8, 8, 8);
   in.seq = 1024;
-  const Grid5 data{1, 1, 1, 1, 8}, zsharded{1, 1, 8, 1, 1};
+  const GridShape data = GridShape::xyzpd(1, 1, 1, 1, 8), zsharded = GridShape::xyzpd(1, 1, 8, 1, 1);
   const MemoryBreakdown d = memory_per_rank(in, data), z = memory_per_rank(in, zsharded);
   // Z shards the GEMM weights; the position table and norms stay replicated (about 1% of
   // gpt2-124m's parameters, so 8 Z shards hold a little more than the whole model in all).
@@ -264,26 +263,26 @@ TEST(PlannerModel, ChattiestAxisInsideANodeBeatsAcrossNodes) {
   // Same grid (X = 4, D = 4), same per-rank resources; only the node size differs: with 4 ranks
   // per node each X group is inside one node, with 2 it is cut by a node boundary.
   PlanInput in = input("gpt2-124m", 16, 64, 64);
-  const Grid5 g{4, 1, 1, 1, 4};
+  const GridShape g = GridShape::xyzpd(4, 1, 1, 1, 4);
   Machine inside = test_machine(4), across = test_machine(2);
   across.inter_bandwidth = inside.inter_bandwidth / 2;  // the same NIC bandwidth per rank
-  EXPECT_EQ(place(g, AxisId::X, inside).nodes, 1);
-  EXPECT_EQ(place(g, AxisId::X, across).nodes, 2);
+  EXPECT_EQ(place(g, Axis::X, inside).nodes, 1);
+  EXPECT_EQ(place(g, Axis::X, across).nodes, 2);
   const Estimate a = estimate(in, g, inside), b = estimate(in, g, across);
   ASSERT_TRUE(a.valid && b.valid);
   EXPECT_LT(a.step, b.step);
   EXPECT_LT(a.comm_exposed, b.comm_exposed);
   // Rank order puts X on neighbouring ranks and D outermost: on nodes of 4, X = 4 stays inside a
   // node and the data groups of 4x1x1x1x4 span 4 nodes.
-  EXPECT_EQ(place(Grid5{1, 1, 1, 1, 4}, AxisId::D, inside).nodes, 1);
-  EXPECT_EQ(place(g, AxisId::D, inside).nodes, 4);
+  EXPECT_EQ(place(GridShape::xyzpd(1, 1, 1, 1, 4), Axis::D, inside).nodes, 1);
+  EXPECT_EQ(place(g, Axis::D, inside).nodes, 4);
 }
 
 TEST(PlannerModel, BubbleShrinksAsMicroBatchesGrow) {
   EXPECT_DOUBLE_EQ(bubble_fraction(4, 4), 0.75);
   EXPECT_DOUBLE_EQ(bubble_fraction(1, 8), 0.0);
   double last = 1e9;
-  const Grid5 g{1, 1, 1, 3, 1};  // small has 6 layers: 2 per stage
+  const GridShape g = GridShape::xyzpd(1, 1, 1, 3, 1);  // small has 6 layers: 2 per stage
   for (int m : {1, 2, 4, 8, 16, 32}) {
     PlanInput in = input("small", 3, 4 * m, 4);
     const Estimate e = estimate(in, g, test_machine());
@@ -310,7 +309,7 @@ TEST(PlannerModel, BubbleIsTheTrainersSchedule) {
   // chunks are unequal and the trainer's schedule idles more than the equal-chunk (p-1)/(v m)
   // (the imbalance docs/planner.md measured in the interleaved pipeline).
   PlanInput in = input("small", 4, 16, 2);
-  const Grid5 g{1, 1, 1, 2, 2};
+  const GridShape g = GridShape::xyzpd(1, 1, 1, 2, 2);
   const Estimate a = estimate(in, g, test_machine());
   in.schedule = Schedule::Interleaved;
   in.virtual_stages = 2;
@@ -332,14 +331,14 @@ TEST(PlannerModel, BubbleIsTheTrainersSchedule) {
   EXPECT_EQ(stage_layer_count(6, 2, 2), 3);  // virtual stages 0 (2 layers) and 2 (1 layer)
   in.schedule = Schedule::OneFOneB;
   in.virtual_stages = 1;
-  EXPECT_TRUE(estimate(in, Grid5{1, 1, 1, 4, 1}, test_machine()).valid);
+  EXPECT_TRUE(estimate(in, GridShape::xyzpd(1, 1, 1, 4, 1), test_machine()).valid);
 }
 
 // parallel.pipeline_layers: the planner resolves the split with the trainer's function and prices
 // the slowest stage (its layers, plus the head on the last virtual stage's stage).
 TEST(PlannerModel, PricesTheTrainersLayerSplit) {
   PlanInput in = input("small", 2, 16, 2);
-  const Grid5 g{1, 1, 1, 2, 1};
+  const GridShape g = GridShape::xyzpd(1, 1, 1, 2, 1);
   in.pipeline_layers = "5,1";
   EXPECT_EQ(layer_split_of(in, g), parallel::resolve_layer_split("5,1", in.model, in.seq, 2, 1));
   EXPECT_EQ(stage_layer_counts(layer_split_of(in, g), 2), (std::vector<int>{5, 1}));
@@ -354,7 +353,7 @@ TEST(PlannerModel, PricesTheTrainersLayerSplit) {
   EXPECT_GT(lopsided.memory.total(), even.memory.total());
   // An explicit list that does not fit a grid's virtual stages rejects that grid, naming why.
   in.pipeline_layers = "5,1";
-  const Estimate four = estimate(in, Grid5{1, 1, 1, 4, 1}, test_machine());
+  const Estimate four = estimate(in, GridShape::xyzpd(1, 1, 1, 4, 1), test_machine());
   EXPECT_FALSE(four.valid);
   EXPECT_NE(four.reject.find("expected one per virtual stage"), std::string::npos) << four.reject;
 }
@@ -364,13 +363,13 @@ TEST(PlannerModel, PipelineGridsAreTrainable) {
   // string is the trainer's "x,y,z,p,d".
   ASSERT_TRUE(trainer_supports_pipeline());
   const PlanInput in = input("small", 4, 8, 2);
-  const Estimate e = estimate(in, Grid5{1, 1, 1, 2, 2}, test_machine());
+  const Estimate e = estimate(in, GridShape::xyzpd(1, 1, 1, 2, 2), test_machine());
   EXPECT_TRUE(e.valid) << e.reject;
   EXPECT_TRUE(e.trainable);
-  const parallel::GridShape gs = parallel::parse_grid(trainer_grid_string(Grid5{1, 2, 1, 2, 1}));
-  EXPECT_EQ(gs.y, 2);
-  EXPECT_EQ(gs.p, 2);
-  EXPECT_EQ(gs.d, 1);
+  const GridShape gs = parallel::parse_grid(trainer_grid_string(GridShape::xyzpd(1, 2, 1, 2, 1)));
+  EXPECT_EQ(gs.y(), 2);
+  EXPECT_EQ(gs.p(), 2);
+  EXPECT_EQ(gs.d(), 1);
 }
 
 TEST(PlannerModel, RejectsWhatDoesNotDivideOrFit) {
@@ -378,7 +377,7 @@ TEST(PlannerModel, RejectsWhatDoesNotDivideOrFit) {
   const auto p = plan(input("small", 3, 3, 3), test_machine());
   bool saw_divide = false;
   for (const auto& e : p)
-    if (e.grid.y == 3) {
+    if (e.grid.y() == 3) {
       EXPECT_FALSE(e.valid);
       EXPECT_NE(e.reject.find("does not divide"), std::string::npos) << e.reject;
       saw_divide = true;
@@ -420,7 +419,7 @@ TEST(PlannerModel, RanksValidGridsFastestFirst) {
     last = e.step;
     EXPECT_GT(e.mfu, 0);
     EXPECT_LT(e.mfu, 1);
-    EXPECT_EQ(e.trainable, e.grid.p == 1 || trainer_supports_pipeline());
+    EXPECT_EQ(e.trainable, e.grid.p() == 1 || trainer_supports_pipeline());
   }
   EXPECT_EQ(all_grids(8).size(), 35u);  // ordered 5-tuples with product 8
 }
@@ -441,8 +440,8 @@ TEST(PlannerModel, PipelineAcrossNodesAndDataLast) {
   mach.memory_bytes = 80e9;
   const auto p = plan(in, mach);
   ASSERT_TRUE(p.front().valid);
-  const Grid5 g = p.front().grid;
-  EXPECT_LE(g.x * g.y, 4) << g.to_string();  // tensor-parallel axes fit in a node
+  const GridShape g = p.front().grid;
+  EXPECT_LE(g.x() * g.y(), 4) << g.to_string();  // tensor-parallel axes fit in a node
 }
 
 TEST(PlannerJson, OutputParses) {
@@ -477,7 +476,7 @@ TEST(PlannerMachine, FileRoundTripAndShippedFiles) {
   EXPECT_NEAR(r.measured[0].bandwidth, 3e9, 1);
   EXPECT_EQ(r.measured[0].op, "reduce-scatter");
   // A measured row replaces the two-level figures for its collective only.
-  const Placement pl = place(Grid5{2, 1, 1, 1, 1}, AxisId::X, r);
+  const Placement pl = place(GridShape::xyzpd(2, 1, 1, 1, 1), Axis::X, r);
   EXPECT_NEAR(collective_seconds(Op::ReduceScatter, 6e9, pl), 1e-6 + 0.5 * 6e9 / 3e9, 1e-9);
   EXPECT_NEAR(collective_seconds(Op::AllGather, 6e9, pl), 5e-6 + 0.5 * 6e9 / 200e9, 1e-9);
   std::filesystem::remove(path);
@@ -553,7 +552,7 @@ TEST(PlannerModel, ThinGemmsMakeTheXSplitSlower) {
   for (int a : {256, 512, 2048})
     for (int b : {256, 512, 2048})
       for (int c : {256, 512, 2048}) thin.gemm_shapes.push_back({a, b, c, c == 256 ? 0.35 : 0.7});
-  const Grid5 xs{2, 1, 1, 1, 1}, dp{1, 1, 1, 1, 2};
+  const GridShape xs = GridShape::xyzpd(2, 1, 1, 1, 1), dp = GridShape::xyzpd(1, 1, 1, 1, 2);
   const double x_flat = estimate(in, xs, flat).compute, x_thin = estimate(in, xs, thin).compute;
   const double d_flat = estimate(in, dp, flat).compute, d_thin = estimate(in, dp, thin).compute;
   EXPECT_GT(x_thin, 1.2 * x_flat);
@@ -584,7 +583,7 @@ TEST(PlannerValidation, PublishedRows) {
   // memory layout, MemoryModel::Reference: the row is Megatron's run). In tetrad's own layout
   // (parallel::model_memory) the grid does not fit: each stage stashes its chunk's whole
   // activation region per micro-batch in flight, 64 on the first stage.
-  EXPECT_EQ(rows[0].estimate.grid, (Grid5{1, 8, 1, 64, 6}));
+  EXPECT_EQ(rows[0].estimate.grid, (GridShape::xyzpd(1, 8, 1, 64, 6)));
   EXPECT_LT(rows[0].estimate.memory.total(), 80e9);
   {
     PlanInput in;
@@ -595,7 +594,7 @@ TEST(PlannerValidation, PublishedRows) {
     in.precision = Precision::BF16;
     in.recompute = Recompute::Full;
     in.ranks = 3072;
-    EXPECT_GT(memory_per_rank(in, Grid5{1, 8, 1, 64, 6}).total(), 80e9);
+    EXPECT_GT(memory_per_rank(in, GridShape::xyzpd(1, 8, 1, 64, 6)).total(), 80e9);
   }
   EXPECT_EQ(rows[0].estimate.micro_batches, 512);
 }
@@ -619,7 +618,7 @@ TEST(PlannerValidation, CompareUsesTheBenchRunsSettings) {
   in.recompute = Recompute::Selective;
   in.schedule = Schedule::Interleaved;
   in.virtual_stages = 2;
-  EXPECT_DOUBLE_EQ(c.rows[0].predicted_s, estimate(in, Grid5{1, 1, 1, 2, 1}, m).step);
+  EXPECT_DOUBLE_EQ(c.rows[0].predicted_s, estimate(in, GridShape::xyzpd(1, 1, 1, 2, 1), m).step);
   EXPECT_DOUBLE_EQ(c.rows[0].measured_s, 2.0);
   EXPECT_DOUBLE_EQ(c.rows[1].measured_s, 2.5);
 }
@@ -629,7 +628,7 @@ TEST(PlannerAuto, ChoosesATrainableGrid) {
                                        "train.micro_batch=4", "parallel.machine=perlmutter"});
   const AutoGrid a = choose_grid(cfg, 4, 0, backend::cpu_backend());
   EXPECT_EQ(a.grid.size(), 4);
-  EXPECT_TRUE(a.grid.p == 1 || trainer_supports_pipeline());
+  EXPECT_TRUE(a.grid.p() == 1 || trainer_supports_pipeline());
   EXPECT_NE(a.why.find("first choice"), std::string::npos);
   EXPECT_NO_THROW(parallel::validate_grid(a.grid, 4));
 }
@@ -678,7 +677,7 @@ TEST(PlannerModel, PipelineTimeIsTheTrainersScheduleOnTheTrainersSplit) {
   // In a plan: a pipeline grid's step is its schedule's makespan plus what follows the flush.
   PlanInput in = input("small", 2, 8, 4);
   in.model.n_layer = 4;
-  const Estimate e = estimate(in, Grid5{1, 1, 1, 2, 1}, test_machine(2));
+  const Estimate e = estimate(in, GridShape::xyzpd(1, 1, 1, 2, 1), test_machine(2));
   ASSERT_TRUE(e.valid) << e.reject;
   EXPECT_GT(e.bubble, 0);
   EXPECT_NEAR(e.step, e.compute + e.comm_exposed + e.bubble + e.contention + e.optimizer, 1e-9 * e.step);
@@ -702,7 +701,7 @@ TEST(PlannerModel, OverlapContentionCostsTheComputeItHidesBehind) {
   in.micro_batch_per_replica = 8;
   in.precision = Precision::BF16;
   in.overlap = Overlap::Tensor;
-  const Grid5 g{1, 1, 8, 1, 1};
+  const GridShape g = GridShape::xyzpd(1, 1, 8, 1, 1);
   const Estimate with = estimate(in, g, gpu), without = estimate(in, g, free_comm);
   ASSERT_TRUE(with.valid && without.valid) << with.reject << without.reject;
   EXPECT_GT(with.contention, 0);
@@ -725,9 +724,9 @@ TEST(PlannerModel, XSplitPenaltyGrowsWithGx) {
   // them) and adds forward all-reduces: the penalty grows with Gx.
   PlanInput in = input("small", 4, 4, 4);
   const Machine m = test_machine(4);
-  const double dp = estimate(in, Grid5{1, 1, 1, 1, 4}, m).step;
-  const double x2 = estimate(in, Grid5{2, 1, 1, 1, 2}, m).step;
-  const double x4 = estimate(in, Grid5{4, 1, 1, 1, 1}, m).step;
+  const double dp = estimate(in, GridShape::xyzpd(1, 1, 1, 1, 4), m).step;
+  const double x2 = estimate(in, GridShape::xyzpd(2, 1, 1, 1, 2), m).step;
+  const double x4 = estimate(in, GridShape::xyzpd(4, 1, 1, 1, 1), m).step;
   EXPECT_GT(x2, dp);
   EXPECT_GT(x4 / dp - 1, 1.5 * (x2 / dp - 1));
 }
@@ -750,7 +749,7 @@ TEST(PlannerModel, WeightGradientGemmsUseTheirOwnVariant) {
         }
   EXPECT_DOUBLE_EQ(slow_tn.gemm_eff(1536, 256, 2048, false, GemmOp::TN), 0.35);
   EXPECT_DOUBLE_EQ(slow_tn.gemm_eff(2048, 256, 2048, false, GemmOp::NN), 0.7);
-  const Grid5 xs{2, 1, 1, 1, 1}, dp{1, 1, 1, 1, 2};
+  const GridShape xs = GridShape::xyzpd(2, 1, 1, 1, 1), dp = GridShape::xyzpd(1, 1, 1, 1, 2);
   const Estimate x_flat = estimate(in, xs, flat), x_slow = estimate(in, xs, slow_tn);
   const Estimate d_flat = estimate(in, dp, flat), d_slow = estimate(in, dp, slow_tn);
   EXPECT_GT(x_slow.compute_gemm, 1.2 * x_flat.compute_gemm);
@@ -796,21 +795,24 @@ TEST(PlannerValidation, SweepCoversPipelineGrids) {
   // The local sweep runs every grid of 2 and 4 ranks the planner accepts, pipeline grids included,
   // each accumulating the same micro-batches.
   const auto two = local_sweep_grids(2), four = local_sweep_grids(4);
-  auto has = [](const std::vector<Grid5>& v, Grid5 g) { return std::find(v.begin(), v.end(), g) != v.end(); };
+  auto has = [](const std::vector<GridShape>& v, GridShape g) {
+    return std::find(v.begin(), v.end(), g) != v.end();
+  };
   EXPECT_EQ(two.size(), 5u);
-  EXPECT_TRUE(has(two, Grid5{1, 1, 1, 2, 1}));
+  EXPECT_TRUE(has(two, GridShape::xyzpd(1, 1, 1, 2, 1)));
   EXPECT_EQ(four.size(), 15u);
-  for (Grid5 g : {Grid5{1, 1, 1, 4, 1}, Grid5{2, 1, 1, 2, 1}, Grid5{1, 2, 1, 2, 1}, Grid5{1, 1, 2, 2, 1},
-                  Grid5{1, 1, 1, 2, 2}})
+  for (GridShape g : {GridShape::xyzpd(1, 1, 1, 4, 1), GridShape::xyzpd(2, 1, 1, 2, 1),
+                      GridShape::xyzpd(1, 2, 1, 2, 1), GridShape::xyzpd(1, 1, 2, 2, 1),
+                      GridShape::xyzpd(1, 1, 1, 2, 2)})
     EXPECT_TRUE(has(four, g)) << g.to_string();
   const SweepConfig sc = local_sweep_config(4);
   EXPECT_EQ(sc.micro_batches, 4);
   const PlanInput in = sweep_plan_input(sc, 4);
-  for (const Grid5& g : four) {
+  for (const GridShape& g : four) {
     const Estimate e = estimate(in, g, test_machine(4));
     ASSERT_TRUE(e.valid) << g.to_string() << ": " << e.reject;
     EXPECT_EQ(e.micro_batches, 4);
-    if (g.p == 4) {  // (p-1)/m = 3/4 of the busiest stage
+    if (g.p() == 4) {  // (p-1)/m = 3/4 of the busiest stage
       EXPECT_GT(e.bubble, 0.5 * e.step * 0.75 / 1.75);
     }
   }

@@ -129,7 +129,7 @@ ScalingSpec small_strong_spec() {
 
 TEST(PlannerNetwork, GroupInsideOneNodeUsesTheNodeFabric) {
   const Machine m = dragonfly_machine();
-  const Placement pl = place(Grid5{4, 1, 1, 1, 4}, AxisId::X, m);
+  const Placement pl = place(GridShape::xyzpd(4, 1, 1, 1, 4), Axis::X, m);
   EXPECT_EQ(pl.nodes, 1);
   EXPECT_EQ(pl.groups, 1);
   EXPECT_FALSE(pl.topology_limited);
@@ -142,7 +142,7 @@ TEST(PlannerNetwork, GroupInsideOneNodeUsesTheNodeFabric) {
 TEST(PlannerNetwork, GroupAcrossTwoNodesOfOneDragonflyGroupGetsTheNics) {
   const Machine m = dragonfly_machine();
   // Z = 8 with x = y = 1: ranks 0..7 = nodes 0 and 1, both in dragonfly group 0.
-  const Placement pl = place(Grid5{1, 1, 8, 1, 2}, AxisId::Z, m);
+  const Placement pl = place(GridShape::xyzpd(1, 1, 8, 1, 2), Axis::Z, m);
   EXPECT_EQ(pl.nodes, 2);
   EXPECT_EQ(pl.per_node, 4);
   EXPECT_EQ(pl.groups, 1);
@@ -168,7 +168,7 @@ TEST(PlannerNetwork, GroupAcrossTheWholeMachineIsCappedByTheGroupsEgress) {
   EXPECT_EQ(rg.node_edges, 4);
   EXPECT_EQ(rg.group_edges, 2);
   EXPECT_DOUBLE_EQ(m.topology.group_egress(2, m.inter_bandwidth), 30e9);
-  const Placement pl = place(Grid5{1, 1, 1, 1, 16}, AxisId::D, m);
+  const Placement pl = place(GridShape::xyzpd(1, 1, 1, 1, 16), Axis::D, m);
   EXPECT_EQ(pl.groups, 2);
   EXPECT_TRUE(pl.topology_limited);
   EXPECT_NEAR(pl.bandwidth, 30e9, 1);
@@ -176,7 +176,7 @@ TEST(PlannerNetwork, GroupAcrossTheWholeMachineIsCappedByTheGroupsEgress) {
   // Without the topology the same ring gets the NICs.
   Machine flat = m;
   flat.topology = NetworkTopology{};
-  EXPECT_DOUBLE_EQ(place(Grid5{1, 1, 1, 1, 16}, AxisId::D, flat).bandwidth, 100e9);
+  EXPECT_DOUBLE_EQ(place(GridShape::xyzpd(1, 1, 1, 1, 16), Axis::D, flat).bandwidth, 100e9);
 }
 
 TEST(PlannerNetwork, DragonflyEgressFallsAsTheJobSpansMoreGroups) {
@@ -205,7 +205,7 @@ TEST(PlannerNetwork, TreeAllReduceWinsAcrossManyNodesForSmallBuffers) {
   Machine m = dragonfly_machine();
   m.topology = NetworkTopology{};  // the algorithm choice alone
   // D = 256 with x = y = z = 1: 64 nodes, 4 members each, one ring per node.
-  const Placement pl = place(Grid5{1, 1, 1, 1, 256}, AxisId::D, m);
+  const Placement pl = place(GridShape::xyzpd(1, 1, 1, 1, 256), Axis::D, m);
   ASSERT_EQ(pl.nodes, 64);
   const double n = 4096;  // bytes: latency-bound
   const double ring = 2 * 255 * 10e-6 + 2.0 * 255 / 256 * n / pl.bandwidth;
@@ -219,7 +219,7 @@ TEST(PlannerNetwork, TreeAllReduceWinsAcrossManyNodesForSmallBuffers) {
               std::min(2 * 255 * 10e-6 + 2.0 * 255 / 256 * big / pl.bandwidth,
                        tree_allreduce_seconds(big, 64, 4, 10e-6, 5e-6, pl.bandwidth)), 1e-12);
   // Inside one node the ring stands (the tree is for crossing nodes).
-  const Placement one = place(Grid5{4, 1, 1, 1, 1}, AxisId::X, m);
+  const Placement one = place(GridShape::xyzpd(4, 1, 1, 1, 1), Axis::X, m);
   EXPECT_DOUBLE_EQ(collective_seconds(Op::AllReduce, n, one), 2 * 3 * 5e-6 + 1.5 * n / 200e9);
   // All-gather stays a ring: its latency grows with g - 1.
   EXPECT_NEAR(collective_seconds(Op::AllGather, n, pl), 255 * 10e-6 + 255.0 / 256 * n / pl.bandwidth, 1e-15);
@@ -230,10 +230,11 @@ TEST(PlannerNetwork, NonBlockingFatTreeNeverCapsARing) {
   ASSERT_EQ(h.topology.kind, NetworkTopology::Kind::FatTree);
   Machine flat = h;
   flat.topology = NetworkTopology{};
-  for (const Grid5& g : all_grids(1024))
-    for (AxisId a : {AxisId::X, AxisId::Y, AxisId::Z, AxisId::P, AxisId::D, AxisId::ZD}) {
+  for (const GridShape& g : all_grids(1024))
+    for (AxisSet a : {AxisSet(Axis::X), AxisSet(Axis::Y), AxisSet(Axis::Z), AxisSet(Axis::P),
+                      AxisSet(Axis::D), parallel::token_axes()}) {
       const Placement p = place(g, a, h), q = place(g, a, flat);
-      ASSERT_DOUBLE_EQ(p.bandwidth, q.bandwidth) << g.to_string() << " " << axis_label(a);
+      ASSERT_DOUBLE_EQ(p.bandwidth, q.bandwidth) << g.to_string() << " " << a.name();
       ASSERT_FALSE(p.topology_limited);
     }
 }
@@ -343,7 +344,7 @@ TEST(PlannerScaling, GridsGivenAlongDataParallelismNeverScaleSuperlinearly) {
   in.recompute = Recompute::Full;
   for (int d = 1; d <= 64; d *= 2) {
     sp.ranks.push_back(1024 * d);
-    sp.grids.push_back(Grid5{1, 8, 128, 1, d});
+    sp.grids.push_back(GridShape::xyzpd(1, 8, 128, 1, d));
   }
   for (const char* mach : {"frontier", "h100-ib"}) {
     const auto pts = scaling_curve(sp, load_machine(mach));
@@ -360,7 +361,7 @@ TEST(PlannerScaling, GridsGivenAlongDataParallelismNeverScaleSuperlinearly) {
   const auto pts = scaling_curve(sp, load_machine("frontier"));
   auto d_bandwidth = [](const ScalingPoint& p) {
     for (const auto& c : p.estimate.collectives)
-      if (c.axis == AxisId::D) return std::make_pair(c.topology_limited, c.groups);
+      if (c.axis == AxisSet(Axis::D)) return std::make_pair(c.topology_limited, c.groups);
     return std::make_pair(false, 0);
   };
   EXPECT_EQ(d_bandwidth(pts[0]).second, 0);  // D = 1: no data-parallel collective
@@ -374,7 +375,7 @@ TEST(PlannerScaling, GridsGivenAlongDataParallelismNeverScaleSuperlinearly) {
   // A point larger than the machine is refused with the node counts.
   ScalingSpec big = sp;
   big.ranks.push_back(1024 * 128);
-  big.grids.push_back(Grid5{1, 8, 128, 1, 128});
+  big.grids.push_back(GridShape::xyzpd(1, 8, 128, 1, 128));
   const auto over = scaling_curve(big, load_machine("frontier"));
   EXPECT_FALSE(over.back().valid);
   EXPECT_NE(over.back().reject.find("16384 nodes; machine 'frontier' has 9408"), std::string::npos)

@@ -58,9 +58,9 @@ std::vector<float> local_of(const ShardPlan& plan, const std::vector<float>& ful
   std::vector<float> local(size_t(plan.local_total));
   for (const auto& t : plan.tensors) {
     if (!t.stored) continue;  // another pipeline stage's layer
-    std::vector<float> block(size_t(t.z_sharded ? t.shard_numel * plan.grid.z : t.block_numel));
+    std::vector<float> block(size_t(t.z_sharded ? t.shard_numel * plan.grid.z() : t.block_numel));
     parallel::extract_block(t, full.data() + t.spec->offset, block.data());
-    const int64_t first = t.z_sharded ? t.shard_numel * plan.coord.z : 0;
+    const int64_t first = t.z_sharded ? t.shard_numel * plan.coord.z() : 0;
     std::memcpy(local.data() + t.offset, block.data() + first, size_t(t.shard_numel) * 4);
   }
   return local;
@@ -85,9 +85,9 @@ void write_simulated(const std::string& dir, const Model& md, const GridShape& g
   // The pipeline's layer split: the given counts, else the even split over Gp x v (what the
   // checkpoint records when info.pipeline_layers is left empty).
   const parallel::LayerSplit split =
-      grid.p == 1 ? parallel::LayerSplit{}
+      grid.p() == 1 ? parallel::LayerSplit{}
       : layer_counts.empty()
-          ? parallel::LayerSplit::even(md.cfg.n_layer, grid.p * virtual_stages)
+          ? parallel::LayerSplit::even(md.cfg.n_layer, grid.p() * virtual_stages)
           : parallel::LayerSplit::from_counts(layer_counts, md.cfg.n_layer);
   fs::create_directories(dir);
   const uint64_t id = 0x1234567890abcdefull + uint64_t(step);
@@ -234,8 +234,8 @@ TEST(ShardedCheckpoint, PipelineGridsSaveTheirStagesAndLoadAnywhere) {
     int v;
     std::vector<int> layers = {};  // uneven split (layer counts per virtual stage); {}: even
     parallel::LayerSplit split(int n_layer) const {
-      if (grid.p == 1) return {};
-      return layers.empty() ? parallel::LayerSplit::even(n_layer, grid.p * v)
+      if (grid.p() == 1) return {};
+      return layers.empty() ? parallel::LayerSplit::even(n_layer, grid.p() * v)
                             : parallel::LayerSplit::from_counts(layers, n_layer);
     }
     std::string name() const {
@@ -245,10 +245,10 @@ TEST(ShardedCheckpoint, PipelineGridsSaveTheirStagesAndLoadAnywhere) {
     }
   };
   // One uneven split (stage 0 stores 3 layers, stage 1 one) among the even layouts.
-  const std::vector<Layout> pipes = {{{1, 1, 1, 1, 2}, 1}, {{1, 1, 1, 1, 2}, 2},
-                                     {{1, 1, 1, 1, 4}, 1}, {{2, 1, 1, 1, 2}, 2},
-                                     {{1, 1, 2, 1, 2}, 1}, {{1, 1, 1, 2, 2}, 1},
-                                     {{1, 1, 1, 1, 2}, 1, {3, 1}}};
+  const std::vector<Layout> pipes = {{GridShape::xyzpd(1, 1, 1, 2, 1), 1}, {GridShape::xyzpd(1, 1, 1, 2, 1), 2},
+                                     {GridShape::xyzpd(1, 1, 1, 4, 1), 1}, {GridShape::xyzpd(2, 1, 1, 2, 1), 2},
+                                     {GridShape::xyzpd(1, 1, 2, 2, 1), 1}, {GridShape::xyzpd(1, 1, 1, 2, 2), 1},
+                                     {GridShape::xyzpd(1, 1, 1, 2, 1), 1, {3, 1}}};
   std::vector<Layout> all = pipes;
   for (const GridShape& g : grids_1_2_4()) all.push_back({g, 1});
   const std::string base = test_dir() + "/pipeline";
@@ -261,9 +261,9 @@ TEST(ShardedCheckpoint, PipelineGridsSaveTheirStagesAndLoadAnywhere) {
     for (const auto& f : fs::directory_iterator(dir))
       if (f.path().filename().string().rfind("shard_", 0) == 0) bytes += fs::file_size(f.path()) - kShardHeaderBytes;
     EXPECT_EQ(bytes, uint64_t(3 * 4 * md.table.total)) << dir << ": every element once";
-    const bool a_pipe = a.grid.p > 1;
+    const bool a_pipe = a.grid.p() > 1;
     for (const Layout& b : all) {
-      if (!a_pipe && b.grid.p == 1) continue;  // the p = 1 matrix is the test above
+      if (!a_pipe && b.grid.p() == 1) continue;  // the p = 1 matrix is the test above
       for (int r = 0; r < b.grid.size(); ++r) {
         const ShardPlan plan = ShardPlan::build(md.cfg, md.table, b.grid,
                                                 parallel::coord_of(r, b.grid), b.split(cfg.n_layer));

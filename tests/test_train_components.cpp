@@ -54,8 +54,8 @@ TEST(RunPlan, OneRankSplitsNothing) {
 TEST(RunPlan, TheMicroBatchIsSplitOverZAndD) {
   const RunConfig c = config({"train.micro_batch=8", "parallel.grid=\"1,1,2,2\""});
   const RunPlan p = resolve_run_plan(c, launch(4), backend::cpu_backend());
-  EXPECT_EQ(p.grid.z, 2);
-  EXPECT_EQ(p.grid.d, 2);
+  EXPECT_EQ(p.grid.z(), 2);
+  EXPECT_EQ(p.grid.d(), 2);
   EXPECT_EQ(p.replicas, 4);
   EXPECT_EQ(p.local_batch, 2);
   EXPECT_EQ(p.tokens_per_step, int64_t(8) * c.train.seq_len * c.train.grad_accum);

@@ -60,7 +60,7 @@ inline std::vector<GridShape> contract_grids(const ModelConfig& mc, int batch = 
     } catch (const Error&) {
       continue;
     }
-    if (batch % (shape.z * shape.d) == 0) out.push_back(shape);
+    if (batch % token_slots(shape) == 0) out.push_back(shape);
   }
   return out;
 }
@@ -119,9 +119,9 @@ inline Run serial_run(const ModelConfig& mc, int steps) {
 // runner's PipelineDriver with `schedule`.
 inline Run parallel_run(const ModelConfig& mc, ProcessGroups& g, int steps, ParallelOptions po,
                         PipelineSchedule schedule = PipelineSchedule::OneFOneB) {
-  const int replicas = g.shape.z * g.shape.d;
+  const int replicas = token_slots(g.shape);
   const int Bl = kB / replicas;
-  const int slot = g.coord.z + g.shape.z * g.coord.d;  // this rank's slice of the sequences
+  const int slot = token_slot(g.coord, g.shape);  // this rank's slice of the sequences
   ParallelTransformer m(mc, g, Bl, kT, po);
   m.init_weights(7);
   const TrainConfig tc = train_config(steps);

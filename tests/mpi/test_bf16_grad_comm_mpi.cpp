@@ -146,8 +146,8 @@ std::vector<int32_t> batch(int step, int V) {
 }
 
 std::vector<double> train_bf16(const ModelConfig& mc, ProcessGroups& g, bool grad_comm_bf16, int zero) {
-  const int Bl = kB / (g.shape.z * g.shape.d);
-  const int slot = g.coord.z + g.shape.z * g.coord.d;
+  const int Bl = kB / token_slots(g.shape);
+  const int slot = token_slot(g.coord, g.shape);
   ParallelOptions po;
   po.precision = backend::Precision::BF16;
   po.attention_precision = backend::Precision::FP32;

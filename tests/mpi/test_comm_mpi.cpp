@@ -252,17 +252,18 @@ TEST_F(Mpi, EveryGroupOfEveryFactorisation) {
       EXPECT_EQ(g.name(), parallel::axis_name(a));
       EXPECT_EQ(members(g, rank), parallel::group_ranks(rank, shape, a)) << "axis " << g.name();
     }
-    const Axis zd[] = {Axis::Z, Axis::D};
-    EXPECT_EQ(members(pg.zd, rank), parallel::group_ranks(rank, shape, zd));
+    EXPECT_EQ(members(pg.tokens(), rank), parallel::group_ranks(rank, shape, parallel::token_axes()));
+    for (parallel::AxisSet axes : ProcessGroups::group_axes())
+      EXPECT_EQ(pg.group(axes).name(), axes.name());
     EXPECT_TRUE(contains(pg.summary(), "rank " + std::to_string(rank) + " = (")) << pg.summary();
     // Every collective on every group; all types on the axis groups.
     long salt = 10;
-    for (const Communicator* g : {&pg.x, &pg.y, &pg.z, &pg.d, &pg.zd, &pg.world}) {
+    for (const Communicator* g : {&pg.x(), &pg.y(), &pg.z(), &pg.d(), &pg.tokens(), &pg.world}) {
       check_all_sizes<float>(*g, salt++);
       check_all_sizes<std::int64_t>(*g, salt++);
       ASSERT_FALSE(HasFatalFailure());
     }
-    for (const Communicator* g : {&pg.x, &pg.y, &pg.z, &pg.d}) {
+    for (const Communicator* g : {&pg.x(), &pg.y(), &pg.z(), &pg.d()}) {
       check_collectives<double>(*g, salt++, 3);
       check_collectives<std::int32_t>(*g, salt++, 3);
       check_collectives<std::uint64_t>(*g, salt++, 3);
@@ -278,15 +279,15 @@ TEST_F(Mpi, GroupsWorkConcurrently) {
   const GridShape shape = n % 4 == 0 ? GridShape{2, 1, 2, n / 4} : GridShape{n, 1, 1, 1};
   const ProcessGroups pg(world(), shape);
   std::vector<float> ax(64, 1.0f), az(64, 2.0f), ad(64, 3.0f);
-  Request rx = pg.x.iallreduce_sum(ax.data(), ax.size());
-  Request rz = pg.z.iallreduce_sum(az.data(), az.size());
-  Request rd = pg.d.iallreduce_sum(ad.data(), ad.size());
+  Request rx = pg.x().iallreduce_sum(ax.data(), ax.size());
+  Request rz = pg.z().iallreduce_sum(az.data(), az.size());
+  Request rd = pg.d().iallreduce_sum(ad.data(), ad.size());
   rd.wait();
   rz.wait();
   rx.wait();
-  EXPECT_EQ(ax[63], 1.0f * shape.x);
-  EXPECT_EQ(az[0], 2.0f * shape.z);
-  EXPECT_EQ(ad[10], 3.0f * shape.d);
+  EXPECT_EQ(ax[63], 1.0f * shape.x());
+  EXPECT_EQ(az[0], 2.0f * shape.z());
+  EXPECT_EQ(ad[10], 3.0f * shape.d());
 }
 
 TEST_F(Mpi, RequestOverlapsComputeWhenPolled) {

@@ -56,7 +56,7 @@ std::vector<std::pair<std::string, ParallelOptions>> option_sets(const GridShape
   ov.overlap.dp_bucket_mb = 0.01;
   ov.overlap.forward_chunks = 2;
   out.emplace_back("every overlap switch", ov);
-  if (s.d > 1) {
+  if (s.d() > 1) {
     ParallelOptions z1;
     z1.zero = 1;
     z1.reduce_scatter_chunk_bytes = 256;
@@ -66,7 +66,7 @@ std::vector<std::pair<std::string, ParallelOptions>> option_sets(const GridShape
     z2.recompute = Recompute::Full;
     out.emplace_back("zero 2, full recompute", z2);
   }
-  if (s.p > 1) {
+  if (s.p() > 1) {
     ParallelOptions v2;
     v2.virtual_stages = 2;
     out.emplace_back("interleaved pipeline", v2);
@@ -81,7 +81,7 @@ void check_all_grids(Family family) {
   for (const GridShape& shape : contract_grids(mc)) {
     ProcessGroups g(comm::Communicator::world(), shape);
     for (auto [name, po] : option_sets(shape)) {
-      if (shape.p > 1 && mc.n_layer % (shape.p * po.virtual_stages) != 0) continue;
+      if (shape.p() > 1 && mc.n_layer % (shape.p() * po.virtual_stages) != 0) continue;
       const Run cpu = parallel_run(mc, g, kSteps, po);
       po.device = strict.get();
       const Run dev = parallel_run(mc, g, kSteps, po);

@@ -34,7 +34,7 @@ std::string describe(const ModelConfig& mc, const GridShape& s, const ParallelOp
          std::to_string(po.zero) + " recompute " + recompute_name(po.recompute) + " prefetch " +
          std::to_string(po.overlap.prefetch_depth) + (po.overlap.cache_gathered_weights ? " cached" : "") +
          " buckets " + std::to_string(po.overlap.dp_bucket_mb) + " MB" +
-         (s.p > 1 ? std::string(" ") + schedule_name(sched) + " v " + std::to_string(po.virtual_stages) : "");
+         (s.p() > 1 ? std::string(" ") + schedule_name(sched) + " v " + std::to_string(po.virtual_stages) : "");
 }
 
 // Builds the model on g and compares its own counts with the formula, on this rank and (the
@@ -44,7 +44,7 @@ void check(const ModelConfig& mc, ProcessGroups& g, const ParallelOptions& po,
   const std::string where = describe(mc, g.shape, po, sched) + " rank " + std::to_string(world_rank());
   ParallelTransformer model(mc, g, kLocalB, kLen, po);
   int64_t stash = 0;
-  if (g.shape.p > 1) {
+  if (g.shape.p() > 1) {
     PipelineDriver pipe(model, sched, kMicro);
     stash = pipe.stash_peak_bytes(kLocalB, kLen);
   }
@@ -59,8 +59,8 @@ void check(const ModelConfig& mc, ProcessGroups& g, const ParallelOptions& po,
   MPI_Allreduce(MPI_IN_PLACE, &total, 1, MPI_DOUBLE, MPI_MAX, MPI_COMM_WORLD);
   planner::PlanInput in;
   in.model = mc;
-  in.micro_batch = int64_t(kLocalB) * g.shape.z * g.shape.d;
-  in.global_batch = in.micro_batch * (g.shape.p > 1 ? kMicro : 1);
+  in.micro_batch = int64_t(kLocalB) * token_slots(g.shape);
+  in.global_batch = in.micro_batch * (g.shape.p() > 1 ? kMicro : 1);
   in.seq = kLen;
   in.ranks = world_size();
   in.precision = po.precision == backend::Precision::BF16 ? planner::Precision::BF16
@@ -72,8 +72,7 @@ void check(const ModelConfig& mc, ProcessGroups& g, const ParallelOptions& po,
   in.pipeline_layers = po.pipeline_layers;
   in.overlap_switches = po.overlap;
   in.sparse_embedding_grad = po.sparse_embedding_grad;
-  const planner::Grid5 g5{g.shape.x, g.shape.y, g.shape.z, g.shape.p, g.shape.d};
-  EXPECT_EQ(planner::memory_per_rank(in, g5).total(), total) << where;
+  EXPECT_EQ(planner::memory_per_rank(in, g.shape).total(), total) << where;
 }
 
 std::vector<ParallelOptions> option_sets(const GridShape& s) {
@@ -85,14 +84,14 @@ std::vector<ParallelOptions> option_sets(const GridShape& s) {
     po.recompute = prec == backend::Precision::FP32 ? Recompute::Selective : Recompute::Full;
     out.push_back(po);
     po.recompute = Recompute::None;
-    if (s.z > 1) {
+    if (s.z() > 1) {
       po.overlap.prefetch_depth = 1;
       out.push_back(po);
       po.overlap.cache_gathered_weights = true;
       out.push_back(po);
       po.overlap = OverlapOptions::all_off();
     }
-    if (s.d > 1) {
+    if (s.d() > 1) {
       po.overlap.dp_bucket_mb = 0.01;  // several tensors per bucket: staged
       out.push_back(po);
       po.overlap = OverlapOptions::all_off();
@@ -132,12 +131,12 @@ TEST(MemoryFormula, EqualsWhatThePipelineHolds) {
   for (int p : {2, 4}) {
     if (n % p) continue;
     GridShape s;
-    s.p = p;
-    s.d = n / p;
+    s[Axis::P] = p;
+    s[Axis::D] = n / p;
     grids.push_back(s);
     if (n / p >= 2 && n == 8) {
-      s.d = n / p / 2;
-      s.z = 2;
+      s[Axis::D] = n / p / 2;
+      s[Axis::Z] = 2;
       grids.push_back(s);
     }
   }
@@ -153,7 +152,7 @@ TEST(MemoryFormula, EqualsWhatThePipelineHolds) {
         po.recompute = Recompute::Full;
         check(mc, g, po, PipelineSchedule::OneFOneB);
         po.recompute = Recompute::None;
-        if (shape.p == 2) {  // 4 layers: 2 chunks per stage over 2 stages
+        if (shape.p() == 2) {  // 4 layers: 2 chunks per stage over 2 stages
           po.virtual_stages = 2;
           check(mc, g, po, PipelineSchedule::Interleaved);
           po.virtual_stages = 1;

@@ -71,14 +71,14 @@ void check_gradients_all_grids(const ModelConfig& mc) {
   const double serial_loss = serial.forward_backward(x.data(), y.data(), kB, kT, 1.0f / kept);
   for (const GridShape& shape : contract_grids(mc)) {
     ProcessGroups g(comm::Communicator::world(), shape);
-    const int Bl = kB / (shape.z * shape.d), slot = g.coord.z + shape.z * g.coord.d;
+    const int Bl = kB / token_slots(shape), slot = token_slot(g.coord, shape);
     ParallelTransformer m(mc, g, Bl, kT);
     m.init_weights(3);
     m.zero_grads();
     double loss = m.forward_backward(x.data() + size_t(slot) * Bl * kT, y.data() + size_t(slot) * Bl * kT,
                                      Bl, kT, 1.0f / kept);
     m.reduce_gradients();
-    if (g.zd.size() > 1) g.zd.allreduce_sum(&loss, 1);
+    if (g.tokens().size() > 1) g.tokens().allreduce_sum(&loss, 1);
     const std::string where = family_name(family) + " grid " + shape.to_string();
     EXPECT_NEAR(loss / serial_loss, 1.0, 1e-5) << where;
     for (size_t i = 0; i < m.table().specs.size(); ++i) {
@@ -146,14 +146,14 @@ void check_sparse_embedding(Family family) {
   const ModelConfig mc = test_model(family);
   int sparse_grids = 0;
   for (const GridShape& shape : contract_grids(mc)) {
-    if (shape.z == 1) continue;
+    if (shape.z() == 1) continue;
     ProcessGroups g(comm::Communicator::world(), shape);
     ParallelOptions sparse, dense;
     dense.sparse_embedding_grad = false;
     {
-      ParallelTransformer probe(mc, g, kB / (shape.z * shape.d), kT, sparse);
+      ParallelTransformer probe(mc, g, kB / token_slots(shape), kT, sparse);
       if (!probe.sparse_embedding_grad()) continue;  // more rows than the block: dense is chosen
-      ParallelTransformer off(mc, g, kB / (shape.z * shape.d), kT, dense);
+      ParallelTransformer off(mc, g, kB / token_slots(shape), kT, dense);
       EXPECT_FALSE(off.sparse_embedding_grad());
     }
     ++sparse_grids;

@@ -63,8 +63,8 @@ struct Result {
 Result train(const ModelConfig& mc, ProcessGroups& g, const OverlapOptions& ov,
              StepProfile* prof = nullptr) {
   const GridShape& s = g.shape;
-  const int Bl = kB / (s.z * s.d);
-  const int slot = g.coord.z + s.z * g.coord.d;
+  const int Bl = kB / token_slots(s);
+  const int slot = token_slot(g.coord, s);
   ParallelTransformer m(mc, g, Bl, kT, ov);
   m.init_weights(11);
   m.set_profile(prof);
@@ -117,7 +117,7 @@ Result train(const ModelConfig& mc, ProcessGroups& g, const OverlapOptions& ov,
 
 // Every combination of the switches that act on this grid.
 std::vector<OverlapOptions> combinations(const GridShape& s) {
-  const bool tp = s.x > 1 || s.y > 1, z = s.z > 1, dp = s.z * s.d > 1;
+  const bool tp = s.x() > 1 || s.y() > 1, z = s.z() > 1, dp = token_slots(s) > 1;
   std::vector<OverlapOptions> out;
   for (int bar = 0; bar <= int(tp); ++bar)
     for (int fc : tp ? std::vector<int>{1, 3} : std::vector<int>{1})
@@ -184,7 +184,7 @@ void sweep(Family f) {
       ++runs;
     }
     // Data-parallel buckets of several tensors: staged messages, the same with and without overlap.
-    if (s.z * s.d > 1) {
+    if (token_slots(s) > 1) {
       OverlapOptions bucketed = OverlapOptions::all_off();
       bucketed.dp_bucket_mb = 0.002;  // a few tensors of the tiny model per bucket
       const Result b_off = train(mc, g, bucketed);
@@ -206,9 +206,9 @@ TEST(OverlapMpi, TraceIsValidJsonWithATrackPerGroupAndNamedEvents) {
   // The grid with every axis the world size allows: x first, then z, then d.
   GridShape s;
   int n = world_size();
-  s.x = 2; n /= 2;
-  if (n >= 2) { s.z = 2; n /= 2; }
-  s.d = n;
+  s[Axis::X] = 2; n /= 2;
+  if (n >= 2) { s[Axis::Z] = 2; n /= 2; }
+  s[Axis::D] = n;
   ProcessGroups g(world, s);
   StepProfile prof;
   TraceLog log;
@@ -250,10 +250,10 @@ TEST(OverlapMpi, TraceIsValidJsonWithATrackPerGroupAndNamedEvents) {
   EXPECT_EQ(int(pids.size()), world_size());
   EXPECT_TRUE(threads.count("compute"));
   EXPECT_TRUE(threads.count("comm x")) << "X all-reduces get their own track";
-  if (s.z > 1) {
+  if (s.z() > 1) {
     EXPECT_TRUE(threads.count("comm z"));
   }
-  if (s.z * s.d > 1) {
+  if (token_slots(s) > 1) {
     EXPECT_TRUE(threads.count("comm zd"));
   }
   EXPECT_GT(gemm_named, 0) << "GEMMs are named with their layer and sizes";

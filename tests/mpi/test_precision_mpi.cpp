@@ -75,8 +75,8 @@ std::vector<double> serial_fp32(const ModelConfig& mc) {
 }
 
 std::vector<double> grid_bf16(const ModelConfig& mc, ProcessGroups& g, bool bf16_attention = false) {
-  const int Bl = kB / (g.shape.z * g.shape.d);
-  const int slot = g.coord.z + g.shape.z * g.coord.d;
+  const int Bl = kB / (g.shape.z() * g.shape.d());
+  const int slot = g.coord.z() + g.shape.z() * g.coord.d();
   ParallelOptions po;
   po.precision = backend::Precision::BF16;
   // Forced either way (unset, it would follow the GEMM precision where bf16 attention is the
@@ -185,8 +185,8 @@ namespace {
 std::vector<double> bf16_losses(const ModelConfig& mc, ProcessGroups& g, ParallelOptions po,
                                 int steps) {
   po.precision = backend::Precision::BF16;
-  const int Bl = kB / (g.shape.z * g.shape.d);
-  const int slot = g.coord.z + g.shape.z * g.coord.d;
+  const int Bl = kB / (g.shape.z() * g.shape.d());
+  const int slot = g.coord.z() + g.shape.z() * g.coord.d();
   ParallelTransformer m(mc, g, Bl, kT, po);
   m.init_weights(7);
   const TrainConfig tc = train_config();
@@ -206,7 +206,7 @@ std::vector<double> bf16_losses(const ModelConfig& mc, ProcessGroups& g, Paralle
     m.begin_step(1);
     double loss = m.forward_backward(x.data(), y.data(), Bl, kT, 1.0f / (kB * kT));
     m.reduce_gradients();
-    if (g.zd.size() > 1) g.zd.allreduce_sum(&loss, 1);
+    if (g.tokens().size() > 1) g.tokens().allreduce_sum(&loss, 1);
     const double gn = std::sqrt(m.grad_sum_squares());
     const float* grads = m.grads();
     m.apply_update([&](float* p, uint16_t* p16, int64_t lo, int64_t hi) {
@@ -245,7 +245,7 @@ TEST(Bf16Grid, WeightCopyAndBf16ActivationsGiveTheBitsOfPerCallRounding) {
     SCOPED_TRACE(c.name);
     std::optional<ProcessGroups> grid;
     ProcessGroups one;  // this rank alone
-    if (c.shape.x * c.shape.y * c.shape.z * c.shape.d > 1)
+    if (c.shape.x() * c.shape.y() * c.shape.z() * c.shape.d() > 1)
       grid.emplace(comm::Communicator::world(), c.shape);
     ProcessGroups& g = grid ? *grid : one;
     ParallelOptions po;
@@ -278,8 +278,8 @@ std::pair<double, std::vector<float>> one_step_grads(const ModelConfig& mc, Proc
                                                      ParallelOptions po, std::string* plan = nullptr) {
   po.precision = backend::Precision::BF16;
   po.attention_precision = backend::Precision::FP32;
-  const int Bl = kB / (g.shape.z * g.shape.d);
-  const int slot = g.coord.z + g.shape.z * g.coord.d;
+  const int Bl = kB / (g.shape.z() * g.shape.d());
+  const int slot = g.coord.z() + g.shape.z() * g.coord.d();
   ParallelTransformer m(mc, g, Bl, kT, po);
   m.init_weights(7);
   const auto tok = batch(3, mc.vocab_size);
@@ -292,7 +292,7 @@ std::pair<double, std::vector<float>> one_step_grads(const ModelConfig& mc, Proc
   m.zero_grads();
   double loss = m.forward_backward(x.data(), y.data(), Bl, kT, 1.0f / (kB * kT));
   m.reduce_gradients();
-  if (g.zd.size() > 1) g.zd.allreduce_sum(&loss, 1);
+  if (g.tokens().size() > 1) g.tokens().allreduce_sum(&loss, 1);
   if (plan) *plan = m.gemm_layout_plan().to_string();
   m.finish_communication();
   return {loss, std::vector<float>(m.grads(), m.grads() + m.num_local_params())};
@@ -341,7 +341,7 @@ TEST(Bf16Grid, EveryGemmLayoutPlanMatchesTheRuleOnOneRankAndFour) {
     SCOPED_TRACE(c.name);
     std::optional<ProcessGroups> grid;
     ProcessGroups one;
-    if (c.shape.x * c.shape.y * c.shape.z * c.shape.d > 1)
+    if (c.shape.x() * c.shape.y() * c.shape.z() * c.shape.d() > 1)
       grid.emplace(comm::Communicator::world(), c.shape);
     ProcessGroups& g = grid ? *grid : one;
     ParallelOptions po;

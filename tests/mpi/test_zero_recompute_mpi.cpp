@@ -78,22 +78,22 @@ TEST(Zero, StateIsShardedOverTheDataAxis) {
   const ModelConfig mc = tiny_model(Family::GPT2, 2);
   for (const GridShape& shape : zero_grids(world_size())) {
     ProcessGroups g(comm::Communicator::world(), shape);
-    ParallelTransformer m0(mc, g, kB / (shape.z * shape.d), kT, {Recompute::None, 0});
-    ParallelTransformer m1(mc, g, kB / (shape.z * shape.d), kT, {Recompute::None, 1});
-    ParallelTransformer m2(mc, g, kB / (shape.z * shape.d), kT, {Recompute::None, 2});
+    ParallelTransformer m0(mc, g, kB / token_slots(shape), kT, {Recompute::None, 0});
+    ParallelTransformer m1(mc, g, kB / token_slots(shape), kT, {Recompute::None, 1});
+    ParallelTransformer m2(mc, g, kB / token_slots(shape), kT, {Recompute::None, 2});
     const int64_t local = m0.num_local_params();
     EXPECT_EQ(m0.optimizer_layout().state_size, local);
     EXPECT_EQ(m0.num_local_grads(), local);
     // Padding: at most one element per tensor and rank.
     const int64_t pad = int64_t(m0.table().specs.size());
-    EXPECT_GE(m1.optimizer_layout().state_size * shape.d, local);
-    EXPECT_LE(m1.optimizer_layout().state_size * shape.d, local + pad * shape.d);
+    EXPECT_GE(m1.optimizer_layout().state_size * shape.d(), local);
+    EXPECT_LE(m1.optimizer_layout().state_size * shape.d(), local + pad * shape.d());
     EXPECT_EQ(m1.num_local_grads(), local);
     EXPECT_EQ(m2.num_local_grads(), m2.optimizer_layout().state_size);
     // Every element of the local shard is updated by exactly one D rank.
     int64_t mine = 0;
     for (int64_t n : m1.optimizer_layout().sizes) mine += n;
-    g.d.allreduce_sum(&mine, 1);
+    g.d().allreduce_sum(&mine, 1);
     EXPECT_EQ(mine, local) << shape.to_string();
   }
 }
@@ -116,7 +116,7 @@ TEST(Zero, MomentsGatherLikeWithoutZeroAndScatterBackExactly) {
       }
       EXPECT_LT(std::sqrt(num / std::max(den, 1e-30)), 1e-4) << "zero " << zero << " tensor " << i;
     }
-    ParallelTransformer m(mc, g, kB / (shape.z * shape.d), kT, {Recompute::None, zero});
+    ParallelTransformer m(mc, g, kB / token_slots(shape), kT, {Recompute::None, zero});
     std::vector<float> state(size_t(m.optimizer_layout().state_size));
     for (size_t i = 0; i < base.m.size(); ++i) {
       m.scatter_state_tensor(state.data(), i, base.m[i].data());
@@ -141,7 +141,7 @@ void check_recompute(Family family) {
   for (const GridShape& shape : grids) {
     ProcessGroups g(comm::Communicator::world(), shape);
     for (int zero : {0, 2}) {
-      if (zero > 0 && shape.d == 1) continue;
+      if (zero > 0 && shape.d() == 1) continue;
       ParallelOptions base{Recompute::None, zero};
       const Run none = parallel_run(mc, g, steps, base);
       expect_matches_serial(none, serial, mc, describe(family, shape, base));
@@ -194,7 +194,7 @@ TEST(ZeroChunks, ChunkedReduceScatterIsBitIdentical) {
     for (int zero : {1, 2}) {
       ParallelOptions po{Recompute::None, zero};
       const contract::Run whole = parallel_run(mc, g, steps, po);
-      po.reduce_scatter_chunk_bytes = int64_t(3 * sizeof(float)) * shape.d;
+      po.reduce_scatter_chunk_bytes = int64_t(3 * sizeof(float)) * shape.d();
       const contract::Run chunked = parallel_run(mc, g, steps, po);
       const std::string where = describe(Family::GPT2, shape, po) + " chunked";
       for (int s = 0; s < steps; ++s) {

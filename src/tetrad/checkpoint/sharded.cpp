@@ -35,14 +35,14 @@ namespace {
 // The saving grid's layer split: the recorded counts, or (none recorded: one chunk list from
 // before uneven splits existed) the even split over Gp x virtual_stages.
 parallel::LayerSplit saving_split(const ModelConfig& model, const ShardedCheckpointInfo& info) {
-  if (info.grid.p == 1) return {};
+  if (info.grid.p() == 1) return {};
   if (info.pipeline_layers.empty())
-    return parallel::LayerSplit::even(model.n_layer, info.grid.p * info.virtual_stages);
+    return parallel::LayerSplit::even(model.n_layer, info.grid.p() * info.virtual_stages);
   const parallel::LayerSplit split = parallel::LayerSplit::from_counts(info.pipeline_layers,
                                                                        model.n_layer);
-  if (split.virtual_stages() != info.grid.p * info.virtual_stages)
+  if (split.virtual_stages() != info.grid.p() * info.virtual_stages)
     fail("checkpoint: pipeline_layers ", split.to_string(), " has ", split.virtual_stages(),
-         " virtual stages, expected Gp x virtual_stages = ", info.grid.p, " x ",
+         " virtual stages, expected Gp x virtual_stages = ", info.grid.p(), " x ",
          info.virtual_stages);
   return split;
 }
@@ -80,7 +80,7 @@ struct Seg {
 
 // Global segments of a rank's shard in local order, contiguous ones merged.
 std::vector<Seg> shard_segments(const TensorShard& t, const GridShape& grid, const GridCoord& c) {
-  const int64_t b0 = t.z_sharded ? t.shard_numel * c.z : 0;
+  const int64_t b0 = t.z_sharded ? t.shard_numel * c.z() : 0;
   const int64_t b1 = b0 + t.shard_numel;
   (void)grid;
   std::vector<Seg> segs;
@@ -407,7 +407,7 @@ ShardedCheckpointInfo info_of(const ParsedMeta& m) {
                         g.at("d").get<int>()};
   // A pipeline grid also records p and the chunks per stage (absent: p = 1, written before the
   // pipeline existed).
-  info.grid.p = g.value("p", 1);
+  info.grid[parallel::Axis::P] = g.value("p", 1);
   info.virtual_stages = g.value("virtual_stages", 1);
   info.pipeline_layers = g.value("pipeline_layers", std::vector<int>{});
   info.tokenizer_identity = j.at("tokenizer_identity").is_null()
@@ -434,13 +434,13 @@ std::vector<IndexRun> shard_index_runs(const TensorShard& t, const GridShape& gr
 }
 
 bool writes_shard(const TensorShard& t, const GridCoord& c) {
-  if (c.d != 0) return false;
+  if (c.d() != 0) return false;
   // Top-level tensors: every pipeline stage keeps the same copy; the first stage writes it.
   // (A layer's tensors are stored, hence written, by its stage alone: shard_numel = 0 elsewhere.)
-  if (t.spec->layer < 0 && c.p != 0) return false;
-  if (!t.z_sharded && c.z != 0) return false;
-  if (t.layout == ShardLayout::ColsX && c.y != 0) return false;
-  if (t.layout == ShardLayout::RowsY && c.x != 0) return false;
+  if (t.spec->layer < 0 && c.p() != 0) return false;
+  if (!t.z_sharded && c.z() != 0) return false;
+  if (t.layout == ShardLayout::ColsX && c.y() != 0) return false;
+  if (t.layout == ShardLayout::RowsY && c.x() != 0) return false;
   return true;
 }
 
@@ -552,9 +552,9 @@ nlohmann::json build_sharded_meta(const ModelConfig& model, const ParamTable& ta
   j["version"] = kShardedVersion;
   j["checkpoint_id"] = hex64(checkpoint_id);
   j["step"] = info.step;
-  j["grid"] = {{"x", g.x}, {"y", g.y}, {"z", g.z}, {"d", g.d}};
-  if (g.p > 1) {
-    j["grid"]["p"] = g.p;
+  j["grid"] = {{"x", g.x()}, {"y", g.y()}, {"z", g.z()}, {"d", g.d()}};
+  if (g.p() > 1) {
+    j["grid"]["p"] = g.p();
     j["grid"]["virtual_stages"] = info.virtual_stages;
     j["grid"]["pipeline_layers"] = saving_split(model, info).counts();
   }
@@ -595,7 +595,7 @@ nlohmann::json build_sharded_meta(const ModelConfig& model, const ParamTable& ta
     nlohmann::json hashes = nlohmann::json::array();
     for (uint64_t h : chunk_hashes[size_t(r)]) hashes.push_back(hex64(h));
     files.push_back({{"name", shard_file_name(r)}, {"rank", r},
-                     {"coord", {c.x, c.y, c.z, c.d}}, {"data_bytes", bytes},
+                     {"coord", {c.x(), c.y(), c.z(), c.d()}}, {"data_bytes", bytes},
                      {"chunk_xxh64", hashes}, {"pieces", jp}});
   }
   j["files"] = files;

@@ -79,8 +79,8 @@ std::string shard_file_name(int rank);  // "shard_00003.bin"
 struct ShardedCheckpointInfo {
   int64_t step = 0;
   parallel::GridShape grid;
-  int virtual_stages = 1;           // pipeline chunks per stage of the saving grid (grid.p > 1)
-  // Layers of each of the saving grid's Gp x virtual_stages virtual stages (grid.p > 1; empty:
+  int virtual_stages = 1;           // pipeline chunks per stage of the saving grid (grid.p() > 1)
+  // Layers of each of the saving grid's Gp x virtual_stages virtual stages (grid.p() > 1; empty:
   // the even split, which is what checkpoints written before uneven splits used).
   std::vector<int> pipeline_layers;
   uint64_t tokenizer_identity = 0;  // 0: unknown (not checked on load)

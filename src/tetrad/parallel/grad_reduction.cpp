@@ -20,7 +20,7 @@ GradReducer::GradReducer(const StepContext& ctx, const ShardPlan& plan, const Pa
   backend::Backend& be = *ctx_.be;
   const GridShape& G = ctx_.shape();
   // ZeRO pieces: each tensor's local shard cut into Gd pieces of ceil(n / Gd), piece d on rank d.
-  const int Gd = G.d, dc = ctx_.g().coord.d;
+  const int Gd = G.d(), dc = ctx_.g().coord.d();
   int64_t piece_max = 0;
   for (const auto& t : plan_.tensors) {
     const int64_t n = t.shard_numel;
@@ -47,18 +47,18 @@ GradReducer::GradReducer(const StepContext& ctx, const ShardPlan& plan, const Pa
 
   // Gradient blocks: when Z shards weights (Gz = 1 accumulates in place), or when ZeRO 2 keeps
   // only a piece of each gradient.
-  if (G.z > 1 || zero_ == 2) {
-    const BlockExtents e = block_extents(plan_, G.z);
+  if (G.z() > 1 || zero_ == 2) {
+    const BlockExtents e = block_extents(plan_, G.z());
     // each shard lands at its own offset
-    if (G.z > 1) scatter_tmp_ = backend::DeviceArray<float>(be, plan_.local_total);
+    if (G.z() > 1) scatter_tmp_ = backend::DeviceArray<float>(be, plan_.local_total);
     gblock_[0] = backend::DeviceArray<float>(be, e.layer);
     gblock_[1] = backend::DeviceArray<float>(be, e.layer);
     gblock_top_ = backend::DeviceArray<float>(be, e.top);
   }
-  if (opt.sparse_embedding_grad && G.z > 1 && G.p == 1 && zero_ != 2) {
+  if (opt.sparse_embedding_grad && G.z() > 1 && G.p() == 1 && zero_ != 2) {
     // Rows plus ids against the dense block: worth it when the Z group's tokens are fewer than
     // this rank's vocabulary rows.
-    const int64_t rows = int64_t(G.z) * tokens, Cx = ctx_.dims.Cx;
+    const int64_t rows = int64_t(G.z()) * tokens, Cx = ctx_.dims.Cx;
     sparse_embedding_ = rows * (Cx + 1) < ctx_.dims.Vy * Cx;
     if (sparse_embedding_) {
       emb_rows_ = backend::DeviceArray<float>(be, size_t(rows * Cx));
@@ -80,7 +80,7 @@ int64_t GradReducer::bytes() const {
 }
 
 bool GradReducer::staged(const TensorShard& t) const {
-  return zero_ == 2 || (t.z_sharded && ctx_.shape().z > 1);
+  return zero_ == 2 || (t.z_sharded && ctx_.shape().z() > 1);
 }
 
 float* GradReducer::block_buffer(int layer) {
@@ -100,13 +100,13 @@ void GradReducer::zero() {
 }
 
 void GradReducer::zero_layer_blocks(int layer) {
-  if (ctx_.shape().z == 1 && zero_ != 2) return;
+  if (ctx_.shape().z() == 1 && zero_ != 2) return;
   // The buffer's previous reduce-scatters (layer + 2, or last micro-batch's) read it: finish them.
   for (auto t : rs_tickets_[layer < 0 ? 2 : layer & 1]) ctx_.q().wait(t);
   float* buf = block_buffer(layer);
   for (const auto& t : plan_.tensors)
     if (t.spec->layer == layer && staged(t)) {
-      const int64_t n = t.z_sharded ? t.shard_numel * ctx_.shape().z : t.block_numel;
+      const int64_t n = t.z_sharded ? t.shard_numel * ctx_.shape().z() : t.block_numel;
       ctx_.zero_dev(buf + t.block_offset, n);
     }
 }
@@ -123,7 +123,7 @@ void GradReducer::zero_layer_blocks(int layer) {
 // D ranks by the same algorithm, so the result does not depend on the chunking; every D rank
 // makes the same calls (q and Gd are the same there).
 void GradReducer::reduce_scatter_d(size_t i, const float* shard, float* piece) {
-  const int64_t n = plan_.tensors[i].shard_numel, q = piece_[i], Gd = ctx_.shape().d;
+  const int64_t n = plan_.tensors[i].shard_numel, q = piece_[i], Gd = ctx_.shape().d();
   if (Gd == 1) {
     ctx_.copy_dev(piece, shard, n);
     return;
@@ -141,9 +141,9 @@ void GradReducer::reduce_scatter_d(size_t i, const float* shard, float* piece) {
       ctx_.zero_dev(packed + d * len + have, len - have);
     }
     if (comm_bf16_)
-      reduce_scatter_sum_bf16(*ctx_.be, ctx_.g().d, packed, piece + a, len);
+      reduce_scatter_sum_bf16(*ctx_.be, ctx_.g().d(), packed, piece + a, len);
     else
-      ctx_.q().run(ctx_.g().d.ireduce_scatter_sum(packed, piece + a, size_t(len), ctx_.q().ready()), ctx_.g().d,
+      ctx_.q().run(ctx_.g().d().ireduce_scatter_sum(packed, piece + a, size_t(len), ctx_.q().ready()), ctx_.g().d(),
              "reduce_scatter", "dW pieces over D", plan_.tensors[i].spec->layer,
              len * Gd * int64_t(sizeof(float)));
   }
@@ -161,25 +161,25 @@ void GradReducer::scatter_layer(int layer) {
       if (t.spec->layer != layer || !staged(t)) continue;
       float* block = buf + t.block_offset;
       const float* shard = block;
-      if (t.z_sharded && ctx_.shape().z > 1) {
+      if (t.z_sharded && ctx_.shape().z() > 1) {
         float* land = scatter_tmp_.data() + t.offset;
         if (comm_bf16_)
-          reduce_scatter_sum_bf16(*ctx_.be, ctx_.g().z, block, land, t.shard_numel);
+          reduce_scatter_sum_bf16(*ctx_.be, ctx_.g().z(), block, land, t.shard_numel);
         else
-          ctx_.q().run(ctx_.g().z.ireduce_scatter_sum(block, land, size_t(t.shard_numel), ctx_.q().ready()), ctx_.g().z,
-                 "reduce_scatter", "dW", layer, t.shard_numel * ctx_.shape().z * int64_t(sizeof(float)));
+          ctx_.q().run(ctx_.g().z().ireduce_scatter_sum(block, land, size_t(t.shard_numel), ctx_.q().ready()), ctx_.g().z(),
+                 "reduce_scatter", "dW", layer, t.shard_numel * ctx_.shape().z() * int64_t(sizeof(float)));
         shard = land;
-      } else if (!t.z_sharded && ctx_.shape().z > 1) {
-        ctx_.sum_over(ctx_.g().z, block, t.block_numel, "replicated grads");  // replicated over Z: sum first
+      } else if (!t.z_sharded && ctx_.shape().z() > 1) {
+        ctx_.sum_over(ctx_.g().z(), block, t.block_numel, "replicated grads");  // replicated over Z: sum first
       }
-      float* piece = zero_tmp_.data() + piece_[i] * ctx_.shape().d;
+      float* piece = zero_tmp_.data() + piece_[i] * ctx_.shape().d();
       reduce_scatter_d(i, shard, piece);
       ctx_.ops().add(ctx_.bq(), grads_.data() + zl_.grad_offsets[i], piece, zl_.sizes[i]);
     }
     if (last_micro_batch()) layer_final(layer, true);
     return;
   }
-  if (ctx_.shape().z == 1) {
+  if (ctx_.shape().z() == 1) {
     if (last) layer_final(layer, true);
     return;
   }
@@ -208,13 +208,13 @@ CommQueue::Ticket GradReducer::start_grad_reduce_scatter(const TensorShard& t, b
     if (--remaining == 0 && last) layer_final(layer, true);
   };
   if (comm_bf16_) {  // blocking: done() runs at once, nothing to wait for later
-    reduce_scatter_sum_bf16(*ctx_.be, ctx_.g().z, block, land, n);
-    return ctx_.q().start(comm::Request(), ctx_.g().z, "reduce_scatter", "dW bf16", layer,
-                    n * ctx_.shape().z * int64_t(sizeof(uint16_t)), done);
+    reduce_scatter_sum_bf16(*ctx_.be, ctx_.g().z(), block, land, n);
+    return ctx_.q().start(comm::Request(), ctx_.g().z(), "reduce_scatter", "dW bf16", layer,
+                    n * ctx_.shape().z() * int64_t(sizeof(uint16_t)), done);
   }
-  const auto ticket = ctx_.q().start(ctx_.g().z.ireduce_scatter_sum(block, land, size_t(n), ctx_.q().ready()), ctx_.g().z,
+  const auto ticket = ctx_.q().start(ctx_.g().z().ireduce_scatter_sum(block, land, size_t(n), ctx_.q().ready()), ctx_.g().z(),
                                "reduce_scatter", "dW", layer,
-                               n * ctx_.shape().z * int64_t(sizeof(float)), done);
+                               n * ctx_.shape().z() * int64_t(sizeof(float)), done);
   if (ov_.reduce_scatter) rs_tickets_[layer < 0 ? 2 : layer & 1].push_back(ticket);
   else ctx_.q().wait(ticket);
   return ticket;
@@ -246,15 +246,15 @@ void GradReducer::scatter_top(bool head_part) {
 // gradient rows at their tokens, in Z-rank then token order (after the head's dense part, so
 // the additions have one order whatever the overlap does).
 void GradReducer::accumulate_embedding_rows(const float* dresid, int64_t N) {
-  const int64_t Z = ctx_.shape().z, rows = Z * N;
-  ctx_.q().run(ctx_.g().z.iallgather(dresid, emb_rows_.data(), size_t(N * ctx_.dims.Cx), ctx_.q().ready()), ctx_.g().z, "allgather",
+  const int64_t Z = ctx_.shape().z(), rows = Z * N;
+  ctx_.q().run(ctx_.g().z().iallgather(dresid, emb_rows_.data(), size_t(N * ctx_.dims.Cx), ctx_.q().ready()), ctx_.g().z(), "allgather",
          "embedding rows", -1, rows * ctx_.dims.Cx * int64_t(sizeof(float)));
   ctx_.q().wait(emb_ids_ticket_);
   if (head_ == embedding_) ctx_.q().wait(head_rs_ticket_);
   const TensorShard& t = plan_.tensors[size_t(embedding_)];
-  const int64_t s0 = int64_t(ctx_.g().z.rank()) * t.shard_numel, s1 = s0 + t.shard_numel;
+  const int64_t s0 = int64_t(ctx_.g().z().rank()) * t.shard_numel, s1 = s0 + t.shard_numel;
   float* gp = grads_.data() + t.offset;
-  const int64_t v0 = ctx_.dims.Vy * ctx_.g().coord.y;
+  const int64_t v0 = ctx_.dims.Vy * ctx_.g().coord.y();
   {
     ScopedPhase sp(ctx_.prof, Phase::Embedding, "rows");
     ctx_.ops().embedding_scatter_add(ctx_.bq(), gp, s0, s1, emb_rows_.data(), emb_ids_.data(), v0, ctx_.dims.Vy,
@@ -290,7 +290,7 @@ void GradReducer::build_buckets() {
     for (size_t i = 0; i < plan_.tensors.size(); ++i) {
       const TensorShard& t = plan_.tensors[i];
       if (t.spec->layer != l || !t.stored) continue;
-      const comm::Communicator& grp = t.z_sharded ? ctx_.g().d : ctx_.g().zd;
+      const comm::Communicator& grp = t.z_sharded ? ctx_.g().d() : ctx_.g().tokens();
       if (grp.size() == 1) continue;
       Bucket& b = open[t.z_sharded ? 1 : 0];
       b.group = &grp;
@@ -379,7 +379,7 @@ void GradReducer::reset_step_state() {
 void GradReducer::reduce() {
   ScopedPhase sp(ctx_.prof, Phase::Other);
   ctx_.q().wait_all();  // reduce-scatters still running; buckets already started
-  if (ctx_.shape().p > 1) {
+  if (ctx_.shape().p() > 1) {
     // Embedding (first stage) and head (last stage; the same tensor when tied), final norm,
     // positions: summed over the stages, so every stage's copy takes the same update. (ZeRO 2:
     // the pieces, already reduced over Z and D.) No bucket has started (dp_overlap is off with
@@ -389,7 +389,7 @@ void GradReducer::reduce() {
         const bool piece = zero_ == 2;
         float* gp = grads_.data() + (piece ? zl_.grad_offsets[i] : plan_.tensors[i].offset);
         const int64_t n = piece ? zl_.sizes[i] : plan_.tensors[i].shard_numel;
-        if (n > 0) ctx_.sum_over(ctx_.g().p, gp, n, "top-level grads over P");
+        if (n > 0) ctx_.sum_over(ctx_.g().p(), gp, n, "top-level grads over P");
       }
   }
   if (zero_ == 2) {  // every layer was reduced (over Z and D) right after its backward
@@ -402,9 +402,9 @@ void GradReducer::reduce() {
       const TensorShard& t = plan_.tensors[i];
       if (!t.stored) continue;  // another pipeline stage's layer
       float* gp = grads_.data() + t.offset;
-      if (!t.z_sharded && ctx_.shape().z > 1) ctx_.sum_over(ctx_.g().z, gp, t.shard_numel, "replicated grads");
-      if (ctx_.shape().d == 1) continue;
-      float* piece = zero_tmp_.data() + piece_[i] * ctx_.shape().d;
+      if (!t.z_sharded && ctx_.shape().z() > 1) ctx_.sum_over(ctx_.g().z(), gp, t.shard_numel, "replicated grads");
+      if (ctx_.shape().d() == 1) continue;
+      float* piece = zero_tmp_.data() + piece_[i] * ctx_.shape().d();
       reduce_scatter_d(i, gp, piece);
       ctx_.copy_dev(grads_.data() + zl_.grad_offsets[i], piece, zl_.sizes[i]);
     }
@@ -431,10 +431,10 @@ double GradReducer::sum_squares() {
   double* part = scalar_.as<double>();
   for (size_t i = 0; i < plan_.tensors.size(); ++i) {
     const TensorShard& t = plan_.tensors[i];
-    bool owner = (zero_ > 0 || c.d == 0) && stage_owns(t, c);
-    if (!t.z_sharded) owner = owner && c.z == 0;
-    if (t.layout == ShardLayout::ColsX) owner = owner && c.y == 0;
-    if (t.layout == ShardLayout::RowsY) owner = owner && c.x == 0;
+    bool owner = (zero_ > 0 || c.d() == 0) && stage_owns(t, c);
+    if (!t.z_sharded) owner = owner && c.z() == 0;
+    if (t.layout == ShardLayout::ColsX) owner = owner && c.y() == 0;
+    if (t.layout == ShardLayout::RowsY) owner = owner && c.x() == 0;
     if (!owner) continue;
     ctx_.ops().sum_squares(ctx_.bq(), part, grads_.data() + zl_.grad_offsets[i], zl_.sizes[i]);
     local += read_scalar(part);
@@ -452,10 +452,10 @@ double GradReducer::read_scalar(const double* dev) {
 }
 
 void GradReducer::start_embedding_ids(const int32_t* ids, int64_t N) {
-  const comm::Communicator& z = ctx_.g().z;
+  const comm::Communicator& z = ctx_.g().z();
   emb_ids_ticket_ = ctx_.q().start(z.iallgather(ids, emb_ids_.data(), size_t(N), ctx_.q().ready()),
                                    z, "allgather", "embedding ids", -1,
-                                   N * ctx_.shape().z * int64_t(sizeof(int32_t)));
+                                   N * ctx_.shape().z() * int64_t(sizeof(int32_t)));
 }
 
 }  // namespace tetrad::parallel

@@ -31,7 +31,7 @@ struct OptimizerLayout {
 // stores them; top-level tensors (every stage keeps a copy, their gradients summed over P) on
 // stage 0.
 inline bool stage_owns(const TensorShard& t, const GridCoord& c) {
-  return t.spec->layer < 0 ? c.p == 0 : t.stored;
+  return t.spec->layer < 0 ? c.p() == 0 : t.stored;
 }
 
 class GradReducer {

@@ -22,50 +22,55 @@ const char* axis_name(Axis axis) {
   return "";
 }
 
-int GridShape::size() const { return x * y * z * p * d; }
-
-std::string GridShape::to_string() const {
-  if (p == 1) return detail::concat(x, "x", y, "x", z, "x", d);
-  return detail::concat(x, "x", y, "x", z, "x", p, "x", d);
+std::vector<Axis> AxisSet::axes() const {
+  std::vector<Axis> out;
+  for (Axis a : kAxesInRankOrder)
+    if (contains(a)) out.push_back(a);
+  return out;
 }
 
-int& extent(GridShape& shape, Axis axis) {
-  switch (axis) {
-    case Axis::X: return shape.x;
-    case Axis::Y: return shape.y;
-    case Axis::Z: return shape.z;
-    case Axis::P: return shape.p;
-    case Axis::D: return shape.d;
+std::string AxisSet::name() const {
+  std::string s;
+  for (Axis a : axes()) s += axis_name(a);
+  return s;
+}
+
+int GridShape::size() const {
+  int n = 1;
+  for (Axis a : kAxesInRankOrder) n *= (*this)[a];
+  return n;
+}
+
+int GridShape::size(AxisSet axes) const {
+  int n = 1;
+  for (Axis a : kAxesInRankOrder)
+    if (axes.contains(a)) n *= (*this)[a];
+  return n;
+}
+
+namespace {
+// The extents in rank order joined by `sep`, the pipeline's left out when it is 1 (grids
+// without a pipeline read "x,y,z,d").
+std::string joined(const GridShape& shape, const char* sep) {
+  std::string s;
+  for (Axis a : kAxesInRankOrder) {
+    if (a == Axis::P && shape.p() == 1) continue;
+    s += (s.empty() ? "" : sep) + std::to_string(shape[a]);
   }
-  TETRAD_CHECK(false, "unknown axis ", static_cast<int>(axis));
-  return shape.x;
+  return s;
 }
+}  // namespace
 
-int extent(const GridShape& shape, Axis axis) { return extent(const_cast<GridShape&>(shape), axis); }
-
-int& coordinate(GridCoord& coord, Axis axis) {
-  switch (axis) {
-    case Axis::X: return coord.x;
-    case Axis::Y: return coord.y;
-    case Axis::Z: return coord.z;
-    case Axis::P: return coord.p;
-    case Axis::D: return coord.d;
-  }
-  TETRAD_CHECK(false, "unknown axis ", static_cast<int>(axis));
-  return coord.x;
-}
-
-int coordinate(const GridCoord& coord, Axis axis) {
-  return coordinate(const_cast<GridCoord&>(coord), axis);
-}
+std::string GridShape::to_string() const { return joined(*this, "x"); }
+std::string GridShape::to_arg() const { return joined(*this, ","); }
 
 std::string to_string(const GridCoord& coord) {
   std::string s = "(";
   for (Axis a : kAxesInRankOrder) {
-    if (a == Axis::P && coord.p == 0) continue;  // grids without a pipeline read as before
+    if (a == Axis::P && coord.p() == 0) continue;  // grids without a pipeline read as before
     if (a != kAxesInRankOrder.front()) s += ",";
     s += axis_name(a);
-    s += std::to_string(coordinate(coord, a));
+    s += std::to_string(coord[a]);
   }
   return s + ")";
 }
@@ -73,7 +78,7 @@ std::string to_string(const GridCoord& coord) {
 namespace {
 void check_shape(const GridShape& shape) {
   for (Axis a : kAxesInRankOrder)
-    TETRAD_CHECK(extent(shape, a) >= 1, "grid ", shape.to_string(), " has a non-positive extent");
+    TETRAD_CHECK(shape[a] >= 1, "grid ", shape.to_string(), " has a non-positive extent");
 }
 }  // namespace
 
@@ -84,8 +89,8 @@ GridCoord coord_of(int rank, const GridShape& shape) {
   GridCoord c;
   int rest = rank;
   for (Axis a : kAxesInRankOrder) {
-    coordinate(c, a) = rest % extent(shape, a);
-    rest /= extent(shape, a);
+    c[a] = rest % shape[a];
+    rest /= shape[a];
   }
   return c;
 }
@@ -94,7 +99,7 @@ int rank_of(const GridCoord& coord, const GridShape& shape) {
   check_shape(shape);
   int rank = 0, stride = 1;
   for (Axis a : kAxesInRankOrder) {
-    const int c = coordinate(coord, a), n = extent(shape, a);
+    const int c = coord[a], n = shape[a];
     TETRAD_CHECK(c >= 0 && c < n, "coordinate ", to_string(coord), " is outside grid ",
                  shape.to_string());
     rank += c * stride;
@@ -103,30 +108,34 @@ int rank_of(const GridCoord& coord, const GridShape& shape) {
   return rank;
 }
 
-std::vector<int> group_ranks(int rank, const GridShape& shape, Axis axis) {
-  GridCoord c = coord_of(rank, shape);
-  std::vector<int> ranks;
-  ranks.reserve(extent(shape, axis));
-  for (int i = 0; i < extent(shape, axis); ++i) {
-    coordinate(c, axis) = i;
-    ranks.push_back(rank_of(c, shape));
+int position_in(const GridCoord& coord, const GridShape& shape, AxisSet axes) {
+  int position = 0, stride = 1;
+  for (Axis a : kAxesInRankOrder) {
+    if (!axes.contains(a)) continue;
+    TETRAD_CHECK(coord[a] >= 0 && coord[a] < shape[a], "coordinate ", to_string(coord),
+                 " is outside grid ", shape.to_string());
+    position += coord[a] * stride;
+    stride *= shape[a];
   }
-  return ranks;
+  return position;
 }
 
-std::vector<int> group_ranks(int rank, const GridShape& shape, std::span<const Axis> axes) {
+std::vector<int> group_ranks(int rank, const GridShape& shape, AxisSet axes) {
   const GridCoord mine = coord_of(rank, shape);
-  // Walk every rank and keep those that agree with `mine` outside `axes`: increasing rank order.
+  const std::vector<Axis> along = axes.axes();
+  const int n = shape.size(axes);
+  // Position i of the group: i's mixed-radix digits along `along` (fastest first), the other
+  // coordinates mine. Strides grow in rank order, so positions and ranks increase together.
   std::vector<int> ranks;
-  for (int r = 0; r < shape.size(); ++r) {
-    const GridCoord c = coord_of(r, shape);
-    bool same = true;
-    for (Axis a : kAxesInRankOrder) {
-      bool in_group = false;
-      for (Axis g : axes) in_group = in_group || g == a;
-      if (!in_group && coordinate(c, a) != coordinate(mine, a)) same = false;
+  ranks.reserve(n);
+  for (int i = 0; i < n; ++i) {
+    GridCoord c = mine;
+    int rest = i;
+    for (Axis a : along) {
+      c[a] = rest % shape[a];
+      rest /= shape[a];
     }
-    if (same) ranks.push_back(r);
+    ranks.push_back(rank_of(c, shape));
   }
   return ranks;
 }
@@ -188,33 +197,34 @@ GridShape parse_grid(const std::string& text) {
       seen.push_back(*axis);
       const std::optional<int> v = parse_extent(value);
       if (!v) fail("grid \"", text, "\": ", expected, ", got \"", value, "\" for ", name);
-      extent(shape, *axis) = *v;
+      shape[*axis] = *v;
     }
   } else {
     if (parts.size() != 4 && parts.size() != 5)
       fail("grid \"", text, "\": ", expected, ", got ", parts.size(),
            parts.size() == 1 ? " number" : " numbers");
     const Axis four[] = {Axis::X, Axis::Y, Axis::Z, Axis::D};
+    const Axis five[] = {Axis::X, Axis::Y, Axis::Z, Axis::P, Axis::D};
     for (size_t i = 0; i < parts.size(); ++i) {
-      const Axis a = parts.size() == 5 ? kAxesInRankOrder[i] : four[i];
+      const Axis a = parts.size() == 5 ? five[i] : four[i];
       const std::optional<int> v = parse_extent(parts[i]);
       if (!v) fail("grid \"", text, "\": ", expected, ", got \"", parts[i], "\" for ", axis_name(a));
-      extent(shape, a) = *v;
+      shape[a] = *v;
     }
   }
   // The product must fit an int too (it is a rank count).
   long long product = 1;
   for (Axis a : kAxesInRankOrder)
-    if (product <= INT_MAX) product *= extent(shape, a);
+    if (product <= INT_MAX) product *= shape[a];
   if (product > INT_MAX) fail("grid \"", text, "\": ", product, " ranks is too many");
   return shape;
 }
 
 void validate_grid(const GridShape& shape, int world_size) {
   for (Axis a : kAxesInRankOrder)
-    if (extent(shape, a) < 1)
+    if (shape[a] < 1)
       fail("grid ", shape.to_string(), ": the ", axis_name(a), " extent must be at least 1, got ",
-           extent(shape, a));
+           shape[a]);
   if (shape.size() != world_size)
     fail("grid ", shape.to_string(), " needs ", shape.size(), " ranks but mpirun started ",
          world_size, " (launch with mpirun -n ", shape.size(),
@@ -222,33 +232,34 @@ void validate_grid(const GridShape& shape, int world_size) {
 }
 
 namespace {
-// Fills the axes from position `i` of kAxesInRankOrder on with every split of `rest`; the last
-// axis takes what is left.
-void factor_axes(size_t i, int rest, GridShape& shape, std::vector<GridShape>& out) {
+// Fills the axes from position `i` of kAxesInRankOrder on with every split of `rest` (divisors
+// in increasing order: lexicographic); the last of `axes` takes what is left, the others are 1.
+void factor_axes(size_t i, int rest, AxisSet axes, GridShape& shape, std::vector<GridShape>& out) {
+  if (i == kAxesInRankOrder.size()) {
+    if (rest == 1) out.push_back(shape);
+    return;
+  }
   const Axis a = kAxesInRankOrder[i];
-  if (a == Axis::P) {  // pipeline grids are not enumerated: p = 1
-    extent(shape, a) = 1;
-    factor_axes(i + 1, rest, shape, out);
+  if (!axes.contains(a)) {
+    shape[a] = 1;
+    factor_axes(i + 1, rest, axes, shape, out);
     return;
   }
-  if (i + 1 == kAxesInRankOrder.size()) {
-    extent(shape, a) = rest;
-    out.push_back(shape);
-    return;
-  }
-  for (int f = 1; f <= rest; ++f) {
+  bool last = true;  // the last of `axes` takes what is left
+  for (size_t j = i + 1; j < kAxesInRankOrder.size(); ++j) last = last && !axes.contains(kAxesInRankOrder[j]);
+  for (int f = last ? rest : 1; f <= rest; ++f) {
     if (rest % f) continue;
-    extent(shape, a) = f;
-    factor_axes(i + 1, rest / f, shape, out);
+    shape[a] = f;
+    factor_axes(i + 1, rest / f, axes, shape, out);
   }
 }
 }  // namespace
 
-std::vector<GridShape> factorizations(int n) {
+std::vector<GridShape> factorizations(int n, AxisSet axes) {
   if (n < 1) fail("factorizations: the rank count must be at least 1, got ", n);
   std::vector<GridShape> out;
   GridShape shape;
-  factor_axes(0, n, shape, out);
+  factor_axes(0, n, axes, shape, out);
   return out;
 }
 

@@ -1,15 +1,17 @@
 // The process grid (docs/parallel.md, shared/design/4d-parallelism.md): pure functions of
 // (rank, shape), no MPI, so every layout question can be tested without launching a job.
 //
-// A job of G = Gx*Gy*Gz*Gp*Gd ranks is a 5D grid. Rank order is mixed-radix with x fastest:
+// A job of G = Gx*Gy*Gz*Gp*Gd ranks is a grid with one extent per axis. Rank order is
+// mixed-radix over the axes in enum order, x fastest:
 //     x = r % Gx,  y = (r / Gx) % Gy,  z = (r / (Gx*Gy)) % Gz,  p = (r / (Gx*Gy*Gz)) % Gp,
 //     d = r / (Gx*Gy*Gz*Gp)
 // so X groups (the chattiest) are neighbouring ranks, a pipeline stage's tensor-parallel group
 // is contiguous, and the data axis is outermost.
 //
-// Every axis-dependent function goes through kAxesInRankOrder / extent() / coordinate(). The
-// pipeline axis P sits between Z and D in rank order; in GridShape and GridCoord its field comes
-// last, so the four-number brace forms ({x, y, z, d}) keep their meaning with p = 1.
+// Axes are data: GridShape and GridCoord hold one number per Axis, every function here loops
+// over kAxesInRankOrder, and groups of several axes are an AxisSet. Adding an axis is an enum
+// entry (and its name in axis_name) plus the code that uses it; parse_grid's named form
+// ("d=2,x=2") takes it at once.
 //
 // What this does not do: choose a grid (the planner does, from factorizations()), or talk MPI
 // (parallel/process_groups.hpp builds the communicators from these functions).
@@ -19,42 +21,119 @@
 // a bug and fails TETRAD_CHECK.
 #pragma once
 #include <array>
-#include <span>
+#include <cstddef>
+#include <initializer_list>
 #include <string>
+#include <utility>
 #include <vector>
 
 namespace tetrad::parallel {
 
-// The axes of the grid. X: input features of normal layers, Y: output features, Z: tokens and the
-// fully-sharded weight axis, P: pipeline stages, D: data-parallel replicas.
+// The axes of the grid, in rank order (fastest-varying first). X: input features of normal
+// layers, Y: output features, Z: tokens and the fully-sharded weight axis, P: pipeline stages,
+// D: data-parallel replicas.
 enum class Axis { X, Y, Z, P, D };
+inline constexpr int kAxisCount = 5;
 
-// The axes from fastest- to slowest-varying in rank order.
-inline constexpr std::array<Axis, 5> kAxesInRankOrder = {Axis::X, Axis::Y, Axis::Z, Axis::P,
-                                                          Axis::D};
+// The axes from fastest- to slowest-varying in rank order (the enum's order).
+inline constexpr std::array<Axis, kAxisCount> kAxesInRankOrder = {Axis::X, Axis::Y, Axis::Z,
+                                                                   Axis::P, Axis::D};
 
-// "x", "y", "z", "p", "d": the name used for the axis's communicator and in messages.
+// "x", "y", "z", "p", "d": the name used for the axis's communicator, in messages and in
+// parse_grid's named form.
 const char* axis_name(Axis axis);
 
-struct GridShape {
-  int x = 1, y = 1, z = 1, d = 1;
-  int p = 1;                      // pipeline stages (last field: see above)
-  int size() const;               // x*y*z*p*d
+// A set of axes: the axes of a process group, the axes that split a micro-batch's tokens.
+class AxisSet {
+ public:
+  constexpr AxisSet() = default;
+  constexpr AxisSet(Axis axis) : bits_(bit(axis)) {}  // NOLINT: one axis is a set of one
+  constexpr AxisSet(std::initializer_list<Axis> axes) {
+    for (Axis a : axes) bits_ |= bit(a);
+  }
+  constexpr bool contains(Axis axis) const { return (bits_ & bit(axis)) != 0; }
+  constexpr bool empty() const { return bits_ == 0; }
+  constexpr AxisSet operator|(AxisSet other) const { return from_bits(bits_ | other.bits_); }
+  constexpr unsigned bits() const { return bits_; }
+  constexpr bool operator==(const AxisSet&) const = default;
+  // The axes in rank order.
+  std::vector<Axis> axes() const;
+  // The axes' names in rank order: "z", "zd" (the communicator's name).
+  std::string name() const;
+
+ private:
+  static constexpr unsigned bit(Axis axis) { return 1u << static_cast<unsigned>(axis); }
+  static constexpr AxisSet from_bits(unsigned bits) {
+    AxisSet s;
+    s.bits_ = bits;
+    return s;
+  }
+  unsigned bits_ = 0;
+};
+
+// The axes whose ranks each take a share of a micro-batch's sequences (their tokens): Z and D.
+// A micro-batch of B sequences gives each rank B / token_slots(shape) of them, its share being
+// slot token_slot(coord, shape); the gradients of replicated parameters (norm weights, biases)
+// are summed over the group of these axes (ProcessGroups::tokens()).
+inline constexpr AxisSet token_axes() { return {Axis::Z, Axis::D}; }
+
+// One number per axis, indexed by Axis: a grid's extents (GridShape) or a rank's coordinates
+// (GridCoord). x() ... d() read one axis by name; [] reads or writes any.
+template <int kUnset>
+class PerAxis {
+ public:
+  constexpr PerAxis() { values_.fill(kUnset); }
+  constexpr int operator[](Axis a) const { return values_[static_cast<size_t>(a)]; }
+  constexpr int& operator[](Axis a) { return values_[static_cast<size_t>(a)]; }
+  constexpr int x() const { return (*this)[Axis::X]; }
+  constexpr int y() const { return (*this)[Axis::Y]; }
+  constexpr int z() const { return (*this)[Axis::Z]; }
+  constexpr int p() const { return (*this)[Axis::P]; }
+  constexpr int d() const { return (*this)[Axis::D]; }
+  constexpr bool operator==(const PerAxis&) const = default;
+
+ protected:
+  // "x,y,z,d" in that order (the CLI's four-number form), every other axis unset.
+  constexpr PerAxis(int x, int y, int z, int d) : PerAxis() {
+    (*this)[Axis::X] = x, (*this)[Axis::Y] = y, (*this)[Axis::Z] = z, (*this)[Axis::D] = d;
+  }
+  // Named values, the others unset: {{Axis::P, 2}, {Axis::D, 4}}.
+  constexpr PerAxis(std::initializer_list<std::pair<Axis, int>> named) : PerAxis() {
+    for (const auto& [a, v] : named) (*this)[a] = v;
+  }
+
+ private:
+  std::array<int, kAxisCount> values_{};
+};
+
+// The extents of a grid; axes not given are 1.
+struct GridShape : PerAxis<1> {
+  constexpr GridShape() = default;
+  // The CLI's "x,y,z,d" (p = 1): GridShape{2, 1, 2, 1}.
+  constexpr GridShape(int x, int y, int z, int d) : PerAxis(x, y, z, d) {}
+  // By name, in any order: GridShape{{Axis::P, 2}, {Axis::D, 2}}.
+  constexpr GridShape(std::initializer_list<std::pair<Axis, int>> named) : PerAxis(named) {}
+  // The CLI's "x,y,z,p,d".
+  static constexpr GridShape xyzpd(int x, int y, int z, int p, int d) {
+    return {{Axis::X, x}, {Axis::Y, y}, {Axis::Z, z}, {Axis::P, p}, {Axis::D, d}};
+  }
+  int size() const;               // the product of every extent
+  int size(AxisSet axes) const;   // the product of the extents of `axes` (a group's size)
   std::string to_string() const;  // "2x2x1x1" (x,y,z,d) when p = 1, else "2x1x1x2x1" (x,y,z,p,d)
-  bool operator==(const GridShape&) const = default;
+  std::string to_arg() const;     // "2,2,1,1", or five numbers when p > 1: what parse_grid reads
+  constexpr bool operator==(const GridShape&) const = default;
 };
 
-struct GridCoord {
-  int x = 0, y = 0, z = 0, d = 0;
-  int p = 0;
-  bool operator==(const GridCoord&) const = default;
+// A rank's place in a grid; axes not given are 0.
+struct GridCoord : PerAxis<0> {
+  constexpr GridCoord() = default;
+  constexpr GridCoord(int x, int y, int z, int d) : PerAxis(x, y, z, d) {}
+  constexpr GridCoord(std::initializer_list<std::pair<Axis, int>> named) : PerAxis(named) {}
+  static constexpr GridCoord xyzpd(int x, int y, int z, int p, int d) {
+    return {{Axis::X, x}, {Axis::Y, y}, {Axis::Z, z}, {Axis::P, p}, {Axis::D, d}};
+  }
+  constexpr bool operator==(const GridCoord&) const = default;
 };
-
-// Axis accessors, so code can loop over axes instead of naming fields.
-int extent(const GridShape& shape, Axis axis);
-int& extent(GridShape& shape, Axis axis);
-int coordinate(const GridCoord& coord, Axis axis);
-int& coordinate(GridCoord& coord, Axis axis);
 
 // "(x1,y0,z1,d0)"; with a pipeline stage other than 0, "(x1,y0,z1,p2,d0)".
 std::string to_string(const GridCoord& coord);
@@ -64,12 +143,21 @@ GridCoord coord_of(int rank, const GridShape& shape);
 // Rank of `coord` (every coordinate within its extent); inverse of coord_of.
 int rank_of(const GridCoord& coord, const GridShape& shape);
 
-// The ranks that differ from `rank` only in `axis`, ordered by that coordinate (so position i of
-// the result has coordinate i; `rank` itself is at position coordinate(coord_of(rank), axis)).
-std::vector<int> group_ranks(int rank, const GridShape& shape, Axis axis);
-// The ranks that differ from `rank` only in the given axes (e.g. {Z, D}: the token-splitting
-// group), in increasing rank order, i.e. ordered by the mixed-radix index of those coordinates.
-std::vector<int> group_ranks(int rank, const GridShape& shape, std::span<const Axis> axes);
+// The position of `coord` in its group over `axes`: the mixed-radix index of its coordinates
+// along those axes in rank order (z + Gz*d for {Z, D}; the coordinate itself for one axis),
+// 0 <= position < shape.size(axes).
+int position_in(const GridCoord& coord, const GridShape& shape, AxisSet axes);
+
+// The ranks that differ from `rank` only in the given axes (e.g. Axis::Y, or token_axes()), in
+// increasing rank order, which is the order of position_in (so `rank` itself is at
+// position_in(coord_of(rank), shape, axes)).
+std::vector<int> group_ranks(int rank, const GridShape& shape, AxisSet axes);
+
+// The token split: the micro-batch's sequences are dealt over token_axes().
+inline int token_slots(const GridShape& shape) { return shape.size(token_axes()); }
+inline int token_slot(const GridCoord& coord, const GridShape& shape) {
+  return position_in(coord, shape, token_axes());
+}
 
 // Parses "x,y,z,d" (e.g. "2,1,2,1"; p = 1), "x,y,z,p,d", or named extents "d=2,x=2" (axes not
 // named are 1; an unknown or repeated axis is an error naming it); spaces allowed.
@@ -79,8 +167,11 @@ GridShape parse_grid(const std::string& text);
 // "grid 2x2x1x1 needs 4 ranks but mpirun started 2 (...)".
 void validate_grid(const GridShape& shape, int world_size);
 
-// Every shape with size() == n (n >= 1) and no pipeline axis (p = 1), ordered lexicographically
-// by (x, y, z, d). The count is the number of ordered 4-tuples with product n (20 for n = 8).
-std::vector<GridShape> factorizations(int n);
+// Every shape with size() == n (n >= 1) whose axes outside `axes` are 1, ordered
+// lexicographically by the extents in rank order. The default leaves out the pipeline axis
+// (x, y, z, d: the number of ordered 4-tuples with product n, 20 for n = 8); the planner
+// enumerates every axis.
+std::vector<GridShape> factorizations(int n,
+                                      AxisSet axes = {Axis::X, Axis::Y, Axis::Z, Axis::D});
 
 }  // namespace tetrad::parallel

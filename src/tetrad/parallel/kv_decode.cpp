@@ -21,8 +21,8 @@ float* ParallelTransformer::cache_k(int l) {
 float* ParallelTransformer::cache_v(int l) { return cache_k(l) + int64_t(cache_b_) * max_len_ * dims_.nkvy * dims_.hd; }
 
 void ParallelTransformer::start_cache(int B) {
-  if (g_.shape.p > 1)
-    fail("decoding with a KV cache on a pipeline grid (Gp = ", g_.shape.p,
+  if (g_.shape.p() > 1)
+    fail("decoding with a KV cache on a pipeline grid (Gp = ", g_.shape.p(),
          ") is not implemented; use a grid without a pipeline axis (x,y,z,d)");
   if (B <= 0 || B > local_batch_)
     fail("generation batch of ", B, " sequences on this rank; the model was set up for 1..",
@@ -72,7 +72,7 @@ const float* ParallelTransformer::decode(const int32_t* tokens, int B, int Tq) {
   gemm(gemm_site_name(GemmSite::Head), false, true, B, dims_.Vy, dims_.Cx,
        act(a.lnf ? a.lnf + last : nullptr, a.lnf16 ? a.lnf16 + last : nullptr), int64_t(Tq) * dims_.Cx,
        weight_operand(head_), dims_.Cx, 0.0f, a.logits, dims_.Vy);
-  sum_over(g_.x, a.logits, int64_t(B) * dims_.Vy, gemm_site_name(GemmSite::Head));
+  sum_over(g_.x(), a.logits, int64_t(B) * dims_.Vy, gemm_site_name(GemmSite::Head));
   cache_pos_ += Tq;
   return whole_vocabulary(a.logits, B);
 }
@@ -86,7 +86,7 @@ const float* ParallelTransformer::forward_logits(const int32_t* inputs, int B, i
 // Rank y holds columns [y*Vy, (y+1)*Vy) of every row: gathered over Y as [Gy][rows][Vy], then
 // laid out row by row.
 const float* ParallelTransformer::whole_vocabulary(const float* logits, int64_t rows) {
-  const int gy = g_.y.size();
+  const int gy = g_.y().size();
   const size_t slice = size_t(rows) * size_t(dims_.Vy);
   host_logits_.resize(slice * size_t(gy));
   if (gy == 1) {
@@ -100,7 +100,7 @@ const float* ParallelTransformer::whole_vocabulary(const float* logits, int64_t 
   gathered_logits_.resize(slice * size_t(gy));
   {
     ScopedPhase comm_phase(prof_, Phase::Comm);
-    g_.host().y.allgather(mine.data(), gathered_logits_.data(), slice);  // host vectors
+    g_.host().y().allgather(mine.data(), gathered_logits_.data(), slice);  // host vectors
   }
   const int64_t V = int64_t(gy) * dims_.Vy;
   for (int r = 0; r < gy; ++r)

@@ -28,14 +28,14 @@ struct LocalDims {
   static LocalDims of(const ModelConfig& cfg, const GridShape& g) {
     LocalDims d;
     d.hd = cfg.head_dim();
-    d.Cx = cfg.n_embd / g.x;
-    d.Ay = cfg.n_embd / g.y;
-    d.nhy = cfg.n_head / g.y;
-    d.nkvy = cfg.n_kv_head / g.y;
+    d.Cx = cfg.n_embd / g.x();
+    d.Ay = cfg.n_embd / g.y();
+    d.nhy = cfg.n_head / g.y();
+    d.nkvy = cfg.n_kv_head / g.y();
     d.QKVy = (d.nhy + 2 * d.nkvy) * d.hd;
-    d.Fy = cfg.ffn / g.y;
+    d.Fy = cfg.ffn / g.y();
     d.FWy = cfg.desc().mlp_in_factor() * d.Fy;
-    d.Vy = cfg.vocab_size / g.y;
+    d.Vy = cfg.vocab_size / g.y();
     return d;
   }
 };

@@ -17,7 +17,7 @@ ModelMemory model_memory(const ModelConfig& cfg, const GridShape& G, const GridC
                          PipelineSchedule schedule, int micro_batches) {
   cfg.validate();
   LayerSplit split;
-  if (G.p > 1) split = resolve_layer_split(opt.pipeline_layers, cfg, max_len, G.p, opt.virtual_stages);
+  if (G.p() > 1) split = resolve_layer_split(opt.pipeline_layers, cfg, max_len, G.p(), opt.virtual_stages);
   validate_grid_for_model(cfg, G);
   // Every layer is sharded alike, so one layer's plan (and the top-level tensors', which do not
   // depend on the layer count or the stage: every stage keeps them) gives the whole stage's: its
@@ -27,11 +27,11 @@ ModelMemory model_memory(const ModelConfig& cfg, const GridShape& G, const GridC
   one.n_layer = 1;
   const ParamTable table = build_param_table(one);
   GridShape g1 = G;
-  g1.p = 1;
+  g1[Axis::P] = 1;
   GridCoord c1 = coord;
-  c1.p = 0;
+  c1[Axis::P] = 0;
   const ShardPlan plan = ShardPlan::build(one, table, g1, c1);
-  const std::vector<LayerSlots> slots = layer_slots(cfg.n_layer, split, G.p, coord.p);
+  const std::vector<LayerSlots> slots = layer_slots(cfg.n_layer, split, G.p(), coord.p());
   int64_t stored_layers = 0;
   for (LayerSlots k : slots) stored_layers += k == LayerSlots::Full;
   std::vector<const TensorShard*> layer_tensors, top_tensors;
@@ -46,7 +46,7 @@ ModelMemory model_memory(const ModelConfig& cfg, const GridShape& G, const GridC
   int64_t local_total = 0, state_size = 0, piece_max = 0;
   auto add = [&](const std::vector<const TensorShard*>& ts, int64_t times) {
     for (const TensorShard* t : ts) {
-      const int64_t q = (t->shard_numel + G.d - 1) / G.d;
+      const int64_t q = (t->shard_numel + G.d() - 1) / G.d();
       local_total += times * t->shard_numel;
       state_size += times * q;
       if (times > 0) piece_max = std::max(piece_max, q);
@@ -59,16 +59,16 @@ ModelMemory model_memory(const ModelConfig& cfg, const GridShape& G, const GridC
   mm.params16 = copy16 ? b2 * local_total : 0;
   mm.grads = f4 * (opt.zero == 2 ? state_size : local_total);
   mm.optimizer = f4 * 2 * state_size;
-  if (opt.zero != 0) mm.staging += f4 * int64_t(G.d + 1) * piece_max;
+  if (opt.zero != 0) mm.staging += f4 * int64_t(G.d() + 1) * piece_max;
 
-  if (G.z > 1 || opt.zero == 2) {
+  if (G.z() > 1 || opt.zero == 2) {
     int64_t layer_max = 0, top = 0;
     for (const auto& t : plan.tensors) {
-      const int64_t end = t.block_offset + (t.z_sharded ? t.shard_numel * G.z : t.block_numel);
+      const int64_t end = t.block_offset + (t.z_sharded ? t.shard_numel * G.z() : t.block_numel);
       if (t.spec->layer < 0) top = std::max(top, end);
       else layer_max = std::max(layer_max, end);
     }
-    if (G.z > 1) {
+    if (G.z() > 1) {
       const int64_t L = cfg.n_layer;
       const int64_t slots_z = std::max<int64_t>(
           1, opt.overlap.cache_gathered_weights ? L : std::min<int64_t>(opt.overlap.prefetch_depth + 1, L));
@@ -77,8 +77,8 @@ ModelMemory model_memory(const ModelConfig& cfg, const GridShape& G, const GridC
     }
     mm.staging += f4 * (2 * layer_max + top);  // two layers' gradient blocks and the top block
   }
-  if (opt.sparse_embedding_grad && G.z > 1 && G.p == 1 && opt.zero != 2) {
-    const int64_t rows = int64_t(G.z) * local_batch * max_len;
+  if (opt.sparse_embedding_grad && G.z() > 1 && G.p() == 1 && opt.zero != 2) {
+    const int64_t rows = int64_t(G.z()) * local_batch * max_len;
     const LocalDims dims = LocalDims::of(cfg, G);
     const int64_t Cx = dims.Cx, Vy = dims.Vy;
     if (rows * (Cx + 1) < Vy * Cx) mm.staging += f4 * rows * Cx + int64_t(sizeof(int32_t)) * rows;
@@ -96,7 +96,7 @@ ModelMemory model_memory(const ModelConfig& cfg, const GridShape& G, const GridC
     };
     auto bucket = [&](const std::vector<const TensorShard*>& ts) {
       for (const TensorShard* t : ts) {
-        if ((t->z_sharded ? G.d : G.z * G.d) == 1) continue;
+        if ((t->z_sharded ? G.d() : token_slots(G)) == 1) continue;
         const int k = t->z_sharded ? 1 : 0;
         numel[k] += t->shard_numel;
         ++count[k];
@@ -114,7 +114,7 @@ ModelMemory model_memory(const ModelConfig& cfg, const GridShape& G, const GridC
   const ActivationSizes a =
       activation_sizes(cfg, G, local_batch, max_len, bf16_acts, opt.recompute, slots);
   mm.activations = f4 * a.total;
-  if (G.p > 1) {
+  if (G.p() > 1) {
     // Each forward's chunk stash lives until its backward (pipeline_chunks.cpp): the chunk's
     // layers' slots from its input (the previous layer's output slot) on, the embedding's output
     // with the embedding, the final norm, logits and losses with the head, and the scratch
@@ -124,10 +124,10 @@ ModelMemory model_memory(const ModelConfig& cfg, const GridShape& G, const GridC
       begin[l + 1] = begin[l] + (slots[l] == LayerSlots::Full    ? a.layer_kept
                                  : slots[l] == LayerSlots::Input ? a.input_slot
                                                                  : 0);
-    const int p = G.p, v = opt.virtual_stages, V = p * v;
+    const int p = G.p(), v = opt.virtual_stages, V = p * v;
     int64_t alive = 0, peak = 0;
-    for (const PipeOp& op : pipeline_schedule(schedule, p, coord.p, micro_batches, v)) {
-      const int j = op.chunk * p + coord.p;
+    for (const PipeOp& op : pipeline_schedule(schedule, p, coord.p(), micro_batches, v)) {
+      const int j = op.chunk * p + coord.p();
       const auto [l0, l1] = split.layers(j);
       const int64_t k = 1 + begin[size_t(l1)] - begin[size_t(std::max(0, l0 - 1))] +
                         (j == 0 ? a.embedding_out : 0) + (j == V - 1 ? a.head_kept : 0);

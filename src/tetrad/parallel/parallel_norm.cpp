@@ -20,13 +20,13 @@ void ParallelTransformer::norm_fwd(float* out, float* mean, float* rstd, const f
   const backend::OpTable& op = ops();
   if (norm_ == NormKind::LayerNorm) {
     op.norm_row_stats(bq(), RowStat::Sum, st, 1, x, nullptr, N, dims_.Cx);
-    sum_over(g_.x, st, N, "norm mean");
+    sum_over(g_.x(), st, N, "norm mean");
     op.norm_finish_stats(bq(), StatFinish::Mean, mean, st, N, C, eps);
     op.norm_row_stats(bq(), RowStat::CenteredSquares, st, 1, x, mean, N, dims_.Cx);
-    sum_over(g_.x, st, N, "norm var");
+    sum_over(g_.x(), st, N, "norm var");
   } else {
     op.norm_row_stats(bq(), RowStat::Squares, st, 1, x, nullptr, N, dims_.Cx);
-    sum_over(g_.x, st, N, "norm ms");
+    sum_over(g_.x(), st, N, "norm ms");
   }
   op.norm_finish_stats(bq(), StatFinish::Rstd, rstd, st, N, C, eps);
   const float* m = norm_ == NormKind::LayerNorm ? mean : nullptr;
@@ -50,7 +50,7 @@ void ParallelTransformer::norm_bwd(float* dx, const float* dout, const float* x,
   const float* m = norm_ == NormKind::LayerNorm ? mean : nullptr;
   const float* wv = w(wi);
   op.norm_backward_partials(bq(), st, dout, x, m, rstd, wv, N, dims_.Cx);
-  sum_over(g_.x, st, 2 * N, "norm grad");
+  sum_over(g_.x(), st, 2 * N, "norm grad");
   op.norm_backward_apply(bq(), dx, dout, x, m, rstd, wv, st, N, dims_.Cx, C);
   op.norm_param_grads(bq(), gw(wi), gw(bi), dout, x, m, rstd, N, dims_.Cx);
 }

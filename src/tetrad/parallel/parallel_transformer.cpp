@@ -39,7 +39,7 @@ ParallelTransformer::ParallelTransformer(const ModelConfig& config, ProcessGroup
     fail("parallel.virtual_stages must be at least 1, got ", opt_.virtual_stages);
   if (opt_.reduce_scatter_chunk_bytes < 1)
     fail("reduce-scatter chunk size must be at least 1 byte, got ", opt_.reduce_scatter_chunk_bytes);
-  for (const comm::Communicator* c : {&g_.z, &g_.d, &g_.zd})
+  for (const comm::Communicator* c : {&g_.z(), &g_.d(), &g_.tokens()})
     if (opt_.grad_comm_bf16 && c->size() > 1 && std::string(c->transport()) == "NCCL")
       fail("train.grad_comm_precision = \"bf16\" is not implemented on NCCL (group '", c->name(),
            "'); use \"fp32\"");
@@ -51,7 +51,7 @@ ParallelTransformer::ParallelTransformer(const ModelConfig& config, ProcessGroup
   // with ZeRO 1), which the buckets' all-reduces would duplicate; with Gp > 1 the top-level
   // gradients are first summed over P in reduce_gradients(), and the pipeline's backward chunks
   // do not count micro-batches the way forward_backward does. Both reduce in reduce_gradients().
-  if (opt_.zero >= 1 || groups.shape.p > 1) ov_.dp_overlap = false;
+  if (opt_.zero >= 1 || groups.shape.p() > 1) ov_.dp_overlap = false;
   opt_.overlap = ov_;
   q_.enable_progress_thread(ov_.progress_thread);
   q_.set_compute_queue(&be_->queue());  // collectives start after, and complete into, its work
@@ -66,8 +66,8 @@ ParallelTransformer::ParallelTransformer(const ModelConfig& config, ProcessGroup
   table_ = build_param_table(cfg_);
   // The split uses the sequence length this model runs (its attention cost, for "balanced"), as
   // the planner does with its seq; resolve_layer_split names what is wrong with the setting.
-  if (g_.shape.p > 1)
-    split_ = resolve_layer_split(opt_.pipeline_layers, cfg_, max_len, g_.shape.p,
+  if (g_.shape.p() > 1)
+    split_ = resolve_layer_split(opt_.pipeline_layers, cfg_, max_len, g_.shape.p(),
                                  opt_.virtual_stages);
   plan_ = ShardPlan::build(cfg_, table_, g_.shape, g_.coord, split_);
   const GridShape& G = g_.shape;
@@ -137,7 +137,7 @@ ParallelTransformer::ParallelTransformer(const ModelConfig& config, ProcessGroup
                                           int64_t(local_batch) * max_len);
 
   const int64_t N = int64_t(local_batch) * max_len;
-  layer_slots_ = layer_slots(cfg_.n_layer, split_, G.p, g_.coord.p);
+  layer_slots_ = layer_slots(cfg_.n_layer, split_, G.p(), g_.coord.p());
   // The activation buffer and its views, both from the spec list (activation_layout.hpp).
   const ActivationSizes sz = activation_sizes(opt_.recompute);
   acts_ = backend::DeviceArray<float>(*be_, size_t(sz.total));

@@ -60,8 +60,8 @@ void ParallelTransformer::apply_update(
   gather_->bf16_copy_written();
   auto update = [&](float* params, int64_t lo, int64_t hi) { update16(params, p16, lo, hi); };
   const int64_t n = plan_.local_total;
-  const bool across = ov_.prefetch_across_steps && ov_.prefetch_depth > 0 && g_.shape.z > 1 &&
-                      g_.shape.p == 1;
+  const bool across = ov_.prefetch_across_steps && ov_.prefetch_depth > 0 && g_.shape.z() > 1 &&
+                      g_.shape.p() == 1;
   if (!across || opt_.zero >= 1) {
     // ZeRO: the gathers need the pieces every D replica updated, so they wait for
     // gather_updated_params(); they still overlap the trainer's work until the next forward.
@@ -114,7 +114,7 @@ void ParallelTransformer::apply_update(
 }
 
 void ParallelTransformer::gather_updated_params() {
-  if (opt_.zero == 0 || g_.shape.d == 1) return;
+  if (opt_.zero == 0 || g_.shape.d() == 1) return;
   // The parameters change: gathered copies are stale, and the bf16 copy holds only this rank's
   // pieces updated: remade before the next forward (gathering the bf16 pieces over D as well
   // would halve that traffic; not done).
@@ -124,11 +124,11 @@ void ParallelTransformer::gather_updated_params() {
     if (!t.stored) continue;  // another pipeline stage's layer
     const int64_t q = reduce_->piece(i);
     float* pieces = reduce_->piece_staging();
-    float* mine = pieces + q * g_.shape.d;
+    float* mine = pieces + q * g_.shape.d();
     zero_dev(mine, q);
     copy_dev(mine, params_.data() + optimizer_layout().param_offsets[i], optimizer_layout().sizes[i]);
-    q_.run(g_.d.iallgather(mine, pieces, size_t(q), q_.ready()), g_.d, "allgather", "updated pieces over D",
-           t.spec->layer, q * g_.shape.d * int64_t(sizeof(float)));
+    q_.run(g_.d().iallgather(mine, pieces, size_t(q), q_.ready()), g_.d(), "allgather", "updated pieces over D",
+           t.spec->layer, q * g_.shape.d() * int64_t(sizeof(float)));
     copy_dev(params_.data() + t.offset, pieces, t.shard_numel);
   }
 }

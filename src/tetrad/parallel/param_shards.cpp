@@ -24,9 +24,9 @@ void ParallelTransformer::init_weights(uint64_t seed) {
 std::vector<float> ParallelTransformer::shard_of(size_t i, const float* full) const {
   const TensorShard& t = plan_.tensors[i];
   if (!t.stored) return {};  // another pipeline stage's layer
-  std::vector<float> block(t.z_sharded ? t.shard_numel * g_.shape.z : t.block_numel, 0.0f);
+  std::vector<float> block(t.z_sharded ? t.shard_numel * g_.shape.z() : t.block_numel, 0.0f);
   extract_block(t, full, block.data());
-  const int64_t first = t.z_sharded ? t.shard_numel * g_.coord.z : 0;
+  const int64_t first = t.z_sharded ? t.shard_numel * g_.coord.z() : 0;
   return std::vector<float>(block.begin() + first, block.begin() + first + t.shard_numel);
 }
 
@@ -53,18 +53,18 @@ void ParallelTransformer::gather_shard(const float* shard, size_t i, float* full
   // rank of its Z group is in the same stage, so the Z all-gather is skipped by all or none.
   std::fill(full, full + t.spec->numel, 0.0f);
   if (t.stored) {
-    std::vector<float> block(t.z_sharded ? t.shard_numel * g_.shape.z : t.block_numel);
-    if (t.z_sharded && g_.shape.z > 1) {
+    std::vector<float> block(t.z_sharded ? t.shard_numel * g_.shape.z() : t.block_numel);
+    if (t.z_sharded && g_.shape.z() > 1) {
       bq().synchronize();  // the shard is final (the host side of a staged all-gather reads it)
-      g_.host().z.allgather(shard, block.data(), size_t(t.shard_numel));  // into host memory
+      g_.host().z().allgather(shard, block.data(), size_t(t.shard_numel));  // into host memory
     } else if (t.block_numel > 0) {
       bq().copy_to_host(block.data(), shard, size_t(t.block_numel) * sizeof(float));
       bq().synchronize();
     }
     const GridCoord& c = g_.coord;
-    bool owner = c.d == 0 && c.z == 0 && owns(t);
-    if (t.layout == ShardLayout::ColsX) owner = owner && c.y == 0;
-    if (t.layout == ShardLayout::RowsY) owner = owner && c.x == 0;
+    bool owner = c.d() == 0 && c.z() == 0 && owns(t);
+    if (t.layout == ShardLayout::ColsX) owner = owner && c.y() == 0;
+    if (t.layout == ShardLayout::RowsY) owner = owner && c.x() == 0;
     if (owner) insert_block(t, block.data(), full);
   }
   if (g_.world.size() > 1) g_.host().world.allreduce_sum(full, size_t(t.spec->numel));  // host
@@ -81,12 +81,12 @@ void ParallelTransformer::gather_state_tensor(const float* state, size_t i, floa
   if (opt_.zero == 0) return gather_tensor(state, i, full);
   const int64_t q = reduce_->piece(i);
   float* pieces = reduce_->piece_staging();
-  float* mine = pieces + q * g_.shape.d;
+  float* mine = pieces + q * g_.shape.d();
   zero_dev(mine, q);
   copy_dev(mine, state + optimizer_layout().state_offsets[i], optimizer_layout().sizes[i]);
-  if (q > 0 && g_.d.size() > 1) {  // q = 0: not stored on this stage
+  if (q > 0 && g_.d().size() > 1) {  // q = 0: not stored on this stage
     bq().synchronize();  // a staged all-gather reads `mine` from the host side
-    g_.d.allgather(mine, pieces, size_t(q));
+    g_.d().allgather(mine, pieces, size_t(q));
   } else
     copy_dev(pieces, static_cast<const float*>(mine), q);
   gather_shard(pieces, i, full);  // the pieces in D order are the shard (padding past its end)

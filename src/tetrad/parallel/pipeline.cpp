@@ -37,8 +37,8 @@ PipelineDriver::PipelineDriver(ParallelTransformer& model, PipelineSchedule sche
       schedule_(schedule),
       m_micro_(micro_batches),
       v_(model.options().virtual_stages),
-      p_(model.groups().shape.p),
-      s_(model.groups().coord.p) {
+      p_(model.groups().shape.p()),
+      s_(model.groups().coord.p()) {
   // Checks the combination once (throws naming what is wrong).
   (void)pipeline_schedule(schedule_, p_, s_, m_micro_, v_);
 }
@@ -54,7 +54,7 @@ double PipelineDriver::step(const int32_t* inputs, const int32_t* targets, int B
   const auto t_start = std::chrono::steady_clock::now();
   wait_s_ = 0;
   const int V = p_ * v_;
-  const int64_t n = int64_t(B) * T * (m_.config().n_embd / g_.shape.x);  // hidden [N, C/Gx]
+  const int64_t n = int64_t(B) * T * (m_.config().n_embd / g_.shape.x());  // hidden [N, C/Gx]
   const int next = (s_ + 1) % p_, prev = (s_ + p_ - 1) % p_;
   const std::vector<PipeOp> ops = pipeline_schedule(schedule_, p_, s_, m_micro_, v_);
   op_s_.assign(ops.size(), 0.0);
@@ -71,7 +71,7 @@ double PipelineDriver::step(const int32_t* inputs, const int32_t* targets, int B
   };
   auto post_recv = [&](const PipeOp& op, std::vector<float>& buf) {
     const int j = op.chunk * p_ + s_;
-    return g_.p.irecv(buf.data(), buf.size(), op.forward ? prev : next,
+    return g_.p().irecv(buf.data(), buf.size(), op.forward ? prev : next,
                       tag(op.micro, j, V, op.forward));
   };
   std::vector<float> ahead(static_cast<size_t>(n));
@@ -99,7 +99,7 @@ double PipelineDriver::step(const int32_t* inputs, const int32_t* targets, int B
       if (ch.head) {
         loss += m_.chunk_loss(y, B, T, grad_scale, true);
       } else {
-        sends.push_back(g_.p.isend(from_model(m_, m_.chunk_output(ch.l1), n), next,
+        sends.push_back(g_.p().isend(from_model(m_, m_.chunk_output(ch.l1), n), next,
                                    tag(op.micro, j + 1, V, true)));
       }
       stashed[{op.micro, op.chunk}] = m_.stash(ch.l0, ch.l1, ch.embed, ch.head);
@@ -110,7 +110,7 @@ double PipelineDriver::step(const int32_t* inputs, const int32_t* targets, int B
       stashed.erase(it);
       m_.backward_chunk(ch.l0, ch.l1, ch.embed, ch.head, x, in.data(), B, T);
       if (!ch.embed) {
-        sends.push_back(g_.p.isend(from_model(m_, m_.input_grad(), n), prev,
+        sends.push_back(g_.p().isend(from_model(m_, m_.input_grad(), n), prev,
                                    tag(op.micro, j - 1, V, false)));
       }
     }
@@ -127,7 +127,7 @@ double PipelineDriver::step(const int32_t* inputs, const int32_t* targets, int B
 }
 
 int64_t PipelineDriver::stash_peak_bytes(int B, int T) {
-  const int64_t n = int64_t(B) * T * (m_.config().n_embd / g_.shape.x);
+  const int64_t n = int64_t(B) * T * (m_.config().n_embd / g_.shape.x());
   int64_t alive = 0, peak = 0;
   for (const PipeOp& op : pipeline_schedule(schedule_, p_, s_, m_micro_, v_)) {
     const Chunk ch = chunk(op.chunk);
@@ -140,19 +140,19 @@ int64_t PipelineDriver::stash_peak_bytes(int B, int T) {
 
 double PipelineDriver::forward_loss(const int32_t* inputs, const int32_t* targets, int B, int T) {
   const int V = p_ * v_;
-  const int64_t n = int64_t(B) * T * (m_.config().n_embd / g_.shape.x);
+  const int64_t n = int64_t(B) * T * (m_.config().n_embd / g_.shape.x());
   const int next = (s_ + 1) % p_, prev = (s_ + p_ - 1) % p_;
   std::vector<comm::Request> sends;
   double loss = 0;
   for (int c = 0; c < v_; ++c) {
     const Chunk ch = chunk(c);
     const int j = c * p_ + s_;
-    if (!ch.embed) g_.p.recv(m_.chunk_input(ch.l0), size_t(n), prev, tag(0, j, V, true));
+    if (!ch.embed) g_.p().recv(m_.chunk_input(ch.l0), size_t(n), prev, tag(0, j, V, true));
     m_.forward_chunk(ch.l0, ch.l1, ch.embed, ch.head, inputs, B, T);
     if (ch.head) {
       loss += m_.chunk_loss(targets, B, T, 0.0f, false);
     } else {
-      sends.push_back(g_.p.isend(from_model(m_, m_.chunk_output(ch.l1), n), next, tag(0, j + 1, V, true)));
+      sends.push_back(g_.p().isend(from_model(m_, m_.chunk_output(ch.l1), n), next, tag(0, j + 1, V, true)));
     }
   }
   for (auto& r : sends) r.wait();

@@ -12,8 +12,8 @@
 namespace tetrad::parallel {
 
 int ParallelTransformer::layer_stage(int l) const {
-  if (g_.shape.p == 1) return 0;
-  return split_.stage_of(l, g_.shape.p);
+  if (g_.shape.p() == 1) return 0;
+  return split_.stage_of(l, g_.shape.p());
 }
 
 float* ParallelTransformer::chunk_input(int l0) {

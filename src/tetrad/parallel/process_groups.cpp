@@ -8,12 +8,12 @@ namespace tetrad::parallel {
 namespace {
 using comm::Communicator;
 
-// The group along `axis`: color = my rank with that coordinate zeroed, key = that coordinate.
-Communicator split_axis(const Communicator& world, const GridShape& shape, const GridCoord& me,
-                        Axis axis) {
+// The group over `axes`: color = my rank with those coordinates zeroed, key = my position in it.
+Communicator split_axes(const Communicator& world, const GridShape& shape, const GridCoord& me,
+                        AxisSet axes) {
   GridCoord base = me;
-  coordinate(base, axis) = 0;
-  return world.split(rank_of(base, shape), coordinate(me, axis), axis_name(axis));
+  for (Axis a : axes.axes()) base[a] = 0;
+  return world.split(rank_of(base, shape), position_in(me, shape, axes), axes.name());
 }
 
 std::string ranks_list(const std::vector<int>& ranks) {
@@ -33,8 +33,9 @@ void ProcessGroups::use_backend(backend::Backend& be) {
   if (host_) return host_->use_backend(be);
   if (!staging) {
     staging = std::make_shared<BackendStaging>();
-    for (const Communicator* c : {&world, &x, &y, &z, &d, &zd, &p})
-      if (!c->is_self()) c->stage_device_memory(staging);
+    if (!world.is_self()) world.stage_device_memory(staging);
+    for (const auto& [axes, c] : groups_)
+      if (!c.is_self()) c.stage_device_memory(staging);
   }
   staging->add(be);
 }
@@ -44,32 +45,26 @@ void ProcessGroups::release_backend(backend::Backend& be) {
   if (staging && !be.capabilities().host_visible) staging->remove(be);
 }
 
-ProcessGroups::ProcessGroups()
-    : world(Communicator::self("world")),
-      x(Communicator::self("x")),
-      y(Communicator::self("y")),
-      z(Communicator::self("z")),
-      d(Communicator::self("d")),
-      zd(Communicator::self("zd")),
-      p(Communicator::self("p")) {}
+std::vector<AxisSet> ProcessGroups::group_axes() {
+  std::vector<AxisSet> sets(kAxesInRankOrder.begin(), kAxesInRankOrder.end());
+  sets.push_back(token_axes());
+  return sets;
+}
+
+ProcessGroups::ProcessGroups() : world(Communicator::self("world")) {
+  for (AxisSet axes : group_axes()) groups_.emplace_back(axes, Communicator::self(axes.name()));
+}
 
 ProcessGroups::ProcessGroups(const Communicator& world_in, const GridShape& shape_in)
     : shape(shape_in),
       coord((validate_grid(shape_in, world_in.size()), coord_of(world_in.rank(), shape_in))),
-      world(world_in.dup("world")),
-      x(split_axis(world, shape, coord, Axis::X)),
-      y(split_axis(world, shape, coord, Axis::Y)),
-      z(split_axis(world, shape, coord, Axis::Z)),
-      d(split_axis(world, shape, coord, Axis::D)),
-      zd(world.split(rank_of(GridCoord{coord.x, coord.y, 0, 0, coord.p}, shape),
-                     coord.z + shape.z * coord.d, "zd")),
-      p(split_axis(world, shape, coord, Axis::P)) {
+      world(world_in.dup("world")) {
+  for (AxisSet axes : group_axes())
+    groups_.emplace_back(axes, split_axes(world, shape, coord, axes));
   // The splits must reproduce the grid's arithmetic; anything else is a bug here.
-  for (Axis a : kAxesInRankOrder)
-    TETRAD_CHECK(group(a).size() == extent(shape, a) && group(a).rank() == coordinate(coord, a),
-                 "group ", axis_name(a), " of rank ", world.rank(), " does not match the grid");
-  TETRAD_CHECK(zd.size() == shape.z * shape.d && zd.rank() == coord.z + shape.z * coord.d,
-               "group zd of rank ", world.rank(), " does not match the grid");
+  for (const auto& [axes, c] : groups_)
+    TETRAD_CHECK(c.size() == shape.size(axes) && c.rank() == position_in(coord, shape, axes),
+                 "group ", axes.name(), " of rank ", world.rank(), " does not match the grid");
 }
 
 ProcessGroups ProcessGroups::on_nccl(const Communicator& world, const GridShape& shape) {
@@ -87,8 +82,8 @@ ProcessGroups ProcessGroups::on_nccl(const Communicator& world, const GridShape&
 std::string ProcessGroups::transport_summary() const {
   if (world.is_self()) return "none (one rank)";
   if (host_) {
-    int n = 0;
-    for (const Communicator* c : {&world, &x, &y, &z, &d, &zd, &p}) n += !c->is_self();
+    int n = !world.is_self();
+    for (const auto& [axes, c] : groups_) n += !c.is_self();
     const std::string v = comm::transport_version("nccl");
     return detail::concat("nccl", v.empty() ? "" : " " + v, " (", n,
                           " communicators; host values over mpi)");
@@ -96,26 +91,20 @@ std::string ProcessGroups::transport_summary() const {
   return staging ? "mpi (device buffers staged through host memory)" : "mpi";
 }
 
-const comm::Communicator& ProcessGroups::group(Axis axis) const {
-  switch (axis) {
-    case Axis::X: return x;
-    case Axis::Y: return y;
-    case Axis::Z: return z;
-    case Axis::P: return p;
-    case Axis::D: return d;
-  }
-  TETRAD_CHECK(false, "unknown axis ", static_cast<int>(axis));
-  return x;
+const comm::Communicator& ProcessGroups::group(AxisSet axes) const {
+  for (const auto& [a, c] : groups_)
+    if (a == axes) return c;
+  TETRAD_CHECK(false, "no process group over axes \"", axes.name(), "\"");
+  return world;
 }
 
 std::string ProcessGroups::summary() const {
   const int r = world.rank();
-  std::string s = detail::concat("rank ", r, " = ", to_string(coord), " of ", shape.to_string(), ":");
-  for (Axis a : kAxesInRankOrder)
-    if (a != Axis::P || shape.p > 1)
-      s += detail::concat(" ", axis_name(a), " ", ranks_list(group_ranks(r, shape, a)));
-  const Axis token_axes[] = {Axis::Z, Axis::D};
-  s += " zd " + ranks_list(group_ranks(r, shape, token_axes));
+  std::string s =
+      detail::concat("rank ", r, " = ", to_string(coord), " of ", shape.to_string(), ":");
+  for (const auto& [axes, c] : groups_)
+    if (axes != AxisSet(Axis::P) || shape.p() > 1)
+      s += detail::concat(" ", axes.name(), " ", ranks_list(group_ranks(r, shape, axes)));
   return s;
 }
 

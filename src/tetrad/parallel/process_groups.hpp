@@ -1,11 +1,12 @@
 // ProcessGroups: the communicators of one rank's place in the process grid, built once per job
 // (docs/parallel.md). Passed explicitly to whatever needs them; there is no global instance.
 //
-// Group along axis A: the ranks that differ from this one only in A, ordered by the A coordinate
-// (exactly grid.hpp's group_ranks(rank, shape, A)), made with MPI_Comm_split(color = world rank
-// with the A coordinate zeroed, key = the A coordinate). `zd` is the token-splitting group: the
-// ranks with the same (x, y) and pipeline stage p, ordered by z + Gz*d; gradients of replicated
-// parameters (norm weights, biases) are summed over it. `p` links the pipeline stages.
+// Groups are looked up by the set of axes they span (group(AxisSet)): one for each axis, and
+// tokens() over token_axes() (Z and D), the token-splitting group, over which the gradients of
+// replicated parameters (norm weights, biases) are summed. The group over a set A: the ranks
+// that differ from this one only in A's axes, ordered by position_in(coord, A) (exactly grid.hpp's
+// group_ranks(rank, shape, A)), made with MPI_Comm_split(color = world rank with A's coordinates
+// zeroed, key = that position). p() links the pipeline stages.
 //
 // Groups on NCCL (on_nccl): every group is an NCCL communicator (ncclCommSplit of the world,
 // which comm::nccl_communicator made from MPI), and host() holds the same groups on MPI. NCCL
@@ -22,6 +23,8 @@
 #pragma once
 #include <memory>
 #include <string>
+#include <utility>
+#include <vector>
 
 #include "tetrad/backend/backend.hpp"
 #include "tetrad/comm/communicator.hpp"
@@ -52,12 +55,18 @@ struct ProcessGroups {
   GridShape shape;
   GridCoord coord;
   comm::Communicator world;  // all ranks, rank order = grid rank order
-  comm::Communicator x, y, z, d;
-  comm::Communicator zd;  // the Z and data axes together: same (x, y, p)
-  comm::Communicator p;   // the pipeline stages: same (x, y, z, d)
 
-  // The group along one axis.
-  const comm::Communicator& group(Axis axis) const;
+  // The group over `axes`: one axis, or token_axes(). Any other set is a bug (TETRAD_CHECK).
+  const comm::Communicator& group(AxisSet axes) const;
+  const comm::Communicator& x() const { return group(Axis::X); }
+  const comm::Communicator& y() const { return group(Axis::Y); }
+  const comm::Communicator& z() const { return group(Axis::Z); }
+  const comm::Communicator& p() const { return group(Axis::P); }  // the pipeline stages
+  const comm::Communicator& d() const { return group(Axis::D); }
+  // The token-splitting group (Z and D: same x, y and stage), named "zd".
+  const comm::Communicator& tokens() const { return group(token_axes()); }
+  // Every group there is, in the order they were made (each axis, then the token group).
+  static std::vector<AxisSet> group_axes();
 
   // A model on `be` uses these groups: where its memory is not host memory, the groups' host
   // communicators (MPI) stage its buffers through host memory from now on (device_staging.hpp).
@@ -70,6 +79,7 @@ struct ProcessGroups {
   std::string summary() const;
 
  private:
+  std::vector<std::pair<AxisSet, comm::Communicator>> groups_;  // in group_axes() order
   std::shared_ptr<ProcessGroups> host_;  // the MPI twins of NCCL groups; null otherwise
 };
 

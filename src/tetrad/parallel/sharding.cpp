@@ -13,13 +13,13 @@ void validate_grid_for_model(const ModelConfig& c, const GridShape& g) {
     if (n % k != 0)
       fail("grid: ", what, " (", n, ") is not divisible by G", axis, " = ", k);
   };
-  divides("model.n_embd", c.n_embd, "x", g.x);
-  divides("model.n_embd", c.n_embd, "y", g.y);
-  divides("model.n_head", c.n_head, "y", g.y);
-  divides("model.n_kv_head", c.n_kv_head, "y", g.y);
-  divides("model.ffn", c.ffn, "x", g.x);
-  divides("model.ffn", c.ffn, "y", g.y);
-  divides("model.vocab_size", c.vocab_size, "y", g.y);
+  divides("model.n_embd", c.n_embd, "x", g.x());
+  divides("model.n_embd", c.n_embd, "y", g.y());
+  divides("model.n_head", c.n_head, "y", g.y());
+  divides("model.n_kv_head", c.n_kv_head, "y", g.y());
+  divides("model.ffn", c.ffn, "x", g.x());
+  divides("model.ffn", c.ffn, "y", g.y());
+  divides("model.vocab_size", c.vocab_size, "y", g.y());
 }
 
 namespace {
@@ -38,9 +38,9 @@ std::vector<int64_t> slice_rows(int64_t total, int parts, int index) {
 std::vector<int64_t> qkv_rows(const ModelConfig& c, const GridShape& g, const GridCoord& at) {
   std::vector<int64_t> rows;
   const int64_t hd = c.head_dim(), q = c.n_head * hd, kv = c.n_kv_head * hd;
-  for (int64_t r : slice_rows(q, g.y, at.y)) rows.push_back(r);
-  for (int64_t r : slice_rows(kv, g.y, at.y)) rows.push_back(q + r);
-  for (int64_t r : slice_rows(kv, g.y, at.y)) rows.push_back(q + kv + r);
+  for (int64_t r : slice_rows(q, g.y(), at.y())) rows.push_back(r);
+  for (int64_t r : slice_rows(kv, g.y(), at.y())) rows.push_back(q + r);
+  for (int64_t r : slice_rows(kv, g.y(), at.y())) rows.push_back(q + kv + r);
   return rows;
 }
 
@@ -55,15 +55,15 @@ TensorShard block_of(const ModelConfig& c, const ParamSpec& s, const GridShape& 
   auto normal = [&](std::vector<int64_t> rows) {  // GEMM weight: rows over Y, columns over X
     t.layout = ShardLayout::Normal;
     t.rows = std::move(rows);
-    t.col0 = K / g.x * at.x;
-    t.cols = K / g.x;
+    t.col0 = K / g.x() * at.x();
+    t.cols = K / g.x();
     t.z_sharded = true;
   };
   auto cols_x = [&](std::vector<int64_t> rows) {  // columns over X, replicated over Y
     t.layout = ShardLayout::ColsX;
     t.rows = std::move(rows);
-    t.col0 = K / g.x * at.x;
-    t.cols = K / g.x;
+    t.col0 = K / g.x() * at.x();
+    t.cols = K / g.x();
   };
   // Bias of a normal layer: one entry per output row of the layer, so split over Y the same
   // way. Kept as a list of entries (cols = 1, col0 = -1 marks a 1-D entry list).
@@ -86,7 +86,7 @@ TensorShard block_of(const ModelConfig& c, const ParamSpec& s, const GridShape& 
     case R_::MlpIn:
     case R_::Gate:
     case R_::Up:
-      normal(slice_rows(R, g.y, at.y));
+      normal(slice_rows(R, g.y(), at.y()));
       break;
     case R_::Qkv:
       normal(qkv_rows(c, g, at));
@@ -94,16 +94,16 @@ TensorShard block_of(const ModelConfig& c, const ParamSpec& s, const GridShape& 
     case R_::AttnOut:
     case R_::MlpOut:  // transposed layer: rows over X, columns over Y
       t.layout = ShardLayout::Transposed;
-      t.rows = slice_rows(R, g.x, at.x);
-      t.col0 = K / g.y * at.y;
-      t.cols = K / g.y;
+      t.rows = slice_rows(R, g.x(), at.x());
+      t.col0 = K / g.y() * at.y();
+      t.cols = K / g.y();
       t.z_sharded = true;
       break;
     case R_::QkvBias:
       rows_y(qkv_rows(c, g, at));
       break;
     case R_::MlpInBias:
-      rows_y(slice_rows(K, g.y, at.y));
+      rows_y(slice_rows(K, g.y(), at.y()));
       break;
     case R_::AttnNorm:
     case R_::AttnNormBias:
@@ -126,11 +126,11 @@ ShardPlan ShardPlan::build(const ModelConfig& c, const ParamTable& table, const 
   validate_grid_for_model(c, g);
   // Which layers each stage stores: the given split, or the even one with one chunk per stage.
   LayerSplit split;
-  if (g.p > 1) {
-    split = layer_split.bounds.empty() ? LayerSplit::even(c.n_layer, g.p) : layer_split;
-    if (split.n_layer() != c.n_layer || split.virtual_stages() % g.p != 0)
+  if (g.p() > 1) {
+    split = layer_split.bounds.empty() ? LayerSplit::even(c.n_layer, g.p()) : layer_split;
+    if (split.n_layer() != c.n_layer || split.virtual_stages() % g.p() != 0)
       fail("grid: the pipeline layer split ", split.to_string(), " (", split.virtual_stages(),
-           " virtual stages, ", split.n_layer(), " layers) does not fit Gp = ", g.p, " and ",
+           " virtual stages, ", split.n_layer(), " layers) does not fit Gp = ", g.p(), " and ",
            c.n_layer, " layers (expected a multiple of Gp virtual stages summing to n_layer)");
   }
   ShardPlan plan;
@@ -144,18 +144,18 @@ ShardPlan ShardPlan::build(const ModelConfig& c, const ParamTable& table, const 
     t.block_numel = int64_t(t.rows.size()) * t.cols;
     // Blocks that are computed on together (q|k|v, gate|up) must stay adjacent when gathered, so
     // Z shards are never padded: the block must divide evenly.
-    if (t.z_sharded && t.block_numel % g.z != 0)
+    if (t.z_sharded && t.block_numel % g.z() != 0)
       fail("grid: the block of '", n, "' on each rank has ", t.block_numel,
-           " elements, not divisible by Gz = ", g.z);
+           " elements, not divisible by Gz = ", g.z());
     // A pipeline stage stores only its own layers (and every top-level tensor, see the header).
-    t.stored = g.p == 1 || s.layer < 0 || split.stage_of(s.layer, g.p) == at.p;
-    t.shard_numel = !t.stored ? 0 : t.z_sharded ? t.block_numel / g.z : t.block_numel;
+    t.stored = g.p() == 1 || s.layer < 0 || split.stage_of(s.layer, g.p()) == at.p();
+    t.shard_numel = !t.stored ? 0 : t.z_sharded ? t.block_numel / g.z() : t.block_numel;
     t.offset = local;
     local += t.shard_numel;
     // Tensors outside the blocks (layer -1: embeddings, final norm, head) share one buffer.
     int64_t& layer_block = layer_end[s.layer];
     t.block_offset = layer_block;
-    layer_block += t.z_sharded ? t.shard_numel * g.z : t.block_numel;  // all-gather output size
+    layer_block += t.z_sharded ? t.shard_numel * g.z() : t.block_numel;  // all-gather output size
     plan.tensors.push_back(std::move(t));
   }
   plan.local_total = local;

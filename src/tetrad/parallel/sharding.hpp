@@ -53,7 +53,7 @@ struct ShardPlan {
   int64_t local_total = 0;           // size of the local parameter buffer
   // Throws Error naming the dimension when the grid does not divide the model.
   // split: the pipeline's layer split (virtual stage j on stage j % Gp), which decides which
-  // layers a stage stores when grid.p > 1; empty means the even split with one chunk per stage.
+  // layers a stage stores when grid.p() > 1; empty means the even split with one chunk per stage.
   static ShardPlan build(const ModelConfig& c, const ParamTable& table, const GridShape& grid,
                          const GridCoord& coord, const LayerSplit& split = {});
 };

@@ -23,9 +23,9 @@ void ParallelTransformer::embedding_forward(const int32_t* inputs, int64_t N, in
   for (int64_t t = 0; t < N; ++t)
     if (inputs[t] < 0 || inputs[t] >= V)
       fail("token id ", inputs[t], " at position ", t, " is outside the model's vocabulary [0, ", V, ")");
-  const int64_t v0 = dims_.Vy * g_.coord.y;
+  const int64_t v0 = dims_.Vy * g_.coord.y();
   ops().embedding_gather(bq(), a.emb, device_ids(inputs, N, 0), w(wte_), v0, dims_.Vy, N, dims_.Cx);
-  sum_over(g_.y, a.emb, N * dims_.Cx, "embedding");
+  sum_over(g_.y(), a.emb, N * dims_.Cx, "embedding");
   if (wpe_ >= 0) ops().position_add(bq(), a.emb, w(wpe_) + int64_t(pos0) * dims_.Cx, N, T, dims_.Cx);
 }
 
@@ -36,7 +36,7 @@ void ParallelTransformer::embedding_backward(const int32_t* inputs, int64_t N, i
   Acts& a = *a_;
   ScopedPhase sp(prof_, Phase::Embedding);
   float* dE = reduce_->sparse_embedding() ? nullptr : gw(wte_);  // sparse: accumulate_embedding_rows
-  const int64_t v0 = dims_.Vy * g_.coord.y;
+  const int64_t v0 = dims_.Vy * g_.coord.y();
   float* dP = gw(wpe_);
   if (dE)
     ops().embedding_scatter_add(bq(), dE, 0, dims_.Vy * dims_.Cx, a.dresid, device_ids(inputs, N, 0), v0,
@@ -50,7 +50,7 @@ void ParallelTransformer::embedding_backward(const int32_t* inputs, int64_t N, i
 double ParallelTransformer::cross_entropy(const int32_t* targets, int64_t N, float grad_scale,
                                           bool with_grad) {
   ScopedPhase sp(prof_, Phase::Loss);
-  const int64_t V = cfg_.vocab_size, v0 = dims_.Vy * g_.coord.y;
+  const int64_t V = cfg_.vocab_size, v0 = dims_.Vy * g_.coord.y();
   for (int64_t t = 0; t < N; ++t)
     if (targets[t] >= V)
       fail("target token id ", targets[t], " at position ", t, " is outside the model's vocabulary [0, ", V, ")");
@@ -59,15 +59,15 @@ double ParallelTransformer::cross_entropy(const int32_t* targets, int64_t N, flo
   const int32_t* tg = device_ids(targets, N, 1);
   const backend::OpTable& op = ops();
   double* st = stats_.data();
-  if (g_.y.size() == 1 && be_->capabilities().ce_row_stats_fused) {
+  if (g_.y().size() == 1 && be_->capabilities().ce_row_stats_fused) {
     op.ce_row_max_sum_exp_target(bq(), mx, st, L, tg, v0, dims_.Vy, N);  // the same values, one read
   } else {
     op.ce_row_max(bq(), mx, L, N, dims_.Vy);
-    if (g_.y.size() > 1)
-      q_.run(g_.y.iallreduce_max(mx, size_t(N), q_.ready()), g_.y, "allreduce_max", "logit max",
+    if (g_.y().size() > 1)
+      q_.run(g_.y().iallreduce_max(mx, size_t(N), q_.ready()), g_.y(), "allreduce_max", "logit max",
              -1, N * int64_t(sizeof(float)));
     op.ce_sum_exp_target(bq(), st, L, mx, tg, v0, dims_.Vy, N);
-    sum_over(g_.y, st, 2 * N, "softmax sums");
+    sum_over(g_.y(), st, 2 * N, "softmax sums");
   }
   op.ce_loss(bq(), a_->losses, scalar_.as<double>(), st, mx, tg, N);
   const double total = read_scalar(scalar_.as<double>());
@@ -77,7 +77,7 @@ double ParallelTransformer::cross_entropy(const int32_t* targets, int64_t N, flo
     // in one pass over the logits rather than as fp32 dlogits that the head's cast reads back
     // (on gpt2-124m 2 x 206 MB less traffic). Not with a pipeline: its stash keeps the fp32
     // logits buffer (as dlogits) between micro-batches, not the bf16 copies.
-    if (bf16_acts_ && g_.shape.p == 1 && be_->capabilities().bf16_loss_grad) {
+    if (bf16_acts_ && g_.shape.p() == 1 && be_->capabilities().bf16_loss_grad) {
       const auto [d16, d16t] = dy16_copies(site_layout(GemmSite::Head));
       op.ce_grad_bf16(bq(), d16, d16t, L, mx, st, tg, v0, dims_.Vy, N, grad_scale);
       head_dy16_ready_ = true;
@@ -91,7 +91,7 @@ double ParallelTransformer::cross_entropy(const int32_t* targets, int64_t N, flo
 std::vector<int32_t> ParallelTransformer::greedy_next_tokens(const int32_t* inputs, int B,
                                                              int T) {
   forward(inputs, B, T);
-  const int64_t v0 = int64_t(g_.coord.y) * dims_.Vy;  // first vocabulary id of this rank's slice
+  const int64_t v0 = int64_t(g_.coord.y()) * dims_.Vy;  // first vocabulary id of this rank's slice
   std::vector<double> mine(2 * size_t(B));        // (best logit, its global id) per sequence
   // Each sequence's last row: rows T*Vy apart, starting at row T-1.
   ops().row_argmax(bq(), argmax_idx_.as<int32_t>(), argmax_val_.as<float>(),
@@ -105,13 +105,13 @@ std::vector<int32_t> ParallelTransformer::greedy_next_tokens(const int32_t* inpu
     mine[2 * b] = val[size_t(b)];
     mine[2 * b + 1] = double(v0 + idx[size_t(b)]);
   }
-  const int gy = g_.y.size();
+  const int gy = g_.y().size();
   std::vector<double> all(mine.size() * size_t(gy));
   if (gy == 1) {
     all = mine;
   } else {
     ScopedPhase comm_phase(prof_, Phase::Comm);
-    g_.host().y.allgather(mine.data(), all.data(), mine.size());  // host vectors
+    g_.host().y().allgather(mine.data(), all.data(), mine.size());  // host vectors
   }
   std::vector<int32_t> next(B);
   for (int b = 0; b < B; ++b) {

@@ -26,8 +26,8 @@ WeightGatherer::WeightGatherer(const StepContext& ctx, const ShardPlan& plan, co
   backend::Backend& be = *ctx_.be;
   if (bf16_) params16_ = be.alloc_array<uint16_t>(size_t(plan_.local_total));
   // Slots only when Z shards weights (Gz = 1 computes in place).
-  if (ctx_.shape().z == 1) return;
-  const BlockExtents e = block_extents(plan_, ctx_.shape().z);
+  if (ctx_.shape().z() == 1) return;
+  const BlockExtents e = block_extents(plan_, ctx_.shape().z());
   // Slots for gathered layers: the one in use plus prefetch_depth ahead, or all of them.
   const int nslots = std::max(1, ov_.cache_gathered_weights
                                      ? n_layer_
@@ -42,7 +42,7 @@ WeightGatherer::WeightGatherer(const StepContext& ctx, const ShardPlan& plan, co
 }
 
 void WeightGatherer::issue(int layer) {
-  const int Gz = ctx_.shape().z;
+  const int Gz = ctx_.shape().z();
   if (Gz == 1) return;
   ensure_bf16_copy();  // the bf16 gathers read the copy
   CommQueue& q = ctx_.q();
@@ -67,7 +67,7 @@ void WeightGatherer::issue(int layer) {
     if (bf16_) buf16 = slots16_[size_t(s)].as<uint16_t>();
   }
   tickets->clear();
-  const comm::Communicator& z = ctx_.g().z;
+  const comm::Communicator& z = ctx_.g().z();
   for (size_t i = 0; i < plan_.tensors.size(); ++i) {
     const TensorShard& t = plan_.tensors[i];
     if (t.spec->layer != layer || !t.z_sharded) continue;
@@ -88,13 +88,13 @@ void WeightGatherer::issue(int layer) {
 }
 
 void WeightGatherer::gather(int layer) {
-  if (ctx_.shape().z == 1) return;
+  if (ctx_.shape().z() == 1) return;
   issue(layer);
   for (auto t : layer < 0 ? top_tickets_ : slot_tickets_[size_t(slot_of(layer))]) ctx_.q().wait(t);
 }
 
 void WeightGatherer::prefetch(int layer, int direction, int lo, int hi) {
-  if (ctx_.shape().z == 1) return;
+  if (ctx_.shape().z() == 1) return;
   for (int k = 1; k <= ov_.prefetch_depth; ++k) {
     const int j = layer + direction * k;
     if (j >= lo && j < hi) issue(j);
@@ -103,7 +103,7 @@ void WeightGatherer::prefetch(int layer, int direction, int lo, int hi) {
 
 void WeightGatherer::invalidate() {
   next_step_issued_ = false;
-  if (ctx_.shape().z == 1) return;
+  if (ctx_.shape().z() == 1) return;
   if (ctx_.q().pending()) ctx_.q().wait_all();  // nothing may still write into the slots
   top_valid_ = false;
   std::fill(slot_layer_.begin(), slot_layer_.end(), -2);
@@ -137,7 +137,7 @@ void WeightGatherer::ensure_bf16_copy() {
 const float* WeightGatherer::weight(int i) const {
   if (i < 0) return nullptr;
   const TensorShard& t = plan_.tensors[size_t(i)];
-  if (!t.z_sharded || ctx_.shape().z == 1) return params_ + t.offset;
+  if (!t.z_sharded || ctx_.shape().z() == 1) return params_ + t.offset;
   if (t.spec->layer < 0) return top_.data() + t.block_offset;
   return slots_[size_t(slot_of(t.spec->layer))].data() + t.block_offset;
 }
@@ -145,7 +145,7 @@ const float* WeightGatherer::weight(int i) const {
 const uint16_t* WeightGatherer::weight16(int i) const {
   const TensorShard& t = plan_.tensors[size_t(i)];
   TETRAD_CHECK(bf16_ && i >= 0 && gemm_weight_[size_t(i)], "w16: no bf16 copy of tensor ", i);
-  if (!t.z_sharded || ctx_.shape().z == 1) return params16_.as<uint16_t>() + t.offset;
+  if (!t.z_sharded || ctx_.shape().z() == 1) return params16_.as<uint16_t>() + t.offset;
   if (t.spec->layer < 0) return top16_.as<uint16_t>() + t.block_offset;
   return slots16_[size_t(slot_of(t.spec->layer))].as<uint16_t>() + t.block_offset;
 }

@@ -4,56 +4,56 @@
 namespace tetrad::planner {
 
 // Tensor parallelism (X and Y): the layers' norms and linear layers, per layer.
-void add_tensor_layer_comm(Collectives& c, const PlanInput& in, const Grid5& g, const Sizes& s, double T) {
+void add_tensor_layer_comm(Collectives& c, const PlanInput& in, const GridShape& g, const Sizes& s, double T) {
   const double act_b = in.precision == Precision::BF16 ? 2 : 4;
   const double fwd_mult = in.recompute == Recompute::Full ? 2 : 1;  // full recomputation repeats the forward collectives
   const double stats_b = T * 2 * 8;  // [T, 2] doubles of row statistics
   // Norms: statistics all-reduced over X in forward and again in backward (2 norms per layer).
-  c.add("norm statistics (fwd+bwd)", AxisId::X, Op::AllReduce, stats_b, 2 * (fwd_mult + 1), kExposed, true);
+  c.add("norm statistics (fwd+bwd)", Axis::X, Op::AllReduce, stats_b, 2 * (fwd_mult + 1), kExposed, true);
   // Normal layers (q|k|v, MLP up): fwd all-reduce over X of [T, N/Gy]; bwd dIn over Y [T, H/Gx].
-  c.add("fwd all-reduce of q|k|v output", AxisId::X, Op::AllReduce, T * s.QKV / g.y * act_b, fwd_mult, kExposed, true);
-  c.add("fwd all-reduce of MLP-up output", AxisId::X, Op::AllReduce, T * s.FW / g.y * act_b, fwd_mult, kExposed, true);
-  c.add("bwd all-reduce of q|k|v dIn", AxisId::Y, Op::AllReduce, T * s.H / g.x * act_b, 1, kDIn, true);
-  c.add("bwd all-reduce of MLP-up dIn", AxisId::Y, Op::AllReduce, T * s.H / g.x * act_b, 1, kDIn, true);
+  c.add("fwd all-reduce of q|k|v output", Axis::X, Op::AllReduce, T * s.QKV / g.y() * act_b, fwd_mult, kExposed, true);
+  c.add("fwd all-reduce of MLP-up output", Axis::X, Op::AllReduce, T * s.FW / g.y() * act_b, fwd_mult, kExposed, true);
+  c.add("bwd all-reduce of q|k|v dIn", Axis::Y, Op::AllReduce, T * s.H / g.x() * act_b, 1, kDIn, true);
+  c.add("bwd all-reduce of MLP-up dIn", Axis::Y, Op::AllReduce, T * s.H / g.x() * act_b, 1, kDIn, true);
   // Transposed layers (attention output, MLP down): fwd over Y [T, H/Gx]; bwd dIn over X.
-  c.add("fwd all-reduce of attention-output", AxisId::Y, Op::AllReduce, T * s.H / g.x * act_b, fwd_mult, kExposed, true);
-  c.add("fwd all-reduce of MLP-down output", AxisId::Y, Op::AllReduce, T * s.H / g.x * act_b, fwd_mult, kExposed, true);
-  c.add("bwd all-reduce of attention-output dIn", AxisId::X, Op::AllReduce, T * s.H / g.y * act_b, 1, kDIn, true);
-  c.add("bwd all-reduce of MLP-down dIn", AxisId::X, Op::AllReduce, T * s.F / g.y * act_b, 1, kDIn, true);
+  c.add("fwd all-reduce of attention-output", Axis::Y, Op::AllReduce, T * s.H / g.x() * act_b, fwd_mult, kExposed, true);
+  c.add("fwd all-reduce of MLP-down output", Axis::Y, Op::AllReduce, T * s.H / g.x() * act_b, fwd_mult, kExposed, true);
+  c.add("bwd all-reduce of attention-output dIn", Axis::X, Op::AllReduce, T * s.H / g.y() * act_b, 1, kDIn, true);
+  c.add("bwd all-reduce of MLP-down dIn", Axis::X, Op::AllReduce, T * s.F / g.y() * act_b, 1, kDIn, true);
 }
 
 // Weight sharding (Z): the layer's blocks gathered before forward and again before backward;
 // gradient blocks reduce-scattered after backward.
-void add_sharded_layer_comm(Collectives& c, const PlanInput& in, const Grid5& g, const Sizes& s) {
+void add_sharded_layer_comm(Collectives& c, const PlanInput& in, const GridShape& g, const Sizes& s) {
   const double w_b = in.precision == Precision::BF16 ? 2 : 4;
-  const double layer_block_b = s.block_matmul() / (double(g.x) * g.y) * w_b;
-  c.add("all-gather of layer weights (fwd)", AxisId::Z, Op::AllGather, layer_block_b, 1, kZFwd, true);
-  c.add("all-gather of layer weights (bwd)", AxisId::Z, Op::AllGather, layer_block_b, 1, kZBwd, true);
-  c.add("reduce-scatter of layer weight grads", AxisId::Z, Op::ReduceScatter, layer_block_b, 1, kZBwd, true);
+  const double layer_block_b = s.block_matmul() / (double(g.x()) * g.y()) * w_b;
+  c.add("all-gather of layer weights (fwd)", Axis::Z, Op::AllGather, layer_block_b, 1, kZFwd, true);
+  c.add("all-gather of layer weights (bwd)", Axis::Z, Op::AllGather, layer_block_b, 1, kZBwd, true);
+  c.add("reduce-scatter of layer weight grads", Axis::Z, Op::ReduceScatter, layer_block_b, 1, kZBwd, true);
 }
 
 // Per micro-batch: embedding (fwd all-reduce over Y), head (fwd over X of the logits, bwd dIn
 // over Y), cross-entropy (max and sums over Y), final norm, top blocks over Z.
-void add_top_comm(Collectives& c, const PlanInput& in, const Grid5& g, const Sizes& s, double T) {
+void add_top_comm(Collectives& c, const PlanInput& in, const GridShape& g, const Sizes& s, double T) {
   const bool bf16 = in.precision == Precision::BF16;
   const double act_b = bf16 ? 2 : 4, w_b = bf16 ? 2 : 4;
   const double stats_b = T * 2 * 8;
-  const double top_b = (s.tied ? 1 : 2) * s.head() / (double(g.x) * g.y) * w_b;
-  c.add("fwd all-reduce of embedding", AxisId::Y, Op::AllReduce, T * s.H / g.x * act_b, 1, kExposed, false, MbAt::FirstFwd);
-  c.add("fwd all-reduce of logits", AxisId::X, Op::AllReduce, T * s.V / g.y * act_b, 1, kExposed, false);
-  c.add("bwd all-reduce of head dIn", AxisId::Y, Op::AllReduce, T * s.H / g.x * act_b, 1, kExposed, false, MbAt::LastBwd);
-  c.add("cross-entropy max and sums", AxisId::Y, Op::AllReduce, T * 3 * 4, 2, kExposed, false);
-  c.add("final norm statistics", AxisId::X, Op::AllReduce, stats_b, 2, kExposed, false);
-  c.add("all-gather of embedding/head", AxisId::Z, Op::AllGather, top_b, 1, kExposed, false, MbAt::FirstFwd);
-  c.add("reduce-scatter of embedding/head grads", AxisId::Z, Op::ReduceScatter, top_b, 1, kExposed, false, MbAt::LastBwd);
+  const double top_b = (s.tied ? 1 : 2) * s.head() / (double(g.x()) * g.y()) * w_b;
+  c.add("fwd all-reduce of embedding", Axis::Y, Op::AllReduce, T * s.H / g.x() * act_b, 1, kExposed, false, MbAt::FirstFwd);
+  c.add("fwd all-reduce of logits", Axis::X, Op::AllReduce, T * s.V / g.y() * act_b, 1, kExposed, false);
+  c.add("bwd all-reduce of head dIn", Axis::Y, Op::AllReduce, T * s.H / g.x() * act_b, 1, kExposed, false, MbAt::LastBwd);
+  c.add("cross-entropy max and sums", Axis::Y, Op::AllReduce, T * 3 * 4, 2, kExposed, false);
+  c.add("final norm statistics", Axis::X, Op::AllReduce, stats_b, 2, kExposed, false);
+  c.add("all-gather of embedding/head", Axis::Z, Op::AllGather, top_b, 1, kExposed, false, MbAt::FirstFwd);
+  c.add("reduce-scatter of embedding/head grads", Axis::Z, Op::ReduceScatter, top_b, 1, kExposed, false, MbAt::LastBwd);
 }
 
 // Pipeline (P): activations forward and their gradients back, [T, H/Gx] split over Y so each rank
 // sends its 1/Gy (Megatron's scatter-gather). With v chunks per stage a micro-batch crosses every
 // stage boundary v times each way.
-void add_pipeline_comm(Collectives& c, const PlanInput& in, const Grid5& g, const Sizes& s, double T) {
+void add_pipeline_comm(Collectives& c, const PlanInput& in, const GridShape& g, const Sizes& s, double T) {
   const double act_b = in.precision == Precision::BF16 ? 2 : 4;
-  c.add("pipeline send/recv (fwd+bwd)", AxisId::P, Op::SendRecv, T * s.H / (double(g.x) * g.y) * act_b,
+  c.add("pipeline send/recv (fwd+bwd)", Axis::P, Op::SendRecv, T * s.H / (double(g.x()) * g.y()) * act_b,
         2.0 * in.virtual_stages, kExposed, false, MbAt::EveryOp);
 }
 
@@ -61,8 +61,8 @@ void add_pipeline_comm(Collectives& c, const PlanInput& in, const Grid5& g, cons
 // all-gather, same ring volume); replicated vectors over Z x D.
 void add_data_comm(Collectives& c, const PlanInput& in, double matrices, double vectors) {
   const double w_b = in.precision == Precision::BF16 ? 2 : 4;
-  c.add("data-parallel all-reduce of gradients", AxisId::D, Op::AllReduce, matrices * w_b, 1, kData, false);
-  c.add("all-reduce of replicated grads (norms, biases)", AxisId::ZD, Op::AllReduce, vectors * w_b, 1, kData, false);
+  c.add("data-parallel all-reduce of gradients", Axis::D, Op::AllReduce, matrices * w_b, 1, kData, false);
+  c.add("all-reduce of replicated grads (norms, biases)", parallel::token_axes(), Op::AllReduce, vectors * w_b, 1, kData, false);
 }
 
 

@@ -27,17 +27,6 @@ const char* name(Precision p) { return p == Precision::FP32 ? "fp32" : "bf16"; }
 const char* name(Overlap o) {
   return o == Overlap::None ? "none" : o == Overlap::Tensor ? "tensor" : "all";
 }
-const char* axis_label(AxisId a) {
-  switch (a) {
-    case AxisId::X: return "x";
-    case AxisId::Y: return "y";
-    case AxisId::Z: return "z";
-    case AxisId::P: return "p";
-    case AxisId::D: return "d";
-    case AxisId::ZD: return "zd";
-  }
-  return "?";
-}
 const char* op_name(Op op) {
   switch (op) {
     case Op::AllReduce: return "all-reduce";
@@ -48,26 +37,15 @@ const char* op_name(Op op) {
   return "?";
 }
 
-std::string Grid5::to_string() const {
-  std::ostringstream o;
-  o << x << "x" << y << "x" << z << "x" << p << "x" << d;
-  return o.str();
+std::string grid_label(const GridShape& g) {
+  std::string s;
+  for (Axis a : parallel::kAxesInRankOrder) s += (s.empty() ? "" : "x") + std::to_string(g[a]);
+  return s;
 }
 
-std::vector<Grid5> all_grids(int n) {
+std::vector<GridShape> all_grids(int n) {
   if (n < 1) fail("number of ranks must be >= 1 (got ", n, ")");
-  std::vector<int> div;
-  for (int k = 1; k <= n; ++k)
-    if (n % k == 0) div.push_back(k);
-  std::vector<Grid5> out;
-  for (int x : div)
-    for (int y : div)
-      if (n % (x * y) == 0)
-        for (int z : div)
-          if (n % (x * y * z) == 0)
-            for (int p : div)
-              if (n % (x * y * z * p) == 0) out.push_back({x, y, z, p, n / (x * y * z * p)});
-  return out;
+  return parallel::factorizations(n, {Axis::X, Axis::Y, Axis::Z, Axis::P, Axis::D});
 }
 
 void PlanInput::validate() const {
@@ -115,7 +93,7 @@ Sizes sizes(const ModelConfig& m) {
 struct GemmTimes {
   double fwd = 0, din = 0, dw = 0, head_fwd = 0, head_bwd = 0;
 };
-GemmTimes block_gemm_times(const Sizes& s, const Grid5& g, double T, const Machine& mach, bool bf16) {
+GemmTimes block_gemm_times(const Sizes& s, const GridShape& g, double T, const Machine& mach, bool bf16) {
   const double pk = mach.peak(bf16);
   auto t = [&](double m, double n, double k, GemmOp op) {
     return 2 * m * n * k / (pk * mach.gemm_eff(m, n, k, bf16, op));
@@ -126,11 +104,11 @@ GemmTimes block_gemm_times(const Sizes& s, const Grid5& g, double T, const Machi
     r.din += t(T, k_in, n_out, GemmOp::NN);
     r.dw += t(n_out, k_in, T, GemmOp::TN);
   };
-  weight(s.H / g.x, s.QKV / g.y);  // q|k|v
-  weight(s.H / g.y, s.H / g.x);    // attention output (transposed)
-  weight(s.H / g.x, s.FW / g.y);   // MLP up (+ gate)
-  weight(s.F / g.y, s.H / g.x);    // MLP down (transposed)
-  const double hk = s.H / g.x, hn = s.V / g.y;
+  weight(s.H / g.x(), s.QKV / g.y());  // q|k|v
+  weight(s.H / g.y(), s.H / g.x());    // attention output (transposed)
+  weight(s.H / g.x(), s.FW / g.y());   // MLP up (+ gate)
+  weight(s.F / g.y(), s.H / g.x());    // MLP down (transposed)
+  const double hk = s.H / g.x(), hn = s.V / g.y();
   r.head_fwd = t(T, hn, hk, GemmOp::NT);
   r.head_bwd = t(T, hk, hn, GemmOp::NN) + t(hn, hk, T, GemmOp::TN);
   return r;
@@ -157,9 +135,9 @@ double bubble_fraction(int p, int m, int v) {
   return double(p - 1) / (double(v) * double(m));
 }
 
-parallel::LayerSplit layer_split_of(const PlanInput& in, const Grid5& g) {
-  if (g.p == 1) return parallel::LayerSplit::even(in.model.n_layer, 1);
-  return parallel::resolve_layer_split(in.pipeline_layers, in.model, in.seq, g.p,
+parallel::LayerSplit layer_split_of(const PlanInput& in, const GridShape& g) {
+  if (g.p() == 1) return parallel::LayerSplit::even(in.model.n_layer, 1);
+  return parallel::resolve_layer_split(in.pipeline_layers, in.model, in.seq, g.p(),
                                        in.virtual_stages);
 }
 
@@ -220,23 +198,8 @@ double overlap_contention(double comm, double compute, double f) {
 
 // ------------------------------------------------------------------------------------ placement
 
-Placement place(const Grid5& g, AxisId axis, const Machine& m) {
-  std::vector<int> members;
-  const int sx = 1, sy = g.x, sz = g.x * g.y, sp = sz * g.z, sd = sp * g.p;
-  auto line = [&](int stride, int n) {
-    for (int k = 0; k < n; ++k) members.push_back(k * stride);
-  };
-  switch (axis) {
-    case AxisId::X: line(sx, g.x); break;
-    case AxisId::Y: line(sy, g.y); break;
-    case AxisId::Z: line(sz, g.z); break;
-    case AxisId::P: line(sp, g.p); break;
-    case AxisId::D: line(sd, g.d); break;
-    case AxisId::ZD:
-      for (int d = 0; d < g.d; ++d)
-        for (int z = 0; z < g.z; ++z) members.push_back(z * sz + d * sd);
-      break;
-  }
+Placement place(const GridShape& g, AxisSet axes, const Machine& m) {
+  const std::vector<int> members = parallel::group_ranks(0, g, axes);  // rank 0's group
   Placement pl;
   pl.group_size = int(members.size());
   std::set<int> nodes;
@@ -308,15 +271,15 @@ double collective_seconds(Op op, double bytes, const Placement& pl) {
 
 // ------------------------------------------------------------------------------------ memory
 
-int64_t trainer_activation_elements(const ModelConfig& m, const Grid5& g, int64_t N) {
-  const int64_t Cx = m.n_embd / g.x, Ay = m.n_embd / g.y, nhy = m.n_head / g.y;
-  const int64_t QKVy = int64_t(m.n_head + 2 * m.n_kv_head) * m.head_dim() / g.y;
-  const int64_t Fy = m.ffn / g.y, FWy = m.desc().mlp_in_factor() * Fy;
-  const int64_t Vy = m.vocab_size / g.y;
+int64_t trainer_activation_elements(const ModelConfig& m, const GridShape& g, int64_t N) {
+  const int64_t Cx = m.n_embd / g.x(), Ay = m.n_embd / g.y(), nhy = m.n_head / g.y();
+  const int64_t QKVy = int64_t(m.n_head + 2 * m.n_kv_head) * m.head_dim() / g.y();
+  const int64_t Fy = m.ffn / g.y(), FWy = m.desc().mlp_in_factor() * Fy;
+  const int64_t Vy = m.vocab_size / g.y();
   const int64_t per_layer = N * (Cx + 2 + QKVy + Ay + nhy + Cx + Cx + 2 + FWy + Fy + Cx);
   const int64_t global =
       N * (Cx + Cx + 2 + Vy + 1 + Cx) + N * (Cx + Cx + QKVy + Ay + FWy + Fy);
-  return per_layer * stage_layer_count(m.n_layer, g.p) + global;
+  return per_layer * stage_layer_count(m.n_layer, g.p()) + global;
 }
 
 namespace {
@@ -331,49 +294,49 @@ struct StageParams {
 };
 
 // layers: the layers this stage stores (all of them when Gp = 1).
-StageParams stage_params(const ModelConfig& m, const Grid5& g, bool first, bool last, int layers) {
+StageParams stage_params(const ModelConfig& m, const GridShape& g, bool first, bool last, int layers) {
   // tetrad's pipeline keeps a copy of every top-level tensor (embeddings, final norm, head) on
   // every stage (parallel/sharding.hpp, TensorShard::stored), so each stage holds both ends.
-  if (g.p > 1) first = last = true;
+  if (g.p() > 1) first = last = true;
   const Sizes s = sizes(m);
-  const double xy = double(g.x) * g.y, Ls = layers;
+  const double xy = double(g.x()) * g.y(), Ls = layers;
   StageParams sp;
   // Two norms, and with biases those of the transposed layers (over X) and of q|k|v and fc (Y).
-  const double layer_vec = s.biases ? (2 * s.norm_vectors + 2) * s.H / g.x + (s.QKV + s.F) / g.y
-                                    : 2 * s.norm_vectors * s.H / g.x;
-  sp.matrices = Ls * s.block_matmul() / xy / g.z;
+  const double layer_vec = s.biases ? (2 * s.norm_vectors + 2) * s.H / g.x() + (s.QKV + s.F) / g.y()
+                                    : 2 * s.norm_vectors * s.H / g.x();
+  sp.matrices = Ls * s.block_matmul() / xy / g.z();
   sp.vectors = Ls * layer_vec;
   sp.layer_block = s.block_matmul() / xy + layer_vec;
   if (first) {
-    sp.matrices += s.head() / xy / g.z;  // token embedding
+    sp.matrices += s.head() / xy / g.z();  // token embedding
     sp.top_block += s.head() / xy;
     if (s.learned_positions) {
-      sp.vectors += s.S_max * s.H / g.x;  // position table
-      sp.top_block += s.S_max * s.H / g.x;
+      sp.vectors += s.S_max * s.H / g.x();  // position table
+      sp.top_block += s.S_max * s.H / g.x();
     }
   }
   if (last) {
-    const double lnf = s.norm_vectors * s.H / g.x;
+    const double lnf = s.norm_vectors * s.H / g.x();
     sp.vectors += lnf;
     sp.top_block += lnf;
     if (!s.tied || !first) {  // untied head, or the tied copy on the last stage
-      sp.matrices += s.head() / xy / g.z;
+      sp.matrices += s.head() / xy / g.z();
       sp.top_block += s.head() / xy;
     }
   }
   return sp;
 }
 
-int64_t micro_batch_of(const PlanInput& in, const Grid5& g) {
-  return in.micro_batch > 0 ? in.micro_batch : in.micro_batch_per_replica * g.z * g.d;
+int64_t micro_batch_of(const PlanInput& in, const GridShape& g) {
+  return in.micro_batch > 0 ? in.micro_batch : in.micro_batch_per_replica * token_slots(g);
 }
 
 // MemoryModel::Reference (planner.hpp): the textbook layout, not tetrad's.
-MemoryBreakdown reference_memory_of_stage(const PlanInput& in, const Grid5& g, bool first, bool last) {
+MemoryBreakdown reference_memory_of_stage(const PlanInput& in, const GridShape& g, bool first, bool last) {
   const ModelConfig& m = in.model;
   // The fullest stage under the trainer's split (every stage keeps both ends' tensors, so the
   // most layers is the most memory).
-  const double Ls = stage_layer_count(layer_split_of(in, g), g.p);
+  const double Ls = stage_layer_count(layer_split_of(in, g), g.p());
   const StageParams sp = stage_params(m, g, first, last, int(Ls));
   const double psi = sp.total();
   const bool bf16 = in.precision == Precision::BF16;
@@ -381,31 +344,31 @@ MemoryBreakdown reference_memory_of_stage(const PlanInput& in, const Grid5& g, b
   const double opt = bf16 ? 12 : 8;          // fp32 master + m + v, or m + v
   MemoryBreakdown mb;
   mb.weights = bw * psi;
-  mb.grads = bw * psi / (in.zero >= 2 ? g.d : 1);
-  mb.optimizer = opt * psi / (in.zero >= 1 ? g.d : 1);
-  if (g.z > 1) mb.gathered = 2 * bw * (sp.layer_block + sp.top_block);  // weights + grad blocks
+  mb.grads = bw * psi / (in.zero >= 2 ? g.d() : 1);
+  mb.optimizer = opt * psi / (in.zero >= 1 ? g.d() : 1);
+  if (g.z() > 1) mb.gathered = 2 * bw * (sp.layer_block + sp.top_block);  // weights + grad blocks
   // Activations: the trainer's buffers for one micro-batch, reduced by recomputation; a 1F1B
   // stage keeps min(p, m) micro-batches in flight (the first stage the most).
   const int64_t mbatch = std::max<int64_t>(1, micro_batch_of(in, g));
-  const int64_t N = mbatch / std::max(1, g.z * g.d) * in.seq;
+  const int64_t N = mbatch / std::max(1, token_slots(g)) * in.seq;
   const int64_t m_count = std::max<int64_t>(1, in.global_batch / mbatch);
   const double act_b = bf16 ? 2 : 4;
-  Grid5 one_layer = g;
+  GridShape one_layer = g;
   const double all = double(trainer_activation_elements(m, g, N));
   ModelConfig m0 = m;
   m0.n_layer = 0;
-  one_layer.p = 1;
+  one_layer[Axis::P] = 1;
   const double global = double(trainer_activation_elements(m0, one_layer, N));
-  const double per_layer_count = stage_layer_count(m.n_layer, g.p);  // what `all` holds
+  const double per_layer_count = stage_layer_count(m.n_layer, g.p());  // what `all` holds
   const double per_layer = per_layer_count > 0 ? (all - global) / per_layer_count : 0;
   const int v = in.virtual_stages;
-  const double Cx = double(m.n_embd) / g.x;
+  const double Cx = double(m.n_embd) / g.x();
   double kept = per_layer;  // per layer per micro-batch
   double work = 0;          // one layer's recomputed activations while its backward runs
   // What each mode keeps is the trainer's (ParallelTransformer::activation_bytes): selective drops
   // the attention output and its log-sum-exp (recomputed from the kept q|k|v), full keeps only
   // the block's input; the recomputed tensors share one layer's scratch.
-  const double Ay = double(m.n_embd) / g.y, nhy = double(m.n_head) / g.y;
+  const double Ay = double(m.n_embd) / g.y(), nhy = double(m.n_head) / g.y();
   if (in.recompute == Recompute::Selective) {
     kept = per_layer - double(N) * (Ay + nhy);
     work = per_layer - kept;
@@ -415,10 +378,10 @@ MemoryBreakdown reference_memory_of_stage(const PlanInput& in, const Grid5& g, b
   }
   // Micro-batch chunks the first stage holds at once, from the trainer's own schedule
   // (1F1B: min(p, m) micro-batches; interleaved: more chunks, each Ls / v layers).
-  double in_flight_layers = Ls * double(std::min<int64_t>(g.p, m_count));
-  if (g.p > 1) {
+  double in_flight_layers = Ls * double(std::min<int64_t>(g.p(), m_count));
+  if (g.p() > 1) {
     try {
-      const auto ops = parallel::pipeline_schedule(in.schedule, g.p, 0, int(m_count), v);
+      const auto ops = parallel::pipeline_schedule(in.schedule, g.p(), 0, int(m_count), v);
       int live = 0, most = 0;
       for (const auto& op : ops) most = std::max(most, live += op.forward ? 1 : -1);
       in_flight_layers = Ls / v * most;
@@ -432,10 +395,10 @@ MemoryBreakdown reference_memory_of_stage(const PlanInput& in, const Grid5& g, b
 
 }  // namespace
 
-int64_t local_parameters(const ModelConfig& m, const Grid5& g) {
-  const int layers = stage_layer_count(m.n_layer, g.p);  // the ShardPlan default: even, v = 1
-  const auto a = stage_params(m, g, true, g.p == 1, layers),
-             b = stage_params(m, g, g.p == 1, true, layers);
+int64_t local_parameters(const ModelConfig& m, const GridShape& g) {
+  const int layers = stage_layer_count(m.n_layer, g.p());  // the ShardPlan default: even, v = 1
+  const auto a = stage_params(m, g, true, g.p() == 1, layers),
+             b = stage_params(m, g, g.p() == 1, true, layers);
   return int64_t(std::llround(std::max(a.total(), b.total())));
 }
 
@@ -462,36 +425,35 @@ MemoryBreakdown memory_breakdown(const parallel::ModelMemory& m) {
   return b;
 }
 
-MemoryBreakdown memory_per_rank(const PlanInput& in, const Grid5& g) {
+MemoryBreakdown memory_per_rank(const PlanInput& in, const GridShape& g) {
   if (in.memory_model == MemoryModel::Reference) {
-    const MemoryBreakdown a = reference_memory_of_stage(in, g, true, g.p == 1);
-    if (g.p == 1) return a;
+    const MemoryBreakdown a = reference_memory_of_stage(in, g, true, g.p() == 1);
+    if (g.p() == 1) return a;
     const MemoryBreakdown b = reference_memory_of_stage(in, g, false, true);
     return a.total() >= b.total() ? a : b;
   }
   // The model's own arithmetic for the rank of each candidate stage (coordinate 0 on the other
   // axes: ZeRO's pieces are ceil(n / Gd) on every D rank, and X, Y, Z blocks divide evenly).
-  const parallel::GridShape shape{g.x, g.y, g.z, g.d, g.p};
   const int64_t mbatch = std::max<int64_t>(1, micro_batch_of(in, g));
-  const int local = int(std::max<int64_t>(1, mbatch / std::max(1, g.z * g.d)));
+  const int local = int(std::max<int64_t>(1, mbatch / std::max(1, token_slots(g))));
   const int m_count = int(std::max<int64_t>(1, in.global_batch / mbatch));
   const parallel::ParallelOptions po = model_options(in);
   // Every stage keeps the top-level tensors and the whole activation buffer, so the fullest is
   // the one with the most layers (state) or the most in flight (stage 0) or the last chunk's
   // stash (stage p - 1): those three, not all p (plans over thousands of ranks stay cheap).
   std::vector<int> stages{0};
-  if (g.p > 1) {
-    const std::vector<int> n = stage_layer_counts(layer_split_of(in, g), g.p);
+  if (g.p() > 1) {
+    const std::vector<int> n = stage_layer_counts(layer_split_of(in, g), g.p());
     stages.push_back(int(std::max_element(n.begin(), n.end()) - n.begin()));
-    stages.push_back(g.p - 1);
+    stages.push_back(g.p() - 1);
   }
   MemoryBreakdown best;
   bool first = true;
   for (int st : stages) {
     parallel::GridCoord c;
-    c.p = st;
+    c[Axis::P] = st;
     const MemoryBreakdown b = memory_breakdown(
-        parallel::model_memory(in.model, shape, c, local, in.seq, po, in.schedule, m_count));
+        parallel::model_memory(in.model, g, c, local, in.seq, po, in.schedule, m_count));
     if (first || b.total() > best.total()) best = b;
     first = false;
   }
@@ -500,10 +462,10 @@ MemoryBreakdown memory_per_rank(const PlanInput& in, const Grid5& g) {
 
 // ------------------------------------------------------------------------------------ validity
 
-std::string divisibility_problem(const PlanInput& in, const Grid5& g) {
+std::string divisibility_problem(const PlanInput& in, const GridShape& g) {
   const ModelConfig& m = in.model;
   try {
-    parallel::validate_grid_for_model(m, parallel::GridShape{g.x, g.y, g.z, g.d});
+    parallel::validate_grid_for_model(m, g);
   } catch (const Error& e) {
     std::string s = e.what();
     if (s.starts_with("grid: ")) s = s.substr(6);
@@ -512,10 +474,10 @@ std::string divisibility_problem(const PlanInput& in, const Grid5& g) {
   // The trainer splits layers over Gp x virtual stages unevenly if need be, but each virtual
   // stage needs one (parallel_transformer.cpp); interleaving needs m divisible by Gp
   // (pipeline_schedule.cpp).
-  if (m.n_layer < g.p * in.virtual_stages)
+  if (m.n_layer < g.p() * in.virtual_stages)
     return "model.n_layer (" + std::to_string(m.n_layer) + ") is smaller than Gp x virtual stages = " +
-           std::to_string(g.p * in.virtual_stages);
-  if (g.p > 1) {
+           std::to_string(g.p() * in.virtual_stages);
+  if (g.p() > 1) {
     try {
       (void)layer_split_of(in, g);  // an explicit split of the wrong length for this Gp
     } catch (const Error& e) {
@@ -523,27 +485,27 @@ std::string divisibility_problem(const PlanInput& in, const Grid5& g) {
     }
   }
   const int64_t mb = micro_batch_of(in, g);
-  if (mb % (int64_t(g.z) * g.d) != 0)
+  if (mb % token_slots(g) != 0)
     return "micro-batch (" + std::to_string(mb) + ") is not divisible by Gz x Gd = " +
-           std::to_string(g.z * g.d);
+           std::to_string(token_slots(g));
   if (in.global_batch % mb != 0)
     return "global batch (" + std::to_string(in.global_batch) +
            ") is not a multiple of the micro-batch (" + std::to_string(mb) + ")";
-  if (g.p > 1 && in.schedule == Schedule::Interleaved && (in.global_batch / mb) % g.p != 0)
+  if (g.p() > 1 && in.schedule == Schedule::Interleaved && (in.global_batch / mb) % g.p() != 0)
     return "the interleaved schedule needs the micro-batches (" + std::to_string(in.global_batch / mb) +
-           ") divisible by Gp = " + std::to_string(g.p);
+           ") divisible by Gp = " + std::to_string(g.p());
   // Z shards each rank's block of every GEMM weight without padding (parallel/sharding.cpp).
-  const int64_t hd = m.head_dim(), Cx = m.n_embd / g.x;
+  const int64_t hd = m.head_dim(), Cx = m.n_embd / g.x();
   const std::vector<std::pair<const char*, int64_t>> blocks = {
-      {"q|k|v", int64_t(m.n_head + 2 * m.n_kv_head) * hd / g.y * Cx},
-      {"attention output", int64_t(m.n_embd / g.y) * Cx},
-      {"MLP up", int64_t(m.ffn / g.y) * Cx},
-      {"MLP down", int64_t(m.ffn / g.y) * Cx},
-      {"embedding", int64_t(m.vocab_size / g.y) * Cx}};
+      {"q|k|v", int64_t(m.n_head + 2 * m.n_kv_head) * hd / g.y() * Cx},
+      {"attention output", int64_t(m.n_embd / g.y()) * Cx},
+      {"MLP up", int64_t(m.ffn / g.y()) * Cx},
+      {"MLP down", int64_t(m.ffn / g.y()) * Cx},
+      {"embedding", int64_t(m.vocab_size / g.y()) * Cx}};
   for (const auto& [what, n] : blocks)
-    if (n % g.z != 0)
+    if (n % g.z() != 0)
       return std::string("the ") + what + " block of a rank (" + std::to_string(n) +
-             " elements) is not divisible by Gz = " + std::to_string(g.z);
+             " elements) is not divisible by Gz = " + std::to_string(g.z());
   if (in.seq > m.max_seq)
     return "sequence length " + std::to_string(in.seq) + " exceeds model.max_seq " +
            std::to_string(m.max_seq);
@@ -559,12 +521,12 @@ bool trainer_supports_pipeline() {
   }
 }
 
-std::string trainer_grid_string(const Grid5& g) {
+std::string trainer_grid_string(const GridShape& g) {
   std::ostringstream o;
   if (trainer_supports_pipeline())
-    o << g.x << "," << g.y << "," << g.z << "," << g.p << "," << g.d;
+    o << g.x() << "," << g.y() << "," << g.z() << "," << g.p() << "," << g.d();
   else
-    o << g.x << "," << g.y << "," << g.z << "," << g.d;
+    o << g.x() << "," << g.y() << "," << g.z() << "," << g.d();
   return o.str();
 }
 
@@ -611,18 +573,18 @@ struct ComputeTimes {
   double head_fwd = 0, head_bwd = 0;                  // seconds of the head and the loss
 };
 
-ComputeTimes compute_times(const PlanInput& in, const Grid5& g, const Machine& mach, const Sizes& s, double T) {
+ComputeTimes compute_times(const PlanInput& in, const GridShape& g, const Machine& mach, const Sizes& s, double T) {
   const ModelConfig& m = in.model;
   const bool bf16 = in.precision == Precision::BF16;
   const double act_b = bf16 ? 2 : 4;
   const bool full = in.recompute == Recompute::Full, any_rc = in.recompute != Recompute::None;
   ComputeTimes c;
   // Attention: heads split over Y, replicated over X; causal kernels execute half the scores.
-  c.attn_fwd = 0.5 * 4 * T * in.seq * s.H / g.y;
+  c.attn_fwd = 0.5 * 4 * T * in.seq * s.H / g.y();
   ModelConfig m1 = m;
   m1.n_layer = 1;
-  Grid5 g1 = g;
-  g1.p = 1;
+  GridShape g1 = g;
+  g1[Axis::P] = 1;
   ModelConfig m0 = m;
   m0.n_layer = 0;
   const double layer_elems =
@@ -641,7 +603,7 @@ ComputeTimes compute_times(const PlanInput& in, const Grid5& g, const Machine& m
   c.layer_bwd = c.gt.din + c.gt.dw + (full ? t_gemm_fwd : 0) +
                 (2 * c.attn_fwd + (any_rc ? c.attn_fwd : 0)) / c.rate_attn +
                 (elem_passes - 2) * layer_elems * act_b / mach.memory_bandwidth;
-  const double logits_b = T * s.V / g.y * act_b;
+  const double logits_b = T * s.V / g.y() * act_b;
   // The head's GEMMs and the cross-entropy's passes over the logits (2 forward, 2 backward).
   c.head_fwd = c.gt.head_fwd + 2 * logits_b / mach.memory_bandwidth;
   c.head_bwd = c.gt.head_bwd + 2 * logits_b / mach.memory_bandwidth;
@@ -690,14 +652,14 @@ struct PipelineParts {
   OpParts busiest;  // the busiest stage's parts (what the printed shares describe)
 };
 
-PipelineParts pipeline_parts(const PlanInput& in, const Grid5& g, const parallel::LayerSplit& layer_split,
+PipelineParts pipeline_parts(const PlanInput& in, const GridShape& g, const parallel::LayerSplit& layer_split,
                              const ComputeTimes& t, const CommSums& sums, const LayerComm& lc, int64_t mcount) {
   const int v = in.virtual_stages;
   const double layer_time = t.layer_fwd + t.layer_bwd;
   const double fwd_share = t.layer_fwd / layer_time;
   const std::vector<int> split = layer_split.counts();
   auto op_parts = [&](int stage, const parallel::PipeOp& op) {
-    const int j = op.chunk * g.p + stage, V = g.p * v;
+    const int j = op.chunk * g.p() + stage, V = g.p() * v;
     const double nl = split[size_t(j)];
     const double share = op.forward ? fwd_share : 1 - fwd_share;  // of the layer's comm
     OpParts o;
@@ -713,7 +675,7 @@ PipelineParts pipeline_parts(const PlanInput& in, const Grid5& g, const parallel
     return o;
   };
   PipelineParts r;
-  r.pt = pipeline_time(in.schedule, g.p, int(mcount), v,
+  r.pt = pipeline_time(in.schedule, g.p(), int(mcount), v,
                        [&](int st, const parallel::PipeOp& op) { return op_parts(st, op).total(); });
   for (int c = 0; c < v; ++c)
     for (bool fwd : {true, false}) {
@@ -726,10 +688,10 @@ PipelineParts pipeline_parts(const PlanInput& in, const Grid5& g, const parallel
 // Optimizer: AdamW streams parameters, gradients and moments (read p, g, m, v, write p, m, v:
 // 28 bytes per fp32 parameter; 36 with bf16 weights and fp32 master copies), plus the gradient
 // norm's read; ZeRO >= 1 updates only 1/Gd of them.
-double optimizer_seconds(const PlanInput& in, const Grid5& g, const Machine& mach, const StageParams& sp) {
+double optimizer_seconds(const PlanInput& in, const GridShape& g, const Machine& mach, const StageParams& sp) {
   const bool bf16 = in.precision == Precision::BF16;
   const double w_b = bf16 ? 2 : 4;
-  const double opt_params = sp.total() / (in.zero >= 1 ? g.d : 1);
+  const double opt_params = sp.total() / (in.zero >= 1 ? g.d() : 1);
   return ((bf16 ? 36.0 : 28.0) * opt_params + w_b * sp.total()) / mach.memory_bandwidth;
 }
 
@@ -755,7 +717,7 @@ std::map<std::string, double> per_step_collectives(Estimate& e, const std::vecto
     }
     if (it.kind == kData) share = sums.step_comm > 0 ? dp_exposed / sums.step_comm : 0;
     c.exposed = c.seconds * share;
-    exposed_by_axis[std::string("comm ") + axis_label(c.axis)] += c.exposed;
+    exposed_by_axis[std::string("comm ") + c.axis.name()] += c.exposed;
     e.collectives.push_back(c);
   }
   return exposed_by_axis;
@@ -773,10 +735,10 @@ std::string dominant_cost(const Estimate& e, const std::map<std::string, double>
 
 }  // namespace
 
-Estimate estimate(const PlanInput& in, const Grid5& g, const Machine& mach) {
+Estimate estimate(const PlanInput& in, const GridShape& g, const Machine& mach) {
   Estimate e;
   e.grid = g;
-  e.trainable = g.p == 1 || trainer_supports_pipeline();
+  e.trainable = g.p() == 1 || trainer_supports_pipeline();
   const ModelConfig& m = in.model;
   const Sizes s = sizes(m);
   e.model_flops = model_flops_per_step(m, in.global_batch, in.seq);
@@ -792,7 +754,7 @@ Estimate estimate(const PlanInput& in, const Grid5& g, const Machine& mach) {
   }
   e.micro_batch = micro_batch_of(in, g);
   e.micro_batches = in.global_batch / e.micro_batch;
-  const double T = double(e.micro_batch / (g.z * g.d)) * in.seq;  // tokens per rank per micro-batch
+  const double T = double(e.micro_batch / token_slots(g)) * in.seq;  // tokens per rank per micro-batch
   e.tokens_per_rank = int64_t(T);
   e.memory = memory_per_rank(in, g);
   if (std::string why = fit_problem(e.memory, mach); !why.empty()) {
@@ -804,8 +766,8 @@ Estimate estimate(const PlanInput& in, const Grid5& g, const Machine& mach) {
   const ComputeTimes t = compute_times(in, g, mach, s, T);
   // The trainer's split (parallel.pipeline_layers): layers of each virtual stage.
   const parallel::LayerSplit layer_split = layer_split_of(in, g);
-  const double Ls = stage_layer_count(layer_split, g.p);  // the fullest stage's layers
-  const StageParams sp = stage_params(m, g, true, g.p == 1, int(Ls));
+  const double Ls = stage_layer_count(layer_split, g.p());  // the fullest stage's layers
+  const StageParams sp = stage_params(m, g, true, g.p() == 1, int(Ls));
 
   Collectives coll(g, mach);
   add_tensor_layer_comm(coll, in, g, s, T);
@@ -849,8 +811,8 @@ std::vector<Estimate> plan(const PlanInput& in, const Machine& m) {
   in.validate();
   require_rate(m, in.precision);
   std::vector<Estimate> valid, rejected;
-  for (const Grid5& g : all_grids(in.ranks)) {
-    if (g.p > 1 && !in.allow_pipeline) continue;
+  for (const GridShape& g : all_grids(in.ranks)) {
+    if (g.p() > 1 && !in.allow_pipeline) continue;
     Estimate e = estimate(in, g, m);
     (e.valid ? valid : rejected).push_back(std::move(e));
   }

@@ -28,6 +28,7 @@
 
 #include "tetrad/backend/precision.hpp"
 #include "tetrad/model/model_config.hpp"
+#include "tetrad/parallel/grid.hpp"
 #include "tetrad/parallel/memory_model.hpp"
 #include "tetrad/parallel/options.hpp"
 #include "tetrad/parallel/layer_split.hpp"
@@ -57,14 +58,14 @@ inline const char* name(Recompute r) { return parallel::recompute_name(r); }
 inline const char* name(Schedule s) { return parallel::schedule_name(s); }
 const char* name(Overlap o);
 
-struct Grid5 {
-  int x = 1, y = 1, z = 1, p = 1, d = 1;
-  int size() const { return x * y * z * p * d; }
-  std::string to_string() const;  // "2x1x2x1x1" (x, y, z, p, d)
-  bool operator==(const Grid5&) const = default;
-};
-// Every (x, y, z, p, d) with product n, lexicographic.
-std::vector<Grid5> all_grids(int n);
+// The grid a plan prices: the trainer's own (parallel/grid.hpp), every axis.
+using parallel::Axis;
+using parallel::AxisSet;
+using parallel::GridShape;
+// Every grid with product n, lexicographic in (x, y, z, p, d).
+std::vector<GridShape> all_grids(int n);
+// "2x1x2x1x1": every extent (x, y, z, p, d), the form of the planner's tables and JSON.
+std::string grid_label(const GridShape& g);
 
 // Whose memory layout a plan prices. Tetrad: what tetrad's model allocates
 // (parallel::model_memory), for every plan of a tetrad run. Reference: the textbook
@@ -117,10 +118,10 @@ double hardware_flops_per_step(const ModelConfig& m, int64_t sequences, int seq,
 // ideal pipeline time: (p - 1) / m for 1F1B (v = 1), (p - 1) / (v m) interleaved (the trainer's
 // schedules, parallel/pipeline_schedule.hpp).
 double bubble_fraction(int p, int m, int v = 1);
-// The layer split the trainer runs for this input on a grid with g.p stages:
+// The layer split the trainer runs for this input on a grid with g.p() stages:
 // parallel.pipeline_layers resolved by the trainer's own function (parallel/layer_split.hpp), with
 // the plan's sequence length. Every place the planner needs stage layers goes through here.
-parallel::LayerSplit layer_split_of(const PlanInput& in, const Grid5& g);
+parallel::LayerSplit layer_split_of(const PlanInput& in, const GridShape& g);
 // Layers each stage (0..p-1) holds under `split` (the sum over its chunks); and the most of them.
 std::vector<int> stage_layer_counts(const parallel::LayerSplit& split, int p);
 int stage_layer_count(const parallel::LayerSplit& split, int p);
@@ -166,11 +167,10 @@ struct Placement {
   // index = Op (all-reduce, all-gather, reduce-scatter); 0 = use bandwidth/latency above.
   double op_bandwidth[3] = {0, 0, 0}, op_latency[3] = {0, 0, 0};
 };
-enum class AxisId { X, Y, Z, P, D, ZD };
 // Which pipeline op runs a per-micro-batch collective.
 enum class MbAt { FirstFwd, LastFwd, LastBwd, EveryOp };
-const char* axis_label(AxisId a);  // "x" ... "zd"
-Placement place(const Grid5& g, AxisId axis, const Machine& m);
+// Where the group over `axes` (one axis, or parallel::token_axes()) of rank 0 sits.
+Placement place(const GridShape& g, AxisSet axes, const Machine& m);
 
 // Ring algorithms (n = bytes of the buffer per rank: the full buffer of an all-reduce, the
 // output of an all-gather, the input of a reduce-scatter):
@@ -184,7 +184,7 @@ double collective_seconds(Op op, double bytes, const Placement& pl);
 
 struct CollectiveCost {
   std::string what;      // "fwd all-reduce of qkv output"
-  AxisId axis = AxisId::X;
+  AxisSet axis = Axis::X;  // the group's axes (axis.name(): "x" ... "zd")
   Op op = Op::AllReduce;
   double bytes = 0;      // per rank per call
   double calls = 0;      // per step, on the slowest stage
@@ -208,7 +208,7 @@ struct MemoryBreakdown {
 };
 
 struct Estimate {
-  Grid5 grid;
+  GridShape grid;
   bool valid = false;
   std::string reject;      // why not valid: "does not divide: ..." / "does not fit: ..."
   bool trainable = false;  // the trainer can run this grid (Gp = 1 unless it takes a P axis)
@@ -235,7 +235,7 @@ struct Estimate {
 // (micro-batch, sequence, precision, recompute, ZeRO, schedule, overlap switches), the most of
 // the first, the last and the fullest pipeline stage. Throws the model's Error where g does not
 // divide the model. (MemoryModel::Reference: the textbook layout instead.)
-MemoryBreakdown memory_per_rank(const PlanInput& in, const Grid5& g);
+MemoryBreakdown memory_per_rank(const PlanInput& in, const GridShape& g);
 // The same from the model's own byte counts (one rank's parallel::ModelMemory), grouped as above.
 MemoryBreakdown memory_breakdown(const parallel::ModelMemory& m);
 // The ParallelOptions the trainer builds for this input (precision, recompute, ZeRO, stages,
@@ -243,14 +243,14 @@ MemoryBreakdown memory_breakdown(const parallel::ModelMemory& m);
 parallel::ParallelOptions model_options(const PlanInput& in);
 // Elements of the trainer's activation buffer for one micro-batch of `tokens` tokens on a rank
 // of grid g, no recomputation (ParallelTransformer's layout, exactly).
-int64_t trainer_activation_elements(const ModelConfig& m, const Grid5& g, int64_t tokens);
+int64_t trainer_activation_elements(const ModelConfig& m, const GridShape& g, int64_t tokens);
 // Parameters a rank stores (ShardPlan's local_total for Gp = 1), on the fullest stage.
-int64_t local_parameters(const ModelConfig& m, const Grid5& g);
+int64_t local_parameters(const ModelConfig& m, const GridShape& g);
 
 // Why g cannot run this model/batch ("" if it can): divisibility only.
-std::string divisibility_problem(const PlanInput& in, const Grid5& g);
+std::string divisibility_problem(const PlanInput& in, const GridShape& g);
 // One grid, fully costed. Invalid grids come back with valid = false and the reason.
-Estimate estimate(const PlanInput& in, const Grid5& g, const Machine& m);
+Estimate estimate(const PlanInput& in, const GridShape& g, const Machine& m);
 // Every grid of in.ranks: valid ones by predicted step time (fastest first), then the rejected.
 // A machine without a rate for in.precision throws require_rate's error (no grid could run).
 std::vector<Estimate> plan(const PlanInput& in, const Machine& m);
@@ -262,7 +262,7 @@ std::string missing_rate_message(const Machine& m, Precision p);
 // Whether the trainer accepts a pipeline axis (its grid parser takes "x,y,z,p,d").
 bool trainer_supports_pipeline();
 // The trainer's grid string for g: "x,y,z,d" (or "x,y,z,p,d" once the trainer takes P).
-std::string trainer_grid_string(const Grid5& g);
+std::string trainer_grid_string(const GridShape& g);
 
 // ---- estimate's collectives (planner/collectives.cpp): each collective of a layer, of a
 // micro-batch and of a step with its bytes, calls and per-call seconds on its placement, by the
@@ -295,23 +295,26 @@ struct CommItem {
 // The grid's collectives in the order the report lists them, each with its per-call seconds.
 class Collectives {
  public:
-  Collectives(const Grid5& g, const Machine& mach) {
-    for (AxisId a : {AxisId::X, AxisId::Y, AxisId::Z, AxisId::P, AxisId::D, AxisId::ZD})
-      pl_[a] = place(g, a, mach);
+  // Where each group sits: every axis, and the token-splitting axes together.
+  Collectives(const GridShape& g, const Machine& mach) {
+    for (AxisSet a : {AxisSet(Axis::X), AxisSet(Axis::Y), AxisSet(Axis::Z), AxisSet(Axis::P),
+                      AxisSet(Axis::D), parallel::token_axes()})
+      pl_[a.bits()] = place(g, a, mach);
   }
-  void add(const char* what, AxisId a, Op op, double bytes, double calls, int kind, bool per_layer,
-           MbAt at = MbAt::LastFwd) {
-    if (pl_[a].group_size <= 1 || bytes <= 0 || calls <= 0) return;
+  void add(const char* what, AxisSet axes, Op op, double bytes, double calls, int kind,
+           bool per_layer, MbAt at = MbAt::LastFwd) {
+    const Placement& pl = pl_.at(axes.bits());
+    if (pl.group_size <= 1 || bytes <= 0 || calls <= 0) return;
     CommItem it;
     it.c.what = what;
-    it.c.axis = a;
+    it.c.axis = axes;
     it.c.op = op;
     it.c.bytes = bytes;
     it.c.calls = calls;
-    it.c.inter_node = pl_[a].nodes > 1;
-    it.c.groups = pl_[a].groups;
-    it.c.topology_limited = pl_[a].topology_limited;
-    it.c.seconds = collective_seconds(op, bytes, pl_[a]);  // per call for now
+    it.c.inter_node = pl.nodes > 1;
+    it.c.groups = pl.groups;
+    it.c.topology_limited = pl.topology_limited;
+    it.c.seconds = collective_seconds(op, bytes, pl);  // per call for now
     it.kind = kind;
     it.per_layer = per_layer ? calls : 0;
     it.at = at;
@@ -321,24 +324,24 @@ class Collectives {
 
  private:
   std::vector<CommItem> items_;
-  std::map<AxisId, Placement> pl_;
+  std::map<unsigned, Placement> pl_;  // by AxisSet::bits()
 };
 
 // Tensor parallelism (X and Y): the layers' norms and linear layers, per layer.
-void add_tensor_layer_comm(Collectives& c, const PlanInput& in, const Grid5& g, const Sizes& s, double T);
+void add_tensor_layer_comm(Collectives& c, const PlanInput& in, const GridShape& g, const Sizes& s, double T);
 
 // Weight sharding (Z): the layer's blocks gathered before forward and again before backward;
 // gradient blocks reduce-scattered after backward.
-void add_sharded_layer_comm(Collectives& c, const PlanInput& in, const Grid5& g, const Sizes& s);
+void add_sharded_layer_comm(Collectives& c, const PlanInput& in, const GridShape& g, const Sizes& s);
 
 // Per micro-batch: embedding (fwd all-reduce over Y), head (fwd over X of the logits, bwd dIn
 // over Y), cross-entropy (max and sums over Y), final norm, top blocks over Z.
-void add_top_comm(Collectives& c, const PlanInput& in, const Grid5& g, const Sizes& s, double T);
+void add_top_comm(Collectives& c, const PlanInput& in, const GridShape& g, const Sizes& s, double T);
 
 // Pipeline (P): activations forward and their gradients back, [T, H/Gx] split over Y so each rank
 // sends its 1/Gy (Megatron's scatter-gather). With v chunks per stage a micro-batch crosses every
 // stage boundary v times each way.
-void add_pipeline_comm(Collectives& c, const PlanInput& in, const Grid5& g, const Sizes& s, double T);
+void add_pipeline_comm(Collectives& c, const PlanInput& in, const GridShape& g, const Sizes& s, double T);
 
 // Data parallelism (D, Z x D), per step: Z shards all-reduced over D (ZeRO 1/2: reduce-scatter +
 // all-gather, same ring volume); replicated vectors over Z x D.

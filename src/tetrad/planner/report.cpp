@@ -12,8 +12,8 @@
 namespace tetrad::planner {
 
 nlohmann::json Estimate::to_json() const {
-  nlohmann::json j = {{"grid", {{"x", grid.x}, {"y", grid.y}, {"z", grid.z}, {"p", grid.p}, {"d", grid.d}}},
-                      {"grid_string", grid.to_string()},
+  nlohmann::json j = {{"grid", {{"x", grid.x()}, {"y", grid.y()}, {"z", grid.z()}, {"p", grid.p()}, {"d", grid.d()}}},
+                      {"grid_string", grid_label(grid)},
                       {"valid", valid},
                       {"trainable", trainable}};
   if (!valid) {
@@ -22,7 +22,7 @@ nlohmann::json Estimate::to_json() const {
   }
   nlohmann::json colls = nlohmann::json::array();
   for (const auto& c : collectives)
-    colls.push_back({{"what", c.what}, {"axis", axis_label(c.axis)}, {"op", op_name(c.op)},
+    colls.push_back({{"what", c.what}, {"axis", c.axis.name()}, {"op", op_name(c.op)},
                      {"bytes_per_call", c.bytes}, {"calls_per_step", c.calls},
                      {"seconds_per_step", c.seconds}, {"exposed_seconds_per_step", c.exposed},
                      {"inter_node", c.inter_node}, {"groups", c.groups},
@@ -108,7 +108,7 @@ std::string plan_text(const PlanInput& in, const Machine& m, const std::vector<E
     ++rank;
     if (top > 0 && rank > top) continue;
     std::ostringstream line;
-    line << std::setw(5) << rank << "  " << std::left << std::setw(11) << e.grid.to_string()
+    line << std::setw(5) << rank << "  " << std::left << std::setw(11) << grid_label(e.grid)
          << std::right << std::setw(10) << human_time(e.step) << std::setw(14) << std::fixed
          << std::setprecision(e.tokens_per_s >= 100 ? 0 : 1) << e.tokens_per_s << std::setw(8)
          << std::setprecision(1) << 100 * e.mfu << "%" << std::setw(6) << 100 * e.hfu << "%"
@@ -128,7 +128,7 @@ std::string plan_text(const PlanInput& in, const Machine& m, const std::vector<E
         o << "  ... " << nrej - show_rejected << " more (--json lists every one)\n";
         break;
       }
-      o << "  " << std::left << std::setw(11) << e.grid.to_string() << std::right << " " << e.reject
+      o << "  " << std::left << std::setw(11) << grid_label(e.grid) << std::right << " " << e.reject
         << "\n";
     }
   }

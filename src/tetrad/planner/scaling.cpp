@@ -59,15 +59,14 @@ std::vector<int> parse_rank_list(const std::string& s) {
   return out;
 }
 
-std::vector<Grid5> parse_grid_list(const std::string& s) {
-  std::vector<Grid5> out;
+std::vector<GridShape> parse_grid_list(const std::string& s) {
+  std::vector<GridShape> out;
   for (const auto& g : split(s, ';')) {
-    const auto v = split(g, ',');
-    std::vector<int> n;
-    for (const auto& t : v) n.push_back(parse_positive(t, "--grids"));
-    if (n.size() == 4) out.push_back(Grid5{n[0], n[1], n[2], 1, n[3]});
-    else if (n.size() == 5) out.push_back(Grid5{n[0], n[1], n[2], n[3], n[4]});
-    else fail("--grids: '", g, "' is not x,y,z,d or x,y,z,p,d (points separated by ';')");
+    try {
+      out.push_back(parallel::parse_grid(g));  // x,y,z,d, x,y,z,p,d or named (d=2,x=2)
+    } catch (const Error& e) {
+      fail("--grids: ", e.what(), " (points separated by ';')");
+    }
   }
   return out;
 }
@@ -87,7 +86,7 @@ void ScalingSpec::validate() const {
     fail("scaling: ", grids.size(), " grids for ", ranks.size(), " rank counts (--grids: one per point)");
   for (size_t i = 0; i < grids.size(); ++i)
     if (grids[i].size() != ranks[i])
-      fail("scaling: grid ", grids[i].to_string(), " has ", grids[i].size(), " ranks, point ", i + 1,
+      fail("scaling: grid ", grid_label(grids[i]), " has ", grids[i].size(), " ranks, point ", i + 1,
            " has ", ranks[i]);
   if (base.global_batch < 1 && global_batches.empty())
     fail("scaling: the first point needs a global batch (--global-batch)");
@@ -133,7 +132,7 @@ void fill_shares(ScalingPoint& p, double seconds_per_flop0) {
   double by_axis_total = 0;
   std::map<std::string, double> by_axis;
   for (const auto& c : e.collectives) {
-    by_axis[std::string("comm ") + axis_label(c.axis)] += c.exposed;
+    by_axis[std::string("comm ") + c.axis.name()] += c.exposed;
     by_axis_total += c.exposed;
   }
   for (const char* t : kLossTerms) s[t] = 0;
@@ -164,7 +163,7 @@ std::vector<ScalingPoint> scaling_curve(const ScalingSpec& spec, const Machine& 
     ScalingPoint p;
     p.ranks = in.ranks;
     p.model_name = in.model_name;
-    p.parameters = double(local_parameters(in.model, Grid5{}));
+    p.parameters = double(local_parameters(in.model, GridShape{}));
     p.global_batch = in.global_batch;
     const long need_nodes = (long(in.ranks) + m.ranks_per_node - 1) / m.ranks_per_node;
     if (m.topology.machine_nodes() > 0 && need_nodes > m.topology.machine_nodes()) {
@@ -188,7 +187,7 @@ std::vector<ScalingPoint> scaling_curve(const ScalingSpec& spec, const Machine& 
         p.reject = all.empty() ? "no grid" : all.front().reject;
         for (const auto& e : all)
           if (e.reject.starts_with("does not fit")) {
-            p.reject = "no grid fits; e.g. " + e.grid.to_string() + " " + e.reject;
+            p.reject = "no grid fits; e.g. " + grid_label(e.grid) + " " + e.reject;
             break;
           }
       }
@@ -278,7 +277,7 @@ std::string scaling_text(const ScalingSpec& spec, const Machine& m,
       o << line << "no valid grid: " << p.reject << "\n";
       continue;
     }
-    const std::string grid = p.estimate.grid.to_string() + (p.grid_given ? "*" : "");
+    const std::string grid = grid_label(p.estimate.grid) + (p.grid_given ? "*" : "");
     std::string limit = p.limit + " " + std::to_string(int(std::lround(100 * p.limit_share))) + "%";
     if (p.memory_bound) limit += ", memory";
     char grew[64] = "-";
@@ -322,7 +321,7 @@ nlohmann::json scaling_json(const ScalingSpec& spec, const Machine& m,
       arr.push_back(q);
       continue;
     }
-    q["grid"] = p.estimate.grid.to_string();
+    q["grid"] = grid_label(p.estimate.grid);
     q["grid_given"] = p.grid_given;
     q["grids_valid"] = p.grids_valid;
     q["grids_total"] = p.grids_total;
@@ -664,7 +663,7 @@ std::vector<PublishedScaling> published_scaling(double batch_scale) {
     for (auto& r : s.rows) {
       const ScalingPoint* p = at(s.points, r.ranks);
       if (!p || !p->valid) fail("published scaling ", s.name, ": no valid grid at ", r.ranks, " ranks");
-      r.grid = p->estimate.grid.to_string();
+      r.grid = grid_label(p->estimate.grid);
       r.predicted = r.metric.starts_with("PFLOP/s") ? p->hardware_flops_per_s / 1e15 : p->efficiency;
     }
   }

@@ -35,14 +35,14 @@ struct ScalingSpec {
   std::vector<std::string> model_names;
   std::vector<ModelConfig> models;
   std::vector<int64_t> global_batches;   // optional, one per point: replaces the rule above
-  std::vector<Grid5> grids;              // optional, one per point: that grid, not the fastest
+  std::vector<GridShape> grids;              // optional, one per point: that grid, not the fastest
   void validate() const;                 // throws Error naming what is wrong
 };
 
 // "512,1024,2048" -> {512, 1024, 2048}; rejects empty, non-positive and unordered lists.
 std::vector<int> parse_rank_list(const std::string& s);
 // "1,1,64,1,8;1,1,128,1,8" (x,y,z,p,d or x,y,z,d per point, ';' between points).
-std::vector<Grid5> parse_grid_list(const std::string& s);
+std::vector<GridShape> parse_grid_list(const std::string& s);
 
 struct ScalingPoint {
   int ranks = 0;

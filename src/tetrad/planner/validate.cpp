@@ -71,11 +71,11 @@ PlanInput sweep_plan_input(const SweepConfig& sc, int ranks) {
   return in;
 }
 
-std::vector<Grid5> local_sweep_grids(int ranks) {
+std::vector<GridShape> local_sweep_grids(int ranks) {
   const SweepConfig sc = local_sweep_config(ranks);
   const PlanInput in = sweep_plan_input(sc, ranks);
-  std::vector<Grid5> out;
-  for (const Grid5& g : all_grids(ranks))
+  std::vector<GridShape> out;
+  for (const GridShape& g : all_grids(ranks))
     if (divisibility_problem(in, g).empty()) out.push_back(g);
   return out;
 }
@@ -83,7 +83,7 @@ std::vector<Grid5> local_sweep_grids(int ranks) {
 std::string local_sweep_bench_args(int ranks) {
   const SweepConfig sc = local_sweep_config(ranks);
   std::ostringstream o;
-  for (const Grid5& g : local_sweep_grids(ranks))
+  for (const GridShape& g : local_sweep_grids(ranks))
     o << "--configs " << sc.model << " --grid " << trainer_grid_string(g) << " --layers " << sc.layers
       << " --seq " << sc.seq << " --micro-batches " << sc.micro_batches << " --accumulate --schedule "
       << sc.schedule << "\n";
@@ -116,8 +116,8 @@ BenchComparison compare_with_bench(const std::string& path, const Machine& m) {
     const std::string g = j.at("grid").get<std::string>();
     // "XxYxZxD" from the trainer's 4D grid, "XxYxZxPxD" once it has the pipeline axis.
     const int n = std::sscanf(g.c_str(), "%dx%dx%dx%dx%d", &v[0], &v[1], &v[2], &v[3], &v[4]);
-    if (n == 4) r.grid = Grid5{v[0], v[1], v[2], 1, v[3]};
-    else if (n == 5) r.grid = Grid5{v[0], v[1], v[2], v[3], v[4]};
+    if (n == 4) r.grid = GridShape{v[0], v[1], v[2], v[3]};
+    else if (n == 5) r.grid = GridShape::xyzpd(v[0], v[1], v[2], v[3], v[4]);
     else fail("'", path, "' line ", lineno, ": grid '", g, "' is not XxYxZxD or XxYxZxPxD");
     r.measured_s = j.at("median_step_s").get<double>();
     PlanInput in;
@@ -138,7 +138,7 @@ BenchComparison compare_with_bench(const std::string& path, const Machine& m) {
     in.ranks = r.ranks;
     {
       std::ostringstream set;
-      if (r.grid.p > 1)
+      if (r.grid.p() > 1)
         set << name(in.schedule) << (in.virtual_stages > 1 ? " x" + std::to_string(in.virtual_stages) : "")
             << ", m " << in.global_batch / in.micro_batch
             << (in.pipeline_layers != "even" ? ", layers " + in.pipeline_layers : "");
@@ -189,7 +189,7 @@ std::string comparison_text(const BenchComparison& c, const std::string& title) 
   o << std::fixed;
   for (size_t k = 0; k < c.rows.size(); ++k) {
     const auto& r = c.rows[by_measured[k]];
-    o << "| " << r.grid.to_string() << (r.setting.empty() ? "" : " (" + r.setting + ")") << " | "
+    o << "| " << grid_label(r.grid) << (r.setting.empty() ? "" : " (" + r.setting + ")") << " | "
       << std::setprecision(3) << r.measured_s << " | "
       << r.predicted_s << " | " << std::showpos << std::setprecision(1)
       << 100 * (r.predicted_s / r.measured_s - 1) << "%" << std::noshowpos << " | "
@@ -237,7 +237,7 @@ std::vector<PublishedResult> published_results_impl(double gemm_efficiency, int6
     if (gemm_efficiency > 0) m.gemm_efficiency = gemm_efficiency;
     if (!contention) m.collective_units = 0;
     // Megatron's tensor parallelism (column- then row-parallel) is our Y axis with Gx = Gz = 1.
-    const Grid5 g{1, 8, 1, 64, 6};
+    const GridShape g = GridShape::xyzpd(1, 8, 1, 64, 6);
     PublishedResult r;
     r.system = "Megatron-LM (Narayanan et al., SC21)";
     r.model = "1T GPT (L=128, H=25600, 160 heads, S=2048, V=51200)";
@@ -247,7 +247,7 @@ std::vector<PublishedResult> published_results_impl(double gemm_efficiency, int6
     r.metric = "TFLOP/s per GPU (hardware FLOPs, recomputation counted)";
     r.reported = 163;
     r.estimate = estimate(in, g, m);
-    if (!r.estimate.valid) fail("published row ", r.system, ": the planner rejects ", g.to_string(), ": ", r.estimate.reject);
+    if (!r.estimate.valid) fail("published row ", r.system, ": the planner rejects ", grid_label(g), ": ", r.estimate.reject);
     r.predicted = r.estimate.hardware_flops / r.estimate.step / in.ranks / 1e12;
     r.assumptions = "1F1B schedule (no interleaving); Megatron's reported 163 counts the "
                     "recomputed forward (96 B S L H^2 (1 + S/6H + V/16LH))";
@@ -280,7 +280,7 @@ std::vector<PublishedResult> published_results_impl(double gemm_efficiency, int6
     r.machine = m.name;
     if (p.empty() || !p.front().valid) fail("published row ", r.system, ": no valid grid");
     r.estimate = p.front();
-    r.configuration = "the planner's first choice " + r.estimate.grid.to_string() +
+    r.configuration = "the planner's first choice " + grid_label(r.estimate.grid) +
                       " (x,y,z,p,d) among 4D grids (Gp = 1); batch " + std::to_string(in.global_batch) +
                       " x 2048 tokens; bf16, "
                       "full recomputation, overlap of tensor-parallel collectives";
@@ -331,7 +331,7 @@ std::string published_sensitivity_text() {
       const auto rows = published_results(eff, b);
       o << "| " << std::setprecision(2) << eff << " | " << b << " | " << std::showpos << std::fixed << std::setprecision(1)
         << 100 * rows[0].error() << "% | " << 100 * rows[1].error() << "%" << std::noshowpos
-        << " | " << rows[1].estimate.grid.to_string() << " |\n";
+        << " | " << grid_label(rows[1].estimate.grid) << " |\n";
       o.unsetf(std::ios::fixed);
     }
   return o.str();

@@ -33,13 +33,13 @@ SweepConfig local_sweep_config(int ranks);
 // bench's JSON lines).
 PlanInput sweep_plan_input(const SweepConfig& sc, int ranks);
 // Every grid of `ranks` (pipeline grids included) the sweep's configuration divides over.
-std::vector<Grid5> local_sweep_grids(int ranks);
+std::vector<GridShape> local_sweep_grids(int ranks);
 // One line per grid: the `tetrad bench --grids` arguments that measure it.
 std::string local_sweep_bench_args(int ranks);
 
 struct MeasuredGrid {
   std::string config;
-  Grid5 grid;
+  GridShape grid;
   int ranks = 0;
   double measured_s = 0, predicted_s = 0;
   std::string dominant;

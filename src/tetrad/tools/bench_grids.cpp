@@ -75,9 +75,9 @@ bool grid_fits(const BenchOptions& opt, const ModelConfig& mc, const parallel::G
   try {
     validate_grid(shape, G);
     validate_grid_for_model(mc, shape);
-    if (Bg % (shape.z * shape.d) != 0) fail("batch does not divide over Z x D");
+    if (Bg % token_slots(shape) != 0) fail("batch does not divide over Z x D");
     // The split the model will run (an explicit list must fit this grid's Gp x v).
-    const LayerSplit split = shape.p > 1 ? resolve_layer_split(opt.pipeline_layers, mc, T, shape.p,
+    const LayerSplit split = shape.p() > 1 ? resolve_layer_split(opt.pipeline_layers, mc, T, shape.p(),
                                                                opt.virtual_stages)
                                          : LayerSplit{};
     ShardPlan::build(mc, build_param_table(mc), shape, coord_of(0, shape), split);
@@ -162,8 +162,8 @@ GridSteps time_grid_steps(const BenchOptions& opt, StepRunner& runner,
       r.busy_total += busy;
       // Every stage's op times (the same count on each: 2 m v), for the replay below.
       const std::vector<double>& mine = pipe->last_op_s();
-      std::vector<double> all(mine.size() * size_t(shape.p));
-      g.p.allgather(mine.data(), all.data(), mine.size());
+      std::vector<double> all(mine.size() * size_t(shape.p()));
+      g.p().allgather(mine.data(), all.data(), mine.size());
       if (r.op_s_sum.empty()) r.op_s_sum.assign(all.size(), 0.0);
       for (size_t k = 0; k < all.size(); ++k) r.op_s_sum[k] += all[k];
     }
@@ -194,13 +194,13 @@ Bubble pipeline_bubble(const GridSweep& sw, parallel::ParallelTransformer& model
   double neg = -(st.wait_total / st.busy_total);
   g.world.allreduce_max(&neg, 1);
   b.bubble_min = -neg;
-  b.expected = double(shape.p - 1) / (double(M) * opt.virtual_stages);
+  b.expected = double(shape.p() - 1) / (double(M) * opt.virtual_stages);
   // The schedule replayed with the ops' measured times (mean over the timed steps): the
   // bubble these stages' real costs imply (the last stage's head and loss, the first's
   // embedding, the copies and sends), with no waiting for messages beyond that.
-  const size_t nops = st.op_s_sum.size() / size_t(shape.p);
+  const size_t nops = st.op_s_sum.size() / size_t(shape.p());
   const PipelineTiming replay = simulate_pipeline(
-      parse_pipeline_schedule(opt.schedule), shape.p, M, opt.virtual_stages,
+      parse_pipeline_schedule(opt.schedule), shape.p(), M, opt.virtual_stages,
       [&](int s, size_t i, const PipeOp&) { return st.op_s_sum[size_t(s) * nops + i] / opt.steps; });
   b.replayed = replay.mean_bubble();
   double stage_max = 0, stage_min = 1e300;
@@ -378,7 +378,7 @@ void bench_grid_mode(const GridSweep& sw, parallel::ProcessGroups& g,
                      const parallel::GridShape& shape, const std::string& mode, std::ostream& out) {
   using namespace parallel;
   const BenchOptions& opt = sw.opt;
-  const int Bl = sw.Bg / (shape.z * shape.d), T = sw.T;
+  const int Bl = sw.Bg / token_slots(shape), T = sw.T;
   const parallel::OverlapOptions ov = overlap_of_mode(mode, sw.world, sw.threads);
   // Memory of this grid alone, from here: the previous grid's buffers are freed (returned to
   // Linux: they are large, so malloc maps them).
@@ -389,7 +389,7 @@ void bench_grid_mode(const GridSweep& sw, parallel::ProcessGroups& g,
   parallel::ParallelTransformer model(sw.mc, g, Bl, T, pov);
   model.init_weights(1);
   AdamW adam = make_adam(model, backend::cpu_backend());
-  const int M = shape.p > 1 || opt.accumulate ? opt.micro_batches : 1;
+  const int M = shape.p() > 1 || opt.accumulate ? opt.micro_batches : 1;
   const std::vector<int32_t> tokens = random_tokens(size_t(M) * Bl * T + 1, sw.mc.vocab_size);
   StepProfile profile;
   TraceLog trace_log;

@@ -143,15 +143,15 @@ ExtractionReport measure_extraction(parallel::ParallelTransformer& model,
                                                    model.config().vocab_size);
   const int P = opt.prefix_len, N = opt.suffix_len;
   const parallel::ProcessGroups& g = model.groups();
-  const int slots = g.shape.z * g.shape.d;
-  const int slot = g.coord.z + g.shape.z * g.coord.d;
+  const int slots = token_slots(g.shape);
+  const int slot = token_slot(g.coord, g.shape);
   const int B = model.local_batch();
   const size_t per_round = size_t(slots) * size_t(B);
   const size_t rounds = (todo.size() + per_round - 1) / per_round;
   // Generated suffixes of all evaluated documents, written by the (x0, y0) rank of the slot that
   // decoded them and summed over the world (everybody else contributes zeros).
   std::vector<int32_t> generated(todo.size() * size_t(N), 0);
-  const bool writer = g.coord.x == 0 && g.coord.y == 0;
+  const bool writer = g.coord.x() == 0 && g.coord.y() == 0;
   for (size_t round = 0; round < rounds; ++round) {
     const size_t first = round * per_round + size_t(slot) * B;
     std::vector<std::vector<int32_t>> prompts(B);
@@ -303,7 +303,7 @@ void run_memorization_command(const MemorizationCommand& cmd, std::ostream& log)
   }
 
   // The one model on every grid; without one, the trivial 1x1x1x1 grid (the same code).
-  const int slots = groups.shape.z * groups.shape.d;
+  const int slots = token_slots(groups.shape);
   const int per_slot = int((docs.size() + size_t(slots) - 1) / size_t(slots));
   const int local_batch = std::max(1, std::min(opt.batch, per_slot));
   const int max_len = std::min(mc.max_seq, opt.prefix_len + opt.suffix_len);

@@ -64,15 +64,15 @@ AutoGrid choose_grid(const RunConfig& cfg, int ranks, int ranks_per_node,
     o << "parallel.grid = \"auto\": no grid of " << ranks << " ranks can train this run";
     int shown = 0;
     for (const auto& e : all)
-      if (!e.valid && shown++ < 3) o << "; " << e.grid.to_string() << ": " << e.reject;
+      if (!e.valid && shown++ < 3) o << "; " << grid_label(e.grid) << ": " << e.reject;
     fail(o.str());
   }
   AutoGrid a;
-  const Grid5& g = first->grid;
-  a.grid = parallel::GridShape{g.x, g.y, g.z, g.d, g.p};
+  const parallel::GridShape& g = first->grid;
+  a.grid = g;
   std::ostringstream w;
   w << std::fixed << std::setprecision(3);
-  w << "grid auto: " << trainer_grid_string(g) << " (x,y,z,p,d = " << first->grid.to_string()
+  w << "grid auto: " << trainer_grid_string(g) << " (x,y,z,p,d = " << grid_label(g)
     << "), the planner's first choice of " << trainable << " trainable grids (" << valid
     << " valid, " << all.size() << " in all) on machine '" << m.name << "' with "
     << m.ranks_per_node << " ranks/node\n"
@@ -85,15 +85,10 @@ AutoGrid choose_grid(const RunConfig& cfg, int ranks, int ranks_per_node,
       << second->step << " s/step (" << std::setprecision(1)
       << 100 * (second->step / first->step - 1) << "% slower, dominant " << second->dominant << ")\n";
   if (!all.empty() && all.front().valid && !all.front().trainable)
-    w << "  (" << all.front().grid.to_string() << " with a pipeline axis is predicted faster, "
+    w << "  (" << grid_label(all.front().grid) << " with a pipeline axis is predicted faster, "
       << "but the trainer does not take Gp > 1 yet)\n";
   a.why = w.str();
   return a;
-}
-
-std::string grid_arg(const parallel::GridShape& s) {
-  if (s.p == 1) return detail::concat(s.x, ",", s.y, ",", s.z, ",", s.d);
-  return detail::concat(s.x, ",", s.y, ",", s.z, ",", s.p, ",", s.d);
 }
 
 AutoGrid resolve_grid(const RunConfig& cfg, int ranks, int ranks_per_node,
@@ -105,7 +100,7 @@ AutoGrid resolve_grid(const RunConfig& cfg, int ranks, int ranks_per_node,
     a = choose_grid(cfg, ranks, ranks_per_node, device);
     a.why = detail::concat("parallel.grid is not set and ", ranks, " ranks were launched: ",
                            "choosing one as parallel.grid = \"auto\" does (set parallel.grid or ",
-                           "--grid to fix it)\n", a.why);
+                           "--grid to choose one yourself)\n", a.why);
   } else if (!cfg.grid.empty()) {
     a.grid = parallel::parse_grid(cfg.grid);
   }

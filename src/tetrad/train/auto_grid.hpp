@@ -40,9 +40,6 @@ AutoGrid choose_grid(const RunConfig& cfg, int ranks, int ranks_per_node,
 AutoGrid resolve_grid(const RunConfig& cfg, int ranks, int ranks_per_node,
                       const backend::Backend& device);
 
-// The grid as parallel.grid names it: "2,2,1,1", or five numbers "x,y,z,p,d" when Gp > 1.
-std::string grid_arg(const parallel::GridShape& shape);
-
 // Ranks on this node as the launcher says (Open MPI, MPICH/Hydra, Slurm); 0 if unknown.
 int launcher_ranks_per_node();
 

@@ -470,8 +470,8 @@ void RunConfig::validate() const {
   // of the wrong length or sum); chosen grids ("auto", none named) are checked when chosen.
   if (grid != "auto" && !grid.empty()) {
     const parallel::GridShape shape = parallel::parse_grid(grid);
-    if (shape.p > 1)
-      (void)parallel::resolve_layer_split(pipeline_layers, model, t.seq_len, shape.p,
+    if (shape.p() > 1)
+      (void)parallel::resolve_layer_split(pipeline_layers, model, t.seq_len, shape.p(),
                                           virtual_stages);
   }
   if (t.precision != "auto") backend::parse_precision(t.precision);  // throws naming the choices
@@ -494,7 +494,7 @@ void RunConfig::validate() const {
          t.device, "\"");
   // The model's transport (comm/transports.hpp); a grid chosen by auto is checked once chosen.
   comm::check_transport(t.comm, t.device,
-                        grid != "auto" && !grid.empty() ? parallel::parse_grid(grid).p : 0);
+                        grid != "auto" && !grid.empty() ? parallel::parse_grid(grid).p() : 0);
 }
 
 RunConfig load_run_config(const std::string& path, const std::vector<std::string>& overrides) {

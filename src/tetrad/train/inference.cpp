@@ -14,8 +14,8 @@ int inference_world_size() {
 std::string inference_grid(const std::string& grid, int world_size) {
   const std::string g = grid.empty() ? "1,1,1," + std::to_string(world_size) : grid;
   const parallel::GridShape s = parallel::parse_grid(g);
-  if (s.p > 1)
-    fail("grid '", g, "': a pipeline axis (Gp = ", s.p, ") is not supported for inference; "
+  if (s.p() > 1)
+    fail("grid '", g, "': a pipeline axis (Gp = ", s.p(), ") is not supported for inference; "
          "give x,y,z,d");
   return g;
 }

@@ -55,8 +55,7 @@ std::string memory_problem_of_this_rank(const RunConfig& cfg, const RunPlan& pla
   try {
     planner::PlanInput in = plan_input_of(cfg, launch.world, device);
     in.precision = plan.model.precision;  // as run on this device
-    const planner::Grid5 g{shape.x, shape.y, shape.z, shape.p, shape.d};
-    fit.formula = planner::memory_per_rank(in, g);
+    fit.formula = planner::memory_per_rank(in, shape);
   } catch (const Error&) {
     return "";  // a layout the formula cannot take; the model's own checks report what is wrong
   }

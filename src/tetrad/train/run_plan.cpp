@@ -35,7 +35,7 @@ parallel::OverlapOptions overlap_options(const OverlapConfig& c, int ranks_on_no
 
 RunConfig resolved_config(const RunConfig& cfg, const RunPlan& plan) {
   RunConfig saved = cfg;
-  if (saved.grid.empty()) saved.grid = grid_arg(plan.grid);
+  if (saved.grid.empty()) saved.grid = plan.grid.to_arg();
   return saved;
 }
 
@@ -47,8 +47,8 @@ RunPlan resolve_run_plan(const RunConfig& cfg, const Launch& launch, const backe
   const AutoGrid chosen = resolve_grid(cfg, launch.world, launch.ranks_per_node, device);
   plan.grid = chosen.grid;
   plan.grid_why = chosen.why;
-  comm::check_transport(t.comm, t.device, plan.grid.p);  // a chosen grid may have a pipeline axis
-  plan.replicas = plan.grid.z * plan.grid.d;
+  comm::check_transport(t.comm, t.device, plan.grid.p());  // a chosen grid may have a pipeline axis
+  plan.replicas = token_slots(plan.grid);
   if (t.micro_batch % plan.replicas != 0)
     fail("train.micro_batch (", t.micro_batch, ") must be divisible by Gz x Gd = ", plan.replicas,
          " (its sequences are split over the Z and data-parallel ranks)");

@@ -21,7 +21,7 @@ double clip_scale(double grad_clip, double grad_norm) {
 StepRunner::StepRunner(parallel::ParallelTransformer& model, AdamW& adam,
                        const parallel::ProcessGroups& host_groups, const StepOptions& options)
     : model_(model), adam_(adam), g_(host_groups), o_(options), guard_(options.max_bad_steps) {
-  if (g_.shape.p > 1)
+  if (g_.shape.p() > 1)
     pipe_ = std::make_unique<parallel::PipelineDriver>(model_, o_.schedule, o_.micro_batches);
   micro_losses_.reserve(size_t(o_.micro_batches));
 }
@@ -41,7 +41,7 @@ void StepRunner::host_comm(F&& f) {
 }
 
 void StepRunner::sum_over_replicas(double* values, int n) {
-  if (g_.zd.size() > 1) host_comm([&] { g_.zd.allreduce_sum(values, size_t(n)); });
+  if (g_.tokens().size() > 1) host_comm([&] { g_.tokens().allreduce_sum(values, size_t(n)); });
 }
 
 void StepRunner::wait_for_slowest_rank() {
@@ -77,8 +77,8 @@ StepResult StepRunner::run(const int32_t* inputs, const int32_t* targets, double
   model_.reduce_gradients();
   // The loss of the global batch: its sequences are split over Z x D, and on a pipeline only the
   // last stage computes it.
-  if (g_.zd.size() > 1) host_comm([&] { g_.zd.allreduce_sum(&loss_sum, 1); });
-  if (pipe_) host_comm([&] { g_.p.allreduce_sum(&loss_sum, 1); });
+  if (g_.tokens().size() > 1) host_comm([&] { g_.tokens().allreduce_sum(&loss_sum, 1); });
+  if (pipe_) host_comm([&] { g_.p().allreduce_sum(&loss_sum, 1); });
   StepResult r;
   r.loss = loss_sum / kept;
   {

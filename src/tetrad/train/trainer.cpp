@@ -94,7 +94,7 @@ std::unique_ptr<ProcessGroups> model_groups_on_nccl(const RunConfig& cfg, const 
                                                     const Launch& launch,
                                                     const ProcessGroups& groups,
                                                     comm::TransportChoice& transport) {
-  transport = comm::choose_transport(cfg.train.comm, cfg.train.device, plan.grid.p, groups.world);
+  transport = comm::choose_transport(cfg.train.comm, cfg.train.device, plan.grid.p(), groups.world);
   if (transport.name != "nccl") return nullptr;
   return std::make_unique<ProcessGroups>(ProcessGroups::on_nccl(
       launch.mpi ? comm::Communicator::world() : comm::Communicator::self("world"), plan.grid));
@@ -250,7 +250,7 @@ TrainResult train(const RunConfig& cfg, const TrainOptions& opt, std::ostream& l
   std::ostream& out = root ? log_stream : null_stream;
   out << plan.grid_why;
   // This rank's share of the tokens: slot z + Gz d of the Z x D replicas.
-  const int slot = groups.coord.z + plan.grid.z * groups.coord.d;
+  const int slot = token_slot(groups.coord, plan.grid);
   TrainingData data(cfg, DataSlot{plan.local_batch, plan.seq_len, slot, plan.replicas});
   comm::TransportChoice transport;
   const std::unique_ptr<ProcessGroups> nccl_groups =
@@ -268,7 +268,7 @@ TrainResult train(const RunConfig& cfg, const TrainOptions& opt, std::ostream& l
   if (!opt.trace_path.empty()) prof.trace = &trace_log;
   model.set_profile(&prof);
   // The split actually run ("balanced" is resolved from the model's costs: say what it chose).
-  if (plan.grid.p > 1 && !opt.quiet)
+  if (plan.grid.p() > 1 && !opt.quiet)
     out << "# pipeline: " << cfg.schedule << ", layers per virtual stage "
         << model.layer_split().to_string() << " (parallel.pipeline_layers = \""
         << cfg.pipeline_layers << "\")\n";
@@ -331,8 +331,8 @@ double evaluate_checkpoint(const std::string& model_dir, const std::string& data
   // Every rank reads every micro-batch and evaluates those of its Z x D slot; in the last round
   // a slot without one repeats the round's first and drops its loss, so that every rank makes
   // the same collective calls.
-  const int slots = g.shape.z * g.shape.d;
-  const int slot = g.coord.z + g.shape.z * g.coord.d;
+  const int slots = token_slots(g.shape);
+  const int slot = token_slot(g.coord, g.shape);
   const size_t n = size_t(micro_batch) * T;
   std::vector<int32_t> x(n), y(n), other_x(n), other_y(n);
   double sum = 0;
@@ -347,7 +347,7 @@ double evaluate_checkpoint(const std::string& model_dir, const std::string& data
     if (mine) sum += loss;
   }
   // A slot's loss is the same on its X x Y ranks: the whole sum is the sum over Z x D.
-  if (g.zd.size() > 1) g.zd.allreduce_sum(&sum, 1);
+  if (g.tokens().size() > 1) g.tokens().allreduce_sum(&sum, 1);
   out << "evaluated " << count << " tokens of " << data_dir << " (" << split << ") with "
       << model_dir << "\n";
   return sum / double(count);

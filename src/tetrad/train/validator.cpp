@@ -32,8 +32,8 @@ double Validator::run(int64_t at_step) {
                      : model_.forward_loss(vi.data(), vt.data(), B, T);
     for (int32_t y : vt) sums[1] += y >= 0;
   }
-  if (groups_.zd.size() > 1) groups_.zd.allreduce_sum(sums, 2);
-  if (pipe_) groups_.p.allreduce_sum(sums, 1);  // the loss is on the last stage
+  if (groups_.tokens().size() > 1) groups_.tokens().allreduce_sum(sums, 2);
+  if (pipe_) groups_.p().allreduce_sum(sums, 1);  // the loss is on the last stage
   const double vl = sums[0] / std::max(sums[1], 1.0);
   metrics_.write(val_record(at_step, vl));
   if (!quiet_) out_ << "step " << at_step << " | val loss " << std::fixed << std::setprecision(4)
