@@ -1,4 +1,5 @@
 // `tetrad train`: train a model as the config says (train/trainer).
+#include <cstdlib>
 #include <iostream>
 #include <memory>
 
@@ -42,7 +43,11 @@ Runner setup(CLI::App& sub) {
     if (!o->grid.empty()) overrides.push_back("parallel.grid=\"" + o->grid + "\"");
     if (!o->device.empty()) overrides.push_back("train.device=\"" + o->device + "\"");
     RunConfig cfg = load_run_config(o->config_path, overrides);
-    TrainResult r = train(cfg, o->topt, std::cout);
+    // Test hook (tests/mpi/watchdog.sh): TETRAD_TEST_STALL_AT=RANK:STEP makes that rank hang in
+    // that step, as a stuck kernel or file system would.
+    TrainOptions topt = o->topt;
+    if (const char* e = std::getenv("TETRAD_TEST_STALL_AT")) topt.step_hook = stall_hook(e);
+    TrainResult r = train(cfg, topt, std::cout);
     if (!r.last_checkpoint.empty() && ctx.root())
       std::cout << (r.stopped_by_signal ? "stopped" : "done") << " at step " << r.steps_done
                 << "; final checkpoint " << r.last_checkpoint << "\n";

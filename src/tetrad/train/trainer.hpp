@@ -9,22 +9,11 @@
 
 #include "tetrad/parallel/comm_schedule.hpp"
 #include "tetrad/train/config.hpp"
+#include "tetrad/train/metrics_log.hpp"
+#include "tetrad/train/run_plan.hpp"
+#include "tetrad/train/stop_control.hpp"
 
 namespace tetrad {
-
-// Where one step's time went on this rank (seconds); the parts add up to `step` (test_train).
-struct StepBreakdown {
-  double step = 0;          // wall time of the step
-  double compute = 0;       // model kernels and model code between them
-  double comm_exposed = 0;  // blocked in collectives
-  double wait = 0;          // waiting for the slowest rank at the start of the step
-  double optimizer = 0;     // gradient norm, clipping, AdamW
-  double data = 0;          // reading and masking tokens
-  double comm_issued = 0;   // Σ issue -> completion of every collective (hidden or exposed)
-  double hidden_fraction() const {
-    return comm_issued > 0 ? std::max(0.0, 1.0 - comm_exposed / comm_issued) : 0.0;
-  }
-};
 
 struct TrainResult {
   int64_t first_step = 0;           // 0, or the step a resumed run continued from
@@ -45,14 +34,8 @@ struct TrainOptions {
   bool quiet = false;         // no progress lines (tests)
   std::string trace_path;     // Chrome trace-event JSON of trace_steps steps ("" : none)
   int trace_steps = 3;        // steps on the timeline (after the first, when the run is longer)
+  StepHook step_hook;         // called at the start of every step (tests: stall_hook)
 };
-
-// The parallel.* overlap keys as the model's options; parallel.progress_thread = "auto" resolves
-// by progress_thread_wins with this node's rank count and each rank's OpenMP threads.
-parallel::OverlapOptions overlap_options(const OverlapConfig& c, int ranks_on_node, int threads);
-// "true" / "false", or "auto": a helper thread only when every rank on the node has a core to
-// spare for it (ranks_on_node x (threads + 1) <= cores). Throws Error for another value.
-bool progress_thread_wins(const std::string& mode, int ranks_on_node, int threads);
 
 // Runs training as configured. Throws Error on bad input (config, data, checkpoint) before any
 // work is lost; a non-finite step is skipped and reported, train.max_bad_steps in a row stop the

@@ -1,0 +1,49 @@
+#include "tetrad/train/metrics_log.hpp"
+
+#include "tetrad/core/error.hpp"
+
+namespace tetrad {
+
+nlohmann::json start_record(int64_t step, bool resumed, int64_t max_steps) {
+  return {{"event", "start"}, {"step", step}, {"resumed", resumed}, {"max_steps", max_steps}};
+}
+
+nlohmann::json step_record(const StepMetrics& m) {
+  const StepBreakdown& bd = m.time;
+  nlohmann::json line{{"step", m.step}, {"loss", m.loss}, {"lr", m.lr}, {"grad_norm", m.grad_norm},
+                      {"tokens_per_s", m.tokens_per_s}, {"mfu", m.mfu},
+                      {"mfu_peak", m.peak_name}, {"mfu_peak_gflops", m.peak_gflops},
+                      {"step_time_s", bd.step}, {"elapsed_s", m.elapsed_s},
+                      {"dropped_fraction", m.dropped_fraction},
+                      {"t_compute_s", bd.compute}, {"t_comm_exposed_s", bd.comm_exposed},
+                      {"t_wait_s", bd.wait}, {"t_optimizer_s", bd.optimizer},
+                      {"t_data_s", bd.data}, {"t_comm_issued_s", bd.comm_issued},
+                      {"comm_hidden_fraction", bd.hidden_fraction()}};
+  if (m.report_hfu) line["hfu"] = m.hfu;  // hardware FLOPs (with recomputation) / the same peak
+  return line;
+}
+
+nlohmann::json skipped_record(int64_t step) { return {{"step", step}, {"skipped", true}}; }
+
+nlohmann::json val_record(int64_t step, double val_loss) {
+  return {{"step", step}, {"val_loss", val_loss}};
+}
+
+void MetricsLog::open(const std::string& run_dir, const std::string* last_checkpoint) {
+  path_ = run_dir + "/metrics.jsonl";
+  last_checkpoint_ = last_checkpoint;
+  file_.open(path_, std::ios::app);
+}
+
+void MetricsLog::write(const nlohmann::json& record) {
+  if (!file_.is_open() && path_.empty()) return;
+  file_ << record.dump() << "\n";
+  file_.flush();
+  if (!file_) {
+    const bool none = !last_checkpoint_ || last_checkpoint_->empty();
+    fail("cannot write '", path_, "' (is the disk full?); the last checkpoint (",
+         none ? "none written by this run" : *last_checkpoint_, ") is intact");
+  }
+}
+
+}  // namespace tetrad

@@ -1,0 +1,180 @@
+#include "tetrad/train/training_data.hpp"
+
+#include <filesystem>
+#include <fstream>
+#include <ostream>
+#include <sstream>
+
+#include "tetrad/core/error.hpp"
+#include "tetrad/core/hash.hpp"
+#include "tetrad/core/json.hpp"
+#include "tetrad/data/tokenizer.hpp"
+
+namespace fs = std::filesystem;
+
+namespace tetrad {
+
+DataInfo read_data_info(const std::string& data_dir, const ModelConfig& model) {
+  const std::string meta_path = data_dir + "/meta.json";
+  std::ifstream f(meta_path);
+  if (!f)
+    fail("data folder '", data_dir, "' has no meta.json; prepare it first with `tetrad prepare "
+         "--input <text> --out ", data_dir, "`");
+  std::stringstream text;
+  text << f.rdbuf();
+  const nlohmann::json j = parse_json_file_text(text.str(), "'" + meta_path + "'");
+  DataInfo d;
+  try {
+    d.vocab_size = j.at("tokenizer").at("vocab_size").get<int>();
+    d.tokenizer_identity =
+        std::stoull(j.at("tokenizer").at("identity").get<std::string>(), nullptr, 16);
+  } catch (const std::exception& e) {
+    fail("'", meta_path, "' lacks tokenizer.vocab_size / tokenizer.identity: ", e.what());
+  }
+  if (d.vocab_size > model.vocab_size)
+    fail("the tokenizer of '", data_dir, "' has ", d.vocab_size,
+         " tokens but model.vocab_size is ", model.vocab_size,
+         "; set model.vocab_size >= ", d.vocab_size);
+  // Data folders from before tokenizer.json support name no file: theirs is tokenizer.model.
+  const auto& tj = j["tokenizer"];
+  d.tokenizer_path = data_dir + "/" +
+                     (tj.contains("file") && tj["file"].is_string() ? tj["file"].get<std::string>()
+                                                                    : std::string("tokenizer.model"));
+  return d;
+}
+
+void check_data_tokenizer(const std::string& data_dir, const DataInfo& d) {
+  const std::string file = fs::path(d.tokenizer_path).filename().string();
+  std::error_code ec;
+  if (!fs::exists(d.tokenizer_path, ec))
+    fail("data folder '", data_dir, "' has no ", file, " (the shards' tokenizer, kept with every "
+         "checkpoint); prepare the folder again with `tetrad prepare`");
+  uint64_t id = 0;
+  try {
+    id = data::Tokenizer::load(d.tokenizer_path).identity();
+  } catch (const std::exception& e) {
+    fail("data folder '", data_dir, "': ", file, " does not load (damaged?): ", e.what());
+  }
+  if (id != d.tokenizer_identity)
+    fail("data folder '", data_dir, "': ", file, " (identity ", hex64(id),
+         ") is not the tokenizer the shards were made with (meta.json records ",
+         hex64(d.tokenizer_identity), "); prepare the folder again or restore its ", file);
+}
+
+namespace {
+
+// The folder, its tokenizer and the shards of both splits (validation only where evaluation is
+// on) open and match the tokenizer and model now, not at the first evaluation after compute was
+// spent.
+DataInfo checked_folder(const RunConfig& cfg, const DataSlot& s) {
+  const TrainConfig& t = cfg.train;
+  const DataInfo data = read_data_info(cfg.data_dir, cfg.model);
+  check_data_tokenizer(cfg.data_dir, data);
+  data::LoaderOptions o;
+  o.tokenizer_identity = data.tokenizer_identity;
+  o.model_vocab = cfg.model.vocab_size;
+  o.shuffle = false;
+  const data::DataLoader train_split(cfg.data_dir, "train", s.local_batch, s.seq_len, s.slot,
+                                     s.replicas, t.seed, o);
+  if (t.eval_interval > 0) {
+    try {
+      const data::DataLoader val_split(cfg.data_dir, "val", s.local_batch, s.seq_len, s.slot,
+                                       s.replicas, t.seed, o);
+    } catch (const Error& e) {
+      fail(e.what(), " (validation is on, train.eval_interval = ", t.eval_interval,
+           ": prepare with a larger --val-fraction, or set train.eval_interval = 0)");
+    }
+  }
+  return data;
+}
+
+data::LoaderOptions loader_options(const DataInfo& d, const ModelConfig& model) {
+  data::LoaderOptions o;
+  o.tokenizer_identity = d.tokenizer_identity;
+  o.model_vocab = model.vocab_size;
+  return o;
+}
+
+}  // namespace
+
+TrainingData::TrainingData(const RunConfig& cfg, const DataSlot& s)
+    : cfg_(cfg),
+      slot_(s),
+      info_(checked_folder(cfg, s)),
+      opt_(loader_options(info_, cfg.model)),
+      loader_(cfg.data_dir, "train", s.local_batch, s.seq_len, s.slot, s.replicas, cfg.train.seed,
+              opt_),
+      mask_{parse_loss_mask(cfg.train.loss_mask), cfg.train.goldfish_k, cfg.train.goldfish_h,
+            cfg.train.seed},
+      inputs_(size_t(cfg.train.grad_accum) * s.local_batch * s.seq_len),
+      targets_(inputs_.size()) {}
+
+std::array<double, 2> TrainingData::next_step(int64_t step) {
+  const int B = slot_.local_batch, T = slot_.seq_len, accum = cfg_.train.grad_accum;
+  std::array<double, 2> counts = {0, 0};  // kept targets, dropped by the loss mask
+  // All micro-batches of the step first, so the loss normaliser (kept targets over the whole
+  // global batch) is known before any backward.
+  for (int m = 0; m < accum; ++m)
+    loader_.next_batch(inputs_.data() + size_t(m) * B * T, targets_.data() + size_t(m) * B * T);
+  for (int m = 0; m < accum; ++m)
+    counts[1] += double(apply_loss_mask(mask_, targets_.data() + size_t(m) * B * T, B, T, step, m,
+                                        slot_.replicas, slot_.slot));
+  for (int32_t y : targets_) counts[0] += y >= 0;
+  return counts;
+}
+
+nlohmann::json TrainingData::position() const {
+  const TrainConfig& t = cfg_.train;
+  // The loader's position is the job's position in the global window stream (the same on
+  // every replica); replica r's next window is stream position cursor + r (data/loader.hpp).
+  const auto ls = loader_.state();
+  nlohmann::json next = nlohmann::json::array();
+  for (int r = 0; r < slot_.replicas; ++r) next.push_back(ls.cursor + uint64_t(r));
+  return {{"epoch", ls.epoch}, {"cursor", ls.cursor}, {"replicas", slot_.replicas},
+          {"micro_batch", t.micro_batch}, {"seq_len", slot_.seq_len}, {"grad_accum", t.grad_accum},
+          {"replica_next_position", next}, {"seed", t.seed}};
+}
+
+// The position is the job's, so it holds for any number of data replicas or micro-batch split
+// (the batches are then those of the new layout from that position on); a different sequence
+// length numbers the windows differently, so that is refused.
+void TrainingData::restore(const nlohmann::json& d, const std::string& dir) {
+  if (d.is_object() && d.empty()) return;  // an imported model: the data from the start
+  const int T = slot_.seq_len;
+  try {
+    const int saved_T = d.at("seq_len").get<int>();
+    if (saved_T != T)
+      fail("checkpoint ", dir, " was trained with train.seq_len = ", saved_T, " but the config has ",
+           T, "; the data windows would not continue where they stopped (set train.seq_len = ",
+           saved_T, " or start a new run.dir)");
+    loader_.restore(data::LoaderState{d.at("epoch").get<uint64_t>(), d.at("cursor").get<uint64_t>()});
+  } catch (const nlohmann::json::exception& e) {
+    fail("checkpoint ", dir, " lacks the data position: ", e.what());
+  }
+}
+
+void TrainingData::restore_legacy(const nlohmann::json& info, const std::string& dir) {
+  try {
+    loader_.restore(data::LoaderState{info.at("data_epoch").get<uint64_t>(),
+                                      info.at("data_cursor").get<uint64_t>()});
+  } catch (const nlohmann::json::exception& e) {
+    fail("checkpoint '", dir, "' lacks the data position: ", e.what());
+  }
+}
+
+data::DataLoader TrainingData::validation_loader() const {
+  data::LoaderOptions o = opt_;
+  o.shuffle = false;
+  return data::DataLoader(cfg_.data_dir, "val", slot_.local_batch, slot_.seq_len, slot_.slot,
+                          slot_.replicas, cfg_.train.seed, o);
+}
+
+void TrainingData::describe_loss_mask(std::ostream& out) const {
+  const TrainConfig& t = cfg_.train;
+  if (mask_.mode == LossMaskMode::None) return;
+  out << "loss mask: " << t.loss_mask << " (k = " << t.goldfish_k
+      << (mask_.mode == LossMaskMode::Goldfish ? ", h = " + std::to_string(t.goldfish_h) : std::string())
+      << "): about 1 in " << t.goldfish_k << " targets dropped from the loss\n";
+}
+
+}  // namespace tetrad

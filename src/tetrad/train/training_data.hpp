@@ -1,0 +1,89 @@
+// The training data of a run: the data folder checked before any compute (meta.json, the
+// tokenizer the shards were made with, both splits' shards against the model's vocabulary), the
+// training split's loader for this rank's slot of the Z x D replicas, the loss mask, the batch of
+// a step (grad_accum micro-batches of B x T), the data position a checkpoint records and its
+// restore, and the validation split's loader.
+//
+// Failures: a data folder that cannot be used throws Error naming the folder and the way out.
+#pragma once
+#include <array>
+#include <cstdint>
+#include <iosfwd>
+#include <string>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+#include "tetrad/data/loader.hpp"
+#include "tetrad/model/model_config.hpp"
+#include "tetrad/train/config.hpp"
+#include "tetrad/train/loss_mask.hpp"
+
+namespace tetrad {
+
+// The data folder's tokenizer identity and vocabulary, checked against the model.
+struct DataInfo {
+  uint64_t tokenizer_identity = 0;
+  int vocab_size = 0;
+  std::string tokenizer_path;
+};
+
+// Reads data_dir/meta.json; refuses a tokenizer larger than the model's vocabulary.
+DataInfo read_data_info(const std::string& data_dir, const ModelConfig& model);
+
+// Before any compute: the data folder's tokenizer is there, loads, and is the one the shards
+// were made with (it is copied into every checkpoint; `generate` needs it).
+void check_data_tokenizer(const std::string& data_dir, const DataInfo& d);
+
+// This rank's part of each micro-batch: `local_batch` of its sequences, slot `slot` of
+// `replicas` (the Z x D ranks split the micro-batch's sequences).
+struct DataSlot {
+  int local_batch = 1, seq_len = 1;
+  int slot = 0, replicas = 1;
+};
+
+class TrainingData {
+ public:
+  // Checks the folder (above) and the shards of both splits (validation only where evaluation
+  // is on), then opens the training split.
+  TrainingData(const RunConfig& cfg, const DataSlot& slot);
+
+  const DataInfo& info() const { return info_; }
+  const DataSlot& slot() const { return slot_; }
+
+  // The batch of step `step` (0-based): grad_accum micro-batches read into inputs() and
+  // targets() (micro-batch m at m x B x T), the loss mask applied. Returns {targets kept,
+  // targets the mask dropped} on this rank.
+  std::array<double, 2> next_step(int64_t step);
+  std::vector<int32_t>& inputs() { return inputs_; }
+  std::vector<int32_t>& targets() { return targets_; }
+
+  // The loader's position (the job's position in the global window stream, the same on every
+  // replica).
+  data::LoaderState state() const { return loader_.state(); }
+  // The sharded checkpoint's "data" record: the position and the layout it was read with.
+  nlohmann::json position() const;
+  // Continues where a checkpoint left off: a sharded checkpoint's "data" record (an empty object:
+  // an imported model, from the start), or a run checkpoint's info (data_epoch, data_cursor).
+  // Throws Error naming `dir` when the record lacks the position or was for another seq_len.
+  void restore(const nlohmann::json& data, const std::string& dir);
+  void restore_legacy(const nlohmann::json& info, const std::string& dir);
+
+  // A fresh loader of the validation split, from its start (unshuffled).
+  data::DataLoader validation_loader() const;
+
+  bool masking() const { return mask_.mode != LossMaskMode::None; }
+  // "loss mask: ..." when a mask is on.
+  void describe_loss_mask(std::ostream& out) const;
+
+ private:
+  const RunConfig& cfg_;
+  DataSlot slot_;
+  DataInfo info_;
+  data::LoaderOptions opt_;
+  data::DataLoader loader_;
+  LossMask mask_;
+  std::vector<int32_t> inputs_, targets_;
+};
+
+}  // namespace tetrad

@@ -1,0 +1,44 @@
+#include "tetrad/train/validator.hpp"
+
+#include <algorithm>
+#include <iomanip>
+#include <ostream>
+#include <vector>
+
+namespace tetrad {
+
+Validator::Validator(const RunConfig& cfg, const TrainingData& data,
+                     parallel::ParallelTransformer& model, parallel::PipelineDriver* pipe,
+                     const parallel::ProcessGroups& groups, MetricsLog& metrics, std::ostream& out,
+                     bool quiet)
+    : data_(data),
+      model_(model),
+      pipe_(pipe),
+      groups_(groups),
+      metrics_(metrics),
+      out_(out),
+      quiet_(quiet),
+      interval_(cfg.train.eval_interval),
+      batches_(cfg.train.eval_batches) {}
+
+double Validator::run(int64_t at_step) {
+  const int B = data_.slot().local_batch, T = data_.slot().seq_len;
+  data::DataLoader val = data_.validation_loader();
+  double sums[2] = {0, 0};
+  std::vector<int32_t> vi(size_t(B) * T), vt(vi.size());
+  for (int i = 0; i < batches_; ++i) {
+    val.next_batch(vi.data(), vt.data());
+    sums[0] += pipe_ ? pipe_->forward_loss(vi.data(), vt.data(), B, T)
+                     : model_.forward_loss(vi.data(), vt.data(), B, T);
+    for (int32_t y : vt) sums[1] += y >= 0;
+  }
+  if (groups_.tokens().size() > 1) groups_.tokens().allreduce_sum(sums, 2);
+  if (pipe_) groups_.p().allreduce_sum(sums, 1);  // the loss is on the last stage
+  const double vl = sums[0] / std::max(sums[1], 1.0);
+  metrics_.write(val_record(at_step, vl));
+  if (!quiet_) out_ << "step " << at_step << " | val loss " << std::fixed << std::setprecision(4)
+                    << vl << std::defaultfloat << "\n";
+  return vl;
+}
+
+}  // namespace tetrad
