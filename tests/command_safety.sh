@@ -12,6 +12,8 @@
 #            first; leftovers of a killed one are removed by the next
 #   resume_identity  resume with another seed, other data or another tokenizer: refused by name;
 #            --allow-data-change continues and records it in metrics.jsonl
+#   model_size  a config.json with absurd sizes: import, generate, logits, export, eval refuse
+#            before allocating, naming the sizes and the memory
 #   final_state  a run whose weights end non-finite exits 1 saying what the latest checkpoint is
 #   early_signal SIGTERM during start-up stops cleanly before the first step (exit 0, checkpoint)
 source "$(dirname "${BASH_SOURCE[0]}")/cli_common.sh" "$1"
@@ -274,6 +276,40 @@ case_resume_identity() {
   works "resume after the allowed change" "$TETRAD" train "${T[@]}" --set run.dir="$W/r" \
     --set train.max_steps=10 --resume --set train.seed=7 --set data.dir="$W/data2"
   grep -q "continuing with a change" "$W/out" && bad "the accepted change was reported again"
+}
+
+case_model_size() {
+  # A config.json with absurd sizes: every command that builds a model from it refuses before
+  # allocating (in well under a second, with little memory), naming the sizes and the memory.
+  train_run "$W/r" 2
+  "$TETRAD" export --model "$W/r" --out "$W/hf" > /dev/null 2>&1 || { echo "export failed"; exit 1; }
+  set_config() {  # set_config DIR KEY VALUE
+    python3 -c "import json,sys; p=sys.argv[1]+'/config.json'; c=json.load(open(p)); c[sys.argv[2]]=int(sys.argv[3]); json.dump(c,open(p,'w'))" "$@"
+  }
+  local case key val
+  for case in n_layer=1000000000 n_layer=100000 n_layer=1000000 n_embd=1073741824 vocab_size=200000000 n_positions=1000000000; do
+    key=${case%=*}; val=${case#*=}
+    rm -rf "$W/big"; cp -r "$W/hf" "$W/big"; set_config "$W/big" "$key" "$val"
+    [ $key = n_embd ] && set_config "$W/big" n_head 1
+    for cmd in "import --hf $W/big --out $W/imp" "generate --model $W/big -n 2" "logits --model $W/big --tokens 1,2 --out $W/l" \
+               "export --model $W/big --out $W/exp" "eval --model $W/big --data $W/data --split train --batches 1"; do
+      /usr/bin/time -f "%e %M" -o "$W/time" "$TETRAD" $cmd > "$W/out" 2>&1; local rc=$?
+      read -r secs kb < <(tail -1 "$W/time")
+      if [ $rc -eq 1 ] && grep -q "nothing was allocated" "$W/out" && [ "$kb" -lt 1000000 ]; then
+        ok "$key=$val: ${cmd%% *} refused in $secs s, $((kb / 1024)) MiB ($(grep -o 'needs at least [^(]*\|at least [0-9.]* [GM]iB in 16-bit' "$W/out" | head -1))"
+      else bad "$key=$val: ${cmd%% *}: status $rc, $secs s, $((kb / 1024)) MiB"; fi
+    done
+    [ ! -e "$W/imp" ] && [ ! -e "$W/exp" ] || bad "$key=$val: a refused command left output"
+  done
+  # Weights that could hold the parameters (a sparse file) but more than the machine's memory:
+  # refused naming the memory there is.
+  rm -rf "$W/big"; cp -r "$W/hf" "$W/big"; set_config "$W/big" n_layer 1000000
+  truncate -s 200G "$W/big/model.safetensors"
+  refused "a model larger than the machine's memory" "available (MemAvailable" "$TETRAD" import --hf "$W/big" --out "$W/imp"
+  refused "generate of a model larger than the machine's memory" "available (" "$TETRAD" generate --model "$W/big" -n 2
+  # The right sizes still work.
+  works "import of the model as it was" "$TETRAD" import --hf "$W/hf" --out "$W/imp"
+  works "generate with the model as it was" "$TETRAD" generate --model "$W/hf" -n 2
 }
 
 "case_$CASE"
