@@ -654,13 +654,16 @@ struct PipelineParts {
 
 PipelineParts pipeline_parts(const PlanInput& in, const GridShape& g, const parallel::LayerSplit& layer_split,
                              const ComputeTimes& t, const CommSums& sums, const LayerComm& lc, int64_t mcount) {
-  const int v = in.virtual_stages;
+  // Chunks per stage: the split's (parallel.virtual_stages with a pipeline axis; without one the
+  // model runs every layer as one chunk whatever the schedule says, layer_split_of).
+  const int v = layer_split.virtual_stages() / g.p();
+  TETRAD_CHECK(v >= 1 && layer_split.virtual_stages() == g.p() * v);
   const double layer_time = t.layer_fwd + t.layer_bwd;
   const double fwd_share = t.layer_fwd / layer_time;
   const std::vector<int> split = layer_split.counts();
   auto op_parts = [&](int stage, const parallel::PipeOp& op) {
     const int j = op.chunk * g.p() + stage, V = g.p() * v;
-    const double nl = split[size_t(j)];
+    const double nl = split.at(size_t(j));
     const double share = op.forward ? fwd_share : 1 - fwd_share;  // of the layer's comm
     OpParts o;
     o.compute = nl * (op.forward ? t.layer_fwd : t.layer_bwd);
