@@ -16,6 +16,7 @@
 #include "tetrad/backend/machine_cache.hpp"
 #include "tetrad/backend/cpu/ops.hpp"
 #include "tetrad/backend/cpu/precision.hpp"
+#include "tetrad/backend/cpu/precision_auto.hpp"
 #include "tetrad/backend/cpu/split_ops.hpp"
 #include "tetrad/core/cpu.hpp"
 #include "tetrad/core/error.hpp"

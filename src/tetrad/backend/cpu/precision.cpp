@@ -1,5 +1,4 @@
 #include "tetrad/backend/cpu/precision.hpp"
-#include "tetrad/backend/cpu/precision_auto.hpp"
 
 #include <algorithm>
 #include <array>
@@ -71,32 +70,6 @@ const Bf16Probe& probed() {
   return p;
 }
 }  // namespace
-
-namespace {
-// TETRAD_PRECISION_AUTO = fp32 | bf16 forces the choice; "measure" only re-measures
-// (precision_auto.hpp) and is no override.
-const char* auto_override() {
-  const char* e = std::getenv("TETRAD_PRECISION_AUTO");
-  return e && *e && std::string(e) != "measure" ? e : nullptr;
-}
-}  // namespace
-
-Precision auto_precision() {
-  if (const char* e = auto_override()) {
-    const std::string v = e;
-    if (v != "fp32" && v != "bf16")
-      fail("TETRAD_PRECISION_AUTO = \"", v, "\": expected \"fp32\" or \"bf16\" (what precision "
-           "\"auto\" resolves to) or \"measure\" (measure it again)");
-    return backend::parse_precision(v);
-  }
-  return native_bf16_matmul() ? measured_precision().choice.precision : Precision::FP32;
-}
-
-std::string auto_precision_reason() {
-  if (const char* e = auto_override()) return std::string("forced by TETRAD_PRECISION_AUTO=") + e;
-  return native_bf16_matmul() ? measured_precision().choice.why
-                              : "bf16 would be " + bf16_matmul_path();
-}
 
 static bool g_force_emulation = false;
 void set_bf16_emulation_forced(bool on) { g_force_emulation = on; }

@@ -40,10 +40,8 @@ namespace tetrad::kernels {
 
 using backend::Precision;  // the one precision type (backend/precision.hpp)
 
-// What precision "auto" means on this CPU (see above; a bad TETRAD_PRECISION_AUTO throws Error
-// naming the choices), and why, one phrase ("bf16 GEMMs 1790 GFLOP/s >= 120% of fp32's ...").
-Precision auto_precision();
-std::string auto_precision_reason();
+// What precision "auto" means on this CPU: auto_precision() and auto_precision_reason() in
+// backend/cpu/precision_auto.hpp.
 
 // Whether bf16 GEMMs run on bf16 hardware here (AMX-BF16 or AVX512-BF16, and oneDNN built a bf16
 // matmul for it). Probed once, thread-safe.

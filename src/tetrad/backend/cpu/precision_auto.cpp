@@ -196,4 +196,30 @@ MeasuredChoice measured_precision(bool remeasure) {
   return out;
 }
 
+namespace {
+// TETRAD_PRECISION_AUTO = fp32 | bf16 forces the choice; "measure" only re-measures
+// (precision_auto.hpp) and is no override.
+const char* auto_override() {
+  const char* e = std::getenv("TETRAD_PRECISION_AUTO");
+  return e && *e && std::string(e) != "measure" ? e : nullptr;
+}
+}  // namespace
+
+Precision auto_precision() {
+  if (const char* e = auto_override()) {
+    const std::string v = e;
+    if (v != "fp32" && v != "bf16")
+      fail("TETRAD_PRECISION_AUTO = \"", v, "\": expected \"fp32\" or \"bf16\" (what precision "
+           "\"auto\" resolves to) or \"measure\" (measure it again)");
+    return backend::parse_precision(v);
+  }
+  return native_bf16_matmul() ? measured_precision().choice.precision : Precision::FP32;
+}
+
+std::string auto_precision_reason() {
+  if (const char* e = auto_override()) return std::string("forced by TETRAD_PRECISION_AUTO=") + e;
+  return native_bf16_matmul() ? measured_precision().choice.why
+                              : "bf16 would be " + bf16_matmul_path();
+}
+
 }  // namespace tetrad::kernels

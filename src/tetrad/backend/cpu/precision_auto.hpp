@@ -24,6 +24,12 @@ namespace tetrad::kernels {
 
 using backend::Precision;
 
+// What precision "auto" means on this CPU (a bad TETRAD_PRECISION_AUTO throws Error naming the
+// choices): TETRAD_PRECISION_AUTO=fp32|bf16 if set, fp32 where bf16 GEMMs would be emulated, else
+// measured_precision() below; and why, one phrase ("bf16 GEMMs 1790 GFLOP/s >= 120% of ...").
+Precision auto_precision();
+std::string auto_precision_reason();
+
 // bf16 must be this much faster than fp32 to be chosen.
 constexpr double kBf16Margin = 1.2;
 
