@@ -261,6 +261,7 @@ TrainResult train(const RunConfig& cfg, const TrainOptions& opt, std::ostream& l
   const StopSignals signals(launch.open_mpi);
   Device device(t.device);
   RunPlan plan = resolve_run_plan(cfg, launch, *device.be);
+  if (launch.world > 1) check_precision_agreed(plan, comm::Communicator::world());
   ProcessGroups groups =
       launch.world > 1 ? ProcessGroups(comm::Communicator::world(), plan.grid) : ProcessGroups();
   const bool root = groups.world.rank() == 0;
