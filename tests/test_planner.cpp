@@ -729,6 +729,7 @@ TEST(PlannerModel, OverlapContentionCostsTheComputeItHidesBehind) {
   ASSERT_GT(gpu.collective_units, 0);
   Machine free_comm = gpu;
   free_comm.collective_units = 0;
+  free_comm.overlap_slowdown = 0;
   PlanInput in = input("gpt2-124m", 8, 64, 0);
   in.micro_batch = 0;
   in.micro_batch_per_replica = 8;
