@@ -268,6 +268,45 @@ TEST_P(Conformance, GemmBf16StoredOperands) {
     }
 }
 
+// K = 0: no products; C = beta C (beta 0 overwrites C, NaN included), in every layout and
+// precision, operands stored either way. (The CUDA backend once refused K = 0.)
+TEST_P(Conformance, GemmWithKZeroScalesC) {
+  const Capabilities& caps = be_->capabilities();
+  for (int layout = 0; layout < 4; ++layout)
+    for (int form = 0; form < 3; ++form) {  // 0 fp32, 1 bf16 math on fp32, 2 bf16-stored A and B
+      if (form == 1 && !caps.gemm_bf16) continue;
+      if (form == 2 && !caps.gemm_bf16_storage) continue;
+      for (float beta : {0.0f, 0.5f, 1.0f}) {
+        const bool ta = layout & 1, tb = layout & 2;
+        const int64_t M = randint(1, 20), N = randint(1, 20), ldc = N + randint(0, 3);
+        const int64_t lda = ta ? M : 1, ldb = tb ? 1 : N;  // the stored rows of a K = 0 operand
+        VF C0 = rand(static_cast<size_t>(M * ldc));
+        if (beta == 0) std::fill(C0.begin(), C0.end(), kNaN);
+        DeviceBuffer dA = up(VF(64, 1.0f)), dB = up(VF(64, 1.0f)), dC = up(C0);
+        GemmArgs g;
+        g.trans_a = ta; g.trans_b = tb; g.M = M; g.N = N; g.K = 0; g.alpha = 1.5f;
+        g.A = dA.data(); g.lda = lda; g.B = dB.data(); g.ldb = ldb; g.beta = beta;
+        g.C = F(dC); g.ldc = ldc;
+        g.precision = form == 0 ? Precision::FP32 : Precision::BF16;
+        g.a_type = g.b_type = form == 2 ? DType::BF16 : DType::F32;
+        ops_->gemm(*q_, g);
+        const VF got = down(dC, C0.size());
+        std::ostringstream what;
+        what << "gemm K=0 " << (ta ? 'T' : 'N') << (tb ? 'T' : 'N') << " " << M << "x" << N
+             << " ldc " << ldc << " beta " << beta << " form " << form << ", " << seed();
+        for (int64_t i = 0; i < M; ++i)
+          for (int64_t j = 0; j < ldc; ++j) {
+            const float c0 = C0[size_t(i * ldc + j)], v = got[size_t(i * ldc + j)];
+            if (j >= N) {  // padding untouched
+              EXPECT_TRUE(std::isnan(c0) ? std::isnan(v) : v == c0) << what.str();
+              continue;
+            }
+            ASSERT_EQ(v, beta == 0 ? 0.0f : beta * c0) << what.str() << " at " << i << "," << j;
+          }
+      }
+    }
+}
+
 // ---- bias, residual, add, sums --------------------------------------------------------------
 
 TEST_P(Conformance, BiasResidualAddAndBiasGrad) {

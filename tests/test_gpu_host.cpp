@@ -5,7 +5,9 @@
 // with padded leading dimensions, and compared with the row-major product.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <random>
+#include <string>
 #include <vector>
 
 #include "tetrad/backend/cuda/gemm_mapping.hpp"
@@ -79,6 +81,49 @@ TEST(GpuHost, LeadingDimensionCheck) {
   EXPECT_FALSE(tetrad::gpu::row_major_ld_ok(false, 4, 6, 5));
   EXPECT_TRUE(tetrad::gpu::row_major_ld_ok(true, 4, 6, 4));
   EXPECT_FALSE(tetrad::gpu::row_major_ld_ok(true, 4, 6, 3));
+}
+
+// The casts in front of a bf16 product: each fp32-stored operand's stored matrix (rows x cols as
+// the transpose flag stores it) gets a compact bf16 copy at a 256-byte aligned offset of one
+// scratch; bf16-stored operands are read in place; the scratch holds both copies, no overlap.
+TEST(GpuHost, Bf16GemmCastsPlanCompactAlignedCopies) {
+  using tetrad::gpu::GemmCasts;
+  using tetrad::gpu::plan_gemm_casts;
+  for (int ta = 0; ta < 2; ++ta)
+    for (int tb = 0; tb < 2; ++tb)
+      for (int form = 0; form < 4; ++form) {  // bit 0: A fp32-stored, bit 1: B fp32-stored
+        const int64_t M = 37, N = 13, K = 29, lda = (ta ? M : K) + 3, ldb = (tb ? K : N) + 5;
+        const bool a32 = form & 1, b32 = form & 2;
+        const GemmCasts g = plan_gemm_casts(ta, tb, M, N, K, lda, ldb, a32, b32);
+        const std::string what = "ta=" + std::to_string(ta) + " tb=" + std::to_string(tb) +
+                                 " form=" + std::to_string(form);
+        EXPECT_EQ(g.a.cast, a32) << what;
+        EXPECT_EQ(g.b.cast, b32) << what;
+        EXPECT_TRUE(g.a.is_a && !g.b.is_a) << what;
+        EXPECT_EQ(g.a.rows, ta ? K : M) << what;
+        EXPECT_EQ(g.a.cols, ta ? M : K) << what;
+        EXPECT_EQ(g.a.ld, lda) << what;
+        EXPECT_EQ(g.b.rows, tb ? N : K) << what;
+        EXPECT_EQ(g.b.cols, tb ? K : N) << what;
+        EXPECT_EQ(g.b.ld, ldb) << what;
+        const size_t a_bytes = size_t(M * K) * 2, b_bytes = size_t(K * N) * 2;
+        size_t need = 0;
+        if (a32) {
+          EXPECT_EQ(g.a.offset % 256, 0u) << what;
+          need = g.a.offset + a_bytes;
+        }
+        if (b32) {
+          EXPECT_EQ(g.b.offset % 256, 0u) << what;
+          if (a32) {
+            EXPECT_GE(g.b.offset, g.a.offset + a_bytes) << what << ": the copies overlap";
+          }
+          need = std::max(need, g.b.offset + b_bytes);
+        }
+        EXPECT_GE(g.bytes, need) << what;
+        if (!a32 && !b32) {
+          EXPECT_EQ(g.bytes, 0u) << what;
+        }
+      }
 }
 
 // One rank per GPU: the node-local rank from whichever launcher set it picks the device.

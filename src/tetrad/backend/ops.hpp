@@ -49,7 +49,9 @@ const char* dtype_name(DType t);
 // transposed) with leading dimension lda, B [K,N] ([N,K]) with ldb; C is fp32 [M,N] with ldc.
 // a_type / b_type: how A and B are stored (F32, or BF16 storage where Capabilities::
 // gemm_bf16_storage); precision: the arithmetic (BF16 rounds fp32-stored operands to bf16).
-// beta == 0 overwrites C (NaN in C does not propagate).
+// beta == 0 overwrites C (NaN in C does not propagate). K == 0: no products, C = beta * C.
+// BF16 rounds each fp32-stored operand to bf16 (nearest even) and multiplies the rounded values
+// exactly, summing in fp32: every backend's bf16 product is that one (no TF32, no other rounding).
 // How a bf16 GEMM computes its product (backends with Capabilities::gemm_product_forms; others
 // ignore it): Default follows the kernel's own policy (the CPU's TETRAD_GEMM_LAYOUT, "rule" unless
 // set); Plain computes C as stored; Transposed computes Cᵀ = op(B)ᵀ·op(A)ᵀ into a scratch added

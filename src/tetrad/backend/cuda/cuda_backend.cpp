@@ -11,6 +11,7 @@
 #include <vector>
 
 #include "tetrad/backend/cuda/gemm.hpp"
+#include "tetrad/backend/cuda/gemm_mapping.hpp"
 #include "tetrad/backend/cuda/gpu_api.hpp"
 #include "tetrad/backend/cuda/kernels.hpp"
 #include "tetrad/backend/gpu_parts.hpp"
@@ -261,27 +262,33 @@ void op_gemm(Queue& q, const GemmArgs& a) {
   };
   c.a_type = type(a.a_type, "A");
   c.b_type = type(a.b_type, "B");
+  // A bf16-stored operand makes the product a bf16 one whatever a.precision says (as the CPU).
   const bool any_bf16 = c.a_type == g::GemmType::BF16 || c.b_type == g::GemmType::BF16;
-  if (any_bf16 && a.precision != Precision::BF16)
-    fail("cuda backend: bf16-stored GEMM operands need Precision::BF16");
-  c.math = a.precision == Precision::BF16 ? g::GemmMath::BF16 : g::GemmMath::FP32;
-  if (c.math == g::GemmMath::BF16 && c.a_type != c.b_type) {
-    // One operand stored bf16, the other fp32: round the fp32 one into scratch (same arithmetic).
-    const bool a_is_f32 = c.a_type == g::GemmType::F32;
-    const int64_t rows = a_is_f32 ? (a.trans_a ? a.K : a.M) : (a.trans_b ? a.N : a.K);
-    const int64_t cols = a_is_f32 ? (a.trans_a ? a.M : a.K) : (a.trans_b ? a.K : a.N);
-    const int64_t ld = a_is_f32 ? a.lda : a.ldb;
-    auto* tmp = static_cast<uint16_t*>(queue_of(q).workspace(size_t(rows * cols) * 2));
-    g::cast_f32_to_bf16(tmp, cols, static_cast<const float*>(a_is_f32 ? a.A : a.B), ld, rows, cols,
-                        stream_of(q));
-    if (a_is_f32) {
-      c.A = tmp;
-      c.lda = cols;
-      c.a_type = g::GemmType::BF16;
-    } else {
-      c.B = tmp;
-      c.ldb = cols;
-      c.b_type = g::GemmType::BF16;
+  c.math = a.precision == Precision::BF16 || any_bf16 ? g::GemmMath::BF16 : g::GemmMath::FP32;
+  if (c.math == g::GemmMath::BF16 && a.K > 0 && a.M > 0 && a.N > 0) {
+    // bf16 math rounds every fp32-stored operand to bf16 (nearest even, the CPU's rounding) into
+    // scratch, then runs bf16 x bf16 with fp32 accumulation (gemm.hpp). One workspace request
+    // for both, so the second cannot move the first.
+    const g::GemmCasts casts =
+        g::plan_gemm_casts(a.trans_a, a.trans_b, a.M, a.N, a.K, a.lda, a.ldb,
+                           c.a_type == g::GemmType::F32, c.b_type == g::GemmType::F32);
+    if (casts.bytes > 0) {
+      auto* base = static_cast<unsigned char*>(queue_of(q).workspace(casts.bytes));
+      for (const g::GemmCasts::Operand& o : {casts.a, casts.b}) {
+        if (!o.cast) continue;
+        auto* tmp = reinterpret_cast<uint16_t*>(base + o.offset);
+        g::cast_f32_to_bf16(tmp, o.cols, static_cast<const float*>(o.is_a ? a.A : a.B), o.ld,
+                            o.rows, o.cols, stream_of(q));
+        if (o.is_a) {
+          c.A = tmp;
+          c.lda = o.cols;
+          c.a_type = g::GemmType::BF16;
+        } else {
+          c.B = tmp;
+          c.ldb = o.cols;
+          c.b_type = g::GemmType::BF16;
+        }
+      }
     }
   }
   queue_of(q).gemm().run(c, stream_of(q));

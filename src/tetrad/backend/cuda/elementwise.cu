@@ -104,6 +104,17 @@ __global__ void k_position_add(float* out, const float* pos, int64_t N, int64_t 
     out[i] += pos[(t % T) * C + c];
   }
 }
+__global__ void k_gemm_empty(float* C, int64_t ldc, int64_t M, int64_t N, float beta,
+                             const float* bias) {
+  const int64_t n = M * N;
+  for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < n;
+       i += int64_t(gridDim.x) * blockDim.x) {
+    const int64_t r = i / N, c = i - r * N;
+    float& out = C[r * ldc + c];
+    const float kept = beta == 0.0f ? 0.0f : beta * out;
+    out = bias ? kept + bias[c] : kept;
+  }
+}
 __global__ void k_round_bf16(float* x, int64_t n) {
   for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < n;
        i += int64_t(gridDim.x) * blockDim.x)
@@ -170,6 +181,12 @@ void position_add(float* out, const float* pos, int64_t N, int64_t T, int64_t C,
   if (N * C <= 0) return;
   k_position_add<<<grid_for(N * C), kThreads, 0, s>>>(out, pos, N, T, C);
   TETRAD_LAUNCH_CHECK("position_add");
+}
+void gemm_empty_product(float* C, int64_t ldc, int64_t M, int64_t N, float beta,
+                        const float* bias, gpuStream_t s) {
+  if (M * N <= 0) return;
+  k_gemm_empty<<<grid_for(M * N), kThreads, 0, s>>>(C, ldc, M, N, beta, bias);
+  TETRAD_LAUNCH_CHECK("gemm_empty_product");
 }
 void round_to_bf16(float* x, int64_t n, gpuStream_t s) {
   if (n <= 0) return;

@@ -34,6 +34,10 @@ void add_bias(float* out, const float* bias, int64_t ntok, int64_t OC, int64_t l
 void bias_backward(float* dbias, const float* dout, int64_t ntok, int64_t OC, int64_t ld,
                    float* scratch, gpuStream_t s);
 int64_t column_sum_scratch(int64_t ntok, int64_t cols);
+// A GEMM with K = 0 (no products): C[M, N] (row stride ldc) = beta C (+ bias[N] on every row);
+// beta 0 overwrites C, NaN included (the op table's GEMM contract).
+void gemm_empty_product(float* C, int64_t ldc, int64_t M, int64_t N, float beta,
+                        const float* bias, gpuStream_t s);
 
 // Casts: bf16 is stored as uint16_t (round to nearest even, NaN kept quiet, as the CPU's
 // float_to_bf16). out[r * ldo + c] = cast(in[r * ldi + c]).
