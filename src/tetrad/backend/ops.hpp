@@ -237,7 +237,8 @@ struct OpTable {
                   const int32_t* targets, int64_t v0, int64_t Vs, int64_t N,
                   float grad_scale) = nullptr;
   // Index (among the Vs local columns, lowest on ties) and value of each row's maximum
-  // (greedy decoding); idx, val: (N).
+  // (greedy decoding); idx, val: (N). NaN counts as larger than any number: a row holding NaN
+  // gives its first NaN's index and NaN, so a broken row is seen, never skipped.
   void (*row_argmax)(Queue& q, int32_t* idx, float* val, const float* logits, int64_t N,
                      int64_t Vs, int64_t ld) = nullptr;
 
@@ -253,7 +254,8 @@ struct OpTable {
 
   // ---- optional (null when absent; see Capabilities) --------------------------------------------
   // The cross-entropy pieces above fused for one rank holding the whole vocabulary (V): losses,
-  // logits -> dlogits in place, total[0] = Σ losses.
+  // logits -> dlogits in place, total[0] = Σ losses. A target >= V is an Error naming the first
+  // such position and id, raised before anything is written; targets < 0 are masked rows.
   void (*cross_entropy_fused)(Queue& q, float* logits, float* losses, double* total,
                               const int32_t* targets, int64_t N, int64_t V,
                               float grad_scale) = nullptr;

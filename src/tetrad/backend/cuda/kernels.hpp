@@ -180,7 +180,12 @@ void ce_loss(float* losses, double* total, const double* st, const float* mx,
 void ce_loss_total_in_order(double* total, const float* losses, int64_t N, gpuStream_t s);
 void ce_grad(float* logits, const float* mx, const double* st, const int32_t* targets, int64_t v0,
              int64_t Vs, int64_t N, float grad_scale, gpuStream_t s);
-// idx[t], val[t]: the lowest column index of each row's maximum.
+// *first (device) = the lowest t with targets[t] >= V, or N when there is none: the fused
+// cross-entropy's check, made before it writes anything (the CPU refuses such a target).
+void first_target_at_or_above(int64_t* first, const int32_t* targets, int64_t N, int64_t V,
+                              gpuStream_t s);
+// idx[t], val[t]: the lowest column index of each row's maximum; NaN counts as the largest value
+// (the first NaN of a row wins), as on the CPU.
 void row_argmax(int32_t* idx, float* val, const float* logits, int64_t N, int64_t Vs, int64_t ld,
                 gpuStream_t s);
 // One tensor (an interval) of AdamW, p_bf16 written in the same pass when not null.

@@ -5,6 +5,7 @@
 #include <cmath>
 #include <cstdint>
 
+#include "tetrad/backend/adamw_bias.hpp"
 #include "tetrad/backend/cuda/kernel_common.cuh"
 #include "tetrad/backend/cuda/kernels.hpp"
 
@@ -88,9 +89,8 @@ void adamw_multi(const TensorSpan* spans_dev, const int64_t* offsets_dev, int co
                  int64_t total, float lr, float beta1, float beta2, float eps, float grad_scale,
                  int64_t step, gpuStream_t s) {
   if (total <= 0) return;
-  // As the CPU: the bias corrections in double, rounded to float once.
-  const float bc1 = float(1.0 / (1.0 - std::pow(double(beta1), double(step))));
-  const float bc2 = float(1.0 / (1.0 - std::pow(double(beta2), double(step))));
+  const float bc1 = backend::adamw_bias_correction(beta1, step);  // as the CPU, bit for bit
+  const float bc2 = backend::adamw_bias_correction(beta2, step);
   k_adamw<<<grid_for(total), kThreads, 0, s>>>(spans_dev, offsets_dev, count, total, lr, beta1,
                                                beta2, eps, grad_scale, bc1, bc2);
   TETRAD_LAUNCH_CHECK("adamw_multi");
@@ -111,8 +111,8 @@ void sum_squares_multi(double* out, const float* const* ptrs_dev, const int64_t*
 void adamw(const TensorSpan& sp, float lr, float beta1, float beta2, float eps, float grad_scale,
            int64_t step, gpuStream_t s) {
   if (sp.n <= 0) return;
-  const float bc1 = float(1.0 / (1.0 - std::pow(double(beta1), double(step))));
-  const float bc2 = float(1.0 / (1.0 - std::pow(double(beta2), double(step))));
+  const float bc1 = backend::adamw_bias_correction(beta1, step);  // as the CPU, bit for bit
+  const float bc2 = backend::adamw_bias_correction(beta2, step);
   k_adamw_one<<<grid_for(sp.n), kThreads, 0, s>>>(sp, lr, beta1, beta2, eps, grad_scale, bc1, bc2);
   TETRAD_LAUNCH_CHECK("adamw");
 }
