@@ -1,5 +1,7 @@
 // Host-side logic of the GPU backend that needs no GPU, run in every build: the mapping of a
-// row-major GEMM onto one column-major library call (backend/cuda/gemm_mapping.hpp). The mapped
+// row-major GEMM onto one column-major library call and the bf16 casts in front of it
+// (backend/cuda/gemm_mapping.hpp), the attention kernels' shared-memory layouts and the refusal
+// of a card too small for them (backend/cuda/attention_tiles.hpp), the device choice. The mapped
 // call is executed by a column-major reference product that reads operands exactly as cuBLASLt
 // does (stored rows x cols, leading dimension, then the transpose flag), on fresh random data
 // with padded leading dimensions, and compared with the row-major product.
@@ -10,6 +12,7 @@
 #include <string>
 #include <vector>
 
+#include "tetrad/backend/cuda/attention_tiles.hpp"
 #include "tetrad/backend/cuda/gemm_mapping.hpp"
 #include "tetrad/backend/device_select.hpp"
 #include "tetrad/core/error.hpp"
@@ -124,6 +127,75 @@ TEST(GpuHost, Bf16GemmCastsPlanCompactAlignedCopies) {
           EXPECT_EQ(g.bytes, 0u) << what;
         }
       }
+}
+
+// The attention kernels' shared memory (backend/cuda/attention_tiles.hpp): every layout's pieces
+// in order, 128-byte aligned and not overlapping; WMMA's leading-dimension rules on the bf16 path;
+// every head-dim bucket within sm_80's and sm_90's per-block opt-in (163 KB, 227 KB); and a card
+// with sm_86 / sm_89's 99 KB refused by name at head_dim 128, with the largest head_dim it holds.
+template <typename L>
+void check_layout(const std::vector<size_t>& starts, const char* what) {
+  for (size_t i = 0; i < starts.size(); ++i) {
+    EXPECT_EQ(starts[i] % 128, 0u) << what << " piece " << i;
+    if (i) {
+      EXPECT_LT(starts[i - 1], starts[i]) << what << " piece " << i;
+    }
+  }
+  EXPECT_GE(L::bytes, starts.back()) << what;
+  EXPECT_EQ(L::ldo % 4, 0) << what;  // fp32 WMMA accumulators: ld a multiple of 4
+  EXPECT_EQ(L::lds % 4, 0) << what;
+}
+template <int E, int PAD, int T, int H>
+void check_layouts(const char* what) {
+  using namespace tetrad::gpu::attn;
+  using F = FwdLayout<E, PAD, T, T, H>;
+  using Q = DqLayout<E, PAD, T, T, H>;
+  using K = DkvLayout<E, PAD, T, T, H>;
+  check_layout<F>({F::q, F::k, F::v, F::s, F::p, F::o, F::st}, what);
+  check_layout<Q>({Q::q, Q::dout, Q::k, Q::v, Q::s, Q::dp, Q::ds, Q::dq, Q::st}, what);
+  check_layout<K>({K::k, K::v, K::q, K::dout, K::s, K::p, K::dk, K::dv, K::st}, what);
+  // The pieces hold what they say: each start plus its size at most the next start.
+  EXPECT_LE(F::s + F::scores, F::p) << what;
+  EXPECT_LE(K::dk + K::k_acc, K::dv) << what;
+  EXPECT_LE(K::dv + K::k_acc, K::st) << what;
+  if (E == 2) {  // bf16 WMMA operands: ld a multiple of 8 elements
+    EXPECT_EQ(F::ldt % 8, 0) << what;
+    EXPECT_EQ(F::ldp % 8, 0) << what;
+  }
+}
+
+TEST(GpuHost, AttentionSharedMemoryFitsTheTargetsAndRefusesSmallCardsByName) {
+  using namespace tetrad::gpu::attn;
+  check_layouts<2, kBf16Pad, kBf16Tile, 16>("bf16 hd16");
+  check_layouts<2, kBf16Pad, kBf16Tile, 128>("bf16 hd128");
+  check_layouts<4, kF32Pad, kF32Tile, 16>("fp32 hd16");
+  check_layouts<4, kF32Pad, kF32Tile, 128>("fp32 hd128");
+  EXPECT_EQ(padded_head_dim(48), 64);
+  EXPECT_EQ(padded_head_dim(128), 128);
+  EXPECT_EQ(padded_head_dim(129), 0);
+  EXPECT_EQ(smem_bytes(true, false, 200), 0u);
+  const size_t sm80 = 163 * 1024, sm90 = 227 * 1024, sm89 = 99 * 1024;
+  for (bool bf16 : {false, true})
+    for (int hd : {8, 16, 24, 32, 48, 64, 80, 96, 128}) {
+      const size_t need = std::max(smem_bytes(bf16, false, hd), smem_bytes(bf16, true, hd));
+      EXPECT_GT(need, 0u);
+      EXPECT_LE(need, sm80) << (bf16 ? "bf16" : "fp32") << " hd " << hd;
+      EXPECT_EQ(smem_refusal(sm80, hd, bf16, "A100"), "");
+      EXPECT_EQ(smem_refusal(sm90, hd, bf16, "H200"), "");
+    }
+  // The largest kernel: bf16 dK/dV at head_dim 128 (docs/gpu.md quotes it).
+  EXPECT_EQ(smem_bytes(true, true, 128), 164352u);
+  const std::string card = "NVIDIA GeForce RTX 4090 (compute capability 8.9, device 0)";
+  for (bool bf16 : {false, true}) {
+    const std::string why = smem_refusal(sm89, 128, bf16, card);
+    EXPECT_NE(why.find(card), std::string::npos) << why;
+    EXPECT_NE(why.find("head_dim 128"), std::string::npos) << why;
+    EXPECT_NE(why.find(std::to_string(sm89)), std::string::npos) << why;
+    EXPECT_NE(why.find(std::to_string(std::max(smem_bytes(bf16, false, 128), smem_bytes(bf16, true, 128)))),
+              std::string::npos) << why;
+    EXPECT_NE(why.find("head_dim at most 64"), std::string::npos) << why;
+    EXPECT_EQ(smem_refusal(sm89, 64, bf16, card), "");
+  }
 }
 
 // One rank per GPU: the node-local rank from whichever launcher set it picks the device.

@@ -16,6 +16,7 @@
 #include "tetrad/backend/cpu/attention.hpp"
 #include "tetrad/backend/cpu/ops.hpp"
 #include "tetrad/backend/cpu/precision.hpp"
+#include "tetrad/backend/cuda/attention_tiles.hpp"
 #include "tetrad/backend/cuda/gemm.hpp"
 #include "tetrad/backend/cuda/gpu_api.hpp"
 #include "tetrad/backend/cuda/kernels.hpp"
@@ -93,6 +94,26 @@ class CudaKernels : public ::testing::Test {
   uint64_t seed_ = 0;
   std::mt19937_64 rng_;
 };
+
+// ---- the card ----------------------------------------------------------------------------------
+
+// scripts/gpu-check.sh runs this first and refuses the card by name when it fails: the device's
+// blocks must hold every attention kernel's tiles at every head dim the kernels take (up to 128),
+// on both paths (sm_86 / sm_89 cards allow 99 KB; the bf16 dK/dV kernel at head_dim 128 needs
+// 160.5 KB).
+TEST(CudaDevice, SharedMemoryHoldsEveryAttentionKernel) {
+  std::string why;
+  if (g::device_count(&why) == 0) GTEST_SKIP() << "no CUDA device here: " << why;
+  const g::DeviceInfo d = g::device_info(0);
+  const std::string name = d.name + " (compute capability " + std::to_string(d.cc_major) + "." +
+                           std::to_string(d.cc_minor) + ")";
+  std::printf("card %s: %zu bytes of shared memory per block (opt-in)\n", name.c_str(),
+              d.smem_per_block_optin);
+  for (bool bf16 : {false, true}) {
+    const std::string refusal = tetrad::gpu::attn::smem_refusal(d.smem_per_block_optin, 128, bf16, name);
+    EXPECT_EQ(refusal, "") << "REFUSED: " << refusal;
+  }
+}
 
 // ---- GEMM --------------------------------------------------------------------------------------
 
