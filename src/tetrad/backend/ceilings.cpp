@@ -59,6 +59,25 @@ void finish(Measurement& m) {
   m.median = n % 2 ? s[n / 2] : 0.5 * (s[n / 2 - 1] + s[n / 2]);
 }
 
+// Appends `reps` rates to m.samples: `work` over the seconds each call of `timed` returns, x 1e-9
+// (GFLOP/s for FLOPs, GB/s for bytes).
+template <typename Timed>
+void sample_rates(Measurement& m, int reps, double work, Timed&& timed) {
+  for (int r = 0; r < reps; ++r) m.samples.push_back(work / timed() * 1e-9);
+}
+
+// Calls `call` once untimed (page-in, thread pool, kernel generation), then samples `reps` calls
+// timed on the wall clock.
+template <typename Call>
+void time_calls(Measurement& m, int reps, double work, Call&& call) {
+  call();
+  sample_rates(m, reps, work, [&] {
+    const double t0 = now_s();
+    call();
+    return now_s() - t0;
+  });
+}
+
 struct FreeDeleter {
   void operator()(void* p) const { std::free(p); }
 };
@@ -95,77 +114,44 @@ std::string fmt(double v, int prec = 1) {
 
 using FmaKernel = float (*)(int64_t iters, float a, float b);
 
+// The sum of every lane of a kernel's accumulators, stored to `lanes` by the kernel (only so the
+// work cannot be dropped: the value is never read).
+float sum_lanes(const float* lanes, int n) {
+  float r = 0;
+  for (int i = 0; i < n; ++i) r += lanes[i];
+  return r;
+}
+
 #ifdef TETRAD_X86
+// The chains are arrays, fully unrolled in the loop, so each stays in its own register (as the
+// bf16 kernels below).
 constexpr int kAvx512Chains = 16;
 __attribute__((target("avx512f,fma"), noinline)) float fma_avx512(int64_t iters, float a,
                                                                    float b) {
   const __m512 va = _mm512_set1_ps(a), vb = _mm512_set1_ps(b);
-  __m512 c0 = _mm512_set1_ps(0.00f), c1 = _mm512_set1_ps(0.01f), c2 = _mm512_set1_ps(0.02f),
-         c3 = _mm512_set1_ps(0.03f), c4 = _mm512_set1_ps(0.04f), c5 = _mm512_set1_ps(0.05f),
-         c6 = _mm512_set1_ps(0.06f), c7 = _mm512_set1_ps(0.07f), c8 = _mm512_set1_ps(0.08f),
-         c9 = _mm512_set1_ps(0.09f), c10 = _mm512_set1_ps(0.10f), c11 = _mm512_set1_ps(0.11f),
-         c12 = _mm512_set1_ps(0.12f), c13 = _mm512_set1_ps(0.13f), c14 = _mm512_set1_ps(0.14f),
-         c15 = _mm512_set1_ps(0.15f);
+  __m512 c[kAvx512Chains];
+  for (int j = 0; j < kAvx512Chains; ++j) c[j] = _mm512_set1_ps(0.01f * float(j));
   for (int64_t i = 0; i < iters; ++i) {
-    c0 = _mm512_fmadd_ps(c0, va, vb);
-    c1 = _mm512_fmadd_ps(c1, va, vb);
-    c2 = _mm512_fmadd_ps(c2, va, vb);
-    c3 = _mm512_fmadd_ps(c3, va, vb);
-    c4 = _mm512_fmadd_ps(c4, va, vb);
-    c5 = _mm512_fmadd_ps(c5, va, vb);
-    c6 = _mm512_fmadd_ps(c6, va, vb);
-    c7 = _mm512_fmadd_ps(c7, va, vb);
-    c8 = _mm512_fmadd_ps(c8, va, vb);
-    c9 = _mm512_fmadd_ps(c9, va, vb);
-    c10 = _mm512_fmadd_ps(c10, va, vb);
-    c11 = _mm512_fmadd_ps(c11, va, vb);
-    c12 = _mm512_fmadd_ps(c12, va, vb);
-    c13 = _mm512_fmadd_ps(c13, va, vb);
-    c14 = _mm512_fmadd_ps(c14, va, vb);
-    c15 = _mm512_fmadd_ps(c15, va, vb);
+#pragma GCC unroll 16
+    for (int j = 0; j < kAvx512Chains; ++j) c[j] = _mm512_fmadd_ps(c[j], va, vb);
   }
-  __m512 s = _mm512_add_ps(
-      _mm512_add_ps(_mm512_add_ps(_mm512_add_ps(c0, c1), _mm512_add_ps(c2, c3)),
-                    _mm512_add_ps(_mm512_add_ps(c4, c5), _mm512_add_ps(c6, c7))),
-      _mm512_add_ps(_mm512_add_ps(_mm512_add_ps(c8, c9), _mm512_add_ps(c10, c11)),
-                    _mm512_add_ps(_mm512_add_ps(c12, c13), _mm512_add_ps(c14, c15))));
-  alignas(64) float lanes[16];  // (not _mm512_reduce_add_ps: GCC 12 warns inside its header)
-  _mm512_store_ps(lanes, s);
-  float r = 0;
-  for (float v : lanes) r += v;
-  return r;
+  alignas(64) float lanes[16 * kAvx512Chains];
+  for (int j = 0; j < kAvx512Chains; ++j) _mm512_store_ps(lanes + 16 * j, c[j]);
+  return sum_lanes(lanes, 16 * kAvx512Chains);
 }
 
 constexpr int kAvx2Chains = 12;  // 12 accumulators + a + b = 14 of the 16 ymm registers
 __attribute__((target("avx2,fma"), noinline)) float fma_avx2(int64_t iters, float a, float b) {
   const __m256 va = _mm256_set1_ps(a), vb = _mm256_set1_ps(b);
-  __m256 c0 = _mm256_set1_ps(0.00f), c1 = _mm256_set1_ps(0.01f), c2 = _mm256_set1_ps(0.02f),
-         c3 = _mm256_set1_ps(0.03f), c4 = _mm256_set1_ps(0.04f), c5 = _mm256_set1_ps(0.05f),
-         c6 = _mm256_set1_ps(0.06f), c7 = _mm256_set1_ps(0.07f), c8 = _mm256_set1_ps(0.08f),
-         c9 = _mm256_set1_ps(0.09f), c10 = _mm256_set1_ps(0.10f), c11 = _mm256_set1_ps(0.11f);
+  __m256 c[kAvx2Chains];
+  for (int j = 0; j < kAvx2Chains; ++j) c[j] = _mm256_set1_ps(0.01f * float(j));
   for (int64_t i = 0; i < iters; ++i) {
-    c0 = _mm256_fmadd_ps(c0, va, vb);
-    c1 = _mm256_fmadd_ps(c1, va, vb);
-    c2 = _mm256_fmadd_ps(c2, va, vb);
-    c3 = _mm256_fmadd_ps(c3, va, vb);
-    c4 = _mm256_fmadd_ps(c4, va, vb);
-    c5 = _mm256_fmadd_ps(c5, va, vb);
-    c6 = _mm256_fmadd_ps(c6, va, vb);
-    c7 = _mm256_fmadd_ps(c7, va, vb);
-    c8 = _mm256_fmadd_ps(c8, va, vb);
-    c9 = _mm256_fmadd_ps(c9, va, vb);
-    c10 = _mm256_fmadd_ps(c10, va, vb);
-    c11 = _mm256_fmadd_ps(c11, va, vb);
+#pragma GCC unroll 12
+    for (int j = 0; j < kAvx2Chains; ++j) c[j] = _mm256_fmadd_ps(c[j], va, vb);
   }
-  __m256 s = _mm256_add_ps(
-      _mm256_add_ps(_mm256_add_ps(c0, c1), _mm256_add_ps(c2, c3)),
-      _mm256_add_ps(_mm256_add_ps(_mm256_add_ps(c4, c5), _mm256_add_ps(c6, c7)),
-                    _mm256_add_ps(_mm256_add_ps(c8, c9), _mm256_add_ps(c10, c11))));
-  alignas(32) float lanes[8];
-  _mm256_store_ps(lanes, s);
-  float r = 0;
-  for (float v : lanes) r += v;
-  return r;
+  alignas(32) float lanes[8 * kAvx2Chains];
+  for (int j = 0; j < kAvx2Chains; ++j) _mm256_store_ps(lanes + 8 * j, c[j]);
+  return sum_lanes(lanes, 8 * kAvx2Chains);
 }
 #endif
 
@@ -196,7 +182,6 @@ __attribute__((target("amx-tile,amx-bf16"), noinline)) float amx_bf16_loop(int64
     A[i] = kernels::float_to_bf16(a * (1.0f + float(i % 7) * 1e-3f));
     B[i] = kernels::float_to_bf16(b * (1.0f + float(i % 5) * 1e-3f));
   }
-  alignas(64) float C[16 * 16];
   _tile_loadconfig(&cfg);
   _tile_zero(0);
   _tile_zero(1);
@@ -212,17 +197,13 @@ __attribute__((target("amx-tile,amx-bf16"), noinline)) float amx_bf16_loop(int64
     _tile_dpbf16ps(2, 5, 6);
     _tile_dpbf16ps(3, 5, 7);
   }
-  float r = 0;
-  _tile_stored(0, C, 64);
-  for (float v : C) r += v;
-  _tile_stored(1, C, 64);
-  for (float v : C) r += v;
-  _tile_stored(2, C, 64);
-  for (float v : C) r += v;
-  _tile_stored(3, C, 64);
-  for (float v : C) r += v;
+  alignas(64) float lanes[4 * 16 * 16];
+  _tile_stored(0, lanes, 64);
+  _tile_stored(1, lanes + 256, 64);
+  _tile_stored(2, lanes + 512, 64);
+  _tile_stored(3, lanes + 768, 64);
   _tile_release();
-  return r;
+  return sum_lanes(lanes, 4 * 16 * 16);
 }
 
 // AVX512-BF16: 16 independent zmm chains of VDPBF16PS (16 fp32 lanes, each += 2 bf16 products:
@@ -238,13 +219,9 @@ __attribute__((target("avx512f,avx512bf16"), noinline)) float avx512_bf16_loop(i
 #pragma GCC unroll 16
     for (int j = 0; j < kBf16Chains; ++j) c[j] = _mm512_dpbf16_ps(c[j], va, vb);
   }
-  __m512 s = c[0];
-  for (int j = 1; j < kBf16Chains; ++j) s = _mm512_add_ps(s, c[j]);
-  alignas(64) float lanes[16];
-  _mm512_store_ps(lanes, s);
-  float r = 0;
-  for (float v : lanes) r += v;
-  return r;
+  alignas(64) float lanes[16 * kBf16Chains];
+  for (int j = 0; j < kBf16Chains; ++j) _mm512_store_ps(lanes + 16 * j, c[j]);
+  return sum_lanes(lanes, 16 * kBf16Chains);
 }
 #endif
 
@@ -254,9 +231,7 @@ __attribute__((noinline)) float fma_scalar(int64_t iters, float a, float b) {
   for (int j = 0; j < kScalarChains; ++j) c[j] = 0.01f * j;
   for (int64_t i = 0; i < iters; ++i)
     for (int j = 0; j < kScalarChains; ++j) c[j] = c[j] * a + b;
-  float r = 0;
-  for (float v : c) r += v;
-  return r;
+  return sum_lanes(c, kScalarChains);
 }
 
 volatile float g_sink = 0;        // results of the FMA kernels end here
@@ -403,10 +378,9 @@ Measurement time_register_loop(FmaKernel kernel, double flop_per_iter, int threa
   iters = std::max(iters, int64_t(double(iters) * seconds / std::max(t, 1e-9)));
   Measurement m;
   m.unit = "GFLOP/s";
-  for (int r = 0; r < reps; ++r) {
-    double dt = run_fma(kernel, threads, iters, &ran);
-    m.samples.push_back(flop_per_iter * double(iters) * ran / dt * 1e-9);
-  }
+  // One thread's FLOPs over one thread's share of the time: the rate of all `ran` threads.
+  sample_rates(m, reps, flop_per_iter * double(iters),
+               [&] { return run_fma(kernel, threads, iters, &ran) / ran; });
   finish(m);
   *ran_out = ran;
   *iters_out = iters;
@@ -494,16 +468,10 @@ Measurement time_fp32_gemm(const GemmShape& s, int threads, int reps, Gemm&& gem
   fill(A.get(), size_t(M * K), 1);
   fill(B.get(), size_t(K * N), 2);
   std::memset(C.get(), 0, size_t(M * N) * sizeof(float));
-  auto call = [&] { gemm(ta, tb, M, N, K, A.get(), lda, B.get(), ldb, C.get(), ldc); };
-  call();
   Measurement m;
   m.unit = "GFLOP/s";
-  for (int r = 0; r < reps; ++r) {
-    double t0 = now_s();
-    call();
-    double dt = now_s() - t0;
-    m.samples.push_back(s.flop() / dt * 1e-9);
-  }
+  time_calls(m, reps, s.flop(),
+             [&] { gemm(ta, tb, M, N, K, A.get(), lda, B.get(), ldb, C.get(), ldc); });
   finish(m);
   m.method = s.to_string() + ", " + std::to_string(omp.n()) + " thread(s), 1 warm-up + " +
              std::to_string(reps) + " timed calls, best";
@@ -582,17 +550,10 @@ Measurement measure_bf16_matmul(const GemmShape& s, int threads, int reps) {
     fill_bf16(a, size_t(M * K), 1);
     fill_bf16(b, size_t(K * N), 2);
     dnnl::matmul prim(pd);
-    auto run = [&] {
+    time_calls(m, reps, s.flop(), [&] {
       prim.execute(strm, {{DNNL_ARG_SRC, a}, {DNNL_ARG_WEIGHTS, b}, {DNNL_ARG_DST, c}});
       strm.wait();
-    };
-    run();
-    for (int r = 0; r < reps; ++r) {
-      double t0 = now_s();
-      run();
-      double dt = now_s() - t0;
-      m.samples.push_back(s.flop() / dt * 1e-9);
-    }
+    });
   } catch (const dnnl::error& e) {
     m.samples.clear();
     if (e.status == dnnl_unimplemented)
@@ -642,7 +603,7 @@ Measurement measure_memory_bandwidth(size_t bytes, int threads, int reps) {
   copy(true);  // touch + warm-up
   Measurement m;
   m.unit = "GB/s";
-  for (int r = 0; r < reps; ++r) m.samples.push_back(2.0 * double(bytes) / copy(false) * 1e-9);
+  sample_rates(m, reps, 2.0 * double(bytes), [&] { return copy(false); });
   finish(m);
   m.method = "memcpy of " + fmt(double(bytes) / (1 << 20), 0) + " MiB split over " +
              std::to_string(ran) + " thread(s), counting read+write (2x bytes), 1 warm-up + " +
@@ -782,21 +743,17 @@ double attention_gflops(int threads, int reps) {
       x = float(s >> 8) / float(1u << 23) - 1.0f;
     }
   kernels::AttentionDims d{B, T, T, H, H, hd, C, C, C, int64_t(T) * C, int64_t(T) * C, int64_t(T) * C};
-  const int prev = omp_get_max_threads();
-  omp_set_num_threads(threads);
-  std::vector<double> rates;
-  for (int r = 0; r <= reps; ++r) {
-    const auto t0 = std::chrono::steady_clock::now();
-    kernels::attention_forward(out.data(), lse.data(), q.data(), k.data(), v.data(), d);
-    kernels::attention_backward(dq.data(), dk.data(), dv.data(), dout.data(), q.data(), k.data(),
-                                v.data(), out.data(), lse.data(), d);
-    const double dt =
-        std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-    if (r > 0) rates.push_back(3 * kernels::attention_forward_flops(d) / dt / 1e9);  // r = 0: warm-up
+  Measurement m;
+  {
+    OmpThreads omp(threads);
+    time_calls(m, reps, 3 * kernels::attention_forward_flops(d), [&] {
+      kernels::attention_forward(out.data(), lse.data(), q.data(), k.data(), v.data(), d);
+      kernels::attention_backward(dq.data(), dk.data(), dv.data(), dout.data(), q.data(),
+                                  k.data(), v.data(), out.data(), lse.data(), d);
+    });
   }
-  omp_set_num_threads(prev);
-  std::sort(rates.begin(), rates.end());
-  return rates[rates.size() / 2];
+  std::sort(m.samples.begin(), m.samples.end());
+  return m.samples[m.samples.size() / 2];
 }
 
 }  // namespace tetrad
