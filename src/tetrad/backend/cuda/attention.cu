@@ -195,6 +195,34 @@ __device__ __forceinline__ void zero(float* x, int n) {
   for (int e = threadIdx.x; e < n; e += kAttnThreads) x[e] = 0.0f;
 }
 
+// The query tile a forward or dQ block owns (blockIdx: query tile, head, sequence), its kv head
+// and where that kv head's keys and values start.
+struct QueryTile {
+  int q0, h, b, kvh;
+  const float *kb, *vb;
+};
+template <int BQ>
+__device__ __forceinline__ QueryTile query_tile(const Params& P) {
+  QueryTile t;
+  t.q0 = blockIdx.x * BQ;
+  t.h = blockIdx.y;
+  t.b = blockIdx.z;
+  t.kvh = t.h / (P.n_head / P.n_kv_head);
+  t.kb = head_rows(P.k, t.b, P.kv_bstride, t.kvh, P.hd);
+  t.vb = head_rows(P.v, t.b, P.kv_bstride, t.kvh, P.hd);
+  return t;
+}
+// Key tile k0's K and V rows into shared memory, between barriers (the previous tile's products
+// are done with them before, every thread sees them after).
+template <typename T, int BK, int HDP>
+__device__ __forceinline__ void load_kv_tile(T* Ks, T* Vs, int ldt, const QueryTile& t,
+                                             const Params& P, int k0) {
+  __syncthreads();
+  load_tile<T, BK, HDP>(Ks, ldt, t.kb, P.kv_stride, k0, P.Tk, P.hd);
+  load_tile<T, BK, HDP>(Vs, ldt, t.vb, P.kv_stride, k0, P.Tk, P.hd);
+  __syncthreads();
+}
+
 // ---- forward ----
 template <typename T, int BQ, int BK, int HDP>
 __global__ void __launch_bounds__(kAttnThreads) k_attn_fwd(Params P) {
@@ -209,10 +237,8 @@ __global__ void __launch_bounds__(kAttnThreads) k_attn_fwd(Params P) {
   float* mrow = reinterpret_cast<float*>(smem + L::st);
   float* lrow = mrow + BQ;
 
-  const int q0 = blockIdx.x * BQ, h = blockIdx.y, b = blockIdx.z;
-  const int kvh = h / (P.n_head / P.n_kv_head);
-  const float* kb = head_rows(P.k, b, P.kv_bstride, kvh, P.hd);
-  const float* vb = head_rows(P.v, b, P.kv_bstride, kvh, P.hd);
+  const QueryTile qt = query_tile<BQ>(P);
+  const int q0 = qt.q0, h = qt.h, b = qt.b;
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
 
   load_tile<T, BQ, HDP>(Qs, L::ldt, head_rows(P.q, b, P.q_bstride, h, P.hd), P.q_stride, q0, P.Tq,
@@ -224,10 +250,7 @@ __global__ void __launch_bounds__(kAttnThreads) k_attn_fwd(Params P) {
   }
   const int64_t kend = keys_seen_by<BQ>(P, q0);
   for (int k0 = 0; k0 < kend; k0 += BK) {
-    __syncthreads();  // previous tile's products done with Ks/Vs/Ps
-    load_tile<T, BK, HDP>(Ks, L::ldt, kb, P.kv_stride, k0, P.Tk, P.hd);
-    load_tile<T, BK, HDP>(Vs, L::ldt, vb, P.kv_stride, k0, P.Tk, P.hd);
-    __syncthreads();
+    load_kv_tile<T, BK, HDP>(Ks, Vs, L::ldt, qt, P, k0);  // after the last tile's products
     tile_mma<false, true, BQ, BK, HDP>(S, L::lds, Qs, L::ldt, Ks, L::ldt, false);
     __syncthreads();
     for (int i = warp; i < BQ; i += kWarps) {
@@ -291,10 +314,8 @@ __global__ void __launch_bounds__(kAttnThreads) k_attn_bwd_dq(Params P) {
   float* lse = reinterpret_cast<float*>(smem + L::st);
   float* D = lse + BQ;
 
-  const int q0 = blockIdx.x * BQ, h = blockIdx.y, b = blockIdx.z;
-  const int kvh = h / (P.n_head / P.n_kv_head);
-  const float* kb = head_rows(P.k, b, P.kv_bstride, kvh, P.hd);
-  const float* vb = head_rows(P.v, b, P.kv_bstride, kvh, P.hd);
+  const QueryTile qt = query_tile<BQ>(P);
+  const int q0 = qt.q0, h = qt.h, b = qt.b;
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
 
   load_tile<T, BQ, HDP>(Qs, L::ldt, head_rows(P.q, b, P.q_bstride, h, P.hd), P.q_stride, q0, P.Tq,
@@ -306,10 +327,7 @@ __global__ void __launch_bounds__(kAttnThreads) k_attn_bwd_dq(Params P) {
 
   const int64_t kend = keys_seen_by<BQ>(P, q0);
   for (int k0 = 0; k0 < kend; k0 += BK) {
-    __syncthreads();
-    load_tile<T, BK, HDP>(Ks, L::ldt, kb, P.kv_stride, k0, P.Tk, P.hd);
-    load_tile<T, BK, HDP>(Vs, L::ldt, vb, P.kv_stride, k0, P.Tk, P.hd);
-    __syncthreads();
+    load_kv_tile<T, BK, HDP>(Ks, Vs, L::ldt, qt, P, k0);
     tile_mma<false, true, BQ, BK, HDP>(S, L::lds, Qs, L::ldt, Ks, L::ldt, false);
     tile_mma<false, true, BQ, BK, HDP>(dP, L::lds, dOs, L::ldt, Vs, L::ldt, false);
     __syncthreads();
