@@ -23,7 +23,6 @@
 #include "tetrad/parallel/memory_model.hpp"
 #include "tetrad/parallel/parallel_transformer.hpp"
 #include "tetrad/parallel/pipeline.hpp"
-#include "tetrad/train/auto_grid.hpp"
 #include "tetrad/parallel/process_groups.hpp"
 #include "tetrad/backend/ceilings.hpp"
 #include "tetrad/model/gemm_shapes.hpp"
@@ -92,8 +91,9 @@ struct SerialMachine {
 
 // Sets up `m` and prints the machine's lines: ceilings, libraries, device, precision, anchor.
 void set_up_machine(const BenchOptions& opt, SerialMachine& m, std::ostream& out) {
-  if (opt.gemm_layouts != "auto" && opt.gemm_layouts != "rule" && opt.gemm_layouts != "tune")
-    fail("--gemm-layouts \"", opt.gemm_layouts, "\": expected \"auto\", \"rule\" or \"tune\"");
+  // The flags as the trainer's settings, refused before anything is measured.
+  const RunConfig settings = bench_settings(opt, false);
+  (void)resolve_settings(settings);
   const int threads = m.threads = opt.threads > 0 ? opt.threads : num_cores();
   omp_set_num_threads(threads);
   const dnnl_version_t* dv = dnnl_version();
@@ -117,7 +117,7 @@ void set_up_machine(const BenchOptions& opt, SerialMachine& m, std::ostream& out
   out << ceil.to_text() << "libraries: oneDNN " << dv->major << "." << dv->minor << "." << dv->patch
       << ", " << mpi_first_line << "\n";
   m.fma_peak = ceil.fma.value;
-  m.precision = backend::resolve_precision(opt.precision, *device).precision;
+  m.precision = run_precision(settings, *device).precision;  // as the run plan resolves it
   m.bf16 = m.precision == backend::Precision::BF16;
   // MFU against the peak of the arithmetic the run uses (bf16 matrix units or fp32 FMA; the CPU
   // backend's Backend::peak, here from the ceilings just measured).
@@ -242,23 +242,25 @@ struct SerialRun {
   LayoutCeiling layouts;
 };
 
-// The one model on the trivial grid (1x1x1x1: every group this process), as `tetrad train` runs
-// it on one rank, with the run configuration's overlap defaults (no-ops on one rank): built,
-// trained for warm-up + timed steps of the trainer's StepRunner; fills r's timed-step fields.
+// The one model on the trivial grid (1x1x1x1: every group this process), with the options the
+// trainer's resolver gives this run on one rank (resolve_run_plan) and every overlap switch off
+// (one rank has no collective to overlap): built, trained for warm-up + timed steps of the
+// trainer's StepRunner; fills r's timed-step fields.
 void run_serial_steps(const BenchOptions& opt, const SerialMachine& m, SerialRun& r,
                       std::ostream& out) {
   backend::Backend* device = m.device;
   parallel::ProcessGroups groups;
-  parallel::ParallelOptions po;
+  Launch launch;
+  launch.threads = m.threads;
+  const RunPlan plan = resolve_run_plan(
+      bench_run_config(bench_settings(opt, false), r.name, r.mc, r.B, r.T, 1, ""), launch, *device);
+  parallel::ParallelOptions po = plan.model;
   po.device = device;
-  po.precision = m.bf16 ? backend::Precision::BF16 : backend::Precision::FP32;
-  std::string layouts_why;
-  po.gemm_layouts =
-      parallel::resolve_gemm_layouts(opt.gemm_layouts, po.precision, *device, &layouts_why);
-  parallel::ParallelTransformer model(r.mc, groups, r.B, r.T, po);
+  po.overlap = parallel::OverlapOptions::all_off();
+  parallel::ParallelTransformer model(r.mc, groups, plan.local_batch, plan.seq_len, po);
   r.step_plan = model.gemm_layout_plan();
   const std::string layout_summary = model.gemm_layout_summary() + " [--gemm-layouts " +
-                                     opt.gemm_layouts + ": " + layouts_why + "]";
+                                     opt.gemm_layouts + ": " + plan.layouts_why + "]";
   if (m.bf16) out << "  " << layout_summary << "\n";
   model.init_weights(1);
   AdamW adam = make_adam(model, *device);
