@@ -512,6 +512,24 @@ void bench_config(const BenchOptions& opt, SerialMachine& m, const std::string& 
 
 }  // namespace
 
+RunConfig bench_settings(const BenchOptions& opt, bool grids) {
+  // The flag takes a mode only (a plan's text is train.gemm_layouts'); named as the user wrote it.
+  if (opt.gemm_layouts != "auto" && opt.gemm_layouts != "rule" && opt.gemm_layouts != "tune")
+    fail("--gemm-layouts \"", opt.gemm_layouts, "\": expected \"auto\", \"rule\" or \"tune\"");
+  RunConfig cfg;
+  cfg.train.precision = opt.precision;
+  cfg.train.gemm_layouts = opt.gemm_layouts;
+  cfg.train.device = opt.device;
+  if (grids) {
+    cfg.zero = opt.zero;
+    cfg.train.recompute = opt.recompute;
+    cfg.schedule = opt.schedule;
+    cfg.virtual_stages = opt.virtual_stages;
+    cfg.pipeline_layers = opt.pipeline_layers;
+  }
+  return cfg;
+}
+
 void run_bench(const BenchOptions& opt, std::ostream& out) {
   SerialMachine m;
   set_up_machine(opt, m, out);

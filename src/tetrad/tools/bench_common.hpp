@@ -12,7 +12,6 @@
 #include "tetrad/core/rng.hpp"
 #include "tetrad/model/model_config.hpp"
 #include "tetrad/parallel/parallel_transformer.hpp"
-#include "tetrad/tools/bench.hpp"
 #include "tetrad/train/optimizer.hpp"
 #include "tetrad/train/run_plan.hpp"
 #include "tetrad/train/trainer.hpp"
@@ -24,28 +23,6 @@ inline int bench_seq(int seq, const ModelConfig& mc, const std::string& name) {
   if (seq < 0 || seq > mc.max_seq)
     fail("--seq ", seq, ": expected 1..", mc.max_seq, " (model ", name, "'s max_seq; 0: max_seq)");
   return seq > 0 ? seq : mc.max_seq;
-}
-
-// The bench flags as the run configuration's keys, so that the trainer's resolver
-// (train/run_plan.hpp: resolve_settings, resolve_run_plan) decides them as `tetrad train` would:
-// --precision, --gemm-layouts (train.*) and --device; with --grids (`grids`) also --zero,
-// --recompute, --schedule, --virtual-stages and --pipeline-layers (parallel.*, train.recompute).
-inline RunConfig bench_settings(const BenchOptions& opt, bool grids) {
-  // The flag takes a mode only (a plan's text is train.gemm_layouts'); named as the user wrote it.
-  if (opt.gemm_layouts != "auto" && opt.gemm_layouts != "rule" && opt.gemm_layouts != "tune")
-    fail("--gemm-layouts \"", opt.gemm_layouts, "\": expected \"auto\", \"rule\" or \"tune\"");
-  RunConfig cfg;
-  cfg.train.precision = opt.precision;
-  cfg.train.gemm_layouts = opt.gemm_layouts;
-  cfg.train.device = opt.device;
-  if (grids) {
-    cfg.zero = opt.zero;
-    cfg.train.recompute = opt.recompute;
-    cfg.schedule = opt.schedule;
-    cfg.virtual_stages = opt.virtual_stages;
-    cfg.pipeline_layers = opt.pipeline_layers;
-  }
-  return cfg;
 }
 
 // The run configuration of one bench run: `settings` (bench_settings) with the model, a
