@@ -178,20 +178,13 @@ LayoutCeiling measure_layout_ceiling(const ModelConfig& mc, int64_t N,
                                      const parallel::GemmLayoutPlan& plan, int threads) {
   LayoutCeiling r;
   std::ostringstream layout_lines;
-  const std::pair<const char*, const char*> sites[] = {{"attn.qkv", "qkv"}, {"attn.proj", "proj"},
-                                                       {"mlp.fc", "fc"}, {"mlp.proj", "fcproj"},
-                                                       {"lm_head", "head"}};
-  for (GemmShape s : model_gemm_shapes(mc, int(N))) {
-    const std::string prefix = s.name.substr(0, s.name.rfind('.'));
-    const std::string kind = s.name.substr(s.name.rfind('.') + 1);
-    parallel::GemmForm f;
-    for (const auto& [shape_name, site] : sites)
-      if (prefix == shape_name) {
-        const parallel::GemmSiteLayout& l = plan.site[size_t(parallel::gemm_site_index(site))];
-        f = kind == "fwd" ? l.fwd : kind == "dx" ? l.dx : l.dw;
-      }
-    const std::string step_form = parallel::gemm_form_name(kind == "fwd", f);
-    if (kind != "fwd") s.transa = f.ta ? 'T' : 'N';
+  for (const SiteGemm& g : model_site_gemms(mc, int(N))) {
+    GemmShape s = g.shape;
+    const parallel::GemmSiteLayout& l = plan.at(g.site);
+    const bool fwd = g.pass == GemmPass::Fwd;
+    const parallel::GemmForm f = fwd ? l.fwd : g.pass == GemmPass::Dx ? l.dx : l.dw;
+    const std::string step_form = parallel::gemm_form_name(fwd, f);
+    if (!fwd) s.transa = f.ta ? 'T' : 'N';
     // A transposed product Cᵀ = op(B)ᵀ·op(A)ᵀ is the plain [N, M] product with the operands'
     // roles and transposes swapped (its pass adding Cᵀ into C is not in this figure).
     GemmShape run = s;
