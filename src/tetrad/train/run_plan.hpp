@@ -17,6 +17,10 @@
 #include "tetrad/parallel/options.hpp"
 #include "tetrad/train/config.hpp"
 
+namespace tetrad::comm {
+class Communicator;
+}
+
 namespace tetrad {
 
 // How this process was launched.
@@ -62,6 +66,12 @@ RunPlan resolve_run_plan(const RunConfig& cfg, const Launch& launch, const backe
 // train.precision on `device` as resolve_run_plan resolves it ("auto": Backend::auto_precision,
 // bf16 where the device has bf16 matrix hardware, and why). Throws Error for another value.
 backend::PrecisionChoice run_precision(const RunConfig& cfg, const backend::Backend& device);
+
+// Every rank of `world` resolved the same GEMM precision, or an Error on every rank naming what
+// each chose (collective). precision "auto" is measured per machine and kept per node
+// (backend/cpu/precision_auto.hpp): the ranks of one node read one answer, but nodes that keep
+// separate caches measure on their own and could choose differently near the margin.
+void check_precision_agreed(const RunPlan& plan, const comm::Communicator& world);
 
 // The config with what the plan chose filled in (a grid not named: the one chosen), as the run
 // folder's config.toml records it.
