@@ -66,16 +66,15 @@ planner::PlanInput plan_input(const Options& o, const std::string& model0, const
   if (!o.precision.empty()) in.precision = parse_precision(o.precision);
   else if (model0.ends_with(".toml"))  // as the trainer resolves it on the CPU
     in.precision = plan_input_of(cfg, 1, backend::cpu_backend()).precision;
-  // Unset on the command line: the config's train.recompute and parallel.zero (their defaults,
-  // none and 0, for a named model), as the trainer would run it.
-  in.recompute = parse_recompute(o.recompute.empty() ? cfg.train.recompute : o.recompute);
-  in.zero = o.zero >= 0 ? o.zero : cfg.zero;
+  // Unset on the command line: the config's settings as the trainer's run plan resolves them
+  // (train.recompute, parallel.zero, the pipeline's; their defaults for a named model).
+  const RunSettings settings = resolve_settings(cfg);
+  in.recompute = o.recompute.empty() ? settings.model.recompute : parse_recompute(o.recompute);
+  in.zero = o.zero >= 0 ? o.zero : settings.model.zero;
   in.overlap = parse_overlap(o.overlap);
-  // Pipeline schedule as the trainer reads it (parallel.schedule, parallel.virtual_stages; the
-  // config's validation already refused virtual stages without interleaving).
-  in.schedule = parse_pipeline_schedule(cfg.schedule);
-  in.virtual_stages = cfg.virtual_stages;
-  in.pipeline_layers = cfg.pipeline_layers;
+  in.schedule = settings.schedule;
+  in.virtual_stages = settings.model.virtual_stages;
+  in.pipeline_layers = settings.model.pipeline_layers;
   in.ranks = o.ranks > 0 ? o.ranks : m.ranks_per_node;
   in.allow_pipeline = !o.no_pipeline;
   return in;
