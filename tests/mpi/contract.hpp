@@ -34,8 +34,9 @@ inline ModelConfig tiny_model(Family f, int n_layer) {
   c.n_layer = n_layer;
   c.n_embd = 64;
   c.n_head = 8;
-  c.n_kv_head = f == Family::Llama ? 4 : 8;  // grouped-query attention for Llama
-  c.ffn = f == Family::Llama ? 96 : 128;
+  const bool gqa = c.desc().grouped_query_attention;
+  c.n_kv_head = gqa ? 4 : 8;  // grouped-query attention where the family has it
+  c.ffn = gqa ? 96 : 128;
   c.vocab_size = 256;
   c.max_seq = 32;
   c.tie_embeddings = f == Family::GPT2;

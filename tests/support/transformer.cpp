@@ -149,6 +149,7 @@ Transformer<T>::Transformer(const ModelConfig& config, int max_batch, int max_le
       const std::string p = "model.layers." + std::to_string(l) + ".";
       L.ln1_w = off(p + "input_layernorm.weight");
       L.qkv_w = off(p + "self_attn.q_proj.weight");  // q, k, v adjacent: one matrix
+      L.qkv_b = off(p + "self_attn.q_proj.bias");    // Qwen2: their biases adjacent, one vector
       L.proj_w = off(p + "self_attn.o_proj.weight");
       L.ln2_w = off(p + "post_attention_layernorm.weight");
       L.fc_w = off(p + "mlp.gate_proj.weight");  // gate, up adjacent: one matrix
