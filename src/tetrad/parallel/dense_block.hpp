@@ -10,8 +10,9 @@
 // It owns the rotary tables, the recompute bookkeeping (which layer the shared scratch holds)
 // and the use of the activation buffer's dfc_act: within one call, the MLP's fp32 output before
 // its bf16 cast (forward, on a backend without the fused producer) or the gradient of the MLP
-// activation (backward). The backward's other work buffers (dln, dqkv, datty, dfc) it shares with
-// nothing that lives across its calls; dresid carries the gradient between layers.
+// activation (backward). Its backward's other work buffers (dln, dqkv, datty, dfc) hold nothing
+// between calls (the head's backward writes dln before the layers run); dresid carries the
+// gradient from one part to the next.
 #pragma once
 #include <vector>
 
