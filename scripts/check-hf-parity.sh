@@ -110,18 +110,18 @@ tokenizer_table() {
     [ $status = ok ] || fails=$((fails + 1))
     # "LlamaTokenizer from DIR: 2 lines of TEXT, 9 ids; ids identical on 2/2 lines, decode identical on 2/2"
     local cls ids same dsame info=""
-    cls=$(sed -n 's/^\([A-Za-z]*\) from .*/\1/p' <<<"$tokline")
+    cls=$(sed -n 's/^\([A-Za-z0-9]*\) from .*/\1/p' <<<"$tokline")
     ids=$(sed -n 's/.*, \([0-9]*\) ids;.*/\1/p' <<<"$tokline")
     same=$(sed -n 's/.*ids identical on \([0-9/]*\) lines.*/\1/p' <<<"$tokline")
     dsame=$(sed -n 's/.*decode identical on \([0-9/]*\).*/\1/p' <<<"$tokline")
     # A tokenizer.model is judged against sentencepiece; AutoTokenizer's agreement for information.
     if [ -f "$d/tok_check.log" ] && grep -q "for information" "$d/tok_check.log"; then
       local il; il=$(grep "for information" "$d/tok_check.log")
-      info="$(sed -n 's/^\([A-Za-z]*\) from .*/\1/p' <<<"$il"): ids $(sed -n 's/.*ids identical on \([0-9/]*\) lines.*/\1/p' <<<"$il"), decode $(sed -n 's/.*decode identical on \([0-9/]*\).*/\1/p' <<<"$il")"
+      info="$(sed -n 's/^\([A-Za-z0-9]*\) from .*/\1/p' <<<"$il"): ids $(sed -n 's/.*ids identical on \([0-9/]*\) lines.*/\1/p' <<<"$il"), decode $(sed -n 's/.*decode identical on \([0-9/]*\).*/\1/p' <<<"$il")"
     fi
     local declared
     declared=$(sed -n 's/.*"tokenizer_class": "\([^"]*\)".*/\1/p' "$d/hf/tokenizer_config.json" 2>/dev/null)
-    trows+=("| $name | $declared | AutoTokenizer.from_pretrained -> $(sed -n 's/^\([A-Za-z]*\) from .*/\1/p' "$d/tok_check.log" 2>/dev/null | tail -n 1) | $cls | $same | $ids | $dsame | ${info:-same} | $rel | $status |")
+    trows+=("| $name | $declared | AutoTokenizer.from_pretrained -> $(sed -n 's/^\([A-Za-z0-9]*\) from .*/\1/p' "$d/tok_check.log" 2>/dev/null | tail -n 1) | $cls | $same | $ids | $dsame | ${info:-same} | $rel | $status |")
   done
   echo
   echo "exported folders: AutoTokenizer against tetrad tokenize on $(grep -c '' "$W/text.txt") lines (KJV sample, Unicode stress text, Apache-2.0); AutoModelForCausalLM logits on 48 of those ids, tolerance 1e-4"

@@ -16,6 +16,8 @@
 #            before allocating, naming the sizes and the memory
 #   verify   verify refuses a run or model folder whose config.json or tokenizer readers cannot use
 #   jsonl    JSON-lines documents of any length prepare; --skip-bad-lines skips a long bad line
+#   concurrent  train, prepare, import, export, report -o twice at once on one target
+#   wrong_type  every reader given a file of the wrong kind: exit 1, a clear message
 #   final_state  a run whose weights end non-finite exits 1 saying what the latest checkpoint is
 #   early_signal SIGTERM during start-up stops cleanly before the first step (exit 0, checkpoint)
 source "$(dirname "${BASH_SOURCE[0]}")/cli_common.sh" "$1"
@@ -376,6 +378,86 @@ PY
   grep -q "skipped 2 bad line(s)" "$W/out" && grep -q '"documents": 30' "$W/db/meta.json" &&
     ok "2 bad lines skipped, 30 documents prepared" || bad "skipping: $(grep skipped "$W/out")"
   works "train on the long-document data" "$TETRAD" train "${T[@]}" --set data.dir="$W/dl" --set run.dir="$W/r" --set train.max_steps=2
+}
+
+case_concurrent() {
+  # Every command that writes, run twice at once on one target: one wins, the other exits 1 with a
+  # clear message (or, for train, waits its turn refused by the lock), and what is there is whole.
+  train_run "$W/r" 2
+  "$TETRAD" export --model "$W/r" --out "$W/hf" > /dev/null 2>&1 || { echo "export failed"; exit 1; }
+  local round name
+  # two NAME PATTERN CHECK CMD...: CMD twice at once; one exits 0, the other 1 saying PATTERN;
+  # then CHECK (a command) must succeed.
+  two() {
+    local name=$1 pat=$2 check=$3; shift 3
+    "$@" > "$W/a.log" 2>&1 & local p1=$!
+    "$@" > "$W/b.log" 2>&1 & local p2=$!
+    wait $p1; local r1=$?; wait $p2; local r2=$?
+    local loser=$W/b.log; [ $r1 -ne 0 ] && loser=$W/a.log
+    if [ $((r1 + r2)) -eq 1 ] && grep -q -- "$pat" "$loser" && eval "$check"; then
+      ok "$name twice at once: one wrote, the other refused ($(grep -m1 -o 'error: .*' "$loser" | cut -c1-90)...)"
+    else bad "$name twice at once: status $r1 and $r2; $(cat "$W/a.log" "$W/b.log" | grep -m2 error)"; fi
+  }
+  for round in 1 2 3; do
+    rm -rf "$W/ex" "$W/im" "$W/rep.html" "$W/rn" "$W/dn"
+    two "export --out (round $round)" "not replacing it\|appeared while" '"$TETRAD" verify --model "$W/ex" > /dev/null 2>&1' \
+      "$TETRAD" export --model "$W/r" --out "$W/ex"
+    two "import --out (round $round)" "appeared while\|already holds\|is in use" '"$TETRAD" verify --model "$W/im" > /dev/null 2>&1' \
+      "$TETRAD" import --hf "$W/hf" --out "$W/im"
+    two "report -o (round $round)" "already exists\|appeared" 'grep -q "</html>" "$W/rep.html"' \
+      "$TETRAD" report "$W/r" -o "$W/rep.html"
+    two "prepare --out (round $round)" "being prepared by another\|appeared\|not replacing" \
+      '"$TETRAD" train "${T[@]}" --set data.dir="$W/dn" --set run.dir="$W/rn" --set train.max_steps=1 > /dev/null 2>&1' \
+      "$TETRAD" prepare --input "$W/c.txt" --out "$W/dn" --vocab-size 300
+    rm -rf "$W/rn"
+    two "train on one run.dir (round $round)" "is in use\|already holds a trained run" '"$TETRAD" verify --model "$W/rn" > /dev/null 2>&1' \
+      "$TETRAD" train "${T[@]}" --set run.dir="$W/rn" --set train.max_steps=2
+  done
+  ls -d "$W"/*.tmp-* 2>/dev/null | grep -q . && bad "temporary folders left: $(ls -d "$W"/*.tmp-*)"
+}
+
+case_wrong_type() {
+  # Every reader given a file of the wrong kind: exit 1 with one clear message, no crash.
+  train_run "$W/r" 2
+  "$TETRAD" export --model "$W/r" --out "$W/hf" > /dev/null 2>&1 || { echo "export failed"; exit 1; }
+  echo "just some text" > "$W/text.txt"
+  local ck=$W/r/checkpoints/step_000002
+  local cases=(
+    "train: data.dir a checkpoint|$TETRAD train --set model.name=tiny --set data.dir=$ck --set run.dir=$W/x1 --set train.max_steps=1"
+    "train: data.dir a text file|$TETRAD train --set model.name=tiny --set data.dir=$W/text.txt --set run.dir=$W/x2 --set train.max_steps=1"
+    "train: --config a binary|$TETRAD train --config /bin/ls"
+    "train: run.dir a text file|$TETRAD train --set model.name=tiny --set data.dir=$W/data --set run.dir=$W/text.txt --set train.max_steps=1"
+    "train: run.init_from a data folder|$TETRAD train --set model.name=tiny --set data.dir=$W/data --set run.dir=$W/x3 --set run.init_from=$W/data"
+    "prepare: --tokenizer a text file|$TETRAD prepare --input $W/c.txt --out $W/x4 --tokenizer $W/text.txt"
+    "prepare: --tokenizer a checkpoint's shard|$TETRAD prepare --input $W/c.txt --out $W/x5 --tokenizer $ck/shard_00000.bin"
+    "tokenize: --tokenizer a text file|$TETRAD tokenize --tokenizer $W/text.txt"
+    "generate: --model a data folder|$TETRAD generate --model $W/data -n 2"
+    "generate: --model a text file|$TETRAD generate --model $W/text.txt -n 2"
+    "logits: --model a data folder|$TETRAD logits --model $W/data --tokens 1,2 --out $W/x7"
+    "eval: --data a checkpoint|$TETRAD eval --model $W/r --data $ck"
+    "eval: --data a text file|$TETRAD eval --model $W/r --data $W/text.txt"
+    "eval: --model a data folder|$TETRAD eval --model $W/data --data $W/data"
+    "export: --model a data folder|$TETRAD export --model $W/data --out $W/x8"
+    "import: --hf a run folder|$TETRAD import --hf $W/r --out $W/x9"
+    "import: --hf a data folder|$TETRAD import --hf $W/data --out $W/x10"
+    "import: --hf a text file|$TETRAD import --hf $W/text.txt --out $W/x11"
+    "verify: --model a data folder|$TETRAD verify --model $W/data"
+    "verify: --model a text file|$TETRAD verify --model $W/text.txt"
+    "report: a data folder|$TETRAD report $W/data -o $W/x12.html"
+    "report: a text file|$TETRAD report $W/text.txt -o $W/x13.html"
+  )
+  local c
+  for c in "${cases[@]}"; do
+    local name=${c%%|*} cmd=${c#*|}
+    $cmd > "$W/out" 2>&1; local rc=$?
+    if [ $rc -eq 1 ] && grep -q "error" "$W/out" && ! grep -q "terminate called\|what():\|Segmentation\|Aborted" "$W/out" &&
+       [ "$(wc -c < "$W/out")" -lt 3000 ]; then
+      ok "$name: $(grep -m1 -o 'error: .*' "$W/out" | cut -c1-110)"
+    else bad "$name: status $rc, $(wc -c < "$W/out") bytes: $(grep -m1 . "$W/out" | cut -c1-150)"; fi
+  done
+  # (A refused train may leave its run folder, empty: the next run there starts as in a new one.)
+  local left; left=$(find "$W" -maxdepth 1 -name 'x*' ! -empty)
+  [ -z "$left" ] && ok "the refused commands left nothing" || bad "refused commands left output: $left $(find $left | head)"
 }
 
 "case_$CASE"

@@ -91,7 +91,7 @@ TEST(PlannerFlops, Megatron1TMatchesPaperFormula) {
 }
 
 TEST(PlannerMemory, LocalParametersMatchShardPlan) {
-  for (const char* name : {"tiny", "small", "llama-tiny", "llama-small"}) {
+  for (const char* name : {"tiny", "small", "llama-tiny", "llama-small", "qwen2-tiny"}) {
     const ModelConfig m = named_model(name);
     const ParamTable table = build_param_table(m);
     for (int n : {1, 2, 4, 8})
@@ -124,7 +124,7 @@ TEST(PlannerMemory, LocalParametersMatchShardPlan) {
 
 TEST(PlannerMemory, ActivationsMatchTrainerBuffer) {
   // On one rank the trainer's ParallelTransformer needs no MPI: its buffer is the planner's count.
-  for (const char* name : {"tiny", "llama-tiny"}) {
+  for (const char* name : {"tiny", "llama-tiny", "qwen2-tiny"}) {
     const ModelConfig m = named_model(name);
     parallel::ProcessGroups serial;
     const int B = 3, T = 32;

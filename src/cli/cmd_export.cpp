@@ -28,6 +28,10 @@ struct Options {
 
 void run(Context& ctx, const Options& o) {
   check_reader_output(o.out, o.overwrite, true, "export", "--out");
+  // Replaced only if it was there when checked (empty, or --overwrite): an --out that appears
+  // meanwhile (another export) is refused when publishing, never replaced.
+  std::error_code exists_ec;
+  const bool existed = fs::exists(o.out, exists_ec);
   const std::string dir = ctx.resolve_model_dir(o.model_dir);
   const ModelConfig mc = read_hf_config(dir);
   check_model_fits_host(mc, dir, "export", 1);
@@ -49,8 +53,7 @@ void run(Context& ctx, const Options& o) {
     write_hf_files(tmp, mc, table, params.data(), extra);
     if (tok) data::write_hf_tokenizer_files(*tok, tmp, mc.max_seq);
     fsync_dir(tmp);
-    std::error_code ec;
-    if (fs::exists(o.out, ec)) replace_dir(tmp, o.out);  // checked: empty, or --overwrite
+    if (existed) replace_dir(tmp, o.out);  // checked: empty, or --overwrite
     else publish_new_dir(tmp, o.out);
   } catch (...) {
     std::error_code ec;

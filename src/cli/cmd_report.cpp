@@ -1,12 +1,14 @@
 // `tetrad report`: one self-contained HTML page of a run (tools/report), and where a trace is
 // there, where the exposed communication went.
 #include <cstdio>
+#include <cstring>
 #include <filesystem>
 #include <iostream>
 #include <memory>
 
 #include "cli/command.hpp"
 #include "tetrad/checkpoint/output_path.hpp"
+#include "tetrad/core/error.hpp"
 #include "tetrad/tools/report.hpp"
 
 namespace fs = std::filesystem;
@@ -28,7 +30,25 @@ void run(const Options& o) {
   const std::string trace = o.trace.empty() && fs::exists(o.run_dir + "/trace.json")
                                 ? o.run_dir + "/trace.json" : o.trace;
   check_reader_output(path, o.overwrite, false, "report", "-o");
-  write_run_report(o.run_dir, path, trace);
+  // Written beside -o and renamed into place: over the file only if it was there when checked
+  // (--overwrite); one that appears meanwhile (another report) is refused, never replaced.
+  std::error_code ec;
+  const bool existed = fs::exists(path, ec);
+  const std::string tmp = make_temp_sibling(path);
+  try {
+    const std::string page = (fs::path(tmp) / "report.html").string();
+    write_run_report(o.run_dir, page, trace);
+    if (existed) {
+      if (::rename(page.c_str(), path.c_str()) != 0)
+        fail("cannot rename '", page, "' to '", path, "': ", std::strerror(errno));
+    } else {
+      publish_new_dir(page, path);  // renameat2 RENAME_NOREPLACE: a file as well as a folder
+    }
+  } catch (...) {
+    fs::remove_all(tmp, ec);
+    throw;
+  }
+  fs::remove_all(tmp, ec);
   std::cout << "wrote " << path << "\n";
   if (!trace.empty()) {
     int ranks = 0;
