@@ -14,6 +14,7 @@
 
 #include "cli/command.hpp"
 #include "tetrad/core/error.hpp"
+#include "tetrad/parallel/grid.hpp"
 #include "tetrad/planner/machine.hpp"
 #include "tetrad/planner/planner.hpp"
 #include "tetrad/planner/report.hpp"
@@ -30,7 +31,7 @@ namespace {
 
 struct Options {
   std::string model = "small", machine, json, measure_out, compare, precision, schedule,
-              recompute, overlap = "none", ranks_text, scaling, grids, points, svg;
+              recompute, overlap = "none", ranks_text, scaling, grids, points, svg, why;
   std::vector<std::string> sets;
   int64_t global_batch = 0, micro_batch = 0, micro_batch_per_replica = 0;
   int seq = 0, zero = -1, ranks = 0, top = 30, threads = 1, show_rejected = 20, virtual_stages = 0;
@@ -201,6 +202,15 @@ void run(const Options& o, bool under_mpi) {
   }
   if (!o.grids.empty() || !o.points.empty() || !o.svg.empty())
     fail("--grids, --points and --svg belong to a scaling curve (--scaling weak|strong)");
+  if (!o.why.empty()) {  // one grid's terms, valid or not
+    const GridShape g = parallel::parse_grid(o.why);
+    if (g.size() != in.ranks)
+      fail("--why ", o.why, ": the grid has ", g.size(), " ranks, the plan ", in.ranks, " (--ranks)");
+    require_rate(m, in.precision);
+    in.validate();
+    std::cout << why_text(in, m, estimate(in, g, m));
+    return;
+  }
   const auto p = plan(in, m);
   if (o.json == "-") {
     std::cout << plan_json(in, m, p).dump(2) << "\n";
@@ -285,6 +295,9 @@ const OptionRow kOptions[] = {
     {"--virtual-stages", &Options::virtual_stages,
      "model chunks per pipeline stage, interleaved (parallel.virtual_stages)"},
     {"--no-pipeline", &Options::no_pipeline, "only grids with Gp = 1"},
+    {"--why", &Options::why,
+     "one grid's step terms, collectives and memory items, valid or rejected (x,y,z,p,d or "
+     "named, d=4,z=2)"},
     {"--top", &Options::top, "valid grids shown (0: all)", true},
     {"--rejected", &Options::show_rejected, "rejected grids shown (-1: all)", true},
     {"--json", &Options::json, "write the whole plan as JSON to this file ('-': stdout)"},
