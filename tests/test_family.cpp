@@ -108,6 +108,31 @@ TEST(ModelFamily, LlamaTableOrderNamesAndRoles) {
   EXPECT_EQ(build_param_table(c).specs.back().name, "model.norm.weight");
 }
 
+// The head width is a config value (ModelConfig::explicit_head_dim, read through head_dim()):
+// unset it is n_embd / n_head and every size follows it; a family whose heads are n_embd / n_head
+// wide (every one registered) refuses another value, naming it and the width it has.
+TEST(ModelFamily, HeadDimIsAConfigValueTheFamiliesTieToTheirWidth) {
+  for (const char* name : {"tiny", "llama-tiny"}) {
+    ModelConfig c = named_model(name);
+    EXPECT_EQ(c.head_dim(), c.n_embd / c.n_head) << name;
+    EXPECT_EQ(c.q_dim(), c.n_embd) << name;
+    EXPECT_EQ(c.kv_dim(), c.n_kv_head * c.head_dim()) << name;
+    EXPECT_EQ(c.qkv_dim(), c.q_dim() + 2 * c.kv_dim()) << name;
+    const int64_t total = count_parameters(c);
+    c.explicit_head_dim = c.n_embd / c.n_head;  // the same width, set: accepted, same table
+    EXPECT_NO_THROW(c.validate()) << name;
+    EXPECT_EQ(count_parameters(c), total) << name;
+    EXPECT_FALSE(c.desc().independent_head_dim) << name;
+    c.explicit_head_dim = 2 * (c.n_embd / c.n_head);
+    const std::string e = error_of([&] { c.validate(); });
+    EXPECT_NE(e.find("model.head_dim = " + std::to_string(c.explicit_head_dim)), std::string::npos) << e;
+    EXPECT_NE(e.find("n_embd / n_head = " + std::to_string(c.n_embd / c.n_head)), std::string::npos) << e;
+    EXPECT_NE(e.find(c.desc().display), std::string::npos) << e;
+    c.explicit_head_dim = -1;
+    EXPECT_NE(error_of([&] { c.validate(); }).find("model.head_dim must be positive"), std::string::npos);
+  }
+}
+
 // The fused GEMMs read q|k|v and gate|up as one operand: a table whose order breaks a group is
 // refused where it is built, naming the tensors.
 TEST(ModelFamily, FusedGroupsMustBeAdjacent) {
