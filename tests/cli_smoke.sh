@@ -86,6 +86,10 @@ check "plan scaling json" bash -c "\"$TETRAD\" plan --scaling strong --model gpt
 check "plan scaling svg" bash -c "\"\$@\" > /dev/null" _ "$TETRAD" plan --scaling strong --model gpt2-124m --ranks 8,16,32 "${S[@]}" --points "$W/refs.json" --svg "$W/curve.svg"
 check "plan scaling svg parses" python3 -c "import sys, xml.etree.ElementTree as E; r=E.parse(sys.argv[1]).getroot(); assert r.tag.endswith('svg') and len(r.findall('.//{http://www.w3.org/2000/svg}polyline'))==2" "$W/curve.svg"
 check "plan weak scaling, a model per point" bash -c "\"$TETRAD\" plan --scaling weak --model gpt-5b,gpt-10b --ranks 512,1024 --machine perlmutter --global-batch 2048 --micro-batch 2048 --precision bf16 --recompute full --overlap tensor --no-pipeline | grep -q 'gpt-10b'"
+printf '[model]\nname = "small"\nn_layer = 12\n' > "$W/plan12.toml"
+check "plan weak scaling, TOML configs per point" bash -c "\"$TETRAD\" plan --scaling weak --model \"$W/plan.toml\",\"$W/plan12.toml\" --ranks 8,16 --machine perlmutter --global-batch 64 | grep -q 'plan12.toml'"
+check "plan chooses the micro-batch without --micro-batch" bash -c "\"$TETRAD\" plan --model small --machine perlmutter --ranks 8 --global-batch 64 | grep -q 'micro-batch chosen per grid'"
+expect_error "plan scaling TOML list, missing file" "entry 2" "$TETRAD" plan --scaling weak --model "$W/plan.toml,$W/nowhere.toml" --ranks 8,16 --machine perlmutter --global-batch 64
 expect_error "plan ranks list needs --scaling" "needs --scaling" "$TETRAD" plan --model small --machine perlmutter --ranks 8,16
 expect_error "plan scaling needs ranks" "--scaling needs --ranks" "$TETRAD" plan --scaling weak --model small --machine perlmutter
 expect_error "plan strong scaling one model" "strong scaling keeps one model" "$TETRAD" plan --scaling strong --model small,tiny --ranks 4,8 --machine perlmutter --global-batch 8

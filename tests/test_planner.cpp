@@ -334,6 +334,39 @@ TEST(PlannerModel, BubbleIsTheTrainersSchedule) {
   EXPECT_TRUE(estimate(in, GridShape::xyzpd(1, 1, 1, 4, 1), test_machine()).valid);
 }
 
+// Regression: `tetrad plan --schedule interleaved --virtual-stages 2` priced the Gp = 1 grids by
+// reading a second chunk's layer count past their one-entry split (a different answer each run).
+// Without a pipeline axis the model runs its layers as one chunk whatever the schedule: those
+// grids cost what they cost without virtual stages, and every grid of the plan is priced.
+TEST(PlannerModel, VirtualStagesWithoutAPipelineAxis) {
+  PlanInput one = input("small", 32, 64, 32);
+  PlanInput two = one;
+  two.schedule = Schedule::Interleaved;
+  two.virtual_stages = 2;
+  for (const GridShape g : {GridShape::xyzpd(1, 1, 1, 1, 32), GridShape::xyzpd(2, 1, 2, 1, 8),
+                            GridShape::xyzpd(4, 1, 1, 1, 8)}) {
+    const Estimate a = estimate(one, g, test_machine());
+    const Estimate b = estimate(two, g, test_machine());
+    ASSERT_TRUE(a.valid && b.valid) << g.to_string() << ": " << a.reject << b.reject;
+    EXPECT_EQ(b.step, a.step) << g.to_string();
+    EXPECT_EQ(b.compute, a.compute) << g.to_string();
+    EXPECT_EQ(b.comm_exposed, a.comm_exposed) << g.to_string();
+    EXPECT_EQ(b.bubble, 0.0) << g.to_string();
+  }
+  // The whole plan of 32 ranks: every valid grid has a finite, positive step time, and the same
+  // plan twice is the same plan (reading past the split made it vary).
+  const std::vector<Estimate> p1 = plan(two, test_machine()), p2 = plan(two, test_machine());
+  ASSERT_EQ(p1.size(), p2.size());
+  int valid = 0;
+  for (size_t i = 0; i < p1.size(); ++i) {
+    if (!p1[i].valid) continue;
+    ++valid;
+    EXPECT_TRUE(std::isfinite(p1[i].step) && p1[i].step > 0) << p1[i].grid.to_string();
+    EXPECT_EQ(p1[i].step, p2[i].step) << p1[i].grid.to_string();
+  }
+  EXPECT_GT(valid, 10);
+}
+
 // parallel.pipeline_layers: the planner resolves the split with the trainer's function and prices
 // the slowest stage (its layers, plus the head on the last virtual stage's stage).
 TEST(PlannerModel, PricesTheTrainersLayerSplit) {

@@ -5,7 +5,7 @@
 
 #include "cli/command.hpp"
 #include "tetrad/train/inference.hpp"
-#include "tetrad/train/trainer.hpp"
+#include "tetrad/train/evaluate.hpp"
 
 namespace tetrad::cli {
 

@@ -9,6 +9,8 @@
 #include <memory>
 #include <nlohmann/json.hpp>
 #include <sstream>
+#include <type_traits>
+#include <variant>
 
 #include "cli/command.hpp"
 #include "tetrad/core/error.hpp"
@@ -49,24 +51,18 @@ planner::PlanInput plan_input(const Options& o, const std::string& model0, const
     in.model = cfg.model;
   } else {
     cfg = load_run_config("", o.sets);
-    std::vector<std::string> model_sets;
-    for (const auto& s : o.sets)
-      if (s.starts_with("model.")) model_sets.push_back(s);
-    in.model = planner_model(model0);
+    in.model = planner_model_of(model0, o.sets).model;  // -s model.k=v on a named base
     in.model_name = model0;
-    if (!model_sets.empty()) {
-      // Named bases the config schema knows take the overrides; the published ones are fixed.
-      model_sets.insert(model_sets.begin(), "model.name=" + model0);
-      in.model = load_run_config("", model_sets).model;
-    }
     cfg.train.seq_len = in.model.max_seq;
   }
   in.seq = o.seq > 0 ? o.seq : cfg.train.seq_len;
   in.micro_batch = o.micro_batch;
   in.micro_batch_per_replica = o.micro_batch_per_replica;
-  if (o.micro_batch == 0 && o.micro_batch_per_replica == 0) in.micro_batch = cfg.train.micro_batch;
+  // No micro-batch on the command line: the planner chooses one per grid (with the
+  // accumulation it implies); the default global batch stays the config's micro_batch x grad_accum.
+  in.search_micro_batch = o.micro_batch == 0 && o.micro_batch_per_replica == 0;
   in.global_batch = o.global_batch > 0 ? o.global_batch
-                                       : (in.micro_batch > 0 ? in.micro_batch : 1) * cfg.train.grad_accum;
+                                       : int64_t(cfg.train.micro_batch) * cfg.train.grad_accum;
   if (!o.precision.empty()) in.precision = parse_precision(o.precision);
   else if (model0.ends_with(".toml"))  // as the trainer resolves it on the CPU
     in.precision = plan_input_of(cfg, 1, backend::cpu_backend()).precision;
@@ -109,15 +105,15 @@ void print_reference_points(const std::string& points_path,
 
 // `--scaling weak|strong`: the curve over the --ranks list, as text or JSON, and the plot.
 void run_scaling(const Options& o, const planner::PlanInput& in, const planner::Machine& m,
-                 const std::vector<std::string>& model_list) {
+                 const std::vector<PlannerModel>& model_list) {
   using namespace planner;
   ScalingSpec spec;
   spec.kind = parse_scaling_kind(o.scaling);
   spec.base = in;
   spec.ranks = o.rank_list;
-  for (const auto& n : model_list) {
-    spec.model_names.push_back(n);
-    spec.models.push_back(planner_model(n));
+  for (const auto& pm : model_list) {
+    spec.model_names.push_back(pm.name);
+    spec.models.push_back(pm.model);
   }
   if (!o.grids.empty()) spec.grids = parse_grid_list(o.grids);
   const auto pts = scaling_curve(spec, m);
@@ -190,14 +186,15 @@ void run(const Options& o, bool under_mpi) {
                                  "predicted (machine " + m.name + ") vs measured (" + o.compare + ")");
     return;
   }
-  // `--scaling weak --model a,b,c`: one named model per point; the first sets up the input.
-  std::vector<std::string> model_list;
+  // `--scaling weak --model a,b,c`: one model per point (names or TOML run configs, each
+  // checked here); the first sets up the input (its [train] and [parallel] settings).
+  std::vector<PlannerModel> model_list;
+  std::string model0 = o.model;
   if (o.model.find(',') != std::string::npos) {
     if (o.scaling.empty()) fail("--model '", o.model, "': a list of models needs --scaling weak");
-    std::stringstream ms(o.model);
-    for (std::string tok; std::getline(ms, tok, ',');) model_list.push_back(tok);
+    model_list = planner_model_list(o.model, o.sets);
+    model0 = o.model.substr(0, o.model.find(','));
   }
-  const std::string model0 = model_list.empty() ? o.model : model_list.front();
   const PlanInput in = plan_input(o, model0, m);
   if (!o.scaling.empty()) {
     run_scaling(o, in, m, model_list);
@@ -238,64 +235,86 @@ void resolve_options(Options& o) {
   }
 }
 
+// Every option of `tetrad plan`, in --help's order: its flags, the field it sets (a flag for a
+// bool), its help and whether --help shows the default.
+using Field = std::variant<std::string Options::*, std::vector<std::string> Options::*, int Options::*,
+                           int64_t Options::*, bool Options::*>;
+struct OptionRow {
+  const char* flags;
+  Field field;
+  const char* help;
+  bool show_default = false;
+};
+const OptionRow kOptions[] = {
+    {"--model", &Options::model,
+     "named model (tiny, small, gpt2-124m, llama-small, llama-405b, gpt-1t, gpt-80b, ...) or a TOML "
+     "run config (its [model] and [train] sections); with --scaling weak a comma list of either, one "
+     "per point (a.toml,b.toml)", true},
+    {"-s,--set", &Options::sets, "override in the config: section.key=value"},
+    {"--machine", &Options::machine, "machine file or name of a shipped one (machines/*.toml)"},
+    {"--ranks", &Options::ranks_text,
+     "number of ranks (default: the machine's ranks per node); with --scaling a list, 512,1024,2048"},
+    {"--scaling", &Options::scaling,
+     "weak | strong: a scaling curve over the --ranks list (weak: --model a,b,c one per point, or "
+     "one model with the batch in proportion to the ranks)"},
+    {"--grids", &Options::grids,
+     "with --scaling: the grid of each point instead of the fastest, 'x,y,z,p,d;x,y,z,p,d;...'"},
+    {"--points", &Options::points,
+     "with --scaling: measured or published points to plot beside the prediction (JSON: "
+     "[{\"ranks\": 512, \"pflops\": 80.8, \"efficiency\": 1, \"label\": \"...\"}])"},
+    {"--svg", &Options::svg, "with --scaling: write the plot (self-contained SVG) to this file"},
+    {"--published-scaling", &Options::published_scaling,
+     "the published scaling rows (AxoNN on Perlmutter, ORNL on Frontier): predicted vs reported"},
+    {"--global-batch", &Options::global_batch,
+     "sequences per step (default: the config's micro_batch x grad_accum)"},
+    {"--micro-batch", &Options::micro_batch,
+     "sequences per micro-batch of the whole job, split over Z x D (train.micro_batch); default: "
+     "chosen per grid, the fastest that fits, with the accumulation it implies"},
+    {"--micro-batch-per-replica", &Options::micro_batch_per_replica,
+     "sequences per micro-batch per (z, d) replica instead (Megatron's meaning)"},
+    {"--seq", &Options::seq, "tokens per sequence (default: the config's seq_len)"},
+    {"--precision", &Options::precision, "fp32 | bf16 (default: a config file's train.precision, else fp32)"},
+    {"--recompute", &Options::recompute,
+     "none | selective | full (default: the config's train.recompute, else none)"},
+    {"--zero", &Options::zero,
+     "ZeRO stage over the data axis: 0 | 1 | 2 (default: the config's parallel.zero, else 0)"},
+    {"--overlap", &Options::overlap,
+     "none (every collective exposed) | tensor (AxoNN's OAR/ORS/OAG) | all (+ data-parallel; "
+     "tetrad's training defaults)", true},
+    {"--schedule", &Options::schedule,
+     "pipeline schedule: 1f1b | interleaved (parallel.schedule; default: the config's)"},
+    {"--virtual-stages", &Options::virtual_stages,
+     "model chunks per pipeline stage, interleaved (parallel.virtual_stages)"},
+    {"--no-pipeline", &Options::no_pipeline, "only grids with Gp = 1"},
+    {"--top", &Options::top, "valid grids shown (0: all)", true},
+    {"--rejected", &Options::show_rejected, "rejected grids shown (-1: all)", true},
+    {"--json", &Options::json, "write the whole plan as JSON to this file ('-': stdout)"},
+    {"--measure-machine", &Options::measure_out,
+     "measure this machine (run under mpirun -n N for collectives among N ranks) and write its "
+     "machine file"},
+    {"--threads", &Options::threads, "threads per rank for --measure-machine", true},
+    {"--quick", &Options::quick, "shorter --measure-machine"},
+    {"--compare", &Options::compare,
+     "JSON lines of `tetrad bench --grids --json`: predicted vs measured per grid"},
+    {"--published", &Options::published, "the published rows of performance-model.md: predicted vs reported"},
+    {"--sweep-grids", &Options::sweep_grids,
+     "print the local validation sweep's grids of N ranks (pipeline grids included) as `tetrad "
+     "bench --grids` arguments, one line each"},
+};
+
 void add_options(CLI::App& sub, Options& o) {
-  sub.add_option("--model", o.model,
-                 "named model (tiny, small, gpt2-124m, llama-small, gpt-1t, gpt-80b) or a "
-                 "TOML run config (its [model] and [train] sections)")->capture_default_str();
-  sub.add_option("-s,--set", o.sets, "override in the config: section.key=value");
-  sub.add_option("--machine", o.machine, "machine file or name of a shipped one (machines/*.toml)");
-  sub.add_option("--ranks", o.ranks_text,
-                 "number of ranks (default: the machine's ranks per node); with --scaling a "
-                 "list, 512,1024,2048");
-  sub.add_option("--scaling", o.scaling,
-                 "weak | strong: a scaling curve over the --ranks list (weak: --model a,b,c "
-                 "one per point, or one model with the batch in proportion to the ranks)");
-  sub.add_option("--grids", o.grids,
-                 "with --scaling: the grid of each point instead of the fastest, "
-                 "'x,y,z,p,d;x,y,z,p,d;...'");
-  sub.add_option("--points", o.points,
-                 "with --scaling: measured or published points to plot beside the prediction "
-                 "(JSON: [{\"ranks\": 512, \"pflops\": 80.8, \"efficiency\": 1, \"label\": \"...\"}])");
-  sub.add_option("--svg", o.svg, "with --scaling: write the plot (self-contained SVG) to this file");
-  sub.add_flag("--published-scaling", o.published_scaling,
-               "the published scaling rows (AxoNN on Perlmutter, ORNL on Frontier): predicted vs reported");
-  sub.add_option("--global-batch", o.global_batch,
-                 "sequences per step (default: the config's micro_batch x grad_accum)");
-  sub.add_option("--micro-batch", o.micro_batch,
-                 "sequences per micro-batch of the whole job, split over Z x D "
-                 "(train.micro_batch; default: the config's)");
-  sub.add_option("--micro-batch-per-replica", o.micro_batch_per_replica,
-                 "sequences per micro-batch per (z, d) replica instead (Megatron's meaning)");
-  sub.add_option("--seq", o.seq, "tokens per sequence (default: the config's seq_len)");
-  sub.add_option("--precision", o.precision,
-                 "fp32 | bf16 (default: a config file's train.precision, else fp32)");
-  sub.add_option("--recompute", o.recompute,
-                 "none | selective | full (default: the config's train.recompute, else none)");
-  sub.add_option("--zero", o.zero,
-                 "ZeRO stage over the data axis: 0 | 1 | 2 (default: the config's parallel.zero, else 0)");
-  sub.add_option("--overlap", o.overlap,
-                 "none (every collective exposed) | tensor (AxoNN's OAR/ORS/OAG) | all (+ data-parallel; tetrad's training defaults)")
-      ->capture_default_str();
-  sub.add_option("--schedule", o.schedule,
-                 "pipeline schedule: 1f1b | interleaved (parallel.schedule; default: the config's)");
-  sub.add_option("--virtual-stages", o.virtual_stages,
-                 "model chunks per pipeline stage, interleaved (parallel.virtual_stages)");
-  sub.add_flag("--no-pipeline", o.no_pipeline, "only grids with Gp = 1");
-  sub.add_option("--top", o.top, "valid grids shown (0: all)")->capture_default_str();
-  sub.add_option("--rejected", o.show_rejected, "rejected grids shown (-1: all)")->capture_default_str();
-  sub.add_option("--json", o.json, "write the whole plan as JSON to this file ('-': stdout)");
-  sub.add_option("--measure-machine", o.measure_out,
-                 "measure this machine (run under mpirun -n N for collectives among N ranks) "
-                 "and write its machine file");
-  sub.add_option("--threads", o.threads, "threads per rank for --measure-machine")->capture_default_str();
-  sub.add_flag("--quick", o.quick, "shorter --measure-machine");
-  sub.add_option("--compare", o.compare,
-                 "JSON lines of `tetrad bench --grids --json`: predicted vs measured per grid");
-  sub.add_flag("--published", o.published,
-               "the published rows of performance-model.md: predicted vs reported");
-  sub.add_option("--sweep-grids", o.sweep_grids,
-                 "print the local validation sweep's grids of N ranks (pipeline grids "
-                 "included) as `tetrad bench --grids` arguments, one line each");
+  for (const OptionRow& row : kOptions)
+    std::visit(
+        [&](auto field) {
+          auto& target = o.*field;
+          if constexpr (std::is_same_v<std::remove_reference_t<decltype(target)>, bool>) {
+            sub.add_flag(row.flags, target, row.help);
+          } else {
+            CLI::Option* opt = sub.add_option(row.flags, target, row.help);
+            if (row.show_default) opt->capture_default_str();
+          }
+        },
+        row.field);
 }
 
 Runner setup(CLI::App& sub) {

@@ -11,6 +11,7 @@
 #include "tetrad/core/error.hpp"
 #include "tetrad/parallel/parallel_transformer.hpp"
 #include "tetrad/parallel/activation_layout.hpp"
+#include "tetrad/parallel/parallel_ops.hpp"
 
 namespace tetrad::parallel {
 
@@ -21,7 +22,7 @@ GemmLayoutPlan ParallelTransformer::rule_gemm_layouts() const {
 
   for (int i = 0; i < kGemmSites; ++i) {
     GemmSiteLayout& s = p.site[size_t(i)];
-    s.N = N, s.k_in = dims_.*kLinears[i].in, s.n_out = dims_.*kLinears[i].out;
+    s.N = N, s.k_in = ctx_.dims.*kLinears[i].in, s.n_out = ctx_.dims.*kLinears[i].out;
     s.fwd = {};
     s.dx = {false, false};       // dY16 · W
     s.dw = {!wgrad_nn_, false};  // NN on dY16ᵀ where the cast-transpose runs, else TN on dY
@@ -30,9 +31,9 @@ GemmLayoutPlan ParallelTransformer::rule_gemm_layouts() const {
 }
 
 void ParallelTransformer::check_gemm_layout_plan(const GemmLayoutPlan& plan) const {
-  const bool can_dyt = bf16_acts_ && be_->capabilities().bf16_producers;
+  const bool can_dyt = bf16_acts_ && ctx_.be->capabilities().bf16_producers;
   const bool can_tr = precision_ == backend::Precision::BF16 &&
-                      be_->capabilities().gemm_product_forms;
+                      ctx_.be->capabilities().gemm_product_forms;
   for (int i = 0; i < kGemmSites; ++i) {
     const GemmSiteLayout& s = plan.site[size_t(i)];
     const std::string site = kGemmSiteNames[size_t(i)];
@@ -44,7 +45,7 @@ void ParallelTransformer::check_gemm_layout_plan(const GemmLayoutPlan& plan) con
     if ((s.fwd.transposed || s.dx.transposed || s.dw.transposed) && !can_tr)
       fail("gemm layout plan: ", site, " computes a product transposed (\"/tr\"), which needs "
            "bf16 GEMMs on a backend that honours GemmArgs::product (the CPU); backend '",
-           be_->name(), "' with precision ", precision_ == backend::Precision::BF16 ? "bf16" : "fp32");
+           ctx_.be->name(), "' with precision ", precision_ == backend::Precision::BF16 ? "bf16" : "fp32");
   }
 }
 
@@ -98,9 +99,9 @@ void ParallelTransformer::tune_gemm_layouts() {
   GemmLayoutPlan plan = rule_gemm_layouts();
   plan.source = "tuned";
   const GemmLayoutPlan rule = plan;
-  const bool can_dyt = wgrad_nn_ || (bf16_acts_ && be_->capabilities().bf16_producers);
+  const bool can_dyt = wgrad_nn_ || (bf16_acts_ && ctx_.be->capabilities().bf16_producers);
   const int64_t N = int64_t(local_batch_) * max_len_;
-  const int64_t widest = N * std::max({dims_.Cx, dims_.Ay, dims_.QKVy, dims_.FWy, dims_.Fy});
+  const int64_t widest = N * std::max({ctx_.dims.Cx, ctx_.dims.Ay, ctx_.dims.QKVy, ctx_.dims.FWy, ctx_.dims.Fy});
 
   // Operand space: X16 [N, k_in] and W16 [n_out, k_in] (bf16), the output (fp32), carved from
   // the activations before the gradient copies; dY16 / dY16ᵀ are the gradient copies.
@@ -115,7 +116,7 @@ void ParallelTransformer::tune_gemm_layouts() {
   const int64_t avail = reinterpret_cast<float*>(a_->dout16) - base;
   backend::DeviceArray<float> own;  // only where the activations are too small (tiny models)
   if (avail < need) {
-    own = backend::DeviceArray<float>(*be_, size_t(need));
+    own = backend::DeviceArray<float>(*ctx_.be, size_t(need));
     base = own.data();
   }
   uint16_t* X16 = reinterpret_cast<uint16_t*>(base);
@@ -124,16 +125,16 @@ void ParallelTransformer::tune_gemm_layouts() {
   {  // random values in [-1, 1): zeros run faster than real data
     const int64_t n16 = 2 * (x_f + w_f), nd = int64_t(a_->dout16_floats) * 2;
     std::vector<uint16_t> h(size_t(std::max(n16, nd)));
-    uint64_t x = 0x9E3779B97F4A7C15ull ^ uint64_t(g_.world.rank());
+    uint64_t x = 0x9E3779B97F4A7C15ull ^ uint64_t(ctx_.g().world.rank());
     for (auto& v : h) {
       x ^= x << 13, x ^= x >> 7, x ^= x << 17;
       v = backend::float_to_bf16(float(int64_t(x >> 40) - (1 << 23)) / float(1 << 23));
     }
-    bq().copy_to_device(base, h.data(), size_t(n16) * 2);
-    bq().copy_to_device(a_->dout16, h.data(), size_t(nd) * 2);
-    bq().copy_to_device(a_->dout16_t, h.data(), size_t(nd) * 2);
-    bq().fill_zero(C, size_t(c_max) * sizeof(float));
-    bq().synchronize();
+    ctx_.bq().copy_to_device(base, h.data(), size_t(n16) * 2);
+    ctx_.bq().copy_to_device(a_->dout16, h.data(), size_t(nd) * 2);
+    ctx_.bq().copy_to_device(a_->dout16_t, h.data(), size_t(nd) * 2);
+    ctx_.bq().fill_zero(C, size_t(c_max) * sizeof(float));
+    ctx_.bq().synchronize();
   }
   const Operand x16{X16, backend::DType::BF16}, w16{W16, backend::DType::BF16},
       dy{a_->dout16, backend::DType::BF16}, dyt{a_->dout16_t, backend::DType::BF16};
@@ -164,14 +165,14 @@ void ParallelTransformer::tune_gemm_layouts() {
         const backend::GemmProduct pr =
             f.transposed ? backend::GemmProduct::Transposed : backend::GemmProduct::Plain;
         if (k == 0)
-          gemm("tune", false, true, N, n_out, k_in, x16, k_in, w16, k_in, 0.0f, C, n_out, pr);
+          ops_->gemm("tune", false, true, N, n_out, k_in, x16, k_in, w16, k_in, 0.0f, C, n_out, pr);
         else if (k == 1)
-          gemm("tune", f.ta, false, N, k_in, n_out, f.ta ? dyt : dy, f.ta ? N : n_out, w16, k_in,
+          ops_->gemm("tune", f.ta, false, N, k_in, n_out, f.ta ? dyt : dy, f.ta ? N : n_out, w16, k_in,
                0.0f, C, k_in, pr);
         else
-          gemm("tune", f.ta, false, n_out, k_in, N, f.ta ? dy : dyt, f.ta ? n_out : N, x16, k_in,
+          ops_->gemm("tune", f.ta, false, n_out, k_in, N, f.ta ? dy : dyt, f.ta ? n_out : N, x16, k_in,
                1.0f, C, k_in, pr);
-        bq().synchronize();
+        ctx_.bq().synchronize();
       };
       const double flop = 2.0 * double(N) * double(k_in) * double(n_out);
       const int rounds = flop > 2e9 ? 3 : 5;
@@ -210,13 +211,13 @@ void ParallelTransformer::tune_gemm_layouts() {
   }
   // Leave the model's buffers as constructed (zeros): nothing read before written depends on it,
   // but a constructed model is the same whether or not it tuned.
-  if (own.empty()) bq().fill_zero(acts_.data(), size_t(need) * sizeof(float));
-  bq().fill_zero(a_->dout16, size_t(a_->dout16_floats) * 4);
-  bq().fill_zero(a_->dout16_t, size_t(a_->dout16_floats) * 4);
-  bq().synchronize();
+  if (own.empty()) ctx_.bq().fill_zero(acts_.data(), size_t(need) * sizeof(float));
+  ctx_.bq().fill_zero(a_->dout16, size_t(a_->dout16_floats) * 4);
+  ctx_.bq().fill_zero(a_->dout16_t, size_t(a_->dout16_floats) * 4);
+  ctx_.bq().synchronize();
 
   // One plan per grid: rank 0's (every rank has the same local shapes).
-  const comm::Communicator& world = g_.host().world;
+  const comm::Communicator& world = ctx_.g().host().world;
   if (world.size() > 1) {
     std::vector<int32_t> codes(size_t(kGemmSites) * 3);
     for (int i = 0; i < kGemmSites; ++i) {

@@ -1,31 +1,44 @@
-// ParallelTransformer: the parallel linear layers, each forward collective paired with its adjoint
-// (Megatron's column/row-parallel pairs, here on the X/Y blocks of 4d-parallelism.md; the hidden
-// state is [N, C/Gx], replicated over Y). Each site's kind and widths are declared once
-// (linear_layers.hpp, kLinears); the functions below take a site and read its shape there:
+// ParallelOps (parallel_ops.hpp): the parallel linear layers, each forward collective paired with
+// its adjoint (Megatron's column/row-parallel pairs, here on the X/Y blocks of 4d-parallelism.md;
+// the hidden state is [N, C/Gx], replicated over Y). Each site's kind and widths are declared
+// once (linear_layers.hpp, kLinears); the functions below take a site and read its shape there:
 //   normal layer      W block [n_out/Gy, k_in/Gx]: input split over X, output split over Y.
-//                     forward  partial GEMM, all-reduce over X (normal_fwd, gemm_allreduce(x))
-//                     backward dIn = all-reduce over Y of dOut · W (normal_bwd)
+//                     forward  partial GEMM, all-reduce over X (normal_fwd, gemm_allreduce)
+//                     backward dIn = all-reduce over Y of dOut · W (linear_bwd)
 //   transposed layer  W block [C/Gx, k_in/Gy]: input split over Y, output split over X.
 //                     forward  partial GEMM, all-reduce over Y (+ residual: transposed_fwd)
-//                     backward dIn = all-reduce over X of dOut · W (transposed_bwd)
+//                     backward dIn = all-reduce over X of dOut · W (linear_bwd)
 // The identity halves of the pairs (a normal layer's input replicated over Y, its output's
 // gradient replicated over X) need no message. Weight gradients dW += dOutᵀ · in stay local
 // (each rank owns its block; grad_reduction.cpp reduces them over Z and D).
-#include "tetrad/core/error.hpp"
-#include "tetrad/parallel/parallel_transformer.hpp"
+#include "tetrad/parallel/parallel_ops.hpp"
 
 #include <algorithm>
+#include <vector>
 
-#include "tetrad/parallel/activation_layout.hpp"
-#include "tetrad/parallel/linear_layers.hpp"
+#include "tetrad/core/error.hpp"
 
 namespace tetrad::parallel {
 
-void ParallelTransformer::gemm(const char* what, bool ta, bool tb, int64_t M, int64_t N, int64_t K,
-                               Operand A, int64_t lda, Operand B, int64_t ldb, float beta,
-                               float* C, int64_t ldc, backend::GemmProduct product) {
-  CommQueue::ProgressScope progress(q_);  // pending collectives move during the GEMM
-  ScopedPhase sp(prof_, Phase::Gemm, what, M, N, K);
+ParallelOps::ParallelOps(const StepContext& ctx, const WeightGatherer& weights, GradReducer& grads,
+                         const GemmLayoutPlan& layouts, const OverlapOptions& overlap,
+                         backend::Precision precision, bool bf16_activations, NormKind norm,
+                         int64_t n_embd, float norm_eps, Scratch scratch, int64_t tokens)
+    : ctx_(ctx), weights_(weights), grads_(grads), layouts_(layouts),
+      forward_chunks_(overlap.forward_chunks), backward_allreduce_(overlap.backward_allreduce),
+      precision_(precision), bf16_acts_(bf16_activations), norm_(norm), n_embd_(n_embd),
+      eps_(norm_eps), scratch_(scratch), stats_(*ctx.be, size_t(tokens) * 2) {}
+
+Operand ParallelOps::weight_operand(int i) const {
+  if (weights_.bf16()) return {weights_.weight16(i), backend::DType::BF16};
+  return f32(w(i));
+}
+
+void ParallelOps::gemm(const char* what, bool ta, bool tb, int64_t M, int64_t N, int64_t K,
+                       Operand A, int64_t lda, Operand B, int64_t ldb, float beta, float* C,
+                       int64_t ldc, backend::GemmProduct product) const {
+  CommQueue::ProgressScope progress(ctx_.q());  // pending collectives move during the GEMM
+  ScopedPhase sp(ctx_.prof, Phase::Gemm, what, M, N, K);
   backend::GemmArgs g;
   g.trans_a = ta;
   g.trans_b = tb;
@@ -43,36 +56,23 @@ void ParallelTransformer::gemm(const char* what, bool ta, bool tb, int64_t M, in
   g.ldc = ldc;
   g.precision = precision_;
   g.product = product;
-  ops().gemm(bq(), g);
+  ctx_.ops().gemm(ctx_.bq(), g);
 }
-
-// A sum over a group, skipped when the group is one rank; its time counts as communication.
-template <typename T>
-void ParallelTransformer::sum_over(const comm::Communicator& group, T* data, int64_t n,
-                                   const char* what) {
-  if (group.size() == 1) return;
-  q_.run(group.iallreduce_sum(data, size_t(n), q_.ready()), group, "allreduce", what,
-         prof_ ? prof_->layer : -2, n * int64_t(sizeof(T)));
-}
-template void ParallelTransformer::sum_over<float>(const comm::Communicator&, float*, int64_t,
-                                                   const char*);
-template void ParallelTransformer::sum_over<double>(const comm::Communicator&, double*, int64_t,
-                                                    const char*);
 
 // out[N, n_out] = in · Wᵀ, partial over `group` and all-reduced there. With forward_chunks > 1
 // the rows go in chunks: chunk i's all-reduce runs while chunk i+1's GEMM computes.
-void ParallelTransformer::gemm_allreduce(GemmSite site, float* out, Operand in, int wi,
-                                         int64_t N) {
+void ParallelOps::gemm_allreduce(GemmSite site, float* out, Operand in, int wi,
+                                 int64_t N) {
   const char* what = gemm_site_name(site);
   const LinearSpec& spec = linear_spec(site);
-  const int64_t k_in = dims_.*spec.in, n_out = dims_.*spec.out;
-  const comm::Communicator& group = g_.group(collectives(spec.kind).forward);
-  const int64_t chunks = group.size() > 1 ? std::min<int64_t>(ov_.forward_chunks, N) : 1;
-  const backend::GemmProduct fwd = product_of(site_layout(site).fwd);
+  const int64_t k_in = ctx_.dims.*spec.in, n_out = ctx_.dims.*spec.out;
+  const comm::Communicator& group = ctx_.g().group(collectives(spec.kind).forward);
+  const int64_t chunks = group.size() > 1 ? std::min<int64_t>(forward_chunks_, N) : 1;
+  const backend::GemmProduct fwd = product_of(layouts_.at(site).fwd);
   if (chunks == 1) {
     gemm(what, false, true, N, n_out, k_in, in, k_in, weight_operand(wi), k_in, 0.0f, out, n_out,
          fwd);
-    sum_over(group, out, N * n_out, what);
+    ctx_.sum_over(group, out, N * n_out, what);
     return;
   }
   std::vector<CommQueue::Ticket> tickets;
@@ -82,36 +82,36 @@ void ParallelTransformer::gemm_allreduce(GemmSite site, float* out, Operand in, 
                        in.type};
     gemm(what, false, true, r1 - r0, n_out, k_in, rows, k_in, weight_operand(wi), k_in, 0.0f,
          out + r0 * n_out, n_out, fwd);
-    tickets.push_back(q_.start(group.iallreduce_sum(out + r0 * n_out, size_t((r1 - r0) * n_out), q_.ready()),
-                               group, "allreduce", what, prof_ ? prof_->layer : -2,
+    tickets.push_back(ctx_.q().start(group.iallreduce_sum(out + r0 * n_out, size_t((r1 - r0) * n_out), ctx_.q().ready()),
+                               group, "allreduce", what, ctx_.prof ? ctx_.prof->layer : -2,
                                (r1 - r0) * n_out * int64_t(sizeof(float))));
   }
-  for (auto t : tickets) q_.wait(t);
+  for (auto t : tickets) ctx_.q().wait(t);
 }
 
 // Normal layer: out[N, n_out] = in[N, Cx-like] · Wᵀ, partial over X -> all-reduce X, + bias.
-void ParallelTransformer::normal_fwd(GemmSite site, float* out, Operand in, int wi, int bi,
-                                     int64_t N) {
+void ParallelOps::normal_fwd(GemmSite site, float* out, Operand in, int wi, int bi,
+                             int64_t N) {
   TETRAD_CHECK(linear_spec(site).kind == LinearKind::Normal, gemm_site_name(site), ": not normal");
   gemm_allreduce(site, out, in, wi, N);
-  if (const float* b = w(bi)) ops().bias_add(bq(), out, b, N, dims_.*linear_spec(site).out);
-  q_.poll();
+  if (const float* b = w(bi)) ctx_.ops().bias_add(ctx_.bq(), out, b, N, ctx_.dims.*linear_spec(site).out);
+  ctx_.q().poll();
 }
 
 // Transposed layer + residual: out[N, Cx] = resid + all-reduce_Y(in · Wᵀ) + bias.
-void ParallelTransformer::transposed_fwd(GemmSite site, float* out, const float* resid,
-                                         Operand in, int wi, int bi, int64_t N) {
+void ParallelOps::transposed_fwd(GemmSite site, float* out, const float* resid,
+                                 Operand in, int wi, int bi, int64_t N) {
   TETRAD_CHECK(linear_spec(site).kind == LinearKind::Transposed, gemm_site_name(site),
                ": not transposed");
-  float* tmp = a_->tmp;
+  float* tmp = scratch_.tmp;
   gemm_allreduce(site, tmp, in, wi, N);
-  ScopedPhase sp(prof_, Phase::Residual);
-  ops().residual_add(bq(), out, resid, tmp, w(bi), N, dims_.Cx);
+  ScopedPhase sp(ctx_.prof, Phase::Residual);
+  ctx_.ops().residual_add(ctx_.bq(), out, resid, tmp, w(bi), N, ctx_.dims.Cx);
 }
 
 // Bias gradient: Σ over tokens, parallel over columns (fixed order).
-void ParallelTransformer::bias_bwd(float* db, const float* dout, int64_t width, int64_t N) {
-  if (db) ops().bias_grad(bq(), db, dout, N, width);
+void ParallelOps::bias_bwd(float* db, const float* dout, int64_t width, int64_t N) {
+  if (db) ctx_.ops().bias_grad(ctx_.bq(), db, dout, N, width);
 }
 
 // din[N, k_in] = all-reduce of dout · W over the adjoint's group (Y for a normal layer, X for a
@@ -120,23 +120,23 @@ void ParallelTransformer::bias_bwd(float* db, const float* dout, int64_t width, 
 // or by the polls after it). With bf16 activations dout is cast to bf16 once for both GEMMs, as
 // stored (dY16) and/or transposed (dY16ᵀ), whichever the site's layout plan reads
 // (gemm_layouts.hpp: dx NN reads dY16, TN dY16ᵀ; dw NN reads dY16ᵀ, TN dY16).
-void ParallelTransformer::linear_bwd(GemmSite site, float* din, const float* dout,
-                                     Operand in, int wi, int bi, int64_t N, bool dout16_ready) {
+void ParallelOps::linear_bwd(GemmSite site, float* din, const float* dout,
+                             Operand in, int wi, int bi, int64_t N, bool dout16_ready) {
   const char* what = gemm_site_name(site);
   const LinearSpec& spec = linear_spec(site);
-  const int64_t k_in = dims_.*spec.in, n_out = dims_.*spec.out;
-  const comm::Communicator& group = g_.group(collectives(spec.kind).backward);
-  const GemmSiteLayout& lay = site_layout(site);
+  const int64_t k_in = ctx_.dims.*spec.in, n_out = ctx_.dims.*spec.out;
+  const comm::Communicator& group = ctx_.g().group(collectives(spec.kind).backward);
+  const GemmSiteLayout& lay = layouts_.at(site);
   Operand dy = f32(dout), dyt{};  // dyt: doutᵀ [n_out, N] in bf16
   TETRAD_CHECK(!dout16_ready || bf16_acts_, "linear_bwd ", what, ": bf16 dY copies without bf16 activations");
   if (bf16_acts_) {
-    const auto [d16, d16t] = dy16_copies(lay);
+    const auto [d16, d16t] = dy16_copies(site);
     if (!dout16_ready) {
-      ScopedPhase sp(prof_, Phase::Gemm, "cast dY to bf16");
+      ScopedPhase sp(ctx_.prof, Phase::Gemm, "cast dY to bf16");
       if (d16t)
-        ops().cast_transpose_f32_to_bf16(bq(), d16, d16t, dout, N, n_out);
+        ctx_.ops().cast_transpose_f32_to_bf16(ctx_.bq(), d16, d16t, dout, N, n_out);
       else
-        ops().cast_f32_to_bf16(bq(), d16, dout, N * n_out);
+        ctx_.ops().cast_f32_to_bf16(ctx_.bq(), d16, dout, N * n_out);
     }
     if (d16t) dyt = {d16t, backend::DType::BF16};
     if (d16) dy = {d16, backend::DType::BF16};
@@ -155,22 +155,23 @@ void ParallelTransformer::linear_bwd(GemmSite site, float* din, const float* dou
   else
     gemm(what, false, false, N, k_in, n_out, dy, n_out, weight_operand(wi), k_in, 0.0f, din, k_in,
          product_of(lay.dx));
-  if (ov_.backward_allreduce && group.size() > 1) {
-    const auto t = q_.start(group.iallreduce_sum(din, size_t(N * k_in), q_.ready()), group, "allreduce",
-                            what, prof_ ? prof_->layer : -2, N * k_in * int64_t(sizeof(float)));
+  if (backward_allreduce_ && group.size() > 1) {
+    const auto t = ctx_.q().start(group.iallreduce_sum(din, size_t(N * k_in), ctx_.q().ready()), group, "allreduce",
+                            what, ctx_.prof ? ctx_.prof->layer : -2, N * k_in * int64_t(sizeof(float)));
     weight_grad();
     bias_bwd(gw(bi), dout, n_out, N);
-    q_.wait(t);
+    ctx_.q().wait(t);
     return;
   }
   weight_grad();
   bias_bwd(gw(bi), dout, n_out, N);
-  sum_over(group, din, N * k_in, what);
+  ctx_.sum_over(group, din, N * k_in, what);
 }
 
-std::pair<uint16_t*, uint16_t*> ParallelTransformer::dy16_copies(const GemmSiteLayout& lay) const {
+std::pair<uint16_t*, uint16_t*> ParallelOps::dy16_copies(GemmSite site) const {
+  const GemmSiteLayout& lay = layouts_.at(site);
   const bool plain = !lay.dx.ta || lay.dw.ta, transposed = lay.dx.ta || !lay.dw.ta;
-  return {plain ? a_->dout16 : nullptr, transposed ? a_->dout16_t : nullptr};
+  return {plain ? scratch_.dout16 : nullptr, transposed ? scratch_.dout16_t : nullptr};
 }
 
 }  // namespace tetrad::parallel

@@ -49,6 +49,9 @@
 namespace tetrad::parallel {
 
 struct ParallelActivations;
+class ParallelOps;
+class TransformerBlock;
+class VocabParallel;
 
 class ParallelTransformer {
  public:
@@ -66,7 +69,7 @@ class ParallelTransformer {
   const ModelConfig& config() const { return cfg_; }
   const ParamTable& table() const { return table_; }
   const ShardPlan& plan() const { return plan_; }
-  ProcessGroups& groups() { return g_; }
+  ProcessGroups& groups() { return ctx_.g(); }
   int64_t num_local_params() const { return plan_.local_total; }
   // Writable parameters: the caller may change them, so gathered copies (and the bf16 weight
   // copy) are dropped and remade before the next forward.
@@ -79,7 +82,7 @@ class ParallelTransformer {
   float* grads() { return reduce_->grads(); }
   const ParallelOptions& options() const { return opt_; }
   // The backend the model computes on and its GEMM precision (ParallelOptions).
-  backend::Backend& compute_backend() const { return *be_; }
+  backend::Backend& compute_backend() const { return *ctx_.be; }
   backend::Precision gemm_precision() const { return precision_; }
   // The arithmetic of attention's products (ParallelOptions::attention_precision, resolved).
   backend::Precision attention_precision() const { return attention_precision_; }
@@ -148,7 +151,7 @@ class ParallelTransformer {
   bool set_gemm_layout_plan(const GemmLayoutPlan& plan);
   // Waits for every collective still pending (the next step's gathers apply_update started), so
   // a run that ends leaves no request to its destructors.
-  void finish_communication() { q_.wait_all(); }
+  void finish_communication() { ctx_.q().wait_all(); }
   void zero_grads();
   // zero_grads() for a step of `micro_batches` forward_backward calls: during the last one,
   // data-parallel buckets start as soon as their gradients are final (OverlapOptions::dp_overlap).
@@ -191,7 +194,6 @@ class ParallelTransformer {
   double grad_sum_squares();
   // AdamW ranges: the local buffer as (offset, numel, decays) runs, by parameter kind.
   void set_profile(StepProfile* p) {
-    prof_ = p;
     ctx_.prof = p;
     q_.set_profile(p);
   }
@@ -203,9 +205,7 @@ class ParallelTransformer {
   // stage's output there; the embedding computes it) and leaves its output at chunk_output(l1).
   void forward_chunk(int l0, int l1, bool embed, bool head, const int32_t* inputs, int B, int T);
   // Head chunk, after forward_chunk: the cross-entropy as forward_backward does it.
-  double chunk_loss(const int32_t* targets, int B, int T, float grad_scale, bool with_grad) {
-    return cross_entropy(targets, int64_t(B) * T, grad_scale, with_grad);
-  }
+  double chunk_loss(const int32_t* targets, int B, int T, float grad_scale, bool with_grad);
   // dout: gradient of the chunk's output (ignored with head); afterwards input_grad() holds the
   // gradient of its input. Parameter gradients accumulate as in forward_backward.
   void backward_chunk(int l0, int l1, bool embed, bool head, const int32_t* inputs,
@@ -225,119 +225,47 @@ class ParallelTransformer {
   const LayerSplit& layer_split() const { return split_; }
 
  private:
-  struct Layer {
-    int ln1_w = -1, ln1_b = -1, qkv_w = -1, qkv_b = -1, k_w = -1, v_w = -1, proj_w = -1,
-        proj_b = -1, ln2_w = -1, ln2_b = -1, fc_w = -1, fc_b = -1, up_w = -1, fcproj_w = -1,
-        fcproj_b = -1;
-  };
   using Acts = ParallelActivations;  // activation_layout.hpp
-  const float* w(int i) const;  // weight for compute: gathered block or local shard
   // Whether tensor i is a GEMM weight (a linear layer's matrix, or the output head's table).
   bool gemm_weight(int i) const;
-  // A GEMM operand: the pointer and how it is stored.
-  struct Operand {
-    const void* p = nullptr;
-    backend::DType type = backend::DType::F32;
-  };
-  // The weight operand of tensor i's GEMMs: its bf16 copy, or the fp32 weight.
-  Operand weight_operand(int i) const;
-  static Operand f32(const float* p) { return {p, backend::DType::F32}; }
-  float* gw(int i) { return reduce_->accumulator(i); }  // where its gradient accumulates
   void set_layer(int l) {
-    if (prof_) prof_->layer = l;
+    if (ctx_.prof) ctx_.prof->layer = l;
   }
   static ParallelOptions with_overlap(const OverlapOptions& o) {
     ParallelOptions p;
     p.overlap = o;
     return p;
   }
-  template <typename F>
-  void timed(Phase ph, F&& f) {
-    ScopedPhase s(prof_, ph);
-    f();
-  }
 
-  // The implementation is split by role, one file each:
-  // parallel_transformer.cpp: construction; the model's forward and backward (embedding, blocks,
-  // final norm, head, loss, with the gathers and gradient reductions between layers).
+  // The implementation is split by role, one file each; the model's parts each have their own
+  // (the blocks: block.hpp, dense_block.cpp; the vocabulary-parallel ends: vocab_parallel.cpp;
+  // the parallel linear layers and norms: parallel_ops.hpp, parallel_linear.cpp,
+  // parallel_norm.cpp; the weight gatherer and the gradient reducer).
+  // parallel_transformer.cpp: construction; the model's forward and backward (the embedding, the
+  // blocks, final norm, head and loss, with the gathers and gradient reductions between layers).
   void forward(const int32_t* inputs, int B, int T);
   void backward(const int32_t* inputs, int B, int T);
 
-  // parallel_block.cpp: one block's wiring, forward and backward (norms, qkv, RoPE, attention,
-  // projections, MLP). layer_backward turns a_->dresid (gradient of the output) into the
-  // gradient of x_in, recomputing first what the forward did not keep.
-  // pos0 >= 0: decoding, T new tokens per sequence at positions pos0.. (RoPE there), attending
-  // over the KV cache, into which their keys and values are appended first.
-  void layer_forward(int l, const float* x, int B, int T, int pos0 = -1);
-  void layer_backward(int l, const float* x_in, int B, int T);
-  void attention_forward(int l, int B, int T);
-  void cached_attention(int l, int B, int Tq, int pos0);
-
-  // parallel_linear.cpp: the parallel linear layers, each forward collective with its adjoint.
-  //   normal     (input over X, output over Y): forward all-reduce X, backward all-reduce Y.
-  //   transposed (input over Y, output over X): forward all-reduce Y, backward all-reduce X.
-  void gemm(const char* what, bool ta, bool tb, int64_t M, int64_t N, int64_t K, Operand A,
-            int64_t lda, Operand B, int64_t ldb, float beta, float* C, int64_t ldc,
-            backend::GemmProduct product = backend::GemmProduct::Default);
-  // gemm_layouts.cpp's model half: the rule plan for this model, the tuning, the site shapes.
+  // parallel_gemm_layouts.cpp: the rule plan for this model, the tuning, the site shapes.
   GemmLayoutPlan rule_gemm_layouts() const;
   void tune_gemm_layouts();
   void check_gemm_layout_plan(const GemmLayoutPlan& plan) const;
-  const GemmSiteLayout& site_layout(GemmSite site) const { return layouts_.at(site); }
-  backend::GemmProduct product_of(GemmForm f) const {
-    return !layouts_.explicit_forms() ? backend::GemmProduct::Default
-           : f.transposed             ? backend::GemmProduct::Transposed
-                                      : backend::GemmProduct::Plain;
-  }
-  // A sum over a group, skipped when the group is one rank (float and double).
-  template <typename T>
-  void sum_over(const comm::Communicator& group, T* data, int64_t n, const char* what = "");
-  // A site's shape and collectives are its LinearSpec's (linear_layers.hpp). `in`: the layer's
-  // input activation [N, k_in], fp32 or bf16-stored (act() below).
-  void gemm_allreduce(GemmSite site, float* out, Operand in, int wi, int64_t N);
-  void normal_fwd(GemmSite site, float* out, Operand in, int wi, int bi, int64_t N);
-  void transposed_fwd(GemmSite site, float* out, const float* resid, Operand in, int wi,
-                      int bi, int64_t N);
-  // dout16_ready: dout's bf16 copies the site's layout reads are already in a_->dout16 /
-  // a_->dout16_t (the loss wrote them: head_dy16), so no cast runs and dout is not read.
-  void linear_bwd(GemmSite site, float* din, const float* dout, Operand in, int wi, int bi,
-                  int64_t N, bool dout16_ready = false);
-  // With bf16 activations, the bf16 copies of a site's dY its backward GEMMs read: as stored
-  // (a_->dout16) and / or transposed (a_->dout16_t); null where its layout reads none.
-  std::pair<uint16_t*, uint16_t*> dy16_copies(const GemmSiteLayout& lay) const;
-  // An activation that feeds GEMMs: its bf16 form where the model stores one, else fp32.
-  static Operand act(const float* f, const uint16_t* b) {
-    return b ? Operand{b, backend::DType::BF16} : f32(f);
-  }
-  void bias_bwd(float* db, const float* dout, int64_t width, int64_t N);
 
-  // parallel_norm.cpp: LayerNorm / RMSNorm with row statistics all-reduced over X.
-  // out16 (not null): the normalised output in bf16 only (out unused).
-  void norm_fwd(float* out, float* mean, float* rstd, const float* x, int wi, int bi, int64_t N,
-                uint16_t* out16 = nullptr);
-  // The MLP activation of layer l's fc output, into fc_act (or fc_act16).
-  void mlp_activation(int l, int64_t N);
-  void norm_bwd(float* dx, const float* dout, const float* x, const float* mean,
-                const float* rstd, int wi, int bi, int64_t N);
-
-  // vocab_parallel.cpp: the embedding lookup, cross-entropy and greedy argmax over Y's slices.
-  // pos0: position of the first token of each sequence (decoding; 0 in training).
-  void embedding_forward(const int32_t* inputs, int64_t N, int T, int pos0 = 0);
-  void embedding_backward(const int32_t* inputs, int64_t N, int T);
-  double cross_entropy(const int32_t* targets, int64_t N, float grad_scale, bool with_grad);
-
-  // param_shards.cpp: whole tensors to and from this rank's shards; w() above.
+  // param_shards.cpp: whole tensors to and from this rank's shards.
   void gather_shard(const float* shard, size_t index, float* full);
   std::vector<float> shard_of(size_t index, const float* full) const;
   // n floats of host memory into device memory of the model's backend (complete on return).
   void upload(float* dev, const float* host, int64_t n) const;
 
   // pipeline_chunks.cpp: stage ownership and the activation regions a chunk stashes.
-  bool owns(const TensorShard& t) const { return stage_owns(t, g_.coord); }
+  bool owns(const TensorShard& t) const { return stage_owns(t, ctx_.g().coord); }
   std::vector<std::pair<float*, size_t>> chunk_regions(int l0, int l1, bool embed, bool head);
 
+  // kv_decode.cpp: layer l's cached keys and values.
+  float* cache_k(int l);
+  float* cache_v(int l);
+
   ModelConfig cfg_;
-  ProcessGroups& g_;
   // Releases the groups' staging of this model's backend (ProcessGroups::use_backend) last of
   // all, after the pending requests (q_) have copied their results back.
   struct BackendUse {
@@ -351,9 +279,6 @@ class ParallelTransformer {
     }
   } backend_use_;
   ParallelOptions opt_;
-  // Device memory of the model's backend from here on (backend::DeviceArray): the host reaches
-  // it only through the queue's copies (docs/backend.md, "Device memory").
-  int scratch_layer_ = -1;      // layer whose recomputable activations the scratch holds
   ParamTable table_;
   LayerSplit split_;
   // Which layers' activation slots this rank allocates (memory_model.hpp: all on one stage; a
@@ -361,23 +286,18 @@ class ParallelTransformer {
   std::vector<LayerSlots> layer_slots_;
   ShardPlan plan_;
   int local_batch_, max_len_;
-  // The family's block (model/family.hpp): which norm, MLP and positions the model runs.
-  NormKind norm_;
-  MlpKind mlp_;
-  Positions positions_;
-  LocalDims dims_;  // this rank's sizes (local_dims.hpp)
-  backend::DeviceArray<float> params_;
   OverlapOptions ov_;
-  // What the parts below compute and communicate with (step_context.hpp).
+  // What the model and its parts compute and communicate with (step_context.hpp): the groups,
+  // the queue of collectives (q_ below), the backend, the profile and this rank's dimensions.
   StepContext ctx_;
+  // Device memory of the model's backend from here on (backend::DeviceArray): the host reaches
+  // it only through the queue's copies (docs/backend.md, "Device memory").
+  backend::DeviceArray<float> params_;
   // The weights as the compute reads them: gathered slots, prefetch, the bf16 copy
   // (weight_gather.hpp). Declared before q_, whose pending all-gathers write into its slots.
   std::unique_ptr<WeightGatherer> gather_;
   bool bf16_acts_ = false;     // ParallelOptions::bf16_activations in force (with bf16)
   bool wgrad_nn_ = false;      // ... and the NN weight-gradient form (needs the cast-transpose)
-  // The loss wrote d(loss)/d logits straight into the head's bf16 dY copies (ce_grad_bf16), not
-  // into a_->logits: set by cross_entropy, consumed by the head's backward.
-  bool head_dy16_ready_ = false;
   GemmLayoutPlan layouts_;     // every site's GEMM forms (gemm_layouts.hpp)
   std::string layout_summary_;
   // The gradients and their reductions: blocks, Z reduce-scatters, buckets, ZeRO pieces, sparse
@@ -385,46 +305,24 @@ class ParallelTransformer {
   // write into its buffers and call back into it.
   std::unique_ptr<GradReducer> reduce_;
   backend::DeviceArray<float> acts_;
-  backend::DeviceBuffer rope_cos_, rope_sin_;  // [max_seq, hd/2] rotary tables (Llama)
-  backend::DeviceArray<double> stats_;  // [N, 2] row statistics for the all-reduces
-  // The backend this model computes on, its GEMM precision, and device scratch: token ids and
-  // targets copied from the host (when the device is not host memory), the cross-entropy's row
-  // maxima, one double for sums read back, greedy decoding's per-row winners.
-  backend::Backend* be_ = nullptr;
+  std::unique_ptr<Acts> a_;  // the views of acts_ (activation_layout.hpp)
+  // The GEMM and attention precisions (ParallelOptions, resolved).
   backend::Precision precision_ = backend::Precision::FP32;
   backend::Precision attention_precision_ = backend::Precision::FP32;
-  backend::DeviceBuffer ids_dev_[2], row_max_, scalar_, argmax_idx_, argmax_val_;
-  const backend::OpTable& ops() const { return be_->ops(); }
-  backend::RopeArgs rope_args(float* x, int64_t N, int T, int pos0 = 0) const;  // this rank's q|k heads
+  // The parts the forward and backward are composed of, each with its own scratch; declared
+  // before q_ (its collectives write into their buffers).
+  std::unique_ptr<ParallelOps> ops_;        // parallel linear layers and norms
+  std::unique_ptr<VocabParallel> vocab_;    // embedding, head, loss, argmax, whole vocabulary
+  std::unique_ptr<TransformerBlock> block_;  // the family's block, every layer
+  int wte_ = -1, wpe_ = -1, lnf_w_ = -1, lnf_b_ = -1, head_ = -1;
   // kv_decode.cpp: the KV cache, [L][k|v][B][max_len][nkvy*hd] (this rank's kv heads), its
-  // batch and next position (-1: no cache started); the whole-vocabulary logits in host memory.
+  // batch and next position (-1: no cache started).
   backend::DeviceBuffer kv_cache_;
   int cache_b_ = 0, cache_pos_ = -1;
-  std::vector<float> host_logits_, gathered_logits_;
-  float* cache_k(int l);
-  float* cache_v(int l);
-  // logits (rows of [rows, Vy], device) over the whole vocabulary into host_logits_ [rows, V].
-  const float* whole_vocabulary(const float* logits, int64_t rows);
-  backend::Queue& bq() const { return be_->queue(); }
-  // Zeros / a copy of n elements of device memory, through the queue (the host never touches
-  // the model's buffers: they may be a GPU's).
-  template <typename T> void zero_dev(T* p, int64_t n) const {
-    if (n > 0) bq().fill_zero(p, size_t(n) * sizeof(T));
-  }
-  template <typename T> void copy_dev(T* dst, const T* src, int64_t n) const {
-    if (n > 0 && dst != src) bq().copy_on_device(dst, src, size_t(n) * sizeof(T));
-  }
-  // `host` (n ids) as a device pointer: itself on a host-visible backend, else copied to slot.
-  const int32_t* device_ids(const int32_t* host, int64_t n, int slot);
-  // The double at `dev` (device memory) on the host.
-  double read_scalar(const double* dev);
   // Declared after every buffer a collective reads or writes, so it is destroyed first: requests
   // still pending when an error unwinds are finished (or abandoned) while their buffers exist.
+  // The model's code reaches it through ctx_.
   CommQueue q_;
-  std::vector<Layer> layers_;
-  int wte_ = -1, wpe_ = -1, lnf_w_ = -1, lnf_b_ = -1, head_ = -1;
-  std::unique_ptr<Acts> a_;
-  StepProfile* prof_ = nullptr;
 };
 
 }  // namespace tetrad::parallel

@@ -21,7 +21,7 @@ void ParallelTransformer::zero_grads() {
     reduce_->zero();
     return;
   }
-  q_.wait_all();  // pending reduce-scatters would add into the zeroed gradients
+  ctx_.q().wait_all();  // pending reduce-scatters would add into the zeroed gradients
   reduce_->zero();
   gather_->invalidate();
 }
@@ -44,7 +44,7 @@ void ParallelTransformer::apply_update(
   // bf16 copy right after (the bits the fused pass would write).
   apply_update([&](float* p, uint16_t* p16, int64_t lo, int64_t hi) {
     update(p, lo, hi);
-    if (p16 && hi > lo) ops().cast_f32_to_bf16(bq(), p16 + lo, p + lo, hi - lo);
+    if (p16 && hi > lo) ctx_.ops().cast_f32_to_bf16(ctx_.bq(), p16 + lo, p + lo, hi - lo);
   });
 }
 
@@ -52,7 +52,7 @@ void ParallelTransformer::apply_update(
     const std::function<void(float* params, uint16_t* params16, int64_t lo, int64_t hi)>& update16) {
   // All of it is the optimizer step on the breakdown, except the MPI calls that issue and poll
   // the gathers (communication; the gathers' own time runs behind the update).
-  ScopedPhase phase(prof_, Phase::Optimizer, "update");
+  ScopedPhase phase(ctx_.prof, Phase::Optimizer, "update");
   float* p = params();  // the parameters change: gathered copies are dropped
   uint16_t* p16 = gather_->bf16_copy();
   // Every interval is updated through update16, which writes its bf16 copy too: the gathers
@@ -60,15 +60,15 @@ void ParallelTransformer::apply_update(
   gather_->bf16_copy_written();
   auto update = [&](float* params, int64_t lo, int64_t hi) { update16(params, p16, lo, hi); };
   const int64_t n = plan_.local_total;
-  const bool across = ov_.prefetch_across_steps && ov_.prefetch_depth > 0 && g_.shape.z() > 1 &&
-                      g_.shape.p() == 1;
+  const bool across = ov_.prefetch_across_steps && ov_.prefetch_depth > 0 && ctx_.g().shape.z() > 1 &&
+                      ctx_.g().shape.p() == 1;
   if (!across || opt_.zero >= 1) {
     // ZeRO: the gathers need the pieces every D replica updated, so they wait for
     // gather_updated_params(); they still overlap the trainer's work until the next forward.
     update(p, 0, n);
     gather_updated_params();
     if (across) {
-      ScopedPhase issue(prof_, Phase::Comm, "issue next step's gathers");
+      ScopedPhase issue(ctx_.prof, Phase::Comm, "issue next step's gathers");
       gather_->issue_next_step();
     }
     return;
@@ -89,7 +89,7 @@ void ParallelTransformer::apply_update(
       merged.push_back(iv);
   for (const auto& [lo, hi] : merged) update(p, lo, hi);
   {
-    ScopedPhase issue(prof_, Phase::Comm, "issue next step's gathers");
+    ScopedPhase issue(ctx_.prof, Phase::Comm, "issue next step's gathers");
     gather_->issue_next_step();
   }
   // The rest in slices, so the gathers move: by the progress thread while a slice computes, or
@@ -98,11 +98,11 @@ void ParallelTransformer::apply_update(
   auto rest = [&](int64_t lo, int64_t hi) {
     for (int64_t a = lo; a < hi; a += kSlice) {
       {
-        CommQueue::ProgressScope progress(q_);
+        CommQueue::ProgressScope progress(ctx_.q());
         update(p, a, std::min(hi, a + kSlice));
       }
-      ScopedPhase poll(prof_, Phase::Comm, "poll");
-      q_.poll();
+      ScopedPhase poll(ctx_.prof, Phase::Comm, "poll");
+      ctx_.q().poll();
     }
   };
   int64_t at = 0;
@@ -114,7 +114,7 @@ void ParallelTransformer::apply_update(
 }
 
 void ParallelTransformer::gather_updated_params() {
-  if (opt_.zero == 0 || g_.shape.d() == 1) return;
+  if (opt_.zero == 0 || ctx_.g().shape.d() == 1) return;
   // The parameters change: gathered copies are stale, and the bf16 copy holds only this rank's
   // pieces updated: remade before the next forward (gathering the bf16 pieces over D as well
   // would halve that traffic; not done).
@@ -124,12 +124,12 @@ void ParallelTransformer::gather_updated_params() {
     if (!t.stored) continue;  // another pipeline stage's layer
     const int64_t q = reduce_->piece(i);
     float* pieces = reduce_->piece_staging();
-    float* mine = pieces + q * g_.shape.d();
-    zero_dev(mine, q);
-    copy_dev(mine, params_.data() + optimizer_layout().param_offsets[i], optimizer_layout().sizes[i]);
-    q_.run(g_.d().iallgather(mine, pieces, size_t(q), q_.ready()), g_.d(), "allgather", "updated pieces over D",
-           t.spec->layer, q * g_.shape.d() * int64_t(sizeof(float)));
-    copy_dev(params_.data() + t.offset, pieces, t.shard_numel);
+    float* mine = pieces + q * ctx_.g().shape.d();
+    ctx_.zero_dev(mine, q);
+    ctx_.copy_dev(mine, params_.data() + optimizer_layout().param_offsets[i], optimizer_layout().sizes[i]);
+    ctx_.q().run(ctx_.g().d().iallgather(mine, pieces, size_t(q), ctx_.q().ready()), ctx_.g().d(), "allgather", "updated pieces over D",
+           t.spec->layer, q * ctx_.g().shape.d() * int64_t(sizeof(float)));
+    ctx_.copy_dev(params_.data() + t.offset, pieces, t.shard_numel);
   }
 }
 

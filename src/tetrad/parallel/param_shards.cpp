@@ -1,6 +1,5 @@
 // ParallelTransformer: the parameters and their shards. Whole tensors in and out (initial values,
-// checkpoints: scatter / gather over Z, D and the pipeline stages), and where the compute finds a
-// weight (w: the weight gatherer's block or the local shard).
+// checkpoints: scatter / gather over Z, D and the pipeline stages).
 #include "tetrad/parallel/parallel_transformer.hpp"
 
 #include <algorithm>
@@ -24,9 +23,9 @@ void ParallelTransformer::init_weights(uint64_t seed) {
 std::vector<float> ParallelTransformer::shard_of(size_t i, const float* full) const {
   const TensorShard& t = plan_.tensors[i];
   if (!t.stored) return {};  // another pipeline stage's layer
-  std::vector<float> block(t.z_sharded ? t.shard_numel * g_.shape.z() : t.block_numel, 0.0f);
+  std::vector<float> block(t.z_sharded ? t.shard_numel * ctx_.g().shape.z() : t.block_numel, 0.0f);
   extract_block(t, full, block.data());
-  const int64_t first = t.z_sharded ? t.shard_numel * g_.coord.z() : 0;
+  const int64_t first = t.z_sharded ? t.shard_numel * ctx_.g().coord.z() : 0;
   return std::vector<float>(block.begin() + first, block.begin() + first + t.shard_numel);
 }
 
@@ -38,8 +37,8 @@ void ParallelTransformer::scatter_tensor(float* local, size_t i, const float* fu
 
 void ParallelTransformer::upload(float* dev, const float* host, int64_t n) const {
   if (n <= 0) return;
-  bq().copy_to_device(dev, host, size_t(n) * sizeof(float));
-  bq().synchronize();  // `host` may go away when the caller returns
+  ctx_.bq().copy_to_device(dev, host, size_t(n) * sizeof(float));
+  ctx_.bq().synchronize();  // `host` may go away when the caller returns
 }
 
 void ParallelTransformer::gather_tensor(const float* local, size_t i, float* full) {
@@ -53,21 +52,21 @@ void ParallelTransformer::gather_shard(const float* shard, size_t i, float* full
   // rank of its Z group is in the same stage, so the Z all-gather is skipped by all or none.
   std::fill(full, full + t.spec->numel, 0.0f);
   if (t.stored) {
-    std::vector<float> block(t.z_sharded ? t.shard_numel * g_.shape.z() : t.block_numel);
-    if (t.z_sharded && g_.shape.z() > 1) {
-      bq().synchronize();  // the shard is final (the host side of a staged all-gather reads it)
-      g_.host().z().allgather(shard, block.data(), size_t(t.shard_numel));  // into host memory
+    std::vector<float> block(t.z_sharded ? t.shard_numel * ctx_.g().shape.z() : t.block_numel);
+    if (t.z_sharded && ctx_.g().shape.z() > 1) {
+      ctx_.bq().synchronize();  // the shard is final (the host side of a staged all-gather reads it)
+      ctx_.g().host().z().allgather(shard, block.data(), size_t(t.shard_numel));  // into host memory
     } else if (t.block_numel > 0) {
-      bq().copy_to_host(block.data(), shard, size_t(t.block_numel) * sizeof(float));
-      bq().synchronize();
+      ctx_.bq().copy_to_host(block.data(), shard, size_t(t.block_numel) * sizeof(float));
+      ctx_.bq().synchronize();
     }
-    const GridCoord& c = g_.coord;
+    const GridCoord& c = ctx_.g().coord;
     bool owner = c.d() == 0 && c.z() == 0 && owns(t);
     if (t.layout == ShardLayout::ColsX) owner = owner && c.y() == 0;
     if (t.layout == ShardLayout::RowsY) owner = owner && c.x() == 0;
     if (owner) insert_block(t, block.data(), full);
   }
-  if (g_.world.size() > 1) g_.host().world.allreduce_sum(full, size_t(t.spec->numel));  // host
+  if (ctx_.g().world.size() > 1) ctx_.g().host().world.allreduce_sum(full, size_t(t.spec->numel));  // host
 }
 
 void ParallelTransformer::scatter_state_tensor(float* state, size_t i, const float* full) const {
@@ -81,26 +80,19 @@ void ParallelTransformer::gather_state_tensor(const float* state, size_t i, floa
   if (opt_.zero == 0) return gather_tensor(state, i, full);
   const int64_t q = reduce_->piece(i);
   float* pieces = reduce_->piece_staging();
-  float* mine = pieces + q * g_.shape.d();
-  zero_dev(mine, q);
-  copy_dev(mine, state + optimizer_layout().state_offsets[i], optimizer_layout().sizes[i]);
-  if (q > 0 && g_.d().size() > 1) {  // q = 0: not stored on this stage
-    bq().synchronize();  // a staged all-gather reads `mine` from the host side
-    g_.d().allgather(mine, pieces, size_t(q));
+  float* mine = pieces + q * ctx_.g().shape.d();
+  ctx_.zero_dev(mine, q);
+  ctx_.copy_dev(mine, state + optimizer_layout().state_offsets[i], optimizer_layout().sizes[i]);
+  if (q > 0 && ctx_.g().d().size() > 1) {  // q = 0: not stored on this stage
+    ctx_.bq().synchronize();  // a staged all-gather reads `mine` from the host side
+    ctx_.g().d().allgather(mine, pieces, size_t(q));
   } else
-    copy_dev(pieces, static_cast<const float*>(mine), q);
+    ctx_.copy_dev(pieces, static_cast<const float*>(mine), q);
   gather_shard(pieces, i, full);  // the pieces in D order are the shard (padding past its end)
 }
 
-const float* ParallelTransformer::w(int i) const { return gather_->weight(i); }
-
 bool ParallelTransformer::gemm_weight(int i) const {
   return i >= 0 && (table_.specs[size_t(i)].kind == ParamKind::Linear || i == head_);
-}
-
-ParallelTransformer::Operand ParallelTransformer::weight_operand(int i) const {
-  if (gather_->bf16()) return {gather_->weight16(i), backend::DType::BF16};
-  return f32(w(i));
 }
 
 }  // namespace tetrad::parallel

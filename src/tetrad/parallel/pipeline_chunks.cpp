@@ -8,12 +8,13 @@
 
 #include "tetrad/core/error.hpp"
 #include "tetrad/parallel/activation_layout.hpp"
+#include "tetrad/parallel/block.hpp"
 
 namespace tetrad::parallel {
 
 int ParallelTransformer::layer_stage(int l) const {
-  if (g_.shape.p() == 1) return 0;
-  return split_.stage_of(l, g_.shape.p());
+  if (ctx_.shape().p() == 1) return 0;
+  return split_.stage_of(l, ctx_.shape().p());
 }
 
 float* ParallelTransformer::chunk_input(int l0) {
@@ -51,11 +52,11 @@ std::vector<float> ParallelTransformer::stash(int l0, int l1, bool embed, bool h
   std::vector<float> out(total);
   size_t at = 0;
   for (auto [p, n] : regions) {
-    if (n) bq().copy_to_host(out.data() + at, p, n * sizeof(float));
+    if (n) ctx_.bq().copy_to_host(out.data() + at, p, n * sizeof(float));
     at += n;
   }
-  bq().synchronize();
-  out.back() = float(scratch_layer_);  // exact for any layer index
+  ctx_.bq().synchronize();
+  out.back() = float(block_->scratch_layer());  // exact for any layer index
   return out;
 }
 
@@ -69,14 +70,14 @@ void ParallelTransformer::restore(int l0, int l1, bool embed, bool head, const s
   size_t at = 0;
   for (auto [p, n] : chunk_regions(l0, l1, embed, head)) {
     TETRAD_CHECK(at + n < s.size(), "activation stash of the wrong chunk");
-    if (n) bq().copy_to_device(p, s.data() + at, n * sizeof(float));
+    if (n) ctx_.bq().copy_to_device(p, s.data() + at, n * sizeof(float));
     at += n;
   }
   TETRAD_CHECK(at + 1 == s.size(), "activation stash of the wrong chunk");
-  bq().synchronize();  // the stash may be freed when the caller returns
+  ctx_.bq().synchronize();  // the stash may be freed when the caller returns
   // The recompute scratch is not stashed: other micro-batches used it since (s.back() is the
   // layer it held then, kept in the format only).
-  scratch_layer_ = -1;
+  block_->scratch_lost();
 }
 
 }  // namespace tetrad::parallel

@@ -1,117 +1,166 @@
-// ParallelTransformer: the vocabulary-parallel ends of the model, Megatron's scheme over Y. The
-// embedding table, output head and logits are split by vocabulary rows over Y (Vy = V/Gy rows
-// per rank, [Vy, Cx] blocks); the lookup sums every Y rank's slice, the cross-entropy combines
-// per-slice maxima, Σ exp and the target logit with all-reduces over Y, and greedy decoding
-// compares each slice's best logit after an all-gather over Y.
-#include "tetrad/parallel/parallel_transformer.hpp"
+// VocabParallel (vocab_parallel.hpp): the vocabulary-parallel ends of the model, Megatron's scheme
+// over Y. The embedding table, output head and logits are split by vocabulary rows over Y (Vy =
+// V/Gy rows per rank, [Vy, Cx] blocks); the lookup sums every Y rank's slice, the cross-entropy
+// combines per-slice maxima, Σ exp and the target logit with all-reduces over Y, and greedy
+// decoding compares each slice's best logit after an all-gather over Y.
+#include "tetrad/parallel/vocab_parallel.hpp"
 
 #include <algorithm>
 #include <cstring>
 
 #include "tetrad/core/error.hpp"
-#include "tetrad/parallel/activation_layout.hpp"
 
 namespace tetrad::parallel {
 
-// Vocabulary-parallel lookup of this rank's tokens into a_->emb [N, Cx]: each Y rank copies the
-// rows of its vocabulary slice (zeros elsewhere) and the slices are summed over Y; then the
-// position table (GPT-2).
-void ParallelTransformer::embedding_forward(const int32_t* inputs, int64_t N, int T, int pos0) {
-  const int64_t V = cfg_.vocab_size;
-  Acts& a = *a_;
-  ScopedPhase sp(prof_, Phase::Embedding);
-  for (int64_t t = 0; t < N; ++t)
-    if (inputs[t] < 0 || inputs[t] >= V)
-      fail("token id ", inputs[t], " at position ", t, " is outside the model's vocabulary [0, ", V, ")");
-  const int64_t v0 = dims_.Vy * g_.coord.y();
-  ops().embedding_gather(bq(), a.emb, device_ids(inputs, N, 0), w(wte_), v0, dims_.Vy, N, dims_.Cx);
-  sum_over(g_.y(), a.emb, N * dims_.Cx, "embedding");
-  if (wpe_ >= 0) ops().position_add(bq(), a.emb, w(wpe_) + int64_t(pos0) * dims_.Cx, N, T, dims_.Cx);
+VocabParallel::VocabParallel(const StepContext& ctx, ParallelOps& ops, GradReducer& grads,
+                             const ParallelActivations& acts, Tensors tensors, int64_t vocab,
+                             int64_t tokens, int sequences, bool bf16_loss_grad)
+    : ctx_(ctx), ops_(ops), grads_(grads), a_(acts), t_(tensors), vocab_(vocab),
+      bf16_loss_grad_(bf16_loss_grad) {
+  backend::Backend& be = *ctx.be;
+  if (!be.capabilities().host_visible)
+    for (auto& b : ids_dev_) b = be.alloc_array<int32_t>(size_t(tokens));
+  row_max_ = be.alloc_array<float>(size_t(tokens));
+  sums_ = be.alloc_array<double>(2 * size_t(tokens));
+  scalar_ = be.alloc_array<double>(1);
+  argmax_idx_ = be.alloc_array<int32_t>(size_t(sequences));
+  argmax_val_ = be.alloc_array<float>(size_t(sequences));
 }
 
-// The embedding's backward from a_->dresid: the rows of this rank's vocabulary slice accumulate
-// into the token embedding's gradient block (not with the sparse embedding gradient, whose rows
-// go over Z: accumulate_embedding_rows), every position into the position table's.
-void ParallelTransformer::embedding_backward(const int32_t* inputs, int64_t N, int T) {
-  Acts& a = *a_;
-  ScopedPhase sp(prof_, Phase::Embedding);
-  float* dE = reduce_->sparse_embedding() ? nullptr : gw(wte_);  // sparse: accumulate_embedding_rows
-  const int64_t v0 = dims_.Vy * g_.coord.y();
-  float* dP = gw(wpe_);
+const int32_t* VocabParallel::device_ids(const int32_t* host, int64_t n, int slot) {
+  if (ctx_.be->capabilities().host_visible) return host;
+  ctx_.bq().copy_to_device(ids_dev_[slot].data(), host, size_t(n) * sizeof(int32_t));
+  return ids_dev_[slot].as<int32_t>();
+}
+
+double VocabParallel::read_scalar(const double* dev) {
+  double v = 0;
+  ctx_.bq().copy_to_host(&v, dev, sizeof v);
+  ctx_.bq().synchronize();
+  return v;
+}
+
+// Vocabulary-parallel lookup of this rank's tokens into emb [N, Cx]: each Y rank copies the rows
+// of its vocabulary slice (zeros elsewhere) and the slices are summed over Y; then the position
+// table (GPT-2).
+void VocabParallel::embedding_forward(const int32_t* inputs, int64_t N, int T, int pos0) {
+  const LocalDims& d = ctx_.dims;
+  ScopedPhase sp(ctx_.prof, Phase::Embedding);
+  for (int64_t t = 0; t < N; ++t)
+    if (inputs[t] < 0 || inputs[t] >= vocab_)
+      fail("token id ", inputs[t], " at position ", t, " is outside the model's vocabulary [0, ",
+           vocab_, ")");
+  const int64_t v0 = d.Vy * ctx_.g().coord.y();
+  ctx_.ops().embedding_gather(ctx_.bq(), a_.emb, device_ids(inputs, N, 0),
+                              ops_.w(t_.token_embedding), v0, d.Vy, N, d.Cx);
+  ctx_.sum_over(ctx_.g().y(), a_.emb, N * d.Cx, "embedding");
+  if (t_.position_embedding >= 0)
+    ctx_.ops().position_add(ctx_.bq(), a_.emb,
+                            ops_.w(t_.position_embedding) + int64_t(pos0) * d.Cx, N, T, d.Cx);
+}
+
+// The embedding's backward from dresid: the rows of this rank's vocabulary slice accumulate into
+// the token embedding's gradient block (not with the sparse embedding gradient, whose rows go
+// over Z: GradReducer::accumulate_embedding_rows), every position into the position table's.
+void VocabParallel::embedding_backward(const int32_t* inputs, int64_t N, int T) {
+  const LocalDims& d = ctx_.dims;
+  ScopedPhase sp(ctx_.prof, Phase::Embedding);
+  float* dE = grads_.sparse_embedding() ? nullptr : ops_.gw(t_.token_embedding);
+  const int64_t v0 = d.Vy * ctx_.g().coord.y();
+  float* dP = ops_.gw(t_.position_embedding);
   if (dE)
-    ops().embedding_scatter_add(bq(), dE, 0, dims_.Vy * dims_.Cx, a.dresid, device_ids(inputs, N, 0), v0,
-                                dims_.Vy, N, dims_.Cx);
-  if (dP) ops().position_grad(bq(), dP, a.dresid, N, T, dims_.Cx);
+    ctx_.ops().embedding_scatter_add(ctx_.bq(), dE, 0, d.Vy * d.Cx, a_.dresid,
+                                     device_ids(inputs, N, 0), v0, d.Vy, N, d.Cx);
+  if (dP) ctx_.ops().position_grad(ctx_.bq(), dP, a_.dresid, N, T, d.Cx);
+}
+
+void VocabParallel::start_embedding_ids(const int32_t* inputs, int64_t N) {
+  grads_.start_embedding_ids(device_ids(inputs, N, 0), N);
+}
+
+// Output head: a normal layer on the embedding's block -> logits [N, V/Gy].
+void VocabParallel::head_forward(int64_t N) {
+  ops_.gemm_allreduce(GemmSite::Head, a_.logits, act(a_.lnf, a_.lnf16), t_.head, N);
+}
+
+// dlogits [N, Vy] -> din [N, Cx] (sum over Y), d(head block): a normal layer's backward.
+void VocabParallel::head_backward(float* din, int64_t N) {
+  ops_.linear_bwd(GemmSite::Head, din, a_.logits, act(a_.lnf, a_.lnf16), t_.head, -1, N,
+                  dlogits16_);
+  dlogits16_ = false;
 }
 
 // Vocabulary-parallel cross-entropy over Y: global row max, then Σ exp and the target logit
 // (from the rank that owns it) in one all-reduce, then the losses and, with grad, logits ->
 // dlogits in place (the op table's ce_* pieces).
-double ParallelTransformer::cross_entropy(const int32_t* targets, int64_t N, float grad_scale,
-                                          bool with_grad) {
-  ScopedPhase sp(prof_, Phase::Loss);
-  const int64_t V = cfg_.vocab_size, v0 = dims_.Vy * g_.coord.y();
+double VocabParallel::cross_entropy(const int32_t* targets, int64_t N, float grad_scale,
+                                    bool with_grad) {
+  ScopedPhase sp(ctx_.prof, Phase::Loss);
+  const int64_t Vy = ctx_.dims.Vy, v0 = Vy * ctx_.g().coord.y();
   for (int64_t t = 0; t < N; ++t)
-    if (targets[t] >= V)
-      fail("target token id ", targets[t], " at position ", t, " is outside the model's vocabulary [0, ", V, ")");
-  float* L = a_->logits;
+    if (targets[t] >= vocab_)
+      fail("target token id ", targets[t], " at position ", t,
+           " is outside the model's vocabulary [0, ", vocab_, ")");
+  const comm::Communicator& gy = ctx_.g().y();
+  backend::Queue& q = ctx_.bq();
+  float* L = a_.logits;
   float* mx = row_max_.as<float>();
   const int32_t* tg = device_ids(targets, N, 1);
-  const backend::OpTable& op = ops();
-  double* st = stats_.data();
-  if (g_.y().size() == 1 && be_->capabilities().ce_row_stats_fused) {
-    op.ce_row_max_sum_exp_target(bq(), mx, st, L, tg, v0, dims_.Vy, N);  // the same values, one read
+  const backend::OpTable& op = ctx_.ops();
+  double* st = sums_.as<double>();
+  if (gy.size() == 1 && ctx_.be->capabilities().ce_row_stats_fused) {
+    op.ce_row_max_sum_exp_target(q, mx, st, L, tg, v0, Vy, N);  // the same values, one read
   } else {
-    op.ce_row_max(bq(), mx, L, N, dims_.Vy);
-    if (g_.y().size() > 1)
-      q_.run(g_.y().iallreduce_max(mx, size_t(N), q_.ready()), g_.y(), "allreduce_max", "logit max",
-             -1, N * int64_t(sizeof(float)));
-    op.ce_sum_exp_target(bq(), st, L, mx, tg, v0, dims_.Vy, N);
-    sum_over(g_.y(), st, 2 * N, "softmax sums");
+    op.ce_row_max(q, mx, L, N, Vy);
+    if (gy.size() > 1)
+      ctx_.q().run(gy.iallreduce_max(mx, size_t(N), ctx_.q().ready()), gy, "allreduce_max",
+                   "logit max", -1, N * int64_t(sizeof(float)));
+    op.ce_sum_exp_target(q, st, L, mx, tg, v0, Vy, N);
+    ctx_.sum_over(gy, st, 2 * N, "softmax sums");
   }
-  op.ce_loss(bq(), a_->losses, scalar_.as<double>(), st, mx, tg, N);
+  op.ce_loss(q, a_.losses, scalar_.as<double>(), st, mx, tg, N);
   const double total = read_scalar(scalar_.as<double>());
-  head_dy16_ready_ = false;
+  dlogits16_ = false;
   if (with_grad) {
     // With bf16 activations the head's backward GEMMs read dlogits in bf16 only: written here
     // in one pass over the logits rather than as fp32 dlogits that the head's cast reads back
     // (on gpt2-124m 2 x 206 MB less traffic). Not with a pipeline: its stash keeps the fp32
     // logits buffer (as dlogits) between micro-batches, not the bf16 copies.
-    if (bf16_acts_ && g_.shape.p() == 1 && be_->capabilities().bf16_loss_grad) {
-      const auto [d16, d16t] = dy16_copies(site_layout(GemmSite::Head));
-      op.ce_grad_bf16(bq(), d16, d16t, L, mx, st, tg, v0, dims_.Vy, N, grad_scale);
-      head_dy16_ready_ = true;
+    if (bf16_loss_grad_) {
+      const auto [d16, d16t] = ops_.dy16_copies(GemmSite::Head);
+      op.ce_grad_bf16(q, d16, d16t, L, mx, st, tg, v0, Vy, N, grad_scale);
+      dlogits16_ = true;
     } else {
-      op.ce_grad(bq(), L, mx, st, tg, v0, dims_.Vy, N, grad_scale);
+      op.ce_grad(q, L, mx, st, tg, v0, Vy, N, grad_scale);
     }
   }
   return total;
 }
 
-std::vector<int32_t> ParallelTransformer::greedy_next_tokens(const int32_t* inputs, int B,
-                                                             int T) {
-  forward(inputs, B, T);
-  const int64_t v0 = int64_t(g_.coord.y()) * dims_.Vy;  // first vocabulary id of this rank's slice
-  std::vector<double> mine(2 * size_t(B));        // (best logit, its global id) per sequence
+std::vector<int32_t> VocabParallel::greedy_last(int B, int T) {
+  const int64_t Vy = ctx_.dims.Vy;
+  const int64_t v0 = int64_t(ctx_.g().coord.y()) * Vy;  // first vocabulary id of this rank's slice
+  std::vector<double> mine(2 * size_t(B));              // (best logit, its global id) per sequence
   // Each sequence's last row: rows T*Vy apart, starting at row T-1.
-  ops().row_argmax(bq(), argmax_idx_.as<int32_t>(), argmax_val_.as<float>(),
-                   a_->logits + int64_t(T - 1) * dims_.Vy, B, dims_.Vy, int64_t(T) * dims_.Vy);
+  backend::Queue& q = ctx_.bq();
+  ctx_.ops().row_argmax(q, argmax_idx_.as<int32_t>(), argmax_val_.as<float>(),
+                        a_.logits + int64_t(T - 1) * Vy, B, Vy, int64_t(T) * Vy);
   std::vector<int32_t> idx(static_cast<size_t>(B));
   std::vector<float> val(static_cast<size_t>(B));
-  bq().copy_to_host(idx.data(), argmax_idx_.data(), idx.size() * sizeof(int32_t));
-  bq().copy_to_host(val.data(), argmax_val_.data(), val.size() * sizeof(float));
-  bq().synchronize();
+  q.copy_to_host(idx.data(), argmax_idx_.data(), idx.size() * sizeof(int32_t));
+  q.copy_to_host(val.data(), argmax_val_.data(), val.size() * sizeof(float));
+  q.synchronize();
   for (int b = 0; b < B; ++b) {
     mine[2 * b] = val[size_t(b)];
     mine[2 * b + 1] = double(v0 + idx[size_t(b)]);
   }
-  const int gy = g_.y().size();
+  const int gy = ctx_.g().y().size();
   std::vector<double> all(mine.size() * size_t(gy));
   if (gy == 1) {
     all = mine;
   } else {
-    ScopedPhase comm_phase(prof_, Phase::Comm);
-    g_.host().y().allgather(mine.data(), all.data(), mine.size());  // host vectors
+    ScopedPhase comm_phase(ctx_.prof, Phase::Comm);
+    ctx_.g().host().y().allgather(mine.data(), all.data(), mine.size());  // host vectors
   }
   std::vector<int32_t> next(B);
   for (int b = 0; b < B; ++b) {
@@ -123,6 +172,48 @@ std::vector<int32_t> ParallelTransformer::greedy_next_tokens(const int32_t* inpu
     next[b] = int32_t(id);
   }
   return next;
+}
+
+// Decoding: the head on each sequence's last new row only (rows Tq*Cx apart, from row Tq-1): a
+// normal layer, partial over X.
+const float* VocabParallel::last_row_logits(int B, int Tq) {
+  const LocalDims& d = ctx_.dims;
+  const int64_t last = int64_t(Tq - 1) * d.Cx;
+  ops_.gemm(gemm_site_name(GemmSite::Head), false, true, B, d.Vy, d.Cx,
+            act(a_.lnf ? a_.lnf + last : nullptr, a_.lnf16 ? a_.lnf16 + last : nullptr),
+            int64_t(Tq) * d.Cx, ops_.weight_operand(t_.head), d.Cx, 0.0f, a_.logits, d.Vy);
+  ctx_.sum_over(ctx_.g().x(), a_.logits, int64_t(B) * d.Vy, gemm_site_name(GemmSite::Head));
+  return whole_vocabulary(B);
+}
+
+// Rank y holds columns [y*Vy, (y+1)*Vy) of every row: gathered over Y as [Gy][rows][Vy], then
+// laid out row by row.
+const float* VocabParallel::whole_vocabulary(int64_t rows) {
+  const int gy = ctx_.g().y().size();
+  const int64_t Vy = ctx_.dims.Vy;
+  backend::Queue& q = ctx_.bq();
+  const size_t slice = size_t(rows) * size_t(Vy);
+  host_logits_.resize(slice * size_t(gy));
+  if (gy == 1) {
+    q.copy_to_host(host_logits_.data(), a_.logits, slice * sizeof(float));
+    q.synchronize();
+    return host_logits_.data();
+  }
+  std::vector<float> mine(slice);
+  q.copy_to_host(mine.data(), a_.logits, slice * sizeof(float));
+  q.synchronize();
+  gathered_logits_.resize(slice * size_t(gy));
+  {
+    ScopedPhase comm_phase(ctx_.prof, Phase::Comm);
+    ctx_.g().host().y().allgather(mine.data(), gathered_logits_.data(), slice);  // host vectors
+  }
+  const int64_t V = int64_t(gy) * Vy;
+  for (int r = 0; r < gy; ++r)
+    for (int64_t t = 0; t < rows; ++t)
+      std::memcpy(host_logits_.data() + t * V + int64_t(r) * Vy,
+                  gathered_logits_.data() + size_t(r) * slice + size_t(t) * size_t(Vy),
+                  size_t(Vy) * sizeof(float));
+  return host_logits_.data();
 }
 
 }  // namespace tetrad::parallel

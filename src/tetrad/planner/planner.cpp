@@ -52,9 +52,14 @@ void PlanInput::validate() const {
   model.validate();
   if (global_batch < 1) fail("plan: global batch must be >= 1 sequence (got ", global_batch, ")");
   if (seq < 1) fail("plan: sequence length must be >= 1 (got ", seq, ")");
-  if (micro_batch < 0 || micro_batch_per_replica < 0 || (micro_batch == 0) == (micro_batch_per_replica == 0))
+  if (micro_batch < 0 || micro_batch_per_replica < 0)
+    fail("plan: micro-batches must be >= 0 (got ", micro_batch, " and ", micro_batch_per_replica, ")");
+  if (search_micro_batch && (micro_batch > 0 || micro_batch_per_replica > 0))
+    fail("plan: a micro-batch is given (", micro_batch > 0 ? micro_batch : micro_batch_per_replica,
+         "), so it is not searched: give a micro-batch or let the planner choose it, not both");
+  if (!search_micro_batch && (micro_batch == 0) == (micro_batch_per_replica == 0))
     fail("plan: give exactly one of the micro-batch of the whole job (--micro-batch) or per "
-         "data replica (--micro-batch-per-replica)");
+         "data replica (--micro-batch-per-replica), or none to let the planner choose it");
   if (zero < 0 || zero > 2) fail("plan: ZeRO stage must be 0, 1 or 2 (got ", zero, ")");
   if (ranks < 1) fail("plan: ranks must be >= 1 (got ", ranks, ")");
   if (virtual_stages < 1) fail("plan: virtual stages must be >= 1 (got ", virtual_stages, ")");
@@ -485,6 +490,7 @@ std::string divisibility_problem(const PlanInput& in, const GridShape& g) {
     }
   }
   const int64_t mb = micro_batch_of(in, g);
+  if (mb < 1) return "no micro-batch given (a searched one is chosen per grid by estimate())";
   if (mb % token_slots(g) != 0)
     return "micro-batch (" + std::to_string(mb) + ") is not divisible by Gz x Gd = " +
            std::to_string(token_slots(g));
@@ -654,13 +660,16 @@ struct PipelineParts {
 
 PipelineParts pipeline_parts(const PlanInput& in, const GridShape& g, const parallel::LayerSplit& layer_split,
                              const ComputeTimes& t, const CommSums& sums, const LayerComm& lc, int64_t mcount) {
-  const int v = in.virtual_stages;
+  // Chunks per stage: the split's (parallel.virtual_stages with a pipeline axis; without one the
+  // model runs every layer as one chunk whatever the schedule says, layer_split_of).
+  const int v = layer_split.virtual_stages() / g.p();
+  TETRAD_CHECK(v >= 1 && layer_split.virtual_stages() == g.p() * v);
   const double layer_time = t.layer_fwd + t.layer_bwd;
   const double fwd_share = t.layer_fwd / layer_time;
   const std::vector<int> split = layer_split.counts();
   auto op_parts = [&](int stage, const parallel::PipeOp& op) {
     const int j = op.chunk * g.p() + stage, V = g.p() * v;
-    const double nl = split[size_t(j)];
+    const double nl = split.at(size_t(j));
     const double share = op.forward ? fwd_share : 1 - fwd_share;  // of the layer's comm
     OpParts o;
     o.compute = nl * (op.forward ? t.layer_fwd : t.layer_bwd);
@@ -736,6 +745,7 @@ std::string dominant_cost(const Estimate& e, const std::map<std::string, double>
 }  // namespace
 
 Estimate estimate(const PlanInput& in, const GridShape& g, const Machine& mach) {
+  if (in.search_micro_batch) return estimate_searching_micro_batch(in, g, mach);
   Estimate e;
   e.grid = g;
   e.trainable = g.p() == 1 || trainer_supports_pipeline();

@@ -85,6 +85,11 @@ struct PlanInput {
   // micro-batch, as Megatron's "micro-batch size" means).
   int64_t micro_batch = 0;
   int64_t micro_batch_per_replica = 0;
+  // Neither given (both 0): the planner chooses it per grid (micro_batch_candidates: every
+  // per-replica micro-batch dividing global_batch / (Gz x Gd), and with it the accumulation
+  // count), the fastest that fits; Estimate::micro_batch says which. `tetrad plan` searches when
+  // no --micro-batch is given; the trainer's --grid auto does not (it runs the config's).
+  bool search_micro_batch = false;
   int seq = 0;
   Precision precision = Precision::FP32;
   Recompute recompute = Recompute::None;
@@ -251,6 +256,15 @@ int64_t local_parameters(const ModelConfig& m, const GridShape& g);
 std::string divisibility_problem(const PlanInput& in, const GridShape& g);
 // One grid, fully costed. Invalid grids come back with valid = false and the reason.
 Estimate estimate(const PlanInput& in, const GridShape& g, const Machine& m);
+// The whole-job micro-batches a search tries on g (in.search_micro_batch), ascending:
+// b x Gz x Gd for every b dividing global_batch / (Gz x Gd); empty when Gz x Gd does not divide
+// the global batch.
+std::vector<int64_t> micro_batch_candidates(const PlanInput& in, const GridShape& g);
+// One grid at the fastest micro-batch among micro_batch_candidates: each estimated with that
+// micro-batch fixed, ascending until one does not fit (memory grows with it), the fastest valid
+// kept; when none is valid, the smallest candidate's reason. estimate() calls it when
+// in.search_micro_batch.
+Estimate estimate_searching_micro_batch(const PlanInput& in, const GridShape& g, const Machine& m);
 // Every grid of in.ranks: valid ones by predicted step time (fastest first), then the rejected.
 // A machine without a rate for in.precision throws require_rate's error (no grid could run).
 std::vector<Estimate> plan(const PlanInput& in, const Machine& m);

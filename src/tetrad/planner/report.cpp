@@ -28,6 +28,7 @@ nlohmann::json Estimate::to_json() const {
                      {"inter_node", c.inter_node}, {"groups", c.groups},
                      {"topology_limited", c.topology_limited}});
   j.update({{"micro_batch", micro_batch},
+            {"micro_batch_per_replica", micro_batch / parallel::token_slots(grid)},
             {"micro_batches", micro_batches},
             {"tokens_per_rank_per_micro_batch", tokens_per_rank},
             {"step_s", step},
@@ -72,6 +73,11 @@ std::string human_bytes(double b) {
 }
 }  // namespace
 
+std::string micro_label(const Estimate& e) {
+  if (e.micro_batch <= 0) return "-";
+  return std::to_string(e.micro_batch / parallel::token_slots(e.grid)) + " x " + std::to_string(e.micro_batches);
+}
+
 std::string plan_text(const PlanInput& in, const Machine& m, const std::vector<Estimate>& plan,
                       int show_rejected, int top) {
   std::ostringstream o;
@@ -80,7 +86,8 @@ std::string plan_text(const PlanInput& in, const Machine& m, const std::vector<E
     << " H=" << mc.n_embd << " heads=" << mc.n_head << " ffn=" << mc.ffn << " V=" << mc.vocab_size
     << ", " << count_parameters(mc) / 1e6 << " M parameters)\n"
     << "run: global batch " << in.global_batch << " x " << in.seq << " tokens, micro-batch ";
-  if (in.micro_batch > 0) o << in.micro_batch << " (whole job)";
+  if (in.search_micro_batch) o << "chosen per grid (the fastest that fits; --micro-batch fixes it)";
+  else if (in.micro_batch > 0) o << in.micro_batch << " (whole job)";
   else o << in.micro_batch_per_replica << " per data replica";
   o << ", " << name(in.precision) << ", recompute " << name(in.recompute) << ", ZeRO " << in.zero
     << ", overlap " << name(in.overlap) << ", pipeline " << name(in.schedule)
@@ -101,15 +108,15 @@ std::string plan_text(const PlanInput& in, const Machine& m, const std::vector<E
   int nvalid = 0, nrej = 0;
   for (const auto& e : plan) (e.valid ? nvalid : nrej)++;
   o << nvalid << " valid grids (x y z p d), fastest first; " << nrej << " rejected\n";
-  o << " rank  grid        step        tokens/s       MFU    HFU    memory/rank  compute  comm(exp)  bubble   dominant\n";
+  o << " rank  grid        micro x m        step        tokens/s       MFU    HFU    memory/rank  compute  comm(exp)  bubble   dominant\n";
   int rank = 0;
   for (const auto& e : plan) {
     if (!e.valid) continue;
     ++rank;
     if (top > 0 && rank > top) continue;
     std::ostringstream line;
-    line << std::setw(5) << rank << "  " << std::left << std::setw(11) << grid_label(e.grid)
-         << std::right << std::setw(10) << human_time(e.step) << std::setw(14) << std::fixed
+    line << std::setw(5) << rank << "  " << std::left << std::setw(12) << grid_label(e.grid)
+         << std::setw(11) << micro_label(e) << std::right << std::setw(10) << human_time(e.step) << std::setw(14) << std::fixed
          << std::setprecision(e.tokens_per_s >= 100 ? 0 : 1) << e.tokens_per_s << std::setw(8)
          << std::setprecision(1) << 100 * e.mfu << "%" << std::setw(6) << 100 * e.hfu << "%"
          << std::setw(13) << human_bytes(e.memory.total()) << std::setw(8)
@@ -143,7 +150,8 @@ nlohmann::json plan_json(const PlanInput& in, const Machine& m, const std::vecto
                      {"n_head", in.model.n_head}, {"ffn", in.model.ffn},
                      {"vocab_size", in.model.vocab_size}, {"parameters", count_parameters(in.model)}}},
           {"run", {{"global_batch", in.global_batch}, {"micro_batch", in.micro_batch},
-                   {"micro_batch_per_replica", in.micro_batch_per_replica}, {"seq", in.seq},
+                   {"micro_batch_per_replica", in.micro_batch_per_replica},
+                   {"micro_batch_searched", in.search_micro_batch}, {"seq", in.seq},
                    {"precision", name(in.precision)}, {"recompute", name(in.recompute)},
                    {"zero", in.zero}, {"overlap", name(in.overlap)}, {"schedule", name(in.schedule)},
                    {"virtual_stages", in.virtual_stages}, {"ranks", in.ranks}}},

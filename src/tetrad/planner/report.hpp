@@ -16,6 +16,9 @@ namespace tetrad::planner {
 // all) and up to `show_rejected` rejected ones with the reason (-1: all).
 std::string plan_text(const PlanInput& in, const Machine& m, const std::vector<Estimate>& plan,
                       int show_rejected = 20, int top = 0);
+// The micro-batch an estimate runs, per (z, d) replica x micro-batches per step ("4 x 16"):
+// the plan's and the scaling table's column ("-" for a rejected grid).
+std::string micro_label(const Estimate& e);
 // The same as JSON: model, run, machine, the FLOPs formula and every grid's Estimate::to_json.
 nlohmann::json plan_json(const PlanInput& in, const Machine& m, const std::vector<Estimate>& plan);
 

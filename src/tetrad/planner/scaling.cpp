@@ -8,8 +8,10 @@
 #include <nlohmann/json.hpp>
 #include <set>
 #include <sstream>
+#include <utility>
 
 #include "tetrad/core/error.hpp"
+#include "tetrad/planner/report.hpp"
 #include "tetrad/planner/validate.hpp"
 
 namespace tetrad::planner {
@@ -253,6 +255,9 @@ std::string settings_line(const ScalingSpec& spec, const Machine& m) {
     o << "global batch " << b.global_batch << " sequences at " << spec.ranks[0]
       << " ranks, in proportion to the ranks";
   else o << "global batch " << b.global_batch << " sequences at every point";
+  if (b.search_micro_batch) o << ", micro-batch chosen per point (the fastest that fits)";
+  else if (b.micro_batch > 0) o << ", micro-batch " << b.micro_batch << " (whole job)";
+  else o << ", micro-batch " << b.micro_batch_per_replica << " per replica";
   o << "\nFLOP/s: hardware FLOPs (recomputation counted) for 'PFLOP/s' and 'TFLOP/s/GPU', HFU; "
        "model FLOPs for MFU and efficiency (per-GPU model FLOP/s / the first point's)\n";
   return o.str();
@@ -265,8 +270,8 @@ std::string scaling_text(const ScalingSpec& spec, const Machine& m,
   std::ostringstream o;
   o << settings_line(spec, m);
   char line[512];
-  std::snprintf(line, sizeof line, "%7s  %-10s %8s %7s  %-16s %9s %11s %9s %10s %6s %6s %6s  %-22s %s\n",
-                "ranks", "model", "params", "batch", "grid (x,y,z,p,d)", "step s", "tokens/s",
+  std::snprintf(line, sizeof line, "%7s  %-10s %8s %7s  %-16s %-10s %9s %11s %9s %10s %6s %6s %6s  %-22s %s\n",
+                "ranks", "model", "params", "batch", "grid (x,y,z,p,d)", "micro x m", "step s", "tokens/s",
                 "PFLOP/s", "TFLOP/s/GPU", "MFU", "HFU", "eff", "limit (share of step)",
                 "grew most since first");
   o << line;
@@ -283,9 +288,10 @@ std::string scaling_text(const ScalingSpec& spec, const Machine& m,
     char grew[64] = "-";
     if (!p.grew.empty()) std::snprintf(grew, sizeof grew, "%s +%.1f pts", p.grew.c_str(), 100 * p.grew_by);
     std::snprintf(line, sizeof line,
-                  "%7d  %-10s %8s %7lld  %-16s %9.3f %11.4g %9.2f %10.1f %5.1f%% %5.1f%% %5.1f%%  %-22s %s\n",
+                  "%7d  %-10s %8s %7lld  %-16s %-10s %9.3f %11.4g %9.2f %10.1f %5.1f%% %5.1f%% %5.1f%%  %-22s %s\n",
                   p.ranks, p.model_name.c_str(), human_params(p.parameters).c_str(),
-                  static_cast<long long>(p.global_batch), grid.c_str(), p.step, p.tokens_per_s,
+                  static_cast<long long>(p.global_batch), grid.c_str(), micro_label(p.estimate).c_str(),
+                  p.step, p.tokens_per_s,
                   p.hardware_flops_per_s / 1e15, p.hardware_flops_per_gpu / 1e12, 100 * p.mfu,
                   100 * p.hfu, 100 * p.efficiency, limit.c_str(), grew);
     o << line;
@@ -306,6 +312,7 @@ nlohmann::json scaling_json(const ScalingSpec& spec, const Machine& m,
   j["recompute"] = name(spec.base.recompute);
   j["zero"] = spec.base.zero;
   j["overlap"] = name(spec.base.overlap);
+  j["micro_batch_searched"] = spec.base.search_micro_batch;
   j["flops_basis"] = "pflops / *_hardware_*: hardware FLOPs (recomputation counted); mfu and "
                      "efficiency: model FLOPs";
   nlohmann::json arr = nlohmann::json::array();
@@ -321,24 +328,29 @@ nlohmann::json scaling_json(const ScalingSpec& spec, const Machine& m,
       arr.push_back(q);
       continue;
     }
+    static constexpr std::pair<const char*, double ScalingPoint::*> kNumbers[] = {
+        {"step_s", &ScalingPoint::step},
+        {"tokens_per_s", &ScalingPoint::tokens_per_s},
+        {"model_flops_per_s", &ScalingPoint::model_flops_per_s},
+        {"hardware_flops_per_s", &ScalingPoint::hardware_flops_per_s},
+        {"model_flops_per_s_per_gpu", &ScalingPoint::model_flops_per_gpu},
+        {"hardware_flops_per_s_per_gpu", &ScalingPoint::hardware_flops_per_gpu},
+        {"mfu", &ScalingPoint::mfu},
+        {"hfu", &ScalingPoint::hfu},
+        {"efficiency", &ScalingPoint::efficiency},
+        {"limit_share", &ScalingPoint::limit_share},
+        {"grew_by", &ScalingPoint::grew_by}};
+    for (const auto& [key, field] : kNumbers) q[key] = p.*field;
     q["grid"] = grid_label(p.estimate.grid);
     q["grid_given"] = p.grid_given;
     q["grids_valid"] = p.grids_valid;
     q["grids_total"] = p.grids_total;
-    q["step_s"] = p.step;
-    q["tokens_per_s"] = p.tokens_per_s;
-    q["model_flops_per_s"] = p.model_flops_per_s;
-    q["hardware_flops_per_s"] = p.hardware_flops_per_s;
-    q["model_flops_per_s_per_gpu"] = p.model_flops_per_gpu;
-    q["hardware_flops_per_s_per_gpu"] = p.hardware_flops_per_gpu;
+    q["micro_batch"] = p.estimate.micro_batch;
+    q["micro_batch_per_replica"] = p.estimate.micro_batch / parallel::token_slots(p.estimate.grid);
+    q["micro_batches"] = p.estimate.micro_batches;
     q["pflops"] = p.hardware_flops_per_s / 1e15;
-    q["mfu"] = p.mfu;
-    q["hfu"] = p.hfu;
-    q["efficiency"] = p.efficiency;
     q["limit"] = p.limit;
-    q["limit_share"] = p.limit_share;
     q["grew_most"] = p.grew;
-    q["grew_by"] = p.grew_by;
     q["memory_bound"] = p.memory_bound;
     q["memory_per_rank_bytes"] = p.estimate.memory.total();
     q["shares"] = p.shares;

@@ -38,11 +38,25 @@ ModelConfig planner_model(const std::string& name) {
   if (name == "gpt-160b") return gpt(84, 12288, 96, 51200, 2048);
   if (name == "gpt-320b") return gpt(96, 16384, 128, 51200, 2048);
   if (name == "gpt-175b") return gpt(96, 12288, 96, 51200, 2048);
+  if (name == "llama-405b") {
+    // Llama 3.1 405B as Meta published it (the model card's config.json; "The Llama 3 Herd of
+    // Models", 2024, table 3): 126 layers, hidden 16384, 128 heads of 128, 8 KV heads, SwiGLU FFN
+    // 53248, vocabulary 128256, untied head, RoPE theta 500000 with Llama 3.1's scaling, 128K
+    // context.
+    ModelConfig c = gpt(126, 16384, 128, 128256, 131072);
+    c.family = Family::Llama;
+    c.n_kv_head = 8;
+    c.ffn = 53248;
+    c.tie_embeddings = false;
+    c.rope_theta = 500000.0f;
+    c.rope_type = "llama3";
+    return c;
+  }
   try {
     return named_model(name);
   } catch (const Error& e) {
     fail(e.what(), ", gpt-1t, gpt-80b (published rows), gpt-5b, gpt-10b, gpt-20b, gpt-40b, "
-         "gpt-60b, gpt-160b, gpt-320b, gpt-175b (scaling series)");
+         "gpt-60b, gpt-160b, gpt-320b, gpt-175b (scaling series), llama-405b (Llama 3.1 405B)");
   }
 }
 

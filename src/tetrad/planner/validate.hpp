@@ -15,7 +15,9 @@ namespace tetrad::planner {
 
 // named_model() plus the published models: "gpt-1t" (Narayanan et al. 2021: L=128, H=25600,
 // 160 heads, S=2048, V=51200) and "gpt-80b" (Singh et al. 2023: L=42, H=12288, 96 heads, S=2048;
-// V=51200 assumed). Both GPT blocks with FFN = 4H.
+// V=51200 assumed). Both GPT blocks with FFN = 4H. The scaling series' GPT shapes (gpt-5b ...
+// gpt-320b, gpt-175b), and "llama-405b" (Llama 3.1 405B's published shape: 126 layers, hidden
+// 16384, 128 heads, 8 KV heads, FFN 53248, V = 128256, untied).
 ModelConfig planner_model(const std::string& name);
 
 // The local validation sweep (scripts/validate-planner.sh, docs/planner.md "Validation: on this

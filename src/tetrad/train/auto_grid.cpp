@@ -1,11 +1,13 @@
 #include "tetrad/train/auto_grid.hpp"
 
 #include <cstdlib>
+#include <filesystem>
 #include <iomanip>
 #include <sstream>
 
 #include "tetrad/core/error.hpp"
 #include "tetrad/backend/backend.hpp"
+#include "tetrad/planner/validate.hpp"
 
 namespace tetrad {
 
@@ -34,6 +36,41 @@ PlanInput plan_input_of(const RunConfig& cfg, int ranks, const backend::Backend&
   in.overlap_switches.dp_bucket_mb = cfg.overlap.dp_bucket_mb;
   in.sparse_embedding_grad = cfg.sparse_embedding_grad;
   return in;
+}
+
+PlannerModel planner_model_of(const std::string& entry, const std::vector<std::string>& overrides) {
+  std::vector<std::string> model_sets;
+  for (const auto& s : overrides)
+    if (s.starts_with("model.")) model_sets.push_back(s);
+  if (entry.ends_with(".toml")) {
+    const RunConfig cfg = load_run_config(entry, model_sets);
+    return {cfg.model, std::filesystem::path(entry).filename().string()};
+  }
+  if (model_sets.empty()) return {planner_model(entry), entry};
+  // Named bases the config schema knows take the overrides; the published ones are fixed.
+  model_sets.insert(model_sets.begin(), "model.name=" + entry);
+  return {load_run_config("", model_sets).model, entry};
+}
+
+std::vector<PlannerModel> planner_model_list(const std::string& list, const std::vector<std::string>& overrides) {
+  std::vector<PlannerModel> out;
+  std::stringstream ms(list);
+  int n = 0;
+  for (std::string entry; std::getline(ms, entry, ',');) {
+    ++n;
+    if (entry.empty())
+      fail("--model '", list, "': entry ", n, " is empty (expected model names or TOML run "
+           "config paths separated by commas, e.g. gpt-5b,gpt-10b or a.toml,b.toml)");
+    try {
+      out.push_back(planner_model_of(entry, overrides));
+    } catch (const Error& e) {
+      fail("--model '", list, "': entry ", n, " '", entry, "': ", e.what(),
+           entry.ends_with(".toml") ? "" : " (or a TOML run config path ending in .toml)");
+    }
+  }
+  if (list.ends_with(","))
+    fail("--model '", list, "': entry ", n + 1, " is empty (a trailing comma)");
+  return out;
 }
 
 int launcher_ranks_per_node() {

@@ -5,6 +5,7 @@
 // pure cost model that knows nothing of run configs.
 #pragma once
 #include <string>
+#include <vector>
 
 #include "tetrad/backend/backend.hpp"
 #include "tetrad/parallel/grid.hpp"
@@ -23,6 +24,20 @@ struct AutoGrid {
 // backend::resolve_precision), no recomputation, ZeRO 0 and no overlap (what the trainer does
 // today).
 planner::PlanInput plan_input_of(const RunConfig& cfg, int ranks, const backend::Backend& device);
+
+// One model of `tetrad plan --model` (or of its comma list, one per point of --scaling weak): a
+// TOML run config path (its [model] section, with the `overrides` that start with "model.") or
+// a planner model name (planner::planner_model). `name` is what the tables print: the name, or
+// the config's file name.
+struct PlannerModel {
+  ModelConfig model;
+  std::string name;
+};
+PlannerModel planner_model_of(const std::string& name_or_toml, const std::vector<std::string>& overrides = {});
+// "a.toml,gpt-10b,c.toml" -> each entry by planner_model_of; throws Error naming the entry (its
+// position and text) that is empty, not a file, not a TOML config or not a model, and what is
+// expected.
+std::vector<PlannerModel> planner_model_list(const std::string& list, const std::vector<std::string>& overrides = {});
 
 // Throws Error when no trainable grid is valid (naming the first rejections).
 // `ranks_per_node`: > 0 replaces the machine file's (the launcher knows how many ranks share

@@ -42,13 +42,4 @@ struct TrainOptions {
 // run with the last good checkpoint intact.
 TrainResult train(const RunConfig& cfg, const TrainOptions& opt, std::ostream& out);
 
-// Validation loss of a model given by folder (HF-format folder or checkpoint) on a prepared split:
-// the mean loss per token of the split's first `batches` micro-batches (in order, unshuffled).
-// On a grid (inference_grid's "x,y,z,d"; collective over MPI_COMM_WORLD unless "1,1,1,1") the
-// one model evaluates the same micro-batches, dealt out over the Z x D slots (batch i to slot
-// i mod Gz*Gd), and every rank returns the whole figure.
-double evaluate_checkpoint(const std::string& model_dir, const std::string& data_dir,
-                           const std::string& split, int micro_batch, int seq_len, int batches,
-                           std::ostream& out, const std::string& grid = "1,1,1,1");
-
 }  // namespace tetrad

@@ -1,0 +1,67 @@
+// A transformer block of the parallel model as a forward/backward pair (llm.c's pairs): the part
+// ParallelTransformer runs once per layer between the vocabulary-parallel ends. A family's block
+// is one implementation of this interface (dense_block.hpp: GPT-2's and Llama's); a block of
+// another shape (q/k norms and a qkv bias, a mixture of experts) is another implementation that
+// make_block chooses by the family description, not a branch inside an existing one.
+//
+// The model gathers the layer's weights before a call and zeroes / reduces its gradient blocks
+// around the backward; the block reads its input and writes its output in the activation views
+// of its layer (activation_layout.hpp). Collective over the grid; not thread-safe.
+#pragma once
+#include <cstdint>
+#include <memory>
+
+#include "tetrad/model/model_config.hpp"
+#include "tetrad/model/params.hpp"
+#include "tetrad/parallel/activation_layout.hpp"
+#include "tetrad/parallel/options.hpp"
+#include "tetrad/parallel/parallel_ops.hpp"
+#include "tetrad/parallel/step_context.hpp"
+
+namespace tetrad::parallel {
+
+// Decoding with a key/value cache: where layer l's keys and values are cached (each
+// [B][max_len][this rank's kv heads x head dim]) and the position of the first new token.
+struct CachedKv {
+  float* k = nullptr;
+  float* v = nullptr;
+  int pos0 = 0;
+};
+
+class TransformerBlock {
+ public:
+  virtual ~TransformerBlock() = default;
+  // Layer l from its input x [B*T, Cx]: every activation of its layer views, its output at
+  // resid_out. kv (decoding): the T new tokens of each sequence are at positions kv->pos0..,
+  // their keys and values are appended to the cache first and attention reads the cache.
+  virtual void forward(int l, const float* x, int B, int T, const CachedKv* kv = nullptr) = 0;
+  // Its backward from dresid (the gradient of its output), which becomes the gradient of its
+  // input x_in; its parameter gradients accumulate. Recomputes first what the forward did not
+  // keep (Recompute).
+  virtual void backward(int l, const float* x_in, int B, int T) = 0;
+  // The layer whose recomputable activations the shared recompute scratch holds (-1: none), and
+  // the statement that the scratch no longer holds it (a pipeline restored another
+  // micro-batch's activations around it).
+  virtual int scratch_layer() const = 0;
+  virtual void scratch_lost() = 0;
+};
+
+// What a block is built from: the model, the parts it computes with (the step context, the
+// parallel linear layers and norms, which read the gathered weights and the GEMM layout plan and
+// accumulate into the gradient reducer's blocks) and its activation views.
+struct BlockParts {
+  const ModelConfig& config;
+  const ParamTable& table;
+  const StepContext& ctx;
+  ParallelOps& ops;
+  const ParallelActivations& acts;
+  Recompute recompute;
+  backend::Precision attention_precision;
+  int max_len;  // the longest sequence (the KV cache's stride per sequence)
+};
+
+// The block of the model's family (its FamilyDesc): binds the table's per-layer tensors by role,
+// failing naming a tensor no block of it binds.
+std::unique_ptr<TransformerBlock> make_block(const BlockParts& parts);
+
+}  // namespace tetrad::parallel

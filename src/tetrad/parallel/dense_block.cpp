@@ -1,0 +1,208 @@
+// DenseBlock (dense_block.hpp): one dense transformer block's wiring on the grid, forward and
+// backward, and the family's block (make_block). The layer's gathered weights are in place and
+// its gradient blocks zeroed by the caller (the model's forward / backward loops).
+#include "tetrad/parallel/dense_block.hpp"
+
+#include <algorithm>
+
+#include "tetrad/backend/rope_tables.hpp"
+#include "tetrad/core/error.hpp"
+
+namespace tetrad::parallel {
+
+namespace k = kernels;
+
+namespace {
+// This rank's heads of one micro-batch: q|k|v rows of QKVy, outputs of Ay, causal per sequence.
+backend::AttentionArgs local_heads(int B, int T, const LocalDims& d, backend::Precision precision) {
+  backend::AttentionArgs a;
+  a.precision = precision;
+  a.B = B; a.Tq = T; a.Tk = T; a.n_head = int(d.nhy); a.n_kv_head = int(d.nkvy); a.head_dim = int(d.hd);
+  a.q_stride = a.kv_stride = d.QKVy; a.q_batch_stride = a.kv_batch_stride = T * d.QKVy;
+  a.out_stride = d.Ay; a.out_batch_stride = T * d.Ay;
+  return a;
+}
+}  // namespace
+
+// Every family's block so far is the dense one.
+std::unique_ptr<TransformerBlock> make_block(const BlockParts& parts) {
+  return std::make_unique<DenseBlock>(parts);
+}
+
+DenseBlock::DenseBlock(const BlockParts& p)
+    : ctx_(p.ctx), ops_(p.ops), a_(p.acts), mlp_(p.config.desc().mlp),
+      positions_(p.config.desc().positions), recompute_(p.recompute),
+      attention_precision_(p.attention_precision), max_len_(p.max_len) {
+  // Each tensor's place in the block, by its role (fused groups follow their first tensor:
+  // build_param_table checked that k, v follow q and up follows gate).
+  layers_.resize(size_t(p.config.n_layer));
+  for (size_t i = 0; i < p.table.specs.size(); ++i) {
+    const ParamSpec& s = p.table.specs[i];
+    if (s.layer < 0) continue;  // the model's ends
+    const int ti = int(i);
+    Weights& L = layers_[size_t(s.layer)];
+    using R = TensorRole;
+    switch (s.role) {
+      case R::AttnNorm: L.ln1_w = ti; break;
+      case R::AttnNormBias: L.ln1_b = ti; break;
+      case R::Qkv: case R::Q: L.qkv_w = ti; break;
+      case R::K: L.k_w = ti; break;
+      case R::V: L.v_w = ti; break;
+      case R::QkvBias: L.qkv_b = ti; break;
+      case R::AttnOut: L.proj_w = ti; break;
+      case R::AttnOutBias: L.proj_b = ti; break;
+      case R::MlpNorm: L.ln2_w = ti; break;
+      case R::MlpNormBias: L.ln2_b = ti; break;
+      case R::MlpIn: case R::Gate: L.fc_w = ti; break;
+      case R::Up: L.up_w = ti; break;
+      case R::MlpInBias: L.fc_b = ti; break;
+      case R::MlpOut: L.fcproj_w = ti; break;
+      case R::MlpOutBias: L.fcproj_b = ti; break;
+      default: fail("tensor '", s.name, "' (", role_name(s.role), ") inside a block");
+    }
+  }
+  if (positions_ == Positions::Rope) {
+    const int64_t hd = ctx_.dims.hd, half = hd / 2;
+    const ModelConfig& cfg = p.config;
+    // The tables are built on the host once (the model's rotary settings) and copied over.
+    const size_t n = size_t(cfg.max_seq) * size_t(half);
+    std::vector<float> cos_host(n), sin_host(n);
+    k::rope_tables(cos_host.data(), sin_host.data(), cfg.max_seq, hd, rope_frequencies(cfg));
+    rope_cos_ = ctx_.be->alloc_array<float>(n);
+    rope_sin_ = ctx_.be->alloc_array<float>(n);
+    ctx_.bq().copy_to_device(rope_cos_.data(), cos_host.data(), n * sizeof(float));
+    ctx_.bq().copy_to_device(rope_sin_.data(), sin_host.data(), n * sizeof(float));
+    ctx_.bq().synchronize();
+  }
+}
+
+backend::RopeArgs DenseBlock::rope_args(float* x, int64_t N, int T, int pos0) const {
+  const LocalDims& d = ctx_.dims;
+  backend::RopeArgs r;
+  r.x = x; r.N = N; r.T_seq = T; r.pos0 = pos0; r.n_heads = d.nhy + d.nkvy; r.head_dim = d.hd;
+  r.stride = d.QKVy; r.cos = rope_cos_.as<float>(); r.sin = rope_sin_.as<float>();
+  return r;
+}
+
+void DenseBlock::attention(int l, int B, int T) {
+  const auto& A = a_.layer[size_t(l)];
+  const LocalDims& d = ctx_.dims;
+  const backend::AttentionArgs args = local_heads(B, T, d, attention_precision_);
+  ScopedPhase sp(ctx_.prof, Phase::Attention);
+  ctx_.ops().attention_forward(ctx_.bq(), args, A.atty, A.lse, A.qkv, A.qkv + d.nhy * d.hd,
+                               A.qkv + (d.nhy + d.nkvy) * d.hd);
+}
+
+// This step's Tq keys and values of each sequence appended to layer l's cache at pos0.., then
+// each query attends over the cache's first pos0 + Tq positions (its own and the earlier ones:
+// the query block is the key block's last Tq rows).
+void DenseBlock::cached_attention(int l, int B, int Tq, const CachedKv& kv) {
+  const auto& A = a_.layer[size_t(l)];
+  const LocalDims& d = ctx_.dims;
+  const int64_t KW = d.nkvy * d.hd;
+  backend::Queue& q = ctx_.bq();
+  ScopedPhase sp(ctx_.prof, Phase::Attention);
+  for (int b = 0; b < B; ++b)
+    for (int i = 0; i < Tq; ++i) {
+      const float* row = A.qkv + (int64_t(b) * Tq + i) * d.QKVy;
+      const int64_t dst = (int64_t(b) * max_len_ + kv.pos0 + i) * KW;
+      q.copy_on_device(kv.k + dst, row + d.nhy * d.hd, size_t(KW) * sizeof(float));
+      q.copy_on_device(kv.v + dst, row + (d.nhy + d.nkvy) * d.hd, size_t(KW) * sizeof(float));
+    }
+  backend::AttentionArgs args = local_heads(B, Tq, d, attention_precision_);
+  args.Tk = kv.pos0 + Tq;
+  args.kv_stride = KW;
+  args.kv_batch_stride = int64_t(max_len_) * KW;
+  ctx_.ops().attention_forward(q, args, A.atty, nullptr, A.qkv, kv.k, kv.v);
+}
+
+// One block from its input x (its weights gathered): every activation of layer l's views.
+void DenseBlock::forward(int l, const float* x, int B, int T, const CachedKv* kv) {
+  const int64_t N = int64_t(B) * T;
+  const Weights& L = layers_[size_t(l)];
+  const auto& A = a_.layer[size_t(l)];
+  ops_.norm_fwd(A.ln1, A.ln1_mean, A.ln1_rstd, x, L.ln1_w, L.ln1_b, N, A.ln1_16);
+  ops_.normal_fwd(GemmSite::Qkv, A.qkv, act(A.ln1, A.ln1_16), L.qkv_w, L.qkv_b, N);
+  if (positions_ == Positions::Rope) {
+    ScopedPhase sp(ctx_.prof, Phase::Attention);
+    ctx_.ops().rope_forward(ctx_.bq(), rope_args(A.qkv, N, T, kv ? kv->pos0 : 0));
+  }
+  if (!kv) attention(l, B, T);
+  else cached_attention(l, B, T, *kv);
+  ctx_.q().poll();
+  ops_.transposed_fwd(GemmSite::Proj, A.resid_mid, x, f32(A.atty), L.proj_w, L.proj_b, N);
+  ops_.norm_fwd(A.ln2, A.ln2_mean, A.ln2_rstd, A.resid_mid, L.ln2_w, L.ln2_b, N, A.ln2_16);
+  ops_.normal_fwd(GemmSite::Fc, A.fc, act(A.ln2, A.ln2_16), L.fc_w, L.fc_b, N);
+  mlp_activation(l, N);
+  ctx_.q().poll();
+  ops_.transposed_fwd(GemmSite::FcProj, A.resid_out, A.resid_mid, act(A.fc_act, A.fc_act16),
+                      L.fcproj_w, L.fcproj_b, N);
+  scratch_layer_ = l;  // with recomputation, the shared scratch now holds this layer
+}
+
+// fc_act = GELU(fc) or SwiGLU(gate, up); in bf16 by the fused producer (or fp32 into dfc_act
+// then a cast, on a backend without it) when the model stores bf16 activations.
+void DenseBlock::mlp_activation(int l, int64_t N) {
+  const auto& A = a_.layer[size_t(l)];
+  const int64_t Fy = ctx_.dims.Fy;
+  ScopedPhase sp(ctx_.prof, Phase::Activation);
+  const backend::OpTable& op = ctx_.ops();
+  backend::Queue& q = ctx_.bq();
+  if (A.fc_act16 && op.gelu_forward_bf16 && op.swiglu_forward_bf16) {
+    switch (mlp_) {
+      case MlpKind::Gelu: op.gelu_forward_bf16(q, A.fc_act16, A.fc, N * Fy); break;
+      case MlpKind::SwiGLU: op.swiglu_forward_bf16(q, A.fc_act16, A.fc, N, Fy); break;
+    }
+    return;
+  }
+  // dfc_act is this block's and free here (forward, or a recompute before the layer's backward).
+  float* out = A.fc_act16 ? a_.dfc_act : A.fc_act;
+  switch (mlp_) {
+    case MlpKind::Gelu: op.gelu_forward(q, out, A.fc, N * Fy); break;
+    case MlpKind::SwiGLU: op.swiglu_forward(q, out, A.fc, N, Fy); break;
+  }
+  if (A.fc_act16) op.cast_f32_to_bf16(q, A.fc_act16, out, N * Fy);
+}
+
+// The block's backward from dresid (the gradient of its output): dresid becomes the gradient of
+// its input x_in; the layer's parameter gradients accumulate into its blocks.
+void DenseBlock::backward(int l, const float* x_in, int B, int T) {
+  const int64_t N = int64_t(B) * T;
+  const Weights& L = layers_[size_t(l)];
+  const ParallelActivations& a = a_;
+  const auto& A = a.layer[size_t(l)];
+  const LocalDims& d = ctx_.dims;
+  const backend::OpTable& op = ctx_.ops();
+  backend::Queue& q = ctx_.bq();
+  // Recomputation: the scratch holds only the last layer run forward (the last one, at first).
+  if (recompute_ == Recompute::Full && scratch_layer_ != l) forward(l, x_in, B, T);
+  if (recompute_ == Recompute::Selective && scratch_layer_ != l) {
+    attention(l, B, T);
+    scratch_layer_ = l;
+  }
+  ops_.linear_bwd(GemmSite::FcProj, a.dfc_act, a.dresid, act(A.fc_act, A.fc_act16), L.fcproj_w,
+                  L.fcproj_b, N);
+  {
+    ScopedPhase sp(ctx_.prof, Phase::Activation);
+    switch (mlp_) {
+      case MlpKind::Gelu: op.gelu_backward(q, a.dfc, a.dfc_act, A.fc, N * d.Fy); break;
+      case MlpKind::SwiGLU: op.swiglu_backward(q, a.dfc, a.dfc_act, A.fc, N, d.Fy); break;
+    }
+  }
+  ops_.linear_bwd(GemmSite::Fc, a.dln, a.dfc, act(A.ln2, A.ln2_16), L.fc_w, L.fc_b, N);
+  ops_.norm_bwd(a.dresid, a.dln, A.resid_mid, A.ln2_mean, A.ln2_rstd, L.ln2_w, L.ln2_b, N);
+  ops_.linear_bwd(GemmSite::Proj, a.datty, a.dresid, f32(A.atty), L.proj_w, L.proj_b, N);
+  const backend::AttentionArgs args = local_heads(B, T, d, attention_precision_);
+  {
+    ScopedPhase sp(ctx_.prof, Phase::Attention);
+    const int64_t k0 = d.nhy * d.hd, v0 = (d.nhy + d.nkvy) * d.hd;
+    op.attention_backward(q, args, a.dqkv, a.dqkv + k0, a.dqkv + v0, a.datty, A.qkv, A.qkv + k0,
+                          A.qkv + v0, A.atty, A.lse);
+    if (positions_ == Positions::Rope) op.rope_backward(q, rope_args(a.dqkv, N, T, 0));
+  }
+  ctx_.q().poll();
+  ops_.linear_bwd(GemmSite::Qkv, a.dln, a.dqkv, act(A.ln1, A.ln1_16), L.qkv_w, L.qkv_b, N);
+  ops_.norm_bwd(a.dresid, a.dln, x_in, A.ln1_mean, A.ln1_rstd, L.ln1_w, L.ln1_b, N);
+}
+
+}  // namespace tetrad::parallel

@@ -1,0 +1,59 @@
+// The dense transformer block on the grid (GPT-2 and Llama; block.hpp's interface):
+//   x -> norm_1 -> qkv (normal) -> RoPE (rotary positions) -> attention over this rank's heads
+//     -> proj (transposed) + x -> norm_2 -> fc (normal) -> GELU / SwiGLU -> fcproj (transposed) + .
+// The family description chooses the norm (ParallelOps), the MLP activation and the positions;
+// the biases are there where the parameter table has them. The backward mirrors the forward line
+// for line; with recomputation it first recomputes what the forward did not keep (the whole
+// block, or the attention).
+//
+// It owns the rotary tables, the recompute bookkeeping (which layer the shared scratch holds)
+// and the use of the activation buffer's dfc_act: within one call, the MLP's fp32 output before
+// its bf16 cast (forward, on a backend without the fused producer) or the gradient of the MLP
+// activation (backward). The backward's other work buffers (dln, dqkv, datty, dfc) it shares with
+// nothing that lives across its calls; dresid carries the gradient between layers.
+#pragma once
+#include <vector>
+
+#include "tetrad/backend/backend.hpp"
+#include "tetrad/parallel/block.hpp"
+
+namespace tetrad::parallel {
+
+class DenseBlock final : public TransformerBlock {
+ public:
+  explicit DenseBlock(const BlockParts& parts);
+
+  void forward(int l, const float* x, int B, int T, const CachedKv* kv = nullptr) override;
+  void backward(int l, const float* x_in, int B, int T) override;
+  int scratch_layer() const override { return scratch_layer_; }
+  void scratch_lost() override { scratch_layer_ = -1; }
+
+ private:
+  // One layer's tensors (parameter table indices; -1 where the family has none).
+  struct Weights {
+    int ln1_w = -1, ln1_b = -1, qkv_w = -1, qkv_b = -1, k_w = -1, v_w = -1, proj_w = -1,
+        proj_b = -1, ln2_w = -1, ln2_b = -1, fc_w = -1, fc_b = -1, up_w = -1, fcproj_w = -1,
+        fcproj_b = -1;
+  };
+  // Attention of layer l from its stored q|k|v (after RoPE): atty and lse.
+  void attention(int l, int B, int T);
+  // Decoding: the new keys and values appended to the cache, then attention over it.
+  void cached_attention(int l, int B, int Tq, const CachedKv& kv);
+  // fc_act = GELU(fc) or SwiGLU(gate, up) of layer l (or its bf16 form).
+  void mlp_activation(int l, int64_t N);
+  backend::RopeArgs rope_args(float* x, int64_t N, int T, int pos0) const;
+
+  const StepContext& ctx_;
+  ParallelOps& ops_;
+  const ParallelActivations& a_;
+  std::vector<Weights> layers_;
+  MlpKind mlp_;
+  Positions positions_;
+  Recompute recompute_;
+  backend::Precision attention_precision_;
+  int max_len_;
+  backend::DeviceBuffer rope_cos_, rope_sin_;  // [max_seq, hd/2] rotary tables
+  int scratch_layer_ = -1;  // the layer whose recomputable activations the scratch holds
+};
+
+}  // namespace tetrad::parallel
