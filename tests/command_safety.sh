@@ -10,6 +10,12 @@
 #   prepare  prepare into an existing data folder: an input error or SIGTERM/SIGKILL at any moment
 #            leaves the old folder whole; a second prepare on the folder is refused naming the
 #            first; leftovers of a killed one are removed by the next
+#   resume_identity  resume with another seed, other data or another tokenizer: refused by name;
+#            --allow-data-change continues and records it in metrics.jsonl
+#   model_size  a config.json with absurd sizes: import, generate, logits, export, eval refuse
+#            before allocating, naming the sizes and the memory
+#   final_state  a run whose weights end non-finite exits 1 saying what the latest checkpoint is
+#   early_signal SIGTERM during start-up stops cleanly before the first step (exit 0, checkpoint)
 source "$(dirname "${BASH_SOURCE[0]}")/cli_common.sh" "$1"
 CASE=$2
 fails=0
@@ -184,6 +190,126 @@ case_prepare() {
   else bad "the first prepare: status $rc1, $(ls "$D" | tr '\n' ' ')"; tail -3 "$W/p1.log"; fi
   "$TETRAD" train "${T[@]}" --set run.dir="$W/r" --set train.max_steps=2 > "$W/out" 2>&1 &&
     ok "train reads the prepared folder" || bad "train on the prepared folder failed"
+}
+
+case_final_state() {
+  # A model whose weights are not finite (an inf in run.init_from's safetensors): every step is
+  # skipped, no checkpoint may be written, and the run must not exit 0.
+  train_run "$W/r" 2
+  "$TETRAD" export --model "$W/r" --out "$W/hf" > /dev/null 2>&1 || { echo "export failed"; exit 1; }
+  python3 - "$W/hf/model.safetensors" <<'PY'
+import struct, sys
+b = bytearray(open(sys.argv[1], 'rb').read())
+n = struct.unpack('<Q', b[:8])[0]
+b[8 + n:8 + n + 4096] = struct.pack('<f', float('inf')) * 1024
+open(sys.argv[1], 'wb').write(b)
+PY
+  refused "a run ending with non-finite weights" "no final checkpoint was written" \
+    "$TETRAD" train "${T[@]}" --set run.dir="$W/inf" --set train.max_steps=3 --set run.init_from="$W/hf"
+  grep -q "the run folder has no checkpoint" "$W/out" || bad "the message does not say that no checkpoint is left"
+  [ -z "$(latest "$W/inf")" ] && ok "nothing written as latest" || bad "latest is $(latest "$W/inf")"
+  # Resumed from such weights (imported): the checkpoint it resumed from stays the latest, named.
+  "$TETRAD" import --hf "$W/hf" --out "$W/imp" > /dev/null 2>&1 || bad "import of the model failed"
+  refused "a resumed run ending with non-finite weights" "the latest checkpoint is still $W/imp/checkpoints/step_000000" \
+    "$TETRAD" train "${T[@]}" --set run.dir="$W/imp" --set train.max_steps=2 --resume
+  [ "$(latest "$W/imp")" = step_000000 ] && [ "$(ls "$W/imp/checkpoints" | grep -c step_)" -eq 1 ] &&
+    ok "no checkpoint written over it" || bad "checkpoints: $(ls "$W/imp/checkpoints")"
+}
+
+case_early_signal() {
+  # SIGTERM while train is starting up (data checked, model allocated, checkpoint loaded): a
+  # clean stop before the first step with a final checkpoint, exit 0, not the default action.
+  local S=(--set model.name=small --set model.vocab_size=512 --set model.n_layer=2)
+  local n=0
+  for how in handler 0.4 0.8 handler; do
+    rm -rf "$W/s"; n=$((n + 1))
+    "$TETRAD" train "${T[@]}" "${S[@]}" --set run.dir="$W/s" --set train.max_steps=100000 > "$W/out" 2>&1 & local pid=$!
+    if [ $how = handler ]; then  # as soon as the signal catcher thread exists (OMP_NUM_THREADS=1)
+      for _ in $(seq 1 4000); do [ "$(ls /proc/$pid/task 2>/dev/null | wc -l)" -ge 2 ] && break; sleep 0.002; done
+    else sleep $how; fi
+    kill -TERM $pid; wait $pid; local rc=$?
+    if [ $rc -eq 0 ] && grep -q "received SIGTERM" "$W/out" && [ -n "$(latest "$W/s")" ] &&
+       "$TETRAD" verify --model "$W/s" > /dev/null 2>&1; then
+      ok "SIGTERM at $how: exit 0, $(grep -o 'stopping at step [0-9]*' "$W/out"), $(latest "$W/s") verifies"
+    else bad "SIGTERM at $how: status $rc, latest '$(latest "$W/s")'"; fi
+    [ $how = handler ] && { grep -q "stopping at step 0" "$W/out" || bad "SIGTERM at start-up was not taken before the first step"; }
+  done
+  # The run resumes from the step-0 checkpoint as if never stopped.
+  "$TETRAD" train "${T[@]}" "${S[@]}" --set run.dir="$W/s" --set train.max_steps=2 --resume > "$W/out" 2>&1 &&
+    grep -q "resumed from" "$W/out" && ok "resumes from it" || bad "resume after an early stop failed"
+}
+
+case_resume_identity() {
+  # Resume must continue the same data order: a changed seed or other training data is refused by
+  # name (before any weight is read), a tokenizer change always; --allow-data-change continues on
+  # purpose and says so in metrics.jsonl.
+  train_run "$W/r" 4
+  tree_sum "$W/r" > "$W/r.sum"
+  local R=("$TETRAD" train "${T[@]}" --set run.dir="$W/r" --set train.max_steps=6 --resume)
+  refused "resume with another train.seed" "train.seed: checkpoint 1337, config 7" "${R[@]}" --set train.seed=7
+  grep -qF -- "--allow-data-change" "$W/out" || bad "the refusal does not name --allow-data-change"
+  grep -q "trying the previous checkpoint" "$W/out" && bad "a seed change tried older checkpoints"
+  # Other data made with the same tokenizer (smaller, a different text).
+  for i in $(seq 1 60); do echo "a different corpus, line $i: the sea and the ships went down."; done > "$W/c2.txt"
+  "$TETRAD" prepare --input "$W/c2.txt" --out "$W/data2" --tokenizer "$W/data/tokenizer.model" > /dev/null 2>&1 ||
+    bad "prepare with the run's tokenizer failed"
+  refused "resume on other data" "the training data: checkpoint" "${R[@]}" --set data.dir="$W/data2"
+  # The same text prepared again into another folder is the same data.
+  "$TETRAD" prepare --input "$W/c.txt" --out "$W/data_again" --vocab-size 300 > /dev/null 2>&1 || bad "prepare again failed"
+  # Another tokenizer: never continued, even with --allow-data-change.
+  "$TETRAD" prepare --input "$W/c.txt" --out "$W/data3" --vocab-size 320 > /dev/null 2>&1 || bad "prepare data3 failed"
+  refused "resume on data of another tokenizer" "the token ids would mean other text" \
+    "${R[@]}" --set data.dir="$W/data3" --allow-data-change
+  tree_sum "$W/r" | cmp -s - "$W/r.sum" && ok "the refused resumes left the run as it was" || bad "a refused resume changed the run"
+
+  cp -r "$W/r" "$W/r_same"
+  works "resume on the same data prepared again" "$TETRAD" train "${T[@]}" --set run.dir="$W/r_same" \
+    --set train.max_steps=6 --resume --set data.dir="$W/data_again"
+  works "resume with another seed, --allow-data-change" "${R[@]}" --set train.seed=7 --allow-data-change
+  grep -q "continuing with a change (--allow-data-change): train.seed" "$W/out" || bad "the allowed change was not said"
+  grep '"event":"data_change"' "$W/r/metrics.jsonl" | grep -q 'train.seed: checkpoint 1337, config 7' && ok "metrics.jsonl records the change" ||
+    bad "no data_change record in metrics.jsonl"
+  works "resume on other data, --allow-data-change" "$TETRAD" train "${T[@]}" --set run.dir="$W/r" \
+    --set train.max_steps=8 --resume --set train.seed=7 --set data.dir="$W/data2" --allow-data-change
+  grep '"event":"data_change"' "$W/r/metrics.jsonl" | grep -q 'the training data' || bad "no data_change record for the data"
+  # The next resume on that data with that seed continues without a word.
+  works "resume after the allowed change" "$TETRAD" train "${T[@]}" --set run.dir="$W/r" \
+    --set train.max_steps=10 --resume --set train.seed=7 --set data.dir="$W/data2"
+  grep -q "continuing with a change" "$W/out" && bad "the accepted change was reported again"
+}
+
+case_model_size() {
+  # A config.json with absurd sizes: every command that builds a model from it refuses before
+  # allocating (in well under a second, with little memory), naming the sizes and the memory.
+  train_run "$W/r" 2
+  "$TETRAD" export --model "$W/r" --out "$W/hf" > /dev/null 2>&1 || { echo "export failed"; exit 1; }
+  set_config() {  # set_config DIR KEY VALUE
+    python3 -c "import json,sys; p=sys.argv[1]+'/config.json'; c=json.load(open(p)); c[sys.argv[2]]=int(sys.argv[3]); json.dump(c,open(p,'w'))" "$@"
+  }
+  local case key val
+  for case in n_layer=1000000000 n_layer=100000 n_layer=1000000 n_embd=1073741824 vocab_size=200000000 n_positions=1000000000; do
+    key=${case%=*}; val=${case#*=}
+    rm -rf "$W/big"; cp -r "$W/hf" "$W/big"; set_config "$W/big" "$key" "$val"
+    [ $key = n_embd ] && set_config "$W/big" n_head 1
+    for cmd in "import --hf $W/big --out $W/imp" "generate --model $W/big -n 2" "logits --model $W/big --tokens 1,2 --out $W/l" \
+               "export --model $W/big --out $W/exp" "eval --model $W/big --data $W/data --split train --batches 1"; do
+      /usr/bin/time -f "%e %M" -o "$W/time" "$TETRAD" $cmd > "$W/out" 2>&1; local rc=$?
+      read -r secs kb < <(tail -1 "$W/time")
+      if [ $rc -eq 1 ] && grep -q "nothing was allocated" "$W/out" && [ "$kb" -lt 1000000 ]; then
+        ok "$key=$val: ${cmd%% *} refused in $secs s, $((kb / 1024)) MiB ($(grep -o 'needs at least [^(]*\|at least [0-9.]* [GM]iB in 16-bit' "$W/out" | head -1))"
+      else bad "$key=$val: ${cmd%% *}: status $rc, $secs s, $((kb / 1024)) MiB"; fi
+    done
+    [ ! -e "$W/imp" ] && [ ! -e "$W/exp" ] || bad "$key=$val: a refused command left output"
+  done
+  # Weights that could hold the parameters (a sparse file) but more than the machine's memory:
+  # refused naming the memory there is.
+  rm -rf "$W/big"; cp -r "$W/hf" "$W/big"; set_config "$W/big" n_layer 1000000
+  truncate -s 200G "$W/big/model.safetensors"
+  refused "a model larger than the machine's memory" "available (MemAvailable" "$TETRAD" import --hf "$W/big" --out "$W/imp"
+  refused "generate of a model larger than the machine's memory" "available (" "$TETRAD" generate --model "$W/big" -n 2
+  # The right sizes still work.
+  works "import of the model as it was" "$TETRAD" import --hf "$W/hf" --out "$W/imp"
+  works "generate with the model as it was" "$TETRAD" generate --model "$W/hf" -n 2
 }
 
 "case_$CASE"

@@ -13,6 +13,7 @@
 #include "tetrad/checkpoint/output_path.hpp"
 #include "tetrad/data/tokenizer.hpp"
 #include "tetrad/model/params.hpp"
+#include "tetrad/train/memory_check.hpp"
 
 namespace fs = std::filesystem;
 
@@ -29,8 +30,9 @@ void run(Context& ctx, const Options& o) {
   check_reader_output(o.out, o.overwrite, true, "export", "--out");
   const std::string dir = ctx.resolve_model_dir(o.model_dir);
   const ModelConfig mc = read_hf_config(dir);
-  std::vector<float> params(build_param_table(mc).total);
+  check_model_fits_host(mc, dir, "export", 1);
   const ParamTable table = build_param_table(mc);
+  std::vector<float> params(size_t(table.total));
   load_hf_params(dir, mc, table, params.data());
   // The tokenizer goes along, so the folder is complete for AutoTokenizer; its BOS/EOS ids go
   // into config.json.

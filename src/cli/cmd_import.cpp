@@ -16,6 +16,7 @@
 #include "tetrad/core/error.hpp"
 #include "tetrad/data/tokenizer.hpp"
 #include "tetrad/model/params.hpp"
+#include "tetrad/train/memory_check.hpp"
 
 namespace fs = std::filesystem;
 
@@ -72,6 +73,7 @@ void run(const Options& o) {
   std::unique_ptr<RunLock> lock;
   claim_destination(out, o.overwrite, lock);
   const ModelConfig mc = read_hf_config(o.hf);
+  check_model_fits_host(mc, o.hf, "import", 1);
   const ParamTable table = build_param_table(mc);
   std::vector<float> params(size_t(table.total));
   load_hf_params(o.hf, mc, table, params.data());

@@ -26,6 +26,10 @@ Runner setup(CLI::App& sub) {
   sub.add_flag("--overwrite", o->topt.overwrite,
                "run.dir already holds checkpoints: delete them and start afresh (without "
                "this or --resume such a folder is refused)");
+  sub.add_flag("--allow-data-change", o->topt.allow_data_change,
+               "with --resume: continue although train.seed or the training data differ from the "
+               "checkpoint's (refused without it; recorded in metrics.jsonl; new data is read "
+               "from its start)");
   sub.add_option("--device", o->device,
                  "where the model computes: cpu, cpu-strict, cuda, cuda:N (same as --set "
                  "train.device=...)");

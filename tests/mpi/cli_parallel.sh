@@ -258,5 +258,13 @@ if grep -q "pipeline axis" <<<"$out"; then echo "ok   eval on a pipeline grid re
 
 out=$("${MPIRUN[@]}" -n 2 "$TETRAD" train "${S[@]}" --set run.dir="$W/bad" --grid 2,2,1,1 2>&1)
 if grep -q "needs 4 ranks" <<<"$out"; then echo "ok   wrong grid refused"; else echo "FAIL wrong grid: $out"; fails=$((fails+1)); fi
+# precision "auto" resolved differently on two ranks (as on two nodes with their own caches,
+# forced here per rank with MPMD): refused before the first step, naming the fix.
+out=$(mpirun --allow-run-as-root --oversubscribe -n 1 -x TETRAD_PRECISION_AUTO=fp32 "$TETRAD" train "${S[@]}" \
+      --set run.dir="$W/mixed" --grid 1,1,1,2 : -n 1 -x TETRAD_PRECISION_AUTO=bf16 "$TETRAD" train \
+      "${S[@]}" --set run.dir="$W/mixed" --grid 1,1,1,2 2>&1)
+if grep -q 'resolved to fp32 on some ranks and bf16 on others' <<<"$out"; then
+  echo "ok   precision auto differing between ranks refused"
+else echo "FAIL precision auto differing between ranks: $out"; fails=$((fails+1)); fi
 echo "$fails failed"
 [ $fails -eq 0 ]

@@ -201,9 +201,10 @@ class Backend {
   // datasheet peak (backend/gpu_parts.hpp), else its measured GEMM ceiling.
   virtual DevicePeak peak(Precision p, int threads) = 0;
   // What GEMM precision "auto" means on this backend, and why (resolve_precision,
-  // backend/precision.hpp): bf16 where bf16 GEMMs run on bf16 matrix hardware
-  // (Capabilities::gemm_bf16_native), fp32 elsewhere. The CPU backends also honour
-  // TETRAD_PRECISION_AUTO (backend/cpu/precision.hpp).
+  // backend/precision.hpp). The default: bf16 where bf16 GEMMs run on bf16 matrix hardware
+  // (Capabilities::gemm_bf16_native), fp32 elsewhere. The CPU backends measure instead: the
+  // faster of the two GEMMs on this machine, cached per machine (backend/cpu/precision_auto.hpp),
+  // and honour TETRAD_PRECISION_AUTO (backend/cpu/precision.hpp).
   virtual PrecisionChoice auto_precision() const;
   // bf16 as it runs here now, for logs and the choices that depend on it (see Bf16Status).
   virtual Bf16Status bf16_status() const;

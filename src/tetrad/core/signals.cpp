@@ -101,6 +101,19 @@ StopSignals::StopSignals(bool cont_notice) : impl_(std::make_unique<Impl>()) {
   const sigset_t pool_set = m.pool_set;
 #pragma omp parallel num_threads(width)
   pthread_sigmask(SIG_BLOCK, &pool_set, nullptr);
+  // The handlers before the catcher: until it unblocks them, a signal stays pending (blocked on
+  // every thread of ours), and it is taken by the handler, never by the default action.
+  struct sigaction sa;
+  std::memset(&sa, 0, sizeof sa);
+  sa.sa_handler = on_stop_signal;
+  sigemptyset(&sa.sa_mask);
+  sa.sa_flags = SA_RESTART;  // system calls interrupted on the catcher resume (as std::signal)
+  for (int i = 0; i < kNumHandled; ++i)
+    TETRAD_CHECK(sigaction(kHandled[i], &sa, &m.old_action[i]) == 0);
+  if (m.cont_notice) {
+    sa.sa_handler = on_cont_signal;
+    TETRAD_CHECK(sigaction(SIGCONT, &sa, &m.old_cont) == 0);
+  }
   // The catcher: the one thread of ours that takes these signals. It only waits.
   m.catcher = std::thread([&m] {
     pthread_sigmask(SIG_UNBLOCK, &m.set, nullptr);
@@ -120,17 +133,6 @@ StopSignals::StopSignals(bool cont_notice) : impl_(std::make_unique<Impl>()) {
     pthread_sigmask(SIG_BLOCK, &m.set, nullptr);
   });
   while (m.catcher_tid.load() == 0) std::this_thread::yield();
-  struct sigaction sa;
-  std::memset(&sa, 0, sizeof sa);
-  sa.sa_handler = on_stop_signal;
-  sigemptyset(&sa.sa_mask);
-  sa.sa_flags = SA_RESTART;  // system calls interrupted on the catcher resume (as std::signal)
-  for (int i = 0; i < kNumHandled; ++i)
-    TETRAD_CHECK(sigaction(kHandled[i], &sa, &m.old_action[i]) == 0);
-  if (m.cont_notice) {
-    sa.sa_handler = on_cont_signal;
-    TETRAD_CHECK(sigaction(SIGCONT, &sa, &m.old_cont) == 0);
-  }
 }
 
 StopSignals::~StopSignals() {

@@ -177,6 +177,16 @@ void DataLoader::next_batch(int32_t* inputs, int32_t* targets) {
   state_.cursor = (state_.cursor + advance) % N;
 }
 
+uint64_t DataLoader::fingerprint() const {
+  std::vector<uint64_t> words;
+  words.reserve(2 * shards_.size());
+  for (const ShardReader& s : shards_) {
+    words.push_back(s.num_tokens());
+    words.push_back(s.header().checksum);
+  }
+  return hash64(words.data(), words.size() * sizeof(uint64_t));
+}
+
 void DataLoader::restore(const LoaderState& s) {
   if (s.cursor >= num_windows_)
     fail("data loader state (epoch ", s.epoch, ", cursor ", s.cursor, ") does not fit the ", split_,

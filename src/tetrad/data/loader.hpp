@@ -65,6 +65,9 @@ class DataLoader {
   uint64_t num_tokens() const { return num_tokens_; }
   size_t num_shards() const { return shards_.size(); }
   uint64_t tokenizer_identity() const { return tokenizer_identity_; }
+  // The split's content identity: XXH64 over each shard's token count and token checksum, in
+  // order (from the headers: nothing is read). Equal for the same tokens however prepared.
+  uint64_t fingerprint() const;
   uint32_t vocab_size() const { return vocab_size_; }
 
   // Window index (0..N-1) at a position of epoch `epoch`'s permutation; for tests and tools.

@@ -1,6 +1,7 @@
 #include "tetrad/train/checkpointer.hpp"
 
 #include <algorithm>
+#include <cstdlib>
 #include <chrono>
 #include <iomanip>
 #include <iostream>
@@ -8,6 +9,7 @@
 
 #include "tetrad/checkpoint/hf.hpp"
 #include "tetrad/checkpoint/run_checkpoint.hpp"
+#include "tetrad/checkpoint/sharded.hpp"
 #include "tetrad/core/error.hpp"
 #include "tetrad/core/hash.hpp"
 #include "tetrad/data/tokenizer.hpp"
@@ -65,7 +67,7 @@ void Checkpointer::to_device(float* dev, const float* host, size_t n) {
 
 // ---- resume or initialise ------------------------------------------------------------------
 
-Checkpointer::Start Checkpointer::resume_or_init(bool resume) {
+Checkpointer::Start Checkpointer::resume_or_init(bool resume, bool allow_data_change) {
   Start s;
   if (resume) {
     // Rank 0 lists the usable checkpoints (latest first, cleaning up after an interrupted save)
@@ -93,16 +95,22 @@ Checkpointer::Start Checkpointer::resume_or_init(bool resume) {
              last_error.empty() ? std::string() : "; the last error: " + last_error);
       }
       const std::string dir = run_dir + "/checkpoints/" + checkpoint_folder_name(chosen);
-      int failed = 0;
+      int failed = 0;  // 1: this checkpoint is unusable; 2: the run's data changed (all are)
       std::string error;
       try {
-        if (is_sharded_checkpoint(dir)) load_sharded(dir, s);
+        if (is_sharded_checkpoint(dir)) load_sharded(dir, s, allow_data_change);
         else load_legacy(dir, s);
+      } catch (const DataChangeRefused& e) {
+        failed = 2;
+        error = e.what();
       } catch (const Error& e) {
         failed = 1;
         error = e.what();
       }
       if (p_.world.size() > 1) p_.world.allreduce_max(&failed, 1);
+      if (failed == 2)
+        fail(error.empty() ? "resume refused by another rank: the data changed (see its message)"
+                           : error);
       if (!failed) {
         s.loaded = true;
         s.resumed_from = dir;
@@ -125,7 +133,22 @@ Checkpointer::Start Checkpointer::resume_or_init(bool resume) {
 // The sharded format: the files hold the moments laid out like the parameters; with ZeRO this
 // rank keeps its D piece of each tensor (optimizer_layout()). On a device the files are read
 // into host memory and copied over.
-void Checkpointer::load_sharded(const std::string& dir, Start& s) {
+void Checkpointer::load_sharded(const std::string& dir, Start& s, bool allow_data_change) {
+  // The data settings first, before any weight is read (a damaged meta.json: the load reports it).
+  nlohmann::json meta;
+  try {
+    meta = read_sharded_meta(dir);
+  } catch (const Error&) {
+  }
+  if (meta.is_object()) {
+    uint64_t tokenizer = 0;
+    if (meta.contains("tokenizer_identity") && meta["tokenizer_identity"].is_string())
+      tokenizer = std::strtoull(meta["tokenizer_identity"].get<std::string>().c_str(), nullptr, 16);
+    s.data_changes = p_.data.check_continuity(meta.value("data", nlohmann::json::object()),
+                                              tokenizer, dir, allow_data_change);
+    for (const std::string& c : s.data_changes)
+      p_.out << "resume: continuing with a change (--allow-data-change): " << c << "\n";
+  }
   parallel::ParallelTransformer& model = p_.model;
   AdamW& adam = p_.adam;
   const parallel::OptimizerLayout& ol = model.optimizer_layout();
@@ -235,13 +258,17 @@ void Checkpointer::poll() {
   if (saver_.pending() && saver_.poll()) report_save();
 }
 
-void Checkpointer::save(int64_t step, bool wait, const std::vector<double>& losses) {
+bool Checkpointer::save(int64_t step, bool wait, const std::vector<double>& losses) {
   // Never replace a good checkpoint with weights that are no longer finite.
   double sq = sum_squares(p_.model.param_data(), p_.model.num_local_params(), p_.device);
   if (p_.world.size() > 1) p_.world.allreduce_sum(&sq, 1);
   if (!std::isfinite(sq)) {
+    if (saver_.pending()) {  // an earlier save of finite weights: committed, it is the latest
+      saver_.finish();
+      report_save();
+    }
     p_.out << "not writing a checkpoint at step " << step << ": the weights are not finite\n";
-    return;
+    return false;
   }
   p_.watchdog.arm(step, "checkpoint");
   const nlohmann::json health = health_record(losses, best_loss_, p_.cfg.model.vocab_size);
@@ -253,6 +280,7 @@ void Checkpointer::save(int64_t step, bool wait, const std::vector<double>& loss
   // as laid out by the shard plan, which the pieces do not match (see save_streamed).
   if (p_.cfg.zero >= 1) save_streamed(step, health);
   else save_sharded(step, wait, health);
+  return true;
 }
 
 // These save streamed one tensor at a time (synchronously): rank 0 writes, every rank takes part

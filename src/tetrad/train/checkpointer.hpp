@@ -63,22 +63,27 @@ class Checkpointer {
     bool loaded = false;          // from a checkpoint of the run folder
     std::string resumed_from;     // its folder
     std::string layouts_resumed;  // what became of its tuned GEMM layouts ("" if nothing)
+    std::vector<std::string> data_changes;  // allowed differences of seed or data, in words
   };
   // resume: the latest checkpoint every rank loads (refused ones named, the previous one tried);
   // none there: a fresh start, said so. Otherwise, or then: run.init_from's weights, or
-  // initialised ones. Throws Error when checkpoints exist and none loads.
-  Start resume_or_init(bool resume);
+  // initialised ones. Throws Error when checkpoints exist and none loads, and at once when the
+  // latest was trained on other data or another seed (TrainingData::check_continuity) unless
+  // allow_data_change.
+  Start resume_or_init(bool resume, bool allow_data_change = false);
 
   // A checkpoint of step `step` from the losses so far; wait: committed before returning (else
-  // when async, committed by a later poll/save). Skipped (said so) when the weights are not finite.
-  void save(int64_t step, bool wait, const std::vector<double>& losses);
+  // when async, committed by a later poll/save). Skipped (said so, and false returned) when the
+  // weights are not finite: a pending save of earlier, finite weights is committed first, so
+  // `latest` names the last finite checkpoint.
+  bool save(int64_t step, bool wait, const std::vector<double>& losses);
   void poll();  // commits a pending save whose files are all written
 
   const std::string& last_checkpoint() const { return last_checkpoint_; }
   double blocked_s() const { return blocked_s_; }  // total time training waited for checkpoints
 
  private:
-  void load_sharded(const std::string& dir, Start& s);
+  void load_sharded(const std::string& dir, Start& s, bool allow_data_change);
   void load_legacy(const std::string& dir, Start& s);
   void init_fresh();
   void restore_records(const nlohmann::json& extra, Start& s);

@@ -338,7 +338,7 @@ std::vector<Field> train_fields() {
                    "in the backward from the stored q|k|v) or \"full\" (each block keeps only "
                    "its input and reruns its forward before its backward)"),
       STRING_FIELD("train.precision", c.train.precision,
-                   "GEMM precision: \"fp32\", \"bf16\" (bf16 operands, fp32 accumulation; fp32 master weights, gradients, optimizer, norms, softmax, loss) or \"auto\" (bf16 where the CPU has AMX-BF16 or AVX512-BF16, else fp32)"),
+                   "GEMM precision: \"fp32\", \"bf16\" (bf16 operands, fp32 accumulation; fp32 master weights, gradients, optimizer, norms, softmax, loss) or \"auto\" (the faster of the two on this machine, measured once and cached: docs/precision.md)"),
       STRING_FIELD("train.attention_precision", c.train.attention_precision,
                    "attention's products (QK^T, PV and the backward's): \"auto\" (bf16 in bf16 runs where the bf16 attention kernel is the faster one, i.e. on CPUs with AMX; else fp32), \"fp32\" or \"bf16\" (bf16 operands, fp32 accumulation and softmax statistics)"),
       STRING_FIELD("train.gemm_layouts", c.train.gemm_layouts,

@@ -4,6 +4,7 @@
 #include "tetrad/comm/mpi_env.hpp"
 #include "tetrad/core/error.hpp"
 #include "tetrad/parallel/grid.hpp"
+#include "tetrad/train/memory_check.hpp"
 
 namespace tetrad {
 
@@ -36,6 +37,8 @@ InferenceModel load_inference_model(const std::string& dir, const ModelConfig& m
   // Forward only: no layer's activations need to outlive it (one layer's scratch, as full
   // recomputation lays them out; the forward computes the same values).
   po.recompute = parallel::Recompute::Full;
+  check_inference_fits_host(mc, dir, "reading the model", shape, m.groups->coord, local_batch,
+                            max_len, po);
   m.model = std::make_unique<parallel::ParallelTransformer>(mc, *m.groups, local_batch, max_len, po);
   parallel::ParallelTransformer& model = *m.model;
   load_hf_params_streamed(dir, mc, model.table(),

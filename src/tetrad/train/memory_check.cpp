@@ -1,11 +1,15 @@
 #include "tetrad/train/memory_check.hpp"
 
+#include <filesystem>
 #include <iomanip>
 #include <ostream>
 #include <sstream>
 #include <vector>
 
+#include "tetrad/core/cpu.hpp"
 #include "tetrad/core/error.hpp"
+#include "tetrad/model/params.hpp"
+#include "tetrad/parallel/memory_model.hpp"
 #include "tetrad/train/auto_grid.hpp"
 #include "tetrad/train/device_memory.hpp"
 
@@ -103,6 +107,106 @@ void check_memory_fits(const RunConfig& cfg, const RunPlan& plan, const Launch& 
     for (size_t i = 0; i < text.size(); ++i) msg[i] = static_cast<char>(text[i]);
   }
   fail(msg);
+}
+
+double parameter_count(const ModelConfig& mc) {
+  // The family's table is its top tensors, the same tensors per layer, and its bottom ones.
+  ModelConfig one = mc, two = mc;
+  one.n_layer = 1;
+  two.n_layer = 2;
+  const double p1 = double(build_param_table(one).total), p2 = double(build_param_table(two).total);
+  return p1 + (p2 - p1) * (double(mc.n_layer) - 1);
+}
+
+namespace {
+
+std::string gib(double bytes) {
+  std::ostringstream o;
+  o << std::fixed << std::setprecision(1);
+  if (bytes < double(1ull << 30)) o << bytes / double(1 << 20) << " MiB";
+  else o << bytes / double(1ull << 30) << " GiB";
+  return o.str();
+}
+
+void refuse_unless_fits(const ModelConfig& mc, const std::string& source,
+                        const std::string& command, double params, double bytes,
+                        const std::string& what) {
+  if (!(params >= 1 && bytes >= 1))  // sizes whose products overflow 64 bits
+    fail(command, ": the model of '", source, "' has sizes too large to count (n_layer ",
+         mc.n_layer, ", n_embd ", mc.n_embd, ", ffn ", mc.ffn, ", vocab_size ", mc.vocab_size,
+         ", max_seq ", mc.max_seq, "); nothing was allocated. Is its config.json right?");
+  const backend::MemoryAvailable m = backend::host_memory_available();
+  if (m.available == 0) return;  // no figure: not checked
+  const int sharing = std::max(1, launcher_ranks_per_node());
+  const double avail = double(m.available) / sharing;
+  if (bytes <= avail) return;
+  std::ostringstream sizes;
+  sizes << "n_layer " << mc.n_layer << ", n_embd " << mc.n_embd << ", ffn " << mc.ffn
+        << ", vocab_size " << mc.vocab_size << ", max_seq " << mc.max_seq;
+  std::ostringstream count;
+  count << std::setprecision(3) << params;
+  fail(command, ": the model of '", source, "' (", sizes.str(), ": ", count.str(),
+       " parameters) needs at least ", gib(bytes), " (", what, ") but this machine has ",
+       gib(avail), " available (", m.source, " ", gib(double(m.available)), " of ",
+       gib(double(m.total)), sharing > 1 ? detail::concat(" / ", sharing, " ranks on the node") : "",
+       "); nothing was allocated. Is its config.json right?");
+}
+
+// The weights a folder holds (its *.safetensors and shard_*.bin files) must be able to hold the
+// parameters config.json describes, at two bytes each at least: else config.json does not
+// belong to them (and reading them would fail after allocating the model anyway).
+void refuse_unless_weights_hold(const ModelConfig& mc, const std::string& dir,
+                                const std::string& command, double params) {
+  namespace fs = std::filesystem;
+  std::error_code ec;
+  if (!fs::is_directory(dir, ec)) return;
+  double bytes = 0;
+  for (const auto& e : fs::directory_iterator(dir, ec)) {
+    const std::string name = e.path().filename().string();
+    const bool weights = name.ends_with(".safetensors") || (name.starts_with("shard_") && name.ends_with(".bin"));
+    if (weights && e.is_regular_file(ec)) bytes += double(e.file_size(ec));
+  }
+  if (bytes == 0 || params * 2 <= bytes) return;  // no weight files: the loader says so
+  std::ostringstream count;
+  count << std::setprecision(3) << params;
+  fail(command, ": config.json of '", dir, "' describes a model of ", count.str(),
+       " parameters (n_layer ", mc.n_layer, ", n_embd ", mc.n_embd, ", ffn ", mc.ffn,
+       ", vocab_size ", mc.vocab_size, "), at least ", gib(params * 2), " in 16-bit weights, but "
+       "its weight files hold ", gib(bytes), ": config.json does not describe these weights; "
+       "nothing was allocated");
+}
+
+}  // namespace
+
+void check_model_fits_host(const ModelConfig& mc, const std::string& source,
+                           const std::string& command, double fp32_copies) {
+  const double params = parameter_count(mc);
+  refuse_unless_weights_hold(mc, source, command, params);
+  refuse_unless_fits(mc, source, command, params, params * 4.0 * fp32_copies,
+                     detail::concat(fp32_copies, " fp32 cop", fp32_copies == 1 ? "y" : "ies",
+                                    " of its parameters"));
+}
+
+void check_inference_fits_host(const ModelConfig& mc, const std::string& source,
+                               const std::string& command, const parallel::GridShape& shape,
+                               const parallel::GridCoord& coord, int local_batch, int max_len,
+                               const parallel::ParallelOptions& options) {
+  // The parameters alone first: the formula's per-layer tables must not be the allocation that
+  // exhausts the machine.
+  const double params = parameter_count(mc);
+  refuse_unless_weights_hold(mc, source, command, params);
+  refuse_unless_fits(mc, source, command, params, params * 4.0 / double(shape.size()),
+                     "its fp32 parameters, this rank's share");
+  double bytes = 0;
+  try {
+    bytes = double(parallel::model_memory(mc, shape, coord, local_batch, max_len, options).total());
+  } catch (const Error&) {
+    return;  // a layout the formula cannot take; the model's own checks report what is wrong
+  }
+  refuse_unless_fits(mc, source, command, params, bytes,
+                     detail::concat("the inference model on grid ", shape.to_string(),
+                                    " for sequences of ", max_len, " tokens: weights, buffers and "
+                                    "activations of one rank"));
 }
 
 }  // namespace tetrad

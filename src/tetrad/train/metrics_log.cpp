@@ -29,6 +29,11 @@ nlohmann::json val_record(int64_t step, double val_loss) {
   return {{"step", step}, {"val_loss", val_loss}};
 }
 
+nlohmann::json data_change_record(int64_t step, const std::vector<std::string>& changes) {
+  return {{"event", "data_change"}, {"step", step}, {"changes", changes},
+          {"allowed_by", "--allow-data-change"}};
+}
+
 void MetricsLog::open(const std::string& run_dir, const std::string* last_checkpoint) {
   path_ = run_dir + "/metrics.jsonl";
   last_checkpoint_ = last_checkpoint;

@@ -8,6 +8,9 @@
 //            and "hfu" where recomputation runs (hardware FLOPs over the same peak)
 //   skipped  {"step":S,"skipped":true}  a non-finite step that was not applied
 //   val      {"step":S,"val_loss":L}
+//   data_change {"event":"data_change","step":S,"changes":[...],"allowed_by":"--allow-data-change"}
+//            a resume that continued although train.seed or the training data differ from the
+//            checkpoint's (each difference in words)
 // The records are built by pure functions (tested without a run); MetricsLog writes them on rank
 // 0 (a closed log, on the other ranks, writes nothing) and throws Error when the file cannot be
 // written, naming the last checkpoint, which is intact.
@@ -16,6 +19,7 @@
 #include <cstdint>
 #include <fstream>
 #include <string>
+#include <vector>
 
 #include <nlohmann/json.hpp>
 
@@ -51,6 +55,7 @@ nlohmann::json start_record(int64_t step, bool resumed, int64_t max_steps);
 nlohmann::json step_record(const StepMetrics& m);
 nlohmann::json skipped_record(int64_t step);
 nlohmann::json val_record(int64_t step, double val_loss);
+nlohmann::json data_change_record(int64_t step, const std::vector<std::string>& changes);
 
 class MetricsLog {
  public:

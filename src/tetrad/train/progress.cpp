@@ -161,9 +161,13 @@ void ProgressReporter::print_step(const StepMetrics& m, bool masking) const {
   out_ << "step " << std::setw(5) << done << "/" << max_steps << " | loss " << std::fixed
        << std::setprecision(4) << m.loss << " | lr " << std::scientific << std::setprecision(2)
        << m.lr << " | gnorm " << std::fixed << std::setprecision(3) << m.grad_norm << " | "
-       << std::setprecision(0) << m.tokens_per_s << " tok/s | MFU " << std::setprecision(1)
-       << 100 * m.mfu << "%"
-       << (m.report_hfu ? " | HFU " + fixed1(100 * m.hfu) + "%" : std::string()) << " | "
+       << std::setprecision(0) << m.tokens_per_s << " tok/s | MFU "
+       // Above 100%, the peak was measured low (a disturbed register loop): no fraction of it
+       // means anything, so none is printed (the header names the peak).
+       << (m.mfu > 1 ? std::string("n/a (above the peak: measured low)") : fixed1(100 * m.mfu) + "%")
+       << (m.report_hfu ? " | HFU " + (m.hfu > 1 ? std::string("n/a") : fixed1(100 * m.hfu) + "%")
+                        : std::string())
+       << " | "
        << format_duration(m.elapsed_s) << " elapsed, ETA " << format_duration(eta)
        << (masking ? " | dropped " + std::to_string(int(100 * m.dropped_fraction + 0.5)) + "%"
                    : std::string())

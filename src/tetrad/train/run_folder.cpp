@@ -64,7 +64,7 @@ void claim_run_folder(const std::string& run_dir, const ClaimOptions& opt, std::
 
 RunFolder::RunFolder(const std::string& run_dir, const std::string& resolved,
                      const ClaimOptions& opt, const comm::Communicator& world, std::ostream& out)
-    : dir_(run_dir) {
+    : dir_(run_dir), resolved_(resolved) {
   int refused = 0;
   std::exception_ptr why;
   if (world.rank() == 0) {
@@ -73,7 +73,6 @@ RunFolder::RunFolder(const std::string& run_dir, const std::string& resolved,
       lock_ = std::make_unique<RunLock>(run_dir, &took_over);
       if (!took_over.empty()) out << took_over << "\n";
       claim_run_folder(run_dir, opt, out);
-      write_file_atomic(run_dir + "/config.toml", resolved);
       if (!opt.quiet) out << "# resolved configuration (saved to " << run_dir << "/config.toml)\n"
                           << resolved << "\n";
     } catch (const Error&) {
@@ -86,6 +85,10 @@ RunFolder::RunFolder(const std::string& run_dir, const std::string& resolved,
     if (why) std::rethrow_exception(why);
     fail("rank 0 refused the run folder ", run_dir, " (see its message)");
   }
+}
+
+void RunFolder::write_config() const {
+  if (lock_) write_file_atomic(dir_ + "/config.toml", resolved_);
 }
 
 }  // namespace tetrad

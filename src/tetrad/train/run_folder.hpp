@@ -1,8 +1,8 @@
 // The run folder (run.dir) is this run's from claim to destruction: rank 0 holds its lock (a
 // second trainer on the folder is refused), a folder that already holds a trained run is only
 // continued (--resume) or, when asked (--overwrite), emptied, never silently overwritten; what an
-// interrupted save or prune left is removed, and the resolved configuration is written to
-// run.dir/config.toml (and printed). Every rank agrees: when rank 0 refuses, every rank throws.
+// interrupted save or prune left is removed, and the resolved configuration is printed and, once
+// the run is under way, written to run.dir/config.toml. Every rank agrees: when rank 0 refuses, every rank throws.
 #pragma once
 #include <iosfwd>
 #include <memory>
@@ -27,9 +27,12 @@ class RunFolder {
   RunFolder(const std::string& run_dir, const std::string& resolved_config,
             const ClaimOptions& opt, const comm::Communicator& world, std::ostream& out);
   const std::string& dir() const { return dir_; }
+  // Rank 0 writes run_dir/config.toml: once the run is under way (a resume that is refused, for
+  // another model or other data, leaves the folder's config.toml as it was).
+  void write_config() const;
 
  private:
-  std::string dir_;
+  std::string dir_, resolved_;
   std::unique_ptr<RunLock> lock_;  // rank 0 only
 };
 

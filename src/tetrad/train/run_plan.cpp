@@ -1,5 +1,6 @@
 #include "tetrad/train/run_plan.hpp"
 
+#include "tetrad/comm/communicator.hpp"
 #include "tetrad/comm/transports.hpp"
 #include "tetrad/core/cpu.hpp"
 #include "tetrad/core/error.hpp"
@@ -80,6 +81,18 @@ RunPlan resolve_run_plan(const RunConfig& cfg, const Launch& launch, const backe
   // dp_overlap is dropped by the model with ZeRO or Gp > 1.
   popt.overlap = overlap_options(cfg.overlap, launch.ranks_on_node(), launch.threads);
   return plan;
+}
+
+void check_precision_agreed(const RunPlan& plan, const comm::Communicator& world) {
+  if (world.size() <= 1) return;
+  int32_t lo = -int32_t(plan.model.precision), hi = int32_t(plan.model.precision);
+  world.allreduce_max(&lo, 1);
+  world.allreduce_max(&hi, 1);
+  if (-lo != hi)
+    fail("train.precision = \"auto\" resolved to fp32 on some ranks and bf16 on others (this "
+         "rank: ", backend::precision_name(plan.model.precision), ", because ", plan.precision_why,
+         "); set train.precision = \"fp32\" or \"bf16\", or share one TETRAD_CACHE_DIR between "
+         "the nodes");
 }
 
 }  // namespace tetrad

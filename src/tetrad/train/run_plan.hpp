@@ -16,6 +16,10 @@
 #include "tetrad/parallel/options.hpp"
 #include "tetrad/train/config.hpp"
 
+namespace tetrad::comm {
+class Communicator;
+}
+
 namespace tetrad {
 
 // How this process was launched.
@@ -54,6 +58,12 @@ struct RunPlan {
 // will run on (it says what precision "auto" means, Backend::auto_precision, and decides the GEMM
 // layouts).
 RunPlan resolve_run_plan(const RunConfig& cfg, const Launch& launch, const backend::Backend& device);
+
+// Every rank of `world` resolved the same GEMM precision, or an Error on every rank naming what
+// each chose (collective). precision "auto" is measured per machine and kept per node
+// (backend/cpu/precision_auto.hpp): the ranks of one node read one answer, but nodes that keep
+// separate caches measure on their own and could choose differently near the margin.
+void check_precision_agreed(const RunPlan& plan, const comm::Communicator& world);
 
 // The config with what the plan chose filled in (a grid not named: the one chosen), as the run
 // folder's config.toml records it.

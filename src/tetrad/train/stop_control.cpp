@@ -23,10 +23,8 @@ StepHook stall_hook(const std::string& text) {
 // a signal taken inside oneDNN's GEMM corrupts the heap (core/signals.hpp).
 // Under Open MPI, a SIGCONT reaching a running rank is mpirun's first notice that it is ending
 // the job (core/signals.hpp): stopping then, not at its SIGTERM, doubles the time to save.
-StopControl::StopControl(double step_timeout_s, const comm::Communicator& world,
-                         bool under_open_mpi, StepHook hook)
+StopControl::StopControl(double step_timeout_s, const comm::Communicator& world, StepHook hook)
     : world_(world),
-      signals_(under_open_mpi),
       watchdog_(step_timeout_s, world.rank()),
       hook_(std::move(hook)) {}
 

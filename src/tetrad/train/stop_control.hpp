@@ -1,5 +1,6 @@
-// When a training run stops early: SIGINT/SIGTERM/SIGUSR1 (and Open MPI's SIGCONT notice) end
-// it at the same step on every rank with a final checkpoint; the watchdog ends the job when a
+// When a training run stops early: SIGINT/SIGTERM/SIGUSR1 (and Open MPI's SIGCONT notice, as
+// recorded by core/signals' StopSignals) end it at the same step on every rank with a final
+// checkpoint; the watchdog ends the job when a
 // phase (a step, a validation pass, a checkpoint) stalls; a step hook, injected by the caller
 // (tests: a rank that hangs in a given step, tests/mpi/watchdog.sh), runs at the start of every
 // step. Nothing here reads the environment except StopSignals' Open MPI detection, given in.
@@ -26,9 +27,10 @@ StepHook stall_hook(const std::string& rank_colon_step);
 
 class StopControl {
  public:
-  // under_open_mpi: a SIGCONT while running is mpirun's first notice (core/signals.hpp).
-  StopControl(double step_timeout_s, const comm::Communicator& world, bool under_open_mpi,
-              StepHook hook);
+  // The signals are recorded by a StopSignals the caller made before the run's first large
+  // allocation (train(): right after the thread count is set, so a SIGTERM during start-up is a
+  // stop request like any other) and keeps alive as long as this.
+  StopControl(double step_timeout_s, const comm::Communicator& world, StepHook hook);
 
   // Root's note when mpirun's kill timeout leaves too little time for a final checkpoint
   // (sigkill_timeout: OMPI_MCA_odls_base_sigkill_timeout, "" when unset).
@@ -46,7 +48,6 @@ class StopControl {
 
  private:
   const comm::Communicator& world_;
-  StopSignals signals_;
   Watchdog watchdog_;
   StepHook hook_;
 };

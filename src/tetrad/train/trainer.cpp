@@ -16,6 +16,7 @@
 #include "tetrad/core/cpu.hpp"
 #include "tetrad/core/error.hpp"
 #include "tetrad/core/profile.hpp"
+#include "tetrad/core/signals.hpp"
 #include "tetrad/parallel/parallel_transformer.hpp"
 #include "tetrad/parallel/pipeline.hpp"
 #include "tetrad/parallel/process_groups.hpp"
@@ -28,6 +29,7 @@
 #include "tetrad/train/run_folder.hpp"
 #include "tetrad/train/run_plan.hpp"
 #include "tetrad/train/step_runner.hpp"
+#include "tetrad/train/stop_control.hpp"
 #include "tetrad/train/training_data.hpp"
 #include "tetrad/train/validator.hpp"
 
@@ -170,6 +172,12 @@ int64_t run_loop(Loop& l, int64_t step) {
   // The timeline skips the first step (one-off allocation and warm-up) when the run is longer.
   const int64_t trace_from = step + (t.max_steps - step > l.opt.trace_steps ? 1 : 0);
   l.progress.start(step);
+  // A signal during start-up: stopped before the first step, every rank at the same one.
+  if (const int sig = l.stop.agreed_signal()) {
+    l.out << StopControl::stop_line(sig, step);
+    l.result.stopped_by_signal = true;
+    return step;
+  }
   for (; step < t.max_steps; ++step) {
     l.prof.clear();
     trace_window(l, step, trace_from);
@@ -221,11 +229,22 @@ void finish_run(Loop& l, int64_t step) {
   l.stop.arm(step, "validation");
   if (l.validator.enabled() && !l.validator.due(step) && !l.result.stopped_by_signal)
     l.result.val_losses.push_back(l.validator.run(step));
-  l.ckpt.save(step, /*wait=*/true, l.result.losses);
+  const bool saved = l.ckpt.save(step, /*wait=*/true, l.result.losses);
   l.model.finish_communication();  // the next step's prefetched gathers: none is left pending
   l.stop.disarm();
   l.result.last_checkpoint = l.ckpt.last_checkpoint();
   l.result.checkpoint_blocked_s = l.ckpt.blocked_s();
+  // A run that cannot write its final checkpoint has not done what it was asked: not exit 0.
+  if (!saved) {
+    const std::string& mine = l.result.last_checkpoint;
+    fail("the run ended at step ", step, " with weights that are not finite, so no final "
+         "checkpoint was written; ",
+         !mine.empty() ? "the latest checkpoint, " + mine + ", holds this run's last finite weights"
+         : !l.result.resumed_from.empty()
+             ? "the latest checkpoint is still " + l.result.resumed_from + ", the one it resumed from"
+             : std::string("the run folder has no checkpoint"),
+         ". Lower train.lr, check the initial weights or the data, then resume or start again");
+  }
 }
 
 }  // namespace
@@ -236,8 +255,13 @@ TrainResult train(const RunConfig& cfg, const TrainOptions& opt, std::ostream& l
   set_threads(t.threads);
   if (t.comm_timeout > 0) comm::set_collective_timeout(t.comm_timeout, "train.comm_timeout");
   const Launch launch = this_launch();
+  // Before anything large is allocated or read: a SIGINT/SIGTERM from here on is recorded and
+  // stops the run cleanly (before its first step, if it comes during start-up); under Open MPI
+  // a SIGCONT while running is mpirun's first notice (core/signals.hpp).
+  const StopSignals signals(launch.open_mpi);
   Device device(t.device);
   RunPlan plan = resolve_run_plan(cfg, launch, *device.be);
+  if (launch.world > 1) check_precision_agreed(plan, comm::Communicator::world());
   ProcessGroups groups =
       launch.world > 1 ? ProcessGroups(comm::Communicator::world(), plan.grid) : ProcessGroups();
   const bool root = groups.world.rank() == 0;
@@ -274,10 +298,11 @@ TrainResult train(const RunConfig& cfg, const TrainOptions& opt, std::ostream& l
   // pipeline schedule's order. Host values are summed over the trainer's own MPI groups.
   StepRunner runner(model, adam, groups, step_options(cfg, plan, &prof));
 
-  StopControl stop(t.step_timeout, groups.world, launch.open_mpi, opt.step_hook);
+  StopControl stop(t.step_timeout, groups.world, opt.step_hook);
   Checkpointer ckpt({cfg, plan, model, adam, *device.be, groups.world, data, stop.watchdog(), out,
                      opt.quiet});
-  const Checkpointer::Start start = ckpt.resume_or_init(opt.resume);
+  const Checkpointer::Start start = ckpt.resume_or_init(opt.resume, opt.allow_data_change);
+  folder.write_config();
   TrainResult result;
   result.first_step = start.step;
   result.resumed_from = start.resumed_from;
@@ -290,6 +315,7 @@ TrainResult train(const RunConfig& cfg, const TrainOptions& opt, std::ostream& l
   if (root) {
     metrics.open(cfg.run_dir, &ckpt.last_checkpoint());
     metrics.write(start_record(start.step, start.loaded, t.max_steps));
+    if (!start.data_changes.empty()) metrics.write(data_change_record(start.step, start.data_changes));
   }
   Validator validator(cfg, data, model, runner.pipeline(), groups, metrics, out, opt.quiet);
   if (!opt.quiet) data.describe_loss_mask(out);

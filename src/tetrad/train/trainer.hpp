@@ -30,6 +30,9 @@ struct TrainResult {
 struct TrainOptions {
   bool resume = false;        // continue from the latest good checkpoint in run.dir
   bool overwrite = false;     // run.dir holds checkpoints and !resume: delete them (else refused)
+  // resume: continue although train.seed or the training data differ from the checkpoint's
+  // (said so, and a "data_change" record in metrics.jsonl); without it such a resume is refused.
+  bool allow_data_change = false;
   double peak_gflops = 0;     // FMA peak for MFU (0: measure at start)
   bool quiet = false;         // no progress lines (tests)
   std::string trace_path;     // Chrome trace-event JSON of trace_steps steps ("" : none)

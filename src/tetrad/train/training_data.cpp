@@ -132,7 +132,45 @@ nlohmann::json TrainingData::position() const {
   for (int r = 0; r < slot_.replicas; ++r) next.push_back(ls.cursor + uint64_t(r));
   return {{"epoch", ls.epoch}, {"cursor", ls.cursor}, {"replicas", slot_.replicas},
           {"micro_batch", t.micro_batch}, {"seq_len", slot_.seq_len}, {"grad_accum", t.grad_accum},
-          {"replica_next_position", next}, {"seed", t.seed}};
+          {"replica_next_position", next}, {"seed", t.seed},
+          {"fingerprint", hex64(loader_.fingerprint())}};
+}
+
+std::vector<std::string> TrainingData::check_continuity(const nlohmann::json& d, uint64_t tokenizer,
+                                                        const std::string& dir, bool allow) {
+  if (tokenizer && info_.tokenizer_identity && tokenizer != info_.tokenizer_identity)
+    throw DataChangeRefused(detail::concat(
+        "checkpoint ", dir, " was trained on tokens of tokenizer ", hex64(tokenizer), " but the "
+        "data in '", cfg_.data_dir, "' was made with tokenizer ", hex64(info_.tokenizer_identity),
+        "; the token ids would mean other text. Resume with the data it was trained on, or start "
+        "a new run.dir (run.init_from its weights, with data prepared by its tokenizer)"));
+  std::vector<std::string> changes;
+  if (!d.is_object() || d.empty()) return changes;  // an imported model: no data yet
+  const TrainConfig& t = cfg_.train;
+  if (d.contains("seed") && d["seed"].is_number_integer() && d["seed"].get<int64_t>() != t.seed)
+    changes.push_back(detail::concat("train.seed: checkpoint ", d["seed"].get<int64_t>(),
+                                     ", config ", t.seed, " (the order of the data from here on)"));
+  bool data_changed = false;
+  if (d.contains("fingerprint") && d["fingerprint"].is_string()) {
+    const std::string now = hex64(loader_.fingerprint());
+    if (d["fingerprint"].get<std::string>() != now) {
+      data_changed = true;
+      changes.push_back(detail::concat(
+          "the training data: checkpoint ", d["fingerprint"].get<std::string>(), ", data.dir '",
+          cfg_.data_dir, "' ", now, " (other shards: another or a re-prepared data folder)"));
+    }
+  }
+  if (changes.empty()) return changes;
+  std::string list;
+  for (const std::string& c : changes) list += "\n  " + c;
+  if (!allow)
+    throw DataChangeRefused(detail::concat(
+        "checkpoint ", dir, " was trained with other data settings than this run has:", list,
+        "\nresuming would silently change the run (as a train.seq_len change would). Resume with "
+        "the settings it was trained with, start a new run.dir, or pass --allow-data-change to "
+        "continue on purpose (recorded in metrics.jsonl", data_changed ? "; the new data is read from its start)" : ")"));
+  restart_data_ = data_changed;
+  return changes;
 }
 
 // The position is the job's, so it holds for any number of data replicas or micro-batch split
@@ -140,6 +178,7 @@ nlohmann::json TrainingData::position() const {
 // length numbers the windows differently, so that is refused.
 void TrainingData::restore(const nlohmann::json& d, const std::string& dir) {
   if (d.is_object() && d.empty()) return;  // an imported model: the data from the start
+  if (restart_data_) return;               // an allowed change of data: the new data from its start
   const int T = slot_.seq_len;
   try {
     const int saved_T = d.at("seq_len").get<int>();

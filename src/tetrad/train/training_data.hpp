@@ -14,6 +14,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include "tetrad/core/error.hpp"
 #include "tetrad/data/loader.hpp"
 #include "tetrad/model/model_config.hpp"
 #include "tetrad/train/config.hpp"
@@ -34,6 +35,14 @@ DataInfo read_data_info(const std::string& data_dir, const ModelConfig& model);
 // Before any compute: the data folder's tokenizer is there, loads, and is the one the shards
 // were made with (it is copied into every checkpoint; `generate` needs it).
 void check_data_tokenizer(const std::string& data_dir, const DataInfo& d);
+
+// A resume that would change the run's data order (train.seed, the training data): refused
+// unless allowed, before any weight is read (Checkpointer::resume_or_init does not try older
+// checkpoints for it: they have the same data).
+class DataChangeRefused : public Error {
+ public:
+  using Error::Error;
+};
 
 // This rank's part of each micro-batch: `local_batch` of its sequences, slot `slot` of
 // `replicas` (the Z x D ranks split the micro-batch's sequences).
@@ -61,8 +70,16 @@ class TrainingData {
   // The loader's position (the job's position in the global window stream, the same on every
   // replica).
   data::LoaderState state() const { return loader_.state(); }
-  // The sharded checkpoint's "data" record: the position and the layout it was read with.
+  // The sharded checkpoint's "data" record: the position and the layout it was read with, the
+  // seed and the training split's fingerprint (data::DataLoader::fingerprint).
   nlohmann::json position() const;
+  // Before a sharded checkpoint's weights are read: its "data" record and tokenizer identity
+  // against this run's. A different tokenizer throws DataChangeRefused; so do a different
+  // train.seed or training data (another fingerprint) unless `allow`, and then each difference
+  // is returned, said in words, and a data change makes restore() start the new data from its
+  // beginning. Records from before the fingerprint was kept are checked for what they hold.
+  std::vector<std::string> check_continuity(const nlohmann::json& data, uint64_t tokenizer,
+                                            const std::string& dir, bool allow);
   // Continues where a checkpoint left off: a sharded checkpoint's "data" record (an empty object:
   // an imported model, from the start), or a run checkpoint's info (data_epoch, data_cursor).
   // Throws Error naming `dir` when the record lacks the position or was for another seq_len.
@@ -84,6 +101,7 @@ class TrainingData {
   data::DataLoader loader_;
   LossMask mask_;
   std::vector<int32_t> inputs_, targets_;
+  bool restart_data_ = false;  // an allowed data change: restore() starts from the beginning
 };
 
 }  // namespace tetrad

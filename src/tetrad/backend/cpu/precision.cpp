@@ -71,30 +71,6 @@ const Bf16Probe& probed() {
 }
 }  // namespace
 
-namespace {
-const char* auto_override() {
-  const char* e = std::getenv("TETRAD_PRECISION_AUTO");
-  return e && *e ? e : nullptr;
-}
-}  // namespace
-
-Precision auto_precision() {
-  if (const char* e = auto_override()) {
-    const std::string v = e;
-    if (v != "fp32" && v != "bf16")
-      fail("TETRAD_PRECISION_AUTO = \"", v, "\": expected \"fp32\" or \"bf16\" (what precision "
-           "\"auto\" resolves to)");
-    return backend::parse_precision(v);
-  }
-  return native_bf16_matmul() ? Precision::BF16 : Precision::FP32;
-}
-
-std::string auto_precision_reason() {
-  if (const char* e = auto_override()) return std::string("forced by TETRAD_PRECISION_AUTO=") + e;
-  return native_bf16_matmul() ? "bf16 GEMMs here: " + bf16_matmul_path()
-                              : "bf16 would be " + bf16_matmul_path();
-}
-
 static bool g_force_emulation = false;
 void set_bf16_emulation_forced(bool on) { g_force_emulation = on; }
 bool native_bf16_matmul() { return probed().native && !g_force_emulation; }

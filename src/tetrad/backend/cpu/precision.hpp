@@ -19,10 +19,12 @@
 // TETRAD_BF16=emulate in the environment forces the emulated path (to compare the two; so does
 // TETRAD_MAX_CPU_ISA=avx512 or lower, core/cpu.hpp).
 //
-// train.precision = "auto" is bf16 where bf16 GEMMs run natively, fp32 elsewhere (the CPU
-// backends' Backend::auto_precision, backend/precision.hpp);
+// train.precision = "auto" is the faster of fp32 and bf16 GEMMs on this machine, measured once
+// per machine where bf16 GEMMs run natively (backend/cpu/precision_auto.hpp), fp32 where they
+// would be emulated (the CPU backends' Backend::auto_precision, backend/precision.hpp);
 // TETRAD_PRECISION_AUTO = bf16 | fp32 in the environment overrides that choice (so both of auto's
-// branches run on any CPU: tests force each).
+// branches run on any CPU: tests force each); TETRAD_PRECISION_AUTO = measure measures again
+// and replaces the cached figures (`tetrad cpu --measure`).
 //
 // Not done: bf16 storage of activations between layers (they are rounded where they enter a
 // GEMM, stored in fp32), bf16 collectives. (bf16 attention: attention_bf16.hpp.)
@@ -38,10 +40,8 @@ namespace tetrad::kernels {
 
 using backend::Precision;  // the one precision type (backend/precision.hpp)
 
-// What precision "auto" means on this CPU (see above; a bad TETRAD_PRECISION_AUTO throws Error
-// naming the choices), and why, one phrase ("bf16 GEMMs here: native ...").
-Precision auto_precision();
-std::string auto_precision_reason();
+// What precision "auto" means on this CPU: auto_precision() and auto_precision_reason() in
+// backend/cpu/precision_auto.hpp.
 
 // Whether bf16 GEMMs run on bf16 hardware here (AMX-BF16 or AVX512-BF16, and oneDNN built a bf16
 // matmul for it). Probed once, thread-safe.
