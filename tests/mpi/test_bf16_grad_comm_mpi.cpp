@@ -136,10 +136,7 @@ std::vector<double> train_bf16(const ModelConfig& mc, ProcessGroups& g, bool gra
   m.init_weights(7);
   const TrainConfig tc = train_config();
   // Through apply_update, as the trainer runs it (with ZeRO the optimizer updates pieces).
-  const OptimizerLayout& ol = m.optimizer_layout();
-  AdamW opt(decay_ranges(m.table(), tc, ol.param_offsets, ol.sizes, ol.state_offsets,
-                         ol.grad_offsets),
-            ol.state_size, tc);
+  AdamW opt = tetrad_test::layout_adamw(m, tc, &backend::cpu_backend());
   // The trainer's own step (train/step_runner.hpp), one micro-batch, clipped at norm 1.
   StepRunner runner(m, opt, g, tetrad_test::step_options(tc, 1, Bl, kT));
   std::vector<double> losses;

@@ -92,9 +92,7 @@ std::vector<double> grid_bf16(const ModelConfig& mc, ProcessGroups& g, bool bf16
 }  // namespace
 
 TEST(Bf16Grid, TrainingOnFourRanksTracksTheFp32Curve) {
-  int world;
-  MPI_Comm_size(MPI_COMM_WORLD, &world);
-  if (world != 4) GTEST_SKIP() << "runs on 4 ranks only";
+  if (mpi_test::world_size() != 4) GTEST_SKIP() << "runs on 4 ranks only";
   const ModelConfig mc = test_model();
   const auto f32 = serial_fp32(mc);
   ProcessGroups g(comm::Communicator::world(), GridShape{2, 1, 2, 1});
@@ -112,9 +110,7 @@ TEST(Bf16Grid, TrainingOnFourRanksTracksTheFp32Curve) {
 // bf16 attention products as well (AttentionArgs::precision), on the 4-rank grid and on one rank
 // (the model `tetrad train` runs, on the trivial grid), against the same serial fp32 curve.
 TEST(Bf16Grid, Bf16AttentionOnFourRanksAndOneTracksTheFp32Curve) {
-  int world;
-  MPI_Comm_size(MPI_COMM_WORLD, &world);
-  if (world != 4) GTEST_SKIP() << "runs on 4 ranks only";
+  if (mpi_test::world_size() != 4) GTEST_SKIP() << "runs on 4 ranks only";
   const ModelConfig mc = test_model();
   const auto f32 = serial_fp32(mc);
   ProcessGroups g(comm::Communicator::world(), GridShape{2, 1, 2, 1});
@@ -167,10 +163,7 @@ std::vector<double> bf16_losses(const ModelConfig& mc, ProcessGroups& g, Paralle
   ParallelTransformer m(mc, g, Bl, kT, po);
   m.init_weights(7);
   const TrainConfig tc = train_config();
-  const OptimizerLayout& ol = m.optimizer_layout();
-  AdamW opt(decay_ranges(m.table(), tc, ol.param_offsets, ol.sizes, ol.state_offsets,
-                         ol.grad_offsets),
-            ol.state_size, tc);
+  AdamW opt = tetrad_test::layout_adamw(m, tc, &backend::cpu_backend());
   std::vector<double> losses;
   std::vector<int32_t> x(size_t(Bl) * kT), y(x.size());
   for (int s = 0; s < steps; ++s) {
@@ -200,9 +193,7 @@ std::vector<double> bf16_losses(const ModelConfig& mc, ProcessGroups& g, Paralle
 // are gathered). The NN weight-gradient form on the transposed cast sums in another order: the
 // same losses within fp32 rounding.
 TEST(Bf16Grid, WeightCopyAndBf16ActivationsGiveTheBitsOfPerCallRounding) {
-  int world;
-  MPI_Comm_size(MPI_COMM_WORLD, &world);
-  if (world != 4) GTEST_SKIP() << "runs on 4 ranks only";
+  if (mpi_test::world_size() != 4) GTEST_SKIP() << "runs on 4 ranks only";
   const ModelConfig mc = test_model();
   constexpr int kShort = 12;
   struct Case {
@@ -285,9 +276,7 @@ std::string plan_of_forms(const char* fwd, const char* dx, const char* dw) {
 // weights (1x1x2x2, ZeRO 1): each rank's gradients equal the rule's within fp32 summation
 // error (the same bf16 operands in another summation order), never NaN.
 TEST(Bf16Grid, EveryGemmLayoutPlanMatchesTheRuleOnOneRankAndFour) {
-  int world;
-  MPI_Comm_size(MPI_COMM_WORLD, &world);
-  if (world != 4) GTEST_SKIP() << "runs on 4 ranks only";
+  if (mpi_test::world_size() != 4) GTEST_SKIP() << "runs on 4 ranks only";
   const ModelConfig mc = test_model();
   std::vector<std::string> plans;
   for (const char* fwd : {"NT", "NT/tr"})
@@ -324,9 +313,7 @@ TEST(Bf16Grid, EveryGemmLayoutPlanMatchesTheRuleOnOneRankAndFour) {
 // them one), and the tuned grid's gradients match the rule's. Where bf16 GEMMs are emulated
 // (forced), tune runs the rule on every rank.
 TEST(Bf16Grid, TunedGemmLayoutsAreTheSameOnEveryRank) {
-  int world;
-  MPI_Comm_size(MPI_COMM_WORLD, &world);
-  if (world != 4) GTEST_SKIP() << "runs on 4 ranks only";
+  if (mpi_test::world_size() != 4) GTEST_SKIP() << "runs on 4 ranks only";
   const ModelConfig mc = test_model();
   ProcessGroups g(comm::Communicator::world(), GridShape{2, 1, 2, 1});
   for (int emulate = 0; emulate < 2; ++emulate) {

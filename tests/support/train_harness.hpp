@@ -58,14 +58,15 @@ inline tetrad::TrainConfig train_config(double lr, int max_steps) {
   return t;
 }
 
-// AdamW over the model's optimizer layout (ZeRO's pieces where sharded), its moments on the
-// model's backend, as the trainer sets it up.
+// AdamW over the model's optimizer layout (ZeRO's pieces where sharded), its moments on `be`
+// (nullptr: the model's backend, as the trainer sets it up).
 inline tetrad::AdamW layout_adamw(tetrad::parallel::ParallelTransformer& m,
-                                  const tetrad::TrainConfig& tc) {
+                                  const tetrad::TrainConfig& tc,
+                                  tetrad::backend::Backend* be = nullptr) {
   const tetrad::parallel::OptimizerLayout& ol = m.optimizer_layout();
   return tetrad::AdamW(tetrad::decay_ranges(m.table(), tc, ol.param_offsets, ol.sizes,
                                             ol.state_offsets, ol.grad_offsets),
-                       ol.state_size, tc, m.compute_backend());
+                       ol.state_size, tc, be ? *be : m.compute_backend());
 }
 
 // The step runner's options as the trainer sets them from its config: `micro_batches` passes of
