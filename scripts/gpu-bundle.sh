@@ -5,7 +5,8 @@
 #   bin/      tetrad, the GPU test binaries (test_cuda_kernels, test_backend_conformance when the
 #             seam's suite is built, test_gpu_comm_mpi, test_comm_conformance (the communication
 #             interface's suite: NCCL on one rank), test_gpu_model and test_device_model_mpi
-#             (the model on the GPU, 1 rank and 2 ranks on one GPU through MPI) when present)
+#             (the model on the GPU, 1 rank and 2 ranks on one GPU through MPI) and
+#             test_gpu_memory (the backend's memory figure and MFU peak) when present)
 #   lib/      every non-CUDA, non-glibc shared library they load (ldd), so the lent machine needs
 #             none of our Debian packages (it has none: oneDNN, Open MPI, SentencePiece, ...)
 #   ompi/     a relocatable copy of Debian's Open MPI (orterun, orted, its components and help
@@ -36,7 +37,7 @@ if [ ! -f "$BUILD/CMakeCache.txt" ]; then
     { tail -30 "$BUILD.log"; exit 1; }
 fi
 targets=(tetrad test_cuda_kernels test_gpu_comm_mpi test_comm_conformance)
-for t in test_backend_conformance test_gpu_model test_device_model_mpi; do
+for t in test_backend_conformance test_gpu_model test_gpu_memory test_device_model_mpi; do
   grep -q "^$t:" "$BUILD/Makefile" 2>/dev/null && targets+=("$t") || true
 done
 cmake --build "$BUILD" -j"${JOBS:-2}" --target "${targets[@]}" 2>&1 | grep -E "error|Error" | head -30 || true

@@ -4,7 +4,9 @@
 // with every overwritten output poisoned with NaN first (a NaN or an untouched element never
 // passes), and every backward against central finite differences of the double reference
 // forward. It is the suite a new backend (CUDA, HIP) must pass; a backend the build has but this
-// machine cannot run (no GPU) reports GTEST_SKIP with the reason.
+// machine cannot run (no GPU) reports GTEST_SKIP with the reason. An optional op a backend does
+// not have (its Capabilities flag false) is skipped with a reason starting "[optional]", which
+// scripts/gpu-check.sh tells apart from a backend that could not run.
 //
 // Tolerances (docs/precision.md): fp32 ops against the double reference, normwise
 // max|got - ref| / max|ref| below 1e-5; backward against finite differences below 1e-4 (fp32
@@ -26,6 +28,7 @@
 #include <string>
 #include <vector>
 
+#include "tetrad/backend/adamw_bias.hpp"
 #include "tetrad/backend/backend.hpp"
 #include "tetrad/core/error.hpp"
 
@@ -228,7 +231,7 @@ TEST_P(Conformance, GemmEveryLayoutFp32AndBf16) {
 // or beside an fp32 one, in every layout with padded leading dimensions and beta accumulation:
 // the product of the stored values (exact in fp32) summed in fp32.
 TEST_P(Conformance, GemmBf16StoredOperands) {
-  if (!be_->capabilities().gemm_bf16_storage) GTEST_SKIP() << "backend has no bf16-stored GEMM operands";
+  if (!be_->capabilities().gemm_bf16_storage) GTEST_SKIP() << "[optional] backend has no bf16-stored GEMM operands";
   auto to16 = [](const VF& x) {
     std::vector<uint16_t> h(x.size());
     for (size_t i = 0; i < x.size(); ++i) { uint32_t u; std::memcpy(&u, &x[i], 4); h[i] = uint16_t(u >> 16); }
@@ -265,6 +268,45 @@ TEST_P(Conformance, GemmBf16StoredOperands) {
       for (int64_t i = 0; i < M; ++i)  // C's padding untouched
         for (int64_t j = N; j < ldc; ++j)
           EXPECT_TRUE(std::isnan(C0[i * ldc + j]) ? std::isnan(got[i * ldc + j]) : got[i * ldc + j] == C0[i * ldc + j]) << what.str();
+    }
+}
+
+// K = 0: no products; C = beta C (beta 0 overwrites C, NaN included), in every layout and
+// precision, operands stored either way. (The CUDA backend once refused K = 0.)
+TEST_P(Conformance, GemmWithKZeroScalesC) {
+  const Capabilities& caps = be_->capabilities();
+  for (int layout = 0; layout < 4; ++layout)
+    for (int form = 0; form < 3; ++form) {  // 0 fp32, 1 bf16 math on fp32, 2 bf16-stored A and B
+      if (form == 1 && !caps.gemm_bf16) continue;
+      if (form == 2 && !caps.gemm_bf16_storage) continue;
+      for (float beta : {0.0f, 0.5f, 1.0f}) {
+        const bool ta = layout & 1, tb = layout & 2;
+        const int64_t M = randint(1, 20), N = randint(1, 20), ldc = N + randint(0, 3);
+        const int64_t lda = ta ? M : 1, ldb = tb ? 1 : N;  // the stored rows of a K = 0 operand
+        VF C0 = rand(static_cast<size_t>(M * ldc));
+        if (beta == 0) std::fill(C0.begin(), C0.end(), kNaN);
+        DeviceBuffer dA = up(VF(64, 1.0f)), dB = up(VF(64, 1.0f)), dC = up(C0);
+        GemmArgs g;
+        g.trans_a = ta; g.trans_b = tb; g.M = M; g.N = N; g.K = 0; g.alpha = 1.5f;
+        g.A = dA.data(); g.lda = lda; g.B = dB.data(); g.ldb = ldb; g.beta = beta;
+        g.C = F(dC); g.ldc = ldc;
+        g.precision = form == 0 ? Precision::FP32 : Precision::BF16;
+        g.a_type = g.b_type = form == 2 ? DType::BF16 : DType::F32;
+        ops_->gemm(*q_, g);
+        const VF got = down(dC, C0.size());
+        std::ostringstream what;
+        what << "gemm K=0 " << (ta ? 'T' : 'N') << (tb ? 'T' : 'N') << " " << M << "x" << N
+             << " ldc " << ldc << " beta " << beta << " form " << form << ", " << seed();
+        for (int64_t i = 0; i < M; ++i)
+          for (int64_t j = 0; j < ldc; ++j) {
+            const float c0 = C0[size_t(i * ldc + j)], v = got[size_t(i * ldc + j)];
+            if (j >= N) {  // padding untouched
+              EXPECT_TRUE(std::isnan(c0) ? std::isnan(v) : v == c0) << what.str();
+              continue;
+            }
+            ASSERT_EQ(v, beta == 0 ? 0.0f : beta * c0) << what.str() << " at " << i << "," << j;
+          }
+      }
     }
 }
 
@@ -569,7 +611,7 @@ TEST_P(Conformance, AttentionKeyOffset) {
 // decode-like Tq < Tk, GQA groups, several sequences, padded strides); then a query block after
 // its keys (q_offset) with its backward against finite differences.
 TEST_P(Conformance, AttentionBf16ProductsAgainstFp32) {
-  if (!be_->capabilities().attention_bf16_products) GTEST_SKIP() << "backend has no bf16 attention products";
+  if (!be_->capabilities().attention_bf16_products) GTEST_SKIP() << "[optional] backend has no bf16 attention products";
   struct Case { int B, Tq, Tk, nh, nkv, hd; };
   const Case cases[] = {{2, 5, 5, 4, 2, 8}, {1, 150, 150, 4, 2, 16}, {2, 1, 140, 4, 1, 8},
                         {1, 130, 257, 2, 2, 32}, {1, 300, 300, 2, 1, 64}};
@@ -873,7 +915,7 @@ TEST_P(Conformance, VocabParallelCrossEntropyPieces) {
 // multiple of a vector width, and on one row wider than the fixed 16-lane sum's blocks.
 TEST_P(Conformance, CeRowStatsFusedIsRowMaxThenSumExp) {
   if (!be_->capabilities().ce_row_stats_fused)
-    GTEST_SKIP() << be_->name() << " has no ce_row_max_sum_exp_target (Capabilities::ce_row_stats_fused)";
+    GTEST_SKIP() << "[optional] " << be_->name() << " has no ce_row_max_sum_exp_target (Capabilities::ce_row_stats_fused)";
   ASSERT_TRUE(ops_->ce_row_max_sum_exp_target) << "capability declared, entry missing";
   for (int round = 0; round < 2; ++round) {
     const int64_t N = round ? 1 : randint(1, 9), V = round ? 50257 : randint(2, 300),
@@ -909,7 +951,7 @@ TEST_P(Conformance, CeRowStatsFusedIsRowMaxThenSumExp) {
 // within bf16's rounding of the double finite-difference gradient.
 TEST_P(Conformance, CeGradBf16IsTheRoundedFp32Gradient) {
   if (!be_->capabilities().bf16_loss_grad)
-    GTEST_SKIP() << be_->name() << " has no ce_grad_bf16 (Capabilities::bf16_loss_grad)";
+    GTEST_SKIP() << "[optional] " << be_->name() << " has no ce_grad_bf16 (Capabilities::bf16_loss_grad)";
   ASSERT_TRUE(ops_->ce_grad_bf16) << "capability declared, entry missing";
   const int64_t N = randint(1, 70), V = randint(2, 300), v0 = randint(0, V - 1), Vs = randint(1, V - v0);
   const float grad_scale = 0.61f;
@@ -981,6 +1023,62 @@ TEST_P(Conformance, RowArgmaxLowestIndexOnTies) {
   }
 }
 
+// NaN is the largest value: a row holding NaN gives its first NaN (index and NaN), wherever it
+// sits, so greedy decoding sees a broken row; rows of -inf give column 0. (CUDA once skipped
+// NaN; the CPU's std::max_element kept a NaN only in column 0.)
+TEST_P(Conformance, RowArgmaxNaNIsTheLargest) {
+  const int64_t Vs = randint(40, 300), ld = Vs + randint(0, 3), N = 6;
+  VF L = rand(static_cast<size_t>(N * ld));
+  const int64_t a = randint(1, Vs / 2), b = randint(Vs / 2 + 1, Vs - 1);
+  L[0 * ld + 0] = kNaN;                               // row 0: NaN in column 0
+  L[1 * ld + a] = kNaN;                               // row 1: NaN in the middle, larger after it
+  L[1 * ld + b] = 100.0f;
+  L[2 * ld + a] = 7.0f, L[2 * ld + b] = kNaN;          // row 2: NaN after the maximum
+  L[3 * ld + b] = kNaN, L[3 * ld + a] = kNaN;          // row 3: two NaNs, the first wins
+  for (int64_t j = 0; j < Vs; ++j) L[4 * ld + j] = -std::numeric_limits<float>::infinity();
+  const int64_t want_idx[] = {0, a, b, a, 0, -1};      // row 5: no NaN, the plain maximum
+  DeviceBuffer dl = up(L), idx = up(VI(static_cast<size_t>(N), -7)), val = poisoned(static_cast<size_t>(N));
+  ops_->row_argmax(*q_, I(idx), F(val), F(dl), N, Vs, ld);
+  const VI gi = down<int32_t>(idx, static_cast<size_t>(N));
+  const VF gv = down(val, static_cast<size_t>(N));
+  for (int64_t r = 0; r < N; ++r) {
+    int64_t want = want_idx[r];
+    if (want < 0) {
+      want = 0;
+      for (int64_t j = 1; j < Vs; ++j) if (L[r * ld + j] > L[r * ld + want]) want = j;
+    }
+    EXPECT_EQ(gi[r], want) << "row " << r << " (Vs " << Vs << "), " << seed();
+    const float w = L[r * ld + want];
+    EXPECT_TRUE(std::isnan(w) ? std::isnan(gv[r]) : gv[r] == w) << "row " << r << ": " << gv[r] << ", " << seed();
+  }
+}
+
+// The fused cross-entropy refuses a target outside the vocabulary with an Error naming the first
+// one, before it writes anything (CUDA once returned a wrong loss).
+TEST_P(Conformance, CrossEntropyFusedRefusesATargetOutsideTheVocabulary) {
+  if (!ops_->cross_entropy_fused)
+    GTEST_SKIP() << "[optional] " << be_->name() << " has no cross_entropy_fused (Capabilities::fused_cross_entropy)";
+  const int64_t N = randint(8, 40), V = randint(10, 200);
+  const VF logits = rand(static_cast<size_t>(N * V));
+  VI tg(static_cast<size_t>(N));
+  for (auto& t : tg) t = int32_t(randint(-1, V - 1));
+  const int64_t first = randint(1, N - 3);
+  tg[size_t(first)] = int32_t(V + 3);
+  tg[size_t(first + 2)] = int32_t(V);
+  DeviceBuffer L = up(logits), losses = poisoned(static_cast<size_t>(N)), total = poisoned_d(1), dt = up(tg);
+  try {
+    ops_->cross_entropy_fused(*q_, F(L), F(losses), D(total), I(dt), N, V, 1.0f);
+    q_->synchronize();
+    ADD_FAILURE() << "target " << V + 3 << " of a vocabulary of " << V << " was accepted, " << seed();
+  } catch (const Error& e) {
+    const std::string want = "target token id " + std::to_string(V + 3) + " at position " +
+                             std::to_string(first) + " is outside the model's vocabulary [0, " +
+                             std::to_string(V) + ")";
+    EXPECT_NE(std::string(e.what()).find(want), std::string::npos) << e.what() << "\nexpected: " << want;
+  }
+  EXPECT_EQ(down(L, logits.size()), logits) << "logits written before the refusal, " << seed();
+}
+
 // ---- casts ------------------------------------------------------------------------------------
 
 TEST_P(Conformance, CastsRoundToNearestEven) {
@@ -1013,7 +1111,7 @@ TEST_P(Conformance, CastsRoundToNearestEven) {
 // NaN pattern first).
 TEST_P(Conformance, Bf16ProducersAreTheRoundedFp32Outputs) {
   if (!be_->capabilities().bf16_producers)
-    GTEST_SKIP() << be_->name() << " has no bf16 producers (Capabilities::bf16_producers)";
+    GTEST_SKIP() << "[optional] " << be_->name() << " has no bf16 producers (Capabilities::bf16_producers)";
   ASSERT_TRUE(ops_->norm_apply_bf16 && ops_->gelu_forward_bf16 && ops_->swiglu_forward_bf16 &&
               ops_->cast_transpose_f32_to_bf16) << "capability declared, entries missing";
   auto widen16 = [](const std::vector<uint16_t>& h) {
@@ -1130,7 +1228,7 @@ TEST_P(Conformance, Bf16ProducersAreTheRoundedFp32Outputs) {
 // (the same products, summed in another order: fp32 rounding apart) and the double reference.
 TEST_P(Conformance, WeightGradientNnOnTheTransposedCastMatchesTn) {
   if (!be_->capabilities().bf16_producers || !be_->capabilities().gemm_bf16_storage)
-    GTEST_SKIP() << be_->name() << " has no cast-transpose or no bf16-stored GEMM operands";
+    GTEST_SKIP() << "[optional] " << be_->name() << " has no cast-transpose or no bf16-stored GEMM operands";
   for (int rep = 0; rep < 3; ++rep) {
     const int64_t N = randint(1, 300), n_out = randint(1, 200), k_in = randint(1, 150);
     const VF dy = rand(static_cast<size_t>(N * n_out)), x = rand(static_cast<size_t>(N * k_in));
@@ -1196,11 +1294,35 @@ TEST_P(Conformance, AdamWOverAnInterval) {
     }
 }
 
+// The bias corrections as the CPU computes them (backend/adamw_bias.hpp: the power in double,
+// the rest in float; 19.999995f at step 1 for beta2 0.95, not 20.0f). With m = v = p = 0,
+// g = 1, lr = 1, eps = 0 and no decay every other step of the update is exact or one rounding
+// that any IEEE backend makes alike, so the new p is bit for bit -(0.1f bc1) / sqrt(0.05f bc2).
+TEST_P(Conformance, AdamWBiasCorrectionsAsTheCpu) {
+  for (int64_t step : {int64_t(1), int64_t(2), int64_t(7), int64_t(100), int64_t(1000)})
+    for (float beta2 : {0.95f, 0.999f}) {
+      const int64_t n = 4;
+      DeviceBuffer dp = up(VF(n, 0.0f)), dg = up(VF(n, 1.0f)), dm = up(VF(n, 0.0f)), dv = up(VF(n, 0.0f));
+      AdamWArgs a;
+      a.p = F(dp); a.g = F(dg); a.m = F(dm); a.v = F(dv); a.n = n;
+      a.lr = 1.0f; a.beta1 = 0.9f; a.beta2 = beta2; a.eps = 0.0f; a.weight_decay = 0.0f;
+      a.grad_scale = 1.0f; a.step = step;
+      ops_->adamw(*q_, a);
+      const float bc1 = adamw_bias_correction(a.beta1, step), bc2 = adamw_bias_correction(beta2, step);
+      const float mi = (1.0f - a.beta1) * 1.0f, vi = (1.0f - beta2) * 1.0f;
+      const float want = -((mi * bc1) / std::sqrt(vi * bc2));
+      const VF got = down(dp, size_t(n));
+      for (int64_t i = 0; i < n; ++i)
+        ASSERT_EQ(got[size_t(i)], want) << "step " << step << " beta2 " << beta2 << ": the bias "
+                                        << "corrections differ from the CPU's (" << bc1 << ", " << bc2 << ")";
+    }
+}
+
 // The fused bf16 weight copy (AdamWArgs::p16): the fp32 update is unchanged bit for bit and p16
 // holds the updated parameters rounded to nearest even.
 TEST_P(Conformance, AdamWWritesTheBf16Copy) {
   if (!be_->capabilities().adamw_bf16_copy)
-    GTEST_SKIP() << be_->name() << " has no fused bf16 copy in adamw (Capabilities::adamw_bf16_copy)";
+    GTEST_SKIP() << "[optional] " << be_->name() << " has no fused bf16 copy in adamw (Capabilities::adamw_bf16_copy)";
   const int64_t n = randint(10, 5000);
   const VF p = rand(static_cast<size_t>(n)), g = rand(static_cast<size_t>(n)),
            m = rand(static_cast<size_t>(n), -0.1f, 0.1f), v = rand(static_cast<size_t>(n), 0.0f, 0.01f);

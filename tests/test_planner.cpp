@@ -587,9 +587,8 @@ TEST(PlannerStats, Spearman) {
 
 TEST(PlannerValidation, PublishedRows) {
   // The target is 15% on each row; at the shipped gemm_efficiency (0.7 for every GPU file) the
-  // Megatron row meets it (+0.3%) and the AxoNN row does not (+18.5%, docs/planner.md). This guards
-  // against the model drifting further from either: a change that moves a row past 25% must
-  // explain itself.
+  // Megatron row meets it (+0.4%) and, with the measured overlap slowdown, the AxoNN row too
+  // (+10.9%, docs/planner.md).
   const auto rows = published_results();
   ASSERT_EQ(rows.size(), 2u);
   for (const auto& r : rows) {
@@ -598,6 +597,9 @@ TEST(PlannerValidation, PublishedRows) {
                                          << ", reported " << r.reported;
   }
   EXPECT_LT(std::abs(rows[0].error()), 0.15) << "Megatron-LM 1T row";
+  // The design's 15% holds for the AxoNN 80B row too since the measured overlap slowdown
+  // (docs/planner.md, "Overlap contention": +10.9%).
+  EXPECT_LT(std::abs(rows[1].error()), 0.15) << "AxoNN 80B row";
   // The Megatron configuration as the paper gives it is valid and fits in 80 GB (Megatron's
   // memory layout, MemoryModel::Reference: the row is Megatron's run). In tetrad's own layout
   // (parallel::model_memory) the grid does not fit: each stage stashes its chunk's whole
@@ -715,6 +717,7 @@ TEST(PlannerModel, OverlapContentionCostsTheComputeItHidesBehind) {
   ASSERT_GT(gpu.collective_units, 0);
   Machine free_comm = gpu;
   free_comm.collective_units = 0;
+  free_comm.overlap_slowdown = 0;
   PlanInput in = input("gpt2-124m", 8, 64, 0);
   in.micro_batch = 0;
   in.micro_batch_per_replica = 8;

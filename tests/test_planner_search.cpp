@@ -245,3 +245,42 @@ TEST(PlannerModels, Llama405bIsLlama31sPublishedShape) {
   ASSERT_TRUE(p.front().valid) << p.front().reject;
   EXPECT_LE(p.front().memory.total(), fr.memory_bytes);
 }
+
+TEST(PlannerContention, MeasuredOverlapSlowdownSetsTheContendedFraction) {
+  // compute.overlap_slowdown (Lee et al. 2025: 18.9% on A100, H100, MI250, MI210): compute beside
+  // a collective takes 1 + s times as long, i.e. runs at 1 / (1 + s); the SMs' share alone is the
+  // floor (the measurement includes them).
+  Machine m = load_machine("perlmutter");
+  EXPECT_DOUBLE_EQ(m.overlap_slowdown, 0.189);
+  EXPECT_NEAR(m.contended_fraction(), 0.189 / 1.189, 1e-12);
+  m.overlap_slowdown = 0;
+  EXPECT_NEAR(m.contended_fraction(), 8.0 / 108.0, 1e-12);
+  m.overlap_slowdown = 0.01;  // below the SM share: the SMs still count
+  EXPECT_NEAR(m.contended_fraction(), 8.0 / 108.0, 1e-12);
+  // Every shipped GPU file carries the one measured value; the CPU file does not.
+  for (const char* n : {"perlmutter", "frontier", "alps", "dgx-a100", "h100-ib", "h200-ib"})
+    EXPECT_DOUBLE_EQ(load_machine(n).overlap_slowdown, 0.189) << n;
+  EXPECT_DOUBLE_EQ(load_machine("local").overlap_slowdown, 0.0);
+  // The file round-trips it, and refuses a value outside [0, 1] naming the key.
+  const std::string path = temp_path("slow.toml");
+  Machine w = load_machine("perlmutter");
+  std::ofstream(path) << machine_to_toml(w);
+  EXPECT_DOUBLE_EQ(load_machine_file(path).overlap_slowdown, 0.189);
+  w.overlap_slowdown = 1.5;
+  expect_error([&] { w.validate(); }, {"compute.overlap_slowdown", "[0, 1]"});
+  std::filesystem::remove(path);
+  // In a plan: the same Z-sharded grid costs more with the measured slowdown than with the
+  // SMs' share alone, by exactly the contention's difference.
+  PlanInput in = searched("gpt2-124m", 8, 64);
+  in.search_micro_batch = false;
+  in.micro_batch_per_replica = 8;
+  in.precision = Precision::BF16;
+  in.overlap = Overlap::Tensor;
+  Machine sm_only = load_machine("perlmutter");
+  sm_only.overlap_slowdown = 0;
+  const GridShape g = GridShape::xyzpd(1, 1, 8, 1, 1);
+  const Estimate a = estimate(in, g, load_machine("perlmutter")), b = estimate(in, g, sm_only);
+  ASSERT_TRUE(a.valid && b.valid);
+  EXPECT_GT(a.contention, b.contention);
+  EXPECT_NEAR(a.step - b.step, a.contention - b.contention, 1e-9 * a.step);
+}

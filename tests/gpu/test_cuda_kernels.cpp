@@ -16,6 +16,7 @@
 #include "tetrad/backend/cpu/attention.hpp"
 #include "tetrad/backend/cpu/ops.hpp"
 #include "tetrad/backend/cpu/precision.hpp"
+#include "tetrad/backend/cuda/attention_tiles.hpp"
 #include "tetrad/backend/cuda/gemm.hpp"
 #include "tetrad/backend/cuda/gpu_api.hpp"
 #include "tetrad/backend/cuda/kernels.hpp"
@@ -26,7 +27,13 @@ namespace g = tetrad::gpu;
 using VF = std::vector<float>;
 using VD = std::vector<double>;
 
-// A device array of T, RAII.
+// The stream every kernel of a test runs on (CudaKernels::SetUp). Dev's copies and fills go on
+// it too, so they are ordered with the kernels: cudaMemcpy / cudaMemset would run on the legacy
+// default stream, which a non-blocking stream (gpuStreamCreate) does not wait for, and an input
+// could be overwritten under a running kernel or a NaN fill land after it.
+g::gpuStream_t g_test_stream = nullptr;
+
+// A device array of T, RAII; every transfer on g_test_stream, in order with the test's kernels.
 template <typename T>
 struct Dev {
   T* p = nullptr;
@@ -35,17 +42,18 @@ struct Dev {
   explicit Dev(const std::vector<T>& h) : Dev(h.size()) { up(h); }
   ~Dev() { g::gpuFree(p); }
   Dev(const Dev&) = delete;
-  void up(const std::vector<T>& h) {
-    GPU_CHECK(cudaMemcpy(p, h.data(), h.size() * sizeof(T), cudaMemcpyHostToDevice));
+  void up(const std::vector<T>& h) {  // after the work queued so far; h is read before returning
+    GPU_CHECK(g::gpuMemcpyAsync(p, h.data(), h.size() * sizeof(T), g_test_stream));
+    GPU_CHECK(g::gpuStreamSynchronize(g_test_stream));
   }
-  std::vector<T> down() const {
+  std::vector<T> down() const {  // after the work queued so far
     std::vector<T> h(n);
-    GPU_CHECK(cudaDeviceSynchronize());
-    GPU_CHECK(cudaMemcpy(h.data(), p, n * sizeof(T), cudaMemcpyDeviceToHost));
+    GPU_CHECK(g::gpuMemcpyAsync(h.data(), p, n * sizeof(T), g_test_stream));
+    GPU_CHECK(g::gpuStreamSynchronize(g_test_stream));
     return h;
   }
-  void poison() {  // NaN for floats, 0xff bytes otherwise
-    GPU_CHECK(cudaMemset(p, 0xff, std::max<size_t>(1, n) * sizeof(T)));
+  void poison() {  // NaN for floats, 0xff bytes otherwise; before the work queued after it
+    GPU_CHECK(g::gpuMemsetAsync(p, 0xff, std::max<size_t>(1, n) * sizeof(T), g_test_stream));
   }
 };
 
@@ -56,11 +64,13 @@ class CudaKernels : public ::testing::Test {
     if (g::device_count(&why) == 0) GTEST_SKIP() << "no CUDA device here: " << why;
     GPU_CHECK(g::gpuSetDevice(0));
     GPU_CHECK(g::gpuStreamCreate(&s_));
+    g_test_stream = s_;
     seed_ = std::random_device{}();
     rng_.seed(seed_);
   }
   void TearDown() override {
     if (s_) g::gpuStreamDestroy(s_);
+    g_test_stream = nullptr;
   }
   VF rand(size_t n, float lo = -1, float hi = 1) {
     std::uniform_real_distribution<float> d(lo, hi);
@@ -85,6 +95,26 @@ class CudaKernels : public ::testing::Test {
   std::mt19937_64 rng_;
 };
 
+// ---- the card ----------------------------------------------------------------------------------
+
+// scripts/gpu-check.sh runs this first and refuses the card by name when it fails: the device's
+// blocks must hold every attention kernel's tiles at every head dim the kernels take (up to 128),
+// on both paths (sm_86 / sm_89 cards allow 99 KB; the bf16 dK/dV kernel at head_dim 128 needs
+// 160.5 KB).
+TEST(CudaDevice, SharedMemoryHoldsEveryAttentionKernel) {
+  std::string why;
+  if (g::device_count(&why) == 0) GTEST_SKIP() << "no CUDA device here: " << why;
+  const g::DeviceInfo d = g::device_info(0);
+  const std::string name = d.name + " (compute capability " + std::to_string(d.cc_major) + "." +
+                           std::to_string(d.cc_minor) + ")";
+  std::printf("card %s: %zu bytes of shared memory per block (opt-in)\n", name.c_str(),
+              d.smem_per_block_optin);
+  for (bool bf16 : {false, true}) {
+    const std::string refusal = tetrad::gpu::attn::smem_refusal(d.smem_per_block_optin, 128, bf16, name);
+    EXPECT_EQ(refusal, "") << "REFUSED: " << refusal;
+  }
+}
+
 // ---- GEMM --------------------------------------------------------------------------------------
 
 TEST_F(CudaKernels, GemmEveryLayoutFp32Bf16AndBias) {
@@ -92,7 +122,7 @@ TEST_F(CudaKernels, GemmEveryLayoutFp32Bf16AndBias) {
   const int64_t M = 67, N = 45, K = 129;
   for (int ta = 0; ta < 2; ++ta)
     for (int tb = 0; tb < 2; ++tb)
-      for (int mode = 0; mode < 4; ++mode) {  // 0 fp32, 1 bf16 math on fp32, 2 bf16 storage, 3 fp32+bias
+      for (int mode = 0; mode < 4; ++mode) {  // 0 fp32, 1 bf16 math on fp32 (refused), 2 bf16 storage, 3 fp32+bias
         const int64_t lda = (ta ? M : K) + 5, ldb = (tb ? K : N) + 3, ldc = N + 7;
         VF A = rand(size_t((ta ? K : M) * lda)), B = rand(size_t((tb ? N : K) * ldb)),
            C0 = rand(size_t(M * ldc)), bias = rand(static_cast<size_t>(N));
@@ -125,6 +155,12 @@ TEST_F(CudaKernels, GemmEveryLayoutFp32Bf16AndBias) {
         c.C = dC.p;
         c.math = bf ? g::GemmMath::BF16 : g::GemmMath::FP32;
         c.bias = mode == 3 ? dbias.p : nullptr;
+        if (mode == 1) {
+          // cuBLASLt's FAST_16BF may round other than to nearest even (or use TF32): the wrapper
+          // refuses it; the backend casts the operands first (Conformance.Gemm*/cuda checks).
+          EXPECT_THROW(gemm.run(c, s_), tetrad::Error);
+          continue;
+        }
         gemm.run(c, s_);
         VF got = dC.down();
         VF gv;
@@ -141,6 +177,95 @@ TEST_F(CudaKernels, GemmEveryLayoutFp32Bf16AndBias) {
         // bf16 math on bf16-rounded operands is exact products + fp32 sums: fp32-level error.
         EXPECT_LT(rel(gv, rv), 1e-5) << "ta=" << ta << " tb=" << tb << " mode=" << mode << " " << seed();
       }
+}
+
+// The bias epilogue with the bias at 256-byte and at 4-byte aligned addresses (a bias inside a
+// packed parameter buffer), in both orders on one Gemm (its plan cache) and for fp32 and
+// bf16-stored operands: cuBLASLt's heuristic reads the bias pointer's alignment, so the plan must
+// be made with the pointer set (it once was set after the heuristic: a plan for an aligned bias,
+// made with a null pointer, met an unaligned one).
+TEST_F(CudaKernels, GemmBiasEpilogueAtEveryAlignment) {
+  const int64_t M = 64, N = 96, K = 128;
+  VF A = rand(size_t(M * K)), B = rand(size_t(K * N)), bias = rand(size_t(N + 8));
+  for (float& x : A) x = tetrad::kernels::round_to_bf16(x);
+  for (float& x : B) x = tetrad::kernels::round_to_bf16(x);
+  std::vector<uint16_t> A16(A.size()), B16(B.size());
+  for (size_t i = 0; i < A.size(); ++i) A16[i] = tetrad::kernels::float_to_bf16(A[i]);
+  for (size_t i = 0; i < B.size(); ++i) B16[i] = tetrad::kernels::float_to_bf16(B[i]);
+  Dev<float> dA(A), dB(B), dbias(bias), dC(size_t(M * N));
+  Dev<uint16_t> dA16(A16), dB16(B16);
+  for (int order = 0; order < 2; ++order) {
+    g::Gemm gemm;  // a fresh plan cache per order
+    for (int pass = 0; pass < 4; ++pass) {
+      const int64_t shift = ((pass / 2) ^ order) ? 1 : 0;  // 0: aligned bias, 1: 4 bytes off
+      const bool bf16 = pass % 2;
+      VD ref(size_t(M * N));
+      for (int64_t i = 0; i < M; ++i)
+        for (int64_t j = 0; j < N; ++j) {
+          double acc = 0;
+          for (int64_t k = 0; k < K; ++k) acc += double(A[i * K + k]) * B[k * N + j];
+          ref[size_t(i * N + j)] = acc + bias[size_t(j + shift)];
+        }
+      dC.poison();
+      g::GemmCall c;
+      c.M = M; c.N = N; c.K = K;
+      c.A = bf16 ? static_cast<const void*>(dA16.p) : dA.p;
+      c.B = bf16 ? static_cast<const void*>(dB16.p) : dB.p;
+      c.a_type = c.b_type = bf16 ? g::GemmType::BF16 : g::GemmType::F32;
+      c.math = bf16 ? g::GemmMath::BF16 : g::GemmMath::FP32;
+      c.lda = K; c.ldb = N; c.ldc = N;
+      c.C = dC.p;
+      c.bias = dbias.p + shift;
+      gemm.run(c, s_);
+      EXPECT_LT(rel(dC.down(), ref), 1e-5) << "bias " << (shift ? "4-byte" : "256-byte")
+                                           << " aligned, " << (bf16 ? "bf16" : "fp32")
+                                           << ", order " << order << ", " << seed();
+    }
+  }
+}
+
+// K = 0 through the wrapper: C = beta C + bias, no library call (cuBLASLt rejects k = 0).
+TEST_F(CudaKernels, GemmWithKZeroScalesCAndAddsTheBias) {
+  const int64_t M = 5, N = 7, ldc = 9;
+  VF C0 = rand(size_t(M * ldc)), bias = rand(size_t(N));
+  Dev<float> dA(VF(4, 1.0f)), dB(VF(4, 1.0f)), dbias(bias);
+  g::Gemm gemm;
+  for (float beta : {0.0f, 1.0f}) {
+    VF start = C0;
+    if (beta == 0) std::fill(start.begin(), start.end(), NAN);
+    Dev<float> dC(start);
+    g::GemmCall c;
+    c.M = M; c.N = N; c.K = 0; c.A = dA.p; c.lda = 1; c.B = dB.p; c.ldb = N; c.C = dC.p;
+    c.ldc = ldc; c.beta = beta; c.bias = dbias.p;
+    gemm.run(c, s_);
+    const VF got = dC.down();
+    for (int64_t i = 0; i < M; ++i)
+      for (int64_t j = 0; j < N; ++j)
+        ASSERT_EQ(got[size_t(i * ldc + j)], (beta == 0 ? 0.0f : C0[size_t(i * ldc + j)]) + bias[size_t(j)])
+            << "beta " << beta << " at " << i << "," << j;
+  }
+}
+
+// The harness itself: a copy into an input must wait for the kernels queued before it on the
+// test stream. Thirty milliseconds of GEMMs, then x is copied into y on the stream, then the
+// host uploads new values into x: y must hold the old ones. (With cudaMemcpy on the legacy
+// default stream, the upload ran at once, under the queued work, and y got the new values.)
+TEST_F(CudaKernels, HarnessTransfersAreOrderedWithTheTestStream) {
+  const int64_t n = 2048, big = 4096;
+  const VF old_x = rand(size_t(n)), new_x = rand(size_t(n));
+  Dev<float> x(old_x), y(VF(size_t(n), 0.0f));
+  Dev<float> a(rand(size_t(big * big))), c(size_t(big * big));
+  g::Gemm gemm;
+  g::GemmCall call;
+  call.M = call.N = call.K = big;
+  call.A = call.B = a.p;
+  call.lda = call.ldb = call.ldc = big;
+  call.C = c.p;
+  for (int r = 0; r < 12; ++r) gemm.run(call, s_);  // fp32: ~2.7 ms each on an H200
+  g::add_inplace(y.p, x.p, n, s_);
+  x.up(new_x);
+  const VF got = y.down();
+  for (int64_t i = 0; i < n; ++i) ASSERT_EQ(got[size_t(i)], old_x[size_t(i)]) << "element " << i;
 }
 
 // ---- attention ---------------------------------------------------------------------------------
@@ -469,15 +594,13 @@ TEST_F(CudaCeilings, GemmAndCopy) {
   };
   const double flop = 2.0 * double(n) * n * n;
   const double bf16 = flop / median_ms([&] { run(g::GemmType::BF16, g::GemmMath::BF16); }, 10) / 1e9;
-  const double f32bf = flop / median_ms([&] { run(g::GemmType::F32, g::GemmMath::BF16); }, 10) / 1e9;
   const double tf32 = flop / median_ms([&] { run(g::GemmType::F32, g::GemmMath::TF32); }, 5) / 1e9;
   const double fp32 = flop / median_ms([&] { run(g::GemmType::F32, g::GemmMath::FP32); }, 3) / 1e9;
   const size_t bytes = size_t(n * n) * 4;
   const double copy = 2.0 * double(bytes) /
                       median_ms([&] { GPU_CHECK(cudaMemcpyAsync(c.p, a.p, bytes, cudaMemcpyDeviceToDevice, s_)); }, 10) / 1e6;
-  std::printf("ceiling gemm_bf16_tflops %.1f\nceiling gemm_fp32_operands_bf16_math_tflops %.1f\n"
-              "ceiling gemm_tf32_tflops %.1f\nceiling gemm_fp32_tflops %.1f\nceiling copy_gbs %.0f\n",
-              bf16, f32bf, tf32, fp32, copy);
+  std::printf("ceiling gemm_bf16_tflops %.1f\nceiling gemm_tf32_tflops %.1f\n"
+              "ceiling gemm_fp32_tflops %.1f\nceiling copy_gbs %.0f\n", bf16, tf32, fp32, copy);
   cudaEventDestroy(e0);
   cudaEventDestroy(e1);
   EXPECT_GT(bf16, 0);
@@ -534,15 +657,26 @@ TEST_F(CudaBench, ModelShapes) {
       maxW = std::max(maxW, s.N * s.K);
       maxC = std::max(maxC, s.M * s.N);
     }
-    Dev<float> A(rand(static_cast<size_t>(maxA))), W(rand(static_cast<size_t>(maxW))), Cb(size_t(std::max(maxC, maxA))),
-        dW(static_cast<size_t>(maxW));
+    // bf16-stored operands, as the backend runs a bf16 product (its casts of fp32-stored
+    // operands are elementwise passes, not counted here); fp32 outputs.
+    const int64_t maxX = std::max(maxC, maxA);
+    Dev<uint16_t> A(static_cast<size_t>(maxA)), W(static_cast<size_t>(maxW)), X(static_cast<size_t>(maxX));
+    {
+      Dev<float> f(rand(static_cast<size_t>(std::max({maxA, maxW, maxX}))));
+      g::cast_f32_to_bf16(A.p, maxA, f.p, maxA, 1, maxA, s_);
+      g::cast_f32_to_bf16(W.p, maxW, f.p, maxW, 1, maxW, s_);
+      g::cast_f32_to_bf16(X.p, maxX, f.p, maxX, 1, maxX, s_);
+      GPU_CHECK(g::gpuStreamSynchronize(s_));
+    }
+    Dev<float> Cb(static_cast<size_t>(maxX)), dW(static_cast<size_t>(maxW));
     double gemm_ms = 0, gemm_flop = 0;
     for (const Shape& s : shapes) {
-      auto call = [&](bool ta, bool tb, int64_t M, int64_t Nn, int64_t K, const float* a,
-                      int64_t lda, const float* b, int64_t ldb, float* c, int64_t ldc) {
+      auto call = [&](bool ta, bool tb, int64_t M, int64_t Nn, int64_t K, const uint16_t* a,
+                      int64_t lda, const uint16_t* b, int64_t ldb, float* c, int64_t ldc) {
         g::GemmCall gc;
         gc.trans_a = ta; gc.trans_b = tb; gc.M = M; gc.N = Nn; gc.K = K;
         gc.A = a; gc.lda = lda; gc.B = b; gc.ldb = ldb; gc.C = c; gc.ldc = ldc;
+        gc.a_type = gc.b_type = g::GemmType::BF16;
         gc.math = g::GemmMath::BF16;
         gemm.run(gc, s_);
       };
@@ -550,7 +684,7 @@ TEST_F(CudaBench, ModelShapes) {
       // weight grad: dW[N,K] += dout[M,N]^T in[M,K].
       const double f = time_ms([&] { call(false, true, s.M, s.N, s.K, A.p, s.K, W.p, s.K, Cb.p, s.N); });
       const double d = time_ms([&] { call(false, false, s.M, s.K, s.N, A.p, s.N, W.p, s.K, Cb.p, s.K); });
-      const double w = time_ms([&] { call(true, false, s.N, s.K, s.M, A.p, s.N, Cb.p, s.K, dW.p, s.K); });
+      const double w = time_ms([&] { call(true, false, s.N, s.K, s.M, A.p, s.N, X.p, s.K, dW.p, s.K); });
       const double flop = 2.0 * s.M * s.N * s.K;
       std::printf("bench %s gemm %-8s M=%ld N=%ld K=%ld  fwd %.3f ms (%.0f TFLOP/s)  dgrad %.3f (%.0f)  wgrad %.3f (%.0f)  x%d\n",
                   m.name, s.name, long(s.M), long(s.N), long(s.K), f, flop / f / 1e9, d, flop / d / 1e9,

@@ -49,7 +49,9 @@ const char* dtype_name(DType t);
 // transposed) with leading dimension lda, B [K,N] ([N,K]) with ldb; C is fp32 [M,N] with ldc.
 // a_type / b_type: how A and B are stored (F32, or BF16 storage where Capabilities::
 // gemm_bf16_storage); precision: the arithmetic (BF16 rounds fp32-stored operands to bf16).
-// beta == 0 overwrites C (NaN in C does not propagate).
+// beta == 0 overwrites C (NaN in C does not propagate). K == 0: no products, C = beta * C.
+// BF16 rounds each fp32-stored operand to bf16 (nearest even) and multiplies the rounded values
+// exactly, summing in fp32: every backend's bf16 product is that one (no TF32, no other rounding).
 // How a bf16 GEMM computes its product (backends with Capabilities::gemm_product_forms; others
 // ignore it): Default follows the kernel's own policy (the CPU's TETRAD_GEMM_LAYOUT, "rule" unless
 // set); Plain computes C as stored; Transposed computes Cᵀ = op(B)ᵀ·op(A)ᵀ into a scratch added
@@ -235,7 +237,8 @@ struct OpTable {
                   const int32_t* targets, int64_t v0, int64_t Vs, int64_t N,
                   float grad_scale) = nullptr;
   // Index (among the Vs local columns, lowest on ties) and value of each row's maximum
-  // (greedy decoding); idx, val: (N).
+  // (greedy decoding); idx, val: (N). NaN counts as larger than any number: a row holding NaN
+  // gives its first NaN's index and NaN, so a broken row is seen, never skipped.
   void (*row_argmax)(Queue& q, int32_t* idx, float* val, const float* logits, int64_t N,
                      int64_t Vs, int64_t ld) = nullptr;
 
@@ -251,7 +254,8 @@ struct OpTable {
 
   // ---- optional (null when absent; see Capabilities) --------------------------------------------
   // The cross-entropy pieces above fused for one rank holding the whole vocabulary (V): losses,
-  // logits -> dlogits in place, total[0] = Σ losses.
+  // logits -> dlogits in place, total[0] = Σ losses. A target >= V is an Error naming the first
+  // such position and id, raised before anything is written; targets < 0 are masked rows.
   void (*cross_entropy_fused)(Queue& q, float* logits, float* losses, double* total,
                               const int32_t* targets, int64_t N, int64_t V,
                               float grad_scale) = nullptr;

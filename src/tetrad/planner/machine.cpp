@@ -80,6 +80,9 @@ void Machine::validate() const {
   if (collective_units < 0 || (collective_units > 0 && collective_units >= compute_units))
     fail("machine '", name, "': compute.collective_units must be >= 0 and below compute.units (got ",
          collective_units, " of ", compute_units, " units; 0: contention not modelled)");
+  if (!(overlap_slowdown >= 0 && overlap_slowdown <= 1))
+    fail("machine '", name, "': compute.overlap_slowdown must be in [0, 1] (got ", overlap_slowdown,
+         "; the fraction by which overlapped compute slows, 0.189 = 18.9%)");
   if (gemm_tile_m < 1 || gemm_tile_n < 1)
     fail("machine '", name, "': compute.gemm_tile must be two positive numbers [m, n]");
   for (const auto& gs : gemm_shapes)
@@ -193,6 +196,7 @@ Machine load_machine_file(const std::string& path) {
   m.attention_efficiency = get_number(t, "compute.attention_efficiency", path, false, 0);
   m.compute_units = int(get_number(t, "compute.units", path, false, 0));
   m.collective_units = int(get_number(t, "compute.collective_units", path, false, 0));
+  m.overlap_slowdown = get_number(t, "compute.overlap_slowdown", path, false, 0);
   if (auto tile = t.at_path("compute.gemm_tile")) {
     const toml::array* a = tile.as_array();
     if (!a || a->size() != 2 || !(*a)[0].value<double>() || !(*a)[1].value<double>())
@@ -310,6 +314,9 @@ std::string machine_to_toml(const Machine& m) {
   if (m.collective_units > 0)
     o << "collective_units = " << m.collective_units
       << "   # units a running collective holds while it overlaps compute\n";
+  if (m.overlap_slowdown > 0)
+    o << "overlap_slowdown = " << fmt(m.overlap_slowdown)
+      << "   # measured slowdown of compute beside a collective\n";
   for (const auto& gs : m.gemm_shapes)
     o << "[[compute.gemm]]   # measured: C[m,n] += op(A)[m,k] op(B)[k,n], efficiency = sgemm / FMA peak\n"
       << "op = \"" << gemm_op_name(gs.op) << "\"\n"

@@ -11,6 +11,7 @@
 // a measured table per group size (`[[network.measured]]`) replaces the two-level figures where
 // present.
 #pragma once
+#include <algorithm>
 #include <string>
 #include <vector>
 
@@ -66,6 +67,12 @@ struct Machine {
   // remaining compute_units - collective_units (docs/planner.md, "Overlap contention").
   // 0: not modelled (an overlapped collective is free).
   int collective_units = 0;
+  // Measured slowdown of compute that runs beside a collective (compute.overlap_slowdown):
+  // the overlapped kernels take (1 + s) times their time alone, from everything the two share
+  // (SMs, HBM, L2, power). Lee et al., "Characterizing Compute-Communication Overlap in
+  // GPU-Accelerated Distributed Deep Learning" (arXiv 2507.03114, 2025): 18.9% on average over
+  // GPT and Llama layers on A100, H100, MI250 and MI210. 0: the SM share above alone.
+  double overlap_slowdown = 0;
   // Measured efficiencies by shape (CPU files); when present they replace the analytic model:
   // a full lattice of m, n, k values, interpolated in log(m), log(n), log(k).
   std::vector<MeasuredGemm> gemm_shapes;
@@ -94,9 +101,12 @@ struct Machine {
   // `op`: which lattice a measured file uses (falls back to the "nn" rows when the file has none
   // of that variant); the analytic model prices every variant alike.
   double gemm_eff(double m, double n, double k, bool bf16, GemmOp op = GemmOp::NN) const;
-  // Fraction of the compute rate left to kernels while a collective runs beside them.
+  // Fraction of the compute rate a collective running beside the kernels takes from them: the
+  // larger of its SMs' share (collective_units / compute_units) and the measured slowdown's
+  // s / (1 + s) (the measurement includes the SMs).
   double contended_fraction() const {
-    return compute_units > 0 && collective_units > 0 ? double(collective_units) / compute_units : 0.0;
+    const double sm = compute_units > 0 && collective_units > 0 ? double(collective_units) / compute_units : 0.0;
+    return std::max(sm, overlap_slowdown / (1 + overlap_slowdown));
   }
 };
 

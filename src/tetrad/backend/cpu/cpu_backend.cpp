@@ -78,6 +78,14 @@ k::Bf16Operand operand(const void* p, DType t, int64_t ld) {
 
 void op_gemm(Queue&, const GemmArgs& g) {
   if (g.M == 0 || g.N == 0) return;
+  if (g.K == 0) {  // no products: C = beta C (oneDNN's sgemm would leave C as it is)
+    for (int64_t i = 0; i < g.M; ++i)
+      for (int64_t j = 0; j < g.N; ++j) {
+        float& c = g.C[i * g.ldc + j];
+        c = g.beta == 0.0f ? 0.0f : g.beta * c;
+      }
+    return;
+  }
   // A bf16-stored operand makes the product a bf16 one whatever g.precision says.
   const bool stored16 = g.a_type != DType::F32 || g.b_type != DType::F32;
   if (g.precision == Precision::BF16 || stored16) {

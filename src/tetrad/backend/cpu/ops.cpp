@@ -8,6 +8,7 @@
 #include <vector>
 
 #include "tetrad/core/error.hpp"
+#include "tetrad/backend/adamw_bias.hpp"
 #include "tetrad/backend/cpu/fast_math.hpp"
 #include "tetrad/backend/cpu/precision.hpp"
 
@@ -629,8 +630,8 @@ double sum_squares(const T* x, int64_t n) {
 template <typename T>
 void adamw_update(T* p, const T* g, T* m, T* v, int64_t n, T lr, T beta1, T beta2, T eps,
                   T weight_decay, T grad_scale, int64_t step) {
-  const T bc1 = T(1) / (T(1) - T(std::pow(double(beta1), double(step))));
-  const T bc2 = T(1) / (T(1) - T(std::pow(double(beta2), double(step))));
+  const T bc1 = backend::adamw_bias_correction(beta1, step);
+  const T bc2 = backend::adamw_bias_correction(beta2, step);
 #pragma omp parallel for schedule(static)
   for (int64_t i0 = 0; i0 < n; i0 += kElemChunk) {
     const int64_t i1 = std::min(n, i0 + kElemChunk);
@@ -676,8 +677,8 @@ double cross_entropy_fused_bf16(float* logits, uint16_t* dlogits, float* losses,
 void adamw_update_bf16(float* p, uint16_t* p16, const float* g, float* m, float* v, int64_t n,
                        float lr, float beta1, float beta2, float eps, float weight_decay,
                        float grad_scale, int64_t step) {
-  const float bc1 = 1.0f / (1.0f - float(std::pow(double(beta1), double(step))));
-  const float bc2 = 1.0f / (1.0f - float(std::pow(double(beta2), double(step))));
+  const float bc1 = backend::adamw_bias_correction(beta1, step);
+  const float bc2 = backend::adamw_bias_correction(beta2, step);
 #pragma omp parallel for schedule(static)
   for (int64_t i0 = 0; i0 < n; i0 += kElemChunk) {
     const int64_t i1 = std::min(n, i0 + kElemChunk);

@@ -383,7 +383,9 @@ void transpose_bf16(uint16_t* out_t, const uint16_t* x, int64_t rows, int64_t co
 void row_argmax(int32_t* idx, float* val, const float* logits, int64_t N, int64_t Vs, int64_t ld) {
   for (int64_t b = 0; b < N; ++b) {
     const float* row = logits + b * ld;
-    const int64_t j = std::max_element(row, row + Vs) - row;
+    int64_t j = 0;  // the first maximum; NaN counts as the largest value (the first NaN wins)
+    for (int64_t i = 1; i < Vs && !std::isnan(row[j]); ++i)
+      if (std::isnan(row[i]) || row[i] > row[j]) j = i;
     idx[b] = int32_t(j);
     val[b] = row[j];
   }

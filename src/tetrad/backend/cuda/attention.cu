@@ -25,6 +25,7 @@
 #include <cstdint>
 #include <type_traits>
 
+#include "tetrad/backend/cuda/attention_tiles.hpp"
 #include "tetrad/backend/cuda/kernels.hpp"
 
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ < 800
@@ -34,19 +35,25 @@
 namespace tetrad::gpu {
 namespace {
 
-constexpr int kAttnThreads = 128;  // 4 warps
+constexpr int kAttnThreads = attn::kThreads;  // 4 warps
 constexpr int kWarps = kAttnThreads / 32;
 
 template <typename T> struct Elem;
 template <> struct Elem<float> {
   static __device__ __forceinline__ float from(float x) { return x; }
-  static constexpr int kPad = 4;  // row padding (elements): keeps 16-byte rows, staggers banks
+  static constexpr int kPad = attn::kF32Pad;
 };
 template <> struct Elem<__nv_bfloat16> {
   static __device__ __forceinline__ __nv_bfloat16 from(float x) { return __float2bfloat16_rn(x); }
-  static constexpr int kPad = 8;  // WMMA: ld a multiple of 8, fragment starts 32-byte aligned
+  static constexpr int kPad = attn::kBf16Pad;
 };
-constexpr int kAccPad = 4;  // fp32 accumulators
+// The kernels' layouts (attention_tiles.hpp) for element type T.
+template <typename T, int BQ, int BK, int HDP>
+using FwdSmem = attn::FwdLayout<int(sizeof(T)), Elem<T>::kPad, BQ, BK, HDP>;
+template <typename T, int BQ, int BK, int HDP>
+using DqSmem = attn::DqLayout<int(sizeof(T)), Elem<T>::kPad, BQ, BK, HDP>;
+template <typename T, int BQ, int BK, int HDP>
+using DkvSmem = attn::DkvLayout<int(sizeof(T)), Elem<T>::kPad, BQ, BK, HDP>;
 
 __device__ __forceinline__ float to_f(float x) { return x; }
 __device__ __forceinline__ float to_f(__nv_bfloat16 x) { return __bfloat162float(x); }
@@ -119,8 +126,6 @@ __device__ __forceinline__ void load_tile(T* dst, int ld, const float* src, int6
   }
 }
 
-constexpr size_t align128(size_t x) { return (x + 127) / 128 * 128; }
-
 struct Params {
   const float *q, *k, *v, *o, *dout, *lse_in;
   float *out, *lse, *dq, *dk, *dv;
@@ -130,20 +135,95 @@ struct Params {
   float scale;
 };
 
-// ---- forward ----
-template <typename T, int BQ, int BK, int HDP>
-struct FwdSmem {
-  static constexpr int ldt = HDP + Elem<T>::kPad, lds = BK + kAccPad, ldp = BK + Elem<T>::kPad,
-                       ldo = HDP + kAccPad;
-  static constexpr size_t q = 0, k = align128(q + sizeof(T) * BQ * ldt),
-                          v = align128(k + sizeof(T) * BK * ldt),
-                          s = align128(v + sizeof(T) * BK * ldt),
-                          p = align128(s + sizeof(float) * BQ * lds),
-                          o = align128(p + sizeof(T) * BQ * ldp),
-                          st = align128(o + sizeof(float) * BQ * ldo),
-                          bytes = align128(st + sizeof(float) * 3 * BQ);
-};
+// ---- what the forward and both backward kernels share ----
+// Where head h of sequence b starts in a strided q / k / v / out buffer.
+__device__ __forceinline__ const float* head_rows(const float* base, int b, int64_t bstride, int h,
+                                                  int hd) {
+  return base + b * bstride + int64_t(h) * hd;
+}
+// One past the last key the query tile [q0, q0 + BQ) can see.
+template <int BQ>
+__device__ __forceinline__ int64_t keys_seen_by(const Params& P, int q0) {
+  const int64_t last_q = q0 + BQ - 1 < P.Tq - 1 ? q0 + BQ - 1 : P.Tq - 1;
+  const int64_t kend = P.q_offset + last_q + 1;
+  return kend < P.Tk ? kend : P.Tk;
+}
+// Whether query row i of the tile at q0 sees key kj (causal, after the query offset).
+__device__ __forceinline__ bool sees(const Params& P, int q0, int i, int64_t kj) {
+  return q0 + i < P.Tq && kj < P.Tk && kj <= P.q_offset + q0 + i;
+}
 
+// D[i] = Σ_d dout[i, d] * out[i, d] for the rows of a query tile (one warp per row).
+template <int BQ>
+__device__ __forceinline__ void row_dots(float* D, const float* dob, const float* ob,
+                                         int64_t stride, int q0, int Tq, int hd) {
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+  for (int i = warp; i < BQ; i += kWarps) {
+    float acc = 0.0f;
+    if (q0 + i < Tq)
+      for (int d = lane; d < hd; d += 32)
+        acc += dob[int64_t(q0 + i) * stride + d] * ob[int64_t(q0 + i) * stride + d];
+    acc = warp_sum_f(acc);
+    if (lane == 0) D[i] = acc;
+  }
+}
+// The backward's per-row statistics of the query tile at q0 of head h: the forward's lse
+// (INFINITY past Tq, so P recomputes to 0 there) and D = rowsum(dO * O).
+template <int BQ>
+__device__ __forceinline__ void load_row_stats(float* lse, float* D, const Params& P, int b, int h,
+                                               int q0) {
+  for (int i = threadIdx.x; i < BQ; i += kAttnThreads)
+    lse[i] = q0 + i < P.Tq ? P.lse_in[(int64_t(b) * P.n_head + h) * P.Tq + q0 + i] : INFINITY;
+  row_dots<BQ>(D, head_rows(P.dout, b, P.out_bstride, h, P.hd),
+               head_rows(P.o, b, P.out_bstride, h, P.hd), P.out_stride, q0, P.Tq, P.hd);
+}
+// P of row i, column j of the key tile at k0, recomputed from the raw score and the forward's lse.
+__device__ __forceinline__ float recomputed_p(const Params& P, float score, float lse, int q0, int i,
+                                              int64_t kj) {
+  return sees(P, q0, i, kj) ? expf(score * P.scale - lse) : 0.0f;
+}
+// dst rows [r0, r0 + R) (those below `rows`, hd real columns) = acc * scale.
+template <int R, int HDP>
+__device__ __forceinline__ void store_rows(float* dst, int64_t stride, const float* acc, int ld,
+                                           int r0, int rows, int hd, float scale) {
+  for (int e = threadIdx.x; e < R * HDP; e += kAttnThreads) {
+    const int r = e / HDP, d = e % HDP;
+    if (r0 + r < rows && d < hd) dst[int64_t(r0 + r) * stride + d] = acc[r * ld + d] * scale;
+  }
+}
+__device__ __forceinline__ void zero(float* x, int n) {
+  for (int e = threadIdx.x; e < n; e += kAttnThreads) x[e] = 0.0f;
+}
+
+// The query tile a forward or dQ block owns (blockIdx: query tile, head, sequence), its kv head
+// and where that kv head's keys and values start.
+struct QueryTile {
+  int q0, h, b, kvh;
+  const float *kb, *vb;
+};
+template <int BQ>
+__device__ __forceinline__ QueryTile query_tile(const Params& P) {
+  QueryTile t;
+  t.q0 = blockIdx.x * BQ;
+  t.h = blockIdx.y;
+  t.b = blockIdx.z;
+  t.kvh = t.h / (P.n_head / P.n_kv_head);
+  t.kb = head_rows(P.k, t.b, P.kv_bstride, t.kvh, P.hd);
+  t.vb = head_rows(P.v, t.b, P.kv_bstride, t.kvh, P.hd);
+  return t;
+}
+// Key tile k0's K and V rows into shared memory, between barriers (the previous tile's products
+// are done with them before, every thread sees them after).
+template <typename T, int BK, int HDP>
+__device__ __forceinline__ void load_kv_tile(T* Ks, T* Vs, int ldt, const QueryTile& t,
+                                             const Params& P, int k0) {
+  __syncthreads();
+  load_tile<T, BK, HDP>(Ks, ldt, t.kb, P.kv_stride, k0, P.Tk, P.hd);
+  load_tile<T, BK, HDP>(Vs, ldt, t.vb, P.kv_stride, k0, P.Tk, P.hd);
+  __syncthreads();
+}
+
+// ---- forward ----
 template <typename T, int BQ, int BK, int HDP>
 __global__ void __launch_bounds__(kAttnThreads) k_attn_fwd(Params P) {
   using L = FwdSmem<T, BQ, BK, HDP>;
@@ -157,38 +237,26 @@ __global__ void __launch_bounds__(kAttnThreads) k_attn_fwd(Params P) {
   float* mrow = reinterpret_cast<float*>(smem + L::st);
   float* lrow = mrow + BQ;
 
-  const int q0 = blockIdx.x * BQ, h = blockIdx.y, b = blockIdx.z;
-  const int kvh = h / (P.n_head / P.n_kv_head);
-  const float* qb = P.q + b * P.q_bstride + int64_t(h) * P.hd;
-  const float* kb = P.k + b * P.kv_bstride + int64_t(kvh) * P.hd;
-  const float* vb = P.v + b * P.kv_bstride + int64_t(kvh) * P.hd;
+  const QueryTile qt = query_tile<BQ>(P);
+  const int q0 = qt.q0, h = qt.h, b = qt.b;
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
 
-  load_tile<T, BQ, HDP>(Qs, L::ldt, qb, P.q_stride, q0, P.Tq, P.hd);
-  for (int e = threadIdx.x; e < BQ * L::ldo; e += kAttnThreads) O[e] = 0.0f;
+  load_tile<T, BQ, HDP>(Qs, L::ldt, head_rows(P.q, b, P.q_bstride, h, P.hd), P.q_stride, q0, P.Tq,
+                        P.hd);
+  zero(O, BQ * L::ldo);
   for (int i = threadIdx.x; i < BQ; i += kAttnThreads) {
     mrow[i] = -INFINITY;
     lrow[i] = 0.0f;
   }
-  // Keys this tile can see: positions <= q_offset + (last query of the tile).
-  const int64_t last_q = q0 + BQ - 1 < P.Tq - 1 ? q0 + BQ - 1 : P.Tq - 1;
-  int64_t kend = P.q_offset + last_q + 1;
-  if (kend > P.Tk) kend = P.Tk;
+  const int64_t kend = keys_seen_by<BQ>(P, q0);
   for (int k0 = 0; k0 < kend; k0 += BK) {
-    __syncthreads();  // previous tile's products done with Ks/Vs/Ps
-    load_tile<T, BK, HDP>(Ks, L::ldt, kb, P.kv_stride, k0, P.Tk, P.hd);
-    load_tile<T, BK, HDP>(Vs, L::ldt, vb, P.kv_stride, k0, P.Tk, P.hd);
-    __syncthreads();
+    load_kv_tile<T, BK, HDP>(Ks, Vs, L::ldt, qt, P, k0);  // after the last tile's products
     tile_mma<false, true, BQ, BK, HDP>(S, L::lds, Qs, L::ldt, Ks, L::ldt, false);
     __syncthreads();
     for (int i = warp; i < BQ; i += kWarps) {
-      const int64_t qpos = P.q_offset + q0 + i;
-      const bool row_ok = q0 + i < P.Tq;
       float mx = -INFINITY;
       for (int j = lane; j < BK; j += 32) {
-        const int64_t kj = k0 + j;
-        const bool ok = row_ok && kj < P.Tk && kj <= qpos;
-        const float sv = ok ? S[i * L::lds + j] * P.scale : -INFINITY;
+        const float sv = sees(P, q0, i, k0 + j) ? S[i * L::lds + j] * P.scale : -INFINITY;
         S[i * L::lds + j] = sv;
         mx = fmaxf(mx, sv);
       }
@@ -230,38 +298,7 @@ __global__ void __launch_bounds__(kAttnThreads) k_attn_fwd(Params P) {
         P.lse[(int64_t(b) * P.n_head + h) * P.Tq + q0 + i] = mrow[i] + logf(lrow[i]);
 }
 
-// ---- backward: dQ ----
-template <typename T, int BQ, int BK, int HDP>
-struct DqSmem {
-  static constexpr int ldt = HDP + Elem<T>::kPad, lds = BK + kAccPad, ldp = BK + Elem<T>::kPad,
-                       ldo = HDP + kAccPad;
-  static constexpr size_t q = 0, dout = align128(q + sizeof(T) * BQ * ldt),
-                          k = align128(dout + sizeof(T) * BQ * ldt),
-                          v = align128(k + sizeof(T) * BK * ldt),
-                          s = align128(v + sizeof(T) * BK * ldt),
-                          dp = align128(s + sizeof(float) * BQ * lds),
-                          ds = align128(dp + sizeof(float) * BQ * lds),
-                          dq = align128(ds + sizeof(T) * BQ * ldp),
-                          st = align128(dq + sizeof(float) * BQ * ldo),
-                          bytes = align128(st + sizeof(float) * 2 * BQ);
-};
-
-// D[i] = Σ_d dout[i, d] * out[i, d] for the rows of a query tile (one warp per row).
-template <int BQ>
-__device__ __forceinline__ void row_dots(float* D, const float* dob, const float* ob,
-                                         int64_t dstride, int64_t ostride, int q0, int Tq,
-                                         int hd) {
-  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
-  for (int i = warp; i < BQ; i += kWarps) {
-    float acc = 0.0f;
-    if (q0 + i < Tq)
-      for (int d = lane; d < hd; d += 32)
-        acc += dob[int64_t(q0 + i) * dstride + d] * ob[int64_t(q0 + i) * ostride + d];
-    acc = warp_sum_f(acc);
-    if (lane == 0) D[i] = acc;
-  }
-}
-
+// ---- backward: dQ (per query tile, over the key tiles it sees) ----
 template <typename T, int BQ, int BK, int HDP>
 __global__ void __launch_bounds__(kAttnThreads) k_attn_bwd_dq(Params P) {
   using L = DqSmem<T, BQ, BK, HDP>;
@@ -277,71 +314,37 @@ __global__ void __launch_bounds__(kAttnThreads) k_attn_bwd_dq(Params P) {
   float* lse = reinterpret_cast<float*>(smem + L::st);
   float* D = lse + BQ;
 
-  const int q0 = blockIdx.x * BQ, h = blockIdx.y, b = blockIdx.z;
-  const int kvh = h / (P.n_head / P.n_kv_head);
-  const int64_t hoff = int64_t(h) * P.hd;
-  const float* qb = P.q + b * P.q_bstride + hoff;
-  const float* ob = P.o + b * P.out_bstride + hoff;
-  const float* dob = P.dout + b * P.out_bstride + hoff;
-  const float* kb = P.k + b * P.kv_bstride + int64_t(kvh) * P.hd;
-  const float* vb = P.v + b * P.kv_bstride + int64_t(kvh) * P.hd;
+  const QueryTile qt = query_tile<BQ>(P);
+  const int q0 = qt.q0, h = qt.h, b = qt.b;
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
 
-  load_tile<T, BQ, HDP>(Qs, L::ldt, qb, P.q_stride, q0, P.Tq, P.hd);
-  load_tile<T, BQ, HDP>(dOs, L::ldt, dob, P.out_stride, q0, P.Tq, P.hd);
-  for (int e = threadIdx.x; e < BQ * L::ldo; e += kAttnThreads) dQ[e] = 0.0f;
-  for (int i = threadIdx.x; i < BQ; i += kAttnThreads)
-    lse[i] = q0 + i < P.Tq ? P.lse_in[(int64_t(b) * P.n_head + h) * P.Tq + q0 + i] : INFINITY;
-  row_dots<BQ>(D, dob, ob, P.out_stride, P.out_stride, q0, P.Tq, P.hd);
+  load_tile<T, BQ, HDP>(Qs, L::ldt, head_rows(P.q, b, P.q_bstride, h, P.hd), P.q_stride, q0, P.Tq,
+                        P.hd);
+  load_tile<T, BQ, HDP>(dOs, L::ldt, head_rows(P.dout, b, P.out_bstride, h, P.hd), P.out_stride,
+                        q0, P.Tq, P.hd);
+  zero(dQ, BQ * L::ldo);
+  load_row_stats<BQ>(lse, D, P, b, h, q0);
 
-  const int64_t last_q = q0 + BQ - 1 < P.Tq - 1 ? q0 + BQ - 1 : P.Tq - 1;
-  int64_t kend = P.q_offset + last_q + 1;
-  if (kend > P.Tk) kend = P.Tk;
+  const int64_t kend = keys_seen_by<BQ>(P, q0);
   for (int k0 = 0; k0 < kend; k0 += BK) {
-    __syncthreads();
-    load_tile<T, BK, HDP>(Ks, L::ldt, kb, P.kv_stride, k0, P.Tk, P.hd);
-    load_tile<T, BK, HDP>(Vs, L::ldt, vb, P.kv_stride, k0, P.Tk, P.hd);
-    __syncthreads();
+    load_kv_tile<T, BK, HDP>(Ks, Vs, L::ldt, qt, P, k0);
     tile_mma<false, true, BQ, BK, HDP>(S, L::lds, Qs, L::ldt, Ks, L::ldt, false);
     tile_mma<false, true, BQ, BK, HDP>(dP, L::lds, dOs, L::ldt, Vs, L::ldt, false);
     __syncthreads();
-    for (int i = warp; i < BQ; i += kWarps) {
-      const int64_t qpos = P.q_offset + q0 + i;
-      const bool row_ok = q0 + i < P.Tq;
+    for (int i = warp; i < BQ; i += kWarps)
       for (int j = lane; j < BK; j += 32) {
-        const int64_t kj = k0 + j;
-        const bool ok = row_ok && kj < P.Tk && kj <= qpos;
-        const float p = ok ? expf(S[i * L::lds + j] * P.scale - lse[i]) : 0.0f;
+        const float p = recomputed_p(P, S[i * L::lds + j], lse[i], q0, i, k0 + j);
         dS[i * L::ldp + j] = Elem<T>::from(p * (dP[i * L::lds + j] - D[i]));
       }
-    }
     __syncthreads();
     tile_mma<false, false, BQ, HDP, BK>(dQ, L::ldo, dS, L::ldp, Ks, L::ldt, true);
   }
   __syncthreads();
-  float* dqb = P.dq + b * P.q_bstride + hoff;
-  for (int e = threadIdx.x; e < BQ * HDP; e += kAttnThreads) {
-    const int i = e / HDP, d = e % HDP;
-    if (q0 + i < P.Tq && d < P.hd) dqb[int64_t(q0 + i) * P.q_stride + d] = dQ[i * L::ldo + d] * P.scale;
-  }
+  store_rows<BQ, HDP>(P.dq + b * P.q_bstride + int64_t(h) * P.hd, P.q_stride, dQ, L::ldo, q0,
+                      P.Tq, P.hd, P.scale);
 }
 
-// ---- backward: dK, dV ----
-template <typename T, int BQ, int BK, int HDP>
-struct DkvSmem {
-  static constexpr int ldt = HDP + Elem<T>::kPad, lds = BK + kAccPad, ldp = BK + Elem<T>::kPad,
-                       ldo = HDP + kAccPad;
-  static constexpr size_t k = 0, v = align128(k + sizeof(T) * BK * ldt),
-                          q = align128(v + sizeof(T) * BK * ldt),
-                          dout = align128(q + sizeof(T) * BQ * ldt),
-                          s = align128(dout + sizeof(T) * BQ * ldt),
-                          p = align128(s + sizeof(float) * BQ * lds),
-                          dk = align128(p + sizeof(T) * BQ * ldp),
-                          dv = align128(dk + sizeof(float) * BK * ldo),
-                          st = align128(dv + sizeof(float) * BK * ldo),
-                          bytes = align128(st + sizeof(float) * 2 * BQ);
-};
-
+// ---- backward: dK, dV (per key tile and kv head, over the group's query heads and tiles) ----
 template <typename T, int BQ, int BK, int HDP>
 __global__ void __launch_bounds__(kAttnThreads) k_attn_bwd_dkv(Params P) {
   using L = DkvSmem<T, BQ, BK, HDP>;
@@ -359,45 +362,33 @@ __global__ void __launch_bounds__(kAttnThreads) k_attn_bwd_dkv(Params P) {
 
   const int k0 = blockIdx.x * BK, kvh = blockIdx.y, b = blockIdx.z;
   const int group = P.n_head / P.n_kv_head;
-  const float* kb = P.k + b * P.kv_bstride + int64_t(kvh) * P.hd;
-  const float* vb = P.v + b * P.kv_bstride + int64_t(kvh) * P.hd;
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
 
-  load_tile<T, BK, HDP>(Ks, L::ldt, kb, P.kv_stride, k0, P.Tk, P.hd);
-  load_tile<T, BK, HDP>(Vs, L::ldt, vb, P.kv_stride, k0, P.Tk, P.hd);
-  for (int e = threadIdx.x; e < BK * L::ldo; e += kAttnThreads) {
-    dK[e] = 0.0f;
-    dV[e] = 0.0f;
-  }
+  load_tile<T, BK, HDP>(Ks, L::ldt, head_rows(P.k, b, P.kv_bstride, kvh, P.hd), P.kv_stride, k0,
+                        P.Tk, P.hd);
+  load_tile<T, BK, HDP>(Vs, L::ldt, head_rows(P.v, b, P.kv_bstride, kvh, P.hd), P.kv_stride, k0,
+                        P.Tk, P.hd);
+  zero(dK, BK * L::ldo);
+  zero(dV, BK * L::ldo);
   // First query that sees key k0: position q_offset + i >= k0.
   int64_t qfirst = int64_t(k0) - P.q_offset;
   if (qfirst < 0) qfirst = 0;
   const int qt0 = int(qfirst / BQ) * BQ;
   for (int hh = 0; hh < group; ++hh) {
     const int h = kvh * group + hh;
-    const int64_t hoff = int64_t(h) * P.hd;
-    const float* qb = P.q + b * P.q_bstride + hoff;
-    const float* ob = P.o + b * P.out_bstride + hoff;
-    const float* dob = P.dout + b * P.out_bstride + hoff;
     for (int q0 = qt0; q0 < P.Tq; q0 += BQ) {
       __syncthreads();
-      load_tile<T, BQ, HDP>(Qs, L::ldt, qb, P.q_stride, q0, P.Tq, P.hd);
-      load_tile<T, BQ, HDP>(dOs, L::ldt, dob, P.out_stride, q0, P.Tq, P.hd);
-      for (int i = threadIdx.x; i < BQ; i += kAttnThreads)
-        lse[i] = q0 + i < P.Tq ? P.lse_in[(int64_t(b) * P.n_head + h) * P.Tq + q0 + i] : INFINITY;
-      row_dots<BQ>(D, dob, ob, P.out_stride, P.out_stride, q0, P.Tq, P.hd);
+      load_tile<T, BQ, HDP>(Qs, L::ldt, head_rows(P.q, b, P.q_bstride, h, P.hd), P.q_stride, q0,
+                            P.Tq, P.hd);
+      load_tile<T, BQ, HDP>(dOs, L::ldt, head_rows(P.dout, b, P.out_bstride, h, P.hd),
+                            P.out_stride, q0, P.Tq, P.hd);
+      load_row_stats<BQ>(lse, D, P, b, h, q0);
       __syncthreads();
       tile_mma<false, true, BQ, BK, HDP>(S, L::lds, Qs, L::ldt, Ks, L::ldt, false);
       __syncthreads();
-      for (int i = warp; i < BQ; i += kWarps) {
-        const int64_t qpos = P.q_offset + q0 + i;
-        const bool row_ok = q0 + i < P.Tq;
-        for (int j = lane; j < BK; j += 32) {
-          const int64_t kj = k0 + j;
-          const bool ok = row_ok && kj < P.Tk && kj <= qpos;
-          Ps[i * L::ldp + j] = Elem<T>::from(ok ? expf(S[i * L::lds + j] * P.scale - lse[i]) : 0.0f);
-        }
-      }
+      for (int i = warp; i < BQ; i += kWarps)
+        for (int j = lane; j < BK; j += 32)
+          Ps[i * L::ldp + j] = Elem<T>::from(recomputed_p(P, S[i * L::lds + j], lse[i], q0, i, k0 + j));
       __syncthreads();
       // dV += Pᵀ dO; dP = dO Vᵀ (into S, which is free now).
       tile_mma<true, false, BK, HDP, BQ>(dV, L::ldo, Ps, L::ldp, dOs, L::ldt, true);
@@ -413,19 +404,27 @@ __global__ void __launch_bounds__(kAttnThreads) k_attn_bwd_dkv(Params P) {
     }
   }
   __syncthreads();
-  float* dkb = P.dk + b * P.kv_bstride + int64_t(kvh) * P.hd;
-  float* dvb = P.dv + b * P.kv_bstride + int64_t(kvh) * P.hd;
-  for (int e = threadIdx.x; e < BK * HDP; e += kAttnThreads) {
-    const int j = e / HDP, d = e % HDP;
-    if (k0 + j < P.Tk && d < P.hd) {
-      dkb[int64_t(k0 + j) * P.kv_stride + d] = dK[j * L::ldo + d] * P.scale;
-      dvb[int64_t(k0 + j) * P.kv_stride + d] = dV[j * L::ldo + d];
-    }
-  }
+  const int64_t kvoff = b * P.kv_bstride + int64_t(kvh) * P.hd;
+  store_rows<BK, HDP>(P.dk + kvoff, P.kv_stride, dK, L::ldo, k0, P.Tk, P.hd, P.scale);
+  store_rows<BK, HDP>(P.dv + kvoff, P.kv_stride, dV, L::ldo, k0, P.Tk, P.hd, 1.0f);
 }
 
+// Asks for the kernel's shared memory, after checking that this device can give it: a card
+// whose blocks cannot hold the tiles (sm_86 / sm_89 allow 99 KB) gets an Error naming it and
+// what it would need, not cudaFuncSetAttribute's "invalid argument".
 template <typename Kernel>
-void launch(Kernel k, dim3 grid, size_t smem, const Params& p, gpuStream_t s, const char* name) {
+void launch(Kernel k, dim3 grid, size_t smem, const Params& p, bool bf16, gpuStream_t s,
+            const char* name) {
+  int dev = 0, optin = 0;
+  GPU_CHECK(cudaGetDevice(&dev));
+  GPU_CHECK(cudaDeviceGetAttribute(&optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, dev));
+  if (smem > size_t(optin)) {
+    const DeviceInfo info = device_info(dev);
+    fail(attn::smem_refusal(size_t(optin), p.hd, bf16,
+                            detail::concat(info.name, " (compute capability ", info.cc_major, ".",
+                                           info.cc_minor, ", device ", dev, ")")),
+         " [", name, "]");
+  }
   GPU_CHECK(cudaFuncSetAttribute(k, cudaFuncAttributeMaxDynamicSharedMemorySize, int(smem)));
   k<<<grid, kAttnThreads, smem, s>>>(p);
   gpu_check_launch(name);
@@ -433,38 +432,43 @@ void launch(Kernel k, dim3 grid, size_t smem, const Params& p, gpuStream_t s, co
 
 template <typename T, int BQ, int BK, int HDP>
 void run_fwd(const Params& p, gpuStream_t s) {
+  constexpr bool bf16 = sizeof(T) == 2;
   dim3 grid(unsigned((p.Tq + BQ - 1) / BQ), unsigned(p.n_head), unsigned(p.B));
-  launch(k_attn_fwd<T, BQ, BK, HDP>, grid, FwdSmem<T, BQ, BK, HDP>::bytes, p, s, "attention_forward");
+  launch(k_attn_fwd<T, BQ, BK, HDP>, grid, FwdSmem<T, BQ, BK, HDP>::bytes, p, bf16, s,
+         "attention_forward");
 }
 template <typename T, int BQ, int BK, int HDP>
 void run_bwd(const Params& p, gpuStream_t s) {
+  constexpr bool bf16 = sizeof(T) == 2;
   dim3 gq(unsigned((p.Tq + BQ - 1) / BQ), unsigned(p.n_head), unsigned(p.B));
-  launch(k_attn_bwd_dq<T, BQ, BK, HDP>, gq, DqSmem<T, BQ, BK, HDP>::bytes, p, s,
+  launch(k_attn_bwd_dq<T, BQ, BK, HDP>, gq, DqSmem<T, BQ, BK, HDP>::bytes, p, bf16, s,
          "attention_backward(dq)");
   dim3 gk(unsigned((p.Tk + BK - 1) / BK), unsigned(p.n_kv_head), unsigned(p.B));
-  launch(k_attn_bwd_dkv<T, BQ, BK, HDP>, gk, DkvSmem<T, BQ, BK, HDP>::bytes, p, s,
+  launch(k_attn_bwd_dkv<T, BQ, BK, HDP>, gk, DkvSmem<T, BQ, BK, HDP>::bytes, p, bf16, s,
          "attention_backward(dkv)");
 }
 
 // Head dims are padded to the next of 16, 32, 64, 128 (zeros in shared memory).
 template <bool Bwd>
 void dispatch(const Params& p, AttnPath path, gpuStream_t s) {
-  const int hd = p.hd;
   auto go = [&](auto tag_hdp) {
     constexpr int HDP = decltype(tag_hdp)::value;
+    constexpr int B16 = attn::kBf16Tile, F32 = attn::kF32Tile;
     if (path == AttnPath::kBf16) {
-      if constexpr (Bwd) run_bwd<__nv_bfloat16, 64, 64, HDP>(p, s);
-      else run_fwd<__nv_bfloat16, 64, 64, HDP>(p, s);
+      if constexpr (Bwd) run_bwd<__nv_bfloat16, B16, B16, HDP>(p, s);
+      else run_fwd<__nv_bfloat16, B16, B16, HDP>(p, s);
     } else {
-      if constexpr (Bwd) run_bwd<float, 32, 32, HDP>(p, s);
-      else run_fwd<float, 32, 32, HDP>(p, s);
+      if constexpr (Bwd) run_bwd<float, F32, F32, HDP>(p, s);
+      else run_fwd<float, F32, F32, HDP>(p, s);
     }
   };
-  if (hd <= 16) go(std::integral_constant<int, 16>{});
-  else if (hd <= 32) go(std::integral_constant<int, 32>{});
-  else if (hd <= 64) go(std::integral_constant<int, 64>{});
-  else if (hd <= 128) go(std::integral_constant<int, 128>{});
-  else fail("CUDA attention: head_dim ", hd, " is not supported (at most 128)");
+  switch (attn::padded_head_dim(p.hd)) {
+    case 16: go(std::integral_constant<int, 16>{}); break;
+    case 32: go(std::integral_constant<int, 32>{}); break;
+    case 64: go(std::integral_constant<int, 64>{}); break;
+    case 128: go(std::integral_constant<int, 128>{}); break;
+    default: fail("CUDA attention: head_dim ", p.hd, " is not supported (at most 128)");
+  }
 }
 
 Params make_params(const AttnDims& d) {

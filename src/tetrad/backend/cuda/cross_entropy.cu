@@ -154,20 +154,28 @@ __global__ void k_ce_grad(float* L, const float* mx, const double* st, const int
     r[j] = g;
   }
 }
+// The row argmax's order: NaN above every number (the first NaN of a row wins, as on the CPU:
+// a broken row is seen, never skipped), then larger values, then lower indices. A total order,
+// so any reduction tree gives the same (index, value).
+__device__ __forceinline__ bool argmax_better(float v, int64_t i, float best, int64_t bi) {
+  const bool vn = isnan(v), bn = isnan(best);
+  if (vn || bn) return vn && (!bn || i < bi);
+  return v > best || (v == best && i < bi);
+}
 __global__ void k_row_argmax(int32_t* idx, float* val, const float* L, int64_t Vs, int64_t ld) {
   const int64_t t = blockIdx.x;
   const float* r = L + t * ld;
   float best = -INFINITY;
-  int64_t bi = Vs;  // past the end: no finite maximum seen yet
+  int64_t bi = Vs;  // past the end: nothing seen yet (any element, -inf included, beats it)
   for (int64_t j = threadIdx.x; j < Vs; j += blockDim.x)
-    if (r[j] > best || (r[j] == best && j < bi)) {
+    if (argmax_better(r[j], j, best, bi)) {
       best = r[j];
       bi = j;
     }
   for (int o = kWarp / 2; o > 0; o /= 2) {
     const float b2 = __shfl_xor_sync(0xffffffffu, best, o);
     const int64_t i2 = __shfl_xor_sync(0xffffffffu, bi, o);
-    if (b2 > best || (b2 == best && i2 < bi)) {
+    if (argmax_better(b2, i2, best, bi)) {
       best = b2;
       bi = i2;
     }
@@ -181,12 +189,30 @@ __global__ void k_row_argmax(int32_t* idx, float* val, const float* L, int64_t V
   __syncthreads();
   if (threadIdx.x == 0) {
     for (int w = 1; w < int(blockDim.x / kWarp); ++w)
-      if (pb[w] > best || (pb[w] == best && pi[w] < bi)) {
+      if (argmax_better(pb[w], pi[w], best, bi)) {
         best = pb[w];
         bi = pi[w];
       }
     idx[t] = int32_t(bi == Vs ? 0 : bi);
     val[t] = best;
+  }
+}
+// *first = the lowest t with targets[t] >= V, or N when there is none (one block, fixed order).
+__global__ void k_first_target_at_or_above(int64_t* first, const int32_t* targets, int64_t N,
+                                           int64_t V) {
+  int64_t mine = N;
+  for (int64_t t = threadIdx.x; t < N && mine == N; t += blockDim.x)
+    if (targets[t] >= V) mine = t;
+  for (int o = kWarp / 2; o > 0; o /= 2) {
+    const int64_t other = __shfl_xor_sync(0xffffffffu, mine, o);
+    mine = other < mine ? other : mine;
+  }
+  __shared__ int64_t part[32];
+  if (threadIdx.x % kWarp == 0) part[threadIdx.x / kWarp] = mine;
+  __syncthreads();
+  if (threadIdx.x == 0) {
+    for (int w = 1; w < int(blockDim.x / kWarp); ++w) mine = part[w] < mine ? part[w] : mine;
+    *first = mine;
   }
 }
 
@@ -259,6 +285,11 @@ void ce_grad(float* logits, const float* mx, const double* st, const int32_t* ta
   if (N <= 0) return;
   k_ce_grad<<<unsigned(N), 512, 0, s>>>(logits, mx, st, targets, v0, Vs, grad_scale);
   TETRAD_LAUNCH_CHECK("ce_grad");
+}
+void first_target_at_or_above(int64_t* first, const int32_t* targets, int64_t N, int64_t V,
+                              gpuStream_t s) {
+  k_first_target_at_or_above<<<1, 1024, 0, s>>>(first, targets, N, V);
+  TETRAD_LAUNCH_CHECK("first_target_at_or_above");
 }
 void row_argmax(int32_t* idx, float* val, const float* logits, int64_t N, int64_t Vs, int64_t ld,
                 gpuStream_t s) {

@@ -11,6 +11,7 @@
 #include <vector>
 
 #include "tetrad/backend/cuda/gemm.hpp"
+#include "tetrad/backend/cuda/gemm_mapping.hpp"
 #include "tetrad/backend/cuda/gpu_api.hpp"
 #include "tetrad/backend/cuda/kernels.hpp"
 #include "tetrad/backend/gpu_parts.hpp"
@@ -158,9 +159,9 @@ class CudaBackend final : public Backend {
     caps_.attention_any_q_offset = true;
     caps_.fused_cross_entropy = true;
     // Not yet: norm / activation kernels writing bf16 and the cast-transpose (the model casts
-    // fp32 outputs with cast_f32_to_bf16 instead), AdamW's fused bf16 copy (AdamW casts after).
+    // fp32 outputs with cast_f32_to_bf16 instead).
     caps_.bf16_producers = false;
-    caps_.adamw_bf16_copy = false;
+    caps_.adamw_bf16_copy = true;  // AdamWArgs::p16 written in the update's pass
     caps_.gemm_bf16_path = "cuBLASLt bf16 tensor cores, fp32 accumulation";
     if (g_attention_bf16.load() < 0) g_attention_bf16 = attention_bf16_from_env() ? 1 : 0;
   }
@@ -261,27 +262,33 @@ void op_gemm(Queue& q, const GemmArgs& a) {
   };
   c.a_type = type(a.a_type, "A");
   c.b_type = type(a.b_type, "B");
+  // A bf16-stored operand makes the product a bf16 one whatever a.precision says (as the CPU).
   const bool any_bf16 = c.a_type == g::GemmType::BF16 || c.b_type == g::GemmType::BF16;
-  if (any_bf16 && a.precision != Precision::BF16)
-    fail("cuda backend: bf16-stored GEMM operands need Precision::BF16");
-  c.math = a.precision == Precision::BF16 ? g::GemmMath::BF16 : g::GemmMath::FP32;
-  if (c.math == g::GemmMath::BF16 && c.a_type != c.b_type) {
-    // One operand stored bf16, the other fp32: round the fp32 one into scratch (same arithmetic).
-    const bool a_is_f32 = c.a_type == g::GemmType::F32;
-    const int64_t rows = a_is_f32 ? (a.trans_a ? a.K : a.M) : (a.trans_b ? a.N : a.K);
-    const int64_t cols = a_is_f32 ? (a.trans_a ? a.M : a.K) : (a.trans_b ? a.K : a.N);
-    const int64_t ld = a_is_f32 ? a.lda : a.ldb;
-    auto* tmp = static_cast<uint16_t*>(queue_of(q).workspace(size_t(rows * cols) * 2));
-    g::cast_f32_to_bf16(tmp, cols, static_cast<const float*>(a_is_f32 ? a.A : a.B), ld, rows, cols,
-                        stream_of(q));
-    if (a_is_f32) {
-      c.A = tmp;
-      c.lda = cols;
-      c.a_type = g::GemmType::BF16;
-    } else {
-      c.B = tmp;
-      c.ldb = cols;
-      c.b_type = g::GemmType::BF16;
+  c.math = a.precision == Precision::BF16 || any_bf16 ? g::GemmMath::BF16 : g::GemmMath::FP32;
+  if (c.math == g::GemmMath::BF16 && a.K > 0 && a.M > 0 && a.N > 0) {
+    // bf16 math rounds every fp32-stored operand to bf16 (nearest even, the CPU's rounding) into
+    // scratch, then runs bf16 x bf16 with fp32 accumulation (gemm.hpp). One workspace request
+    // for both, so the second cannot move the first.
+    const g::GemmCasts casts =
+        g::plan_gemm_casts(a.trans_a, a.trans_b, a.M, a.N, a.K, a.lda, a.ldb,
+                           c.a_type == g::GemmType::F32, c.b_type == g::GemmType::F32);
+    if (casts.bytes > 0) {
+      auto* base = static_cast<unsigned char*>(queue_of(q).workspace(casts.bytes));
+      for (const g::GemmCasts::Operand& o : {casts.a, casts.b}) {
+        if (!o.cast) continue;
+        auto* tmp = reinterpret_cast<uint16_t*>(base + o.offset);
+        g::cast_f32_to_bf16(tmp, o.cols, static_cast<const float*>(o.is_a ? a.A : a.B), o.ld,
+                            o.rows, o.cols, stream_of(q));
+        if (o.is_a) {
+          c.A = tmp;
+          c.lda = o.cols;
+          c.a_type = g::GemmType::BF16;
+        } else {
+          c.B = tmp;
+          c.ldb = o.cols;
+          c.b_type = g::GemmType::BF16;
+        }
+      }
     }
   }
   queue_of(q).gemm().run(c, stream_of(q));
@@ -311,6 +318,23 @@ g::AttnDims attn_dims(const AttentionArgs& a) {
 g::AttnPath attn_path(const AttentionArgs& a) {
   return a.precision == Precision::BF16 || g_attention_bf16.load() == 1 ? g::AttnPath::kBf16
                                                                         : g::AttnPath::kF32;
+}
+
+// The fused cross-entropy's target check, as the CPU's (kernels::check_targets): an Error naming
+// the first target >= V, before the op writes anything. One small read back and a wait on the
+// stream: the op is for one rank holding the whole vocabulary, and the host reads its total next.
+void check_targets_below(int64_t* first_dev, const int32_t* targets, int64_t N, int64_t V,
+                         g::gpuStream_t s) {
+  g::first_target_at_or_above(first_dev, targets, N, V, s);
+  int64_t first = N;
+  GPU_CHECK(g::gpuMemcpyAsync(&first, first_dev, sizeof(first), s));
+  GPU_CHECK(g::gpuStreamSynchronize(s));
+  if (first >= N) return;
+  int32_t id = 0;
+  GPU_CHECK(g::gpuMemcpyAsync(&id, targets + first, sizeof(id), s));
+  GPU_CHECK(g::gpuStreamSynchronize(s));
+  fail("target token id ", id, " at position ", first, " is outside the model's vocabulary [0, ",
+       V, ")");
 }
 
 OpTable make_table() {
@@ -437,16 +461,22 @@ OpTable make_table() {
   };
   t.round_to_bf16 = [](Queue& q, float* x, int64_t n) { g::round_to_bf16(x, n, stream_of(q)); };
   t.adamw = [](Queue& q, const AdamWArgs& a) {
-    g::TensorSpan sp{a.p, a.g, a.m, a.v, nullptr, a.n, a.weight_decay};
+    // p16: the bf16 weight copy written in the same pass (Capabilities::adamw_bf16_copy).
+    g::TensorSpan sp{a.p, a.g, a.m, a.v, a.p16, a.n, a.weight_decay};
     g::adamw(sp, a.lr, a.beta1, a.beta2, a.eps, a.grad_scale, a.step, stream_of(q));
   };
   // One rank with the whole vocabulary: one read of the logits forward (online max and Σ exp),
   // one read + write backward, no second copy of the softmax.
   t.cross_entropy_fused = [](Queue& q, float* logits, float* losses, double* total,
                              const int32_t* targets, int64_t N, int64_t V, float grad_scale) {
-    float* st = static_cast<float*>(queue_of(q).workspace(size_t(3 * N) * sizeof(float)));
+    // Scratch: the first bad target's position (int64), then mx, Σ exp, target logit (N each).
+    auto* base = static_cast<unsigned char*>(
+        queue_of(q).workspace(256 + size_t(3 * N) * sizeof(float)));
+    auto* first_bad = reinterpret_cast<int64_t*>(base);
+    float* st = reinterpret_cast<float*>(base + 256);
     float *mx = st, *sum = st + N, *tgt = st + 2 * N;
     const g::gpuStream_t s = stream_of(q);
+    if (N > 0) check_targets_below(first_bad, targets, N, V, s);  // as the CPU: refuse first
     g::xent_partials(mx, sum, tgt, logits, V, targets, N, 0, V, s);
     g::xent_losses(losses, nullptr, mx, sum, tgt, targets, N, V, nullptr, s);
     if (total) {

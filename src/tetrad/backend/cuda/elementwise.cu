@@ -17,31 +17,46 @@ namespace {
 constexpr float kGeluS = 0.7978845608028654f;
 constexpr float kGeluA = 0.044715f;
 
+// tanh(sqrt(2/pi) (v + 0.044715 v^3)), the inner term forward and backward share.
+__device__ __forceinline__ float gelu_tanh(float v) {
+  return tanhf(kGeluS * (v + kGeluA * v * v * v));
+}
 __global__ void k_gelu_fwd(float* out, const float* x, int64_t n) {
   for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < n;
        i += int64_t(gridDim.x) * blockDim.x) {
     const float v = x[i];
-    out[i] = 0.5f * v * (1.0f + tanhf(kGeluS * (v + kGeluA * v * v * v)));
+    out[i] = 0.5f * v * (1.0f + gelu_tanh(v));
   }
 }
 __global__ void k_gelu_bwd(float* dx, const float* dout, const float* x, int64_t n) {
   for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < n;
        i += int64_t(gridDim.x) * blockDim.x) {
     const float v = x[i];
-    const float th = tanhf(kGeluS * (v + kGeluA * v * v * v));
+    const float th = gelu_tanh(v);
     const float local =
         0.5f * (1.0f + th) + 0.5f * v * (1.0f - th * th) * kGeluS * (1.0f + 3.0f * kGeluA * v * v);
     dx[i] = local * dout[i];
   }
 }
+// Element i of SwiGLU's output: its gate g and up u (row t of gu [ntok, 2F]) and sigmoid(g).
+struct SwigluAt {
+  int64_t gate, up;  // indices into gu
+  float g, u, sg;
+  __device__ __forceinline__ SwigluAt(const float* gu, int64_t i, int64_t F) {
+    const int64_t t = i / F, f = i - t * F;
+    gate = t * 2 * F + f;
+    up = gate + F;
+    g = gu[gate];
+    u = gu[up];
+    sg = 1.0f / (1.0f + expf(-g));
+  }
+};
 __global__ void k_swiglu_fwd(float* out, const float* gu, int64_t ntok, int64_t F) {
   const int64_t n = ntok * F;
   for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < n;
        i += int64_t(gridDim.x) * blockDim.x) {
-    const int64_t t = i / F, f = i - t * F;
-    const float g = gu[t * 2 * F + f], u = gu[t * 2 * F + F + f];
-    const float sg = 1.0f / (1.0f + expf(-g));
-    out[i] = g * sg * u;
+    const SwigluAt e(gu, i, F);
+    out[i] = e.g * e.sg * e.u;
   }
 }
 __global__ void k_swiglu_bwd(float* dgu, const float* dout, const float* gu, int64_t ntok,
@@ -49,12 +64,10 @@ __global__ void k_swiglu_bwd(float* dgu, const float* dout, const float* gu, int
   const int64_t n = ntok * F;
   for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < n;
        i += int64_t(gridDim.x) * blockDim.x) {
-    const int64_t t = i / F, f = i - t * F;
-    const float g = gu[t * 2 * F + f], u = gu[t * 2 * F + F + f];
-    const float sg = 1.0f / (1.0f + expf(-g));
+    const SwigluAt e(gu, i, F);
     const float d = dout[i];
-    dgu[t * 2 * F + f] = d * u * sg * (1.0f + g * (1.0f - sg));
-    dgu[t * 2 * F + F + f] = d * g * sg;
+    dgu[e.gate] = d * e.u * e.sg * (1.0f + e.g * (1.0f - e.sg));
+    dgu[e.up] = d * e.g * e.sg;
   }
 }
 __global__ void k_add(float* x, const float* y, int64_t n) {
@@ -70,22 +83,21 @@ __global__ void k_add_bias(float* out, const float* bias, int64_t ntok, int64_t 
     out[t * ld + c] += bias[c];
   }
 }
-__global__ void k_cast_f2b(uint16_t* out, int64_t ldo, const float* in, int64_t ldi, int64_t rows,
-                           int64_t cols) {
+// out[r * ldo + c] = conv(in[r * ldi + c]) over rows x cols: both casts.
+struct ToBf16 {
+  __device__ uint16_t operator()(float x) const { return f2bf(x); }
+};
+struct FromBf16 {
+  __device__ float operator()(uint16_t x) const { return bf2f(x); }
+};
+template <typename Out, typename In, typename Conv>
+__global__ void k_cast(Out* out, int64_t ldo, const In* in, int64_t ldi, int64_t rows,
+                       int64_t cols, Conv conv) {
   const int64_t n = rows * cols;
   for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < n;
        i += int64_t(gridDim.x) * blockDim.x) {
     const int64_t r = i / cols, c = i - r * cols;
-    out[r * ldo + c] = f2bf(in[r * ldi + c]);
-  }
-}
-__global__ void k_cast_b2f(float* out, int64_t ldo, const uint16_t* in, int64_t ldi, int64_t rows,
-                           int64_t cols) {
-  const int64_t n = rows * cols;
-  for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < n;
-       i += int64_t(gridDim.x) * blockDim.x) {
-    const int64_t r = i / cols, c = i - r * cols;
-    out[r * ldo + c] = bf2f(in[r * ldi + c]);
+    out[r * ldo + c] = conv(in[r * ldi + c]);
   }
 }
 // ---- the op table's extra pieces (cuda_backend.cpp) ----
@@ -102,6 +114,17 @@ __global__ void k_position_add(float* out, const float* pos, int64_t N, int64_t 
        i += int64_t(gridDim.x) * blockDim.x) {
     const int64_t t = i / C, c = i - t * C;
     out[i] += pos[(t % T) * C + c];
+  }
+}
+__global__ void k_gemm_empty(float* C, int64_t ldc, int64_t M, int64_t N, float beta,
+                             const float* bias) {
+  const int64_t n = M * N;
+  for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < n;
+       i += int64_t(gridDim.x) * blockDim.x) {
+    const int64_t r = i / N, c = i - r * N;
+    float& out = C[r * ldc + c];
+    const float kept = beta == 0.0f ? 0.0f : beta * out;
+    out = bias ? kept + bias[c] : kept;
   }
 }
 __global__ void k_round_bf16(float* x, int64_t n) {
@@ -151,13 +174,13 @@ void bias_backward(float* dbias, const float* dout, int64_t ntok, int64_t OC, in
 void cast_f32_to_bf16(uint16_t* out, int64_t ldo, const float* in, int64_t ldi, int64_t rows,
                       int64_t cols, gpuStream_t s) {
   if (rows * cols <= 0) return;
-  k_cast_f2b<<<grid_for(rows * cols), kThreads, 0, s>>>(out, ldo, in, ldi, rows, cols);
+  k_cast<<<grid_for(rows * cols), kThreads, 0, s>>>(out, ldo, in, ldi, rows, cols, ToBf16{});
   TETRAD_LAUNCH_CHECK("cast_f32_to_bf16");
 }
 void cast_bf16_to_f32(float* out, int64_t ldo, const uint16_t* in, int64_t ldi, int64_t rows,
                       int64_t cols, gpuStream_t s) {
   if (rows * cols <= 0) return;
-  k_cast_b2f<<<grid_for(rows * cols), kThreads, 0, s>>>(out, ldo, in, ldi, rows, cols);
+  k_cast<<<grid_for(rows * cols), kThreads, 0, s>>>(out, ldo, in, ldi, rows, cols, FromBf16{});
   TETRAD_LAUNCH_CHECK("cast_bf16_to_f32");
 }
 void residual_add(float* out, const float* resid, const float* y, const float* b, int64_t N,
@@ -170,6 +193,12 @@ void position_add(float* out, const float* pos, int64_t N, int64_t T, int64_t C,
   if (N * C <= 0) return;
   k_position_add<<<grid_for(N * C), kThreads, 0, s>>>(out, pos, N, T, C);
   TETRAD_LAUNCH_CHECK("position_add");
+}
+void gemm_empty_product(float* C, int64_t ldc, int64_t M, int64_t N, float beta,
+                        const float* bias, gpuStream_t s) {
+  if (M * N <= 0) return;
+  k_gemm_empty<<<grid_for(M * N), kThreads, 0, s>>>(C, ldc, M, N, beta, bias);
+  TETRAD_LAUNCH_CHECK("gemm_empty_product");
 }
 void round_to_bf16(float* x, int64_t n, gpuStream_t s) {
   if (n <= 0) return;

@@ -8,6 +8,7 @@
 #include <tuple>
 
 #include "tetrad/backend/cuda/gemm_mapping.hpp"
+#include "tetrad/backend/cuda/kernels.hpp"
 
 namespace tetrad::gpu {
 namespace {
@@ -100,19 +101,24 @@ void Gemm::run(const GemmCall& c, gpuStream_t s) {
   if (!row_major_ld_ok(c.trans_a, c.M, c.K, c.lda) || !row_major_ld_ok(c.trans_b, c.K, c.N, c.ldb) ||
       !row_major_ld_ok(false, c.M, c.N, c.ldc))
     fail("GEMM: a leading dimension is smaller than its row in ", shape_text(c));
+  if (c.K == 0) {
+    // No products (cuBLASLt rejects k = 0): C = beta C (+ bias), as the CPU's GEMM computes it;
+    // beta 0 overwrites C (NaN in C does not propagate).
+    gemm_empty_product(c.C, c.ldc, c.M, c.N, c.beta, c.bias, s);
+    return;
+  }
   if (c.a_type != c.b_type)
     fail("GEMM: A and B must be stored in the same type (cuBLASLt has no mixed fp32 x bf16 "
          "product); got ", c.a_type == GemmType::BF16 ? "bf16" : "fp32", " x ",
          c.b_type == GemmType::BF16 ? "bf16" : "fp32", " in ", shape_text(c));
   if (c.a_type == GemmType::BF16 && c.math != GemmMath::BF16)
     fail("GEMM: bf16-stored operands need bf16 math, got ", math_name(c.math));
+  if (c.a_type == GemmType::F32 && c.math == GemmMath::BF16)
+    fail("GEMM: bf16 math on fp32-stored operands: round them to bf16 first (cast_f32_to_bf16, "
+         "round to nearest even, as the CPU does); cuBLASLt's 32F_FAST_16BF may round otherwise "
+         "or use TF32, in ", shape_text(c));
   if (c.bias && c.beta != 0.0f && c.beta != 1.0f)
     fail("GEMM: a bias epilogue needs beta 0 or 1, got ", c.beta);
-  if (c.K == 0) {
-    // No products: C = beta C (+ bias). cuBLASLt rejects k = 0, so do it with a 1-deep product
-    // of zeros? Simpler and exact: refuse; no layer of tetrad has K = 0.
-    fail("GEMM: K = 0 in ", shape_text(c));
-  }
 
   const ColMajorGemm g = map_row_major_gemm(c.trans_a, c.trans_b, c.M, c.N, c.K, c.lda, c.ldb,
                                             c.ldc);
@@ -123,9 +129,10 @@ void Gemm::run(const GemmCall& c, gpuStream_t s) {
   if (it == impl_->plans.end()) {
     auto p = std::make_unique<Plan>();
     const std::string what = shape_text(c);
+    // bf16 math runs on bf16-stored operands only (refused above otherwise): bf16 x bf16 with
+    // fp32 accumulation is plain CUBLAS_COMPUTE_32F; TF32 only when asked for.
     cublasComputeType_t compute = CUBLAS_COMPUTE_32F;
-    if (c.a_type == GemmType::F32 && c.math == GemmMath::TF32) compute = CUBLAS_COMPUTE_32F_FAST_TF32;
-    if (c.a_type == GemmType::F32 && c.math == GemmMath::BF16) compute = CUBLAS_COMPUTE_32F_FAST_16BF;
+    if (c.math == GemmMath::TF32) compute = CUBLAS_COMPUTE_32F_FAST_TF32;
     LT_CHECK(cublasLtMatmulDescCreate(&p->op, compute, CUDA_R_32F), what);
     const cublasOperation_t ta = g.trans_first ? CUBLAS_OP_T : CUBLAS_OP_N;
     const cublasOperation_t tb = g.trans_second ? CUBLAS_OP_T : CUBLAS_OP_N;
@@ -134,6 +141,11 @@ void Gemm::run(const GemmCall& c, gpuStream_t s) {
     if (c.bias) {
       const cublasLtEpilogue_t ep = CUBLASLT_EPILOGUE_BIAS;
       LT_CHECK(cublasLtMatmulDescSetAttribute(p->op, CUBLASLT_MATMUL_DESC_EPILOGUE, &ep, sizeof(ep)), what);
+      // Before the heuristic, which reads the bias pointer's alignment (a null pointer counts as
+      // perfectly aligned); the plan key holds that alignment, so a plan made for a 16-byte
+      // aligned bias is never reused for a 4-byte aligned one inside a packed parameter buffer.
+      LT_CHECK(cublasLtMatmulDescSetAttribute(p->op, CUBLASLT_MATMUL_DESC_BIAS_POINTER, &c.bias,
+                                              sizeof(c.bias)), what);
     }
     // First operand: the caller's B; second: the caller's A.
     LT_CHECK(cublasLtMatrixLayoutCreate(&p->a, lt_type(c.b_type), uint64_t(g.first_rows),

@@ -4,10 +4,13 @@
 // Arithmetic (the op table's GemmArgs, backend/ops.hpp):
 //   * fp32 operands, Precision::FP32: true fp32 (CUBLAS_COMPUTE_32F), the exact path; or, only
 //     when asked for (GemmMath::TF32, `train.gpu_tf32`), TF32 tensor cores (32F_FAST_TF32);
-//   * fp32 operands, Precision::BF16: operands rounded to bf16 on the tensor cores with fp32
-//     accumulation (CUBLAS_COMPUTE_32F_FAST_16BF), the CPU's bf16 semantics;
 //   * bf16-stored operands (the optimizer's bf16 weight copy, bf16 activations): bf16 tensor
-//     cores, fp32 accumulation, fp32 C.
+//     cores, fp32 accumulation (CUBLAS_COMPUTE_32F), fp32 C. GemmMath::BF16 takes bf16-stored
+//     operands only: Precision::BF16 on fp32-stored operands is the caller's cast (round to
+//     nearest even, the CPU's bf16 semantics: cuda_backend.cpp's op_gemm) then this product.
+//     cuBLASLt's CUBLAS_COMPUTE_32F_FAST_16BF is never used: it may down-convert to bf16 or to
+//     TF32, so its rounding is not the CPU's.
+// K = 0: C = beta C (+ bias), as the CPU computes it (no library call).
 // Epilogue: an optional bias[N] added to every row of C inside the GEMM (CUBLASLT_EPILOGUE_BIAS:
 // one pass over C fewer for every biased linear layer).
 // Plans (descriptors, layouts, the heuristic's algorithm) are cached per shape and type, so a

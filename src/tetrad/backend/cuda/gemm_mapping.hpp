@@ -9,6 +9,7 @@
 // each operand keeps its own transpose flag (a row-major B [K, N] read column-major is already
 // N x K = op'(B) untransposed).
 #pragma once
+#include <cstddef>
 #include <cstdint>
 
 namespace tetrad::gpu {
@@ -53,6 +54,38 @@ inline ColMajorGemm map_row_major_gemm(bool trans_a, bool trans_b, int64_t M, in
 // lda >= K (trans: >= M), and so on.
 inline bool row_major_ld_ok(bool trans, int64_t rows, int64_t cols, int64_t ld) {
   return ld >= (trans ? rows : cols) && ld >= 1;
+}
+
+// The bf16 casts in front of a bf16 product (cuda_backend.cpp's op_gemm): every fp32-stored
+// operand is rounded to bf16 into one scratch buffer, compact (ld = cols of the stored matrix),
+// each at a 256-byte aligned offset (cuBLASLt's fastest kernels want 16-byte operands; the plan
+// cache keys on alignment). An operand stored in bf16 already is read in place.
+struct GemmCasts {
+  struct Operand {
+    bool cast = false, is_a = false;
+    int64_t rows = 0, cols = 0, ld = 0;  // the stored fp32 matrix: rows x cols, leading dim ld
+    size_t offset = 0;                   // of its bf16 copy in the scratch, bytes
+  };
+  Operand a, b;
+  size_t bytes = 0;  // scratch needed for both (0: nothing to cast)
+};
+inline GemmCasts plan_gemm_casts(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K,
+                                 int64_t lda, int64_t ldb, bool a_fp32, bool b_fp32) {
+  GemmCasts g;
+  auto place = [&](GemmCasts::Operand& o, bool cast, bool is_a, int64_t rows, int64_t cols,
+                   int64_t ld) {
+    o.is_a = is_a;
+    o.rows = rows;
+    o.cols = cols;
+    o.ld = ld;
+    o.cast = cast;
+    if (!cast) return;
+    o.offset = g.bytes;
+    g.bytes += (size_t(rows) * size_t(cols) * 2 + 255) / 256 * 256;
+  };
+  place(g.a, a_fp32, true, trans_a ? K : M, trans_a ? M : K, lda);
+  place(g.b, b_fp32, false, trans_b ? N : K, trans_b ? K : N, ldb);
+  return g;
 }
 
 }  // namespace tetrad::gpu

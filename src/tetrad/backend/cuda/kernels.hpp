@@ -34,6 +34,10 @@ void add_bias(float* out, const float* bias, int64_t ntok, int64_t OC, int64_t l
 void bias_backward(float* dbias, const float* dout, int64_t ntok, int64_t OC, int64_t ld,
                    float* scratch, gpuStream_t s);
 int64_t column_sum_scratch(int64_t ntok, int64_t cols);
+// A GEMM with K = 0 (no products): C[M, N] (row stride ldc) = beta C (+ bias[N] on every row);
+// beta 0 overwrites C, NaN included (the op table's GEMM contract).
+void gemm_empty_product(float* C, int64_t ldc, int64_t M, int64_t N, float beta,
+                        const float* bias, gpuStream_t s);
 
 // Casts: bf16 is stored as uint16_t (round to nearest even, NaN kept quiet, as the CPU's
 // float_to_bf16). out[r * ldo + c] = cast(in[r * ldi + c]).
@@ -176,7 +180,12 @@ void ce_loss(float* losses, double* total, const double* st, const float* mx,
 void ce_loss_total_in_order(double* total, const float* losses, int64_t N, gpuStream_t s);
 void ce_grad(float* logits, const float* mx, const double* st, const int32_t* targets, int64_t v0,
              int64_t Vs, int64_t N, float grad_scale, gpuStream_t s);
-// idx[t], val[t]: the lowest column index of each row's maximum.
+// *first (device) = the lowest t with targets[t] >= V, or N when there is none: the fused
+// cross-entropy's check, made before it writes anything (the CPU refuses such a target).
+void first_target_at_or_above(int64_t* first, const int32_t* targets, int64_t N, int64_t V,
+                              gpuStream_t s);
+// idx[t], val[t]: the lowest column index of each row's maximum; NaN counts as the largest value
+// (the first NaN of a row wins), as on the CPU.
 void row_argmax(int32_t* idx, float* val, const float* logits, int64_t N, int64_t Vs, int64_t ld,
                 gpuStream_t s);
 // One tensor (an interval) of AdamW, p_bf16 written in the same pass when not null.

@@ -30,25 +30,29 @@ __global__ void k_rope(float* x, int64_t ntok, int64_t T, int64_t pos0, int64_t 
   }
 }
 
+// Forward (sign +1) and the adjoint (-1, the rotation by -angle) in one launcher.
+void rope(float* x, int64_t ntok, int64_t T, int64_t pos0, int64_t n_rot_heads, int64_t hd,
+          int64_t stride, const float* cos_table, const float* sin_table, float sign,
+          const char* name, gpuStream_t s) {
+  const int64_t n = ntok * n_rot_heads * (hd / 2);
+  if (n <= 0) return;
+  k_rope<<<grid_for(n), kThreads, 0, s>>>(x, ntok, T, pos0, n_rot_heads, hd, stride, cos_table,
+                                           sin_table, sign);
+  TETRAD_LAUNCH_CHECK(name);
+}
+
 }  // namespace
 
 void rope_forward(float* x, int64_t ntok, int64_t T, int64_t pos0, int64_t n_rot_heads,
                   int64_t hd, int64_t stride, const float* cos_table, const float* sin_table,
                   gpuStream_t s) {
-  const int64_t n = ntok * n_rot_heads * (hd / 2);
-  if (n <= 0) return;
-  k_rope<<<grid_for(n), kThreads, 0, s>>>(x, ntok, T, pos0, n_rot_heads, hd, stride, cos_table,
-                                           sin_table, 1.0f);
-  TETRAD_LAUNCH_CHECK("rope_forward");
+  rope(x, ntok, T, pos0, n_rot_heads, hd, stride, cos_table, sin_table, 1.0f, "rope_forward", s);
 }
 void rope_backward(float* dx, int64_t ntok, int64_t T, int64_t pos0, int64_t n_rot_heads,
                    int64_t hd, int64_t stride, const float* cos_table, const float* sin_table,
                    gpuStream_t s) {
-  const int64_t n = ntok * n_rot_heads * (hd / 2);
-  if (n <= 0) return;
-  k_rope<<<grid_for(n), kThreads, 0, s>>>(dx, ntok, T, pos0, n_rot_heads, hd, stride, cos_table,
-                                           sin_table, -1.0f);
-  TETRAD_LAUNCH_CHECK("rope_backward");
+  rope(dx, ntok, T, pos0, n_rot_heads, hd, stride, cos_table, sin_table, -1.0f, "rope_backward",
+       s);
 }
 
 }  // namespace tetrad::gpu
