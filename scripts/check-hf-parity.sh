@@ -11,13 +11,15 @@
 #   scripts/check-hf-parity.sh --tf5 [VENV]   transformers 5.x from PyPI in VENV (default
 #                                             /tmp/tetrad-hf5; made with pip if missing: torch
 #                                             from PyPI runs on the CPU, ~3 GB). HF-made GPT-2,
-#       Llama with GQA, tied Llama, theta 500000 and llama3-scaled Llama imported with
-#       `tetrad import` (tetrad's logits against transformers'), and tetrad-made models of the
-#       same five kinds exported with `tetrad export` and loaded by transformers; prints a table.
+#       Llama with GQA, tied Llama, theta 500000 and llama3-scaled Llama, Qwen2 (q/k/v biases,
+#       GQA, theta 1e6) untied and tied, imported with `tetrad import` (tetrad's logits against
+#       transformers'), and tetrad-made models of the same seven kinds exported with
+#       `tetrad export` and loaded by transformers; prints a table.
 #       Then the tokenizer table below.
 #   scripts/check-hf-parity.sh --tokenizers [VENV]   only the tokenizer table: for each tokenizer
 #       kind (the byte-level BPE fixtures as GPT-2 and Llama 3 write them, one with an NFC
-#       normalizer and added tokens, Llama 2's SentencePiece, and a SentencePiece tokenizer that
+#       normalizer and added tokens, Llama 2's SentencePiece, Qwen2's as transformers'
+#       Qwen2Tokenizer writes it (made here, trained on the KJV sample), and a SentencePiece tokenizer that
 #       `tetrad prepare` trains), a tiny model is trained on data made with it and exported;
 #       transformers' AutoTokenizer loads the exported folder and must give tetrad tokenize's ids
 #       on every line of a text set (the KJV sample, the Unicode stress text with invalid UTF-8,
@@ -71,8 +73,11 @@ tokenizer_table() {
   local FX=tests/fixtures/tokenizers
   cat "$FX/kjv_sample.txt" "$FX/stress.txt" /usr/share/common-licenses/Apache-2.0 > "$W/text.txt"
   local name src model vocab status trows=() row
-  for name in gpt2 llama3 nfc sp tetrad-sp; do
+  "$PY" scripts/hf_make.py qwen2-tokenizer "$W/qwen2_tokenizer" "$FX/kjv_sample.txt" > "$W/qtok.log" 2>&1 ||
+    { cat "$W/qtok.log"; fails=$((fails + 1)); }
+  for name in gpt2 llama3 nfc sp qwen2 tetrad-sp; do
     case $name in
+      qwen2) src=(--tokenizer "$W/qwen2_tokenizer"); model="--set model.name=qwen2-tiny"; vocab=1024 ;;
       gpt2|nfc) src=(--tokenizer "$FX/$name"); model="--set model.name=tiny"; vocab=1024 ;;
       llama3) src=(--tokenizer "$FX/$name"); model="--set model.name=llama-tiny"; vocab=1024 ;;
       sp) src=(--tokenizer "$FX/$name"); model="--set model.name=llama-tiny"; vocab=1000 ;;
@@ -141,8 +146,10 @@ declare -A SETS=(
   [llama-tied]="--set model.name=llama-tiny --set model.tie_embeddings=true --set model.n_kv_head=4"
   [llama-theta500k]="--set model.name=llama-tiny --set model.rope_theta=500000"
   [llama3-scaled]="--set model.name=llama-tiny --set model.rope_theta=500000 --set model.max_seq=128 --set model.rope_type=llama3 --set model.rope_factor=8 --set model.rope_low_freq_factor=1 --set model.rope_high_freq_factor=4 --set model.rope_original_max_position=64"
+  [qwen2]="--set model.name=qwen2-tiny --set model.tie_embeddings=false"
+  [qwen2-tied]="--set model.name=qwen2-tiny --set model.n_kv_head=4"
 )
-KINDS=(gpt2 llama-gqa llama-tied llama-theta500k llama3-scaled)
+KINDS=(gpt2 llama-gqa llama-tied llama-theta500k llama3-scaled qwen2 qwen2-tied)
 rows=()
 for k in "${KINDS[@]}"; do
   # HF-made, imported.

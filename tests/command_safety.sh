@@ -14,6 +14,8 @@
 #            --allow-data-change continues and records it in metrics.jsonl
 #   model_size  a config.json with absurd sizes: import, generate, logits, export, eval refuse
 #            before allocating, naming the sizes and the memory
+#   verify   verify refuses a run or model folder whose config.json or tokenizer readers cannot use
+#   jsonl    JSON-lines documents of any length prepare; --skip-bad-lines skips a long bad line
 #   final_state  a run whose weights end non-finite exits 1 saying what the latest checkpoint is
 #   early_signal SIGTERM during start-up stops cleanly before the first step (exit 0, checkpoint)
 source "$(dirname "${BASH_SOURCE[0]}")/cli_common.sh" "$1"
@@ -310,6 +312,70 @@ case_model_size() {
   # The right sizes still work.
   works "import of the model as it was" "$TETRAD" import --hf "$W/hf" --out "$W/imp"
   works "generate with the model as it was" "$TETRAD" generate --model "$W/hf" -n 2
+}
+
+case_verify() {
+  # verify checks what readers need besides the tensors: config.json and the tokenizer, of a run's
+  # latest checkpoint and of an exported model folder; what it passes, generate can use.
+  train_run "$W/r" 2
+  "$TETRAD" export --model "$W/r" --out "$W/hf" > /dev/null 2>&1 || { echo "export failed"; exit 1; }
+  works "verify a run" "$TETRAD" verify --model "$W/r"
+  works "verify an exported model folder" "$TETRAD" verify --model "$W/hf"
+  local ck=checkpoints/step_000002 what
+  for what in "config.json deleted:config.json is missing" "config.json damaged:config.json is unusable" \
+              "config.json of another model:n_layer: config.json 3" "tokenizer deleted:its tokenizer" \
+              "tokenizer damaged:does not load"; do
+    local name=${what%%:*} pat=${what#*:}
+    rm -rf "$W/v"; cp -r "$W/r" "$W/v"
+    case $name in
+      "config.json deleted") rm "$W/v/$ck/config.json" ;;
+      "config.json damaged") echo '{"model_type": "gpt2", "n_layer": ' > "$W/v/$ck/config.json" ;;
+      "config.json of another model") sed -i 's/"n_layer": 2/"n_layer": 3/' "$W/v/$ck/config.json" ;;
+      "tokenizer deleted") rm "$W/v/$ck/tokenizer.model" ;;
+      "tokenizer damaged") echo garbage > "$W/v/$ck/tokenizer.model" ;;
+    esac
+    refused "verify a run, $name" "$pat" "$TETRAD" verify --model "$W/v"
+    "$TETRAD" generate --model "$W/v" -n 2 > /dev/null 2>&1 && bad "$name: generate works, verify need not refuse"
+  done
+  for what in "config.json damaged:config.json is unusable" "weights truncated:weight files hold" "tokenizer damaged:does not load"; do
+    local name=${what%%:*} pat=${what#*:}
+    rm -rf "$W/hv"; cp -r "$W/hf" "$W/hv"
+    case $name in
+      "config.json damaged") echo '[1, 2' > "$W/hv/config.json" ;;
+      "weights truncated") truncate -s 1000 "$W/hv/model.safetensors" ;;
+      "tokenizer damaged") echo garbage > "$W/hv/tokenizer.model" ;;
+    esac
+    refused "verify a model folder, $name" "$pat" "$TETRAD" verify --model "$W/hv"
+  done
+}
+
+case_jsonl() {
+  # JSON-lines documents of any length prepare (the tokenizer trainer gets pieces of long lines),
+  # as the same text does from a .txt file; --skip-bad-lines skips a bad line, whatever its length.
+  python3 - "$W" <<'PY'
+import json, sys
+w = sys.argv[1]
+long_doc = " ".join("word%d" % (i % 3000) for i in range(20000))  # about 150 KB, one line
+with open(w + "/long.jsonl", "w") as f:
+    f.write(json.dumps({"text": long_doc}) + "\n")
+    for i in range(30): f.write(json.dumps({"text": "short document %d of the corpus" % i}) + "\n")
+with open(w + "/long.txt", "w") as f:
+    f.write(long_doc + "\n")
+with open(w + "/bad.jsonl", "w") as f:
+    f.write('{"text": "' + "x" * 20000 + ' broken\n')   # not JSON, and longer than 16 KB
+    f.write("[1, 2]\n")
+    for i in range(30): f.write(json.dumps({"text": "document %d" % i}) + "\n")
+PY
+  works "prepare a JSON-lines document of 150 KB" "$TETRAD" prepare --input "$W/long.jsonl" --out "$W/dl" --vocab-size 300 --val-fraction 0
+  grep -q '"documents": 31' "$W/dl/meta.json" && ok "all 31 documents prepared" || bad "documents: $(grep documents "$W/dl/meta.json")"
+  works "prepare the same text from a .txt file" "$TETRAD" prepare --input "$W/long.txt" --out "$W/dt" --vocab-size 300 --val-fraction 0
+  refused "a bad line without --skip-bad-lines" "line 1 is not valid JSON" \
+    "$TETRAD" prepare --input "$W/bad.jsonl" --out "$W/db" --vocab-size 300
+  [ "$(wc -c < "$W/out")" -lt 2000 ] && ok "the message quotes the line briefly ($(wc -c < "$W/out") bytes)" || bad "the message is $(wc -c < "$W/out") bytes"
+  works "--skip-bad-lines skips the long bad line" "$TETRAD" prepare --input "$W/bad.jsonl" --out "$W/db" --vocab-size 300 --skip-bad-lines
+  grep -q "skipped 2 bad line(s)" "$W/out" && grep -q '"documents": 30' "$W/db/meta.json" &&
+    ok "2 bad lines skipped, 30 documents prepared" || bad "skipping: $(grep skipped "$W/out")"
+  works "train on the long-document data" "$TETRAD" train "${T[@]}" --set data.dir="$W/dl" --set run.dir="$W/r" --set train.max_steps=2
 }
 
 "case_$CASE"

@@ -292,7 +292,7 @@ void expect_same_config(const ModelConfig& a, const ModelConfig& b) {
   EXPECT_EQ(a.norm_eps, b.norm_eps);
   EXPECT_EQ(a.tie_embeddings, b.tie_embeddings);
   EXPECT_EQ(a.init_std, b.init_std);
-  if (a.family == Family::Llama) {
+  if (a.desc().positions == Positions::Rope) {
     EXPECT_EQ(a.rope_theta, b.rope_theta);
   }
 }
@@ -370,6 +370,56 @@ TEST(HfFolder, LlamaRoundTripIsBitIdentical) {
   std::vector<float> back(m.params.size(), -1.0f);
   load_hf_params(dir, m.cfg, m.table, back.data());
   EXPECT_TRUE(same_bits(back, m.params));
+}
+
+// Qwen2: its q, k, v biases under Hugging Face's names and shapes, tied (the default) and untied,
+// rope theta kept; bit-identical both ways. A folder that lacks a bias names it.
+TEST(HfFolder, Qwen2RoundTripIsBitIdentical) {
+  for (bool tied : {true, false}) {
+    const std::string dir = test_dir() + "/qwen2";
+    ModelConfig cfg = named_model("qwen2-tiny");
+    cfg.tie_embeddings = tied;
+    Model m = random_model(cfg, 12);
+    save_hf(dir, m.cfg, m.table, m.params.data());
+    const json cj = read_json(dir + "/config.json");
+    EXPECT_EQ(cj["model_type"], "qwen2");
+    EXPECT_EQ(cj["architectures"][0], "Qwen2ForCausalLM");
+    EXPECT_EQ(cj["tie_word_embeddings"], tied);
+    EXPECT_EQ(cj["rope_theta"].get<double>(), 1000000.0);
+    EXPECT_EQ(cj["use_sliding_window"], false);
+    expect_same_config(read_hf_config(dir), m.cfg);
+
+    SafetensorsReader r(dir + "/model.safetensors");
+    EXPECT_EQ(r.find("lm_head.weight") != nullptr, !tied);
+    const ParamSpec& kb = m.table.find("model.layers.1.self_attn.k_proj.bias");
+    EXPECT_EQ(r.at(kb.name).shape, (std::vector<int64_t>{cfg.n_kv_head * cfg.head_dim()}));
+    EXPECT_EQ(r.read_float(kb.name)[5], m.params[kb.offset + 5]);
+
+    std::vector<float> back(m.params.size(), -1.0f);
+    load_hf_params(dir, m.cfg, m.table, back.data());
+    EXPECT_TRUE(same_bits(back, m.params));
+  }
+  // A Llama folder of the same sizes has no biases: loading it as Qwen2 names what is missing.
+  const std::string dir = test_dir() + "/qwen2_as_llama";
+  ModelConfig llama = named_model("qwen2-tiny");
+  llama.family = Family::Llama;
+  Model l = random_model(llama, 13);
+  save_hf(dir, l.cfg, l.table, l.params.data());
+  json cj = read_json(dir + "/config.json");
+  cj["model_type"] = "qwen2";
+  for (const char* k : {"attention_bias", "mlp_bias"}) cj.erase(k);
+  write_json(dir + "/config.json", cj);
+  const ModelConfig q = named_model("qwen2-tiny");
+  std::vector<float> out(size_t(build_param_table(q).total));
+  try {
+    load_hf_params(dir, q, build_param_table(q), out.data());
+    ADD_FAILURE() << "a Qwen2 folder without biases was accepted";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("6 tensor(s) of this model are missing: "
+                                         "'model.layers.0.self_attn.q_proj.bias', "
+                                         "'model.layers.0.self_attn.k_proj.bias'"),
+              std::string::npos) << e.what();
+  }
 }
 
 TEST(HfFolder, TiedLlamaAndExtraBuffersAccepted) {
@@ -531,7 +581,7 @@ TEST(HfFolder, ConfigErrorsNameTheProblem) {
     write_json(cfg_path, j);
   };
   with([](json& j) { j["model_type"] = "mistral"; });
-  expect_error([&] { read_hf_config(dir); }, {cfg_path, "model_type 'mistral'", "\"gpt2\" or \"llama\""});
+  expect_error([&] { read_hf_config(dir); }, {cfg_path, "model_type 'mistral'", "\"gpt2\", \"llama\" or \"qwen2\""});
   with([](json& j) { j.erase("model_type"); });
   expect_error([&] { read_hf_config(dir); }, {cfg_path, "missing field 'model_type'"});
   with([](json& j) { j.erase("hidden_size"); });

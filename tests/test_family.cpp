@@ -42,14 +42,15 @@ std::vector<std::string> layer_names(const ParamTable& t, int layer) {
 }  // namespace
 
 TEST(ModelFamily, RegistryNamesRoundTrip) {
-  ASSERT_EQ(families().size(), 2u);
+  ASSERT_EQ(families().size(), 3u);
   for (const FamilyDesc& f : families()) {
     EXPECT_EQ(parse_family(f.name), f.id);
     EXPECT_EQ(&family_desc(f.id), &f);
   }
-  EXPECT_EQ(family_names_quoted(), "\"gpt2\" or \"llama\"");
-  const std::string e = error_of([] { parse_family("qwen2"); });
-  EXPECT_NE(e.find("unknown family 'qwen2'; expected \"gpt2\" or \"llama\""), std::string::npos) << e;
+  EXPECT_EQ(family_names_quoted(), "\"gpt2\", \"llama\" or \"qwen2\"");
+  const std::string e = error_of([] { parse_family("qwen3"); });
+  EXPECT_NE(e.find("unknown family 'qwen3'; expected \"gpt2\", \"llama\" or \"qwen2\""),
+            std::string::npos) << e;
 }
 
 // The tables as they were written by hand before they became data: same names, order, shapes.
@@ -112,7 +113,7 @@ TEST(ModelFamily, LlamaTableOrderNamesAndRoles) {
 // unset it is n_embd / n_head and every size follows it; a family whose heads are n_embd / n_head
 // wide (every one registered) refuses another value, naming it and the width it has.
 TEST(ModelFamily, HeadDimIsAConfigValueTheFamiliesTieToTheirWidth) {
-  for (const char* name : {"tiny", "llama-tiny"}) {
+  for (const char* name : {"tiny", "llama-tiny", "qwen2-tiny"}) {
     ModelConfig c = named_model(name);
     EXPECT_EQ(c.head_dim(), c.n_embd / c.n_head) << name;
     EXPECT_EQ(c.q_dim(), c.n_embd) << name;
@@ -131,6 +132,37 @@ TEST(ModelFamily, HeadDimIsAConfigValueTheFamiliesTieToTheirWidth) {
     c.explicit_head_dim = -1;
     EXPECT_NE(error_of([&] { c.validate(); }).find("model.head_dim must be positive"), std::string::npos);
   }
+}
+
+// Qwen2: Llama's tensors plus q, k and v biases after the three weights (one bias of the fused
+// q|k|v GEMM); tied by default (qwen2-tiny, as Qwen2.5's small models), untied on request.
+TEST(ModelFamily, Qwen2TableHasTheQkvBiasesAfterTheWeights) {
+  ModelConfig c = named_model("qwen2-tiny");
+  EXPECT_EQ(c.family, Family::Qwen2);
+  const ParamTable t = build_param_table(c);
+  EXPECT_EQ(layer_names(t, 1),
+            (std::vector<std::string>{
+                "model.layers.1.input_layernorm.weight", "model.layers.1.self_attn.q_proj.weight",
+                "model.layers.1.self_attn.k_proj.weight", "model.layers.1.self_attn.v_proj.weight",
+                "model.layers.1.self_attn.q_proj.bias", "model.layers.1.self_attn.k_proj.bias",
+                "model.layers.1.self_attn.v_proj.bias", "model.layers.1.self_attn.o_proj.weight",
+                "model.layers.1.post_attention_layernorm.weight",
+                "model.layers.1.mlp.gate_proj.weight", "model.layers.1.mlp.up_proj.weight",
+                "model.layers.1.mlp.down_proj.weight"}));
+  const int64_t hd = c.head_dim();
+  const ParamSpec& qb = t.find("model.layers.0.self_attn.q_proj.bias");
+  EXPECT_EQ(qb.role, TensorRole::QBias);
+  EXPECT_EQ(qb.kind, ParamKind::Bias);
+  EXPECT_EQ(qb.shape, (std::vector<int64_t>{c.n_head * hd}));
+  EXPECT_EQ(t.find("model.layers.0.self_attn.k_proj.bias").shape, (std::vector<int64_t>{c.n_kv_head * hd}));
+  EXPECT_EQ(t.find("model.layers.0.self_attn.v_proj.bias").role, TensorRole::VBias);
+  EXPECT_EQ(t.specs.back().name, "model.norm.weight");  // tied: no head
+  c.tie_embeddings = false;
+  EXPECT_EQ(build_param_table(c).specs.back().name, "lm_head.weight");
+  // Parameters: Llama's of the same sizes plus the biases (q|k|v rows per layer).
+  ModelConfig llama = c;
+  llama.family = Family::Llama;
+  EXPECT_EQ(count_parameters(c), count_parameters(llama) + int64_t(c.n_layer) * c.qkv_dim());
 }
 
 // The fused GEMMs read q|k|v and gate|up as one operand: a table whose order breaks a group is
@@ -173,7 +205,7 @@ TEST(ModelFamily, FusedGroupsMustBeAdjacent) {
 // column-split vectors; the same roles get the same layouts in both families.
 TEST(ModelFamily, ShardingByRole) {
   const GridShape g{2, 2, 1, 1};
-  for (const char* name : {"tiny", "llama-tiny"}) {
+  for (const char* name : {"tiny", "llama-tiny", "qwen2-tiny"}) {
     const ModelConfig c = named_model(name);
     const ParamTable t = build_param_table(c);
     const ShardPlan plan = ShardPlan::build(c, t, g, GridCoord{1, 1, 0, 0});
@@ -185,6 +217,9 @@ TEST(ModelFamily, ShardingByRole) {
           want = ShardLayout::Transposed;
           break;
         case TensorRole::QkvBias:
+        case TensorRole::QBias:
+        case TensorRole::KBias:
+        case TensorRole::VBias:
         case TensorRole::MlpInBias:
           want = ShardLayout::RowsY;
           break;
@@ -214,11 +249,18 @@ TEST(ModelFamily, ShardingByRole) {
       EXPECT_EQ(qkv.rows[size_t(half)], C + half);  // of the k rows
       EXPECT_EQ(qkv.rows[size_t(2 * half)], 2 * C + half);  // and of the v rows
     }
+    if (c.family == Family::Qwen2) {  // y = 1: the second half of each of the q, k, v biases
+      const ParamSpec& kb = t.find("model.layers.0.self_attn.k_proj.bias");
+      const parallel::TensorShard& k = plan.tensors[size_t(&kb - t.specs.data())];
+      const int64_t half = kb.numel / 2;
+      ASSERT_EQ(k.rows.size(), size_t(half));
+      EXPECT_EQ(k.rows[0], half);
+    }
   }
 }
 
 TEST(ModelFamily, ConfigJsonRoundTripsEveryFamily) {
-  for (const char* name : {"tiny", "llama-tiny"}) {
+  for (const char* name : {"tiny", "llama-tiny", "qwen2-tiny"}) {
     const ModelConfig c = named_model(name);
     const nlohmann::json j = hf_config_json(c);
     EXPECT_EQ(j["model_type"], c.desc().hf_model_type);
@@ -228,10 +270,80 @@ TEST(ModelFamily, ConfigJsonRoundTripsEveryFamily) {
     EXPECT_EQ(build_param_table(back).total, build_param_table(c).total);
   }
   nlohmann::json j = hf_config_json(named_model("tiny"));
-  j["model_type"] = "qwen2";
+  j["model_type"] = "qwen3_moe";
   const std::string e = error_of([&] { parse_hf_config(j, "config.json"); });
-  EXPECT_NE(e.find("model_type 'qwen2' is not supported; expected \"gpt2\" or \"llama\""),
-            std::string::npos) << e;
+  EXPECT_NE(e.find("model_type 'qwen3_moe' is not supported; expected \"gpt2\", \"llama\" or "
+                   "\"qwen2\""), std::string::npos) << e;
+}
+
+// Qwen2's config.json as transformers writes it: tied or untied, rope theta in either layout,
+// and its sliding-window fields, accepted where they leave every layer full attention (as
+// published Qwen2.5 folders have them) and refused by name where a window would cut attention.
+TEST(ModelFamily, Qwen2ConfigReadsRopeTiesAndRefusesASlidingWindowThatWouldCut) {
+  ModelConfig c = named_model("qwen2-tiny");
+  c.tie_embeddings = false;
+  c.rope_theta = 500000.0f;
+  nlohmann::json j = hf_config_json(c);
+  EXPECT_EQ(j["use_sliding_window"], false);
+  EXPECT_TRUE(j["sliding_window"].is_null());
+  EXPECT_FALSE(j.contains("attention_bias"));
+  ModelConfig back = parse_hf_config(j, "config.json");
+  EXPECT_EQ(back.family, Family::Qwen2);
+  EXPECT_FALSE(back.tie_embeddings);
+  EXPECT_EQ(back.rope_theta, 500000.0f);
+  EXPECT_EQ(back.n_kv_head, c.n_kv_head);
+  // transformers 4.x's layout: rope_theta at the top, a window given but switched off.
+  j.erase("rope_parameters");
+  j.erase("layer_types");
+  j["rope_theta"] = 1000000.0;
+  j["sliding_window"] = 16;
+  j["max_window_layers"] = 0;
+  j["tie_word_embeddings"] = true;
+  back = parse_hf_config(j, "config.json");
+  EXPECT_EQ(back.rope_theta, 1000000.0f);
+  EXPECT_TRUE(back.tie_embeddings);
+  auto refused = [&](const nlohmann::json& bad, const std::string& want) {
+    const std::string e = error_of([&] { parse_hf_config(bad, "config.json"); });
+    EXPECT_NE(e.find(want), std::string::npos) << e;
+  };
+  // Switched on: layers from max_window_layers on use a 16-position window of 64 positions.
+  nlohmann::json w = j;
+  w["use_sliding_window"] = true;
+  w["max_window_layers"] = 1;
+  refused(w, "config.json: layer 1 attends through a sliding window of 16 positions "
+             "('sliding_window', with 'use_sliding_window = true and max_window_layers = 1')");
+  refused(w, "the same only for a window of at least max_position_embeddings = 64");
+  // ... unless no layer reaches max_window_layers, or the window covers every position.
+  w["max_window_layers"] = c.n_layer;
+  EXPECT_NO_THROW(parse_hf_config(w, "config.json"));
+  w["max_window_layers"] = 0;
+  w["sliding_window"] = c.max_seq;
+  EXPECT_NO_THROW(parse_hf_config(w, "config.json"));
+  // transformers 5's per-layer list.
+  nlohmann::json lt = j;
+  lt["layer_types"] = {"full_attention", "sliding_attention"};
+  lt["use_sliding_window"] = true;
+  refused(lt, "layer 1 attends through a sliding window of 16 positions ('sliding_window', with "
+              "'layer_types')");
+  lt["use_sliding_window"] = false;
+  refused(lt, "layer 1 is a sliding-window layer ('layer_types') but no window is set "
+              "(use_sliding_window = false, sliding_window = 16)");
+  lt["layer_types"] = {"full_attention", "chunked_attention"};
+  refused(lt, "'layer_types' holds \"chunked_attention\", which is not supported (expected "
+              "\"full_attention\", \"sliding_attention\")");
+  lt["layer_types"] = {"full_attention"};
+  refused(lt, "'layer_types' has 1 entries for 2 layers");
+  // Rope scaling tetrad does not implement, and a head width other than hidden / heads.
+  nlohmann::json r = j;
+  r["rope_scaling"] = {{"rope_type", "yarn"}, {"factor", 4.0}};
+  refused(r, "'rope_scaling' has rope type \"yarn\"");
+  r = j;
+  r["head_dim"] = 32;
+  refused(r, "head_dim = 32 is not supported; tetrad's Qwen2 uses hidden_size / "
+             "num_attention_heads = 16");
+  r = j;
+  r["hidden_act"] = "gelu";
+  refused(r, "hidden_act 'gelu' is not supported; tetrad's Qwen2 uses \"silu\"");
 }
 
 TEST(ModelFamily, GemmSitesByEnumNamesForIo) {
@@ -245,8 +357,12 @@ TEST(ModelFamily, GemmSitesByEnumNamesForIo) {
 // What the fused GEMMs read: on every grid, a group's shards are one run of the local buffer
 // and of the layer's gathered block (k right after q, v after k, up after gate).
 TEST(ModelFamily, FusedGroupsStayAdjacentInEveryShardPlan) {
-  const ModelConfig c = named_model("llama-tiny");
+  for (const char* name : {"llama-tiny", "qwen2-tiny"}) {
+  const ModelConfig c = named_model(name);
   const ParamTable t = build_param_table(c);
+  int expected_groups = 0;  // per layer
+  for (std::span<const TensorRole> group : kFusedGroups)
+    for (const TensorEntry& e : c.desc().layer) expected_groups += e.role == group[0];
   for (const GridShape g : {GridShape{1, 1, 1, 1}, GridShape{2, 1, 1, 1}, GridShape{1, 2, 1, 1},
                             GridShape{1, 1, 2, 1}, GridShape{2, 2, 2, 1}})
     for (int y = 0; y < g.y(); ++y)
@@ -260,9 +376,13 @@ TEST(ModelFamily, FusedGroupsStayAdjacentInEveryShardPlan) {
             for (size_t k = 1; k < group.size(); ++k) {
               const parallel::TensorShard &a = plan.tensors[i + k - 1], &b = plan.tensors[i + k];
               EXPECT_EQ(b.offset, a.offset + a.shard_numel) << b.spec->name;
-              EXPECT_EQ(b.block_offset, a.block_offset + a.shard_numel * g.z()) << b.spec->name;
+              // The gathered block: a Z-sharded tensor's all-gathered size, a vector's own.
+              EXPECT_EQ(b.block_offset,
+                        a.block_offset + (a.z_sharded ? a.shard_numel * g.z() : a.block_numel))
+                  << b.spec->name;
             }
           }
-        EXPECT_EQ(groups, 2 * c.n_layer);
+        EXPECT_EQ(groups, expected_groups * c.n_layer) << name;
       }
+  }
 }

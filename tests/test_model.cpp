@@ -73,10 +73,15 @@ TEST(ModelGradcheck, LlamaAllParametersMatchFiniteDifferences) {
 TEST(ModelGradcheck, LlamaGroupedQueryAttentionMatchesFiniteDifferences) {
   gradcheck_model(small_cfg(Family::Llama, 2));
 }
+// Qwen2's q, k, v biases (jittered away from 0) with grouped-query attention.
+TEST(ModelGradcheck, Qwen2QkvBiasMatchesFiniteDifferences) {
+  gradcheck_model(small_cfg(Family::Qwen2, 2));
+}
 
 TEST(Model, FloatAgreesWithDouble) {
-  for (Family f : {Family::GPT2, Family::Llama}) {
-    ModelConfig cfg = named_model(f == Family::GPT2 ? "tiny" : "llama-tiny");
+  for (const char* name : {"tiny", "llama-tiny", "qwen2-tiny"}) {
+    ModelConfig cfg = named_model(name);
+    const Family f = cfg.family;
     const int B = 2, T = 32;
     Transformer<float> mf(cfg, B, T);
     Transformer<double> md(cfg, B, T);

@@ -16,8 +16,8 @@ using namespace tetrad::parallel;
 namespace {
 
 ModelConfig model(Family f) {
-  return tetrad_test::small_model(f, {.n_layer = 3, .n_embd = 64, .n_head = 4, .gpt2_ffn = 256,
-                                      .llama_ffn = 96, .vocab_size = 128, .max_seq = 16});
+  return tetrad_test::small_model(f, {.n_layer = 3, .n_embd = 64, .n_head = 4, .mha_ffn = 256,
+                                      .gqa_ffn = 96, .vocab_size = 128, .max_seq = 16});
 }
 
 struct Trace {

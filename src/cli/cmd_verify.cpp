@@ -1,4 +1,6 @@
-// `tetrad verify`: check a checkpoint completely (metadata, every chunk checksum, load, tokenizer).
+// `tetrad verify`: check a checkpoint, a run's latest or a Hugging Face model folder completely:
+// what every reader needs (config.json, which generate, eval, logits and export build the model
+// from, and the tokenizer) besides the tensors (metadata, every chunk checksum, load).
 #include <cctype>
 #include <filesystem>
 #include <iostream>
@@ -6,12 +8,15 @@
 
 #include "cli/command.hpp"
 #include "tetrad/checkpoint/atomic_file.hpp"
+#include "tetrad/checkpoint/hf.hpp"
+#include "tetrad/checkpoint/hf_config.hpp"
 #include "tetrad/checkpoint/run_checkpoint.hpp"
 #include "tetrad/checkpoint/sharded.hpp"
 #include "tetrad/core/error.hpp"
 #include "tetrad/core/hash.hpp"
 #include "tetrad/data/tokenizer.hpp"
 #include "tetrad/model/params.hpp"
+#include "tetrad/train/memory_check.hpp"
 
 namespace fs = std::filesystem;
 
@@ -20,9 +25,13 @@ namespace tetrad::cli {
 namespace {
 
 // The tokenizer kept with the checkpoint must load (generate needs it) and, where the checkpoint
-// records the shards' tokenizer (`expected` != 0), be that one.
+// records the shards' tokenizer (`expected` != 0), be there and be that one.
 std::string verify_tokenizer(const std::string& dir, uint64_t expected) {
   const std::string path = data::find_tokenizer_file(dir);
+  if (path.empty() && expected != 0)
+    fail("checkpoint ", dir, ": its tokenizer (", hex64(expected), ", tokenizer.model or "
+         "tokenizer.json) is missing; generate needs it to encode a prompt (copy it from the data "
+         "folder the run was trained on)");
   if (path.empty()) return "no tokenizer";
   const std::string file = fs::path(path).filename().string();
   uint64_t id = 0;
@@ -38,6 +47,48 @@ std::string verify_tokenizer(const std::string& dir, uint64_t expected) {
   return "tokenizer " + hex64(id) + " loads";
 }
 
+// config.json, which every reader builds the model from: there, parsed, describing `expected`
+// (the model the tensors were saved for) where given.
+ModelConfig verify_config(const std::string& dir, const ModelConfig* expected) {
+  std::error_code ec;
+  if (!fs::is_regular_file(fs::path(dir) / "config.json", ec))
+    fail("checkpoint ", dir, ": config.json is missing (generate, eval, logits and export build "
+         "the model from it)");
+  ModelConfig mc;
+  try {
+    mc = read_hf_config(dir);
+  } catch (const Error& e) {
+    fail("checkpoint ", dir, ": config.json is unusable (generate, eval, logits and export build "
+         "the model from it): ", e.what());
+  }
+  if (expected) {
+    const nlohmann::json a = hf_config_json(mc), b = hf_config_json(*expected);
+    std::string diff;
+    for (auto it = b.begin(); it != b.end(); ++it)
+      if (!a.contains(it.key()) || a[it.key()] != it.value())
+        diff += "\n  " + it.key() + ": config.json " + (a.contains(it.key()) ? a[it.key()].dump() : "(none)") +
+                ", the checkpoint's tensors " + it.value().dump();
+    if (!diff.empty())
+      fail("checkpoint ", dir, ": config.json describes another model than the one its tensors "
+           "were saved for (meta.json):", diff);
+  }
+  return mc;
+}
+
+// A Hugging Face model folder (an export): config.json, every tensor read and checked against
+// it, the tokenizer.
+void verify_hf_folder(const std::string& dir) {
+  const ModelConfig mc = verify_config(dir, nullptr);
+  check_model_fits_host(mc, dir, "verify", 1);
+  const ParamTable table = build_param_table(mc);
+  std::vector<float> params(size_t(table.total));
+  load_hf_params(dir, mc, table, params.data());
+  const std::string tok = verify_tokenizer(dir, 0);
+  std::cout << "ok: " << dir << " (Hugging Face model folder) verified: config.json, "
+            << table.specs.size() << " tensors of " << table.total << " parameters load; " << tok
+            << "\n";
+}
+
 void run(Context& ctx, const std::string& model_dir) {
   std::string dir = model_dir;
   if (fs::exists(model_dir + "/checkpoints")) {
@@ -49,14 +100,23 @@ void run(Context& ctx, const std::string& model_dir) {
     dir = model_dir + "/checkpoints/" + name;
     ctx.resolved_run_checkpoint = dir;
   }
+  std::error_code ec;
+  if (!fs::is_directory(dir, ec))
+    fail("'", dir, "' is not a folder (give a run folder, a checkpoint folder or a model folder)");
+  if (!is_sharded_checkpoint(dir) && !fs::exists(fs::path(dir) / "trainer_state.bin", ec) &&
+      fs::exists(fs::path(dir) / "model.safetensors", ec))
+    return verify_hf_folder(dir);
   if (!is_sharded_checkpoint(dir)) {
     if (auto problem = checkpoint_problem(dir)) fail("checkpoint ", dir, ": ", *problem);
+    verify_config(dir, nullptr);
     const std::string tok = verify_tokenizer(dir, 0);
     std::cout << "ok: " << dir << " (Hugging Face folder + trainer_state.bin) verified, " << tok << "\n";
     return;
   }
   verify_sharded_checkpoint(dir);
   const ModelConfig mc = sharded_model_config(dir);
+  verify_config(dir, &mc);
+  check_model_fits_host(mc, dir, "verify", 1);
   const ParamTable table = build_param_table(mc);
   std::vector<float> params(size_t(table.total));
   const ShardedCheckpointInfo info = load_sharded_params(dir, mc, table, params.data());
@@ -66,12 +126,15 @@ void run(Context& ctx, const std::string& model_dir) {
   const std::string tok = verify_tokenizer(dir, info.tokenizer_identity);
   std::cout << "ok: " << dir << " verified: step " << info.step << ", grid "
             << info.grid.to_string() << ", " << meta["files"].size() << " shard file(s), "
-            << bytes << " bytes, every chunk checksum matches, loads; " << tok << "\n";
+            << bytes << " bytes, every chunk checksum matches, loads; config.json describes it; "
+            << tok << "\n";
 }
 
 Runner setup(CLI::App& sub) {
   auto model_dir = std::make_shared<std::string>();
-  sub.add_option("-m,--model", *model_dir, "run folder (its `latest` checkpoint) or checkpoint folder")
+  sub.add_option("-m,--model", *model_dir,
+                 "run folder (its `latest` checkpoint), checkpoint folder or Hugging Face model "
+                 "folder")
       ->required();
   return [model_dir](Context& ctx) { run(ctx, *model_dir); };
 }

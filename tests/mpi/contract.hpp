@@ -29,10 +29,10 @@ using namespace tetrad::parallel;
 using mpi_test::world_rank;
 using mpi_test::world_size;
 
-// Grouped-query attention for Llama (4 key/value heads of 8).
+// Grouped-query attention where the family has it (4 key/value heads of 8).
 inline ModelConfig tiny_model(Family f, int n_layer) {
   return tetrad_test::small_model(f, {.n_layer = n_layer, .n_embd = 64, .n_head = 8,
-                                      .gpt2_ffn = 128, .llama_ffn = 96, .vocab_size = 256,
+                                      .mha_ffn = 128, .gqa_ffn = 96, .vocab_size = 256,
                                       .max_seq = 32});
 }
 

@@ -104,6 +104,10 @@ TEST(ParallelLayers, Gpt2GradientOfEveryTensorMatchesSerialOnEveryGrid) {
 TEST(ParallelLayers, LlamaGradientOfEveryTensorMatchesSerialOnEveryGrid) {
   check_gradients_all_grids(test_model(Family::Llama));
 }
+// Qwen2's q, k, v biases (each split over Y with its heads, one bias of the fused GEMM).
+TEST(ParallelLayers, Qwen2GradientOfEveryTensorMatchesSerialOnEveryGrid) {
+  check_gradients_all_grids(test_model(Family::Qwen2));
+}
 
 // Llama 3.1's rope scaling (rope type "llama3"; the frequencies of test_kernels' Rope tests, one
 // in each band for head_dim 8): forward and backward on every grid as serially.
@@ -138,6 +142,7 @@ TEST(ParallelLayers, LlamaWithLlama3RopeGradientOfEveryTensorMatchesSerialOnEver
 
 TEST(ParallelContract, Gpt2EveryGridTrainsLikeOneRank) { check_all_grids(Family::GPT2); }
 TEST(ParallelContract, LlamaEveryGridTrainsLikeOneRank) { check_all_grids(Family::Llama); }
+TEST(ParallelContract, Qwen2EveryGridTrainsLikeOneRank) { check_all_grids(Family::Qwen2); }
 
 // The token embedding's gradient exchanged over Z as the rows the batch touched (tied GPT-2: the
 // head's dense part reduce-scattered early; untied Llama: rows only) trains like the dense

@@ -42,8 +42,8 @@ using mpi_test::world_size;
 
 // Three layers: prefetch depth 2 needs them to differ from depth 1.
 ModelConfig tiny_model(Family f) {
-  return tetrad_test::small_model(f, {.n_layer = 3, .n_embd = 32, .n_head = 4, .gpt2_ffn = 64,
-                                      .llama_ffn = 48, .vocab_size = 64, .max_seq = 8});
+  return tetrad_test::small_model(f, {.n_layer = 3, .n_embd = 32, .n_head = 4, .mha_ffn = 64,
+                                      .gqa_ffn = 48, .vocab_size = 64, .max_seq = 8});
 }
 
 constexpr int kB = 4, kT = 8, kAccum = 2, kSteps = 2;

@@ -13,10 +13,11 @@
 
 namespace tetrad_test {
 
-// The sizes of a small test model; the family gives the rest: Llama grouped-query attention
-// (half as many key/value heads) and untied embeddings, GPT-2 tied; each its own MLP width.
+// The sizes of a small test model; the family gives the rest: grouped-query attention (half as
+// many key/value heads, MLP width gqa_ffn) where it has it, else mha_ffn; embeddings tied for
+// GPT-2, untied for the others.
 struct SmallModel {
-  int n_layer, n_embd, n_head, gpt2_ffn, llama_ffn, vocab_size, max_seq;
+  int n_layer, n_embd, n_head, mha_ffn, gqa_ffn, vocab_size, max_seq;
 };
 
 inline tetrad::ModelConfig small_model(tetrad::Family f, const SmallModel& s) {
@@ -26,8 +27,9 @@ inline tetrad::ModelConfig small_model(tetrad::Family f, const SmallModel& s) {
   c.n_layer = s.n_layer;
   c.n_embd = s.n_embd;
   c.n_head = s.n_head;
-  c.n_kv_head = f == Family::Llama ? s.n_head / 2 : s.n_head;
-  c.ffn = f == Family::Llama ? s.llama_ffn : s.gpt2_ffn;
+  const bool gqa = tetrad::family_desc(f).grouped_query_attention;
+  c.n_kv_head = gqa ? s.n_head / 2 : s.n_head;
+  c.ffn = gqa ? s.gqa_ffn : s.mha_ffn;
   c.vocab_size = s.vocab_size;
   c.max_seq = s.max_seq;
   c.tie_embeddings = f == Family::GPT2;

@@ -209,7 +209,8 @@ void Transformer<T>::bind_tensors() {
       case R::AttnNormBias: L.ln1_b = o; break;
       case R::Qkv: case R::Q: L.qkv_w = o; break;  // Q: k and v follow it (kFusedQkv)
       case R::K: case R::V: break;
-      case R::QkvBias: L.qkv_b = o; break;
+      case R::QkvBias: case R::QBias: L.qkv_b = o; break;  // QBias: k's, v's follow (kFusedQkvBias)
+      case R::KBias: case R::VBias: break;
       case R::AttnOut: L.proj_w = o; break;
       case R::AttnOutBias: L.proj_b = o; break;
       case R::MlpNorm: L.ln2_w = o; break;

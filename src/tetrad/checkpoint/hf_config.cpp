@@ -1,11 +1,13 @@
 // config.json <-> ModelConfig (hf_config.hpp).
 #include "tetrad/checkpoint/hf_config.hpp"
 
+#include <algorithm>
 #include <charconv>
 #include <cmath>
 #include <cstdlib>
 #include <filesystem>
 #include <system_error>
+#include <vector>
 
 #include "tetrad/checkpoint/atomic_file.hpp"
 #include "tetrad/core/error.hpp"
@@ -233,6 +235,18 @@ nlohmann::json llama_config_json(const ModelConfig& c, Ids bos, Ids eos) {
           {"torch_dtype", "float32"}};
 }
 
+// Qwen2ForCausalLM: Llama's fields less the bias switches (q, k, v biases are the
+// architecture's); full attention said both ways (no sliding-window layer).
+nlohmann::json qwen2_config_json(const ModelConfig& c, Ids bos, Ids eos) {
+  nlohmann::json j = llama_config_json(c, bos, eos);
+  for (const char* k : {"attention_bias", "mlp_bias", "pretraining_tp", "head_dim"}) j.erase(k);
+  j["use_sliding_window"] = false;
+  j["sliding_window"] = nullptr;
+  j["max_window_layers"] = c.n_layer;
+  j["layer_types"] = std::vector<std::string>(size_t(c.n_layer), "full_attention");
+  return j;
+}
+
 void read_gpt2_config(const nlohmann::json& j, const std::string& where, ConfigReader& r,
                       ModelConfig& c) {
   (void)j;
@@ -261,8 +275,10 @@ void read_gpt2_config(const nlohmann::json& j, const std::string& where, ConfigR
   c.tie_embeddings = true;
 }
 
-void read_llama_config(const nlohmann::json& j, const std::string& where, ConfigReader& r,
-                       ModelConfig& c) {
+// The fields Llama and the families built on its block (Qwen2) share: sizes, RMSNorm, rotary
+// positions, tied or untied head, SiLU gate; logit scaling and capping refused by name.
+void read_llama_like_config(const nlohmann::json& j, const std::string& where, ConfigReader& r,
+                            ModelConfig& c, const char* display) {
   c.n_embd = r.size("hidden_size");
   c.ffn = r.size("intermediate_size");
   c.n_layer = r.size("num_hidden_layers");
@@ -276,29 +292,86 @@ void read_llama_config(const nlohmann::json& j, const std::string& where, Config
   c.tie_embeddings = r.boolean_or("tie_word_embeddings", false);
   const std::string act = r.string_or("hidden_act", "silu");
   if (act != "silu")
-    fail(where, ": hidden_act '", act, "' is not supported; tetrad's Llama uses \"silu\"");
+    fail(where, ": hidden_act '", act, "' is not supported; tetrad's ", display, " uses \"silu\"");
+  for (const char* k : {"attn_logit_softcapping", "final_logit_softcapping", "logit_scale"})
+    if (r.has(k))
+      fail(where, ": '", k, "' = ", j[k].dump(), " is not supported (tetrad's ", display,
+           " does not scale or cap logits; expected null)");
+  if (r.has("head_dim") && r.integer("head_dim") != c.n_embd / c.n_head)
+    fail(where, ": head_dim = ", r.integer("head_dim"), " is not supported; tetrad's ", display,
+         " uses hidden_size / num_attention_heads = ", c.n_embd / c.n_head);
+}
+
+// 'layer_types' (transformers 5 writes it), each entry one of `allowed`; the list, or empty.
+std::vector<std::string> layer_types(const nlohmann::json& j, const std::string& where,
+                                     const ConfigReader& r, int n_layer,
+                                     std::initializer_list<const char*> allowed) {
+  std::vector<std::string> types;
+  if (!r.has("layer_types")) return types;
+  if (!j["layer_types"].is_array())
+    fail(where, ": 'layer_types' must be a list, got ", j["layer_types"].dump());
+  std::string names;
+  for (const char* a : allowed) names += std::string(names.empty() ? "\"" : ", \"") + a + "\"";
+  for (const auto& t : j["layer_types"]) {
+    bool known = false;
+    for (const char* a : allowed) known = known || (t.is_string() && t.get<std::string>() == a);
+    if (!known)
+      fail(where, ": 'layer_types' holds ", t.dump(), ", which is not supported (expected ", names,
+           ")");
+    types.push_back(t.get<std::string>());
+  }
+  if (int(types.size()) != n_layer)
+    fail(where, ": 'layer_types' has ", types.size(), " entries for ", n_layer, " layers");
+  return types;
+}
+
+void read_llama_config(const nlohmann::json& j, const std::string& where, ConfigReader& r,
+                       ModelConfig& c) {
+  read_llama_like_config(j, where, r, c, "Llama");
   r.require_false("attention_bias", "tetrad's Llama has no attention biases");
   r.require_false("mlp_bias", "tetrad's Llama has no MLP biases");
   r.require_false("use_sliding_window", "tetrad's attention is full causal attention");
   if (r.has("sliding_window"))
     fail(where, ": 'sliding_window' = ", j["sliding_window"].dump(),
          " is not supported (tetrad's attention is full causal attention; expected null)");
-  if (r.has("layer_types")) {
-    if (!j["layer_types"].is_array())
-      fail(where, ": 'layer_types' must be a list, got ", j["layer_types"].dump());
-    for (const auto& t : j["layer_types"])
-      if (t != "full_attention")
-        fail(where, ": 'layer_types' holds ", t.dump(),
-             ", which is not supported (tetrad's layers are all \"full_attention\")");
+  layer_types(j, where, r, c.n_layer, {"full_attention"});
+}
+
+// Qwen2 / Qwen2.5: Llama's fields; biases on q, k, v are the architecture's (no field). Its
+// sliding-window fields as transformers reads them: the window is sliding_window when
+// use_sliding_window is true (else none), and layer i is a sliding-window layer when
+// 'layer_types' says so or, without that list, when there is a window and i >= max_window_layers.
+// Such a layer computes what full attention does only when the window covers every position
+// (sliding_window >= max_position_embeddings); otherwise it is refused, naming the fields (as a
+// sliding layer without a window, which transformers refuses too). Published Qwen2.5 folders
+// have use_sliding_window = false.
+void read_qwen2_config(const nlohmann::json& j, const std::string& where, ConfigReader& r,
+                       ModelConfig& c) {
+  read_llama_like_config(j, where, r, c, "Qwen2");
+  const bool window = r.boolean_or("use_sliding_window", false) && r.has("sliding_window");
+  const int max_window_layers = r.has("max_window_layers") ? int(r.integer("max_window_layers")) : 28;
+  std::vector<std::string> types =
+      layer_types(j, where, r, c.n_layer, {"full_attention", "sliding_attention"});
+  std::string from = "layer_types";
+  if (types.empty()) {
+    from = "use_sliding_window = true and max_window_layers = " + std::to_string(max_window_layers);
+    for (int i = 0; i < c.n_layer; ++i)
+      types.push_back(window && i >= max_window_layers ? "sliding_attention" : "full_attention");
   }
-  for (const char* k : {"attn_logit_softcapping", "final_logit_softcapping", "logit_scale"})
-    if (r.has(k))
-      fail(where, ": '", k, "' = ", j[k].dump(), " is not supported (tetrad's Llama does not "
-           "scale or cap logits; expected null)");
-  if (r.has("head_dim") && r.integer("head_dim") != c.n_embd / c.n_head)
-    fail(where, ": head_dim = ", r.integer("head_dim"),
-         " is not supported; tetrad's Llama uses hidden_size / num_attention_heads = ",
-         c.n_embd / c.n_head);
+  const auto first = std::find(types.begin(), types.end(), "sliding_attention");
+  if (first == types.end()) return;
+  const int layer = int(first - types.begin());
+  if (!window)
+    fail(where, ": layer ", layer, " is a sliding-window layer ('", from, "') but no window is set "
+         "(use_sliding_window = ", r.boolean_or("use_sliding_window", false) ? "true" : "false",
+         ", sliding_window = ", r.has("sliding_window") ? j["sliding_window"].dump() : "null", ")");
+  const int64_t size = r.integer("sliding_window");
+  if (size < c.max_seq)
+    fail(where, ": layer ", layer, " attends through a sliding window of ", size,
+         " positions ('sliding_window', with '", from, "'), which is not supported: tetrad's "
+         "attention is full causal attention, the same only for a window of at least "
+         "max_position_embeddings = ", c.max_seq, " (set use_sliding_window = false, or "
+         "sliding_window >= ", c.max_seq, ")");
 }
 
 struct ConfigFormat {
@@ -309,6 +382,7 @@ struct ConfigFormat {
 constexpr ConfigFormat kConfigFormats[] = {
     {Family::GPT2, gpt2_config_json, read_gpt2_config},
     {Family::Llama, llama_config_json, read_llama_config},
+    {Family::Qwen2, qwen2_config_json, read_qwen2_config},
 };
 
 const ConfigFormat& config_format(Family f) {

@@ -234,7 +234,9 @@ std::vector<std::string> json_lines_documents(std::string_view text, const std::
       else if (!j[field].is_string()) problem = "has a field '" + field + "' that is not a string";
       else if (!j[field].get_ref<const std::string&>().empty()) docs.push_back(j[field].get<std::string>());
     } catch (const std::exception& e) {
-      problem = std::string("is not valid JSON (") + e.what() + ")";
+      std::string what = e.what();  // the parser quotes what it read: up to a whole line
+      if (what.size() > 200) what = what.substr(0, 200) + "...";
+      problem = "is not valid JSON (" + what + ")";
     }
     if (problem.empty()) continue;
     if (!skip_bad)
@@ -263,11 +265,9 @@ double seconds_since(Clock::time_point t0) {
 }
 
 // Input that is not text gets a warning (NUL bytes, a share of invalid UTF-8 above 1%: a binary
-// file given by mistake), and, when a tokenizer is trained on it, a line longer than the
-// trainer takes (SentencePiece skips such lines, and fails cryptically when it skips them all)
-// is an error naming the file and line. max_line = 0: no line limit.
-void check_text_input(const std::string& path, const std::string& text, int max_line,
-                      std::ostream& log) {
+// file given by mistake). (Lines of any length are taken: the tokenizer trainer gets pieces of
+// those longer than it takes, trainer_pieces.)
+void check_text_input(const std::string& path, const std::string& text, std::ostream& log) {
   uint64_t nul = 0, invalid = 0;
   for (size_t i = 0; i < text.size();) {
     const unsigned char c = static_cast<unsigned char>(text[i]);
@@ -288,18 +288,20 @@ void check_text_input(const std::string& path, const std::string& text, int max_
     log << "prepare: warning: " << path << " does not look like text: " << nul << " NUL byte(s), "
         << std::fixed << std::setprecision(1) << 100 * share << std::defaultfloat
         << "% of its bytes are not valid UTF-8 (is it a binary file?)\n";
-  if (max_line <= 0) return;
-  uint64_t line = 1;
-  for (size_t at = 0; at < text.size(); ++line) {
-    size_t end = text.find('\n', at);
-    if (end == std::string::npos) end = text.size();
-    if (end - at > size_t(max_line))
-      fail("prepare: line ", line, " of ", path, " is ", end - at,
-           " bytes long; the tokenizer trainer (SentencePiece) takes lines of at most ", max_line,
-           " bytes and would skip it: break the text into shorter lines (documents may span "
-           "lines), or pass --tokenizer with an existing tokenizer");
-    at = end + 1;
-  }
+}
+
+// The end of the next piece of line [at, end) for the tokenizer trainer, which skips lines longer
+// than `max` bytes (SentencePiece's max_sentence_length; it fails when it skips them all): the
+// whole rest when it fits, else cut after the last space within `max` bytes, else at the last
+// UTF-8 character boundary. A document's text is tokenized whole; only what the tokenizer is
+// trained on is cut.
+size_t trainer_piece_end(const std::string& s, size_t at, size_t end, size_t max) {
+  if (end - at <= max) return end;
+  size_t cut = s.rfind(' ', at + max - 1);
+  if (cut != std::string::npos && cut > at) return cut + 1;
+  cut = at + max;
+  while (cut > at + 1 && (static_cast<unsigned char>(s[cut]) & 0xC0) == 0x80) --cut;
+  return cut;
 }
 
 std::string read_text(const std::string& path) {
@@ -453,7 +455,7 @@ void prepare_into(const PrepareOptions& o, std::ostream& log) {
     }
     num_docs += f.num_docs;
     total_bytes += f.bytes;
-    check_text_input(p, text, o.tokenizer_model.empty() ? TokenizerTrainOptions{}.max_sentence_length : 0, log);
+    check_text_input(p, text, log);
     log << "prepare: input " << p << ": " << f.bytes << " bytes, " << f.num_docs << " documents ("
         << (f.json_lines ? "JSON lines, field " + o.text_field : doc_split_name(f.mode)) << ")\n";
     files.push_back(std::move(f));
@@ -504,6 +506,8 @@ void prepare_into(const PrepareOptions& o, std::ostream& log) {
     size_t file = 0, doc = 0, line_pos = 0;
     std::vector<std::string> docs;
     uint64_t lines_fed = 0;
+    TokenizerTrainOptions topt;
+    const size_t max_piece = size_t(topt.max_sentence_length);
     auto next_line = [&](std::string& line) -> bool {
       for (;;) {
         if (doc < docs.size()) {
@@ -512,8 +516,9 @@ void prepare_into(const PrepareOptions& o, std::ostream& log) {
             if (line_pos <= d.size()) {
               size_t end = d.find('\n', line_pos);
               if (end == std::string::npos) end = d.size();
-              line.assign(d, line_pos, end - line_pos);
-              line_pos = end + 1;
+              const size_t piece = trainer_piece_end(d, line_pos, end, max_piece);
+              line.assign(d, line_pos, piece - line_pos);
+              line_pos = piece == end ? end + 1 : piece;
               ++lines_fed;
               return true;
             }
@@ -531,7 +536,6 @@ void prepare_into(const PrepareOptions& o, std::ostream& log) {
         line_pos = 0;
       }
     };
-    TokenizerTrainOptions topt;
     topt.seed = static_cast<uint32_t>(o.seed);
     tok.emplace(Tokenizer::train_lines(next_line, (fs::path(o.out_dir) / "tokenizer").string(),
                                        o.vocab_size, topt));

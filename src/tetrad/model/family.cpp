@@ -57,6 +57,24 @@ constexpr TensorEntry kLlamaBottom[] = {
 };
 constexpr const char* kLlamaBuffers[] = {".rotary_emb.inv_freq"};
 
+// Qwen2ForCausalLM (Qwen2, Qwen2.5): Llama's block with biases on q, k and v (none on o_proj or
+// the MLP). The three biases follow the three weights, adjacent (kFusedQkvBias): one bias of the
+// q|k|v GEMM. Its ends are Llama's (tied or not).
+constexpr TensorEntry kQwen2Layer[] = {
+    {R::AttnNorm, "input_layernorm.weight", D::Hidden},
+    {R::Q, "self_attn.q_proj.weight", D::QHeads, D::Hidden},
+    {R::K, "self_attn.k_proj.weight", D::KvHeads, D::Hidden},
+    {R::V, "self_attn.v_proj.weight", D::KvHeads, D::Hidden},
+    {R::QBias, "self_attn.q_proj.bias", D::QHeads},
+    {R::KBias, "self_attn.k_proj.bias", D::KvHeads},
+    {R::VBias, "self_attn.v_proj.bias", D::KvHeads},
+    {R::AttnOut, "self_attn.o_proj.weight", D::Hidden, D::QHeads},
+    {R::MlpNorm, "post_attention_layernorm.weight", D::Hidden},
+    {R::Gate, "mlp.gate_proj.weight", D::Ffn, D::Hidden},
+    {R::Up, "mlp.up_proj.weight", D::Ffn, D::Hidden},
+    {R::MlpOut, "mlp.down_proj.weight", D::Hidden, D::Ffn},
+};
+
 const FamilyDesc kFamilies[] = {
     {.id = Family::GPT2,
      .name = "gpt2",
@@ -65,6 +83,7 @@ const FamilyDesc kFamilies[] = {
      .mlp = MlpKind::Gelu,
      .positions = Positions::Learned,
      .linear_biases = true,
+     .qkv_bias = true,
      .grouped_query_attention = false,
      .independent_head_dim = false,
      .tied = TiedEmbeddings::Always,
@@ -85,6 +104,7 @@ const FamilyDesc kFamilies[] = {
      .mlp = MlpKind::SwiGLU,
      .positions = Positions::Rope,
      .linear_biases = false,
+     .qkv_bias = false,
      .grouped_query_attention = true,
      .independent_head_dim = false,
      .tied = TiedEmbeddings::Optional,
@@ -95,6 +115,27 @@ const FamilyDesc kFamilies[] = {
      .layer_prefix = "model.layers.",
      .hf_model_type = "llama",
      .hf_architecture = "LlamaForCausalLM",
+     .hf_optional_prefix = "",
+     .hf_tied_head = "lm_head.weight",
+     .hf_ignored_buffers = kLlamaBuffers},
+    {.id = Family::Qwen2,
+     .name = "qwen2",
+     .display = "Qwen2",
+     .norm = NormKind::RMSNorm,
+     .mlp = MlpKind::SwiGLU,
+     .positions = Positions::Rope,
+     .linear_biases = false,
+     .qkv_bias = true,
+     .grouped_query_attention = true,
+     .independent_head_dim = false,
+     .tied = TiedEmbeddings::Optional,
+     .scaled_residual_init = false,
+     .top = kLlamaTop,
+     .layer = kQwen2Layer,
+     .bottom = kLlamaBottom,
+     .layer_prefix = "model.layers.",
+     .hf_model_type = "qwen2",
+     .hf_architecture = "Qwen2ForCausalLM",
      .hf_optional_prefix = "",
      .hf_tied_head = "lm_head.weight",
      .hf_ignored_buffers = kLlamaBuffers},
@@ -113,6 +154,9 @@ const char* role_name(TensorRole r) {
     case R::Q: return "q";
     case R::K: return "k";
     case R::V: return "v";
+    case R::QBias: return "q bias";
+    case R::KBias: return "k bias";
+    case R::VBias: return "v bias";
     case R::AttnOut: return "attention output";
     case R::AttnOutBias: return "attention output bias";
     case R::MlpNorm: return "MLP norm";

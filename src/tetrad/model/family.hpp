@@ -14,7 +14,7 @@
 
 namespace tetrad {
 
-enum class Family { GPT2, Llama };
+enum class Family { GPT2, Llama, Qwen2 };
 
 enum class NormKind { LayerNorm, RMSNorm };  // LayerNorm: mean and variance, weight and bias
 enum class MlpKind { Gelu, SwiGLU };         // SwiGLU: gate|up fused into one input GEMM
@@ -29,6 +29,7 @@ enum class TensorRole {
   AttnNorm, AttnNormBias,
   Qkv, QkvBias,       // one fused q|k|v tensor ([q rows | k rows | v rows], GPT-2's c_attn)
   Q, K, V,            // separate tensors, adjacent so one GEMM covers them (kFusedGroups)
+  QBias, KBias, VBias,  // their biases (Qwen2), adjacent: one bias vector of the q|k|v GEMM
   AttnOut, AttnOutBias,
   MlpNorm, MlpNormBias,
   MlpIn, MlpInBias,   // the GELU MLP's input layer
@@ -42,8 +43,11 @@ const char* role_name(TensorRole r);
 // Roles computed on as one GEMM operand: in every layer they follow each other in the table (and
 // so in every buffer laid out in its order). build_param_table fails when they do not.
 inline constexpr TensorRole kFusedQkv[] = {TensorRole::Q, TensorRole::K, TensorRole::V};
+inline constexpr TensorRole kFusedQkvBias[] = {TensorRole::QBias, TensorRole::KBias,
+                                               TensorRole::VBias};
 inline constexpr TensorRole kFusedGateUp[] = {TensorRole::Gate, TensorRole::Up};
-inline constexpr std::span<const TensorRole> kFusedGroups[] = {kFusedQkv, kFusedGateUp};
+inline constexpr std::span<const TensorRole> kFusedGroups[] = {kFusedQkv, kFusedQkvBias,
+                                                               kFusedGateUp};
 
 // Symbolic sizes of a tensor's dimensions (params.cpp evaluates them for a config).
 enum class Dim {
@@ -75,6 +79,7 @@ struct FamilyDesc {
   MlpKind mlp;
   Positions positions;
   bool linear_biases;             // every linear layer but the head has a bias
+  bool qkv_bias;                  // the q|k|v layer has a bias (every one, with linear_biases)
   bool grouped_query_attention;   // n_kv_head may be smaller than n_head
   // The head width may differ from n_embd / n_head (ModelConfig::explicit_head_dim; Qwen3's
   // 128-wide heads); false: head_dim = n_embd / n_head, any other value refused.
@@ -100,9 +105,9 @@ struct FamilyDesc {
 // Every family, in the order of Family.
 std::span<const FamilyDesc> families();
 const FamilyDesc& family_desc(Family f);
-std::string family_name(Family f);          // "gpt2" | "llama"
+std::string family_name(Family f);          // "gpt2" | "llama" | "qwen2"
 Family parse_family(const std::string& s);  // throws Error naming the accepted values
-// "\"gpt2\" or \"llama\"": the accepted names, for messages.
+// "\"gpt2\", \"llama\" or \"qwen2\"": the accepted names, for messages.
 std::string family_names_quoted();
 
 }  // namespace tetrad

@@ -31,7 +31,7 @@ void ModelConfig::validate() const {
     fail("model.n_kv_head (", n_kv_head, ") must divide model.n_head (", n_head, ")");
   if (!d.grouped_query_attention && n_kv_head != n_head)
     fail("model.n_kv_head: ", d.display, " has no grouped-query attention; set it equal to n_head (",
-         n_head, ") or use family = \"llama\"");
+         n_head, ") or use a family with it (\"llama\", \"qwen2\")");
   if (d.tied == TiedEmbeddings::Always && !tie_embeddings)
     fail("model.tie_embeddings: ", d.display, " always ties the output head to the token embedding");
   if (d.positions == Positions::Rope && head_dim() % 2 != 0)
@@ -88,9 +88,13 @@ ModelConfig named_model(const std::string& name) {
     c.family = Family::Llama; c.n_layer = 20; c.n_embd = 2048; c.n_head = 32; c.n_kv_head = 8;
     c.ffn = 5632; c.vocab_size = 32000; c.max_seq = 2048; c.tie_embeddings = false;
     c.norm_eps = 1e-5f;
+  } else if (name == "qwen2-tiny") {
+    // Qwen2.5's small models' form: q/k/v biases, tied embeddings, rope theta 1e6.
+    c.family = Family::Qwen2; c.n_kv_head = 2; c.ffn = 192; c.tie_embeddings = true;
+    c.norm_eps = 1e-6f; c.rope_theta = 1000000.0f;
   } else {
-    fail("unknown model '", name,
-         "'; expected one of: tiny, small, gpt2-124m, llama-tiny, llama-small, llama-1b");
+    fail("unknown model '", name, "'; expected one of: tiny, small, gpt2-124m, llama-tiny, "
+         "llama-small, llama-1b, qwen2-tiny");
   }
   return c;
 }

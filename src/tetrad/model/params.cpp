@@ -34,6 +34,9 @@ ParamKind role_kind(TensorRole role) {
       return ParamKind::Norm;
     case R::AttnNormBias:
     case R::QkvBias:
+    case R::QBias:
+    case R::KBias:
+    case R::VBias:
     case R::AttnOutBias:
     case R::MlpNormBias:
     case R::MlpInBias:

@@ -21,6 +21,10 @@ namespace tetrad::parallel {
 // lnf are stored in bf16 only (the *16 views; the fp32 ones are null), and dout16 / dout16_t hold
 // the bf16 copy of the gradient entering a linear layer's backward, as stored and transposed
 // ([N, n_out] and [n_out, N], n_out up to the largest layer output).
+// The work buffers' owners (each uses its own within one call): tmp, dout16 and dout16_t are the
+// parallel linear layers' scratch (ParallelOps, parallel_ops.hpp; the loss may leave the head's
+// dY there for its backward: VocabParallel), dfc_act the block's (dense_block.hpp); dln, dqkv,
+// datty and dfc hold nothing between calls; dresid carries the gradient from part to part.
 struct ParallelActivations {
   struct PerLayer {
     float *ln1 = nullptr, *ln1_mean = nullptr, *ln1_rstd = nullptr, *qkv = nullptr,

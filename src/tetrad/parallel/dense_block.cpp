@@ -48,7 +48,9 @@ DenseBlock::DenseBlock(const BlockParts& p)
       case R::Qkv: case R::Q: L.qkv_w = ti; break;
       case R::K: L.k_w = ti; break;
       case R::V: L.v_w = ti; break;
-      case R::QkvBias: L.qkv_b = ti; break;
+      case R::QkvBias: case R::QBias: L.qkv_b = ti; break;
+      case R::KBias: L.k_b = ti; break;
+      case R::VBias: L.v_b = ti; break;
       case R::AttnOut: L.proj_w = ti; break;
       case R::AttnOutBias: L.proj_b = ti; break;
       case R::MlpNorm: L.ln2_w = ti; break;

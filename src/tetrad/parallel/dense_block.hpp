@@ -1,16 +1,18 @@
-// The dense transformer block on the grid (GPT-2 and Llama; block.hpp's interface):
+// The dense transformer block on the grid (GPT-2, Llama, Qwen2; block.hpp's interface):
 //   x -> norm_1 -> qkv (normal) -> RoPE (rotary positions) -> attention over this rank's heads
 //     -> proj (transposed) + x -> norm_2 -> fc (normal) -> GELU / SwiGLU -> fcproj (transposed) + .
 // The family description chooses the norm (ParallelOps), the MLP activation and the positions;
-// the biases are there where the parameter table has them. The backward mirrors the forward line
+// the biases are there where the parameter table has them (Qwen2's q, k, v biases, adjacent,
+// are the q|k|v layer's one bias). The backward mirrors the forward line
 // for line; with recomputation it first recomputes what the forward did not keep (the whole
 // block, or the attention).
 //
 // It owns the rotary tables, the recompute bookkeeping (which layer the shared scratch holds)
 // and the use of the activation buffer's dfc_act: within one call, the MLP's fp32 output before
 // its bf16 cast (forward, on a backend without the fused producer) or the gradient of the MLP
-// activation (backward). The backward's other work buffers (dln, dqkv, datty, dfc) it shares with
-// nothing that lives across its calls; dresid carries the gradient between layers.
+// activation (backward). Its backward's other work buffers (dln, dqkv, datty, dfc) hold nothing
+// between calls (the head's backward writes dln before the layers run); dresid carries the
+// gradient from one part to the next.
 #pragma once
 #include <vector>
 
@@ -31,7 +33,8 @@ class DenseBlock final : public TransformerBlock {
  private:
   // One layer's tensors (parameter table indices; -1 where the family has none).
   struct Weights {
-    int ln1_w = -1, ln1_b = -1, qkv_w = -1, qkv_b = -1, k_w = -1, v_w = -1, proj_w = -1,
+    int ln1_w = -1, ln1_b = -1, qkv_w = -1, qkv_b = -1, k_w = -1, v_w = -1, k_b = -1, v_b = -1,
+        proj_w = -1,
         proj_b = -1, ln2_w = -1, ln2_b = -1, fc_w = -1, fc_b = -1, up_w = -1, fcproj_w = -1,
         fcproj_b = -1;
   };

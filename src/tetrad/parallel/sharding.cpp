@@ -102,6 +102,9 @@ TensorShard block_of(const ModelConfig& c, const ParamSpec& s, const GridShape& 
     case R_::QkvBias:
       rows_y(qkv_rows(c, g, at));
       break;
+    case R_::QBias:  // separate q, k, v biases: each split over Y like its weight's rows
+    case R_::KBias:
+    case R_::VBias:
     case R_::MlpInBias:
       rows_y(slice_rows(K, g.y(), at.y()));
       break;

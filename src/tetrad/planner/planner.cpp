@@ -83,6 +83,7 @@ Sizes sizes(const ModelConfig& m) {
   const FamilyDesc& f = m.desc();
   s.norm_vectors = f.norm == NormKind::LayerNorm ? 2 : 1;
   s.biases = f.linear_biases;
+  s.qkv_bias = f.qkv_bias;
   s.learned_positions = f.positions == Positions::Learned;
   s.FW = f.mlp_in_factor() * s.F;
   s.tied = m.tie_embeddings;
@@ -306,9 +307,11 @@ StageParams stage_params(const ModelConfig& m, const GridShape& g, bool first, b
   const Sizes s = sizes(m);
   const double xy = double(g.x()) * g.y(), Ls = layers;
   StageParams sp;
-  // Two norms, and with biases those of the transposed layers (over X) and of q|k|v and fc (Y).
+  // Two norms, and with biases those of the transposed layers (over X) and of q|k|v and fc (Y);
+  // with only a q|k|v bias, that one.
   const double layer_vec = s.biases ? (2 * s.norm_vectors + 2) * s.H / g.x() + (s.QKV + s.F) / g.y()
-                                    : 2 * s.norm_vectors * s.H / g.x();
+                           : s.qkv_bias ? 2 * s.norm_vectors * s.H / g.x() + s.QKV / g.y()
+                                        : 2 * s.norm_vectors * s.H / g.x();
   sp.matrices = Ls * s.block_matmul() / xy / g.z();
   sp.vectors = Ls * layer_vec;
   sp.layer_block = s.block_matmul() / xy + layer_vec;

@@ -286,9 +286,9 @@ std::string trainer_grid_string(const GridShape& g);
 struct Sizes {
   double H, L, F, V, S_max, QKV, FW;
   // The family's vectors (model/family.hpp): a norm's (weight, or weight and bias), whether the
-  // layers have biases, whether positions are a learned table.
+  // layers have biases (all of them; or only q|k|v's), whether positions are a learned table.
   int norm_vectors;
-  bool biases, learned_positions, tied;
+  bool biases, qkv_bias, learned_positions, tied;
   double block_matmul() const { return QKV * H + H * H + FW * H + H * F; }
   double head() const { return V * H; }
 };

@@ -170,8 +170,9 @@ std::vector<Field> model_data_run_fields() {
   return {
       // model.name is handled first (it selects the base that the other model keys override).
       STRING_FIELD("model.name", c.model_name,
-                   "named base configuration: tiny, small, gpt2-124m, llama-tiny, llama-small, llama-1b"),
-      Field{"model.family", "string", "\"gpt2\" or \"llama\"",
+                   "named base configuration: tiny, small, gpt2-124m, llama-tiny, llama-small, llama-1b, "
+                   "qwen2-tiny"),
+      Field{"model.family", "string", "\"gpt2\", \"llama\" or \"qwen2\"",
             [](RunConfig& c, const toml::node& n, const std::string& w) {
               c.model.family = parse_family(read_string(n, "model.family", w));
             },
@@ -561,7 +562,9 @@ RunConfig load_run_config(const std::string& path, const std::vector<std::string
     c.model = read_hf_config(c.init_from);
     // The named base only matters for reading a saved config back: every model field is
     // written out, so this base is fully overridden.
-    c.model_name = c.model.family == Family::Llama ? "llama-tiny" : "tiny";
+    c.model_name = c.model.family == Family::Llama   ? "llama-tiny"
+                   : c.model.family == Family::Qwen2 ? "qwen2-tiny"
+                                                     : "tiny";
   }
   c.validate();
   return c;
