@@ -5,18 +5,7 @@ set -uo pipefail
 TETRAD=$1
 W=$(mktemp -d)
 trap 'rm -rf "$W"' EXIT
-fails=0
-check() {  # check NAME CONDITION...
-  local name=$1; shift
-  if "$@"; then echo "ok   $name"; else echo "FAIL $name"; fails=$((fails + 1)); fi
-}
-expect_error() {  # expect_error NAME SUBSTRING COMMAND...
-  local name=$1 sub=$2; shift 2
-  local out rc
-  out=$("$@" 2>&1); rc=$?
-  if [ $rc -eq 1 ] && grep -qF -- "$sub" <<<"$out"; then echo "ok   $name"
-  else echo "FAIL $name (rc=$rc): $out"; fails=$((fails + 1)); fi
-}
+source "$(dirname "$0")/checks.sh"
 
 for i in $(seq 1 300); do
   echo "the king went up to the city $i, and the people followed him unto the river."

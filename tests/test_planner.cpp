@@ -9,6 +9,7 @@
 #include <nlohmann/json.hpp>
 
 #include "expect_error.hpp"
+#include "support/test_machine.hpp"
 #include "tetrad/core/error.hpp"
 #include "tetrad/model/params.hpp"
 #include "tetrad/parallel/activation_layout.hpp"
@@ -27,22 +28,7 @@ using namespace tetrad::planner;
 
 namespace {
 
-// A made-up cluster: 4 ranks per node, fast inside, slower between nodes.
-Machine test_machine(int ranks_per_node = 4) {
-  Machine m;
-  m.name = "test";
-  m.ranks_per_node = ranks_per_node;
-  m.peak_fp32 = 10e12;
-  m.peak_bf16 = 100e12;
-  m.gemm_efficiency = 0.7;
-  m.memory_bytes = 40e9;
-  m.memory_bandwidth = 1.5e12;
-  m.intra_bandwidth = 200e9;
-  m.intra_latency = 5e-6;
-  m.inter_bandwidth = 100e9;  // per node
-  m.inter_latency = 10e-6;
-  return m;
-}
+using tetrad_test::test_machine;  // 4 ranks per node, fast inside, slower between nodes
 
 PlanInput input(const std::string& model, int ranks, int64_t batch, int64_t micro) {
   PlanInput in;
