@@ -40,6 +40,8 @@
 #include <string>
 #include <vector>
 
+#include "check_sources.hpp"
+
 namespace fs = std::filesystem;
 
 namespace {
@@ -317,26 +319,9 @@ void scan_functions(const std::string& code, const std::string& rel, int limit,
 }  // namespace
 
 int main(int argc, char** argv) {
-  if (argc != 2) {
-    std::cerr << "usage: check_sizes SRC_DIR   (the folder holding tetrad/ and cli/)\n";
-    return 2;
-  }
-  const fs::path root = argv[1];
-  if (!fs::is_directory(root / "tetrad")) {
-    std::cerr << "check_sizes: " << root << " has no tetrad/ folder: expected the src/ folder\n";
-    return 2;
-  }
-  std::vector<std::string> files;
-  for (const char* top : {"tetrad", "cli"}) {
-    if (!fs::is_directory(root / top)) continue;
-    for (const auto& e : fs::recursive_directory_iterator(root / top)) {
-      const auto ext = e.path().extension();
-      if (e.is_regular_file() &&
-          (ext == ".hpp" || ext == ".cpp" || ext == ".h" || ext == ".cu" || ext == ".cuh"))
-        files.push_back(fs::relative(e.path(), root).generic_string());
-    }
-  }
-  std::sort(files.begin(), files.end());
+  const check_sources::SourceTree tree = check_sources::source_tree(argc, argv, "check_sizes");
+  const fs::path& root = tree.root;
+  const std::vector<std::string>& files = tree.files;
 
   std::vector<Found> too_long;
   std::vector<std::string> problems;

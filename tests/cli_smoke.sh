@@ -5,18 +5,7 @@ set -uo pipefail
 TETRAD=$1
 W=$(mktemp -d)
 trap 'rm -rf "$W"' EXIT
-fails=0
-check() {  # check NAME CONDITION...
-  local name=$1; shift
-  if "$@"; then echo "ok   $name"; else echo "FAIL $name"; fails=$((fails + 1)); fi
-}
-expect_error() {  # expect_error NAME SUBSTRING COMMAND...
-  local name=$1 sub=$2; shift 2
-  local out rc
-  out=$("$@" 2>&1); rc=$?
-  if [ $rc -eq 1 ] && grep -qF -- "$sub" <<<"$out"; then echo "ok   $name"
-  else echo "FAIL $name (rc=$rc): $out"; fails=$((fails + 1)); fi
-}
+source "$(dirname "$0")/checks.sh"
 
 for i in $(seq 1 300); do
   echo "the king went up to the city $i, and the people followed him unto the river."
@@ -94,6 +83,8 @@ printf '[model]\nname = "small"\nn_layer = 12\n' > "$W/plan12.toml"
 check "plan weak scaling, TOML configs per point" bash -c "\"$TETRAD\" plan --scaling weak --model \"$W/plan.toml\",\"$W/plan12.toml\" --ranks 8,16 --machine perlmutter --global-batch 64 | grep -q 'plan12.toml'"
 check "plan chooses the micro-batch without --micro-batch" bash -c "\"$TETRAD\" plan --model small --machine perlmutter --ranks 8 --global-batch 64 | grep -q 'micro-batch chosen per grid'"
 expect_error "plan scaling TOML list, missing file" "entry 2" "$TETRAD" plan --scaling weak --model "$W/plan.toml,$W/nowhere.toml" --ranks 8,16 --machine perlmutter --global-batch 64
+check "plan --why a rejected grid lists its memory" bash -c "\"$TETRAD\" plan --model gpt-80b --machine perlmutter --ranks 4 --global-batch 4 --precision bf16 --why 1,1,1,1,4 | grep -q 'rejected: does not fit'"
+expect_error "plan --why a grid of other ranks" "the grid has 4 ranks" "$TETRAD" plan --model small --machine perlmutter --ranks 8 --why 1,1,1,1,4
 expect_error "plan ranks list needs --scaling" "needs --scaling" "$TETRAD" plan --model small --machine perlmutter --ranks 8,16
 expect_error "plan scaling needs ranks" "--scaling needs --ranks" "$TETRAD" plan --scaling weak --model small --machine perlmutter
 expect_error "plan strong scaling one model" "strong scaling keeps one model" "$TETRAD" plan --scaling strong --model small,tiny --ranks 4,8 --machine perlmutter --global-batch 8

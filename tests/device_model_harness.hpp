@@ -10,6 +10,7 @@
 #include <cmath>
 #include <vector>
 
+#include "support/train_harness.hpp"
 #include "tetrad/core/rng.hpp"
 #include "tetrad/parallel/parallel_transformer.hpp"
 #include "tetrad/parallel/process_groups.hpp"
@@ -24,17 +25,8 @@ using namespace tetrad::parallel;
 constexpr int kB = 4, kT = 16, kAccum = 2, kSteps = 8;
 
 inline ModelConfig tiny_model(Family f) {
-  ModelConfig c;
-  c.family = f;
-  c.n_layer = 2;
-  c.n_embd = 64;
-  c.n_head = 4;
-  c.n_kv_head = f == Family::Llama ? 2 : 4;
-  c.ffn = f == Family::Llama ? 96 : 256;
-  c.vocab_size = 128;
-  c.max_seq = 16;
-  c.tie_embeddings = f == Family::GPT2;
-  return c;
+  return tetrad_test::small_model(f, {.n_layer = 2, .n_embd = 64, .n_head = 4, .mha_ffn = 256,
+                                      .gqa_ffn = 96, .vocab_size = 128, .max_seq = 16});
 }
 
 struct Trace {
@@ -58,16 +50,8 @@ inline Trace train(const ModelConfig& mc, ProcessGroups& g, const ParallelOption
   const int Bl = kB / replicas;
   const int slot = token_slot(g.coord, g.shape);
   ParallelTransformer model(mc, g, Bl, kT, po);
-  TrainConfig tc;
-  tc.lr = 1e-2;
-  tc.weight_decay = 0.1;
-  tc.grad_clip = 1.0;
-  tc.warmup_steps = 2;
-  tc.max_steps = schedule;
-  const OptimizerLayout& ol = model.optimizer_layout();
-  AdamW opt(decay_ranges(model.table(), tc, ol.param_offsets, ol.sizes, ol.state_offsets,
-                         ol.grad_offsets),
-            ol.state_size, tc, model.compute_backend());
+  const TrainConfig tc = tetrad_test::train_config(1e-2, schedule);
+  AdamW opt = tetrad_test::layout_adamw(model, tc);
   int from = 0;
   if (resume) {
     for (size_t i = 0; i < model.table().specs.size(); ++i) {
@@ -79,13 +63,8 @@ inline Trace train(const ModelConfig& mc, ProcessGroups& g, const ParallelOption
   } else {
     model.init_weights(7);
   }
-  StepOptions so;
-  so.micro_batches = kAccum;
-  so.B = Bl;
-  so.T = kT;
-  so.grad_clip = tc.grad_clip;
-  so.max_bad_steps = tc.max_bad_steps;
-  StepRunner runner(model, opt, g.host(), so);  // host values over MPI where g is NCCL's
+  // host values over MPI where g is NCCL's
+  StepRunner runner(model, opt, g.host(), tetrad_test::step_options(tc, kAccum, Bl, kT));
   Trace tr;
   std::vector<int32_t> x(size_t(kAccum) * Bl * kT), y(x.size());
   for (int s = from; s < steps; ++s) {
@@ -93,11 +72,7 @@ inline Trace train(const ModelConfig& mc, ProcessGroups& g, const ParallelOption
       Rng r(1000 + mb);  // the same batches every step: the loss must fall
       std::vector<int32_t> tok(size_t(kB) * (kT + 1));
       for (auto& t : tok) t = int32_t(r.next_u64() % uint64_t(mc.vocab_size));
-      for (int b = 0; b < Bl; ++b)
-        for (int t = 0; t < kT; ++t) {
-          x[size_t(mb * Bl + b) * kT + t] = tok[size_t(slot * Bl + b) * (kT + 1) + t];
-          y[size_t(mb * Bl + b) * kT + t] = tok[size_t(slot * Bl + b) * (kT + 1) + t + 1];
-        }
+      tetrad_test::rank_share(tok, kT, Bl, slot, mb, x.data(), y.data());
     }
     const StepResult sr =
         runner.run(x.data(), y.data(), double(kB * kT * kAccum), learning_rate(tc, s), s);

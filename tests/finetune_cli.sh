@@ -10,18 +10,7 @@ MPIRUN=(mpirun --allow-run-as-root --oversubscribe)
 W=$(mktemp -d)
 trap 'rm -rf "$W"' EXIT
 export OMP_NUM_THREADS=1
-fails=0
-check() {  # check NAME CONDITION...
-  local name=$1; shift
-  if "$@"; then echo "ok   $name"; else echo "FAIL $name"; fails=$((fails + 1)); fi
-}
-expect_error() {  # expect_error NAME SUBSTRING COMMAND...
-  local name=$1 sub=$2; shift 2
-  local out rc
-  out=$("$@" 2>&1); rc=$?
-  if [ $rc -ne 0 ] && grep -qF -- "$sub" <<<"$out"; then echo "ok   $name"
-  else echo "FAIL $name (rc=$rc): $out"; fails=$((fails + 1)); fi
-}
+source "$(dirname "$0")/checks.sh"
 
 # The "published" model: a tiny GPT-2 with the fixture's byte-level BPE, exported as HF folder.
 "$TETRAD" prepare --input "$FX/kjv_sample.txt" --out "$W/base_data" --tokenizer "$FX/gpt2" \
@@ -55,12 +44,12 @@ check "fine-tune with the folder's model (no model keys)" "$TETRAD" train --set 
   --set run.init_from="$W/hf" --set train.max_steps=2
 check "saved config has the folder's vocabulary" grep -q "^vocab_size = 1000$" "$W/ft_run2/config.toml"
 # A model key given means the config describes the model: a mismatch is refused by name.
-expect_error "a [model] that is not the folder's is refused" "config.json has norm_eps = 1e-05 but the config asks for 1e-06" \
+expect_failure "a [model] that is not the folder's is refused" "config.json has norm_eps = 1e-05 but the config asks for 1e-06" \
   "$TETRAD" train --set model.name=tiny --set model.vocab_size=1000 --set model.norm_eps=1e-6 --set train.seq_len=32 --set train.eval_interval=0 --set data.dir="$W/ft_data" \
   --set run.dir="$W/ft_run3" --set run.init_from="$W/hf" --set train.max_steps=1
 # Data made with another tokenizer is refused for this model.
 "$TETRAD" prepare --input "$W/ft.jsonl" --out "$W/other_data" --tokenizer "$FX/sp" > /dev/null 2>&1
-expect_error "other tokenizer refused" "prepare the data with --tokenizer" "$TETRAD" train "${M[@]}" \
+expect_failure "other tokenizer refused" "prepare the data with --tokenizer" "$TETRAD" train "${M[@]}" \
   --set data.dir="$W/other_data" --set run.dir="$W/bad_run" --set run.init_from="$W/hf" --set train.max_steps=1
 
 # 4. export; the folder is complete and reads back.

@@ -4,16 +4,7 @@
 # (src/ limit), a planted long function in train/ (its lower limit), a planted long file, and a
 # known offender that has become short ("remove it from the list"); each failure goes away with
 # the plant. Usage: sizes_planted.sh CHECK_SIZES_BINARY SRC_DIR
-set -u
-check=$1
-src=$2
-work=$(mktemp -d)
-trap 'rm -rf "$work"' EXIT
-fails=0
-fail() { echo "FAIL: $*"; fails=$((fails + 1)); }
-
-cp -r "$src" "$work/src"
-"$check" "$work/src" > "$work/clean.txt" || { cat "$work/clean.txt"; fail "the unplanted copy of src/ does not pass"; }
+source "$(dirname "$0")/planted_common.sh" "$1" "$2"
 
 # A function of N lines (opening and closing brace included), named NAME.
 long_function() {
@@ -21,24 +12,6 @@ long_function() {
   echo "namespace planted { int $name(int x) {"
   for ((i = 0; i < n - 2; ++i)); do echo "  x += $i;  // { a brace in a comment does not count"; done
   echo "  return x; } }"
-}
-
-# expect_caught NAME FILE PATTERN (the plant's text on stdin): append, expect exit 1 and PATTERN
-# in the output, restore, expect a pass again.
-expect_caught() {
-  local name=$1 file=$2 pattern=$3
-  cp "$work/src/$file" "$work/saved"
-  cat >> "$work/src/$file"
-  "$check" "$work/src" > "$work/$name.txt"
-  local rc=$?
-  if [ "$rc" -ne 1 ]; then fail "$name: exit $rc, expected 1"; cat "$work/$name.txt"; fi
-  if ! grep -qF -- "$pattern" "$work/$name.txt"; then
-    fail "$name: output lacks \"$pattern\""; cat "$work/$name.txt"
-  else
-    echo "caught $name: $(grep -F -- "$pattern" "$work/$name.txt")"
-  fi
-  cp "$work/saved" "$work/src/$file"
-  "$check" "$work/src" > /dev/null || fail "$name: still failing after the plant was removed"
 }
 
 long_function planted_long 251 | expect_caught long_function tetrad/core/error.cpp \
@@ -61,18 +34,10 @@ if [ -n "$known" ]; then
   file=$(echo "$known" | sed -n 's/^known: function .* at \([^:]*\):.*/\1/p; s/^known: file \([^:]*\):.*/\1/p')
   cp "$work/src/$file" "$work/saved"
   : > "$work/src/$file"
-  "$check" "$work/src" > "$work/stale.txt"
-  rc=$?
-  [ "$rc" -eq 1 ] || fail "stale known offender: exit $rc, expected 1"
-  if grep -q "^stale: known offender .*$file.*remove it from the list" "$work/stale.txt"; then
-    echo "caught stale: $(grep -m1 '^stale:' "$work/stale.txt")"
-  else
-    fail "stale known offender ($file): not reported"; cat "$work/stale.txt"
-  fi
+  caught stale "^stale: known offender .*$file.*remove it from the list" -G
   cp "$work/saved" "$work/src/$file"
 else
   echo "no known offender left: the stale-entry case has nothing to plant"
 fi
 
-if [ "$fails" -ne 0 ]; then echo "$fails check(s) failed"; exit 1; fi
-echo "the size check catches every planted problem"
+finish "the size check catches every planted problem"

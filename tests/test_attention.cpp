@@ -83,9 +83,10 @@ std::vector<T> random_vector(int64_t n, uint32_t seed, double scale = 1.0) {
 
 // Naive reference in double: out and lse (materialises each query row's scores).
 void reference_forward(std::vector<double>& out, std::vector<double>& lse,
-                       const std::vector<double>& in, const Layout& L) {
+                       const std::vector<double>& in, const Layout& L, int64_t q_offset = -1) {
   const AttentionDims& d = L.d;
-  const int hd = d.head_dim, group = d.n_head / d.n_kv_head, off = d.Tk - d.Tq;
+  const int hd = d.head_dim, group = d.n_head / d.n_kv_head;
+  const int64_t off = q_offset < 0 ? d.Tk - d.Tq : q_offset;
   out.assign(L.out_size, 0.0);
   lse.assign(int64_t(d.B) * d.n_head * d.Tq, 0.0);
   std::vector<double> s(d.Tk);
@@ -93,7 +94,7 @@ void reference_forward(std::vector<double>& out, std::vector<double>& lse,
     for (int h = 0; h < d.n_head; ++h)
       for (int i = 0; i < d.Tq; ++i) {
         const double* q = &in[L.q_off + b * d.q_batch_stride + i * d.q_stride + h * hd];
-        const int nk = off + i + 1;
+        const int nk = int(std::min<int64_t>(d.Tk, off + i + 1));
         double m = -INFINITY;
         for (int j = 0; j < nk; ++j) {
           const double* k =
@@ -347,6 +348,51 @@ TEST(Attention, PathsAgree) {
     EXPECT_LT(rel_error(L, 'o', out, out0), 1e-13);
     EXPECT_LT(rel_error(L, 'i', din, din0), 1e-12);
   }
+}
+
+// Any query offset (query i at key position q_offset + i): 0 with Tq < Tk and Tq > Tk, inside the
+// key block off the block grid, the training case, and after the whole key block (padded keys of
+// the last block then precede the queries), GQA, across 64-row blocks: every path's forward
+// against the double reference and its backward against the portable path's (the default path's
+// backward is checked against finite differences in test_backend_conformance).
+TEST(Attention, KeyOffsetEveryPath) {
+  struct Case { int Tq, Tk; int64_t off; };
+  const Case cases[] = {{40, 150, 0}, {150, 40, 0}, {70, 150, 37}, {70, 150, 80}, {30, 100, 130}};
+  for (const Case& c : cases) {
+    const Layout L = make_layout(2, c.Tq, c.Tk, 4, 2, 24, false);
+    const std::vector<double> in = random_vector<double>(L.in_size, 41);
+    const std::vector<double> R = random_vector<double>(L.out_size, 42);
+    std::vector<double> ref_out, ref_lse;
+    reference_forward(ref_out, ref_lse, in, L, c.off);
+    std::vector<double> din0;
+    for (AttentionPath path : supported_paths()) {
+      SCOPED_TRACE(std::string(attention_path_name(path)) + " Tq " + std::to_string(c.Tq) +
+                   " Tk " + std::to_string(c.Tk) + " q_offset " + std::to_string(c.off));
+      std::vector<double> out(L.out_size, 0.0), lse(int64_t(2) * 4 * c.Tq, 0.0),
+          din(L.in_size, std::numeric_limits<double>::quiet_NaN());  // all must be written
+      attention_forward(out.data(), lse.data(), in.data() + L.q_off, in.data() + L.k_off,
+                        in.data() + L.v_off, L.d, c.off, path);
+      EXPECT_LT(rel_error(L, 'o', out, ref_out), 1e-12);
+      EXPECT_LT(lse_error(lse, ref_lse), 1e-12);
+      attention_backward(din.data() + L.q_off, din.data() + L.k_off, din.data() + L.v_off,
+                         R.data(), in.data() + L.q_off, in.data() + L.k_off, in.data() + L.v_off,
+                         out.data(), lse.data(), L.d, c.off, path);
+      if (din0.empty()) din0 = din;
+      else EXPECT_LT(rel_error(L, 'i', din, din0), 1e-12);
+    }
+  }
+  // The training overloads are the q_offset = Tk - Tq case, bit for bit.
+  const Layout L = make_layout(1, 70, 150, 4, 2, 24, false);
+  const std::vector<float> in = random_vector<float>(L.in_size, 43);
+  std::vector<float> a, la, b(L.out_size, 0.0f), lb(4 * 70, 0.0f);
+  run_forward(a, la, in, L, attention_default_path());
+  attention_forward(b.data(), lb.data(), in.data() + L.q_off, in.data() + L.k_off,
+                    in.data() + L.v_off, L.d, int64_t(80));
+  EXPECT_EQ(0, std::memcmp(a.data(), b.data(), a.size() * sizeof(float)));
+  EXPECT_EQ(0, std::memcmp(la.data(), lb.data(), la.size() * sizeof(float)));
+  EXPECT_THROW(attention_forward(b.data(), lb.data(), in.data() + L.q_off, in.data() + L.k_off,
+                                 in.data() + L.v_off, L.d, int64_t(-1)),
+               Error);
 }
 
 // Two runs are bit-identical, and so are runs with 1 and 2 threads.

@@ -585,24 +585,64 @@ TEST_P(Conformance, AttentionCausalGqaForwardBackward) {
 }
 
 TEST_P(Conformance, AttentionKeyOffset) {
-  // A query block after (part of) a key block: q_offset other than Tk - Tq.
-  AttentionArgs d;
-  d.B = 1; d.Tq = 3; d.Tk = 4; d.n_head = 2; d.n_kv_head = 1; d.head_dim = 4;
-  d.q_offset = 6;  // queries at positions 6..8 of a sequence whose keys 0..3 this block holds
-  d.q_stride = d.out_stride = 8; d.kv_stride = 4;
-  d.q_batch_stride = d.out_batch_stride = 24; d.kv_batch_stride = 16;
-  const VF qf = rand(24), kf = rand(16), vf = rand(16);
-  DeviceBuffer dq = up(qf), dk = up(kf), dv = up(vf), out = poisoned(24), lse = poisoned(6);
+  // Query i at key position q_offset + i for q_offset other than (and equal to) Tk - Tq: queries at
+  // the start of a longer key block (0), inside it, at its end, and after all of it (a query block
+  // attending an earlier key block); causal, GQA, shapes across the CPU kernel's 64-row blocks.
+  // Forward against the double reference, backward against its finite differences.
+  struct Case { int B, Tq, Tk, nh, nkv, hd; int64_t off; };
+  const Case cases[] = {{2, 5, 5, 4, 2, 8, 0},    {1, 4, 9, 4, 2, 8, 0},   {1, 9, 4, 2, 1, 4, 0},
+                        {2, 5, 12, 4, 2, 8, 3},   {1, 3, 7, 2, 1, 4, 4},   {1, 3, 4, 2, 1, 4, 6},
+                        {2, 3, 20, 4, 2, 8, 25},  {1, 20, 140, 2, 1, 4, 61}, {1, 70, 100, 2, 1, 4, 10},
+                        {1, 3, 70, 4, 2, 4, 80}};
   if (!be_->capabilities().attention_any_q_offset) {
+    AttentionArgs d;
+    d.B = 1; d.Tq = 3; d.Tk = 4; d.n_head = 2; d.n_kv_head = 1; d.head_dim = 4; d.q_offset = 6;
+    d.q_stride = d.out_stride = 8; d.kv_stride = 4;
+    d.q_batch_stride = d.out_batch_stride = 24; d.kv_batch_stride = 16;
+    DeviceBuffer dq = up(rand(24)), dk = up(rand(16)), dv = up(rand(16)), out = poisoned(24), lse = poisoned(6);
     EXPECT_THROW(ops_->attention_forward(*q_, d, F(out), F(lse), F(dq), F(dk), F(dv)), Error)
         << "a backend without attention_any_q_offset must refuse q_offset != Tk - Tq";
     return;
   }
-  ops_->attention_forward(*q_, d, F(out), F(lse), F(dq), F(dk), F(dv));
-  VD ro, rl;
-  AttnRef{d}.forward(widen(qf), widen(kf), widen(vf), ro, rl);
-  EXPECT_TRUE(close("attention q_offset out, " + seed(), down(out, 24), ro, kFwdTol));
-  EXPECT_TRUE(close("attention q_offset lse, " + seed(), down(lse, 6), rl, kFwdTol));
+  for (const Case& c : cases) {
+    AttentionArgs d;
+    d.B = c.B; d.Tq = c.Tq; d.Tk = c.Tk; d.n_head = c.nh; d.n_kv_head = c.nkv; d.head_dim = c.hd;
+    d.q_offset = c.off;
+    d.q_stride = c.nh * c.hd + 3; d.q_batch_stride = c.Tq * d.q_stride;
+    d.kv_stride = c.nkv * c.hd; d.kv_batch_stride = c.Tk * d.kv_stride;
+    d.out_stride = c.nh * c.hd; d.out_batch_stride = c.Tq * d.out_stride;
+    const size_t nq = static_cast<size_t>(c.B * d.q_batch_stride), nkv = static_cast<size_t>(c.B * d.kv_batch_stride);
+    const size_t no = static_cast<size_t>(c.B * d.out_batch_stride), nl = static_cast<size_t>(c.B * c.nh * c.Tq);
+    const VF qf = rand(nq, -1.5f, 1.5f), kf = rand(nkv, -1.5f, 1.5f), vf = rand(nkv, -1.5f, 1.5f), dout = rand(no);
+    DeviceBuffer dq = up(qf), dk = up(kf), dv = up(vf), ddout = up(dout), out = poisoned(no), lse = poisoned(nl);
+    ops_->attention_forward(*q_, d, F(out), F(lse), F(dq), F(dk), F(dv));
+    VD qd = widen(qf), kd = widen(kf), vd = widen(vf), ro, rl;
+    AttnRef{d}.forward(qd, kd, vd, ro, rl);
+    std::ostringstream name;
+    name << "attention q_offset " << c.off << " B" << c.B << " Tq" << c.Tq << " Tk" << c.Tk << " heads "
+         << c.nh << "/" << c.nkv << " hd" << c.hd << ", " << seed();
+    EXPECT_TRUE(close(name.str() + " out", down(out, no), ro, kFwdTol));
+    EXPECT_TRUE(close(name.str() + " lse", down(lse, nl), rl, kFwdTol));
+    DeviceBuffer gq = poisoned(nq), gk = poisoned(nkv), gv = poisoned(nkv);
+    ops_->attention_backward(*q_, d, F(gq), F(gk), F(gv), F(ddout), F(dq), F(dk), F(dv), F(out), F(lse));
+    auto loss = [&] {
+      VD o, l;
+      AttnRef{d}.forward(qd, kd, vd, o, l);
+      double L = 0;
+      for (size_t i = 0; i < o.size(); ++i) L += double(dout[i]) * o[i];
+      return L;
+    };
+    // dq: only the head columns of each q row (the stride's padding is not the op's output).
+    VF gq_sel; VD nq_sel;
+    const VF gqv = down(gq, nq);
+    const VD nqv = numeric_grad(qd, loss);
+    for (int64_t r = 0; r < int64_t(c.B) * c.Tq; ++r)
+      for (int64_t col = 0; col < int64_t(c.nh) * c.hd; ++col)
+        gq_sel.push_back(gqv[r * d.q_stride + col]), nq_sel.push_back(nqv[r * d.q_stride + col]);
+    EXPECT_TRUE(close(name.str() + " dq vs finite differences", gq_sel, nq_sel, kBwdTol));
+    EXPECT_TRUE(close(name.str() + " dk vs finite differences", down(gk, nkv), numeric_grad(kd, loss), kBwdTol));
+    EXPECT_TRUE(close(name.str() + " dv vs finite differences", down(gv, nkv), numeric_grad(vd, loss), kBwdTol));
+  }
 }
 
 // bf16 products (AttentionArgs::precision): forward against the double reference and backward

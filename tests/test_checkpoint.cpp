@@ -17,6 +17,7 @@
 #include <sstream>
 
 #include "expect_error.hpp"
+#include "support/test_files.hpp"
 #include "tetrad/checkpoint/hf.hpp"
 #include "tetrad/checkpoint/run_checkpoint.hpp"
 #include "tetrad/checkpoint/safetensors.hpp"
@@ -47,23 +48,8 @@ using nlohmann::json;
 
 namespace {
 
-// A fresh folder for the current test.
-std::string test_dir() {
-  const auto* info = ::testing::UnitTest::GetInstance()->current_test_info();
-  fs::path p = fs::path(TETRAD_BINARY_DIR) / "test_checkpoint" /
-               (std::string(info->test_suite_name()) + "." + info->name());
-  fs::remove_all(p);
-  fs::create_directories(p);
-  return p.string();
-}
-
-std::vector<float> random_floats(size_t n, uint32_t seed) {
-  std::mt19937 rng(seed);
-  std::normal_distribution<float> d(0.0f, 1.0f);
-  std::vector<float> v(n);
-  for (auto& x : v) x = d(rng);
-  return v;
-}
+std::string test_dir() { return tetrad_test::test_dir("test_checkpoint"); }
+using tetrad_test::random_floats;
 
 std::string read_bytes(const std::string& path) {
   std::ifstream f(path, std::ios::binary);

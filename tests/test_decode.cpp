@@ -11,20 +11,15 @@
 #include "tetrad/core/error.hpp"
 #include "tetrad/core/rng.hpp"
 #include "tetrad/model/sampling.hpp"
+#include "support/model_checks.hpp"
 #include "support/transformer.hpp"
 #include "tetrad/parallel/parallel_transformer.hpp"
 #include "tetrad/parallel/process_groups.hpp"
 
 using namespace tetrad;
+using tetrad_test::random_tokens;
 
 namespace {
-
-std::vector<int32_t> random_tokens(int n, int V, uint64_t seed) {
-  Rng r(seed);
-  std::vector<int32_t> t(n);
-  for (auto& x : t) x = int32_t(r.next_u64() % uint64_t(V));
-  return t;
-}
 
 parallel::ParallelOptions fp32() {
   parallel::ParallelOptions po;
@@ -59,29 +54,10 @@ TEST(ParallelDecode, WholeVocabularyLogitsMatchTheSerialOracle) {
 TEST(ParallelDecode, KvCacheDecodingMatchesFullForward) {
   for (const char* name : {"tiny", "llama-tiny"}) {
     const ModelConfig cfg = named_model(name);
-    const int T = 20, V = cfg.vocab_size;
     parallel::ProcessGroups g;
     parallel::ParallelTransformer m(cfg, g, 2, cfg.max_seq, fp32());
     m.init_weights(11);
-    const auto x = random_tokens(2 * T, V, 3);
-    const float* f = m.forward_logits(x.data(), 2, T);
-    const std::vector<float> full(f, f + size_t(2) * T * V);
-    // Feed 12 tokens, then the rest one at a time (2 sequences at once).
-    m.start_cache(2);
-    std::vector<int32_t> chunk;
-    for (int b = 0; b < 2; ++b) chunk.insert(chunk.end(), x.begin() + b * T, x.begin() + b * T + 12);
-    const float* lg = m.decode(chunk.data(), 2, 12);
-    for (int pos = 11; pos < T; ++pos) {
-      for (int b = 0; b < 2; ++b)
-        for (int v = 0; v < V; ++v)
-          ASSERT_NEAR(lg[b * V + v], full[(size_t(b) * T + pos) * V + v], 1e-4)
-              << name << " b=" << b << " pos=" << pos;
-      if (pos + 1 < T) {
-        int32_t next[2] = {x[pos + 1], x[T + pos + 1]};
-        lg = m.decode(next, 2, 1);
-      }
-    }
-    EXPECT_EQ(m.cache_position(), T);
+    tetrad_test::expect_kv_cache_decoding_matches_full_forward(m, cfg.vocab_size, name);
   }
 }
 

@@ -109,6 +109,31 @@ TEST(ModelFamily, LlamaTableOrderNamesAndRoles) {
   EXPECT_EQ(build_param_table(c).specs.back().name, "model.norm.weight");
 }
 
+// The head width is a config value (ModelConfig::explicit_head_dim, read through head_dim()):
+// unset it is n_embd / n_head and every size follows it; a family whose heads are n_embd / n_head
+// wide (every one registered) refuses another value, naming it and the width it has.
+TEST(ModelFamily, HeadDimIsAConfigValueTheFamiliesTieToTheirWidth) {
+  for (const char* name : {"tiny", "llama-tiny", "qwen2-tiny"}) {
+    ModelConfig c = named_model(name);
+    EXPECT_EQ(c.head_dim(), c.n_embd / c.n_head) << name;
+    EXPECT_EQ(c.q_dim(), c.n_embd) << name;
+    EXPECT_EQ(c.kv_dim(), c.n_kv_head * c.head_dim()) << name;
+    EXPECT_EQ(c.qkv_dim(), c.q_dim() + 2 * c.kv_dim()) << name;
+    const int64_t total = count_parameters(c);
+    c.explicit_head_dim = c.n_embd / c.n_head;  // the same width, set: accepted, same table
+    EXPECT_NO_THROW(c.validate()) << name;
+    EXPECT_EQ(count_parameters(c), total) << name;
+    EXPECT_FALSE(c.desc().independent_head_dim) << name;
+    c.explicit_head_dim = 2 * (c.n_embd / c.n_head);
+    const std::string e = error_of([&] { c.validate(); });
+    EXPECT_NE(e.find("model.head_dim = " + std::to_string(c.explicit_head_dim)), std::string::npos) << e;
+    EXPECT_NE(e.find("n_embd / n_head = " + std::to_string(c.n_embd / c.n_head)), std::string::npos) << e;
+    EXPECT_NE(e.find(c.desc().display), std::string::npos) << e;
+    c.explicit_head_dim = -1;
+    EXPECT_NE(error_of([&] { c.validate(); }).find("model.head_dim must be positive"), std::string::npos);
+  }
+}
+
 // Qwen2: Llama's tensors plus q, k and v biases after the three weights (one bias of the fused
 // q|k|v GEMM); tied by default (qwen2-tiny, as Qwen2.5's small models), untied on request.
 TEST(ModelFamily, Qwen2TableHasTheQkvBiasesAfterTheWeights) {

@@ -10,10 +10,12 @@
 #include "tetrad/core/error.hpp"
 #include "tetrad/core/rng.hpp"
 #include "tetrad/model/sampling.hpp"
+#include "support/model_checks.hpp"
 #include "support/transformer.hpp"
 #include "tetrad/train/optimizer.hpp"
 
 using namespace tetrad;
+using tetrad_test::random_tokens;
 
 namespace {
 
@@ -29,13 +31,6 @@ ModelConfig small_cfg(Family f, int n_kv_head) {
   c.max_seq = 8;
   c.tie_embeddings = f == Family::GPT2;
   return c;
-}
-
-std::vector<int32_t> random_tokens(int n, int V, uint64_t seed) {
-  Rng r(seed);
-  std::vector<int32_t> t(n);
-  for (auto& x : t) x = int32_t(r.next_u64() % uint64_t(V));
-  return t;
 }
 
 // Perturbs the weights away from the family's init (norm weights 1, biases 0) so every path of
@@ -112,29 +107,9 @@ TEST(Model, FloatAgreesWithDouble) {
 TEST(Model, KvCacheDecodingMatchesFullForward) {
   for (const char* name : {"tiny", "llama-tiny"}) {
     ModelConfig cfg = named_model(name);
-    const int T = 20;
     Transformer<float> m(cfg, 2, cfg.max_seq);
     m.init_weights(11);
-    auto x = random_tokens(2 * T, cfg.vocab_size, 3);
-    const int V = cfg.vocab_size;
-    std::vector<float> full(m.forward_logits(x.data(), 2, T), m.forward_logits(x.data(), 2, T) + size_t(2) * T * V);
-    // Feed 12 tokens, then the rest one at a time (2 sequences at once).
-    std::vector<int32_t> first, rest;
-    m.start_cache(2);
-    std::vector<int32_t> chunk;
-    for (int b = 0; b < 2; ++b) chunk.insert(chunk.end(), x.begin() + b * T, x.begin() + b * T + 12);
-    const float* lg = m.decode(chunk.data(), 2, 12);
-    for (int pos = 11; pos < T; ++pos) {
-      for (int b = 0; b < 2; ++b)
-        for (int v = 0; v < V; ++v)
-          ASSERT_NEAR(lg[b * V + v], full[(size_t(b) * T + pos) * V + v], 1e-4)
-              << name << " b=" << b << " pos=" << pos;
-      if (pos + 1 < T) {
-        int32_t next[2] = {x[pos + 1], x[T + pos + 1]};
-        lg = m.decode(next, 2, 1);
-      }
-    }
-    EXPECT_EQ(m.cache_position(), T);
+    tetrad_test::expect_kv_cache_decoding_matches_full_forward(m, cfg.vocab_size, name);
   }
 }
 

@@ -9,8 +9,10 @@
 #include <nlohmann/json.hpp>
 
 #include "expect_error.hpp"
+#include "support/test_machine.hpp"
 #include "tetrad/core/error.hpp"
 #include "tetrad/model/params.hpp"
+#include "tetrad/parallel/activation_layout.hpp"
 #include "tetrad/parallel/parallel_transformer.hpp"
 #include "tetrad/parallel/pipeline_schedule.hpp"
 #include "tetrad/parallel/process_groups.hpp"
@@ -26,22 +28,7 @@ using namespace tetrad::planner;
 
 namespace {
 
-// A made-up cluster: 4 ranks per node, fast inside, slower between nodes.
-Machine test_machine(int ranks_per_node = 4) {
-  Machine m;
-  m.name = "test";
-  m.ranks_per_node = ranks_per_node;
-  m.peak_fp32 = 10e12;
-  m.peak_bf16 = 100e12;
-  m.gemm_efficiency = 0.7;
-  m.memory_bytes = 40e9;
-  m.memory_bandwidth = 1.5e12;
-  m.intra_bandwidth = 200e9;
-  m.intra_latency = 5e-6;
-  m.inter_bandwidth = 100e9;  // per node
-  m.inter_latency = 10e-6;
-  return m;
-}
+using tetrad_test::test_machine;  // 4 ranks per node, fast inside, slower between nodes
 
 PlanInput input(const std::string& model, int ranks, int64_t batch, int64_t micro) {
   PlanInput in;
@@ -133,6 +120,48 @@ TEST(PlannerMemory, ActivationsMatchTrainerBuffer) {
         << name;
     EXPECT_EQ(local_parameters(m, GridShape{}), model.num_local_params()) << name;
   }
+}
+
+// The planner's activation count is computed from the model's own spec list
+// (parallel/activation_layout.hpp), so it is what the model allocates: the buffer the model lays
+// out on each grid without a pipeline axis (activation_sizes, which ParallelTransformer allocates;
+// test_memory_mpi checks that allocation on the ranks themselves), each recompute mode's kept
+// share of a layer, and on one rank the model itself.
+TEST(PlannerMemory, ActivationsAreTheModelsSpec) {
+  using parallel::Recompute;
+  const int B = 2, T = 16;
+  int checked = 0;
+  for (const char* name : {"tiny", "llama-tiny", "small"}) {
+    const ModelConfig m = named_model(name);
+    const auto slots = parallel::layer_slots(m.n_layer, parallel::LayerSplit{}, 1, 0);
+    for (const GridShape g : {GridShape{}, GridShape::xyzpd(2, 1, 1, 1, 1),
+                              GridShape::xyzpd(1, 2, 1, 1, 1), GridShape::xyzpd(2, 2, 1, 1, 1),
+                              GridShape::xyzpd(1, 1, 2, 1, 2), GridShape::xyzpd(2, 2, 2, 1, 1),
+                              GridShape::xyzpd(4, 1, 1, 1, 1), GridShape::xyzpd(1, 4, 1, 1, 2)}) {
+      try {
+        parallel::validate_grid_for_model(m, g);
+      } catch (const Error&) {
+        continue;  // a grid this model does not divide over
+      }
+      const std::string where = std::string(name) + " " + g.to_string();
+      const parallel::ActivationSizes none =
+          parallel::activation_sizes(m, g, B, T, false, Recompute::None, slots);
+      EXPECT_EQ(trainer_activation_elements(m, g, int64_t(B) * T), none.total) << where;
+      for (Recompute r : {Recompute::None, Recompute::Selective, Recompute::Full})
+        EXPECT_EQ(layer_activation_elements(m, g, int64_t(B) * T, r),
+                  parallel::activation_sizes(m, g, B, T, false, r, slots).layer_kept)
+            << where << " " << parallel::recompute_name(r);
+      ++checked;
+    }
+    parallel::ProcessGroups serial;
+    parallel::ParallelTransformer model(m, serial, B, T);
+    EXPECT_EQ(trainer_activation_elements(m, GridShape{}, int64_t(B) * T) * 4,
+              model.activation_bytes()) << name;
+    for (Recompute r : {Recompute::None, Recompute::Selective, Recompute::Full})
+      EXPECT_EQ(layer_activation_elements(m, GridShape{}, int64_t(B) * T, r),
+                model.activation_sizes(r).layer_kept) << name << " " << parallel::recompute_name(r);
+  }
+  EXPECT_GE(checked, 15);
 }
 
 TEST(PlannerMemory, RecomputationKeepsWhatTheTrainerKeeps) {

@@ -284,3 +284,28 @@ TEST(PlannerContention, MeasuredOverlapSlowdownSetsTheContendedFraction) {
   EXPECT_GT(a.contention, b.contention);
   EXPECT_NEAR(a.step - b.step, a.contention - b.contention, 1e-9 * a.step);
 }
+
+TEST(PlannerWhy, OneGridTermByTermValidOrRejected) {
+  const Machine m = load_machine("perlmutter");
+  PlanInput in = searched("gpt-5b", 512, 2048);
+  in.precision = Precision::BF16;
+  in.recompute = Recompute::Full;
+  in.overlap = Overlap::Tensor;
+  const Estimate e = estimate(in, GridShape::xyzpd(1, 1, 64, 1, 8), m);
+  ASSERT_TRUE(e.valid) << e.reject;
+  const std::string t = why_text(in, m, e);
+  for (const char* part : {"1x1x64x1x8", "valid", "memory per rank", "activations", "micro-batch",
+                           "GEMMs", "attention", "exposed communication", "contention", "optimizer",
+                           "all-gather of layer weights (fwd)", "across nodes"})
+    EXPECT_NE(t.find(part), std::string::npos) << part << "\n" << t;
+  // A grid that does not fit says so and lists its memory items against the machine's, and
+  // prints no step (it has none).
+  PlanInput big = searched("gpt-80b", 4, 4);
+  big.precision = Precision::BF16;
+  const Estimate r = estimate(big, GridShape::xyzpd(1, 1, 1, 1, 4), m);
+  ASSERT_FALSE(r.valid);
+  const std::string rt = why_text(big, m, r);
+  EXPECT_NE(rt.find("rejected: does not fit"), std::string::npos) << rt;
+  EXPECT_NE(rt.find("of 40.0 GB: weights"), std::string::npos) << rt;
+  EXPECT_EQ(rt.find("step "), std::string::npos) << rt;
+}

@@ -4,6 +4,7 @@
 
 #include <vector>
 
+#include "support/train_harness.hpp"
 #include "tetrad/core/error.hpp"
 #include "tetrad/core/rng.hpp"
 #include "tetrad/parallel/parallel_transformer.hpp"
@@ -15,17 +16,8 @@ using namespace tetrad::parallel;
 namespace {
 
 ModelConfig model(Family f) {
-  ModelConfig c;
-  c.family = f;
-  c.n_layer = 3;
-  c.n_embd = 64;
-  c.n_head = 4;
-  c.n_kv_head = f == Family::Llama ? 2 : 4;
-  c.ffn = f == Family::Llama ? 96 : 256;
-  c.vocab_size = 128;
-  c.max_seq = 16;
-  c.tie_embeddings = f == Family::GPT2;
-  return c;
+  return tetrad_test::small_model(f, {.n_layer = 3, .n_embd = 64, .n_head = 4, .mha_ffn = 256,
+                                      .gqa_ffn = 96, .vocab_size = 128, .max_seq = 16});
 }
 
 struct Trace {

@@ -11,6 +11,7 @@
 #include <regex>
 
 #include "expect_error.hpp"
+#include "support/test_machine.hpp"
 #include "tetrad/core/error.hpp"
 #include "tetrad/planner/machine.hpp"
 #include "tetrad/planner/network.hpp"
@@ -25,18 +26,8 @@ namespace {
 
 // 4 ranks per node; a dragonfly of 2-node groups, 4 groups, 1 global link of 10 GB/s per arc.
 Machine dragonfly_machine() {
-  Machine m;
+  Machine m = tetrad_test::test_machine(4);
   m.name = "df";
-  m.ranks_per_node = 4;
-  m.peak_fp32 = 10e12;
-  m.peak_bf16 = 100e12;
-  m.gemm_efficiency = 0.7;
-  m.memory_bytes = 40e9;
-  m.memory_bandwidth = 1.5e12;
-  m.intra_bandwidth = 200e9;
-  m.intra_latency = 5e-6;
-  m.inter_bandwidth = 100e9;  // per node
-  m.inter_latency = 10e-6;
   m.topology.kind = NetworkTopology::Kind::Dragonfly;
   m.topology.nodes_per_group = 2;
   m.topology.groups = 4;

@@ -15,6 +15,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include "support/test_files.hpp"
 #include "tetrad/checkpoint/atomic_file.hpp"
 #include "tetrad/checkpoint/hf.hpp"
 #include "tetrad/checkpoint/run_checkpoint.hpp"
@@ -35,22 +36,8 @@ using parallel::ShardPlan;
 
 namespace {
 
-std::string test_dir() {
-  const auto* info = ::testing::UnitTest::GetInstance()->current_test_info();
-  fs::path p = fs::path(TETRAD_BINARY_DIR) / "test_sharded_checkpoint" /
-               (std::string(info->test_suite_name()) + "." + info->name());
-  fs::remove_all(p);
-  fs::create_directories(p);
-  return p.string();
-}
-
-std::vector<float> random_floats(size_t n, uint32_t seed) {
-  std::mt19937 rng(seed);
-  std::normal_distribution<float> d(0.f, 1.f);
-  std::vector<float> v(n);
-  for (auto& x : v) x = d(rng);
-  return v;
-}
+std::string test_dir() { return tetrad_test::test_dir("test_sharded_checkpoint"); }
+using tetrad_test::random_floats;
 
 // A rank's local buffer (laid out by its plan) cut from the whole tensors, as
 // ParallelTransformer::scatter_tensor does.

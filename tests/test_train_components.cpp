@@ -13,6 +13,7 @@
 #include "expect_error.hpp"
 #include "tetrad/backend/backend.hpp"
 #include "tetrad/core/error.hpp"
+#include "tetrad/train/auto_grid.hpp"
 #include "tetrad/train/checkpointer.hpp"
 #include "tetrad/train/metrics_log.hpp"
 #include "tetrad/train/run_plan.hpp"
@@ -91,6 +92,94 @@ TEST(RunPlan, SettingsBecomeTheModelsOptions) {
   EXPECT_TRUE(p.model.overlap.backward_allreduce);
   EXPECT_FALSE(p.model.overlap.progress_thread);
   EXPECT_FALSE(p.layouts_why.empty());
+}
+
+// The config's settings are resolved once (resolve_settings): the config's validation is that
+// resolution, the run plan starts from it, and a config built by hand (as `tetrad bench` builds
+// one from its flags) is refused by the same checks with the same messages.
+TEST(RunPlan, ValidationIsTheSettingsResolution) {
+  const RunSettings s = resolve_settings(
+      config({"train.recompute=\"selective\"", "parallel.zero=2", "parallel.schedule=\"interleaved\"",
+              "parallel.virtual_stages=2", "parallel.grid=\"1,1,1,2,1\"", "model.n_layer=4",
+              "train.attention_precision=\"bf16\"", "train.gemm_layouts=\"rule\"",
+              "parallel.sparse_embedding_grad=false", "train.precision=\"auto\""}));
+  EXPECT_EQ(s.model.recompute, parallel::Recompute::Selective);
+  EXPECT_EQ(s.model.zero, 2);
+  EXPECT_EQ(s.schedule, parallel::PipelineSchedule::Interleaved);
+  EXPECT_EQ(s.model.virtual_stages, 2);
+  EXPECT_FALSE(s.model.sparse_embedding_grad);
+  ASSERT_TRUE(s.model.attention_precision.has_value());
+  EXPECT_EQ(*s.model.attention_precision, backend::Precision::BF16);
+  EXPECT_EQ(s.gemm_layouts, "rule");
+  EXPECT_TRUE(s.model.gemm_layout_plan.empty());
+  EXPECT_EQ(s.precision, "auto");
+  ASSERT_TRUE(s.grid.has_value());
+  EXPECT_EQ(s.grid->p(), 2);
+  EXPECT_FALSE(resolve_settings(config({"parallel.grid=\"auto\""})).grid.has_value());
+  EXPECT_FALSE(resolve_settings(config({})).grid.has_value());
+  // Each bad setting, through the config's loader and on a config built by hand.
+  const std::vector<std::pair<std::string, std::string>> bad = {
+      {"train.recompute=\"most\"", "train.recompute must be"},
+      {"parallel.zero=3", "parallel.zero must be 0, 1 or 2"},
+      {"parallel.schedule=\"gpipe\"", "parallel.schedule must be"},
+      {"parallel.virtual_stages=2", "needs parallel.schedule = \"interleaved\""},
+      {"train.attention_precision=\"fp16\"", "train.attention_precision = \"fp16\""},
+      {"train.gemm_layouts=\"fast\"", "train.gemm_layouts = \"fast\""},
+      {"train.grad_comm_precision=\"fp8\"", "train.grad_comm_precision = \"fp8\""},
+      {"train.device=\"tpu\"", "train.device: expected"}};
+  for (const auto& [set, message] : bad) {
+    tetrad_test::expect_error([&] { config({set}); }, {message});
+    RunConfig by_hand = config({});
+    if (set.starts_with("train.recompute")) by_hand.train.recompute = "most";
+    if (set.starts_with("parallel.zero")) by_hand.zero = 3;
+    if (set.starts_with("parallel.schedule")) by_hand.schedule = "gpipe";
+    if (set.starts_with("parallel.virtual_stages")) by_hand.virtual_stages = 2;
+    if (set.starts_with("train.attention_precision")) by_hand.train.attention_precision = "fp16";
+    if (set.starts_with("train.gemm_layouts")) by_hand.train.gemm_layouts = "fast";
+    if (set.starts_with("train.grad_comm_precision")) by_hand.train.grad_comm_precision = "fp8";
+    if (set.starts_with("train.device")) by_hand.train.device = "tpu";
+    tetrad_test::expect_error([&] { resolve_settings(by_hand); }, {message});
+    tetrad_test::expect_error([&] { resolve_run_plan(by_hand, launch(1), backend::cpu_backend()); },
+                              {message});
+  }
+  // An explicit layer split that does not fit the named pipeline grid.
+  tetrad_test::expect_error(
+      [&] { config({"parallel.grid=\"1,1,1,2,1\"", "parallel.pipeline_layers=\"1,1,1\""}); }, {});
+}
+
+// What the plan resolved is what the planner is asked (plan_input_of: --grid auto, the memory
+// check, `tetrad plan` on a config) and what `bench` builds its models with: one resolution.
+TEST(RunPlan, ThePlannerQueryIsThePlansSettings) {
+  for (const std::vector<std::string>& sets :
+       {std::vector<std::string>{"train.precision=\"auto\""},
+        {"train.precision=\"bf16\"", "train.recompute=\"full\"", "parallel.zero=1"},
+        {"parallel.schedule=\"interleaved\"", "parallel.virtual_stages=2", "model.n_layer=4",
+         "parallel.grid=\"1,1,1,2,1\"", "parallel.pipeline_layers=\"balanced\""}}) {
+    const RunConfig c = config(sets);
+    const int world = resolve_settings(c).grid ? resolve_settings(c).grid->size() : 1;
+    const RunPlan p = resolve_run_plan(c, launch(world), backend::cpu_backend());
+    const planner::PlanInput in = plan_input_of(c, world, backend::cpu_backend());
+    EXPECT_EQ(in.precision, p.model.precision);
+    EXPECT_EQ(run_precision(c, backend::cpu_backend()).precision, p.model.precision);
+    EXPECT_EQ(in.recompute, p.model.recompute);
+    EXPECT_EQ(in.zero, p.model.zero);
+    EXPECT_EQ(in.virtual_stages, p.model.virtual_stages);
+    EXPECT_EQ(in.pipeline_layers, p.model.pipeline_layers);
+    EXPECT_EQ(in.schedule, resolve_settings(c).schedule);
+    EXPECT_EQ(in.sparse_embedding_grad, p.model.sparse_embedding_grad);
+  }
+}
+
+// A pipeline grid's layer split is resolved with the plan (named or chosen), as the model and the
+// planner resolve it; none without a pipeline axis.
+TEST(RunPlan, ThePipelinesLayerSplit) {
+  const RunConfig c = config({"model.n_layer=4", "parallel.grid=\"1,1,1,2,1\"",
+                              "parallel.pipeline_layers=\"3,1\""});
+  const RunPlan p = resolve_run_plan(c, launch(2), backend::cpu_backend());
+  EXPECT_EQ(p.layer_split, parallel::LayerSplit::from_counts({3, 1}, 4));
+  EXPECT_EQ(p.layer_split,
+            parallel::resolve_layer_split("3,1", c.model, c.train.seq_len, 2, 1));
+  EXPECT_TRUE(resolve_run_plan(config({}), launch(1), backend::cpu_backend()).layer_split.bounds.empty());
 }
 
 TEST(CheckpointHealth, MeanOfTheLastTwentyStepsJudgedAgainstTheVocabularyAndTheBest) {

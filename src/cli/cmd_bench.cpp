@@ -32,26 +32,26 @@ void add_options(CLI::App& sub, Options& o) {
   sub.add_option("--json", b.json_path, "also write one JSON object per config here");
   sub.add_flag("--grids", o.grids,
                "parallel mode, under mpirun: every grid of the ranks on the same global batch");
-  sub.add_option("--grid", b.grid, "with --grids: only this grid \"x,y,z,d\" or \"x,y,z,p,d\"");
-  sub.add_option("--zero", b.zero, "with --grids: ZeRO stage over D (0, 1, 2)")
-      ->capture_default_str();
-  sub.add_option("--recompute", b.recompute,
-                 "with --grids: activation recomputation (none, selective, full)")
-      ->capture_default_str();
-  sub.add_option("--micro-batches", b.micro_batches,
-                 "with --grids and a pipeline grid: micro-batches per step")
-      ->capture_default_str();
-  sub.add_option("--schedule", b.schedule, "with --grids: pipeline schedule (1f1b, interleaved)")
-      ->capture_default_str();
-  sub.add_option("--virtual-stages", b.virtual_stages,
-                 "with --grids: pipeline chunks per stage (interleaved)")
-      ->capture_default_str();
-  sub.add_option("--pipeline-layers", b.pipeline_layers,
-                 "with --grids: layer split over the virtual stages (even, balanced, or counts "
-                 "such as 3,1; parallel.pipeline_layers)")
-      ->capture_default_str();
-  sub.add_option("--layers", b.layers, "replace the configuration's layer count (0: keep)")
-      ->capture_default_str();
+  // The grid sweep's own options: each says so in its help, and is refused without --grids.
+  auto grids_option = [&](const char* name, auto& value, const std::string& help) {
+    sub.add_option(name, value, "with --grids: " + help)->capture_default_str();
+  };
+  grids_option("--grid", b.grid, "only this grid \"x,y,z,d\" or \"x,y,z,p,d\"");
+  grids_option("--zero", b.zero, "ZeRO stage over D (0, 1, 2; parallel.zero)");
+  grids_option("--recompute", b.recompute,
+               "activation recomputation (none, selective, full; train.recompute)");
+  grids_option("--micro-batches", b.micro_batches, "micro-batches per step of a pipeline grid");
+  grids_option("--schedule", b.schedule, "pipeline schedule (1f1b, interleaved; parallel.schedule)");
+  grids_option("--virtual-stages", b.virtual_stages,
+               "pipeline chunks per stage (interleaved; parallel.virtual_stages)");
+  grids_option("--pipeline-layers", b.pipeline_layers,
+               "layer split over the virtual stages (even, balanced, or counts such as 3,1; "
+               "parallel.pipeline_layers)");
+  grids_option("--layers", b.layers, "replace the configuration's layer count (0: keep)");
+  grids_option("--overlap", b.overlap,
+               "a list of off, on (the parallel.* defaults), poll, thread (every bit-identical "
+               "overlap on, with either progress mode), chunked (the defaults with 2 forward "
+               "chunks); both = off,on");
   sub.add_flag("--accumulate", b.accumulate,
                "with --grids: grids without a pipeline also run --micro-batches micro-batches per "
                "step (gradient accumulation), so every grid does the same work per step");
@@ -69,16 +69,22 @@ void add_options(CLI::App& sub, Options& o) {
                  "torch is importable; 'none' to skip)");
   sub.add_option("--trace", b.trace_path,
                  "Chrome trace-event JSON of the timed steps (one file per grid and mode)");
-  sub.add_option("--overlap", b.overlap,
-                 "with --grids: a list of off, on (the parallel.* defaults), poll, thread (every "
-                 "bit-identical overlap on, with either progress mode), chunked (the defaults "
-                 "with 2 forward chunks); both = off,on")
-      ->capture_default_str();
 }
 
-void run(Context& ctx, const Options& o) {
+// The options that only the grid sweep reads (add_options' grids_option and --accumulate).
+constexpr const char* kGridsOnly[] = {"--grid",   "--zero",          "--recompute",
+                                      "--micro-batches", "--schedule", "--virtual-stages",
+                                      "--pipeline-layers", "--layers", "--overlap",
+                                      "--accumulate"};
+
+void run(Context& ctx, const CLI::App& sub, const Options& o) {
   const BenchOptions& b = o.bench;
   if (!o.grids) {
+    // Refused rather than ignored: the serial run times each configuration as named, on one rank.
+    for (const char* name : kGridsOnly)
+      if (sub.count(name) > 0)
+        fail("bench ", name, ": only with --grids (the grid sweep under mpirun); the serial run "
+             "times each configuration as named");
     run_bench(b, std::cout);
     return;
   }
@@ -95,7 +101,7 @@ void run(Context& ctx, const Options& o) {
 Runner setup(CLI::App& sub) {
   auto o = std::make_shared<Options>();
   add_options(sub, *o);
-  return [o](Context& ctx) { run(ctx, *o); };
+  return [o, app = &sub](Context& ctx) { run(ctx, *app, *o); };
 }
 
 }  // namespace

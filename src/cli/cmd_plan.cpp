@@ -14,6 +14,7 @@
 
 #include "cli/command.hpp"
 #include "tetrad/core/error.hpp"
+#include "tetrad/parallel/grid.hpp"
 #include "tetrad/planner/machine.hpp"
 #include "tetrad/planner/planner.hpp"
 #include "tetrad/planner/report.hpp"
@@ -30,7 +31,7 @@ namespace {
 
 struct Options {
   std::string model = "small", machine, json, measure_out, compare, precision, schedule,
-              recompute, overlap = "none", ranks_text, scaling, grids, points, svg;
+              recompute, overlap = "none", ranks_text, scaling, grids, points, svg, why;
   std::vector<std::string> sets;
   int64_t global_batch = 0, micro_batch = 0, micro_batch_per_replica = 0;
   int seq = 0, zero = -1, ranks = 0, top = 30, threads = 1, show_rejected = 20, virtual_stages = 0;
@@ -66,16 +67,15 @@ planner::PlanInput plan_input(const Options& o, const std::string& model0, const
   if (!o.precision.empty()) in.precision = parse_precision(o.precision);
   else if (model0.ends_with(".toml"))  // as the trainer resolves it on the CPU
     in.precision = plan_input_of(cfg, 1, backend::cpu_backend()).precision;
-  // Unset on the command line: the config's train.recompute and parallel.zero (their defaults,
-  // none and 0, for a named model), as the trainer would run it.
-  in.recompute = parse_recompute(o.recompute.empty() ? cfg.train.recompute : o.recompute);
-  in.zero = o.zero >= 0 ? o.zero : cfg.zero;
+  // Unset on the command line: the config's settings as the trainer's run plan resolves them
+  // (train.recompute, parallel.zero, the pipeline's; their defaults for a named model).
+  const RunSettings settings = resolve_settings(cfg);
+  in.recompute = o.recompute.empty() ? settings.model.recompute : parse_recompute(o.recompute);
+  in.zero = o.zero >= 0 ? o.zero : settings.model.zero;
   in.overlap = parse_overlap(o.overlap);
-  // Pipeline schedule as the trainer reads it (parallel.schedule, parallel.virtual_stages; the
-  // config's validation already refused virtual stages without interleaving).
-  in.schedule = parse_pipeline_schedule(cfg.schedule);
-  in.virtual_stages = cfg.virtual_stages;
-  in.pipeline_layers = cfg.pipeline_layers;
+  in.schedule = settings.schedule;
+  in.virtual_stages = settings.model.virtual_stages;
+  in.pipeline_layers = settings.model.pipeline_layers;
   in.ranks = o.ranks > 0 ? o.ranks : m.ranks_per_node;
   in.allow_pipeline = !o.no_pipeline;
   return in;
@@ -202,6 +202,15 @@ void run(const Options& o, bool under_mpi) {
   }
   if (!o.grids.empty() || !o.points.empty() || !o.svg.empty())
     fail("--grids, --points and --svg belong to a scaling curve (--scaling weak|strong)");
+  if (!o.why.empty()) {  // one grid's terms, valid or not
+    const GridShape g = parallel::parse_grid(o.why);
+    if (g.size() != in.ranks)
+      fail("--why ", o.why, ": the grid has ", g.size(), " ranks, the plan ", in.ranks, " (--ranks)");
+    require_rate(m, in.precision);
+    in.validate();
+    std::cout << why_text(in, m, estimate(in, g, m));
+    return;
+  }
   const auto p = plan(in, m);
   if (o.json == "-") {
     std::cout << plan_json(in, m, p).dump(2) << "\n";
@@ -286,6 +295,9 @@ const OptionRow kOptions[] = {
     {"--virtual-stages", &Options::virtual_stages,
      "model chunks per pipeline stage, interleaved (parallel.virtual_stages)"},
     {"--no-pipeline", &Options::no_pipeline, "only grids with Gp = 1"},
+    {"--why", &Options::why,
+     "one grid's step terms, collectives and memory items, valid or rejected (x,y,z,p,d or "
+     "named, d=4,z=2)"},
     {"--top", &Options::top, "valid grids shown (0: all)", true},
     {"--rejected", &Options::show_rejected, "rejected grids shown (-1: all)", true},
     {"--json", &Options::json, "write the whole plan as JSON to this file ('-': stdout)"},

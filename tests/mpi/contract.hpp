@@ -14,6 +14,7 @@
 #include "mpi_test.hpp"
 #include "tetrad/core/error.hpp"
 #include "tetrad/core/rng.hpp"
+#include "support/train_harness.hpp"
 #include "support/transformer.hpp"
 #include "tetrad/parallel/parallel_transformer.hpp"
 #include "tetrad/parallel/process_groups.hpp"
@@ -28,19 +29,11 @@ using namespace tetrad::parallel;
 using mpi_test::world_rank;
 using mpi_test::world_size;
 
+// Grouped-query attention where the family has it (4 key/value heads of 8).
 inline ModelConfig tiny_model(Family f, int n_layer) {
-  ModelConfig c;
-  c.family = f;
-  c.n_layer = n_layer;
-  c.n_embd = 64;
-  c.n_head = 8;
-  const bool gqa = c.desc().grouped_query_attention;
-  c.n_kv_head = gqa ? 4 : 8;  // grouped-query attention where the family has it
-  c.ffn = gqa ? 96 : 128;
-  c.vocab_size = 256;
-  c.max_seq = 32;
-  c.tie_embeddings = f == Family::GPT2;
-  return c;
+  return tetrad_test::small_model(f, {.n_layer = n_layer, .n_embd = 64, .n_head = 8,
+                                      .mha_ffn = 128, .gqa_ffn = 96, .vocab_size = 256,
+                                      .max_seq = 32});
 }
 
 struct Run {
@@ -73,15 +66,7 @@ inline std::vector<int32_t> batch_tokens(int step, int micro, int V) {
   return t;
 }
 
-inline TrainConfig train_config(int steps) {
-  TrainConfig t;
-  t.lr = 3e-3;
-  t.weight_decay = 0.1;
-  t.grad_clip = 1.0;
-  t.warmup_steps = 2;
-  t.max_steps = steps;
-  return t;
-}
+inline TrainConfig train_config(int steps) { return tetrad_test::train_config(3e-3, steps); }
 
 inline Run serial_run(const ModelConfig& mc, int steps) {
   Transformer<float> m(mc, kB, kT);
@@ -94,12 +79,7 @@ inline Run serial_run(const ModelConfig& mc, int steps) {
     m.zero_grads();
     double loss = 0;
     for (int mb = 0; mb < kAccum; ++mb) {
-      auto tok = batch_tokens(s, mb, mc.vocab_size);
-      for (int b = 0; b < kB; ++b)
-        for (int t = 0; t < kT; ++t) {
-          x[b * kT + t] = tok[b * (kT + 1) + t];
-          y[b * kT + t] = tok[b * (kT + 1) + t + 1];
-        }
+      tetrad_test::rank_share(batch_tokens(s, mb, mc.vocab_size), kT, kB, 0, 0, x.data(), y.data());
       loss += m.forward_backward(x.data(), y.data(), kB, kT, 1.0f / (kB * kT * kAccum));
     }
     const double gn = grad_norm(m.grads(), m.num_params());
@@ -126,29 +106,16 @@ inline Run parallel_run(const ModelConfig& mc, ProcessGroups& g, int steps, Para
   ParallelTransformer m(mc, g, Bl, kT, po);
   m.init_weights(7);
   const TrainConfig tc = train_config(steps);
-  const OptimizerLayout& ol = m.optimizer_layout();
-  AdamW opt(decay_ranges(m.table(), tc, ol.param_offsets, ol.sizes, ol.state_offsets,
-                         ol.grad_offsets),
-            ol.state_size, tc, m.compute_backend());  // the moments live with the model
-  StepOptions so;
-  so.micro_batches = kAccum;
-  so.B = Bl;
-  so.T = kT;
-  so.grad_clip = tc.grad_clip;
-  so.max_bad_steps = tc.max_bad_steps;
+  AdamW opt = tetrad_test::layout_adamw(m, tc);  // the moments live with the model
+  StepOptions so = tetrad_test::step_options(tc, kAccum, Bl, kT);
   so.schedule = schedule;
   StepRunner runner(m, opt, g, so);
   Run r;
   std::vector<int32_t> x(size_t(kAccum) * Bl * kT), y(x.size());
   for (int s = 0; s < steps; ++s) {
-    for (int mb = 0; mb < kAccum; ++mb) {
-      auto tok = batch_tokens(s, mb, mc.vocab_size);
-      for (int b = 0; b < Bl; ++b)
-        for (int t = 0; t < kT; ++t) {
-          x[(mb * Bl + b) * kT + t] = tok[(slot * Bl + b) * (kT + 1) + t];
-          y[(mb * Bl + b) * kT + t] = tok[(slot * Bl + b) * (kT + 1) + t + 1];
-        }
-    }
+    for (int mb = 0; mb < kAccum; ++mb)
+      tetrad_test::rank_share(batch_tokens(s, mb, mc.vocab_size), kT, Bl, slot, mb, x.data(),
+                              y.data());
     const StepResult sr =
         runner.run(x.data(), y.data(), double(kB * kT * kAccum), learning_rate(tc, s), s);
     EXPECT_EQ(sr.verdict, StepVerdict::Apply) << "step " << s + 1 << " is not finite";

@@ -14,6 +14,7 @@
 #include <vector>
 
 #include "contract.hpp"
+#include "learnable_stream.hpp"
 #include "mpi_test.hpp"
 #include "tetrad/backend/backend.hpp"
 #include "tetrad/core/rng.hpp"
@@ -121,29 +122,7 @@ TEST(Bf16GradComm, AllReduceIsWithinBf16OfTheFp32OneAndTheSameOnEveryRank) {
 
 namespace {
 
-constexpr int kB = 8, kT = 16, kSteps = 200;
-
-TrainConfig train_config() {
-  TrainConfig t;
-  t.lr = 3e-3;
-  t.warmup_steps = 10;
-  t.max_steps = kSteps;
-  return t;
-}
-
-// The stream of tests/mpi/test_precision_mpi.cpp: x[t+1] = (5 x[t] + 7 + r) mod V, r in {0..3}.
-std::vector<int32_t> batch(int step, int V) {
-  Rng r(500 + uint64_t(step));
-  std::vector<int32_t> t(size_t(kB) * (kT + 1));
-  for (int b = 0; b < kB; ++b) {
-    int32_t v = int32_t(r.next_u64() % uint64_t(V));
-    for (int i = 0; i <= kT; ++i) {
-      t[size_t(b) * (kT + 1) + i] = v;
-      v = int32_t((5 * int64_t(v) + 7 + int64_t(r.next_u64() % 4)) % V);
-    }
-  }
-  return t;
-}
+using namespace learnable_stream;  // the stream of tests/mpi/test_precision_mpi.cpp
 
 std::vector<double> train_bf16(const ModelConfig& mc, ProcessGroups& g, bool grad_comm_bf16, int zero) {
   const int Bl = kB / token_slots(g.shape);
@@ -157,25 +136,13 @@ std::vector<double> train_bf16(const ModelConfig& mc, ProcessGroups& g, bool gra
   m.init_weights(7);
   const TrainConfig tc = train_config();
   // Through apply_update, as the trainer runs it (with ZeRO the optimizer updates pieces).
-  const OptimizerLayout& ol = m.optimizer_layout();
-  AdamW opt(decay_ranges(m.table(), tc, ol.param_offsets, ol.sizes, ol.state_offsets,
-                         ol.grad_offsets),
-            ol.state_size, tc);
+  AdamW opt = tetrad_test::layout_adamw(m, tc, &backend::cpu_backend());
   // The trainer's own step (train/step_runner.hpp), one micro-batch, clipped at norm 1.
-  StepOptions so;
-  so.B = Bl;
-  so.T = kT;
-  so.grad_clip = tc.grad_clip;
-  StepRunner runner(m, opt, g, so);
+  StepRunner runner(m, opt, g, tetrad_test::step_options(tc, 1, Bl, kT));
   std::vector<double> losses;
   std::vector<int32_t> x(size_t(Bl) * kT), y(x.size());
   for (int s = 0; s < kSteps; ++s) {
-    const auto tok = batch(s, mc.vocab_size);
-    for (int b = 0; b < Bl; ++b)
-      for (int t = 0; t < kT; ++t) {
-        x[b * kT + t] = tok[(slot * Bl + b) * (kT + 1) + t];
-        y[b * kT + t] = tok[(slot * Bl + b) * (kT + 1) + t + 1];
-      }
+    tetrad_test::rank_share(batch(s, mc.vocab_size), kT, Bl, slot, 0, x.data(), y.data());
     losses.push_back(runner.run(x.data(), y.data(), double(kB * kT), learning_rate(tc, s), s).loss);
   }
   m.finish_communication();

@@ -22,6 +22,7 @@
 
 #include "contract.hpp"
 #include "mpi_test.hpp"
+#include "support/train_harness.hpp"
 #include "tetrad/core/error.hpp"
 #include "tetrad/core/profile.hpp"
 #include "tetrad/core/rng.hpp"
@@ -39,18 +40,10 @@ namespace {
 using mpi_test::world_rank;
 using mpi_test::world_size;
 
+// Three layers: prefetch depth 2 needs them to differ from depth 1.
 ModelConfig tiny_model(Family f) {
-  ModelConfig c;
-  c.family = f;
-  c.n_layer = 3;  // prefetch depth 2 needs three layers to differ from depth 1
-  c.n_embd = 32;
-  c.n_head = 4;
-  c.n_kv_head = f == Family::Llama ? 2 : 4;
-  c.ffn = f == Family::Llama ? 48 : 64;
-  c.vocab_size = 64;
-  c.max_seq = 8;
-  c.tie_embeddings = f == Family::GPT2;
-  return c;
+  return tetrad_test::small_model(f, {.n_layer = 3, .n_embd = 32, .n_head = 4, .mha_ffn = 64,
+                                      .gqa_ffn = 48, .vocab_size = 64, .max_seq = 8});
 }
 
 constexpr int kB = 4, kT = 8, kAccum = 2, kSteps = 2;
@@ -78,12 +71,7 @@ Result train(const ModelConfig& mc, ProcessGroups& g, const OverlapOptions& ov,
   }
   AdamW opt(decay_ranges(m.table(), tc, off, size), m.num_local_params(), tc);
   // The trainer's own step (train/step_runner.hpp); its per-micro-batch losses are compared.
-  StepOptions so;
-  so.micro_batches = kAccum;
-  so.B = Bl;
-  so.T = kT;
-  so.grad_clip = tc.grad_clip;
-  so.max_bad_steps = tc.max_bad_steps;
+  StepOptions so = tetrad_test::step_options(tc, kAccum, Bl, kT);
   so.profile = prof;
   StepRunner runner(m, opt, g, so);
   Result r;
@@ -93,12 +81,7 @@ Result train(const ModelConfig& mc, ProcessGroups& g, const OverlapOptions& ov,
       Rng rng(500 + 17 * step + micro);
       std::vector<int32_t> tok(size_t(kB) * (kT + 1));
       for (auto& x : tok) x = int32_t(rng.next_u64() % uint64_t(mc.vocab_size));
-      // This rank's sequences of the global micro-batch, as inputs and shifted targets.
-      for (int b = 0; b < Bl; ++b)
-        for (int t = 0; t < kT; ++t) {
-          in[size_t(micro * Bl + b) * kT + t] = tok[size_t(slot * Bl + b) * (kT + 1) + t];
-          tg[size_t(micro * Bl + b) * kT + t] = tok[size_t(slot * Bl + b) * (kT + 1) + t + 1];
-        }
+      tetrad_test::rank_share(tok, kT, Bl, slot, micro, in.data(), tg.data());
     }
     runner.run(in.data(), tg.data(), double(kB * kT * kAccum), learning_rate(tc, step), step);
     for (double l : runner.micro_losses()) r.losses.push_back(l);

@@ -11,6 +11,7 @@
 #include <vector>
 
 #include "contract.hpp"
+#include "learnable_stream.hpp"
 #include "tetrad/backend/backend.hpp"
 #include "tetrad/core/rng.hpp"
 #include "tetrad/backend/cpu/precision.hpp"
@@ -25,31 +26,21 @@ using namespace tetrad::parallel;
 
 namespace {
 
-constexpr int kB = 8, kT = 16, kSteps = 200;
+// kB sequences of kT tokens a step from a learnable stream (best loss ln 4), kSteps steps.
+using namespace learnable_stream;
+using tetrad_test::rank_share;
 
 ModelConfig test_model() { return contract::tiny_model(Family::GPT2, 2); }
 
-TrainConfig train_config() {
-  TrainConfig t;
-  t.lr = 3e-3;
-  t.warmup_steps = 10;
-  t.max_steps = kSteps;
-  return t;
-}
-
-// A learnable stream: x[t+1] = (5 x[t] + 7 + r) mod V, r uniform in {0..3} (best loss ln 4).
-std::vector<int32_t> batch(int step, int V) {
-  Rng r(500 + uint64_t(step));
-  std::vector<int32_t> t(size_t(kB) * (kT + 1));
-  for (int b = 0; b < kB; ++b) {
-    int32_t v = int32_t(r.next_u64() % uint64_t(V));
-    for (int i = 0; i <= kT; ++i) {
-      t[size_t(b) * (kT + 1) + i] = v;
-      v = int32_t((5 * int64_t(v) + 7 + int64_t(r.next_u64() % 4)) % V);
-    }
+// The groups of `shape` over the world, or this rank alone where the shape is the trivial grid.
+struct GridOrOne {
+  explicit GridOrOne(const GridShape& shape) {
+    if (shape.size() > 1) grid.emplace(comm::Communicator::world(), shape);
   }
-  return t;
-}
+  ProcessGroups& groups() { return grid ? *grid : one; }
+  std::optional<ProcessGroups> grid;
+  ProcessGroups one;  // this rank alone
+};
 
 std::vector<double> serial_fp32(const ModelConfig& mc) {
   Transformer<float> m(mc, kB, kT, backend::Precision::FP32);
@@ -59,12 +50,7 @@ std::vector<double> serial_fp32(const ModelConfig& mc) {
   std::vector<double> losses;
   std::vector<int32_t> x(size_t(kB) * kT), y(x.size());
   for (int s = 0; s < kSteps; ++s) {
-    const auto tok = batch(s, mc.vocab_size);
-    for (int b = 0; b < kB; ++b)
-      for (int t = 0; t < kT; ++t) {
-        x[b * kT + t] = tok[b * (kT + 1) + t];
-        y[b * kT + t] = tok[b * (kT + 1) + t + 1];
-      }
+    rank_share(batch(s, mc.vocab_size), kT, kB, 0, 0, x.data(), y.data());
     m.zero_grads();
     const double loss = m.forward_backward(x.data(), y.data(), kB, kT, 1.0f / (kB * kT));
     const double gn = grad_norm(m.grads(), m.num_params());
@@ -92,20 +78,11 @@ std::vector<double> grid_bf16(const ModelConfig& mc, ProcessGroups& g, bool bf16
   }
   AdamW opt(decay_ranges(m.table(), tc, off, size), m.num_local_params(), tc);
   // The trainer's own step (train/step_runner.hpp), one micro-batch, clipped at norm 1.
-  StepOptions so;
-  so.B = Bl;
-  so.T = kT;
-  so.grad_clip = tc.grad_clip;
-  StepRunner runner(m, opt, g, so);
+  StepRunner runner(m, opt, g, tetrad_test::step_options(tc, 1, Bl, kT));
   std::vector<double> losses;
   std::vector<int32_t> x(size_t(Bl) * kT), y(x.size());
   for (int s = 0; s < kSteps; ++s) {
-    const auto tok = batch(s, mc.vocab_size);
-    for (int b = 0; b < Bl; ++b)
-      for (int t = 0; t < kT; ++t) {
-        x[b * kT + t] = tok[(slot * Bl + b) * (kT + 1) + t];
-        y[b * kT + t] = tok[(slot * Bl + b) * (kT + 1) + t + 1];
-      }
+    rank_share(batch(s, mc.vocab_size), kT, Bl, slot, 0, x.data(), y.data());
     losses.push_back(runner.run(x.data(), y.data(), double(kB * kT), learning_rate(tc, s), s).loss);
   }
   m.finish_communication();
@@ -115,9 +92,7 @@ std::vector<double> grid_bf16(const ModelConfig& mc, ProcessGroups& g, bool bf16
 }  // namespace
 
 TEST(Bf16Grid, TrainingOnFourRanksTracksTheFp32Curve) {
-  int world;
-  MPI_Comm_size(MPI_COMM_WORLD, &world);
-  if (world != 4) GTEST_SKIP() << "runs on 4 ranks only";
+  if (mpi_test::world_size() != 4) GTEST_SKIP() << "runs on 4 ranks only";
   const ModelConfig mc = test_model();
   const auto f32 = serial_fp32(mc);
   ProcessGroups g(comm::Communicator::world(), GridShape{2, 1, 2, 1});
@@ -135,9 +110,7 @@ TEST(Bf16Grid, TrainingOnFourRanksTracksTheFp32Curve) {
 // bf16 attention products as well (AttentionArgs::precision), on the 4-rank grid and on one rank
 // (the model `tetrad train` runs, on the trivial grid), against the same serial fp32 curve.
 TEST(Bf16Grid, Bf16AttentionOnFourRanksAndOneTracksTheFp32Curve) {
-  int world;
-  MPI_Comm_size(MPI_COMM_WORLD, &world);
-  if (world != 4) GTEST_SKIP() << "runs on 4 ranks only";
+  if (mpi_test::world_size() != 4) GTEST_SKIP() << "runs on 4 ranks only";
   const ModelConfig mc = test_model();
   const auto f32 = serial_fp32(mc);
   ProcessGroups g(comm::Communicator::world(), GridShape{2, 1, 2, 1});
@@ -190,19 +163,11 @@ std::vector<double> bf16_losses(const ModelConfig& mc, ProcessGroups& g, Paralle
   ParallelTransformer m(mc, g, Bl, kT, po);
   m.init_weights(7);
   const TrainConfig tc = train_config();
-  const OptimizerLayout& ol = m.optimizer_layout();
-  AdamW opt(decay_ranges(m.table(), tc, ol.param_offsets, ol.sizes, ol.state_offsets,
-                         ol.grad_offsets),
-            ol.state_size, tc);
+  AdamW opt = tetrad_test::layout_adamw(m, tc, &backend::cpu_backend());
   std::vector<double> losses;
   std::vector<int32_t> x(size_t(Bl) * kT), y(x.size());
   for (int s = 0; s < steps; ++s) {
-    const auto tok = batch(s, mc.vocab_size);
-    for (int b = 0; b < Bl; ++b)
-      for (int t = 0; t < kT; ++t) {
-        x[b * kT + t] = tok[(slot * Bl + b) * (kT + 1) + t];
-        y[b * kT + t] = tok[(slot * Bl + b) * (kT + 1) + t + 1];
-      }
+    rank_share(batch(s, mc.vocab_size), kT, Bl, slot, 0, x.data(), y.data());
     m.begin_step(1);
     double loss = m.forward_backward(x.data(), y.data(), Bl, kT, 1.0f / (kB * kT));
     m.reduce_gradients();
@@ -228,9 +193,7 @@ std::vector<double> bf16_losses(const ModelConfig& mc, ProcessGroups& g, Paralle
 // are gathered). The NN weight-gradient form on the transposed cast sums in another order: the
 // same losses within fp32 rounding.
 TEST(Bf16Grid, WeightCopyAndBf16ActivationsGiveTheBitsOfPerCallRounding) {
-  int world;
-  MPI_Comm_size(MPI_COMM_WORLD, &world);
-  if (world != 4) GTEST_SKIP() << "runs on 4 ranks only";
+  if (mpi_test::world_size() != 4) GTEST_SKIP() << "runs on 4 ranks only";
   const ModelConfig mc = test_model();
   constexpr int kShort = 12;
   struct Case {
@@ -243,11 +206,8 @@ TEST(Bf16Grid, WeightCopyAndBf16ActivationsGiveTheBitsOfPerCallRounding) {
                         Case{"2x1x2x1 prefetch across steps", {2, 1, 2, 1}, 0, true},
                         Case{"1x1x2x2 ZeRO 1", {1, 1, 2, 2}, 1, false}}) {
     SCOPED_TRACE(c.name);
-    std::optional<ProcessGroups> grid;
-    ProcessGroups one;  // this rank alone
-    if (c.shape.x() * c.shape.y() * c.shape.z() * c.shape.d() > 1)
-      grid.emplace(comm::Communicator::world(), c.shape);
-    ProcessGroups& g = grid ? *grid : one;
+    GridOrOne groups(c.shape);
+    ProcessGroups& g = groups.groups();
     ParallelOptions po;
     po.zero = c.zero;
     if (c.across) {
@@ -282,13 +242,8 @@ std::pair<double, std::vector<float>> one_step_grads(const ModelConfig& mc, Proc
   const int slot = g.coord.z() + g.shape.z() * g.coord.d();
   ParallelTransformer m(mc, g, Bl, kT, po);
   m.init_weights(7);
-  const auto tok = batch(3, mc.vocab_size);
   std::vector<int32_t> x(size_t(Bl) * kT), y(x.size());
-  for (int b = 0; b < Bl; ++b)
-    for (int t = 0; t < kT; ++t) {
-      x[b * kT + t] = tok[(slot * Bl + b) * (kT + 1) + t];
-      y[b * kT + t] = tok[(slot * Bl + b) * (kT + 1) + t + 1];
-    }
+  rank_share(batch(3, mc.vocab_size), kT, Bl, slot, 0, x.data(), y.data());
   m.zero_grads();
   double loss = m.forward_backward(x.data(), y.data(), Bl, kT, 1.0f / (kB * kT));
   m.reduce_gradients();
@@ -321,9 +276,7 @@ std::string plan_of_forms(const char* fwd, const char* dx, const char* dw) {
 // weights (1x1x2x2, ZeRO 1): each rank's gradients equal the rule's within fp32 summation
 // error (the same bf16 operands in another summation order), never NaN.
 TEST(Bf16Grid, EveryGemmLayoutPlanMatchesTheRuleOnOneRankAndFour) {
-  int world;
-  MPI_Comm_size(MPI_COMM_WORLD, &world);
-  if (world != 4) GTEST_SKIP() << "runs on 4 ranks only";
+  if (mpi_test::world_size() != 4) GTEST_SKIP() << "runs on 4 ranks only";
   const ModelConfig mc = test_model();
   std::vector<std::string> plans;
   for (const char* fwd : {"NT", "NT/tr"})
@@ -339,11 +292,8 @@ TEST(Bf16Grid, EveryGemmLayoutPlanMatchesTheRuleOnOneRankAndFour) {
   for (const Case& c : {Case{"1x1x1x1", {1, 1, 1, 1}, 0}, Case{"2x2x1x1", {2, 2, 1, 1}, 0},
                         Case{"1x1x2x2 ZeRO 1", {1, 1, 2, 2}, 1}}) {
     SCOPED_TRACE(c.name);
-    std::optional<ProcessGroups> grid;
-    ProcessGroups one;
-    if (c.shape.x() * c.shape.y() * c.shape.z() * c.shape.d() > 1)
-      grid.emplace(comm::Communicator::world(), c.shape);
-    ProcessGroups& g = grid ? *grid : one;
+    GridOrOne groups(c.shape);
+    ProcessGroups& g = groups.groups();
     ParallelOptions po;
     po.zero = c.zero;
     const auto rule = one_step_grads(mc, g, po);
@@ -363,9 +313,7 @@ TEST(Bf16Grid, EveryGemmLayoutPlanMatchesTheRuleOnOneRankAndFour) {
 // them one), and the tuned grid's gradients match the rule's. Where bf16 GEMMs are emulated
 // (forced), tune runs the rule on every rank.
 TEST(Bf16Grid, TunedGemmLayoutsAreTheSameOnEveryRank) {
-  int world;
-  MPI_Comm_size(MPI_COMM_WORLD, &world);
-  if (world != 4) GTEST_SKIP() << "runs on 4 ranks only";
+  if (mpi_test::world_size() != 4) GTEST_SKIP() << "runs on 4 ranks only";
   const ModelConfig mc = test_model();
   ProcessGroups g(comm::Communicator::world(), GridShape{2, 1, 2, 1});
   for (int emulate = 0; emulate < 2; ++emulate) {

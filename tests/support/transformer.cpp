@@ -57,7 +57,8 @@ void gemm16(bool ta, bool tb, int64_t M, int64_t N, int64_t K, const uint16_t* A
 }
 }  // namespace
 
-// Offsets of one block's tensors in the parameter (and gradient) buffer; -1 = absent.
+// Offsets of one block's tensors in the parameter (and gradient) buffer, bound by role; -1 =
+// absent. A fused group (kFusedGroups: q|k|v, gate|up) is one matrix at its first tensor.
 template <typename T>
 struct Transformer<T>::Layer {
   int64_t ln1_w = -1, ln1_b = -1, qkv_w = -1, qkv_b = -1, proj_w = -1, proj_b = -1;
@@ -65,21 +66,22 @@ struct Transformer<T>::Layer {
 };
 
 // Views into the activation buffer. N = max_batch * max_len tokens, C hidden, QKV = (nh+2nkv)hd,
-// FW = width of the MLP up projection (F for GPT-2, 2F for SwiGLU's gate+up), F = MLP inner.
+// QH = nh hd (the attention output, heads concatenated), FW = width of the MLP input GEMM (F for
+// GELU, 2F for SwiGLU's gate+up), F = MLP inner.
 template <typename T>
 struct Transformer<T>::Acts {
   struct PerLayer {
     T* ln1;        // (N, C)   normalised block input
     T* ln1_mean;   // (N)      LayerNorm only
     T* ln1_rstd;   // (N)
-    T* qkv;        // (N, QKV) q | k | v of every head (after rotary for Llama)
-    T* atty;       // (N, C)   attention output, heads concatenated
+    T* qkv;        // (N, QKV) q | k | v of every head (after rotary positions)
+    T* atty;       // (N, QH)  attention output, heads concatenated
     T* lse;        // (B, nh, T) log-sum-exp of each attention row
     T* resid_mid;  // (N, C)   x + attention
     T* ln2;        // (N, C)
     T* ln2_mean;   // (N)
     T* ln2_rstd;   // (N)
-    T* fc;         // (N, FW)  MLP up projection, before the activation
+    T* fc;         // (N, FW)  MLP input GEMM, before the activation
     T* fc_act;     // (N, F)
     T* resid_out;  // (N, C)   block output
     // bf16 mode: ln1, ln2 and fc_act are stored only in bf16 (they feed GEMMs only); the
@@ -97,7 +99,7 @@ struct Transformer<T>::Acts {
   T* dresid;     // (N, C)   gradient of the residual stream
   T* dln;        // (N, C)
   T* dqkv;       // (N, QKV)
-  T* datty;      // (N, C)
+  T* datty;      // (N, QH)
   T* dfc;        // (N, FW)
   T* dfc_act;    // (N, F)
   // bf16 mode
@@ -118,7 +120,7 @@ struct Transformer<T>::Cache {
 template <typename T>
 Transformer<T>::Transformer(const ModelConfig& config, int max_batch, int max_len,
                             backend::Precision precision)
-    : cfg_(config), max_batch_(max_batch), max_len_(max_len) {
+    : cfg_(config), fam_(config.desc()), max_batch_(max_batch), max_len_(max_len) {
   if (precision == backend::Precision::BF16 && !std::is_same_v<T, float>) fail(kNoBf16);
   cfg_.validate();
   if (max_batch <= 0) fail("micro-batch size must be positive, got ", max_batch);
@@ -128,46 +130,19 @@ Transformer<T>::Transformer(const ModelConfig& config, int max_batch, int max_le
   table_ = build_param_table(cfg_);
   params_ = Buffer<T>(table_.total);
   grads_ = Buffer<T>(table_.total);
-
-  const bool gpt2 = cfg_.family == Family::GPT2;
-  auto off = [&](const std::string& name) -> int64_t {
-    const ParamSpec* s = table_.try_find(name);
-    return s ? s->offset : -1;
-  };
-  layers_.resize(cfg_.n_layer);
-  for (int l = 0; l < cfg_.n_layer; ++l) {
-    Layer& L = layers_[l];
-    if (gpt2) {
-      const std::string p = "transformer.h." + std::to_string(l) + ".";
-      L.ln1_w = off(p + "ln_1.weight"); L.ln1_b = off(p + "ln_1.bias");
-      L.qkv_w = off(p + "attn.c_attn.weight"); L.qkv_b = off(p + "attn.c_attn.bias");
-      L.proj_w = off(p + "attn.c_proj.weight"); L.proj_b = off(p + "attn.c_proj.bias");
-      L.ln2_w = off(p + "ln_2.weight"); L.ln2_b = off(p + "ln_2.bias");
-      L.fc_w = off(p + "mlp.c_fc.weight"); L.fc_b = off(p + "mlp.c_fc.bias");
-      L.fcproj_w = off(p + "mlp.c_proj.weight"); L.fcproj_b = off(p + "mlp.c_proj.bias");
-    } else {
-      const std::string p = "model.layers." + std::to_string(l) + ".";
-      L.ln1_w = off(p + "input_layernorm.weight");
-      L.qkv_w = off(p + "self_attn.q_proj.weight");  // q, k, v adjacent: one matrix
-      L.qkv_b = off(p + "self_attn.q_proj.bias");    // Qwen2: their biases adjacent, one vector
-      L.proj_w = off(p + "self_attn.o_proj.weight");
-      L.ln2_w = off(p + "post_attention_layernorm.weight");
-      L.fc_w = off(p + "mlp.gate_proj.weight");  // gate, up adjacent: one matrix
-      L.fcproj_w = off(p + "mlp.down_proj.weight");
-    }
-  }
+  bind_tensors();
 
   // Activations: one allocation per element type, carved into views. In bf16 mode the tensors
   // that only feed GEMMs are bf16 (see Acts); the fp32 ones they replace are not allocated.
   bf16_ = precision == backend::Precision::BF16;
   const int64_t N = int64_t(max_batch) * max_len, C = cfg_.n_embd, V = cfg_.vocab_size;
-  const int64_t QKV = cfg_.qkv_dim(), F = cfg_.ffn, FW = gpt2 ? F : 2 * F;
+  const int64_t QKV = cfg_.qkv_dim(), QH = cfg_.q_dim(), F = cfg_.ffn, FW = cfg_.mlp_in_dim();
   const int64_t h = bf16_ ? 0 : 1;  // 1 where an fp32 tensor exists only in fp32 mode
   const int64_t per_layer =
-      N * (h * C + 1 + 1 + QKV + C + cfg_.n_head + C + h * C + 1 + 1 + FW + h * F + C);
-  const int64_t global = N * (C + h * C + 1 + 1 + V + 1) + N * (C + C + QKV + C + h * FW + F);
+      N * (h * C + 1 + 1 + QKV + QH + cfg_.n_head + C + h * C + 1 + 1 + FW + h * F + C);
+  const int64_t global = N * (C + h * C + 1 + 1 + V + 1) + N * (C + C + QKV + QH + h * FW + F);
   acts_ = Buffer<T>(per_layer * cfg_.n_layer + global);
-  const int64_t per_layer16 = N * (C + C + C + F);
+  const int64_t per_layer16 = N * (C + QH + C + F);
   const int64_t global16 = N * (C + V + C + FW + QKV);
   if (bf16_) acts16_ = Buffer<uint16_t>(per_layer16 * cfg_.n_layer + global16);
   a_ = std::make_unique<Acts>();
@@ -184,29 +159,71 @@ Transformer<T>::Transformer(const ModelConfig& config, int max_batch, int max_le
   a_->layer.resize(cfg_.n_layer);
   for (auto& A : a_->layer) {
     A.ln1 = take32(N * C); A.ln1_mean = take(N); A.ln1_rstd = take(N);
-    A.qkv = take(N * QKV); A.atty = take(N * C); A.lse = take(N * cfg_.n_head);
+    A.qkv = take(N * QKV); A.atty = take(N * QH); A.lse = take(N * cfg_.n_head);
     A.resid_mid = take(N * C); A.ln2 = take32(N * C); A.ln2_mean = take(N); A.ln2_rstd = take(N);
     A.fc = take(N * FW); A.fc_act = take32(N * F); A.resid_out = take(N * C);
-    A.ln1_16 = take16(N * C); A.atty16 = take16(N * C); A.ln2_16 = take16(N * C);
+    A.ln1_16 = take16(N * C); A.atty16 = take16(N * QH); A.ln2_16 = take16(N * C);
     A.fc_act16 = take16(N * F);
   }
   a_->emb = take(N * C); a_->lnf = take32(N * C); a_->lnf_mean = take(N); a_->lnf_rstd = take(N);
   a_->logits = take(N * V); a_->losses = take(N);
   a_->dresid = take(N * C); a_->dln = take(N * C); a_->dqkv = take(N * QKV);
-  a_->datty = take(N * C); a_->dfc = take32(N * FW); a_->dfc_act = take(N * F);
+  a_->datty = take(N * QH); a_->dfc = take32(N * FW); a_->dfc_act = take(N * F);
   a_->lnf16 = take16(N * C); a_->dlogits16 = take16(N * V); a_->dresid16 = take16(N * C);
   a_->dfc16 = take16(N * FW); a_->dqkv16 = take16(N * QKV);
   TETRAD_CHECK(cur == acts_.data() + acts_.size());
   TETRAD_CHECK(cur16 == acts16_.data() + acts16_.size());
   if (bf16_) params16_ = Buffer<uint16_t>(table_.total);
 
-  if (!gpt2) {
+  if (fam_.positions == Positions::Rope) {
     const int64_t half = cfg_.head_dim() / 2;
     rope_cos_ = Buffer<T>(size_t(cfg_.max_seq) * half);
     rope_sin_ = Buffer<T>(size_t(cfg_.max_seq) * half);
     k::rope_tables(rope_cos_.data(), rope_sin_.data(), cfg_.max_seq, cfg_.head_dim(),
                    rope_frequencies(cfg_));
   }
+}
+
+// Each tensor's place in the model, by its role (the family's table, model/family.hpp). A role
+// the oracle has no place for is refused, so a family with new tensors needs its part here.
+template <typename T>
+void Transformer<T>::bind_tensors() {
+  using R = TensorRole;
+  layers_.assign(size_t(cfg_.n_layer), Layer{});
+  for (const ParamSpec& s : table_.specs) {
+    const int64_t o = s.offset;
+    if (s.layer < 0) {
+      switch (s.role) {
+        case R::TokenEmbedding: wte_ = o; break;
+        case R::PositionEmbedding: wpe_ = o; break;
+        case R::FinalNorm: lnf_w_ = o; break;
+        case R::FinalNormBias: lnf_b_ = o; break;
+        case R::Head: head_ = o; break;
+        default: fail("the test oracle has no place for '", s.name, "' (", role_name(s.role), ") outside the blocks");
+      }
+      continue;
+    }
+    Layer& L = layers_[size_t(s.layer)];
+    switch (s.role) {
+      case R::AttnNorm: L.ln1_w = o; break;
+      case R::AttnNormBias: L.ln1_b = o; break;
+      case R::Qkv: case R::Q: L.qkv_w = o; break;  // Q: k and v follow it (kFusedQkv)
+      case R::K: case R::V: break;
+      case R::QkvBias: case R::QBias: L.qkv_b = o; break;  // QBias: k's, v's follow (kFusedQkvBias)
+      case R::KBias: case R::VBias: break;
+      case R::AttnOut: L.proj_w = o; break;
+      case R::AttnOutBias: L.proj_b = o; break;
+      case R::MlpNorm: L.ln2_w = o; break;
+      case R::MlpNormBias: L.ln2_b = o; break;
+      case R::MlpIn: case R::Gate: L.fc_w = o; break;  // Gate: up follows it (kFusedGateUp)
+      case R::Up: break;
+      case R::MlpInBias: L.fc_b = o; break;
+      case R::MlpOut: L.fcproj_w = o; break;
+      case R::MlpOutBias: L.fcproj_b = o; break;
+      default: fail("the test oracle has no place for '", s.name, "' (", role_name(s.role), ") inside a block");
+    }
+  }
+  if (cfg_.tie_embeddings) head_ = wte_;  // the output head is the token embedding
 }
 
 template <typename T>
@@ -226,6 +243,115 @@ void Transformer<T>::init_weights(uint64_t seed) {
     init_parameter(cfg_, table_.specs[i], i, seed, params_.data() + table_.specs[i].offset);
 }
 
+// The family's norm (LayerNorm: mean, rstd, weight, bias; RMSNorm: rstd, weight) over N rows of
+// x: into out, or in bf16 mode into out16 only.
+template <typename T>
+void Transformer<T>::norm_forward(T* out, uint16_t* out16, T* mean, T* rstd, const T* x,
+                                  int64_t w, int64_t b, int64_t N) {
+  const int64_t C = cfg_.n_embd;
+  const T eps = T(cfg_.norm_eps);
+  const T* P = params_.data();
+  const T* pb = b < 0 ? nullptr : P + b;
+  timed(Phase::Norm, [&] {
+    switch (fam_.norm) {
+      case NormKind::LayerNorm:
+        if (bf16_) ln_fwd16(out16, mean, rstd, x, P + w, pb, N, C, eps);
+        else k::layernorm_forward(out, mean, rstd, x, P + w, pb, N, C, eps);
+        break;
+      case NormKind::RMSNorm:
+        if (bf16_) rms_fwd16(out16, rstd, x, P + w, N, C, eps);
+        else k::rmsnorm_forward(out, rstd, x, P + w, N, C, eps);
+        break;
+    }
+  });
+}
+
+// dx += the norm's input gradient; its weight's (and bias') gradients accumulate.
+template <typename T>
+void Transformer<T>::norm_backward(T* dx, const T* dout, const T* x, int64_t w, int64_t b,
+                                   const T* mean, const T* rstd, int64_t N) {
+  const int64_t C = cfg_.n_embd;
+  const T* P = params_.data();
+  T* G = grads_.data();
+  timed(Phase::Norm, [&] {
+    switch (fam_.norm) {
+      case NormKind::LayerNorm:
+        k::layernorm_backward(dx, G + w, b < 0 ? nullptr : G + b, dout, x, P + w, mean, rstd, N, C);
+        break;
+      case NormKind::RMSNorm: k::rmsnorm_backward(dx, G + w, dout, x, P + w, rstd, N, C); break;
+    }
+  });
+}
+
+// out = in · Wᵀ + bias (added to out when accumulate), W at offset w: fp32, or in bf16 mode from
+// in16 and the bf16 weight copy.
+template <typename T>
+void Transformer<T>::linear_forward(T* out, const T* in, const uint16_t* in16, int64_t w,
+                                    int64_t b, int64_t N, int64_t IC, int64_t OC, bool accumulate) {
+  const T* pb = b < 0 ? nullptr : params_.data() + b;
+  timed(Phase::Gemm, [&] {
+    if (bf16_) lin_fwd16(out, in16, params16_.data() + w, pb, N, IC, OC, accumulate);
+    else k::linear_forward(out, in, params_.data() + w, pb, N, IC, OC, accumulate);
+  });
+}
+
+// din = dout · W; W's (and the bias') gradients accumulate. bf16 mode reads dout16, in16 and the
+// bf16 weights; dout then only feeds the bias gradient (nullptr: from dout16).
+template <typename T>
+void Transformer<T>::linear_backward(T* din, const T* dout, const uint16_t* dout16, const T* in,
+                                     const uint16_t* in16, int64_t w, int64_t b, int64_t N,
+                                     int64_t IC, int64_t OC) {
+  T* G = grads_.data();
+  T* gb = b < 0 ? nullptr : G + b;
+  timed(Phase::Gemm, [&] {
+    if (bf16_) lin_bwd16(din, G + w, gb, dout16, dout, in16, params16_.data() + w, N, IC, OC);
+    else k::linear_backward(din, G + w, gb, dout, in, params_.data() + w, N, IC, OC);
+  });
+}
+
+// The MLP's activation by the family's kind: GELU of N*F values, or SwiGLU of the N rows of
+// [gate | up] (2F wide) into F.
+template <typename T>
+void Transformer<T>::mlp_activation(T* act, uint16_t* act16, const T* fc, int64_t N) {
+  const int64_t F = cfg_.ffn;
+  timed(Phase::Activation, [&] {
+    if (bf16_) {
+      if constexpr (std::is_same_v<T, float>) {
+        switch (fam_.mlp) {
+          case MlpKind::Gelu: k::gelu_forward_bf16(act16, fc, N * F); break;
+          case MlpKind::SwiGLU: k::swiglu_forward_bf16(act16, fc, N, F); break;
+        }
+      }
+      return;
+    }
+    switch (fam_.mlp) {
+      case MlpKind::Gelu: k::gelu_forward(act, fc, N * F); break;
+      case MlpKind::SwiGLU: k::swiglu_forward(act, fc, N, F); break;
+    }
+  });
+}
+
+template <typename T>
+void Transformer<T>::mlp_activation_backward(T* dfc, uint16_t* dfc16, const T* dact, const T* fc,
+                                             int64_t N) {
+  const int64_t F = cfg_.ffn;
+  timed(Phase::Activation, [&] {
+    if (bf16_) {
+      if constexpr (std::is_same_v<T, float>) {
+        switch (fam_.mlp) {
+          case MlpKind::Gelu: k::gelu_backward_bf16(dfc16, dact, fc, N * F); break;
+          case MlpKind::SwiGLU: k::swiglu_backward_bf16(dfc16, dact, fc, N, F); break;
+        }
+      }
+      return;
+    }
+    switch (fam_.mlp) {
+      case MlpKind::Gelu: k::gelu_backward(dfc, dact, fc, N * F); break;
+      case MlpKind::SwiGLU: k::swiglu_backward(dfc, dact, fc, N, F); break;
+    }
+  });
+}
+
 template <typename T>
 void Transformer<T>::forward(const int32_t* inputs, int B, int Tq, int pos0, bool use_cache) {
   if (B <= 0 || B > max_batch_)
@@ -233,42 +359,30 @@ void Transformer<T>::forward(const int32_t* inputs, int B, int Tq, int pos0, boo
   if (Tq <= 0 || pos0 + Tq > max_len_)
     fail("sequence of ", pos0 + Tq, " tokens is longer than the model's maximum of ", max_len_,
          " (model.max_seq / train.seq_len)");
-  const bool gpt2 = cfg_.family == Family::GPT2;
+  const bool rope = fam_.positions == Positions::Rope;
   const int64_t N = int64_t(B) * Tq, C = cfg_.n_embd, V = cfg_.vocab_size;
   const int64_t nh = cfg_.n_head, nkv = cfg_.n_kv_head, hd = cfg_.head_dim();
-  const int64_t QKV = cfg_.qkv_dim(), F = cfg_.ffn, FW = gpt2 ? F : 2 * F;
-  const T eps = T(cfg_.norm_eps);
+  const int64_t QKV = cfg_.qkv_dim(), QH = cfg_.q_dim(), F = cfg_.ffn, FW = cfg_.mlp_in_dim();
   refresh_params_bf16();
-  T* P = params_.data();
-  auto p = [&](int64_t o) -> const T* { return o < 0 ? nullptr : P + o; };
-  const uint16_t* P16 = params16_.data();
-  auto p16 = [&](int64_t o) -> const uint16_t* { return P16 + o; };
+  const T* P = params_.data();
   Acts& a = *a_;
 
-  const ParamSpec& wte = table_.specs[0];
-  const T* wpe = gpt2 ? P + table_.specs[1].offset + int64_t(pos0) * C : nullptr;
-  timed(Phase::Embedding, [&] { k::embedding_forward(a.emb, inputs, P + wte.offset, wpe, N, Tq, C, V); });
+  const T* wpe = wpe_ < 0 ? nullptr : P + wpe_ + int64_t(pos0) * C;  // learned positions
+  timed(Phase::Embedding, [&] { k::embedding_forward(a.emb, inputs, P + wte_, wpe, N, Tq, C, V); });
 
   const T* x = a.emb;
   for (int l = 0; l < cfg_.n_layer; ++l) {
     const Layer& L = layers_[l];
     auto& A = a.layer[l];
-    if (bf16_) {
-      if (gpt2) timed(Phase::Norm, [&] { ln_fwd16(A.ln1_16, A.ln1_mean, A.ln1_rstd, x, p(L.ln1_w), p(L.ln1_b), N, C, eps); });
-      else timed(Phase::Norm, [&] { rms_fwd16(A.ln1_16, A.ln1_rstd, x, p(L.ln1_w), N, C, eps); });
-      timed(Phase::Gemm, [&] { lin_fwd16(A.qkv, A.ln1_16, p16(L.qkv_w), p(L.qkv_b), N, C, QKV); });
-    } else {
-      if (gpt2) timed(Phase::Norm, [&] { k::layernorm_forward(A.ln1, A.ln1_mean, A.ln1_rstd, x, p(L.ln1_w), p(L.ln1_b), N, C, eps); });
-      else timed(Phase::Norm, [&] { k::rmsnorm_forward(A.ln1, A.ln1_rstd, x, p(L.ln1_w), N, C, eps); });
-      timed(Phase::Gemm, [&] { k::linear_forward(A.qkv, A.ln1, p(L.qkv_w), p(L.qkv_b), N, C, QKV); });
-    }
-    if (!gpt2)
+    norm_forward(A.ln1, A.ln1_16, A.ln1_mean, A.ln1_rstd, x, L.ln1_w, L.ln1_b, N);
+    linear_forward(A.qkv, A.ln1, A.ln1_16, L.qkv_w, L.qkv_b, N, C, QKV);
+    if (rope)
       timed(Phase::Attention, [&] { k::rope_forward(A.qkv, N, Tq, pos0, nh + nkv, hd, QKV, rope_cos_.data(), rope_sin_.data()); });
 
     k::AttentionDims d{};
     d.B = B; d.Tq = Tq; d.n_head = int(nh); d.n_kv_head = int(nkv); d.head_dim = int(hd);
     d.q_stride = QKV; d.q_batch_stride = Tq * QKV;
-    d.out_stride = C; d.out_batch_stride = Tq * C;
+    d.out_stride = QH; d.out_batch_stride = Tq * QH;
     const T* q = A.qkv;
     const T *kp = A.qkv + nh * hd, *vp = A.qkv + (nh + nkv) * hd;
     if (use_cache) {
@@ -292,58 +406,33 @@ void Transformer<T>::forward(const int32_t* inputs, int B, int Tq, int pos0, boo
     }
 
     timed(Phase::Residual, [&] { std::memcpy(A.resid_mid, x, N * C * sizeof(T)); });
-    if (bf16_) {
-      timed(Phase::Attention, [&] { to16(A.atty, A.atty16, N * C); });
-      timed(Phase::Gemm, [&] { lin_fwd16(A.resid_mid, A.atty16, p16(L.proj_w), p(L.proj_b), N, C, C, /*accumulate=*/true); });
-      if (gpt2) timed(Phase::Norm, [&] { ln_fwd16(A.ln2_16, A.ln2_mean, A.ln2_rstd, A.resid_mid, p(L.ln2_w), p(L.ln2_b), N, C, eps); });
-      else timed(Phase::Norm, [&] { rms_fwd16(A.ln2_16, A.ln2_rstd, A.resid_mid, p(L.ln2_w), N, C, eps); });
-      timed(Phase::Gemm, [&] { lin_fwd16(A.fc, A.ln2_16, p16(L.fc_w), p(L.fc_b), N, C, FW); });
-      if constexpr (std::is_same_v<T, float>) {
-        if (gpt2) timed(Phase::Activation, [&] { k::gelu_forward_bf16(A.fc_act16, A.fc, N * F); });
-        else timed(Phase::Activation, [&] { k::swiglu_forward_bf16(A.fc_act16, A.fc, N, F); });
-      }
-      timed(Phase::Residual, [&] { std::memcpy(A.resid_out, A.resid_mid, N * C * sizeof(T)); });
-      timed(Phase::Gemm, [&] { lin_fwd16(A.resid_out, A.fc_act16, p16(L.fcproj_w), p(L.fcproj_b), N, F, C, /*accumulate=*/true); });
-    } else {
-      timed(Phase::Gemm, [&] { k::linear_forward(A.resid_mid, A.atty, p(L.proj_w), p(L.proj_b), N, C, C, /*accumulate=*/true); });
-      if (gpt2) timed(Phase::Norm, [&] { k::layernorm_forward(A.ln2, A.ln2_mean, A.ln2_rstd, A.resid_mid, p(L.ln2_w), p(L.ln2_b), N, C, eps); });
-      else timed(Phase::Norm, [&] { k::rmsnorm_forward(A.ln2, A.ln2_rstd, A.resid_mid, p(L.ln2_w), N, C, eps); });
-      timed(Phase::Gemm, [&] { k::linear_forward(A.fc, A.ln2, p(L.fc_w), p(L.fc_b), N, C, FW); });
-      if (gpt2) timed(Phase::Activation, [&] { k::gelu_forward(A.fc_act, A.fc, N * F); });
-      else timed(Phase::Activation, [&] { k::swiglu_forward(A.fc_act, A.fc, N, F); });
-      timed(Phase::Residual, [&] { std::memcpy(A.resid_out, A.resid_mid, N * C * sizeof(T)); });
-      timed(Phase::Gemm, [&] { k::linear_forward(A.resid_out, A.fc_act, p(L.fcproj_w), p(L.fcproj_b), N, F, C, /*accumulate=*/true); });
-    }
+    if (bf16_) timed(Phase::Attention, [&] { to16(A.atty, A.atty16, N * QH); });
+    linear_forward(A.resid_mid, A.atty, A.atty16, L.proj_w, L.proj_b, N, QH, C, /*accumulate=*/true);
+    norm_forward(A.ln2, A.ln2_16, A.ln2_mean, A.ln2_rstd, A.resid_mid, L.ln2_w, L.ln2_b, N);
+    linear_forward(A.fc, A.ln2, A.ln2_16, L.fc_w, L.fc_b, N, C, FW);
+    mlp_activation(A.fc_act, A.fc_act16, A.fc, N);
+    timed(Phase::Residual, [&] { std::memcpy(A.resid_out, A.resid_mid, N * C * sizeof(T)); });
+    linear_forward(A.resid_out, A.fc_act, A.fc_act16, L.fcproj_w, L.fcproj_b, N, F, C, /*accumulate=*/true);
     x = A.resid_out;
   }
-
-  if (bf16_) {
-    if (gpt2)
-      timed(Phase::Norm, [&] { ln_fwd16(a.lnf16, a.lnf_mean, a.lnf_rstd, x, P + table_.find("transformer.ln_f.weight").offset,
-                                        P + table_.find("transformer.ln_f.bias").offset, N, C, eps); });
-    else
-      timed(Phase::Norm, [&] { rms_fwd16(a.lnf16, a.lnf_rstd, x, P + table_.find("model.norm.weight").offset, N, C, eps); });
-  } else if (gpt2) {
-    timed(Phase::Norm, [&] { k::layernorm_forward(a.lnf, a.lnf_mean, a.lnf_rstd, x, P + table_.find("transformer.ln_f.weight").offset,
-                         P + table_.find("transformer.ln_f.bias").offset, N, C, eps); });
-  } else {
-    timed(Phase::Norm, [&] { k::rmsnorm_forward(a.lnf, a.lnf_rstd, x, P + table_.find("model.norm.weight").offset, N, C, eps); });
-  }
+  norm_forward(a.lnf, a.lnf16, a.lnf_mean, a.lnf_rstd, x, lnf_w_, lnf_b_, N);
 }
 
-// The output head's weight: the token embedding when tied.
-#define HEAD_OFFSET() \
-  (cfg_.tie_embeddings ? table_.specs[0].offset : table_.find("lm_head.weight").offset)
+// Logits [rows, V] of the final norm's rows (row i at lnf + i * stride) through the output head.
+template <typename T>
+void Transformer<T>::head_logits(int64_t rows, int64_t first, int64_t stride) {
+  const int64_t C = cfg_.n_embd, V = cfg_.vocab_size;
+  if (bf16_)
+    timed(Phase::Gemm, [&] { gemm16(false, true, rows, V, C, a_->lnf16 + first, stride, params16_.data() + head_, C, T(0), a_->logits, V); });
+  else
+    timed(Phase::Gemm, [&] { k::gemm<T>(false, true, rows, V, C, T(1), a_->lnf + first, stride, params_.data() + head_, C, T(0),
+               a_->logits, V); });
+}
 
 template <typename T>
 const T* Transformer<T>::forward_logits(const int32_t* inputs, int B, int Tq) {
   forward(inputs, B, Tq, 0, false);
-  const int64_t N = int64_t(B) * Tq, C = cfg_.n_embd, V = cfg_.vocab_size;
-  if (bf16_)
-    timed(Phase::Gemm, [&] { gemm16(false, true, N, V, C, a_->lnf16, C, params16_.data() + HEAD_OFFSET(), C, T(0), a_->logits, V); });
-  else
-    timed(Phase::Gemm, [&] { k::gemm<T>(false, true, N, V, C, T(1), a_->lnf, C, params_.data() + HEAD_OFFSET(), C, T(0),
-               a_->logits, V); });
+  head_logits(int64_t(B) * Tq, 0, cfg_.n_embd);
   return a_->logits;
 }
 
@@ -380,34 +469,22 @@ double Transformer<T>::forward_backward(const int32_t* inputs, const int32_t* ta
 
 template <typename T>
 void Transformer<T>::backward(const int32_t* inputs, int B, int Tq) {
-  const bool gpt2 = cfg_.family == Family::GPT2;
+  const bool rope = fam_.positions == Positions::Rope;
   const int64_t N = int64_t(B) * Tq, C = cfg_.n_embd, V = cfg_.vocab_size;
   const int64_t nh = cfg_.n_head, nkv = cfg_.n_kv_head, hd = cfg_.head_dim();
-  const int64_t QKV = cfg_.qkv_dim(), F = cfg_.ffn, FW = gpt2 ? F : 2 * F;
-  T* P = params_.data();
+  const int64_t QKV = cfg_.qkv_dim(), QH = cfg_.q_dim(), F = cfg_.ffn, FW = cfg_.mlp_in_dim();
   T* G = grads_.data();
-  auto p = [&](int64_t o) -> const T* { return o < 0 ? nullptr : P + o; };
-  auto g = [&](int64_t o) -> T* { return o < 0 ? nullptr : G + o; };
-  const uint16_t* P16 = params16_.data();
-  auto p16 = [&](int64_t o) -> const uint16_t* { return P16 + o; };
   Acts& a = *a_;
   const T* x_last = cfg_.n_layer > 0 ? a.layer.back().resid_out : a.emb;
+  // In bf16 mode the GEMMs read dresid in bf16.
+  auto dresid16 = [&] {
+    if (bf16_) timed(Phase::Norm, [&] { to16(a.dresid, a.dresid16, N * C); });
+  };
 
-  // Output head (dlogits already in a.logits) and the final norm.
-  const int64_t head = HEAD_OFFSET();
-  if (bf16_)
-    timed(Phase::Gemm, [&] { lin_bwd16(a.dln, G + head, static_cast<T*>(nullptr), a.dlogits16, static_cast<const T*>(nullptr), a.lnf16, p16(head), N, C, V); });
-  else
-    timed(Phase::Gemm, [&] { k::linear_backward(a.dln, G + head, static_cast<T*>(nullptr), a.logits, a.lnf, P + head, N, C, V); });
+  // Output head (dlogits already in a.logits; bf16: a.dlogits16) and the final norm.
+  linear_backward(a.dln, a.logits, a.dlogits16, a.lnf, a.lnf16, head_, -1, N, C, V);
   timed(Phase::Residual, [&] { std::fill(a.dresid, a.dresid + N * C, T(0)); });
-  if (gpt2) {
-    const int64_t w = table_.find("transformer.ln_f.weight").offset;
-    const int64_t b = table_.find("transformer.ln_f.bias").offset;
-    timed(Phase::Norm, [&] { k::layernorm_backward(a.dresid, G + w, G + b, a.dln, x_last, P + w, a.lnf_mean, a.lnf_rstd, N, C); });
-  } else {
-    const int64_t w = table_.find("model.norm.weight").offset;
-    timed(Phase::Norm, [&] { k::rmsnorm_backward(a.dresid, G + w, a.dln, x_last, P + w, a.lnf_rstd, N, C); });
-  }
+  norm_backward(a.dresid, a.dln, x_last, lnf_w_, lnf_b_, a.lnf_mean, a.lnf_rstd, N);
 
   for (int l = cfg_.n_layer - 1; l >= 0; --l) {
     const Layer& L = layers_[l];
@@ -415,50 +492,30 @@ void Transformer<T>::backward(const int32_t* inputs, int B, int Tq) {
     const T* x_in = l == 0 ? a.emb : a.layer[l - 1].resid_out;
 
     // resid_out = resid_mid + fcproj(act(fc(norm2(resid_mid))))
-    if (bf16_) {
-      timed(Phase::Norm, [&] { to16(a.dresid, a.dresid16, N * C); });
-      timed(Phase::Gemm, [&] { lin_bwd16(a.dfc_act, g(L.fcproj_w), g(L.fcproj_b), a.dresid16, a.dresid, A.fc_act16, p16(L.fcproj_w), N, F, C); });
-      if constexpr (std::is_same_v<T, float>) {
-        if (gpt2) timed(Phase::Activation, [&] { k::gelu_backward_bf16(a.dfc16, a.dfc_act, A.fc, N * F); });
-        else timed(Phase::Activation, [&] { k::swiglu_backward_bf16(a.dfc16, a.dfc_act, A.fc, N, F); });
-      }
-      timed(Phase::Gemm, [&] { lin_bwd16(a.dln, g(L.fc_w), g(L.fc_b), a.dfc16, static_cast<const T*>(nullptr), A.ln2_16, p16(L.fc_w), N, C, FW); });
-    } else {
-      timed(Phase::Gemm, [&] { k::linear_backward(a.dfc_act, g(L.fcproj_w), g(L.fcproj_b), a.dresid, A.fc_act, p(L.fcproj_w), N, F, C); });
-      if (gpt2) timed(Phase::Activation, [&] { k::gelu_backward(a.dfc, a.dfc_act, A.fc, N * F); });
-      else timed(Phase::Activation, [&] { k::swiglu_backward(a.dfc, a.dfc_act, A.fc, N, F); });
-      timed(Phase::Gemm, [&] { k::linear_backward(a.dln, g(L.fc_w), g(L.fc_b), a.dfc, A.ln2, p(L.fc_w), N, C, FW); });
-    }
-    if (gpt2) timed(Phase::Norm, [&] { k::layernorm_backward(a.dresid, g(L.ln2_w), g(L.ln2_b), a.dln, A.resid_mid, p(L.ln2_w), A.ln2_mean, A.ln2_rstd, N, C); });
-    else timed(Phase::Norm, [&] { k::rmsnorm_backward(a.dresid, g(L.ln2_w), a.dln, A.resid_mid, p(L.ln2_w), A.ln2_rstd, N, C); });
+    dresid16();
+    linear_backward(a.dfc_act, a.dresid, a.dresid16, A.fc_act, A.fc_act16, L.fcproj_w, L.fcproj_b, N, F, C);
+    mlp_activation_backward(a.dfc, a.dfc16, a.dfc_act, A.fc, N);
+    linear_backward(a.dln, a.dfc, a.dfc16, A.ln2, A.ln2_16, L.fc_w, L.fc_b, N, C, FW);
+    norm_backward(a.dresid, a.dln, A.resid_mid, L.ln2_w, L.ln2_b, A.ln2_mean, A.ln2_rstd, N);
 
     // resid_mid = x_in + proj(attention(rope(qkv(norm1(x_in)))))
-    if (bf16_) {
-      timed(Phase::Norm, [&] { to16(a.dresid, a.dresid16, N * C); });
-      timed(Phase::Gemm, [&] { lin_bwd16(a.datty, g(L.proj_w), g(L.proj_b), a.dresid16, a.dresid, A.atty16, p16(L.proj_w), N, C, C); });
-    } else {
-      timed(Phase::Gemm, [&] { k::linear_backward(a.datty, g(L.proj_w), g(L.proj_b), a.dresid, A.atty, p(L.proj_w), N, C, C); });
-    }
+    dresid16();
+    linear_backward(a.datty, a.dresid, a.dresid16, A.atty, A.atty16, L.proj_w, L.proj_b, N, QH, C);
     k::AttentionDims d{};
     d.B = B; d.Tq = Tq; d.Tk = Tq; d.n_head = int(nh); d.n_kv_head = int(nkv); d.head_dim = int(hd);
     d.q_stride = d.kv_stride = QKV; d.q_batch_stride = d.kv_batch_stride = Tq * QKV;
-    d.out_stride = C; d.out_batch_stride = Tq * C;
+    d.out_stride = QH; d.out_batch_stride = Tq * QH;
     timed(Phase::Attention, [&] { k::attention_backward<T>(a.dqkv, a.dqkv + nh * hd, a.dqkv + (nh + nkv) * hd, a.datty, A.qkv,
                              A.qkv + nh * hd, A.qkv + (nh + nkv) * hd, A.atty, A.lse, d); });
-    if (!gpt2)
+    if (rope)
       timed(Phase::Attention, [&] { k::rope_backward(a.dqkv, N, Tq, 0, nh + nkv, hd, QKV, rope_cos_.data(), rope_sin_.data()); });
-    if (bf16_) {
-      timed(Phase::Attention, [&] { to16(a.dqkv, a.dqkv16, N * QKV); });
-      timed(Phase::Gemm, [&] { lin_bwd16(a.dln, g(L.qkv_w), g(L.qkv_b), a.dqkv16, a.dqkv, A.ln1_16, p16(L.qkv_w), N, C, QKV); });
-    } else {
-      timed(Phase::Gemm, [&] { k::linear_backward(a.dln, g(L.qkv_w), g(L.qkv_b), a.dqkv, A.ln1, p(L.qkv_w), N, C, QKV); });
-    }
-    if (gpt2) timed(Phase::Norm, [&] { k::layernorm_backward(a.dresid, g(L.ln1_w), g(L.ln1_b), a.dln, x_in, p(L.ln1_w), A.ln1_mean, A.ln1_rstd, N, C); });
-    else timed(Phase::Norm, [&] { k::rmsnorm_backward(a.dresid, g(L.ln1_w), a.dln, x_in, p(L.ln1_w), A.ln1_rstd, N, C); });
+    if (bf16_) timed(Phase::Attention, [&] { to16(a.dqkv, a.dqkv16, N * QKV); });
+    linear_backward(a.dln, a.dqkv, a.dqkv16, A.ln1, A.ln1_16, L.qkv_w, L.qkv_b, N, C, QKV);
+    norm_backward(a.dresid, a.dln, x_in, L.ln1_w, L.ln1_b, A.ln1_mean, A.ln1_rstd, N);
   }
 
-  T* dwpe = gpt2 ? G + table_.specs[1].offset : nullptr;
-  timed(Phase::Embedding, [&] { k::embedding_backward(G + table_.specs[0].offset, dwpe, a.dresid, inputs, N, Tq, C); });
+  T* dwpe = wpe_ < 0 ? nullptr : G + wpe_;
+  timed(Phase::Embedding, [&] { k::embedding_backward(G + wte_, dwpe, a.dresid, inputs, N, Tq, C); });
 }
 
 template <typename T>
@@ -468,7 +525,7 @@ void Transformer<T>::start_cache(int B) {
   if (!cache_ || cache_->B != B) {
     cache_ = std::make_unique<Cache>();
     cache_->B = B;
-    const size_t n = size_t(cfg_.n_layer) * B * max_len_ * cfg_.n_kv_head * cfg_.head_dim();
+    const size_t n = size_t(cfg_.n_layer) * B * max_len_ * cfg_.kv_dim();
     cache_->k = Buffer<T>(n);
     cache_->v = Buffer<T>(n);
   }
@@ -484,13 +541,8 @@ const T* Transformer<T>::decode(const int32_t* tokens, int B, int Tq) {
   forward(tokens, B, Tq, cache_->pos, true);
   cache_->pos += Tq;
   // Logits of the last new token of each sequence only: rows (b*Tq + Tq-1) of lnf.
-  const int64_t C = cfg_.n_embd, V = cfg_.vocab_size;
-  if (bf16_)
-    timed(Phase::Gemm, [&] { gemm16(false, true, B, V, C, a_->lnf16 + int64_t(Tq - 1) * C, int64_t(Tq) * C,
-                                    params16_.data() + HEAD_OFFSET(), C, T(0), a_->logits, V); });
-  else
-    timed(Phase::Gemm, [&] { k::gemm<T>(false, true, B, V, C, T(1), a_->lnf + int64_t(Tq - 1) * C, int64_t(Tq) * C,
-               params_.data() + HEAD_OFFSET(), C, T(0), a_->logits, V); });
+  const int64_t C = cfg_.n_embd;
+  head_logits(B, int64_t(Tq - 1) * C, int64_t(Tq) * C);
   return a_->logits;
 }
 

@@ -1,6 +1,9 @@
-// The serial test oracle: the GPT-2 / Llama decoder as one class over flat buffers, forward and
-// backward written out (tests/support, not part of tetrad_lib: every command runs
-// parallel::ParallelTransformer, the one model).
+// The serial test oracle: the decoder of every registered family as one class over flat
+// buffers, forward and backward written out (tests/support, not part of tetrad_lib: every command
+// runs parallel::ParallelTransformer, the one model). What a block is made of comes from the
+// family's description (model/family.hpp: norm kind, MLP kind, positions) and each tensor's place
+// from its role, so a new family is an entry there plus the parts its new kinds or roles need
+// here, not a branch on the family.
 //
 // Parameters, gradients and activations each live in one Buffer; the ParamTable gives every
 // tensor's (offset, size). The whole model reads top to bottom in transformer.cpp: forward() then
@@ -109,9 +112,23 @@ class Transformer {
   struct Cache;
   void forward(const int32_t* inputs, int B, int Tq, int pos0, bool use_cache);
   void backward(const int32_t* inputs, int B, int Tq);
-  void bind_views();
+  void bind_tensors();
+  // The parts, each by the family's kind (norm, MLP) and the precision; tensors by offset.
+  void norm_forward(T* out, uint16_t* out16, T* mean, T* rstd, const T* x, int64_t w, int64_t b,
+                    int64_t N);
+  void norm_backward(T* dx, const T* dout, const T* x, int64_t w, int64_t b, const T* mean,
+                     const T* rstd, int64_t N);
+  void linear_forward(T* out, const T* in, const uint16_t* in16, int64_t w, int64_t b, int64_t N,
+                      int64_t IC, int64_t OC, bool accumulate = false);
+  void linear_backward(T* din, const T* dout, const uint16_t* dout16, const T* in,
+                       const uint16_t* in16, int64_t w, int64_t b, int64_t N, int64_t IC,
+                       int64_t OC);
+  void mlp_activation(T* act, uint16_t* act16, const T* fc, int64_t N);
+  void mlp_activation_backward(T* dfc, uint16_t* dfc16, const T* dact, const T* fc, int64_t N);
+  void head_logits(int64_t rows, int64_t first, int64_t stride);
 
   ModelConfig cfg_;
+  const FamilyDesc& fam_;  // what the blocks are made of (model/family.hpp)
   ParamTable table_;
   int max_batch_, max_len_;
   void refresh_params_bf16();
@@ -120,6 +137,8 @@ class Transformer {
   bool params16_current_ = false;
   Buffer<uint16_t> params16_, acts16_;
   std::vector<Layer> layers_;
+  // Offsets of the tensors outside the blocks (-1: absent); head_ is wte_ when tied.
+  int64_t wte_ = -1, wpe_ = -1, lnf_w_ = -1, lnf_b_ = -1, head_ = -1;
   std::unique_ptr<Acts> a_;
   std::unique_ptr<Cache> cache_;
   StepProfile* prof_ = nullptr;

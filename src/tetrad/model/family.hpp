@@ -81,6 +81,9 @@ struct FamilyDesc {
   bool linear_biases;             // every linear layer but the head has a bias
   bool qkv_bias;                  // the q|k|v layer has a bias (every one, with linear_biases)
   bool grouped_query_attention;   // n_kv_head may be smaller than n_head
+  // The head width may differ from n_embd / n_head (ModelConfig::explicit_head_dim; Qwen3's
+  // 128-wide heads); false: head_dim = n_embd / n_head, any other value refused.
+  bool independent_head_dim;
   TiedEmbeddings tied;
   bool scaled_residual_init;      // AttnOut / MlpOut drawn with init_std / sqrt(2 n_layer)
   // The parameter table in memory order: the tensors before the blocks, one block's, after.

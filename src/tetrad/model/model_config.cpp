@@ -16,11 +16,19 @@ void ModelConfig::validate() const {
   positive("ffn", ffn);
   positive("vocab_size", vocab_size);
   positive("max_seq", max_seq);
-  if (n_embd % n_head != 0)
-    fail("model.n_head (", n_head, ") must divide model.n_embd (", n_embd, ")");
+  const FamilyDesc& d = desc();
+  if (explicit_head_dim < 0)
+    fail("model.head_dim must be positive (or 0: n_embd / n_head), got ", explicit_head_dim);
+  if (!d.independent_head_dim || explicit_head_dim == 0) {
+    if (n_embd % n_head != 0)
+      fail("model.n_head (", n_head, ") must divide model.n_embd (", n_embd, ")");
+    if (explicit_head_dim > 0 && explicit_head_dim != n_embd / n_head)
+      fail("model.head_dim = ", explicit_head_dim, ": ", d.display,
+           " heads are n_embd / n_head = ", n_embd / n_head,
+           " wide; a head width of its own needs a family that has one (none is registered)");
+  }
   if (n_head % n_kv_head != 0)
     fail("model.n_kv_head (", n_kv_head, ") must divide model.n_head (", n_head, ")");
-  const FamilyDesc& d = desc();
   if (!d.grouped_query_attention && n_kv_head != n_head)
     fail("model.n_kv_head: ", d.display, " has no grouped-query attention; set it equal to n_head (",
          n_head, ") or use a family with it (\"llama\", \"qwen2\")");

@@ -31,14 +31,21 @@ struct ModelConfig {
   int rope_original_max_position = 8192;
   bool tie_embeddings = true;   // GPT-2 always ties; Llama does not by default
   float init_std = 0.02f;
+  // The width of one attention head; 0 (the default): n_embd / n_head. Read it through
+  // head_dim(). A family whose heads are n_embd / n_head wide (FamilyDesc::independent_head_dim
+  // false: every family registered so far) refuses any other value (validate()).
+  int explicit_head_dim = 0;
 
-  int head_dim() const { return n_embd / n_head; }
+  int head_dim() const { return explicit_head_dim > 0 ? explicit_head_dim : n_embd / n_head; }
+  int q_dim() const { return n_head * head_dim(); }       // every query head: n_head * head_dim
+  int kv_dim() const { return n_kv_head * head_dim(); }   // the keys' (or values') heads
   const FamilyDesc& desc() const { return family_desc(family); }
   bool rope_llama3() const { return desc().positions == Positions::Rope && rope_type == "llama3"; }
   // Rows of the MLP's input GEMM: ffn, or 2 ffn where gate and up are fused (SwiGLU).
   int mlp_in_dim() const { return desc().mlp_in_factor() * ffn; }
-  int qkv_dim() const { return (n_head + 2 * n_kv_head) * head_dim(); }
-  // Throws Error when sizes are inconsistent (heads not dividing C, kv heads not dividing heads...).
+  int qkv_dim() const { return q_dim() + 2 * kv_dim(); }
+  // Throws Error when sizes are inconsistent (heads not dividing C, kv heads not dividing heads,
+  // a head width the family does not have...).
   void validate() const;
 };
 

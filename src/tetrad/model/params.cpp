@@ -60,7 +60,6 @@ ParamKind role_kind(TensorRole role) {
 
 ParamTable build_param_table(const ModelConfig& c) {
   const FamilyDesc& f = c.desc();
-  const int64_t hd = c.head_dim();
   auto size = [&](Dim d) -> int64_t {
     switch (d) {
       case Dim::None: return 0;
@@ -68,8 +67,8 @@ ParamTable build_param_table(const ModelConfig& c) {
       case Dim::Hidden: return c.n_embd;
       case Dim::Positions: return c.max_seq;
       case Dim::Ffn: return c.ffn;
-      case Dim::QHeads: return c.n_head * hd;
-      case Dim::KvHeads: return c.n_kv_head * hd;
+      case Dim::QHeads: return c.q_dim();
+      case Dim::KvHeads: return c.kv_dim();
       case Dim::QkvHeads: return c.qkv_dim();
     }
     fail("dimension ", int(d), " has no size");

@@ -20,6 +20,8 @@
 #include <cstdint>
 #include <string>
 
+#include "tetrad/model/gemm_shapes.hpp"
+
 namespace tetrad::backend {
 class Backend;
 enum class Precision : uint8_t;
@@ -41,13 +43,12 @@ struct GemmForm {
 // "NT", "NT/tr" (forward); "NN", "TN", "NN/tr", "TN/tr" (dx, dw).
 std::string gemm_form_name(bool forward, GemmForm f);
 
-// The linear sites, in plan order. The model passes the enum; the names are only for I/O (the
-// plan's text form, printed plans, profile and communication labels).
-enum class GemmSite : uint8_t { Qkv, Proj, Fc, FcProj, Head };
-inline constexpr int kGemmSites = 5;
-inline constexpr std::array<const char*, kGemmSites> kGemmSiteNames = {"qkv", "proj", "fc",
-                                                                        "fcproj", "head"};
-inline const char* gemm_site_name(GemmSite s) { return kGemmSiteNames[size_t(s)]; }
+// The linear sites, in plan order (model/gemm_shapes.hpp, where the model's GEMM shapes carry
+// them too). The model passes the enum; the names are only for I/O.
+using ::tetrad::GemmSite;
+using ::tetrad::gemm_site_name;
+using ::tetrad::kGemmSiteNames;
+using ::tetrad::kGemmSites;
 int gemm_site_index(const std::string& name);  // -1 if not a site
 
 struct GemmSiteLayout {

@@ -5,6 +5,7 @@
 #include <climits>
 #include <cstdlib>
 #include <optional>
+#include <span>
 
 #include "tetrad/core/error.hpp"
 
@@ -49,14 +50,31 @@ int GridShape::size(AxisSet axes) const {
 }
 
 namespace {
-// The extents in rank order joined by `sep`, the pipeline's left out when it is 1 (grids
-// without a pipeline read "x,y,z,d").
+// The positional forms of a grid, as parse_grid reads them and to_arg, to_string write them: the
+// axes their numbers give, in order; an axis a form leaves out is 1 (its coordinate 0). "x,y,z,d"
+// is the form of grids without a pipeline, "x,y,z,p,d" has every axis in rank order.
+constexpr Axis kFourAxes[] = {Axis::X, Axis::Y, Axis::Z, Axis::D};
+constexpr Axis kFiveAxes[] = {Axis::X, Axis::Y, Axis::Z, Axis::P, Axis::D};
+constexpr std::span<const Axis> kPositionalForms[] = {kFourAxes, kFiveAxes};
+static_assert(std::ranges::equal(kFiveAxes, kAxesInRankOrder),
+              "a new axis: say which positional forms give it (the named form takes it already)");
+
+// The shortest positional form that holds every axis of `v` not at its unset value.
+template <int kUnset>
+std::span<const Axis> shortest_form(const PerAxis<kUnset>& v) {
+  for (std::span<const Axis> form : kPositionalForms) {
+    bool holds = true;
+    for (Axis a : kAxesInRankOrder)
+      holds = holds && (v[a] == kUnset || std::ranges::find(form, a) != form.end());
+    if (holds) return form;
+  }
+  return kFiveAxes;  // every axis (static_assert above)
+}
+
+// The extents in their shortest positional form, joined by `sep`.
 std::string joined(const GridShape& shape, const char* sep) {
   std::string s;
-  for (Axis a : kAxesInRankOrder) {
-    if (a == Axis::P && shape.p() == 1) continue;
-    s += (s.empty() ? "" : sep) + std::to_string(shape[a]);
-  }
+  for (Axis a : shortest_form(shape)) s += (s.empty() ? "" : sep) + std::to_string(shape[a]);
   return s;
 }
 }  // namespace
@@ -65,13 +83,9 @@ std::string GridShape::to_string() const { return joined(*this, "x"); }
 std::string GridShape::to_arg() const { return joined(*this, ","); }
 
 std::string to_string(const GridCoord& coord) {
-  std::string s = "(";
-  for (Axis a : kAxesInRankOrder) {
-    if (a == Axis::P && coord.p() == 0) continue;  // grids without a pipeline read as before
-    if (a != kAxesInRankOrder.front()) s += ",";
-    s += axis_name(a);
-    s += std::to_string(coord[a]);
-  }
+  std::string s;
+  for (Axis a : shortest_form(coord))
+    s += (s.empty() ? "(" : ",") + std::string(axis_name(a)) + std::to_string(coord[a]);
   return s + ")";
 }
 
@@ -177,11 +191,18 @@ GridShape parse_grid(const std::string& text) {
     if (comma == std::string::npos) break;
     start = comma + 1;
   }
+  // Every part gives one axis its extent, by name or by position; axes not given are 1.
   GridShape shape;
-  const bool named = text.find('=') != std::string::npos;
-  if (named) {
-    // "d=2,x=2": every part names one axis; axes not named are 1.
-    std::vector<Axis> seen;
+  AxisSet given;
+  auto assign = [&](Axis axis, const std::string& value) {
+    if (given.contains(axis)) fail("grid \"", text, "\": axis ", axis_name(axis), " is named twice");
+    given = given | axis;
+    const std::optional<int> v = parse_extent(value);
+    if (!v) fail("grid \"", text, "\": ", expected, ", got \"", value, "\" for ", axis_name(axis));
+    shape[axis] = *v;
+  };
+  if (text.find('=') != std::string::npos) {
+    // "d=2,x=2"
     for (const std::string& part : parts) {
       const size_t eq = part.find('=');
       if (eq == std::string::npos)
@@ -192,25 +213,16 @@ GridShape parse_grid(const std::string& text) {
         if (name == axis_name(a)) axis = a;
       if (!axis)
         fail("grid \"", text, "\": unknown axis \"", name, "\" (the axes are ", axis_list(), ")");
-      if (std::find(seen.begin(), seen.end(), *axis) != seen.end())
-        fail("grid \"", text, "\": axis ", name, " is named twice");
-      seen.push_back(*axis);
-      const std::optional<int> v = parse_extent(value);
-      if (!v) fail("grid \"", text, "\": ", expected, ", got \"", value, "\" for ", name);
-      shape[*axis] = *v;
+      assign(*axis, value);
     }
   } else {
-    if (parts.size() != 4 && parts.size() != 5)
+    // "2,1,2,1": the positional form with as many axes as there are numbers.
+    const std::span<const Axis>* form = std::ranges::find_if(
+        kPositionalForms, [&](std::span<const Axis> f) { return f.size() == parts.size(); });
+    if (form == std::ranges::end(kPositionalForms))
       fail("grid \"", text, "\": ", expected, ", got ", parts.size(),
            parts.size() == 1 ? " number" : " numbers");
-    const Axis four[] = {Axis::X, Axis::Y, Axis::Z, Axis::D};
-    const Axis five[] = {Axis::X, Axis::Y, Axis::Z, Axis::P, Axis::D};
-    for (size_t i = 0; i < parts.size(); ++i) {
-      const Axis a = parts.size() == 5 ? five[i] : four[i];
-      const std::optional<int> v = parse_extent(parts[i]);
-      if (!v) fail("grid \"", text, "\": ", expected, ", got \"", parts[i], "\" for ", axis_name(a));
-      shape[a] = *v;
-    }
+    for (size_t i = 0; i < parts.size(); ++i) assign((*form)[i], parts[i]);
   }
   // The product must fit an int too (it is a rank count).
   long long product = 1;

@@ -11,7 +11,8 @@
 // Axes are data: GridShape and GridCoord hold one number per Axis, every function here loops
 // over kAxesInRankOrder, and groups of several axes are an AxisSet. Adding an axis is an enum
 // entry (and its name in axis_name) plus the code that uses it; parse_grid's named form
-// ("d=2,x=2") takes it at once.
+// ("d=2,x=2") takes it at once, and the positional forms ("x,y,z,d", "x,y,z,p,d") are axis lists
+// (grid.cpp, kPositionalForms) read by the same parser.
 //
 // What this does not do: choose a grid (the planner does, from factorizations()), or talk MPI
 // (parallel/process_groups.hpp builds the communicators from these functions).

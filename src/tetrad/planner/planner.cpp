@@ -10,6 +10,7 @@
 
 #include "tetrad/core/error.hpp"
 #include "tetrad/model/params.hpp"
+#include "tetrad/parallel/activation_layout.hpp"
 #include "tetrad/parallel/grid.hpp"
 #include "tetrad/parallel/sharding.hpp"
 
@@ -277,15 +278,26 @@ double collective_seconds(Op op, double bytes, const Placement& pl) {
 
 // ------------------------------------------------------------------------------------ memory
 
+int64_t layer_activation_elements(const ModelConfig& m, const GridShape& g, int64_t N, Recompute mode) {
+  // The model's own spec list (parallel/activation_layout.hpp), every tensor in fp32.
+  const parallel::LocalDims d = parallel::LocalDims::of(m, g);
+  int64_t n = 0;
+  for (const parallel::LayerActSpec& t : parallel::kLayerActs)
+    if (t.keep == parallel::ActKeep::Output || parallel::act_kept(t.keep, mode))
+      n += parallel::act_floats(N, t.width, t.store, d, false);
+  return n;
+}
+
 int64_t trainer_activation_elements(const ModelConfig& m, const GridShape& g, int64_t N) {
-  const int64_t Cx = m.n_embd / g.x(), Ay = m.n_embd / g.y(), nhy = m.n_head / g.y();
-  const int64_t QKVy = int64_t(m.n_head + 2 * m.n_kv_head) * m.head_dim() / g.y();
-  const int64_t Fy = m.ffn / g.y(), FWy = m.desc().mlp_in_factor() * Fy;
-  const int64_t Vy = m.vocab_size / g.y();
-  const int64_t per_layer = N * (Cx + 2 + QKVy + Ay + nhy + Cx + Cx + 2 + FWy + Fy + Cx);
-  const int64_t global =
-      N * (Cx + Cx + 2 + Vy + 1 + Cx) + N * (Cx + Cx + QKVy + Ay + FWy + Fy);
-  return per_layer * stage_layer_count(m.n_layer, g.p()) + global;
+  // One layer's tensors (kLayerActs) for each layer of the fullest stage, and the top-level ones
+  // (kGlobalActs: the embedding's output, the head's, the work buffers), in fp32 (the bf16-only
+  // gradient copies take nothing there).
+  const parallel::LocalDims d = parallel::LocalDims::of(m, g);
+  int64_t global = 0;
+  for (const parallel::GlobalActSpec& t : parallel::kGlobalActs)
+    global += parallel::act_floats(N, t.width, t.store, d, false);
+  return layer_activation_elements(m, g, N, Recompute::None) * stage_layer_count(m.n_layer, g.p()) +
+         global;
 }
 
 namespace {
@@ -370,18 +382,13 @@ MemoryBreakdown reference_memory_of_stage(const PlanInput& in, const GridShape& 
   const double per_layer_count = stage_layer_count(m.n_layer, g.p());  // what `all` holds
   const double per_layer = per_layer_count > 0 ? (all - global) / per_layer_count : 0;
   const int v = in.virtual_stages;
-  const double Cx = double(m.n_embd) / g.x();
   double kept = per_layer;  // per layer per micro-batch
   double work = 0;          // one layer's recomputed activations while its backward runs
   // What each mode keeps is the trainer's (ParallelTransformer::activation_bytes): selective drops
   // the attention output and its log-sum-exp (recomputed from the kept q|k|v), full keeps only
   // the block's input; the recomputed tensors share one layer's scratch.
-  const double Ay = double(m.n_embd) / g.y(), nhy = double(m.n_head) / g.y();
-  if (in.recompute == Recompute::Selective) {
-    kept = per_layer - double(N) * (Ay + nhy);
-    work = per_layer - kept;
-  } else if (in.recompute == Recompute::Full) {
-    kept = double(N) * Cx;
+  if (in.recompute != Recompute::None) {
+    kept = double(layer_activation_elements(m, g, N, in.recompute));
     work = per_layer - kept;
   }
   // Micro-batch chunks the first stage holds at once, from the trainer's own schedule

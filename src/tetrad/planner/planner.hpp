@@ -247,8 +247,13 @@ MemoryBreakdown memory_breakdown(const parallel::ModelMemory& m);
 // split, overlap switches): what the memory formula sizes.
 parallel::ParallelOptions model_options(const PlanInput& in);
 // Elements of the trainer's activation buffer for one micro-batch of `tokens` tokens on a rank
-// of grid g, no recomputation (ParallelTransformer's layout, exactly).
+// of grid g, fp32, no recomputation: computed from the model's activation spec list
+// (parallel/activation_layout.hpp: kLayerActs for each layer of the fullest stage, kGlobalActs),
+// so on a grid without a pipeline axis it is what the model allocates.
 int64_t trainer_activation_elements(const ModelConfig& m, const GridShape& g, int64_t tokens);
+// One layer's elements of it that `mode` keeps per layer (the spec's ActKeep), fp32.
+int64_t layer_activation_elements(const ModelConfig& m, const GridShape& g, int64_t tokens,
+                                  Recompute mode);
 // Parameters a rank stores (ShardPlan's local_total for Gp = 1), on the fullest stage.
 int64_t local_parameters(const ModelConfig& m, const GridShape& g);
 

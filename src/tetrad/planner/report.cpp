@@ -142,6 +142,41 @@ std::string plan_text(const PlanInput& in, const Machine& m, const std::vector<E
   return o.str();
 }
 
+std::string why_text(const PlanInput& in, const Machine& m, const Estimate& e) {
+  std::ostringstream o;
+  o << std::fixed << std::setprecision(1);
+  o << "grid " << grid_label(e.grid) << " (x,y,z,p,d) for " << in.model_name << " on " << in.ranks
+    << " ranks of machine " << m.name << ": " << (e.valid ? "valid" : "rejected: " + e.reject) << "\n";
+  const MemoryBreakdown& mb = e.memory;
+  if (mb.total() > 0) {
+    o << "memory per rank " << mb.total() / 1e9 << " GB of " << m.memory_bytes / 1e9 << " GB:";
+    const std::pair<const char*, double> items[] = {{"weights", mb.weights}, {"grads", mb.grads},
+        {"optimizer", mb.optimizer}, {"gathered", mb.gathered}, {"staging", mb.staging},
+        {"activations", mb.activations}};
+    for (const auto& [k, v] : items) o << " " << k << " " << v / 1e9;
+    o << " GB\n";
+  }
+  if (e.micro_batch > 0)
+    o << "micro-batch " << micro_label(e) << " (per replica x micro-batches), " << e.tokens_per_rank
+      << " tokens per rank per micro-batch\n";
+  if (!e.valid) return o.str();
+  auto pct = [&](double v) { return 100 * v / e.step; };
+  o << "step " << human_time(e.step) << " = compute " << pct(e.compute) << "% (GEMMs "
+    << pct(e.compute_gemm) << "%, attention " << pct(e.compute_attention) << "%, the rest "
+    << pct(e.compute - e.compute_gemm - e.compute_attention) << "%) + exposed communication "
+    << pct(e.comm_exposed) << "% + bubble " << pct(e.bubble) << "% + contention "
+    << pct(e.contention) << "% + optimizer " << pct(e.optimizer) << "%; MFU " << 100 * e.mfu
+    << "%, HFU " << 100 * e.hfu << "%, dominant " << e.dominant << "\n";
+  o << "collectives (per step: calls, seconds, exposed):\n";
+  for (const auto& c : e.collectives)
+    o << "  " << std::left << std::setw(44) << c.what << std::right << " " << std::setw(2)
+      << c.axis.name() << " " << std::setw(14) << op_name(c.op) << std::setw(12)
+      << human_bytes(c.bytes) << " x " << std::setw(7) << c.calls << std::setw(11)
+      << human_time(c.seconds) << std::setw(11) << human_time(c.exposed)
+      << (c.inter_node ? "  across nodes" : "") << "\n";
+  return o.str();
+}
+
 nlohmann::json plan_json(const PlanInput& in, const Machine& m, const std::vector<Estimate>& plan) {
   nlohmann::json grids = nlohmann::json::array();
   for (const auto& e : plan) grids.push_back(e.to_json());

@@ -19,6 +19,10 @@ std::string plan_text(const PlanInput& in, const Machine& m, const std::vector<E
 // The micro-batch an estimate runs, per (z, d) replica x micro-batches per step ("4 x 16"):
 // the plan's and the scaling table's column ("-" for a rejected grid).
 std::string micro_label(const Estimate& e);
+// One grid, term by term (`tetrad plan --why GRID`): why it was rejected, its memory items
+// against the machine's, the micro-batch, the step's terms (compute: GEMMs, attention, the
+// rest; exposed communication by axis; bubble; contention; optimizer) and every collective.
+std::string why_text(const PlanInput& in, const Machine& m, const Estimate& e);
 // The same as JSON: model, run, machine, the FLOPs formula and every grid's Estimate::to_json.
 nlohmann::json plan_json(const PlanInput& in, const Machine& m, const std::vector<Estimate>& plan);
 

@@ -23,7 +23,6 @@
 #include "tetrad/parallel/memory_model.hpp"
 #include "tetrad/parallel/parallel_transformer.hpp"
 #include "tetrad/parallel/pipeline.hpp"
-#include "tetrad/train/auto_grid.hpp"
 #include "tetrad/parallel/process_groups.hpp"
 #include "tetrad/backend/ceilings.hpp"
 #include "tetrad/model/gemm_shapes.hpp"
@@ -92,8 +91,9 @@ struct SerialMachine {
 
 // Sets up `m` and prints the machine's lines: ceilings, libraries, device, precision, anchor.
 void set_up_machine(const BenchOptions& opt, SerialMachine& m, std::ostream& out) {
-  if (opt.gemm_layouts != "auto" && opt.gemm_layouts != "rule" && opt.gemm_layouts != "tune")
-    fail("--gemm-layouts \"", opt.gemm_layouts, "\": expected \"auto\", \"rule\" or \"tune\"");
+  // The flags as the trainer's settings, refused before anything is measured.
+  const RunConfig settings = bench_settings(opt, false);
+  (void)resolve_settings(settings);
   const int threads = m.threads = opt.threads > 0 ? opt.threads : num_cores();
   omp_set_num_threads(threads);
   const dnnl_version_t* dv = dnnl_version();
@@ -117,7 +117,7 @@ void set_up_machine(const BenchOptions& opt, SerialMachine& m, std::ostream& out
   out << ceil.to_text() << "libraries: oneDNN " << dv->major << "." << dv->minor << "." << dv->patch
       << ", " << mpi_first_line << "\n";
   m.fma_peak = ceil.fma.value;
-  m.precision = backend::resolve_precision(opt.precision, *device).precision;
+  m.precision = run_precision(settings, *device).precision;  // as the run plan resolves it
   m.bf16 = m.precision == backend::Precision::BF16;
   // MFU against the peak of the arithmetic the run uses (bf16 matrix units or fp32 FMA; the CPU
   // backend's Backend::peak, here from the ceilings just measured).
@@ -178,20 +178,13 @@ LayoutCeiling measure_layout_ceiling(const ModelConfig& mc, int64_t N,
                                      const parallel::GemmLayoutPlan& plan, int threads) {
   LayoutCeiling r;
   std::ostringstream layout_lines;
-  const std::pair<const char*, const char*> sites[] = {{"attn.qkv", "qkv"}, {"attn.proj", "proj"},
-                                                       {"mlp.fc", "fc"}, {"mlp.proj", "fcproj"},
-                                                       {"lm_head", "head"}};
-  for (GemmShape s : model_gemm_shapes(mc, int(N))) {
-    const std::string prefix = s.name.substr(0, s.name.rfind('.'));
-    const std::string kind = s.name.substr(s.name.rfind('.') + 1);
-    parallel::GemmForm f;
-    for (const auto& [shape_name, site] : sites)
-      if (prefix == shape_name) {
-        const parallel::GemmSiteLayout& l = plan.site[size_t(parallel::gemm_site_index(site))];
-        f = kind == "fwd" ? l.fwd : kind == "dx" ? l.dx : l.dw;
-      }
-    const std::string step_form = parallel::gemm_form_name(kind == "fwd", f);
-    if (kind != "fwd") s.transa = f.ta ? 'T' : 'N';
+  for (const SiteGemm& g : model_site_gemms(mc, int(N))) {
+    GemmShape s = g.shape;
+    const parallel::GemmSiteLayout& l = plan.at(g.site);
+    const bool fwd = g.pass == GemmPass::Fwd;
+    const parallel::GemmForm f = fwd ? l.fwd : g.pass == GemmPass::Dx ? l.dx : l.dw;
+    const std::string step_form = parallel::gemm_form_name(fwd, f);
+    if (!fwd) s.transa = f.ta ? 'T' : 'N';
     // A transposed product Cᵀ = op(B)ᵀ·op(A)ᵀ is the plain [N, M] product with the operands'
     // roles and transposes swapped (its pass adding Cᵀ into C is not in this figure).
     GemmShape run = s;
@@ -242,23 +235,25 @@ struct SerialRun {
   LayoutCeiling layouts;
 };
 
-// The one model on the trivial grid (1x1x1x1: every group this process), as `tetrad train` runs
-// it on one rank, with the run configuration's overlap defaults (no-ops on one rank): built,
-// trained for warm-up + timed steps of the trainer's StepRunner; fills r's timed-step fields.
+// The one model on the trivial grid (1x1x1x1: every group this process), with the options the
+// trainer's resolver gives this run on one rank (resolve_run_plan) and every overlap switch off
+// (one rank has no collective to overlap): built, trained for warm-up + timed steps of the
+// trainer's StepRunner; fills r's timed-step fields.
 void run_serial_steps(const BenchOptions& opt, const SerialMachine& m, SerialRun& r,
                       std::ostream& out) {
   backend::Backend* device = m.device;
   parallel::ProcessGroups groups;
-  parallel::ParallelOptions po;
+  Launch launch;
+  launch.threads = m.threads;
+  const RunPlan plan = resolve_run_plan(
+      bench_run_config(bench_settings(opt, false), r.name, r.mc, r.B, r.T, 1, ""), launch, *device);
+  parallel::ParallelOptions po = plan.model;
   po.device = device;
-  po.precision = m.bf16 ? backend::Precision::BF16 : backend::Precision::FP32;
-  std::string layouts_why;
-  po.gemm_layouts =
-      parallel::resolve_gemm_layouts(opt.gemm_layouts, po.precision, *device, &layouts_why);
-  parallel::ParallelTransformer model(r.mc, groups, r.B, r.T, po);
+  po.overlap = parallel::OverlapOptions::all_off();
+  parallel::ParallelTransformer model(r.mc, groups, plan.local_batch, plan.seq_len, po);
   r.step_plan = model.gemm_layout_plan();
   const std::string layout_summary = model.gemm_layout_summary() + " [--gemm-layouts " +
-                                     opt.gemm_layouts + ": " + layouts_why + "]";
+                                     opt.gemm_layouts + ": " + plan.layouts_why + "]";
   if (m.bf16) out << "  " << layout_summary << "\n";
   model.init_weights(1);
   AdamW adam = make_adam(model, *device);
@@ -509,6 +504,24 @@ void bench_config(const BenchOptions& opt, SerialMachine& m, const std::string& 
 }
 
 }  // namespace
+
+RunConfig bench_settings(const BenchOptions& opt, bool grids) {
+  // The flag takes a mode only (a plan's text is train.gemm_layouts'); named as the user wrote it.
+  if (opt.gemm_layouts != "auto" && opt.gemm_layouts != "rule" && opt.gemm_layouts != "tune")
+    fail("--gemm-layouts \"", opt.gemm_layouts, "\": expected \"auto\", \"rule\" or \"tune\"");
+  RunConfig cfg;
+  cfg.train.precision = opt.precision;
+  cfg.train.gemm_layouts = opt.gemm_layouts;
+  cfg.train.device = opt.device;
+  if (grids) {
+    cfg.zero = opt.zero;
+    cfg.train.recompute = opt.recompute;
+    cfg.schedule = opt.schedule;
+    cfg.virtual_stages = opt.virtual_stages;
+    cfg.pipeline_layers = opt.pipeline_layers;
+  }
+  return cfg;
+}
 
 void run_bench(const BenchOptions& opt, std::ostream& out) {
   SerialMachine m;

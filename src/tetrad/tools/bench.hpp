@@ -8,6 +8,8 @@
 
 namespace tetrad {
 
+struct RunConfig;
+
 struct BenchOptions {
   std::vector<std::string> configs = {"tiny", "small", "gpt2-124m"};
   int steps = 5;
@@ -49,6 +51,13 @@ struct BenchOptions {
 };
 
 void run_bench(const BenchOptions& opt, std::ostream& out);
+
+// The bench flags as the run configuration's keys, so that the trainer's resolver
+// (train/run_plan.hpp: resolve_settings, resolve_run_plan) decides them as `tetrad train` would:
+// --precision, --gemm-layouts (train.*) and --device; with --grids (`grids`) also --zero,
+// --recompute, --schedule, --virtual-stages and --pipeline-layers (parallel.*, train.recompute).
+// Throws Error for a --gemm-layouts other than auto, rule or tune.
+RunConfig bench_settings(const BenchOptions& opt, bool grids);
 
 // Parallel mode, run under mpirun: every grid of the world size that divides the model trains
 // the configuration on the same global batch (its standard micro-batch); rank 0 prints tokens/s,

@@ -13,6 +13,7 @@
 #include "tetrad/model/model_config.hpp"
 #include "tetrad/parallel/parallel_transformer.hpp"
 #include "tetrad/train/optimizer.hpp"
+#include "tetrad/train/run_plan.hpp"
 #include "tetrad/train/trainer.hpp"
 
 namespace tetrad::bench_detail {
@@ -22,6 +23,21 @@ inline int bench_seq(int seq, const ModelConfig& mc, const std::string& name) {
   if (seq < 0 || seq > mc.max_seq)
     fail("--seq ", seq, ": expected 1..", mc.max_seq, " (model ", name, "'s max_seq; 0: max_seq)");
   return seq > 0 ? seq : mc.max_seq;
+}
+
+// The run configuration of one bench run: `settings` (bench_settings) with the model, a
+// micro-batch of B sequences (the whole job's) of T tokens, M micro-batches per step and the
+// grid ("": one rank).
+inline RunConfig bench_run_config(RunConfig settings, const std::string& name,
+                                  const ModelConfig& mc, int B, int T, int M,
+                                  const std::string& grid) {
+  settings.model_name = name;
+  settings.model = mc;
+  settings.grid = grid;
+  settings.train.micro_batch = B;
+  settings.train.seq_len = T;
+  settings.train.grad_accum = M;
+  return settings;
 }
 
 // Standard micro-batch of each configuration (benchmarks.md).

@@ -13,6 +13,7 @@
 #include <iomanip>
 #include <iostream>
 #include <memory>
+#include <optional>
 #include <nlohmann/json.hpp>
 #include <sstream>
 
@@ -54,50 +55,13 @@ std::vector<std::string> overlap_modes(const BenchOptions& opt) {
   return modes;
 }
 
-// The model options of a sweep, from --precision, --gemm-layouts, --zero, --recompute,
-// --virtual-stages, --pipeline-layers (the overlap is set per mode).
-parallel::ParallelOptions grid_model_options(const BenchOptions& opt) {
-  parallel::ParallelOptions po;
-  po.precision = backend::resolve_precision(opt.precision, backend::cpu_backend()).precision;
-  po.gemm_layouts = parallel::resolve_gemm_layouts(opt.gemm_layouts, po.precision,
-                                                   backend::cpu_backend(), nullptr);
-  po.zero = opt.zero;
-  po.recompute = parallel::parse_recompute(opt.recompute);
-  po.virtual_stages = opt.virtual_stages;
-  po.pipeline_layers = opt.pipeline_layers;
-  return po;
-}
-
-// Whether the model runs on this grid (G ranks, global batch Bg); prints why not otherwise.
-bool grid_fits(const BenchOptions& opt, const ModelConfig& mc, const parallel::GridShape& shape,
-               int G, int Bg, int T, std::ostream& out) {
-  using namespace parallel;
-  try {
-    validate_grid(shape, G);
-    validate_grid_for_model(mc, shape);
-    if (Bg % token_slots(shape) != 0) fail("batch does not divide over Z x D");
-    // The split the model will run (an explicit list must fit this grid's Gp x v).
-    const LayerSplit split = shape.p() > 1 ? resolve_layer_split(opt.pipeline_layers, mc, T, shape.p(),
-                                                               opt.virtual_stages)
-                                         : LayerSplit{};
-    ShardPlan::build(mc, build_param_table(mc), shape, coord_of(0, shape), split);
-  } catch (const Error& e) {
-    out << "  " << shape.to_string() << "   skipped: " << e.what() << "\n";
-    return false;
-  }
-  return true;
-}
-
-// The overlap of a mode. "on": the parallel.* defaults of the run configuration (what training
-// uses). poll / thread: every bit-identical overlap on (backward all-reduce, reduce-scatter,
-// prefetch depth 1, data-parallel buckets), whatever the defaults are, with progress by polling
-// between kernels / by the helper thread.
-parallel::OverlapOptions overlap_of_mode(const std::string& mode, const comm::Communicator& world,
-                                         int threads) {
+// The overlap of a mode. "on": the parallel.* defaults as the run plan resolves them for this
+// launch (`on`: RunPlan::model.overlap, what training uses). poll / thread: every bit-identical
+// overlap on (backward all-reduce, reduce-scatter, prefetch depth 1, data-parallel buckets),
+// whatever the defaults are, with progress by polling between kernels / by the helper thread.
+parallel::OverlapOptions overlap_of_mode(const std::string& mode, const parallel::OverlapOptions& on) {
   using parallel::OverlapOptions;
-  const int on_node = launcher_ranks_per_node() > 0 ? launcher_ranks_per_node() : world.size();
-  OverlapOptions ov = mode == "off" ? OverlapOptions::all_off()
-                                    : overlap_options(OverlapConfig{}, on_node, threads);
+  OverlapOptions ov = mode == "off" ? OverlapOptions::all_off() : on;
   if (mode == "poll" || mode == "thread") {
     ov.backward_allreduce = ov.reduce_scatter = ov.dp_overlap = true;
     ov.prefetch_depth = std::max(ov.prefetch_depth, 1);
@@ -120,9 +84,37 @@ struct GridSweep {
   ModelConfig mc;
   int Bg = 0, T = 0;
   int64_t serial_state = 0;  // p, g, m, v in fp32
-  parallel::ParallelOptions po;
+  RunConfig settings;          // the flags as the run configuration's keys (bench_settings)
+  parallel::ParallelOptions po;  // what they resolve to (resolve_settings): ZeRO, recompute, ...
+  parallel::PipelineSchedule schedule = parallel::PipelineSchedule::OneFOneB;
   size_t n_shapes = 0, n_modes = 0;
 };
+
+// The run plan of this grid (the trainer's resolver: grid against the ranks, the micro-batch's
+// split over Z x D, precision, GEMM layouts, the pipeline's settings), or none when the model
+// does not run on it; prints why not.
+std::optional<RunPlan> grid_plan(const GridSweep& sw, const parallel::GridShape& shape,
+                                 std::ostream& out) {
+  using namespace parallel;
+  try {
+    validate_grid(shape, sw.G);
+    validate_grid_for_model(sw.mc, shape);
+    const int M = shape.p() > 1 || sw.opt.accumulate ? sw.opt.micro_batches : 1;
+    Launch launch;
+    launch.world = sw.G;
+    launch.ranks_per_node = launcher_ranks_per_node();
+    launch.threads = sw.threads;
+    launch.mpi = true;
+    RunPlan plan = resolve_run_plan(
+        bench_run_config(sw.settings, sw.name, sw.mc, sw.Bg, sw.T, M, shape.to_arg()), launch,
+        backend::cpu_backend());
+    ShardPlan::build(sw.mc, build_param_table(sw.mc), shape, coord_of(0, shape), plan.layer_split);
+    return plan;
+  } catch (const Error& e) {
+    out << "  " << shape.to_string() << "   skipped: " << e.what() << "\n";
+    return std::nullopt;
+  }
+}
 
 // The timed steps of one grid and mode, this rank's figures.
 struct GridSteps {
@@ -200,7 +192,7 @@ Bubble pipeline_bubble(const GridSweep& sw, parallel::ParallelTransformer& model
   // embedding, the copies and sends), with no waiting for messages beyond that.
   const size_t nops = st.op_s_sum.size() / size_t(shape.p());
   const PipelineTiming replay = simulate_pipeline(
-      parse_pipeline_schedule(opt.schedule), shape.p(), M, opt.virtual_stages,
+      sw.schedule, shape.p(), M, opt.virtual_stages,
       [&](int s, size_t i, const PipeOp&) { return st.op_s_sum[size_t(s) * nops + i] / opt.steps; });
   b.replayed = replay.mean_bubble();
   double stage_max = 0, stage_min = 1e300;
@@ -268,7 +260,7 @@ GridResult measure_grid(const GridSweep& sw, parallel::ParallelTransformer& mode
   // ZeRO >= 1) over this rank's P = its local shard, the gather and staging buffers, the
   // activations of the recompute mode and, Gp > 1, the stashes of the micro-batches in flight).
   const parallel::ModelMemory mem = parallel::model_memory(
-      sw.mc, shape, g.coord, Bl, sw.T, pov, parse_pipeline_schedule(opt.schedule), M);
+      sw.mc, shape, g.coord, Bl, sw.T, pov, sw.schedule, M);
   r.staging = double(mem.gathered + mem.staging);
   r.formula_state = double(mem.state());
   r.stash = double(mem.pipeline);
@@ -374,17 +366,17 @@ nlohmann::json grid_json(const GridSweep& sw, const parallel::GridShape& shape,
 
 // One grid and overlap mode of a sweep: the model built on the grid's process groups, its timed
 // steps, the trace, the pipeline, memory and row lines and the --json row.
-void bench_grid_mode(const GridSweep& sw, parallel::ProcessGroups& g,
+void bench_grid_mode(const GridSweep& sw, const RunPlan& plan, parallel::ProcessGroups& g,
                      const parallel::GridShape& shape, const std::string& mode, std::ostream& out) {
   using namespace parallel;
   const BenchOptions& opt = sw.opt;
-  const int Bl = sw.Bg / token_slots(shape), T = sw.T;
-  const parallel::OverlapOptions ov = overlap_of_mode(mode, sw.world, sw.threads);
+  const int Bl = plan.local_batch, T = plan.seq_len;
+  const parallel::OverlapOptions ov = overlap_of_mode(mode, plan.model.overlap);
   // Memory of this grid alone, from here: the previous grid's buffers are freed (returned to
   // Linux: they are large, so malloc maps them).
   const double rss_start = double(current_rss_bytes());
   const ResidentKinds kinds_start = resident_kinds();
-  parallel::ParallelOptions pov = sw.po;
+  parallel::ParallelOptions pov = plan.model;
   pov.overlap = ov;  // dp_overlap is dropped by the model with ZeRO or Gp > 1
   parallel::ParallelTransformer model(sw.mc, g, Bl, T, pov);
   model.init_weights(1);
@@ -402,7 +394,7 @@ void bench_grid_mode(const GridSweep& sw, parallel::ProcessGroups& g,
   so.micro_batches = M;
   so.B = Bl;
   so.T = T;
-  so.schedule = parse_pipeline_schedule(opt.schedule);
+  so.schedule = sw.schedule;
   so.profile = &profile;
   StepRunner runner(model, adam, g, so);
   // The peak of the training steps: the high-water mark restarts after the set-up (whose
@@ -457,13 +449,16 @@ void run_bench_grids(const BenchOptions& opt, std::ostream& log) {
     std::vector<parallel::GridShape> shapes = parallel::factorizations(G);
     if (!opt.grid.empty()) shapes = {parallel::parse_grid(opt.grid)};
     const std::vector<std::string> modes = overlap_modes(opt);
-    sw.po = grid_model_options(opt);
+    sw.settings = bench_settings(opt, true);
+    const RunSettings resolved = resolve_settings(sw.settings);
+    sw.po = resolved.model, sw.schedule = resolved.schedule;
     sw.n_shapes = shapes.size(), sw.n_modes = modes.size();
     out << "  zero " << sw.po.zero << ", recompute " << parallel::recompute_name(sw.po.recompute) << "\n";
     for (const parallel::GridShape& shape : shapes) {
-      if (!grid_fits(opt, sw.mc, shape, G, sw.Bg, sw.T, out)) continue;
-      parallel::ProcessGroups g(world, shape);
-      for (const std::string& mode : modes) bench_grid_mode(sw, g, shape, mode, out);
+      const std::optional<RunPlan> plan = grid_plan(sw, shape, out);
+      if (!plan) continue;
+      parallel::ProcessGroups g(world, plan->grid);
+      for (const std::string& mode : modes) bench_grid_mode(sw, *plan, g, shape, mode, out);
     }
   }
 }

@@ -21,20 +21,21 @@ PlanInput plan_input_of(const RunConfig& cfg, int ranks, const backend::Backend&
   in.global_batch = int64_t(cfg.train.micro_batch) * cfg.train.grad_accum;
   in.seq = cfg.train.seq_len;
   in.ranks = ranks;
-  // train.precision "auto" as the device says (Backend::auto_precision: bf16 where it has bf16
-  // matrix hardware).
-  in.precision = backend::resolve_precision(cfg.train.precision, device).precision;
-  // What the trainer will run, parsed by the trainer's own parsers.
-  in.recompute = parse_recompute(cfg.train.recompute);
-  in.zero = cfg.zero;
-  in.schedule = parse_pipeline_schedule(cfg.schedule);
-  in.virtual_stages = cfg.virtual_stages;
-  in.pipeline_layers = cfg.pipeline_layers;
+  // What the trainer will run: the config's settings as the run plan resolves them
+  // (resolve_settings), train.precision "auto" as the device says (Backend::auto_precision: bf16
+  // where it has bf16 matrix hardware).
+  const RunSettings s = resolve_settings(cfg);
+  in.precision = backend::resolve_precision(s.precision, device).precision;
+  in.recompute = s.model.recompute;
+  in.zero = s.model.zero;
+  in.schedule = s.schedule;
+  in.virtual_stages = s.model.virtual_stages;
+  in.pipeline_layers = s.model.pipeline_layers;
   // The switches that size the model's buffers (the rest only move when collectives run).
   in.overlap_switches.prefetch_depth = cfg.overlap.prefetch_depth;
   in.overlap_switches.cache_gathered_weights = cfg.overlap.cache_gathered_weights;
   in.overlap_switches.dp_bucket_mb = cfg.overlap.dp_bucket_mb;
-  in.sparse_embedding_grad = cfg.sparse_embedding_grad;
+  in.sparse_embedding_grad = s.model.sparse_embedding_grad;
   return in;
 }
 

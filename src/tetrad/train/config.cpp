@@ -415,6 +415,67 @@ void apply(RunConfig& c, const std::string& key, const toml::node& n, const std:
 
 }  // namespace
 
+RunSettings resolve_settings(const RunConfig& cfg) {
+  const TrainConfig& t = cfg.train;
+  RunSettings s;
+  parallel::ParallelOptions& m = s.model;
+  if (t.recompute != "none" && t.recompute != "selective" && t.recompute != "full")
+    fail("train.recompute must be \"none\", \"selective\" or \"full\", got \"", t.recompute, "\"");
+  m.recompute = parallel::parse_recompute(t.recompute);
+  if (cfg.zero < 0 || cfg.zero > 2) fail("parallel.zero must be 0, 1 or 2, got ", cfg.zero);
+  m.zero = cfg.zero;
+  if (cfg.schedule != "1f1b" && cfg.schedule != "interleaved")
+    fail("parallel.schedule must be \"1f1b\" or \"interleaved\", got \"", cfg.schedule, "\"");
+  s.schedule = parallel::parse_pipeline_schedule(cfg.schedule);
+  if (cfg.virtual_stages < 1)
+    fail("parallel.virtual_stages must be at least 1, got ", cfg.virtual_stages);
+  if (cfg.schedule == "1f1b" && cfg.virtual_stages != 1)
+    fail("parallel.virtual_stages = ", cfg.virtual_stages,
+         " needs parallel.schedule = \"interleaved\"");
+  m.virtual_stages = cfg.virtual_stages;
+  parallel::check_layer_split_spec(cfg.pipeline_layers);
+  m.pipeline_layers = cfg.pipeline_layers;
+  m.sparse_embedding_grad = cfg.sparse_embedding_grad;
+  // With a fixed pipeline grid the split can be checked against the model now (an explicit list
+  // of the wrong length or sum); chosen grids ("auto", none named) are checked when chosen.
+  if (cfg.grid != "auto" && !cfg.grid.empty()) {
+    s.grid = parallel::parse_grid(cfg.grid);
+    if (s.grid->p() > 1)
+      (void)parallel::resolve_layer_split(cfg.pipeline_layers, cfg.model, t.seq_len, s.grid->p(),
+                                          cfg.virtual_stages);
+  }
+  if (t.precision != "auto") backend::parse_precision(t.precision);  // throws naming the choices
+  s.precision = t.precision;
+  if (t.attention_precision != "auto" && t.attention_precision != "fp32" &&
+      t.attention_precision != "bf16")
+    fail("train.attention_precision = \"", t.attention_precision,
+         "\": expected \"auto\", \"fp32\" or \"bf16\"");
+  if (t.attention_precision != "auto")
+    m.attention_precision = t.attention_precision == "bf16" ? backend::Precision::BF16
+                                                            : backend::Precision::FP32;
+  if (t.gemm_layouts.find(':') != std::string::npos) {  // a plan's text: refused naming the bad part
+    (void)parallel::GemmLayoutPlan::parse(t.gemm_layouts, "given");
+    m.gemm_layout_plan = t.gemm_layouts;
+  } else if (t.gemm_layouts != "auto" && t.gemm_layouts != "rule" && t.gemm_layouts != "tune") {
+    fail("train.gemm_layouts = \"", t.gemm_layouts, "\": expected \"auto\", \"rule\", \"tune\" "
+         "or a plan (site:N:k_in:n_out:fwd:dx:dw for each of qkv, proj, fc, fcproj, head, as a "
+         "checkpoint's meta.json records it)");
+  } else {
+    s.gemm_layouts = t.gemm_layouts;
+  }
+  if (t.grad_comm_precision != "fp32" && t.grad_comm_precision != "bf16")
+    fail("train.grad_comm_precision = \"", t.grad_comm_precision, "\": expected \"fp32\" or \"bf16\"");
+  m.grad_comm_bf16 = t.grad_comm_precision == "bf16";
+  // Whether this build and machine can run it is checked when the run starts (backend::create).
+  if (!(t.device == "cpu" || t.device == "cpu-strict" || t.device == "cuda" ||
+        t.device.rfind("cuda:", 0) == 0))
+    fail("train.device: expected \"cpu\", \"cpu-strict\", \"cuda\" or \"cuda:N\", got \"",
+         t.device, "\"");
+  // The model's transport (comm/transports.hpp); a grid chosen by auto is checked once chosen.
+  comm::check_transport(t.comm, t.device, s.grid ? s.grid->p() : 0);
+  return s;
+}
+
 void RunConfig::validate() const {
   model.validate();
   const auto& t = train;
@@ -458,44 +519,7 @@ void RunConfig::validate() const {
   if (!(t.comm_timeout >= 0)) fail("train.comm_timeout must be >= 0 (0: default), got ", t.comm_timeout);
   if (run_dir.empty()) fail("run.dir must not be empty");
   LossMask{parse_loss_mask(t.loss_mask), t.goldfish_k, t.goldfish_h, t.seed}.validate();
-  if (t.recompute != "none" && t.recompute != "selective" && t.recompute != "full")
-    fail("train.recompute must be \"none\", \"selective\" or \"full\", got \"", t.recompute, "\"");
-  if (zero < 0 || zero > 2) fail("parallel.zero must be 0, 1 or 2, got ", zero);
-  if (schedule != "1f1b" && schedule != "interleaved")
-    fail("parallel.schedule must be \"1f1b\" or \"interleaved\", got \"", schedule, "\"");
-  if (virtual_stages < 1) fail("parallel.virtual_stages must be at least 1, got ", virtual_stages);
-  if (schedule == "1f1b" && virtual_stages != 1)
-    fail("parallel.virtual_stages = ", virtual_stages, " needs parallel.schedule = \"interleaved\"");
-  parallel::check_layer_split_spec(pipeline_layers);
-  // With a fixed pipeline grid the split can be checked against the model now (an explicit list
-  // of the wrong length or sum); chosen grids ("auto", none named) are checked when chosen.
-  if (grid != "auto" && !grid.empty()) {
-    const parallel::GridShape shape = parallel::parse_grid(grid);
-    if (shape.p() > 1)
-      (void)parallel::resolve_layer_split(pipeline_layers, model, t.seq_len, shape.p(),
-                                          virtual_stages);
-  }
-  if (t.precision != "auto") backend::parse_precision(t.precision);  // throws naming the choices
-  if (t.attention_precision != "auto" && t.attention_precision != "fp32" &&
-      t.attention_precision != "bf16")
-    fail("train.attention_precision = \"", t.attention_precision,
-         "\": expected \"auto\", \"fp32\" or \"bf16\"");
-  if (t.gemm_layouts.find(':') != std::string::npos)  // a plan's text: refused naming the bad part
-    (void)parallel::GemmLayoutPlan::parse(t.gemm_layouts, "given");
-  else if (t.gemm_layouts != "auto" && t.gemm_layouts != "rule" && t.gemm_layouts != "tune")
-    fail("train.gemm_layouts = \"", t.gemm_layouts, "\": expected \"auto\", \"rule\", \"tune\" "
-         "or a plan (site:N:k_in:n_out:fwd:dx:dw for each of qkv, proj, fc, fcproj, head, as a "
-         "checkpoint's meta.json records it)");
-  if (t.grad_comm_precision != "fp32" && t.grad_comm_precision != "bf16")
-    fail("train.grad_comm_precision = \"", t.grad_comm_precision, "\": expected \"fp32\" or \"bf16\"");
-  // Whether this build and machine can run it is checked when the run starts (backend::create).
-  if (!(t.device == "cpu" || t.device == "cpu-strict" || t.device == "cuda" ||
-        t.device.rfind("cuda:", 0) == 0))
-    fail("train.device: expected \"cpu\", \"cpu-strict\", \"cuda\" or \"cuda:N\", got \"",
-         t.device, "\"");
-  // The model's transport (comm/transports.hpp); a grid chosen by auto is checked once chosen.
-  comm::check_transport(t.comm, t.device,
-                        grid != "auto" && !grid.empty() ? parallel::parse_grid(grid).p() : 0);
+  (void)resolve_settings(*this);
 }
 
 RunConfig load_run_config(const std::string& path, const std::vector<std::string>& overrides) {

@@ -5,10 +5,14 @@
 // documentation table.
 #pragma once
 #include <cstdint>
+#include <optional>
 #include <string>
 #include <vector>
 
 #include "tetrad/model/model_config.hpp"
+#include "tetrad/parallel/grid.hpp"
+#include "tetrad/parallel/options.hpp"
+#include "tetrad/parallel/pipeline_schedule.hpp"
 
 namespace tetrad {
 
@@ -111,6 +115,28 @@ struct RunConfig {
 
   void validate() const;  // throws Error naming the key
 };
+
+// What the config alone decides, each setting parsed once into its typed value: the first stage
+// of the run plan's resolver (train/run_plan.hpp adds what the launch and the device decide) and
+// what RunConfig::validate() checks. `tetrad train`, `tetrad bench`, `tetrad plan` and the config's
+// validation all read the settings from here.
+struct RunSettings {
+  // The model's options from the config: recomputation, ZeRO, virtual stages, the layer split's
+  // spec, the sparse embedding gradient, attention precision ("auto": unset), a GEMM layout plan
+  // given as text, bf16 gradient communication. Left for the plan: precision, the GEMM layout
+  // mode, the overlap switches and the device.
+  parallel::ParallelOptions model;
+  std::string precision;     // train.precision: "fp32", "bf16" or "auto" (the device's)
+  std::string gemm_layouts;  // train.gemm_layouts: "auto", "rule" or "tune"; "" with a plan
+  parallel::PipelineSchedule schedule = parallel::PipelineSchedule::OneFOneB;
+  // parallel.grid when it names one; unset for "auto" or none named (chosen with the launch).
+  std::optional<parallel::GridShape> grid;
+};
+
+// Throws Error naming the key and what was expected, for each setting in the order
+// RunConfig::validate() reports them. Also checks the layer split against a named pipeline grid
+// and the transport against the named grid's pipeline axis (comm::check_transport).
+RunSettings resolve_settings(const RunConfig& cfg);
 
 // Loads `path` (empty: defaults only), then applies overrides "section.key=value" in order.
 // Throws Error naming the file/key and what was expected.

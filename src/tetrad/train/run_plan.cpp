@@ -40,8 +40,16 @@ RunConfig resolved_config(const RunConfig& cfg, const RunPlan& plan) {
   return saved;
 }
 
+backend::PrecisionChoice run_precision(const RunConfig& cfg, const backend::Backend& device) {
+  return backend::resolve_precision(resolve_settings(cfg).precision, device);
+}
+
 RunPlan resolve_run_plan(const RunConfig& cfg, const Launch& launch, const backend::Backend& device) {
   const TrainConfig& t = cfg.train;
+  // What the config alone decides (RunConfig::validate checks the same): recomputation, ZeRO,
+  // the pipeline's settings, attention precision, a given GEMM layout plan, gradient
+  // communication precision.
+  const RunSettings settings = resolve_settings(cfg);
   RunPlan plan;
   // "auto", or no grid named on more than one rank: the planner's first choice, and why. Every
   // rank computes the same answer from the same inputs, so they agree without talking.
@@ -56,28 +64,22 @@ RunPlan resolve_run_plan(const RunConfig& cfg, const Launch& launch, const backe
   plan.local_batch = t.micro_batch / plan.replicas;
   plan.seq_len = t.seq_len;
   plan.tokens_per_step = int64_t(t.micro_batch) * t.seq_len * t.grad_accum;
+  // A chosen grid's split is checked here, a named one's already by resolve_settings.
+  if (plan.grid.p() > 1)
+    plan.layer_split = parallel::resolve_layer_split(cfg.pipeline_layers, cfg.model, t.seq_len,
+                                                     plan.grid.p(), cfg.virtual_stages);
 
   // GEMM precision of this run's model (not a process-wide switch: the model carries it). "auto"
   // is the device's to say (Backend::auto_precision: bf16 where it has bf16 matrix hardware).
   parallel::ParallelOptions& popt = plan.model;
-  const backend::PrecisionChoice precision = backend::resolve_precision(t.precision, device);
+  popt = settings.model;
+  const backend::PrecisionChoice precision = backend::resolve_precision(settings.precision, device);
   popt.precision = precision.precision;
   plan.precision_why = precision.why;
-  if (t.attention_precision != "auto")
-    popt.attention_precision = t.attention_precision == "bf16" ? backend::Precision::BF16
-                                                               : backend::Precision::FP32;
   plan.layouts_why = "a plan given";
-  if (t.gemm_layouts.find(':') != std::string::npos)
-    popt.gemm_layout_plan = t.gemm_layouts;
-  else
-    popt.gemm_layouts = parallel::resolve_gemm_layouts(t.gemm_layouts, popt.precision, device,
-                                                       &plan.layouts_why);
-  popt.grad_comm_bf16 = t.grad_comm_precision == "bf16";
-  popt.recompute = parallel::parse_recompute(t.recompute);
-  popt.zero = cfg.zero;
-  popt.virtual_stages = cfg.virtual_stages;
-  popt.pipeline_layers = cfg.pipeline_layers;
-  popt.sparse_embedding_grad = cfg.sparse_embedding_grad;
+  if (popt.gemm_layout_plan.empty())
+    popt.gemm_layouts = parallel::resolve_gemm_layouts(settings.gemm_layouts, popt.precision,
+                                                       device, &plan.layouts_why);
   // dp_overlap is dropped by the model with ZeRO or Gp > 1.
   popt.overlap = overlap_options(cfg.overlap, launch.ranks_on_node(), launch.threads);
   return plan;

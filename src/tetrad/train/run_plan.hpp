@@ -13,6 +13,7 @@
 
 #include "tetrad/backend/backend.hpp"
 #include "tetrad/parallel/grid.hpp"
+#include "tetrad/parallel/layer_split.hpp"
 #include "tetrad/parallel/options.hpp"
 #include "tetrad/train/config.hpp"
 
@@ -50,6 +51,9 @@ struct RunPlan {
   parallel::ParallelOptions model;
   std::string precision_why;  // train.precision = "auto": the device's reason ("" otherwise)
   std::string layouts_why;    // how train.gemm_layouts resolved
+  // The layers of each virtual stage (parallel.pipeline_layers on this grid; empty when Gp = 1),
+  // as the model resolves them.
+  parallel::LayerSplit layer_split;
   bool bf16() const { return model.precision == backend::Precision::BF16; }
 };
 
@@ -58,6 +62,10 @@ struct RunPlan {
 // will run on (it says what precision "auto" means, Backend::auto_precision, and decides the GEMM
 // layouts).
 RunPlan resolve_run_plan(const RunConfig& cfg, const Launch& launch, const backend::Backend& device);
+
+// train.precision on `device` as resolve_run_plan resolves it ("auto": Backend::auto_precision,
+// bf16 where the device has bf16 matrix hardware, and why). Throws Error for another value.
+backend::PrecisionChoice run_precision(const RunConfig& cfg, const backend::Backend& device);
 
 // Every rank of `world` resolved the same GEMM precision, or an Error on every rank naming what
 // each chose (collective). precision "auto" is measured per machine and kept per node

@@ -346,12 +346,11 @@ void pack_kv_rows(T* kbuf, T* vbuf, const T* k, const T* v, const AttentionDims&
 
 template <class T, int W>
 TETRAD_INLINE void forward_task(T* out, T* lse, const T* q, const KvSource<T>& kv,
-                                const AttentionDims& d, int b, int h, int i0,
+                                const AttentionDims& d, int off, int b, int h, int i0,
                                 ForwardScratch<T, W>& s) {
   using V = typename VecOf<T, W>::type;
   constexpr int Bq = Tiles<T, W>::kBq, Bk = Tiles<T, W>::kBk;
   const int hd = d.head_dim;
-  const int off = d.Tk - d.Tq;
   const int nq = std::min(Bq, d.Tq - i0);
   const int NV = (nq + W - 1) / W;  // query vectors in use (a short last block, or decode)
   const int kvh = h / (d.n_head / d.n_kv_head);
@@ -386,7 +385,7 @@ TETRAD_INLINE void forward_task(T* out, T* lse, const T* q, const KvSource<T>& k
   for (int w = 0; w < W; ++w) iota[w] = T(w);
 
   const int first_pos = off + i0;              // position of the block's first query
-  const int n_keys = off + i0 + nq;            // keys seen by the block's last query
+  const int n_keys = std::min(d.Tk, off + i0 + nq);  // keys seen by the block's last query
   for (int j0 = 0; j0 < n_keys; j0 += Bk) {
     const int nk = std::min(Bk, n_keys - j0);
     if (kv.packed && j0 + Bk < n_keys) {  // next key block into L2 while this one is computed
@@ -505,12 +504,12 @@ inline int backward_chunks(const AttentionDims& d, int Bk) {
 template <class T, int W>
 TETRAD_INLINE void backward_task(T* dq, T* dk, T* dv, const T* dout, const T* q, const T* k,
                                  const T* v, const T* out, const T* lse, const AttentionDims& d,
-                                 int b, int g, int chunk, int n_chunks, T* dq_part,
+                                 int off, int b, int g, int chunk, int n_chunks, T* dq_part,
                                  BackwardScratch<T, W>& s) {
   using V = typename VecOf<T, W>::type;
   constexpr int Bq = Tiles<T, W>::kBqBwd, Bk = Tiles<T, W>::kBk, NVK = Bk / W;
   const int hd = d.head_dim, hdp = s.hdp, NVD = hdp / W;
-  const int Tq = d.Tq, Tk = d.Tk, off = Tk - Tq;
+  const int Tq = d.Tq, Tk = d.Tk;
   const int group = d.n_head / d.n_kv_head;
   const T scale = T(1) / std::sqrt(T(hd));
   const T c2 = scale * T(1.4426950408889634074);
@@ -537,7 +536,8 @@ TETRAD_INLINE void backward_task(T* dq, T* dk, T* dv, const T* dout, const T* q,
         vtb[e * Bk + jj] = vr[e];
       }
     }
-    // Keys past Tk: their P is masked to 0, but dS = P (dP - D) needs a finite dP there.
+    // Keys past Tk: no product reads their P or dS (the products stop at nk), but the tiles are
+    // computed whole, so their K^T and V^T columns must be finite.
     for (int e = 0; e < hd; ++e)
       for (int jj = nk; jj < Bk; ++jj) ktb[e * Bk + jj] = vtb[e * Bk + jj] = T(0);
     std::memset(s.dk + int64_t(j0) * hdp, 0, sizeof(T) * nk * hdp);
@@ -640,7 +640,8 @@ void reduce_dq_row(T* dq, const T* dq_part, const AttentionDims& d, int n_chunks
 #define TETRAD_ATTENTION_ENTRIES(NAME, TARGET, VECTOR_BYTES)                                      \
   template <class T>                                                                              \
   TARGET __attribute__((flatten)) void forward_##NAME(T* out, T* lse, const T* q, const T* k,     \
-                                                      const T* v, const AttentionDims& d) {       \
+                                                      const T* v, const AttentionDims& d,         \
+                                                      int off) {                                  \
     constexpr int W = VECTOR_BYTES / int(sizeof(T));                                              \
     constexpr int Bq = Tiles<T, W>::kBq;                                                          \
     const int nqb = (d.Tq + Bq - 1) / Bq;                                                         \
@@ -666,14 +667,14 @@ void reduce_dq_row(T* dq, const T* dq_part, const AttentionDims& d, int n_chunks
       _Pragma("omp for schedule(dynamic, 1)") for (int64_t t = 0; t < ntask; ++t) {               \
         const int qb = nqb - 1 - int(t % nqb);                                                    \
         const int bh = int(t / nqb);                                                              \
-        forward_task<T, W>(out, lse, q, kv, d, bh / d.n_head, bh % d.n_head, qb * Bq, s);       \
+        forward_task<T, W>(out, lse, q, kv, d, off, bh / d.n_head, bh % d.n_head, qb * Bq, s);  \
       }                                                                                           \
     }                                                                                             \
   }                                                                                               \
   template <class T>                                                                              \
   TARGET __attribute__((flatten)) void backward_##NAME(                                           \
       T* dq, T* dk, T* dv, const T* dout, const T* q, const T* k, const T* v, const T* out,       \
-      const T* lse, const AttentionDims& d) {                                                     \
+      const T* lse, const AttentionDims& d, int off) {                                            \
     constexpr int W = VECTOR_BYTES / int(sizeof(T));                                              \
     const int n_chunks = backward_chunks(d, Tiles<T, W>::kBk);                                    \
     const int ntask = d.B * d.n_kv_head * n_chunks;                                               \
@@ -687,7 +688,7 @@ void reduce_dq_row(T* dq, const T* dq_part, const AttentionDims& d, int n_chunks
       BackwardScratch<T, W> s(d);                                                                 \
       _Pragma("omp for schedule(dynamic, 1)") for (int t = 0; t < ntask; ++t) {                   \
         const int unit = t / n_chunks;                                                            \
-        backward_task<T, W>(dq, dk, dv, dout, q, k, v, out, lse, d, unit / d.n_kv_head,           \
+        backward_task<T, W>(dq, dk, dv, dout, q, k, v, out, lse, d, off, unit / d.n_kv_head,      \
                             unit % d.n_kv_head, t % n_chunks, n_chunks, dq_part.get(), s);        \
       }                                                                                           \
       if (n_chunks > 1) {                                                                         \
@@ -701,9 +702,17 @@ TETRAD_ATTENTION_ENTRIES(portable, , 16)
 TETRAD_ATTENTION_ENTRIES(avx2, TETRAD_AVX2, 32)
 TETRAD_ATTENTION_ENTRIES(avx512, TETRAD_AVX512, 64)
 
-void check_dims(const AttentionDims& d) {
-  TETRAD_CHECK(d.B >= 0 && d.Tq >= 0 && d.Tk >= d.Tq, "attention: need Tk >= Tq >= 0, got Tq=",
-               d.Tq, " Tk=", d.Tk);
+void check_dims(const AttentionDims& d, int64_t q_offset) {
+  TETRAD_CHECK(d.B >= 0 && d.Tq >= 0 && d.Tk >= 0, "attention: need B, Tq, Tk >= 0, got B=", d.B,
+               " Tq=", d.Tq, " Tk=", d.Tk);
+  // Bad offsets are the caller's input (AttentionArgs::q_offset): an Error, not an invariant.
+  if (q_offset < 0)
+    fail("attention: q_offset ", q_offset, " (Tq ", d.Tq, ", Tk ", d.Tk,
+         ") must be >= 0 (query i sits at key position q_offset + i)");
+  if (q_offset + d.Tq > std::numeric_limits<int>::max())
+    fail("attention: q_offset ", q_offset, " + Tq ", d.Tq, " is past the kernel's int positions");
+  if (d.Tk == 0 && d.Tq > 0)
+    fail("attention: ", d.Tq, " queries and no keys (Tk = 0): every query needs at least key 0");
   TETRAD_CHECK(d.n_head > 0 && d.n_kv_head > 0 && d.n_head % d.n_kv_head == 0,
                "attention: n_head=", d.n_head, " must be a multiple of n_kv_head=", d.n_kv_head);
   TETRAD_CHECK(d.head_dim > 0, "attention: head_dim=", d.head_dim);
@@ -748,37 +757,75 @@ AttentionPath attention_default_path() {
 }
 
 double attention_forward_flops(const AttentionDims& d) {
-  const double pairs = double(d.Tq) * (d.Tk - d.Tq) + 0.5 * double(d.Tq) * d.Tq;
+  return attention_forward_flops(d, int64_t(d.Tk) - d.Tq);
+}
+
+double attention_forward_flops(const AttentionDims& d, int64_t q_offset) {
+  // Queries 0..n_tri-1 end inside the key block (a triangle after q_offset full columns); the
+  // rest see all Tk keys.
+  const double n_tri = double(std::clamp<int64_t>(int64_t(d.Tk) - q_offset, 0, d.Tq));
+  const double pairs = n_tri * double(q_offset) + 0.5 * n_tri * n_tri + (d.Tq - n_tri) * d.Tk;
   return 4.0 * pairs * d.head_dim * d.n_head * d.B;
 }
 
 template <typename T>
 void attention_forward(T* out, T* lse, const T* q, const T* k, const T* v, const AttentionDims& d,
-                       AttentionPath path) {
-  check_dims(d);
+                       int64_t q_offset, AttentionPath path) {
+  check_dims(d, q_offset);
   TETRAD_CHECK(attention_path_supported(path), "attention path ", attention_path_name(path),
                " not supported on this CPU");
   if (d.B == 0 || d.Tq == 0) return;
+  const int off = int(q_offset);
   switch (path) {
-    case AttentionPath::kPortable: forward_portable(out, lse, q, k, v, d); break;
-    case AttentionPath::kAvx2: forward_avx2(out, lse, q, k, v, d); break;
-    case AttentionPath::kAvx512: forward_avx512(out, lse, q, k, v, d); break;
+    case AttentionPath::kPortable: forward_portable(out, lse, q, k, v, d, off); break;
+    case AttentionPath::kAvx2: forward_avx2(out, lse, q, k, v, d, off); break;
+    case AttentionPath::kAvx512: forward_avx512(out, lse, q, k, v, d, off); break;
   }
 }
 
 template <typename T>
 void attention_backward(T* dq, T* dk, T* dv, const T* dout, const T* q, const T* k, const T* v,
-                        const T* out, const T* lse, const AttentionDims& d, AttentionPath path) {
-  check_dims(d);
+                        const T* out, const T* lse, const AttentionDims& d, int64_t q_offset,
+                        AttentionPath path) {
+  check_dims(d, q_offset);
   TETRAD_CHECK(attention_path_supported(path), "attention path ", attention_path_name(path),
                " not supported on this CPU");
   TETRAD_CHECK(lse != nullptr || d.Tq == 0, "attention_backward needs the forward's lse");
   if (d.B == 0) return;
+  const int off = int(q_offset);
   switch (path) {
-    case AttentionPath::kPortable: backward_portable(dq, dk, dv, dout, q, k, v, out, lse, d); break;
-    case AttentionPath::kAvx2: backward_avx2(dq, dk, dv, dout, q, k, v, out, lse, d); break;
-    case AttentionPath::kAvx512: backward_avx512(dq, dk, dv, dout, q, k, v, out, lse, d); break;
+    case AttentionPath::kPortable: backward_portable(dq, dk, dv, dout, q, k, v, out, lse, d, off); break;
+    case AttentionPath::kAvx2: backward_avx2(dq, dk, dv, dout, q, k, v, out, lse, d, off); break;
+    case AttentionPath::kAvx512: backward_avx512(dq, dk, dv, dout, q, k, v, out, lse, d, off); break;
   }
+}
+
+template <typename T>
+void attention_forward(T* out, T* lse, const T* q, const T* k, const T* v, const AttentionDims& d,
+                       AttentionPath path) {
+  TETRAD_CHECK(d.Tk >= d.Tq, "attention: need Tk >= Tq without a q_offset, got Tq=", d.Tq,
+               " Tk=", d.Tk);
+  attention_forward(out, lse, q, k, v, d, int64_t(d.Tk) - d.Tq, path);
+}
+
+template <typename T>
+void attention_backward(T* dq, T* dk, T* dv, const T* dout, const T* q, const T* k, const T* v,
+                        const T* out, const T* lse, const AttentionDims& d, AttentionPath path) {
+  TETRAD_CHECK(d.Tk >= d.Tq, "attention: need Tk >= Tq without a q_offset, got Tq=", d.Tq,
+               " Tk=", d.Tk);
+  attention_backward(dq, dk, dv, dout, q, k, v, out, lse, d, int64_t(d.Tk) - d.Tq, path);
+}
+
+template <typename T>
+void attention_forward(T* out, T* lse, const T* q, const T* k, const T* v, const AttentionDims& d,
+                       int64_t q_offset) {
+  attention_forward(out, lse, q, k, v, d, q_offset, attention_default_path());
+}
+
+template <typename T>
+void attention_backward(T* dq, T* dk, T* dv, const T* dout, const T* q, const T* k, const T* v,
+                        const T* out, const T* lse, const AttentionDims& d, int64_t q_offset) {
+  attention_backward(dq, dk, dv, dout, q, k, v, out, lse, d, q_offset, attention_default_path());
 }
 
 template <typename T>
@@ -801,7 +848,16 @@ void attention_backward(T* dq, T* dk, T* dv, const T* dout, const T* q, const T*
   template void attention_backward<T>(T*, T*, T*, const T*, const T*, const T*, const T*,       \
                                       const T*, const T*, const AttentionDims&);                \
   template void attention_backward<T>(T*, T*, T*, const T*, const T*, const T*, const T*,       \
-                                      const T*, const T*, const AttentionDims&, AttentionPath);
+                                      const T*, const T*, const AttentionDims&, AttentionPath);  \
+  template void attention_forward<T>(T*, T*, const T*, const T*, const T*, const AttentionDims&, \
+                                     int64_t);                                                  \
+  template void attention_forward<T>(T*, T*, const T*, const T*, const T*, const AttentionDims&, \
+                                     int64_t, AttentionPath);                                   \
+  template void attention_backward<T>(T*, T*, T*, const T*, const T*, const T*, const T*,       \
+                                      const T*, const T*, const AttentionDims&, int64_t);       \
+  template void attention_backward<T>(T*, T*, T*, const T*, const T*, const T*, const T*,       \
+                                      const T*, const T*, const AttentionDims&, int64_t,        \
+                                      AttentionPath);
 TETRAD_INSTANTIATE(float)
 TETRAD_INSTANTIATE(double)
 

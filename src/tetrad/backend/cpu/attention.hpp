@@ -1,6 +1,11 @@
 // Causal scaled-dot-product attention with grouped-query heads (flash-attention style), forward and
 // backward, on the CPU, for float and double.
 //
+// Query offset: the overloads taking q_offset put query i at key position q_offset + i (any
+// q_offset >= 0: 0 for queries at the start of a longer key block, past Tk - 1 for a query block
+// after its whole key block, as in context parallelism); keys after that position are masked.
+// Those without put the queries at the key block's end (q_offset = Tk - Tq, the training case).
+//
 // What this does not do: non-causal or custom masks, dropout, sliding windows, ALiBi, bf16. Decode
 // (Tq much smaller than Tk, e.g. 1 with a KV cache) is correct but uses the training tiles: a query
 // block shorter than the vector width still costs a full vector, and GQA heads sharing a kv head
@@ -22,8 +27,8 @@ namespace tetrad::kernels {
 struct AttentionDims {
   int B;          // sequences
   int Tq;         // queries per sequence
-  int Tk;         // keys per sequence; query i sits at position (Tk - Tq + i) and attends keys
-                  // 0..that position (causal). Requires Tk >= Tq.
+  int Tk;         // keys per sequence; query i sits at position q_offset + i (Tk - Tq + i when
+                  // no q_offset is given: then Tk >= Tq) and attends keys 0..that position.
   int n_head;     // query heads
   int n_kv_head;  // key/value heads; query head h uses kv head h / (n_head / n_kv_head)
   int head_dim;
@@ -46,6 +51,14 @@ template <typename T>
 void attention_backward(T* dq, T* dk, T* dv, const T* dout, const T* q, const T* k, const T* v,
                         const T* out, const T* lse, const AttentionDims& d);
 
+// Query i at key position q_offset + i (q_offset >= 0; Tk >= 1 when Tq >= 1).
+template <typename T>
+void attention_forward(T* out, T* lse, const T* q, const T* k, const T* v, const AttentionDims& d,
+                       int64_t q_offset);
+template <typename T>
+void attention_backward(T* dq, T* dk, T* dv, const T* dout, const T* q, const T* k, const T* v,
+                        const T* out, const T* lse, const AttentionDims& d, int64_t q_offset);
+
 // Code paths. attention_forward/backward take the widest one the CPU supports; tests and
 // benchmarks may ask for a specific one (it must be supported: attention_path_supported).
 enum class AttentionPath { kPortable, kAvx2, kAvx512 };
@@ -59,9 +72,17 @@ void attention_forward(T* out, T* lse, const T* q, const T* k, const T* v, const
 template <typename T>
 void attention_backward(T* dq, T* dk, T* dv, const T* dout, const T* q, const T* k, const T* v,
                         const T* out, const T* lse, const AttentionDims& d, AttentionPath path);
+template <typename T>
+void attention_forward(T* out, T* lse, const T* q, const T* k, const T* v, const AttentionDims& d,
+                       int64_t q_offset, AttentionPath path);
+template <typename T>
+void attention_backward(T* dq, T* dk, T* dv, const T* dout, const T* q, const T* k, const T* v,
+                        const T* out, const T* lse, const AttentionDims& d, int64_t q_offset,
+                        AttentionPath path);
 
 // FLOPs of the causal forward (QK^T and PV, multiply-add = 2) counted as in the brief:
 // 4 * Tq * Tk * hd * n_head * B / 2 for Tq == Tk; the backward is 2.5x this.
 double attention_forward_flops(const AttentionDims& d);
+double attention_forward_flops(const AttentionDims& d, int64_t q_offset);  // pairs q_offset sees
 
 }  // namespace tetrad::kernels

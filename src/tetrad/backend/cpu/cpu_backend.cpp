@@ -54,11 +54,6 @@ k::AttentionDims dims(const AttentionArgs& a) {
   if (a.dtype != DType::F32)
     fail("cpu backend: attention on ", dtype_name(a.dtype), "-stored q/k/v is not implemented "
          "(fp32 storage; bf16 products: AttentionArgs::precision)");
-  // The bf16 kernel takes any q_offset >= 0; the fp32 kernel only the training case.
-  if (a.precision != Precision::BF16 && a.resolved_q_offset() != int64_t(a.Tk) - a.Tq)
-    fail("cpu backend: attention with q_offset ", a.q_offset, " (Tq ", a.Tq, ", Tk ", a.Tk,
-         ") is not implemented; only q_offset = Tk - Tq (queries are the key block's last Tq "
-         "positions)");
   k::AttentionDims d{};
   d.B = a.B; d.Tq = a.Tq; d.Tk = a.Tk; d.n_head = a.n_head; d.n_kv_head = a.n_kv_head;
   d.head_dim = a.head_dim;
@@ -145,7 +140,7 @@ OpTable make_table() {
     }
     k::attention_forward<float>(static_cast<float*>(out), lse, static_cast<const float*>(q),
                                 static_cast<const float*>(kp), static_cast<const float*>(v),
-                                dims(a));
+                                dims(a), a.resolved_q_offset());
   };
   t.attention_backward = [](Queue&, const AttentionArgs& a, void* dq, void* dk, void* dv,
                             const void* dout, const void* q, const void* kp, const void* v,
@@ -162,7 +157,7 @@ OpTable make_table() {
                                  static_cast<float*>(dv), static_cast<const float*>(dout),
                                  static_cast<const float*>(q), static_cast<const float*>(kp),
                                  static_cast<const float*>(v), static_cast<const float*>(out), lse,
-                                 dims(a));
+                                 dims(a), a.resolved_q_offset());
   };
   t.rope_forward = [](Queue&, const RopeArgs& r) {
     k::rope_forward(r.x, r.N, r.T_seq, r.pos0, r.n_heads, r.head_dim, r.stride, r.cos, r.sin);
@@ -280,7 +275,7 @@ CpuBackend::CpuBackend() : queue_(std::make_unique<InlineQueue>(*this)) {
   caps_.attention_bf16_products = true;  // native on bf16 matrix units, emulated elsewhere
   // Measured faster than the fp32 kernel only on AMX (docs/precision.md, "bf16 attention").
   caps_.attention_bf16_faster = k::attention_bf16_default_path() == k::AttentionBf16Path::kAmx;
-  caps_.attention_any_q_offset = false;
+  caps_.attention_any_q_offset = true;  // fp32 and bf16 kernels
   caps_.fused_cross_entropy = true;
   caps_.bf16_producers = true;
   caps_.bf16_loss_grad = true;
