@@ -282,6 +282,18 @@ case_resume_identity() {
   grep -q "continuing with a change" "$W/out" && bad "the accepted change was reported again"
 }
 
+# timed FILE CMD...: runs CMD and writes "SECONDS MAX_RSS_KIB" to FILE; returns CMD's status.
+# Python's resource module rather than /usr/bin/time, which a minimal Debian does not have.
+timed() {
+  python3 -c '
+import resource, subprocess, sys, time
+t = time.monotonic()
+rc = subprocess.call(sys.argv[2:])
+with open(sys.argv[1], "w") as f:
+    f.write("%.2f %d\n" % (time.monotonic() - t, resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss))
+sys.exit(rc if rc >= 0 else 128 - rc)' "$@"
+}
+
 case_model_size() {
   # A config.json with absurd sizes: every command that builds a model from it refuses before
   # allocating (in well under a second, with little memory), naming the sizes and the memory.
@@ -297,7 +309,7 @@ case_model_size() {
     [ $key = n_embd ] && set_config "$W/big" n_head 1
     for cmd in "import --hf $W/big --out $W/imp" "generate --model $W/big -n 2" "logits --model $W/big --tokens 1,2 --out $W/l" \
                "export --model $W/big --out $W/exp" "eval --model $W/big --data $W/data --split train --batches 1"; do
-      /usr/bin/time -f "%e %M" -o "$W/time" "$TETRAD" $cmd > "$W/out" 2>&1; local rc=$?
+      timed "$W/time" "$TETRAD" $cmd > "$W/out" 2>&1; local rc=$?
       read -r secs kb < <(tail -1 "$W/time")
       if [ $rc -eq 1 ] && grep -q "nothing was allocated" "$W/out" && [ "$kb" -lt 1000000 ]; then
         ok "$key=$val: ${cmd%% *} refused in $secs s, $((kb / 1024)) MiB ($(grep -o 'needs at least [^(]*\|at least [0-9.]* [GM]iB in 16-bit' "$W/out" | head -1))"
