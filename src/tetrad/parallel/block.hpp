@@ -44,6 +44,9 @@ class TransformerBlock {
   // micro-batch's activations around it).
   virtual int scratch_layer() const = 0;
   virtual void scratch_lost() = 0;
+  // Whether the block runs with its input, output and residual sums as this rank's rows of the
+  // stream (ParallelOptions::sequence_shard; the model refuses the setting for a block without).
+  virtual bool sequence_shardable() const { return false; }
 };
 
 // What a block is built from: the model, the parts it computes with (the step context, the

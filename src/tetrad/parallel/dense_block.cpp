@@ -182,8 +182,10 @@ void DenseBlock::backward(int l, const float* x_in, int B, int T) {
     attention(l, B, T);
     scratch_layer_ = l;
   }
-  ops_.linear_bwd(GemmSite::FcProj, a.dfc_act, a.dresid, act(A.fc_act, A.fc_act16), L.fcproj_w,
-                  L.fcproj_b, N);
+  // dresid: the stream's gradient (this rank's rows with sequence sharding: stream_grad gathers
+  // all of them for the transposed layer; the normal layer's summed dIn is again the rows).
+  ops_.linear_bwd(GemmSite::FcProj, a.dfc_act, ops_.stream_grad(a.dresid, N),
+                  act(A.fc_act, A.fc_act16), L.fcproj_w, L.fcproj_b, N);
   {
     ScopedPhase sp(ctx_.prof, Phase::Activation);
     switch (mlp_) {
@@ -191,9 +193,10 @@ void DenseBlock::backward(int l, const float* x_in, int B, int T) {
       case MlpKind::SwiGLU: op.swiglu_backward(q, a.dfc, a.dfc_act, A.fc, N, d.Fy); break;
     }
   }
-  ops_.linear_bwd(GemmSite::Fc, a.dln, a.dfc, act(A.ln2, A.ln2_16), L.fc_w, L.fc_b, N);
-  ops_.norm_bwd(a.dresid, a.dln, A.resid_mid, A.ln2_mean, A.ln2_rstd, L.ln2_w, L.ln2_b, N);
-  ops_.linear_bwd(GemmSite::Proj, a.datty, a.dresid, f32(A.atty), L.proj_w, L.proj_b, N);
+  const float* dln2 = ops_.linear_bwd(GemmSite::Fc, a.dln, a.dfc, act(A.ln2, A.ln2_16), L.fc_w, L.fc_b, N);
+  ops_.norm_bwd(a.dresid, dln2, A.resid_mid, A.ln2_mean, A.ln2_rstd, L.ln2_w, L.ln2_b, N);
+  ops_.linear_bwd(GemmSite::Proj, a.datty, ops_.stream_grad(a.dresid, N), f32(A.atty), L.proj_w,
+                  L.proj_b, N);
   const backend::AttentionArgs args = local_heads(B, T, d, attention_precision_);
   {
     ScopedPhase sp(ctx_.prof, Phase::Attention);
@@ -203,8 +206,8 @@ void DenseBlock::backward(int l, const float* x_in, int B, int T) {
     if (positions_ == Positions::Rope) op.rope_backward(q, rope_args(a.dqkv, N, T, 0));
   }
   ctx_.q().poll();
-  ops_.linear_bwd(GemmSite::Qkv, a.dln, a.dqkv, act(A.ln1, A.ln1_16), L.qkv_w, L.qkv_b, N);
-  ops_.norm_bwd(a.dresid, a.dln, x_in, A.ln1_mean, A.ln1_rstd, L.ln1_w, L.ln1_b, N);
+  const float* dln1 = ops_.linear_bwd(GemmSite::Qkv, a.dln, a.dqkv, act(A.ln1, A.ln1_16), L.qkv_w, L.qkv_b, N);
+  ops_.norm_bwd(a.dresid, dln1, x_in, A.ln1_mean, A.ln1_rstd, L.ln1_w, L.ln1_b, N);
 }
 
 }  // namespace tetrad::parallel

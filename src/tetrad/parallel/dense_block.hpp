@@ -29,6 +29,7 @@ class DenseBlock final : public TransformerBlock {
   void backward(int l, const float* x_in, int B, int T) override;
   int scratch_layer() const override { return scratch_layer_; }
   void scratch_lost() override { scratch_layer_ = -1; }
+  bool sequence_shardable() const override { return true; }
 
  private:
   // One layer's tensors (parameter table indices; -1 where the family has none).

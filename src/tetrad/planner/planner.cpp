@@ -425,6 +425,7 @@ parallel::ParallelOptions model_options(const PlanInput& in) {
   po.virtual_stages = in.virtual_stages;
   po.pipeline_layers = in.pipeline_layers;
   po.sparse_embedding_grad = in.sparse_embedding_grad;
+  po.sequence_shard = in.sequence_shard;
   po.overlap = in.overlap_switches;
   return po;
 }
@@ -510,6 +511,9 @@ std::string divisibility_problem(const PlanInput& in, const GridShape& g) {
   if (g.p() > 1 && in.schedule == Schedule::Interleaved && (in.global_batch / mb) % g.p() != 0)
     return "the interleaved schedule needs the micro-batches (" + std::to_string(in.global_batch / mb) +
            ") divisible by Gp = " + std::to_string(g.p());
+  if (in.sequence_shard && g.y() > 1 && (mb / token_slots(g) * in.seq) % g.y() != 0)
+    return "parallel.sequence_shard: the " + std::to_string(mb / token_slots(g) * in.seq) +
+           " tokens of a micro-batch per rank do not split evenly over Gy = " + std::to_string(g.y());
   // Z shards each rank's block of every GEMM weight without padding (parallel/sharding.cpp).
   const int64_t hd = m.head_dim(), Cx = m.n_embd / g.x();
   const std::vector<std::pair<const char*, int64_t>> blocks = {

@@ -290,6 +290,11 @@ std::vector<Field> parallel_fields() {
                  "touched (all-gather of tokens x C/Gx over Z) instead of reduce-scattering the "
                  "whole vocabulary block, when that moves less (Gz x tokens per rank < V/Gy); "
                  "not with a pipeline axis or ZeRO 2"),
+      BOOL_FIELD("parallel.sequence_shard", c.sequence_shard,
+                 "split the residual stream (norms, residual adds, the stored block outputs) "
+                 "along the tokens over Y, Megatron's sequence parallelism: reduce-scatter + "
+                 "all-gather in place of the all-reduces over Y, 1/Gy of the stored block "
+                 "outputs' memory; fp32 results change at rounding level"),
   };
 }
 
@@ -436,6 +441,7 @@ RunSettings resolve_settings(const RunConfig& cfg) {
   parallel::check_layer_split_spec(cfg.pipeline_layers);
   m.pipeline_layers = cfg.pipeline_layers;
   m.sparse_embedding_grad = cfg.sparse_embedding_grad;
+  m.sequence_shard = cfg.sequence_shard;
   // With a fixed pipeline grid the split can be checked against the model now (an explicit list
   // of the wrong length or sum); chosen grids ("auto", none named) are checked when chosen.
   if (cfg.grid != "auto" && !cfg.grid.empty()) {
