@@ -285,18 +285,18 @@ int64_t layer_activation_elements(const ModelConfig& m, const GridShape& g, int6
   int64_t n = 0;
   for (const parallel::LayerActSpec& t : parallel::kLayerActs)
     if (t.keep == parallel::ActKeep::Output || parallel::act_kept(t.keep, mode))
-      n += parallel::act_floats(N, t.width, t.store, d, false);
+      n += parallel::act_floats(parallel::act_rows_of(N, parallel::act_rows(t), 1), t.width, t.store, d, false);
   return n;
 }
 
 int64_t trainer_activation_elements(const ModelConfig& m, const GridShape& g, int64_t N) {
   // One layer's tensors (kLayerActs) for each layer of the fullest stage, and the top-level ones
   // (kGlobalActs: the embedding's output, the head's, the work buffers), in fp32 (the bf16-only
-  // gradient copies take nothing there).
+  // gradient copies take nothing there), the stream not sharded (no "dfull").
   const parallel::LocalDims d = parallel::LocalDims::of(m, g);
   int64_t global = 0;
   for (const parallel::GlobalActSpec& t : parallel::kGlobalActs)
-    global += parallel::act_floats(N, t.width, t.store, d, false);
+    global += parallel::act_floats(parallel::act_rows_of(N, parallel::act_rows(t), 1), t.width, t.store, d, false);
   return layer_activation_elements(m, g, N, Recompute::None) * stage_layer_count(m.n_layer, g.p()) +
          global;
 }
