@@ -19,6 +19,7 @@
 #   concurrent  train, prepare, import, export, report -o twice at once on one target
 #   wrong_type  every reader given a file of the wrong kind: exit 1, a clear message
 #   final_state  a run whose weights end non-finite exits 1 saying what the latest checkpoint is
+#   interrupted import, export, report -o killed (SIGKILL, SIGTERM) at random points, many times
 #   resume_old  old checkpoints (no data fingerprint; the legacy format) compared where they can be
 #   init_refused a train refused at its start leaves no run folder; run.init_from with weights
 #            that are not finite refused naming the tensor and the first bad element
@@ -388,6 +389,91 @@ case_resume_old() {
   [ "$(grep -c "does not record" "$W/out")" -eq 1 ] && grep -q "does not record the training data (no fingerprint" "$W/out" &&
     ok "what it cannot compare is said once" || bad "the old sharded checkpoint's missing fingerprint was not said once"
   grep -q "resumed from $W/s/checkpoints/step_000004" "$W/out" || bad "did not resume from the old sharded checkpoint"
+}
+
+case_interrupted() {
+  # import, export and report -o killed (SIGKILL, SIGTERM) at random points, into a new
+  # destination and over an existing one (--overwrite): the destination holds the old complete
+  # output, the new complete output or (new) nothing, never a mixture; what the killed command
+  # left beside it (DEST.tmp-XXXXXX) is marked unfinished and refused by readers, and the next
+  # run of the command removes it and succeeds. Seeded delays (the seed is printed).
+  # A model of 27 MB, so that the writing is a good part of each command's time.
+  local M=(--set model.name=small --set model.vocab_size=512 --set model.n_layer=2)
+  "$TETRAD" train "${T[@]}" "${M[@]}" --set run.dir="$W/r" --set train.max_steps=1 > "$W/out" 2>&1 &&
+    "$TETRAD" train "${T[@]}" "${M[@]}" --set run.dir="$W/r2" --set train.max_steps=2 > "$W/out" 2>&1 ||
+    { cat "$W/out"; exit 1; }
+  local seed=${TETRAD_TEST_SEED:-$RANDOM}
+  echo "seed $seed (TETRAD_TEST_SEED=$seed repeats these delays)"
+  # The outputs: the old one (from r2) and the new one (from r), for each command; how long each
+  # command takes uninterrupted sets the range of its delays (a little past the end).
+  local -A took
+  ms_of() { local t0; t0=$(date +%s%N); "$@" > /dev/null 2>&1 || return 1; echo $((($(date +%s%N) - t0) / 1000000)); }
+  "$TETRAD" export --model "$W/r2" --out "$W/old/export" > /dev/null 2>&1 &&
+    took[export]=$(ms_of "$TETRAD" export --model "$W/r" --out "$W/new/export") &&
+    "$TETRAD" import --hf "$W/old/export" --out "$W/old/import" > /dev/null 2>&1 &&
+    took[import]=$(ms_of "$TETRAD" import --hf "$W/new/export" --out "$W/new/import") &&
+    "$TETRAD" report "$W/r2" -o "$W/old/report" > /dev/null 2>&1 &&
+    took[report]=$(ms_of "$TETRAD" report "$W/r" -o "$W/new/report") || { echo "making the outputs failed"; exit 1; }
+  echo "uninterrupted: export ${took[export]} ms, import ${took[import]} ms, report ${took[report]} ms"
+  sum_of() { if [ -d "$1" ]; then tree_sum "$1"; elif [ -e "$1" ]; then md5sum < "$1"; fi; }
+  local k=0 cmd sig mode n_old=0 n_new=0 n_none=0 n_left=0 n_sealed=0
+  for cmd in export import report; do
+    for sig in KILL TERM; do
+      for mode in new over; do
+        for _ in 1 2 3 4; do
+          local d; d=$(python3 -c "import random, sys; random.seed(int(sys.argv[1]) * 1000 + int(sys.argv[2])); print('%.3f' % (random.uniform(0.05, 1.1) * int(sys.argv[3]) / 1000))" "$seed" $k "${took[$cmd]}"); k=$((k + 1))
+          local D="$W/out_$cmd" name="$cmd $mode SIG$sig at ${d}s"
+          rm -rf "$W"/out_*
+          [ $mode = over ] && cp -a "$W/old/$cmd" "$D"
+          local ow=(); [ $mode = over ] && ow=(--overwrite)
+          local C
+          case $cmd in
+            export) C=("$TETRAD" export --model "$W/r" --out "$D") ;;
+            import) C=("$TETRAD" import --hf "$W/new/export" --out "$D") ;;
+            report) C=("$TETRAD" report "$W/r" -o "$D") ;;
+          esac
+          "${C[@]}" "${ow[@]}" > "$W/out" 2>&1 & local pid=$!
+          sleep "$d"; kill -$sig $pid 2>/dev/null; wait $pid 2>/dev/null
+          # The destination: old, new or nothing.
+          local now; now=$(sum_of "$D")
+          if [ -z "$now" ] && [ $mode = new ]; then n_none=$((n_none + 1))
+          elif [ $mode = over ] && [ "$now" = "$(sum_of "$W/old/$cmd")" ]; then n_old=$((n_old + 1))
+          elif [ $cmd = import ] && [ -n "$now" ] && "$TETRAD" verify --model "$D" > /dev/null 2>&1 &&
+               [ "$(latest "$D")" = step_000000 ]; then n_new=$((n_new + 1))
+          elif [ $cmd != import ] && [ "$now" = "$(sum_of "$W/new/$cmd")" ]; then n_new=$((n_new + 1))
+          else bad "$name: the destination is neither the old nor the new output: $(ls -A "$D" 2>&1 | tr '\n' ' ')"; fi
+          # What it left: marked and refused by readers, or (killed between marking it complete
+          # and renaming it) a complete output.
+          local t
+          for t in "$D".tmp-*; do
+            [ -e "$t" ] || continue
+            n_left=$((n_left + 1))
+            if [ -e "$t/.tetrad-unfinished" ]; then
+              if [ $cmd != report ]; then
+                "$TETRAD" verify --model "$t" > "$W/v" 2>&1 && bad "$name: verify accepted the leftover $t"
+                grep -q "is unfinished output" "$W/v" || bad "$name: the leftover $t is not refused as unfinished: $(head -c 300 "$W/v")"
+                "$TETRAD" export --model "$t" --out "$W/x_$k" > "$W/v" 2>&1 && bad "$name: export read the leftover $t"
+              fi
+            else
+              n_sealed=$((n_sealed + 1))
+              [ $cmd = report ] && bad "$name: a report leftover without the mark: $(ls -A "$t")"
+              [ $cmd != report ] && { "$TETRAD" verify --model "$t" > /dev/null 2>&1 || bad "$name: an unmarked leftover $t does not verify"; }
+            fi
+          done
+          # The next run: removes the leftovers of the killed one and writes the new output.
+          local again=(); [ -e "$D" ] && again=(--overwrite)
+          if "${C[@]}" "${again[@]}" > "$W/out" 2>&1; then
+            local rest; rest=$(ls -d "$D".tmp-* 2>/dev/null | while read -r t; do [ -e "$t/.tetrad-unfinished" ] && echo "$t"; done)
+            [ -z "$rest" ] || bad "$name: the next run left the marked leftover(s) $rest"
+            if [ $cmd = import ]; then "$TETRAD" verify --model "$D" > /dev/null 2>&1 || bad "$name: the next import does not verify"
+            else [ "$(sum_of "$D")" = "$(sum_of "$W/new/$cmd")" ] || bad "$name: the next run's output differs from the new one"; fi
+          else bad "$name: the next run failed: $(grep -m1 error "$W/out")"; fi
+        done
+      done
+    done
+  done
+  ok "$k interrupted runs (import, export, report; SIGKILL, SIGTERM; new and --overwrite): destination old $n_old, new $n_new, none $n_none; $n_left left something beside it ($n_sealed of those complete, unmarked), every marked one refused by readers and removed by the next run"
+  [ $((n_left - n_sealed)) -gt 0 ] || bad "no run was interrupted while writing (the delays missed every write): nothing was tested"
 }
 
 # timed FILE CMD...: runs CMD and writes "SECONDS MAX_RSS_KIB" to FILE; returns CMD's status.
