@@ -30,6 +30,9 @@ int64_t act_floats(int64_t N, ActWidth w, ActStore s, const LocalDims& d, bool b
 
 void check_sequence_shard(const ParallelOptions& o, const GridShape& g, int64_t tokens) {
   if (!o.sequence_shard || g.y() == 1) return;
+  if (g.c() > 1)
+    fail("parallel.sequence_shard with the context axis (c=", g.c(), ") is not implemented; set "
+         "parallel.sequence_shard = false or use a grid without c");
   if (tokens % g.y() != 0)
     fail("parallel.sequence_shard: the ", tokens, " tokens of a micro-batch on this rank do not "
          "split evenly over Gy = ", g.y(), "; use a micro-batch x sequence length divisible by ",
@@ -85,7 +88,7 @@ std::vector<LayerSlots> layer_slots(int n_layer, const LayerSplit& split, int p,
 ActivationSizes activation_sizes(const ModelConfig& cfg, const GridShape& G, int64_t local_batch,
                                  int max_len, bool bf16_acts, Recompute mode,
                                  const std::vector<LayerSlots>& slots, int seq_shard) {
-  const int64_t N = local_batch * max_len;
+  const int64_t N = local_batch * (max_len / G.c());  // the context axis cuts each sequence
   const LocalDims dims = LocalDims::of(cfg, G);
   ActivationSizes s;
   for (const LayerActSpec& t : kLayerActs) {

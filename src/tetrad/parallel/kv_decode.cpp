@@ -34,6 +34,10 @@ void ParallelTransformer::start_cache(int B) {
   if (ops_->sequence_sharded())
     fail("decoding with a KV cache under parallel.sequence_shard (Gy = ", ctx_.shape().y(),
          ") is not implemented; build the model with parallel.sequence_shard = false");
+  if (ctx_.shape().c() > 1)
+    fail("decoding with a KV cache on a context-parallel grid (c=", ctx_.shape().c(),
+         ") is not implemented; use a grid without the context axis (e.g. --grid d=",
+         ctx_.shape().size(), ")");
   if (B <= 0 || B > local_batch_)
     fail("generation batch of ", B, " sequences on this rank; the model was set up for 1..",
          local_batch_);
@@ -89,6 +93,9 @@ const float* ParallelTransformer::forward_logits(const int32_t* inputs, int B, i
 }
 
 std::vector<int32_t> ParallelTransformer::greedy_next_tokens(const int32_t* inputs, int B, int T) {
+  if (ctx_.shape().c() > 1)
+    fail("greedy decoding on a context-parallel grid (c=", ctx_.shape().c(),
+         ") is not implemented; use a grid without the context axis");
   forward(inputs, B, T);
   return vocab_->greedy_last(B, T);
 }
