@@ -17,9 +17,10 @@
 // the block: after its step the rank adds what the ranks before it sent (their queries' share)
 // and passes the sum on; after Gc steps it reaches the block's owner, which adds it into dqkv.
 //
-// Buffers: the all-gather's four (no memory of its own; Gc >= 2 gives each room for two blocks):
-// recv_ the two blocks in flight; full_ this step's block gradient and the one that came in;
-// dtmp_ / dacc_ one pair's dQ / dK|dV (backward) or partial out / lse (forward).
+// Buffers: the all-gather's four, sized for the ring (ContextAttention's constructor; 6 blocks of
+// B x T x QKVy floats, whatever Gc is): recv_ the two blocks in flight; full_ this step's block
+// gradient and the one that came in; dtmp_ / dacc_ one pair's dQ / dK|dV (backward) or partial
+// out / lse and the merged lse where the caller keeps none (forward).
 #include "tetrad/core/error.hpp"
 #include "tetrad/parallel/context_attention.hpp"
 
