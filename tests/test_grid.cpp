@@ -223,7 +223,7 @@ TEST(Grid, ParseAcceptsNamedExtents) {
 
 TEST(Grid, NamedExtentErrorsNameTheAxis) {
   EXPECT_TRUE(contains(parse_error("d=2,q=2"), "unknown axis \"q\"")) << parse_error("d=2,q=2");
-  EXPECT_TRUE(contains(parse_error("d=2,q=2"), "x, y, z, p, d")) << parse_error("d=2,q=2");
+  EXPECT_TRUE(contains(parse_error("d=2,q=2"), "x, y, c, z, p, d")) << parse_error("d=2,q=2");
   EXPECT_TRUE(contains(parse_error("X=2"), "unknown axis \"X\"")) << parse_error("X=2");
   EXPECT_TRUE(contains(parse_error("d=2,x=1,d=4"), "axis d is named twice"))
       << parse_error("d=2,x=1,d=4");
@@ -317,4 +317,28 @@ TEST(Grid, PipelineAxisBetweenZAndD) {
   EXPECT_EQ(group_ranks(3, s, token_axes()), (std::vector<int>{3, 9}));  // same stage only
   EXPECT_TRUE(contains(parse_error("1,2,3,4,5,6"), "or five \"x,y,z,p,d\""));
   for (const GridShape& f : factorizations(8)) EXPECT_EQ(f.p(), 1);
+}
+
+TEST(Grid, ContextAxisOnlyByName) {
+  // issue 28: C sits right outside the tensor axes in rank order; no positional form gives it.
+  const GridShape g = parse_grid("c=2,d=2,x=2");
+  EXPECT_EQ(g.c(), 2);
+  EXPECT_EQ(g.size(), 8);
+  EXPECT_EQ(g.to_arg(), "x=2,c=2,d=2");
+  EXPECT_EQ(parse_grid(g.to_arg()), g);
+  EXPECT_EQ(g.to_string(), "x=2,c=2,d=2");
+  EXPECT_EQ(GridShape::xyzpd(2, 1, 1, 1, 2).to_arg(), "2,1,1,2");  // unchanged without C
+  // x fastest, then y, then c: rank 2 is c = 1.
+  EXPECT_EQ(coord_of(2, g).c(), 1);
+  EXPECT_EQ(group_ranks(0, g, Axis::C), (std::vector<int>{0, 2}));
+  EXPECT_EQ(to_string(coord_of(3, g)), "(x1,y0,c1,z0,p0,d0)");
+  // The trainer has no context axis yet: refused by name, not ignored.
+  EXPECT_FALSE(trainer_supports_context());
+  try {
+    validate_grid(g, 8);
+    FAIL() << "c = 2 accepted";
+  } catch (const tetrad::Error& e) {
+    EXPECT_NE(std::string(e.what()).find("c = 2"), std::string::npos) << e.what();
+  }
+  validate_grid(parse_grid("c=1,d=2"), 2);
 }

@@ -15,6 +15,7 @@ const char* axis_name(Axis axis) {
   switch (axis) {
     case Axis::X: return "x";
     case Axis::Y: return "y";
+    case Axis::C: return "c";
     case Axis::Z: return "z";
     case Axis::P: return "p";
     case Axis::D: return "d";
@@ -52,14 +53,17 @@ int GridShape::size(AxisSet axes) const {
 namespace {
 // The positional forms of a grid, as parse_grid reads them and to_arg, to_string write them: the
 // axes their numbers give, in order; an axis a form leaves out is 1 (its coordinate 0). "x,y,z,d"
-// is the form of grids without a pipeline, "x,y,z,p,d" has every axis in rank order.
+// is the form of grids without a pipeline, "x,y,z,p,d" the form with one. The context axis C has
+// no positional form (the x,y,z,d and x,y,z,p,d forms keep their meaning): only the named form
+// gives it ("c=2,d=4").
 constexpr Axis kFourAxes[] = {Axis::X, Axis::Y, Axis::Z, Axis::D};
 constexpr Axis kFiveAxes[] = {Axis::X, Axis::Y, Axis::Z, Axis::P, Axis::D};
 constexpr std::span<const Axis> kPositionalForms[] = {kFourAxes, kFiveAxes};
-static_assert(std::ranges::equal(kFiveAxes, kAxesInRankOrder),
+static_assert(kAxisCount == 6,
               "a new axis: say which positional forms give it (the named form takes it already)");
 
-// The shortest positional form that holds every axis of `v` not at its unset value.
+// The shortest positional form that holds every axis of `v` not at its unset value; empty when
+// none does (C set): the named form is written instead.
 template <int kUnset>
 std::span<const Axis> shortest_form(const PerAxis<kUnset>& v) {
   for (std::span<const Axis> form : kPositionalForms) {
@@ -68,13 +72,21 @@ std::span<const Axis> shortest_form(const PerAxis<kUnset>& v) {
       holds = holds && (v[a] == kUnset || std::ranges::find(form, a) != form.end());
     if (holds) return form;
   }
-  return kFiveAxes;  // every axis (static_assert above)
+  return {};
 }
 
-// The extents in their shortest positional form, joined by `sep`.
+// The extents in their shortest positional form, joined by `sep`; the named form of the axes
+// that are not 1 ("c=2,d=4") when no positional form holds them.
 std::string joined(const GridShape& shape, const char* sep) {
   std::string s;
-  for (Axis a : shortest_form(shape)) s += (s.empty() ? "" : sep) + std::to_string(shape[a]);
+  const std::span<const Axis> form = shortest_form(shape);
+  if (form.empty()) {
+    for (Axis a : kAxesInRankOrder)
+      if (shape[a] != 1)
+        s += (s.empty() ? "" : ",") + std::string(axis_name(a)) + "=" + std::to_string(shape[a]);
+    return s;
+  }
+  for (Axis a : form) s += (s.empty() ? "" : sep) + std::to_string(shape[a]);
   return s;
 }
 }  // namespace
@@ -84,7 +96,9 @@ std::string GridShape::to_arg() const { return joined(*this, ","); }
 
 std::string to_string(const GridCoord& coord) {
   std::string s;
-  for (Axis a : shortest_form(coord))
+  std::span<const Axis> form = shortest_form(coord);
+  if (form.empty()) form = kAxesInRankOrder;
+  for (Axis a : form)
     s += (s.empty() ? "(" : ",") + std::string(axis_name(a)) + std::to_string(coord[a]);
   return s + ")";
 }
@@ -232,11 +246,16 @@ GridShape parse_grid(const std::string& text) {
   return shape;
 }
 
+bool trainer_supports_context() { return false; }
+
 void validate_grid(const GridShape& shape, int world_size) {
   for (Axis a : kAxesInRankOrder)
     if (shape[a] < 1)
       fail("grid ", shape.to_string(), ": the ", axis_name(a), " extent must be at least 1, got ",
            shape[a]);
+  if (shape.c() > 1 && !trainer_supports_context())
+    fail("grid ", shape.to_string(), ": c = ", shape.c(),
+         ": the trainer has no context-parallel axis yet (`tetrad plan` prices it); use c = 1");
   if (shape.size() != world_size)
     fail("grid ", shape.to_string(), " needs ", shape.size(), " ranks but mpirun started ",
          world_size, " (launch with mpirun -n ", shape.size(),

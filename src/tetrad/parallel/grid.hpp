@@ -31,16 +31,19 @@
 namespace tetrad::parallel {
 
 // The axes of the grid, in rank order (fastest-varying first). X: input features of normal
-// layers, Y: output features, Z: tokens and the fully-sharded weight axis, P: pipeline stages,
-// D: data-parallel replicas.
-enum class Axis { X, Y, Z, P, D };
-inline constexpr int kAxisCount = 5;
+// layers, Y: output features, C: context (each sequence cut into chunks over C ranks; issue 28:
+// priced by the planner, not yet run by the trainer, which refuses C > 1 in validate_grid),
+// Z: tokens and the fully-sharded weight axis, P: pipeline stages, D: data-parallel replicas.
+// C sits right outside the tensor axes (Megatron-Core's tp-cp-dp order, TorchTitan's cp next to
+// tp): its key/value exchange runs every layer, so its group should stay inside a node.
+enum class Axis { X, Y, C, Z, P, D };
+inline constexpr int kAxisCount = 6;
 
 // The axes from fastest- to slowest-varying in rank order (the enum's order).
-inline constexpr std::array<Axis, kAxisCount> kAxesInRankOrder = {Axis::X, Axis::Y, Axis::Z,
-                                                                   Axis::P, Axis::D};
+inline constexpr std::array<Axis, kAxisCount> kAxesInRankOrder = {Axis::X, Axis::Y, Axis::C,
+                                                                   Axis::Z, Axis::P, Axis::D};
 
-// "x", "y", "z", "p", "d": the name used for the axis's communicator, in messages and in
+// "x", "y", "c", "z", "p", "d": the name used for the axis's communicator, in messages and in
 // parse_grid's named form.
 const char* axis_name(Axis axis);
 
@@ -88,6 +91,7 @@ class PerAxis {
   constexpr int& operator[](Axis a) { return values_[static_cast<size_t>(a)]; }
   constexpr int x() const { return (*this)[Axis::X]; }
   constexpr int y() const { return (*this)[Axis::Y]; }
+  constexpr int c() const { return (*this)[Axis::C]; }
   constexpr int z() const { return (*this)[Axis::Z]; }
   constexpr int p() const { return (*this)[Axis::P]; }
   constexpr int d() const { return (*this)[Axis::D]; }
@@ -120,8 +124,10 @@ struct GridShape : PerAxis<1> {
   }
   int size() const;               // the product of every extent
   int size(AxisSet axes) const;   // the product of the extents of `axes` (a group's size)
-  std::string to_string() const;  // "2x2x1x1" (x,y,z,d) when p = 1, else "2x1x1x2x1" (x,y,z,p,d)
-  std::string to_arg() const;     // "2,2,1,1", or five numbers when p > 1: what parse_grid reads
+  // "2x2x1x1" (x,y,z,d) when p = 1, else "2x1x1x2x1" (x,y,z,p,d); with c > 1 (no positional
+  // form holds C) the named form of the axes that are not 1, "c=2,d=4".
+  std::string to_string() const;
+  std::string to_arg() const;     // "2,2,1,1", five numbers when p > 1, "c=2,d=4" when c > 1: what parse_grid reads
   constexpr bool operator==(const GridShape&) const = default;
 };
 
@@ -165,8 +171,12 @@ inline int token_slot(const GridCoord& coord, const GridShape& shape) {
 GridShape parse_grid(const std::string& text);
 
 // Throws tetrad::Error unless every extent is >= 1 and shape.size() == world_size, e.g.
-// "grid 2x2x1x1 needs 4 ranks but mpirun started 2 (...)".
+// "grid 2x2x1x1 needs 4 ranks but mpirun started 2 (...)"; and, while the trainer has no context
+// axis (trainer_supports_context), unless c == 1 (the planner prices C > 1 all the same).
 void validate_grid(const GridShape& shape, int world_size);
+// Whether the trainer runs a context axis C > 1 (issue 28); until it does, validate_grid refuses
+// one and the planner marks such grids not trainable.
+bool trainer_supports_context();
 
 // Every shape with size() == n (n >= 1) whose axes outside `axes` are 1, ordered
 // lexicographically by the extents in rank order. The default leaves out the pipeline axis

@@ -46,7 +46,11 @@ void ProcessGroups::release_backend(backend::Backend& be) {
 }
 
 std::vector<AxisSet> ProcessGroups::group_axes() {
-  std::vector<AxisSet> sets(kAxesInRankOrder.begin(), kAxesInRankOrder.end());
+  std::vector<AxisSet> sets;
+  // The context axis gets its communicator when the trainer runs it (validate_grid refuses
+  // C > 1 until then, issue 28): no extra communicator, and the same groups, meanwhile.
+  for (Axis a : kAxesInRankOrder)
+    if (a != Axis::C || trainer_supports_context()) sets.push_back(a);
   sets.push_back(token_axes());
   return sets;
 }

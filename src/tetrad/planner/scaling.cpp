@@ -622,6 +622,7 @@ std::vector<PublishedScaling> published_scaling(double batch_scale) {
     in.memory_model = MemoryModel::Reference;  // another framework's run (planner.hpp)
     in.overlap = Overlap::Tensor;
     in.allow_pipeline = false;
+    in.allow_context = false;  // AxoNN has no context axis
     const std::string assume = "V = 51200 and global batch " + std::to_string(in.global_batch) +
                                " x 2048 tokens (one micro-batch) assumed; grid: the planner's first "
                                "choice among Gp = 1 grids";
@@ -653,6 +654,7 @@ std::vector<PublishedScaling> published_scaling(double batch_scale) {
     in.memory_model = MemoryModel::Reference;  // another framework's run (planner.hpp)
     in.zero = 1;
     in.overlap = Overlap::None;
+    in.allow_context = false;  // Megatron-DeepSpeed's runs split no sequence
     const std::string assume =
         std::string(kind == ScalingKind::Weak ? "weak: global batch " + std::to_string(in.global_batch) +
                                                     " sequences at the first point, in proportion to the ranks"
