@@ -342,6 +342,8 @@ nlohmann::json scaling_json(const ScalingSpec& spec, const Machine& m,
         {"grew_by", &ScalingPoint::grew_by}};
     for (const auto& [key, field] : kNumbers) q[key] = p.*field;
     q["grid"] = grid_label(p.estimate.grid);
+    q["c"] = p.estimate.grid.c();  // the context axis (issue 28): 1 without one
+    q["cp_comm"] = p.estimate.grid.c() > 1 ? name(p.estimate.cp_comm) : "none";
     q["grid_given"] = p.grid_given;
     q["grids_valid"] = p.grids_valid;
     q["grids_total"] = p.grids_total;
