@@ -223,7 +223,7 @@ TEST(Grid, ParseAcceptsNamedExtents) {
 
 TEST(Grid, NamedExtentErrorsNameTheAxis) {
   EXPECT_TRUE(contains(parse_error("d=2,q=2"), "unknown axis \"q\"")) << parse_error("d=2,q=2");
-  EXPECT_TRUE(contains(parse_error("d=2,q=2"), "x, y, c, z, p, d")) << parse_error("d=2,q=2");
+  EXPECT_TRUE(contains(parse_error("d=2,q=2"), "x, y, z, c, p, d")) << parse_error("d=2,q=2");
   EXPECT_TRUE(contains(parse_error("X=2"), "unknown axis \"X\"")) << parse_error("X=2");
   EXPECT_TRUE(contains(parse_error("d=2,x=1,d=4"), "axis d is named twice"))
       << parse_error("d=2,x=1,d=4");
@@ -319,26 +319,22 @@ TEST(Grid, PipelineAxisBetweenZAndD) {
   for (const GridShape& f : factorizations(8)) EXPECT_EQ(f.p(), 1);
 }
 
-TEST(Grid, ContextAxisOnlyByName) {
-  // issue 28: C sits right outside the tensor axes in rank order; no positional form gives it.
-  const GridShape g = parse_grid("c=2,d=2,x=2");
-  EXPECT_EQ(g.c(), 2);
-  EXPECT_EQ(g.size(), 8);
-  EXPECT_EQ(g.to_arg(), "x=2,c=2,d=2");
-  EXPECT_EQ(parse_grid(g.to_arg()), g);
-  EXPECT_EQ(g.to_string(), "x=2,c=2,d=2");
-  EXPECT_EQ(GridShape::xyzpd(2, 1, 1, 1, 2).to_arg(), "2,1,1,2");  // unchanged without C
-  // x fastest, then y, then c: rank 2 is c = 1.
-  EXPECT_EQ(coord_of(2, g).c(), 1);
-  EXPECT_EQ(group_ranks(0, g, Axis::C), (std::vector<int>{0, 2}));
-  EXPECT_EQ(to_string(coord_of(3, g)), "(x1,y0,c1,z0,p0,d0)");
-  // The trainer has no context axis yet: refused by name, not ignored.
-  EXPECT_FALSE(trainer_supports_context());
-  try {
-    validate_grid(g, 8);
-    FAIL() << "c = 2 accepted";
-  } catch (const tetrad::Error& e) {
-    EXPECT_NE(std::string(e.what()).find("c = 2"), std::string::npos) << e.what();
-  }
-  validate_grid(parse_grid("c=1,d=2"), 2);
+// The context axis C (issue 28): between Z and P in rank order, by name only in --grid, written
+// by name where it is not 1, its groups (C, Z x C x D for tokens, C x D for replicas).
+TEST(Grid, ContextAxis) {
+  const GridShape s = parse_grid("c=2,x=2,d=2");
+  EXPECT_EQ(s.c(), 2);
+  EXPECT_EQ(s.size(), 8);
+  EXPECT_EQ(s.to_string(), "x2.c2.d2");
+  EXPECT_EQ(s.to_arg(), "x=2,c=2,d=2");
+  EXPECT_EQ(parse_grid(s.to_arg()), s);
+  EXPECT_EQ(GridShape(2, 1, 1, 2).to_arg(), "2,1,1,2");  // no c: the positional forms as before
+  // Rank order x, y, z, c, p, d: rank 2 is c = 1 of x = 0.
+  EXPECT_EQ(coord_of(2, s), (GridCoord{{Axis::C, 1}}));
+  EXPECT_EQ(to_string(coord_of(3, s)), "(x1,y0,z0,c1,p0,d0)");
+  EXPECT_EQ(group_ranks(5, s, Axis::C), (std::vector<int>{5, 7}));
+  EXPECT_EQ(group_ranks(5, s, replica_axes()), (std::vector<int>{1, 3, 5, 7}));
+  EXPECT_EQ(group_ranks(0, s, token_share_axes()), (std::vector<int>{0, 2, 4, 6}));
+  EXPECT_EQ(token_slots(s), 2);  // C cuts sequences, it does not deal them
+  EXPECT_TRUE(contains(parse_error("2,1,1,1,1,2"), "c=2"));
 }

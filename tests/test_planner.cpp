@@ -502,10 +502,9 @@ TEST(PlannerModel, RanksValidGridsFastestFirst) {
     last = e.step;
     EXPECT_GT(e.mfu, 0);
     EXPECT_LT(e.mfu, 1);
-    EXPECT_EQ(e.trainable, (e.grid.p() == 1 || trainer_supports_pipeline()) &&
-                               (e.grid.c() == 1 || parallel::trainer_supports_context()));
+    EXPECT_EQ(e.trainable, e.grid.p() == 1 || trainer_supports_pipeline());
   }
-  EXPECT_EQ(all_grids(8).size(), 56u);  // ordered 6-tuples (x, y, c, z, p, d) with product 8
+  EXPECT_EQ(all_grids(8).size(), 56u);  // ordered 6-tuples (x, y, z, c, p, d) with product 8
 }
 
 TEST(PlannerModel, PipelineAcrossNodesAndDataLast) {

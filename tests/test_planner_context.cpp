@@ -177,7 +177,7 @@ TEST(PlannerContext, At128KTokensOnH100TheFirstChoiceHasCAndSaysWhy) {
   ASSERT_TRUE(p.front().valid);
   EXPECT_EQ(p.front().grid, (GridShape{{Axis::Y, 4}, {Axis::C, 4}})) << grid_label(p.front().grid);
   EXPECT_NEAR(p.front().step, 67.98, 0.02 * 67.98);  // the model's own number: 2% for rounding in the docs
-  EXPECT_FALSE(p.front().trainable);  // the trainer has no C yet: marked, not hidden
+  EXPECT_TRUE(p.front().trainable);  // the trainer runs C (--grid c=4)
   const std::string why = context_choice_text(p);
   EXPECT_NE(why.find("C = 4"), std::string::npos) << why;
   EXPECT_NE(why.find("2x8x1x1x1"), std::string::npos) << why;

@@ -15,8 +15,8 @@ const char* axis_name(Axis axis) {
   switch (axis) {
     case Axis::X: return "x";
     case Axis::Y: return "y";
-    case Axis::C: return "c";
     case Axis::Z: return "z";
+    case Axis::C: return "c";
     case Axis::P: return "p";
     case Axis::D: return "d";
   }
@@ -53,17 +53,17 @@ int GridShape::size(AxisSet axes) const {
 namespace {
 // The positional forms of a grid, as parse_grid reads them and to_arg, to_string write them: the
 // axes their numbers give, in order; an axis a form leaves out is 1 (its coordinate 0). "x,y,z,d"
-// is the form of grids without a pipeline, "x,y,z,p,d" the form with one. The context axis C has
-// no positional form (the x,y,z,d and x,y,z,p,d forms keep their meaning): only the named form
-// gives it ("c=2,d=4").
+// is the form of grids without a pipeline, "x,y,z,p,d" of grids with one. The context axis C has
+// none (a sixth number would be ambiguous to read): a grid with Gc > 1 is written by name.
 constexpr Axis kFourAxes[] = {Axis::X, Axis::Y, Axis::Z, Axis::D};
 constexpr Axis kFiveAxes[] = {Axis::X, Axis::Y, Axis::Z, Axis::P, Axis::D};
 constexpr std::span<const Axis> kPositionalForms[] = {kFourAxes, kFiveAxes};
-static_assert(kAxisCount == 6,
+static_assert(kAxisCount == 6 && std::ranges::equal(kFiveAxes, std::array{Axis::X, Axis::Y, Axis::Z,
+                                                                        Axis::P, Axis::D}),
               "a new axis: say which positional forms give it (the named form takes it already)");
 
 // The shortest positional form that holds every axis of `v` not at its unset value; empty when
-// none does (C set): the named form is written instead.
+// none does (an axis outside every positional form is set).
 template <int kUnset>
 std::span<const Axis> shortest_form(const PerAxis<kUnset>& v) {
   for (std::span<const Axis> form : kPositionalForms) {
@@ -75,15 +75,17 @@ std::span<const Axis> shortest_form(const PerAxis<kUnset>& v) {
   return {};
 }
 
-// The extents in their shortest positional form, joined by `sep`; the named form of the axes
-// that are not 1 ("c=2,d=4") when no positional form holds them.
-std::string joined(const GridShape& shape, const char* sep) {
+// The extents in their shortest positional form joined by `sep`, or, where no positional form
+// holds them, the axes other than 1 as name, `named_sep`, extent, joined by `named_join`.
+std::string joined(const GridShape& shape, const char* sep, const char* named_sep,
+                   const char* named_join) {
   std::string s;
   const std::span<const Axis> form = shortest_form(shape);
   if (form.empty()) {
     for (Axis a : kAxesInRankOrder)
       if (shape[a] != 1)
-        s += (s.empty() ? "" : ",") + std::string(axis_name(a)) + "=" + std::to_string(shape[a]);
+        s += (s.empty() ? "" : named_join) + std::string(axis_name(a)) + named_sep +
+             std::to_string(shape[a]);
     return s;
   }
   for (Axis a : form) s += (s.empty() ? "" : sep) + std::to_string(shape[a]);
@@ -91,13 +93,13 @@ std::string joined(const GridShape& shape, const char* sep) {
 }
 }  // namespace
 
-std::string GridShape::to_string() const { return joined(*this, "x"); }
-std::string GridShape::to_arg() const { return joined(*this, ","); }
+std::string GridShape::to_string() const { return joined(*this, "x", "", "."); }
+std::string GridShape::to_arg() const { return joined(*this, ",", "=", ","); }
 
 std::string to_string(const GridCoord& coord) {
-  std::string s;
   std::span<const Axis> form = shortest_form(coord);
   if (form.empty()) form = kAxesInRankOrder;
+  std::string s;
   for (Axis a : form)
     s += (s.empty() ? "(" : ",") + std::string(axis_name(a)) + std::to_string(coord[a]);
   return s + ")";
@@ -195,7 +197,7 @@ std::string axis_list() {
 GridShape parse_grid(const std::string& text) {
   const char* expected =
       "expected four positive integers \"x,y,z,d\" (e.g. \"2,1,2,1\") or five \"x,y,z,p,d\", or "
-      "named extents \"d=2,x=2\"";
+      "named extents \"d=2,x=2\" (the context axis only by name: \"c=2\")";
   std::vector<std::string> parts;
   size_t start = 0;
   while (true) {
@@ -246,16 +248,11 @@ GridShape parse_grid(const std::string& text) {
   return shape;
 }
 
-bool trainer_supports_context() { return false; }
-
 void validate_grid(const GridShape& shape, int world_size) {
   for (Axis a : kAxesInRankOrder)
     if (shape[a] < 1)
       fail("grid ", shape.to_string(), ": the ", axis_name(a), " extent must be at least 1, got ",
            shape[a]);
-  if (shape.c() > 1 && !trainer_supports_context())
-    fail("grid ", shape.to_string(), ": c = ", shape.c(),
-         ": the trainer has no context-parallel axis yet (`tetrad plan` prices it); use c = 1");
   if (shape.size() != world_size)
     fail("grid ", shape.to_string(), " needs ", shape.size(), " ranks but mpirun started ",
          world_size, " (launch with mpirun -n ", shape.size(),

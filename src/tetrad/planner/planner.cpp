@@ -48,7 +48,7 @@ std::string grid_label(const GridShape& g) {
 
 std::vector<GridShape> all_grids(int n) {
   if (n < 1) fail("number of ranks must be >= 1 (got ", n, ")");
-  return parallel::factorizations(n, {Axis::X, Axis::Y, Axis::C, Axis::Z, Axis::P, Axis::D});
+  return parallel::factorizations(n, {Axis::X, Axis::Y, Axis::Z, Axis::C, Axis::P, Axis::D});
 }
 
 void PlanInput::validate() const {
@@ -459,11 +459,12 @@ MemoryBreakdown memory_per_rank(const PlanInput& in, const GridShape& g) {
   const int local = int(std::max<int64_t>(1, mbatch / std::max(1, token_slots(g))));
   const int m_count = int(std::max<int64_t>(1, in.global_batch / mbatch));
   const parallel::ParallelOptions po = model_options(in);
-  // A context axis: the model as each rank runs it, S / Gc tokens of each of its sequences, the
-  // parameters as without_context stores them; plus one layer's gathered keys and values.
-  const GridShape gf = without_context(g, in.shard_over_context);
-  const int seq_local = in.seq / g.c();
-  const double gather = context_gather_bytes(in, g, double(local) * seq_local);
+  // A context axis: the trainer's formula takes it (S / Gc tokens of each sequence per rank,
+  // ZeRO's pieces over C x D); the exchange's buffers (ContextAttention's) come beside it. With
+  // shard_over_context (TorchTitan's layout, not tetrad's) C is folded into Z at S / Gc.
+  const GridShape gf = in.shard_over_context ? without_context(g, true) : g;
+  const int seq_local = in.shard_over_context ? in.seq / g.c() : in.seq;
+  const double gather = context_gather_bytes(in, g, double(local) * (in.seq / g.c()));
   // Every stage keeps the top-level tensors and the whole activation buffer, so the fullest is
   // the one with the most layers (state) or the most in flight (stage 0) or the last chunk's
   // stash (stage p - 1): those three, not all p (plans over thousands of ranks stay cheap).
@@ -496,7 +497,7 @@ std::string divisibility_problem(const PlanInput& in, const GridShape& g) {
            std::to_string(2 * g.c()) + " (each sequence is cut into 2 Gc chunks, rank r holding chunks r "
            "and 2 Gc - 1 - r)";
   try {
-    parallel::validate_grid_for_model(m, without_context(g, in.shard_over_context));
+    parallel::validate_grid_for_model(m, in.shard_over_context ? without_context(g, true) : g);
   } catch (const Error& e) {
     std::string s = e.what();
     if (s.starts_with("grid: ")) s = s.substr(6);
@@ -798,7 +799,7 @@ Estimate estimate(const PlanInput& in, const GridShape& g, const Machine& mach) 
   Estimate e;
   e.grid = g;
   e.cp_comm = g.c() > 1 ? in.cp_comm : CpComm::Auto;
-  e.trainable = (g.p() == 1 || trainer_supports_pipeline()) && (g.c() == 1 || parallel::trainer_supports_context());
+  e.trainable = g.p() == 1 || trainer_supports_pipeline();
   const ModelConfig& m = in.model;
   const Sizes s = sizes(m);
   e.model_flops = model_flops_per_step(m, in.global_batch, in.seq);

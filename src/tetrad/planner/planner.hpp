@@ -69,7 +69,7 @@ const char* name(Overlap o);
 using parallel::Axis;
 using parallel::AxisSet;
 using parallel::GridShape;
-// Every grid with product n, lexicographic in the rank order (x, y, c, z, p, d).
+// Every grid with product n, lexicographic in the rank order (x, y, z, c, p, d).
 std::vector<GridShape> all_grids(int n);
 // "2x1x2x1x1": the extents (x, y, z, p, d), the form of the planner's tables and JSON; a context
 // axis C > 1 is appended as "2x1x2x1x1 c4".

@@ -21,7 +21,6 @@ PlanInput plan_input_of(const RunConfig& cfg, int ranks, const backend::Backend&
   in.global_batch = int64_t(cfg.train.micro_batch) * cfg.train.grad_accum;
   in.seq = cfg.train.seq_len;
   in.ranks = ranks;
-  in.allow_context = parallel::trainer_supports_context();  // the trainer runs its choice
   // What the trainer will run: the config's settings as the run plan resolves them
   // (resolve_settings), train.precision "auto" as the device says (Backend::auto_precision: bf16
   // where it has bf16 matrix hardware).
