@@ -38,33 +38,22 @@ ModelConfig planner_model(const std::string& name) {
   if (name == "gpt-160b") return gpt(84, 12288, 96, 51200, 2048);
   if (name == "gpt-320b") return gpt(96, 16384, 128, 51200, 2048);
   if (name == "gpt-175b") return gpt(96, 12288, 96, 51200, 2048);
-  if (name == "llama-405b") {
-    // Llama 3.1 405B as Meta published it (the model card's config.json; "The Llama 3 Herd of
-    // Models", 2024, table 3): 126 layers, hidden 16384, 128 heads of 128, 8 KV heads, SwiGLU FFN
-    // 53248, vocabulary 128256, untied head, RoPE theta 500000 with Llama 3.1's scaling, 128K
-    // context.
-    ModelConfig c = gpt(126, 16384, 128, 128256, 131072);
+  // Llama 3.1 as Meta published it (the model cards' config.json; "The Llama 3 Herd of Models",
+  // 2024, table 3): heads of 128, 8 KV heads, SwiGLU, vocabulary 128256, untied head, RoPE theta
+  // 500000 with Llama 3.1's scaling, 128K context.
+  auto llama31 = [&](int L, int H, int heads, int ffn) {
+    ModelConfig c = gpt(L, H, heads, 128256, 131072);
     c.family = Family::Llama;
     c.n_kv_head = 8;
-    c.ffn = 53248;
+    c.ffn = ffn;
     c.tie_embeddings = false;
     c.rope_theta = 500000.0f;
     c.rope_type = "llama3";
     return c;
-  }
-  if (name == "llama-8b") {
-    // Llama 3.1 8B (the model card's config.json): 32 layers, hidden 4096, 32 heads of 128, 8 KV
-    // heads, SwiGLU FFN 14336, vocabulary 128256, untied head, 128K context. TorchTitan's long-
-    // context rows (docs/planner.md) run it at up to 256K tokens (max_seq raised per row).
-    ModelConfig c = gpt(32, 4096, 32, 128256, 131072);
-    c.family = Family::Llama;
-    c.n_kv_head = 8;
-    c.ffn = 14336;
-    c.tie_embeddings = false;
-    c.rope_theta = 500000.0f;
-    c.rope_type = "llama3";
-    return c;
-  }
+  };
+  if (name == "llama-405b") return llama31(126, 16384, 128, 53248);
+  // TorchTitan's long-context rows (docs/planner.md) run the 8B at up to 256K (max_seq raised).
+  if (name == "llama-8b") return llama31(32, 4096, 32, 14336);
   try {
     return named_model(name);
   } catch (const Error& e) {
