@@ -231,6 +231,7 @@ void Checkpointer::init_fresh() {
            ") but the shards in '", cfg.data_dir, "' were made with tokenizer ", hex64(data_id),
            "; prepare the data with --tokenizer ", cfg.init_from);
   }
+  require_hf_tensor_layout(cfg.model, "run.init_from '" + cfg.init_from + "'");
   load_hf_params_streamed(cfg.init_from, cfg.model, model.table(),
                           [&](size_t i, const float* data) {
                             model.scatter_tensor(model.params(), i, data);
