@@ -901,10 +901,10 @@ TEST_P(Conformance, GroupedGemmGroupsOfAnySizeEveryLayout) {
 // (drop_percent of them); expert E - 1 receives no token when E > k. R: the rows used.
 VI moe_routing(std::mt19937_64& rng, int64_t N, int64_t k, int64_t E, int drop_percent,
                int64_t* R) {
-  std::vector<std::vector<int64_t>> choice(size_t(N));
+  std::vector<std::vector<int64_t>> choice(static_cast<size_t>(N));
   const int64_t usable = E > k ? E - 1 : E;
   for (auto& c : choice) {
-    std::vector<int64_t> experts(size_t(usable));
+    std::vector<int64_t> experts(static_cast<size_t>(usable));
     for (int64_t e = 0; e < usable; ++e) experts[size_t(e)] = e;
     std::shuffle(experts.begin(), experts.end(), rng);
     c.assign(experts.begin(), experts.begin() + k);

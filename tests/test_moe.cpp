@@ -46,7 +46,7 @@ ModelConfig moe_cfg(int experts = 4, int k = 2) {
 
 std::vector<int32_t> tokens(int n, int V, uint64_t seed) {
   Rng r(seed);
-  std::vector<int32_t> t(size_t(n));
+  std::vector<int32_t> t(static_cast<size_t>(n));
   for (auto& v : t) v = int32_t(r.next_u64() % uint64_t(V));
   return t;
 }

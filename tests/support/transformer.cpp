@@ -691,7 +691,7 @@ void Transformer<T>::moe_backward(int l, int64_t N) {
   const T* P = params_.data();
   T* G = grads_.data();
   std::fill(a.dln, a.dln + N * C, T(0));
-  std::vector<T> dw(size_t(N * K), T(0)), dact(size_t(F)), dh(size_t(2 * F));
+  std::vector<T> dw(size_t(N * K), T(0)), dact(static_cast<size_t>(F)), dh(size_t(2 * F));
   for (int64_t t = 0; t < N; ++t)
     for (int64_t j = 0; j < K; ++j) {
       const int64_t i = t * K + j;
@@ -734,7 +734,7 @@ void Transformer<T>::moe_backward(int l, int64_t N) {
   const T per_layer = grad_scale_ * T(N) / T(cfg_.n_layer);
   const T aux_scale = cfg_.moe_balance == "aux_loss" ? per_layer * T(cfg_.router_aux_loss_coef) : T(0);
   const T z_scale = per_layer * T(cfg_.router_z_loss_coef);
-  std::vector<T> dlogits(size_t(N * E)), dp(size_t(E));
+  std::vector<T> dlogits(size_t(N * E)), dp(static_cast<size_t>(E));
   for (int64_t t = 0; t < N; ++t) {
     const T* p = M.probs.data() + t * E;
     std::fill(dp.begin(), dp.end(), T(0));

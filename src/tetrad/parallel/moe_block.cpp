@@ -86,10 +86,10 @@ void MoeBlock::mlp_forward(int l, int64_t N) {
   }
   const float* w13 = ops_.w(X.gate_up);
   const float* w2 = ops_.w(X.down);
-  std::vector<int64_t> rows(r.rows), cols2F(size_t(E), 2 * F), colsC(size_t(E), C),
-      colsF(size_t(E), F);
-  std::vector<const void*> in(size_t(E)), wgu(size_t(E)), act(size_t(E)), wd(size_t(E));
-  std::vector<float*> gu(size_t(E)), out(size_t(E));
+  std::vector<int64_t> rows(r.rows), cols2F(static_cast<size_t>(E), 2 * F), colsC(static_cast<size_t>(E), C),
+      colsF(static_cast<size_t>(E), F);
+  std::vector<const void*> in(static_cast<size_t>(E)), wgu(static_cast<size_t>(E)), act(static_cast<size_t>(E)), wd(static_cast<size_t>(E));
+  std::vector<float*> gu(static_cast<size_t>(E)), out(static_cast<size_t>(E));
   for (int64_t e = 0; e < E; ++e) {
     const int64_t o = r.first[size_t(e)];
     in[size_t(e)] = A.moe_in + o * C;
@@ -133,11 +133,11 @@ void MoeBlock::mlp_backward(int l, int64_t N) {
   const float* w2 = ops_.w(X.down);
   float* gw13 = ops_.gw(X.gate_up);
   float* gw2 = ops_.gw(X.down);
-  std::vector<int64_t> rows(r.rows), nC(size_t(E), C), nF(size_t(E), F), n2F(size_t(E), 2 * F);
-  std::vector<const void*> drow(size_t(E)), wd(size_t(E)), act(size_t(E)), dgu_c(size_t(E)),
-      wgu(size_t(E)), in(size_t(E));
-  std::vector<float*> dact(size_t(E)), gwd(size_t(E)), dgu(size_t(E)), gwgu(size_t(E)),
-      din(size_t(E));
+  std::vector<int64_t> rows(r.rows), nC(static_cast<size_t>(E), C), nF(static_cast<size_t>(E), F), n2F(static_cast<size_t>(E), 2 * F);
+  std::vector<const void*> drow(static_cast<size_t>(E)), wd(static_cast<size_t>(E)), act(static_cast<size_t>(E)), dgu_c(static_cast<size_t>(E)),
+      wgu(static_cast<size_t>(E)), in(static_cast<size_t>(E));
+  std::vector<float*> dact(static_cast<size_t>(E)), gwd(static_cast<size_t>(E)), dgu(static_cast<size_t>(E)), gwgu(static_cast<size_t>(E)),
+      din(static_cast<size_t>(E));
   for (int64_t e = 0; e < E; ++e) {
     const int64_t o = r.first[size_t(e)];
     drow[size_t(e)] = a.dmoe_rows + o * C;

@@ -22,11 +22,11 @@ void route_tokens(const float* logits, int64_t N, const ModelConfig& c, MoeRouti
   r.choice.assign(size_t(N * k), -1);
   r.weight.assign(size_t(N * k), 0.0f);
   r.slots.assign(size_t(N * k), -1);
-  r.routed.assign(size_t(E), 0);
-  r.rows.assign(size_t(E), 0);
-  r.first.assign(size_t(E), 0);
+  r.routed.assign(static_cast<size_t>(E), 0);
+  r.rows.assign(static_cast<size_t>(E), 0);
+  r.first.assign(static_cast<size_t>(E), 0);
   const bool renorm = c.moe_renormalize();
-  std::vector<int32_t> order(size_t(E));
+  std::vector<int32_t> order(static_cast<size_t>(E));
   double zsum = 0;
   for (int64_t t = 0; t < N; ++t) {
     const float* x = logits + t * E;
@@ -92,7 +92,7 @@ void route_tokens(const float* logits, int64_t N, const ModelConfig& c, MoeRouti
 void router_backward(const MoeRouting& r, const float* dw, bool renormalize, double aux_scale,
                      double z_scale, float* dlogits) {
   const int64_t N = r.N, E = r.E, k = r.k;
-  std::vector<double> dp(size_t(E));
+  std::vector<double> dp(static_cast<size_t>(E));
   for (int64_t t = 0; t < N; ++t) {
     const double* p = r.probs.data() + t * E;
     std::fill(dp.begin(), dp.end(), 0.0);
