@@ -64,15 +64,8 @@ class StrictQueue final : public Queue {
 
 #define T_(p, op, arg) at(q, p, op, arg)
 
-OpTable make_strict_table() {
-  OpTable t;
-  t.gemm = [](Queue& q, const GemmArgs& g) {
-    GemmArgs h = g;
-    h.A = T_(g.A, "gemm", "A");
-    h.B = T_(g.B, "gemm", "B");
-    h.C = T_(g.C, "gemm", "C");
-    cpu_ops().gemm(cpu_queue(q), h);
-  };
+// The mixture of experts' ops (grouped GEMM, permutation), translated as every other op.
+void add_moe_ops(OpTable& t) {
   t.grouped_gemm = [](Queue& q, const GroupedGemmArgs& g) {
     const size_t n = size_t(std::max<int64_t>(g.groups, 0));
     std::vector<const void*> A(n), B(n);
@@ -89,6 +82,43 @@ OpTable make_strict_table() {
     h.B = B.data();
     h.C = C.data();
     cpu_ops().grouped_gemm(cpu_queue(q), h);
+  };
+  t.moe_permute = [](Queue& q, float* out, const float* x, const int32_t* s, int64_t N,
+                     int64_t k, int64_t C) {
+    const char* o = "moe_permute";
+    cpu_ops().moe_permute(cpu_queue(q), T_(out, o, "out"), T_(x, o, "x"), T_(s, o, "slots"), N,
+                          k, C);
+  };
+  t.moe_permute_backward = [](Queue& q, float* dx, const float* d, const int32_t* s, int64_t N,
+                              int64_t k, int64_t C) {
+    const char* o = "moe_permute_backward";
+    cpu_ops().moe_permute_backward(cpu_queue(q), T_(dx, o, "dx"), T_(d, o, "dout"),
+                                   T_(s, o, "slots"), N, k, C);
+  };
+  t.moe_unpermute = [](Queue& q, float* y, const float* e, const float* w, const int32_t* s,
+                       int64_t N, int64_t k, int64_t C) {
+    const char* o = "moe_unpermute";
+    cpu_ops().moe_unpermute(cpu_queue(q), T_(y, o, "y"), T_(e, o, "e"), T_(w, o, "w"),
+                            T_(s, o, "slots"), N, k, C);
+  };
+  t.moe_unpermute_backward = [](Queue& q, float* de, float* dw, const float* dy, const float* e,
+                                const float* w, const int32_t* s, int64_t N, int64_t k,
+                                int64_t C) {
+    const char* o = "moe_unpermute_backward";
+    cpu_ops().moe_unpermute_backward(cpu_queue(q), T_(de, o, "de"), T_(dw, o, "dw"),
+                                     T_(dy, o, "dy"), T_(e, o, "e"), T_(w, o, "w"),
+                                     T_(s, o, "slots"), N, k, C);
+  };
+}
+
+OpTable make_strict_table() {
+  OpTable t;
+  t.gemm = [](Queue& q, const GemmArgs& g) {
+    GemmArgs h = g;
+    h.A = T_(g.A, "gemm", "A");
+    h.B = T_(g.B, "gemm", "B");
+    h.C = T_(g.C, "gemm", "C");
+    cpu_ops().gemm(cpu_queue(q), h);
   };
   t.bias_add = [](Queue& q, float* out, const float* b, int64_t N, int64_t n) {
     cpu_ops().bias_add(cpu_queue(q), T_(out, "bias_add", "out"), T_(b, "bias_add", "b"), N, n);
@@ -299,32 +329,7 @@ OpTable make_strict_table() {
                            T_(L, o, "logits"), T_(mx, o, "mx"), T_(st, o, "stats"),
                            T_(tg, o, "targets"), v0, Vs, N, gs);
   };
-  t.moe_permute = [](Queue& q, float* out, const float* x, const int32_t* s, int64_t N,
-                     int64_t k, int64_t C) {
-    const char* o = "moe_permute";
-    cpu_ops().moe_permute(cpu_queue(q), T_(out, o, "out"), T_(x, o, "x"), T_(s, o, "slots"), N,
-                          k, C);
-  };
-  t.moe_permute_backward = [](Queue& q, float* dx, const float* d, const int32_t* s, int64_t N,
-                              int64_t k, int64_t C) {
-    const char* o = "moe_permute_backward";
-    cpu_ops().moe_permute_backward(cpu_queue(q), T_(dx, o, "dx"), T_(d, o, "dout"),
-                                   T_(s, o, "slots"), N, k, C);
-  };
-  t.moe_unpermute = [](Queue& q, float* y, const float* e, const float* w, const int32_t* s,
-                       int64_t N, int64_t k, int64_t C) {
-    const char* o = "moe_unpermute";
-    cpu_ops().moe_unpermute(cpu_queue(q), T_(y, o, "y"), T_(e, o, "e"), T_(w, o, "w"),
-                            T_(s, o, "slots"), N, k, C);
-  };
-  t.moe_unpermute_backward = [](Queue& q, float* de, float* dw, const float* dy, const float* e,
-                                const float* w, const int32_t* s, int64_t N, int64_t k,
-                                int64_t C) {
-    const char* o = "moe_unpermute_backward";
-    cpu_ops().moe_unpermute_backward(cpu_queue(q), T_(de, o, "de"), T_(dw, o, "dw"),
-                                     T_(dy, o, "dy"), T_(e, o, "e"), T_(w, o, "w"),
-                                     T_(s, o, "slots"), N, k, C);
-  };
+  add_moe_ops(t);
   return t;
 }
 
