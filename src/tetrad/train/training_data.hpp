@@ -78,13 +78,24 @@ class TrainingData {
   // train.seed or training data (another fingerprint) unless `allow`, and then each difference
   // is returned, said in words, and a data change makes restore() start the new data from its
   // beginning. Records from before the fingerprint was kept are checked for what they hold.
+  // What a record from an older tetrad lacks (its seed, the data's fingerprint, seq_len, the
+  // tokenizer) is not compared and is added to `unchecked`, in words, to be said once.
   std::vector<std::string> check_continuity(const nlohmann::json& data, uint64_t tokenizer,
-                                            const std::string& dir, bool allow);
+                                            const std::string& dir, bool allow,
+                                            std::vector<std::string>* unchecked = nullptr);
   // Continues where a checkpoint left off: a sharded checkpoint's "data" record (an empty object:
   // an imported model, from the start), or a run checkpoint's info (data_epoch, data_cursor).
   // Throws Error naming `dir` when the record lacks the position or was for another seq_len.
   void restore(const nlohmann::json& data, const std::string& dir);
-  void restore_legacy(const nlohmann::json& info, const std::string& dir);
+  // The "data" record of a checkpoint in the previous format (run_checkpoint.hpp) from its
+  // trainer state's info: the record itself where it keeps one (since the data fingerprint),
+  // else what an older one holds (data_epoch, data_cursor; train.seed, train.seq_len and
+  // data.dir from the configuration it recorded).
+  static nlohmann::json legacy_record(const nlohmann::json& info);
+  // Fills a record's missing train.seed (and data.dir, for messages) from a run configuration
+  // in TOML (run.dir/config.toml), naming `source` as where they came from.
+  static void complete_from_config(nlohmann::json& data, const std::string& toml_text,
+                                   const std::string& source);
 
   // A fresh loader of the validation split, from its start (unshuffled).
   data::DataLoader validation_loader() const;
