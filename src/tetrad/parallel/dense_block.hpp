@@ -14,10 +14,12 @@
 // between calls (the head's backward writes dln before the layers run); dresid carries the
 // gradient from one part to the next.
 #pragma once
+#include <memory>
 #include <vector>
 
 #include "tetrad/backend/backend.hpp"
 #include "tetrad/parallel/block.hpp"
+#include "tetrad/parallel/context_attention.hpp"
 
 namespace tetrad::parallel {
 
@@ -56,6 +58,9 @@ class DenseBlock : public TransformerBlock {
   // fc_act = GELU(fc) or SwiGLU(gate, up) of layer l (or its bf16 form).
   void mlp_activation(int l, int64_t N);
   backend::RopeArgs rope_args(float* x, int64_t N, int T, int pos0) const;
+  // RoPE (forward or its adjoint) on B sequences of T local tokens of x at their true positions
+  // (with Gc > 1 each local chunk at its chunk's offset).
+  void rope(bool forward, float* x, int B, int T, int pos0) const;
 
   std::vector<Weights> layers_;
   MlpKind mlp_;
@@ -64,6 +69,8 @@ class DenseBlock : public TransformerBlock {
   backend::Precision attention_precision_;
   int max_len_;
   backend::DeviceBuffer rope_cos_, rope_sin_;  // [max_seq, hd/2] rotary tables
+  // Attention over the context axis's gathered keys and values (Gc > 1; null otherwise).
+  std::unique_ptr<ContextAttention> context_;
   int scratch_layer_ = -1;  // the layer whose recomputable activations the scratch holds
 };
 

@@ -107,20 +107,43 @@ TrainingData::TrainingData(const RunConfig& cfg, const DataSlot& s)
               opt_),
       mask_{parse_loss_mask(cfg.train.loss_mask), cfg.train.goldfish_k, cfg.train.goldfish_h,
             cfg.train.seed},
-      inputs_(size_t(cfg.train.grad_accum) * s.local_batch * s.seq_len),
-      targets_(inputs_.size()) {}
+      inputs_(size_t(cfg.train.grad_accum) * s.local_batch * s.context.local_len(s.seq_len)),
+      targets_(inputs_.size()) {
+  if (s.context.active()) {
+    whole_inputs_.resize(size_t(cfg.train.grad_accum) * s.local_batch * s.seq_len);
+    whole_targets_.resize(whole_inputs_.size());
+  }
+}
 
 std::array<double, 2> TrainingData::next_step(int64_t step) {
   const int B = slot_.local_batch, T = slot_.seq_len, accum = cfg_.train.grad_accum;
   std::array<double, 2> counts = {0, 0};  // kept targets, dropped by the loss mask
+  const parallel::ContextSplit& cs = slot_.context;
+  // With a context axis the whole sequences are read (every C rank of the slot reads the same
+  // ones) and masked, then each rank keeps its chunks.
+  int32_t* in = cs.active() ? whole_inputs_.data() : inputs_.data();
+  int32_t* tg = cs.active() ? whole_targets_.data() : targets_.data();
   // All micro-batches of the step first, so the loss normaliser (kept targets over the whole
   // global batch) is known before any backward.
   for (int m = 0; m < accum; ++m)
-    loader_.next_batch(inputs_.data() + size_t(m) * B * T, targets_.data() + size_t(m) * B * T);
+    loader_.next_batch(in + size_t(m) * B * T, tg + size_t(m) * B * T);
+  if (!cs.active()) {
+    for (int m = 0; m < accum; ++m)
+      counts[1] += double(apply_loss_mask(mask_, targets_.data() + size_t(m) * B * T, B, T, step,
+                                          m, slot_.replicas, slot_.slot));
+    for (int32_t y : targets_) counts[0] += y >= 0;
+    return counts;
+  }
+  // This rank's targets before the mask, to count what the mask drops of them.
+  cs.take(tg, T, B * accum, T, targets_.data());
+  double before = 0;
+  for (int32_t y : targets_) before += y >= 0;
   for (int m = 0; m < accum; ++m)
-    counts[1] += double(apply_loss_mask(mask_, targets_.data() + size_t(m) * B * T, B, T, step, m,
-                                        slot_.replicas, slot_.slot));
+    apply_loss_mask(mask_, tg + size_t(m) * B * T, B, T, step, m, slot_.replicas, slot_.slot);
+  cs.take(in, T, B * accum, T, inputs_.data());
+  cs.take(tg, T, B * accum, T, targets_.data());
   for (int32_t y : targets_) counts[0] += y >= 0;
+  counts[1] = before - counts[0];
   return counts;
 }
 

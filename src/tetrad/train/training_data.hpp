@@ -17,6 +17,7 @@
 #include "tetrad/core/error.hpp"
 #include "tetrad/data/loader.hpp"
 #include "tetrad/model/model_config.hpp"
+#include "tetrad/parallel/context_split.hpp"
 #include "tetrad/train/config.hpp"
 #include "tetrad/train/loss_mask.hpp"
 
@@ -45,10 +46,13 @@ class DataChangeRefused : public Error {
 };
 
 // This rank's part of each micro-batch: `local_batch` of its sequences, slot `slot` of
-// `replicas` (the Z x D ranks split the micro-batch's sequences).
+// `replicas` (the Z x D ranks split the micro-batch's sequences), and of each sequence its
+// context chunks (the C ranks of one slot read the same sequences and each keeps its two chunks:
+// context.local_len(seq_len) tokens per sequence).
 struct DataSlot {
   int local_batch = 1, seq_len = 1;
   int slot = 0, replicas = 1;
+  parallel::ContextSplit context;
 };
 
 class TrainingData {
@@ -61,8 +65,9 @@ class TrainingData {
   const DataSlot& slot() const { return slot_; }
 
   // The batch of step `step` (0-based): grad_accum micro-batches read into inputs() and
-  // targets() (micro-batch m at m x B x T), the loss mask applied. Returns {targets kept,
-  // targets the mask dropped} on this rank.
+  // targets() (micro-batch m at m x B x T, T this rank's tokens per sequence: its context chunks
+  // of each sequence), the loss mask applied to the whole sequences. Returns {targets kept,
+  // targets the mask dropped} of this rank's tokens.
   std::array<double, 2> next_step(int64_t step);
   std::vector<int32_t>& inputs() { return inputs_; }
   std::vector<int32_t>& targets() { return targets_; }
@@ -112,6 +117,7 @@ class TrainingData {
   data::DataLoader loader_;
   LossMask mask_;
   std::vector<int32_t> inputs_, targets_;
+  std::vector<int32_t> whole_inputs_, whole_targets_;  // the whole sequences (context axis only)
   bool restart_data_ = false;  // an allowed data change: restore() starts from the beginning
 };
 
