@@ -1019,6 +1019,167 @@ TEST_P(Conformance, GeluAndSwigluForwardBackward) {
   }
 }
 
+// ---- mixture of experts: grouped GEMM, tokens to experts and back --------------------------------
+
+// Groups of every size, zero included (an expert that received no tokens: M = 0; its weight
+// gradient: K = 0, which scales C by beta), in every layout, fp32 and bf16: each group against the
+// double product and bit for bit against one gemm call of its shape (the contract).
+TEST_P(Conformance, GroupedGemmGroupsOfAnySizeEveryLayout) {
+  const Capabilities& caps = be_->capabilities();
+  for (int layout = 0; layout < 4; ++layout)
+    for (Precision prec : {Precision::FP32, Precision::BF16}) {
+      if (prec == Precision::BF16 && !caps.gemm_bf16) continue;
+      for (float beta : {0.0f, 1.0f}) {
+        const bool ta = layout & 1, tb = layout & 2;
+        const int64_t G = randint(1, 6);
+        std::vector<int64_t> M(G), N(G), K(G);
+        // Shared leading dimensions (the experts' weights and rows of one buffer each).
+        const int64_t maxd = 48, lda = maxd + randint(0, 3), ldb = maxd + randint(0, 3),
+                      ldc = maxd + randint(0, 3);
+        for (int64_t g = 0; g < G; ++g) {
+          M[g] = randint(0, 40); N[g] = randint(1, maxd); K[g] = randint(1, maxd);
+        }
+        M[randint(0, G - 1)] = 0;  // an expert without tokens
+        K[randint(0, G - 1)] = 0;  // a weight gradient over no tokens
+        const float alpha = float(randint(1, 4)) * 0.5f;
+        std::vector<VF> A(G), B(G), C0(G);
+        std::vector<DeviceBuffer> dA, dB, dC, dC1;
+        std::vector<const void*> pA(G), pB(G);
+        std::vector<float*> pC(G);
+        for (int64_t g = 0; g < G; ++g) {
+          const int64_t ar = ta ? K[g] : M[g], br = tb ? N[g] : K[g];
+          A[g] = rand(size_t(std::max<int64_t>(ar, 1) * lda));
+          B[g] = rand(size_t(std::max<int64_t>(br, 1) * ldb));
+          C0[g] = rand(size_t(std::max<int64_t>(M[g], 1) * ldc));
+          if (beta == 0) std::fill(C0[g].begin(), C0[g].end(), kNaN);
+          dA.push_back(up(A[g])); dB.push_back(up(B[g])); dC.push_back(up(C0[g]));
+          dC1.push_back(up(C0[g]));
+          pA[g] = dA[g].data(); pB[g] = dB[g].data(); pC[g] = F(dC[g]);
+        }
+        GroupedGemmArgs a;
+        a.trans_a = ta; a.trans_b = tb; a.groups = G; a.M = M.data(); a.N = N.data(); a.K = K.data();
+        a.alpha = alpha; a.beta = beta; a.A = pA.data(); a.lda = lda; a.B = pB.data(); a.ldb = ldb;
+        a.C = pC.data(); a.ldc = ldc; a.precision = prec;
+        ops_->grouped_gemm(*q_, a);
+        for (int64_t g = 0; g < G; ++g) {
+          std::ostringstream what;
+          what << "grouped_gemm " << (ta ? 'T' : 'N') << (tb ? 'T' : 'N') << " group " << g << " of "
+               << G << " " << M[g] << "x" << N[g] << "x" << K[g] << " beta " << beta
+               << (prec == Precision::BF16 ? " bf16" : " fp32") << ", " << seed();
+          const VF got = rows_of(down(dC[g], C0[g].size()), M[g], N[g], ldc);
+          VD Ad = widen(A[g]), Bd = widen(B[g]);
+          if (prec == Precision::BF16) {
+            for (double& x : Ad) x = ref_bf16(float(x));
+            for (double& x : Bd) x = ref_bf16(float(x));
+          }
+          const VD ref = rows_of(ref_gemm(ta, tb, M[g], N[g], K[g], alpha, Ad, lda, Bd, ldb, beta,
+                                          widen(C0[g]), ldc), M[g], N[g], ldc);
+          EXPECT_TRUE(close(what.str(), got, ref, kFwdTol));
+          GemmArgs one;
+          one.trans_a = ta; one.trans_b = tb; one.M = M[g]; one.N = N[g]; one.K = K[g];
+          one.alpha = alpha; one.A = dA[g].data(); one.lda = lda; one.B = dB[g].data(); one.ldb = ldb;
+          one.beta = beta; one.C = F(dC1[g]); one.ldc = ldc; one.precision = prec;
+          ops_->gemm(*q_, one);
+          const VF single = rows_of(down(dC1[g], C0[g].size()), M[g], N[g], ldc);
+          EXPECT_EQ(0, std::memcmp(got.data(), single.data(), got.size() * sizeof(float)))
+              << what.str() << ": not bit for bit one gemm of its shape";
+        }
+      }
+    }
+}
+
+// A routing of N tokens to k of E experts each: slots (N * k) give the row of the expert-ordered
+// buffer (experts one after the other, tokens in order within an expert), -1 for a dropped choice
+// (drop_percent of them); expert E - 1 receives no token when E > k. R: the rows used.
+VI moe_routing(std::mt19937_64& rng, int64_t N, int64_t k, int64_t E, int drop_percent,
+               int64_t* R) {
+  std::vector<std::vector<int64_t>> choice(static_cast<size_t>(N));
+  const int64_t usable = E > k ? E - 1 : E;
+  for (auto& c : choice) {
+    std::vector<int64_t> experts(static_cast<size_t>(usable));
+    for (int64_t e = 0; e < usable; ++e) experts[size_t(e)] = e;
+    std::shuffle(experts.begin(), experts.end(), rng);
+    c.assign(experts.begin(), experts.begin() + k);
+  }
+  VI slots(size_t(N * k), -1);
+  int64_t row = 0;
+  for (int64_t e = 0; e < E; ++e)
+    for (int64_t t = 0; t < N; ++t)
+      for (int64_t j = 0; j < k; ++j)
+        if (choice[size_t(t)][size_t(j)] == e &&
+            std::uniform_int_distribution<int>(0, 99)(rng) >= drop_percent)
+          slots[size_t(t * k + j)] = int32_t(row++);
+  *R = row;
+  return slots;
+}
+
+// The permutation forward exact (data movement), its adjoint, the weighted combine and its
+// backward against the double reference and its finite differences: dropless and with drops,
+// k = 1..3, an expert that receives nothing.
+TEST_P(Conformance, MoePermuteAndCombineForwardBackward) {
+  for (int drop : {0, 25}) {
+    const int64_t E = randint(2, 6), k = randint(1, std::min<int64_t>(3, E - 1));
+    const int64_t N = randint(1, 40), C = randint(1, 70);
+    int64_t R = 0;
+    const VI slots = moe_routing(rng_, N, k, E, drop, &R);
+    const std::string what = "N " + std::to_string(N) + " k " + std::to_string(k) + " C " +
+                             std::to_string(C) + " drop " + std::to_string(drop) + "%, " + seed();
+    const VF x = rand(size_t(N * C)), e = rand(size_t(std::max<int64_t>(R, 1) * C)),
+             w = rand(size_t(N * k), 0.0f, 1.0f), dy = rand(size_t(N * C)),
+             dx0 = rand(size_t(N * C));
+    DeviceBuffer ds = up(slots), dx_in = up(x), out = poisoned(size_t(std::max<int64_t>(R, 1) * C));
+    ops_->moe_permute(*q_, F(out), F(dx_in), I(ds), N, k, C);
+    {  // exact copies
+      const VF got = down(out, size_t(R * C));
+      VD ref(size_t(R * C));
+      for (int64_t t = 0; t < N; ++t)
+        for (int64_t j = 0; j < k; ++j)
+          if (slots[t * k + j] >= 0)
+            for (int64_t c = 0; c < C; ++c) ref[size_t(slots[t * k + j] * C + c)] = x[t * C + c];
+      EXPECT_TRUE(close("moe_permute " + what, got, ref, 0.0));
+    }
+    const VF dout = rand(size_t(std::max<int64_t>(R, 1) * C));
+    DeviceBuffer dd = up(dout), ddx = up(dx0);
+    ops_->moe_permute_backward(*q_, F(ddx), F(dd), I(ds), N, k, C);
+    {
+      VD ref = widen(dx0);
+      for (int64_t t = 0; t < N; ++t)
+        for (int64_t j = 0; j < k; ++j)
+          if (slots[t * k + j] >= 0)
+            for (int64_t c = 0; c < C; ++c) ref[t * C + c] += dout[slots[t * k + j] * C + c];
+      EXPECT_TRUE(close("moe_permute_backward (+=) " + what, down(ddx, size_t(N * C)), ref, kFwdTol));
+    }
+    VD ed = widen(e), wd = widen(w);
+    auto combine = [&] {
+      VD y(size_t(N * C), 0.0);
+      for (int64_t t = 0; t < N; ++t)
+        for (int64_t j = 0; j < k; ++j)
+          if (slots[t * k + j] >= 0)
+            for (int64_t c = 0; c < C; ++c)
+              y[t * C + c] += wd[t * k + j] * ed[slots[t * k + j] * C + c];
+      return y;
+    };
+    DeviceBuffer de_in = up(e), dw_in = up(w), y = poisoned(size_t(N * C));
+    ops_->moe_unpermute(*q_, F(y), F(de_in), F(dw_in), I(ds), N, k, C);
+    EXPECT_TRUE(close("moe_unpermute " + what, down(y, size_t(N * C)), combine(), kFwdTol));
+    DeviceBuffer ddy = up(dy), dE = poisoned(size_t(std::max<int64_t>(R, 1) * C)),
+                 dW = poisoned(size_t(N * k));
+    ops_->moe_unpermute_backward(*q_, F(dE), F(dW), F(ddy), F(de_in), F(dw_in), I(ds), N, k, C);
+    auto loss = [&] {
+      const VD o = combine();
+      double L = 0;
+      for (size_t i = 0; i < o.size(); ++i) L += dy[i] * o[i];
+      return L;
+    };
+    const VD num_de = numeric_grad(ed, loss);  // e has one spare row where R = 0
+    EXPECT_TRUE(close("moe_unpermute_backward de vs finite differences " + what,
+                      down(dE, size_t(R * C)), VD(num_de.begin(), num_de.begin() + R * C),
+                      kBwdTol));
+    EXPECT_TRUE(close("moe_unpermute_backward dw vs finite differences " + what,
+                      down(dW, size_t(N * k)), numeric_grad(wd, loss), kBwdTol));
+  }
+}
+
 // ---- vocabulary-parallel embedding --------------------------------------------------------------
 
 TEST_P(Conformance, VocabParallelEmbeddingGatherScatterAndPositions) {

@@ -75,6 +75,31 @@ struct GemmArgs {
   GemmProduct product = GemmProduct::Default;
 };
 
+// Many GEMMs in one call (the experts of a mixture of experts, each with its own row count):
+// for every group g, C_g = alpha * op(A_g) · op(B_g) + beta * C_g under GemmArgs' rules (beta 0
+// overwrites, K_g = 0 gives C_g = beta * C_g, M_g = 0 or N_g = 0 does nothing), with the shapes
+// M[g], N[g], K[g] and the operands A[g], B[g], C[g] from HOST arrays (of device pointers), and
+// the transposes, leading dimensions, alpha, beta, precision and storage types of the call. The
+// groups' C blocks must not overlap. Each group's result is bit for bit what one gemm call with
+// its shape gives (so a group of an expert computes what a dense layer of its shape would).
+struct GroupedGemmArgs {
+  bool trans_a = false, trans_b = false;
+  int64_t groups = 0;
+  const int64_t* M = nullptr;  // host (groups)
+  const int64_t* N = nullptr;  // host (groups)
+  const int64_t* K = nullptr;  // host (groups)
+  float alpha = 1.0f, beta = 0.0f;
+  const void* const* A = nullptr;  // host (groups) of device pointers
+  int64_t lda = 0;
+  const void* const* B = nullptr;  // host (groups) of device pointers
+  int64_t ldb = 0;
+  float* const* C = nullptr;       // host (groups) of device pointers
+  int64_t ldc = 0;
+  Precision precision = Precision::FP32;
+  DType a_type = DType::F32, b_type = DType::F32;
+  GemmProduct product = GemmProduct::Default;
+};
+
 // Causal scaled-dot-product attention with grouped-query heads, per sequence. Positions: key j of
 // the block sits at k_offset + j, query i at q_offset + i (q_offset = -1: k_offset + Tk - Tq, the
 // queries are the block's last Tq positions: the training and KV-cache case); query i attends
@@ -157,6 +182,10 @@ enum class StatFinish : uint8_t {
 struct OpTable {
   // ---- matrix multiply ------------------------------------------------------------------------
   void (*gemm)(Queue& q, const GemmArgs& a) = nullptr;
+
+  // Each group's GEMM of GroupedGemmArgs (a loop of gemm calls on one queue, or the backend's
+  // grouped kernel when it gives the same values).
+  void (*grouped_gemm)(Queue& q, const GroupedGemmArgs& a) = nullptr;
 
   // ---- elementwise and bias ------------------------------------------------------------------
   // out[N, n] += b[n]
@@ -265,6 +294,29 @@ struct OpTable {
   // gives its first NaN's index and NaN, so a broken row is seen, never skipped.
   void (*row_argmax)(Queue& q, int32_t* idx, float* val, const float* logits, int64_t N,
                      int64_t Vs, int64_t ld) = nullptr;
+
+  // ---- mixture of experts: tokens to their experts and back ------------------------------------
+  // slots (N * k, device int32): slots[t * k + j] is the row of the expert-ordered buffer (R rows,
+  // the experts' rows one expert after the other) that token t's j-th expert choice occupies, or
+  // -1 where that choice was dropped (over capacity). Every row 0..R-1 is the slot of exactly one
+  // (t, j). Rows are of C features, contiguous.
+  // out[slots[t*k+j], :] = x[t, :] for every kept choice (out: (R, C), x: (N, C)).
+  void (*moe_permute)(Queue& q, float* out, const float* x, const int32_t* slots, int64_t N,
+                      int64_t k, int64_t C) = nullptr;
+  // Its adjoint: dx[t, :] += Σ_j dout[slots[t*k+j], :] over the kept choices, in j order.
+  void (*moe_permute_backward)(Queue& q, float* dx, const float* dout, const int32_t* slots,
+                               int64_t N, int64_t k, int64_t C) = nullptr;
+  // The weighted combine: y[t, :] = Σ_j w[t*k+j] * e[slots[t*k+j], :] over the kept choices, in j
+  // order, fp32 (a token whose choices were all dropped gets 0). y: (N, C) OVERWRITTEN; e: (R, C);
+  // w: (N * k).
+  void (*moe_unpermute)(Queue& q, float* y, const float* e, const float* w, const int32_t* slots,
+                        int64_t N, int64_t k, int64_t C) = nullptr;
+  // Its backward: de[slots[t*k+j], :] = w[t*k+j] * dy[t, :] (every row of de OVERWRITTEN);
+  // dw[t*k+j] = Σ_c dy[t, c] * e[slots[t*k+j], c] summed in double in c order (0 for a dropped
+  // choice; OVERWRITTEN: the weights are activations of the router).
+  void (*moe_unpermute_backward)(Queue& q, float* de, float* dw, const float* dy, const float* e,
+                                 const float* w, const int32_t* slots, int64_t N, int64_t k,
+                                 int64_t C) = nullptr;
 
   // ---- reductions, casts, optimizer -----------------------------------------------------------
   // out[0] = Σ x² in double (fixed summation order for a given n).

@@ -1,6 +1,7 @@
 // DenseBlock (dense_block.hpp): one dense transformer block's wiring on the grid, forward and
-// backward, and the family's block (make_block). The layer's gathered weights are in place and
-// its gradient blocks zeroed by the caller (the model's forward / backward loops).
+// backward (make_block.cpp chooses it or another shape by the family). The layer's gathered
+// weights are in place and its gradient blocks zeroed by the caller (the model's forward /
+// backward loops).
 #include "tetrad/parallel/dense_block.hpp"
 
 #include <algorithm>
@@ -23,11 +24,6 @@ backend::AttentionArgs local_heads(int B, int T, const LocalDims& d, backend::Pr
   return a;
 }
 }  // namespace
-
-// Every family's block so far is the dense one.
-std::unique_ptr<TransformerBlock> make_block(const BlockParts& parts) {
-  return std::make_unique<DenseBlock>(parts);
-}
 
 DenseBlock::DenseBlock(const BlockParts& p)
     : ctx_(p.ctx), ops_(p.ops), a_(p.acts), mlp_(p.config.desc().mlp),
@@ -60,6 +56,9 @@ DenseBlock::DenseBlock(const BlockParts& p)
       case R::MlpInBias: L.fc_b = ti; break;
       case R::MlpOut: L.fcproj_w = ti; break;
       case R::MlpOutBias: L.fcproj_b = ti; break;
+      case R::Router: case R::ExpertGateUp: case R::ExpertDown:
+        if (p.config.moe()) break;  // the mixture of experts binds its own (MoeBlock)
+        fail("tensor '", s.name, "' (", role_name(s.role), ") in a dense block");
       default: fail("tensor '", s.name, "' (", role_name(s.role), ") inside a block");
     }
   }
@@ -150,12 +149,18 @@ void DenseBlock::forward(int l, const float* x, int B, int T, const CachedKv* kv
   ctx_.q().poll();
   ops_.transposed_fwd(GemmSite::Proj, A.resid_mid, x, f32(A.atty), L.proj_w, L.proj_b, N);
   ops_.norm_fwd(A.ln2, A.ln2_mean, A.ln2_rstd, A.resid_mid, L.ln2_w, L.ln2_b, N, A.ln2_16);
+  mlp_forward(l, N);
+  scratch_layer_ = l;  // with recomputation, the shared scratch now holds this layer
+}
+
+void DenseBlock::mlp_forward(int l, int64_t N) {
+  const Weights& L = layers_[size_t(l)];
+  const auto& A = a_.layer[size_t(l)];
   ops_.normal_fwd(GemmSite::Fc, A.fc, act(A.ln2, A.ln2_16), L.fc_w, L.fc_b, N);
   mlp_activation(l, N);
   ctx_.q().poll();
   ops_.transposed_fwd(GemmSite::FcProj, A.resid_out, A.resid_mid, act(A.fc_act, A.fc_act16),
                       L.fcproj_w, L.fcproj_b, N);
-  scratch_layer_ = l;  // with recomputation, the shared scratch now holds this layer
 }
 
 // fc_act = GELU(fc) or SwiGLU(gate, up); in bf16 by the fused producer (or fp32 into dfc_act
@@ -198,16 +203,7 @@ void DenseBlock::backward(int l, const float* x_in, int B, int T) {
     attention(l, B, T);
     scratch_layer_ = l;
   }
-  ops_.linear_bwd(GemmSite::FcProj, a.dfc_act, a.dresid, act(A.fc_act, A.fc_act16), L.fcproj_w,
-                  L.fcproj_b, N);
-  {
-    ScopedPhase sp(ctx_.prof, Phase::Activation);
-    switch (mlp_) {
-      case MlpKind::Gelu: op.gelu_backward(q, a.dfc, a.dfc_act, A.fc, N * d.Fy); break;
-      case MlpKind::SwiGLU: op.swiglu_backward(q, a.dfc, a.dfc_act, A.fc, N, d.Fy); break;
-    }
-  }
-  ops_.linear_bwd(GemmSite::Fc, a.dln, a.dfc, act(A.ln2, A.ln2_16), L.fc_w, L.fc_b, N);
+  mlp_backward(l, N);
   ops_.norm_bwd(a.dresid, a.dln, A.resid_mid, A.ln2_mean, A.ln2_rstd, L.ln2_w, L.ln2_b, N);
   ops_.linear_bwd(GemmSite::Proj, a.datty, a.dresid, f32(A.atty), L.proj_w, L.proj_b, N);
   const backend::AttentionArgs args = local_heads(B, T, d, attention_precision_);
@@ -224,6 +220,24 @@ void DenseBlock::backward(int l, const float* x_in, int B, int T) {
   ctx_.q().poll();
   ops_.linear_bwd(GemmSite::Qkv, a.dln, a.dqkv, act(A.ln1, A.ln1_16), L.qkv_w, L.qkv_b, N);
   ops_.norm_bwd(a.dresid, a.dln, x_in, A.ln1_mean, A.ln1_rstd, L.ln1_w, L.ln1_b, N);
+}
+
+void DenseBlock::mlp_backward(int l, int64_t N) {
+  const Weights& L = layers_[size_t(l)];
+  const ParallelActivations& a = a_;
+  const auto& A = a.layer[size_t(l)];
+  const backend::OpTable& op = ctx_.ops();
+  backend::Queue& q = ctx_.bq();
+  ops_.linear_bwd(GemmSite::FcProj, a.dfc_act, a.dresid, act(A.fc_act, A.fc_act16), L.fcproj_w,
+                  L.fcproj_b, N);
+  {
+    ScopedPhase sp(ctx_.prof, Phase::Activation);
+    switch (mlp_) {
+      case MlpKind::Gelu: op.gelu_backward(q, a.dfc, a.dfc_act, A.fc, N * ctx_.dims.Fy); break;
+      case MlpKind::SwiGLU: op.swiglu_backward(q, a.dfc, a.dfc_act, A.fc, N, ctx_.dims.Fy); break;
+    }
+  }
+  ops_.linear_bwd(GemmSite::Fc, a.dln, a.dfc, act(A.ln2, A.ln2_16), L.fc_w, L.fc_b, N);
 }
 
 }  // namespace tetrad::parallel

@@ -23,7 +23,7 @@
 
 namespace tetrad::parallel {
 
-class DenseBlock final : public TransformerBlock {
+class DenseBlock : public TransformerBlock {
  public:
   explicit DenseBlock(const BlockParts& parts);
 
@@ -31,6 +31,17 @@ class DenseBlock final : public TransformerBlock {
   void backward(int l, const float* x_in, int B, int T) override;
   int scratch_layer() const override { return scratch_layer_; }
   void scratch_lost() override { scratch_layer_ = -1; }
+
+ protected:
+  // The block's MLP (another block shape replaces it: moe_block.hpp): forward from ln2 (its
+  // normalised input, in place) to resid_out = resid_mid + MLP; backward from dresid (the
+  // gradient of its output) to dln (the gradient of ln2), its weights' gradients accumulated.
+  virtual void mlp_forward(int l, int64_t N);
+  virtual void mlp_backward(int l, int64_t N);
+
+  const StepContext& ctx_;
+  ParallelOps& ops_;
+  const ParallelActivations& a_;
 
  private:
   // One layer's tensors (parameter table indices; -1 where the family has none).
@@ -51,9 +62,6 @@ class DenseBlock final : public TransformerBlock {
   // (with Gc > 1 each local chunk at its chunk's offset).
   void rope(bool forward, float* x, int B, int T, int pos0) const;
 
-  const StepContext& ctx_;
-  ParallelOps& ops_;
-  const ParallelActivations& a_;
   std::vector<Weights> layers_;
   MlpKind mlp_;
   Positions positions_;

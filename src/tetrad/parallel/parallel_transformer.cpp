@@ -85,6 +85,9 @@ ParallelTransformer::ParallelTransformer(const ModelConfig& config, ProcessGroup
   if (bf16_weights && !be->capabilities().gemm_bf16_storage)
     fail("bf16 weight copy: backend '", be->name(), "' cannot read bf16-stored GEMM operands "
          "(Capabilities::gemm_bf16_storage); set ParallelOptions::bf16_weight_copy = false");
+  if (cfg_.moe() && precision_ == backend::Precision::BF16)
+    fail("precision bf16: ", cfg_.desc().display, "'s mixture of experts runs in fp32 only (bf16 "
+         "expert GEMMs are not implemented); set train.precision = \"fp32\"");
   bf16_acts_ = precision_ == backend::Precision::BF16 && opt_.bf16_activations;
   wgrad_nn_ = bf16_acts_ && opt_.bf16_weight_grad_nn && be->capabilities().bf16_producers;
 
@@ -214,8 +217,11 @@ void ParallelTransformer::forward_chunk(int l0, int l1, bool embed, bool head,
   vocab_->head_forward(N);
 }
 
+MoeStats ParallelTransformer::take_moe_stats() { return block_->take_moe_stats(); }
+
 double ParallelTransformer::chunk_loss(const int32_t* targets, int B, int T, float grad_scale,
                                        bool with_grad) {
+  if (with_grad) block_->set_grad_scale(grad_scale);
   return vocab_->cross_entropy(targets, int64_t(B) * T, grad_scale, with_grad);
 }
 
@@ -231,6 +237,7 @@ double ParallelTransformer::forward_backward(const int32_t* inputs, const int32_
   ScopedPhase sp(ctx_.prof, Phase::Other);
   forward(inputs, B, T);
   const double loss = vocab_->cross_entropy(targets, int64_t(B) * T, grad_scale, true);
+  block_->set_grad_scale(grad_scale);
   backward(inputs, B, T);
   reduce_->micro_batch_done();
   set_layer(-2);

@@ -38,6 +38,7 @@
 #include "tetrad/parallel/grad_reduction.hpp"
 #include "tetrad/parallel/linear_layers.hpp"
 #include "tetrad/parallel/local_dims.hpp"
+#include "tetrad/parallel/moe_routing.hpp"
 #include "tetrad/parallel/memory_model.hpp"
 #include "tetrad/parallel/options.hpp"
 #include "tetrad/parallel/process_groups.hpp"
@@ -158,6 +159,9 @@ class ParallelTransformer {
   // a run that ends leaves no request to its destructors.
   void finish_communication() { ctx_.q().wait_all(); }
   void zero_grads();
+  // A mixture of experts' router losses and expert load over the forward passes since the last
+  // call (empty for a dense model): moe_routing.hpp's MoeStats.
+  MoeStats take_moe_stats();
   // zero_grads() for a step of `micro_batches` forward_backward calls: during the last one,
   // data-parallel buckets start as soon as their gradients are final (OverlapOptions::dp_overlap).
   // Without it (zero_grads only) every data-parallel reduction waits for reduce_gradients().

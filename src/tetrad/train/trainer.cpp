@@ -195,8 +195,9 @@ int64_t run_loop(Loop& l, int64_t step) {
     const StepBreakdown bd = breakdown_of(l.prof, std::chrono::duration<double>(t1 - t0).count());
     l.result.breakdowns.push_back(bd);
     const int64_t done = step + 1;
-    const StepMetrics m = l.progress.measure(done, r.loss, learning_rate(t, step), r.grad_norm,
-                                             dropped, bd, t1);
+    StepMetrics m = l.progress.measure(done, r.loss, learning_rate(t, step), r.grad_norm,
+                                       dropped, bd, t1);
+    add_moe_metrics(m, r.moe, l.model.config().moe());
     l.metrics.write(step_record(m));
     l.progress.print_step(m, l.data.masking());
     l.ckpt.poll();

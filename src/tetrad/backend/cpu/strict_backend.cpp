@@ -4,7 +4,9 @@
 #include <unistd.h>
 
 #include <cstdlib>
+#include <algorithm>
 #include <cstring>
+#include <vector>
 
 #include "tetrad/backend/cpu/cpu_backend.hpp"
 #include "tetrad/core/error.hpp"
@@ -61,6 +63,53 @@ class StrictQueue final : public Queue {
 // ---- the op table: every pointer translated, then the CPU op -----------------------------------
 
 #define T_(p, op, arg) at(q, p, op, arg)
+
+// The mixture of experts' ops (grouped GEMM, permutation), translated as every other op.
+void add_moe_ops(OpTable& t) {
+  t.grouped_gemm = [](Queue& q, const GroupedGemmArgs& g) {
+    const size_t n = size_t(std::max<int64_t>(g.groups, 0));
+    std::vector<const void*> A(n), B(n);
+    std::vector<float*> C(n);
+    for (size_t i = 0; i < n; ++i) {
+      // An empty group's pointers are never read (the CPU's gemm returns first).
+      const bool empty = g.M[i] == 0 || g.N[i] == 0;
+      A[i] = empty || g.K[i] == 0 ? g.A[i] : T_(g.A[i], "grouped_gemm", "A");
+      B[i] = empty || g.K[i] == 0 ? g.B[i] : T_(g.B[i], "grouped_gemm", "B");
+      C[i] = empty ? g.C[i] : T_(g.C[i], "grouped_gemm", "C");
+    }
+    GroupedGemmArgs h = g;
+    h.A = A.data();
+    h.B = B.data();
+    h.C = C.data();
+    cpu_ops().grouped_gemm(cpu_queue(q), h);
+  };
+  t.moe_permute = [](Queue& q, float* out, const float* x, const int32_t* s, int64_t N,
+                     int64_t k, int64_t C) {
+    const char* o = "moe_permute";
+    cpu_ops().moe_permute(cpu_queue(q), T_(out, o, "out"), T_(x, o, "x"), T_(s, o, "slots"), N,
+                          k, C);
+  };
+  t.moe_permute_backward = [](Queue& q, float* dx, const float* d, const int32_t* s, int64_t N,
+                              int64_t k, int64_t C) {
+    const char* o = "moe_permute_backward";
+    cpu_ops().moe_permute_backward(cpu_queue(q), T_(dx, o, "dx"), T_(d, o, "dout"),
+                                   T_(s, o, "slots"), N, k, C);
+  };
+  t.moe_unpermute = [](Queue& q, float* y, const float* e, const float* w, const int32_t* s,
+                       int64_t N, int64_t k, int64_t C) {
+    const char* o = "moe_unpermute";
+    cpu_ops().moe_unpermute(cpu_queue(q), T_(y, o, "y"), T_(e, o, "e"), T_(w, o, "w"),
+                            T_(s, o, "slots"), N, k, C);
+  };
+  t.moe_unpermute_backward = [](Queue& q, float* de, float* dw, const float* dy, const float* e,
+                                const float* w, const int32_t* s, int64_t N, int64_t k,
+                                int64_t C) {
+    const char* o = "moe_unpermute_backward";
+    cpu_ops().moe_unpermute_backward(cpu_queue(q), T_(de, o, "de"), T_(dw, o, "dw"),
+                                     T_(dy, o, "dy"), T_(e, o, "e"), T_(w, o, "w"),
+                                     T_(s, o, "slots"), N, k, C);
+  };
+}
 
 OpTable make_strict_table() {
   OpTable t;
@@ -286,6 +335,7 @@ OpTable make_strict_table() {
                            T_(L, o, "logits"), T_(mx, o, "mx"), T_(st, o, "stats"),
                            T_(tg, o, "targets"), v0, Vs, N, gs);
   };
+  add_moe_ops(t);
   return t;
 }
 

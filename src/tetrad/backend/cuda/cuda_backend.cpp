@@ -12,6 +12,7 @@
 
 #include "tetrad/backend/cuda/gemm.hpp"
 #include "tetrad/backend/cuda/gemm_mapping.hpp"
+#include "tetrad/backend/cuda/moe_kernels.hpp"
 #include "tetrad/backend/cuda/gpu_api.hpp"
 #include "tetrad/backend/cuda/kernels.hpp"
 #include "tetrad/backend/gpu_parts.hpp"
@@ -294,6 +295,34 @@ void op_gemm(Queue& q, const GemmArgs& a) {
   queue_of(q).gemm().run(c, stream_of(q));
 }
 
+// A loop of op_gemm on the queue's stream: each group is exactly one cuBLASLt product of its
+// shape (bf16 casts included), so a group gives what a dense layer of that shape gives.
+// cublasGemmGroupedBatchedEx would save launches but takes no bf16-rounded fp32 operands.
+void op_grouped_gemm(Queue& q, const GroupedGemmArgs& a) {
+  GemmArgs g;
+  g.trans_a = a.trans_a;
+  g.trans_b = a.trans_b;
+  g.alpha = a.alpha;
+  g.beta = a.beta;
+  g.lda = a.lda;
+  g.ldb = a.ldb;
+  g.ldc = a.ldc;
+  g.precision = a.precision;
+  g.a_type = a.a_type;
+  g.b_type = a.b_type;
+  g.product = a.product;
+  for (int64_t i = 0; i < a.groups; ++i) {
+    g.M = a.M[i];
+    g.N = a.N[i];
+    g.K = a.K[i];
+    g.A = a.A[i];
+    g.B = a.B[i];
+    g.C = a.C[i];
+    if (g.M == 0 || g.N == 0) continue;
+    op_gemm(q, g);
+  }
+}
+
 g::AttnDims attn_dims(const AttentionArgs& a) {
   if (a.dtype != DType::F32)
     fail("cuda backend: attention on ", dtype_name(a.dtype), "-stored q/k/v is not implemented "
@@ -340,6 +369,7 @@ void check_targets_below(int64_t* first_dev, const int32_t* targets, int64_t N, 
 OpTable make_table() {
   OpTable t;
   t.gemm = op_gemm;
+  t.grouped_gemm = op_grouped_gemm;
   t.bias_add = [](Queue& q, float* out, const float* b, int64_t N, int64_t n) {
     g::add_bias(out, b, N, n, n, stream_of(q));
   };
@@ -489,6 +519,21 @@ OpTable make_table() {
       g::ce_loss_total_in_order(total, losses, N, s);
     }
     g::xent_backward(logits, V, mx, sum, targets, N, 0, V, grad_scale, s);
+  };
+  t.moe_permute = [](Queue& q, float* out, const float* x, const int32_t* s, int64_t N,
+                     int64_t k, int64_t C) { g::moe_permute(out, x, s, N, k, C, stream_of(q)); };
+  t.moe_permute_backward = [](Queue& q, float* dx, const float* d, const int32_t* s, int64_t N,
+                              int64_t k, int64_t C) {
+    g::moe_permute_backward(dx, d, s, N, k, C, stream_of(q));
+  };
+  t.moe_unpermute = [](Queue& q, float* y, const float* e, const float* w, const int32_t* s,
+                       int64_t N, int64_t k, int64_t C) {
+    g::moe_unpermute(y, e, w, s, N, k, C, stream_of(q));
+  };
+  t.moe_unpermute_backward = [](Queue& q, float* de, float* dw, const float* dy, const float* e,
+                                const float* w, const int32_t* s, int64_t N, int64_t k,
+                                int64_t C) {
+    g::moe_unpermute_backward(de, dw, dy, e, w, s, N, k, C, stream_of(q));
   };
   return t;
 }
