@@ -22,6 +22,17 @@ backend::AttentionArgs local_heads(int B, int T, const LocalDims& d, backend::Pr
   a.out_stride = d.Ay; a.out_batch_stride = T * d.Ay;
   return a;
 }
+// ... with the micro-batch's document mask (data.document_mask), when on.
+backend::AttentionArgs local_heads(int B, int T, const StepContext& ctx,
+                                   backend::Precision precision) {
+  backend::AttentionArgs a = local_heads(B, T, ctx.dims, precision);
+  if (ctx.docs.mask) {
+    TETRAD_CHECK(ctx.docs.dev != nullptr, "document mask on without the micro-batch's documents");
+    a.doc_start = ctx.docs.dev;
+    a.doc_batch_stride = T;
+  }
+  return a;
+}
 }  // namespace
 
 // Every family's block so far is the dense one.
@@ -78,6 +89,12 @@ DenseBlock::DenseBlock(const BlockParts& p)
   }
 }
 
+const int32_t* DenseBlock::document_positions() const {
+  if (!ctx_.docs.positions) return nullptr;
+  TETRAD_CHECK(ctx_.docs.dev != nullptr, "document positions on without the micro-batch's documents");
+  return ctx_.docs.dev;
+}
+
 backend::RopeArgs DenseBlock::rope_args(float* x, int64_t N, int T, int pos0) const {
   const LocalDims& d = ctx_.dims;
   backend::RopeArgs r;
@@ -89,7 +106,7 @@ backend::RopeArgs DenseBlock::rope_args(float* x, int64_t N, int T, int pos0) co
 void DenseBlock::attention(int l, int B, int T) {
   const auto& A = a_.layer[size_t(l)];
   const LocalDims& d = ctx_.dims;
-  const backend::AttentionArgs args = local_heads(B, T, d, attention_precision_);
+  const backend::AttentionArgs args = local_heads(B, T, ctx_, attention_precision_);
   ScopedPhase sp(ctx_.prof, Phase::Attention);
   ctx_.ops().attention_forward(ctx_.bq(), args, A.atty, A.lse, A.qkv, A.qkv + d.nhy * d.hd,
                                A.qkv + (d.nhy + d.nkvy) * d.hd);
@@ -127,7 +144,9 @@ void DenseBlock::forward(int l, const float* x, int B, int T, const CachedKv* kv
   ops_.normal_fwd(GemmSite::Qkv, A.qkv, act(A.ln1, A.ln1_16), L.qkv_w, L.qkv_b, N);
   if (positions_ == Positions::Rope) {
     ScopedPhase sp(ctx_.prof, Phase::Attention);
-    ctx_.ops().rope_forward(ctx_.bq(), rope_args(A.qkv, N, T, kv ? kv->pos0 : 0));
+    backend::RopeArgs r = rope_args(A.qkv, N, T, kv ? kv->pos0 : 0);
+    if (!kv) r.doc_start = document_positions();
+    ctx_.ops().rope_forward(ctx_.bq(), r);
   }
   if (!kv) attention(l, B, T);
   else cached_attention(l, B, T, *kv);
@@ -194,13 +213,17 @@ void DenseBlock::backward(int l, const float* x_in, int B, int T) {
   ops_.linear_bwd(GemmSite::Fc, a.dln, a.dfc, act(A.ln2, A.ln2_16), L.fc_w, L.fc_b, N);
   ops_.norm_bwd(a.dresid, a.dln, A.resid_mid, A.ln2_mean, A.ln2_rstd, L.ln2_w, L.ln2_b, N);
   ops_.linear_bwd(GemmSite::Proj, a.datty, a.dresid, f32(A.atty), L.proj_w, L.proj_b, N);
-  const backend::AttentionArgs args = local_heads(B, T, d, attention_precision_);
+  const backend::AttentionArgs args = local_heads(B, T, ctx_, attention_precision_);
   {
     ScopedPhase sp(ctx_.prof, Phase::Attention);
     const int64_t k0 = d.nhy * d.hd, v0 = (d.nhy + d.nkvy) * d.hd;
     op.attention_backward(q, args, a.dqkv, a.dqkv + k0, a.dqkv + v0, a.datty, A.qkv, A.qkv + k0,
                           A.qkv + v0, A.atty, A.lse);
-    if (positions_ == Positions::Rope) op.rope_backward(q, rope_args(a.dqkv, N, T, 0));
+    if (positions_ == Positions::Rope) {
+      backend::RopeArgs r = rope_args(a.dqkv, N, T, 0);
+      r.doc_start = document_positions();
+      op.rope_backward(q, r);
+    }
   }
   ctx_.q().poll();
   ops_.linear_bwd(GemmSite::Qkv, a.dln, a.dqkv, act(A.ln1, A.ln1_16), L.qkv_w, L.qkv_b, N);

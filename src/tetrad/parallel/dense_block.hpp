@@ -45,6 +45,8 @@ class DenseBlock final : public TransformerBlock {
   // fc_act = GELU(fc) or SwiGLU(gate, up) of layer l (or its bf16 form).
   void mlp_activation(int l, int64_t N);
   backend::RopeArgs rope_args(float* x, int64_t N, int T, int pos0) const;
+  // The micro-batch's document starts when positions restart per document (RopeArgs::doc_start).
+  const int32_t* document_positions() const;
 
   const StepContext& ctx_;
   ParallelOps& ops_;

@@ -66,6 +66,10 @@ class TrainingData {
   std::array<double, 2> next_step(int64_t step);
   std::vector<int32_t>& inputs() { return inputs_; }
   std::vector<int32_t>& targets() { return targets_; }
+  // With data.document_mask or data.document_positions: each input token's document start in its
+  // sequence (data::DataLoader::next_batch), inputs()'s layout; empty otherwise.
+  const std::vector<int32_t>& doc_starts() const { return doc_starts_; }
+  bool documents() const { return opt_.documents; }
 
   // The loader's position (the job's position in the global window stream, the same on every
   // replica).
@@ -100,7 +104,7 @@ class TrainingData {
   data::LoaderOptions opt_;
   data::DataLoader loader_;
   LossMask mask_;
-  std::vector<int32_t> inputs_, targets_;
+  std::vector<int32_t> inputs_, targets_, doc_starts_;
   bool restart_data_ = false;  // an allowed data change: restore() starts from the beginning
 };
 
