@@ -667,7 +667,18 @@ TEST(HfConfig, RefusesWhatTetradDoesNotImplementByKeyAndValue) {
     refused([](json& j) { j["attention_bias"] = true; }, {"cfg.json", "'attention_bias' = true"});
     refused([](json& j) { j["mlp_bias"] = true; }, {"'mlp_bias' = true"});
     refused([](json& j) { j["sliding_window"] = 4096; }, {"'sliding_window' = 4096"});
-    refused([](json& j) { j["head_dim"] = 32; }, {"head_dim = 32", "hidden_size / num_attention_heads = 16"});
+    {  // Llama's heads may have a width of their own (LlamaConfig.head_dim); Qwen2's may not.
+      json j = base;
+      j["head_dim"] = 24;
+      const ModelConfig c = parse_hf_config(j, "cfg.json");
+      EXPECT_EQ(c.head_dim(), 24);
+      EXPECT_EQ(c.q_dim(), c.n_head * 24);
+      EXPECT_EQ(parse_hf_config(hf_config_json(c), "again").head_dim(), 24);
+      j["head_dim"] = c.n_embd / c.n_head;  // the usual width, said: nothing set
+      EXPECT_EQ(parse_hf_config(j, "cfg.json").explicit_head_dim, 0);
+    }
+    refused([](json& j) { j["model_type"] = "qwen2"; j["head_dim"] = 32; },
+            {"head_dim = 32", "Qwen2", "hidden_size / num_attention_heads = 16"});
     refused([](json& j) { j["hidden_act"] = "gelu"; }, {"hidden_act 'gelu'", "silu"});
     refused([](json& j) { j["layer_types"] = {"full_attention", "sliding_attention"}; },
             {"'layer_types'", "\"sliding_attention\""});

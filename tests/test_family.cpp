@@ -111,9 +111,10 @@ TEST(ModelFamily, LlamaTableOrderNamesAndRoles) {
 
 // The head width is a config value (ModelConfig::explicit_head_dim, read through head_dim()):
 // unset it is n_embd / n_head and every size follows it; a family whose heads are n_embd / n_head
-// wide (every one registered) refuses another value, naming it and the width it has.
+// wide (GPT-2, Qwen2) refuses another value, naming it, the width it has and the families with
+// a width of their own.
 TEST(ModelFamily, HeadDimIsAConfigValueTheFamiliesTieToTheirWidth) {
-  for (const char* name : {"tiny", "llama-tiny", "qwen2-tiny"}) {
+  for (const char* name : {"tiny", "qwen2-tiny"}) {
     ModelConfig c = named_model(name);
     EXPECT_EQ(c.head_dim(), c.n_embd / c.n_head) << name;
     EXPECT_EQ(c.q_dim(), c.n_embd) << name;
@@ -129,9 +130,28 @@ TEST(ModelFamily, HeadDimIsAConfigValueTheFamiliesTieToTheirWidth) {
     EXPECT_NE(e.find("model.head_dim = " + std::to_string(c.explicit_head_dim)), std::string::npos) << e;
     EXPECT_NE(e.find("n_embd / n_head = " + std::to_string(c.n_embd / c.n_head)), std::string::npos) << e;
     EXPECT_NE(e.find(c.desc().display), std::string::npos) << e;
+    EXPECT_NE(e.find("\"llama\""), std::string::npos) << e;
     c.explicit_head_dim = -1;
     EXPECT_NE(error_of([&] { c.validate(); }).find("model.head_dim must be positive"), std::string::npos);
   }
+}
+
+// A family with heads of their own width (Llama: LlamaConfig.head_dim): q is n_head * head_dim
+// rows, k and v n_kv_head * head_dim, o_proj reads n_head * head_dim; n_embd need not be a
+// multiple of n_head.
+TEST(ModelFamily, IndependentHeadDimSizesEveryAttentionTensor) {
+  ModelConfig c = named_model("llama-tiny");
+  ASSERT_TRUE(c.desc().independent_head_dim);
+  c.explicit_head_dim = 24;
+  c.n_embd = 60;  // not a multiple of n_head = 4 heads of 24
+  ASSERT_NO_THROW(c.validate());
+  EXPECT_EQ(c.q_dim(), c.n_head * 24);
+  const ParamTable t = build_param_table(c);
+  EXPECT_EQ(t.find("model.layers.0.self_attn.q_proj.weight").shape, (std::vector<int64_t>{c.n_head * 24, 60}));
+  EXPECT_EQ(t.find("model.layers.1.self_attn.k_proj.weight").shape, (std::vector<int64_t>{c.n_kv_head * 24, 60}));
+  EXPECT_EQ(t.find("model.layers.1.self_attn.o_proj.weight").shape, (std::vector<int64_t>{60, c.n_head * 24}));
+  c.explicit_head_dim = 25;  // rotary positions pair a head's halves
+  EXPECT_NE(error_of([&] { c.validate(); }).find("even head dimension"), std::string::npos);
 }
 
 // Qwen2: Llama's tensors plus q, k and v biases after the three weights (one bias of the fused

@@ -77,9 +77,30 @@ TEST(PlannerFlops, Megatron1TMatchesPaperFormula) {
   EXPECT_NEAR(hardware_flops_per_step(m, 3072, 2048, Recompute::Full) / paper, 1.0, 1e-12);
 }
 
+// A named model, or "llama-tiny/hd24": llama-tiny with heads of 24 (n_embd / n_head = 16), the
+// attention tensors n_head * 24 wide.
+static ModelConfig test_model(const std::string& name) {
+  if (name != "llama-tiny/hd24") return named_model(name);
+  ModelConfig m = named_model("llama-tiny");
+  m.explicit_head_dim = 24;
+  m.validate();
+  return m;
+}
+
+// The attention's FLOPs are n_head * head_dim wide (not n_embd) where the heads are wider.
+TEST(PlannerFlops, AttentionWidthIsHeadsTimesHeadDim) {
+  const ModelConfig plain = named_model("llama-tiny"), wide = test_model("llama-tiny/hd24");
+  const int S = 32;
+  // Every extra parameter is a q, k, v or o weight (a GEMM weight).
+  const double extra_weights = double(count_parameters(wide) - count_parameters(plain));
+  EXPECT_DOUBLE_EQ(flops_per_token(wide, S) - flops_per_token(plain, S),
+                   6.0 * extra_weights + 12.0 * wide.n_layer * double(wide.q_dim() - plain.q_dim()) * S);
+  EXPECT_DOUBLE_EQ(model_flops_per_step(wide, 1, S), flops_per_token(wide, S) * S);
+}
+
 TEST(PlannerMemory, LocalParametersMatchShardPlan) {
-  for (const char* name : {"tiny", "small", "llama-tiny", "llama-small", "qwen2-tiny"}) {
-    const ModelConfig m = named_model(name);
+  for (const char* name : {"tiny", "small", "llama-tiny", "llama-small", "qwen2-tiny", "llama-tiny/hd24"}) {
+    const ModelConfig m = test_model(name);
     const ParamTable table = build_param_table(m);
     for (int n : {1, 2, 4, 8})
       for (const auto& s : parallel::factorizations(n)) {
@@ -111,8 +132,8 @@ TEST(PlannerMemory, LocalParametersMatchShardPlan) {
 
 TEST(PlannerMemory, ActivationsMatchTrainerBuffer) {
   // On one rank the trainer's ParallelTransformer needs no MPI: its buffer is the planner's count.
-  for (const char* name : {"tiny", "llama-tiny", "qwen2-tiny"}) {
-    const ModelConfig m = named_model(name);
+  for (const char* name : {"tiny", "llama-tiny", "qwen2-tiny", "llama-tiny/hd24"}) {
+    const ModelConfig m = test_model(name);
     parallel::ProcessGroups serial;
     const int B = 3, T = 32;
     parallel::ParallelTransformer model(m, serial, B, T);
@@ -131,8 +152,8 @@ TEST(PlannerMemory, ActivationsAreTheModelsSpec) {
   using parallel::Recompute;
   const int B = 2, T = 16;
   int checked = 0;
-  for (const char* name : {"tiny", "llama-tiny", "small"}) {
-    const ModelConfig m = named_model(name);
+  for (const char* name : {"tiny", "llama-tiny", "small", "llama-tiny/hd24"}) {
+    const ModelConfig m = test_model(name);
     const auto slots = parallel::layer_slots(m.n_layer, parallel::LayerSplit{}, 1, 0);
     for (const GridShape g : {GridShape{}, GridShape::xyzpd(2, 1, 1, 1, 1),
                               GridShape::xyzpd(1, 2, 1, 1, 1), GridShape::xyzpd(2, 2, 1, 1, 1),

@@ -27,8 +27,17 @@ constexpr int kSteps = 20;
 
 ModelConfig test_model(Family f) { return tiny_model(f, 2); }
 
-void check_all_grids(Family family) {
-  const ModelConfig mc = test_model(family);
+// Heads of their own width (12, with n_embd / n_head = 8): q|k|v and the attention output are
+// n_head * 12 wide on every grid, the model's hidden size still 64.
+ModelConfig own_head_dim_model() {
+  ModelConfig mc = test_model(Family::Llama);
+  mc.explicit_head_dim = 12;
+  mc.validate();
+  return mc;
+}
+
+void check_all_grids(const ModelConfig& mc) {
+  const Family family = mc.family;
   const Run serial = serial_run(mc, kSteps);
   const std::vector<GridShape> grids = contract_grids(mc);
   const int skipped = int(factorizations(world_size()).size() - grids.size());
@@ -140,9 +149,13 @@ TEST(ParallelLayers, LlamaWithLlama3RopeGradientOfEveryTensorMatchesSerialOnEver
   check_gradients_all_grids(mc);
 }
 
-TEST(ParallelContract, Gpt2EveryGridTrainsLikeOneRank) { check_all_grids(Family::GPT2); }
-TEST(ParallelContract, LlamaEveryGridTrainsLikeOneRank) { check_all_grids(Family::Llama); }
-TEST(ParallelContract, Qwen2EveryGridTrainsLikeOneRank) { check_all_grids(Family::Qwen2); }
+TEST(ParallelContract, Gpt2EveryGridTrainsLikeOneRank) { check_all_grids(test_model(Family::GPT2)); }
+TEST(ParallelContract, LlamaEveryGridTrainsLikeOneRank) { check_all_grids(test_model(Family::Llama)); }
+TEST(ParallelContract, Qwen2EveryGridTrainsLikeOneRank) { check_all_grids(test_model(Family::Qwen2)); }
+TEST(ParallelContract, OwnHeadDimEveryGridTrainsLikeOneRank) { check_all_grids(own_head_dim_model()); }
+TEST(ParallelLayers, OwnHeadDimGradientOfEveryTensorMatchesSerialOnEveryGrid) {
+  check_gradients_all_grids(own_head_dim_model());
+}
 
 // The token embedding's gradient exchanged over Z as the rows the batch touched (tied GPT-2: the
 // head's dense part reduce-scattered early; untied Llama: rows only) trains like the dense

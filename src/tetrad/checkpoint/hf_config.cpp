@@ -297,9 +297,15 @@ void read_llama_like_config(const nlohmann::json& j, const std::string& where, C
     if (r.has(k))
       fail(where, ": '", k, "' = ", j[k].dump(), " is not supported (tetrad's ", display,
            " does not scale or cap logits; expected null)");
-  if (r.has("head_dim") && r.integer("head_dim") != c.n_embd / c.n_head)
-    fail(where, ": head_dim = ", r.integer("head_dim"), " is not supported; tetrad's ", display,
-         " uses hidden_size / num_attention_heads = ", c.n_embd / c.n_head);
+  // head_dim: the family's own width where it has one (ModelConfig::explicit_head_dim; left 0
+  // when it is hidden_size / num_attention_heads anyway), else only that width.
+  if (r.has("head_dim") && !j["head_dim"].is_null() &&
+      (c.n_embd % c.n_head != 0 || r.integer("head_dim") != c.n_embd / c.n_head)) {
+    if (!c.desc().independent_head_dim)
+      fail(where, ": head_dim = ", r.integer("head_dim"), " is not supported; tetrad's ", display,
+           " uses hidden_size / num_attention_heads = ", c.n_embd / c.n_head);
+    c.explicit_head_dim = r.size("head_dim");
+  }
 }
 
 // 'layer_types' (transformers 5 writes it), each entry one of `allowed`; the list, or empty.

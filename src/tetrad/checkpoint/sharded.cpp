@@ -377,6 +377,7 @@ void check_model(const ModelConfig& saved, const ModelConfig& want, const std::s
   cmp("model.n_embd", saved.n_embd, want.n_embd);
   cmp("model.n_head", saved.n_head, want.n_head);
   cmp("model.n_kv_head", saved.n_kv_head, want.n_kv_head);
+  cmp("model.head_dim", saved.head_dim(), want.head_dim());
   cmp("model.ffn", saved.ffn, want.ffn);
   cmp("model.vocab_size", saved.vocab_size, want.vocab_size);
   cmp("model.max_seq", saved.max_seq, want.max_seq);

@@ -13,7 +13,7 @@ std::vector<SiteGemm> model_site_gemms(const ModelConfig& c, int tokens) {
   const int C = c.n_embd;
   const int fc_out = c.mlp_in_dim();  // SwiGLU: gate+up fused
   const Linear linears[] = {{GemmSite::Qkv, "attn.qkv", C, c.qkv_dim()},
-                            {GemmSite::Proj, "attn.proj", C, C},
+                            {GemmSite::Proj, "attn.proj", c.q_dim(), C},
                             {GemmSite::Fc, "mlp.fc", C, fc_out},
                             {GemmSite::FcProj, "mlp.proj", c.ffn, C},
                             {GemmSite::Head, "lm_head", C, c.vocab_size}};

@@ -5,6 +5,16 @@
 
 namespace tetrad {
 
+namespace {
+// The families whose heads may be wider or narrower than n_embd / n_head, for messages.
+std::string head_dim_families() {
+  std::string s;
+  for (const FamilyDesc& f : families())
+    if (f.independent_head_dim) s += std::string(s.empty() ? "\"" : ", \"") + f.name + "\"";
+  return s;
+}
+}  // namespace
+
 void ModelConfig::validate() const {
   auto positive = [](const char* field, long v) {
     if (v <= 0) fail("model.", field, " must be positive, got ", v);
@@ -25,7 +35,8 @@ void ModelConfig::validate() const {
     if (explicit_head_dim > 0 && explicit_head_dim != n_embd / n_head)
       fail("model.head_dim = ", explicit_head_dim, ": ", d.display,
            " heads are n_embd / n_head = ", n_embd / n_head,
-           " wide; a head width of its own needs a family that has one (none is registered)");
+           " wide; a head width of its own needs a family that has one (", head_dim_families(),
+           ")");
   }
   if (n_head % n_kv_head != 0)
     fail("model.n_kv_head (", n_kv_head, ") must divide model.n_head (", n_head, ")");

@@ -122,18 +122,19 @@ int64_t count_parameters(const ModelConfig& c) { return build_param_table(c).tot
 double flops_per_token(const ModelConfig& c, int seq_len) {
   // 6 FLOPs per multiply-accumulate weight per token (2 forward, 4 backward) over the weights
   // used in matrix multiplies (all linear weights and the output head), plus attention scores
-  // and values: 12 * L * C * T (PaLM appendix B; causal masking not discounted).
+  // and values: 12 * L * A * T with A = n_head * head_dim (PaLM appendix B; causal masking not
+  // discounted).
   double n_matmul = 0;
   for (const auto& p : build_param_table(c).specs)
     if (p.kind == ParamKind::Linear) n_matmul += double(p.numel);
   if (c.tie_embeddings) n_matmul += double(c.vocab_size) * c.n_embd;  // tied output head
-  return 6.0 * n_matmul + 12.0 * c.n_layer * double(c.n_embd) * seq_len;
+  return 6.0 * n_matmul + 12.0 * c.n_layer * double(c.q_dim()) * seq_len;
 }
 
 double recompute_flops_per_token(const ModelConfig& c, int seq_len, const std::string& recompute) {
   if (recompute == "none") return 0;
   // Attention's score and value products again in the backward pass: 4 * L * C * T.
-  const double attention = 4.0 * c.n_layer * double(c.n_embd) * seq_len;
+  const double attention = 4.0 * c.n_layer * double(c.q_dim()) * seq_len;
   if (recompute == "selective") return attention;
   if (recompute == "full") {
     // Each block's forward again: its linear weights once more (2 FLOPs per weight) + attention.

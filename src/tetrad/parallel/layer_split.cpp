@@ -74,9 +74,10 @@ StageCosts stage_costs(const ModelConfig& c, int seq_len) {
       layer_weights += double(p.numel);
   const double C = c.n_embd, V = c.vocab_size;
   StageCosts s;
-  // 2 FLOPs per weight forward, 4 backward; attention scores and values 4 C T forward, 8 backward
+  // 2 FLOPs per weight forward, 4 backward; attention scores and values 4 A T forward, 8 backward
+  // (A = n_head * head_dim)
   // (flops_per_token's convention, causal masking not discounted).
-  s.layer = 6.0 * layer_weights + 12.0 * C * seq_len;
+  s.layer = 6.0 * layer_weights + 12.0 * double(c.q_dim()) * seq_len;
   // Output head GEMM [V, C] (6 FLOPs per weight as above) and the loss: softmax forward (max,
   // exp, sum, divide: about 4 per vocabulary entry) and its gradient (softmax minus one-hot: 1).
   s.head = 6.0 * C * V + 5.0 * V;

@@ -13,7 +13,7 @@ namespace tetrad::parallel {
 struct LocalDims {
   int64_t hd = 0;    // head dimension (not split)
   int64_t Cx = 0;    // hidden slice C / Gx: the hidden state's columns on this rank
-  int64_t Ay = 0;    // attention output slice C / Gy
+  int64_t Ay = 0;    // attention output slice n_head hd / Gy (this rank's heads)
   int64_t nhy = 0;   // query heads of this rank: n_head / Gy
   int64_t nkvy = 0;  // key/value heads of this rank: n_kv_head / Gy
   int64_t QKVy = 0;  // q|k|v row of this rank's heads: (nhy + 2 nkvy) hd
@@ -29,8 +29,8 @@ struct LocalDims {
     LocalDims d;
     d.hd = cfg.head_dim();
     d.Cx = cfg.n_embd / g.x();
-    d.Ay = cfg.n_embd / g.y();
     d.nhy = cfg.n_head / g.y();
+    d.Ay = d.nhy * d.hd;
     d.nkvy = cfg.n_kv_head / g.y();
     d.QKVy = (d.nhy + 2 * d.nkvy) * d.hd;
     d.Fy = cfg.ffn / g.y();

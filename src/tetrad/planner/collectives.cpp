@@ -18,7 +18,7 @@ void add_tensor_layer_comm(Collectives& c, const PlanInput& in, const GridShape&
   // Transposed layers (attention output, MLP down): fwd over Y [T, H/Gx]; bwd dIn over X.
   c.add("fwd all-reduce of attention-output", Axis::Y, Op::AllReduce, T * s.H / g.x() * act_b, fwd_mult, kExposed, true);
   c.add("fwd all-reduce of MLP-down output", Axis::Y, Op::AllReduce, T * s.H / g.x() * act_b, fwd_mult, kExposed, true);
-  c.add("bwd all-reduce of attention-output dIn", Axis::X, Op::AllReduce, T * s.H / g.y() * act_b, 1, kDIn, true);
+  c.add("bwd all-reduce of attention-output dIn", Axis::X, Op::AllReduce, T * s.A / g.y() * act_b, 1, kDIn, true);
   c.add("bwd all-reduce of MLP-down dIn", Axis::X, Op::AllReduce, T * s.F / g.y() * act_b, 1, kDIn, true);
 }
 

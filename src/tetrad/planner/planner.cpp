@@ -81,6 +81,7 @@ Sizes sizes(const ModelConfig& m) {
   s.V = m.vocab_size;
   s.S_max = m.max_seq;
   s.QKV = m.qkv_dim();
+  s.A = m.q_dim();
   const FamilyDesc& f = m.desc();
   s.norm_vectors = f.norm == NormKind::LayerNorm ? 2 : 1;
   s.biases = f.linear_biases;
@@ -112,7 +113,7 @@ GemmTimes block_gemm_times(const Sizes& s, const GridShape& g, double T, const M
     r.dw += t(n_out, k_in, T, GemmOp::TN);
   };
   weight(s.H / g.x(), s.QKV / g.y());  // q|k|v
-  weight(s.H / g.y(), s.H / g.x());    // attention output (transposed)
+  weight(s.A / g.y(), s.H / g.x());    // attention output (transposed)
   weight(s.H / g.x(), s.FW / g.y());   // MLP up (+ gate)
   weight(s.F / g.y(), s.H / g.x());    // MLP down (transposed)
   const double hk = s.H / g.x(), hn = s.V / g.y();
@@ -125,15 +126,15 @@ GemmTimes block_gemm_times(const Sizes& s, const GridShape& g, double T, const M
 
 double model_flops_per_step(const ModelConfig& m, int64_t sequences, int seq) {
   const Sizes s = sizes(m);
-  const double per_token = 6.0 * (s.L * s.block_matmul() + s.head()) + 12.0 * s.L * s.H * seq;
+  const double per_token = 6.0 * (s.L * s.block_matmul() + s.head()) + 12.0 * s.L * s.A * seq;
   return per_token * double(sequences) * seq;
 }
 
 double hardware_flops_per_step(const ModelConfig& m, int64_t sequences, int seq, Recompute r) {
   const Sizes s = sizes(m);
   double extra = 0;  // per token
-  if (r == Recompute::Full) extra = 2.0 * s.L * s.block_matmul() + 4.0 * s.L * s.H * seq;
-  if (r == Recompute::Selective) extra = 4.0 * s.L * s.H * seq;
+  if (r == Recompute::Full) extra = 2.0 * s.L * s.block_matmul() + 4.0 * s.L * s.A * seq;
+  if (r == Recompute::Selective) extra = 4.0 * s.L * s.A * seq;
   return model_flops_per_step(m, sequences, seq) + extra * double(sequences) * seq;
 }
 
@@ -514,7 +515,7 @@ std::string divisibility_problem(const PlanInput& in, const GridShape& g) {
   const int64_t hd = m.head_dim(), Cx = m.n_embd / g.x();
   const std::vector<std::pair<const char*, int64_t>> blocks = {
       {"q|k|v", int64_t(m.n_head + 2 * m.n_kv_head) * hd / g.y() * Cx},
-      {"attention output", int64_t(m.n_embd / g.y()) * Cx},
+      {"attention output", int64_t(m.q_dim() / g.y()) * Cx},
       {"MLP up", int64_t(m.ffn / g.y()) * Cx},
       {"MLP down", int64_t(m.ffn / g.y()) * Cx},
       {"embedding", int64_t(m.vocab_size / g.y()) * Cx}};
@@ -596,7 +597,7 @@ ComputeTimes compute_times(const PlanInput& in, const GridShape& g, const Machin
   const bool full = in.recompute == Recompute::Full, any_rc = in.recompute != Recompute::None;
   ComputeTimes c;
   // Attention: heads split over Y, replicated over X; causal kernels execute half the scores.
-  c.attn_fwd = 0.5 * 4 * T * in.seq * s.H / g.y();
+  c.attn_fwd = 0.5 * 4 * T * in.seq * s.A / g.y();
   ModelConfig m1 = m;
   m1.n_layer = 1;
   GridShape g1 = g;

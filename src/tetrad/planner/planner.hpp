@@ -290,11 +290,12 @@ std::string trainer_grid_string(const GridShape& g);
 // Parameters in the GEMMs of one block, and of the output head.
 struct Sizes {
   double H, L, F, V, S_max, QKV, FW;
+  double A;  // the attention width: n_head * head_dim (H unless the family's heads are wider)
   // The family's vectors (model/family.hpp): a norm's (weight, or weight and bias), whether the
   // layers have biases (all of them; or only q|k|v's), whether positions are a learned table.
   int norm_vectors;
   bool biases, qkv_bias, learned_positions, tied;
-  double block_matmul() const { return QKV * H + H * H + FW * H + H * F; }
+  double block_matmul() const { return QKV * H + A * H + FW * H + H * F; }
   double head() const { return V * H; }
 };
 

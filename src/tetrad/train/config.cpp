@@ -57,7 +57,8 @@ int64_t least_int(const std::string& key) {
   static const std::map<std::string, int64_t> zero_ok = {
       {"parallel.prefetch_depth", 0}, {"parallel.zero", 0},        {"train.seed", 0},
       {"train.warmup_steps", 0},      {"train.eval_interval", 0},  {"train.checkpoint_interval", 0},
-      {"train.memory_limit_mib", 0},  {"train.threads", 0},        {"train.goldfish_k", 2}};
+      {"train.memory_limit_mib", 0},  {"train.threads", 0},        {"train.goldfish_k", 2},
+      {"model.head_dim", 0}};
   const auto it = zero_ok.find(key);
   return it == zero_ok.end() ? 1 : it->second;
 }
@@ -182,6 +183,8 @@ std::vector<Field> model_data_run_fields() {
       INT_FIELD("model.n_head", c.model.n_head, "attention heads"),
       INT_FIELD("model.n_kv_head", c.model.n_kv_head,
                 "key/value heads (grouped-query attention when < n_head; Llama only)"),
+      INT_FIELD("model.head_dim", c.model.explicit_head_dim,
+                "width of one attention head; 0: n_embd / n_head (another value: Llama)"),
       INT_FIELD("model.ffn", c.model.ffn, "MLP inner size"),
       INT_FIELD("model.vocab_size", c.model.vocab_size,
                 "vocabulary size (must be >= the tokenizer's)"),

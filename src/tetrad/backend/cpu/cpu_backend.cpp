@@ -12,6 +12,7 @@
 
 #include "tetrad/backend/cpu/attention.hpp"
 #include "tetrad/backend/cpu/attention_bf16.hpp"
+#include "tetrad/backend/cpu/attention_merge.hpp"
 #include "tetrad/backend/ceilings.hpp"
 #include "tetrad/backend/machine_cache.hpp"
 #include "tetrad/backend/cpu/ops.hpp"
@@ -60,8 +61,9 @@ k::AttentionDims dims(const AttentionArgs& a) {
   d.q_stride = a.q_stride; d.kv_stride = a.kv_stride; d.out_stride = a.out_stride;
   d.q_batch_stride = a.q_batch_stride; d.kv_batch_stride = a.kv_batch_stride;
   d.out_batch_stride = a.out_batch_stride;
-  d.doc_start = a.doc_start;  // positions in q_offset's frame, as the kernels count them
-  d.doc_batch_stride = a.doc_batch_stride;
+  d.doc_start = a.doc_start;  // positions counted as q_offset, k_offset are: the kernels count
+  d.doc_batch_stride = a.doc_batch_stride;  // from key 0 of the block (doc_shift)
+  d.doc_shift = a.k_offset;
   return d;
 }
 
@@ -137,12 +139,12 @@ OpTable make_table() {
     if (a.precision == Precision::BF16) {
       k::attention_forward_bf16(static_cast<float*>(out), lse, static_cast<const float*>(q),
                                 static_cast<const float*>(kp), static_cast<const float*>(v),
-                                dims(a), a.resolved_q_offset());
+                                dims(a), a.relative_q_offset());
       return;
     }
     k::attention_forward<float>(static_cast<float*>(out), lse, static_cast<const float*>(q),
                                 static_cast<const float*>(kp), static_cast<const float*>(v),
-                                dims(a), a.resolved_q_offset());
+                                dims(a), a.relative_q_offset());
   };
   t.attention_backward = [](Queue&, const AttentionArgs& a, void* dq, void* dk, void* dv,
                             const void* dout, const void* q, const void* kp, const void* v,
@@ -152,14 +154,19 @@ OpTable make_table() {
                                  static_cast<float*>(dv), static_cast<const float*>(dout),
                                  static_cast<const float*>(q), static_cast<const float*>(kp),
                                  static_cast<const float*>(v), static_cast<const float*>(out),
-                                 lse, dims(a), a.resolved_q_offset());
+                                 lse, dims(a), a.relative_q_offset());
       return;
     }
     k::attention_backward<float>(static_cast<float*>(dq), static_cast<float*>(dk),
                                  static_cast<float*>(dv), static_cast<const float*>(dout),
                                  static_cast<const float*>(q), static_cast<const float*>(kp),
                                  static_cast<const float*>(v), static_cast<const float*>(out), lse,
-                                 dims(a), a.resolved_q_offset());
+                                 dims(a), a.relative_q_offset());
+  };
+  t.attention_merge = [](Queue&, const AttentionArgs& a, void* out, float* lse, const void* out_b,
+                         const float* lse_b) {
+    k::attention_merge<float>(static_cast<float*>(out), lse, static_cast<const float*>(out_b),
+                              lse_b, dims(a));
   };
   t.rope_forward = [](Queue&, const RopeArgs& r) {
     k::rope_forward(r.x, r.N, r.T_seq, r.pos0, r.n_heads, r.head_dim, r.stride, r.cos, r.sin,
