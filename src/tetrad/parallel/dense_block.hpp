@@ -14,10 +14,12 @@
 // between calls (the head's backward writes dln before the layers run); dresid carries the
 // gradient from one part to the next.
 #pragma once
+#include <memory>
 #include <vector>
 
 #include "tetrad/backend/backend.hpp"
 #include "tetrad/parallel/block.hpp"
+#include "tetrad/parallel/context_attention.hpp"
 
 namespace tetrad::parallel {
 
@@ -47,6 +49,9 @@ class DenseBlock final : public TransformerBlock {
   backend::RopeArgs rope_args(float* x, int64_t N, int T, int pos0) const;
   // The micro-batch's document starts when positions restart per document (RopeArgs::doc_start).
   const int32_t* document_positions() const;
+  // RoPE (forward or its adjoint) on B sequences of T local tokens of x at their true positions
+  // (with Gc > 1 each local chunk at its chunk's offset).
+  void rope(bool forward, float* x, int B, int T, int pos0) const;
 
   const StepContext& ctx_;
   ParallelOps& ops_;
@@ -58,6 +63,8 @@ class DenseBlock final : public TransformerBlock {
   backend::Precision attention_precision_;
   int max_len_;
   backend::DeviceBuffer rope_cos_, rope_sin_;  // [max_seq, hd/2] rotary tables
+  // Attention over the context axis's gathered keys and values (Gc > 1; null otherwise).
+  std::unique_ptr<ContextAttention> context_;
   int scratch_layer_ = -1;  // the layer whose recomputable activations the scratch holds
 };
 

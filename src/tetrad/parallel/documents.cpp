@@ -12,6 +12,10 @@ namespace tetrad::parallel {
 
 void ParallelTransformer::check_document_options() const {
   const backend::Backend& be = *ctx_.be;
+  if ((opt_.document_mask || opt_.document_positions) && ctx_.g().shape.c() > 1)
+    fail("data.document_mask / data.document_positions with the context axis (C = ",
+         ctx_.g().shape.c(), ") are not implemented yet: the context-parallel attention does not "
+         "pass each chunk's document starts to its kernels; run with c = 1 or switch them off");
   if (opt_.document_mask && !be.capabilities().attention_document_mask)
     fail("data.document_mask = true: backend '", be.name(), "' has no document-masked attention "
          "(Capabilities::attention_document_mask); run on a backend that has it or set "

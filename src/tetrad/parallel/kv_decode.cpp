@@ -31,6 +31,10 @@ void ParallelTransformer::start_cache(int B) {
   if (ctx_.shape().p() > 1)
     fail("decoding with a KV cache on a pipeline grid (Gp = ", ctx_.shape().p(),
          ") is not implemented; use a grid without a pipeline axis (x,y,z,d)");
+  if (ctx_.shape().c() > 1)
+    fail("decoding with a KV cache on a context-parallel grid (c=", ctx_.shape().c(),
+         ") is not implemented; use a grid without the context axis (e.g. --grid d=",
+         ctx_.shape().size(), ")");
   if (B <= 0 || B > local_batch_)
     fail("generation batch of ", B, " sequences on this rank; the model was set up for 1..",
          local_batch_);
@@ -55,7 +59,7 @@ const float* ParallelTransformer::decode(const int32_t* tokens, int B, int Tq) {
   const int L = cfg_.n_layer;
   Acts& a = *a_;
   gather_->ensure_bf16_copy();
-  ctx_.docs.dev = ctx_.docs.host = nullptr;  // the cache holds one document per sequence
+  ctx_.docs = MicroBatchDocuments{};  // the cache holds one document per sequence
   set_layer(-1);
   gather_->issue(-1);
   if (L > 0 && ov_.prefetch_depth > 0) {
@@ -87,6 +91,9 @@ const float* ParallelTransformer::forward_logits(const int32_t* inputs, int B, i
 }
 
 std::vector<int32_t> ParallelTransformer::greedy_next_tokens(const int32_t* inputs, int B, int T) {
+  if (ctx_.shape().c() > 1)
+    fail("greedy decoding on a context-parallel grid (c=", ctx_.shape().c(),
+         ") is not implemented; use a grid without the context axis");
   forward(inputs, B, T);
   return vocab_->greedy_last(B, T);
 }

@@ -221,8 +221,10 @@ std::vector<Field> parallel_fields() {
   return {
       STRING_FIELD("parallel.grid", c.grid,
                    "process grid \"x,y,z,d\", \"x,y,z,p,d\" or named extents \"d=2,x=2\" "
-                   "(axes not named are 1): tensor parallelism over X, Y, Z (Z shards weights), "
-                   "pipeline stages over P, data parallelism over D; the product must equal the "
+                   "(axes not named are 1; the context axis only by name, \"c=2\"): tensor "
+                   "parallelism over X, Y, Z (Z shards weights), context parallelism over C "
+                   "(each sequence cut into 2c chunks), pipeline stages over P, data parallelism "
+                   "over D; the product must equal the "
                    "number of ranks. \"auto\": the planner's first choice for this run "
                    "(docs/planner.md); empty (not set): 1,1,1,1 on one rank, on more the "
                    "planner's choice as for \"auto\""),
@@ -290,6 +292,11 @@ std::vector<Field> parallel_fields() {
                    "(the first L % V one layer more), \"balanced\" (fewest FLOPs on the busiest "
                    "virtual stage, counting the embedding on the first and the output head + "
                    "loss on the last), or layer counts per virtual stage, e.g. \"3,1\""),
+      STRING_FIELD("parallel.cp_comm", c.cp_comm,
+                   "how attention on the context axis (grid c > 1) reaches the other ranks' keys "
+                   "and values: \"allgather\" (all-gathered, dK/dV reduce-scattered back) or "
+                   "\"ring\" (blocks passed peer to peer round the C group, overlapped with the "
+                   "attention on those already there, merged by their log-sum-exp)"),
       INT_FIELD("parallel.zero", c.zero,
                 "ZeRO stage over the data axis: 0 replicates optimizer state over D; 1 shards the "
                 "Adam moments over D (gradients reduce-scattered, updated parameters "
@@ -445,6 +452,9 @@ RunSettings resolve_settings(const RunConfig& cfg) {
   parallel::check_layer_split_spec(cfg.pipeline_layers);
   m.pipeline_layers = cfg.pipeline_layers;
   m.sparse_embedding_grad = cfg.sparse_embedding_grad;
+  if (cfg.cp_comm != "allgather" && cfg.cp_comm != "ring")
+    fail("parallel.cp_comm = \"", cfg.cp_comm, "\": expected \"allgather\" or \"ring\"");
+  m.cp_comm = cfg.cp_comm == "ring" ? parallel::ContextComm::Ring : parallel::ContextComm::AllGather;
   // With a fixed pipeline grid the split can be checked against the model now (an explicit list
   // of the wrong length or sum); chosen grids ("auto", none named) are checked when chosen.
   if (cfg.grid != "auto" && !cfg.grid.empty()) {
