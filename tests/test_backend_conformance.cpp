@@ -1024,7 +1024,9 @@ TEST_P(Conformance, AttentionDocumentMask) {
     EXPECT_TRUE(close(name.str() + " dv vs finite differences", down(gv, nkv), nvd, kBwdTol));
 
     if (be_->capabilities().attention_bf16_products) {  // bf16 products: the same mask
-      constexpr double kHi = 2e-2;
+      // Outputs within AttentionBf16ProductsAgainstFp32's 2e-2; gradients (P and dS rounded to
+      // bf16, summed over up to 70 keys, norms of a few short documents) within 4e-2.
+      constexpr double kHi = 2e-2, kHiGrad = 4e-2;
       AttentionArgs d16 = d;
       d16.precision = Precision::BF16;
       DeviceBuffer o16 = poisoned(no), l16 = poisoned(nl), g1 = poisoned(nq), g2 = poisoned(nkv), g3 = poisoned(nkv);
@@ -1042,9 +1044,9 @@ TEST_P(Conformance, AttentionDocumentMask) {
       const VF g1v = down(g1, nq);
       for (int64_t r = 0; r < int64_t(c.B) * c.Tq; ++r)
         for (int64_t col = 0; col < int64_t(c.nh) * c.hd; ++col) g1_sel.push_back(g1v[r * d.q_stride + col]);
-      EXPECT_TRUE(close(name.str() + " bf16 dq vs finite differences", g1_sel, nq_sel, kHi));
-      EXPECT_TRUE(close(name.str() + " bf16 dk vs finite differences", down(g2, nkv), nkd, kHi));
-      EXPECT_TRUE(close(name.str() + " bf16 dv vs finite differences", down(g3, nkv), nvd, kHi));
+      EXPECT_TRUE(close(name.str() + " bf16 dq vs finite differences", g1_sel, nq_sel, kHiGrad));
+      EXPECT_TRUE(close(name.str() + " bf16 dk vs finite differences", down(g2, nkv), nkd, kHiGrad));
+      EXPECT_TRUE(close(name.str() + " bf16 dv vs finite differences", down(g3, nkv), nvd, kHiGrad));
     }
 
     // One document from position 0 on (every start 0): the unmasked kernels bit for bit.
