@@ -133,7 +133,7 @@ TEST(ContextContract, BadInputIsRefusedByName) {
 // The ring exchange (parallel.cp_comm = "ring": key/value blocks passed peer to peer round the C
 // group, partial results merged by their log-sum-exp, dK/dV returned round the ring) trains like
 // one rank on every grid, both families, and like the all-gathered method within the contract's
-// tolerance; recomputation repeats the ring's arithmetic bit for bit.
+// tolerance; recomputation and the progress thread repeat the ring's arithmetic bit for bit.
 TEST(ContextContract, RingTrainsLikeOneRankAndLikeAllGather) {
   for (Family family : {Family::GPT2, Family::Llama}) {
     const ModelConfig mc = tiny_model(family, 2);
@@ -159,6 +159,12 @@ TEST(ContextContract, RingTrainsLikeOneRankAndLikeAllGather) {
     const contract::Run rf0 = parallel_run(mc, g, 10, full0);
     EXPECT_EQ(rf0.losses, rn.losses) << describe(family, shape, full0) << " ring";
     EXPECT_EQ(rf0.weights, rn.weights) << describe(family, shape, full0) << " ring";
+    // The progress thread moving the transfers during the kernels changes no arithmetic.
+    ParallelOptions threaded = none;
+    threaded.overlap.progress_thread = true;
+    const contract::Run rt = parallel_run(mc, g, 10, threaded);
+    EXPECT_EQ(rt.losses, rn.losses) << describe(family, shape, threaded) << " ring, progress thread";
+    EXPECT_EQ(rt.weights, rn.weights) << describe(family, shape, threaded) << " ring, progress thread";
     expect_matches_serial(rf, serial_run(mc, 10), mc, describe(family, shape, full) + " ring");
   }
 }

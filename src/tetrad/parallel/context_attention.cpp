@@ -8,12 +8,13 @@ ContextAttention::ContextAttention(const StepContext& ctx, int local_batch, int 
                                    ContextComm comm)
     : ctx_(ctx), split_(ContextSplit::of(ctx.shape(), ctx.g().coord)), comm_(comm) {
   if (!split_.active()) return;
-  const size_t n = size_t(local_batch) * size_t(local_len) * size_t(split_.ranks) *
-                   size_t(ctx_.dims.QKVy);
+  const size_t block = size_t(local_batch) * size_t(local_len) * size_t(ctx_.dims.QKVy);
+  // The ring holds two blocks (recv_) and two block gradients (full_); the all-gather Gc blocks.
+  const size_t n = comm == ContextComm::Ring ? 2 * block : block * size_t(split_.ranks);
   recv_ = backend::DeviceArray<float>(*ctx_.be, n);
   full_ = backend::DeviceArray<float>(*ctx_.be, n);
-  dtmp_ = backend::DeviceArray<float>(*ctx_.be, n);
-  dacc_ = backend::DeviceArray<float>(*ctx_.be, n);
+  dtmp_ = backend::DeviceArray<float>(*ctx_.be, comm == ContextComm::Ring ? block : n);
+  dacc_ = backend::DeviceArray<float>(*ctx_.be, comm == ContextComm::Ring ? block : n);
 }
 
 void ContextAttention::gather(const float* qkv, int B, int T, int layer) {

@@ -4,8 +4,9 @@
 // Step s of Gc holds rank src = (c - s) mod Gc's q|k|v rows (its two chunks, the layout of the
 // local q|k|v buffer: step 0 reads this rank's own buffer). Before attending to them the rank
 // posts the receive of the next block from c - 1 and the send of this one to c + 1, so the
-// transfer runs while the attention computes (CommQueue::poll between the pair calls moves MPI
-// forward); the waits at the step's end are the exposed part.
+// transfer runs while the attention computes (the CommQueue's progress thread moves MPI during
+// the kernels where it is enabled, a poll after them otherwise); the waits at the step's end are
+// the exposed part.
 //
 // Forward: each pair (local query chunk j, chunk jj of the block) whose keys are not all after
 // the queries (zigzag chunks are equal: a pair is fully visible, the diagonal, or invisible) is
@@ -16,9 +17,10 @@
 // the block: after its step the rank adds what the ranks before it sent (their queries' share)
 // and passes the sum on; after Gc steps it reaches the block's owner, which adds it into dqkv.
 //
-// Buffers: the all-gather's four (no memory of its own; Gc >= 2 gives each room for two blocks):
-// recv_ the two blocks in flight; full_ this step's block gradient and the one that came in;
-// dtmp_ / dacc_ one pair's dQ / dK|dV (backward) or partial out / lse (forward).
+// Buffers: the all-gather's four, sized for the ring (ContextAttention's constructor; 6 blocks of
+// B x T x QKVy floats, whatever Gc is): recv_ the two blocks in flight; full_ this step's block
+// gradient and the one that came in; dtmp_ / dacc_ one pair's dQ / dK|dV (backward) or partial
+// out / lse and the merged lse where the caller keeps none (forward).
 #include "tetrad/core/error.hpp"
 #include "tetrad/parallel/context_attention.hpp"
 
@@ -76,16 +78,19 @@ void ContextAttention::ring_forward(const backend::AttentionArgs& local, float* 
         const float* blk = cur + int64_t(jj) * Tc * W;
         float* o = out + int64_t(j) * Tc * local.out_stride;
         float* l = lse + j * lse_chunk;
-        if (!have[j]) {
-          ctx_.ops().attention_forward(ctx_.bq(), a, o, l, q, blk + k0, blk + v0);
-          have[j] = true;
-        } else {
-          float* po = part_out + int64_t(j) * Tc * local.out_stride;
-          float* pl = part_lse + j * lse_chunk;
-          ctx_.ops().attention_forward(ctx_.bq(), a, po, pl, q, blk + k0, blk + v0);
-          ctx_.ops().attention_merge(ctx_.bq(), a, o, l, po, pl);
+        {
+          CommQueue::ProgressScope progress(cq);  // the transfers move during the kernels
+          if (!have[j]) {
+            ctx_.ops().attention_forward(ctx_.bq(), a, o, l, q, blk + k0, blk + v0);
+          } else {
+            float* po = part_out + int64_t(j) * Tc * local.out_stride;
+            float* pl = part_lse + j * lse_chunk;
+            ctx_.ops().attention_forward(ctx_.bq(), a, po, pl, q, blk + k0, blk + v0);
+            ctx_.ops().attention_merge(ctx_.bq(), a, o, l, po, pl);
+          }
         }
-        cq.poll();
+        have[j] = true;
+        cq.poll();  // (without the progress thread: MPI moves here)
       }
     cq.wait(ts);
     cq.wait(tr);
@@ -141,15 +146,18 @@ void ContextAttention::ring_backward(const backend::AttentionArgs& local, float*
         const int64_t qo = int64_t(j) * Tc, ko = int64_t(jj) * Tc * W;
         rows(j, [&](int64_t at, int64_t len) { ctx_.zero_dev(gq + at, len); });
         rows(jj, [&](int64_t at, int64_t len) { ctx_.zero_dev(gkv + at, len); });
-        ctx_.ops().attention_backward(ctx_.bq(), a, gq + qo * W, gkv + ko + k0, gkv + ko + v0,
-                                      dout + qo * local.out_stride, qkv + qo * W, cur + ko + k0,
-                                      cur + ko + v0, out + qo * local.out_stride,
-                                      lse + j * lse_chunk);
+        {
+          CommQueue::ProgressScope progress(cq);  // the transfers move during the kernel
+          ctx_.ops().attention_backward(ctx_.bq(), a, gq + qo * W, gkv + ko + k0, gkv + ko + v0,
+                                        dout + qo * local.out_stride, qkv + qo * W,
+                                        cur + ko + k0, cur + ko + v0, out + qo * local.out_stride,
+                                        lse + j * lse_chunk);
+        }
         rows(j, [&](int64_t at, int64_t len) { ctx_.ops().add(ctx_.bq(), dqkv + at, gq + at, len); });
         rows(jj, [&](int64_t at, int64_t len) {
           ctx_.ops().add(ctx_.bq(), dkv_mine + at, gkv + at, len);
         });
-        cq.poll();
+        cq.poll();  // (without the progress thread: MPI moves here)
       }
     if (s > 0) {
       cq.wait(t_in);
