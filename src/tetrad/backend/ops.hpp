@@ -118,6 +118,14 @@ struct GroupedGemmArgs {
 // bf16, P and dS included, fp32 accumulation; softmax statistics and lse in fp32). A backward
 // runs in the precision of the forward whose lse it reads.
 //
+// Document mask (data.document_mask; Capabilities::attention_document_mask): doc_start null, or
+// for query i of sequence b, doc_start[b * doc_batch_stride + i] is the position (counted as
+// q_offset and k_offset are) of the first token of the document the query belongs to; the query
+// then attends only keys at positions doc_start..its own (block-diagonal causal: a packed
+// sequence's documents do not see each other). Per query row, so a query block at any offset (a context-parallel chunk)
+// carries its own rows of it. Device memory of the backend (int32). A query row that sees no key
+// gets out = 0 and lse = -inf.
+//
 // Partial results (flash attention's log-sum-exp): for key blocks K_1..K_n of the same queries,
 // attention_forward on each block gives (out_b, lse_b); attention_merge folds them into the
 // attention over all the keys, in any order. The backward given the FINAL out and lse (of all
@@ -132,6 +140,8 @@ struct AttentionArgs {
   int64_t q_batch_stride = 0, kv_batch_stride = 0, out_batch_stride = 0;
   DType dtype = DType::F32;
   Precision precision = Precision::FP32;
+  const int32_t* doc_start = nullptr;  // document mask (see above); null: none
+  int64_t doc_batch_stride = 0;        // elements between sequences of doc_start
   int64_t resolved_q_offset() const {
     return q_offset < 0 ? k_offset + int64_t(Tk) - Tq : q_offset;
   }
@@ -142,12 +152,16 @@ struct AttentionArgs {
 // Rotary embedding (Hugging Face's rotate_half: element i of a head pairs with i + hd/2), in
 // place on the first n_heads heads of each row of x (row stride `stride`); row r is token
 // r % T_seq of its sequence, at position pos0 + r % T_seq. cos/sin: [max_pos, hd/2] device tables
-// the model builds once (its scaling rules live with the table, not here).
+// the model builds once (its scaling rules live with the table, not here). doc_start (per-document
+// positions, data.document_positions; null: none): row r's position is then
+// pos0 + r % T_seq - doc_start[r] (doc_start[r] <= pos0 + r % T_seq: where its document begins,
+// device memory, int32), so positions restart at 0 at each document's first token.
 struct RopeArgs {
   float* x = nullptr;  // (N, stride), rotated in place
   int64_t N = 0, T_seq = 0, pos0 = 0, n_heads = 0, head_dim = 0, stride = 0;
   const float* cos = nullptr;  // (max_pos, hd/2)
   const float* sin = nullptr;  // (max_pos, hd/2)
+  const int32_t* doc_start = nullptr;  // (N) per-document positions, or null
 };
 
 // AdamW (decoupled weight decay) on the interval of n elements the pointers start at:

@@ -23,6 +23,17 @@ backend::AttentionArgs local_heads(int B, int T, const LocalDims& d, backend::Pr
   a.out_stride = d.Ay; a.out_batch_stride = T * d.Ay;
   return a;
 }
+// ... with the micro-batch's document mask (data.document_mask), when on.
+backend::AttentionArgs local_heads(int B, int T, const StepContext& ctx,
+                                   backend::Precision precision) {
+  backend::AttentionArgs a = local_heads(B, T, ctx.dims, precision);
+  if (ctx.docs.mask) {
+    TETRAD_CHECK(ctx.docs.dev != nullptr, "document mask on without the micro-batch's documents");
+    a.doc_start = ctx.docs.dev;
+    a.doc_batch_stride = T;
+  }
+  return a;
+}
 }  // namespace
 
 DenseBlock::DenseBlock(const BlockParts& p)
@@ -80,6 +91,12 @@ DenseBlock::DenseBlock(const BlockParts& p)
                                                   p.cp_comm);
 }
 
+const int32_t* DenseBlock::document_positions() const {
+  if (!ctx_.docs.positions) return nullptr;
+  TETRAD_CHECK(ctx_.docs.dev != nullptr, "document positions on without the micro-batch's documents");
+  return ctx_.docs.dev;
+}
+
 backend::RopeArgs DenseBlock::rope_args(float* x, int64_t N, int T, int pos0) const {
   const LocalDims& d = ctx_.dims;
   backend::RopeArgs r;
@@ -91,7 +108,11 @@ backend::RopeArgs DenseBlock::rope_args(float* x, int64_t N, int T, int pos0) co
 void DenseBlock::rope(bool forward, float* x, int B, int T, int pos0) const {
   const backend::OpTable& op = ctx_.ops();
   auto run = forward ? op.rope_forward : op.rope_backward;
-  if (!context_) return run(ctx_.bq(), rope_args(x, int64_t(B) * T, T, pos0));
+  if (!context_) {  // (documents: refused with Gc > 1, ParallelTransformer's check)
+    backend::RopeArgs r = rope_args(x, int64_t(B) * T, T, pos0);
+    r.doc_start = document_positions();
+    return run(ctx_.bq(), r);
+  }
   const ContextSplit& cs = context_->split();
   const int Tc = cs.chunk_len(T);
   for (int b = 0; b < B; ++b)
@@ -103,7 +124,7 @@ void DenseBlock::rope(bool forward, float* x, int B, int T, int pos0) const {
 void DenseBlock::attention(int l, int B, int T) {
   const auto& A = a_.layer[size_t(l)];
   const LocalDims& d = ctx_.dims;
-  const backend::AttentionArgs args = local_heads(B, T, d, attention_precision_);
+  const backend::AttentionArgs args = local_heads(B, T, ctx_, attention_precision_);
   ScopedPhase sp(ctx_.prof, Phase::Attention);
   if (context_) return context_->forward(args, A.atty, A.lse, A.qkv, l);
   ctx_.ops().attention_forward(ctx_.bq(), args, A.atty, A.lse, A.qkv, A.qkv + d.nhy * d.hd,
@@ -206,7 +227,7 @@ void DenseBlock::backward(int l, const float* x_in, int B, int T) {
   mlp_backward(l, N);
   ops_.norm_bwd(a.dresid, a.dln, A.resid_mid, A.ln2_mean, A.ln2_rstd, L.ln2_w, L.ln2_b, N);
   ops_.linear_bwd(GemmSite::Proj, a.datty, a.dresid, f32(A.atty), L.proj_w, L.proj_b, N);
-  const backend::AttentionArgs args = local_heads(B, T, d, attention_precision_);
+  const backend::AttentionArgs args = local_heads(B, T, ctx_, attention_precision_);
   {
     ScopedPhase sp(ctx_.prof, Phase::Attention);
     const int64_t k0 = d.nhy * d.hd, v0 = (d.nhy + d.nkvy) * d.hd;

@@ -58,6 +58,8 @@ class DenseBlock : public TransformerBlock {
   // fc_act = GELU(fc) or SwiGLU(gate, up) of layer l (or its bf16 form).
   void mlp_activation(int l, int64_t N);
   backend::RopeArgs rope_args(float* x, int64_t N, int T, int pos0) const;
+  // The micro-batch's document starts when positions restart per document (RopeArgs::doc_start).
+  const int32_t* document_positions() const;
   // RoPE (forward or its adjoint) on B sequences of T local tokens of x at their true positions
   // (with Gc > 1 each local chunk at its chunk's offset).
   void rope(bool forward, float* x, int B, int T, int pos0) const;

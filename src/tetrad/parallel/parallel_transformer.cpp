@@ -47,6 +47,7 @@ ParallelTransformer::ParallelTransformer(const ModelConfig& config, ProcessGroup
     if (opt_.grad_comm_bf16 && c->size() > 1 && std::string(c->transport()) == "NCCL")
       fail("train.grad_comm_precision = \"bf16\" is not implemented on NCCL (group '", c->name(),
            "'); use \"fp32\"");
+  check_document_options();
   if (ov_.prefetch_depth < 0) fail("parallel.prefetch_depth must be >= 0, got ", ov_.prefetch_depth);
   if (ov_.forward_chunks < 1) fail("parallel.forward_chunks must be >= 1, got ", ov_.forward_chunks);
   if (!(ov_.dp_bucket_mb >= 0)) fail("parallel.dp_bucket_mb must be >= 0, got ", ov_.dp_bucket_mb);
@@ -193,6 +194,7 @@ void ParallelTransformer::forward_chunk(int l0, int l1, bool embed, bool head,
   const int64_t N = int64_t(B) * T;
   Acts& a = *a_;
   gather_->ensure_bf16_copy();
+  select_documents(inputs, B, T);
 
   set_layer(-1);
   if (embed || head) gather_->issue(-1);
@@ -256,6 +258,7 @@ void ParallelTransformer::backward_chunk(int l0, int l1, bool embed, bool head,
   const int64_t N = int64_t(B) * T;
   Acts& a = *a_;
   gather_->ensure_bf16_copy();
+  select_documents(inputs, B, T);
 
   set_layer(-1);
   if (embed || head) {

@@ -220,6 +220,12 @@ std::vector<Field> model_data_run_fields() {
       FLOAT_FIELD("model.moe_capacity_factor", c.model.moe_capacity_factor,
                   "mixture of experts: 0 dropless; > 0 each expert takes at most ceil(factor x tokens x k / n_experts) tokens of a micro-batch, the rest dropped and counted"),
       STRING_FIELD("data.dir", c.data_dir, "folder written by `tetrad prepare`"),
+      BOOL_FIELD("data.document_mask", c.document_mask,
+                 "attention stays inside each document of a packed sequence (block-diagonal "
+                 "causal); needs shards that record document boundaries (prepared by this build)"),
+      BOOL_FIELD("data.document_positions", c.document_positions,
+                 "positions (rotary or learned) restart at 0 at each document's first token; "
+                 "needs shards that record document boundaries (prepared by this build)"),
       STRING_FIELD("run.dir", c.run_dir,
                    "run folder: resolved config, metrics.jsonl, checkpoints"),
       STRING_FIELD("run.init_from", c.init_from,
@@ -497,6 +503,8 @@ RunSettings resolve_settings(const RunConfig& cfg) {
   if (t.grad_comm_precision != "fp32" && t.grad_comm_precision != "bf16")
     fail("train.grad_comm_precision = \"", t.grad_comm_precision, "\": expected \"fp32\" or \"bf16\"");
   m.grad_comm_bf16 = t.grad_comm_precision == "bf16";
+  m.document_mask = cfg.document_mask;
+  m.document_positions = cfg.document_positions;
   // Whether this build and machine can run it is checked when the run starts (backend::create).
   if (!(t.device == "cpu" || t.device == "cpu-strict" || t.device == "cuda" ||
         t.device.rfind("cuda:", 0) == 0))

@@ -140,6 +140,9 @@ StepResult train_step(Loop& l, int64_t step, double& dropped) {
   l.runner.sum_over_replicas(counts.data(), 2);
   const double kept = std::max(counts[0], 1.0);
   dropped = counts[1] / (counts[0] + counts[1]);
+  if (l.data.documents())
+    l.model.set_documents(l.data.inputs().data(), l.data.doc_starts().data(),
+                          int64_t(l.data.inputs().size()));
   return l.runner.run(l.data.inputs().data(), l.data.targets().data(), kept,
                       learning_rate(l.cfg.train, step), step);
 }

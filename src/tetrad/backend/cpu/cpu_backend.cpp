@@ -62,6 +62,9 @@ k::AttentionDims dims(const AttentionArgs& a) {
   d.q_stride = a.q_stride; d.kv_stride = a.kv_stride; d.out_stride = a.out_stride;
   d.q_batch_stride = a.q_batch_stride; d.kv_batch_stride = a.kv_batch_stride;
   d.out_batch_stride = a.out_batch_stride;
+  d.doc_start = a.doc_start;  // positions counted as q_offset, k_offset are: the kernels count
+  d.doc_batch_stride = a.doc_batch_stride;  // from key 0 of the block (doc_shift)
+  d.doc_shift = a.k_offset;
   return d;
 }
 
@@ -183,10 +186,12 @@ OpTable make_table() {
                               lse_b, dims(a));
   };
   t.rope_forward = [](Queue&, const RopeArgs& r) {
-    k::rope_forward(r.x, r.N, r.T_seq, r.pos0, r.n_heads, r.head_dim, r.stride, r.cos, r.sin);
+    k::rope_forward(r.x, r.N, r.T_seq, r.pos0, r.n_heads, r.head_dim, r.stride, r.cos, r.sin,
+                    r.doc_start);
   };
   t.rope_backward = [](Queue&, const RopeArgs& r) {
-    k::rope_backward(r.x, r.N, r.T_seq, r.pos0, r.n_heads, r.head_dim, r.stride, r.cos, r.sin);
+    k::rope_backward(r.x, r.N, r.T_seq, r.pos0, r.n_heads, r.head_dim, r.stride, r.cos, r.sin,
+                     r.doc_start);
   };
   t.gelu_forward = [](Queue&, float* out, const float* x, int64_t n) { k::gelu_forward(out, x, n); };
   t.gelu_backward = [](Queue&, float* dx, const float* d, const float* x, int64_t n) {
@@ -309,6 +314,7 @@ CpuBackend::CpuBackend() : queue_(std::make_unique<InlineQueue>(*this)) {
   // Measured faster than the fp32 kernel only on AMX (docs/precision.md, "bf16 attention").
   caps_.attention_bf16_faster = k::attention_bf16_default_path() == k::AttentionBf16Path::kAmx;
   caps_.attention_any_q_offset = true;  // fp32 and bf16 kernels
+  caps_.attention_document_mask = true;  // fp32 and bf16 kernels
   caps_.fused_cross_entropy = true;
   caps_.bf16_producers = true;
   caps_.bf16_loss_grad = true;

@@ -176,14 +176,18 @@ OpTable make_strict_table() {
   t.attention_forward = [](Queue& q, const AttentionArgs& a, void* out, float* lse,
                            const void* qp, const void* kp, const void* vp) {
     const char* o = "attention_forward";
-    cpu_ops().attention_forward(cpu_queue(q), a, T_(out, o, "out"), T_(lse, o, "lse"),
+    AttentionArgs h = a;
+    h.doc_start = T_(a.doc_start, o, "doc_start");
+    cpu_ops().attention_forward(cpu_queue(q), h, T_(out, o, "out"), T_(lse, o, "lse"),
                                 T_(qp, o, "q"), T_(kp, o, "k"), T_(vp, o, "v"));
   };
   t.attention_backward = [](Queue& q, const AttentionArgs& a, void* dq, void* dk, void* dv,
                             const void* dout, const void* qp, const void* kp, const void* vp,
                             const void* out, const float* lse) {
     const char* o = "attention_backward";
-    cpu_ops().attention_backward(cpu_queue(q), a, T_(dq, o, "dq"), T_(dk, o, "dk"),
+    AttentionArgs h = a;
+    h.doc_start = T_(a.doc_start, o, "doc_start");
+    cpu_ops().attention_backward(cpu_queue(q), h, T_(dq, o, "dq"), T_(dk, o, "dk"),
                                  T_(dv, o, "dv"), T_(dout, o, "dout"), T_(qp, o, "q"),
                                  T_(kp, o, "k"), T_(vp, o, "v"), T_(out, o, "out"),
                                  T_(lse, o, "lse"));
@@ -199,6 +203,7 @@ OpTable make_strict_table() {
     h.x = T_(r.x, "rope_forward", "x");
     h.cos = T_(r.cos, "rope_forward", "cos");
     h.sin = T_(r.sin, "rope_forward", "sin");
+    h.doc_start = T_(r.doc_start, "rope_forward", "doc_start");
     cpu_ops().rope_forward(cpu_queue(q), h);
   };
   t.rope_backward = [](Queue& q, const RopeArgs& r) {
@@ -206,6 +211,7 @@ OpTable make_strict_table() {
     h.x = T_(r.x, "rope_backward", "x");
     h.cos = T_(r.cos, "rope_backward", "cos");
     h.sin = T_(r.sin, "rope_backward", "sin");
+    h.doc_start = T_(r.doc_start, "rope_backward", "doc_start");
     cpu_ops().rope_backward(cpu_queue(q), h);
   };
   t.gelu_forward = [](Queue& q, float* out, const float* x, int64_t n) {

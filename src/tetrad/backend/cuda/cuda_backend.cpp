@@ -158,6 +158,7 @@ class CudaBackend final : public Backend {
     // train.attention_precision = "bf16" or TETRAD_CUDA_ATTENTION=bf16 choose it.
     caps_.attention_bf16_faster = false;
     caps_.attention_any_q_offset = true;
+    caps_.attention_document_mask = true;
     caps_.fused_cross_entropy = true;
     // Not yet: norm / activation kernels writing bf16 and the cast-transpose (the model casts
     // fp32 outputs with cast_f32_to_bf16 instead).
@@ -341,6 +342,9 @@ g::AttnDims attn_dims(const AttentionArgs& a) {
   d.q_batch_stride = a.q_batch_stride;
   d.kv_batch_stride = a.kv_batch_stride;
   d.out_batch_stride = a.out_batch_stride;
+  d.doc_start = a.doc_start;  // positions counted as q_offset, k_offset are: the kernels count
+  d.doc_batch_stride = a.doc_batch_stride;  // from key 0 of the block (doc_shift)
+  d.doc_shift = a.k_offset;
   return d;
 }
 // bf16 tensor cores when the call asks for bf16 products or the process chose them (header).
@@ -435,11 +439,11 @@ OpTable make_table() {
   };
   t.rope_forward = [](Queue& q, const RopeArgs& r) {
     g::rope_forward(r.x, r.N, r.T_seq, r.pos0, r.n_heads, r.head_dim, r.stride, r.cos, r.sin,
-                    stream_of(q));
+                    r.doc_start, stream_of(q));
   };
   t.rope_backward = [](Queue& q, const RopeArgs& r) {
     g::rope_backward(r.x, r.N, r.T_seq, r.pos0, r.n_heads, r.head_dim, r.stride, r.cos, r.sin,
-                     stream_of(q));
+                     r.doc_start, stream_of(q));
   };
   t.gelu_forward = [](Queue& q, float* out, const float* x, int64_t n) {
     g::gelu_forward(out, x, n, stream_of(q));
