@@ -135,6 +135,12 @@ struct ParallelOptions {
   // Blocking (no overlap for these collectives); refused on NCCL. The small replicated tensors'
   // sums over Z (ZeRO) and the top-level sums over P stay fp32 (docs/precision.md).
   bool grad_comm_bf16 = false;
+  // data.document_mask: attention stays inside each document of a packed sequence (block-
+  // diagonal causal); data.document_positions: positions (rotary or learned) restart at 0 at
+  // each document's first token. Either needs the documents of every batch the model runs
+  // (ParallelTransformer::set_documents); the mask needs Capabilities::attention_document_mask.
+  bool document_mask = false;
+  bool document_positions = false;
 };
 
 }  // namespace tetrad::parallel

@@ -143,6 +143,9 @@ StepResult train_step(Loop& l, int64_t step, double& dropped) {
   l.runner.sum_over_replicas(counts.data(), 2);
   const double kept = std::max(counts[0], 1.0);
   dropped = counts[1] / (counts[0] + counts[1]);
+  if (l.data.documents())
+    l.model.set_documents(l.data.inputs().data(), l.data.doc_starts().data(),
+                          int64_t(l.data.inputs().size()));
   return l.runner.run(l.data.inputs().data(), l.data.targets().data(), kept,
                       learning_rate(l.cfg.train, step), step);
 }
@@ -198,8 +201,9 @@ int64_t run_loop(Loop& l, int64_t step) {
     const StepBreakdown bd = breakdown_of(l.prof, std::chrono::duration<double>(t1 - t0).count());
     l.result.breakdowns.push_back(bd);
     const int64_t done = step + 1;
-    const StepMetrics m = l.progress.measure(done, r.loss, learning_rate(t, step), r.grad_norm,
-                                             dropped, bd, t1);
+    StepMetrics m = l.progress.measure(done, r.loss, learning_rate(t, step), r.grad_norm,
+                                       dropped, bd, t1);
+    add_moe_metrics(m, r.moe, l.model.config().moe());
     l.metrics.write(step_record(m));
     l.progress.print_step(m, l.data.masking());
     l.ckpt.poll();
