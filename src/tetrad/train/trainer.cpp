@@ -2,6 +2,8 @@
 // metrics, progress, validator, stop control), then the loop over steps.
 #include "tetrad/train/trainer.hpp"
 
+#include <algorithm>
+
 #include <mpi.h>
 #include <omp.h>
 
@@ -12,6 +14,7 @@
 #include <memory>
 
 #include "tetrad/comm/communicator.hpp"
+#include "tetrad/comm/roll_call.hpp"
 #include "tetrad/comm/transports.hpp"
 #include "tetrad/core/cpu.hpp"
 #include "tetrad/core/error.hpp"
@@ -268,6 +271,10 @@ TrainResult train(const RunConfig& cfg, const TrainOptions& opt, std::ostream& l
   if (launch.world > 1) check_precision_agreed(plan, comm::Communicator::world());
   ProcessGroups groups =
       launch.world > 1 ? ProcessGroups(comm::Communicator::world(), plan.grid) : ProcessGroups();
+  // A timed-out collective names the rank that stopped (comm/roll_call.hpp): the ranks still
+  // running answer within half a timeout (1 to 10 s).
+  if (launch.world > 1)
+    comm::enable_roll_call(std::min(10.0, std::max(1.0, comm::collective_timeout() / 2)));
   const bool root = groups.world.rank() == 0;
   std::ostream null_stream(nullptr);
   std::ostream& out = root ? log_stream : null_stream;
