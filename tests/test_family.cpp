@@ -42,14 +42,14 @@ std::vector<std::string> layer_names(const ParamTable& t, int layer) {
 }  // namespace
 
 TEST(ModelFamily, RegistryNamesRoundTrip) {
-  ASSERT_EQ(families().size(), 3u);
+  ASSERT_EQ(families().size(), 4u);
   for (const FamilyDesc& f : families()) {
     EXPECT_EQ(parse_family(f.name), f.id);
     EXPECT_EQ(&family_desc(f.id), &f);
   }
-  EXPECT_EQ(family_names_quoted(), "\"gpt2\", \"llama\" or \"qwen2\"");
+  EXPECT_EQ(family_names_quoted(), "\"gpt2\", \"llama\", \"qwen2\" or \"mixtral\"");
   const std::string e = error_of([] { parse_family("qwen3"); });
-  EXPECT_NE(e.find("unknown family 'qwen3'; expected \"gpt2\", \"llama\" or \"qwen2\""),
+  EXPECT_NE(e.find("unknown family 'qwen3'; expected \"gpt2\", \"llama\", \"qwen2\" or \"mixtral\""),
             std::string::npos) << e;
 }
 
@@ -292,8 +292,8 @@ TEST(ModelFamily, ConfigJsonRoundTripsEveryFamily) {
   nlohmann::json j = hf_config_json(named_model("tiny"));
   j["model_type"] = "qwen3_moe";
   const std::string e = error_of([&] { parse_hf_config(j, "config.json"); });
-  EXPECT_NE(e.find("model_type 'qwen3_moe' is not supported; expected \"gpt2\", \"llama\" or "
-                   "\"qwen2\""), std::string::npos) << e;
+  EXPECT_NE(e.find("model_type 'qwen3_moe' is not supported; expected \"gpt2\", \"llama\", "
+                   "\"qwen2\" or \"mixtral\""), std::string::npos) << e;
 }
 
 // Qwen2's config.json as transformers writes it: tied or untied, rope theta in either layout,

@@ -16,6 +16,10 @@ int64_t act_width(ActWidth w, const LocalDims& d) {
     case ActWidth::Fy: return d.Fy;
     case ActWidth::Vy: return d.Vy;
     case ActWidth::MaxLinearOut: return d.max_linear_out();
+    case ActWidth::E: return d.E;
+    case ActWidth::kC: return d.kC;
+    case ActWidth::kFW: return d.kFW;
+    case ActWidth::kF: return d.kF;
   }
   TETRAD_CHECK(false, "unknown activation width");
   return 0;

@@ -32,6 +32,11 @@ struct ParallelActivations {
           *ln2_mean = nullptr, *ln2_rstd = nullptr, *fc = nullptr, *fc_act = nullptr,
           *resid_out = nullptr;
     uint16_t *ln1_16 = nullptr, *ln2_16 = nullptr, *fc_act16 = nullptr;
+    // A mixture of experts (moe_block.hpp; empty for a dense model): the router's logits
+    // [N, E]; the tokens' rows in expert order [N k, C], their gate|up [N k, 2F], SwiGLU
+    // [N k, F] and the experts' outputs [N k, C] (up to N k rows: dropless routing fills all).
+    float *router_logits = nullptr, *moe_in = nullptr, *moe_gu = nullptr, *moe_act = nullptr,
+          *moe_out = nullptr;
   };
   std::vector<PerLayer> layer;
   float *emb = nullptr, *lnf = nullptr, *lnf_mean = nullptr, *lnf_rstd = nullptr,
@@ -42,6 +47,9 @@ struct ParallelActivations {
   // all-gathered over Y (the input of a transposed layer's backward and of the embedding's), and
   // the landing buffer of a normal layer's input-gradient reduce-scatter; null otherwise.
   float* dfull = nullptr;
+  // The mixture of experts' backward work buffers (moe_block.hpp): the gradient of the experts'
+  // rows [N k, C] (outputs, then inputs), of their gate|up [N k, 2F] and activation [N k, F].
+  float *dmoe_rows = nullptr, *dmoe_gu = nullptr, *dmoe_act = nullptr;
   uint16_t *lnf16 = nullptr, *dout16 = nullptr, *dout16_t = nullptr;
   int64_t dout16_floats = 0;  // each bf16 gradient copy's size in floats (0 without bf16 acts)
 
@@ -57,7 +65,7 @@ struct ParallelActivations {
 };
 
 // A tensor's row width: floats per token of this rank (LocalDims), One for row statistics.
-enum class ActWidth : unsigned char { One, Cx, Ay, QKVy, Nhy, FWy, Fy, Vy, MaxLinearOut };
+enum class ActWidth : unsigned char { One, Cx, Ay, QKVy, Nhy, FWy, Fy, Vy, MaxLinearOut, E, kC, kFW, kF };
 // How it is stored: in fp32; in bf16 with bf16 activations (ceil(N n / 2) floats, the bf16 view
 // only), else fp32; or only with bf16 activations (absent otherwise).
 enum class ActStore : unsigned char { F32, Bf16WithActs, OnlyBf16 };
@@ -102,6 +110,11 @@ inline constexpr LayerActSpec kLayerActs[] = {
     {"ln2_rstd", &LayerActs::ln2_rstd, nullptr, ActWidth::One, ActStore::F32, ActKeep::UnlessFull},
     {"fc", &LayerActs::fc, nullptr, ActWidth::FWy, ActStore::F32, ActKeep::UnlessFull},
     {"fc_act", &LayerActs::fc_act, &LayerActs::fc_act16, ActWidth::Fy, ActStore::Bf16WithActs, ActKeep::UnlessFull},
+    {"router_logits", &LayerActs::router_logits, nullptr, ActWidth::E, ActStore::F32, ActKeep::UnlessFull},
+    {"moe_in", &LayerActs::moe_in, nullptr, ActWidth::kC, ActStore::F32, ActKeep::UnlessFull},
+    {"moe_gu", &LayerActs::moe_gu, nullptr, ActWidth::kFW, ActStore::F32, ActKeep::UnlessFull},
+    {"moe_act", &LayerActs::moe_act, nullptr, ActWidth::kF, ActStore::F32, ActKeep::UnlessFull},
+    {"moe_out", &LayerActs::moe_out, nullptr, ActWidth::kC, ActStore::F32, ActKeep::UnlessFull},
     {"resid_out", &LayerActs::resid_out, nullptr, ActWidth::Cx, ActStore::F32, ActKeep::Output},
 };
 
@@ -120,6 +133,9 @@ inline constexpr GlobalActSpec kGlobalActs[] = {
     {"datty", &ParallelActivations::datty, nullptr, ActWidth::Ay, ActStore::F32, ActPart::Work},
     {"dfc", &ParallelActivations::dfc, nullptr, ActWidth::FWy, ActStore::F32, ActPart::Work},
     {"dfc_act", &ParallelActivations::dfc_act, nullptr, ActWidth::Fy, ActStore::F32, ActPart::Work},
+    {"dmoe_rows", &ParallelActivations::dmoe_rows, nullptr, ActWidth::kC, ActStore::F32, ActPart::Work},
+    {"dmoe_gu", &ParallelActivations::dmoe_gu, nullptr, ActWidth::kFW, ActStore::F32, ActPart::Work},
+    {"dmoe_act", &ParallelActivations::dmoe_act, nullptr, ActWidth::kF, ActStore::F32, ActPart::Work},
     {"dout16", nullptr, &ParallelActivations::dout16, ActWidth::MaxLinearOut, ActStore::OnlyBf16, ActPart::Work},
     {"dout16_t", nullptr, &ParallelActivations::dout16_t, ActWidth::MaxLinearOut, ActStore::OnlyBf16, ActPart::Work},
     {"dfull", &ParallelActivations::dfull, nullptr, ActWidth::Cx, ActStore::F32, ActPart::Work},

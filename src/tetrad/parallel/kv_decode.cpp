@@ -62,6 +62,7 @@ const float* ParallelTransformer::decode(const int32_t* tokens, int B, int Tq) {
   const int L = cfg_.n_layer;
   Acts& a = *a_;
   gather_->ensure_bf16_copy();
+  ctx_.docs = MicroBatchDocuments{};  // the cache holds one document per sequence
   set_layer(-1);
   gather_->issue(-1);
   if (L > 0 && ov_.prefetch_depth > 0) {

@@ -148,6 +148,12 @@ struct ParallelOptions {
   // another order; a reduce-scatter may sum in another order than the all-reduce for Gy > 2):
   // off by default (docs/parallel.md, "Sequence sharding"). Gy = 1: nothing to shard.
   bool sequence_shard = false;
+  // data.document_mask: attention stays inside each document of a packed sequence (block-
+  // diagonal causal); data.document_positions: positions (rotary or learned) restart at 0 at
+  // each document's first token. Either needs the documents of every batch the model runs
+  // (ParallelTransformer::set_documents); the mask needs Capabilities::attention_document_mask.
+  bool document_mask = false;
+  bool document_positions = false;
 };
 
 }  // namespace tetrad::parallel

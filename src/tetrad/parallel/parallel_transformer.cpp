@@ -47,6 +47,7 @@ ParallelTransformer::ParallelTransformer(const ModelConfig& config, ProcessGroup
     if (opt_.grad_comm_bf16 && c->size() > 1 && std::string(c->transport()) == "NCCL")
       fail("train.grad_comm_precision = \"bf16\" is not implemented on NCCL (group '", c->name(),
            "'); use \"fp32\"");
+  check_document_options();
   if (ov_.prefetch_depth < 0) fail("parallel.prefetch_depth must be >= 0, got ", ov_.prefetch_depth);
   if (ov_.forward_chunks < 1) fail("parallel.forward_chunks must be >= 1, got ", ov_.forward_chunks);
   if (!(ov_.dp_bucket_mb >= 0)) fail("parallel.dp_bucket_mb must be >= 0, got ", ov_.dp_bucket_mb);
@@ -85,6 +86,9 @@ ParallelTransformer::ParallelTransformer(const ModelConfig& config, ProcessGroup
   if (bf16_weights && !be->capabilities().gemm_bf16_storage)
     fail("bf16 weight copy: backend '", be->name(), "' cannot read bf16-stored GEMM operands "
          "(Capabilities::gemm_bf16_storage); set ParallelOptions::bf16_weight_copy = false");
+  if (cfg_.moe() && precision_ == backend::Precision::BF16)
+    fail("precision bf16: ", cfg_.desc().display, "'s mixture of experts runs in fp32 only (bf16 "
+         "expert GEMMs are not implemented); set train.precision = \"fp32\"");
   bf16_acts_ = precision_ == backend::Precision::BF16 && opt_.bf16_activations;
   wgrad_nn_ = bf16_acts_ && opt_.bf16_weight_grad_nn && be->capabilities().bf16_producers;
 
@@ -198,6 +202,7 @@ void ParallelTransformer::forward_chunk(int l0, int l1, bool embed, bool head,
          "not split evenly over Gy = ", ctx_.shape().y());
   Acts& a = *a_;
   gather_->ensure_bf16_copy();
+  select_documents(inputs, B, T);
 
   set_layer(-1);
   if (embed || head) gather_->issue(-1);
@@ -222,8 +227,11 @@ void ParallelTransformer::forward_chunk(int l0, int l1, bool embed, bool head,
   vocab_->head_forward(N);
 }
 
+MoeStats ParallelTransformer::take_moe_stats() { return block_->take_moe_stats(); }
+
 double ParallelTransformer::chunk_loss(const int32_t* targets, int B, int T, float grad_scale,
                                        bool with_grad) {
+  if (with_grad) block_->set_grad_scale(grad_scale);
   return vocab_->cross_entropy(targets, int64_t(B) * T, grad_scale, with_grad);
 }
 
@@ -239,6 +247,7 @@ double ParallelTransformer::forward_backward(const int32_t* inputs, const int32_
   ScopedPhase sp(ctx_.prof, Phase::Other);
   forward(inputs, B, T);
   const double loss = vocab_->cross_entropy(targets, int64_t(B) * T, grad_scale, true);
+  block_->set_grad_scale(grad_scale);
   backward(inputs, B, T);
   reduce_->micro_batch_done();
   set_layer(-2);
@@ -257,6 +266,7 @@ void ParallelTransformer::backward_chunk(int l0, int l1, bool embed, bool head,
   const int64_t N = int64_t(B) * T;
   Acts& a = *a_;
   gather_->ensure_bf16_copy();
+  select_documents(inputs, B, T);
 
   set_layer(-1);
   if (embed || head) {

@@ -41,6 +41,19 @@ double VocabParallel::read_scalar(const double* dev) {
   return v;
 }
 
+// Each document piece of the micro-batch's rows (StepContext::docs.host): f(first row, length),
+// a piece being a document's tokens inside one sequence.
+template <class F>
+void VocabParallel::for_each_document(int64_t N, int T, F&& f) const {
+  const int32_t* starts = ctx_.docs.host;
+  for (int64_t r0 = 0; r0 < N;) {
+    int64_t r1 = r0 + 1;  // the piece ends where the next document or sequence begins
+    while (r1 < N && r1 % T != 0 && starts[r1] == starts[r0]) ++r1;
+    f(r0, r1 - r0);
+    r0 = r1;
+  }
+}
+
 // Vocabulary-parallel lookup of this rank's tokens into emb [N, Cx]: each Y rank copies the rows
 // of its vocabulary slice (zeros elsewhere) and the slices are summed over Y; then the position
 // table (GPT-2).
@@ -72,6 +85,13 @@ void VocabParallel::embedding_forward(const int32_t* inputs, int64_t N, int T, i
                               ops_.w(t_.token_embedding), v0, d.Vy, N, d.Cx);
   ctx_.sum_over(ctx_.g().y(), a_.emb, N * d.Cx, "embedding");
   if (t_.position_embedding < 0) return;
+  if (ctx_.docs.positions && ctx_.docs.host) {  // positions restart at each document's start
+    for_each_document(N, T, [&](int64_t row, int64_t len) {
+      ctx_.ops().position_add(ctx_.bq(), a_.emb + row * d.Cx, ops_.w(t_.position_embedding), len,
+                              len, d.Cx);
+    });
+    return;
+  }
   const float* P = ops_.w(t_.position_embedding) + int64_t(pos0) * d.Cx;
   const ContextSplit cs = ContextSplit::of(ctx_.shape(), ctx_.g().coord);
   if (!cs.active()) return ctx_.ops().position_add(ctx_.bq(), a_.emb, P, N, T, d.Cx);
@@ -96,6 +116,12 @@ void VocabParallel::embedding_backward(const float* demb, const int32_t* inputs,
     ctx_.ops().embedding_scatter_add(ctx_.bq(), dE, 0, d.Vy * d.Cx, demb,
                                      device_ids(inputs, N, 0), v0, d.Vy, N, d.Cx);
   if (!dP) return;
+  if (ctx_.docs.positions && ctx_.docs.host) {  // per document, as the forward
+    for_each_document(N, T, [&](int64_t row, int64_t len) {
+      ctx_.ops().position_grad(ctx_.bq(), dP, a_.dresid + row * d.Cx, len, len, d.Cx);
+    });
+    return;
+  }
   const ContextSplit cs = ContextSplit::of(ctx_.shape(), ctx_.g().coord);
   if (!cs.active()) return ctx_.ops().position_grad(ctx_.bq(), dP, demb, N, T, d.Cx);
   const int Tc = cs.chunk_len(T);

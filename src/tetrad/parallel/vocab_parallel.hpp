@@ -72,6 +72,8 @@ class VocabParallel {
  private:
   // `host` (n ids) as a device pointer: itself on a host-visible backend, else copied to slot.
   const int32_t* device_ids(const int32_t* host, int64_t n, int slot);
+  template <class F>
+  void for_each_document(int64_t N, int T, F&& f) const;
   double read_scalar(const double* dev);
 
   const StepContext& ctx_;

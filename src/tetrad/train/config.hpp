@@ -99,6 +99,11 @@ struct RunConfig {
   std::string model_name = "tiny";  // named base configuration, overridden field by field
   ModelConfig model;
   std::string data_dir = "data/kjv";  // output of `tetrad prepare`
+  // Packed documents kept apart (ParallelOptions::document_mask, document_positions): attention
+  // inside each document only; positions restarting at each document. Both need shards that
+  // record document boundaries (token shard format version 2).
+  bool document_mask = false;
+  bool document_positions = false;
   std::string init_from;             // Hugging Face folder to fine-tune from (optional)
   std::string run_dir = "runs/default";
   // x,y,z,d, x,y,z,p,d or named ("d=2,x=2") process grid (docs/parallel.md), or "auto"; empty
