@@ -45,6 +45,9 @@ class TransformerBlock {
   // micro-batch's activations around it).
   virtual int scratch_layer() const = 0;
   virtual void scratch_lost() = 0;
+  // Whether the block runs with its input, output and residual sums as this rank's rows of the
+  // stream (ParallelOptions::sequence_shard; the model refuses the setting for a block without).
+  virtual bool sequence_shardable() const { return false; }
   // The loss gradient's scale of the coming backward passes (forward_backward's grad_scale): a
   // block with losses of its own (a mixture of experts' router losses) weights them by it.
   virtual void set_grad_scale(float) {}

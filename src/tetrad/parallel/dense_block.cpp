@@ -224,9 +224,14 @@ void DenseBlock::backward(int l, const float* x_in, int B, int T) {
     attention(l, B, T);
     scratch_layer_ = l;
   }
+  // dresid: the stream's gradient (this rank's rows with sequence sharding: stream_grad gathers
+  // all of them for the transposed layer; the normal layer's summed dIn is again the rows).
+  // The summed dIn of the MLP's first layer: in dln, or its rows in dfull (sequence sharding).
   mlp_backward(l, N);
-  ops_.norm_bwd(a.dresid, a.dln, A.resid_mid, A.ln2_mean, A.ln2_rstd, L.ln2_w, L.ln2_b, N);
-  ops_.linear_bwd(GemmSite::Proj, a.datty, a.dresid, f32(A.atty), L.proj_w, L.proj_b, N);
+  const float* dln2 = ops_.sequence_sharded() ? a.dfull : a.dln;
+  ops_.norm_bwd(a.dresid, dln2, A.resid_mid, A.ln2_mean, A.ln2_rstd, L.ln2_w, L.ln2_b, N);
+  ops_.linear_bwd(GemmSite::Proj, a.datty, ops_.stream_grad(a.dresid, N), f32(A.atty), L.proj_w,
+                  L.proj_b, N);
   const backend::AttentionArgs args = local_heads(B, T, ctx_, attention_precision_);
   {
     ScopedPhase sp(ctx_.prof, Phase::Attention);
@@ -239,8 +244,8 @@ void DenseBlock::backward(int l, const float* x_in, int B, int T) {
     if (positions_ == Positions::Rope) rope(false, a.dqkv, B, T, 0);
   }
   ctx_.q().poll();
-  ops_.linear_bwd(GemmSite::Qkv, a.dln, a.dqkv, act(A.ln1, A.ln1_16), L.qkv_w, L.qkv_b, N);
-  ops_.norm_bwd(a.dresid, a.dln, x_in, A.ln1_mean, A.ln1_rstd, L.ln1_w, L.ln1_b, N);
+  const float* dln1 = ops_.linear_bwd(GemmSite::Qkv, a.dln, a.dqkv, act(A.ln1, A.ln1_16), L.qkv_w, L.qkv_b, N);
+  ops_.norm_bwd(a.dresid, dln1, x_in, A.ln1_mean, A.ln1_rstd, L.ln1_w, L.ln1_b, N);
 }
 
 void DenseBlock::mlp_backward(int l, int64_t N) {
@@ -249,8 +254,8 @@ void DenseBlock::mlp_backward(int l, int64_t N) {
   const auto& A = a.layer[size_t(l)];
   const backend::OpTable& op = ctx_.ops();
   backend::Queue& q = ctx_.bq();
-  ops_.linear_bwd(GemmSite::FcProj, a.dfc_act, a.dresid, act(A.fc_act, A.fc_act16), L.fcproj_w,
-                  L.fcproj_b, N);
+  ops_.linear_bwd(GemmSite::FcProj, a.dfc_act, ops_.stream_grad(a.dresid, N),
+                  act(A.fc_act, A.fc_act16), L.fcproj_w, L.fcproj_b, N);
   {
     ScopedPhase sp(ctx_.prof, Phase::Activation);
     switch (mlp_) {

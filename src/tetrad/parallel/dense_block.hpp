@@ -31,6 +31,7 @@ class DenseBlock : public TransformerBlock {
   void backward(int l, const float* x_in, int B, int T) override;
   int scratch_layer() const override { return scratch_layer_; }
   void scratch_lost() override { scratch_layer_ = -1; }
+  bool sequence_shardable() const override { return true; }
 
  protected:
   // The block's MLP (another block shape replaces it: moe_block.hpp): forward from ln2 (its

@@ -46,6 +46,7 @@ class MoeBlock final : public DenseBlock {
   };
   void mlp_forward(int l, int64_t N) override;
   void mlp_backward(int l, int64_t N) override;
+  bool sequence_shardable() const override { return false; }  // parallel.sequence_shard: not yet
   // The layer's routing from its stored logits, and the plan uploaded for the permutation ops.
   void route(int l, int64_t N);
   // Each expert's GEMM over its rows: C_e (= beta C_e) + op(A_e) op(B_e), shapes per expert.

@@ -229,6 +229,9 @@ class ParallelTransformer {
   void backward_chunk(int l0, int l1, bool embed, bool head, const int32_t* inputs,
                       const float* dout, int B, int T);
   float* chunk_input(int l0);
+  // Floats of the hidden state a chunk passes on for B x T tokens: [N, C/Gx], or this rank's
+  // N/Gy rows of it with sequence sharding (ParallelOptions::sequence_shard).
+  int64_t hidden_floats(int B, int T) const;
   const float* chunk_output(int l1) const;
   const float* input_grad() const;
   // The activations a chunk's backward needs, copied out after its forward and back before its

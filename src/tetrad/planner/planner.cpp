@@ -288,18 +288,18 @@ int64_t layer_activation_elements(const ModelConfig& m, const GridShape& g, int6
   int64_t n = 0;
   for (const parallel::LayerActSpec& t : parallel::kLayerActs)
     if (t.keep == parallel::ActKeep::Output || parallel::act_kept(t.keep, mode))
-      n += parallel::act_floats(N, t.width, t.store, d, false);
+      n += parallel::act_floats(parallel::act_rows_of(N, parallel::act_rows(t), 1), t.width, t.store, d, false);
   return n;
 }
 
 int64_t trainer_activation_elements(const ModelConfig& m, const GridShape& g, int64_t N) {
   // One layer's tensors (kLayerActs) for each layer of the fullest stage, and the top-level ones
   // (kGlobalActs: the embedding's output, the head's, the work buffers), in fp32 (the bf16-only
-  // gradient copies take nothing there).
+  // gradient copies take nothing there), the stream not sharded (no "dfull").
   const parallel::LocalDims d = parallel::LocalDims::of(m, g);
   int64_t global = 0;
   for (const parallel::GlobalActSpec& t : parallel::kGlobalActs)
-    global += parallel::act_floats(N, t.width, t.store, d, false);
+    global += parallel::act_floats(parallel::act_rows_of(N, parallel::act_rows(t), 1), t.width, t.store, d, false);
   return layer_activation_elements(m, g, N, Recompute::None) * stage_layer_count(m.n_layer, g.p()) +
          global;
 }
@@ -431,6 +431,7 @@ parallel::ParallelOptions model_options(const PlanInput& in) {
   po.virtual_stages = in.virtual_stages;
   po.pipeline_layers = in.pipeline_layers;
   po.sparse_embedding_grad = in.sparse_embedding_grad;
+  po.sequence_shard = in.sequence_shard;
   po.overlap = in.overlap_switches;
   return po;
 }
@@ -527,6 +528,12 @@ std::string divisibility_problem(const PlanInput& in, const GridShape& g) {
   if (g.p() > 1 && in.schedule == Schedule::Interleaved && (in.global_batch / mb) % g.p() != 0)
     return "the interleaved schedule needs the micro-batches (" + std::to_string(in.global_batch / mb) +
            ") divisible by Gp = " + std::to_string(g.p());
+  if (in.sequence_shard && g.y() > 1 && g.c() > 1)
+    return "parallel.sequence_shard is not implemented with the context axis (c=" +
+           std::to_string(g.c()) + ")";
+  if (in.sequence_shard && g.y() > 1 && (mb / token_slots(g) * in.seq) % g.y() != 0)
+    return "parallel.sequence_shard: the " + std::to_string(mb / token_slots(g) * in.seq) +
+           " tokens of a micro-batch per rank do not split evenly over Gy = " + std::to_string(g.y());
   // Z shards each rank's block of every GEMM weight without padding (parallel/sharding.cpp).
   const int64_t hd = m.head_dim(), Cx = m.n_embd / g.x();
   const std::vector<std::pair<const char*, int64_t>> blocks = {

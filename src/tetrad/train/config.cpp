@@ -324,6 +324,11 @@ std::vector<Field> parallel_fields() {
                  "touched (all-gather of tokens x C/Gx over Z) instead of reduce-scattering the "
                  "whole vocabulary block, when that moves less (Gz x tokens per rank < V/Gy); "
                  "not with a pipeline axis or ZeRO 2"),
+      BOOL_FIELD("parallel.sequence_shard", c.sequence_shard,
+                 "split the residual stream (norms, residual adds, the stored block outputs) "
+                 "along the tokens over Y, Megatron's sequence parallelism: reduce-scatter + "
+                 "all-gather in place of the all-reduces over Y, 1/Gy of the stored block "
+                 "outputs' memory; fp32 results change at rounding level"),
   };
 }
 
@@ -470,6 +475,7 @@ RunSettings resolve_settings(const RunConfig& cfg) {
   parallel::check_layer_split_spec(cfg.pipeline_layers);
   m.pipeline_layers = cfg.pipeline_layers;
   m.sparse_embedding_grad = cfg.sparse_embedding_grad;
+  m.sequence_shard = cfg.sequence_shard;
   if (cfg.cp_comm != "allgather" && cfg.cp_comm != "ring")
     fail("parallel.cp_comm = \"", cfg.cp_comm, "\": expected \"allgather\" or \"ring\"");
   m.cp_comm = cfg.cp_comm == "ring" ? parallel::ContextComm::Ring : parallel::ContextComm::AllGather;

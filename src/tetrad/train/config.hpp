@@ -113,6 +113,7 @@ struct RunConfig {
   OverlapConfig overlap;
   int zero = 0;                      // ZeRO stage over the data axis: 0, 1 or 2
   bool sparse_embedding_grad = true;  // embedding gradient as touched rows over Z (docs/parallel.md)
+  bool sequence_shard = false;  // the residual stream split along the tokens over Y (docs/parallel.md)
   std::string schedule = "1f1b";     // pipeline schedule: 1f1b | interleaved
   int virtual_stages = 1;            // pipeline chunks per stage (interleaved)
   std::string pipeline_layers = "even";  // layer split: even | balanced | "3,1" (layer_split.hpp)
