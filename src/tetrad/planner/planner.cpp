@@ -107,18 +107,30 @@ GemmTimes block_gemm_times(const Sizes& s, const GridShape& g, double T, const M
 
 }  // namespace
 
-double model_flops_per_step(const ModelConfig& m, int64_t sequences, int seq) {
+double model_flops_per_step(const ModelConfig& m, int64_t sequences, int seq, AttentionFlops a) {
   const Sizes s = sizes(m);
-  const double per_token = 6.0 * (s.L * s.block_matmul() + s.head()) + 12.0 * s.L * s.A * seq;
+  const double attention = a == AttentionFlops::Causal ? 0.5 : 1.0;
+  const double per_token =
+      6.0 * (s.L * s.block_matmul() + s.head()) + attention * 12.0 * s.L * s.A * seq;
   return per_token * double(sequences) * seq;
 }
 
-double hardware_flops_per_step(const ModelConfig& m, int64_t sequences, int seq, Recompute r) {
+double hardware_flops_per_step(const ModelConfig& m, int64_t sequences, int seq, Recompute r,
+                               AttentionFlops a) {
   const Sizes s = sizes(m);
+  const double attention = a == AttentionFlops::Causal ? 0.5 : 1.0;
   double extra = 0;  // per token
-  if (r == Recompute::Full) extra = 2.0 * s.L * s.block_matmul() + 4.0 * s.L * s.A * seq;
-  if (r == Recompute::Selective) extra = 4.0 * s.L * s.A * seq;
-  return model_flops_per_step(m, sequences, seq) + extra * double(sequences) * seq;
+  if (r == Recompute::Full) extra = 2.0 * s.L * s.block_matmul() + attention * 4.0 * s.L * s.A * seq;
+  if (r == Recompute::Selective) extra = attention * 4.0 * s.L * s.A * seq;
+  return model_flops_per_step(m, sequences, seq, a) + extra * double(sequences) * seq;
+}
+
+void set_flop_counts(Estimate& e, const PlanInput& in) {
+  e.model_flops = model_flops_per_step(in.model, in.global_batch, in.seq);
+  e.hardware_flops = hardware_flops_per_step(in.model, in.global_batch, in.seq, in.recompute);
+  e.model_flops_full = model_flops_per_step(in.model, in.global_batch, in.seq, AttentionFlops::Full);
+  e.hardware_flops_full =
+      hardware_flops_per_step(in.model, in.global_batch, in.seq, in.recompute, AttentionFlops::Full);
 }
 
 double bubble_fraction(int p, int m, int v) {
@@ -794,8 +806,7 @@ Estimate estimate(const PlanInput& in, const GridShape& g, const Machine& mach) 
   e.trainable = g.p() == 1 || trainer_supports_pipeline();
   const ModelConfig& m = in.model;
   const Sizes s = sizes(m);
-  e.model_flops = model_flops_per_step(m, in.global_batch, in.seq);
-  e.hardware_flops = hardware_flops_per_step(m, in.global_batch, in.seq, in.recompute);
+  set_flop_counts(e, in);
   if (std::string why = divisibility_problem(in, g); !why.empty()) {
     e.reject = "does not divide: " + why;
     return e;

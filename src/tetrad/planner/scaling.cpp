@@ -198,8 +198,8 @@ std::vector<ScalingPoint> scaling_curve(const ScalingSpec& spec, const Machine& 
       const Estimate& e = p.estimate;
       p.step = e.step;
       p.tokens_per_s = e.tokens_per_s;
-      p.model_flops_per_s = e.model_flops / e.step;
-      p.hardware_flops_per_s = e.hardware_flops / e.step;
+      p.model_flops_per_s = e.model_flops_full / e.step;
+      p.hardware_flops_per_s = e.hardware_flops_full / e.step;
       p.model_flops_per_gpu = p.model_flops_per_s / p.ranks;
       p.hardware_flops_per_gpu = p.hardware_flops_per_s / p.ranks;
       p.mfu = e.mfu;
@@ -258,8 +258,10 @@ std::string settings_line(const ScalingSpec& spec, const Machine& m) {
   if (b.search_micro_batch) o << ", micro-batch chosen per point (the fastest that fits)";
   else if (b.micro_batch > 0) o << ", micro-batch " << b.micro_batch << " (whole job)";
   else o << ", micro-batch " << b.micro_batch_per_replica << " per replica";
-  o << "\nFLOP/s: hardware FLOPs (recomputation counted) for 'PFLOP/s' and 'TFLOP/s/GPU', HFU; "
-       "model FLOPs for MFU and efficiency (per-GPU model FLOP/s / the first point's)\n";
+  o << "\nFLOP/s: hardware FLOPs (recomputation counted) for 'PFLOP/s' and 'TFLOP/s/GPU', "
+       "model FLOPs for efficiency (per-GPU model FLOP/s / the first point's), both with attention "
+       "counted in full (Narayanan et al.'s count, the one published runs report); MFU and HFU count "
+       "causal attention as half (the work the kernels do)\n";
   return o.str();
 }
 

@@ -55,7 +55,8 @@ struct ScalingPoint {
   int grids_valid = 0, grids_total = 0;
   Estimate estimate;         // the point's grid, fully costed
   double step = 0, tokens_per_s = 0;
-  double model_flops_per_s = 0, hardware_flops_per_s = 0;        // whole job
+  // whole job; attention counted in full (AttentionFlops::Full: what published runs report)
+  double model_flops_per_s = 0, hardware_flops_per_s = 0;
   double model_flops_per_gpu = 0, hardware_flops_per_gpu = 0;
   double mfu = 0, hfu = 0;
   double efficiency = 0;     // per-GPU model FLOP/s / the first valid point's
