@@ -143,7 +143,9 @@ TEST(PlannerContext, RingStepsHideBehindOneBlockOfAttentionEach) {
 
 TEST(PlannerContext, ActivationsPerRankAreThoseOfSOverC) {
   // tetrad's own layout: the model's formula at S / Gc tokens of each sequence, plus what the
-  // exchange holds beside it (the ring's blocks in flight).
+  // exchange holds beside it as the trainer allocates it (ContextAttention): the ring's six fp32
+  // blocks of q|k|v rows (two in flight, two block gradients, one pair's partial results), the
+  // all-gather's 4 Gc.
   const int S = 16384;
   PlanInput in = long_input(S, 1, 4);
   in.cp_comm = CpComm::Ring;
@@ -153,7 +155,15 @@ TEST(PlannerContext, ActivationsPerRankAreThoseOfSOverC) {
   quarter.seq = S / 4;
   const MemoryBreakdown one = memory_per_rank(quarter, GridShape{});
   EXPECT_DOUBLE_EQ(mb.weights, one.weights);  // replicated over C, like over D
-  EXPECT_DOUBLE_EQ(mb.activations, one.activations + 4.0 * (S / 4) * 2 * in.model.kv_dim() * 2);
+  const double qkv = double(in.model.qkv_dim());  // a q|k|v row, floats
+  const double block = 4.0 * (S / 4) * qkv;
+  EXPECT_DOUBLE_EQ(mb.activations, one.activations + 6 * block);
+  in.cp_comm = CpComm::AllGather;
+  EXPECT_DOUBLE_EQ(memory_per_rank(in, g).activations, one.activations + 4 * 4 * block);
+  // Unset, the larger of the two (what either choice needs).
+  in.cp_comm = CpComm::Auto;
+  EXPECT_DOUBLE_EQ(memory_per_rank(in, g).activations, one.activations + 4 * 4 * block);
+  in.cp_comm = CpComm::Ring;
   // And far below one rank holding the whole sequence.
   EXPECT_LT(mb.activations, 0.3 * memory_per_rank(in, GridShape{}).activations);
 }
