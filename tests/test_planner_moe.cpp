@@ -1,4 +1,4 @@
-// The planner's mixture of experts (planner/moe_plan.hpp, issue 32): active FLOPs against a hand
+// The planner's mixture of experts (planner.hpp, issue 32): active FLOPs against a hand
 // count, the experts' memory per rank at E = 1, 2, 4 against a hand computation, the all-to-all's
 // bytes and cost, and E in the grid search (chosen where memory needs it, not where it costs).
 #include <gtest/gtest.h>
@@ -8,7 +8,6 @@
 #include "support/test_machine.hpp"
 #include "tetrad/model/params.hpp"
 #include "tetrad/parallel/memory_model.hpp"
-#include "tetrad/planner/moe_plan.hpp"
 #include "tetrad/planner/planner.hpp"
 #include "tetrad/planner/report.hpp"
 #include "tetrad/planner/validate.hpp"
@@ -178,26 +177,39 @@ TEST(PlannerMoe, AllToAllBytesCallsAndLinkModel) {
 }
 
 TEST(PlannerMoe, ExpertAxisChosenWhenMemoryNeedsIt) {
-  // Mixtral 8x7B in bf16 on 64 H100s (8 nodes), no ZeRO, Z gathers forbidden by memory alone:
-  // every E = 1 grid that is not sharded 8 ways over Z runs out of 80 GB; E = 8 puts one expert
-  // per rank of each group and is the plan's choice.
-  PlanInput in = input("mixtral-8x7b", 64, 256, 64, 4096);
+  // Mixtral 8x7B in bf16 on 16 H100s (2 nodes), 256 x 4096 tokens, full recomputation, ZeRO 1,
+  // overlap all, the micro-batch searched (docs/planner.md's table): 841 GB of state. At E = 1
+  // only a 16-stage pipeline fits; E = 8 folded over C x D stores one expert per rank, fits on
+  // 2 stages and comes first.
+  PlanInput in = input("mixtral-8x7b", 16, 256, 0, 4096);
+  in.search_micro_batch = true;
   in.precision = Precision::BF16;
   in.recompute = Recompute::Full;
+  in.zero = 1;
+  in.overlap = Overlap::All;
   const Machine m = load_machine("h100-ib");
-  const auto plan_rows = plan(in, m);
-  ASSERT_FALSE(plan_rows.empty());
-  ASSERT_TRUE(plan_rows.front().valid);
-  EXPECT_GT(plan_rows.front().expert_parallel, 1) << plan_label(plan_rows.front());
-  // The same grid at E = 1 needs more memory than at the chosen E (the experts are 1/E there).
+  const auto rows = plan(in, m);
+  ASSERT_FALSE(rows.empty());
+  ASSERT_TRUE(rows.front().valid);
+  EXPECT_EQ(rows.front().expert_parallel, 8) << plan_label(rows.front());
+  EXPECT_FALSE(rows.front().trainable);  // the trainer's expert axis is not there yet
+  // Every E = 1 row that fits is a 16-stage pipeline, slower than the first choice.
+  for (const Estimate& e : rows)
+    if (e.valid && e.expert_parallel == 1) {
+      EXPECT_EQ(e.grid.p(), 16) << plan_label(e);
+      EXPECT_GT(e.step, rows.front().step);
+    }
+  // The first choice's grid at E = 1 does not fit.
   PlanInput one = in;
   one.expert_parallel = 1;
-  const GridShape g = plan_rows.front().grid;
-  EXPECT_GT(memory_per_rank(one, g).total(), plan_rows.front().memory.total());
-  // The text says MFU is on active FLOPs.
-  const std::string text = plan_text(in, m, plan_rows, 5, 5);
+  const Estimate e1 = estimate(one, rows.front().grid, m);
+  EXPECT_FALSE(e1.valid);
+  EXPECT_NE(e1.reject.find("does not fit"), std::string::npos) << e1.reject;
+  // The text says MFU is on active FLOPs and names the expert axis.
+  const std::string text = plan_text(in, m, rows, 5, 5);
   EXPECT_NE(text.find("MFU is on active FLOPs"), std::string::npos);
-  EXPECT_NE(text.find(" e" + std::to_string(plan_rows.front().expert_parallel)), std::string::npos);
+  EXPECT_NE(text.find(" e8 "), std::string::npos);
+  EXPECT_NE(text.find("[expert axis: not trainable yet]"), std::string::npos);
 }
 
 TEST(PlannerMoe, ExpertAxisNotChosenWhenTheAllToAllCostsMore) {

@@ -1,5 +1,5 @@
-// The planner's mixture-of-experts terms (moe_plan.hpp).
-#include "tetrad/planner/moe_plan.hpp"
+// The planner's mixture-of-experts terms (planner.hpp, "the mixture-of-experts terms").
+#include "tetrad/planner/planner.hpp"
 
 #include <algorithm>
 #include <cmath>

@@ -13,7 +13,6 @@
 #include "tetrad/parallel/activation_layout.hpp"
 #include "tetrad/parallel/grid.hpp"
 #include "tetrad/parallel/sharding.hpp"
-#include "tetrad/planner/moe_plan.hpp"
 
 namespace tetrad::planner {
 
@@ -78,7 +77,7 @@ GemmTimes block_gemm_times(const Sizes& s, const GridShape& g, double T, const M
   weight(s.H / g.x(), s.QKV / g.y(), T, 1);  // q|k|v
   weight(s.A / g.y(), s.H / g.x(), T, 1);    // attention output (transposed)
   // A mixture of experts: the router, and the rank's n_e / E experts, each on the T k E / n_e rows
-  // routed to it from the E ranks of its group (an even load; moe_plan.hpp).
+  // routed to it from the E ranks of its group (an even load; planner.hpp).
   const double ne = s.experts > 0 ? s.experts / s.ep : 1, rows = s.experts > 0 ? T * s.topk * s.ep / s.experts : T;
   if (s.experts > 0) weight(s.H, s.experts, T, 1);
   weight(s.H / g.x(), s.FW / g.y(), rows, ne);  // MLP up (+ gate)
@@ -237,7 +236,7 @@ Placement place_ranks(const std::vector<int>& members, const GridShape& g, const
 
 double collective_seconds(Op op, double bytes, const Placement& pl) {
   const int g = pl.group_size;
-  TETRAD_CHECK(op != Op::AllToAll);  // alltoall_seconds (moe_plan.hpp) prices it
+  TETRAD_CHECK(op != Op::AllToAll);  // alltoall_seconds (planner.hpp) prices it
   if (op == Op::SendRecv) return pl.latency + bytes / pl.bandwidth;
   if (g <= 1) return 0;
   const double frac = double(g - 1) / g;

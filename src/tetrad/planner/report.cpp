@@ -8,7 +8,6 @@
 
 #include "tetrad/core/error.hpp"
 #include "tetrad/model/params.hpp"
-#include "tetrad/planner/moe_plan.hpp"
 
 namespace tetrad::planner {
 

@@ -7,7 +7,6 @@
 
 #include "tetrad/core/error.hpp"
 #include "tetrad/backend/backend.hpp"
-#include "tetrad/planner/moe_plan.hpp"
 #include "tetrad/planner/validate.hpp"
 
 namespace tetrad {
