@@ -31,7 +31,20 @@ void MoeBlock::route(int l, int64_t N) {
   q.copy_to_host(logits_host_.data(), a_.layer[size_t(l)].router_logits,
                  logits_host_.size() * sizeof(float));
   q.synchronize();
-  route_tokens(logits_host_.data(), N, cfg_, routing_);
+  route_local(logits_host_.data(), N, cfg_, routing_);
+  // The micro-batch's other tokens are on the token group's ranks: every rank's share of the
+  // counts and sums (host values: over the host groups), so the losses, their gradients, the
+  // capacity and the statistics are the whole micro-batch's, as on one rank.
+  const comm::Communicator& tokens = ctx_.g().host().tokens();
+  const int64_t w = routing_share_size(E);
+  shares_.resize(size_t(w) * size_t(tokens.size()));
+  routing_share(routing_, shares_.data() + w * tokens.rank());
+  if (tokens.size() > 1) {
+    const double* mine = shares_.data() + w * tokens.rank();
+    ctx_.q().run(tokens.iallgather(mine, shares_.data(), size_t(w)), tokens, "allgather",
+                 "routing counts", l, w * tokens.size() * int64_t(sizeof(double)));
+  }
+  finish_routing(cfg_, shares_.data(), tokens.size(), tokens.rank(), routing_);
   if (slots_.size() < size_t(N * k)) {  // the first micro-batch of this size
     slots_ = backend::DeviceArray<int32_t>(*ctx_.be, size_t(N * k));
     weights_ = backend::DeviceArray<float>(*ctx_.be, size_t(N * k));
@@ -169,7 +182,7 @@ void MoeBlock::mlp_backward(int l, int64_t N) {
   dw_host_.resize(size_t(N * k));
   q.copy_to_host(dw_host_.data(), dw_.data(), dw_host_.size() * sizeof(float));
   q.synchronize();
-  const double per_layer = double(grad_scale_) * double(N) / double(cfg_.n_layer);
+  const double per_layer = double(grad_scale_) * double(r.total_N) / double(cfg_.n_layer);
   const double aux_scale =
       cfg_.moe_balance == "aux_loss" ? per_layer * double(cfg_.router_aux_loss_coef) : 0.0;
   const double z_scale = per_layer * double(cfg_.router_z_loss_coef);

@@ -63,6 +63,7 @@ class MoeBlock final : public DenseBlock {
   float grad_scale_ = 0.0f;
   bool recomputing_ = false;
   std::vector<float> logits_host_, dw_host_, dlogits_host_;
+  std::vector<double> shares_;  // every token rank's routing_share, in group order
   backend::DeviceArray<int32_t> slots_;      // [N k] the routing's plan
   backend::DeviceArray<float> weights_, dw_;  // [N k] combine weights and their gradient
   backend::DeviceArray<float> dlogits_;       // [N E]

@@ -24,6 +24,11 @@ void validate_grid_for_model(const ModelConfig& c, const GridShape& g) {
     fail("grid: ", c.desc().display, "'s experts split over the tensor axes (Gx = ", g.x(),
          ", Gy = ", g.y(), ") are not implemented; a mixture-of-experts model runs with Gx = Gy = 1 "
          "(Z, D and P as for a dense model)");
+  if (c.moe() && c.moe_capacity_factor > 0 && g.c() > 1)
+    fail("grid: ", c.desc().display, "'s capacity factor (model.moe_capacity_factor = ",
+         c.moe_capacity_factor, ") with the context axis (Gc = ", g.c(), ") is not implemented: "
+         "an expert's capacity is taken in token order, which the context chunks interleave; "
+         "use Gc = 1 or a dropless router (moe_capacity_factor = 0)");
 }
 
 namespace {
