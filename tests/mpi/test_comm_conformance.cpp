@@ -508,7 +508,9 @@ void check_alltoallv(const Communicator& g, Space& space, long salt, bool blocki
       ASSERT_TRUE(same(got[rd[k] + i], value(k, r, i))) << "block from rank " << k << " element " << i;
     }
   for (size_t i = 0; i < recv_n; ++i)
-    if (!covered[i]) ASSERT_TRUE(same(got[i], poison<T>())) << "gap element " << i << " was written";
+    if (!covered[i]) {
+      ASSERT_TRUE(same(got[i], poison<T>())) << "gap element " << i << " was written";
+    }
 }
 }  // namespace
 

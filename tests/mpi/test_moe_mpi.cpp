@@ -54,7 +54,7 @@ void expect_follows(const Run& par, const Run& serial, const ModelConfig& mc,
 }
 
 void check_grids(const ModelConfig& mc, const char* what) {
-  const Run serial = serial_run(mc, kSteps);
+  const contract::Run serial = serial_run(mc, kSteps);
   int tested = 0;
   for (const GridShape& shape : moe_grids(mc)) {
     ProcessGroups g(comm::Communicator::world(), shape);
@@ -88,7 +88,7 @@ TEST(MoeMpi, TopOneUnnormalisedTrainsLikeOneRank) {
 TEST(MoeMpi, CapacityFactorDropsTheSameChoicesAsOneRank) {
   ModelConfig mc = moe_model();
   mc.moe_capacity_factor = 0.5f;
-  const Run serial = serial_run(mc, kSteps);
+  const contract::Run serial = serial_run(mc, kSteps);
   for (const GridShape& shape : contract_grids(mc)) {
     ProcessGroups g(comm::Communicator::world(), shape);
     expect_follows(parallel_run(mc, g, kSteps, ParallelOptions{}), serial, mc,

@@ -22,6 +22,11 @@ std::string inference_grid(const std::string& grid, int world_size) {
     fail("grid '", g, "': the context-parallel axis (c = ", s.c(), ") is not supported by the "
          "inference commands (eval, generate, logits, memorization) yet; give x,y,z,d (e.g. --grid "
          "d=", s.size(), "), which reads a checkpoint of any training grid");
+  if (s.e() > 1)
+    fail("grid '", g, "': the expert-parallel fold (e = ", s.e(), ") is not supported by the "
+         "inference commands (eval, generate, logits, memorization) yet: their ranks do not step "
+         "together through every token's all-to-all; give x,y,z,d (e.g. --grid d=", s.size(),
+         "), which reads a checkpoint of any training grid");
   return g;
 }
 
