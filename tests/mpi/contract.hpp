@@ -162,4 +162,18 @@ inline double worst_weight_difference(const Run& a, const Run& b, const ModelCon
   return worst;
 }
 
+// The contract on a parallel run against the serial one: every step's loss within relative 1e-5,
+// its gradient norm within 1e-4, every weight at the end within 2e-4; `where` names the grid.
+inline void expect_follows(const Run& par, const Run& serial, const ModelConfig& mc,
+                           const std::string& where) {
+  ASSERT_EQ(par.losses.size(), serial.losses.size()) << where;
+  for (size_t s = 0; s < serial.losses.size(); ++s) {
+    EXPECT_NEAR(par.losses[s] / serial.losses[s], 1.0, 1e-5) << where << " step " << s + 1;
+    EXPECT_NEAR(par.grad_norms[s] / serial.grad_norms[s], 1.0, 1e-4) << where << " step " << s + 1;
+  }
+  std::string worst_name;
+  const double worst = worst_weight_difference(par, serial, mc, &worst_name);
+  EXPECT_LT(worst, 2e-4) << where << ": largest weight difference in " << worst_name;
+}
+
 }  // namespace contract

@@ -9,27 +9,16 @@
 // grids refused by name (experts over X or Y; a capacity factor with the context axis).
 #include <cstdio>
 
-#include "contract.hpp"
-#include "tetrad/model/params.hpp"
+#include "moe_contract.hpp"
 
 using namespace tetrad;
 using namespace tetrad::parallel;
 
 namespace {
 
-using namespace contract;
+using namespace moe_contract;
 
 constexpr int kSteps = 20;
-
-ModelConfig moe_model() {
-  ModelConfig mc = tiny_model(Family::Mixtral, 2);
-  mc.n_experts = 4;
-  mc.experts_per_token = 2;
-  mc.router_aux_loss_coef = 0.05f;
-  mc.router_z_loss_coef = 0.01f;
-  mc.validate();
-  return mc;
-}
 
 // The grids of this world size the block runs on: the x,y,z,d factorisations the model and batch
 // divide (X and Y are refused for experts), and those with a pipeline or a context axis.
@@ -40,17 +29,6 @@ std::vector<GridShape> moe_grids(const ModelConfig& mc) {
   grids.push_back(GridShape{{Axis::C, 2}, {Axis::D, n / 2}});
   if (n >= 4) grids.push_back(GridShape{{Axis::Z, 2}, {Axis::P, 2}, {Axis::D, n / 4}});
   return grids;
-}
-
-void expect_follows(const Run& par, const Run& serial, const ModelConfig& mc,
-                    const std::string& where) {
-  for (int s = 0; s < kSteps; ++s) {
-    EXPECT_NEAR(par.losses[s] / serial.losses[s], 1.0, 1e-5) << where << " step " << s + 1;
-    EXPECT_NEAR(par.grad_norms[s] / serial.grad_norms[s], 1.0, 1e-4) << where << " step " << s + 1;
-  }
-  std::string worst_name;
-  const double worst = worst_weight_difference(par, serial, mc, &worst_name);
-  EXPECT_LT(worst, 2e-4) << where << ": largest weight difference in " << worst_name;
 }
 
 void check_grids(const ModelConfig& mc, const char* what) {
@@ -96,57 +74,9 @@ TEST(MoeMpi, CapacityFactorDropsTheSameChoicesAsOneRank) {
   }
 }
 
-// A router of zeros: every token ties on every expert and takes experts 0 and 1 (the lower index
-// first), so experts 2 and 3 receive no token on any rank and 0 and 1 every token (dropless).
-// One forward and backward on each grid: the statistics are the micro-batch's, and the gradients
-// match one rank's (the empty experts' zero).
+// Every token to experts 0 and 1 (moe_contract.hpp): 2 and 3 receive no token on any rank.
 TEST(MoeMpi, EveryTokenToOneExpertDroplessAndEmptyExperts) {
-  const ModelConfig mc = moe_model();
-  Transformer<float> serial(mc, kB, kT);
-  serial.init_weights(3);
-  for (const ParamSpec& s : serial.table().specs)
-    if (s.role == TensorRole::Router)
-      std::fill(serial.params() + s.offset, serial.params() + s.offset + s.numel, 0.0f);
-  auto tok = batch_tokens(0, 0, mc.vocab_size);
-  std::vector<int32_t> x(size_t(kB) * kT), y(x.size());
-  tetrad_test::rank_share(tok, kT, kB, 0, 0, x.data(), y.data());
-  serial.zero_grads();
-  const double serial_loss = serial.forward_backward(x.data(), y.data(), kB, kT, 1.0f / (kB * kT));
-  for (const GridShape& shape : contract_grids(mc)) {
-    ProcessGroups g(comm::Communicator::world(), shape);
-    const int Bl = kB / token_slots(shape), slot = token_slot(g.coord, shape);
-    ParallelTransformer m(mc, g, Bl, kT);
-    m.init_weights(3);
-    for (size_t i = 0; i < m.table().specs.size(); ++i)
-      if (m.table().specs[i].role == TensorRole::Router) {
-        std::vector<float> z(size_t(m.table().specs[i].numel), 0.0f);
-        m.set_tensor(i, z.data());
-      }
-    m.zero_grads();
-    double loss = m.forward_backward(x.data() + size_t(slot) * Bl * kT,
-                                     y.data() + size_t(slot) * Bl * kT, Bl, kT, 1.0f / (kB * kT));
-    m.reduce_gradients();
-    const MoeStats st = m.take_moe_stats();
-    if (g.tokens().size() > 1) g.tokens().allreduce_sum(&loss, 1);
-    const std::string where = "grid " + shape.to_string();
-    EXPECT_NEAR(loss / serial_loss, 1.0, 1e-5) << where;
-    EXPECT_EQ(st.min_rows, 0) << where << ": experts 2 and 3 take nothing";
-    EXPECT_EQ(st.max_rows, kB * kT) << where << ": experts 0 and 1 take every token of the micro-batch";
-    EXPECT_EQ(st.dropped, 0) << where;
-    EXPECT_NEAR(st.mean_aux(), serial.mean_aux_loss(), 1e-9) << where << ": the micro-batch's aux loss";
-    for (size_t i = 0; i < m.table().specs.size(); ++i) {
-      const ParamSpec& s = m.table().specs[i];
-      std::vector<float> full(size_t(s.numel));
-      m.gather_tensor(m.grads(), i, full.data());
-      double num = 0, den = 0;
-      for (int64_t j = 0; j < s.numel; ++j) {
-        const double a = full[size_t(j)], b = serial.grads()[s.offset + j];
-        num += (a - b) * (a - b);
-        den += b * b;
-      }
-      EXPECT_LT(std::sqrt(num / std::max(den, 1e-30)), 1e-4) << where << ": gradient of " << s.name;
-    }
-  }
+  check_every_token_to_experts_0_and_1(moe_model(), contract_grids(moe_model()));
 }
 
 TEST(MoeMpi, TensorAxesAndCapacityWithContextAreRefusedByName) {
