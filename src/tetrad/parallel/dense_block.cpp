@@ -24,13 +24,8 @@ backend::AttentionArgs local_heads(int B, int T, const LocalDims& d, backend::Pr
 }
 }  // namespace
 
-// Every family's block so far is the dense one.
-std::unique_ptr<TransformerBlock> make_block(const BlockParts& parts) {
-  return std::make_unique<DenseBlock>(parts);
-}
-
-DenseBlock::DenseBlock(const BlockParts& p)
-    : ctx_(p.ctx), ops_(p.ops), a_(p.acts), mlp_(p.config.desc().mlp),
+DenseBlock::DenseBlock(const BlockParts& p, std::initializer_list<TensorRole> extra)
+    : ctx_(p.ctx), a_(p.acts), ops_(p.ops), mlp_(p.config.desc().mlp),
       positions_(p.config.desc().positions), recompute_(p.recompute),
       attention_precision_(p.attention_precision), max_len_(p.max_len) {
   // Each tensor's place in the block, by its role (fused groups follow their first tensor:
@@ -39,6 +34,7 @@ DenseBlock::DenseBlock(const BlockParts& p)
   for (size_t i = 0; i < p.table.specs.size(); ++i) {
     const ParamSpec& s = p.table.specs[i];
     if (s.layer < 0) continue;  // the model's ends
+    if (std::find(extra.begin(), extra.end(), s.role) != extra.end()) continue;
     const int ti = int(i);
     Weights& L = layers_[size_t(s.layer)];
     using R = TensorRole;
@@ -125,6 +121,7 @@ void DenseBlock::forward(int l, const float* x, int B, int T, const CachedKv* kv
   const auto& A = a_.layer[size_t(l)];
   ops_.norm_fwd(A.ln1, A.ln1_mean, A.ln1_rstd, x, L.ln1_w, L.ln1_b, N, A.ln1_16);
   ops_.normal_fwd(GemmSite::Qkv, A.qkv, act(A.ln1, A.ln1_16), L.qkv_w, L.qkv_b, N);
+  qkv_forward_extra(l, N);
   if (positions_ == Positions::Rope) {
     ScopedPhase sp(ctx_.prof, Phase::Attention);
     ctx_.ops().rope_forward(ctx_.bq(), rope_args(A.qkv, N, T, kv ? kv->pos0 : 0));
@@ -202,6 +199,7 @@ void DenseBlock::backward(int l, const float* x_in, int B, int T) {
                           A.qkv + v0, A.atty, A.lse);
     if (positions_ == Positions::Rope) op.rope_backward(q, rope_args(a.dqkv, N, T, 0));
   }
+  qkv_backward_extra(l, N);
   ctx_.q().poll();
   ops_.linear_bwd(GemmSite::Qkv, a.dln, a.dqkv, act(A.ln1, A.ln1_16), L.qkv_w, L.qkv_b, N);
   ops_.norm_bwd(a.dresid, a.dln, x_in, A.ln1_mean, A.ln1_rstd, L.ln1_w, L.ln1_b, N);

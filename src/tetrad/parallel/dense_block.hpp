@@ -14,6 +14,7 @@
 // between calls (the head's backward writes dln before the layers run); dresid carries the
 // gradient from one part to the next.
 #pragma once
+#include <initializer_list>
 #include <vector>
 
 #include "tetrad/backend/backend.hpp"
@@ -21,14 +22,26 @@
 
 namespace tetrad::parallel {
 
-class DenseBlock final : public TransformerBlock {
+class DenseBlock : public TransformerBlock {
  public:
-  explicit DenseBlock(const BlockParts& parts);
+  explicit DenseBlock(const BlockParts& parts) : DenseBlock(parts, {}) {}
 
   void forward(int l, const float* x, int B, int T, const CachedKv* kv = nullptr) override;
   void backward(int l, const float* x_in, int B, int T) override;
   int scratch_layer() const override { return scratch_layer_; }
   void scratch_lost() override { scratch_layer_ = -1; }
+
+ protected:
+  // A block of another shape built on this one (QkNormBlock): `extra` are the roles it binds
+  // itself (this constructor leaves them alone instead of failing on them).
+  DenseBlock(const BlockParts& parts, std::initializer_list<TensorRole> extra);
+  // Between the q|k|v projection (with its bias) and the rotary positions, on layer l's q|k|v
+  // rows [N, QKVy]; and its backward, on dqkv after the rotary adjoint, before the projection's.
+  virtual void qkv_forward_extra(int l, int64_t N) { (void)l; (void)N; }
+  virtual void qkv_backward_extra(int l, int64_t N) { (void)l; (void)N; }
+
+  const StepContext& ctx_;
+  const ParallelActivations& a_;
 
  private:
   // One layer's tensors (parameter table indices; -1 where the family has none).
@@ -46,9 +59,7 @@ class DenseBlock final : public TransformerBlock {
   void mlp_activation(int l, int64_t N);
   backend::RopeArgs rope_args(float* x, int64_t N, int T, int pos0) const;
 
-  const StepContext& ctx_;
   ParallelOps& ops_;
-  const ParallelActivations& a_;
   std::vector<Weights> layers_;
   MlpKind mlp_;
   Positions positions_;
