@@ -19,6 +19,10 @@
 #   concurrent  train, prepare, import, export, report -o twice at once on one target
 #   wrong_type  every reader given a file of the wrong kind: exit 1, a clear message
 #   final_state  a run whose weights end non-finite exits 1 saying what the latest checkpoint is
+#   interrupted import, export, report -o killed (SIGKILL, SIGTERM) at random points, many times
+#   resume_old  old checkpoints (no data fingerprint; the legacy format) compared where they can be
+#   init_refused a train refused at its start leaves no run folder; run.init_from with weights
+#            that are not finite refused naming the tensor and the first bad element
 #   early_signal SIGTERM during start-up stops cleanly before the first step (exit 0, checkpoint)
 source "$(dirname "${BASH_SOURCE[0]}")/cli_common.sh" "$1"
 CASE=$2
@@ -196,9 +200,26 @@ case_prepare() {
     ok "train reads the prepared folder" || bad "train on the prepared folder failed"
 }
 
+# poison FILE TENSOR VALUE I J: sets element [I, J] (the file's layout) of a 2-D float32 tensor of a
+# safetensors file to VALUE (inf, nan, -inf).
+poison() {
+  python3 - "$@" <<'PY'
+import json, struct, sys
+path, name, value, i, j = sys.argv[1], sys.argv[2], float(sys.argv[3]), int(sys.argv[4]), int(sys.argv[5])
+b = bytearray(open(path, 'rb').read())
+n = struct.unpack('<Q', b[:8])[0]
+t = json.loads(b[8:8 + n])[name]
+assert t['dtype'] == 'F32', t
+at = 8 + n + t['data_offsets'][0] + 4 * (i * t['shape'][1] + j)
+b[at:at + 4] = struct.pack('<f', value)
+open(path, 'wb').write(b)
+PY
+}
+
 case_final_state() {
-  # A model whose weights are not finite (an inf in run.init_from's safetensors): every step is
-  # skipped, no checkpoint may be written, and the run must not exit 0.
+  # A model whose weights are not finite: run.init_from such weights is refused at the start
+  # (case init_refused); resumed from them (an imported model), every step is skipped, no
+  # checkpoint may be written over the one it resumed from, and the run must not exit 0.
   train_run "$W/r" 2
   "$TETRAD" export --model "$W/r" --out "$W/hf" > /dev/null 2>&1 || { echo "export failed"; exit 1; }
   python3 - "$W/hf/model.safetensors" <<'PY'
@@ -208,16 +229,47 @@ n = struct.unpack('<Q', b[:8])[0]
 b[8 + n:8 + n + 4096] = struct.pack('<f', float('inf')) * 1024
 open(sys.argv[1], 'wb').write(b)
 PY
-  refused "a run ending with non-finite weights" "no final checkpoint was written" \
-    "$TETRAD" train "${T[@]}" --set run.dir="$W/inf" --set train.max_steps=3 --set run.init_from="$W/hf"
-  grep -q "the run folder has no checkpoint" "$W/out" || bad "the message does not say that no checkpoint is left"
-  [ -z "$(latest "$W/inf")" ] && ok "nothing written as latest" || bad "latest is $(latest "$W/inf")"
-  # Resumed from such weights (imported): the checkpoint it resumed from stays the latest, named.
   "$TETRAD" import --hf "$W/hf" --out "$W/imp" > /dev/null 2>&1 || bad "import of the model failed"
   refused "a resumed run ending with non-finite weights" "the latest checkpoint is still $W/imp/checkpoints/step_000000" \
     "$TETRAD" train "${T[@]}" --set run.dir="$W/imp" --set train.max_steps=2 --resume
+  grep -q "no final checkpoint was written" "$W/out" || bad "the message does not say that no final checkpoint was written"
   [ "$(latest "$W/imp")" = step_000000 ] && [ "$(ls "$W/imp/checkpoints" | grep -c step_)" -eq 1 ] &&
     ok "no checkpoint written over it" || bad "checkpoints: $(ls "$W/imp/checkpoints")"
+}
+
+case_init_refused() {
+  # A train refused while it starts (after it claimed run.dir) leaves nothing it created; a
+  # run.init_from whose weights are not finite is refused at the start, naming the tensor and
+  # the first bad element.
+  train_run "$W/r" 2
+  "$TETRAD" export --model "$W/r" --out "$W/hf" > /dev/null 2>&1 || { echo "export failed"; exit 1; }
+  cp -r "$W/hf" "$W/hf_inf"; cp -r "$W/hf" "$W/hf_nan"
+  poison "$W/hf_inf/model.safetensors" transformer.h.0.attn.c_attn.weight inf 3 5
+  poison "$W/hf_inf/model.safetensors" transformer.h.0.attn.c_attn.weight -inf 40 1
+  poison "$W/hf_nan/model.safetensors" transformer.wpe.weight nan 2 9
+  refused "run.init_from with inf weights" \
+    "tensor transformer.h.0.attn.c_attn.weight (shape [64, 192]) holds 2 value(s) that are not finite, the first at [3, 5] (inf)" \
+    "$TETRAD" train "${T[@]}" --set run.dir="$W/new/deeper/run" --set train.max_steps=2 --set run.init_from="$W/hf_inf"
+  [ ! -e "$W/new" ] && ok "the refused train left no run folder (nor the folders it made above it)" ||
+    bad "the refused train left: $(find "$W/new")"
+  refused "run.init_from with a NaN weight" "tensor transformer.wpe.weight (shape [64, 64]) holds 1 value(s) that are not finite, the first at [2, 9] (nan)" \
+    "$TETRAD" train "${T[@]}" --set run.dir="$W/new2" --set train.max_steps=2 --set run.init_from="$W/hf_nan"
+  [ ! -e "$W/new2" ] && ok "no run folder left" || bad "the refused train left $W/new2"
+  # A folder that was there before is left there (empty, as it was); one holding a file too.
+  mkdir -p "$W/mine"
+  refused "refused into an existing empty folder" "not finite" \
+    "$TETRAD" train "${T[@]}" --set run.dir="$W/mine" --set train.max_steps=2 --set run.init_from="$W/hf_nan"
+  [ -d "$W/mine" ] && [ -z "$(ls -A "$W/mine")" ] && ok "the existing folder is left, empty" || bad "the existing folder: $(ls -A "$W/mine" 2>&1)"
+  # Other refusals after the claim: a tokenizer that is not the data's, a model too big for memory.
+  "$TETRAD" prepare --input "$W/c.txt" --out "$W/data3" --vocab-size 320 > /dev/null 2>&1 || bad "prepare data3 failed"
+  refused "run.init_from with another tokenizer" "prepare the data with --tokenizer" \
+    "$TETRAD" train --set model.name=tiny --set data.dir="$W/data3" --set train.seq_len=32 \
+    --set run.dir="$W/new3/run" --set train.max_steps=2 --set run.init_from="$W/hf"
+  [ ! -e "$W/new3" ] && ok "no run folder left" || bad "the refused train left: $(find "$W/new3")"
+  # The good weights still start a run there, and the run folder is kept.
+  works "run.init_from with finite weights" "$TETRAD" train "${T[@]}" --set run.dir="$W/new/deeper/run" \
+    --set train.max_steps=2 --set run.init_from="$W/hf"
+  [ -n "$(latest "$W/new/deeper/run")" ] && ok "that run has its checkpoint" || bad "no checkpoint in the run that started"
 }
 
 case_early_signal() {
@@ -280,6 +332,148 @@ case_resume_identity() {
   works "resume after the allowed change" "$TETRAD" train "${T[@]}" --set run.dir="$W/r" \
     --set train.max_steps=10 --resume --set train.seed=7 --set data.dir="$W/data2"
   grep -q "continuing with a change" "$W/out" && bad "the accepted change was reported again"
+}
+
+case_resume_old() {
+  # Checkpoints written before the data record was complete, made by removing what older tetrads
+  # did not write (tests/old_checkpoint.py, which rewrites the checksums): what they hold is
+  # compared (the seed, seq_len and data.dir from the configuration they recorded or the run's
+  # config.toml; the tokenizer a legacy checkpoint carries); what they lack (the data
+  # fingerprint) is said once, not passed over. The legacy format (parallel.zero >= 1) keeps the
+  # whole record from now on and is compared as the sharded one is.
+  local OLD="python3 $(dirname "${BASH_SOURCE[0]}")/old_checkpoint.py"
+  for i in $(seq 1 60); do echo "a different corpus, line $i: the sea and the ships went down."; done > "$W/c2.txt"
+  "$TETRAD" prepare --input "$W/c2.txt" --out "$W/data2" --tokenizer "$W/data/tokenizer.model" > /dev/null 2>&1 || bad "prepare data2 failed"
+  "$TETRAD" prepare --input "$W/c.txt" --out "$W/data3" --vocab-size 320 > /dev/null 2>&1 || bad "prepare data3 failed"
+  local Z=(--set parallel.zero=1)
+  "$TETRAD" train "${T[@]}" "${Z[@]}" --set run.dir="$W/l" --set train.max_steps=4 --set train.checkpoint_interval=2 \
+    > "$W/l.log" 2>&1 || { cat "$W/l.log"; exit 1; }
+  [ -f "$W/l/checkpoints/step_000004/trainer_state.bin" ] || { echo "parallel.zero=1 did not write the legacy format"; exit 1; }
+  local L=("$TETRAD" train "${T[@]}" "${Z[@]}" --set run.dir="$W/l" --set train.max_steps=6 --resume)
+  # The legacy format as written now: compared like the sharded one.
+  refused "legacy checkpoint, another train.seed" "train.seed: checkpoint 1337, config 7" "${L[@]}" --set train.seed=7
+  refused "legacy checkpoint, other data" "the training data: checkpoint" "${L[@]}" --set data.dir="$W/data2"
+  refused "legacy checkpoint, another tokenizer" "the token ids would mean other text" \
+    "${L[@]}" --set data.dir="$W/data3" --allow-data-change
+  # As older tetrads wrote it: no data record (data_epoch, data_cursor and the configuration).
+  cp -r "$W/l" "$W/l_old"
+  local c
+  for c in "$W"/l_old/checkpoints/step_*; do $OLD state "$c" data || bad "old_checkpoint.py state $c"; done
+  "$TETRAD" verify --model "$W/l_old" > /dev/null 2>&1 && ok "the old legacy checkpoint verifies" || bad "the old legacy checkpoint does not verify"
+  local LO=("$TETRAD" train "${T[@]}" "${Z[@]}" --set run.dir="$W/l_old" --set train.max_steps=6 --resume)
+  refused "old legacy checkpoint, another train.seed (from its recorded configuration)" \
+    "train.seed: checkpoint (as in the configuration it recorded) 1337, config 7" "${LO[@]}" --set train.seed=7
+  refused "old legacy checkpoint, another tokenizer" "the token ids would mean other text" "${LO[@]}" --set data.dir="$W/data3"
+  refused "old legacy checkpoint, another train.seq_len" "was trained with train.seq_len = 32 but the config has 16" \
+    "${LO[@]}" --set train.seq_len=16
+  cp -r "$W/l_old" "$W/l_old2"
+  works "old legacy checkpoint, the same settings" "${LO[@]}"
+  [ "$(grep -c "does not record" "$W/out")" -eq 1 ] && grep -q "does not record the training data (no fingerprint of its shards; this run reads data.dir '$W/data', the folder the run was configured with)" "$W/out" &&
+    ok "what it cannot compare is said once: $(grep -o 'does not record.*' "$W/out" | cut -c1-90)..." || bad "the old checkpoint's missing fingerprint was not said once: $(grep -c 'does not record' "$W/out")"
+  works "its next resume (a new checkpoint)" "$TETRAD" train "${T[@]}" "${Z[@]}" --set run.dir="$W/l_old" --set train.max_steps=8 --resume
+  grep -q "does not record" "$W/out" && bad "the new checkpoint still lacks its data record"
+  refused "and then another seed is refused" "train.seed: checkpoint 1337" \
+    "$TETRAD" train "${T[@]}" "${Z[@]}" --set run.dir="$W/l_old" --set train.max_steps=10 --resume --set train.seed=9
+  works "old legacy checkpoint on other data (cannot be compared: said)" "$TETRAD" train "${T[@]}" "${Z[@]}" \
+    --set run.dir="$W/l_old2" --set train.max_steps=6 --resume --set data.dir="$W/data2"
+  grep -qF "this run reads data.dir '$W/data2', the run was configured with '$W/data'" "$W/out" &&
+    ok "the other data.dir is named" || bad "the other data.dir is not named"
+
+  # The sharded format from before the seed and the fingerprint were kept.
+  train_run "$W/s" 4
+  for c in "$W"/s/checkpoints/step_*; do $OLD meta "$c" seed fingerprint || bad "old_checkpoint.py meta $c"; done
+  local SO=("$TETRAD" train "${T[@]}" --set run.dir="$W/s" --set train.max_steps=6 --resume)
+  refused "old sharded checkpoint, another train.seed (from the run's config.toml)" \
+    "train.seed: checkpoint (as in $W/s/config.toml) 1337, config 7" "${SO[@]}" --set train.seed=7
+  works "old sharded checkpoint, the same settings" "${SO[@]}"
+  [ "$(grep -c "does not record" "$W/out")" -eq 1 ] && grep -q "does not record the training data (no fingerprint" "$W/out" &&
+    ok "what it cannot compare is said once" || bad "the old sharded checkpoint's missing fingerprint was not said once"
+  grep -q "resumed from $W/s/checkpoints/step_000004" "$W/out" || bad "did not resume from the old sharded checkpoint"
+}
+
+case_interrupted() {
+  # import, export and report -o killed (SIGKILL, SIGTERM) at random points, into a new
+  # destination and over an existing one (--overwrite): the destination holds the old complete
+  # output, the new complete output or (new) nothing, never a mixture; what the killed command
+  # left beside it (DEST.tmp-XXXXXX) is marked unfinished and refused by readers, and the next
+  # run of the command removes it and succeeds. Seeded delays (the seed is printed).
+  # A model of 27 MB, so that the writing is a good part of each command's time.
+  local M=(--set model.name=small --set model.vocab_size=512 --set model.n_layer=2)
+  "$TETRAD" train "${T[@]}" "${M[@]}" --set run.dir="$W/r" --set train.max_steps=1 > "$W/out" 2>&1 &&
+    "$TETRAD" train "${T[@]}" "${M[@]}" --set run.dir="$W/r2" --set train.max_steps=2 > "$W/out" 2>&1 ||
+    { cat "$W/out"; exit 1; }
+  local seed=${TETRAD_TEST_SEED:-$RANDOM}
+  echo "seed $seed (TETRAD_TEST_SEED=$seed repeats these delays)"
+  # The outputs: the old one (from r2) and the new one (from r), for each command; how long each
+  # command takes uninterrupted sets the range of its delays (a little past the end).
+  local -A took
+  ms_of() { local t0; t0=$(date +%s%N); "$@" > /dev/null 2>&1 || return 1; echo $((($(date +%s%N) - t0) / 1000000)); }
+  "$TETRAD" export --model "$W/r2" --out "$W/old/export" > /dev/null 2>&1 &&
+    took[export]=$(ms_of "$TETRAD" export --model "$W/r" --out "$W/new/export") &&
+    "$TETRAD" import --hf "$W/old/export" --out "$W/old/import" > /dev/null 2>&1 &&
+    took[import]=$(ms_of "$TETRAD" import --hf "$W/new/export" --out "$W/new/import") &&
+    "$TETRAD" report "$W/r2" -o "$W/old/report" > /dev/null 2>&1 &&
+    took[report]=$(ms_of "$TETRAD" report "$W/r" -o "$W/new/report") || { echo "making the outputs failed"; exit 1; }
+  echo "uninterrupted: export ${took[export]} ms, import ${took[import]} ms, report ${took[report]} ms"
+  sum_of() { if [ -d "$1" ]; then tree_sum "$1"; elif [ -e "$1" ]; then md5sum < "$1"; fi; }
+  local k=0 cmd sig mode n_old=0 n_new=0 n_none=0 n_left=0 n_sealed=0
+  for cmd in export import report; do
+    for sig in KILL TERM; do
+      for mode in new over; do
+        for _ in 1 2 3 4; do
+          local d; d=$(python3 -c "import random, sys; random.seed(int(sys.argv[1]) * 1000 + int(sys.argv[2])); print('%.3f' % (random.uniform(0.05, 1.1) * int(sys.argv[3]) / 1000))" "$seed" $k "${took[$cmd]}"); k=$((k + 1))
+          local D="$W/out_$cmd" name="$cmd $mode SIG$sig at ${d}s"
+          rm -rf "$W"/out_*
+          [ $mode = over ] && cp -a "$W/old/$cmd" "$D"
+          local ow=(); [ $mode = over ] && ow=(--overwrite)
+          local C
+          case $cmd in
+            export) C=("$TETRAD" export --model "$W/r" --out "$D") ;;
+            import) C=("$TETRAD" import --hf "$W/new/export" --out "$D") ;;
+            report) C=("$TETRAD" report "$W/r" -o "$D") ;;
+          esac
+          "${C[@]}" "${ow[@]}" > "$W/out" 2>&1 & local pid=$!
+          sleep "$d"; kill -$sig $pid 2>/dev/null; wait $pid 2>/dev/null
+          # The destination: old, new or nothing.
+          local now; now=$(sum_of "$D")
+          if [ -z "$now" ] && [ $mode = new ]; then n_none=$((n_none + 1))
+          elif [ $mode = over ] && [ "$now" = "$(sum_of "$W/old/$cmd")" ]; then n_old=$((n_old + 1))
+          elif [ $cmd = import ] && [ -n "$now" ] && "$TETRAD" verify --model "$D" > /dev/null 2>&1 &&
+               [ "$(latest "$D")" = step_000000 ]; then n_new=$((n_new + 1))
+          elif [ $cmd != import ] && [ "$now" = "$(sum_of "$W/new/$cmd")" ]; then n_new=$((n_new + 1))
+          else bad "$name: the destination is neither the old nor the new output: $(ls -A "$D" 2>&1 | tr '\n' ' ')"; fi
+          # What it left: marked and refused by readers, or (killed between marking it complete
+          # and renaming it) a complete output.
+          local t
+          for t in "$D".tmp-*; do
+            [ -e "$t" ] || continue
+            n_left=$((n_left + 1))
+            if [ -e "$t/.tetrad-unfinished" ]; then
+              if [ $cmd != report ]; then
+                "$TETRAD" verify --model "$t" > "$W/v" 2>&1 && bad "$name: verify accepted the leftover $t"
+                grep -q "is unfinished output" "$W/v" || bad "$name: the leftover $t is not refused as unfinished: $(head -c 300 "$W/v")"
+                "$TETRAD" export --model "$t" --out "$W/x_$k" > "$W/v" 2>&1 && bad "$name: export read the leftover $t"
+              fi
+            else
+              n_sealed=$((n_sealed + 1))
+              [ $cmd = report ] && bad "$name: a report leftover without the mark: $(ls -A "$t")"
+              [ $cmd != report ] && { "$TETRAD" verify --model "$t" > /dev/null 2>&1 || bad "$name: an unmarked leftover $t does not verify"; }
+            fi
+          done
+          # The next run: removes the leftovers of the killed one and writes the new output.
+          local again=(); [ -e "$D" ] && again=(--overwrite)
+          if "${C[@]}" "${again[@]}" > "$W/out" 2>&1; then
+            local rest; rest=$(ls -d "$D".tmp-* 2>/dev/null | while read -r t; do [ -e "$t/.tetrad-unfinished" ] && echo "$t"; done)
+            [ -z "$rest" ] || bad "$name: the next run left the marked leftover(s) $rest"
+            if [ $cmd = import ]; then "$TETRAD" verify --model "$D" > /dev/null 2>&1 || bad "$name: the next import does not verify"
+            else [ "$(sum_of "$D")" = "$(sum_of "$W/new/$cmd")" ] || bad "$name: the next run's output differs from the new one"; fi
+          else bad "$name: the next run failed: $(grep -m1 error "$W/out")"; fi
+        done
+      done
+    done
+  done
+  ok "$k interrupted runs (import, export, report; SIGKILL, SIGTERM; new and --overwrite): destination old $n_old, new $n_new, none $n_none; $n_left left something beside it ($n_sealed of those complete, unmarked), every marked one refused by readers and removed by the next run"
+  [ $((n_left - n_sealed)) -gt 0 ] || bad "no run was interrupted while writing (the delays missed every write): nothing was tested"
 }
 
 # timed FILE CMD...: runs CMD and writes "SECONDS MAX_RSS_KIB" to FILE; returns CMD's status.
@@ -470,8 +664,8 @@ case_wrong_type() {
       ok "$name: $(grep -m1 -o 'error: .*' "$W/out" | cut -c1-110)"
     else bad "$name: status $rc, $(wc -c < "$W/out") bytes: $(grep -m1 . "$W/out" | cut -c1-150)"; fi
   done
-  # (A refused train may leave its run folder, empty: the next run there starts as in a new one.)
-  local left; left=$(find "$W" -maxdepth 1 -name 'x*' ! -empty)
+  # (A refused train leaves no run folder either.)
+  local left; left=$(find "$W" -maxdepth 1 -name 'x*')
   [ -z "$left" ] && ok "the refused commands left nothing" || bad "refused commands left output: $left $(find $left | head)"
 }
 

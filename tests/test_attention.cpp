@@ -81,12 +81,15 @@ std::vector<T> random_vector(int64_t n, uint32_t seed, double scale = 1.0) {
   return x;
 }
 
-// Naive reference in double: out and lse (materialises each query row's scores).
+// Naive reference in double: out and lse (materialises each query row's scores). A query that
+// sees no key (q_offset + i < 0): out 0, lse -inf.
+constexpr int64_t kQueriesAtEnd = std::numeric_limits<int64_t>::min();  // q_offset = Tk - Tq
 void reference_forward(std::vector<double>& out, std::vector<double>& lse,
-                       const std::vector<double>& in, const Layout& L, int64_t q_offset = -1) {
+                       const std::vector<double>& in, const Layout& L,
+                       int64_t q_offset = kQueriesAtEnd) {
   const AttentionDims& d = L.d;
   const int hd = d.head_dim, group = d.n_head / d.n_kv_head;
-  const int64_t off = q_offset < 0 ? d.Tk - d.Tq : q_offset;
+  const int64_t off = q_offset == kQueriesAtEnd ? d.Tk - d.Tq : q_offset;
   out.assign(L.out_size, 0.0);
   lse.assign(int64_t(d.B) * d.n_head * d.Tq, 0.0);
   std::vector<double> s(d.Tk);
@@ -94,8 +97,12 @@ void reference_forward(std::vector<double>& out, std::vector<double>& lse,
     for (int h = 0; h < d.n_head; ++h)
       for (int i = 0; i < d.Tq; ++i) {
         const double* q = &in[L.q_off + b * d.q_batch_stride + i * d.q_stride + h * hd];
-        const int nk = int(std::min<int64_t>(d.Tk, off + i + 1));
+        const int nk = int(std::clamp<int64_t>(off + i + 1, 0, d.Tk));
         double m = -INFINITY;
+        if (nk == 0) {
+          lse[(int64_t(b) * d.n_head + h) * d.Tq + i] = -INFINITY;
+          continue;
+        }
         for (int j = 0; j < nk; ++j) {
           const double* k =
               &in[L.k_off + b * d.kv_batch_stride + j * d.kv_stride + (h / group) * hd];
@@ -170,11 +177,16 @@ double rel_error(const Layout& L, char which, const std::vector<A>& a, const std
   return ref > 0 ? diff / ref : diff;
 }
 
+// Largest absolute difference; an infinite reference (a row that sees no key: -inf) must be
+// matched exactly, and a NaN is an infinite error.
 template <class A, class Bv>
 double lse_error(const std::vector<A>& a, const std::vector<Bv>& b) {
   double diff = 0;
-  for (size_t i = 0; i < b.size(); ++i)
-    diff = std::max(diff, std::abs(double(a[i]) - double(b[i])));
+  for (size_t i = 0; i < b.size(); ++i) {
+    const double x = double(a[i]), r = double(b[i]);
+    const double e = x == r ? 0.0 : std::abs(x - r);
+    diff = std::isnan(e) ? INFINITY : std::max(diff, e);
+  }
   return diff;
 }
 
@@ -351,13 +363,16 @@ TEST(Attention, PathsAgree) {
 }
 
 // Any query offset (query i at key position q_offset + i): 0 with Tq < Tk and Tq > Tk, inside the
-// key block off the block grid, the training case, and after the whole key block (padded keys of
-// the last block then precede the queries), GQA, across 64-row blocks: every path's forward
+// key block off the block grid, the training case, after the whole key block (padded keys of
+// the last block then precede the queries), and negative (queries before part or all of the key
+// block, a key block of context parallelism: those rows see nothing, out 0 and lse -inf, dq 0),
+// GQA, across 64-row blocks: every path's forward
 // against the double reference and its backward against the portable path's (the default path's
 // backward is checked against finite differences in test_backend_conformance).
 TEST(Attention, KeyOffsetEveryPath) {
   struct Case { int Tq, Tk; int64_t off; };
-  const Case cases[] = {{40, 150, 0}, {150, 40, 0}, {70, 150, 37}, {70, 150, 80}, {30, 100, 130}};
+  const Case cases[] = {{40, 150, 0},   {150, 40, 0},   {70, 150, 37},  {70, 150, 80},
+                        {30, 100, 130}, {70, 150, -30}, {100, 40, -70}, {30, 100, -40}};
   for (const Case& c : cases) {
     const Layout L = make_layout(2, c.Tq, c.Tk, 4, 2, 24, false);
     const std::vector<double> in = random_vector<double>(L.in_size, 41);
@@ -391,8 +406,8 @@ TEST(Attention, KeyOffsetEveryPath) {
   EXPECT_EQ(0, std::memcmp(a.data(), b.data(), a.size() * sizeof(float)));
   EXPECT_EQ(0, std::memcmp(la.data(), lb.data(), la.size() * sizeof(float)));
   EXPECT_THROW(attention_forward(b.data(), lb.data(), in.data() + L.q_off, in.data() + L.k_off,
-                                 in.data() + L.v_off, L.d, int64_t(-1)),
-               Error);
+                                 in.data() + L.v_off, L.d, int64_t(1) << 40),
+               Error);  // past the kernel's int positions
 }
 
 // Two runs are bit-identical, and so are runs with 1 and 2 threads.

@@ -492,10 +492,11 @@ TEST_P(Conformance, NormsWithSplitStatisticsForwardAndBackward) {
 
 struct AttnRef {
   AttentionArgs d;
-  // out and lse in double from q, k, v laid out by d's strides.
+  // out and lse in double from q, k, v laid out by d's strides (k, v from the block's key 0); a
+  // query that sees no key of the block: out 0, lse -inf.
   void forward(const VD& q, const VD& k, const VD& v, VD& out, VD& lse) const {
     const int hd = d.head_dim, group = d.n_head / d.n_kv_head;
-    const int64_t off = d.resolved_q_offset();
+    const int64_t off = d.relative_q_offset();
     out.assign(static_cast<size_t>(d.B) * d.out_batch_stride, 0.0);
     lse.assign(static_cast<size_t>(d.B) * d.n_head * d.Tq, 0.0);
     const double scale = 1.0 / std::sqrt(double(hd));
@@ -505,6 +506,10 @@ struct AttnRef {
           const int kvh = h / group;
           const double* qi = q.data() + b * d.q_batch_stride + i * d.q_stride + h * hd;
           const int64_t last = std::min<int64_t>(d.Tk - 1, off + i);
+          if (last < 0) {
+            lse[(static_cast<size_t>(b) * d.n_head + h) * d.Tq + i] = -INFINITY;
+            continue;
+          }
           VD s(static_cast<size_t>(last + 1));
           double mx = -1e300;
           for (int64_t j = 0; j <= last; ++j) {
@@ -524,6 +529,14 @@ struct AttnRef {
             for (int c = 0; c < hd; ++c) o[c] += p * vj[c];
           }
         }
+  }
+  // Σ dout · out: the scalar whose gradient the backward computes (finite differences of it).
+  double loss(const VD& q, const VD& k, const VD& v, const VF& dout) const {
+    VD o, l;
+    forward(q, k, v, o, l);
+    double L = 0;
+    for (size_t i = 0; i < o.size(); ++i) L += double(dout[i]) * o[i];
+    return L;
   }
 };
 
@@ -625,13 +638,7 @@ TEST_P(Conformance, AttentionKeyOffset) {
     EXPECT_TRUE(close(name.str() + " lse", down(lse, nl), rl, kFwdTol));
     DeviceBuffer gq = poisoned(nq), gk = poisoned(nkv), gv = poisoned(nkv);
     ops_->attention_backward(*q_, d, F(gq), F(gk), F(gv), F(ddout), F(dq), F(dk), F(dv), F(out), F(lse));
-    auto loss = [&] {
-      VD o, l;
-      AttnRef{d}.forward(qd, kd, vd, o, l);
-      double L = 0;
-      for (size_t i = 0; i < o.size(); ++i) L += double(dout[i]) * o[i];
-      return L;
-    };
+    auto loss = [&] { return AttnRef{d}.loss(qd, kd, vd, dout); };
     // dq: only the head columns of each q row (the stride's padding is not the op's output).
     VF gq_sel; VD nq_sel;
     const VF gqv = down(gq, nq);
@@ -643,6 +650,191 @@ TEST_P(Conformance, AttentionKeyOffset) {
     EXPECT_TRUE(close(name.str() + " dk vs finite differences", down(gk, nkv), numeric_grad(kd, loss), kBwdTol));
     EXPECT_TRUE(close(name.str() + " dv vs finite differences", down(gv, nkv), numeric_grad(vd, loss), kBwdTol));
   }
+}
+
+// Partial results over key blocks (AttentionArgs::k_offset, attention_merge): the keys of one
+// sequence cut into 2..4 blocks, each attended on its own (fully visible, partially visible with
+// queries before it, or invisible), checked against the double reference of that block (rows
+// that see nothing: out 0 and lse -inf exactly), merged in a shuffled order and compared with the
+// double reference over all the keys; then the block backward (each block's k, v with the merged
+// out and lse) summed over the blocks against finite differences of the whole attention in
+// double. FP32 within the fp32 tolerances; BF16 products (where the backend has them) within
+// bf16's.
+TEST_P(Conformance, AttentionKeyBlocksMerge) {
+  if (!be_->capabilities().attention_any_q_offset) GTEST_SKIP() << "[optional] backend takes no key offsets";
+  struct Case { int B, Tq, Tk, nh, nkv, hd; int64_t q_pos; std::vector<int> cuts; };
+  const Case cases[] = {
+      {2, 8, 8, 4, 2, 8, 0, {3, 5}},             // causal self-attention in 3 blocks
+      {1, 5, 20, 2, 1, 4, 15, {7, 15}},          // queries at the end: 2 visible blocks, diagonal
+      {1, 6, 16, 2, 1, 4, 4, {4, 10}},           // visible, diagonal, invisible (keys after all)
+      {2, 7, 12, 2, 2, 4, 3, {2, 5, 9}},         // 4 blocks, queries straddling three of them
+      {1, 70, 140, 2, 1, 4, 70, {35, 70, 101}},  // across the kernels' 32/64-row blocks
+  };
+  for (int bf = 0; bf < 2; ++bf) {
+    const bool bf16 = bf == 1;
+    if (bf16 && !be_->capabilities().attention_bf16_products) continue;
+    const double fwd_tol = bf16 ? 2e-2 : kFwdTol, bwd_tol = bf16 ? 2e-2 : kBwdTol;
+    for (const Case& c : cases) {
+      AttentionArgs d;  // the whole key range
+      d.B = c.B; d.Tq = c.Tq; d.Tk = c.Tk; d.n_head = c.nh; d.n_kv_head = c.nkv; d.head_dim = c.hd;
+      d.q_offset = c.q_pos;
+      d.q_stride = c.nh * c.hd + 3; d.q_batch_stride = c.Tq * d.q_stride;
+      d.kv_stride = c.nkv * c.hd + 1; d.kv_batch_stride = c.Tk * d.kv_stride;
+      d.out_stride = c.nh * c.hd; d.out_batch_stride = c.Tq * d.out_stride;
+      d.precision = bf16 ? Precision::BF16 : Precision::FP32;
+      const size_t nq = static_cast<size_t>(c.B * d.q_batch_stride), nkv = static_cast<size_t>(c.B * d.kv_batch_stride);
+      const size_t no = static_cast<size_t>(c.B * d.out_batch_stride), nl = static_cast<size_t>(c.B * c.nh * c.Tq);
+      const VF qf = rand(nq, -1.5f, 1.5f), kf = rand(nkv, -1.5f, 1.5f), vf = rand(nkv, -1.5f, 1.5f), dout = rand(no);
+      DeviceBuffer dq = up(qf), dk = up(kf), dv = up(vf), ddout = up(dout);
+      std::ostringstream name;
+      name << (bf16 ? "bf16 " : "") << "attention key blocks B" << c.B << " Tq" << c.Tq << " at " << c.q_pos
+           << " Tk" << c.Tk << " heads " << c.nh << "/" << c.nkv << " hd" << c.hd << " cuts";
+      for (int cut : c.cuts) name << " " << cut;
+      name << ", " << seed();
+      std::vector<int> edges{0};
+      edges.insert(edges.end(), c.cuts.begin(), c.cuts.end());
+      edges.push_back(c.Tk);
+      const int nb = int(edges.size()) - 1;
+      auto block = [&](int b) {
+        AttentionArgs a = d;
+        a.Tk = edges[b + 1] - edges[b];
+        a.k_offset = edges[b];
+        return a;
+      };
+      auto at = [&](DeviceBuffer& buf, int b) { return F(buf) + int64_t(edges[b]) * d.kv_stride; };
+      VD qd = widen(qf), kd = widen(kf), vd = widen(vf);
+      // Each block alone against its own reference; then merged in a shuffled order.
+      std::vector<int> order(nb);
+      for (int b = 0; b < nb; ++b) order[b] = b;
+      std::shuffle(order.begin(), order.end(), rng_);
+      DeviceBuffer out = poisoned(no), lse = poisoned(nl);
+      for (int n = 0; n < nb; ++n) {
+        const int b = order[n];
+        const AttentionArgs a = block(b);
+        DeviceBuffer ob = poisoned(no), lb = poisoned(nl);
+        ops_->attention_forward(*q_, a, F(ob), F(lb), F(dq), at(dk, b), at(dv, b));
+        VD ro, rl;
+        const size_t k0 = static_cast<size_t>(edges[b] * d.kv_stride);
+        AttnRef{a}.forward(qd, VD(kd.begin() + k0, kd.end()), VD(vd.begin() + k0, vd.end()), ro, rl);
+        const VF got_o = down(ob, no), got_l = down(lb, nl);
+        VF seen_l; VD seen_rl;
+        for (size_t r = 0; r < nl; ++r) {
+          if (std::isinf(rl[r])) {
+            EXPECT_TRUE(std::isinf(got_l[r]) && got_l[r] < 0) << name.str() << " block " << b << " lse[" << r << "] = " << got_l[r] << ", expected -inf (no key seen)";
+          } else {
+            seen_l.push_back(got_l[r]), seen_rl.push_back(rl[r]);
+          }
+        }
+        EXPECT_TRUE(close(name.str() + " block " + std::to_string(b) + " out", got_o, ro, fwd_tol));
+        EXPECT_TRUE(close(name.str() + " block " + std::to_string(b) + " lse", seen_l, seen_rl, fwd_tol));
+        if (n == 0) {
+          q_->copy_on_device(out.data(), ob.data(), no * sizeof(float));
+          q_->copy_on_device(lse.data(), lb.data(), nl * sizeof(float));
+        } else {
+          ops_->attention_merge(*q_, a, F(out), F(lse), F(ob), F(lb));
+        }
+      }
+      VD ro, rl;
+      AttnRef{d}.forward(qd, kd, vd, ro, rl);
+      EXPECT_TRUE(close(name.str() + " merged out", down(out, no), ro, fwd_tol));
+      EXPECT_TRUE(close(name.str() + " merged lse", down(lse, nl), rl, fwd_tol));
+      // Block backward with the merged out and lse, dq summed over the blocks.
+      VF gq_sum(nq, 0.0f);
+      DeviceBuffer gk = poisoned(nkv), gv = poisoned(nkv);
+      for (int b = 0; b < nb; ++b) {
+        DeviceBuffer gq = poisoned(nq);
+        ops_->attention_backward(*q_, block(b), F(gq), at(gk, b), at(gv, b), F(ddout), F(dq),
+                                 at(dk, b), at(dv, b), F(out), F(lse));
+        const VF g = down(gq, nq);
+        for (int64_t r = 0; r < int64_t(c.B) * c.Tq; ++r)
+          for (int64_t col = 0; col < int64_t(c.nh) * c.hd; ++col)
+            gq_sum[r * d.q_stride + col] += g[r * d.q_stride + col];
+      }
+      auto loss = [&] { return AttnRef{d}.loss(qd, kd, vd, dout); };
+      // Only the elements the ops write (each row's head columns, not the strides' padding).
+      auto pick = [](const auto& g, int64_t rows, int64_t stride, int64_t width) {
+        std::vector<std::decay_t<decltype(g[0])>> o;
+        for (int64_t r = 0; r < rows; ++r)
+          for (int64_t col = 0; col < width; ++col) o.push_back(g[r * stride + col]);
+        return o;
+      };
+      const int64_t qw = int64_t(c.nh) * c.hd, kw = int64_t(c.nkv) * c.hd, nrk = int64_t(c.B) * c.Tk;
+      EXPECT_TRUE(close(name.str() + " dq (sum over blocks) vs finite differences",
+                        pick(gq_sum, int64_t(c.B) * c.Tq, d.q_stride, qw),
+                        pick(numeric_grad(qd, loss), int64_t(c.B) * c.Tq, d.q_stride, qw), bwd_tol));
+      EXPECT_TRUE(close(name.str() + " dk vs finite differences", pick(down(gk, nkv), nrk, d.kv_stride, kw),
+                        pick(numeric_grad(kd, loss), nrk, d.kv_stride, kw), bwd_tol));
+      EXPECT_TRUE(close(name.str() + " dv vs finite differences", pick(down(gv, nkv), nrk, d.kv_stride, kw),
+                        pick(numeric_grad(vd, loss), nrk, d.kv_stride, kw), bwd_tol));
+    }
+  }
+}
+
+// attention_merge alone: against the double formula on random partial results; a second result
+// that saw nothing (lse_b = -inf) leaves the first bit for bit, a first that saw nothing takes
+// the second as it is; in another order the result differs by rounding only.
+TEST_P(Conformance, AttentionMerge) {
+  AttentionArgs d;
+  d.B = 2; d.Tq = 5; d.Tk = 1; d.n_head = 3; d.n_kv_head = 1; d.head_dim = 6;
+  d.out_stride = d.n_head * d.head_dim + 2; d.out_batch_stride = d.Tq * d.out_stride + 1;
+  const size_t no = static_cast<size_t>(d.B * d.out_batch_stride), nl = static_cast<size_t>(d.B * d.n_head * d.Tq);
+  const VF oa = rand(no), ob = rand(no);
+  VF la = rand(nl, -3.0f, 6.0f), lb = rand(nl, -3.0f, 6.0f);
+  la[1] = -INFINITY;                  // row 1: only the second block saw keys
+  lb[2] = -INFINITY;                  // row 2: only the first
+  la[3] = lb[3] = -INFINITY;          // row 3: neither
+  VD ro(oa.begin(), oa.end()), rl(nl);
+  for (int64_t b = 0; b < d.B; ++b)
+    for (int64_t h = 0; h < d.n_head; ++h)
+      for (int64_t i = 0; i < d.Tq; ++i) {
+        const size_t li = static_cast<size_t>((b * d.n_head + h) * d.Tq + i);
+        const double a = la[li], bb = lb[li];
+        const double m = std::max(a, bb);
+        rl[li] = m;
+        if (std::isinf(m)) continue;
+        const double wa = std::exp(a - m), wb = std::exp(bb - m);
+        rl[li] = m + std::log(wa + wb);
+        for (int64_t e = 0; e < d.head_dim; ++e) {
+          const size_t at = static_cast<size_t>(b * d.out_batch_stride + i * d.out_stride + h * d.head_dim + e);
+          ro[at] = (wa * oa[at] + wb * ob[at]) / (wa + wb);
+        }
+      }
+  DeviceBuffer out = up(oa), lse = up(la), out_b = up(ob), lse_b = up(lb);
+  ops_->attention_merge(*q_, d, F(out), F(lse), F(out_b), F(lse_b));
+  const VF got_o = down(out, no), got_l = down(lse, nl);
+  EXPECT_TRUE(close("attention_merge out, " + seed(), got_o, ro, kFwdTol));
+  VF fl; VD fr;
+  for (size_t r = 0; r < nl; ++r) {
+    if (std::isinf(rl[r])) {
+      EXPECT_TRUE(std::isinf(got_l[r]) && got_l[r] < 0) << "attention_merge lse[" << r << "] = " << got_l[r] << ", expected -inf";
+    } else {
+      fl.push_back(got_l[r]), fr.push_back(rl[r]);
+    }
+  }
+  EXPECT_TRUE(close("attention_merge lse, " + seed(), fl, fr, kFwdTol));
+  // Rows 1 and 2 of sequence 0, head 0: exact copies.
+  for (int64_t e = 0; e < d.head_dim; ++e) {
+    EXPECT_EQ(got_o[1 * d.out_stride + e], ob[1 * d.out_stride + e]) << "row that only the second block saw";
+    EXPECT_EQ(got_o[2 * d.out_stride + e], oa[2 * d.out_stride + e]) << "row the second block did not see";
+  }
+  EXPECT_EQ(got_l[1], lb[1]);
+  EXPECT_EQ(got_l[2], la[2]);
+  // The other order, (b, a): the rows some block saw, head columns only (the padding and the
+  // rows neither saw keep what the first operand held).
+  DeviceBuffer out2 = up(ob), lse2 = up(lb), out_a = up(oa), lse_a = up(la);
+  ops_->attention_merge(*q_, d, F(out2), F(lse2), F(out_a), F(lse_a));
+  const VF got2 = down(out2, no);
+  VF g2; VD r2;
+  for (int64_t b = 0; b < d.B; ++b)
+    for (int64_t i = 0; i < d.Tq; ++i)
+      for (int64_t h = 0; h < d.n_head; ++h) {
+        if (std::isinf(rl[static_cast<size_t>((b * d.n_head + h) * d.Tq + i)])) continue;
+        for (int64_t e = 0; e < d.head_dim; ++e) {
+          const size_t at = static_cast<size_t>(b * d.out_batch_stride + i * d.out_stride + h * d.head_dim + e);
+          g2.push_back(got2[at]), r2.push_back(ro[at]);
+        }
+      }
+  EXPECT_TRUE(close("attention_merge out in the other order, " + seed(), g2, r2, kFwdTol));
 }
 
 // bf16 products (AttentionArgs::precision): forward against the double reference and backward

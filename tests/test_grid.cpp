@@ -223,7 +223,7 @@ TEST(Grid, ParseAcceptsNamedExtents) {
 
 TEST(Grid, NamedExtentErrorsNameTheAxis) {
   EXPECT_TRUE(contains(parse_error("d=2,q=2"), "unknown axis \"q\"")) << parse_error("d=2,q=2");
-  EXPECT_TRUE(contains(parse_error("d=2,q=2"), "x, y, z, p, d")) << parse_error("d=2,q=2");
+  EXPECT_TRUE(contains(parse_error("d=2,q=2"), "x, y, z, c, p, d")) << parse_error("d=2,q=2");
   EXPECT_TRUE(contains(parse_error("X=2"), "unknown axis \"X\"")) << parse_error("X=2");
   EXPECT_TRUE(contains(parse_error("d=2,x=1,d=4"), "axis d is named twice"))
       << parse_error("d=2,x=1,d=4");
@@ -317,4 +317,24 @@ TEST(Grid, PipelineAxisBetweenZAndD) {
   EXPECT_EQ(group_ranks(3, s, token_axes()), (std::vector<int>{3, 9}));  // same stage only
   EXPECT_TRUE(contains(parse_error("1,2,3,4,5,6"), "or five \"x,y,z,p,d\""));
   for (const GridShape& f : factorizations(8)) EXPECT_EQ(f.p(), 1);
+}
+
+// The context axis C (issue 28): between Z and P in rank order, by name only in --grid, written
+// by name where it is not 1, its groups (C, Z x C x D for tokens, C x D for replicas).
+TEST(Grid, ContextAxis) {
+  const GridShape s = parse_grid("c=2,x=2,d=2");
+  EXPECT_EQ(s.c(), 2);
+  EXPECT_EQ(s.size(), 8);
+  EXPECT_EQ(s.to_string(), "x2.c2.d2");
+  EXPECT_EQ(s.to_arg(), "x=2,c=2,d=2");
+  EXPECT_EQ(parse_grid(s.to_arg()), s);
+  EXPECT_EQ(GridShape(2, 1, 1, 2).to_arg(), "2,1,1,2");  // no c: the positional forms as before
+  // Rank order x, y, z, c, p, d: rank 2 is c = 1 of x = 0.
+  EXPECT_EQ(coord_of(2, s), (GridCoord{{Axis::C, 1}}));
+  EXPECT_EQ(to_string(coord_of(3, s)), "(x1,y0,z0,c1,p0,d0)");
+  EXPECT_EQ(group_ranks(5, s, Axis::C), (std::vector<int>{5, 7}));
+  EXPECT_EQ(group_ranks(5, s, replica_axes()), (std::vector<int>{1, 3, 5, 7}));
+  EXPECT_EQ(group_ranks(0, s, token_share_axes()), (std::vector<int>{0, 2, 4, 6}));
+  EXPECT_EQ(token_slots(s), 2);  // C cuts sequences, it does not deal them
+  EXPECT_TRUE(contains(parse_error("2,1,1,1,1,2"), "c=2"));
 }

@@ -48,11 +48,12 @@ void run(Context& ctx, const Options& o) {
     if (tok->bos_id() >= 0) extra["bos_token_id"] = tok->bos_id();
     if (tok->eos_id() >= 0) extra["eos_token_id"] = tok->eos_id();
   }
-  const std::string tmp = make_temp_sibling(o.out);
+  const std::string tmp = make_temp_sibling(o.out, "export");
   try {
     write_hf_files(tmp, mc, table, params.data(), extra);
     if (tok) data::write_hf_tokenizer_files(*tok, tmp, mc.max_seq);
     fsync_dir(tmp);
+    seal_temp_sibling(tmp);
     if (existed) replace_dir(tmp, o.out);  // checked: empty, or --overwrite
     else publish_new_dir(tmp, o.out);
   } catch (...) {

@@ -83,12 +83,13 @@ void run(const Options& o) {
   if (!tok.empty() && fs::is_directory(tok)) tok = data::find_tokenizer_file(tok);
   if (tok.empty()) tok = data::find_tokenizer_file(o.hf);
   if (!tok.empty()) info.tokenizer_identity = data::Tokenizer::load(tok).identity();
-  const std::string tmp = make_temp_sibling(out);
+  const std::string tmp = make_temp_sibling(out, "import");
   std::string dir;
   try {
     dir = save_sharded_checkpoint_serial(tmp, mc, table, params.data(), nullptr, nullptr, info,
                                          tok, 0);
     fsync_dir(tmp);
+    seal_temp_sibling(tmp);
     if (lock) replace_dir(tmp, out);  // the old run folder (with our lock file) goes
     else publish_new_dir(tmp, out);
   } catch (...) {

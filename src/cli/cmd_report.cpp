@@ -34,7 +34,7 @@ void run(const Options& o) {
   // (--overwrite); one that appears meanwhile (another report) is refused, never replaced.
   std::error_code ec;
   const bool existed = fs::exists(path, ec);
-  const std::string tmp = make_temp_sibling(path);
+  const std::string tmp = make_temp_sibling(path, "report");
   try {
     const std::string page = (fs::path(tmp) / "report.html").string();
     write_run_report(o.run_dir, page, trace);

@@ -90,6 +90,7 @@ void verify_hf_folder(const std::string& dir) {
 }
 
 void run(Context& ctx, const std::string& model_dir) {
+  refuse_unfinished(model_dir);  // what an interrupted export or import left
   std::string dir = model_dir;
   if (fs::exists(model_dir + "/checkpoints")) {
     // The run's `latest` must name a complete checkpoint: no fallback here.

@@ -3,6 +3,7 @@
 #include <iostream>
 
 #include "cli/command.hpp"
+#include "tetrad/checkpoint/atomic_file.hpp"
 #include "tetrad/checkpoint/run_checkpoint.hpp"
 #include "tetrad/comm/mpi_env.hpp"
 #include "tetrad/core/error.hpp"
@@ -14,6 +15,7 @@ namespace tetrad::cli {
 bool Context::root() const { return !mpi || mpi->rank() == 0; }
 
 std::string Context::resolve_model_dir(const std::string& path) {
+  refuse_unfinished(path);  // what an interrupted export or import left is no model
   if (fs::exists(path + "/config.json")) return path;
   if (fs::exists(path + "/checkpoints")) {
     auto found = find_latest_checkpoint(path, std::cerr);

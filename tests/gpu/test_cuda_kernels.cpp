@@ -696,7 +696,7 @@ TEST_F(CudaBench, ModelShapes) {
     const int64_t qs = m.C + 2 * kvd;
     Dev<float> qkv(rand(size_t(N * qs))), o(size_t(N * m.C)), lse(size_t(m.B * m.H * m.T)),
         dqkv(size_t(N * qs)), dout(rand(size_t(N * m.C)));
-    g::AttnDims ad{int(m.B), int(m.T), int(m.T), int(m.H), int(m.KV), int(hd), -1, qs, qs, m.C,
+    g::AttnDims ad{int(m.B), int(m.T), int(m.T), int(m.H), int(m.KV), int(hd), 0, qs, qs, m.C,
                    m.T * qs, m.T * qs, m.T * m.C};
     const double causal_flop = 4.0 * m.B * m.H * double(m.T) * m.T * hd / 2;  // QK^T + PV, causal
     double attn_ms = 0;

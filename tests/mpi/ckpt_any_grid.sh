@@ -17,7 +17,7 @@ S=(--set model.name=tiny --set data.dir="$W/data" --set train.seq_len=32 --set t
 losses() { grep -o '"loss":[^,}]*' "$1/metrics.jsonl" | cut -d: -f2; }
 run() {  # run GRID ARGS...: one rank without mpirun, else mpirun -n (product of the grid)
   local g=$1; shift
-  local n=$(( $(echo "$g" | tr ',' '*') ))
+  local n=$(( $(echo "$g" | sed 's/[a-z]=//g' | tr ',' '*') ))  # "2,1,1,1" or named "c=2,d=2"
   if [ "$n" -eq 1 ]; then "$TETRAD" train "${S[@]}" --grid "$g" "$@"
   else "${MPIRUN[@]}" -n "$n" "$TETRAD" train "${S[@]}" --grid "$g" "$@"; fi
 }
@@ -45,6 +45,23 @@ for i in "${!GRIDS[@]}"; do
     echo "ok   saved on $a, resumed on $b: 6 losses match the uninterrupted run"
   else
     echo "FAIL saved on $a, resumed on $b"; paste "$W/ref.txt" "$W/got.txt"; fails=$((fails + 1))
+  fi
+done
+# The context axis (issue 28): saved on a grid with c > 1 the run resumes on one rank and on
+# grids without it, and a checkpoint of a grid without it resumes on c = 2; all six losses match
+# the one-rank run (the first three trained with each sequence cut into 2c chunks).
+for pair in "c=2 1,1,1,1" "c=2,d=2 2,1,1,1" "1,1,1,2 c=2" "c=4 x=2,c=2"; do
+  read -r a b <<< "$pair"
+  R="$W/ctx_${a//[=,]/_}"
+  if ! run "$a" --set run.dir="$R" --set train.max_steps=3 > "$W/log" 2>&1 ||
+     ! run "$b" --set run.dir="$R" --resume > "$W/log2" 2>&1; then
+    echo "FAIL $a -> $b: a run failed"; cat "$W/log" "$W/log2"; fails=$((fails + 1)); continue
+  fi
+  losses "$R" > "$W/got.txt"
+  if grep -q "resumed from .*step_000003 at step 3" "$W/log2" && close "$W/ref.txt" "$W/got.txt"; then
+    echo "ok   saved on $a, resumed on $b: 6 losses match the one-rank run"
+  else
+    echo "FAIL saved on $a, resumed on $b"; cat "$W/log2"; paste "$W/ref.txt" "$W/got.txt"; fails=$((fails + 1))
   fi
 done
 # Same grid: bit-identical to that grid's uninterrupted run.

@@ -16,6 +16,7 @@
 #include "tetrad/core/rng.hpp"
 #include "support/train_harness.hpp"
 #include "support/transformer.hpp"
+#include "tetrad/parallel/context_split.hpp"
 #include "tetrad/parallel/parallel_transformer.hpp"
 #include "tetrad/parallel/process_groups.hpp"
 #include "tetrad/train/optimizer.hpp"
@@ -103,21 +104,31 @@ inline Run parallel_run(const ModelConfig& mc, ProcessGroups& g, int steps, Para
   const int replicas = token_slots(g.shape);
   const int Bl = kB / replicas;
   const int slot = token_slot(g.coord, g.shape);  // this rank's slice of the sequences
+  // With a context axis, of each sequence this rank's two chunks (context_split.hpp).
+  const ContextSplit cs = ContextSplit::of(g.shape, g.coord);
+  const int Tl = cs.local_len(kT);
   ParallelTransformer m(mc, g, Bl, kT, po);
   m.init_weights(7);
   const TrainConfig tc = train_config(steps);
   AdamW opt = tetrad_test::layout_adamw(m, tc);  // the moments live with the model
-  StepOptions so = tetrad_test::step_options(tc, kAccum, Bl, kT);
+  StepOptions so = tetrad_test::step_options(tc, kAccum, Bl, Tl);
   so.schedule = schedule;
   StepRunner runner(m, opt, g, so);
   Run r;
   std::vector<int32_t> x(size_t(kAccum) * Bl * kT), y(x.size());
+  std::vector<int32_t> xl(size_t(kAccum) * Bl * Tl), yl(xl.size());
   for (int s = 0; s < steps; ++s) {
     for (int mb = 0; mb < kAccum; ++mb)
       tetrad_test::rank_share(batch_tokens(s, mb, mc.vocab_size), kT, Bl, slot, mb, x.data(),
                               y.data());
+    if (cs.active()) {
+      cs.take(x.data(), kT, kAccum * Bl, kT, xl.data());
+      cs.take(y.data(), kT, kAccum * Bl, kT, yl.data());
+    }
+    int32_t* xs = cs.active() ? xl.data() : x.data();
+    int32_t* ys = cs.active() ? yl.data() : y.data();
     const StepResult sr =
-        runner.run(x.data(), y.data(), double(kB * kT * kAccum), learning_rate(tc, s), s);
+        runner.run(xs, ys, double(kB * kT * kAccum), learning_rate(tc, s), s);
     EXPECT_EQ(sr.verdict, StepVerdict::Apply) << "step " << s + 1 << " is not finite";
     r.losses.push_back(sr.loss);
     r.grad_norms.push_back(sr.grad_norm);

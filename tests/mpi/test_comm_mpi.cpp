@@ -240,7 +240,9 @@ TEST_F(Mpi, CollectivesOnTheWorldForEveryType) {
 
 TEST_F(Mpi, EveryGroupOfEveryFactorisation) {
   const int rank = world().rank();
-  for (const GridShape& shape : parallel::factorizations(world().size())) {
+  // Every factorisation over x, y, z, d, and the context axis c with them.
+  for (const GridShape& shape :
+       parallel::factorizations(world().size(), {Axis::X, Axis::Y, Axis::Z, Axis::C, Axis::D})) {
     SCOPED_TRACE("grid " + shape.to_string());
     const ProcessGroups pg(world(), shape);
     ASSERT_EQ(pg.shape, shape);
@@ -252,8 +254,12 @@ TEST_F(Mpi, EveryGroupOfEveryFactorisation) {
       EXPECT_EQ(g.name(), parallel::axis_name(a));
       EXPECT_EQ(members(g, rank), parallel::group_ranks(rank, shape, a)) << "axis " << g.name();
     }
-    EXPECT_EQ(members(pg.tokens(), rank), parallel::group_ranks(rank, shape, parallel::token_axes()));
-    for (parallel::AxisSet axes : ProcessGroups::group_axes())
+    EXPECT_EQ(members(pg.tokens(), rank),
+              parallel::group_ranks(rank, shape, parallel::token_share_axes()));
+    EXPECT_EQ(members(pg.replicas(), rank),
+              parallel::group_ranks(rank, shape, parallel::replica_axes()));
+    EXPECT_EQ(pg.replica_count(), shape.c() * shape.d());
+    for (parallel::AxisSet axes : ProcessGroups::group_axes(shape))
       EXPECT_EQ(pg.group(axes).name(), axes.name());
     EXPECT_TRUE(contains(pg.summary(), "rank " + std::to_string(rank) + " = (")) << pg.summary();
     // Every collective on every group; all types on the axis groups.

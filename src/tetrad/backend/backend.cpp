@@ -156,6 +156,7 @@ void check_op_table(const OpTable& t, const char* backend_name) {
   TETRAD_REQUIRE_OP(norm_param_grads);
   TETRAD_REQUIRE_OP(attention_forward);
   TETRAD_REQUIRE_OP(attention_backward);
+  TETRAD_REQUIRE_OP(attention_merge);
   TETRAD_REQUIRE_OP(rope_forward);
   TETRAD_REQUIRE_OP(rope_backward);
   TETRAD_REQUIRE_OP(head_norm_forward);

@@ -123,10 +123,10 @@ struct Capabilities {
   bool gemm_bf16_storage = false;      // GemmArgs a_type / b_type may be BF16
   bool adamw_bf16_copy = false;        // AdamWArgs::p16 (the fused bf16 weight copy) is written
   bool attention_bf16 = false;         // AttentionArgs::dtype may be BF16
-  bool attention_bf16_products = false;// AttentionArgs::precision may be BF16 (any q_offset >= 0)
+  bool attention_bf16_products = false;// AttentionArgs::precision may be BF16 (any offsets)
   bool attention_bf16_faster = false;  // ... and runs faster than fp32 attention here (bf16 runs
                                        // then default to it: ParallelOptions::attention_precision)
-  bool attention_any_q_offset = false; // AttentionArgs::q_offset other than Tk - Tq
+  bool attention_any_q_offset = false; // AttentionArgs::relative_q_offset() other than Tk - Tq
   bool fused_cross_entropy = false;    // OpTable::cross_entropy_fused present
   bool bf16_producers = false;         // OpTable::norm_apply_bf16, gelu_forward_bf16,
                                        // swiglu_forward_bf16, cast_transpose_f32_to_bf16 present

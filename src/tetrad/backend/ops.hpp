@@ -75,27 +75,43 @@ struct GemmArgs {
   GemmProduct product = GemmProduct::Default;
 };
 
-// Causal scaled-dot-product attention with grouped-query heads, per sequence. Query i of a
-// sequence sits at key position q_offset + i and attends keys 0..q_offset+i of the key block
-// (q_offset = Tk - Tq: queries are the block's last Tq positions, the training and KV-cache
-// case; q_offset >= Tk - 1: the query block comes after the whole key block, no mask inside it,
-// as a query block attending an earlier key block in context parallelism). Requires
-// 0 <= q_offset; keys q_offset+i+1.. are masked. Query head h uses kv head
-// h / (n_head / n_kv_head). Rows: element (b, t, head h, d) at b*batch_stride + t*stride + h*hd + d.
+// Causal scaled-dot-product attention with grouped-query heads, per sequence. Positions: key j of
+// the block sits at k_offset + j, query i at q_offset + i (q_offset = -1: k_offset + Tk - Tq, the
+// queries are the block's last Tq positions: the training and KV-cache case); query i attends
+// the block's keys at positions <= its own. Any pair of blocks works, so a sequence's keys may
+// be split into blocks attended one by one (context parallelism): a block entirely before the
+// queries is fully visible, one that overlaps them is partially visible, one after them is
+// invisible. The kernels take the relative offset q_offset - k_offset (any sign; needs
+// Capabilities::attention_any_q_offset unless it is Tk - Tq). A query row that sees no key of the
+// block gets out = 0 and lse = -inf (what attention_merge treats as "nothing seen").
+// Query head h uses kv head h / (n_head / n_kv_head). Rows: element (b, t, head h, d) at
+// b*batch_stride + t*stride + h*hd + d.
 // lse: [B, n_head, Tq] contiguous fp32 log-sum-exp of each query row's scaled scores (forward
 // output, backward input; may be null in the forward). dtype: of q, k, v, out (F32; BF16 where
 // Capabilities::attention_bf16). precision: the arithmetic of the products QKᵀ and PV (and the
 // backward's): FP32, or BF16 where Capabilities::attention_bf16_products (operands rounded to
 // bf16, P and dS included, fp32 accumulation; softmax statistics and lse in fp32). A backward
 // runs in the precision of the forward whose lse it reads.
+//
+// Partial results (flash attention's log-sum-exp): for key blocks K_1..K_n of the same queries,
+// attention_forward on each block gives (out_b, lse_b); attention_merge folds them into the
+// attention over all the keys, in any order. The backward given the FINAL out and lse (of all
+// the keys) and one block's k, v computes exactly that block's share: dq its contribution (sum
+// it over the blocks), dk and dv the block's gradients from these queries (sum them over query
+// blocks). attention_backward with k_offset is that block backward.
 struct AttentionArgs {
   int B = 0, Tq = 0, Tk = 0, n_head = 0, n_kv_head = 0, head_dim = 0;
-  int64_t q_offset = -1;  // -1: Tk - Tq
+  int64_t q_offset = -1;  // position of query 0; -1: k_offset + Tk - Tq
+  int64_t k_offset = 0;   // position of key 0
   int64_t q_stride = 0, kv_stride = 0, out_stride = 0;
   int64_t q_batch_stride = 0, kv_batch_stride = 0, out_batch_stride = 0;
   DType dtype = DType::F32;
   Precision precision = Precision::FP32;
-  int64_t resolved_q_offset() const { return q_offset < 0 ? int64_t(Tk) - Tq : q_offset; }
+  int64_t resolved_q_offset() const {
+    return q_offset < 0 ? k_offset + int64_t(Tk) - Tq : q_offset;
+  }
+  // Query 0's position counted from key 0 (what the kernels take): any sign.
+  int64_t relative_q_offset() const { return resolved_q_offset() - k_offset; }
 };
 
 // Rotary embedding (Hugging Face's rotate_half: element i of a head pairs with i + hd/2), in
@@ -207,6 +223,14 @@ struct OpTable {
   void (*attention_backward)(Queue& q, const AttentionArgs& d, void* dq, void* dk, void* dv,
                              const void* dout, const void* qp, const void* kp, const void* vp,
                              const void* out, const float* lse) = nullptr;
+  // Folds a second partial result of the same queries over other keys into (out, lse), in
+  // place: with m = max(lse, lse_b), s = e^(lse - m) + e^(lse_b - m): out = (e^(lse - m) out +
+  // e^(lse_b - m) out_b) / s, lse = m + log s. Rows where lse_b = -inf keep out and lse bit for
+  // bit; rows where only lse is -inf take out_b and lse_b as they are. Uses d's B, Tq, n_head,
+  // head_dim, out_stride and out_batch_stride (dtype F32); out_b has out's layout, lse_b lse's
+  // ([B, n_head, Tq]). Deterministic; merging blocks in another order differs by fp32 rounding.
+  void (*attention_merge)(Queue& q, const AttentionArgs& d, void* out, float* lse,
+                          const void* out_b, const float* lse_b) = nullptr;
   void (*rope_forward)(Queue& q, const RopeArgs& r) = nullptr;
   // The adjoint (rotation by -angle), in place on the gradient.
   void (*rope_backward)(Queue& q, const RopeArgs& r) = nullptr;

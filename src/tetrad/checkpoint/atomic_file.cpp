@@ -155,7 +155,12 @@ void replace_dir(const std::string& tmp_dir, const std::string& dir) {
     if (::rename(tmp_dir.c_str(), dir.c_str()) != 0)
       fail("cannot rename '", tmp_dir, "' to '", dir, "': ", errno_text());
   } else if (::renameat2(AT_FDCWD, tmp_dir.c_str(), AT_FDCWD, dir.c_str(), RENAME_EXCHANGE) == 0) {
-    // tmp_dir now holds the old content.
+    // tmp_dir now holds the old content: marked, so that a kill while it is deleted leaves a
+    // folder no reader takes for a model.
+    if (std::FILE* f = std::fopen((fs::path(tmp_dir) / kUnfinishedMarker).c_str(), "w")) {
+      std::fputs("the old content of a folder that was replaced, being deleted\n", f);
+      std::fclose(f);
+    }
     fs::remove_all(tmp_dir, ec);
   } else {
     // No atomic exchange here: move the old folder aside, then the new one in. A crash between
@@ -170,6 +175,29 @@ void replace_dir(const std::string& tmp_dir, const std::string& dir) {
     fs::remove_all(old, ec);
   }
   fsync_dir(parent_of(dir));
+}
+
+void refuse_unfinished(const std::string& path) {
+  std::error_code ec;
+  fs::path p = fs::absolute(fs::path(path.empty() ? "." : path), ec).lexically_normal();
+  if (ec) return;
+  for (;;) {
+    const fs::path marker = p / kUnfinishedMarker;
+    if (fs::exists(marker, ec)) {
+      std::string what;
+      try {
+        what = read_small_file(marker.string());
+      } catch (const Error&) {
+      }
+      while (!what.empty() && (what.back() == '\n' || what.back() == ' ')) what.pop_back();
+      fail("'", p.string(), "' is unfinished output", what.empty() ? std::string() : " (" + what + ")",
+           ": a command writing it was interrupted, or is still writing it. Not reading it; the "
+           "next run of that command removes it (or delete it)");
+    }
+    const fs::path up = p.parent_path();
+    if (up == p || up.empty()) return;
+    p = up;
+  }
 }
 
 std::string read_small_file(const std::string& path) {

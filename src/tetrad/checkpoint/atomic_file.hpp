@@ -59,6 +59,14 @@ void fsync_dir(const std::string& dir);
 // first; the old content is then deleted. The parent directory is fsync'ed.
 void replace_dir(const std::string& tmp_dir, const std::string& dir);
 
+// An unfinished output: a folder a command builds beside its destination (output_path.hpp's
+// make_temp_sibling) holds this file until it is complete, and so does an old folder being
+// deleted after replace_dir swapped it out. What an interrupted command left is thereby marked.
+constexpr const char* kUnfinishedMarker = ".tetrad-unfinished";
+// Throws Error when `path` or a folder above it holds the marker (readers call it: an
+// interrupted command's leftover is never read as a model).
+void refuse_unfinished(const std::string& path);
+
 // Reads a whole (small) file; throws Error naming it.
 std::string read_small_file(const std::string& path);
 

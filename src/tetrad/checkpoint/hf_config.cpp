@@ -464,6 +464,7 @@ ModelConfig parse_hf_config(const nlohmann::json& j, const std::string& where) {
 }
 
 ModelConfig read_hf_config(const std::string& dir) {
+  refuse_unfinished(dir);  // what an interrupted export or import left is no model
   const std::string path = (fs::path(dir) / "config.json").string();
   std::error_code ec;
   if (!fs::exists(path, ec)) fail("checkpoint ", dir, " has no config.json");

@@ -1,6 +1,8 @@
 #include "tetrad/checkpoint/output_path.hpp"
 
 #include <fcntl.h>
+#include <sys/file.h>
+#include <unistd.h>
 #include <stdio.h>
 #include <sys/stat.h>
 
@@ -8,6 +10,9 @@
 #include <cstdlib>
 #include <cstring>
 #include <filesystem>
+#include <iostream>
+#include <map>
+#include <mutex>
 
 #include "tetrad/checkpoint/atomic_file.hpp"
 #include "tetrad/core/error.hpp"
@@ -86,7 +91,44 @@ void check_reader_output(const std::string& path_in, bool overwrite, bool is_fol
          "replace it, or choose another ", flag);
 }
 
-std::string make_temp_sibling(const std::string& dest) {
+namespace {
+
+std::mutex g_marks_mu;
+std::map<std::string, int> g_marks;  // temporary folder -> its locked marker's descriptor
+
+// Removes what interrupted commands left beside `d` (d.tmp-XXXXXX, marked, lock free).
+void remove_leftovers(const std::string& d) {
+  const fs::path dest(d);
+  const fs::path parent = dest.parent_path().empty() ? fs::path(".") : dest.parent_path();
+  const std::string prefix = dest.filename().string() + ".tmp-";
+  std::error_code ec;
+  for (const fs::directory_entry& e : fs::directory_iterator(parent, ec)) {
+    const std::string name = e.path().filename().string();
+    if (name.size() != prefix.size() + 6 || name.compare(0, prefix.size(), prefix) != 0) continue;
+    std::error_code ec2;
+    if (!fs::is_directory(fs::symlink_status(e.path(), ec2))) continue;
+    const std::string marker = (e.path() / kUnfinishedMarker).string();
+    const int fd = ::open(marker.c_str(), O_RDONLY | O_CLOEXEC | O_NOFOLLOW);
+    if (fd < 0) continue;  // not marked: not ours to remove
+    const bool gone = ::flock(fd, LOCK_EX | LOCK_NB) == 0;  // its writer no longer holds it
+    std::string what;
+    char buf[512];
+    const ssize_t n = gone ? ::read(fd, buf, sizeof buf - 1) : 0;
+    if (n > 0) what.assign(buf, size_t(n));
+    while (!what.empty() && (what.back() == '\n' || what.back() == ' ')) what.pop_back();
+    if (gone) {
+      fs::remove_all(e.path(), ec2);
+      std::cerr << "tetrad: removed '" << e.path().string() << "'"
+                << (what.empty() ? std::string() : ", " + what) << (ec2 ? ": failed, " + ec2.message() : "")
+                << "\n";
+    }
+    ::close(fd);
+  }
+}
+
+}  // namespace
+
+std::string make_temp_sibling(const std::string& dest, const std::string& command) {
   const std::string d = strip_slashes(dest);
   const fs::path parent = fs::path(d).parent_path();
   std::error_code ec;
@@ -94,15 +136,52 @@ std::string make_temp_sibling(const std::string& dest) {
     fs::create_directories(parent, ec);
     if (ec) fail("cannot create the folder '", parent.string(), "': ", ec.message());
   }
+  remove_leftovers(d);
   std::string templ = d + ".tmp-XXXXXX";
   if (!::mkdtemp(templ.data()))
     fail("cannot create a temporary folder beside '", d, "': ", std::strerror(errno));
   ::chmod(templ.c_str(), 0755);
+  const std::string marker = (fs::path(templ) / kUnfinishedMarker).string();
+  const int fd = ::open(marker.c_str(), O_RDWR | O_CREAT | O_EXCL | O_CLOEXEC, 0644);
+  if (fd < 0 || ::flock(fd, LOCK_EX) != 0) {
+    const int err = errno;
+    if (fd >= 0) ::close(fd);
+    fs::remove_all(templ, ec);
+    fail("cannot mark the temporary folder '", templ, "': ", std::strerror(err));
+  }
+  char host[256] = "";
+  ::gethostname(host, sizeof host - 1);
+  const std::string what = "unfinished output of `tetrad" + (command.empty() ? "" : " " + command) +
+                           "` (pid " + std::to_string(::getpid()) + " on " + host + ") for '" + d + "'\n";
+  if (::write(fd, what.data(), what.size()) < 0) {
+  }
+  std::lock_guard<std::mutex> lock(g_marks_mu);
+  g_marks[templ] = fd;
   return templ;
+}
+
+void seal_temp_sibling(const std::string& tmp_dir) {
+  int fd = -1;
+  {
+    std::lock_guard<std::mutex> lock(g_marks_mu);
+    auto it = g_marks.find(tmp_dir);
+    if (it == g_marks.end()) return;
+    fd = it->second;
+    g_marks.erase(it);
+  }
+  const std::string marker = (fs::path(tmp_dir) / kUnfinishedMarker).string();
+  if (::unlink(marker.c_str()) != 0 && errno != ENOENT) {
+    const int err = errno;
+    ::close(fd);
+    fail("cannot remove the mark '", marker, "': ", std::strerror(err));
+  }
+  fsync_dir(tmp_dir);
+  ::close(fd);  // the lock goes with it
 }
 
 void publish_new_dir(const std::string& tmp_dir, const std::string& dir_in) {
   const std::string dir = strip_slashes(dir_in);
+  seal_temp_sibling(tmp_dir);
   int rc = ::renameat2(AT_FDCWD, tmp_dir.c_str(), AT_FDCWD, dir.c_str(), RENAME_NOREPLACE);
   if (rc != 0 && errno == EINVAL) {  // a file system without RENAME_NOREPLACE
     std::error_code ec;

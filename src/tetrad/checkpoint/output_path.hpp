@@ -27,12 +27,20 @@ std::string enclosing_run_folder(const std::string& path);
 void check_reader_output(const std::string& path, bool overwrite, bool is_folder,
                          const std::string& command, const std::string& flag);
 
-// A new empty folder beside `dest` (`dest.tmp-XXXXXX`, mode 0755) to build it in.
-std::string make_temp_sibling(const std::string& dest);
+// A new folder beside `dest` (`dest.tmp-XXXXXX`, mode 0755) to build it in, marked unfinished
+// (atomic_file.hpp's kUnfinishedMarker, naming `command` and this process; readers refuse it)
+// and locked (flock on the marker, held until seal_temp_sibling or the process ends). First,
+// what interrupted commands left beside `dest` (marked, their lock free: the writer is gone) is
+// removed, and said on stderr.
+std::string make_temp_sibling(const std::string& dest, const std::string& command = "");
+
+// The folder is complete: its mark goes (fsync'ed) and its lock is released. Before it is
+// renamed into place (publish_new_dir does it itself; call it before replace_dir).
+void seal_temp_sibling(const std::string& tmp_dir);
 
 // Moves the complete folder `tmp_dir` to `dir`, which must not exist (renameat2
 // RENAME_NOREPLACE: a `dir` that appeared meanwhile is refused, never replaced), and fsyncs the
-// parent folder.
+// parent folder. Seals tmp_dir first when make_temp_sibling made it.
 void publish_new_dir(const std::string& tmp_dir, const std::string& dir);
 
 }  // namespace tetrad

@@ -53,7 +53,7 @@ std::vector<LayerSlots> layer_slots(int n_layer, const LayerSplit& split, int p,
 ActivationSizes activation_sizes(const ModelConfig& cfg, const GridShape& G, int64_t local_batch,
                                  int max_len, bool bf16_acts, Recompute mode,
                                  const std::vector<LayerSlots>& slots) {
-  const int64_t N = local_batch * max_len;
+  const int64_t N = local_batch * (max_len / G.c());  // the context axis cuts each sequence
   const LocalDims dims = LocalDims::of(cfg, G);
   ActivationSizes s;
   for (const LayerActSpec& t : kLayerActs) {

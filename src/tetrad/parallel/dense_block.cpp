@@ -72,6 +72,8 @@ DenseBlock::DenseBlock(const BlockParts& p, std::initializer_list<TensorRole> ex
     ctx_.bq().copy_to_device(rope_sin_.data(), sin_host.data(), n * sizeof(float));
     ctx_.bq().synchronize();
   }
+  if (ctx_.shape().c() > 1)
+    context_ = std::make_unique<ContextAttention>(ctx_, p.local_batch, p.max_len / ctx_.shape().c());
 }
 
 backend::RopeArgs DenseBlock::rope_args(float* x, int64_t N, int T, int pos0) const {
@@ -82,11 +84,24 @@ backend::RopeArgs DenseBlock::rope_args(float* x, int64_t N, int T, int pos0) co
   return r;
 }
 
+void DenseBlock::rope(bool forward, float* x, int B, int T, int pos0) const {
+  const backend::OpTable& op = ctx_.ops();
+  auto run = forward ? op.rope_forward : op.rope_backward;
+  if (!context_) return run(ctx_.bq(), rope_args(x, int64_t(B) * T, T, pos0));
+  const ContextSplit& cs = context_->split();
+  const int Tc = cs.chunk_len(T);
+  for (int b = 0; b < B; ++b)
+    for (int j = 0; j < cs.local_chunks(); ++j)
+      run(ctx_.bq(), rope_args(x + (int64_t(b) * T + int64_t(j) * Tc) * ctx_.dims.QKVy, Tc, Tc,
+                               int(cs.chunk_offset(j, T))));
+}
+
 void DenseBlock::attention(int l, int B, int T) {
   const auto& A = a_.layer[size_t(l)];
   const LocalDims& d = ctx_.dims;
   const backend::AttentionArgs args = local_heads(B, T, d, attention_precision_);
   ScopedPhase sp(ctx_.prof, Phase::Attention);
+  if (context_) return context_->forward(args, A.atty, A.lse, A.qkv, l);
   ctx_.ops().attention_forward(ctx_.bq(), args, A.atty, A.lse, A.qkv, A.qkv + d.nhy * d.hd,
                                A.qkv + (d.nhy + d.nkvy) * d.hd);
 }
@@ -124,7 +139,7 @@ void DenseBlock::forward(int l, const float* x, int B, int T, const CachedKv* kv
   qkv_forward_extra(l, N);
   if (positions_ == Positions::Rope) {
     ScopedPhase sp(ctx_.prof, Phase::Attention);
-    ctx_.ops().rope_forward(ctx_.bq(), rope_args(A.qkv, N, T, kv ? kv->pos0 : 0));
+    rope(true, A.qkv, B, T, kv ? kv->pos0 : 0);
   }
   if (!kv) attention(l, B, T);
   else cached_attention(l, B, T, *kv);
@@ -195,9 +210,12 @@ void DenseBlock::backward(int l, const float* x_in, int B, int T) {
   {
     ScopedPhase sp(ctx_.prof, Phase::Attention);
     const int64_t k0 = d.nhy * d.hd, v0 = (d.nhy + d.nkvy) * d.hd;
-    op.attention_backward(q, args, a.dqkv, a.dqkv + k0, a.dqkv + v0, a.datty, A.qkv, A.qkv + k0,
-                          A.qkv + v0, A.atty, A.lse);
-    if (positions_ == Positions::Rope) op.rope_backward(q, rope_args(a.dqkv, N, T, 0));
+    if (context_)
+      context_->backward(args, a.dqkv, a.datty, A.qkv, A.atty, A.lse, l);
+    else
+      op.attention_backward(q, args, a.dqkv, a.dqkv + k0, a.dqkv + v0, a.datty, A.qkv, A.qkv + k0,
+                            A.qkv + v0, A.atty, A.lse);
+    if (positions_ == Positions::Rope) rope(false, a.dqkv, B, T, 0);
   }
   qkv_backward_extra(l, N);
   ctx_.q().poll();

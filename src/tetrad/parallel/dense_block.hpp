@@ -15,10 +15,12 @@
 // gradient from one part to the next.
 #pragma once
 #include <initializer_list>
+#include <memory>
 #include <vector>
 
 #include "tetrad/backend/backend.hpp"
 #include "tetrad/parallel/block.hpp"
+#include "tetrad/parallel/context_attention.hpp"
 
 namespace tetrad::parallel {
 
@@ -58,6 +60,9 @@ class DenseBlock : public TransformerBlock {
   // fc_act = GELU(fc) or SwiGLU(gate, up) of layer l (or its bf16 form).
   void mlp_activation(int l, int64_t N);
   backend::RopeArgs rope_args(float* x, int64_t N, int T, int pos0) const;
+  // RoPE (forward or its adjoint) on B sequences of T local tokens of x at their true positions
+  // (with Gc > 1 each local chunk at its chunk's offset).
+  void rope(bool forward, float* x, int B, int T, int pos0) const;
 
   ParallelOps& ops_;
   std::vector<Weights> layers_;
@@ -67,6 +72,8 @@ class DenseBlock : public TransformerBlock {
   backend::Precision attention_precision_;
   int max_len_;
   backend::DeviceBuffer rope_cos_, rope_sin_;  // [max_seq, hd/2] rotary tables
+  // Attention over the context axis's gathered keys and values (Gc > 1; null otherwise).
+  std::unique_ptr<ContextAttention> context_;
   int scratch_layer_ = -1;  // the layer whose recomputable activations the scratch holds
 };
 

@@ -19,8 +19,9 @@ GradReducer::GradReducer(const StepContext& ctx, const ShardPlan& plan, const Pa
       embedding_(embedding), head_(head) {
   backend::Backend& be = *ctx_.be;
   const GridShape& G = ctx_.shape();
-  // ZeRO pieces: each tensor's local shard cut into Gd pieces of ceil(n / Gd), piece d on rank d.
-  const int Gd = G.d(), dc = ctx_.g().coord.d();
+  // ZeRO pieces: each tensor's local shard cut into Gd pieces of ceil(n / Gd), piece d on rank d
+  // (with a context axis Gd is the replicas' count Gc x Gd, d this rank's place among them).
+  const int Gd = ctx_.g().replica_count(), dc = ctx_.g().replica_index();
   int64_t piece_max = 0;
   for (const auto& t : plan_.tensors) {
     const int64_t n = t.shard_numel;
@@ -123,7 +124,7 @@ void GradReducer::zero_layer_blocks(int layer) {
 // D ranks by the same algorithm, so the result does not depend on the chunking; every D rank
 // makes the same calls (q and Gd are the same there).
 void GradReducer::reduce_scatter_d(size_t i, const float* shard, float* piece) {
-  const int64_t n = plan_.tensors[i].shard_numel, q = piece_[i], Gd = ctx_.shape().d();
+  const int64_t n = plan_.tensors[i].shard_numel, q = piece_[i], Gd = ctx_.g().replica_count();
   if (Gd == 1) {
     ctx_.copy_dev(piece, shard, n);
     return;
@@ -140,10 +141,11 @@ void GradReducer::reduce_scatter_d(size_t i, const float* shard, float* piece) {
       if (have > 0) ctx_.copy_dev(packed + d * len, shard + first, have);
       ctx_.zero_dev(packed + d * len + have, len - have);
     }
+    const comm::Communicator& replicas = ctx_.g().replicas();
     if (comm_bf16_)
-      reduce_scatter_sum_bf16(*ctx_.be, ctx_.g().d(), packed, piece + a, len);
+      reduce_scatter_sum_bf16(*ctx_.be, replicas, packed, piece + a, len);
     else
-      ctx_.q().run(ctx_.g().d().ireduce_scatter_sum(packed, piece + a, size_t(len), ctx_.q().ready()), ctx_.g().d(),
+      ctx_.q().run(replicas.ireduce_scatter_sum(packed, piece + a, size_t(len), ctx_.q().ready()), replicas,
              "reduce_scatter", "dW pieces over D", plan_.tensors[i].spec->layer,
              len * Gd * int64_t(sizeof(float)));
   }
@@ -172,7 +174,7 @@ void GradReducer::scatter_layer(int layer) {
       } else if (!t.z_sharded && ctx_.shape().z() > 1) {
         ctx_.sum_over(ctx_.g().z(), block, t.block_numel, "replicated grads");  // replicated over Z: sum first
       }
-      float* piece = zero_tmp_.data() + piece_[i] * ctx_.shape().d();
+      float* piece = zero_tmp_.data() + piece_[i] * ctx_.g().replica_count();
       reduce_scatter_d(i, shard, piece);
       ctx_.ops().add(ctx_.bq(), grads_.data() + zl_.grad_offsets[i], piece, zl_.sizes[i]);
     }
@@ -290,7 +292,7 @@ void GradReducer::build_buckets() {
     for (size_t i = 0; i < plan_.tensors.size(); ++i) {
       const TensorShard& t = plan_.tensors[i];
       if (t.spec->layer != l || !t.stored) continue;
-      const comm::Communicator& grp = t.z_sharded ? ctx_.g().d() : ctx_.g().tokens();
+      const comm::Communicator& grp = t.z_sharded ? ctx_.g().replicas() : ctx_.g().tokens();
       if (grp.size() == 1) continue;
       Bucket& b = open[t.z_sharded ? 1 : 0];
       b.group = &grp;
@@ -403,8 +405,8 @@ void GradReducer::reduce() {
       if (!t.stored) continue;  // another pipeline stage's layer
       float* gp = grads_.data() + t.offset;
       if (!t.z_sharded && ctx_.shape().z() > 1) ctx_.sum_over(ctx_.g().z(), gp, t.shard_numel, "replicated grads");
-      if (ctx_.shape().d() == 1) continue;
-      float* piece = zero_tmp_.data() + piece_[i] * ctx_.shape().d();
+      if (ctx_.g().replica_count() == 1) continue;
+      float* piece = zero_tmp_.data() + piece_[i] * ctx_.g().replica_count();
       reduce_scatter_d(i, gp, piece);
       ctx_.copy_dev(grads_.data() + zl_.grad_offsets[i], piece, zl_.sizes[i]);
     }
@@ -431,7 +433,7 @@ double GradReducer::sum_squares() {
   double* part = scalar_.as<double>();
   for (size_t i = 0; i < plan_.tensors.size(); ++i) {
     const TensorShard& t = plan_.tensors[i];
-    bool owner = (zero_ > 0 || c.d() == 0) && stage_owns(t, c);
+    bool owner = (zero_ > 0 || ctx_.g().replica_index() == 0) && stage_owns(t, c);
     if (!t.z_sharded) owner = owner && c.z() == 0;
     if (t.layout == ShardLayout::ColsX) owner = owner && c.y() == 0;
     if (t.layout == ShardLayout::RowsY) owner = owner && c.x() == 0;

@@ -16,6 +16,7 @@ const char* axis_name(Axis axis) {
     case Axis::X: return "x";
     case Axis::Y: return "y";
     case Axis::Z: return "z";
+    case Axis::C: return "c";
     case Axis::P: return "p";
     case Axis::D: return "d";
   }
@@ -52,14 +53,17 @@ int GridShape::size(AxisSet axes) const {
 namespace {
 // The positional forms of a grid, as parse_grid reads them and to_arg, to_string write them: the
 // axes their numbers give, in order; an axis a form leaves out is 1 (its coordinate 0). "x,y,z,d"
-// is the form of grids without a pipeline, "x,y,z,p,d" has every axis in rank order.
+// is the form of grids without a pipeline, "x,y,z,p,d" of grids with one. The context axis C has
+// none (a sixth number would be ambiguous to read): a grid with Gc > 1 is written by name.
 constexpr Axis kFourAxes[] = {Axis::X, Axis::Y, Axis::Z, Axis::D};
 constexpr Axis kFiveAxes[] = {Axis::X, Axis::Y, Axis::Z, Axis::P, Axis::D};
 constexpr std::span<const Axis> kPositionalForms[] = {kFourAxes, kFiveAxes};
-static_assert(std::ranges::equal(kFiveAxes, kAxesInRankOrder),
+static_assert(kAxisCount == 6 && std::ranges::equal(kFiveAxes, std::array{Axis::X, Axis::Y, Axis::Z,
+                                                                        Axis::P, Axis::D}),
               "a new axis: say which positional forms give it (the named form takes it already)");
 
-// The shortest positional form that holds every axis of `v` not at its unset value.
+// The shortest positional form that holds every axis of `v` not at its unset value; empty when
+// none does (an axis outside every positional form is set).
 template <int kUnset>
 std::span<const Axis> shortest_form(const PerAxis<kUnset>& v) {
   for (std::span<const Axis> form : kPositionalForms) {
@@ -68,23 +72,35 @@ std::span<const Axis> shortest_form(const PerAxis<kUnset>& v) {
       holds = holds && (v[a] == kUnset || std::ranges::find(form, a) != form.end());
     if (holds) return form;
   }
-  return kFiveAxes;  // every axis (static_assert above)
+  return {};
 }
 
-// The extents in their shortest positional form, joined by `sep`.
-std::string joined(const GridShape& shape, const char* sep) {
+// The extents in their shortest positional form joined by `sep`, or, where no positional form
+// holds them, the axes other than 1 as name, `named_sep`, extent, joined by `named_join`.
+std::string joined(const GridShape& shape, const char* sep, const char* named_sep,
+                   const char* named_join) {
   std::string s;
-  for (Axis a : shortest_form(shape)) s += (s.empty() ? "" : sep) + std::to_string(shape[a]);
+  const std::span<const Axis> form = shortest_form(shape);
+  if (form.empty()) {
+    for (Axis a : kAxesInRankOrder)
+      if (shape[a] != 1)
+        s += (s.empty() ? "" : named_join) + std::string(axis_name(a)) + named_sep +
+             std::to_string(shape[a]);
+    return s;
+  }
+  for (Axis a : form) s += (s.empty() ? "" : sep) + std::to_string(shape[a]);
   return s;
 }
 }  // namespace
 
-std::string GridShape::to_string() const { return joined(*this, "x"); }
-std::string GridShape::to_arg() const { return joined(*this, ","); }
+std::string GridShape::to_string() const { return joined(*this, "x", "", "."); }
+std::string GridShape::to_arg() const { return joined(*this, ",", "=", ","); }
 
 std::string to_string(const GridCoord& coord) {
+  std::span<const Axis> form = shortest_form(coord);
+  if (form.empty()) form = kAxesInRankOrder;
   std::string s;
-  for (Axis a : shortest_form(coord))
+  for (Axis a : form)
     s += (s.empty() ? "(" : ",") + std::string(axis_name(a)) + std::to_string(coord[a]);
   return s + ")";
 }
@@ -181,7 +197,7 @@ std::string axis_list() {
 GridShape parse_grid(const std::string& text) {
   const char* expected =
       "expected four positive integers \"x,y,z,d\" (e.g. \"2,1,2,1\") or five \"x,y,z,p,d\", or "
-      "named extents \"d=2,x=2\"";
+      "named extents \"d=2,x=2\" (the context axis only by name: \"c=2\")";
   std::vector<std::string> parts;
   size_t start = 0;
   while (true) {

@@ -1,12 +1,12 @@
 // The process grid (docs/parallel.md, shared/design/4d-parallelism.md): pure functions of
 // (rank, shape), no MPI, so every layout question can be tested without launching a job.
 //
-// A job of G = Gx*Gy*Gz*Gp*Gd ranks is a grid with one extent per axis. Rank order is
+// A job of G = Gx*Gy*Gz*Gc*Gp*Gd ranks is a grid with one extent per axis. Rank order is
 // mixed-radix over the axes in enum order, x fastest:
-//     x = r % Gx,  y = (r / Gx) % Gy,  z = (r / (Gx*Gy)) % Gz,  p = (r / (Gx*Gy*Gz)) % Gp,
-//     d = r / (Gx*Gy*Gz*Gp)
-// so X groups (the chattiest) are neighbouring ranks, a pipeline stage's tensor-parallel group
-// is contiguous, and the data axis is outermost.
+//     x = r % Gx,  y = (r / Gx) % Gy,  z = (r / (Gx*Gy)) % Gz,  c = (r / (Gx*Gy*Gz)) % Gc,
+//     p = (r / (Gx*Gy*Gz*Gc)) % Gp,  d = r / (Gx*Gy*Gz*Gc*Gp)
+// so X groups (the chattiest) are neighbouring ranks, a pipeline stage's tensor-parallel and
+// context-parallel groups are contiguous, and the data axis is outermost.
 //
 // Axes are data: GridShape and GridCoord hold one number per Axis, every function here loops
 // over kAxesInRankOrder, and groups of several axes are an AxisSet. Adding an axis is an enum
@@ -31,16 +31,17 @@
 namespace tetrad::parallel {
 
 // The axes of the grid, in rank order (fastest-varying first). X: input features of normal
-// layers, Y: output features, Z: tokens and the fully-sharded weight axis, P: pipeline stages,
-// D: data-parallel replicas.
-enum class Axis { X, Y, Z, P, D };
-inline constexpr int kAxisCount = 5;
+// layers, Y: output features, Z: tokens and the fully-sharded weight axis, C: context
+// parallelism (each sequence cut into 2 Gc chunks, rank c holding chunks c and 2 Gc - 1 - c;
+// parallel/context_split.hpp), P: pipeline stages, D: data-parallel replicas.
+enum class Axis { X, Y, Z, C, P, D };
+inline constexpr int kAxisCount = 6;
 
 // The axes from fastest- to slowest-varying in rank order (the enum's order).
 inline constexpr std::array<Axis, kAxisCount> kAxesInRankOrder = {Axis::X, Axis::Y, Axis::Z,
-                                                                   Axis::P, Axis::D};
+                                                                   Axis::C, Axis::P, Axis::D};
 
-// "x", "y", "z", "p", "d": the name used for the axis's communicator, in messages and in
+// "x", "y", "z", "c", "p", "d": the name used for the axis's communicator, in messages and in
 // parse_grid's named form.
 const char* axis_name(Axis axis);
 
@@ -72,11 +73,19 @@ class AxisSet {
   unsigned bits_ = 0;
 };
 
-// The axes whose ranks each take a share of a micro-batch's sequences (their tokens): Z and D.
-// A micro-batch of B sequences gives each rank B / token_slots(shape) of them, its share being
-// slot token_slot(coord, shape); the gradients of replicated parameters (norm weights, biases)
-// are summed over the group of these axes (ProcessGroups::tokens()).
+// The axes whose ranks each take a share of a micro-batch's sequences: Z and D. A micro-batch
+// of B sequences gives each rank B / token_slots(shape) of them, its share being slot
+// token_slot(coord, shape).
 inline constexpr AxisSet token_axes() { return {Axis::Z, Axis::D}; }
+// The axes whose ranks hold different tokens of a micro-batch: the sequence-dealing axes and C,
+// which cuts each sequence into chunks. Loss sums, token counts and the gradients of replicated
+// parameters (norm weights, biases) are summed over their group (ProcessGroups::tokens());
+// without C (Gc = 1) its ranks are token_axes()'s.
+inline constexpr AxisSet token_share_axes() { return {Axis::Z, Axis::C, Axis::D}; }
+// The axes over which every parameter is replicated and its gradient summed after the Z
+// reduce-scatter: D and C (ProcessGroups::replicas()). ZeRO deals its pieces over them (as
+// TorchTitan's FSDP shards over data x context).
+inline constexpr AxisSet replica_axes() { return {Axis::C, Axis::D}; }
 
 // One number per axis, indexed by Axis: a grid's extents (GridShape) or a rank's coordinates
 // (GridCoord). x() ... d() read one axis by name; [] reads or writes any.
@@ -89,6 +98,7 @@ class PerAxis {
   constexpr int x() const { return (*this)[Axis::X]; }
   constexpr int y() const { return (*this)[Axis::Y]; }
   constexpr int z() const { return (*this)[Axis::Z]; }
+  constexpr int c() const { return (*this)[Axis::C]; }
   constexpr int p() const { return (*this)[Axis::P]; }
   constexpr int d() const { return (*this)[Axis::D]; }
   constexpr bool operator==(const PerAxis&) const = default;
@@ -120,8 +130,11 @@ struct GridShape : PerAxis<1> {
   }
   int size() const;               // the product of every extent
   int size(AxisSet axes) const;   // the product of the extents of `axes` (a group's size)
-  std::string to_string() const;  // "2x2x1x1" (x,y,z,d) when p = 1, else "2x1x1x2x1" (x,y,z,p,d)
-  std::string to_arg() const;     // "2,2,1,1", or five numbers when p > 1: what parse_grid reads
+  // "2x2x1x1" (x,y,z,d) when p = c = 1, "2x1x1x2x1" (x,y,z,p,d) when c = 1, else the axes other
+  // than 1 by name, "x2.c2.d2" (c has no positional form).
+  std::string to_string() const;
+  // What parse_grid reads: "2,2,1,1", five numbers when p > 1, else named: "x=2,c=2,d=2".
+  std::string to_arg() const;
   constexpr bool operator==(const GridShape&) const = default;
 };
 
@@ -136,7 +149,8 @@ struct GridCoord : PerAxis<0> {
   constexpr bool operator==(const GridCoord&) const = default;
 };
 
-// "(x1,y0,z1,d0)"; with a pipeline stage other than 0, "(x1,y0,z1,p2,d0)".
+// "(x1,y0,z1,d0)"; with a pipeline stage other than 0, "(x1,y0,z1,p2,d0)"; with a context
+// coordinate other than 0, every axis: "(x1,y0,z1,c1,p0,d0)".
 std::string to_string(const GridCoord& coord);
 
 // Coordinates of `rank` (0 <= rank < shape.size()); inverse of rank_of.
@@ -160,8 +174,8 @@ inline int token_slot(const GridCoord& coord, const GridShape& shape) {
   return position_in(coord, shape, token_axes());
 }
 
-// Parses "x,y,z,d" (e.g. "2,1,2,1"; p = 1), "x,y,z,p,d", or named extents "d=2,x=2" (axes not
-// named are 1; an unknown or repeated axis is an error naming it); spaces allowed.
+// Parses "x,y,z,d" (e.g. "2,1,2,1"; p = 1), "x,y,z,p,d", or named extents "d=2,x=2" ("c=2" only
+// this way; axes not named are 1; an unknown or repeated axis is an error naming it); spaces allowed.
 GridShape parse_grid(const std::string& text);
 
 // Throws tetrad::Error unless every extent is >= 1 and shape.size() == world_size, e.g.

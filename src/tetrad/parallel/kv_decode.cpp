@@ -31,6 +31,10 @@ void ParallelTransformer::start_cache(int B) {
   if (ctx_.shape().p() > 1)
     fail("decoding with a KV cache on a pipeline grid (Gp = ", ctx_.shape().p(),
          ") is not implemented; use a grid without a pipeline axis (x,y,z,d)");
+  if (ctx_.shape().c() > 1)
+    fail("decoding with a KV cache on a context-parallel grid (c=", ctx_.shape().c(),
+         ") is not implemented; use a grid without the context axis (e.g. --grid d=",
+         ctx_.shape().size(), ")");
   if (B <= 0 || B > local_batch_)
     fail("generation batch of ", B, " sequences on this rank; the model was set up for 1..",
          local_batch_);
@@ -86,6 +90,9 @@ const float* ParallelTransformer::forward_logits(const int32_t* inputs, int B, i
 }
 
 std::vector<int32_t> ParallelTransformer::greedy_next_tokens(const int32_t* inputs, int B, int T) {
+  if (ctx_.shape().c() > 1)
+    fail("greedy decoding on a context-parallel grid (c=", ctx_.shape().c(),
+         ") is not implemented; use a grid without the context axis");
   forward(inputs, B, T);
   return vocab_->greedy_last(B, T);
 }

@@ -44,9 +44,10 @@ ModelMemory model_memory(const ModelConfig& cfg, const GridShape& G, const GridC
 
   // The local shard; ZeRO pieces: each tensor's shard cut into Gd pieces of ceil(n / Gd).
   int64_t local_total = 0, state_size = 0, piece_max = 0;
+  const int64_t Gr = G.size(G.c() > 1 ? replica_axes() : AxisSet(Axis::D));  // ZeRO's replicas
   auto add = [&](const std::vector<const TensorShard*>& ts, int64_t times) {
     for (const TensorShard* t : ts) {
-      const int64_t q = (t->shard_numel + G.d() - 1) / G.d();
+      const int64_t q = (t->shard_numel + Gr - 1) / Gr;
       local_total += times * t->shard_numel;
       state_size += times * q;
       if (times > 0) piece_max = std::max(piece_max, q);
@@ -59,7 +60,7 @@ ModelMemory model_memory(const ModelConfig& cfg, const GridShape& G, const GridC
   mm.params16 = copy16 ? b2 * local_total : 0;
   mm.grads = f4 * (opt.zero == 2 ? state_size : local_total);
   mm.optimizer = f4 * 2 * state_size;
-  if (opt.zero != 0) mm.staging += f4 * int64_t(G.d() + 1) * piece_max;
+  if (opt.zero != 0) mm.staging += f4 * (Gr + 1) * piece_max;
 
   if (G.z() > 1 || opt.zero == 2) {
     int64_t layer_max = 0, top = 0;
@@ -78,7 +79,7 @@ ModelMemory model_memory(const ModelConfig& cfg, const GridShape& G, const GridC
     mm.staging += f4 * (2 * layer_max + top);  // two layers' gradient blocks and the top block
   }
   if (opt.sparse_embedding_grad && G.z() > 1 && G.p() == 1 && opt.zero != 2) {
-    const int64_t rows = int64_t(G.z()) * local_batch * max_len;
+    const int64_t rows = int64_t(G.z()) * local_batch * (max_len / G.c());
     const LocalDims dims = LocalDims::of(cfg, G);
     const int64_t Cx = dims.Cx, Vy = dims.Vy;
     if (rows * (Cx + 1) < Vy * Cx) mm.staging += f4 * rows * Cx + int64_t(sizeof(int32_t)) * rows;
@@ -96,7 +97,7 @@ ModelMemory model_memory(const ModelConfig& cfg, const GridShape& G, const GridC
     };
     auto bucket = [&](const std::vector<const TensorShard*>& ts) {
       for (const TensorShard* t : ts) {
-        if ((t->z_sharded ? G.d() : token_slots(G)) == 1) continue;
+        if ((t->z_sharded ? Gr : G.size(token_share_axes())) == 1) continue;
         const int k = t->z_sharded ? 1 : 0;
         numel[k] += t->shard_numel;
         ++count[k];

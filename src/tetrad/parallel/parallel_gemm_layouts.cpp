@@ -18,7 +18,7 @@ namespace tetrad::parallel {
 GemmLayoutPlan ParallelTransformer::rule_gemm_layouts() const {
   GemmLayoutPlan p;
   p.source = "rule";
-  const int64_t N = int64_t(local_batch_) * max_len_;
+  const int64_t N = int64_t(local_batch_) * local_len_;
 
   for (int i = 0; i < kGemmSites; ++i) {
     GemmSiteLayout& s = p.site[size_t(i)];
@@ -100,7 +100,7 @@ void ParallelTransformer::tune_gemm_layouts() {
   plan.source = "tuned";
   const GemmLayoutPlan rule = plan;
   const bool can_dyt = wgrad_nn_ || (bf16_acts_ && ctx_.be->capabilities().bf16_producers);
-  const int64_t N = int64_t(local_batch_) * max_len_;
+  const int64_t N = int64_t(local_batch_) * local_len_;
   const int64_t widest = N * std::max({ctx_.dims.Cx, ctx_.dims.Ay, ctx_.dims.QKVy, ctx_.dims.FWy, ctx_.dims.Fy});
 
   // Operand space: X16 [N, k_in] and W16 [n_out, k_in] (bf16), the output (fp32), carved from

@@ -12,6 +12,7 @@
 #include "tetrad/core/error.hpp"
 #include "tetrad/parallel/activation_layout.hpp"
 #include "tetrad/parallel/block.hpp"
+#include "tetrad/parallel/context_split.hpp"
 #include "tetrad/parallel/parallel_ops.hpp"
 #include "tetrad/parallel/vocab_parallel.hpp"
 
@@ -65,6 +66,9 @@ ParallelTransformer::ParallelTransformer(const ModelConfig& config, ProcessGroup
   if (max_len <= 0 || max_len > cfg_.max_seq)
     fail("sequence length ", max_len, " is outside what the model supports (1..", cfg_.max_seq,
          " = model.max_seq)");
+  // Context axis: each rank holds two of the 2 Gc chunks of every sequence.
+  ContextSplit::of(groups.shape, groups.coord).check_divides(max_len);
+  local_len_ = max_len / groups.shape.c();
   if (local_batch <= 0) fail("local micro-batch must be positive, got ", local_batch);
   table_ = build_param_table(cfg_);
   // The split uses the sequence length this model runs (its attention cost, for "balanced"), as
@@ -107,9 +111,9 @@ ParallelTransformer::ParallelTransformer(const ModelConfig& config, ProcessGroup
                                              wte_, cfg_.n_layer, ov_, bf16_weights);
 
   reduce_ = std::make_unique<GradReducer>(ctx_, plan_, opt_, ov_, cfg_.n_layer, wte_, head_,
-                                          int64_t(local_batch) * max_len);
+                                          int64_t(local_batch) * local_len_);
 
-  const int64_t N = int64_t(local_batch) * max_len;
+  const int64_t N = int64_t(local_batch) * local_len_;
   layer_slots_ = layer_slots(cfg_.n_layer, split_, G.p(), groups.coord.p());
   // The activation buffer and its views, both from the spec list (activation_layout.hpp).
   const ActivationSizes sz = activation_sizes(opt_.recompute);
@@ -124,7 +128,7 @@ ParallelTransformer::ParallelTransformer(const ModelConfig& config, ProcessGroup
       ctx_, *ops_, *reduce_, *a_, VocabParallel::Tensors{wte_, wpe_, head_}, cfg_.vocab_size, N,
       local_batch, bf16_acts_ && G.p() == 1 && be->capabilities().bf16_loss_grad);
   block_ = make_block(BlockParts{cfg_, table_, ctx_, *ops_, *a_, opt_.recompute,
-                                 attention_precision_, max_len_});
+                                 attention_precision_, max_len_, local_batch_});
 
   // The GEMM layout of every site: given, tuned here (collective over the world), or the rule.
   layouts_ = rule_gemm_layouts();
@@ -174,9 +178,15 @@ void ParallelTransformer::forward_chunk(int l0, int l1, bool embed, bool head,
                                         const int32_t* inputs, int B, int T) {
   if (B <= 0 || B > local_batch_)
     fail("micro-batch of ", B, " sequences on this rank; the model was set up for 1..", local_batch_);
-  if (T <= 0 || T > max_len_)
+  if (local_len_ != max_len_) {  // Gc > 1: T is this rank's two chunks of each sequence
+    if (T <= 0 || T > local_len_ || T % 2 != 0)
+      fail("context parallelism (grid c=", ctx_.shape().c(), "): ", T, " tokens per sequence on "
+           "this rank; expected an even count of at most ", local_len_, " (two chunks of a "
+           "sequence of at most ", max_len_, " tokens)");
+  } else if (T <= 0 || T > max_len_) {
     fail("sequence of ", T, " tokens is longer than the model's maximum of ", max_len_,
          " (model.max_seq / train.seq_len)");
+  }
   const int64_t N = int64_t(B) * T;
   Acts& a = *a_;
   gather_->ensure_bf16_copy();

@@ -56,6 +56,8 @@ class VocabParallel;
 class ParallelTransformer {
  public:
   // local_batch: sequences of this rank per micro-batch (the global micro-batch / (Gz * Gd)).
+  // max_len: the longest sequence; with a context axis (Gc > 1) this rank holds two of its 2 Gc
+  // chunks (context_split.hpp) and the forward's T is its part (local_len()).
   ParallelTransformer(const ModelConfig& config, ProcessGroups& groups, int local_batch,
                       int max_len, ParallelOptions options = {});
   // Overlap switches only (no recomputation, no ZeRO, one chunk per stage).
@@ -98,6 +100,9 @@ class ParallelTransformer {
   // optimizer_state_size()), plus the gather / gradient-staging buffers.
   int64_t state_bytes() const;
   int max_len() const { return max_len_; }
+  // Tokens of one sequence on this rank: max_len() / Gc (the context axis cuts each sequence;
+  // the forward's T is this rank's part, context_split.hpp), max_len() without it.
+  int local_len() const { return local_len_; }
   int local_batch() const { return local_batch_; }
 
   // The same initial values as Transformer<float>::init_weights(seed); each rank keeps its shard.
@@ -285,7 +290,7 @@ class ParallelTransformer {
   // pipeline stage only its own layers' and its chunks' input slots).
   std::vector<LayerSlots> layer_slots_;
   ShardPlan plan_;
-  int local_batch_, max_len_;
+  int local_batch_, max_len_, local_len_ = 0;
   OverlapOptions ov_;
   // What the model and its parts compute and communicate with (step_context.hpp): the groups,
   // the queue of collectives (q_ below), the backend, the profile and this rank's dimensions.

@@ -114,7 +114,7 @@ void ParallelTransformer::apply_update(
 }
 
 void ParallelTransformer::gather_updated_params() {
-  if (opt_.zero == 0 || ctx_.g().shape.d() == 1) return;
+  if (opt_.zero == 0 || ctx_.g().replica_count() == 1) return;
   // The parameters change: gathered copies are stale, and the bf16 copy holds only this rank's
   // pieces updated: remade before the next forward (gathering the bf16 pieces over D as well
   // would halve that traffic; not done).
@@ -124,11 +124,12 @@ void ParallelTransformer::gather_updated_params() {
     if (!t.stored) continue;  // another pipeline stage's layer
     const int64_t q = reduce_->piece(i);
     float* pieces = reduce_->piece_staging();
-    float* mine = pieces + q * ctx_.g().shape.d();
+    const comm::Communicator& replicas = ctx_.g().replicas();  // D (with C: C x D)
+    float* mine = pieces + q * replicas.size();
     ctx_.zero_dev(mine, q);
     ctx_.copy_dev(mine, params_.data() + optimizer_layout().param_offsets[i], optimizer_layout().sizes[i]);
-    ctx_.q().run(ctx_.g().d().iallgather(mine, pieces, size_t(q), ctx_.q().ready()), ctx_.g().d(), "allgather", "updated pieces over D",
-           t.spec->layer, q * ctx_.g().shape.d() * int64_t(sizeof(float)));
+    ctx_.q().run(replicas.iallgather(mine, pieces, size_t(q), ctx_.q().ready()), replicas, "allgather", "updated pieces over D",
+           t.spec->layer, q * replicas.size() * int64_t(sizeof(float)));
     ctx_.copy_dev(params_.data() + t.offset, pieces, t.shard_numel);
   }
 }

@@ -61,7 +61,7 @@ void ParallelTransformer::gather_shard(const float* shard, size_t i, float* full
       ctx_.bq().synchronize();
     }
     const GridCoord& c = ctx_.g().coord;
-    bool owner = c.d() == 0 && c.z() == 0 && owns(t);
+    bool owner = c.d() == 0 && c.c() == 0 && c.z() == 0 && owns(t);
     if (t.layout == ShardLayout::ColsX) owner = owner && c.y() == 0;
     if (t.layout == ShardLayout::RowsY) owner = owner && c.x() == 0;
     if (t.layout == ShardLayout::Replicated) owner = owner && c.x() == 0 && c.y() == 0;
@@ -81,12 +81,13 @@ void ParallelTransformer::gather_state_tensor(const float* state, size_t i, floa
   if (opt_.zero == 0) return gather_tensor(state, i, full);
   const int64_t q = reduce_->piece(i);
   float* pieces = reduce_->piece_staging();
-  float* mine = pieces + q * ctx_.g().shape.d();
+  const comm::Communicator& replicas = ctx_.g().replicas();  // D (with C: C x D)
+  float* mine = pieces + q * replicas.size();
   ctx_.zero_dev(mine, q);
   ctx_.copy_dev(mine, state + optimizer_layout().state_offsets[i], optimizer_layout().sizes[i]);
-  if (q > 0 && ctx_.g().d().size() > 1) {  // q = 0: not stored on this stage
+  if (q > 0 && replicas.size() > 1) {  // q = 0: not stored on this stage
     ctx_.bq().synchronize();  // a staged all-gather reads `mine` from the host side
-    ctx_.g().d().allgather(mine, pieces, size_t(q));
+    replicas.allgather(mine, pieces, size_t(q));
   } else
     ctx_.copy_dev(pieces, static_cast<const float*>(mine), q);
   gather_shard(pieces, i, full);  // the pieces in D order are the shard (padding past its end)

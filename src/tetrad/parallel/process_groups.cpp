@@ -45,21 +45,22 @@ void ProcessGroups::release_backend(backend::Backend& be) {
   if (staging && !be.capabilities().host_visible) staging->remove(be);
 }
 
-std::vector<AxisSet> ProcessGroups::group_axes() {
+std::vector<AxisSet> ProcessGroups::group_axes(const GridShape& shape) {
   std::vector<AxisSet> sets(kAxesInRankOrder.begin(), kAxesInRankOrder.end());
-  sets.push_back(token_axes());
+  sets.push_back(token_axes_of(shape));
+  if (shape.c() > 1) sets.push_back(replica_axes());
   return sets;
 }
 
 ProcessGroups::ProcessGroups() : world(Communicator::self("world")) {
-  for (AxisSet axes : group_axes()) groups_.emplace_back(axes, Communicator::self(axes.name()));
+  for (AxisSet axes : group_axes(shape)) groups_.emplace_back(axes, Communicator::self(axes.name()));
 }
 
 ProcessGroups::ProcessGroups(const Communicator& world_in, const GridShape& shape_in)
     : shape(shape_in),
       coord((validate_grid(shape_in, world_in.size()), coord_of(world_in.rank(), shape_in))),
       world(world_in.dup("world")) {
-  for (AxisSet axes : group_axes())
+  for (AxisSet axes : group_axes(shape))
     groups_.emplace_back(axes, split_axes(world, shape, coord, axes));
   // The splits must reproduce the grid's arithmetic; anything else is a bug here.
   for (const auto& [axes, c] : groups_)
@@ -103,7 +104,7 @@ std::string ProcessGroups::summary() const {
   std::string s =
       detail::concat("rank ", r, " = ", to_string(coord), " of ", shape.to_string(), ":");
   for (const auto& [axes, c] : groups_)
-    if (axes != AxisSet(Axis::P) || shape.p() > 1)
+    if ((axes != AxisSet(Axis::P) || shape.p() > 1) && (axes != AxisSet(Axis::C) || shape.c() > 1))
       s += detail::concat(" ", axes.name(), " ", ranks_list(group_ranks(r, shape, axes)));
   return s;
 }

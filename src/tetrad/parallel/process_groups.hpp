@@ -2,8 +2,11 @@
 // (docs/parallel.md). Passed explicitly to whatever needs them; there is no global instance.
 //
 // Groups are looked up by the set of axes they span (group(AxisSet)): one for each axis, and
-// tokens() over token_axes() (Z and D), the token-splitting group, over which the gradients of
-// replicated parameters (norm weights, biases) are summed. The group over a set A: the ranks
+// tokens() over token_axes() (Z and D), the token-splitting group, over which loss sums and the
+// gradients of replicated parameters (norm weights, biases) are summed. With a context axis
+// (Gc > 1) two more: tokens() is then the group over token_share_axes() (Z, C and D) and
+// replicas() the group over replica_axes() (C and D), over which the Z-sharded gradients are
+// summed and ZeRO deals its pieces; with Gc = 1 replicas() is d() and no group spans C. The group over a set A: the ranks
 // that differ from this one only in A's axes, ordered by position_in(coord, A) (exactly grid.hpp's
 // group_ranks(rank, shape, A)), made with MPI_Comm_split(color = world rank with A's coordinates
 // zeroed, key = that position). p() links the pipeline stages.
@@ -56,17 +59,32 @@ struct ProcessGroups {
   GridCoord coord;
   comm::Communicator world;  // all ranks, rank order = grid rank order
 
-  // The group over `axes`: one axis, or token_axes(). Any other set is a bug (TETRAD_CHECK).
+  // The group over `axes`: one axis, token_axes(), or with Gc > 1 token_share_axes() and
+  // replica_axes(). Any other set is a bug (TETRAD_CHECK).
   const comm::Communicator& group(AxisSet axes) const;
   const comm::Communicator& x() const { return group(Axis::X); }
   const comm::Communicator& y() const { return group(Axis::Y); }
   const comm::Communicator& z() const { return group(Axis::Z); }
+  const comm::Communicator& c() const { return group(Axis::C); }  // the context-parallel ranks
   const comm::Communicator& p() const { return group(Axis::P); }  // the pipeline stages
   const comm::Communicator& d() const { return group(Axis::D); }
-  // The token-splitting group (Z and D: same x, y and stage), named "zd".
-  const comm::Communicator& tokens() const { return group(token_axes()); }
-  // Every group there is, in the order they were made (each axis, then the token group).
-  static std::vector<AxisSet> group_axes();
+  // Every rank that holds other tokens of the micro-batch (same x, y and stage): Z and D, named
+  // "zd"; with Gc > 1 Z, C and D, named "zcd".
+  const comm::Communicator& tokens() const { return group(token_axes_of(shape)); }
+  // The ranks that hold the same parameter shards (data replicas): D, or with Gc > 1 C and D
+  // ("cd"). Its size and this rank's place in it: replica_count(), replica_index().
+  const comm::Communicator& replicas() const { return group(replica_axes_of(shape)); }
+  int replica_count() const { return shape.size(replica_axes_of(shape)); }
+  int replica_index() const { return position_in(coord, shape, replica_axes_of(shape)); }
+  static AxisSet token_axes_of(const GridShape& s) {
+    return s.c() > 1 ? token_share_axes() : token_axes();
+  }
+  static AxisSet replica_axes_of(const GridShape& s) {
+    return s.c() > 1 ? replica_axes() : AxisSet(Axis::D);
+  }
+  // Every group of a grid of this shape, in the order they are made (each axis, then the token
+  // group, then with Gc > 1 the replica group).
+  static std::vector<AxisSet> group_axes(const GridShape& shape);
 
   // A model on `be` uses these groups: where its memory is not host memory, the groups' host
   // communicators (MPI) stage its buffers through host memory from now on (device_staging.hpp).

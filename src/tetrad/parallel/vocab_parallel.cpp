@@ -9,6 +9,7 @@
 #include <cstring>
 
 #include "tetrad/core/error.hpp"
+#include "tetrad/parallel/context_split.hpp"
 
 namespace tetrad::parallel {
 
@@ -54,9 +55,16 @@ void VocabParallel::embedding_forward(const int32_t* inputs, int64_t N, int T, i
   ctx_.ops().embedding_gather(ctx_.bq(), a_.emb, device_ids(inputs, N, 0),
                               ops_.w(t_.token_embedding), v0, d.Vy, N, d.Cx);
   ctx_.sum_over(ctx_.g().y(), a_.emb, N * d.Cx, "embedding");
-  if (t_.position_embedding >= 0)
-    ctx_.ops().position_add(ctx_.bq(), a_.emb,
-                            ops_.w(t_.position_embedding) + int64_t(pos0) * d.Cx, N, T, d.Cx);
+  if (t_.position_embedding < 0) return;
+  const float* P = ops_.w(t_.position_embedding) + int64_t(pos0) * d.Cx;
+  const ContextSplit cs = ContextSplit::of(ctx_.shape(), ctx_.g().coord);
+  if (!cs.active()) return ctx_.ops().position_add(ctx_.bq(), a_.emb, P, N, T, d.Cx);
+  // Context axis: each local chunk of each sequence from its chunk's offset in the sequence.
+  const int Tc = cs.chunk_len(T);
+  for (int64_t b = 0; b < N / T; ++b)
+    for (int j = 0; j < cs.local_chunks(); ++j)
+      ctx_.ops().position_add(ctx_.bq(), a_.emb + (b * T + int64_t(j) * Tc) * d.Cx,
+                              P + cs.chunk_offset(j, T) * d.Cx, Tc, Tc, d.Cx);
 }
 
 // The embedding's backward from dresid: the rows of this rank's vocabulary slice accumulate into
@@ -71,7 +79,14 @@ void VocabParallel::embedding_backward(const int32_t* inputs, int64_t N, int T) 
   if (dE)
     ctx_.ops().embedding_scatter_add(ctx_.bq(), dE, 0, d.Vy * d.Cx, a_.dresid,
                                      device_ids(inputs, N, 0), v0, d.Vy, N, d.Cx);
-  if (dP) ctx_.ops().position_grad(ctx_.bq(), dP, a_.dresid, N, T, d.Cx);
+  if (!dP) return;
+  const ContextSplit cs = ContextSplit::of(ctx_.shape(), ctx_.g().coord);
+  if (!cs.active()) return ctx_.ops().position_grad(ctx_.bq(), dP, a_.dresid, N, T, d.Cx);
+  const int Tc = cs.chunk_len(T);
+  for (int64_t b = 0; b < N / T; ++b)
+    for (int j = 0; j < cs.local_chunks(); ++j)
+      ctx_.ops().position_grad(ctx_.bq(), dP + cs.chunk_offset(j, T) * d.Cx,
+                               a_.dresid + (b * T + int64_t(j) * Tc) * d.Cx, Tc, Tc, d.Cx);
 }
 
 void VocabParallel::start_embedding_ids(const int32_t* inputs, int64_t N) {

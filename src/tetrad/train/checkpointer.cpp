@@ -3,16 +3,21 @@
 #include <algorithm>
 #include <cstdlib>
 #include <chrono>
+#include <cmath>
+#include <filesystem>
 #include <iomanip>
 #include <iostream>
 #include <sstream>
 
+#include "tetrad/checkpoint/atomic_file.hpp"
 #include "tetrad/checkpoint/hf.hpp"
 #include "tetrad/checkpoint/run_checkpoint.hpp"
 #include "tetrad/checkpoint/sharded.hpp"
 #include "tetrad/core/error.hpp"
 #include "tetrad/core/hash.hpp"
 #include "tetrad/data/tokenizer.hpp"
+
+namespace fs = std::filesystem;
 
 namespace tetrad {
 
@@ -99,7 +104,7 @@ Checkpointer::Start Checkpointer::resume_or_init(bool resume, bool allow_data_ch
       std::string error;
       try {
         if (is_sharded_checkpoint(dir)) load_sharded(dir, s, allow_data_change);
-        else load_legacy(dir, s);
+        else load_legacy(dir, s, allow_data_change);
       } catch (const DataChangeRefused& e) {
         failed = 2;
         error = e.what();
@@ -115,6 +120,7 @@ Checkpointer::Start Checkpointer::resume_or_init(bool resume, bool allow_data_ch
         s.loaded = true;
         s.resumed_from = dir;
         p_.out << "resumed from " << dir << " at step " << s.step << "\n";
+        say_unchecked(dir, s.data_unchecked);
         break;
       }
       if (!error.empty()) {
@@ -144,8 +150,17 @@ void Checkpointer::load_sharded(const std::string& dir, Start& s, bool allow_dat
     uint64_t tokenizer = 0;
     if (meta.contains("tokenizer_identity") && meta["tokenizer_identity"].is_string())
       tokenizer = std::strtoull(meta["tokenizer_identity"].get<std::string>().c_str(), nullptr, 16);
-    s.data_changes = p_.data.check_continuity(meta.value("data", nlohmann::json::object()),
-                                              tokenizer, dir, allow_data_change);
+    nlohmann::json data = meta.value("data", nlohmann::json::object());
+    // A record from before the seed was kept: the seed of the run folder's config.toml.
+    const std::string run_config = p_.cfg.run_dir + "/config.toml";
+    if (data.is_object() && !data.empty() && !data.contains("seed") && fs::is_regular_file(run_config))
+      try {
+        TrainingData::complete_from_config(data, read_small_file(run_config), "as in " + run_config);
+      } catch (const Error&) {
+      }
+    s.data_unchecked.clear();
+    s.data_changes = p_.data.check_continuity(data, tokenizer, dir, allow_data_change,
+                                              &s.data_unchecked);
     for (const std::string& c : s.data_changes)
       p_.out << "resume: continuing with a change (--allow-data-change): " << c << "\n";
   }
@@ -179,7 +194,7 @@ void Checkpointer::load_sharded(const std::string& dir, Start& s, bool allow_dat
 }
 
 // The previous format (one HF folder + trainer_state.bin), tensor by tensor.
-void Checkpointer::load_legacy(const std::string& dir, Start& s) {
+void Checkpointer::load_legacy(const std::string& dir, Start& s, bool allow_data_change) {
   parallel::ParallelTransformer& model = p_.model;
   auto keep = [&](float* local) {
     return [&model, local](size_t i, const float* d) { model.scatter_tensor(local, i, d); };
@@ -187,13 +202,36 @@ void Checkpointer::load_legacy(const std::string& dir, Start& s) {
   auto keep_state = [&](float* local) {
     return [&model, local](size_t i, const float* d) { model.scatter_state_tensor(local, i, d); };
   };
+  // The data settings first, before any weight is read, as for the sharded format: the record
+  // it keeps, or what an older one holds (the configuration it recorded; the tokenizer it
+  // carries).
+  const nlohmann::json data = TrainingData::legacy_record(verify_trainer_state(dir + "/trainer_state.bin").info);
+  if (!data.contains("epoch") || !data.contains("cursor"))
+    fail("checkpoint '", dir, "' lacks the data position (data_epoch, data_cursor)");
+  const std::string tok = dir + "/tokenizer.model";
+  s.data_unchecked.clear();
+  s.data_changes = p_.data.check_continuity(data, fs::is_regular_file(tok) ? hash_file(tok) : 0, dir,
+                                            allow_data_change, &s.data_unchecked);
+  for (const std::string& c : s.data_changes)
+    p_.out << "resume: continuing with a change (--allow-data-change): " << c << "\n";
   TrainerState st = load_run_checkpoint_streamed(dir, p_.cfg.model, model.table(),
                                                  keep(model.params()), keep_state(p_.adam.m()),
                                                  keep_state(p_.adam.v()));
   s.step = st.step;
   if (st.info.is_object() && st.info.contains("best_loss") && st.info["best_loss"].is_number())
     best_loss_ = st.info["best_loss"].get<double>();
-  p_.data.restore_legacy(st.info, dir);
+  p_.data.restore(data, dir);
+}
+
+// What a checkpoint from an older tetrad does not record cannot be compared with this run: said
+// once, after the load, rather than passed over.
+void Checkpointer::say_unchecked(const std::string& dir, const std::vector<std::string>& what) {
+  if (what.empty()) return;
+  std::string list;
+  for (size_t i = 0; i < what.size(); ++i) list += (i ? "; " : "") + what[i];
+  p_.out << "resume: checkpoint " << dir << " was written by an older tetrad and does not record "
+         << list << ": not compared with this run, which continues as configured (checkpoints "
+            "from here on record them)\n";
 }
 
 // The best loss, and a tuned GEMM layout plan: the checkpoint's on resume (the same sums as the
@@ -215,6 +253,48 @@ void Checkpointer::restore_records(const nlohmann::json& rec, Start& s) {
                                 saved.to_string() + ")";
 }
 
+namespace {
+
+// Throws naming the tensor, its first element that is not finite (its index in the file's layout)
+// and how many are not, when `data` (in tetrad's layout) holds any.
+void check_finite_tensor(const std::string& dir, const ParamSpec& spec, const float* data) {
+  // The file's layout: a transposed Conv1D weight is [in, out] there, [out, in] here.
+  const bool transposed = spec.hf_transposed && spec.shape.size() == 2;
+  std::vector<int64_t> shape = spec.shape;
+  if (transposed) std::swap(shape[0], shape[1]);
+  const int64_t n = spec.numel;
+  int64_t first = -1, first_here = -1, bad = 0;  // the first in the file's order; where it is here
+  for (int64_t k = 0; k < n; ++k) {
+    if (std::isfinite(data[k])) continue;
+    ++bad;
+    // Here [r, c] = k of [out, in]; in the file [c, r] of [in, out].
+    const int64_t in_file =
+        transposed ? (k % spec.shape[1]) * spec.shape[0] + k / spec.shape[1] : k;
+    if (first < 0 || in_file < first) {
+      first = in_file;
+      first_here = k;
+    }
+  }
+  if (first < 0) return;
+  std::vector<int64_t> at(shape.size());
+  int64_t rest = first;
+  for (size_t d = shape.size(); d-- > 0;) {
+    at[d] = shape[d] ? rest % shape[d] : 0;
+    rest = shape[d] ? rest / shape[d] : 0;
+  }
+  auto list = [](const std::vector<int64_t>& v) {
+    std::string s;
+    for (size_t d = 0; d < v.size(); ++d) s += (d ? ", " : "") + std::to_string(v[d]);
+    return s;
+  };
+  fail("run.init_from '", dir, "': tensor ", spec.name, " (shape [", list(shape), "]) holds ", bad,
+       " value(s) that are not finite, the first at [", list(at), "] (", data[first_here],
+       "); training from it would give NaN from the first step. Use weights that are finite (the "
+       "checkpoint before the weights went bad, or the original model)");
+}
+
+}  // namespace
+
 void Checkpointer::init_fresh() {
   const RunConfig& cfg = p_.cfg;
   parallel::ParallelTransformer& model = p_.model;
@@ -231,8 +311,11 @@ void Checkpointer::init_fresh() {
            ") but the shards in '", cfg.data_dir, "' were made with tokenizer ", hex64(data_id),
            "; prepare the data with --tokenizer ", cfg.init_from);
   }
+  // Weights that are not finite would train into NaN from the first step: refused by name (every
+  // rank reads the whole tensor, so every rank refuses together).
   load_hf_params_streamed(cfg.init_from, cfg.model, model.table(),
                           [&](size_t i, const float* data) {
+                            check_finite_tensor(cfg.init_from, model.table().specs[i], data);
                             model.scatter_tensor(model.params(), i, data);
                           });
   p_.out << "initialised from " << cfg.init_from << "\n";
@@ -299,7 +382,7 @@ void Checkpointer::save_streamed(int64_t step, const nlohmann::json& health) {
   };
   if (p_.world.rank() == 0) {
     const auto ls = p_.data.state();
-    nlohmann::json info = {{"data_epoch", ls.epoch}, {"data_cursor", ls.cursor},
+    nlohmann::json info = {{"data_epoch", ls.epoch}, {"data_cursor", ls.cursor}, {"data", p_.data.position()},
                            {"tokens_seen", step * p_.plan.tokens_per_step},
                            {"grid", p_.plan.grid.to_string()}, {"config", to_toml(cfg)}};
     info.update(health);

@@ -64,6 +64,7 @@ class Checkpointer {
     std::string resumed_from;     // its folder
     std::string layouts_resumed;  // what became of its tuned GEMM layouts ("" if nothing)
     std::vector<std::string> data_changes;  // allowed differences of seed or data, in words
+    std::vector<std::string> data_unchecked;  // what an older checkpoint lacks to compare, in words
   };
   // resume: the latest checkpoint every rank loads (refused ones named, the previous one tried);
   // none there: a fresh start, said so. Otherwise, or then: run.init_from's weights, or
@@ -84,7 +85,8 @@ class Checkpointer {
 
  private:
   void load_sharded(const std::string& dir, Start& s, bool allow_data_change);
-  void load_legacy(const std::string& dir, Start& s);
+  void load_legacy(const std::string& dir, Start& s, bool allow_data_change);
+  void say_unchecked(const std::string& dir, const std::vector<std::string>& what);
   void init_fresh();
   void restore_records(const nlohmann::json& extra, Start& s);
   void save_streamed(int64_t step, const nlohmann::json& health);

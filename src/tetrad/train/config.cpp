@@ -215,8 +215,10 @@ std::vector<Field> parallel_fields() {
   return {
       STRING_FIELD("parallel.grid", c.grid,
                    "process grid \"x,y,z,d\", \"x,y,z,p,d\" or named extents \"d=2,x=2\" "
-                   "(axes not named are 1): tensor parallelism over X, Y, Z (Z shards weights), "
-                   "pipeline stages over P, data parallelism over D; the product must equal the "
+                   "(axes not named are 1; the context axis only by name, \"c=2\"): tensor "
+                   "parallelism over X, Y, Z (Z shards weights), context parallelism over C "
+                   "(each sequence cut into 2c chunks), pipeline stages over P, data parallelism "
+                   "over D; the product must equal the "
                    "number of ranks. \"auto\": the planner's first choice for this run "
                    "(docs/planner.md); empty (not set): 1,1,1,1 on one rank, on more the "
                    "planner's choice as for \"auto\""),

@@ -18,6 +18,10 @@ std::string inference_grid(const std::string& grid, int world_size) {
   if (s.p() > 1)
     fail("grid '", g, "': a pipeline axis (Gp = ", s.p(), ") is not supported for inference; "
          "give x,y,z,d");
+  if (s.c() > 1)
+    fail("grid '", g, "': the context-parallel axis (c = ", s.c(), ") is not supported by the "
+         "inference commands (eval, generate, logits, memorization) yet; give x,y,z,d (e.g. --grid "
+         "d=", s.size(), "), which reads a checkpoint of any training grid");
   return g;
 }
 

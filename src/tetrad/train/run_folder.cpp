@@ -62,6 +62,58 @@ void claim_run_folder(const std::string& run_dir, const ClaimOptions& opt, std::
   clean_run_folder(run_dir, out);
 }
 
+namespace {
+
+fs::path normalized(const std::string& dir) {
+  std::error_code ec;
+  fs::path p = fs::absolute(fs::path(dir), ec).lexically_normal();
+  if (ec) return {};
+  if (!p.has_filename() && p != p.root_path()) p = p.parent_path();  // a trailing slash
+  return p;
+}
+
+// The outermost folder on the way to `dir` that does not exist yet ("" if `dir` exists).
+std::string first_missing(const std::string& dir) {
+  std::error_code ec;
+  std::string missing;
+  for (fs::path p = normalized(dir); !p.empty() && !fs::exists(p, ec) && !ec;) {
+    missing = p.string();
+    const fs::path up = p.parent_path();
+    if (up == p) break;
+    p = up;
+  }
+  return missing;
+}
+
+// True when `dir` holds nothing but (possibly nested) empty folders; removes those and `dir`.
+bool remove_if_only_empty_folders(const fs::path& dir) {
+  std::error_code ec;
+  if (!fs::is_directory(fs::symlink_status(dir, ec))) return false;
+  bool empty = true;
+  for (const fs::directory_entry& e : fs::directory_iterator(dir, ec))
+    if (!remove_if_only_empty_folders(e.path())) empty = false;
+  if (ec || !empty) return false;
+  return fs::remove(dir, ec) && !ec;
+}
+
+}  // namespace
+
+RunFolder::~RunFolder() {
+  if (created_.empty()) return;
+  lock_.reset();  // its file goes first
+  // Only while the run never got under way: config.toml, metrics.jsonl and checkpoints are files.
+  try {
+    const fs::path top(created_);
+    for (fs::path p = normalized(dir_); !p.empty();) {
+      if (!remove_if_only_empty_folders(p) || p == top) break;
+      const fs::path up = p.parent_path();
+      if (up == p) break;
+      p = up;
+    }
+  } catch (...) {  // a folder that cannot be listed: left as it is
+  }
+}
+
 RunFolder::RunFolder(const std::string& run_dir, const std::string& resolved,
                      const ClaimOptions& opt, const comm::Communicator& world, std::ostream& out)
     : dir_(run_dir), resolved_(resolved) {
@@ -69,6 +121,7 @@ RunFolder::RunFolder(const std::string& run_dir, const std::string& resolved,
   std::exception_ptr why;
   if (world.rank() == 0) {
     try {
+      created_ = first_missing(run_dir);
       std::string took_over;
       lock_ = std::make_unique<RunLock>(run_dir, &took_over);
       if (!took_over.empty()) out << took_over << "\n";

@@ -3,6 +3,9 @@
 // continued (--resume) or, when asked (--overwrite), emptied, never silently overwritten; what an
 // interrupted save or prune left is removed, and the resolved configuration is printed and, once
 // the run is under way, written to run.dir/config.toml. Every rank agrees: when rank 0 refuses, every rank throws.
+// A run refused before it got under way (a bad run.init_from, a memory or data check after the
+// claim) leaves nothing it created: the folders it made for run.dir are removed again while they
+// hold nothing but empty folders.
 #pragma once
 #include <iosfwd>
 #include <memory>
@@ -26,6 +29,9 @@ class RunFolder {
   // Error on every rank when rank 0 refuses the folder.
   RunFolder(const std::string& run_dir, const std::string& resolved_config,
             const ClaimOptions& opt, const comm::Communicator& world, std::ostream& out);
+  ~RunFolder();
+  RunFolder(const RunFolder&) = delete;
+  RunFolder& operator=(const RunFolder&) = delete;
   const std::string& dir() const { return dir_; }
   // Rank 0 writes run_dir/config.toml: once the run is under way (a resume that is refused, for
   // another model or other data, leaves the folder's config.toml as it was).
@@ -33,6 +39,7 @@ class RunFolder {
 
  private:
   std::string dir_, resolved_;
+  std::string created_;  // rank 0: the outermost folder of run_dir this run created ("" if none)
   std::unique_ptr<RunLock> lock_;  // rank 0 only
 };
 

@@ -4,6 +4,7 @@
 #include "tetrad/comm/transports.hpp"
 #include "tetrad/core/cpu.hpp"
 #include "tetrad/core/error.hpp"
+#include "tetrad/parallel/context_split.hpp"
 #include "tetrad/parallel/gemm_layouts.hpp"
 #include "tetrad/train/auto_grid.hpp"
 
@@ -62,6 +63,8 @@ RunPlan resolve_run_plan(const RunConfig& cfg, const Launch& launch, const backe
     fail("train.micro_batch (", t.micro_batch, ") must be divisible by Gz x Gd = ", plan.replicas,
          " (its sequences are split over the Z and data-parallel ranks)");
   plan.local_batch = t.micro_batch / plan.replicas;
+  // The context axis cuts each sequence into 2 Gc chunks (parallel/context_split.hpp).
+  parallel::ContextSplit{plan.grid.c(), 0}.check_divides(t.seq_len);
   plan.seq_len = t.seq_len;
   plan.tokens_per_step = int64_t(t.micro_batch) * t.seq_len * t.grad_accum;
   // A chosen grid's split is checked here, a named one's already by resolve_settings.

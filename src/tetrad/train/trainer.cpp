@@ -101,7 +101,7 @@ StepOptions step_options(const RunConfig& cfg, const RunPlan& plan, StepProfile*
   StepOptions o;
   o.micro_batches = cfg.train.grad_accum;
   o.B = plan.local_batch;
-  o.T = plan.seq_len;
+  o.T = plan.seq_len / plan.grid.c();  // this rank's tokens per sequence (its context chunks)
   o.grad_clip = cfg.train.grad_clip;
   o.max_bad_steps = cfg.train.max_bad_steps;
   o.schedule = parallel::parse_pipeline_schedule(cfg.schedule);
@@ -270,7 +270,8 @@ TrainResult train(const RunConfig& cfg, const TrainOptions& opt, std::ostream& l
   out << plan.grid_why;
   // This rank's share of the tokens: slot z + Gz d of the Z x D replicas.
   const int slot = token_slot(groups.coord, plan.grid);
-  TrainingData data(cfg, DataSlot{plan.local_batch, plan.seq_len, slot, plan.replicas});
+  TrainingData data(cfg, DataSlot{plan.local_batch, plan.seq_len, slot, plan.replicas,
+                                  parallel::ContextSplit::of(plan.grid, groups.coord)});
   comm::TransportChoice transport;
   const std::unique_ptr<ProcessGroups> nccl_groups =
       model_groups_on_nccl(cfg, plan, launch, groups, transport);

@@ -4,6 +4,7 @@
 #include <fstream>
 #include <ostream>
 #include <sstream>
+#include <toml++/toml.h>
 
 #include "tetrad/core/error.hpp"
 #include "tetrad/core/hash.hpp"
@@ -106,20 +107,43 @@ TrainingData::TrainingData(const RunConfig& cfg, const DataSlot& s)
               opt_),
       mask_{parse_loss_mask(cfg.train.loss_mask), cfg.train.goldfish_k, cfg.train.goldfish_h,
             cfg.train.seed},
-      inputs_(size_t(cfg.train.grad_accum) * s.local_batch * s.seq_len),
-      targets_(inputs_.size()) {}
+      inputs_(size_t(cfg.train.grad_accum) * s.local_batch * s.context.local_len(s.seq_len)),
+      targets_(inputs_.size()) {
+  if (s.context.active()) {
+    whole_inputs_.resize(size_t(cfg.train.grad_accum) * s.local_batch * s.seq_len);
+    whole_targets_.resize(whole_inputs_.size());
+  }
+}
 
 std::array<double, 2> TrainingData::next_step(int64_t step) {
   const int B = slot_.local_batch, T = slot_.seq_len, accum = cfg_.train.grad_accum;
   std::array<double, 2> counts = {0, 0};  // kept targets, dropped by the loss mask
+  const parallel::ContextSplit& cs = slot_.context;
+  // With a context axis the whole sequences are read (every C rank of the slot reads the same
+  // ones) and masked, then each rank keeps its chunks.
+  int32_t* in = cs.active() ? whole_inputs_.data() : inputs_.data();
+  int32_t* tg = cs.active() ? whole_targets_.data() : targets_.data();
   // All micro-batches of the step first, so the loss normaliser (kept targets over the whole
   // global batch) is known before any backward.
   for (int m = 0; m < accum; ++m)
-    loader_.next_batch(inputs_.data() + size_t(m) * B * T, targets_.data() + size_t(m) * B * T);
+    loader_.next_batch(in + size_t(m) * B * T, tg + size_t(m) * B * T);
+  if (!cs.active()) {
+    for (int m = 0; m < accum; ++m)
+      counts[1] += double(apply_loss_mask(mask_, targets_.data() + size_t(m) * B * T, B, T, step,
+                                          m, slot_.replicas, slot_.slot));
+    for (int32_t y : targets_) counts[0] += y >= 0;
+    return counts;
+  }
+  // This rank's targets before the mask, to count what the mask drops of them.
+  cs.take(tg, T, B * accum, T, targets_.data());
+  double before = 0;
+  for (int32_t y : targets_) before += y >= 0;
   for (int m = 0; m < accum; ++m)
-    counts[1] += double(apply_loss_mask(mask_, targets_.data() + size_t(m) * B * T, B, T, step, m,
-                                        slot_.replicas, slot_.slot));
+    apply_loss_mask(mask_, tg + size_t(m) * B * T, B, T, step, m, slot_.replicas, slot_.slot);
+  cs.take(in, T, B * accum, T, inputs_.data());
+  cs.take(tg, T, B * accum, T, targets_.data());
   for (int32_t y : targets_) counts[0] += y >= 0;
+  counts[1] = before - counts[0];
   return counts;
 }
 
@@ -137,7 +161,11 @@ nlohmann::json TrainingData::position() const {
 }
 
 std::vector<std::string> TrainingData::check_continuity(const nlohmann::json& d, uint64_t tokenizer,
-                                                        const std::string& dir, bool allow) {
+                                                        const std::string& dir, bool allow,
+                                                        std::vector<std::string>* unchecked) {
+  auto note = [&](const std::string& what) {
+    if (unchecked) unchecked->push_back(what);
+  };
   if (tokenizer && info_.tokenizer_identity && tokenizer != info_.tokenizer_identity)
     throw DataChangeRefused(detail::concat(
         "checkpoint ", dir, " was trained on tokens of tokenizer ", hex64(tokenizer), " but the "
@@ -146,12 +174,27 @@ std::vector<std::string> TrainingData::check_continuity(const nlohmann::json& d,
         "a new run.dir (run.init_from its weights, with data prepared by its tokenizer)"));
   std::vector<std::string> changes;
   if (!d.is_object() || d.empty()) return changes;  // an imported model: no data yet
+  if (!tokenizer && info_.tokenizer_identity) note("the tokenizer (the checkpoint has none)");
   const TrainConfig& t = cfg_.train;
-  if (d.contains("seed") && d["seed"].is_number_integer() && d["seed"].get<int64_t>() != t.seed)
-    changes.push_back(detail::concat("train.seed: checkpoint ", d["seed"].get<int64_t>(),
+  const std::string seed_from = d.value("seed_from", std::string());
+  if (!d.contains("seed") || !d["seed"].is_number_integer())
+    note(detail::concat("train.seed (this run: ", t.seed, ")"));
+  else if (d["seed"].get<uint64_t>() != t.seed)
+    changes.push_back(detail::concat("train.seed: checkpoint",
+                                     seed_from.empty() ? std::string() : " (" + seed_from + ")",
+                                     " ", d["seed"].get<uint64_t>(),
                                      ", config ", t.seed, " (the order of the data from here on)"));
+  if (!d.contains("seq_len")) note(detail::concat("train.seq_len (this run: ", slot_.seq_len, ")"));
   bool data_changed = false;
-  if (d.contains("fingerprint") && d["fingerprint"].is_string()) {
+  if (!d.contains("fingerprint") || !d["fingerprint"].is_string()) {
+    const std::string then = d.value("data_dir", std::string());
+    note(detail::concat("the training data (no fingerprint of its shards; this run reads data.dir '",
+                        cfg_.data_dir, "'",
+                        then.empty() ? std::string()
+                        : then == cfg_.data_dir ? ", the folder the run was configured with"
+                                                : ", the run was configured with '" + then + "'",
+                        ")"));
+  } else {
     const std::string now = hex64(loader_.fingerprint());
     if (d["fingerprint"].get<std::string>() != now) {
       data_changed = true;
@@ -181,7 +224,8 @@ void TrainingData::restore(const nlohmann::json& d, const std::string& dir) {
   if (restart_data_) return;               // an allowed change of data: the new data from its start
   const int T = slot_.seq_len;
   try {
-    const int saved_T = d.at("seq_len").get<int>();
+    // An older record without seq_len: not comparable (check_continuity said so).
+    const int saved_T = d.contains("seq_len") ? d.at("seq_len").get<int>() : T;
     if (saved_T != T)
       fail("checkpoint ", dir, " was trained with train.seq_len = ", saved_T, " but the config has ",
            T, "; the data windows would not continue where they stopped (set train.seq_len = ",
@@ -192,12 +236,35 @@ void TrainingData::restore(const nlohmann::json& d, const std::string& dir) {
   }
 }
 
-void TrainingData::restore_legacy(const nlohmann::json& info, const std::string& dir) {
+nlohmann::json TrainingData::legacy_record(const nlohmann::json& info) {
+  if (info.is_object() && info.contains("data") && info["data"].is_object()) return info["data"];
+  nlohmann::json d = nlohmann::json::object();
+  if (!info.is_object()) return d;
+  if (info.contains("data_epoch")) d["epoch"] = info["data_epoch"];
+  if (info.contains("data_cursor")) d["cursor"] = info["data_cursor"];
+  if (info.contains("config") && info["config"].is_string()) {
+    complete_from_config(d, info["config"].get<std::string>(), "as in the configuration it recorded");
+    try {
+      const toml::table c = toml::parse(info["config"].get<std::string>());
+      if (auto T = c.at_path("train.seq_len").value<int64_t>()) d["seq_len"] = *T;
+    } catch (const toml::parse_error&) {
+    }
+  }
+  return d;
+}
+
+void TrainingData::complete_from_config(nlohmann::json& d, const std::string& text,
+                                        const std::string& source) {
   try {
-    loader_.restore(data::LoaderState{info.at("data_epoch").get<uint64_t>(),
-                                      info.at("data_cursor").get<uint64_t>()});
-  } catch (const nlohmann::json::exception& e) {
-    fail("checkpoint '", dir, "' lacks the data position: ", e.what());
+    const toml::table c = toml::parse(text);
+    if (!d.contains("seed"))
+      if (auto seed = c.at_path("train.seed").value<uint64_t>()) {
+        d["seed"] = *seed;
+        d["seed_from"] = source;
+      }
+    if (!d.contains("data_dir"))
+      if (auto dir = c.at_path("data.dir").value<std::string>()) d["data_dir"] = *dir;
+  } catch (const toml::parse_error&) {  // nothing to compare with: said as not compared
   }
 }
 

@@ -17,6 +17,7 @@
 #include "tetrad/core/error.hpp"
 #include "tetrad/data/loader.hpp"
 #include "tetrad/model/model_config.hpp"
+#include "tetrad/parallel/context_split.hpp"
 #include "tetrad/train/config.hpp"
 #include "tetrad/train/loss_mask.hpp"
 
@@ -45,10 +46,13 @@ class DataChangeRefused : public Error {
 };
 
 // This rank's part of each micro-batch: `local_batch` of its sequences, slot `slot` of
-// `replicas` (the Z x D ranks split the micro-batch's sequences).
+// `replicas` (the Z x D ranks split the micro-batch's sequences), and of each sequence its
+// context chunks (the C ranks of one slot read the same sequences and each keeps its two chunks:
+// context.local_len(seq_len) tokens per sequence).
 struct DataSlot {
   int local_batch = 1, seq_len = 1;
   int slot = 0, replicas = 1;
+  parallel::ContextSplit context;
 };
 
 class TrainingData {
@@ -61,8 +65,9 @@ class TrainingData {
   const DataSlot& slot() const { return slot_; }
 
   // The batch of step `step` (0-based): grad_accum micro-batches read into inputs() and
-  // targets() (micro-batch m at m x B x T), the loss mask applied. Returns {targets kept,
-  // targets the mask dropped} on this rank.
+  // targets() (micro-batch m at m x B x T, T this rank's tokens per sequence: its context chunks
+  // of each sequence), the loss mask applied to the whole sequences. Returns {targets kept,
+  // targets the mask dropped} of this rank's tokens.
   std::array<double, 2> next_step(int64_t step);
   std::vector<int32_t>& inputs() { return inputs_; }
   std::vector<int32_t>& targets() { return targets_; }
@@ -78,13 +83,24 @@ class TrainingData {
   // train.seed or training data (another fingerprint) unless `allow`, and then each difference
   // is returned, said in words, and a data change makes restore() start the new data from its
   // beginning. Records from before the fingerprint was kept are checked for what they hold.
+  // What a record from an older tetrad lacks (its seed, the data's fingerprint, seq_len, the
+  // tokenizer) is not compared and is added to `unchecked`, in words, to be said once.
   std::vector<std::string> check_continuity(const nlohmann::json& data, uint64_t tokenizer,
-                                            const std::string& dir, bool allow);
+                                            const std::string& dir, bool allow,
+                                            std::vector<std::string>* unchecked = nullptr);
   // Continues where a checkpoint left off: a sharded checkpoint's "data" record (an empty object:
   // an imported model, from the start), or a run checkpoint's info (data_epoch, data_cursor).
   // Throws Error naming `dir` when the record lacks the position or was for another seq_len.
   void restore(const nlohmann::json& data, const std::string& dir);
-  void restore_legacy(const nlohmann::json& info, const std::string& dir);
+  // The "data" record of a checkpoint in the previous format (run_checkpoint.hpp) from its
+  // trainer state's info: the record itself where it keeps one (since the data fingerprint),
+  // else what an older one holds (data_epoch, data_cursor; train.seed, train.seq_len and
+  // data.dir from the configuration it recorded).
+  static nlohmann::json legacy_record(const nlohmann::json& info);
+  // Fills a record's missing train.seed (and data.dir, for messages) from a run configuration
+  // in TOML (run.dir/config.toml), naming `source` as where they came from.
+  static void complete_from_config(nlohmann::json& data, const std::string& toml_text,
+                                   const std::string& source);
 
   // A fresh loader of the validation split, from its start (unshuffled).
   data::DataLoader validation_loader() const;
@@ -101,6 +117,7 @@ class TrainingData {
   data::DataLoader loader_;
   LossMask mask_;
   std::vector<int32_t> inputs_, targets_;
+  std::vector<int32_t> whole_inputs_, whole_targets_;  // the whole sequences (context axis only)
   bool restart_data_ = false;  // an allowed data change: restore() starts from the beginning
 };
 

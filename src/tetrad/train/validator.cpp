@@ -23,14 +23,21 @@ Validator::Validator(const RunConfig& cfg, const TrainingData& data,
 
 double Validator::run(int64_t at_step) {
   const int B = data_.slot().local_batch, T = data_.slot().seq_len;
+  const parallel::ContextSplit& cs = data_.slot().context;  // this rank's chunks of each sequence
+  const int Tl = cs.local_len(T);
   data::DataLoader val = data_.validation_loader();
   double sums[2] = {0, 0};
-  std::vector<int32_t> vi(size_t(B) * T), vt(vi.size());
+  std::vector<int32_t> vi(size_t(B) * T), vt(vi.size()), li(size_t(B) * Tl), lt(li.size());
   for (int i = 0; i < batches_; ++i) {
     val.next_batch(vi.data(), vt.data());
-    sums[0] += pipe_ ? pipe_->forward_loss(vi.data(), vt.data(), B, T)
-                     : model_.forward_loss(vi.data(), vt.data(), B, T);
-    for (int32_t y : vt) sums[1] += y >= 0;
+    if (cs.active()) {
+      cs.take(vi.data(), T, B, T, li.data());
+      cs.take(vt.data(), T, B, T, lt.data());
+    }
+    int32_t* x = cs.active() ? li.data() : vi.data();
+    int32_t* y = cs.active() ? lt.data() : vt.data();
+    sums[0] += pipe_ ? pipe_->forward_loss(x, y, B, Tl) : model_.forward_loss(x, y, B, Tl);
+    for (int64_t k = 0; k < int64_t(B) * Tl; ++k) sums[1] += y[k] >= 0;
   }
   if (groups_.tokens().size() > 1) groups_.tokens().allreduce_sum(sums, 2);
   if (pipe_) groups_.p().allreduce_sum(sums, 1);  // the loss is on the last stage

@@ -384,7 +384,7 @@ TETRAD_INLINE void forward_task(T* out, T* lse, const T* q, const KvSource<T>& k
   V iota;
   for (int w = 0; w < W; ++w) iota[w] = T(w);
 
-  const int first_pos = off + i0;              // position of the block's first query
+  const int first_pos = off + i0;              // position of the block's first query (any sign)
   const int n_keys = std::min(d.Tk, off + i0 + nq);  // keys seen by the block's last query
   for (int j0 = 0; j0 < n_keys; j0 += Bk) {
     const int nk = std::min(Bk, n_keys - j0);
@@ -416,9 +416,13 @@ TETRAD_INLINE void forward_task(T* out, T* lse, const T* q, const KvSource<T>& k
           mx = mx > x ? mx : x;
         }
       }
+      // A lane that has seen no key yet (a query before the key block: off < 0) keeps mx = -inf;
+      // it subtracts 0 instead, so its p and alpha are 0, not NaN. Other lanes: msub = mx.
+      const V msub = diagonal ? (mx == splat<T, W>(-std::numeric_limits<T>::infinity()) ? V{} : mx)
+                              : mx;
       V sum = {};
       for (int j = 0; j < nk; ++j) {
-        const V p = exp2v<T, W>(load<T, W>(st + j * Bq + c * W) - mx);
+        const V p = exp2v<T, W>(load<T, W>(st + j * Bq + c * W) - msub);
         store<T, W>(st + j * Bq + c * W, p);
         sum += p;
       }
@@ -429,7 +433,7 @@ TETRAD_INLINE void forward_task(T* out, T* lse, const T* q, const KvSource<T>& k
       for (int w = 0; w < W; ++w) grew |= mx[w] > mold[w];
       V l = load<T, W>(lrow + c * W);
       if (grew) {
-        const V alpha = exp2v<T, W>(mold - mx);
+        const V alpha = exp2v<T, W>(mold - msub);
         l *= alpha;
         store<T, W>(mrow + c * W, mx);
         if (j0 > 0)
@@ -444,7 +448,8 @@ TETRAD_INLINE void forward_task(T* out, T* lse, const T* q, const KvSource<T>& k
   // Normalise, transpose into rows in L1 (qt is free now), then write whole rows: scalar stores
   // straight into the (cold) output rows stalled on their cache misses.
   for (int c = 0; c < NV; ++c) {
-    const V inv = T(1) / load<T, W>(lrow + c * W);
+    const V l = load<T, W>(lrow + c * W);
+    const V inv = l > T(0) ? T(1) / l : V{};  // a row that saw no key: out = 0, lse = -inf
     for (int e = 0; e < hd; ++e)
       store<T, W>(ot + e * Bq + c * W, load<T, W>(ot + e * Bq + c * W) * inv);
   }
@@ -705,12 +710,11 @@ TETRAD_ATTENTION_ENTRIES(avx512, TETRAD_AVX512, 64)
 void check_dims(const AttentionDims& d, int64_t q_offset) {
   TETRAD_CHECK(d.B >= 0 && d.Tq >= 0 && d.Tk >= 0, "attention: need B, Tq, Tk >= 0, got B=", d.B,
                " Tq=", d.Tq, " Tk=", d.Tk);
-  // Bad offsets are the caller's input (AttentionArgs::q_offset): an Error, not an invariant.
-  if (q_offset < 0)
+  // Bad offsets are the caller's input (AttentionArgs' offsets): an Error, not an invariant.
+  constexpr int64_t kMaxPos = std::numeric_limits<int>::max() / 2;
+  if (q_offset + d.Tq > kMaxPos || q_offset - d.Tk < -kMaxPos)
     fail("attention: q_offset ", q_offset, " (Tq ", d.Tq, ", Tk ", d.Tk,
-         ") must be >= 0 (query i sits at key position q_offset + i)");
-  if (q_offset + d.Tq > std::numeric_limits<int>::max())
-    fail("attention: q_offset ", q_offset, " + Tq ", d.Tq, " is past the kernel's int positions");
+         ") is past the kernel's int positions (|q_offset| + Tq + Tk up to ", kMaxPos, ")");
   if (d.Tk == 0 && d.Tq > 0)
     fail("attention: ", d.Tq, " queries and no keys (Tk = 0): every query needs at least key 0");
   TETRAD_CHECK(d.n_head > 0 && d.n_kv_head > 0 && d.n_head % d.n_kv_head == 0,
@@ -761,6 +765,11 @@ double attention_forward_flops(const AttentionDims& d) {
 }
 
 double attention_forward_flops(const AttentionDims& d, int64_t q_offset) {
+  if (q_offset < 0) {  // the first -q_offset queries see no key; the rest start at key 0
+    AttentionDims seen = d;
+    seen.Tq = int(std::max<int64_t>(0, d.Tq + q_offset));
+    return attention_forward_flops(seen, 0);
+  }
   // Queries 0..n_tri-1 end inside the key block (a triangle after q_offset full columns); the
   // rest see all Tk keys.
   const double n_tri = double(std::clamp<int64_t>(int64_t(d.Tk) - q_offset, 0, d.Tq));

@@ -1,10 +1,12 @@
 // Causal scaled-dot-product attention with grouped-query heads (flash-attention style), forward and
 // backward, on the CPU, for float and double.
 //
-// Query offset: the overloads taking q_offset put query i at key position q_offset + i (any
-// q_offset >= 0: 0 for queries at the start of a longer key block, past Tk - 1 for a query block
-// after its whole key block, as in context parallelism); keys after that position are masked.
-// Those without put the queries at the key block's end (q_offset = Tk - Tq, the training case).
+// Query offset: the overloads taking q_offset put query i at key position q_offset + i, any
+// sign: 0 for queries at the start of a longer key block, past Tk - 1 for a query block after its
+// whole key block, negative for queries before (part of) it, as key blocks of context
+// parallelism are; keys after that position are masked. A query that sees no key (position < 0)
+// gets out = 0 and lse = -inf. Those without put the queries at the key block's end
+// (q_offset = Tk - Tq, the training case). Merging partial results: attention_merge.hpp.
 //
 // What this does not do: non-causal or custom masks, dropout, sliding windows, ALiBi, bf16. Decode
 // (Tq much smaller than Tk, e.g. 1 with a KV cache) is correct but uses the training tiles: a query
@@ -51,7 +53,7 @@ template <typename T>
 void attention_backward(T* dq, T* dk, T* dv, const T* dout, const T* q, const T* k, const T* v,
                         const T* out, const T* lse, const AttentionDims& d);
 
-// Query i at key position q_offset + i (q_offset >= 0; Tk >= 1 when Tq >= 1).
+// Query i at key position q_offset + i (any sign; Tk >= 1 when Tq >= 1).
 template <typename T>
 void attention_forward(T* out, T* lse, const T* q, const T* k, const T* v, const AttentionDims& d,
                        int64_t q_offset);

@@ -469,7 +469,8 @@ inline void forward_worker(const FwdCtx& c) {
     const int64_t ib = nqb - 1 - task / BH, bh = task % BH;
     const int64_t b = bh / z.nh, h = bh % z.nh, kvh = b * z.nkv + h / z.group, i0 = ib * kB;
     const int64_t last = std::min(z.Tq, i0 + kB) - 1;
-    const int64_t n = std::min(z.Tkp, round_up(std::min(z.Tk, z.qoff + last + 1), kB));
+    const int64_t n =
+        std::clamp(round_up(std::min(z.Tk, z.qoff + last + 1), kB), int64_t(0), z.Tkp);
     Mm::gemm_a32(n, hdp, c.qa + (bh * z.Tqp + i0) * hdp, hdp, c.kn + kvh * z.Tkp * hdp,
                  int64_t(hdp) * 16, s.s.data(), lds);
     float* lrow = s.l.data();
@@ -499,7 +500,8 @@ inline void forward_worker(const FwdCtx& c) {
       float sum = 0;
       for (int l = 0; l < 16; ++l) sum += acc[l];
       lrow[r] = nvis > 0 ? sum : 1.0f;
-      if (nvis > 0 && c.lse) c.lse[bh * z.Tq + i0 + r] = (mx + std::log2(sum)) * kLn2;
+      if (c.lse && i0 + r < z.Tq)  // a query that sees no key (q_offset < 0): out 0, lse -inf
+        c.lse[bh * z.Tq + i0 + r] = nvis > 0 ? (mx + std::log2(sum)) * kLn2 : -INFINITY;
     }
     Mm::template gemm<false>(kB, hdp, n, s.p.data(), ldp, c.vd + kvh * z.Tkp * hdp,
                              z.Tkp * 16, s.o.data(), hdp);
@@ -687,6 +689,8 @@ inline void backward_worker(const BwdCtx& c) {
           const int64_t last = std::min(z.Tq, i0 + kB) - 1;
           const int64_t kend = std::min(z.Tkp, round_up(std::min(z.Tk, z.qoff + last + 1), kB));
           const int64_t kk = std::min(kend, c0 + kc) - c0;
+          if (kk <= 0 && c0 == 0)  // queries before every key (q_offset < 0): their dq is 0
+            for (int64_t e = 0; e < hdp; ++e) std::fill_n(dqt + e * z.ldq + i0, kB, 0.0f);
           if (kk <= 0) continue;
           const uint16_t* B = s.dsv.data() + (i0 / 16) * kc * 16;
           if (c0 == 0)
@@ -758,14 +762,13 @@ T* grow(Buf<T>& b, int64_t n) {
   return b.p.get();
 }
 
-void check(const AttentionDims& d, int64_t qoff) {
+void check(const AttentionDims& d, int64_t /*q_offset: any sign*/) {
   if (!(d.B >= 0 && d.Tq >= 0 && d.Tk >= 0 && d.head_dim > 0 && d.n_kv_head > 0 &&
         d.n_head % d.n_kv_head == 0))
     fail("attention (bf16): n_head ", d.n_head, " must be a multiple of n_kv_head ", d.n_kv_head,
          " and head_dim positive (", d.head_dim, ")");
   if (d.head_dim > kMaxHdp)
     fail("attention (bf16): head_dim ", d.head_dim, " is above the kernel's limit of ", kMaxHdp);
-  if (qoff < 0) fail("attention (bf16): q_offset ", qoff, " must be >= 0");
   if (d.q_stride < int64_t(d.n_head) * d.head_dim || d.out_stride < int64_t(d.n_head) * d.head_dim ||
       d.kv_stride < int64_t(d.n_kv_head) * d.head_dim)
     fail("attention (bf16): a row stride is shorter than its row (q ", d.q_stride, ", kv ",

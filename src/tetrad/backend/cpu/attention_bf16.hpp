@@ -7,7 +7,8 @@
 // positions, GQA, lse) with q, k, v, out and the gradients stored in fp32; they are rounded to
 // bf16 where they enter a product (q, k, v, dout, and the probabilities P and dS the kernel makes
 // itself), so results differ from the fp32 kernel by bf16 rounding (relative error 1e-3..1e-2).
-// Query i sits at key position q_offset + i (q_offset >= 0; Tk - Tq in training).
+// Query i sits at key position q_offset + i (any sign; Tk - Tq in training; a query that sees no
+// key gets out = 0, lse = -inf).
 //
 // How it runs. One OpenMP region per call. q, k, v (and dout) are first packed (in parallel, by
 // rows) into bf16 in the layouts the products read: rows padded to 32 head columns and sequences

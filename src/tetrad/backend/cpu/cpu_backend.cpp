@@ -12,6 +12,7 @@
 
 #include "tetrad/backend/cpu/attention.hpp"
 #include "tetrad/backend/cpu/attention_bf16.hpp"
+#include "tetrad/backend/cpu/attention_merge.hpp"
 #include "tetrad/backend/cpu/head_norm.hpp"
 #include "tetrad/backend/ceilings.hpp"
 #include "tetrad/backend/machine_cache.hpp"
@@ -136,12 +137,12 @@ OpTable make_table() {
     if (a.precision == Precision::BF16) {
       k::attention_forward_bf16(static_cast<float*>(out), lse, static_cast<const float*>(q),
                                 static_cast<const float*>(kp), static_cast<const float*>(v),
-                                dims(a), a.resolved_q_offset());
+                                dims(a), a.relative_q_offset());
       return;
     }
     k::attention_forward<float>(static_cast<float*>(out), lse, static_cast<const float*>(q),
                                 static_cast<const float*>(kp), static_cast<const float*>(v),
-                                dims(a), a.resolved_q_offset());
+                                dims(a), a.relative_q_offset());
   };
   t.attention_backward = [](Queue&, const AttentionArgs& a, void* dq, void* dk, void* dv,
                             const void* dout, const void* q, const void* kp, const void* v,
@@ -151,14 +152,19 @@ OpTable make_table() {
                                  static_cast<float*>(dv), static_cast<const float*>(dout),
                                  static_cast<const float*>(q), static_cast<const float*>(kp),
                                  static_cast<const float*>(v), static_cast<const float*>(out),
-                                 lse, dims(a), a.resolved_q_offset());
+                                 lse, dims(a), a.relative_q_offset());
       return;
     }
     k::attention_backward<float>(static_cast<float*>(dq), static_cast<float*>(dk),
                                  static_cast<float*>(dv), static_cast<const float*>(dout),
                                  static_cast<const float*>(q), static_cast<const float*>(kp),
                                  static_cast<const float*>(v), static_cast<const float*>(out), lse,
-                                 dims(a), a.resolved_q_offset());
+                                 dims(a), a.relative_q_offset());
+  };
+  t.attention_merge = [](Queue&, const AttentionArgs& a, void* out, float* lse, const void* out_b,
+                         const float* lse_b) {
+    k::attention_merge<float>(static_cast<float*>(out), lse, static_cast<const float*>(out_b),
+                              lse_b, dims(a));
   };
   t.rope_forward = [](Queue&, const RopeArgs& r) {
     k::rope_forward(r.x, r.N, r.T_seq, r.pos0, r.n_heads, r.head_dim, r.stride, r.cos, r.sin);

@@ -149,6 +149,12 @@ OpTable make_strict_table() {
                                  T_(kp, o, "k"), T_(vp, o, "v"), T_(out, o, "out"),
                                  T_(lse, o, "lse"));
   };
+  t.attention_merge = [](Queue& q, const AttentionArgs& a, void* out, float* lse,
+                         const void* out_b, const float* lse_b) {
+    const char* o = "attention_merge";
+    cpu_ops().attention_merge(cpu_queue(q), a, T_(out, o, "out"), T_(lse, o, "lse"),
+                              T_(out_b, o, "out_b"), T_(lse_b, o, "lse_b"));
+  };
   t.rope_forward = [](Queue& q, const RopeArgs& r) {
     RopeArgs h = r;
     h.x = T_(r.x, "rope_forward", "x");

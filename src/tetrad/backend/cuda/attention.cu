@@ -409,6 +409,34 @@ __global__ void __launch_bounds__(kAttnThreads) k_attn_bwd_dkv(Params P) {
   store_rows<BK, HDP>(P.dv + kvoff, P.kv_stride, dV, L::ldo, k0, P.Tk, P.hd, 1.0f);
 }
 
+// ---- merge of two partial results (attention_merge): one warp per (sequence, head, query) ----
+// The row's weights in double (as the CPU's kernel), applied in fp32. Each warp owns its row:
+// every lane reads the row's two lse values before lane 0 overwrites lse (the __syncwarp).
+__global__ void k_attn_merge(float* out, float* lse, const float* out_b, const float* lse_b,
+                             int64_t rows, int Tq, int nh, int hd, int64_t stride,
+                             int64_t bstride) {
+  const int lane = threadIdx.x % 32;
+  const int64_t warps = int64_t(gridDim.x) * (blockDim.x / 32);
+  for (int64_t row = (int64_t(blockIdx.x) * blockDim.x + threadIdx.x) / 32; row < rows;
+       row += warps) {  // row = (b * nh + h) * Tq + i: lse's own index
+    const int64_t i = row % Tq, bh = row / Tq, b = bh / nh;
+    const int h = int(bh % nh);
+    const float la = lse[row], lb = lse_b[row];
+    if (lb == -INFINITY) continue;  // nothing seen in the second block: row unchanged
+    float* o = out + b * bstride + i * stride + int64_t(h) * hd;
+    const float* ob = out_b + b * bstride + i * stride + int64_t(h) * hd;
+    float fa = 0.0f, fb = 1.0f, l = lb;  // nothing seen before: the second block's result
+    if (la != -INFINITY) {
+      const double m = fmax(double(la), double(lb));
+      const double wa = exp(double(la) - m), wb = exp(double(lb) - m), sum = wa + wb;
+      fa = float(wa / sum), fb = float(wb / sum), l = float(m + log(sum));
+    }
+    for (int d = lane; d < hd; d += 32) o[d] = la == -INFINITY ? ob[d] : fa * o[d] + fb * ob[d];
+    __syncwarp();
+    if (lane == 0) lse[row] = l;
+  }
+}
+
 // Asks for the kernel's shared memory, after checking that this device can give it: a card
 // whose blocks cannot hold the tiles (sm_86 / sm_89 allow 99 KB) gets an Error naming it and
 // what it would need, not cudaFuncSetAttribute's "invalid argument".
@@ -484,7 +512,7 @@ Params make_params(const AttnDims& d) {
   p.n_head = d.n_head;
   p.n_kv_head = d.n_kv_head;
   p.hd = d.head_dim;
-  p.q_offset = d.q_offset < 0 ? int64_t(d.Tk) - d.Tq : d.q_offset;
+  p.q_offset = d.q_offset;  // relative to key 0, any sign (AttnDims)
   p.q_stride = d.q_stride;
   p.kv_stride = d.kv_stride;
   p.out_stride = d.out_stride;
@@ -506,6 +534,23 @@ void attention_forward(float* out, float* lse, const float* q, const float* k, c
   p.k = k;
   p.v = v;
   dispatch<false>(p, path, s);
+}
+
+void attention_merge(float* out, float* lse, const float* out_b, const float* lse_b,
+                     const AttnDims& d, gpuStream_t s) {
+  if (d.B < 0 || d.Tq < 0 || d.n_head <= 0 || d.head_dim <= 0 ||
+      d.out_stride < int64_t(d.n_head) * d.head_dim)
+    fail("CUDA attention_merge: bad dims B=", d.B, " Tq=", d.Tq, " n_head=", d.n_head,
+         " head_dim=", d.head_dim, " out_stride=", d.out_stride);
+  const int64_t rows = int64_t(d.B) * d.n_head * d.Tq;
+  if (rows == 0) return;
+  constexpr int kThreadsMerge = 256;  // 8 rows per block
+  int64_t blocks = (rows * 32 + kThreadsMerge - 1) / kThreadsMerge;
+  if (blocks > 65535LL * 16) blocks = 65535LL * 16;  // the warp-stride loop covers the rest
+  k_attn_merge<<<unsigned(blocks), kThreadsMerge, 0, s>>>(out, lse, out_b, lse_b, rows, d.Tq,
+                                                          d.n_head, d.head_dim, d.out_stride,
+                                                          d.out_batch_stride);
+  gpu_check_launch("attention_merge");
 }
 
 void attention_backward(float* dq, float* dk, float* dv, const float* dout, const float* q,

@@ -305,7 +305,7 @@ g::AttnDims attn_dims(const AttentionArgs& a) {
   d.n_head = a.n_head;
   d.n_kv_head = a.n_kv_head;
   d.head_dim = a.head_dim;
-  d.q_offset = a.resolved_q_offset();
+  d.q_offset = a.relative_q_offset();
   d.q_stride = a.q_stride;
   d.kv_stride = a.kv_stride;
   d.out_stride = a.out_stride;
@@ -388,6 +388,11 @@ OpTable make_table() {
     g::attention_forward(static_cast<float*>(out), lse, static_cast<const float*>(qp),
                          static_cast<const float*>(kp), static_cast<const float*>(vp),
                          attn_dims(d), attn_path(d), stream_of(q));
+  };
+  t.attention_merge = [](Queue& q, const AttentionArgs& d, void* out, float* lse,
+                         const void* out_b, const float* lse_b) {
+    g::attention_merge(static_cast<float*>(out), lse, static_cast<const float*>(out_b), lse_b,
+                       attn_dims(d), stream_of(q));
   };
   t.attention_backward = [](Queue& q, const AttentionArgs& d, void* dq, void* dk, void* dv,
                             const void* dout, const void* qp, const void* kp, const void* vp,

@@ -206,10 +206,11 @@ void sum_squares(double* out, const float* x, int64_t n, double* scratch, gpuStr
 // ---- attention ----------------------------------------------------------------------------------
 // Causal scaled-dot-product attention with GQA, flash style: never a [T, T] matrix in memory;
 // query tiles stream over key tiles with an online softmax. Layout and meaning exactly as the
-// op table's AttentionArgs (backend/ops.hpp): query i sits at key position q_offset + i.
+// op table's AttentionArgs (backend/ops.hpp): query i sits at key position q_offset + i, any
+// sign (AttentionArgs::relative_q_offset()); a query that sees no key gets out 0, lse -inf.
 struct AttnDims {
   int B, Tq, Tk, n_head, n_kv_head, head_dim;
-  int64_t q_offset;  // query i sits at key position q_offset + i; -1: Tk - Tq
+  int64_t q_offset;  // query i sits at key position q_offset + i (any sign, no sentinel)
   int64_t q_stride, kv_stride, out_stride;
   int64_t q_batch_stride, kv_batch_stride, out_batch_stride;
 };
@@ -220,6 +221,11 @@ enum class AttnPath { kF32, kBf16 };
 // lse [B, n_head, Tq] (may be nullptr in evaluation). out must not overlap q, k, v.
 void attention_forward(float* out, float* lse, const float* q, const float* k, const float* v,
                        const AttnDims& d, AttnPath path, gpuStream_t s);
+// (out, lse) folded with a second partial result (out_b in out's layout, lse_b in lse's) of the
+// same queries over other keys, in place: the op table's attention_merge. Uses B, Tq, n_head,
+// head_dim, out_stride, out_batch_stride of d.
+void attention_merge(float* out, float* lse, const float* out_b, const float* lse_b,
+                     const AttnDims& d, gpuStream_t s);
 // dq, dk, dv overwritten (may point into one fused dqkv buffer); deterministic: dQ in one kernel
 // (per query tile, over key tiles), dK/dV in another (per key tile, over the GQA group's query
 // heads and query tiles); each recomputes P, nothing is accumulated across blocks.

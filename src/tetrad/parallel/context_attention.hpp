@@ -1,0 +1,63 @@
+// Attention over a sequence split on the context axis C (context_split.hpp), by all-gathered keys
+// and values (TorchTitan's method; docs/parallel.md, "Context parallelism"). A part of the dense
+// block: it runs in place of the one attention call when Gc > 1.
+//
+// Forward: every C rank's q|k|v rows of the micro-batch (after RoPE, at their true positions)
+// are all-gathered over C and laid out in sequence order; each of this rank's two query chunks
+// (chunk i of the 2 Gc) attends the keys 0 .. (i+1) Tc - 1 with its true query offset i Tc, so
+// the mask is the whole sequence's causal mask. Backward: the keys and values are gathered again
+// (they are not kept between the passes: memory is what context parallelism is for), each chunk's
+// backward writes its dQ in place and its dK/dV over the keys it saw; the dK/dV of the whole
+// sequence are summed over both chunks and reduce-scattered over C back to the ranks that own
+// those keys, and added into their q|k|v gradient.
+//
+// The gathered rows are whole q|k|v rows (one all-gather of the q|k|v buffer, no packing; the
+// queries travel too, a factor (n_head + 2 n_kv_head) / (2 n_kv_head) over keys and values
+// alone). The log-sum-exp of this rank's queries is laid out chunk by chunk: [2][B][heads][Tc].
+//
+// Scratch: four buffers of B x Gc x T x QKVy floats (the received rows, the sequence-ordered
+// keys and values, and two for their gradients), allocated only when Gc > 1 (bytes()).
+// Collective over the C group; not thread-safe.
+#pragma once
+#include <cstdint>
+
+#include "tetrad/backend/backend.hpp"
+#include "tetrad/parallel/context_split.hpp"
+#include "tetrad/parallel/step_context.hpp"
+
+namespace tetrad::parallel {
+
+class ContextAttention {
+ public:
+  // local_batch sequences of local_len tokens on this rank (the most a micro-batch holds).
+  ContextAttention(const StepContext& ctx, int local_batch, int local_len);
+  bool active() const { return split_.active(); }
+  const ContextSplit& split() const { return split_; }
+  // Bytes of the scratch (0 with Gc = 1): the memory formula's context term.
+  static int64_t bytes(const LocalDims& d, const GridShape& g, int local_batch, int local_len) {
+    return g.c() > 1 ? 4 * int64_t(sizeof(float)) * local_batch * int64_t(local_len) * g.c() * d.QKVy
+                     : 0;
+  }
+  int64_t bytes() const { return int64_t(full_.size() * sizeof(float)) * 4; }
+
+  // `local`: the attention of this rank's heads over B sequences of T local tokens (Tq = Tk = T,
+  // strides of the q|k|v and output rows). out [B*T, Ay], lse chunk by chunk (may be null).
+  void forward(const backend::AttentionArgs& local, float* out, float* lse, const float* qkv,
+               int layer);
+  // dqkv [B*T, QKVy] OVERWRITTEN: dQ of this rank's queries and dK/dV of its keys summed over
+  // every C rank's queries.
+  void backward(const backend::AttentionArgs& local, float* dqkv, const float* dout,
+                const float* qkv, const float* out, const float* lse, int layer);
+
+ private:
+  // full_ = the q|k|v rows of the whole sequences in sequence order, [B][Gc T][QKVy].
+  void gather(const float* qkv, int B, int T, int layer);
+  // The arguments of local chunk j: its queries at their offset, the keys up to its end.
+  backend::AttentionArgs chunk_args(const backend::AttentionArgs& local, int j) const;
+
+  const StepContext& ctx_;
+  ContextSplit split_;
+  backend::DeviceArray<float> recv_, full_, dtmp_, dacc_;
+};
+
+}  // namespace tetrad::parallel
