@@ -504,7 +504,7 @@ TEST(PlannerModel, RanksValidGridsFastestFirst) {
     EXPECT_LT(e.mfu, 1);
     EXPECT_EQ(e.trainable, e.grid.p() == 1 || trainer_supports_pipeline());
   }
-  EXPECT_EQ(all_grids(8).size(), 35u);  // ordered 5-tuples with product 8
+  EXPECT_EQ(all_grids(8).size(), 56u);  // ordered 6-tuples (x, y, z, c, p, d) with product 8
 }
 
 TEST(PlannerModel, PipelineAcrossNodesAndDataLast) {

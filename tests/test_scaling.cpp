@@ -411,7 +411,7 @@ TEST(PlannerScaling, JsonHasEveryFieldAndSvgIsWellFormed) {
     for (const char* k : {"ranks", "model", "parameters", "global_batch", "grid", "step_s", "tokens_per_s",
                           "model_flops_per_s", "hardware_flops_per_s", "model_flops_per_s_per_gpu",
                           "hardware_flops_per_s_per_gpu", "pflops", "mfu", "hfu", "efficiency", "limit",
-                          "limit_share", "grew_most", "memory_bound", "shares", "estimate"})
+                          "limit_share", "grew_most", "memory_bound", "shares", "estimate", "c", "cp_comm"})
       EXPECT_TRUE(p.contains(k)) << k;
   EXPECT_DOUBLE_EQ(j["points"][0]["efficiency"].get<double>(), 1.0);
 

@@ -15,6 +15,7 @@
 #include "cli/command.hpp"
 #include "tetrad/core/error.hpp"
 #include "tetrad/parallel/grid.hpp"
+#include "tetrad/planner/long_context.hpp"
 #include "tetrad/planner/machine.hpp"
 #include "tetrad/planner/planner.hpp"
 #include "tetrad/planner/report.hpp"
@@ -31,12 +32,13 @@ namespace {
 
 struct Options {
   std::string model = "small", machine, json, measure_out, compare, precision, schedule,
-              recompute, overlap = "none", ranks_text, scaling, grids, points, svg, why;
+              recompute, overlap = "none", ranks_text, scaling, grids, points, svg, why, cp_comm = "auto";
   std::vector<std::string> sets;
   int64_t global_batch = 0, micro_batch = 0, micro_batch_per_replica = 0;
   int seq = 0, zero = -1, ranks = 0, top = 30, threads = 1, show_rejected = 20, virtual_stages = 0;
   int sweep_grids = 0;
-  bool no_pipeline = false, published = false, quick = false, published_scaling = false;
+  bool no_pipeline = false, no_context = false, published = false, quick = false, published_scaling = false,
+       published_context = false;
   std::vector<int> rank_list;  // --ranks with --scaling
 };
 
@@ -78,6 +80,8 @@ planner::PlanInput plan_input(const Options& o, const std::string& model0, const
   in.pipeline_layers = settings.model.pipeline_layers;
   in.ranks = o.ranks > 0 ? o.ranks : m.ranks_per_node;
   in.allow_pipeline = !o.no_pipeline;
+  in.allow_context = !o.no_context;
+  in.cp_comm = parse_cp_comm(o.cp_comm);
   return in;
 }
 
@@ -164,6 +168,13 @@ bool run_other_modes(const Options& o, bool under_mpi) {
     std::cout << published_scaling_text(planner::published_scaling())
               << "\nSensitivity to the assumed global batches (every series' batch scaled):\n"
               << published_scaling_sensitivity_text();
+    return true;
+  }
+  if (o.published_context) {
+    std::cout << "TorchTitan's Llama 3.1 8B on 8 H100 (FSDP + CP, full recomputation, FP8 GEMMs) against "
+                 "the planner in bf16 (machines/h100-ib.toml; TorchTitan's mesh: Gz = 8 / CP, C = CP, "
+                 "parameters sharded over Z x C, K|V all-gathered):\n"
+              << planner::context_rows_text(planner::torchtitan_context_rows());
     return true;
   }
   if (o.published) {
@@ -295,6 +306,10 @@ const OptionRow kOptions[] = {
     {"--virtual-stages", &Options::virtual_stages,
      "model chunks per pipeline stage, interleaved (parallel.virtual_stages)"},
     {"--no-pipeline", &Options::no_pipeline, "only grids with Gp = 1"},
+    {"--no-context", &Options::no_context, "only grids with Gc = 1 (no context-parallel axis)"},
+    {"--cp-comm", &Options::cp_comm,
+     "how a context axis C > 1 exchanges keys and values: auto (the faster per grid) | ring | "
+     "all-gather (parallel.cp_comm)", true},
     {"--why", &Options::why,
      "one grid's step terms, collectives and memory items, valid or rejected (x,y,z,p,d or "
      "named, d=4,z=2)"},
@@ -308,6 +323,8 @@ const OptionRow kOptions[] = {
     {"--quick", &Options::quick, "shorter --measure-machine"},
     {"--compare", &Options::compare,
      "JSON lines of `tetrad bench --grids --json`: predicted vs measured per grid"},
+    {"--published-context", &Options::published_context,
+     "TorchTitan's long-context rows (Llama 3.1 8B, 8 H100, 32K-256K tokens, CP 1-8): predicted vs reported"},
     {"--published", &Options::published, "the published rows of performance-model.md: predicted vs reported"},
     {"--sweep-grids", &Options::sweep_grids,
      "print the local validation sweep's grids of N ranks (pipeline grids included) as `tetrad "

@@ -3,7 +3,8 @@
 # that names no grid gets the planner's choice and says why (not the 1x1x1x1 default that does
 # not fit 2 ranks); the named form `--grid d=2` trains exactly like `--grid 1,1,1,2`; a grid
 # that does not match the ranks, and a named grid with an unknown or repeated axis, are refused
-# naming what is wrong.
+# naming what is wrong; a context axis with a sequence that does not cut into 2c chunks, and eval
+# on a context grid, are refused by name.
 source "$(dirname "${BASH_SOURCE[0]}")/../cli_common.sh" "$1"
 S=(--set model.name=tiny --set data.dir="$W/data" --set train.seq_len=32 --set train.max_steps=3
    --set train.eval_interval=0 --set train.gemm_layouts=rule)
@@ -46,4 +47,19 @@ expect_refusal "explicit grid 2,2,1,1 on 2 ranks refused" "grid 2x2x1x1 needs 4 
 expect_refusal "explicit grid 1,1,1,1 on 2 ranks refused" "grid 1x1x1x1 needs 1 ranks but mpirun started 2" 1,1,1,1
 expect_refusal "named grid with an unknown axis refused" 'unknown axis "q"' d=2,q=1
 expect_refusal "named grid with a repeated axis refused" "axis d is named twice" d=2,d=1
+# The context axis (issue 28): a sequence that does not cut into 2c chunks, and the inference
+# commands on a grid with c > 1, are refused naming the numbers and the way out.
+out=$("${MPIRUN[@]}" -n 2 "$TETRAD" train "${S[@]}" --set run.dir="$W/refused" --grid c=2 --set train.seq_len=30 2>&1)
+if grep -q "seq_len 30 is not divisible by 4 (set train.seq_len to a multiple of 4" <<<"$out" ||
+   grep -q "sequence length 30 is not divisible by 4 (set train.seq_len to a multiple of 4" <<<"$out"; then
+  ok "c=2 with train.seq_len 30 refused (not 2c = 4 chunks)"
+else
+  bad "c=2 with train.seq_len 30: $out"
+fi
+out=$("${MPIRUN[@]}" -n 2 "$TETRAD" eval --model "$W/pos" --data "$W/data" --grid c=2 2>&1)
+if grep -q "context-parallel axis (c = 2) is not supported by the inference commands" <<<"$out"; then
+  ok "eval --grid c=2 refused by name"
+else
+  bad "eval --grid c=2: $out"
+fi
 exit $((fails > 0))

@@ -129,3 +129,42 @@ TEST(ContextContract, BadInputIsRefusedByName) {
   std::vector<int32_t> x(size_t(kT), 1);
   EXPECT_THROW(m.forward_loss(x.data(), x.data(), 1, 3), Error);
 }
+
+// The ring exchange (parallel.cp_comm = "ring": key/value blocks passed peer to peer round the C
+// group, partial results merged by their log-sum-exp, dK/dV returned round the ring) trains like
+// one rank on every grid, both families, and like the all-gathered method within the contract's
+// tolerance; recomputation and the progress thread repeat the ring's arithmetic bit for bit.
+TEST(ContextContract, RingTrainsLikeOneRankAndLikeAllGather) {
+  for (Family family : {Family::GPT2, Family::Llama}) {
+    const ModelConfig mc = tiny_model(family, 2);
+    const contract::Run serial = serial_run(mc, kSteps);
+    for (const GridShape& shape : context_grids(world_size())) {
+      ProcessGroups g(comm::Communicator::world(), shape);
+      ParallelOptions ring;
+      ring.cp_comm = ContextComm::Ring;
+      const contract::Run r = parallel_run(mc, g, kSteps, ring);
+      const std::string where = describe(family, shape, ring) + " ring";
+      expect_matches_serial(r, serial, mc, where);
+      const contract::Run a = parallel_run(mc, g, kSteps, ParallelOptions{});
+      for (size_t s = 0; s < a.losses.size(); ++s)
+        EXPECT_NEAR(r.losses[s] / a.losses[s], 1.0, 1e-5) << where << " vs allgather, step " << s + 1;
+    }
+    const GridShape shape = context_grids(world_size()).front();
+    ProcessGroups g(comm::Communicator::world(), shape);
+    ParallelOptions none{Recompute::None, 0}, full{Recompute::Full, 2};
+    none.cp_comm = full.cp_comm = ContextComm::Ring;
+    const contract::Run rn = parallel_run(mc, g, 10, none), rf = parallel_run(mc, g, 10, full);
+    ParallelOptions full0{Recompute::Full, 0};
+    full0.cp_comm = ContextComm::Ring;
+    const contract::Run rf0 = parallel_run(mc, g, 10, full0);
+    EXPECT_EQ(rf0.losses, rn.losses) << describe(family, shape, full0) << " ring";
+    EXPECT_EQ(rf0.weights, rn.weights) << describe(family, shape, full0) << " ring";
+    // The progress thread moving the transfers during the kernels changes no arithmetic.
+    ParallelOptions threaded = none;
+    threaded.overlap.progress_thread = true;
+    const contract::Run rt = parallel_run(mc, g, 10, threaded);
+    EXPECT_EQ(rt.losses, rn.losses) << describe(family, shape, threaded) << " ring, progress thread";
+    EXPECT_EQ(rt.weights, rn.weights) << describe(family, shape, threaded) << " ring, progress thread";
+    expect_matches_serial(rf, serial_run(mc, 10), mc, describe(family, shape, full) + " ring");
+  }
+}

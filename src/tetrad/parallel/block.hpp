@@ -59,6 +59,7 @@ struct BlockParts {
   backend::Precision attention_precision;
   int max_len;  // the longest sequence (the KV cache's stride per sequence)
   int local_batch = 1;  // sequences of a micro-batch on this rank (the context axis's scratch)
+  ContextComm cp_comm = ContextComm::AllGather;  // the context axis's exchange (Gc > 1)
 };
 
 // The block of the model's family (its FamilyDesc): binds the table's per-layer tensors by role,

@@ -4,15 +4,17 @@
 
 namespace tetrad::parallel {
 
-ContextAttention::ContextAttention(const StepContext& ctx, int local_batch, int local_len)
-    : ctx_(ctx), split_(ContextSplit::of(ctx.shape(), ctx.g().coord)) {
+ContextAttention::ContextAttention(const StepContext& ctx, int local_batch, int local_len,
+                                   ContextComm comm)
+    : ctx_(ctx), split_(ContextSplit::of(ctx.shape(), ctx.g().coord)), comm_(comm) {
   if (!split_.active()) return;
-  const size_t n = size_t(local_batch) * size_t(local_len) * size_t(split_.ranks) *
-                   size_t(ctx_.dims.QKVy);
+  const size_t block = size_t(local_batch) * size_t(local_len) * size_t(ctx_.dims.QKVy);
+  // The ring holds two blocks (recv_) and two block gradients (full_); the all-gather Gc blocks.
+  const size_t n = comm == ContextComm::Ring ? 2 * block : block * size_t(split_.ranks);
   recv_ = backend::DeviceArray<float>(*ctx_.be, n);
   full_ = backend::DeviceArray<float>(*ctx_.be, n);
-  dtmp_ = backend::DeviceArray<float>(*ctx_.be, n);
-  dacc_ = backend::DeviceArray<float>(*ctx_.be, n);
+  dtmp_ = backend::DeviceArray<float>(*ctx_.be, comm == ContextComm::Ring ? block : n);
+  dacc_ = backend::DeviceArray<float>(*ctx_.be, comm == ContextComm::Ring ? block : n);
 }
 
 void ContextAttention::gather(const float* qkv, int B, int T, int layer) {
@@ -45,6 +47,7 @@ backend::AttentionArgs ContextAttention::chunk_args(const backend::AttentionArgs
 void ContextAttention::forward(const backend::AttentionArgs& local, float* out, float* lse,
                                const float* qkv, int layer) {
   const LocalDims& d = ctx_.dims;
+  if (comm_ == ContextComm::Ring) return ring_forward(local, out, lse, qkv, layer);
   const int B = local.B, T = local.Tq, Tc = split_.chunk_len(T);
   gather(qkv, B, T, layer);
   const float* k = full_.data() + d.nhy * d.hd;
@@ -59,6 +62,7 @@ void ContextAttention::backward(const backend::AttentionArgs& local, float* dqkv
                                 const float* dout, const float* qkv, const float* out,
                                 const float* lse, int layer) {
   const LocalDims& d = ctx_.dims;
+  if (comm_ == ContextComm::Ring) return ring_backward(local, dqkv, dout, qkv, out, lse, layer);
   const int B = local.B, T = local.Tq, Tc = split_.chunk_len(T);
   const int64_t W = d.QKVy, n = int64_t(B) * T * W, k0 = d.nhy * d.hd, v0 = (d.nhy + d.nkvy) * d.hd;
   gather(qkv, B, T, layer);

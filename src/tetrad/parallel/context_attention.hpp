@@ -16,29 +16,39 @@
 // alone). The log-sum-exp of this rank's queries is laid out chunk by chunk: [2][B][heads][Tc].
 //
 // Scratch: four buffers of B x Gc x T x QKVy floats (the received rows, the sequence-ordered
-// keys and values, and two for their gradients), allocated only when Gc > 1 (bytes()).
+// keys and values, and two for their gradients), allocated only when Gc > 1 (bytes()); with the
+// ring, six of B x T x QKVy floats whatever Gc is.
 // Collective over the C group; not thread-safe.
 #pragma once
 #include <cstdint>
 
 #include "tetrad/backend/backend.hpp"
 #include "tetrad/parallel/context_split.hpp"
+#include "tetrad/parallel/options.hpp"
 #include "tetrad/parallel/step_context.hpp"
 
 namespace tetrad::parallel {
 
 class ContextAttention {
  public:
-  // local_batch sequences of local_len tokens on this rank (the most a micro-batch holds).
-  ContextAttention(const StepContext& ctx, int local_batch, int local_len);
+  // local_batch sequences of local_len tokens on this rank (the most a micro-batch holds);
+  // comm: all-gathered keys and values or the ring (context_ring.cpp), which works in the same
+  // four buffers, sized for it (two blocks, two block gradients, one each for a pair's results:
+  // 6 x B x T x QKVy floats whatever Gc is).
+  ContextAttention(const StepContext& ctx, int local_batch, int local_len,
+                   ContextComm comm = ContextComm::AllGather);
   bool active() const { return split_.active(); }
   const ContextSplit& split() const { return split_; }
   // Bytes of the scratch (0 with Gc = 1): the memory formula's context term.
-  static int64_t bytes(const LocalDims& d, const GridShape& g, int local_batch, int local_len) {
-    return g.c() > 1 ? 4 * int64_t(sizeof(float)) * local_batch * int64_t(local_len) * g.c() * d.QKVy
-                     : 0;
+  static int64_t bytes(const LocalDims& d, const GridShape& g, int local_batch, int local_len,
+                       ContextComm comm = ContextComm::AllGather) {
+    const int64_t block = int64_t(sizeof(float)) * local_batch * int64_t(local_len) * d.QKVy;
+    if (g.c() <= 1) return 0;
+    return comm == ContextComm::Ring ? 6 * block : 4 * block * g.c();
   }
-  int64_t bytes() const { return int64_t(full_.size() * sizeof(float)) * 4; }
+  int64_t bytes() const {
+    return int64_t((recv_.size() + full_.size() + dtmp_.size() + dacc_.size()) * sizeof(float));
+  }
 
   // `local`: the attention of this rank's heads over B sequences of T local tokens (Tq = Tk = T,
   // strides of the q|k|v and output rows). out [B*T, Ay], lse chunk by chunk (may be null).
@@ -55,8 +65,25 @@ class ContextAttention {
   // The arguments of local chunk j: its queries at their offset, the keys up to its end.
   backend::AttentionArgs chunk_args(const backend::AttentionArgs& local, int j) const;
 
+  // The ring (context_ring.cpp). Step s holds rank (c - s) mod Gc's q|k|v block; the next
+  // block's transfer runs while this one's attention computes. Forward: each pair (local query
+  // chunk, block chunk) that is not wholly after the queries is attended with the chunks' true
+  // offsets and merged into out/lse by their log-sum-exp. Backward: with the final out and lse,
+  // each pair's dQ is added in place and its dK/dV into the block's gradient, which follows the
+  // block round the ring (Gc sends) and arrives back at its owner.
+  void ring_forward(const backend::AttentionArgs& local, float* out, float* lse,
+                    const float* qkv, int layer);
+  void ring_backward(const backend::AttentionArgs& local, float* dqkv, const float* dout,
+                     const float* qkv, const float* out, const float* lse, int layer);
+  // Attention arguments of the pair (local query chunk j, chunk jj of rank src's block).
+  backend::AttentionArgs pair_args(const backend::AttentionArgs& local, int j, int src,
+                                   int jj) const;
+  // Whether query chunk j sees any key of chunk jj of rank src's block.
+  bool pair_visible(int j, int src, int jj) const;
+
   const StepContext& ctx_;
   ContextSplit split_;
+  ContextComm comm_;
   backend::DeviceArray<float> recv_, full_, dtmp_, dacc_;
 };
 

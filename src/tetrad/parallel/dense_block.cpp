@@ -73,7 +73,8 @@ DenseBlock::DenseBlock(const BlockParts& p, std::initializer_list<TensorRole> ex
     ctx_.bq().synchronize();
   }
   if (ctx_.shape().c() > 1)
-    context_ = std::make_unique<ContextAttention>(ctx_, p.local_batch, p.max_len / ctx_.shape().c());
+    context_ = std::make_unique<ContextAttention>(ctx_, p.local_batch, p.max_len / ctx_.shape().c(),
+                                                  p.cp_comm);
 }
 
 backend::RopeArgs DenseBlock::rope_args(float* x, int64_t N, int T, int pos0) const {

@@ -29,6 +29,13 @@ enum class Recompute { None, Selective, Full };
 Recompute parse_recompute(const std::string& text);  // "none" | "selective" | "full"
 const char* recompute_name(Recompute mode);
 
+// How attention on the context axis (Gc > 1) reaches the other C ranks' keys and values
+// (parallel/context_attention.hpp): AllGather (all-gathered keys and values, dK/dV
+// reduce-scattered back) or Ring (blocks passed peer to peer around the C group, overlapped with
+// the attention on the blocks already present and merged by their log-sum-exp; dK/dV travel the
+// ring back to their owners). parallel.cp_comm = "allgather" | "ring".
+enum class ContextComm { AllGather, Ring };
+
 // Each switch only changes when a collective runs, never what it computes: the same messages
 // with the same sizes and the same GEMMs, so results are bit-identical to all switches off
 // (tests/mpi/test_overlap_mpi.cpp). forward_chunks is the exception: its GEMMs on row chunks
@@ -80,6 +87,8 @@ struct ParallelOptions {
   // parallel.pipeline_layers: how the layers split into the Gp x virtual_stages virtual stages
   // ("even", "balanced" or a comma list; layer_split.hpp). Gp > 1 only.
   std::string pipeline_layers = "even";
+  // parallel.cp_comm: the context axis's exchange of keys and values (ContextComm above).
+  ContextComm cp_comm = ContextComm::AllGather;
   // (Last, so the positional initialisers {recompute, zero, virtual_stages} keep working.)
   // Where the model computes (its memory, queue and op table); null: the CPU backend.
   backend::Backend* device = nullptr;

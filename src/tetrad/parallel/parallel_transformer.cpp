@@ -128,7 +128,7 @@ ParallelTransformer::ParallelTransformer(const ModelConfig& config, ProcessGroup
       ctx_, *ops_, *reduce_, *a_, VocabParallel::Tensors{wte_, wpe_, head_}, cfg_.vocab_size, N,
       local_batch, bf16_acts_ && G.p() == 1 && be->capabilities().bf16_loss_grad);
   block_ = make_block(BlockParts{cfg_, table_, ctx_, *ops_, *a_, opt_.recompute,
-                                 attention_precision_, max_len_, local_batch_});
+                                 attention_precision_, max_len_, local_batch_, opt_.cp_comm});
 
   // The GEMM layout of every site: given, tuned here (collective over the world), or the rule.
   layouts_ = rule_gemm_layouts();

@@ -27,9 +27,10 @@ void add_tensor_layer_comm(Collectives& c, const PlanInput& in, const GridShape&
 void add_sharded_layer_comm(Collectives& c, const PlanInput& in, const GridShape& g, const Sizes& s) {
   const double w_b = in.precision == Precision::BF16 ? 2 : 4;
   const double layer_block_b = s.block_matmul() / (double(g.x()) * g.y()) * w_b;
-  c.add("all-gather of layer weights (fwd)", Axis::Z, Op::AllGather, layer_block_b, 1, kZFwd, true);
-  c.add("all-gather of layer weights (bwd)", Axis::Z, Op::AllGather, layer_block_b, 1, kZBwd, true);
-  c.add("reduce-scatter of layer weight grads", Axis::Z, Op::ReduceScatter, layer_block_b, 1, kZBwd, true);
+  const AxisSet z = Collectives::shard_axes(g, in.shard_over_context);
+  c.add("all-gather of layer weights (fwd)", z, Op::AllGather, layer_block_b, 1, kZFwd, true);
+  c.add("all-gather of layer weights (bwd)", z, Op::AllGather, layer_block_b, 1, kZBwd, true);
+  c.add("reduce-scatter of layer weight grads", z, Op::ReduceScatter, layer_block_b, 1, kZBwd, true);
 }
 
 // Per micro-batch: embedding (fwd all-reduce over Y), head (fwd over X of the logits, bwd dIn
@@ -44,8 +45,9 @@ void add_top_comm(Collectives& c, const PlanInput& in, const GridShape& g, const
   c.add("bwd all-reduce of head dIn", Axis::Y, Op::AllReduce, T * s.H / g.x() * act_b, 1, kExposed, false, MbAt::LastBwd);
   c.add("cross-entropy max and sums", Axis::Y, Op::AllReduce, T * 3 * 4, 2, kExposed, false);
   c.add("final norm statistics", Axis::X, Op::AllReduce, stats_b, 2, kExposed, false);
-  c.add("all-gather of embedding/head", Axis::Z, Op::AllGather, top_b, 1, kExposed, false, MbAt::FirstFwd);
-  c.add("reduce-scatter of embedding/head grads", Axis::Z, Op::ReduceScatter, top_b, 1, kExposed, false, MbAt::LastBwd);
+  const AxisSet z = Collectives::shard_axes(g, in.shard_over_context);
+  c.add("all-gather of embedding/head", z, Op::AllGather, top_b, 1, kExposed, false, MbAt::FirstFwd);
+  c.add("reduce-scatter of embedding/head grads", z, Op::ReduceScatter, top_b, 1, kExposed, false, MbAt::LastBwd);
 }
 
 // Pipeline (P): activations forward and their gradients back, [T, H/Gx] split over Y so each rank
@@ -59,10 +61,12 @@ void add_pipeline_comm(Collectives& c, const PlanInput& in, const GridShape& g, 
 
 // Data parallelism (D, Z x D), per step: Z shards all-reduced over D (ZeRO 1/2: reduce-scatter +
 // all-gather, same ring volume); replicated vectors over Z x D.
-void add_data_comm(Collectives& c, const PlanInput& in, double matrices, double vectors) {
+void add_data_comm(Collectives& c, const PlanInput& in, const GridShape& g, double matrices, double vectors) {
   const double w_b = in.precision == Precision::BF16 ? 2 : 4;
-  c.add("data-parallel all-reduce of gradients", Axis::D, Op::AllReduce, matrices * w_b, 1, kData, false);
-  c.add("all-reduce of replicated grads (norms, biases)", parallel::token_axes(), Op::AllReduce, vectors * w_b, 1, kData, false);
+  const AxisSet grads = in.shard_over_context ? AxisSet(Axis::D) : Collectives::grad_axes(g);
+  c.add("data-parallel all-reduce of gradients", grads, Op::AllReduce, matrices * w_b, 1, kData, false);
+  c.add("all-reduce of replicated grads (norms, biases)", Collectives::replicated_axes(g), Op::AllReduce,
+        vectors * w_b, 1, kData, false);
 }
 
 
@@ -75,6 +79,8 @@ CommSums comm_sums(const std::vector<CommItem>& items) {
       else if (it.kind == kZFwd) c.z_fwd += t;
       else if (it.kind == kZBwd) c.z_bwd += t;
       else if (it.kind == kDIn) c.din += t;
+      else if (it.kind == kRingFwd) c.ring_fwd += t;
+      else if (it.kind == kRingBwd) c.ring_bwd += t;
     } else if (it.kind == kData) {
       c.step_comm += t;
     } else {

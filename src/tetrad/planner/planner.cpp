@@ -40,13 +40,15 @@ const char* op_name(Op op) {
 
 std::string grid_label(const GridShape& g) {
   std::string s;
-  for (Axis a : parallel::kAxesInRankOrder) s += (s.empty() ? "" : "x") + std::to_string(g[a]);
+  for (Axis a : parallel::kAxesInRankOrder)
+    if (a != Axis::C) s += (s.empty() ? "" : "x") + std::to_string(g[a]);
+  if (g.c() > 1) s += " c" + std::to_string(g.c());
   return s;
 }
 
 std::vector<GridShape> all_grids(int n) {
   if (n < 1) fail("number of ranks must be >= 1 (got ", n, ")");
-  return parallel::factorizations(n, {Axis::X, Axis::Y, Axis::Z, Axis::P, Axis::D});
+  return parallel::factorizations(n, {Axis::X, Axis::Y, Axis::Z, Axis::C, Axis::P, Axis::D});
 }
 
 void PlanInput::validate() const {
@@ -81,6 +83,7 @@ Sizes sizes(const ModelConfig& m) {
   s.V = m.vocab_size;
   s.S_max = m.max_seq;
   s.QKV = m.qkv_dim();
+  s.KV = m.kv_dim();
   s.A = m.q_dim();
   const FamilyDesc& f = m.desc();
   s.norm_vectors = f.norm == NormKind::LayerNorm ? 2 : 1;
@@ -361,7 +364,9 @@ MemoryBreakdown reference_memory_of_stage(const PlanInput& in, const GridShape& 
   // The fullest stage under the trainer's split (every stage keeps both ends' tensors, so the
   // most layers is the most memory).
   const double Ls = stage_layer_count(layer_split_of(in, g), g.p());
-  const StageParams sp = stage_params(m, g, first, last, int(Ls));
+  const GridShape gc = g;  // with C: tokens per rank S / Gc; parameters as without_context says
+  const GridShape gf = without_context(g, in.shard_over_context);
+  const StageParams sp = stage_params(m, gf, first, last, int(Ls));
   const double psi = sp.total();
   const bool bf16 = in.precision == Precision::BF16;
   const double bw = bf16 ? 2 : 4;            // bytes of a weight / gradient
@@ -370,15 +375,15 @@ MemoryBreakdown reference_memory_of_stage(const PlanInput& in, const GridShape& 
   mb.weights = bw * psi;
   mb.grads = bw * psi / (in.zero >= 2 ? g.d() : 1);
   mb.optimizer = opt * psi / (in.zero >= 1 ? g.d() : 1);
-  if (g.z() > 1) mb.gathered = 2 * bw * (sp.layer_block + sp.top_block);  // weights + grad blocks
+  if (gf.z() > 1) mb.gathered = 2 * bw * (sp.layer_block + sp.top_block);  // weights + grad blocks
   // Activations: the trainer's buffers for one micro-batch, reduced by recomputation; a 1F1B
   // stage keeps min(p, m) micro-batches in flight (the first stage the most).
   const int64_t mbatch = std::max<int64_t>(1, micro_batch_of(in, g));
-  const int64_t N = mbatch / std::max(1, token_slots(g)) * in.seq;
+  const int64_t N = mbatch / std::max(1, token_slots(gc)) * in.seq / gc.c();
   const int64_t m_count = std::max<int64_t>(1, in.global_batch / mbatch);
   const double act_b = bf16 ? 2 : 4;
-  GridShape one_layer = g;
-  const double all = double(trainer_activation_elements(m, g, N));
+  GridShape one_layer = gf;
+  const double all = double(trainer_activation_elements(m, gf, N));
   ModelConfig m0 = m;
   m0.n_layer = 0;
   one_layer[Axis::P] = 1;
@@ -392,7 +397,7 @@ MemoryBreakdown reference_memory_of_stage(const PlanInput& in, const GridShape& 
   // the attention output and its log-sum-exp (recomputed from the kept q|k|v), full keeps only
   // the block's input; the recomputed tensors share one layer's scratch.
   if (in.recompute != Recompute::None) {
-    kept = double(layer_activation_elements(m, g, N, in.recompute));
+    kept = double(layer_activation_elements(m, gf, N, in.recompute));
     work = per_layer - kept;
   }
   // Micro-batch chunks the first stage holds at once, from the trainer's own schedule
@@ -408,7 +413,7 @@ MemoryBreakdown reference_memory_of_stage(const PlanInput& in, const GridShape& 
       // A combination the trainer refuses is rejected by divisibility_problem; keep the 1F1B count.
     }
   }
-  mb.activations = act_b * (kept * in_flight_layers + work + global);
+  mb.activations = act_b * (kept * in_flight_layers + work + global) + context_gather_bytes(in, gc, double(N));
   return mb;
 }
 
@@ -457,6 +462,12 @@ MemoryBreakdown memory_per_rank(const PlanInput& in, const GridShape& g) {
   const int local = int(std::max<int64_t>(1, mbatch / std::max(1, token_slots(g))));
   const int m_count = int(std::max<int64_t>(1, in.global_batch / mbatch));
   const parallel::ParallelOptions po = model_options(in);
+  // A context axis: the trainer's formula takes it (S / Gc tokens of each sequence per rank,
+  // ZeRO's pieces over C x D); the exchange's buffers (ContextAttention's) come beside it. With
+  // shard_over_context (TorchTitan's layout, not tetrad's) C is folded into Z at S / Gc.
+  const GridShape gf = in.shard_over_context ? without_context(g, true) : g;
+  const int seq_local = in.shard_over_context ? in.seq / g.c() : in.seq;
+  const double gather = context_gather_bytes(in, g, double(local) * (in.seq / g.c()));
   // Every stage keeps the top-level tensors and the whole activation buffer, so the fullest is
   // the one with the most layers (state) or the most in flight (stage 0) or the last chunk's
   // stash (stage p - 1): those three, not all p (plans over thousands of ranks stay cheap).
@@ -471,8 +482,9 @@ MemoryBreakdown memory_per_rank(const PlanInput& in, const GridShape& g) {
   for (int st : stages) {
     parallel::GridCoord c;
     c[Axis::P] = st;
-    const MemoryBreakdown b = memory_breakdown(
-        parallel::model_memory(in.model, g, c, local, in.seq, po, in.schedule, m_count));
+    MemoryBreakdown b = memory_breakdown(
+        parallel::model_memory(in.model, gf, c, local, seq_local, po, in.schedule, m_count));
+    b.activations += gather;
     if (first || b.total() > best.total()) best = b;
     first = false;
   }
@@ -483,8 +495,12 @@ MemoryBreakdown memory_per_rank(const PlanInput& in, const GridShape& g) {
 
 std::string divisibility_problem(const PlanInput& in, const GridShape& g) {
   const ModelConfig& m = in.model;
+  if (g.c() > 1 && in.seq % (2 * g.c()) != 0)
+    return "sequence length (" + std::to_string(in.seq) + ") is not divisible by 2 x Gc = " +
+           std::to_string(2 * g.c()) + " (each sequence is cut into 2 Gc chunks, rank r holding chunks r "
+           "and 2 Gc - 1 - r)";
   try {
-    parallel::validate_grid_for_model(m, g);
+    parallel::validate_grid_for_model(m, in.shard_over_context ? without_context(g, true) : g);
   } catch (const Error& e) {
     std::string s = e.what();
     if (s.starts_with("grid: ")) s = s.substr(6);
@@ -522,10 +538,11 @@ std::string divisibility_problem(const PlanInput& in, const GridShape& g) {
       {"MLP up", int64_t(m.ffn / g.y()) * Cx},
       {"MLP down", int64_t(m.ffn / g.y()) * Cx},
       {"embedding", int64_t(m.vocab_size / g.y()) * Cx}};
+  const int gz = without_context(g, in.shard_over_context).z();  // Z, or Z x C sharding over context
   for (const auto& [what, n] : blocks)
-    if (n % g.z() != 0)
+    if (n % gz != 0)
       return std::string("the ") + what + " block of a rank (" + std::to_string(n) +
-             " elements) is not divisible by Gz = " + std::to_string(g.z());
+             " elements) is not divisible by " + (gz == g.z() ? "Gz" : "Gz x Gc") + " = " + std::to_string(gz);
   if (in.seq > m.max_seq)
     return "sequence length " + std::to_string(in.seq) + " exceeds model.max_seq " +
            std::to_string(m.max_seq);
@@ -543,6 +560,7 @@ bool trainer_supports_pipeline() {
 
 std::string trainer_grid_string(const GridShape& g) {
   std::ostringstream o;
+  if (g.c() > 1) return g.to_arg();  // only the named form gives C
   if (trainer_supports_pipeline())
     o << g.x() << "," << g.y() << "," << g.z() << "," << g.p() << "," << g.d();
   else
@@ -603,7 +621,7 @@ ComputeTimes compute_times(const PlanInput& in, const GridShape& g, const Machin
   c.attn_fwd = 0.5 * 4 * T * in.seq * s.A / g.y();
   ModelConfig m1 = m;
   m1.n_layer = 1;
-  GridShape g1 = g;
+  GridShape g1 = without_context(g, in.shard_over_context);
   g1[Axis::P] = 1;
   ModelConfig m0 = m;
   m0.n_layer = 0;
@@ -642,15 +660,22 @@ struct LayerComm {
   double exposed = 0, contention = 0;
 };
 
-LayerComm layer_comm(const CommSums& c, const ComputeTimes& t, bool ov_tensor, double f) {
+LayerComm layer_comm(const CommSums& c, const ComputeTimes& t, bool ov_tensor, double f, int gc,
+                     double fwd_mult) {
   LayerComm l;
-  l.exposed = c.layer_total();
+  // The context ring hides behind the attention whatever the overlap switches say (it is the
+  // ring's algorithm): each step behind one block's attention (context.cpp).
+  const double attn_f = fwd_mult * t.attn_fwd / t.rate_attn, attn_b = 2 * t.attn_fwd / t.rate_attn;
+  const double ring_exp = ring_exposed(c.ring_fwd, c.ring_bwd, attn_f, attn_b, gc);
+  const double ring_contention = overlap_contention(c.ring_fwd, attn_f, f) + overlap_contention(c.ring_bwd, attn_b, f);
+  l.exposed = c.layer_total() - c.ring_fwd - c.ring_bwd + ring_exp;
+  l.contention = ring_contention;
   // Overlap contention (docs/planner.md): a collective running beside compute holds
   // collective_units of the machine's units, so the compute it hides behind runs at
   // 1 - f of its rate while they overlap, f = collective_units / units.
   if (ov_tensor) {
-    l.exposed = c.fwd_ar + z_fwd_exposed(c, t) + z_bwd_exposed(c, t) + din_exposed(c, t);
-    l.contention = overlap_contention(c.z_fwd, t.layer_fwd, f) +
+    l.exposed = c.fwd_ar + z_fwd_exposed(c, t) + z_bwd_exposed(c, t) + din_exposed(c, t) + ring_exp;
+    l.contention = ring_contention + overlap_contention(c.z_fwd, t.layer_fwd, f) +
                    overlap_contention(c.z_bwd, t.layer_bwd - t.layer_dw, f) +
                    overlap_contention(c.din, t.layer_dw, f);
   }
@@ -722,7 +747,8 @@ double optimizer_seconds(const PlanInput& in, const GridShape& g, const Machine&
 // returns the exposed seconds by axis ("comm x", ...).
 std::map<std::string, double> per_step_collectives(Estimate& e, const std::vector<CommItem>& items, const CommSums& sums,
                                                    const ComputeTimes& t, double Ls, int64_t mcount,
-                                                   bool ov_tensor, double dp_exposed) {
+                                                   bool ov_tensor, double dp_exposed, double ring_share_fwd,
+                                                   double ring_share_bwd) {
   std::map<std::string, double> exposed_by_axis;
   for (auto& it : items) {
     CollectiveCost c = it.c;
@@ -731,7 +757,9 @@ std::map<std::string, double> per_step_collectives(Estimate& e, const std::vecto
     else if (it.kind != kData) c.calls = it.c.calls * double(mcount);
     c.seconds = per_call * c.calls;
     double share = 1;
-    if (it.per_layer > 0 && ov_tensor && it.kind != kExposed) {
+    if (it.kind == kRingFwd || it.kind == kRingBwd) {
+      share = it.kind == kRingFwd ? ring_share_fwd : ring_share_bwd;
+    } else if (it.per_layer > 0 && ov_tensor && it.kind != kExposed) {
       const double cls = it.kind == kZFwd ? sums.z_fwd : it.kind == kZBwd ? sums.z_bwd : sums.din;
       const double cls_exp = it.kind == kZFwd   ? z_fwd_exposed(sums, t)
                              : it.kind == kZBwd ? z_bwd_exposed(sums, t)
@@ -760,8 +788,20 @@ std::string dominant_cost(const Estimate& e, const std::map<std::string, double>
 
 Estimate estimate(const PlanInput& in, const GridShape& g, const Machine& mach) {
   if (in.search_micro_batch) return estimate_searching_micro_batch(in, g, mach);
+  if (g.c() > 1 && in.cp_comm == CpComm::Auto) {
+    // parallel.cp_comm unset: the faster of the ring and the all-gather for this grid.
+    PlanInput a = in;
+    a.cp_comm = CpComm::Ring;
+    Estimate ring = estimate(a, g, mach);
+    a.cp_comm = CpComm::AllGather;
+    Estimate gather = estimate(a, g, mach);
+    if (!ring.valid) return gather;
+    if (!gather.valid) return ring;
+    return gather.step < ring.step ? gather : ring;
+  }
   Estimate e;
   e.grid = g;
+  e.cp_comm = g.c() > 1 ? in.cp_comm : CpComm::Auto;
   e.trainable = g.p() == 1 || trainer_supports_pipeline();
   const ModelConfig& m = in.model;
   const Sizes s = sizes(m);
@@ -778,7 +818,8 @@ Estimate estimate(const PlanInput& in, const GridShape& g, const Machine& mach) 
   }
   e.micro_batch = micro_batch_of(in, g);
   e.micro_batches = in.global_batch / e.micro_batch;
-  const double T = double(e.micro_batch / token_slots(g)) * in.seq;  // tokens per rank per micro-batch
+  // Tokens per rank per micro-batch: its sequences, S / Gc of each with a context axis.
+  const double T = double(e.micro_batch / token_slots(g)) * (in.seq / g.c());
   e.tokens_per_rank = int64_t(T);
   e.memory = memory_per_rank(in, g);
   if (std::string why = fit_problem(e.memory, mach); !why.empty()) {
@@ -791,20 +832,26 @@ Estimate estimate(const PlanInput& in, const GridShape& g, const Machine& mach) 
   // The trainer's split (parallel.pipeline_layers): layers of each virtual stage.
   const parallel::LayerSplit layer_split = layer_split_of(in, g);
   const double Ls = stage_layer_count(layer_split, g.p());  // the fullest stage's layers
-  const StageParams sp = stage_params(m, g, true, g.p() == 1, int(Ls));
+  const StageParams sp = stage_params(m, without_context(g, in.shard_over_context), true, g.p() == 1, int(Ls));
 
   Collectives coll(g, mach);
   add_tensor_layer_comm(coll, in, g, s, T);
   add_sharded_layer_comm(coll, in, g, s);
   add_top_comm(coll, in, g, s, T);
   add_pipeline_comm(coll, in, g, s, T);
-  add_data_comm(coll, in, sp.matrices, sp.vectors);
+  add_data_comm(coll, in, g, sp.matrices, sp.vectors);
+  add_context_layer_comm(coll, in, g, s, T, e.cp_comm);
   const CommSums sums = comm_sums(coll.items());
 
   // ---- time of one micro-batch on the slowest stage, with overlap
   const bool ov_tensor = in.overlap != Overlap::None, ov_all = in.overlap == Overlap::All;
   const double f = mach.contended_fraction();
-  const LayerComm lc = layer_comm(sums, t, ov_tensor, f);
+  const double fwd_mult = full ? 2 : 1;
+  const LayerComm lc = layer_comm(sums, t, ov_tensor, f, g.c(), fwd_mult);
+  // Each ring pass's exposed share (context.cpp), for the per-collective table.
+  const double attn_s = t.attn_fwd / t.rate_attn;
+  const double ring_f = ring_exposed(sums.ring_fwd, 0, fwd_mult * attn_s, 0, g.c());
+  const double ring_b = ring_exposed(0, sums.ring_bwd, 0, 2 * attn_s, g.c());
   const int64_t mcount = e.micro_batches;
   const GemmTimes& gt = t.gt;
   e.compute_gemm = double(mcount) * (Ls * (gt.fwd + gt.din + gt.dw + (full ? gt.fwd : 0)) + gt.head_fwd + gt.head_bwd);
@@ -826,7 +873,9 @@ Estimate estimate(const PlanInput& in, const GridShape& g, const Machine& mach) 
   e.mfu = e.model_flops / e.step / peak_all;
   e.hfu = e.hardware_flops / e.step / peak_all;
 
-  const auto exposed_by_axis = per_step_collectives(e, coll.items(), sums, t, Ls, mcount, ov_tensor, dp_exposed);
+  const auto exposed_by_axis =
+      per_step_collectives(e, coll.items(), sums, t, Ls, mcount, ov_tensor, dp_exposed,
+                           sums.ring_fwd > 0 ? ring_f / sums.ring_fwd : 0, sums.ring_bwd > 0 ? ring_b / sums.ring_bwd : 0);
   e.dominant = dominant_cost(e, exposed_by_axis);
   return e;
 }
@@ -837,6 +886,7 @@ std::vector<Estimate> plan(const PlanInput& in, const Machine& m) {
   std::vector<Estimate> valid, rejected;
   for (const GridShape& g : all_grids(in.ranks)) {
     if (g.p() > 1 && !in.allow_pipeline) continue;
+    if (g.c() > 1 && !in.allow_context) continue;
     Estimate e = estimate(in, g, m);
     (e.valid ? valid : rejected).push_back(std::move(e));
   }

@@ -50,6 +50,13 @@ using parallel::parse_pipeline_schedule;       // "1f1b" | "interleaved"
 // and reduce-scatters behind the layer's compute). All: Tensor plus the data-parallel gradient
 // all-reduce behind the last micro-batch's backward.
 enum class Overlap { None, Tensor, All };
+// How a context axis C > 1 exchanges keys and values (issue 28; parallel.cp_comm): Ring: C - 1
+// point-to-point steps per attention, each overlapped with the attention on the block already
+// present (Megatron-Core); AllGather: K and V all-gathered over C before the attention and dK, dV
+// reduce-scattered after it, exposed (TorchTitan); Auto: the faster of the two for each grid.
+enum class CpComm { Auto, Ring, AllGather };
+CpComm parse_cp_comm(const std::string& s);        // "auto" | "ring" | "all-gather"
+const char* name(CpComm c);
 
 using backend::parse_precision;                    // "fp32" | "bf16"
 Overlap parse_overlap(const std::string& s);       // "none" | "tensor" | "all"
@@ -62,9 +69,10 @@ const char* name(Overlap o);
 using parallel::Axis;
 using parallel::AxisSet;
 using parallel::GridShape;
-// Every grid with product n, lexicographic in (x, y, z, p, d).
+// Every grid with product n, lexicographic in the rank order (x, y, z, c, p, d).
 std::vector<GridShape> all_grids(int n);
-// "2x1x2x1x1": every extent (x, y, z, p, d), the form of the planner's tables and JSON.
+// "2x1x2x1x1": the extents (x, y, z, p, d), the form of the planner's tables and JSON; a context
+// axis C > 1 is appended as "2x1x2x1x1 c4".
 std::string grid_label(const GridShape& g);
 
 // Whose memory layout a plan prices. Tetrad: what tetrad's model allocates
@@ -106,6 +114,12 @@ struct PlanInput {
   MemoryModel memory_model = MemoryModel::Tetrad;
   int ranks = 1;
   bool allow_pipeline = true;  // plan Gp > 1 grids
+  bool allow_context = true;   // plan C > 1 grids (a published run without context parallelism: false)
+  CpComm cp_comm = CpComm::Auto;
+  // TorchTitan's FSDP shards the parameters over data x context (its dp_shard x cp mesh): the Z
+  // gathers and reduce-scatters run over Z x C and the weights are stored 1/(Gz Gc). Off (tetrad,
+  // the default): weights are replicated over C like over D, gradients reduced over D x C.
+  bool shard_over_context = false;
   void validate() const;
 };
 
@@ -219,7 +233,8 @@ struct Estimate {
   bool trainable = false;  // the trainer can run this grid (Gp = 1 unless it takes a P axis)
   int64_t micro_batch = 0;   // sequences per micro-batch, whole job
   int64_t micro_batches = 0; // per step (train.grad_accum)
-  int64_t tokens_per_rank = 0;  // per micro-batch
+  int64_t tokens_per_rank = 0;  // per micro-batch (a sequence's S / Gc with a context axis)
+  CpComm cp_comm = CpComm::Auto;  // C > 1: the exchange the estimate prices (never Auto)
   double model_flops = 0, hardware_flops = 0;  // per step, whole job
   double compute = 0;        // seconds per step on the slowest stage, no bubble
   double compute_gemm = 0, compute_attention = 0;  // of which GEMMs (all three passes), attention
@@ -290,7 +305,8 @@ std::string trainer_grid_string(const GridShape& g);
 // Parameters in the GEMMs of one block, and of the output head.
 struct Sizes {
   double H, L, F, V, S_max, QKV, FW;
-  double A;  // the attention width: n_head * head_dim (H unless the family's heads are wider)
+  double A;   // the attention width: n_head * head_dim (H unless the family's heads are wider)
+  double KV;  // one of k, v's width (GQA: kv heads x head_dim)
   double qk_norm_vectors = 0;  // per layer: q_norm and k_norm (2 head_dim, replicated), or 0
   // The family's vectors (model/family.hpp): a norm's (weight, or weight and bias), whether the
   // layers have biases (all of them; or only q|k|v's), whether positions are a learned table.
@@ -301,11 +317,12 @@ struct Sizes {
 };
 
 // When a collective runs, which decides what it can hide behind.
-enum CommKind { kExposed = 0, kZFwd = 1, kZBwd = 2, kDIn = 3, kData = 4 };
+enum CommKind { kExposed = 0, kZFwd = 1, kZBwd = 2, kDIn = 3, kData = 4, kRingFwd = 5, kRingBwd = 6 };
 
 struct CommItem {
   CollectiveCost c;
-  int kind;  // CommKind: 0 exposed always, 1 z-gather fwd, 2 z bwd, 3 dIn bwd, 4 data (per step)
+  int kind;  // CommKind: 0 exposed always, 1 z-gather fwd, 2 z bwd, 3 dIn bwd, 4 data (per step),
+             // 5, 6 the context ring's steps (hidden behind the attention's blocks, fwd / bwd)
   double per_layer;  // calls per layer per micro-batch (0: per micro-batch or per step)
   // Per-micro-batch items: which pipeline op runs it (the embedding's on the first virtual
   // stage's forward, the head's on the last's forward or backward, the point-to-point
@@ -318,8 +335,9 @@ class Collectives {
  public:
   // Where each group sits: every axis, and the token-splitting axes together.
   Collectives(const GridShape& g, const Machine& mach) {
-    for (AxisSet a : {AxisSet(Axis::X), AxisSet(Axis::Y), AxisSet(Axis::Z), AxisSet(Axis::P),
-                      AxisSet(Axis::D), parallel::token_axes()})
+    for (AxisSet a : {AxisSet(Axis::X), AxisSet(Axis::Y), AxisSet(Axis::C), AxisSet(Axis::Z),
+                      AxisSet(Axis::P), AxisSet(Axis::D), parallel::token_axes(), shard_axes(g, false),
+                      shard_axes(g, true), grad_axes(g), replicated_axes(g)})
       pl_[a.bits()] = place(g, a, mach);
   }
   void add(const char* what, AxisSet axes, Op op, double bytes, double calls, int kind,
@@ -342,6 +360,19 @@ class Collectives {
     items_.push_back(it);
   }
   const std::vector<CommItem>& items() const { return items_; }
+  // The groups a context axis changes (each the plain axis when Gc = 1, so its name and cost are
+  // those of a grid without C): the weight shards' (Z, or Z x C with shard_over_context), the
+  // Z shards' gradients' (D, or D x C: weights are replicated over C), the replicated vectors'
+  // (Z x D, or Z x C x D).
+  static AxisSet shard_axes(const GridShape& g, bool over_context) {
+    return over_context && g.c() > 1 ? AxisSet{Axis::C, Axis::Z} : AxisSet(Axis::Z);
+  }
+  static AxisSet grad_axes(const GridShape& g) {
+    return g.c() > 1 ? AxisSet{Axis::C, Axis::D} : AxisSet(Axis::D);
+  }
+  static AxisSet replicated_axes(const GridShape& g) {
+    return g.c() > 1 ? parallel::token_axes() | Axis::C : parallel::token_axes();
+  }
 
  private:
   std::vector<CommItem> items_;
@@ -365,14 +396,34 @@ void add_top_comm(Collectives& c, const PlanInput& in, const GridShape& g, const
 void add_pipeline_comm(Collectives& c, const PlanInput& in, const GridShape& g, const Sizes& s, double T);
 
 // Data parallelism (D, Z x D), per step: Z shards all-reduced over D (ZeRO 1/2: reduce-scatter +
-// all-gather, same ring volume); replicated vectors over Z x D.
-void add_data_comm(Collectives& c, const PlanInput& in, double matrices, double vectors);
+// all-gather, same ring volume); replicated vectors over Z x D; with a context axis over D x C and
+// Z x C x D (shard_over_context: the shards over D alone).
+void add_data_comm(Collectives& c, const PlanInput& in, const GridShape& g, double matrices, double vectors);
+
+// Context parallelism (C > 1, planner/context.cpp), per layer: keys and values of the rank's
+// chunks exchanged over C by `method` (Ring or AllGather; T = tokens a rank holds, S / Gc of each
+// of its sequences). Ring: Gc - 1 send/recv steps of the rank's K|V block forward (kRingFwd),
+// of K|V and dK|dV backward (kRingBwd), each hidden behind the attention of one block. AllGather:
+// K|V all-gathered before the attention (again in the recomputed forward), dK|dV reduce-scattered
+// after the backward, exposed.
+void add_context_layer_comm(Collectives& c, const PlanInput& in, const GridShape& g, const Sizes& s,
+                            double T, CpComm method);
+// The exposed seconds of a layer's ring steps (per micro-batch): each of the Gc - 1 steps of a
+// pass hides behind the attention on one block (the pass's attention seconds / Gc).
+double ring_exposed(double ring_fwd, double ring_bwd, double attn_fwd_s, double attn_bwd_s, int c);
+// Bytes per rank the exchange holds beside the activations (C > 1): the ring's blocks in flight
+// (in.cp_comm Ring), or one layer's all-gathered keys and values and their gradients.
+double context_gather_bytes(const PlanInput& in, const GridShape& g, double T);
+// The grid as the parallel layer's functions (divisibility, memory) see it: C folded away (each
+// rank runs its S / Gc tokens of a sequence; shard_over_context folds C into Z).
+GridShape without_context(const GridShape& g, bool shard_over_context);
 
 // Seconds of the collectives by class: per layer per micro-batch, per micro-batch, per step.
 struct CommSums {
   double fwd_ar = 0, z_fwd = 0, z_bwd = 0, din = 0, per_mb_total = 0, step_comm = 0;
+  double ring_fwd = 0, ring_bwd = 0;  // per layer per micro-batch (kRingFwd, kRingBwd)
   double mb_at[4] = {0, 0, 0, 0};  // per-micro-batch communication by MbAt
-  double layer_total() const { return fwd_ar + z_fwd + z_bwd + din; }
+  double layer_total() const { return fwd_ar + z_fwd + z_bwd + din + ring_fwd + ring_bwd; }
 };
 CommSums comm_sums(const std::vector<CommItem>& items);
 

@@ -12,7 +12,7 @@
 namespace tetrad::planner {
 
 nlohmann::json Estimate::to_json() const {
-  nlohmann::json j = {{"grid", {{"x", grid.x()}, {"y", grid.y()}, {"z", grid.z()}, {"p", grid.p()}, {"d", grid.d()}}},
+  nlohmann::json j = {{"grid", {{"x", grid.x()}, {"y", grid.y()}, {"c", grid.c()}, {"z", grid.z()}, {"p", grid.p()}, {"d", grid.d()}}},
                       {"grid_string", grid_label(grid)},
                       {"valid", valid},
                       {"trainable", trainable}};
@@ -31,6 +31,7 @@ nlohmann::json Estimate::to_json() const {
             {"micro_batch_per_replica", micro_batch / parallel::token_slots(grid)},
             {"micro_batches", micro_batches},
             {"tokens_per_rank_per_micro_batch", tokens_per_rank},
+            {"cp_comm", grid.c() > 1 ? name(cp_comm) : "none"},
             {"step_s", step},
             {"compute_s", compute},
             {"compute_gemm_s", compute_gemm},
@@ -78,6 +79,41 @@ std::string micro_label(const Estimate& e) {
   return std::to_string(e.micro_batch / parallel::token_slots(e.grid)) + " x " + std::to_string(e.micro_batches);
 }
 
+std::string context_choice_text(const std::vector<Estimate>& plan) {
+  const Estimate* first = nullptr;
+  const Estimate *flat = nullptr, *closest = nullptr;  // the fastest C = 1 grid; the smallest rejected one
+  for (const auto& e : plan) {
+    if (e.valid && !first) first = &e;
+    if (e.grid.c() != 1) continue;
+    if (e.valid && !flat) flat = &e;
+    if (!e.valid && e.memory.total() > 0 && (!closest || e.memory.total() < closest->memory.total()))
+      closest = &e;
+  }
+  if (!first || first->grid.c() <= 1) return "";
+  std::ostringstream o;
+  o << std::fixed << std::setprecision(1);
+  const double exposed = [&] {
+    double x = 0;
+    for (const auto& c : first->collectives)
+      if (c.axis == AxisSet(Axis::C)) x += c.exposed;
+    return x;
+  }();
+  o << "context: the first choice cuts each sequence over C = " << first->grid.c() << " ("
+    << first->tokens_per_rank << " tokens per rank per micro-batch; keys and values by "
+    << name(first->cp_comm) << ", exposed " << 100 * exposed / first->step << "% of the step): ";
+  if (flat)
+    o << "the fastest grid with C = 1, " << grid_label(flat->grid) << ", takes "
+      << 100 * (flat->step / first->step - 1) << "% longer (" << human_time(flat->step) << ", "
+      << human_bytes(flat->memory.total()) << " per rank)\n";
+  else if (closest)
+    o << "no grid with C = 1 fits: the closest, " << grid_label(closest->grid) << ", needs "
+      << human_bytes(closest->memory.total()) << " per rank (activations "
+      << human_bytes(closest->memory.activations) << ")\n";
+  else
+    o << "no grid with C = 1 is valid\n";
+  return o.str();
+}
+
 std::string plan_text(const PlanInput& in, const Machine& m, const std::vector<Estimate>& plan,
                       int show_rejected, int top) {
   std::ostringstream o;
@@ -108,24 +144,25 @@ std::string plan_text(const PlanInput& in, const Machine& m, const std::vector<E
   int nvalid = 0, nrej = 0;
   for (const auto& e : plan) (e.valid ? nvalid : nrej)++;
   o << nvalid << " valid grids (x y z p d), fastest first; " << nrej << " rejected\n";
-  o << " rank  grid        micro x m        step        tokens/s       MFU    HFU    memory/rank  compute  comm(exp)  bubble   dominant\n";
+  o << " rank  grid          micro x m        step        tokens/s       MFU    HFU    memory/rank  compute  comm(exp)  bubble   dominant\n";
   int rank = 0;
   for (const auto& e : plan) {
     if (!e.valid) continue;
     ++rank;
     if (top > 0 && rank > top) continue;
     std::ostringstream line;
-    line << std::setw(5) << rank << "  " << std::left << std::setw(12) << grid_label(e.grid)
+    line << std::setw(5) << rank << "  " << std::left << std::setw(14) << grid_label(e.grid)
          << std::setw(11) << micro_label(e) << std::right << std::setw(10) << human_time(e.step) << std::setw(14) << std::fixed
          << std::setprecision(e.tokens_per_s >= 100 ? 0 : 1) << e.tokens_per_s << std::setw(8)
          << std::setprecision(1) << 100 * e.mfu << "%" << std::setw(6) << 100 * e.hfu << "%"
          << std::setw(13) << human_bytes(e.memory.total()) << std::setw(8)
          << 100 * e.compute / e.step << "%" << std::setw(9) << 100 * e.comm_exposed / e.step << "%"
          << std::setw(8) << 100 * e.bubble / e.step << "%   " << e.dominant
-         << (e.trainable ? "" : "  [pipeline: not trainable yet]");
+         << (e.trainable ? "" : e.grid.c() > 1 ? "  [context: not trainable yet]" : "  [pipeline: not trainable yet]");
     o << line.str() << "\n";
   }
   if (top > 0 && rank > top) o << "  ... " << rank - top << " more valid grids (--top 0 shows all)\n";
+  o << context_choice_text(plan);
   if (nrej > 0) {
     o << "\nrejected:\n";
     int shown = 0;
@@ -145,7 +182,7 @@ std::string plan_text(const PlanInput& in, const Machine& m, const std::vector<E
 std::string why_text(const PlanInput& in, const Machine& m, const Estimate& e) {
   std::ostringstream o;
   o << std::fixed << std::setprecision(1);
-  o << "grid " << grid_label(e.grid) << " (x,y,z,p,d) for " << in.model_name << " on " << in.ranks
+  o << "grid " << grid_label(e.grid) << (e.grid.c() > 1 ? " (x,y,z,p,d, c)" : " (x,y,z,p,d)") << " for " << in.model_name << " on " << in.ranks
     << " ranks of machine " << m.name << ": " << (e.valid ? "valid" : "rejected: " + e.reject) << "\n";
   const MemoryBreakdown& mb = e.memory;
   if (mb.total() > 0) {
@@ -159,6 +196,14 @@ std::string why_text(const PlanInput& in, const Machine& m, const Estimate& e) {
   if (e.micro_batch > 0)
     o << "micro-batch " << micro_label(e) << " (per replica x micro-batches), " << e.tokens_per_rank
       << " tokens per rank per micro-batch\n";
+  if (e.grid.c() > 1)
+    o << "context: each sequence in " << 2 * e.grid.c() << " chunks over C = " << e.grid.c()
+      << " (rank r holds chunks r and " << 2 * e.grid.c() << " - 1 - r), " << in.seq / e.grid.c()
+      << " tokens of it per rank; activations per rank 1/" << e.grid.c()
+      << ", attention 1/" << e.grid.c() << " of each sequence's causal S^2 work; keys and values by "
+      << (e.valid ? name(e.cp_comm) : name(in.cp_comm))
+      << (in.cp_comm == CpComm::Auto ? " (the faster of ring and all-gather here; --cp-comm sets one)" : "")
+      << "\n";
   if (!e.valid) return o.str();
   auto pct = [&](double v) { return 100 * v / e.step; };
   o << "step " << human_time(e.step) << " = compute " << pct(e.compute) << "% (GEMMs "

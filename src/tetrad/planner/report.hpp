@@ -16,6 +16,9 @@ namespace tetrad::planner {
 // all) and up to `show_rejected` rejected ones with the reason (-1: all).
 std::string plan_text(const PlanInput& in, const Machine& m, const std::vector<Estimate>& plan,
                       int show_rejected = 20, int top = 0);
+// Why the plan's first choice has a context axis (C > 1), "" when it has none: the fastest grid
+// with C = 1 and how much slower it is, or the closest C = 1 grid that does not fit.
+std::string context_choice_text(const std::vector<Estimate>& plan);
 // The micro-batch an estimate runs, per (z, d) replica x micro-batches per step ("4 x 16"):
 // the plan's and the scaling table's column ("-" for a rejected grid).
 std::string micro_label(const Estimate& e);

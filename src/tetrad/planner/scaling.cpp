@@ -342,6 +342,8 @@ nlohmann::json scaling_json(const ScalingSpec& spec, const Machine& m,
         {"grew_by", &ScalingPoint::grew_by}};
     for (const auto& [key, field] : kNumbers) q[key] = p.*field;
     q["grid"] = grid_label(p.estimate.grid);
+    q["c"] = p.estimate.grid.c();  // the context axis (issue 28): 1 without one
+    q["cp_comm"] = p.estimate.grid.c() > 1 ? name(p.estimate.cp_comm) : "none";
     q["grid_given"] = p.grid_given;
     q["grids_valid"] = p.grids_valid;
     q["grids_total"] = p.grids_total;
@@ -622,6 +624,7 @@ std::vector<PublishedScaling> published_scaling(double batch_scale) {
     in.memory_model = MemoryModel::Reference;  // another framework's run (planner.hpp)
     in.overlap = Overlap::Tensor;
     in.allow_pipeline = false;
+    in.allow_context = false;  // AxoNN has no context axis
     const std::string assume = "V = 51200 and global batch " + std::to_string(in.global_batch) +
                                " x 2048 tokens (one micro-batch) assumed; grid: the planner's first "
                                "choice among Gp = 1 grids";
@@ -653,6 +656,7 @@ std::vector<PublishedScaling> published_scaling(double batch_scale) {
     in.memory_model = MemoryModel::Reference;  // another framework's run (planner.hpp)
     in.zero = 1;
     in.overlap = Overlap::None;
+    in.allow_context = false;  // Megatron-DeepSpeed's runs split no sequence
     const std::string assume =
         std::string(kind == ScalingKind::Weak ? "weak: global batch " + std::to_string(in.global_batch) +
                                                     " sequences at the first point, in proportion to the ranks"

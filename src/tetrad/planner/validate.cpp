@@ -38,25 +38,28 @@ ModelConfig planner_model(const std::string& name) {
   if (name == "gpt-160b") return gpt(84, 12288, 96, 51200, 2048);
   if (name == "gpt-320b") return gpt(96, 16384, 128, 51200, 2048);
   if (name == "gpt-175b") return gpt(96, 12288, 96, 51200, 2048);
-  if (name == "llama-405b") {
-    // Llama 3.1 405B as Meta published it (the model card's config.json; "The Llama 3 Herd of
-    // Models", 2024, table 3): 126 layers, hidden 16384, 128 heads of 128, 8 KV heads, SwiGLU FFN
-    // 53248, vocabulary 128256, untied head, RoPE theta 500000 with Llama 3.1's scaling, 128K
-    // context.
-    ModelConfig c = gpt(126, 16384, 128, 128256, 131072);
+  // Llama 3.1 as Meta published it (the model cards' config.json; "The Llama 3 Herd of Models",
+  // 2024, table 3): heads of 128, 8 KV heads, SwiGLU, vocabulary 128256, untied head, RoPE theta
+  // 500000 with Llama 3.1's scaling, 128K context.
+  auto llama31 = [&](int L, int H, int heads, int ffn) {
+    ModelConfig c = gpt(L, H, heads, 128256, 131072);
     c.family = Family::Llama;
     c.n_kv_head = 8;
-    c.ffn = 53248;
+    c.ffn = ffn;
     c.tie_embeddings = false;
     c.rope_theta = 500000.0f;
     c.rope_type = "llama3";
     return c;
-  }
+  };
+  if (name == "llama-405b") return llama31(126, 16384, 128, 53248);
+  // TorchTitan's long-context rows (docs/planner.md) run the 8B at up to 256K (max_seq raised).
+  if (name == "llama-8b") return llama31(32, 4096, 32, 14336);
   try {
     return named_model(name);
   } catch (const Error& e) {
     fail(e.what(), ", gpt-1t, gpt-80b (published rows), gpt-5b, gpt-10b, gpt-20b, gpt-40b, "
-         "gpt-60b, gpt-160b, gpt-320b, gpt-175b (scaling series), llama-405b (Llama 3.1 405B)");
+         "gpt-60b, gpt-160b, gpt-320b, gpt-175b (scaling series), llama-8b (Llama 3.1 8B), "
+         "llama-405b (Llama 3.1 405B)");
   }
 }
 
@@ -82,6 +85,9 @@ PlanInput sweep_plan_input(const SweepConfig& sc, int ranks) {
   in.global_batch = int64_t(sc.micro_batch) * sc.micro_batches;
   in.schedule = parse_pipeline_schedule(sc.schedule);
   in.ranks = ranks;
+  // The sweep's grids are the validation's list (docs/planner.md, 5 on 2 ranks and 15 on 4);
+  // context grids are not in it yet (at 256 tokens a sequence they only add the K|V exchange).
+  in.allow_context = false;
   return in;
 }
 
@@ -90,7 +96,7 @@ std::vector<GridShape> local_sweep_grids(int ranks) {
   const PlanInput in = sweep_plan_input(sc, ranks);
   std::vector<GridShape> out;
   for (const GridShape& g : all_grids(ranks))
-    if (divisibility_problem(in, g).empty()) out.push_back(g);
+    if ((g.c() == 1 || in.allow_context) && divisibility_problem(in, g).empty()) out.push_back(g);
   return out;
 }
 
@@ -282,6 +288,7 @@ std::vector<PublishedResult> published_results_impl(double gemm_efficiency, int6
     in.overlap = Overlap::Tensor;
     in.ranks = 1024;
     in.allow_pipeline = false;  // AxoNN's 4D grid has no pipeline axis
+    in.allow_context = false;   // nor a context axis
     Machine m = load_machine("perlmutter");
     if (gemm_efficiency > 0) m.gemm_efficiency = gemm_efficiency;
     if (!contention) m.collective_units = 0, m.overlap_slowdown = 0;

@@ -286,6 +286,11 @@ std::vector<Field> parallel_fields() {
                    "(the first L % V one layer more), \"balanced\" (fewest FLOPs on the busiest "
                    "virtual stage, counting the embedding on the first and the output head + "
                    "loss on the last), or layer counts per virtual stage, e.g. \"3,1\""),
+      STRING_FIELD("parallel.cp_comm", c.cp_comm,
+                   "how attention on the context axis (grid c > 1) reaches the other ranks' keys "
+                   "and values: \"allgather\" (all-gathered, dK/dV reduce-scattered back) or "
+                   "\"ring\" (blocks passed peer to peer round the C group, overlapped with the "
+                   "attention on those already there, merged by their log-sum-exp)"),
       INT_FIELD("parallel.zero", c.zero,
                 "ZeRO stage over the data axis: 0 replicates optimizer state over D; 1 shards the "
                 "Adam moments over D (gradients reduce-scattered, updated parameters "
@@ -441,6 +446,9 @@ RunSettings resolve_settings(const RunConfig& cfg) {
   parallel::check_layer_split_spec(cfg.pipeline_layers);
   m.pipeline_layers = cfg.pipeline_layers;
   m.sparse_embedding_grad = cfg.sparse_embedding_grad;
+  if (cfg.cp_comm != "allgather" && cfg.cp_comm != "ring")
+    fail("parallel.cp_comm = \"", cfg.cp_comm, "\": expected \"allgather\" or \"ring\"");
+  m.cp_comm = cfg.cp_comm == "ring" ? parallel::ContextComm::Ring : parallel::ContextComm::AllGather;
   // With a fixed pipeline grid the split can be checked against the model now (an explicit list
   // of the wrong length or sum); chosen grids ("auto", none named) are checked when chosen.
   if (cfg.grid != "auto" && !cfg.grid.empty()) {

@@ -111,6 +111,7 @@ struct RunConfig {
   std::string schedule = "1f1b";     // pipeline schedule: 1f1b | interleaved
   int virtual_stages = 1;            // pipeline chunks per stage (interleaved)
   std::string pipeline_layers = "even";  // layer split: even | balanced | "3,1" (layer_split.hpp)
+  std::string cp_comm = "allgather";     // context axis exchange: allgather | ring (options.hpp)
   TrainConfig train;
 
   void validate() const;  // throws Error naming the key
