@@ -143,7 +143,8 @@ case_mpirun_signal() {
 }
 
 # 4. A rank frozen with SIGSTOP: the job ends within about one train.comm_timeout, however many
-# prefetched all-gathers are pending, naming the rank, group, collective and config key.
+# prefetched all-gathers are pending, naming the rank, group, collective and config key, and (every
+# message) the rank that stopped.
 case_stalled_rank() {
   local timeout=3 limit=12 tries=${TRIES:-4} longest=0 k
   for k in $(seq 1 "$tries"); do
@@ -164,6 +165,8 @@ case_stalled_rank() {
       bash -c "grep -qE 'rank [0-9]+: MPI [a-z_]+ .*on group .[a-z]+. \(rank' '$R.log'"
     expect "try $k: the message names train.comm_timeout, not the C++ function" \
       bash -c "grep -q 'The timeout is train.comm_timeout' '$R.log' && ! grep -q 'set_collective_timeout' '$R.log'"
+    expect "try $k: every message names rank $((k % 2)) as the rank that stopped (roll call)" \
+      bash -c "grep -q 'rank $((k % 2)) stopped progressing' '$R.log' && ! grep 'tetrad: error (rank' '$R.log' | grep -v 'rank $((k % 2)) stopped progressing' | grep -q ."
   done
   echo "     stalled-rank exits: $tries, longest $((longest / 1000)).$(printf %03d $((longest % 1000))) s against train.comm_timeout = $timeout s"
 }

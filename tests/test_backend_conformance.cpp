@@ -492,8 +492,9 @@ TEST_P(Conformance, NormsWithSplitStatisticsForwardAndBackward) {
 
 struct AttnRef {
   AttentionArgs d;
+  const VI* doc = nullptr;  // host copy of d.doc_start (the document mask), or null
   // out and lse in double from q, k, v laid out by d's strides (k, v from the block's key 0); a
-  // query that sees no key of the block: out 0, lse -inf.
+  // query that sees no key of the block (causally or by the document mask): out 0, lse -inf.
   void forward(const VD& q, const VD& k, const VD& v, VD& out, VD& lse) const {
     const int hd = d.head_dim, group = d.n_head / d.n_kv_head;
     const int64_t off = d.relative_q_offset();
@@ -506,13 +507,15 @@ struct AttnRef {
           const int kvh = h / group;
           const double* qi = q.data() + b * d.q_batch_stride + i * d.q_stride + h * hd;
           const int64_t last = std::min<int64_t>(d.Tk - 1, off + i);
-          if (last < 0) {
+          const int64_t first =
+              doc ? std::max<int64_t>(0, (*doc)[b * d.doc_batch_stride + i] - d.k_offset) : 0;
+          if (first > last) {
             lse[(static_cast<size_t>(b) * d.n_head + h) * d.Tq + i] = -INFINITY;
             continue;
           }
-          VD s(static_cast<size_t>(last + 1));
+          VD s(static_cast<size_t>(last + 1), -INFINITY);
           double mx = -1e300;
-          for (int64_t j = 0; j <= last; ++j) {
+          for (int64_t j = first; j <= last; ++j) {
             const double* kj = k.data() + b * d.kv_batch_stride + j * d.kv_stride + kvh * hd;
             double dot = 0;
             for (int c = 0; c < hd; ++c) dot += qi[c] * kj[c];
@@ -523,7 +526,7 @@ struct AttnRef {
           for (double x : s) z += std::exp(x - mx);
           lse[(static_cast<size_t>(b) * d.n_head + h) * d.Tq + i] = mx + std::log(z);
           double* o = out.data() + b * d.out_batch_stride + i * d.out_stride + h * hd;
-          for (int64_t j = 0; j <= last; ++j) {
+          for (int64_t j = first; j <= last; ++j) {
             const double p = std::exp(s[j] - mx) / z;
             const double* vj = v.data() + b * d.kv_batch_stride + j * d.kv_stride + kvh * hd;
             for (int c = 0; c < hd; ++c) o[c] += p * vj[c];
@@ -934,6 +937,145 @@ TEST_P(Conformance, AttentionBf16ProductsAgainstFp32) {
   EXPECT_TRUE(close("bf16 attention q_offset dv, " + seed(), down(gv, 160), numeric_grad(vd, loss), kHi));
 }
 
+// The document mask (AttentionArgs::doc_start): packed documents attend only inside themselves,
+// for query blocks at the training offset and at others (a context-parallel chunk: queries inside
+// or after their key block, documents that began before it, queries whose document starts after
+// every key of the block and so see none: out 0, lse -inf), boundaries on and off the kernels'
+// block edges (CPU 64, bf16 32, CUDA tiles), GQA, several sequences; fp32 forward against the
+// double reference and backward against its finite differences, then bf16 products within bf16
+// tolerances. One document everywhere is the unmasked kernel bit for bit.
+TEST_P(Conformance, AttentionDocumentMask) {
+  if (!be_->capabilities().attention_document_mask)
+    GTEST_SKIP() << "[optional] backend has no document mask (Capabilities::attention_document_mask)";
+  struct Case { int B, Tq, Tk, nh, nkv, hd; int64_t off; std::vector<int64_t> starts; int64_t k_off = 0; };
+  // starts: document starts (positions counted from key 0; below 0: before the key block) after
+  // the first document at 0; sequence b shifts them by b so the sequences differ. k_off: key 0's
+  // position (AttentionArgs::k_offset: a later key block of the sequence, as in context
+  // parallelism); every position moves with it.
+  const std::vector<Case> cases = {
+      {2, 9, 9, 4, 2, 8, 0, {3, 4, 7}},            {1, 150, 150, 2, 1, 8, 0, {1, 63, 64, 100, 129}},
+      {2, 5, 12, 4, 2, 8, 7, {5, 9}},              {1, 20, 70, 2, 1, 4, 61, {30, 66, 75}},
+      {1, 6, 10, 2, 1, 8, 12, {4, 15}},            {1, 70, 100, 2, 2, 16, 10, {40, 71}},
+      {1, 40, 40, 2, 1, 8, 0, {1, 2, 3, 5, 8, 13, 21, 34}},
+      {1, 20, 70, 2, 1, 4, 61, {30, 66, 75}, 100}, {2, 6, 10, 2, 1, 8, 3, {-5, 6}, 50}};
+  const bool any_off = be_->capabilities().attention_any_q_offset;
+  for (const Case& c : cases) {
+    if (c.off != c.Tk - c.Tq && !any_off) continue;
+    AttentionArgs d;
+    d.B = c.B; d.Tq = c.Tq; d.Tk = c.Tk; d.n_head = c.nh; d.n_kv_head = c.nkv; d.head_dim = c.hd;
+    d.q_offset = c.off + c.k_off;
+    d.k_offset = c.k_off;
+    d.q_stride = c.nh * c.hd + 3; d.q_batch_stride = c.Tq * d.q_stride;
+    d.kv_stride = c.nkv * c.hd; d.kv_batch_stride = c.Tk * d.kv_stride;
+    d.out_stride = c.nh * c.hd; d.out_batch_stride = c.Tq * d.out_stride;
+    d.doc_batch_stride = c.Tq + 2;
+    VI doc(static_cast<size_t>(c.B * d.doc_batch_stride), -7);  // (padding: never read)
+    for (int b = 0; b < c.B; ++b)
+      for (int i = 0; i < c.Tq; ++i) {
+        int64_t start = 0;
+        for (int64_t s0 : c.starts)
+          if (s0 + b <= c.off + i) start = s0 + b;
+        doc[b * d.doc_batch_stride + i] = int32_t(start + c.k_off);
+      }
+    DeviceBuffer ddoc = up(doc);
+    d.doc_start = I(ddoc);
+    const size_t nq = static_cast<size_t>(c.B * d.q_batch_stride), nkv = static_cast<size_t>(c.B * d.kv_batch_stride);
+    const size_t no = static_cast<size_t>(c.B * d.out_batch_stride), nl = static_cast<size_t>(c.B * c.nh * c.Tq);
+    const VF qf = rand(nq, -1.5f, 1.5f), kf = rand(nkv, -1.5f, 1.5f), vf = rand(nkv, -1.5f, 1.5f), dout = rand(no);
+    DeviceBuffer dq = up(qf), dk = up(kf), dv = up(vf), ddout = up(dout), out = poisoned(no), lse = poisoned(nl);
+    ops_->attention_forward(*q_, d, F(out), F(lse), F(dq), F(dk), F(dv));
+    VD qd = widen(qf), kd = widen(kf), vd = widen(vf), ro, rl;
+    const AttnRef ref{d, &doc};
+    ref.forward(qd, kd, vd, ro, rl);
+    std::ostringstream name;
+    name << "document-masked attention q_offset " << c.off << " k_offset " << c.k_off << " B" << c.B << " Tq" << c.Tq << " Tk"
+         << c.Tk << " heads " << c.nh << "/" << c.nkv << " hd" << c.hd << ", " << seed();
+    const VF got_out = down(out, no), got_lse = down(lse, nl);
+    // Rows that see no key: out exactly 0, lse -inf; the rest against the reference.
+    VF lse_seen;
+    VD rl_seen;
+    for (size_t r = 0; r < nl; ++r) {
+      if (std::isinf(rl[r])) {
+        EXPECT_TRUE(std::isinf(got_lse[r]) && got_lse[r] < 0) << name.str() << " lse[" << r << "] = " << got_lse[r] << ", expected -inf (the query sees no key)";
+      } else {
+        lse_seen.push_back(got_lse[r]), rl_seen.push_back(rl[r]);
+      }
+    }
+    EXPECT_TRUE(close(name.str() + " out", got_out, ro, kFwdTol));
+    EXPECT_TRUE(close(name.str() + " lse", lse_seen, rl_seen, kFwdTol));
+    DeviceBuffer gq = poisoned(nq), gk = poisoned(nkv), gv = poisoned(nkv);
+    ops_->attention_backward(*q_, d, F(gq), F(gk), F(gv), F(ddout), F(dq), F(dk), F(dv), F(out), F(lse));
+    auto loss = [&] {
+      VD o, l;
+      ref.forward(qd, kd, vd, o, l);
+      double L = 0;
+      for (size_t i = 0; i < o.size(); ++i) L += double(dout[i]) * o[i];
+      return L;
+    };
+    VF gq_sel; VD nq_sel;
+    const VF gqv = down(gq, nq);
+    const VD nqv = numeric_grad(qd, loss);
+    for (int64_t r = 0; r < int64_t(c.B) * c.Tq; ++r)
+      for (int64_t col = 0; col < int64_t(c.nh) * c.hd; ++col)
+        gq_sel.push_back(gqv[r * d.q_stride + col]), nq_sel.push_back(nqv[r * d.q_stride + col]);
+    EXPECT_TRUE(close(name.str() + " dq vs finite differences", gq_sel, nq_sel, kBwdTol));
+    const VD nkd = numeric_grad(kd, loss), nvd = numeric_grad(vd, loss);
+    EXPECT_TRUE(close(name.str() + " dk vs finite differences", down(gk, nkv), nkd, kBwdTol));
+    EXPECT_TRUE(close(name.str() + " dv vs finite differences", down(gv, nkv), nvd, kBwdTol));
+
+    if (be_->capabilities().attention_bf16_products) {  // bf16 products: the same mask
+      // Outputs within AttentionBf16ProductsAgainstFp32's 2e-2; gradients (P and dS rounded to
+      // bf16, summed over up to 70 keys, norms of a few short documents) within 4e-2.
+      constexpr double kHi = 2e-2, kHiGrad = 4e-2;
+      AttentionArgs d16 = d;
+      d16.precision = Precision::BF16;
+      DeviceBuffer o16 = poisoned(no), l16 = poisoned(nl), g1 = poisoned(nq), g2 = poisoned(nkv), g3 = poisoned(nkv);
+      ops_->attention_forward(*q_, d16, F(o16), F(l16), F(dq), F(dk), F(dv));
+      ops_->attention_backward(*q_, d16, F(g1), F(g2), F(g3), F(ddout), F(dq), F(dk), F(dv), F(o16), F(l16));
+      EXPECT_TRUE(close(name.str() + " bf16 out", down(o16, no), ro, kHi));
+      const VF l16v = down(l16, nl);
+      VF l16_seen;
+      for (size_t r = 0; r < nl; ++r) {
+        if (std::isinf(rl[r])) EXPECT_TRUE(std::isinf(l16v[r]) && l16v[r] < 0) << name.str() << " bf16 lse[" << r << "] = " << l16v[r];
+        else l16_seen.push_back(l16v[r]);
+      }
+      EXPECT_TRUE(close(name.str() + " bf16 lse", l16_seen, rl_seen, kHi));
+      VF g1_sel;
+      const VF g1v = down(g1, nq);
+      for (int64_t r = 0; r < int64_t(c.B) * c.Tq; ++r)
+        for (int64_t col = 0; col < int64_t(c.nh) * c.hd; ++col) g1_sel.push_back(g1v[r * d.q_stride + col]);
+      EXPECT_TRUE(close(name.str() + " bf16 dq vs finite differences", g1_sel, nq_sel, kHiGrad));
+      EXPECT_TRUE(close(name.str() + " bf16 dk vs finite differences", down(g2, nkv), nkd, kHiGrad));
+      EXPECT_TRUE(close(name.str() + " bf16 dv vs finite differences", down(g3, nkv), nvd, kHiGrad));
+    }
+
+    // One document from position 0 on (every start 0): the unmasked kernels bit for bit.
+    VI one(doc.size(), 0);
+    DeviceBuffer done = up(one);
+    for (int bf = 0; bf < (be_->capabilities().attention_bf16_products ? 2 : 1); ++bf) {
+      AttentionArgs masked = d, plain = d;
+      masked.doc_start = I(done);
+      plain.doc_start = nullptr;
+      masked.precision = plain.precision = bf ? Precision::BF16 : Precision::FP32;
+      DeviceBuffer o1 = poisoned(no), l1 = poisoned(nl), o2 = poisoned(no), l2 = poisoned(nl);
+      DeviceBuffer a1 = poisoned(nq), a2 = poisoned(nkv), a3 = poisoned(nkv), b1 = poisoned(nq), b2 = poisoned(nkv), b3 = poisoned(nkv);
+      ops_->attention_forward(*q_, masked, F(o1), F(l1), F(dq), F(dk), F(dv));
+      ops_->attention_forward(*q_, plain, F(o2), F(l2), F(dq), F(dk), F(dv));
+      ops_->attention_backward(*q_, masked, F(a1), F(a2), F(a3), F(ddout), F(dq), F(dk), F(dv), F(o1), F(l1));
+      ops_->attention_backward(*q_, plain, F(b1), F(b2), F(b3), F(ddout), F(dq), F(dk), F(dv), F(o2), F(l2));
+      const char* what = bf ? " bf16" : " fp32";
+      EXPECT_EQ(0, std::memcmp(down(o1, no).data(), down(o2, no).data(), no * 4)) << name.str() << what << " out: one document differs from no mask";
+      EXPECT_EQ(0, std::memcmp(down(l1, nl).data(), down(l2, nl).data(), nl * 4)) << name.str() << what << " lse";
+      // dq rows' padding columns are not written: compare the head columns.
+      const VF x1 = down(a1, nq), x2 = down(b1, nq);
+      for (int64_t r = 0; r < int64_t(c.B) * c.Tq; ++r)
+        EXPECT_EQ(0, std::memcmp(&x1[r * d.q_stride], &x2[r * d.q_stride], size_t(c.nh) * c.hd * 4)) << name.str() << what << " dq row " << r;
+      EXPECT_EQ(0, std::memcmp(down(a2, nkv).data(), down(b2, nkv).data(), nkv * 4)) << name.str() << what << " dk";
+      EXPECT_EQ(0, std::memcmp(down(a3, nkv).data(), down(b3, nkv).data(), nkv * 4)) << name.str() << what << " dv";
+    }
+  }
+}
+
 // ---- rotary -----------------------------------------------------------------------------------
 
 TEST_P(Conformance, RopeForwardAndAdjoint) {
@@ -1041,6 +1183,55 @@ TEST_P(Conformance, HeadNormForwardAndBackward) {
   }
 }
 
+// Per-document positions (RopeArgs::doc_start, data.document_positions): row r at position
+// pos0 + r % T - doc_start[r], restarting at 0 where each document of a sequence begins; forward
+// against the reference and the backward against finite differences; all-zero starts equal the
+// plain op bit for bit.
+TEST_P(Conformance, RopePerDocumentPositions) {
+  const int64_t B = 2, T = 9, hd = 2 * randint(1, 5), heads = randint(1, 3), pos0 = 0;
+  const int64_t stride = heads * hd + 3, max_pos = T, half = hd / 2, N = B * T;
+  const VI doc = {0, 0, 0, 3, 3, 5, 5, 5, 5,  0, 1, 1, 1, 1, 1, 6, 6, 8};
+  VF cs(static_cast<size_t>(max_pos * half)), sn(cs.size());
+  for (int64_t p = 0; p < max_pos; ++p)
+    for (int64_t i = 0; i < half; ++i) {
+      const double a = double(p) * std::pow(10000.0, -double(2 * i) / double(hd));
+      cs[p * half + i] = float(std::cos(a)), sn[p * half + i] = float(std::sin(a));
+    }
+  auto ref = [&](const VD& in) {
+    VD o = in;
+    for (int64_t r = 0; r < N; ++r)
+      for (int64_t h = 0; h < heads; ++h)
+        for (int64_t i = 0; i < half; ++i) {
+          const int64_t p = pos0 + r % T - doc[r];
+          const double c = cs[p * half + i], sv = sn[p * half + i];
+          const double a = in[r * stride + h * hd + i], b = in[r * stride + h * hd + i + half];
+          o[r * stride + h * hd + i] = a * c - b * sv;
+          o[r * stride + h * hd + i + half] = b * c + a * sv;
+        }
+    return o;
+  };
+  const VF x = rand(static_cast<size_t>(N * stride)), dout = rand(x.size());
+  DeviceBuffer dx = up(x), dc = up(cs), ds = up(sn), dd = up(doc), zeros = up(VI(doc.size(), 0));
+  RopeArgs r;
+  r.x = F(dx); r.N = N; r.T_seq = T; r.pos0 = pos0; r.n_heads = heads; r.head_dim = hd;
+  r.stride = stride; r.cos = F(dc); r.sin = F(ds); r.doc_start = I(dd);
+  ops_->rope_forward(*q_, r);
+  EXPECT_TRUE(close("rope per-document forward, " + seed(), down(dx, x.size()), ref(widen(x)), kFwdTol));
+  DeviceBuffer dg = up(dout);
+  r.x = F(dg);
+  ops_->rope_backward(*q_, r);
+  VD xd = widen(x);
+  auto loss = [&] { const VD o = ref(xd); double L = 0; for (size_t i = 0; i < o.size(); ++i) L += dout[i] * o[i]; return L; };
+  EXPECT_TRUE(close("rope per-document backward vs finite differences, " + seed(), down(dg, x.size()), numeric_grad(xd, loss), kBwdTol));
+  // One document per sequence (every start 0): the plain op's bits.
+  DeviceBuffer a = up(x), b = up(x);
+  r.x = F(a); r.doc_start = I(zeros);
+  ops_->rope_forward(*q_, r);
+  r.x = F(b); r.doc_start = nullptr;
+  ops_->rope_forward(*q_, r);
+  EXPECT_EQ(0, std::memcmp(down(a, x.size()).data(), down(b, x.size()).data(), x.size() * 4));
+}
+
 // ---- activations ------------------------------------------------------------------------------
 
 double gelu(double x) { return 0.5 * x * (1 + std::tanh(0.7978845608028654 * (x + 0.044715 * x * x * x))); }
@@ -1080,6 +1271,167 @@ TEST_P(Conformance, GeluAndSwigluForwardBackward) {
     EXPECT_TRUE(close("swiglu forward, " + seed(), down(out, static_cast<size_t>(N * Fw)), fwd(), kFwdTol));
     auto loss = [&] { const VD o = fwd(); double L = 0; for (size_t i = 0; i < o.size(); ++i) L += dout[i] * o[i]; return L; };
     EXPECT_TRUE(close("swiglu backward vs finite differences, " + seed(), down(g, gu.size()), numeric_grad(gud, loss), kBwdTol));
+  }
+}
+
+// ---- mixture of experts: grouped GEMM, tokens to experts and back --------------------------------
+
+// Groups of every size, zero included (an expert that received no tokens: M = 0; its weight
+// gradient: K = 0, which scales C by beta), in every layout, fp32 and bf16: each group against the
+// double product and bit for bit against one gemm call of its shape (the contract).
+TEST_P(Conformance, GroupedGemmGroupsOfAnySizeEveryLayout) {
+  const Capabilities& caps = be_->capabilities();
+  for (int layout = 0; layout < 4; ++layout)
+    for (Precision prec : {Precision::FP32, Precision::BF16}) {
+      if (prec == Precision::BF16 && !caps.gemm_bf16) continue;
+      for (float beta : {0.0f, 1.0f}) {
+        const bool ta = layout & 1, tb = layout & 2;
+        const int64_t G = randint(1, 6);
+        std::vector<int64_t> M(G), N(G), K(G);
+        // Shared leading dimensions (the experts' weights and rows of one buffer each).
+        const int64_t maxd = 48, lda = maxd + randint(0, 3), ldb = maxd + randint(0, 3),
+                      ldc = maxd + randint(0, 3);
+        for (int64_t g = 0; g < G; ++g) {
+          M[g] = randint(0, 40); N[g] = randint(1, maxd); K[g] = randint(1, maxd);
+        }
+        M[randint(0, G - 1)] = 0;  // an expert without tokens
+        K[randint(0, G - 1)] = 0;  // a weight gradient over no tokens
+        const float alpha = float(randint(1, 4)) * 0.5f;
+        std::vector<VF> A(G), B(G), C0(G);
+        std::vector<DeviceBuffer> dA, dB, dC, dC1;
+        std::vector<const void*> pA(G), pB(G);
+        std::vector<float*> pC(G);
+        for (int64_t g = 0; g < G; ++g) {
+          const int64_t ar = ta ? K[g] : M[g], br = tb ? N[g] : K[g];
+          A[g] = rand(size_t(std::max<int64_t>(ar, 1) * lda));
+          B[g] = rand(size_t(std::max<int64_t>(br, 1) * ldb));
+          C0[g] = rand(size_t(std::max<int64_t>(M[g], 1) * ldc));
+          if (beta == 0) std::fill(C0[g].begin(), C0[g].end(), kNaN);
+          dA.push_back(up(A[g])); dB.push_back(up(B[g])); dC.push_back(up(C0[g]));
+          dC1.push_back(up(C0[g]));
+          pA[g] = dA[g].data(); pB[g] = dB[g].data(); pC[g] = F(dC[g]);
+        }
+        GroupedGemmArgs a;
+        a.trans_a = ta; a.trans_b = tb; a.groups = G; a.M = M.data(); a.N = N.data(); a.K = K.data();
+        a.alpha = alpha; a.beta = beta; a.A = pA.data(); a.lda = lda; a.B = pB.data(); a.ldb = ldb;
+        a.C = pC.data(); a.ldc = ldc; a.precision = prec;
+        ops_->grouped_gemm(*q_, a);
+        for (int64_t g = 0; g < G; ++g) {
+          std::ostringstream what;
+          what << "grouped_gemm " << (ta ? 'T' : 'N') << (tb ? 'T' : 'N') << " group " << g << " of "
+               << G << " " << M[g] << "x" << N[g] << "x" << K[g] << " beta " << beta
+               << (prec == Precision::BF16 ? " bf16" : " fp32") << ", " << seed();
+          const VF got = rows_of(down(dC[g], C0[g].size()), M[g], N[g], ldc);
+          VD Ad = widen(A[g]), Bd = widen(B[g]);
+          if (prec == Precision::BF16) {
+            for (double& x : Ad) x = ref_bf16(float(x));
+            for (double& x : Bd) x = ref_bf16(float(x));
+          }
+          const VD ref = rows_of(ref_gemm(ta, tb, M[g], N[g], K[g], alpha, Ad, lda, Bd, ldb, beta,
+                                          widen(C0[g]), ldc), M[g], N[g], ldc);
+          EXPECT_TRUE(close(what.str(), got, ref, kFwdTol));
+          GemmArgs one;
+          one.trans_a = ta; one.trans_b = tb; one.M = M[g]; one.N = N[g]; one.K = K[g];
+          one.alpha = alpha; one.A = dA[g].data(); one.lda = lda; one.B = dB[g].data(); one.ldb = ldb;
+          one.beta = beta; one.C = F(dC1[g]); one.ldc = ldc; one.precision = prec;
+          ops_->gemm(*q_, one);
+          const VF single = rows_of(down(dC1[g], C0[g].size()), M[g], N[g], ldc);
+          EXPECT_EQ(0, std::memcmp(got.data(), single.data(), got.size() * sizeof(float)))
+              << what.str() << ": not bit for bit one gemm of its shape";
+        }
+      }
+    }
+}
+
+// A routing of N tokens to k of E experts each: slots (N * k) give the row of the expert-ordered
+// buffer (experts one after the other, tokens in order within an expert), -1 for a dropped choice
+// (drop_percent of them); expert E - 1 receives no token when E > k. R: the rows used.
+VI moe_routing(std::mt19937_64& rng, int64_t N, int64_t k, int64_t E, int drop_percent,
+               int64_t* R) {
+  std::vector<std::vector<int64_t>> choice(static_cast<size_t>(N));
+  const int64_t usable = E > k ? E - 1 : E;
+  for (auto& c : choice) {
+    std::vector<int64_t> experts(static_cast<size_t>(usable));
+    for (int64_t e = 0; e < usable; ++e) experts[size_t(e)] = e;
+    std::shuffle(experts.begin(), experts.end(), rng);
+    c.assign(experts.begin(), experts.begin() + k);
+  }
+  VI slots(size_t(N * k), -1);
+  int64_t row = 0;
+  for (int64_t e = 0; e < E; ++e)
+    for (int64_t t = 0; t < N; ++t)
+      for (int64_t j = 0; j < k; ++j)
+        if (choice[size_t(t)][size_t(j)] == e &&
+            std::uniform_int_distribution<int>(0, 99)(rng) >= drop_percent)
+          slots[size_t(t * k + j)] = int32_t(row++);
+  *R = row;
+  return slots;
+}
+
+// The permutation forward exact (data movement), its adjoint, the weighted combine and its
+// backward against the double reference and its finite differences: dropless and with drops,
+// k = 1..3, an expert that receives nothing.
+TEST_P(Conformance, MoePermuteAndCombineForwardBackward) {
+  for (int drop : {0, 25}) {
+    const int64_t E = randint(2, 6), k = randint(1, std::min<int64_t>(3, E - 1));
+    const int64_t N = randint(1, 40), C = randint(1, 70);
+    int64_t R = 0;
+    const VI slots = moe_routing(rng_, N, k, E, drop, &R);
+    const std::string what = "N " + std::to_string(N) + " k " + std::to_string(k) + " C " +
+                             std::to_string(C) + " drop " + std::to_string(drop) + "%, " + seed();
+    const VF x = rand(size_t(N * C)), e = rand(size_t(std::max<int64_t>(R, 1) * C)),
+             w = rand(size_t(N * k), 0.0f, 1.0f), dy = rand(size_t(N * C)),
+             dx0 = rand(size_t(N * C));
+    DeviceBuffer ds = up(slots), dx_in = up(x), out = poisoned(size_t(std::max<int64_t>(R, 1) * C));
+    ops_->moe_permute(*q_, F(out), F(dx_in), I(ds), N, k, C);
+    {  // exact copies
+      const VF got = down(out, size_t(R * C));
+      VD ref(size_t(R * C));
+      for (int64_t t = 0; t < N; ++t)
+        for (int64_t j = 0; j < k; ++j)
+          if (slots[t * k + j] >= 0)
+            for (int64_t c = 0; c < C; ++c) ref[size_t(slots[t * k + j] * C + c)] = x[t * C + c];
+      EXPECT_TRUE(close("moe_permute " + what, got, ref, 0.0));
+    }
+    const VF dout = rand(size_t(std::max<int64_t>(R, 1) * C));
+    DeviceBuffer dd = up(dout), ddx = up(dx0);
+    ops_->moe_permute_backward(*q_, F(ddx), F(dd), I(ds), N, k, C);
+    {
+      VD ref = widen(dx0);
+      for (int64_t t = 0; t < N; ++t)
+        for (int64_t j = 0; j < k; ++j)
+          if (slots[t * k + j] >= 0)
+            for (int64_t c = 0; c < C; ++c) ref[t * C + c] += dout[slots[t * k + j] * C + c];
+      EXPECT_TRUE(close("moe_permute_backward (+=) " + what, down(ddx, size_t(N * C)), ref, kFwdTol));
+    }
+    VD ed = widen(e), wd = widen(w);
+    auto combine = [&] {
+      VD y(size_t(N * C), 0.0);
+      for (int64_t t = 0; t < N; ++t)
+        for (int64_t j = 0; j < k; ++j)
+          if (slots[t * k + j] >= 0)
+            for (int64_t c = 0; c < C; ++c)
+              y[t * C + c] += wd[t * k + j] * ed[slots[t * k + j] * C + c];
+      return y;
+    };
+    DeviceBuffer de_in = up(e), dw_in = up(w), y = poisoned(size_t(N * C));
+    ops_->moe_unpermute(*q_, F(y), F(de_in), F(dw_in), I(ds), N, k, C);
+    EXPECT_TRUE(close("moe_unpermute " + what, down(y, size_t(N * C)), combine(), kFwdTol));
+    DeviceBuffer ddy = up(dy), dE = poisoned(size_t(std::max<int64_t>(R, 1) * C)),
+                 dW = poisoned(size_t(N * k));
+    ops_->moe_unpermute_backward(*q_, F(dE), F(dW), F(ddy), F(de_in), F(dw_in), I(ds), N, k, C);
+    auto loss = [&] {
+      const VD o = combine();
+      double L = 0;
+      for (size_t i = 0; i < o.size(); ++i) L += dy[i] * o[i];
+      return L;
+    };
+    const VD num_de = numeric_grad(ed, loss);  // e has one spare row where R = 0
+    EXPECT_TRUE(close("moe_unpermute_backward de vs finite differences " + what,
+                      down(dE, size_t(R * C)), VD(num_de.begin(), num_de.begin() + R * C),
+                      kBwdTol));
+    EXPECT_TRUE(close("moe_unpermute_backward dw vs finite differences " + what,
+                      down(dW, size_t(N * k)), numeric_grad(wd, loss), kBwdTol));
   }
 }
 

@@ -339,12 +339,99 @@ TEST(Shards, WrongVersionIsRefused) {
   TempDir d;
   std::string path = write_shard(d / "v.bin", {1, 2, 3}, 8192);
   std::string bytes = slurp(path);
-  bytes[8] = 2;  // u32 version, little-endian
+  bytes[8] = 3;  // u32 version, little-endian
   spit(path, bytes);
   std::string msg = error_of([&] { ShardReader r(path); });
   EXPECT_CONTAINS(msg, "v.bin");
-  EXPECT_CONTAINS(msg, "format version 2");
-  EXPECT_CONTAINS(msg, "reads version 1");
+  EXPECT_CONTAINS(msg, "format version 3");
+  EXPECT_CONTAINS(msg, "reads versions 1 and 2");
+}
+
+// Format version 2's document table: starts recorded by begin_document (an empty document and a
+// start after the last token leave no entry), read back, and each token's document start in a
+// window counted from the window's first token (clamped to 0 for a document begun before it).
+TEST(Shards, DocumentTableRoundTrip) {
+  TempDir d;
+  std::vector<int32_t> toks(20);
+  for (int i = 0; i < 20; ++i) toks[i] = i;
+  const std::string path = d / "doc.bin";
+  {
+    ShardWriter w(path, 8192, 7);
+    w.begin_document();
+    w.write(toks.data(), 5);
+    w.begin_document();
+    w.begin_document();  // an empty document: the same start once
+    w.write(toks.data() + 5, 7);
+    w.begin_document();
+    w.write(toks.data() + 12, 8);
+    w.begin_document();  // no token after it: not a start in this shard
+    ShardHeader h = w.finish();
+    EXPECT_EQ(h.num_documents, 3u);
+    EXPECT_EQ(h.version, 2u);
+  }
+  EXPECT_EQ(fs::file_size(path), 64 + 2 * 20 + 8 * 3);
+  ShardReader r(path);
+  ASSERT_TRUE(r.has_documents());
+  ASSERT_EQ(r.num_documents(), 3u);
+  EXPECT_EQ(r.document_start(0), 0u);
+  EXPECT_EQ(r.document_start(1), 5u);
+  EXPECT_EQ(r.document_start(2), 12u);
+  std::vector<int32_t> got(10);
+  r.document_starts(3, 10, got.data());  // tokens 3..12
+  EXPECT_EQ(got, (std::vector<int32_t>{0, 0, 2, 2, 2, 2, 2, 2, 2, 9}));
+}
+
+// A shard of format version 1 (before the document table) is still read; asking it for document
+// starts, or opening a loader that needs them, is refused naming the file and the way out.
+TEST(Shards, VersionOneShardsAreReadWithoutDocuments) {
+  TempDir d;
+  fs::create_directories(d / "data");
+  const std::string path = d / "data/train_000000.bin";
+  std::vector<int32_t> toks(300);
+  for (int i = 0; i < 300; ++i) toks[i] = i % 200;
+  write_shard(path, toks, 8192);
+  std::string bytes = slurp(path);
+  bytes[8] = 1;  // version 1: bytes 48..63 were zero padding
+  std::fill(bytes.begin() + 48, bytes.begin() + 64, '\0');
+  spit(path, bytes);
+  ShardReader r(path);
+  EXPECT_FALSE(r.has_documents());
+  EXPECT_EQ(r.num_tokens(), 300u);
+  EXPECT_EQ(r.token(299), 99u);
+  std::vector<int32_t> got(4);
+  std::string msg = error_of([&] { r.document_starts(0, 4, got.data()); });
+  EXPECT_CONTAINS(msg, "train_000000.bin");
+  EXPECT_CONTAINS(msg, "format version 1");
+  EXPECT_CONTAINS(msg, "prepare the data again");
+  DataLoader plain(d / "data", "train", 2, 16);  // without documents: read as before
+  std::vector<int32_t> in(32), tg(32);
+  plain.next_batch(in.data(), tg.data());
+  EXPECT_EQ(tg[0], in[0] + 1);
+  LoaderOptions o;
+  o.documents = true;
+  msg = error_of([&] { DataLoader l(d / "data", "train", 2, 16, 0, 1, 0, o); });
+  EXPECT_CONTAINS(msg, "train_000000.bin");
+  EXPECT_CONTAINS(msg, "data.document_mask");
+  EXPECT_CONTAINS(msg, "prepare the data again");
+}
+
+TEST(Shards, CorruptDocumentTableIsRefused) {
+  TempDir d;
+  const std::string path = d / "c.bin";
+  {
+    ShardWriter w(path, 100, 0);
+    w.begin_document();
+    w.write({1, 2, 3});
+    w.begin_document();
+    w.write({4, 5});
+    w.finish();
+  }
+  std::string bytes = slurp(path);
+  bytes[64 + 2 * 5 + 8] ^= 1;  // the second start: 3 -> 2
+  spit(path, bytes);
+  std::string msg = error_of([&] { ShardReader r(path); });
+  EXPECT_CONTAINS(msg, "c.bin");
+  EXPECT_CONTAINS(msg, "table of 2 document starts");
 }
 
 TEST(Shards, WrongDtypeIsRefused) {
@@ -564,6 +651,44 @@ TEST(Prepare, EndToEndOnGeneratedCorpus) {
   DataLoader loader(o.out_dir, "val", 2, 8, 0, 1, 1, lo);
   std::vector<int32_t> in(16), tg(16);
   loader.next_batch(in.data(), tg.data());
+
+  // The shards record where each document begins: after every EOS of the split's stream (and at
+  // its start), in the shard the document begins in; a document that continues into the next
+  // shard has no start there.
+  for (const char* split : {"train", "val"}) {
+    const std::vector<int32_t> stream = split_tokens(o.out_dir, split);
+    std::vector<uint64_t> want = {0}, got;
+    for (size_t i = 0; i + 1 < stream.size(); ++i)
+      if (stream[i] == tok.eos_id()) want.push_back(i + 1);
+    uint64_t base = 0;
+    for (int s = 0;; ++s) {
+      char name[64];
+      std::snprintf(name, sizeof name, "/%s_%06d.bin", split, s);
+      if (!fs::exists(o.out_dir + name)) break;
+      ShardReader r(o.out_dir + name);
+      ASSERT_TRUE(r.has_documents()) << name;
+      for (uint64_t k = 0; k < r.num_documents(); ++k) got.push_back(base + r.document_start(k));
+      base += r.num_tokens();
+    }
+    EXPECT_EQ(got, want) << split;
+  }
+  // A loader with documents gives each token its document's start in the window.
+  LoaderOptions ld = lo;
+  ld.documents = true;
+  ld.shuffle = false;
+  DataLoader dl(o.out_dir, "train", 2, 8, 0, 1, 1, ld);
+  std::vector<int32_t> ds(16);
+  for (int step = 0; step < 20; ++step) {
+    dl.next_batch(in.data(), tg.data(), ds.data());
+    for (int b = 0; b < 2; ++b)
+      for (int t = 0; t < 8; ++t) {
+        const int32_t s0 = ds[b * 8 + t];
+        ASSERT_TRUE(s0 >= 0 && s0 <= t);
+        // A document begins at t exactly when the token before it is EOS.
+        if (t > 0) EXPECT_EQ(s0 == t, in[b * 8 + t - 1] == tok.eos_id()) << step << " " << b << " " << t;
+        if (t > 0 && s0 != t) EXPECT_EQ(s0, ds[b * 8 + t - 1]);
+      }
+  }
 }
 
 TEST(Prepare, Errors) {

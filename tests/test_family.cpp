@@ -42,14 +42,14 @@ std::vector<std::string> layer_names(const ParamTable& t, int layer) {
 }  // namespace
 
 TEST(ModelFamily, RegistryNamesRoundTrip) {
-  ASSERT_EQ(families().size(), 4u);
+  ASSERT_EQ(families().size(), 5u);
   for (const FamilyDesc& f : families()) {
     EXPECT_EQ(parse_family(f.name), f.id);
     EXPECT_EQ(&family_desc(f.id), &f);
   }
-  EXPECT_EQ(family_names_quoted(), "\"gpt2\", \"llama\", \"qwen2\" or \"qwen3\"");
+  EXPECT_EQ(family_names_quoted(), "\"gpt2\", \"llama\", \"qwen2\", \"qwen3\" or \"mixtral\"");
   const std::string e = error_of([] { parse_family("bert"); });
-  EXPECT_NE(e.find("unknown family 'bert'; expected \"gpt2\", \"llama\", \"qwen2\" or \"qwen3\""),
+  EXPECT_NE(e.find("unknown family 'bert'; expected \"gpt2\", \"llama\", \"qwen2\", \"qwen3\" or \"mixtral\""),
             std::string::npos) << e;
 }
 
@@ -326,7 +326,7 @@ TEST(ModelFamily, ConfigJsonRoundTripsEveryFamily) {
   j["model_type"] = "qwen3_moe";
   const std::string e = error_of([&] { parse_hf_config(j, "config.json"); });
   EXPECT_NE(e.find("model_type 'qwen3_moe' is not supported; expected \"gpt2\", \"llama\", "
-                   "\"qwen2\" or \"qwen3\""), std::string::npos) << e;
+                   "\"qwen2\", \"qwen3\" or \"mixtral\""), std::string::npos) << e;
 }
 
 // Qwen2's config.json as transformers writes it: tied or untied, rope theta in either layout,

@@ -926,3 +926,44 @@ TEST(Planner, MissingPrecisionRateNamesTheKeyAndHowToMeasureIt) {
     EXPECT_NE(w.find("tetrad plan --measure-machine machines/mine.toml"), std::string::npos) << w;
   }
 }
+
+// The published Frontier grids of ORNL's runs in tetrad's own memory formula (the trainer's
+// layout, not MemoryModel::Reference): Megatron's 1T grid (tensor 8 as Y, pipeline 64, data 6;
+// micro-batch 1 of 2048 tokens, bf16, full recomputation, ZeRO-1) needs more than a GCD's 64 GB
+// with the residual stream replicated over Y and fits with it split along the tokens
+// (parallel.sequence_shard); the 175B grid (tensor 4, pipeline 16, data 16) with room to spare.
+TEST(PlannerMemory, FrontierOneTrillionGridFitsWithSequenceSharding) {
+  const Machine frontier = load_machine("frontier");
+  auto run = [&](const char* model, int64_t batch, int y, int p, int d, bool shard) {
+    PlanInput in;
+    in.model = planner_model(model);
+    in.model_name = model;
+    in.seq = 2048;
+    in.global_batch = batch;
+    in.micro_batch_per_replica = 1;
+    in.precision = Precision::BF16;
+    in.recompute = Recompute::Full;
+    in.zero = 1;
+    in.ranks = y * p * d;
+    in.sequence_shard = shard;
+    GridShape g;
+    g[Axis::Y] = y;
+    g[Axis::P] = p;
+    g[Axis::D] = d;
+    return estimate(in, g, frontier);
+  };
+  const double GB = 1e9;
+  const Estimate t0 = run("gpt-1t", 6144, 8, 64, 6, false), t1 = run("gpt-1t", 6144, 8, 64, 6, true);
+  EXPECT_FALSE(t0.valid);
+  EXPECT_GT(t0.memory.total() / GB, 64.0);
+  ASSERT_TRUE(t1.valid) << t1.reject;
+  EXPECT_LT(t1.memory.total() / GB, 0.6 * 64.0);
+  // Only the activations change, by close to Gy = 8 (the work buffers stay whole).
+  EXPECT_EQ(t1.memory.weights, t0.memory.weights);
+  EXPECT_LT(t1.memory.activations, t0.memory.activations / 5);
+  const Estimate f0 = run("gpt-175b", 2048, 4, 16, 16, false), f1 = run("gpt-175b", 2048, 4, 16, 16, true);
+  ASSERT_TRUE(f0.valid) << f0.reject;
+  ASSERT_TRUE(f1.valid) << f1.reject;
+  EXPECT_LT(f1.memory.total(), f0.memory.total());
+  EXPECT_LT(f1.memory.total() / GB, 0.6 * 64.0);
+}

@@ -32,7 +32,8 @@ namespace {
 
 struct Options {
   std::string model = "small", machine, json, measure_out, compare, precision, schedule,
-              recompute, overlap = "none", ranks_text, scaling, grids, points, svg, why, cp_comm = "auto";
+              recompute, overlap = "none", ranks_text, scaling, grids, points, svg, why, cp_comm = "auto",
+              sequence_shard;
   std::vector<std::string> sets;
   int64_t global_batch = 0, micro_batch = 0, micro_batch_per_replica = 0;
   int seq = 0, zero = -1, ranks = 0, top = 30, threads = 1, show_rejected = 20, virtual_stages = 0;
@@ -74,6 +75,9 @@ planner::PlanInput plan_input(const Options& o, const std::string& model0, const
   const RunSettings settings = resolve_settings(cfg);
   in.recompute = o.recompute.empty() ? settings.model.recompute : parse_recompute(o.recompute);
   in.zero = o.zero >= 0 ? o.zero : settings.model.zero;
+  if (o.sequence_shard.empty()) in.sequence_shard = settings.model.sequence_shard;
+  else if (o.sequence_shard == "on" || o.sequence_shard == "off") in.sequence_shard = o.sequence_shard == "on";
+  else fail("--sequence-shard: expected on or off, got '", o.sequence_shard, "'");
   in.overlap = parse_overlap(o.overlap);
   in.schedule = settings.schedule;
   in.virtual_stages = settings.model.virtual_stages;
@@ -298,6 +302,9 @@ const OptionRow kOptions[] = {
      "none | selective | full (default: the config's train.recompute, else none)"},
     {"--zero", &Options::zero,
      "ZeRO stage over the data axis: 0 | 1 | 2 (default: the config's parallel.zero, else 0)"},
+    {"--sequence-shard", &Options::sequence_shard,
+     "on | off: the residual stream split along the tokens over Y (parallel.sequence_shard; "
+     "default: the config's, else off)"},
     {"--overlap", &Options::overlap,
      "none (every collective exposed) | tensor (AxoNN's OAR/ORS/OAG) | all (+ data-parallel; "
      "tetrad's training defaults)", true},

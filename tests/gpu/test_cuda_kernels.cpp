@@ -421,9 +421,9 @@ TEST_F(CudaKernels, GeluSwigluRopeEmbeddingAgainstCpu) {
   VD csd = dbl(cs), snd = dbl(sn);
   tetrad::kernels::rope_forward<double>(rd.data(), N, T, 5, 3, hd, stride, csd.data(), snd.data());
   Dev<float> dR(r), dC(cs), dS(sn);
-  g::rope_forward(dR.p, N, T, 5, 3, hd, stride, dC.p, dS.p, s_);
+  g::rope_forward(dR.p, N, T, 5, 3, hd, stride, dC.p, dS.p, nullptr, s_);
   EXPECT_LT(rel(dR.down(), rd), 1e-6);
-  g::rope_backward(dR.p, N, T, 5, 3, hd, stride, dC.p, dS.p, s_);
+  g::rope_backward(dR.p, N, T, 5, 3, hd, stride, dC.p, dS.p, nullptr, s_);
   EXPECT_LT(rel(dR.down(), dbl(r)), 1e-6) << "the adjoint of a rotation is its inverse";
 
   // Vocabulary-parallel embedding: this rank holds rows [10, 40) of 50.

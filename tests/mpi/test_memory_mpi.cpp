@@ -34,6 +34,7 @@ std::string describe(const ModelConfig& mc, const GridShape& s, const ParallelOp
          std::to_string(po.zero) + " recompute " + recompute_name(po.recompute) + " prefetch " +
          std::to_string(po.overlap.prefetch_depth) + (po.overlap.cache_gathered_weights ? " cached" : "") +
          " buckets " + std::to_string(po.overlap.dp_bucket_mb) + " MB" +
+         (po.sequence_shard ? " sequence-sharded" : "") +
          (s.p() > 1 ? std::string(" ") + schedule_name(sched) + " v " + std::to_string(po.virtual_stages) : "");
 }
 
@@ -72,6 +73,7 @@ void check(const ModelConfig& mc, ProcessGroups& g, const ParallelOptions& po,
   in.pipeline_layers = po.pipeline_layers;
   in.overlap_switches = po.overlap;
   in.sparse_embedding_grad = po.sparse_embedding_grad;
+  in.sequence_shard = po.sequence_shard;
   EXPECT_EQ(planner::memory_per_rank(in, g.shape).total(), total) << where;
 }
 
@@ -84,6 +86,14 @@ std::vector<ParallelOptions> option_sets(const GridShape& s) {
     po.recompute = prec == backend::Precision::FP32 ? Recompute::Selective : Recompute::Full;
     out.push_back(po);
     po.recompute = Recompute::None;
+    if (s.y() > 1) {  // the stream split over Y: its tensors N/Gy rows, dfull added
+      po.sequence_shard = true;
+      out.push_back(po);
+      po.recompute = Recompute::Full;
+      out.push_back(po);
+      po.recompute = Recompute::None;
+      po.sequence_shard = false;
+    }
     if (s.z() > 1) {
       po.overlap.prefetch_depth = 1;
       out.push_back(po);
@@ -134,6 +144,13 @@ TEST(MemoryFormula, EqualsWhatThePipelineHolds) {
     s[Axis::P] = p;
     s[Axis::D] = n / p;
     grids.push_back(s);
+    if (n / p == 2) {  // Y = 2 instead of D: the sequence-sharded stash and transfers
+      s[Axis::D] = 1;
+      s[Axis::Y] = 2;
+      grids.push_back(s);
+      s[Axis::Y] = 1;
+      s[Axis::D] = n / p;
+    }
     if (n / p >= 2 && n == 8) {
       s[Axis::D] = n / p / 2;
       s[Axis::Z] = 2;
@@ -152,6 +169,15 @@ TEST(MemoryFormula, EqualsWhatThePipelineHolds) {
         po.recompute = Recompute::Full;
         check(mc, g, po, PipelineSchedule::OneFOneB);
         po.recompute = Recompute::None;
+        if (shape.y() > 1) {
+          po.sequence_shard = true;
+          check(mc, g, po, PipelineSchedule::OneFOneB);
+          po.recompute = Recompute::Full;
+          check(mc, g, po, PipelineSchedule::OneFOneB);
+          po.recompute = Recompute::None;
+          po.sequence_shard = false;
+          checked += 2;
+        }
         if (shape.p() == 2) {  // 4 layers: 2 chunks per stage over 2 stages
           po.virtual_stages = 2;
           check(mc, g, po, PipelineSchedule::Interleaved);

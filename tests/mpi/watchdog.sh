@@ -3,7 +3,8 @@
 # rank; (2) a rank stuck inside a step (test hook TETRAD_TEST_STALL_AT) is caught by its step
 # watchdog (train.step_timeout), which names the rank, step and phase and ends the job; (3) a
 # rank frozen with SIGSTOP (cannot report anything) makes its peers' next collective time out
-# (train.comm_timeout), naming the operation and group, and the job ends.
+# (train.comm_timeout), naming the operation and group and, by a roll call of the ranks still
+# running, the rank that stopped (every message names the same one), and the job ends.
 source "$(dirname "${BASH_SOURCE[0]}")/../cli_common.sh" "$1"
 S=(--set model.name=tiny --set data.dir="$W/data" --set train.seq_len=32 --set train.max_steps=1000000
    --set train.eval_interval=0 --set train.log_interval=1000)
@@ -47,14 +48,51 @@ pid=$!
 t0=$(ms)
 check "rank stalled in a step (watchdog)" 40 "rank 1" "step 5 has spent more than 2 s in a training step"
 
-# 3. A rank frozen with SIGSTOP: the peer's collective times out after 3 s.
-"${MPIRUN[@]}" -n 2 "$TETRAD" train "${S[@]}" --set run.dir="$W/r3" --grid 1,1,2,1 \
+# rank_pid MPIRUN_PID RANK: the process of that rank (its OMPI_COMM_WORLD_RANK).
+rank_pid() {
+  local p
+  for p in $(pgrep -P "$1"); do
+    tr '\0' '\n' < /proc/$p/environ 2>/dev/null | grep -qx "OMPI_COMM_WORLD_RANK=$2" && { echo $p; return 0; }
+  done
+  return 1
+}
+# named RANK: every message of the job names RANK as the one that stopped, and no other.
+named() {
+  local who; who=$(grep -o "ranks\? [0-9, ]*stopped progressing" "$W/log" | sort -u)
+  local lines; lines=$(grep -c "tetrad: error (rank " "$W/log")
+  if [ "$who" = "rank $1 stopped progressing" ] &&
+     [ "$(grep "tetrad: error (rank " "$W/log" | grep -c "rank $1 stopped progressing")" -eq "$lines" ]; then
+    echo "ok   every message ($lines) names rank $1 as the rank that stopped"
+  else echo "FAIL the messages do not all name rank $1: '$who'"; grep "tetrad: error" "$W/log" | cut -c1-400; fails=$((fails + 1)); fi
+}
+
+# 3. A rank frozen with SIGSTOP (rank 0, then rank 1): the peer's collective times out after 3 s
+# and names the frozen rank (the roll call: it does not answer); the frozen rank, woken by
+# mpirun's SIGCONT as the job ends, names itself (it saw that it did not run).
+for victim_rank in 0 1; do
+  "${MPIRUN[@]}" -n 2 "$TETRAD" train "${S[@]}" --set run.dir="$W/r3_$victim_rank" --grid 1,1,2,1 \
+    --set train.comm_timeout=3 > "$W/log" 2>&1 &
+  pid=$!
+  wait_steps "$W/r3_$victim_rank" || echo "(job 3 did not start training)"
+  victim=$(rank_pid $pid $victim_rank)
+  t0=$(ms); kill -STOP "$victim"
+  check "rank $victim_rank frozen (collective timeout)" 40 "did not complete within 3 s" "tetrad: error (rank "
+  named $victim_rank
+  kill -9 "$victim" 2>/dev/null
+done
+
+# 4. Three data-parallel ranks, the middle one frozen: both others time out, answer each other's
+# roll call and name the same rank.
+"${MPIRUN[@]}" -n 3 "$TETRAD" train "${S[@]}" --set run.dir="$W/r4" --grid 1,1,1,3 --set train.micro_batch=3 \
   --set train.comm_timeout=3 > "$W/log" 2>&1 &
 pid=$!
-wait_steps "$W/r3" || echo "(job 3 did not start training)"
-victim=$(pgrep -P "$pid" | sed -n 2p)
+wait_steps "$W/r4" || echo "(job 4 did not start training)"
+victim=$(rank_pid $pid 1)
 t0=$(ms); kill -STOP "$victim"
-check "rank frozen (collective timeout)" 40 "did not complete within 3 s" "tetrad: error (rank "
+check "rank 1 of 3 frozen (collective timeout)" 60 "did not complete within 3 s" "rank 1 stopped progressing"
+named 1
+grep -q "the 2 rank(s) still running answered" "$W/log" && echo "ok   the two running ranks answered each other" ||
+  { echo "FAIL the running ranks did not hear each other"; fails=$((fails + 1)); }
 kill -9 "$victim" 2>/dev/null
 echo "$fails failed"
 [ $fails -eq 0 ]

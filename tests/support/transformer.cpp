@@ -101,6 +101,20 @@ struct Transformer<T>::Layer {
   int64_t ln1_w = -1, ln1_b = -1, qkv_w = -1, qkv_b = -1, proj_w = -1, proj_b = -1;
   int64_t ln2_w = -1, ln2_b = -1, fc_w = -1, fc_b = -1, fcproj_w = -1, fcproj_b = -1;
   int64_t q_norm = -1, k_norm = -1;
+  int64_t router = -1, gate_up = -1, down = -1;  // a mixture of experts' (model/family.hpp)
+};
+
+// What a mixture-of-experts layer keeps from its forward for its backward: the router's softmax
+// and log-sum-exp, each token's k choices (most probable first), their combine weights and
+// whether the expert took them (capacity), and each kept choice's expert activations.
+template <typename T>
+struct Transformer<T>::MoeLayer {
+  std::vector<T> probs, lse;    // [N, E], [N]
+  std::vector<int32_t> choice;  // [N, k]
+  std::vector<T> weight;        // [N, k]
+  std::vector<char> kept;       // [N, k]
+  std::vector<int64_t> routed;  // [E] choices per expert before any drop
+  std::vector<T> h, act, out;   // [N, k, 2F] gate|up, [N, k, F] SwiGLU, [N, k, C] expert output
 };
 
 // Views into the activation buffer. N = max_batch * max_len tokens, C hidden, QKV = (nh+2nkv)hd,
@@ -167,6 +181,9 @@ Transformer<T>::Transformer(const ModelConfig& config, int max_batch, int max_le
   if (max_len <= 0 || max_len > cfg_.max_seq)
     fail("sequence length ", max_len, " is outside what the model supports (1..",
          cfg_.max_seq, " = model.max_seq)");
+  if (fam_.moe && precision == backend::Precision::BF16)
+    fail("the test oracle's mixture of experts is fp32 / double only");
+  if (fam_.moe) moe_.resize(size_t(cfg_.n_layer));
   table_ = build_param_table(cfg_);
   params_ = Buffer<T>(table_.total);
   grads_ = Buffer<T>(table_.total);
@@ -263,6 +280,9 @@ void Transformer<T>::bind_tensors() {
       case R::MlpOutBias: L.fcproj_b = o; break;
       case R::QNorm: L.q_norm = o; break;
       case R::KNorm: L.k_norm = o; break;
+      case R::Router: L.router = o; break;
+      case R::ExpertGateUp: L.gate_up = o; break;
+      case R::ExpertDown: L.down = o; break;
       default: fail("the test oracle has no place for '", s.name, "' (", role_name(s.role), ") inside a block");
     }
   }
@@ -414,6 +434,9 @@ void Transformer<T>::forward(const int32_t* inputs, int B, int Tq, int pos0, boo
   timed(Phase::Embedding, [&] { k::embedding_forward(a.emb, inputs, P + wte_, wpe, N, Tq, C, V); });
 
   const T* x = a.emb;
+  router_loss_ = 0;
+  mean_aux_ = 0;
+  expert_rows_.assign(size_t(cfg_.n_experts), 0);
   for (int l = 0; l < cfg_.n_layer; ++l) {
     const Layer& L = layers_[l];
     auto& A = a.layer[l];
@@ -458,6 +481,11 @@ void Transformer<T>::forward(const int32_t* inputs, int B, int Tq, int pos0, boo
     if (bf16_) timed(Phase::Attention, [&] { to16(A.atty, A.atty16, N * QH); });
     linear_forward(A.resid_mid, A.atty, A.atty16, L.proj_w, L.proj_b, N, QH, C, /*accumulate=*/true);
     norm_forward(A.ln2, A.ln2_16, A.ln2_mean, A.ln2_rstd, A.resid_mid, L.ln2_w, L.ln2_b, N);
+    if (fam_.moe) {
+      moe_forward(l, N);
+      x = A.resid_out;
+      continue;
+    }
     linear_forward(A.fc, A.ln2, A.ln2_16, L.fc_w, L.fc_b, N, C, FW);
     mlp_activation(A.fc_act, A.fc_act16, A.fc, N);
     timed(Phase::Residual, [&] { std::memcpy(A.resid_out, A.resid_mid, N * C * sizeof(T)); });
@@ -512,6 +540,7 @@ double Transformer<T>::forward_backward(const int32_t* inputs, const int32_t* ta
     loss_sum = k::cross_entropy_fused(a_->logits, a_->losses, targets, int64_t(B) * Tq,
                                       int64_t(cfg_.vocab_size), grad_scale);
   });
+  grad_scale_ = grad_scale;
   backward(inputs, B, Tq);
   return loss_sum;
 }
@@ -542,10 +571,14 @@ void Transformer<T>::backward(const int32_t* inputs, int B, int Tq) {
     const T* x_in = l == 0 ? a.emb : a.layer[l - 1].resid_out;
 
     // resid_out = resid_mid + fcproj(act(fc(norm2(resid_mid))))
-    dresid16();
-    linear_backward(a.dfc_act, a.dresid, a.dresid16, A.fc_act, A.fc_act16, L.fcproj_w, L.fcproj_b, N, F, C);
-    mlp_activation_backward(a.dfc, a.dfc16, a.dfc_act, A.fc, N);
-    linear_backward(a.dln, a.dfc, a.dfc16, A.ln2, A.ln2_16, L.fc_w, L.fc_b, N, C, FW);
+    if (fam_.moe) {
+      moe_backward(l, N);
+    } else {
+      dresid16();
+      linear_backward(a.dfc_act, a.dresid, a.dresid16, A.fc_act, A.fc_act16, L.fcproj_w, L.fcproj_b, N, F, C);
+      mlp_activation_backward(a.dfc, a.dfc16, a.dfc_act, A.fc, N);
+      linear_backward(a.dln, a.dfc, a.dfc16, A.ln2, A.ln2_16, L.fc_w, L.fc_b, N, C, FW);
+    }
     norm_backward(a.dresid, a.dln, A.resid_mid, L.ln2_w, L.ln2_b, A.ln2_mean, A.ln2_rstd, N);
 
     // resid_mid = x_in + proj(attention(rope(qkv(norm1(x_in)))))
@@ -600,6 +633,197 @@ const T* Transformer<T>::decode(const int32_t* tokens, int B, int Tq) {
   const int64_t C = cfg_.n_embd;
   head_logits(B, int64_t(Tq - 1) * C, int64_t(Tq) * C);
   return a_->logits;
+}
+
+// ---- the mixture of experts, token by token (the parallel model's is moe_block.cpp) -----------
+
+template <typename T>
+void Transformer<T>::moe_forward(int l, int64_t N) {
+  const Layer& L = layers_[size_t(l)];
+  auto& A = a_->layer[size_t(l)];
+  MoeLayer& M = moe_[size_t(l)];
+  const int64_t C = cfg_.n_embd, F = cfg_.ffn, E = cfg_.n_experts, K = cfg_.experts_per_token;
+  const T* P = params_.data();
+  std::vector<T> logits(size_t(N * E));
+  k::linear_forward(logits.data(), A.ln2, P + L.router, static_cast<const T*>(nullptr), N, C, E);
+  M.probs.assign(size_t(N * E), T(0));
+  M.lse.assign(size_t(N), T(0));
+  M.choice.assign(size_t(N * K), -1);
+  M.weight.assign(size_t(N * K), T(0));
+  M.kept.assign(size_t(N * K), 0);
+  M.routed.assign(size_t(E), 0);
+  M.h.assign(size_t(N * K * 2 * F), T(0));
+  M.act.assign(size_t(N * K * F), T(0));
+  M.out.assign(size_t(N * K * C), T(0));
+  T zsum = 0;
+  for (int64_t t = 0; t < N; ++t) {
+    const T* z = logits.data() + t * E;
+    T* p = M.probs.data() + t * E;
+    T mx = z[0];
+    for (int64_t e = 1; e < E; ++e) mx = std::max(mx, z[e]);
+    T s = 0;
+    for (int64_t e = 0; e < E; ++e) s += std::exp(z[e] - mx);
+    for (int64_t e = 0; e < E; ++e) p[e] = std::exp(z[e] - mx) / s;
+    M.lse[size_t(t)] = mx + std::log(s);
+    zsum += M.lse[size_t(t)] * M.lse[size_t(t)];
+    // top k by selection: the most probable not yet taken, lower index on ties
+    std::vector<char> taken(size_t(E), 0);
+    T sel = 0;
+    for (int64_t j = 0; j < K; ++j) {
+      int64_t best = -1;
+      for (int64_t e = 0; e < E; ++e)
+        if (!taken[size_t(e)] && (best < 0 || p[e] > p[best])) best = e;
+      taken[size_t(best)] = 1;
+      M.choice[size_t(t * K + j)] = int32_t(best);
+      sel += p[best];
+      ++M.routed[size_t(best)];
+    }
+    for (int64_t j = 0; j < K; ++j) {
+      const T pe = p[M.choice[size_t(t * K + j)]];
+      M.weight[size_t(t * K + j)] = cfg_.moe_renormalize() ? pe / sel : pe;
+    }
+  }
+  // Capacity: each expert takes its choices in token order up to ceil(factor N k / E).
+  int64_t cap = N;
+  if (cfg_.moe_capacity_factor > 0)
+    cap = std::min<int64_t>(N, int64_t(std::ceil(double(cfg_.moe_capacity_factor) * double(N) *
+                                                  double(K) / double(E))));
+  std::vector<int64_t> taken_rows(size_t(E), 0);
+  for (int64_t i = 0; i < N * K; ++i) {
+    const int32_t e = M.choice[size_t(i)];
+    if (taken_rows[size_t(e)] < cap) {
+      ++taken_rows[size_t(e)];
+      M.kept[size_t(i)] = 1;
+    }
+  }
+  for (int64_t e = 0; e < E; ++e) expert_rows_[size_t(e)] += taken_rows[size_t(e)];
+  // Each kept choice through its expert's SwiGLU MLP, weighted into the token's output.
+  std::memcpy(A.resid_out, A.resid_mid, size_t(N * C) * sizeof(T));
+  for (int64_t t = 0; t < N; ++t)
+    for (int64_t j = 0; j < K; ++j) {
+      const int64_t i = t * K + j;
+      if (!M.kept[size_t(i)]) continue;
+      const int64_t e = M.choice[size_t(i)];
+      const T* w13 = P + L.gate_up + e * 2 * F * C;
+      const T* w2 = P + L.down + e * C * F;
+      const T* xt = A.ln2 + t * C;
+      T* h = M.h.data() + i * 2 * F;
+      T* act = M.act.data() + i * F;
+      T* out = M.out.data() + i * C;
+      for (int64_t r = 0; r < 2 * F; ++r) {
+        T acc = 0;
+        for (int64_t c = 0; c < C; ++c) acc += w13[r * C + c] * xt[c];
+        h[r] = acc;
+      }
+      for (int64_t f = 0; f < F; ++f) act[f] = h[f] / (T(1) + std::exp(-h[f])) * h[F + f];
+      for (int64_t c = 0; c < C; ++c) {
+        T acc = 0;
+        for (int64_t f = 0; f < F; ++f) acc += w2[c * F + f] * act[f];
+        out[c] = acc;
+        A.resid_out[t * C + c] += M.weight[size_t(i)] * acc;
+      }
+    }
+  // The router's losses: E Σ_e f_e P_e (f_e = routed_e / N) and mean_t lse², over the layers.
+  T aux = 0;
+  for (int64_t e = 0; e < E; ++e) {
+    T Pe = 0;
+    for (int64_t t = 0; t < N; ++t) Pe += M.probs[size_t(t * E + e)];
+    aux += T(M.routed[size_t(e)]) / T(N) * Pe / T(N);
+  }
+  aux *= T(E);
+  mean_aux_ += double(aux) / cfg_.n_layer;
+  const double coef_aux = cfg_.moe_balance == "aux_loss" ? cfg_.router_aux_loss_coef : 0.0;
+  router_loss_ += double(N) * (coef_aux * double(aux) + double(cfg_.router_z_loss_coef) *
+                                                          double(zsum / T(N))) / cfg_.n_layer;
+}
+
+template <typename T>
+void Transformer<T>::moe_backward(int l, int64_t N) {
+  const Layer& L = layers_[size_t(l)];
+  auto& A = a_->layer[size_t(l)];
+  const MoeLayer& M = moe_[size_t(l)];
+  Acts& a = *a_;
+  const int64_t C = cfg_.n_embd, F = cfg_.ffn, E = cfg_.n_experts, K = cfg_.experts_per_token;
+  const T* P = params_.data();
+  T* G = grads_.data();
+  std::fill(a.dln, a.dln + N * C, T(0));
+  std::vector<T> dw(size_t(N * K), T(0)), dact(static_cast<size_t>(F)), dh(size_t(2 * F));
+  for (int64_t t = 0; t < N; ++t)
+    for (int64_t j = 0; j < K; ++j) {
+      const int64_t i = t * K + j;
+      if (!M.kept[size_t(i)]) continue;
+      const int64_t e = M.choice[size_t(i)];
+      const T* w13 = P + L.gate_up + e * 2 * F * C;
+      const T* w2 = P + L.down + e * C * F;
+      T* g13 = G + L.gate_up + e * 2 * F * C;
+      T* g2 = G + L.down + e * C * F;
+      const T* dy = a.dresid + t * C;
+      const T* h = M.h.data() + i * 2 * F;
+      const T* act = M.act.data() + i * F;
+      const T* out = M.out.data() + i * C;
+      const T w = M.weight[size_t(i)];
+      T s = 0;
+      for (int64_t c = 0; c < C; ++c) s += dy[c] * out[c];
+      dw[size_t(i)] = s;
+      std::fill(dact.begin(), dact.end(), T(0));
+      for (int64_t c = 0; c < C; ++c) {
+        const T dout = w * dy[c];
+        for (int64_t f = 0; f < F; ++f) {
+          dact[size_t(f)] += w2[c * F + f] * dout;
+          g2[c * F + f] += dout * act[f];
+        }
+      }
+      for (int64_t f = 0; f < F; ++f) {
+        const T g = h[f], u = h[F + f], sg = T(1) / (T(1) + std::exp(-g));
+        dh[size_t(f)] = dact[size_t(f)] * u * sg * (T(1) + g * (T(1) - sg));
+        dh[size_t(F + f)] = dact[size_t(f)] * g * sg;
+      }
+      const T* xt = A.ln2 + t * C;
+      for (int64_t r = 0; r < 2 * F; ++r)
+        for (int64_t c = 0; c < C; ++c) {
+          a.dln[t * C + c] += w13[r * C + c] * dh[size_t(r)];
+          g13[r * C + c] += dh[size_t(r)] * xt[c];
+        }
+    }
+  // The router: combine weights -> probabilities (renormalised or not) -> logits, with the
+  // auxiliary loss (f_e constant) and the z-loss, weighted as router_loss() says.
+  const T per_layer = grad_scale_ * T(N) / T(cfg_.n_layer);
+  const T aux_scale = cfg_.moe_balance == "aux_loss" ? per_layer * T(cfg_.router_aux_loss_coef) : T(0);
+  const T z_scale = per_layer * T(cfg_.router_z_loss_coef);
+  std::vector<T> dlogits(size_t(N * E)), dp(static_cast<size_t>(E));
+  for (int64_t t = 0; t < N; ++t) {
+    const T* p = M.probs.data() + t * E;
+    std::fill(dp.begin(), dp.end(), T(0));
+    T S = 0;
+    for (int64_t j = 0; j < K; ++j) S += p[M.choice[size_t(t * K + j)]];
+    for (int64_t j = 0; j < K; ++j) {
+      const int64_t e = M.choice[size_t(t * K + j)];
+      if (!cfg_.moe_renormalize()) {
+        dp[size_t(e)] += dw[size_t(t * K + j)];
+        continue;
+      }
+      // w_j = p_j / S: d w_j / d p_m = ([j == m] - w_j) / S for the chosen m
+      for (int64_t m = 0; m < K; ++m) {
+        const int64_t em = M.choice[size_t(t * K + m)];
+        dp[size_t(em)] += dw[size_t(t * K + j)] * ((j == m ? T(1) : T(0)) - p[e] / S) / S;
+      }
+    }
+    for (int64_t e = 0; e < E; ++e)
+      dp[size_t(e)] += aux_scale * T(E) * T(M.routed[size_t(e)]) / T(N) / T(N);
+    T pdp = 0;
+    for (int64_t e = 0; e < E; ++e) pdp += p[e] * dp[size_t(e)];
+    for (int64_t e = 0; e < E; ++e)
+      dlogits[size_t(t * E + e)] =
+          p[e] * (dp[size_t(e)] - pdp) + z_scale * T(2) * M.lse[size_t(t)] / T(N) * p[e];
+  }
+  for (int64_t t = 0; t < N; ++t)
+    for (int64_t e = 0; e < E; ++e) {
+      const T d = dlogits[size_t(t * E + e)];
+      for (int64_t c = 0; c < C; ++c) {
+        a.dln[t * C + c] += d * P[L.router + e * C + c];
+        G[L.router + e * C + c] += d * A.ln2[t * C + c];
+      }
+    }
 }
 
 template class Transformer<float>;

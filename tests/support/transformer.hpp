@@ -98,6 +98,16 @@ class Transformer {
   const T* decode(const int32_t* tokens, int B, int Tq);
   int cache_position() const;
 
+  // A mixture of experts' router losses of the last forward, weighted as the backward weights
+  // them: N tokens x (router_aux_loss_coef x the layers' mean auxiliary loss + router_z_loss_coef
+  // x their mean z-loss); 0 for a dense model. forward_loss + this is the function whose
+  // gradient forward_backward computes (with grad_scale 1).
+  double router_loss() const { return router_loss_; }
+  // The last forward's mean over the layers of the auxiliary loss E Σ_e f_e P_e (without its
+  // coefficient), and the rows each expert computed, summed over the layers.
+  double mean_aux_loss() const { return mean_aux_; }
+  const std::vector<int64_t>& expert_rows() const { return expert_rows_; }
+
   // Accumulate per-phase wall time of every following call into `p` (nullptr: off).
   void set_profile(StepProfile* p) { prof_ = p; }
 
@@ -126,6 +136,15 @@ class Transformer {
   void mlp_activation(T* act, uint16_t* act16, const T* fc, int64_t N);
   void mlp_activation_backward(T* dfc, uint16_t* dfc16, const T* dact, const T* fc, int64_t N);
   void head_logits(int64_t rows, int64_t first, int64_t stride);
+  // The mixture of experts in place of the MLP: resid_out = resid_mid + Σ_j w_j expert_j(ln2),
+  // token by token; its backward from a.dresid into a.dln (transformer_moe.cpp).
+  void moe_forward(int l, int64_t N);
+  void moe_backward(int l, int64_t N);
+  struct MoeLayer;
+  std::vector<MoeLayer> moe_;
+  double router_loss_ = 0, mean_aux_ = 0;
+  std::vector<int64_t> expert_rows_;
+  T grad_scale_ = T(1);
 
   ModelConfig cfg_;
   const FamilyDesc& fam_;  // what the blocks are made of (model/family.hpp)

@@ -144,6 +144,7 @@ void check_op_table(const OpTable& t, const char* backend_name) {
 #define TETRAD_REQUIRE_OP(op) \
   if (!t.op) fail("backend '", backend_name, "': op table has no ", #op)
   TETRAD_REQUIRE_OP(gemm);
+  TETRAD_REQUIRE_OP(grouped_gemm);
   TETRAD_REQUIRE_OP(bias_add);
   TETRAD_REQUIRE_OP(residual_add);
   TETRAD_REQUIRE_OP(add);
@@ -179,6 +180,10 @@ void check_op_table(const OpTable& t, const char* backend_name) {
   TETRAD_REQUIRE_OP(cast_bf16_to_f32);
   TETRAD_REQUIRE_OP(round_to_bf16);
   TETRAD_REQUIRE_OP(adamw);
+  TETRAD_REQUIRE_OP(moe_permute);
+  TETRAD_REQUIRE_OP(moe_permute_backward);
+  TETRAD_REQUIRE_OP(moe_unpermute);
+  TETRAD_REQUIRE_OP(moe_unpermute_backward);
 #undef TETRAD_REQUIRE_OP
 }
 

@@ -127,6 +127,7 @@ struct Capabilities {
   bool attention_bf16_faster = false;  // ... and runs faster than fp32 attention here (bf16 runs
                                        // then default to it: ParallelOptions::attention_precision)
   bool attention_any_q_offset = false; // AttentionArgs::relative_q_offset() other than Tk - Tq
+  bool attention_document_mask = false;// AttentionArgs::doc_start (the document mask) is honoured
   bool fused_cross_entropy = false;    // OpTable::cross_entropy_fused present
   bool bf16_producers = false;         // OpTable::norm_apply_bf16, gelu_forward_bf16,
                                        // swiglu_forward_bf16, cast_transpose_f32_to_bf16 present

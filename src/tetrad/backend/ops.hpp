@@ -75,6 +75,31 @@ struct GemmArgs {
   GemmProduct product = GemmProduct::Default;
 };
 
+// Many GEMMs in one call (the experts of a mixture of experts, each with its own row count):
+// for every group g, C_g = alpha * op(A_g) · op(B_g) + beta * C_g under GemmArgs' rules (beta 0
+// overwrites, K_g = 0 gives C_g = beta * C_g, M_g = 0 or N_g = 0 does nothing), with the shapes
+// M[g], N[g], K[g] and the operands A[g], B[g], C[g] from HOST arrays (of device pointers), and
+// the transposes, leading dimensions, alpha, beta, precision and storage types of the call. The
+// groups' C blocks must not overlap. Each group's result is bit for bit what one gemm call with
+// its shape gives (so a group of an expert computes what a dense layer of its shape would).
+struct GroupedGemmArgs {
+  bool trans_a = false, trans_b = false;
+  int64_t groups = 0;
+  const int64_t* M = nullptr;  // host (groups)
+  const int64_t* N = nullptr;  // host (groups)
+  const int64_t* K = nullptr;  // host (groups)
+  float alpha = 1.0f, beta = 0.0f;
+  const void* const* A = nullptr;  // host (groups) of device pointers
+  int64_t lda = 0;
+  const void* const* B = nullptr;  // host (groups) of device pointers
+  int64_t ldb = 0;
+  float* const* C = nullptr;       // host (groups) of device pointers
+  int64_t ldc = 0;
+  Precision precision = Precision::FP32;
+  DType a_type = DType::F32, b_type = DType::F32;
+  GemmProduct product = GemmProduct::Default;
+};
+
 // Causal scaled-dot-product attention with grouped-query heads, per sequence. Positions: key j of
 // the block sits at k_offset + j, query i at q_offset + i (q_offset = -1: k_offset + Tk - Tq, the
 // queries are the block's last Tq positions: the training and KV-cache case); query i attends
@@ -93,6 +118,14 @@ struct GemmArgs {
 // bf16, P and dS included, fp32 accumulation; softmax statistics and lse in fp32). A backward
 // runs in the precision of the forward whose lse it reads.
 //
+// Document mask (data.document_mask; Capabilities::attention_document_mask): doc_start null, or
+// for query i of sequence b, doc_start[b * doc_batch_stride + i] is the position (counted as
+// q_offset and k_offset are) of the first token of the document the query belongs to; the query
+// then attends only keys at positions doc_start..its own (block-diagonal causal: a packed
+// sequence's documents do not see each other). Per query row, so a query block at any offset (a context-parallel chunk)
+// carries its own rows of it. Device memory of the backend (int32). A query row that sees no key
+// gets out = 0 and lse = -inf.
+//
 // Partial results (flash attention's log-sum-exp): for key blocks K_1..K_n of the same queries,
 // attention_forward on each block gives (out_b, lse_b); attention_merge folds them into the
 // attention over all the keys, in any order. The backward given the FINAL out and lse (of all
@@ -107,6 +140,8 @@ struct AttentionArgs {
   int64_t q_batch_stride = 0, kv_batch_stride = 0, out_batch_stride = 0;
   DType dtype = DType::F32;
   Precision precision = Precision::FP32;
+  const int32_t* doc_start = nullptr;  // document mask (see above); null: none
+  int64_t doc_batch_stride = 0;        // elements between sequences of doc_start
   int64_t resolved_q_offset() const {
     return q_offset < 0 ? k_offset + int64_t(Tk) - Tq : q_offset;
   }
@@ -117,12 +152,16 @@ struct AttentionArgs {
 // Rotary embedding (Hugging Face's rotate_half: element i of a head pairs with i + hd/2), in
 // place on the first n_heads heads of each row of x (row stride `stride`); row r is token
 // r % T_seq of its sequence, at position pos0 + r % T_seq. cos/sin: [max_pos, hd/2] device tables
-// the model builds once (its scaling rules live with the table, not here).
+// the model builds once (its scaling rules live with the table, not here). doc_start (per-document
+// positions, data.document_positions; null: none): row r's position is then
+// pos0 + r % T_seq - doc_start[r] (doc_start[r] <= pos0 + r % T_seq: where its document begins,
+// device memory, int32), so positions restart at 0 at each document's first token.
 struct RopeArgs {
   float* x = nullptr;  // (N, stride), rotated in place
   int64_t N = 0, T_seq = 0, pos0 = 0, n_heads = 0, head_dim = 0, stride = 0;
   const float* cos = nullptr;  // (max_pos, hd/2)
   const float* sin = nullptr;  // (max_pos, hd/2)
+  const int32_t* doc_start = nullptr;  // (N) per-document positions, or null
 };
 
 // Per-head RMSNorm (Qwen3's q_norm / k_norm): each of the first n_heads heads of every row (row
@@ -176,6 +215,10 @@ enum class StatFinish : uint8_t {
 struct OpTable {
   // ---- matrix multiply ------------------------------------------------------------------------
   void (*gemm)(Queue& q, const GemmArgs& a) = nullptr;
+
+  // Each group's GEMM of GroupedGemmArgs (a loop of gemm calls on one queue, or the backend's
+  // grouped kernel when it gives the same values).
+  void (*grouped_gemm)(Queue& q, const GroupedGemmArgs& a) = nullptr;
 
   // ---- elementwise and bias ------------------------------------------------------------------
   // out[N, n] += b[n]
@@ -287,6 +330,29 @@ struct OpTable {
   // gives its first NaN's index and NaN, so a broken row is seen, never skipped.
   void (*row_argmax)(Queue& q, int32_t* idx, float* val, const float* logits, int64_t N,
                      int64_t Vs, int64_t ld) = nullptr;
+
+  // ---- mixture of experts: tokens to their experts and back ------------------------------------
+  // slots (N * k, device int32): slots[t * k + j] is the row of the expert-ordered buffer (R rows,
+  // the experts' rows one expert after the other) that token t's j-th expert choice occupies, or
+  // -1 where that choice was dropped (over capacity). Every row 0..R-1 is the slot of exactly one
+  // (t, j). Rows are of C features, contiguous.
+  // out[slots[t*k+j], :] = x[t, :] for every kept choice (out: (R, C), x: (N, C)).
+  void (*moe_permute)(Queue& q, float* out, const float* x, const int32_t* slots, int64_t N,
+                      int64_t k, int64_t C) = nullptr;
+  // Its adjoint: dx[t, :] += Σ_j dout[slots[t*k+j], :] over the kept choices, in j order.
+  void (*moe_permute_backward)(Queue& q, float* dx, const float* dout, const int32_t* slots,
+                               int64_t N, int64_t k, int64_t C) = nullptr;
+  // The weighted combine: y[t, :] = Σ_j w[t*k+j] * e[slots[t*k+j], :] over the kept choices, in j
+  // order, fp32 (a token whose choices were all dropped gets 0). y: (N, C) OVERWRITTEN; e: (R, C);
+  // w: (N * k).
+  void (*moe_unpermute)(Queue& q, float* y, const float* e, const float* w, const int32_t* slots,
+                        int64_t N, int64_t k, int64_t C) = nullptr;
+  // Its backward: de[slots[t*k+j], :] = w[t*k+j] * dy[t, :] (every row of de OVERWRITTEN);
+  // dw[t*k+j] = Σ_c dy[t, c] * e[slots[t*k+j], c] summed in double in c order (0 for a dropped
+  // choice; OVERWRITTEN: the weights are activations of the router).
+  void (*moe_unpermute_backward)(Queue& q, float* de, float* dw, const float* dy, const float* e,
+                                 const float* w, const int32_t* slots, int64_t N, int64_t k,
+                                 int64_t C) = nullptr;
 
   // ---- reductions, casts, optimizer -----------------------------------------------------------
   // out[0] = Σ x² in double (fixed summation order for a given n).

@@ -192,6 +192,13 @@ void save_hf(const std::string& dir_in, const ModelConfig& cfg, const ParamTable
 
 
 
+void require_hf_tensor_layout(const ModelConfig& c, const std::string& what) {
+  if (c.moe())
+    fail(what, ": Hugging Face ", c.desc().display, " folders (each expert's tensors, "
+         "block_sparse_moe.experts.N.w1 / w2 / w3) are not implemented yet; tetrad's own run "
+         "checkpoints of a ", c.desc().display, " model save and resume");
+}
+
 namespace {
 
 // load_hf_params and load_hf_params_streamed: every check, then each tensor read straight into

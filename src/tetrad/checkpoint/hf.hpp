@@ -42,6 +42,11 @@ void write_hf_files_streamed(const std::string& dir, const ModelConfig& cfg,
                              const ParamTable& table, const TensorSource& params,
                              const nlohmann::json& extra_metadata = {});
 
+// Refuses (Error naming `what`) a model whose Hugging Face tensor layout tetrad does not write or
+// read yet: a mixture of experts (Mixtral's per-expert w1 / w2 / w3 tensors). Its own run
+// checkpoints, in tetrad's stacked layout, save and resume.
+void require_hf_tensor_layout(const ModelConfig& c, const std::string& what);
+
 // Loads the weights of `dir` into `params` (table.total floats, laid out by `table`).
 // The folder's config.json must describe `expected` (same family, sizes, epsilons); every tensor
 // of the table must be present with the right shape. Buffers that are not parameters

@@ -405,6 +405,46 @@ void read_qwen3_config(const nlohmann::json& j, const std::string& where, Config
   read_qwen_sliding_window(j, where, r, c);
 }
 
+// MixtralForCausalLM: Llama's fields (no biases) with the mixture of experts: intermediate_size
+// is each expert's width; top-k weights always renormalised; router jitter refused. The
+// router's z-loss, capacity factor and balancing method, which transformers has no field for,
+// are written under tetrad_* names (transformers keeps unknown fields) and read back.
+nlohmann::json mixtral_config_json(const ModelConfig& c, Ids bos, Ids eos) {
+  if (!c.norm_topk_prob)
+    fail("config.json for Mixtral: norm_topk_prob = false has no Mixtral field (Mixtral always "
+         "renormalises its top-k weights)");
+  nlohmann::json j = llama_config_json(c, bos, eos);
+  for (const char* k : {"attention_bias", "mlp_bias", "pretraining_tp"}) j.erase(k);
+  j["num_local_experts"] = c.n_experts;
+  j["num_experts_per_tok"] = c.experts_per_token;
+  j["router_aux_loss_coef"] = json_float(c.router_aux_loss_coef);
+  j["router_jitter_noise"] = 0.0;
+  j["output_router_logits"] = false;
+  j["sliding_window"] = nullptr;
+  j["tetrad_router_z_loss_coef"] = json_float(c.router_z_loss_coef);
+  j["tetrad_moe_capacity_factor"] = json_float(c.moe_capacity_factor);
+  j["tetrad_moe_balance"] = c.moe_balance;
+  return j;
+}
+
+void read_mixtral_config(const nlohmann::json& j, const std::string& where, ConfigReader& r,
+                         ModelConfig& c) {
+  read_llama_like_config(j, where, r, c, "Mixtral");
+  c.n_experts = r.size("num_local_experts");
+  c.experts_per_token = r.size("num_experts_per_tok");
+  c.router_aux_loss_coef = float(r.number_or("router_aux_loss_coef", 0.001));
+  if (r.number_or("router_jitter_noise", 0.0) != 0.0)
+    fail(where, ": router_jitter_noise = ", j["router_jitter_noise"].dump(),
+         " is not supported (tetrad's router adds no noise; expected 0)");
+  if (r.has("sliding_window"))
+    fail(where, ": 'sliding_window' = ", j["sliding_window"].dump(),
+         " is not supported (tetrad's attention is full causal attention; expected null)");
+  c.norm_topk_prob = true;
+  c.router_z_loss_coef = float(r.number_or("tetrad_router_z_loss_coef", 0.0));
+  c.moe_capacity_factor = float(r.number_or("tetrad_moe_capacity_factor", 0.0));
+  c.moe_balance = r.string_or("tetrad_moe_balance", "aux_loss");
+}
+
 struct ConfigFormat {
   Family family;
   nlohmann::json (*write)(const ModelConfig&, Ids bos, Ids eos);
@@ -415,6 +455,7 @@ constexpr ConfigFormat kConfigFormats[] = {
     {Family::Llama, llama_config_json, read_llama_config},
     {Family::Qwen2, qwen2_config_json, read_qwen2_config},
     {Family::Qwen3, qwen3_config_json, read_qwen3_config},
+    {Family::Mixtral, mixtral_config_json, read_mixtral_config},
 };
 
 const ConfigFormat& config_format(Family f) {

@@ -5,6 +5,7 @@
 #include <cstdio>
 #include <thread>
 
+#include "tetrad/comm/roll_call.hpp"
 #include "tetrad/core/error.hpp"
 
 namespace tetrad::comm {
@@ -44,9 +45,12 @@ void PendingOp::wait(double timeout_s) {
   using clock = std::chrono::steady_clock;
   const auto start = clock::now();
   BlockedMark blocked;
+  double last = 0, frozen = 0;  // the longest gap between two polls: this process did not run
   for (long polls = 1;; ++polls) {
     if (test()) return;
     const double waited = std::chrono::duration<double>(clock::now() - start).count();
+    if (waited - last > frozen) frozen = waited - last;
+    last = waited;
     if (waited >= timeout_s) {
       std::string note;
       bool group_usable = false, over = false, completed = false;
@@ -71,10 +75,15 @@ void PendingOp::wait(double timeout_s) {
       if (!group_usable) mark_collective_failed();
       char waited_text[32];
       std::snprintf(waited_text, sizeof waited_text, "%.2f", waited);
+      // Who stopped (roll_call.hpp), when the trainer turned the roll call on.
+      // (Not for a zero timeout: a request abandoned while another error unwinds.)
+      const std::string verdict = timeout_s > 0 ? roll_call(description(), waited, frozen) : "";
       fail("rank ", job_rank(), ": ", transport, " ", description(), " did not complete within ",
-           timeout_s, " s (waited ", waited_text, " s): a peer rank may have died or stalled, or "
-           "the ranks of the group called different operations", note, ". The timeout is ",
-           collective_timeout_setting(), "; raise it if the peers are only slow");
+           timeout_s, " s (waited ", waited_text, " s): ",
+           verdict.empty() ? "a peer rank may have died or stalled, or the ranks of the group "
+                             "called different operations" : verdict,
+           note, ". The timeout is ", collective_timeout_setting(),
+           "; raise it if the peers are only slow");
     }
     // Spin first (most operations finish within microseconds), then stop burning a core that a
     // peer rank may need (oversubscribed runs), then poll every 200 us. The spin ends after 2000

@@ -117,6 +117,14 @@ DataLoader::DataLoader(const std::string& dir, const std::string& split, int B, 
          " ids, more than the model vocab ", options.model_vocab);
   }
 
+  if (options.documents)
+    for (const auto& s : shards_)
+      if (!s.has_documents())
+        fail("shard '", s.path(), "' records no document boundaries (token shard format version ",
+             s.header().version, "), which data.document_mask and data.document_positions need: "
+             "prepare the data again with this build (it writes version ", kShardVersion,
+             "), or switch those options off");
+
   // Windows.
   window_begin_.push_back(0);
   for (const auto& s : shards_) {
@@ -154,15 +162,23 @@ uint64_t DataLoader::window_at(uint64_t epoch, uint64_t position) {
   return permutation(epoch)[position];
 }
 
-void DataLoader::copy_window(uint64_t w, int32_t* inputs, int32_t* targets) const {
+void DataLoader::copy_window(uint64_t w, int32_t* inputs, int32_t* targets,
+                             int32_t* doc_start) const {
   size_t s = std::upper_bound(window_begin_.begin(), window_begin_.end(), w) - window_begin_.begin() - 1;
   TETRAD_CHECK(s < shards_.size(), "window ", w, " out of range");
   uint64_t start = (w - window_begin_[s]) * static_cast<uint64_t>(T_);
   shards_[s].copy(start, T_, inputs);
   shards_[s].copy(start + 1, T_, targets);
+  if (doc_start) shards_[s].document_starts(start, T_, doc_start);
 }
 
 void DataLoader::next_batch(int32_t* inputs, int32_t* targets) {
+  next_batch(inputs, targets, nullptr);
+}
+
+void DataLoader::next_batch(int32_t* inputs, int32_t* targets, int32_t* doc_start) {
+  TETRAD_CHECK(!doc_start || options_.documents,
+               "data loader: document starts asked of a loader opened without options.documents");
   const uint64_t N = num_windows_, n = static_cast<uint64_t>(num_replicas_);
   for (int b = 0; b < B_; ++b) {
     // Stream offset of this row from the job's position: b*n + r.
@@ -170,7 +186,8 @@ void DataLoader::next_batch(int32_t* inputs, int32_t* targets) {
     uint64_t epoch = state_.epoch + (state_.cursor + offset) / N;
     uint64_t pos = (state_.cursor + offset) % N;
     copy_window(permutation(epoch)[pos], inputs + static_cast<size_t>(b) * T_,
-                targets + static_cast<size_t>(b) * T_);
+                targets + static_cast<size_t>(b) * T_,
+                doc_start ? doc_start + static_cast<size_t>(b) * T_ : nullptr);
   }
   uint64_t advance = static_cast<uint64_t>(B_) * n;
   state_.epoch += (state_.cursor + advance) / N;

@@ -17,7 +17,12 @@
 // no window repeated or skipped, even with a different number of replicas or micro-batch (the
 // batches are then those of the new layout from that position on).
 //
-// What this does not do: prefetch in a background thread, cross-document masking, pad short data.
+// Documents. With options.documents, every shard must record its document boundaries (format
+// version 2, written by prepare); next_batch then also gives each input token the position in its
+// row where its document begins (0 for a document that began before the window): what the
+// document mask and per-document positions of the model read.
+//
+// What this does not do: prefetch in a background thread, pad short data.
 //
 // Failures: a missing folder or split, inconsistent shards, a tokenizer or vocab that does not
 // match the expectations, or fewer tokens than one window throw tetrad::Error naming the folder or
@@ -44,6 +49,9 @@ struct LoaderOptions {
   int64_t model_vocab = 0;
   bool verify_checksums = true;  // hash every shard on open
   bool shuffle = true;           // false: windows in file order each epoch (e.g. for evaluation)
+  // The document starts of each window are needed (next_batch's doc_start): every shard must
+  // record its boundaries (Error naming the first that does not, and the way out).
+  bool documents = false;
 };
 
 class DataLoader {
@@ -55,6 +63,9 @@ class DataLoader {
 
   // Fills inputs[B*T] and targets[B*T] (row-major, row b = one window) and advances the stream.
   void next_batch(int32_t* inputs, int32_t* targets);
+  // ... and doc_start[B*T]: for input token t of row b, the position in the row where its
+  // document begins (options.documents must be set).
+  void next_batch(int32_t* inputs, int32_t* targets, int32_t* doc_start);
 
   LoaderState state() const { return state_; }
   // Throws Error if state.cursor >= num_windows() (a state saved for other data or another T).
@@ -75,7 +86,8 @@ class DataLoader {
 
  private:
   const std::vector<uint32_t>& permutation(uint64_t epoch);
-  void copy_window(uint64_t window, int32_t* inputs /*[T]*/, int32_t* targets /*[T]*/) const;
+  void copy_window(uint64_t window, int32_t* inputs /*[T]*/, int32_t* targets /*[T]*/,
+                   int32_t* doc_start /*[T] or null*/) const;
 
   std::string dir_, split_;
   int B_, T_, replica_, num_replicas_;

@@ -337,6 +337,7 @@ class SplitWriter {
         cur_ = std::make_unique<ShardWriter>((fs::path(dir_) / name).string(), vocab_, identity_);
         cur_name_ = name;
       }
+      if (off == 0) cur_->begin_document();  // the shard's document table (format version 2)
       size_t take = std::min<uint64_t>(tokens.size() - off, shard_tokens_ - cur_->num_tokens());
       cur_->write(tokens.data() + off, take);
       off += take;

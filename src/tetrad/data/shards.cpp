@@ -54,6 +54,8 @@ void encode_header(const ShardHeader& h, unsigned char* out /*[64]*/) {
   put<uint32_t>(out + 28, 0);
   put<uint64_t>(out + 32, h.tokenizer_identity);
   put<uint64_t>(out + 40, h.checksum);
+  put<uint64_t>(out + 48, h.num_documents);
+  put<uint64_t>(out + 56, h.documents_checksum);
 }
 
 std::string printable(const unsigned char* p, size_t n) {
@@ -80,9 +82,9 @@ ShardHeader decode_header(const std::string& path, const unsigned char* p, uint6
          "\", expected \"TTRDTOKN\"");
   ShardHeader h;
   h.version = get<uint32_t>(p + 8);
-  if (h.version != kShardVersion)
-    fail("shard '", path, "' has format version ", h.version, ", but this build reads version ",
-         kShardVersion, " (re-run prepare with this build)");
+  if (h.version != kShardVersion && h.version != kShardVersionNoDocuments)
+    fail("shard '", path, "' has format version ", h.version, ", but this build reads versions ",
+         kShardVersionNoDocuments, " and ", kShardVersion, " (re-run prepare with this build)");
   uint32_t dtype = get<uint32_t>(p + 12);
   if (dtype != 1 && dtype != 2)
     fail("shard '", path, "' has dtype code ", dtype, ", expected 1 (uint16) or 2 (uint32)");
@@ -91,20 +93,33 @@ ShardHeader decode_header(const std::string& path, const unsigned char* p, uint6
   h.vocab_size = get<uint32_t>(p + 24);
   h.tokenizer_identity = get<uint64_t>(p + 32);
   h.checksum = get<uint64_t>(p + 40);
+  if (h.has_documents()) {
+    h.num_documents = get<uint64_t>(p + 48);
+    h.documents_checksum = get<uint64_t>(p + 56);
+  }
   if (h.dtype == TokenDtype::U16 && h.vocab_size > 65536)
     fail("shard '", path, "' stores uint16 tokens but says its vocab has ", h.vocab_size,
          " ids (uint16 holds at most 65536)");
   size_t width = dtype_bytes(h.dtype);
-  if (h.num_tokens > (UINT64_MAX - kShardHeaderBytes) / width)
+  if (h.num_tokens > (UINT64_MAX - kShardHeaderBytes) / width / 2)
     fail("shard '", path, "' has an impossible token count ", h.num_tokens);
-  uint64_t want = kShardHeaderBytes + h.num_tokens * width;
+  if (h.num_documents > h.num_tokens)
+    fail("shard '", path, "' says it holds ", h.num_documents, " document starts in ",
+         h.num_tokens, " tokens (at most one per token)");
+  const uint64_t tokens_end = kShardHeaderBytes + h.num_tokens * width;
+  const uint64_t want = tokens_end + 8 * h.num_documents;
+  if (file_bytes < want && file_bytes >= tokens_end)
+    fail("shard '", path, "' is truncated: header says ", h.num_documents, " document starts (",
+         8 * h.num_documents, " bytes after the tokens) but the file holds ",
+         file_bytes - tokens_end, " bytes after the tokens");
   if (file_bytes < want)
     fail("shard '", path, "' is truncated: header says ", h.num_tokens, " tokens (",
          h.num_tokens * width, " bytes of ", dtype_name(dtype), ") but the file holds ",
          file_bytes - kShardHeaderBytes, " bytes after the header");
   if (file_bytes > want)
     fail("shard '", path, "' has ", file_bytes - want, " unexpected trailing bytes: header says ",
-         h.num_tokens, " tokens (", h.num_tokens * width, " bytes) but the file holds ",
+         h.num_tokens, " tokens (", h.num_tokens * width, " bytes) and ", h.num_documents,
+         " document starts (", 8 * h.num_documents, " bytes) but the file holds ",
          file_bytes - kShardHeaderBytes, " bytes after the header");
   return h;
 }
@@ -136,6 +151,12 @@ ShardWriter::~ShardWriter() {
   }
 }
 
+void ShardWriter::begin_document() {
+  TETRAD_CHECK(!finished_, "begin_document after finish on shard ", path_);
+  if (doc_starts_.empty() || doc_starts_.back() != header_.num_tokens)  // (an empty document)
+    doc_starts_.push_back(header_.num_tokens);
+}
+
 void ShardWriter::write(const int32_t* tokens, size_t n) {
   TETRAD_CHECK(!finished_, "write after finish on shard ", path_);
   const size_t width = dtype_bytes(header_.dtype);
@@ -161,9 +182,17 @@ void ShardWriter::write(const int32_t* tokens, size_t n) {
 ShardHeader ShardWriter::finish() {
   TETRAD_CHECK(!finished_, "finish called twice on shard ", path_);
   header_.checksum = hasher_.digest();
+  // A start at the very end (a document begun but given no token here) is not a start in this
+  // shard: its tokens went nowhere.
+  if (!doc_starts_.empty() && doc_starts_.back() == header_.num_tokens) doc_starts_.pop_back();
+  header_.num_documents = doc_starts_.size();
+  std::vector<unsigned char> table(8 * doc_starts_.size());
+  for (size_t i = 0; i < doc_starts_.size(); ++i) put<uint64_t>(&table[8 * i], doc_starts_[i]);
+  header_.documents_checksum = hash64(table.data(), table.size(), 0);
   unsigned char h[kShardHeaderBytes];
   encode_header(header_, h);
-  bool ok = std::fseek(file_, 0, SEEK_SET) == 0 && std::fwrite(h, 1, sizeof h, file_) == sizeof h &&
+  bool ok = (table.empty() || std::fwrite(table.data(), 1, table.size(), file_) == table.size()) &&
+            std::fseek(file_, 0, SEEK_SET) == 0 && std::fwrite(h, 1, sizeof h, file_) == sizeof h &&
             std::fflush(file_) == 0 && ::fsync(fileno(file_)) == 0;
   int err = errno;
   ok = (std::fclose(file_) == 0) && ok;
@@ -199,11 +228,26 @@ ShardReader::ShardReader(const std::string& path, bool verify_checksum) : path_(
   map_bytes_ = file_bytes;
   try {
     header_ = decode_header(path, map_, file_bytes);
+    const size_t token_bytes = header_.num_tokens * dtype_bytes(header_.dtype);
     if (verify_checksum) {
-      uint64_t sum = hash64(map_ + kShardHeaderBytes, file_bytes - kShardHeaderBytes, 0);
+      uint64_t sum = hash64(map_ + kShardHeaderBytes, token_bytes, 0);
       if (sum != header_.checksum)
         fail("shard '", path, "' is corrupt: the checksum of its ", header_.num_tokens,
              " tokens is ", hex64(sum), " but the header says ", hex64(header_.checksum));
+    }
+    if (header_.has_documents()) {  // small: always checked, and the table's order too
+      const unsigned char* t = map_ + kShardHeaderBytes + token_bytes;
+      const uint64_t sum = hash64(t, 8 * header_.num_documents, 0);
+      if (sum != header_.documents_checksum)
+        fail("shard '", path, "' is corrupt: the checksum of its table of ", header_.num_documents,
+             " document starts is ", hex64(sum), " but the header says ",
+             hex64(header_.documents_checksum));
+      for (uint64_t d = 0; d < header_.num_documents; ++d) {
+        const uint64_t s = get<uint64_t>(t + 8 * d);
+        if (s >= header_.num_tokens || (d > 0 && s <= get<uint64_t>(t + 8 * (d - 1))))
+          fail("shard '", path, "' is corrupt: document start ", d, " is token ", s,
+               " (starts must increase and lie below the token count ", header_.num_tokens, ")");
+      }
     }
   } catch (...) {
     release();
@@ -252,6 +296,37 @@ void ShardReader::copy(size_t start, size_t count, int32_t* out) const {
     for (size_t i = 0; i < count; ++i) out[i] = get<uint16_t>(p + 2 * (start + i));
   } else {
     for (size_t i = 0; i < count; ++i) out[i] = static_cast<int32_t>(get<uint32_t>(p + 4 * (start + i)));
+  }
+}
+
+uint64_t ShardReader::document_start(size_t d) const {
+  TETRAD_CHECK(d < header_.num_documents, "document index ", d, " out of range in ", path_);
+  return get<uint64_t>(map_ + kShardHeaderBytes + header_.num_tokens * dtype_bytes(header_.dtype) +
+                       8 * d);
+}
+
+void ShardReader::document_starts(size_t start, size_t count, int32_t* out) const {
+  if (!has_documents())
+    fail("shard '", path_, "' has format version ", header_.version,
+         ", which records no document boundaries; data.document_mask and "
+         "data.document_positions need them: prepare the data again with this build (tetrad "
+         "prepare writes version ", kShardVersion, ")");
+  TETRAD_CHECK(start <= header_.num_tokens && count <= header_.num_tokens - start,
+               "token range [", start, ", ", start + count, ") out of range in ", path_);
+  TETRAD_CHECK(count <= size_t(INT32_MAX), "document starts of ", count, " tokens at once");
+  // The last document start <= start (binary search), then walk forward.
+  size_t lo = 0, hi = header_.num_documents;  // first index whose start > `start`
+  while (lo < hi) {
+    const size_t mid = (lo + hi) / 2;
+    if (document_start(mid) <= start) lo = mid + 1;
+    else hi = mid;
+  }
+  size_t next = lo;
+  int32_t cur = 0;
+  for (size_t t = 0; t < count; ++t) {
+    while (next < header_.num_documents && document_start(next) <= start + t)
+      cur = int32_t(document_start(next) - start), ++next;
+    out[t] = cur;
   }
 }
 

@@ -92,6 +92,22 @@ constexpr TensorEntry kQwen3Layer[] = {
     {R::MlpOut, "mlp.down_proj.weight", D::Hidden, D::Ffn},
 };
 
+// MixtralForCausalLM: Llama's attention; the MLP a mixture of experts (block_sparse_moe): the
+// router ("gate") and each expert's w1 (gate), w3 (up) and w2 (down), stored stacked here (one
+// GEMM operand per expert group) and split into Hugging Face's per-expert tensors by the folder
+// code.
+constexpr TensorEntry kMixtralLayer[] = {
+    {R::AttnNorm, "input_layernorm.weight", D::Hidden},
+    {R::Q, "self_attn.q_proj.weight", D::QHeads, D::Hidden},
+    {R::K, "self_attn.k_proj.weight", D::KvHeads, D::Hidden},
+    {R::V, "self_attn.v_proj.weight", D::KvHeads, D::Hidden},
+    {R::AttnOut, "self_attn.o_proj.weight", D::Hidden, D::QHeads},
+    {R::MlpNorm, "post_attention_layernorm.weight", D::Hidden},
+    {R::Router, "block_sparse_moe.gate.weight", D::Experts, D::Hidden},
+    {R::ExpertGateUp, "block_sparse_moe.experts.w1_w3", D::ExpertsGateUp, D::Hidden},
+    {R::ExpertDown, "block_sparse_moe.experts.w2", D::ExpertsHidden, D::Ffn},
+};
+
 const FamilyDesc kFamilies[] = {
     {.id = Family::GPT2,
      .name = "gpt2",
@@ -181,6 +197,29 @@ const FamilyDesc kFamilies[] = {
      .hf_optional_prefix = "",
      .hf_tied_head = "lm_head.weight",
      .hf_ignored_buffers = kLlamaBuffers},
+    {.id = Family::Mixtral,
+     .name = "mixtral",
+     .display = "Mixtral",
+     .norm = NormKind::RMSNorm,
+     .mlp = MlpKind::SwiGLU,
+     .positions = Positions::Rope,
+     .linear_biases = false,
+     .qkv_bias = false,
+     .grouped_query_attention = true,
+     .qk_norm = false,
+     .independent_head_dim = true,  // MixtralConfig.head_dim, as Llama
+     .tied = TiedEmbeddings::Optional,
+     .scaled_residual_init = false,
+     .top = kLlamaTop,
+     .layer = kMixtralLayer,
+     .bottom = kLlamaBottom,
+     .layer_prefix = "model.layers.",
+     .hf_model_type = "mixtral",
+     .hf_architecture = "MixtralForCausalLM",
+     .hf_optional_prefix = "",
+     .hf_tied_head = "lm_head.weight",
+     .hf_ignored_buffers = kLlamaBuffers,
+     .moe = true},
 };
 
 }  // namespace
@@ -214,6 +253,9 @@ const char* role_name(TensorRole r) {
     case R::FinalNorm: return "final norm";
     case R::FinalNormBias: return "final norm bias";
     case R::Head: return "output head";
+    case R::Router: return "router";
+    case R::ExpertGateUp: return "experts' gate|up";
+    case R::ExpertDown: return "experts' down projection";
   }
   return "?";
 }

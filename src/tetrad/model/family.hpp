@@ -14,7 +14,7 @@
 
 namespace tetrad {
 
-enum class Family { GPT2, Llama, Qwen2, Qwen3 };
+enum class Family { GPT2, Llama, Qwen2, Qwen3, Mixtral };
 
 enum class NormKind { LayerNorm, RMSNorm };  // LayerNorm: mean and variance, weight and bias
 enum class MlpKind { Gelu, SwiGLU };         // SwiGLU: gate|up fused into one input GEMM
@@ -38,6 +38,10 @@ enum class TensorRole {
   MlpOut, MlpOutBias,
   FinalNorm, FinalNormBias,
   Head,               // the untied output head [V, C]; a tied model has none
+  // Mixture of experts (FamilyDesc::moe): the router [E, C]; every expert's gate|up stacked
+  // expert by expert [E * 2F, C] (expert e's F gate rows, then its F up rows); every expert's
+  // down projection stacked [E * C, F] (expert e's [C, F]).
+  Router, ExpertGateUp, ExpertDown,
 };
 const char* role_name(TensorRole r);
 
@@ -61,6 +65,9 @@ enum class Dim {
   KvHeads,   // n_kv_head * head_dim
   QkvHeads,  // (n_head + 2 n_kv_head) * head_dim
   HeadDim,   // head_dim
+  Experts,          // E = n_experts
+  ExpertsGateUp,    // E * 2F
+  ExpertsHidden,    // E * C
 };
 
 // One tensor of the table: per-layer names are the family's layer prefix + layer index + "." +
@@ -102,6 +109,9 @@ struct FamilyDesc {
   const char* hf_optional_prefix;
   const char* hf_tied_head;  // a tied model's folder may still hold the head under this name
   std::span<const char* const> hf_ignored_buffers;
+  // The MLP of every block is a mixture of experts (ModelConfig's n_experts SwiGLU experts of
+  // width ffn, a router choosing experts_per_token of them per token): parallel/moe_block.
+  bool moe = false;
 
   // Rows of the MLP's input GEMM per inner-size unit: 2 when gate and up are fused.
   int mlp_in_factor() const { return mlp == MlpKind::SwiGLU ? 2 : 1; }
@@ -110,9 +120,9 @@ struct FamilyDesc {
 // Every family, in the order of Family.
 std::span<const FamilyDesc> families();
 const FamilyDesc& family_desc(Family f);
-std::string family_name(Family f);          // "gpt2" | "llama" | "qwen2" | "qwen3"
+std::string family_name(Family f);          // "gpt2" | "llama" | "qwen2" | "qwen3" | "mixtral"
 Family parse_family(const std::string& s);  // throws Error naming the accepted values
-// "\"gpt2\", \"llama\", \"qwen2\" or \"qwen3\"": the accepted names, for messages.
+// "\"gpt2\", \"llama\", \"qwen2\", \"qwen3\" or \"mixtral\"": the accepted names, for messages.
 std::string family_names_quoted();
 
 }  // namespace tetrad

@@ -6,6 +6,35 @@
 namespace tetrad {
 
 namespace {
+// The mixture-of-experts settings: refused on a dense family, and every value tetrad does not
+// implement refused by name.
+void validate_moe(const ModelConfig& c) {
+  const FamilyDesc& d = c.desc();
+  if (!d.moe) {
+    if (c.n_experts != 0 || c.experts_per_token != 0)
+      fail("model.n_experts / model.experts_per_token: ", d.display, " is a dense model (no "
+           "mixture of experts); use a family with experts (\"mixtral\")");
+    return;
+  }
+  if (c.n_experts < 1) fail("model.n_experts must be positive for ", d.display, ", got ", c.n_experts);
+  if (c.experts_per_token < 1)
+    fail("model.experts_per_token (top-k) must be positive, got ", c.experts_per_token);
+  if (c.experts_per_token > c.n_experts)
+    fail("model.experts_per_token (top-k) = ", c.experts_per_token, " is larger than model.n_experts = ",
+         c.n_experts, ": a token cannot be routed to more experts than there are");
+  if (c.moe_balance == "expert_bias")
+    fail("model.moe_balance = \"expert_bias\" (DeepSeek-V3's aux-loss-free balancing) is not "
+         "implemented; expected \"aux_loss\" or \"none\"");
+  if (c.moe_balance != "aux_loss" && c.moe_balance != "none")
+    fail("model.moe_balance = \"", c.moe_balance, "\": expected \"aux_loss\" or \"none\"");
+  if (!(c.router_aux_loss_coef >= 0))
+    fail("model.router_aux_loss_coef must be >= 0, got ", c.router_aux_loss_coef);
+  if (!(c.router_z_loss_coef >= 0))
+    fail("model.router_z_loss_coef must be >= 0, got ", c.router_z_loss_coef);
+  if (!(c.moe_capacity_factor >= 0))
+    fail("model.moe_capacity_factor must be >= 0 (0: dropless), got ", c.moe_capacity_factor);
+}
+
 // The families whose heads may be wider or narrower than n_embd / n_head, for messages.
 std::string head_dim_families() {
   std::string s;
@@ -62,6 +91,7 @@ void ModelConfig::validate() const {
     }
   }
   if (!(init_std > 0)) fail("model.init_std must be positive");
+  validate_moe(*this);
 }
 
 kernels::RopeFrequencies rope_frequencies(const ModelConfig& c) {
@@ -108,9 +138,13 @@ ModelConfig named_model(const std::string& name) {
     // tied embeddings, rope theta 1e6.
     c.family = Family::Qwen3; c.n_kv_head = 2; c.ffn = 192; c.tie_embeddings = true;
     c.explicit_head_dim = 24; c.norm_eps = 1e-6f; c.rope_theta = 1000000.0f;
+  } else if (name == "mixtral-tiny") {
+    // Mixtral's form at test size: 4 experts of width 96, top 2, grouped-query attention.
+    c.family = Family::Mixtral; c.n_kv_head = 2; c.ffn = 96; c.tie_embeddings = false;
+    c.n_experts = 4; c.experts_per_token = 2; c.rope_theta = 1000000.0f;
   } else {
     fail("unknown model '", name, "'; expected one of: tiny, small, gpt2-124m, llama-tiny, "
-         "llama-small, llama-1b, qwen2-tiny, qwen3-tiny");
+         "llama-small, llama-1b, qwen2-tiny, qwen3-tiny, mixtral-tiny");
   }
   return c;
 }

@@ -36,6 +36,27 @@ struct ModelConfig {
   // false: every family registered so far) refuses any other value (validate()).
   int explicit_head_dim = 0;
 
+  // Mixture of experts (a family with FamilyDesc::moe; parallel/moe_block.hpp has the block):
+  // every block's MLP is n_experts SwiGLU experts of inner width ffn, a fp32 router choosing
+  // experts_per_token of them per token (softmax over the experts, then the top k).
+  int n_experts = 0;
+  int experts_per_token = 0;
+  // Renormalise the chosen experts' k softmax weights to sum 1 (Mixtral always; Qwen3-MoE as
+  // its config's norm_topk_prob says).
+  bool norm_topk_prob = true;
+  // Load balancing: "aux_loss" (Switch / Mixtral: router_aux_loss_coef * E * Σ_e f_e P_e per
+  // layer, averaged over layers) or "none"; "expert_bias" (DeepSeek-V3's aux-loss-free bias) is
+  // refused by name until implemented.
+  std::string moe_balance = "aux_loss";
+  float router_aux_loss_coef = 0.001f;  // Mixtral's default
+  float router_z_loss_coef = 0.0f;      // ST-MoE's z-loss: coef * mean_t logsumexp(logits_t)²
+  // 0: dropless (every token reaches its k experts however uneven the load); > 0: each expert
+  // takes at most ceil(capacity_factor * tokens * k / E) tokens of a micro-batch, in token
+  // order, and the choices beyond are dropped (counted in the block's load statistics).
+  float moe_capacity_factor = 0.0f;
+
+  bool moe() const { return desc().moe; }
+  bool moe_renormalize() const { return norm_topk_prob; }
   int head_dim() const { return explicit_head_dim > 0 ? explicit_head_dim : n_embd / n_head; }
   int q_dim() const { return n_head * head_dim(); }       // every query head: n_head * head_dim
   int kv_dim() const { return n_kv_head * head_dim(); }   // the keys' (or values') heads

@@ -55,6 +55,9 @@ ParamKind role_kind(TensorRole role) {
     case R::Up:
     case R::MlpOut:
     case R::Head:
+    case R::Router:
+    case R::ExpertGateUp:
+    case R::ExpertDown:
       return ParamKind::Linear;
   }
   fail("tensor role ", int(role), " has no kind");
@@ -73,6 +76,9 @@ ParamTable build_param_table(const ModelConfig& c) {
       case Dim::KvHeads: return c.kv_dim();
       case Dim::QkvHeads: return c.qkv_dim();
       case Dim::HeadDim: return c.head_dim();
+      case Dim::Experts: return c.n_experts;
+      case Dim::ExpertsGateUp: return int64_t(c.n_experts) * 2 * c.ffn;
+      case Dim::ExpertsHidden: return int64_t(c.n_experts) * c.n_embd;
     }
     fail("dimension ", int(d), " has no size");
   };
@@ -122,6 +128,14 @@ void check_fused_groups(const ParamTable& t) {
 
 int64_t count_parameters(const ModelConfig& c) { return build_param_table(c).total; }
 
+// The weights one token multiplies with: all of a dense tensor, k of E experts' (a mixture of
+// experts counts its active parameters, as MFU on active FLOPs does).
+double active_numel(const ModelConfig& c, const ParamSpec& p) {
+  if (p.role == TensorRole::ExpertGateUp || p.role == TensorRole::ExpertDown)
+    return double(p.numel) * c.experts_per_token / c.n_experts;
+  return double(p.numel);
+}
+
 double flops_per_token(const ModelConfig& c, int seq_len) {
   // 6 FLOPs per multiply-accumulate weight per token (2 forward, 4 backward) over the weights
   // used in matrix multiplies (all linear weights and the output head), plus attention scores
@@ -129,7 +143,7 @@ double flops_per_token(const ModelConfig& c, int seq_len) {
   // discounted).
   double n_matmul = 0;
   for (const auto& p : build_param_table(c).specs)
-    if (p.kind == ParamKind::Linear) n_matmul += double(p.numel);
+    if (p.kind == ParamKind::Linear) n_matmul += active_numel(c, p);
   if (c.tie_embeddings) n_matmul += double(c.vocab_size) * c.n_embd;  // tied output head
   return 6.0 * n_matmul + 12.0 * c.n_layer * double(c.q_dim()) * seq_len;
 }
@@ -143,7 +157,7 @@ double recompute_flops_per_token(const ModelConfig& c, int seq_len, const std::s
     // Each block's forward again: its linear weights once more (2 FLOPs per weight) + attention.
     double block = 0;
     for (const auto& p : build_param_table(c).specs)
-      if (p.kind == ParamKind::Linear && p.layer >= 0) block += double(p.numel);
+      if (p.kind == ParamKind::Linear && p.layer >= 0) block += active_numel(c, p);
     return 2.0 * block + attention;
   }
   fail("train.recompute = \"", recompute, "\": expected \"none\", \"selective\" or \"full\"");

@@ -18,6 +18,10 @@ int64_t act_width(ActWidth w, const LocalDims& d) {
     case ActWidth::Fy: return d.Fy;
     case ActWidth::Vy: return d.Vy;
     case ActWidth::MaxLinearOut: return d.max_linear_out();
+    case ActWidth::E: return d.E;
+    case ActWidth::kC: return d.kC;
+    case ActWidth::kFW: return d.kFW;
+    case ActWidth::kF: return d.kF;
   }
   TETRAD_CHECK(false, "unknown activation width");
   return 0;
@@ -28,6 +32,43 @@ int64_t act_floats(int64_t N, ActWidth w, ActStore s, const LocalDims& d, bool b
   if (s == ActStore::F32) return n;
   if (bf16_activations) return (n + 1) / 2;
   return s == ActStore::OnlyBf16 ? 0 : n;
+}
+
+void check_sequence_shard(const ParallelOptions& o, const GridShape& g, int64_t tokens) {
+  if (!o.sequence_shard || g.y() == 1) return;
+  if (g.c() > 1)
+    fail("parallel.sequence_shard with the context axis (c=", g.c(), ") is not implemented; set "
+         "parallel.sequence_shard = false or use a grid without c");
+  if (tokens % g.y() != 0)
+    fail("parallel.sequence_shard: the ", tokens, " tokens of a micro-batch on this rank do not "
+         "split evenly over Gy = ", g.y(), "; use a micro-batch x sequence length divisible by ",
+         g.y(), " or parallel.sequence_shard = false");
+  if (o.overlap.forward_chunks > 1)
+    fail("parallel.sequence_shard with parallel.forward_chunks = ", o.overlap.forward_chunks,
+         " is not implemented; set parallel.forward_chunks = 1 or parallel.sequence_shard = false");
+}
+
+ActRows act_rows(const LayerActSpec& t) {
+  for (auto m : kSeqShardedLayerActs)
+    if (t.f32 == m) return ActRows::SeqShard;
+  return ActRows::All;
+}
+
+ActRows act_rows(const GlobalActSpec& t) {
+  if (t.f32 == &ParallelActivations::dfull) return ActRows::OnlySeqShard;
+  for (auto m : kSeqShardedGlobalActs)
+    if (t.f32 == m) return ActRows::SeqShard;
+  return ActRows::All;
+}
+
+int64_t act_rows_of(int64_t N, ActRows rows, int seq_shard) {
+  TETRAD_CHECK(seq_shard >= 1 && N % seq_shard == 0, "sequence shard ", seq_shard, " of ", N, " tokens");
+  switch (rows) {
+    case ActRows::All: return N;
+    case ActRows::SeqShard: return N / seq_shard;
+    case ActRows::OnlySeqShard: return seq_shard > 1 ? N : 0;
+  }
+  return N;
 }
 
 bool act_kept(ActKeep k, Recompute mode) {
@@ -52,19 +93,19 @@ std::vector<LayerSlots> layer_slots(int n_layer, const LayerSplit& split, int p,
 
 ActivationSizes activation_sizes(const ModelConfig& cfg, const GridShape& G, int64_t local_batch,
                                  int max_len, bool bf16_acts, Recompute mode,
-                                 const std::vector<LayerSlots>& slots) {
+                                 const std::vector<LayerSlots>& slots, int seq_shard) {
   const int64_t N = local_batch * (max_len / G.c());  // the context axis cuts each sequence
   const LocalDims dims = LocalDims::of(cfg, G);
   ActivationSizes s;
   for (const LayerActSpec& t : kLayerActs) {
-    const int64_t floats = act_floats(N, t.width, t.store, dims, bf16_acts);
+    const int64_t floats = act_floats(act_rows_of(N, act_rows(t), seq_shard), t.width, t.store, dims, bf16_acts);
     const bool kept = t.keep == ActKeep::Output || act_kept(t.keep, mode);
     s.layer.push_back({kept, floats});
     (kept ? s.layer_kept : s.scratch) += floats;
     if (t.keep == ActKeep::Output) s.input_slot += floats;
   }
   for (const GlobalActSpec& t : kGlobalActs) {
-    const int64_t floats = act_floats(N, t.width, t.store, dims, bf16_acts);
+    const int64_t floats = act_floats(act_rows_of(N, act_rows(t), seq_shard), t.width, t.store, dims, bf16_acts);
     s.globals.push_back(floats);
     s.global += floats;
     if (t.part == ActPart::Embedding) s.embedding_out += floats;
@@ -83,9 +124,9 @@ uint16_t* as16(float* p) { return reinterpret_cast<uint16_t*>(p); }
 
 // Points the views of one tensor at p: the bf16 one where it is stored in bf16, else the fp32 one.
 template <typename Views, typename Spec>
-void point(Views& v, const Spec& t, float* p, bool bf16_activations) {
+void point(Views& v, const Spec& t, float* p, int64_t n, bool bf16_activations) {
   if (t.store != ActStore::F32 && bf16_activations) v.*(t.bf16) = as16(p);
-  else if (t.f32) v.*(t.f32) = p;
+  else if (t.f32 && (act_rows(t) != ActRows::OnlySeqShard || n > 0)) v.*(t.f32) = p;
 }
 }  // namespace
 
@@ -114,7 +155,7 @@ ParallelActivations lay_out_activations(float* base, const ActivationSizes& sz,
         p = sc;
         sc += sz.layer[i].floats;
       }
-      point(A, t, p, b16);
+      point(A, t, p, sz.layer[i].floats, b16);
     }
     TETRAD_CHECK(slots[l] == LayerSlots::Input || sc == scratch + sz.scratch);
   }
@@ -122,7 +163,7 @@ ParallelActivations lay_out_activations(float* base, const ActivationSizes& sz,
   for (size_t i = 0; i < std::size(kGlobalActs); ++i) {
     const GlobalActSpec& t = kGlobalActs[i];
     float* p = take(sz.globals[i]);
-    point(a, t, p, b16);
+    point(a, t, p, sz.globals[i], b16);
     ParallelActivations::Range* r = t.part == ActPart::Embedding ? &a.embedding_end
                                     : t.part == ActPart::Head    ? &a.head_end
                                                                  : nullptr;

@@ -33,12 +33,24 @@ struct ParallelActivations {
           *ln2_mean = nullptr, *ln2_rstd = nullptr, *fc = nullptr, *fc_act = nullptr,
           *resid_out = nullptr;
     uint16_t *ln1_16 = nullptr, *ln2_16 = nullptr, *fc_act16 = nullptr;
+    // A mixture of experts (moe_block.hpp; empty for a dense model): the router's logits
+    // [N, E]; the tokens' rows in expert order [N k, C], their gate|up [N k, 2F], SwiGLU
+    // [N k, F] and the experts' outputs [N k, C] (up to N k rows: dropless routing fills all).
+    float *router_logits = nullptr, *moe_in = nullptr, *moe_gu = nullptr, *moe_act = nullptr,
+          *moe_out = nullptr;
   };
   std::vector<PerLayer> layer;
   float *emb = nullptr, *lnf = nullptr, *lnf_mean = nullptr, *lnf_rstd = nullptr,
         *logits = nullptr, *losses = nullptr, *tmp = nullptr;
   float *dresid = nullptr, *dln = nullptr, *dqkv = nullptr, *datty = nullptr, *dfc = nullptr,
         *dfc_act = nullptr;
+  // With sequence sharding (ParallelOptions::sequence_shard): the residual stream's gradient
+  // all-gathered over Y (the input of a transposed layer's backward and of the embedding's), and
+  // the landing buffer of a normal layer's input-gradient reduce-scatter; null otherwise.
+  float* dfull = nullptr;
+  // The mixture of experts' backward work buffers (moe_block.hpp): the gradient of the experts'
+  // rows [N k, C] (outputs, then inputs), of their gate|up [N k, 2F] and activation [N k, F].
+  float *dmoe_rows = nullptr, *dmoe_gu = nullptr, *dmoe_act = nullptr;
   uint16_t *lnf16 = nullptr, *dout16 = nullptr, *dout16_t = nullptr;
   int64_t dout16_floats = 0;  // each bf16 gradient copy's size in floats (0 without bf16 acts)
 
@@ -54,7 +66,7 @@ struct ParallelActivations {
 };
 
 // A tensor's row width: floats per token of this rank (LocalDims), One for row statistics.
-enum class ActWidth : unsigned char { One, Cx, Ay, QKVy, Nhy, Nqk, QKn, FWy, Fy, Vy, MaxLinearOut };
+enum class ActWidth : unsigned char { One, Cx, Ay, QKVy, Nhy, Nqk, QKn, FWy, Fy, Vy, MaxLinearOut, E, kC, kFW, kF };
 // How it is stored: in fp32; in bf16 with bf16 activations (ceil(N n / 2) floats, the bf16 view
 // only), else fp32; or only with bf16 activations (absent otherwise).
 enum class ActStore : unsigned char { F32, Bf16WithActs, OnlyBf16 };
@@ -102,6 +114,11 @@ inline constexpr LayerActSpec kLayerActs[] = {
     {"ln2_rstd", &LayerActs::ln2_rstd, nullptr, ActWidth::One, ActStore::F32, ActKeep::UnlessFull},
     {"fc", &LayerActs::fc, nullptr, ActWidth::FWy, ActStore::F32, ActKeep::UnlessFull},
     {"fc_act", &LayerActs::fc_act, &LayerActs::fc_act16, ActWidth::Fy, ActStore::Bf16WithActs, ActKeep::UnlessFull},
+    {"router_logits", &LayerActs::router_logits, nullptr, ActWidth::E, ActStore::F32, ActKeep::UnlessFull},
+    {"moe_in", &LayerActs::moe_in, nullptr, ActWidth::kC, ActStore::F32, ActKeep::UnlessFull},
+    {"moe_gu", &LayerActs::moe_gu, nullptr, ActWidth::kFW, ActStore::F32, ActKeep::UnlessFull},
+    {"moe_act", &LayerActs::moe_act, nullptr, ActWidth::kF, ActStore::F32, ActKeep::UnlessFull},
+    {"moe_out", &LayerActs::moe_out, nullptr, ActWidth::kC, ActStore::F32, ActKeep::UnlessFull},
     {"resid_out", &LayerActs::resid_out, nullptr, ActWidth::Cx, ActStore::F32, ActKeep::Output},
 };
 
@@ -120,9 +137,29 @@ inline constexpr GlobalActSpec kGlobalActs[] = {
     {"datty", &ParallelActivations::datty, nullptr, ActWidth::Ay, ActStore::F32, ActPart::Work},
     {"dfc", &ParallelActivations::dfc, nullptr, ActWidth::FWy, ActStore::F32, ActPart::Work},
     {"dfc_act", &ParallelActivations::dfc_act, nullptr, ActWidth::Fy, ActStore::F32, ActPart::Work},
+    {"dmoe_rows", &ParallelActivations::dmoe_rows, nullptr, ActWidth::kC, ActStore::F32, ActPart::Work},
+    {"dmoe_gu", &ParallelActivations::dmoe_gu, nullptr, ActWidth::kFW, ActStore::F32, ActPart::Work},
+    {"dmoe_act", &ParallelActivations::dmoe_act, nullptr, ActWidth::kF, ActStore::F32, ActPart::Work},
     {"dout16", nullptr, &ParallelActivations::dout16, ActWidth::MaxLinearOut, ActStore::OnlyBf16, ActPart::Work},
     {"dout16_t", nullptr, &ParallelActivations::dout16_t, ActWidth::MaxLinearOut, ActStore::OnlyBf16, ActPart::Work},
+    {"dfull", &ParallelActivations::dfull, nullptr, ActWidth::Cx, ActStore::F32, ActPart::Work},
 };
+
+// Sequence sharding over Y (ParallelOptions::sequence_shard, Megatron's sequence parallelism in
+// the 3D algorithm's terms): the residual stream, replicated over Y without it, is split along
+// the tokens over Y: each Y rank holds rows [y N/Gy, (y+1) N/Gy) of it. These tensors have
+// N/Gy rows then (the block outputs, the residual sums, the norms' row statistics, the
+// embedding's output and the stream's gradient); "dfull" exists only then; every other tensor
+// keeps N rows (the norm outputs are all-gathered over Y before the GEMMs that read them).
+enum class ActRows : unsigned char { All, SeqShard, OnlySeqShard };
+inline constexpr float* LayerActs::*kSeqShardedLayerActs[] = {
+    &LayerActs::ln1_mean, &LayerActs::ln1_rstd, &LayerActs::resid_mid,
+    &LayerActs::ln2_mean, &LayerActs::ln2_rstd, &LayerActs::resid_out};
+inline constexpr float* ParallelActivations::*kSeqShardedGlobalActs[] = {
+    &ParallelActivations::emb, &ParallelActivations::lnf_mean, &ParallelActivations::lnf_rstd,
+    &ParallelActivations::dresid};
+ActRows act_rows(const LayerActSpec& t);
+ActRows act_rows(const GlobalActSpec& t);
 
 // The floats of the activation buffer by tensor (one layer's, the top-level ones), the recompute
 // scratch and the whole buffer under a recompute mode, as the model lays it out: the sums of the
@@ -154,14 +191,26 @@ std::vector<LayerSlots> layer_slots(int n_layer, const LayerSplit& split, int p,
 // `max_len` tokens per micro-batch, with `slots` per layer (layer_slots); bf16_activations:
 // precision bf16 with ParallelOptions::bf16_activations (ln1, ln2, the final norm and the MLP
 // activation in bf16, and the two bf16 copies of the gradient entering a linear layer's
-// backward).
+// backward); seq_shard: the residual stream's tensors (ActRows::SeqShard) have N / seq_shard rows
+// (Gy with ParallelOptions::sequence_shard, else 1; it must divide the tokens).
 ActivationSizes activation_sizes(const ModelConfig& cfg, const GridShape& shape, int64_t local_batch,
                                  int max_len, bool bf16_activations, Recompute mode,
-                                 const std::vector<LayerSlots>& slots);
+                                 const std::vector<LayerSlots>& slots, int seq_shard = 1);
+
+// How many ways the residual stream is split along the tokens: Gy with sequence_shard, else 1.
+inline int seq_shard_ways(const ParallelOptions& o, const GridShape& g) {
+  return o.sequence_shard ? g.y() : 1;
+}
+
+// Refuses sequence sharding where the tokens of a micro-batch do not split evenly over Y, and
+// with forward_chunks > 1 (not implemented with it), naming the numbers.
+void check_sequence_shard(const ParallelOptions& o, const GridShape& g, int64_t tokens);
 
 int64_t act_width(ActWidth w, const LocalDims& d);
 // Floats of the buffer a tensor of N rows of `w` stored as `s` takes.
 int64_t act_floats(int64_t N, ActWidth w, ActStore s, const LocalDims& d, bool bf16_activations);
+// The rows of a tensor of `rows` kind for N tokens with the stream split seq_shard ways.
+int64_t act_rows_of(int64_t N, ActRows rows, int seq_shard);
 bool act_kept(ActKeep k, Recompute mode);
 
 // The views into `base` (sizes.total floats), from the spec list and the sizes it gave

@@ -14,6 +14,7 @@
 #include "tetrad/model/model_config.hpp"
 #include "tetrad/model/params.hpp"
 #include "tetrad/parallel/activation_layout.hpp"
+#include "tetrad/parallel/moe_routing.hpp"
 #include "tetrad/parallel/options.hpp"
 #include "tetrad/parallel/parallel_ops.hpp"
 #include "tetrad/parallel/step_context.hpp"
@@ -44,6 +45,15 @@ class TransformerBlock {
   // micro-batch's activations around it).
   virtual int scratch_layer() const = 0;
   virtual void scratch_lost() = 0;
+  // Whether the block runs with its input, output and residual sums as this rank's rows of the
+  // stream (ParallelOptions::sequence_shard; the model refuses the setting for a block without).
+  virtual bool sequence_shardable() const { return false; }
+  // The loss gradient's scale of the coming backward passes (forward_backward's grad_scale): a
+  // block with losses of its own (a mixture of experts' router losses) weights them by it.
+  virtual void set_grad_scale(float) {}
+  // The router's losses and the experts' load since the last call (a mixture of experts; empty
+  // for a dense block).
+  virtual MoeStats take_moe_stats() { return {}; }
 };
 
 // What a block is built from: the model, the parts it computes with (the step context, the

@@ -9,6 +9,7 @@
 #include <sstream>
 #include <thread>
 
+#include "tetrad/comm/roll_call.hpp"
 #include "tetrad/core/error.hpp"
 
 namespace tetrad::parallel {
@@ -139,10 +140,13 @@ void CommQueue::block_until(F&& ready, const char* what) {
   using clock = std::chrono::steady_clock;
   const auto t0 = clock::now();
   const double timeout = comm::collective_timeout();
+  double last = 0, frozen = 0;  // the longest gap between two polls: this process did not run
   for (long polls = 1;; ++polls) {
     poll();
     if (ready()) return;
     const double waited = std::chrono::duration<double>(clock::now() - t0).count();
+    if (waited - last > frozen) frozen = waited - last;
+    last = waited;
     if (waited >= timeout) {
       // Name the oldest pending request (operation, group, count) with the time really waited.
       // A zero-timeout wait marks each pending request abandoned, so their destructors (while
@@ -151,6 +155,8 @@ void CommQueue::block_until(F&& ready, const char* what) {
       TETRAD_CHECK(!ops_.empty());
       const std::string what = ops_.front().request.description();
       const std::string transport = ops_.front().request.transport();
+      // Who stopped (comm/roll_call.hpp), before the pending requests are abandoned.
+      const std::string verdict = comm::roll_call(what, waited, frozen);
       for (Op& op : ops_) {
         try {
           op.request.wait(0.0);
@@ -159,9 +165,11 @@ void CommQueue::block_until(F&& ready, const char* what) {
       }
       fail("rank ", comm::job_rank(), ": ", transport, " ", what, " did not complete within ",
            timeout, " s (waited ",
-           waited, " s, ", ops_.size(), " collective(s) pending): a peer rank may have died or "
-           "stalled, or the ranks of the group called different operations. The timeout is ",
-           comm::collective_timeout_setting(), "; raise it if the peers are only slow");
+           waited, " s, ", ops_.size(), " collective(s) pending): ",
+           verdict.empty() ? "a peer rank may have died or stalled, or the ranks of the group "
+                             "called different operations" : verdict,
+           ". The timeout is ", comm::collective_timeout_setting(),
+           "; raise it if the peers are only slow");
     }
     // As Request::wait: spin first, then give the core to a peer rank (oversubscribed runs).
     if (polls < 2000) continue;

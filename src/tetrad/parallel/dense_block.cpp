@@ -1,6 +1,7 @@
 // DenseBlock (dense_block.hpp): one dense transformer block's wiring on the grid, forward and
-// backward, and the family's block (make_block). The layer's gathered weights are in place and
-// its gradient blocks zeroed by the caller (the model's forward / backward loops).
+// backward (make_block.cpp chooses it or another shape by the family). The layer's gathered
+// weights are in place and its gradient blocks zeroed by the caller (the model's forward /
+// backward loops).
 #include "tetrad/parallel/dense_block.hpp"
 
 #include <algorithm>
@@ -22,10 +23,21 @@ backend::AttentionArgs local_heads(int B, int T, const LocalDims& d, backend::Pr
   a.out_stride = d.Ay; a.out_batch_stride = T * d.Ay;
   return a;
 }
+// ... with the micro-batch's document mask (data.document_mask), when on.
+backend::AttentionArgs local_heads(int B, int T, const StepContext& ctx,
+                                   backend::Precision precision) {
+  backend::AttentionArgs a = local_heads(B, T, ctx.dims, precision);
+  if (ctx.docs.mask) {
+    TETRAD_CHECK(ctx.docs.dev != nullptr, "document mask on without the micro-batch's documents");
+    a.doc_start = ctx.docs.dev;
+    a.doc_batch_stride = T;
+  }
+  return a;
+}
 }  // namespace
 
 DenseBlock::DenseBlock(const BlockParts& p, std::initializer_list<TensorRole> extra)
-    : ctx_(p.ctx), a_(p.acts), ops_(p.ops), mlp_(p.config.desc().mlp),
+    : ctx_(p.ctx), ops_(p.ops), a_(p.acts), mlp_(p.config.desc().mlp),
       positions_(p.config.desc().positions), recompute_(p.recompute),
       attention_precision_(p.attention_precision), max_len_(p.max_len) {
   // Each tensor's place in the block, by its role (fused groups follow their first tensor:
@@ -56,6 +68,9 @@ DenseBlock::DenseBlock(const BlockParts& p, std::initializer_list<TensorRole> ex
       case R::MlpInBias: L.fc_b = ti; break;
       case R::MlpOut: L.fcproj_w = ti; break;
       case R::MlpOutBias: L.fcproj_b = ti; break;
+      case R::Router: case R::ExpertGateUp: case R::ExpertDown:
+        if (p.config.moe()) break;  // the mixture of experts binds its own (MoeBlock)
+        fail("tensor '", s.name, "' (", role_name(s.role), ") in a dense block");
       default: fail("tensor '", s.name, "' (", role_name(s.role), ") inside a block");
     }
   }
@@ -77,6 +92,12 @@ DenseBlock::DenseBlock(const BlockParts& p, std::initializer_list<TensorRole> ex
                                                   p.cp_comm);
 }
 
+const int32_t* DenseBlock::document_positions() const {
+  if (!ctx_.docs.positions) return nullptr;
+  TETRAD_CHECK(ctx_.docs.dev != nullptr, "document positions on without the micro-batch's documents");
+  return ctx_.docs.dev;
+}
+
 backend::RopeArgs DenseBlock::rope_args(float* x, int64_t N, int T, int pos0) const {
   const LocalDims& d = ctx_.dims;
   backend::RopeArgs r;
@@ -88,7 +109,11 @@ backend::RopeArgs DenseBlock::rope_args(float* x, int64_t N, int T, int pos0) co
 void DenseBlock::rope(bool forward, float* x, int B, int T, int pos0) const {
   const backend::OpTable& op = ctx_.ops();
   auto run = forward ? op.rope_forward : op.rope_backward;
-  if (!context_) return run(ctx_.bq(), rope_args(x, int64_t(B) * T, T, pos0));
+  if (!context_) {  // (documents: refused with Gc > 1, ParallelTransformer's check)
+    backend::RopeArgs r = rope_args(x, int64_t(B) * T, T, pos0);
+    r.doc_start = document_positions();
+    return run(ctx_.bq(), r);
+  }
   const ContextSplit& cs = context_->split();
   const int Tc = cs.chunk_len(T);
   for (int b = 0; b < B; ++b)
@@ -100,7 +125,7 @@ void DenseBlock::rope(bool forward, float* x, int B, int T, int pos0) const {
 void DenseBlock::attention(int l, int B, int T) {
   const auto& A = a_.layer[size_t(l)];
   const LocalDims& d = ctx_.dims;
-  const backend::AttentionArgs args = local_heads(B, T, d, attention_precision_);
+  const backend::AttentionArgs args = local_heads(B, T, ctx_, attention_precision_);
   ScopedPhase sp(ctx_.prof, Phase::Attention);
   if (context_) return context_->forward(args, A.atty, A.lse, A.qkv, l);
   ctx_.ops().attention_forward(ctx_.bq(), args, A.atty, A.lse, A.qkv, A.qkv + d.nhy * d.hd,
@@ -147,12 +172,18 @@ void DenseBlock::forward(int l, const float* x, int B, int T, const CachedKv* kv
   ctx_.q().poll();
   ops_.transposed_fwd(GemmSite::Proj, A.resid_mid, x, f32(A.atty), L.proj_w, L.proj_b, N);
   ops_.norm_fwd(A.ln2, A.ln2_mean, A.ln2_rstd, A.resid_mid, L.ln2_w, L.ln2_b, N, A.ln2_16);
+  mlp_forward(l, N);
+  scratch_layer_ = l;  // with recomputation, the shared scratch now holds this layer
+}
+
+void DenseBlock::mlp_forward(int l, int64_t N) {
+  const Weights& L = layers_[size_t(l)];
+  const auto& A = a_.layer[size_t(l)];
   ops_.normal_fwd(GemmSite::Fc, A.fc, act(A.ln2, A.ln2_16), L.fc_w, L.fc_b, N);
   mlp_activation(l, N);
   ctx_.q().poll();
   ops_.transposed_fwd(GemmSite::FcProj, A.resid_out, A.resid_mid, act(A.fc_act, A.fc_act16),
                       L.fcproj_w, L.fcproj_b, N);
-  scratch_layer_ = l;  // with recomputation, the shared scratch now holds this layer
 }
 
 // fc_act = GELU(fc) or SwiGLU(gate, up); in bf16 by the fused producer (or fp32 into dfc_act
@@ -195,19 +226,15 @@ void DenseBlock::backward(int l, const float* x_in, int B, int T) {
     attention(l, B, T);
     scratch_layer_ = l;
   }
-  ops_.linear_bwd(GemmSite::FcProj, a.dfc_act, a.dresid, act(A.fc_act, A.fc_act16), L.fcproj_w,
-                  L.fcproj_b, N);
-  {
-    ScopedPhase sp(ctx_.prof, Phase::Activation);
-    switch (mlp_) {
-      case MlpKind::Gelu: op.gelu_backward(q, a.dfc, a.dfc_act, A.fc, N * d.Fy); break;
-      case MlpKind::SwiGLU: op.swiglu_backward(q, a.dfc, a.dfc_act, A.fc, N, d.Fy); break;
-    }
-  }
-  ops_.linear_bwd(GemmSite::Fc, a.dln, a.dfc, act(A.ln2, A.ln2_16), L.fc_w, L.fc_b, N);
-  ops_.norm_bwd(a.dresid, a.dln, A.resid_mid, A.ln2_mean, A.ln2_rstd, L.ln2_w, L.ln2_b, N);
-  ops_.linear_bwd(GemmSite::Proj, a.datty, a.dresid, f32(A.atty), L.proj_w, L.proj_b, N);
-  const backend::AttentionArgs args = local_heads(B, T, d, attention_precision_);
+  // dresid: the stream's gradient (this rank's rows with sequence sharding: stream_grad gathers
+  // all of them for the transposed layer; the normal layer's summed dIn is again the rows).
+  // The summed dIn of the MLP's first layer: in dln, or its rows in dfull (sequence sharding).
+  mlp_backward(l, N);
+  const float* dln2 = ops_.sequence_sharded() ? a.dfull : a.dln;
+  ops_.norm_bwd(a.dresid, dln2, A.resid_mid, A.ln2_mean, A.ln2_rstd, L.ln2_w, L.ln2_b, N);
+  ops_.linear_bwd(GemmSite::Proj, a.datty, ops_.stream_grad(a.dresid, N), f32(A.atty), L.proj_w,
+                  L.proj_b, N);
+  const backend::AttentionArgs args = local_heads(B, T, ctx_, attention_precision_);
   {
     ScopedPhase sp(ctx_.prof, Phase::Attention);
     const int64_t k0 = d.nhy * d.hd, v0 = (d.nhy + d.nkvy) * d.hd;
@@ -220,8 +247,26 @@ void DenseBlock::backward(int l, const float* x_in, int B, int T) {
   }
   qkv_backward_extra(l, N);
   ctx_.q().poll();
-  ops_.linear_bwd(GemmSite::Qkv, a.dln, a.dqkv, act(A.ln1, A.ln1_16), L.qkv_w, L.qkv_b, N);
-  ops_.norm_bwd(a.dresid, a.dln, x_in, A.ln1_mean, A.ln1_rstd, L.ln1_w, L.ln1_b, N);
+  const float* dln1 = ops_.linear_bwd(GemmSite::Qkv, a.dln, a.dqkv, act(A.ln1, A.ln1_16), L.qkv_w, L.qkv_b, N);
+  ops_.norm_bwd(a.dresid, dln1, x_in, A.ln1_mean, A.ln1_rstd, L.ln1_w, L.ln1_b, N);
+}
+
+void DenseBlock::mlp_backward(int l, int64_t N) {
+  const Weights& L = layers_[size_t(l)];
+  const ParallelActivations& a = a_;
+  const auto& A = a.layer[size_t(l)];
+  const backend::OpTable& op = ctx_.ops();
+  backend::Queue& q = ctx_.bq();
+  ops_.linear_bwd(GemmSite::FcProj, a.dfc_act, ops_.stream_grad(a.dresid, N),
+                  act(A.fc_act, A.fc_act16), L.fcproj_w, L.fcproj_b, N);
+  {
+    ScopedPhase sp(ctx_.prof, Phase::Activation);
+    switch (mlp_) {
+      case MlpKind::Gelu: op.gelu_backward(q, a.dfc, a.dfc_act, A.fc, N * ctx_.dims.Fy); break;
+      case MlpKind::SwiGLU: op.swiglu_backward(q, a.dfc, a.dfc_act, A.fc, N, ctx_.dims.Fy); break;
+    }
+  }
+  ops_.linear_bwd(GemmSite::Fc, a.dln, a.dfc, act(A.ln2, A.ln2_16), L.fc_w, L.fc_b, N);
 }
 
 }  // namespace tetrad::parallel

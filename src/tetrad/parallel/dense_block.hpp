@@ -32,6 +32,18 @@ class DenseBlock : public TransformerBlock {
   void backward(int l, const float* x_in, int B, int T) override;
   int scratch_layer() const override { return scratch_layer_; }
   void scratch_lost() override { scratch_layer_ = -1; }
+  bool sequence_shardable() const override { return true; }
+
+ protected:
+  // The block's MLP (another block shape replaces it: moe_block.hpp): forward from ln2 (its
+  // normalised input, in place) to resid_out = resid_mid + MLP; backward from dresid (the
+  // gradient of its output) to dln (the gradient of ln2), its weights' gradients accumulated.
+  virtual void mlp_forward(int l, int64_t N);
+  virtual void mlp_backward(int l, int64_t N);
+
+  const StepContext& ctx_;
+  ParallelOps& ops_;
+  const ParallelActivations& a_;
 
  protected:
   // A block of another shape built on this one (QkNormBlock): `extra` are the roles it binds
@@ -41,9 +53,6 @@ class DenseBlock : public TransformerBlock {
   // rows [N, QKVy]; and its backward, on dqkv after the rotary adjoint, before the projection's.
   virtual void qkv_forward_extra(int l, int64_t N) { (void)l; (void)N; }
   virtual void qkv_backward_extra(int l, int64_t N) { (void)l; (void)N; }
-
-  const StepContext& ctx_;
-  const ParallelActivations& a_;
 
  private:
   // One layer's tensors (parameter table indices; -1 where the family has none).
@@ -60,11 +69,12 @@ class DenseBlock : public TransformerBlock {
   // fc_act = GELU(fc) or SwiGLU(gate, up) of layer l (or its bf16 form).
   void mlp_activation(int l, int64_t N);
   backend::RopeArgs rope_args(float* x, int64_t N, int T, int pos0) const;
+  // The micro-batch's document starts when positions restart per document (RopeArgs::doc_start).
+  const int32_t* document_positions() const;
   // RoPE (forward or its adjoint) on B sequences of T local tokens of x at their true positions
   // (with Gc > 1 each local chunk at its chunk's offset).
   void rope(bool forward, float* x, int B, int T, int pos0) const;
 
-  ParallelOps& ops_;
   std::vector<Weights> layers_;
   MlpKind mlp_;
   Positions positions_;

@@ -31,6 +31,9 @@ void ParallelTransformer::start_cache(int B) {
   if (ctx_.shape().p() > 1)
     fail("decoding with a KV cache on a pipeline grid (Gp = ", ctx_.shape().p(),
          ") is not implemented; use a grid without a pipeline axis (x,y,z,d)");
+  if (ops_->sequence_sharded())
+    fail("decoding with a KV cache under parallel.sequence_shard (Gy = ", ctx_.shape().y(),
+         ") is not implemented; build the model with parallel.sequence_shard = false");
   if (ctx_.shape().c() > 1)
     fail("decoding with a KV cache on a context-parallel grid (c=", ctx_.shape().c(),
          ") is not implemented; use a grid without the context axis (e.g. --grid d=",
@@ -59,6 +62,7 @@ const float* ParallelTransformer::decode(const int32_t* tokens, int B, int Tq) {
   const int L = cfg_.n_layer;
   Acts& a = *a_;
   gather_->ensure_bf16_copy();
+  ctx_.docs = MicroBatchDocuments{};  // the cache holds one document per sequence
   set_layer(-1);
   gather_->issue(-1);
   if (L > 0 && ov_.prefetch_depth > 0) {

@@ -22,6 +22,9 @@ struct LocalDims {
   int64_t Fy = 0;    // MLP hidden slice ffn / Gy (the activation's output)
   int64_t FWy = 0;   // the MLP's first GEMM's output: Fy (GELU) or gate|up, 2 Fy (SwiGLU)
   int64_t Vy = 0;    // vocabulary slice V / Gy
+  // A mixture of experts (0 for a dense model): the experts E, and per token its k expert rows'
+  // widths: k C (inputs and outputs), k 2F (gate|up), k F (the SwiGLU activation).
+  int64_t E = 0, kC = 0, kFW = 0, kF = 0;
 
   // The widest output of a linear layer (the bf16 gradient copies hold any of them).
   int64_t max_linear_out() const { return std::max({QKVy, FWy, Cx, Vy}); }
@@ -40,6 +43,13 @@ struct LocalDims {
     d.Fy = cfg.ffn / g.y();
     d.FWy = cfg.desc().mlp_in_factor() * d.Fy;
     d.Vy = cfg.vocab_size / g.y();
+    if (cfg.moe()) {  // the experts are whole on every rank (Gx = Gy = 1, validate_grid_for_model)
+      const int64_t k = cfg.experts_per_token;
+      d.E = cfg.n_experts;
+      d.kC = k * cfg.n_embd;
+      d.kFW = k * 2 * cfg.ffn;
+      d.kF = k * cfg.ffn;
+    }
     return d;
   }
 };

@@ -135,6 +135,25 @@ struct ParallelOptions {
   // Blocking (no overlap for these collectives); refused on NCCL. The small replicated tensors'
   // sums over Z (ZeRO) and the top-level sums over P stay fp32 (docs/precision.md).
   bool grad_comm_bf16 = false;
+  // parallel.sequence_shard (Megatron's sequence parallelism in the 3D algorithm's terms,
+  // 4d-parallelism.md): the residual stream [N, C/Gx], replicated over Y without it, is split
+  // along the tokens over Y (N/Gy rows per rank): the norms and residual adds run on the rank's
+  // rows only, and the stored block outputs (what full recomputation keeps, and a pipeline
+  // stage's stash) take 1/Gy of the memory. A transposed layer's forward all-reduce over Y
+  // becomes a reduce-scatter over Y and the norm's output is all-gathered over Y before the next
+  // normal layer; in the backward a normal layer's dIn all-reduce over Y becomes a
+  // reduce-scatter and the stream's gradient is all-gathered before a transposed layer's
+  // backward: the same bytes. The norm weights' gradients (partial over the rank's rows) are
+  // summed over Y. Changes fp32 results at rounding level (the norm weights' gradient sums in
+  // another order; a reduce-scatter may sum in another order than the all-reduce for Gy > 2):
+  // off by default (docs/parallel.md, "Sequence sharding"). Gy = 1: nothing to shard.
+  bool sequence_shard = false;
+  // data.document_mask: attention stays inside each document of a packed sequence (block-
+  // diagonal causal); data.document_positions: positions (rotary or learned) restart at 0 at
+  // each document's first token. Either needs the documents of every batch the model runs
+  // (ParallelTransformer::set_documents); the mask needs Capabilities::attention_document_mask.
+  bool document_mask = false;
+  bool document_positions = false;
 };
 
 }  // namespace tetrad::parallel

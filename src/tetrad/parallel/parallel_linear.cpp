@@ -23,11 +23,31 @@ namespace tetrad::parallel {
 ParallelOps::ParallelOps(const StepContext& ctx, const WeightGatherer& weights, GradReducer& grads,
                          const GemmLayoutPlan& layouts, const OverlapOptions& overlap,
                          backend::Precision precision, bool bf16_activations, NormKind norm,
-                         int64_t n_embd, float norm_eps, Scratch scratch, int64_t tokens)
+                         int64_t n_embd, float norm_eps, Scratch scratch, int64_t tokens,
+                         bool sequence_shard)
     : ctx_(ctx), weights_(weights), grads_(grads), layouts_(layouts),
       forward_chunks_(overlap.forward_chunks), backward_allreduce_(overlap.backward_allreduce),
       precision_(precision), bf16_acts_(bf16_activations), norm_(norm), n_embd_(n_embd),
-      eps_(norm_eps), scratch_(scratch), stats_(*ctx.be, size_t(tokens) * 2) {}
+      eps_(norm_eps), scratch_(scratch), stats_(*ctx.be, size_t(tokens) * 2) {
+  if (sequence_shard && ctx.shape().y() > 1) {
+    TETRAD_CHECK(scratch_.dfull, "sequence sharding without the dfull scratch");
+    shard_ = ctx.shape().y();
+    shard_index_ = ctx.g().coord.y();
+    norm_grads_ = backend::DeviceArray<float>(*ctx.be, size_t(2 * ctx.dims.Cx));
+  }
+}
+
+const float* ParallelOps::stream_grad(const float* d, int64_t N) {
+  if (shard_ == 1) return d;
+  const int64_t n = stream_rows(N) * ctx_.dims.Cx;
+  float* full = scratch_.dfull;
+  ctx_.copy_dev(full + n * shard_index_, d, n);
+  const comm::Communicator& gy = ctx_.g().y();
+  ctx_.q().run(gy.iallgather(full + n * shard_index_, full, size_t(n), ctx_.q().ready()), gy,
+               "allgather", "stream grad", ctx_.prof ? ctx_.prof->layer : -2,
+               n * shard_ * int64_t(sizeof(float)));
+  return full;
+}
 
 Operand ParallelOps::weight_operand(int i) const {
   if (weights_.bf16()) return {weights_.weight16(i), backend::DType::BF16};
@@ -104,6 +124,21 @@ void ParallelOps::transposed_fwd(GemmSite site, float* out, const float* resid,
   TETRAD_CHECK(linear_spec(site).kind == LinearKind::Transposed, gemm_site_name(site),
                ": not transposed");
   float* tmp = scratch_.tmp;
+  if (shard_ > 1) {  // the sum over Y scattered by rows: this rank's rows land in out
+    const LinearSpec& spec = linear_spec(site);
+    const int64_t k_in = ctx_.dims.*spec.in, Cx = ctx_.dims.Cx, rows = stream_rows(N);
+    TETRAD_CHECK(ctx_.dims.*spec.out == Cx && collectives(spec.kind).forward == Axis::Y);
+    const char* what = gemm_site_name(site);
+    gemm(what, false, true, N, Cx, k_in, in, k_in, weight_operand(wi), k_in, 0.0f, tmp, Cx,
+         product_of(layouts_.at(site).fwd));
+    const comm::Communicator& gy = ctx_.g().y();
+    ctx_.q().run(gy.ireduce_scatter_sum(tmp, out, size_t(rows * Cx), ctx_.q().ready()), gy,
+                 "reduce_scatter", what, ctx_.prof ? ctx_.prof->layer : -2,
+                 N * Cx * int64_t(sizeof(float)));
+    ScopedPhase sp(ctx_.prof, Phase::Residual);
+    ctx_.ops().residual_add(ctx_.bq(), out, resid, out, w(bi), rows, Cx);
+    return;
+  }
   gemm_allreduce(site, tmp, in, wi, N);
   ScopedPhase sp(ctx_.prof, Phase::Residual);
   ctx_.ops().residual_add(ctx_.bq(), out, resid, tmp, w(bi), N, ctx_.dims.Cx);
@@ -120,8 +155,8 @@ void ParallelOps::bias_bwd(float* db, const float* dout, int64_t width, int64_t 
 // or by the polls after it). With bf16 activations dout is cast to bf16 once for both GEMMs, as
 // stored (dY16) and/or transposed (dY16ᵀ), whichever the site's layout plan reads
 // (gemm_layouts.hpp: dx NN reads dY16, TN dY16ᵀ; dw NN reads dY16ᵀ, TN dY16).
-void ParallelOps::linear_bwd(GemmSite site, float* din, const float* dout,
-                             Operand in, int wi, int bi, int64_t N, bool dout16_ready) {
+const float* ParallelOps::linear_bwd(GemmSite site, float* din, const float* dout,
+                                     Operand in, int wi, int bi, int64_t N, bool dout16_ready) {
   const char* what = gemm_site_name(site);
   const LinearSpec& spec = linear_spec(site);
   const int64_t k_in = ctx_.dims.*spec.in, n_out = ctx_.dims.*spec.out;
@@ -155,17 +190,34 @@ void ParallelOps::linear_bwd(GemmSite site, float* din, const float* dout,
   else
     gemm(what, false, false, N, k_in, n_out, dy, n_out, weight_operand(wi), k_in, 0.0f, din, k_in,
          product_of(lay.dx));
+  // Sequence sharding: a normal layer's dIn (the stream's gradient, summed over Y) is
+  // reduce-scattered by rows into dfull instead of all-reduced.
+  const bool scatter = shard_ > 1 && collectives(spec.kind).backward == Axis::Y;
+  auto start = [&] {
+    const int layer = ctx_.prof ? ctx_.prof->layer : -2;
+    const int64_t bytes = N * k_in * int64_t(sizeof(float));
+    if (scatter)
+      return ctx_.q().start(group.ireduce_scatter_sum(din, scratch_.dfull, size_t(stream_rows(N) * k_in),
+                                                      ctx_.q().ready()),
+                            group, "reduce_scatter", what, layer, bytes);
+    return ctx_.q().start(group.iallreduce_sum(din, size_t(N * k_in), ctx_.q().ready()), group,
+                          "allreduce", what, layer, bytes);
+  };
   if (backward_allreduce_ && group.size() > 1) {
-    const auto t = ctx_.q().start(group.iallreduce_sum(din, size_t(N * k_in), ctx_.q().ready()), group, "allreduce",
-                            what, ctx_.prof ? ctx_.prof->layer : -2, N * k_in * int64_t(sizeof(float)));
+    const auto t = start();
     weight_grad();
     bias_bwd(gw(bi), dout, n_out, N);
     ctx_.q().wait(t);
-    return;
+    return scatter ? scratch_.dfull : din;
   }
   weight_grad();
   bias_bwd(gw(bi), dout, n_out, N);
-  ctx_.sum_over(group, din, N * k_in, what);
+  if (!scatter) {
+    ctx_.sum_over(group, din, N * k_in, what);
+    return din;
+  }
+  ctx_.q().wait(start());
+  return scratch_.dfull;
 }
 
 std::pair<uint16_t*, uint16_t*> ParallelOps::dy16_copies(GemmSite site) const {

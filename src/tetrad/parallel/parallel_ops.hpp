@@ -47,13 +47,14 @@ class ParallelOps {
   struct Scratch {
     float* tmp = nullptr;
     uint16_t *dout16 = nullptr, *dout16_t = nullptr;
+    float* dfull = nullptr;  // "dfull": with sequence sharding only
   };
   // layouts: the model's GEMM layout plan (read at every GEMM: set_gemm_layout_plan may change
   // it); tokens: the most tokens of one micro-batch on this rank.
   ParallelOps(const StepContext& ctx, const WeightGatherer& weights, GradReducer& grads,
               const GemmLayoutPlan& layouts, const OverlapOptions& overlap,
               backend::Precision precision, bool bf16_activations, NormKind norm, int64_t n_embd,
-              float norm_eps, Scratch scratch, int64_t tokens);
+              float norm_eps, Scratch scratch, int64_t tokens, bool sequence_shard = false);
   ParallelOps(const ParallelOps&) = delete;
   ParallelOps& operator=(const ParallelOps&) = delete;
 
@@ -73,20 +74,37 @@ class ParallelOps {
   void gemm_allreduce(GemmSite site, float* out, Operand in, int wi, int64_t N);
   // Normal layer: gemm_allreduce + bias bi.
   void normal_fwd(GemmSite site, float* out, Operand in, int wi, int bi, int64_t N);
-  // Transposed layer + residual: out = resid + all-reduce_Y(in · Wᵀ) + bias bi.
+  // Transposed layer + residual: out = resid + all-reduce_Y(in · Wᵀ) + bias bi. With sequence
+  // sharding out and resid are this rank's rows of the stream and the sum over Y is a
+  // reduce-scatter of the rows.
   void transposed_fwd(GemmSite site, float* out, const float* resid, Operand in, int wi, int bi,
                       int64_t N);
   // din = all-reduce over the adjoint's group of dout · W; dW += doutᵀ · in; bias. dout16_ready:
   // dout's bf16 copies the site's layout reads are already in place (dy16_copies; the loss wrote
   // them), so no cast runs and dout is read only for the bias.
-  void linear_bwd(GemmSite site, float* din, const float* dout, Operand in, int wi, int bi,
-                  int64_t N, bool dout16_ready = false);
+  // Returns where the summed input gradient is: din, or with sequence sharding and a normal
+  // layer (whose dIn is summed over Y) this rank's rows of it, reduce-scattered over Y into the
+  // "dfull" scratch (din then holds only the partial sums).
+  const float* linear_bwd(GemmSite site, float* din, const float* dout, Operand in, int wi, int bi,
+                          int64_t N, bool dout16_ready = false);
+  // Sequence sharding: the stream's gradient d (this rank's rows) all-gathered over Y into the
+  // "dfull" scratch, all N rows (the input of a transposed layer's backward and of the
+  // embedding's); d itself without sharding.
+  const float* stream_grad(const float* d, int64_t N);
+  // The rows of the residual stream this rank holds of N tokens (N / Gy with sequence sharding),
+  // and the first of them.
+  int64_t stream_rows(int64_t N) const { return N / shard_; }
+  int64_t stream_row0(int64_t N) const { return stream_rows(N) * shard_index_; }
+  bool sequence_sharded() const { return shard_ > 1; }
   // With bf16 activations, the bf16 copies of a site's dY its backward GEMMs read: as stored
   // and / or transposed; null where its layout reads none.
   std::pair<uint16_t*, uint16_t*> dy16_copies(GemmSite site) const;
 
   // parallel_norm.cpp: LayerNorm / RMSNorm of x [N, Cx] with weight wi and bias bi. out16 (not
-  // null): the normalised output in bf16 only (out unused).
+  // null): the normalised output in bf16 only (out unused). With sequence sharding x, mean and
+  // rstd are this rank's rows of the stream (stream_rows(N)) and the output, all N rows, is
+  // all-gathered over Y; in the backward dx, dout, x and the statistics are the rank's rows and
+  // the weight gradients are summed over Y.
   void norm_fwd(float* out, float* mean, float* rstd, const float* x, int wi, int bi, int64_t N,
                 uint16_t* out16 = nullptr);
   // dx += the norm's backward of dout; the weight and bias gradients accumulate.
@@ -113,7 +131,9 @@ class ParallelOps {
   int64_t n_embd_;
   float eps_;
   Scratch scratch_;
+  int shard_ = 1, shard_index_ = 0;  // sequence sharding: Gy and y (1 and 0 without)
   backend::DeviceArray<double> stats_;  // [N, 2] row statistics for the norms' all-reduces
+  backend::DeviceArray<float> norm_grads_;  // sequence sharding: [2, Cx] partial weight grads
 };
 
 }  // namespace tetrad::parallel

@@ -47,6 +47,7 @@ ParallelTransformer::ParallelTransformer(const ModelConfig& config, ProcessGroup
     if (opt_.grad_comm_bf16 && c->size() > 1 && std::string(c->transport()) == "NCCL")
       fail("train.grad_comm_precision = \"bf16\" is not implemented on NCCL (group '", c->name(),
            "'); use \"fp32\"");
+  check_document_options();
   if (ov_.prefetch_depth < 0) fail("parallel.prefetch_depth must be >= 0, got ", ov_.prefetch_depth);
   if (ov_.forward_chunks < 1) fail("parallel.forward_chunks must be >= 1, got ", ov_.forward_chunks);
   if (!(ov_.dp_bucket_mb >= 0)) fail("parallel.dp_bucket_mb must be >= 0, got ", ov_.dp_bucket_mb);
@@ -85,6 +86,9 @@ ParallelTransformer::ParallelTransformer(const ModelConfig& config, ProcessGroup
   if (bf16_weights && !be->capabilities().gemm_bf16_storage)
     fail("bf16 weight copy: backend '", be->name(), "' cannot read bf16-stored GEMM operands "
          "(Capabilities::gemm_bf16_storage); set ParallelOptions::bf16_weight_copy = false");
+  if (cfg_.moe() && precision_ == backend::Precision::BF16)
+    fail("precision bf16: ", cfg_.desc().display, "'s mixture of experts runs in fp32 only (bf16 "
+         "expert GEMMs are not implemented); set train.precision = \"fp32\"");
   bf16_acts_ = precision_ == backend::Precision::BF16 && opt_.bf16_activations;
   wgrad_nn_ = bf16_acts_ && opt_.bf16_weight_grad_nn && be->capabilities().bf16_producers;
 
@@ -114,6 +118,7 @@ ParallelTransformer::ParallelTransformer(const ModelConfig& config, ProcessGroup
                                           int64_t(local_batch) * local_len_);
 
   const int64_t N = int64_t(local_batch) * local_len_;
+  check_sequence_shard(opt_, G, N);
   layer_slots_ = layer_slots(cfg_.n_layer, split_, G.p(), groups.coord.p());
   // The activation buffer and its views, both from the spec list (activation_layout.hpp).
   const ActivationSizes sz = activation_sizes(opt_.recompute);
@@ -123,12 +128,16 @@ ParallelTransformer::ParallelTransformer(const ModelConfig& config, ProcessGroup
   // The parts, on the buffers above (their own scratch allocated by each).
   ops_ = std::make_unique<ParallelOps>(
       ctx_, *gather_, *reduce_, layouts_, ov_, precision_, bf16_acts_, cfg_.desc().norm,
-      cfg_.n_embd, cfg_.norm_eps, ParallelOps::Scratch{a_->tmp, a_->dout16, a_->dout16_t}, N);
+      cfg_.n_embd, cfg_.norm_eps,
+      ParallelOps::Scratch{a_->tmp, a_->dout16, a_->dout16_t, a_->dfull}, N, opt_.sequence_shard);
   vocab_ = std::make_unique<VocabParallel>(
       ctx_, *ops_, *reduce_, *a_, VocabParallel::Tensors{wte_, wpe_, head_}, cfg_.vocab_size, N,
       local_batch, bf16_acts_ && G.p() == 1 && be->capabilities().bf16_loss_grad);
   block_ = make_block(BlockParts{cfg_, table_, ctx_, *ops_, *a_, opt_.recompute,
                                  attention_precision_, max_len_, local_batch_, opt_.cp_comm});
+  if (ops_->sequence_sharded() && !block_->sequence_shardable())
+    fail("parallel.sequence_shard is not implemented for the blocks of model family '",
+         family_name(cfg_.family), "'; set parallel.sequence_shard = false");
 
   // The GEMM layout of every site: given, tuned here (collective over the world), or the rule.
   layouts_ = rule_gemm_layouts();
@@ -155,7 +164,7 @@ ParallelTransformer::~ParallelTransformer() = default;
 
 ParallelTransformer::ActivationSizes ParallelTransformer::activation_sizes(Recompute mode) const {
   return parallel::activation_sizes(cfg_, ctx_.shape(), local_batch_, max_len_, bf16_acts_, mode,
-                                    layer_slots_);
+                                    layer_slots_, seq_shard_ways(opt_, ctx_.shape()));
 }
 
 int64_t ParallelTransformer::activation_bytes(Recompute mode) const {
@@ -188,8 +197,12 @@ void ParallelTransformer::forward_chunk(int l0, int l1, bool embed, bool head,
          " (model.max_seq / train.seq_len)");
   }
   const int64_t N = int64_t(B) * T;
+  if (ops_->sequence_sharded() && N % ctx_.shape().y() != 0)
+    fail("parallel.sequence_shard: a micro-batch of ", B, " x ", T, " tokens on this rank does "
+         "not split evenly over Gy = ", ctx_.shape().y());
   Acts& a = *a_;
   gather_->ensure_bf16_copy();
+  select_documents(inputs, B, T);
 
   set_layer(-1);
   if (embed || head) gather_->issue(-1);
@@ -214,8 +227,11 @@ void ParallelTransformer::forward_chunk(int l0, int l1, bool embed, bool head,
   vocab_->head_forward(N);
 }
 
+MoeStats ParallelTransformer::take_moe_stats() { return block_->take_moe_stats(); }
+
 double ParallelTransformer::chunk_loss(const int32_t* targets, int B, int T, float grad_scale,
                                        bool with_grad) {
+  if (with_grad) block_->set_grad_scale(grad_scale);
   return vocab_->cross_entropy(targets, int64_t(B) * T, grad_scale, with_grad);
 }
 
@@ -231,6 +247,7 @@ double ParallelTransformer::forward_backward(const int32_t* inputs, const int32_
   ScopedPhase sp(ctx_.prof, Phase::Other);
   forward(inputs, B, T);
   const double loss = vocab_->cross_entropy(targets, int64_t(B) * T, grad_scale, true);
+  block_->set_grad_scale(grad_scale);
   backward(inputs, B, T);
   reduce_->micro_batch_done();
   set_layer(-2);
@@ -249,6 +266,7 @@ void ParallelTransformer::backward_chunk(int l0, int l1, bool embed, bool head,
   const int64_t N = int64_t(B) * T;
   Acts& a = *a_;
   gather_->ensure_bf16_copy();
+  select_documents(inputs, B, T);
 
   set_layer(-1);
   if (embed || head) {
@@ -259,13 +277,14 @@ void ParallelTransformer::backward_chunk(int l0, int l1, bool embed, bool head,
     vocab_->start_embedding_ids(inputs, N);
   if (head) {
     const float* x_last = l1 > 0 ? a.layer[l1 - 1].resid_out : a.emb;
-    vocab_->head_backward(a.dln, N);  // dlogits [N, Vy] -> dlnf [N, Cx]
+    const float* dlnf = vocab_->head_backward(a.dln, N);  // dlogits [N, Vy] -> dlnf [N, Cx]
     if (reduce_->sparse_embedding()) reduce_->scatter_top(/*head_part=*/true);
-    ctx_.zero_dev(a.dresid, N * ctx_.dims.Cx);
-    ops_->norm_bwd(a.dresid, a.dln, x_last, a.lnf_mean, a.lnf_rstd, lnf_w_, lnf_b_, N);
+    ctx_.zero_dev(a.dresid, ops_->stream_rows(N) * ctx_.dims.Cx);
+    ops_->norm_bwd(a.dresid, dlnf, x_last, a.lnf_mean, a.lnf_rstd, lnf_w_, lnf_b_, N);
   } else {
     // From the next stage, in host memory (the pipeline's receive buffer).
-    ctx_.bq().copy_to_device(a.dresid, dout, size_t(N * ctx_.dims.Cx) * sizeof(float));
+    ctx_.bq().copy_to_device(a.dresid, dout,
+                             size_t(ops_->stream_rows(N) * ctx_.dims.Cx) * sizeof(float));
   }
 
   for (int l = l1 - 1; l >= l0; --l) {
@@ -280,11 +299,13 @@ void ParallelTransformer::backward_chunk(int l0, int l1, bool embed, bool head,
   }
   set_layer(-1);
 
-  if (embed) vocab_->embedding_backward(inputs, N, T);
+  // The embedding's gradient: all N rows of the stream's (gathered over Y with sequence sharding).
+  const float* demb = embed ? ops_->stream_grad(a.dresid, N) : nullptr;
+  if (embed) vocab_->embedding_backward(demb, inputs, N, T);
   if (embed || head) {
     if (reduce_->sparse_embedding()) {  // Gp = 1: embed and head together
       reduce_->scatter_top(/*head_part=*/false);
-      reduce_->accumulate_embedding_rows(a.dresid, N);
+      reduce_->accumulate_embedding_rows(demb, N);
     } else {
       reduce_->scatter_layer(-1);
     }

@@ -38,6 +38,7 @@
 #include "tetrad/parallel/grad_reduction.hpp"
 #include "tetrad/parallel/linear_layers.hpp"
 #include "tetrad/parallel/local_dims.hpp"
+#include "tetrad/parallel/moe_routing.hpp"
 #include "tetrad/parallel/memory_model.hpp"
 #include "tetrad/parallel/options.hpp"
 #include "tetrad/parallel/process_groups.hpp"
@@ -158,6 +159,9 @@ class ParallelTransformer {
   // a run that ends leaves no request to its destructors.
   void finish_communication() { ctx_.q().wait_all(); }
   void zero_grads();
+  // A mixture of experts' router losses and expert load over the forward passes since the last
+  // call (empty for a dense model): moe_routing.hpp's MoeStats.
+  MoeStats take_moe_stats();
   // zero_grads() for a step of `micro_batches` forward_backward calls: during the last one,
   // data-parallel buckets start as soon as their gradients are final (OverlapOptions::dp_overlap).
   // Without it (zero_grads only) every data-parallel reduction waits for reduce_gradients().
@@ -172,6 +176,15 @@ class ParallelTransformer {
   // Returns this rank's Σ loss over kept targets (sum over Z x D for the global figure).
   double forward_backward(const int32_t* inputs, const int32_t* targets, int B, int T,
                           float grad_scale);
+  // The documents of the tokens the next calls run (ParallelOptions::document_mask,
+  // document_positions; documents.cpp): doc_start holds, for each of the n tokens at `tokens`
+  // (a step's micro-batches or one batch, host memory, same layout), the position in its
+  // sequence where its document begins (data::DataLoader::next_batch). A forward or backward
+  // whose inputs lie inside [tokens, tokens + n) runs with the matching rows; with either option
+  // on, one whose inputs lie outside is an Error (a batch without its documents). The arrays
+  // must outlive those calls. Options off: ignored.
+  void set_documents(const int32_t* tokens, const int32_t* doc_start, int64_t n);
+  bool uses_documents() const { return opt_.document_mask || opt_.document_positions; }
   double forward_loss(const int32_t* inputs, const int32_t* targets, int B, int T);
   // Greedy decoding on the grid: forward over this rank's [B, T] tokens, then for each sequence
   // the argmax over the whole vocabulary of its last position's logits (each Y slice's winner
@@ -216,6 +229,9 @@ class ParallelTransformer {
   void backward_chunk(int l0, int l1, bool embed, bool head, const int32_t* inputs,
                       const float* dout, int B, int T);
   float* chunk_input(int l0);
+  // Floats of the hidden state a chunk passes on for B x T tokens: [N, C/Gx], or this rank's
+  // N/Gy rows of it with sequence sharding (ParallelOptions::sequence_shard).
+  int64_t hidden_floats(int B, int T) const;
   const float* chunk_output(int l1) const;
   const float* input_grad() const;
   // The activations a chunk's backward needs, copied out after its forward and back before its
@@ -265,6 +281,11 @@ class ParallelTransformer {
   // pipeline_chunks.cpp: stage ownership and the activation regions a chunk stashes.
   bool owns(const TensorShard& t) const { return stage_owns(t, ctx_.g().coord); }
   std::vector<std::pair<float*, size_t>> chunk_regions(int l0, int l1, bool embed, bool head);
+
+  // documents.cpp: the options checked at construction; the rows of the micro-batch whose
+  // tokens are at `inputs` (set_documents) into ctx_.docs, uploaded to the device.
+  void check_document_options() const;
+  void select_documents(const int32_t* inputs, int B, int T);
 
   // kv_decode.cpp: layer l's cached keys and values.
   float* cache_k(int l);
@@ -324,6 +345,12 @@ class ParallelTransformer {
   // batch and next position (-1: no cache started).
   backend::DeviceBuffer kv_cache_;
   int cache_b_ = 0, cache_pos_ = -1;
+  // documents.cpp: the registered tokens and their document starts (host), the selected
+  // micro-batch's rows on the device.
+  const int32_t* doc_tokens_ = nullptr;
+  const int32_t* doc_starts_ = nullptr;
+  int64_t doc_n_ = 0;
+  backend::DeviceBuffer doc_dev_;
   // Declared after every buffer a collective reads or writes, so it is destroyed first: requests
   // still pending when an error unwinds are finished (or abandoned) while their buffers exist.
   // The model's code reaches it through ctx_.

@@ -54,7 +54,7 @@ double PipelineDriver::step(const int32_t* inputs, const int32_t* targets, int B
   const auto t_start = std::chrono::steady_clock::now();
   wait_s_ = 0;
   const int V = p_ * v_;
-  const int64_t n = int64_t(B) * T * (m_.config().n_embd / g_.shape.x());  // hidden [N, C/Gx]
+  const int64_t n = m_.hidden_floats(B, T);  // hidden [N, C/Gx] (N/Gy rows: sequence sharding)
   const int next = (s_ + 1) % p_, prev = (s_ + p_ - 1) % p_;
   const std::vector<PipeOp> ops = pipeline_schedule(schedule_, p_, s_, m_micro_, v_);
   op_s_.assign(ops.size(), 0.0);
@@ -127,7 +127,7 @@ double PipelineDriver::step(const int32_t* inputs, const int32_t* targets, int B
 }
 
 int64_t PipelineDriver::stash_peak_bytes(int B, int T) {
-  const int64_t n = int64_t(B) * T * (m_.config().n_embd / g_.shape.x());
+  const int64_t n = m_.hidden_floats(B, T);
   int64_t alive = 0, peak = 0;
   for (const PipeOp& op : pipeline_schedule(schedule_, p_, s_, m_micro_, v_)) {
     const Chunk ch = chunk(op.chunk);
@@ -140,7 +140,7 @@ int64_t PipelineDriver::stash_peak_bytes(int B, int T) {
 
 double PipelineDriver::forward_loss(const int32_t* inputs, const int32_t* targets, int B, int T) {
   const int V = p_ * v_;
-  const int64_t n = int64_t(B) * T * (m_.config().n_embd / g_.shape.x());
+  const int64_t n = m_.hidden_floats(B, T);
   const int next = (s_ + 1) % p_, prev = (s_ + p_ - 1) % p_;
   std::vector<comm::Request> sends;
   double loss = 0;

@@ -9,6 +9,7 @@
 #include "tetrad/core/error.hpp"
 #include "tetrad/parallel/activation_layout.hpp"
 #include "tetrad/parallel/block.hpp"
+#include "tetrad/parallel/parallel_ops.hpp"
 
 namespace tetrad::parallel {
 
@@ -20,6 +21,10 @@ int ParallelTransformer::layer_stage(int l) const {
 float* ParallelTransformer::chunk_input(int l0) {
   return l0 == 0 ? a_->emb : a_->layer[l0 - 1].resid_out;
 }
+int64_t ParallelTransformer::hidden_floats(int B, int T) const {
+  return ops_->stream_rows(int64_t(B) * T) * ctx_.dims.Cx;
+}
+
 const float* ParallelTransformer::chunk_output(int l1) const {
   return l1 == 0 ? a_->emb : a_->layer[l1 - 1].resid_out;
 }

@@ -7,8 +7,8 @@
 namespace tetrad::parallel {
 
 QkNormBlock::QkNormBlock(const BlockParts& p)
-    : DenseBlock(p, {TensorRole::QNorm, TensorRole::KNorm}), ops_(p.ops),
-      norms_(size_t(p.config.n_layer)), eps_(p.config.norm_eps) {
+    : DenseBlock(p, {TensorRole::QNorm, TensorRole::KNorm}), norms_(size_t(p.config.n_layer)),
+      eps_(p.config.norm_eps) {
   for (size_t i = 0; i < p.table.specs.size(); ++i) {
     const ParamSpec& s = p.table.specs[i];
     if (s.layer < 0) continue;

@@ -27,7 +27,6 @@ class QkNormBlock final : public DenseBlock {
   // The op's arguments for this rank's q heads (k = false) or k heads of layer l.
   backend::HeadNormArgs args(int l, int64_t N, bool k, float* rows) const;
 
-  ParallelOps& ops_;
   std::vector<Norms> norms_;
   float eps_;
   backend::DeviceBuffer dw_;  // [head_dim]: one norm's weight gradient of this rank's heads

@@ -20,6 +20,10 @@ void validate_grid_for_model(const ModelConfig& c, const GridShape& g) {
   divides("model.ffn", c.ffn, "x", g.x());
   divides("model.ffn", c.ffn, "y", g.y());
   divides("model.vocab_size", c.vocab_size, "y", g.y());
+  if (c.moe() && (g.x() > 1 || g.y() > 1))
+    fail("grid: ", c.desc().display, "'s experts split over the tensor axes (Gx = ", g.x(),
+         ", Gy = ", g.y(), ") are not implemented; a mixture-of-experts model runs with Gx = Gy = 1 "
+         "(Z, D and P as for a dense model)");
 }
 
 namespace {
@@ -87,6 +91,11 @@ TensorShard block_of(const ModelConfig& c, const ParamSpec& s, const GridShape& 
     case R_::Gate:
     case R_::Up:
       normal(slice_rows(R, g.y(), at.y()));
+      break;
+    case R_::Router:  // the mixture of experts' tensors: whole on Gx = Gy = 1 (the grid's check)
+    case R_::ExpertGateUp:
+    case R_::ExpertDown:
+      normal(contiguous(0, R));
       break;
     case R_::Qkv:
       normal(qkv_rows(c, g, at));

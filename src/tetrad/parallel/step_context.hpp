@@ -13,12 +13,24 @@
 
 namespace tetrad::parallel {
 
+// The documents of the micro-batch the model runs now (data.document_mask and
+// data.document_positions; ParallelTransformer::set_documents): for token t of sequence b (row
+// b * T + t), the position in its sequence where its document begins. dev: device memory, what
+// the attention and rotary ops read; host: the same rows on the host (learned positions). Null
+// when the options are off or the step has no documents.
+struct MicroBatchDocuments {
+  bool mask = false, positions = false;  // the options, fixed at construction
+  const int32_t* dev = nullptr;
+  const int32_t* host = nullptr;
+};
+
 struct StepContext {
   ProcessGroups* groups = nullptr;
   CommQueue* queue = nullptr;
   backend::Backend* be = nullptr;
   StepProfile* prof = nullptr;  // null: not profiled (ParallelTransformer::set_profile)
   LocalDims dims;
+  MicroBatchDocuments docs;
 
   ProcessGroups& g() const { return *groups; }
   CommQueue& q() const { return *queue; }

@@ -41,6 +41,19 @@ double VocabParallel::read_scalar(const double* dev) {
   return v;
 }
 
+// Each document piece of the micro-batch's rows (StepContext::docs.host): f(first row, length),
+// a piece being a document's tokens inside one sequence.
+template <class F>
+void VocabParallel::for_each_document(int64_t N, int T, F&& f) const {
+  const int32_t* starts = ctx_.docs.host;
+  for (int64_t r0 = 0; r0 < N;) {
+    int64_t r1 = r0 + 1;  // the piece ends where the next document or sequence begins
+    while (r1 < N && r1 % T != 0 && starts[r1] == starts[r0]) ++r1;
+    f(r0, r1 - r0);
+    r0 = r1;
+  }
+}
+
 // Vocabulary-parallel lookup of this rank's tokens into emb [N, Cx]: each Y rank copies the rows
 // of its vocabulary slice (zeros elsewhere) and the slices are summed over Y; then the position
 // table (GPT-2).
@@ -52,10 +65,33 @@ void VocabParallel::embedding_forward(const int32_t* inputs, int64_t N, int T, i
       fail("token id ", inputs[t], " at position ", t, " is outside the model's vocabulary [0, ",
            vocab_, ")");
   const int64_t v0 = d.Vy * ctx_.g().coord.y();
+  if (ops_.sequence_sharded()) {
+    // Every row is non-zero on one Y rank only (the owner of its id), so the sum over Y is
+    // exact in any order, and adding the positions on rank y = 0 first gives the same bits as
+    // adding them after the sum (x + p = p + x). The sum is scattered by rows into emb.
+    const comm::Communicator& gy = ctx_.g().y();
+    float* full = a_.dfull;  // free in the forward
+    ctx_.ops().embedding_gather(ctx_.bq(), full, device_ids(inputs, N, 0),
+                                ops_.w(t_.token_embedding), v0, d.Vy, N, d.Cx);
+    if (t_.position_embedding >= 0 && ctx_.g().coord.y() == 0)
+      ctx_.ops().position_add(ctx_.bq(), full,
+                              ops_.w(t_.position_embedding) + int64_t(pos0) * d.Cx, N, T, d.Cx);
+    const int64_t rows = ops_.stream_rows(N);
+    ctx_.q().run(gy.ireduce_scatter_sum(full, a_.emb, size_t(rows * d.Cx), ctx_.q().ready()), gy,
+                 "reduce_scatter", "embedding", -1, N * d.Cx * int64_t(sizeof(float)));
+    return;
+  }
   ctx_.ops().embedding_gather(ctx_.bq(), a_.emb, device_ids(inputs, N, 0),
                               ops_.w(t_.token_embedding), v0, d.Vy, N, d.Cx);
   ctx_.sum_over(ctx_.g().y(), a_.emb, N * d.Cx, "embedding");
   if (t_.position_embedding < 0) return;
+  if (ctx_.docs.positions && ctx_.docs.host) {  // positions restart at each document's start
+    for_each_document(N, T, [&](int64_t row, int64_t len) {
+      ctx_.ops().position_add(ctx_.bq(), a_.emb + row * d.Cx, ops_.w(t_.position_embedding), len,
+                              len, d.Cx);
+    });
+    return;
+  }
   const float* P = ops_.w(t_.position_embedding) + int64_t(pos0) * d.Cx;
   const ContextSplit cs = ContextSplit::of(ctx_.shape(), ctx_.g().coord);
   if (!cs.active()) return ctx_.ops().position_add(ctx_.bq(), a_.emb, P, N, T, d.Cx);
@@ -70,23 +106,29 @@ void VocabParallel::embedding_forward(const int32_t* inputs, int64_t N, int T, i
 // The embedding's backward from dresid: the rows of this rank's vocabulary slice accumulate into
 // the token embedding's gradient block (not with the sparse embedding gradient, whose rows go
 // over Z: GradReducer::accumulate_embedding_rows), every position into the position table's.
-void VocabParallel::embedding_backward(const int32_t* inputs, int64_t N, int T) {
+void VocabParallel::embedding_backward(const float* demb, const int32_t* inputs, int64_t N, int T) {
   const LocalDims& d = ctx_.dims;
   ScopedPhase sp(ctx_.prof, Phase::Embedding);
   float* dE = grads_.sparse_embedding() ? nullptr : ops_.gw(t_.token_embedding);
   const int64_t v0 = d.Vy * ctx_.g().coord.y();
   float* dP = ops_.gw(t_.position_embedding);
   if (dE)
-    ctx_.ops().embedding_scatter_add(ctx_.bq(), dE, 0, d.Vy * d.Cx, a_.dresid,
+    ctx_.ops().embedding_scatter_add(ctx_.bq(), dE, 0, d.Vy * d.Cx, demb,
                                      device_ids(inputs, N, 0), v0, d.Vy, N, d.Cx);
   if (!dP) return;
+  if (ctx_.docs.positions && ctx_.docs.host) {  // per document, as the forward
+    for_each_document(N, T, [&](int64_t row, int64_t len) {
+      ctx_.ops().position_grad(ctx_.bq(), dP, a_.dresid + row * d.Cx, len, len, d.Cx);
+    });
+    return;
+  }
   const ContextSplit cs = ContextSplit::of(ctx_.shape(), ctx_.g().coord);
-  if (!cs.active()) return ctx_.ops().position_grad(ctx_.bq(), dP, a_.dresid, N, T, d.Cx);
+  if (!cs.active()) return ctx_.ops().position_grad(ctx_.bq(), dP, demb, N, T, d.Cx);
   const int Tc = cs.chunk_len(T);
   for (int64_t b = 0; b < N / T; ++b)
     for (int j = 0; j < cs.local_chunks(); ++j)
       ctx_.ops().position_grad(ctx_.bq(), dP + cs.chunk_offset(j, T) * d.Cx,
-                               a_.dresid + (b * T + int64_t(j) * Tc) * d.Cx, Tc, Tc, d.Cx);
+                               demb + (b * T + int64_t(j) * Tc) * d.Cx, Tc, Tc, d.Cx);
 }
 
 void VocabParallel::start_embedding_ids(const int32_t* inputs, int64_t N) {
@@ -99,10 +141,11 @@ void VocabParallel::head_forward(int64_t N) {
 }
 
 // dlogits [N, Vy] -> din [N, Cx] (sum over Y), d(head block): a normal layer's backward.
-void VocabParallel::head_backward(float* din, int64_t N) {
-  ops_.linear_bwd(GemmSite::Head, din, a_.logits, act(a_.lnf, a_.lnf16), t_.head, -1, N,
-                  dlogits16_);
+const float* VocabParallel::head_backward(float* din, int64_t N) {
+  const float* d = ops_.linear_bwd(GemmSite::Head, din, a_.logits, act(a_.lnf, a_.lnf16), t_.head,
+                                   -1, N, dlogits16_);
   dlogits16_ = false;
+  return d;
 }
 
 // Vocabulary-parallel cross-entropy over Y: global row max, then Σ exp and the target logit

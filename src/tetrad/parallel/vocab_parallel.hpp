@@ -39,19 +39,21 @@ class VocabParallel {
   VocabParallel& operator=(const VocabParallel&) = delete;
 
   // The lookup of N tokens (sequences of T) into emb [N, Cx]; pos0: the position of each
-  // sequence's first token (decoding; 0 in training). Refuses ids outside the vocabulary.
+  // sequence's first token (decoding; 0 in training). Refuses ids outside the vocabulary. With
+  // sequence sharding emb gets this rank's rows: the slices are reduce-scattered over Y.
   void embedding_forward(const int32_t* inputs, int64_t N, int T, int pos0 = 0);
-  // From dresid (the gradient of emb): the token table's rows of this rank's slice (not with the
-  // sparse embedding gradient: the reducer's rows) and the position table accumulate.
-  void embedding_backward(const int32_t* inputs, int64_t N, int T);
+  // From demb (the gradient of emb, all N rows): the token table's rows of this rank's slice (not
+  // with the sparse embedding gradient: the reducer's rows) and the position table accumulate.
+  void embedding_backward(const float* demb, const int32_t* inputs, int64_t N, int T);
   // The sparse embedding gradient's token ids, handed to the reducer at the backward's start.
   void start_embedding_ids(const int32_t* inputs, int64_t N);
 
   // The head: logits [N, Vy] from the final norm's output (lnf / lnf16).
   void head_forward(int64_t N);
   // Its backward from the loss's gradient: din [N, Cx] (all-reduced over Y), the head's
-  // gradient block accumulates. Consumes what cross_entropy left.
-  void head_backward(float* din, int64_t N);
+  // gradient block accumulates. Consumes what cross_entropy left. Returns where the summed
+  // input gradient is (ParallelOps::linear_bwd: this rank's rows with sequence sharding).
+  const float* head_backward(float* din, int64_t N);
   // The loss of N rows of logits against targets (ids >= V refused; < 0 masked): Σ loss over
   // kept targets on this rank. with_grad: the logits become d(grad_scale · Σ loss)/d logits (or
   // its bf16 copies, bf16_loss_grad), for head_backward.
@@ -70,6 +72,8 @@ class VocabParallel {
  private:
   // `host` (n ids) as a device pointer: itself on a host-visible backend, else copied to slot.
   const int32_t* device_ids(const int32_t* host, int64_t n, int slot);
+  template <class F>
+  void for_each_document(int64_t N, int T, F&& f) const;
   double read_scalar(const double* dev);
 
   const StepContext& ctx_;

@@ -51,26 +51,6 @@ std::vector<GridShape> all_grids(int n) {
   return parallel::factorizations(n, {Axis::X, Axis::Y, Axis::Z, Axis::C, Axis::P, Axis::D});
 }
 
-void PlanInput::validate() const {
-  model.validate();
-  if (global_batch < 1) fail("plan: global batch must be >= 1 sequence (got ", global_batch, ")");
-  if (seq < 1) fail("plan: sequence length must be >= 1 (got ", seq, ")");
-  if (micro_batch < 0 || micro_batch_per_replica < 0)
-    fail("plan: micro-batches must be >= 0 (got ", micro_batch, " and ", micro_batch_per_replica, ")");
-  if (search_micro_batch && (micro_batch > 0 || micro_batch_per_replica > 0))
-    fail("plan: a micro-batch is given (", micro_batch > 0 ? micro_batch : micro_batch_per_replica,
-         "), so it is not searched: give a micro-batch or let the planner choose it, not both");
-  if (!search_micro_batch && (micro_batch == 0) == (micro_batch_per_replica == 0))
-    fail("plan: give exactly one of the micro-batch of the whole job (--micro-batch) or per "
-         "data replica (--micro-batch-per-replica), or none to let the planner choose it");
-  if (zero < 0 || zero > 2) fail("plan: ZeRO stage must be 0, 1 or 2 (got ", zero, ")");
-  if (ranks < 1) fail("plan: ranks must be >= 1 (got ", ranks, ")");
-  if (virtual_stages < 1) fail("plan: virtual stages must be >= 1 (got ", virtual_stages, ")");
-  if (schedule == Schedule::OneFOneB && virtual_stages != 1)
-    fail("plan: ", virtual_stages, " virtual stages need the interleaved schedule (1F1B has one "
-         "chunk per stage)");
-}
-
 // ------------------------------------------------------------------------------------ FLOPs
 
 namespace {
@@ -289,18 +269,18 @@ int64_t layer_activation_elements(const ModelConfig& m, const GridShape& g, int6
   int64_t n = 0;
   for (const parallel::LayerActSpec& t : parallel::kLayerActs)
     if (t.keep == parallel::ActKeep::Output || parallel::act_kept(t.keep, mode))
-      n += parallel::act_floats(N, t.width, t.store, d, false);
+      n += parallel::act_floats(parallel::act_rows_of(N, parallel::act_rows(t), 1), t.width, t.store, d, false);
   return n;
 }
 
 int64_t trainer_activation_elements(const ModelConfig& m, const GridShape& g, int64_t N) {
   // One layer's tensors (kLayerActs) for each layer of the fullest stage, and the top-level ones
   // (kGlobalActs: the embedding's output, the head's, the work buffers), in fp32 (the bf16-only
-  // gradient copies take nothing there).
+  // gradient copies take nothing there), the stream not sharded (no "dfull").
   const parallel::LocalDims d = parallel::LocalDims::of(m, g);
   int64_t global = 0;
   for (const parallel::GlobalActSpec& t : parallel::kGlobalActs)
-    global += parallel::act_floats(N, t.width, t.store, d, false);
+    global += parallel::act_floats(parallel::act_rows_of(N, parallel::act_rows(t), 1), t.width, t.store, d, false);
   return layer_activation_elements(m, g, N, Recompute::None) * stage_layer_count(m.n_layer, g.p()) +
          global;
 }
@@ -434,6 +414,7 @@ parallel::ParallelOptions model_options(const PlanInput& in) {
   po.virtual_stages = in.virtual_stages;
   po.pipeline_layers = in.pipeline_layers;
   po.sparse_embedding_grad = in.sparse_embedding_grad;
+  po.sequence_shard = in.sequence_shard;
   po.overlap = in.overlap_switches;
   return po;
 }
@@ -530,6 +511,12 @@ std::string divisibility_problem(const PlanInput& in, const GridShape& g) {
   if (g.p() > 1 && in.schedule == Schedule::Interleaved && (in.global_batch / mb) % g.p() != 0)
     return "the interleaved schedule needs the micro-batches (" + std::to_string(in.global_batch / mb) +
            ") divisible by Gp = " + std::to_string(g.p());
+  if (in.sequence_shard && g.y() > 1 && g.c() > 1)
+    return "parallel.sequence_shard is not implemented with the context axis (c=" +
+           std::to_string(g.c()) + ")";
+  if (in.sequence_shard && g.y() > 1 && (mb / token_slots(g) * in.seq) % g.y() != 0)
+    return "parallel.sequence_shard: the " + std::to_string(mb / token_slots(g) * in.seq) +
+           " tokens of a micro-batch per rank do not split evenly over Gy = " + std::to_string(g.y());
   // Z shards each rank's block of every GEMM weight without padding (parallel/sharding.cpp).
   const int64_t hd = m.head_dim(), Cx = m.n_embd / g.x();
   const std::vector<std::pair<const char*, int64_t>> blocks = {

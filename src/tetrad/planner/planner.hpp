@@ -111,6 +111,7 @@ struct PlanInput {
   // (staged data-parallel buckets), parallel.sparse_embedding_grad. Only the memory reads them.
   parallel::OverlapOptions overlap_switches;
   bool sparse_embedding_grad = true;
+  bool sequence_shard = false;  // parallel.sequence_shard: the stream split over Y (memory only)
   MemoryModel memory_model = MemoryModel::Tetrad;
   int ranks = 1;
   bool allow_pipeline = true;  // plan Gp > 1 grids

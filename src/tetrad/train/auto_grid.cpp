@@ -36,6 +36,7 @@ PlanInput plan_input_of(const RunConfig& cfg, int ranks, const backend::Backend&
   in.overlap_switches.cache_gathered_weights = cfg.overlap.cache_gathered_weights;
   in.overlap_switches.dp_bucket_mb = cfg.overlap.dp_bucket_mb;
   in.sparse_embedding_grad = s.model.sparse_embedding_grad;
+  in.sequence_shard = s.model.sequence_shard;
   return in;
 }
 

@@ -57,6 +57,7 @@ int64_t least_int(const std::string& key) {
   static const std::map<std::string, int64_t> zero_ok = {
       {"parallel.prefetch_depth", 0}, {"parallel.zero", 0},        {"train.seed", 0},
       {"train.warmup_steps", 0},      {"train.eval_interval", 0},  {"train.checkpoint_interval", 0},
+      {"model.n_experts", 0},  {"model.experts_per_token", 0},
       {"train.memory_limit_mib", 0},  {"train.threads", 0},        {"train.goldfish_k", 2},
       {"model.head_dim", 0}};
   const auto it = zero_ok.find(key);
@@ -88,6 +89,9 @@ const std::map<std::string, NumberRange>& number_ranges() {
       {"model.rope_low_freq_factor", {0, 1e6, true, false}},
       {"model.rope_high_freq_factor", {0, 1e6, true, false}},
       {"model.init_std", {0, 10, true, false}},
+      {"model.router_aux_loss_coef", {0, 1e3, false, false}},
+      {"model.router_z_loss_coef", {0, 1e3, false, false}},
+      {"model.moe_capacity_factor", {0, 1e3, false, false}},
       {"parallel.dp_bucket_mb", {0, 1e6, false, false}},
       {"train.lr", {0, 100, true, false}},
       {"train.min_lr_ratio", {0, 1, false, false}},
@@ -172,8 +176,8 @@ std::vector<Field> model_data_run_fields() {
       // model.name is handled first (it selects the base that the other model keys override).
       STRING_FIELD("model.name", c.model_name,
                    "named base configuration: tiny, small, gpt2-124m, llama-tiny, llama-small, llama-1b, "
-                   "qwen2-tiny, qwen3-tiny"),
-      Field{"model.family", "string", "\"gpt2\", \"llama\", \"qwen2\" or \"qwen3\"",
+                   "qwen2-tiny, qwen3-tiny, mixtral-tiny"),
+      Field{"model.family", "string", "\"gpt2\", \"llama\", \"qwen2\", \"qwen3\" or \"mixtral\"",
             [](RunConfig& c, const toml::node& n, const std::string& w) {
               c.model.family = parse_family(read_string(n, "model.family", w));
             },
@@ -201,7 +205,27 @@ std::vector<Field> model_data_run_fields() {
       BOOL_FIELD("model.tie_embeddings", c.model.tie_embeddings,
                  "output head shares the token embedding (always true for GPT-2)"),
       FLOAT_FIELD("model.init_std", c.model.init_std, "standard deviation of the initial weights"),
+      INT_FIELD("model.n_experts", c.model.n_experts,
+                "mixture of experts (\"mixtral\"): experts per block, each a SwiGLU MLP of width ffn (0: dense)"),
+      INT_FIELD("model.experts_per_token", c.model.experts_per_token,
+                "mixture of experts: the router's top k (at most n_experts)"),
+      BOOL_FIELD("model.norm_topk_prob", c.model.norm_topk_prob,
+                 "mixture of experts: renormalise the k chosen experts' softmax weights to sum 1 (Mixtral: true)"),
+      STRING_FIELD("model.moe_balance", c.model.moe_balance,
+                   "mixture of experts' load balancing: \"aux_loss\" (Switch / Mixtral auxiliary loss, weight router_aux_loss_coef) or \"none\""),
+      FLOAT_FIELD("model.router_aux_loss_coef", c.model.router_aux_loss_coef,
+                  "mixture of experts: weight of the auxiliary load-balancing loss (mean over layers, per token like the loss)"),
+      FLOAT_FIELD("model.router_z_loss_coef", c.model.router_z_loss_coef,
+                  "mixture of experts: weight of the router z-loss (mean squared log-sum-exp of the router logits)"),
+      FLOAT_FIELD("model.moe_capacity_factor", c.model.moe_capacity_factor,
+                  "mixture of experts: 0 dropless; > 0 each expert takes at most ceil(factor x tokens x k / n_experts) tokens of a micro-batch, the rest dropped and counted"),
       STRING_FIELD("data.dir", c.data_dir, "folder written by `tetrad prepare`"),
+      BOOL_FIELD("data.document_mask", c.document_mask,
+                 "attention stays inside each document of a packed sequence (block-diagonal "
+                 "causal); needs shards that record document boundaries (prepared by this build)"),
+      BOOL_FIELD("data.document_positions", c.document_positions,
+                 "positions (rotary or learned) restart at 0 at each document's first token; "
+                 "needs shards that record document boundaries (prepared by this build)"),
       STRING_FIELD("run.dir", c.run_dir,
                    "run folder: resolved config, metrics.jsonl, checkpoints"),
       STRING_FIELD("run.init_from", c.init_from,
@@ -300,6 +324,11 @@ std::vector<Field> parallel_fields() {
                  "touched (all-gather of tokens x C/Gx over Z) instead of reduce-scattering the "
                  "whole vocabulary block, when that moves less (Gz x tokens per rank < V/Gy); "
                  "not with a pipeline axis or ZeRO 2"),
+      BOOL_FIELD("parallel.sequence_shard", c.sequence_shard,
+                 "split the residual stream (norms, residual adds, the stored block outputs) "
+                 "along the tokens over Y, Megatron's sequence parallelism: reduce-scatter + "
+                 "all-gather in place of the all-reduces over Y, 1/Gy of the stored block "
+                 "outputs' memory; fp32 results change at rounding level"),
   };
 }
 
@@ -446,6 +475,7 @@ RunSettings resolve_settings(const RunConfig& cfg) {
   parallel::check_layer_split_spec(cfg.pipeline_layers);
   m.pipeline_layers = cfg.pipeline_layers;
   m.sparse_embedding_grad = cfg.sparse_embedding_grad;
+  m.sequence_shard = cfg.sequence_shard;
   if (cfg.cp_comm != "allgather" && cfg.cp_comm != "ring")
     fail("parallel.cp_comm = \"", cfg.cp_comm, "\": expected \"allgather\" or \"ring\"");
   m.cp_comm = cfg.cp_comm == "ring" ? parallel::ContextComm::Ring : parallel::ContextComm::AllGather;
@@ -479,6 +509,8 @@ RunSettings resolve_settings(const RunConfig& cfg) {
   if (t.grad_comm_precision != "fp32" && t.grad_comm_precision != "bf16")
     fail("train.grad_comm_precision = \"", t.grad_comm_precision, "\": expected \"fp32\" or \"bf16\"");
   m.grad_comm_bf16 = t.grad_comm_precision == "bf16";
+  m.document_mask = cfg.document_mask;
+  m.document_positions = cfg.document_positions;
   // Whether this build and machine can run it is checked when the run starts (backend::create).
   if (!(t.device == "cpu" || t.device == "cpu-strict" || t.device == "cuda" ||
         t.device.rfind("cuda:", 0) == 0))
@@ -600,9 +632,10 @@ RunConfig load_run_config(const std::string& path, const std::vector<std::string
     // The named base only matters for reading a saved config back: every model field is
     // written out, so this base is fully overridden.
     c.model_name = c.model.family == Family::Llama   ? "llama-tiny"
-                   : c.model.family == Family::Qwen2 ? "qwen2-tiny"
-                   : c.model.family == Family::Qwen3 ? "qwen3-tiny"
-                                                     : "tiny";
+                   : c.model.family == Family::Qwen2   ? "qwen2-tiny"
+                   : c.model.family == Family::Qwen3   ? "qwen3-tiny"
+                   : c.model.family == Family::Mixtral ? "mixtral-tiny"
+                                                       : "tiny";
   }
   c.validate();
   return c;

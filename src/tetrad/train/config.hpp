@@ -99,6 +99,11 @@ struct RunConfig {
   std::string model_name = "tiny";  // named base configuration, overridden field by field
   ModelConfig model;
   std::string data_dir = "data/kjv";  // output of `tetrad prepare`
+  // Packed documents kept apart (ParallelOptions::document_mask, document_positions): attention
+  // inside each document only; positions restarting at each document. Both need shards that
+  // record document boundaries (token shard format version 2).
+  bool document_mask = false;
+  bool document_positions = false;
   std::string init_from;             // Hugging Face folder to fine-tune from (optional)
   std::string run_dir = "runs/default";
   // x,y,z,d, x,y,z,p,d or named ("d=2,x=2") process grid (docs/parallel.md), or "auto"; empty
@@ -108,6 +113,7 @@ struct RunConfig {
   OverlapConfig overlap;
   int zero = 0;                      // ZeRO stage over the data axis: 0, 1 or 2
   bool sparse_embedding_grad = true;  // embedding gradient as touched rows over Z (docs/parallel.md)
+  bool sequence_shard = false;  // the residual stream split along the tokens over Y (docs/parallel.md)
   std::string schedule = "1f1b";     // pipeline schedule: 1f1b | interleaved
   int virtual_stages = 1;            // pipeline chunks per stage (interleaved)
   std::string pipeline_layers = "even";  // layer split: even | balanced | "3,1" (layer_split.hpp)

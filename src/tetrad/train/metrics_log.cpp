@@ -20,6 +20,13 @@ nlohmann::json step_record(const StepMetrics& m) {
                       {"t_data_s", bd.data}, {"t_comm_issued_s", bd.comm_issued},
                       {"comm_hidden_fraction", bd.hidden_fraction()}};
   if (m.report_hfu) line["hfu"] = m.hfu;  // hardware FLOPs (with recomputation) / the same peak
+  if (m.moe) {
+    line["moe_aux_loss"] = m.moe_aux_loss;
+    line["moe_z_loss"] = m.moe_z_loss;
+    line["expert_load_min"] = m.expert_load_min;
+    line["expert_load_max"] = m.expert_load_max;
+    line["expert_dropped"] = m.expert_dropped;
+  }
   return line;
 }
 

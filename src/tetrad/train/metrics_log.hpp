@@ -49,6 +49,13 @@ struct StepMetrics {
   double peak_gflops = 0;
   double elapsed_s = 0, dropped_fraction = 0;
   StepBreakdown time;
+  // A mixture of experts (moe false: a dense model, none of these written): the router's
+  // auxiliary and z losses (means over layers and micro-batches, without their coefficients),
+  // the least and most rows one expert computed in one layer of one micro-batch (this rank's)
+  // and the choices dropped over capacity (every rank's) in the step.
+  bool moe = false;
+  double moe_aux_loss = 0, moe_z_loss = 0;
+  int64_t expert_load_min = 0, expert_load_max = 0, expert_dropped = 0;
 };
 
 nlohmann::json start_record(int64_t step, bool resumed, int64_t max_steps);

@@ -1,5 +1,6 @@
 #include "tetrad/train/progress.hpp"
 
+#include <algorithm>
 #include <cmath>
 #include <iomanip>
 #include <ostream>
@@ -128,6 +129,16 @@ void ProgressReporter::print_precision(const parallel::ParallelTransformer& mode
          << (layouts_resumed.empty() ? std::string() : "; on resume: " + layouts_resumed) << "\n";
 }
 
+void add_moe_metrics(StepMetrics& m, const parallel::MoeStats& s, bool moe) {
+  m.moe = moe;
+  if (!moe) return;
+  m.moe_aux_loss = s.mean_aux();
+  m.moe_z_loss = s.mean_z();
+  m.expert_load_min = std::max<int64_t>(s.min_rows, 0);
+  m.expert_load_max = std::max<int64_t>(s.max_rows, 0);
+  m.expert_dropped = s.dropped;
+}
+
 void ProgressReporter::start(int64_t start_step) {
   start_step_ = start_step;
   run_start_ = std::chrono::steady_clock::now();
@@ -172,6 +183,11 @@ void ProgressReporter::print_step(const StepMetrics& m, bool masking) const {
        << (masking ? " | dropped " + std::to_string(int(100 * m.dropped_fraction + 0.5)) + "%"
                    : std::string())
        << std::defaultfloat << std::endl;
+  if (m.moe)
+    out_ << "           experts: aux loss " << std::fixed << std::setprecision(4) << m.moe_aux_loss
+         << " | z-loss " << m.moe_z_loss << " | load " << m.expert_load_min << ".."
+         << m.expert_load_max << " tokens per expert | dropped " << m.expert_dropped
+         << std::defaultfloat << std::endl;
   const StepBreakdown& bd = m.time;
   auto pct = [&](double s) { return std::to_string(int(100 * s / bd.step + 0.5)) + "%"; };
   out_ << "           time: compute " << pct(bd.compute) << " | comm exposed "

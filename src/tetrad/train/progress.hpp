@@ -31,6 +31,9 @@ MfuPeak mfu_peak(double given, backend::Precision precision, backend::Backend& d
 // Where the step's time went, from the profile of the step and its wall time.
 StepBreakdown breakdown_of(const StepProfile& prof, double step_s);
 
+// A step's mixture-of-experts figures into its record (a dense model, moe false: none).
+void add_moe_metrics(StepMetrics& m, const parallel::MoeStats& s, bool moe);
+
 class ProgressReporter {
  public:
   ProgressReporter(const RunConfig& cfg, const RunPlan& plan, const MfuPeak& peak, int world,
@@ -53,7 +56,8 @@ class ProgressReporter {
   StepMetrics measure(int64_t done, double loss, double lr, double grad_norm,
                       double dropped_fraction, const StepBreakdown& time,
                       std::chrono::steady_clock::time_point end) const;
-  // The console lines of a step (every train.log_interval steps, the first and the last).
+  // The console lines of a step (every train.log_interval steps, the first and the last; a
+  // mixture of experts' router losses and expert load on a line of their own).
   void print_step(const StepMetrics& m, bool masking) const;
 
  private:

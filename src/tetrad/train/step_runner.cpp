@@ -73,14 +73,27 @@ StepResult StepRunner::run(const int32_t* inputs, const int32_t* targets, double
     ScopedPhase sp(prof, Phase::Other, "zero gradients");
     model_.begin_step(o_.micro_batches);
   }
+  model_.take_moe_stats();  // forward passes outside the step (validation) do not count
   double loss_sum = forward_backward(inputs, targets, float(1.0 / kept));
   model_.reduce_gradients();
+  parallel::MoeStats moe = model_.take_moe_stats();
+  if (model_.config().moe()) {  // the same on every rank: the sums are collective
+    double sums[5] = {double(moe.layers), moe.aux, moe.z, double(moe.dropped), double(moe.routed)};
+    sum_over_replicas(sums, 5);
+    if (pipe_) host_comm([&] { g_.p().allreduce_sum(sums, 5); });
+    moe.layers = int64_t(sums[0]);
+    moe.aux = sums[1];
+    moe.z = sums[2];
+    moe.dropped = int64_t(sums[3]);
+    moe.routed = int64_t(sums[4]);
+  }
   // The loss of the global batch: its sequences are split over Z x D, and on a pipeline only the
   // last stage computes it.
   if (g_.tokens().size() > 1) host_comm([&] { g_.tokens().allreduce_sum(&loss_sum, 1); });
   if (pipe_) host_comm([&] { g_.p().allreduce_sum(&loss_sum, 1); });
   StepResult r;
   r.loss = loss_sum / kept;
+  r.moe = moe;
   {
     ScopedPhase sp(prof, Phase::Optimizer, "grad norm");
     r.grad_norm = std::sqrt(model_.grad_sum_squares());

@@ -63,6 +63,10 @@ struct StepResult {
   double grad_norm = 0;  // global L2 norm before clipping
   StepVerdict verdict = StepVerdict::Apply;
   int bad_steps = 0;  // non-finite steps in a row, this one included (0 when finite)
+  // A mixture of experts' router losses and expert load over the step's micro-batches: the
+  // losses, layer counts, routed and dropped choices summed over every rank of the batch; the
+  // least and most rows one expert computed, of this rank's layers (empty for a dense model).
+  parallel::MoeStats moe;
 };
 
 class StepRunner {

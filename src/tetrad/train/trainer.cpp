@@ -2,6 +2,8 @@
 // metrics, progress, validator, stop control), then the loop over steps.
 #include "tetrad/train/trainer.hpp"
 
+#include <algorithm>
+
 #include <mpi.h>
 #include <omp.h>
 
@@ -12,6 +14,7 @@
 #include <memory>
 
 #include "tetrad/comm/communicator.hpp"
+#include "tetrad/comm/roll_call.hpp"
 #include "tetrad/comm/transports.hpp"
 #include "tetrad/core/cpu.hpp"
 #include "tetrad/core/error.hpp"
@@ -140,6 +143,9 @@ StepResult train_step(Loop& l, int64_t step, double& dropped) {
   l.runner.sum_over_replicas(counts.data(), 2);
   const double kept = std::max(counts[0], 1.0);
   dropped = counts[1] / (counts[0] + counts[1]);
+  if (l.data.documents())
+    l.model.set_documents(l.data.inputs().data(), l.data.doc_starts().data(),
+                          int64_t(l.data.inputs().size()));
   return l.runner.run(l.data.inputs().data(), l.data.targets().data(), kept,
                       learning_rate(l.cfg.train, step), step);
 }
@@ -195,8 +201,9 @@ int64_t run_loop(Loop& l, int64_t step) {
     const StepBreakdown bd = breakdown_of(l.prof, std::chrono::duration<double>(t1 - t0).count());
     l.result.breakdowns.push_back(bd);
     const int64_t done = step + 1;
-    const StepMetrics m = l.progress.measure(done, r.loss, learning_rate(t, step), r.grad_norm,
-                                             dropped, bd, t1);
+    StepMetrics m = l.progress.measure(done, r.loss, learning_rate(t, step), r.grad_norm,
+                                       dropped, bd, t1);
+    add_moe_metrics(m, r.moe, l.model.config().moe());
     l.metrics.write(step_record(m));
     l.progress.print_step(m, l.data.masking());
     l.ckpt.poll();
@@ -264,6 +271,10 @@ TrainResult train(const RunConfig& cfg, const TrainOptions& opt, std::ostream& l
   if (launch.world > 1) check_precision_agreed(plan, comm::Communicator::world());
   ProcessGroups groups =
       launch.world > 1 ? ProcessGroups(comm::Communicator::world(), plan.grid) : ProcessGroups();
+  // A timed-out collective names the rank that stopped (comm/roll_call.hpp): the ranks still
+  // running answer within half a timeout (1 to 10 s).
+  if (launch.world > 1)
+    comm::enable_roll_call(std::min(10.0, std::max(1.0, comm::collective_timeout() / 2)));
   const bool root = groups.world.rank() == 0;
   std::ostream null_stream(nullptr);
   std::ostream& out = root ? log_stream : null_stream;

@@ -75,6 +75,7 @@ DataInfo checked_folder(const RunConfig& cfg, const DataSlot& s) {
   o.tokenizer_identity = data.tokenizer_identity;
   o.model_vocab = cfg.model.vocab_size;
   o.shuffle = false;
+  o.documents = cfg.document_mask || cfg.document_positions;  // shards without boundaries refused
   const data::DataLoader train_split(cfg.data_dir, "train", s.local_batch, s.seq_len, s.slot,
                                      s.replicas, t.seed, o);
   if (t.eval_interval > 0) {
@@ -89,10 +90,11 @@ DataInfo checked_folder(const RunConfig& cfg, const DataSlot& s) {
   return data;
 }
 
-data::LoaderOptions loader_options(const DataInfo& d, const ModelConfig& model) {
+data::LoaderOptions loader_options(const DataInfo& d, const RunConfig& cfg) {
   data::LoaderOptions o;
   o.tokenizer_identity = d.tokenizer_identity;
-  o.model_vocab = model.vocab_size;
+  o.model_vocab = cfg.model.vocab_size;
+  o.documents = cfg.document_mask || cfg.document_positions;
   return o;
 }
 
@@ -102,13 +104,14 @@ TrainingData::TrainingData(const RunConfig& cfg, const DataSlot& s)
     : cfg_(cfg),
       slot_(s),
       info_(checked_folder(cfg, s)),
-      opt_(loader_options(info_, cfg.model)),
+      opt_(loader_options(info_, cfg)),
       loader_(cfg.data_dir, "train", s.local_batch, s.seq_len, s.slot, s.replicas, cfg.train.seed,
               opt_),
       mask_{parse_loss_mask(cfg.train.loss_mask), cfg.train.goldfish_k, cfg.train.goldfish_h,
             cfg.train.seed},
       inputs_(size_t(cfg.train.grad_accum) * s.local_batch * s.context.local_len(s.seq_len)),
-      targets_(inputs_.size()) {
+      targets_(inputs_.size()),
+      doc_starts_(opt_.documents ? size_t(cfg.train.grad_accum) * s.local_batch * s.seq_len : 0) {
   if (s.context.active()) {
     whole_inputs_.resize(size_t(cfg.train.grad_accum) * s.local_batch * s.seq_len);
     whole_targets_.resize(whole_inputs_.size());
@@ -126,7 +129,8 @@ std::array<double, 2> TrainingData::next_step(int64_t step) {
   // All micro-batches of the step first, so the loss normaliser (kept targets over the whole
   // global batch) is known before any backward.
   for (int m = 0; m < accum; ++m)
-    loader_.next_batch(in + size_t(m) * B * T, tg + size_t(m) * B * T);
+    loader_.next_batch(in + size_t(m) * B * T, tg + size_t(m) * B * T,
+                       opt_.documents ? doc_starts_.data() + size_t(m) * B * T : nullptr);
   if (!cs.active()) {
     for (int m = 0; m < accum; ++m)
       counts[1] += double(apply_loss_mask(mask_, targets_.data() + size_t(m) * B * T, B, T, step,

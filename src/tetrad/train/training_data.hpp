@@ -71,6 +71,10 @@ class TrainingData {
   std::array<double, 2> next_step(int64_t step);
   std::vector<int32_t>& inputs() { return inputs_; }
   std::vector<int32_t>& targets() { return targets_; }
+  // With data.document_mask or data.document_positions: each input token's document start in its
+  // sequence (data::DataLoader::next_batch), inputs()'s layout; empty otherwise.
+  const std::vector<int32_t>& doc_starts() const { return doc_starts_; }
+  bool documents() const { return opt_.documents; }
 
   // The loader's position (the job's position in the global window stream, the same on every
   // replica).
@@ -118,6 +122,7 @@ class TrainingData {
   LossMask mask_;
   std::vector<int32_t> inputs_, targets_;
   std::vector<int32_t> whole_inputs_, whole_targets_;  // the whole sequences (context axis only)
+  std::vector<int32_t> doc_starts_;  // data.document_*: the inputs' document starts
   bool restart_data_ = false;  // an allowed data change: restore() starts from the beginning
 };
 

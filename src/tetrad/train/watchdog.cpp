@@ -5,6 +5,7 @@
 
 #include "tetrad/comm/communicator.hpp"
 #include "tetrad/comm/mpi_env.hpp"
+#include "tetrad/comm/roll_call.hpp"
 
 namespace tetrad {
 
@@ -29,6 +30,7 @@ Watchdog::~Watchdog() {
 }
 
 void Watchdog::arm(int64_t step, const char* phase) {
+  comm::set_activity(step, phase);  // named in this rank's answer to a roll call
   if (timeout_ <= 0) return;
   std::lock_guard<std::mutex> lock(mu_);
   armed_ = true;

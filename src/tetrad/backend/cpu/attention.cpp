@@ -302,13 +302,13 @@ constexpr int kPackMinQueries = 16;
 template <class T, int W>
 struct ForwardScratch {
   static constexpr int Bq = Tiles<T, W>::kBq, Bk = Tiles<T, W>::kBk;
-  T *qt, *ot, *st, *m, *l;  // [hd][Bq], [hd][Bq], [Bk][Bq], [Bq], [Bq]
+  T *qt, *ot, *st, *m, *l, *lo;  // [hd][Bq], [hd][Bq], [Bk][Bq], [Bq], [Bq], [Bq]
   explicit ForwardScratch(int hd) {
     Arena& a = tls_task_arena;
     a.reserve(2 * Arena::bytes_for<T>(int64_t(hd) * Bq) + Arena::bytes_for<T>(int64_t(Bk) * Bq) +
-              2 * Arena::bytes_for<T>(Bq));
+              3 * Arena::bytes_for<T>(Bq));
     qt = a.take<T>(int64_t(hd) * Bq), ot = a.take<T>(int64_t(hd) * Bq);
-    st = a.take<T>(int64_t(Bk) * Bq), m = a.take<T>(Bq), l = a.take<T>(Bq);
+    st = a.take<T>(int64_t(Bk) * Bq), m = a.take<T>(Bq), l = a.take<T>(Bq), lo = a.take<T>(Bq);
   }
 };
 
@@ -342,6 +342,12 @@ void pack_kv_rows(T* kbuf, T* vbuf, const T* k, const T* v, const AttentionDims&
         prefetch_row(v + src + kPrefetchRows * d.kv_stride, hd);
   std::memcpy(kbuf + dst, k + src, sizeof(T) * hd);
   std::memcpy(vbuf + dst, v + src, sizeof(T) * hd);
+}
+
+// The document mask's first visible key of query i of sequence b, in the key block's frame (any
+// int: below 0 when the document began before the block, past the query when it sees nothing).
+TETRAD_INLINE int64_t doc_first_key(const AttentionDims& d, int b, int i) {
+  return int64_t(d.doc_start[b * d.doc_batch_stride + i]) - d.doc_shift;
 }
 
 template <class T, int W>
@@ -386,7 +392,16 @@ TETRAD_INLINE void forward_task(T* out, T* lse, const T* q, const KvSource<T>& k
 
   const int first_pos = off + i0;              // position of the block's first query (any sign)
   const int n_keys = std::min(d.Tk, off + i0 + nq);  // keys seen by the block's last query
-  for (int j0 = 0; j0 < n_keys; j0 += Bk) {
+  // Document mask: each lane's first visible key (padding lanes see none), the block's smallest
+  // (keys before it are skipped) and largest (key blocks before it need the mask).
+  const bool docs = d.doc_start != nullptr;
+  int64_t lo_min = docs ? d.Tk : 0, lo_max = 0;
+  for (int i = 0; docs && i < NV * W; ++i) {
+    const int64_t f = i < nq ? std::clamp<int64_t>(doc_first_key(d, b, i0 + i), 0, d.Tk) : d.Tk;
+    s.lo[i] = T(f);
+    if (i < nq) lo_min = std::min(lo_min, f), lo_max = std::max(lo_max, f);
+  }
+  for (int j0 = int(std::min<int64_t>(lo_min, n_keys)); j0 < n_keys; j0 += Bk) {
     const int nk = std::min(Bk, n_keys - j0);
     if (kv.packed && j0 + Bk < n_keys) {  // next key block into L2 while this one is computed
       const int64_t bytes = int64_t(std::min(Bk, n_keys - j0 - Bk)) * hd * sizeof(T);
@@ -399,14 +414,18 @@ TETRAD_INLINE void forward_task(T* out, T* lse, const T* q, const KvSource<T>& k
     }
     gemm<T, W>(nk, NV, hd, st, Bq, kb + j0 * ks, ks, 1, qt, Bq, false);
     const bool diagonal = j0 + nk - 1 > first_pos;
+    const bool doc_edge = docs && j0 < lo_max;  // some lane's document starts after key j0
     for (int c = 0; c < NV; ++c) {
       const V pos = iota + T(first_pos + c * W);
       V mx = load<T, W>(mrow + c * W);
-      if (diagonal) {
+      if (diagonal || doc_edge) {  // keys after the query or before its document: -inf
         const V ninf = splat<T, W>(-std::numeric_limits<T>::infinity());
+        const V lo = doc_edge ? load<T, W>(s.lo + c * W) : V{};
         for (int j = 0; j < nk; ++j) {
           V x = load<T, W>(st + j * Bq + c * W);
-          x = splat<T, W>(T(j0 + j)) > pos ? ninf : x;
+          const V key = splat<T, W>(T(j0 + j));
+          x = key > pos ? ninf : x;
+          x = key < lo ? ninf : x;
           store<T, W>(st + j * Bq + c * W, x);
           mx = mx > x ? mx : x;
         }
@@ -416,10 +435,12 @@ TETRAD_INLINE void forward_task(T* out, T* lse, const T* q, const KvSource<T>& k
           mx = mx > x ? mx : x;
         }
       }
-      // A lane that has seen no key yet (a query before the key block: off < 0) keeps mx = -inf;
-      // it subtracts 0 instead, so its p and alpha are 0, not NaN. Other lanes: msub = mx.
-      const V msub = diagonal ? (mx == splat<T, W>(-std::numeric_limits<T>::infinity()) ? V{} : mx)
-                              : mx;
+      // A lane that has seen no key yet keeps mx = -inf (masked blocks only: a query before the
+      // key block, off < 0, or before its document); it subtracts 0 instead, so its p and alpha
+      // are 0, not NaN. Every other lane: msub = mx.
+      V msub = mx;
+      if (diagonal || doc_edge)
+        msub = mx == splat<T, W>(-std::numeric_limits<T>::infinity()) ? V{} : mx;
       V sum = {};
       for (int j = 0; j < nk; ++j) {
         const V p = exp2v<T, W>(load<T, W>(st + j * Bq + c * W) - msub);
@@ -475,7 +496,7 @@ struct BackwardScratch {
   T *kp, *dk, *dv;  // [Tk][hdp]: K rows, dK and dV accumulators
   T *kt, *vt;       // [tkp/Bk][hd][Bk]: K^T, V^T per key block
   T *qp, *dop, *dq; // [Tq][hdp]: Q, dO rows of one head, dQ accumulator
-  T *dd, *ll;       // [Tq]: D_i = dO_i . O_i, lse_i * log2(e)
+  T *dd, *ll, *lo;  // [Tq]: D_i = dO_i . O_i, lse_i * log2(e), first visible key (documents)
   T *s, *dp;        // [Bq][Bk]: P, then dP and dS
   explicit BackwardScratch(const AttentionDims& d)
       : hdp(round_up(d.head_dim, W)), tkp(round_up(d.Tk, Bk)) {
@@ -483,12 +504,12 @@ struct BackwardScratch {
     const int64_t kt_n = int64_t(d.head_dim) * tkp, tile = int64_t(Bq) * Bk;
     Arena& a = tls_task_arena;
     a.reserve(3 * Arena::bytes_for<T>(rows_k) + 2 * Arena::bytes_for<T>(kt_n) +
-              3 * Arena::bytes_for<T>(rows_q) + 2 * Arena::bytes_for<T>(d.Tq) +
+              3 * Arena::bytes_for<T>(rows_q) + 3 * Arena::bytes_for<T>(d.Tq) +
               2 * Arena::bytes_for<T>(tile));
     kp = a.take<T>(rows_k), dk = a.take<T>(rows_k), dv = a.take<T>(rows_k);
     kt = a.take<T>(kt_n), vt = a.take<T>(kt_n);
     qp = a.take<T>(rows_q), dop = a.take<T>(rows_q), dq = a.take<T>(rows_q);
-    dd = a.take<T>(d.Tq), ll = a.take<T>(d.Tq);
+    dd = a.take<T>(d.Tq), ll = a.take<T>(d.Tq), lo = a.take<T>(d.Tq);
     s = a.take<T>(tile), dp = a.take<T>(tile);
   }
 };
@@ -550,6 +571,11 @@ TETRAD_INLINE void backward_task(T* dq, T* dk, T* dv, const T* dout, const T* q,
   }
   V iota;
   for (int w = 0; w < W; ++w) iota[w] = T(w);
+  // Document mask: each query's first visible key (clamped to [0, Tk]), the same for every head.
+  const bool docs = d.doc_start != nullptr;
+  if (docs)
+    for (int i = 0; i < Tq; ++i)
+      s.lo[i] = T(std::clamp<int64_t>(doc_first_key(d, b, i), 0, Tk));
 
   for (int h = g * group; h < (g + 1) * group; ++h) {
     const int64_t q_base = b * d.q_batch_stride + int64_t(h) * hd;
@@ -578,6 +604,12 @@ TETRAD_INLINE void backward_task(T* dq, T* dk, T* dv, const T* dout, const T* q,
       // Queries at positions >= j0 see this key block.
       for (int i0 = std::max(0, j0 - off); i0 < Tq; i0 += Bq) {
         const int nq = std::min(Bq, Tq - i0);
+        // Document mask: skip a query block whose documents all start after this key block.
+        T lo_min = T(Tk), lo_max = T(0);
+        for (int i = 0; docs && i < nq; ++i)
+          lo_min = std::min(lo_min, s.lo[i0 + i]), lo_max = std::max(lo_max, s.lo[i0 + i]);
+        if (docs && lo_min > T(j0 + nk - 1)) continue;
+        const bool doc_edge = docs && lo_max > T(j0);
         T* sp = s.s;
         T* dpp = s.dp;
         const T* qi = s.qp + int64_t(i0) * hdp;
@@ -589,9 +621,11 @@ TETRAD_INLINE void backward_task(T* dq, T* dk, T* dv, const T* dout, const T* q,
         for (int i = 0; i < nq; ++i) {
           const T li = s.ll[i0 + i], di = s.dd[i0 + i];
           const T pos = T(off + i0 + i);
+          const T lo = docs ? s.lo[i0 + i] : T(0);
           for (int c = 0; c < NVK; ++c) {
             V p = exp2v<T, W>(load<T, W>(sp + i * Bk + c * W) * c2 - li);
             if (diagonal) p = iota + T(j0 + c * W) > pos ? V{} : p;
+            if (doc_edge) p = iota + T(j0 + c * W) < lo ? V{} : p;
             store<T, W>(sp + i * Bk + c * W, p);
             store<T, W>(dpp + i * Bk + c * W,
                         p * (load<T, W>(dpp + i * Bk + c * W) - di) * scale);
@@ -728,37 +762,6 @@ void check_dims(const AttentionDims& d, int64_t q_offset) {
 }
 
 }  // namespace
-
-const char* attention_path_name(AttentionPath p) {
-  switch (p) {
-    case AttentionPath::kPortable: return "portable";
-    case AttentionPath::kAvx2: return "avx2";
-    case AttentionPath::kAvx512: return "avx512";
-  }
-  return "?";
-}
-
-bool attention_path_supported(AttentionPath p) {
-  switch (p) {
-    case AttentionPath::kPortable: return true;
-    // cpu_features(), not the compiler's runtime: it honours TETRAD_MAX_CPU_ISA.
-    case AttentionPath::kAvx2: return cpu_features().use_avx2_fma();
-    case AttentionPath::kAvx512: {
-      const CpuFeatures& f = cpu_features();
-      return f.use_avx512() && f.avx512bw && f.avx512vl && f.use_avx2_fma();
-    }
-  }
-  return false;
-}
-
-AttentionPath attention_default_path() {
-  static const AttentionPath best = attention_path_supported(AttentionPath::kAvx512)
-                                        ? AttentionPath::kAvx512
-                                    : attention_path_supported(AttentionPath::kAvx2)
-                                        ? AttentionPath::kAvx2
-                                        : AttentionPath::kPortable;
-  return best;
-}
 
 double attention_forward_flops(const AttentionDims& d) {
   return attention_forward_flops(d, int64_t(d.Tk) - d.Tq);

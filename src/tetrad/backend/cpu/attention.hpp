@@ -8,7 +8,13 @@
 // gets out = 0 and lse = -inf. Those without put the queries at the key block's end
 // (q_offset = Tk - Tq, the training case). Merging partial results: attention_merge.hpp.
 //
-// What this does not do: non-causal or custom masks, dropout, sliding windows, ALiBi, bf16. Decode
+// Document mask: AttentionDims::doc_start (null: none) gives each query row the position of its
+// document's first token; the query attends keys doc_start - doc_shift .. its own position only
+// (block-diagonal causal, as AttentionArgs::doc_start in backend/ops.hpp). Any values work (a row
+// that sees no key gets out = 0, lse = -inf); key blocks wholly before a query block's documents
+// are skipped.
+//
+// What this does not do: non-causal or other custom masks, dropout, sliding windows, ALiBi, bf16. Decode
 // (Tq much smaller than Tk, e.g. 1 with a KV cache) is correct but uses the training tiles: a query
 // block shorter than the vector width still costs a full vector, and GQA heads sharing a kv head
 // are not stacked (Tq=1, Tk=1024, 12 heads, hd=64: 0.67 ms on 2 AVX2 cores, ~9 GB/s of k/v).
@@ -36,6 +42,10 @@ struct AttentionDims {
   int head_dim;
   int64_t q_stride, kv_stride, out_stride;                    // elements between consecutive rows
   int64_t q_batch_stride, kv_batch_stride, out_batch_stride;  // elements between sequences
+  // Document mask (optional): query i of sequence b attends only keys at or after
+  // doc_start[b * doc_batch_stride + i] - doc_shift (key positions count from key 0 of the block).
+  const int32_t* doc_start = nullptr;
+  int64_t doc_batch_stride = 0, doc_shift = 0;
 };
 
 // out[b, i, h*hd + d] = sum_j softmax_j(q_i . k_j / sqrt(hd)) v_j[d]; rows of q/k/v/out are

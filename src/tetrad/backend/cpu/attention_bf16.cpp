@@ -403,6 +403,14 @@ struct Shape {
   }
 };
 
+// The document mask's first key query i of sequence b sees (0 without a mask), clamped to
+// [0, Tk]: the query sees keys [doc_first(b, i), visible(i)).
+inline int64_t doc_first(const AttentionDims& d, int64_t b, int64_t i) {
+  if (!d.doc_start || i >= d.Tq) return 0;
+  return std::clamp<int64_t>(int64_t(d.doc_start[b * d.doc_batch_stride + i]) - d.doc_shift, 0,
+                             d.Tk);
+}
+
 // ---- forward -----------------------------------------------------------------------------------
 
 struct FwdCtx {
@@ -475,10 +483,11 @@ inline void forward_worker(const FwdCtx& c) {
                  int64_t(hdp) * 16, s.s.data(), lds);
     float* lrow = s.l.data();
     for (int64_t r = 0; r < kB; ++r) {
-      const int64_t nvis = z.visible(i0 + r);
+      const int64_t nvis = z.visible(i0 + r), lo = std::min(nvis, doc_first(d, b, i0 + r));
+      const bool seen = nvis > lo;  // keys [lo, nvis) are visible
       const float* srow = s.s.data() + r * lds;
       uint16_t* prow = s.p.data() + r * ldp;
-      const float mx = nvis > 0 ? row_max(srow, nvis) * scale2 : 0.0f;
+      const float mx = seen ? row_max(srow + lo, nvis - lo) * scale2 : 0.0f;
       // (max(s)·scale2 = max(s·scale2): scale2 > 0 and rounding is monotone.) P in fp32 in
       // 32-key pieces that stay in L1, rounded into prow from there (the masked keys, scores of
       // real or zero padding keys, are finite and give 0); the sum in 16 lanes of a register.
@@ -486,10 +495,11 @@ inline void forward_worker(const FwdCtx& c) {
       for (int64_t j0 = 0; j0 < n; j0 += 32) {
         alignas(64) float pf[32];
         const int lim = int(std::clamp<int64_t>(nvis - j0, 0, 32));  // (32-bit lane compares)
+        const int first = int(std::clamp<int64_t>(lo - j0, 0, 32));
 #pragma omp simd
         for (int l = 0; l < 32; ++l) {
           const float p = exp2_fast(srow[j0 + l] * scale2 - mx);
-          pf[l] = l < lim ? p : 0.0f;
+          pf[l] = l < lim && l >= first ? p : 0.0f;
         }
         f32x16 a0, a1;
         std::memcpy(&a0, pf, 64);
@@ -499,9 +509,9 @@ inline void forward_worker(const FwdCtx& c) {
       }
       float sum = 0;
       for (int l = 0; l < 16; ++l) sum += acc[l];
-      lrow[r] = nvis > 0 ? sum : 1.0f;
-      if (c.lse && i0 + r < z.Tq)  // a query that sees no key (q_offset < 0): out 0, lse -inf
-        c.lse[bh * z.Tq + i0 + r] = nvis > 0 ? (mx + std::log2(sum)) * kLn2 : -INFINITY;
+      lrow[r] = seen ? sum : 1.0f;
+      if (c.lse && i0 + r < z.Tq)  // a query that sees no key: out 0, lse -inf
+        c.lse[bh * z.Tq + i0 + r] = seen ? (mx + std::log2(sum)) * kLn2 : -INFINITY;
     }
     Mm::template gemm<false>(kB, hdp, n, s.p.data(), ldp, c.vd + kvh * z.Tkp * hdp,
                              z.Tkp * 16, s.o.data(), hdp);
@@ -528,6 +538,7 @@ struct BwdCtx {
   uint16_t *qn, *qd, *don, *dod, *ka, *va, *kt;
   float *L, *D;   // [BH][Tqp]: lse·log2(e) and rowsum(dO ∘ O); 0 for padding rows
   int32_t* vis;   // [Tqp]: keys each query sees
+  int32_t* lo;    // [B][Tqp]: the first key each query sees (0 without a document mask)
 };
 
 // Keys per chunk of the backward: dSᵀ of a chunk's keys against every query is kept (bf16, in
@@ -567,7 +578,8 @@ __attribute__((noinline)) BwdScratch& bwd_scratch(const Shape& z, int64_t kc) {
 // time in 32-query pieces that stay in L1.
 template <class Mm>
 inline void block_probabilities(BwdScratch& s, int64_t nq, const float* L, const float* D,
-                                const int32_t* vis, int64_t j0, float scale2, float scale,
+                                const int32_t* vis, const int32_t* lo, int64_t j0, float scale2,
+                                float scale,
                                 uint16_t* dsv, int64_t dstride) {
   for (int rp = 0; rp < kB / 2; ++rp)
     for (int64_t c0 = 0; c0 < nq; c0 += 32) {
@@ -579,7 +591,7 @@ inline void block_probabilities(BwdScratch& s, int64_t nq, const float* L, const
         const float* dprow = s.dpt.data() + r * s.ldn + c0;
 #pragma omp simd
         for (int l = 0; l < 32; ++l) {
-          const bool on = j < vis[c0 + l];
+          const bool on = j < vis[c0 + l] && j >= lo[c0 + l];
           const float pv = exp2_fast(srow[l] * scale2 - L[c0 + l]);
           const float dv = pv * (dprow[l] - D[c0 + l]) * scale;
           p[h][l] = on ? pv : 0.0f;
@@ -674,7 +686,7 @@ inline void backward_worker(const BwdCtx& c) {
           Mm::gemm_a32(nq, hdp, Vj, hdp, c.don + qo + i0 * hdp, int64_t(hdp) * 16, s.dpt.data(),
                        s.ldn);
           block_probabilities<Mm>(s, nq, c.L + bh * z.Tqp + i0, c.D + bh * z.Tqp + i0,
-                                  c.vis + i0, j0, scale2, scale,
+                                  c.vis + i0, c.lo + b * z.Tqp + i0, j0, scale2, scale,
                                   s.dsv.data() + (i0 / 16) * kc * 16 + (j0 - c0) * 16, kc * 16);
           Mm::template gemm<true>(kB, hdp, nq, s.pt.data(), s.ldb, c.dod + qo + i0 * 16,
                                   z.Tqp * 16, s.acc_v.data() + (j0 - c0) * hdp, hdp);
@@ -744,7 +756,7 @@ struct Buf {
 struct CallArena {
   Buf<uint16_t> a, b, c, d, e, f, g;
   Buf<float> L, D;
-  Buf<int32_t> vis;
+  Buf<int32_t> vis, lo;
 };
 CallArena& call_arena() {
   thread_local CallArena a;
@@ -782,49 +794,6 @@ void check_path(AttentionBf16Path p) {
 }
 
 }  // namespace
-
-const char* attention_bf16_path_name(AttentionBf16Path p) {
-  switch (p) {
-    case AttentionBf16Path::kEmulated: return "emulated";
-    case AttentionBf16Path::kEmulatedAvx2: return "emulated-avx2";
-    case AttentionBf16Path::kAvx512Bf16: return "avx512_bf16";
-    case AttentionBf16Path::kAmx: return "amx";
-  }
-  return "?";
-}
-
-bool attention_bf16_path_supported(AttentionBf16Path p) {
-  const CpuFeatures& f = cpu_features();  // honours TETRAD_MAX_CPU_ISA
-  const bool avx512bf16 = f.use_avx512_bf16() && f.avx512bw && f.avx512vl && f.use_avx2_fma();
-  switch (p) {
-    case AttentionBf16Path::kEmulated: return true;
-    case AttentionBf16Path::kEmulatedAvx2: return f.use_avx2_fma();
-    case AttentionBf16Path::kAvx512Bf16: return avx512bf16;
-    case AttentionBf16Path::kAmx: return avx512bf16 && f.use_amx_bf16();
-  }
-  return false;
-}
-
-AttentionBf16Path attention_bf16_default_path() {
-  using P = AttentionBf16Path;
-  // Where bf16 GEMMs are emulated (no bf16 units, a cap, TETRAD_BF16=emulate), so is attention.
-  if (native_bf16_matmul()) {
-    if (attention_bf16_path_supported(P::kAmx)) return P::kAmx;
-    if (attention_bf16_path_supported(P::kAvx512Bf16)) return P::kAvx512Bf16;
-  }
-  return attention_bf16_path_supported(P::kEmulatedAvx2) ? P::kEmulatedAvx2 : P::kEmulated;
-}
-
-const char* attention_bf16_path() {
-  switch (attention_bf16_default_path()) {
-    case AttentionBf16Path::kEmulated: return "emulated (bf16 operands multiplied in fp32, SSE2)";
-    case AttentionBf16Path::kEmulatedAvx2:
-      return "emulated-avx2 (bf16 operands multiplied in fp32, AVX2+FMA)";
-    case AttentionBf16Path::kAvx512Bf16: return "avx512_bf16 (vdpbf16ps)";
-    case AttentionBf16Path::kAmx: return "amx (AMX-BF16 tiles)";
-  }
-  return "?";
-}
 
 void attention_forward_bf16(float* out, float* lse, const float* q, const float* k,
                             const float* v, const AttentionDims& d, int64_t q_offset,
@@ -871,8 +840,10 @@ void attention_backward_bf16(float* dq, float* dk, float* dv, const float* dout,
   BwdCtx c{&d, z, q, k, v, dout, out, lse, dq, dk, dv,
            grow(a.a, nq), grow(a.b, nq), grow(a.c, nq), grow(a.d, nq), grow(a.e, nkv),
            grow(a.f, nkv), grow(a.g, KV * z.hdp * z.ldt), grow(a.L, BH * z.Tqp),
-           grow(a.D, BH * z.Tqp), grow(a.vis, z.Tqp)};
+           grow(a.D, BH * z.Tqp), grow(a.vis, z.Tqp), grow(a.lo, z.B * z.Tqp)};
   for (int64_t i = 0; i < z.Tqp; ++i) c.vis[i] = int32_t(z.visible(i));
+  for (int64_t b = 0; b < z.B; ++b)
+    for (int64_t i = 0; i < z.Tqp; ++i) c.lo[b * z.Tqp + i] = int32_t(doc_first(d, b, i));
   void (*fn)(const BwdCtx&) = nullptr;
   switch (path) {
     case AttentionBf16Path::kAmx: fn = backward_amx; break;

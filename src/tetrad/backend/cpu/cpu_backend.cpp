@@ -16,6 +16,7 @@
 #include "tetrad/backend/cpu/head_norm.hpp"
 #include "tetrad/backend/ceilings.hpp"
 #include "tetrad/backend/machine_cache.hpp"
+#include "tetrad/backend/cpu/moe_ops.hpp"
 #include "tetrad/backend/cpu/ops.hpp"
 #include "tetrad/backend/cpu/precision.hpp"
 #include "tetrad/backend/cpu/precision_auto.hpp"
@@ -62,6 +63,9 @@ k::AttentionDims dims(const AttentionArgs& a) {
   d.q_stride = a.q_stride; d.kv_stride = a.kv_stride; d.out_stride = a.out_stride;
   d.q_batch_stride = a.q_batch_stride; d.kv_batch_stride = a.kv_batch_stride;
   d.out_batch_stride = a.out_batch_stride;
+  d.doc_start = a.doc_start;  // positions counted as q_offset, k_offset are: the kernels count
+  d.doc_batch_stride = a.doc_batch_stride;  // from key 0 of the block (doc_shift)
+  d.doc_shift = a.k_offset;
   return d;
 }
 
@@ -102,9 +106,25 @@ void op_gemm(Queue&, const GemmArgs& g) {
                " N=", g.N, " K=", g.K);
 }
 
+// Each group through op_gemm: a group computes exactly what one gemm of its shape does (oneDNN
+// threads inside each product; the experts' GEMMs are large enough to fill the cores one by one).
+void op_grouped_gemm(Queue& q, const GroupedGemmArgs& a) {
+  GemmArgs g;
+  g.trans_a = a.trans_a; g.trans_b = a.trans_b;
+  g.alpha = a.alpha; g.beta = a.beta;
+  g.lda = a.lda; g.ldb = a.ldb; g.ldc = a.ldc;
+  g.precision = a.precision; g.a_type = a.a_type; g.b_type = a.b_type; g.product = a.product;
+  for (int64_t i = 0; i < a.groups; ++i) {
+    g.M = a.M[i]; g.N = a.N[i]; g.K = a.K[i];
+    g.A = a.A[i]; g.B = a.B[i]; g.C = a.C[i];
+    op_gemm(q, g);
+  }
+}
+
 OpTable make_table() {
   OpTable t;
   t.gemm = op_gemm;
+  t.grouped_gemm = op_grouped_gemm;
   t.bias_add = [](Queue&, float* out, const float* b, int64_t N, int64_t n) { bias_add(out, b, N, n); };
   t.residual_add = [](Queue&, float* out, const float* r, const float* y, const float* b, int64_t N,
                       int64_t C) { residual_add(out, r, y, b, N, C); };
@@ -167,10 +187,12 @@ OpTable make_table() {
                               lse_b, dims(a));
   };
   t.rope_forward = [](Queue&, const RopeArgs& r) {
-    k::rope_forward(r.x, r.N, r.T_seq, r.pos0, r.n_heads, r.head_dim, r.stride, r.cos, r.sin);
+    k::rope_forward(r.x, r.N, r.T_seq, r.pos0, r.n_heads, r.head_dim, r.stride, r.cos, r.sin,
+                    r.doc_start);
   };
   t.rope_backward = [](Queue&, const RopeArgs& r) {
-    k::rope_backward(r.x, r.N, r.T_seq, r.pos0, r.n_heads, r.head_dim, r.stride, r.cos, r.sin);
+    k::rope_backward(r.x, r.N, r.T_seq, r.pos0, r.n_heads, r.head_dim, r.stride, r.cos, r.sin,
+                     r.doc_start);
   };
   t.head_norm_forward = [](Queue&, const HeadNormArgs& a) { head_norm_forward(a); };
   t.head_norm_backward = [](Queue&, const HeadNormArgs& a) { head_norm_backward(a); };
@@ -229,6 +251,16 @@ OpTable make_table() {
       k::adamw_update<float>(a.p, a.g, a.m, a.v, a.n, a.lr, a.beta1, a.beta2, a.eps,
                              a.weight_decay, a.grad_scale, a.step);
   };
+  t.moe_permute = [](Queue&, float* out, const float* x, const int32_t* s, int64_t N, int64_t k,
+                     int64_t C) { k::moe_permute(out, x, s, N, k, C); };
+  t.moe_permute_backward = [](Queue&, float* dx, const float* d, const int32_t* s, int64_t N,
+                              int64_t k, int64_t C) { k::moe_permute_backward(dx, d, s, N, k, C); };
+  t.moe_unpermute = [](Queue&, float* y, const float* e, const float* w, const int32_t* s,
+                       int64_t N, int64_t k, int64_t C) { k::moe_unpermute(y, e, w, s, N, k, C); };
+  t.moe_unpermute_backward = [](Queue&, float* de, float* dw, const float* dy, const float* e,
+                                const float* w, const int32_t* s, int64_t N, int64_t k, int64_t C) {
+    k::moe_unpermute_backward(de, dw, dy, e, w, s, N, k, C);
+  };
   t.cross_entropy_fused = [](Queue&, float* L, float* losses, double* total, const int32_t* tg,
                              int64_t N, int64_t V, float gs) {
     *total = k::cross_entropy_fused<float>(L, losses, tg, N, V, gs);
@@ -285,6 +317,7 @@ CpuBackend::CpuBackend() : queue_(std::make_unique<InlineQueue>(*this)) {
   // Measured faster than the fp32 kernel only on AMX (docs/precision.md, "bf16 attention").
   caps_.attention_bf16_faster = k::attention_bf16_default_path() == k::AttentionBf16Path::kAmx;
   caps_.attention_any_q_offset = true;  // fp32 and bf16 kernels
+  caps_.attention_document_mask = true;  // fp32 and bf16 kernels
   caps_.fused_cross_entropy = true;
   caps_.bf16_producers = true;
   caps_.bf16_loss_grad = true;

@@ -484,11 +484,12 @@ void rope_tables(T* cos_table, T* sin_table, int64_t max_pos, int64_t hd,
 namespace {
 template <typename T>
 void rope_apply(T* x, int64_t ntok, int64_t T_seq, int64_t pos0, int64_t n_rot_heads, int64_t hd,
-                int64_t stride, const T* cos_table, const T* sin_table, T sign) {
+                int64_t stride, const T* cos_table, const T* sin_table, T sign,
+                const int32_t* doc_start) {
   const int64_t half = hd / 2;
 #pragma omp parallel for schedule(static)
   for (int64_t t = 0; t < ntok; ++t) {
-    const int64_t pos = pos0 + t % T_seq;
+    const int64_t pos = pos0 + t % T_seq - (doc_start ? doc_start[t] : 0);
     const T* cs = cos_table + pos * half;
     const T* sn = sin_table + pos * half;
     T* row = x + t * stride;
@@ -508,15 +509,18 @@ void rope_apply(T* x, int64_t ntok, int64_t T_seq, int64_t pos0, int64_t n_rot_h
 
 template <typename T>
 void rope_forward(T* x, int64_t ntok, int64_t T_seq, int64_t pos0, int64_t n_rot_heads,
-                  int64_t hd, int64_t stride, const T* cos_table, const T* sin_table) {
-  rope_apply(x, ntok, T_seq, pos0, n_rot_heads, hd, stride, cos_table, sin_table, T(1));
+                  int64_t hd, int64_t stride, const T* cos_table, const T* sin_table,
+                  const int32_t* doc_start) {
+  rope_apply(x, ntok, T_seq, pos0, n_rot_heads, hd, stride, cos_table, sin_table, T(1), doc_start);
 }
 
 template <typename T>
 void rope_backward(T* dx, int64_t ntok, int64_t T_seq, int64_t pos0, int64_t n_rot_heads,
-                   int64_t hd, int64_t stride, const T* cos_table, const T* sin_table) {
+                   int64_t hd, int64_t stride, const T* cos_table, const T* sin_table,
+                   const int32_t* doc_start) {
   // A rotation's adjoint is the rotation by the opposite angle.
-  rope_apply(dx, ntok, T_seq, pos0, n_rot_heads, hd, stride, cos_table, sin_table, T(-1));
+  rope_apply(dx, ntok, T_seq, pos0, n_rot_heads, hd, stride, cos_table, sin_table, T(-1),
+             doc_start);
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -722,9 +726,9 @@ void adamw_update_bf16(float* p, uint16_t* p16, const float* g, float* m, float*
   template void rope_tables<T>(T*, T*, int64_t, int64_t, double);                                \
   template void rope_tables<T>(T*, T*, int64_t, int64_t, const RopeFrequencies&);                                \
   template void rope_forward<T>(T*, int64_t, int64_t, int64_t, int64_t, int64_t, int64_t,        \
-                                const T*, const T*);                                             \
+                                const T*, const T*, const int32_t*);                             \
   template void rope_backward<T>(T*, int64_t, int64_t, int64_t, int64_t, int64_t, int64_t,       \
-                                 const T*, const T*);                                            \
+                                 const T*, const T*, const int32_t*);                            \
   template double cross_entropy_fused<T>(T*, T*, const int32_t*, int64_t, int64_t, T);           \
   template double cross_entropy_forward<T>(T*, const T*, const int32_t*, int64_t, int64_t);      \
   template void add_inplace<T>(T*, const T*, int64_t);                                           \

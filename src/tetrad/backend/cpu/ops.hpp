@@ -76,18 +76,21 @@ void swiglu_backward(T* dgu, const T* dout, const T* gu, int64_t ntok, int64_t F
 
 // Rotary position embedding, Hugging Face's rotate_half convention: within each head, element i
 // pairs with i + hd/2. Applied in place to the first n_rot_heads heads of each row of x
-// (row stride `stride`), the token of row r of sequence b sitting at position pos0 + r % T.
+// (row stride `stride`), the token of row r of sequence b sitting at position pos0 + r % T
+// (minus doc_start[r] when doc_start is given: per-document positions, RopeArgs::doc_start).
 // cos/sin tables: [max_pos, hd/2] from rope_tables().
 //
 // The frequencies and tables (RopeFrequencies, rope_inv_freq, rope_tables):
 // backend/rope_tables.hpp.
 template <typename T>
 void rope_forward(T* x, int64_t ntok, int64_t T_seq, int64_t pos0, int64_t n_rot_heads,
-                  int64_t hd, int64_t stride, const T* cos_table, const T* sin_table);
+                  int64_t hd, int64_t stride, const T* cos_table, const T* sin_table,
+                  const int32_t* doc_start = nullptr);
 // The adjoint (rotation by -angle), in place on the gradient.
 template <typename T>
 void rope_backward(T* dx, int64_t ntok, int64_t T_seq, int64_t pos0, int64_t n_rot_heads,
-                   int64_t hd, int64_t stride, const T* cos_table, const T* sin_table);
+                   int64_t hd, int64_t stride, const T* cos_table, const T* sin_table,
+                   const int32_t* doc_start = nullptr);
 
 // Fused softmax cross-entropy. For each row with target >= 0: losses[t] = logsumexp(row) -
 // row[target] and the row is overwritten IN PLACE with d(grad_scale * Σ losses)/d logits =

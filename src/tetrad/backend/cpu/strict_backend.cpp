@@ -4,7 +4,9 @@
 #include <unistd.h>
 
 #include <cstdlib>
+#include <algorithm>
 #include <cstring>
+#include <vector>
 
 #include "tetrad/backend/cpu/cpu_backend.hpp"
 #include "tetrad/core/error.hpp"
@@ -72,6 +74,53 @@ HeadNormArgs head_norm_args(Queue& q, const HeadNormArgs& a, const char* op) {
   return h;
 }
 
+// The mixture of experts' ops (grouped GEMM, permutation), translated as every other op.
+void add_moe_ops(OpTable& t) {
+  t.grouped_gemm = [](Queue& q, const GroupedGemmArgs& g) {
+    const size_t n = size_t(std::max<int64_t>(g.groups, 0));
+    std::vector<const void*> A(n), B(n);
+    std::vector<float*> C(n);
+    for (size_t i = 0; i < n; ++i) {
+      // An empty group's pointers are never read (the CPU's gemm returns first).
+      const bool empty = g.M[i] == 0 || g.N[i] == 0;
+      A[i] = empty || g.K[i] == 0 ? g.A[i] : T_(g.A[i], "grouped_gemm", "A");
+      B[i] = empty || g.K[i] == 0 ? g.B[i] : T_(g.B[i], "grouped_gemm", "B");
+      C[i] = empty ? g.C[i] : T_(g.C[i], "grouped_gemm", "C");
+    }
+    GroupedGemmArgs h = g;
+    h.A = A.data();
+    h.B = B.data();
+    h.C = C.data();
+    cpu_ops().grouped_gemm(cpu_queue(q), h);
+  };
+  t.moe_permute = [](Queue& q, float* out, const float* x, const int32_t* s, int64_t N,
+                     int64_t k, int64_t C) {
+    const char* o = "moe_permute";
+    cpu_ops().moe_permute(cpu_queue(q), T_(out, o, "out"), T_(x, o, "x"), T_(s, o, "slots"), N,
+                          k, C);
+  };
+  t.moe_permute_backward = [](Queue& q, float* dx, const float* d, const int32_t* s, int64_t N,
+                              int64_t k, int64_t C) {
+    const char* o = "moe_permute_backward";
+    cpu_ops().moe_permute_backward(cpu_queue(q), T_(dx, o, "dx"), T_(d, o, "dout"),
+                                   T_(s, o, "slots"), N, k, C);
+  };
+  t.moe_unpermute = [](Queue& q, float* y, const float* e, const float* w, const int32_t* s,
+                       int64_t N, int64_t k, int64_t C) {
+    const char* o = "moe_unpermute";
+    cpu_ops().moe_unpermute(cpu_queue(q), T_(y, o, "y"), T_(e, o, "e"), T_(w, o, "w"),
+                            T_(s, o, "slots"), N, k, C);
+  };
+  t.moe_unpermute_backward = [](Queue& q, float* de, float* dw, const float* dy, const float* e,
+                                const float* w, const int32_t* s, int64_t N, int64_t k,
+                                int64_t C) {
+    const char* o = "moe_unpermute_backward";
+    cpu_ops().moe_unpermute_backward(cpu_queue(q), T_(de, o, "de"), T_(dw, o, "dw"),
+                                     T_(dy, o, "dy"), T_(e, o, "e"), T_(w, o, "w"),
+                                     T_(s, o, "slots"), N, k, C);
+  };
+}
+
 OpTable make_strict_table() {
   OpTable t;
   t.gemm = [](Queue& q, const GemmArgs& g) {
@@ -137,14 +186,18 @@ OpTable make_strict_table() {
   t.attention_forward = [](Queue& q, const AttentionArgs& a, void* out, float* lse,
                            const void* qp, const void* kp, const void* vp) {
     const char* o = "attention_forward";
-    cpu_ops().attention_forward(cpu_queue(q), a, T_(out, o, "out"), T_(lse, o, "lse"),
+    AttentionArgs h = a;
+    h.doc_start = T_(a.doc_start, o, "doc_start");
+    cpu_ops().attention_forward(cpu_queue(q), h, T_(out, o, "out"), T_(lse, o, "lse"),
                                 T_(qp, o, "q"), T_(kp, o, "k"), T_(vp, o, "v"));
   };
   t.attention_backward = [](Queue& q, const AttentionArgs& a, void* dq, void* dk, void* dv,
                             const void* dout, const void* qp, const void* kp, const void* vp,
                             const void* out, const float* lse) {
     const char* o = "attention_backward";
-    cpu_ops().attention_backward(cpu_queue(q), a, T_(dq, o, "dq"), T_(dk, o, "dk"),
+    AttentionArgs h = a;
+    h.doc_start = T_(a.doc_start, o, "doc_start");
+    cpu_ops().attention_backward(cpu_queue(q), h, T_(dq, o, "dq"), T_(dk, o, "dk"),
                                  T_(dv, o, "dv"), T_(dout, o, "dout"), T_(qp, o, "q"),
                                  T_(kp, o, "k"), T_(vp, o, "v"), T_(out, o, "out"),
                                  T_(lse, o, "lse"));
@@ -160,6 +213,7 @@ OpTable make_strict_table() {
     h.x = T_(r.x, "rope_forward", "x");
     h.cos = T_(r.cos, "rope_forward", "cos");
     h.sin = T_(r.sin, "rope_forward", "sin");
+    h.doc_start = T_(r.doc_start, "rope_forward", "doc_start");
     cpu_ops().rope_forward(cpu_queue(q), h);
   };
   t.rope_backward = [](Queue& q, const RopeArgs& r) {
@@ -167,6 +221,7 @@ OpTable make_strict_table() {
     h.x = T_(r.x, "rope_backward", "x");
     h.cos = T_(r.cos, "rope_backward", "cos");
     h.sin = T_(r.sin, "rope_backward", "sin");
+    h.doc_start = T_(r.doc_start, "rope_backward", "doc_start");
     cpu_ops().rope_backward(cpu_queue(q), h);
   };
   t.head_norm_forward = [](Queue& q, const HeadNormArgs& a) {
@@ -302,6 +357,7 @@ OpTable make_strict_table() {
                            T_(L, o, "logits"), T_(mx, o, "mx"), T_(st, o, "stats"),
                            T_(tg, o, "targets"), v0, Vs, N, gs);
   };
+  add_moe_ops(t);
   return t;
 }
 

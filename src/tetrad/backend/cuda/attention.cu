@@ -133,6 +133,10 @@ struct Params {
   int64_t q_offset;
   int64_t q_stride, kv_stride, out_stride, q_bstride, kv_bstride, out_bstride;
   float scale;
+  // Document mask (AttnDims::doc_start): null, or the first visible key of query i of sequence
+  // b is doc_start[b * doc_bstride + i] - doc_shift.
+  const int32_t* doc_start;
+  int64_t doc_bstride, doc_shift;
 };
 
 // ---- what the forward and both backward kernels share ----
@@ -148,9 +152,28 @@ __device__ __forceinline__ int64_t keys_seen_by(const Params& P, int q0) {
   const int64_t kend = P.q_offset + last_q + 1;
   return kend < P.Tk ? kend : P.Tk;
 }
-// Whether query row i of the tile at q0 sees key kj (causal, after the query offset).
-__device__ __forceinline__ bool sees(const Params& P, int q0, int i, int64_t kj) {
-  return q0 + i < P.Tq && kj < P.Tk && kj <= P.q_offset + q0 + i;
+// The document mask's first key query q of sequence b sees (0 without a mask).
+__device__ __forceinline__ int64_t doc_first(const Params& P, int b, int64_t q) {
+  return P.doc_start ? int64_t(P.doc_start[b * P.doc_bstride + q]) - P.doc_shift : 0;
+}
+// Whether query row i of the tile at q0 sees key kj (causal, after the query offset, inside the
+// query's document).
+__device__ __forceinline__ bool sees(const Params& P, int b, int q0, int i, int64_t kj) {
+  return q0 + i < P.Tq && kj < P.Tk && kj <= P.q_offset + q0 + i &&
+         (!P.doc_start || kj >= doc_first(P, b, q0 + i));
+}
+// The first key any query of the tile [q0, q0 + BQ) sees under the document mask (0 without
+// one). Every thread computes the same value from global memory (the tile's BQ entries, one
+// cached run), so branches on it are uniform.
+template <int BQ>
+__device__ __forceinline__ int64_t doc_first_of_tile(const Params& P, int b, int q0) {
+  if (!P.doc_start) return 0;
+  int64_t lo = INT64_MAX;
+  for (int i = 0; i < BQ && q0 + i < P.Tq; ++i) {
+    const int64_t f = doc_first(P, b, q0 + i);
+    lo = f < lo ? f : lo;
+  }
+  return lo < 0 ? 0 : lo;
 }
 
 // D[i] = Σ_d dout[i, d] * out[i, d] for the rows of a query tile (one warp per row).
@@ -178,9 +201,9 @@ __device__ __forceinline__ void load_row_stats(float* lse, float* D, const Param
                head_rows(P.o, b, P.out_bstride, h, P.hd), P.out_stride, q0, P.Tq, P.hd);
 }
 // P of row i, column j of the key tile at k0, recomputed from the raw score and the forward's lse.
-__device__ __forceinline__ float recomputed_p(const Params& P, float score, float lse, int q0, int i,
-                                              int64_t kj) {
-  return sees(P, q0, i, kj) ? expf(score * P.scale - lse) : 0.0f;
+__device__ __forceinline__ float recomputed_p(const Params& P, float score, float lse, int b,
+                                              int q0, int i, int64_t kj) {
+  return sees(P, b, q0, i, kj) ? expf(score * P.scale - lse) : 0.0f;
 }
 // dst rows [r0, r0 + R) (those below `rows`, hd real columns) = acc * scale.
 template <int R, int HDP>
@@ -249,14 +272,17 @@ __global__ void __launch_bounds__(kAttnThreads) k_attn_fwd(Params P) {
     lrow[i] = 0.0f;
   }
   const int64_t kend = keys_seen_by<BQ>(P, q0);
-  for (int k0 = 0; k0 < kend; k0 += BK) {
+  // Key tiles wholly before the tile's documents are skipped (starting at a multiple of BK, so
+  // the tiles are the unmasked kernel's).
+  const int64_t kfirst = doc_first_of_tile<BQ>(P, b, q0) / BK * BK;
+  for (int k0 = int(kfirst < kend ? kfirst : kend); k0 < kend; k0 += BK) {
     load_kv_tile<T, BK, HDP>(Ks, Vs, L::ldt, qt, P, k0);  // after the last tile's products
     tile_mma<false, true, BQ, BK, HDP>(S, L::lds, Qs, L::ldt, Ks, L::ldt, false);
     __syncthreads();
     for (int i = warp; i < BQ; i += kWarps) {
       float mx = -INFINITY;
       for (int j = lane; j < BK; j += 32) {
-        const float sv = sees(P, q0, i, k0 + j) ? S[i * L::lds + j] * P.scale : -INFINITY;
+        const float sv = sees(P, b, q0, i, k0 + j) ? S[i * L::lds + j] * P.scale : -INFINITY;
         S[i * L::lds + j] = sv;
         mx = fmaxf(mx, sv);
       }
@@ -326,14 +352,15 @@ __global__ void __launch_bounds__(kAttnThreads) k_attn_bwd_dq(Params P) {
   load_row_stats<BQ>(lse, D, P, b, h, q0);
 
   const int64_t kend = keys_seen_by<BQ>(P, q0);
-  for (int k0 = 0; k0 < kend; k0 += BK) {
+  const int64_t kfirst = doc_first_of_tile<BQ>(P, b, q0) / BK * BK;  // as the forward's
+  for (int k0 = int(kfirst < kend ? kfirst : kend); k0 < kend; k0 += BK) {
     load_kv_tile<T, BK, HDP>(Ks, Vs, L::ldt, qt, P, k0);
     tile_mma<false, true, BQ, BK, HDP>(S, L::lds, Qs, L::ldt, Ks, L::ldt, false);
     tile_mma<false, true, BQ, BK, HDP>(dP, L::lds, dOs, L::ldt, Vs, L::ldt, false);
     __syncthreads();
     for (int i = warp; i < BQ; i += kWarps)
       for (int j = lane; j < BK; j += 32) {
-        const float p = recomputed_p(P, S[i * L::lds + j], lse[i], q0, i, k0 + j);
+        const float p = recomputed_p(P, S[i * L::lds + j], lse[i], b, q0, i, k0 + j);
         dS[i * L::ldp + j] = Elem<T>::from(p * (dP[i * L::lds + j] - D[i]));
       }
     __syncthreads();
@@ -377,6 +404,9 @@ __global__ void __launch_bounds__(kAttnThreads) k_attn_bwd_dkv(Params P) {
   for (int hh = 0; hh < group; ++hh) {
     const int h = kvh * group + hh;
     for (int q0 = qt0; q0 < P.Tq; q0 += BQ) {
+      // Document mask: a query tile whose documents all start after this key tile sees none of
+      // it (the same value in every thread: the branch is uniform, barriers stay paired).
+      if (P.doc_start && doc_first_of_tile<BQ>(P, b, q0) >= int64_t(k0) + BK) continue;
       __syncthreads();
       load_tile<T, BQ, HDP>(Qs, L::ldt, head_rows(P.q, b, P.q_bstride, h, P.hd), P.q_stride, q0,
                             P.Tq, P.hd);
@@ -388,7 +418,8 @@ __global__ void __launch_bounds__(kAttnThreads) k_attn_bwd_dkv(Params P) {
       __syncthreads();
       for (int i = warp; i < BQ; i += kWarps)
         for (int j = lane; j < BK; j += 32)
-          Ps[i * L::ldp + j] = Elem<T>::from(recomputed_p(P, S[i * L::lds + j], lse[i], q0, i, k0 + j));
+          Ps[i * L::ldp + j] =
+              Elem<T>::from(recomputed_p(P, S[i * L::lds + j], lse[i], b, q0, i, k0 + j));
       __syncthreads();
       // dV += Pᵀ dO; dP = dO Vᵀ (into S, which is free now).
       tile_mma<true, false, BK, HDP, BQ>(dV, L::ldo, Ps, L::ldp, dOs, L::ldt, true);
@@ -520,6 +551,9 @@ Params make_params(const AttnDims& d) {
   p.kv_bstride = d.kv_batch_stride;
   p.out_bstride = d.out_batch_stride;
   p.scale = float(1.0 / std::sqrt(double(d.head_dim)));
+  p.doc_start = d.doc_start;
+  p.doc_bstride = d.doc_batch_stride;
+  p.doc_shift = d.doc_shift;
   return p;
 }
 

@@ -12,6 +12,7 @@
 
 #include "tetrad/backend/cuda/gemm.hpp"
 #include "tetrad/backend/cuda/gemm_mapping.hpp"
+#include "tetrad/backend/cuda/moe_kernels.hpp"
 #include "tetrad/backend/cuda/gpu_api.hpp"
 #include "tetrad/backend/cuda/kernels.hpp"
 #include "tetrad/backend/gpu_parts.hpp"
@@ -157,6 +158,7 @@ class CudaBackend final : public Backend {
     // train.attention_precision = "bf16" or TETRAD_CUDA_ATTENTION=bf16 choose it.
     caps_.attention_bf16_faster = false;
     caps_.attention_any_q_offset = true;
+    caps_.attention_document_mask = true;
     caps_.fused_cross_entropy = true;
     // Not yet: norm / activation kernels writing bf16 and the cast-transpose (the model casts
     // fp32 outputs with cast_f32_to_bf16 instead).
@@ -294,6 +296,34 @@ void op_gemm(Queue& q, const GemmArgs& a) {
   queue_of(q).gemm().run(c, stream_of(q));
 }
 
+// A loop of op_gemm on the queue's stream: each group is exactly one cuBLASLt product of its
+// shape (bf16 casts included), so a group gives what a dense layer of that shape gives.
+// cublasGemmGroupedBatchedEx would save launches but takes no bf16-rounded fp32 operands.
+void op_grouped_gemm(Queue& q, const GroupedGemmArgs& a) {
+  GemmArgs g;
+  g.trans_a = a.trans_a;
+  g.trans_b = a.trans_b;
+  g.alpha = a.alpha;
+  g.beta = a.beta;
+  g.lda = a.lda;
+  g.ldb = a.ldb;
+  g.ldc = a.ldc;
+  g.precision = a.precision;
+  g.a_type = a.a_type;
+  g.b_type = a.b_type;
+  g.product = a.product;
+  for (int64_t i = 0; i < a.groups; ++i) {
+    g.M = a.M[i];
+    g.N = a.N[i];
+    g.K = a.K[i];
+    g.A = a.A[i];
+    g.B = a.B[i];
+    g.C = a.C[i];
+    if (g.M == 0 || g.N == 0) continue;
+    op_gemm(q, g);
+  }
+}
+
 g::AttnDims attn_dims(const AttentionArgs& a) {
   if (a.dtype != DType::F32)
     fail("cuda backend: attention on ", dtype_name(a.dtype), "-stored q/k/v is not implemented "
@@ -312,6 +342,9 @@ g::AttnDims attn_dims(const AttentionArgs& a) {
   d.q_batch_stride = a.q_batch_stride;
   d.kv_batch_stride = a.kv_batch_stride;
   d.out_batch_stride = a.out_batch_stride;
+  d.doc_start = a.doc_start;  // positions counted as q_offset, k_offset are: the kernels count
+  d.doc_batch_stride = a.doc_batch_stride;  // from key 0 of the block (doc_shift)
+  d.doc_shift = a.k_offset;
   return d;
 }
 // bf16 tensor cores when the call asks for bf16 products or the process chose them (header).
@@ -340,6 +373,7 @@ void check_targets_below(int64_t* first_dev, const int32_t* targets, int64_t N, 
 OpTable make_table() {
   OpTable t;
   t.gemm = op_gemm;
+  t.grouped_gemm = op_grouped_gemm;
   t.bias_add = [](Queue& q, float* out, const float* b, int64_t N, int64_t n) {
     g::add_bias(out, b, N, n, n, stream_of(q));
   };
@@ -405,11 +439,11 @@ OpTable make_table() {
   };
   t.rope_forward = [](Queue& q, const RopeArgs& r) {
     g::rope_forward(r.x, r.N, r.T_seq, r.pos0, r.n_heads, r.head_dim, r.stride, r.cos, r.sin,
-                    stream_of(q));
+                    r.doc_start, stream_of(q));
   };
   t.rope_backward = [](Queue& q, const RopeArgs& r) {
     g::rope_backward(r.x, r.N, r.T_seq, r.pos0, r.n_heads, r.head_dim, r.stride, r.cos, r.sin,
-                     stream_of(q));
+                     r.doc_start, stream_of(q));
   };
   t.head_norm_forward = [](Queue& q, const HeadNormArgs& a) {
     g::head_norm_forward(a.x, a.rstd, a.saved, a.w, a.N, a.n_heads, a.head_dim, a.stride, a.eps,
@@ -500,6 +534,21 @@ OpTable make_table() {
       g::ce_loss_total_in_order(total, losses, N, s);
     }
     g::xent_backward(logits, V, mx, sum, targets, N, 0, V, grad_scale, s);
+  };
+  t.moe_permute = [](Queue& q, float* out, const float* x, const int32_t* s, int64_t N,
+                     int64_t k, int64_t C) { g::moe_permute(out, x, s, N, k, C, stream_of(q)); };
+  t.moe_permute_backward = [](Queue& q, float* dx, const float* d, const int32_t* s, int64_t N,
+                              int64_t k, int64_t C) {
+    g::moe_permute_backward(dx, d, s, N, k, C, stream_of(q));
+  };
+  t.moe_unpermute = [](Queue& q, float* y, const float* e, const float* w, const int32_t* s,
+                       int64_t N, int64_t k, int64_t C) {
+    g::moe_unpermute(y, e, w, s, N, k, C, stream_of(q));
+  };
+  t.moe_unpermute_backward = [](Queue& q, float* de, float* dw, const float* dy, const float* e,
+                                const float* w, const int32_t* s, int64_t N, int64_t k,
+                                int64_t C) {
+    g::moe_unpermute_backward(de, dw, dy, e, w, s, N, k, C, stream_of(q));
   };
   return t;
 }

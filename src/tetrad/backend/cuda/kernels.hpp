@@ -87,16 +87,17 @@ void norm_backward(float* dx, float* dw, float* db, const float* dout, const flo
 
 // ---- rotary embedding ---------------------------------------------------------------------------
 // In place on the first n_rot_heads heads of each row (stride), HF rotate_half pairing (i with
-// i + hd/2), the token of row r sitting at position pos0 + r % T. cos/sin tables [max_pos, hd/2]
+// i + hd/2), the token of row r sitting at position pos0 + r % T (minus doc_start[r] where
+// doc_start, device memory, is not null: per-document positions). cos/sin tables [max_pos, hd/2]
 // on the device, made on the host by the CPU backend's rope_tables (so llama3 frequency scaling
 // and any later change of the tables is the same function on both backends) and uploaded once.
 // backward = rotation by -angle (the adjoint), in place on the gradient.
 void rope_forward(float* x, int64_t ntok, int64_t T, int64_t pos0, int64_t n_rot_heads,
                   int64_t hd, int64_t stride, const float* cos_table, const float* sin_table,
-                  gpuStream_t s);
+                  const int32_t* doc_start, gpuStream_t s);
 void rope_backward(float* dx, int64_t ntok, int64_t T, int64_t pos0, int64_t n_rot_heads,
                    int64_t hd, int64_t stride, const float* cos_table, const float* sin_table,
-                   gpuStream_t s);
+                   const int32_t* doc_start, gpuStream_t s);
 
 // ---- per-head RMSNorm (q_norm / k_norm; ops.hpp's HeadNormArgs) --------------------------------
 // In place on the first n_heads heads of each row (stride); rstd [ntok, n_heads]; saved (may be
@@ -213,6 +214,10 @@ struct AttnDims {
   int64_t q_offset;  // query i sits at key position q_offset + i (any sign, no sentinel)
   int64_t q_stride, kv_stride, out_stride;
   int64_t q_batch_stride, kv_batch_stride, out_batch_stride;
+  // Document mask (AttentionArgs::doc_start, device memory): null, or query i of sequence b sees
+  // only keys at or after doc_start[b * doc_batch_stride + i] - doc_shift.
+  const int32_t* doc_start = nullptr;
+  int64_t doc_batch_stride = 0, doc_shift = 0;
 };
 // Kernels' arithmetic: kF32 (fp32 FMA on shared-memory tiles: the exact path) or kBf16 (q, k, v,
 // P and dS rounded to bf16 in shared memory, products on the tensor cores through WMMA with

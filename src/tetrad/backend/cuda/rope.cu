@@ -13,7 +13,8 @@ namespace {
 
 // ---- rotary ----
 __global__ void k_rope(float* x, int64_t ntok, int64_t T, int64_t pos0, int64_t n_rot_heads,
-                       int64_t hd, int64_t stride, const float* cs, const float* sn, float sign) {
+                       int64_t hd, int64_t stride, const float* cs, const float* sn, float sign,
+                       const int32_t* doc_start) {
   const int64_t half = hd / 2;
   const int64_t n = ntok * n_rot_heads * half;
   for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < n;
@@ -21,7 +22,7 @@ __global__ void k_rope(float* x, int64_t ntok, int64_t T, int64_t pos0, int64_t 
     const int64_t j = i % half;
     const int64_t th = i / half;
     const int64_t h = th % n_rot_heads, t = th / n_rot_heads;
-    const int64_t pos = pos0 + t % T;
+    const int64_t pos = pos0 + t % T - (doc_start ? doc_start[t] : 0);
     float* x1 = x + t * stride + h * hd;
     const float a = x1[j], b = x1[j + half];
     const float c = cs[pos * half + j], sv = sign * sn[pos * half + j];
@@ -33,11 +34,11 @@ __global__ void k_rope(float* x, int64_t ntok, int64_t T, int64_t pos0, int64_t 
 // Forward (sign +1) and the adjoint (-1, the rotation by -angle) in one launcher.
 void rope(float* x, int64_t ntok, int64_t T, int64_t pos0, int64_t n_rot_heads, int64_t hd,
           int64_t stride, const float* cos_table, const float* sin_table, float sign,
-          const char* name, gpuStream_t s) {
+          const int32_t* doc_start, const char* name, gpuStream_t s) {
   const int64_t n = ntok * n_rot_heads * (hd / 2);
   if (n <= 0) return;
   k_rope<<<grid_for(n), kThreads, 0, s>>>(x, ntok, T, pos0, n_rot_heads, hd, stride, cos_table,
-                                           sin_table, sign);
+                                           sin_table, sign, doc_start);
   TETRAD_LAUNCH_CHECK(name);
 }
 
@@ -45,14 +46,15 @@ void rope(float* x, int64_t ntok, int64_t T, int64_t pos0, int64_t n_rot_heads, 
 
 void rope_forward(float* x, int64_t ntok, int64_t T, int64_t pos0, int64_t n_rot_heads,
                   int64_t hd, int64_t stride, const float* cos_table, const float* sin_table,
-                  gpuStream_t s) {
-  rope(x, ntok, T, pos0, n_rot_heads, hd, stride, cos_table, sin_table, 1.0f, "rope_forward", s);
+                  const int32_t* doc_start, gpuStream_t s) {
+  rope(x, ntok, T, pos0, n_rot_heads, hd, stride, cos_table, sin_table, 1.0f, doc_start,
+       "rope_forward", s);
 }
 void rope_backward(float* dx, int64_t ntok, int64_t T, int64_t pos0, int64_t n_rot_heads,
                    int64_t hd, int64_t stride, const float* cos_table, const float* sin_table,
-                   gpuStream_t s) {
-  rope(dx, ntok, T, pos0, n_rot_heads, hd, stride, cos_table, sin_table, -1.0f, "rope_backward",
-       s);
+                   const int32_t* doc_start, gpuStream_t s) {
+  rope(dx, ntok, T, pos0, n_rot_heads, hd, stride, cos_table, sin_table, -1.0f, doc_start,
+       "rope_backward", s);
 }
 
 }  // namespace tetrad::gpu

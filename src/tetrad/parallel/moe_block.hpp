@@ -1,0 +1,71 @@
+// The mixture-of-experts block on the grid (Mixtral's; block.hpp's interface): the dense block's
+// attention half (dense_block.hpp), then in place of its MLP
+//   ln2 -> router (fp32 GEMM [N, E]) -> softmax, top k, combine weights (host: moe_routing.hpp)
+//     -> the tokens' rows in expert order (moe_permute) -> each expert's SwiGLU MLP over its rows
+//     (grouped GEMMs: gate|up, SwiGLU, down) -> the weighted combine back to the tokens
+//     (moe_unpermute) + resid_mid.
+// Dropless by default (an expert computes every row routed to it, however uneven); with
+// ModelConfig::moe_capacity_factor the choices past an expert's capacity are dropped and
+// counted. The router's losses (the load-balancing auxiliary loss and the z-loss, with their
+// coefficients, averaged over the layers) enter the backward weighted like grad_scale * N tokens
+// of the cross-entropy; their values and the experts' load are the block's MoeStats.
+//
+// The backward recomputes the routing from the layer's stored logits (the same plan bit for
+// bit), so it needs no host state kept from the forward: pipeline chunks and recomputation
+// restore the activations alone. Experts are whole on every rank (Gx = Gy = 1); fp32 only.
+#pragma once
+#include <vector>
+
+#include "tetrad/backend/backend.hpp"
+#include "tetrad/parallel/dense_block.hpp"
+#include "tetrad/parallel/moe_routing.hpp"
+
+namespace tetrad::parallel {
+
+class MoeBlock final : public DenseBlock {
+ public:
+  explicit MoeBlock(const BlockParts& parts);
+
+  // The dense block's backward; a forward it reruns (full recomputation) is not counted again
+  // in the statistics.
+  void backward(int l, const float* x_in, int B, int T) override {
+    recomputing_ = true;
+    DenseBlock::backward(l, x_in, B, T);
+    recomputing_ = false;
+  }
+  void set_grad_scale(float grad_scale) override { grad_scale_ = grad_scale; }
+  MoeStats take_moe_stats() override {
+    MoeStats s = stats_;
+    stats_ = MoeStats{};
+    return s;
+  }
+
+ private:
+  struct Experts {
+    int router = -1, gate_up = -1, down = -1;  // parameter table indices
+  };
+  void mlp_forward(int l, int64_t N) override;
+  void mlp_backward(int l, int64_t N) override;
+  bool sequence_shardable() const override { return false; }  // parallel.sequence_shard: not yet
+  // The layer's routing from its stored logits, and the plan uploaded for the permutation ops.
+  void route(int l, int64_t N);
+  // Each expert's GEMM over its rows: C_e (= beta C_e) + op(A_e) op(B_e), shapes per expert.
+  void expert_gemms(const char* what, bool ta, bool tb, const std::vector<int64_t>& M,
+                    const std::vector<int64_t>& Nn, const std::vector<int64_t>& K,
+                    const std::vector<const void*>& A, int64_t lda,
+                    const std::vector<const void*>& B, int64_t ldb, float beta,
+                    const std::vector<float*>& C, int64_t ldc);
+
+  const ModelConfig& cfg_;
+  std::vector<Experts> experts_;
+  MoeRouting routing_;
+  MoeStats stats_;
+  float grad_scale_ = 0.0f;
+  bool recomputing_ = false;
+  std::vector<float> logits_host_, dw_host_, dlogits_host_;
+  backend::DeviceArray<int32_t> slots_;      // [N k] the routing's plan
+  backend::DeviceArray<float> weights_, dw_;  // [N k] combine weights and their gradient
+  backend::DeviceArray<float> dlogits_;       // [N E]
+};
+
+}  // namespace tetrad::parallel

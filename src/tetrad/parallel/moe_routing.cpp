@@ -1,0 +1,133 @@
+#include "tetrad/parallel/moe_routing.hpp"
+
+#include <algorithm>
+#include <cmath>
+
+#include "tetrad/core/error.hpp"
+
+namespace tetrad::parallel {
+
+int64_t expert_capacity(const ModelConfig& c, int64_t N) {
+  if (c.moe_capacity_factor <= 0) return N;  // dropless: an expert may get every token
+  const double cap = std::ceil(double(c.moe_capacity_factor) * double(N) *
+                               double(c.experts_per_token) / double(c.n_experts));
+  return std::min<int64_t>(N, int64_t(cap));
+}
+
+void route_tokens(const float* logits, int64_t N, const ModelConfig& c, MoeRouting& r) {
+  const int64_t E = c.n_experts, k = c.experts_per_token;
+  r.N = N; r.E = E; r.k = k;
+  r.probs.assign(size_t(N * E), 0.0);
+  r.lse.assign(size_t(N), 0.0);
+  r.choice.assign(size_t(N * k), -1);
+  r.weight.assign(size_t(N * k), 0.0f);
+  r.slots.assign(size_t(N * k), -1);
+  r.routed.assign(static_cast<size_t>(E), 0);
+  r.rows.assign(static_cast<size_t>(E), 0);
+  r.first.assign(static_cast<size_t>(E), 0);
+  const bool renorm = c.moe_renormalize();
+  std::vector<int32_t> order(static_cast<size_t>(E));
+  double zsum = 0;
+  for (int64_t t = 0; t < N; ++t) {
+    const float* x = logits + t * E;
+    double mx = -INFINITY;
+    for (int64_t e = 0; e < E; ++e) {
+      if (!std::isfinite(x[e]))
+        fail("mixture of experts: the router's logit of token ", t, " for expert ", e, " is ",
+             x[e], " (the router's weights or the block's input are not finite)");
+      mx = std::max(mx, double(x[e]));
+    }
+    double s = 0;
+    for (int64_t e = 0; e < E; ++e) s += std::exp(double(x[e]) - mx);
+    double* p = r.probs.data() + t * E;
+    for (int64_t e = 0; e < E; ++e) p[e] = std::exp(double(x[e]) - mx) / s;
+    r.lse[size_t(t)] = mx + std::log(s);
+    zsum += r.lse[size_t(t)] * r.lse[size_t(t)];
+    for (int64_t e = 0; e < E; ++e) order[size_t(e)] = int32_t(e);
+    // The k most probable; on equal probabilities the lower index first (a stable order).
+    std::partial_sort(order.begin(), order.begin() + k, order.end(),
+                      [&](int32_t a, int32_t b) { return p[a] > p[b] || (p[a] == p[b] && a < b); });
+    double sel = 0;
+    for (int64_t j = 0; j < k; ++j) sel += p[order[size_t(j)]];
+    for (int64_t j = 0; j < k; ++j) {
+      const int32_t e = order[size_t(j)];
+      r.choice[size_t(t * k + j)] = e;
+      r.weight[size_t(t * k + j)] = float(renorm ? p[e] / sel : p[e]);
+      ++r.routed[size_t(e)];
+    }
+  }
+  // The dispatch: each expert takes its choices in token order up to its capacity.
+  const int64_t cap = expert_capacity(c, N);
+  for (int64_t i = 0; i < N * k; ++i) {
+    const int32_t e = r.choice[size_t(i)];
+    if (r.rows[size_t(e)] < cap) ++r.rows[size_t(e)];
+    else r.slots[size_t(i)] = -2;  // dropped (marked; rows are numbered below)
+  }
+  int64_t row = 0;
+  for (int64_t e = 0; e < E; ++e) {
+    r.first[size_t(e)] = row;
+    row += r.rows[size_t(e)];
+  }
+  r.kept = row;
+  r.dropped = N * k - row;
+  std::vector<int64_t> next(r.first);
+  for (int64_t i = 0; i < N * k; ++i) {
+    if (r.slots[size_t(i)] == -2) {
+      r.slots[size_t(i)] = -1;
+      continue;
+    }
+    r.slots[size_t(i)] = int32_t(next[size_t(r.choice[size_t(i)])]++);
+  }
+  // Load balancing: f_e = routed_e / N (summing to k over the experts), P_e = mean_t p[t, e].
+  double aux = 0;
+  for (int64_t e = 0; e < E; ++e) {
+    double P = 0;
+    for (int64_t t = 0; t < N; ++t) P += r.probs[size_t(t * E + e)];
+    aux += double(r.routed[size_t(e)]) / double(N) * (P / double(N));
+  }
+  r.aux = double(E) * aux;
+  r.z = zsum / double(N);
+}
+
+void router_backward(const MoeRouting& r, const float* dw, bool renormalize, double aux_scale,
+                     double z_scale, float* dlogits) {
+  const int64_t N = r.N, E = r.E, k = r.k;
+  std::vector<double> dp(static_cast<size_t>(E));
+  for (int64_t t = 0; t < N; ++t) {
+    const double* p = r.probs.data() + t * E;
+    std::fill(dp.begin(), dp.end(), 0.0);
+    if (renormalize) {
+      // w_j = p_j / S with S the sum of the chosen p: dp_j = (dw_j - Σ_i dw_i w_i) / S.
+      double S = 0, gw = 0;
+      for (int64_t j = 0; j < k; ++j) S += p[r.choice[size_t(t * k + j)]];
+      for (int64_t j = 0; j < k; ++j)
+        gw += double(dw[t * k + j]) * (p[r.choice[size_t(t * k + j)]] / S);
+      for (int64_t j = 0; j < k; ++j)
+        dp[size_t(r.choice[size_t(t * k + j)])] += (double(dw[t * k + j]) - gw) / S;
+    } else {
+      for (int64_t j = 0; j < k; ++j) dp[size_t(r.choice[size_t(t * k + j)])] += double(dw[t * k + j]);
+    }
+    if (aux_scale != 0)
+      for (int64_t e = 0; e < E; ++e)
+        dp[size_t(e)] += aux_scale * double(E) * double(r.routed[size_t(e)]) / double(N) / double(N);
+    double pdp = 0;
+    for (int64_t e = 0; e < E; ++e) pdp += p[e] * dp[size_t(e)];
+    const double zg = z_scale * 2.0 * r.lse[size_t(t)] / double(N);
+    for (int64_t e = 0; e < E; ++e)
+      dlogits[t * E + e] = float(p[e] * (dp[size_t(e)] - pdp) + zg * p[e]);
+  }
+}
+
+void MoeStats::add(const MoeRouting& r) {
+  ++layers;
+  aux += r.aux;
+  z += r.z;
+  dropped += r.dropped;
+  routed += r.N * r.k;
+  for (int64_t n : r.rows) {
+    if (min_rows < 0 || n < min_rows) min_rows = n;
+    if (n > max_rows) max_rows = n;
+  }
+}
+
+}  // namespace tetrad::parallel

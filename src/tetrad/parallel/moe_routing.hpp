@@ -1,0 +1,56 @@
+// The mixture of experts' router on the host (moe_block.hpp runs it between the router's GEMM and
+// the dispatch): softmax over the experts in double, the top k per token, the combine weights
+// (renormalised or not, as the family says), the dispatch plan (each kept choice's row in expert
+// order; drops past an expert's capacity, in token order), the load-balancing and z losses, and
+// the gradient of the router's logits. Pure arithmetic on host vectors: the block copies the
+// logits over and the plan back; nothing here touches a device.
+#pragma once
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "tetrad/model/model_config.hpp"
+
+namespace tetrad::parallel {
+
+struct MoeRouting {
+  int64_t N = 0, E = 0, k = 0;
+  std::vector<double> probs;     // [N, E] softmax of the logits
+  std::vector<double> lse;       // [N] log-sum-exp of each token's logits
+  std::vector<int32_t> choice;   // [N, k] experts, most probable first (lowest index on ties)
+  std::vector<float> weight;     // [N, k] combine weights
+  std::vector<int32_t> slots;    // [N, k] the choice's row in expert order, -1 when dropped
+  std::vector<int64_t> routed;   // [E] choices routed to each expert (before any drop)
+  std::vector<int64_t> rows;     // [E] rows each expert computes (its kept choices)
+  std::vector<int64_t> first;    // [E] its first row
+  int64_t kept = 0, dropped = 0; // rows computed, choices dropped
+  double aux = 0;                // E Σ_e (routed_e / N) · mean_t probs[t, e] (Switch / Mixtral)
+  double z = 0;                  // mean_t lse_t² (ST-MoE's router z-loss)
+};
+
+// The routing of N tokens by their router logits [N, E] (fp32, row-major) under c's settings
+// (experts_per_token, moe_renormalize(), moe_capacity_factor).
+void route_tokens(const float* logits, int64_t N, const ModelConfig& c, MoeRouting& r);
+
+// Most rows an expert takes from N tokens: ceil(capacity_factor * N * k / E), or N (dropless).
+int64_t expert_capacity(const ModelConfig& c, int64_t N);
+
+// The gradient of the logits [N, E] (overwritten): from the combine weights' gradient dw [N, k]
+// (0 for dropped choices), plus aux_scale · d(aux)/d(logits) and z_scale · d(z)/d(logits). The
+// counts routed_e are constants (the top k is a selection), as in every implementation.
+void router_backward(const MoeRouting& r, const float* dw, bool renormalize, double aux_scale,
+                     double z_scale, float* dlogits);
+
+// The router's losses and the experts' load over the forward passes since the last take:
+// sums over layers and micro-batches, and the least and most rows an expert computed in one
+// layer of one micro-batch.
+struct MoeStats {
+  int64_t layers = 0;  // layer forward passes counted
+  double aux = 0, z = 0;
+  int64_t min_rows = -1, max_rows = -1, dropped = 0, routed = 0;
+  void add(const MoeRouting& r);
+  double mean_aux() const { return layers ? aux / double(layers) : 0.0; }
+  double mean_z() const { return layers ? z / double(layers) : 0.0; }
+};
+
+}  // namespace tetrad::parallel

@@ -1,0 +1,357 @@
+// The mixture-of-experts block (parallel/moe_block.hpp, Mixtral's): the routing on the host
+// (top k, renormalisation, capacity drops, the load-balancing and z losses), the serial oracle's
+// gradient against finite differences in double (router, dispatch, experts, combine, the router
+// losses; dropless and with drops), the parallel model on one rank against the oracle (losses and
+// gradients over training steps, every recompute mode bit for bit), an extreme imbalance (every
+// token to one expert, the others empty) training dropless, and the settings refused by name.
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cmath>
+#include <string>
+#include <vector>
+
+#include "gradcheck.hpp"
+#include "support/transformer.hpp"
+#include "tetrad/checkpoint/hf.hpp"
+#include "tetrad/checkpoint/hf_config.hpp"
+#include "tetrad/core/error.hpp"
+#include "tetrad/core/rng.hpp"
+#include "tetrad/model/params.hpp"
+#include "tetrad/parallel/moe_routing.hpp"
+#include "tetrad/parallel/parallel_transformer.hpp"
+
+using namespace tetrad;
+using namespace tetrad::parallel;
+
+namespace {
+
+// Element by element against a plain array: GCC 12 at -O3 -march=native (AVX-512) built the
+// std::vector<int64_t> {1, 1, 1, 0} of an initializer list as {1, 1, 1, 1} here (the constant
+// vector broadcast), so expected values are not written as vector literals.
+template <typename T, typename U, size_t n>
+void expect_values(const std::vector<T>& got, const U (&want)[n], const char* what) {
+  ASSERT_EQ(got.size(), n) << what;
+  for (size_t i = 0; i < n; ++i) EXPECT_EQ(got[i], T(want[i])) << what << "[" << i << "]";
+}
+
+ModelConfig moe_cfg(int experts = 4, int k = 2) {
+  ModelConfig c;
+  c.family = Family::Mixtral;
+  c.n_layer = 2;
+  c.n_embd = 16;
+  c.n_head = 4;
+  c.n_kv_head = 2;
+  c.ffn = 12;
+  c.vocab_size = 23;
+  c.max_seq = 8;
+  c.tie_embeddings = false;
+  c.n_experts = experts;
+  c.experts_per_token = k;
+  c.router_aux_loss_coef = 0.05f;
+  c.router_z_loss_coef = 0.01f;
+  return c;
+}
+
+std::vector<int32_t> tokens(int n, int V, uint64_t seed) {
+  Rng r(seed);
+  std::vector<int32_t> t(static_cast<size_t>(n));
+  for (auto& v : t) v = int32_t(r.next_u64() % uint64_t(V));
+  return t;
+}
+
+std::string error_of(const std::function<void()>& f) {
+  try {
+    f();
+  } catch (const Error& e) {
+    return e.what();
+  }
+  return "";
+}
+bool has(const std::string& s, const std::string& part) { return s.find(part) != std::string::npos; }
+
+}  // namespace
+
+// ---- routing on the host ------------------------------------------------------------------------
+
+TEST(MoeRouting, TopKRenormalisationCapacityAndLosses) {
+  ModelConfig c = moe_cfg(4, 2);
+  // 3 tokens: expert 3 is nobody's choice.
+  const std::vector<float> logits = {2, 1, 0, -5,   // 0, 1
+                                     0, 3, 1, -5,   // 1, 2
+                                     1, 1, 0, -5};  // tie: 0 before 1
+  MoeRouting r;
+  route_tokens(logits.data(), 3, c, r);
+  const int choice[] = {0, 1, 1, 2, 0, 1};
+  expect_values(r.choice, choice, "choice");
+  for (int t = 0; t < 3; ++t) EXPECT_NEAR(r.weight[size_t(2 * t)] + r.weight[size_t(2 * t + 1)], 1.0, 1e-6);
+  const int rows[] = {2, 3, 1, 0};  // expert 3 computes nothing
+  expect_values(r.rows, rows, "rows");
+  EXPECT_EQ(r.dropped, 0);
+  EXPECT_EQ(r.kept, 6);
+  // slots: expert order, tokens in order within an expert.
+  const int slots[] = {0, 2, 3, 5, 1, 4};
+  expect_values(r.slots, slots, "slots");
+  double aux = 0;
+  for (int e = 0; e < 4; ++e) {
+    double P = 0;
+    for (int t = 0; t < 3; ++t) P += r.probs[size_t(t * 4 + e)];
+    aux += double(r.routed[size_t(e)]) / 3 * P / 3;
+  }
+  EXPECT_NEAR(r.aux, 4 * aux, 1e-12);
+  // Without renormalisation the weights are the probabilities.
+  c.norm_topk_prob = false;
+  route_tokens(logits.data(), 3, c, r);
+  EXPECT_NEAR(r.weight[0], r.probs[0], 1e-7);
+  // Capacity 1 row per expert (factor 0.5: ceil(0.5 * 3 * 2 / 4) = 1): later tokens dropped.
+  c.moe_capacity_factor = 0.5f;
+  EXPECT_EQ(expert_capacity(c, 3), 1);
+  route_tokens(logits.data(), 3, c, r);
+  const int capped_rows[] = {1, 1, 1, 0};
+  expect_values(r.rows, capped_rows, "rows under capacity");
+  EXPECT_EQ(r.dropped, 3);
+  const int capped_slots[] = {0, 1, -1, 2, -1, -1};
+  expect_values(r.slots, capped_slots, "slots under capacity");
+  MoeStats s;
+  s.add(r);
+  EXPECT_EQ(s.min_rows, 0);
+  EXPECT_EQ(s.max_rows, 1);
+  EXPECT_EQ(s.dropped, 3);
+}
+
+TEST(MoeRouting, NonFiniteLogitIsRefusedNamingTheToken) {
+  const ModelConfig c = moe_cfg(4, 2);
+  std::vector<float> logits(8, 0.0f);
+  logits[6] = NAN;
+  MoeRouting r;
+  const std::string e = error_of([&] { route_tokens(logits.data(), 2, c, r); });
+  EXPECT_TRUE(has(e, "token 1") && has(e, "expert 2")) << e;
+}
+
+// ---- the oracle against finite differences -----------------------------------------------------
+
+namespace {
+void gradcheck_moe(const ModelConfig& cfg, const char* what) {
+  const int B = 2, T = 6;
+  Transformer<double> m(cfg, B, T);
+  m.init_weights(3);
+  Rng r(4);
+  for (int64_t i = 0; i < m.num_params(); ++i) m.params()[i] += 0.1 * r.normal();
+  auto x = tokens(B * T, cfg.vocab_size, 5), y = tokens(B * T, cfg.vocab_size, 6);
+  y[3] = -1;
+  m.zero_grads();
+  m.forward_backward(x.data(), y.data(), B, T, 1.0);
+  std::vector<double> analytic(m.grads(), m.grads() + m.num_params());
+  // The function whose gradient forward_backward computes: the cross-entropy sum and the
+  // router losses weighted as the backward weights them.
+  auto loss = [&] { return m.forward_loss(x.data(), y.data(), B, T) + m.router_loss(); };
+  EXPECT_GT(m.router_loss(), 0.0) << what;
+  tetrad::testing::GradCheckOptions opt;
+  opt.max_checks = 48;
+  opt.h = 1e-5;
+  for (const auto& s : m.table().specs)
+    EXPECT_TRUE(tetrad::testing::gradient_matches(std::string(what) + " " + s.name,
+                                                  m.params() + s.offset, s.numel,
+                                                  analytic.data() + s.offset, loss, opt));
+}
+}  // namespace
+
+TEST(MoeGradcheck, DroplessRenormalisedWithAuxAndZLoss) { gradcheck_moe(moe_cfg(4, 2), "dropless"); }
+
+TEST(MoeGradcheck, WithoutRenormalisationTopOne) {
+  ModelConfig c = moe_cfg(3, 1);
+  c.norm_topk_prob = false;
+  gradcheck_moe(c, "top-1 unnormalised");
+}
+
+TEST(MoeGradcheck, CapacityFactorDropsChoices) {
+  ModelConfig c = moe_cfg(4, 2);
+  c.moe_capacity_factor = 0.5f;  // each expert takes at most 3 of 12 tokens' 24 choices
+  gradcheck_moe(c, "capacity 0.5");
+}
+
+TEST(MoeGradcheck, NoBalancingLoss) {
+  ModelConfig c = moe_cfg(4, 2);
+  c.moe_balance = "none";
+  c.router_z_loss_coef = 0;
+  c.router_aux_loss_coef = 0.05f;  // ignored: no balancing
+  const int B = 1, T = 4;
+  Transformer<double> m(c, B, T);
+  m.init_weights(1);
+  auto x = tokens(B * T, c.vocab_size, 2);
+  m.forward_loss(x.data(), x.data(), B, T);
+  EXPECT_EQ(m.router_loss(), 0.0);
+  EXPECT_GT(m.mean_aux_loss(), 0.0);  // measured, not trained on
+}
+
+// ---- the parallel model on one rank against the oracle -----------------------------------------
+
+namespace {
+struct Trace {
+  std::vector<double> losses;
+  std::vector<float> grads;  // the last step's, in table order
+  MoeStats first;            // the first step's routing statistics
+};
+
+// `steps` SGD steps (lr 0.05) of the parallel model on one rank; every step's loss, the last
+// step's gradient in table order.
+Trace run_parallel(const ModelConfig& cfg, Recompute rc, int steps, bool zero_router = false) {
+  const int B = 2, T = 8;
+  ProcessGroups g;
+  ParallelTransformer m(cfg, g, B, T, {rc, 0});
+  m.init_weights(7);
+  const ParamTable& table = m.table();
+  if (zero_router)
+    for (size_t i = 0; i < table.specs.size(); ++i)
+      if (table.specs[i].role == TensorRole::Router) {
+        std::vector<float> z(size_t(table.specs[i].numel), 0.0f);
+        m.set_tensor(i, z.data());
+      }
+  Trace tr;
+  for (int s = 0; s < steps; ++s) {
+    auto x = tokens(B * T, cfg.vocab_size, 100 + uint64_t(s)), y = tokens(B * T, cfg.vocab_size, 200 + uint64_t(s));
+    m.zero_grads();
+    tr.losses.push_back(m.forward_backward(x.data(), y.data(), B, T, 1.0f / (B * T)));
+    m.reduce_gradients();
+    const MoeStats st = m.take_moe_stats();
+    if (s == 0) tr.first = st;
+    std::vector<float> grads_full(size_t(table.total));
+    for (size_t i = 0; i < table.specs.size(); ++i)
+      m.gather_tensor(m.grads(), i, grads_full.data() + table.specs[i].offset);
+    if (s + 1 == steps) tr.grads = grads_full;
+    std::vector<float> p(size_t(table.total));
+    for (size_t i = 0; i < table.specs.size(); ++i) m.get_tensor(i, p.data() + table.specs[i].offset);
+    for (int64_t i = 0; i < table.total; ++i) p[size_t(i)] -= 0.05f * grads_full[size_t(i)];
+    for (size_t i = 0; i < table.specs.size(); ++i) m.set_tensor(i, p.data() + table.specs[i].offset);
+  }
+  return tr;
+}
+
+Trace run_oracle(const ModelConfig& cfg, int steps, bool zero_router = false) {
+  const int B = 2, T = 8;
+  Transformer<float> m(cfg, B, T);
+  m.init_weights(7);
+  if (zero_router)
+    for (const ParamSpec& s : m.table().specs)
+      if (s.role == TensorRole::Router) std::fill(m.params() + s.offset, m.params() + s.offset + s.numel, 0.0f);
+  Trace tr;
+  for (int s = 0; s < steps; ++s) {
+    auto x = tokens(B * T, cfg.vocab_size, 100 + uint64_t(s)), y = tokens(B * T, cfg.vocab_size, 200 + uint64_t(s));
+    m.zero_grads();
+    tr.losses.push_back(m.forward_backward(x.data(), y.data(), B, T, 1.0f / (B * T)));
+    if (s + 1 == steps) tr.grads.assign(m.grads(), m.grads() + m.num_params());
+    for (int64_t i = 0; i < m.num_params(); ++i) m.params()[i] -= 0.05f * m.grads()[i];
+  }
+  return tr;
+}
+
+void expect_follows_oracle(const ModelConfig& cfg, const char* what, bool zero_router = false,
+                           int steps = 4) {
+  const Trace p = run_parallel(cfg, Recompute::None, steps, zero_router);
+  const Trace o = run_oracle(cfg, steps, zero_router);
+  for (int s = 0; s < steps; ++s)
+    EXPECT_NEAR(p.losses[size_t(s)] / o.losses[size_t(s)], 1.0, 1e-5) << what << " step " << s;
+  double num = 0, den = 0;
+  for (size_t i = 0; i < p.grads.size(); ++i) {
+    num += std::pow(double(p.grads[i]) - o.grads[i], 2);
+    den += std::pow(double(o.grads[i]), 2);
+  }
+  EXPECT_LT(std::sqrt(num / den), 1e-4) << what;
+}
+}  // namespace
+
+TEST(MoeParallel, FollowsTheOracleDropless) { expect_follows_oracle(moe_cfg(4, 2), "dropless"); }
+
+TEST(MoeParallel, FollowsTheOracleWithDrops) {
+  ModelConfig c = moe_cfg(4, 2);
+  c.moe_capacity_factor = 0.75f;
+  expect_follows_oracle(c, "capacity 0.75");
+}
+
+TEST(MoeParallel, EveryRecomputeModeIsBitIdentical) {
+  const ModelConfig c = moe_cfg(4, 2);
+  const Trace none = run_parallel(c, Recompute::None, 3);
+  for (Recompute rc : {Recompute::Selective, Recompute::Full}) {
+    const Trace r = run_parallel(c, rc, 3);
+    EXPECT_EQ(r.losses, none.losses) << recompute_name(rc);
+    EXPECT_EQ(r.grads, none.grads) << recompute_name(rc);
+    EXPECT_EQ(r.first.layers, none.first.layers) << "recomputation counted twice";
+  }
+}
+
+// A router of zeros ties every expert: every token goes to expert 0 (top-1, lowest index on
+// ties), the other experts receive no token. Dropless, expert 0 computes all N rows; the model
+// follows the oracle and trains (the router learns to spread the load).
+TEST(MoeParallel, ExtremeImbalanceTrainsDropless) {
+  ModelConfig c = moe_cfg(4, 1);
+  const Trace p = run_parallel(c, Recompute::None, 6, /*zero_router=*/true);
+  EXPECT_EQ(p.first.layers, c.n_layer);
+  EXPECT_EQ(p.first.max_rows, 2 * 8);  // every token of the micro-batch
+  EXPECT_EQ(p.first.min_rows, 0);      // experts without tokens
+  EXPECT_EQ(p.first.dropped, 0);
+  for (double l : p.losses) EXPECT_TRUE(std::isfinite(l));
+  // The first step against the oracle (afterwards experts 1..3 stay exactly tied, and which one a
+  // tie picks would hang on the last bit of their router rows).
+  expect_follows_oracle(c, "every token to expert 0", /*zero_router=*/true, /*steps=*/1);
+}
+
+TEST(MoeParallel, ActiveParametersCountInTheFlops) {
+  ModelConfig c = moe_cfg(8, 2);
+  const double moe = flops_per_token(c, 8);
+  c.n_experts = 2;
+  c.experts_per_token = 2;
+  EXPECT_NEAR(flops_per_token(c, 8), moe - 6.0 * c.n_layer * (8 - 2) * c.n_embd, 1e-6)
+      << "only the router grows with the experts when k stays 2";
+}
+
+// ---- settings refused by name --------------------------------------------------------------------
+
+TEST(MoeConfig, SettingsNotImplementedAreRefusedByName) {
+  ModelConfig c = moe_cfg(4, 2);
+  c.experts_per_token = 5;
+  EXPECT_TRUE(has(error_of([&] { c.validate(); }), "experts_per_token (top-k) = 5 is larger than model.n_experts = 4"));
+  c = moe_cfg(4, 2);
+  c.moe_balance = "expert_bias";
+  EXPECT_TRUE(has(error_of([&] { c.validate(); }), "\"expert_bias\""));
+  c = moe_cfg(4, 2);
+  c.moe_balance = "sinkhorn";
+  EXPECT_TRUE(has(error_of([&] { c.validate(); }), "sinkhorn"));
+  c = moe_cfg(4, 2);
+  c.n_experts = 0;
+  EXPECT_TRUE(has(error_of([&] { c.validate(); }), "model.n_experts must be positive"));
+  ModelConfig dense;
+  dense.family = Family::Llama;
+  dense.n_experts = 4;
+  EXPECT_TRUE(has(error_of([&] { dense.validate(); }), "dense model"));
+  const GridShape x2{2, 1, 1, 1};
+  EXPECT_TRUE(has(error_of([&] { validate_grid_for_model(moe_cfg(4, 2), x2); }), "Gx = 2"));
+  EXPECT_TRUE(has(error_of([&] { require_hf_tensor_layout(moe_cfg(4, 2), "export"); }),
+                  "block_sparse_moe.experts.N.w1"));
+  ProcessGroups g;
+  ParallelOptions o;
+  o.precision = backend::Precision::BF16;
+  EXPECT_TRUE(has(error_of([&] { ParallelTransformer m(moe_cfg(4, 2), g, 1, 8, o); }), "fp32 only"));
+}
+
+TEST(MoeConfig, ConfigJsonRoundTrip) {
+  ModelConfig c = moe_cfg(8, 2);
+  c.router_z_loss_coef = 0.001f;
+  c.moe_capacity_factor = 1.25f;
+  const nlohmann::json j = hf_config_json(c);
+  EXPECT_EQ(j["model_type"], "mixtral");
+  EXPECT_EQ(j["num_local_experts"], 8);
+  EXPECT_EQ(j["num_experts_per_tok"], 2);
+  const ModelConfig r = parse_hf_config(j, "config.json");
+  EXPECT_EQ(r.family, Family::Mixtral);
+  EXPECT_EQ(r.n_experts, 8);
+  EXPECT_EQ(r.experts_per_token, 2);
+  EXPECT_EQ(r.router_aux_loss_coef, c.router_aux_loss_coef);
+  EXPECT_EQ(r.router_z_loss_coef, c.router_z_loss_coef);
+  EXPECT_EQ(r.moe_capacity_factor, c.moe_capacity_factor);
+  nlohmann::json bad = j;
+  bad["num_experts_per_tok"] = 9;
+  EXPECT_TRUE(has(error_of([&] { parse_hf_config(bad, "config.json"); }), "larger than model.n_experts"));
+  bad = j;
+  bad["router_jitter_noise"] = 0.1;
+  EXPECT_TRUE(has(error_of([&] { parse_hf_config(bad, "config.json"); }), "router_jitter_noise"));
+}
