@@ -91,7 +91,7 @@ struct FamilyDesc {
   bool qkv_bias;                  // the q|k|v layer has a bias (every one, with linear_biases)
   bool grouped_query_attention;   // n_kv_head may be smaller than n_head
   // Each query and key head RMS-normalised over its head_dim after the projection, before the
-  // rotary positions (Qwen3's q_norm / k_norm: roles QNorm, KNorm; the block QkNormBlock).
+  // rotary positions (Qwen3's q_norm / k_norm: roles QNorm, KNorm; parallel/qk_norm.hpp, run by every block).
   bool qk_norm;
   // The head width may differ from n_embd / n_head (ModelConfig::explicit_head_dim; Qwen3's
   // 128-wide heads); false: head_dim = n_embd / n_head, any other value refused.

@@ -103,7 +103,7 @@ inline constexpr LayerActSpec kLayerActs[] = {
     {"ln1_mean", &LayerActs::ln1_mean, nullptr, ActWidth::One, ActStore::F32, ActKeep::UnlessFull},
     {"ln1_rstd", &LayerActs::ln1_rstd, nullptr, ActWidth::One, ActStore::F32, ActKeep::UnlessFull},
     {"qkv", &LayerActs::qkv, nullptr, ActWidth::QKVy, ActStore::F32, ActKeep::UnlessFull},
-    // The per-head q/k norm's input and statistics (QkNormBlock; width 0 in other families).
+    // The per-head q/k norm's input and statistics (QkNorm; width 0 in other families).
     {"qk_in", &LayerActs::qk_in, nullptr, ActWidth::QKn, ActStore::F32, ActKeep::UnlessFull},
     {"qk_rstd", &LayerActs::qk_rstd, nullptr, ActWidth::Nqk, ActStore::F32, ActKeep::UnlessFull},
     {"atty", &LayerActs::atty, nullptr, ActWidth::Ay, ActStore::F32, ActKeep::UnlessRecompute},

@@ -36,7 +36,7 @@ backend::AttentionArgs local_heads(int B, int T, const StepContext& ctx,
 }
 }  // namespace
 
-DenseBlock::DenseBlock(const BlockParts& p, std::initializer_list<TensorRole> extra)
+DenseBlock::DenseBlock(const BlockParts& p)
     : ctx_(p.ctx), ops_(p.ops), a_(p.acts), mlp_(p.config.desc().mlp),
       positions_(p.config.desc().positions), recompute_(p.recompute),
       attention_precision_(p.attention_precision), max_len_(p.max_len) {
@@ -46,7 +46,6 @@ DenseBlock::DenseBlock(const BlockParts& p, std::initializer_list<TensorRole> ex
   for (size_t i = 0; i < p.table.specs.size(); ++i) {
     const ParamSpec& s = p.table.specs[i];
     if (s.layer < 0) continue;  // the model's ends
-    if (std::find(extra.begin(), extra.end(), s.role) != extra.end()) continue;
     const int ti = int(i);
     Weights& L = layers_[size_t(s.layer)];
     using R = TensorRole;
@@ -68,6 +67,9 @@ DenseBlock::DenseBlock(const BlockParts& p, std::initializer_list<TensorRole> ex
       case R::MlpInBias: L.fc_b = ti; break;
       case R::MlpOut: L.fcproj_w = ti; break;
       case R::MlpOutBias: L.fcproj_b = ti; break;
+      case R::QNorm: case R::KNorm:
+        if (p.config.desc().qk_norm) break;  // the q/k norms bind their own (QkNorm)
+        fail("tensor '", s.name, "' (", role_name(s.role), ") in a block without q/k norms");
       case R::Router: case R::ExpertGateUp: case R::ExpertDown:
         if (p.config.moe()) break;  // the mixture of experts binds its own (MoeBlock)
         fail("tensor '", s.name, "' (", role_name(s.role), ") in a dense block");
@@ -87,6 +89,7 @@ DenseBlock::DenseBlock(const BlockParts& p, std::initializer_list<TensorRole> ex
     ctx_.bq().copy_to_device(rope_sin_.data(), sin_host.data(), n * sizeof(float));
     ctx_.bq().synchronize();
   }
+  if (p.config.desc().qk_norm) qk_norm_ = std::make_unique<QkNorm>(p);
   if (ctx_.shape().c() > 1)
     context_ = std::make_unique<ContextAttention>(ctx_, p.local_batch, p.max_len / ctx_.shape().c(),
                                                   p.cp_comm);
@@ -168,7 +171,7 @@ void DenseBlock::forward(int l, const float* x, int B, int T, const CachedKv* kv
   const auto& A = a_.layer[size_t(l)];
   ops_.norm_fwd(A.ln1, A.ln1_mean, A.ln1_rstd, x, L.ln1_w, L.ln1_b, N, A.ln1_16);
   ops_.normal_fwd(GemmSite::Qkv, A.qkv, act(A.ln1, A.ln1_16), L.qkv_w, L.qkv_b, N);
-  qkv_forward_extra(l, N);
+  if (qk_norm_) qk_norm_->forward(l, N);
   if (positions_ == Positions::Rope) {
     ScopedPhase sp(ctx_.prof, Phase::Attention);
     rope(true, A.qkv, B, T, kv ? kv->pos0 : 0);
@@ -251,7 +254,7 @@ void DenseBlock::backward(int l, const float* x_in, int B, int T) {
                             A.qkv + v0, A.atty, A.lse);
     if (positions_ == Positions::Rope) rope(false, a.dqkv, B, T, 0);
   }
-  qkv_backward_extra(l, N);
+  if (qk_norm_) qk_norm_->backward(l, N);
   ctx_.q().poll();
   const float* dln1 = ops_.linear_bwd(GemmSite::Qkv, a.dln, a.dqkv, act(A.ln1, A.ln1_16), L.qkv_w, L.qkv_b, N);
   ops_.norm_bwd(a.dresid, dln1, x_in, A.ln1_mean, A.ln1_rstd, L.ln1_w, L.ln1_b, N);

@@ -1,5 +1,6 @@
-// The dense transformer block on the grid (GPT-2, Llama, Qwen2; block.hpp's interface):
-//   x -> norm_1 -> qkv (normal) -> RoPE (rotary positions) -> attention over this rank's heads
+// The dense transformer block on the grid (GPT-2, Llama, Qwen2, Qwen3; block.hpp's interface):
+//   x -> norm_1 -> qkv (normal) [-> q/k norms (Qwen3: qk_norm.hpp)] -> RoPE (rotary positions)
+//     -> attention over this rank's heads
 //     -> proj (transposed) + x -> norm_2 -> fc (normal) -> GELU / SwiGLU -> fcproj (transposed) + .
 // The family description chooses the norm (ParallelOps), the MLP activation and the positions;
 // the biases are there where the parameter table has them (Qwen2's q, k, v biases, adjacent,
@@ -14,19 +15,19 @@
 // between calls (the head's backward writes dln before the layers run); dresid carries the
 // gradient from one part to the next.
 #pragma once
-#include <initializer_list>
 #include <memory>
 #include <vector>
 
 #include "tetrad/backend/backend.hpp"
 #include "tetrad/parallel/block.hpp"
 #include "tetrad/parallel/context_attention.hpp"
+#include "tetrad/parallel/qk_norm.hpp"
 
 namespace tetrad::parallel {
 
 class DenseBlock : public TransformerBlock {
  public:
-  explicit DenseBlock(const BlockParts& parts) : DenseBlock(parts, {}) {}
+  explicit DenseBlock(const BlockParts& parts);
 
   void forward(int l, const float* x, int B, int T, const CachedKv* kv = nullptr) override;
   void backward(int l, const float* x_in, int B, int T) override;
@@ -46,14 +47,6 @@ class DenseBlock : public TransformerBlock {
   ParallelOps& ops_;
   const ParallelActivations& a_;
 
- protected:
-  // A block of another shape built on this one (QkNormBlock): `extra` are the roles it binds
-  // itself (this constructor leaves them alone instead of failing on them).
-  DenseBlock(const BlockParts& parts, std::initializer_list<TensorRole> extra);
-  // Between the q|k|v projection (with its bias) and the rotary positions, on layer l's q|k|v
-  // rows [N, QKVy]; and its backward, on dqkv after the rotary adjoint, before the projection's.
-  virtual void qkv_forward_extra(int l, int64_t N) { (void)l; (void)N; }
-  virtual void qkv_backward_extra(int l, int64_t N) { (void)l; (void)N; }
 
  private:
   // One layer's tensors (parameter table indices; -1 where the family has none).
@@ -85,6 +78,8 @@ class DenseBlock : public TransformerBlock {
   backend::DeviceBuffer rope_cos_, rope_sin_;  // [max_seq, hd/2] rotary tables
   // Attention over the context axis's gathered keys and values (Gc > 1; null otherwise).
   std::unique_ptr<ContextAttention> context_;
+  // The per-head q/k norms between the q|k|v projection and RoPE (FamilyDesc::qk_norm; else null).
+  std::unique_ptr<QkNorm> qk_norm_;
   int scratch_layer_ = -1;  // the layer whose recomputable activations the scratch holds
 };
 

@@ -5,13 +5,11 @@
 #include "tetrad/parallel/block.hpp"
 #include "tetrad/parallel/dense_block.hpp"
 #include "tetrad/parallel/moe_block.hpp"
-#include "tetrad/parallel/qk_norm_block.hpp"
 
 namespace tetrad::parallel {
 
 std::unique_ptr<TransformerBlock> make_block(const BlockParts& parts) {
   if (parts.config.moe()) return std::make_unique<MoeBlock>(parts);
-  if (parts.config.desc().qk_norm) return std::make_unique<QkNormBlock>(parts);
   return std::make_unique<DenseBlock>(parts);
 }
 

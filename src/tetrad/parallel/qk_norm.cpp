@@ -1,13 +1,13 @@
-// QkNormBlock (qk_norm_block.hpp): the dense block's q|k|v rows with each q and k head
-// RMS-normalised between the projection and the rotary positions, forward and backward.
-#include "tetrad/parallel/qk_norm_block.hpp"
+// QkNorm (qk_norm.hpp): a block's q|k|v rows with each q and k head RMS-normalised between the
+// projection and the rotary positions, forward and backward.
+#include "tetrad/parallel/qk_norm.hpp"
 
 #include "tetrad/core/error.hpp"
 
 namespace tetrad::parallel {
 
-QkNormBlock::QkNormBlock(const BlockParts& p)
-    : DenseBlock(p, {TensorRole::QNorm, TensorRole::KNorm}), norms_(size_t(p.config.n_layer)),
+QkNorm::QkNorm(const BlockParts& p)
+    : ctx_(p.ctx), ops_(p.ops), a_(p.acts), norms_(size_t(p.config.n_layer)),
       eps_(p.config.norm_eps) {
   for (size_t i = 0; i < p.table.specs.size(); ++i) {
     const ParamSpec& s = p.table.specs[i];
@@ -18,13 +18,13 @@ QkNormBlock::QkNormBlock(const BlockParts& p)
   for (size_t l = 0; l < norms_.size(); ++l)
     if (norms_[l].q < 0 || norms_[l].k < 0)
       fail("layer ", l, " has no ", norms_[l].q < 0 ? "q" : "k",
-           " norm: the q/k-norm block needs both (roles q norm, k norm)");
+           " norm: the q/k norm needs both (roles q norm, k norm)");
   dw_ = ctx_.be->alloc_array<float>(size_t(ctx_.dims.hd));
 }
 
 // q heads: the first nhy heads of each q|k|v row; k heads: the nkvy after them. Their saved
 // inputs and statistics lie one after the other in qk_in and qk_rstd (q's first).
-backend::HeadNormArgs QkNormBlock::args(int l, int64_t N, bool k, float* rows) const {
+backend::HeadNormArgs QkNorm::args(int l, int64_t N, bool k, float* rows) const {
   const auto& A = a_.layer[size_t(l)];
   const LocalDims& d = ctx_.dims;
   backend::HeadNormArgs h;
@@ -40,7 +40,7 @@ backend::HeadNormArgs QkNormBlock::args(int l, int64_t N, bool k, float* rows) c
   return h;
 }
 
-void QkNormBlock::qkv_forward_extra(int l, int64_t N) {
+void QkNorm::forward(int l, int64_t N) {
   ScopedPhase sp(ctx_.prof, Phase::Norm);
   float* qkv = a_.layer[size_t(l)].qkv;
   for (bool k : {false, true}) ctx_.ops().head_norm_forward(ctx_.bq(), args(l, N, k, qkv));
@@ -49,7 +49,7 @@ void QkNormBlock::qkv_forward_extra(int l, int64_t N) {
 // dqkv's q and k heads become the gradients of the norms' inputs; each weight's gradient is this
 // rank's heads' share, summed over Y (the other heads' ranks) into the gradient block. (X ranks
 // hold the same heads and compute the same share: no sum there.)
-void QkNormBlock::qkv_backward_extra(int l, int64_t N) {
+void QkNorm::backward(int l, int64_t N) {
   ScopedPhase sp(ctx_.prof, Phase::Norm);
   const comm::Communicator& y = ctx_.g().y();
   backend::Queue& q = ctx_.bq();
