@@ -317,12 +317,10 @@ StageParams stage_params(const ModelConfig& m, const GridShape& g, bool first, b
   const double xy = double(g.x()) * g.y(), Ls = layers;
   StageParams sp;
   // Two norms, and with biases those of the transposed layers (over X) and of q|k|v and fc (Y);
-  // with only a q|k|v bias, that one.
-  // The q/k norms' two head-wide vectors are whole on every rank.
-  const double layer_vec = (s.biases ? (2 * s.norm_vectors + 2) * s.H / g.x() + (s.QKV + s.F) / g.y()
-                            : s.qkv_bias ? 2 * s.norm_vectors * s.H / g.x() + s.QKV / g.y()
-                                         : 2 * s.norm_vectors * s.H / g.x()) +
-                           s.qk_norm_vectors;
+  // with only a q|k|v bias, that one; the q/k norms' two head-wide vectors whole on every rank.
+  const double layer_vec = s.qk_norm_vectors +
+      (s.biases ? (2 * s.norm_vectors + 2) * s.H / g.x() + (s.QKV + s.F) / g.y()
+       : s.qkv_bias ? 2 * s.norm_vectors * s.H / g.x() + s.QKV / g.y() : 2 * s.norm_vectors * s.H / g.x());
   sp.matrices = Ls * s.block_matmul() / xy / g.z();
   sp.vectors = Ls * layer_vec;
   sp.layer_block = s.block_matmul() / xy + layer_vec;
