@@ -41,6 +41,7 @@ backend::AttentionArgs ContextAttention::chunk_args(const backend::AttentionArgs
   a.Tk = (i + 1) * Tc;
   a.q_offset = int64_t(i) * Tc;
   a.kv_batch_stride = int64_t(local.Tq) * split_.ranks * local.kv_stride;
+  if (a.doc_start) a.doc_start += int64_t(j) * Tc;  // the chunk's rows (positions of the sequence)
   return a;
 }
 

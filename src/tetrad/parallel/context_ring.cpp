@@ -41,6 +41,10 @@ backend::AttentionArgs ContextAttention::pair_args(const backend::AttentionArgs&
   a.Tq = a.Tk = Tc;
   a.q_offset = int64_t(split_.chunk_index(j)) * Tc;
   a.k_offset = int64_t(ContextSplit{split_.ranks, src}.chunk_index(jj)) * Tc;
+  // The document mask: the query chunk's rows of the starts (positions of the whole sequence, as
+  // the offsets are); a pair whose keys all lie before the queries' documents gives lse = -inf
+  // and merges as "nothing seen".
+  if (a.doc_start) a.doc_start += int64_t(j) * Tc;
   return a;
 }
 
