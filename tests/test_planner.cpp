@@ -49,32 +49,44 @@ TEST(PlannerFlops, TinyAgainstHandCount) {
   const ModelConfig m = named_model("tiny");
   const double n_matmul = 2 * 49152.0 + 32768.0;
   const int S = 64, B = 3;
-  const double per_token = 6 * n_matmul + 12.0 * 2 * 64 * S;  // 884736
-  EXPECT_DOUBLE_EQ(per_token, 884736.0);
-  EXPECT_DOUBLE_EQ(model_flops_per_step(m, B, S), per_token * B * S);
+  // Attention in full (PaLM appendix B, Narayanan et al.): 12 L H S per token.
+  const double per_token_full = 6 * n_matmul + 12.0 * 2 * 64 * S;  // 884736
+  EXPECT_DOUBLE_EQ(per_token_full, 884736.0);
+  EXPECT_DOUBLE_EQ(model_flops_per_step(m, B, S, AttentionFlops::Full), per_token_full * B * S);
   // The same as Narayanan et al.'s 72 B S L H^2 (1 + S/6H + V/12LH) for FFN = 4H.
   const double H = 64, L = 2, V = 512;
-  EXPECT_NEAR(model_flops_per_step(m, B, S),
+  EXPECT_NEAR(model_flops_per_step(m, B, S, AttentionFlops::Full),
               72 * B * S * L * H * H * (1 + S / (6 * H) + V / (12 * L * H)), 1e-6);
   // ... and as the trainer's own MFU count.
-  EXPECT_DOUBLE_EQ(model_flops_per_step(m, 1, S), flops_per_token(m, S) * S);
+  EXPECT_DOUBLE_EQ(model_flops_per_step(m, 1, S, AttentionFlops::Full), flops_per_token(m, S) * S);
   // Full recomputation adds one forward of every block: 96 B S L H^2 (1 + S/6H + V/16LH).
-  EXPECT_NEAR(hardware_flops_per_step(m, B, S, Recompute::Full),
+  EXPECT_NEAR(hardware_flops_per_step(m, B, S, Recompute::Full, AttentionFlops::Full),
               96 * B * S * L * H * H * (1 + S / (6 * H) + V / (16 * L * H)), 1e-6);
-  // Selective: the attention core's forward only (4 L H S per token).
-  EXPECT_DOUBLE_EQ(hardware_flops_per_step(m, B, S, Recompute::Selective) -
-                       model_flops_per_step(m, B, S),
+  // Causal (the default: MFU and HFU): the attention core's QK^T and PV over half the scores,
+  // 2 x 2 x S x H / 2 per token and layer forward, x3 with the backward: 6 L H S per token.
+  const double per_token = 6 * n_matmul + 6.0 * 2 * 64 * S;  // 786432 + 49152
+  EXPECT_DOUBLE_EQ(per_token, 835584.0);
+  EXPECT_DOUBLE_EQ(model_flops_per_step(m, B, S), per_token * B * S);
+  // Selective: the attention core's forward only (4 L H S per token in full, 2 L H S causal).
+  EXPECT_DOUBLE_EQ(hardware_flops_per_step(m, B, S, Recompute::Selective) - model_flops_per_step(m, B, S),
+                   2.0 * L * H * S * B * S);
+  EXPECT_DOUBLE_EQ(hardware_flops_per_step(m, B, S, Recompute::Selective, AttentionFlops::Full) -
+                       model_flops_per_step(m, B, S, AttentionFlops::Full),
                    4.0 * L * H * S * B * S);
+  // Full recomputation, causal: one more forward of every block's GEMMs and half its attention.
+  EXPECT_DOUBLE_EQ(hardware_flops_per_step(m, B, S, Recompute::Full),
+                   (per_token + 2 * 2 * 49152.0 + 2.0 * L * H * S) * B * S);
   EXPECT_DOUBLE_EQ(hardware_flops_per_step(m, B, S, Recompute::None), model_flops_per_step(m, B, S));
 }
 
 TEST(PlannerFlops, Megatron1TMatchesPaperFormula) {
   // The published row's own count: 3072 x 2048 tokens of the 1T model with full recomputation
-  // is 96 B S L H^2 (1 + S/6H + V/16LH).
+  // is 96 B S L H^2 (1 + S/6H + V/16LH), attention in full.
   const ModelConfig m = planner_model("gpt-1t");
   const double B = 3072, S = 2048, L = 128, H = 25600, V = 51200;
   const double paper = 96 * B * S * L * H * H * (1 + S / (6 * H) + V / (16 * L * H));
-  EXPECT_NEAR(hardware_flops_per_step(m, 3072, 2048, Recompute::Full) / paper, 1.0, 1e-12);
+  EXPECT_NEAR(hardware_flops_per_step(m, 3072, 2048, Recompute::Full, AttentionFlops::Full) / paper,
+              1.0, 1e-12);
 }
 
 // A named model, or "llama-tiny/hd24": llama-tiny with heads of 24 (n_embd / n_head = 16), the
@@ -95,7 +107,7 @@ TEST(PlannerFlops, AttentionWidthIsHeadsTimesHeadDim) {
   const double extra_weights = double(count_parameters(wide) - count_parameters(plain));
   EXPECT_DOUBLE_EQ(flops_per_token(wide, S) - flops_per_token(plain, S),
                    6.0 * extra_weights + 12.0 * wide.n_layer * double(wide.q_dim() - plain.q_dim()) * S);
-  EXPECT_DOUBLE_EQ(model_flops_per_step(wide, 1, S), flops_per_token(wide, S) * S);
+  EXPECT_DOUBLE_EQ(model_flops_per_step(wide, 1, S, AttentionFlops::Full), flops_per_token(wide, S) * S);
 }
 
 TEST(PlannerMemory, LocalParametersMatchShardPlan) {

@@ -143,7 +143,9 @@ TEST(PlannerContext, RingStepsHideBehindOneBlockOfAttentionEach) {
 
 TEST(PlannerContext, ActivationsPerRankAreThoseOfSOverC) {
   // tetrad's own layout: the model's formula at S / Gc tokens of each sequence, plus what the
-  // exchange holds beside it (the ring's blocks in flight).
+  // exchange holds beside it as the trainer allocates it (ContextAttention): the ring's six fp32
+  // blocks of q|k|v rows (two in flight, two block gradients, one pair's partial results), the
+  // all-gather's 4 Gc.
   const int S = 16384;
   PlanInput in = long_input(S, 1, 4);
   in.cp_comm = CpComm::Ring;
@@ -153,7 +155,15 @@ TEST(PlannerContext, ActivationsPerRankAreThoseOfSOverC) {
   quarter.seq = S / 4;
   const MemoryBreakdown one = memory_per_rank(quarter, GridShape{});
   EXPECT_DOUBLE_EQ(mb.weights, one.weights);  // replicated over C, like over D
-  EXPECT_DOUBLE_EQ(mb.activations, one.activations + 4.0 * (S / 4) * 2 * in.model.kv_dim() * 2);
+  const double qkv = double(in.model.qkv_dim());  // a q|k|v row, floats
+  const double block = 4.0 * (S / 4) * qkv;
+  EXPECT_DOUBLE_EQ(mb.activations, one.activations + 6 * block);
+  in.cp_comm = CpComm::AllGather;
+  EXPECT_DOUBLE_EQ(memory_per_rank(in, g).activations, one.activations + 4 * 4 * block);
+  // Unset, the larger of the two (what either choice needs).
+  in.cp_comm = CpComm::Auto;
+  EXPECT_DOUBLE_EQ(memory_per_rank(in, g).activations, one.activations + 4 * 4 * block);
+  in.cp_comm = CpComm::Ring;
   // And far below one rank holding the whole sequence.
   EXPECT_LT(mb.activations, 0.3 * memory_per_rank(in, GridShape{}).activations);
 }
@@ -215,4 +225,50 @@ TEST(PlannerContext, TorchTitanRowsAsDocumented) {
   EXPECT_LT(std::abs(shape64 - shape64_pub), 0.03);
   for (size_t i = 2; i < rows.size(); ++i)
     EXPECT_GT(rows[i].predicted / rows[0].predicted, 1.3 * rows[i].reported / rows[0].reported);
+}
+
+// MFU and HFU count causal attention as half (AttentionFlops::Causal: the work a causal kernel
+// does), so a long-sequence plan never reads above 100% of peak on any shipped machine; counted in
+// full (the published rows' convention) the same plans do, where attention runs near the GEMMs'
+// rate. The FLOP count is checked against a hand count of llama-small.
+TEST(PlannerContext, MfuAndHfuNeverAbovePeakAtLongSequences) {
+  // llama-small: L = 6, H = 512 (8 heads of 64, 4 KV heads), SwiGLU FFN 1408, V = 8192 untied.
+  // GEMM weights per block: q 512x512 + k, v 2 x 256x512 + o 512x512 + gate, up 2 x 1408x512 +
+  // down 1408x512 = 2949120; head 8192 x 512 = 4194304.
+  const double n_blk = 2949120, n_head = 4194304, L = 6, A = 512;
+  double longest_full_hfu = 0;
+  for (const char* machine : {"frontier", "alps", "perlmutter", "dgx-a100", "h100-ib", "local"}) {
+    const Machine m = load_machine(machine);
+    for (int seq : {2048, 32768, 262144}) {
+      PlanInput in = long_input(seq, 8, 8);
+      if (m.peak_bf16 <= 0) in.precision = Precision::FP32;
+      in.search_micro_batch = true;
+      in.micro_batch = 0;
+      const double S = seq, tokens = 8.0 * S;
+      // Causal: per token 6 N + 6 L A S (half of PaLM's 12 L A S); full recomputation adds
+      // 2 N_blk L + 2 L A S (one more forward, its attention half too).
+      const double model = tokens * (6 * (L * n_blk + n_head) + 6 * L * A * S);
+      const double hardware = model + tokens * (2 * L * n_blk + 2 * L * A * S);
+      const double hardware_full = hardware + tokens * (6 * L * A * S + 2 * L * A * S);
+      EXPECT_DOUBLE_EQ(model_flops_per_step(in.model, 8, seq), model);
+      EXPECT_DOUBLE_EQ(hardware_flops_per_step(in.model, 8, seq, Recompute::Full), hardware);
+      EXPECT_DOUBLE_EQ(hardware_flops_per_step(in.model, 8, seq, Recompute::Full, AttentionFlops::Full),
+                       hardware_full);
+      int valid = 0;
+      for (const Estimate& e : plan(in, m)) {
+        if (!e.valid) continue;
+        ++valid;
+        EXPECT_DOUBLE_EQ(e.hardware_flops, hardware);
+        EXPECT_DOUBLE_EQ(e.hardware_flops_full, hardware_full);
+        EXPECT_LE(e.hfu, 1.0) << machine << " S=" << seq << " " << grid_label(e.grid);
+        EXPECT_LT(e.mfu, e.hfu) << machine << " S=" << seq << " " << grid_label(e.grid);
+        if (seq == 262144 && std::string(machine) == "frontier")
+          longest_full_hfu = std::max(longest_full_hfu, e.hfu * hardware_full / hardware);
+      }
+      EXPECT_GT(valid, 0) << machine << " S=" << seq;
+    }
+  }
+  // Frontier prices attention at the GEMMs' 0.7 of peak: counted in full, the best 256K plan would
+  // read above 100% (the old count's defect this convention removes).
+  EXPECT_GT(longest_full_hfu, 1.0);
 }

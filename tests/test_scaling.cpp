@@ -287,8 +287,14 @@ TEST(PlannerScaling, TableArithmeticAndEfficiencyAgainstTheFirstPoint) {
     EXPECT_DOUBLE_EQ(p.step, best.step);
     EXPECT_NEAR(p.tokens_per_s, 256.0 * 1024 / p.step, 1e-6 * p.tokens_per_s);
     EXPECT_NEAR(p.hardware_flops_per_gpu * p.ranks, p.hardware_flops_per_s, 1e-9 * p.hardware_flops_per_s);
-    EXPECT_NEAR(p.mfu, p.model_flops_per_s / (m.peak_bf16 * p.ranks), 1e-12);
-    EXPECT_NEAR(p.hfu, p.hardware_flops_per_s / (m.peak_bf16 * p.ranks), 1e-12);
+    // The FLOP/s columns count attention in full (the published runs' count), MFU and HFU causal
+    // attention as half.
+    EXPECT_NEAR(p.model_flops_per_s, p.estimate.model_flops_full / p.step, 1e-9 * p.model_flops_per_s);
+    EXPECT_NEAR(p.hardware_flops_per_s, p.estimate.hardware_flops_full / p.step,
+                1e-9 * p.hardware_flops_per_s);
+    EXPECT_NEAR(p.mfu, p.estimate.model_flops / p.step / (m.peak_bf16 * p.ranks), 1e-12);
+    EXPECT_NEAR(p.hfu, p.estimate.hardware_flops / p.step / (m.peak_bf16 * p.ranks), 1e-12);
+    EXPECT_LT(p.mfu, p.model_flops_per_s / (m.peak_bf16 * p.ranks));
     // Strong scaling: efficiency = t_1 r_1 / (t_n r_n).
     EXPECT_NEAR(p.efficiency, pts[0].step * pts[0].ranks / (p.step * p.ranks), 1e-12);
     // The shares add up to the step (compute, exposed comm by axis, bubble, contention, optimizer).
@@ -444,24 +450,49 @@ TEST(PlannerScaling, JsonHasEveryFieldAndSvgIsWellFormed) {
   std::filesystem::remove(path);
 }
 
-TEST(PlannerScaling, PublishedRowsWithinTheStatedTolerance) {
-  // docs/planner.md, "Scaling curves: against published runs". Tolerances stated there: the
-  // AxoNN PFLOP/s rows within 30% (the 512-GPU row misses the design's 15% target: +24%), the
-  // ORNL efficiencies within 10 points.
+TEST(PlannerScaling, PublishedRowsWithinTheDesignTolerance) {
+  // docs/planner.md, "Scaling curves: against published runs", at the design's tolerances
+  // (shared/design/performance-model.md): 15% on absolute throughput, 10 points on a scaling
+  // efficiency. A row outside them is a known miss documented in docs/planner.md (the AxoNN
+  // 512-GPU point and the AxoNN weak-scaling efficiency), pinned here at the documented value so
+  // a change to the model shows in both; a row that comes within its tolerance must lose its mark.
   const auto series = published_scaling();
-  ASSERT_EQ(series.size(), 5u);
-  int rows = 0;
+  ASSERT_EQ(series.size(), 6u);
+  int rows = 0, misses = 0;
   for (const auto& s : series) {
     EXPECT_DOUBLE_EQ(s.points.front().efficiency, 1.0) << s.name;
     for (const auto& r : s.rows) {
       ++rows;
-      if (r.metric == "scaling efficiency")
-        EXPECT_LT(std::abs(r.predicted - r.reported), 0.10) << s.name << ": " << r.predicted;
-      else
-        EXPECT_LT(std::abs(r.error()), 0.30) << s.name << " " << r.ranks << ": " << r.predicted;
+      if (r.known_miss.empty()) {
+        EXPECT_TRUE(r.within_design_tolerance()) << s.name << " " << r.ranks << ": " << r.predicted;
+      } else {
+        ++misses;
+        EXPECT_FALSE(r.within_design_tolerance())
+            << s.name << " " << r.ranks << " is within the design's tolerance now (" << r.predicted
+            << "): drop its known-miss mark and update docs/planner.md";
+      }
     }
   }
-  EXPECT_EQ(rows, 6);
-  // The 40B point on 4096 GPUs within the design's 15%.
-  EXPECT_LT(std::abs(series[0].rows[1].error()), 0.15);
+  EXPECT_EQ(rows, 18);
+  EXPECT_EQ(misses, 5);
+  // The documented values (docs/planner.md): 5B on 512 at 100.4 PFLOP/s (+24.3%), the weak
+  // efficiency 512 -> 4096 at 72.2% on AxoNN's basis (per-GPU hardware FLOP/s; 95.9% published).
+  const auto& axonn = series[0].rows;
+  ASSERT_EQ(axonn.size(), 3u);
+  EXPECT_NEAR(axonn[0].predicted, 100.4, 0.5);
+  EXPECT_NEAR(axonn[1].predicted, 580.3, 3.0);
+  EXPECT_NEAR(axonn[2].predicted, 0.722, 0.005);
+  EXPECT_NEAR(axonn[2].predicted,
+              axonn[1].predicted / 4096 / (axonn[0].predicted / 512), 1e-9);  // AxoNN's basis
+  // Megatron-LM's table 1 (the cross-check of docs/planner.md, "The AxoNN curve, third pass"):
+  // its two compute-bound rows +25% (1.7B: 5.5 PFLOP/s against 4.4; 3.6B: 11.0 against 8.8), the
+  // eight others within 15%, and its super-linear 119% efficiency predicted at 95.4%: the same
+  // miss as AxoNN's, from the same first point.
+  const auto& mega = series[5];
+  EXPECT_EQ(mega.name, "Megatron-LM weak scaling, Selene (DGX A100)");
+  ASSERT_EQ(mega.rows.size(), 11u);
+  EXPECT_NEAR(mega.rows[0].predicted, 5.49, 0.05);
+  EXPECT_NEAR(mega.rows[1].predicted, 11.02, 0.1);
+  EXPECT_NEAR(mega.rows[10].predicted, 0.954, 0.005);
+  EXPECT_NEAR(mega.rows[9].predicted, 502.8, 3.0);  // the 1T row, as --published has it
 }

@@ -58,8 +58,7 @@ void run(Context& ctx, const Options& o) {
     if (existed) replace_dir(tmp, o.out);  // checked: empty, or --overwrite
     else publish_new_dir(tmp, o.out);
   } catch (...) {
-    std::error_code ec;
-    fs::remove_all(tmp, ec);
+    remove_marked_dir(tmp);
     throw;
   }
   if (!tok) std::cerr << "tetrad: warning: " << dir << " has no tokenizer; the exported folder has none\n";

@@ -98,8 +98,7 @@ void run(const Options& o) {
     if (lock) replace_dir(tmp, out);  // the old run folder (with our lock file) goes
     else publish_new_dir(tmp, out);
   } catch (...) {
-    std::error_code ec;
-    fs::remove_all(tmp, ec);
+    remove_marked_dir(tmp);
     throw;
   }
   dir = (fs::path(out) / fs::path(dir).lexically_relative(tmp)).string();

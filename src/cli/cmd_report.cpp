@@ -7,6 +7,7 @@
 #include <memory>
 
 #include "cli/command.hpp"
+#include "tetrad/checkpoint/atomic_file.hpp"
 #include "tetrad/checkpoint/output_path.hpp"
 #include "tetrad/core/error.hpp"
 #include "tetrad/tools/report.hpp"
@@ -45,7 +46,7 @@ void run(const Options& o) {
       publish_new_dir(page, path);  // renameat2 RENAME_NOREPLACE: a file as well as a folder
     }
   } catch (...) {
-    fs::remove_all(tmp, ec);
+    remove_marked_dir(tmp);
     throw;
   }
   fs::remove_all(tmp, ec);

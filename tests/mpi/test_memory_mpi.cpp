@@ -5,8 +5,9 @@
 // weight copy, bf16 activations), with recomputation, ZeRO 1 and 2, the Z gather slots of
 // prefetching and of cached gathered weights, and staged data-parallel buckets:
 //   - state (every buffer ParallelTransformer::state_bytes counts), activations
-//     (activation_bytes) and the pipeline's stash (PipelineDriver::stash_peak_bytes), each equal
-//     to the byte on this rank;
+//     (activation_bytes), the pipeline's stash (PipelineDriver::stash_peak_bytes) and the
+//     context axis's exchange buffers (context_bytes: C = 2 with each other axis, C = 4, both
+//     exchange methods), each equal to the byte on this rank;
 //   - the planner's memory_per_rank equal to the largest rank's total.
 // Constructing is enough: no step runs. Under mpirun -n 2, 4, 8.
 #include <gtest/gtest.h>
@@ -35,6 +36,7 @@ std::string describe(const ModelConfig& mc, const GridShape& s, const ParallelOp
          std::to_string(po.overlap.prefetch_depth) + (po.overlap.cache_gathered_weights ? " cached" : "") +
          " buckets " + std::to_string(po.overlap.dp_bucket_mb) + " MB" +
          (po.sequence_shard ? " sequence-sharded" : "") +
+         (s.c() > 1 ? std::string(" cp_comm ") + (po.cp_comm == ContextComm::Ring ? "ring" : "all-gather") : "") +
          (s.p() > 1 ? std::string(" ") + schedule_name(sched) + " v " + std::to_string(po.virtual_stages) : "");
 }
 
@@ -47,16 +49,18 @@ void check(const ModelConfig& mc, ProcessGroups& g, const ParallelOptions& po,
   int64_t stash = 0;
   if (g.shape.p() > 1) {
     PipelineDriver pipe(model, sched, kMicro);
-    stash = pipe.stash_peak_bytes(kLocalB, kLen);
+    stash = pipe.stash_peak_bytes(kLocalB, model.local_len());  // this rank's tokens (C)
   }
   const ModelMemory mm = model_memory(mc, g.shape, g.coord, kLocalB, kLen, po, sched, kMicro);
   EXPECT_EQ(mm.state(), model.state_bytes()) << where;
   EXPECT_EQ(mm.activations, model.activation_bytes()) << where;
   EXPECT_EQ(mm.pipeline, stash) << where;
+  EXPECT_EQ(mm.context, model.context_bytes()) << where;
+  EXPECT_EQ(mm.context > 0, g.shape.c() > 1) << where;
   EXPECT_EQ(mm.params16 > 0, model.bf16_weights()) << where;
 
   // The planner: the largest rank's total, from the plan's own input.
-  double total = double(model.state_bytes() + model.activation_bytes() + stash);
+  double total = double(model.state_bytes() + model.activation_bytes() + stash + model.context_bytes());
   MPI_Allreduce(MPI_IN_PLACE, &total, 1, MPI_DOUBLE, MPI_MAX, MPI_COMM_WORLD);
   planner::PlanInput in;
   in.model = mc;
@@ -74,6 +78,7 @@ void check(const ModelConfig& mc, ProcessGroups& g, const ParallelOptions& po,
   in.overlap_switches = po.overlap;
   in.sparse_embedding_grad = po.sparse_embedding_grad;
   in.sequence_shard = po.sequence_shard;
+  in.cp_comm = po.cp_comm == ContextComm::Ring ? planner::CpComm::Ring : planner::CpComm::AllGather;
   EXPECT_EQ(planner::memory_per_rank(in, g.shape).total(), total) << where;
 }
 
@@ -187,6 +192,47 @@ TEST(MemoryFormula, EqualsWhatThePipelineHolds) {
         }
         checked += 4;
       }
+    }
+  }
+  EXPECT_GT(checked, 0);
+}
+
+TEST(MemoryFormula, CountsTheContextExchange) {
+  // The context axis (issue 28): S / Gc tokens of each sequence per rank in the activation
+  // buffer, ZeRO's pieces over C x D, and the exchange's buffers (the all-gather's 4 Gc blocks
+  // of q|k|v rows, the ring's 6) as ContextAttention allocates them. C = 2 (2 ranks), C = 2 with
+  // each of X, Y, Z, D and P and C = 4 (4 ranks), C = 2 x X = 2 x D = 2 (8 ranks).
+  using A = Axis;
+  std::vector<GridShape> grids;
+  switch (world_size()) {
+    case 2: grids = {GridShape({{A::C, 2}})}; break;
+    case 4:
+      grids = {GridShape({{A::C, 2}, {A::X, 2}}), GridShape({{A::C, 2}, {A::Y, 2}}),
+               GridShape({{A::C, 2}, {A::Z, 2}}), GridShape({{A::C, 2}, {A::D, 2}}),
+               GridShape({{A::C, 2}, {A::P, 2}}), GridShape({{A::C, 4}})};
+      break;
+    case 8: grids = {GridShape({{A::C, 2}, {A::X, 2}, {A::D, 2}})}; break;
+    default: GTEST_SKIP() << "no context grids for " << world_size() << " ranks";
+  }
+  int checked = 0;
+  for (Family f : {Family::GPT2, Family::Llama}) {
+    const ModelConfig mc = tiny_model(f, 4);
+    for (const GridShape& shape : grids) {
+      ProcessGroups g(comm::Communicator::world(), shape);
+      for (auto prec : {backend::Precision::FP32, backend::Precision::BF16})
+        for (ContextComm comm : {ContextComm::AllGather, ContextComm::Ring}) {
+          ParallelOptions po;
+          po.precision = prec;
+          po.cp_comm = comm;
+          check(mc, g, po, PipelineSchedule::OneFOneB);
+          po.recompute = Recompute::Full;
+          check(mc, g, po, PipelineSchedule::OneFOneB);
+          po.recompute = Recompute::None;
+          po.zero = 2;  // pieces over C x D
+          check(mc, g, po, PipelineSchedule::OneFOneB);
+          po.zero = 0;
+          checked += 3;
+        }
     }
   }
   EXPECT_GT(checked, 0);

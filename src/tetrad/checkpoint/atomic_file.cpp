@@ -157,11 +157,12 @@ void replace_dir(const std::string& tmp_dir, const std::string& dir) {
   } else if (::renameat2(AT_FDCWD, tmp_dir.c_str(), AT_FDCWD, dir.c_str(), RENAME_EXCHANGE) == 0) {
     // tmp_dir now holds the old content: marked, so that a kill while it is deleted leaves a
     // folder no reader takes for a model.
+    // (Killed before the mark is written, it is the old complete output, unmarked: still whole.)
     if (std::FILE* f = std::fopen((fs::path(tmp_dir) / kUnfinishedMarker).c_str(), "w")) {
       std::fputs("the old content of a folder that was replaced, being deleted\n", f);
       std::fclose(f);
     }
-    fs::remove_all(tmp_dir, ec);
+    remove_marked_dir(tmp_dir);
   } else {
     // No atomic exchange here: move the old folder aside, then the new one in. A crash between
     // the two renames leaves the complete new folder under its temporary name and the old one
@@ -175,6 +176,21 @@ void replace_dir(const std::string& tmp_dir, const std::string& dir) {
     fs::remove_all(old, ec);
   }
   fsync_dir(parent_of(dir));
+}
+
+bool remove_marked_dir(const std::string& dir) {
+  std::error_code ec;
+  // fs::remove_all's order is the directory's, so the mark could go first and leave an
+  // unmarked half of a model behind a kill; here it goes last.
+  for (const fs::directory_entry& e : fs::directory_iterator(dir, ec)) {
+    if (e.path().filename() == kUnfinishedMarker) continue;
+    std::error_code ec2;
+    fs::remove_all(e.path(), ec2);
+  }
+  std::error_code ec3;
+  fs::remove((fs::path(dir) / kUnfinishedMarker), ec3);
+  fs::remove(dir, ec3);
+  return !fs::exists(dir, ec3);
 }
 
 void refuse_unfinished(const std::string& path) {

@@ -66,6 +66,11 @@ constexpr const char* kUnfinishedMarker = ".tetrad-unfinished";
 // Throws Error when `path` or a folder above it holds the marker (readers call it: an
 // interrupted command's leftover is never read as a model).
 void refuse_unfinished(const std::string& path);
+// Deletes the marked folder `dir` with its mark last: everything else inside first, then the
+// mark, then the folder. A process killed part way leaves a marked remnant (which readers
+// refuse and the next run removes), never an unmarked half of an output. Errors are ignored,
+// like std::filesystem::remove_all with an error_code; returns false when something remains.
+bool remove_marked_dir(const std::string& dir);
 
 // Reads a whole (small) file; throws Error naming it.
 std::string read_small_file(const std::string& path);

@@ -118,9 +118,9 @@ void remove_leftovers(const std::string& d) {
     if (n > 0) what.assign(buf, size_t(n));
     while (!what.empty() && (what.back() == '\n' || what.back() == ' ')) what.pop_back();
     if (gone) {
-      fs::remove_all(e.path(), ec2);
+      const bool removed = remove_marked_dir(e.path().string());
       std::cerr << "tetrad: removed '" << e.path().string() << "'"
-                << (what.empty() ? std::string() : ", " + what) << (ec2 ? ": failed, " + ec2.message() : "")
+                << (what.empty() ? std::string() : ", " + what) << (removed ? "" : ": failed, something remains")
                 << "\n";
     }
     ::close(fd);

@@ -54,6 +54,9 @@ class TransformerBlock {
   // The router's losses and the experts' load since the last call (a mixture of experts; empty
   // for a dense block).
   virtual MoeStats take_moe_stats() { return {}; }
+  // Bytes of the work buffers the block owns beside the model's activation buffer: the context
+  // axis's exchange (ContextAttention::bytes(), 0 without one).
+  virtual int64_t scratch_bytes() const { return 0; }
 };
 
 // What a block is built from: the model, the parts it computes with (the step context, the

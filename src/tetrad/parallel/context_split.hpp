@@ -39,6 +39,12 @@ struct ContextSplit {
   int64_t chunk_offset(int j, int local) const {
     return active() ? int64_t(chunk_index(j)) * chunk_len(local) : 0;
   }
+  // The position in the whole sequence of local token t (local part of `local` tokens).
+  int64_t position(int t, int local) const {
+    if (!active()) return t;
+    const int Tc = chunk_len(local);
+    return chunk_offset(t / Tc, local) + t % Tc;
+  }
   // The whole sequence's length from the local part's.
   int full_len(int local) const { return local * ranks; }
 

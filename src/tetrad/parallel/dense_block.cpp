@@ -108,17 +108,23 @@ backend::RopeArgs DenseBlock::rope_args(float* x, int64_t N, int T, int pos0) co
 void DenseBlock::rope(bool forward, float* x, int B, int T, int pos0) const {
   const backend::OpTable& op = ctx_.ops();
   auto run = forward ? op.rope_forward : op.rope_backward;
-  if (!context_) {  // (documents: refused with Gc > 1, ParallelTransformer's check)
+  const int32_t* docs = document_positions();
+  if (!context_) {
     backend::RopeArgs r = rope_args(x, int64_t(B) * T, T, pos0);
-    r.doc_start = document_positions();
+    r.doc_start = docs;
     return run(ctx_.bq(), r);
   }
+  // Each local chunk at its offset; per-document positions subtract the whole sequence's document
+  // starts (positions of the whole sequence, as the chunk's own are).
   const ContextSplit& cs = context_->split();
   const int Tc = cs.chunk_len(T);
   for (int b = 0; b < B; ++b)
-    for (int j = 0; j < cs.local_chunks(); ++j)
-      run(ctx_.bq(), rope_args(x + (int64_t(b) * T + int64_t(j) * Tc) * ctx_.dims.QKVy, Tc, Tc,
-                               int(cs.chunk_offset(j, T))));
+    for (int j = 0; j < cs.local_chunks(); ++j) {
+      const int64_t row = int64_t(b) * T + int64_t(j) * Tc;
+      backend::RopeArgs r = rope_args(x + row * ctx_.dims.QKVy, Tc, Tc, int(cs.chunk_offset(j, T)));
+      r.doc_start = docs ? docs + row : nullptr;
+      run(ctx_.bq(), r);
+    }
 }
 
 // The X axis's share of attention's sequences. After the q|k|v layer's all-reduce over X every X

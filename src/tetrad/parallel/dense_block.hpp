@@ -32,6 +32,7 @@ class DenseBlock : public TransformerBlock {
   int scratch_layer() const override { return scratch_layer_; }
   void scratch_lost() override { scratch_layer_ = -1; }
   bool sequence_shardable() const override { return true; }
+  int64_t scratch_bytes() const override { return context_ ? context_->bytes() : 0; }
 
  protected:
   // The block's MLP (another block shape replaces it: moe_block.hpp): forward from ln2 (its

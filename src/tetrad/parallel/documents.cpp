@@ -6,16 +6,13 @@
 #include <functional>
 
 #include "tetrad/core/error.hpp"
+#include "tetrad/parallel/context_split.hpp"
 #include "tetrad/parallel/parallel_transformer.hpp"
 
 namespace tetrad::parallel {
 
 void ParallelTransformer::check_document_options() const {
   const backend::Backend& be = *ctx_.be;
-  if ((opt_.document_mask || opt_.document_positions) && ctx_.g().shape.c() > 1)
-    fail("data.document_mask / data.document_positions with the context axis (C = ",
-         ctx_.g().shape.c(), ") are not implemented yet: the context-parallel attention does not "
-         "pass each chunk's document starts to its kernels; run with c = 1 or switch them off");
   if (opt_.document_mask && !be.capabilities().attention_document_mask)
     fail("data.document_mask = true: backend '", be.name(), "' has no document-masked attention "
          "(Capabilities::attention_document_mask); run on a backend that has it or set "
@@ -43,13 +40,17 @@ void ParallelTransformer::select_documents(const int32_t* inputs, int B, int T) 
          " tokens without its documents (ParallelTransformer::set_documents was not given "
          "these tokens)");
   const int32_t* rows = doc_starts_ + (inputs - doc_tokens_);
-  // Each token's document begins at or before it, inside its sequence.
+  // Each token's document begins at or before it, inside its sequence. Starts and positions are
+  // of the whole sequence: with a context axis this rank's T tokens are its two chunks of it, at
+  // their chunks' offsets (ContextSplit::position), in increasing order.
+  const ContextSplit cs = ContextSplit::of(ctx_.shape(), ctx_.g().coord);
   for (int b = 0; b < B; ++b)
     for (int t = 0; t < T; ++t) {
       const int32_t s = rows[int64_t(b) * T + t];
-      if (s < 0 || s > t || (t > 0 && s < rows[int64_t(b) * T + t - 1]))
-        fail("document starts: token ", t, " of sequence ", b, " says its document begins at ", s,
-             " (expected 0..", t, ", not before the previous token's)");
+      const int64_t pos = cs.position(t, T);
+      if (s < 0 || s > pos || (t > 0 && s < rows[int64_t(b) * T + t - 1]))
+        fail("document starts: token ", pos, " of sequence ", b, " says its document begins at ",
+             s, " (expected 0..", pos, ", not before the previous token's)");
     }
   docs.host = rows;
   if (ctx_.be->capabilities().host_visible) {

@@ -7,6 +7,7 @@
 #include <algorithm>
 
 #include "tetrad/model/params.hpp"
+#include "tetrad/parallel/context_attention.hpp"
 #include "tetrad/parallel/layer_split.hpp"
 #include "tetrad/parallel/sharding.hpp"
 
@@ -117,6 +118,11 @@ ModelMemory model_memory(const ModelConfig& cfg, const GridShape& G, const GridC
       activation_sizes(cfg, G, local_batch, max_len, bf16_acts, opt.recompute, slots,
                        seq_shard_ways(opt, G));
   mm.activations = f4 * a.total;
+  // The context axis's exchange (DenseBlock's ContextAttention, one for every layer): sized for
+  // the micro-batch's local_batch sequences of max_len / Gc tokens on this rank.
+  if (G.c() > 1)
+    mm.context = ContextAttention::bytes(LocalDims::of(cfg, G), G, local_batch,
+                                         max_len / G.c(), opt.cp_comm);
   if (G.p() > 1) {
     // Each forward's chunk stash lives until its backward (pipeline_chunks.cpp): the chunk's
     // layers' slots from its input (the previous layer's output slot) on, the embedding's output

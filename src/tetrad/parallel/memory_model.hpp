@@ -32,9 +32,13 @@ struct ModelMemory {
                               // embedding gradient's rows and ids
   int64_t activations = 0;    // ParallelTransformer::activation_bytes()
   int64_t pipeline = 0;       // Gp > 1: PipelineDriver::stash_peak_bytes (micro-batches in flight)
+  int64_t context = 0;        // Gc > 1: the exchange's buffers (ParallelTransformer::context_bytes,
+                              // ContextAttention::bytes: parallel.cp_comm's layout)
   // ParallelTransformer::state_bytes()
   int64_t state() const { return params + params16 + grads + optimizer + gathered + staging; }
-  int64_t total() const { return state() + activations + pipeline; }
+  // What the activations take: the buffer, the pipeline's stash and the context exchange.
+  int64_t activation_total() const { return activations + pipeline + context; }
+  int64_t total() const { return state() + activation_total(); }
 };
 
 // The rank at `coord` of a ParallelTransformer(cfg, groups of `shape`, local_batch, max_len,

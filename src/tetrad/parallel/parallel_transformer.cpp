@@ -171,6 +171,8 @@ int64_t ParallelTransformer::activation_bytes(Recompute mode) const {
   return int64_t(sizeof(float)) * activation_sizes(mode).total;
 }
 
+int64_t ParallelTransformer::context_bytes() const { return block_->scratch_bytes(); }
+
 int64_t ParallelTransformer::state_bytes() const {
   const size_t n = params_.size() + 2 * size_t(optimizer_layout().state_size);
   return int64_t(n * sizeof(float)) + reduce_->bytes() + gather_->bytes();

@@ -93,6 +93,10 @@ class ParallelTransformer {
   // scratch) as allocated, and what it would be under any recompute mode.
   int64_t activation_bytes() const { return int64_t(acts_.size() * sizeof(float)); }
   int64_t activation_bytes(Recompute mode) const;
+  // Bytes of the context axis's exchange buffers (Gc > 1: gathered or ring-passed q|k|v rows,
+  // their gradients, partial results and log-sum-exp; ContextAttention::bytes()), 0 otherwise.
+  // Allocated once beside the activation buffer and reused by every layer.
+  int64_t context_bytes() const;
   // The floats of the activation buffer by tensor under a recompute mode, as laid out
   // (memory_model.hpp: the same arithmetic the planner's memory formula calls).
   using ActivationSizes = parallel::ActivationSizes;

@@ -41,15 +41,19 @@ double VocabParallel::read_scalar(const double* dev) {
   return v;
 }
 
-// Each document piece of the micro-batch's rows (StepContext::docs.host): f(first row, length),
-// a piece being a document's tokens inside one sequence.
+// Each document piece of the micro-batch's rows (StepContext::docs.host): f(first row, length,
+// position of the first row in its document), a piece being a document's consecutive tokens
+// inside one sequence (with a context axis, inside one local chunk: a piece of a document that
+// began on another rank's chunk starts past 0).
 template <class F>
 void VocabParallel::for_each_document(int64_t N, int T, F&& f) const {
   const int32_t* starts = ctx_.docs.host;
+  const ContextSplit cs = ContextSplit::of(ctx_.shape(), ctx_.g().coord);
+  const int Tc = cs.chunk_len(T);
   for (int64_t r0 = 0; r0 < N;) {
-    int64_t r1 = r0 + 1;  // the piece ends where the next document or sequence begins
-    while (r1 < N && r1 % T != 0 && starts[r1] == starts[r0]) ++r1;
-    f(r0, r1 - r0);
+    int64_t r1 = r0 + 1;  // the piece ends where the next document, sequence or chunk begins
+    while (r1 < N && r1 % Tc != 0 && starts[r1] == starts[r0]) ++r1;
+    f(r0, r1 - r0, cs.position(int(r0 % T), T) - starts[r0]);
     r0 = r1;
   }
 }
@@ -86,9 +90,9 @@ void VocabParallel::embedding_forward(const int32_t* inputs, int64_t N, int T, i
   ctx_.sum_over(ctx_.g().y(), a_.emb, N * d.Cx, "embedding");
   if (t_.position_embedding < 0) return;
   if (ctx_.docs.positions && ctx_.docs.host) {  // positions restart at each document's start
-    for_each_document(N, T, [&](int64_t row, int64_t len) {
-      ctx_.ops().position_add(ctx_.bq(), a_.emb + row * d.Cx, ops_.w(t_.position_embedding), len,
-                              len, d.Cx);
+    for_each_document(N, T, [&](int64_t row, int64_t len, int64_t pos) {
+      ctx_.ops().position_add(ctx_.bq(), a_.emb + row * d.Cx,
+                              ops_.w(t_.position_embedding) + pos * d.Cx, len, len, d.Cx);
     });
     return;
   }
@@ -117,8 +121,8 @@ void VocabParallel::embedding_backward(const float* demb, const int32_t* inputs,
                                      device_ids(inputs, N, 0), v0, d.Vy, N, d.Cx);
   if (!dP) return;
   if (ctx_.docs.positions && ctx_.docs.host) {  // per document, as the forward
-    for_each_document(N, T, [&](int64_t row, int64_t len) {
-      ctx_.ops().position_grad(ctx_.bq(), dP, a_.dresid + row * d.Cx, len, len, d.Cx);
+    for_each_document(N, T, [&](int64_t row, int64_t len, int64_t pos) {
+      ctx_.ops().position_grad(ctx_.bq(), dP + pos * d.Cx, a_.dresid + row * d.Cx, len, len, d.Cx);
     });
     return;
   }

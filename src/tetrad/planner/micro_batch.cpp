@@ -30,8 +30,7 @@ Estimate estimate_searching_micro_batch(const PlanInput& in, const GridShape& g,
   if (candidates.empty()) {
     Estimate e;
     e.grid = g;
-    e.model_flops = model_flops_per_step(in.model, in.global_batch, in.seq);
-    e.hardware_flops = hardware_flops_per_step(in.model, in.global_batch, in.seq, in.recompute);
+    set_flop_counts(e, in);
     e.reject = "does not divide: global batch (" + std::to_string(in.global_batch) +
                ") is not divisible by Gz x Gd = " + std::to_string(parallel::token_slots(g)) +
                " (every (z, d) replica needs whole sequences)";

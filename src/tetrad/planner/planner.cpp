@@ -107,18 +107,30 @@ GemmTimes block_gemm_times(const Sizes& s, const GridShape& g, double T, const M
 
 }  // namespace
 
-double model_flops_per_step(const ModelConfig& m, int64_t sequences, int seq) {
+double model_flops_per_step(const ModelConfig& m, int64_t sequences, int seq, AttentionFlops a) {
   const Sizes s = sizes(m);
-  const double per_token = 6.0 * (s.L * s.block_matmul() + s.head()) + 12.0 * s.L * s.A * seq;
+  const double attention = a == AttentionFlops::Causal ? 0.5 : 1.0;
+  const double per_token =
+      6.0 * (s.L * s.block_matmul() + s.head()) + attention * 12.0 * s.L * s.A * seq;
   return per_token * double(sequences) * seq;
 }
 
-double hardware_flops_per_step(const ModelConfig& m, int64_t sequences, int seq, Recompute r) {
+double hardware_flops_per_step(const ModelConfig& m, int64_t sequences, int seq, Recompute r,
+                               AttentionFlops a) {
   const Sizes s = sizes(m);
+  const double attention = a == AttentionFlops::Causal ? 0.5 : 1.0;
   double extra = 0;  // per token
-  if (r == Recompute::Full) extra = 2.0 * s.L * s.block_matmul() + 4.0 * s.L * s.A * seq;
-  if (r == Recompute::Selective) extra = 4.0 * s.L * s.A * seq;
-  return model_flops_per_step(m, sequences, seq) + extra * double(sequences) * seq;
+  if (r == Recompute::Full) extra = 2.0 * s.L * s.block_matmul() + attention * 4.0 * s.L * s.A * seq;
+  if (r == Recompute::Selective) extra = attention * 4.0 * s.L * s.A * seq;
+  return model_flops_per_step(m, sequences, seq, a) + extra * double(sequences) * seq;
+}
+
+void set_flop_counts(Estimate& e, const PlanInput& in) {
+  e.model_flops = model_flops_per_step(in.model, in.global_batch, in.seq);
+  e.hardware_flops = hardware_flops_per_step(in.model, in.global_batch, in.seq, in.recompute);
+  e.model_flops_full = model_flops_per_step(in.model, in.global_batch, in.seq, AttentionFlops::Full);
+  e.hardware_flops_full =
+      hardware_flops_per_step(in.model, in.global_batch, in.seq, in.recompute, AttentionFlops::Full);
 }
 
 double bubble_fraction(int p, int m, int v) {
@@ -413,6 +425,9 @@ parallel::ParallelOptions model_options(const PlanInput& in) {
   po.sparse_embedding_grad = in.sparse_embedding_grad;
   po.sequence_shard = in.sequence_shard;
   po.overlap = in.overlap_switches;
+  // The context exchange's buffers follow parallel.cp_comm; unset (auto), the all-gather's,
+  // the larger for Gc >= 2 (4 Gc blocks against the ring's 6).
+  po.cp_comm = in.cp_comm == CpComm::Ring ? parallel::ContextComm::Ring : parallel::ContextComm::AllGather;
   return po;
 }
 
@@ -423,7 +438,7 @@ MemoryBreakdown memory_breakdown(const parallel::ModelMemory& m) {
   b.optimizer = double(m.optimizer);
   b.gathered = double(m.gathered);
   b.staging = double(m.staging);
-  b.activations = double(m.activations + m.pipeline);
+  b.activations = double(m.activation_total());
   return b;
 }
 
@@ -441,11 +456,13 @@ MemoryBreakdown memory_per_rank(const PlanInput& in, const GridShape& g) {
   const int m_count = int(std::max<int64_t>(1, in.global_batch / mbatch));
   const parallel::ParallelOptions po = model_options(in);
   // A context axis: the trainer's formula takes it (S / Gc tokens of each sequence per rank,
-  // ZeRO's pieces over C x D); the exchange's buffers (ContextAttention's) come beside it. With
-  // shard_over_context (TorchTitan's layout, not tetrad's) C is folded into Z at S / Gc.
+  // ZeRO's pieces over C x D, the exchange's buffers as ContextAttention allocates them). With
+  // shard_over_context (TorchTitan's layout, not tetrad's) C is folded into Z at S / Gc and the
+  // exchange is TorchTitan's (K|V only, in the run's precision) beside it.
   const GridShape gf = in.shard_over_context ? without_context(g, true) : g;
   const int seq_local = in.shard_over_context ? in.seq / g.c() : in.seq;
-  const double gather = context_gather_bytes(in, g, double(local) * (in.seq / g.c()));
+  const double gather =
+      in.shard_over_context ? context_gather_bytes(in, g, double(local) * (in.seq / g.c())) : 0.0;
   // Every stage keeps the top-level tensors and the whole activation buffer, so the fullest is
   // the one with the most layers (state) or the most in flight (stage 0) or the last chunk's
   // stash (stage p - 1): those three, not all p (plans over thousands of ranks stay cheap).
@@ -789,8 +806,7 @@ Estimate estimate(const PlanInput& in, const GridShape& g, const Machine& mach) 
   e.trainable = g.p() == 1 || trainer_supports_pipeline();
   const ModelConfig& m = in.model;
   const Sizes s = sizes(m);
-  e.model_flops = model_flops_per_step(m, in.global_batch, in.seq);
-  e.hardware_flops = hardware_flops_per_step(m, in.global_batch, in.seq, in.recompute);
+  set_flop_counts(e, in);
   if (std::string why = divisibility_problem(in, g); !why.empty()) {
     e.reject = "does not divide: " + why;
     return e;

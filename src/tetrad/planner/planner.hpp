@@ -124,15 +124,25 @@ struct PlanInput {
   void validate() const;
 };
 
+// How the attention core's FLOPs (Q K^T and P V) are counted.
+//   Causal: half of the S x S score matrix, the work a causal kernel does (FlashAttention's own
+//     benchmark count, "/ (2 if causal else 1)"); MFU and HFU use it, so neither can exceed 100%
+//     however long the sequence (tetrad's models are all causal).
+//   Full: every score counted, as PaLM appendix B and Narayanan et al. (SC21) do; the count the
+//     published rows report (Megatron-LM, AxoNN), so predictions compared with them use it.
+enum class AttentionFlops { Causal, Full };
+
 // FLOPs of one optimizer step of the whole job (forward + backward; multiply-add = 2):
-//   model FLOPs = tokens · (6·N_matmul + 12·L·H·S)   (PaLM appendix B; equal to Narayanan et
-//     al.'s 72·B·S·L·H²·(1 + S/(6H) + V/(12·L·H)) for GPT blocks with FFN = 4H)
+//   model FLOPs = tokens · (6·N_matmul + c·12·L·A·S)   with c = 1/2 (Causal) or 1 (Full; PaLM
+//     appendix B, equal to Narayanan et al.'s 72·B·S·L·H²·(1 + S/(6H) + V/(12·L·H)) for GPT
+//     blocks with FFN = 4H, and to the trainer's flops_per_token)
 //   hardware FLOPs add what recomputation executes again: full: one more forward of every block
-//     (2·N_block + 4·L·H·S per token, giving 96·B·S·L·H²·(1 + S/(6H) + V/(16·L·H)));
-//     selective: the attention core's forward (4·L·H·S per token).
-// Attention is counted in full (causal masking not discounted), as both papers do.
-double model_flops_per_step(const ModelConfig& m, int64_t sequences, int seq);
-double hardware_flops_per_step(const ModelConfig& m, int64_t sequences, int seq, Recompute r);
+//     (2·N_block + c·4·L·A·S per token; Full gives 96·B·S·L·H²·(1 + S/(6H) + V/(16·L·H)));
+//     selective: the attention core's forward (c·4·L·A·S per token).
+double model_flops_per_step(const ModelConfig& m, int64_t sequences, int seq,
+                            AttentionFlops a = AttentionFlops::Causal);
+double hardware_flops_per_step(const ModelConfig& m, int64_t sequences, int seq, Recompute r,
+                               AttentionFlops a = AttentionFlops::Causal);
 
 // Pipeline bubble with p stages, m micro-batches and v chunks per stage, as a fraction of the
 // ideal pipeline time: (p - 1) / m for 1F1B (v = 1), (p - 1) / (v m) interleaved (the trainer's
@@ -236,7 +246,9 @@ struct Estimate {
   int64_t micro_batches = 0; // per step (train.grad_accum)
   int64_t tokens_per_rank = 0;  // per micro-batch (a sequence's S / Gc with a context axis)
   CpComm cp_comm = CpComm::Auto;  // C > 1: the exchange the estimate prices (never Auto)
-  double model_flops = 0, hardware_flops = 0;  // per step, whole job
+  double model_flops = 0, hardware_flops = 0;  // per step, whole job, causal attention half (MFU, HFU)
+  double model_flops_full = 0, hardware_flops_full = 0;  // the same with attention in full (the
+                                                         // published rows' count, AttentionFlops::Full)
   double compute = 0;        // seconds per step on the slowest stage, no bubble
   double compute_gemm = 0, compute_attention = 0;  // of which GEMMs (all three passes), attention
   double contention = 0;     // seconds per step the overlapped collectives cost the compute
@@ -251,6 +263,9 @@ struct Estimate {
   std::vector<CollectiveCost> collectives;
   nlohmann::json to_json() const;
 };
+
+// e's four FLOP counts for in (global batch, sequence, recomputation): causal and in full.
+void set_flop_counts(Estimate& e, const PlanInput& in);
 
 // Memory per rank for a grid: parallel::model_memory of the trainer's model for this input
 // (micro-batch, sequence, precision, recompute, ZeRO, schedule, overlap switches), the most of

@@ -46,6 +46,8 @@ nlohmann::json Estimate::to_json() const {
             {"hfu", hfu},
             {"model_flops_per_step", model_flops},
             {"hardware_flops_per_step", hardware_flops},
+            {"model_flops_per_step_full_attention", model_flops_full},
+            {"hardware_flops_per_step_full_attention", hardware_flops_full},
             {"memory_bytes",
              {{"weights", memory.weights}, {"grads", memory.grads}, {"optimizer", memory.optimizer},
               {"gathered", memory.gathered}, {"staging", memory.staging},
@@ -137,7 +139,7 @@ std::string plan_text(const PlanInput& in, const Machine& m, const std::vector<E
                               : " (by shape: roofline)")
     << ", " << m.memory_bytes / 1e9
     << " GB/rank" << (m.source.empty() ? "" : " (" + m.source + ")") << "\n"
-    << "FLOPs: model FLOPs = tokens x (6 N_matmul + 12 L H S) = "
+    << "FLOPs: model FLOPs = tokens x (6 N_matmul + 6 L A S: causal attention counted as half) = "
     << model_flops_per_step(mc, in.global_batch, in.seq) << " per step (MFU uses these); "
     << "hardware FLOPs with recompute " << name(in.recompute) << " = "
     << hardware_flops_per_step(mc, in.global_batch, in.seq, in.recompute) << " (HFU)\n\n";

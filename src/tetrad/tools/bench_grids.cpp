@@ -251,7 +251,7 @@ GridResult measure_grid(const GridSweep& sw, parallel::ParallelTransformer& mode
   // (+ the process's baseline before any model existed).
   r.rss = double(current_rss_bytes());
   g.world.allreduce_max(&r.rss, 1);
-  r.estimate = state + double(model.activation_bytes()) + sw.baseline_rss;
+  r.estimate = state + double(model.activation_bytes() + model.context_bytes()) + sw.baseline_rss;
   g.world.allreduce_max(&r.estimate, 1);
   // Peak resident memory of the steps above this grid's starting point, largest rank,
   // against the memory formula (parallel::model_memory, the planner's and the trainer's fit

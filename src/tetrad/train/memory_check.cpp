@@ -59,6 +59,9 @@ std::string memory_problem_of_this_rank(const RunConfig& cfg, const RunPlan& pla
   try {
     planner::PlanInput in = plan_input_of(cfg, launch.world, device);
     in.precision = plan.model.precision;  // as run on this device
+    // The context exchange's buffers of the method this run uses (parallel.cp_comm).
+    in.cp_comm = plan.model.cp_comm == parallel::ContextComm::Ring ? planner::CpComm::Ring
+                                                                   : planner::CpComm::AllGather;
     fit.formula = planner::memory_per_rank(in, shape);
   } catch (const Error&) {
     return "";  // a layout the formula cannot take; the model's own checks report what is wrong

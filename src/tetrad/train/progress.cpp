@@ -88,7 +88,7 @@ void ProgressReporter::print_rank_shares(const parallel::ParallelTransformer& mo
   const TrainConfig& t = cfg_.train;
   const double MiB = double(1 << 20);
   for (int r = 0; r < world_; ++r) {
-    if (r == groups.world.rank() && !quiet_)
+    if (r == groups.world.rank() && !quiet_) {
       log << groups.summary() << "; " << model.num_local_params() << " of " << model.table().total
           << " parameters, " << plan_.local_batch << " of " << t.micro_batch
           << " sequences per micro-batch" << "; memory: state " << std::fixed
@@ -98,7 +98,13 @@ void ProgressReporter::print_rank_shares(const parallel::ParallelTransformer& mo
           << "; none: " << double(model.activation_bytes(parallel::Recompute::None)) / MiB
           << " MiB, saved "
           << double(model.activation_bytes(parallel::Recompute::None) - model.activation_bytes()) / MiB
-          << " MiB)" << std::defaultfloat << std::endl;
+          << " MiB)";
+      if (model.context_bytes() > 0)  // the context axis's exchange buffers
+        log << ", context exchange " << double(model.context_bytes()) / MiB << " MiB ("
+            << (model.options().cp_comm == parallel::ContextComm::Ring ? "ring" : "all-gather")
+            << ")";
+      log << std::defaultfloat << std::endl;
+    }
     if (world_ > 1) groups.world.barrier();
   }
 }

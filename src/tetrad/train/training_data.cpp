@@ -111,10 +111,11 @@ TrainingData::TrainingData(const RunConfig& cfg, const DataSlot& s)
             cfg.train.seed},
       inputs_(size_t(cfg.train.grad_accum) * s.local_batch * s.context.local_len(s.seq_len)),
       targets_(inputs_.size()),
-      doc_starts_(opt_.documents ? size_t(cfg.train.grad_accum) * s.local_batch * s.seq_len : 0) {
+      doc_starts_(opt_.documents ? inputs_.size() : 0) {
   if (s.context.active()) {
     whole_inputs_.resize(size_t(cfg.train.grad_accum) * s.local_batch * s.seq_len);
     whole_targets_.resize(whole_inputs_.size());
+    whole_doc_starts_.resize(opt_.documents ? whole_inputs_.size() : 0);
   }
 }
 
@@ -126,11 +127,12 @@ std::array<double, 2> TrainingData::next_step(int64_t step) {
   // ones) and masked, then each rank keeps its chunks.
   int32_t* in = cs.active() ? whole_inputs_.data() : inputs_.data();
   int32_t* tg = cs.active() ? whole_targets_.data() : targets_.data();
+  int32_t* ds = cs.active() ? whole_doc_starts_.data() : doc_starts_.data();
   // All micro-batches of the step first, so the loss normaliser (kept targets over the whole
   // global batch) is known before any backward.
   for (int m = 0; m < accum; ++m)
     loader_.next_batch(in + size_t(m) * B * T, tg + size_t(m) * B * T,
-                       opt_.documents ? doc_starts_.data() + size_t(m) * B * T : nullptr);
+                       opt_.documents ? ds + size_t(m) * B * T : nullptr);
   if (!cs.active()) {
     for (int m = 0; m < accum; ++m)
       counts[1] += double(apply_loss_mask(mask_, targets_.data() + size_t(m) * B * T, B, T, step,
@@ -145,6 +147,8 @@ std::array<double, 2> TrainingData::next_step(int64_t step) {
   for (int m = 0; m < accum; ++m)
     apply_loss_mask(mask_, tg + size_t(m) * B * T, B, T, step, m, slot_.replicas, slot_.slot);
   cs.take(in, T, B * accum, T, inputs_.data());
+  // Document starts stay positions of the whole sequence (what the chunks' offsets count).
+  if (opt_.documents) cs.take(ds, T, B * accum, T, doc_starts_.data());
   cs.take(tg, T, B * accum, T, targets_.data());
   for (int32_t y : targets_) counts[0] += y >= 0;
   counts[1] = before - counts[0];

@@ -72,7 +72,8 @@ class TrainingData {
   std::vector<int32_t>& inputs() { return inputs_; }
   std::vector<int32_t>& targets() { return targets_; }
   // With data.document_mask or data.document_positions: each input token's document start in its
-  // sequence (data::DataLoader::next_batch), inputs()'s layout; empty otherwise.
+  // sequence (data::DataLoader::next_batch; a position of the whole sequence, also with a
+  // context axis), inputs()'s layout; empty otherwise.
   const std::vector<int32_t>& doc_starts() const { return doc_starts_; }
   bool documents() const { return opt_.documents; }
 
@@ -123,6 +124,7 @@ class TrainingData {
   std::vector<int32_t> inputs_, targets_;
   std::vector<int32_t> whole_inputs_, whole_targets_;  // the whole sequences (context axis only)
   std::vector<int32_t> doc_starts_;  // data.document_*: the inputs' document starts
+  std::vector<int32_t> whole_doc_starts_;  // ... of the whole sequences (context axis only)
   bool restart_data_ = false;  // an allowed data change: restore() starts from the beginning
 };
 
