@@ -28,11 +28,12 @@ Runner setup(CLI::App& sub) {
   sub.add_option("--seq-len", o->seq_len, "default: the model's max_seq")
       ->check(int_in(0, 1 << 24, "--seq-len"));
   sub.add_option("--grid", o->grid,
-                 "under mpirun: process grid x,y,z,d (default 1,1,1,<ranks>); the micro-batches "
-                 "are dealt out over Z x D, rank 0 prints");
+                 "under mpirun: process grid x,y,z,d or named (c=2,d=2; default 1,1,1,<ranks>); "
+                 "the micro-batches are dealt out over Z x D, each C rank takes its chunks of "
+                 "every sequence, rank 0 prints");
   return [o](Context& ctx) {
     const std::string dir = ctx.resolve_model_dir(o->model_dir);
-    const std::string grid = inference_grid(o->grid, inference_world_size());
+    const std::string grid = inference_grid(o->grid, inference_world_size(), "eval", true);
     std::ostream null_stream(nullptr);
     std::ostream& eout = ctx.root() ? std::cout : null_stream;
     const double loss = evaluate_checkpoint(dir, o->data_dir, o->split, o->micro_batch, o->seq_len,

@@ -30,7 +30,7 @@ void run(Context& ctx, Options& o) {
     fail("model folder '", dir, "' has no tokenizer.model or tokenizer.json to encode the prompt with");
   auto tok = data::Tokenizer::load(tok_file);
   o.sampling.vocab_limit = tok.vocab_size();  // a padded model vocabulary: ids past it have no text
-  const std::string grid = inference_grid(o.grid, inference_world_size());
+  const std::string grid = inference_grid(o.grid, inference_world_size(), "generate");
   InferenceModel im = load_inference_model(dir, mc, grid, 1, mc.max_seq);
   const bool root = im.groups->world.rank() == 0;
   std::ostream null_stream(nullptr);

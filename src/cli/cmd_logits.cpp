@@ -35,7 +35,7 @@ void run(Context& ctx, const Options& o) {
     fail("--tokens: ", ids.size(), " tokens but the model's maximum length is ", mc.max_seq);
   // On a grid every rank runs the sequence with its share of the model (each Z x D slot the same
   // one) and holds the whole-vocabulary logits; rank 0 writes them.
-  const std::string grid = inference_grid(o.grid, inference_world_size());
+  const std::string grid = inference_grid(o.grid, inference_world_size(), "logits");
   InferenceModel im = load_inference_model(dir, mc, grid, 1, int(ids.size()));
   const float* lg = im.model->forward_logits(ids.data(), 1, int(ids.size()));
   if (im.groups->world.rank() == 0) {

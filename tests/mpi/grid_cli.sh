@@ -3,8 +3,8 @@
 # that names no grid gets the planner's choice and says why (not the 1x1x1x1 default that does
 # not fit 2 ranks); the named form `--grid d=2` trains exactly like `--grid 1,1,1,2`; a grid
 # that does not match the ranks, and a named grid with an unknown or repeated axis, are refused
-# naming what is wrong; a context axis with a sequence that does not cut into 2c chunks, and eval
-# on a context grid, are refused by name.
+# naming what is wrong; a context axis with a sequence that does not cut into 2c chunks is
+# refused by name; eval on a context grid gives one rank's loss, generate is refused by name.
 source "$(dirname "${BASH_SOURCE[0]}")/../cli_common.sh" "$1"
 S=(--set model.name=tiny --set data.dir="$W/data" --set train.seq_len=32 --set train.max_steps=3
    --set train.eval_interval=0 --set train.gemm_layouts=rule)
@@ -56,10 +56,26 @@ if grep -q "seq_len 30 is not divisible by 4 (set train.seq_len to a multiple of
 else
   bad "c=2 with train.seq_len 30: $out"
 fi
-out=$("${MPIRUN[@]}" -n 2 "$TETRAD" eval --model "$W/pos" --data "$W/data" --grid c=2 2>&1)
-if grep -q "context-parallel axis (c = 2) is not supported by the inference commands" <<<"$out"; then
-  ok "eval --grid c=2 refused by name"
+# eval on a context grid: each rank its chunks of every sequence, the loss one rank's (to the
+# printed digits); generate refused by name with the way out.
+one=$("$TETRAD" eval --model "$W/pos" --data "$W/data" --seq-len 32 --batches 2 --micro-batch 2 2>&1 | grep '^loss')
+out=$("${MPIRUN[@]}" -n 2 "$TETRAD" eval --model "$W/pos" --data "$W/data" --seq-len 32 --batches 2 --micro-batch 2 --grid c=2 2>&1)
+if [ -n "$one" ] && [ "$(grep '^loss' <<<"$out")" = "$one" ]; then
+  ok "eval --grid c=2 gives one rank's loss ($one)"
 else
-  bad "eval --grid c=2: $out"
+  bad "eval --grid c=2: one rank '$one', c=2: $out"
+fi
+out=$("${MPIRUN[@]}" -n 2 "$TETRAD" eval --model "$W/pos" --data "$W/data" --seq-len 30 --grid c=2 2>&1)
+if grep -q "sequence length 30 is not divisible by 4 (give --seq-len a multiple of 4" <<<"$out"; then
+  ok "eval --grid c=2 --seq-len 30 refused (not 2c = 4 chunks)"
+else
+  bad "eval --grid c=2 --seq-len 30: $out"
+fi
+out=$("${MPIRUN[@]}" -n 2 "$TETRAD" generate --model "$W/pos" --prompt "the king" --max-new 4 --grid c=2 2>&1)
+if grep -q "context-parallel axis (c = 2) is not supported by .generate. (only .eval. runs on c grids" <<<"$out" &&
+   grep -q "give x,y,z,d" <<<"$out"; then
+  ok "generate --grid c=2 refused by name"
+else
+  bad "generate --grid c=2: $out"
 fi
 exit $((fails > 0))

@@ -39,18 +39,6 @@ std::string describe(Family f, const GridShape& s, const ParallelOptions& po) {
          " recompute " + recompute_name(po.recompute);
 }
 
-void expect_matches_serial(const Run& par, const Run& serial, const ModelConfig& mc,
-                           const std::string& where) {
-  ASSERT_EQ(par.losses.size(), serial.losses.size()) << where;
-  for (size_t s = 0; s < serial.losses.size(); ++s) {
-    EXPECT_NEAR(par.losses[s] / serial.losses[s], 1.0, 1e-5) << where << " step " << s + 1;
-    EXPECT_NEAR(par.grad_norms[s] / serial.grad_norms[s], 1.0, 1e-4) << where << " step " << s + 1;
-  }
-  std::string worst_name;
-  const double worst = worst_weight_difference(par, serial, mc, &worst_name);
-  EXPECT_LT(worst, 2e-4) << where << ": largest weight difference in " << worst_name;
-}
-
 void check_family(Family family) {
   const ModelConfig mc = tiny_model(family, 2);
   const Run serial = serial_run(mc, kSteps);
@@ -167,4 +155,49 @@ TEST(ContextContract, RingTrainsLikeOneRankAndLikeAllGather) {
     EXPECT_EQ(rt.weights, rn.weights) << describe(family, shape, threaded) << " ring, progress thread";
     expect_matches_serial(rf, serial_run(mc, 10), mc, describe(family, shape, full) + " ring");
   }
+}
+
+// The ring moves what the other ranks need and nothing more: each step's block is the K|V rows
+// of a rank's two chunks (2 x n_kv_head x hd per token of this rank's heads, the queries stay
+// home) and, in the backward, their dK|dV in the same layout; in the trace every "K/V ring" and
+// "dK/dV ring" transfer is B x T x 2 x n_kv_head x hd floats, Gc - 1 K/V sends per layer and pass
+// and Gc dK/dV sends per layer. Llama with grouped-query heads: a third of the q|k|v row.
+TEST(ContextContract, RingSendsKeysAndValuesOnly) {
+  const ModelConfig mc = tiny_model(Family::Llama, 2);
+  const GridShape shape = context_grids(world_size()).front();
+  ProcessGroups g(comm::Communicator::world(), shape);
+  ParallelOptions po;
+  po.cp_comm = ContextComm::Ring;
+  const int Bl = kB / token_slots(shape), Tl = kT / shape.c();
+  ParallelTransformer m(mc, g, Bl, kT, po);
+  m.init_weights(7);
+  StepProfile prof;
+  TraceLog log;
+  log.recording = true;
+  prof.trace = &log;
+  m.set_profile(&prof);
+  std::vector<int32_t> x(size_t(Bl) * Tl), y(x.size());
+  for (size_t i = 0; i < x.size(); ++i) x[i] = int32_t(i % 7), y[i] = int32_t(i % 5);
+  m.zero_grads();
+  m.forward_backward(x.data(), y.data(), Bl, Tl, 1.0f);
+  m.reduce_gradients();
+  m.finish_communication();
+  const int64_t hd = mc.n_embd / mc.n_head, kv_heads = mc.n_kv_head / shape.y();
+  const int64_t kv_bytes = int64_t(Bl) * Tl * 2 * kv_heads * hd * int64_t(sizeof(float));
+  const int64_t qkv_bytes = int64_t(Bl) * Tl * (mc.n_head / shape.y() + 2 * kv_heads) * hd *
+                            int64_t(sizeof(float));
+  ASSERT_LT(kv_bytes, qkv_bytes) << "the test model has grouped-query heads";
+  int kv_sends = 0, dkv_sends = 0;
+  for (const TraceEvent& e : log.events) {
+    const bool kv = e.name.find("K/V ring") != std::string::npos && e.name.find("dK/dV") == std::string::npos;
+    const bool dkv = e.name.find("dK/dV ring") != std::string::npos;
+    if (!kv && !dkv) continue;
+    EXPECT_NE(e.args.find("\"bytes\":" + std::to_string(kv_bytes) + ","), std::string::npos)
+        << e.name << ": " << e.args << " (expected " << kv_bytes << " bytes of K|V rows, not the "
+        << qkv_bytes << " of whole q|k|v rows)";
+    if (e.name.rfind("send", 0) == 0) (kv ? kv_sends : dkv_sends) += 1;
+  }
+  const int G = shape.c(), layers = mc.n_layer;
+  EXPECT_EQ(kv_sends, 2 * layers * (G - 1)) << "K|V sends: forward and backward, Gc - 1 per layer";
+  EXPECT_EQ(dkv_sends, layers * G) << "dK|dV sends: Gc per layer";
 }

@@ -99,6 +99,14 @@ class Queue {
   virtual void copy_to_device(void* dst, const void* host_src, size_t bytes) = 0;
   virtual void copy_to_host(void* host_dst, const void* src, size_t bytes) = 0;
   virtual void copy_on_device(void* dst, const void* src, size_t bytes) = 0;
+  // `rows` copies of row_bytes bytes, row r from src + r src_pitch to dst + r dst_pitch (bytes;
+  // a column block of a row-major matrix into a packed one, or back). By rows unless overridden.
+  virtual void copy_rows_on_device(void* dst, size_t dst_pitch, const void* src, size_t src_pitch,
+                                   size_t row_bytes, size_t rows) {
+    for (size_t r = 0; r < rows; ++r)
+      copy_on_device(static_cast<char*>(dst) + r * dst_pitch,
+                     static_cast<const char*>(src) + r * src_pitch, row_bytes);
+  }
   virtual void fill_zero(void* dst, size_t bytes) = 0;
 
   virtual Event record() = 0;             // marks everything submitted so far

@@ -8,13 +8,24 @@ ContextAttention::ContextAttention(const StepContext& ctx, int local_batch, int 
                                    ContextComm comm)
     : ctx_(ctx), split_(ContextSplit::of(ctx.shape(), ctx.g().coord)), comm_(comm) {
   if (!split_.active()) return;
-  const size_t block = size_t(local_batch) * size_t(local_len) * size_t(ctx_.dims.QKVy);
-  // The ring holds two blocks (recv_) and two block gradients (full_); the all-gather Gc blocks.
-  const size_t n = comm == ContextComm::Ring ? 2 * block : block * size_t(split_.ranks);
+  const size_t tokens = size_t(local_batch) * size_t(local_len);
+  const size_t block = tokens * size_t(ctx_.dims.QKVy);
+  if (comm == ContextComm::Ring) {
+    // Two K|V blocks in flight (recv_), two block gradients (full_), one pair's dQ in q|k|v rows
+    // (dtmp_; forward: partial outputs), one pair's dK|dV (dacc_; forward: two chunks' partial
+    // lse and the merged lse where the caller keeps none).
+    const size_t kv = tokens * size_t(kv_width());
+    recv_ = backend::DeviceArray<float>(*ctx_.be, 2 * kv);
+    full_ = backend::DeviceArray<float>(*ctx_.be, 2 * kv);
+    dtmp_ = backend::DeviceArray<float>(*ctx_.be, block);
+    dacc_ = backend::DeviceArray<float>(*ctx_.be, std::max(kv, 2 * tokens * size_t(ctx_.dims.nhy)));
+    return;
+  }
+  const size_t n = block * size_t(split_.ranks);  // the all-gather: Gc blocks each
   recv_ = backend::DeviceArray<float>(*ctx_.be, n);
   full_ = backend::DeviceArray<float>(*ctx_.be, n);
-  dtmp_ = backend::DeviceArray<float>(*ctx_.be, comm == ContextComm::Ring ? block : n);
-  dacc_ = backend::DeviceArray<float>(*ctx_.be, comm == ContextComm::Ring ? block : n);
+  dtmp_ = backend::DeviceArray<float>(*ctx_.be, n);
+  dacc_ = backend::DeviceArray<float>(*ctx_.be, n);
 }
 
 void ContextAttention::gather(const float* qkv, int B, int T, int layer) {

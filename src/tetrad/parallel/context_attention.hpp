@@ -17,9 +17,12 @@
 //
 // Scratch: four buffers of B x Gc x T x QKVy floats (the received rows, the sequence-ordered
 // keys and values, and two for their gradients), allocated only when Gc > 1 (bytes()); with the
-// ring, six of B x T x QKVy floats whatever Gc is.
+// ring (which moves packed K|V rows, 2 x n_kv_head x hd per token, not whole q|k|v rows), four
+// K|V blocks of B x T tokens, one of B x T x QKVy and one more K|V block (or the forward's lse,
+// if larger), whatever Gc is.
 // Collective over the C group; not thread-safe.
 #pragma once
+#include <algorithm>
 #include <cstdint>
 
 #include "tetrad/backend/backend.hpp"
@@ -33,8 +36,8 @@ class ContextAttention {
  public:
   // local_batch sequences of local_len tokens on this rank (the most a micro-batch holds);
   // comm: all-gathered keys and values or the ring (context_ring.cpp), which works in the same
-  // four buffers, sized for it (two blocks, two block gradients, one each for a pair's results:
-  // 6 x B x T x QKVy floats whatever Gc is).
+  // four buffers, sized for it (two K|V blocks, two block gradients, one pair's dQ and one pair's
+  // dK|dV, whatever Gc is).
   ContextAttention(const StepContext& ctx, int local_batch, int local_len,
                    ContextComm comm = ContextComm::AllGather);
   bool active() const { return split_.active(); }
@@ -42,9 +45,11 @@ class ContextAttention {
   // Bytes of the scratch (0 with Gc = 1): the memory formula's context term.
   static int64_t bytes(const LocalDims& d, const GridShape& g, int local_batch, int local_len,
                        ContextComm comm = ContextComm::AllGather) {
-    const int64_t block = int64_t(sizeof(float)) * local_batch * int64_t(local_len) * d.QKVy;
     if (g.c() <= 1) return 0;
-    return comm == ContextComm::Ring ? 6 * block : 4 * block * g.c();
+    const int64_t tokens = int64_t(local_batch) * local_len, f = sizeof(float);
+    if (comm != ContextComm::Ring) return 4 * f * tokens * d.QKVy * g.c();
+    const int64_t kv = tokens * 2 * d.nkvy * d.hd;  // one K|V block
+    return f * (4 * kv + tokens * d.QKVy + std::max(kv, 2 * tokens * d.nhy));
   }
   int64_t bytes() const {
     return int64_t((recv_.size() + full_.size() + dtmp_.size() + dacc_.size()) * sizeof(float));
@@ -80,6 +85,8 @@ class ContextAttention {
                                    int jj) const;
   // Whether query chunk j sees any key of chunk jj of rank src's block.
   bool pair_visible(int j, int src, int jj) const;
+  // Width of a packed K|V row (the ring's blocks): 2 x n_kv_head x hd of this rank's heads.
+  int64_t kv_width() const { return 2 * ctx_.dims.nkvy * ctx_.dims.hd; }
 
   const StepContext& ctx_;
   ContextSplit split_;

@@ -45,6 +45,15 @@ struct StepContext {
   template <typename T> void copy_dev(T* dst, const T* src, int64_t n) const {
     if (n > 0 && dst != src) bq().copy_on_device(dst, src, size_t(n) * sizeof(T));
   }
+  // `rows` rows of `width` elements, row r from src + r src_stride to dst + r dst_stride.
+  template <typename T>
+  void copy_rows_dev(T* dst, int64_t dst_stride, const T* src, int64_t src_stride, int64_t width,
+                     int64_t rows) const {
+    if (width > 0 && rows > 0)
+      bq().copy_rows_on_device(dst, size_t(dst_stride) * sizeof(T), src,
+                               size_t(src_stride) * sizeof(T), size_t(width) * sizeof(T),
+                               size_t(rows));
+  }
   // A sum over a group, skipped when the group is one rank; its time counts as communication.
   template <typename T>
   void sum_over(const comm::Communicator& group, T* data, int64_t n, const char* what = "") const {

@@ -12,7 +12,8 @@ namespace tetrad {
 // the mean loss per token of the split's first `batches` micro-batches (in order, unshuffled).
 // On a grid (inference_grid's "x,y,z,d"; collective over MPI_COMM_WORLD unless "1,1,1,1") the
 // one model evaluates the same micro-batches, dealt out over the Z x D slots (batch i to slot
-// i mod Gz*Gd), and every rank returns the whole figure. Throws Error when the shards were made
+// i mod Gz*Gd; with a context axis each C rank evaluates its two chunks of every sequence), and
+// every rank returns the whole figure. Throws Error when the shards were made
 // with another tokenizer than the model's.
 double evaluate_checkpoint(const std::string& model_dir, const std::string& data_dir,
                            const std::string& split, int micro_batch, int seq_len, int batches,

@@ -12,16 +12,18 @@ int inference_world_size() {
   return comm::MpiEnvironment::is_initialized() ? comm::Communicator::world().size() : 1;
 }
 
-std::string inference_grid(const std::string& grid, int world_size) {
+std::string inference_grid(const std::string& grid, int world_size, const char* command,
+                           bool context) {
   const std::string g = grid.empty() ? "1,1,1," + std::to_string(world_size) : grid;
   const parallel::GridShape s = parallel::parse_grid(g);
   if (s.p() > 1)
     fail("grid '", g, "': a pipeline axis (Gp = ", s.p(), ") is not supported for inference; "
          "give x,y,z,d");
-  if (s.c() > 1)
-    fail("grid '", g, "': the context-parallel axis (c = ", s.c(), ") is not supported by the "
-         "inference commands (eval, generate, logits, memorization) yet; give x,y,z,d (e.g. --grid "
-         "d=", s.size(), "), which reads a checkpoint of any training grid");
+  if (s.c() > 1 && !context)
+    fail("grid '", g, "': the context-parallel axis (c = ", s.c(), ") is not supported by `",
+         command, "` (only `eval` runs on c grids; decoding with a key/value cache splits no "
+         "sequence over C); give x,y,z,d (e.g. --grid d=", s.size(), "), which reads a "
+         "checkpoint of any training grid");
   return g;
 }
 

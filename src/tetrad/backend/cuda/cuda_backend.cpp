@@ -102,6 +102,11 @@ class CudaQueue final : public Queue {
   void copy_to_device(void* dst, const void* src, size_t bytes) override { copy(dst, src, bytes); }
   void copy_to_host(void* dst, const void* src, size_t bytes) override { copy(dst, src, bytes); }
   void copy_on_device(void* dst, const void* src, size_t bytes) override { copy(dst, src, bytes); }
+  void copy_rows_on_device(void* dst, size_t dst_pitch, const void* src, size_t src_pitch,
+                           size_t row_bytes, size_t rows) override {  // one call, not one a row
+    if (row_bytes && rows)
+      GPU_CHECK(g::gpuMemcpy2DAsync(dst, dst_pitch, src, src_pitch, row_bytes, rows, s_));
+  }
   void fill_zero(void* dst, size_t bytes) override {
     if (bytes) GPU_CHECK(g::gpuMemsetAsync(dst, 0, bytes, s_));
   }

@@ -41,6 +41,10 @@ inline gpuError_t gpuFreeHost(void* p) { return cudaFreeHost(p); }
 inline gpuError_t gpuMemcpyAsync(void* d, const void* s, size_t n, gpuStream_t st) {
   return cudaMemcpyAsync(d, s, n, cudaMemcpyDefault, st);
 }
+inline gpuError_t gpuMemcpy2DAsync(void* d, size_t dpitch, const void* s, size_t spitch,
+                                   size_t width, size_t height, gpuStream_t st) {
+  return cudaMemcpy2DAsync(d, dpitch, s, spitch, width, height, cudaMemcpyDefault, st);
+}
 inline gpuError_t gpuMemsetAsync(void* d, int v, size_t n, gpuStream_t st) {
   return cudaMemsetAsync(d, v, n, st);
 }
