@@ -525,11 +525,10 @@ std::string divisibility_problem(const PlanInput& in, const GridShape& g) {
   if (g.p() > 1 && in.schedule == Schedule::Interleaved && (in.global_batch / mb) % g.p() != 0)
     return "the interleaved schedule needs the micro-batches (" + std::to_string(in.global_batch / mb) +
            ") divisible by Gp = " + std::to_string(g.p());
-  if (in.sequence_shard && g.y() > 1 && g.c() > 1)
-    return "parallel.sequence_shard is not implemented with the context axis (c=" +
-           std::to_string(g.c()) + ")";
-  if (in.sequence_shard && g.y() > 1 && (mb / token_slots(g) * in.seq) % g.y() != 0)
-    return "parallel.sequence_shard: the " + std::to_string(mb / token_slots(g) * in.seq) +
+  // (With a context axis a rank's tokens are its 2 chunks of each sequence: seq / Gc of them.)
+  if (const int64_t rank_tokens = mb / token_slots(g) * (in.seq / g.c());
+      in.sequence_shard && g.y() > 1 && rank_tokens % g.y() != 0)
+    return "parallel.sequence_shard: the " + std::to_string(rank_tokens) +
            " tokens of a micro-batch per rank do not split evenly over Gy = " + std::to_string(g.y());
   // Z shards each rank's block of every GEMM weight without padding (parallel/sharding.cpp).
   const int64_t hd = m.head_dim(), Cx = m.n_embd / g.x();
