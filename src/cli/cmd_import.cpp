@@ -74,7 +74,6 @@ void run(const Options& o) {
   std::unique_ptr<RunLock> lock;
   claim_destination(out, o.overwrite, lock);
   const ModelConfig mc = read_hf_config(o.hf);
-  require_hf_tensor_layout(mc, "import");
   check_model_fits_host(mc, o.hf, "import", 1);
   const ParamTable table = build_param_table(mc);
   std::vector<float> params(size_t(table.total));

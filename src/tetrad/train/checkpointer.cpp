@@ -270,7 +270,6 @@ void Checkpointer::init_fresh() {
            ") but the shards in '", cfg.data_dir, "' were made with tokenizer ", hex64(data_id),
            "; prepare the data with --tokenizer ", cfg.init_from);
   }
-  require_hf_tensor_layout(cfg.model, "run.init_from '" + cfg.init_from + "'");
   // Weights that are not finite would train into NaN from the first step: refused by name (every
   // rank reads the whole tensor, so every rank refuses together).
   load_hf_params_streamed(cfg.init_from, cfg.model, model.table(),
