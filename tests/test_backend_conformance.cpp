@@ -1117,6 +1117,70 @@ TEST_P(Conformance, RopeForwardAndAdjoint) {
   EXPECT_TRUE(close("rope backward vs finite differences, " + seed(), down(dg, x.size()), numeric_grad(xd, loss), kBwdTol));
 }
 
+// Per-head RMSNorm (Qwen3's q_norm / k_norm) in place on some heads of strided rows (the other
+// columns untouched): forward, rstd and the saved input against the double reference; backward
+// (dx in place, dw accumulated) against central finite differences of the reference forward.
+TEST_P(Conformance, HeadNormForwardAndBackward) {
+  for (int rep = 0; rep < 3; ++rep) {
+    const int64_t N = randint(1, 7), heads = randint(1, 4), hd = randint(1, 3) * randint(1, 12);
+    const int64_t stride = heads * hd + randint(0, 5), width = heads * hd;
+    const float eps = rep == 0 ? 1e-6f : 1e-3f;
+    const VF x = rand(static_cast<size_t>(N * stride), -2, 2), w = rand(static_cast<size_t>(hd), 0.5f, 1.5f);
+    const VF dy = rand(x.size()), dw0 = rand(static_cast<size_t>(hd));
+    auto ref = [&](const VD& in, const VD& wd) {
+      VD o = in;
+      for (int64_t r = 0; r < N; ++r)
+        for (int64_t h = 0; h < heads; ++h) {
+          const double* v = in.data() + r * stride + h * hd;
+          double ss = 0;
+          for (int64_t d = 0; d < hd; ++d) ss += v[d] * v[d];
+          const double rs = 1 / std::sqrt(ss / double(hd) + double(eps));
+          for (int64_t d = 0; d < hd; ++d) o[size_t(r * stride + h * hd + d)] = v[d] * rs * wd[size_t(d)];
+        }
+      return o;
+    };
+    DeviceBuffer dx = up(x), dwb = up(w), rstd = poisoned(static_cast<size_t>(N * heads)),
+                 saved = poisoned(static_cast<size_t>(N * width)), dwg = up(dw0);
+    HeadNormArgs a;
+    a.x = F(dx); a.N = N; a.n_heads = heads; a.head_dim = hd; a.stride = stride;
+    a.w = F(dwb); a.rstd = F(rstd); a.saved = F(saved); a.eps = eps;
+    ops_->head_norm_forward(*q_, a);
+    VD xd = widen(x), wd = widen(w);
+    const std::string name = "head norm N=" + std::to_string(N) + " heads=" + std::to_string(heads) +
+                             " hd=" + std::to_string(hd) + " stride=" + std::to_string(stride) + ", " + seed();
+    EXPECT_TRUE(close(name + " forward", down(dx, x.size()), ref(xd, wd), kFwdTol));
+    VD want_rstd, want_saved;
+    for (int64_t r = 0; r < N; ++r)
+      for (int64_t h = 0; h < heads; ++h) {
+        double ss = 0;
+        for (int64_t d = 0; d < hd; ++d) {
+          const double v = x[size_t(r * stride + h * hd + d)];
+          ss += v * v;
+          want_saved.push_back(v);
+        }
+        want_rstd.push_back(1 / std::sqrt(ss / double(hd) + double(eps)));
+      }
+    EXPECT_TRUE(close(name + " rstd", down(rstd, want_rstd.size()), want_rstd, kFwdTol));
+    EXPECT_TRUE(close(name + " saved input", down(saved, want_saved.size()), want_saved, 0.0));
+    // backward: dy in place -> dx; dw accumulates onto dw0
+    DeviceBuffer g = up(dy);
+    a.x = F(g); a.dw = F(dwg);
+    ops_->head_norm_backward(*q_, a);
+    auto loss = [&] {
+      const VD o = ref(xd, wd);
+      double L = 0;
+      for (size_t i = 0; i < o.size(); ++i) L += double(dy[i]) * o[i];
+      return L;
+    };
+    VD want_dx = numeric_grad(xd, loss), want_dw = numeric_grad(wd, loss);
+    for (int64_t r = 0; r < N; ++r)  // the columns past the heads are not the op's: dy stays
+      for (int64_t c = width; c < stride; ++c) want_dx[size_t(r * stride + c)] = dy[size_t(r * stride + c)];
+    for (size_t i = 0; i < want_dw.size(); ++i) want_dw[i] += dw0[i];
+    EXPECT_TRUE(close(name + " dx vs finite differences", down(g, x.size()), want_dx, kBwdTol));
+    EXPECT_TRUE(close(name + " dw vs finite differences", down(dwg, static_cast<size_t>(hd)), want_dw, kBwdTol));
+  }
+}
+
 // Per-document positions (RopeArgs::doc_start, data.document_positions): row r at position
 // pos0 + r % T - doc_start[r], restarting at 0 where each document of a sequence begins; forward
 // against the reference and the backward against finite differences; all-zero starts equal the

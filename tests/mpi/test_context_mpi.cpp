@@ -3,9 +3,9 @@
 // all-gathered over C. 20 steps of the tiny model through the trainer's StepRunner give the
 // serial losses (relative 1e-5), gradient norms (1e-4) and weights (2e-4) on C = 2 (2 ranks),
 // C = 2 with each of X, Y, Z, D and P and C = 4 (4 ranks), C = 2 x X = 2 x D = 2 (8 ranks); GPT-2
-// (learned positions, multi-head) and Llama (RoPE, grouped-query heads); recomputation is
-// bit-identical to none; ZeRO 1/2 shard over D x C; bad sequence lengths and decoding are
-// refused by name.
+// (learned positions, multi-head), Llama (RoPE, grouped-query heads) and Qwen3 (q/k norms);
+// recomputation is bit-identical to none; ZeRO 1/2 shard over D x C; bad sequence lengths and
+// decoding are refused by name.
 #include <gtest/gtest.h>
 
 #include <map>
@@ -56,6 +56,8 @@ TEST(ContextContract, LlamaGqaTrainsLikeOneRank) {
   ASSERT_LT(tiny_model(Family::Llama, 2).n_kv_head, tiny_model(Family::Llama, 2).n_head);
   check_family(Family::Llama);
 }
+// Qwen3's per-head q/k norms on each rank's chunks of the tokens (norm weights replicated).
+TEST(ContextContract, Qwen3TrainsLikeOneRank) { check_family(Family::Qwen3); }
 
 // Recomputation gathers the keys and values again: bit-identical to none; ZeRO 1 and 2 deal
 // their pieces over D x C and train like one rank. On the first grid of each size.

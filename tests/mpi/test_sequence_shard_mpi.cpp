@@ -119,6 +119,10 @@ TEST(SequenceShard, Gpt2GradientsMatchTheUnshardedModel) {
 TEST(SequenceShard, LlamaGradientsMatchTheUnshardedModelUnderFullRecomputation) {
   check_gradients(Family::Llama, Recompute::Full);
 }
+// Qwen3's per-head q/k norms run on the all-gathered q|k|v rows of this rank's heads.
+TEST(SequenceShard, Qwen3GradientsMatchTheUnshardedModel) {
+  check_gradients(Family::Qwen3, Recompute::None);
+}
 
 void compare_runs(const ModelConfig& mc, ProcessGroups& g, ParallelOptions po, int steps,
                   double loss_tol, double weight_tol, PipelineSchedule sched = PipelineSchedule::OneFOneB) {

@@ -168,6 +168,25 @@ struct RopeArgs {
   const int32_t* doc_start = nullptr;  // (N) per-document positions, or null
 };
 
+// Per-head RMSNorm (Qwen3's q_norm / k_norm): each of the first n_heads heads of every row (row
+// stride `stride`) is normalised over its head_dim elements and scaled by w, one weight vector
+// every head shares: y = x * rstd * w with rstd = 1 / sqrt(Σ x² / head_dim + eps) (the sum in
+// double). Heads never mix, so a rank holding some of the heads needs no communication.
+//   forward:  x (the heads) normalised in place; rstd (N, n_heads) written; saved (not null):
+//             (N, n_heads * head_dim) compact, the input before normalisation (the backward's x).
+//   backward: x holds dy and becomes dx in place (OVERWRITTEN): dx = (dy w - x̂ Σ(dy w x̂) /
+//             head_dim) rstd with x̂ = saved * rstd; dw (head_dim) += Σ over rows and heads of
+//             dy x̂ (ACCUMULATES); saved and rstd as the forward wrote them.
+struct HeadNormArgs {
+  float* x = nullptr;  // (N, stride)
+  int64_t N = 0, n_heads = 0, head_dim = 0, stride = 0;
+  const float* w = nullptr;  // (head_dim)
+  float* rstd = nullptr;     // (N, n_heads)
+  float* saved = nullptr;    // (N, n_heads * head_dim)
+  float* dw = nullptr;       // (head_dim), backward only
+  float eps = 1e-6f;
+};
+
 // AdamW (decoupled weight decay) on the interval of n elements the pointers start at:
 // g' = grad_scale * g; m = b1 m + (1-b1) g'; v = b2 v + (1-b2) g'²;
 // p -= lr * (m / (1-b1^step) / (sqrt(v / (1-b2^step)) + eps) + weight_decay * p).
@@ -262,6 +281,9 @@ struct OpTable {
   void (*rope_forward)(Queue& q, const RopeArgs& r) = nullptr;
   // The adjoint (rotation by -angle), in place on the gradient.
   void (*rope_backward)(Queue& q, const RopeArgs& r) = nullptr;
+  // Per-head RMSNorm (HeadNormArgs), in place.
+  void (*head_norm_forward)(Queue& q, const HeadNormArgs& a) = nullptr;
+  void (*head_norm_backward)(Queue& q, const HeadNormArgs& a) = nullptr;
 
   // ---- activations ----------------------------------------------------------------------------
   // GELU, tanh approximation (GPT-2's gelu_new), n elements.

@@ -250,6 +250,15 @@ nlohmann::json qwen2_config_json(const ModelConfig& c, Ids bos, Ids eos) {
   return j;
 }
 
+// Qwen3ForCausalLM: Qwen2's fields with the head width said (head_dim) and no q, k, v biases
+// (attention_bias false: Qwen3's q_norm / k_norm are the architecture's).
+nlohmann::json qwen3_config_json(const ModelConfig& c, Ids bos, Ids eos) {
+  nlohmann::json j = qwen2_config_json(c, bos, eos);
+  j["head_dim"] = c.head_dim();
+  j["attention_bias"] = false;
+  return j;
+}
+
 void read_gpt2_config(const nlohmann::json& j, const std::string& where, ConfigReader& r,
                       ModelConfig& c) {
   (void)j;
@@ -346,17 +355,15 @@ void read_llama_config(const nlohmann::json& j, const std::string& where, Config
   layer_types(j, where, r, c.n_layer, {"full_attention"});
 }
 
-// Qwen2 / Qwen2.5: Llama's fields; biases on q, k, v are the architecture's (no field). Its
-// sliding-window fields as transformers reads them: the window is sliding_window when
+// The sliding-window fields of Qwen2 / Qwen2.5 and Qwen3 as transformers reads them: the window is sliding_window when
 // use_sliding_window is true (else none), and layer i is a sliding-window layer when
 // 'layer_types' says so or, without that list, when there is a window and i >= max_window_layers.
 // Such a layer computes what full attention does only when the window covers every position
 // (sliding_window >= max_position_embeddings); otherwise it is refused, naming the fields (as a
 // sliding layer without a window, which transformers refuses too). Published Qwen2.5 folders
-// have use_sliding_window = false.
-void read_qwen2_config(const nlohmann::json& j, const std::string& where, ConfigReader& r,
-                       ModelConfig& c) {
-  read_llama_like_config(j, where, r, c, "Qwen2");
+// and Qwen3 folders have use_sliding_window = false.
+void read_qwen_sliding_window(const nlohmann::json& j, const std::string& where, ConfigReader& r,
+                              ModelConfig& c) {
   const bool window = r.boolean_or("use_sliding_window", false) && r.has("sliding_window");
   const int max_window_layers = r.has("max_window_layers") ? int(r.integer("max_window_layers")) : 28;
   std::vector<std::string> types =
@@ -381,6 +388,24 @@ void read_qwen2_config(const nlohmann::json& j, const std::string& where, Config
          "attention is full causal attention, the same only for a window of at least "
          "max_position_embeddings = ", c.max_seq, " (set use_sliding_window = false, or "
          "sliding_window >= ", c.max_seq, ")");
+}
+
+// Qwen2 / Qwen2.5: Llama's fields; biases on q, k, v are the architecture's (no field).
+void read_qwen2_config(const nlohmann::json& j, const std::string& where, ConfigReader& r,
+                       ModelConfig& c) {
+  read_llama_like_config(j, where, r, c, "Qwen2");
+  read_qwen_sliding_window(j, where, r, c);
+}
+
+// Qwen3: Qwen2's fields and sliding-window rules; heads head_dim wide (Qwen3Config's default,
+// 128, when the field is absent); no attention biases (attention_bias = true refused: tetrad's
+// Qwen3 has q_norm / k_norm and no q, k, v or o biases).
+void read_qwen3_config(const nlohmann::json& j, const std::string& where, ConfigReader& r,
+                       ModelConfig& c) {
+  read_llama_like_config(j, where, r, c, "Qwen3");
+  if (!r.has("head_dim") || j["head_dim"].is_null()) c.explicit_head_dim = 128;
+  r.require_false("attention_bias", "tetrad's Qwen3 has no attention biases");
+  read_qwen_sliding_window(j, where, r, c);
 }
 
 // MixtralForCausalLM: Llama's fields (no biases) with the mixture of experts: intermediate_size
@@ -485,6 +510,7 @@ constexpr ConfigFormat kConfigFormats[] = {
     {Family::GPT2, gpt2_config_json, read_gpt2_config},
     {Family::Llama, llama_config_json, read_llama_config},
     {Family::Qwen2, qwen2_config_json, read_qwen2_config},
+    {Family::Qwen3, qwen3_config_json, read_qwen3_config},
     {Family::Mixtral, mixtral_config_json, read_mixtral_config},
 };
 

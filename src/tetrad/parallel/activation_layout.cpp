@@ -12,6 +12,8 @@ int64_t act_width(ActWidth w, const LocalDims& d) {
     case ActWidth::Ay: return d.Ay;
     case ActWidth::QKVy: return d.QKVy;
     case ActWidth::Nhy: return d.nhy;
+    case ActWidth::Nqk: return d.nqk;
+    case ActWidth::QKn: return d.QKn;
     case ActWidth::FWy: return d.FWy;
     case ActWidth::Fy: return d.Fy;
     case ActWidth::Vy: return d.Vy;

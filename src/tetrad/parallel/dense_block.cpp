@@ -67,6 +67,9 @@ DenseBlock::DenseBlock(const BlockParts& p)
       case R::MlpInBias: L.fc_b = ti; break;
       case R::MlpOut: L.fcproj_w = ti; break;
       case R::MlpOutBias: L.fcproj_b = ti; break;
+      case R::QNorm: case R::KNorm:
+        if (p.config.desc().qk_norm) break;  // the q/k norms bind their own (QkNorm)
+        fail("tensor '", s.name, "' (", role_name(s.role), ") in a block without q/k norms");
       case R::Router: case R::ExpertGateUp: case R::ExpertDown:
         if (p.config.moe()) break;  // the mixture of experts binds its own (MoeBlock)
         fail("tensor '", s.name, "' (", role_name(s.role), ") in a dense block");
@@ -86,6 +89,7 @@ DenseBlock::DenseBlock(const BlockParts& p)
     ctx_.bq().copy_to_device(rope_sin_.data(), sin_host.data(), n * sizeof(float));
     ctx_.bq().synchronize();
   }
+  if (p.config.desc().qk_norm) qk_norm_ = std::make_unique<QkNorm>(p);
   if (ctx_.shape().c() > 1)
     context_ = std::make_unique<ContextAttention>(ctx_, p.local_batch, p.max_len / ctx_.shape().c(),
                                                   p.cp_comm);
@@ -211,6 +215,7 @@ void DenseBlock::forward(int l, const float* x, int B, int T, const CachedKv* kv
   const auto& A = a_.layer[size_t(l)];
   ops_.norm_fwd(A.ln1, A.ln1_mean, A.ln1_rstd, x, L.ln1_w, L.ln1_b, N, A.ln1_16);
   ops_.normal_fwd(GemmSite::Qkv, A.qkv, act(A.ln1, A.ln1_16), L.qkv_w, L.qkv_b, N);
+  if (qk_norm_) qk_norm_->forward(l, N);
   if (positions_ == Positions::Rope) {
     ScopedPhase sp(ctx_.prof, Phase::Attention);
     rope(true, A.qkv, B, T, kv ? kv->pos0 : 0);
@@ -300,6 +305,7 @@ void DenseBlock::backward(int l, const float* x_in, int B, int T) {
     ScopedPhase sp(ctx_.prof, Phase::Attention);
     rope(false, a.dqkv, B, T, 0);
   }
+  if (qk_norm_) qk_norm_->backward(l, N);
   ctx_.q().poll();
   const float* dln1 = ops_.linear_bwd(GemmSite::Qkv, a.dln, a.dqkv, act(A.ln1, A.ln1_16), L.qkv_w, L.qkv_b, N);
   ops_.norm_bwd(a.dresid, dln1, x_in, A.ln1_mean, A.ln1_rstd, L.ln1_w, L.ln1_b, N);

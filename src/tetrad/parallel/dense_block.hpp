@@ -1,5 +1,6 @@
-// The dense transformer block on the grid (GPT-2, Llama, Qwen2; block.hpp's interface):
-//   x -> norm_1 -> qkv (normal) -> RoPE (rotary positions) -> attention over this rank's heads
+// The dense transformer block on the grid (GPT-2, Llama, Qwen2, Qwen3; block.hpp's interface):
+//   x -> norm_1 -> qkv (normal) [-> q/k norms (Qwen3: qk_norm.hpp)] -> RoPE (rotary positions)
+//     -> attention over this rank's heads
 //     -> proj (transposed) + x -> norm_2 -> fc (normal) -> GELU / SwiGLU -> fcproj (transposed) + .
 // The family description chooses the norm (ParallelOps), the MLP activation and the positions;
 // the biases are there where the parameter table has them (Qwen2's q, k, v biases, adjacent,
@@ -20,6 +21,7 @@
 #include "tetrad/backend/backend.hpp"
 #include "tetrad/parallel/block.hpp"
 #include "tetrad/parallel/context_attention.hpp"
+#include "tetrad/parallel/qk_norm.hpp"
 
 namespace tetrad::parallel {
 
@@ -44,6 +46,7 @@ class DenseBlock : public TransformerBlock {
   const StepContext& ctx_;
   ParallelOps& ops_;
   const ParallelActivations& a_;
+
 
  private:
   // One layer's tensors (parameter table indices; -1 where the family has none).
@@ -85,6 +88,8 @@ class DenseBlock : public TransformerBlock {
   backend::DeviceBuffer rope_cos_, rope_sin_;  // [max_seq, hd/2] rotary tables
   // Attention over the context axis's gathered keys and values (Gc > 1; null otherwise).
   std::unique_ptr<ContextAttention> context_;
+  // The per-head q/k norms between the q|k|v projection and RoPE (FamilyDesc::qk_norm; else null).
+  std::unique_ptr<QkNorm> qk_norm_;
   int scratch_layer_ = -1;  // the layer whose recomputable activations the scratch holds
 };
 

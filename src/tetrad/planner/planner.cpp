@@ -69,6 +69,7 @@ Sizes sizes(const ModelConfig& m) {
   s.norm_vectors = f.norm == NormKind::LayerNorm ? 2 : 1;
   s.biases = f.linear_biases;
   s.qkv_bias = f.qkv_bias;
+  s.qk_norm_vectors = f.qk_norm ? 2.0 * m.head_dim() : 0.0;
   s.learned_positions = f.positions == Positions::Learned;
   s.FW = f.mlp_in_factor() * s.F;
   s.tied = m.tie_embeddings;
@@ -316,10 +317,10 @@ StageParams stage_params(const ModelConfig& m, const GridShape& g, bool first, b
   const double xy = double(g.x()) * g.y(), Ls = layers;
   StageParams sp;
   // Two norms, and with biases those of the transposed layers (over X) and of q|k|v and fc (Y);
-  // with only a q|k|v bias, that one.
-  const double layer_vec = s.biases ? (2 * s.norm_vectors + 2) * s.H / g.x() + (s.QKV + s.F) / g.y()
-                           : s.qkv_bias ? 2 * s.norm_vectors * s.H / g.x() + s.QKV / g.y()
-                                        : 2 * s.norm_vectors * s.H / g.x();
+  // with only a q|k|v bias, that one; the q/k norms' two head-wide vectors whole on every rank.
+  const double layer_vec = s.qk_norm_vectors +
+      (s.biases ? (2 * s.norm_vectors + 2) * s.H / g.x() + (s.QKV + s.F) / g.y()
+       : s.qkv_bias ? 2 * s.norm_vectors * s.H / g.x() + s.QKV / g.y() : 2 * s.norm_vectors * s.H / g.x());
   sp.matrices = Ls * s.block_matmul() / xy / g.z();
   sp.vectors = Ls * layer_vec;
   sp.layer_block = s.block_matmul() / xy + layer_vec;

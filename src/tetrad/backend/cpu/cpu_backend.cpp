@@ -13,6 +13,7 @@
 #include "tetrad/backend/cpu/attention.hpp"
 #include "tetrad/backend/cpu/attention_bf16.hpp"
 #include "tetrad/backend/cpu/attention_merge.hpp"
+#include "tetrad/backend/cpu/head_norm.hpp"
 #include "tetrad/backend/ceilings.hpp"
 #include "tetrad/backend/machine_cache.hpp"
 #include "tetrad/backend/cpu/moe_ops.hpp"
@@ -194,6 +195,8 @@ OpTable make_table() {
     k::rope_backward(r.x, r.N, r.T_seq, r.pos0, r.n_heads, r.head_dim, r.stride, r.cos, r.sin,
                      r.doc_start);
   };
+  t.head_norm_forward = [](Queue&, const HeadNormArgs& a) { head_norm_forward(a); };
+  t.head_norm_backward = [](Queue&, const HeadNormArgs& a) { head_norm_backward(a); };
   t.gelu_forward = [](Queue&, float* out, const float* x, int64_t n) { k::gelu_forward(out, x, n); };
   t.gelu_backward = [](Queue&, float* dx, const float* d, const float* x, int64_t n) {
     k::gelu_backward(dx, d, x, n);
