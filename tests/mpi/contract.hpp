@@ -162,10 +162,10 @@ inline double worst_weight_difference(const Run& a, const Run& b, const ModelCon
   return worst;
 }
 
-// The contract on a parallel run against the serial one: every step's loss within relative 1e-5,
-// its gradient norm within 1e-4, every weight at the end within 2e-4; `where` names the grid.
-inline void expect_follows(const Run& par, const Run& serial, const ModelConfig& mc,
-                           const std::string& where) {
+// A grid's run against the serial run, the contract's tolerances (fp32): the loss of every step
+// within relative 1e-5, the gradient norm within 1e-4, every weight at the end within 2e-4.
+inline void expect_matches_serial(const Run& par, const Run& serial, const ModelConfig& mc,
+                                  const std::string& where) {
   ASSERT_EQ(par.losses.size(), serial.losses.size()) << where;
   for (size_t s = 0; s < serial.losses.size(); ++s) {
     EXPECT_NEAR(par.losses[s] / serial.losses[s], 1.0, 1e-5) << where << " step " << s + 1;

@@ -447,6 +447,7 @@ bool writes_shard(const TensorShard& t, const GridCoord& c) {
   if (!t.z_sharded && c.z() != 0) return false;
   if (t.layout == ShardLayout::ColsX && c.y() != 0) return false;
   if (t.layout == ShardLayout::RowsY && c.x() != 0) return false;
+  if (t.layout == ShardLayout::Replicated && (c.x() != 0 || c.y() != 0)) return false;
   return true;
 }
 

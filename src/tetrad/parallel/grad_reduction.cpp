@@ -448,6 +448,7 @@ double GradReducer::sum_squares() {
     if (!t.z_sharded) owner = owner && c.z() == 0;
     if (t.layout == ShardLayout::ColsX) owner = owner && c.y() == 0;
     if (t.layout == ShardLayout::RowsY) owner = owner && c.x() == 0;
+    if (t.layout == ShardLayout::Replicated) owner = owner && c.x() == 0 && c.y() == 0;
     if (!owner) continue;
     ctx_.ops().sum_squares(ctx_.bq(), part, grads_.data() + zl_.grad_offsets[i], zl_.sizes[i]);
     local += read_scalar(part);

@@ -64,6 +64,7 @@ void ParallelTransformer::gather_shard(const float* shard, size_t i, float* full
     bool owner = t.first_replica && c.z() == 0 && owns(t);
     if (t.layout == ShardLayout::ColsX) owner = owner && c.y() == 0;
     if (t.layout == ShardLayout::RowsY) owner = owner && c.x() == 0;
+    if (t.layout == ShardLayout::Replicated) owner = owner && c.x() == 0 && c.y() == 0;
     if (owner) insert_block(t, block.data(), full);
   }
   if (ctx_.g().world.size() > 1) ctx_.g().host().world.allreduce_sum(full, size_t(t.spec->numel));  // host

@@ -139,6 +139,13 @@ TensorShard block_of(const ModelConfig& c, const ParamSpec& s, const GridShape& 
     case R_::MlpInBias:
       rows_y(slice_rows(K, g.y(), at.y()));
       break;
+    case R_::QNorm:  // over one head's width: every rank whole (its heads share the vector)
+    case R_::KNorm:
+      t.layout = ShardLayout::Replicated;
+      t.rows = {0};
+      t.col0 = 0;
+      t.cols = K;
+      break;
     case R_::AttnNorm:
     case R_::AttnNormBias:
     case R_::MlpNorm:

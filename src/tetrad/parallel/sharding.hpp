@@ -26,7 +26,8 @@
 
 namespace tetrad::parallel {
 
-enum class ShardLayout { Normal, Transposed, ColsX, RowsY };
+// Replicated: every rank holds the whole tensor (a vector over one head: q_norm, k_norm).
+enum class ShardLayout { Normal, Transposed, ColsX, RowsY, Replicated };
 
 struct TensorShard {
   const ParamSpec* spec = nullptr;

@@ -176,8 +176,8 @@ std::vector<Field> model_data_run_fields() {
       // model.name is handled first (it selects the base that the other model keys override).
       STRING_FIELD("model.name", c.model_name,
                    "named base configuration: tiny, small, gpt2-124m, llama-tiny, llama-small, llama-1b, "
-                   "qwen2-tiny, mixtral-tiny"),
-      Field{"model.family", "string", "\"gpt2\", \"llama\", \"qwen2\" or \"mixtral\"",
+                   "qwen2-tiny, qwen3-tiny, mixtral-tiny"),
+      Field{"model.family", "string", "\"gpt2\", \"llama\", \"qwen2\", \"qwen3\" or \"mixtral\"",
             [](RunConfig& c, const toml::node& n, const std::string& w) {
               c.model.family = parse_family(read_string(n, "model.family", w));
             },
@@ -188,7 +188,7 @@ std::vector<Field> model_data_run_fields() {
       INT_FIELD("model.n_kv_head", c.model.n_kv_head,
                 "key/value heads (grouped-query attention when < n_head; Llama only)"),
       INT_FIELD("model.head_dim", c.model.explicit_head_dim,
-                "width of one attention head; 0: n_embd / n_head (another value: Llama)"),
+                "width of one attention head; 0: n_embd / n_head (another value: Llama, Qwen3)"),
       INT_FIELD("model.ffn", c.model.ffn, "MLP inner size"),
       INT_FIELD("model.vocab_size", c.model.vocab_size,
                 "vocabulary size (must be >= the tokenizer's)"),
@@ -647,6 +647,7 @@ RunConfig load_run_config(const std::string& path, const std::vector<std::string
     // written out, so this base is fully overridden.
     c.model_name = c.model.family == Family::Llama   ? "llama-tiny"
                    : c.model.family == Family::Qwen2   ? "qwen2-tiny"
+                   : c.model.family == Family::Qwen3   ? "qwen3-tiny"
                    : c.model.family == Family::Mixtral ? "mixtral-tiny"
                                                        : "tiny";
   }
