@@ -6,7 +6,9 @@ scripts/check-hf-parity.sh, and compares logit files.
     hf_make.py compare A.bin B.bin [--rtol 1e-4]
     hf_make.py qwen2-tokenizer OUT_DIR TEXT    # Qwen2's tokenizer.json, trained on TEXT
 
-KIND: gpt2 | llama-gqa | llama-tied | llama-theta500k | llama3-scaled | qwen2 | qwen2-tied.
+KIND: gpt2 | llama-gqa | llama-tied | llama-theta500k | llama3-scaled | qwen2 | qwen2-tied |
+qwen3 | qwen3-tied. The qwen3 kinds are Qwen3ForCausalLM of the qwen2 kinds' sizes with heads 24
+wide (head_dim 24, not hidden / heads = 16) and random (not 1) q_norm / k_norm weights.
 The qwen2 kinds are Qwen2ForCausalLM of the same sizes as llama-gqa (qwen2-tied: tied
 embeddings, 4 key/value heads), rope theta 1000000, with random (non-zero) q/k/v biases. The
 qwen2 tokenizer is transformers' Qwen2Tokenizer (its NFC normalizer, Split regex, byte-level
@@ -36,16 +38,21 @@ def make(kind, out, tokens_path):
         cfg = GPT2Config(vocab_size=8192, n_embd=64, n_layer=2, n_head=4, n_positions=64,
                          resid_pdrop=0.0, embd_pdrop=0.0, attn_pdrop=0.0)
         model = GPT2LMHeadModel(cfg)
-    elif kind.startswith("qwen2"):
-        tied = kind == "qwen2-tied"
+    elif kind.startswith("qwen2") or kind.startswith("qwen3"):
+        tied = kind.endswith("-tied")
         kw = dict(vocab_size=8192, hidden_size=64, intermediate_size=96, num_hidden_layers=2,
                   num_attention_heads=4, num_key_value_heads=4 if tied else 2,
                   max_position_embeddings=128, tie_word_embeddings=tied, rms_norm_eps=1e-6)
-        if major >= 5:
-            cfg = Qwen2Config(**kw, rope_parameters={"rope_type": "default", "rope_theta": 1e6})
+        if kind.startswith("qwen3"):
+            from transformers import Qwen3Config as Config, Qwen3ForCausalLM as Model
+            kw["head_dim"] = 24
         else:
-            cfg = Qwen2Config(**kw, rope_theta=1e6)
-        model = Qwen2ForCausalLM(cfg)
+            Config, Model = Qwen2Config, Qwen2ForCausalLM
+        if major >= 5:
+            cfg = Config(**kw, rope_parameters={"rope_type": "default", "rope_theta": 1e6})
+        else:
+            cfg = Config(**kw, rope_theta=1e6)
+        model = Model(cfg)
         # transformers initialises norms to 1 and biases to 0; make them matter.
         with torch.no_grad():
             for n, p in model.named_parameters():

@@ -87,6 +87,17 @@ float ref_bf16(float f) {
                                        << ref[at] << ", scale " << scale << ")";
 }
 
+// The head columns of every q row of an attention call (B Tq rows of q_stride elements): what dq
+// holds; the stride's padding columns are no output of the op.
+template <typename V>
+V q_head_columns(const V& rows, const AttentionArgs& d) {
+  V out;
+  for (int64_t r = 0; r < int64_t(d.B) * d.Tq; ++r)
+    for (int64_t col = 0; col < int64_t(d.n_head) * d.head_dim; ++col)
+      out.push_back(rows[size_t(r * d.q_stride + col)]);
+  return out;
+}
+
 // Central differences of loss() with respect to every element of x (restored exactly).
 VD numeric_grad(VD& x, const std::function<double()>& loss) {
   VD g(x.size());
@@ -642,14 +653,8 @@ TEST_P(Conformance, AttentionKeyOffset) {
     DeviceBuffer gq = poisoned(nq), gk = poisoned(nkv), gv = poisoned(nkv);
     ops_->attention_backward(*q_, d, F(gq), F(gk), F(gv), F(ddout), F(dq), F(dk), F(dv), F(out), F(lse));
     auto loss = [&] { return AttnRef{d}.loss(qd, kd, vd, dout); };
-    // dq: only the head columns of each q row (the stride's padding is not the op's output).
-    VF gq_sel; VD nq_sel;
-    const VF gqv = down(gq, nq);
-    const VD nqv = numeric_grad(qd, loss);
-    for (int64_t r = 0; r < int64_t(c.B) * c.Tq; ++r)
-      for (int64_t col = 0; col < int64_t(c.nh) * c.hd; ++col)
-        gq_sel.push_back(gqv[r * d.q_stride + col]), nq_sel.push_back(nqv[r * d.q_stride + col]);
-    EXPECT_TRUE(close(name.str() + " dq vs finite differences", gq_sel, nq_sel, kBwdTol));
+    EXPECT_TRUE(close(name.str() + " dq vs finite differences", q_head_columns(down(gq, nq), d),
+                      q_head_columns(numeric_grad(qd, loss), d), kBwdTol));
     EXPECT_TRUE(close(name.str() + " dk vs finite differences", down(gk, nkv), numeric_grad(kd, loss), kBwdTol));
     EXPECT_TRUE(close(name.str() + " dv vs finite differences", down(gv, nkv), numeric_grad(vd, loss), kBwdTol));
   }
@@ -1012,13 +1017,9 @@ TEST_P(Conformance, AttentionDocumentMask) {
       for (size_t i = 0; i < o.size(); ++i) L += double(dout[i]) * o[i];
       return L;
     };
-    VF gq_sel; VD nq_sel;
-    const VF gqv = down(gq, nq);
-    const VD nqv = numeric_grad(qd, loss);
-    for (int64_t r = 0; r < int64_t(c.B) * c.Tq; ++r)
-      for (int64_t col = 0; col < int64_t(c.nh) * c.hd; ++col)
-        gq_sel.push_back(gqv[r * d.q_stride + col]), nq_sel.push_back(nqv[r * d.q_stride + col]);
-    EXPECT_TRUE(close(name.str() + " dq vs finite differences", gq_sel, nq_sel, kBwdTol));
+    const VD nq_sel = q_head_columns(numeric_grad(qd, loss), d);
+    EXPECT_TRUE(close(name.str() + " dq vs finite differences", q_head_columns(down(gq, nq), d),
+                      nq_sel, kBwdTol));
     const VD nkd = numeric_grad(kd, loss), nvd = numeric_grad(vd, loss);
     EXPECT_TRUE(close(name.str() + " dk vs finite differences", down(gk, nkv), nkd, kBwdTol));
     EXPECT_TRUE(close(name.str() + " dv vs finite differences", down(gv, nkv), nvd, kBwdTol));
@@ -1040,11 +1041,8 @@ TEST_P(Conformance, AttentionDocumentMask) {
         else l16_seen.push_back(l16v[r]);
       }
       EXPECT_TRUE(close(name.str() + " bf16 lse", l16_seen, rl_seen, kHi));
-      VF g1_sel;
-      const VF g1v = down(g1, nq);
-      for (int64_t r = 0; r < int64_t(c.B) * c.Tq; ++r)
-        for (int64_t col = 0; col < int64_t(c.nh) * c.hd; ++col) g1_sel.push_back(g1v[r * d.q_stride + col]);
-      EXPECT_TRUE(close(name.str() + " bf16 dq vs finite differences", g1_sel, nq_sel, kHiGrad));
+      EXPECT_TRUE(close(name.str() + " bf16 dq vs finite differences",
+                        q_head_columns(down(g1, nq), d), nq_sel, kHiGrad));
       EXPECT_TRUE(close(name.str() + " bf16 dk vs finite differences", down(g2, nkv), nkd, kHiGrad));
       EXPECT_TRUE(close(name.str() + " bf16 dv vs finite differences", down(g3, nkv), nvd, kHiGrad));
     }
@@ -1117,6 +1115,70 @@ TEST_P(Conformance, RopeForwardAndAdjoint) {
   VD xd = widen(x);
   auto loss = [&] { const VD o = ref(xd, false); double L = 0; for (size_t i = 0; i < o.size(); ++i) L += dout[i] * o[i]; return L; };
   EXPECT_TRUE(close("rope backward vs finite differences, " + seed(), down(dg, x.size()), numeric_grad(xd, loss), kBwdTol));
+}
+
+// Per-head RMSNorm (Qwen3's q_norm / k_norm) in place on some heads of strided rows (the other
+// columns untouched): forward, rstd and the saved input against the double reference; backward
+// (dx in place, dw accumulated) against central finite differences of the reference forward.
+TEST_P(Conformance, HeadNormForwardAndBackward) {
+  for (int rep = 0; rep < 3; ++rep) {
+    const int64_t N = randint(1, 7), heads = randint(1, 4), hd = randint(1, 3) * randint(1, 12);
+    const int64_t stride = heads * hd + randint(0, 5), width = heads * hd;
+    const float eps = rep == 0 ? 1e-6f : 1e-3f;
+    const VF x = rand(static_cast<size_t>(N * stride), -2, 2), w = rand(static_cast<size_t>(hd), 0.5f, 1.5f);
+    const VF dy = rand(x.size()), dw0 = rand(static_cast<size_t>(hd));
+    auto ref = [&](const VD& in, const VD& wd) {
+      VD o = in;
+      for (int64_t r = 0; r < N; ++r)
+        for (int64_t h = 0; h < heads; ++h) {
+          const double* v = in.data() + r * stride + h * hd;
+          double ss = 0;
+          for (int64_t d = 0; d < hd; ++d) ss += v[d] * v[d];
+          const double rs = 1 / std::sqrt(ss / double(hd) + double(eps));
+          for (int64_t d = 0; d < hd; ++d) o[size_t(r * stride + h * hd + d)] = v[d] * rs * wd[size_t(d)];
+        }
+      return o;
+    };
+    DeviceBuffer dx = up(x), dwb = up(w), rstd = poisoned(static_cast<size_t>(N * heads)),
+                 saved = poisoned(static_cast<size_t>(N * width)), dwg = up(dw0);
+    HeadNormArgs a;
+    a.x = F(dx); a.N = N; a.n_heads = heads; a.head_dim = hd; a.stride = stride;
+    a.w = F(dwb); a.rstd = F(rstd); a.saved = F(saved); a.eps = eps;
+    ops_->head_norm_forward(*q_, a);
+    VD xd = widen(x), wd = widen(w);
+    const std::string name = "head norm N=" + std::to_string(N) + " heads=" + std::to_string(heads) +
+                             " hd=" + std::to_string(hd) + " stride=" + std::to_string(stride) + ", " + seed();
+    EXPECT_TRUE(close(name + " forward", down(dx, x.size()), ref(xd, wd), kFwdTol));
+    VD want_rstd, want_saved;
+    for (int64_t r = 0; r < N; ++r)
+      for (int64_t h = 0; h < heads; ++h) {
+        double ss = 0;
+        for (int64_t d = 0; d < hd; ++d) {
+          const double v = x[size_t(r * stride + h * hd + d)];
+          ss += v * v;
+          want_saved.push_back(v);
+        }
+        want_rstd.push_back(1 / std::sqrt(ss / double(hd) + double(eps)));
+      }
+    EXPECT_TRUE(close(name + " rstd", down(rstd, want_rstd.size()), want_rstd, kFwdTol));
+    EXPECT_TRUE(close(name + " saved input", down(saved, want_saved.size()), want_saved, 0.0));
+    // backward: dy in place -> dx; dw accumulates onto dw0
+    DeviceBuffer g = up(dy);
+    a.x = F(g); a.dw = F(dwg);
+    ops_->head_norm_backward(*q_, a);
+    auto loss = [&] {
+      const VD o = ref(xd, wd);
+      double L = 0;
+      for (size_t i = 0; i < o.size(); ++i) L += double(dy[i]) * o[i];
+      return L;
+    };
+    VD want_dx = numeric_grad(xd, loss), want_dw = numeric_grad(wd, loss);
+    for (int64_t r = 0; r < N; ++r)  // the columns past the heads are not the op's: dy stays
+      for (int64_t c = width; c < stride; ++c) want_dx[size_t(r * stride + c)] = dy[size_t(r * stride + c)];
+    for (size_t i = 0; i < want_dw.size(); ++i) want_dw[i] += dw0[i];
+    EXPECT_TRUE(close(name + " dx vs finite differences", down(g, x.size()), want_dx, kBwdTol));
+    EXPECT_TRUE(close(name + " dw vs finite differences", down(dwg, static_cast<size_t>(hd)), want_dw, kBwdTol));
+  }
 }
 
 // Per-document positions (RopeArgs::doc_start, data.document_positions): row r at position

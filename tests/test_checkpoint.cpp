@@ -422,6 +422,51 @@ TEST(HfFolder, Qwen2RoundTripIsBitIdentical) {
   }
 }
 
+// Qwen3: q_norm / k_norm [head_dim] under Hugging Face's names, heads 24 wide (head_dim said in
+// config.json), tied and untied; bit-identical both ways. What tetrad's Qwen3 does not compute is
+// refused by name; a folder without head_dim has Qwen3Config's 128.
+TEST(HfFolder, Qwen3RoundTripIsBitIdentical) {
+  for (bool tied : {true, false}) {
+    const std::string dir = test_dir() + "/qwen3";
+    ModelConfig cfg = named_model("qwen3-tiny");
+    cfg.tie_embeddings = tied;
+    Model m = random_model(cfg, 14);
+    save_hf(dir, m.cfg, m.table, m.params.data());
+    const json cj = read_json(dir + "/config.json");
+    EXPECT_EQ(cj["model_type"], "qwen3");
+    EXPECT_EQ(cj["architectures"][0], "Qwen3ForCausalLM");
+    EXPECT_EQ(cj["head_dim"], 24);
+    EXPECT_EQ(cj["attention_bias"], false);
+    EXPECT_EQ(cj["tie_word_embeddings"], tied);
+    EXPECT_EQ(cj["use_sliding_window"], false);
+    expect_same_config(read_hf_config(dir), m.cfg);
+    EXPECT_EQ(read_hf_config(dir).head_dim(), 24);
+
+    SafetensorsReader r(dir + "/model.safetensors");
+    EXPECT_EQ(r.find("lm_head.weight") != nullptr, !tied);
+    const ParamSpec& kn = m.table.find("model.layers.1.self_attn.k_norm.weight");
+    EXPECT_EQ(r.at(kn.name).shape, (std::vector<int64_t>{24}));
+    EXPECT_EQ(r.read_float(kn.name)[5], m.params[kn.offset + 5]);
+
+    std::vector<float> back(m.params.size(), -1.0f);
+    load_hf_params(dir, m.cfg, m.table, back.data());
+    EXPECT_TRUE(same_bits(back, m.params));
+
+    json j = cj;
+    j.erase("head_dim");
+    EXPECT_EQ(parse_hf_config(j, "cfg.json").head_dim(), 128);
+    j = cj;
+    j["attention_bias"] = true;
+    expect_error([&] { parse_hf_config(j, "cfg.json"); }, {"cfg.json", "'attention_bias' = true", "Qwen3"});
+    j = cj;
+    j.erase("layer_types");  // the layers' kinds from the window fields, as transformers reads them
+    j["use_sliding_window"] = true;
+    j["sliding_window"] = 16;
+    j["max_window_layers"] = 1;
+    expect_error([&] { parse_hf_config(j, "cfg.json"); }, {"layer 1", "sliding window of 16"});
+  }
+}
+
 TEST(HfFolder, TiedLlamaAndExtraBuffersAccepted) {
   const std::string dir = test_dir() + "/llama";
   ModelConfig cfg = named_model("llama-tiny");
@@ -581,7 +626,7 @@ TEST(HfFolder, ConfigErrorsNameTheProblem) {
     write_json(cfg_path, j);
   };
   with([](json& j) { j["model_type"] = "mistral"; });
-  expect_error([&] { read_hf_config(dir); }, {cfg_path, "model_type 'mistral'", "\"gpt2\", \"llama\", \"qwen2\" or \"mixtral\""});
+  expect_error([&] { read_hf_config(dir); }, {cfg_path, "model_type 'mistral'", "\"gpt2\", \"llama\", \"qwen2\", \"qwen3\" or \"mixtral\""});
   with([](json& j) { j.erase("model_type"); });
   expect_error([&] { read_hf_config(dir); }, {cfg_path, "missing field 'model_type'"});
   with([](json& j) { j.erase("hidden_size"); });

@@ -42,14 +42,14 @@ std::vector<std::string> layer_names(const ParamTable& t, int layer) {
 }  // namespace
 
 TEST(ModelFamily, RegistryNamesRoundTrip) {
-  ASSERT_EQ(families().size(), 4u);
+  ASSERT_EQ(families().size(), 5u);
   for (const FamilyDesc& f : families()) {
     EXPECT_EQ(parse_family(f.name), f.id);
     EXPECT_EQ(&family_desc(f.id), &f);
   }
-  EXPECT_EQ(family_names_quoted(), "\"gpt2\", \"llama\", \"qwen2\" or \"mixtral\"");
-  const std::string e = error_of([] { parse_family("qwen3"); });
-  EXPECT_NE(e.find("unknown family 'qwen3'; expected \"gpt2\", \"llama\", \"qwen2\" or \"mixtral\""),
+  EXPECT_EQ(family_names_quoted(), "\"gpt2\", \"llama\", \"qwen2\", \"qwen3\" or \"mixtral\"");
+  const std::string e = error_of([] { parse_family("bert"); });
+  EXPECT_NE(e.find("unknown family 'bert'; expected \"gpt2\", \"llama\", \"qwen2\", \"qwen3\" or \"mixtral\""),
             std::string::npos) << e;
 }
 
@@ -154,6 +154,35 @@ TEST(ModelFamily, IndependentHeadDimSizesEveryAttentionTensor) {
   EXPECT_NE(error_of([&] { c.validate(); }).find("even head dimension"), std::string::npos);
 }
 
+// Qwen3: Llama's tensors plus q_norm and k_norm, each [head_dim] (24 in qwen3-tiny, not
+// n_embd / n_head = 16), after the adjacent q, k, v; q is n_head * 24 rows, o_proj reads as many.
+TEST(ModelFamily, Qwen3TableHasTheQkNormsAndItsOwnHeadWidth) {
+  const ModelConfig c = named_model("qwen3-tiny");
+  EXPECT_EQ(c.family, Family::Qwen3);
+  EXPECT_TRUE(c.desc().qk_norm);
+  EXPECT_EQ(c.head_dim(), 24);
+  EXPECT_NE(c.head_dim(), c.n_embd / c.n_head);
+  const ParamTable t = build_param_table(c);
+  EXPECT_EQ(layer_names(t, 1),
+            (std::vector<std::string>{
+                "model.layers.1.input_layernorm.weight", "model.layers.1.self_attn.q_proj.weight",
+                "model.layers.1.self_attn.k_proj.weight", "model.layers.1.self_attn.v_proj.weight",
+                "model.layers.1.self_attn.q_norm.weight", "model.layers.1.self_attn.k_norm.weight",
+                "model.layers.1.self_attn.o_proj.weight",
+                "model.layers.1.post_attention_layernorm.weight",
+                "model.layers.1.mlp.gate_proj.weight", "model.layers.1.mlp.up_proj.weight",
+                "model.layers.1.mlp.down_proj.weight"}));
+  for (const char* n : {"q_norm", "k_norm"}) {
+    const ParamSpec& s = t.find(std::string("model.layers.0.self_attn.") + n + ".weight");
+    EXPECT_EQ(s.shape, (std::vector<int64_t>{24}));
+    EXPECT_EQ(s.kind, ParamKind::Norm);
+  }
+  EXPECT_EQ(t.find("model.layers.0.self_attn.q_proj.weight").shape, (std::vector<int64_t>{4 * 24, 64}));
+  EXPECT_EQ(t.find("model.layers.0.self_attn.o_proj.weight").shape, (std::vector<int64_t>{64, 4 * 24}));
+  // A layer's q/k norms are no part of the dense block: building it alone refuses them by name.
+  EXPECT_EQ(t.find("model.layers.0.self_attn.q_norm.weight").role, TensorRole::QNorm);
+}
+
 // Qwen2: Llama's tensors plus q, k and v biases after the three weights (one bias of the fused
 // q|k|v GEMM); tied by default (qwen2-tiny, as Qwen2.5's small models), untied on request.
 TEST(ModelFamily, Qwen2TableHasTheQkvBiasesAfterTheWeights) {
@@ -225,7 +254,7 @@ TEST(ModelFamily, FusedGroupsMustBeAdjacent) {
 // column-split vectors; the same roles get the same layouts in both families.
 TEST(ModelFamily, ShardingByRole) {
   const GridShape g{2, 2, 1, 1};
-  for (const char* name : {"tiny", "llama-tiny", "qwen2-tiny"}) {
+  for (const char* name : {"tiny", "llama-tiny", "qwen2-tiny", "qwen3-tiny"}) {
     const ModelConfig c = named_model(name);
     const ParamTable t = build_param_table(c);
     const ShardPlan plan = ShardPlan::build(c, t, g, GridCoord{1, 1, 0, 0});
@@ -254,6 +283,10 @@ TEST(ModelFamily, ShardingByRole) {
         case TensorRole::MlpOutBias:
           want = ShardLayout::ColsX;
           break;
+        case TensorRole::QNorm:  // one head's width: whole on every rank
+        case TensorRole::KNorm:
+          want = ShardLayout::Replicated;
+          break;
         default:
           want = ShardLayout::Normal;
       }
@@ -280,7 +313,7 @@ TEST(ModelFamily, ShardingByRole) {
 }
 
 TEST(ModelFamily, ConfigJsonRoundTripsEveryFamily) {
-  for (const char* name : {"tiny", "llama-tiny", "qwen2-tiny"}) {
+  for (const char* name : {"tiny", "llama-tiny", "qwen2-tiny", "qwen3-tiny"}) {
     const ModelConfig c = named_model(name);
     const nlohmann::json j = hf_config_json(c);
     EXPECT_EQ(j["model_type"], c.desc().hf_model_type);
@@ -293,7 +326,7 @@ TEST(ModelFamily, ConfigJsonRoundTripsEveryFamily) {
   j["model_type"] = "qwen3_moe";
   const std::string e = error_of([&] { parse_hf_config(j, "config.json"); });
   EXPECT_NE(e.find("model_type 'qwen3_moe' is not supported; expected \"gpt2\", \"llama\", "
-                   "\"qwen2\" or \"mixtral\""), std::string::npos) << e;
+                   "\"qwen2\", \"qwen3\" or \"mixtral\""), std::string::npos) << e;
 }
 
 // Qwen2's config.json as transformers writes it: tied or untied, rope theta in either layout,

@@ -78,8 +78,16 @@ TEST(ModelGradcheck, Qwen2QkvBiasMatchesFiniteDifferences) {
   gradcheck_model(small_cfg(Family::Qwen2, 2));
 }
 
+// Qwen3's per-head q/k RMSNorm (weights jittered away from 1) with grouped-query attention and
+// heads 6 wide (not n_embd / n_head = 4).
+TEST(ModelGradcheck, Qwen3QkNormMatchesFiniteDifferences) {
+  ModelConfig c = small_cfg(Family::Qwen3, 2);
+  c.explicit_head_dim = 6;
+  gradcheck_model(c);
+}
+
 TEST(Model, FloatAgreesWithDouble) {
-  for (const char* name : {"tiny", "llama-tiny", "qwen2-tiny"}) {
+  for (const char* name : {"tiny", "llama-tiny", "qwen2-tiny", "qwen3-tiny"}) {
     ModelConfig cfg = named_model(name);
     const Family f = cfg.family;
     const int B = 2, T = 32;
@@ -105,7 +113,7 @@ TEST(Model, FloatAgreesWithDouble) {
 }
 
 TEST(Model, KvCacheDecodingMatchesFullForward) {
-  for (const char* name : {"tiny", "llama-tiny"}) {
+  for (const char* name : {"tiny", "llama-tiny", "qwen3-tiny"}) {
     ModelConfig cfg = named_model(name);
     Transformer<float> m(cfg, 2, cfg.max_seq);
     m.init_weights(11);

@@ -111,7 +111,7 @@ TEST(PlannerFlops, AttentionWidthIsHeadsTimesHeadDim) {
 }
 
 TEST(PlannerMemory, LocalParametersMatchShardPlan) {
-  for (const char* name : {"tiny", "small", "llama-tiny", "llama-small", "qwen2-tiny", "llama-tiny/hd24"}) {
+  for (const char* name : {"tiny", "small", "llama-tiny", "llama-small", "qwen2-tiny", "llama-tiny/hd24", "qwen3-tiny"}) {
     const ModelConfig m = test_model(name);
     const ParamTable table = build_param_table(m);
     for (int n : {1, 2, 4, 8})
@@ -144,7 +144,7 @@ TEST(PlannerMemory, LocalParametersMatchShardPlan) {
 
 TEST(PlannerMemory, ActivationsMatchTrainerBuffer) {
   // On one rank the trainer's ParallelTransformer needs no MPI: its buffer is the planner's count.
-  for (const char* name : {"tiny", "llama-tiny", "qwen2-tiny", "llama-tiny/hd24"}) {
+  for (const char* name : {"tiny", "llama-tiny", "qwen2-tiny", "llama-tiny/hd24", "qwen3-tiny"}) {
     const ModelConfig m = test_model(name);
     parallel::ProcessGroups serial;
     const int B = 3, T = 32;
@@ -164,7 +164,7 @@ TEST(PlannerMemory, ActivationsAreTheModelsSpec) {
   using parallel::Recompute;
   const int B = 2, T = 16;
   int checked = 0;
-  for (const char* name : {"tiny", "llama-tiny", "small", "llama-tiny/hd24"}) {
+  for (const char* name : {"tiny", "llama-tiny", "small", "llama-tiny/hd24", "qwen3-tiny"}) {
     const ModelConfig m = test_model(name);
     const auto slots = parallel::layer_slots(m.n_layer, parallel::LayerSplit{}, 1, 0);
     for (const GridShape g : {GridShape{}, GridShape::xyzpd(2, 1, 1, 1, 1),

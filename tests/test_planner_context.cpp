@@ -143,9 +143,10 @@ TEST(PlannerContext, RingStepsHideBehindOneBlockOfAttentionEach) {
 
 TEST(PlannerContext, ActivationsPerRankAreThoseOfSOverC) {
   // tetrad's own layout: the model's formula at S / Gc tokens of each sequence, plus what the
-  // exchange holds beside it as the trainer allocates it (ContextAttention): the ring's six fp32
-  // blocks of q|k|v rows (two in flight, two block gradients, one pair's partial results), the
-  // all-gather's 4 Gc.
+  // exchange holds beside it as the trainer allocates it (ContextAttention): the ring's four fp32
+  // K|V blocks (two in flight, two block gradients), one block of q|k|v rows (a pair's dQ) and one
+  // more K|V block (a pair's dK|dV, or the forward's lse where larger); the all-gather's 4 Gc
+  // blocks of q|k|v rows.
   const int S = 16384;
   PlanInput in = long_input(S, 1, 4);
   in.cp_comm = CpComm::Ring;
@@ -157,7 +158,9 @@ TEST(PlannerContext, ActivationsPerRankAreThoseOfSOverC) {
   EXPECT_DOUBLE_EQ(mb.weights, one.weights);  // replicated over C, like over D
   const double qkv = double(in.model.qkv_dim());  // a q|k|v row, floats
   const double block = 4.0 * (S / 4) * qkv;
-  EXPECT_DOUBLE_EQ(mb.activations, one.activations + 6 * block);
+  const double kv = 4.0 * (S / 4) * 2 * in.model.kv_dim();  // a K|V block
+  const double lse = 4.0 * (S / 4) * 2 * in.model.n_head;   // the forward's two lse per head
+  EXPECT_DOUBLE_EQ(mb.activations, one.activations + 4 * kv + block + std::max(kv, lse));
   in.cp_comm = CpComm::AllGather;
   EXPECT_DOUBLE_EQ(memory_per_rank(in, g).activations, one.activations + 4 * 4 * block);
   // Unset, the larger of the two (what either choice needs).

@@ -499,10 +499,10 @@ TEST(Bf16, LinearOnBf16OperandsTracksFp32ForwardAndBackward) {
 }
 
 // The bf16 model (bf16 weight copy, bf16 activations) against the fp32 model on the same weights:
-// loss and every parameter gradient within bf16 tolerances, GPT-2 and Llama; its activation
+// loss and every parameter gradient within bf16 tolerances, GPT-2, Llama and Qwen3; its activation
 // memory is smaller; the optimizer-written weight copy gives the same bits as the model's own.
 TEST(Bf16, ModelInBf16TracksFp32LossAndGradients) {
-  for (const char* name : {"tiny", "llama-tiny"}) {
+  for (const char* name : {"tiny", "llama-tiny", "qwen3-tiny"}) {
     const ModelConfig mc = named_model(name);
     const int B = 2, T = 32;
     std::vector<int32_t> x(size_t(B) * T), y(x.size());

@@ -8,6 +8,7 @@
 //     Gy > 2 all within fp32 rounding (a reduce-scatter may add in another order);
 //   - 20 steps through the trainer's StepRunner, recompute none and full, ZeRO 2 where D > 1,
 //     and a pipeline grid: the contract's tolerance (losses 1e-5, weights 2e-4);
+//   - with the context axis (C = 2 x Y = 2): the contract's tolerance, both exchanges;
 //   - bf16: within the bf16 contract (2% of the loss);
 //   - what it cannot run is refused by name.
 // Under mpirun -n 2, 4, 8.
@@ -118,6 +119,10 @@ TEST(SequenceShard, Gpt2GradientsMatchTheUnshardedModel) {
 TEST(SequenceShard, LlamaGradientsMatchTheUnshardedModelUnderFullRecomputation) {
   check_gradients(Family::Llama, Recompute::Full);
 }
+// Qwen3's per-head q/k norms run on the all-gathered q|k|v rows of this rank's heads.
+TEST(SequenceShard, Qwen3GradientsMatchTheUnshardedModel) {
+  check_gradients(Family::Qwen3, Recompute::None);
+}
 
 void compare_runs(const ModelConfig& mc, ProcessGroups& g, ParallelOptions po, int steps,
                   double loss_tol, double weight_tol, PipelineSchedule sched = PipelineSchedule::OneFOneB) {
@@ -180,6 +185,33 @@ TEST(SequenceShard, PipelineGridTrainsLikeTheUnshardedModel) {
     po.recompute = r;
     compare_runs(mc, g, po, 10, 1e-5, 2e-4);
   }
+}
+
+// With the context axis: each rank's two chunks of every sequence are its tokens, sharded over
+// Y like any others (positions from the chunks' offsets on the gathered rows); both exchanges,
+// both families (learned positions and RoPE), recompute none and full.
+TEST(SequenceShard, ContextAxisTrainsLikeTheUnshardedModel) {
+  if (world_size() % 4 != 0) GTEST_SKIP() << "the C = 2 x Y = 2 grid needs 4 or 8 ranks";
+  GridShape s;
+  s[Axis::C] = 2;
+  s[Axis::Y] = 2;
+  s[Axis::D] = world_size() / 4;
+  int tested = 0;
+  for (Family family : {Family::GPT2, Family::Llama}) {
+    const ModelConfig mc = tiny_model(family, 2);
+    ProcessGroups g(comm::Communicator::world(), s);
+    for (ContextComm comm : {ContextComm::AllGather, ContextComm::Ring})
+      for (Recompute r : {Recompute::None, Recompute::Full}) {
+        ParallelOptions po;
+        po.recompute = r;
+        po.cp_comm = comm;
+        compare_runs(mc, g, po, kSteps, 1e-5, 2e-4);
+        ++tested;
+      }
+  }
+  if (world_rank() == 0)
+    std::printf("[ context ] %d sequence-sharded runs on %s match the unsharded ones\n", tested,
+                s.to_string().c_str());
 }
 
 // bf16 GEMMs and activations: the sharded run within the bf16 contract of the unsharded one.

@@ -55,6 +55,43 @@ void gemm16(bool ta, bool tb, int64_t M, int64_t N, int64_t K, const uint16_t* A
                  k::Bf16Operand::bf16_stored(B, ldb), beta, C, ldc);
   else TETRAD_CHECK(false, kNoBf16);
 }
+// Per-head RMSNorm (Qwen3's q_norm / k_norm), written here independently of the backend's op:
+// each of the H heads of every row (stride) normalised over its hd elements, times w; the
+// input kept in saved (N, H hd) and the statistics in rstd (N, H).
+template <typename T>
+void head_norm_forward(T* x, T* saved, T* rstd, const T* w, int64_t N, int64_t H, int64_t hd,
+                       int64_t stride, T eps) {
+  for (int64_t r = 0; r < N; ++r)
+    for (int64_t h = 0; h < H; ++h) {
+      T* v = x + r * stride + h * hd;
+      double ss = 0;
+      for (int64_t d = 0; d < hd; ++d) ss += double(v[d]) * double(v[d]);
+      const T rs = T(1.0 / std::sqrt(ss / double(hd) + double(eps)));
+      rstd[r * H + h] = rs;
+      for (int64_t d = 0; d < hd; ++d) {
+        saved[(r * H + h) * hd + d] = v[d];
+        v[d] = v[d] * rs * w[d];
+      }
+    }
+}
+// In place: g (the heads' dy) becomes dx; dw += Σ dy x̂.
+template <typename T>
+void head_norm_backward(T* g, T* dw, const T* saved, const T* rstd, const T* w, int64_t N,
+                        int64_t H, int64_t hd, int64_t stride) {
+  for (int64_t r = 0; r < N; ++r)
+    for (int64_t h = 0; h < H; ++h) {
+      T* dy = g + r * stride + h * hd;
+      const T* s = saved + (r * H + h) * hd;
+      const T rs = rstd[r * H + h];
+      double dot = 0;
+      for (int64_t d = 0; d < hd; ++d) {
+        dot += double(dy[d]) * double(w[d]) * double(s[d] * rs);
+        dw[d] += dy[d] * (s[d] * rs);
+      }
+      const T m = T(dot / double(hd));
+      for (int64_t d = 0; d < hd; ++d) dy[d] = (dy[d] * w[d] - s[d] * rs * m) * rs;
+    }
+}
 }  // namespace
 
 // Offsets of one block's tensors in the parameter (and gradient) buffer, bound by role; -1 =
@@ -63,6 +100,7 @@ template <typename T>
 struct Transformer<T>::Layer {
   int64_t ln1_w = -1, ln1_b = -1, qkv_w = -1, qkv_b = -1, proj_w = -1, proj_b = -1;
   int64_t ln2_w = -1, ln2_b = -1, fc_w = -1, fc_b = -1, fcproj_w = -1, fcproj_b = -1;
+  int64_t q_norm = -1, k_norm = -1;
   int64_t router = -1, gate_up = -1, down = -1;  // a mixture of experts' (model/family.hpp)
 };
 
@@ -89,6 +127,8 @@ struct Transformer<T>::Acts {
     T* ln1_mean;   // (N)      LayerNorm only
     T* ln1_rstd;   // (N)
     T* qkv;        // (N, QKV) q | k | v of every head (after rotary positions)
+    T* qk_in;      // (N, QKn) q/k norm (Qwen3): q heads' inputs (N, nh hd), then k heads'
+    T* qk_rstd;    // (N, nqk) their statistics: q heads' (N, nh), then k heads'
     T* atty;       // (N, QH)  attention output, heads concatenated
     T* lse;        // (B, nh, T) log-sum-exp of each attention row
     T* resid_mid;  // (N, C)   x + attention
@@ -155,8 +195,9 @@ Transformer<T>::Transformer(const ModelConfig& config, int max_batch, int max_le
   const int64_t N = int64_t(max_batch) * max_len, C = cfg_.n_embd, V = cfg_.vocab_size;
   const int64_t QKV = cfg_.qkv_dim(), QH = cfg_.q_dim(), F = cfg_.ffn, FW = cfg_.mlp_in_dim();
   const int64_t h = bf16_ ? 0 : 1;  // 1 where an fp32 tensor exists only in fp32 mode
+  const int64_t nqk = fam_.qk_norm ? cfg_.n_head + cfg_.n_kv_head : 0, QKn = nqk * cfg_.head_dim();
   const int64_t per_layer =
-      N * (h * C + 1 + 1 + QKV + QH + cfg_.n_head + C + h * C + 1 + 1 + FW + h * F + C);
+      N * (h * C + 1 + 1 + QKV + QKn + nqk + QH + cfg_.n_head + C + h * C + 1 + 1 + FW + h * F + C);
   const int64_t global = N * (C + h * C + 1 + 1 + V + 1) + N * (C + C + QKV + QH + h * FW + F);
   acts_ = Buffer<T>(per_layer * cfg_.n_layer + global);
   const int64_t per_layer16 = N * (C + QH + C + F);
@@ -176,7 +217,7 @@ Transformer<T>::Transformer(const ModelConfig& config, int max_batch, int max_le
   a_->layer.resize(cfg_.n_layer);
   for (auto& A : a_->layer) {
     A.ln1 = take32(N * C); A.ln1_mean = take(N); A.ln1_rstd = take(N);
-    A.qkv = take(N * QKV); A.atty = take(N * QH); A.lse = take(N * cfg_.n_head);
+    A.qkv = take(N * QKV); A.qk_in = take(N * QKn); A.qk_rstd = take(N * nqk); A.atty = take(N * QH); A.lse = take(N * cfg_.n_head);
     A.resid_mid = take(N * C); A.ln2 = take32(N * C); A.ln2_mean = take(N); A.ln2_rstd = take(N);
     A.fc = take(N * FW); A.fc_act = take32(N * F); A.resid_out = take(N * C);
     A.ln1_16 = take16(N * C); A.atty16 = take16(N * QH); A.ln2_16 = take16(N * C);
@@ -237,6 +278,8 @@ void Transformer<T>::bind_tensors() {
       case R::MlpInBias: L.fc_b = o; break;
       case R::MlpOut: L.fcproj_w = o; break;
       case R::MlpOutBias: L.fcproj_b = o; break;
+      case R::QNorm: L.q_norm = o; break;
+      case R::KNorm: L.k_norm = o; break;
       case R::Router: L.router = o; break;
       case R::ExpertGateUp: L.gate_up = o; break;
       case R::ExpertDown: L.down = o; break;
@@ -399,6 +442,12 @@ void Transformer<T>::forward(const int32_t* inputs, int B, int Tq, int pos0, boo
     auto& A = a.layer[l];
     norm_forward(A.ln1, A.ln1_16, A.ln1_mean, A.ln1_rstd, x, L.ln1_w, L.ln1_b, N);
     linear_forward(A.qkv, A.ln1, A.ln1_16, L.qkv_w, L.qkv_b, N, C, QKV);
+    if (fam_.qk_norm)
+      timed(Phase::Norm, [&] {
+        head_norm_forward(A.qkv, A.qk_in, A.qk_rstd, P + L.q_norm, N, nh, hd, QKV, T(cfg_.norm_eps));
+        head_norm_forward(A.qkv + nh * hd, A.qk_in + N * nh * hd, A.qk_rstd + N * nh, P + L.k_norm,
+                          N, nkv, hd, QKV, T(cfg_.norm_eps));
+      });
     if (rope)
       timed(Phase::Attention, [&] { k::rope_forward(A.qkv, N, Tq, pos0, nh + nkv, hd, QKV, rope_cos_.data(), rope_sin_.data()); });
 
@@ -503,6 +552,7 @@ void Transformer<T>::backward(const int32_t* inputs, int B, int Tq) {
   const int64_t nh = cfg_.n_head, nkv = cfg_.n_kv_head, hd = cfg_.head_dim();
   const int64_t QKV = cfg_.qkv_dim(), QH = cfg_.q_dim(), F = cfg_.ffn, FW = cfg_.mlp_in_dim();
   T* G = grads_.data();
+  const T* P = params_.data();
   Acts& a = *a_;
   const T* x_last = cfg_.n_layer > 0 ? a.layer.back().resid_out : a.emb;
   // In bf16 mode the GEMMs read dresid in bf16.
@@ -542,6 +592,12 @@ void Transformer<T>::backward(const int32_t* inputs, int B, int Tq) {
                              A.qkv + nh * hd, A.qkv + (nh + nkv) * hd, A.atty, A.lse, d); });
     if (rope)
       timed(Phase::Attention, [&] { k::rope_backward(a.dqkv, N, Tq, 0, nh + nkv, hd, QKV, rope_cos_.data(), rope_sin_.data()); });
+    if (fam_.qk_norm)
+      timed(Phase::Norm, [&] {
+        head_norm_backward(a.dqkv, G + L.q_norm, A.qk_in, A.qk_rstd, P + L.q_norm, N, nh, hd, QKV);
+        head_norm_backward(a.dqkv + nh * hd, G + L.k_norm, A.qk_in + N * nh * hd, A.qk_rstd + N * nh,
+                           P + L.k_norm, N, nkv, hd, QKV);
+      });
     if (bf16_) timed(Phase::Attention, [&] { to16(a.dqkv, a.dqkv16, N * QKV); });
     linear_backward(a.dln, a.dqkv, a.dqkv16, A.ln1, A.ln1_16, L.qkv_w, L.qkv_b, N, C, QKV);
     norm_backward(a.dresid, a.dln, x_in, L.ln1_w, L.ln1_b, A.ln1_mean, A.ln1_rstd, N);

@@ -160,6 +160,8 @@ void check_op_table(const OpTable& t, const char* backend_name) {
   TETRAD_REQUIRE_OP(attention_merge);
   TETRAD_REQUIRE_OP(rope_forward);
   TETRAD_REQUIRE_OP(rope_backward);
+  TETRAD_REQUIRE_OP(head_norm_forward);
+  TETRAD_REQUIRE_OP(head_norm_backward);
   TETRAD_REQUIRE_OP(gelu_forward);
   TETRAD_REQUIRE_OP(gelu_backward);
   TETRAD_REQUIRE_OP(swiglu_forward);

@@ -142,6 +142,10 @@ struct AttentionArgs {
   Precision precision = Precision::FP32;
   const int32_t* doc_start = nullptr;  // document mask (see above); null: none
   int64_t doc_batch_stride = 0;        // elements between sequences of doc_start
+  // The sequence count the kernels choose their split of the work for (0: B). A caller that runs
+  // a part of a batch's sequences (the X axis's share, dense_block.cpp) passes the whole batch's
+  // count, so each sequence's result has the bits it has in the call on the whole batch.
+  int chunk_B = 0;
   int64_t resolved_q_offset() const {
     return q_offset < 0 ? k_offset + int64_t(Tk) - Tq : q_offset;
   }
@@ -162,6 +166,25 @@ struct RopeArgs {
   const float* cos = nullptr;  // (max_pos, hd/2)
   const float* sin = nullptr;  // (max_pos, hd/2)
   const int32_t* doc_start = nullptr;  // (N) per-document positions, or null
+};
+
+// Per-head RMSNorm (Qwen3's q_norm / k_norm): each of the first n_heads heads of every row (row
+// stride `stride`) is normalised over its head_dim elements and scaled by w, one weight vector
+// every head shares: y = x * rstd * w with rstd = 1 / sqrt(Σ x² / head_dim + eps) (the sum in
+// double). Heads never mix, so a rank holding some of the heads needs no communication.
+//   forward:  x (the heads) normalised in place; rstd (N, n_heads) written; saved (not null):
+//             (N, n_heads * head_dim) compact, the input before normalisation (the backward's x).
+//   backward: x holds dy and becomes dx in place (OVERWRITTEN): dx = (dy w - x̂ Σ(dy w x̂) /
+//             head_dim) rstd with x̂ = saved * rstd; dw (head_dim) += Σ over rows and heads of
+//             dy x̂ (ACCUMULATES); saved and rstd as the forward wrote them.
+struct HeadNormArgs {
+  float* x = nullptr;  // (N, stride)
+  int64_t N = 0, n_heads = 0, head_dim = 0, stride = 0;
+  const float* w = nullptr;  // (head_dim)
+  float* rstd = nullptr;     // (N, n_heads)
+  float* saved = nullptr;    // (N, n_heads * head_dim)
+  float* dw = nullptr;       // (head_dim), backward only
+  float eps = 1e-6f;
 };
 
 // AdamW (decoupled weight decay) on the interval of n elements the pointers start at:
@@ -258,6 +281,9 @@ struct OpTable {
   void (*rope_forward)(Queue& q, const RopeArgs& r) = nullptr;
   // The adjoint (rotation by -angle), in place on the gradient.
   void (*rope_backward)(Queue& q, const RopeArgs& r) = nullptr;
+  // Per-head RMSNorm (HeadNormArgs), in place.
+  void (*head_norm_forward)(Queue& q, const HeadNormArgs& a) = nullptr;
+  void (*head_norm_backward)(Queue& q, const HeadNormArgs& a) = nullptr;
 
   // ---- activations ----------------------------------------------------------------------------
   // GELU, tanh approximation (GPT-2's gelu_new), n elements.

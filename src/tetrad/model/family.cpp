@@ -75,10 +75,28 @@ constexpr TensorEntry kQwen2Layer[] = {
     {R::MlpOut, "mlp.down_proj.weight", D::Hidden, D::Ffn},
 };
 
+// Qwen3ForCausalLM: Llama's block with an RMSNorm on each query and key head (q_norm, k_norm:
+// one [head_dim] weight each, shared by the heads), heads of their own width (config.json's
+// head_dim, 128 in the published models), no biases.
+constexpr TensorEntry kQwen3Layer[] = {
+    {R::AttnNorm, "input_layernorm.weight", D::Hidden},
+    {R::Q, "self_attn.q_proj.weight", D::QHeads, D::Hidden},
+    {R::K, "self_attn.k_proj.weight", D::KvHeads, D::Hidden},
+    {R::V, "self_attn.v_proj.weight", D::KvHeads, D::Hidden},
+    {R::QNorm, "self_attn.q_norm.weight", D::HeadDim},
+    {R::KNorm, "self_attn.k_norm.weight", D::HeadDim},
+    {R::AttnOut, "self_attn.o_proj.weight", D::Hidden, D::QHeads},
+    {R::MlpNorm, "post_attention_layernorm.weight", D::Hidden},
+    {R::Gate, "mlp.gate_proj.weight", D::Ffn, D::Hidden},
+    {R::Up, "mlp.up_proj.weight", D::Ffn, D::Hidden},
+    {R::MlpOut, "mlp.down_proj.weight", D::Hidden, D::Ffn},
+};
+
 // MixtralForCausalLM: Llama's attention; the MLP a mixture of experts (block_sparse_moe): the
 // router ("gate") and each expert's w1 (gate), w3 (up) and w2 (down), stored stacked here (one
 // GEMM operand per expert group) and split into Hugging Face's per-expert tensors by the folder
-// code.
+// code (kMixtralExperts; checkpoint/hf_tensors.cpp). transformers 5 renames block_sparse_moe to
+// mlp when it fuses the experts.
 constexpr TensorEntry kMixtralLayer[] = {
     {R::AttnNorm, "input_layernorm.weight", D::Hidden},
     {R::Q, "self_attn.q_proj.weight", D::QHeads, D::Hidden},
@@ -91,6 +109,16 @@ constexpr TensorEntry kMixtralLayer[] = {
     {R::ExpertDown, "block_sparse_moe.experts.w2", D::ExpertsHidden, D::Ffn},
 };
 
+constexpr HfExpertNames kMixtralExperts = {
+    .experts = "block_sparse_moe.experts.",
+    .gate = "w1.weight",
+    .up = "w3.weight",
+    .down = "w2.weight",
+    .fused_router = "mlp.gate.weight",
+    .fused_gate_up = "mlp.experts.gate_up_proj",
+    .fused_down = "mlp.experts.down_proj",
+};
+
 const FamilyDesc kFamilies[] = {
     {.id = Family::GPT2,
      .name = "gpt2",
@@ -101,6 +129,7 @@ const FamilyDesc kFamilies[] = {
      .linear_biases = true,
      .qkv_bias = true,
      .grouped_query_attention = false,
+     .qk_norm = false,
      .independent_head_dim = false,
      .tied = TiedEmbeddings::Always,
      .scaled_residual_init = true,  // Radford et al. 2019
@@ -122,6 +151,7 @@ const FamilyDesc kFamilies[] = {
      .linear_biases = false,
      .qkv_bias = false,
      .grouped_query_attention = true,
+     .qk_norm = false,
      .independent_head_dim = true,  // LlamaConfig.head_dim (Mistral Nemo's 128 of 5120 / 32)
      .tied = TiedEmbeddings::Optional,
      .scaled_residual_init = false,
@@ -143,6 +173,7 @@ const FamilyDesc kFamilies[] = {
      .linear_biases = false,
      .qkv_bias = true,
      .grouped_query_attention = true,
+     .qk_norm = false,
      .independent_head_dim = false,
      .tied = TiedEmbeddings::Optional,
      .scaled_residual_init = false,
@@ -155,6 +186,28 @@ const FamilyDesc kFamilies[] = {
      .hf_optional_prefix = "",
      .hf_tied_head = "lm_head.weight",
      .hf_ignored_buffers = kLlamaBuffers},
+    {.id = Family::Qwen3,
+     .name = "qwen3",
+     .display = "Qwen3",
+     .norm = NormKind::RMSNorm,
+     .mlp = MlpKind::SwiGLU,
+     .positions = Positions::Rope,
+     .linear_biases = false,
+     .qkv_bias = false,
+     .grouped_query_attention = true,
+     .qk_norm = true,
+     .independent_head_dim = true,
+     .tied = TiedEmbeddings::Optional,
+     .scaled_residual_init = false,
+     .top = kLlamaTop,
+     .layer = kQwen3Layer,
+     .bottom = kLlamaBottom,
+     .layer_prefix = "model.layers.",
+     .hf_model_type = "qwen3",
+     .hf_architecture = "Qwen3ForCausalLM",
+     .hf_optional_prefix = "",
+     .hf_tied_head = "lm_head.weight",
+     .hf_ignored_buffers = kLlamaBuffers},
     {.id = Family::Mixtral,
      .name = "mixtral",
      .display = "Mixtral",
@@ -164,6 +217,7 @@ const FamilyDesc kFamilies[] = {
      .linear_biases = false,
      .qkv_bias = false,
      .grouped_query_attention = true,
+     .qk_norm = false,
      .independent_head_dim = true,  // MixtralConfig.head_dim, as Llama
      .tied = TiedEmbeddings::Optional,
      .scaled_residual_init = false,
@@ -176,7 +230,8 @@ const FamilyDesc kFamilies[] = {
      .hf_optional_prefix = "",
      .hf_tied_head = "lm_head.weight",
      .hf_ignored_buffers = kLlamaBuffers,
-     .moe = true},
+     .moe = true,
+     .hf_experts = &kMixtralExperts},
 };
 
 }  // namespace
@@ -195,6 +250,8 @@ const char* role_name(TensorRole r) {
     case R::QBias: return "q bias";
     case R::KBias: return "k bias";
     case R::VBias: return "v bias";
+    case R::QNorm: return "q norm";
+    case R::KNorm: return "k norm";
     case R::AttnOut: return "attention output";
     case R::AttnOutBias: return "attention output bias";
     case R::MlpNorm: return "MLP norm";

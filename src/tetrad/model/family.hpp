@@ -14,7 +14,7 @@
 
 namespace tetrad {
 
-enum class Family { GPT2, Llama, Qwen2, Mixtral };
+enum class Family { GPT2, Llama, Qwen2, Qwen3, Mixtral };
 
 enum class NormKind { LayerNorm, RMSNorm };  // LayerNorm: mean and variance, weight and bias
 enum class MlpKind { Gelu, SwiGLU };         // SwiGLU: gate|up fused into one input GEMM
@@ -30,6 +30,7 @@ enum class TensorRole {
   Qkv, QkvBias,       // one fused q|k|v tensor ([q rows | k rows | v rows], GPT-2's c_attn)
   Q, K, V,            // separate tensors, adjacent so one GEMM covers them (kFusedGroups)
   QBias, KBias, VBias,  // their biases (Qwen2), adjacent: one bias vector of the q|k|v GEMM
+  QNorm, KNorm,       // per-head RMSNorm weights of q and k [head_dim] (Qwen3), every head's
   AttnOut, AttnOutBias,
   MlpNorm, MlpNormBias,
   MlpIn, MlpInBias,   // the GELU MLP's input layer
@@ -63,6 +64,7 @@ enum class Dim {
   QHeads,    // n_head * head_dim
   KvHeads,   // n_kv_head * head_dim
   QkvHeads,  // (n_head + 2 n_kv_head) * head_dim
+  HeadDim,   // head_dim
   Experts,          // E = n_experts
   ExpertsGateUp,    // E * 2F
   ExpertsHidden,    // E * C
@@ -78,6 +80,24 @@ struct TensorEntry {
   bool hf_transposed = false;
 };
 
+// How a mixture of experts' tensors are named in Hugging Face folders (FamilyDesc::hf_experts).
+// tetrad holds every expert of a layer in one stacked tensor (TensorRole::ExpertGateUp [E·2F, C],
+// ExpertDown [E·C, F]); a folder holds them either one tensor per expert, the Hub's layout and
+// what transformers 5's save_pretrained writes (layer prefix + `experts` + N + "." + gate / up /
+// down, each [F, C] or [C, F]), or fused as transformers 5 holds them in memory (layer prefix +
+// fused_gate_up [E, 2F, C] with each expert's gate rows first, fused_down [E, C, F]; written by
+// save_pretrained(save_original_format=False)), with the router then named fused_router.
+// checkpoint/hf_tensors.cpp maps between them.
+struct HfExpertNames {
+  const char* experts;  // "block_sparse_moe.experts."
+  const char* gate;     // "w1.weight"
+  const char* up;       // "w3.weight"
+  const char* down;     // "w2.weight"
+  const char* fused_router;   // "mlp.gate.weight"
+  const char* fused_gate_up;  // "mlp.experts.gate_up_proj"
+  const char* fused_down;     // "mlp.experts.down_proj"
+};
+
 struct FamilyDesc {
   Family id;
   const char* name;     // "gpt2" (model.family, checkpoints)
@@ -88,6 +108,9 @@ struct FamilyDesc {
   bool linear_biases;             // every linear layer but the head has a bias
   bool qkv_bias;                  // the q|k|v layer has a bias (every one, with linear_biases)
   bool grouped_query_attention;   // n_kv_head may be smaller than n_head
+  // Each query and key head RMS-normalised over its head_dim after the projection, before the
+  // rotary positions (Qwen3's q_norm / k_norm: roles QNorm, KNorm; parallel/qk_norm.hpp, run by every block).
+  bool qk_norm;
   // The head width may differ from n_embd / n_head (ModelConfig::explicit_head_dim; Qwen3's
   // 128-wide heads); false: head_dim = n_embd / n_head, any other value refused.
   bool independent_head_dim;
@@ -107,6 +130,8 @@ struct FamilyDesc {
   // The MLP of every block is a mixture of experts (ModelConfig's n_experts SwiGLU experts of
   // width ffn, a router choosing experts_per_token of them per token): parallel/moe_block.
   bool moe = false;
+  // With moe: the expert tensors' Hugging Face names (null for a dense family).
+  const HfExpertNames* hf_experts = nullptr;
 
   // Rows of the MLP's input GEMM per inner-size unit: 2 when gate and up are fused.
   int mlp_in_factor() const { return mlp == MlpKind::SwiGLU ? 2 : 1; }
@@ -115,9 +140,9 @@ struct FamilyDesc {
 // Every family, in the order of Family.
 std::span<const FamilyDesc> families();
 const FamilyDesc& family_desc(Family f);
-std::string family_name(Family f);          // "gpt2" | "llama" | "qwen2" | "mixtral"
+std::string family_name(Family f);          // "gpt2" | "llama" | "qwen2" | "qwen3" | "mixtral"
 Family parse_family(const std::string& s);  // throws Error naming the accepted values
-// "\"gpt2\", \"llama\" or \"qwen2\"": the accepted names, for messages.
+// "\"gpt2\", \"llama\", \"qwen2\", \"qwen3\" or \"mixtral\"": the accepted names, for messages.
 std::string family_names_quoted();
 
 }  // namespace tetrad

@@ -133,13 +133,18 @@ ModelConfig named_model(const std::string& name) {
     // Qwen2.5's small models' form: q/k/v biases, tied embeddings, rope theta 1e6.
     c.family = Family::Qwen2; c.n_kv_head = 2; c.ffn = 192; c.tie_embeddings = true;
     c.norm_eps = 1e-6f; c.rope_theta = 1000000.0f;
+  } else if (name == "qwen3-tiny") {
+    // Qwen3's small models' form: q/k norms, heads wider than n_embd / n_head (24 of 64 / 4),
+    // tied embeddings, rope theta 1e6.
+    c.family = Family::Qwen3; c.n_kv_head = 2; c.ffn = 192; c.tie_embeddings = true;
+    c.explicit_head_dim = 24; c.norm_eps = 1e-6f; c.rope_theta = 1000000.0f;
   } else if (name == "mixtral-tiny") {
     // Mixtral's form at test size: 4 experts of width 96, top 2, grouped-query attention.
     c.family = Family::Mixtral; c.n_kv_head = 2; c.ffn = 96; c.tie_embeddings = false;
     c.n_experts = 4; c.experts_per_token = 2; c.rope_theta = 1000000.0f;
   } else {
     fail("unknown model '", name, "'; expected one of: tiny, small, gpt2-124m, llama-tiny, "
-         "llama-small, llama-1b, qwen2-tiny, mixtral-tiny");
+         "llama-small, llama-1b, qwen2-tiny, qwen3-tiny, mixtral-tiny");
   }
   return c;
 }

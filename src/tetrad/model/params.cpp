@@ -31,6 +31,8 @@ ParamKind role_kind(TensorRole role) {
     case R::AttnNorm:
     case R::MlpNorm:
     case R::FinalNorm:
+    case R::QNorm:
+    case R::KNorm:
       return ParamKind::Norm;
     case R::AttnNormBias:
     case R::QkvBias:
@@ -73,6 +75,7 @@ ParamTable build_param_table(const ModelConfig& c) {
       case Dim::QHeads: return c.q_dim();
       case Dim::KvHeads: return c.kv_dim();
       case Dim::QkvHeads: return c.qkv_dim();
+      case Dim::HeadDim: return c.head_dim();
       case Dim::Experts: return c.n_experts;
       case Dim::ExpertsGateUp: return int64_t(c.n_experts) * 2 * c.ffn;
       case Dim::ExpertsHidden: return int64_t(c.n_experts) * c.n_embd;

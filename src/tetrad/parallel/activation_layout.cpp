@@ -12,6 +12,8 @@ int64_t act_width(ActWidth w, const LocalDims& d) {
     case ActWidth::Ay: return d.Ay;
     case ActWidth::QKVy: return d.QKVy;
     case ActWidth::Nhy: return d.nhy;
+    case ActWidth::Nqk: return d.nqk;
+    case ActWidth::QKn: return d.QKn;
     case ActWidth::FWy: return d.FWy;
     case ActWidth::Fy: return d.Fy;
     case ActWidth::Vy: return d.Vy;
@@ -34,9 +36,6 @@ int64_t act_floats(int64_t N, ActWidth w, ActStore s, const LocalDims& d, bool b
 
 void check_sequence_shard(const ParallelOptions& o, const GridShape& g, int64_t tokens) {
   if (!o.sequence_shard || g.y() == 1) return;
-  if (g.c() > 1)
-    fail("parallel.sequence_shard with the context axis (c=", g.c(), ") is not implemented; set "
-         "parallel.sequence_shard = false or use a grid without c");
   if (tokens % g.y() != 0)
     fail("parallel.sequence_shard: the ", tokens, " tokens of a micro-batch on this rank do not "
          "split evenly over Gy = ", g.y(), "; use a micro-batch x sequence length divisible by ",

@@ -16,7 +16,8 @@
 namespace tetrad::parallel {
 
 // Activation views, local sizes (LocalDims): N tokens of this rank, Cx = C/Gx hidden slice, QKVy =
-// q|k|v of this rank's heads, Ay = C/Gy attention output slice, FWy/Fy = MLP slices, Vy =
+// q|k|v of this rank's heads, Ay = n_head hd / Gy attention output slice, QKn / Nqk the q/k norm's
+// saved input and statistics, FWy/Fy = MLP slices, Vy =
 // vocabulary slice. With bf16 activations (ParallelOptions::bf16_activations) ln1, ln2, fc_act and
 // lnf are stored in bf16 only (the *16 views; the fp32 ones are null), and dout16 / dout16_t hold
 // the bf16 copy of the gradient entering a linear layer's backward, as stored and transposed
@@ -28,7 +29,7 @@ namespace tetrad::parallel {
 struct ParallelActivations {
   struct PerLayer {
     float *ln1 = nullptr, *ln1_mean = nullptr, *ln1_rstd = nullptr, *qkv = nullptr,
-          *atty = nullptr, *lse = nullptr, *resid_mid = nullptr, *ln2 = nullptr,
+          *qk_in = nullptr, *qk_rstd = nullptr, *atty = nullptr, *lse = nullptr, *resid_mid = nullptr, *ln2 = nullptr,
           *ln2_mean = nullptr, *ln2_rstd = nullptr, *fc = nullptr, *fc_act = nullptr,
           *resid_out = nullptr;
     uint16_t *ln1_16 = nullptr, *ln2_16 = nullptr, *fc_act16 = nullptr;
@@ -65,7 +66,7 @@ struct ParallelActivations {
 };
 
 // A tensor's row width: floats per token of this rank (LocalDims), One for row statistics.
-enum class ActWidth : unsigned char { One, Cx, Ay, QKVy, Nhy, FWy, Fy, Vy, MaxLinearOut, E, kC, kFW, kF };
+enum class ActWidth : unsigned char { One, Cx, Ay, QKVy, Nhy, Nqk, QKn, FWy, Fy, Vy, MaxLinearOut, E, kC, kFW, kF };
 // How it is stored: in fp32; in bf16 with bf16 activations (ceil(N n / 2) floats, the bf16 view
 // only), else fp32; or only with bf16 activations (absent otherwise).
 enum class ActStore : unsigned char { F32, Bf16WithActs, OnlyBf16 };
@@ -102,6 +103,9 @@ inline constexpr LayerActSpec kLayerActs[] = {
     {"ln1_mean", &LayerActs::ln1_mean, nullptr, ActWidth::One, ActStore::F32, ActKeep::UnlessFull},
     {"ln1_rstd", &LayerActs::ln1_rstd, nullptr, ActWidth::One, ActStore::F32, ActKeep::UnlessFull},
     {"qkv", &LayerActs::qkv, nullptr, ActWidth::QKVy, ActStore::F32, ActKeep::UnlessFull},
+    // The per-head q/k norm's input and statistics (QkNorm; width 0 in other families).
+    {"qk_in", &LayerActs::qk_in, nullptr, ActWidth::QKn, ActStore::F32, ActKeep::UnlessFull},
+    {"qk_rstd", &LayerActs::qk_rstd, nullptr, ActWidth::Nqk, ActStore::F32, ActKeep::UnlessFull},
     {"atty", &LayerActs::atty, nullptr, ActWidth::Ay, ActStore::F32, ActKeep::UnlessRecompute},
     {"lse", &LayerActs::lse, nullptr, ActWidth::Nhy, ActStore::F32, ActKeep::UnlessRecompute},
     {"resid_mid", &LayerActs::resid_mid, nullptr, ActWidth::Cx, ActStore::F32, ActKeep::UnlessFull},

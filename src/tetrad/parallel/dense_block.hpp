@@ -1,5 +1,6 @@
-// The dense transformer block on the grid (GPT-2, Llama, Qwen2; block.hpp's interface):
-//   x -> norm_1 -> qkv (normal) -> RoPE (rotary positions) -> attention over this rank's heads
+// The dense transformer block on the grid (GPT-2, Llama, Qwen2, Qwen3; block.hpp's interface):
+//   x -> norm_1 -> qkv (normal) [-> q/k norms (Qwen3: qk_norm.hpp)] -> RoPE (rotary positions)
+//     -> attention over this rank's heads
 //     -> proj (transposed) + x -> norm_2 -> fc (normal) -> GELU / SwiGLU -> fcproj (transposed) + .
 // The family description chooses the norm (ParallelOps), the MLP activation and the positions;
 // the biases are there where the parameter table has them (Qwen2's q, k, v biases, adjacent,
@@ -20,6 +21,7 @@
 #include "tetrad/backend/backend.hpp"
 #include "tetrad/parallel/block.hpp"
 #include "tetrad/parallel/context_attention.hpp"
+#include "tetrad/parallel/qk_norm.hpp"
 
 namespace tetrad::parallel {
 
@@ -45,6 +47,7 @@ class DenseBlock : public TransformerBlock {
   ParallelOps& ops_;
   const ParallelActivations& a_;
 
+
  private:
   // One layer's tensors (parameter table indices; -1 where the family has none).
   struct Weights {
@@ -55,6 +58,16 @@ class DenseBlock : public TransformerBlock {
   };
   // Attention of layer l from its stored q|k|v (after RoPE): atty and lse.
   void attention(int l, int B, int T);
+  // This X rank's share of the B sequences' attention (dense_block.cpp): [b0, b0 + nb); split
+  // when the X ranks share the sequences (their rows are then all-gathered over X).
+  struct SequenceShare {
+    int b0 = 0, nb = 0;
+    bool split = false;
+  };
+  SequenceShare sequence_share(int B) const;
+  backend::AttentionArgs share_args(int B, int T, const SequenceShare& s) const;
+  void gather_sequences(float* p, const SequenceShare& s, int T, int64_t width,
+                        const char* what) const;
   // Decoding: the new keys and values appended to the cache, then attention over it.
   void cached_attention(int l, int B, int Tq, const CachedKv& kv);
   // fc_act = GELU(fc) or SwiGLU(gate, up) of layer l (or its bf16 form).
@@ -75,6 +88,8 @@ class DenseBlock : public TransformerBlock {
   backend::DeviceBuffer rope_cos_, rope_sin_;  // [max_seq, hd/2] rotary tables
   // Attention over the context axis's gathered keys and values (Gc > 1; null otherwise).
   std::unique_ptr<ContextAttention> context_;
+  // The per-head q/k norms between the q|k|v projection and RoPE (FamilyDesc::qk_norm; else null).
+  std::unique_ptr<QkNorm> qk_norm_;
   int scratch_layer_ = -1;  // the layer whose recomputable activations the scratch holds
 };
 

@@ -17,6 +17,8 @@ struct LocalDims {
   int64_t nhy = 0;   // query heads of this rank: n_head / Gy
   int64_t nkvy = 0;  // key/value heads of this rank: n_kv_head / Gy
   int64_t QKVy = 0;  // q|k|v row of this rank's heads: (nhy + 2 nkvy) hd
+  int64_t nqk = 0;   // heads normalised per row (q/k norm, Qwen3): nhy + nkvy, else 0
+  int64_t QKn = 0;   // their width: nqk hd (the per-head norm's saved input)
   int64_t Fy = 0;    // MLP hidden slice ffn / Gy (the activation's output)
   int64_t FWy = 0;   // the MLP's first GEMM's output: Fy (GELU) or gate|up, 2 Fy (SwiGLU)
   int64_t Vy = 0;    // vocabulary slice V / Gy
@@ -36,6 +38,8 @@ struct LocalDims {
     d.Ay = d.nhy * d.hd;
     d.nkvy = cfg.n_kv_head / g.y();
     d.QKVy = (d.nhy + 2 * d.nkvy) * d.hd;
+    d.nqk = cfg.desc().qk_norm ? d.nhy + d.nkvy : 0;
+    d.QKn = d.nqk * d.hd;
     d.Fy = cfg.ffn / g.y();
     d.FWy = cfg.desc().mlp_in_factor() * d.Fy;
     d.Vy = cfg.vocab_size / g.y();

@@ -1,4 +1,5 @@
-// make_block (block.hpp): the block of the model's family, by its description.
+// make_block (block.hpp): the block of the model's family, by its description (a file of its
+// own: block.hpp is below every block, each block includes it).
 #include <memory>
 
 #include "tetrad/parallel/block.hpp"

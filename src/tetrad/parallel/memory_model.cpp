@@ -113,7 +113,7 @@ ModelMemory model_memory(const ModelConfig& cfg, const GridShape& G, const GridC
   mm.staging += f4 * std::max<int64_t>(staged, 1);
 
   const bool bf16_acts = bf16 && opt.bf16_activations;
-  check_sequence_shard(opt, G, int64_t(local_batch) * max_len);
+  check_sequence_shard(opt, G, int64_t(local_batch) * (max_len / G.c()));
   const ActivationSizes a =
       activation_sizes(cfg, G, local_batch, max_len, bf16_acts, opt.recompute, slots,
                        seq_shard_ways(opt, G));

@@ -2,6 +2,7 @@
 #include "tetrad/parallel/moe_block.hpp"
 
 #include "tetrad/core/error.hpp"
+#include "tetrad/parallel/expert_mlp.hpp"
 
 namespace tetrad::parallel {
 
@@ -22,6 +23,7 @@ MoeBlock::MoeBlock(const BlockParts& p) : DenseBlock(p), cfg_(p.config) {
     if (experts_[l].router < 0 || experts_[l].gate_up < 0 || experts_[l].down < 0)
       fail("mixture of experts: layer ", l, " lacks its router, experts' gate|up or experts' down "
            "tensor in the parameter table");
+  if (p.ctx.shape().e() > 1) ep_ = std::make_unique<ExpertParallel>(p.ctx, p.config);
 }
 
 void MoeBlock::route(int l, int64_t N) {
@@ -31,7 +33,20 @@ void MoeBlock::route(int l, int64_t N) {
   q.copy_to_host(logits_host_.data(), a_.layer[size_t(l)].router_logits,
                  logits_host_.size() * sizeof(float));
   q.synchronize();
-  route_tokens(logits_host_.data(), N, cfg_, routing_);
+  route_local(logits_host_.data(), N, cfg_, routing_);
+  // The micro-batch's other tokens are on the token group's ranks: every rank's share of the
+  // counts and sums (host values: over the host groups), so the losses, their gradients, the
+  // capacity and the statistics are the whole micro-batch's, as on one rank.
+  const comm::Communicator& tokens = ctx_.g().host().tokens();
+  const int64_t w = routing_share_size(E);
+  shares_.resize(size_t(w) * size_t(tokens.size()));
+  routing_share(routing_, shares_.data() + w * tokens.rank());
+  if (tokens.size() > 1) {
+    const double* mine = shares_.data() + w * tokens.rank();
+    ctx_.q().run(tokens.iallgather(mine, shares_.data(), size_t(w)), tokens, "allgather",
+                 "routing counts", l, w * tokens.size() * int64_t(sizeof(double)));
+  }
+  finish_routing(cfg_, shares_.data(), tokens.size(), tokens.rank(), routing_);
   if (slots_.size() < size_t(N * k)) {  // the first micro-batch of this size
     slots_ = backend::DeviceArray<int32_t>(*ctx_.be, size_t(N * k));
     weights_ = backend::DeviceArray<float>(*ctx_.be, size_t(N * k));
@@ -40,31 +55,6 @@ void MoeBlock::route(int l, int64_t N) {
   }
   q.copy_to_device(slots_.data(), routing_.slots.data(), size_t(N * k) * sizeof(int32_t));
   q.copy_to_device(weights_.data(), routing_.weight.data(), size_t(N * k) * sizeof(float));
-}
-
-void MoeBlock::expert_gemms(const char* what, bool ta, bool tb, const std::vector<int64_t>& M,
-                            const std::vector<int64_t>& Nn, const std::vector<int64_t>& K,
-                            const std::vector<const void*>& A, int64_t lda,
-                            const std::vector<const void*>& B, int64_t ldb, float beta,
-                            const std::vector<float*>& C, int64_t ldc) {
-  CommQueue::ProgressScope progress(ctx_.q());
-  ScopedPhase sp(ctx_.prof, Phase::Gemm, what);
-  backend::GroupedGemmArgs g;
-  g.trans_a = ta;
-  g.trans_b = tb;
-  g.groups = int64_t(M.size());
-  g.M = M.data();
-  g.N = Nn.data();
-  g.K = K.data();
-  g.beta = beta;
-  g.A = A.data();
-  g.lda = lda;
-  g.B = B.data();
-  g.ldb = ldb;
-  g.C = C.data();
-  g.ldc = ldc;
-  g.precision = backend::Precision::FP32;
-  ctx_.ops().grouped_gemm(ctx_.bq(), g);
 }
 
 // resid_out = resid_mid + Σ_j w_j expert_j(ln2) over each token's kept choices.
@@ -84,28 +74,13 @@ void MoeBlock::mlp_forward(int l, int64_t N) {
     ScopedPhase sp(ctx_.prof, Phase::Other, "dispatch");
     op.moe_permute(q, A.moe_in, A.ln2, slots_.data(), N, k, C);
   }
-  const float* w13 = ops_.w(X.gate_up);
+  const float* w13 = ops_.w(X.gate_up);  // this rank's experts (E > 1: n_experts / E of them)
   const float* w2 = ops_.w(X.down);
-  std::vector<int64_t> rows(r.rows), cols2F(static_cast<size_t>(E), 2 * F), colsC(static_cast<size_t>(E), C),
-      colsF(static_cast<size_t>(E), F);
-  std::vector<const void*> in(static_cast<size_t>(E)), wgu(static_cast<size_t>(E)), act(static_cast<size_t>(E)), wd(static_cast<size_t>(E));
-  std::vector<float*> gu(static_cast<size_t>(E)), out(static_cast<size_t>(E));
-  for (int64_t e = 0; e < E; ++e) {
-    const int64_t o = r.first[size_t(e)];
-    in[size_t(e)] = A.moe_in + o * C;
-    wgu[size_t(e)] = w13 + e * 2 * F * C;
-    gu[size_t(e)] = A.moe_gu + o * 2 * F;
-    act[size_t(e)] = A.moe_act + o * F;
-    wd[size_t(e)] = w2 + e * C * F;
-    out[size_t(e)] = A.moe_out + o * C;
-  }
-  expert_gemms("experts gate|up", false, true, rows, cols2F, colsC, in, C, wgu, C, 0.0f, gu, 2 * F);
-  {
-    ScopedPhase sp(ctx_.prof, Phase::Activation);
-    op.swiglu_forward(q, A.moe_act, A.moe_gu, r.kept, F);
-  }
-  expert_gemms("experts down", false, true, rows, colsC, colsF, act, F, wd, F, 0.0f, out, C);
-  ctx_.q().poll();
+  if (ep_)
+    ep_->forward(l, r, A.moe_in, w13, w2, A.moe_out);
+  else
+    experts_forward(ctx_, C, F, {r.rows, r.first, r.kept}, A.moe_in, w13, w2, A.moe_gu, A.moe_act,
+                    A.moe_out);
   {
     ScopedPhase sp(ctx_.prof, Phase::Residual, "combine");
     op.moe_unpermute(q, A.resid_out, A.moe_out, weights_.data(), slots_.data(), N, k, C);
@@ -133,43 +108,17 @@ void MoeBlock::mlp_backward(int l, int64_t N) {
   const float* w2 = ops_.w(X.down);
   float* gw13 = ops_.gw(X.gate_up);
   float* gw2 = ops_.gw(X.down);
-  std::vector<int64_t> rows(r.rows), nC(static_cast<size_t>(E), C), nF(static_cast<size_t>(E), F), n2F(static_cast<size_t>(E), 2 * F);
-  std::vector<const void*> drow(static_cast<size_t>(E)), wd(static_cast<size_t>(E)), act(static_cast<size_t>(E)), dgu_c(static_cast<size_t>(E)),
-      wgu(static_cast<size_t>(E)), in(static_cast<size_t>(E));
-  std::vector<float*> dact(static_cast<size_t>(E)), gwd(static_cast<size_t>(E)), dgu(static_cast<size_t>(E)), gwgu(static_cast<size_t>(E)),
-      din(static_cast<size_t>(E));
-  for (int64_t e = 0; e < E; ++e) {
-    const int64_t o = r.first[size_t(e)];
-    drow[size_t(e)] = a.dmoe_rows + o * C;
-    din[size_t(e)] = a.dmoe_rows + o * C;
-    wd[size_t(e)] = w2 + e * C * F;
-    gwd[size_t(e)] = gw2 + e * C * F;
-    act[size_t(e)] = A.moe_act + o * F;
-    dact[size_t(e)] = a.dmoe_act + o * F;
-    dgu[size_t(e)] = a.dmoe_gu + o * 2 * F;
-    dgu_c[size_t(e)] = a.dmoe_gu + o * 2 * F;
-    wgu[size_t(e)] = w13 + e * 2 * F * C;
-    gwgu[size_t(e)] = gw13 + e * 2 * F * C;
-    in[size_t(e)] = A.moe_in + o * C;
-  }
-  // down: dact = dout · W2 [rows, F]; dW2 += doutᵀ · act [C, F].
-  expert_gemms("experts down dx", false, false, rows, nF, nC, drow, C, wd, F, 0.0f, dact, F);
-  expert_gemms("experts down dw", true, false, nC, nF, rows, drow, C, act, F, 1.0f, gwd, F);
-  {
-    ScopedPhase sp(ctx_.prof, Phase::Activation);
-    op.swiglu_backward(q, a.dmoe_gu, a.dmoe_act, A.moe_gu, r.kept, F);
-  }
-  // gate|up: din = dgu · W13 [rows, C] (over the rows' gradient, no longer needed); dW13 +=
-  // dguᵀ · in [2F, C].
-  expert_gemms("experts gate|up dx", false, false, rows, nC, n2F, dgu_c, 2 * F, wgu, C, 0.0f, din, C);
-  expert_gemms("experts gate|up dw", true, false, n2F, nC, rows, dgu_c, 2 * F, in, C, 1.0f, gwgu, C);
-  ctx_.q().poll();
+  if (ep_)
+    ep_->backward(l, r, A.moe_in, a.dmoe_rows, w13, w2, gw13, gw2);
+  else
+    experts_backward(ctx_, C, F, {r.rows, r.first, r.kept}, A.moe_in, A.moe_gu, A.moe_act,
+                     a.dmoe_rows, w13, w2, gw13, gw2, a.dmoe_act, a.dmoe_gu, a.dmoe_rows);
   // The router: dlogits from the combine weights' gradient and the router losses (host), then
   // dln = dlogits · Wr, dWr += dlogitsᵀ · ln2; the dispatch's adjoint adds the rows' gradient.
   dw_host_.resize(size_t(N * k));
   q.copy_to_host(dw_host_.data(), dw_.data(), dw_host_.size() * sizeof(float));
   q.synchronize();
-  const double per_layer = double(grad_scale_) * double(N) / double(cfg_.n_layer);
+  const double per_layer = double(grad_scale_) * double(r.total_N) / double(cfg_.n_layer);
   const double aux_scale =
       cfg_.moe_balance == "aux_loss" ? per_layer * double(cfg_.router_aux_loss_coef) : 0.0;
   const double z_scale = per_layer * double(cfg_.router_z_loss_coef);

@@ -77,9 +77,7 @@ void VocabParallel::embedding_forward(const int32_t* inputs, int64_t N, int T, i
     float* full = a_.dfull;  // free in the forward
     ctx_.ops().embedding_gather(ctx_.bq(), full, device_ids(inputs, N, 0),
                                 ops_.w(t_.token_embedding), v0, d.Vy, N, d.Cx);
-    if (t_.position_embedding >= 0 && ctx_.g().coord.y() == 0)
-      ctx_.ops().position_add(ctx_.bq(), full,
-                              ops_.w(t_.position_embedding) + int64_t(pos0) * d.Cx, N, T, d.Cx);
+    if (t_.position_embedding >= 0 && ctx_.g().coord.y() == 0) add_positions(full, N, T, pos0);
     const int64_t rows = ops_.stream_rows(N);
     ctx_.q().run(gy.ireduce_scatter_sum(full, a_.emb, size_t(rows * d.Cx), ctx_.q().ready()), gy,
                  "reduce_scatter", "embedding", -1, N * d.Cx * int64_t(sizeof(float)));
@@ -88,22 +86,29 @@ void VocabParallel::embedding_forward(const int32_t* inputs, int64_t N, int T, i
   ctx_.ops().embedding_gather(ctx_.bq(), a_.emb, device_ids(inputs, N, 0),
                               ops_.w(t_.token_embedding), v0, d.Vy, N, d.Cx);
   ctx_.sum_over(ctx_.g().y(), a_.emb, N * d.Cx, "embedding");
-  if (t_.position_embedding < 0) return;
+  if (t_.position_embedding >= 0) add_positions(a_.emb, N, T, pos0);
+}
+
+// The position table's rows added to x [N, Cx] (N / T sequences of T tokens on this rank): from
+// pos0, each local chunk from its chunk's offset in the sequence with a context axis, or from
+// each document's start (data.document_positions).
+void VocabParallel::add_positions(float* x, int64_t N, int T, int pos0) {
+  const LocalDims& d = ctx_.dims;
   if (ctx_.docs.positions && ctx_.docs.host) {  // positions restart at each document's start
     for_each_document(N, T, [&](int64_t row, int64_t len, int64_t pos) {
-      ctx_.ops().position_add(ctx_.bq(), a_.emb + row * d.Cx,
+      ctx_.ops().position_add(ctx_.bq(), x + row * d.Cx,
                               ops_.w(t_.position_embedding) + pos * d.Cx, len, len, d.Cx);
     });
     return;
   }
   const float* P = ops_.w(t_.position_embedding) + int64_t(pos0) * d.Cx;
   const ContextSplit cs = ContextSplit::of(ctx_.shape(), ctx_.g().coord);
-  if (!cs.active()) return ctx_.ops().position_add(ctx_.bq(), a_.emb, P, N, T, d.Cx);
+  if (!cs.active()) return ctx_.ops().position_add(ctx_.bq(), x, P, N, T, d.Cx);
   // Context axis: each local chunk of each sequence from its chunk's offset in the sequence.
   const int Tc = cs.chunk_len(T);
   for (int64_t b = 0; b < N / T; ++b)
     for (int j = 0; j < cs.local_chunks(); ++j)
-      ctx_.ops().position_add(ctx_.bq(), a_.emb + (b * T + int64_t(j) * Tc) * d.Cx,
+      ctx_.ops().position_add(ctx_.bq(), x + (b * T + int64_t(j) * Tc) * d.Cx,
                               P + cs.chunk_offset(j, T) * d.Cx, Tc, Tc, d.Cx);
 }
 
@@ -122,7 +127,7 @@ void VocabParallel::embedding_backward(const float* demb, const int32_t* inputs,
   if (!dP) return;
   if (ctx_.docs.positions && ctx_.docs.host) {  // per document, as the forward
     for_each_document(N, T, [&](int64_t row, int64_t len, int64_t pos) {
-      ctx_.ops().position_grad(ctx_.bq(), dP + pos * d.Cx, a_.dresid + row * d.Cx, len, len, d.Cx);
+      ctx_.ops().position_grad(ctx_.bq(), dP + pos * d.Cx, demb + row * d.Cx, len, len, d.Cx);
     });
     return;
   }

@@ -74,6 +74,7 @@ class VocabParallel {
   const int32_t* device_ids(const int32_t* host, int64_t n, int slot);
   template <class F>
   void for_each_document(int64_t N, int T, F&& f) const;
+  void add_positions(float* x, int64_t N, int T, int pos0);
   double read_scalar(const double* dev);
 
   const StepContext& ctx_;

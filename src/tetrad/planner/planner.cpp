@@ -48,6 +48,7 @@ Sizes sizes(const ModelConfig& m, int ep = 1) {
   s.norm_vectors = f.norm == NormKind::LayerNorm ? 2 : 1;
   s.biases = f.linear_biases;
   s.qkv_bias = f.qkv_bias;
+  s.qk_norm_vectors = f.qk_norm ? 2.0 * m.head_dim() : 0.0;
   s.learned_positions = f.positions == Positions::Learned;
   s.FW = f.mlp_in_factor() * s.F;
   s.tied = m.tie_embeddings;
@@ -302,10 +303,10 @@ StageParams stage_params(const ModelConfig& m, const GridShape& g, bool first, b
   const double xy = double(g.x()) * g.y(), Ls = layers;
   StageParams sp;
   // Two norms, and with biases those of the transposed layers (over X) and of q|k|v and fc (Y);
-  // with only a q|k|v bias, that one.
-  const double layer_vec = s.biases ? (2 * s.norm_vectors + 2) * s.H / g.x() + (s.QKV + s.F) / g.y()
-                           : s.qkv_bias ? 2 * s.norm_vectors * s.H / g.x() + s.QKV / g.y()
-                                        : 2 * s.norm_vectors * s.H / g.x();
+  // with only a q|k|v bias, that one; the q/k norms' two head-wide vectors whole on every rank.
+  const double layer_vec = s.qk_norm_vectors +
+      (s.biases ? (2 * s.norm_vectors + 2) * s.H / g.x() + (s.QKV + s.F) / g.y()
+       : s.qkv_bias ? 2 * s.norm_vectors * s.H / g.x() + s.QKV / g.y() : 2 * s.norm_vectors * s.H / g.x());
   sp.matrices = Ls * s.block_stored() / xy / g.z();
   sp.vectors = Ls * layer_vec;
   sp.layer_block = s.block_stored() / xy + layer_vec;
@@ -511,11 +512,10 @@ std::string divisibility_problem(const PlanInput& in, const GridShape& g) {
   if (g.p() > 1 && in.schedule == Schedule::Interleaved && (in.global_batch / mb) % g.p() != 0)
     return "the interleaved schedule needs the micro-batches (" + std::to_string(in.global_batch / mb) +
            ") divisible by Gp = " + std::to_string(g.p());
-  if (in.sequence_shard && g.y() > 1 && g.c() > 1)
-    return "parallel.sequence_shard is not implemented with the context axis (c=" +
-           std::to_string(g.c()) + ")";
-  if (in.sequence_shard && g.y() > 1 && (mb / token_slots(g) * in.seq) % g.y() != 0)
-    return "parallel.sequence_shard: the " + std::to_string(mb / token_slots(g) * in.seq) +
+  // (With a context axis a rank's tokens are its 2 chunks of each sequence: seq / Gc of them.)
+  if (const int64_t rank_tokens = mb / token_slots(g) * (in.seq / g.c());
+      in.sequence_shard && g.y() > 1 && rank_tokens % g.y() != 0)
+    return "parallel.sequence_shard: the " + std::to_string(rank_tokens) +
            " tokens of a micro-batch per rank do not split evenly over Gy = " + std::to_string(g.y());
   // Z shards each rank's block of every GEMM weight without padding (parallel/sharding.cpp).
   const int64_t hd = m.head_dim(), Cx = m.n_embd / g.x();

@@ -338,6 +338,7 @@ struct Sizes {
   double experts = 0, topk = 0, ep = 1;
   double A;   // the attention width: n_head * head_dim (H unless the family's heads are wider)
   double KV;  // one of k, v's width (GQA: kv heads x head_dim)
+  double qk_norm_vectors = 0;  // per layer: q_norm and k_norm (2 head_dim, replicated), or 0
   // The family's vectors (model/family.hpp): a norm's (weight, or weight and bias), whether the
   // layers have biases (all of them; or only q|k|v's), whether positions are a learned table.
   int norm_vectors;

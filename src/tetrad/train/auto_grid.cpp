@@ -146,6 +146,7 @@ AutoGrid resolve_grid(const RunConfig& cfg, int ranks, int ranks_per_node,
   } else if (!cfg.grid.empty()) {
     a.grid = parallel::parse_grid(cfg.grid);
   }
+  a.grid = with_expert_fold(a.grid, cfg.expert_parallel);
   parallel::validate_grid(a.grid, ranks);
   return a;
 }

@@ -77,10 +77,11 @@ StepResult StepRunner::run(const int32_t* inputs, const int32_t* targets, double
   double loss_sum = forward_backward(inputs, targets, float(1.0 / kept));
   model_.reduce_gradients();
   parallel::MoeStats moe = model_.take_moe_stats();
-  if (model_.config().moe()) {  // the same on every rank: the sums are collective
+  if (pipe_ && model_.config().moe()) {
+    // Each layer's values are already the whole micro-batch's (the block shares the routing
+    // over the token group); a pipeline's stages hold different layers: summed over P.
     double sums[5] = {double(moe.layers), moe.aux, moe.z, double(moe.dropped), double(moe.routed)};
-    sum_over_replicas(sums, 5);
-    if (pipe_) host_comm([&] { g_.p().allreduce_sum(sums, 5); });
+    host_comm([&] { g_.p().allreduce_sum(sums, 5); });
     moe.layers = int64_t(sums[0]);
     moe.aux = sums[1];
     moe.z = sums[2];

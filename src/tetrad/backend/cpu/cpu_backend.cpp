@@ -13,6 +13,7 @@
 #include "tetrad/backend/cpu/attention.hpp"
 #include "tetrad/backend/cpu/attention_bf16.hpp"
 #include "tetrad/backend/cpu/attention_merge.hpp"
+#include "tetrad/backend/cpu/head_norm.hpp"
 #include "tetrad/backend/ceilings.hpp"
 #include "tetrad/backend/machine_cache.hpp"
 #include "tetrad/backend/cpu/moe_ops.hpp"
@@ -65,6 +66,7 @@ k::AttentionDims dims(const AttentionArgs& a) {
   d.doc_start = a.doc_start;  // positions counted as q_offset, k_offset are: the kernels count
   d.doc_batch_stride = a.doc_batch_stride;  // from key 0 of the block (doc_shift)
   d.doc_shift = a.k_offset;
+  d.chunk_B = a.chunk_B;
   return d;
 }
 
@@ -193,6 +195,8 @@ OpTable make_table() {
     k::rope_backward(r.x, r.N, r.T_seq, r.pos0, r.n_heads, r.head_dim, r.stride, r.cos, r.sin,
                      r.doc_start);
   };
+  t.head_norm_forward = [](Queue&, const HeadNormArgs& a) { head_norm_forward(a); };
+  t.head_norm_backward = [](Queue&, const HeadNormArgs& a) { head_norm_backward(a); };
   t.gelu_forward = [](Queue&, float* out, const float* x, int64_t n) { k::gelu_forward(out, x, n); };
   t.gelu_backward = [](Queue&, float* dx, const float* d, const float* x, int64_t n) {
     k::gelu_backward(dx, d, x, n);

@@ -64,6 +64,16 @@ class StrictQueue final : public Queue {
 
 #define T_(p, op, arg) at(q, p, op, arg)
 
+HeadNormArgs head_norm_args(Queue& q, const HeadNormArgs& a, const char* op) {
+  HeadNormArgs h = a;
+  h.x = T_(a.x, op, "x");
+  h.w = T_(a.w, op, "w");
+  h.rstd = T_(a.rstd, op, "rstd");
+  h.saved = T_(a.saved, op, "saved");
+  h.dw = T_(a.dw, op, "dw");
+  return h;
+}
+
 // The mixture of experts' ops (grouped GEMM, permutation), translated as every other op.
 void add_moe_ops(OpTable& t) {
   t.grouped_gemm = [](Queue& q, const GroupedGemmArgs& g) {
@@ -213,6 +223,12 @@ OpTable make_strict_table() {
     h.sin = T_(r.sin, "rope_backward", "sin");
     h.doc_start = T_(r.doc_start, "rope_backward", "doc_start");
     cpu_ops().rope_backward(cpu_queue(q), h);
+  };
+  t.head_norm_forward = [](Queue& q, const HeadNormArgs& a) {
+    cpu_ops().head_norm_forward(cpu_queue(q), head_norm_args(q, a, "head_norm_forward"));
+  };
+  t.head_norm_backward = [](Queue& q, const HeadNormArgs& a) {
+    cpu_ops().head_norm_backward(cpu_queue(q), head_norm_args(q, a, "head_norm_backward"));
   };
   t.gelu_forward = [](Queue& q, float* out, const float* x, int64_t n) {
     cpu_ops().gelu_forward(cpu_queue(q), T_(out, "gelu_forward", "out"), T_(x, "gelu_forward", "x"), n);

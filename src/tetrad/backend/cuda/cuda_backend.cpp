@@ -450,6 +450,17 @@ OpTable make_table() {
     g::rope_backward(r.x, r.N, r.T_seq, r.pos0, r.n_heads, r.head_dim, r.stride, r.cos, r.sin,
                      r.doc_start, stream_of(q));
   };
+  t.head_norm_forward = [](Queue& q, const HeadNormArgs& a) {
+    g::head_norm_forward(a.x, a.rstd, a.saved, a.w, a.N, a.n_heads, a.head_dim, a.stride, a.eps,
+                         stream_of(q));
+  };
+  t.head_norm_backward = [](Queue& q, const HeadNormArgs& a) {
+    if (!a.saved || !a.dw)
+      fail("head_norm_backward: needs the forward's saved input and a weight gradient (saved, dw "
+           "not null)");
+    g::head_norm_backward(a.x, a.dw, a.saved, a.rstd, a.w, a.N, a.n_heads, a.head_dim, a.stride,
+                          stream_of(q));
+  };
   t.gelu_forward = [](Queue& q, float* out, const float* x, int64_t n) {
     g::gelu_forward(out, x, n, stream_of(q));
   };

@@ -99,6 +99,15 @@ void rope_backward(float* dx, int64_t ntok, int64_t T, int64_t pos0, int64_t n_r
                    int64_t hd, int64_t stride, const float* cos_table, const float* sin_table,
                    const int32_t* doc_start, gpuStream_t s);
 
+// ---- per-head RMSNorm (q_norm / k_norm; ops.hpp's HeadNormArgs) --------------------------------
+// In place on the first n_heads heads of each row (stride); rstd [ntok, n_heads]; saved (may be
+// nullptr) [ntok, n_heads * hd], the input. Backward: x holds dy, becomes dx; dw += Σ dy x̂.
+void head_norm_forward(float* x, float* rstd, float* saved, const float* w, int64_t ntok,
+                       int64_t n_heads, int64_t hd, int64_t stride, float eps, gpuStream_t s);
+void head_norm_backward(float* x, float* dw, const float* saved, const float* rstd,
+                        const float* w, int64_t ntok, int64_t n_heads, int64_t hd, int64_t stride,
+                        gpuStream_t s);
+
 // ---- vocabulary-parallel embedding ---------------------------------------------------------------
 // This rank holds wte rows [v0, v0 + Vl) of a vocabulary of V. out[t] = wte[tok - v0] if the token
 // is in the range, else 0, plus wpe[t % T] when wpe != nullptr (added by one rank: the caller
