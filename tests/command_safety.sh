@@ -255,6 +255,14 @@ case_init_refused() {
   refused "run.init_from with a NaN weight" "tensor transformer.wpe.weight (shape [64, 64]) holds 1 value(s) that are not finite, the first at [2, 9] (nan)" \
     "$TETRAD" train "${T[@]}" --set run.dir="$W/new2" --set train.max_steps=2 --set run.init_from="$W/hf_nan"
   [ ! -e "$W/new2" ] && ok "no run folder left" || bad "the refused train left $W/new2"
+  # import refuses the same weights the same way, writing nothing.
+  refused "import with inf weights" \
+    "import --hf '$W/hf_inf': tensor transformer.h.0.attn.c_attn.weight (shape [64, 192]) holds 2 value(s) that are not finite, the first at [3, 5] (inf)" \
+    "$TETRAD" import --hf "$W/hf_inf" --out "$W/imported"
+  refused "import with a NaN weight" "tensor transformer.wpe.weight (shape [64, 64]) holds 1 value(s) that are not finite" \
+    "$TETRAD" import --hf "$W/hf_nan" --out "$W/imported"
+  [ -z "$(ls -d "$W"/imported* 2> /dev/null)" ] && ok "the refused imports left nothing" ||
+    bad "the refused imports left: $(ls -d "$W"/imported*)"
   # A folder that was there before is left there (empty, as it was); one holding a file too.
   mkdir -p "$W/mine"
   refused "refused into an existing empty folder" "not finite" \

@@ -87,6 +87,17 @@ float ref_bf16(float f) {
                                        << ref[at] << ", scale " << scale << ")";
 }
 
+// The head columns of every q row of an attention call (B Tq rows of q_stride elements): what dq
+// holds; the stride's padding columns are no output of the op.
+template <typename V>
+V q_head_columns(const V& rows, const AttentionArgs& d) {
+  V out;
+  for (int64_t r = 0; r < int64_t(d.B) * d.Tq; ++r)
+    for (int64_t col = 0; col < int64_t(d.n_head) * d.head_dim; ++col)
+      out.push_back(rows[size_t(r * d.q_stride + col)]);
+  return out;
+}
+
 // Central differences of loss() with respect to every element of x (restored exactly).
 VD numeric_grad(VD& x, const std::function<double()>& loss) {
   VD g(x.size());
@@ -642,14 +653,8 @@ TEST_P(Conformance, AttentionKeyOffset) {
     DeviceBuffer gq = poisoned(nq), gk = poisoned(nkv), gv = poisoned(nkv);
     ops_->attention_backward(*q_, d, F(gq), F(gk), F(gv), F(ddout), F(dq), F(dk), F(dv), F(out), F(lse));
     auto loss = [&] { return AttnRef{d}.loss(qd, kd, vd, dout); };
-    // dq: only the head columns of each q row (the stride's padding is not the op's output).
-    VF gq_sel; VD nq_sel;
-    const VF gqv = down(gq, nq);
-    const VD nqv = numeric_grad(qd, loss);
-    for (int64_t r = 0; r < int64_t(c.B) * c.Tq; ++r)
-      for (int64_t col = 0; col < int64_t(c.nh) * c.hd; ++col)
-        gq_sel.push_back(gqv[r * d.q_stride + col]), nq_sel.push_back(nqv[r * d.q_stride + col]);
-    EXPECT_TRUE(close(name.str() + " dq vs finite differences", gq_sel, nq_sel, kBwdTol));
+    EXPECT_TRUE(close(name.str() + " dq vs finite differences", q_head_columns(down(gq, nq), d),
+                      q_head_columns(numeric_grad(qd, loss), d), kBwdTol));
     EXPECT_TRUE(close(name.str() + " dk vs finite differences", down(gk, nkv), numeric_grad(kd, loss), kBwdTol));
     EXPECT_TRUE(close(name.str() + " dv vs finite differences", down(gv, nkv), numeric_grad(vd, loss), kBwdTol));
   }
@@ -1012,13 +1017,9 @@ TEST_P(Conformance, AttentionDocumentMask) {
       for (size_t i = 0; i < o.size(); ++i) L += double(dout[i]) * o[i];
       return L;
     };
-    VF gq_sel; VD nq_sel;
-    const VF gqv = down(gq, nq);
-    const VD nqv = numeric_grad(qd, loss);
-    for (int64_t r = 0; r < int64_t(c.B) * c.Tq; ++r)
-      for (int64_t col = 0; col < int64_t(c.nh) * c.hd; ++col)
-        gq_sel.push_back(gqv[r * d.q_stride + col]), nq_sel.push_back(nqv[r * d.q_stride + col]);
-    EXPECT_TRUE(close(name.str() + " dq vs finite differences", gq_sel, nq_sel, kBwdTol));
+    const VD nq_sel = q_head_columns(numeric_grad(qd, loss), d);
+    EXPECT_TRUE(close(name.str() + " dq vs finite differences", q_head_columns(down(gq, nq), d),
+                      nq_sel, kBwdTol));
     const VD nkd = numeric_grad(kd, loss), nvd = numeric_grad(vd, loss);
     EXPECT_TRUE(close(name.str() + " dk vs finite differences", down(gk, nkv), nkd, kBwdTol));
     EXPECT_TRUE(close(name.str() + " dv vs finite differences", down(gv, nkv), nvd, kBwdTol));
@@ -1040,11 +1041,8 @@ TEST_P(Conformance, AttentionDocumentMask) {
         else l16_seen.push_back(l16v[r]);
       }
       EXPECT_TRUE(close(name.str() + " bf16 lse", l16_seen, rl_seen, kHi));
-      VF g1_sel;
-      const VF g1v = down(g1, nq);
-      for (int64_t r = 0; r < int64_t(c.B) * c.Tq; ++r)
-        for (int64_t col = 0; col < int64_t(c.nh) * c.hd; ++col) g1_sel.push_back(g1v[r * d.q_stride + col]);
-      EXPECT_TRUE(close(name.str() + " bf16 dq vs finite differences", g1_sel, nq_sel, kHiGrad));
+      EXPECT_TRUE(close(name.str() + " bf16 dq vs finite differences",
+                        q_head_columns(down(g1, nq), d), nq_sel, kHiGrad));
       EXPECT_TRUE(close(name.str() + " bf16 dk vs finite differences", down(g2, nkv), nkd, kHiGrad));
       EXPECT_TRUE(close(name.str() + " bf16 dv vs finite differences", down(g3, nkv), nvd, kHiGrad));
     }

@@ -325,8 +325,6 @@ TEST(MoeConfig, SettingsNotImplementedAreRefusedByName) {
   EXPECT_TRUE(has(error_of([&] { dense.validate(); }), "dense model"));
   const GridShape x2{2, 1, 1, 1};
   EXPECT_TRUE(has(error_of([&] { validate_grid_for_model(moe_cfg(4, 2), x2); }), "Gx = 2"));
-  EXPECT_TRUE(has(error_of([&] { require_hf_tensor_layout(moe_cfg(4, 2), "export"); }),
-                  "block_sparse_moe.experts.N.w1"));
   ProcessGroups g;
   ParallelOptions o;
   o.precision = backend::Precision::BF16;
@@ -350,7 +348,7 @@ TEST(MoeConfig, ConfigJsonRoundTrip) {
   EXPECT_EQ(r.moe_capacity_factor, c.moe_capacity_factor);
   nlohmann::json bad = j;
   bad["num_experts_per_tok"] = 9;
-  EXPECT_TRUE(has(error_of([&] { parse_hf_config(bad, "config.json"); }), "larger than model.n_experts"));
+  EXPECT_TRUE(has(error_of([&] { parse_hf_config(bad, "config.json"); }), "num_experts_per_tok = 9"));
   bad = j;
   bad["router_jitter_noise"] = 0.1;
   EXPECT_TRUE(has(error_of([&] { parse_hf_config(bad, "config.json"); }), "router_jitter_noise"));

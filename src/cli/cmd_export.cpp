@@ -34,7 +34,6 @@ void run(Context& ctx, const Options& o) {
   const bool existed = fs::exists(o.out, exists_ec);
   const std::string dir = ctx.resolve_model_dir(o.model_dir);
   const ModelConfig mc = read_hf_config(dir);
-  require_hf_tensor_layout(mc, "export");
   check_model_fits_host(mc, dir, "export", 1);
   const ParamTable table = build_param_table(mc);
   std::vector<float> params(size_t(table.total));

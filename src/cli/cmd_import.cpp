@@ -8,6 +8,7 @@
 
 #include "cli/command.hpp"
 #include "tetrad/checkpoint/atomic_file.hpp"
+#include "tetrad/checkpoint/finite_weights.hpp"
 #include "tetrad/checkpoint/hf.hpp"
 #include "tetrad/checkpoint/output_path.hpp"
 #include "tetrad/checkpoint/run_checkpoint.hpp"
@@ -73,11 +74,13 @@ void run(const Options& o) {
   std::unique_ptr<RunLock> lock;
   claim_destination(out, o.overwrite, lock);
   const ModelConfig mc = read_hf_config(o.hf);
-  require_hf_tensor_layout(mc, "import");
   check_model_fits_host(mc, o.hf, "import", 1);
   const ParamTable table = build_param_table(mc);
   std::vector<float> params(size_t(table.total));
   load_hf_params(o.hf, mc, table, params.data());
+  // Refused by the tensor's name and first bad element, before anything is written.
+  for (const ParamSpec& s : table.specs)
+    check_finite_weights("import --hf '" + o.hf + "'", s, params.data() + s.offset);
   ShardedCheckpointInfo info;
   info.has_moments = false;
   std::string tok = o.tokenizer;

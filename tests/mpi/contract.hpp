@@ -162,4 +162,18 @@ inline double worst_weight_difference(const Run& a, const Run& b, const ModelCon
   return worst;
 }
 
+// A grid's run against the serial run, the contract's tolerances (fp32): the loss of every step
+// within relative 1e-5, the gradient norm within 1e-4, every weight at the end within 2e-4.
+inline void expect_matches_serial(const Run& par, const Run& serial, const ModelConfig& mc,
+                                  const std::string& where) {
+  ASSERT_EQ(par.losses.size(), serial.losses.size()) << where;
+  for (size_t s = 0; s < serial.losses.size(); ++s) {
+    EXPECT_NEAR(par.losses[s] / serial.losses[s], 1.0, 1e-5) << where << " step " << s + 1;
+    EXPECT_NEAR(par.grad_norms[s] / serial.grad_norms[s], 1.0, 1e-4) << where << " step " << s + 1;
+  }
+  std::string worst_name;
+  const double worst = worst_weight_difference(par, serial, mc, &worst_name);
+  EXPECT_LT(worst, 2e-4) << where << ": largest weight difference in " << worst_name;
+}
+
 }  // namespace contract

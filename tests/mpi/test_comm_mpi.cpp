@@ -296,6 +296,42 @@ TEST_F(Mpi, GroupsWorkConcurrently) {
   EXPECT_EQ(ad[10], 3.0f * shape.d());
 }
 
+TEST_F(Mpi, ConcurrentSumsOnTwoRanksKeepTheirOwnMessages) {
+  // Groups of two ranks sum in place by exchanging halves (mpi_communicator.cpp, PairSum), each
+  // operation on its own tags: many outstanding at once, of odd and even lengths, float and
+  // double, completed out of order, each exact; a 1-element sum takes Open MPI's path.
+  const int n = world().size();
+  const GridShape shape{2, 1, 1, n / 2};
+  const ProcessGroups pg(world(), shape);
+  const Communicator& x = pg.x();
+  ASSERT_EQ(x.size(), 2);
+  const long r = x.rank();
+  const std::vector<size_t> sizes = {1, 2, 3, 7, 1000, 4097, 1 << 18};
+  std::vector<std::vector<float>> f(sizes.size());
+  std::vector<std::vector<double>> d(sizes.size());
+  std::vector<Request> rf, rd;
+  for (size_t k = 0; k < sizes.size(); ++k) {
+    f[k].resize(sizes[k]);
+    d[k].resize(sizes[k]);
+    for (size_t i = 0; i < sizes[k]; ++i) {
+      f[k][i] = float((r + 1) * long(i % 977 + k));
+      d[k][i] = 0.25 * double((r + 3) * long(i % 1013 + k));
+    }
+    rf.push_back(x.iallreduce_sum(f[k].data(), sizes[k]));
+    rd.push_back(x.iallreduce_sum(d[k].data(), sizes[k]));
+  }
+  for (size_t k = sizes.size(); k-- > 0;) {
+    rd[k].wait();
+    if (k % 2) rf[k].wait();
+  }
+  for (Request& q : rf) q.wait();
+  for (size_t k = 0; k < sizes.size(); ++k)
+    for (size_t i = 0; i < sizes[k]; ++i) {
+      ASSERT_EQ(f[k][i], float(3 * long(i % 977 + k))) << "float sum " << k << " element " << i;
+      ASSERT_EQ(d[k][i], 0.25 * double(7 * long(i % 1013 + k))) << "double sum " << k << " element " << i;
+    }
+}
+
 TEST_F(Mpi, RequestOverlapsComputeWhenPolled) {
   const size_t n = 1 << 18;  // 1 MiB of floats: Open MPI splits it into many steps
   std::vector<float> buf(n);

@@ -39,18 +39,6 @@ std::string describe(Family f, const GridShape& s, const ParallelOptions& po) {
          " recompute " + recompute_name(po.recompute);
 }
 
-void expect_matches_serial(const Run& par, const Run& serial, const ModelConfig& mc,
-                           const std::string& where) {
-  ASSERT_EQ(par.losses.size(), serial.losses.size()) << where;
-  for (size_t s = 0; s < serial.losses.size(); ++s) {
-    EXPECT_NEAR(par.losses[s] / serial.losses[s], 1.0, 1e-5) << where << " step " << s + 1;
-    EXPECT_NEAR(par.grad_norms[s] / serial.grad_norms[s], 1.0, 1e-4) << where << " step " << s + 1;
-  }
-  std::string worst_name;
-  const double worst = worst_weight_difference(par, serial, mc, &worst_name);
-  EXPECT_LT(worst, 2e-4) << where << ": largest weight difference in " << worst_name;
-}
-
 void check_family(Family family) {
   const ModelConfig mc = tiny_model(family, 2);
   const Run serial = serial_run(mc, kSteps);

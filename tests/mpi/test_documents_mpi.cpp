@@ -80,14 +80,7 @@ void check_all_grids(Family family) {
     ProcessGroups g(comm::Communicator::world(), shape);
     const Run par = documents_run(mc, g, po);
     ++tested;
-    const std::string where = family_name(family) + " grid " + shape.to_string();
-    for (int s = 0; s < kSteps; ++s) {
-      EXPECT_NEAR(par.losses[s] / one.losses[s], 1.0, 1e-5) << where << " step " << s + 1;
-      EXPECT_NEAR(par.grad_norms[s] / one.grad_norms[s], 1.0, 1e-4) << where << " step " << s + 1;
-    }
-    std::string worst_name;
-    const double worst = worst_weight_difference(par, one, mc, &worst_name);
-    EXPECT_LT(worst, 2e-4) << where << ": largest weight difference in " << worst_name;
+    expect_matches_serial(par, one, mc, family_name(family) + " grid " + shape.to_string());
   }
   if (world_rank() == 0)
     std::printf("[ %s ] document masking: %d grids of %d ranks tested\n",

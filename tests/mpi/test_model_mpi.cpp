@@ -46,14 +46,7 @@ void check_all_grids(const ModelConfig& mc) {
     ProcessGroups g(comm::Communicator::world(), shape);
     const Run par = parallel_run(mc, g, kSteps, ParallelOptions{});
     ++tested;
-    const std::string where = family_name(family) + " grid " + shape.to_string();
-    for (int s = 0; s < kSteps; ++s) {
-      EXPECT_NEAR(par.losses[s] / serial.losses[s], 1.0, 1e-5) << where << " step " << s + 1;
-      EXPECT_NEAR(par.grad_norms[s] / serial.grad_norms[s], 1.0, 1e-4) << where << " step " << s + 1;
-    }
-    std::string worst_name;
-    const double worst = worst_weight_difference(par, serial, mc, &worst_name);
-    EXPECT_LT(worst, 2e-4) << where << ": largest weight difference in " << worst_name;
+    expect_matches_serial(par, serial, mc, family_name(family) + " grid " + shape.to_string());
   }
   if (world_rank() == 0)
     std::printf("[ %s ] %d grids of %d ranks tested, %d skipped (model or batch does not divide)\n",

@@ -142,6 +142,10 @@ struct AttentionArgs {
   Precision precision = Precision::FP32;
   const int32_t* doc_start = nullptr;  // document mask (see above); null: none
   int64_t doc_batch_stride = 0;        // elements between sequences of doc_start
+  // The sequence count the kernels choose their split of the work for (0: B). A caller that runs
+  // a part of a batch's sequences (the X axis's share, dense_block.cpp) passes the whole batch's
+  // count, so each sequence's result has the bits it has in the call on the whole batch.
+  int chunk_B = 0;
   int64_t resolved_q_offset() const {
     return q_offset < 0 ? k_offset + int64_t(Tk) - Tq : q_offset;
   }

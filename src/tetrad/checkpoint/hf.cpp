@@ -19,6 +19,7 @@
 
 #include "tetrad/checkpoint/atomic_file.hpp"
 #include "tetrad/checkpoint/hf_config.hpp"
+#include "tetrad/checkpoint/hf_tensors.hpp"
 #include "tetrad/checkpoint/safetensors.hpp"
 #include "tetrad/core/error.hpp"
 #include "tetrad/core/json.hpp"
@@ -27,12 +28,6 @@ namespace fs = std::filesystem;
 
 namespace tetrad {
 namespace {
-
-std::vector<int64_t> hf_shape(const ParamSpec& s) {
-  if (!s.hf_transposed) return s.shape;
-  TETRAD_CHECK(s.shape.size() == 2, s.name);
-  return {s.shape[1], s.shape[0]};
-}
 
 // Buffers HF models carry in their state dicts that are not parameters (any family's: a folder
 // of another family is refused by its config before its tensors are read).
@@ -110,19 +105,36 @@ bool replaceable_model_dir(const std::string& dir) {
          fs::exists(fs::path(dir) / "model.safetensors", ec);
 }
 
+// The tensors a folder holds, in table order: each parameter's first layout (hf_tensors.hpp),
+// with the index of its parameter.
+struct WrittenPiece {
+  size_t spec;
+  HfPiece piece;
+};
+std::vector<WrittenPiece> written_pieces(const ModelConfig& cfg, const ParamTable& table) {
+  std::vector<WrittenPiece> v;
+  for (size_t i = 0; i < table.specs.size(); ++i) {
+    std::vector<HfLayout> layouts = hf_layouts(cfg, table.specs[i]);
+    for (HfPiece& p : layouts.front()) v.push_back({i, std::move(p)});
+  }
+  return v;
+}
+
 // The safetensors writer for a model folder: names, file shapes, transposition and metadata,
 // shared by the in-memory and streamed writers. `params` null: every tensor is declared (its
-// data comes from write_streamed's fetch, k = the tensor's table index).
+// data comes from write_streamed's fetch, k = the piece's index in `pieces`).
 SafetensorsWriter hf_writer(const ModelConfig& cfg, const ParamTable& table, const float* params,
+                            const std::vector<WrittenPiece>& pieces,
                             const nlohmann::json& extra_metadata) {
   cfg.validate();
   TETRAD_CHECK(build_param_table(cfg).total == table.total, "parameter table does not match config");
   SafetensorsWriter w;
-  for (const auto& s : table.specs) {
+  for (const auto& [i, p] : pieces) {
     if (params)
-      w.add(s.name, hf_shape(s), params + s.offset, StoreDtype::F32, s.hf_transposed);
+      w.add(p.name, p.shape, params + table.specs[i].offset + p.offset, StoreDtype::F32,
+            p.transposed);
     else
-      w.declare(s.name, hf_shape(s), StoreDtype::F32, s.hf_transposed);
+      w.declare(p.name, p.shape, StoreDtype::F32, p.transposed);
   }
   w.set_metadata("format", "pt");  // transformers refuses safetensors files without it
   w.set_metadata("producer", "tetrad");
@@ -147,7 +159,7 @@ void write_config(const std::string& dir, const ModelConfig& cfg,
 void write_hf_files(const std::string& dir, const ModelConfig& cfg, const ParamTable& table,
                     const float* params, const nlohmann::json& extra_metadata) {
   TETRAD_CHECK(params != nullptr || table.total == 0, "write_hf_files: null params");
-  hf_writer(cfg, table, params, extra_metadata)
+  hf_writer(cfg, table, params, written_pieces(cfg, table), extra_metadata)
       .write_direct((fs::path(dir) / "model.safetensors").string());
   write_config(dir, cfg, extra_metadata);
 }
@@ -156,9 +168,24 @@ void write_hf_files_streamed(const std::string& dir, const ModelConfig& cfg,
                              const ParamTable& table, const TensorSource& params,
                              const nlohmann::json& extra_metadata) {
   TETRAD_CHECK(bool(params), "write_hf_files_streamed: no params source");
-  // All tensors are F32, so the writer asks for them in registration (= table) order.
-  hf_writer(cfg, table, nullptr, extra_metadata)
-      .write_streamed((fs::path(dir) / "model.safetensors").string(), true, params);
+  // All tensors are F32, so the writer asks for them in registration (= table) order: each
+  // parameter is fetched once, in table order, and its pieces (an expert each) cut from it.
+  const std::vector<WrittenPiece> pieces = written_pieces(cfg, table);
+  std::vector<float> held;
+  size_t held_spec = table.specs.size();
+  auto fetch = [&](size_t k, float* out) {
+    const auto& [i, p] = pieces[k];
+    const ParamSpec& s = table.specs[i];
+    if (p.offset == 0 && p.numel == s.numel) return params(i, out);
+    if (held_spec != i) {
+      held.resize(size_t(s.numel));
+      params(i, held.data());
+      held_spec = i;
+    }
+    std::copy_n(held.data() + p.offset, p.numel, out);
+  };
+  hf_writer(cfg, table, nullptr, pieces, extra_metadata)
+      .write_streamed((fs::path(dir) / "model.safetensors").string(), true, fetch);
   write_config(dir, cfg, extra_metadata);
 }
 
@@ -192,14 +219,20 @@ void save_hf(const std::string& dir_in, const ModelConfig& cfg, const ParamTable
 
 
 
-void require_hf_tensor_layout(const ModelConfig& c, const std::string& what) {
-  if (c.moe())
-    fail(what, ": Hugging Face ", c.desc().display, " folders (each expert's tensors, "
-         "block_sparse_moe.experts.N.w1 / w2 / w3) are not implemented yet; tetrad's own run "
-         "checkpoints of a ", c.desc().display, " model save and resume");
-}
-
 namespace {
+
+// For a message about a mixture of experts' tensor (the router's or an expert's, by its role or,
+// for a tensor the model does not have, its name): the sizes config.json gives the experts.
+std::string moe_sizes(const ModelConfig& c, const std::string& tensor, const ParamSpec* s) {
+  const HfExpertNames* x = c.desc().hf_experts;
+  if (!x) return "";
+  const bool moe = s ? s->role == TensorRole::Router || s->role == TensorRole::ExpertGateUp ||
+                           s->role == TensorRole::ExpertDown
+                     : tensor.find(".experts.") != std::string::npos;
+  if (!moe) return "";
+  return " (config.json: " + std::to_string(c.n_experts) + " experts of width " +
+         std::to_string(c.ffn) + ", hidden size " + std::to_string(c.n_embd) + ")";
+}
 
 // load_hf_params and load_hf_params_streamed: every check, then each tensor read straight into
 // `params` (when given) or into one buffer handed to `sink`.
@@ -228,33 +261,53 @@ void load_hf_impl(const std::string& dir, const ModelConfig& expected, const Par
     return strip && n.compare(0, prefix.size(), prefix) == 0 ? n.substr(prefix.size()) : n;
   };
 
+  // Each parameter's layout in this folder (hf_tensors.hpp): the first whose first tensor is
+  // there; when none is, the layout export writes (its tensors are then named missing).
+  std::vector<HfLayout> layouts;
+  layouts.reserve(table.specs.size());
+  for (const auto& s : table.specs) {
+    std::vector<HfLayout> options = hf_layouts(expected, s);
+    size_t pick = 0;
+    for (size_t k = 0; k < options.size(); ++k)
+      if (files.file_of(file_name(options[k].front().name))) {
+        pick = k;
+        break;
+      }
+    for (HfPiece& p : options[pick]) p.name = file_name(p.name);
+    layouts.push_back(std::move(options[pick]));
+  }
+
   // Presence and shapes first: these say most directly what does not match.
   std::vector<std::string> missing;
+  const ParamSpec* first_missing = nullptr;
   std::set<std::string> used;
-  for (const auto& s : table.specs) {
-    const std::string name = file_name(s.name);
-    const SafetensorsReader* f = files.file_of(name);
-    if (!f) {
-      missing.push_back(name);
-      continue;
+  for (size_t i = 0; i < layouts.size(); ++i)
+    for (const HfPiece& p : layouts[i]) {
+      const SafetensorsReader* f = files.file_of(p.name);
+      if (!f) {
+        missing.push_back(p.name);
+        if (!first_missing) first_missing = &table.specs[i];
+        continue;
+      }
+      used.insert(p.name);
+      const TensorInfo& t = f->at(p.name);
+      if (t.shape != p.shape)
+        fail("checkpoint ", dir, ": tensor '", p.name, "' has shape ", shape_string(t.shape),
+             " but this model expects ", shape_string(p.shape),
+             moe_sizes(expected, p.name, &table.specs[i]));
     }
-    used.insert(name);
-    const TensorInfo& t = f->at(name);
-    if (t.shape != hf_shape(s))
-      fail("checkpoint ", dir, ": tensor '", name, "' has shape ", shape_string(t.shape),
-           " but this model expects ", shape_string(hf_shape(s)));
-  }
   if (!missing.empty()) {
     std::string list;
     for (size_t i = 0; i < missing.size() && i < 5; ++i) list += (i ? ", '" : "'") + missing[i] + "'";
     if (missing.size() > 5) list += ", ...";
-    fail("checkpoint ", dir, ": ", missing.size(), " tensor(s) of this model are missing: ", list);
+    fail("checkpoint ", dir, ": ", missing.size(), " tensor(s) of this model are missing: ", list,
+         moe_sizes(expected, missing.front(), first_missing));
   }
   for (const auto& [name, f] : files.all()) {
     if (used.count(name) || is_ignored_buffer(name)) continue;
     if (name == expected.desc().hf_tied_head && expected.tie_embeddings) continue;  // tied copy
     fail("checkpoint ", dir, ": tensor '", name, "' (in '", f->path(),
-         "') is not a parameter of this model");
+         "') is not a parameter of this model", moe_sizes(expected, name, nullptr));
   }
 
   // The fields the shapes cannot show.
@@ -285,20 +338,19 @@ void load_hf_impl(const std::string& dir, const ModelConfig& expected, const Par
   // (Llama's max_position_embeddings bounds nothing in the weights: a shorter run is fine.)
   if (positions == Positions::Learned) same("max_seq", got.max_seq, expected.max_seq);
 
+  auto read = [&](size_t i, float* dst) {
+    for (const HfPiece& p : layouts[i])
+      files.file_of(p.name)->read_float(p.name, dst + p.offset, p.transposed);
+  };
   if (params) {
-    for (const auto& s : table.specs) {
-      const std::string name = file_name(s.name);
-      files.file_of(name)->read_float(name, params + s.offset, s.hf_transposed);
-    }
+    for (size_t i = 0; i < table.specs.size(); ++i) read(i, params + table.specs[i].offset);
     return;
   }
   int64_t largest = 0;
   for (const auto& s : table.specs) largest = std::max(largest, s.numel);
   std::vector<float> buf(static_cast<size_t>(largest));  // one tensor at a time
   for (size_t i = 0; i < table.specs.size(); ++i) {
-    const ParamSpec& s = table.specs[i];
-    const std::string name = file_name(s.name);
-    files.file_of(name)->read_float(name, buf.data(), s.hf_transposed);
+    read(i, buf.data());
     (*sink)(i, buf.data());
   }
 }

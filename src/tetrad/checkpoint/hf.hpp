@@ -1,7 +1,9 @@
 // Hugging Face model folders: config.json + model.safetensors, as transformers'
-// GPT2LMHeadModel and LlamaForCausalLM write and read them.
+// GPT2LMHeadModel, LlamaForCausalLM, Qwen2ForCausalLM and MixtralForCausalLM write and read them.
 //
-// Names are the ParamTable's names (already Hugging Face's). GPT-2's Conv1D weights
+// Names are the ParamTable's names (already Hugging Face's), but for a mixture of experts'
+// stacked expert tensors, written one tensor per expert (the Hub's names) and read per expert or
+// fused as transformers 5 holds them (hf_tensors.hpp). GPT-2's Conv1D weights
 // (ParamSpec::hf_transposed) are stored [in, out] in the file and [out, in] in memory, so they
 // are transposed on the way out and back. A tied output head is not written (HF drops it too);
 // on load a tied lm_head.weight in the file is accepted and ignored.
@@ -42,16 +44,12 @@ void write_hf_files_streamed(const std::string& dir, const ModelConfig& cfg,
                              const ParamTable& table, const TensorSource& params,
                              const nlohmann::json& extra_metadata = {});
 
-// Refuses (Error naming `what`) a model whose Hugging Face tensor layout tetrad does not write or
-// read yet: a mixture of experts (Mixtral's per-expert w1 / w2 / w3 tensors). Its own run
-// checkpoints, in tetrad's stacked layout, save and resume.
-void require_hf_tensor_layout(const ModelConfig& c, const std::string& what);
-
 // Loads the weights of `dir` into `params` (table.total floats, laid out by `table`).
 // The folder's config.json must describe `expected` (same family, sizes, epsilons); every tensor
 // of the table must be present with the right shape. Buffers that are not parameters
 // (attn.bias, attn.masked_bias, rotary_emb.inv_freq) and a tied lm_head.weight are ignored; any
-// other tensor the model does not have is an error. GPT-2 names with or without the
+// other tensor the model does not have is an error (an expert tensor's message gives
+// config.json's expert sizes). GPT-2 names with or without the
 // `transformer.` prefix are accepted. F32, BF16 and F16 tensors are converted to float.
 void load_hf_params(const std::string& dir, const ModelConfig& expected, const ParamTable& table,
                     float* params);

@@ -36,13 +36,16 @@ double json_float(float f) { return std::strtod(float_text(f).c_str(), nullptr);
 // `rope_parameters` = {"rope_type", "rope_theta", scaling fields}. Both layouts may be present;
 // where they overlap they must agree. Rope types other than "default" and "llama3", and fields
 // of a rope dict tetrad does not implement, are refused by name.
-void read_rope(const nlohmann::json& j, const std::string& where, ModelConfig& c) {
+// `default_theta`: the family's theta where config.json gives none (transformers' default_theta:
+// 10000, Mixtral's 1e6).
+void read_rope(const nlohmann::json& j, const std::string& where, ModelConfig& c,
+               double default_theta = 10000.0) {
   auto number = [&](const nlohmann::json& v, const std::string& key) {
     if (!v.is_number()) fail(where, ": '", key, "' must be a number, got ", v.dump());
     return v.get<double>();
   };
   bool have_theta = false;
-  double theta = 10000.0;
+  double theta = default_theta;
   std::string theta_from;
   auto set_theta = [&](const nlohmann::json& v, const std::string& key) {
     const double t = number(v, key);
@@ -278,7 +281,7 @@ void read_gpt2_config(const nlohmann::json& j, const std::string& where, ConfigR
 // The fields Llama and the families built on its block (Qwen2) share: sizes, RMSNorm, rotary
 // positions, tied or untied head, SiLU gate; logit scaling and capping refused by name.
 void read_llama_like_config(const nlohmann::json& j, const std::string& where, ConfigReader& r,
-                            ModelConfig& c, const char* display) {
+                            ModelConfig& c, const char* display, double default_theta = 10000.0) {
   c.n_embd = r.size("hidden_size");
   c.ffn = r.size("intermediate_size");
   c.n_layer = r.size("num_hidden_layers");
@@ -287,7 +290,7 @@ void read_llama_like_config(const nlohmann::json& j, const std::string& where, C
   c.vocab_size = r.size("vocab_size");
   c.max_seq = r.size("max_position_embeddings");
   c.norm_eps = float(r.number_or("rms_norm_eps", 1e-6));
-  read_rope(j, where, c);
+  read_rope(j, where, c, default_theta);
   c.init_std = float(r.number_or("initializer_range", 0.02));
   c.tie_embeddings = r.boolean_or("tie_word_embeddings", false);
   const std::string act = r.string_or("hidden_act", "silu");
@@ -402,22 +405,75 @@ nlohmann::json mixtral_config_json(const ModelConfig& c, Ids bos, Ids eos) {
   return j;
 }
 
-void read_mixtral_config(const nlohmann::json& j, const std::string& where, ConfigReader& r,
-                         ModelConfig& c) {
-  read_llama_like_config(j, where, r, c, "Mixtral");
-  c.n_experts = r.size("num_local_experts");
+// A sliding attention window changes nothing when it covers every position the model takes
+// (max_position_embeddings); a shorter one is refused by name.
+void refuse_short_window(const nlohmann::json& j, const std::string& where, const ConfigReader& r,
+                         const ModelConfig& c, const char* display) {
+  if (!r.has("sliding_window")) return;
+  const int64_t w = r.integer("sliding_window");
+  if (w < c.max_seq)
+    fail(where, ": 'sliding_window' = ", j["sliding_window"].dump(), " is not supported: tetrad's ",
+         display, " attends over every earlier position (full causal attention), the same as a "
+         "window only when the window covers max_position_embeddings = ", c.max_seq,
+         " (set sliding_window to null, or to at least ", c.max_seq, ")");
+}
+
+// The router settings transformers' MoE configs have and tetrad implements or refuses: top-k
+// within the experts (checked by validate()), no router jitter, the aux coefficient.
+void read_router_config(const nlohmann::json& j, const std::string& where, ConfigReader& r,
+                        ModelConfig& c) {
   c.experts_per_token = r.size("num_experts_per_tok");
+  if (c.experts_per_token > c.n_experts)
+    fail(where, ": num_experts_per_tok = ", c.experts_per_token, " is larger than the ",
+         c.n_experts, " experts: a token cannot be routed to more experts than there are");
   c.router_aux_loss_coef = float(r.number_or("router_aux_loss_coef", 0.001));
+  if (!(c.router_aux_loss_coef >= 0))
+    fail(where, ": router_aux_loss_coef = ", j["router_aux_loss_coef"].dump(), " must be >= 0");
   if (r.number_or("router_jitter_noise", 0.0) != 0.0)
     fail(where, ": router_jitter_noise = ", j["router_jitter_noise"].dump(),
          " is not supported (tetrad's router adds no noise; expected 0)");
-  if (r.has("sliding_window"))
-    fail(where, ": 'sliding_window' = ", j["sliding_window"].dump(),
-         " is not supported (tetrad's attention is full causal attention; expected null)");
-  c.norm_topk_prob = true;
+  // Router settings of other MoE families (DeepSeek's sigmoid scores, group-limited top-k,
+  // scaled weights, shared experts, dense first layers; Switch's z-loss): a folder that carries
+  // one at a value that would change the router is not this family's router, and is refused by
+  // name rather than run with a router it does not describe.
+  struct Neutral {
+    const char* key;
+    const char* value;  // its neutral value as JSON ("null": only null or absent)
+  };
+  static constexpr Neutral kOtherRouters[] = {
+      {"scoring_func", "\"softmax\""}, {"topk_method", "\"greedy\""}, {"n_group", "1"},
+      {"topk_group", "1"}, {"routed_scaling_factor", "1"}, {"n_shared_experts", "0"},
+      {"shared_expert_intermediate_size", "0"}, {"first_k_dense_replace", "0"},
+      {"moe_layer_freq", "1"}, {"router_z_loss_coef", "0"}, {"moe_capacity_factor", "0"}};
+  for (const Neutral& n : kOtherRouters) {
+    if (!r.has(n.key)) continue;
+    const nlohmann::json neutral = nlohmann::json::parse(n.value);
+    if (j[n.key] == neutral) continue;
+    fail(where, ": '", n.key, "' = ", j[n.key].dump(), " is a router setting tetrad does not "
+         "implement for this family (expected ", neutral.dump(), " or no field; tetrad's router "
+         "is a softmax over every expert, then the top k, without shared experts",
+         std::string(n.key) == "router_z_loss_coef" ? "; its z-loss is 'tetrad_router_z_loss_coef'"
+         : std::string(n.key) == "moe_capacity_factor" ? "; its capacity factor is "
+                                                          "'tetrad_moe_capacity_factor'" : "",
+         ")");
+  }
   c.router_z_loss_coef = float(r.number_or("tetrad_router_z_loss_coef", 0.0));
   c.moe_capacity_factor = float(r.number_or("tetrad_moe_capacity_factor", 0.0));
   c.moe_balance = r.string_or("tetrad_moe_balance", "aux_loss");
+}
+
+void read_mixtral_config(const nlohmann::json& j, const std::string& where, ConfigReader& r,
+                         ModelConfig& c) {
+  read_llama_like_config(j, where, r, c, "Mixtral", /*default_theta=*/1e6);
+  r.require_false("attention_bias", "tetrad's Mixtral has no attention biases");
+  c.n_experts = r.size("num_local_experts");
+  if (r.has("num_experts") && r.integer("num_experts") != c.n_experts)
+    fail(where, ": num_experts = ", j["num_experts"].dump(), " disagrees with num_local_experts = ",
+         c.n_experts);
+  read_router_config(j, where, r, c);
+  refuse_short_window(j, where, r, c, "Mixtral");
+  layer_types(j, where, r, c.n_layer, {"full_attention"});
+  c.norm_topk_prob = true;  // Mixtral always renormalises its top-k weights
 }
 
 struct ConfigFormat {

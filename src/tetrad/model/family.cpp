@@ -78,7 +78,8 @@ constexpr TensorEntry kQwen2Layer[] = {
 // MixtralForCausalLM: Llama's attention; the MLP a mixture of experts (block_sparse_moe): the
 // router ("gate") and each expert's w1 (gate), w3 (up) and w2 (down), stored stacked here (one
 // GEMM operand per expert group) and split into Hugging Face's per-expert tensors by the folder
-// code.
+// code (kMixtralExperts; checkpoint/hf_tensors.cpp). transformers 5 renames block_sparse_moe to
+// mlp when it fuses the experts.
 constexpr TensorEntry kMixtralLayer[] = {
     {R::AttnNorm, "input_layernorm.weight", D::Hidden},
     {R::Q, "self_attn.q_proj.weight", D::QHeads, D::Hidden},
@@ -89,6 +90,16 @@ constexpr TensorEntry kMixtralLayer[] = {
     {R::Router, "block_sparse_moe.gate.weight", D::Experts, D::Hidden},
     {R::ExpertGateUp, "block_sparse_moe.experts.w1_w3", D::ExpertsGateUp, D::Hidden},
     {R::ExpertDown, "block_sparse_moe.experts.w2", D::ExpertsHidden, D::Ffn},
+};
+
+constexpr HfExpertNames kMixtralExperts = {
+    .experts = "block_sparse_moe.experts.",
+    .gate = "w1.weight",
+    .up = "w3.weight",
+    .down = "w2.weight",
+    .fused_router = "mlp.gate.weight",
+    .fused_gate_up = "mlp.experts.gate_up_proj",
+    .fused_down = "mlp.experts.down_proj",
 };
 
 const FamilyDesc kFamilies[] = {
@@ -176,7 +187,8 @@ const FamilyDesc kFamilies[] = {
      .hf_optional_prefix = "",
      .hf_tied_head = "lm_head.weight",
      .hf_ignored_buffers = kLlamaBuffers,
-     .moe = true},
+     .moe = true,
+     .hf_experts = &kMixtralExperts},
 };
 
 }  // namespace

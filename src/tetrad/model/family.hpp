@@ -78,6 +78,24 @@ struct TensorEntry {
   bool hf_transposed = false;
 };
 
+// How a mixture of experts' tensors are named in Hugging Face folders (FamilyDesc::hf_experts).
+// tetrad holds every expert of a layer in one stacked tensor (TensorRole::ExpertGateUp [E·2F, C],
+// ExpertDown [E·C, F]); a folder holds them either one tensor per expert, the Hub's layout and
+// what transformers 5's save_pretrained writes (layer prefix + `experts` + N + "." + gate / up /
+// down, each [F, C] or [C, F]), or fused as transformers 5 holds them in memory (layer prefix +
+// fused_gate_up [E, 2F, C] with each expert's gate rows first, fused_down [E, C, F]; written by
+// save_pretrained(save_original_format=False)), with the router then named fused_router.
+// checkpoint/hf_tensors.cpp maps between them.
+struct HfExpertNames {
+  const char* experts;  // "block_sparse_moe.experts."
+  const char* gate;     // "w1.weight"
+  const char* up;       // "w3.weight"
+  const char* down;     // "w2.weight"
+  const char* fused_router;   // "mlp.gate.weight"
+  const char* fused_gate_up;  // "mlp.experts.gate_up_proj"
+  const char* fused_down;     // "mlp.experts.down_proj"
+};
+
 struct FamilyDesc {
   Family id;
   const char* name;     // "gpt2" (model.family, checkpoints)
@@ -107,6 +125,8 @@ struct FamilyDesc {
   // The MLP of every block is a mixture of experts (ModelConfig's n_experts SwiGLU experts of
   // width ffn, a router choosing experts_per_token of them per token): parallel/moe_block.
   bool moe = false;
+  // With moe: the expert tensors' Hugging Face names (null for a dense family).
+  const HfExpertNames* hf_experts = nullptr;
 
   // Rows of the MLP's input GEMM per inner-size unit: 2 when gate and up are fused.
   int mlp_in_factor() const { return mlp == MlpKind::SwiGLU ? 2 : 1; }

@@ -127,14 +127,58 @@ void DenseBlock::rope(bool forward, float* x, int B, int T, int pos0) const {
     }
 }
 
+// The X axis's share of attention's sequences. After the q|k|v layer's all-reduce over X every X
+// rank holds all of its heads for every sequence, and attention would run Gx times over, once
+// per X rank (the X grid's largest replicated work: 2x1x1x1 ran the whole model's attention on
+// both ranks). Instead X rank x runs sequences [x nb, (x + 1) nb), nb = B / Gx (whole sequences:
+// a sequence's tokens are contiguous rows), and the rows it computed are all-gathered over X:
+// atty in the forward (the out-projection's GEMMs read every row), dq|dk|dv in the backward (the
+// q|k|v layer's). Per sequence the same kernel on the same rows (AttentionArgs::chunk_B keeps
+// the whole batch's work split): the same bits as every X rank running every sequence. Not with
+// the context axis (its own exchange of keys and values) nor where Gx does not divide B.
+DenseBlock::SequenceShare DenseBlock::sequence_share(int B) const {
+  const comm::Communicator& gx = ctx_.g().x();
+  if (gx.size() == 1 || context_ || B % gx.size() != 0) return {0, B, false};
+  const int nb = B / gx.size();
+  return {gx.rank() * nb, nb, true};
+}
+
+backend::AttentionArgs DenseBlock::share_args(int B, int T, const SequenceShare& s) const {
+  backend::AttentionArgs args = local_heads(B, T, ctx_, attention_precision_);
+  args.B = s.nb;
+  args.chunk_B = B;
+  if (args.doc_start) args.doc_start += int64_t(s.b0) * T;
+  return args;
+}
+
+// Rows [b0 T, (b0 + nb) T) of p ([B T, width]) from every X rank: all of them on each.
+void DenseBlock::gather_sequences(float* p, const SequenceShare& s, int T, int64_t width,
+                                  const char* what) const {
+  if (!s.split) return;
+  const comm::Communicator& gx = ctx_.g().x();
+  const int64_t n = int64_t(s.nb) * T * width;
+  ctx_.q().run(gx.iallgather(p + int64_t(s.b0) * T * width, p, size_t(n), ctx_.q().ready()), gx,
+               "allgather", what, ctx_.prof ? ctx_.prof->layer : -2,
+               n * gx.size() * int64_t(sizeof(float)));
+}
+
 void DenseBlock::attention(int l, int B, int T) {
   const auto& A = a_.layer[size_t(l)];
   const LocalDims& d = ctx_.dims;
-  const backend::AttentionArgs args = local_heads(B, T, ctx_, attention_precision_);
-  ScopedPhase sp(ctx_.prof, Phase::Attention);
-  if (context_) return context_->forward(args, A.atty, A.lse, A.qkv, l);
-  ctx_.ops().attention_forward(ctx_.bq(), args, A.atty, A.lse, A.qkv, A.qkv + d.nhy * d.hd,
-                               A.qkv + (d.nhy + d.nkvy) * d.hd);
+  if (context_) {
+    ScopedPhase sp(ctx_.prof, Phase::Attention);
+    return context_->forward(local_heads(B, T, ctx_, attention_precision_), A.atty, A.lse, A.qkv,
+                             l);
+  }
+  const SequenceShare s = sequence_share(B);
+  {
+    ScopedPhase sp(ctx_.prof, Phase::Attention);
+    const float* qkv = A.qkv + int64_t(s.b0) * T * d.QKVy;
+    ctx_.ops().attention_forward(ctx_.bq(), share_args(B, T, s), A.atty + int64_t(s.b0) * T * d.Ay,
+                                 A.lse + int64_t(s.b0) * d.nhy * T, qkv, qkv + d.nhy * d.hd,
+                                 qkv + (d.nhy + d.nkvy) * d.hd);
+  }
+  gather_sequences(A.atty, s, T, d.Ay, "attention out");
 }
 
 // This step's Tq keys and values of each sequence appended to layer l's cache at pos0.., then
@@ -238,16 +282,23 @@ void DenseBlock::backward(int l, const float* x_in, int B, int T) {
   ops_.norm_bwd(a.dresid, dln2, A.resid_mid, A.ln2_mean, A.ln2_rstd, L.ln2_w, L.ln2_b, N);
   ops_.linear_bwd(GemmSite::Proj, a.datty, ops_.stream_grad(a.dresid, N), f32(A.atty), L.proj_w,
                   L.proj_b, N);
-  const backend::AttentionArgs args = local_heads(B, T, ctx_, attention_precision_);
+  const SequenceShare s = sequence_share(B);
   {
     ScopedPhase sp(ctx_.prof, Phase::Attention);
     const int64_t k0 = d.nhy * d.hd, v0 = (d.nhy + d.nkvy) * d.hd;
+    const int64_t r0 = int64_t(s.b0) * T, q0 = r0 * d.QKVy, o0 = r0 * d.Ay;
     if (context_)
-      context_->backward(args, a.dqkv, a.datty, A.qkv, A.atty, A.lse, l);
+      context_->backward(local_heads(B, T, ctx_, attention_precision_), a.dqkv, a.datty, A.qkv,
+                         A.atty, A.lse, l);
     else
-      op.attention_backward(q, args, a.dqkv, a.dqkv + k0, a.dqkv + v0, a.datty, A.qkv, A.qkv + k0,
-                            A.qkv + v0, A.atty, A.lse);
-    if (positions_ == Positions::Rope) rope(false, a.dqkv, B, T, 0);
+      op.attention_backward(q, share_args(B, T, s), a.dqkv + q0, a.dqkv + q0 + k0,
+                            a.dqkv + q0 + v0, a.datty + o0, A.qkv + q0, A.qkv + q0 + k0,
+                            A.qkv + q0 + v0, A.atty + o0, A.lse + int64_t(s.b0) * d.nhy * T);
+  }
+  gather_sequences(a.dqkv, s, T, d.QKVy, "attention dqkv");
+  if (positions_ == Positions::Rope) {
+    ScopedPhase sp(ctx_.prof, Phase::Attention);
+    rope(false, a.dqkv, B, T, 0);
   }
   ctx_.q().poll();
   const float* dln1 = ops_.linear_bwd(GemmSite::Qkv, a.dln, a.dqkv, act(A.ln1, A.ln1_16), L.qkv_w, L.qkv_b, N);

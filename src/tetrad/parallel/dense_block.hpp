@@ -55,6 +55,16 @@ class DenseBlock : public TransformerBlock {
   };
   // Attention of layer l from its stored q|k|v (after RoPE): atty and lse.
   void attention(int l, int B, int T);
+  // This X rank's share of the B sequences' attention (dense_block.cpp): [b0, b0 + nb); split
+  // when the X ranks share the sequences (their rows are then all-gathered over X).
+  struct SequenceShare {
+    int b0 = 0, nb = 0;
+    bool split = false;
+  };
+  SequenceShare sequence_share(int B) const;
+  backend::AttentionArgs share_args(int B, int T, const SequenceShare& s) const;
+  void gather_sequences(float* p, const SequenceShare& s, int T, int64_t width,
+                        const char* what) const;
   // Decoding: the new keys and values appended to the cache, then attention over it.
   void cached_attention(int l, int B, int Tq, const CachedKv& kv);
   // fc_act = GELU(fc) or SwiGLU(gate, up) of layer l (or its bf16 form).

@@ -231,7 +231,6 @@ GridResult measure_grid(const GridSweep& sw, parallel::ParallelTransformer& mode
                         const ResidentKinds& kinds_start) {
   using namespace parallel;
   GridResult r;
-  const BenchOptions& opt = sw.opt;
   r.step = median(st.times);
   // Shares of the slowest rank's step: exposed communication, idle (waiting for another
   // rank) and the rest (compute, optimizer); hidden = issued communication not exposed.

@@ -10,6 +10,7 @@
 #include <sstream>
 
 #include "tetrad/checkpoint/atomic_file.hpp"
+#include "tetrad/checkpoint/finite_weights.hpp"
 #include "tetrad/checkpoint/hf.hpp"
 #include "tetrad/checkpoint/run_checkpoint.hpp"
 #include "tetrad/checkpoint/sharded.hpp"
@@ -253,48 +254,6 @@ void Checkpointer::restore_records(const nlohmann::json& rec, Start& s) {
                                 saved.to_string() + ")";
 }
 
-namespace {
-
-// Throws naming the tensor, its first element that is not finite (its index in the file's layout)
-// and how many are not, when `data` (in tetrad's layout) holds any.
-void check_finite_tensor(const std::string& dir, const ParamSpec& spec, const float* data) {
-  // The file's layout: a transposed Conv1D weight is [in, out] there, [out, in] here.
-  const bool transposed = spec.hf_transposed && spec.shape.size() == 2;
-  std::vector<int64_t> shape = spec.shape;
-  if (transposed) std::swap(shape[0], shape[1]);
-  const int64_t n = spec.numel;
-  int64_t first = -1, first_here = -1, bad = 0;  // the first in the file's order; where it is here
-  for (int64_t k = 0; k < n; ++k) {
-    if (std::isfinite(data[k])) continue;
-    ++bad;
-    // Here [r, c] = k of [out, in]; in the file [c, r] of [in, out].
-    const int64_t in_file =
-        transposed ? (k % spec.shape[1]) * spec.shape[0] + k / spec.shape[1] : k;
-    if (first < 0 || in_file < first) {
-      first = in_file;
-      first_here = k;
-    }
-  }
-  if (first < 0) return;
-  std::vector<int64_t> at(shape.size());
-  int64_t rest = first;
-  for (size_t d = shape.size(); d-- > 0;) {
-    at[d] = shape[d] ? rest % shape[d] : 0;
-    rest = shape[d] ? rest / shape[d] : 0;
-  }
-  auto list = [](const std::vector<int64_t>& v) {
-    std::string s;
-    for (size_t d = 0; d < v.size(); ++d) s += (d ? ", " : "") + std::to_string(v[d]);
-    return s;
-  };
-  fail("run.init_from '", dir, "': tensor ", spec.name, " (shape [", list(shape), "]) holds ", bad,
-       " value(s) that are not finite, the first at [", list(at), "] (", data[first_here],
-       "); training from it would give NaN from the first step. Use weights that are finite (the "
-       "checkpoint before the weights went bad, or the original model)");
-}
-
-}  // namespace
-
 void Checkpointer::init_fresh() {
   const RunConfig& cfg = p_.cfg;
   parallel::ParallelTransformer& model = p_.model;
@@ -311,12 +270,12 @@ void Checkpointer::init_fresh() {
            ") but the shards in '", cfg.data_dir, "' were made with tokenizer ", hex64(data_id),
            "; prepare the data with --tokenizer ", cfg.init_from);
   }
-  require_hf_tensor_layout(cfg.model, "run.init_from '" + cfg.init_from + "'");
   // Weights that are not finite would train into NaN from the first step: refused by name (every
   // rank reads the whole tensor, so every rank refuses together).
   load_hf_params_streamed(cfg.init_from, cfg.model, model.table(),
                           [&](size_t i, const float* data) {
-                            check_finite_tensor(cfg.init_from, model.table().specs[i], data);
+                            check_finite_weights("run.init_from '" + cfg.init_from + "'",
+                                                 model.table().specs[i], data);
                             model.scatter_tensor(model.params(), i, data);
                           });
   p_.out << "initialised from " << cfg.init_from << "\n";

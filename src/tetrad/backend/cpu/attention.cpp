@@ -518,7 +518,7 @@ struct BackwardScratch {
 // (kMinBackwardTasks), from the shapes alone so results do not depend on the thread count.
 constexpr int kMinBackwardTasks = 8;
 inline int backward_chunks(const AttentionDims& d, int Bk) {
-  const int units = std::max(1, d.B * d.n_kv_head);
+  const int units = std::max(1, (d.chunk_B > 0 ? d.chunk_B : d.B) * d.n_kv_head);
   const int key_blocks = (d.Tk + Bk - 1) / Bk;
   return std::max(1, std::min(key_blocks, (kMinBackwardTasks + units - 1) / units));
 }

@@ -46,6 +46,7 @@ struct AttentionDims {
   // doc_start[b * doc_batch_stride + i] - doc_shift (key positions count from key 0 of the block).
   const int32_t* doc_start = nullptr;
   int64_t doc_batch_stride = 0, doc_shift = 0;
+  int chunk_B = 0;  // the sequence count the backward's chunking is chosen for (0: B)
 };
 
 // out[b, i, h*hd + d] = sum_j softmax_j(q_i . k_j / sqrt(hd)) v_j[d]; rows of q/k/v/out are

@@ -65,6 +65,7 @@ k::AttentionDims dims(const AttentionArgs& a) {
   d.doc_start = a.doc_start;  // positions counted as q_offset, k_offset are: the kernels count
   d.doc_batch_stride = a.doc_batch_stride;  // from key 0 of the block (doc_shift)
   d.doc_shift = a.k_offset;
+  d.chunk_B = a.chunk_B;
   return d;
 }
 
