@@ -11,6 +11,13 @@ constexpr DType kF32 = DType::F32;
 
 // The SwiGLU output as the down GEMMs read it.
 Operand act_operand(const ExpertAct& a) { return act(a.f32, a.b16); }
+
+// The sum of a partial product over a tensor axis (X or Y; nothing on one rank). Every rank of
+// the group holds the same rows (the routing is the same on the X and Y ranks), so n agrees.
+void sum_rows(const StepContext& ctx, const comm::Communicator& axis, float* p, int64_t n,
+              const char* what) {
+  if (n > 0) ctx.sum_over(axis, p, n, what);
+}
 }  // namespace
 
 void grouped_gemm(const StepContext& ctx, const char* what, backend::Precision precision, bool ta,
@@ -61,6 +68,7 @@ void experts_forward(const StepContext& ctx, int64_t C, int64_t F, const ExpertR
   }
   grouped_gemm(ctx, "experts gate|up", w.precision, false, true, x.rows, cols2F, colsC, pin, kF32,
                C, wgu, w.w13.type, C, 0.0f, pgu, 2 * F);
+  sum_rows(ctx, ctx.g().x(), gu, x.kept * 2 * F, "experts gate|up");
   {
     ScopedPhase sp(ctx.prof, Phase::Activation);
     const backend::OpTable& op = ctx.ops();
@@ -74,9 +82,11 @@ void experts_forward(const StepContext& ctx, int64_t C, int64_t F, const ExpertR
       op.cast_f32_to_bf16(ctx.bq(), act.b16, act.f32, x.kept * F);
     }
   }
-  if (out)
+  if (out) {
     grouped_gemm(ctx, "experts down", w.precision, false, true, x.rows, colsC, colsF, pact, a.type,
                  F, wd, w.w2.type, F, 0.0f, pout, C);
+    sum_rows(ctx, ctx.g().y(), out, x.kept * C, "experts down");
+  }
   ctx.q().poll();
 }
 
@@ -107,6 +117,7 @@ void experts_backward(const StepContext& ctx, int64_t C, int64_t F, const Expert
   // down: dact = dout · W2 [rows, F]; dW2 += doutᵀ · act [C, F].
   grouped_gemm(ctx, "experts down dx", w.precision, false, false, x.rows, nF, nC, pdout, kF32, C,
                wd, w.w2.type, F, 0.0f, pdact, F);
+  sum_rows(ctx, ctx.g().x(), dact, x.kept * F, "experts down dx");
   grouped_gemm(ctx, "experts down dw", w.precision, true, false, nC, nF, x.rows, pdout, kF32, C,
                pact, a.type, F, 1.0f, gwd, F);
   {
@@ -117,6 +128,7 @@ void experts_backward(const StepContext& ctx, int64_t C, int64_t F, const Expert
   // dW13 += dguᵀ · in [2F, C].
   grouped_gemm(ctx, "experts gate|up dx", w.precision, false, false, x.rows, nC, n2F, pdgu, kF32,
                2 * F, wgu, w.w13.type, C, 0.0f, pdin, C);
+  sum_rows(ctx, ctx.g().y(), din, x.kept * C, "experts gate|up dx");
   grouped_gemm(ctx, "experts gate|up dw", w.precision, true, false, n2F, nC, x.rows, pdgu, kF32,
                2 * F, pin, kF32, C, 1.0f, gwgu, C);
   ctx.q().poll();

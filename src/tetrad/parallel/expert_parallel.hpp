@@ -12,6 +12,10 @@
 // with them; the received rows live in scratch of this object, sized by the largest exchange
 // seen (up to E x the local rows under extreme imbalance: every token to one expert, dropless).
 //
+// On the tensor axes each X/Y rank exchanges its Cx columns of the rows with the ranks of the
+// same (x, y) (the expert group varies the replica coordinates only), and the experts' GEMMs
+// sum their partial products over X and Y (expert_mlp.hpp).
+//
 // Expert gradients accumulate into this rank's experts' blocks; the gradient reducer sums them
 // over the expert-data group (ProcessGroups::expert_replicas()). Collective over the expert
 // group; not thread-safe.
@@ -33,12 +37,12 @@ class ExpertParallel {
   // one rank.
   ExpertParallel(const StepContext& ctx, const ModelConfig& cfg, bool act16 = false);
 
-  // rows [r.kept, C]: this rank's kept choices in expert order (r.rows, r.first over every
-  // expert) -> out [r.kept, C], the same rows through their experts. w: this rank's experts'
+  // rows [r.kept, Cx]: this rank's kept choices in expert order (r.rows, r.first over every
+  // expert) -> out [r.kept, Cx], the same rows through their experts. w: this rank's experts'
   // gathered weights and the GEMMs' precision.
   void forward(int layer, const MoeRouting& r, const float* rows, const ExpertGemms& w,
                float* out);
-  // drows [r.kept, C]: in, the gradient of out; out, the gradient of rows. gw13, gw2: this rank's
+  // drows [r.kept, Cx]: in, the gradient of out; out, the gradient of rows. gw13, gw2: this rank's
   // experts' gradient blocks (accumulated).
   void backward(int layer, const MoeRouting& r, const float* rows, float* drows,
                 const ExpertGemms& w, float* gw13, float* gw2);
@@ -63,7 +67,7 @@ class ExpertParallel {
   }
 
   const StepContext& ctx_;
-  int64_t C_, F_, El_;
+  int64_t C_, F_, El_;  // this rank's widths (Cx, Fy) and experts
   int Ge_;
   bool act16_;
   std::vector<int64_t> send_cnt_, recv_cnt_;  // [Ge x El] rows to / from rank s for expert e
