@@ -331,8 +331,6 @@ TEST(MoeConfig, SettingsNotImplementedAreRefusedByName) {
   dense.family = Family::Llama;
   dense.n_experts = 4;
   EXPECT_TRUE(has(error_of([&] { dense.validate(); }), "dense model"));
-  const GridShape x2{2, 1, 1, 1};
-  EXPECT_TRUE(has(error_of([&] { validate_grid_for_model(moe_cfg(4, 2), x2); }), "Gx = 2"));
 }
 
 // ---- bf16 ---------------------------------------------------------------------------------------
