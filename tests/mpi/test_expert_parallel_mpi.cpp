@@ -159,8 +159,9 @@ TEST(ExpertParallelMpi, BadFoldsAreRefusedNamingTheNumbers) {
 }
 
 // Precision bf16 (the experts' GEMMs in bf16 from the bf16 weight copy, the SwiGLU stored in
-// bf16, the router in fp32: moe_block.hpp) on the fold: E = 2 with D, with Z (the router's
-// fp32 weight gathered beside the others' bf16 copy) and under full recomputation, 20 steps
+// bf16, the router in fp32: moe_block.hpp) on the fold: E = 2 with D, with X (experts split over
+// X), with Z (the router's fp32 weight gathered beside the others' bf16 copy) and under full
+// recomputation, 20 steps
 // against the same bf16 model on one rank, every step's loss within the bf16 contract (2% of the
 // loss, as Bf16Grid and ContextBf16Mpi hold grids to). The reference is a bf16 run that trains
 // and is not fp32's bits, and is itself within the contract of fp32 on one rank.
@@ -191,6 +192,8 @@ TEST(ExpertParallelMpi, Bf16FoldsTrainLikeOneRankInBf16) {
   std::vector<std::pair<GridShape, Recompute>> runs = {
       {with_e(GridShape{{Axis::D, n}}, 2), Recompute::None},
       {with_e(GridShape{{Axis::D, n}}, 2), Recompute::Full}};
+  // The experts split over X as well (the router's logits summed over X), with E where D allows.
+  runs.push_back({with_e(GridShape{{Axis::X, 2}, {Axis::D, n / 2}}, n >= 4 ? 2 : 1), Recompute::None});
   if (n >= 4) runs.push_back({with_e(GridShape{{Axis::Z, 2}, {Axis::D, n / 2}}, 2), Recompute::None});
   for (const auto& [shape, rc] : runs) {
     ProcessGroups g(comm::Communicator::world(), shape);
