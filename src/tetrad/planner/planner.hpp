@@ -498,8 +498,9 @@ CommSums comm_sums(const std::vector<CommItem>& items);
 //
 // Not modelled: routing imbalance (every expert gets its average share of the tokens: T k / n_e
 // rows each; a dropless run with uneven load is slower than predicted), the capacity factor's
-// drops, overlap of the all-to-all with the experts' GEMMs, experts split over X and Y (the trainer
-// runs a mixture of experts with Gx = Gy = 1).
+// drops, overlap of the all-to-all with the experts' GEMMs, the experts' own X and Y all-reduces
+// (k rows per token where the dense MLP's collectives count one; the experts' memory and GEMMs
+// are divided by Gx Gy as the trainer splits them).
 // Why in.expert_parallel cannot run on g ("" if it can): a dense model has E = 1 only; for a
 // mixture of experts E divides Gc x Gd and model.n_experts.
 std::string expert_parallel_problem(const PlanInput& in, const GridShape& g);
