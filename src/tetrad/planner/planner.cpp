@@ -604,8 +604,9 @@ ComputeTimes compute_times(const PlanInput& in, const GridShape& g, const Machin
   const double act_b = bf16 ? 2 : 4;
   const bool full = in.recompute == Recompute::Full, any_rc = in.recompute != Recompute::None;
   ComputeTimes c;
-  // Attention: heads split over Y, replicated over X; causal kernels execute half the scores.
-  c.attn_fwd = 0.5 * 4 * T * in.seq * s.A / g.y();
+  // Attention: heads split over Y, sequences shared over X where Gx divides them (else every X
+  // rank runs all of them); causal kernels execute half the scores.
+  c.attn_fwd = 0.5 * 4 * T * in.seq * s.A / g.y() / (x_shares_sequences(in, g, T) ? g.x() : 1);
   ModelConfig m1 = m;
   m1.n_layer = 1;
   GridShape g1 = without_context(g, in.shard_over_context);
