@@ -331,6 +331,7 @@ StageParams stage_params(const ModelConfig& m, const GridShape& g, bool first, b
 }
 
 int64_t micro_batch_of(const PlanInput& in, const GridShape& g) {
+  if (in.micro_batch_per_data_group > 0) return in.micro_batch_per_data_group * (token_slots(g) / g.z());
   return in.micro_batch > 0 ? in.micro_batch : in.micro_batch_per_replica * token_slots(g);
 }
 
