@@ -331,6 +331,9 @@ TEST(MoeConfig, SettingsNotImplementedAreRefusedByName) {
   dense.family = Family::Llama;
   dense.n_experts = 4;
   EXPECT_TRUE(has(error_of([&] { dense.validate(); }), "dense model"));
+  // The tensor axes run (docs/moe.md, "On the tensor axes X and Y"; MoeTensorAxesMpi).
+  const GridShape x2{2, 1, 1, 1};
+  EXPECT_EQ(error_of([&] { validate_grid_for_model(moe_cfg(4, 2), x2); }), "");
 }
 
 // ---- bf16 ---------------------------------------------------------------------------------------

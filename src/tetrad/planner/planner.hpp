@@ -103,6 +103,10 @@ struct PlanInput {
   // micro-batch, as Megatron's "micro-batch size" means).
   int64_t micro_batch = 0;
   int64_t micro_batch_per_replica = 0;
+  // Or per data-parallel group, divided over Z (AxoNN's --micro-batch-size: Megatron-AxoNN gives
+  // each depth rank micro_batch_size / Gz sequences): the whole job's is this x Gc·Gd, and a grid
+  // whose Gz does not divide it is rejected as not dividing.
+  int64_t micro_batch_per_data_group = 0;
   // Neither given (both 0): the planner chooses it per grid (micro_batch_candidates: every
   // per-replica micro-batch dividing global_batch / (Gz x Gd), and with it the accumulation
   // count), the fastest that fits; Estimate::micro_batch says which. `tetrad plan` searches when
@@ -435,6 +439,11 @@ class Collectives {
   std::vector<CommItem> items_;
   std::map<unsigned, Placement> pl_;  // by AxisSet::bits()
 };
+
+// Whether the X ranks share attention's sequences (the trainer's DenseBlock::sequence_share):
+// each X rank runs its 1/Gx of a micro-batch's T / seq sequences and the rows are all-gathered
+// over X, where Gx > 1 divides them and there is no context axis; else every X rank runs all.
+bool x_shares_sequences(const PlanInput& in, const GridShape& g, double T);
 
 // Tensor parallelism (X and Y): the layers' norms and linear layers, per layer.
 void add_tensor_layer_comm(Collectives& c, const PlanInput& in, const GridShape& g, const Sizes& s, double T);
