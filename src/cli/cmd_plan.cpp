@@ -86,6 +86,7 @@ planner::PlanInput plan_input(const Options& o, const std::string& model0, const
   in.allow_pipeline = !o.no_pipeline;
   in.allow_context = !o.no_context;
   in.cp_comm = parse_cp_comm(o.cp_comm);
+  in.expert_parallel = cfg.expert_parallel;  // > 1: the plan's E fixed (1: searched)
   return in;
 }
 
