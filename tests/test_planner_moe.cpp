@@ -194,49 +194,50 @@ TEST(PlannerMoe, AllToAllBytesCallsAndLinkModel) {
 }
 
 TEST(PlannerMoe, ExpertAxisChosenWhenMemoryNeedsIt) {
-  // Mixtral 8x7B in bf16 on 16 H100s (2 nodes), 256 x 4096 tokens, full recomputation, ZeRO 2,
-  // overlap all, the micro-batch searched: 841 GB of state. No grid fits at E = 1 (the 16-stage
-  // pipeline, which does with ZeRO 1, needs 87 GB with ZeRO 2's gradient blocks); every grid
-  // that fits folds E over C x D, each expert's rank holding n_e / E of them (the exchange's
-  // scratch sized for its dropless worst case), and is trainable.
+  // Mixtral 8x7B in bf16 on 16 H100s (2 nodes), 256 x 4096 tokens, full recomputation, ZeRO 1,
+  // overlap all, the micro-batch searched, no pipeline: 841 GB of state. E = 8 folded over D
+  // stores one expert per rank (the exchange's scratch sized for its dropless worst case) and
+  // comes first, trainable; at E = 1 the grids that fit split every expert over all 16 ranks
+  // (X, Y and Z), slower; the first choice's grid at E = 1 does not fit.
   PlanInput in = input("mixtral-8x7b", 16, 256, 0, 4096);
   in.search_micro_batch = true;
   in.precision = Precision::BF16;
   in.recompute = Recompute::Full;
-  in.zero = 2;
+  in.zero = 1;
   in.overlap = Overlap::All;
+  in.allow_pipeline = false;
   const Machine m = load_machine("h100-ib");
   const auto rows = plan(in, m);
   ASSERT_FALSE(rows.empty());
   ASSERT_TRUE(rows.front().valid);
-  EXPECT_GT(rows.front().expert_parallel, 1) << plan_label(rows.front());
+  EXPECT_EQ(rows.front().expert_parallel, 8) << plan_label(rows.front());
   EXPECT_TRUE(rows.front().trainable);
-  EXPECT_EQ(rows.front().grid.e(), rows.front().expert_parallel);  // the grid the trainer gets
-  int valid = 0;
+  EXPECT_EQ(rows.front().grid.e(), 8);  // the grid the trainer gets
+  int e1 = 0;
   for (const Estimate& e : rows)
-    if (e.valid) {
-      ++valid;
-      EXPECT_GT(e.expert_parallel, 1) << plan_label(e) << " fits at E = 1";
-      EXPECT_LE(e.memory.total(), m.memory_bytes) << plan_label(e);
+    if (e.valid && e.expert_parallel == 1) {
+      ++e1;
+      EXPECT_EQ(e.grid.x() * e.grid.y() * e.grid.z(), 16) << plan_label(e);
+      EXPECT_GT(e.step, rows.front().step) << plan_label(e);
     }
-  EXPECT_GE(valid, 3);
-  // The first choice's grid at E = 1 does not fit.
+  EXPECT_GT(e1, 0);
   PlanInput one = in;
   one.expert_parallel = 1;
-  const Estimate e1 = estimate(one, GridShape(rows.front().grid).set_e(1), m);
-  EXPECT_FALSE(e1.valid);
-  EXPECT_NE(e1.reject.find("does not fit"), std::string::npos) << e1.reject;
+  const Estimate first1 = estimate(one, GridShape(rows.front().grid).set_e(1), m);
+  EXPECT_FALSE(first1.valid);
+  EXPECT_NE(first1.reject.find("does not fit"), std::string::npos) << first1.reject;
   // The text says MFU is on active FLOPs and names the expert axis, trainable.
   const std::string text = plan_text(in, m, rows, 5, 5);
   EXPECT_NE(text.find("MFU is on active FLOPs"), std::string::npos);
-  EXPECT_NE(text.find(" e" + std::to_string(rows.front().expert_parallel) + " "), std::string::npos);
+  EXPECT_NE(text.find(" e8 "), std::string::npos);
   EXPECT_EQ(text.find("not trainable"), std::string::npos);
-  // With ZeRO 1 the 16-stage pipeline fits at E = 1 and comes first (the exchange's worst-case
-  // scratch and five exposed all-to-alls a layer cost the E grids more than its 5% bubble).
-  in.zero = 1;
-  const auto rows1 = plan(in, m);
-  ASSERT_TRUE(rows1.front().valid);
-  EXPECT_EQ(plan_label(rows1.front()), "1x1x1x16x1");
+  // With the pipeline allowed, a pipeline over 8 stages with Y = 2 fits at E = 1 and comes first
+  // (the E rows pay five exposed all-to-alls a layer and a worst-case scratch).
+  in.allow_pipeline = true;
+  const auto rows_p = plan(in, m);
+  ASSERT_TRUE(rows_p.front().valid);
+  EXPECT_EQ(rows_p.front().expert_parallel, 1) << plan_label(rows_p.front());
+  EXPECT_GT(rows_p.front().grid.p(), 1) << plan_label(rows_p.front());
 }
 
 TEST(PlannerMoe, ExpertAxisNotChosenWhenTheAllToAllCostsMore) {
@@ -258,13 +259,23 @@ TEST(PlannerMoe, ExpertAxisNotChosenWhenTheAllToAllCostsMore) {
   ASSERT_TRUE(e1.valid && e2.valid);
   EXPECT_GT(e2.step, e1.step);
   EXPECT_EQ(e2.dominant, "comm e");
-  // The same model with one micro-batch of few tokens: the gradient all-reduce of every expert
-  // dominates and E = 2 (half the experts' gradients, over a group of 1) pays.
+  // The same model with one micro-batch of few tokens: on D = 2 the gradient all-reduce of every
+  // expert dominates and E = 2 (half the experts' gradients, over a group of 1) pays. The plan's
+  // first row has no expert gradients over D at all: E = 2, or the experts split over the tensor
+  // axes X or Y instead of replicated over D.
   PlanInput small = input("mixtral-tiny", 2, 2, 2, 64);
   small.allow_pipeline = false;
   const auto rows_small = plan(small, m);
   ASSERT_TRUE(rows_small.front().valid);
-  EXPECT_EQ(rows_small.front().expert_parallel, 2) << plan_label(rows_small.front());
+  const Estimate& first = rows_small.front();
+  EXPECT_TRUE(first.expert_parallel == 2 || first.grid.x() * first.grid.y() == 2)
+      << plan_label(first);
+  small.expert_parallel = 2;
+  const Estimate s2 = estimate(small, grid(1, 2), m);
+  small.expert_parallel = 1;
+  const Estimate s1 = estimate(small, grid(1, 2), m);
+  ASSERT_TRUE(s1.valid && s2.valid);
+  EXPECT_LT(s2.step, s1.step);
 }
 
 TEST(PlannerMoe, GridAutoChoosesTheFoldAndTheTrainersFormulaIsThePlans) {

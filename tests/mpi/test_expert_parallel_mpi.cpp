@@ -6,7 +6,8 @@
 // state sharded over the expert-data group) and full recomputation: 10 steps. Every token to
 // experts 0 and 1 (a router of zeros): dropless, the other experts' ranks receive no row. The
 // whole tensors move between E = 1, 2 and 4 unchanged (what checkpoints store). Bad input
-// refused by name: E not dividing the experts or D x C, E on a dense model, E with X.
+// refused by name: E not dividing the experts or D x C, E on a dense model. E with X and Y:
+// test_moe_tensor_axes_mpi.cpp.
 #include <cstdio>
 
 #include "moe_contract.hpp"
@@ -151,7 +152,4 @@ TEST(ExpertParallelMpi, BadFoldsAreRefusedNamingTheNumbers) {
   // A dense model
   e = error_of(tiny_model(Family::Llama, 2), with_e(GridShape{{Axis::D, n}}, 2));
   EXPECT_TRUE(has(e, "needs a mixture-of-experts model")) << e;
-  // X with E stays refused by name (experts over the tensor axes are not implemented)
-  e = error_of(moe_model(), with_e(GridShape{{Axis::X, 2}, {Axis::D, n / 2}}, n / 2 > 1 ? n / 2 : 1));
-  EXPECT_TRUE(has(e, "tensor axes (Gx = 2")) << e;
 }

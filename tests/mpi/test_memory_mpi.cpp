@@ -245,7 +245,7 @@ TEST(MemoryFormula, CountsTheContextExchange) {
 
 TEST(MemoryFormula, CountsTheExpertFold) {
   // The expert fold E (issue 32; parallel/expert_parallel.hpp) on every grid the world size
-  // gives it (E over D, over C x D, with Z and with P): n_experts / E experts per rank, ZeRO 1
+  // gives it (E over D, over C x D, with Z, P, X and Y): n_experts / E experts per rank, ZeRO 1
   // and 2 pieces over the expert-data group, the experts' own data-parallel buckets, with and
   // without full recomputation, equal to what the model allocates; and the exchange's scratch,
   // sized for the dropless worst case (ExpertParallel::max_rows: E x the rank's tokens x
@@ -259,6 +259,8 @@ TEST(MemoryFormula, CountsTheExpertFold) {
     grids.push_back(GridShape({{A::C, 2}, {A::D, n / 2}}).set_e(4));
     grids.push_back(GridShape({{A::Z, 2}, {A::D, n / 2}}).set_e(2));
     grids.push_back(GridShape({{A::P, 2}, {A::D, n / 2}}).set_e(2));
+    grids.push_back(GridShape({{A::X, 2}, {A::D, n / 2}}).set_e(2));  // the rows' Cx columns
+    grids.push_back(GridShape({{A::Y, 2}, {A::D, n / 2}}).set_e(2));  // the experts' Fy
   }
   ModelConfig mc = tiny_model(Family::Mixtral, 2);
   mc.n_experts = 4;
@@ -300,8 +302,8 @@ TEST(MemoryFormula, CountsTheExpertFold) {
     const int El = mc.n_experts / shape.e(), er = expert_rank(g.coord, shape);
     const bool holds_0_or_1 = er * El < 2;  // experts [er El, (er + 1) El)
     const std::string where = "grid " + shape.to_string() + " rank " + std::to_string(world_rank());
-    EXPECT_EQ(mm.expert_exchange,
-              int64_t(shape.e()) * kLocalB * kLen * std::min(2, El) * (3 * 64 + 6 * mc.ffn) * 4) << where;
+    EXPECT_EQ(mm.expert_exchange, int64_t(shape.e()) * kLocalB * kLen * std::min(2, El) *
+                                      (3 * 64 / shape.x() + 6 * mc.ffn / shape.y()) * 4) << where;
     EXPECT_EQ(model.expert_exchange_bytes(), holds_0_or_1 ? mm.expert_exchange : 0) << where;
     ++stepped;
   }

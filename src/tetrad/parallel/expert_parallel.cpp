@@ -9,7 +9,7 @@
 namespace tetrad::parallel {
 
 ExpertParallel::ExpertParallel(const StepContext& ctx, const ModelConfig& cfg)
-    : ctx_(ctx), C_(cfg.n_embd), F_(cfg.ffn), El_(cfg.n_experts / ctx.shape().e()),
+    : ctx_(ctx), C_(ctx.dims.Cx), F_(ctx.dims.Fy), El_(cfg.n_experts / ctx.shape().e()),
       Ge_(ctx.shape().e()) {
   TETRAD_CHECK(Ge_ > 1 && cfg.n_experts % Ge_ == 0 && ctx.g().experts().size() == Ge_,
                "expert parallelism: E = ", Ge_, " does not fit ", cfg.n_experts,
@@ -23,8 +23,8 @@ int64_t ExpertParallel::max_rows(const ModelConfig& cfg, const GridShape& shape,
   return std::min(dropless, El * expert_capacity(cfg, total));
 }
 
-int64_t ExpertParallel::scratch_bytes(const ModelConfig& cfg, int64_t rows) {
-  return rows * (3 * int64_t(cfg.n_embd) + 6 * int64_t(cfg.ffn)) * int64_t(sizeof(float));
+int64_t ExpertParallel::scratch_bytes(const LocalDims& dims, int64_t rows) {
+  return rows * (3 * int64_t(dims.Cx) + 6 * int64_t(dims.Fy)) * int64_t(sizeof(float));
 }
 
 void ExpertParallel::plan(int layer, const MoeRouting& r) {

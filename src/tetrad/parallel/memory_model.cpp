@@ -132,7 +132,7 @@ ModelMemory model_memory(const ModelConfig& cfg, const GridShape& G, const GridC
   // exchange: sized for the worst a rank can receive, not the even load's E x N k / E.
   if (G.e() > 1 && cfg.moe())
     mm.expert_exchange = ExpertParallel::scratch_bytes(
-        cfg, ExpertParallel::max_rows(cfg, G, int64_t(local_batch) * (max_len / G.c())));
+        LocalDims::of(cfg, G), ExpertParallel::max_rows(cfg, G, int64_t(local_batch) * (max_len / G.c())));
   if (G.p() > 1) {
     // Each forward's chunk stash lives until its backward (pipeline_chunks.cpp): the chunk's
     // layers' slots from its input (the previous layer's output slot) on, the embedding's output
