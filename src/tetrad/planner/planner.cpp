@@ -606,8 +606,11 @@ ComputeTimes compute_times(const PlanInput& in, const GridShape& g, const Machin
   const double act_b = bf16 ? 2 : 4;
   const bool full = in.recompute == Recompute::Full, any_rc = in.recompute != Recompute::None;
   ComputeTimes c;
-  // Attention: heads split over Y, replicated over X, by the run's kernel (attention.cpp).
-  c.attn = attention_core_seconds(in, mach, T, g.y());
+  // Attention: heads split over Y, sequences shared over X where Gx divides them (else every X
+  // rank runs all of them: x_shares_sequences), by the run's kernel (attention.cpp) on the T / Gx
+  // tokens of this rank's sequences.
+  const double x_share = x_shares_sequences(in, g, T) ? g.x() : 1;
+  c.attn = attention_core_seconds(in, mach, T / x_share, g.y());
   ModelConfig m1 = m;
   m1.n_layer = 1;
   GridShape g1 = without_context(g, in.shard_over_context);

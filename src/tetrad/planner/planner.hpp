@@ -439,6 +439,11 @@ class Collectives {
   std::map<unsigned, Placement> pl_;  // by AxisSet::bits()
 };
 
+// Whether the X ranks share attention's sequences (the trainer's DenseBlock::sequence_share):
+// each X rank runs its 1/Gx of a micro-batch's T / seq sequences and the rows are all-gathered
+// over X, where Gx > 1 divides them and there is no context axis; else every X rank runs all.
+bool x_shares_sequences(const PlanInput& in, const GridShape& g, double T);
+
 // Tensor parallelism (X and Y): the layers' norms and linear layers, per layer.
 void add_tensor_layer_comm(Collectives& c, const PlanInput& in, const GridShape& g, const Sizes& s, double T);
 
