@@ -2,7 +2,8 @@
 # Checkpoints reshard over the expert fold E (docs/moe.md, "Expert parallelism"): a mixture of
 # experts (mixtral-tiny, dropless, aux and z losses) saved after 3 steps with its experts split
 # over E = 2 resumes at E = 1 (one rank, and two data ranks) and at E = 4 (four ranks), saved at
-# E = 4 resumes at E = 2, saved at E = 1 resumes at E = 2 (set by parallel.expert_parallel):
+# E = 4 resumes at E = 2, saved at E = 1 resumes at E = 2 (set by parallel.expert_parallel),
+# saved with the experts also split over X (x=2,d=2,e=2) resumes on one rank:
 # every run's 6 losses match the one-rank run that never stopped (fp32 tolerance). On the same
 # grid d=2,e=2 the resumed losses are bit-identical to its uninterrupted run.
 source "$(dirname "${BASH_SOURCE[0]}")/../cli_common.sh" "$1"
@@ -18,6 +19,7 @@ resumes d=2,e=2 1,1,1,2
 resumes d=2,e=2 d=4,e=4
 resumes d=4,e=4 d=2,e=2
 resumes 1,1,1,2 d=2 --set parallel.expert_parallel=2
+resumes x=2,d=2,e=2 1,1,1,1
 resumes_bit_identical d=2,e=2
 # Bad folds, refused before training, naming the numbers.
 if "${MPIRUN[@]}" -n 2 "$TETRAD" train "${S[@]}" --grid d=2,e=4 --set run.dir="$W/bad" > "$W/log" 2>&1 ||

@@ -9,11 +9,22 @@
 namespace tetrad::parallel {
 
 ExpertParallel::ExpertParallel(const StepContext& ctx, const ModelConfig& cfg)
-    : ctx_(ctx), C_(cfg.n_embd), F_(cfg.ffn), El_(cfg.n_experts / ctx.shape().e()),
+    : ctx_(ctx), C_(ctx.dims.Cx), F_(ctx.dims.Fy), El_(cfg.n_experts / ctx.shape().e()),
       Ge_(ctx.shape().e()) {
   TETRAD_CHECK(Ge_ > 1 && cfg.n_experts % Ge_ == 0 && ctx.g().experts().size() == Ge_,
                "expert parallelism: E = ", Ge_, " does not fit ", cfg.n_experts,
                " experts or the expert group");
+}
+
+int64_t ExpertParallel::max_rows(const ModelConfig& cfg, const GridShape& shape, int64_t tokens) {
+  const int64_t E = shape.e(), El = cfg.n_experts / E, k = cfg.experts_per_token;
+  const int64_t dropless = E * tokens * std::min(k, El);
+  const int64_t total = tokens * shape.size(token_share_axes());
+  return std::min(dropless, El * expert_capacity(cfg, total));
+}
+
+int64_t ExpertParallel::scratch_bytes(const LocalDims& dims, int64_t rows) {
+  return rows * (3 * int64_t(dims.Cx) + 6 * int64_t(dims.Fy)) * int64_t(sizeof(float));
 }
 
 void ExpertParallel::plan(int layer, const MoeRouting& r) {

@@ -83,6 +83,9 @@ GemmTimes block_gemm_times(const Sizes& s, const GridShape& g, double T, const M
   if (s.experts > 0) weight(s.H, s.experts, T, 1);
   weight(s.H / g.x(), s.FW / g.y(), rows, ne);  // MLP up (+ gate)
   weight(s.F / g.y(), s.H / g.x(), rows, ne);   // MLP down (transposed)
+  // E > 1: the backward recomputes the experts' gate|up on the received rows (the dispatch is
+  // recomputed, not kept: parallel/expert_parallel.hpp).
+  if (s.experts > 0 && s.ep > 1) r.din += ne * t(rows, s.FW / g.y(), s.H / g.x(), GemmOp::NT);
   const double hk = s.H / g.x(), hn = s.V / g.y();
   r.head_fwd = t(T, hn, hk, GemmOp::NT);
   r.head_bwd = t(T, hk, hn, GemmOp::NN) + t(hn, hk, T, GemmOp::TN);
@@ -331,6 +334,7 @@ StageParams stage_params(const ModelConfig& m, const GridShape& g, bool first, b
 }
 
 int64_t micro_batch_of(const PlanInput& in, const GridShape& g) {
+  if (in.micro_batch_per_data_group > 0) return in.micro_batch_per_data_group * (token_slots(g) / g.z());
   return in.micro_batch > 0 ? in.micro_batch : in.micro_batch_per_replica * token_slots(g);
 }
 
@@ -429,7 +433,7 @@ MemoryBreakdown memory_breakdown(const parallel::ModelMemory& m) {
   return b;
 }
 
-MemoryBreakdown memory_per_rank_all_experts(const PlanInput& in, const GridShape& g) {
+MemoryBreakdown memory_of_grid(const PlanInput& in, const GridShape& g) {
   if (in.memory_model == MemoryModel::Reference) {
     const MemoryBreakdown a = reference_memory_of_stage(in, g, true, g.p() == 1);
     if (g.p() == 1) return a;
@@ -547,7 +551,7 @@ bool trainer_supports_pipeline() {
 
 std::string trainer_grid_string(const GridShape& g) {
   std::ostringstream o;
-  if (g.c() > 1) return g.to_arg();  // only the named form gives C
+  if (g.c() > 1 || g.e() > 1) return g.to_arg();  // only the named form gives C and E
   if (trainer_supports_pipeline())
     o << g.x() << "," << g.y() << "," << g.z() << "," << g.p() << "," << g.d();
   else
@@ -592,8 +596,7 @@ std::string fit_problem(const MemoryBreakdown& mem, const Machine& mach) {
 // Compute of one micro-batch on one rank, per layer and for the top (embedding + head).
 struct ComputeTimes {
   GemmTimes gt;
-  double attn_fwd = 0;   // causal attention's forward work (flops)
-  double rate_attn = 0;  // attention's rate (flop/s)
+  AttentionSeconds attn;  // one layer's attention core, forward and backward (attention.cpp)
   double layer_fwd = 0, layer_bwd = 0, layer_dw = 0;  // seconds per layer
   double head_fwd = 0, head_bwd = 0;                  // seconds of the head and the loss
 };
@@ -604,8 +607,11 @@ ComputeTimes compute_times(const PlanInput& in, const GridShape& g, const Machin
   const double act_b = bf16 ? 2 : 4;
   const bool full = in.recompute == Recompute::Full, any_rc = in.recompute != Recompute::None;
   ComputeTimes c;
-  // Attention: heads split over Y, replicated over X; causal kernels execute half the scores.
-  c.attn_fwd = 0.5 * 4 * T * in.seq * s.A / g.y();
+  // Attention: heads split over Y, sequences shared over X where Gx divides them (else every X
+  // rank runs all of them: x_shares_sequences), by the run's kernel (attention.cpp) on the T / Gx
+  // tokens of this rank's sequences.
+  const double x_share = x_shares_sequences(in, g, T) ? g.x() : 1;
+  c.attn = attention_core_seconds(in, mach, T / x_share, g.y());
   ModelConfig m1 = m;
   m1.n_layer = 1;
   GridShape g1 = without_context(g, in.shard_over_context);
@@ -617,16 +623,14 @@ ComputeTimes compute_times(const PlanInput& in, const GridShape& g, const Machin
   // Elementwise work is memory-bound: each stored activation is written and read in forward and
   // backward, and its gradient written and read (4 passes); recomputation adds a forward (2).
   const double elem_passes = 4 + (any_rc ? 2 : 0);
-  c.rate_attn = mach.peak(bf16) * mach.attention_eff();
   // Each GEMM at the efficiency of its own per-rank shape (Machine::gemm_eff): forward
   // C[T, n] = A[T, k] W[k, n], input gradient [T, k] = [T, n] W^T, weight gradient
   // [k, n] = A^T [T, n] (a GEMM with k = T).
   c.gt = block_gemm_times(s, g, T, mach, bf16);
   const double t_gemm_fwd = c.gt.fwd;
   c.layer_dw = c.gt.dw;
-  c.layer_fwd = t_gemm_fwd + c.attn_fwd / c.rate_attn + 2 * layer_elems * act_b / mach.memory_bandwidth;
-  c.layer_bwd = c.gt.din + c.gt.dw + (full ? t_gemm_fwd : 0) +
-                (2 * c.attn_fwd + (any_rc ? c.attn_fwd : 0)) / c.rate_attn +
+  c.layer_fwd = t_gemm_fwd + c.attn.fwd + 2 * layer_elems * act_b / mach.memory_bandwidth;
+  c.layer_bwd = c.gt.din + c.gt.dw + (full ? t_gemm_fwd : 0) + c.attn.bwd + (any_rc ? c.attn.fwd : 0) +
                 (elem_passes - 2) * layer_elems * act_b / mach.memory_bandwidth;
   const double logits_b = T * s.V / g.y() * act_b;
   // The head's GEMMs and the cross-entropy's passes over the logits (2 forward, 2 backward).
@@ -652,7 +656,7 @@ LayerComm layer_comm(const CommSums& c, const ComputeTimes& t, bool ov_tensor, d
   LayerComm l;
   // The context ring hides behind the attention whatever the overlap switches say (it is the
   // ring's algorithm): each step behind one block's attention (context.cpp).
-  const double attn_f = fwd_mult * t.attn_fwd / t.rate_attn, attn_b = 2 * t.attn_fwd / t.rate_attn;
+  const double attn_f = fwd_mult * t.attn.fwd, attn_b = t.attn.bwd;
   const double ring_exp = ring_exposed(c.ring_fwd, c.ring_bwd, attn_f, attn_b, gc);
   const double ring_contention = overlap_contention(c.ring_fwd, attn_f, f) + overlap_contention(c.ring_bwd, attn_b, f);
   l.exposed = c.layer_total() - c.ring_fwd - c.ring_bwd + ring_exp;
@@ -774,6 +778,11 @@ std::string dominant_cost(const Estimate& e, const std::map<std::string, double>
 }  // namespace
 
 Estimate estimate(const PlanInput& in, const GridShape& g, const Machine& mach) {
+  if (g.e() > 1 && in.expert_parallel == 1) {  // the fold named in the grid (--why d=2,e=2)
+    PlanInput a = in;
+    a.expert_parallel = g.e();
+    return estimate(a, GridShape(g).set_e(1), mach);
+  }
   if (in.search_micro_batch) return estimate_searching_micro_batch(in, g, mach);
   if (g.c() > 1 && in.cp_comm == CpComm::Auto) {
     // parallel.cp_comm unset: the faster of the ring and the all-gather for this grid.
@@ -787,9 +796,9 @@ Estimate estimate(const PlanInput& in, const GridShape& g, const Machine& mach) 
     return gather.step < ring.step ? gather : ring;
   }
   Estimate e;
-  e.grid = g, e.expert_parallel = in.expert_parallel;
+  e.grid = GridShape(g).set_e(std::max(1, in.expert_parallel)), e.expert_parallel = in.expert_parallel;
   e.cp_comm = g.c() > 1 ? in.cp_comm : CpComm::Auto;
-  e.trainable = (g.p() == 1 || trainer_supports_pipeline()) && in.expert_parallel == 1;  // E: not yet
+  e.trainable = g.p() == 1 || trainer_supports_pipeline();
   const ModelConfig& m = in.model;
   const Sizes s = sizes(m, in.expert_parallel);
   set_flop_counts(e, in);
@@ -837,13 +846,12 @@ Estimate estimate(const PlanInput& in, const GridShape& g, const Machine& mach) 
   const double fwd_mult = full ? 2 : 1;
   const LayerComm lc = layer_comm(sums, t, ov_tensor, f, g.c(), fwd_mult);
   // Each ring pass's exposed share (context.cpp), for the per-collective table.
-  const double attn_s = t.attn_fwd / t.rate_attn;
-  const double ring_f = ring_exposed(sums.ring_fwd, 0, fwd_mult * attn_s, 0, g.c());
-  const double ring_b = ring_exposed(0, sums.ring_bwd, 0, 2 * attn_s, g.c());
+  const double ring_f = ring_exposed(sums.ring_fwd, 0, fwd_mult * t.attn.fwd, 0, g.c());
+  const double ring_b = ring_exposed(0, sums.ring_bwd, 0, t.attn.bwd, g.c());
   const int64_t mcount = e.micro_batches;
   const GemmTimes& gt = t.gt;
   e.compute_gemm = double(mcount) * (Ls * (gt.fwd + gt.din + gt.dw + (full ? gt.fwd : 0)) + gt.head_fwd + gt.head_bwd);
-  e.compute_attention = double(mcount) * Ls * (3 * t.attn_fwd + (any_rc ? t.attn_fwd : 0)) / t.rate_attn;
+  e.compute_attention = double(mcount) * Ls * (t.attn.fwd + t.attn.bwd + (any_rc ? t.attn.fwd : 0));
   const PipelineParts pp = pipeline_parts(in, g, layer_split, t, sums, lc, mcount);
   e.bubble = pp.pt.makespan - pp.pt.busiest;
   const double bwd_last = Ls * t.layer_bwd;
