@@ -14,6 +14,7 @@ namespace tetrad::planner {
 nlohmann::json Estimate::to_json() const {
   nlohmann::json j = {{"grid", {{"x", grid.x()}, {"y", grid.y()}, {"c", grid.c()}, {"z", grid.z()}, {"p", grid.p()}, {"d", grid.d()}}},
                       {"grid_string", plan_label(*this)},
+                      {"trainer_grid", trainer_grid_string(grid)},  // tetrad train --grid's argument
                       {"expert_parallel", expert_parallel},
                       {"valid", valid},
                       {"trainable", trainable}};
@@ -127,6 +128,7 @@ std::string plan_text(const PlanInput& in, const Machine& m, const std::vector<E
     << "run: global batch " << in.global_batch << " x " << in.seq << " tokens, micro-batch ";
   if (in.search_micro_batch) o << "chosen per grid (the fastest that fits; --micro-batch fixes it)";
   else if (in.micro_batch > 0) o << in.micro_batch << " (whole job)";
+  else if (in.micro_batch_per_data_group > 0) o << in.micro_batch_per_data_group << " per data group, over Z";
   else o << in.micro_batch_per_replica << " per data replica";
   o << ", " << name(in.precision) << ", recompute " << name(in.recompute) << ", ZeRO " << in.zero
     << ", overlap " << name(in.overlap) << ", attention " << name(in.attention_kernel) << ", pipeline "
@@ -167,7 +169,6 @@ std::string plan_text(const PlanInput& in, const Machine& m, const std::vector<E
          << 100 * e.compute / e.step << "%" << std::setw(9) << 100 * e.comm_exposed / e.step << "%"
          << std::setw(8) << 100 * e.bubble / e.step << "%   " << e.dominant
          << (e.trainable                ? ""
-             : e.expert_parallel > 1  ? "  [expert axis: not trainable yet]"
              : e.grid.c() > 1         ? "  [context: not trainable yet]"
                                       : "  [pipeline: not trainable yet]");
     o << line.str() << "\n";
@@ -195,6 +196,7 @@ std::string why_text(const PlanInput& in, const Machine& m, const Estimate& e) {
   o << std::fixed << std::setprecision(1);
   o << "grid " << plan_label(e) << (e.grid.c() > 1 ? " (x,y,z,p,d, c)" : " (x,y,z,p,d)") << " for " << in.model_name << " on " << in.ranks
     << " ranks of machine " << m.name << ": " << (e.valid ? "valid" : "rejected: " + e.reject) << "\n";
+  if (e.valid && e.trainable) o << "train it with: tetrad train --grid " << trainer_grid_string(e.grid) << "\n";
   const MemoryBreakdown& mb = e.memory;
   if (mb.total() > 0) {
     o << "memory per rank " << mb.total() / 1e9 << " GB of " << m.memory_bytes / 1e9 << " GB:";
@@ -242,6 +244,7 @@ nlohmann::json plan_json(const PlanInput& in, const Machine& m, const std::vecto
                      {"vocab_size", in.model.vocab_size}, {"parameters", count_parameters(in.model)}}},
           {"run", {{"global_batch", in.global_batch}, {"micro_batch", in.micro_batch},
                    {"micro_batch_per_replica", in.micro_batch_per_replica},
+                   {"micro_batch_per_data_group", in.micro_batch_per_data_group},
                    {"micro_batch_searched", in.search_micro_batch}, {"seq", in.seq},
                    {"precision", name(in.precision)}, {"recompute", name(in.recompute)},
                    {"zero", in.zero}, {"overlap", name(in.overlap)}, {"attention_kernel", name(in.attention_kernel)},
