@@ -88,6 +88,7 @@ planner::PlanInput plan_input(const Options& o, const std::string& model0, const
   in.allow_context = !o.no_context;
   in.cp_comm = parse_cp_comm(o.cp_comm);
   in.attention_kernel = parse_attention_kernel(o.attention_kernel);
+  in.expert_parallel = cfg.expert_parallel;  // > 1: the plan's E fixed (1: searched)
   return in;
 }
 

@@ -168,7 +168,6 @@ std::string plan_text(const PlanInput& in, const Machine& m, const std::vector<E
          << 100 * e.compute / e.step << "%" << std::setw(9) << 100 * e.comm_exposed / e.step << "%"
          << std::setw(8) << 100 * e.bubble / e.step << "%   " << e.dominant
          << (e.trainable                ? ""
-             : e.expert_parallel > 1  ? "  [expert axis: not trainable yet]"
              : e.grid.c() > 1         ? "  [context: not trainable yet]"
                                       : "  [pipeline: not trainable yet]");
     o << line.str() << "\n";
