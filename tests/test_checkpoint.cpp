@@ -17,6 +17,7 @@
 #include <sstream>
 
 #include "expect_error.hpp"
+#include "support/random_model.hpp"
 #include "support/test_files.hpp"
 #include "tetrad/checkpoint/hf.hpp"
 #include "tetrad/checkpoint/run_checkpoint.hpp"
@@ -82,9 +83,7 @@ void write_raw_safetensors(const std::string& path, const std::string& header, s
 
 using tetrad_test::expect_error;
 
-bool same_bits(const std::vector<float>& a, const std::vector<float>& b) {
-  return a.size() == b.size() && std::memcmp(a.data(), b.data(), a.size() * 4) == 0;
-}
+using tetrad_test::same_bits;
 
 }  // namespace
 
@@ -268,17 +267,8 @@ TEST(Safetensors, OtherDtypesListedButNotReadAsFloat) {
 
 namespace {
 
-struct Model {
-  ModelConfig cfg;
-  ParamTable table;
-  std::vector<float> params;
-};
-
-Model random_model(const ModelConfig& cfg, uint32_t seed) {
-  Model m{cfg, build_param_table(cfg), {}};
-  m.params = random_floats(size_t(m.table.total), seed);
-  return m;
-}
+using Model = tetrad_test::RandomModel;
+using tetrad_test::random_model;
 
 void expect_same_config(const ModelConfig& a, const ModelConfig& b) {
   EXPECT_EQ(a.family, b.family);

@@ -632,7 +632,8 @@ ComputeTimes compute_times(const PlanInput& in, const GridShape& g, const Machin
   c.layer_fwd = t_gemm_fwd + c.attn.fwd + 2 * layer_elems * act_b / mach.memory_bandwidth;
   c.layer_bwd = c.gt.din + c.gt.dw + (full ? t_gemm_fwd : 0) + c.attn.bwd + (any_rc ? c.attn.fwd : 0) +
                 (elem_passes - 2) * layer_elems * act_b / mach.memory_bandwidth;
-  const double logits_b = T * s.V / g.y() * act_b;
+  // The cross-entropy's passes run on this rank's 1/Gx of the rows (vocab_parallel.cpp).
+  const double logits_b = T * s.V / g.y() * act_b / (int64_t(T) % g.x() == 0 ? g.x() : 1);
   // The head's GEMMs and the cross-entropy's passes over the logits (2 forward, 2 backward).
   c.head_fwd = c.gt.head_fwd + 2 * logits_b / mach.memory_bandwidth;
   c.head_bwd = c.gt.head_bwd + 2 * logits_b / mach.memory_bandwidth;
