@@ -176,7 +176,7 @@ std::vector<Field> model_data_run_fields() {
       // model.name is handled first (it selects the base that the other model keys override).
       STRING_FIELD("model.name", c.model_name,
                    "named base configuration: tiny, small, gpt2-124m, llama-tiny, llama-small, llama-1b, "
-                   "qwen2-tiny, qwen3-tiny, mixtral-tiny"),
+                   "qwen2-tiny, qwen3-tiny, mixtral-tiny, mixtral-small, mixtral-small-dense"),
       Field{"model.family", "string", "\"gpt2\", \"llama\", \"qwen2\", \"qwen3\" or \"mixtral\"",
             [](RunConfig& c, const toml::node& n, const std::string& w) {
               c.model.family = parse_family(read_string(n, "model.family", w));
