@@ -26,9 +26,21 @@ else
   bad "--grid auto: expected d=2,e=2 chosen and trained" "$W/log_auto"
 fi
 
+# The formula is the model's own count: state + activations + the expert exchange's bound on the
+# per-rank line.
+st=$(sed -n 's/^rank 0 = .*; memory: state \([0-9.]*\) MiB .*/\1/p' "$W/log_auto" | head -1)
+ac=$(sed -n 's/^rank 0 = .*; memory: state .*), activations \([0-9.]*\) MiB (train.recompute.*/\1/p' "$W/log_auto" | head -1)
+ex=$(sed -n 's/^rank 0 = .*, expert exchange up to \([0-9.]*\) MiB (dropless worst case)$/\1/p' "$W/log_auto" | head -1)
+formula=$(sed -n 's/^memory: formula \([0-9.]*\) MiB of .*/\1/p' "$W/log_auto" | head -1)
+if [ -n "$st" ] && [ -n "$ac" ] && [ -n "$ex" ] && [ -n "$formula" ] &&
+   awk -v f="$formula" -v s="$st" -v a="$ac" -v e="$ex" 'BEGIN { d = f - s - a - e; exit !(e > 0 && d < 0.06 && d > -0.06) }'; then
+  ok "the trainer's formula $formula MiB = the model's state $st + activations $ac + expert exchange $ex MiB"
+else
+  bad "formula '$formula' MiB against state '$st' + activations '$ac' + expert exchange '$ex' MiB" "$W/log_auto"
+fi
+
 # The plan's memory/rank (MB, one decimal) is the trainer's formula (MiB) for that grid.
 plan_mb=$(sed -n 's/.*memory\/rank \([0-9.]*\) MB$/\1/p' "$W/log_auto" | head -1)
-formula=$(sed -n 's/^memory: formula \([0-9.]*\) MiB of .*/\1/p' "$W/log_auto" | head -1)
 if [ -n "$plan_mb" ] && [ -n "$formula" ] &&
    awk -v p="$plan_mb" -v f="$formula" 'BEGIN { d = p * 1e6 - f * 1048576; exit !(d < 60000 && d > -60000) }'; then
   ok "the trainer's formula $formula MiB is the plan's memory/rank $plan_mb MB"

@@ -305,6 +305,7 @@ TEST(MemoryFormula, CountsTheExpertFold) {
     EXPECT_EQ(mm.expert_exchange, int64_t(shape.e()) * kLocalB * kLen * std::min(2, El) *
                                       (3 * 64 / shape.x() + 6 * mc.ffn / shape.y()) * 4) << where;
     EXPECT_EQ(model.expert_exchange_bytes(), holds_0_or_1 ? mm.expert_exchange : 0) << where;
+    EXPECT_EQ(model.expert_exchange_bound(), mm.expert_exchange) << where;  // the per-rank line's
     ++stepped;
   }
   EXPECT_GT(checked, 0);

@@ -13,6 +13,7 @@
 #include "tetrad/parallel/activation_layout.hpp"
 #include "tetrad/parallel/block.hpp"
 #include "tetrad/parallel/context_split.hpp"
+#include "tetrad/parallel/expert_parallel.hpp"
 #include "tetrad/parallel/parallel_ops.hpp"
 #include "tetrad/parallel/vocab_parallel.hpp"
 
@@ -170,6 +171,12 @@ int64_t ParallelTransformer::activation_bytes(Recompute mode) const {
 
 int64_t ParallelTransformer::context_bytes() const { return block_->scratch_bytes(); }
 int64_t ParallelTransformer::expert_exchange_bytes() const { return block_->expert_exchange_bytes(); }
+int64_t ParallelTransformer::expert_exchange_bound() const {
+  const GridShape& G = ctx_.shape();
+  if (G.e() == 1 || !cfg_.moe()) return 0;
+  return ExpertParallel::scratch_bytes(
+      ctx_.dims, ExpertParallel::max_rows(cfg_, G, int64_t(local_batch_) * local_len_));
+}
 
 int64_t ParallelTransformer::state_bytes() const {
   const size_t n = params_.size() + 2 * size_t(optimizer_layout().state_size);

@@ -111,6 +111,9 @@ void ProgressReporter::print_rank_shares(const parallel::ParallelTransformer& mo
         log << ", context exchange " << double(model.context_bytes()) / MiB << " MiB ("
             << (model.options().cp_comm == parallel::ContextComm::Ring ? "ring" : "all-gather")
             << ")";
+      if (model.expert_exchange_bound() > 0)  // the expert fold's scratch, grown as it is used
+        log << ", expert exchange up to " << double(model.expert_exchange_bound()) / MiB
+            << " MiB (dropless worst case)";
       log << std::defaultfloat << std::endl;
     }
     if (world_ > 1) groups.world.barrier();
