@@ -95,10 +95,17 @@ ActivationSizes activation_sizes(const ModelConfig& cfg, const GridShape& G, int
   const LocalDims dims = LocalDims::of(cfg, G);
   ActivationSizes s;
   for (const LayerActSpec& t : kLayerActs) {
-    const int64_t floats = act_floats(act_rows_of(N, act_rows(t), seq_shard), t.width, t.store, dims, bf16_acts);
+    const int64_t rows = act_rows_of(N, act_rows(t), seq_shard);
     const bool kept = t.keep == ActKeep::Output || act_kept(t.keep, mode);
-    s.layer.push_back({kept, floats});
+    // A stashed tensor is bf16 only where a layer keeps it; recomputed, it lives in the scratch
+    // in fp32 like any other.
+    const bool stash = t.store == ActStore::Bf16Stash && bf16_acts && kept;
+    const ActStore store = t.store == ActStore::Bf16Stash && !stash ? ActStore::F32 : t.store;
+    const int64_t floats = act_floats(rows, t.width, store, dims, bf16_acts);
+    const int64_t work = stash ? rows * act_width(t.width, dims) : 0;
+    s.layer.push_back({kept, floats, work});
     (kept ? s.layer_kept : s.scratch) += floats;
+    s.scratch += work;
     if (t.keep == ActKeep::Output) s.input_slot += floats;
   }
   for (const GlobalActSpec& t : kGlobalActs) {
@@ -120,12 +127,24 @@ namespace {
 uint16_t* as16(float* p) { return reinterpret_cast<uint16_t*>(p); }
 
 // Points the views of one tensor at p: the bf16 one where it is stored in bf16, else the fp32 one.
+// stash: a Bf16Stash tensor in the scratch in fp32 (recomputed, or without bf16 activations).
 template <typename Views, typename Spec>
-void point(Views& v, const Spec& t, float* p, int64_t n, bool bf16_activations) {
-  if (t.store != ActStore::F32 && bf16_activations) v.*(t.bf16) = as16(p);
+void point(Views& v, const Spec& t, float* p, int64_t n, bool bf16_activations, bool f32 = false) {
+  if (t.store != ActStore::F32 && bf16_activations && !f32) v.*(t.bf16) = as16(p);
   else if (t.f32 && (act_rows(t) != ActRows::OnlySeqShard || n > 0)) v.*(t.f32) = p;
 }
 }  // namespace
+
+std::vector<StashedTensor> stashed_tensors(const LayerActs& A, int64_t N, const LocalDims& d,
+                                           int seq_shard) {
+  std::vector<StashedTensor> r;
+  for (const LayerActSpec& t : kLayerActs)
+    if (t.store == ActStore::Bf16Stash && A.*(t.bf16)) {
+      const int64_t n = act_rows_of(N, act_rows(t), seq_shard) * act_width(t.width, d);
+      if (n > 0) r.push_back({A.*(t.f32), A.*(t.bf16), n});
+    }
+  return r;
+}
 
 ParallelActivations lay_out_activations(float* base, const ActivationSizes& sz,
                                         const std::vector<LayerSlots>& slots, bool b16) {
@@ -152,7 +171,13 @@ ParallelActivations lay_out_activations(float* base, const ActivationSizes& sz,
         p = sc;
         sc += sz.layer[i].floats;
       }
-      point(A, t, p, sz.layer[i].floats, b16);
+      const bool recomputed_stash = t.store == ActStore::Bf16Stash && !sz.layer[i].kept;
+      point(A, t, p, sz.layer[i].floats, b16, recomputed_stash);
+      if (t.store == ActStore::Bf16Stash && b16 && sz.layer[i].kept) {
+        // Kept in bf16 above; the fp32 working copy in the scratch.
+        A.*(t.f32) = sc;
+        sc += sz.layer[i].work;
+      }
     }
     TETRAD_CHECK(slots[l] == LayerSlots::Input || sc == scratch + sz.scratch);
   }
