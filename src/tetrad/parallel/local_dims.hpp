@@ -23,7 +23,8 @@ struct LocalDims {
   int64_t FWy = 0;   // the MLP's first GEMM's output: Fy (GELU) or gate|up, 2 Fy (SwiGLU)
   int64_t Vy = 0;    // vocabulary slice V / Gy
   // A mixture of experts (0 for a dense model): the experts E, and per token its k expert rows'
-  // widths: k C (inputs and outputs), k 2F (gate|up), k F (the SwiGLU activation).
+  // widths on this rank: k Cx (inputs and outputs), k 2Fy (gate|up), k Fy (the SwiGLU
+  // activation).
   int64_t E = 0, kC = 0, kFW = 0, kF = 0;
 
   // The widest output of a linear layer (the bf16 gradient copies hold any of them).
@@ -43,12 +44,12 @@ struct LocalDims {
     d.Fy = cfg.ffn / g.y();
     d.FWy = cfg.desc().mlp_in_factor() * d.Fy;
     d.Vy = cfg.vocab_size / g.y();
-    if (cfg.moe()) {  // the experts are whole on every rank (Gx = Gy = 1, validate_grid_for_model)
+    if (cfg.moe()) {  // each expert split over X and Y like the dense MLP (Cx and Fy columns)
       const int64_t k = cfg.experts_per_token;
       d.E = cfg.n_experts;
-      d.kC = k * cfg.n_embd;
-      d.kFW = k * 2 * cfg.ffn;
-      d.kF = k * cfg.ffn;
+      d.kC = k * d.Cx;
+      d.kFW = k * 2 * d.Fy;
+      d.kF = k * d.Fy;
     }
     return d;
   }
