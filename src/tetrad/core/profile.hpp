@@ -89,9 +89,9 @@ class TraceLog {
 struct StepProfile {
   std::array<double, size_t(Phase::Count)> seconds{};
   double comm_issued_s = 0;  // wall time with a collective in flight (hidden or exposed)
-  // The context ring's (query chunk, key chunk) pairs (parallel/context_ring.cpp): attended, and
-  // skipped because the document mask hides every key of the pair from every query (forward and
-  // backward passes counted alike).
+  // The context ring's causally visible (query chunk, key chunk) pairs (parallel/context_ring.cpp)
+  // and, of those, the ones skipped because the document mask hides every key of the pair from
+  // every query (forward and backward passes counted alike).
   int64_t ring_pairs = 0, ring_pairs_doc_skipped = 0;
   int current = -1;          // innermost open phase
   SteadyTime mark;

@@ -5,8 +5,9 @@
 namespace tetrad::parallel {
 
 ContextAttention::ContextAttention(const StepContext& ctx, int local_batch, int local_len,
-                                   ContextComm comm)
-    : ctx_(ctx), split_(ContextSplit::of(ctx.shape(), ctx.g().coord)), comm_(comm) {
+                                   ContextComm comm, bool skip_masked_pairs)
+    : ctx_(ctx), split_(ContextSplit::of(ctx.shape(), ctx.g().coord)), comm_(comm),
+      skip_masked_pairs_(skip_masked_pairs) {
   if (!split_.active()) return;
   const size_t tokens = size_t(local_batch) * size_t(local_len);
   if (comm == ContextComm::Ring) {

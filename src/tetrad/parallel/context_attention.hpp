@@ -36,8 +36,9 @@ class ContextAttention {
   // comm: all-gathered keys and values or the ring (context_ring.cpp), which works in the same
   // four buffers, sized for it (two K|V blocks, two block gradients, one pair's dQ and one pair's
   // dK|dV, whatever Gc is).
+  // skip_masked_pairs: the ring skips the pairs the document mask hides wholly (pair_needed).
   ContextAttention(const StepContext& ctx, int local_batch, int local_len,
-                   ContextComm comm = ContextComm::AllGather);
+                   ContextComm comm = ContextComm::AllGather, bool skip_masked_pairs = true);
   bool active() const { return split_.active(); }
   const ContextSplit& split() const { return split_; }
   // Bytes of the scratch (0 with Gc = 1): the memory formula's context term, the one formula
@@ -92,6 +93,7 @@ class ContextAttention {
   const StepContext& ctx_;
   ContextSplit split_;
   ContextComm comm_;
+  bool skip_masked_pairs_ = true;
   backend::DeviceArray<float> recv_, full_, dtmp_, dacc_;
 };
 

@@ -44,7 +44,7 @@ bool ContextAttention::pair_visible(int j, int src, int jj) const {
 
 bool ContextAttention::pair_needed(int j, int src, int jj, int B, int T, int layer) const {
   bool needed = true;
-  const int32_t* starts = ctx_.docs.mask ? ctx_.docs.host : nullptr;
+  const int32_t* starts = ctx_.docs.mask && skip_masked_pairs_ ? ctx_.docs.host : nullptr;
   if (starts) {
     // Within a chunk the starts do not decrease (documents.cpp checks it), so the chunk's first
     // query has the earliest document start: past the key chunk's end there, past it for all.

@@ -92,7 +92,7 @@ DenseBlock::DenseBlock(const BlockParts& p)
   if (p.config.desc().qk_norm) qk_norm_ = std::make_unique<QkNorm>(p);
   if (ctx_.shape().c() > 1)
     context_ = std::make_unique<ContextAttention>(ctx_, p.local_batch, p.max_len / ctx_.shape().c(),
-                                                  p.cp_comm);
+                                                  p.cp_comm, p.cp_skip_masked_pairs);
 }
 
 const int32_t* DenseBlock::document_positions() const {
