@@ -13,46 +13,14 @@ S=(--set model.name=mixtral-tiny --set data.dir="$W/data" --set train.seq_len=32
    --set train.max_steps=6 --set train.eval_interval=0 --set train.micro_batch=4
    --set train.precision=fp32 --set train.attention_precision=fp32 --set train.gemm_layouts=rule
    --set model.router_z_loss_coef=0.01)
-losses() { grep -o '"loss":[^,}]*' "$1/metrics.jsonl" | cut -d: -f2; }
-run() {  # run GRID ARGS...: the ranks are the product of the grid's extents, e=E not counted
-  local g=$1; shift
-  local n=$(( $(echo "$g" | sed -E 's/(^|,)e=[0-9]+//; s/^,//; s/[a-z]=//g' | tr ',' '*') ))
-  if [ "$n" -eq 1 ]; then "$TETRAD" train "${S[@]}" --grid "$g" "$@"
-  else "${MPIRUN[@]}" -n "$n" "$TETRAD" train "${S[@]}" --grid "$g" "$@"; fi
-}
-close() {  # close A B: every line within 1e-5 relative, same count
-  paste "$1" "$2" | awk -v n="$(wc -l < "$1")" '{ c++; d = ($1 - $2) / $1; if (d < 0) d = -d; if (d > 1e-5) bad = 1 } END { exit (bad || c != n) }'
-}
-run 1,1,1,1 --set run.dir="$W/ref" > "$W/log" 2>&1 || { cat "$W/log"; exit 1; }
-losses "$W/ref" > "$W/ref.txt"
-[ "$(wc -l < "$W/ref.txt")" -eq 6 ] || { echo "the reference run logged no 6 losses"; exit 1; }
-fails=0
-for pair in "d=2,e=2 1,1,1,1" "d=2,e=2 1,1,1,2" "d=2,e=2 d=4,e=4" "d=4,e=4 d=2,e=2" \
-            "1,1,1,2 d=2|--set|parallel.expert_parallel=2" "x=2,d=2,e=2 1,1,1,1"; do
-  read -r a b <<< "$pair"
-  IFS='|' read -r -a B <<< "$b"
-  R="$W/run_${a//[=,]/_}_${B[0]//[=,]/_}"
-  if ! run "$a" --set run.dir="$R" --set train.max_steps=3 > "$W/log" 2>&1 ||
-     ! run "${B[@]}" --set run.dir="$R" --resume > "$W/log2" 2>&1; then
-    echo "FAIL $a -> $b: a run failed"; cat "$W/log" "$W/log2"; fails=$((fails + 1)); continue
-  fi
-  losses "$R" > "$W/got.txt"
-  if grep -q "resumed from .*step_000003 at step 3" "$W/log2" && close "$W/ref.txt" "$W/got.txt"; then
-    echo "ok   saved on $a, resumed on ${B[*]}: 6 losses match the one-rank run"
-  else
-    echo "FAIL saved on $a, resumed on ${B[*]}"; cat "$W/log2"; paste "$W/ref.txt" "$W/got.txt"
-    fails=$((fails + 1))
-  fi
-done
-g=d=2,e=2
-run "$g" --set run.dir="$W/u" > "$W/log" 2>&1 &&
-run "$g" --set run.dir="$W/s" --set train.max_steps=3 > "$W/log" 2>&1 &&
-run "$g" --set run.dir="$W/s" --resume > "$W/log2" 2>&1 || { cat "$W/log" "$W/log2"; fails=$((fails + 1)); }
-if cmp -s <(losses "$W/u") <(losses "$W/s") && [ "$(losses "$W/s" | wc -l)" -eq 6 ]; then
-  echo "ok   grid $g: resumed losses bit-identical to the uninterrupted run"
-else
-  echo "FAIL grid $g: not bit-identical"; paste <(losses "$W/u") <(losses "$W/s"); fails=$((fails + 1))
-fi
+source "$(dirname "${BASH_SOURCE[0]}")/ckpt_resume_common.sh"
+resumes d=2,e=2 1,1,1,1
+resumes d=2,e=2 1,1,1,2
+resumes d=2,e=2 d=4,e=4
+resumes d=4,e=4 d=2,e=2
+resumes 1,1,1,2 d=2 --set parallel.expert_parallel=2
+resumes x=2,d=2,e=2 1,1,1,1
+resumes_bit_identical d=2,e=2
 # Bad folds, refused before training, naming the numbers.
 if "${MPIRUN[@]}" -n 2 "$TETRAD" train "${S[@]}" --grid d=2,e=4 --set run.dir="$W/bad" > "$W/log" 2>&1 ||
    ! grep -q "E = 4 must divide" "$W/log"; then
