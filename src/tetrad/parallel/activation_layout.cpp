@@ -32,7 +32,7 @@ bool act_in_bf16(ActStore s, const LocalDims& d, bool bf16_activations) {
   switch (s) {
     case ActStore::F32: return false;
     case ActStore::Bf16WithActs: case ActStore::OnlyBf16: return true;
-    case ActStore::Bf16WithActsDense: return d.E == 0;
+    case ActStore::Bf16WithActsDense: case ActStore::Bf16Stash: return d.E == 0;
   }
   return false;
 }
@@ -104,10 +104,17 @@ ActivationSizes activation_sizes(const ModelConfig& cfg, const GridShape& G, int
   const LocalDims dims = LocalDims::of(cfg, G);
   ActivationSizes s;
   for (const LayerActSpec& t : kLayerActs) {
-    const int64_t floats = act_floats(act_rows_of(N, act_rows(t), seq_shard), t.width, t.store, dims, bf16_acts);
+    const int64_t rows = act_rows_of(N, act_rows(t), seq_shard);
     const bool kept = t.keep == ActKeep::Output || act_kept(t.keep, mode);
-    s.layer.push_back({kept, floats, act_in_bf16(t.store, dims, bf16_acts)});
+    // A stashed tensor is bf16 only where a layer keeps it; recomputed, it lives in the scratch
+    // in fp32 like any other.
+    const bool stash = t.store == ActStore::Bf16Stash && kept && act_in_bf16(t.store, dims, bf16_acts);
+    const ActStore store = t.store == ActStore::Bf16Stash && !stash ? ActStore::F32 : t.store;
+    const int64_t floats = act_floats(rows, t.width, store, dims, bf16_acts);
+    const int64_t work = stash ? rows * act_width(t.width, dims) : 0;
+    s.layer.push_back({kept, floats, act_in_bf16(store, dims, bf16_acts), work});
     (kept ? s.layer_kept : s.scratch) += floats;
+    s.scratch += work;
     if (t.keep == ActKeep::Output) s.input_slot += floats;
   }
   for (const GlobalActSpec& t : kGlobalActs) {
@@ -136,6 +143,17 @@ void point(Views& v, const Spec& t, float* p, int64_t n, bool in_bf16) {
 }
 }  // namespace
 
+std::vector<StashedTensor> stashed_tensors(const LayerActs& A, int64_t N, const LocalDims& d,
+                                           int seq_shard) {
+  std::vector<StashedTensor> r;
+  for (const LayerActSpec& t : kLayerActs)
+    if (t.store == ActStore::Bf16Stash && A.*(t.bf16)) {
+      const int64_t n = act_rows_of(N, act_rows(t), seq_shard) * act_width(t.width, d);
+      if (n > 0) r.push_back({A.*(t.f32), A.*(t.bf16), n});
+    }
+  return r;
+}
+
 ParallelActivations lay_out_activations(float* base, const ActivationSizes& sz,
                                         const std::vector<LayerSlots>& slots, bool b16) {
   ParallelActivations a;
@@ -162,6 +180,11 @@ ParallelActivations lay_out_activations(float* base, const ActivationSizes& sz,
         sc += sz.layer[i].floats;
       }
       point(A, t, p, sz.layer[i].floats, sz.layer[i].bf16);
+      if (t.store == ActStore::Bf16Stash && sz.layer[i].bf16) {
+        // Kept in bf16 above; the fp32 working copy in the scratch.
+        A.*(t.f32) = sc;
+        sc += sz.layer[i].work;
+      }
     }
     TETRAD_CHECK(slots[l] == LayerSlots::Input || sc == scratch + sz.scratch);
   }

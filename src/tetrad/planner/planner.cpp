@@ -393,7 +393,7 @@ MemoryBreakdown reference_memory_of_stage(const PlanInput& in, const GridShape& 
       // A combination the trainer refuses is rejected by divisibility_problem; keep the 1F1B count.
     }
   }
-  mb.activations = act_b * (kept * in_flight_layers + work + global) + context_gather_bytes(in, gc, double(N));
+  mb.activations = act_b * (kept * in_flight_layers + work + global) + context_gather_bytes(in, gc, mbatch / std::max(1, token_slots(gc)), in.seq / gc.c());
   return mb;
 }
 
@@ -453,7 +453,7 @@ MemoryBreakdown memory_of_grid(const PlanInput& in, const GridShape& g) {
   const GridShape gf = in.shard_over_context ? without_context(g, true) : g;
   const int seq_local = in.shard_over_context ? in.seq / g.c() : in.seq;
   const double gather =
-      in.shard_over_context ? context_gather_bytes(in, g, double(local) * (in.seq / g.c())) : 0.0;
+      in.shard_over_context ? context_gather_bytes(in, g, local, in.seq / g.c()) : 0.0;
   // Every stage keeps the top-level tensors and the whole activation buffer, so the fullest is
   // the one with the most layers (state) or the most in flight (stage 0) or the last chunk's
   // stash (stage p - 1): those three, not all p (plans over thousands of ranks stay cheap).

@@ -48,6 +48,8 @@ StepBreakdown breakdown_of(const StepProfile& prof, double step_s) {
   bd.optimizer = prof.seconds[size_t(Phase::Optimizer)];
   bd.data = prof.seconds[size_t(Phase::Data)];
   bd.comm_issued = prof.comm_issued_s;
+  bd.ring_pairs = prof.ring_pairs;
+  bd.ring_pairs_doc_skipped = prof.ring_pairs_doc_skipped;
   return bd;
 }
 
