@@ -25,6 +25,7 @@ struct LocalDims {
   // A mixture of experts (0 for a dense model): the experts E, and per token its k expert rows'
   // widths: k C (inputs and outputs), k 2F (gate|up), k F (the SwiGLU activation).
   int64_t E = 0, kC = 0, kFW = 0, kF = 0;
+  int64_t sF = 0;  // the shared expert's width (model.shared_expert_ffn; 0: none)
 
   // The widest output of a linear layer (the bf16 gradient copies hold any of them).
   int64_t max_linear_out() const { return std::max({QKVy, FWy, Cx, Vy}); }
@@ -49,6 +50,7 @@ struct LocalDims {
       d.kC = k * cfg.n_embd;
       d.kFW = k * 2 * cfg.ffn;
       d.kF = k * cfg.ffn;
+      d.sF = cfg.shared_expert_ffn;
     }
     return d;
   }

@@ -29,8 +29,16 @@ struct MoeRouting {
 };
 
 // The routing of N tokens by their router logits [N, E] (fp32, row-major) under c's settings
-// (experts_per_token, moe_renormalize(), moe_capacity_factor).
-void route_tokens(const float* logits, int64_t N, const ModelConfig& c, MoeRouting& r);
+// (experts_per_token, moe_renormalize(), moe_capacity_factor). expert_bias [E] (DeepSeek-V3's
+// aux-loss-free balancing; null: none) is added to the probabilities for the top-k selection
+// only: the combine weights are the unbiased probabilities of the chosen experts.
+void route_tokens(const float* logits, int64_t N, const ModelConfig& c, MoeRouting& r,
+                  const float* expert_bias = nullptr);
+
+// DeepSeek-V3's update of one layer's expert bias after an optimizer step, from the choices
+// routed to each expert over the step (every micro-batch and token-sharing rank): bias_e +=
+// rate * sign(mean load - load_e), so an overloaded expert is chosen less and an idle one more.
+void update_expert_bias_values(float* bias, const int64_t* load, int64_t E, float rate);
 
 // Most rows an expert takes from N tokens: ceil(capacity_factor * N * k / E), or N (dropless).
 int64_t expert_capacity(const ModelConfig& c, int64_t N);
@@ -48,7 +56,14 @@ struct MoeStats {
   int64_t layers = 0;  // layer forward passes counted
   double aux = 0, z = 0;
   int64_t min_rows = -1, max_rows = -1, dropped = 0, routed = 0;
+  // Choices routed to each expert of each layer [n_layer * E] (layer l's at l * E; zeros for the
+  // layers of other pipeline stages), summed over the forward passes: the expert bias's load.
+  std::vector<int64_t> load;
+  int64_t n_experts = 0;  // E, with load
   void add(const MoeRouting& r);
+  void add_load(int layer, int n_layer, const MoeRouting& r);
+  // The most loaded expert's choices over the mean, the largest over the layers (1: balanced).
+  double load_imbalance() const;
   double mean_aux() const { return layers ? aux / double(layers) : 0.0; }
   double mean_z() const { return layers ? z / double(layers) : 0.0; }
 };

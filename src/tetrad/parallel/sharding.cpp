@@ -95,6 +95,10 @@ TensorShard block_of(const ModelConfig& c, const ParamSpec& s, const GridShape& 
     case R_::Router:  // the mixture of experts' tensors: whole on Gx = Gy = 1 (the grid's check)
     case R_::ExpertGateUp:
     case R_::ExpertDown:
+    case R_::SharedGate:
+    case R_::SharedUp:
+    case R_::SharedDown:
+    case R_::SharedExpertGate:
       normal(contiguous(0, R));
       break;
     case R_::Qkv:
@@ -119,6 +123,7 @@ TensorShard block_of(const ModelConfig& c, const ParamSpec& s, const GridShape& 
       break;
     case R_::QNorm:  // over one head's width: every rank whole (its heads share the vector)
     case R_::KNorm:
+    case R_::ExpertBias:  // [E], whole on every rank (each updates it the same way)
       t.layout = ShardLayout::Replicated;
       t.rows = {0};
       t.col0 = 0;

@@ -86,6 +86,13 @@ StepResult StepRunner::run(const int32_t* inputs, const int32_t* targets, double
     moe.z = sums[2];
     moe.dropped = int64_t(sums[3]);
     moe.routed = int64_t(sums[4]);
+    // Each layer's choices per expert over the global batch (the expert bias's load and the
+    // imbalance metric; the layer's stage holds every count of it: no sum over P).
+    if (g_.tokens().size() > 1 && !moe.load.empty()) {
+      std::vector<double> load(moe.load.begin(), moe.load.end());
+      host_comm([&] { g_.tokens().allreduce_sum(load.data(), load.size()); });
+      for (size_t i = 0; i < load.size(); ++i) moe.load[i] = int64_t(load[i]);
+    }
   }
   // The loss of the global batch: its sequences are split over Z x D, and on a pipeline only the
   // last stage computes it.
@@ -110,6 +117,10 @@ StepResult StepRunner::run(const int32_t* inputs, const int32_t* targets, double
     ScopedPhase sp(prof, Phase::Optimizer, "adamw");
     adam_.update(params, params16, grads, lr, clip, step + 1, lo, hi);
   });
+  if (model_.config().moe_expert_bias()) {
+    ScopedPhase sp(prof, Phase::Optimizer, "expert bias");
+    model_.update_expert_bias(moe.load);
+  }
   return r;
 }
 
