@@ -229,12 +229,12 @@ n = struct.unpack('<Q', b[:8])[0]
 b[8 + n:8 + n + 4096] = struct.pack('<f', float('inf')) * 1024
 open(sys.argv[1], 'wb').write(b)
 PY
-  "$TETRAD" import --hf "$W/hf" --out "$W/imp" > /dev/null 2>&1 || bad "import of the model failed"
-  refused "a resumed run ending with non-finite weights" "the latest checkpoint is still $W/imp/checkpoints/step_000000" \
-    "$TETRAD" train "${T[@]}" --set run.dir="$W/imp" --set train.max_steps=2 --resume
-  grep -q "no final checkpoint was written" "$W/out" || bad "the message does not say that no final checkpoint was written"
-  [ "$(latest "$W/imp")" = step_000000 ] && [ "$(ls "$W/imp/checkpoints" | grep -c step_)" -eq 1 ] &&
-    ok "no checkpoint written over it" || bad "checkpoints: $(ls "$W/imp/checkpoints")"
+  # import now refuses such weights (case init_refused), so it can no longer make the resumed
+  # run's checkpoint; until a checkpoint with non-finite weights is made another way, this case
+  # checks that the way in is closed and writes nothing.
+  refused "import of a model with inf weights" "holds 1024 value(s) that are not finite" \
+    "$TETRAD" import --hf "$W/hf" --out "$W/imp"
+  [ ! -e "$W/imp" ] && ok "the refused import left no run folder" || bad "the refused import left: $(ls -A "$W/imp")"
 }
 
 case_init_refused() {

@@ -338,3 +338,39 @@ TEST(Grid, ContextAxis) {
   EXPECT_EQ(token_slots(s), 2);  // C cuts sequences, it does not deal them
   EXPECT_TRUE(contains(parse_error("2,1,1,1,1,2"), "c=2"));
 }
+
+// The expert fold E: named only ("e=2"), no ranks of its own (size() does not count it), written
+// back by name; expert_rank / expert_data_rank split the replica ranks (C x D) into E consecutive
+// expert ranks; validate_grid wants E to divide Gc x Gd, naming the numbers.
+TEST(Grid, ExpertFold) {
+  const GridShape s = parse_grid("d=4,e=2");
+  EXPECT_EQ(s.e(), 2);
+  EXPECT_EQ(s.d(), 4);
+  EXPECT_EQ(s.size(), 4);
+  EXPECT_EQ(s.to_string(), "d4.e2");
+  EXPECT_EQ(s.to_arg(), "d=4,e=2");
+  EXPECT_EQ(parse_grid(s.to_arg()), s);
+  EXPECT_NE(s, parse_grid("d=4"));
+  EXPECT_EQ(parse_grid("d=4").e(), 1);
+  EXPECT_EQ(parse_grid("d=4").to_arg(), "1,1,1,4");  // E = 1: the positional form as before
+  // Replica position c + Gc d: expert rank = position % E, expert-data rank = position / E.
+  const GridShape cd = parse_grid("x=2,c=2,d=2,e=4");
+  const int er[] = {0, 0, 1, 1, 2, 2, 3, 3}, edr[] = {0, 0, 0, 0, 0, 0, 0, 0};
+  for (int r = 0; r < 8; ++r) {
+    EXPECT_EQ(expert_rank(coord_of(r, cd), cd), er[r]) << "rank " << r;
+    EXPECT_EQ(expert_data_rank(coord_of(r, cd), cd), edr[r]) << "rank " << r;
+  }
+  EXPECT_EQ(expert_rank(coord_of(3, s), s), 1);
+  EXPECT_EQ(expert_data_rank(coord_of(3, s), s), 1);
+  EXPECT_NO_THROW(validate_grid(s, 4));
+  try {
+    validate_grid(parse_grid("d=2,e=4"), 2);
+    FAIL() << "E = 4 over D = 2 was accepted";
+  } catch (const Error& e) {
+    EXPECT_TRUE(contains(e.what(), "E = 4 must divide the data x context ranks Gd x Gc = 2 x 1 = 2"))
+        << e.what();
+  }
+  EXPECT_TRUE(contains(parse_error("d=2,e=2,e=2"), "e is named twice"));
+  EXPECT_TRUE(contains(parse_error("d=2,e=0"), "got \"0\" for e"));
+  EXPECT_TRUE(contains(parse_error("d=2,f=2"), "e, the expert fold")) << parse_error("d=2,f=2");
+}

@@ -158,7 +158,8 @@ TEST(MoeRouting, ExpertBiasUpdateFollowsTheLoad) {
   MoeStats s;
   MoeRouting r;
   r.E = 4;
-  r.routed = {6, 0, 3, 3};
+  r.routed = {1, 0, 2, 0};  // this rank's share: the load is the whole micro-batch's
+  r.total_routed = {6, 0, 3, 3};
   s.add_load(1, 2, r);
   EXPECT_EQ(s.load.size(), 8u);
   EXPECT_EQ(s.load[4], 6);
@@ -494,7 +495,7 @@ BiasRun run_bias(const std::string& balance, int steps) {
   c.expert_bias_rate = 0.005f;
   const int B = 2, T = 8;
   ProcessGroups g;
-  ParallelTransformer m(c, g, B, T, {Recompute::None, 0});
+  ParallelTransformer m(c, g, B, T, ParallelOptions{});
   m.init_weights(7);
   const ParamTable& table = m.table();
   const ParamSpec* bias = nullptr;

@@ -146,7 +146,7 @@ TEST(PlannerContext, ActivationsPerRankAreThoseOfSOverC) {
   // exchange holds beside it as the trainer allocates it (ContextAttention): the ring's four fp32
   // K|V blocks (two in flight, two block gradients), one block of q|k|v rows (a pair's dQ) and one
   // more K|V block (a pair's dK|dV, or the forward's lse where larger); the all-gather's 4 Gc
-  // blocks of q|k|v rows.
+  // K|V blocks.
   const int S = 16384;
   PlanInput in = long_input(S, 1, 4);
   in.cp_comm = CpComm::Ring;
@@ -162,10 +162,10 @@ TEST(PlannerContext, ActivationsPerRankAreThoseOfSOverC) {
   const double lse = 4.0 * (S / 4) * 2 * in.model.n_head;   // the forward's two lse per head
   EXPECT_DOUBLE_EQ(mb.activations, one.activations + 4 * kv + block + std::max(kv, lse));
   in.cp_comm = CpComm::AllGather;
-  EXPECT_DOUBLE_EQ(memory_per_rank(in, g).activations, one.activations + 4 * 4 * block);
+  EXPECT_DOUBLE_EQ(memory_per_rank(in, g).activations, one.activations + 4 * 4 * kv);
   // Unset, the larger of the two (what either choice needs).
   in.cp_comm = CpComm::Auto;
-  EXPECT_DOUBLE_EQ(memory_per_rank(in, g).activations, one.activations + 4 * 4 * block);
+  EXPECT_DOUBLE_EQ(memory_per_rank(in, g).activations, one.activations + 4 * 4 * kv);
   in.cp_comm = CpComm::Ring;
   // And far below one rank holding the whole sequence.
   EXPECT_LT(mb.activations, 0.3 * memory_per_rank(in, GridShape{}).activations);

@@ -241,7 +241,7 @@ TEST(MetricsLogSchema, EachRecordHasItsKeys) {
   m.time.comm_issued = 1;
   const std::set<std::string> step_keys = {
       "step", "loss", "lr", "grad_norm", "tokens_per_s", "mfu", "mfu_peak", "mfu_peak_gflops",
-      "step_time_s", "elapsed_s", "dropped_fraction", "t_compute_s", "t_comm_exposed_s",
+      "mfu_attention", "step_time_s", "elapsed_s", "dropped_fraction", "t_compute_s", "t_comm_exposed_s",
       "t_wait_s", "t_optimizer_s", "t_data_s", "t_comm_issued_s", "comm_hidden_fraction"};
   nlohmann::json r = step_record(m);
   EXPECT_EQ(keys(r), step_keys);
@@ -250,6 +250,7 @@ TEST(MetricsLogSchema, EachRecordHasItsKeys) {
   EXPECT_EQ(r["step_time_s"], 2.0);
   EXPECT_EQ(r["comm_hidden_fraction"], 0.5);
   EXPECT_EQ(r["mfu_peak"], "fp32 FMA peak (given)");
+  EXPECT_EQ(r["mfu_attention"], "causal");  // the planner's count: causal attention as half
   m.report_hfu = true;  // with recomputation
   m.hfu = 0.25;
   r = step_record(m);

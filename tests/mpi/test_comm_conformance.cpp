@@ -458,6 +458,86 @@ TEST_P(CommConformance, RealDataWithinRounding) {
   check_real(c(), 12, 100000);
 }
 
+// The variable all-to-all (the expert-parallel dispatch): rank r sends count(r, j) elements to
+// rank j, 0 included, from blocks with gaps between them, into blocks laid out in reverse rank
+// order with gaps; the counts exchanged first with unit counts, as the dispatch does. Outputs
+// poisoned: every block must arrive and every gap stay untouched.
+namespace {
+template <typename T>
+void check_alltoallv(const Communicator& g, Space& space, long salt, bool blocking) {
+  SCOPED_TRACE("alltoallv on group '" + g.name() + "' size " + std::to_string(g.size()) +
+               (blocking ? " blocking" : " non-blocking") + " type " +
+               comm::dtype_name(comm::dtype_of<T>()));
+  const size_t S = size_t(g.size()), r = size_t(g.rank());
+  auto count = [&](size_t from, size_t to) { return size_t((from * 3 + to * 5 + size_t(salt)) % 4) * 3; };
+  auto value = [&](size_t from, size_t to, size_t i) { return int_input<T>(int(from), salt + long(to), i); };
+  // The counts: this rank's sends to every rank, received as every rank's send to this one.
+  std::vector<size_t> ones(S, 1), iota(S), mine(S), theirs(S, 7777);
+  for (size_t j = 0; j < S; ++j) iota[j] = j, mine[j] = count(r, j);
+  auto cs = space.make(std::vector<uint64_t>(mine.begin(), mine.end()));
+  auto cr = space.make(std::vector<uint64_t>(S, 7777));
+  g.alltoallv(static_cast<const uint64_t*>(cs.ptr), ones, iota, static_cast<uint64_t*>(cr.ptr), ones, iota);
+  const auto got_counts = space.read<uint64_t>(cr, S);
+  for (size_t j = 0; j < S; ++j) {
+    ASSERT_EQ(got_counts[j], count(j, r)) << "count from rank " << j;
+    theirs[j] = size_t(got_counts[j]);
+  }
+  // Send blocks in rank order with a gap of 1 before each; receive blocks in reverse rank order,
+  // a gap of 2 before each.
+  std::vector<size_t> sd(S), rd(S);
+  size_t send_n = 0, recv_n = 0;
+  for (size_t j = 0; j < S; ++j) sd[j] = send_n + 1, send_n += 1 + mine[j];
+  for (size_t k = S; k-- > 0;) rd[k] = recv_n + 2, recv_n += 2 + theirs[k];
+  std::vector<T> in(send_n, poison<T>());
+  for (size_t j = 0; j < S; ++j)
+    for (size_t i = 0; i < mine[j]; ++i) in[sd[j] + i] = value(r, j, i);
+  auto send = space.make(in);
+  auto recv = space.make(std::vector<T>(recv_n, poison<T>()));
+  if (blocking) {
+    g.alltoallv(static_cast<const T*>(send.ptr), mine, sd, static_cast<T*>(recv.ptr), theirs, rd);
+  } else {
+    Request q = g.ialltoallv(static_cast<const T*>(send.ptr), mine, sd, static_cast<T*>(recv.ptr), theirs, rd);
+    q.wait();
+    EXPECT_FALSE(q.pending());
+  }
+  const auto got = space.read<T>(recv, recv_n);
+  std::vector<char> covered(recv_n, 0);
+  for (size_t k = 0; k < S; ++k)
+    for (size_t i = 0; i < theirs[k]; ++i) {
+      covered[rd[k] + i] = 1;
+      ASSERT_TRUE(same(got[rd[k] + i], value(k, r, i))) << "block from rank " << k << " element " << i;
+    }
+  for (size_t i = 0; i < recv_n; ++i)
+    if (!covered[i]) {
+      ASSERT_TRUE(same(got[i], poison<T>())) << "gap element " << i << " was written";
+    }
+}
+}  // namespace
+
+TEST_P(CommConformance, AlltoallvMovesVariableBlocks) {
+  for (int blocking = 0; blocking < 2; ++blocking) {
+    check_alltoallv<float>(c(), space(), 3, blocking);
+    check_alltoallv<std::int32_t>(c(), space(), 4, blocking);
+    check_alltoallv<double>(c(), space(), 5, blocking);
+    ASSERT_FALSE(HasFatalFailure());
+  }
+  const int r = c().rank(), S = c().size();
+  const Communicator half = c().split(r % 2, (r % 2) ? S - r : r, "half");
+  check_alltoallv<float>(half, space(), 6, false);
+  // Every rank sends nothing: completes, touches nothing.
+  const std::vector<size_t> zero(size_t(S), 0);
+  float x = 1.0f, y = 2.0f;
+  c().alltoallv(&x, zero, zero, &y, zero, zero);
+  EXPECT_EQ(y, 2.0f);
+  // The size-1 group copies its own block.
+  const Communicator self = Communicator::self();
+  float a[3] = {1, 2, 3}, b[4] = {0, 0, 0, 0};
+  self.alltoallv(a, {2}, {1}, b, {2}, {2});
+  EXPECT_EQ(b[1], 0.0f);
+  EXPECT_EQ(b[2], 2.0f);
+  EXPECT_EQ(b[3], 3.0f);
+}
+
 TEST_P(CommConformance, SubGroupsFromSplitAndDup) {
   const int r = c().rank(), S = c().size();
   // Even and odd ranks, the odd ones in reverse order; and a duplicate of the whole group.
@@ -572,6 +652,14 @@ TEST_P(CommConformance, BadArgumentsAreRefusedNamingThem) {
     FAIL() << "a peer outside the group was accepted";
   } catch (const Error& e) {
     EXPECT_TRUE(contains(e.what(), "peer -1 is outside the group")) << e.what();
+  }
+  // alltoallv with counts for another group size
+  try {
+    const std::vector<size_t> one(1, 0);
+    c().alltoallv(&x, one, one, &x, one, one);
+    FAIL() << "alltoallv with one count on a group of " << c().size() << " was accepted";
+  } catch (const Error& e) {
+    EXPECT_TRUE(contains(e.what(), "expected " + std::to_string(c().size()) + " send counts")) << e.what();
   }
 }
 

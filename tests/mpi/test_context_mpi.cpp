@@ -202,4 +202,30 @@ TEST(ContextContract, RingSendsKeysAndValuesOnly) {
   const int G = shape.c(), layers = mc.n_layer;
   EXPECT_EQ(kv_sends, 2 * layers * (G - 1)) << "K|V sends: forward and backward, Gc - 1 per layer";
   EXPECT_EQ(dkv_sends, layers * G) << "dK|dV sends: Gc per layer";
+
+  // The all-gathered method moves the same K|V rows: Gc blocks per all-gather (forward and
+  // backward) and per reduce-scatter of dK|dV.
+  po.cp_comm = ContextComm::AllGather;
+  ParallelTransformer ma(mc, g, Bl, kT, po);
+  ma.init_weights(7);
+  TraceLog alog;
+  alog.recording = true;
+  StepProfile aprof;
+  aprof.trace = &alog;
+  ma.set_profile(&aprof);
+  ma.zero_grads();
+  ma.forward_backward(x.data(), y.data(), Bl, Tl, 1.0f);
+  ma.reduce_gradients();
+  ma.finish_communication();
+  int gathers = 0, scatters = 0;
+  for (const TraceEvent& e : alog.events) {
+    const bool gather = e.name.rfind("allgather keys/values over C", 0) == 0;
+    const bool scatter = e.name.rfind("reduce_scatter dK/dV over C", 0) == 0;
+    if (!gather && !scatter) continue;
+    EXPECT_NE(e.args.find("\"bytes\":" + std::to_string(G * kv_bytes) + ","), std::string::npos)
+        << e.name << ": " << e.args << " (expected Gc x " << kv_bytes << " bytes of K|V rows)";
+    (gather ? gathers : scatters) += 1;
+  }
+  EXPECT_EQ(gathers, 2 * layers) << "one all-gather per layer and pass";
+  EXPECT_EQ(scatters, layers) << "one reduce-scatter per layer";
 }

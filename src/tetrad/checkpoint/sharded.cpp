@@ -411,6 +411,8 @@ ShardedCheckpointInfo info_of(const ParsedMeta& m) {
   info.grid[parallel::Axis::P] = g.value("p", 1);
   // A context-parallel grid records c (absent: 1).
   info.grid[parallel::Axis::C] = g.value("c", 1);
+  // The expert fold (absent: 1); whole tensors are written, so any other E reads them.
+  info.grid.set_e(g.value("e", 1));
   info.virtual_stages = g.value("virtual_stages", 1);
   info.pipeline_layers = g.value("pipeline_layers", std::vector<int>{});
   info.tokenizer_identity = j.at("tokenizer_identity").is_null()
@@ -437,7 +439,8 @@ std::vector<IndexRun> shard_index_runs(const TensorShard& t, const GridShape& gr
 }
 
 bool writes_shard(const TensorShard& t, const GridCoord& c) {
-  if (c.d() != 0 || c.c() != 0) return false;  // data and context replicas hold the same shards
+  // Data and context replicas hold the same shards (an expert tensor's: its expert-data group).
+  if (!t.first_replica) return false;
   // Top-level tensors: every pipeline stage keeps the same copy; the first stage writes it.
   // (A layer's tensors are stored, hence written, by its stage alone: shard_numel = 0 elsewhere.)
   if (t.spec->layer < 0 && c.p() != 0) return false;
@@ -558,6 +561,7 @@ nlohmann::json build_sharded_meta(const ModelConfig& model, const ParamTable& ta
   j["step"] = info.step;
   j["grid"] = {{"x", g.x()}, {"y", g.y()}, {"z", g.z()}, {"d", g.d()}};
   if (g.c() > 1) j["grid"]["c"] = g.c();
+  if (g.e() > 1) j["grid"]["e"] = g.e();  // the expert fold (absent: 1)
   if (g.p() > 1) {
     j["grid"]["p"] = g.p();
     j["grid"]["virtual_stages"] = info.virtual_stages;

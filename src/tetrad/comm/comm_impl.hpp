@@ -96,6 +96,14 @@ class CommImpl : public std::enable_shared_from_this<CommImpl> {
                                                     size_t n, DType t, const Event& after) = 0;
   virtual std::shared_ptr<PendingOp> broadcast(const char* op, void* data, size_t n, DType t,
                                                int root, const Event& after) = 0;
+  // Variable all-to-all: counts and displacements (elements) have size() entries each, already
+  // checked by the caller; they are read before the call returns.
+  virtual std::shared_ptr<PendingOp> alltoallv(const char* op, const void* send,
+                                               const size_t* send_counts,
+                                               const size_t* send_displs, void* recv,
+                                               const size_t* recv_counts,
+                                               const size_t* recv_displs, DType t,
+                                               const Event& after) = 0;
   virtual std::shared_ptr<PendingOp> send(const char* op, const void* data, size_t n, DType t,
                                           int peer, int tag, const Event& after) = 0;
   virtual std::shared_ptr<PendingOp> recv(const char* op, void* data, size_t n, DType t, int peer,

@@ -248,6 +248,30 @@ Request start_broadcast(const Communicator& c, const char* op, T* data, size_t n
   return Request(c.impl()->broadcast(op, data, n, dtype_of<T>(), root, after));
 }
 
+// One count and displacement per group rank; blocks inside neither buffer's overlap are the
+// caller's business (the implementations read and write exactly the blocks given).
+template <Element T>
+Request start_alltoallv(const Communicator& c, const char* op, const T* send,
+                        const std::vector<size_t>& sc, const std::vector<size_t>& sd, T* recv,
+                        const std::vector<size_t>& rc, const std::vector<size_t>& rd,
+                        const Event& after) {
+  const size_t S = static_cast<size_t>(c.size());
+  if (sc.size() != S || sd.size() != S || rc.size() != S || rd.size() != S)
+    fail(op, " on group '", c.name(), "': expected ", S, " send counts, send displacements, "
+         "receive counts and receive displacements (one per rank), got ", sc.size(), ", ",
+         sd.size(), ", ", rc.size(), " and ", rd.size());
+  if (c.is_self()) {
+    wait_on_host(after);
+    if (sc[0] != rc[0])
+      fail(op, " on the size-1 group '", c.name(), "': sends ", sc[0], " elements to itself but "
+           "expects to receive ", rc[0]);
+    if (sc[0] > 0) std::memmove(recv + rd[0], send + sd[0], sc[0] * sizeof(T));
+    return Request();
+  }
+  return Request(c.impl()->alltoallv(op, send, sc.data(), sd.data(), recv, rc.data(), rd.data(),
+                                     dtype_of<T>(), after));
+}
+
 void check_peer(const Communicator& c, const char* op, int peer) {
   if (peer < 0 || peer >= c.size())
     fail(op, " on group '", c.name(), "': peer ", peer, " is outside the group of ", c.size());
@@ -297,6 +321,13 @@ template <Element T> void Communicator::broadcast(T* data, size_t n, int root) c
   const double timeout = collective_timeout();  // before starting: it may throw
   start_broadcast(*this, "broadcast", data, n, root, {}).wait(timeout);
 }
+template <Element T>
+void Communicator::alltoallv(const T* send, const std::vector<size_t>& sc,
+                             const std::vector<size_t>& sd, T* recv,
+                             const std::vector<size_t>& rc, const std::vector<size_t>& rd) const {
+  const double timeout = collective_timeout();  // before starting: it may throw
+  start_alltoallv(*this, "alltoallv", send, sc, sd, recv, rc, rd, {}).wait(timeout);
+}
 template <Element T> void Communicator::send(const T* data, size_t n, int peer, int tag) const {
   const double timeout = collective_timeout();  // before starting: it may throw
   start_send(*this, "send", data, n, peer, tag, {}).wait(timeout);
@@ -332,6 +363,13 @@ Request Communicator::ibroadcast(T* data, size_t n, int root, const Event& after
   return start_broadcast(*this, "ibroadcast", data, n, root, after);
 }
 template <Element T>
+Request Communicator::ialltoallv(const T* send, const std::vector<size_t>& sc,
+                                 const std::vector<size_t>& sd, T* recv,
+                                 const std::vector<size_t>& rc, const std::vector<size_t>& rd,
+                                 const Event& after) const {
+  return start_alltoallv(*this, "ialltoallv", send, sc, sd, recv, rc, rd, after);
+}
+template <Element T>
 Request Communicator::isend(const T* data, size_t n, int peer, int tag, const Event& after) const {
   return start_send(*this, "isend", data, n, peer, tag, after);
 }
@@ -354,6 +392,15 @@ Request Communicator::ibarrier() const { return start_barrier(*this, "ibarrier")
   template void Communicator::reduce_scatter_sum<T>(const T*, T*, size_t) const;             \
   template void Communicator::broadcast<T>(T*, size_t, int) const;                           \
   template void Communicator::send<T>(const T*, size_t, int, int) const;                     \
+  template void Communicator::alltoallv<T>(const T*, const std::vector<size_t>&,             \
+                                           const std::vector<size_t>&, T*,                   \
+                                           const std::vector<size_t>&,                       \
+                                           const std::vector<size_t>&) const;                \
+  template Request Communicator::ialltoallv<T>(const T*, const std::vector<size_t>&,         \
+                                               const std::vector<size_t>&, T*,               \
+                                               const std::vector<size_t>&,                   \
+                                               const std::vector<size_t>&, const Event&)     \
+      const;                                                                                 \
   template void Communicator::recv<T>(T*, size_t, int, int) const;                           \
   template Request Communicator::iallreduce_sum<T>(T*, size_t, const Event&) const;          \
   template Request Communicator::iallreduce_max<T>(T*, size_t, const Event&) const;          \

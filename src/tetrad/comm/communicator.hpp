@@ -138,6 +138,16 @@ class Communicator {
   // send holds size()*n blocks; recv (n) = block rank() summed over the group.
   template <Element T> void reduce_scatter_sum(const T* send, T* recv, size_t n_per_rank) const;
   template <Element T> void broadcast(T* data, size_t n, int root) const;
+  // Variable all-to-all (MPI_Alltoallv): group rank i gets send[send_displs[i] ..
+  // + send_counts[i]) and this rank receives rank j's block for it into recv[recv_displs[j] ..
+  // + recv_counts[j]). Counts and displacements are in elements, one per group rank; a count may
+  // be 0. Each pair of ranks must agree on the count between them (exchange the counts first, e.g.
+  // with unit counts); send and recv must not overlap.
+  template <Element T>
+  void alltoallv(const T* send, const std::vector<size_t>& send_counts,
+                 const std::vector<size_t>& send_displs, T* recv,
+                 const std::vector<size_t>& recv_counts,
+                 const std::vector<size_t>& recv_displs) const;
   template <Element T> void send(const T* data, size_t n, int peer, int tag) const;
   // Receives exactly n elements (a message of another length is an Error where the
   // implementation can tell: MPI).
@@ -160,6 +170,13 @@ class Communicator {
                                             const Event& after = {}) const;
   template <Element T>
   [[nodiscard]] Request ibroadcast(T* data, size_t n, int root, const Event& after = {}) const;
+  // The counts and displacements are copied: only the data buffers must outlive the Request.
+  template <Element T>
+  [[nodiscard]] Request ialltoallv(const T* send, const std::vector<size_t>& send_counts,
+                                   const std::vector<size_t>& send_displs, T* recv,
+                                   const std::vector<size_t>& recv_counts,
+                                   const std::vector<size_t>& recv_displs,
+                                   const Event& after = {}) const;
   template <Element T>
   [[nodiscard]] Request isend(const T* data, size_t n, int peer, int tag,
                               const Event& after = {}) const;

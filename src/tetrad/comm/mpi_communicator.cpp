@@ -1,6 +1,7 @@
 // The MPI implementation of the communication interface (mpi_communicator.hpp).
 #include "tetrad/comm/mpi_communicator.hpp"
 
+#include <algorithm>
 #include <climits>
 #include <cstdint>
 #include <cstdio>
@@ -131,6 +132,8 @@ class MpiOp final : public PendingOp {
   };
   std::shared_ptr<DeviceStaging> staging;
   std::vector<Staged> staged;
+  // MPI_Ialltoallv's counts and displacements, which must live until it completes.
+  std::vector<int> counts_displs;
 
   bool poll_native() override {
     int flag = 0;
@@ -288,6 +291,31 @@ class MpiImpl final : public CommImpl {
     data = host_side(*s, data, n * dtype_size(t), rank_ == root, rank_ != root);
     const int rc = MPI_Ibcast(data, count, mpi_type(t), root, comm_, &s->request);
     return started(std::move(s), rc);
+  }
+  std::shared_ptr<PendingOp> alltoallv(const char* op, const void* send, const size_t* sc,
+                                       const size_t* sd, void* recv, const size_t* rc,
+                                       const size_t* rd, DType t, const Event& after) override {
+    const size_t S = static_cast<size_t>(size_);
+    size_t total = 0, send_end = 0, recv_end = 0;  // elements sent; each buffer's extent
+    for (size_t i = 0; i < S; ++i) {
+      total += sc[i];
+      send_end = std::max(send_end, sc[i] ? sd[i] + sc[i] : 0);
+      recv_end = std::max(recv_end, rc[i] ? rd[i] + rc[i] : 0);
+    }
+    auto s = new_op(op, t, total);
+    std::vector<int>& v = s->counts_displs;  // send counts, send displs, recv counts, recv displs
+    v.resize(4 * S);
+    for (size_t i = 0; i < S; ++i) {
+      v[i] = to_count(sc[i], *s), v[S + i] = to_count(sd[i], *s);
+      v[2 * S + i] = to_count(rc[i], *s), v[3 * S + i] = to_count(rd[i], *s);
+    }
+    wait_on_host(after);
+    const size_t e = dtype_size(t);
+    send = host_side(*s, send, send_end * e, true, false);
+    recv = host_side(*s, recv, recv_end * e, true, true);  // filled: blocks not received stay
+    const int rc_ = MPI_Ialltoallv(send, v.data(), v.data() + S, mpi_type(t), recv, v.data() + 2 * S,
+                                   v.data() + 3 * S, mpi_type(t), comm_, &s->request);
+    return started(std::move(s), rc_);
   }
   std::shared_ptr<PendingOp> send(const char* op, const void* data, size_t n, DType t, int peer,
                                   int tag, const Event& after) override {

@@ -164,6 +164,42 @@ class NcclImpl final : public CommImpl {
               s->description());
     return finish(std::move(s));
   }
+  // ncclSend / ncclRecv with every peer in one group call; this rank's own block is a copy on
+  // the group's stream.
+  std::shared_ptr<PendingOp> alltoallv(const char* op, const void* send, const size_t* sc,
+                                       const size_t* sd, void* recv, const size_t* rc,
+                                       const size_t* rd, DType t, const Event& after) override {
+    size_t total = 0;
+    for (int i = 0; i < g_->size; ++i) total += sc[i];
+    auto s = new_op(op, t, total);
+    require_device_memory(*s, send, total);
+    require_device_memory(*s, recv, total);
+    order_after(after);
+    const size_t e = dtype_size(t);
+    const char* in = static_cast<const char*>(send);
+    char* out = static_cast<char*>(recv);
+    const int me = g_->rank;
+    if (sc[me] != rc[me])
+      fail("NCCL ", s->description(), ": sends ", sc[me], " elements to itself but expects ",
+           rc[me]);
+    if (sc[me] > 0)
+      cuda_ok(cudaMemcpyAsync(out + rd[me] * e, in + sd[me] * e, sc[me] * e,
+                              cudaMemcpyDeviceToDevice, g_->stream),
+              "cudaMemcpyAsync");
+    ncclComm_t comm = live(*s);
+    g_->check(ncclGroupStart(), "ncclGroupStart");
+    for (int i = 0; i < g_->size; ++i) {
+      if (i == me) continue;
+      if (sc[i] > 0)
+        g_->check(ncclSend(in + sd[i] * e, sc[i], to_nccl(t), i, comm, g_->stream),
+                  s->description());
+      if (rc[i] > 0)
+        g_->check(ncclRecv(out + rd[i] * e, rc[i], to_nccl(t), i, comm, g_->stream),
+                  s->description());
+    }
+    g_->check(ncclGroupEnd(), s->description());
+    return finish(std::move(s));
+  }
   std::shared_ptr<PendingOp> send(const char* op, const void* data, size_t n, DType t, int peer,
                                   int tag, const Event& after) override {
     auto s = new_op(op, t, n);

@@ -21,7 +21,7 @@ ContextAttention::ContextAttention(const StepContext& ctx, int local_batch, int 
     dacc_ = backend::DeviceArray<float>(*ctx_.be, std::max(kv, 2 * tokens * size_t(ctx_.dims.nhy)));
     return;
   }
-  const size_t n = block * size_t(split_.ranks);  // the all-gather: Gc blocks each
+  const size_t n = tokens * size_t(kv_width()) * size_t(split_.ranks);  // Gc K|V blocks each
   recv_ = backend::DeviceArray<float>(*ctx_.be, n);
   full_ = backend::DeviceArray<float>(*ctx_.be, n);
   dtmp_ = backend::DeviceArray<float>(*ctx_.be, n);
@@ -29,18 +29,21 @@ ContextAttention::ContextAttention(const StepContext& ctx, int local_batch, int 
 }
 
 void ContextAttention::gather(const float* qkv, int B, int T, int layer) {
-  const int64_t W = ctx_.dims.QKVy, n = int64_t(B) * T * W, Tc = split_.chunk_len(T);
+  const int64_t KV = kv_width(), n = int64_t(B) * T * KV, Tc = split_.chunk_len(T);
   const int64_t Tf = int64_t(T) * split_.ranks;
   const comm::Communicator& c = ctx_.g().c();
-  ctx_.q().run(c.iallgather(qkv, recv_.data(), size_t(n), ctx_.q().ready()), c, "allgather",
-               "keys/values over C", layer, n * split_.ranks * int64_t(sizeof(float)));
-  // recv_ [rank r][b][local chunk j][Tc][W] -> full_ [b][chunk of (r, j)][Tc][W].
+  // This rank's K|V rows packed (dtmp_ is free until the backward's gradients), all-gathered.
+  ctx_.copy_rows_dev(dtmp_.data(), KV, qkv + ctx_.dims.nhy * ctx_.dims.hd, ctx_.dims.QKVy, KV,
+                     int64_t(B) * T);
+  ctx_.q().run(c.iallgather(dtmp_.data(), recv_.data(), size_t(n), ctx_.q().ready()), c,
+               "allgather", "keys/values over C", layer, n * split_.ranks * int64_t(sizeof(float)));
+  // recv_ [rank r][b][local chunk j][Tc][KV] -> full_ [b][chunk of (r, j)][Tc][KV].
   for (int r = 0; r < split_.ranks; ++r) {
     const ContextSplit other{split_.ranks, r};
     for (int b = 0; b < B; ++b)
       for (int j = 0; j < 2; ++j)
-        ctx_.copy_dev(full_.data() + (b * Tf + other.chunk_index(j) * Tc) * W,
-                      recv_.data() + ((int64_t(r) * B + b) * T + j * Tc) * W, Tc * W);
+        ctx_.copy_dev(full_.data() + (b * Tf + other.chunk_index(j) * Tc) * KV,
+                      recv_.data() + ((int64_t(r) * B + b) * T + j * Tc) * KV, Tc * KV);
   }
 }
 
@@ -51,7 +54,8 @@ backend::AttentionArgs ContextAttention::chunk_args(const backend::AttentionArgs
   a.Tq = Tc;
   a.Tk = (i + 1) * Tc;
   a.q_offset = int64_t(i) * Tc;
-  a.kv_batch_stride = int64_t(local.Tq) * split_.ranks * local.kv_stride;
+  a.kv_stride = kv_width();  // the gathered keys and values: packed K|V rows
+  a.kv_batch_stride = int64_t(local.Tq) * split_.ranks * kv_width();
   if (a.doc_start) a.doc_start += int64_t(j) * Tc;  // the chunk's rows (positions of the sequence)
   return a;
 }
@@ -62,8 +66,8 @@ void ContextAttention::forward(const backend::AttentionArgs& local, float* out, 
   if (comm_ == ContextComm::Ring) return ring_forward(local, out, lse, qkv, layer);
   const int B = local.B, T = local.Tq, Tc = split_.chunk_len(T);
   gather(qkv, B, T, layer);
-  const float* k = full_.data() + d.nhy * d.hd;
-  const float* v = full_.data() + (d.nhy + d.nkvy) * d.hd;
+  const float* k = full_.data();
+  const float* v = full_.data() + d.nkvy * d.hd;
   for (int j = 0; j < 2; ++j)
     ctx_.ops().attention_forward(ctx_.bq(), chunk_args(local, j), out + int64_t(j) * Tc * local.out_stride,
                                  lse ? lse + int64_t(j) * B * local.n_head * Tc : nullptr,
@@ -76,37 +80,39 @@ void ContextAttention::backward(const backend::AttentionArgs& local, float* dqkv
   const LocalDims& d = ctx_.dims;
   if (comm_ == ContextComm::Ring) return ring_backward(local, dqkv, dout, qkv, out, lse, layer);
   const int B = local.B, T = local.Tq, Tc = split_.chunk_len(T);
-  const int64_t W = d.QKVy, n = int64_t(B) * T * W, k0 = d.nhy * d.hd, v0 = (d.nhy + d.nkvy) * d.hd;
+  const int64_t W = d.QKVy, KV = kv_width(), k0 = d.nhy * d.hd, v0 = d.nkvy * d.hd;
+  const int64_t n = int64_t(B) * T * KV;  // this rank's K|V rows
   gather(qkv, B, T, layer);
-  // dQ in place (the k|v columns zero until the owners' sums are added below); each chunk's
-  // dK/dV over the keys it saw: the later chunk (more keys) straight into the sum, the earlier
+  // dQ in place (the k|v columns zero until the owners' sums are written below); each chunk's
+  // dK|dV over the keys it saw: the later chunk (more keys) straight into the sum, the earlier
   // one beside it and added. Rows and columns an op does not write stay zero.
-  ctx_.zero_dev(dqkv, n);
+  ctx_.zero_dev(dqkv, int64_t(B) * T * W);
   ctx_.zero_dev(dacc_.data(), n * split_.ranks);
   for (int j : {1, 0}) {
     float* dkv = j == 1 ? dacc_.data() : dtmp_.data();
     if (j == 0) ctx_.zero_dev(dtmp_.data(), n * split_.ranks);
     const int64_t qo = int64_t(j) * Tc;
     ctx_.ops().attention_backward(ctx_.bq(), chunk_args(local, j), dqkv + qo * local.q_stride,
-                                  dkv + k0, dkv + v0, dout + qo * local.out_stride,
-                                  qkv + qo * local.q_stride, full_.data() + k0, full_.data() + v0,
+                                  dkv, dkv + v0, dout + qo * local.out_stride,
+                                  qkv + qo * local.q_stride, full_.data(), full_.data() + v0,
                                   out + qo * local.out_stride, lse + qo * B * local.n_head);
     if (j == 0) ctx_.ops().add(ctx_.bq(), dacc_.data(), dtmp_.data(), n * split_.ranks);
   }
-  // dacc_ [b][chunk][Tc][W] -> recv_ [owner r][b][local chunk j][Tc][W], summed over C into
-  // dtmp_ [b][j][Tc][W]: this rank's keys' gradients from every rank's queries.
+  // dacc_ [b][chunk][Tc][KV] -> recv_ [owner r][b][local chunk j][Tc][KV], summed over C into
+  // dtmp_ [b][j][Tc][KV]: this rank's keys' gradients from every rank's queries.
   const int64_t Tf = int64_t(T) * split_.ranks;
   for (int r = 0; r < split_.ranks; ++r) {
     const ContextSplit other{split_.ranks, r};
     for (int b = 0; b < B; ++b)
       for (int j = 0; j < 2; ++j)
-        ctx_.copy_dev(recv_.data() + ((int64_t(r) * B + b) * T + j * Tc) * W,
-                      dacc_.data() + (b * Tf + other.chunk_index(j) * Tc) * W, Tc * W);
+        ctx_.copy_dev(recv_.data() + ((int64_t(r) * B + b) * T + j * Tc) * KV,
+                      dacc_.data() + (b * Tf + other.chunk_index(j) * Tc) * KV, Tc * KV);
   }
   const comm::Communicator& c = ctx_.g().c();
   ctx_.q().run(c.ireduce_scatter_sum(recv_.data(), dtmp_.data(), size_t(n), ctx_.q().ready()), c,
                "reduce_scatter", "dK/dV over C", layer, n * split_.ranks * int64_t(sizeof(float)));
-  ctx_.ops().add(ctx_.bq(), dqkv, dtmp_.data(), n);
+  ctx_.copy_rows_dev(dqkv + k0, W, static_cast<const float*>(dtmp_.data()), KV, KV,
+                     int64_t(B) * T);
 }
 
 }  // namespace tetrad::parallel

@@ -2,24 +2,21 @@
 // and values (TorchTitan's method; docs/parallel.md, "Context parallelism"). A part of the dense
 // block: it runs in place of the one attention call when Gc > 1.
 //
-// Forward: every C rank's q|k|v rows of the micro-batch (after RoPE, at their true positions)
-// are all-gathered over C and laid out in sequence order; each of this rank's two query chunks
-// (chunk i of the 2 Gc) attends the keys 0 .. (i+1) Tc - 1 with its true query offset i Tc, so
-// the mask is the whole sequence's causal mask. Backward: the keys and values are gathered again
-// (they are not kept between the passes: memory is what context parallelism is for), each chunk's
-// backward writes its dQ in place and its dK/dV over the keys it saw; the dK/dV of the whole
-// sequence are summed over both chunks and reduce-scattered over C back to the ranks that own
-// those keys, and added into their q|k|v gradient.
+// Forward: every C rank's keys and values of the micro-batch (after RoPE, at their true
+// positions), packed as K|V rows (2 x n_kv_head x hd per token of this rank's heads: the queries
+// stay home), are all-gathered over C and laid out in sequence order; each of this rank's two
+// query chunks (chunk i of the 2 Gc) attends the keys 0 .. (i+1) Tc - 1 with its true query
+// offset i Tc, so the mask is the whole sequence's causal mask. Backward: the keys and values
+// are gathered again (they are not kept between the passes: memory is what context parallelism
+// is for), each chunk's backward writes its dQ in place and its dK|dV over the keys it saw; the
+// dK|dV of the whole sequence are summed over both chunks and reduce-scattered over C back to
+// the ranks that own those keys, and written into the k|v columns of their q|k|v gradient.
+// The log-sum-exp of this rank's queries is laid out chunk by chunk: [2][B][heads][Tc].
 //
-// The gathered rows are whole q|k|v rows (one all-gather of the q|k|v buffer, no packing; the
-// queries travel too, a factor (n_head + 2 n_kv_head) / (2 n_kv_head) over keys and values
-// alone). The log-sum-exp of this rank's queries is laid out chunk by chunk: [2][B][heads][Tc].
-//
-// Scratch: four buffers of B x Gc x T x QKVy floats (the received rows, the sequence-ordered
+// Scratch: four buffers of Gc K|V blocks of B x T tokens (the received rows, the sequence-ordered
 // keys and values, and two for their gradients), allocated only when Gc > 1 (bytes()); with the
-// ring (which moves packed K|V rows, 2 x n_kv_head x hd per token, not whole q|k|v rows), four
-// K|V blocks of B x T tokens, one of B x T x QKVy and one more K|V block (or the forward's lse,
-// if larger), whatever Gc is.
+// ring (which moves the same packed K|V rows), four K|V blocks of B x T tokens, one of
+// B x T x QKVy and one more K|V block (or the forward's lse, if larger), whatever Gc is.
 // Collective over the C group; not thread-safe.
 #pragma once
 #include <algorithm>
@@ -47,8 +44,8 @@ class ContextAttention {
                        ContextComm comm = ContextComm::AllGather) {
     if (g.c() <= 1) return 0;
     const int64_t tokens = int64_t(local_batch) * local_len, f = sizeof(float);
-    if (comm != ContextComm::Ring) return 4 * f * tokens * d.QKVy * g.c();
     const int64_t kv = tokens * 2 * d.nkvy * d.hd;  // one K|V block
+    if (comm != ContextComm::Ring) return 4 * f * kv * g.c();
     return f * (4 * kv + tokens * d.QKVy + std::max(kv, 2 * tokens * d.nhy));
   }
   int64_t bytes() const {

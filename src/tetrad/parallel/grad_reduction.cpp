@@ -21,10 +21,13 @@ GradReducer::GradReducer(const StepContext& ctx, const ShardPlan& plan, const Pa
   const GridShape& G = ctx_.shape();
   // ZeRO pieces: each tensor's local shard cut into Gd pieces of ceil(n / Gd), piece d on rank d
   // (with a context axis Gd is the replicas' count Gc x Gd, d this rank's place among them).
-  const int Gd = ctx_.g().replica_count(), dc = ctx_.g().replica_index();
+  // An expert tensor's pieces are over its expert-data group (ProcessGroups::replicas_for).
+  const int Gd = ctx_.g().replica_count();
   int64_t piece_max = 0;
   for (const auto& t : plan_.tensors) {
     const int64_t n = t.shard_numel;
+    const comm::Communicator& reps = ctx_.g().replicas_for(t.expert);
+    const int Gt = reps.size(), dc = reps.rank();
     if (zero_ == 0) {
       piece_.push_back(n);
       zl_.param_offsets.push_back(t.offset);
@@ -33,7 +36,7 @@ GradReducer::GradReducer(const StepContext& ctx, const ShardPlan& plan, const Pa
       zl_.sizes.push_back(n);
       continue;
     }
-    const int64_t q = (n + Gd - 1) / Gd, lo = std::min(n, q * dc), hi = std::min(n, lo + q);
+    const int64_t q = (n + Gt - 1) / Gt, lo = std::min(n, q * dc), hi = std::min(n, lo + q);
     piece_.push_back(q);
     piece_max = std::max(piece_max, q);
     zl_.param_offsets.push_back(t.offset + lo);
@@ -124,7 +127,8 @@ void GradReducer::zero_layer_blocks(int layer) {
 // D ranks by the same algorithm, so the result does not depend on the chunking; every D rank
 // makes the same calls (q and Gd are the same there).
 void GradReducer::reduce_scatter_d(size_t i, const float* shard, float* piece) {
-  const int64_t n = plan_.tensors[i].shard_numel, q = piece_[i], Gd = ctx_.g().replica_count();
+  const comm::Communicator& replicas = ctx_.g().replicas_for(plan_.tensors[i].expert);
+  const int64_t n = plan_.tensors[i].shard_numel, q = piece_[i], Gd = replicas.size();
   if (Gd == 1) {
     ctx_.copy_dev(piece, shard, n);
     return;
@@ -141,7 +145,6 @@ void GradReducer::reduce_scatter_d(size_t i, const float* shard, float* piece) {
       if (have > 0) ctx_.copy_dev(packed + d * len, shard + first, have);
       ctx_.zero_dev(packed + d * len + have, len - have);
     }
-    const comm::Communicator& replicas = ctx_.g().replicas();
     if (comm_bf16_)
       reduce_scatter_sum_bf16(*ctx_.be, replicas, packed, piece + a, len);
     else
@@ -174,7 +177,7 @@ void GradReducer::scatter_layer(int layer) {
       } else if (!t.z_sharded && ctx_.shape().z() > 1) {
         ctx_.sum_over(ctx_.g().z(), block, t.block_numel, "replicated grads");  // replicated over Z: sum first
       }
-      float* piece = zero_tmp_.data() + piece_[i] * ctx_.g().replica_count();
+      float* piece = zero_tmp_.data() + piece_[i] * ctx_.g().replicas_for(t.expert).size();
       reduce_scatter_d(i, shard, piece);
       ctx_.ops().add(ctx_.bq(), grads_.data() + zl_.grad_offsets[i], piece, zl_.sizes[i]);
     }
@@ -275,7 +278,9 @@ void GradReducer::build_buckets() {
     return;
   }
   const int64_t cap = int64_t(ov_.dp_bucket_mb * 1048576.0 / sizeof(float));
-  Bucket open[2];  // [0]: replicated over zd, [1]: Z shards over d
+  // [0]: replicated over zd, [1]: Z shards over d, [2]: expert shards over their expert-data
+  // group (E > 1)
+  Bucket open[3];
   int64_t staged = 0;
   auto close = [&](Bucket& b) {
     if (b.tensors.empty()) return;
@@ -292,17 +297,22 @@ void GradReducer::build_buckets() {
     for (size_t i = 0; i < plan_.tensors.size(); ++i) {
       const TensorShard& t = plan_.tensors[i];
       if (t.spec->layer != l || !t.stored) continue;
-      const comm::Communicator& grp = t.z_sharded ? ctx_.g().replicas() : ctx_.g().tokens();
+      const comm::Communicator& grp = t.expert      ? ctx_.g().expert_replicas()
+                                      : t.z_sharded ? ctx_.g().replicas()
+                                                    : ctx_.g().tokens();
       if (grp.size() == 1) continue;
-      Bucket& b = open[t.z_sharded ? 1 : 0];
+      const int kind = t.expert ? 2 : t.z_sharded ? 1 : 0;
+      Bucket& b = open[kind];
       b.group = &grp;
       b.sharded = t.z_sharded;
+      b.kind = kind;
       b.tensors.push_back(int(i));
       if (b.layers.empty() || b.layers.back() != l) b.layers.push_back(l);
       b.numel += t.shard_numel;
       if (b.numel >= cap) close(b);
     }
   }
+  close(open[2]);
   close(open[1]);
   close(open[0]);
   bucket_buf_ = backend::DeviceArray<float>(*ctx_.be, size_t(std::max<int64_t>(staged, 1)));
@@ -354,13 +364,13 @@ void GradReducer::layer_final(int layer, bool sharded) {
 }
 
 // Each group's buckets strictly in list order, so every rank starts them in the same order
-// (the two groups are independent communicators).
+// (the groups are independent communicators).
 void GradReducer::start_ready_buckets() {
-  for (int kind = 0; kind < 2; ++kind) {
+  for (int kind = 0; kind < 3; ++kind) {
     size_t& i = next_bucket_[kind];
     for (; i < buckets_.size(); ++i) {
       Bucket& b = buckets_[i];
-      if (int(b.sharded) != kind) continue;
+      if (b.kind != kind) continue;
       const auto& fin = b.sharded ? final_sharded_ : final_repl_;
       bool ready = true;
       for (int l : b.layers) ready = ready && fin[size_t(l + 1)];
@@ -371,7 +381,7 @@ void GradReducer::start_ready_buckets() {
 }
 
 void GradReducer::reset_step_state() {
-  next_bucket_[0] = next_bucket_[1] = 0;
+  next_bucket_[0] = next_bucket_[1] = next_bucket_[2] = 0;
   for (auto& b : buckets_) b.started = false, b.ticket = 0;
   std::fill(final_sharded_.begin(), final_sharded_.end(), 0);
   std::fill(final_repl_.begin(), final_repl_.end(), 0);
@@ -405,8 +415,9 @@ void GradReducer::reduce() {
       if (!t.stored) continue;  // another pipeline stage's layer
       float* gp = grads_.data() + t.offset;
       if (!t.z_sharded && ctx_.shape().z() > 1) ctx_.sum_over(ctx_.g().z(), gp, t.shard_numel, "replicated grads");
-      if (ctx_.g().replica_count() == 1) continue;
-      float* piece = zero_tmp_.data() + piece_[i] * ctx_.g().replica_count();
+      const int reps = ctx_.g().replicas_for(t.expert).size();
+      if (reps == 1) continue;
+      float* piece = zero_tmp_.data() + piece_[i] * reps;
       reduce_scatter_d(i, gp, piece);
       ctx_.copy_dev(grads_.data() + zl_.grad_offsets[i], piece, zl_.sizes[i]);
     }
@@ -433,7 +444,7 @@ double GradReducer::sum_squares() {
   double* part = scalar_.as<double>();
   for (size_t i = 0; i < plan_.tensors.size(); ++i) {
     const TensorShard& t = plan_.tensors[i];
-    bool owner = (zero_ > 0 || ctx_.g().replica_index() == 0) && stage_owns(t, c);
+    bool owner = (zero_ > 0 || t.first_replica) && stage_owns(t, c);
     if (!t.z_sharded) owner = owner && c.z() == 0;
     if (t.layout == ShardLayout::ColsX) owner = owner && c.y() == 0;
     if (t.layout == ShardLayout::RowsY) owner = owner && c.x() == 0;

@@ -97,6 +97,7 @@ class GradReducer {
     std::vector<int> tensors;
     std::vector<int> layers;  // layers whose gradients must be final first
     bool sharded = false;
+    int kind = 0;  // 0: replicated (zd), 1: Z shards (d), 2: expert shards (expert-data group)
     int64_t offset = 0, numel = 0;  // in bucket_buf_
     CommQueue::Ticket ticket = 0;
     bool started = false;
@@ -136,7 +137,7 @@ class GradReducer {
   CommQueue::Ticket emb_ids_ticket_ = 0, head_rs_ticket_ = 0;
   std::vector<Bucket> buckets_;
   backend::DeviceArray<float> bucket_buf_;
-  size_t next_bucket_[2] = {0, 0};  // per group kind (replicated, sharded): next to start
+  size_t next_bucket_[3] = {0, 0, 0};  // per Bucket::kind: next to start
   std::vector<char> final_sharded_, final_repl_;  // per layer + 1, this step
   int expected_micro_ = 0, micro_done_ = 0;
   backend::DeviceBuffer scalar_;  // one double: a sum read back

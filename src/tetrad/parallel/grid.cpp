@@ -80,12 +80,16 @@ std::span<const Axis> shortest_form(const PerAxis<kUnset>& v) {
 std::string joined(const GridShape& shape, const char* sep, const char* named_sep,
                    const char* named_join) {
   std::string s;
-  const std::span<const Axis> form = shortest_form(shape);
+  // The expert fold has no positional form either.
+  const std::span<const Axis> form =
+      shape.e() > 1 ? std::span<const Axis>{} : shortest_form(shape);
   if (form.empty()) {
     for (Axis a : kAxesInRankOrder)
       if (shape[a] != 1)
         s += (s.empty() ? "" : named_join) + std::string(axis_name(a)) + named_sep +
              std::to_string(shape[a]);
+    if (shape.e() != 1) s += (s.empty() ? "" : named_join) + std::string("e") + named_sep +
+                             std::to_string(shape.e());
     return s;
   }
   for (Axis a : form) s += (s.empty() ? "" : sep) + std::to_string(shape[a]);
@@ -197,7 +201,8 @@ std::string axis_list() {
 GridShape parse_grid(const std::string& text) {
   const char* expected =
       "expected four positive integers \"x,y,z,d\" (e.g. \"2,1,2,1\") or five \"x,y,z,p,d\", or "
-      "named extents \"d=2,x=2\" (the context axis only by name: \"c=2\")";
+      "named extents \"d=2,x=2\" (the context axis and the expert fold only by name: \"c=2\", "
+      "\"d=2,e=2\")";
   std::vector<std::string> parts;
   size_t start = 0;
   while (true) {
@@ -210,6 +215,7 @@ GridShape parse_grid(const std::string& text) {
   // Every part gives one axis its extent, by name or by position; axes not given are 1.
   GridShape shape;
   AxisSet given;
+  bool e_given = false;
   auto assign = [&](Axis axis, const std::string& value) {
     if (given.contains(axis)) fail("grid \"", text, "\": axis ", axis_name(axis), " is named twice");
     given = given | axis;
@@ -224,11 +230,20 @@ GridShape parse_grid(const std::string& text) {
       if (eq == std::string::npos)
         fail("grid \"", text, "\": \"", part, "\" names no axis; ", expected);
       const std::string name = trimmed(part.substr(0, eq)), value = trimmed(part.substr(eq + 1));
+      if (name == "e") {  // the expert fold: no axis of the rank order (GridShape::e())
+        if (e_given) fail("grid \"", text, "\": e is named twice");
+        e_given = true;
+        const std::optional<int> v = parse_extent(value);
+        if (!v) fail("grid \"", text, "\": ", expected, ", got \"", value, "\" for e");
+        shape.set_e(*v);
+        continue;
+      }
       std::optional<Axis> axis;
       for (Axis a : kAxesInRankOrder)
         if (name == axis_name(a)) axis = a;
       if (!axis)
-        fail("grid \"", text, "\": unknown axis \"", name, "\" (the axes are ", axis_list(), ")");
+        fail("grid \"", text, "\": unknown axis \"", name, "\" (the axes are ", axis_list(),
+             ", and e, the expert fold over c and d)");
       assign(*axis, value);
     }
   } else {
@@ -257,6 +272,12 @@ void validate_grid(const GridShape& shape, int world_size) {
     fail("grid ", shape.to_string(), " needs ", shape.size(), " ranks but mpirun started ",
          world_size, " (launch with mpirun -n ", shape.size(),
          " or choose a grid whose product is ", world_size, ")");
+  const int replicas = shape.size(replica_axes());
+  if (shape.e() < 1 || replicas % shape.e() != 0)
+    fail("grid ", shape.to_string(), ": the expert-parallel extent E = ", shape.e(),
+         " must divide the data x context ranks Gd x Gc = ", shape.d(), " x ", shape.c(), " = ",
+         replicas, " (E folds over them and adds no ranks; e.g. d=", shape.e(), ",e=", shape.e(),
+         ")");
 }
 
 namespace {

@@ -133,9 +133,22 @@ struct GridShape : PerAxis<1> {
   // "2x2x1x1" (x,y,z,d) when p = c = 1, "2x1x1x2x1" (x,y,z,p,d) when c = 1, else the axes other
   // than 1 by name, "x2.c2.d2" (c has no positional form).
   std::string to_string() const;
-  // What parse_grid reads: "2,2,1,1", five numbers when p > 1, else named: "x=2,c=2,d=2".
+  // What parse_grid reads: "2,2,1,1", five numbers when p > 1, else named: "x=2,c=2,d=2"
+  // (with E > 1 always named: "d=2,e=2").
   std::string to_arg() const;
+  // E, the expert-parallel extent of a mixture-of-experts model: its experts split over E ranks
+  // folded over the replica axes (C x D, Megatron's "parallel folding"), so it adds no ranks
+  // (size() does not count it and it is no Axis of the rank order); E must divide Gc x Gd and
+  // the number of experts. 1: every rank holds every expert. Given by name only: "d=2,e=2".
+  constexpr int e() const { return e_; }
+  constexpr GridShape& set_e(int e) {
+    e_ = e;
+    return *this;
+  }
   constexpr bool operator==(const GridShape&) const = default;
+
+ private:
+  int e_ = 1;
 };
 
 // A rank's place in a grid; axes not given are 0.
@@ -168,18 +181,30 @@ int position_in(const GridCoord& coord, const GridShape& shape, AxisSet axes);
 // position_in(coord_of(rank), shape, axes)).
 std::vector<int> group_ranks(int rank, const GridShape& shape, AxisSet axes);
 
+// The expert-parallel fold (GridShape::e()): a rank's place among the replica ranks (its C and D
+// coordinates, position_in over replica_axes()) modulo E is its expert rank (which n_experts / E
+// experts it holds: the E consecutive replica ranks of one expert group hold every expert), and
+// divided by E its expert-data rank (its place among the ranks holding the same experts).
+inline int expert_rank(const GridCoord& coord, const GridShape& shape) {
+  return position_in(coord, shape, replica_axes()) % shape.e();
+}
+inline int expert_data_rank(const GridCoord& coord, const GridShape& shape) {
+  return position_in(coord, shape, replica_axes()) / shape.e();
+}
+
 // The token split: the micro-batch's sequences are dealt over token_axes().
 inline int token_slots(const GridShape& shape) { return shape.size(token_axes()); }
 inline int token_slot(const GridCoord& coord, const GridShape& shape) {
   return position_in(coord, shape, token_axes());
 }
 
-// Parses "x,y,z,d" (e.g. "2,1,2,1"; p = 1), "x,y,z,p,d", or named extents "d=2,x=2" ("c=2" only
-// this way; axes not named are 1; an unknown or repeated axis is an error naming it); spaces allowed.
+// Parses "x,y,z,d" (e.g. "2,1,2,1"; p = 1), "x,y,z,p,d", or named extents "d=2,x=2" ("c=2" and the
+// expert fold "e=2" only this way; axes not named are 1; an unknown or repeated axis is an error
+// naming it); spaces allowed.
 GridShape parse_grid(const std::string& text);
 
-// Throws tetrad::Error unless every extent is >= 1 and shape.size() == world_size, e.g.
-// "grid 2x2x1x1 needs 4 ranks but mpirun started 2 (...)".
+// Throws tetrad::Error unless every extent is >= 1, shape.size() == world_size, e.g.
+// "grid 2x2x1x1 needs 4 ranks but mpirun started 2 (...)", and E divides Gc x Gd.
 void validate_grid(const GridShape& shape, int world_size);
 
 // Every shape with size() == n (n >= 1) whose axes outside `axes` are 1, ordered

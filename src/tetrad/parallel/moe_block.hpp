@@ -12,18 +12,22 @@
 //
 // Optional parts (model/family.hpp's SharedGate.. and ExpertBias roles): the shared expert
 // (Qwen2-MoE's form) adds sigmoid(ln2 · w_gate) * SwiGLU-MLP_shared(ln2) to every token's output;
-// the expert bias (DeepSeek-V3's aux-loss-free balancing) is added to the router's probabilities
-// for the top-k selection only, and is updated after each optimizer step from the step's load
-// (MoeStats::load, ParallelTransformer::update_expert_bias), not by the optimizer.
+// its weights are dense ones (whole on every rank, reduced over every data rank, also with
+// E > 1). The expert bias (DeepSeek-V3's aux-loss-free balancing) is added to the router's
+// probabilities for the top-k selection only, and is updated after each optimizer step from the
+// step's load (MoeStats::load, ParallelTransformer::update_expert_bias), not by the optimizer.
 //
 // The backward recomputes the routing from the layer's stored logits (the same plan bit for
 // bit), so it needs no host state kept from the forward: pipeline chunks and recomputation
-// restore the activations alone. Experts are whole on every rank (Gx = Gy = 1); fp32 only.
+// restore the activations alone. Experts are whole (Gx = Gy = 1); with the expert-parallel fold
+// (GridShape::e() > 1) each rank holds n_experts / E of them and the rows travel to them and back
+// by all-to-all (expert_parallel.hpp); fp32 only.
 #pragma once
 #include <vector>
 
 #include "tetrad/backend/backend.hpp"
 #include "tetrad/parallel/dense_block.hpp"
+#include "tetrad/parallel/expert_parallel.hpp"
 #include "tetrad/parallel/moe_routing.hpp"
 
 namespace tetrad::parallel {
@@ -63,20 +67,16 @@ class MoeBlock final : public DenseBlock {
   bool sequence_shardable() const override { return false; }  // parallel.sequence_shard: not yet
   // The layer's routing from its stored logits, and the plan uploaded for the permutation ops.
   void route(int l, int64_t N);
-  // Each expert's GEMM over its rows: C_e (= beta C_e) + op(A_e) op(B_e), shapes per expert.
-  void expert_gemms(const char* what, bool ta, bool tb, const std::vector<int64_t>& M,
-                    const std::vector<int64_t>& Nn, const std::vector<int64_t>& K,
-                    const std::vector<const void*>& A, int64_t lda,
-                    const std::vector<const void*>& B, int64_t ldb, float beta,
-                    const std::vector<float*>& C, int64_t ldc);
 
   const ModelConfig& cfg_;
   std::vector<Experts> experts_;
   MoeRouting routing_;
+  std::unique_ptr<ExpertParallel> ep_;  // E > 1: the experts' exchange; null: every expert here
   MoeStats stats_;
   float grad_scale_ = 0.0f;
   bool recomputing_ = false;
   std::vector<float> logits_host_, dw_host_, dlogits_host_, bias_host_, sgate_host_;
+  std::vector<double> shares_;  // every token rank's routing_share, in group order
   backend::DeviceArray<int32_t> slots_;      // [N k] the routing's plan
   backend::DeviceArray<float> weights_, dw_;  // [N k] combine weights and their gradient
   backend::DeviceArray<float> dlogits_;       // [N E]

@@ -16,6 +16,25 @@ int64_t expert_capacity(const ModelConfig& c, int64_t N) {
 
 void route_tokens(const float* logits, int64_t N, const ModelConfig& c, MoeRouting& r,
                   const float* expert_bias) {
+  route_local(logits, N, c, r, expert_bias);
+  std::vector<double> share(size_t(routing_share_size(r.E)));
+  routing_share(r, share.data());
+  finish_routing(c, share.data(), 1, 0, r);
+}
+
+int64_t routing_share_size(int64_t E) { return 2 * E + 2; }
+
+void routing_share(const MoeRouting& r, double* share) {
+  for (int64_t e = 0; e < r.E; ++e) {
+    share[e] = double(r.routed[size_t(e)]);
+    share[r.E + e] = r.psum[size_t(e)];
+  }
+  share[2 * r.E] = r.zsum;
+  share[2 * r.E + 1] = double(r.N);
+}
+
+void route_local(const float* logits, int64_t N, const ModelConfig& c, MoeRouting& r,
+                 const float* expert_bias) {
   const int64_t E = c.n_experts, k = c.experts_per_token;
   r.N = N; r.E = E; r.k = k;
   r.probs.assign(size_t(N * E), 0.0);
@@ -65,11 +84,41 @@ void route_tokens(const float* logits, int64_t N, const ModelConfig& c, MoeRouti
       ++r.routed[size_t(e)];
     }
   }
-  // The dispatch: each expert takes its choices in token order up to its capacity.
-  const int64_t cap = expert_capacity(c, N);
+  r.psum.assign(static_cast<size_t>(E), 0.0);
+  for (int64_t e = 0; e < E; ++e) {
+    double P = 0;
+    for (int64_t t = 0; t < N; ++t) P += r.probs[size_t(t * E + e)];
+    r.psum[size_t(e)] = P;
+  }
+  r.zsum = zsum;
+}
+
+void finish_routing(const ModelConfig& c, const double* shares, int ranks, int me, MoeRouting& r) {
+  const int64_t N = r.N, E = r.E, k = r.k, w = routing_share_size(E);
+  // The totals over the ranks, and the choices of each expert on the ranks before this one.
+  r.total_N = 0;
+  r.total_routed.assign(static_cast<size_t>(E), 0);
+  std::vector<int64_t> before(static_cast<size_t>(E), 0);
+  std::vector<double> P(static_cast<size_t>(E), 0.0);
+  double zsum = 0;
+  for (int q = 0; q < ranks; ++q) {
+    const double* s = shares + q * w;
+    for (int64_t e = 0; e < E; ++e) {
+      r.total_routed[size_t(e)] += int64_t(s[e]);
+      if (q < me) before[size_t(e)] += int64_t(s[e]);
+      P[size_t(e)] += s[E + e];
+    }
+    zsum += s[2 * E];
+    r.total_N += int64_t(s[2 * E + 1]);
+  }
+  // The dispatch: each expert takes its choices in token order up to its capacity (of the whole
+  // micro-batch; the ranks before this one took theirs first).
+  const int64_t cap = expert_capacity(c, r.total_N);
+  r.rows.assign(static_cast<size_t>(E), 0);
+  r.slots.assign(size_t(N * k), -1);
   for (int64_t i = 0; i < N * k; ++i) {
     const int32_t e = r.choice[size_t(i)];
-    if (r.rows[size_t(e)] < cap) ++r.rows[size_t(e)];
+    if (before[size_t(e)] + r.rows[size_t(e)] < cap) ++r.rows[size_t(e)];
     else r.slots[size_t(i)] = -2;  // dropped (marked; rows are numbered below)
   }
   int64_t row = 0;
@@ -87,20 +136,25 @@ void route_tokens(const float* logits, int64_t N, const ModelConfig& c, MoeRouti
     }
     r.slots[size_t(i)] = int32_t(next[size_t(r.choice[size_t(i)])]++);
   }
-  // Load balancing: f_e = routed_e / N (summing to k over the experts), P_e = mean_t p[t, e].
-  double aux = 0;
+  r.total_rows.assign(static_cast<size_t>(E), 0);
+  r.total_dropped = 0;
   for (int64_t e = 0; e < E; ++e) {
-    double P = 0;
-    for (int64_t t = 0; t < N; ++t) P += r.probs[size_t(t * E + e)];
-    aux += double(r.routed[size_t(e)]) / double(N) * (P / double(N));
+    r.total_rows[size_t(e)] = std::min(r.total_routed[size_t(e)], cap);
+    r.total_dropped += r.total_routed[size_t(e)] - r.total_rows[size_t(e)];
   }
+  // Load balancing: f_e = routed_e / N (summing to k over the experts), P_e = mean_t p[t, e].
+  const double Nt = double(r.total_N);
+  double aux = 0;
+  for (int64_t e = 0; e < E; ++e)
+    aux += double(r.total_routed[size_t(e)]) / Nt * (P[size_t(e)] / Nt);
   r.aux = double(E) * aux;
-  r.z = zsum / double(N);
+  r.z = zsum / Nt;
 }
 
 void router_backward(const MoeRouting& r, const float* dw, bool renormalize, double aux_scale,
                      double z_scale, float* dlogits) {
   const int64_t N = r.N, E = r.E, k = r.k;
+  const double Nt = double(r.total_N);
   std::vector<double> dp(static_cast<size_t>(E));
   for (int64_t t = 0; t < N; ++t) {
     const double* p = r.probs.data() + t * E;
@@ -118,10 +172,10 @@ void router_backward(const MoeRouting& r, const float* dw, bool renormalize, dou
     }
     if (aux_scale != 0)
       for (int64_t e = 0; e < E; ++e)
-        dp[size_t(e)] += aux_scale * double(E) * double(r.routed[size_t(e)]) / double(N) / double(N);
+        dp[size_t(e)] += aux_scale * double(E) * double(r.total_routed[size_t(e)]) / Nt / Nt;
     double pdp = 0;
     for (int64_t e = 0; e < E; ++e) pdp += p[e] * dp[size_t(e)];
-    const double zg = z_scale * 2.0 * r.lse[size_t(t)] / double(N);
+    const double zg = z_scale * 2.0 * r.lse[size_t(t)] / Nt;
     for (int64_t e = 0; e < E; ++e)
       dlogits[t * E + e] = float(p[e] * (dp[size_t(e)] - pdp) + zg * p[e]);
   }
@@ -138,9 +192,11 @@ void update_expert_bias_values(float* bias, const int64_t* load, int64_t E, floa
 }
 
 void MoeStats::add_load(int layer, int n_layer, const MoeRouting& r) {
+  TETRAD_CHECK(r.total_routed.size() == size_t(r.E), "the expert load of a routing that "
+               "finish_routing has not completed");
   if (load.empty()) load.assign(size_t(n_layer) * size_t(r.E), 0);
   n_experts = r.E;
-  for (int64_t e = 0; e < r.E; ++e) load[size_t(layer * r.E + e)] += r.routed[size_t(e)];
+  for (int64_t e = 0; e < r.E; ++e) load[size_t(layer * r.E + e)] += r.total_routed[size_t(e)];
 }
 
 double MoeStats::load_imbalance() const {
@@ -161,9 +217,9 @@ void MoeStats::add(const MoeRouting& r) {
   ++layers;
   aux += r.aux;
   z += r.z;
-  dropped += r.dropped;
-  routed += r.N * r.k;
-  for (int64_t n : r.rows) {
+  dropped += r.total_dropped;
+  routed += r.total_N * r.k;
+  for (int64_t n : r.total_rows) {
     if (min_rows < 0 || n < min_rows) min_rows = n;
     if (n > max_rows) max_rows = n;
   }

@@ -237,6 +237,10 @@ double ParallelTransformer::chunk_loss(const int32_t* targets, int B, int T, flo
   return vocab_->cross_entropy(targets, int64_t(B) * T, grad_scale, with_grad);
 }
 
+void ParallelTransformer::set_block_grad_scale(float grad_scale) {
+  block_->set_grad_scale(grad_scale);
+}
+
 double ParallelTransformer::forward_loss(const int32_t* inputs, const int32_t* targets, int B, int T) {
   ScopedPhase sp(ctx_.prof, Phase::Other);
   forward(inputs, B, T);

@@ -234,6 +234,10 @@ class ParallelTransformer {
   void forward_chunk(int l0, int l1, bool embed, bool head, const int32_t* inputs, int B, int T);
   // Head chunk, after forward_chunk: the cross-entropy as forward_backward does it.
   double chunk_loss(const int32_t* targets, int B, int T, float grad_scale, bool with_grad);
+  // The loss's gradient scale for the blocks' own loss terms (the router's losses of a mixture
+  // of experts): every pipeline stage's, including those without the head (chunk_loss sets it
+  // on the last).
+  void set_block_grad_scale(float grad_scale);
   // dout: gradient of the chunk's output (ignored with head); afterwards input_grad() holds the
   // gradient of its input. Parameter gradients accumulate as in forward_backward.
   void backward_chunk(int l0, int l1, bool embed, bool head, const int32_t* inputs,

@@ -124,7 +124,8 @@ void ParallelTransformer::gather_updated_params() {
     if (!t.stored) continue;  // another pipeline stage's layer
     const int64_t q = reduce_->piece(i);
     float* pieces = reduce_->piece_staging();
-    const comm::Communicator& replicas = ctx_.g().replicas();  // D (with C: C x D)
+    // D (with C: C x D; an expert tensor's expert-data group)
+    const comm::Communicator& replicas = ctx_.g().replicas_for(t.expert);
     float* mine = pieces + q * replicas.size();
     ctx_.zero_dev(mine, q);
     ctx_.copy_dev(mine, params_.data() + optimizer_layout().param_offsets[i], optimizer_layout().sizes[i]);

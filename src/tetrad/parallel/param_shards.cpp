@@ -61,7 +61,7 @@ void ParallelTransformer::gather_shard(const float* shard, size_t i, float* full
       ctx_.bq().synchronize();
     }
     const GridCoord& c = ctx_.g().coord;
-    bool owner = c.d() == 0 && c.c() == 0 && c.z() == 0 && owns(t);
+    bool owner = t.first_replica && c.z() == 0 && owns(t);
     if (t.layout == ShardLayout::ColsX) owner = owner && c.y() == 0;
     if (t.layout == ShardLayout::RowsY) owner = owner && c.x() == 0;
     if (t.layout == ShardLayout::Replicated) owner = owner && c.x() == 0 && c.y() == 0;
@@ -81,7 +81,8 @@ void ParallelTransformer::gather_state_tensor(const float* state, size_t i, floa
   if (opt_.zero == 0) return gather_tensor(state, i, full);
   const int64_t q = reduce_->piece(i);
   float* pieces = reduce_->piece_staging();
-  const comm::Communicator& replicas = ctx_.g().replicas();  // D (with C: C x D)
+  // D (with C: C x D; an expert tensor's expert-data group)
+  const comm::Communicator& replicas = ctx_.g().replicas_for(plan_.tensors[i].expert);
   float* mine = pieces + q * replicas.size();
   ctx_.zero_dev(mine, q);
   ctx_.copy_dev(mine, state + optimizer_layout().state_offsets[i], optimizer_layout().sizes[i]);

@@ -62,6 +62,8 @@ double PipelineDriver::step(const int32_t* inputs, const int32_t* targets, int B
   std::vector<comm::Request> sends;
   std::vector<float> in(size_t(n), 0.0f);
   double loss = 0;
+  // The router's losses of a mixture of experts enter each layer's backward on every stage.
+  m_.set_block_grad_scale(grad_scale);
 
   // The receive an op needs (none for the first virtual stage's forwards and the last's
   // backwards), posted one op ahead.

@@ -36,6 +36,8 @@ void ProcessGroups::use_backend(backend::Backend& be) {
     if (!world.is_self()) world.stage_device_memory(staging);
     for (const auto& [axes, c] : groups_)
       if (!c.is_self()) c.stage_device_memory(staging);
+    for (const comm::Communicator* c : {&experts_, &expert_replicas_})
+      if (!c->is_self()) c->stage_device_memory(staging);
   }
   staging->add(be);
 }
@@ -66,6 +68,19 @@ ProcessGroups::ProcessGroups(const Communicator& world_in, const GridShape& shap
   for (const auto& [axes, c] : groups_)
     TETRAD_CHECK(c.size() == shape.size(axes) && c.rank() == position_in(coord, shape, axes),
                  "group ", axes.name(), " of rank ", world.rank(), " does not match the grid");
+  if (shape.e() > 1) {
+    // Colours: the ranks with the same coordinates off the replica axes (base) and the same
+    // expert-data rank form an expert group; with the same expert rank, an expert-data group.
+    GridCoord b = coord;
+    for (Axis a : replica_axes().axes()) b[a] = 0;
+    const int base = rank_of(b, shape), E = shape.e(), Gr = shape.size(replica_axes());
+    const int er = expert_rank(coord, shape), edr = expert_data_rank(coord, shape);
+    experts_ = world.split(base * (Gr / E) + edr, er, "e");
+    expert_replicas_ = world.split(base * E + er, edr, "ed");
+    TETRAD_CHECK(experts_.size() == E && experts_.rank() == er &&
+                     expert_replicas_.size() == Gr / E && expert_replicas_.rank() == edr,
+                 "the expert groups of rank ", world.rank(), " do not match the grid");
+  }
 }
 
 ProcessGroups ProcessGroups::on_nccl(const Communicator& world, const GridShape& shape) {
@@ -106,6 +121,17 @@ std::string ProcessGroups::summary() const {
   for (const auto& [axes, c] : groups_)
     if ((axes != AxisSet(Axis::P) || shape.p() > 1) && (axes != AxisSet(Axis::C) || shape.c() > 1))
       s += detail::concat(" ", axes.name(), " ", ranks_list(group_ranks(r, shape, axes)));
+  if (shape.e() > 1) {
+    // The replica ranks (C x D) of this rank, split by the fold.
+    const std::vector<int> reps = group_ranks(r, shape, replica_axes());
+    std::vector<int> e, ed;
+    for (int q : reps) {
+      const GridCoord c = coord_of(q, shape);
+      if (expert_data_rank(c, shape) == expert_data_rank(coord, shape)) e.push_back(q);
+      if (expert_rank(c, shape) == expert_rank(coord, shape)) ed.push_back(q);
+    }
+    s += detail::concat(" e ", ranks_list(e), " ed ", ranks_list(ed));
+  }
   return s;
 }
 

@@ -82,6 +82,19 @@ struct ProcessGroups {
   static AxisSet replica_axes_of(const GridShape& s) {
     return s.c() > 1 ? replica_axes() : AxisSet(Axis::D);
   }
+  // The expert-parallel groups (GridShape::e() = E > 1; grid.hpp's expert_rank and
+  // expert_data_rank): experts() the E replica ranks whose experts together are the model's (the
+  // dispatch's all-to-all, "e"), expert_replicas() the Gc x Gd / E ranks that hold the same
+  // experts (their gradients' sum and ZeRO's pieces, "ed"). With E = 1 experts() is this rank
+  // alone and expert_replicas() is replicas(). replicas_for(expert): the group a tensor's
+  // replicas form, expert_replicas() for the experts' tensors.
+  const comm::Communicator& experts() const { return experts_; }
+  const comm::Communicator& expert_replicas() const {
+    return shape.e() > 1 ? expert_replicas_ : replicas();
+  }
+  const comm::Communicator& replicas_for(bool expert) const {
+    return expert ? expert_replicas() : replicas();
+  }
   // Every group of a grid of this shape, in the order they are made (each axis, then the token
   // group, then with Gc > 1 the replica group).
   static std::vector<AxisSet> group_axes(const GridShape& shape);
@@ -93,11 +106,14 @@ struct ProcessGroups {
   void release_backend(backend::Backend& be);
   std::shared_ptr<BackendStaging> staging;  // null until a device backend uses the groups
   // One line, e.g. "rank 3 = (x1,y1,z0,d0) of 2x2x1x1: x [2,3] y [1,3] z [3] d [3] zd [3]"
-  // (each group's world ranks in group order; "p [...]" too when Gp > 1).
+  // (each group's world ranks in group order; "p [...]" too when Gp > 1, "e [...] ed [...]"
+  // when E > 1).
   std::string summary() const;
 
  private:
   std::vector<std::pair<AxisSet, comm::Communicator>> groups_;  // in group_axes() order
+  comm::Communicator experts_ = comm::Communicator::self("e");
+  comm::Communicator expert_replicas_ = comm::Communicator::self("ed");
   std::shared_ptr<ProcessGroups> host_;  // the MPI twins of NCCL groups; null otherwise
 };
 

@@ -24,6 +24,23 @@ void validate_grid_for_model(const ModelConfig& c, const GridShape& g) {
     fail("grid: ", c.desc().display, "'s experts split over the tensor axes (Gx = ", g.x(),
          ", Gy = ", g.y(), ") are not implemented; a mixture-of-experts model runs with Gx = Gy = 1 "
          "(Z, D and P as for a dense model)");
+  if (g.e() > 1) {
+    if (!c.moe())
+      fail("grid: the expert-parallel fold E = ", g.e(), " needs a mixture-of-experts model "
+           "(model.n_experts > 0); ", c.desc().display, " here is dense (use e=1)");
+    if (c.n_experts % g.e() != 0)
+      fail("grid: model.n_experts (", c.n_experts, ") is not divisible by E = ", g.e(),
+           " (each expert-parallel rank holds n_experts / E whole experts)");
+    const int replicas = g.size(replica_axes());
+    if (replicas % g.e() != 0)
+      fail("grid: the expert-parallel fold E = ", g.e(), " must divide the data x context ranks "
+           "Gd x Gc = ", replicas, " (E folds over them and adds no ranks)");
+  }
+  if (c.moe() && c.moe_capacity_factor > 0 && g.c() > 1)
+    fail("grid: ", c.desc().display, "'s capacity factor (model.moe_capacity_factor = ",
+         c.moe_capacity_factor, ") with the context axis (Gc = ", g.c(), ") is not implemented: "
+         "an expert's capacity is taken in token order, which the context chunks interleave; "
+         "use Gc = 1 or a dropless router (moe_capacity_factor = 0)");
 }
 
 namespace {
@@ -93,14 +110,19 @@ TensorShard block_of(const ModelConfig& c, const ParamSpec& s, const GridShape& 
       normal(slice_rows(R, g.y(), at.y()));
       break;
     case R_::Router:  // the mixture of experts' tensors: whole on Gx = Gy = 1 (the grid's check)
-    case R_::ExpertGateUp:
-    case R_::ExpertDown:
-    case R_::SharedGate:
+    case R_::SharedGate:  // the shared expert: dense, reduced over every data rank
     case R_::SharedUp:
     case R_::SharedDown:
     case R_::SharedExpertGate:
       normal(contiguous(0, R));
       break;
+    case R_::ExpertGateUp:  // [n_experts x 2F, C], [n_experts x C, F]: this rank's experts' rows
+    case R_::ExpertDown: {
+      const int64_t per_rank = R / g.e();  // n_experts / E whole experts (the grid's check)
+      normal(contiguous(per_rank * expert_rank(at, g), per_rank));
+      t.expert = g.e() > 1;
+      break;
+    }
     case R_::Qkv:
       normal(qkv_rows(c, g, at));
       break;
@@ -164,6 +186,7 @@ ShardPlan ShardPlan::build(const ModelConfig& c, const ParamTable& table, const 
   std::map<int, int64_t> layer_end;
   for (const ParamSpec& s : table.specs) {
     TensorShard t = block_of(c, s, g, at);
+    t.first_replica = t.expert ? expert_data_rank(at, g) == 0 : at.c() == 0 && at.d() == 0;
     const std::string& n = s.name;
     t.block_numel = int64_t(t.rows.size()) * t.cols;
     // Blocks that are computed on together (q|k|v, gate|up) must stay adjacent when gathered, so

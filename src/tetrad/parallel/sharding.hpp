@@ -36,6 +36,14 @@ struct TensorShard {
   int64_t col0 = 0, cols = 0;  // local columns are global [col0, col0 + cols)
   int64_t block_numel = 0;     // rows.size() * cols
   bool z_sharded = false;
+  // Split over the expert fold (GridShape::e() > 1; the experts' gate|up and down): the block is
+  // the rows of this rank's n_experts / E experts, replicated only over its expert-data group
+  // (ProcessGroups::expert_replicas()), not over every replica.
+  bool expert = false;
+  // Whether this rank is the first of the ranks along the replica axes (C, D) holding this same
+  // block (for an expert tensor, the first of its expert-data group): the one that writes it to
+  // a checkpoint, gathers it and counts it in the gradient norm.
+  bool first_replica = true;
   // With a pipeline axis (Gp > 1) a rank stores only the layers its stage runs (the plan's
   // LayerSplit) plus every top-level tensor (embeddings, final norm, head: each stage keeps a
   // copy); the other layers' tensors keep their block geometry but have shard_numel = 0 (no parameters,

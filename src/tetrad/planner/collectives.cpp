@@ -26,7 +26,7 @@ void add_tensor_layer_comm(Collectives& c, const PlanInput& in, const GridShape&
 // gradient blocks reduce-scattered after backward.
 void add_sharded_layer_comm(Collectives& c, const PlanInput& in, const GridShape& g, const Sizes& s) {
   const double w_b = in.precision == Precision::BF16 ? 2 : 4;
-  const double layer_block_b = s.block_matmul() / (double(g.x()) * g.y()) * w_b;
+  const double layer_block_b = s.block_stored() / (double(g.x()) * g.y()) * w_b;  // a mixture: its 1/E of the experts
   const AxisSet z = Collectives::shard_axes(g, in.shard_over_context);
   c.add("all-gather of layer weights (fwd)", z, Op::AllGather, layer_block_b, 1, kZFwd, true);
   c.add("all-gather of layer weights (bwd)", z, Op::AllGather, layer_block_b, 1, kZBwd, true);

@@ -16,28 +16,6 @@
 
 namespace tetrad::planner {
 
-// ------------------------------------------------------------------------------------ names
-
-Overlap parse_overlap(const std::string& s) {
-  if (s == "none") return Overlap::None;
-  if (s == "tensor") return Overlap::Tensor;
-  if (s == "all") return Overlap::All;
-  fail("overlap '", s, "': expected none, tensor or all");
-}
-const char* name(Precision p) { return p == Precision::FP32 ? "fp32" : "bf16"; }
-const char* name(Overlap o) {
-  return o == Overlap::None ? "none" : o == Overlap::Tensor ? "tensor" : "all";
-}
-const char* op_name(Op op) {
-  switch (op) {
-    case Op::AllReduce: return "all-reduce";
-    case Op::AllGather: return "all-gather";
-    case Op::ReduceScatter: return "reduce-scatter";
-    case Op::SendRecv: return "send/recv";
-  }
-  return "?";
-}
-
 std::string grid_label(const GridShape& g) {
   std::string s;
   for (Axis a : parallel::kAxesInRankOrder)
@@ -55,8 +33,9 @@ std::vector<GridShape> all_grids(int n) {
 
 namespace {
 
-Sizes sizes(const ModelConfig& m) {
+Sizes sizes(const ModelConfig& m, int ep = 1) {
   Sizes s;
+  if (m.moe()) s.experts = m.n_experts, s.topk = m.experts_per_token, s.ep = ep;
   s.H = m.n_embd;
   s.L = m.n_layer;
   s.F = m.ffn;
@@ -91,15 +70,19 @@ GemmTimes block_gemm_times(const Sizes& s, const GridShape& g, double T, const M
     return 2 * m * n * k / (pk * mach.gemm_eff(m, n, k, bf16, op));
   };
   GemmTimes r;
-  auto weight = [&](double k_in, double n_out) {
-    r.fwd += t(T, n_out, k_in, GemmOp::NT);
-    r.din += t(T, k_in, n_out, GemmOp::NN);
-    r.dw += t(n_out, k_in, T, GemmOp::TN);
+  auto weight = [&](double k_in, double n_out, double rows, double count) {  // count GEMMs of `rows`
+    r.fwd += count * t(rows, n_out, k_in, GemmOp::NT);
+    r.din += count * t(rows, k_in, n_out, GemmOp::NN);
+    r.dw += count * t(n_out, k_in, rows, GemmOp::TN);
   };
-  weight(s.H / g.x(), s.QKV / g.y());  // q|k|v
-  weight(s.A / g.y(), s.H / g.x());    // attention output (transposed)
-  weight(s.H / g.x(), s.FW / g.y());   // MLP up (+ gate)
-  weight(s.F / g.y(), s.H / g.x());    // MLP down (transposed)
+  weight(s.H / g.x(), s.QKV / g.y(), T, 1);  // q|k|v
+  weight(s.A / g.y(), s.H / g.x(), T, 1);    // attention output (transposed)
+  // A mixture of experts: the router, and the rank's n_e / E experts, each on the T k E / n_e rows
+  // routed to it from the E ranks of its group (an even load; planner.hpp).
+  const double ne = s.experts > 0 ? s.experts / s.ep : 1, rows = s.experts > 0 ? T * s.topk * s.ep / s.experts : T;
+  if (s.experts > 0) weight(s.H, s.experts, T, 1);
+  weight(s.H / g.x(), s.FW / g.y(), rows, ne);  // MLP up (+ gate)
+  weight(s.F / g.y(), s.H / g.x(), rows, ne);   // MLP down (transposed)
   const double hk = s.H / g.x(), hn = s.V / g.y();
   r.head_fwd = t(T, hn, hk, GemmOp::NT);
   r.head_bwd = t(T, hk, hn, GemmOp::NN) + t(hn, hk, T, GemmOp::TN);
@@ -203,7 +186,9 @@ double overlap_contention(double comm, double compute, double f) {
 // ------------------------------------------------------------------------------------ placement
 
 Placement place(const GridShape& g, AxisSet axes, const Machine& m) {
-  const std::vector<int> members = parallel::group_ranks(0, g, axes);  // rank 0's group
+  return place_ranks(parallel::group_ranks(0, g, axes), g, m);  // rank 0's group
+}
+Placement place_ranks(const std::vector<int>& members, const GridShape& g, const Machine& m) {
   Placement pl;
   pl.group_size = int(members.size());
   std::set<int> nodes;
@@ -252,6 +237,7 @@ Placement place(const GridShape& g, AxisSet axes, const Machine& m) {
 
 double collective_seconds(Op op, double bytes, const Placement& pl) {
   const int g = pl.group_size;
+  TETRAD_CHECK(op != Op::AllToAll);  // alltoall_seconds (planner.hpp) prices it
   if (op == Op::SendRecv) return pl.latency + bytes / pl.bandwidth;
   if (g <= 1) return 0;
   const double frac = double(g - 1) / g;
@@ -268,7 +254,7 @@ double collective_seconds(Op op, double bytes, const Placement& pl) {
     }
     case Op::AllGather:
     case Op::ReduceScatter: return (g - 1) * lat + frac * bytes / bw;
-    case Op::SendRecv: break;
+    case Op::SendRecv: case Op::AllToAll: break;
   }
   return 0;
 }
@@ -309,11 +295,11 @@ struct StageParams {
 };
 
 // layers: the layers this stage stores (all of them when Gp = 1).
-StageParams stage_params(const ModelConfig& m, const GridShape& g, bool first, bool last, int layers) {
+StageParams stage_params(const ModelConfig& m, const GridShape& g, bool first, bool last, int layers, int ep = 1) {
   // tetrad's pipeline keeps a copy of every top-level tensor (embeddings, final norm, head) on
   // every stage (parallel/sharding.hpp, TensorShard::stored), so each stage holds both ends.
   if (g.p() > 1) first = last = true;
-  const Sizes s = sizes(m);
+  const Sizes s = sizes(m, ep);
   const double xy = double(g.x()) * g.y(), Ls = layers;
   StageParams sp;
   // Two norms, and with biases those of the transposed layers (over X) and of q|k|v and fc (Y);
@@ -321,9 +307,9 @@ StageParams stage_params(const ModelConfig& m, const GridShape& g, bool first, b
   const double layer_vec = s.qk_norm_vectors +
       (s.biases ? (2 * s.norm_vectors + 2) * s.H / g.x() + (s.QKV + s.F) / g.y()
        : s.qkv_bias ? 2 * s.norm_vectors * s.H / g.x() + s.QKV / g.y() : 2 * s.norm_vectors * s.H / g.x());
-  sp.matrices = Ls * s.block_matmul() / xy / g.z();
+  sp.matrices = Ls * s.block_stored() / xy / g.z();
   sp.vectors = Ls * layer_vec;
-  sp.layer_block = s.block_matmul() / xy + layer_vec;
+  sp.layer_block = s.block_stored() / xy + layer_vec;
   if (first) {
     sp.matrices += s.head() / xy / g.z();  // token embedding
     sp.top_block += s.head() / xy;
@@ -443,7 +429,7 @@ MemoryBreakdown memory_breakdown(const parallel::ModelMemory& m) {
   return b;
 }
 
-MemoryBreakdown memory_per_rank(const PlanInput& in, const GridShape& g) {
+MemoryBreakdown memory_per_rank_all_experts(const PlanInput& in, const GridShape& g) {
   if (in.memory_model == MemoryModel::Reference) {
     const MemoryBreakdown a = reference_memory_of_stage(in, g, true, g.p() == 1);
     if (g.p() == 1) return a;
@@ -547,7 +533,7 @@ std::string divisibility_problem(const PlanInput& in, const GridShape& g) {
   if (in.seq > m.max_seq)
     return "sequence length " + std::to_string(in.seq) + " exceeds model.max_seq " +
            std::to_string(m.max_seq);
-  return "";
+  return expert_parallel_problem(in, g);
 }
 
 bool trainer_supports_pipeline() {
@@ -769,7 +755,7 @@ std::map<std::string, double> per_step_collectives(Estimate& e, const std::vecto
     }
     if (it.kind == kData) share = sums.step_comm > 0 ? dp_exposed / sums.step_comm : 0;
     c.exposed = c.seconds * share;
-    exposed_by_axis[std::string("comm ") + c.axis.name()] += c.exposed;
+    exposed_by_axis[std::string("comm ") + c.group_name()] += c.exposed;
     e.collectives.push_back(c);
   }
   return exposed_by_axis;
@@ -801,11 +787,11 @@ Estimate estimate(const PlanInput& in, const GridShape& g, const Machine& mach) 
     return gather.step < ring.step ? gather : ring;
   }
   Estimate e;
-  e.grid = g;
+  e.grid = g, e.expert_parallel = in.expert_parallel;
   e.cp_comm = g.c() > 1 ? in.cp_comm : CpComm::Auto;
-  e.trainable = g.p() == 1 || trainer_supports_pipeline();
+  e.trainable = (g.p() == 1 || trainer_supports_pipeline()) && in.expert_parallel == 1;  // E: not yet
   const ModelConfig& m = in.model;
-  const Sizes s = sizes(m);
+  const Sizes s = sizes(m, in.expert_parallel);
   set_flop_counts(e, in);
   if (std::string why = divisibility_problem(in, g); !why.empty()) {
     e.reject = "does not divide: " + why;
@@ -832,14 +818,16 @@ Estimate estimate(const PlanInput& in, const GridShape& g, const Machine& mach) 
   // The trainer's split (parallel.pipeline_layers): layers of each virtual stage.
   const parallel::LayerSplit layer_split = layer_split_of(in, g);
   const double Ls = stage_layer_count(layer_split, g.p());  // the fullest stage's layers
-  const StageParams sp = stage_params(m, without_context(g, in.shard_over_context), true, g.p() == 1, int(Ls));
+  const GridShape gf = without_context(g, in.shard_over_context);
+  const StageParams sp = stage_params(m, gf, true, g.p() == 1, int(Ls), in.expert_parallel);
 
   Collectives coll(g, mach);
   add_tensor_layer_comm(coll, in, g, s, T);
   add_sharded_layer_comm(coll, in, g, s);
   add_top_comm(coll, in, g, s, T);
   add_pipeline_comm(coll, in, g, s, T);
-  add_data_comm(coll, in, g, sp.matrices, sp.vectors);
+  add_data_comm(coll, in, g, sp.matrices - expert_matrices(s, gf, Ls), sp.vectors);  // the experts':
+  add_moe_comm(coll, in, g, s, T, Ls, mach);                                       // over E's groups
   add_context_layer_comm(coll, in, g, s, T, e.cp_comm);
   const CommSums sums = comm_sums(coll.items());
 
@@ -887,8 +875,7 @@ std::vector<Estimate> plan(const PlanInput& in, const Machine& m) {
   for (const GridShape& g : all_grids(in.ranks)) {
     if (g.p() > 1 && !in.allow_pipeline) continue;
     if (g.c() > 1 && !in.allow_context) continue;
-    Estimate e = estimate(in, g, m);
-    (e.valid ? valid : rejected).push_back(std::move(e));
+    for (Estimate& e : estimate_expert_axis(in, g, m)) (e.valid ? valid : rejected).push_back(std::move(e));
   }
   std::stable_sort(valid.begin(), valid.end(),
                    [](const Estimate& a, const Estimate& b) { return a.step < b.step; });

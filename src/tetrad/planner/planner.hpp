@@ -27,6 +27,7 @@
 #include <nlohmann/json_fwd.hpp>
 
 #include "tetrad/backend/precision.hpp"
+#include "tetrad/model/flops.hpp"
 #include "tetrad/model/model_config.hpp"
 #include "tetrad/parallel/grid.hpp"
 #include "tetrad/parallel/memory_model.hpp"
@@ -121,16 +122,17 @@ struct PlanInput {
   // gathers and reduce-scatters run over Z x C and the weights are stored 1/(Gz Gc). Off (tetrad,
   // the default): weights are replicated over C like over D, gradients reduced over D x C.
   bool shard_over_context = false;
+  // The expert-parallel axis E of a mixture of experts (planner.hpp, the mixture-of-experts terms): experts sharded
+  // over E ranks folded over the data and context ranks (E divides Gc x Gd and the expert count),
+  // tokens dispatched to them by all-to-all. 1: every rank holds every expert (a dense model's
+  // only value). plan() searches every E of each grid for a mixture of experts.
+  int expert_parallel = 1;
   void validate() const;
 };
 
-// How the attention core's FLOPs (Q K^T and P V) are counted.
-//   Causal: half of the S x S score matrix, the work a causal kernel does (FlashAttention's own
-//     benchmark count, "/ (2 if causal else 1)"); MFU and HFU use it, so neither can exceed 100%
-//     however long the sequence (tetrad's models are all causal).
-//   Full: every score counted, as PaLM appendix B and Narayanan et al. (SC21) do; the count the
-//     published rows report (Megatron-LM, AxoNN), so predictions compared with them use it.
-enum class AttentionFlops { Causal, Full };
+// How the attention core's FLOPs are counted (model/flops.hpp): Causal (half the scores; MFU,
+// HFU) or Full (every score; the published rows' count).
+using tetrad::AttentionFlops;
 
 // FLOPs of one optimizer step of the whole job (forward + backward; multiply-add = 2):
 //   model FLOPs = tokens · (6·N_matmul + c·12·L·A·S)   with c = 1/2 (Causal) or 1 (Full; PaLM
@@ -201,6 +203,8 @@ struct Placement {
 enum class MbAt { FirstFwd, LastFwd, LastBwd, EveryOp };
 // Where the group over `axes` (one axis, or parallel::token_axes()) of rank 0 sits.
 Placement place(const GridShape& g, AxisSet axes, const Machine& m);
+// Where the group of these ranks sits (a group no AxisSet names: the expert-data group).
+Placement place_ranks(const std::vector<int>& members, const GridShape& g, const Machine& m);
 
 // Ring algorithms (n = bytes of the buffer per rank: the full buffer of an all-reduce, the
 // output of an all-gather, the input of a reduce-scatter):
@@ -208,13 +212,16 @@ Placement place(const GridShape& g, AxisSet axes, const Machine& m);
 //                   tree (tree_allreduce_seconds, network.hpp: log2(nodes) latency)
 //   all-gather      (g-1)·α + (g-1)/g · n/β      reduce-scatter the same
 //   send/recv       α + n/β
-enum class Op { AllReduce, AllGather, ReduceScatter, SendRecv };
+//   all-to-all      priced by alltoall_seconds (below) (intra- and inter-node shares)
+enum class Op { AllReduce, AllGather, ReduceScatter, SendRecv, AllToAll };
 const char* op_name(Op op);
 double collective_seconds(Op op, double bytes, const Placement& pl);
 
 struct CollectiveCost {
   std::string what;      // "fwd all-reduce of qkv output"
   AxisSet axis = Axis::X;  // the group's axes (axis.name(): "x" ... "zd")
+  std::string group;     // a group no AxisSet names (the expert axis: "e", "ed"); "" = axis.name()
+  std::string group_name() const { return group.empty() ? axis.name() : group; }
   Op op = Op::AllReduce;
   double bytes = 0;      // per rank per call
   double calls = 0;      // per step, on the slowest stage
@@ -239,6 +246,7 @@ struct MemoryBreakdown {
 
 struct Estimate {
   GridShape grid;
+  int expert_parallel = 1;  // E (a mixture of experts; 1 for a dense model)
   bool valid = false;
   std::string reject;      // why not valid: "does not divide: ..." / "does not fit: ..."
   bool trainable = false;  // the trainer can run this grid (Gp = 1 unless it takes a P axis)
@@ -246,7 +254,9 @@ struct Estimate {
   int64_t micro_batches = 0; // per step (train.grad_accum)
   int64_t tokens_per_rank = 0;  // per micro-batch (a sequence's S / Gc with a context axis)
   CpComm cp_comm = CpComm::Auto;  // C > 1: the exchange the estimate prices (never Auto)
-  double model_flops = 0, hardware_flops = 0;  // per step, whole job, causal attention half (MFU, HFU)
+  // per step, whole job, causal attention half (MFU, HFU); a mixture of experts' ACTIVE FLOPs
+  // (the k experts a token is routed to and the router, not every expert's)
+  double model_flops = 0, hardware_flops = 0;
   double model_flops_full = 0, hardware_flops_full = 0;  // the same with attention in full (the
                                                          // published rows' count, AttentionFlops::Full)
   double compute = 0;        // seconds per step on the slowest stage, no bubble
@@ -267,11 +277,14 @@ struct Estimate {
 // e's four FLOP counts for in (global batch, sequence, recomputation): causal and in full.
 void set_flop_counts(Estimate& e, const PlanInput& in);
 
-// Memory per rank for a grid: parallel::model_memory of the trainer's model for this input
+// Memory per rank for a grid, in.expert_parallel applied (moe_plan.cpp): the experts' weights,
+// gradients and optimizer states 1/E of E = 1's, ZeRO over the expert-data group Gc Gd / E.
+MemoryBreakdown memory_per_rank(const PlanInput& in, const GridShape& g);
+// E = 1's: parallel::model_memory of the trainer's model for this input
 // (micro-batch, sequence, precision, recompute, ZeRO, schedule, overlap switches), the most of
 // the first, the last and the fullest pipeline stage. Throws the model's Error where g does not
 // divide the model. (MemoryModel::Reference: the textbook layout instead.)
-MemoryBreakdown memory_per_rank(const PlanInput& in, const GridShape& g);
+MemoryBreakdown memory_per_rank_all_experts(const PlanInput& in, const GridShape& g);
 // The same from the model's own byte counts (one rank's parallel::ModelMemory), grouped as above.
 MemoryBreakdown memory_breakdown(const parallel::ModelMemory& m);
 // The ParallelOptions the trainer builds for this input (precision, recompute, ZeRO, stages,
@@ -321,6 +334,8 @@ std::string trainer_grid_string(const GridShape& g);
 // Parameters in the GEMMs of one block, and of the output head.
 struct Sizes {
   double H, L, F, V, S_max, QKV, FW;
+  // A mixture of experts: n_experts, experts_per_token (0, 0: dense) and the plan's E.
+  double experts = 0, topk = 0, ep = 1;
   double A;   // the attention width: n_head * head_dim (H unless the family's heads are wider)
   double KV;  // one of k, v's width (GQA: kv heads x head_dim)
   double qk_norm_vectors = 0;  // per layer: q_norm and k_norm (2 head_dim, replicated), or 0
@@ -328,7 +343,11 @@ struct Sizes {
   // layers have biases (all of them; or only q|k|v's), whether positions are a learned table.
   int norm_vectors;
   bool biases, qkv_bias, learned_positions, tied;
-  double block_matmul() const { return QKV * H + A * H + FW * H + H * F; }
+  double mlp() const { return FW * H + H * F; }  // the dense MLP's, or one expert's
+  // What one token multiplies with in a block (a mixture of experts: its k experts and the router).
+  double block_matmul() const { return QKV * H + A * H + (experts > 0 ? topk * mlp() + experts * H : mlp()); }
+  // What a rank stores of a block before Z shards it (a mixture of experts: its 1/E of them).
+  double block_stored() const { return QKV * H + A * H + (experts > 0 ? experts / ep * mlp() + experts * H : mlp()); }
   double head() const { return V * H; }
 };
 
@@ -356,6 +375,8 @@ class Collectives {
                       shard_axes(g, true), grad_axes(g), replicated_axes(g)})
       pl_[a.bits()] = place(g, a, mach);
   }
+  // An item costed by its caller (the expert axis's all-to-all, planner/moe_plan.cpp).
+  void add_costed(const CommItem& it) { items_.push_back(it); }
   void add(const char* what, AxisSet axes, Op op, double bytes, double calls, int kind,
            bool per_layer, MbAt at = MbAt::LastFwd) {
     const Placement& pl = pl_.at(axes.bits());
@@ -442,5 +463,57 @@ struct CommSums {
   double layer_total() const { return fwd_ar + z_fwd + z_bwd + din + ring_fwd + ring_bwd; }
 };
 CommSums comm_sums(const std::vector<CommItem>& items);
+
+// ---- the mixture-of-experts terms (planner/moe_plan.cpp; issue 32; docs/planner.md, "Mixture of experts"):
+// the expert-parallel axis E folded over the context and data ranks (Megatron-Core's parallel
+// folding: rank j of a C x D group, c fastest, is expert rank j mod E of expert-data rank j / E),
+// its all-to-all (dispatch and combine, forward and backward), the expert gradients' reduction
+// over the expert-data group (Gc Gd / E ranks), the experts' memory per rank, and E in the grid
+// search. FLOPs are the ACTIVE ones (Sizes::block_matmul: k experts and the router per token),
+// so MFU is on active FLOPs.
+//
+// Not modelled: routing imbalance (every expert gets its average share of the tokens: T k / n_e
+// rows each; a dropless run with uneven load is slower than predicted), the capacity factor's
+// drops, overlap of the all-to-all with the experts' GEMMs, experts split over X and Y (the trainer
+// runs a mixture of experts with Gx = Gy = 1).
+// Why in.expert_parallel cannot run on g ("" if it can): a dense model has E = 1 only; for a
+// mixture of experts E divides Gc x Gd and model.n_experts.
+std::string expert_parallel_problem(const PlanInput& in, const GridShape& g);
+// The E plan() tries on g: {1} for a dense model; every E dividing both Gc x Gd and n_experts.
+std::vector<int> expert_parallel_candidates(const PlanInput& in, const GridShape& g);
+// g estimated at each candidate E (plan()'s search; each is a row of the ranking).
+std::vector<Estimate> estimate_expert_axis(const PlanInput& in, const GridShape& g, const Machine& m);
+// "1x1x2x1x4 e2": grid_label with E > 1 appended.
+std::string plan_label(const Estimate& e);
+
+// Ranks of rank 0's expert group (the first E members of its C x D group) and of its
+// expert-data group (every E-th member).
+std::vector<int> expert_group_ranks(const GridShape& g, int ep);
+std::vector<int> expert_data_group_ranks(const GridShape& g, int ep);
+
+// Seconds of one all-to-all in which each member sends `bytes` (its whole send buffer, 1/g of it
+// to each member, itself included): the (g - 1)/g that leaves the rank, the share to members on
+// its node at the node's per-rank bandwidth (a measured all-gather row of the machine file, same
+// per-rank volume, where it has one) and the share to other nodes through the node's NICs, shared
+// by every rank of the node (all of them are in some expert group at once); the two run at once,
+// so the slower sets the time; plus (g - 1) message latencies, inter-node ones when it spans nodes.
+double alltoall_seconds(double bytes, const std::vector<int>& members, int world, const Machine& m);
+
+// Expert weights a rank stores for Ls layers: n_experts / E experts, split over X, Y and Z.
+double expert_matrices(const Sizes& s, const GridShape& g, double Ls);
+
+// Per layer per micro-batch: the dispatch and combine all-to-alls over E (forward 2, backward 2,
+// full recomputation 2 more: the dispatch is recomputed with the layer), T x k x H activations
+// per rank each, exposed. Per step: the expert gradients all-reduced over the expert-data group
+// (Gc Gd / E ranks; the dense gradients keep add_data_comm's group).
+void add_moe_comm(Collectives& c, const PlanInput& in, const GridShape& g, const Sizes& s, double T,
+                  double Ls, const Machine& m);
+
+// The experts' bytes per rank at E, by class (the layout of in.memory_model): weights, gradients
+// and optimizer states of n_experts / E experts (ZeRO over the expert-data group Gc Gd / E: its
+// 1/E of the experts in pieces over Gc Gd / E ranks), and in tetrad's layout the Z gather slots,
+// the reduce-scatter's landing buffer and the gradient blocks that hold a layer's experts.
+// memory_per_rank = memory_per_rank_all_experts + expert_memory(E) - expert_memory(1).
+MemoryBreakdown expert_memory(const PlanInput& in, const GridShape& g, int ep);
 
 }  // namespace tetrad::planner

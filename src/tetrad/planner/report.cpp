@@ -13,7 +13,8 @@ namespace tetrad::planner {
 
 nlohmann::json Estimate::to_json() const {
   nlohmann::json j = {{"grid", {{"x", grid.x()}, {"y", grid.y()}, {"c", grid.c()}, {"z", grid.z()}, {"p", grid.p()}, {"d", grid.d()}}},
-                      {"grid_string", grid_label(grid)},
+                      {"grid_string", plan_label(*this)},
+                      {"expert_parallel", expert_parallel},
                       {"valid", valid},
                       {"trainable", trainable}};
   if (!valid) {
@@ -22,7 +23,7 @@ nlohmann::json Estimate::to_json() const {
   }
   nlohmann::json colls = nlohmann::json::array();
   for (const auto& c : collectives)
-    colls.push_back({{"what", c.what}, {"axis", c.axis.name()}, {"op", op_name(c.op)},
+    colls.push_back({{"what", c.what}, {"axis", c.group_name()}, {"op", op_name(c.op)},
                      {"bytes_per_call", c.bytes}, {"calls_per_step", c.calls},
                      {"seconds_per_step", c.seconds}, {"exposed_seconds_per_step", c.exposed},
                      {"inter_node", c.inter_node}, {"groups", c.groups},
@@ -139,28 +140,35 @@ std::string plan_text(const PlanInput& in, const Machine& m, const std::vector<E
                               : " (by shape: roofline)")
     << ", " << m.memory_bytes / 1e9
     << " GB/rank" << (m.source.empty() ? "" : " (" + m.source + ")") << "\n"
-    << "FLOPs: model FLOPs = tokens x (6 N_matmul + 6 L A S: causal attention counted as half) = "
-    << model_flops_per_step(mc, in.global_batch, in.seq) << " per step (MFU uses these); "
+    << "FLOPs: model FLOPs = tokens x (6 N_matmul + 6 L A S: causal attention counted as half"
+    << (mc.moe() ? "; N_matmul ACTIVE: the " + std::to_string(mc.experts_per_token) + " of " +
+                       std::to_string(mc.n_experts) + " experts a token is routed to and the router, "
+                       "so MFU is on active FLOPs" : std::string())
+    << ") = " << model_flops_per_step(mc, in.global_batch, in.seq) << " per step (MFU uses these); "
     << "hardware FLOPs with recompute " << name(in.recompute) << " = "
     << hardware_flops_per_step(mc, in.global_batch, in.seq, in.recompute) << " (HFU)\n\n";
   int nvalid = 0, nrej = 0;
   for (const auto& e : plan) (e.valid ? nvalid : nrej)++;
-  o << nvalid << " valid grids (x y z p d), fastest first; " << nrej << " rejected\n";
-  o << " rank  grid          micro x m        step        tokens/s       MFU    HFU    memory/rank  compute  comm(exp)  bubble   dominant\n";
+  o << nvalid << " valid grids (x y z p d" << (mc.moe() ? "; eN: the expert axis E = N folded over C x D" : "")
+    << "), fastest first; " << nrej << " rejected\n";
+  o << " rank  grid              micro x m        step        tokens/s       MFU    HFU    memory/rank  compute  comm(exp)  bubble   dominant\n";
   int rank = 0;
   for (const auto& e : plan) {
     if (!e.valid) continue;
     ++rank;
     if (top > 0 && rank > top) continue;
     std::ostringstream line;
-    line << std::setw(5) << rank << "  " << std::left << std::setw(14) << grid_label(e.grid)
+    line << std::setw(5) << rank << "  " << std::left << std::setw(18) << plan_label(e)
          << std::setw(11) << micro_label(e) << std::right << std::setw(10) << human_time(e.step) << std::setw(14) << std::fixed
          << std::setprecision(e.tokens_per_s >= 100 ? 0 : 1) << e.tokens_per_s << std::setw(8)
          << std::setprecision(1) << 100 * e.mfu << "%" << std::setw(6) << 100 * e.hfu << "%"
          << std::setw(13) << human_bytes(e.memory.total()) << std::setw(8)
          << 100 * e.compute / e.step << "%" << std::setw(9) << 100 * e.comm_exposed / e.step << "%"
          << std::setw(8) << 100 * e.bubble / e.step << "%   " << e.dominant
-         << (e.trainable ? "" : e.grid.c() > 1 ? "  [context: not trainable yet]" : "  [pipeline: not trainable yet]");
+         << (e.trainable                ? ""
+             : e.expert_parallel > 1  ? "  [expert axis: not trainable yet]"
+             : e.grid.c() > 1         ? "  [context: not trainable yet]"
+                                      : "  [pipeline: not trainable yet]");
     o << line.str() << "\n";
   }
   if (top > 0 && rank > top) o << "  ... " << rank - top << " more valid grids (--top 0 shows all)\n";
@@ -174,7 +182,7 @@ std::string plan_text(const PlanInput& in, const Machine& m, const std::vector<E
         o << "  ... " << nrej - show_rejected << " more (--json lists every one)\n";
         break;
       }
-      o << "  " << std::left << std::setw(11) << grid_label(e.grid) << std::right << " " << e.reject
+      o << "  " << std::left << std::setw(11) << plan_label(e) << std::right << " " << e.reject
         << "\n";
     }
   }
@@ -184,7 +192,7 @@ std::string plan_text(const PlanInput& in, const Machine& m, const std::vector<E
 std::string why_text(const PlanInput& in, const Machine& m, const Estimate& e) {
   std::ostringstream o;
   o << std::fixed << std::setprecision(1);
-  o << "grid " << grid_label(e.grid) << (e.grid.c() > 1 ? " (x,y,z,p,d, c)" : " (x,y,z,p,d)") << " for " << in.model_name << " on " << in.ranks
+  o << "grid " << plan_label(e) << (e.grid.c() > 1 ? " (x,y,z,p,d, c)" : " (x,y,z,p,d)") << " for " << in.model_name << " on " << in.ranks
     << " ranks of machine " << m.name << ": " << (e.valid ? "valid" : "rejected: " + e.reject) << "\n";
   const MemoryBreakdown& mb = e.memory;
   if (mb.total() > 0) {
@@ -217,7 +225,7 @@ std::string why_text(const PlanInput& in, const Machine& m, const Estimate& e) {
   o << "collectives (per step: calls, seconds, exposed):\n";
   for (const auto& c : e.collectives)
     o << "  " << std::left << std::setw(44) << c.what << std::right << " " << std::setw(2)
-      << c.axis.name() << " " << std::setw(14) << op_name(c.op) << std::setw(12)
+      << c.group_name() << " " << std::setw(14) << op_name(c.op) << std::setw(12)
       << human_bytes(c.bytes) << " x " << std::setw(7) << c.calls << std::setw(11)
       << human_time(c.seconds) << std::setw(11) << human_time(c.exposed)
       << (c.inter_node ? "  across nodes" : "") << "\n";
@@ -238,7 +246,7 @@ nlohmann::json plan_json(const PlanInput& in, const Machine& m, const std::vecto
                    {"zero", in.zero}, {"overlap", name(in.overlap)}, {"schedule", name(in.schedule)},
                    {"virtual_stages", in.virtual_stages}, {"ranks", in.ranks}}},
           {"machine", {{"name", m.name}, {"source", m.source}, {"ranks_per_node", m.ranks_per_node}}},
-          {"flops_formula", "model: tokens * (6*N_matmul + 12*L*H*S); hardware adds recomputed forward"},
+          {"flops_formula", "model: tokens * (6*N_matmul + 6*L*A*S: causal attention half; N_matmul the active weights of a mixture of experts: its k routed experts and router); hardware adds recomputed forward"},
           {"grids", grids}};
 }
 

@@ -54,12 +54,27 @@ ModelConfig planner_model(const std::string& name) {
   if (name == "llama-405b") return llama31(126, 16384, 128, 53248);
   // TorchTitan's long-context rows (docs/planner.md) run the 8B at up to 256K (max_seq raised).
   if (name == "llama-8b") return llama31(32, 4096, 32, 14336);
+  // Mixtral 8x7B as Mistral AI published it (the model card's config.json; Jiang et al.,
+  // "Mixtral of Experts", 2024): Mistral 7B's attention (32 heads of 128, 8 KV heads), 8 SwiGLU
+  // experts of width 14336, top 2 renormalised, vocabulary 32000, untied, RoPE theta 1e6, 32K
+  // context: 46.7B parameters, 12.9B active per token.
+  if (name == "mixtral-8x7b") {
+    ModelConfig c = gpt(32, 4096, 32, 32000, 32768);
+    c.family = Family::Mixtral;
+    c.n_kv_head = 8;
+    c.ffn = 14336;
+    c.n_experts = 8;
+    c.experts_per_token = 2;
+    c.tie_embeddings = false;
+    c.rope_theta = 1000000.0f;
+    return c;
+  }
   try {
     return named_model(name);
   } catch (const Error& e) {
     fail(e.what(), ", gpt-1t, gpt-80b (published rows), gpt-5b, gpt-10b, gpt-20b, gpt-40b, "
          "gpt-60b, gpt-160b, gpt-320b, gpt-175b (scaling series), llama-8b (Llama 3.1 8B), "
-         "llama-405b (Llama 3.1 405B)");
+         "llama-405b (Llama 3.1 405B), mixtral-8x7b (Mixtral 8x7B)");
   }
 }
 

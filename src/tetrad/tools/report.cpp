@@ -161,6 +161,7 @@ void write_run_report(const std::string& run_dir, const std::string& out_path,
   if (!f) fail("run folder '", run_dir, "' has no metrics.jsonl (is it a `tetrad train` run.dir?)");
   Series loss, val, tok_s, mfu, hfu;
   std::string mfu_peak = "FMA peak";  // what MFU is measured against (older runs: the FMA peak)
+  std::string mfu_count = "attention counted in full";  // older runs' count (no mfu_attention)
   struct Part { const char* key; const char* label; const char* color; double sum = 0; };
   std::vector<Part> parts = {{"t_compute_s", "compute", "#4e79a7"},
                              {"t_comm_exposed_s", "exposed communication", "#e15759"},
@@ -192,9 +193,12 @@ void write_run_report(const std::string& run_dir, const std::string& out_path,
     if (!j.contains("loss")) continue;
     loss.emplace_back(step, j["loss"].get<double>());
     if (j.contains("tokens_per_s")) tok_s.emplace_back(step, j["tokens_per_s"].get<double>());
-    if (j.contains("mfu")) mfu.emplace_back(step, 100 * j["mfu"].get<double>());
-    if (j.contains("hfu")) hfu.emplace_back(step, 100 * j["hfu"].get<double>());
+    // Above 100% the peak was measured low: no fraction of it is drawn (the progress line's n/a).
+    if (j.contains("mfu") && j["mfu"].get<double>() <= 1) mfu.emplace_back(step, 100 * j["mfu"].get<double>());
+    if (j.contains("hfu") && j["hfu"].get<double>() <= 1) hfu.emplace_back(step, 100 * j["hfu"].get<double>());
     if (j.contains("mfu_peak") && j["mfu_peak"].is_string()) mfu_peak = j["mfu_peak"].get<std::string>();
+    if (j.contains("mfu_attention")) mfu_count = j["mfu_attention"] == "causal" ? "causal attention counted as half"
+                                                                                 : "attention counted in full";
     if (j.contains("t_compute_s") && j.contains("step_time_s")) {
       // The first step of a run carries one-off costs: left out of the average when there are more.
       if (loss.size() == 1) continue;
@@ -244,7 +248,7 @@ void write_run_report(const std::string& run_dir, const std::string& out_path,
   o << line_chart("tokens/s", "tokens-chart", {{"tokens/s", tok_s}}, {"#59a14f"}, "tokens/s");
   std::vector<std::pair<std::string, Series>> util = {{"MFU %", mfu}};
   if (!hfu.empty()) util.push_back({"HFU % (with recomputation)", hfu});
-  o << line_chart("MFU (% of the " + mfu_peak + ")", "mfu-chart", util, {"#f28e2b", "#76b7b2"},
+  o << line_chart("MFU (% of the " + mfu_peak + "; " + mfu_count + ")", "mfu-chart", util, {"#f28e2b", "#76b7b2"},
                   "MFU %");
   o << "</div>\n<h2>Where the step time goes</h2>\n";
   if (timed_steps == 0) {

@@ -124,8 +124,11 @@ AutoGrid choose_grid(const RunConfig& cfg, int ranks, int ranks_per_node,
       << second->step << " s/step (" << std::setprecision(1)
       << 100 * (second->step / first->step - 1) << "% slower, dominant " << second->dominant << ")\n";
   if (!all.empty() && all.front().valid && !all.front().trainable)
-    w << "  (" << grid_label(all.front().grid) << " with a pipeline axis is predicted faster, "
-      << "but the trainer does not take Gp > 1 yet)\n";
+    w << "  (" << plan_label(all.front())
+      << (all.front().expert_parallel > 1 ? " with the expert axis is predicted faster, but the trainer "
+                                            "does not take E > 1 yet)\n"
+                                          : " with a pipeline axis is predicted faster, but the trainer "
+                                            "does not take Gp > 1 yet)\n");
   a.why = w.str();
   return a;
 }
@@ -143,6 +146,7 @@ AutoGrid resolve_grid(const RunConfig& cfg, int ranks, int ranks_per_node,
   } else if (!cfg.grid.empty()) {
     a.grid = parallel::parse_grid(cfg.grid);
   }
+  a.grid = with_expert_fold(a.grid, cfg.expert_parallel);
   parallel::validate_grid(a.grid, ranks);
   return a;
 }

@@ -244,7 +244,8 @@ std::vector<Field> parallel_fields() {
   return {
       STRING_FIELD("parallel.grid", c.grid,
                    "process grid \"x,y,z,d\", \"x,y,z,p,d\" or named extents \"d=2,x=2\" "
-                   "(axes not named are 1; the context axis only by name, \"c=2\"): tensor "
+                   "(axes not named are 1; the context axis only by name, \"c=2\", and the expert "
+                   "fold of a mixture of experts, \"d=2,e=2\", which adds no ranks): tensor "
                    "parallelism over X, Y, Z (Z shards weights), context parallelism over C "
                    "(each sequence cut into 2c chunks), pipeline stages over P, data parallelism "
                    "over D; the product must equal the "
@@ -307,6 +308,11 @@ std::vector<Field> parallel_fields() {
       STRING_FIELD("parallel.schedule", c.schedule,
                    "pipeline schedule (Gp > 1): \"1f1b\" or \"interleaved\" (needs "
                    "train.grad_accum divisible by Gp); micro-batches = train.grad_accum"),
+      INT_FIELD("parallel.expert_parallel", c.expert_parallel,
+                "mixture of experts: E, the experts split over E of the data (and context) ranks, "
+                "folded over them as Megatron's parallel folding (no ranks of their own: E divides "
+                "Gd x Gc and model.n_experts), the tokens dispatched to their experts' ranks by "
+                "all-to-all (docs/moe.md); the same as e=E in parallel.grid (\"d=2,e=2\")"),
       INT_FIELD("parallel.virtual_stages", c.virtual_stages,
                 "model chunks per pipeline stage (\"interleaved\" only; 1 with \"1f1b\"); the "
                 "layers split over Gp x virtual_stages as parallel.pipeline_layers says"),
@@ -459,6 +465,14 @@ void apply(RunConfig& c, const std::string& key, const toml::node& n, const std:
 
 }  // namespace
 
+parallel::GridShape with_expert_fold(parallel::GridShape grid, int expert_parallel) {
+  if (expert_parallel == 1) return grid;
+  if (grid.e() > 1 && grid.e() != expert_parallel)
+    fail("parallel.expert_parallel = ", expert_parallel, " and the grid's e=", grid.e(),
+         " (parallel.grid or --grid) disagree: set one of them");
+  return grid.set_e(expert_parallel);
+}
+
 RunSettings resolve_settings(const RunConfig& cfg) {
   const TrainConfig& t = cfg.train;
   RunSettings s;
@@ -487,7 +501,7 @@ RunSettings resolve_settings(const RunConfig& cfg) {
   // With a fixed pipeline grid the split can be checked against the model now (an explicit list
   // of the wrong length or sum); chosen grids ("auto", none named) are checked when chosen.
   if (cfg.grid != "auto" && !cfg.grid.empty()) {
-    s.grid = parallel::parse_grid(cfg.grid);
+    s.grid = with_expert_fold(parallel::parse_grid(cfg.grid), cfg.expert_parallel);
     if (s.grid->p() > 1)
       (void)parallel::resolve_layer_split(cfg.pipeline_layers, cfg.model, t.seq_len, s.grid->p(),
                                           cfg.virtual_stages);

@@ -118,6 +118,9 @@ struct RunConfig {
   int virtual_stages = 1;            // pipeline chunks per stage (interleaved)
   std::string pipeline_layers = "even";  // layer split: even | balanced | "3,1" (layer_split.hpp)
   std::string cp_comm = "allgather";     // context axis exchange: allgather | ring (options.hpp)
+  // E, the experts of a mixture of experts split over E of the data (and context) ranks
+  // (GridShape::e(): folded, no ranks of its own); the same as e=E in parallel.grid.
+  int expert_parallel = 1;
   TrainConfig train;
 
   void validate() const;  // throws Error naming the key
@@ -139,6 +142,10 @@ struct RunSettings {
   // parallel.grid when it names one; unset for "auto" or none named (chosen with the launch).
   std::optional<parallel::GridShape> grid;
 };
+
+// The grid with parallel.expert_parallel folded in (GridShape::e()): the key and an e=E named in
+// the grid must agree (else an Error naming both).
+parallel::GridShape with_expert_fold(parallel::GridShape grid, int expert_parallel);
 
 // Throws Error naming the key and what was expected, for each setting in the order
 // RunConfig::validate() reports them. Also checks the layer split against a named pipeline grid

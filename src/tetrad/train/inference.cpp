@@ -24,6 +24,11 @@ std::string inference_grid(const std::string& grid, int world_size, const char* 
          command, "` (only `eval` runs on c grids; decoding with a key/value cache splits no "
          "sequence over C); give x,y,z,d (e.g. --grid d=", s.size(), "), which reads a "
          "checkpoint of any training grid");
+  if (s.e() > 1)
+    fail("grid '", g, "': the expert-parallel fold (e = ", s.e(), ") is not supported by `",
+         command, "` yet (the inference commands' ranks do not step together through every "
+         "token's all-to-all); give x,y,z,d (e.g. --grid d=", s.size(), "), which reads a "
+         "checkpoint of any training grid");
   return g;
 }
 

@@ -13,6 +13,7 @@ nlohmann::json step_record(const StepMetrics& m) {
   nlohmann::json line{{"step", m.step}, {"loss", m.loss}, {"lr", m.lr}, {"grad_norm", m.grad_norm},
                       {"tokens_per_s", m.tokens_per_s}, {"mfu", m.mfu},
                       {"mfu_peak", m.peak_name}, {"mfu_peak_gflops", m.peak_gflops},
+                      {"mfu_attention", "causal"},  // the count (AttentionFlops::Causal, planner's)
                       {"step_time_s", bd.step}, {"elapsed_s", m.elapsed_s},
                       {"dropped_fraction", m.dropped_fraction},
                       {"t_compute_s", bd.compute}, {"t_comm_exposed_s", bd.comm_exposed},

@@ -6,6 +6,7 @@
 #include <ostream>
 #include <sstream>
 
+#include "tetrad/model/flops.hpp"
 #include "tetrad/model/params.hpp"
 
 namespace tetrad {
@@ -60,8 +61,11 @@ ProgressReporter::ProgressReporter(const RunConfig& cfg, const RunPlan& plan, co
       world_(world),
       out_(out),
       quiet_(quiet),
-      flops_tok_(flops_per_token(cfg.model, plan.seq_len)),
-      hw_flops_tok_(flops_tok_ + recompute_flops_per_token(cfg.model, plan.seq_len, cfg.train.recompute)),
+      // The planner's convention (planner.hpp, AttentionFlops::Causal): causal attention counted
+      // as half, a mixture of experts' active FLOPs, so the figures agree with `tetrad plan`.
+      flops_tok_(flops_per_token(cfg.model, plan.seq_len, AttentionFlops::Causal)),
+      hw_flops_tok_(flops_tok_ + recompute_flops_per_token(cfg.model, plan.seq_len, cfg.train.recompute,
+                                                           AttentionFlops::Causal)),
       report_hfu_(cfg.train.recompute != "none") {}
 
 void ProgressReporter::print_header(const parallel::ParallelTransformer& model,
@@ -74,8 +78,12 @@ void ProgressReporter::print_header(const parallel::ParallelTransformer& model,
        << model.table().total << " parameters; batch " << t.grad_accum << " x " << t.micro_batch
        << " x " << plan_.seq_len << " = " << plan_.tokens_per_step << " tokens/step; " << world_
        << " rank(s) x " << threads << " threads; MFU baseline: " << peak_.name << " "
-       << std::fixed << std::setprecision(0) << peak_.gflops << " GFLOP/s per rank\n"
-       << std::defaultfloat;
+       << std::fixed << std::setprecision(0) << peak_.gflops << " GFLOP/s per rank; MFU counts "
+       << attention_flops_name(AttentionFlops::Causal)
+       << (cfg_.model.moe() ? " and the active FLOPs (" + std::to_string(cfg_.model.experts_per_token) +
+                                  " of " + std::to_string(cfg_.model.n_experts) + " experts per token)"
+                            : std::string())
+       << "\n" << std::defaultfloat;
   if (world_ > 1) out_ << model.overlap().summary() << "\n";
   if (t.device != "cpu") out_ << "device: " << device.description() << "\n";
   // After the model is made: its device registered with the groups (the staging is known).

@@ -77,20 +77,22 @@ StepResult StepRunner::run(const int32_t* inputs, const int32_t* targets, double
   double loss_sum = forward_backward(inputs, targets, float(1.0 / kept));
   model_.reduce_gradients();
   parallel::MoeStats moe = model_.take_moe_stats();
-  if (model_.config().moe()) {  // the same on every rank: the sums are collective
+  if (pipe_ && model_.config().moe()) {
+    // Each layer's values are already the whole micro-batch's (the block shares the routing
+    // over the token group); a pipeline's stages hold different layers: summed over P.
     double sums[5] = {double(moe.layers), moe.aux, moe.z, double(moe.dropped), double(moe.routed)};
-    sum_over_replicas(sums, 5);
-    if (pipe_) host_comm([&] { g_.p().allreduce_sum(sums, 5); });
+    host_comm([&] { g_.p().allreduce_sum(sums, 5); });
     moe.layers = int64_t(sums[0]);
     moe.aux = sums[1];
     moe.z = sums[2];
     moe.dropped = int64_t(sums[3]);
     moe.routed = int64_t(sums[4]);
-    // Each layer's choices per expert over the global batch (the expert bias's load and the
-    // imbalance metric; the layer's stage holds every count of it: no sum over P).
-    if (g_.tokens().size() > 1 && !moe.load.empty()) {
+    // moe.load (the expert bias's load and the imbalance metric): each layer's counts are the
+    // whole micro-batch's already and only its stage holds them (zeros elsewhere): summed over P
+    // so the metric covers every layer (the bias update reads the rank's own layers alone).
+    if (!moe.load.empty()) {
       std::vector<double> load(moe.load.begin(), moe.load.end());
-      host_comm([&] { g_.tokens().allreduce_sum(load.data(), load.size()); });
+      host_comm([&] { g_.p().allreduce_sum(load.data(), load.size()); });
       for (size_t i = 0; i < load.size(); ++i) moe.load[i] = int64_t(load[i]);
     }
   }

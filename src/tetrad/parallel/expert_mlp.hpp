@@ -1,0 +1,44 @@
+// The experts' SwiGLU MLPs of a mixture-of-experts block (moe_block.hpp) over rows grouped by
+// expert: expert e takes rows [first[e], first[e] + rows[e]) of every row buffer, its gate|up
+// weights at w13 + e 2F C ([2F, C], gate rows then up rows) and its down weights at w2 + e C F
+// ([C, F]). Each GEMM is one grouped GEMM over the experts (each with its own row count, empty
+// ones included): on one rank every expert of the model; with the expert-parallel axis
+// (expert_parallel.hpp) this rank's experts over the rows the other ranks sent them.
+#pragma once
+#include <cstdint>
+#include <vector>
+
+#include "tetrad/parallel/step_context.hpp"
+
+namespace tetrad::parallel {
+
+// Each group's GEMM C_g (= beta C_g) + op(A_g) op(B_g) in fp32, shapes per group, in one
+// grouped_gemm call of the backend (under the queue's progress scope).
+void grouped_gemm_f32(const StepContext& ctx, const char* what, bool ta, bool tb,
+                      const std::vector<int64_t>& M, const std::vector<int64_t>& N,
+                      const std::vector<int64_t>& K, const std::vector<const void*>& A,
+                      int64_t lda, const std::vector<const void*>& B, int64_t ldb, float beta,
+                      const std::vector<float*>& Cp, int64_t ldc);
+
+// The rows of each expert: rows[e] from first[e]; kept = Σ rows.
+struct ExpertRows {
+  const std::vector<int64_t>& rows;
+  const std::vector<int64_t>& first;
+  int64_t kept;
+};
+
+// out = down(SwiGLU(in · W13ᵀ)) per expert; gu [kept, 2F] and act [kept, F] are the stored
+// intermediates (out null: only they, a recomputation). C: the hidden size, F: the expert width.
+void experts_forward(const StepContext& ctx, int64_t C, int64_t F, const ExpertRows& x,
+                     const float* in, const float* w13, const float* w2, float* gu, float* act,
+                     float* out);
+
+// From dout [kept, C] (the gradient of out): gw2 += doutᵀ · act, gw13 += dguᵀ · in, and
+// din [kept, C] = dgu · W13 (din may be dout: it is written after dout's last read); dact
+// [kept, F] and dgu [kept, 2F] are scratch.
+void experts_backward(const StepContext& ctx, int64_t C, int64_t F, const ExpertRows& x,
+                      const float* in, const float* gu, const float* act, const float* dout,
+                      const float* w13, const float* w2, float* gw13, float* gw2, float* dact,
+                      float* dgu, float* din);
+
+}  // namespace tetrad::parallel

@@ -1,0 +1,28 @@
+// The planner's names of its options and collectives (planner.hpp).
+#include "tetrad/core/error.hpp"
+#include "tetrad/planner/planner.hpp"
+
+namespace tetrad::planner {
+
+Overlap parse_overlap(const std::string& s) {
+  if (s == "none") return Overlap::None;
+  if (s == "tensor") return Overlap::Tensor;
+  if (s == "all") return Overlap::All;
+  fail("overlap '", s, "': expected none, tensor or all");
+}
+const char* name(Precision p) { return p == Precision::FP32 ? "fp32" : "bf16"; }
+const char* name(Overlap o) {
+  return o == Overlap::None ? "none" : o == Overlap::Tensor ? "tensor" : "all";
+}
+const char* op_name(Op op) {
+  switch (op) {
+    case Op::AllReduce: return "all-reduce";
+    case Op::AllGather: return "all-gather";
+    case Op::ReduceScatter: return "reduce-scatter";
+    case Op::SendRecv: return "send/recv";
+    case Op::AllToAll: return "all-to-all";
+  }
+  return "?";
+}
+
+}  // namespace tetrad::planner

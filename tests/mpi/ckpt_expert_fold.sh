@@ -1,0 +1,70 @@
+#!/usr/bin/env bash
+# Checkpoints reshard over the expert fold E (docs/moe.md, "Expert parallelism"): a mixture of
+# experts (mixtral-tiny, dropless, aux and z losses) saved after 3 steps with its experts split
+# over E = 2 resumes at E = 1 (one rank, and two data ranks) and at E = 4 (four ranks), saved at
+# E = 4 resumes at E = 2, saved at E = 1 resumes at E = 2 (set by parallel.expert_parallel):
+# every run's 6 losses match the one-rank run that never stopped (fp32 tolerance). On the same
+# grid d=2,e=2 the resumed losses are bit-identical to its uninterrupted run.
+source "$(dirname "${BASH_SOURCE[0]}")/../cli_common.sh" "$1"
+# As ckpt_any_grid.sh: warm-up covers the 6 steps, fp32 (the MoE block's only precision), the
+# rule's GEMM layouts.
+S=(--set model.name=mixtral-tiny --set data.dir="$W/data" --set train.seq_len=32
+   --set train.max_steps=6 --set train.eval_interval=0 --set train.micro_batch=4
+   --set train.precision=fp32 --set train.attention_precision=fp32 --set train.gemm_layouts=rule
+   --set model.router_z_loss_coef=0.01)
+losses() { grep -o '"loss":[^,}]*' "$1/metrics.jsonl" | cut -d: -f2; }
+run() {  # run GRID ARGS...: the ranks are the product of the grid's extents, e=E not counted
+  local g=$1; shift
+  local n=$(( $(echo "$g" | sed -E 's/(^|,)e=[0-9]+//; s/^,//; s/[a-z]=//g' | tr ',' '*') ))
+  if [ "$n" -eq 1 ]; then "$TETRAD" train "${S[@]}" --grid "$g" "$@"
+  else "${MPIRUN[@]}" -n "$n" "$TETRAD" train "${S[@]}" --grid "$g" "$@"; fi
+}
+close() {  # close A B: every line within 1e-5 relative, same count
+  paste "$1" "$2" | awk -v n="$(wc -l < "$1")" '{ c++; d = ($1 - $2) / $1; if (d < 0) d = -d; if (d > 1e-5) bad = 1 } END { exit (bad || c != n) }'
+}
+run 1,1,1,1 --set run.dir="$W/ref" > "$W/log" 2>&1 || { cat "$W/log"; exit 1; }
+losses "$W/ref" > "$W/ref.txt"
+[ "$(wc -l < "$W/ref.txt")" -eq 6 ] || { echo "the reference run logged no 6 losses"; exit 1; }
+fails=0
+for pair in "d=2,e=2 1,1,1,1" "d=2,e=2 1,1,1,2" "d=2,e=2 d=4,e=4" "d=4,e=4 d=2,e=2" \
+            "1,1,1,2 d=2|--set|parallel.expert_parallel=2"; do
+  read -r a b <<< "$pair"
+  IFS='|' read -r -a B <<< "$b"
+  R="$W/run_${a//[=,]/_}_${B[0]//[=,]/_}"
+  if ! run "$a" --set run.dir="$R" --set train.max_steps=3 > "$W/log" 2>&1 ||
+     ! run "${B[@]}" --set run.dir="$R" --resume > "$W/log2" 2>&1; then
+    echo "FAIL $a -> $b: a run failed"; cat "$W/log" "$W/log2"; fails=$((fails + 1)); continue
+  fi
+  losses "$R" > "$W/got.txt"
+  if grep -q "resumed from .*step_000003 at step 3" "$W/log2" && close "$W/ref.txt" "$W/got.txt"; then
+    echo "ok   saved on $a, resumed on ${B[*]}: 6 losses match the one-rank run"
+  else
+    echo "FAIL saved on $a, resumed on ${B[*]}"; cat "$W/log2"; paste "$W/ref.txt" "$W/got.txt"
+    fails=$((fails + 1))
+  fi
+done
+g=d=2,e=2
+run "$g" --set run.dir="$W/u" > "$W/log" 2>&1 &&
+run "$g" --set run.dir="$W/s" --set train.max_steps=3 > "$W/log" 2>&1 &&
+run "$g" --set run.dir="$W/s" --resume > "$W/log2" 2>&1 || { cat "$W/log" "$W/log2"; fails=$((fails + 1)); }
+if cmp -s <(losses "$W/u") <(losses "$W/s") && [ "$(losses "$W/s" | wc -l)" -eq 6 ]; then
+  echo "ok   grid $g: resumed losses bit-identical to the uninterrupted run"
+else
+  echo "FAIL grid $g: not bit-identical"; paste <(losses "$W/u") <(losses "$W/s"); fails=$((fails + 1))
+fi
+# Bad folds, refused before training, naming the numbers.
+if "${MPIRUN[@]}" -n 2 "$TETRAD" train "${S[@]}" --grid d=2,e=4 --set run.dir="$W/bad" > "$W/log" 2>&1 ||
+   ! grep -q "E = 4 must divide" "$W/log"; then
+  echo "FAIL d=2,e=4 was not refused naming E"; cat "$W/log"; fails=$((fails + 1))
+else
+  echo "ok   d=2,e=4 refused: $(grep -o 'E = 4 must divide[^(]*' "$W/log" | head -1)"
+fi
+if "${MPIRUN[@]}" -n 2 "$TETRAD" train "${S[@]}" --grid d=2 --set parallel.expert_parallel=2 \
+     --set model.n_experts=3 --set run.dir="$W/bad3" > "$W/log" 2>&1 ||
+   ! grep -q "model.n_experts (3) is not divisible by E = 2" "$W/log"; then
+  echo "FAIL 3 experts over E = 2 were not refused by name"; cat "$W/log"; fails=$((fails + 1))
+else
+  echo "ok   3 experts over E = 2 refused"
+fi
+echo "$fails failed"
+[ $fails -eq 0 ]

@@ -1,0 +1,241 @@
+// The planner's mixture of experts (planner.hpp, issue 32): active FLOPs against a hand
+// count, the experts' memory per rank at E = 1, 2, 4 against a hand computation, the all-to-all's
+// bytes and cost, and E in the grid search (chosen where memory needs it, not where it costs).
+#include <gtest/gtest.h>
+
+#include <string>
+
+#include "support/test_machine.hpp"
+#include "tetrad/model/params.hpp"
+#include "tetrad/parallel/memory_model.hpp"
+#include "tetrad/planner/planner.hpp"
+#include "tetrad/planner/report.hpp"
+#include "tetrad/planner/validate.hpp"
+
+using namespace tetrad;
+using namespace tetrad::planner;
+
+namespace {
+
+PlanInput input(const std::string& model, int ranks, int64_t batch, int64_t micro, int seq) {
+  PlanInput in;
+  in.model = planner_model(model);
+  in.model_name = model;
+  in.seq = seq;
+  in.global_batch = batch;
+  in.micro_batch = micro;
+  in.ranks = ranks;
+  return in;
+}
+
+GridShape grid(int z, int d, int c = 1) {
+  GridShape g;
+  g[parallel::Axis::Z] = z;
+  g[parallel::Axis::D] = d;
+  g[parallel::Axis::C] = c;
+  return g;
+}
+
+// Mixtral 8x7B by hand: per layer q|k|v (32 + 2 x 8) x 128 x 4096, output 4096 x 4096, router
+// 8 x 4096, one SwiGLU expert 3 x 14336 x 4096; 32 layers; head 32000 x 4096 (untied).
+constexpr double kQkv = 48.0 * 128 * 4096, kOut = 4096.0 * 4096, kRouter = 8.0 * 4096;
+constexpr double kExpert = 3.0 * 14336 * 4096, kHead = 32000.0 * 4096;
+
+}  // namespace
+
+TEST(PlannerMoe, ActiveFlopsOfMixtral8x7bByHand) {
+  const ModelConfig m = planner_model("mixtral-8x7b");
+  // Active: the 2 experts a token is routed to and the router, not all 8.
+  const double n_active = 32 * (kQkv + kOut + kRouter + 2 * kExpert) + kHead;
+  EXPECT_DOUBLE_EQ(n_active, 12748587008.0);  // 12.7B in GEMMs (+ 0.13B embedding = 12.9B active)
+  const double n_all = 32 * (kQkv + kOut + kRouter + 8 * kExpert) + kHead;
+  EXPECT_NEAR(double(count_parameters(m)), n_all + kHead + 32 * 2 * 4096 + 4096, 0.5);  // 46.7B
+  const int S = 4096, B = 2;
+  const double attn_full = 12.0 * 32 * 4096 * S;  // 12 L A S per token
+  EXPECT_DOUBLE_EQ(model_flops_per_step(m, B, S, AttentionFlops::Full), (6 * n_active + attn_full) * B * S);
+  EXPECT_DOUBLE_EQ(model_flops_per_step(m, B, S, AttentionFlops::Causal),
+                   (6 * n_active + attn_full / 2) * B * S);
+  // The trainer's count (model/params.cpp, active_numel) agrees.
+  EXPECT_DOUBLE_EQ(flops_per_token(m, S, AttentionFlops::Full) * B * S,
+                   model_flops_per_step(m, B, S, AttentionFlops::Full));
+  EXPECT_DOUBLE_EQ(flops_per_token(m, S, AttentionFlops::Causal) * B * S,
+                   model_flops_per_step(m, B, S, AttentionFlops::Causal));
+  // Full recomputation: one more forward of every block's active weights.
+  EXPECT_DOUBLE_EQ(hardware_flops_per_step(m, B, S, Recompute::Full, AttentionFlops::Full) -
+                       model_flops_per_step(m, B, S, AttentionFlops::Full),
+                   (2 * 32 * (kQkv + kOut + kRouter + 2 * kExpert) + 4.0 * 32 * 4096 * S) * B * S);
+}
+
+TEST(PlannerMoe, IssueBenchmarkModelIsAbout157MflopPerToken) {
+  // Issue 32's benchmark model: 8 experts top 2, hidden 512, expert width 1408, 4 layers, 8 heads
+  // (2 KV), vocabulary 8192, sequence 512: "about 157 MFLOP per token" (attention in full).
+  ModelConfig m = named_model("mixtral-tiny");
+  m.n_layer = 4, m.n_embd = 512, m.n_head = 8, m.n_kv_head = 2, m.ffn = 1408, m.vocab_size = 8192;
+  m.n_experts = 8, m.max_seq = 512;
+  const double block = (8 + 4) * 64.0 * 512 + 512.0 * 512 + 8.0 * 512 + 2 * 3.0 * 1408 * 512;
+  const double per_token = 6 * (4 * block + 8192.0 * 512) + 12.0 * 4 * 512 * 512;
+  EXPECT_NEAR(per_token / 1e6, 157.4, 0.05);
+  EXPECT_DOUBLE_EQ(model_flops_per_step(m, 1, 512, AttentionFlops::Full), per_token * 512);
+}
+
+TEST(PlannerMoe, ExpertMemoryPerRankAtE1E2E4ByHand) {
+  // Mixtral 8x7B, fp32, Z = 1, D = 4: every rank holds all dense weights and 8 / E experts of
+  // each layer. tetrad's layout: 4 bytes of weights, 4 of gradients, 8 of Adam's moments per
+  // parameter; ZeRO 1 shards the moments over the expert-data group (4 / E ranks) for experts.
+  PlanInput in = input("mixtral-8x7b", 4, 4, 4, 1024);
+  const double experts_all = 32 * 8 * kExpert;
+  const double dense = double(count_parameters(in.model)) - experts_all;
+  const GridShape g = grid(1, 4);
+  for (int zero : {0, 1}) {
+    in.zero = zero;
+    for (int ep : {1, 2, 4}) {
+      in.expert_parallel = ep;
+      ASSERT_EQ(divisibility_problem(in, g), "") << "E = " << ep;
+      const MemoryBreakdown mb = memory_per_rank(in, g);
+      const double local = dense + experts_all / ep;
+      EXPECT_DOUBLE_EQ(mb.weights, 4 * local) << "E = " << ep;
+      EXPECT_DOUBLE_EQ(mb.grads, 4 * local) << "E = " << ep;
+      // ZeRO 1: the dense moments over 4 ranks (pieces of ceil(n / 4): every tensor divides),
+      // the experts' 1/E over the 4 / E ranks of the expert-data group: 1/4 of all whatever E.
+      const double opt = zero == 0 ? 8 * local : 8 * (dense / 4 + experts_all / ep / (4.0 / ep));
+      EXPECT_DOUBLE_EQ(mb.optimizer, opt) << "E = " << ep << ", ZeRO " << zero;
+      // The rest (activations, staging) does not depend on E here.
+      in.expert_parallel = 1;
+      const MemoryBreakdown one = memory_per_rank(in, g);
+      EXPECT_DOUBLE_EQ(mb.activations, one.activations);
+      EXPECT_DOUBLE_EQ(mb.staging, one.staging);
+    }
+  }
+  // E = 1 is the trainer's own formula.
+  in.zero = 0;
+  in.expert_parallel = 1;
+  const parallel::ModelMemory mm = parallel::model_memory(in.model, g, parallel::GridCoord{}, 1, 1024,
+                                                          model_options(in), in.schedule, 1);
+  EXPECT_DOUBLE_EQ(memory_per_rank(in, g).total(), memory_breakdown(mm).total());
+  // With Z = 2 as well, the experts are split over Z too and the Z gather slots hold 1/E of them.
+  in.expert_parallel = 2;
+  const GridShape gz = grid(2, 2);
+  const MemoryBreakdown two = memory_per_rank(in, gz);
+  in.expert_parallel = 1;
+  const MemoryBreakdown one = memory_per_rank(in, gz);
+  EXPECT_DOUBLE_EQ(one.weights - two.weights, 4 * experts_all / 2 / 2);
+  EXPECT_DOUBLE_EQ(one.gathered - two.gathered, 4 * 8 * kExpert / 2);  // prefetch 0: one slot
+}
+
+TEST(PlannerMoe, ExpertAxisMustDivideDataTimesContextAndTheExperts) {
+  PlanInput in = input("mixtral-tiny", 8, 8, 8, 64);
+  EXPECT_EQ(expert_parallel_candidates(in, grid(1, 8)), (std::vector<int>{1, 2, 4}));  // 4 experts
+  EXPECT_EQ(expert_parallel_candidates(in, grid(2, 4)), (std::vector<int>{1, 2, 4}));
+  EXPECT_EQ(expert_parallel_candidates(in, grid(4, 2)), (std::vector<int>{1, 2}));
+  EXPECT_EQ(expert_parallel_candidates(in, grid(1, 2, 2)), (std::vector<int>{1, 2, 4}));  // C x D
+  EXPECT_EQ(expert_parallel_candidates(in, grid(8, 1)), (std::vector<int>{1}));
+  in.expert_parallel = 4;
+  EXPECT_NE(divisibility_problem(in, grid(4, 2)).find("does not divide Gc x Gd = 2"), std::string::npos);
+  PlanInput three = input("mixtral-tiny", 3, 3, 3, 64);
+  three.expert_parallel = 3;
+  EXPECT_NE(divisibility_problem(three, grid(1, 3)).find("does not divide model.n_experts = 4"), std::string::npos);
+  PlanInput dense = input("llama-tiny", 2, 2, 2, 64);
+  EXPECT_EQ(expert_parallel_candidates(dense, grid(1, 2)), (std::vector<int>{1}));
+  dense.expert_parallel = 2;
+  EXPECT_NE(divisibility_problem(dense, grid(1, 2)).find("needs a mixture of experts"), std::string::npos);
+  // Folding: rank j of the C x D group is expert rank j mod E, expert-data rank j / E.
+  EXPECT_EQ(expert_group_ranks(grid(1, 8), 2), (std::vector<int>{0, 1}));
+  EXPECT_EQ(expert_data_group_ranks(grid(1, 8), 2), (std::vector<int>{0, 2, 4, 6}));
+  EXPECT_EQ(expert_group_ranks(grid(2, 4), 4), (std::vector<int>{0, 2, 4, 6}));  // z fastest
+}
+
+TEST(PlannerMoe, AllToAllBytesCallsAndLinkModel) {
+  // Inside one node: (g - 1)/g of the buffer at the intra bandwidth, g - 1 latencies.
+  const Machine m = tetrad_test::test_machine(4);
+  const double n = 1e6;
+  EXPECT_DOUBLE_EQ(alltoall_seconds(n, {0, 1, 2, 3}, 4, m), 0.75 * n / 200e9 + 3 * 5e-6);
+  // Two nodes of 2 members each (8 ranks, 4 per node): half the buffer leaves the node through
+  // NICs the node's 4 ranks share (100 GB/s / 4), a quarter stays inside; inter-node latencies.
+  EXPECT_DOUBLE_EQ(alltoall_seconds(n, {0, 1, 4, 5}, 8, m), 0.5 * n / 25e9 + 3 * 10e-6);
+  // The plan: T x k x H x 4 bytes per call per rank, 4 calls per layer per micro-batch (dispatch
+  // and combine, forward and backward), 6 with full recomputation.
+  PlanInput in = input("mixtral-tiny", 2, 4, 2, 64);  // T = 64 tokens per rank per micro-batch
+  in.expert_parallel = 2;
+  for (Recompute rc : {Recompute::None, Recompute::Full}) {
+    in.recompute = rc;
+    const Estimate e = estimate(in, grid(1, 2), m);
+    ASSERT_TRUE(e.valid) << e.reject;
+    bool found = false;
+    for (const auto& c : e.collectives)
+      if (c.op == Op::AllToAll) {
+        found = true;
+        EXPECT_EQ(c.group_name(), "e");
+        EXPECT_DOUBLE_EQ(c.bytes, 64.0 * 2 * 64 * 4);
+        EXPECT_DOUBLE_EQ(c.calls, (rc == Recompute::Full ? 6 : 4) * 2.0 * 2);  // x L x micro-batches
+        EXPECT_DOUBLE_EQ(c.seconds, c.calls * alltoall_seconds(c.bytes, {0, 1}, 2, m));
+        EXPECT_FALSE(c.inter_node);
+      }
+    EXPECT_TRUE(found);
+    EXPECT_EQ(e.expert_parallel, 2);
+    EXPECT_NE(why_text(in, m, e).find("all-to-all"), std::string::npos);
+  }
+}
+
+TEST(PlannerMoe, ExpertAxisChosenWhenMemoryNeedsIt) {
+  // Mixtral 8x7B in bf16 on 16 H100s (2 nodes), 256 x 4096 tokens, full recomputation, ZeRO 1,
+  // overlap all, the micro-batch searched (docs/planner.md's table): 841 GB of state. At E = 1
+  // only a 16-stage pipeline fits; E = 8 folded over C x D stores one expert per rank, fits on
+  // 2 stages and comes first.
+  PlanInput in = input("mixtral-8x7b", 16, 256, 0, 4096);
+  in.search_micro_batch = true;
+  in.precision = Precision::BF16;
+  in.recompute = Recompute::Full;
+  in.zero = 1;
+  in.overlap = Overlap::All;
+  const Machine m = load_machine("h100-ib");
+  const auto rows = plan(in, m);
+  ASSERT_FALSE(rows.empty());
+  ASSERT_TRUE(rows.front().valid);
+  EXPECT_EQ(rows.front().expert_parallel, 8) << plan_label(rows.front());
+  EXPECT_FALSE(rows.front().trainable);  // the trainer's expert axis is not there yet
+  // Every E = 1 row that fits is a 16-stage pipeline, slower than the first choice.
+  for (const Estimate& e : rows)
+    if (e.valid && e.expert_parallel == 1) {
+      EXPECT_EQ(e.grid.p(), 16) << plan_label(e);
+      EXPECT_GT(e.step, rows.front().step);
+    }
+  // The first choice's grid at E = 1 does not fit.
+  PlanInput one = in;
+  one.expert_parallel = 1;
+  const Estimate e1 = estimate(one, rows.front().grid, m);
+  EXPECT_FALSE(e1.valid);
+  EXPECT_NE(e1.reject.find("does not fit"), std::string::npos) << e1.reject;
+  // The text says MFU is on active FLOPs and names the expert axis.
+  const std::string text = plan_text(in, m, rows, 5, 5);
+  EXPECT_NE(text.find("MFU is on active FLOPs"), std::string::npos);
+  EXPECT_NE(text.find(" e8 "), std::string::npos);
+  EXPECT_NE(text.find("[expert axis: not trainable yet]"), std::string::npos);
+}
+
+TEST(PlannerMoe, ExpertAxisNotChosenWhenTheAllToAllCostsMore) {
+  // One rank per node on a slow network, plenty of memory, many micro-batches: every layer's
+  // all-to-all crosses nodes on every micro-batch while the step's gradient all-reduce is done
+  // once; E = 1 (experts replicated, no all-to-all) is faster and the plan keeps it.
+  Machine m = tetrad_test::test_machine(1);
+  m.inter_bandwidth = 1e9;
+  m.memory_bytes = 1e12;
+  PlanInput in = input("mixtral-tiny", 2, 512, 2, 64);
+  in.allow_pipeline = false;  // grids of D = 2 (or Z = 2): E = 1 or 2
+  const auto rows = plan(in, m);
+  ASSERT_TRUE(rows.front().valid);
+  EXPECT_EQ(rows.front().expert_parallel, 1) << plan_label(rows.front());
+  in.expert_parallel = 2;
+  const Estimate e2 = estimate(in, grid(1, 2), m);
+  in.expert_parallel = 1;
+  const Estimate e1 = estimate(in, grid(1, 2), m);
+  ASSERT_TRUE(e1.valid && e2.valid);
+  EXPECT_GT(e2.step, e1.step);
+  EXPECT_EQ(e2.dominant, "comm e");
+  // The same model with one micro-batch of few tokens: the gradient all-reduce of every expert
+  // dominates and E = 2 (half the experts' gradients, over a group of 1) pays.
+  PlanInput small = input("mixtral-tiny", 2, 2, 2, 64);
+  small.allow_pipeline = false;
+  const auto rows_small = plan(small, m);
+  ASSERT_TRUE(rows_small.front().valid);
+  EXPECT_EQ(rows_small.front().expert_parallel, 2) << plan_label(rows_small.front());
+}
