@@ -444,6 +444,7 @@ void Transformer<T>::forward(const int32_t* inputs, int B, int Tq, int pos0, boo
   router_loss_ = 0;
   mean_aux_ = 0;
   expert_rows_.assign(size_t(cfg_.n_experts), 0);
+  expert_load_.assign(size_t(cfg_.n_layer) * size_t(cfg_.n_experts), 0);
   for (int l = 0; l < cfg_.n_layer; ++l) {
     const Layer& L = layers_[l];
     auto& A = a.layer[l];
@@ -707,7 +708,10 @@ void Transformer<T>::moe_forward(int l, int64_t N) {
       M.kept[size_t(i)] = 1;
     }
   }
-  for (int64_t e = 0; e < E; ++e) expert_rows_[size_t(e)] += taken_rows[size_t(e)];
+  for (int64_t e = 0; e < E; ++e) {
+    expert_rows_[size_t(e)] += taken_rows[size_t(e)];
+    expert_load_[size_t(l * E + e)] = M.routed[size_t(e)];
+  }
   // Each kept choice through its expert's SwiGLU MLP, weighted into the token's output.
   std::memcpy(A.resid_out, A.resid_mid, size_t(N * C) * sizeof(T));
   for (int64_t t = 0; t < N; ++t)
