@@ -312,6 +312,62 @@ TEST(ModelFamily, ShardingByRole) {
   }
 }
 
+// A mixture of experts on the tensor axes (docs/moe.md, "On the tensor axes X and Y"): the router
+// by columns over X on every Y rank (Z-sharded), each expert's gate|up a normal layer (its gate
+// rows and its up rows each over Y, columns over X) and its down a transposed one; over the four
+// ranks of x=2,y=2 (and the expert fold E = 2 over D = 2) every element is held by exactly the
+// ranks of one X/Y block.
+TEST(ModelFamily, ExpertsShardOverXAndYLikeTheDenseMlp) {
+  const ModelConfig c = named_model("mixtral-tiny");
+  const ParamTable t = build_param_table(c);
+  const int64_t C = c.n_embd, F = c.ffn, n = c.n_experts, El = n / 2;
+  GridShape g{2, 2, 1, 2};
+  g.set_e(2);
+  std::vector<std::vector<int>> held(t.specs.size());
+  for (size_t i = 0; i < t.specs.size(); ++i) held[i].assign(size_t(t.specs[i].numel), 0);
+  for (int d = 0; d < 2; ++d)
+    for (int y = 0; y < 2; ++y)
+      for (int x = 0; x < 2; ++x) {
+        const ShardPlan plan = ShardPlan::build(c, t, g, GridCoord{x, y, 0, d});
+        for (size_t i = 0; i < t.specs.size(); ++i) {
+          const parallel::TensorShard& s = plan.tensors[i];
+          const TensorRole r = s.spec->role;
+          if (r != TensorRole::Router && r != TensorRole::ExpertGateUp &&
+              r != TensorRole::ExpertDown)
+            continue;
+          EXPECT_TRUE(s.z_sharded) << s.spec->name;
+          const int64_t K = s.spec->shape[1];
+          if (r == TensorRole::Router) {
+            EXPECT_EQ(s.layout, ShardLayout::ColsX);
+            EXPECT_EQ(int64_t(s.rows.size()), n);
+            EXPECT_EQ(s.col0, C / 2 * x);
+          } else if (r == TensorRole::ExpertGateUp) {  // experts [El d, El (d + 1)), El = n / E
+            EXPECT_EQ(s.layout, ShardLayout::Normal);
+            ASSERT_EQ(int64_t(s.rows.size()), El * 2 * F / 2);
+            EXPECT_EQ(s.rows[0], El * d * 2 * F + y * F / 2);                  // its first gate row
+            EXPECT_EQ(s.rows[size_t(F / 2)], El * d * 2 * F + F + y * F / 2);  // its first up row
+            EXPECT_EQ(s.col0, C / 2 * x);
+          } else {
+            EXPECT_EQ(s.layout, ShardLayout::Transposed);
+            ASSERT_EQ(int64_t(s.rows.size()), El * C / 2);
+            EXPECT_EQ(s.rows[0], El * d * C + x * C / 2);
+            EXPECT_EQ(s.col0, F / 2 * y);
+          }
+          if (r == TensorRole::Router && d > 0) continue;  // the router: on every replica
+          for (int64_t row : s.rows)
+            for (int64_t j = s.col0; j < s.col0 + s.cols; ++j) ++held[i][size_t(row * K + j)];
+        }
+      }
+  for (size_t i = 0; i < t.specs.size(); ++i) {
+    const TensorRole r = t.specs[i].role;
+    if (r != TensorRole::Router && r != TensorRole::ExpertGateUp && r != TensorRole::ExpertDown)
+      continue;
+    const int want = r == TensorRole::Router ? 2 : 1;  // the router: on both Y ranks
+    for (size_t j = 0; j < held[i].size(); ++j)
+      ASSERT_EQ(held[i][j], want) << t.specs[i].name << " element " << j;
+  }
+}
+
 TEST(ModelFamily, ConfigJsonRoundTripsEveryFamily) {
   for (const char* name : {"tiny", "llama-tiny", "qwen2-tiny", "qwen3-tiny"}) {
     const ModelConfig c = named_model(name);

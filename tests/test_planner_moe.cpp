@@ -193,10 +193,12 @@ TEST(PlannerMoe, ExpertAxisChosenWhenMemoryNeedsIt) {
   ASSERT_TRUE(rows.front().valid);
   EXPECT_EQ(rows.front().expert_parallel, 8) << plan_label(rows.front());
   EXPECT_FALSE(rows.front().trainable);  // the trainer's expert axis is not there yet
-  // Every E = 1 row that fits is a 16-stage pipeline, slower than the first choice.
+  // Every E = 1 row that fits splits each expert over all 16 ranks (a 16-stage pipeline, or
+  // fewer stages with the experts split over the tensor axes X and Y as well: docs/moe.md),
+  // slower than the first choice.
   for (const Estimate& e : rows)
     if (e.valid && e.expert_parallel == 1) {
-      EXPECT_EQ(e.grid.p(), 16) << plan_label(e);
+      EXPECT_EQ(e.grid.x() * e.grid.y() * e.grid.z() * e.grid.p(), 16) << plan_label(e);
       EXPECT_GT(e.step, rows.front().step);
     }
   // The first choice's grid at E = 1 does not fit.
@@ -231,11 +233,21 @@ TEST(PlannerMoe, ExpertAxisNotChosenWhenTheAllToAllCostsMore) {
   ASSERT_TRUE(e1.valid && e2.valid);
   EXPECT_GT(e2.step, e1.step);
   EXPECT_EQ(e2.dominant, "comm e");
-  // The same model with one micro-batch of few tokens: the gradient all-reduce of every expert
-  // dominates and E = 2 (half the experts' gradients, over a group of 1) pays.
+  // The same model with one micro-batch of few tokens: on D = 2 the gradient all-reduce of every
+  // expert dominates and E = 2 (half the experts' gradients, over a group of 1) pays. The plan's
+  // first row has no expert gradients over D at all: E = 2, or the experts split over the tensor
+  // axes X or Y instead of replicated over D.
   PlanInput small = input("mixtral-tiny", 2, 2, 2, 64);
   small.allow_pipeline = false;
   const auto rows_small = plan(small, m);
   ASSERT_TRUE(rows_small.front().valid);
-  EXPECT_EQ(rows_small.front().expert_parallel, 2) << plan_label(rows_small.front());
+  const Estimate& first = rows_small.front();
+  EXPECT_TRUE(first.expert_parallel == 2 || first.grid.x() * first.grid.y() == 2)
+      << plan_label(first);
+  small.expert_parallel = 2;
+  const Estimate s2 = estimate(small, grid(1, 2), m);
+  small.expert_parallel = 1;
+  const Estimate s1 = estimate(small, grid(1, 2), m);
+  ASSERT_TRUE(s1.valid && s2.valid);
+  EXPECT_LT(s2.step, s1.step);
 }

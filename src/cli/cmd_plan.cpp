@@ -33,7 +33,7 @@ namespace {
 struct Options {
   std::string model = "small", machine, json, measure_out, compare, precision, schedule,
               recompute, overlap = "none", ranks_text, scaling, grids, points, svg, why, cp_comm = "auto",
-              sequence_shard;
+              sequence_shard, attention_kernel = "fused";
   std::vector<std::string> sets;
   int64_t global_batch = 0, micro_batch = 0, micro_batch_per_replica = 0;
   int seq = 0, zero = -1, ranks = 0, top = 30, threads = 1, show_rejected = 20, virtual_stages = 0;
@@ -86,6 +86,7 @@ planner::PlanInput plan_input(const Options& o, const std::string& model0, const
   in.allow_pipeline = !o.no_pipeline;
   in.allow_context = !o.no_context;
   in.cp_comm = parse_cp_comm(o.cp_comm);
+  in.attention_kernel = parse_attention_kernel(o.attention_kernel);
   return in;
 }
 
@@ -317,6 +318,10 @@ const OptionRow kOptions[] = {
     {"--cp-comm", &Options::cp_comm,
      "how a context axis C > 1 exchanges keys and values: auto (the faster per grid) | ring | "
      "all-gather (parallel.cp_comm)", true},
+    {"--attention-kernel", &Options::attention_kernel,
+     "fused (FlashAttention's way; tetrad's kernel) | materialized (the [S, S] scores written to "
+     "memory, softmax and dropout passes between batched GEMMs: Megatron-LM before FlashAttention; "
+     "needs --no-context)", true},
     {"--why", &Options::why,
      "one grid's step terms, collectives and memory items, valid or rejected (x,y,z,p,d or "
      "named, d=4,z=2)"},

@@ -2,8 +2,9 @@
 # Checkpoints reshard over the expert fold E (docs/moe.md, "Expert parallelism"): a mixture of
 # experts (mixtral-tiny, dropless, aux and z losses) saved after 3 steps with its experts split
 # over E = 2 resumes at E = 1 (one rank, and two data ranks) and at E = 4 (four ranks), saved at
-# E = 4 resumes at E = 2, saved at E = 1 resumes at E = 2 (set by parallel.expert_parallel); with
-# the expert bias and the shared expert, saved at E = 2 resumes at E = 1:
+# E = 4 resumes at E = 2, saved at E = 1 resumes at E = 2 (set by parallel.expert_parallel),
+# saved with the experts also split over X (x=2,d=2,e=2) resumes on one rank; with the expert
+# bias and the shared expert, saved at E = 2 resumes at E = 1:
 # every run's 6 losses match the one-rank run that never stopped (fp32 tolerance). On the same
 # grid d=2,e=2 the resumed losses are bit-identical to its uninterrupted run.
 source "$(dirname "${BASH_SOURCE[0]}")/../cli_common.sh" "$1"
@@ -28,7 +29,7 @@ losses "$W/ref" > "$W/ref.txt"
 [ "$(wc -l < "$W/ref.txt")" -eq 6 ] || { echo "the reference run logged no 6 losses"; exit 1; }
 fails=0
 for pair in "d=2,e=2 1,1,1,1" "d=2,e=2 1,1,1,2" "d=2,e=2 d=4,e=4" "d=4,e=4 d=2,e=2" \
-            "1,1,1,2 d=2|--set|parallel.expert_parallel=2"; do
+            "1,1,1,2 d=2|--set|parallel.expert_parallel=2" "x=2,d=2,e=2 1,1,1,1"; do
   read -r a b <<< "$pair"
   IFS='|' read -r -a B <<< "$b"
   R="$W/run_${a//[=,]/_}_${B[0]//[=,]/_}"

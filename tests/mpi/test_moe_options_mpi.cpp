@@ -2,7 +2,8 @@
 // expert (Qwen2-MoE's form: dense weights, whole on every rank and reduced over every data rank
 // also with E > 1) and DeepSeek-V3's aux-loss-free expert bias (whole on every rank, updated after
 // each step from the whole global batch's load, the same update everywhere). The contract of
-// 4d-parallelism.md: E = 2 with D = 2, and E = 2 with Z and with P where the ranks allow,
+// 4d-parallelism.md: E = 2 with D = 2, and E = 2 with Z and with P where the ranks allow (the
+// bias also with X),
 // 20 fp32 steps like one rank (the oracle, which updates its bias by the rule written out in
 // contract.hpp): loss relative 1e-5, weights at the end (the bias among them) within 2e-4. The
 // bias must have moved, and the shared expert must matter, or the test would prove nothing. The
@@ -57,10 +58,11 @@ double largest_of_role(const contract::Run& r, const ModelConfig& mc, TensorRole
   return most;
 }
 
-void check_folds(const ModelConfig& mc, const std::string& what) {
+void check_folds(const ModelConfig& mc, const std::string& what,
+                 std::vector<GridShape> grids = fold_grids()) {
   const contract::Run serial = serial_run(mc, kSteps);
   int tested = 0;
-  for (const GridShape& shape : fold_grids()) {
+  for (const GridShape& shape : grids) {
     ProcessGroups g(comm::Communicator::world(), shape);
     expect_matches_serial(parallel_run(mc, g, kSteps, ParallelOptions{}), serial, mc,
                           what + " grid " + shape.to_string());
@@ -88,7 +90,23 @@ TEST(MoeOptionsMpi, ExpertBiasOnTheFoldTrainsLikeOneRank) {
   const contract::Run serial = serial_run(mc, kSteps);
   EXPECT_GE(largest_of_role(serial, mc, TensorRole::ExpertBias), mc.expert_bias_rate)
       << "the bias never moved";
-  check_folds(mc, "expert bias");
+  // The routing is the same on every X rank (its logits summed over X): the bias too.
+  std::vector<GridShape> grids = fold_grids();
+  if (world_size() >= 4) grids.push_back(GridShape{{Axis::X, 2}, {Axis::D, world_size() / 2}}.set_e(2));
+  check_folds(mc, "expert bias", grids);
+}
+
+// The shared expert is whole on every rank: split over X or Y it is refused by name.
+TEST(MoeOptionsMpi, SharedExpertOnTheTensorAxesIsRefusedByName) {
+  std::string e;
+  try {
+    ProcessGroups g(comm::Communicator::world(), GridShape{{Axis::X, 2}, {Axis::D, world_size() / 2}});
+    ParallelTransformer m(shared_expert_model(), g, 1, kT);
+  } catch (const Error& x) {
+    e = x.what();
+  }
+  EXPECT_NE(e.find("shared expert (model.shared_expert_ffn = 48) split over the tensor axes (Gx = 2"),
+            std::string::npos) << e;
 }
 
 // Both with the auxiliary loss and the shared expert, and ZeRO 1 (the bias is not sharded over Z: replicated, updated in place).

@@ -3,6 +3,15 @@
 
 namespace tetrad::parallel {
 
+namespace {
+// The sum of a partial product over a tensor axis (X or Y; nothing on one rank). Every rank of
+// the group holds the same rows (the routing is the same on the X and Y ranks), so n agrees.
+void sum_rows(const StepContext& ctx, const comm::Communicator& axis, float* p, int64_t n,
+              const char* what) {
+  if (n > 0) ctx.sum_over(axis, p, n, what);
+}
+}  // namespace
+
 void grouped_gemm_f32(const StepContext& ctx, const char* what, bool ta, bool tb,
                       const std::vector<int64_t>& M, const std::vector<int64_t>& N,
                       const std::vector<int64_t>& K, const std::vector<const void*>& A,
@@ -46,13 +55,16 @@ void experts_forward(const StepContext& ctx, int64_t C, int64_t F, const ExpertR
   }
   grouped_gemm_f32(ctx, "experts gate|up", false, true, x.rows, cols2F, colsC, pin, C, wgu, C,
                    0.0f, pgu, 2 * F);
+  sum_rows(ctx, ctx.g().x(), gu, x.kept * 2 * F, "experts gate|up");
   {
     ScopedPhase sp(ctx.prof, Phase::Activation);
     ctx.ops().swiglu_forward(ctx.bq(), act, gu, x.kept, F);
   }
-  if (out)
+  if (out) {
     grouped_gemm_f32(ctx, "experts down", false, true, x.rows, colsC, colsF, pact, F, wd, F, 0.0f,
                      pout, C);
+    sum_rows(ctx, ctx.g().y(), out, x.kept * C, "experts down");
+  }
   ctx.q().poll();
 }
 
@@ -80,6 +92,7 @@ void experts_backward(const StepContext& ctx, int64_t C, int64_t F, const Expert
   // down: dact = dout · W2 [rows, F]; dW2 += doutᵀ · act [C, F].
   grouped_gemm_f32(ctx, "experts down dx", false, false, x.rows, nF, nC, pdout, C, wd, F, 0.0f,
                    pdact, F);
+  sum_rows(ctx, ctx.g().x(), dact, x.kept * F, "experts down dx");
   grouped_gemm_f32(ctx, "experts down dw", true, false, nC, nF, x.rows, pdout, C, pact, F, 1.0f,
                    gwd, F);
   {
@@ -90,6 +103,7 @@ void experts_backward(const StepContext& ctx, int64_t C, int64_t F, const Expert
   // dW13 += dguᵀ · in [2F, C].
   grouped_gemm_f32(ctx, "experts gate|up dx", false, false, x.rows, nC, n2F, pdgu, 2 * F, wgu, C,
                    0.0f, pdin, C);
+  sum_rows(ctx, ctx.g().y(), din, x.kept * C, "experts gate|up dx");
   grouped_gemm_f32(ctx, "experts gate|up dw", true, false, n2F, nC, x.rows, pdgu, 2 * F, pin, C,
                    1.0f, gwgu, C);
   ctx.q().poll();

@@ -4,6 +4,10 @@
 // ([C, F]). Each GEMM is one grouped GEMM over the experts (each with its own row count, empty
 // ones included): on one rank every expert of the model; with the expert-parallel axis
 // (expert_parallel.hpp) this rank's experts over the rows the other ranks sent them.
+// On the tensor axes C and F are this rank's widths (Cx = n_embd / Gx, Fy = ffn / Gy) and each
+// expert is the dense MLP's pair of parallel layers (linear_layers.hpp): gate|up a normal layer
+// (its partial sums all-reduced over X), down a transposed one (over Y); the backward's input
+// gradients over the adjoint axes (down's over X, gate|up's over Y). One rank: no message.
 #pragma once
 #include <cstdint>
 #include <vector>

@@ -9,7 +9,7 @@
 namespace tetrad::parallel {
 
 ExpertParallel::ExpertParallel(const StepContext& ctx, const ModelConfig& cfg)
-    : ctx_(ctx), C_(cfg.n_embd), F_(cfg.ffn), El_(cfg.n_experts / ctx.shape().e()),
+    : ctx_(ctx), C_(ctx.dims.Cx), F_(ctx.dims.Fy), El_(cfg.n_experts / ctx.shape().e()),
       Ge_(ctx.shape().e()) {
   TETRAD_CHECK(Ge_ > 1 && cfg.n_experts % Ge_ == 0 && ctx.g().experts().size() == Ge_,
                "expert parallelism: E = ", Ge_, " does not fit ", cfg.n_experts,

@@ -12,6 +12,10 @@
 // with them; the received rows live in scratch of this object, sized by the largest exchange
 // seen (up to E x the local rows under extreme imbalance: every token to one expert, dropless).
 //
+// On the tensor axes each X/Y rank exchanges its Cx columns of the rows with the ranks of the
+// same (x, y) (the expert group varies the replica coordinates only), and the experts' GEMMs
+// sum their partial products over X and Y (expert_mlp.hpp).
+//
 // Expert gradients accumulate into this rank's experts' blocks; the gradient reducer sums them
 // over the expert-data group (ProcessGroups::expert_replicas()). Collective over the expert
 // group; not thread-safe.
@@ -30,12 +34,12 @@ class ExpertParallel {
  public:
   ExpertParallel(const StepContext& ctx, const ModelConfig& cfg);
 
-  // rows [r.kept, C]: this rank's kept choices in expert order (r.rows, r.first over every
-  // expert) -> out [r.kept, C], the same rows through their experts. w13, w2: this rank's
+  // rows [r.kept, Cx]: this rank's kept choices in expert order (r.rows, r.first over every
+  // expert) -> out [r.kept, Cx], the same rows through their experts. w13, w2: this rank's
   // experts' gathered weights.
   void forward(int layer, const MoeRouting& r, const float* rows, const float* w13,
                const float* w2, float* out);
-  // drows [r.kept, C]: in, the gradient of out; out, the gradient of rows. gw13, gw2: this rank's
+  // drows [r.kept, Cx]: in, the gradient of out; out, the gradient of rows. gw13, gw2: this rank's
   // experts' gradient blocks (accumulated).
   void backward(int layer, const MoeRouting& r, const float* rows, float* drows, const float* w13,
                 const float* w2, float* gw13, float* gw2);
@@ -54,7 +58,7 @@ class ExpertParallel {
   void reorder(const float* from, float* to, bool to_expert_major);
 
   const StepContext& ctx_;
-  int64_t C_, F_, El_;
+  int64_t C_, F_, El_;  // this rank's widths (Cx, Fy) and experts
   int Ge_;
   std::vector<int64_t> send_cnt_, recv_cnt_;  // [Ge x El] rows to / from rank s for expert e
   std::vector<size_t> sc_, sd_, rc_, rd_;     // per rank, in floats: rows x C

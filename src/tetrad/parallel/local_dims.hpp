@@ -23,7 +23,8 @@ struct LocalDims {
   int64_t FWy = 0;   // the MLP's first GEMM's output: Fy (GELU) or gate|up, 2 Fy (SwiGLU)
   int64_t Vy = 0;    // vocabulary slice V / Gy
   // A mixture of experts (0 for a dense model): the experts E, and per token its k expert rows'
-  // widths: k C (inputs and outputs), k 2F (gate|up), k F (the SwiGLU activation).
+  // widths on this rank: k Cx (inputs and outputs), k 2Fy (gate|up), k Fy (the SwiGLU
+  // activation).
   int64_t E = 0, kC = 0, kFW = 0, kF = 0;
   int64_t sF = 0;  // the shared expert's width (model.shared_expert_ffn; 0: none)
 
@@ -44,13 +45,13 @@ struct LocalDims {
     d.Fy = cfg.ffn / g.y();
     d.FWy = cfg.desc().mlp_in_factor() * d.Fy;
     d.Vy = cfg.vocab_size / g.y();
-    if (cfg.moe()) {  // the experts are whole on every rank (Gx = Gy = 1, validate_grid_for_model)
+    if (cfg.moe()) {  // each expert split over X and Y like the dense MLP (Cx and Fy columns)
       const int64_t k = cfg.experts_per_token;
       d.E = cfg.n_experts;
-      d.kC = k * cfg.n_embd;
-      d.kFW = k * 2 * cfg.ffn;
-      d.kF = k * cfg.ffn;
-      d.sF = cfg.shared_expert_ffn;
+      d.kC = k * d.Cx;
+      d.kFW = k * 2 * d.Fy;
+      d.kF = k * d.Fy;
+      d.sF = cfg.shared_expert_ffn;  // whole: the grid refuses it on X or Y
     }
     return d;
   }

@@ -79,12 +79,15 @@ void MoeBlock::route(int l, int64_t N) {
 void MoeBlock::mlp_forward(int l, int64_t N) {
   const Experts& X = experts_[size_t(l)];
   const auto& A = a_.layer[size_t(l)];
-  const int64_t C = cfg_.n_embd, F = cfg_.ffn, E = cfg_.n_experts, k = cfg_.experts_per_token;
+  // This rank's widths: the hidden columns Cx (X) and each expert's Fy (Y).
+  const int64_t C = ctx_.dims.Cx, F = ctx_.dims.Fy, E = cfg_.n_experts, k = cfg_.experts_per_token;
   const backend::OpTable& op = ctx_.ops();
   backend::Queue& q = ctx_.bq();
-  // The router in fp32: logits [N, E] = ln2 · Wrᵀ.
+  // The router in fp32: logits [N, E] = ln2 · Wrᵀ, whole on every rank (ln2's X slice against
+  // the router's X columns, summed over X: the routing sees the full hidden vector).
   ops_.gemm("router", false, true, N, E, C, f32(A.ln2), C, f32(ops_.w(X.router)), C, 0.0f,
             A.router_logits, E);
+  ctx_.sum_over(ctx_.g().x(), A.router_logits, N * E, "router logits");
   route(l, N);
   if (!recomputing_) {
     stats_.add(routing_);
@@ -116,7 +119,7 @@ void MoeBlock::mlp_backward(int l, int64_t N) {
   const Experts& X = experts_[size_t(l)];
   const ParallelActivations& a = a_;
   const auto& A = a.layer[size_t(l)];
-  const int64_t C = cfg_.n_embd, F = cfg_.ffn, E = cfg_.n_experts, k = cfg_.experts_per_token;
+  const int64_t C = ctx_.dims.Cx, F = ctx_.dims.Fy, E = cfg_.n_experts, k = cfg_.experts_per_token;
   const backend::OpTable& op = ctx_.ops();
   backend::Queue& q = ctx_.bq();
   route(l, N);  // the forward's plan again, from the stored logits
@@ -126,6 +129,8 @@ void MoeBlock::mlp_backward(int l, int64_t N) {
     op.moe_unpermute_backward(q, a.dmoe_rows, dw_.data(), a.dresid, A.moe_out, weights_.data(),
                               slots_.data(), N, k, C);
   }
+  // The combine weights' gradient dy · expert_out: partial over the X slices of the hidden size.
+  ctx_.sum_over(ctx_.g().x(), dw_.data(), N * k, "combine weights' gradient");
   const float* w13 = ops_.w(X.gate_up);
   const float* w2 = ops_.w(X.down);
   float* gw13 = ops_.gw(X.gate_up);

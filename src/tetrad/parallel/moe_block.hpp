@@ -19,9 +19,12 @@
 //
 // The backward recomputes the routing from the layer's stored logits (the same plan bit for
 // bit), so it needs no host state kept from the forward: pipeline chunks and recomputation
-// restore the activations alone. Experts are whole (Gx = Gy = 1); with the expert-parallel fold
-// (GridShape::e() > 1) each rank holds n_experts / E of them and the rows travel to them and back
-// by all-to-all (expert_parallel.hpp); fp32 only.
+// restore the activations alone. On the tensor axes the router's logits are summed over X (the
+// routing sees the whole hidden vector and is the same on every X and Y rank), the rows carry
+// this rank's Cx columns and each expert is split over X and Y like the dense MLP (its GEMMs'
+// partial sums over X and Y: expert_mlp.hpp). With the expert-parallel fold (GridShape::e() > 1)
+// each rank holds n_experts / E of them and the rows travel to them and back by all-to-all
+// (expert_parallel.hpp); fp32 only.
 #pragma once
 #include <vector>
 

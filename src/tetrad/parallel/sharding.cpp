@@ -20,10 +20,10 @@ void validate_grid_for_model(const ModelConfig& c, const GridShape& g) {
   divides("model.ffn", c.ffn, "x", g.x());
   divides("model.ffn", c.ffn, "y", g.y());
   divides("model.vocab_size", c.vocab_size, "y", g.y());
-  if (c.moe() && (g.x() > 1 || g.y() > 1))
-    fail("grid: ", c.desc().display, "'s experts split over the tensor axes (Gx = ", g.x(),
-         ", Gy = ", g.y(), ") are not implemented; a mixture-of-experts model runs with Gx = Gy = 1 "
-         "(Z, D and P as for a dense model)");
+  if (c.moe() && c.shared_expert_ffn > 0 && (g.x() > 1 || g.y() > 1))
+    fail("grid: the shared expert (model.shared_expert_ffn = ", c.shared_expert_ffn, ") split over "
+         "the tensor axes (Gx = ", g.x(), ", Gy = ", g.y(), ") is not implemented; a model with a "
+         "shared expert runs with Gx = Gy = 1 (Z, C, D, P and the fold E as for the experts)");
   if (g.e() > 1) {
     if (!c.moe())
       fail("grid: the expert-parallel fold E = ", g.e(), " needs a mixture-of-experts model "
@@ -63,6 +63,33 @@ std::vector<int64_t> qkv_rows(const ModelConfig& c, const GridShape& g, const Gr
   for (int64_t r : slice_rows(kv, g.y(), at.y())) rows.push_back(q + r);
   for (int64_t r : slice_rows(kv, g.y(), at.y())) rows.push_back(q + kv + r);
   return rows;
+}
+
+// This rank's experts' block of the stacked expert tensors: experts [El ε, El (ε + 1)) of the
+// expert rank ε (El = n_experts / E), each expert a normal layer (gate|up [2F, C]: its F gate
+// rows and its F up rows each over Y, columns over X) or a transposed one (down [C, F]: rows over
+// X, columns over Y), so that the expert's GEMMs are the dense MLP's on the same X/Y blocks.
+void expert_block(const ModelConfig& c, TensorRole role, const GridShape& g, const GridCoord& at,
+                  TensorShard& t) {
+  const int64_t El = c.n_experts / g.e(), e0 = El * expert_rank(at, g);  // the grid's check
+  const int64_t C = c.n_embd, F = c.ffn, Cx = C / g.x(), Fy = F / g.y();
+  t.rows.clear();
+  if (role == TensorRole::ExpertGateUp) {
+    t.layout = ShardLayout::Normal;
+    for (int64_t e = e0; e < e0 + El; ++e)
+      for (int64_t half = 0; half < 2; ++half)  // gate rows, then up rows
+        for (int64_t r = 0; r < Fy; ++r) t.rows.push_back(e * 2 * F + half * F + at.y() * Fy + r);
+    t.col0 = Cx * at.x();
+    t.cols = Cx;
+  } else {
+    t.layout = ShardLayout::Transposed;
+    for (int64_t e = e0; e < e0 + El; ++e)
+      for (int64_t r = 0; r < Cx; ++r) t.rows.push_back(e * C + at.x() * Cx + r);
+    t.col0 = Fy * at.y();
+    t.cols = Fy;
+  }
+  t.z_sharded = true;
+  t.expert = g.e() > 1;
 }
 
 // The block of tensor `s` this rank holds, by the tensor's role (layout, rows, columns, whether
@@ -109,20 +136,21 @@ TensorShard block_of(const ModelConfig& c, const ParamSpec& s, const GridShape& 
     case R_::Up:
       normal(slice_rows(R, g.y(), at.y()));
       break;
-    case R_::Router:  // the mixture of experts' tensors: whole on Gx = Gy = 1 (the grid's check)
-    case R_::SharedGate:  // the shared expert: dense, reduced over every data rank
-    case R_::SharedUp:
+    case R_::Router:  // [n_experts, C]: columns over X (its input is ln2's X slice), every
+      // expert's row on every Y rank (the logits are whole: the routing needs them all), Z-sharded
+      cols_x(contiguous(0, R));
+      t.z_sharded = true;
+      break;
+    case R_::SharedGate:  // the shared expert: dense, whole (the grid refuses it on X or Y),
+    case R_::SharedUp:    // reduced over every data rank
     case R_::SharedDown:
     case R_::SharedExpertGate:
       normal(contiguous(0, R));
       break;
-    case R_::ExpertGateUp:  // [n_experts x 2F, C], [n_experts x C, F]: this rank's experts' rows
-    case R_::ExpertDown: {
-      const int64_t per_rank = R / g.e();  // n_experts / E whole experts (the grid's check)
-      normal(contiguous(per_rank * expert_rank(at, g), per_rank));
-      t.expert = g.e() > 1;
+    case R_::ExpertGateUp:  // [n_experts x 2F, C] and [n_experts x C, F]: this rank's experts
+    case R_::ExpertDown:    // (n_experts / E of them), each split over X and Y like the dense MLP
+      expert_block(c, s.role, g, at, t);
       break;
-    }
     case R_::Qkv:
       normal(qkv_rows(c, g, at));
       break;

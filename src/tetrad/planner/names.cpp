@@ -10,6 +10,13 @@ Overlap parse_overlap(const std::string& s) {
   if (s == "all") return Overlap::All;
   fail("overlap '", s, "': expected none, tensor or all");
 }
+AttentionKernel parse_attention_kernel(const std::string& s) {
+  if (s == "fused") return AttentionKernel::Fused;
+  if (s == "materialized") return AttentionKernel::Materialized;
+  fail("attention kernel '", s, "': expected fused (FlashAttention's way) or materialized (the "
+       "scores written to memory)");
+}
+const char* name(AttentionKernel k) { return k == AttentionKernel::Fused ? "fused" : "materialized"; }
 const char* name(Precision p) { return p == Precision::FP32 ? "fp32" : "bf16"; }
 const char* name(Overlap o) {
   return o == Overlap::None ? "none" : o == Overlap::Tensor ? "tensor" : "all";

@@ -592,8 +592,7 @@ std::string fit_problem(const MemoryBreakdown& mem, const Machine& mach) {
 // Compute of one micro-batch on one rank, per layer and for the top (embedding + head).
 struct ComputeTimes {
   GemmTimes gt;
-  double attn_fwd = 0;   // causal attention's forward work (flops)
-  double rate_attn = 0;  // attention's rate (flop/s)
+  AttentionSeconds attn;  // one layer's attention core, forward and backward (attention.cpp)
   double layer_fwd = 0, layer_bwd = 0, layer_dw = 0;  // seconds per layer
   double head_fwd = 0, head_bwd = 0;                  // seconds of the head and the loss
 };
@@ -604,8 +603,8 @@ ComputeTimes compute_times(const PlanInput& in, const GridShape& g, const Machin
   const double act_b = bf16 ? 2 : 4;
   const bool full = in.recompute == Recompute::Full, any_rc = in.recompute != Recompute::None;
   ComputeTimes c;
-  // Attention: heads split over Y, replicated over X; causal kernels execute half the scores.
-  c.attn_fwd = 0.5 * 4 * T * in.seq * s.A / g.y();
+  // Attention: heads split over Y, replicated over X, by the run's kernel (attention.cpp).
+  c.attn = attention_core_seconds(in, mach, T, g.y());
   ModelConfig m1 = m;
   m1.n_layer = 1;
   GridShape g1 = without_context(g, in.shard_over_context);
@@ -617,16 +616,14 @@ ComputeTimes compute_times(const PlanInput& in, const GridShape& g, const Machin
   // Elementwise work is memory-bound: each stored activation is written and read in forward and
   // backward, and its gradient written and read (4 passes); recomputation adds a forward (2).
   const double elem_passes = 4 + (any_rc ? 2 : 0);
-  c.rate_attn = mach.peak(bf16) * mach.attention_eff();
   // Each GEMM at the efficiency of its own per-rank shape (Machine::gemm_eff): forward
   // C[T, n] = A[T, k] W[k, n], input gradient [T, k] = [T, n] W^T, weight gradient
   // [k, n] = A^T [T, n] (a GEMM with k = T).
   c.gt = block_gemm_times(s, g, T, mach, bf16);
   const double t_gemm_fwd = c.gt.fwd;
   c.layer_dw = c.gt.dw;
-  c.layer_fwd = t_gemm_fwd + c.attn_fwd / c.rate_attn + 2 * layer_elems * act_b / mach.memory_bandwidth;
-  c.layer_bwd = c.gt.din + c.gt.dw + (full ? t_gemm_fwd : 0) +
-                (2 * c.attn_fwd + (any_rc ? c.attn_fwd : 0)) / c.rate_attn +
+  c.layer_fwd = t_gemm_fwd + c.attn.fwd + 2 * layer_elems * act_b / mach.memory_bandwidth;
+  c.layer_bwd = c.gt.din + c.gt.dw + (full ? t_gemm_fwd : 0) + c.attn.bwd + (any_rc ? c.attn.fwd : 0) +
                 (elem_passes - 2) * layer_elems * act_b / mach.memory_bandwidth;
   const double logits_b = T * s.V / g.y() * act_b;
   // The head's GEMMs and the cross-entropy's passes over the logits (2 forward, 2 backward).
@@ -652,7 +649,7 @@ LayerComm layer_comm(const CommSums& c, const ComputeTimes& t, bool ov_tensor, d
   LayerComm l;
   // The context ring hides behind the attention whatever the overlap switches say (it is the
   // ring's algorithm): each step behind one block's attention (context.cpp).
-  const double attn_f = fwd_mult * t.attn_fwd / t.rate_attn, attn_b = 2 * t.attn_fwd / t.rate_attn;
+  const double attn_f = fwd_mult * t.attn.fwd, attn_b = t.attn.bwd;
   const double ring_exp = ring_exposed(c.ring_fwd, c.ring_bwd, attn_f, attn_b, gc);
   const double ring_contention = overlap_contention(c.ring_fwd, attn_f, f) + overlap_contention(c.ring_bwd, attn_b, f);
   l.exposed = c.layer_total() - c.ring_fwd - c.ring_bwd + ring_exp;
@@ -837,13 +834,12 @@ Estimate estimate(const PlanInput& in, const GridShape& g, const Machine& mach) 
   const double fwd_mult = full ? 2 : 1;
   const LayerComm lc = layer_comm(sums, t, ov_tensor, f, g.c(), fwd_mult);
   // Each ring pass's exposed share (context.cpp), for the per-collective table.
-  const double attn_s = t.attn_fwd / t.rate_attn;
-  const double ring_f = ring_exposed(sums.ring_fwd, 0, fwd_mult * attn_s, 0, g.c());
-  const double ring_b = ring_exposed(0, sums.ring_bwd, 0, 2 * attn_s, g.c());
+  const double ring_f = ring_exposed(sums.ring_fwd, 0, fwd_mult * t.attn.fwd, 0, g.c());
+  const double ring_b = ring_exposed(0, sums.ring_bwd, 0, t.attn.bwd, g.c());
   const int64_t mcount = e.micro_batches;
   const GemmTimes& gt = t.gt;
   e.compute_gemm = double(mcount) * (Ls * (gt.fwd + gt.din + gt.dw + (full ? gt.fwd : 0)) + gt.head_fwd + gt.head_bwd);
-  e.compute_attention = double(mcount) * Ls * (3 * t.attn_fwd + (any_rc ? t.attn_fwd : 0)) / t.rate_attn;
+  e.compute_attention = double(mcount) * Ls * (t.attn.fwd + t.attn.bwd + (any_rc ? t.attn.fwd : 0));
   const PipelineParts pp = pipeline_parts(in, g, layer_split, t, sums, lc, mcount);
   e.bubble = pp.pt.makespan - pp.pt.busiest;
   const double bwd_last = Ls * t.layer_bwd;

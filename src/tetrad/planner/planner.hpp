@@ -58,6 +58,15 @@ enum class Overlap { None, Tensor, All };
 enum class CpComm { Auto, Ring, AllGather };
 CpComm parse_cp_comm(const std::string& s);        // "auto" | "ring" | "all-gather"
 const char* name(CpComm c);
+// The attention core's kernel (docs/planner.md, "The attention kernel"). Fused: FlashAttention's
+// way, the scores never leave the chip and a causal kernel skips the masked half (tetrad's own
+// kernel; FlashAttention-2 at the machine's attention_efficiency). Materialized: the scores
+// written to memory, as Megatron-LM ran attention before FlashAttention (its SC21 runs): batched
+// GEMMs Q·Kᵀ and P·V over every score, causal or not, and between them a fused
+// scale-mask-softmax and the dropout of the probabilities, each a pass over the [S, S] scores.
+enum class AttentionKernel { Fused, Materialized };
+AttentionKernel parse_attention_kernel(const std::string& s);  // "fused" | "materialized"
+const char* name(AttentionKernel k);
 
 using backend::parse_precision;                    // "fp32" | "bf16"
 Overlap parse_overlap(const std::string& s);       // "none" | "tensor" | "all"
@@ -118,6 +127,7 @@ struct PlanInput {
   bool allow_pipeline = true;  // plan Gp > 1 grids
   bool allow_context = true;   // plan C > 1 grids (a published run without context parallelism: false)
   CpComm cp_comm = CpComm::Auto;
+  AttentionKernel attention_kernel = AttentionKernel::Fused;
   // TorchTitan's FSDP shards the parameters over data x context (its dp_shard x cp mesh): the Z
   // gathers and reduce-scatters run over Z x C and the weights are stored 1/(Gz Gc). Off (tetrad,
   // the default): weights are replicated over C like over D, gradients reduced over D x C.
@@ -180,6 +190,16 @@ PipelineTime pipeline_time(parallel::PipelineSchedule s, int p, int m, int v,
 // comm if the slowed compute still fits inside it, else compute + f·comm; minus the
 // uncontended max(comm, compute). 0 when f = 0 or either is 0.
 double overlap_contention(double comm, double compute, double f);
+
+// One layer's attention core on one rank for a micro-batch of T tokens per rank (heads split over
+// Y, replicated over X), in seconds: its forward and its backward (docs/planner.md, "The attention
+// kernel"; planner/attention.cpp). Fused: half of 4·T·S·A/Gy FLOPs forward (causal), twice that
+// backward, at peak x attention_efficiency. Materialized: the GEMMs over every score at the
+// roofline of one head's [S, S] x [S, d] product, and the softmax's and dropout's passes.
+struct AttentionSeconds {
+  double fwd = 0, bwd = 0;
+};
+AttentionSeconds attention_core_seconds(const PlanInput& in, const Machine& mach, double T, int gy);
 
 // Where an axis's groups sit on nodes.
 struct Placement {
@@ -474,8 +494,9 @@ CommSums comm_sums(const std::vector<CommItem>& items);
 //
 // Not modelled: routing imbalance (every expert gets its average share of the tokens: T k / n_e
 // rows each; a dropless run with uneven load is slower than predicted), the capacity factor's
-// drops, overlap of the all-to-all with the experts' GEMMs, experts split over X and Y (the trainer
-// runs a mixture of experts with Gx = Gy = 1).
+// drops, overlap of the all-to-all with the experts' GEMMs, the experts' own X and Y all-reduces
+// (k rows per token where the dense MLP's collectives count one; the experts' memory and GEMMs
+// are divided by Gx Gy as the trainer splits them).
 // Why in.expert_parallel cannot run on g ("" if it can): a dense model has E = 1 only; for a
 // mixture of experts E divides Gc x Gd and model.n_experts.
 std::string expert_parallel_problem(const PlanInput& in, const GridShape& g);

@@ -129,7 +129,8 @@ std::string plan_text(const PlanInput& in, const Machine& m, const std::vector<E
   else if (in.micro_batch > 0) o << in.micro_batch << " (whole job)";
   else o << in.micro_batch_per_replica << " per data replica";
   o << ", " << name(in.precision) << ", recompute " << name(in.recompute) << ", ZeRO " << in.zero
-    << ", overlap " << name(in.overlap) << ", pipeline " << name(in.schedule)
+    << ", overlap " << name(in.overlap) << ", attention " << name(in.attention_kernel) << ", pipeline "
+    << name(in.schedule)
     << (in.virtual_stages > 1 ? " x" + std::to_string(in.virtual_stages) : std::string()) << ", "
     << in.ranks << " ranks\n"
     << "machine " << m.name << ": " << m.ranks_per_node << " ranks/node, "
@@ -243,7 +244,8 @@ nlohmann::json plan_json(const PlanInput& in, const Machine& m, const std::vecto
                    {"micro_batch_per_replica", in.micro_batch_per_replica},
                    {"micro_batch_searched", in.search_micro_batch}, {"seq", in.seq},
                    {"precision", name(in.precision)}, {"recompute", name(in.recompute)},
-                   {"zero", in.zero}, {"overlap", name(in.overlap)}, {"schedule", name(in.schedule)},
+                   {"zero", in.zero}, {"overlap", name(in.overlap)}, {"attention_kernel", name(in.attention_kernel)},
+                   {"schedule", name(in.schedule)},
                    {"virtual_stages", in.virtual_stages}, {"ranks", in.ranks}}},
           {"machine", {{"name", m.name}, {"source", m.source}, {"ranks_per_node", m.ranks_per_node}}},
           {"flops_formula", "model: tokens * (6*N_matmul + 6*L*A*S: causal attention half; N_matmul the active weights of a mixture of experts: its k routed experts and router); hardware adds recomputed forward"},

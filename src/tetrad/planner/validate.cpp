@@ -267,6 +267,9 @@ std::vector<PublishedResult> published_results_impl(double gemm_efficiency, int6
     in.zero = 0;
     in.memory_model = MemoryModel::Reference;  // another framework's run (planner.hpp)
     in.overlap = Overlap::None;
+    // SC21's Megatron-LM ran attention with its scores in memory (FlashAttention came in 2022).
+    in.attention_kernel = AttentionKernel::Materialized;
+    in.allow_context = false;
     in.ranks = 3072;
     Machine m = load_machine("dgx-a100");
     if (gemm_efficiency > 0) m.gemm_efficiency = gemm_efficiency;
@@ -278,7 +281,7 @@ std::vector<PublishedResult> published_results_impl(double gemm_efficiency, int6
     r.model = "1T GPT (L=128, H=25600, 160 heads, S=2048, V=51200)";
     r.machine = m.name;
     r.configuration = "TP=8 (Gy=8), PP=64, DP=6; batch 3072, micro-batch 1; bf16, full "
-                      "recomputation, no overlap";
+                      "recomputation, no overlap, attention materialized";
     r.metric = "TFLOP/s per GPU (hardware FLOPs, recomputation counted)";
     r.reported = 163;
     r.estimate = estimate(in, g, m);
@@ -389,6 +392,9 @@ void PlanInput::validate() const {
   if (zero < 0 || zero > 2) fail("plan: ZeRO stage must be 0, 1 or 2 (got ", zero, ")");
   if (ranks < 1) fail("plan: ranks must be >= 1 (got ", ranks, ")");
   if (virtual_stages < 1) fail("plan: virtual stages must be >= 1 (got ", virtual_stages, ")");
+  if (attention_kernel == AttentionKernel::Materialized && allow_context)
+    fail("plan: the materialized attention kernel has no context-parallel form (its [S, S] scores "
+         "are a sequence's own): plan it without the context axis (--no-context)");
   if (schedule == Schedule::OneFOneB && virtual_stages != 1)
     fail("plan: ", virtual_stages, " virtual stages need the interleaved schedule (1F1B has one "
          "chunk per stage)");
