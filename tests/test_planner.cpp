@@ -817,9 +817,10 @@ TEST(PlannerModel, OverlapContentionCostsTheComputeItHidesBehind) {
 }
 
 TEST(PlannerModel, XSplitPenaltyGrowsWithGx) {
-  // Against data parallelism on the same ranks, the X split replicates attention and the
-  // [T, ·/Gy] work, keeps every token on every rank (the weight gradient reduces over all of
-  // them) and adds forward all-reduces: the penalty grows with Gx.
+  // Against data parallelism on the same ranks, the X split replicates the [T, ·/Gy] work
+  // (attention's sequences are shared: test_planner_x.cpp), keeps every token on every rank (the
+  // weight gradient reduces over all of them) and adds forward all-reduces: the penalty grows
+  // with Gx.
   PlanInput in = input("small", 4, 4, 4);
   const Machine m = test_machine(4);
   const double dp = estimate(in, GridShape::xyzpd(1, 1, 1, 1, 4), m).step;

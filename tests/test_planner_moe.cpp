@@ -11,6 +11,7 @@
 #include "tetrad/planner/planner.hpp"
 #include "tetrad/planner/report.hpp"
 #include "tetrad/planner/validate.hpp"
+#include "tetrad/train/auto_grid.hpp"
 
 using namespace tetrad;
 using namespace tetrad::planner;
@@ -99,19 +100,29 @@ TEST(PlannerMoe, ExpertMemoryPerRankAtE1E2E4ByHand) {
       // the experts' 1/E over the 4 / E ranks of the expert-data group: 1/4 of all whatever E.
       const double opt = zero == 0 ? 8 * local : 8 * (dense / 4 + experts_all / ep / (4.0 / ep));
       EXPECT_DOUBLE_EQ(mb.optimizer, opt) << "E = " << ep << ", ZeRO " << zero;
-      // The rest (activations, staging) does not depend on E here.
+      // Staging does not depend on E here. The activations gain the expert exchange's scratch
+      // at its dropless worst case: E ranks' 1024 tokens each, min(k = 2, 8 / E) choices of
+      // each on this rank's experts (every token to them), each row's staging, input, output
+      // (3 x 4096), gate|up and its gradient (4 x 14336), SwiGLU and its gradient (2 x 14336)
+      // in fp32.
       in.expert_parallel = 1;
       const MemoryBreakdown one = memory_per_rank(in, g);
-      EXPECT_DOUBLE_EQ(mb.activations, one.activations);
+      const double rows = ep == 1 ? 0 : ep * 1024.0 * std::min(2, 8 / ep);
+      EXPECT_DOUBLE_EQ(mb.activations, one.activations + rows * (3 * 4096 + 6 * 14336) * 4)
+          << "E = " << ep;
       EXPECT_DOUBLE_EQ(mb.staging, one.staging);
     }
   }
-  // E = 1 is the trainer's own formula.
+  // Every E is the trainer's own formula on the grid with that fold.
   in.zero = 0;
-  in.expert_parallel = 1;
-  const parallel::ModelMemory mm = parallel::model_memory(in.model, g, parallel::GridCoord{}, 1, 1024,
-                                                          model_options(in), in.schedule, 1);
-  EXPECT_DOUBLE_EQ(memory_per_rank(in, g).total(), memory_breakdown(mm).total());
+  for (int ep : {1, 2, 4}) {
+    in.expert_parallel = ep;
+    GridShape ge = g;
+    const parallel::ModelMemory mm = parallel::model_memory(in.model, ge.set_e(ep), parallel::GridCoord{}, 1,
+                                                            1024, model_options(in), in.schedule, 1);
+    EXPECT_DOUBLE_EQ(memory_per_rank(in, g).total(), memory_breakdown(mm).total()) << "E = " << ep;
+    EXPECT_EQ(mm.expert_exchange > 0, ep > 1);
+  }
   // With Z = 2 as well, the experts are split over Z too and the Z gather slots hold 1/E of them.
   in.expert_parallel = 2;
   const GridShape gz = grid(2, 2);
@@ -152,25 +163,31 @@ TEST(PlannerMoe, AllToAllBytesCallsAndLinkModel) {
   // Two nodes of 2 members each (8 ranks, 4 per node): half the buffer leaves the node through
   // NICs the node's 4 ranks share (100 GB/s / 4), a quarter stays inside; inter-node latencies.
   EXPECT_DOUBLE_EQ(alltoall_seconds(n, {0, 1, 4, 5}, 8, m), 0.5 * n / 25e9 + 3 * 10e-6);
-  // The plan: T x k x H x 4 bytes per call per rank, 4 calls per layer per micro-batch (dispatch
-  // and combine, forward and backward), 6 with full recomputation.
+  // The plan: T x k x H x 4 bytes per call per rank, 5 calls per layer per micro-batch as the
+  // trainer runs them (forward: dispatch, combine; backward: the dispatch recomputed, the
+  // gradients' dispatch and combine), 7 with full recomputation; before each pass the row counts
+  // (E_n int64 per rank).
   PlanInput in = input("mixtral-tiny", 2, 4, 2, 64);  // T = 64 tokens per rank per micro-batch
   in.expert_parallel = 2;
   for (Recompute rc : {Recompute::None, Recompute::Full}) {
     in.recompute = rc;
     const Estimate e = estimate(in, grid(1, 2), m);
     ASSERT_TRUE(e.valid) << e.reject;
-    bool found = false;
+    int found = 0;
     for (const auto& c : e.collectives)
       if (c.op == Op::AllToAll) {
-        found = true;
+        ++found;
+        const bool rows = c.what == "all-to-all of expert dispatch/combine";
+        EXPECT_TRUE(rows || c.what == "all-to-all of expert row counts") << c.what;
         EXPECT_EQ(c.group_name(), "e");
-        EXPECT_DOUBLE_EQ(c.bytes, 64.0 * 2 * 64 * 4);
-        EXPECT_DOUBLE_EQ(c.calls, (rc == Recompute::Full ? 6 : 4) * 2.0 * 2);  // x L x micro-batches
+        EXPECT_DOUBLE_EQ(c.bytes, rows ? 64.0 * 2 * 64 * 4 : 4.0 * 8);
+        const double per_layer = rows ? (rc == Recompute::Full ? 7 : 5) : (rc == Recompute::Full ? 3 : 2);
+        EXPECT_DOUBLE_EQ(c.calls, per_layer * 2.0 * 2);  // x L x micro-batches
         EXPECT_DOUBLE_EQ(c.seconds, c.calls * alltoall_seconds(c.bytes, {0, 1}, 2, m));
+        EXPECT_DOUBLE_EQ(c.exposed, c.seconds) << c.what << ": not overlapped";
         EXPECT_FALSE(c.inter_node);
       }
-    EXPECT_TRUE(found);
+    EXPECT_EQ(found, 2);
     EXPECT_EQ(e.expert_parallel, 2);
     EXPECT_NE(why_text(in, m, e).find("all-to-all"), std::string::npos);
   }
@@ -178,40 +195,49 @@ TEST(PlannerMoe, AllToAllBytesCallsAndLinkModel) {
 
 TEST(PlannerMoe, ExpertAxisChosenWhenMemoryNeedsIt) {
   // Mixtral 8x7B in bf16 on 16 H100s (2 nodes), 256 x 4096 tokens, full recomputation, ZeRO 1,
-  // overlap all, the micro-batch searched (docs/planner.md's table): 841 GB of state. At E = 1
-  // only a 16-stage pipeline fits; E = 8 folded over C x D stores one expert per rank, fits on
-  // 2 stages and comes first.
+  // overlap all, the micro-batch searched, no pipeline: 841 GB of state. E = 8 folded over D
+  // stores one expert per rank (the exchange's scratch sized for its dropless worst case) and
+  // comes first, trainable; at E = 1 the grids that fit split every expert over all 16 ranks
+  // (X, Y and Z), slower; the first choice's grid at E = 1 does not fit.
   PlanInput in = input("mixtral-8x7b", 16, 256, 0, 4096);
   in.search_micro_batch = true;
   in.precision = Precision::BF16;
   in.recompute = Recompute::Full;
   in.zero = 1;
   in.overlap = Overlap::All;
+  in.allow_pipeline = false;
   const Machine m = load_machine("h100-ib");
   const auto rows = plan(in, m);
   ASSERT_FALSE(rows.empty());
   ASSERT_TRUE(rows.front().valid);
   EXPECT_EQ(rows.front().expert_parallel, 8) << plan_label(rows.front());
-  EXPECT_FALSE(rows.front().trainable);  // the trainer's expert axis is not there yet
-  // Every E = 1 row that fits splits each expert over all 16 ranks (a 16-stage pipeline, or
-  // fewer stages with the experts split over the tensor axes X and Y as well: docs/moe.md),
-  // slower than the first choice.
+  EXPECT_TRUE(rows.front().trainable);
+  EXPECT_EQ(rows.front().grid.e(), 8);  // the grid the trainer gets
+  int e1 = 0;
   for (const Estimate& e : rows)
     if (e.valid && e.expert_parallel == 1) {
-      EXPECT_EQ(e.grid.x() * e.grid.y() * e.grid.z() * e.grid.p(), 16) << plan_label(e);
-      EXPECT_GT(e.step, rows.front().step);
+      ++e1;
+      EXPECT_EQ(e.grid.x() * e.grid.y() * e.grid.z(), 16) << plan_label(e);
+      EXPECT_GT(e.step, rows.front().step) << plan_label(e);
     }
-  // The first choice's grid at E = 1 does not fit.
+  EXPECT_GT(e1, 0);
   PlanInput one = in;
   one.expert_parallel = 1;
-  const Estimate e1 = estimate(one, rows.front().grid, m);
-  EXPECT_FALSE(e1.valid);
-  EXPECT_NE(e1.reject.find("does not fit"), std::string::npos) << e1.reject;
-  // The text says MFU is on active FLOPs and names the expert axis.
+  const Estimate first1 = estimate(one, GridShape(rows.front().grid).set_e(1), m);
+  EXPECT_FALSE(first1.valid);
+  EXPECT_NE(first1.reject.find("does not fit"), std::string::npos) << first1.reject;
+  // The text says MFU is on active FLOPs and names the expert axis, trainable.
   const std::string text = plan_text(in, m, rows, 5, 5);
   EXPECT_NE(text.find("MFU is on active FLOPs"), std::string::npos);
   EXPECT_NE(text.find(" e8 "), std::string::npos);
-  EXPECT_NE(text.find("[expert axis: not trainable yet]"), std::string::npos);
+  EXPECT_EQ(text.find("not trainable"), std::string::npos);
+  // With the pipeline allowed, a pipeline over 8 stages with Y = 2 fits at E = 1 and comes first
+  // (the E rows pay five exposed all-to-alls a layer and a worst-case scratch).
+  in.allow_pipeline = true;
+  const auto rows_p = plan(in, m);
+  ASSERT_TRUE(rows_p.front().valid);
+  EXPECT_EQ(rows_p.front().expert_parallel, 1) << plan_label(rows_p.front());
+  EXPECT_GT(rows_p.front().grid.p(), 1) << plan_label(rows_p.front());
 }
 
 TEST(PlannerMoe, ExpertAxisNotChosenWhenTheAllToAllCostsMore) {
@@ -250,4 +276,54 @@ TEST(PlannerMoe, ExpertAxisNotChosenWhenTheAllToAllCostsMore) {
   const Estimate s1 = estimate(small, grid(1, 2), m);
   ASSERT_TRUE(s1.valid && s2.valid);
   EXPECT_LT(s2.step, s1.step);
+}
+
+TEST(PlannerMoe, GridAutoChoosesTheFoldAndTheTrainersFormulaIsThePlans) {
+  // `--grid auto` for mixtral-tiny (4 experts, top 2; 4 x 32 tokens, fp32) on 2 ranks of the
+  // shipped local machine: the planner's first choice folds E = 2 over D = 2 (the experts'
+  // gradient all-reduce at E = 1 costs more than the all-to-all of 64 tokens' rows), and the
+  // grid the trainer builds from the printed string is that grid.
+  RunConfig cfg = load_run_config("", {"model.name=mixtral-tiny", "train.seq_len=32", "train.micro_batch=4",
+                                       "train.precision=fp32", "parallel.machine=local"});
+  const AutoGrid a = choose_grid(cfg, 2, 2, backend::cpu_backend());
+  EXPECT_EQ(a.grid.e(), 2) << a.why;
+  EXPECT_EQ(a.grid.size(), 2);
+  EXPECT_NE(a.why.find("grid auto: " + a.grid.to_arg() + " "), std::string::npos) << a.why;
+  EXPECT_EQ(parallel::parse_grid(trainer_grid_string(a.grid)), a.grid);
+  EXPECT_EQ(trainer_grid_string(GridShape(grid(1, 2)).set_e(2)), "d=2,e=2");
+  EXPECT_EQ(resolve_grid(cfg, 2, 2, backend::cpu_backend()).grid, a.grid);
+  // The trainer's memory check (train/memory_check.cpp: memory_per_rank of plan_input_of on the
+  // run's grid) gives the plan's row for that grid, byte for byte, and both are the model's own
+  // arithmetic on rank 0 (model_memory): 1/E of the experts' weights, gradients and moments,
+  // and the exchange's scratch for 2 ranks x 64 tokens x min(k, 4 / E) = 256 rows.
+  const PlanInput in = plan_input_of(cfg, 2, backend::cpu_backend());
+  Machine m = load_machine("local");
+  m.ranks_per_node = 2;
+  const MemoryBreakdown trainer = memory_per_rank(in, a.grid);
+  int found = 0;
+  for (const Estimate& e : plan(in, m))
+    if (e.grid == a.grid) {
+      ++found;
+      EXPECT_TRUE(e.valid && e.trainable) << e.reject;
+      EXPECT_EQ(e.expert_parallel, 2);
+      EXPECT_DOUBLE_EQ(e.memory.total(), trainer.total());
+      EXPECT_DOUBLE_EQ(e.memory.activations, trainer.activations);
+    }
+  EXPECT_EQ(found, 1);
+  const parallel::ModelMemory mm =
+      parallel::model_memory(cfg.model, a.grid, parallel::GridCoord{}, 4 / parallel::token_slots(a.grid), 32,
+                             model_options(in));
+  EXPECT_DOUBLE_EQ(trainer.total(), memory_breakdown(mm).total());
+  const MemoryBreakdown one = memory_per_rank(in, GridShape(a.grid).set_e(1));
+  const double experts = 2.0 * 4 * 3 * 96 * 64;  // L x n_e x (gate, up, down) x F x C
+  EXPECT_DOUBLE_EQ(one.weights - trainer.weights, 4 * experts / 2);
+  EXPECT_DOUBLE_EQ(one.optimizer - trainer.optimizer, 8 * experts / 2);
+  EXPECT_DOUBLE_EQ(trainer.activations - one.activations, 256.0 * (3 * 64 + 6 * 96) * 4);
+  // parallel.expert_parallel = 2 fixes the fold: --grid auto chooses among E = 2 grids only.
+  RunConfig fixed = cfg;
+  fixed.expert_parallel = 2;
+  fixed.train.micro_batch = 64;  // E = 1 would be first here
+  for (const Estimate& e : plan(plan_input_of(fixed, 2, backend::cpu_backend()), m))
+    EXPECT_EQ(e.expert_parallel, 2) << plan_label(e);
+  EXPECT_EQ(choose_grid(fixed, 2, 2, backend::cpu_backend()).grid.e(), 2);
 }

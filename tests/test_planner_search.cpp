@@ -309,3 +309,40 @@ TEST(PlannerWhy, OneGridTermByTermValidOrRejected) {
   EXPECT_NE(rt.find("of 40.0 GB: weights"), std::string::npos) << rt;
   EXPECT_EQ(rt.find("step "), std::string::npos) << rt;
 }
+
+TEST(PlannerMicroBatch, PerDataGroupIsDividedOverZ) {
+  // AxoNN's --micro-batch-size: sequences per data-parallel group, each of its Gz depth ranks
+  // taking 1/Gz of them (Megatron-AxoNN's input shape divides it by the depth size). With 16 per
+  // group the whole job's micro-batch is 16 x Gd, a rank's 16 / Gz, and a grid whose Gz does not
+  // divide 16 does not divide.
+  const Machine m = load_machine("perlmutter");
+  PlanInput in = searched("gpt-5b", 512, 2048);
+  in.search_micro_batch = false;
+  in.micro_batch_per_data_group = 16;
+  in.precision = Precision::BF16;
+  in.recompute = Recompute::Full;
+  in.overlap = Overlap::Tensor;
+  in.allow_context = false;
+  const Estimate e = estimate(in, GridShape::xyzpd(1, 1, 8, 1, 64), m);
+  ASSERT_TRUE(e.valid) << e.reject;
+  EXPECT_EQ(e.micro_batch, 16 * 64);
+  EXPECT_EQ(e.micro_batches, 2);                       // 2048 / (16 x 64)
+  const Estimate y = estimate(in, GridShape::xyzpd(1, 4, 4, 1, 32), m);
+  ASSERT_TRUE(y.valid) << y.reject;
+  EXPECT_EQ(y.micro_batch, 16 * 32);                   // X and Y share the group's sequences
+  const Estimate z32 = estimate(in, GridShape::xyzpd(1, 1, 32, 1, 16), m);
+  EXPECT_FALSE(z32.valid);
+  EXPECT_NE(z32.reject.find("does not divide"), std::string::npos) << z32.reject;
+  // The same sequences per rank and accumulation as the whole-job form it stands for.
+  PlanInput whole = in;
+  whole.micro_batch_per_data_group = 0;
+  whole.micro_batch = 16 * 64;
+  EXPECT_DOUBLE_EQ(estimate(whole, GridShape::xyzpd(1, 1, 8, 1, 64), m).step, e.step);
+  // One micro-batch form at a time, and none when it is searched.
+  PlanInput two = in;
+  two.micro_batch = 1024;
+  expect_error([&] { two.validate(); }, {"exactly one", "--micro-batch-per-data-group"});
+  PlanInput searched_too = in;
+  searched_too.search_micro_batch = true;
+  expect_error([&] { searched_too.validate(); }, {"not searched"});
+}

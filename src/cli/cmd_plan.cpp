@@ -35,7 +35,7 @@ struct Options {
               recompute, overlap = "none", ranks_text, scaling, grids, points, svg, why, cp_comm = "auto",
               sequence_shard, attention_kernel = "fused";
   std::vector<std::string> sets;
-  int64_t global_batch = 0, micro_batch = 0, micro_batch_per_replica = 0;
+  int64_t global_batch = 0, micro_batch = 0, micro_batch_per_replica = 0, micro_batch_per_data_group = 0;
   int seq = 0, zero = -1, ranks = 0, top = 30, threads = 1, show_rejected = 20, virtual_stages = 0;
   int sweep_grids = 0;
   bool no_pipeline = false, no_context = false, published = false, quick = false, published_scaling = false,
@@ -62,9 +62,10 @@ planner::PlanInput plan_input(const Options& o, const std::string& model0, const
   in.seq = o.seq > 0 ? o.seq : cfg.train.seq_len;
   in.micro_batch = o.micro_batch;
   in.micro_batch_per_replica = o.micro_batch_per_replica;
+  in.micro_batch_per_data_group = o.micro_batch_per_data_group;
   // No micro-batch on the command line: the planner chooses one per grid (with the
   // accumulation it implies); the default global batch stays the config's micro_batch x grad_accum.
-  in.search_micro_batch = o.micro_batch == 0 && o.micro_batch_per_replica == 0;
+  in.search_micro_batch = o.micro_batch == 0 && o.micro_batch_per_replica == 0 && o.micro_batch_per_data_group == 0;
   in.global_batch = o.global_batch > 0 ? o.global_batch
                                        : int64_t(cfg.train.micro_batch) * cfg.train.grad_accum;
   if (!o.precision.empty()) in.precision = parse_precision(o.precision);
@@ -87,6 +88,7 @@ planner::PlanInput plan_input(const Options& o, const std::string& model0, const
   in.allow_context = !o.no_context;
   in.cp_comm = parse_cp_comm(o.cp_comm);
   in.attention_kernel = parse_attention_kernel(o.attention_kernel);
+  in.expert_parallel = cfg.expert_parallel;  // > 1: the plan's E fixed (1: searched)
   return in;
 }
 
@@ -297,6 +299,9 @@ const OptionRow kOptions[] = {
      "chosen per grid, the fastest that fits, with the accumulation it implies"},
     {"--micro-batch-per-replica", &Options::micro_batch_per_replica,
      "sequences per micro-batch per (z, d) replica instead (Megatron's meaning)"},
+    {"--micro-batch-per-data-group", &Options::micro_batch_per_data_group,
+     "sequences per micro-batch per data-parallel group, divided over Z instead (AxoNN's "
+     "--micro-batch-size; Gz must divide it)"},
     {"--seq", &Options::seq, "tokens per sequence (default: the config's seq_len)"},
     {"--precision", &Options::precision, "fp32 | bf16 (default: a config file's train.precision, else fp32)"},
     {"--recompute", &Options::recompute,

@@ -58,9 +58,14 @@ void check(const ModelConfig& mc, ProcessGroups& g, const ParallelOptions& po,
   EXPECT_EQ(mm.context, model.context_bytes()) << where;
   EXPECT_EQ(mm.context > 0, g.shape.c() > 1) << where;
   EXPECT_EQ(mm.params16 > 0, model.bf16_weights()) << where;
+  // The expert exchange's scratch grows with the exchanges (none before a step): its bound is
+  // checked against a step in CountsTheExpertFold.
+  EXPECT_EQ(model.expert_exchange_bytes(), 0) << where;
+  EXPECT_EQ(mm.expert_exchange > 0, g.shape.e() > 1) << where;
 
   // The planner: the largest rank's total, from the plan's own input.
-  double total = double(model.state_bytes() + model.activation_bytes() + stash + model.context_bytes());
+  double total = double(model.state_bytes() + model.activation_bytes() + stash +
+                        model.context_bytes() + mm.expert_exchange);
   MPI_Allreduce(MPI_IN_PLACE, &total, 1, MPI_DOUBLE, MPI_MAX, MPI_COMM_WORLD);
   planner::PlanInput in;
   in.model = mc;
@@ -236,6 +241,74 @@ TEST(MemoryFormula, CountsTheContextExchange) {
     }
   }
   EXPECT_GT(checked, 0);
+}
+
+TEST(MemoryFormula, CountsTheExpertFold) {
+  // The expert fold E (issue 32; parallel/expert_parallel.hpp) on every grid the world size
+  // gives it (E over D, over C x D, with Z, P, X and Y): n_experts / E experts per rank, ZeRO 1
+  // and 2 pieces over the expert-data group, the experts' own data-parallel buckets, with and
+  // without full recomputation, equal to what the model allocates; and the exchange's scratch,
+  // sized for the dropless worst case (ExpertParallel::max_rows: E x the rank's tokens x
+  // min(k, n_e / E) rows), is what a step with every token routed to experts 0 and 1 (a router
+  // of zeros) grows it to on the ranks holding them, and more than any rank holds after it.
+  using A = Axis;
+  const int n = world_size();
+  std::vector<GridShape> grids;
+  for (int e = 2; e <= std::min(n, 4); e *= 2) grids.push_back(GridShape({{A::D, n}}).set_e(e));
+  if (n >= 4) {
+    grids.push_back(GridShape({{A::C, 2}, {A::D, n / 2}}).set_e(4));
+    grids.push_back(GridShape({{A::Z, 2}, {A::D, n / 2}}).set_e(2));
+    grids.push_back(GridShape({{A::P, 2}, {A::D, n / 2}}).set_e(2));
+    grids.push_back(GridShape({{A::X, 2}, {A::D, n / 2}}).set_e(2));  // the rows' Cx columns
+    grids.push_back(GridShape({{A::Y, 2}, {A::D, n / 2}}).set_e(2));  // the experts' Fy
+  }
+  ModelConfig mc = tiny_model(Family::Mixtral, 2);
+  mc.n_experts = 4;
+  mc.experts_per_token = 2;
+  mc.validate();
+  int checked = 0, stepped = 0;
+  for (const GridShape& shape : grids) {
+    ProcessGroups g(comm::Communicator::world(), shape);
+    ParallelOptions po;
+    po.precision = backend::Precision::FP32;  // a mixture of experts runs in fp32
+    std::vector<ParallelOptions> sets{po};
+    po.overlap.dp_bucket_mb = 0.001;  // several tensors per bucket: staged (the experts' apart)
+    sets.push_back(po);
+    po.overlap = OverlapOptions::all_off();
+    for (int zero : {1, 2}) {
+      po.zero = zero;
+      sets.push_back(po);
+    }
+    po.zero = 0;
+    po.recompute = Recompute::Full;
+    sets.push_back(po);
+    for (const ParallelOptions& o : sets) {
+      check(mc, g, o, PipelineSchedule::OneFOneB);
+      ++checked;
+    }
+    if (shape.p() > 1 || shape.c() > 1) continue;  // the step below is one micro-batch by hand
+    ParallelTransformer model(mc, g, kLocalB, kLen, ParallelOptions{});
+    model.init_weights(5);
+    for (size_t i = 0; i < model.table().specs.size(); ++i)
+      if (model.table().specs[i].role == TensorRole::Router) {
+        std::vector<float> zeros(size_t(model.table().specs[i].numel), 0.0f);
+        model.set_tensor(i, zeros.data());
+      }
+    std::vector<int32_t> x(size_t(kLocalB) * kLen), y(x.size());
+    for (size_t i = 0; i < x.size(); ++i) x[i] = int32_t((7 * i + 3) % 256), y[i] = int32_t((5 * i + 1) % 256);
+    model.zero_grads();
+    model.forward_backward(x.data(), y.data(), kLocalB, kLen, 1.0f);
+    const ModelMemory mm = model_memory(mc, shape, g.coord, kLocalB, kLen, ParallelOptions{});
+    const int El = mc.n_experts / shape.e(), er = expert_rank(g.coord, shape);
+    const bool holds_0_or_1 = er * El < 2;  // experts [er El, (er + 1) El)
+    const std::string where = "grid " + shape.to_string() + " rank " + std::to_string(world_rank());
+    EXPECT_EQ(mm.expert_exchange, int64_t(shape.e()) * kLocalB * kLen * std::min(2, El) *
+                                      (3 * 64 / shape.x() + 6 * mc.ffn / shape.y()) * 4) << where;
+    EXPECT_EQ(model.expert_exchange_bytes(), holds_0_or_1 ? mm.expert_exchange : 0) << where;
+    ++stepped;
+  }
+  EXPECT_GT(checked, 0);
+  EXPECT_GT(stepped, 0);
 }
 
 }  // namespace

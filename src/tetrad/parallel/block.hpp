@@ -57,6 +57,9 @@ class TransformerBlock {
   // Bytes of the work buffers the block owns beside the model's activation buffer: the context
   // axis's exchange (ContextAttention::bytes(), 0 without one).
   virtual int64_t scratch_bytes() const { return 0; }
+  // Bytes of the expert-parallel exchange's scratch as allocated now (a mixture of experts with
+  // GridShape::e() > 1: ExpertParallel::bytes(), grown to the largest exchange so far; 0 else).
+  virtual int64_t expert_exchange_bytes() const { return 0; }
 };
 
 // What a block is built from: the model, the parts it computes with (the step context, the

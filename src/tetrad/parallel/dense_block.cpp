@@ -110,15 +110,17 @@ backend::RopeArgs DenseBlock::rope_args(float* x, int64_t N, int T, int pos0) co
   return r;
 }
 
-void DenseBlock::rope(bool forward, float* x, int B, int T, int pos0) const {
+void DenseBlock::rope(bool forward, float* x, int B, int T, int pos0, int b0) const {
   const backend::OpTable& op = ctx_.ops();
   auto run = forward ? op.rope_forward : op.rope_backward;
   const int32_t* docs = document_positions();
   if (!context_) {
-    backend::RopeArgs r = rope_args(x, int64_t(B) * T, T, pos0);
-    r.doc_start = docs;
+    const int64_t r0 = int64_t(b0) * T;
+    backend::RopeArgs r = rope_args(x + r0 * ctx_.dims.QKVy, int64_t(B) * T, T, pos0);
+    r.doc_start = docs ? docs + r0 : nullptr;
     return run(ctx_.bq(), r);
   }
+  TETRAD_CHECK(b0 == 0, "rope: sequences of a share with the context axis");
   // Each local chunk at its offset; per-document positions subtract the whole sequence's document
   // starts (positions of the whole sequence, as the chunk's own are).
   const ContextSplit& cs = context_->split();
@@ -215,11 +217,20 @@ void DenseBlock::forward(int l, const float* x, int B, int T, const CachedKv* kv
   const Weights& L = layers_[size_t(l)];
   const auto& A = a_.layer[size_t(l)];
   ops_.norm_fwd(A.ln1, A.ln1_mean, A.ln1_rstd, x, L.ln1_w, L.ln1_b, N, A.ln1_16);
-  ops_.normal_fwd(GemmSite::Qkv, A.qkv, act(A.ln1, A.ln1_16), L.qkv_w, L.qkv_b, N);
+  // With the X ranks sharing the sequences only this rank's rows of q|k|v are read after RoPE
+  // (attention's forward and backward): the q|k|v sums are reduce-scattered by rows, and the bias
+  // and RoPE run on those rows (dqkv, a backward work buffer, is free here for the partial sums).
+  // The q/k norms read every row (their statistics are saved per row): the all-reduce stays.
+  const SequenceShare s = kv ? SequenceShare{0, B, false} : sequence_share(B);
+  if (s.split && !qk_norm_)
+    ops_.normal_fwd_rows(GemmSite::Qkv, A.qkv, a_.dqkv, act(A.ln1, A.ln1_16), L.qkv_w, L.qkv_b,
+                         N, int64_t(s.b0) * T, int64_t(s.nb) * T);
+  else
+    ops_.normal_fwd(GemmSite::Qkv, A.qkv, act(A.ln1, A.ln1_16), L.qkv_w, L.qkv_b, N);
   if (qk_norm_) qk_norm_->forward(l, N);
   if (positions_ == Positions::Rope) {
     ScopedPhase sp(ctx_.prof, Phase::Attention);
-    rope(true, A.qkv, B, T, kv ? kv->pos0 : 0);
+    rope(true, A.qkv, s.nb, T, kv ? kv->pos0 : 0, s.b0);
   }
   if (!kv) attention(l, B, T);
   else cached_attention(l, B, T, *kv);
@@ -301,11 +312,11 @@ void DenseBlock::backward(int l, const float* x_in, int B, int T) {
                             a.dqkv + q0 + v0, a.datty + o0, A.qkv + q0, A.qkv + q0 + k0,
                             A.qkv + q0 + v0, A.atty + o0, A.lse + int64_t(s.b0) * d.nhy * T);
   }
-  gather_sequences(a.dqkv, s, T, d.QKVy, "attention dqkv");
-  if (positions_ == Positions::Rope) {
+  if (positions_ == Positions::Rope) {  // row by row: on this rank's sequences, then gathered
     ScopedPhase sp(ctx_.prof, Phase::Attention);
-    rope(false, a.dqkv, B, T, 0);
+    rope(false, a.dqkv, s.nb, T, 0, s.b0);
   }
+  gather_sequences(a.dqkv, s, T, d.QKVy, "attention dqkv");
   if (qk_norm_) qk_norm_->backward(l, N);
   ctx_.q().poll();
   const float* dln1 = ops_.linear_bwd(GemmSite::Qkv, a.dln, a.dqkv, act(A.ln1, A.ln1_16), L.qkv_w, L.qkv_b, N);

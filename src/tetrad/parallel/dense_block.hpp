@@ -75,9 +75,9 @@ class DenseBlock : public TransformerBlock {
   backend::RopeArgs rope_args(float* x, int64_t N, int T, int pos0) const;
   // The micro-batch's document starts when positions restart per document (RopeArgs::doc_start).
   const int32_t* document_positions() const;
-  // RoPE (forward or its adjoint) on B sequences of T local tokens of x at their true positions
-  // (with Gc > 1 each local chunk at its chunk's offset).
-  void rope(bool forward, float* x, int B, int T, int pos0) const;
+  // RoPE (forward or its adjoint) on B sequences of T local tokens of x, from sequence b0 on,
+  // at their true positions (with Gc > 1 each local chunk at its chunk's offset; b0 = 0 there).
+  void rope(bool forward, float* x, int B, int T, int pos0, int b0 = 0) const;
 
   std::vector<Weights> layers_;
   MlpKind mlp_;

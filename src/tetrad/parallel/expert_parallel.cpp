@@ -16,6 +16,17 @@ ExpertParallel::ExpertParallel(const StepContext& ctx, const ModelConfig& cfg)
                " experts or the expert group");
 }
 
+int64_t ExpertParallel::max_rows(const ModelConfig& cfg, const GridShape& shape, int64_t tokens) {
+  const int64_t E = shape.e(), El = cfg.n_experts / E, k = cfg.experts_per_token;
+  const int64_t dropless = E * tokens * std::min(k, El);
+  const int64_t total = tokens * shape.size(token_share_axes());
+  return std::min(dropless, El * expert_capacity(cfg, total));
+}
+
+int64_t ExpertParallel::scratch_bytes(const LocalDims& dims, int64_t rows) {
+  return rows * (3 * int64_t(dims.Cx) + 6 * int64_t(dims.Fy)) * int64_t(sizeof(float));
+}
+
 void ExpertParallel::plan(int layer, const MoeRouting& r) {
   const size_t G = size_t(Ge_), El = size_t(El_);
   TETRAD_CHECK(r.rows.size() == G * El, "expert parallelism: a routing of ", r.rows.size(),

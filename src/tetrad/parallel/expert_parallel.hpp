@@ -44,6 +44,21 @@ class ExpertParallel {
   void backward(int layer, const MoeRouting& r, const float* rows, float* drows, const float* w13,
                 const float* w2, float* gw13, float* gw2);
 
+  // The most rows one rank's experts receive in one exchange when each rank of the grid holds
+  // `tokens` tokens of the micro-batch: the bound the memory formula sizes the scratch for
+  // (parallel::model_memory). A token's k choices are distinct experts, so at most
+  // min(k, n_experts / E) of them go to one rank's experts: dropless, E x tokens x that (every
+  // token of the expert group routed to this rank's experts, as under a router of zeros); under
+  // a capacity factor no more than n_experts / E experts x an expert's capacity of the whole
+  // micro-batch (tokens x the token group Z x C x D).
+  static int64_t max_rows(const ModelConfig& cfg, const GridShape& shape, int64_t tokens);
+  // Bytes of the scratch for `rows` received rows of a rank with local sizes `dims`: staging,
+  // input and output rows [rows, C / Gx], the experts' gate|up and its gradient [rows, 2F / Gy],
+  // SwiGLU and its gradient [rows, F / Gy].
+  static int64_t scratch_bytes(const LocalDims& dims, int64_t rows);
+  // What the scratch holds now (sized by the largest exchange so far; 0 before the first).
+  int64_t bytes() const { return cap_ * (3 * C_ + 6 * F_) * int64_t(sizeof(float)); }
+
  private:
   // The exchange's shape from the routing: counts per (rank, expert) both ways, the local
   // experts' rows from every source, the scratch sized.

@@ -8,6 +8,7 @@
 
 #include "tetrad/model/params.hpp"
 #include "tetrad/parallel/context_attention.hpp"
+#include "tetrad/parallel/expert_parallel.hpp"
 #include "tetrad/parallel/layer_split.hpp"
 #include "tetrad/parallel/sharding.hpp"
 
@@ -43,12 +44,15 @@ ModelMemory model_memory(const ModelConfig& cfg, const GridShape& G, const GridC
   const int64_t f4 = int64_t(sizeof(float)), b2 = 2;
   ModelMemory mm;
 
-  // The local shard; ZeRO pieces: each tensor's shard cut into Gd pieces of ceil(n / Gd).
+  // The local shard; ZeRO pieces: each tensor's shard cut into Gd pieces of ceil(n / Gd), an
+  // expert tensor's (E > 1) over its expert-data group of Gd / E ranks.
   int64_t local_total = 0, state_size = 0, piece_max = 0;
   const int64_t Gr = G.size(G.c() > 1 ? replica_axes() : AxisSet(Axis::D));  // ZeRO's replicas
+  const int64_t Ge = Gr / G.e();                                             // an expert's
   auto add = [&](const std::vector<const TensorShard*>& ts, int64_t times) {
     for (const TensorShard* t : ts) {
-      const int64_t q = (t->shard_numel + Gr - 1) / Gr;
+      const int64_t Gt = t->expert ? Ge : Gr;
+      const int64_t q = (t->shard_numel + Gt - 1) / Gt;
       local_total += times * t->shard_numel;
       state_size += times * q;
       if (times > 0) piece_max = std::max(piece_max, q);
@@ -86,20 +90,20 @@ ModelMemory model_memory(const ModelConfig& cfg, const GridShape& G, const GridC
     if (rows * (Cx + 1) < Vy * Cx) mm.staging += f4 * rows * Cx + int64_t(sizeof(int32_t)) * rows;
   }
   // Data-parallel buckets (build_buckets): tensors in the order their gradients become final
-  // (layers from the last, then the top-level ones), one open bucket per group; a bucket of more
-  // than one tensor is staged.
+  // (layers from the last, then the top-level ones), one open bucket per group (replicated, Z
+  // shards, expert shards); a bucket of more than one tensor is staged.
   int64_t staged = 0;
   if (opt.zero == 0) {
     const int64_t cap = int64_t(opt.overlap.dp_bucket_mb * 1048576.0 / sizeof(float));
-    int64_t numel[2] = {0, 0}, count[2] = {0, 0};
+    int64_t numel[3] = {0, 0, 0}, count[3] = {0, 0, 0};
     auto close = [&](int k) {
       if (count[k] > 1) staged += numel[k];
       numel[k] = count[k] = 0;
     };
     auto bucket = [&](const std::vector<const TensorShard*>& ts) {
       for (const TensorShard* t : ts) {
-        if ((t->z_sharded ? Gr : G.size(token_share_axes())) == 1) continue;
-        const int k = t->z_sharded ? 1 : 0;
+        if ((t->expert ? Ge : t->z_sharded ? Gr : G.size(token_share_axes())) == 1) continue;
+        const int k = t->expert ? 2 : t->z_sharded ? 1 : 0;
         numel[k] += t->shard_numel;
         ++count[k];
         if (numel[k] >= cap) close(k);
@@ -107,6 +111,7 @@ ModelMemory model_memory(const ModelConfig& cfg, const GridShape& G, const GridC
     };
     for (int64_t l = 0; l < stored_layers; ++l) bucket(layer_tensors);
     bucket(top_tensors);
+    close(2);
     close(1);
     close(0);
   }
@@ -123,6 +128,11 @@ ModelMemory model_memory(const ModelConfig& cfg, const GridShape& G, const GridC
   if (G.c() > 1)
     mm.context = ContextAttention::bytes(LocalDims::of(cfg, G), G, local_batch,
                                          max_len / G.c(), opt.cp_comm);
+  // The expert exchange's scratch (ExpertParallel, one for every layer), grown to the largest
+  // exchange: sized for the worst a rank can receive, not the even load's E x N k / E.
+  if (G.e() > 1 && cfg.moe())
+    mm.expert_exchange = ExpertParallel::scratch_bytes(
+        LocalDims::of(cfg, G), ExpertParallel::max_rows(cfg, G, int64_t(local_batch) * (max_len / G.c())));
   if (G.p() > 1) {
     // Each forward's chunk stash lives until its backward (pipeline_chunks.cpp): the chunk's
     // layers' slots from its input (the previous layer's output slot) on, the embedding's output

@@ -34,10 +34,13 @@ struct ModelMemory {
   int64_t pipeline = 0;       // Gp > 1: PipelineDriver::stash_peak_bytes (micro-batches in flight)
   int64_t context = 0;        // Gc > 1: the exchange's buffers (ParallelTransformer::context_bytes,
                               // ContextAttention::bytes: parallel.cp_comm's layout)
+  int64_t expert_exchange = 0;  // E > 1: the expert exchange's scratch for the most rows a rank
+                                // can receive (ExpertParallel::max_rows: dropless, every token
+                                // of the expert group to this rank's experts), what it grows to
   // ParallelTransformer::state_bytes()
   int64_t state() const { return params + params16 + grads + optimizer + gathered + staging; }
-  // What the activations take: the buffer, the pipeline's stash and the context exchange.
-  int64_t activation_total() const { return activations + pipeline + context; }
+  // What the activations take: the buffer, the pipeline's stash, the context and expert exchanges.
+  int64_t activation_total() const { return activations + pipeline + context + expert_exchange; }
   int64_t total() const { return state() + activation_total(); }
 };
 

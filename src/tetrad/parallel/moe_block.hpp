@@ -47,6 +47,7 @@ class MoeBlock final : public DenseBlock {
     recomputing_ = false;
   }
   void set_grad_scale(float grad_scale) override { grad_scale_ = grad_scale; }
+  int64_t expert_exchange_bytes() const override { return ep_ ? ep_->bytes() : 0; }
   MoeStats take_moe_stats() override {
     MoeStats s = stats_;
     stats_ = MoeStats{};

@@ -118,6 +118,27 @@ void ParallelOps::normal_fwd(GemmSite site, float* out, Operand in, int wi, int 
   ctx_.q().poll();
 }
 
+// Normal layer, rows [r0, r0 + rows) of the output only: reduce-scatter of the partial rows.
+void ParallelOps::normal_fwd_rows(GemmSite site, float* out, float* partial, Operand in, int wi,
+                                  int bi, int64_t N, int64_t r0, int64_t rows) {
+  const LinearSpec& spec = linear_spec(site);
+  TETRAD_CHECK(spec.kind == LinearKind::Normal, gemm_site_name(site), ": not normal");
+  const comm::Communicator& group = ctx_.g().group(collectives(spec.kind).forward);
+  if (group.size() != 2 || forward_chunks_ > 1) return normal_fwd(site, out, in, wi, bi, N);
+  TETRAD_CHECK(rows * group.size() == N && r0 == rows * group.rank(), gemm_site_name(site),
+               ": rows [", r0, ", ", r0 + rows, ") are not this rank's share of ", N);
+  const char* what = gemm_site_name(site);
+  const int64_t k_in = ctx_.dims.*spec.in, n_out = ctx_.dims.*spec.out;
+  gemm(what, false, true, N, n_out, k_in, in, k_in, weight_operand(wi), k_in, 0.0f, partial,
+       n_out, product_of(layouts_.at(site).fwd));
+  float* mine = out + r0 * n_out;
+  ctx_.q().run(group.ireduce_scatter_sum(partial, mine, size_t(rows * n_out), ctx_.q().ready()),
+               group, "reduce_scatter", what, ctx_.prof ? ctx_.prof->layer : -2,
+               N * n_out * int64_t(sizeof(float)));
+  if (const float* b = w(bi)) ctx_.ops().bias_add(ctx_.bq(), mine, b, rows, n_out);
+  ctx_.q().poll();
+}
+
 // Transposed layer + residual: out[N, Cx] = resid + all-reduce_Y(in · Wᵀ) + bias.
 void ParallelOps::transposed_fwd(GemmSite site, float* out, const float* resid,
                                  Operand in, int wi, int bi, int64_t N) {

@@ -74,6 +74,15 @@ class ParallelOps {
   void gemm_allreduce(GemmSite site, float* out, Operand in, int wi, int64_t N);
   // Normal layer: gemm_allreduce + bias bi.
   void normal_fwd(GemmSite site, float* out, Operand in, int wi, int bi, int64_t N);
+  // Normal layer of which this rank reads only rows [r0, r0 + rows) of the output (the X ranks'
+  // shares of attention's sequences: r0 = rows · the group rank, rows · the group size = N):
+  // the partial GEMM of all N rows into `partial` [N, n_out], then a reduce-scatter of the rows
+  // over the forward group into those rows of out, + bias on them; out's other rows are left
+  // unwritten. On 2 ranks half the bytes of the all-reduce and the same bits (each element is
+  // a + b either way). Elsewhere (other group sizes: a sum of more values, in another order
+  // than the all-reduce's; chunked forwards) it is normal_fwd, every row.
+  void normal_fwd_rows(GemmSite site, float* out, float* partial, Operand in, int wi, int bi,
+                       int64_t N, int64_t r0, int64_t rows);
   // Transposed layer + residual: out = resid + all-reduce_Y(in · Wᵀ) + bias bi. With sequence
   // sharding out and resid are this rank's rows of the stream and the sum over Y is a
   // reduce-scatter of the rows.

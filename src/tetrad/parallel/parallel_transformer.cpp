@@ -172,6 +172,7 @@ int64_t ParallelTransformer::activation_bytes(Recompute mode) const {
 }
 
 int64_t ParallelTransformer::context_bytes() const { return block_->scratch_bytes(); }
+int64_t ParallelTransformer::expert_exchange_bytes() const { return block_->expert_exchange_bytes(); }
 
 int64_t ParallelTransformer::state_bytes() const {
   const size_t n = params_.size() + 2 * size_t(optimizer_layout().state_size);

@@ -97,6 +97,10 @@ class ParallelTransformer {
   // their gradients, partial results and log-sum-exp; ContextAttention::bytes()), 0 otherwise.
   // Allocated once beside the activation buffer and reused by every layer.
   int64_t context_bytes() const;
+  // Bytes of the expert-parallel exchange's scratch (a mixture of experts on E > 1: the rows
+  // received for this rank's experts and their GEMMs' work, ExpertParallel::bytes()), as grown
+  // by the largest exchange so far; the memory formula counts its bound (model_memory).
+  int64_t expert_exchange_bytes() const;
   // The floats of the activation buffer by tensor under a recompute mode, as laid out
   // (memory_model.hpp: the same arithmetic the planner's memory formula calls).
   using ActivationSizes = parallel::ActivationSizes;

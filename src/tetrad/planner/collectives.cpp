@@ -3,6 +3,11 @@
 
 namespace tetrad::planner {
 
+bool x_shares_sequences(const PlanInput& in, const GridShape& g, double T) {
+  const int64_t sequences = int64_t(T) / in.seq;  // a micro-batch's on this rank (no context axis)
+  return g.x() > 1 && g.c() == 1 && sequences > 0 && sequences % g.x() == 0;
+}
+
 // Tensor parallelism (X and Y): the layers' norms and linear layers, per layer.
 void add_tensor_layer_comm(Collectives& c, const PlanInput& in, const GridShape& g, const Sizes& s, double T) {
   const double act_b = in.precision == Precision::BF16 ? 2 : 4;
@@ -11,7 +16,21 @@ void add_tensor_layer_comm(Collectives& c, const PlanInput& in, const GridShape&
   // Norms: statistics all-reduced over X in forward and again in backward (2 norms per layer).
   c.add("norm statistics (fwd+bwd)", Axis::X, Op::AllReduce, stats_b, 2 * (fwd_mult + 1), kExposed, true);
   // Normal layers (q|k|v, MLP up): fwd all-reduce over X of [T, N/Gy]; bwd dIn over Y [T, H/Gx].
-  c.add("fwd all-reduce of q|k|v output", Axis::X, Op::AllReduce, T * s.QKV / g.y() * act_b, fwd_mult, kExposed, true);
+  // With the X ranks sharing attention's sequences each reads only its rows of q|k|v: on 2 X
+  // ranks without q/k norms the sum is a reduce-scatter of them (parallel_linear.cpp,
+  // normal_fwd_rows); attention's output rows are all-gathered in the forward (again with
+  // recomputation) and dq|dk|dv's in the backward.
+  const double qkv_b = T * s.QKV / g.y() * act_b;
+  const bool share = x_shares_sequences(in, g, T);
+  if (share && g.x() == 2 && s.qk_norm_vectors == 0)
+    c.add("fwd reduce-scatter of q|k|v output", Axis::X, Op::ReduceScatter, qkv_b, fwd_mult, kExposed, true);
+  else
+    c.add("fwd all-reduce of q|k|v output", Axis::X, Op::AllReduce, qkv_b, fwd_mult, kExposed, true);
+  if (share) {
+    const double gathers = in.recompute == Recompute::None ? 1 : 2;
+    c.add("fwd all-gather of attention output", Axis::X, Op::AllGather, T * s.A / g.y() * act_b, gathers, kExposed, true);
+    c.add("bwd all-gather of dq|dk|dv", Axis::X, Op::AllGather, qkv_b, 1, kExposed, true);
+  }
   c.add("fwd all-reduce of MLP-up output", Axis::X, Op::AllReduce, T * s.FW / g.y() * act_b, fwd_mult, kExposed, true);
   c.add("bwd all-reduce of q|k|v dIn", Axis::Y, Op::AllReduce, T * s.H / g.x() * act_b, 1, kDIn, true);
   c.add("bwd all-reduce of MLP-up dIn", Axis::Y, Op::AllReduce, T * s.H / g.x() * act_b, 1, kDIn, true);

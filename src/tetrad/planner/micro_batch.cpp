@@ -25,7 +25,7 @@ std::vector<int64_t> micro_batch_candidates(const PlanInput& in, const GridShape
 Estimate estimate_searching_micro_batch(const PlanInput& in, const GridShape& g, const Machine& m) {
   PlanInput fixed = in;
   fixed.search_micro_batch = false;
-  fixed.micro_batch_per_replica = 0;
+  fixed.micro_batch_per_replica = fixed.micro_batch_per_data_group = 0;
   const std::vector<int64_t> candidates = micro_batch_candidates(in, g);
   if (candidates.empty()) {
     Estimate e;

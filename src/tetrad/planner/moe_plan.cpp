@@ -11,10 +11,20 @@
 
 namespace tetrad::planner {
 
+int expert_fold_of(const PlanInput& in, const GridShape& g) {
+  return g.e() > 1 ? g.e() : in.expert_parallel;
+}
+
 std::string expert_parallel_problem(const PlanInput& in, const GridShape& g) {
-  const int ep = in.expert_parallel;
+  const int ep = expert_fold_of(in, g);
   if (ep < 1) return "the expert-parallel axis E = " + std::to_string(ep) + " must be >= 1";
+  if (g.e() > 1 && in.expert_parallel > 1 && g.e() != in.expert_parallel)
+    return "the grid's e=" + std::to_string(g.e()) + " and expert_parallel = " +
+           std::to_string(in.expert_parallel) + " disagree";
   if (ep == 1) return "";
+  if (in.shard_over_context)
+    return "the expert-parallel axis E = " + std::to_string(ep) + " with parameters sharded over "
+           "the context axis (TorchTitan's layout) is not modelled";
   if (!in.model.moe())
     return "the expert-parallel axis E = " + std::to_string(ep) + " needs a mixture of experts (" +
            in.model.desc().display + " is dense)";
@@ -29,6 +39,7 @@ std::string expert_parallel_problem(const PlanInput& in, const GridShape& g) {
 }
 
 std::vector<int> expert_parallel_candidates(const PlanInput& in, const GridShape& g) {
+  if (const int ep = expert_fold_of(in, g); ep != 1) return {ep};  // fixed by the run
   if (!in.model.moe()) return {1};
   std::vector<int> out;
   const int limit = std::gcd(g.c() * g.d(), in.model.n_experts);
@@ -112,23 +123,32 @@ void add_moe_comm(Collectives& c, const PlanInput& in, const GridShape& g, const
   const bool bf16 = in.precision == Precision::BF16;
   const double act_b = bf16 ? 2 : 4, w_b = bf16 ? 2 : 4;
   if (ep > 1) {
+    // The trainer's exchange (parallel/expert_parallel.cpp), not overlapped with computation
+    // yet: exposed. Per layer per micro-batch, the rows: forward dispatch and combine; backward
+    // the dispatch again (recomputed, not kept), the gradients' dispatch and combine; full
+    // recomputation reruns the forward's two. Before each pass the counts per expert
+    // (E x n_e / E int64 per rank, host memory): a latency-bound exchange.
     const std::vector<int> members = expert_group_ranks(g, ep);
-    const double bytes = T * s.topk * s.H / (double(g.x()) * g.y()) * act_b;  // one direction
-    const double calls = 4 + (in.recompute == Recompute::Full ? 2 : 0);
-    CommItem it;
-    it.c.what = "all-to-all of expert dispatch/combine";
-    it.c.axis = parallel::replica_axes();
-    it.c.group = "e";
-    it.c.op = Op::AllToAll;
-    it.c.bytes = bytes;
-    it.c.calls = calls;
     std::set<int> nodes;
     for (int r : members) nodes.insert(r / m.ranks_per_node);
-    it.c.inter_node = nodes.size() > 1;
-    it.c.seconds = alltoall_seconds(bytes, members, g.size(), m);  // per call
-    it.kind = kExposed;
-    it.per_layer = calls;
-    c.add_costed(it);
+    const bool full = in.recompute == Recompute::Full;
+    auto add = [&](const char* what, double bytes, double calls) {
+      CommItem it;
+      it.c.what = what;
+      it.c.axis = parallel::replica_axes();
+      it.c.group = "e";
+      it.c.op = Op::AllToAll;
+      it.c.bytes = bytes;
+      it.c.calls = calls;
+      it.c.inter_node = nodes.size() > 1;
+      it.c.seconds = alltoall_seconds(bytes, members, g.size(), m);  // per call
+      it.kind = kExposed;
+      it.per_layer = calls;
+      c.add_costed(it);
+    };
+    add("all-to-all of expert dispatch/combine", T * s.topk * s.H / (double(g.x()) * g.y()) * act_b,
+        5 + (full ? 2 : 0));
+    add("all-to-all of expert row counts", s.experts * 8, 2 + (full ? 1 : 0));
   }
   // The experts' gradients over the expert-data group (Gc Gd / E ranks), as add_data_comm's.
   const std::vector<int> edata = expert_data_group_ranks(g, ep);
@@ -155,46 +175,33 @@ MemoryBreakdown expert_memory(const PlanInput& in, const GridShape& g, int ep) {
   MemoryBreakdown b;
   const ModelConfig& m = in.model;
   if (!m.moe()) return b;
+  TETRAD_CHECK(in.memory_model == MemoryModel::Reference,
+               "expert_memory: tetrad's layout is model_memory's (memory_of_grid)");
   const GridShape gf = without_context(g, in.shard_over_context);
   const double xy = double(gf.x()) * gf.y();
   const double Ls = stage_layer_count(layer_split_of(in, g), g.p());
   const double layer = double(m.n_experts) / ep * expert_numel(m) / xy;  // a layer's, before Z
   const double local = Ls * layer / gf.z();                              // what a rank stores
   const bool bf16 = in.precision == Precision::BF16;
-  if (in.memory_model == MemoryModel::Reference) {
-    // The textbook layout (reference_memory_of_stage): bf16 weights and gradients, 12 bytes of
-    // fp32 master weights and moments; ZeRO over D (E = 1) or the expert-data group.
-    const double rep = ep == 1 ? g.d() : double(g.c()) * g.d() / ep;
-    const double bw = bf16 ? 2 : 4, opt = bf16 ? 12 : 8;
-    b.weights = bw * local;
-    b.grads = bw * local / (in.zero >= 2 ? rep : 1);
-    b.optimizer = opt * local / (in.zero >= 1 ? rep : 1);
-    if (gf.z() > 1) b.gathered = 2 * bw * layer;
-    return b;
-  }
-  // tetrad's layout (parallel::model_memory): fp32 weights (and a bf16 copy), fp32 gradients and
-  // Adam's two fp32 moments; ZeRO's pieces over the replicas (C x D, or D without C), for the
-  // experts over the expert-data group.
-  const double rep = double(g.c() > 1 ? g.c() * g.d() : g.d()) / ep;
-  const bool copy16 = bf16 && model_options(in).bf16_weight_copy;
-  b.weights = (4 + (copy16 ? 2 : 0)) * local;
-  b.grads = 4 * local / (in.zero == 2 ? rep : 1);
-  b.optimizer = 8 * local / (in.zero >= 1 ? rep : 1);
-  if (gf.z() > 1) {
-    const auto& ov = in.overlap_switches;
-    const double L = m.n_layer;
-    const double slots = std::max(1.0, ov.cache_gathered_weights ? L : std::min(ov.prefetch_depth + 1.0, L));
-    b.gathered = (4 + (copy16 ? 2 : 0)) * slots * layer;
-    b.staging = 4 * local;  // the reduce-scatter's landing buffer
-  }
-  if (gf.z() > 1 || in.zero == 2) b.staging += 4 * 2 * layer;  // two layers' gradient blocks
+  // The textbook layout (reference_memory_of_stage): bf16 weights and gradients, 12 bytes of
+  // fp32 master weights and moments; ZeRO over D (E = 1) or the expert-data group.
+  const double rep = ep == 1 ? g.d() : double(g.c()) * g.d() / ep;
+  const double bw = bf16 ? 2 : 4, opt = bf16 ? 12 : 8;
+  b.weights = bw * local;
+  b.grads = bw * local / (in.zero >= 2 ? rep : 1);
+  b.optimizer = opt * local / (in.zero >= 1 ? rep : 1);
+  if (gf.z() > 1) b.gathered = 2 * bw * layer;
   return b;
 }
 
 MemoryBreakdown memory_per_rank(const PlanInput& in, const GridShape& g) {
-  MemoryBreakdown b = memory_per_rank_all_experts(in, g);
-  if (in.expert_parallel == 1 || !in.model.moe()) return b;
-  const MemoryBreakdown e = expert_memory(in, g, in.expert_parallel), one = expert_memory(in, g, 1);
+  const int ep = expert_fold_of(in, g);
+  GridShape ge = g;
+  if (in.memory_model == MemoryModel::Tetrad || ep == 1 || !in.model.moe())
+    return memory_of_grid(in, ge.set_e(in.memory_model == MemoryModel::Tetrad ? ep : 1));
+  // The textbook layout of the published rows: E = 1's, its experts replaced by their 1/E.
+  MemoryBreakdown b = memory_of_grid(in, ge.set_e(1));
+  const MemoryBreakdown e = expert_memory(in, g, ep), one = expert_memory(in, g, 1);
   b.weights += e.weights - one.weights;
   b.grads += e.grads - one.grads;
   b.optimizer += e.optimizer - one.optimizer;

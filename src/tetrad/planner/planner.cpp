@@ -83,6 +83,9 @@ GemmTimes block_gemm_times(const Sizes& s, const GridShape& g, double T, const M
   if (s.experts > 0) weight(s.H, s.experts, T, 1);
   weight(s.H / g.x(), s.FW / g.y(), rows, ne);  // MLP up (+ gate)
   weight(s.F / g.y(), s.H / g.x(), rows, ne);   // MLP down (transposed)
+  // E > 1: the backward recomputes the experts' gate|up on the received rows (the dispatch is
+  // recomputed, not kept: parallel/expert_parallel.hpp).
+  if (s.experts > 0 && s.ep > 1) r.din += ne * t(rows, s.FW / g.y(), s.H / g.x(), GemmOp::NT);
   const double hk = s.H / g.x(), hn = s.V / g.y();
   r.head_fwd = t(T, hn, hk, GemmOp::NT);
   r.head_bwd = t(T, hk, hn, GemmOp::NN) + t(hn, hk, T, GemmOp::TN);
@@ -331,6 +334,7 @@ StageParams stage_params(const ModelConfig& m, const GridShape& g, bool first, b
 }
 
 int64_t micro_batch_of(const PlanInput& in, const GridShape& g) {
+  if (in.micro_batch_per_data_group > 0) return in.micro_batch_per_data_group * (token_slots(g) / g.z());
   return in.micro_batch > 0 ? in.micro_batch : in.micro_batch_per_replica * token_slots(g);
 }
 
@@ -429,7 +433,7 @@ MemoryBreakdown memory_breakdown(const parallel::ModelMemory& m) {
   return b;
 }
 
-MemoryBreakdown memory_per_rank_all_experts(const PlanInput& in, const GridShape& g) {
+MemoryBreakdown memory_of_grid(const PlanInput& in, const GridShape& g) {
   if (in.memory_model == MemoryModel::Reference) {
     const MemoryBreakdown a = reference_memory_of_stage(in, g, true, g.p() == 1);
     if (g.p() == 1) return a;
@@ -547,7 +551,7 @@ bool trainer_supports_pipeline() {
 
 std::string trainer_grid_string(const GridShape& g) {
   std::ostringstream o;
-  if (g.c() > 1) return g.to_arg();  // only the named form gives C
+  if (g.c() > 1 || g.e() > 1) return g.to_arg();  // only the named form gives C and E
   if (trainer_supports_pipeline())
     o << g.x() << "," << g.y() << "," << g.z() << "," << g.p() << "," << g.d();
   else
@@ -603,8 +607,11 @@ ComputeTimes compute_times(const PlanInput& in, const GridShape& g, const Machin
   const double act_b = bf16 ? 2 : 4;
   const bool full = in.recompute == Recompute::Full, any_rc = in.recompute != Recompute::None;
   ComputeTimes c;
-  // Attention: heads split over Y, replicated over X, by the run's kernel (attention.cpp).
-  c.attn = attention_core_seconds(in, mach, T, g.y());
+  // Attention: heads split over Y, sequences shared over X where Gx divides them (else every X
+  // rank runs all of them: x_shares_sequences), by the run's kernel (attention.cpp) on the T / Gx
+  // tokens of this rank's sequences.
+  const double x_share = x_shares_sequences(in, g, T) ? g.x() : 1;
+  c.attn = attention_core_seconds(in, mach, T / x_share, g.y());
   ModelConfig m1 = m;
   m1.n_layer = 1;
   GridShape g1 = without_context(g, in.shard_over_context);
@@ -771,6 +778,11 @@ std::string dominant_cost(const Estimate& e, const std::map<std::string, double>
 }  // namespace
 
 Estimate estimate(const PlanInput& in, const GridShape& g, const Machine& mach) {
+  if (g.e() > 1 && in.expert_parallel == 1) {  // the fold named in the grid (--why d=2,e=2)
+    PlanInput a = in;
+    a.expert_parallel = g.e();
+    return estimate(a, GridShape(g).set_e(1), mach);
+  }
   if (in.search_micro_batch) return estimate_searching_micro_batch(in, g, mach);
   if (g.c() > 1 && in.cp_comm == CpComm::Auto) {
     // parallel.cp_comm unset: the faster of the ring and the all-gather for this grid.
@@ -784,9 +796,9 @@ Estimate estimate(const PlanInput& in, const GridShape& g, const Machine& mach) 
     return gather.step < ring.step ? gather : ring;
   }
   Estimate e;
-  e.grid = g, e.expert_parallel = in.expert_parallel;
+  e.grid = GridShape(g).set_e(std::max(1, in.expert_parallel)), e.expert_parallel = in.expert_parallel;
   e.cp_comm = g.c() > 1 ? in.cp_comm : CpComm::Auto;
-  e.trainable = (g.p() == 1 || trainer_supports_pipeline()) && in.expert_parallel == 1;  // E: not yet
+  e.trainable = g.p() == 1 || trainer_supports_pipeline();
   const ModelConfig& m = in.model;
   const Sizes s = sizes(m, in.expert_parallel);
   set_flop_counts(e, in);

@@ -103,6 +103,10 @@ struct PlanInput {
   // micro-batch, as Megatron's "micro-batch size" means).
   int64_t micro_batch = 0;
   int64_t micro_batch_per_replica = 0;
+  // Or per data-parallel group, divided over Z (AxoNN's --micro-batch-size: Megatron-AxoNN gives
+  // each depth rank micro_batch_size / Gz sequences): the whole job's is this x Gc·Gd, and a grid
+  // whose Gz does not divide it is rejected as not dividing.
+  int64_t micro_batch_per_data_group = 0;
   // Neither given (both 0): the planner chooses it per grid (micro_batch_candidates: every
   // per-replica micro-batch dividing global_batch / (Gz x Gd), and with it the accumulation
   // count), the fastest that fits; Estimate::micro_batch says which. `tetrad plan` searches when
@@ -297,14 +301,16 @@ struct Estimate {
 // e's four FLOP counts for in (global batch, sequence, recomputation): causal and in full.
 void set_flop_counts(Estimate& e, const PlanInput& in);
 
-// Memory per rank for a grid, in.expert_parallel applied (moe_plan.cpp): the experts' weights,
-// gradients and optimizer states 1/E of E = 1's, ZeRO over the expert-data group Gc Gd / E.
+// Memory per rank for a grid with its expert fold E (g.e(), or in.expert_parallel where g has
+// none; moe_plan.cpp): memory_of_grid on g at that E, so the experts' weights, gradients and
+// optimizer states are 1/E of E = 1's, ZeRO over the expert-data group Gc Gd / E, with the expert
+// exchange's scratch (its dropless worst case). What the trainer's memory check calls.
 MemoryBreakdown memory_per_rank(const PlanInput& in, const GridShape& g);
-// E = 1's: parallel::model_memory of the trainer's model for this input
+// parallel::model_memory of the trainer's model on g as given (g.e() included) for this input
 // (micro-batch, sequence, precision, recompute, ZeRO, schedule, overlap switches), the most of
 // the first, the last and the fullest pipeline stage. Throws the model's Error where g does not
-// divide the model. (MemoryModel::Reference: the textbook layout instead.)
-MemoryBreakdown memory_per_rank_all_experts(const PlanInput& in, const GridShape& g);
+// divide the model. (MemoryModel::Reference: the textbook layout instead, every expert.)
+MemoryBreakdown memory_of_grid(const PlanInput& in, const GridShape& g);
 // The same from the model's own byte counts (one rank's parallel::ModelMemory), grouped as above.
 MemoryBreakdown memory_breakdown(const parallel::ModelMemory& m);
 // The ParallelOptions the trainer builds for this input (precision, recompute, ZeRO, stages,
@@ -344,7 +350,8 @@ std::string missing_rate_message(const Machine& m, Precision p);
 
 // Whether the trainer accepts a pipeline axis (its grid parser takes "x,y,z,p,d").
 bool trainer_supports_pipeline();
-// The trainer's grid string for g: "x,y,z,d" (or "x,y,z,p,d" once the trainer takes P).
+// The trainer's grid string for g: "x,y,z,d" (or "x,y,z,p,d" once the trainer takes P); the named
+// form ("c=2,d=2,e=2") where g has a context axis or an expert fold.
 std::string trainer_grid_string(const GridShape& g);
 
 // ---- estimate's collectives (planner/collectives.cpp): each collective of a layer, of a
@@ -436,6 +443,11 @@ class Collectives {
   std::map<unsigned, Placement> pl_;  // by AxisSet::bits()
 };
 
+// Whether the X ranks share attention's sequences (the trainer's DenseBlock::sequence_share):
+// each X rank runs its 1/Gx of a micro-batch's T / seq sequences and the rows are all-gathered
+// over X, where Gx > 1 divides them and there is no context axis; else every X rank runs all.
+bool x_shares_sequences(const PlanInput& in, const GridShape& g, double T);
+
 // Tensor parallelism (X and Y): the layers' norms and linear layers, per layer.
 void add_tensor_layer_comm(Collectives& c, const PlanInput& in, const GridShape& g, const Sizes& s, double T);
 
@@ -492,15 +504,19 @@ CommSums comm_sums(const std::vector<CommItem>& items);
 // search. FLOPs are the ACTIVE ones (Sizes::block_matmul: k experts and the router per token),
 // so MFU is on active FLOPs.
 //
-// Not modelled: routing imbalance (every expert gets its average share of the tokens: T k / n_e
-// rows each; a dropless run with uneven load is slower than predicted), the capacity factor's
-// drops, overlap of the all-to-all with the experts' GEMMs, the experts' own X and Y all-reduces
-// (k rows per token where the dense MLP's collectives count one; the experts' memory and GEMMs
-// are divided by Gx Gy as the trainer splits them).
-// Why in.expert_parallel cannot run on g ("" if it can): a dense model has E = 1 only; for a
-// mixture of experts E divides Gc x Gd and model.n_experts.
+// Not modelled: routing imbalance in time (every expert gets its average share of the tokens:
+// T k / n_e rows each; a dropless run with uneven load is slower than predicted; the memory
+// formula does size the exchange for the worst case), the capacity factor's drops, the experts'
+// own X and Y all-reduces (k rows per token where the dense MLP's collectives count one; the
+// experts' memory and GEMMs are divided by Gx Gy as the trainer splits them). The all-to-all is
+// priced exposed: the trainer does not overlap it with computation yet.
+// The plan's E on g: g.e() where the grid names one, else in.expert_parallel.
+int expert_fold_of(const PlanInput& in, const GridShape& g);
+// Why that E cannot run on g ("" if it can): a dense model has E = 1 only; for a mixture of
+// experts E divides Gc x Gd and model.n_experts; g.e() and in.expert_parallel, both > 1, agree.
 std::string expert_parallel_problem(const PlanInput& in, const GridShape& g);
-// The E plan() tries on g: {1} for a dense model; every E dividing both Gc x Gd and n_experts.
+// The E plan() tries on g: the run's own where it fixes one (g.e() or in.expert_parallel > 1);
+// else {1} for a dense model and every E dividing both Gc x Gd and n_experts.
 std::vector<int> expert_parallel_candidates(const PlanInput& in, const GridShape& g);
 // g estimated at each candidate E (plan()'s search; each is a row of the ranking).
 std::vector<Estimate> estimate_expert_axis(const PlanInput& in, const GridShape& g, const Machine& m);
@@ -523,18 +539,19 @@ double alltoall_seconds(double bytes, const std::vector<int>& members, int world
 // Expert weights a rank stores for Ls layers: n_experts / E experts, split over X, Y and Z.
 double expert_matrices(const Sizes& s, const GridShape& g, double Ls);
 
-// Per layer per micro-batch: the dispatch and combine all-to-alls over E (forward 2, backward 2,
-// full recomputation 2 more: the dispatch is recomputed with the layer), T x k x H activations
-// per rank each, exposed. Per step: the expert gradients all-reduced over the expert-data group
-// (Gc Gd / E ranks; the dense gradients keep add_data_comm's group).
+// Per layer per micro-batch: the rows' all-to-alls over E as the trainer runs them (forward:
+// dispatch and combine; backward: the dispatch recomputed, the gradients' dispatch and combine;
+// full recomputation: the forward's two again), T x k x H activations per rank each, and before
+// each pass the exchange of row counts per expert; all exposed (not overlapped yet). Per step:
+// the expert gradients all-reduced over the expert-data group (Gc Gd / E ranks; the dense
+// gradients keep add_data_comm's group).
 void add_moe_comm(Collectives& c, const PlanInput& in, const GridShape& g, const Sizes& s, double T,
                   double Ls, const Machine& m);
 
-// The experts' bytes per rank at E, by class (the layout of in.memory_model): weights, gradients
-// and optimizer states of n_experts / E experts (ZeRO over the expert-data group Gc Gd / E: its
-// 1/E of the experts in pieces over Gc Gd / E ranks), and in tetrad's layout the Z gather slots,
-// the reduce-scatter's landing buffer and the gradient blocks that hold a layer's experts.
-// memory_per_rank = memory_per_rank_all_experts + expert_memory(E) - expert_memory(1).
+// The experts' bytes per rank at E in the textbook layout (MemoryModel::Reference; tetrad's is
+// parallel::model_memory's): weights, gradients and optimizer states of n_experts / E experts
+// (ZeRO over the expert-data group Gc Gd / E), the Z gather slots.
+// memory_per_rank (Reference) = memory_of_grid + expert_memory(E) - expert_memory(1).
 MemoryBreakdown expert_memory(const PlanInput& in, const GridShape& g, int ep);
 
 }  // namespace tetrad::planner

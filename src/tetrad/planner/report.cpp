@@ -127,6 +127,7 @@ std::string plan_text(const PlanInput& in, const Machine& m, const std::vector<E
     << "run: global batch " << in.global_batch << " x " << in.seq << " tokens, micro-batch ";
   if (in.search_micro_batch) o << "chosen per grid (the fastest that fits; --micro-batch fixes it)";
   else if (in.micro_batch > 0) o << in.micro_batch << " (whole job)";
+  else if (in.micro_batch_per_data_group > 0) o << in.micro_batch_per_data_group << " per data group, over Z";
   else o << in.micro_batch_per_replica << " per data replica";
   o << ", " << name(in.precision) << ", recompute " << name(in.recompute) << ", ZeRO " << in.zero
     << ", overlap " << name(in.overlap) << ", attention " << name(in.attention_kernel) << ", pipeline "
@@ -167,7 +168,6 @@ std::string plan_text(const PlanInput& in, const Machine& m, const std::vector<E
          << 100 * e.compute / e.step << "%" << std::setw(9) << 100 * e.comm_exposed / e.step << "%"
          << std::setw(8) << 100 * e.bubble / e.step << "%   " << e.dominant
          << (e.trainable                ? ""
-             : e.expert_parallel > 1  ? "  [expert axis: not trainable yet]"
              : e.grid.c() > 1         ? "  [context: not trainable yet]"
                                       : "  [pipeline: not trainable yet]");
     o << line.str() << "\n";
@@ -242,6 +242,7 @@ nlohmann::json plan_json(const PlanInput& in, const Machine& m, const std::vecto
                      {"vocab_size", in.model.vocab_size}, {"parameters", count_parameters(in.model)}}},
           {"run", {{"global_batch", in.global_batch}, {"micro_batch", in.micro_batch},
                    {"micro_batch_per_replica", in.micro_batch_per_replica},
+                   {"micro_batch_per_data_group", in.micro_batch_per_data_group},
                    {"micro_batch_searched", in.search_micro_batch}, {"seq", in.seq},
                    {"precision", name(in.precision)}, {"recompute", name(in.recompute)},
                    {"zero", in.zero}, {"overlap", name(in.overlap)}, {"attention_kernel", name(in.attention_kernel)},

@@ -258,6 +258,8 @@ std::string settings_line(const ScalingSpec& spec, const Machine& m) {
   else o << "global batch " << b.global_batch << " sequences at every point";
   if (b.search_micro_batch) o << ", micro-batch chosen per point (the fastest that fits)";
   else if (b.micro_batch > 0) o << ", micro-batch " << b.micro_batch << " (whole job)";
+  else if (b.micro_batch_per_data_group > 0)
+    o << ", micro-batch " << b.micro_batch_per_data_group << " per data group, divided over Z";
   else o << ", micro-batch " << b.micro_batch_per_replica << " per replica";
   o << "\nFLOP/s: hardware FLOPs (recomputation counted) for 'PFLOP/s' and 'TFLOP/s/GPU', "
        "model FLOPs for efficiency (per-GPU model FLOP/s / the first point's), both with attention "
@@ -675,8 +677,11 @@ std::vector<PublishedScaling> published_scaling(double batch_scale) {
   {
     // AxoNN (Singh et al.) on Perlmutter: 5B on 512 GPUs growing to 40B on 4096, the model shapes
     // of its scripts; bf16, flash attention, full recomputation, the three tensor-parallel
-    // overlaps (OAR, ORS, OAG = overlap tensor), no pipeline. Global batch not stated: assumed
-    // 2048 sequences x 2048 tokens (4.2M tokens) at every point, one micro-batch.
+    // overlaps (OAR, ORS, OAG = overlap tensor), no pipeline. The micro-batch is its Gordon Bell
+    // launch script's (axonn-ai/Megatron-AxoNN examples/run_axonn_perlmutter.sh:
+    // MICRO_BATCH_SIZE=16 per data-parallel group, which Megatron-AxoNN divides over the depth
+    // axis Z), the global batch a script argument not stated: assumed 2048 sequences x 2048
+    // tokens (4.2M tokens) at every point.
     PublishedScaling s;
     s.name = "AxoNN weak scaling, Perlmutter";
     s.machine = "perlmutter";
@@ -690,7 +695,7 @@ std::vector<PublishedScaling> published_scaling(double batch_scale) {
     in.model_name = sp.model_names[0];
     in.seq = 2048;
     in.global_batch = scaled(2048);
-    in.micro_batch = in.global_batch;
+    in.micro_batch_per_data_group = 16;
     in.precision = Precision::BF16;
     in.recompute = Recompute::Full;
     in.memory_model = MemoryModel::Reference;  // another framework's run (planner.hpp)
@@ -698,8 +703,8 @@ std::vector<PublishedScaling> published_scaling(double batch_scale) {
     in.allow_pipeline = false;
     in.allow_context = false;  // AxoNN has no context axis
     const std::string assume = "V = 51200 and global batch " + std::to_string(in.global_batch) +
-                               " x 2048 tokens (one micro-batch) assumed; grid: the planner's first "
-                               "choice among Gp = 1 grids";
+                               " x 2048 tokens assumed, micro-batch 16 per data group over Z (its launch "
+                               "script); grid: the planner's first choice among Gp = 1 grids";
     const std::string miss = "known miss: docs/planner.md, \"The AxoNN series part by part\"";
     s.rows.push_back({"AxoNN (Singh et al.)", "5B, 24 x 4096 x 32", "PFLOP/s (hardware FLOPs)", assume, 512, 80.8, 0, "", miss});
     s.rows.push_back({"AxoNN (Singh et al.)", "40B, 38 x 9216 x 72", "PFLOP/s (hardware FLOPs)", assume, 4096, 620.1, 0, "", ""});

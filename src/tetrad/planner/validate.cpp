@@ -381,14 +381,18 @@ void PlanInput::validate() const {
   model.validate();
   if (global_batch < 1) fail("plan: global batch must be >= 1 sequence (got ", global_batch, ")");
   if (seq < 1) fail("plan: sequence length must be >= 1 (got ", seq, ")");
-  if (micro_batch < 0 || micro_batch_per_replica < 0)
-    fail("plan: micro-batches must be >= 0 (got ", micro_batch, " and ", micro_batch_per_replica, ")");
-  if (search_micro_batch && (micro_batch > 0 || micro_batch_per_replica > 0))
-    fail("plan: a micro-batch is given (", micro_batch > 0 ? micro_batch : micro_batch_per_replica,
+  if (micro_batch < 0 || micro_batch_per_replica < 0 || micro_batch_per_data_group < 0)
+    fail("plan: micro-batches must be >= 0 (got ", micro_batch, ", ", micro_batch_per_replica, " and ",
+         micro_batch_per_data_group, ")");
+  const int given = (micro_batch > 0) + (micro_batch_per_replica > 0) + (micro_batch_per_data_group > 0);
+  if (search_micro_batch && given > 0)
+    fail("plan: a micro-batch is given (",
+         std::max({micro_batch, micro_batch_per_replica, micro_batch_per_data_group}),
          "), so it is not searched: give a micro-batch or let the planner choose it, not both");
-  if (!search_micro_batch && (micro_batch == 0) == (micro_batch_per_replica == 0))
-    fail("plan: give exactly one of the micro-batch of the whole job (--micro-batch) or per "
-         "data replica (--micro-batch-per-replica), or none to let the planner choose it");
+  if (!search_micro_batch && given != 1)
+    fail("plan: give exactly one of the micro-batch of the whole job (--micro-batch), per "
+         "(z, d) replica (--micro-batch-per-replica) or per data group (--micro-batch-per-data-group), "
+         "or none to let the planner choose it");
   if (zero < 0 || zero > 2) fail("plan: ZeRO stage must be 0, 1 or 2 (got ", zero, ")");
   if (ranks < 1) fail("plan: ranks must be >= 1 (got ", ranks, ")");
   if (virtual_stages < 1) fail("plan: virtual stages must be >= 1 (got ", virtual_stages, ")");

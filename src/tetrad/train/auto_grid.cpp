@@ -37,6 +37,9 @@ PlanInput plan_input_of(const RunConfig& cfg, int ranks, const backend::Backend&
   in.overlap_switches.dp_bucket_mb = cfg.overlap.dp_bucket_mb;
   in.sparse_embedding_grad = s.model.sparse_embedding_grad;
   in.sequence_shard = s.model.sequence_shard;
+  // parallel.expert_parallel > 1 fixes the fold E (the planner then tries that E alone); 1 lets
+  // `--grid auto` choose it (a grid that names e= carries its own: planner::expert_fold_of).
+  in.expert_parallel = cfg.expert_parallel;
   return in;
 }
 
@@ -111,7 +114,7 @@ AutoGrid choose_grid(const RunConfig& cfg, int ranks, int ranks_per_node,
   a.grid = g;
   std::ostringstream w;
   w << std::fixed << std::setprecision(3);
-  w << "grid auto: " << trainer_grid_string(g) << " (x,y,z,p,d = " << grid_label(g)
+  w << "grid auto: " << trainer_grid_string(g) << " (x,y,z,p,d = " << plan_label(*first)
     << "), the planner's first choice of " << trainable << " trainable grids (" << valid
     << " valid, " << all.size() << " in all) on machine '" << m.name << "' with "
     << m.ranks_per_node << " ranks/node\n"
@@ -125,10 +128,7 @@ AutoGrid choose_grid(const RunConfig& cfg, int ranks, int ranks_per_node,
       << 100 * (second->step / first->step - 1) << "% slower, dominant " << second->dominant << ")\n";
   if (!all.empty() && all.front().valid && !all.front().trainable)
     w << "  (" << plan_label(all.front())
-      << (all.front().expert_parallel > 1 ? " with the expert axis is predicted faster, but the trainer "
-                                            "does not take E > 1 yet)\n"
-                                          : " with a pipeline axis is predicted faster, but the trainer "
-                                            "does not take Gp > 1 yet)\n");
+      << " with a pipeline axis is predicted faster, but the trainer does not take Gp > 1 yet)\n";
   a.why = w.str();
   return a;
 }
