@@ -4,8 +4,9 @@
 # shipped local machine. The planner's first choice is d=2,e=2, said why, trained 3 steps,
 # on the expert groups of that fold, with the same losses bit for bit as --grid d=2,e=2; the trainer's
 # memory line (the formula, experts per rank over E and the exchange's scratch) is the plan's
-# memory/rank for that grid; `tetrad plan` lists the row as trainable, and `--why d=2,e=2` prices
-# its all-to-alls exposed (the trainer does not overlap them yet).
+# memory/rank for that grid; `tetrad plan` lists the row as trainable, and `--why d=2,e=2` gives
+# the command that trains it and prices its all-to-alls exposed (the trainer does not overlap
+# them yet).
 source "$(dirname "${BASH_SOURCE[0]}")/../cli_common.sh" "$1"
 S=(--set model.name=mixtral-tiny --set data.dir="$W/data" --set train.seq_len=32
    --set train.max_steps=3 --set train.eval_interval=0 --set train.micro_batch=4
@@ -52,9 +53,10 @@ else
 fi
 out=$("$TETRAD" plan "${P[@]}" --why d=2,e=2 2>&1)
 row=$(grep "all-to-all of expert dispatch/combine" <<<"$out")
-if grep -q "^grid 1x1x1x1x2 e2 .*: valid" <<<"$out" && [ -n "$row" ] &&
+if grep -q "^grid 1x1x1x1x2 e2 .*: valid" <<<"$out" && grep -q "^train it with: tetrad train --grid d=2,e=2$" <<<"$out" &&
+   [ -n "$row" ] &&
    awk '{ if ($(NF) != $(NF - 2) || $(NF - 1) != $(NF - 3)) exit 1 }' <<<"$row"; then
-  ok "tetrad plan --why d=2,e=2: the dispatch/combine all-to-all fully exposed ($(echo $row | awk '{ print $(NF - 1) $NF }'))"
+  ok "tetrad plan --why d=2,e=2: the command that trains it, the dispatch/combine all-to-all fully exposed ($(echo $row | awk '{ print $(NF - 1) $NF }'))"
 else
   bad "tetrad plan --why d=2,e=2: $out"
 fi

@@ -36,8 +36,11 @@ struct ParallelActivations {
     // A mixture of experts (moe_block.hpp; empty for a dense model): the router's logits
     // [N, E]; the tokens' rows in expert order [N k, C], their gate|up [N k, 2F], SwiGLU
     // [N k, F] and the experts' outputs [N k, C] (up to N k rows: dropless routing fills all).
+    // With bf16 activations the SwiGLU is stored in bf16 only (moe_act16, what the experts'
+    // down GEMMs read) and ln2 stays fp32 (the router's input: an fp32 router).
     float *router_logits = nullptr, *moe_in = nullptr, *moe_gu = nullptr, *moe_act = nullptr,
           *moe_out = nullptr;
+    uint16_t* moe_act16 = nullptr;
     // Its shared expert (model.shared_expert_ffn; empty without): gate|up [N, 2Fs], SwiGLU
     // [N, Fs], output [N, C] and the sigmoid gate's logit [N].
     float *shared_gu = nullptr, *shared_act = nullptr, *shared_out = nullptr,
@@ -76,8 +79,9 @@ enum class ActWidth : unsigned char {
   One, Cx, Ay, QKVy, Nhy, Nqk, QKn, FWy, Fy, Vy, MaxLinearOut, E, kC, kFW, kF, sFW, sF, sC, sG
 };
 // How it is stored: in fp32; in bf16 with bf16 activations (ceil(N n / 2) floats, the bf16 view
-// only), else fp32; or only with bf16 activations (absent otherwise).
-enum class ActStore : unsigned char { F32, Bf16WithActs, OnlyBf16 };
+// only), else fp32; the same in a dense model but always fp32 in a mixture of experts (ln2, the
+// router's input: the router runs in fp32); or only with bf16 activations (absent otherwise).
+enum class ActStore : unsigned char { F32, Bf16WithActs, Bf16WithActsDense, OnlyBf16 };
 // Which layer tensors have memory of their own in every layer (else they share one layer's
 // recompute scratch): all but under full recomputation, all but under any recomputation, or
 // always, as the block's output (the next block's input; a pipeline chunk's input slot).
@@ -117,7 +121,7 @@ inline constexpr LayerActSpec kLayerActs[] = {
     {"atty", &LayerActs::atty, nullptr, ActWidth::Ay, ActStore::F32, ActKeep::UnlessRecompute},
     {"lse", &LayerActs::lse, nullptr, ActWidth::Nhy, ActStore::F32, ActKeep::UnlessRecompute},
     {"resid_mid", &LayerActs::resid_mid, nullptr, ActWidth::Cx, ActStore::F32, ActKeep::UnlessFull},
-    {"ln2", &LayerActs::ln2, &LayerActs::ln2_16, ActWidth::Cx, ActStore::Bf16WithActs, ActKeep::UnlessFull},
+    {"ln2", &LayerActs::ln2, &LayerActs::ln2_16, ActWidth::Cx, ActStore::Bf16WithActsDense, ActKeep::UnlessFull},
     {"ln2_mean", &LayerActs::ln2_mean, nullptr, ActWidth::One, ActStore::F32, ActKeep::UnlessFull},
     {"ln2_rstd", &LayerActs::ln2_rstd, nullptr, ActWidth::One, ActStore::F32, ActKeep::UnlessFull},
     {"fc", &LayerActs::fc, nullptr, ActWidth::FWy, ActStore::F32, ActKeep::UnlessFull},
@@ -125,7 +129,7 @@ inline constexpr LayerActSpec kLayerActs[] = {
     {"router_logits", &LayerActs::router_logits, nullptr, ActWidth::E, ActStore::F32, ActKeep::UnlessFull},
     {"moe_in", &LayerActs::moe_in, nullptr, ActWidth::kC, ActStore::F32, ActKeep::UnlessFull},
     {"moe_gu", &LayerActs::moe_gu, nullptr, ActWidth::kFW, ActStore::F32, ActKeep::UnlessFull},
-    {"moe_act", &LayerActs::moe_act, nullptr, ActWidth::kF, ActStore::F32, ActKeep::UnlessFull},
+    {"moe_act", &LayerActs::moe_act, &LayerActs::moe_act16, ActWidth::kF, ActStore::Bf16WithActs, ActKeep::UnlessFull},
     {"moe_out", &LayerActs::moe_out, nullptr, ActWidth::kC, ActStore::F32, ActKeep::UnlessFull},
     {"shared_gu", &LayerActs::shared_gu, nullptr, ActWidth::sFW, ActStore::F32, ActKeep::UnlessFull},
     {"shared_act", &LayerActs::shared_act, nullptr, ActWidth::sF, ActStore::F32, ActKeep::UnlessFull},
@@ -183,6 +187,7 @@ struct ActivationSizes {
   struct Tensor {
     bool kept = true;    // own memory per layer (else in the shared recompute scratch)
     int64_t floats = 0;
+    bool bf16 = false;   // stored in bf16 (act_in_bf16)
   };
   std::vector<Tensor> layer;     // one layer's tensors, in the order of kLayerActs
   std::vector<int64_t> globals;  // the top-level tensors' floats, in the order of kGlobalActs
@@ -221,6 +226,8 @@ inline int seq_shard_ways(const ParallelOptions& o, const GridShape& g) {
 void check_sequence_shard(const ParallelOptions& o, const GridShape& g, int64_t tokens);
 
 int64_t act_width(ActWidth w, const LocalDims& d);
+// Whether a tensor stored as `s` is in bf16 (a dense model or a mixture of experts: d.E).
+bool act_in_bf16(ActStore s, const LocalDims& d, bool bf16_activations);
 // Floats of the buffer a tensor of N rows of `w` stored as `s` takes.
 int64_t act_floats(int64_t N, ActWidth w, ActStore s, const LocalDims& d, bool bf16_activations);
 // The rows of a tensor of `rows` kind for N tokens with the stream split seq_shard ways.

@@ -86,9 +86,6 @@ ParallelTransformer::ParallelTransformer(const ModelConfig& config, ProcessGroup
   if (bf16_weights && !be->capabilities().gemm_bf16_storage)
     fail("bf16 weight copy: backend '", be->name(), "' cannot read bf16-stored GEMM operands "
          "(Capabilities::gemm_bf16_storage); set ParallelOptions::bf16_weight_copy = false");
-  if (cfg_.moe() && precision_ == backend::Precision::BF16)
-    fail("precision bf16: ", cfg_.desc().display, "'s mixture of experts runs in fp32 only (bf16 "
-         "expert GEMMs are not implemented); set train.precision = \"fp32\"");
   bf16_acts_ = precision_ == backend::Precision::BF16 && opt_.bf16_activations;
   wgrad_nn_ = bf16_acts_ && opt_.bf16_weight_grad_nn && be->capabilities().bf16_producers;
 

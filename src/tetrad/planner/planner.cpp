@@ -19,7 +19,7 @@ namespace tetrad::planner {
 std::string grid_label(const GridShape& g) {
   std::string s;
   for (Axis a : parallel::kAxesInRankOrder)
-    if (a != Axis::C) s += (s.empty() ? "" : "x") + std::to_string(g[a]);
+    if (a != Axis::C) s.append(s.empty() ? "" : "x").append(std::to_string(g[a]));
   if (g.c() > 1) s += " c" + std::to_string(g.c());
   return s;
 }
