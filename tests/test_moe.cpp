@@ -4,15 +4,21 @@
 // losses; dropless and with drops), the parallel model on one rank against the oracle (losses and
 // gradients over training steps, every recompute mode bit for bit), an extreme imbalance (every
 // token to one expert, the others empty) training dropless, and the settings refused by name.
+// The optional parts: the shared expert with its sigmoid gate (Qwen2-MoE's form) and DeepSeek-V3's
+// expert bias (selection only; its update after each step through the step runner, AdamW leaving
+// it alone; saved in run checkpoints, refused by export), each against the oracle and finite
+// differences.
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <filesystem>
 #include <cmath>
 #include <cstdio>
 #include <string>
 #include <vector>
 
 #include "gradcheck.hpp"
+#include "support/train_harness.hpp"
 #include "support/transformer.hpp"
 #include "tetrad/checkpoint/hf.hpp"
 #include "tetrad/checkpoint/hf_config.hpp"
@@ -120,6 +126,47 @@ TEST(MoeRouting, TopKRenormalisationCapacityAndLosses) {
   EXPECT_EQ(s.dropped, 3);
 }
 
+// The expert bias chooses (probability + bias) but does not weigh: the combine weights are the
+// chosen experts' unbiased probabilities, renormalised.
+TEST(MoeRouting, ExpertBiasChoosesButDoesNotWeigh) {
+  ModelConfig c = moe_cfg(4, 2);
+  const std::vector<float> logits = {2, 1, 0, -1};  // by probability: 0, 1
+  const float bias[] = {0.0f, 0.0f, 0.0f, 0.9f};    // lifts expert 3 over 1 (and over 0)
+  MoeRouting r;
+  route_tokens(logits.data(), 1, c, r, bias);
+  const int choice[] = {3, 0};  // by score: 0.03 + 0.9, then 0.64
+  expect_values(r.choice, choice, "choice with the bias");
+  const double s = r.probs[0] + r.probs[3];
+  EXPECT_NEAR(r.weight[0], r.probs[3] / s, 1e-7);
+  EXPECT_NEAR(r.weight[1], r.probs[0] / s, 1e-7);
+  const int routed[] = {1, 0, 0, 1};
+  expect_values(r.routed, routed, "routed");
+  route_tokens(logits.data(), 1, c, r);  // without: the two most probable
+  const int plain[] = {0, 1};
+  expect_values(r.choice, plain, "choice without the bias");
+}
+
+// bias_e += rate * sign(mean load - load_e): the overloaded expert down, the idle ones up, an
+// expert exactly at the mean unchanged.
+TEST(MoeRouting, ExpertBiasUpdateFollowsTheLoad) {
+  float bias[] = {0.25f, 0.0f, -0.5f, 1.0f};
+  const int64_t load[] = {6, 0, 3, 3};  // mean 3
+  update_expert_bias_values(bias, load, 4, 0.125f);
+  EXPECT_EQ(bias[0], 0.125f);
+  EXPECT_EQ(bias[1], 0.125f);
+  EXPECT_EQ(bias[2], -0.5f);
+  EXPECT_EQ(bias[3], 1.0f);
+  MoeStats s;
+  MoeRouting r;
+  r.E = 4;
+  r.routed = {1, 0, 2, 0};  // this rank's share: the load is the whole micro-batch's
+  r.total_routed = {6, 0, 3, 3};
+  s.add_load(1, 2, r);
+  EXPECT_EQ(s.load.size(), 8u);
+  EXPECT_EQ(s.load[4], 6);
+  EXPECT_DOUBLE_EQ(s.load_imbalance(), 2.0);  // 6 of a mean 3
+}
+
 TEST(MoeRouting, NonFiniteLogitIsRefusedNamingTheToken) {
   const ModelConfig c = moe_cfg(4, 2);
   std::vector<float> logits(8, 0.0f);
@@ -132,12 +179,21 @@ TEST(MoeRouting, NonFiniteLogitIsRefusedNamingTheToken) {
 // ---- the oracle against finite differences -----------------------------------------------------
 
 namespace {
+// Expert biases that change the selection: expert e of layer l gets 0.04 (e + l) - 0.06 (larger
+// than the probabilities' spread of a small random router).
+template <typename T>
+void set_expert_bias(const ParamSpec& s, T* p) {
+  if (s.role != TensorRole::ExpertBias) return;
+  for (int64_t e = 0; e < s.numel; ++e) p[e] = T(0.04 * double(e + s.layer) - 0.06);
+}
+
 void gradcheck_moe(const ModelConfig& cfg, const char* what) {
   const int B = 2, T = 6;
   Transformer<double> m(cfg, B, T);
   m.init_weights(3);
   Rng r(4);
   for (int64_t i = 0; i < m.num_params(); ++i) m.params()[i] += 0.1 * r.normal();
+  for (const auto& s : m.table().specs) set_expert_bias(s, m.params() + s.offset);
   auto x = tokens(B * T, cfg.vocab_size, 5), y = tokens(B * T, cfg.vocab_size, 6);
   y[3] = -1;
   m.zero_grads();
@@ -150,10 +206,16 @@ void gradcheck_moe(const ModelConfig& cfg, const char* what) {
   tetrad::testing::GradCheckOptions opt;
   opt.max_checks = 48;
   opt.h = 1e-5;
-  for (const auto& s : m.table().specs)
+  for (const auto& s : m.table().specs) {
+    // The expert bias only chooses (a step function of it): no gradient, none computed.
+    if (s.kind == ParamKind::Buffer) {
+      for (int64_t j = 0; j < s.numel; ++j) EXPECT_EQ(analytic[size_t(s.offset + j)], 0.0) << s.name;
+      continue;
+    }
     EXPECT_TRUE(tetrad::testing::gradient_matches(std::string(what) + " " + s.name,
                                                   m.params() + s.offset, s.numel,
                                                   analytic.data() + s.offset, loss, opt));
+  }
 }
 }  // namespace
 
@@ -169,6 +231,20 @@ TEST(MoeGradcheck, CapacityFactorDropsChoices) {
   ModelConfig c = moe_cfg(4, 2);
   c.moe_capacity_factor = 0.5f;  // each expert takes at most 3 of 12 tokens' 24 choices
   gradcheck_moe(c, "capacity 0.5");
+}
+
+TEST(MoeGradcheck, SharedExpertWithItsGate) {
+  ModelConfig c = moe_cfg(4, 2);
+  c.shared_expert_ffn = 10;
+  gradcheck_moe(c, "shared expert");
+}
+
+// Both balancing methods: the aux loss's gradient with the bias's selection.
+TEST(MoeGradcheck, ExpertBiasWithAuxLossAndSharedExpert) {
+  ModelConfig c = moe_cfg(4, 2);
+  c.moe_balance = "both";
+  c.shared_expert_ffn = 6;
+  gradcheck_moe(c, "expert bias + aux loss + shared expert");
 }
 
 TEST(MoeGradcheck, NoBalancingLoss) {
@@ -203,12 +279,14 @@ Trace run_parallel(const ModelConfig& cfg, const ParallelOptions& po, int steps,
   ParallelTransformer m(cfg, g, B, T, po);
   m.init_weights(7);
   const ParamTable& table = m.table();
-  if (zero_router)
-    for (size_t i = 0; i < table.specs.size(); ++i)
-      if (table.specs[i].role == TensorRole::Router) {
-        std::vector<float> z(size_t(table.specs[i].numel), 0.0f);
-        m.set_tensor(i, z.data());
-      }
+  for (size_t i = 0; i < table.specs.size(); ++i) {
+    const ParamSpec& s = table.specs[i];
+    if ((zero_router && s.role == TensorRole::Router) || s.role == TensorRole::ExpertBias) {
+      std::vector<float> v(size_t(s.numel), 0.0f);
+      set_expert_bias(s, v.data());
+      m.set_tensor(i, v.data());
+    }
+  }
   Trace tr;
   for (int s = 0; s < steps; ++s) {
     auto x = tokens(B * T, cfg.vocab_size, 100 + uint64_t(s)), y = tokens(B * T, cfg.vocab_size, 200 + uint64_t(s));
@@ -239,9 +317,10 @@ Trace run_oracle(const ModelConfig& cfg, int steps, bool zero_router = false) {
   const int B = 2, T = 8;
   Transformer<float> m(cfg, B, T);
   m.init_weights(7);
-  if (zero_router)
-    for (const ParamSpec& s : m.table().specs)
-      if (s.role == TensorRole::Router) std::fill(m.params() + s.offset, m.params() + s.offset + s.numel, 0.0f);
+  for (const ParamSpec& s : m.table().specs) {
+    if (zero_router && s.role == TensorRole::Router) std::fill(m.params() + s.offset, m.params() + s.offset + s.numel, 0.0f);
+    set_expert_bias(s, m.params() + s.offset);
+  }
   Trace tr;
   for (int s = 0; s < steps; ++s) {
     auto x = tokens(B * T, cfg.vocab_size, 100 + uint64_t(s)), y = tokens(B * T, cfg.vocab_size, 200 + uint64_t(s));
@@ -274,6 +353,40 @@ TEST(MoeParallel, FollowsTheOracleWithDrops) {
   ModelConfig c = moe_cfg(4, 2);
   c.moe_capacity_factor = 0.75f;
   expect_follows_oracle(c, "capacity 0.75");
+}
+
+TEST(MoeParallel, FollowsTheOracleWithTheSharedExpert) {
+  ModelConfig c = moe_cfg(4, 2);
+  c.shared_expert_ffn = 20;
+  expect_follows_oracle(c, "shared expert");
+}
+
+// The bias changes the selection (the same tokens' choices differ from the plain router's), and
+// the parallel model chooses as the oracle does.
+TEST(MoeParallel, FollowsTheOracleWithTheExpertBias) {
+  ModelConfig c = moe_cfg(4, 2);
+  c.moe_balance = "expert_bias";
+  const Trace biased = run_parallel(c, Recompute::None, 1);
+  c.moe_balance = "none";
+  const Trace plain = run_parallel(c, Recompute::None, 1);
+  EXPECT_NE(biased.losses[0], plain.losses[0]) << "the bias chose no other expert";
+  c.moe_balance = "expert_bias";
+  expect_follows_oracle(c, "expert bias");
+  c.moe_balance = "both";
+  c.moe_capacity_factor = 0.75f;
+  expect_follows_oracle(c, "expert bias, aux loss and drops");
+}
+
+TEST(MoeParallel, EveryRecomputeModeIsBitIdenticalWithSharedExpertAndBias) {
+  ModelConfig c = moe_cfg(4, 2);
+  c.shared_expert_ffn = 8;
+  c.moe_balance = "both";
+  const Trace none = run_parallel(c, Recompute::None, 3);
+  for (Recompute rc : {Recompute::Selective, Recompute::Full}) {
+    const Trace r = run_parallel(c, rc, 3);
+    EXPECT_EQ(r.losses, none.losses) << recompute_name(rc);
+    EXPECT_EQ(r.grads, none.grads) << recompute_name(rc);
+  }
 }
 
 TEST(MoeParallel, EveryRecomputeModeIsBitIdentical) {
@@ -319,11 +432,24 @@ TEST(MoeConfig, SettingsNotImplementedAreRefusedByName) {
   c.experts_per_token = 5;
   EXPECT_TRUE(has(error_of([&] { c.validate(); }), "experts_per_token (top-k) = 5 is larger than model.n_experts = 4"));
   c = moe_cfg(4, 2);
-  c.moe_balance = "expert_bias";
-  EXPECT_TRUE(has(error_of([&] { c.validate(); }), "\"expert_bias\""));
-  c = moe_cfg(4, 2);
   c.moe_balance = "sinkhorn";
-  EXPECT_TRUE(has(error_of([&] { c.validate(); }), "sinkhorn"));
+  EXPECT_TRUE(has(error_of([&] { c.validate(); }), "\"sinkhorn\": expected \"aux_loss\", \"expert_bias\""));
+  c = moe_cfg(4, 2);
+  c.expert_bias_rate = -1;
+  EXPECT_TRUE(has(error_of([&] { c.validate(); }), "model.expert_bias_rate"));
+  c = moe_cfg(4, 2);
+  c.shared_expert_ffn = -2;
+  EXPECT_TRUE(has(error_of([&] { c.validate(); }), "model.shared_expert_ffn must be >= 0"));
+  c = moe_cfg(4, 2);
+  c.shared_expert_ffn = 8;
+  EXPECT_TRUE(has(error_of([&] { require_hf_exportable(c); }), "no shared expert"));
+  c = moe_cfg(4, 2);
+  c.moe_balance = "both";
+  EXPECT_TRUE(has(error_of([&] { require_hf_exportable(c); }), "no expert bias"));
+  ModelConfig dense_shared;
+  dense_shared.family = Family::Llama;
+  dense_shared.shared_expert_ffn = 8;
+  EXPECT_TRUE(has(error_of([&] { dense_shared.validate(); }), "dense model"));
   c = moe_cfg(4, 2);
   c.n_experts = 0;
   EXPECT_TRUE(has(error_of([&] { c.validate(); }), "model.n_experts must be positive"));
@@ -331,9 +457,19 @@ TEST(MoeConfig, SettingsNotImplementedAreRefusedByName) {
   dense.family = Family::Llama;
   dense.n_experts = 4;
   EXPECT_TRUE(has(error_of([&] { dense.validate(); }), "dense model"));
-  // The tensor axes run (docs/moe.md, "On the tensor axes X and Y"; MoeTensorAxesMpi).
+  // The experts run on X and Y (docs/moe.md, "On the tensor axes X and Y"; MoeTensorAxesMpi);
+  // the shared expert does not yet.
   const GridShape x2{2, 1, 1, 1};
   EXPECT_EQ(error_of([&] { validate_grid_for_model(moe_cfg(4, 2), x2); }), "");
+  ModelConfig shared = moe_cfg(4, 2);
+  shared.shared_expert_ffn = 8;
+  EXPECT_TRUE(has(error_of([&] { validate_grid_for_model(shared, x2); }),
+                  "shared expert (model.shared_expert_ffn = 8) split over the tensor axes (Gx = 2"));
+  ProcessGroups g;
+  ParallelOptions o;
+  o.precision = backend::Precision::BF16;
+  EXPECT_TRUE(has(error_of([&] { ParallelTransformer m(shared, g, 1, 8, o); }),
+                  "the shared expert (model.shared_expert_ffn = 8) in bf16 is not implemented"));
 }
 
 // ---- bf16 ---------------------------------------------------------------------------------------
@@ -435,4 +571,105 @@ TEST(MoeConfig, ConfigJsonRoundTrip) {
   bad = j;
   bad["router_jitter_noise"] = 0.1;
   EXPECT_TRUE(has(error_of([&] { parse_hf_config(bad, "config.json"); }), "router_jitter_noise"));
+}
+
+// ---- the expert bias through the step runner -----------------------------------------------------
+
+namespace {
+// `steps` AdamW steps (weight decay 0.1) of top-1 routing whose bias starts at 0.1 on expert 0
+// (every token to it); returns each step's load imbalance and the biases after step 1 and last.
+struct BiasRun {
+  std::vector<double> imbalance;
+  std::vector<float> after_first, last;
+};
+BiasRun run_bias(const std::string& balance, int steps) {
+  ModelConfig c = moe_cfg(4, 1);
+  c.moe_balance = balance;
+  c.expert_bias_rate = 0.005f;
+  const int B = 2, T = 8;
+  ProcessGroups g;
+  ParallelTransformer m(c, g, B, T, ParallelOptions{});
+  m.init_weights(7);
+  const ParamTable& table = m.table();
+  const ParamSpec* bias = nullptr;
+  size_t bias_index = 0;
+  for (size_t i = 0; i < table.specs.size(); ++i)
+    if (table.specs[i].role == TensorRole::ExpertBias && table.specs[i].layer == 0) {
+      bias = &table.specs[i];
+      bias_index = i;
+    }
+  BiasRun out;
+  if (bias) {
+    for (size_t i = 0; i < table.specs.size(); ++i)
+      if (table.specs[i].role == TensorRole::ExpertBias) {
+        const float start[] = {0.1f, 0.0f, 0.0f, 0.0f};
+        m.set_tensor(i, start);
+      }
+  }
+  const TrainConfig tc = tetrad_test::train_config(1e-3, steps);
+  AdamW adam = tetrad_test::layout_adamw(m, tc);
+  StepRunner runner(m, adam, g, tetrad_test::step_options(tc, 1, B, T));
+  for (int s = 0; s < steps; ++s) {
+    auto x = tokens(B * T, c.vocab_size, 300 + uint64_t(s)), y = tokens(B * T, c.vocab_size, 400 + uint64_t(s));
+    const StepResult r = runner.run(x.data(), y.data(), double(B * T), learning_rate(tc, s), s);
+    EXPECT_EQ(r.verdict, StepVerdict::Apply);
+    out.imbalance.push_back(r.moe.load_imbalance());
+    if (bias) {
+      std::vector<float> v(4);
+      m.get_tensor(bias_index, v.data());
+      if (s == 0) out.after_first = v;
+      out.last = v;
+    }
+  }
+  return out;
+}
+}  // namespace
+
+// The bias moves by exactly rate * sign(mean - load) after each step (AdamW's decay and update
+// leave it alone), and evens the load out: every token on expert 0 at first (imbalance 4 = E for
+// top 1), spread over the experts once the bias has come down.
+TEST(MoeExpertBias, TheStepRunnerUpdatesItAndTheLoadEvensOut) {
+  const BiasRun b = run_bias("expert_bias", 24);
+  ASSERT_EQ(b.after_first.size(), 4u);
+  EXPECT_DOUBLE_EQ(b.imbalance[0], 4.0);
+  EXPECT_EQ(b.after_first[0], 0.1f - 0.005f);
+  for (int e = 1; e < 4; ++e) EXPECT_EQ(b.after_first[size_t(e)], 0.005f) << "expert " << e;
+  double late = 0;
+  for (size_t s = b.imbalance.size() - 6; s < b.imbalance.size(); ++s) late += b.imbalance[s] / 6;
+  EXPECT_LT(late, 2.0) << "mean imbalance of the last 6 steps";
+  const BiasRun a = run_bias("aux_loss", 2);
+  EXPECT_TRUE(a.after_first.empty()) << "no bias tensor without the expert bias";
+}
+
+// Saved with the weights in a run checkpoint's folder (config.json's tetrad_* fields and the
+// bias and shared expert tensors), read back as they were.
+TEST(MoeExpertBias, RunCheckpointFolderKeepsTheBiasAndTheSharedExpert) {
+  ModelConfig c = moe_cfg(4, 2);
+  c.moe_balance = "both";
+  c.expert_bias_rate = 0.0025f;
+  c.shared_expert_ffn = 6;
+  const ParamTable table = build_param_table(c);
+  std::vector<float> p(size_t(table.total));
+  Rng r(9);
+  for (auto& v : p) v = float(r.normal());
+  const std::string dir = ::testing::TempDir() + "moe_bias_ckpt";
+  std::filesystem::remove_all(dir);
+  std::filesystem::create_directories(dir);
+  write_hf_files(dir, c, table, p.data());
+  const ModelConfig back = read_hf_config(dir);
+  EXPECT_EQ(back.moe_balance, "both");
+  EXPECT_EQ(back.expert_bias_rate, 0.0025f);
+  EXPECT_EQ(back.shared_expert_ffn, 6);
+  std::vector<float> q(size_t(table.total), 0.0f);
+  load_hf_params(dir, back, build_param_table(back), q.data());
+  EXPECT_EQ(q, p);
+  int bias_tensors = 0, shared_tensors = 0;
+  for (const ParamSpec& s : table.specs) {
+    bias_tensors += s.role == TensorRole::ExpertBias;
+    shared_tensors += s.role == TensorRole::SharedGate || s.role == TensorRole::SharedUp ||
+                      s.role == TensorRole::SharedDown || s.role == TensorRole::SharedExpertGate;
+  }
+  EXPECT_EQ(bias_tensors, c.n_layer);
+  EXPECT_EQ(shared_tensors, 4 * c.n_layer);
+  std::filesystem::remove_all(dir);
 }

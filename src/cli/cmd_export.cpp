@@ -10,6 +10,7 @@
 #include "cli/command.hpp"
 #include "tetrad/checkpoint/atomic_file.hpp"
 #include "tetrad/checkpoint/hf.hpp"
+#include "tetrad/checkpoint/hf_config.hpp"
 #include "tetrad/checkpoint/output_path.hpp"
 #include "tetrad/core/signals.hpp"
 #include "tetrad/data/tokenizer.hpp"
@@ -36,6 +37,7 @@ void run(Context& ctx, const Options& o) {
   const bool existed = fs::exists(o.out, exists_ec);
   const std::string dir = ctx.resolve_model_dir(o.model_dir);
   const ModelConfig mc = read_hf_config(dir);
+  require_hf_exportable(mc);
   check_model_fits_host(mc, dir, "export", 1);
   const ParamTable table = build_param_table(mc);
   std::vector<float> params(size_t(table.total));

@@ -77,16 +77,33 @@ inline Run serial_run(const ModelConfig& mc, int steps) {
   AdamW opt(m.table(), tc);
   Run r;
   std::vector<int32_t> x(size_t(kB) * kT), y(x.size());
+  const bool bias = mc.moe() && mc.moe_expert_bias();
+  std::vector<int64_t> load;  // the step's choices per expert of each layer (expert bias)
   for (int s = 0; s < steps; ++s) {
     m.zero_grads();
+    load.assign(size_t(mc.n_layer) * size_t(mc.n_experts), 0);
     double loss = 0;
     for (int mb = 0; mb < kAccum; ++mb) {
       tetrad_test::rank_share(batch_tokens(s, mb, mc.vocab_size), kT, kB, 0, 0, x.data(), y.data());
       loss += m.forward_backward(x.data(), y.data(), kB, kT, 1.0f / (kB * kT * kAccum));
+      if (bias)
+        for (size_t i = 0; i < load.size(); ++i) load[i] += m.expert_load()[i];
     }
     const double gn = grad_norm(m.grads(), m.num_params());
     opt.update(m.params(), m.grads(), learning_rate(tc, s),
                gn > tc.grad_clip ? tc.grad_clip / gn : 1.0, s + 1);
+    // DeepSeek-V3's update after the step, written out here: b_e += rate sign(mean - load_e).
+    for (const ParamSpec& t : m.table().specs) {
+      if (!bias || t.role != TensorRole::ExpertBias) continue;
+      const int64_t* ld = load.data() + size_t(t.layer) * size_t(mc.n_experts);
+      int64_t total = 0;  // load_e against the mean total / E, as E load_e against total
+      for (int e = 0; e < mc.n_experts; ++e) total += ld[e];
+      for (int e = 0; e < mc.n_experts; ++e) {
+        float& b = m.params()[t.offset + e];
+        if (mc.n_experts * ld[e] < total) b += mc.expert_bias_rate;
+        if (mc.n_experts * ld[e] > total) b -= mc.expert_bias_rate;
+      }
+    }
     r.losses.push_back(loss / (kB * kT * kAccum));
     r.grad_norms.push_back(gn);
   }

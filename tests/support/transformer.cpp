@@ -102,6 +102,7 @@ struct Transformer<T>::Layer {
   int64_t ln2_w = -1, ln2_b = -1, fc_w = -1, fc_b = -1, fcproj_w = -1, fcproj_b = -1;
   int64_t q_norm = -1, k_norm = -1;
   int64_t router = -1, gate_up = -1, down = -1;  // a mixture of experts' (model/family.hpp)
+  int64_t shared_gu = -1, shared_down = -1, shared_gate = -1, expert_bias = -1;  // optional
 };
 
 // What a mixture-of-experts layer keeps from its forward for its backward: the router's softmax
@@ -115,6 +116,7 @@ struct Transformer<T>::MoeLayer {
   std::vector<char> kept;       // [N, k]
   std::vector<int64_t> routed;  // [E] choices per expert before any drop
   std::vector<T> h, act, out;   // [N, k, 2F] gate|up, [N, k, F] SwiGLU, [N, k, C] expert output
+  std::vector<T> sh, sact, sout, sgate;  // the shared expert: [N, 2Fs], [N, Fs], [N, C], [N] sigmoid
 };
 
 // Views into the activation buffer. N = max_batch * max_len tokens, C hidden, QKV = (nh+2nkv)hd,
@@ -283,6 +285,11 @@ void Transformer<T>::bind_tensors() {
       case R::Router: L.router = o; break;
       case R::ExpertGateUp: L.gate_up = o; break;
       case R::ExpertDown: L.down = o; break;
+      case R::SharedGate: L.shared_gu = o; break;  // SharedUp follows it (kFusedSharedGateUp)
+      case R::SharedUp: break;
+      case R::SharedDown: L.shared_down = o; break;
+      case R::SharedExpertGate: L.shared_gate = o; break;
+      case R::ExpertBias: L.expert_bias = o; break;
       default: fail("the test oracle has no place for '", s.name, "' (", role_name(s.role), ") inside a block");
     }
   }
@@ -437,6 +444,7 @@ void Transformer<T>::forward(const int32_t* inputs, int B, int Tq, int pos0, boo
   router_loss_ = 0;
   mean_aux_ = 0;
   expert_rows_.assign(size_t(cfg_.n_experts), 0);
+  expert_load_.assign(size_t(cfg_.n_layer) * size_t(cfg_.n_experts), 0);
   for (int l = 0; l < cfg_.n_layer; ++l) {
     const Layer& L = layers_[l];
     auto& A = a.layer[l];
@@ -666,13 +674,17 @@ void Transformer<T>::moe_forward(int l, int64_t N) {
     for (int64_t e = 0; e < E; ++e) p[e] = std::exp(z[e] - mx) / s;
     M.lse[size_t(t)] = mx + std::log(s);
     zsum += M.lse[size_t(t)] * M.lse[size_t(t)];
-    // top k by selection: the most probable not yet taken, lower index on ties
+    // top k by selection: the highest score (probability, + the expert bias when there is one:
+    // it chooses, it does not weigh) not yet taken, lower index on ties
     std::vector<char> taken(size_t(E), 0);
+    std::vector<double> score(static_cast<size_t>(E));
+    for (int64_t e = 0; e < E; ++e)
+      score[size_t(e)] = double(p[e]) + (L.expert_bias >= 0 ? double(P[L.expert_bias + e]) : 0.0);
     T sel = 0;
     for (int64_t j = 0; j < K; ++j) {
       int64_t best = -1;
       for (int64_t e = 0; e < E; ++e)
-        if (!taken[size_t(e)] && (best < 0 || p[e] > p[best])) best = e;
+        if (!taken[size_t(e)] && (best < 0 || score[size_t(e)] > score[size_t(best)])) best = e;
       taken[size_t(best)] = 1;
       M.choice[size_t(t * K + j)] = int32_t(best);
       sel += p[best];
@@ -696,7 +708,10 @@ void Transformer<T>::moe_forward(int l, int64_t N) {
       M.kept[size_t(i)] = 1;
     }
   }
-  for (int64_t e = 0; e < E; ++e) expert_rows_[size_t(e)] += taken_rows[size_t(e)];
+  for (int64_t e = 0; e < E; ++e) {
+    expert_rows_[size_t(e)] += taken_rows[size_t(e)];
+    expert_load_[size_t(l * E + e)] = M.routed[size_t(e)];
+  }
   // Each kept choice through its expert's SwiGLU MLP, weighted into the token's output.
   std::memcpy(A.resid_out, A.resid_mid, size_t(N * C) * sizeof(T));
   for (int64_t t = 0; t < N; ++t)
@@ -723,6 +738,35 @@ void Transformer<T>::moe_forward(int l, int64_t N) {
         A.resid_out[t * C + c] += M.weight[size_t(i)] * acc;
       }
     }
+  // The shared expert (Qwen2-MoE): resid_out += sigmoid(x · w_gate) * down(SwiGLU(x · gate|upᵀ)).
+  if (L.shared_gu >= 0) {
+    const int64_t Fs = cfg_.shared_expert_ffn;
+    M.sh.assign(size_t(N * 2 * Fs), T(0));
+    M.sact.assign(size_t(N * Fs), T(0));
+    M.sout.assign(size_t(N * C), T(0));
+    M.sgate.assign(size_t(N), T(0));
+    for (int64_t t = 0; t < N; ++t) {
+      const T* xt = A.ln2 + t * C;
+      T* h = M.sh.data() + t * 2 * Fs;
+      T* act = M.sact.data() + t * Fs;
+      T* out = M.sout.data() + t * C;
+      T g = 0;
+      for (int64_t c = 0; c < C; ++c) g += P[L.shared_gate + c] * xt[c];
+      M.sgate[size_t(t)] = T(1) / (T(1) + std::exp(-g));
+      for (int64_t r = 0; r < 2 * Fs; ++r) {
+        T acc = 0;
+        for (int64_t c = 0; c < C; ++c) acc += P[L.shared_gu + r * C + c] * xt[c];
+        h[r] = acc;
+      }
+      for (int64_t f = 0; f < Fs; ++f) act[f] = h[f] / (T(1) + std::exp(-h[f])) * h[Fs + f];
+      for (int64_t c = 0; c < C; ++c) {
+        T acc = 0;
+        for (int64_t f = 0; f < Fs; ++f) acc += P[L.shared_down + c * Fs + f] * act[f];
+        out[c] = acc;
+        A.resid_out[t * C + c] += M.sgate[size_t(t)] * acc;
+      }
+    }
+  }
   // The router's losses: E Σ_e f_e P_e (f_e = routed_e / N) and mean_t lse², over the layers.
   T aux = 0;
   for (int64_t e = 0; e < E; ++e) {
@@ -732,7 +776,7 @@ void Transformer<T>::moe_forward(int l, int64_t N) {
   }
   aux *= T(E);
   mean_aux_ += double(aux) / cfg_.n_layer;
-  const double coef_aux = cfg_.moe_balance == "aux_loss" ? cfg_.router_aux_loss_coef : 0.0;
+  const double coef_aux = cfg_.moe_aux_loss() ? cfg_.router_aux_loss_coef : 0.0;
   router_loss_ += double(N) * (coef_aux * double(aux) + double(cfg_.router_z_loss_coef) *
                                                           double(zsum / T(N))) / cfg_.n_layer;
 }
@@ -788,7 +832,7 @@ void Transformer<T>::moe_backward(int l, int64_t N) {
   // The router: combine weights -> probabilities (renormalised or not) -> logits, with the
   // auxiliary loss (f_e constant) and the z-loss, weighted as router_loss() says.
   const T per_layer = grad_scale_ * T(N) / T(cfg_.n_layer);
-  const T aux_scale = cfg_.moe_balance == "aux_loss" ? per_layer * T(cfg_.router_aux_loss_coef) : T(0);
+  const T aux_scale = cfg_.moe_aux_loss() ? per_layer * T(cfg_.router_aux_loss_coef) : T(0);
   const T z_scale = per_layer * T(cfg_.router_z_loss_coef);
   std::vector<T> dlogits(size_t(N * E)), dp(static_cast<size_t>(E));
   for (int64_t t = 0; t < N; ++t) {
@@ -824,6 +868,43 @@ void Transformer<T>::moe_backward(int l, int64_t N) {
         G[L.router + e * C + c] += d * A.ln2[t * C + c];
       }
     }
+  if (L.shared_gu < 0) return;
+  // The shared expert, token by token: d out = s dy, ds = dy · out, d gate logit = s (1 - s) ds.
+  const int64_t Fs = cfg_.shared_expert_ffn;
+  std::vector<T> sdact(static_cast<size_t>(Fs)), sdh(size_t(2 * Fs));
+  for (int64_t t = 0; t < N; ++t) {
+    const T* dy = a.dresid + t * C;
+    const T* xt = A.ln2 + t * C;
+    const T* h = M.sh.data() + t * 2 * Fs;
+    const T* act = M.sact.data() + t * Fs;
+    const T* out = M.sout.data() + t * C;
+    const T s = M.sgate[size_t(t)];
+    T ds = 0;
+    for (int64_t c = 0; c < C; ++c) ds += dy[c] * out[c];
+    const T dg = s * (T(1) - s) * ds;
+    for (int64_t c = 0; c < C; ++c) {
+      a.dln[t * C + c] += dg * P[L.shared_gate + c];
+      G[L.shared_gate + c] += dg * xt[c];
+    }
+    std::fill(sdact.begin(), sdact.end(), T(0));
+    for (int64_t c = 0; c < C; ++c) {
+      const T dout = s * dy[c];
+      for (int64_t f = 0; f < Fs; ++f) {
+        sdact[size_t(f)] += P[L.shared_down + c * Fs + f] * dout;
+        G[L.shared_down + c * Fs + f] += dout * act[f];
+      }
+    }
+    for (int64_t f = 0; f < Fs; ++f) {
+      const T g = h[f], u = h[Fs + f], sg = T(1) / (T(1) + std::exp(-g));
+      sdh[size_t(f)] = sdact[size_t(f)] * u * sg * (T(1) + g * (T(1) - sg));
+      sdh[size_t(Fs + f)] = sdact[size_t(f)] * g * sg;
+    }
+    for (int64_t r = 0; r < 2 * Fs; ++r)
+      for (int64_t c = 0; c < C; ++c) {
+        a.dln[t * C + c] += P[L.shared_gu + r * C + c] * sdh[size_t(r)];
+        G[L.shared_gu + r * C + c] += sdh[size_t(r)] * xt[c];
+      }
+  }
 }
 
 template class Transformer<float>;

@@ -107,6 +107,9 @@ class Transformer {
   // coefficient), and the rows each expert computed, summed over the layers.
   double mean_aux_loss() const { return mean_aux_; }
   const std::vector<int64_t>& expert_rows() const { return expert_rows_; }
+  // The last forward's choices routed to each expert of each layer (before any drop), layer l's
+  // at l * E: the load the expert bias's update reads.
+  const std::vector<int64_t>& expert_load() const { return expert_load_; }
 
   // Accumulate per-phase wall time of every following call into `p` (nullptr: off).
   void set_profile(StepProfile* p) { prof_ = p; }
@@ -143,7 +146,7 @@ class Transformer {
   struct MoeLayer;
   std::vector<MoeLayer> moe_;
   double router_loss_ = 0, mean_aux_ = 0;
-  std::vector<int64_t> expert_rows_;
+  std::vector<int64_t> expert_rows_, expert_load_;
   T grad_scale_ = T(1);
 
   ModelConfig cfg_;

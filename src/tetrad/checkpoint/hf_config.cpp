@@ -427,6 +427,9 @@ nlohmann::json mixtral_config_json(const ModelConfig& c, Ids bos, Ids eos) {
   j["tetrad_router_z_loss_coef"] = json_float(c.router_z_loss_coef);
   j["tetrad_moe_capacity_factor"] = json_float(c.moe_capacity_factor);
   j["tetrad_moe_balance"] = c.moe_balance;
+  // tetrad's own MoE parts (run checkpoints; `export` refuses them: require_hf_exportable).
+  if (c.moe_expert_bias()) j["tetrad_expert_bias_rate"] = json_float(c.expert_bias_rate);
+  if (c.shared_expert_ffn > 0) j["tetrad_shared_expert_ffn"] = c.shared_expert_ffn;
   return j;
 }
 
@@ -485,6 +488,8 @@ void read_router_config(const nlohmann::json& j, const std::string& where, Confi
   c.router_z_loss_coef = float(r.number_or("tetrad_router_z_loss_coef", 0.0));
   c.moe_capacity_factor = float(r.number_or("tetrad_moe_capacity_factor", 0.0));
   c.moe_balance = r.string_or("tetrad_moe_balance", "aux_loss");
+  c.expert_bias_rate = float(r.number_or("tetrad_expert_bias_rate", 0.001));
+  c.shared_expert_ffn = int(r.number_or("tetrad_shared_expert_ffn", 0.0));
 }
 
 void read_mixtral_config(const nlohmann::json& j, const std::string& where, ConfigReader& r,
@@ -574,6 +579,17 @@ ModelConfig read_hf_config(const std::string& dir) {
     fail("'", path, "' is not valid JSON (", ex.what(), ")");
   }
   return parse_hf_config(j, path);
+}
+
+void require_hf_exportable(const ModelConfig& c) {
+  if (c.moe() && c.shared_expert_ffn > 0)
+    fail("export: model.shared_expert_ffn = ", c.shared_expert_ffn, ": a Hugging Face ",
+         c.desc().display, " has no shared expert (transformers would drop its weights); tetrad's "
+         "own run checkpoints save and resume it");
+  if (c.moe() && c.moe_expert_bias())
+    fail("export: model.moe_balance = \"", c.moe_balance, "\": a Hugging Face ", c.desc().display,
+         " has no expert bias (its router would choose other experts than the trained model's); "
+         "tetrad's own run checkpoints save and resume it");
 }
 
 }  // namespace tetrad

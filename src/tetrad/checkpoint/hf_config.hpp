@@ -17,6 +17,10 @@ nlohmann::json hf_config_json(const ModelConfig& cfg, const nlohmann::json& extr
 // that transformers defaults (epsilons, rope_theta, num_key_value_heads) take its defaults.
 ModelConfig read_hf_config(const std::string& dir);
 ModelConfig parse_hf_config(const nlohmann::json& j, const std::string& where);
+// Refuses (naming the setting) a model whose parts the family's Hugging Face model does not have
+// (a mixture of experts' shared expert or expert bias): what `tetrad export` would write would
+// load in transformers as another model. Run checkpoints keep them (config.json's tetrad_*).
+void require_hf_exportable(const ModelConfig& cfg);
 
 // The shortest decimal that reads back as the same float ("1e-05" for 1e-5f): for messages and
 // config values.

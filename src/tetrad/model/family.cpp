@@ -107,6 +107,13 @@ constexpr TensorEntry kMixtralLayer[] = {
     {R::Router, "block_sparse_moe.gate.weight", D::Experts, D::Hidden},
     {R::ExpertGateUp, "block_sparse_moe.experts.w1_w3", D::ExpertsGateUp, D::Hidden},
     {R::ExpertDown, "block_sparse_moe.experts.w2", D::ExpertsHidden, D::Ffn},
+    // Optional (model.shared_expert_ffn, model.moe_balance): Qwen2-MoE's names under Mixtral's
+    // prefix, DeepSeek-V3's for the bias; no Hugging Face Mixtral has them (export refuses).
+    {R::SharedGate, "block_sparse_moe.shared_expert.gate_proj.weight", D::SharedFfn, D::Hidden},
+    {R::SharedUp, "block_sparse_moe.shared_expert.up_proj.weight", D::SharedFfn, D::Hidden},
+    {R::SharedDown, "block_sparse_moe.shared_expert.down_proj.weight", D::Hidden, D::SharedFfn},
+    {R::SharedExpertGate, "block_sparse_moe.shared_expert_gate.weight", D::SharedGateRows, D::Hidden},
+    {R::ExpertBias, "block_sparse_moe.gate.e_score_correction_bias", D::BiasExperts},
 };
 
 constexpr HfExpertNames kMixtralExperts = {
@@ -268,6 +275,11 @@ const char* role_name(TensorRole r) {
     case R::Router: return "router";
     case R::ExpertGateUp: return "experts' gate|up";
     case R::ExpertDown: return "experts' down projection";
+    case R::SharedGate: return "shared expert's gate";
+    case R::SharedUp: return "shared expert's up projection";
+    case R::SharedDown: return "shared expert's down projection";
+    case R::SharedExpertGate: return "shared expert's sigmoid gate";
+    case R::ExpertBias: return "expert bias";
   }
   return "?";
 }

@@ -42,6 +42,12 @@ enum class TensorRole {
   // expert by expert [E * 2F, C] (expert e's F gate rows, then its F up rows); every expert's
   // down projection stacked [E * C, F] (expert e's [C, F]).
   Router, ExpertGateUp, ExpertDown,
+  // Optional parts of a mixture of experts (absent unless the config asks for them): the shared
+  // expert (Qwen2-MoE's form: a SwiGLU MLP of its own width every token goes through, gate and up
+  // adjacent [Fs, C] each, down [C, Fs]) and its gate [1, C] (output scaled by sigmoid(x · w));
+  // DeepSeek-V3's expert bias [E] (added to the router's scores for the top-k selection only; not
+  // trained by the optimizer, updated after each step from the experts' load).
+  SharedGate, SharedUp, SharedDown, SharedExpertGate, ExpertBias,
 };
 const char* role_name(TensorRole r);
 
@@ -51,8 +57,9 @@ inline constexpr TensorRole kFusedQkv[] = {TensorRole::Q, TensorRole::K, TensorR
 inline constexpr TensorRole kFusedQkvBias[] = {TensorRole::QBias, TensorRole::KBias,
                                                TensorRole::VBias};
 inline constexpr TensorRole kFusedGateUp[] = {TensorRole::Gate, TensorRole::Up};
+inline constexpr TensorRole kFusedSharedGateUp[] = {TensorRole::SharedGate, TensorRole::SharedUp};
 inline constexpr std::span<const TensorRole> kFusedGroups[] = {kFusedQkv, kFusedQkvBias,
-                                                               kFusedGateUp};
+                                                               kFusedGateUp, kFusedSharedGateUp};
 
 // Symbolic sizes of a tensor's dimensions (params.cpp evaluates them for a config).
 enum class Dim {
@@ -68,6 +75,12 @@ enum class Dim {
   Experts,          // E = n_experts
   ExpertsGateUp,    // E * 2F
   ExpertsHidden,    // E * C
+  // Sizes of the optional MoE parts, 0 when the config has none (a tensor with a dimension of
+  // size 0 is not in the table): the shared expert's width Fs, its gate's one row, and E with
+  // the expert bias.
+  SharedFfn,        // Fs = shared_expert_ffn
+  SharedGateRows,   // 1 with a shared expert
+  BiasExperts,      // E with the expert bias
 };
 
 // One tensor of the table: per-layer names are the family's layer prefix + layer index + "." +

@@ -1,5 +1,7 @@
 #include "tetrad/model/model_config.hpp"
 
+#include <cmath>
+
 #include "tetrad/backend/rope_tables.hpp"
 #include "tetrad/core/error.hpp"
 
@@ -11,9 +13,9 @@ namespace {
 void validate_moe(const ModelConfig& c) {
   const FamilyDesc& d = c.desc();
   if (!d.moe) {
-    if (c.n_experts != 0 || c.experts_per_token != 0)
-      fail("model.n_experts / model.experts_per_token: ", d.display, " is a dense model (no "
-           "mixture of experts); use a family with experts (\"mixtral\")");
+    if (c.n_experts != 0 || c.experts_per_token != 0 || c.shared_expert_ffn != 0)
+      fail("model.n_experts / model.experts_per_token / model.shared_expert_ffn: ", d.display,
+           " is a dense model (no mixture of experts); use a family with experts (\"mixtral\")");
     return;
   }
   if (c.n_experts < 1) fail("model.n_experts must be positive for ", d.display, ", got ", c.n_experts);
@@ -22,11 +24,14 @@ void validate_moe(const ModelConfig& c) {
   if (c.experts_per_token > c.n_experts)
     fail("model.experts_per_token (top-k) = ", c.experts_per_token, " is larger than model.n_experts = ",
          c.n_experts, ": a token cannot be routed to more experts than there are");
-  if (c.moe_balance == "expert_bias")
-    fail("model.moe_balance = \"expert_bias\" (DeepSeek-V3's aux-loss-free balancing) is not "
-         "implemented; expected \"aux_loss\" or \"none\"");
-  if (c.moe_balance != "aux_loss" && c.moe_balance != "none")
-    fail("model.moe_balance = \"", c.moe_balance, "\": expected \"aux_loss\" or \"none\"");
+  if (c.moe_balance != "aux_loss" && c.moe_balance != "expert_bias" && c.moe_balance != "both" &&
+      c.moe_balance != "none")
+    fail("model.moe_balance = \"", c.moe_balance, "\": expected \"aux_loss\", \"expert_bias\" "
+         "(DeepSeek-V3's aux-loss-free bias), \"both\" or \"none\"");
+  if (!(c.expert_bias_rate >= 0) || !std::isfinite(c.expert_bias_rate))
+    fail("model.expert_bias_rate must be a finite number >= 0, got ", c.expert_bias_rate);
+  if (c.shared_expert_ffn < 0)
+    fail("model.shared_expert_ffn must be >= 0 (0: no shared expert), got ", c.shared_expert_ffn);
   if (!(c.router_aux_loss_coef >= 0))
     fail("model.router_aux_loss_coef must be >= 0, got ", c.router_aux_loss_coef);
   if (!(c.router_z_loss_coef >= 0))

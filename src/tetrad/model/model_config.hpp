@@ -45,9 +45,14 @@ struct ModelConfig {
   // its config's norm_topk_prob says).
   bool norm_topk_prob = true;
   // Load balancing: "aux_loss" (Switch / Mixtral: router_aux_loss_coef * E * Σ_e f_e P_e per
-  // layer, averaged over layers) or "none"; "expert_bias" (DeepSeek-V3's aux-loss-free bias) is
-  // refused by name until implemented.
+  // layer, averaged over layers), "expert_bias" (DeepSeek-V3's aux-loss-free balancing: a
+  // per-expert bias added to the router's probabilities for the top-k selection only, updated
+  // after each optimizer step by expert_bias_rate * sign(mean load - load_e)), "both" or "none".
   std::string moe_balance = "aux_loss";
+  float expert_bias_rate = 0.001f;  // DeepSeek-V3's bias update speed (gamma)
+  // The shared expert (Qwen2-MoE's form; 0: none): a SwiGLU MLP of this inner width that every
+  // token goes through, its output scaled by sigmoid(x · w_gate) and added to the routed output.
+  int shared_expert_ffn = 0;
   float router_aux_loss_coef = 0.001f;  // Mixtral's default
   float router_z_loss_coef = 0.0f;      // ST-MoE's z-loss: coef * mean_t logsumexp(logits_t)²
   // 0: dropless (every token reaches its k experts however uneven the load); > 0: each expert
@@ -57,6 +62,8 @@ struct ModelConfig {
 
   bool moe() const { return desc().moe; }
   bool moe_renormalize() const { return norm_topk_prob; }
+  bool moe_aux_loss() const { return moe_balance == "aux_loss" || moe_balance == "both"; }
+  bool moe_expert_bias() const { return moe_balance == "expert_bias" || moe_balance == "both"; }
   int head_dim() const { return explicit_head_dim > 0 ? explicit_head_dim : n_embd / n_head; }
   int q_dim() const { return n_head * head_dim(); }       // every query head: n_head * head_dim
   int kv_dim() const { return n_kv_head * head_dim(); }   // the keys' (or values') heads

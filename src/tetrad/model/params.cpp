@@ -58,7 +58,13 @@ ParamKind role_kind(TensorRole role) {
     case R::Router:
     case R::ExpertGateUp:
     case R::ExpertDown:
+    case R::SharedGate:
+    case R::SharedUp:
+    case R::SharedDown:
+    case R::SharedExpertGate:
       return ParamKind::Linear;
+    case R::ExpertBias:
+      return ParamKind::Buffer;
   }
   fail("tensor role ", int(role), " has no kind");
 }
@@ -79,12 +85,16 @@ ParamTable build_param_table(const ModelConfig& c) {
       case Dim::Experts: return c.n_experts;
       case Dim::ExpertsGateUp: return int64_t(c.n_experts) * 2 * c.ffn;
       case Dim::ExpertsHidden: return int64_t(c.n_experts) * c.n_embd;
+      case Dim::SharedFfn: return c.moe() ? c.shared_expert_ffn : 0;
+      case Dim::SharedGateRows: return c.moe() && c.shared_expert_ffn > 0 ? 1 : 0;
+      case Dim::BiasExperts: return c.moe() && c.moe_expert_bias() ? c.n_experts : 0;
     }
     fail("dimension ", int(d), " has no size");
   };
   ParamTable t;
   auto add = [&](const TensorEntry& e, std::string name, int layer) {
     if (e.role == TensorRole::Head && c.tie_embeddings) return;  // the token embedding serves
+    if (size(e.rows) == 0 || (e.cols != Dim::None && size(e.cols) == 0)) return;  // not asked for
     ParamSpec s;
     s.name = std::move(name);
     s.shape = {size(e.rows)};
@@ -169,7 +179,7 @@ void init_parameter(const ModelConfig& cfg, const ParamSpec& s, size_t index, ui
     std::fill(p, p + s.numel, T(1));
     return;
   }
-  if (s.kind == ParamKind::Bias) {
+  if (s.kind == ParamKind::Bias || s.kind == ParamKind::Buffer) {
     std::fill(p, p + s.numel, T(0));
     return;
   }

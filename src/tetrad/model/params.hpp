@@ -23,7 +23,9 @@
 namespace tetrad {
 
 // What the optimizer and the FLOP counts see of a role (weight decay groups, matmul weights).
-enum class ParamKind { Embedding, Linear, Bias, Norm };
+// Buffer: state saved with the weights that the optimizer leaves alone (no gradient, no decay;
+// the MoE expert bias, updated by its own rule after each step).
+enum class ParamKind { Embedding, Linear, Bias, Norm, Buffer };
 ParamKind role_kind(TensorRole role);
 
 struct ParamSpec {

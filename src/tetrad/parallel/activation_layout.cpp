@@ -22,6 +22,10 @@ int64_t act_width(ActWidth w, const LocalDims& d) {
     case ActWidth::kC: return d.kC;
     case ActWidth::kFW: return d.kFW;
     case ActWidth::kF: return d.kF;
+    case ActWidth::sFW: return 2 * d.sF;
+    case ActWidth::sF: return d.sF;
+    case ActWidth::sC: return d.sF > 0 ? d.Cx : 0;
+    case ActWidth::sG: return d.sF > 0 ? 1 : 0;
   }
   TETRAD_CHECK(false, "unknown activation width");
   return 0;

@@ -47,6 +47,10 @@ struct ParallelActivations {
     float *router_logits = nullptr, *moe_in = nullptr, *moe_gu = nullptr, *moe_act = nullptr,
           *moe_out = nullptr;
     uint16_t* moe_act16 = nullptr;
+    // Its shared expert (model.shared_expert_ffn; empty without): gate|up [N, 2Fs], SwiGLU
+    // [N, Fs], output [N, C] and the sigmoid gate's logit [N].
+    float *shared_gu = nullptr, *shared_act = nullptr, *shared_out = nullptr,
+          *shared_glogit = nullptr;
   };
   std::vector<PerLayer> layer;
   float *emb = nullptr, *lnf = nullptr, *lnf_mean = nullptr, *lnf_rstd = nullptr,
@@ -60,6 +64,8 @@ struct ParallelActivations {
   // The mixture of experts' backward work buffers (moe_block.hpp): the gradient of the experts'
   // rows [N k, C] (outputs, then inputs), of their gate|up [N k, 2F] and activation [N k, F].
   float *dmoe_rows = nullptr, *dmoe_gu = nullptr, *dmoe_act = nullptr;
+  // ... and of the shared expert's gate|up [N, 2Fs] and activation [N, Fs].
+  float *dshared_gu = nullptr, *dshared_act = nullptr;
   uint16_t *lnf16 = nullptr, *dout16 = nullptr, *dout16_t = nullptr;
   int64_t dout16_floats = 0;  // each bf16 gradient copy's size in floats (0 without bf16 acts)
 
@@ -75,7 +81,9 @@ struct ParallelActivations {
 };
 
 // A tensor's row width: floats per token of this rank (LocalDims), One for row statistics.
-enum class ActWidth : unsigned char { One, Cx, Ay, QKVy, Nhy, Nqk, QKn, FWy, Fy, Vy, MaxLinearOut, E, kC, kFW, kF };
+enum class ActWidth : unsigned char {
+  One, Cx, Ay, QKVy, Nhy, Nqk, QKn, FWy, Fy, Vy, MaxLinearOut, E, kC, kFW, kF, sFW, sF, sC, sG
+};
 // How it is stored: in fp32; in bf16 with bf16 activations (ceil(N n / 2) floats, the bf16 view
 // only), else fp32; the same in a dense model but always fp32 in a mixture of experts (ln2, the
 // router's input: the router runs in fp32); or only with bf16 activations (absent otherwise); or,
@@ -134,6 +142,10 @@ inline constexpr LayerActSpec kLayerActs[] = {
     {"moe_gu", &LayerActs::moe_gu, nullptr, ActWidth::kFW, ActStore::F32, ActKeep::UnlessFull},
     {"moe_act", &LayerActs::moe_act, &LayerActs::moe_act16, ActWidth::kF, ActStore::Bf16WithActs, ActKeep::UnlessFull},
     {"moe_out", &LayerActs::moe_out, nullptr, ActWidth::kC, ActStore::F32, ActKeep::UnlessFull},
+    {"shared_gu", &LayerActs::shared_gu, nullptr, ActWidth::sFW, ActStore::F32, ActKeep::UnlessFull},
+    {"shared_act", &LayerActs::shared_act, nullptr, ActWidth::sF, ActStore::F32, ActKeep::UnlessFull},
+    {"shared_out", &LayerActs::shared_out, nullptr, ActWidth::sC, ActStore::F32, ActKeep::UnlessFull},
+    {"shared_glogit", &LayerActs::shared_glogit, nullptr, ActWidth::sG, ActStore::F32, ActKeep::UnlessFull},
     {"resid_out", &LayerActs::resid_out, nullptr, ActWidth::Cx, ActStore::F32, ActKeep::Output},
 };
 
@@ -155,6 +167,8 @@ inline constexpr GlobalActSpec kGlobalActs[] = {
     {"dmoe_rows", &ParallelActivations::dmoe_rows, nullptr, ActWidth::kC, ActStore::F32, ActPart::Work},
     {"dmoe_gu", &ParallelActivations::dmoe_gu, nullptr, ActWidth::kFW, ActStore::F32, ActPart::Work},
     {"dmoe_act", &ParallelActivations::dmoe_act, nullptr, ActWidth::kF, ActStore::F32, ActPart::Work},
+    {"dshared_gu", &ParallelActivations::dshared_gu, nullptr, ActWidth::sFW, ActStore::F32, ActPart::Work},
+    {"dshared_act", &ParallelActivations::dshared_act, nullptr, ActWidth::sF, ActStore::F32, ActPart::Work},
     {"dout16", nullptr, &ParallelActivations::dout16, ActWidth::MaxLinearOut, ActStore::OnlyBf16, ActPart::Work},
     {"dout16_t", nullptr, &ParallelActivations::dout16_t, ActWidth::MaxLinearOut, ActStore::OnlyBf16, ActPart::Work},
     {"dfull", &ParallelActivations::dfull, nullptr, ActWidth::Cx, ActStore::F32, ActPart::Work},

@@ -70,7 +70,8 @@ DenseBlock::DenseBlock(const BlockParts& p)
       case R::QNorm: case R::KNorm:
         if (p.config.desc().qk_norm) break;  // the q/k norms bind their own (QkNorm)
         fail("tensor '", s.name, "' (", role_name(s.role), ") in a block without q/k norms");
-      case R::Router: case R::ExpertGateUp: case R::ExpertDown:
+      case R::Router: case R::ExpertGateUp: case R::ExpertDown: case R::SharedGate:
+      case R::SharedUp: case R::SharedDown: case R::SharedExpertGate: case R::ExpertBias:
         if (p.config.moe()) break;  // the mixture of experts binds its own (MoeBlock)
         fail("tensor '", s.name, "' (", role_name(s.role), ") in a dense block");
       default: fail("tensor '", s.name, "' (", role_name(s.role), ") inside a block");

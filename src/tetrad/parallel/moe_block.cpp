@@ -16,13 +16,29 @@ MoeBlock::MoeBlock(const BlockParts& p) : DenseBlock(p), cfg_(p.config) {
       case TensorRole::Router: x.router = int(i); break;
       case TensorRole::ExpertGateUp: x.gate_up = int(i); break;
       case TensorRole::ExpertDown: x.down = int(i); break;
+      case TensorRole::SharedGate: x.shared_gu = int(i); break;  // with SharedUp after it
+      case TensorRole::SharedDown: x.shared_down = int(i); break;
+      case TensorRole::SharedExpertGate: x.shared_gate = int(i); break;
+      case TensorRole::ExpertBias: x.bias = int(i); break;
       default: break;  // the dense block's (it bound them and refused any it has no place for)
     }
   }
-  for (size_t l = 0; l < experts_.size(); ++l)
-    if (experts_[l].router < 0 || experts_[l].gate_up < 0 || experts_[l].down < 0)
+  for (size_t l = 0; l < experts_.size(); ++l) {
+    const Experts& x = experts_[l];
+    if (x.router < 0 || x.gate_up < 0 || x.down < 0)
       fail("mixture of experts: layer ", l, " lacks its router, experts' gate|up or experts' down "
            "tensor in the parameter table");
+    if ((x.shared_gu >= 0) != (cfg_.shared_expert_ffn > 0) ||
+        (x.shared_down >= 0) != (x.shared_gu >= 0) || (x.shared_gate >= 0) != (x.shared_gu >= 0))
+      fail("mixture of experts: layer ", l, "'s shared expert tensors do not match "
+           "model.shared_expert_ffn = ", cfg_.shared_expert_ffn);
+    if ((x.bias >= 0) != cfg_.moe_expert_bias())
+      fail("mixture of experts: layer ", l, "'s expert bias tensor does not match "
+           "model.moe_balance = \"", cfg_.moe_balance, "\"");
+  }
+  if (cfg_.shared_expert_ffn > 0 && p.ops.precision() == backend::Precision::BF16)
+    fail("mixture of experts: the shared expert (model.shared_expert_ffn = ", cfg_.shared_expert_ffn,
+         ") in bf16 is not implemented; train it with train.precision = \"fp32\"");
   if (p.ctx.shape().e() > 1)
     ep_ = std::make_unique<ExpertParallel>(p.ctx, p.config, p.ops.bf16_activations());
 }
@@ -45,8 +61,13 @@ void MoeBlock::route(int l, int64_t N) {
   logits_host_.resize(size_t(N * E));
   q.copy_to_host(logits_host_.data(), a_.layer[size_t(l)].router_logits,
                  logits_host_.size() * sizeof(float));
+  const int bias = experts_[size_t(l)].bias;
+  if (bias >= 0) {  // whole on every rank (replicated), the same copy everywhere
+    bias_host_.resize(static_cast<size_t>(E));
+    q.copy_to_host(bias_host_.data(), ops_.w(bias), bias_host_.size() * sizeof(float));
+  }
   q.synchronize();
-  route_local(logits_host_.data(), N, cfg_, routing_);
+  route_local(logits_host_.data(), N, cfg_, routing_, bias >= 0 ? bias_host_.data() : nullptr);
   // The micro-batch's other tokens are on the token group's ranks: every rank's share of the
   // counts and sums (host values: over the host groups), so the losses, their gradients, the
   // capacity and the statistics are the whole micro-batch's, as on one rank.
@@ -85,7 +106,10 @@ void MoeBlock::mlp_forward(int l, int64_t N) {
                 A.router_logits, E);
   ctx_.sum_over(ctx_.g().x(), A.router_logits, N * E, "router logits");
   route(l, N);
-  if (!recomputing_) stats_.add(routing_);
+  if (!recomputing_) {
+    stats_.add(routing_);
+    stats_.add_load(l, cfg_.n_layer, routing_);
+  }
   const MoeRouting& r = routing_;
   {
     ScopedPhase sp(ctx_.prof, Phase::Other, "dispatch");
@@ -102,6 +126,7 @@ void MoeBlock::mlp_forward(int l, int64_t N) {
     op.moe_unpermute(q, A.resid_out, A.moe_out, weights_.data(), slots_.data(), N, k, C);
     op.add(q, A.resid_out, A.resid_mid, N * C);
   }
+  if (X.shared_gu >= 0) shared_forward(l, N);
 }
 
 // From dresid (= the gradient of the combined output) to dln (the gradient of ln2): the
@@ -137,7 +162,7 @@ void MoeBlock::mlp_backward(int l, int64_t N) {
   q.synchronize();
   const double per_layer = double(grad_scale_) * double(r.total_N) / double(cfg_.n_layer);
   const double aux_scale =
-      cfg_.moe_balance == "aux_loss" ? per_layer * double(cfg_.router_aux_loss_coef) : 0.0;
+      cfg_.moe_aux_loss() ? per_layer * double(cfg_.router_aux_loss_coef) : 0.0;
   const double z_scale = per_layer * double(cfg_.router_z_loss_coef);
   dlogits_host_.resize(size_t(N * E));
   router_backward(r, dw_host_.data(), cfg_.moe_renormalize(), aux_scale, z_scale,
@@ -151,6 +176,7 @@ void MoeBlock::mlp_backward(int l, int64_t N) {
     ScopedPhase sp(ctx_.prof, Phase::Other, "dispatch");
     op.moe_permute_backward(q, a.dln, a.dmoe_rows, slots_.data(), N, k, C);
   }
+  if (X.shared_gu >= 0) shared_backward(l, N);
 }
 
 }  // namespace tetrad::parallel

@@ -10,6 +10,13 @@
 // coefficients, averaged over the layers) enter the backward weighted like grad_scale * N tokens
 // of the cross-entropy; their values and the experts' load are the block's MoeStats.
 //
+// Optional parts (model/family.hpp's SharedGate.. and ExpertBias roles): the shared expert
+// (Qwen2-MoE's form) adds sigmoid(ln2 · w_gate) * SwiGLU-MLP_shared(ln2) to every token's output;
+// its weights are dense ones (whole on every rank, reduced over every data rank, also with
+// E > 1). The expert bias (DeepSeek-V3's aux-loss-free balancing) is added to the router's
+// probabilities for the top-k selection only, and is updated after each optimizer step from the
+// step's load (MoeStats::load, ParallelTransformer::update_expert_bias), not by the optimizer.
+//
 // The backward recomputes the routing from the layer's stored logits (the same plan bit for
 // bit), so it needs no host state kept from the forward: pipeline chunks and recomputation
 // restore the activations alone. On the tensor axes the router's logits are summed over X (the
@@ -52,9 +59,17 @@ class MoeBlock final : public DenseBlock {
  private:
   struct Experts {
     int router = -1, gate_up = -1, down = -1;  // parameter table indices
+    int shared_gu = -1, shared_down = -1, shared_gate = -1, bias = -1;  // -1: not in the model
   };
   void mlp_forward(int l, int64_t N) override;
   void mlp_backward(int l, int64_t N) override;
+  // The shared expert: forward adds its gated output to resid_out; backward adds its input
+  // gradient to dln and accumulates its weights' gradients (after the routed experts').
+  void shared_forward(int l, int64_t N);
+  void shared_backward(int l, int64_t N);
+  // The gate's sigmoid of layer l's stored logits into sgate_ (host and device), and the
+  // identity plan (token t to row t) the combine op scales the shared rows with.
+  void shared_gate(int l, int64_t N);
   bool sequence_shardable() const override { return false; }  // parallel.sequence_shard: not yet
   // The layer's routing from its stored logits, and the plan uploaded for the permutation ops.
   void route(int l, int64_t N);
@@ -70,11 +85,13 @@ class MoeBlock final : public DenseBlock {
   MoeStats stats_;
   float grad_scale_ = 0.0f;
   bool recomputing_ = false;
-  std::vector<float> logits_host_, dw_host_, dlogits_host_;
+  std::vector<float> logits_host_, dw_host_, dlogits_host_, bias_host_, sgate_host_;
   std::vector<double> shares_;  // every token rank's routing_share, in group order
   backend::DeviceArray<int32_t> slots_;      // [N k] the routing's plan
   backend::DeviceArray<float> weights_, dw_;  // [N k] combine weights and their gradient
   backend::DeviceArray<float> dlogits_;       // [N E]
+  backend::DeviceArray<int32_t> ident_;       // [N] 0..N-1 (the shared expert's combine)
+  backend::DeviceArray<float> sgate_, dsgate_;  // [N] sigmoid gate and its gradient
 };
 
 }  // namespace tetrad::parallel

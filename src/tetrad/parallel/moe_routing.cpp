@@ -14,8 +14,9 @@ int64_t expert_capacity(const ModelConfig& c, int64_t N) {
   return std::min<int64_t>(N, int64_t(cap));
 }
 
-void route_tokens(const float* logits, int64_t N, const ModelConfig& c, MoeRouting& r) {
-  route_local(logits, N, c, r);
+void route_tokens(const float* logits, int64_t N, const ModelConfig& c, MoeRouting& r,
+                  const float* expert_bias) {
+  route_local(logits, N, c, r, expert_bias);
   std::vector<double> share(size_t(routing_share_size(r.E)));
   routing_share(r, share.data());
   finish_routing(c, share.data(), 1, 0, r);
@@ -32,7 +33,8 @@ void routing_share(const MoeRouting& r, double* share) {
   share[2 * r.E + 1] = double(r.N);
 }
 
-void route_local(const float* logits, int64_t N, const ModelConfig& c, MoeRouting& r) {
+void route_local(const float* logits, int64_t N, const ModelConfig& c, MoeRouting& r,
+                 const float* expert_bias) {
   const int64_t E = c.n_experts, k = c.experts_per_token;
   r.N = N; r.E = E; r.k = k;
   r.probs.assign(size_t(N * E), 0.0);
@@ -45,6 +47,7 @@ void route_local(const float* logits, int64_t N, const ModelConfig& c, MoeRoutin
   r.first.assign(static_cast<size_t>(E), 0);
   const bool renorm = c.moe_renormalize();
   std::vector<int32_t> order(static_cast<size_t>(E));
+  std::vector<double> score(static_cast<size_t>(E));
   double zsum = 0;
   for (int64_t t = 0; t < N; ++t) {
     const float* x = logits + t * E;
@@ -62,9 +65,16 @@ void route_local(const float* logits, int64_t N, const ModelConfig& c, MoeRoutin
     r.lse[size_t(t)] = mx + std::log(s);
     zsum += r.lse[size_t(t)] * r.lse[size_t(t)];
     for (int64_t e = 0; e < E; ++e) order[size_t(e)] = int32_t(e);
-    // The k most probable; on equal probabilities the lower index first (a stable order).
-    std::partial_sort(order.begin(), order.begin() + k, order.end(),
-                      [&](int32_t a, int32_t b) { return p[a] > p[b] || (p[a] == p[b] && a < b); });
+    // The k most probable (by probability + bias with the expert bias); on equal scores the
+    // lower index first (a stable order).
+    if (expert_bias) {
+      for (int64_t e = 0; e < E; ++e) score[size_t(e)] = p[e] + double(expert_bias[e]);
+    } else {
+      std::copy(p, p + E, score.begin());
+    }
+    std::partial_sort(order.begin(), order.begin() + k, order.end(), [&](int32_t a, int32_t b) {
+      return score[size_t(a)] > score[size_t(b)] || (score[size_t(a)] == score[size_t(b)] && a < b);
+    });
     double sel = 0;
     for (int64_t j = 0; j < k; ++j) sel += p[order[size_t(j)]];
     for (int64_t j = 0; j < k; ++j) {
@@ -169,6 +179,38 @@ void router_backward(const MoeRouting& r, const float* dw, bool renormalize, dou
     for (int64_t e = 0; e < E; ++e)
       dlogits[t * E + e] = float(p[e] * (dp[size_t(e)] - pdp) + zg * p[e]);
   }
+}
+
+void update_expert_bias_values(float* bias, const int64_t* load, int64_t E, float rate) {
+  int64_t total = 0;
+  for (int64_t e = 0; e < E; ++e) total += load[e];
+  // sign(mean - load_e) with the mean total / E, compared as total vs E load_e (exact).
+  for (int64_t e = 0; e < E; ++e) {
+    const int64_t d = total - E * load[e];
+    bias[e] += d > 0 ? rate : d < 0 ? -rate : 0.0f;
+  }
+}
+
+void MoeStats::add_load(int layer, int n_layer, const MoeRouting& r) {
+  TETRAD_CHECK(r.total_routed.size() == size_t(r.E), "the expert load of a routing that "
+               "finish_routing has not completed");
+  if (load.empty()) load.assign(size_t(n_layer) * size_t(r.E), 0);
+  n_experts = r.E;
+  for (int64_t e = 0; e < r.E; ++e) load[size_t(layer * r.E + e)] += r.total_routed[size_t(e)];
+}
+
+double MoeStats::load_imbalance() const {
+  double worst = 0;
+  if (load.empty() || n_experts <= 0) return worst;
+  for (size_t l0 = 0; l0 < load.size(); l0 += size_t(n_experts)) {
+    int64_t total = 0, most = 0;
+    for (size_t e = 0; e < size_t(n_experts); ++e) {
+      total += load[l0 + e];
+      most = std::max(most, load[l0 + e]);
+    }
+    if (total > 0) worst = std::max(worst, double(most) * double(n_experts) / double(total));
+  }
+  return worst;
 }
 
 void MoeStats::add(const MoeRouting& r) {

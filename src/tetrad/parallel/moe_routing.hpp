@@ -37,8 +37,16 @@ struct MoeRouting {
 
 // The routing of N tokens by their router logits [N, E] (fp32, row-major) under c's settings
 // (experts_per_token, moe_renormalize(), moe_capacity_factor), these tokens being the whole
-// micro-batch: route_local, then finish_routing with this rank's share alone.
-void route_tokens(const float* logits, int64_t N, const ModelConfig& c, MoeRouting& r);
+// micro-batch: route_local, then finish_routing with this rank's share alone. expert_bias [E]
+// (DeepSeek-V3's aux-loss-free balancing; null: none): as route_local's.
+void route_tokens(const float* logits, int64_t N, const ModelConfig& c, MoeRouting& r,
+                  const float* expert_bias = nullptr);
+
+// DeepSeek-V3's update of one layer's expert bias after an optimizer step, from the choices
+// routed to each expert over the step (every micro-batch, the whole global batch):
+// bias_e += rate * sign(mean load - load_e), so an overloaded expert is chosen less and an idle
+// one more.
+void update_expert_bias_values(float* bias, const int64_t* load, int64_t E, float rate);
 
 // The routing in two halves around an exchange between the ranks that hold the micro-batch's
 // tokens. route_local: the probabilities, top k, combine weights and counts of these tokens.
@@ -47,8 +55,11 @@ void route_tokens(const float* logits, int64_t N, const ModelConfig& c, MoeRouti
 // share in group order (`ranks` of them, this rank's at `me`), the totals, the losses and the
 // dispatch plan; under a capacity factor an expert's capacity is of the whole micro-batch and
 // its choices are taken in group order then token order (the ranks in group order must hold the
-// micro-batch's tokens in order: Z and D, not C).
-void route_local(const float* logits, int64_t N, const ModelConfig& c, MoeRouting& r);
+// micro-batch's tokens in order: Z and D, not C). expert_bias [E] (null: none) is added to the
+// probabilities for the top-k selection only: the combine weights are the unbiased
+// probabilities of the chosen experts.
+void route_local(const float* logits, int64_t N, const ModelConfig& c, MoeRouting& r,
+                 const float* expert_bias = nullptr);
 int64_t routing_share_size(int64_t E);
 void routing_share(const MoeRouting& r, double* share);
 void finish_routing(const ModelConfig& c, const double* shares, int ranks, int me, MoeRouting& r);
@@ -70,7 +81,15 @@ struct MoeStats {
   int64_t layers = 0;  // layer forward passes counted
   double aux = 0, z = 0;
   int64_t min_rows = -1, max_rows = -1, dropped = 0, routed = 0;
+  // Choices routed to each expert of each layer [n_layer * E] (layer l's at l * E; zeros for the
+  // layers of other pipeline stages), summed over the forward passes: the expert bias's load.
+  // Of the whole micro-batch (MoeRouting::total_routed), so the same on every rank of a stage.
+  std::vector<int64_t> load;
+  int64_t n_experts = 0;  // E, with load
   void add(const MoeRouting& r);
+  void add_load(int layer, int n_layer, const MoeRouting& r);
+  // The most loaded expert's choices over the mean, the largest over the layers (1: balanced).
+  double load_imbalance() const;
   double mean_aux() const { return layers ? aux / double(layers) : 0.0; }
   double mean_z() const { return layers ? z / double(layers) : 0.0; }
 };

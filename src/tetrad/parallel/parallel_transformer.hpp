@@ -173,6 +173,12 @@ class ParallelTransformer {
   // A mixture of experts' router losses and expert load over the forward passes since the last
   // call (empty for a dense model): moe_routing.hpp's MoeStats.
   MoeStats take_moe_stats();
+  // DeepSeek-V3's expert bias (ModelConfig::moe_expert_bias; nothing otherwise), after the
+  // optimizer step: every layer this rank stores gets bias_e += expert_bias_rate * sign(mean
+  // load - load_e) from `load` [n_layer * E], the step's choices per expert summed over the
+  // token-sharing ranks (MoeStats::load; the same on each, so every copy stays equal).
+  // expert_bias.cpp.
+  void update_expert_bias(const std::vector<int64_t>& load);
   // zero_grads() for a step of `micro_batches` forward_backward calls: during the last one,
   // data-parallel buckets start as soon as their gradients are final (OverlapOptions::dp_overlap).
   // Without it (zero_grads only) every data-parallel reduction waits for reduce_gradients().

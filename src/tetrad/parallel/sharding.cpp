@@ -20,6 +20,10 @@ void validate_grid_for_model(const ModelConfig& c, const GridShape& g) {
   divides("model.ffn", c.ffn, "x", g.x());
   divides("model.ffn", c.ffn, "y", g.y());
   divides("model.vocab_size", c.vocab_size, "y", g.y());
+  if (c.moe() && c.shared_expert_ffn > 0 && (g.x() > 1 || g.y() > 1))
+    fail("grid: the shared expert (model.shared_expert_ffn = ", c.shared_expert_ffn, ") split over "
+         "the tensor axes (Gx = ", g.x(), ", Gy = ", g.y(), ") is not implemented; a model with a "
+         "shared expert runs with Gx = Gy = 1 (Z, C, D, P and the fold E as for the experts)");
   if (g.e() > 1) {
     if (!c.moe())
       fail("grid: the expert-parallel fold E = ", g.e(), " needs a mixture-of-experts model "
@@ -137,6 +141,12 @@ TensorShard block_of(const ModelConfig& c, const ParamSpec& s, const GridShape& 
       cols_x(contiguous(0, R));
       t.z_sharded = true;
       break;
+    case R_::SharedGate:  // the shared expert: dense, whole (the grid refuses it on X or Y),
+    case R_::SharedUp:    // reduced over every data rank
+    case R_::SharedDown:
+    case R_::SharedExpertGate:
+      normal(contiguous(0, R));
+      break;
     case R_::ExpertGateUp:  // [n_experts x 2F, C] and [n_experts x C, F]: this rank's experts
     case R_::ExpertDown:    // (n_experts / E of them), each split over X and Y like the dense MLP
       expert_block(c, s.role, g, at, t);
@@ -163,6 +173,7 @@ TensorShard block_of(const ModelConfig& c, const ParamSpec& s, const GridShape& 
       break;
     case R_::QNorm:  // over one head's width: every rank whole (its heads share the vector)
     case R_::KNorm:
+    case R_::ExpertBias:  // [E], whole on every rank (each updates it the same way)
       t.layout = ShardLayout::Replicated;
       t.rows = {0};
       t.col0 = 0;

@@ -57,7 +57,7 @@ int64_t least_int(const std::string& key) {
   static const std::map<std::string, int64_t> zero_ok = {
       {"parallel.prefetch_depth", 0}, {"parallel.zero", 0},        {"train.seed", 0},
       {"train.warmup_steps", 0},      {"train.eval_interval", 0},  {"train.checkpoint_interval", 0},
-      {"model.n_experts", 0},  {"model.experts_per_token", 0},
+      {"model.n_experts", 0},  {"model.experts_per_token", 0}, {"model.shared_expert_ffn", 0},
       {"train.memory_limit_mib", 0},  {"train.threads", 0},        {"train.goldfish_k", 2},
       {"model.head_dim", 0}};
   const auto it = zero_ok.find(key);
@@ -92,6 +92,7 @@ const std::map<std::string, NumberRange>& number_ranges() {
       {"model.router_aux_loss_coef", {0, 1e3, false, false}},
       {"model.router_z_loss_coef", {0, 1e3, false, false}},
       {"model.moe_capacity_factor", {0, 1e3, false, false}},
+      {"model.expert_bias_rate", {0, 1e3, false, false}},
       {"parallel.dp_bucket_mb", {0, 1e6, false, false}},
       {"train.lr", {0, 100, true, false}},
       {"train.min_lr_ratio", {0, 1, false, false}},
@@ -212,7 +213,11 @@ std::vector<Field> model_data_run_fields() {
       BOOL_FIELD("model.norm_topk_prob", c.model.norm_topk_prob,
                  "mixture of experts: renormalise the k chosen experts' softmax weights to sum 1 (Mixtral: true)"),
       STRING_FIELD("model.moe_balance", c.model.moe_balance,
-                   "mixture of experts' load balancing: \"aux_loss\" (Switch / Mixtral auxiliary loss, weight router_aux_loss_coef) or \"none\""),
+                   "mixture of experts' load balancing: \"aux_loss\" (Switch / Mixtral auxiliary loss, weight router_aux_loss_coef), \"expert_bias\" (DeepSeek-V3's aux-loss-free bias on the top-k selection, step expert_bias_rate), \"both\" or \"none\""),
+      FLOAT_FIELD("model.expert_bias_rate", c.model.expert_bias_rate,
+                  "mixture of experts with the expert bias: after each optimizer step bias_e += rate x sign(mean load - load_e) (DeepSeek-V3's gamma)"),
+      INT_FIELD("model.shared_expert_ffn", c.model.shared_expert_ffn,
+                "mixture of experts: width of the shared expert every token goes through (Qwen2-MoE's form: SwiGLU, output scaled by sigmoid(x . w_gate)); 0: none"),
       FLOAT_FIELD("model.router_aux_loss_coef", c.model.router_aux_loss_coef,
                   "mixture of experts: weight of the auxiliary load-balancing loss (mean over layers, per token like the loss)"),
       FLOAT_FIELD("model.router_z_loss_coef", c.model.router_z_loss_coef,

@@ -31,6 +31,7 @@ nlohmann::json step_record(const StepMetrics& m) {
     line["expert_load_min"] = m.expert_load_min;
     line["expert_load_max"] = m.expert_load_max;
     line["expert_dropped"] = m.expert_dropped;
+    line["expert_load_imbalance"] = m.expert_load_imbalance;
   }
   return line;
 }

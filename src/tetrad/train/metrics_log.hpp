@@ -59,6 +59,9 @@ struct StepMetrics {
   bool moe = false;
   double moe_aux_loss = 0, moe_z_loss = 0;
   int64_t expert_load_min = 0, expert_load_max = 0, expert_dropped = 0;
+  // The step's most loaded expert over the mean load (1: balanced), the worst layer of this
+  // rank's stage, over the global batch (what the expert bias evens out).
+  double expert_load_imbalance = 0;
 };
 
 nlohmann::json start_record(int64_t step, bool resumed, int64_t max_steps);

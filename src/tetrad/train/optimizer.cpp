@@ -28,6 +28,7 @@ std::vector<DecayRange> decay_ranges(const ParamTable& table, const TrainConfig&
   for (size_t i = 0; i < table.specs.size(); ++i) {
     if (sizes[i] == 0) continue;
     const ParamSpec& s = table.specs[i];
+    if (s.kind == ParamKind::Buffer) continue;  // not trained: AdamW leaves it as it is
     bool decay = true;
     if (s.kind == ParamKind::Embedding) decay = t.decay_embeddings;
     if (s.kind == ParamKind::Norm) decay = t.decay_norms;

@@ -156,6 +156,7 @@ void add_moe_metrics(StepMetrics& m, const parallel::MoeStats& s, bool moe) {
   m.expert_load_min = std::max<int64_t>(s.min_rows, 0);
   m.expert_load_max = std::max<int64_t>(s.max_rows, 0);
   m.expert_dropped = s.dropped;
+  m.expert_load_imbalance = s.load_imbalance();
 }
 
 void ProgressReporter::start(int64_t start_step) {
@@ -205,7 +206,8 @@ void ProgressReporter::print_step(const StepMetrics& m, bool masking) const {
   if (m.moe)
     out_ << "           experts: aux loss " << std::fixed << std::setprecision(4) << m.moe_aux_loss
          << " | z-loss " << m.moe_z_loss << " | load " << m.expert_load_min << ".."
-         << m.expert_load_max << " tokens per expert | dropped " << m.expert_dropped
+         << m.expert_load_max << " tokens per expert | busiest " << std::setprecision(2)
+         << m.expert_load_imbalance << "x the mean | dropped " << m.expert_dropped
          << std::defaultfloat << std::endl;
   const StepBreakdown& bd = m.time;
   auto pct = [&](double s) { return std::to_string(int(100 * s / bd.step + 0.5)) + "%"; };

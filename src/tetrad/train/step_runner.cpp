@@ -87,6 +87,14 @@ StepResult StepRunner::run(const int32_t* inputs, const int32_t* targets, double
     moe.z = sums[2];
     moe.dropped = int64_t(sums[3]);
     moe.routed = int64_t(sums[4]);
+    // moe.load (the expert bias's load and the imbalance metric): each layer's counts are the
+    // whole micro-batch's already and only its stage holds them (zeros elsewhere): summed over P
+    // so the metric covers every layer (the bias update reads the rank's own layers alone).
+    if (!moe.load.empty()) {
+      std::vector<double> load(moe.load.begin(), moe.load.end());
+      host_comm([&] { g_.p().allreduce_sum(load.data(), load.size()); });
+      for (size_t i = 0; i < load.size(); ++i) moe.load[i] = int64_t(load[i]);
+    }
   }
   // The loss of the global batch: its sequences are split over Z x D, and on a pipeline only the
   // last stage computes it.
@@ -111,6 +119,10 @@ StepResult StepRunner::run(const int32_t* inputs, const int32_t* targets, double
     ScopedPhase sp(prof, Phase::Optimizer, "adamw");
     adam_.update(params, params16, grads, lr, clip, step + 1, lo, hi);
   });
+  if (model_.config().moe_expert_bias()) {
+    ScopedPhase sp(prof, Phase::Optimizer, "expert bias");
+    model_.update_expert_bias(moe.load);
+  }
   return r;
 }
 
