@@ -116,6 +116,62 @@ constexpr TensorEntry kMixtralLayer[] = {
     {R::ExpertBias, "block_sparse_moe.gate.e_score_correction_bias", D::BiasExperts},
 };
 
+// Qwen2MoeForCausalLM (Qwen1.5-MoE, Qwen2-57B-A14B): Qwen2's attention (q, k, v biases); the MLP
+// a mixture of experts under `mlp.` (router mlp.gate, experts mlp.experts.N.{gate,up,down}_proj)
+// with the shared expert and its sigmoid gate in every layer (model.shared_expert_ffn). The
+// stacked experts' table names are transformers 5's fused tensors' (kQwenExperts).
+constexpr TensorEntry kQwen2MoeLayer[] = {
+    {R::AttnNorm, "input_layernorm.weight", D::Hidden},
+    {R::Q, "self_attn.q_proj.weight", D::QHeads, D::Hidden},
+    {R::K, "self_attn.k_proj.weight", D::KvHeads, D::Hidden},
+    {R::V, "self_attn.v_proj.weight", D::KvHeads, D::Hidden},
+    {R::QBias, "self_attn.q_proj.bias", D::QHeads},
+    {R::KBias, "self_attn.k_proj.bias", D::KvHeads},
+    {R::VBias, "self_attn.v_proj.bias", D::KvHeads},
+    {R::AttnOut, "self_attn.o_proj.weight", D::Hidden, D::QHeads},
+    {R::MlpNorm, "post_attention_layernorm.weight", D::Hidden},
+    {R::Router, "mlp.gate.weight", D::Experts, D::Hidden},
+    {R::ExpertGateUp, "mlp.experts.gate_up_proj", D::ExpertsGateUp, D::Hidden},
+    {R::ExpertDown, "mlp.experts.down_proj", D::ExpertsHidden, D::Ffn},
+    {R::SharedGate, "mlp.shared_expert.gate_proj.weight", D::SharedFfn, D::Hidden},
+    {R::SharedUp, "mlp.shared_expert.up_proj.weight", D::SharedFfn, D::Hidden},
+    {R::SharedDown, "mlp.shared_expert.down_proj.weight", D::Hidden, D::SharedFfn},
+    {R::SharedExpertGate, "mlp.shared_expert_gate.weight", D::SharedGateRows, D::Hidden},
+    {R::ExpertBias, "mlp.gate.e_score_correction_bias", D::BiasExperts},  // tetrad's own
+};
+
+// Qwen3MoeForCausalLM: Qwen3's attention (q/k RMSNorm, heads head_dim wide); the MLP a mixture of
+// experts named as Qwen2-MoE's, without a shared expert (one is tetrad's own here: export
+// refuses it, as the expert bias).
+constexpr TensorEntry kQwen3MoeLayer[] = {
+    {R::AttnNorm, "input_layernorm.weight", D::Hidden},
+    {R::Q, "self_attn.q_proj.weight", D::QHeads, D::Hidden},
+    {R::K, "self_attn.k_proj.weight", D::KvHeads, D::Hidden},
+    {R::V, "self_attn.v_proj.weight", D::KvHeads, D::Hidden},
+    {R::QNorm, "self_attn.q_norm.weight", D::HeadDim},
+    {R::KNorm, "self_attn.k_norm.weight", D::HeadDim},
+    {R::AttnOut, "self_attn.o_proj.weight", D::Hidden, D::QHeads},
+    {R::MlpNorm, "post_attention_layernorm.weight", D::Hidden},
+    {R::Router, "mlp.gate.weight", D::Experts, D::Hidden},
+    {R::ExpertGateUp, "mlp.experts.gate_up_proj", D::ExpertsGateUp, D::Hidden},
+    {R::ExpertDown, "mlp.experts.down_proj", D::ExpertsHidden, D::Ffn},
+    {R::SharedGate, "mlp.shared_expert.gate_proj.weight", D::SharedFfn, D::Hidden},
+    {R::SharedUp, "mlp.shared_expert.up_proj.weight", D::SharedFfn, D::Hidden},
+    {R::SharedDown, "mlp.shared_expert.down_proj.weight", D::Hidden, D::SharedFfn},
+    {R::SharedExpertGate, "mlp.shared_expert_gate.weight", D::SharedGateRows, D::Hidden},
+    {R::ExpertBias, "mlp.gate.e_score_correction_bias", D::BiasExperts},
+};
+
+constexpr HfExpertNames kQwenExperts = {
+    .experts = "mlp.experts.",
+    .gate = "gate_proj.weight",
+    .up = "up_proj.weight",
+    .down = "down_proj.weight",
+    .fused_router = "mlp.gate.weight",
+    .fused_gate_up = "mlp.experts.gate_up_proj",
+    .fused_down = "mlp.experts.down_proj",
+};
+
 constexpr HfExpertNames kMixtralExperts = {
     .experts = "block_sparse_moe.experts.",
     .gate = "w1.weight",
@@ -239,6 +295,55 @@ const FamilyDesc kFamilies[] = {
      .hf_ignored_buffers = kLlamaBuffers,
      .moe = true,
      .hf_experts = &kMixtralExperts},
+    {.id = Family::Qwen2Moe,
+     .name = "qwen2_moe",
+     .display = "Qwen2-MoE",
+     .norm = NormKind::RMSNorm,
+     .mlp = MlpKind::SwiGLU,
+     .positions = Positions::Rope,
+     .linear_biases = false,
+     .qkv_bias = true,
+     .grouped_query_attention = true,
+     .qk_norm = false,
+     .independent_head_dim = false,
+     .tied = TiedEmbeddings::Optional,
+     .scaled_residual_init = false,
+     .top = kLlamaTop,
+     .layer = kQwen2MoeLayer,
+     .bottom = kLlamaBottom,
+     .layer_prefix = "model.layers.",
+     .hf_model_type = "qwen2_moe",
+     .hf_architecture = "Qwen2MoeForCausalLM",
+     .hf_optional_prefix = "",
+     .hf_tied_head = "lm_head.weight",
+     .hf_ignored_buffers = kLlamaBuffers,
+     .moe = true,
+     .hf_experts = &kQwenExperts,
+     .hf_shared_expert = true},
+    {.id = Family::Qwen3Moe,
+     .name = "qwen3_moe",
+     .display = "Qwen3-MoE",
+     .norm = NormKind::RMSNorm,
+     .mlp = MlpKind::SwiGLU,
+     .positions = Positions::Rope,
+     .linear_biases = false,
+     .qkv_bias = false,
+     .grouped_query_attention = true,
+     .qk_norm = true,
+     .independent_head_dim = true,
+     .tied = TiedEmbeddings::Optional,
+     .scaled_residual_init = false,
+     .top = kLlamaTop,
+     .layer = kQwen3MoeLayer,
+     .bottom = kLlamaBottom,
+     .layer_prefix = "model.layers.",
+     .hf_model_type = "qwen3_moe",
+     .hf_architecture = "Qwen3MoeForCausalLM",
+     .hf_optional_prefix = "",
+     .hf_tied_head = "lm_head.weight",
+     .hf_ignored_buffers = kLlamaBuffers,
+     .moe = true,
+     .hf_experts = &kQwenExperts},
 };
 
 }  // namespace
