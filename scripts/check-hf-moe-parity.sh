@@ -32,22 +32,12 @@ if [ "${1:-}" = --ctest ]; then
 else
   VENV=${1:-/tmp/tetrad-hf5}
 fi
-have_tf5() {
-  [ -x "$VENV/bin/python" ] &&
-    "$VENV/bin/python" -c "import torch, transformers, sys; sys.exit(0 if transformers.__version__.startswith('5.') else 1)" 2>/dev/null
-}
-if ! have_tf5; then
-  if [ $CTEST = 1 ]; then
-    echo "SKIPPED: no transformers 5.x with torch in $VENV (set TETRAD_HF_VENV, or make it with scripts/check-hf-moe-parity.sh, which installs them from PyPI)"
-    exit 0
-  fi
-  echo "== making $VENV (transformers 5.x, torch and safetensors from PyPI)"
-  python3 -m venv "$VENV"
-  "$VENV/bin/pip" install -q 'transformers>=5,<6' torch safetensors
+source scripts/hf5_venv.sh
+if [ $CTEST = 1 ] && ! has_hf5 "$VENV"; then
+  echo "SKIPPED: no transformers 5.x with torch in $VENV (set TETRAD_HF_VENV, or make it with scripts/check-hf-moe-parity.sh, which installs them from PyPI)"
+  exit 0
 fi
-PY="$VENV/bin/python"
-TFV=$("$PY" -c "import transformers; print(transformers.__version__)")
-TV=$("$PY" -c "import torch; print(torch.__version__)")
+make_hf5 "$VENV"
 W=$(mktemp -d)
 trap 'rm -rf "$W"' EXIT
 fails=0

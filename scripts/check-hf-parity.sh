@@ -53,14 +53,8 @@ fi
 
 MODE=$1
 VENV=${2:-/tmp/tetrad-hf5}
-if [ ! -x "$VENV/bin/python" ] || ! "$VENV/bin/python" -c "import torch, transformers" 2>/dev/null; then
-  echo "== making $VENV (transformers 5.x, torch and safetensors from PyPI)"
-  python3 -m venv "$VENV"
-  "$VENV/bin/pip" install -q 'transformers>=5,<6' torch safetensors
-fi
-PY="$VENV/bin/python"
-TFV=$("$PY" -c "import transformers; print(transformers.__version__)")
-TV=$("$PY" -c "import torch; print(torch.__version__)")
+source scripts/hf5_venv.sh
+make_hf5 "$VENV"
 case "$TFV" in 5.*) ;; *) echo "expected transformers 5.x in $VENV, found $TFV"; exit 2 ;; esac
 if ! "$PY" -c "import sentencepiece, google.protobuf" 2>/dev/null; then
   echo "== installing sentencepiece and protobuf into $VENV (AutoTokenizer needs them for tokenizer.model)"

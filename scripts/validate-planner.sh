@@ -19,7 +19,7 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 OUT=${1:-build/planner-validation}
 mkdir -p "$OUT"
-[ -x build/tetrad ] || bash scripts/build.sh
+[ -x build/tetrad ] || bash scripts/build.sh tetrad
 # A private copy of the binary: a rebuild during the (long) sweep does not change what runs.
 TETRAD="$OUT/tetrad"
 cp build/tetrad "$TETRAD"

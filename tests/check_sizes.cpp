@@ -117,7 +117,7 @@ std::string blank_non_code(const std::string& s) {
                 s[i - 1] == '8' || s[i - 1] == 'u' || s[i - 1] == 'U' || s[i - 1] == 'L')) {
       const size_t open = s.find('(', i + 2);
       if (open == std::string::npos) break;
-      const std::string end = ")" + s.substr(i + 2, open - i - 2) + "\"";
+      const std::string end = std::string(")").append(s, i + 2, open - i - 2).append("\"");
       size_t j = s.find(end, open);
       j = j == std::string::npos ? n : j + end.size();
       blank(i, j);

@@ -8,6 +8,13 @@ are removed and the checksums that cover them written again.
                                           record, kept since the data fingerprint)
   old_checkpoint.py meta DIR KEY...       meta.json (the sharded format): removes data.KEY...
                                           from its "data" record (e.g. seed fingerprint)
+  old_checkpoint.py poison DIR VALUE N    not an old format but a damaged state no reader's
+                                          checksum catches (the sharded format): the first N
+                                          weights of shard_00000.bin (its first piece, of the
+                                          parameters) set to VALUE (inf, nan), its chunk
+                                          checksum and meta.json's written again: a checkpoint
+                                          of weights that are not finite, which import refuses
+                                          to make (tests/command_safety.sh final_state)
 
 Formats: src/tetrad/checkpoint/trainer_state.hpp (magic, version, JSON length, JSON, arrays,
 XXH64 of every byte before it) and sharded.hpp (meta.json self-checksummed: XXH64 of its compact
@@ -109,9 +116,38 @@ def old_meta(path, keys):
     json.dump(meta, open(path, "w"), indent=1)
 
 
-if len(sys.argv) < 4 or sys.argv[1] not in ("state", "meta"):
-    fail("usage: old_checkpoint.py state|meta CHECKPOINT_DIR KEY...")
-if sys.argv[1] == "state":
+SHARD_HEADER_BYTES = 64  # sharded.hpp's kShardHeaderBytes
+
+
+def poison(ckpt, value, n):
+    meta_path = ckpt + "/meta.json"
+    meta = json.load(open(meta_path))
+    if meta_sum(meta) != meta["checksum"]:
+        fail(meta_path + ": the checksum computed here differs from the recorded one before the change")
+    f = next(f for f in meta["files"] if f["name"] == "shard_00000.bin")
+    piece = f["pieces"][0]
+    if meta["arrays"][piece["array"]] != "params" or piece["numel"] < n:
+        fail(meta_path + ": the first piece of shard_00000.bin is not %d or more parameters" % n)
+    path = ckpt + "/shard_00000.bin"
+    b = bytearray(open(path, "rb").read())
+    chunk = meta["chunk_bytes"]
+    at = SHARD_HEADER_BYTES + piece["offset"]
+    if piece["offset"] + 4 * n > chunk:
+        fail("the poisoned values would span two chunks")
+    b[at:at + 4 * n] = struct.pack("<f", value) * n
+    c = piece["offset"] // chunk
+    lo, hi = SHARD_HEADER_BYTES + c * chunk, min(SHARD_HEADER_BYTES + f["data_bytes"], SHARD_HEADER_BYTES + (c + 1) * chunk)
+    f["chunk_xxh64"][c] = "%016x" % xxh64(bytes(b[lo:hi]))
+    open(path, "wb").write(b)
+    meta["checksum"] = meta_sum(meta)
+    json.dump(meta, open(meta_path, "w"), indent=1)
+
+
+if len(sys.argv) < 4 or sys.argv[1] not in ("state", "meta", "poison"):
+    fail("usage: old_checkpoint.py state|meta CHECKPOINT_DIR KEY... | poison CHECKPOINT_DIR VALUE N")
+if sys.argv[1] == "poison":
+    poison(sys.argv[2], float(sys.argv[3]), int(sys.argv[4]))
+elif sys.argv[1] == "state":
     old_state(sys.argv[2] + "/trainer_state.bin", sys.argv[3:])
 else:
     old_meta(sys.argv[2] + "/meta.json", sys.argv[3:])

@@ -1275,13 +1275,23 @@ TEST_P(Conformance, GeluAndSwigluForwardBackward) {
 // ---- mixture of experts: grouped GEMM, tokens to experts and back --------------------------------
 
 // Groups of every size, zero included (an expert that received no tokens: M = 0; its weight
-// gradient: K = 0, which scales C by beta), in every layout, fp32 and bf16: each group against the
-// double product and bit for bit against one gemm call of its shape (the contract).
+// gradient: K = 0, which scales C by beta), in every layout, fp32 and bf16 (fp32-stored operands
+// rounded, and bf16-stored A, B or both where the backend reads them: the experts' bf16 weight
+// copy and SwiGLU output): each group against the double product and bit for bit against one
+// gemm call of its shape (the contract).
 TEST_P(Conformance, GroupedGemmGroupsOfAnySizeEveryLayout) {
   const Capabilities& caps = be_->capabilities();
+  auto to16 = [](const VF& x) {
+    std::vector<uint16_t> h(x.size());
+    for (size_t i = 0; i < x.size(); ++i) { uint32_t u; std::memcpy(&u, &x[i], 4); h[i] = uint16_t(u >> 16); }
+    return h;
+  };
   for (int layout = 0; layout < 4; ++layout)
-    for (Precision prec : {Precision::FP32, Precision::BF16}) {
+    for (int form = 0; form < 5; ++form) {  // 0 fp32; 1 bf16 on fp32; 2-4: A, B, both bf16-stored
+      const Precision prec = form == 0 ? Precision::FP32 : Precision::BF16;
+      const bool a16 = form == 2 || form == 4, b16 = form == 3 || form == 4;
       if (prec == Precision::BF16 && !caps.gemm_bf16) continue;
+      if ((a16 || b16) && !caps.gemm_bf16_storage) continue;
       for (float beta : {0.0f, 1.0f}) {
         const bool ta = layout & 1, tb = layout & 2;
         const int64_t G = randint(1, 6);
@@ -1305,7 +1315,11 @@ TEST_P(Conformance, GroupedGemmGroupsOfAnySizeEveryLayout) {
           B[g] = rand(size_t(std::max<int64_t>(br, 1) * ldb));
           C0[g] = rand(size_t(std::max<int64_t>(M[g], 1) * ldc));
           if (beta == 0) std::fill(C0[g].begin(), C0[g].end(), kNaN);
-          dA.push_back(up(A[g])); dB.push_back(up(B[g])); dC.push_back(up(C0[g]));
+          if (a16) for (float& x : A[g]) x = ref_bf16(x);  // the stored values
+          if (b16) for (float& x : B[g]) x = ref_bf16(x);
+          dA.push_back(a16 ? up(to16(A[g])) : up(A[g]));
+          dB.push_back(b16 ? up(to16(B[g])) : up(B[g]));
+          dC.push_back(up(C0[g]));
           dC1.push_back(up(C0[g]));
           pA[g] = dA[g].data(); pB[g] = dB[g].data(); pC[g] = F(dC[g]);
         }
@@ -1313,12 +1327,15 @@ TEST_P(Conformance, GroupedGemmGroupsOfAnySizeEveryLayout) {
         a.trans_a = ta; a.trans_b = tb; a.groups = G; a.M = M.data(); a.N = N.data(); a.K = K.data();
         a.alpha = alpha; a.beta = beta; a.A = pA.data(); a.lda = lda; a.B = pB.data(); a.ldb = ldb;
         a.C = pC.data(); a.ldc = ldc; a.precision = prec;
+        a.a_type = a16 ? DType::BF16 : DType::F32;
+        a.b_type = b16 ? DType::BF16 : DType::F32;
         ops_->grouped_gemm(*q_, a);
         for (int64_t g = 0; g < G; ++g) {
           std::ostringstream what;
           what << "grouped_gemm " << (ta ? 'T' : 'N') << (tb ? 'T' : 'N') << " group " << g << " of "
                << G << " " << M[g] << "x" << N[g] << "x" << K[g] << " beta " << beta
-               << (prec == Precision::BF16 ? " bf16" : " fp32") << ", " << seed();
+               << (prec == Precision::BF16 ? " bf16" : " fp32") << (a16 ? " A bf16-stored" : "")
+               << (b16 ? " B bf16-stored" : "") << ", " << seed();
           const VF got = rows_of(down(dC[g], C0[g].size()), M[g], N[g], ldc);
           VD Ad = widen(A[g]), Bd = widen(B[g]);
           if (prec == Precision::BF16) {
@@ -1332,6 +1349,7 @@ TEST_P(Conformance, GroupedGemmGroupsOfAnySizeEveryLayout) {
           one.trans_a = ta; one.trans_b = tb; one.M = M[g]; one.N = N[g]; one.K = K[g];
           one.alpha = alpha; one.A = dA[g].data(); one.lda = lda; one.B = dB[g].data(); one.ldb = ldb;
           one.beta = beta; one.C = F(dC1[g]); one.ldc = ldc; one.precision = prec;
+          one.a_type = a.a_type; one.b_type = a.b_type;
           ops_->gemm(*q_, one);
           const VF single = rows_of(down(dC1[g], C0[g].size()), M[g], N[g], ldc);
           EXPECT_EQ(0, std::memcmp(got.data(), single.data(), got.size() * sizeof(float)))

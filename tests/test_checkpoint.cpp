@@ -17,6 +17,7 @@
 #include <sstream>
 
 #include "expect_error.hpp"
+#include "support/random_model.hpp"
 #include "support/test_files.hpp"
 #include "tetrad/checkpoint/hf.hpp"
 #include "tetrad/checkpoint/run_checkpoint.hpp"
@@ -82,9 +83,7 @@ void write_raw_safetensors(const std::string& path, const std::string& header, s
 
 using tetrad_test::expect_error;
 
-bool same_bits(const std::vector<float>& a, const std::vector<float>& b) {
-  return a.size() == b.size() && std::memcmp(a.data(), b.data(), a.size() * 4) == 0;
-}
+using tetrad_test::same_bits;
 
 }  // namespace
 
@@ -268,17 +267,8 @@ TEST(Safetensors, OtherDtypesListedButNotReadAsFloat) {
 
 namespace {
 
-struct Model {
-  ModelConfig cfg;
-  ParamTable table;
-  std::vector<float> params;
-};
-
-Model random_model(const ModelConfig& cfg, uint32_t seed) {
-  Model m{cfg, build_param_table(cfg), {}};
-  m.params = random_floats(size_t(m.table.total), seed);
-  return m;
-}
+using Model = tetrad_test::RandomModel;
+using tetrad_test::random_model;
 
 void expect_same_config(const ModelConfig& a, const ModelConfig& b) {
   EXPECT_EQ(a.family, b.family);
@@ -372,32 +362,48 @@ TEST(HfFolder, LlamaRoundTripIsBitIdentical) {
   EXPECT_TRUE(same_bits(back, m.params));
 }
 
+namespace {
+
+// A random model of `cfg` saved as a Hugging Face folder at `dir`: its config.json names the
+// family (`model_type`, Hugging Face's `architecture`), says whether the embeddings are tied and
+// that no layer has a sliding window, and reads back as `cfg`; lm_head is there only when untied;
+// `tensor` has `shape` and its values; the weights load back bit for bit. Returns config.json.
+json expect_hf_round_trip(const std::string& dir, const ModelConfig& cfg, uint32_t seed,
+                          const std::string& model_type, const std::string& architecture,
+                          const std::string& tensor, const std::vector<int64_t>& shape) {
+  Model m = random_model(cfg, seed);
+  save_hf(dir, m.cfg, m.table, m.params.data());
+  const json cj = read_json(dir + "/config.json");
+  EXPECT_EQ(cj["model_type"], model_type);
+  EXPECT_EQ(cj["architectures"][0], architecture);
+  EXPECT_EQ(cj["tie_word_embeddings"], cfg.tie_embeddings);
+  EXPECT_EQ(cj["use_sliding_window"], false);
+  expect_same_config(read_hf_config(dir), m.cfg);
+
+  SafetensorsReader r(dir + "/model.safetensors");
+  EXPECT_EQ(r.find("lm_head.weight") != nullptr, !cfg.tie_embeddings);
+  const ParamSpec& t = m.table.find(tensor);
+  EXPECT_EQ(r.at(t.name).shape, shape);
+  EXPECT_EQ(r.read_float(t.name)[5], m.params[t.offset + 5]);
+
+  std::vector<float> back(m.params.size(), -1.0f);
+  load_hf_params(dir, m.cfg, m.table, back.data());
+  EXPECT_TRUE(same_bits(back, m.params));
+  return cj;
+}
+
+}  // namespace
+
 // Qwen2: its q, k, v biases under Hugging Face's names and shapes, tied (the default) and untied,
 // rope theta kept; bit-identical both ways. A folder that lacks a bias names it.
 TEST(HfFolder, Qwen2RoundTripIsBitIdentical) {
   for (bool tied : {true, false}) {
-    const std::string dir = test_dir() + "/qwen2";
     ModelConfig cfg = named_model("qwen2-tiny");
     cfg.tie_embeddings = tied;
-    Model m = random_model(cfg, 12);
-    save_hf(dir, m.cfg, m.table, m.params.data());
-    const json cj = read_json(dir + "/config.json");
-    EXPECT_EQ(cj["model_type"], "qwen2");
-    EXPECT_EQ(cj["architectures"][0], "Qwen2ForCausalLM");
-    EXPECT_EQ(cj["tie_word_embeddings"], tied);
+    const json cj = expect_hf_round_trip(test_dir() + "/qwen2", cfg, 12, "qwen2", "Qwen2ForCausalLM",
+                                         "model.layers.1.self_attn.k_proj.bias",
+                                         {cfg.n_kv_head * cfg.head_dim()});
     EXPECT_EQ(cj["rope_theta"].get<double>(), 1000000.0);
-    EXPECT_EQ(cj["use_sliding_window"], false);
-    expect_same_config(read_hf_config(dir), m.cfg);
-
-    SafetensorsReader r(dir + "/model.safetensors");
-    EXPECT_EQ(r.find("lm_head.weight") != nullptr, !tied);
-    const ParamSpec& kb = m.table.find("model.layers.1.self_attn.k_proj.bias");
-    EXPECT_EQ(r.at(kb.name).shape, (std::vector<int64_t>{cfg.n_kv_head * cfg.head_dim()}));
-    EXPECT_EQ(r.read_float(kb.name)[5], m.params[kb.offset + 5]);
-
-    std::vector<float> back(m.params.size(), -1.0f);
-    load_hf_params(dir, m.cfg, m.table, back.data());
-    EXPECT_TRUE(same_bits(back, m.params));
   }
   // A Llama folder of the same sizes has no biases: loading it as Qwen2 names what is missing.
   const std::string dir = test_dir() + "/qwen2_as_llama";
@@ -430,27 +436,11 @@ TEST(HfFolder, Qwen3RoundTripIsBitIdentical) {
     const std::string dir = test_dir() + "/qwen3";
     ModelConfig cfg = named_model("qwen3-tiny");
     cfg.tie_embeddings = tied;
-    Model m = random_model(cfg, 14);
-    save_hf(dir, m.cfg, m.table, m.params.data());
-    const json cj = read_json(dir + "/config.json");
-    EXPECT_EQ(cj["model_type"], "qwen3");
-    EXPECT_EQ(cj["architectures"][0], "Qwen3ForCausalLM");
+    const json cj = expect_hf_round_trip(dir, cfg, 14, "qwen3", "Qwen3ForCausalLM",
+                                         "model.layers.1.self_attn.k_norm.weight", {24});
     EXPECT_EQ(cj["head_dim"], 24);
     EXPECT_EQ(cj["attention_bias"], false);
-    EXPECT_EQ(cj["tie_word_embeddings"], tied);
-    EXPECT_EQ(cj["use_sliding_window"], false);
-    expect_same_config(read_hf_config(dir), m.cfg);
     EXPECT_EQ(read_hf_config(dir).head_dim(), 24);
-
-    SafetensorsReader r(dir + "/model.safetensors");
-    EXPECT_EQ(r.find("lm_head.weight") != nullptr, !tied);
-    const ParamSpec& kn = m.table.find("model.layers.1.self_attn.k_norm.weight");
-    EXPECT_EQ(r.at(kn.name).shape, (std::vector<int64_t>{24}));
-    EXPECT_EQ(r.read_float(kn.name)[5], m.params[kn.offset + 5]);
-
-    std::vector<float> back(m.params.size(), -1.0f);
-    load_hf_params(dir, m.cfg, m.table, back.data());
-    EXPECT_TRUE(same_bits(back, m.params));
 
     json j = cj;
     j.erase("head_dim");

@@ -39,6 +39,20 @@ std::vector<std::string> layer_names(const ParamTable& t, int layer) {
   return names;
 }
 
+// A Llama-like layer's tensors in table order under Hugging Face's names: the attention's q, k
+// and v weights, then `after_qkv` (self_attn.<name>: a family's q/k/v biases or q/k norms), then
+// o_proj and the SwiGLU MLP.
+std::vector<std::string> llama_layer_names(int layer, const std::vector<std::string>& after_qkv) {
+  const std::string p = "model.layers." + std::to_string(layer) + ".";
+  std::vector<std::string> names = {p + "input_layernorm.weight", p + "self_attn.q_proj.weight",
+                                    p + "self_attn.k_proj.weight", p + "self_attn.v_proj.weight"};
+  for (const std::string& n : after_qkv) names.push_back(p + "self_attn." + n);
+  for (const char* n : {"self_attn.o_proj.weight", "post_attention_layernorm.weight",
+                        "mlp.gate_proj.weight", "mlp.up_proj.weight", "mlp.down_proj.weight"})
+    names.push_back(p + n);
+  return names;
+}
+
 }  // namespace
 
 TEST(ModelFamily, RegistryNamesRoundTrip) {
@@ -91,14 +105,7 @@ TEST(ModelFamily, LlamaTableOrderNamesAndRoles) {
   ModelConfig c = named_model("llama-tiny");
   const ParamTable t = build_param_table(c);
   EXPECT_EQ(t.specs[0].name, "model.embed_tokens.weight");
-  EXPECT_EQ(layer_names(t, 0),
-            (std::vector<std::string>{
-                "model.layers.0.input_layernorm.weight", "model.layers.0.self_attn.q_proj.weight",
-                "model.layers.0.self_attn.k_proj.weight", "model.layers.0.self_attn.v_proj.weight",
-                "model.layers.0.self_attn.o_proj.weight",
-                "model.layers.0.post_attention_layernorm.weight",
-                "model.layers.0.mlp.gate_proj.weight", "model.layers.0.mlp.up_proj.weight",
-                "model.layers.0.mlp.down_proj.weight"}));
+  EXPECT_EQ(layer_names(t, 0), llama_layer_names(0, {}));
   const int64_t hd = c.head_dim();
   EXPECT_EQ(t.find("model.layers.0.self_attn.k_proj.weight").shape,
             (std::vector<int64_t>{c.n_kv_head * hd, c.n_embd}));
@@ -163,15 +170,7 @@ TEST(ModelFamily, Qwen3TableHasTheQkNormsAndItsOwnHeadWidth) {
   EXPECT_EQ(c.head_dim(), 24);
   EXPECT_NE(c.head_dim(), c.n_embd / c.n_head);
   const ParamTable t = build_param_table(c);
-  EXPECT_EQ(layer_names(t, 1),
-            (std::vector<std::string>{
-                "model.layers.1.input_layernorm.weight", "model.layers.1.self_attn.q_proj.weight",
-                "model.layers.1.self_attn.k_proj.weight", "model.layers.1.self_attn.v_proj.weight",
-                "model.layers.1.self_attn.q_norm.weight", "model.layers.1.self_attn.k_norm.weight",
-                "model.layers.1.self_attn.o_proj.weight",
-                "model.layers.1.post_attention_layernorm.weight",
-                "model.layers.1.mlp.gate_proj.weight", "model.layers.1.mlp.up_proj.weight",
-                "model.layers.1.mlp.down_proj.weight"}));
+  EXPECT_EQ(layer_names(t, 1), llama_layer_names(1, {"q_norm.weight", "k_norm.weight"}));
   for (const char* n : {"q_norm", "k_norm"}) {
     const ParamSpec& s = t.find(std::string("model.layers.0.self_attn.") + n + ".weight");
     EXPECT_EQ(s.shape, (std::vector<int64_t>{24}));
@@ -190,14 +189,7 @@ TEST(ModelFamily, Qwen2TableHasTheQkvBiasesAfterTheWeights) {
   EXPECT_EQ(c.family, Family::Qwen2);
   const ParamTable t = build_param_table(c);
   EXPECT_EQ(layer_names(t, 1),
-            (std::vector<std::string>{
-                "model.layers.1.input_layernorm.weight", "model.layers.1.self_attn.q_proj.weight",
-                "model.layers.1.self_attn.k_proj.weight", "model.layers.1.self_attn.v_proj.weight",
-                "model.layers.1.self_attn.q_proj.bias", "model.layers.1.self_attn.k_proj.bias",
-                "model.layers.1.self_attn.v_proj.bias", "model.layers.1.self_attn.o_proj.weight",
-                "model.layers.1.post_attention_layernorm.weight",
-                "model.layers.1.mlp.gate_proj.weight", "model.layers.1.mlp.up_proj.weight",
-                "model.layers.1.mlp.down_proj.weight"}));
+            llama_layer_names(1, {"q_proj.bias", "k_proj.bias", "v_proj.bias"}));
   const int64_t hd = c.head_dim();
   const ParamSpec& qb = t.find("model.layers.0.self_attn.q_proj.bias");
   EXPECT_EQ(qb.role, TensorRole::QBias);

@@ -12,6 +12,7 @@
 #include <sstream>
 
 #include "expect_error.hpp"
+#include "support/random_model.hpp"
 #include "support/test_files.hpp"
 #include "tetrad/checkpoint/hf.hpp"
 #include "tetrad/checkpoint/hf_config.hpp"
@@ -29,21 +30,9 @@ namespace {
 
 std::string test_dir() { return tetrad_test::test_dir("test_hf_moe"); }
 
-struct Model {
-  ModelConfig cfg;
-  ParamTable table;
-  std::vector<float> params;
-};
-
-Model random_model(const ModelConfig& cfg, uint32_t seed) {
-  Model m{cfg, build_param_table(cfg), {}};
-  m.params = tetrad_test::random_floats(size_t(m.table.total), seed);
-  return m;
-}
-
-bool same_bits(const std::vector<float>& a, const std::vector<float>& b) {
-  return a.size() == b.size() && std::memcmp(a.data(), b.data(), a.size() * 4) == 0;
-}
+using Model = tetrad_test::RandomModel;
+using tetrad_test::random_model;
+using tetrad_test::same_bits;
 
 json read_json(const std::string& path) {
   std::ifstream f(path);

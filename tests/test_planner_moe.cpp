@@ -3,6 +3,8 @@
 // bytes and cost, and E in the grid search (chosen where memory needs it, not where it costs).
 #include <gtest/gtest.h>
 
+#include <nlohmann/json.hpp>
+
 #include <string>
 
 #include "support/test_machine.hpp"
@@ -190,6 +192,8 @@ TEST(PlannerMoe, AllToAllBytesCallsAndLinkModel) {
     EXPECT_EQ(found, 2);
     EXPECT_EQ(e.expert_parallel, 2);
     EXPECT_NE(why_text(in, m, e).find("all-to-all"), std::string::npos);
+    EXPECT_NE(why_text(in, m, e).find("train it with: tetrad train --grid d=2,e=2\n"), std::string::npos);
+    EXPECT_EQ(e.to_json()["trainer_grid"].get<std::string>(), "d=2,e=2");
   }
 }
 

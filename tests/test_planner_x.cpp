@@ -99,3 +99,18 @@ TEST(PlannerX, SharedSequencesGatherTheirRowsAndScatterTheQkvSumOnTwoRanks) {
   EXPECT_NE(find(q2, "fwd all-reduce of q|k|v output"), nullptr);
   EXPECT_EQ(find(q2, "fwd reduce-scatter of q|k|v output"), nullptr);
 }
+
+TEST(PlannerX, CrossEntropyRowsAreSharedOverX) {
+  // The trainer's cross-entropy runs on each X rank's 1/Gx of the rows and all-gathers their
+  // gradient (vocab_parallel.cpp): the loss's passes shrink with Gx and the gather is listed.
+  const Machine m = tetrad_test::test_machine(4);
+  const ModelConfig small = planner_model("small");
+  const Estimate x2 = estimate(input(small, "small", 2, 4), GridShape::xyzpd(2, 1, 1, 1, 1), m);
+  const Estimate y2 = estimate(input(small, "small", 2, 4), GridShape::xyzpd(1, 2, 1, 1, 1), m);
+  ASSERT_TRUE(x2.valid && y2.valid) << x2.reject << y2.reject;
+  const CollectiveCost* g = find(x2, "bwd all-gather of dlogits");
+  ASSERT_NE(g, nullptr);
+  EXPECT_EQ(g->op, Op::AllGather);
+  EXPECT_DOUBLE_EQ(g->bytes, 4.0 * 512 * small.vocab_size * 4);  // T x V fp32, V whole on X
+  EXPECT_EQ(find(y2, "bwd all-gather of dlogits"), nullptr);
+}

@@ -12,6 +12,7 @@
 #include "tetrad/checkpoint/hf.hpp"
 #include "tetrad/checkpoint/hf_config.hpp"
 #include "tetrad/checkpoint/output_path.hpp"
+#include "tetrad/core/signals.hpp"
 #include "tetrad/data/tokenizer.hpp"
 #include "tetrad/model/params.hpp"
 #include "tetrad/train/memory_check.hpp"
@@ -28,6 +29,7 @@ struct Options {
 };
 
 void run(Context& ctx, const Options& o) {
+  const AbandonOnSignal stop("export");  // SIGINT/SIGTERM: the unfinished output goes
   check_reader_output(o.out, o.overwrite, true, "export", "--out");
   // Replaced only if it was there when checked (empty, or --overwrite): an --out that appears
   // meanwhile (another export) is refused when publishing, never replaced.
@@ -50,17 +52,18 @@ void run(Context& ctx, const Options& o) {
     if (tok->bos_id() >= 0) extra["bos_token_id"] = tok->bos_id();
     if (tok->eos_id() >= 0) extra["eos_token_id"] = tok->eos_id();
   }
+  check_abandon(o.out);
   const std::string tmp = make_temp_sibling(o.out, "export");
   try {
     write_hf_files(tmp, mc, table, params.data(), extra);
     if (tok) data::write_hf_tokenizer_files(*tok, tmp, mc.max_seq);
     fsync_dir(tmp);
+    check_abandon();
     seal_temp_sibling(tmp);
     if (existed) replace_dir(tmp, o.out);  // checked: empty, or --overwrite
     else publish_new_dir(tmp, o.out);
   } catch (...) {
-    remove_marked_dir(tmp);
-    throw;
+    abandon_temp_sibling(tmp, o.out);
   }
   if (!tok) std::cerr << "tetrad: warning: " << dir << " has no tokenizer; the exported folder has none\n";
   std::cout << "exported " << dir << " -> " << o.out << "\n";

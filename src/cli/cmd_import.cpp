@@ -15,6 +15,7 @@
 #include "tetrad/checkpoint/run_lock.hpp"
 #include "tetrad/checkpoint/sharded_saver.hpp"
 #include "tetrad/core/error.hpp"
+#include "tetrad/core/signals.hpp"
 #include "tetrad/data/tokenizer.hpp"
 #include "tetrad/model/params.hpp"
 #include "tetrad/train/memory_check.hpp"
@@ -69,6 +70,7 @@ void claim_destination(const std::string& out, bool overwrite, std::unique_ptr<R
 }
 
 void run(const Options& o) {
+  const AbandonOnSignal stop("import");  // SIGINT/SIGTERM: the unfinished output goes
   std::string out = o.out;
   while (out.size() > 1 && out.back() == '/') out.pop_back();
   std::unique_ptr<RunLock> lock;
@@ -87,18 +89,19 @@ void run(const Options& o) {
   if (!tok.empty() && fs::is_directory(tok)) tok = data::find_tokenizer_file(tok);
   if (tok.empty()) tok = data::find_tokenizer_file(o.hf);
   if (!tok.empty()) info.tokenizer_identity = data::Tokenizer::load(tok).identity();
+  check_abandon(out);
   const std::string tmp = make_temp_sibling(out, "import");
   std::string dir;
   try {
     dir = save_sharded_checkpoint_serial(tmp, mc, table, params.data(), nullptr, nullptr, info,
                                          tok, 0);
     fsync_dir(tmp);
+    check_abandon();
     seal_temp_sibling(tmp);
     if (lock) replace_dir(tmp, out);  // the old run folder (with our lock file) goes
     else publish_new_dir(tmp, out);
   } catch (...) {
-    remove_marked_dir(tmp);
-    throw;
+    abandon_temp_sibling(tmp, out);
   }
   dir = (fs::path(out) / fs::path(dir).lexically_relative(tmp)).string();
   std::cout << "imported " << o.hf << " -> " << dir << "\n";

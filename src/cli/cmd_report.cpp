@@ -10,6 +10,7 @@
 #include "tetrad/checkpoint/atomic_file.hpp"
 #include "tetrad/checkpoint/output_path.hpp"
 #include "tetrad/core/error.hpp"
+#include "tetrad/core/signals.hpp"
 #include "tetrad/tools/report.hpp"
 
 namespace fs = std::filesystem;
@@ -24,6 +25,7 @@ struct Options {
 };
 
 void run(const Options& o) {
+  const AbandonOnSignal stop("report");  // SIGINT/SIGTERM: the unfinished output goes
   std::string name = fs::path(o.run_dir).lexically_normal().filename().string();
   if (name.empty() || name == ".")
     name = fs::absolute(o.run_dir).lexically_normal().parent_path().filename().string();
@@ -39,6 +41,7 @@ void run(const Options& o) {
   try {
     const std::string page = (fs::path(tmp) / "report.html").string();
     write_run_report(o.run_dir, page, trace);
+    check_abandon();
     if (existed) {
       if (::rename(page.c_str(), path.c_str()) != 0)
         fail("cannot rename '", page, "' to '", path, "': ", std::strerror(errno));
@@ -46,8 +49,7 @@ void run(const Options& o) {
       publish_new_dir(page, path);  // renameat2 RENAME_NOREPLACE: a file as well as a folder
     }
   } catch (...) {
-    remove_marked_dir(tmp);
-    throw;
+    abandon_temp_sibling(tmp, path);
   }
   fs::remove_all(tmp, ec);
   std::cout << "wrote " << path << "\n";

@@ -11,6 +11,7 @@
 
 #include "cli/command.hpp"
 #include "tetrad/comm/mpi_env.hpp"
+#include "tetrad/core/signals.hpp"
 
 namespace fs = std::filesystem;
 using namespace tetrad;
@@ -84,6 +85,12 @@ int main(int argc, char** argv) {
     ctx.resolved_run_checkpoint.clear();
     try {
       chosen->run(ctx);
+    } catch (const Interrupted& e) {
+      // Stopped by SIGINT/SIGTERM, its unfinished output removed (core/signals.hpp): status
+      // 128 + the signal, as a shell reports a command that signal ended.
+      if (mpi) return fatal(mpi.get(), e.what());
+      std::cerr << "tetrad: " << e.what() << std::endl;
+      return 128 + e.signal;
     } catch (const std::exception& e) {
       const std::string& dir = ctx.resolved_run_checkpoint;
       if (chosen->command->reads_a_model && attempt < 4 && !dir.empty() && !fs::exists(dir)) {

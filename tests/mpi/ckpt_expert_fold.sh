@@ -14,40 +14,17 @@ S=(--set model.name=mixtral-tiny --set data.dir="$W/data" --set train.seq_len=32
    --set train.max_steps=6 --set train.eval_interval=0 --set train.micro_batch=4
    --set train.precision=fp32 --set train.attention_precision=fp32 --set train.gemm_layouts=rule
    --set model.router_z_loss_coef=0.01)
-losses() { grep -o '"loss":[^,}]*' "$1/metrics.jsonl" | cut -d: -f2; }
-run() {  # run GRID ARGS...: the ranks are the product of the grid's extents, e=E not counted
-  local g=$1; shift
-  local n=$(( $(echo "$g" | sed -E 's/(^|,)e=[0-9]+//; s/^,//; s/[a-z]=//g' | tr ',' '*') ))
-  if [ "$n" -eq 1 ]; then "$TETRAD" train "${S[@]}" --grid "$g" "$@"
-  else "${MPIRUN[@]}" -n "$n" "$TETRAD" train "${S[@]}" --grid "$g" "$@"; fi
-}
-close() {  # close A B: every line within 1e-5 relative, same count
-  paste "$1" "$2" | awk -v n="$(wc -l < "$1")" '{ c++; d = ($1 - $2) / $1; if (d < 0) d = -d; if (d > 1e-5) bad = 1 } END { exit (bad || c != n) }'
-}
-run 1,1,1,1 --set run.dir="$W/ref" > "$W/log" 2>&1 || { cat "$W/log"; exit 1; }
-losses "$W/ref" > "$W/ref.txt"
-[ "$(wc -l < "$W/ref.txt")" -eq 6 ] || { echo "the reference run logged no 6 losses"; exit 1; }
-fails=0
-for pair in "d=2,e=2 1,1,1,1" "d=2,e=2 1,1,1,2" "d=2,e=2 d=4,e=4" "d=4,e=4 d=2,e=2" \
-            "1,1,1,2 d=2|--set|parallel.expert_parallel=2" "x=2,d=2,e=2 1,1,1,1"; do
-  read -r a b <<< "$pair"
-  IFS='|' read -r -a B <<< "$b"
-  R="$W/run_${a//[=,]/_}_${B[0]//[=,]/_}"
-  if ! run "$a" --set run.dir="$R" --set train.max_steps=3 > "$W/log" 2>&1 ||
-     ! run "${B[@]}" --set run.dir="$R" --resume > "$W/log2" 2>&1; then
-    echo "FAIL $a -> $b: a run failed"; cat "$W/log" "$W/log2"; fails=$((fails + 1)); continue
-  fi
-  losses "$R" > "$W/got.txt"
-  if grep -q "resumed from .*step_000003 at step 3" "$W/log2" && close "$W/ref.txt" "$W/got.txt"; then
-    echo "ok   saved on $a, resumed on ${B[*]}: 6 losses match the one-rank run"
-  else
-    echo "FAIL saved on $a, resumed on ${B[*]}"; cat "$W/log2"; paste "$W/ref.txt" "$W/got.txt"
-    fails=$((fails + 1))
-  fi
-done
+source "$(dirname "${BASH_SOURCE[0]}")/ckpt_resume_common.sh"
+resumes d=2,e=2 1,1,1,1
+resumes d=2,e=2 1,1,1,2
+resumes d=2,e=2 d=4,e=4
+resumes d=4,e=4 d=2,e=2
+resumes 1,1,1,2 d=2 --set parallel.expert_parallel=2
+resumes x=2,d=2,e=2 1,1,1,1
+resumes_bit_identical d=2,e=2
 # The expert bias (a buffer the optimizer leaves alone, updated after each step) and the shared
-# expert: saved on E = 2, resumed on one rank (E = 1), like the one-rank run that never stopped.
-# The rate (0.05) moves the routing within 3 steps, so a bias lost on the way would show.
+# expert: saved on E = 2, resumed on one rank (E = 1), like the one-rank run with both that never
+# stopped. The rate (0.05) moves the routing within 3 steps, so a bias lost on the way would show.
 O=(--set model.moe_balance=both --set model.expert_bias_rate=0.05 --set model.shared_expert_ffn=32)
 R="$W/bias_e2_e1"
 if run 1,1,1,1 "${O[@]}" --set run.dir="$W/bias_ref" > "$W/log" 2>&1 &&
@@ -64,15 +41,6 @@ if run 1,1,1,1 "${O[@]}" --set run.dir="$W/bias_ref" > "$W/log" 2>&1 &&
   fi
 else
   echo "FAIL expert bias and shared expert: a run failed"; cat "$W/log" "$W/log2"; fails=$((fails + 1))
-fi
-g=d=2,e=2
-run "$g" --set run.dir="$W/u" > "$W/log" 2>&1 &&
-run "$g" --set run.dir="$W/s" --set train.max_steps=3 > "$W/log" 2>&1 &&
-run "$g" --set run.dir="$W/s" --resume > "$W/log2" 2>&1 || { cat "$W/log" "$W/log2"; fails=$((fails + 1)); }
-if cmp -s <(losses "$W/u") <(losses "$W/s") && [ "$(losses "$W/s" | wc -l)" -eq 6 ]; then
-  echo "ok   grid $g: resumed losses bit-identical to the uninterrupted run"
-else
-  echo "FAIL grid $g: not bit-identical"; paste <(losses "$W/u") <(losses "$W/s"); fails=$((fails + 1))
 fi
 # Bad folds, refused before training, naming the numbers.
 if "${MPIRUN[@]}" -n 2 "$TETRAD" train "${S[@]}" --grid d=2,e=4 --set run.dir="$W/bad" > "$W/log" 2>&1 ||

@@ -6,6 +6,7 @@
 
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <memory>
 #include <string>
@@ -191,6 +192,70 @@ inline void expect_matches_serial(const Run& par, const Run& serial, const Model
   std::string worst_name;
   const double worst = worst_weight_difference(par, serial, mc, &worst_name);
   EXPECT_LT(worst, 2e-4) << where << ": largest weight difference in " << worst_name;
+}
+
+// Documents of the global batch of step `step`, micro-batch `micro`: row b's documents begin
+// at places drawn from (seed, step, micro, b), each place starting one with probability
+// 1 / one_in; every fourth row is one document.
+struct DocumentDraw {
+  int seed, one_in;
+};
+inline std::vector<int32_t> batch_docs(DocumentDraw draw, int step, int micro) {
+  Rng r(draw.seed + 31 * step + micro);
+  std::vector<int32_t> d(size_t(kB) * kT);
+  for (int b = 0; b < kB; ++b) {
+    int start = 0;
+    for (int t = 0; t < kT; ++t) {
+      if (b % 4 != 3 && t > 0 && r.next_u64() % uint64_t(draw.one_in) == 0) start = t;
+      d[size_t(b) * kT + t] = start;
+    }
+  }
+  return d;
+}
+
+// `steps` steps of the trainer's own step (StepRunner) with documents (po.document_mask /
+// document_positions; batch_docs(draw)) on the grid of `g`, each rank given its rows and, over
+// the context axis C, its chunks of them: every step's loss and gradient norm, the weights after.
+inline Run documents_run(const ModelConfig& mc, ProcessGroups& g, ParallelOptions po, int steps,
+                         DocumentDraw draw) {
+  const int replicas = token_slots(g.shape);
+  const int Bl = kB / replicas;
+  const int slot = token_slot(g.coord, g.shape);
+  const ContextSplit cs = ContextSplit::of(g.shape, g.coord);
+  const int Tl = cs.local_len(kT);
+  ParallelTransformer m(mc, g, Bl, kT, po);
+  m.init_weights(7);
+  const TrainConfig tc = train_config(steps);
+  AdamW opt = tetrad_test::layout_adamw(m, tc);
+  StepRunner runner(m, opt, g, tetrad_test::step_options(tc, kAccum, Bl, Tl));
+  Run r;
+  std::vector<int32_t> x(size_t(kAccum) * Bl * kT), y(x.size()), docs(x.size());
+  std::vector<int32_t> xl(size_t(kAccum) * Bl * Tl), yl(xl.size()), dl(xl.size());
+  for (int s = 0; s < steps; ++s) {
+    for (int mb = 0; mb < kAccum; ++mb) {
+      tetrad_test::rank_share(batch_tokens(s, mb, mc.vocab_size), kT, Bl, slot, mb, x.data(),
+                              y.data());
+      const std::vector<int32_t> all = batch_docs(draw, s, mb);  // this rank's rows, as rank_share's
+      std::copy(all.begin() + size_t(slot) * Bl * kT, all.begin() + size_t(slot + 1) * Bl * kT,
+                docs.begin() + size_t(mb) * Bl * kT);
+    }
+    cs.take(x.data(), kT, kAccum * Bl, kT, xl.data());
+    cs.take(y.data(), kT, kAccum * Bl, kT, yl.data());
+    cs.take(docs.data(), kT, kAccum * Bl, kT, dl.data());
+    m.set_documents(xl.data(), dl.data(), int64_t(xl.size()));
+    const StepResult sr =
+        runner.run(xl.data(), yl.data(), double(kB * kT * kAccum), learning_rate(tc, s), s);
+    EXPECT_EQ(sr.verdict, StepVerdict::Apply) << "step " << s + 1 << " is not finite";
+    r.losses.push_back(sr.loss);
+    r.grad_norms.push_back(sr.grad_norm);
+  }
+  m.finish_communication();
+  for (size_t i = 0; i < m.table().specs.size(); ++i) {
+    std::vector<float> full(m.table().specs[i].numel);
+    m.get_tensor(i, full.data());
+    r.weights.push_back(full);
+  }
+  return r;
 }
 
 }  // namespace contract

@@ -72,10 +72,33 @@ else
   bad "eval --grid c=2 --seq-len 30: $out"
 fi
 out=$("${MPIRUN[@]}" -n 2 "$TETRAD" generate --model "$W/pos" --prompt "the king" --max-new 4 --grid c=2 2>&1)
-if grep -q "context-parallel axis (c = 2) is not supported by .generate. (only .eval. runs on c grids" <<<"$out" &&
+if grep -q "context-parallel axis (c = 2) is not supported by .generate. (.eval. and .logits. run on c grids" <<<"$out" &&
    grep -q "give x,y,z,d" <<<"$out"; then
   ok "generate --grid c=2 refused by name"
 else
   bad "generate --grid c=2: $out"
+fi
+# logits on a context grid: each rank its two chunks of the sequence, the chunks' logits put back
+# in sequence order: one rank's logits (within fp32 rounding: attention over the chunks); a
+# length that does not cut into 2c chunks refused naming both.
+toks=5,9,13,2,7,11,3,8,1,4,6,10
+"$TETRAD" logits --model "$W/pos" --tokens "$toks" --out "$W/logits1.bin" > /dev/null 2>&1
+out=$("${MPIRUN[@]}" -n 2 "$TETRAD" logits --model "$W/pos" --tokens "$toks" --out "$W/logits2.bin" --grid c=2 2>&1)
+cmp=$(python3 - "$W/logits1.bin" "$W/logits2.bin" <<'PY' 2>&1
+import struct, sys
+a, b = (open(f, "rb").read() for f in sys.argv[1:3])
+if len(a) != len(b) or not a: print("sizes", len(a), len(b)); sys.exit(1)
+n = len(a) // 4
+x, y = struct.unpack(f"<{n}f", a), struct.unpack(f"<{n}f", b)
+d = max(abs(p - q) for p, q in zip(x, y))
+print(f"max |diff| {d:.3g} over {n} logits"); sys.exit(0 if d < 1e-4 else 1)
+PY
+)
+if [ $? -eq 0 ]; then ok "logits --grid c=2 gives one rank's logits ($cmp)"; else bad "logits --grid c=2: $cmp; $out"; fi
+out=$("${MPIRUN[@]}" -n 2 "$TETRAD" logits --model "$W/pos" --tokens 5,9,13,2,7,11 --out "$W/logits3.bin" --grid c=2 2>&1)
+if grep -q "2 x c = 4 chunks, but --tokens gives 6 tokens" <<<"$out"; then
+  ok "logits --grid c=2 with 6 tokens refused (not 2c = 4 chunks)"
+else
+  bad "logits --grid c=2 with 6 tokens: $out"
 fi
 exit $((fails > 0))

@@ -4,8 +4,9 @@
 # shipped local machine. The planner's first choice is d=2,e=2, said why, trained 3 steps,
 # on the expert groups of that fold, with the same losses bit for bit as --grid d=2,e=2; the trainer's
 # memory line (the formula, experts per rank over E and the exchange's scratch) is the plan's
-# memory/rank for that grid; `tetrad plan` lists the row as trainable, and `--why d=2,e=2` prices
-# its all-to-alls exposed (the trainer does not overlap them yet).
+# memory/rank for that grid; `tetrad plan` lists the row as trainable, and `--why d=2,e=2` gives
+# the command that trains it and prices its all-to-alls exposed (the trainer does not overlap
+# them yet).
 source "$(dirname "${BASH_SOURCE[0]}")/../cli_common.sh" "$1"
 S=(--set model.name=mixtral-tiny --set data.dir="$W/data" --set train.seq_len=32
    --set train.max_steps=3 --set train.eval_interval=0 --set train.micro_batch=4
@@ -25,9 +26,21 @@ else
   bad "--grid auto: expected d=2,e=2 chosen and trained" "$W/log_auto"
 fi
 
+# The formula is the model's own count: state + activations + the expert exchange's bound on the
+# per-rank line.
+st=$(sed -n 's/^rank 0 = .*; memory: state \([0-9.]*\) MiB .*/\1/p' "$W/log_auto" | head -1)
+ac=$(sed -n 's/^rank 0 = .*; memory: state .*), activations \([0-9.]*\) MiB (train.recompute.*/\1/p' "$W/log_auto" | head -1)
+ex=$(sed -n 's/^rank 0 = .*, expert exchange up to \([0-9.]*\) MiB (dropless worst case)$/\1/p' "$W/log_auto" | head -1)
+formula=$(sed -n 's/^memory: formula \([0-9.]*\) MiB of .*/\1/p' "$W/log_auto" | head -1)
+if [ -n "$st" ] && [ -n "$ac" ] && [ -n "$ex" ] && [ -n "$formula" ] &&
+   awk -v f="$formula" -v s="$st" -v a="$ac" -v e="$ex" 'BEGIN { d = f - s - a - e; exit !(e > 0 && d < 0.06 && d > -0.06) }'; then
+  ok "the trainer's formula $formula MiB = the model's state $st + activations $ac + expert exchange $ex MiB"
+else
+  bad "formula '$formula' MiB against state '$st' + activations '$ac' + expert exchange '$ex' MiB" "$W/log_auto"
+fi
+
 # The plan's memory/rank (MB, one decimal) is the trainer's formula (MiB) for that grid.
 plan_mb=$(sed -n 's/.*memory\/rank \([0-9.]*\) MB$/\1/p' "$W/log_auto" | head -1)
-formula=$(sed -n 's/^memory: formula \([0-9.]*\) MiB of .*/\1/p' "$W/log_auto" | head -1)
 if [ -n "$plan_mb" ] && [ -n "$formula" ] &&
    awk -v p="$plan_mb" -v f="$formula" 'BEGIN { d = p * 1e6 - f * 1048576; exit !(d < 60000 && d > -60000) }'; then
   ok "the trainer's formula $formula MiB is the plan's memory/rank $plan_mb MB"
@@ -52,9 +65,10 @@ else
 fi
 out=$("$TETRAD" plan "${P[@]}" --why d=2,e=2 2>&1)
 row=$(grep "all-to-all of expert dispatch/combine" <<<"$out")
-if grep -q "^grid 1x1x1x1x2 e2 .*: valid" <<<"$out" && [ -n "$row" ] &&
+if grep -q "^grid 1x1x1x1x2 e2 .*: valid" <<<"$out" && grep -q "^train it with: tetrad train --grid d=2,e=2$" <<<"$out" &&
+   [ -n "$row" ] &&
    awk '{ if ($(NF) != $(NF - 2) || $(NF - 1) != $(NF - 3)) exit 1 }' <<<"$row"; then
-  ok "tetrad plan --why d=2,e=2: the dispatch/combine all-to-all fully exposed ($(echo $row | awk '{ print $(NF - 1) $NF }'))"
+  ok "tetrad plan --why d=2,e=2: the command that trains it, the dispatch/combine all-to-all fully exposed ($(echo $row | awk '{ print $(NF - 1) $NF }'))"
 else
   bad "tetrad plan --why d=2,e=2: $out"
 fi

@@ -86,7 +86,9 @@ void check_family(Family family) {
       ++tested;
     }
   }
-  if (world_size() >= 2) EXPECT_GT(tested, 0);
+  if (world_size() >= 2) {
+    EXPECT_GT(tested, 0);
+  }
 }
 
 }  // namespace

@@ -54,7 +54,8 @@ struct Result {
 // the logits of every position (each rank's chunks put back in sequence order, summed over C),
 // then the gradients of the summed loss over the targets that are not -1 (reduced over C).
 Result grid_run(Family f, ProcessGroups& g, ParallelOptions po, const std::vector<int32_t>& x,
-                const std::vector<int32_t>& y, const std::vector<int32_t>* docs, int B, int T) {
+                const std::vector<int32_t>& y, const std::vector<int32_t>* docs, int B, int T,
+                StepProfile* prof = nullptr) {
   const ModelConfig mc = tiny_model(f, 2);
   const ContextSplit cs = ContextSplit::of(g.shape, g.coord);
   const int Tl = cs.local_len(T), V = mc.vocab_size;
@@ -64,6 +65,7 @@ Result grid_run(Family f, ProcessGroups& g, ParallelOptions po, const std::vecto
   if (docs) cs.take(docs->data(), T, B, T, dl.data());
   ParallelTransformer m(mc, g, B, T, po);
   m.init_weights(5);
+  m.set_profile(prof);
   if (docs) m.set_documents(xl.data(), dl.data(), int64_t(xl.size()));
   Result r;
   r.logits.assign(size_t(B) * T * V, 0.0f);
@@ -149,61 +151,10 @@ void check_packed(Family f, const GridShape& shape, int la, ContextComm comm, Pr
 
 constexpr int kSteps = 20;
 
-// Document starts of the global batch of step s, micro-batch mb: row b's documents begin at
-// places drawn from (s, mb, b) (inside chunks and at their edges); every fourth row is one
-// document.
-std::vector<int32_t> batch_docs(int step, int micro) {
-  Rng r(700 + 31 * step + micro);
-  std::vector<int32_t> d(size_t(kB) * kT);
-  for (int b = 0; b < kB; ++b) {
-    int start = 0;
-    for (int t = 0; t < kT; ++t) {
-      if (b % 4 != 3 && t > 0 && r.next_u64() % 4 == 0) start = t;
-      d[size_t(b) * kT + t] = start;
-    }
-  }
-  return d;
-}
-
+// The global batches' documents: positions drawn from seed 700, each starting one with
+// probability 1/4 (inside chunks and at their edges).
 Run documents_run(const ModelConfig& mc, ProcessGroups& g, ParallelOptions po) {
-  const int replicas = token_slots(g.shape);
-  const int Bl = kB / replicas;
-  const int slot = token_slot(g.coord, g.shape);
-  const ContextSplit cs = ContextSplit::of(g.shape, g.coord);
-  const int Tl = cs.local_len(kT);
-  ParallelTransformer m(mc, g, Bl, kT, po);
-  m.init_weights(7);
-  const TrainConfig tc = train_config(kSteps);
-  AdamW opt = tetrad_test::layout_adamw(m, tc);
-  StepRunner runner(m, opt, g, tetrad_test::step_options(tc, kAccum, Bl, Tl));
-  Run r;
-  std::vector<int32_t> x(size_t(kAccum) * Bl * kT), y(x.size()), docs(x.size());
-  std::vector<int32_t> xl(size_t(kAccum) * Bl * Tl), yl(xl.size()), dl(xl.size());
-  for (int s = 0; s < kSteps; ++s) {
-    for (int mb = 0; mb < kAccum; ++mb) {
-      tetrad_test::rank_share(batch_tokens(s, mb, mc.vocab_size), kT, Bl, slot, mb, x.data(),
-                              y.data());
-      const std::vector<int32_t> all = batch_docs(s, mb);  // this rank's rows, as rank_share's
-      std::copy(all.begin() + size_t(slot) * Bl * kT, all.begin() + size_t(slot + 1) * Bl * kT,
-                docs.begin() + size_t(mb) * Bl * kT);
-    }
-    cs.take(x.data(), kT, kAccum * Bl, kT, xl.data());
-    cs.take(y.data(), kT, kAccum * Bl, kT, yl.data());
-    cs.take(docs.data(), kT, kAccum * Bl, kT, dl.data());
-    m.set_documents(xl.data(), dl.data(), int64_t(xl.size()));
-    const StepResult sr =
-        runner.run(xl.data(), yl.data(), double(kB * kT * kAccum), learning_rate(tc, s), s);
-    EXPECT_EQ(sr.verdict, StepVerdict::Apply) << "step " << s + 1 << " is not finite";
-    r.losses.push_back(sr.loss);
-    r.grad_norms.push_back(sr.grad_norm);
-  }
-  m.finish_communication();
-  for (size_t i = 0; i < m.table().specs.size(); ++i) {
-    std::vector<float> full(m.table().specs[i].numel);
-    m.get_tensor(i, full.data());
-    r.weights.push_back(full);
-  }
-  return r;
+  return contract::documents_run(mc, g, po, kSteps, {700, 4});
 }
 
 std::vector<GridShape> contract_context_grids() {
@@ -280,6 +231,49 @@ TEST(ContextDocuments, PackedDocumentBf16Attention) {
           ++tested;
         }
   if (world_rank() == 0) std::printf("[ bf16 ] %d packed A|B cases\n", tested);
+  EXPECT_GT(tested, 0);
+}
+
+// The ring skips the (query chunk, key chunk) pairs the document mask hides wholly, and the bits
+// are those of attending them: two rows A|B with the boundary at the middle of the sequence
+// (chunks 0 .. c-1 in A, c .. 2c-1 in B), ring with and without the skip give the same logits,
+// loss and gradients bit for bit; over the C group c x c pairs are skipped per layer and pass
+// (every B query chunk against every A key chunk), 2 layers x 3 passes (the logits' forward,
+// then forward and backward).
+TEST(ContextDocuments, RingSkipsWhatTheMaskHidesBitForBit) {
+  int tested = 0;
+  for (const GridShape& shape : packed_grids())
+    for (Family f : {Family::Llama, Family::GPT2}) {
+      const ModelConfig mc = tiny_model(f, 2);
+      const std::vector<int32_t> t = tokens(11, 2 * (kSeq + 1), mc.vocab_size);
+      std::vector<int32_t> x, y, docs;
+      for (int b = 0; b < 2; ++b)
+        for (int i = 0; i < kSeq; ++i) {
+          x.push_back(t[size_t(b) * (kSeq + 1) + i]);
+          y.push_back(t[size_t(b) * (kSeq + 1) + i + 1]);
+          docs.push_back(i < kSeq / 2 ? 0 : kSeq / 2);
+        }
+      ParallelOptions po;
+      po.cp_comm = ContextComm::Ring;
+      po.document_mask = po.document_positions = true;
+      ProcessGroups g(comm::Communicator::world(), shape);
+      StepProfile skip_prof, all_prof;
+      const Result skipped = grid_run(f, g, po, x, y, &docs, 2, kSeq, &skip_prof);
+      po.cp_skip_masked_pairs = false;
+      const Result all = grid_run(f, g, po, x, y, &docs, 2, kSeq, &all_prof);
+      const std::string where = family_name(f) + " grid " + shape.to_string();
+      EXPECT_TRUE(skipped.logits == all.logits) << where << ": logits";
+      EXPECT_TRUE(skipped.grads == all.grads) << where << ": gradients";
+      EXPECT_EQ(skipped.loss, all.loss) << where << ": loss";
+      int64_t n[4] = {skip_prof.ring_pairs_doc_skipped, all_prof.ring_pairs_doc_skipped,
+                      skip_prof.ring_pairs, all_prof.ring_pairs};
+      g.c().allreduce_sum(n, 4);
+      const int64_t c = shape.c();
+      EXPECT_EQ(n[0], c * c * 2 * 3) << where << ": pairs skipped";
+      EXPECT_EQ(n[1], 0) << where << ": pairs skipped with the skip off";
+      EXPECT_EQ(n[2], n[3]) << where << ": pairs counted";
+      ++tested;
+    }
   EXPECT_GT(tested, 0);
 }
 

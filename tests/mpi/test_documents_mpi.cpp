@@ -15,54 +15,10 @@ namespace {
 
 constexpr int kSteps = 8;
 
-// Document starts of the global batch of step s, micro-batch mb: row b's documents begin at
-// places drawn from (s, mb, b); every fourth row is one document.
-std::vector<int32_t> batch_docs(int step, int micro) {
-  Rng r(500 + 31 * step + micro);
-  std::vector<int32_t> d(size_t(kB) * kT);
-  for (int b = 0; b < kB; ++b) {
-    int start = 0;
-    for (int t = 0; t < kT; ++t) {
-      if (b % 4 != 3 && t > 0 && r.next_u64() % 5 == 0) start = t;
-      d[size_t(b) * kT + t] = start;
-    }
-  }
-  return d;
-}
-
+// The global batches' documents: positions drawn from seed 500, each starting one with
+// probability 1/5.
 Run documents_run(const ModelConfig& mc, ProcessGroups& g, ParallelOptions po) {
-  const int replicas = token_slots(g.shape);
-  const int Bl = kB / replicas;
-  const int slot = token_slot(g.coord, g.shape);
-  ParallelTransformer m(mc, g, Bl, kT, po);
-  m.init_weights(7);
-  const TrainConfig tc = train_config(kSteps);
-  AdamW opt = tetrad_test::layout_adamw(m, tc);
-  StepRunner runner(m, opt, g, tetrad_test::step_options(tc, kAccum, Bl, kT));
-  Run r;
-  std::vector<int32_t> x(size_t(kAccum) * Bl * kT), y(x.size()), docs(x.size());
-  for (int s = 0; s < kSteps; ++s) {
-    for (int mb = 0; mb < kAccum; ++mb) {
-      tetrad_test::rank_share(batch_tokens(s, mb, mc.vocab_size), kT, Bl, slot, mb, x.data(),
-                              y.data());
-      const std::vector<int32_t> all = batch_docs(s, mb);  // this rank's rows, as rank_share's
-      std::copy(all.begin() + size_t(slot) * Bl * kT, all.begin() + size_t(slot + 1) * Bl * kT,
-                docs.begin() + size_t(mb) * Bl * kT);
-    }
-    m.set_documents(x.data(), docs.data(), int64_t(x.size()));
-    const StepResult sr =
-        runner.run(x.data(), y.data(), double(kB * kT * kAccum), learning_rate(tc, s), s);
-    EXPECT_EQ(sr.verdict, StepVerdict::Apply) << "step " << s + 1 << " is not finite";
-    r.losses.push_back(sr.loss);
-    r.grad_norms.push_back(sr.grad_norm);
-  }
-  m.finish_communication();
-  for (size_t i = 0; i < m.table().specs.size(); ++i) {
-    std::vector<float> full(m.table().specs[i].numel);
-    m.get_tensor(i, full.data());
-    r.weights.push_back(full);
-  }
-  return r;
+  return contract::documents_run(mc, g, po, kSteps, {500, 5});
 }
 
 void check_all_grids(Family family) {

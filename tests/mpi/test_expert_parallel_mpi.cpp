@@ -157,3 +157,49 @@ TEST(ExpertParallelMpi, BadFoldsAreRefusedNamingTheNumbers) {
   e = error_of(tiny_model(Family::Llama, 2), with_e(GridShape{{Axis::D, n}}, 2));
   EXPECT_TRUE(has(e, "needs a mixture-of-experts model")) << e;
 }
+
+// Precision bf16 (the experts' GEMMs in bf16 from the bf16 weight copy, the SwiGLU stored in
+// bf16, the router in fp32: moe_block.hpp) on the fold: E = 2 with D, with X (experts split over
+// X), with Z (the router's fp32 weight gathered beside the others' bf16 copy) and under full
+// recomputation, 20 steps
+// against the same bf16 model on one rank, every step's loss within the bf16 contract (2% of the
+// loss, as Bf16Grid and ContextBf16Mpi hold grids to). The reference is a bf16 run that trains
+// and is not fp32's bits, and is itself within the contract of fp32 on one rank.
+TEST(ExpertParallelMpi, Bf16FoldsTrainLikeOneRankInBf16) {
+  constexpr double kBf16Contract = 0.02;
+  const ModelConfig mc = moe_model();
+  ParallelOptions bf16;
+  bf16.precision = backend::Precision::BF16;
+  ProcessGroups one;  // this rank alone
+  const contract::Run ref = parallel_run(mc, one, kSteps, bf16);
+  const contract::Run fp32 = parallel_run(mc, one, kSteps, ParallelOptions{});
+  const contract::Run init = parallel_run(mc, one, 0, ParallelOptions{});
+  ASSERT_GT(worst_weight_difference(ref, init, mc), 1e-2) << "the bf16 run did not train";
+  EXPECT_NE(ref.losses.back(), fp32.losses.back()) << "bf16 gave fp32's loss: not a bf16 run";
+  auto within = [&](const contract::Run& run, const contract::Run& to, const std::string& where) {
+    ASSERT_EQ(run.losses.size(), to.losses.size()) << where;
+    double worst = 0;
+    for (size_t s = 0; s < run.losses.size(); ++s) {
+      const double rel = std::abs(run.losses[s] / to.losses[s] - 1.0);
+      worst = std::max(worst, rel);
+      EXPECT_LT(rel, kBf16Contract) << where << " step " << s + 1 << ": " << run.losses[s]
+                                    << " against " << to.losses[s];
+    }
+    if (world_rank() == 0) std::printf("[ expert parallel bf16 ] %s: losses within %.2e\n", where.c_str(), worst);
+  };
+  within(ref, fp32, "bf16 against fp32 on one rank");
+  const int n = world_size();
+  std::vector<std::pair<GridShape, Recompute>> runs = {
+      {with_e(GridShape{{Axis::D, n}}, 2), Recompute::None},
+      {with_e(GridShape{{Axis::D, n}}, 2), Recompute::Full}};
+  // The experts split over X as well (the router's logits summed over X), with E where D allows.
+  runs.push_back({with_e(GridShape{{Axis::X, 2}, {Axis::D, n / 2}}, n >= 4 ? 2 : 1), Recompute::None});
+  if (n >= 4) runs.push_back({with_e(GridShape{{Axis::Z, 2}, {Axis::D, n / 2}}, 2), Recompute::None});
+  for (const auto& [shape, rc] : runs) {
+    ProcessGroups g(comm::Communicator::world(), shape);
+    ParallelOptions po = bf16;
+    po.recompute = rc;
+    within(parallel_run(mc, g, kSteps, po), ref,
+           "bf16 grid " + shape.to_string() + " recompute " + recompute_name(rc) + " against one rank");
+  }
+}

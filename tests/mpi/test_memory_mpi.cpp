@@ -85,6 +85,19 @@ void check(const ModelConfig& mc, ProcessGroups& g, const ParallelOptions& po,
   in.sequence_shard = po.sequence_shard;
   in.cp_comm = po.cp_comm == ContextComm::Ring ? planner::CpComm::Ring : planner::CpComm::AllGather;
   EXPECT_EQ(planner::memory_per_rank(in, g.shape).total(), total) << where;
+  // The planner's exchange bytes are the model's (one formula: context_exchange_bytes).
+  EXPECT_EQ(planner::context_gather_bytes(in, g.shape, kLocalB, kLen / g.shape.c()),
+            double(model.context_bytes())) << where;
+}
+
+// po with the stream split over Y (sequence_shard), recompute none and full: 2 checks.
+int check_sequence_sharded(const ModelConfig& mc, ProcessGroups& g, ParallelOptions po) {
+  po.sequence_shard = true;
+  po.recompute = Recompute::None;
+  check(mc, g, po, PipelineSchedule::OneFOneB);
+  po.recompute = Recompute::Full;
+  check(mc, g, po, PipelineSchedule::OneFOneB);
+  return 2;
 }
 
 std::vector<ParallelOptions> option_sets(const GridShape& s) {
@@ -179,15 +192,7 @@ TEST(MemoryFormula, EqualsWhatThePipelineHolds) {
         po.recompute = Recompute::Full;
         check(mc, g, po, PipelineSchedule::OneFOneB);
         po.recompute = Recompute::None;
-        if (shape.y() > 1) {
-          po.sequence_shard = true;
-          check(mc, g, po, PipelineSchedule::OneFOneB);
-          po.recompute = Recompute::Full;
-          check(mc, g, po, PipelineSchedule::OneFOneB);
-          po.recompute = Recompute::None;
-          po.sequence_shard = false;
-          checked += 2;
-        }
+        if (shape.y() > 1) checked += check_sequence_sharded(mc, g, po);
         if (shape.p() == 2) {  // 4 layers: 2 chunks per stage over 2 stages
           po.virtual_stages = 2;
           check(mc, g, po, PipelineSchedule::Interleaved);
@@ -204,9 +209,10 @@ TEST(MemoryFormula, EqualsWhatThePipelineHolds) {
 
 TEST(MemoryFormula, CountsTheContextExchange) {
   // The context axis (issue 28): S / Gc tokens of each sequence per rank in the activation
-  // buffer, ZeRO's pieces over C x D, and the exchange's buffers (the all-gather's 4 Gc blocks
-  // of q|k|v rows, the ring's 6) as ContextAttention allocates them. C = 2 (2 ranks), C = 2 with
-  // each of X, Y, Z, D and P and C = 4 (4 ranks), C = 2 x X = 2 x D = 2 (8 ranks).
+  // buffer, ZeRO's pieces over C x D, and the exchange's buffers (context_exchange_bytes) as
+  // ContextAttention allocates them. C = 2 (2 ranks), C = 2 with each of X, Y, Z, D and P and
+  // C = 4 (4 ranks), C = 2 x X = 2 x D = 2 (8 ranks); recompute none, selective and full, ZeRO 2;
+  // with Y, sequence sharding too.
   using A = Axis;
   std::vector<GridShape> grids;
   switch (world_size()) {
@@ -232,11 +238,15 @@ TEST(MemoryFormula, CountsTheContextExchange) {
           check(mc, g, po, PipelineSchedule::OneFOneB);
           po.recompute = Recompute::Full;
           check(mc, g, po, PipelineSchedule::OneFOneB);
+          po.recompute = Recompute::Selective;  // bf16: the attention output not stashed
+          check(mc, g, po, PipelineSchedule::OneFOneB);
           po.recompute = Recompute::None;
           po.zero = 2;  // pieces over C x D
           check(mc, g, po, PipelineSchedule::OneFOneB);
           po.zero = 0;
-          checked += 3;
+          checked += 4;
+          // Sequence sharding over Y with C: the stream's rows / Gy.
+          if (shape.y() > 1) checked += check_sequence_sharded(mc, g, po);
         }
     }
   }
@@ -305,6 +315,7 @@ TEST(MemoryFormula, CountsTheExpertFold) {
     EXPECT_EQ(mm.expert_exchange, int64_t(shape.e()) * kLocalB * kLen * std::min(2, El) *
                                       (3 * 64 / shape.x() + 6 * mc.ffn / shape.y()) * 4) << where;
     EXPECT_EQ(model.expert_exchange_bytes(), holds_0_or_1 ? mm.expert_exchange : 0) << where;
+    EXPECT_EQ(model.expert_exchange_bound(), mm.expert_exchange) << where;  // the per-rank line's
     ++stepped;
   }
   EXPECT_GT(checked, 0);

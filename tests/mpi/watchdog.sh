@@ -4,7 +4,10 @@
 # watchdog (train.step_timeout), which names the rank, step and phase and ends the job; (3) a
 # rank frozen with SIGSTOP (cannot report anything) makes its peers' next collective time out
 # (train.comm_timeout), naming the operation and group and, by a roll call of the ranks still
-# running, the rank that stopped (every message names the same one), and the job ends.
+# running, the rank that stopped (every message names the same one), and the job ends; (5) the
+# same with a step watchdog shorter than the collective timeout: the peer's watchdog, its step
+# stuck in a collective, names the operation and group it waits in and, by the roll call, the
+# rank that stopped.
 source "$(dirname "${BASH_SOURCE[0]}")/../cli_common.sh" "$1"
 S=(--set model.name=tiny --set data.dir="$W/data" --set train.seq_len=32 --set train.max_steps=1000000
    --set train.eval_interval=0 --set train.log_interval=1000)
@@ -93,6 +96,21 @@ check "rank 1 of 3 frozen (collective timeout)" 60 "did not complete within 3 s"
 named 1
 grep -q "the 2 rank(s) still running answered" "$W/log" && echo "ok   the two running ranks answered each other" ||
   { echo "FAIL the running ranks did not hear each other"; fails=$((fails + 1)); }
+kill -9 "$victim" 2>/dev/null
+
+# 5. Rank 0 frozen, step watchdog 2 s, collectives 60 s: rank 1's watchdog ends the job, naming
+# the collective (operation and group) and, by the roll call, rank 0.
+"${MPIRUN[@]}" -n 2 "$TETRAD" train "${S[@]}" --set run.dir="$W/r5" --grid 1,1,2,1 \
+  --set train.step_timeout=2 --set train.comm_timeout=60 > "$W/log" 2>&1 &
+pid=$!
+wait_steps "$W/r5" || echo "(job 5 did not start training)"
+victim=$(rank_pid $pid 0)
+t0=$(ms); kill -STOP "$victim"
+check "rank 0 frozen (step watchdog of its peer)" 50 "(train.step_timeout), the last" "waiting in MPI " \
+  " on group '" "rank 0 stopped progressing"
+named 0
+grep "tetrad: error (rank 1)" "$W/log" | grep -q "rank 1 stopped progressing" &&
+  { echo "FAIL rank 1 called itself stalled"; fails=$((fails + 1)); }
 kill -9 "$victim" 2>/dev/null
 echo "$fails failed"
 [ $fails -eq 0 ]

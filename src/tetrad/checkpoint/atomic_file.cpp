@@ -13,6 +13,7 @@
 #include <vector>
 
 #include "tetrad/core/error.hpp"
+#include "tetrad/core/signals.hpp"
 
 namespace fs = std::filesystem;
 
@@ -68,6 +69,7 @@ AtomicFile::~AtomicFile() {
 
 void AtomicFile::write(const void* data, size_t size) {
   TETRAD_CHECK(fd_ >= 0, "write after commit");
+  check_abandon();  // a command stopped by a signal abandons its output (core/signals.hpp)
   write_all(fd_, data, size, tmp_path_);
 }
 

@@ -53,7 +53,7 @@ class FolderTensors {
       nlohmann::json j;
       try {
         const std::string text = read_small_file(index.string());
-        check_json_depth(text, "'" + index.string() + "'");
+        check_json_depth(text, detail::concat("'", index.string(), "'"));
         j = nlohmann::json::parse(text);
       } catch (const nlohmann::json::exception& ex) {
         fail("checkpoint ", dir, ": '", index.string(), "' is not valid JSON (", ex.what(), ")");

@@ -16,6 +16,7 @@
 
 #include "tetrad/checkpoint/atomic_file.hpp"
 #include "tetrad/core/error.hpp"
+#include "tetrad/core/signals.hpp"
 
 namespace fs = std::filesystem;
 
@@ -108,6 +109,15 @@ void remove_leftovers(const std::string& d) {
     if (name.size() != prefix.size() + 6 || name.compare(0, prefix.size(), prefix) != 0) continue;
     std::error_code ec2;
     if (!fs::is_directory(fs::symlink_status(e.path(), ec2))) continue;
+    // An empty one: a command killed between making it and marking it (or after moving its
+    // output out). rmdir removes only an empty folder, so a folder another command is filling
+    // stays (one that a command has just made and not yet marked goes: make_temp_sibling then
+    // makes another).
+    if (::rmdir(e.path().c_str()) == 0) {
+      std::cerr << "tetrad: removed the empty folder '" << e.path().string()
+                << "', left by an interrupted command\n";
+      continue;
+    }
     const std::string marker = (e.path() / kUnfinishedMarker).string();
     const int fd = ::open(marker.c_str(), O_RDONLY | O_CLOEXEC | O_NOFOLLOW);
     if (fd < 0) continue;  // not marked: not ours to remove
@@ -138,12 +148,19 @@ std::string make_temp_sibling(const std::string& dest, const std::string& comman
     if (ec) fail("cannot create the folder '", parent.string(), "': ", ec.message());
   }
   remove_leftovers(d);
-  std::string templ = d + ".tmp-XXXXXX";
-  if (!::mkdtemp(templ.data()))
-    fail("cannot create a temporary folder beside '", d, "': ", std::strerror(errno));
-  ::chmod(templ.c_str(), 0755);
-  const std::string marker = (fs::path(templ) / kUnfinishedMarker).string();
-  const int fd = ::open(marker.c_str(), O_RDWR | O_CREAT | O_EXCL | O_CLOEXEC, 0644);
+  std::string templ, marker;
+  int fd = -1;
+  // Another command's remove_leftovers may take the folder while it is still empty (ENOENT):
+  // then a new one.
+  for (int attempt = 0; fd < 0 && attempt < 8; ++attempt) {
+    templ = d + ".tmp-XXXXXX";
+    if (!::mkdtemp(templ.data()))
+      fail("cannot create a temporary folder beside '", d, "': ", std::strerror(errno));
+    ::chmod(templ.c_str(), 0755);
+    marker = (fs::path(templ) / kUnfinishedMarker).string();
+    fd = ::open(marker.c_str(), O_RDWR | O_CREAT | O_EXCL | O_CLOEXEC, 0644);
+    if (fd < 0 && errno != ENOENT) break;
+  }
   if (fd < 0 || ::flock(fd, LOCK_EX) != 0) {
     const int err = errno;
     if (fd >= 0) ::close(fd);
@@ -159,6 +176,19 @@ std::string make_temp_sibling(const std::string& dest, const std::string& comman
   std::lock_guard<std::mutex> lock(g_marks_mu);
   g_marks[templ] = fd;
   return templ;
+}
+
+void abandon_temp_sibling(const std::string& tmp_dir, const std::string& dest) {
+  const bool removed = remove_marked_dir(tmp_dir);
+  try {
+    throw;
+  } catch (const Interrupted& e) {
+    throw Interrupted(e.signal, detail::concat(
+        e.what(), ": ", removed ? "removed the unfinished '" + tmp_dir + "'"
+                                : "could not remove all of the unfinished '" + tmp_dir +
+                                      "' (readers refuse it; the next run removes it)",
+        "; '", strip_slashes(dest), "' was not touched"));
+  }
 }
 
 void seal_temp_sibling(const std::string& tmp_dir) {

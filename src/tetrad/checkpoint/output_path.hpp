@@ -34,6 +34,12 @@ void check_reader_output(const std::string& path, bool overwrite, bool is_folder
 // removed, and said on stderr.
 std::string make_temp_sibling(const std::string& dest, const std::string& command = "");
 
+// In the clean-up of a command that failed while building `tmp_dir` (make_temp_sibling's) for
+// `dest` (call it in a catch block): removes tmp_dir, then rethrows the error; a stop by a signal
+// (core/signals.hpp's Interrupted) gets what was removed and that `dest` was not touched added to
+// its message.
+[[noreturn]] void abandon_temp_sibling(const std::string& tmp_dir, const std::string& dest);
+
 // The folder is complete: its mark goes (fsync'ed) and its lock is released. Before it is
 // renamed into place (publish_new_dir does it itself; call it before replace_dir).
 void seal_temp_sibling(const std::string& tmp_dir);

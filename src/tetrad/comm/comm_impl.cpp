@@ -91,6 +91,7 @@ void PendingOp::wait(double timeout_s) {
     // 0.6 s timeout, so the wait never told the watchdog what it was blocked on.
     if (polls < 2000 && waited < 1e-3) continue;
     if (!blocked.set) blocked.mark(description(), start);
+    if (roll_call_requested()) serve_roll_call(description(), waited, frozen);  // the watchdog's
     if (waited < 0.01)
       std::this_thread::yield();
     else

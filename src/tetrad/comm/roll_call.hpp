@@ -10,6 +10,12 @@
 // names the same rank. A rank that was itself frozen (SIGSTOP, or not scheduled: its wait loop
 // saw a gap in time) names itself without asking, since its peers have named it already.
 //
+// The trainer's step watchdog (train/watchdog.hpp, on its own thread) holds one too when the
+// step it watches is stuck in a collective: it asks with request_roll_call(), the thread that
+// calls MPI holds it from its wait loop (serve_roll_call, called on every poll of
+// comm::PendingOp::wait and parallel::CommQueue's waits) and the watchdog takes the verdict with
+// roll_call_verdict().
+//
 // Off until enable_roll_call (the trainer turns it on): a program that provokes a timeout on
 // purpose (the comm tests) keeps the plain message and its timing.
 // Thread-safety: enable_roll_call and roll_call on the thread that calls MPI; set_activity
@@ -33,5 +39,18 @@ void set_activity(int64_t step, const char* phase);
 // float on group 'world' (rank 0 of 2)"). frozen_s > 0: the longest gap the wait loop saw
 // (this process did not run). Returns "" when the roll call is off or was already held.
 std::string roll_call(const std::string& operation, double waited_s, double frozen_s);
+
+// Any thread: asks the MPI thread for a roll call (no effect when the roll call is off).
+void request_roll_call();
+bool roll_call_requested();  // cheap: whether one was asked for and not yet held
+// The MPI thread, in a wait loop (cheap when nothing was asked): holds the roll call asked for,
+// with the wait's operation and times as in roll_call(), and publishes its verdict.
+void serve_roll_call(const std::string& operation, double waited_s, double frozen_s);
+// Any thread: waits up to timeout_s for the verdict of the roll call asked for. False when none
+// came (the MPI thread is not in a wait loop that serves it); the verdict may be "" (the roll
+// call was held already).
+bool roll_call_verdict(std::string* verdict, double timeout_s);
+// How long a roll call listens for answers (enable_roll_call's grace_s; 0 when off).
+double roll_call_grace();
 
 }  // namespace tetrad::comm

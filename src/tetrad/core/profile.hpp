@@ -89,6 +89,10 @@ class TraceLog {
 struct StepProfile {
   std::array<double, size_t(Phase::Count)> seconds{};
   double comm_issued_s = 0;  // wall time with a collective in flight (hidden or exposed)
+  // The context ring's causally visible (query chunk, key chunk) pairs (parallel/context_ring.cpp)
+  // and, of those, the ones skipped because the document mask hides every key of the pair from
+  // every query (forward and backward passes counted alike).
+  int64_t ring_pairs = 0, ring_pairs_doc_skipped = 0;
   int current = -1;          // innermost open phase
   SteadyTime mark;
   TraceLog* trace = nullptr;  // optional timeline
@@ -96,6 +100,7 @@ struct StepProfile {
   void clear() {
     seconds.fill(0);
     comm_issued_s = 0;
+    ring_pairs = ring_pairs_doc_skipped = 0;
   }
   double total() const {
     double t = 0;

@@ -167,4 +167,47 @@ int StopSignals::received() { return g_signal.load(); }
 long StopSignals::handler_thread() { return g_handler_tid.load(); }
 long StopSignals::catcher_thread() const { return impl_->catcher_tid.load(); }
 
+namespace {
+std::mutex g_abandon_mu;
+std::string g_abandon_command;  // "" when no AbandonOnSignal is alive
+std::atomic<bool> g_abandon{false};
+}  // namespace
+
+std::string signal_name(int sig) {
+  switch (sig) {
+    case SIGINT: return "SIGINT";
+    case SIGTERM: return "SIGTERM";
+    case SIGUSR1: return "SIGUSR1";
+    case SIGCONT: return "SIGCONT";
+    default: return "signal " + std::to_string(sig);
+  }
+}
+
+AbandonOnSignal::AbandonOnSignal(std::string command) {
+  std::lock_guard<std::mutex> lock(g_abandon_mu);
+  g_abandon_command = std::move(command);
+  g_abandon.store(true);
+}
+
+AbandonOnSignal::~AbandonOnSignal() {
+  std::lock_guard<std::mutex> lock(g_abandon_mu);
+  g_abandon.store(false);
+  g_abandon_command.clear();
+}
+
+void check_abandon(const std::string& dest) {
+  if (!g_abandon.load()) return;
+  const int sig = StopSignals::received();
+  if (sig == 0) return;
+  std::string command;
+  {
+    std::lock_guard<std::mutex> lock(g_abandon_mu);
+    command = g_abandon_command;
+  }
+  throw Interrupted(sig, detail::concat(command, " stopped by ", signal_name(sig),
+                                        " before its output was complete",
+                                        dest.empty() ? "" : ": nothing was written; '" + dest +
+                                                                "' was not touched"));
+}
+
 }  // namespace tetrad

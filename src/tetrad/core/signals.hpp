@@ -26,6 +26,9 @@
 #pragma once
 #include <csignal>
 #include <memory>
+#include <string>
+
+#include "tetrad/core/error.hpp"
 
 namespace tetrad {
 
@@ -64,5 +67,36 @@ class StopSignals {
 // changes nothing: the catcher thread takes it and the default action (end the process, or
 // ignore) applies as before.
 sigset_t blocked_signals();
+
+// Commands whose output is worth nothing unfinished (import, export, report -o) stop on SIGINT or
+// SIGTERM by abandoning it. While an AbandonOnSignal is alive (it holds a StopSignals, so the
+// signal is only recorded, on the catcher thread), check_abandon() throws Interrupted once one was
+// received: AtomicFile::write calls it between the blocks it writes, and the command calls it
+// before it publishes. The command's clean-up removes its unfinished output as for any error;
+// the CLI prints the message and exits with 128 + the signal's number, as a shell reports a
+// command ended by that signal. Outside an AbandonOnSignal check_abandon() does nothing (the
+// trainer finishes its checkpoint on a signal and stops at a step boundary instead).
+class Interrupted : public Error {
+ public:
+  Interrupted(int sig, const std::string& what) : Error(what), signal(sig) {}
+  int signal;
+};
+
+class AbandonOnSignal {
+ public:
+  explicit AbandonOnSignal(std::string command);  // named in the message ("export")
+  ~AbandonOnSignal();
+  AbandonOnSignal(const AbandonOnSignal&) = delete;
+  AbandonOnSignal& operator=(const AbandonOnSignal&) = delete;
+
+ private:
+  StopSignals signals_;
+};
+
+// `dest`: the command's destination, not yet written to (named in the message as not touched).
+void check_abandon(const std::string& dest = "");
+
+// "SIGTERM", "SIGINT", ... ("signal N" for others).
+std::string signal_name(int sig);
 
 }  // namespace tetrad

@@ -194,7 +194,7 @@ std::optional<nlohmann::json> read_json_beside(const std::string& path, const ch
   std::error_code ec;
   if (!std::filesystem::is_regular_file(p, ec)) return std::nullopt;
   const std::string text = read_file(p.string(), name);
-  check_json_depth(text, "'" + p.string() + "'");
+  check_json_depth(text, detail::concat("'", p.string(), "'"));
   try {
     return nlohmann::json::parse(text, nullptr, true, false);
   } catch (const nlohmann::json::exception& e) {

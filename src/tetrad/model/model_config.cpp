@@ -159,10 +159,23 @@ ModelConfig named_model(const std::string& name) {
     c.family = Family::Qwen3Moe; c.n_kv_head = 2; c.ffn = 48; c.tie_embeddings = false;
     c.explicit_head_dim = 24; c.n_experts = 8; c.experts_per_token = 2;
     c.norm_topk_prob = false; c.norm_eps = 1e-6f; c.rope_theta = 1000000.0f;
+  } else if (name == "mixtral-small" || name == "mixtral-small-dense") {
+    // Issue 32's benchmark Mixtral (bench/moe.sh): 8 experts of width 1408, top 2, 4 layers of
+    // 512 with 8 heads and 2 key/value heads, vocabulary 8192, sequence 512; "-dense" is the
+    // Mistral-shaped dense model of the same active parameters (one SwiGLU MLP of width 2 x 1408).
+    c.family = Family::Mixtral; c.n_layer = 4; c.n_embd = 512; c.n_head = 8; c.n_kv_head = 2;
+    c.ffn = 1408; c.vocab_size = 8192; c.max_seq = 512; c.tie_embeddings = false;
+    c.n_experts = 8; c.experts_per_token = 2; c.rope_theta = 1000000.0f;
+    if (name == "mixtral-small-dense") {
+      c.family = Family::Llama;
+      c.ffn = 2 * 1408;
+      c.n_experts = 0;
+      c.experts_per_token = 0;
+    }
   } else {
     fail("unknown model '", name, "'; expected one of: tiny, small, gpt2-124m, llama-tiny, "
-         "llama-small, llama-1b, qwen2-tiny, qwen3-tiny, mixtral-tiny, qwen2-moe-tiny, "
-         "qwen3-moe-tiny");
+         "llama-small, llama-1b, qwen2-tiny, qwen3-tiny, mixtral-tiny, mixtral-small, "
+         "mixtral-small-dense, qwen2-moe-tiny, qwen3-moe-tiny");
   }
   return c;
 }

@@ -31,10 +31,19 @@ int64_t act_width(ActWidth w, const LocalDims& d) {
   return 0;
 }
 
+bool act_in_bf16(ActStore s, const LocalDims& d, bool bf16_activations) {
+  if (!bf16_activations) return false;
+  switch (s) {
+    case ActStore::F32: return false;
+    case ActStore::Bf16WithActs: case ActStore::OnlyBf16: return true;
+    case ActStore::Bf16WithActsDense: case ActStore::Bf16Stash: return d.E == 0;
+  }
+  return false;
+}
+
 int64_t act_floats(int64_t N, ActWidth w, ActStore s, const LocalDims& d, bool bf16_activations) {
   const int64_t n = N * act_width(w, d);
-  if (s == ActStore::F32) return n;
-  if (bf16_activations) return (n + 1) / 2;
+  if (act_in_bf16(s, d, bf16_activations)) return (n + 1) / 2;
   return s == ActStore::OnlyBf16 ? 0 : n;
 }
 
@@ -99,10 +108,17 @@ ActivationSizes activation_sizes(const ModelConfig& cfg, const GridShape& G, int
   const LocalDims dims = LocalDims::of(cfg, G);
   ActivationSizes s;
   for (const LayerActSpec& t : kLayerActs) {
-    const int64_t floats = act_floats(act_rows_of(N, act_rows(t), seq_shard), t.width, t.store, dims, bf16_acts);
+    const int64_t rows = act_rows_of(N, act_rows(t), seq_shard);
     const bool kept = t.keep == ActKeep::Output || act_kept(t.keep, mode);
-    s.layer.push_back({kept, floats});
+    // A stashed tensor is bf16 only where a layer keeps it; recomputed, it lives in the scratch
+    // in fp32 like any other.
+    const bool stash = t.store == ActStore::Bf16Stash && kept && act_in_bf16(t.store, dims, bf16_acts);
+    const ActStore store = t.store == ActStore::Bf16Stash && !stash ? ActStore::F32 : t.store;
+    const int64_t floats = act_floats(rows, t.width, store, dims, bf16_acts);
+    const int64_t work = stash ? rows * act_width(t.width, dims) : 0;
+    s.layer.push_back({kept, floats, act_in_bf16(store, dims, bf16_acts), work});
     (kept ? s.layer_kept : s.scratch) += floats;
+    s.scratch += work;
     if (t.keep == ActKeep::Output) s.input_slot += floats;
   }
   for (const GlobalActSpec& t : kGlobalActs) {
@@ -125,11 +141,22 @@ uint16_t* as16(float* p) { return reinterpret_cast<uint16_t*>(p); }
 
 // Points the views of one tensor at p: the bf16 one where it is stored in bf16, else the fp32 one.
 template <typename Views, typename Spec>
-void point(Views& v, const Spec& t, float* p, int64_t n, bool bf16_activations) {
-  if (t.store != ActStore::F32 && bf16_activations) v.*(t.bf16) = as16(p);
+void point(Views& v, const Spec& t, float* p, int64_t n, bool in_bf16) {
+  if (in_bf16) v.*(t.bf16) = as16(p);
   else if (t.f32 && (act_rows(t) != ActRows::OnlySeqShard || n > 0)) v.*(t.f32) = p;
 }
 }  // namespace
+
+std::vector<StashedTensor> stashed_tensors(const LayerActs& A, int64_t N, const LocalDims& d,
+                                           int seq_shard) {
+  std::vector<StashedTensor> r;
+  for (const LayerActSpec& t : kLayerActs)
+    if (t.store == ActStore::Bf16Stash && A.*(t.bf16)) {
+      const int64_t n = act_rows_of(N, act_rows(t), seq_shard) * act_width(t.width, d);
+      if (n > 0) r.push_back({A.*(t.f32), A.*(t.bf16), n});
+    }
+  return r;
+}
 
 ParallelActivations lay_out_activations(float* base, const ActivationSizes& sz,
                                         const std::vector<LayerSlots>& slots, bool b16) {
@@ -156,7 +183,12 @@ ParallelActivations lay_out_activations(float* base, const ActivationSizes& sz,
         p = sc;
         sc += sz.layer[i].floats;
       }
-      point(A, t, p, sz.layer[i].floats, b16);
+      point(A, t, p, sz.layer[i].floats, sz.layer[i].bf16);
+      if (t.store == ActStore::Bf16Stash && sz.layer[i].bf16) {
+        // Kept in bf16 above; the fp32 working copy in the scratch.
+        A.*(t.f32) = sc;
+        sc += sz.layer[i].work;
+      }
     }
     TETRAD_CHECK(slots[l] == LayerSlots::Input || sc == scratch + sz.scratch);
   }
@@ -164,7 +196,7 @@ ParallelActivations lay_out_activations(float* base, const ActivationSizes& sz,
   for (size_t i = 0; i < std::size(kGlobalActs); ++i) {
     const GlobalActSpec& t = kGlobalActs[i];
     float* p = take(sz.globals[i]);
-    point(a, t, p, sz.globals[i], b16);
+    point(a, t, p, sz.globals[i], b16 && t.store != ActStore::F32);
     ParallelActivations::Range* r = t.part == ActPart::Embedding ? &a.embedding_end
                                     : t.part == ActPart::Head    ? &a.head_end
                                                                  : nullptr;

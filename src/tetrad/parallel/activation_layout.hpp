@@ -19,7 +19,10 @@ namespace tetrad::parallel {
 // q|k|v of this rank's heads, Ay = n_head hd / Gy attention output slice, QKn / Nqk the q/k norm's
 // saved input and statistics, FWy/Fy = MLP slices, Vy =
 // vocabulary slice. With bf16 activations (ParallelOptions::bf16_activations) ln1, ln2, fc_act and
-// lnf are stored in bf16 only (the *16 views; the fp32 ones are null), and dout16 / dout16_t hold
+// lnf are stored in bf16 only (the *16 views; the fp32 ones are null); the other tensors a layer
+// keeps for its backward inside the block (qkv, qk_in, atty, resid_mid, fc: ActStore::Bf16Stash)
+// are kept in bf16 too (the *16 views), computed in fp32 in one layer's working copy in the
+// shared scratch (the fp32 views) and cast back there before the layer's backward; dout16 / dout16_t hold
 // the bf16 copy of the gradient entering a linear layer's backward, as stored and transposed
 // ([N, n_out] and [n_out, N], n_out up to the largest layer output).
 // The work buffers' owners (each uses its own within one call): tmp, dout16 and dout16_t are the
@@ -33,11 +36,17 @@ struct ParallelActivations {
           *ln2_mean = nullptr, *ln2_rstd = nullptr, *fc = nullptr, *fc_act = nullptr,
           *resid_out = nullptr;
     uint16_t *ln1_16 = nullptr, *ln2_16 = nullptr, *fc_act16 = nullptr;
+    // The bf16 copies of the stashed tensors (ActStore::Bf16Stash; null unless kept in bf16).
+    uint16_t *qkv16 = nullptr, *qk_in16 = nullptr, *atty16 = nullptr, *resid_mid16 = nullptr,
+             *fc16 = nullptr;
     // A mixture of experts (moe_block.hpp; empty for a dense model): the router's logits
     // [N, E]; the tokens' rows in expert order [N k, C], their gate|up [N k, 2F], SwiGLU
     // [N k, F] and the experts' outputs [N k, C] (up to N k rows: dropless routing fills all).
+    // With bf16 activations the SwiGLU is stored in bf16 only (moe_act16, what the experts'
+    // down GEMMs read) and ln2 stays fp32 (the router's input: an fp32 router).
     float *router_logits = nullptr, *moe_in = nullptr, *moe_gu = nullptr, *moe_act = nullptr,
           *moe_out = nullptr;
+    uint16_t* moe_act16 = nullptr;
     // Its shared expert (model.shared_expert_ffn; empty without): gate|up [N, 2Fs], SwiGLU
     // [N, Fs], output [N, C] and the sigmoid gate's logit [N].
     float *shared_gu = nullptr, *shared_act = nullptr, *shared_out = nullptr,
@@ -76,8 +85,14 @@ enum class ActWidth : unsigned char {
   One, Cx, Ay, QKVy, Nhy, Nqk, QKn, FWy, Fy, Vy, MaxLinearOut, E, kC, kFW, kF, sFW, sF, sC, sG
 };
 // How it is stored: in fp32; in bf16 with bf16 activations (ceil(N n / 2) floats, the bf16 view
-// only), else fp32; or only with bf16 activations (absent otherwise).
-enum class ActStore : unsigned char { F32, Bf16WithActs, OnlyBf16 };
+// only), else fp32; the same in a dense model but always fp32 in a mixture of experts (ln2, the
+// router's input: the router runs in fp32); or only with bf16 activations (absent otherwise); or,
+// Bf16Stash, where a layer of a dense model keeps it with bf16 activations, in bf16 in the
+// layer's slots (the bf16 view) beside an fp32 working copy in the shared scratch (the fp32 view:
+// the block computes and reads it there in the forward, the bf16 copy is cast back into it before
+// the layer's backward), else fp32 (the bf16 stored block tensors of Megatron's and TorchTitan's
+// bf16 runs; the residual stream's block outputs stay fp32).
+enum class ActStore : unsigned char { F32, Bf16WithActs, Bf16WithActsDense, OnlyBf16, Bf16Stash };
 // Which layer tensors have memory of their own in every layer (else they share one layer's
 // recompute scratch): all but under full recomputation, all but under any recomputation, or
 // always, as the block's output (the next block's input; a pipeline chunk's input slot).
@@ -110,22 +125,22 @@ inline constexpr LayerActSpec kLayerActs[] = {
     {"ln1", &LayerActs::ln1, &LayerActs::ln1_16, ActWidth::Cx, ActStore::Bf16WithActs, ActKeep::UnlessFull},
     {"ln1_mean", &LayerActs::ln1_mean, nullptr, ActWidth::One, ActStore::F32, ActKeep::UnlessFull},
     {"ln1_rstd", &LayerActs::ln1_rstd, nullptr, ActWidth::One, ActStore::F32, ActKeep::UnlessFull},
-    {"qkv", &LayerActs::qkv, nullptr, ActWidth::QKVy, ActStore::F32, ActKeep::UnlessFull},
+    {"qkv", &LayerActs::qkv, &LayerActs::qkv16, ActWidth::QKVy, ActStore::Bf16Stash, ActKeep::UnlessFull},
     // The per-head q/k norm's input and statistics (QkNorm; width 0 in other families).
-    {"qk_in", &LayerActs::qk_in, nullptr, ActWidth::QKn, ActStore::F32, ActKeep::UnlessFull},
+    {"qk_in", &LayerActs::qk_in, &LayerActs::qk_in16, ActWidth::QKn, ActStore::Bf16Stash, ActKeep::UnlessFull},
     {"qk_rstd", &LayerActs::qk_rstd, nullptr, ActWidth::Nqk, ActStore::F32, ActKeep::UnlessFull},
-    {"atty", &LayerActs::atty, nullptr, ActWidth::Ay, ActStore::F32, ActKeep::UnlessRecompute},
+    {"atty", &LayerActs::atty, &LayerActs::atty16, ActWidth::Ay, ActStore::Bf16Stash, ActKeep::UnlessRecompute},
     {"lse", &LayerActs::lse, nullptr, ActWidth::Nhy, ActStore::F32, ActKeep::UnlessRecompute},
-    {"resid_mid", &LayerActs::resid_mid, nullptr, ActWidth::Cx, ActStore::F32, ActKeep::UnlessFull},
-    {"ln2", &LayerActs::ln2, &LayerActs::ln2_16, ActWidth::Cx, ActStore::Bf16WithActs, ActKeep::UnlessFull},
+    {"resid_mid", &LayerActs::resid_mid, &LayerActs::resid_mid16, ActWidth::Cx, ActStore::Bf16Stash, ActKeep::UnlessFull},
+    {"ln2", &LayerActs::ln2, &LayerActs::ln2_16, ActWidth::Cx, ActStore::Bf16WithActsDense, ActKeep::UnlessFull},
     {"ln2_mean", &LayerActs::ln2_mean, nullptr, ActWidth::One, ActStore::F32, ActKeep::UnlessFull},
     {"ln2_rstd", &LayerActs::ln2_rstd, nullptr, ActWidth::One, ActStore::F32, ActKeep::UnlessFull},
-    {"fc", &LayerActs::fc, nullptr, ActWidth::FWy, ActStore::F32, ActKeep::UnlessFull},
+    {"fc", &LayerActs::fc, &LayerActs::fc16, ActWidth::FWy, ActStore::Bf16Stash, ActKeep::UnlessFull},
     {"fc_act", &LayerActs::fc_act, &LayerActs::fc_act16, ActWidth::Fy, ActStore::Bf16WithActs, ActKeep::UnlessFull},
     {"router_logits", &LayerActs::router_logits, nullptr, ActWidth::E, ActStore::F32, ActKeep::UnlessFull},
     {"moe_in", &LayerActs::moe_in, nullptr, ActWidth::kC, ActStore::F32, ActKeep::UnlessFull},
     {"moe_gu", &LayerActs::moe_gu, nullptr, ActWidth::kFW, ActStore::F32, ActKeep::UnlessFull},
-    {"moe_act", &LayerActs::moe_act, nullptr, ActWidth::kF, ActStore::F32, ActKeep::UnlessFull},
+    {"moe_act", &LayerActs::moe_act, &LayerActs::moe_act16, ActWidth::kF, ActStore::Bf16WithActs, ActKeep::UnlessFull},
     {"moe_out", &LayerActs::moe_out, nullptr, ActWidth::kC, ActStore::F32, ActKeep::UnlessFull},
     {"shared_gu", &LayerActs::shared_gu, nullptr, ActWidth::sFW, ActStore::F32, ActKeep::UnlessFull},
     {"shared_act", &LayerActs::shared_act, nullptr, ActWidth::sF, ActStore::F32, ActKeep::UnlessFull},
@@ -183,6 +198,8 @@ struct ActivationSizes {
   struct Tensor {
     bool kept = true;    // own memory per layer (else in the shared recompute scratch)
     int64_t floats = 0;
+    bool bf16 = false;   // stored in bf16 (act_in_bf16)
+    int64_t work = 0;    // a Bf16Stash tensor kept in bf16: its fp32 working copy in the scratch
   };
   std::vector<Tensor> layer;     // one layer's tensors, in the order of kLayerActs
   std::vector<int64_t> globals;  // the top-level tensors' floats, in the order of kGlobalActs
@@ -221,11 +238,24 @@ inline int seq_shard_ways(const ParallelOptions& o, const GridShape& g) {
 void check_sequence_shard(const ParallelOptions& o, const GridShape& g, int64_t tokens);
 
 int64_t act_width(ActWidth w, const LocalDims& d);
+// Whether a tensor stored as `s` is in bf16 (a dense model or a mixture of experts: d.E).
+bool act_in_bf16(ActStore s, const LocalDims& d, bool bf16_activations);
 // Floats of the buffer a tensor of N rows of `w` stored as `s` takes.
 int64_t act_floats(int64_t N, ActWidth w, ActStore s, const LocalDims& d, bool bf16_activations);
 // The rows of a tensor of `rows` kind for N tokens with the stream split seq_shard ways.
 int64_t act_rows_of(int64_t N, ActRows rows, int seq_shard);
 bool act_kept(ActKeep k, Recompute mode);
+
+// The stashed tensors of a layer's views (ActStore::Bf16Stash kept in bf16): the fp32 working
+// copy, the bf16 copy and the elements, for N tokens with the stream split seq_shard ways. The
+// block casts each into its bf16 copy after its forward and back before its backward.
+struct StashedTensor {
+  float* f32;
+  uint16_t* bf16;
+  int64_t n;
+};
+std::vector<StashedTensor> stashed_tensors(const LayerActs& A, int64_t N, const LocalDims& d,
+                                           int seq_shard);
 
 // The views into `base` (sizes.total floats), from the spec list and the sizes it gave
 // (activation_sizes with the same slots and bf16 setting).

@@ -76,6 +76,7 @@ struct BlockParts {
   int max_len;  // the longest sequence (the KV cache's stride per sequence)
   int local_batch = 1;  // sequences of a micro-batch on this rank (the context axis's scratch)
   ContextComm cp_comm = ContextComm::AllGather;  // the context axis's exchange (Gc > 1)
+  bool cp_skip_masked_pairs = true;  // ParallelOptions::cp_skip_masked_pairs
 };
 
 // The block of the model's family (its FamilyDesc): binds the table's per-layer tensors by role,

@@ -141,6 +141,10 @@ void CommQueue::block_until(F&& ready, const char* what) {
   const auto t0 = clock::now();
   const double timeout = comm::collective_timeout();
   double last = 0, frozen = 0;  // the longest gap between two polls: this process did not run
+  // What the watchdog names (comm::blocked_in_wait): the oldest pending request, as the timeout's
+  // message does. Set after the first quick polls, as Request::wait does.
+  comm::BlockedMark blocked;
+  Ticket marked = 0;
   for (long polls = 1;; ++polls) {
     poll();
     if (ready()) return;
@@ -173,6 +177,13 @@ void CommQueue::block_until(F&& ready, const char* what) {
     }
     // As Request::wait: spin first, then give the core to a peer rank (oversubscribed runs).
     if (polls < 2000) continue;
+    // (Marked again when a nested wait in a completion callback cleared it.)
+    if (!ops_.empty() && (ops_.front().id != marked || !comm::blocked_in_wait(nullptr, nullptr))) {
+      marked = ops_.front().id;
+      blocked.mark(ops_.front().request.description(), t0);
+    }
+    if (comm::roll_call_requested() && !ops_.empty())  // the watchdog asks who stopped
+      comm::serve_roll_call(ops_.front().request.description(), waited, frozen);
     if (waited < 0.01) std::this_thread::yield();
     else std::this_thread::sleep_for(std::chrono::microseconds(200));
   }

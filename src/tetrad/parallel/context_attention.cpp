@@ -5,20 +5,26 @@
 namespace tetrad::parallel {
 
 ContextAttention::ContextAttention(const StepContext& ctx, int local_batch, int local_len,
-                                   ContextComm comm)
-    : ctx_(ctx), split_(ContextSplit::of(ctx.shape(), ctx.g().coord)), comm_(comm) {
+                                   ContextComm comm, bool skip_masked_pairs)
+    : ctx_(ctx), split_(ContextSplit::of(ctx.shape(), ctx.g().coord)), comm_(comm),
+      skip_masked_pairs_(skip_masked_pairs) {
   if (!split_.active()) return;
   const size_t tokens = size_t(local_batch) * size_t(local_len);
-  const size_t block = tokens * size_t(ctx_.dims.QKVy);
   if (comm == ContextComm::Ring) {
     // Two K|V blocks in flight (recv_), two block gradients (full_), one pair's dQ in q|k|v rows
     // (dtmp_; forward: partial outputs), one pair's dK|dV (dacc_; forward: two chunks' partial
-    // lse and the merged lse where the caller keeps none).
+    // lse and the merged lse where the caller keeps none). A pair covers one chunk of each
+    // sequence: written at the sequences' strides from the buffer's start, its rows span
+    // (B - 1) T + T / 2 rows (context_exchange_bytes).
     const size_t kv = tokens * size_t(kv_width());
+    const size_t pair_rows = size_t(local_batch - 1) * size_t(local_len) + size_t(local_len / 2);
     recv_ = backend::DeviceArray<float>(*ctx_.be, 2 * kv);
     full_ = backend::DeviceArray<float>(*ctx_.be, 2 * kv);
-    dtmp_ = backend::DeviceArray<float>(*ctx_.be, block);
-    dacc_ = backend::DeviceArray<float>(*ctx_.be, std::max(kv, 2 * tokens * size_t(ctx_.dims.nhy)));
+    dtmp_ = backend::DeviceArray<float>(*ctx_.be, pair_rows * size_t(ctx_.dims.QKVy));
+    dacc_ = backend::DeviceArray<float>(*ctx_.be, std::max(pair_rows * size_t(kv_width()),
+                                                           2 * tokens * size_t(ctx_.dims.nhy)));
+    TETRAD_CHECK(bytes() == bytes(ctx_.dims, ctx_.shape(), local_batch, local_len, comm),
+                 "ring buffers differ from context_exchange_bytes");
     return;
   }
   const size_t n = tokens * size_t(kv_width()) * size_t(split_.ranks);  // Gc K|V blocks each
@@ -26,6 +32,8 @@ ContextAttention::ContextAttention(const StepContext& ctx, int local_batch, int 
   full_ = backend::DeviceArray<float>(*ctx_.be, n);
   dtmp_ = backend::DeviceArray<float>(*ctx_.be, n);
   dacc_ = backend::DeviceArray<float>(*ctx_.be, n);
+  TETRAD_CHECK(bytes() == bytes(ctx_.dims, ctx_.shape(), local_batch, local_len, comm),
+               "all-gather buffers differ from context_exchange_bytes");
 }
 
 void ContextAttention::gather(const float* qkv, int B, int T, int layer) {

@@ -15,8 +15,9 @@
 //
 // Scratch: four buffers of Gc K|V blocks of B x T tokens (the received rows, the sequence-ordered
 // keys and values, and two for their gradients), allocated only when Gc > 1 (bytes()); with the
-// ring (which moves the same packed K|V rows), four K|V blocks of B x T tokens, one of
-// B x T x QKVy and one more K|V block (or the forward's lse, if larger), whatever Gc is.
+// ring (which moves the same packed K|V rows), four K|V blocks of B x T tokens, one pair's dQ in
+// q|k|v rows and one pair's dK|dV (or the forward's lse, if larger) over the rows one chunk of
+// every sequence spans, (B - 1) T + T / 2, whatever Gc is (context_exchange_bytes).
 // Collective over the C group; not thread-safe.
 #pragma once
 #include <algorithm>
@@ -35,18 +36,16 @@ class ContextAttention {
   // comm: all-gathered keys and values or the ring (context_ring.cpp), which works in the same
   // four buffers, sized for it (two K|V blocks, two block gradients, one pair's dQ and one pair's
   // dK|dV, whatever Gc is).
+  // skip_masked_pairs: the ring skips the pairs the document mask hides wholly (pair_needed).
   ContextAttention(const StepContext& ctx, int local_batch, int local_len,
-                   ContextComm comm = ContextComm::AllGather);
+                   ContextComm comm = ContextComm::AllGather, bool skip_masked_pairs = true);
   bool active() const { return split_.active(); }
   const ContextSplit& split() const { return split_; }
-  // Bytes of the scratch (0 with Gc = 1): the memory formula's context term.
+  // Bytes of the scratch (0 with Gc = 1): the memory formula's context term, the one formula
+  // the constructor allocates by (context_exchange_bytes, context_split.hpp).
   static int64_t bytes(const LocalDims& d, const GridShape& g, int local_batch, int local_len,
                        ContextComm comm = ContextComm::AllGather) {
-    if (g.c() <= 1) return 0;
-    const int64_t tokens = int64_t(local_batch) * local_len, f = sizeof(float);
-    const int64_t kv = tokens * 2 * d.nkvy * d.hd;  // one K|V block
-    if (comm != ContextComm::Ring) return 4 * f * kv * g.c();
-    return f * (4 * kv + tokens * d.QKVy + std::max(kv, 2 * tokens * d.nhy));
+    return context_exchange_bytes(d, g, local_batch, local_len, comm);
   }
   int64_t bytes() const {
     return int64_t((recv_.size() + full_.size() + dtmp_.size() + dacc_.size()) * sizeof(float));
@@ -82,12 +81,19 @@ class ContextAttention {
                                    int jj) const;
   // Whether query chunk j sees any key of chunk jj of rank src's block.
   bool pair_visible(int j, int src, int jj) const;
+  // Whether the pair (causally visible) must be attended: false where the micro-batch's document
+  // mask hides every key of the block chunk from every query of chunk j in every sequence (each
+  // query's document begins after the chunk's last key). Such a pair adds nothing (lse -inf,
+  // merged as "nothing seen"; zero dQ and dK|dV), so skipping it leaves every bit as it was.
+  // Counted (and, tracing, marked on the timeline) in the step's profile.
+  bool pair_needed(int j, int src, int jj, int B, int T, int layer) const;
   // Width of a packed K|V row (the ring's blocks): 2 x n_kv_head x hd of this rank's heads.
   int64_t kv_width() const { return 2 * ctx_.dims.nkvy * ctx_.dims.hd; }
 
   const StepContext& ctx_;
   ContextSplit split_;
   ContextComm comm_;
+  bool skip_masked_pairs_ = true;
   backend::DeviceArray<float> recv_, full_, dtmp_, dacc_;
 };
 

@@ -23,7 +23,12 @@
 // Buffers (ContextAttention's constructor; bytes()): recv_ the two K|V blocks in flight (the own
 // block packed into the second); full_ this step's block gradient and the one that came in (K|V
 // wide); dtmp_ one pair's dQ (q|k|v rows) or, forward, partial outputs; dacc_ one pair's dK|dV
-// or, forward, partial and merged lse where the caller keeps none.
+// or, forward, partial and merged lse where the caller keeps none. A pair's rows are one chunk of
+// each sequence, written at the sequences' strides from the buffer's start, so dtmp_ and dacc_
+// span (B - 1) T + Tc rows, not B T (with one sequence: half).
+#include <chrono>
+#include <string>
+
 #include "tetrad/core/error.hpp"
 #include "tetrad/parallel/context_attention.hpp"
 
@@ -35,6 +40,36 @@ constexpr int kTagKv = 2801, kTagDkv = 2802;  // the C group's point-to-point me
 
 bool ContextAttention::pair_visible(int j, int src, int jj) const {
   return ContextSplit{split_.ranks, src}.chunk_index(jj) <= split_.chunk_index(j);
+}
+
+bool ContextAttention::pair_needed(int j, int src, int jj, int B, int T, int layer) const {
+  bool needed = true;
+  const int32_t* starts = ctx_.docs.mask && skip_masked_pairs_ ? ctx_.docs.host : nullptr;
+  if (starts) {
+    // Within a chunk the starts do not decrease (documents.cpp checks it), so the chunk's first
+    // query has the earliest document start: past the key chunk's end there, past it for all.
+    const int Tc = split_.chunk_len(T);
+    const int64_t k_end = int64_t(ContextSplit{split_.ranks, src}.chunk_index(jj) + 1) * Tc;
+    needed = false;
+    for (int b = 0; b < B && !needed; ++b)
+      needed = starts[int64_t(b) * T + int64_t(j) * Tc] < k_end;
+  }
+  StepProfile* prof = ctx_.prof;
+  if (prof) {
+    ++prof->ring_pairs;
+    if (!needed) {
+      ++prof->ring_pairs_doc_skipped;
+      if (prof->tracing()) {
+        const auto now = std::chrono::steady_clock::now();
+        prof->trace->add(0, event_name("attention", "ring pair skipped (document mask)", layer),
+                         now, now,
+                         "\"query_chunk\":" + std::to_string(split_.chunk_index(j)) +
+                             ",\"key_chunk\":" +
+                             std::to_string(ContextSplit{split_.ranks, src}.chunk_index(jj)));
+      }
+    }
+  }
+  return needed;
 }
 
 backend::AttentionArgs ContextAttention::pair_args(const backend::AttentionArgs& local, int j,
@@ -83,7 +118,7 @@ void ContextAttention::ring_forward(const backend::AttentionArgs& local, float* 
     }
     for (int j = 0; j < 2; ++j)
       for (int jj = 0; jj < 2; ++jj) {
-        if (!pair_visible(j, src, jj)) continue;
+        if (!pair_visible(j, src, jj) || !pair_needed(j, src, jj, B, T, layer)) continue;
         const backend::AttentionArgs a = pair_args(local, j, src, jj);
         const float* q = qkv + int64_t(j) * Tc * W;
         const float* blk = cur + int64_t(jj) * Tc * KV;
@@ -94,7 +129,9 @@ void ContextAttention::ring_forward(const backend::AttentionArgs& local, float* 
           if (!have[j]) {
             ctx_.ops().attention_forward(ctx_.bq(), a, o, l, q, blk, blk + v0);
           } else {
-            float* po = part_out + int64_t(j) * Tc * local.out_stride;
+            // The partial output at the sequences' strides from the buffer's start (one chunk
+            // of each sequence: context_exchange_bytes sizes it so).
+            float* po = part_out;
             float* pl = part_lse + j * lse_chunk;
             ctx_.ops().attention_forward(ctx_.bq(), a, po, pl, q, blk, blk + v0);
             ctx_.ops().attention_merge(ctx_.bq(), a, o, l, po, pl);
@@ -125,11 +162,16 @@ void ContextAttention::ring_backward(const backend::AttentionArgs& local, float*
   float* blocks[2] = {recv_.data(), recv_.data() + n};
   float* dkv_mine = full_.data();    // the block's gradient: this rank's queries' share, then sum
   float* dkv_in = full_.data() + n;  // what the ranks before sent for the block
-  float* gq = dtmp_.data();          // one pair's dQ (q columns of its query chunk's q|k|v rows)
-  float* gkv = dacc_.data();         // one pair's dK|dV (its key chunk's K|V rows)
-  // Rows of chunk j of every sequence (rows of `width`): zeroed or added, Tc rows at a time.
+  // One pair's dQ (q columns of q|k|v rows) and dK|dV (K|V rows), each written at the
+  // sequences' strides from its buffer's start: sequence b's chunk rows at b T (the buffers span
+  // (B - 1) T + Tc rows, context_exchange_bytes).
+  float* gq = dtmp_.data();
+  float* gkv = dacc_.data();
+  // Rows of chunk j of every sequence (rows of `width`): f(at in the whole rows, at in a pair
+  // buffer, length), Tc rows at a time.
   auto rows = [&](int j, int64_t width, auto&& f) {
-    for (int b = 0; b < B; ++b) f((int64_t(b) * T + int64_t(j) * Tc) * width, int64_t(Tc) * width);
+    for (int b = 0; b < B; ++b)
+      f((int64_t(b) * T + int64_t(j) * Tc) * width, int64_t(b) * T * width, int64_t(Tc) * width);
   };
   ctx_.zero_dev(dqkv, int64_t(B) * T * W);
   ctx_.copy_rows_dev(blocks[1], KV, qkv + k0, W, KV, int64_t(B) * T);  // this rank's K|V
@@ -154,21 +196,23 @@ void ContextAttention::ring_backward(const backend::AttentionArgs& local, float*
     ctx_.zero_dev(dkv_mine, n);
     for (int j = 0; j < 2; ++j)
       for (int jj = 0; jj < 2; ++jj) {
-        if (!pair_visible(j, src, jj)) continue;
+        if (!pair_visible(j, src, jj) || !pair_needed(j, src, jj, B, T, layer)) continue;
         const backend::AttentionArgs a = pair_args(local, j, src, jj);
         const int64_t qo = int64_t(j) * Tc, ko = int64_t(jj) * Tc * KV;
-        rows(j, W, [&](int64_t at, int64_t len) { ctx_.zero_dev(gq + at, len); });
-        rows(jj, KV, [&](int64_t at, int64_t len) { ctx_.zero_dev(gkv + at, len); });
+        rows(j, W, [&](int64_t, int64_t p, int64_t len) { ctx_.zero_dev(gq + p, len); });
+        rows(jj, KV, [&](int64_t, int64_t p, int64_t len) { ctx_.zero_dev(gkv + p, len); });
         {
           CommQueue::ProgressScope progress(cq);  // the transfers move during the kernel
-          ctx_.ops().attention_backward(ctx_.bq(), a, gq + qo * W, gkv + ko, gkv + ko + v0,
+          ctx_.ops().attention_backward(ctx_.bq(), a, gq, gkv, gkv + v0,
                                         dout + qo * local.out_stride, qkv + qo * W, cur + ko,
                                         cur + ko + v0, out + qo * local.out_stride,
                                         lse + j * lse_chunk);
         }
-        rows(j, W, [&](int64_t at, int64_t len) { ctx_.ops().add(ctx_.bq(), dqkv + at, gq + at, len); });
-        rows(jj, KV, [&](int64_t at, int64_t len) {
-          ctx_.ops().add(ctx_.bq(), dkv_mine + at, gkv + at, len);
+        rows(j, W, [&](int64_t at, int64_t p, int64_t len) {
+          ctx_.ops().add(ctx_.bq(), dqkv + at, gq + p, len);
+        });
+        rows(jj, KV, [&](int64_t at, int64_t p, int64_t len) {
+          ctx_.ops().add(ctx_.bq(), dkv_mine + at, gkv + p, len);
         });
         cq.poll();  // (without the progress thread: MPI moves here)
       }

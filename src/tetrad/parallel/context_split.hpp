@@ -11,8 +11,12 @@
 #pragma once
 #include <cstdint>
 
+#include <algorithm>
+
 #include "tetrad/core/error.hpp"
 #include "tetrad/parallel/grid.hpp"
+#include "tetrad/parallel/local_dims.hpp"
+#include "tetrad/parallel/options.hpp"
 
 namespace tetrad::parallel {
 
@@ -71,5 +75,25 @@ struct ContextSplit {
       }
   }
 };
+
+// Bytes of the context exchange's buffers (ContextAttention, context_attention.hpp), 0 with
+// Gc = 1: the one formula of the model's allocation (ContextAttention's constructor and
+// bytes()), the memory formula's context term (parallel::model_memory) and the planner's
+// (planner::context_gather_bytes). local_batch sequences of local_len tokens on this rank, fp32
+// (in bf16 runs too). One K|V block: the rank's tokens x 2 n_kv_head hd of its heads.
+//   allgather: four buffers of Gc K|V blocks (received, in sequence order, two gradients);
+//   ring: four K|V blocks (two in flight, two block gradients), one pair's dQ in q|k|v rows and
+//         one pair's dK|dV in K|V rows (forward: partial outputs; partial and merged lse where
+//         larger), each over the rows one chunk of every sequence spans: (B - 1) T + T / 2.
+inline int64_t context_exchange_bytes(const LocalDims& d, const GridShape& g, int64_t local_batch,
+                                      int64_t local_len, ContextComm comm) {
+  if (g.c() <= 1) return 0;
+  const int64_t tokens = local_batch * local_len, f = sizeof(float);
+  const int64_t KV = 2 * d.nkvy * d.hd;
+  const int64_t kv = tokens * KV;  // one K|V block
+  if (comm != ContextComm::Ring) return 4 * f * kv * g.c();
+  const int64_t pair_rows = std::max<int64_t>(0, local_batch - 1) * local_len + local_len / 2;
+  return f * (4 * kv + pair_rows * d.QKVy + std::max(pair_rows * KV, 2 * tokens * d.nhy));
+}
 
 }  // namespace tetrad::parallel

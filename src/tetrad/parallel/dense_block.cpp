@@ -93,7 +93,7 @@ DenseBlock::DenseBlock(const BlockParts& p)
   if (p.config.desc().qk_norm) qk_norm_ = std::make_unique<QkNorm>(p);
   if (ctx_.shape().c() > 1)
     context_ = std::make_unique<ContextAttention>(ctx_, p.local_batch, p.max_len / ctx_.shape().c(),
-                                                  p.cp_comm);
+                                                  p.cp_comm, p.cp_skip_masked_pairs);
 }
 
 const int32_t* DenseBlock::document_positions() const {
@@ -239,6 +239,19 @@ void DenseBlock::forward(int l, const float* x, int B, int T, const CachedKv* kv
   ops_.norm_fwd(A.ln2, A.ln2_mean, A.ln2_rstd, A.resid_mid, L.ln2_w, L.ln2_b, N, A.ln2_16);
   mlp_forward(l, N);
   scratch_layer_ = l;  // with recomputation, the shared scratch now holds this layer
+  stash(l, N, true);
+}
+
+void DenseBlock::stash(int l, int64_t N, bool to_bf16) const {
+  if (N == 0) return;
+  const int ways = int(N / ops_.stream_rows(N));
+  const auto tensors = stashed_tensors(a_.layer[size_t(l)], N, ctx_.dims, ways);
+  if (tensors.empty()) return;
+  ScopedPhase sp(ctx_.prof, Phase::Other, to_bf16 ? "bf16 stash" : "bf16 unstash");
+  for (const StashedTensor& t : tensors) {
+    if (to_bf16) ctx_.ops().cast_f32_to_bf16(ctx_.bq(), t.bf16, t.f32, t.n);
+    else ctx_.ops().cast_bf16_to_f32(ctx_.bq(), t.f32, t.bf16, t.n);
+  }
 }
 
 void DenseBlock::mlp_forward(int l, int64_t N) {
@@ -287,6 +300,10 @@ void DenseBlock::backward(int l, const float* x_in, int B, int T) {
   backend::Queue& q = ctx_.bq();
   // Recomputation: the scratch holds only the last layer run forward (the last one, at first).
   if (recompute_ == Recompute::Full && scratch_layer_ != l) forward(l, x_in, B, T);
+  // bf16 runs: the tensors kept in bf16 back into their fp32 working copies (always from the
+  // bf16 copy, also for the layer whose forward ran last: every layer's backward reads the same
+  // rounded values, whatever the grid or schedule ran before it).
+  stash(l, N, false);
   if (recompute_ == Recompute::Selective && scratch_layer_ != l) {
     attention(l, B, T);
     scratch_layer_ = l;

@@ -72,6 +72,9 @@ class DenseBlock : public TransformerBlock {
   void cached_attention(int l, int B, int Tq, const CachedKv& kv);
   // fc_act = GELU(fc) or SwiGLU(gate, up) of layer l (or its bf16 form).
   void mlp_activation(int l, int64_t N);
+  // bf16 runs: layer l's stashed tensors (ActStore::Bf16Stash) cast from the fp32 working copy
+  // into their bf16 slots after its forward (to_bf16), or back before its backward.
+  void stash(int l, int64_t N, bool to_bf16) const;
   backend::RopeArgs rope_args(float* x, int64_t N, int T, int pos0) const;
   // The micro-batch's document starts when positions restart per document (RopeArgs::doc_start).
   const int32_t* document_positions() const;

@@ -1,9 +1,17 @@
 // The experts' SwiGLU MLPs as grouped GEMMs (expert_mlp.hpp).
 #include "tetrad/parallel/expert_mlp.hpp"
 
+#include "tetrad/core/error.hpp"
+
 namespace tetrad::parallel {
 
 namespace {
+using backend::DType;
+constexpr DType kF32 = DType::F32;
+
+// The SwiGLU output as the down GEMMs read it.
+Operand act_operand(const ExpertAct& a) { return act(a.f32, a.b16); }
+
 // The sum of a partial product over a tensor axis (X or Y; nothing on one rank). Every rank of
 // the group holds the same rows (the routing is the same on the X and Y ranks), so n agrees.
 void sum_rows(const StepContext& ctx, const comm::Communicator& axis, float* p, int64_t n,
@@ -12,11 +20,12 @@ void sum_rows(const StepContext& ctx, const comm::Communicator& axis, float* p, 
 }
 }  // namespace
 
-void grouped_gemm_f32(const StepContext& ctx, const char* what, bool ta, bool tb,
-                      const std::vector<int64_t>& M, const std::vector<int64_t>& N,
-                      const std::vector<int64_t>& K, const std::vector<const void*>& A,
-                      int64_t lda, const std::vector<const void*>& B, int64_t ldb, float beta,
-                      const std::vector<float*>& Cp, int64_t ldc) {
+void grouped_gemm(const StepContext& ctx, const char* what, backend::Precision precision, bool ta,
+                  bool tb, const std::vector<int64_t>& M, const std::vector<int64_t>& N,
+                  const std::vector<int64_t>& K, const std::vector<const void*>& A,
+                  backend::DType a_type, int64_t lda, const std::vector<const void*>& B,
+                  backend::DType b_type, int64_t ldb, float beta, const std::vector<float*>& Cp,
+                  int64_t ldc) {
   CommQueue::ProgressScope progress(ctx.q());
   ScopedPhase sp(ctx.prof, Phase::Gemm, what);
   backend::GroupedGemmArgs g;
@@ -33,46 +42,62 @@ void grouped_gemm_f32(const StepContext& ctx, const char* what, bool ta, bool tb
   g.ldb = ldb;
   g.C = Cp.data();
   g.ldc = ldc;
-  g.precision = backend::Precision::FP32;
+  g.precision = precision;
+  g.a_type = a_type;
+  g.b_type = b_type;
   ctx.ops().grouped_gemm(ctx.bq(), g);
 }
 
 void experts_forward(const StepContext& ctx, int64_t C, int64_t F, const ExpertRows& x,
-                     const float* in, const float* w13, const float* w2, float* gu, float* act,
-                     float* out) {
+                     const float* in, const ExpertGemms& w, float* gu, ExpertAct act, float* out) {
   const size_t E = x.rows.size();
+  const size_t e16 = w.w13.type == DType::BF16 ? 2 : 4;  // bytes per weight element
+  const Operand a = act_operand(act);
+  const size_t a16 = a.type == DType::BF16 ? 2 : 4;
   std::vector<int64_t> cols2F(E, 2 * F), colsC(E, C), colsF(E, F);
   std::vector<const void*> pin(E), wgu(E), pact(E), wd(E);
   std::vector<float*> pgu(E), pout(E);
   for (size_t e = 0; e < E; ++e) {
     const int64_t o = x.first[e], ei = int64_t(e);
     pin[e] = in + o * C;
-    wgu[e] = w13 + ei * 2 * F * C;
+    wgu[e] = static_cast<const char*>(w.w13.p) + size_t(ei * 2 * F * C) * e16;
     pgu[e] = gu + o * 2 * F;
-    pact[e] = act + o * F;
-    wd[e] = w2 + ei * C * F;
+    pact[e] = static_cast<const char*>(a.p) + size_t(o * F) * a16;
+    wd[e] = static_cast<const char*>(w.w2.p) + size_t(ei * C * F) * e16;
     pout[e] = out + o * C;
   }
-  grouped_gemm_f32(ctx, "experts gate|up", false, true, x.rows, cols2F, colsC, pin, C, wgu, C,
-                   0.0f, pgu, 2 * F);
+  grouped_gemm(ctx, "experts gate|up", w.precision, false, true, x.rows, cols2F, colsC, pin, kF32,
+               C, wgu, w.w13.type, C, 0.0f, pgu, 2 * F);
   sum_rows(ctx, ctx.g().x(), gu, x.kept * 2 * F, "experts gate|up");
   {
     ScopedPhase sp(ctx.prof, Phase::Activation);
-    ctx.ops().swiglu_forward(ctx.bq(), act, gu, x.kept, F);
+    const backend::OpTable& op = ctx.ops();
+    if (!act.b16) {
+      op.swiglu_forward(ctx.bq(), act.f32, gu, x.kept, F);
+    } else if (op.swiglu_forward_bf16) {
+      op.swiglu_forward_bf16(ctx.bq(), act.b16, gu, x.kept, F);
+    } else {  // fp32 into the scratch, then the cast (the same bits)
+      TETRAD_CHECK(act.f32 != nullptr, "experts' SwiGLU in bf16 without fp32 scratch");
+      op.swiglu_forward(ctx.bq(), act.f32, gu, x.kept, F);
+      op.cast_f32_to_bf16(ctx.bq(), act.b16, act.f32, x.kept * F);
+    }
   }
   if (out) {
-    grouped_gemm_f32(ctx, "experts down", false, true, x.rows, colsC, colsF, pact, F, wd, F, 0.0f,
-                     pout, C);
+    grouped_gemm(ctx, "experts down", w.precision, false, true, x.rows, colsC, colsF, pact, a.type,
+                 F, wd, w.w2.type, F, 0.0f, pout, C);
     sum_rows(ctx, ctx.g().y(), out, x.kept * C, "experts down");
   }
   ctx.q().poll();
 }
 
 void experts_backward(const StepContext& ctx, int64_t C, int64_t F, const ExpertRows& x,
-                      const float* in, const float* gu, const float* act, const float* dout,
-                      const float* w13, const float* w2, float* gw13, float* gw2, float* dact,
-                      float* dgu, float* din) {
+                      const float* in, const float* gu, ExpertAct act, const float* dout,
+                      const ExpertGemms& w, float* gw13, float* gw2, float* dact, float* dgu,
+                      float* din) {
   const size_t E = x.rows.size();
+  const size_t e16 = w.w13.type == DType::BF16 ? 2 : 4;
+  const Operand a = act_operand(act);
+  const size_t a16 = a.type == DType::BF16 ? 2 : 4;
   std::vector<int64_t> nC(E, C), nF(E, F), n2F(E, 2 * F);
   std::vector<const void*> pdout(E), wd(E), pact(E), pdgu(E), wgu(E), pin(E);
   std::vector<float*> pdact(E), gwd(E), gwgu(E), pdin(E);
@@ -80,32 +105,32 @@ void experts_backward(const StepContext& ctx, int64_t C, int64_t F, const Expert
     const int64_t o = x.first[e], ei = int64_t(e);
     pdout[e] = dout + o * C;
     pdin[e] = din + o * C;
-    wd[e] = w2 + ei * C * F;
+    wd[e] = static_cast<const char*>(w.w2.p) + size_t(ei * C * F) * e16;
     gwd[e] = gw2 + ei * C * F;
-    pact[e] = act + o * F;
+    pact[e] = static_cast<const char*>(a.p) + size_t(o * F) * a16;
     pdact[e] = dact + o * F;
     pdgu[e] = dgu + o * 2 * F;
-    wgu[e] = w13 + ei * 2 * F * C;
+    wgu[e] = static_cast<const char*>(w.w13.p) + size_t(ei * 2 * F * C) * e16;
     gwgu[e] = gw13 + ei * 2 * F * C;
     pin[e] = in + o * C;
   }
   // down: dact = dout · W2 [rows, F]; dW2 += doutᵀ · act [C, F].
-  grouped_gemm_f32(ctx, "experts down dx", false, false, x.rows, nF, nC, pdout, C, wd, F, 0.0f,
-                   pdact, F);
+  grouped_gemm(ctx, "experts down dx", w.precision, false, false, x.rows, nF, nC, pdout, kF32, C,
+               wd, w.w2.type, F, 0.0f, pdact, F);
   sum_rows(ctx, ctx.g().x(), dact, x.kept * F, "experts down dx");
-  grouped_gemm_f32(ctx, "experts down dw", true, false, nC, nF, x.rows, pdout, C, pact, F, 1.0f,
-                   gwd, F);
+  grouped_gemm(ctx, "experts down dw", w.precision, true, false, nC, nF, x.rows, pdout, kF32, C,
+               pact, a.type, F, 1.0f, gwd, F);
   {
     ScopedPhase sp(ctx.prof, Phase::Activation);
     ctx.ops().swiglu_backward(ctx.bq(), dgu, dact, gu, x.kept, F);
   }
   // gate|up: din = dgu · W13 [rows, C] (over dout, no longer needed, where din is dout);
   // dW13 += dguᵀ · in [2F, C].
-  grouped_gemm_f32(ctx, "experts gate|up dx", false, false, x.rows, nC, n2F, pdgu, 2 * F, wgu, C,
-                   0.0f, pdin, C);
+  grouped_gemm(ctx, "experts gate|up dx", w.precision, false, false, x.rows, nC, n2F, pdgu, kF32,
+               2 * F, wgu, w.w13.type, C, 0.0f, pdin, C);
   sum_rows(ctx, ctx.g().y(), din, x.kept * C, "experts gate|up dx");
-  grouped_gemm_f32(ctx, "experts gate|up dw", true, false, n2F, nC, x.rows, pdgu, 2 * F, pin, C,
-                   1.0f, gwgu, C);
+  grouped_gemm(ctx, "experts gate|up dw", w.precision, true, false, n2F, nC, x.rows, pdgu, kF32,
+               2 * F, pin, kF32, C, 1.0f, gwgu, C);
   ctx.q().poll();
 }
 

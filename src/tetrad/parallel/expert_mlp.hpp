@@ -8,21 +8,36 @@
 // expert is the dense MLP's pair of parallel layers (linear_layers.hpp): gate|up a normal layer
 // (its partial sums all-reduced over X), down a transposed one (over Y); the backward's input
 // gradients over the adjoint axes (down's over X, gate|up's over Y). One rank: no message.
+//
+// Precision: the model's (ExpertGemms). In bf16 the GEMMs read the weights from the bf16 copy
+// where the model keeps one, the SwiGLU output from its bf16 form where the caller stores one
+// (act16), and round the fp32 rows and gradients to bf16 inside the product (fp32 accumulation;
+// the gradients stay fp32).
 #pragma once
 #include <cstdint>
 #include <vector>
 
+#include "tetrad/parallel/parallel_ops.hpp"
 #include "tetrad/parallel/step_context.hpp"
 
 namespace tetrad::parallel {
 
-// Each group's GEMM C_g (= beta C_g) + op(A_g) op(B_g) in fp32, shapes per group, in one
-// grouped_gemm call of the backend (under the queue's progress scope).
-void grouped_gemm_f32(const StepContext& ctx, const char* what, bool ta, bool tb,
-                      const std::vector<int64_t>& M, const std::vector<int64_t>& N,
-                      const std::vector<int64_t>& K, const std::vector<const void*>& A,
-                      int64_t lda, const std::vector<const void*>& B, int64_t ldb, float beta,
-                      const std::vector<float*>& Cp, int64_t ldc);
+// The experts' weights as the GEMMs read them (gate|up [E 2F, C] and down [E C, F], stacked;
+// fp32 or the bf16 copy) and the precision of their products.
+struct ExpertGemms {
+  Operand w13, w2;
+  backend::Precision precision = backend::Precision::FP32;
+};
+
+// Each group's GEMM C_g (= beta C_g) + op(A_g) op(B_g), shapes per group, operands stored as
+// a_type / b_type, in one grouped_gemm call of the backend in `precision` (under the queue's
+// progress scope).
+void grouped_gemm(const StepContext& ctx, const char* what, backend::Precision precision, bool ta,
+                  bool tb, const std::vector<int64_t>& M, const std::vector<int64_t>& N,
+                  const std::vector<int64_t>& K, const std::vector<const void*>& A,
+                  backend::DType a_type, int64_t lda, const std::vector<const void*>& B,
+                  backend::DType b_type, int64_t ldb, float beta, const std::vector<float*>& Cp,
+                  int64_t ldc);
 
 // The rows of each expert: rows[e] from first[e]; kept = Σ rows.
 struct ExpertRows {
@@ -31,18 +46,24 @@ struct ExpertRows {
   int64_t kept;
 };
 
+// The SwiGLU output [kept, F]: fp32 (f32), or bf16 only (b16: what the down GEMMs read) with
+// f32 then fp32 scratch of the same size for a backend without the bf16 producer (or null).
+struct ExpertAct {
+  float* f32 = nullptr;
+  uint16_t* b16 = nullptr;
+};
+
 // out = down(SwiGLU(in · W13ᵀ)) per expert; gu [kept, 2F] and act [kept, F] are the stored
 // intermediates (out null: only they, a recomputation). C: the hidden size, F: the expert width.
 void experts_forward(const StepContext& ctx, int64_t C, int64_t F, const ExpertRows& x,
-                     const float* in, const float* w13, const float* w2, float* gu, float* act,
-                     float* out);
+                     const float* in, const ExpertGemms& w, float* gu, ExpertAct act, float* out);
 
 // From dout [kept, C] (the gradient of out): gw2 += doutᵀ · act, gw13 += dguᵀ · in, and
 // din [kept, C] = dgu · W13 (din may be dout: it is written after dout's last read); dact
-// [kept, F] and dgu [kept, 2F] are scratch.
+// [kept, F] and dgu [kept, 2F] are scratch (act's fp32 scratch may be dact).
 void experts_backward(const StepContext& ctx, int64_t C, int64_t F, const ExpertRows& x,
-                      const float* in, const float* gu, const float* act, const float* dout,
-                      const float* w13, const float* w2, float* gw13, float* gw2, float* dact,
-                      float* dgu, float* din);
+                      const float* in, const float* gu, ExpertAct act, const float* dout,
+                      const ExpertGemms& w, float* gw13, float* gw2, float* dact, float* dgu,
+                      float* din);
 
 }  // namespace tetrad::parallel

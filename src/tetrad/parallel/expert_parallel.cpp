@@ -8,9 +8,9 @@
 
 namespace tetrad::parallel {
 
-ExpertParallel::ExpertParallel(const StepContext& ctx, const ModelConfig& cfg)
+ExpertParallel::ExpertParallel(const StepContext& ctx, const ModelConfig& cfg, bool act16)
     : ctx_(ctx), C_(ctx.dims.Cx), F_(ctx.dims.Fy), El_(cfg.n_experts / ctx.shape().e()),
-      Ge_(ctx.shape().e()) {
+      Ge_(ctx.shape().e()), act16_(act16) {
   TETRAD_CHECK(Ge_ > 1 && cfg.n_experts % Ge_ == 0 && ctx.g().experts().size() == Ge_,
                "expert parallelism: E = ", Ge_, " does not fit ", cfg.n_experts,
                " experts or the expert group");
@@ -108,25 +108,25 @@ void ExpertParallel::combine(int layer, const float* em, float* rows, const char
   alltoallv(layer, stage_.data(), rc_, rd_, rows, sc_, sd_, what);
 }
 
-void ExpertParallel::forward(int layer, const MoeRouting& r, const float* rows, const float* w13,
-                             const float* w2, float* out) {
+void ExpertParallel::forward(int layer, const MoeRouting& r, const float* rows,
+                             const ExpertGemms& w, float* out) {
   plan(layer, r);
   dispatch(layer, rows, in_.data(), "expert dispatch");
   const ExpertRows x{lrows_, lfirst_, R_};
-  experts_forward(ctx_, C_, F_, x, in_.data(), w13, w2, gu_.data(), act_.data(), out_.data());
+  experts_forward(ctx_, C_, F_, x, in_.data(), w, gu_.data(), act(), out_.data());
   combine(layer, out_.data(), out, "expert combine");
 }
 
 void ExpertParallel::backward(int layer, const MoeRouting& r, const float* rows, float* drows,
-                              const float* w13, const float* w2, float* gw13, float* gw2) {
+                              const ExpertGemms& w, float* gw13, float* gw2) {
   plan(layer, r);
   // The forward's dispatch and the experts' gate|up and SwiGLU again (not kept: see the header).
   dispatch(layer, rows, in_.data(), "expert dispatch (recomputed)");
   const ExpertRows x{lrows_, lfirst_, R_};
-  experts_forward(ctx_, C_, F_, x, in_.data(), w13, w2, gu_.data(), act_.data(), nullptr);
+  experts_forward(ctx_, C_, F_, x, in_.data(), w, gu_.data(), act(), nullptr);
   dispatch(layer, drows, out_.data(), "expert dispatch of gradients");
-  experts_backward(ctx_, C_, F_, x, in_.data(), gu_.data(), act_.data(), out_.data(), w13, w2,
-                   gw13, gw2, dact_.data(), dgu_.data(), out_.data());
+  experts_backward(ctx_, C_, F_, x, in_.data(), gu_.data(), act(), out_.data(), w, gw13, gw2,
+                   dact_.data(), dgu_.data(), out_.data());
   combine(layer, out_.data(), drows, "expert combine of gradients");
 }
 

@@ -25,6 +25,7 @@
 
 #include "tetrad/backend/backend.hpp"
 #include "tetrad/model/model_config.hpp"
+#include "tetrad/parallel/expert_mlp.hpp"
 #include "tetrad/parallel/moe_routing.hpp"
 #include "tetrad/parallel/step_context.hpp"
 
@@ -32,17 +33,19 @@ namespace tetrad::parallel {
 
 class ExpertParallel {
  public:
-  ExpertParallel(const StepContext& ctx, const ModelConfig& cfg);
+  // act16: the experts' SwiGLU output is kept in bf16 (the model's bf16 activations), as on
+  // one rank.
+  ExpertParallel(const StepContext& ctx, const ModelConfig& cfg, bool act16 = false);
 
   // rows [r.kept, Cx]: this rank's kept choices in expert order (r.rows, r.first over every
-  // expert) -> out [r.kept, Cx], the same rows through their experts. w13, w2: this rank's
-  // experts' gathered weights.
-  void forward(int layer, const MoeRouting& r, const float* rows, const float* w13,
-               const float* w2, float* out);
+  // expert) -> out [r.kept, Cx], the same rows through their experts. w: this rank's experts'
+  // gathered weights and the GEMMs' precision.
+  void forward(int layer, const MoeRouting& r, const float* rows, const ExpertGemms& w,
+               float* out);
   // drows [r.kept, Cx]: in, the gradient of out; out, the gradient of rows. gw13, gw2: this rank's
   // experts' gradient blocks (accumulated).
-  void backward(int layer, const MoeRouting& r, const float* rows, float* drows, const float* w13,
-                const float* w2, float* gw13, float* gw2);
+  void backward(int layer, const MoeRouting& r, const float* rows, float* drows,
+                const ExpertGemms& w, float* gw13, float* gw2);
 
   // The most rows one rank's experts receive in one exchange when each rank of the grid holds
   // `tokens` tokens of the micro-batch: the bound the memory formula sizes the scratch for
@@ -71,10 +74,17 @@ class ExpertParallel {
                  const std::vector<size_t>& sd, float* recv, const std::vector<size_t>& rc,
                  const std::vector<size_t>& rd, const char* what);
   void reorder(const float* from, float* to, bool to_expert_major);
+  // The SwiGLU output's storage: act_ in fp32, or act_ holding bf16 with dact_ as the fp32
+  // scratch of a backend without the bf16 producer.
+  ExpertAct act() {
+    if (!act16_) return {act_.data(), nullptr};
+    return {dact_.data(), reinterpret_cast<uint16_t*>(act_.data())};
+  }
 
   const StepContext& ctx_;
   int64_t C_, F_, El_;  // this rank's widths (Cx, Fy) and experts
   int Ge_;
+  bool act16_;
   std::vector<int64_t> send_cnt_, recv_cnt_;  // [Ge x El] rows to / from rank s for expert e
   std::vector<size_t> sc_, sd_, rc_, rd_;     // per rank, in floats: rows x C
   std::vector<int64_t> lrows_, lfirst_;       // per local expert, expert-major

@@ -105,7 +105,7 @@ std::string to_string(const GridCoord& coord) {
   if (form.empty()) form = kAxesInRankOrder;
   std::string s;
   for (Axis a : form)
-    s += (s.empty() ? "(" : ",") + std::string(axis_name(a)) + std::to_string(coord[a]);
+    s.append(s.empty() ? "(" : ",").append(axis_name(a)).append(std::to_string(coord[a]));
   return s + ")";
 }
 

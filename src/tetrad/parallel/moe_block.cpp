@@ -36,7 +36,23 @@ MoeBlock::MoeBlock(const BlockParts& p) : DenseBlock(p), cfg_(p.config) {
       fail("mixture of experts: layer ", l, "'s expert bias tensor does not match "
            "model.moe_balance = \"", cfg_.moe_balance, "\"");
   }
-  if (p.ctx.shape().e() > 1) ep_ = std::make_unique<ExpertParallel>(p.ctx, p.config);
+  if (cfg_.shared_expert_ffn > 0 && p.ops.precision() == backend::Precision::BF16)
+    fail("mixture of experts: the shared expert (model.shared_expert_ffn = ", cfg_.shared_expert_ffn,
+         ") in bf16 is not implemented; train it with train.precision = \"fp32\"");
+  if (p.ctx.shape().e() > 1)
+    ep_ = std::make_unique<ExpertParallel>(p.ctx, p.config, p.ops.bf16_activations());
+}
+
+ExpertGemms MoeBlock::expert_gemms(const Experts& X) const {
+  return {ops_.weight_operand(X.gate_up), ops_.weight_operand(X.down), ops_.precision()};
+}
+
+ExpertAct MoeBlock::expert_act(const LayerActs& A) const {
+  // With bf16 activations the SwiGLU is kept in bf16 only; dmoe_act (a work buffer, free in the
+  // forward and before the backward writes it) is the fp32 scratch of a backend without the
+  // bf16 producer.
+  if (A.moe_act16) return {a_.dmoe_act, A.moe_act16};
+  return {A.moe_act, nullptr};
 }
 
 void MoeBlock::route(int l, int64_t N) {
@@ -83,10 +99,11 @@ void MoeBlock::mlp_forward(int l, int64_t N) {
   const int64_t C = ctx_.dims.Cx, F = ctx_.dims.Fy, E = cfg_.n_experts, k = cfg_.experts_per_token;
   const backend::OpTable& op = ctx_.ops();
   backend::Queue& q = ctx_.bq();
-  // The router in fp32: logits [N, E] = ln2 · Wrᵀ, whole on every rank (ln2's X slice against
+  // The router in fp32 in every precision (ln2 is kept in fp32 for it, and the router's weight
+  // has no bf16 copy): logits [N, E] = ln2 · Wrᵀ, whole on every rank (ln2's X slice against
   // the router's X columns, summed over X: the routing sees the full hidden vector).
-  ops_.gemm("router", false, true, N, E, C, f32(A.ln2), C, f32(ops_.w(X.router)), C, 0.0f,
-            A.router_logits, E);
+  ops_.gemm_f32("router", false, true, N, E, C, A.ln2, C, ops_.w(X.router), C, 0.0f,
+                A.router_logits, E);
   ctx_.sum_over(ctx_.g().x(), A.router_logits, N * E, "router logits");
   route(l, N);
   if (!recomputing_) {
@@ -98,13 +115,12 @@ void MoeBlock::mlp_forward(int l, int64_t N) {
     ScopedPhase sp(ctx_.prof, Phase::Other, "dispatch");
     op.moe_permute(q, A.moe_in, A.ln2, slots_.data(), N, k, C);
   }
-  const float* w13 = ops_.w(X.gate_up);  // this rank's experts (E > 1: n_experts / E of them)
-  const float* w2 = ops_.w(X.down);
+  const ExpertGemms w = expert_gemms(X);  // this rank's experts (E > 1: n_experts / E of them)
   if (ep_)
-    ep_->forward(l, r, A.moe_in, w13, w2, A.moe_out);
+    ep_->forward(l, r, A.moe_in, w, A.moe_out);
   else
-    experts_forward(ctx_, C, F, {r.rows, r.first, r.kept}, A.moe_in, w13, w2, A.moe_gu, A.moe_act,
-                    A.moe_out);
+    experts_forward(ctx_, C, F, {r.rows, r.first, r.kept}, A.moe_in, w, A.moe_gu,
+                    expert_act(A), A.moe_out);
   {
     ScopedPhase sp(ctx_.prof, Phase::Residual, "combine");
     op.moe_unpermute(q, A.resid_out, A.moe_out, weights_.data(), slots_.data(), N, k, C);
@@ -131,15 +147,14 @@ void MoeBlock::mlp_backward(int l, int64_t N) {
   }
   // The combine weights' gradient dy · expert_out: partial over the X slices of the hidden size.
   ctx_.sum_over(ctx_.g().x(), dw_.data(), N * k, "combine weights' gradient");
-  const float* w13 = ops_.w(X.gate_up);
-  const float* w2 = ops_.w(X.down);
+  const ExpertGemms w = expert_gemms(X);
   float* gw13 = ops_.gw(X.gate_up);
   float* gw2 = ops_.gw(X.down);
   if (ep_)
-    ep_->backward(l, r, A.moe_in, a.dmoe_rows, w13, w2, gw13, gw2);
+    ep_->backward(l, r, A.moe_in, a.dmoe_rows, w, gw13, gw2);
   else
-    experts_backward(ctx_, C, F, {r.rows, r.first, r.kept}, A.moe_in, A.moe_gu, A.moe_act,
-                     a.dmoe_rows, w13, w2, gw13, gw2, a.dmoe_act, a.dmoe_gu, a.dmoe_rows);
+    experts_backward(ctx_, C, F, {r.rows, r.first, r.kept}, A.moe_in, A.moe_gu, expert_act(A),
+                     a.dmoe_rows, w, gw13, gw2, a.dmoe_act, a.dmoe_gu, a.dmoe_rows);
   // The router: dlogits from the combine weights' gradient and the router losses (host), then
   // dln = dlogits · Wr, dWr += dlogitsᵀ · ln2; the dispatch's adjoint adds the rows' gradient.
   dw_host_.resize(size_t(N * k));
@@ -153,10 +168,10 @@ void MoeBlock::mlp_backward(int l, int64_t N) {
   router_backward(r, dw_host_.data(), cfg_.moe_renormalize(), aux_scale, z_scale,
                   dlogits_host_.data());
   q.copy_to_device(dlogits_.data(), dlogits_host_.data(), dlogits_host_.size() * sizeof(float));
-  ops_.gemm("router dx", false, false, N, C, E, f32(dlogits_.data()), E, f32(ops_.w(X.router)), C,
-            0.0f, a.dln, C);
-  ops_.gemm("router dw", true, false, E, C, N, f32(dlogits_.data()), E, f32(A.ln2), C, 1.0f,
-            ops_.gw(X.router), C);
+  ops_.gemm_f32("router dx", false, false, N, C, E, dlogits_.data(), E, ops_.w(X.router), C, 0.0f,
+                a.dln, C);
+  ops_.gemm_f32("router dw", true, false, E, C, N, dlogits_.data(), E, A.ln2, C, 1.0f,
+                ops_.gw(X.router), C);
   {
     ScopedPhase sp(ctx_.prof, Phase::Other, "dispatch");
     op.moe_permute_backward(q, a.dln, a.dmoe_rows, slots_.data(), N, k, C);

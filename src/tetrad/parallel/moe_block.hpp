@@ -24,7 +24,9 @@
 // this rank's Cx columns and each expert is split over X and Y like the dense MLP (its GEMMs'
 // partial sums over X and Y: expert_mlp.hpp). With the expert-parallel fold (GridShape::e() > 1)
 // each rank holds n_experts / E of them and the rows travel to them and back by all-to-all
-// (expert_parallel.hpp); fp32 only.
+// (expert_parallel.hpp). Precision bf16: the experts' GEMMs in bf16 (the bf16 weight copy, the
+// SwiGLU output in bf16 with bf16 activations; expert_mlp.hpp), the router, its input (ln2) and
+// everything after its logits in fp32; master weights, gradients fp32.
 #pragma once
 #include <vector>
 
@@ -71,6 +73,10 @@ class MoeBlock final : public DenseBlock {
   bool sequence_shardable() const override { return false; }  // parallel.sequence_shard: not yet
   // The layer's routing from its stored logits, and the plan uploaded for the permutation ops.
   void route(int l, int64_t N);
+  // The experts' weights as their GEMMs read them, in the model's precision; the layer's
+  // SwiGLU output (bf16 with bf16 activations).
+  ExpertGemms expert_gemms(const Experts& X) const;
+  ExpertAct expert_act(const LayerActs& A) const;
 
   const ModelConfig& cfg_;
   std::vector<Experts> experts_;

@@ -3,24 +3,20 @@
 #include <sstream>
 
 #include "tetrad/core/error.hpp"
+#include "tetrad/core/names.hpp"
 
 namespace tetrad::parallel {
 
+namespace {
+constexpr Named<Recompute> kRecomputeNames[] = {
+    {Recompute::None, "none"}, {Recompute::Selective, "selective"}, {Recompute::Full, "full"}};
+}  // namespace
+
 Recompute parse_recompute(const std::string& text) {
-  if (text == "none") return Recompute::None;
-  if (text == "selective") return Recompute::Selective;
-  if (text == "full") return Recompute::Full;
-  fail("train.recompute: expected \"none\", \"selective\" or \"full\", got \"", text, "\"");
+  return parse_named(text, kRecomputeNames, "train.recompute");
 }
 
-const char* recompute_name(Recompute mode) {
-  switch (mode) {
-    case Recompute::None: return "none";
-    case Recompute::Selective: return "selective";
-    case Recompute::Full: return "full";
-  }
-  return "?";
-}
+const char* recompute_name(Recompute mode) { return name_of(mode, kRecomputeNames); }
 
 std::string OverlapOptions::summary() const {
   std::ostringstream os;

@@ -89,6 +89,9 @@ struct ParallelOptions {
   std::string pipeline_layers = "even";
   // parallel.cp_comm: the context axis's exchange of keys and values (ContextComm above).
   ContextComm cp_comm = ContextComm::AllGather;
+  // With the ring and a document mask: skip the (query chunk, key chunk) pairs the mask hides
+  // wholly (context_ring.cpp; the same bits either way). Off only to compare.
+  bool cp_skip_masked_pairs = true;
   // (Last, so the positional initialisers {recompute, zero, virtual_stages} keep working.)
   // Where the model computes (its memory, queue and op table); null: the CPU backend.
   backend::Backend* device = nullptr;

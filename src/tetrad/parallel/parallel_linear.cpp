@@ -57,6 +57,20 @@ Operand ParallelOps::weight_operand(int i) const {
 void ParallelOps::gemm(const char* what, bool ta, bool tb, int64_t M, int64_t N, int64_t K,
                        Operand A, int64_t lda, Operand B, int64_t ldb, float beta, float* C,
                        int64_t ldc, backend::GemmProduct product) const {
+  gemm_in(precision_, what, ta, tb, M, N, K, A, lda, B, ldb, beta, C, ldc, product);
+}
+
+void ParallelOps::gemm_f32(const char* what, bool ta, bool tb, int64_t M, int64_t N, int64_t K,
+                           const float* A, int64_t lda, const float* B, int64_t ldb, float beta,
+                           float* C, int64_t ldc) const {
+  gemm_in(backend::Precision::FP32, what, ta, tb, M, N, K, f32(A), lda, f32(B), ldb, beta, C, ldc,
+          backend::GemmProduct::Default);
+}
+
+void ParallelOps::gemm_in(backend::Precision precision, const char* what, bool ta, bool tb,
+                          int64_t M, int64_t N, int64_t K, Operand A, int64_t lda, Operand B,
+                          int64_t ldb, float beta, float* C, int64_t ldc,
+                          backend::GemmProduct product) const {
   CommQueue::ProgressScope progress(ctx_.q());  // pending collectives move during the GEMM
   ScopedPhase sp(ctx_.prof, Phase::Gemm, what, M, N, K);
   backend::GemmArgs g;
@@ -74,7 +88,7 @@ void ParallelOps::gemm(const char* what, bool ta, bool tb, int64_t M, int64_t N,
   g.beta = beta;
   g.C = C;
   g.ldc = ldc;
-  g.precision = precision_;
+  g.precision = precision;
   g.product = product;
   ctx_.ops().gemm(ctx_.bq(), g);
 }

@@ -64,10 +64,18 @@ class ParallelOps {
   Operand weight_operand(int i) const;
   float* gw(int i) { return grads_.accumulator(i); }
 
+  // The model's GEMM precision, and whether it stores bf16 activations.
+  backend::Precision precision() const { return precision_; }
+  bool bf16_activations() const { return bf16_acts_; }
+
   // One GEMM on the model's backend in its precision (pending collectives progress meanwhile).
   void gemm(const char* what, bool ta, bool tb, int64_t M, int64_t N, int64_t K, Operand A,
             int64_t lda, Operand B, int64_t ldb, float beta, float* C, int64_t ldc,
             backend::GemmProduct product = backend::GemmProduct::Default) const;
+  // The same in fp32 whatever the model's precision (fp32-stored operands: the router's).
+  void gemm_f32(const char* what, bool ta, bool tb, int64_t M, int64_t N, int64_t K,
+                const float* A, int64_t lda, const float* B, int64_t ldb, float beta, float* C,
+                int64_t ldc) const;
 
   // parallel_linear.cpp. `in`: the layer's input activation [N, k_in], fp32 or bf16-stored.
   // out[N, n_out] = in · Wᵀ all-reduced over the site's forward group (no bias).
@@ -127,6 +135,9 @@ class ParallelOps {
                                       : backend::GemmProduct::Plain;
   }
   void bias_bwd(float* db, const float* dout, int64_t width, int64_t N);
+  void gemm_in(backend::Precision precision, const char* what, bool ta, bool tb, int64_t M,
+               int64_t N, int64_t K, Operand A, int64_t lda, Operand B, int64_t ldb, float beta,
+               float* C, int64_t ldc, backend::GemmProduct product) const;
 
   const StepContext& ctx_;
   const WeightGatherer& weights_;

@@ -13,6 +13,7 @@
 #include "tetrad/parallel/activation_layout.hpp"
 #include "tetrad/parallel/block.hpp"
 #include "tetrad/parallel/context_split.hpp"
+#include "tetrad/parallel/expert_parallel.hpp"
 #include "tetrad/parallel/parallel_ops.hpp"
 #include "tetrad/parallel/vocab_parallel.hpp"
 
@@ -86,9 +87,6 @@ ParallelTransformer::ParallelTransformer(const ModelConfig& config, ProcessGroup
   if (bf16_weights && !be->capabilities().gemm_bf16_storage)
     fail("bf16 weight copy: backend '", be->name(), "' cannot read bf16-stored GEMM operands "
          "(Capabilities::gemm_bf16_storage); set ParallelOptions::bf16_weight_copy = false");
-  if (cfg_.moe() && precision_ == backend::Precision::BF16)
-    fail("precision bf16: ", cfg_.desc().display, "'s mixture of experts runs in fp32 only (bf16 "
-         "expert GEMMs are not implemented); set train.precision = \"fp32\"");
   bf16_acts_ = precision_ == backend::Precision::BF16 && opt_.bf16_activations;
   wgrad_nn_ = bf16_acts_ && opt_.bf16_weight_grad_nn && be->capabilities().bf16_producers;
 
@@ -134,7 +132,8 @@ ParallelTransformer::ParallelTransformer(const ModelConfig& config, ProcessGroup
       ctx_, *ops_, *reduce_, *a_, VocabParallel::Tensors{wte_, wpe_, head_}, cfg_.vocab_size, N,
       local_batch, bf16_acts_ && G.p() == 1 && be->capabilities().bf16_loss_grad);
   block_ = make_block(BlockParts{cfg_, table_, ctx_, *ops_, *a_, opt_.recompute,
-                                 attention_precision_, max_len_, local_batch_, opt_.cp_comm});
+                                 attention_precision_, max_len_, local_batch_, opt_.cp_comm,
+                                 opt_.cp_skip_masked_pairs});
   if (ops_->sequence_sharded() && !block_->sequence_shardable())
     fail("parallel.sequence_shard is not implemented for the blocks of model family '",
          family_name(cfg_.family), "'; set parallel.sequence_shard = false");
@@ -173,6 +172,12 @@ int64_t ParallelTransformer::activation_bytes(Recompute mode) const {
 
 int64_t ParallelTransformer::context_bytes() const { return block_->scratch_bytes(); }
 int64_t ParallelTransformer::expert_exchange_bytes() const { return block_->expert_exchange_bytes(); }
+int64_t ParallelTransformer::expert_exchange_bound() const {
+  const GridShape& G = ctx_.shape();
+  if (G.e() == 1 || !cfg_.moe()) return 0;
+  return ExpertParallel::scratch_bytes(
+      ctx_.dims, ExpertParallel::max_rows(cfg_, G, int64_t(local_batch_) * local_len_));
+}
 
 int64_t ParallelTransformer::state_bytes() const {
   const size_t n = params_.size() + 2 * size_t(optimizer_layout().state_size);

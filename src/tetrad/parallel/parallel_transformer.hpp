@@ -101,6 +101,9 @@ class ParallelTransformer {
   // received for this rank's experts and their GEMMs' work, ExpertParallel::bytes()), as grown
   // by the largest exchange so far; the memory formula counts its bound (model_memory).
   int64_t expert_exchange_bytes() const;
+  // What it can grow to: the dropless worst case the memory formula counts
+  // (ExpertParallel::max_rows for local_batch() x local_len() tokens); 0 without the fold.
+  int64_t expert_exchange_bound() const;
   // The floats of the activation buffer by tensor under a recompute mode, as laid out
   // (memory_model.hpp: the same arithmetic the planner's memory formula calls).
   using ActivationSizes = parallel::ActivationSizes;

@@ -94,8 +94,12 @@ void ParallelTransformer::gather_state_tensor(const float* state, size_t i, floa
   gather_shard(pieces, i, full);  // the pieces in D order are the shard (padding past its end)
 }
 
+// A mixture of experts' router is a linear layer computed in fp32 in every precision: no bf16
+// copy (gathered in fp32).
 bool ParallelTransformer::gemm_weight(int i) const {
-  return i >= 0 && (table_.specs[size_t(i)].kind == ParamKind::Linear || i == head_);
+  if (i < 0) return false;
+  const ParamSpec& s = table_.specs[size_t(i)];
+  return (s.kind == ParamKind::Linear && s.role != TensorRole::Router) || i == head_;
 }
 
 }  // namespace tetrad::parallel

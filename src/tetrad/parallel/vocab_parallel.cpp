@@ -160,6 +160,15 @@ const float* VocabParallel::head_backward(float* din, int64_t N) {
 // Vocabulary-parallel cross-entropy over Y: global row max, then Σ exp and the target logit
 // (from the rank that owns it) in one all-reduce, then the losses and, with grad, logits ->
 // dlogits in place (the op table's ce_* pieces).
+//
+// The X ranks hold the same logits (the head's sum over X) and would each run the whole loss: on
+// X > 1 (N divisible by Gx) rank x computes the row statistics of its rows [x N/Gx, (x+1) N/Gx)
+// only, and they are all-gathered over X ([N] maxima, [N, 2] sums: small); every rank then runs
+// ce_loss over all N rows (the same losses and the same total, summed in row order). The gradient
+// too is computed on the rank's rows and its rows all-gathered (fp32 dlogits in place, or the
+// bf16 copy as stored), except where the head's backward reads the transposed bf16 copy, which
+// is not gathered by rows: every rank writes all of it from the gathered statistics. Each op
+// works row by row, so every value is the one the whole-batch op gives.
 double VocabParallel::cross_entropy(const int32_t* targets, int64_t N, float grad_scale,
                                     bool with_grad) {
   ScopedPhase sp(ctx_.prof, Phase::Loss);
@@ -169,21 +178,32 @@ double VocabParallel::cross_entropy(const int32_t* targets, int64_t N, float gra
       fail("target token id ", targets[t], " at position ", t,
            " is outside the model's vocabulary [0, ", vocab_, ")");
   const comm::Communicator& gy = ctx_.g().y();
+  const comm::Communicator& gx = ctx_.g().x();
   backend::Queue& q = ctx_.bq();
   float* L = a_.logits;
   float* mx = row_max_.as<float>();
   const int32_t* tg = device_ids(targets, N, 1);
   const backend::OpTable& op = ctx_.ops();
   double* st = sums_.as<double>();
+  // This rank's rows: all of them, or its 1/Gx share.
+  const bool split = gx.size() > 1 && N % gx.size() == 0;
+  const int64_t n = split ? N / gx.size() : N, r0 = split ? n * gx.rank() : 0;
+  float* Lr = L + r0 * Vy;
   if (gy.size() == 1 && ctx_.be->capabilities().ce_row_stats_fused) {
-    op.ce_row_max_sum_exp_target(q, mx, st, L, tg, v0, Vy, N);  // the same values, one read
+    op.ce_row_max_sum_exp_target(q, mx + r0, st + 2 * r0, Lr, tg + r0, v0, Vy, n);  // one read
   } else {
-    op.ce_row_max(q, mx, L, N, Vy);
+    op.ce_row_max(q, mx + r0, Lr, n, Vy);
     if (gy.size() > 1)
-      ctx_.q().run(gy.iallreduce_max(mx, size_t(N), ctx_.q().ready()), gy, "allreduce_max",
-                   "logit max", -1, N * int64_t(sizeof(float)));
-    op.ce_sum_exp_target(q, st, L, mx, tg, v0, Vy, N);
-    ctx_.sum_over(gy, st, 2 * N, "softmax sums");
+      ctx_.q().run(gy.iallreduce_max(mx + r0, size_t(n), ctx_.q().ready()), gy, "allreduce_max",
+                   "logit max", -1, n * int64_t(sizeof(float)));
+    op.ce_sum_exp_target(q, st + 2 * r0, Lr, mx + r0, tg + r0, v0, Vy, n);
+    ctx_.sum_over(gy, st + 2 * r0, 2 * n, "softmax sums");
+  }
+  if (split) {
+    ctx_.q().run(gx.iallgather(mx + r0, mx, size_t(n), ctx_.q().ready()), gx, "allgather",
+                 "logit max", -1, N * int64_t(sizeof(float)));
+    ctx_.q().run(gx.iallgather(st + 2 * r0, st, size_t(2 * n), ctx_.q().ready()), gx,
+                 "allgather", "softmax sums", -1, 2 * N * int64_t(sizeof(double)));
   }
   op.ce_loss(q, a_.losses, scalar_.as<double>(), st, mx, tg, N);
   const double total = read_scalar(scalar_.as<double>());
@@ -195,10 +215,20 @@ double VocabParallel::cross_entropy(const int32_t* targets, int64_t N, float gra
     // logits buffer (as dlogits) between micro-batches, not the bf16 copies.
     if (bf16_loss_grad_) {
       const auto [d16, d16t] = ops_.dy16_copies(GemmSite::Head);
-      op.ce_grad_bf16(q, d16, d16t, L, mx, st, tg, v0, Vy, N, grad_scale);
+      if (split && !d16t) {
+        op.ce_grad_bf16(q, d16 + r0 * Vy, nullptr, Lr, mx + r0, st + 2 * r0, tg + r0, v0, Vy, n,
+                        grad_scale);
+        ctx_.q().run(gx.iallgather(d16 + r0 * Vy, d16, size_t(n * Vy), ctx_.q().ready()), gx,
+                     "allgather", "dlogits", -1, N * Vy * 2);
+      } else {
+        op.ce_grad_bf16(q, d16, d16t, L, mx, st, tg, v0, Vy, N, grad_scale);
+      }
       dlogits16_ = true;
     } else {
-      op.ce_grad(q, L, mx, st, tg, v0, Vy, N, grad_scale);
+      op.ce_grad(q, Lr, mx + r0, st + 2 * r0, tg + r0, v0, Vy, n, grad_scale);
+      if (split)
+        ctx_.q().run(gx.iallgather(Lr, L, size_t(n * Vy), ctx_.q().ready()), gx, "allgather",
+                     "dlogits", -1, N * Vy * int64_t(sizeof(float)));
     }
   }
   return total;

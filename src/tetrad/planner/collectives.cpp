@@ -61,6 +61,9 @@ void add_top_comm(Collectives& c, const PlanInput& in, const GridShape& g, const
   const double top_b = (s.tied ? 1 : 2) * s.head() / (double(g.x()) * g.y()) * w_b;
   c.add("fwd all-reduce of embedding", Axis::Y, Op::AllReduce, T * s.H / g.x() * act_b, 1, kExposed, false, MbAt::FirstFwd);
   c.add("fwd all-reduce of logits", Axis::X, Op::AllReduce, T * s.V / g.y() * act_b, 1, kExposed, false);
+  // The X ranks share the cross-entropy's rows: their gradient rows all-gathered over X.
+  if (int64_t(T) % g.x() == 0)
+    c.add("bwd all-gather of dlogits", Axis::X, Op::AllGather, T * s.V / g.y() * act_b, 1, kExposed, false, MbAt::LastBwd);
   c.add("bwd all-reduce of head dIn", Axis::Y, Op::AllReduce, T * s.H / g.x() * act_b, 1, kExposed, false, MbAt::LastBwd);
   c.add("cross-entropy max and sums", Axis::Y, Op::AllReduce, T * 3 * 4, 2, kExposed, false);
   c.add("final norm statistics", Axis::X, Op::AllReduce, stats_b, 2, kExposed, false);

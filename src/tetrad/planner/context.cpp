@@ -21,6 +21,7 @@
 #include <algorithm>
 
 #include "tetrad/core/error.hpp"
+#include "tetrad/parallel/context_split.hpp"
 
 namespace tetrad::planner {
 
@@ -62,14 +63,13 @@ double ring_exposed(double ring_fwd, double ring_bwd, double attn_fwd_s, double 
   return pass(ring_fwd, attn_fwd_s) + pass(ring_bwd, attn_bwd_s);
 }
 
-double context_gather_bytes(const PlanInput& in, const GridShape& g, double T) {
-  if (g.c() <= 1) return 0;
-  const double act_b = in.precision == Precision::BF16 ? 2 : 4;
-  const double block = T * 2 * double(in.model.kv_dim()) / g.y() * act_b;
-  // Ring: the block being received beside the one attended to, and in the backward the travelling
-  // dK|dV accumulators beside them. All-gather: one layer's gathered K|V (every rank's chunks)
-  // and, in the backward, the dK|dV of the same size before the reduce-scatter.
-  return in.cp_comm == CpComm::Ring ? 4.0 * block : 2.0 * g.c() * block;
+double context_gather_bytes(const PlanInput& in, const GridShape& g, int64_t local_batch,
+                            int64_t local_len) {
+  // One formula with the trainer's (ContextAttention::bytes): fp32 K|V blocks in every precision.
+  const auto comm = in.cp_comm == CpComm::Ring ? parallel::ContextComm::Ring
+                                               : parallel::ContextComm::AllGather;
+  return double(parallel::context_exchange_bytes(parallel::LocalDims::of(in.model, g), g,
+                                                 local_batch, local_len, comm));
 }
 
 GridShape without_context(const GridShape& g, bool shard_over_context) {

@@ -528,7 +528,7 @@ Machine measure_machine(const std::string& name, int threads, bool quick) {
   const size_t big = quick ? (size_t(1) << 22) : (size_t(1) << 24);
   for (int g = 2; g <= N; ++g) {
     if (N % g != 0) continue;
-    comm::Communicator grp = world.split(world.rank() / g, world.rank() % g, "g" + std::to_string(g));
+    comm::Communicator grp = world.split(world.rank() / g, world.rank() % g, detail::concat("g", g));
     for (const std::string op : {"all-reduce", "all-gather", "reduce-scatter"}) {
       const double steps = op == "all-reduce" ? 2.0 * (g - 1) : double(g - 1);
       const double t_small = time_collective(op, grp, world, size_t(g), quick ? 20 : 50);

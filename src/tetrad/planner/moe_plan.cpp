@@ -136,7 +136,7 @@ void add_moe_comm(Collectives& c, const PlanInput& in, const GridShape& g, const
       CommItem it;
       it.c.what = what;
       it.c.axis = parallel::replica_axes();
-      it.c.group = "e";
+      it.c.group = std::string("e");  // moved in: GCC 12 misreads a literal's copy (-Wrestrict)
       it.c.op = Op::AllToAll;
       it.c.bytes = bytes;
       it.c.calls = calls;

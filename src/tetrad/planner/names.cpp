@@ -1,15 +1,16 @@
 // The planner's names of its options and collectives (planner.hpp).
 #include "tetrad/core/error.hpp"
+#include "tetrad/core/names.hpp"
 #include "tetrad/planner/planner.hpp"
 
 namespace tetrad::planner {
 
-Overlap parse_overlap(const std::string& s) {
-  if (s == "none") return Overlap::None;
-  if (s == "tensor") return Overlap::Tensor;
-  if (s == "all") return Overlap::All;
-  fail("overlap '", s, "': expected none, tensor or all");
-}
+namespace {
+constexpr Named<Overlap> kOverlapNames[] = {
+    {Overlap::None, "none"}, {Overlap::Tensor, "tensor"}, {Overlap::All, "all"}};
+}  // namespace
+
+Overlap parse_overlap(const std::string& s) { return parse_named(s, kOverlapNames, "overlap"); }
 AttentionKernel parse_attention_kernel(const std::string& s) {
   if (s == "fused") return AttentionKernel::Fused;
   if (s == "materialized") return AttentionKernel::Materialized;
@@ -18,9 +19,7 @@ AttentionKernel parse_attention_kernel(const std::string& s) {
 }
 const char* name(AttentionKernel k) { return k == AttentionKernel::Fused ? "fused" : "materialized"; }
 const char* name(Precision p) { return p == Precision::FP32 ? "fp32" : "bf16"; }
-const char* name(Overlap o) {
-  return o == Overlap::None ? "none" : o == Overlap::Tensor ? "tensor" : "all";
-}
+const char* name(Overlap o) { return name_of(o, kOverlapNames); }
 const char* op_name(Op op) {
   switch (op) {
     case Op::AllReduce: return "all-reduce";

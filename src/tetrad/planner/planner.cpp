@@ -19,7 +19,7 @@ namespace tetrad::planner {
 std::string grid_label(const GridShape& g) {
   std::string s;
   for (Axis a : parallel::kAxesInRankOrder)
-    if (a != Axis::C) s += (s.empty() ? "" : "x") + std::to_string(g[a]);
+    if (a != Axis::C) s.append(s.empty() ? "" : "x").append(std::to_string(g[a]));
   if (g.c() > 1) s += " c" + std::to_string(g.c());
   return s;
 }
@@ -393,7 +393,7 @@ MemoryBreakdown reference_memory_of_stage(const PlanInput& in, const GridShape& 
       // A combination the trainer refuses is rejected by divisibility_problem; keep the 1F1B count.
     }
   }
-  mb.activations = act_b * (kept * in_flight_layers + work + global) + context_gather_bytes(in, gc, double(N));
+  mb.activations = act_b * (kept * in_flight_layers + work + global) + context_gather_bytes(in, gc, mbatch / std::max(1, token_slots(gc)), in.seq / gc.c());
   return mb;
 }
 
@@ -453,7 +453,7 @@ MemoryBreakdown memory_of_grid(const PlanInput& in, const GridShape& g) {
   const GridShape gf = in.shard_over_context ? without_context(g, true) : g;
   const int seq_local = in.shard_over_context ? in.seq / g.c() : in.seq;
   const double gather =
-      in.shard_over_context ? context_gather_bytes(in, g, double(local) * (in.seq / g.c())) : 0.0;
+      in.shard_over_context ? context_gather_bytes(in, g, local, in.seq / g.c()) : 0.0;
   // Every stage keeps the top-level tensors and the whole activation buffer, so the fullest is
   // the one with the most layers (state) or the most in flight (stage 0) or the last chunk's
   // stash (stage p - 1): those three, not all p (plans over thousands of ranks stay cheap).
@@ -632,7 +632,8 @@ ComputeTimes compute_times(const PlanInput& in, const GridShape& g, const Machin
   c.layer_fwd = t_gemm_fwd + c.attn.fwd + 2 * layer_elems * act_b / mach.memory_bandwidth;
   c.layer_bwd = c.gt.din + c.gt.dw + (full ? t_gemm_fwd : 0) + c.attn.bwd + (any_rc ? c.attn.fwd : 0) +
                 (elem_passes - 2) * layer_elems * act_b / mach.memory_bandwidth;
-  const double logits_b = T * s.V / g.y() * act_b;
+  // The cross-entropy's passes run on this rank's 1/Gx of the rows (vocab_parallel.cpp).
+  const double logits_b = T * s.V / g.y() * act_b / (int64_t(T) % g.x() == 0 ? g.x() : 1);
   // The head's GEMMs and the cross-entropy's passes over the logits (2 forward, 2 backward).
   c.head_fwd = c.gt.head_fwd + 2 * logits_b / mach.memory_bandwidth;
   c.head_bwd = c.gt.head_bwd + 2 * logits_b / mach.memory_bandwidth;

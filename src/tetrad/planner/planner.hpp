@@ -480,9 +480,12 @@ void add_context_layer_comm(Collectives& c, const PlanInput& in, const GridShape
 // The exposed seconds of a layer's ring steps (per micro-batch): each of the Gc - 1 steps of a
 // pass hides behind the attention on one block (the pass's attention seconds / Gc).
 double ring_exposed(double ring_fwd, double ring_bwd, double attn_fwd_s, double attn_bwd_s, int c);
-// Bytes per rank the exchange holds beside the activations (C > 1): the ring's blocks in flight
-// (in.cp_comm Ring), or one layer's all-gathered keys and values and their gradients.
-double context_gather_bytes(const PlanInput& in, const GridShape& g, double T);
+// Bytes per rank the exchange holds beside the activations (C > 1), local_batch sequences of
+// local_len tokens on a rank: the trainer's own buffers (parallel::context_exchange_bytes, what
+// ContextAttention allocates and the memory formula counts) for in.cp_comm (Ring; else the
+// all-gather's, as the trainer's formula takes an unset parallel.cp_comm).
+double context_gather_bytes(const PlanInput& in, const GridShape& g, int64_t local_batch,
+                            int64_t local_len);
 // The grid as the parallel layer's functions (divisibility, memory) see it: C folded away (each
 // rank runs its S / Gc tokens of a sequence; shard_over_context folds C into Z).
 GridShape without_context(const GridShape& g, bool shard_over_context);

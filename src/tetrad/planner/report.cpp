@@ -14,6 +14,7 @@ namespace tetrad::planner {
 nlohmann::json Estimate::to_json() const {
   nlohmann::json j = {{"grid", {{"x", grid.x()}, {"y", grid.y()}, {"c", grid.c()}, {"z", grid.z()}, {"p", grid.p()}, {"d", grid.d()}}},
                       {"grid_string", plan_label(*this)},
+                      {"trainer_grid", trainer_grid_string(grid)},  // tetrad train --grid's argument
                       {"expert_parallel", expert_parallel},
                       {"valid", valid},
                       {"trainable", trainable}};
@@ -195,6 +196,7 @@ std::string why_text(const PlanInput& in, const Machine& m, const Estimate& e) {
   o << std::fixed << std::setprecision(1);
   o << "grid " << plan_label(e) << (e.grid.c() > 1 ? " (x,y,z,p,d, c)" : " (x,y,z,p,d)") << " for " << in.model_name << " on " << in.ranks
     << " ranks of machine " << m.name << ": " << (e.valid ? "valid" : "rejected: " + e.reject) << "\n";
+  if (e.valid && e.trainable) o << "train it with: tetrad train --grid " << trainer_grid_string(e.grid) << "\n";
   const MemoryBreakdown& mb = e.memory;
   if (mb.total() > 0) {
     o << "memory per rank " << mb.total() / 1e9 << " GB of " << m.memory_bytes / 1e9 << " GB:";

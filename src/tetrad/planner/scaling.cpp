@@ -745,7 +745,7 @@ std::vector<PublishedScaling> published_scaling(double batch_scale) {
                                                     " sequences at every point") +
         "; first point " + std::to_string(sp.ranks.front()) +
         " GCDs assumed; bf16, full recomputation, ZeRO-1, micro-batch 1 per replica, V = 51200 assumed";
-    s.rows.push_back({"ORNL (Dash et al.)", series, "scaling efficiency", assume, sp.ranks.back(), reported, 0, ""});
+    s.rows.push_back({"ORNL (Dash et al.)", series, "scaling efficiency", assume, sp.ranks.back(), reported, 0, "", ""});
     out.push_back(s);
   };
   const ModelConfig m175 = planner_model("gpt-175b");

@@ -177,7 +177,8 @@ std::vector<Field> model_data_run_fields() {
       // model.name is handled first (it selects the base that the other model keys override).
       STRING_FIELD("model.name", c.model_name,
                    "named base configuration: tiny, small, gpt2-124m, llama-tiny, llama-small, llama-1b, "
-                   "qwen2-tiny, qwen3-tiny, mixtral-tiny, qwen2-moe-tiny, qwen3-moe-tiny"),
+                   "qwen2-tiny, qwen3-tiny, mixtral-tiny, mixtral-small, mixtral-small-dense, "
+                   "qwen2-moe-tiny, qwen3-moe-tiny"),
       Field{"model.family", "string", "\"gpt2\", \"llama\", \"qwen2\", \"qwen3\", \"mixtral\", \"qwen2_moe\" or \"qwen3_moe\"",
             [](RunConfig& c, const toml::node& n, const std::string& w) {
               c.model.family = parse_family(read_string(n, "model.family", w));

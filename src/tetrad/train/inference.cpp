@@ -21,8 +21,9 @@ std::string inference_grid(const std::string& grid, int world_size, const char* 
          "give x,y,z,d");
   if (s.c() > 1 && !context)
     fail("grid '", g, "': the context-parallel axis (c = ", s.c(), ") is not supported by `",
-         command, "` (only `eval` runs on c grids; decoding with a key/value cache splits no "
-         "sequence over C); give x,y,z,d (e.g. --grid d=", s.size(), "), which reads a "
+         command, "` (`eval` and `logits` run on c grids, where a whole sequence is cut into "
+         "chunks; decoding adds one token at a time to a key/value cache, which has no sequence "
+         "to cut over C); give x,y,z,d (e.g. --grid d=", s.size(), "), which reads a "
          "checkpoint of any training grid");
   if (s.e() > 1)
     fail("grid '", g, "': the expert-parallel fold (e = ", s.e(), ") is not supported by `",

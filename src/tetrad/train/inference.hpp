@@ -20,8 +20,8 @@ struct InferenceModel {
 // The grid a read-only command runs on: `grid` ("x,y,z,d") when given, else all `world_size`
 // ranks on the data axis ("1,1,1,n"; "1,1,1,1" for one process). Pipeline grids are refused
 // (a stage holds only its own layers; decoding needs them all); so are context-parallel grids
-// (c > 1) unless `context` (eval: each rank takes its chunks of every sequence; decoding with a
-// KV cache splits no sequence), naming `command`.
+// (c > 1) unless `context` (eval and logits: each rank takes its chunks of every sequence;
+// decoding with a KV cache splits no sequence), naming `command`.
 std::string inference_grid(const std::string& grid, int world_size, const char* command,
                            bool context = false);
 // Ranks of this job: MPI_COMM_WORLD's size under mpirun, else 1.

@@ -20,6 +20,10 @@ nlohmann::json step_record(const StepMetrics& m) {
                       {"t_wait_s", bd.wait}, {"t_optimizer_s", bd.optimizer},
                       {"t_data_s", bd.data}, {"t_comm_issued_s", bd.comm_issued},
                       {"comm_hidden_fraction", bd.hidden_fraction()}};
+  if (bd.ring_pairs > 0) {  // the context ring (rank 0's pairs, forward and backward)
+    line["ring_pairs"] = bd.ring_pairs;
+    line["ring_pairs_doc_skipped"] = bd.ring_pairs_doc_skipped;
+  }
   if (m.report_hfu) line["hfu"] = m.hfu;  // hardware FLOPs (with recomputation) / the same peak
   if (m.moe) {
     line["moe_aux_loss"] = m.moe_aux_loss;

@@ -34,6 +34,9 @@ struct StepBreakdown {
   double optimizer = 0;     // gradient norm, clipping, AdamW
   double data = 0;          // reading and masking tokens
   double comm_issued = 0;   // Σ issue -> completion of every collective (hidden or exposed)
+  // The context ring's causally visible chunk pairs of this rank's passes and, of those, the
+  // ones the document mask let it skip (StepProfile::ring_pairs; both 0 without the ring).
+  int64_t ring_pairs = 0, ring_pairs_doc_skipped = 0;
   double hidden_fraction() const {
     return comm_issued > 0 ? std::max(0.0, 1.0 - comm_exposed / comm_issued) : 0.0;
   }

@@ -48,6 +48,8 @@ StepBreakdown breakdown_of(const StepProfile& prof, double step_s) {
   bd.optimizer = prof.seconds[size_t(Phase::Optimizer)];
   bd.data = prof.seconds[size_t(Phase::Data)];
   bd.comm_issued = prof.comm_issued_s;
+  bd.ring_pairs = prof.ring_pairs;
+  bd.ring_pairs_doc_skipped = prof.ring_pairs_doc_skipped;
   return bd;
 }
 
@@ -111,6 +113,9 @@ void ProgressReporter::print_rank_shares(const parallel::ParallelTransformer& mo
         log << ", context exchange " << double(model.context_bytes()) / MiB << " MiB ("
             << (model.options().cp_comm == parallel::ContextComm::Ring ? "ring" : "all-gather")
             << ")";
+      if (model.expert_exchange_bound() > 0)  // the expert fold's scratch, grown as it is used
+        log << ", expert exchange up to " << double(model.expert_exchange_bound()) / MiB
+            << " MiB (dropless worst case)";
       log << std::defaultfloat << std::endl;
     }
     if (world_ > 1) groups.world.barrier();

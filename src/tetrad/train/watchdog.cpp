@@ -1,5 +1,6 @@
 #include "tetrad/train/watchdog.hpp"
 
+#include <algorithm>
 #include <chrono>
 #include <cstdio>
 
@@ -47,10 +48,17 @@ void Watchdog::disarm() {
 
 void Watchdog::run() {
   std::unique_lock<std::mutex> lock(mu_);
+  // The longest gap between two wakes since the last arm(): this process did not run (stopped,
+  // e.g. by SIGSTOP, or not scheduled) for that long.
+  double last_wake = now_s(), frozen = 0, seen_deadline = deadline_;
   while (!stop_) {
     // Wake at least a few times a second: deadlines move forward on every arm().
     cv_.wait_for(lock, std::chrono::milliseconds(200));
-    if (stop_ || !armed_ || now_s() < deadline_) continue;
+    const double now = now_s();
+    if (deadline_ != seen_deadline) seen_deadline = deadline_, frozen = 0;
+    frozen = std::max(frozen, now - last_wake);
+    last_wake = now;
+    if (stop_ || !armed_ || now < deadline_) continue;
     // A rank blocked in a collective is waiting for a peer, not stalled itself: it gives the
     // stalled peer half a timeout more to report itself (naming the right rank) before it
     // reports what it waits on.
@@ -58,17 +66,36 @@ void Watchdog::run() {
     double waited = 0;
     const bool in_collective = comm::blocked_in_wait(&what, &waited);
     if (in_collective && now_s() < deadline_ + timeout_ / 2) continue;
-    if (in_collective)
+    if (in_collective) {
+      // Who the collective waits for: a roll call of the job's ranks (comm/roll_call.hpp), held
+      // by the main thread from its wait loop; the ranks that do not answer are named. (A rank
+      // that was itself stopped, woken late, names itself.) Without one (a single rank, or the
+      // main thread not in a wait that serves it) the group and operation are still named.
+      std::string verdict;
+      const double grace = comm::roll_call_grace();
+      if (grace > 0) {
+        comm::request_roll_call();
+        lock.unlock();
+        if (!comm::roll_call_verdict(&verdict, grace + 5)) verdict.clear();
+        lock.lock();
+      }
       std::fprintf(stderr,
                    "tetrad: error (rank %d): watchdog: step %lld has spent more than %g s in %s "
-                   "(train.step_timeout), the last %.1f s waiting in MPI %s: a peer in that group "
-                   "is stalled or dead. Ending the job.\n",
-                   rank_, static_cast<long long>(step_), timeout_, phase_, waited, what.c_str());
-    else
+                   "(train.step_timeout), the last %.1f s waiting in MPI %s: %s. Ending the "
+                   "job.\n",
+                   rank_, static_cast<long long>(step_), timeout_, phase_, waited, what.c_str(),
+                   verdict.empty() ? "a peer in that group is stalled or dead" : verdict.c_str());
+    } else {
+      // Stuck itself; or, woken late (SIGCONT after SIGSTOP), it says that it did not run.
+      char why[160] = " in it";
+      if (frozen > 1.0 && frozen > 0.4 * timeout_)
+        std::snprintf(why, sizeof why, ": this rank did not run for %.1f s (stopped, e.g. by "
+                      "SIGSTOP, or not scheduled by the machine)", frozen);
       std::fprintf(stderr,
                    "tetrad: error (rank %d): watchdog: step %lld has spent more than %g s in %s "
-                   "(train.step_timeout); rank %d is stalled. Ending the job.\n",
-                   rank_, static_cast<long long>(step_), timeout_, phase_, rank_);
+                   "(train.step_timeout); rank %d stopped progressing%s. Ending the job.\n",
+                   rank_, static_cast<long long>(step_), timeout_, phase_, rank_, why);
+    }
     std::fflush(stderr);
     comm::MpiEnvironment::abort(3);
   }
