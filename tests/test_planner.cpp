@@ -267,11 +267,15 @@ TEST(PlannerMemory, Gpt2SmallFormulaIsWhatTheModelAllocates) {
   }
   // bf16: 2 bytes per parameter more state (the weight copy), and activations: per layer
   // 2 N (2 C + F) bytes less (ln1, ln2, fc_act in bf16), 2 N C less for the final norm, plus two
-  // bf16 gradient copies of N max(QKV, F, C, V) elements (docs/precision.md).
+  // bf16 gradient copies of N max(QKV, F, C, V) elements (docs/precision.md); and the block's
+  // stored tensors in bf16 (q|k|v 3C, the attention output C, the mid-block sum C, the MLP's
+  // input projection F: 2 N (5 C + F) bytes less per layer) beside one fp32 working copy of
+  // them (4 N (5 C + F) bytes) that the layer computes in.
   const double N = 1024, C = 768, F = 3072, L = 12, V = double(m.vocab_size);  // 50304
   const double P = double(build_param_table(m).total);
   EXPECT_DOUBLE_EQ(state[1] - state[0], 2 * P);
-  EXPECT_DOUBLE_EQ(act[0] - act[1], L * 2 * N * (2 * C + F) + 2 * N * C - 2 * (2 * N * V));
+  EXPECT_DOUBLE_EQ(act[0] - act[1], L * 2 * N * (2 * C + F) + 2 * N * C - 2 * (2 * N * V) +
+                                        (L * 2 * N - 4 * N) * (5 * C + F));
 }
 
 TEST(PlannerMemory, ShardingAndRecomputationShrinkMemory) {

@@ -205,8 +205,9 @@ TEST(Bf16, PrecisionAutoFollowsTheMeasurementUnlessForced) {
 TEST(Bf16, NativeOnlyWhereAllowed) {
   const CpuFeatures& f = cpu_features();
   const char* e = std::getenv("TETRAD_BF16");
-  if ((e && std::string(e) == "emulate") || (!f.use_amx_bf16() && !f.use_avx512_bf16()))
+  if ((e && std::string(e) == "emulate") || (!f.use_amx_bf16() && !f.use_avx512_bf16())) {
     EXPECT_FALSE(native_bf16_matmul()) << bf16_matmul_path();
+  }
   std::cout << "bf16 GEMMs: " << bf16_matmul_path() << "\n";
 }
 
@@ -357,6 +358,39 @@ TEST(Bf16, EveryLayoutChoiceAndOperandFormMatchesThePlainProduct) {
   const std::string rep = gemm_layout_report();
   for (const char* shape : {"NN 45x70x96", "NT 45x70x96", "TN 45x70x96", "TT 45x70x96"})
     EXPECT_NE(rep.find(shape), std::string::npos) << shape << " missing from:\n" << rep;
+}
+
+// A mixture of experts multiplies a new row count almost every step: the primitives kept stay
+// bounded (least recently used dropped), and a shape multiplied again after its primitive was
+// dropped is made again and still right.
+TEST(Bf16, GemmPrimitiveCacheStaysBoundedOverManyRowCounts) {
+  if (!native_bf16_matmul()) GTEST_SKIP() << "no native bf16 matmul here: " << bf16_matmul_path();
+  LayoutGuard guard;
+  set_gemm_layout_policy(GemmLayoutPolicy::kRule);
+  const int64_t N = 16, K = 32, Mmax = 1100;  // past the report's 1024 lines too
+  const auto A = normal(size_t(Mmax * K), 31), B = normal(size_t(K * N), 32);
+  auto check = [&](int64_t M) {
+    std::vector<float> c(size_t(M * N));
+    gemm_bf16(false, false, M, N, K, 1.0f, Bf16Operand::fp32(A.data(), K),
+              Bf16Operand::fp32(B.data(), N), 0.0f, c.data(), N);
+    double err = 0, norm = 0;
+    for (int64_t i = 0; i < M; ++i)
+      for (int64_t j = 0; j < N; ++j) {
+        double r = 0;
+        for (int64_t k = 0; k < K; ++k)
+          r += double(round_to_bf16(A[size_t(i * K + k)])) * double(round_to_bf16(B[size_t(k * N + j)]));
+        err += std::pow(double(c[size_t(i * N + j)]) - r, 2), norm += r * r;
+      }
+    EXPECT_LT(std::sqrt(err / norm), 1e-5) << "M = " << M;
+  };
+  for (int64_t M = 1; M <= Mmax; ++M) check(M);
+  EXPECT_LE(gemm_bf16_cached_primitives(), size_t(256));
+  EXPECT_GE(gemm_bf16_cached_primitives(), size_t(200));  // the recent ones are kept
+  check(1);  // dropped long ago: made again
+  EXPECT_LE(gemm_bf16_cached_primitives(), size_t(256));
+  const std::string rep = gemm_layout_report();  // the report stops listing, and counts
+  EXPECT_LE(std::count(rep.begin(), rep.end(), '\n'), 1025);
+  EXPECT_NE(rep.find("more shapes"), std::string::npos);
 }
 
 // alpha != 1 goes through oneDNN's scales (a different mechanism in oneDNN 2 and 3).

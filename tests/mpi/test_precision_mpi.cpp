@@ -222,8 +222,13 @@ TEST(Bf16Grid, WeightCopyAndBf16ActivationsGiveTheBitsOfPerCallRounding) {
     const auto per_call = bf16_losses(mc, g, off, kShort);
     const auto fastest = bf16_losses(mc, g, po, kShort);
     ASSERT_EQ(stored.size(), per_call.size());
+    // The forward is per-call rounding's bit for bit (step 0's loss). From step 1 the runs part:
+    // bf16 activations also keep the block's stashed tensors (q|k|v, attention output, mid-block
+    // sum, MLP input projection; issue 28) in bf16 for the backward, which per-call rounding
+    // reads in fp32, so the updates differ by bf16 rounding of those inputs.
+    EXPECT_EQ(stored[0], per_call[0]) << "step 0: the forward";
     for (size_t s = 0; s < stored.size(); ++s) {
-      EXPECT_EQ(stored[s], per_call[s]) << "step " << s;
+      EXPECT_NEAR(stored[s], per_call[s], 2e-3 * per_call[s]) << "step " << s;
       EXPECT_NEAR(fastest[s], per_call[s], 2e-3 * per_call[s]) << "step " << s << " (NN weight gradients)";
     }
     EXPECT_LT(stored.back(), stored.front() - 0.05) << "the run did not learn";

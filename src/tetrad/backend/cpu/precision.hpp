@@ -99,8 +99,11 @@ void set_gemm_layout_policy(GemmLayoutPolicy p);
 GemmLayoutPolicy gemm_layout_policy();
 // Whether the fixed rule computes C[M, N] = op(A)·op(B) as its transpose.
 bool gemm_layout_rule(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K);
-// For benchmarks: the choice made for each shape seen so far, one line each.
+// For benchmarks: the choice made for each shape seen so far, one line each (the first 1024,
+// then how many more).
 std::string gemm_layout_report();
+// The native bf16 GEMM's primitives this thread holds (bounded: the least recently used go).
+size_t gemm_bf16_cached_primitives();
 
 // bf16 conversions: backend/bf16.hpp.
 using backend::float_to_bf16;
