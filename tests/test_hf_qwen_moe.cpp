@@ -6,13 +6,11 @@
 // by name. The logits against transformers are scripts/check-hf-moe-parity.sh's (HfParityMoe).
 #include <gtest/gtest.h>
 
-#include <cstring>
-#include <filesystem>
-#include <fstream>
 #include <nlohmann/json.hpp>
-#include <sstream>
 
 #include "expect_error.hpp"
+#include "support/hf_folder.hpp"
+#include "support/random_model.hpp"
 #include "support/test_files.hpp"
 #include "tetrad/checkpoint/hf.hpp"
 #include "tetrad/checkpoint/hf_config.hpp"
@@ -21,7 +19,6 @@
 #include "tetrad/model/model_config.hpp"
 #include "tetrad/model/params.hpp"
 
-namespace fs = std::filesystem;
 using namespace tetrad;
 using nlohmann::json;
 using tetrad_test::expect_error;
@@ -30,49 +27,13 @@ namespace {
 
 std::string test_dir() { return tetrad_test::test_dir("test_hf_qwen_moe"); }
 
-struct Model {
-  ModelConfig cfg;
-  ParamTable table;
-  std::vector<float> params;
-};
-
-Model random_model(const ModelConfig& cfg, uint32_t seed) {
-  Model m{cfg, build_param_table(cfg), {}};
-  m.params = tetrad_test::random_floats(size_t(m.table.total), seed);
-  return m;
-}
-
-bool same_bits(const std::vector<float>& a, const std::vector<float>& b) {
-  return a.size() == b.size() && std::memcmp(a.data(), b.data(), a.size() * 4) == 0;
-}
-
-json read_json(const std::string& path) {
-  std::ifstream f(path);
-  std::stringstream ss;
-  ss << f.rdbuf();
-  return json::parse(ss.str());
-}
-
-// Rewrites dir/model.safetensors through `edit(name, shape, data)`: return false to drop the
-// tensor; it may change the name, shape and data.
-template <typename Edit>
-void rewrite_tensors(const std::string& dir, Edit edit) {
-  const std::string path = dir + "/model.safetensors";
-  std::vector<std::tuple<std::string, std::vector<int64_t>, std::vector<float>>> kept;
-  {
-    SafetensorsReader r(path);
-    for (const TensorInfo& t : r.tensors()) {
-      std::string name = t.name;
-      std::vector<int64_t> shape = t.shape;
-      std::vector<float> data = r.read_float(t.name);
-      if (edit(name, shape, data)) kept.emplace_back(name, shape, std::move(data));
-    }
-  }
-  SafetensorsWriter w;
-  for (auto& [name, shape, data] : kept) w.add(name, shape, data.data());
-  w.set_metadata("format", "pt");
-  w.write(path);
-}
+using Model = tetrad_test::RandomModel;
+using tetrad_test::drop_tensor;
+using tetrad_test::random_model;
+using tetrad_test::read_json;
+using tetrad_test::reshape_tensor;
+using tetrad_test::rewrite_tensors;
+using tetrad_test::same_bits;
 
 // Every expert's gate, up and down under the Hub's names, each a slice of the stacked tensors.
 void expect_per_expert(const Model& m, const std::string& dir) {
@@ -165,26 +126,17 @@ TEST(HfQwenMoe, FusedExpertsLoad) {
   const int64_t F = c.ffn, C = c.n_embd, E = c.n_experts;
   const std::string dir = test_dir() + "/fused";
   save_hf(dir, c, m.table, m.params.data());
-  rewrite_tensors(dir, [](std::string& name, auto&, auto&) {
-    return name.find(".mlp.experts.") == std::string::npos;  // every expert's: replaced below
-  });
-  SafetensorsReader r0(dir + "/model.safetensors");
-  SafetensorsWriter w;
-  std::vector<std::vector<float>> keep;
-  for (const TensorInfo& t : r0.tensors()) {
-    keep.push_back(r0.read_float(t.name));
-    w.add(t.name, t.shape, keep.back().data());
-  }
+  std::vector<tetrad_test::AddedTensor> whole;  // each layer's experts in two tensors
   for (int l = 0; l < c.n_layer; ++l) {
     const std::string L = "model.layers." + std::to_string(l) + ".mlp.experts.";
     const ParamSpec& gu = m.table.find(L + "gate_up_proj");
     const ParamSpec& dn = m.table.find(L + "down_proj");
-    w.add(gu.name, {E, 2 * F, C}, m.params.data() + gu.offset);
-    w.add(dn.name, {E, C, F}, m.params.data() + dn.offset);
+    whole.push_back({gu.name, {E, 2 * F, C}, m.params.data() + gu.offset});
+    whole.push_back({dn.name, {E, C, F}, m.params.data() + dn.offset});
   }
-  w.set_metadata("format", "pt");
-  w.write(dir + "/model.safetensors.new");
-  fs::rename(dir + "/model.safetensors.new", dir + "/model.safetensors");
+  rewrite_tensors(
+      dir, [](std::string& name, auto&, auto&) { return name.find(".mlp.experts.") == std::string::npos; },
+      whole);
   std::vector<float> back(m.params.size(), -1.0f);
   load_hf_params(dir, c, m.table, back.data());
   EXPECT_TRUE(same_bits(back, m.params));
@@ -196,50 +148,26 @@ TEST(HfQwenMoe, BadTensorsRefusedByName) {
   const ModelConfig& c = m.cfg;
   const std::string base = test_dir();
   const std::string sizes = "(config.json: 4 experts of width 48, hidden size 64)";
-  {
-    const std::string dir = base + "/missing_expert";
+  // Each folder: (its name, the tensor dropped or the shape it gets, what the error names).
+  auto refused = [&](const std::string& name, const std::string& tensor, std::vector<int64_t> shape,
+                     std::initializer_list<std::string> parts) {
+    SCOPED_TRACE(name);
+    const std::string dir = base + "/" + name;
     save_hf(dir, c, m.table, m.params.data());
-    rewrite_tensors(dir, [](std::string& n, auto&, auto&) {
-      return n != "model.layers.1.mlp.experts.2.up_proj.weight";
-    });
-    expect_error([&] { load_hf_params(dir, c, m.table, m.params.data()); },
-                 {dir, "'model.layers.1.mlp.experts.2.up_proj.weight'", sizes});
-  }
-  {
-    const std::string dir = base + "/shape_expert";
-    save_hf(dir, c, m.table, m.params.data());
-    rewrite_tensors(dir, [](std::string& n, std::vector<int64_t>& shape, std::vector<float>& d) {
-      if (n == "model.layers.0.mlp.experts.3.down_proj.weight") {
-        shape = {64, 40};
-        d.resize(64 * 40);
-      }
-      return true;
-    });
-    expect_error([&] { load_hf_params(dir, c, m.table, m.params.data()); },
-                 {"'model.layers.0.mlp.experts.3.down_proj.weight'", "[64, 40]", "[64, 48]", sizes});
-  }
-  {
-    const std::string dir = base + "/missing_shared_gate";
-    save_hf(dir, c, m.table, m.params.data());
-    rewrite_tensors(dir, [](std::string& n, auto&, auto&) {
-      return n != "model.layers.0.mlp.shared_expert_gate.weight";
-    });
-    expect_error([&] { load_hf_params(dir, c, m.table, m.params.data()); },
-                 {dir, "'model.layers.0.mlp.shared_expert_gate.weight'"});
-  }
-  {
-    const std::string dir = base + "/shape_shared";
-    save_hf(dir, c, m.table, m.params.data());
-    rewrite_tensors(dir, [](std::string& n, std::vector<int64_t>& shape, std::vector<float>& d) {
-      if (n == "model.layers.1.mlp.shared_expert.down_proj.weight") {
-        shape = {64, 80};
-        d.resize(64 * 80);
-      }
-      return true;
-    });
-    expect_error([&] { load_hf_params(dir, c, m.table, m.params.data()); },
-                 {"'model.layers.1.mlp.shared_expert.down_proj.weight'", "[64, 80]", "[64, 96]"});
-  }
+    if (shape.empty())
+      drop_tensor(dir, tensor);
+    else
+      reshape_tensor(dir, tensor, shape);
+    expect_error([&] { load_hf_params(dir, c, m.table, m.params.data()); }, parts);
+  };
+  refused("missing_expert", "model.layers.1.mlp.experts.2.up_proj.weight", {},
+          {base + "/missing_expert", "'model.layers.1.mlp.experts.2.up_proj.weight'", sizes});
+  refused("shape_expert", "model.layers.0.mlp.experts.3.down_proj.weight", {64, 40},
+          {"'model.layers.0.mlp.experts.3.down_proj.weight'", "[64, 40]", "[64, 48]", sizes});
+  refused("missing_shared_gate", "model.layers.0.mlp.shared_expert_gate.weight", {},
+          {base + "/missing_shared_gate", "'model.layers.0.mlp.shared_expert_gate.weight'"});
+  refused("shape_shared", "model.layers.1.mlp.shared_expert.down_proj.weight", {64, 80},
+          {"'model.layers.1.mlp.shared_expert.down_proj.weight'", "[64, 80]", "[64, 96]"});
 }
 
 // config.json: the settings tetrad does not implement refused naming the field.
