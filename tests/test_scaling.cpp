@@ -319,7 +319,9 @@ TEST(PlannerScaling, WeakScalingWithOneModelGrowsTheBatchAndTheFlops) {
     EXPECT_EQ(pts[i].global_batch, 32 * sp.ranks[i] / 8);
     // More ranks never lower the total FLOP/s of a weak series (no point is memory-bound here).
     EXPECT_FALSE(pts[i].memory_bound);
-    if (i > 0) EXPECT_GT(pts[i].hardware_flops_per_s, pts[i - 1].hardware_flops_per_s) << pts[i].ranks;
+    if (i > 0) {
+      EXPECT_GT(pts[i].hardware_flops_per_s, pts[i - 1].hardware_flops_per_s) << pts[i].ranks;
+    }
   }
   // Weak with one model: efficiency = t_1 / t_n.
   for (const auto& p : pts) EXPECT_NEAR(p.efficiency, pts[0].step / p.step, 1e-12);
