@@ -20,6 +20,14 @@ ModelConfig model(Family f) {
                                       .gqa_ffn = 96, .vocab_size = 128, .max_seq = 16});
 }
 
+// The recomputation mode, the rest default (assigned: a braced {rc, 0} leaves ParallelOptions'
+// members without initialisers to -Wmissing-field-initializers).
+ParallelOptions options(Recompute rc) {
+  ParallelOptions po;
+  po.recompute = rc;
+  return po;
+}
+
 struct Trace {
   std::vector<double> losses;
   std::vector<float> params, grads;
@@ -28,7 +36,7 @@ struct Trace {
 Trace train(Family f, Recompute rc) {
   constexpr int B = 4, T = 16, steps = 4, accum = 2;
   ProcessGroups g;
-  ParallelTransformer m(model(f), g, B, T, {rc, 0});
+  ParallelTransformer m(model(f), g, B, T, options(rc));
   m.init_weights(11);
   TrainConfig tc;
   tc.lr = 1e-2;
@@ -74,9 +82,9 @@ TEST(Recompute, EveryModeIsBitIdenticalToKeepingEverything) {
 TEST(Recompute, KeepsLessActivationMemory) {
   ProcessGroups g;
   const ModelConfig c = model(Family::GPT2);
-  ParallelTransformer none(c, g, 4, 16, {Recompute::None, 0});
-  ParallelTransformer sel(c, g, 4, 16, {Recompute::Selective, 0});
-  ParallelTransformer full(c, g, 4, 16, {Recompute::Full, 0});
+  ParallelTransformer none(c, g, 4, 16, options(Recompute::None));
+  ParallelTransformer sel(c, g, 4, 16, options(Recompute::Selective));
+  ParallelTransformer full(c, g, 4, 16, options(Recompute::Full));
   // What each allocates is what activation_bytes(mode) says it would.
   EXPECT_EQ(none.activation_bytes(), none.activation_bytes(Recompute::None));
   EXPECT_EQ(sel.activation_bytes(), none.activation_bytes(Recompute::Selective));

@@ -257,8 +257,9 @@ TEST_F(TrainTest, TimeBreakdownAddsUpToTheStepTime) {
     EXPECT_TRUE(j.contains("comm_hidden_fraction"));
   }
   EXPECT_EQ(steps, 6);
-  if (!logged_unbooked.empty())
+  if (!logged_unbooked.empty()) {
     EXPECT_LT(median(logged_unbooked), 0.05) << "metrics.jsonl: median unbooked share";
+  }
   std::ifstream t(o.trace_path);
   nlohmann::json trace;
   ASSERT_NO_THROW(t >> trace);
@@ -358,7 +359,9 @@ TEST(ProgressThread, AutoTakesTheThreadOnlyWithACoreToSparePerRank) {
   EXPECT_EQ(progress_thread_wins("auto", 1, cores - 1), cores >= 2);
   EXPECT_FALSE(progress_thread_wins("auto", 1, cores));     // every core computes
   EXPECT_FALSE(progress_thread_wins("auto", cores, 1));     // one rank per core, 1 thread each
-  if (cores >= 2) EXPECT_TRUE(progress_thread_wins("auto", cores / 2, 1));
+  if (cores >= 2) {
+    EXPECT_TRUE(progress_thread_wins("auto", cores / 2, 1));
+  }
   EXPECT_THROW(progress_thread_wins("sometimes", 1, 1), Error);
   OverlapConfig c;
   EXPECT_EQ(overlap_options(c, cores, 1).progress_thread, false);

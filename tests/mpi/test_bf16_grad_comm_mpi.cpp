@@ -116,7 +116,9 @@ TEST(Bf16GradComm, AllReduceIsWithinBf16OfTheFp32OneAndTheSameOnEveryRank) {
     w.broadcast(zero.data(), n, 0);
     ASSERT_EQ(std::memcmp(got.data(), zero.data(), n * sizeof(float)), 0) << "n " << n;
     // And the bf16 result is not the fp32 one (the test would be empty otherwise), for n > 1.
-    if (n > 100) ASSERT_NE(std::memcmp(got.data(), fp32.data(), n * sizeof(float)), 0);
+    if (n > 100) {
+      ASSERT_NE(std::memcmp(got.data(), fp32.data(), n * sizeof(float)), 0);
+    }
   }
 }
 
