@@ -72,7 +72,7 @@ TEST(Config, BadInputNamesTheKeyAndWhatWasExpected) {
   EXPECT_TRUE(contains(error_of("[train]\nmicro_batch = \"four\"\n"), "train.micro_batch must be an integer"));
   EXPECT_TRUE(contains(error_of("[train]\nmicro_batch = 0\n"), "train.micro_batch must be positive"));
   EXPECT_TRUE(contains(error_of("[train]\nseq_len = 100\n"), "longer than the model's model.max_seq"));
-  EXPECT_TRUE(contains(error_of("[model]\nfamily = \"bert\"\n"), "expected \"gpt2\", \"llama\", \"qwen2\", \"qwen3\" or \"mixtral\""));
+  EXPECT_TRUE(contains(error_of("[model]\nfamily = \"bert\"\n"), "expected \"gpt2\", \"llama\", \"qwen2\", \"qwen3\", \"mixtral\", \"qwen2_moe\" or \"qwen3_moe\""));
   EXPECT_TRUE(contains(error_of("[model]\nname = \"huge\"\n"), "unknown model 'huge'"));
   EXPECT_TRUE(contains(error_of("[model]\nn_head = 3\n"), "must divide model.n_embd"));
   // parallel.pipeline_layers: syntax always; with a fixed pipeline grid, length and sum too.

@@ -177,8 +177,9 @@ std::vector<Field> model_data_run_fields() {
       // model.name is handled first (it selects the base that the other model keys override).
       STRING_FIELD("model.name", c.model_name,
                    "named base configuration: tiny, small, gpt2-124m, llama-tiny, llama-small, llama-1b, "
-                   "qwen2-tiny, qwen3-tiny, mixtral-tiny, mixtral-small, mixtral-small-dense"),
-      Field{"model.family", "string", "\"gpt2\", \"llama\", \"qwen2\", \"qwen3\" or \"mixtral\"",
+                   "qwen2-tiny, qwen3-tiny, mixtral-tiny, mixtral-small, mixtral-small-dense, "
+                   "qwen2-moe-tiny, qwen3-moe-tiny"),
+      Field{"model.family", "string", "\"gpt2\", \"llama\", \"qwen2\", \"qwen3\", \"mixtral\", \"qwen2_moe\" or \"qwen3_moe\"",
             [](RunConfig& c, const toml::node& n, const std::string& w) {
               c.model.family = parse_family(read_string(n, "model.family", w));
             },
@@ -660,6 +661,8 @@ RunConfig load_run_config(const std::string& path, const std::vector<std::string
                    : c.model.family == Family::Qwen2   ? "qwen2-tiny"
                    : c.model.family == Family::Qwen3   ? "qwen3-tiny"
                    : c.model.family == Family::Mixtral ? "mixtral-tiny"
+                   : c.model.family == Family::Qwen2Moe ? "qwen2-moe-tiny"
+                   : c.model.family == Family::Qwen3Moe ? "qwen3-moe-tiny"
                                                        : "tiny";
   }
   c.validate();
