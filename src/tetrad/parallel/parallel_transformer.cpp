@@ -133,7 +133,7 @@ ParallelTransformer::ParallelTransformer(const ModelConfig& config, ProcessGroup
       local_batch, bf16_acts_ && G.p() == 1 && be->capabilities().bf16_loss_grad);
   block_ = make_block(BlockParts{cfg_, table_, ctx_, *ops_, *a_, opt_.recompute,
                                  attention_precision_, max_len_, local_batch_, opt_.cp_comm,
-                                 opt_.cp_skip_masked_pairs});
+                                 opt_.cp_skip_masked_pairs, wgrad_nn_});
   if (ops_->sequence_sharded() && !block_->sequence_shardable())
     fail("parallel.sequence_shard is not implemented for the blocks of model family '",
          family_name(cfg_.family), "'; set parallel.sequence_shard = false");
