@@ -88,9 +88,15 @@ void add_top_comm(Collectives& c, const PlanInput& in, const GridShape& g, const
   const double top = (s.tied ? 1 : 2) * s.head() / (double(g.x()) * g.y());
   const double top_b = top * w_b, top_grad_b = top * (in.z_grad_comm_bytes > 0 ? in.z_grad_comm_bytes : w_b);
   c.add("fwd all-reduce of embedding", Axis::Y, Op::AllReduce, T * s.H / g.x() * act_b, 1, kExposed, false, MbAt::FirstFwd);
-  c.add("fwd all-reduce of logits", Axis::X, Op::AllReduce, T * s.V / g.y() * act_b, 1, kExposed, false);
-  // The X ranks share the cross-entropy's rows: their gradient rows all-gathered over X.
-  if (int64_t(T) % g.x() == 0)
+  // The X ranks share the cross-entropy's rows: on 2 X ranks the logits' sum is a reduce-scatter
+  // of the rows each rank's loss reads (vocab_parallel.cpp, head_forward), and their gradient
+  // rows are all-gathered over X.
+  const bool loss_rows = g.x() > 1 && int64_t(T) % g.x() == 0;
+  if (loss_rows && g.x() == 2)
+    c.add("fwd reduce-scatter of logits", Axis::X, Op::ReduceScatter, T * s.V / g.y() * act_b, 1, kExposed, false);
+  else
+    c.add("fwd all-reduce of logits", Axis::X, Op::AllReduce, T * s.V / g.y() * act_b, 1, kExposed, false);
+  if (loss_rows)
     c.add("bwd all-gather of dlogits", Axis::X, Op::AllGather, T * s.V / g.y() * act_b, 1, kExposed, false, MbAt::LastBwd);
   c.add("bwd all-reduce of head dIn", Axis::Y, Op::AllReduce, T * s.H / g.x() * act_b, 1, kExposed, false, MbAt::LastBwd);
   c.add("cross-entropy max and sums", Axis::Y, Op::AllReduce, T * 3 * 4, 2, kExposed, false);
