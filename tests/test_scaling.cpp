@@ -349,6 +349,13 @@ TEST(PlannerModel, GradientCollectivesMoveTheirOwnPrecision) {
   EXPECT_DOUBLE_EQ(bytes(f, "fwd all-reduce of embedding"), 2 * bytes(in, "fwd all-reduce of embedding"));
   EXPECT_DOUBLE_EQ(bytes(f, ag), ag2);
   f.tensor_comm_bytes = 0;
+  // The textbook layout of another framework's run keeps Megatron-LM's fp32 main gradients where
+  // its all-reduce is fp32: 4 bytes a parameter instead of the bf16 2.
+  PlanInput r = in;
+  r.memory_model = MemoryModel::Reference;
+  const double g2 = memory_per_rank(r, g).grads;
+  r.dp_grad_comm_bytes = 4;
+  EXPECT_DOUBLE_EQ(memory_per_rank(r, g).grads, 2 * g2);
   f.dp_grad_comm_bytes = 3;
   tetrad_test::expect_error([&] { f.validate(); }, {"2 (bf16) or 4 (fp32) bytes"});
   // A tetrad run reduces its fp32 gradients in fp32 unless train.grad_comm_precision = "bf16".
