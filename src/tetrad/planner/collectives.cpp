@@ -11,8 +11,13 @@ bool x_shares_sequences(const PlanInput& in, const GridShape& g, double T) {
 void add_expert_layer_comm(Collectives& c, const PlanInput& in, const GridShape& g, const Sizes& s, double T);
 
 // Tensor parallelism (X and Y): the layers' norms and linear layers, per layer.
+// Bytes per element of the activations' collectives over X and Y (PlanInput::tensor_comm_bytes).
+static double tensor_act_bytes(const PlanInput& in) {
+  return in.tensor_comm_bytes > 0 ? in.tensor_comm_bytes : in.precision == Precision::BF16 ? 2 : 4;
+}
+
 void add_tensor_layer_comm(Collectives& c, const PlanInput& in, const GridShape& g, const Sizes& s, double T) {
-  const double act_b = in.precision == Precision::BF16 ? 2 : 4;
+  const double act_b = tensor_act_bytes(in);
   const double fwd_mult = in.recompute == Recompute::Full ? 2 : 1;  // full recomputation repeats the forward collectives
   const double stats_b = T * 2 * 8;  // [T, 2] doubles of row statistics
   // Norms: statistics all-reduced over X in forward and again in backward (2 norms per layer).
@@ -88,7 +93,7 @@ void add_sharded_layer_comm(Collectives& c, const PlanInput& in, const GridShape
 // over Y), cross-entropy (max and sums over Y), final norm, top blocks over Z.
 void add_top_comm(Collectives& c, const PlanInput& in, const GridShape& g, const Sizes& s, double T) {
   const bool bf16 = in.precision == Precision::BF16;
-  const double act_b = bf16 ? 2 : 4, w_b = bf16 ? 2 : 4;
+  const double act_b = tensor_act_bytes(in), w_b = bf16 ? 2 : 4;
   const double stats_b = T * 2 * 8;
   const double top = (s.tied ? 1 : 2) * s.head() / (double(g.x()) * g.y());
   const double top_b = top * w_b, top_grad_b = top * (in.z_grad_comm_bytes > 0 ? in.z_grad_comm_bytes : w_b);

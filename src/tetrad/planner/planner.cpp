@@ -290,7 +290,8 @@ MemoryBreakdown reference_memory_of_stage(const PlanInput& in, const GridShape& 
   const double opt = bf16 ? 12 : 8;          // fp32 master + m + v, or m + v
   MemoryBreakdown mb;
   mb.weights = bw * psi;
-  mb.grads = bw * psi / (in.zero >= 2 ? g.d() : 1);
+  // Megatron-LM under bf16 keeps its gradients in fp32 main-grad buffers (dp_grad_comm_bytes 4).
+  mb.grads = (in.dp_grad_comm_bytes > 0 ? in.dp_grad_comm_bytes : bw) * psi / (in.zero >= 2 ? g.d() : 1);
   mb.optimizer = opt * psi / (in.zero >= 1 ? g.d() : 1);
   if (gf.z() > 1) mb.gathered = 2 * bw * (sp.layer_block + sp.top_block);  // weights + grad blocks
   // Activations: the trainer's buffers for one micro-batch, reduced by recomputation; a 1F1B

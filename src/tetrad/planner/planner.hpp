@@ -136,6 +136,11 @@ struct PlanInput {
   // (accumulate_allreduce_grads_in_fp32, forced by its arguments.py), which AxoNN's runs keep.
   int z_grad_comm_bytes = 0;
   int dp_grad_comm_bytes = 0;
+  // Bytes per element of the activations' sums and gathers over X and Y (the layers', the
+  // embedding's, the logits'). 0: the run's precision (2 in bf16: Megatron-LM and AxoNN send bf16
+  // activations). Tetrad's trainer sums its GEMMs' fp32 outputs in every precision
+  // (parallel_linear.cpp): plan_input_of and `tetrad plan` set 4.
+  int tensor_comm_bytes = 0;
   int ranks = 1;
   bool allow_pipeline = true;  // plan Gp > 1 grids
   bool allow_context = true;   // plan C > 1 grids (a published run without context parallelism: false)
