@@ -388,8 +388,30 @@ TEST(PlannerMoe, ExpertsOnXAndYSumTheirRowsAndTheSharedExpertCounts) {
   EXPECT_GT(ew.compute_gemm, eo.compute_gemm);
   EXPECT_DOUBLE_EQ(bytes_of(ew, "all-gather of layer weights (fwd)") - bytes_of(eo, "all-gather of layer weights (fwd)"),
                    shared * 4);  // fp32, Gx = Gy = 1
-  // The grid refuses the shared expert on X or Y, naming it.
-  const Estimate bad = estimate(with, GridShape::xyzpd(2, 1, 1, 1, 2), m);
+  // On X and Y the shared expert is split like the dense MLP (parallel/moe_shared_expert.cpp):
+  // its sums over X (gate|up [T, 2Fs/Gy], the gate's logit and gradient [T], down's dx
+  // [T, Fs/Gy]) and Y (down [T, H/Gx], gate|up's dx [T, H/Gx]), fp32; its GEMMs 1/(Gx Gy) each.
+  const Estimate sxy = estimate(with, GridShape::xyzpd(2, 2, 1, 1, 1), m);
+  ASSERT_TRUE(sxy.valid) << sxy.reject;
+  const double Fs = 2048, Ts = 4 * S;
+  EXPECT_DOUBLE_EQ(bytes_of(sxy, "fwd all-reduce of shared expert gate|up"), Ts * 2 * Fs / 2 * 4);
+  EXPECT_DOUBLE_EQ(bytes_of(sxy, "fwd all-reduce of shared expert gate logit"), Ts * 4);
+  EXPECT_DOUBLE_EQ(bytes_of(sxy, "fwd all-reduce of shared expert down"), Ts * H / 2 * 4);
+  EXPECT_DOUBLE_EQ(bytes_of(sxy, "bwd all-reduce of shared expert gate's gradient"), Ts * 4);
+  EXPECT_DOUBLE_EQ(bytes_of(sxy, "bwd all-reduce of shared expert down dx"), Ts * Fs / 2 * 4);
+  EXPECT_DOUBLE_EQ(bytes_of(sxy, "bwd all-reduce of shared expert gate|up dx"), Ts * H / 2 * 4);
+  EXPECT_EQ(bytes_of(xy, "fwd all-reduce of shared expert gate|up"), -1.0);  // none without one
+  auto shared_fwd = [&](const GridShape& g) {  // the shared expert's forward GEMM seconds
+    return block_gemm_times(sizes(sm), g, Ts, m, false).fwd - block_gemm_times(sizes(plain), g, Ts, m, false).fwd;
+  };
+  EXPECT_GT(shared_fwd(GridShape::xyzpd(1, 1, 1, 1, 1)), 0.0);
+  EXPECT_LT(shared_fwd(GridShape::xyzpd(2, 2, 1, 1, 1)), 0.5 * shared_fwd(GridShape::xyzpd(1, 1, 1, 1, 1)));
+  // A width Y does not divide is refused, naming it.
+  ModelConfig odd = sm;
+  odd.shared_expert_ffn = 2047;
+  with.model = odd;
+  const Estimate bad = estimate(with, GridShape::xyzpd(1, 2, 1, 1, 2), m);
   EXPECT_FALSE(bad.valid);
-  EXPECT_NE(bad.reject.find("shared expert"), std::string::npos) << bad.reject;
+  EXPECT_NE(bad.reject.find("model.shared_expert_ffn (2047) is not divisible by Gy = 2"), std::string::npos)
+      << bad.reject;
 }

@@ -96,17 +96,20 @@ TEST(MoeOptionsMpi, ExpertBiasOnTheFoldTrainsLikeOneRank) {
   check_folds(mc, "expert bias", grids);
 }
 
-// The shared expert is whole on every rank: split over X or Y it is refused by name.
-TEST(MoeOptionsMpi, SharedExpertOnTheTensorAxesIsRefusedByName) {
+// The shared expert is split over Y like the dense MLP (MoeTensorAxesMpi trains it on X and Y):
+// a width Y does not divide is refused by name.
+TEST(MoeOptionsMpi, SharedExpertWidthNotDividingGyIsRefusedByName) {
   std::string e;
+  ModelConfig mc = shared_expert_model();
+  mc.shared_expert_ffn = 47;
   try {
-    ProcessGroups g(comm::Communicator::world(), GridShape{{Axis::X, 2}, {Axis::D, world_size() / 2}});
-    ParallelTransformer m(shared_expert_model(), g, 1, kT);
+    ProcessGroups g(comm::Communicator::world(), GridShape{{Axis::Y, 2}, {Axis::D, world_size() / 2}});
+    ParallelTransformer m(mc, g, 1, kT);
   } catch (const Error& x) {
     e = x.what();
   }
-  EXPECT_NE(e.find("shared expert (model.shared_expert_ffn = 48) split over the tensor axes (Gx = 2"),
-            std::string::npos) << e;
+  EXPECT_NE(e.find("model.shared_expert_ffn (47) is not divisible by Gy = 2"), std::string::npos)
+      << e;
 }
 
 // Both with the auxiliary loss and the shared expert, and ZeRO 1 (the bias is not sharded over Z: replicated, updated in place).

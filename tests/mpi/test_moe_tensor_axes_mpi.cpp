@@ -10,7 +10,7 @@
 //   8 ranks: E = 2 with X, Y and D; with X, Z and D; with Y, P and D; E = 4 with X over C x D and
 //            with Y over D = 4.
 // Every token to experts 0 and 1 (the others empty on every rank) on the X and Y grids; a capacity
-// factor on two of them; and what
+// factor, the shared expert and the expert bias on two of them; and what
 // stays refused by name with the tensor axes (sequence sharding).
 #include <cstdio>
 
@@ -63,6 +63,26 @@ TEST(MoeTensorAxesMpi, EveryGridTrainsLikeOneRank) {
   if (world_rank() == 0)
     std::printf("[ moe tensor axes ] %d grids of %d ranks tested\n", tested, world_size());
   EXPECT_GE(tested, 2);
+}
+
+// The shared expert (Qwen2-MoE's form: model.shared_expert_ffn) is the dense MLP's pair on X and
+// Y, its gate by columns over X like the router; the expert bias (with the auxiliary loss:
+// "both") whole on every rank, moved by the same load on each: the first two grids of this world
+// size.
+TEST(MoeTensorAxesMpi, SharedExpertAndExpertBiasTrainLikeOneRank) {
+  ModelConfig mc = moe_model();
+  mc.shared_expert_ffn = 64;
+  mc.moe_balance = "both";
+  mc.expert_bias_rate = 0.01f;
+  mc.validate();
+  const contract::Run serial = serial_run(mc, kSteps);
+  std::vector<GridShape> grids = tensor_axis_grids();
+  grids.resize(std::min<size_t>(grids.size(), 2));
+  for (const GridShape& shape : grids) {
+    ProcessGroups g(comm::Communicator::world(), shape);
+    expect_matches_serial(parallel_run(mc, g, kSteps, ParallelOptions{}), serial, mc,
+                          "shared expert and bias, grid " + shape.to_string());
+  }
 }
 
 // ZeRO 2 (each expert tensor's X/Y block sharded over its expert-data group; E = 1 on 2 ranks)

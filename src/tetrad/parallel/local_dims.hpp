@@ -26,7 +26,7 @@ struct LocalDims {
   // widths on this rank: k Cx (inputs and outputs), k 2Fy (gate|up), k Fy (the SwiGLU
   // activation).
   int64_t E = 0, kC = 0, kFW = 0, kF = 0;
-  int64_t sF = 0;  // the shared expert's width (model.shared_expert_ffn; 0: none)
+  int64_t sF = 0;  // the shared expert's width here: model.shared_expert_ffn / Gy (0: none)
 
   // The widest output of a linear layer (the bf16 gradient copies hold any of them), and in a
   // mixture of experts the k Cx of a token's expert rows (the experts' gradient copies).
@@ -52,7 +52,7 @@ struct LocalDims {
       d.kC = k * d.Cx;
       d.kFW = k * 2 * d.Fy;
       d.kF = k * d.Fy;
-      d.sF = cfg.shared_expert_ffn;  // whole: the grid refuses it on X or Y
+      d.sF = cfg.shared_expert_ffn / g.y();
     }
     return d;
   }

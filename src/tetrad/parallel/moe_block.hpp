@@ -12,10 +12,11 @@
 //
 // Optional parts (model/family.hpp's SharedGate.. and ExpertBias roles): the shared expert
 // (Qwen2-MoE's form) adds sigmoid(ln2 · w_gate) * SwiGLU-MLP_shared(ln2) to every token's output;
-// its weights are dense ones (whole on every rank, reduced over every data rank, also with
-// E > 1). The expert bias (DeepSeek-V3's aux-loss-free balancing) is added to the router's
-// probabilities for the top-k selection only, and is updated after each optimizer step from the
-// step's load (MoeStats::load, ParallelTransformer::update_expert_bias), not by the optimizer.
+// its weights are dense ones (split over X and Y like the dense MLP, reduced over every data
+// rank, also with E > 1; moe_shared_expert.cpp). The expert bias (DeepSeek-V3's aux-loss-free
+// balancing) is added to the router's probabilities for the top-k selection only, and is updated
+// after each optimizer step from the step's load (MoeStats::load,
+// ParallelTransformer::update_expert_bias), not by the optimizer.
 //
 // The backward recomputes the routing from the layer's stored logits (the same plan bit for
 // bit), so it needs no host state kept from the forward: pipeline chunks and recomputation

@@ -1,6 +1,10 @@
 // MoeBlock's shared expert (moe_block.hpp; Qwen2-MoE's form): a SwiGLU MLP every token goes
 // through, scaled by sigmoid(ln2 · w_gate), added to the routed experts' output. Its weights are
-// dense ones (whole on every rank); it runs on the rank's own tokens, also with E > 1.
+// dense ones (reduced over every data rank); it runs on the rank's own tokens, also with E > 1.
+// On the tensor axes it is the dense MLP's pair of parallel layers (linear_layers.hpp): gate|up
+// normal (rows over Y, columns over X: partial sums over X), down transposed (over Y), the
+// backward's input gradients over the adjoint axes; its gate [1, C] by columns over X like the
+// router (the logit summed over X, the sigmoid the same on every rank).
 #include "tetrad/parallel/moe_block.hpp"
 
 #include <cmath>
@@ -30,19 +34,23 @@ void MoeBlock::shared_gate(int l, int64_t N) {
 void MoeBlock::shared_forward(int l, int64_t N) {
   const Experts& X = experts_[size_t(l)];
   const auto& A = a_.layer[size_t(l)];
-  const int64_t C = cfg_.n_embd, Fs = cfg_.shared_expert_ffn;
+  const int64_t C = ctx_.dims.Cx, Fs = ctx_.dims.sF;  // this rank's widths
+  const comm::Communicator &gx = ctx_.g().x(), &gy = ctx_.g().y();
   const backend::OpTable& op = ctx_.ops();
   backend::Queue& q = ctx_.bq();
   ops_.gemm("shared expert gate|up", false, true, N, 2 * Fs, C, f32(A.ln2), C,
             f32(ops_.w(X.shared_gu)), C, 0.0f, A.shared_gu, 2 * Fs);
+  ctx_.sum_over(gx, A.shared_gu, N * 2 * Fs, "shared expert gate|up");
   {
     ScopedPhase sp(ctx_.prof, Phase::Activation);
     op.swiglu_forward(q, A.shared_act, A.shared_gu, N, Fs);
   }
   ops_.gemm("shared expert down", false, true, N, C, Fs, f32(A.shared_act), Fs,
             f32(ops_.w(X.shared_down)), Fs, 0.0f, A.shared_out, C);
+  ctx_.sum_over(gy, A.shared_out, N * C, "shared expert down");
   ops_.gemm("shared expert gate", false, true, N, 1, C, f32(A.ln2), C, f32(ops_.w(X.shared_gate)),
             C, 0.0f, A.shared_glogit, 1);
+  ctx_.sum_over(gx, A.shared_glogit, N, "shared expert gate");
   shared_gate(l, N);
   ScopedPhase sp(ctx_.prof, Phase::Residual, "shared expert");
   op.moe_unpermute(q, a_.dmoe_rows, A.shared_out, sgate_.data(), ident_.data(), N, 1, C);
@@ -56,7 +64,8 @@ void MoeBlock::shared_backward(int l, int64_t N) {
   const Experts& X = experts_[size_t(l)];
   const ParallelActivations& a = a_;
   const auto& A = a.layer[size_t(l)];
-  const int64_t C = cfg_.n_embd, Fs = cfg_.shared_expert_ffn;
+  const int64_t C = ctx_.dims.Cx, Fs = ctx_.dims.sF;  // this rank's widths
+  const comm::Communicator &gx = ctx_.g().x(), &gy = ctx_.g().y();
   const backend::OpTable& op = ctx_.ops();
   backend::Queue& q = ctx_.bq();
   shared_gate(l, N);  // the forward's sigmoid again, from the stored logits
@@ -65,18 +74,28 @@ void MoeBlock::shared_backward(int l, int64_t N) {
     op.moe_unpermute_backward(q, a.dmoe_rows, dsgate_.data(), a.dresid, A.shared_out,
                               sgate_.data(), ident_.data(), N, 1, C);
   }
-  // down: dact = dout · Wd [N, Fs]; dWd += doutᵀ · act [C, Fs].
+  ctx_.sum_over(gx, dsgate_.data(), N, "shared expert gate's gradient");  // dy · out over C
+  // down: dact = dout · Wd [N, Fs] (summed over X); dWd += doutᵀ · act [C, Fs].
   ops_.gemm("shared expert down dx", false, false, N, Fs, C, f32(a.dmoe_rows), C,
             f32(ops_.w(X.shared_down)), Fs, 0.0f, a.dshared_act, Fs);
+  ctx_.sum_over(gx, a.dshared_act, N * Fs, "shared expert down dx");
   ops_.gemm("shared expert down dw", true, false, C, Fs, N, f32(a.dmoe_rows), C,
             f32(A.shared_act), Fs, 1.0f, ops_.gw(X.shared_down), Fs);
   {
     ScopedPhase sp(ctx_.prof, Phase::Activation);
     op.swiglu_backward(q, a.dshared_gu, a.dshared_act, A.shared_gu, N, Fs);
   }
-  // gate|up: dln += dgu · Wgu; dWgu += dguᵀ · ln2.
-  ops_.gemm("shared expert gate|up dx", false, false, N, C, 2 * Fs, f32(a.dshared_gu), 2 * Fs,
-            f32(ops_.w(X.shared_gu)), C, 1.0f, a.dln, C);
+  // gate|up: dln += dgu · Wgu (partial over Y: summed in dmoe_rows, free again, then added);
+  // dWgu += dguᵀ · ln2.
+  if (gy.size() == 1) {
+    ops_.gemm("shared expert gate|up dx", false, false, N, C, 2 * Fs, f32(a.dshared_gu), 2 * Fs,
+              f32(ops_.w(X.shared_gu)), C, 1.0f, a.dln, C);
+  } else {
+    ops_.gemm("shared expert gate|up dx", false, false, N, C, 2 * Fs, f32(a.dshared_gu), 2 * Fs,
+              f32(ops_.w(X.shared_gu)), C, 0.0f, a.dmoe_rows, C);
+    ctx_.sum_over(gy, a.dmoe_rows, N * C, "shared expert gate|up dx");
+    op.add(q, a.dln, a.dmoe_rows, N * C);
+  }
   ops_.gemm("shared expert gate|up dw", true, false, 2 * Fs, C, N, f32(a.dshared_gu), 2 * Fs,
             f32(A.ln2), C, 1.0f, ops_.gw(X.shared_gu), C);
   // The gate: dlogit = s (1 - s) ds (host), dln += dlogit · w_gate, dw_gate += dlogitᵀ · ln2.

@@ -20,10 +20,7 @@ void validate_grid_for_model(const ModelConfig& c, const GridShape& g) {
   divides("model.ffn", c.ffn, "x", g.x());
   divides("model.ffn", c.ffn, "y", g.y());
   divides("model.vocab_size", c.vocab_size, "y", g.y());
-  if (c.moe() && c.shared_expert_ffn > 0 && (g.x() > 1 || g.y() > 1))
-    fail("grid: the shared expert (model.shared_expert_ffn = ", c.shared_expert_ffn, ") split over "
-         "the tensor axes (Gx = ", g.x(), ", Gy = ", g.y(), ") is not implemented; a model with a "
-         "shared expert runs with Gx = Gy = 1 (Z, C, D, P and the fold E as for the experts)");
+  divides("model.shared_expert_ffn", c.shared_expert_ffn, "y", g.y());
   if (g.e() > 1) {
     if (!c.moe())
       fail("grid: the expert-parallel fold E = ", g.e(), " needs a mixture-of-experts model "
@@ -134,18 +131,15 @@ TensorShard block_of(const ModelConfig& c, const ParamSpec& s, const GridShape& 
     case R_::MlpIn:
     case R_::Gate:
     case R_::Up:
+    case R_::SharedGate:  // the shared expert (Qwen2-MoE's; dense, reduced over every data rank)
+    case R_::SharedUp:    // is the dense MLP's pair: gate|up normal, down transposed
       normal(slice_rows(R, g.y(), at.y()));
       break;
     case R_::Router:  // [n_experts, C]: columns over X (its input is ln2's X slice), every
       // expert's row on every Y rank (the logits are whole: the routing needs them all), Z-sharded
+    case R_::SharedExpertGate:  // [1, C]: the shared expert's gate, whole over Y like the router
       cols_x(contiguous(0, R));
       t.z_sharded = true;
-      break;
-    case R_::SharedGate:  // the shared expert: dense, whole (the grid refuses it on X or Y),
-    case R_::SharedUp:    // reduced over every data rank
-    case R_::SharedDown:
-    case R_::SharedExpertGate:
-      normal(contiguous(0, R));
       break;
     case R_::ExpertGateUp:  // [n_experts x 2F, C] and [n_experts x C, F]: this rank's experts
     case R_::ExpertDown:    // (n_experts / E of them), each split over X and Y like the dense MLP
@@ -156,6 +150,7 @@ TensorShard block_of(const ModelConfig& c, const ParamSpec& s, const GridShape& 
       break;
     case R_::AttnOut:
     case R_::MlpOut:  // transposed layer: rows over X, columns over Y
+    case R_::SharedDown:
       t.layout = ShardLayout::Transposed;
       t.rows = slice_rows(R, g.x(), at.x());
       t.col0 = K / g.y() * at.y();

@@ -50,11 +50,12 @@ GemmTimes block_gemm_times(const Sizes& s, const GridShape& g, double T, const M
   // recomputed, not kept: parallel/expert_parallel.hpp).
   if (s.experts > 0 && s.ep > 1) r.din += ne * t(rows, s.FW / g.y(), s.H / g.x(), GemmOp::NT);
   // The shared expert (Qwen2-MoE's form): every token through a SwiGLU MLP of width Fs and a
-  // one-row sigmoid gate, whole on the rank (the grid refuses it on X or Y).
+  // one-row sigmoid gate, split over X and Y like the dense MLP (parallel/moe_shared_expert.cpp;
+  // the gate's [1, H] by columns over X).
   if (s.Fs > 0) {
-    weight(s.H, 2 * s.Fs, T, 1);  // gate|up
-    weight(s.Fs, s.H, T, 1);      // down
-    weight(s.H, 1, T, 1);         // the sigmoid gate's logit
+    weight(s.H / g.x(), 2 * s.Fs / g.y(), T, 1);  // gate|up
+    weight(s.Fs / g.y(), s.H / g.x(), T, 1);      // down (transposed)
+    weight(s.H / g.x(), 1, T, 1);                 // the sigmoid gate's logit
   }
   const double hk = s.H / g.x(), hn = s.V / g.y();
   r.head_fwd = t(T, hn, hk, GemmOp::NT);

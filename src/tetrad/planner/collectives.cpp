@@ -55,7 +55,10 @@ void add_tensor_layer_comm(Collectives& c, const PlanInput& in, const GridShape&
 // [rows, FW/Gy] over X and its down rows [rows, H/Gx] over Y, on the T·k rows the rank's experts
 // take (dispatched to them over E with an even load: T·k on every rank); backward the combine
 // weights' gradient [T, k] over X, down's dx [rows, F/Gy] over X and gate|up's dx [rows, H/Gx]
-// over Y. The trainer sums them in fp32 buffers in every precision: 4 bytes.
+// over Y. The trainer sums them in fp32 buffers in every precision: 4 bytes. The shared expert
+// (parallel/moe_shared_expert.cpp, fp32 only) on every token: gate|up [T, 2Fs/Gy] and its gate's
+// logit [T] over X, down [T, H/Gx] over Y; backward the gate's gradient [T] and down's dx
+// [T, Fs/Gy] over X, gate|up's dx [T, H/Gx] over Y.
 void add_expert_layer_comm(Collectives& c, const PlanInput& in, const GridShape& g, const Sizes& s, double T) {
   const double fwd_mult = in.recompute == Recompute::Full ? 2 : 1;
   const double rows = T * s.topk, b = 4;
@@ -65,6 +68,13 @@ void add_expert_layer_comm(Collectives& c, const PlanInput& in, const GridShape&
   c.add("bwd all-reduce of combine weights' gradient", Axis::X, Op::AllReduce, T * s.topk * b, 1, kExposed, true);
   c.add("bwd all-reduce of experts' down dx", Axis::X, Op::AllReduce, rows * s.F / g.y() * b, 1, kDIn, true);
   c.add("bwd all-reduce of experts' gate|up dx", Axis::Y, Op::AllReduce, rows * s.H / g.x() * b, 1, kDIn, true);
+  if (s.Fs <= 0) return;
+  c.add("fwd all-reduce of shared expert gate|up", Axis::X, Op::AllReduce, T * 2 * s.Fs / g.y() * b, fwd_mult, kExposed, true);
+  c.add("fwd all-reduce of shared expert gate logit", Axis::X, Op::AllReduce, T * b, fwd_mult, kExposed, true);
+  c.add("fwd all-reduce of shared expert down", Axis::Y, Op::AllReduce, T * s.H / g.x() * b, fwd_mult, kExposed, true);
+  c.add("bwd all-reduce of shared expert gate's gradient", Axis::X, Op::AllReduce, T * b, 1, kExposed, true);
+  c.add("bwd all-reduce of shared expert down dx", Axis::X, Op::AllReduce, T * s.Fs / g.y() * b, 1, kDIn, true);
+  c.add("bwd all-reduce of shared expert gate|up dx", Axis::Y, Op::AllReduce, T * s.H / g.x() * b, 1, kDIn, true);
 }
 
 // Weight sharding (Z): the layer's blocks gathered before forward and again before backward;

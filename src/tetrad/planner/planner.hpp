@@ -394,8 +394,8 @@ struct Sizes {
   double block_matmul() const {
     return QKV * H + A * H + (experts > 0 ? topk * mlp() + experts * H + shared() : mlp());
   }
-  // What a rank stores of a block before Z shards it (a mixture of experts: its 1/E of them; the
-  // shared expert whole).
+  // What a block stores before X, Y and Z split it (a mixture of experts: a rank's 1/E of them;
+  // the shared expert split over X and Y like the dense MLP).
   double block_stored() const {
     return QKV * H + A * H + (experts > 0 ? experts / ep * mlp() + experts * H + shared() : mlp());
   }
