@@ -75,6 +75,19 @@ void attention_backward_bf16(float* dq, float* dk, float* dv, const float* dout,
                              const float* k, const float* v, const float* out, const float* lse,
                              const AttentionDims& d, int64_t q_offset, AttentionBf16Path path);
 
+// The backward with the forward's q, k, v and out read from bf16 copies of them (the rows and
+// strides of the fp32 ones; dout, dq, dk, dv fp32): the same bits as attention_backward_bf16 on
+// their fp32 widenings (a model's stored bf16 tensors, parallel/activation_layout.hpp's
+// Bf16Stash, read without a pass widening them).
+void attention_backward_bf16_saved(float* dq, float* dk, float* dv, const float* dout,
+                                   const uint16_t* q, const uint16_t* k, const uint16_t* v,
+                                   const uint16_t* out, const float* lse, const AttentionDims& d,
+                                   int64_t q_offset);
+void attention_backward_bf16_saved(float* dq, float* dk, float* dv, const float* dout,
+                                   const uint16_t* q, const uint16_t* k, const uint16_t* v,
+                                   const uint16_t* out, const float* lse, const AttentionDims& d,
+                                   int64_t q_offset, AttentionBf16Path path);
+
 // "amx (AMX-BF16 tiles)" etc.: the path the default calls take here (for benchmarks and the
 // backend's description).
 const char* attention_bf16_path();
