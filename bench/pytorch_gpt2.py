@@ -23,7 +23,9 @@ import os
 import resource
 import statistics
 import sys
-import time
+
+from anchor_timing import (next_token_loss, random_batch, run_modes, set_thread_env, time_steps,
+                           training_step)
 
 # name: (family, layers, hidden, heads, kv_heads, ffn, vocab, seq, batch) -- docs/benchmarks.md
 # and tetrad's named_model() (src/tetrad/model/model_config.cpp).
@@ -85,9 +87,7 @@ args = parse_args(sys.argv[1:])
 for _m in args.modes.split(","):
     if _m not in ("eager", "compile"):
         sys.exit(f"--modes: expected eager and/or compile, got {_m!r}")
-# Thread counts must be set before torch (and its OpenMP/BLAS) start.
-for var in ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS"):
-    os.environ[var] = str(args.threads)
+set_thread_env(args.threads)  # before torch (and its OpenMP/BLAS) start
 
 import torch  # noqa: E402
 import torch.nn as nn  # noqa: E402
@@ -297,29 +297,9 @@ def run_mode(a, mode):
     opt = torch.optim.AdamW([{"params": decay, "weight_decay": 0.1},
                              {"params": no_decay, "weight_decay": 0.0}],
                             lr=3e-4, betas=(0.9, 0.95), eps=1e-8)
-    g = torch.Generator().manual_seed(a.seed + 1)
-    tokens = torch.randint(0, a.vocab, (a.batch, a.seq + 1), generator=g)
-    x, y = tokens[:, :-1].contiguous(), tokens[:, 1:].contiguous()
-
-    def step():
-        opt.zero_grad(set_to_none=True)
-        with torch.autocast("cpu", dtype=torch.bfloat16, enabled=a.precision == "bf16"):
-            logits = fwd(x)
-            loss = F.cross_entropy(logits.view(-1, logits.size(-1)).float(), y.view(-1))
-        loss.backward()
-        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
-        opt.step()
-        return loss.item()
-
-    losses, times = [], []
-    for i in range(a.warmup + a.steps):
-        t0 = time.perf_counter()
-        losses.append(step())
-        dt = time.perf_counter() - t0
-        if i >= a.warmup:
-            times.append(dt)
-        print(f"{mode} step {i}{' (warm-up)' if i < a.warmup else ''}: {dt:.3f} s, "
-              f"loss {losses[-1]:.4f}", file=sys.stderr, flush=True)
+    x, y = random_batch(a.vocab, a.batch, a.seq, a.seed + 1)
+    step = training_step(model, opt, lambda: next_token_loss(fwd(x), y), a.precision)
+    times, losses = time_steps(step, mode, a.warmup, a.steps)
     return model, times, losses
 
 
@@ -328,23 +308,8 @@ def main(a):
     if "compile" in modes and not hasattr(torch, "compile"):
         print("torch.compile unavailable (PyTorch 1.x): eager only", file=sys.stderr)
         modes = [m for m in modes if m != "compile"]
-    per_mode = {}
-    model = times = losses = None
-    best = None
-    for mode in modes:
-        try:
-            m, t, l = run_mode(a, mode)
-        except Exception as e:  # a compile failure must not hide the eager number
-            print(f"{mode} failed: {e}", file=sys.stderr)
-            per_mode[mode] = {"error": str(e)[:300]}
-            continue
-        tps_m = a.batch * a.seq / statistics.median(t)
-        per_mode[mode] = {"median_step_s": statistics.median(t), "tokens_per_s": tps_m,
-                          "step_s": [round(x, 6) for x in t]}
-        if best is None or tps_m > per_mode[best]["tokens_per_s"]:
-            best, model, times, losses = mode, m, t, l
-    if best is None:
-        sys.exit("no mode ran")
+    per_mode, best, results = run_modes(modes, lambda mode: run_mode(a, mode), a.batch * a.seq)
+    model, times, losses = results[best]
 
     med = statistics.median(times)
     n_params = sum(p.numel() for p in model.parameters())

@@ -16,9 +16,10 @@ torch and transformers 5 (the venv of TETRAD_HF_VENV, /tmp/tetrad-hf5 or .venv-p
 import argparse
 import json
 import os
-import statistics
 import sys
-import time
+
+from anchor_timing import (next_token_loss, random_batch, run_modes, set_thread_env, time_steps,
+                           training_step)
 
 
 def parse_args(argv):
@@ -52,11 +53,9 @@ def parse_args(argv):
 
 
 args = parse_args(sys.argv[1:])
-for var in ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS"):
-    os.environ[var] = str(args.threads)  # before torch starts its thread pools
+set_thread_env(args.threads)  # before torch starts its thread pools
 
 import torch  # noqa: E402
-import torch.nn.functional as F  # noqa: E402
 import transformers  # noqa: E402
 
 torch.set_num_threads(args.threads)
@@ -98,51 +97,26 @@ def run_mode(a, mode):
     fwd = torch.compile(model) if mode == "compile" else model
     opt = torch.optim.AdamW(model.parameters(), lr=3e-4, betas=(0.9, 0.95), eps=1e-8,
                             weight_decay=0.1)
-    g = torch.Generator().manual_seed(a.seed + 1)
-    tokens = torch.randint(0, a.vocab, (a.batch, a.seq + 1), generator=g)
-    x, y = tokens[:, :-1].contiguous(), tokens[:, 1:].contiguous()
+    x, y = random_batch(a.vocab, a.batch, a.seq, a.seed + 1)
 
-    def step():
-        opt.zero_grad(set_to_none=True)
-        with torch.autocast("cpu", dtype=torch.bfloat16, enabled=a.precision == "bf16"):
-            out = fwd(input_ids=x)
-            logits = out.logits
-            loss = F.cross_entropy(logits.view(-1, logits.size(-1)).float(), y.view(-1))
-            if not a.dense:  # the router's auxiliary loss, weighted as MixtralForCausalLM does
-                loss = loss + model.config.router_aux_loss_coef * out.aux_loss.float()
-        loss.backward()
-        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
-        opt.step()
-        return loss.item()
+    def loss_of():
+        out = fwd(input_ids=x)
+        loss = next_token_loss(out.logits, y)
+        if not a.dense:  # the router's auxiliary loss, weighted as MixtralForCausalLM does
+            loss = loss + model.config.router_aux_loss_coef * out.aux_loss.float()
+        return loss
 
-    times, losses = [], []
-    for i in range(a.warmup + a.steps):
-        t0 = time.perf_counter()
-        losses.append(step())
-        dt = time.perf_counter() - t0
-        if i >= a.warmup:
-            times.append(dt)
-        print(f"{mode} step {i}{' (warm-up)' if i < a.warmup else ''}: {dt:.3f} s, "
-              f"loss {losses[-1]:.4f}", file=sys.stderr, flush=True)
+    step = training_step(model, opt, loss_of, a.precision)
+    times, losses = time_steps(step, mode, a.warmup, a.steps)
     return model, times, losses
 
 
 def main(a):
-    per_mode, best, model = {}, None, None
-    for mode in a.modes.split(","):
-        try:
-            m, t, losses = run_mode(a, mode)
-        except Exception as e:  # a compile failure must not hide the eager number
-            print(f"{mode} failed: {e}", file=sys.stderr)
-            per_mode[mode] = {"error": str(e)[:300]}
-            continue
-        med = statistics.median(t)
-        per_mode[mode] = {"median_step_s": med, "tokens_per_s": a.batch * a.seq / med,
-                          "step_s": [round(x, 6) for x in t], "loss_last": losses[-1]}
-        if best is None or per_mode[mode]["tokens_per_s"] > per_mode[best]["tokens_per_s"]:
-            best, model = mode, m
-    if best is None:
-        sys.exit("no mode ran")
+    per_mode, best, results = run_modes(a.modes.split(","), lambda mode: run_mode(a, mode),
+                                        a.batch * a.seq)
+    for mode, (_, _, losses) in results.items():
+        per_mode[mode]["loss_last"] = losses[-1]
+    model = results[best][0]
     fpt = active_flops_per_token(model, a)
     print(json.dumps({
         "anchor": "transformers", "model": "MistralForCausalLM" if a.dense else "MixtralForCausalLM",

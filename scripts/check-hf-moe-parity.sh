@@ -7,15 +7,17 @@
 #       $TETRAD_HF_VENV or /tmp/tetrad-hf5, never installed; without transformers 5 and torch
 #       there it prints "SKIPPED: ..." (CTest counts it skipped, not passed).
 #
-# For each kind of scripts/hf_moe.py (tiny random MixtralForCausalLM made by transformers, experts saved per expert as the Hub has them, or fused as transformers 5 holds
-# them): `tetrad import`, `tetrad logits` against transformers' logits on 48 tokens; the imported
+# For each kind of scripts/hf_moe.py (tiny random MixtralForCausalLM, Qwen3MoeForCausalLM and
+# Qwen2MoeForCausalLM, the last with its shared expert, made by transformers, experts saved per
+# expert as the Hub has them, or fused as transformers 5 holds them): `tetrad import`, `tetrad logits` against transformers' logits on 48 tokens; the imported
 # model exported again with `tetrad export`, loaded by AutoModelForCausalLM, its logits against
 # tetrad's; and tetrad-made models (a few training steps) exported and loaded the
 # same way. Tolerance: max |difference| / max |logit| <= 1e-5, fp32 throughout. The aux-loss
 # table prints transformers' load_balancing_loss_func and tetrad's per-layer mean on the same
 # router logits (they differ by definition with more than one layer: docs/moe.md).
 # Then the tokenizer: a model trained on data made with the family's kind of tokenizer (Mixtral:
-# Llama 2's SentencePiece tokenizer.model, tests/fixtures/tokenizers/sp) and exported; AutoTokenizer on the exported folder must give
+# Llama 2's SentencePiece tokenizer.model, tests/fixtures/tokenizers/sp; Qwen2-MoE and Qwen3-MoE:
+# Qwen2's byte-level BPE tokenizer.json, made by scripts/hf_make.py qwen2-tokenizer) and exported; AutoTokenizer on the exported folder must give
 # `tetrad tokenize`'s ids on every line of a text set and decode them alike, and
 # AutoModelForCausalLM's logits on 48 of those ids must match `tetrad logits`.
 # Exits non-zero if any row fails.
@@ -49,7 +51,8 @@ echo "[$TOKENS]" > "$W/tokens.json"
 for i in $(seq 1 200); do echo "the king went up to the city $i, and the people followed him."; done > "$W/c.txt"
 "$T" prepare --input "$W/c.txt" --out "$W/data" --vocab-size 300 > /dev/null
 
-KINDS=(mixtral mixtral-tied mixtral-fused)
+KINDS=(mixtral mixtral-tied mixtral-fused qwen3-moe qwen3-moe-norm qwen3-moe-fused qwen2-moe
+       qwen2-moe-tied qwen2-moe-fused)
 rows=() auxrows=()
 for k in "${KINDS[@]}"; do
   "$PY" scripts/hf_moe.py make "$k" "$W/hf_$k" "$W/tokens.json" > "$W/make.log" 2>&1 || { cat "$W/make.log"; exit 1; }
@@ -75,8 +78,13 @@ done
 declare -A SETS=(
   [mixtral-tiny]="--set model.name=mixtral-tiny"
   [mixtral-tiny-tied-top1]="--set model.name=mixtral-tiny --set model.tie_embeddings=true --set model.experts_per_token=1"
+  [qwen3-moe-tiny]="--set model.name=qwen3-moe-tiny"
+  [qwen3-moe-tiny-tied-norm]="--set model.name=qwen3-moe-tiny --set model.tie_embeddings=true --set model.norm_topk_prob=true"
+  [qwen2-moe-tiny]="--set model.name=qwen2-moe-tiny"
+  [qwen2-moe-tiny-tied-top1]="--set model.name=qwen2-moe-tiny --set model.tie_embeddings=true --set model.experts_per_token=1"
 )
-TMADE=(mixtral-tiny mixtral-tiny-tied-top1)
+TMADE=(mixtral-tiny mixtral-tiny-tied-top1 qwen3-moe-tiny qwen3-moe-tiny-tied-norm qwen2-moe-tiny
+       qwen2-moe-tiny-tied-top1)
 for k in "${TMADE[@]}"; do
   status=ok
   rm -f "$W/cmp.log"
@@ -102,9 +110,13 @@ if ! "$PY" -c "import sentencepiece, google.protobuf" 2>/dev/null; then
   "$VENV/bin/pip" install -q sentencepiece protobuf
 fi
 trows=()
-for name in mixtral-sp; do
+"$PY" scripts/hf_make.py qwen2-tokenizer "$W/qwen2_tokenizer" "$FX/kjv_sample.txt" > "$W/qtok.log" 2>&1 ||
+  { cat "$W/qtok.log"; fails=$((fails + 1)); }
+for name in mixtral-sp qwen2-moe-bpe qwen3-moe-bpe; do
   case $name in
     mixtral-sp) src=(--tokenizer "$FX/sp"); model="--set model.name=mixtral-tiny"; vocab=1000 ;;
+    qwen2-moe-bpe) src=(--tokenizer "$W/qwen2_tokenizer"); model="--set model.name=qwen2-moe-tiny"; vocab=1024 ;;
+    qwen3-moe-bpe) src=(--tokenizer "$W/qwen2_tokenizer"); model="--set model.name=qwen3-moe-tiny"; vocab=1024 ;;
   esac
   d="$W/tok_$name"
   status=ok

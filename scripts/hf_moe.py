@@ -11,7 +11,8 @@ scripts/check-hf-moe-parity.sh, and reports their losses.
         aux term (output_router_logits=True), and the aux loss tetrad computes (each layer's
         Switch loss, averaged over the layers; docs/moe.md).
 
-KIND: mixtral | mixtral-tied | mixtral-fused | qwen3-moe | qwen3-moe-norm.
+KIND: mixtral | mixtral-tied | mixtral-fused | qwen3-moe | qwen3-moe-norm | qwen3-moe-fused |
+      qwen2-moe | qwen2-moe-tied | qwen2-moe-fused.
   mixtral        MixtralForCausalLM, 2 layers, hidden 64, 4 heads / 2 key-value heads, 4 experts of
                  width 96, top 2, vocabulary 8192, 128 positions, rope theta 1e6 (the defaults).
   mixtral-tied   tied embeddings, 8 experts, top 3, 4 key/value heads, theta 10000.
@@ -20,6 +21,12 @@ KIND: mixtral | mixtral-tied | mixtral-fused | qwen3-moe | qwen3-moe-norm.
                  hidden) / 2 key-value heads, q/k RMSNorm, 4 experts of width 48, top 2,
                  norm_topk_prob false, theta 1e6.
   qwen3-moe-norm norm_topk_prob true, tied embeddings, 8 experts, top 2.
+  qwen3-moe-fused qwen3-moe saved with save_original_format=False.
+  qwen2-moe      Qwen2MoeForCausalLM: 2 layers, hidden 64, 4 heads / 2 key-value heads, q/k/v
+                 biases, 4 experts of width 48, top 2, norm_topk_prob false, a shared expert of
+                 width 80 with its sigmoid gate, theta 1e6.
+  qwen2-moe-tied norm_topk_prob true, tied embeddings, 8 experts, top 3, shared expert 32 wide.
+  qwen2-moe-fused qwen2-moe saved with save_original_format=False.
 Norm weights get noise (transformers starts them at 1) and the router weights are scaled up
 (transformers draws them with std 0.02, which leaves every token's experts nearly tied, so the
 top-k choice would hang on rounding) so that the checks see every part.
@@ -43,6 +50,16 @@ def build(kind):
                             rope_parameters={"rope_type": "default",
                                              "rope_theta": 10000.0 if tied else 1e6})
         model = MixtralForCausalLM(cfg)
+    elif kind.startswith("qwen2-moe"):
+        from transformers import Qwen2MoeConfig, Qwen2MoeForCausalLM
+        tied = kind == "qwen2-moe-tied"
+        cfg = Qwen2MoeConfig(**common, intermediate_size=160, moe_intermediate_size=48,
+                             shared_expert_intermediate_size=32 if tied else 80,
+                             num_key_value_heads=2, num_experts=8 if tied else 4,
+                             num_experts_per_tok=3 if tied else 2, norm_topk_prob=tied,
+                             tie_word_embeddings=tied, router_aux_loss_coef=0.02,
+                             rope_parameters={"rope_type": "default", "rope_theta": 1e6})
+        model = Qwen2MoeForCausalLM(cfg)
     elif kind.startswith("qwen3-moe"):
         from transformers import Qwen3MoeConfig, Qwen3MoeForCausalLM
         norm = kind == "qwen3-moe-norm"
@@ -54,12 +71,17 @@ def build(kind):
         model = Qwen3MoeForCausalLM(cfg)
     else:
         raise SystemExit(f"hf_moe.py: unknown kind '{kind}'")
+    experts = getattr(cfg, "num_local_experts", None) or cfg.num_experts
     with torch.no_grad():
         for n, p in model.named_parameters():
             if "norm" in n:
                 p.add_(0.1 * torch.randn_like(p))
-            if n.endswith("gate.weight") and p.dim() == 2 and p.shape[0] == cfg.num_local_experts:
+            if n.endswith("gate.weight") and p.dim() == 2 and p.shape[0] == experts:
                 p.mul_(50.0)
+            if n.endswith("shared_expert_gate.weight"):  # gates away from 1/2, both signs
+                p.mul_(20.0)
+            if n.endswith("_proj.bias"):  # transformers starts the q/k/v biases at 0
+                p.add_(0.05 * torch.randn_like(p))
     return model
 
 

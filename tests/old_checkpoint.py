@@ -8,13 +8,21 @@ are removed and the checksums that cover them written again.
                                           record, kept since the data fingerprint)
   old_checkpoint.py meta DIR KEY...       meta.json (the sharded format): removes data.KEY...
                                           from its "data" record (e.g. seed fingerprint)
-  old_checkpoint.py poison DIR VALUE N    not an old format but a damaged state no reader's
-                                          checksum catches (the sharded format): the first N
-                                          weights of shard_00000.bin (its first piece, of the
-                                          parameters) set to VALUE (inf, nan), its chunk
-                                          checksum and meta.json's written again: a checkpoint
-                                          of weights that are not finite, which import refuses
-                                          to make (tests/command_safety.sh final_state)
+  old_checkpoint.py poison DIR VALUE N [AT [ARRAY]]
+                                          not an old format but a damaged state no reader's
+                                          checksum catches (the sharded format): N values from
+                                          element AT (default 0) of shard_00000.bin's first
+                                          piece of ARRAY (params, the default: the first
+                                          tensor's weights; adam_m, adam_v) set to VALUE (inf,
+                                          nan), its chunk checksums and meta.json's written
+                                          again: a checkpoint of weights that are not finite,
+                                          which import refuses to make (tests/command_safety.sh
+                                          final_state, verify)
+  old_checkpoint.py poison_legacy DIR TENSOR VALUE AT
+                                          the same in the previous format: element AT (flat, in
+                                          the file's layout) of TENSOR in model.safetensors set
+                                          to VALUE, its hash in trainer_state.bin and that
+                                          file's checksum written again
 
 Formats: src/tetrad/checkpoint/trainer_state.hpp (magic, version, JSON length, JSON, arrays,
 XXH64 of every byte before it) and sharded.hpp (meta.json self-checksummed: XXH64 of its compact
@@ -119,34 +127,60 @@ def old_meta(path, keys):
 SHARD_HEADER_BYTES = 64  # sharded.hpp's kShardHeaderBytes
 
 
-def poison(ckpt, value, n):
+def poison(ckpt, value, n, first=0, array="params"):
     meta_path = ckpt + "/meta.json"
     meta = json.load(open(meta_path))
     if meta_sum(meta) != meta["checksum"]:
         fail(meta_path + ": the checksum computed here differs from the recorded one before the change")
     f = next(f for f in meta["files"] if f["name"] == "shard_00000.bin")
-    piece = f["pieces"][0]
-    if meta["arrays"][piece["array"]] != "params" or piece["numel"] < n:
-        fail(meta_path + ": the first piece of shard_00000.bin is not %d or more parameters" % n)
+    piece = next((p for p in f["pieces"] if meta["arrays"][p["array"]] == array), None)
+    if piece is None or piece["numel"] < first + n:
+        fail(meta_path + ": the first %s piece of shard_00000.bin does not hold elements %d to %d"
+             % (array, first, first + n - 1))
     path = ckpt + "/shard_00000.bin"
     b = bytearray(open(path, "rb").read())
     chunk = meta["chunk_bytes"]
-    at = SHARD_HEADER_BYTES + piece["offset"]
-    if piece["offset"] + 4 * n > chunk:
-        fail("the poisoned values would span two chunks")
-    b[at:at + 4 * n] = struct.pack("<f", value) * n
-    c = piece["offset"] // chunk
-    lo, hi = SHARD_HEADER_BYTES + c * chunk, min(SHARD_HEADER_BYTES + f["data_bytes"], SHARD_HEADER_BYTES + (c + 1) * chunk)
-    f["chunk_xxh64"][c] = "%016x" % xxh64(bytes(b[lo:hi]))
+    start = piece["offset"] + 4 * first
+    b[SHARD_HEADER_BYTES + start:SHARD_HEADER_BYTES + start + 4 * n] = struct.pack("<f", value) * n
+    for c in range(start // chunk, (start + 4 * n - 1) // chunk + 1):
+        lo = SHARD_HEADER_BYTES + c * chunk
+        hi = min(SHARD_HEADER_BYTES + f["data_bytes"], lo + chunk)
+        f["chunk_xxh64"][c] = "%016x" % xxh64(bytes(b[lo:hi]))
     open(path, "wb").write(b)
     meta["checksum"] = meta_sum(meta)
     json.dump(meta, open(meta_path, "w"), indent=1)
 
 
-if len(sys.argv) < 4 or sys.argv[1] not in ("state", "meta", "poison"):
-    fail("usage: old_checkpoint.py state|meta CHECKPOINT_DIR KEY... | poison CHECKPOINT_DIR VALUE N")
+def poison_legacy(ckpt, tensor, value, at):
+    path = ckpt + "/model.safetensors"
+    b = bytearray(open(path, "rb").read())
+    (n,) = struct.unpack_from("<Q", b, 0)
+    t = json.loads(b[8:8 + n])[tensor]
+    if t["dtype"] != "F32":
+        fail(path + ": " + tensor + " is not F32")
+    pos = 8 + n + t["data_offsets"][0] + 4 * at
+    b[pos:pos + 4] = struct.pack("<f", value)
+    open(path, "wb").write(b)
+    state = ckpt + "/trainer_state.bin"
+    raw = open(state, "rb").read()
+    if raw[:8] != b"TTRDSTAT" or struct.unpack_from("<Q", raw, len(raw) - 8)[0] != xxh64(raw[:-8]):
+        fail(state + ": not a trainer state whose checksum verifies")
+    (jlen,) = struct.unpack_from("<Q", raw, 12)
+    head = json.loads(raw[20:20 + jlen])
+    head["info"]["checkpoint_files"]["model.safetensors"] = "%016x" % xxh64(bytes(b))
+    text = json.dumps(head, separators=(",", ":")).encode()
+    body = raw[:12] + struct.pack("<Q", len(text)) + text + raw[20 + jlen:-8]
+    open(state, "wb").write(body + struct.pack("<Q", xxh64(body)))
+
+
+if len(sys.argv) < 4 or sys.argv[1] not in ("state", "meta", "poison", "poison_legacy"):
+    fail("usage: old_checkpoint.py state|meta CHECKPOINT_DIR KEY... | poison CHECKPOINT_DIR VALUE N "
+         "[AT [ARRAY]] | poison_legacy CHECKPOINT_DIR TENSOR VALUE AT")
 if sys.argv[1] == "poison":
-    poison(sys.argv[2], float(sys.argv[3]), int(sys.argv[4]))
+    poison(sys.argv[2], float(sys.argv[3]), int(sys.argv[4]),
+           int(sys.argv[5]) if len(sys.argv) > 5 else 0, sys.argv[6] if len(sys.argv) > 6 else "params")
+elif sys.argv[1] == "poison_legacy":
+    poison_legacy(sys.argv[2], sys.argv[3], float(sys.argv[4]), int(sys.argv[5]))
 elif sys.argv[1] == "state":
     old_state(sys.argv[2] + "/trainer_state.bin", sys.argv[3:])
 else:

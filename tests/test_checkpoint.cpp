@@ -616,7 +616,7 @@ TEST(HfFolder, ConfigErrorsNameTheProblem) {
     write_json(cfg_path, j);
   };
   with([](json& j) { j["model_type"] = "mistral"; });
-  expect_error([&] { read_hf_config(dir); }, {cfg_path, "model_type 'mistral'", "\"gpt2\", \"llama\", \"qwen2\", \"qwen3\" or \"mixtral\""});
+  expect_error([&] { read_hf_config(dir); }, {cfg_path, "model_type 'mistral'", "\"gpt2\", \"llama\", \"qwen2\", \"qwen3\", \"mixtral\", \"qwen2_moe\" or \"qwen3_moe\""});
   with([](json& j) { j.erase("model_type"); });
   expect_error([&] { read_hf_config(dir); }, {cfg_path, "missing field 'model_type'"});
   with([](json& j) { j.erase("hidden_size"); });

@@ -72,7 +72,7 @@ TEST(Config, BadInputNamesTheKeyAndWhatWasExpected) {
   EXPECT_TRUE(contains(error_of("[train]\nmicro_batch = \"four\"\n"), "train.micro_batch must be an integer"));
   EXPECT_TRUE(contains(error_of("[train]\nmicro_batch = 0\n"), "train.micro_batch must be positive"));
   EXPECT_TRUE(contains(error_of("[train]\nseq_len = 100\n"), "longer than the model's model.max_seq"));
-  EXPECT_TRUE(contains(error_of("[model]\nfamily = \"bert\"\n"), "expected \"gpt2\", \"llama\", \"qwen2\", \"qwen3\" or \"mixtral\""));
+  EXPECT_TRUE(contains(error_of("[model]\nfamily = \"bert\"\n"), "expected \"gpt2\", \"llama\", \"qwen2\", \"qwen3\", \"mixtral\", \"qwen2_moe\" or \"qwen3_moe\""));
   EXPECT_TRUE(contains(error_of("[model]\nname = \"huge\"\n"), "unknown model 'huge'"));
   EXPECT_TRUE(contains(error_of("[model]\nn_head = 3\n"), "must divide model.n_embd"));
   // parallel.pipeline_layers: syntax always; with a fixed pipeline grid, length and sum too.
@@ -108,6 +108,12 @@ TEST(Config, BadInputNamesTheKeyAndWhatWasExpected) {
                        "qkv.dx = \"XX\": expected \"NN\", \"TN\", \"NN/tr\" or \"TN/tr\""));
   EXPECT_TRUE(contains(error_of("[train]\ngemm_layouts = \"qkv:*:*:*:NT:NN:NN\"\n"), "lacks site \"proj\""));
   EXPECT_EQ(load_run_config("", {}).train.gemm_layouts, "auto");
+  // train.activation_precision: "auto" keeps bf16 runs' activations in bf16, "fp32" in fp32.
+  EXPECT_TRUE(contains(error_of("[train]\nactivation_precision = \"bf16\"\n"),
+                       "train.activation_precision = \"bf16\": expected \"auto\" or \"fp32\""));
+  EXPECT_TRUE(resolve_settings(load_run_config("", {})).model.bf16_activations);
+  EXPECT_FALSE(resolve_settings(load_run_config("", {"train.activation_precision=fp32"}))
+                   .model.bf16_activations);
   for (const char* v : {"rule", "tune", "auto"})
     EXPECT_EQ(error_of(std::string("[train]\ngemm_layouts = \"") + v + "\"\n"), "") << v;
   const std::string parse = error_of("[train]\nlr = = 3\n");

@@ -97,16 +97,24 @@ TEST(Cpu, EnvironmentCapReachesTetradAndOneDnn) {
   }
   const IsaLevel cap = parse_isa_level(want);
   EXPECT_EQ(f.max_isa, cap);
-  if (!f.allows(IsaLevel::Avx512)) EXPECT_FALSE(f.use_avx512());
-  if (!f.allows(IsaLevel::Avx512Bf16)) EXPECT_FALSE(f.use_avx512_bf16());
-  if (!f.allows(IsaLevel::Amx)) EXPECT_FALSE(f.use_amx_bf16());
+  if (!f.allows(IsaLevel::Avx512)) {
+    EXPECT_FALSE(f.use_avx512());
+  }
+  if (!f.allows(IsaLevel::Avx512Bf16)) {
+    EXPECT_FALSE(f.use_avx512_bf16());
+  }
+  if (!f.allows(IsaLevel::Amx)) {
+    EXPECT_FALSE(f.use_amx_bf16());
+  }
   const dnnl_cpu_isa_t eff = dnnl_get_effective_cpu_isa();
   std::cout << "cap " << want << ": " << f.best_isa() << ", oneDNN effective isa " << int(eff) << "\n";
   if (cap == IsaLevel::Avx2) {
     EXPECT_TRUE(eff == dnnl_cpu_isa_avx2 || eff == dnnl_cpu_isa_avx || eff == dnnl_cpu_isa_sse41)
         << int(eff);
   }
-  if (cap != IsaLevel::Amx) EXPECT_NE(eff, dnnl_cpu_isa_avx512_core_amx);
+  if (cap != IsaLevel::Amx) {
+    EXPECT_NE(eff, dnnl_cpu_isa_avx512_core_amx);
+  }
 }
 
 TEST(Ceilings, Bf16PeakUsesTheWidestBf16UnitsAllowed) {

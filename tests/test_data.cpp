@@ -685,8 +685,12 @@ TEST(Prepare, EndToEndOnGeneratedCorpus) {
         const int32_t s0 = ds[b * 8 + t];
         ASSERT_TRUE(s0 >= 0 && s0 <= t);
         // A document begins at t exactly when the token before it is EOS.
-        if (t > 0) EXPECT_EQ(s0 == t, in[b * 8 + t - 1] == tok.eos_id()) << step << " " << b << " " << t;
-        if (t > 0 && s0 != t) EXPECT_EQ(s0, ds[b * 8 + t - 1]);
+        if (t > 0) {
+          EXPECT_EQ(s0 == t, in[b * 8 + t - 1] == tok.eos_id()) << step << " " << b << " " << t;
+        }
+        if (t > 0 && s0 != t) {
+          EXPECT_EQ(s0, ds[b * 8 + t - 1]);
+        }
       }
   }
 }

@@ -9,6 +9,7 @@
 #include <string>
 #include <vector>
 
+#include "support/parallel_options.hpp"
 #include "support/train_harness.hpp"
 #include "tetrad/core/error.hpp"
 #include "tetrad/core/rng.hpp"
@@ -83,10 +84,10 @@ TEST(DocumentMask, PackedDocumentGetsTheLogitsAndGradientsOfItsOwn) {
       for (int t = 0; t < kLb; ++t) x.push_back(b[t]), y.push_back(b[t + 1]), docs.push_back(kLa);
       for (int t = 0; t < kT; ++t) x.push_back(other[t]), y.push_back(-1), docs.push_back(0);
       std::vector<int32_t> xb(b.begin(), b.begin() + kLb), yb(b.begin() + 1, b.end());
-      ParallelOptions po{rc, 0};
+      ParallelOptions po = tetrad_test::parallel_options(rc);
       po.document_mask = po.document_positions = true;
       const ModelRun packed = run(f, po, x, y, &docs, 2, kT);
-      const ModelRun alone = run(f, ParallelOptions{rc, 0}, xb, yb, nullptr, 1, kLb);
+      const ModelRun alone = run(f, tetrad_test::parallel_options(rc), xb, yb, nullptr, 1, kLb);
       EXPECT_LT(rel_diff(packed.logits.data() + size_t(kLa) * kVocab, alone.logits.data(),
                          size_t(kLb) * kVocab),
                 2e-6)
@@ -97,7 +98,7 @@ TEST(DocumentMask, PackedDocumentGetsTheLogitsAndGradientsOfItsOwn) {
           << where << ": the gradients of B's loss";
       // Row 1 (one document from 0) is what the model without documents gives it.
       std::vector<int32_t> x1(x.begin() + kT, x.end()), y1(y.begin() + kT, y.end());
-      const ModelRun plain = run(f, ParallelOptions{rc, 0}, x1, y1, nullptr, 1, kT);
+      const ModelRun plain = run(f, tetrad_test::parallel_options(rc), x1, y1, nullptr, 1, kT);
       EXPECT_LT(rel_diff(packed.logits.data() + size_t(kT) * kVocab, plain.logits.data(),
                          plain.logits.size()),
                 2e-6)

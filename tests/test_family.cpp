@@ -56,14 +56,14 @@ std::vector<std::string> llama_layer_names(int layer, const std::vector<std::str
 }  // namespace
 
 TEST(ModelFamily, RegistryNamesRoundTrip) {
-  ASSERT_EQ(families().size(), 5u);
+  ASSERT_EQ(families().size(), 7u);
   for (const FamilyDesc& f : families()) {
     EXPECT_EQ(parse_family(f.name), f.id);
     EXPECT_EQ(&family_desc(f.id), &f);
   }
-  EXPECT_EQ(family_names_quoted(), "\"gpt2\", \"llama\", \"qwen2\", \"qwen3\" or \"mixtral\"");
+  EXPECT_EQ(family_names_quoted(), "\"gpt2\", \"llama\", \"qwen2\", \"qwen3\", \"mixtral\", \"qwen2_moe\" or \"qwen3_moe\"");
   const std::string e = error_of([] { parse_family("bert"); });
-  EXPECT_NE(e.find("unknown family 'bert'; expected \"gpt2\", \"llama\", \"qwen2\", \"qwen3\" or \"mixtral\""),
+  EXPECT_NE(e.find("unknown family 'bert'; expected \"gpt2\", \"llama\", \"qwen2\", \"qwen3\", \"mixtral\", \"qwen2_moe\" or \"qwen3_moe\""),
             std::string::npos) << e;
 }
 
@@ -361,7 +361,8 @@ TEST(ModelFamily, ExpertsShardOverXAndYLikeTheDenseMlp) {
 }
 
 TEST(ModelFamily, ConfigJsonRoundTripsEveryFamily) {
-  for (const char* name : {"tiny", "llama-tiny", "qwen2-tiny", "qwen3-tiny"}) {
+  for (const char* name : {"tiny", "llama-tiny", "qwen2-tiny", "qwen3-tiny", "mixtral-tiny",
+                           "qwen2-moe-tiny", "qwen3-moe-tiny"}) {
     const ModelConfig c = named_model(name);
     const nlohmann::json j = hf_config_json(c);
     EXPECT_EQ(j["model_type"], c.desc().hf_model_type);
@@ -371,10 +372,11 @@ TEST(ModelFamily, ConfigJsonRoundTripsEveryFamily) {
     EXPECT_EQ(build_param_table(back).total, build_param_table(c).total);
   }
   nlohmann::json j = hf_config_json(named_model("tiny"));
-  j["model_type"] = "qwen3_moe";
+  j["model_type"] = "deepseek_v3";
   const std::string e = error_of([&] { parse_hf_config(j, "config.json"); });
-  EXPECT_NE(e.find("model_type 'qwen3_moe' is not supported; expected \"gpt2\", \"llama\", "
-                   "\"qwen2\", \"qwen3\" or \"mixtral\""), std::string::npos) << e;
+  EXPECT_NE(e.find("model_type 'deepseek_v3' is not supported; expected \"gpt2\", \"llama\", "
+                   "\"qwen2\", \"qwen3\", \"mixtral\", \"qwen2_moe\" or \"qwen3_moe\""),
+            std::string::npos) << e;
 }
 
 // Qwen2's config.json as transformers writes it: tied or untied, rope theta in either layout,

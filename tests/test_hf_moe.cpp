@@ -12,6 +12,7 @@
 #include <sstream>
 
 #include "expect_error.hpp"
+#include "support/hf_folder.hpp"
 #include "support/random_model.hpp"
 #include "support/test_files.hpp"
 #include "tetrad/checkpoint/hf.hpp"
@@ -34,35 +35,11 @@ using Model = tetrad_test::RandomModel;
 using tetrad_test::random_model;
 using tetrad_test::same_bits;
 
-json read_json(const std::string& path) {
-  std::ifstream f(path);
-  std::stringstream ss;
-  ss << f.rdbuf();
-  return json::parse(ss.str());
-}
-
-void write_json(const std::string& path, const json& j) { std::ofstream(path) << j.dump(2); }
-
-// Rewrites dir/model.safetensors through `edit(name, shape, data)`: return false to drop the
-// tensor; it may change the name, shape and data.
-template <typename Edit>
-void rewrite_tensors(const std::string& dir, Edit edit) {
-  const std::string path = dir + "/model.safetensors";
-  std::vector<std::tuple<std::string, std::vector<int64_t>, std::vector<float>>> kept;
-  {
-    SafetensorsReader r(path);
-    for (const TensorInfo& t : r.tensors()) {
-      std::string name = t.name;
-      std::vector<int64_t> shape = t.shape;
-      std::vector<float> data = r.read_float(t.name);
-      if (edit(name, shape, data)) kept.emplace_back(name, shape, std::move(data));
-    }
-  }
-  SafetensorsWriter w;
-  for (auto& [name, shape, data] : kept) w.add(name, shape, data.data());
-  w.set_metadata("format", "pt");
-  w.write(path);
-}
+using tetrad_test::drop_tensor;
+using tetrad_test::read_json;
+using tetrad_test::reshape_tensor;
+using tetrad_test::rewrite_tensors;
+using tetrad_test::write_json;
 
 }  // namespace
 
@@ -148,38 +125,28 @@ TEST(HfMoe, FusedAndStackedLayoutsLoad) {
     const std::string dir = test_dir() + "/" + layout;
     save_hf(dir, c, m.table, m.params.data());
     const bool fused = std::string(layout) == "fused";
-    rewrite_tensors(dir, [&](std::string& name, std::vector<int64_t>& shape, std::vector<float>&) {
-      const auto at = name.find(".block_sparse_moe.experts.");
-      if (at == std::string::npos) {
-        if (fused && name.ends_with("block_sparse_moe.gate.weight"))
-          name.replace(name.find("block_sparse_moe"), 16, "mlp");
-        return true;
-      }
-      return false;  // every expert's tensor: replaced below
-    });
-    // Add each layer's whole expert tensors.
-    SafetensorsReader r0(dir + "/model.safetensors");
-    SafetensorsWriter w;
-    std::vector<std::vector<float>> keep;
-    for (const TensorInfo& t : r0.tensors()) {
-      keep.push_back(r0.read_float(t.name));
-      w.add(t.name, t.shape, keep.back().data());
-    }
+    std::vector<tetrad_test::AddedTensor> whole;  // each layer's experts in two tensors
     for (int l = 0; l < c.n_layer; ++l) {
       const std::string L = "model.layers." + std::to_string(l) + ".";
       const ParamSpec& gu = m.table.find(L + "block_sparse_moe.experts.w1_w3");
       const ParamSpec& dn = m.table.find(L + "block_sparse_moe.experts.w2");
       if (fused) {
-        w.add(L + "mlp.experts.gate_up_proj", {E, 2 * F, C}, m.params.data() + gu.offset);
-        w.add(L + "mlp.experts.down_proj", {E, C, F}, m.params.data() + dn.offset);
+        whole.push_back({L + "mlp.experts.gate_up_proj", {E, 2 * F, C}, m.params.data() + gu.offset});
+        whole.push_back({L + "mlp.experts.down_proj", {E, C, F}, m.params.data() + dn.offset});
       } else {
-        w.add(gu.name, gu.shape, m.params.data() + gu.offset);
-        w.add(dn.name, dn.shape, m.params.data() + dn.offset);
+        whole.push_back({gu.name, gu.shape, m.params.data() + gu.offset});
+        whole.push_back({dn.name, dn.shape, m.params.data() + dn.offset});
       }
     }
-    w.set_metadata("format", "pt");
-    w.write(dir + "/model.safetensors.new");
-    fs::rename(dir + "/model.safetensors.new", dir + "/model.safetensors");
+    rewrite_tensors(
+        dir,
+        [&](std::string& name, auto&, auto&) {
+          if (name.find(".block_sparse_moe.experts.") != std::string::npos) return false;  // in whole
+          if (fused && name.ends_with("block_sparse_moe.gate.weight"))
+            name.replace(name.find("block_sparse_moe"), 16, "mlp");
+          return true;
+        },
+        whole);
     std::vector<float> back(m.params.size(), -1.0f);
     load_hf_params(dir, c, m.table, back.data());
     EXPECT_TRUE(same_bits(back, m.params));
@@ -196,9 +163,7 @@ TEST(HfMoe, BadExpertTensorsRefusedByName) {
   {
     const std::string dir = base + "/missing";
     save_hf(dir, c, m.table, m.params.data());
-    rewrite_tensors(dir, [](std::string& n, auto&, auto&) {
-      return n != "model.layers.1.block_sparse_moe.experts.3.w3.weight";
-    });
+    drop_tensor(dir, "model.layers.1.block_sparse_moe.experts.3.w3.weight");
     expect_error([&] { load_hf_params(dir, c, m.table, m.params.data()); },
                  {dir, "1 tensor(s) of this model are missing",
                   "'model.layers.1.block_sparse_moe.experts.3.w3.weight'", sizes});
@@ -206,13 +171,7 @@ TEST(HfMoe, BadExpertTensorsRefusedByName) {
   {
     const std::string dir = base + "/shape";
     save_hf(dir, c, m.table, m.params.data());
-    rewrite_tensors(dir, [](std::string& n, std::vector<int64_t>& shape, std::vector<float>& d) {
-      if (n == "model.layers.0.block_sparse_moe.experts.2.w2.weight") {
-        shape = {64, 48};
-        d.resize(64 * 48);
-      }
-      return true;
-    });
+    reshape_tensor(dir, "model.layers.0.block_sparse_moe.experts.2.w2.weight", {64, 48});
     expect_error([&] { load_hf_params(dir, c, m.table, m.params.data()); },
                  {"'model.layers.0.block_sparse_moe.experts.2.w2.weight'", "[64, 48]", "[64, 96]",
                   sizes});

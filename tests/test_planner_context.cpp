@@ -224,7 +224,9 @@ TEST(PlannerContext, TorchTitanRowsAsDocumented) {
     EXPECT_NEAR(rows[i].predicted, predicted[i], 0.02 * predicted[i]) << rows[i].seq;
     EXPECT_GT(rows[i].fp8_speedup, 1.0);
     // FP8 GEMMs matter less as attention (bf16 in both) takes over the step.
-    if (i > 0) EXPECT_LT(rows[i].fp8_speedup, rows[i - 1].fp8_speedup);
+    if (i > 0) {
+      EXPECT_LT(rows[i].fp8_speedup, rows[i - 1].fp8_speedup);
+    }
   }
   const double shape64 = rows[1].predicted / rows[0].predicted, shape64_pub = 2540.0 / 3890;
   EXPECT_LT(std::abs(shape64 - shape64_pub), 0.03);

@@ -98,7 +98,9 @@ TEST(PlannerSearch, ChoosesALargerMicroBatchThanTheConfigsWhenThatIsFaster) {
   for (int64_t mb : micro_batch_candidates(search, b.grid)) {
     at.micro_batch = mb;
     const Estimate o = estimate(at, b.grid, m);
-    if (o.valid) EXPECT_GE(o.step, b.step) << mb;
+    if (o.valid) {
+      EXPECT_GE(o.step, b.step) << mb;
+    }
   }
 }
 

@@ -4,6 +4,7 @@
 
 #include <vector>
 
+#include "support/parallel_options.hpp"
 #include "support/train_harness.hpp"
 #include "tetrad/core/error.hpp"
 #include "tetrad/core/rng.hpp"
@@ -20,13 +21,7 @@ ModelConfig model(Family f) {
                                       .gqa_ffn = 96, .vocab_size = 128, .max_seq = 16});
 }
 
-// The recomputation mode, the rest default (assigned: a braced {rc, 0} leaves ParallelOptions'
-// members without initialisers to -Wmissing-field-initializers).
-ParallelOptions options(Recompute rc) {
-  ParallelOptions po;
-  po.recompute = rc;
-  return po;
-}
+using tetrad_test::parallel_options;
 
 struct Trace {
   std::vector<double> losses;
@@ -36,7 +31,7 @@ struct Trace {
 Trace train(Family f, Recompute rc) {
   constexpr int B = 4, T = 16, steps = 4, accum = 2;
   ProcessGroups g;
-  ParallelTransformer m(model(f), g, B, T, options(rc));
+  ParallelTransformer m(model(f), g, B, T, parallel_options(rc));
   m.init_weights(11);
   TrainConfig tc;
   tc.lr = 1e-2;
@@ -82,9 +77,9 @@ TEST(Recompute, EveryModeIsBitIdenticalToKeepingEverything) {
 TEST(Recompute, KeepsLessActivationMemory) {
   ProcessGroups g;
   const ModelConfig c = model(Family::GPT2);
-  ParallelTransformer none(c, g, 4, 16, options(Recompute::None));
-  ParallelTransformer sel(c, g, 4, 16, options(Recompute::Selective));
-  ParallelTransformer full(c, g, 4, 16, options(Recompute::Full));
+  ParallelTransformer none(c, g, 4, 16, parallel_options(Recompute::None));
+  ParallelTransformer sel(c, g, 4, 16, parallel_options(Recompute::Selective));
+  ParallelTransformer full(c, g, 4, 16, parallel_options(Recompute::Full));
   // What each allocates is what activation_bytes(mode) says it would.
   EXPECT_EQ(none.activation_bytes(), none.activation_bytes(Recompute::None));
   EXPECT_EQ(sel.activation_bytes(), none.activation_bytes(Recompute::Selective));

@@ -227,7 +227,8 @@ TEST(ShardedCheckpoint, PipelineGridsSaveTheirStagesAndLoadAnywhere) {
     }
     std::string name() const {
       std::string s = grid.to_string() + "-v" + std::to_string(v);
-      for (int n : layers) s += "-" + std::to_string(n);
+      // append, not "-" + std::to_string(n): GCC 12 warns -Wrestrict there (a false positive)
+      for (int n : layers) s.append("-").append(std::to_string(n));
       return s;
     }
   };

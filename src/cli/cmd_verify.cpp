@@ -1,6 +1,7 @@
 // `tetrad verify`: check a checkpoint, a run's latest or a Hugging Face model folder completely:
 // what every reader needs (config.json, which generate, eval, logits and export build the model
-// from, and the tokenizer) besides the tensors (metadata, every chunk checksum, load).
+// from, and the tokenizer) besides the tensors (metadata, every chunk checksum, load, every value
+// finite: the weights and the AdamW moments a checkpoint keeps).
 #include <cctype>
 #include <filesystem>
 #include <iostream>
@@ -8,6 +9,7 @@
 
 #include "cli/command.hpp"
 #include "tetrad/checkpoint/atomic_file.hpp"
+#include "tetrad/checkpoint/finite_weights.hpp"
 #include "tetrad/checkpoint/hf.hpp"
 #include "tetrad/checkpoint/hf_config.hpp"
 #include "tetrad/checkpoint/run_checkpoint.hpp"
@@ -75,18 +77,43 @@ ModelConfig verify_config(const std::string& dir, const ModelConfig* expected) {
   return mc;
 }
 
+// Every tensor of one array (the weights or a moment, table layout) holds finite values: a NaN or
+// an infinity there gives NaN from the first step of whatever starts from it, and no checksum
+// catches a state that was already bad when it was saved. Throws naming the tensor, its shape and
+// its first bad element.
+void verify_finite(const std::string& dir, const char* array, const ParamTable& table,
+                   const float* data) {
+  for (const ParamSpec& s : table.specs)
+    check_finite_weights("checkpoint " + dir + ", " + array, s, data + s.offset);
+}
+
+// The AdamW moments a sharded checkpoint keeps (not an imported model's, which has none) finite,
+// loaded one array at a time into `buf` (table.total floats, the one-rank layout).
+void verify_finite_moments(const std::string& dir, const ModelConfig& mc, const ParamTable& table,
+                           float* buf) {
+  const parallel::ShardPlan plan =
+      parallel::ShardPlan::build(mc, table, parallel::GridShape{}, parallel::GridCoord{});
+  for (size_t i = 0; i < plan.tensors.size(); ++i)
+    TETRAD_CHECK(plan.tensors[i].offset == table.specs[i].offset);
+  load_sharded_checkpoint(dir, mc, 0, plan, nullptr, buf, nullptr);
+  verify_finite(dir, "AdamW first moment (adam_m)", table, buf);
+  load_sharded_checkpoint(dir, mc, 0, plan, nullptr, nullptr, buf);
+  verify_finite(dir, "AdamW second moment (adam_v)", table, buf);
+}
+
 // A Hugging Face model folder (an export): config.json, every tensor read and checked against
-// it, the tokenizer.
+// it, every value finite, the tokenizer.
 void verify_hf_folder(const std::string& dir) {
   const ModelConfig mc = verify_config(dir, nullptr);
   check_model_fits_host(mc, dir, "verify", 1);
   const ParamTable table = build_param_table(mc);
   std::vector<float> params(size_t(table.total));
   load_hf_params(dir, mc, table, params.data());
+  verify_finite(dir, "weights", table, params.data());
   const std::string tok = verify_tokenizer(dir, 0);
   std::cout << "ok: " << dir << " (Hugging Face model folder) verified: config.json, "
-            << table.specs.size() << " tensors of " << table.total << " parameters load; " << tok
-            << "\n";
+            << table.specs.size() << " tensors of " << table.total
+            << " parameters load, every value finite; " << tok << "\n";
 }
 
 void run(Context& ctx, const std::string& model_dir) {
@@ -109,9 +136,21 @@ void run(Context& ctx, const std::string& model_dir) {
     return verify_hf_folder(dir);
   if (!is_sharded_checkpoint(dir)) {
     if (auto problem = checkpoint_problem(dir)) fail("checkpoint ", dir, ": ", *problem);
-    verify_config(dir, nullptr);
+    const ModelConfig mc = verify_config(dir, nullptr);
+    check_model_fits_host(mc, dir, "verify", 1);
+    const ParamTable table = build_param_table(mc);
+    // Tensor by tensor (the load checks the recorded file hashes first): no whole copy held.
+    auto finite = [&](const char* array) {
+      return [&dir, &table, array](size_t i, const float* data) {
+        check_finite_weights("checkpoint " + dir + ", " + array, table.specs[i], data);
+      };
+    };
+    load_run_checkpoint_streamed(dir, mc, table, finite("weights"),
+                                 finite("AdamW first moment (adam_m)"),
+                                 finite("AdamW second moment (adam_v)"));
     const std::string tok = verify_tokenizer(dir, 0);
-    std::cout << "ok: " << dir << " (Hugging Face folder + trainer_state.bin) verified, " << tok << "\n";
+    std::cout << "ok: " << dir << " (Hugging Face folder + trainer_state.bin) verified, every "
+              << "value of the weights and moments finite, " << tok << "\n";
     return;
   }
   verify_sharded_checkpoint(dir);
@@ -121,13 +160,16 @@ void run(Context& ctx, const std::string& model_dir) {
   const ParamTable table = build_param_table(mc);
   std::vector<float> params(size_t(table.total));
   const ShardedCheckpointInfo info = load_sharded_params(dir, mc, table, params.data());
+  verify_finite(dir, "weights", table, params.data());
+  if (info.has_moments) verify_finite_moments(dir, mc, table, params.data());
   const nlohmann::json meta = read_sharded_meta(dir);
   int64_t bytes = 0;
   for (const auto& f : meta["files"]) bytes += f["data_bytes"].get<int64_t>();
   const std::string tok = verify_tokenizer(dir, info.tokenizer_identity);
   std::cout << "ok: " << dir << " verified: step " << info.step << ", grid "
             << info.grid.to_string() << ", " << meta["files"].size() << " shard file(s), "
-            << bytes << " bytes, every chunk checksum matches, loads; config.json describes it; "
+            << bytes << " bytes, every chunk checksum matches, loads, every value of the weights"
+            << (info.has_moments ? " and moments" : "") << " finite; config.json describes it; "
             << tok << "\n";
 }
 

@@ -9,11 +9,14 @@ source "$(dirname "${BASH_SOURCE[0]}")/../cli_common.sh" "$1"
 # bf16 runs on AMX) a grid's 1-ulp differences in the GEMM outputs flip bf16 roundings of P and dS
 # and the losses differ by ~1e-5 after one Adam step (cli_parallel.sh checks that case at bf16
 # tolerance); what is tested here is the checkpoint's layout, not attention's arithmetic.
+# Activations in fp32 (train.activation_precision) for the same reason: bf16 runs store the
+# block's tensors in bf16 (docs/precision.md, "bf16 through the step in the parallel model"), where a grid's 1-ulp fp32
+# differences flip roundings (resuming 1,1,1,2 on 2,2,1,1 measured 1.1e-5 relative at step 6).
 # train.gemm_layouts = rule: the uninterrupted and the stopped runs are separate processes, which
 # tune would time separately (possibly another plan: the same sums in another order).
 S=(--set model.name=tiny --set data.dir="$W/data" --set train.seq_len=32 --set train.max_steps=6
    --set train.eval_interval=0 --set train.micro_batch=4 --set train.attention_precision=fp32
-   --set train.gemm_layouts=rule)
+   --set train.activation_precision=fp32 --set train.gemm_layouts=rule)
 source "$(dirname "${BASH_SOURCE[0]}")/ckpt_resume_common.sh"
 GRIDS=(1,1,1,1 2,1,1,1 1,2,1,1 1,1,2,1 1,1,1,2 4,1,1,1 1,4,1,1 1,1,4,1 1,1,1,4 2,2,1,1 2,1,2,1
        2,1,1,2 1,2,2,1 1,2,1,2 1,1,2,2)

@@ -1,9 +1,11 @@
-// What the mixture-of-experts contract tests share (test_moe_mpi.cpp, test_expert_parallel_mpi.cpp):
-// the model, and one micro-batch with every token routed to experts 0 and 1 against one rank.
+// What the mixture-of-experts contract tests share (test_moe_mpi.cpp, test_expert_parallel_mpi.cpp,
+// test_moe_options_mpi.cpp): the model, one micro-batch with every token routed to experts 0 and 1
+// against one rank, and the whole tensors moved between expert-parallel folds.
 #pragma once
 
 #include <algorithm>
 #include <cmath>
+#include <functional>
 #include <string>
 #include <vector>
 
@@ -79,6 +81,56 @@ inline void check_every_token_to_experts_0_and_1(const ModelConfig& mc,
       }
       EXPECT_LT(std::sqrt(num / std::max(den, 1e-30)), 1e-4) << where << ": gradient of " << s.name;
     }
+  }
+}
+
+// What a checkpoint stores is every tensor whole (get_tensor / set_tensor): a model initialised
+// (seed 5) on D = n with the first of `folds` as E gives its tensors to the same model at each
+// later E. On every fold they read back bit for bit and one forward/backward of the same global
+// batch gives the first fold's loss (relative 1e-6). `plant`, when given, changes the values of a
+// tensor (whole) before they are set on the first fold: a state training leaves that
+// init_weights does not make (an expert bias). `check_fold`, when given, checks more of each
+// fold's table (its E given).
+using PlantTensor = std::function<void(const ParamSpec&, std::vector<float>&)>;
+using CheckFold = std::function<void(const ParamTable&, int e)>;
+
+inline void check_tensors_move_between_folds(const ModelConfig& mc, const std::vector<int>& folds,
+                                             const PlantTensor& plant = {},
+                                             const CheckFold& check_fold = {}) {
+  const int n = world_size();
+  std::vector<std::vector<float>> saved;
+  double first_loss = 0;
+  for (int e : folds) {
+    ProcessGroups g(comm::Communicator::world(), GridShape{{Axis::D, n}}.set_e(e));
+    const int Bl = kB / token_slots(g.shape), slot = token_slot(g.coord, g.shape);
+    ParallelTransformer m(mc, g, Bl, kT);
+    const ParamTable& table = m.table();
+    if (saved.empty()) {
+      m.init_weights(5);
+      for (size_t i = 0; i < table.specs.size(); ++i) {
+        saved.emplace_back(size_t(table.specs[i].numel));
+        m.get_tensor(i, saved.back().data());
+        if (plant) {
+          plant(table.specs[i], saved.back());
+          m.set_tensor(i, saved.back().data());
+        }
+      }
+    } else {
+      for (size_t i = 0; i < saved.size(); ++i) m.set_tensor(i, saved[i].data());
+    }
+    std::vector<int32_t> x(size_t(Bl) * kT), y(x.size());
+    tetrad_test::rank_share(batch_tokens(3, 0, mc.vocab_size), kT, Bl, slot, 0, x.data(), y.data());
+    m.zero_grads();
+    double loss = m.forward_backward(x.data(), y.data(), Bl, kT, 1.0f / (kB * kT));
+    if (g.tokens().size() > 1) g.tokens().allreduce_sum(&loss, 1);
+    if (e == folds.front()) first_loss = loss;
+    EXPECT_NEAR(loss / first_loss, 1.0, 1e-6) << "E = " << e;
+    for (size_t i = 0; i < saved.size(); ++i) {  // read back whole, bit for bit
+      std::vector<float> back(saved[i].size());
+      m.get_tensor(i, back.data());
+      ASSERT_EQ(back, saved[i]) << "E = " << e << " tensor " << table.specs[i].name;
+    }
+    if (check_fold) check_fold(table, e);
   }
 }
 

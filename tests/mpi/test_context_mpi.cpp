@@ -11,6 +11,7 @@
 #include <map>
 
 #include "contract.hpp"
+#include "support/parallel_options.hpp"
 
 using namespace contract;
 
@@ -34,14 +35,7 @@ std::vector<GridShape> context_grids(int n) {
   return grids.at(n);
 }
 
-// Recomputation mode and ZeRO stage, the rest default (assigned: a braced {mode, zero} leaves
-// ParallelOptions' members without initialisers to -Wmissing-field-initializers).
-ParallelOptions options(Recompute mode, int zero) {
-  ParallelOptions po;
-  po.recompute = mode;
-  po.zero = zero;
-  return po;
-}
+using tetrad_test::parallel_options;
 
 std::string describe(Family f, const GridShape& s, const ParallelOptions& po) {
   return family_name(f) + " grid " + s.to_string() + " zero " + std::to_string(po.zero) +
@@ -75,15 +69,15 @@ TEST(ContextContract, RecomputeAndZero) {
     const ModelConfig mc = tiny_model(family, 2);
     const GridShape shape = context_grids(world_size()).front();
     ProcessGroups g(comm::Communicator::world(), shape);
-    const contract::Run none = parallel_run(mc, g, 10, options(Recompute::None, 0));
+    const contract::Run none = parallel_run(mc, g, 10, parallel_options(Recompute::None, 0));
     for (Recompute mode : {Recompute::Selective, Recompute::Full}) {
-      const contract::Run r = parallel_run(mc, g, 10, options(mode, 0));
-      EXPECT_EQ(r.losses, none.losses) << describe(family, shape, options(mode, 0));
-      EXPECT_EQ(r.weights, none.weights) << describe(family, shape, options(mode, 0));
+      const contract::Run r = parallel_run(mc, g, 10, parallel_options(mode, 0));
+      EXPECT_EQ(r.losses, none.losses) << describe(family, shape, parallel_options(mode, 0));
+      EXPECT_EQ(r.weights, none.weights) << describe(family, shape, parallel_options(mode, 0));
     }
     const contract::Run serial = serial_run(mc, kSteps);
     for (int zero : {1, 2}) {
-      const ParallelOptions po = options(Recompute::Full, zero);
+      const ParallelOptions po = parallel_options(Recompute::Full, zero);
       expect_matches_serial(parallel_run(mc, g, kSteps, po), serial, mc, describe(family, shape, po));
     }
   }
@@ -95,7 +89,7 @@ TEST(ContextContract, ZeroShardsOverDataTimesContext) {
   const GridShape shape = context_grids(world_size()).front();
   ProcessGroups g(comm::Communicator::world(), shape);
   EXPECT_EQ(g.replica_count(), shape.c() * shape.d());
-  ParallelTransformer m(mc, g, kB / token_slots(shape), kT, options(Recompute::None, 1));
+  ParallelTransformer m(mc, g, kB / token_slots(shape), kT, parallel_options(Recompute::None, 1));
   int64_t mine = 0;
   for (int64_t n : m.optimizer_layout().sizes) mine += n;
   g.replicas().allreduce_sum(&mine, 1);
@@ -150,10 +144,11 @@ TEST(ContextContract, RingTrainsLikeOneRankAndLikeAllGather) {
     }
     const GridShape shape = context_grids(world_size()).front();
     ProcessGroups g(comm::Communicator::world(), shape);
-    ParallelOptions none = options(Recompute::None, 0), full = options(Recompute::Full, 2);
+    ParallelOptions none = parallel_options(Recompute::None, 0);
+    ParallelOptions full = parallel_options(Recompute::Full, 2);
     none.cp_comm = full.cp_comm = ContextComm::Ring;
     const contract::Run rn = parallel_run(mc, g, 10, none), rf = parallel_run(mc, g, 10, full);
-    ParallelOptions full0 = options(Recompute::Full, 0);
+    ParallelOptions full0 = parallel_options(Recompute::Full, 0);
     full0.cp_comm = ContextComm::Ring;
     const contract::Run rf0 = parallel_run(mc, g, 10, full0);
     EXPECT_EQ(rf0.losses, rn.losses) << describe(family, shape, full0) << " ring";

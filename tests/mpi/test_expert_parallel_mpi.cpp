@@ -101,38 +101,9 @@ TEST(ExpertParallelMpi, EveryTokenToOneRanksExpertsDropless) {
 // What a checkpoint stores is every tensor whole (gather_tensor / set_tensor): the weights of a
 // model trained at one E load into every other E and give the same next steps.
 TEST(ExpertParallelMpi, WholeTensorsMoveBetweenFolds) {
-  const ModelConfig mc = moe_model();
-  const int n = world_size();
   std::vector<int> folds = {1, 2};
-  if (n >= 4) folds.push_back(4);
-  std::vector<std::vector<float>> saved;
-  double first_loss = 0;
-  for (int e : folds) {
-    ProcessGroups g(comm::Communicator::world(), with_e(GridShape{{Axis::D, n}}, e));
-    const int Bl = kB / token_slots(g.shape), slot = token_slot(g.coord, g.shape);
-    ParallelTransformer m(mc, g, Bl, kT);
-    if (saved.empty()) {
-      m.init_weights(5);
-      for (size_t i = 0; i < m.table().specs.size(); ++i) {
-        saved.emplace_back(size_t(m.table().specs[i].numel));
-        m.get_tensor(i, saved.back().data());
-      }
-    } else {
-      for (size_t i = 0; i < saved.size(); ++i) m.set_tensor(i, saved[i].data());
-    }
-    std::vector<int32_t> x(size_t(Bl) * kT), y(x.size());
-    tetrad_test::rank_share(batch_tokens(3, 0, mc.vocab_size), kT, Bl, slot, 0, x.data(), y.data());
-    m.zero_grads();
-    double loss = m.forward_backward(x.data(), y.data(), Bl, kT, 1.0f / (kB * kT));
-    if (g.tokens().size() > 1) g.tokens().allreduce_sum(&loss, 1);
-    if (e == 1) first_loss = loss;
-    EXPECT_NEAR(loss / first_loss, 1.0, 1e-6) << "E = " << e;
-    for (size_t i = 0; i < saved.size(); ++i) {  // read back whole, bit for bit
-      std::vector<float> back(saved[i].size());
-      m.get_tensor(i, back.data());
-      ASSERT_EQ(back, saved[i]) << "E = " << e << " tensor " << m.table().specs[i].name;
-    }
-  }
+  if (world_size() >= 4) folds.push_back(4);
+  check_tensors_move_between_folds(moe_model(), folds);
 }
 
 TEST(ExpertParallelMpi, BadFoldsAreRefusedNamingTheNumbers) {

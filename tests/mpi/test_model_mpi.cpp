@@ -187,7 +187,9 @@ void check_sparse_embedding(Family family) {
     std::string worst_name;
     EXPECT_LT(worst_weight_difference(a, b, mc, &worst_name), 2e-4) << where << ": " << worst_name;
   }
-  if (world_size() >= 2) EXPECT_GT(sparse_grids, 0) << "no grid of this size took the sparse path";
+  if (world_size() >= 2) {
+    EXPECT_GT(sparse_grids, 0) << "no grid of this size took the sparse path";
+  }
 }
 
 TEST(ParallelContract, Gpt2SparseEmbeddingGradientTrainsLikeTheDenseOne) {

@@ -128,41 +128,15 @@ TEST(MoeOptionsMpi, BiasAndSharedExpertMoveBetweenFolds) {
   ModelConfig mc = expert_bias_model("both");
   mc.shared_expert_ffn = 48;
   mc.validate();
-  const int n = world_size();
-  std::vector<std::vector<float>> saved;
-  double first_loss = 0;
-  for (int e : {2, 1}) {
-    ProcessGroups g(comm::Communicator::world(), GridShape{{Axis::D, n}}.set_e(e));
-    const int Bl = kB / token_slots(g.shape), slot = token_slot(g.coord, g.shape);
-    ParallelTransformer m(mc, g, Bl, kT);
-    const ParamTable& table = m.table();
-    if (saved.empty()) {
-      m.init_weights(5);
-      for (size_t i = 0; i < table.specs.size(); ++i) {
-        saved.emplace_back(size_t(table.specs[i].numel));
-        m.get_tensor(i, saved.back().data());
-        if (table.specs[i].role == TensorRole::ExpertBias)  // a bias as training leaves it
-          for (size_t j = 0; j < saved.back().size(); ++j)
-            saved.back()[j] = 0.03f * float(int(j % 3) - 1) * float(table.specs[i].layer + 1);
-        m.set_tensor(i, saved.back().data());
-      }
-    } else {
-      for (size_t i = 0; i < saved.size(); ++i) m.set_tensor(i, saved[i].data());
-    }
-    std::vector<int32_t> x(size_t(Bl) * kT), y(x.size());
-    tetrad_test::rank_share(batch_tokens(3, 0, mc.vocab_size), kT, Bl, slot, 0, x.data(), y.data());
-    m.zero_grads();
-    double loss = m.forward_backward(x.data(), y.data(), Bl, kT, 1.0f / (kB * kT));
-    if (g.tokens().size() > 1) g.tokens().allreduce_sum(&loss, 1);
-    if (e == 2) first_loss = loss;
-    EXPECT_NEAR(loss / first_loss, 1.0, 1e-6) << "E = " << e;
+  const auto trained_bias = [](const ParamSpec& s, std::vector<float>& v) {
+    if (s.role == TensorRole::ExpertBias)  // a bias as training leaves it
+      for (size_t j = 0; j < v.size(); ++j)
+        v[j] = 0.03f * float(int(j % 3) - 1) * float(s.layer + 1);
+  };
+  const auto one_bias_a_layer = [&](const ParamTable& table, int e) {
     int bias_tensors = 0;
-    for (size_t i = 0; i < saved.size(); ++i) {
-      std::vector<float> back(saved[i].size());
-      m.get_tensor(i, back.data());
-      ASSERT_EQ(back, saved[i]) << "E = " << e << " tensor " << table.specs[i].name;
-      bias_tensors += table.specs[i].role == TensorRole::ExpertBias;
-    }
+    for (const ParamSpec& s : table.specs) bias_tensors += s.role == TensorRole::ExpertBias;
     EXPECT_EQ(bias_tensors, mc.n_layer) << "E = " << e;
-  }
+  };
+  check_tensors_move_between_folds(mc, {2, 1}, trained_bias, one_bias_a_layer);
 }

@@ -11,6 +11,7 @@
 #include <tuple>
 
 #include "contract.hpp"
+#include "support/parallel_options.hpp"
 #include "tetrad/comm/mpi_env.hpp"
 #include "tetrad/core/error.hpp"
 
@@ -51,34 +52,35 @@ constexpr auto kInter = PipelineSchedule::Interleaved;
 
 std::vector<Case> cases(int n) {
   using R = Recompute;
+  const auto o = &tetrad_test::parallel_options;  // (recompute, zero, virtual stages)
   switch (n) {
     case 2:
-      return {{GridShape::xyzpd(1, 1, 1, 2, 1), k1F1B, {R::None, 0, 1}},
-              {GridShape::xyzpd(1, 1, 1, 2, 1), kInter, {R::None, 0, 2}},
-              {GridShape::xyzpd(1, 1, 1, 2, 1), k1F1B, {R::Full, 0, 1}},
-              {GridShape::xyzpd(1, 1, 1, 2, 1), kInter, {R::Selective, 0, 2}, Family::Llama},
+      return {{GridShape::xyzpd(1, 1, 1, 2, 1), k1F1B, o(R::None, 0, 1)},
+              {GridShape::xyzpd(1, 1, 1, 2, 1), kInter, o(R::None, 0, 2)},
+              {GridShape::xyzpd(1, 1, 1, 2, 1), k1F1B, o(R::Full, 0, 1)},
+              {GridShape::xyzpd(1, 1, 1, 2, 1), kInter, o(R::Selective, 0, 2), Family::Llama},
               // Uneven layer splits (parallel.pipeline_layers): explicit and balanced, 1F1B and
               // interleaved. With vocabulary 1024 the head costs ~1.9 layers, so "balanced"
               // moves layers off the last virtual stage.
-              {GridShape::xyzpd(1, 1, 1, 2, 1), k1F1B, {R::None, 0, 1}, Family::GPT2, "1,3"},
-              {GridShape::xyzpd(1, 1, 1, 2, 1), k1F1B, {R::None, 0, 1}, Family::GPT2, "balanced", 4, 1024, {3, 1}},
-              {GridShape::xyzpd(1, 1, 1, 2, 1), kInter, {R::None, 0, 2}, Family::GPT2, "3,1,1,1", 6},
+              {GridShape::xyzpd(1, 1, 1, 2, 1), k1F1B, o(R::None, 0, 1), Family::GPT2, "1,3"},
+              {GridShape::xyzpd(1, 1, 1, 2, 1), k1F1B, o(R::None, 0, 1), Family::GPT2, "balanced", 4, 1024, {3, 1}},
+              {GridShape::xyzpd(1, 1, 1, 2, 1), kInter, o(R::None, 0, 2), Family::GPT2, "3,1,1,1", 6},
               // 6 layers over 4 virtual stages, the last one layer (+ the head): 2,1,2,1 puts 4
               // layers on rank 0 and 2 + the head on rank 1 (1,2,2,1 would give rank 1 3 + head).
-              {GridShape::xyzpd(1, 1, 1, 2, 1), kInter, {R::None, 0, 2}, Family::GPT2, "balanced", 6, 1024,
+              {GridShape::xyzpd(1, 1, 1, 2, 1), kInter, o(R::None, 0, 2), Family::GPT2, "balanced", 6, 1024,
                {2, 1, 2, 1}}};
     case 4:
-      return {{GridShape::xyzpd(1, 1, 1, 4, 1), k1F1B, {R::None, 0, 1}},
-              {GridShape::xyzpd(1, 1, 1, 2, 2), k1F1B, {R::None, 1, 1}},
-              {GridShape::xyzpd(1, 1, 1, 2, 2), kInter, {R::Full, 2, 2}},
-              {GridShape::xyzpd(2, 1, 1, 2, 1), kInter, {R::None, 0, 2}},
-              {GridShape::xyzpd(1, 2, 1, 2, 1), k1F1B, {R::Selective, 0, 1}, Family::Llama},
-              {GridShape::xyzpd(1, 1, 2, 2, 1), k1F1B, {R::None, 0, 1}},
-              {GridShape::xyzpd(2, 1, 1, 2, 1), k1F1B, {R::None, 0, 1}, Family::GPT2, "3,1"}};
+      return {{GridShape::xyzpd(1, 1, 1, 4, 1), k1F1B, o(R::None, 0, 1)},
+              {GridShape::xyzpd(1, 1, 1, 2, 2), k1F1B, o(R::None, 1, 1)},
+              {GridShape::xyzpd(1, 1, 1, 2, 2), kInter, o(R::Full, 2, 2)},
+              {GridShape::xyzpd(2, 1, 1, 2, 1), kInter, o(R::None, 0, 2)},
+              {GridShape::xyzpd(1, 2, 1, 2, 1), k1F1B, o(R::Selective, 0, 1), Family::Llama},
+              {GridShape::xyzpd(1, 1, 2, 2, 1), k1F1B, o(R::None, 0, 1)},
+              {GridShape::xyzpd(2, 1, 1, 2, 1), k1F1B, o(R::None, 0, 1), Family::GPT2, "3,1"}};
     default:
-      return {{GridShape::xyzpd(1, 1, 1, 4, 2), k1F1B, {R::Selective, 2, 1}},
-              {GridShape::xyzpd(2, 1, 2, 2, 1), kInter, {R::None, 1, 2}},
-              {GridShape::xyzpd(1, 2, 1, 2, 2), kInter, {R::Full, 1, 2}, Family::Llama}};
+      return {{GridShape::xyzpd(1, 1, 1, 4, 2), k1F1B, o(R::Selective, 2, 1)},
+              {GridShape::xyzpd(2, 1, 2, 2, 1), kInter, o(R::None, 1, 2)},
+              {GridShape::xyzpd(1, 2, 1, 2, 2), kInter, o(R::Full, 1, 2), Family::Llama}};
   }
 }
 
@@ -145,7 +147,8 @@ TEST(PipelineOverlap, OverlapOnIsBitIdenticalToOff) {
 TEST(Pipeline, LayersSplitOverVirtualStagesAsConfigured) {
   if (world_size() != 2) return;
   ProcessGroups g(comm::Communicator::world(), GridShape::xyzpd(1, 1, 1, 2, 1));
-  ParallelTransformer m(tiny_model(Family::GPT2, 4), g, kB, kT, {Recompute::None, 0, 2});
+  ParallelTransformer m(tiny_model(Family::GPT2, 4), g, kB, kT,
+                        tetrad_test::parallel_options(Recompute::None, 0, 2));
   // Interleaved, v = 2, even: virtual stages 0..3 of one layer each, on stages 0, 1, 0, 1.
   EXPECT_EQ(m.layer_split().counts(), (std::vector<int>{1, 1, 1, 1}));
   EXPECT_EQ(m.layer_stage(0), 0);
@@ -158,7 +161,9 @@ TEST(Pipeline, LayersSplitOverVirtualStagesAsConfigured) {
   ParallelTransformer u(tiny_model(Family::GPT2, 4), g, kB, kT, po);
   for (int l = 0; l < 4; ++l) EXPECT_EQ(u.layer_stage(l), l == 0 ? 0 : 1) << l;
   for (const TensorShard& t : u.plan().tensors)
-    if (t.spec->layer >= 0) EXPECT_EQ(t.stored, u.layer_stage(t.spec->layer) == g.coord.p());
+    if (t.spec->layer >= 0) {
+      EXPECT_EQ(t.stored, u.layer_stage(t.spec->layer) == g.coord.p());
+    }
   // A list of the wrong length is refused, naming what was expected.
   po.pipeline_layers = "1,1,2";
   try {

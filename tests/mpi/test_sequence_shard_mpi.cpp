@@ -110,7 +110,9 @@ void check_gradients(Family family, Recompute recompute) {
       EXPECT_LT(std::sqrt(num / std::max(den, 1e-30)), 1e-5) << where << ": gradient of " << s.name;
     }
   }
-  if (world_size() >= 2) EXPECT_GT(tested, 0) << "no grid with Gy > 1 of this size";
+  if (world_size() >= 2) {
+    EXPECT_GT(tested, 0) << "no grid with Gy > 1 of this size";
+  }
 }
 
 TEST(SequenceShard, Gpt2GradientsMatchTheUnshardedModel) {
@@ -161,7 +163,9 @@ void check_training(Family family) {
   if (world_rank() == 0)
     std::printf("[ %s ] %d sequence-sharded runs of %d ranks match the unsharded ones\n",
                 family_name(family).c_str(), tested, world_size());
-  if (world_size() >= 2) EXPECT_GT(tested, 0);
+  if (world_size() >= 2) {
+    EXPECT_GT(tested, 0);
+  }
 }
 
 TEST(SequenceShard, Gpt2TrainsLikeTheUnshardedModelThroughTheStepRunner) {
@@ -225,7 +229,9 @@ TEST(SequenceShard, Bf16TrainsLikeTheUnshardedModel) {
     compare_runs(mc, g, po, 10, 0.02, 0);
     ++tested;
   }
-  if (world_size() >= 2) EXPECT_GT(tested, 0);
+  if (world_size() >= 2) {
+    EXPECT_GT(tested, 0);
+  }
 }
 
 TEST(SequenceShard, WhatItCannotRunIsRefusedByName) {

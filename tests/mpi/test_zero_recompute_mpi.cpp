@@ -11,6 +11,7 @@
 #include <map>
 
 #include "contract.hpp"
+#include "support/parallel_options.hpp"
 #include "tetrad/comm/mpi_env.hpp"
 #include "tetrad/core/error.hpp"
 
@@ -18,6 +19,8 @@ using namespace contract;
 using tetrad::comm::MpiEnvironment;
 
 namespace {
+
+using tetrad_test::parallel_options;
 
 constexpr int kSteps = 20;
 
@@ -67,9 +70,12 @@ TEST(Zero, StateIsShardedOverTheDataAxis) {
   const ModelConfig mc = tiny_model(Family::GPT2, 2);
   for (const GridShape& shape : zero_grids(world_size())) {
     ProcessGroups g(comm::Communicator::world(), shape);
-    ParallelTransformer m0(mc, g, kB / token_slots(shape), kT, {Recompute::None, 0});
-    ParallelTransformer m1(mc, g, kB / token_slots(shape), kT, {Recompute::None, 1});
-    ParallelTransformer m2(mc, g, kB / token_slots(shape), kT, {Recompute::None, 2});
+    ParallelTransformer m0(mc, g, kB / token_slots(shape), kT,
+                            parallel_options(Recompute::None, 0));
+    ParallelTransformer m1(mc, g, kB / token_slots(shape), kT,
+                            parallel_options(Recompute::None, 1));
+    ParallelTransformer m2(mc, g, kB / token_slots(shape), kT,
+                            parallel_options(Recompute::None, 2));
     const int64_t local = m0.num_local_params();
     EXPECT_EQ(m0.optimizer_layout().state_size, local);
     EXPECT_EQ(m0.num_local_grads(), local);
@@ -94,9 +100,9 @@ TEST(Zero, MomentsGatherLikeWithoutZeroAndScatterBackExactly) {
   const ModelConfig mc = tiny_model(Family::GPT2, 2);
   const GridShape shape = zero_grids(world_size()).front();
   ProcessGroups g(comm::Communicator::world(), shape);
-  const contract::Run base = parallel_run(mc, g, 3, {Recompute::None, 0});
+  const contract::Run base = parallel_run(mc, g, 3, parallel_options(Recompute::None, 0));
   for (int zero : {1, 2}) {
-    const contract::Run r = parallel_run(mc, g, 3, {Recompute::None, zero});
+    const contract::Run r = parallel_run(mc, g, 3, parallel_options(Recompute::None, zero));
     for (size_t i = 0; i < base.m.size(); ++i) {
       double num = 0, den = 0;
       for (size_t j = 0; j < base.m[i].size(); ++j) {
@@ -105,7 +111,8 @@ TEST(Zero, MomentsGatherLikeWithoutZeroAndScatterBackExactly) {
       }
       EXPECT_LT(std::sqrt(num / std::max(den, 1e-30)), 1e-4) << "zero " << zero << " tensor " << i;
     }
-    ParallelTransformer m(mc, g, kB / token_slots(shape), kT, {Recompute::None, zero});
+    ParallelTransformer m(mc, g, kB / token_slots(shape), kT,
+                          parallel_options(Recompute::None, zero));
     std::vector<float> state(size_t(m.optimizer_layout().state_size));
     for (size_t i = 0; i < base.m.size(); ++i) {
       m.scatter_state_tensor(state.data(), i, base.m[i].data());
@@ -131,11 +138,11 @@ void check_recompute(Family family) {
     ProcessGroups g(comm::Communicator::world(), shape);
     for (int zero : {0, 2}) {
       if (zero > 0 && shape.d() == 1) continue;
-      ParallelOptions base{Recompute::None, zero};
+      ParallelOptions base = parallel_options(Recompute::None, zero);
       const Run none = parallel_run(mc, g, steps, base);
       expect_matches_serial(none, serial, mc, describe(family, shape, base));
       for (Recompute rc : {Recompute::Selective, Recompute::Full}) {
-        ParallelOptions po{rc, zero};
+        ParallelOptions po = parallel_options(rc, zero);
         const Run r = parallel_run(mc, g, steps, po);
         const std::string where = describe(family, shape, po);
         for (int s = 0; s < steps; ++s) {
@@ -156,7 +163,7 @@ TEST(ZeroOverlap, OverlapOnIsBitIdenticalToOff) {
   for (const GridShape& shape : zero_grids(world_size())) {
     ProcessGroups g(comm::Communicator::world(), shape);
     for (int zero : {1, 2}) {
-      ParallelOptions po{Recompute::Full, zero};
+      ParallelOptions po = parallel_options(Recompute::Full, zero);
       const contract::Run off = parallel_run(mc, g, steps, po);
       po.overlap.backward_allreduce = true;
       po.overlap.reduce_scatter = true;
@@ -181,7 +188,7 @@ TEST(ZeroChunks, ChunkedReduceScatterIsBitIdentical) {
   for (const GridShape& shape : zero_grids(world_size())) {
     ProcessGroups g(comm::Communicator::world(), shape);
     for (int zero : {1, 2}) {
-      ParallelOptions po{Recompute::None, zero};
+      ParallelOptions po = parallel_options(Recompute::None, zero);
       const contract::Run whole = parallel_run(mc, g, steps, po);
       po.reduce_scatter_chunk_bytes = int64_t(3 * sizeof(float)) * shape.d();
       const contract::Run chunked = parallel_run(mc, g, steps, po);

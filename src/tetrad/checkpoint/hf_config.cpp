@@ -448,8 +448,9 @@ void refuse_short_window(const nlohmann::json& j, const std::string& where, cons
 
 // The router settings transformers' MoE configs have and tetrad implements or refuses: top-k
 // within the experts (checked by validate()), no router jitter, the aux coefficient.
+// `shared_expert_field`: the family reads shared_expert_intermediate_size itself (Qwen2-MoE).
 void read_router_config(const nlohmann::json& j, const std::string& where, ConfigReader& r,
-                        ModelConfig& c) {
+                        ModelConfig& c, bool shared_expert_field = false) {
   c.experts_per_token = r.size("num_experts_per_tok");
   if (c.experts_per_token > c.n_experts)
     fail(where, ": num_experts_per_tok = ", c.experts_per_token, " is larger than the ",
@@ -475,6 +476,7 @@ void read_router_config(const nlohmann::json& j, const std::string& where, Confi
       {"moe_layer_freq", "1"}, {"router_z_loss_coef", "0"}, {"moe_capacity_factor", "0"}};
   for (const Neutral& n : kOtherRouters) {
     if (!r.has(n.key)) continue;
+    if (shared_expert_field && std::string(n.key) == "shared_expert_intermediate_size") continue;
     const nlohmann::json neutral = nlohmann::json::parse(n.value);
     if (j[n.key] == neutral) continue;
     fail(where, ": '", n.key, "' = ", j[n.key].dump(), " is a router setting tetrad does not "
@@ -506,6 +508,89 @@ void read_mixtral_config(const nlohmann::json& j, const std::string& where, Conf
   c.norm_topk_prob = true;  // Mixtral always renormalises its top-k weights
 }
 
+// The MoE fields the Qwen MoE configs share (Qwen2MoeConfig, Qwen3MoeConfig): the experts'
+// count, width and top k, the top-k renormalisation (norm_topk_prob, default false), every layer
+// sparse; tetrad's own router settings under tetrad_* names as Mixtral's.
+void qwen_moe_fields_json(const ModelConfig& c, nlohmann::json& j) {
+  j["num_experts"] = c.n_experts;
+  j["moe_intermediate_size"] = c.ffn;
+  j["num_experts_per_tok"] = c.experts_per_token;
+  j["norm_topk_prob"] = c.norm_topk_prob;
+  j["decoder_sparse_step"] = 1;
+  j["mlp_only_layers"] = nlohmann::json::array();
+  j["router_aux_loss_coef"] = json_float(c.router_aux_loss_coef);
+  j["output_router_logits"] = false;
+  j["tetrad_router_z_loss_coef"] = json_float(c.router_z_loss_coef);
+  j["tetrad_moe_capacity_factor"] = json_float(c.moe_capacity_factor);
+  j["tetrad_moe_balance"] = c.moe_balance;
+  if (c.moe_expert_bias()) j["tetrad_expert_bias_rate"] = json_float(c.expert_bias_rate);
+}
+
+// Qwen2MoeForCausalLM: Qwen2's fields (q, k, v biases: qkv_bias) with the experts and the shared
+// expert. intermediate_size is the width of a dense layer's MLP, which tetrad's model has none
+// of (every layer sparse): written as the experts' width.
+nlohmann::json qwen2_moe_config_json(const ModelConfig& c, Ids bos, Ids eos) {
+  nlohmann::json j = qwen2_config_json(c, bos, eos);
+  qwen_moe_fields_json(c, j);
+  j["qkv_bias"] = true;
+  j["shared_expert_intermediate_size"] = c.shared_expert_ffn;
+  return j;
+}
+
+// Qwen3MoeForCausalLM: Qwen3's fields (head_dim, no attention bias) with the experts; a shared
+// expert is tetrad's own (tetrad_shared_expert_ffn, as Mixtral's).
+nlohmann::json qwen3_moe_config_json(const ModelConfig& c, Ids bos, Ids eos) {
+  nlohmann::json j = qwen3_config_json(c, bos, eos);
+  qwen_moe_fields_json(c, j);
+  if (c.shared_expert_ffn > 0) j["tetrad_shared_expert_ffn"] = c.shared_expert_ffn;
+  return j;
+}
+
+// The experts of a Qwen MoE config.json: num_experts (transformers 5 writes it as
+// num_local_experts; both must agree), moe_intermediate_size each expert's width, the router
+// (norm_topk_prob default false); every layer sparse (decoder_sparse_step 1, mlp_only_layers
+// empty), else refused by name: tetrad's layers are all of one kind.
+void read_qwen_moe_fields(const nlohmann::json& j, const std::string& where, ConfigReader& r,
+                          ModelConfig& c, bool shared_expert_field) {
+  if (!r.has("num_experts") && !r.has("num_local_experts")) fail(where, ": missing field 'num_experts'");
+  c.n_experts = r.has("num_experts") ? r.size("num_experts") : r.size("num_local_experts");
+  if (r.has("num_experts") && r.has("num_local_experts") &&
+      r.integer("num_local_experts") != c.n_experts)
+    fail(where, ": num_local_experts = ", j["num_local_experts"].dump(),
+         " disagrees with num_experts = ", c.n_experts);
+  c.ffn = r.size("moe_intermediate_size");
+  read_router_config(j, where, r, c, shared_expert_field);
+  c.norm_topk_prob = r.boolean_or("norm_topk_prob", false);
+  if (r.has("decoder_sparse_step") && r.integer("decoder_sparse_step") != 1)
+    fail(where, ": decoder_sparse_step = ", j["decoder_sparse_step"].dump(), " is not supported: "
+         "tetrad's ", c.desc().display, " has a mixture of experts in every layer (expected 1)");
+  if (r.has("mlp_only_layers") &&
+      (!j["mlp_only_layers"].is_array() || !j["mlp_only_layers"].empty()))
+    fail(where, ": mlp_only_layers = ", j["mlp_only_layers"].dump(), " is not supported: tetrad's ",
+         c.desc().display, " has a mixture of experts in every layer (expected [])");
+}
+
+void read_qwen2_moe_config(const nlohmann::json& j, const std::string& where, ConfigReader& r,
+                           ModelConfig& c) {
+  read_llama_like_config(j, where, r, c, "Qwen2-MoE");
+  if (!r.boolean_or("qkv_bias", true))
+    fail(where, ": qkv_bias = false is not supported (tetrad's Qwen2-MoE has biases on q, k and v, "
+         "as every published Qwen2-MoE)");
+  read_qwen_sliding_window(j, where, r, c);
+  read_qwen_moe_fields(j, where, r, c, /*shared_expert_field=*/true);
+  c.shared_expert_ffn = r.size("shared_expert_intermediate_size");
+}
+
+// Qwen3-MoE: Qwen3's attention fields, but heads hidden_size / num_attention_heads wide when
+// head_dim is absent (Qwen3MoeConfig has no head_dim default of its own).
+void read_qwen3_moe_config(const nlohmann::json& j, const std::string& where, ConfigReader& r,
+                           ModelConfig& c) {
+  read_llama_like_config(j, where, r, c, "Qwen3-MoE");
+  r.require_false("attention_bias", "tetrad's Qwen3-MoE has no attention biases");
+  read_qwen_sliding_window(j, where, r, c);
+  read_qwen_moe_fields(j, where, r, c, /*shared_expert_field=*/false);
+}
+
 struct ConfigFormat {
   Family family;
   nlohmann::json (*write)(const ModelConfig&, Ids bos, Ids eos);
@@ -517,6 +602,8 @@ constexpr ConfigFormat kConfigFormats[] = {
     {Family::Qwen2, qwen2_config_json, read_qwen2_config},
     {Family::Qwen3, qwen3_config_json, read_qwen3_config},
     {Family::Mixtral, mixtral_config_json, read_mixtral_config},
+    {Family::Qwen2Moe, qwen2_moe_config_json, read_qwen2_moe_config},
+    {Family::Qwen3Moe, qwen3_moe_config_json, read_qwen3_moe_config},
 };
 
 const ConfigFormat& config_format(Family f) {
@@ -582,10 +669,14 @@ ModelConfig read_hf_config(const std::string& dir) {
 }
 
 void require_hf_exportable(const ModelConfig& c) {
-  if (c.moe() && c.shared_expert_ffn > 0)
+  if (c.moe() && c.shared_expert_ffn > 0 && !c.desc().hf_shared_expert)
     fail("export: model.shared_expert_ffn = ", c.shared_expert_ffn, ": a Hugging Face ",
          c.desc().display, " has no shared expert (transformers would drop its weights); tetrad's "
          "own run checkpoints save and resume it");
+  if (c.moe() && c.shared_expert_ffn == 0 && c.desc().hf_shared_expert)
+    fail("export: model.shared_expert_ffn = 0: a Hugging Face ", c.desc().display, " has a shared "
+         "expert with its gate in every layer (shared_expert_intermediate_size); train the model "
+         "with one, or keep it in tetrad's run checkpoints");
   if (c.moe() && c.moe_expert_bias())
     fail("export: model.moe_balance = \"", c.moe_balance, "\": a Hugging Face ", c.desc().display,
          " has no expert bias (its router would choose other experts than the trained model's); "

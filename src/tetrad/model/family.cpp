@@ -3,6 +3,9 @@
 // and the block parts its new properties or roles need.
 #include "tetrad/model/family.hpp"
 
+#include <array>
+#include <cstddef>
+
 #include "tetrad/core/error.hpp"
 
 namespace tetrad {
@@ -36,21 +39,33 @@ constexpr TensorEntry kGpt2Bottom[] = {
 };
 constexpr const char* kGpt2Buffers[] = {".attn.bias", ".attn.masked_bias"};
 
+// A layer's table from its attention part (which ends with the MLP's norm) and its MLP part.
+template <size_t N, size_t M>
+constexpr std::array<TensorEntry, N + M> join(const TensorEntry (&attn)[N], const TensorEntry (&mlp)[M]) {
+  std::array<TensorEntry, N + M> out{};
+  for (size_t i = 0; i < N; ++i) out[i] = attn[i];
+  for (size_t i = 0; i < M; ++i) out[N + i] = mlp[i];
+  return out;
+}
+
 // LlamaForCausalLM: q, k, v and gate, up adjacent (kFusedGroups), one GEMM each.
 constexpr TensorEntry kLlamaTop[] = {
     {R::TokenEmbedding, "model.embed_tokens.weight", D::Vocab, D::Hidden},
 };
-constexpr TensorEntry kLlamaLayer[] = {
+constexpr TensorEntry kLlamaAttention[] = {
     {R::AttnNorm, "input_layernorm.weight", D::Hidden},
     {R::Q, "self_attn.q_proj.weight", D::QHeads, D::Hidden},
     {R::K, "self_attn.k_proj.weight", D::KvHeads, D::Hidden},
     {R::V, "self_attn.v_proj.weight", D::KvHeads, D::Hidden},
     {R::AttnOut, "self_attn.o_proj.weight", D::Hidden, D::QHeads},
     {R::MlpNorm, "post_attention_layernorm.weight", D::Hidden},
+};
+constexpr TensorEntry kLlamaMlp[] = {
     {R::Gate, "mlp.gate_proj.weight", D::Ffn, D::Hidden},
     {R::Up, "mlp.up_proj.weight", D::Ffn, D::Hidden},
     {R::MlpOut, "mlp.down_proj.weight", D::Hidden, D::Ffn},
 };
+constexpr auto kLlamaLayer = join(kLlamaAttention, kLlamaMlp);
 constexpr TensorEntry kLlamaBottom[] = {
     {R::FinalNorm, "model.norm.weight", D::Hidden},
     {R::Head, "lm_head.weight", D::Vocab, D::Hidden},
@@ -60,7 +75,7 @@ constexpr const char* kLlamaBuffers[] = {".rotary_emb.inv_freq"};
 // Qwen2ForCausalLM (Qwen2, Qwen2.5): Llama's block with biases on q, k and v (none on o_proj or
 // the MLP). The three biases follow the three weights, adjacent (kFusedQkvBias): one bias of the
 // q|k|v GEMM. Its ends are Llama's (tied or not).
-constexpr TensorEntry kQwen2Layer[] = {
+constexpr TensorEntry kQwen2Attention[] = {
     {R::AttnNorm, "input_layernorm.weight", D::Hidden},
     {R::Q, "self_attn.q_proj.weight", D::QHeads, D::Hidden},
     {R::K, "self_attn.k_proj.weight", D::KvHeads, D::Hidden},
@@ -70,15 +85,13 @@ constexpr TensorEntry kQwen2Layer[] = {
     {R::VBias, "self_attn.v_proj.bias", D::KvHeads},
     {R::AttnOut, "self_attn.o_proj.weight", D::Hidden, D::QHeads},
     {R::MlpNorm, "post_attention_layernorm.weight", D::Hidden},
-    {R::Gate, "mlp.gate_proj.weight", D::Ffn, D::Hidden},
-    {R::Up, "mlp.up_proj.weight", D::Ffn, D::Hidden},
-    {R::MlpOut, "mlp.down_proj.weight", D::Hidden, D::Ffn},
 };
+constexpr auto kQwen2Layer = join(kQwen2Attention, kLlamaMlp);
 
 // Qwen3ForCausalLM: Llama's block with an RMSNorm on each query and key head (q_norm, k_norm:
 // one [head_dim] weight each, shared by the heads), heads of their own width (config.json's
 // head_dim, 128 in the published models), no biases.
-constexpr TensorEntry kQwen3Layer[] = {
+constexpr TensorEntry kQwen3Attention[] = {
     {R::AttnNorm, "input_layernorm.weight", D::Hidden},
     {R::Q, "self_attn.q_proj.weight", D::QHeads, D::Hidden},
     {R::K, "self_attn.k_proj.weight", D::KvHeads, D::Hidden},
@@ -87,23 +100,15 @@ constexpr TensorEntry kQwen3Layer[] = {
     {R::KNorm, "self_attn.k_norm.weight", D::HeadDim},
     {R::AttnOut, "self_attn.o_proj.weight", D::Hidden, D::QHeads},
     {R::MlpNorm, "post_attention_layernorm.weight", D::Hidden},
-    {R::Gate, "mlp.gate_proj.weight", D::Ffn, D::Hidden},
-    {R::Up, "mlp.up_proj.weight", D::Ffn, D::Hidden},
-    {R::MlpOut, "mlp.down_proj.weight", D::Hidden, D::Ffn},
 };
+constexpr auto kQwen3Layer = join(kQwen3Attention, kLlamaMlp);
 
 // MixtralForCausalLM: Llama's attention; the MLP a mixture of experts (block_sparse_moe): the
 // router ("gate") and each expert's w1 (gate), w3 (up) and w2 (down), stored stacked here (one
 // GEMM operand per expert group) and split into Hugging Face's per-expert tensors by the folder
 // code (kMixtralExperts; checkpoint/hf_tensors.cpp). transformers 5 renames block_sparse_moe to
 // mlp when it fuses the experts.
-constexpr TensorEntry kMixtralLayer[] = {
-    {R::AttnNorm, "input_layernorm.weight", D::Hidden},
-    {R::Q, "self_attn.q_proj.weight", D::QHeads, D::Hidden},
-    {R::K, "self_attn.k_proj.weight", D::KvHeads, D::Hidden},
-    {R::V, "self_attn.v_proj.weight", D::KvHeads, D::Hidden},
-    {R::AttnOut, "self_attn.o_proj.weight", D::Hidden, D::QHeads},
-    {R::MlpNorm, "post_attention_layernorm.weight", D::Hidden},
+constexpr TensorEntry kMixtralMoe[] = {
     {R::Router, "block_sparse_moe.gate.weight", D::Experts, D::Hidden},
     {R::ExpertGateUp, "block_sparse_moe.experts.w1_w3", D::ExpertsGateUp, D::Hidden},
     {R::ExpertDown, "block_sparse_moe.experts.w2", D::ExpertsHidden, D::Ffn},
@@ -114,6 +119,37 @@ constexpr TensorEntry kMixtralLayer[] = {
     {R::SharedDown, "block_sparse_moe.shared_expert.down_proj.weight", D::Hidden, D::SharedFfn},
     {R::SharedExpertGate, "block_sparse_moe.shared_expert_gate.weight", D::SharedGateRows, D::Hidden},
     {R::ExpertBias, "block_sparse_moe.gate.e_score_correction_bias", D::BiasExperts},
+};
+constexpr auto kMixtralLayer = join(kLlamaAttention, kMixtralMoe);
+
+// The Qwen MoE families' MLP under `mlp.`: the router mlp.gate, the experts
+// mlp.experts.N.{gate,up,down}_proj (the stacked tensors' table names are transformers 5's fused
+// ones: kQwenExperts), the shared expert and its sigmoid gate (model.shared_expert_ffn; Qwen2-MoE
+// has one in every layer, Qwen3-MoE none: there it is tetrad's own and export refuses it, as the
+// expert bias on both).
+constexpr TensorEntry kQwenMoe[] = {
+    {R::Router, "mlp.gate.weight", D::Experts, D::Hidden},
+    {R::ExpertGateUp, "mlp.experts.gate_up_proj", D::ExpertsGateUp, D::Hidden},
+    {R::ExpertDown, "mlp.experts.down_proj", D::ExpertsHidden, D::Ffn},
+    {R::SharedGate, "mlp.shared_expert.gate_proj.weight", D::SharedFfn, D::Hidden},
+    {R::SharedUp, "mlp.shared_expert.up_proj.weight", D::SharedFfn, D::Hidden},
+    {R::SharedDown, "mlp.shared_expert.down_proj.weight", D::Hidden, D::SharedFfn},
+    {R::SharedExpertGate, "mlp.shared_expert_gate.weight", D::SharedGateRows, D::Hidden},
+    {R::ExpertBias, "mlp.gate.e_score_correction_bias", D::BiasExperts},
+};
+// Qwen2MoeForCausalLM (Qwen1.5-MoE, Qwen2-57B-A14B): Qwen2's attention (q, k, v biases).
+constexpr auto kQwen2MoeLayer = join(kQwen2Attention, kQwenMoe);
+// Qwen3MoeForCausalLM: Qwen3's attention (q/k RMSNorm, heads head_dim wide).
+constexpr auto kQwen3MoeLayer = join(kQwen3Attention, kQwenMoe);
+
+constexpr HfExpertNames kQwenExperts = {
+    .experts = "mlp.experts.",
+    .gate = "gate_proj.weight",
+    .up = "up_proj.weight",
+    .down = "down_proj.weight",
+    .fused_router = "mlp.gate.weight",
+    .fused_gate_up = "mlp.experts.gate_up_proj",
+    .fused_down = "mlp.experts.down_proj",
 };
 
 constexpr HfExpertNames kMixtralExperts = {
@@ -239,6 +275,55 @@ const FamilyDesc kFamilies[] = {
      .hf_ignored_buffers = kLlamaBuffers,
      .moe = true,
      .hf_experts = &kMixtralExperts},
+    {.id = Family::Qwen2Moe,
+     .name = "qwen2_moe",
+     .display = "Qwen2-MoE",
+     .norm = NormKind::RMSNorm,
+     .mlp = MlpKind::SwiGLU,
+     .positions = Positions::Rope,
+     .linear_biases = false,
+     .qkv_bias = true,
+     .grouped_query_attention = true,
+     .qk_norm = false,
+     .independent_head_dim = false,
+     .tied = TiedEmbeddings::Optional,
+     .scaled_residual_init = false,
+     .top = kLlamaTop,
+     .layer = kQwen2MoeLayer,
+     .bottom = kLlamaBottom,
+     .layer_prefix = "model.layers.",
+     .hf_model_type = "qwen2_moe",
+     .hf_architecture = "Qwen2MoeForCausalLM",
+     .hf_optional_prefix = "",
+     .hf_tied_head = "lm_head.weight",
+     .hf_ignored_buffers = kLlamaBuffers,
+     .moe = true,
+     .hf_experts = &kQwenExperts,
+     .hf_shared_expert = true},
+    {.id = Family::Qwen3Moe,
+     .name = "qwen3_moe",
+     .display = "Qwen3-MoE",
+     .norm = NormKind::RMSNorm,
+     .mlp = MlpKind::SwiGLU,
+     .positions = Positions::Rope,
+     .linear_biases = false,
+     .qkv_bias = false,
+     .grouped_query_attention = true,
+     .qk_norm = true,
+     .independent_head_dim = true,
+     .tied = TiedEmbeddings::Optional,
+     .scaled_residual_init = false,
+     .top = kLlamaTop,
+     .layer = kQwen3MoeLayer,
+     .bottom = kLlamaBottom,
+     .layer_prefix = "model.layers.",
+     .hf_model_type = "qwen3_moe",
+     .hf_architecture = "Qwen3MoeForCausalLM",
+     .hf_optional_prefix = "",
+     .hf_tied_head = "lm_head.weight",
+     .hf_ignored_buffers = kLlamaBuffers,
+     .moe = true,
+     .hf_experts = &kQwenExperts},
 };
 
 }  // namespace

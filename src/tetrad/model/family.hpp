@@ -14,7 +14,7 @@
 
 namespace tetrad {
 
-enum class Family { GPT2, Llama, Qwen2, Qwen3, Mixtral };
+enum class Family { GPT2, Llama, Qwen2, Qwen3, Mixtral, Qwen2Moe, Qwen3Moe };
 
 enum class NormKind { LayerNorm, RMSNorm };  // LayerNorm: mean and variance, weight and bias
 enum class MlpKind { Gelu, SwiGLU };         // SwiGLU: gate|up fused into one input GEMM
@@ -145,6 +145,10 @@ struct FamilyDesc {
   bool moe = false;
   // With moe: the expert tensors' Hugging Face names (null for a dense family).
   const HfExpertNames* hf_experts = nullptr;
+  // With moe: the family's Hugging Face model has a shared expert with its sigmoid gate in every
+  // layer (Qwen2-MoE; config.json's shared_expert_intermediate_size is model.shared_expert_ffn).
+  // Without, a shared expert is tetrad's own and `export` refuses it.
+  bool hf_shared_expert = false;
 
   // Rows of the MLP's input GEMM per inner-size unit: 2 when gate and up are fused.
   int mlp_in_factor() const { return mlp == MlpKind::SwiGLU ? 2 : 1; }
@@ -153,9 +157,9 @@ struct FamilyDesc {
 // Every family, in the order of Family.
 std::span<const FamilyDesc> families();
 const FamilyDesc& family_desc(Family f);
-std::string family_name(Family f);          // "gpt2" | "llama" | "qwen2" | "qwen3" | "mixtral"
+std::string family_name(Family f);  // "gpt2" | "llama" | "qwen2" | "qwen3" | "mixtral" | ...
 Family parse_family(const std::string& s);  // throws Error naming the accepted values
-// "\"gpt2\", \"llama\", \"qwen2\", \"qwen3\" or \"mixtral\"": the accepted names, for messages.
+// "\"gpt2\", \"llama\", ..., \"qwen2_moe\" or \"qwen3_moe\"": the accepted names, for messages.
 std::string family_names_quoted();
 
 }  // namespace tetrad

@@ -147,6 +147,18 @@ ModelConfig named_model(const std::string& name) {
     // Mixtral's form at test size: 4 experts of width 96, top 2, grouped-query attention.
     c.family = Family::Mixtral; c.n_kv_head = 2; c.ffn = 96; c.tie_embeddings = false;
     c.n_experts = 4; c.experts_per_token = 2; c.rope_theta = 1000000.0f;
+  } else if (name == "qwen2-moe-tiny") {
+    // Qwen2-MoE's form: q/k/v biases, 4 experts of width 48, top 2 without renormalising, a
+    // shared expert of width 96 with its gate.
+    c.family = Family::Qwen2Moe; c.n_kv_head = 2; c.ffn = 48; c.tie_embeddings = false;
+    c.n_experts = 4; c.experts_per_token = 2; c.norm_topk_prob = false;
+    c.shared_expert_ffn = 96; c.norm_eps = 1e-6f; c.rope_theta = 1000000.0f;
+  } else if (name == "qwen3-moe-tiny") {
+    // Qwen3-MoE's form: q/k norms, heads wider than n_embd / n_head (24 of 64 / 4), 8 experts of
+    // width 48, top 2 without renormalising.
+    c.family = Family::Qwen3Moe; c.n_kv_head = 2; c.ffn = 48; c.tie_embeddings = false;
+    c.explicit_head_dim = 24; c.n_experts = 8; c.experts_per_token = 2;
+    c.norm_topk_prob = false; c.norm_eps = 1e-6f; c.rope_theta = 1000000.0f;
   } else if (name == "mixtral-small" || name == "mixtral-small-dense") {
     // Issue 32's benchmark Mixtral (bench/moe.sh): 8 experts of width 1408, top 2, 4 layers of
     // 512 with 8 heads and 2 key/value heads, vocabulary 8192, sequence 512; "-dense" is the
@@ -163,7 +175,7 @@ ModelConfig named_model(const std::string& name) {
   } else {
     fail("unknown model '", name, "'; expected one of: tiny, small, gpt2-124m, llama-tiny, "
          "llama-small, llama-1b, qwen2-tiny, qwen3-tiny, mixtral-tiny, mixtral-small, "
-         "mixtral-small-dense");
+         "mixtral-small-dense, qwen2-moe-tiny, qwen3-moe-tiny");
   }
   return c;
 }

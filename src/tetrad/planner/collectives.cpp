@@ -45,11 +45,12 @@ void add_tensor_layer_comm(Collectives& c, const PlanInput& in, const GridShape&
 // gradient blocks reduce-scattered after backward.
 void add_sharded_layer_comm(Collectives& c, const PlanInput& in, const GridShape& g, const Sizes& s) {
   const double w_b = in.precision == Precision::BF16 ? 2 : 4;
-  const double layer_block_b = s.block_stored() / (double(g.x()) * g.y()) * w_b;  // a mixture: its 1/E of the experts
+  const double g_b = in.z_grad_comm_bytes > 0 ? in.z_grad_comm_bytes : w_b;
+  const double layer_block = s.block_stored() / (double(g.x()) * g.y());  // a mixture: its 1/E of the experts
   const AxisSet z = Collectives::shard_axes(g, in.shard_over_context);
-  c.add("all-gather of layer weights (fwd)", z, Op::AllGather, layer_block_b, 1, kZFwd, true);
-  c.add("all-gather of layer weights (bwd)", z, Op::AllGather, layer_block_b, 1, kZBwd, true);
-  c.add("reduce-scatter of layer weight grads", z, Op::ReduceScatter, layer_block_b, 1, kZBwd, true);
+  c.add("all-gather of layer weights (fwd)", z, Op::AllGather, layer_block * w_b, 1, kZFwd, true);
+  c.add("all-gather of layer weights (bwd)", z, Op::AllGather, layer_block * w_b, 1, kZBwd, true);
+  c.add("reduce-scatter of layer weight grads", z, Op::ReduceScatter, layer_block * g_b, 1, kZBwd, true);
 }
 
 // Per micro-batch: embedding (fwd all-reduce over Y), head (fwd over X of the logits, bwd dIn
@@ -58,7 +59,8 @@ void add_top_comm(Collectives& c, const PlanInput& in, const GridShape& g, const
   const bool bf16 = in.precision == Precision::BF16;
   const double act_b = bf16 ? 2 : 4, w_b = bf16 ? 2 : 4;
   const double stats_b = T * 2 * 8;
-  const double top_b = (s.tied ? 1 : 2) * s.head() / (double(g.x()) * g.y()) * w_b;
+  const double top = (s.tied ? 1 : 2) * s.head() / (double(g.x()) * g.y());
+  const double top_b = top * w_b, top_grad_b = top * (in.z_grad_comm_bytes > 0 ? in.z_grad_comm_bytes : w_b);
   c.add("fwd all-reduce of embedding", Axis::Y, Op::AllReduce, T * s.H / g.x() * act_b, 1, kExposed, false, MbAt::FirstFwd);
   c.add("fwd all-reduce of logits", Axis::X, Op::AllReduce, T * s.V / g.y() * act_b, 1, kExposed, false);
   // The X ranks share the cross-entropy's rows: their gradient rows all-gathered over X.
@@ -69,7 +71,7 @@ void add_top_comm(Collectives& c, const PlanInput& in, const GridShape& g, const
   c.add("final norm statistics", Axis::X, Op::AllReduce, stats_b, 2, kExposed, false);
   const AxisSet z = Collectives::shard_axes(g, in.shard_over_context);
   c.add("all-gather of embedding/head", z, Op::AllGather, top_b, 1, kExposed, false, MbAt::FirstFwd);
-  c.add("reduce-scatter of embedding/head grads", z, Op::ReduceScatter, top_b, 1, kExposed, false, MbAt::LastBwd);
+  c.add("reduce-scatter of embedding/head grads", z, Op::ReduceScatter, top_grad_b, 1, kExposed, false, MbAt::LastBwd);
 }
 
 // Pipeline (P): activations forward and their gradients back, [T, H/Gx] split over Y so each rank
@@ -82,9 +84,9 @@ void add_pipeline_comm(Collectives& c, const PlanInput& in, const GridShape& g, 
 }
 
 // Data parallelism (D, Z x D), per step: Z shards all-reduced over D (ZeRO 1/2: reduce-scatter +
-// all-gather, same ring volume); replicated vectors over Z x D.
+// all-gather, same ring volume); replicated vectors over Z x D; in dp_grad_comm_bytes a value.
 void add_data_comm(Collectives& c, const PlanInput& in, const GridShape& g, double matrices, double vectors) {
-  const double w_b = in.precision == Precision::BF16 ? 2 : 4;
+  const double w_b = in.dp_grad_comm_bytes > 0 ? in.dp_grad_comm_bytes : in.precision == Precision::BF16 ? 2 : 4;
   const AxisSet grads = in.shard_over_context ? AxisSet(Axis::D) : Collectives::grad_axes(g);
   c.add("data-parallel all-reduce of gradients", grads, Op::AllReduce, matrices * w_b, 1, kData, false);
   c.add("all-reduce of replicated grads (norms, biases)", Collectives::replicated_axes(g), Op::AllReduce,

@@ -74,6 +74,9 @@ void Machine::validate() const {
   positive("memory.bandwidth_gb_per_s", memory_bandwidth);
   positive("network.intra_bandwidth_gb_per_s", intra_bandwidth);
   positive("network.inter_bandwidth_gb_per_s", inter_bandwidth);
+  if (intra_pair_bandwidth < 0 || intra_pair_bandwidth > intra_bandwidth)
+    fail("machine '", name, "': network.intra_pair_bandwidth_gb_per_s must be in [0, "
+         "intra_bandwidth_gb_per_s] (got ", intra_pair_bandwidth / 1e9, " GB/s; 0: a switched node)");
   if (intra_latency < 0 || inter_latency < 0)
     fail("machine '", name, "': network latencies must be >= 0");
   if (compute_units < 0) fail("machine '", name, "': compute.units must be >= 0 (0: not modelled)");
@@ -225,6 +228,7 @@ Machine load_machine_file(const std::string& path) {
   m.memory_bandwidth = get_number(t, "memory.bandwidth_gb_per_s", path, true) * kG;
   m.intra_bandwidth = get_number(t, "network.intra_bandwidth_gb_per_s", path, true) * kG;
   m.intra_latency = get_number(t, "network.intra_latency_us", path, true) * kUs;
+  m.intra_pair_bandwidth = get_number(t, "network.intra_pair_bandwidth_gb_per_s", path, false, 0) * kG;
   m.inter_bandwidth = get_number(t, "network.inter_bandwidth_gb_per_s", path, true) * kG;
   m.inter_latency = get_number(t, "network.inter_latency_us", path, true) * kUs;
   if (const toml::array* arr = t.at_path("network.measured").as_array()) {
@@ -329,7 +333,11 @@ std::string machine_to_toml(const Machine& m) {
     << "[network]\n"
     << "intra_bandwidth_gb_per_s = " << fmt(m.intra_bandwidth / kG)
     << "   # per rank, one direction, inside a node\n"
-    << "intra_latency_us = " << fmt(m.intra_latency / kUs) << "\n"
+    << "intra_latency_us = " << fmt(m.intra_latency / kUs) << "\n";
+  if (m.intra_pair_bandwidth > 0)
+    o << "intra_pair_bandwidth_gb_per_s = " << fmt(m.intra_pair_bandwidth / kG)
+      << "   # the links joining one pair of ranks (no switch)\n";
+  o
     << "inter_bandwidth_gb_per_s = " << fmt(m.inter_bandwidth / kG)
     << "   # per node (all NICs), one direction\n"
     << "inter_latency_us = " << fmt(m.inter_latency / kUs) << "\n";

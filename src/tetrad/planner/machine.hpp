@@ -80,6 +80,17 @@ struct Machine {
   double memory_bandwidth = 0;  // bytes/s per rank (elementwise work, optimizer)
   double intra_bandwidth = 0;   // bytes/s per rank, one direction, inside a node
   double intra_latency = 0;     // seconds per message inside a node
+  // network.intra_pair_bandwidth_gb_per_s (optional): bytes/s, one direction, of the links that
+  // join ONE pair of ranks of a node whose ranks are wired point to point (no switch): a Perlmutter
+  // node's A100s each have 12 NVLink 3 links, 4 to each of the other three GPUs. A group of q
+  // members of such a node reaches only its members' links: (q - 1) x this, at most
+  // intra_bandwidth (intra_group_bandwidth). 0: a switched node (NVSwitch), every group gets
+  // intra_bandwidth.
+  double intra_pair_bandwidth = 0;
+  double intra_group_bandwidth(int members_on_node) const {
+    if (!(intra_pair_bandwidth > 0) || members_on_node < 2) return intra_bandwidth;
+    return std::min(intra_bandwidth, (members_on_node - 1) * intra_pair_bandwidth);
+  }
   double inter_bandwidth = 0;   // bytes/s per NODE (all NICs), one direction
   double inter_latency = 0;     // seconds per message across nodes
   std::vector<MeasuredLink> measured;  // optional, intra-node, by group size

@@ -121,7 +121,7 @@ void add_moe_comm(Collectives& c, const PlanInput& in, const GridShape& g, const
   if (s.experts <= 0) return;
   const int ep = in.expert_parallel;
   const bool bf16 = in.precision == Precision::BF16;
-  const double act_b = bf16 ? 2 : 4, w_b = bf16 ? 2 : 4;
+  const double act_b = bf16 ? 2 : 4, w_b = in.dp_grad_comm_bytes > 0 ? in.dp_grad_comm_bytes : bf16 ? 2 : 4;
   if (ep > 1) {
     // The trainer's exchange (parallel/expert_parallel.cpp), not overlapped with computation
     // yet: exposed. Per layer per micro-batch, the rows: forward dispatch and combine; backward

@@ -199,7 +199,7 @@ Placement place_ranks(const std::vector<int>& members, const GridShape& g, const
   pl.nodes = int(nodes.size());
   pl.per_node = std::max(1, pl.group_size / pl.nodes);
   if (pl.nodes == 1) {
-    pl.bandwidth = m.intra_bandwidth;
+    pl.bandwidth = m.intra_group_bandwidth(pl.per_node);
     pl.latency = m.intra_latency;
     // A measured table (this machine) replaces the two-level figures: per collective, the row
     // of the nearest group size.
@@ -222,7 +222,7 @@ Placement place_ranks(const std::vector<int>& members, const GridShape& g, const
     // rings share the node's injection bandwidth at once.
     const int ranks_here = std::min(m.ranks_per_node, g.size());
     const double rings_per_node = std::max(1.0, double(ranks_here) / pl.per_node);
-    pl.bandwidth = std::min(m.intra_bandwidth, m.inter_bandwidth / rings_per_node);
+    pl.bandwidth = std::min(m.intra_group_bandwidth(pl.per_node), m.inter_bandwidth / rings_per_node);
     pl.latency = m.inter_latency;
     pl.intra_latency = m.intra_latency;
     // Above the node: the groups' egress when the ring crosses groups (network.hpp).

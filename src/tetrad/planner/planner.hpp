@@ -127,6 +127,15 @@ struct PlanInput {
   bool sparse_embedding_grad = true;
   bool sequence_shard = false;  // parallel.sequence_shard: the stream split over Y (memory only)
   MemoryModel memory_model = MemoryModel::Tetrad;
+  // Bytes per element on the wire of the gradients' collectives (docs/planner.md, "The
+  // gradients' collectives: their precision"): the reduce-scatter over Z of the layers' weight
+  // gradients, and the data-parallel reduction (all-reduce, or ZeRO's reduce-scatter) with the
+  // replicated vectors. 0: the run's precision (2 in bf16, 4 in fp32). Tetrad's trainer reduces
+  // its fp32 gradients in fp32 unless train.grad_comm_precision = "bf16" (plan_input_of and
+  // `tetrad plan` set 4 or 2); Megatron-LM accumulates and all-reduces in fp32 under bf16
+  // (accumulate_allreduce_grads_in_fp32, forced by its arguments.py), which AxoNN's runs keep.
+  int z_grad_comm_bytes = 0;
+  int dp_grad_comm_bytes = 0;
   int ranks = 1;
   bool allow_pipeline = true;  // plan Gp > 1 grids
   bool allow_context = true;   // plan C > 1 grids (a published run without context parallelism: false)

@@ -664,6 +664,9 @@ PublishedScaling megatron_weak_scaling() {
   in.recompute = Recompute::Full;
   in.memory_model = MemoryModel::Reference;  // another framework's run (planner.hpp)
   in.overlap = Overlap::None;
+  // SC21's mixed precision is fp16 (Megatron-LM's bf16 came later), whose gradients it
+  // all-reduced in fp16 (accumulate_allreduce_grads_in_fp32 off by default; forced only for bf16).
+  in.dp_grad_comm_bytes = 2;
   in.attention_kernel = AttentionKernel::Materialized;
   in.allow_context = false;
   return s;
@@ -700,14 +703,21 @@ std::vector<PublishedScaling> published_scaling(double batch_scale) {
     in.recompute = Recompute::Full;
     in.memory_model = MemoryModel::Reference;  // another framework's run (planner.hpp)
     in.overlap = Overlap::Tensor;
+    // Megatron-AxoNN's bf16 accumulates and all-reduces the gradients over the data axis in fp32
+    // (Megatron-LM's arguments.py forces accumulate_allreduce_grads_in_fp32 for bf16; AxoNN's
+    // own communication model, examples/comm_model.py, prices that all-reduce at 4 bytes); the
+    // Z reduce-scatter of a layer's weight gradient moves the bf16 GEMM output (axonn
+    // intra_layer/fully_connected.py).
+    in.dp_grad_comm_bytes = 4;
+    in.z_grad_comm_bytes = 2;
     in.allow_pipeline = false;
     in.allow_context = false;  // AxoNN has no context axis
     const std::string assume = "V = 51200 and global batch " + std::to_string(in.global_batch) +
                                " x 2048 tokens assumed, micro-batch 16 per data group over Z (its launch "
                                "script); grid: the planner's first choice among Gp = 1 grids";
-    const std::string miss = "known miss: docs/planner.md, \"The AxoNN series part by part\"";
-    s.rows.push_back({"AxoNN (Singh et al.)", "5B, 24 x 4096 x 32", "PFLOP/s (hardware FLOPs)", assume, 512, 80.8, 0, "", miss});
-    s.rows.push_back({"AxoNN (Singh et al.)", "40B, 38 x 9216 x 72", "PFLOP/s (hardware FLOPs)", assume, 4096, 620.1, 0, "", ""});
+    const std::string miss = "known miss: docs/planner.md, \"The AxoNN curve, fifth pass\"";
+    s.rows.push_back({"AxoNN (Singh et al.)", "5B, 24 x 4096 x 32", "PFLOP/s (hardware FLOPs)", assume, 512, 80.8, 0, "", ""});
+    s.rows.push_back({"AxoNN (Singh et al.)", "40B, 38 x 9216 x 72", "PFLOP/s (hardware FLOPs)", assume, 4096, 620.1, 0, "", miss});
     // AxoNN's efficiency is per-GPU hardware FLOP/s at 4096 over that at 512 (620.1 / 8 / 80.8).
     s.rows.push_back({"AxoNN (Singh et al.)", "5B -> 40B weak", "scaling efficiency (per-GPU hardware FLOP/s)",
                       assume, 4096, 0.959, 0, "", miss});
@@ -737,6 +747,9 @@ std::vector<PublishedScaling> published_scaling(double batch_scale) {
     in.memory_model = MemoryModel::Reference;  // another framework's run (planner.hpp)
     in.zero = 1;
     in.overlap = Overlap::None;
+    // DeepSpeed's ZeRO reduces in the gradients' dtype unless communication_data_type says
+    // otherwise (its default): bf16.
+    in.dp_grad_comm_bytes = 2;
     in.allow_context = false;  // Megatron-DeepSpeed's runs split no sequence
     const std::string assume =
         std::string(kind == ScalingKind::Weak ? "weak: global batch " + std::to_string(in.global_batch) +

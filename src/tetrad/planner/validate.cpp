@@ -267,6 +267,7 @@ std::vector<PublishedResult> published_results_impl(double gemm_efficiency, int6
     in.zero = 0;
     in.memory_model = MemoryModel::Reference;  // another framework's run (planner.hpp)
     in.overlap = Overlap::None;
+    in.dp_grad_comm_bytes = 2;  // fp16 gradients all-reduced in fp16 (scaling.cpp, Megatron-LM's rows)
     // SC21's Megatron-LM ran attention with its scores in memory (FlashAttention came in 2022).
     in.attention_kernel = AttentionKernel::Materialized;
     in.allow_context = false;
@@ -304,6 +305,8 @@ std::vector<PublishedResult> published_results_impl(double gemm_efficiency, int6
     in.zero = 0;
     in.memory_model = MemoryModel::Reference;  // another framework's run (planner.hpp)
     in.overlap = Overlap::Tensor;
+    in.dp_grad_comm_bytes = 4;  // Megatron-AxoNN: fp32 data-parallel all-reduce under bf16 (scaling.cpp)
+    in.z_grad_comm_bytes = 2;
     in.ranks = 1024;
     in.allow_pipeline = false;  // AxoNN's 4D grid has no pipeline axis
     in.allow_context = false;   // nor a context axis
@@ -395,6 +398,10 @@ void PlanInput::validate() const {
          "or none to let the planner choose it");
   if (zero < 0 || zero > 2) fail("plan: ZeRO stage must be 0, 1 or 2 (got ", zero, ")");
   if (ranks < 1) fail("plan: ranks must be >= 1 (got ", ranks, ")");
+  for (int b : {z_grad_comm_bytes, dp_grad_comm_bytes})
+    if (b != 0 && b != 2 && b != 4)
+      fail("plan: a gradient collective moves 2 (bf16) or 4 (fp32) bytes an element, or 0 for the "
+           "run's precision (got ", b, ")");
   if (virtual_stages < 1) fail("plan: virtual stages must be >= 1 (got ", virtual_stages, ")");
   if (attention_kernel == AttentionKernel::Materialized && allow_context)
     fail("plan: the materialized attention kernel has no context-parallel form (its [S, S] scores "

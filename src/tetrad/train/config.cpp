@@ -177,8 +177,9 @@ std::vector<Field> model_data_run_fields() {
       // model.name is handled first (it selects the base that the other model keys override).
       STRING_FIELD("model.name", c.model_name,
                    "named base configuration: tiny, small, gpt2-124m, llama-tiny, llama-small, llama-1b, "
-                   "qwen2-tiny, qwen3-tiny, mixtral-tiny, mixtral-small, mixtral-small-dense"),
-      Field{"model.family", "string", "\"gpt2\", \"llama\", \"qwen2\", \"qwen3\" or \"mixtral\"",
+                   "qwen2-tiny, qwen3-tiny, mixtral-tiny, mixtral-small, mixtral-small-dense, "
+                   "qwen2-moe-tiny, qwen3-moe-tiny"),
+      Field{"model.family", "string", "\"gpt2\", \"llama\", \"qwen2\", \"qwen3\", \"mixtral\", \"qwen2_moe\" or \"qwen3_moe\"",
             [](RunConfig& c, const toml::node& n, const std::string& w) {
               c.model.family = parse_family(read_string(n, "model.family", w));
             },
@@ -392,6 +393,8 @@ std::vector<Field> train_fields() {
                    "GEMM precision: \"fp32\", \"bf16\" (bf16 operands, fp32 accumulation; fp32 master weights, gradients, optimizer, norms, softmax, loss) or \"auto\" (the faster of the two on this machine, measured once and cached: docs/precision.md)"),
       STRING_FIELD("train.attention_precision", c.train.attention_precision,
                    "attention's products (QK^T, PV and the backward's): \"auto\" (bf16 in bf16 runs where the bf16 attention kernel is the faster one, i.e. on CPUs with AMX; else fp32), \"fp32\" or \"bf16\" (bf16 operands, fp32 accumulation and softmax statistics)"),
+      STRING_FIELD("train.activation_precision", c.train.activation_precision,
+                   "storage of the activations in bf16 runs: \"auto\" (the tensors that only feed GEMMs (norm outputs, the MLP activation) and the tensors a block keeps for its backward (q|k|v, the attention output, the mid-block residual, the MLP input projection) in bf16: half their memory) or \"fp32\" (all kept in fp32: more memory, the GEMM operands still rounded to bf16 at each call; the backward reads the forward's fp32 values, so runs on different grids agree to fp32 accuracy); no effect in fp32 runs"),
       STRING_FIELD("train.gemm_layouts", c.train.gemm_layouts,
                    "layout of each bf16 GEMM (forward, input and weight gradient of every linear layer): \"auto\" (tune where bf16 GEMMs run natively, on AMX-BF16 or AVX512-BF16, else rule), \"rule\" (fixed forms, the same in every process), \"tune\" (each product's realizable forms timed at start-up on this rank's shapes, rank 0's choice used by every rank, the plan kept in checkpoints and reused on resume), or a plan as a checkpoint's meta.json records it (\"qkv:1024:768:2304:NT:TN:NN proj:...\", one site:N:k_in:n_out:fwd:dx:dw per site)"),
       STRING_FIELD("train.grad_comm_precision", c.train.grad_comm_precision,
@@ -515,6 +518,10 @@ RunSettings resolve_settings(const RunConfig& cfg) {
   if (t.attention_precision != "auto")
     m.attention_precision = t.attention_precision == "bf16" ? backend::Precision::BF16
                                                             : backend::Precision::FP32;
+  if (t.activation_precision != "auto" && t.activation_precision != "fp32")
+    fail("train.activation_precision = \"", t.activation_precision,
+         "\": expected \"auto\" or \"fp32\"");
+  m.bf16_activations = t.activation_precision == "auto";
   if (t.gemm_layouts.find(':') != std::string::npos) {  // a plan's text: refused naming the bad part
     (void)parallel::GemmLayoutPlan::parse(t.gemm_layouts, "given");
     m.gemm_layout_plan = t.gemm_layouts;
@@ -654,6 +661,8 @@ RunConfig load_run_config(const std::string& path, const std::vector<std::string
                    : c.model.family == Family::Qwen2   ? "qwen2-tiny"
                    : c.model.family == Family::Qwen3   ? "qwen3-tiny"
                    : c.model.family == Family::Mixtral ? "mixtral-tiny"
+                   : c.model.family == Family::Qwen2Moe ? "qwen2-moe-tiny"
+                   : c.model.family == Family::Qwen3Moe ? "qwen3-moe-tiny"
                                                        : "tiny";
   }
   c.validate();

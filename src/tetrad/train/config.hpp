@@ -47,6 +47,11 @@ struct TrainConfig {
   // Arithmetic of attention's products: "auto" (bf16 in bf16 runs where the bf16 attention kernel
   // is the faster one: CPUs with AMX; else fp32), "fp32" or "bf16" (docs/precision.md).
   std::string attention_precision = "auto";
+  // Storage of the activations in bf16 runs (ParallelOptions::bf16_activations): "auto" (the
+  // tensors that only feed GEMMs and the block's saved tensors in bf16: half their memory) or
+  // "fp32" (all in fp32: more memory; the backward reads the forward's fp32 values, so grids
+  // agree to fp32 accuracy; docs/precision.md, "bf16 through the step in the parallel model").
+  std::string activation_precision = "auto";
   // Layout of each bf16 GEMM (parallel/gemm_layouts.hpp, docs/precision.md): "auto" (tune where
   // bf16 GEMMs run natively on the CPU's matrix units, else rule), "rule" (fixed, the same in
   // every process) or "tune" (timed at start-up on this rank's shapes; kept in checkpoints).

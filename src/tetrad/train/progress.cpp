@@ -136,7 +136,10 @@ void ProgressReporter::print_precision(const parallel::ParallelTransformer& mode
          << device.capabilities().gemm_bf16_path
          << (t.precision == "auto" ? " (auto: " + plan_.precision_why + ")" : "")
          << "; attention " << (attn_bf16 ? "bf16 products" + attn_path : std::string("fp32"))
-         << (t.attention_precision == "auto" ? " (auto)" : "") << "\n";
+         << (t.attention_precision == "auto" ? " (auto)" : "")
+         << (t.activation_precision == "fp32" ? "; activations fp32 (train.activation_precision)"
+                                              : "")
+         << "\n";
   else if (attn_bf16)
     out_ << "precision: fp32 GEMMs; attention bf16 products" << attn_path << "\n";
   else if (t.precision == "auto")
