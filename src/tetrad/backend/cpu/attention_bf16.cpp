@@ -44,7 +44,7 @@ namespace {
   __attribute__((target("avx512f,avx512bw,avx512vl,avx512dq,avx512bf16,avx2,fma,amx-tile,amx-bf16")))
 
 constexpr int kB = 32;            // rows of a query or key block; head_dim is padded to it
-constexpr int kMaxHdp = 1024;     // head_dim limit (the packers' row buffers)
+constexpr int kMaxHdp = kAttentionBf16MaxHeadDim;  // the packers' row buffers
 constexpr float kLog2e = 1.4426950408889634f;
 constexpr float kLn2 = 0.6931471805599453f;
 
@@ -105,14 +105,10 @@ TETRAD_INLINE float row_max(const float* x, int64_t n) {
 // multiple of 16, values of each): vcvtne2ps2bf16 on the bf16 paths (round to nearest even;
 // like the bf16 units themselves it flushes denormals), the bit arithmetic of bf16_bits on the
 // emulated ones.
-// bf16_copy: n values already in bf16 (a caller's bf16 copy of an operand) as to_bf16 gives
-// them from their fp32 widening: the bf16 paths flush denormals to zero (sign kept), the
-// emulated ones copy.
+// kFlush: to_bf16 flushes denormals to zero (sign kept), which bf16_copy follows for values
+// already in bf16.
 struct Avx512Cvt {
-  static inline void bf16_copy(const uint16_t* x, uint16_t* y, int64_t n) {
-#pragma omp simd
-    for (int64_t i = 0; i < n; ++i) y[i] = (x[i] & 0x7f80u) == 0 ? uint16_t(x[i] & 0x8000u) : x[i];
-  }
+  static constexpr bool kFlush = true;
   static TETRAD_T_AVX512BF16 inline void to_bf16(const float* x, uint16_t* y, int64_t n) {
     int64_t i = 0;
     for (; i + 32 <= n; i += 32) {
@@ -140,9 +136,7 @@ struct Avx512Cvt {
   }
 };
 struct ScalarCvt {
-  static inline void bf16_copy(const uint16_t* x, uint16_t* y, int64_t n) {
-    std::memcpy(y, x, sizeof(uint16_t) * size_t(n));
-  }
+  static constexpr bool kFlush = false;
   static inline void to_bf16(const float* x, uint16_t* y, int64_t n) {
 #pragma omp simd
     for (int64_t i = 0; i < n; ++i) y[i] = bf16_bits(x[i]);
@@ -365,7 +359,11 @@ inline void pack_block(const S* src, int64_t rs, int64_t T, int hd, int hdp, int
   for (int r = 0; r < kB; ++r) {
     uint16_t* xr = x + r * hdp;
     if (t0 + r < T) {
-      if constexpr (std::is_same_v<S, uint16_t>) Mm::bf16_copy(src + r * rs, xr, hd);
+      if constexpr (std::is_same_v<S, uint16_t>)
+        for (int c = 0; c < hd; ++c) {
+          const uint16_t v = src[r * rs + c];
+          xr[c] = Mm::kFlush && !(v & 0x7f80u) ? uint16_t(v & 0x8000u) : v;
+        }
       else Mm::to_bf16(src + r * rs, xr, hd);
       for (int c = hd; c < hdp; ++c) xr[c] = 0;
     } else {
@@ -647,14 +645,12 @@ inline void backward_worker(const BwdCtx& c) {
         float dd = 0, l = 0;
         if (i < z.Tq) {
           const float* g = c.dout + oo + (i - t0) * d.out_stride;
-          // A bf16 out is widened into a row first: the one sum below (its order is the
-          // vectorisation's) then runs on the same values either way.
+          // A bf16 out widened into a row first: the one sum below (its order the
+          // vectorisation's) runs on the same values either way.
           alignas(64) float orow[kMaxHdp];
           const float* o = c.out16 ? orow : c.out + oo + (i - t0) * d.out_stride;
-          if (c.out16) {
-            const uint16_t* o16 = c.out16 + oo + (i - t0) * d.out_stride;
-            for (int e = 0; e < hd; ++e) orow[e] = backend::bf16_to_float(o16[e]);
-          }
+          for (int e = 0; c.out16 && e < hd; ++e)
+            orow[e] = backend::bf16_to_float(c.out16[oo + (i - t0) * d.out_stride + e]);
 #pragma omp simd reduction(+ : dd)
           for (int e = 0; e < hd; ++e) dd += o[e] * g[e];
           l = c.lse[bh * z.Tq + i] * kLog2e;
@@ -810,32 +806,12 @@ T* grow(Buf<T>& b, int64_t n) {
   return b.p.get();
 }
 
-void check(const AttentionDims& d, int64_t /*q_offset: any sign*/) {
-  if (!(d.B >= 0 && d.Tq >= 0 && d.Tk >= 0 && d.head_dim > 0 && d.n_kv_head > 0 &&
-        d.n_head % d.n_kv_head == 0))
-    fail("attention (bf16): n_head ", d.n_head, " must be a multiple of n_kv_head ", d.n_kv_head,
-         " and head_dim positive (", d.head_dim, ")");
-  if (d.head_dim > kMaxHdp)
-    fail("attention (bf16): head_dim ", d.head_dim, " is above the kernel's limit of ", kMaxHdp);
-  if (d.q_stride < int64_t(d.n_head) * d.head_dim || d.out_stride < int64_t(d.n_head) * d.head_dim ||
-      d.kv_stride < int64_t(d.n_kv_head) * d.head_dim)
-    fail("attention (bf16): a row stride is shorter than its row (q ", d.q_stride, ", kv ",
-         d.kv_stride, ", out ", d.out_stride, ")");
-}
-
-void check_path(AttentionBf16Path p) {
-  if (!attention_bf16_path_supported(p))
-    fail("attention (bf16): path ", attention_bf16_path_name(p), " is not supported on this CPU (",
-         cpu_features().best_isa(), ")");
-}
-
 }  // namespace
 
 void attention_forward_bf16(float* out, float* lse, const float* q, const float* k,
                             const float* v, const AttentionDims& d, int64_t q_offset,
                             AttentionBf16Path path) {
-  check(d, q_offset);
-  check_path(path);
+  attention_bf16_check(d, path);
   if (d.B == 0 || d.Tq == 0 || d.n_head == 0) return;
   if (d.Tk <= 0) fail("attention (bf16): queries but no keys");
   const Shape z(d, q_offset);
@@ -854,15 +830,12 @@ void attention_forward_bf16(float* out, float* lse, const float* q, const float*
 }
 
 namespace {
-struct Saved16 {
-  const uint16_t *q = nullptr, *k = nullptr, *v = nullptr, *out = nullptr;
-};
+struct Saved16 { const uint16_t *q = nullptr, *k = nullptr, *v = nullptr, *out = nullptr; };
 void backward_bf16(float* dq, float* dk, float* dv, const float* dout, const float* q,
                    const float* k, const float* v, const float* out, const float* lse,
                    const AttentionDims& d, int64_t q_offset, AttentionBf16Path path,
                    const Saved16& s16) {
-  check(d, q_offset);
-  check_path(path);
+  attention_bf16_check(d, path);
   if (d.B == 0 || d.n_head == 0) return;
   if (lse == nullptr && d.Tq > 0) fail("attention_backward (bf16) needs the forward's lse");
   if (d.Tq == 0) {  // no queries: no gradient reaches k, v
@@ -899,7 +872,6 @@ void backward_bf16(float* dq, float* dk, float* dv, const float* dout, const flo
   fn(c);
 }
 }  // namespace
-
 void attention_backward_bf16(float* dq, float* dk, float* dv, const float* dout, const float* q,
                              const float* k, const float* v, const float* out, const float* lse,
                              const AttentionDims& d, int64_t q_offset, AttentionBf16Path path) {
@@ -913,24 +885,4 @@ void attention_backward_bf16_saved(float* dq, float* dk, float* dv, const float*
   backward_bf16(dq, dk, dv, dout, nullptr, nullptr, nullptr, nullptr, lse, d, q_offset, path,
                 {q, k, v, out});
 }
-void attention_backward_bf16_saved(float* dq, float* dk, float* dv, const float* dout,
-                                   const uint16_t* q, const uint16_t* k, const uint16_t* v,
-                                   const uint16_t* out, const float* lse, const AttentionDims& d,
-                                   int64_t q_offset) {
-  attention_backward_bf16_saved(dq, dk, dv, dout, q, k, v, out, lse, d, q_offset,
-                                attention_bf16_default_path());
-}
-
-void attention_forward_bf16(float* out, float* lse, const float* q, const float* k,
-                            const float* v, const AttentionDims& d, int64_t q_offset) {
-  attention_forward_bf16(out, lse, q, k, v, d, q_offset, attention_bf16_default_path());
-}
-
-void attention_backward_bf16(float* dq, float* dk, float* dv, const float* dout, const float* q,
-                             const float* k, const float* v, const float* out, const float* lse,
-                             const AttentionDims& d, int64_t q_offset) {
-  attention_backward_bf16(dq, dk, dv, dout, q, k, v, out, lse, d, q_offset,
-                          attention_bf16_default_path());
-}
-
 }  // namespace tetrad::kernels

@@ -61,6 +61,10 @@ const char* attention_bf16_path_name(AttentionBf16Path p);  // "emulated", ..., 
 bool attention_bf16_path_supported(AttentionBf16Path p);
 // The path the calls without one take (see above).
 AttentionBf16Path attention_bf16_default_path();
+// The kernels' head_dim limit; their checks of d's shape and strides and of the path (every
+// entry runs them: an Error naming what is wrong).
+inline constexpr int kAttentionBf16MaxHeadDim = 1024;
+void attention_bf16_check(const AttentionDims& d, AttentionBf16Path p);
 
 void attention_forward_bf16(float* out, float* lse, const float* q, const float* k,
                             const float* v, const AttentionDims& d, int64_t q_offset);
