@@ -538,6 +538,27 @@ TEST(MoeBf16, EveryRecomputeModeIsBitIdentical) {
   }
 }
 
+// The experts' backward with bf16 activations rounds dY and the SwiGLU's gradient to bf16 once
+// per layer, as stored and transposed, and runs the weight gradients as NN products on the
+// transposed copies (ParallelOptions::bf16_weight_grad_nn, as the dense layers); the per-call
+// form (off) rounds the same values inside each product and runs them TN. The same bf16
+// operands summed in another order: the forward (step 0's loss) bit for bit, the gradient
+// within fp32 rounding, on an even load and with every token on one expert (the others empty).
+TEST(MoeBf16, NnWeightGradientsSumThePerCallFormsOperands) {
+  for (const bool one_expert : {false, true}) {
+    const ModelConfig c = moe_cfg(4, one_expert ? 1 : 2);
+    ParallelOptions per_call = bf16_options();
+    per_call.bf16_weight_grad_nn = false;
+    const Trace nn = run_parallel(c, bf16_options(), 1, one_expert);
+    const Trace tn = run_parallel(c, per_call, 1, one_expert);
+    EXPECT_EQ(nn.losses[0], tn.losses[0]) << "one expert " << one_expert;
+    const double g = grad_distance(nn.grads, tn.grads);
+    EXPECT_LT(g, 1e-5) << "one expert " << one_expert;
+    std::printf("[ moe bf16 ] NN weight gradients%s: gradient within %.2e of the per-call form\n",
+                one_expert ? " (one expert)" : "", g);
+  }
+}
+
 // An extreme imbalance in bf16: every token to expert 0 (a router of zeros, top 1), the other
 // experts empty, trains dropless and stays close to fp32.
 TEST(MoeBf16, ExtremeImbalanceTrainsDropless) {

@@ -176,8 +176,11 @@ TEST(PlannerContext, ActivationsPerRankAreThoseOfSOverC) {
 TEST(PlannerContext, At128KTokensOnH100TheFirstChoiceHasCAndSaysWhy) {
   // docs/planner.md, "Long sequences": Llama 3.1 8B at 131072 tokens on two H100 nodes, bf16, full
   // recomputation: every C = 1 grid runs the whole sequence's activations on a rank; the first
-  // choice is 1x4x1x1x1 c4 (68.0 s a step), the fastest C = 1 grid 2x8x1x1x1 takes 98% longer.
+  // choice is 1x4x1x1x1 c4 (70.0 s a step), the fastest C = 1 grid 2x8x1x1x1 takes 119% longer
+  // (tetrad's run: its tensor-parallel sums and gradient collectives in fp32, as plan_input_of
+  // says; 68.0 s and 98% with them priced in bf16).
   PlanInput in;
+  in.tensor_comm_bytes = in.z_grad_comm_bytes = in.dp_grad_comm_bytes = 4;
   in.model = planner_model("llama-8b");
   in.model_name = "llama-8b";
   in.seq = 131072;
@@ -191,7 +194,7 @@ TEST(PlannerContext, At128KTokensOnH100TheFirstChoiceHasCAndSaysWhy) {
   const auto p = plan(in, m);
   ASSERT_TRUE(p.front().valid);
   EXPECT_EQ(p.front().grid, (GridShape{{Axis::Y, 4}, {Axis::C, 4}})) << grid_label(p.front().grid);
-  EXPECT_NEAR(p.front().step, 67.98, 0.02 * 67.98);  // the model's own number: 2% for rounding in the docs
+  EXPECT_NEAR(p.front().step, 69.99, 0.02 * 69.99);  // the model's own number: 2% for rounding in the docs
   EXPECT_TRUE(p.front().trainable);  // the trainer runs C (--grid c=4)
   const std::string why = context_choice_text(p);
   EXPECT_NE(why.find("C = 4"), std::string::npos) << why;

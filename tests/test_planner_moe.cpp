@@ -331,3 +331,65 @@ TEST(PlannerMoe, GridAutoChoosesTheFoldAndTheTrainersFormulaIsThePlans) {
     EXPECT_EQ(e.expert_parallel, 2) << plan_label(e);
   EXPECT_EQ(choose_grid(fixed, 2, 2, backend::cpu_backend()).grid.e(), 2);
 }
+
+TEST(PlannerMoe, ExpertsOnXAndYSumTheirRowsAndTheSharedExpertCounts) {
+  // The trainer's experts on X and Y (parallel/expert_mlp.cpp, moe_block.cpp): per layer the
+  // router's logits [T, n_e] over X, the experts' gate|up rows [T k, 2F/Gy] over X and down rows
+  // [T k, H/Gx] over Y; backward the combine weights' gradient [T, k] over X, down's dx
+  // [T k, F/Gy] over X, gate|up's dx [T k, H/Gx] over Y; fp32 buffers (4 bytes) in bf16 too.
+  // The dense MLP's collectives are not priced for a mixture.
+  Machine m = tetrad_test::test_machine(4);
+  m.memory_bytes = 1e15;  // the terms, not the fit
+  PlanInput in = input("mixtral-8x7b", 4, 4, 4, 512);
+  in.precision = Precision::BF16;
+  const double H = 4096, F = 14336, T = 4 * 512, k = 2, ne = 8;
+  auto bytes_of = [&](const Estimate& e, const std::string& what) {
+    for (const auto& c : e.collectives)
+      if (c.what == what) return c.bytes;
+    return -1.0;
+  };
+  const Estimate xy = estimate(in, GridShape::xyzpd(2, 2, 1, 1, 1), m);
+  ASSERT_TRUE(xy.valid) << xy.reject;
+  EXPECT_DOUBLE_EQ(bytes_of(xy, "fwd all-reduce of router logits"), T * ne * 4);
+  EXPECT_DOUBLE_EQ(bytes_of(xy, "fwd all-reduce of experts' gate|up"), T * k * 2 * F / 2 * 4);
+  EXPECT_DOUBLE_EQ(bytes_of(xy, "fwd all-reduce of experts' down"), T * k * H / 2 * 4);
+  EXPECT_DOUBLE_EQ(bytes_of(xy, "bwd all-reduce of combine weights' gradient"), T * k * 4);
+  EXPECT_DOUBLE_EQ(bytes_of(xy, "bwd all-reduce of experts' down dx"), T * k * F / 2 * 4);
+  EXPECT_DOUBLE_EQ(bytes_of(xy, "bwd all-reduce of experts' gate|up dx"), T * k * H / 2 * 4);
+  EXPECT_EQ(bytes_of(xy, "fwd all-reduce of MLP-up output"), -1.0);
+  EXPECT_EQ(bytes_of(xy, "fwd all-reduce of MLP-down output"), -1.0);
+  // Their cost grows with the grid's X and Y: a plan on X x Y has more exposed communication
+  // than the dense MLP's pricing would have given (k = 2 rows a token, fp32).
+  double fwd = 0;
+  for (const auto& c : xy.collectives)
+    if (c.what.find("experts'") != std::string::npos || c.what.find("router") != std::string::npos) fwd += c.seconds;
+  EXPECT_GT(fwd, 0.0);
+
+  // The shared expert (Qwen2-MoE's form, model.shared_expert_ffn = Fs): every token's FLOPs, its
+  // GEMMs' seconds and the block the Z ranks gather, as the trainer counts them.
+  ModelConfig sm = planner_model("mixtral-8x7b");
+  sm.shared_expert_ffn = 2048;
+  sm.validate();
+  const ModelConfig plain = planner_model("mixtral-8x7b");
+  const int S = 512;
+  const double shared = 3.0 * 2048 * H + H;  // gate|up, down, the sigmoid gate's [1, H]
+  EXPECT_DOUBLE_EQ(model_flops_per_step(sm, 1, S, AttentionFlops::Full) -
+                       model_flops_per_step(plain, 1, S, AttentionFlops::Full),
+                   6 * 32 * shared * S);
+  EXPECT_DOUBLE_EQ(flops_per_token(sm, S, AttentionFlops::Full) * S,
+                   model_flops_per_step(sm, 1, S, AttentionFlops::Full));  // the trainer's count
+  PlanInput with = input("mixtral-8x7b", 4, 4, 4, S);
+  with.model = sm;
+  PlanInput without = input("mixtral-8x7b", 4, 4, 4, S);
+  const GridShape z = GridShape::xyzpd(1, 1, 2, 1, 2);
+  const Estimate ew = estimate(with, z, m), eo = estimate(without, z, m);
+  ASSERT_TRUE(ew.valid) << ew.reject;
+  ASSERT_TRUE(eo.valid) << eo.reject;
+  EXPECT_GT(ew.compute_gemm, eo.compute_gemm);
+  EXPECT_DOUBLE_EQ(bytes_of(ew, "all-gather of layer weights (fwd)") - bytes_of(eo, "all-gather of layer weights (fwd)"),
+                   shared * 4);  // fp32, Gx = Gy = 1
+  // The grid refuses the shared expert on X or Y, naming it.
+  const Estimate bad = estimate(with, GridShape::xyzpd(2, 1, 1, 1, 2), m);
+  EXPECT_FALSE(bad.valid);
+  EXPECT_NE(bad.reject.find("shared expert"), std::string::npos) << bad.reject;
+}

@@ -113,4 +113,14 @@ TEST(PlannerX, CrossEntropyRowsAreSharedOverX) {
   EXPECT_EQ(g->op, Op::AllGather);
   EXPECT_DOUBLE_EQ(g->bytes, 4.0 * 512 * small.vocab_size * 4);  // T x V fp32, V whole on X
   EXPECT_EQ(find(y2, "bwd all-gather of dlogits"), nullptr);
+  // On 2 X ranks the logits' sum over X is a reduce-scatter of the loss's rows (head_forward);
+  // 4 X ranks keep the all-reduce.
+  const CollectiveCost* rs = find(x2, "fwd reduce-scatter of logits");
+  ASSERT_NE(rs, nullptr);
+  EXPECT_EQ(rs->op, Op::ReduceScatter);
+  EXPECT_DOUBLE_EQ(rs->bytes, 4.0 * 512 * small.vocab_size * 4);
+  EXPECT_EQ(find(x2, "fwd all-reduce of logits"), nullptr);
+  const Estimate x4 = estimate(input(small, "small", 4, 4), GridShape::xyzpd(4, 1, 1, 1, 1), m);
+  ASSERT_TRUE(x4.valid) << x4.reject;
+  EXPECT_NE(find(x4, "fwd all-reduce of logits"), nullptr);
 }

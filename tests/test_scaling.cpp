@@ -307,7 +307,7 @@ TEST(PlannerNetwork, PairsOfANodeWithoutASwitchGetTheirOwnLinks) {
 }
 
 TEST(PlannerModel, GradientCollectivesMoveTheirOwnPrecision) {
-  // z_grad_comm_bytes, dp_grad_comm_bytes: the Z reduce-scatter of the layers' gradients and the
+  // z_grad_comm_bytes, dp_grad_comm_bytes (and tensor_comm_bytes below): the Z reduce-scatter of the layers' gradients and the
   // data-parallel all-reduce priced at their own bytes per element (0: the run's precision);
   // the weight all-gathers and the activations' collectives stay the run's.
   const Machine m = tetrad_test::test_machine(4);
@@ -343,6 +343,19 @@ TEST(PlannerModel, GradientCollectivesMoveTheirOwnPrecision) {
   EXPECT_DOUBLE_EQ(bytes(f, ag), ag2);
   EXPECT_DOUBLE_EQ(bytes(f, y), y2);
   EXPECT_GT(estimate(f, g, m).step, estimate(in, g, m).step);
+  // tensor_comm_bytes: the activations' sums over X and Y (tetrad's are its GEMMs' fp32 outputs).
+  f.tensor_comm_bytes = 4;
+  EXPECT_DOUBLE_EQ(bytes(f, y), 2 * y2);
+  EXPECT_DOUBLE_EQ(bytes(f, "fwd all-reduce of embedding"), 2 * bytes(in, "fwd all-reduce of embedding"));
+  EXPECT_DOUBLE_EQ(bytes(f, ag), ag2);
+  f.tensor_comm_bytes = 0;
+  // The textbook layout of another framework's run keeps Megatron-LM's fp32 main gradients where
+  // its all-reduce is fp32: 4 bytes a parameter instead of the bf16 2.
+  PlanInput r = in;
+  r.memory_model = MemoryModel::Reference;
+  const double g2 = memory_per_rank(r, g).grads;
+  r.dp_grad_comm_bytes = 4;
+  EXPECT_DOUBLE_EQ(memory_per_rank(r, g).grads, 2 * g2);
   f.dp_grad_comm_bytes = 3;
   tetrad_test::expect_error([&] { f.validate(); }, {"2 (bf16) or 4 (fp32) bytes"});
   // A tetrad run reduces its fp32 gradients in fp32 unless train.grad_comm_precision = "bf16".
@@ -350,6 +363,7 @@ TEST(PlannerModel, GradientCollectivesMoveTheirOwnPrecision) {
   PlanInput t = plan_input_of(cfg, 4, backend::cpu_backend());
   EXPECT_EQ(t.z_grad_comm_bytes, 4);
   EXPECT_EQ(t.dp_grad_comm_bytes, 4);
+  EXPECT_EQ(t.tensor_comm_bytes, 4);
   cfg = load_run_config("", {"model.name=small", "train.precision=bf16", "train.grad_comm_precision=bf16"});
   t = plan_input_of(cfg, 4, backend::cpu_backend());
   EXPECT_EQ(t.z_grad_comm_bytes, 2);
@@ -360,6 +374,7 @@ TEST(PlannerModel, GradientCollectivesMoveTheirOwnPrecision) {
   EXPECT_EQ(series[0].spec.base.dp_grad_comm_bytes, 4);
   EXPECT_EQ(series[0].spec.base.z_grad_comm_bytes, 2);
   for (size_t i = 1; i < series.size(); ++i) EXPECT_EQ(series[i].spec.base.dp_grad_comm_bytes, 2) << series[i].name;
+  for (const auto& sr : series) EXPECT_EQ(sr.spec.base.tensor_comm_bytes, 0) << sr.name;  // bf16 activations
 }
 
 // ------------------------------------------------------------------------------------ scaling

@@ -78,6 +78,7 @@ planner::PlanInput plan_input(const Options& o, const std::string& model0, const
   in.zero = o.zero >= 0 ? o.zero : settings.model.zero;
   // The trainer reduces its fp32 gradients in fp32 unless train.grad_comm_precision = "bf16".
   in.z_grad_comm_bytes = in.dp_grad_comm_bytes = settings.model.grad_comm_bf16 ? 2 : 4;
+  in.tensor_comm_bytes = 4;  // the tensor-parallel sums of its fp32 GEMM outputs, in every precision
   if (o.sequence_shard.empty()) in.sequence_shard = settings.model.sequence_shard;
   else if (o.sequence_shard == "on" || o.sequence_shard == "off") in.sequence_shard = o.sequence_shard == "on";
   else fail("--sequence-shard: expected on or off, got '", o.sequence_shard, "'");

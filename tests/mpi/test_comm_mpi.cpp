@@ -141,14 +141,24 @@ void check_collectives(const Communicator& c, long salt, size_t n) {
   // reduce_scatter_sum: rank r sends (r+1)*(k+1+salt) at position k of S*n; rank r receives block r
   // summed: (r*n+i+1+salt) * S(S+1)/2.
   {
+    // Also in place (recv = send + r*n: the sum replaces this rank's block, the others stay).
     std::vector<T> send(S * n), a(n), b(n);
     for (size_t k = 0; k < S * n; ++k) send[k] = val<T>((r + 1) * (long(k) + 1 + salt));
+    std::vector<T> inplace = send, inplace2 = send;
     c.reduce_scatter_sum(send.data(), a.data(), n);
     Request q = c.ireduce_scatter_sum(send.data(), b.data(), n);
     q.wait();
+    c.reduce_scatter_sum(inplace.data(), inplace.data() + r * n, n);
+    Request q2 = c.ireduce_scatter_sum(inplace2.data(), inplace2.data() + r * n, n);
+    q2.wait();
     for (size_t i = 0; i < n; ++i) {
       ASSERT_EQ(a[i], val<T>((r * long(n) + long(i) + 1 + salt) * tri)) << "reduce_scatter element " << i;
       ASSERT_EQ(b[i], a[i]) << "ireduce_scatter element " << i;
+    }
+    for (size_t k = 0; k < S * n; ++k) {
+      const T want = k / n == size_t(r) ? a[k % n] : send[k];
+      ASSERT_EQ(inplace[k], want) << "in-place reduce_scatter position " << k;
+      ASSERT_EQ(inplace2[k], want) << "in-place ireduce_scatter position " << k;
     }
   }
   // broadcast from every root.

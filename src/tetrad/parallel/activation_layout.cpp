@@ -14,8 +14,10 @@ int64_t act_width(ActWidth w, const LocalDims& d) {
     case ActWidth::Nhy: return d.nhy;
     case ActWidth::Nqk: return d.nqk;
     case ActWidth::QKn: return d.QKn;
-    case ActWidth::FWy: return d.FWy;
-    case ActWidth::Fy: return d.Fy;
+    // The dense MLP's (fc, fc_act and their gradients): none in a mixture of experts, whose
+    // experts' rows are kFW and kF wide.
+    case ActWidth::FWy: return d.E > 0 ? 0 : d.FWy;
+    case ActWidth::Fy: return d.E > 0 ? 0 : d.Fy;
     case ActWidth::Vy: return d.Vy;
     case ActWidth::MaxLinearOut: return d.max_linear_out();
     case ActWidth::E: return d.E;

@@ -24,10 +24,13 @@ namespace tetrad::parallel {
 // are kept in bf16 too (the *16 views), computed in fp32 in one layer's working copy in the
 // shared scratch (the fp32 views) and cast back there before the layer's backward; dout16 / dout16_t hold
 // the bf16 copy of the gradient entering a linear layer's backward, as stored and transposed
-// ([N, n_out] and [n_out, N], n_out up to the largest layer output).
+// ([N, n_out] and [n_out, N], n_out up to the largest layer output; in a mixture of experts at
+// least k Cx: the experts' backward keeps its rows' bf16 gradient copies there, expert_mlp.hpp).
+// A mixture of experts has no dense MLP: fc, fc_act, dfc and dfc_act take no memory there.
 // The work buffers' owners (each uses its own within one call): tmp, dout16 and dout16_t are the
 // parallel linear layers' scratch (ParallelOps, parallel_ops.hpp; the loss may leave the head's
-// dY there for its backward: VocabParallel), dfc_act the block's (dense_block.hpp); dln, dqkv,
+// dY there for its backward: VocabParallel) and the MoE block's experts' between them
+// (moe_block.hpp), dfc_act the block's (dense_block.hpp); dln, dqkv,
 // datty and dfc hold nothing between calls; dresid carries the gradient from part to part.
 struct ParallelActivations {
   struct PerLayer {

@@ -77,6 +77,9 @@ struct BlockParts {
   int local_batch = 1;  // sequences of a micro-batch on this rank (the context axis's scratch)
   ContextComm cp_comm = ContextComm::AllGather;  // the context axis's exchange (Gc > 1)
   bool cp_skip_masked_pairs = true;  // ParallelOptions::cp_skip_masked_pairs
+  // bf16 activations with ParallelOptions::bf16_weight_grad_nn on a backend with the
+  // cast-transpose: weight gradients as NN products on bf16 copies of dY made once per GEMM pair.
+  bool bf16_weight_grad_nn = false;
 };
 
 // The block of the model's family (its FamilyDesc): binds the table's per-layer tensors by role,

@@ -134,9 +134,12 @@ bool CommQueue::done(Ticket t) const {
 template <typename F>
 void CommQueue::block_until(F&& ready, const char* what) {
   if (ready()) return;
+  // Exposed from here: the first poll may do the whole transfer (Open MPI copies a large
+  // message between two local ranks inside the MPI_Test that finds it; 250 ms for the logits'
+  // 32 MiB under load), which must count as communication, not as the model's compute.
+  ScopedPhase sp(prof_, Phase::Comm, what);
   poll();
   if (ready()) return;
-  ScopedPhase sp(prof_, Phase::Comm, what);
   using clock = std::chrono::steady_clock;
   const auto t0 = clock::now();
   const double timeout = comm::collective_timeout();

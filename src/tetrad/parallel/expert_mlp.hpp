@@ -12,7 +12,12 @@
 // Precision: the model's (ExpertGemms). In bf16 the GEMMs read the weights from the bf16 copy
 // where the model keeps one, the SwiGLU output from its bf16 form where the caller stores one
 // (act16), and round the fp32 rows and gradients to bf16 inside the product (fp32 accumulation;
-// the gradients stay fp32).
+// the gradients stay fp32). With bf16 gradient copies (ExpertGrad16: bf16 activations and
+// ParallelOptions::bf16_weight_grad_nn, as the dense layers) the backward instead rounds each
+// gradient to bf16 once per layer, as stored and transposed in one pass
+// (OpTable::cast_transpose_f32_to_bf16), and runs the weight gradients as NN products on the
+// transposed copy (dW = (dYᵀ)·X: oneDNN's TN form is its slowest); the same bf16 operands, the
+// sums in another order.
 #pragma once
 #include <cstdint>
 #include <vector>
@@ -58,12 +63,21 @@ struct ExpertAct {
 void experts_forward(const StepContext& ctx, int64_t C, int64_t F, const ExpertRows& x,
                      const float* in, const ExpertGemms& w, float* gu, ExpertAct act, float* out);
 
+// The bf16 copies of the backward's NN form: plain and transposed scratch of at least kept x C
+// bf16 elements each (the rows' gradient dout, then the rows `in`); null: the per-call form.
+struct ExpertGrad16 {
+  uint16_t* plain = nullptr;
+  uint16_t* transposed = nullptr;
+};
+
 // From dout [kept, C] (the gradient of out): gw2 += doutᵀ · act, gw13 += dguᵀ · in, and
 // din [kept, C] = dgu · W13 (din may be dout: it is written after dout's last read); dact
-// [kept, F] and dgu [kept, 2F] are scratch (act's fp32 scratch may be dact).
+// [kept, F] and dgu [kept, 2F] are scratch (act's fp32 scratch may be dact). With g16 (bf16
+// GEMMs only) gu's memory, free after the SwiGLU's backward, holds dgu's two bf16 copies
+// ([kept, 2F] and [2F, kept]): gu is overwritten.
 void experts_backward(const StepContext& ctx, int64_t C, int64_t F, const ExpertRows& x,
-                      const float* in, const float* gu, ExpertAct act, const float* dout,
+                      const float* in, float* gu, ExpertAct act, const float* dout,
                       const ExpertGemms& w, float* gw13, float* gw2, float* dact, float* dgu,
-                      float* din);
+                      float* din, ExpertGrad16 g16 = {});
 
 }  // namespace tetrad::parallel

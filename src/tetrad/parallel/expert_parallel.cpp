@@ -8,9 +8,10 @@
 
 namespace tetrad::parallel {
 
-ExpertParallel::ExpertParallel(const StepContext& ctx, const ModelConfig& cfg, bool act16)
+ExpertParallel::ExpertParallel(const StepContext& ctx, const ModelConfig& cfg, bool act16,
+                               bool grad16)
     : ctx_(ctx), C_(ctx.dims.Cx), F_(ctx.dims.Fy), El_(cfg.n_experts / ctx.shape().e()),
-      Ge_(ctx.shape().e()), act16_(act16) {
+      Ge_(ctx.shape().e()), act16_(act16), grad16_(grad16) {
   TETRAD_CHECK(Ge_ > 1 && cfg.n_experts % Ge_ == 0 && ctx.g().experts().size() == Ge_,
                "expert parallelism: E = ", Ge_, " does not fit ", cfg.n_experts,
                " experts or the expert group");
@@ -125,8 +126,14 @@ void ExpertParallel::backward(int layer, const MoeRouting& r, const float* rows,
   const ExpertRows x{lrows_, lfirst_, R_};
   experts_forward(ctx_, C_, F_, x, in_.data(), w, gu_.data(), act(), nullptr);
   dispatch(layer, drows, out_.data(), "expert dispatch of gradients");
+  // The staging rows [R, C] fp32 (free until the combine) hold the two bf16 copies of [R, C].
+  ExpertGrad16 g16;
+  if (grad16_) {
+    uint16_t* s16 = reinterpret_cast<uint16_t*>(stage_.data());
+    g16 = {s16, s16 + R_ * C_};
+  }
   experts_backward(ctx_, C_, F_, x, in_.data(), gu_.data(), act(), out_.data(), w, gw13, gw2,
-                   dact_.data(), dgu_.data(), out_.data());
+                   dact_.data(), dgu_.data(), out_.data(), g16);
   combine(layer, out_.data(), drows, "expert combine of gradients");
 }
 

@@ -34,8 +34,10 @@ namespace tetrad::parallel {
 class ExpertParallel {
  public:
   // act16: the experts' SwiGLU output is kept in bf16 (the model's bf16 activations), as on
-  // one rank.
-  ExpertParallel(const StepContext& ctx, const ModelConfig& cfg, bool act16 = false);
+  // one rank; grad16: the backward's NN form on bf16 gradient copies (ExpertGrad16), kept in
+  // the staging rows' memory (free while the experts run).
+  ExpertParallel(const StepContext& ctx, const ModelConfig& cfg, bool act16 = false,
+                 bool grad16 = false);
 
   // rows [r.kept, Cx]: this rank's kept choices in expert order (r.rows, r.first over every
   // expert) -> out [r.kept, Cx], the same rows through their experts. w: this rank's experts'
@@ -84,7 +86,7 @@ class ExpertParallel {
   const StepContext& ctx_;
   int64_t C_, F_, El_;  // this rank's widths (Cx, Fy) and experts
   int Ge_;
-  bool act16_;
+  bool act16_, grad16_;
   std::vector<int64_t> send_cnt_, recv_cnt_;  // [Ge x El] rows to / from rank s for expert e
   std::vector<size_t> sc_, sd_, rc_, rd_;     // per rank, in floats: rows x C
   std::vector<int64_t> lrows_, lfirst_;       // per local expert, expert-major

@@ -89,7 +89,7 @@ const float* ParallelTransformer::decode(const int32_t* tokens, int B, int Tq) {
 
 const float* ParallelTransformer::forward_logits(const int32_t* inputs, int B, int T) {
   ScopedPhase sp(ctx_.prof, Phase::Other);
-  forward(inputs, B, T);
+  forward(inputs, B, T, true);
   return vocab_->whole_vocabulary(int64_t(B) * T);
 }
 
@@ -97,7 +97,7 @@ std::vector<int32_t> ParallelTransformer::greedy_next_tokens(const int32_t* inpu
   if (ctx_.shape().c() > 1)
     fail("greedy decoding on a context-parallel grid (c=", ctx_.shape().c(),
          ") is not implemented; use a grid without the context axis");
-  forward(inputs, B, T);
+  forward(inputs, B, T, true);
   return vocab_->greedy_last(B, T);
 }
 

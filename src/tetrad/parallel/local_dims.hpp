@@ -28,8 +28,9 @@ struct LocalDims {
   int64_t E = 0, kC = 0, kFW = 0, kF = 0;
   int64_t sF = 0;  // the shared expert's width (model.shared_expert_ffn; 0: none)
 
-  // The widest output of a linear layer (the bf16 gradient copies hold any of them).
-  int64_t max_linear_out() const { return std::max({QKVy, FWy, Cx, Vy}); }
+  // The widest output of a linear layer (the bf16 gradient copies hold any of them), and in a
+  // mixture of experts the k Cx of a token's expert rows (the experts' gradient copies).
+  int64_t max_linear_out() const { return std::max({QKVy, FWy, Cx, Vy, kC}); }
 
   // The grid's divisibility is checked elsewhere (validate_grid_for_model).
   static LocalDims of(const ModelConfig& cfg, const GridShape& g) {

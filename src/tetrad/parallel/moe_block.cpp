@@ -6,7 +6,8 @@
 
 namespace tetrad::parallel {
 
-MoeBlock::MoeBlock(const BlockParts& p) : DenseBlock(p), cfg_(p.config) {
+MoeBlock::MoeBlock(const BlockParts& p)
+    : DenseBlock(p), cfg_(p.config), grad16_(p.bf16_weight_grad_nn) {
   experts_.resize(size_t(p.config.n_layer));
   for (size_t i = 0; i < p.table.specs.size(); ++i) {
     const ParamSpec& s = p.table.specs[i];
@@ -40,7 +41,7 @@ MoeBlock::MoeBlock(const BlockParts& p) : DenseBlock(p), cfg_(p.config) {
     fail("mixture of experts: the shared expert (model.shared_expert_ffn = ", cfg_.shared_expert_ffn,
          ") in bf16 is not implemented; train it with train.precision = \"fp32\"");
   if (p.ctx.shape().e() > 1)
-    ep_ = std::make_unique<ExpertParallel>(p.ctx, p.config, p.ops.bf16_activations());
+    ep_ = std::make_unique<ExpertParallel>(p.ctx, p.config, p.ops.bf16_activations(), grad16_);
 }
 
 ExpertGemms MoeBlock::expert_gemms(const Experts& X) const {
@@ -150,11 +151,19 @@ void MoeBlock::mlp_backward(int l, int64_t N) {
   const ExpertGemms w = expert_gemms(X);
   float* gw13 = ops_.gw(X.gate_up);
   float* gw2 = ops_.gw(X.down);
-  if (ep_)
+  if (ep_) {
     ep_->backward(l, r, A.moe_in, a.dmoe_rows, w, gw13, gw2);
-  else
+  } else {
+    // The bf16 gradient copies in the linear layers' (free here; sized for N k rows of Cx).
+    ExpertGrad16 g16;
+    if (grad16_) {
+      TETRAD_CHECK(a.dout16_floats * 2 >= r.kept * C, "experts' bf16 gradient copies: ",
+                   a.dout16_floats * 2, " elements for ", r.kept, " rows of ", C);
+      g16 = {a.dout16, a.dout16_t};
+    }
     experts_backward(ctx_, C, F, {r.rows, r.first, r.kept}, A.moe_in, A.moe_gu, expert_act(A),
-                     a.dmoe_rows, w, gw13, gw2, a.dmoe_act, a.dmoe_gu, a.dmoe_rows);
+                     a.dmoe_rows, w, gw13, gw2, a.dmoe_act, a.dmoe_gu, a.dmoe_rows, g16);
+  }
   // The router: dlogits from the combine weights' gradient and the router losses (host), then
   // dln = dlogits · Wr, dWr += dlogitsᵀ · ln2; the dispatch's adjoint adds the rows' gradient.
   dw_host_.resize(size_t(N * k));

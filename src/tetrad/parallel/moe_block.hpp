@@ -82,6 +82,7 @@ class MoeBlock final : public DenseBlock {
   std::vector<Experts> experts_;
   MoeRouting routing_;
   std::unique_ptr<ExpertParallel> ep_;  // E > 1: the experts' exchange; null: every expert here
+  bool grad16_;  // the experts' backward on bf16 gradient copies (ExpertGrad16)
   MoeStats stats_;
   float grad_scale_ = 0.0f;
   bool recomputing_ = false;

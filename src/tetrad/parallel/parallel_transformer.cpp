@@ -133,7 +133,7 @@ ParallelTransformer::ParallelTransformer(const ModelConfig& config, ProcessGroup
       local_batch, bf16_acts_ && G.p() == 1 && be->capabilities().bf16_loss_grad);
   block_ = make_block(BlockParts{cfg_, table_, ctx_, *ops_, *a_, opt_.recompute,
                                  attention_precision_, max_len_, local_batch_, opt_.cp_comm,
-                                 opt_.cp_skip_masked_pairs});
+                                 opt_.cp_skip_masked_pairs, wgrad_nn_});
   if (ops_->sequence_sharded() && !block_->sequence_shardable())
     fail("parallel.sequence_shard is not implemented for the blocks of model family '",
          family_name(cfg_.family), "'; set parallel.sequence_shard = false");
@@ -188,12 +188,12 @@ int64_t ParallelTransformer::state_bytes() const {
 // ---------------------------------------------------------------------------------------------
 // Forward
 
-void ParallelTransformer::forward(const int32_t* inputs, int B, int T) {
-  forward_chunk(0, cfg_.n_layer, true, true, inputs, B, T);
+void ParallelTransformer::forward(const int32_t* inputs, int B, int T, bool whole_logits) {
+  forward_chunk(0, cfg_.n_layer, true, true, inputs, B, T, whole_logits);
 }
 
 void ParallelTransformer::forward_chunk(int l0, int l1, bool embed, bool head,
-                                        const int32_t* inputs, int B, int T) {
+                                        const int32_t* inputs, int B, int T, bool whole_logits) {
   if (B <= 0 || B > local_batch_)
     fail("micro-batch of ", B, " sequences on this rank; the model was set up for 1..", local_batch_);
   if (local_len_ != max_len_) {  // Gc > 1: T is this rank's two chunks of each sequence
@@ -233,7 +233,7 @@ void ParallelTransformer::forward_chunk(int l0, int l1, bool embed, bool head,
   set_layer(-1);
   if (!head) return;
   ops_->norm_fwd(a.lnf, a.lnf_mean, a.lnf_rstd, x, lnf_w_, lnf_b_, N, a.lnf16);
-  vocab_->head_forward(N);
+  vocab_->head_forward(N, whole_logits);
 }
 
 MoeStats ParallelTransformer::take_moe_stats() { return block_->take_moe_stats(); }
@@ -250,7 +250,7 @@ void ParallelTransformer::set_block_grad_scale(float grad_scale) {
 
 double ParallelTransformer::forward_loss(const int32_t* inputs, const int32_t* targets, int B, int T) {
   ScopedPhase sp(ctx_.prof, Phase::Other);
-  forward(inputs, B, T);
+  forward(inputs, B, T, false);
   return vocab_->cross_entropy(targets, int64_t(B) * T, 0.0f, false);
 }
 
@@ -258,7 +258,7 @@ double ParallelTransformer::forward_backward(const int32_t* inputs, const int32_
                                              int B, int T, float grad_scale) {
   // Model code outside the named kernels counts as compute ("other").
   ScopedPhase sp(ctx_.prof, Phase::Other);
-  forward(inputs, B, T);
+  forward(inputs, B, T, false);
   const double loss = vocab_->cross_entropy(targets, int64_t(B) * T, grad_scale, true);
   block_->set_grad_scale(grad_scale);
   backward(inputs, B, T);

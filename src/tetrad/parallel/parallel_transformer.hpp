@@ -238,7 +238,11 @@ class ParallelTransformer {
   // [l0, l1) of one virtual stage, with the embedding first (embed) and the final norm, head and
   // loss last (head). forward_chunk reads its input from chunk_input(l0) (write the previous
   // stage's output there; the embedding computes it) and leaves its output at chunk_output(l1).
-  void forward_chunk(int l0, int l1, bool embed, bool head, const int32_t* inputs, int B, int T);
+  // whole_logits: the head writes every row of the logits on every X rank (forward_logits,
+  // greedy decoding); without it only the rows this rank's loss reads (chunk_loss,
+  // VocabParallel::head_forward).
+  void forward_chunk(int l0, int l1, bool embed, bool head, const int32_t* inputs, int B, int T,
+                     bool whole_logits = false);
   // Head chunk, after forward_chunk: the cross-entropy as forward_backward does it.
   double chunk_loss(const int32_t* targets, int B, int T, float grad_scale, bool with_grad);
   // The loss's gradient scale for the blocks' own loss terms (the router's losses of a mixture
@@ -285,7 +289,7 @@ class ParallelTransformer {
   // parallel_norm.cpp; the weight gatherer and the gradient reducer).
   // parallel_transformer.cpp: construction; the model's forward and backward (the embedding, the
   // blocks, final norm, head and loss, with the gathers and gradient reductions between layers).
-  void forward(const int32_t* inputs, int B, int T);
+  void forward(const int32_t* inputs, int B, int T, bool whole_logits);
   void backward(const int32_t* inputs, int B, int T);
 
   // parallel_gemm_layouts.cpp: the rule plan for this model, the tuning, the site shapes.

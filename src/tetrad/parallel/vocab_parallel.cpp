@@ -144,9 +144,29 @@ void VocabParallel::start_embedding_ids(const int32_t* inputs, int64_t N) {
   grads_.start_embedding_ids(device_ids(inputs, N, 0), N);
 }
 
-// Output head: a normal layer on the embedding's block -> logits [N, V/Gy].
-void VocabParallel::head_forward(int64_t N) {
-  ops_.gemm_allreduce(GemmSite::Head, a_.logits, act(a_.lnf, a_.lnf16), t_.head, N);
+VocabParallel::RowShare VocabParallel::loss_rows(int64_t N) const {
+  const comm::Communicator& gx = ctx_.g().x();
+  RowShare r;
+  r.split = gx.size() > 1 && N % gx.size() == 0;
+  r.n = r.split ? N / gx.size() : N;
+  r.r0 = r.split ? r.n * gx.rank() : 0;
+  r.share = r.split && !(bf16_loss_grad_ && ops_.dy16_copies(GemmSite::Head).second);
+  return r;
+}
+
+// Output head: a normal layer on the embedding's block -> logits [N, V/Gy]. The sum over X of
+// the partial logits is the step's largest activation message ([N, V/Gy], 64 MiB on small);
+// where the loss reads only this X rank's rows (cross_entropy), it is reduce-scattered by rows
+// in place instead (on 2 X ranks half the bytes and the same bits, ParallelOps::normal_fwd_rows;
+// elsewhere the all-reduce).
+void VocabParallel::head_forward(int64_t N, bool whole) {
+  const RowShare r = loss_rows(N);
+  logit_rows_only_ = !whole && r.share;
+  if (logit_rows_only_)
+    ops_.normal_fwd_rows(GemmSite::Head, a_.logits, a_.logits, act(a_.lnf, a_.lnf16), t_.head,
+                         -1, N, r.r0, r.n);
+  else
+    ops_.gemm_allreduce(GemmSite::Head, a_.logits, act(a_.lnf, a_.lnf16), t_.head, N);
 }
 
 // dlogits [N, Vy] -> din [N, Cx] (sum over Y), d(head block): a normal layer's backward.
@@ -185,9 +205,13 @@ double VocabParallel::cross_entropy(const int32_t* targets, int64_t N, float gra
   const int32_t* tg = device_ids(targets, N, 1);
   const backend::OpTable& op = ctx_.ops();
   double* st = sums_.as<double>();
-  // This rank's rows: all of them, or its 1/Gx share.
-  const bool split = gx.size() > 1 && N % gx.size() == 0;
-  const int64_t n = split ? N / gx.size() : N, r0 = split ? n * gx.rank() : 0;
+  // This rank's rows: all of them, or its 1/Gx share (the only rows of the logits the head
+  // wrote, where head_forward's whole was false).
+  const RowShare rows = loss_rows(N);
+  const bool split = rows.split;
+  const int64_t n = rows.n, r0 = rows.r0;
+  TETRAD_CHECK(!logit_rows_only_ || rows.share, "cross_entropy: the logits hold this X rank's "
+               "rows only, but the loss reads every row");
   float* Lr = L + r0 * Vy;
   if (gy.size() == 1 && ctx_.be->capabilities().ce_row_stats_fused) {
     op.ce_row_max_sum_exp_target(q, mx + r0, st + 2 * r0, Lr, tg + r0, v0, Vy, n);  // one read
@@ -235,6 +259,7 @@ double VocabParallel::cross_entropy(const int32_t* targets, int64_t N, float gra
 }
 
 std::vector<int32_t> VocabParallel::greedy_last(int B, int T) {
+  TETRAD_CHECK(!logit_rows_only_, "greedy_last after a head forward of the loss's rows only");
   const int64_t Vy = ctx_.dims.Vy;
   const int64_t v0 = int64_t(ctx_.g().coord.y()) * Vy;  // first vocabulary id of this rank's slice
   std::vector<double> mine(2 * size_t(B));              // (best logit, its global id) per sequence
@@ -276,6 +301,7 @@ std::vector<int32_t> VocabParallel::greedy_last(int B, int T) {
 const float* VocabParallel::last_row_logits(int B, int Tq) {
   const LocalDims& d = ctx_.dims;
   const int64_t last = int64_t(Tq - 1) * d.Cx;
+  logit_rows_only_ = false;
   ops_.gemm(gemm_site_name(GemmSite::Head), false, true, B, d.Vy, d.Cx,
             act(a_.lnf ? a_.lnf + last : nullptr, a_.lnf16 ? a_.lnf16 + last : nullptr),
             int64_t(Tq) * d.Cx, ops_.weight_operand(t_.head), d.Cx, 0.0f, a_.logits, d.Vy);
@@ -286,6 +312,7 @@ const float* VocabParallel::last_row_logits(int B, int Tq) {
 // Rank y holds columns [y*Vy, (y+1)*Vy) of every row: gathered over Y as [Gy][rows][Vy], then
 // laid out row by row.
 const float* VocabParallel::whole_vocabulary(int64_t rows) {
+  TETRAD_CHECK(!logit_rows_only_, "whole_vocabulary after a head forward of the loss's rows only");
   const int gy = ctx_.g().y().size();
   const int64_t Vy = ctx_.dims.Vy;
   backend::Queue& q = ctx_.bq();

@@ -48,8 +48,10 @@ class VocabParallel {
   // The sparse embedding gradient's token ids, handed to the reducer at the backward's start.
   void start_embedding_ids(const int32_t* inputs, int64_t N);
 
-  // The head: logits [N, Vy] from the final norm's output (lnf / lnf16).
-  void head_forward(int64_t N);
+  // The head: logits [N, Vy] from the final norm's output (lnf / lnf16). whole: every row on
+  // every X rank (whole_vocabulary, greedy_last read them); otherwise, where the loss reads only
+  // this X rank's share of the rows (loss_row_share), only those rows are written.
+  void head_forward(int64_t N, bool whole = true);
   // Its backward from the loss's gradient: din [N, Cx] (all-reduced over Y), the head's
   // gradient block accumulates. Consumes what cross_entropy left. Returns where the summed
   // input gradient is (ParallelOps::linear_bwd: this rank's rows with sequence sharding).
@@ -70,6 +72,14 @@ class VocabParallel {
   const float* last_row_logits(int B, int Tq);
 
  private:
+  // The rows [r0, r0 + n) of N the loss reads and writes on this rank: its 1/Gx share of them
+  // where Gx > 1 divides N, else all. share: the loss reads no other row of the logits (not
+  // where the head's backward reads the transposed bf16 dlogits, which the loss writes whole).
+  struct RowShare {
+    int64_t r0 = 0, n = 0;
+    bool split = false, share = false;
+  };
+  RowShare loss_rows(int64_t N) const;
   // `host` (n ids) as a device pointer: itself on a host-visible backend, else copied to slot.
   const int32_t* device_ids(const int32_t* host, int64_t n, int slot);
   template <class F>
@@ -87,6 +97,8 @@ class VocabParallel {
   // Where the last cross_entropy with a gradient left it: in the head's bf16 dY copies
   // (ParallelOps::dy16_copies) rather than in the logits. Read and cleared by head_backward.
   bool dlogits16_ = false;
+  // The last head_forward wrote only this X rank's rows of the logits (whole = false).
+  bool logit_rows_only_ = false;
   backend::DeviceBuffer ids_dev_[2], row_max_, sums_, scalar_, argmax_idx_, argmax_val_;
   std::vector<float> host_logits_, gathered_logits_;
 };

@@ -8,9 +8,16 @@ bool x_shares_sequences(const PlanInput& in, const GridShape& g, double T) {
   return g.x() > 1 && g.c() == 1 && sequences > 0 && sequences % g.x() == 0;
 }
 
+void add_expert_layer_comm(Collectives& c, const PlanInput& in, const GridShape& g, const Sizes& s, double T);
+
 // Tensor parallelism (X and Y): the layers' norms and linear layers, per layer.
+// Bytes per element of the activations' collectives over X and Y (PlanInput::tensor_comm_bytes).
+static double tensor_act_bytes(const PlanInput& in) {
+  return in.tensor_comm_bytes > 0 ? in.tensor_comm_bytes : in.precision == Precision::BF16 ? 2 : 4;
+}
+
 void add_tensor_layer_comm(Collectives& c, const PlanInput& in, const GridShape& g, const Sizes& s, double T) {
-  const double act_b = in.precision == Precision::BF16 ? 2 : 4;
+  const double act_b = tensor_act_bytes(in);
   const double fwd_mult = in.recompute == Recompute::Full ? 2 : 1;  // full recomputation repeats the forward collectives
   const double stats_b = T * 2 * 8;  // [T, 2] doubles of row statistics
   // Norms: statistics all-reduced over X in forward and again in backward (2 norms per layer).
@@ -31,14 +38,33 @@ void add_tensor_layer_comm(Collectives& c, const PlanInput& in, const GridShape&
     c.add("fwd all-gather of attention output", Axis::X, Op::AllGather, T * s.A / g.y() * act_b, gathers, kExposed, true);
     c.add("bwd all-gather of dq|dk|dv", Axis::X, Op::AllGather, qkv_b, 1, kExposed, true);
   }
-  c.add("fwd all-reduce of MLP-up output", Axis::X, Op::AllReduce, T * s.FW / g.y() * act_b, fwd_mult, kExposed, true);
+  const bool dense = s.experts == 0;  // a mixture of experts' MLP: add_expert_layer_comm
+  if (dense) c.add("fwd all-reduce of MLP-up output", Axis::X, Op::AllReduce, T * s.FW / g.y() * act_b, fwd_mult, kExposed, true);
   c.add("bwd all-reduce of q|k|v dIn", Axis::Y, Op::AllReduce, T * s.H / g.x() * act_b, 1, kDIn, true);
-  c.add("bwd all-reduce of MLP-up dIn", Axis::Y, Op::AllReduce, T * s.H / g.x() * act_b, 1, kDIn, true);
+  if (dense) c.add("bwd all-reduce of MLP-up dIn", Axis::Y, Op::AllReduce, T * s.H / g.x() * act_b, 1, kDIn, true);
   // Transposed layers (attention output, MLP down): fwd over Y [T, H/Gx]; bwd dIn over X.
   c.add("fwd all-reduce of attention-output", Axis::Y, Op::AllReduce, T * s.H / g.x() * act_b, fwd_mult, kExposed, true);
-  c.add("fwd all-reduce of MLP-down output", Axis::Y, Op::AllReduce, T * s.H / g.x() * act_b, fwd_mult, kExposed, true);
+  if (dense) c.add("fwd all-reduce of MLP-down output", Axis::Y, Op::AllReduce, T * s.H / g.x() * act_b, fwd_mult, kExposed, true);
   c.add("bwd all-reduce of attention-output dIn", Axis::X, Op::AllReduce, T * s.A / g.y() * act_b, 1, kDIn, true);
-  c.add("bwd all-reduce of MLP-down dIn", Axis::X, Op::AllReduce, T * s.F / g.y() * act_b, 1, kDIn, true);
+  if (dense) c.add("bwd all-reduce of MLP-down dIn", Axis::X, Op::AllReduce, T * s.F / g.y() * act_b, 1, kDIn, true);
+  else add_expert_layer_comm(c, in, g, s, T);
+}
+
+// A mixture of experts on X and Y (parallel/moe_block.cpp, expert_mlp.cpp), per layer: the
+// router's logits [T, n_e] summed over X (its columns are X's); each expert's gate|up rows
+// [rows, FW/Gy] over X and its down rows [rows, H/Gx] over Y, on the T·k rows the rank's experts
+// take (dispatched to them over E with an even load: T·k on every rank); backward the combine
+// weights' gradient [T, k] over X, down's dx [rows, F/Gy] over X and gate|up's dx [rows, H/Gx]
+// over Y. The trainer sums them in fp32 buffers in every precision: 4 bytes.
+void add_expert_layer_comm(Collectives& c, const PlanInput& in, const GridShape& g, const Sizes& s, double T) {
+  const double fwd_mult = in.recompute == Recompute::Full ? 2 : 1;
+  const double rows = T * s.topk, b = 4;
+  c.add("fwd all-reduce of router logits", Axis::X, Op::AllReduce, T * s.experts * b, fwd_mult, kExposed, true);
+  c.add("fwd all-reduce of experts' gate|up", Axis::X, Op::AllReduce, rows * s.FW / g.y() * b, fwd_mult, kExposed, true);
+  c.add("fwd all-reduce of experts' down", Axis::Y, Op::AllReduce, rows * s.H / g.x() * b, fwd_mult, kExposed, true);
+  c.add("bwd all-reduce of combine weights' gradient", Axis::X, Op::AllReduce, T * s.topk * b, 1, kExposed, true);
+  c.add("bwd all-reduce of experts' down dx", Axis::X, Op::AllReduce, rows * s.F / g.y() * b, 1, kDIn, true);
+  c.add("bwd all-reduce of experts' gate|up dx", Axis::Y, Op::AllReduce, rows * s.H / g.x() * b, 1, kDIn, true);
 }
 
 // Weight sharding (Z): the layer's blocks gathered before forward and again before backward;
@@ -57,14 +83,20 @@ void add_sharded_layer_comm(Collectives& c, const PlanInput& in, const GridShape
 // over Y), cross-entropy (max and sums over Y), final norm, top blocks over Z.
 void add_top_comm(Collectives& c, const PlanInput& in, const GridShape& g, const Sizes& s, double T) {
   const bool bf16 = in.precision == Precision::BF16;
-  const double act_b = bf16 ? 2 : 4, w_b = bf16 ? 2 : 4;
+  const double act_b = tensor_act_bytes(in), w_b = bf16 ? 2 : 4;
   const double stats_b = T * 2 * 8;
   const double top = (s.tied ? 1 : 2) * s.head() / (double(g.x()) * g.y());
   const double top_b = top * w_b, top_grad_b = top * (in.z_grad_comm_bytes > 0 ? in.z_grad_comm_bytes : w_b);
   c.add("fwd all-reduce of embedding", Axis::Y, Op::AllReduce, T * s.H / g.x() * act_b, 1, kExposed, false, MbAt::FirstFwd);
-  c.add("fwd all-reduce of logits", Axis::X, Op::AllReduce, T * s.V / g.y() * act_b, 1, kExposed, false);
-  // The X ranks share the cross-entropy's rows: their gradient rows all-gathered over X.
-  if (int64_t(T) % g.x() == 0)
+  // The X ranks share the cross-entropy's rows: on 2 X ranks the logits' sum is a reduce-scatter
+  // of the rows each rank's loss reads (vocab_parallel.cpp, head_forward), and their gradient
+  // rows are all-gathered over X.
+  const bool loss_rows = g.x() > 1 && int64_t(T) % g.x() == 0;
+  if (loss_rows && g.x() == 2)
+    c.add("fwd reduce-scatter of logits", Axis::X, Op::ReduceScatter, T * s.V / g.y() * act_b, 1, kExposed, false);
+  else
+    c.add("fwd all-reduce of logits", Axis::X, Op::AllReduce, T * s.V / g.y() * act_b, 1, kExposed, false);
+  if (loss_rows)
     c.add("bwd all-gather of dlogits", Axis::X, Op::AllGather, T * s.V / g.y() * act_b, 1, kExposed, false, MbAt::LastBwd);
   c.add("bwd all-reduce of head dIn", Axis::Y, Op::AllReduce, T * s.H / g.x() * act_b, 1, kExposed, false, MbAt::LastBwd);
   c.add("cross-entropy max and sums", Axis::Y, Op::AllReduce, T * 3 * 4, 2, kExposed, false);

@@ -31,69 +31,6 @@ std::vector<GridShape> all_grids(int n) {
 
 // ------------------------------------------------------------------------------------ FLOPs
 
-namespace {
-
-Sizes sizes(const ModelConfig& m, int ep = 1) {
-  Sizes s;
-  if (m.moe()) s.experts = m.n_experts, s.topk = m.experts_per_token, s.ep = ep;
-  s.H = m.n_embd;
-  s.L = m.n_layer;
-  s.F = m.ffn;
-  s.V = m.vocab_size;
-  s.S_max = m.max_seq;
-  s.QKV = m.qkv_dim();
-  s.KV = m.kv_dim();
-  s.A = m.q_dim();
-  const FamilyDesc& f = m.desc();
-  s.norm_vectors = f.norm == NormKind::LayerNorm ? 2 : 1;
-  s.biases = f.linear_biases;
-  s.qkv_bias = f.qkv_bias;
-  s.qk_norm_vectors = f.qk_norm ? 2.0 * m.head_dim() : 0.0;
-  s.learned_positions = f.positions == Positions::Learned;
-  s.FW = f.mlp_in_factor() * s.F;
-  s.tied = m.tie_embeddings;
-  return s;
-}
-
-// Seconds of one layer's GEMMs on one rank, by pass, and of the head's three GEMMs. The local
-// weight shapes follow the trainer's layout: normal layers (q|k|v, MLP up with its gate) hold
-// [n_out, k_in] = [N/Gy, H/Gx], transposed ones (attention output, MLP down) [H/Gx, N/Gy]; the
-// head [V/Gy, H/Gx]. Each pass is the trainer's own call (parallel/parallel_linear.cpp): forward
-// C[T, n_out] = A W^T (nt), input gradient C[T, k_in] = dY W (nn), weight gradient
-// C[n_out, k_in] = dY^T A (tn, reduced over the T tokens), each at its variant's efficiency.
-struct GemmTimes {
-  double fwd = 0, din = 0, dw = 0, head_fwd = 0, head_bwd = 0;
-};
-GemmTimes block_gemm_times(const Sizes& s, const GridShape& g, double T, const Machine& mach, bool bf16) {
-  const double pk = mach.peak(bf16);
-  auto t = [&](double m, double n, double k, GemmOp op) {
-    return 2 * m * n * k / (pk * mach.gemm_eff(m, n, k, bf16, op));
-  };
-  GemmTimes r;
-  auto weight = [&](double k_in, double n_out, double rows, double count) {  // count GEMMs of `rows`
-    r.fwd += count * t(rows, n_out, k_in, GemmOp::NT);
-    r.din += count * t(rows, k_in, n_out, GemmOp::NN);
-    r.dw += count * t(n_out, k_in, rows, GemmOp::TN);
-  };
-  weight(s.H / g.x(), s.QKV / g.y(), T, 1);  // q|k|v
-  weight(s.A / g.y(), s.H / g.x(), T, 1);    // attention output (transposed)
-  // A mixture of experts: the router, and the rank's n_e / E experts, each on the T k E / n_e rows
-  // routed to it from the E ranks of its group (an even load; planner.hpp).
-  const double ne = s.experts > 0 ? s.experts / s.ep : 1, rows = s.experts > 0 ? T * s.topk * s.ep / s.experts : T;
-  if (s.experts > 0) weight(s.H, s.experts, T, 1);
-  weight(s.H / g.x(), s.FW / g.y(), rows, ne);  // MLP up (+ gate)
-  weight(s.F / g.y(), s.H / g.x(), rows, ne);   // MLP down (transposed)
-  // E > 1: the backward recomputes the experts' gate|up on the received rows (the dispatch is
-  // recomputed, not kept: parallel/expert_parallel.hpp).
-  if (s.experts > 0 && s.ep > 1) r.din += ne * t(rows, s.FW / g.y(), s.H / g.x(), GemmOp::NT);
-  const double hk = s.H / g.x(), hn = s.V / g.y();
-  r.head_fwd = t(T, hn, hk, GemmOp::NT);
-  r.head_bwd = t(T, hk, hn, GemmOp::NN) + t(hn, hk, T, GemmOp::TN);
-  return r;
-}
-
-}  // namespace
-
 double model_flops_per_step(const ModelConfig& m, int64_t sequences, int seq, AttentionFlops a) {
   const Sizes s = sizes(m);
   const double attention = a == AttentionFlops::Causal ? 0.5 : 1.0;
@@ -353,7 +290,8 @@ MemoryBreakdown reference_memory_of_stage(const PlanInput& in, const GridShape& 
   const double opt = bf16 ? 12 : 8;          // fp32 master + m + v, or m + v
   MemoryBreakdown mb;
   mb.weights = bw * psi;
-  mb.grads = bw * psi / (in.zero >= 2 ? g.d() : 1);
+  // Megatron-LM under bf16 keeps its gradients in fp32 main-grad buffers (dp_grad_comm_bytes 4).
+  mb.grads = (in.dp_grad_comm_bytes > 0 ? in.dp_grad_comm_bytes : bw) * psi / (in.zero >= 2 ? g.d() : 1);
   mb.optimizer = opt * psi / (in.zero >= 1 ? g.d() : 1);
   if (gf.z() > 1) mb.gathered = 2 * bw * (sp.layer_block + sp.top_block);  // weights + grad blocks
   // Activations: the trainer's buffers for one micro-batch, reduced by recomputation; a 1F1B

@@ -136,6 +136,11 @@ struct PlanInput {
   // (accumulate_allreduce_grads_in_fp32, forced by its arguments.py), which AxoNN's runs keep.
   int z_grad_comm_bytes = 0;
   int dp_grad_comm_bytes = 0;
+  // Bytes per element of the activations' sums and gathers over X and Y (the layers', the
+  // embedding's, the logits'). 0: the run's precision (2 in bf16: Megatron-LM and AxoNN send bf16
+  // activations). Tetrad's trainer sums its GEMMs' fp32 outputs in every precision
+  // (parallel_linear.cpp): plan_input_of and `tetrad plan` set 4.
+  int tensor_comm_bytes = 0;
   int ranks = 1;
   bool allow_pipeline = true;  // plan Gp > 1 grids
   bool allow_context = true;   // plan C > 1 grids (a published run without context parallelism: false)
@@ -379,13 +384,35 @@ struct Sizes {
   // layers have biases (all of them; or only q|k|v's), whether positions are a learned table.
   int norm_vectors;
   bool biases, qkv_bias, learned_positions, tied;
+  // A mixture of experts' shared expert (model.shared_expert_ffn; 0: none): a SwiGLU MLP of width
+  // Fs every token goes through, and its sigmoid gate's [1, H] weight.
+  double Fs = 0;
   double mlp() const { return FW * H + H * F; }  // the dense MLP's, or one expert's
-  // What one token multiplies with in a block (a mixture of experts: its k experts and the router).
-  double block_matmul() const { return QKV * H + A * H + (experts > 0 ? topk * mlp() + experts * H : mlp()); }
-  // What a rank stores of a block before Z shards it (a mixture of experts: its 1/E of them).
-  double block_stored() const { return QKV * H + A * H + (experts > 0 ? experts / ep * mlp() + experts * H : mlp()); }
+  double shared() const { return Fs > 0 ? 3 * Fs * H + H : 0.0; }
+  // What one token multiplies with in a block (a mixture of experts: its k experts, the router
+  // and the shared expert).
+  double block_matmul() const {
+    return QKV * H + A * H + (experts > 0 ? topk * mlp() + experts * H + shared() : mlp());
+  }
+  // What a rank stores of a block before Z shards it (a mixture of experts: its 1/E of them; the
+  // shared expert whole).
+  double block_stored() const {
+    return QKV * H + A * H + (experts > 0 ? experts / ep * mlp() + experts * H + shared() : mlp());
+  }
   double head() const { return V * H; }
 };
+Sizes sizes(const ModelConfig& m, int ep = 1);  // planner/block_terms.cpp
+
+// Seconds of one layer's GEMMs on one rank, by pass, and of the head's three GEMMs. The local
+// weight shapes follow the trainer's layout: normal layers (q|k|v, MLP up with its gate) hold
+// [n_out, k_in] = [N/Gy, H/Gx], transposed ones (attention output, MLP down) [H/Gx, N/Gy]; the
+// head [V/Gy, H/Gx]. Each pass is the trainer's own call (parallel/parallel_linear.cpp): forward
+// C[T, n_out] = A W^T (nt), input gradient C[T, k_in] = dY W (nn), weight gradient
+// C[n_out, k_in] = dY^T A (tn, reduced over the T tokens), each at its variant's efficiency.
+struct GemmTimes {
+  double fwd = 0, din = 0, dw = 0, head_fwd = 0, head_bwd = 0;
+};
+GemmTimes block_gemm_times(const Sizes& s, const GridShape& g, double T, const Machine& mach, bool bf16);
 
 // When a collective runs, which decides what it can hide behind.
 enum CommKind { kExposed = 0, kZFwd = 1, kZBwd = 2, kDIn = 3, kData = 4, kRingFwd = 5, kRingBwd = 6 };

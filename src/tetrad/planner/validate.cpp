@@ -398,10 +398,10 @@ void PlanInput::validate() const {
          "or none to let the planner choose it");
   if (zero < 0 || zero > 2) fail("plan: ZeRO stage must be 0, 1 or 2 (got ", zero, ")");
   if (ranks < 1) fail("plan: ranks must be >= 1 (got ", ranks, ")");
-  for (int b : {z_grad_comm_bytes, dp_grad_comm_bytes})
+  for (int b : {z_grad_comm_bytes, dp_grad_comm_bytes, tensor_comm_bytes})
     if (b != 0 && b != 2 && b != 4)
-      fail("plan: a gradient collective moves 2 (bf16) or 4 (fp32) bytes an element, or 0 for the "
-           "run's precision (got ", b, ")");
+      fail("plan: a gradient or activation collective moves 2 (bf16) or 4 (fp32) bytes an element, "
+           "or 0 for the run's precision (got ", b, ")");
   if (virtual_stages < 1) fail("plan: virtual stages must be >= 1 (got ", virtual_stages, ")");
   if (attention_kernel == AttentionKernel::Materialized && allow_context)
     fail("plan: the materialized attention kernel has no context-parallel form (its [S, S] scores "

@@ -39,6 +39,7 @@ PlanInput plan_input_of(const RunConfig& cfg, int ranks, const backend::Backend&
   in.sequence_shard = s.model.sequence_shard;
   // The gradients' collectives move fp32 unless train.grad_comm_precision = "bf16".
   in.z_grad_comm_bytes = in.dp_grad_comm_bytes = s.model.grad_comm_bf16 ? 2 : 4;
+  in.tensor_comm_bytes = 4;  // the tensor-parallel sums of its fp32 GEMM outputs, in every precision
   // parallel.expert_parallel > 1 fixes the fold E (the planner then tries that E alone); 1 lets
   // `--grid auto` choose it (a grid that names e= carries its own: planner::expert_fold_of).
   in.expert_parallel = cfg.expert_parallel;
