@@ -278,6 +278,43 @@ TEST(PlannerMemory, Gpt2SmallFormulaIsWhatTheModelAllocates) {
                                         (L * 2 * N - 4 * N) * (5 * C + F));
 }
 
+// ParallelOptions::bf16_stash = false keeps the block's stored tensors (ActStore::Bf16Stash) in
+// fp32 as before issue 28: the formula (model_memory) is still what the model allocates, under
+// every recomputation mode, and it differs from the stash's by exactly those tensors (each layer
+// keeps them in fp32 rather than bf16 beside one fp32 working copy in the scratch).
+TEST(PlannerMemory, Bf16StashOffFormulaIsWhatTheModelAllocates) {
+  for (const char* name : {"tiny", "llama-tiny", "qwen3-tiny", "small"}) {
+    const ModelConfig m = named_model(name);
+    parallel::ProcessGroups serial;
+    const int B = 2, T = 32;
+    const parallel::LocalDims d = parallel::LocalDims::of(m, GridShape{});
+    for (Recompute r : {Recompute::None, Recompute::Selective, Recompute::Full}) {
+      double act[2] = {0, 0};
+      for (bool stash : {false, true}) {
+        parallel::ParallelOptions po;
+        po.precision = backend::Precision::BF16;
+        po.recompute = r;
+        po.bf16_stash = stash;
+        const std::string where = std::string(name) + " recompute " + planner::name(r) +
+                                  (stash ? " stash on" : " stash off");
+        parallel::ParallelTransformer model(m, serial, B, T, po);
+        const parallel::ModelMemory mm =
+            parallel::model_memory(m, GridShape{}, parallel::GridCoord{}, B, T, po);
+        EXPECT_EQ(mm.activations, model.activation_bytes()) << where;
+        act[stash] = double(mm.activations);
+      }
+      // What a layer keeps of q|k|v, the q/k norms' input, the attention output (not under
+      // selective recomputation), the mid-block sum and the MLP input projection; nothing
+      // under full recomputation (recomputed into the fp32 scratch either way).
+      const double N = B * T, L = m.n_layer;
+      const double kept = r == Recompute::Full ? 0
+                          : double(d.QKVy + d.QKn + d.Cx + d.FWy) + (r == Recompute::None ? double(d.Ay) : 0);
+      EXPECT_DOUBLE_EQ(act[0] - act[1], L * 2 * N * kept - 4 * N * kept)
+          << name << " recompute " << planner::name(r);
+    }
+  }
+}
+
 TEST(PlannerMemory, ShardingAndRecomputationShrinkMemory) {
   PlanInput in = input("gpt2-124m", 8, 8, 8);
   in.seq = 1024;

@@ -190,8 +190,9 @@ std::vector<double> bf16_losses(const ModelConfig& mc, ProcessGroups& g, Paralle
 // activations (written by their producers, the gradients cast once per linear backward) give the
 // same bits as rounding every operand at every GEMM: on the trivial grid, with Z and X (bf16
 // gathers, prefetched across steps), and with ZeRO 1 over D (the copy remade after the pieces
-// are gathered). The NN weight-gradient form on the transposed cast sums in another order: the
-// same losses within fp32 rounding.
+// are gathered), with the block's stored tensors in fp32 (bf16_stash = false). The NN
+// weight-gradient form on the transposed cast sums in another order, and the stash rounds the
+// backward's inputs: the same losses within 2e-3.
 TEST(Bf16Grid, WeightCopyAndBf16ActivationsGiveTheBitsOfPerCallRounding) {
   if (mpi_test::world_size() != 4) GTEST_SKIP() << "runs on 4 ranks only";
   const ModelConfig mc = test_model();
@@ -218,20 +219,27 @@ TEST(Bf16Grid, WeightCopyAndBf16ActivationsGiveTheBitsOfPerCallRounding) {
     tn.bf16_weight_grad_nn = false;
     off.bf16_weight_copy = false;
     off.bf16_activations = false;
-    const auto stored = bf16_losses(mc, g, tn, kShort);
+    ParallelOptions unstashed = tn;
+    unstashed.bf16_stash = false;
+    const auto stored = bf16_losses(mc, g, unstashed, kShort);
     const auto per_call = bf16_losses(mc, g, off, kShort);
+    const auto stashed = bf16_losses(mc, g, tn, kShort);
     const auto fastest = bf16_losses(mc, g, po, kShort);
     ASSERT_EQ(stored.size(), per_call.size());
-    // The forward is per-call rounding's bit for bit (step 0's loss). From step 1 the runs part:
-    // bf16 activations also keep the block's stashed tensors (q|k|v, attention output, mid-block
-    // sum, MLP input projection; issue 28) in bf16 for the backward, which per-call rounding
-    // reads in fp32, so the updates differ by bf16 rounding of those inputs.
-    EXPECT_EQ(stored[0], per_call[0]) << "step 0: the forward";
+    ASSERT_EQ(stashed.size(), per_call.size());
+    // Without the stash (bf16_stash = false: the block's stored tensors in fp32) the bf16 copy
+    // and activations are per-call rounding's bits at every step. With it (the default) the
+    // forward still is (step 0's loss); from step 1 the runs part: the backward reads q|k|v,
+    // the attention output, the mid-block sum and the MLP input projection (issue 28) rounded to
+    // bf16, where per-call rounding reads them in fp32.
+    EXPECT_EQ(stashed[0], per_call[0]) << "step 0: the forward, stash on";
     for (size_t s = 0; s < stored.size(); ++s) {
-      EXPECT_NEAR(stored[s], per_call[s], 2e-3 * per_call[s]) << "step " << s;
+      EXPECT_EQ(stored[s], per_call[s]) << "step " << s;
+      EXPECT_NEAR(stashed[s], per_call[s], 2e-3 * per_call[s]) << "step " << s << " (stash on)";
       EXPECT_NEAR(fastest[s], per_call[s], 2e-3 * per_call[s]) << "step " << s << " (NN weight gradients)";
     }
     EXPECT_LT(stored.back(), stored.front() - 0.05) << "the run did not learn";
+    EXPECT_LT(stashed.back(), stashed.front() - 0.05) << "the run did not learn (stash on)";
   }
 }
 

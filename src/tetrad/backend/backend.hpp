@@ -134,11 +134,14 @@ struct Capabilities {
   bool attention_bf16_products = false;// AttentionArgs::precision may be BF16 (any offsets)
   bool attention_bf16_faster = false;  // ... and runs faster than fp32 attention here (bf16 runs
                                        // then default to it: ParallelOptions::attention_precision)
+  bool attention_bf16_saved = false;   // AttentionArgs::saved_bf16 (bf16 products' backward)
   bool attention_any_q_offset = false; // AttentionArgs::relative_q_offset() other than Tk - Tq
   bool attention_document_mask = false;// AttentionArgs::doc_start (the document mask) is honoured
   bool fused_cross_entropy = false;    // OpTable::cross_entropy_fused present
   bool bf16_producers = false;         // OpTable::norm_apply_bf16, gelu_forward_bf16,
                                        // swiglu_forward_bf16, cast_transpose_f32_to_bf16 present
+  bool bf16_stash_fused = false;       // OpTable::gelu_forward_bf16_x, swiglu_forward_bf16_x,
+                                       // gelu_backward_x16, swiglu_backward_x16 present
   bool bf16_loss_grad = false;         // OpTable::ce_grad_bf16 present
   bool ce_row_stats_fused = false;     // OpTable::ce_row_max_sum_exp_target present
   bool gemm_product_forms = false;     // GemmArgs::product is honoured by bf16 GEMMs (the model

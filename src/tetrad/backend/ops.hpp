@@ -146,6 +146,11 @@ struct AttentionArgs {
   // a part of a batch's sequences (the X axis's share, dense_block.cpp) passes the whole batch's
   // count, so each sequence's result has the bits it has in the call on the whole batch.
   int chunk_B = 0;
+  // Backward with dtype F32 and precision BF16 (Capabilities::attention_bf16_saved): q, k, v and
+  // out are bf16 copies of the forward's tensors (same rows and strides; dout, dq, dk, dv fp32),
+  // the same bits as the backward on their fp32 widenings (a model's bf16-stored block tensors
+  // read without widening them first).
+  bool saved_bf16 = false;
   int64_t resolved_q_offset() const {
     return q_offset < 0 ? k_offset + int64_t(Tk) - Tq : q_offset;
   }
@@ -385,6 +390,19 @@ struct OpTable {
   void (*gelu_forward_bf16)(Queue& q, uint16_t* out, const float* x, int64_t n) = nullptr;
   void (*swiglu_forward_bf16)(Queue& q, uint16_t* out, const float* gu, int64_t N,
                               int64_t F) = nullptr;
+  // The block's stashed MLP input projection (ActStore::Bf16Stash, parallel/activation_layout.hpp)
+  // without a pass of its own (Capabilities::bf16_stash_fused): the producers above also write
+  // their input x (gate|up) rounded to bf16 into x16 (gu16), in the same pass; the backward
+  // reads x from that bf16 copy (dx fp32), the same bits as gelu_backward / swiglu_backward on
+  // the copy widened to fp32.
+  void (*gelu_forward_bf16_x)(Queue& q, uint16_t* out, uint16_t* x16, const float* x,
+                              int64_t n) = nullptr;
+  void (*swiglu_forward_bf16_x)(Queue& q, uint16_t* out, uint16_t* gu16, const float* gu,
+                                int64_t N, int64_t F) = nullptr;
+  void (*gelu_backward_x16)(Queue& q, float* dx, const float* dout, const uint16_t* x16,
+                            int64_t n) = nullptr;
+  void (*swiglu_backward_x16)(Queue& q, float* dgu, const float* dout, const uint16_t* gu16,
+                              int64_t N, int64_t F) = nullptr;
   // One read of x (rows, cols, compact): out (rows, cols) = bf16(x) and out_t (cols, rows) =
   // bf16(x)ᵀ (either may be null). A gradient's two GEMM operands in one pass: the input
   // gradient reads it as stored, the weight gradient transposed, which makes dW = dYᵀ·X an NN

@@ -105,16 +105,18 @@ std::vector<LayerSlots> layer_slots(int n_layer, const LayerSplit& split, int p,
 
 ActivationSizes activation_sizes(const ModelConfig& cfg, const GridShape& G, int64_t local_batch,
                                  int max_len, bool bf16_acts, Recompute mode,
-                                 const std::vector<LayerSlots>& slots, int seq_shard) {
+                                 const std::vector<LayerSlots>& slots, int seq_shard,
+                                 bool bf16_stash) {
   const int64_t N = local_batch * (max_len / G.c());  // the context axis cuts each sequence
   const LocalDims dims = LocalDims::of(cfg, G);
   ActivationSizes s;
   for (const LayerActSpec& t : kLayerActs) {
     const int64_t rows = act_rows_of(N, act_rows(t), seq_shard);
     const bool kept = t.keep == ActKeep::Output || act_kept(t.keep, mode);
-    // A stashed tensor is bf16 only where a layer keeps it; recomputed, it lives in the scratch
-    // in fp32 like any other.
-    const bool stash = t.store == ActStore::Bf16Stash && kept && act_in_bf16(t.store, dims, bf16_acts);
+    // A stashed tensor is bf16 only where a layer keeps it (and the stash is on); recomputed, it
+    // lives in the scratch in fp32 like any other.
+    const bool stash = t.store == ActStore::Bf16Stash && bf16_stash && kept &&
+                       act_in_bf16(t.store, dims, bf16_acts);
     const ActStore store = t.store == ActStore::Bf16Stash && !stash ? ActStore::F32 : t.store;
     const int64_t floats = act_floats(rows, t.width, store, dims, bf16_acts);
     const int64_t work = stash ? rows * act_width(t.width, dims) : 0;

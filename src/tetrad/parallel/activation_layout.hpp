@@ -90,7 +90,8 @@ enum class ActWidth : unsigned char {
 // How it is stored: in fp32; in bf16 with bf16 activations (ceil(N n / 2) floats, the bf16 view
 // only), else fp32; the same in a dense model but always fp32 in a mixture of experts (ln2, the
 // router's input: the router runs in fp32); or only with bf16 activations (absent otherwise); or,
-// Bf16Stash, where a layer of a dense model keeps it with bf16 activations, in bf16 in the
+// Bf16Stash, where a layer of a dense model keeps it with bf16 activations (and
+// ParallelOptions::bf16_stash), in bf16 in the
 // layer's slots (the bf16 view) beside an fp32 working copy in the shared scratch (the fp32 view:
 // the block computes and reads it there in the forward, the bf16 copy is cast back into it before
 // the layer's backward), else fp32 (the bf16 stored block tensors of Megatron's and TorchTitan's
@@ -226,10 +227,13 @@ std::vector<LayerSlots> layer_slots(int n_layer, const LayerSplit& split, int p,
 // precision bf16 with ParallelOptions::bf16_activations (ln1, ln2, the final norm and the MLP
 // activation in bf16, and the two bf16 copies of the gradient entering a linear layer's
 // backward); seq_shard: the residual stream's tensors (ActRows::SeqShard) have N / seq_shard rows
-// (Gy with ParallelOptions::sequence_shard, else 1; it must divide the tokens).
+// (Gy with ParallelOptions::sequence_shard, else 1; it must divide the tokens); bf16_stash
+// (ParallelOptions::bf16_stash, with bf16_activations): the ActStore::Bf16Stash tensors a layer
+// keeps are bf16 (else fp32, as ActStore::F32).
 ActivationSizes activation_sizes(const ModelConfig& cfg, const GridShape& shape, int64_t local_batch,
                                  int max_len, bool bf16_activations, Recompute mode,
-                                 const std::vector<LayerSlots>& slots, int seq_shard = 1);
+                                 const std::vector<LayerSlots>& slots, int seq_shard = 1,
+                                 bool bf16_stash = true);
 
 // How many ways the residual stream is split along the tokens: Gy with sequence_shard, else 1.
 inline int seq_shard_ways(const ParallelOptions& o, const GridShape& g) {

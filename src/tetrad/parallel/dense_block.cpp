@@ -235,7 +235,13 @@ void DenseBlock::forward(int l, const float* x, int B, int T, const CachedKv* kv
   if (!kv) attention(l, B, T);
   else cached_attention(l, B, T, *kv);
   ctx_.q().poll();
-  ops_.transposed_fwd(GemmSite::Proj, A.resid_mid, x, f32(A.atty), L.proj_w, L.proj_b, N);
+  // A stashed attention output is cast to its bf16 copy now and the out-projection reads that:
+  // the GEMM would round it to bf16 itself (the same bits), so the stash costs no pass of its own.
+  if (A.atty16) {
+    ScopedPhase sp(ctx_.prof, Phase::Other, "bf16 stash");
+    ctx_.ops().cast_f32_to_bf16(ctx_.bq(), A.atty16, A.atty, N * ctx_.dims.Ay);
+  }
+  ops_.transposed_fwd(GemmSite::Proj, A.resid_mid, x, act(A.atty, A.atty16), L.proj_w, L.proj_b, N);
   ops_.norm_fwd(A.ln2, A.ln2_mean, A.ln2_rstd, A.resid_mid, L.ln2_w, L.ln2_b, N, A.ln2_16);
   mlp_forward(l, N);
   scratch_layer_ = l;  // with recomputation, the shared scratch now holds this layer
@@ -245,13 +251,31 @@ void DenseBlock::forward(int l, const float* x, int B, int T, const CachedKv* kv
 void DenseBlock::stash(int l, int64_t N, bool to_bf16) const {
   if (N == 0) return;
   const int ways = int(N / ops_.stream_rows(N));
-  const auto tensors = stashed_tensors(a_.layer[size_t(l)], N, ctx_.dims, ways);
+  const auto& A = a_.layer[size_t(l)];
+  const auto tensors = stashed_tensors(A, N, ctx_.dims, ways);
   if (tensors.empty()) return;
   ScopedPhase sp(ctx_.prof, Phase::Other, to_bf16 ? "bf16 stash" : "bf16 unstash");
   for (const StashedTensor& t : tensors) {
+    // Passes the producers and consumers make unnecessary: the MLP activation writes the MLP
+    // input projection's bf16 copy and its backward reads it (fused_fc_stash); the attention
+    // output is cast right after the attention (forward: the out-projection reads the copy);
+    // the attention's backward reads q|k|v and its output from their copies where it can
+    // (saved_attention_bf16; the out-projection's backward reads the output's copy anyway).
+    if (t.f32 == A.fc && fused_fc_stash(A)) continue;
+    if (t.f32 == A.atty && to_bf16) continue;
+    if ((t.f32 == A.qkv || t.f32 == A.atty) && !to_bf16 && saved_attention_bf16(A)) continue;
     if (to_bf16) ctx_.ops().cast_f32_to_bf16(ctx_.bq(), t.bf16, t.f32, t.n);
     else ctx_.ops().cast_bf16_to_f32(ctx_.bq(), t.f32, t.bf16, t.n);
   }
+}
+
+bool DenseBlock::saved_attention_bf16(const LayerActs& A) const {
+  return !context_ && A.qkv16 && A.atty16 && attention_precision_ == backend::Precision::BF16 &&
+         ctx_.be->capabilities().attention_bf16_saved;
+}
+
+bool DenseBlock::fused_fc_stash(const LayerActs& A) const {
+  return A.fc16 && A.fc_act16 && ctx_.be->capabilities().bf16_stash_fused;
 }
 
 void DenseBlock::mlp_forward(int l, int64_t N) {
@@ -272,6 +296,13 @@ void DenseBlock::mlp_activation(int l, int64_t N) {
   ScopedPhase sp(ctx_.prof, Phase::Activation);
   const backend::OpTable& op = ctx_.ops();
   backend::Queue& q = ctx_.bq();
+  if (fused_fc_stash(A)) {  // fc's stashed bf16 copy in the same pass
+    switch (mlp_) {
+      case MlpKind::Gelu: op.gelu_forward_bf16_x(q, A.fc_act16, A.fc16, A.fc, N * Fy); break;
+      case MlpKind::SwiGLU: op.swiglu_forward_bf16_x(q, A.fc_act16, A.fc16, A.fc, N, Fy); break;
+    }
+    return;
+  }
   if (A.fc_act16 && op.gelu_forward_bf16 && op.swiglu_forward_bf16) {
     switch (mlp_) {
       case MlpKind::Gelu: op.gelu_forward_bf16(q, A.fc_act16, A.fc, N * Fy); break;
@@ -314,20 +345,27 @@ void DenseBlock::backward(int l, const float* x_in, int B, int T) {
   mlp_backward(l, N);
   const float* dln2 = ops_.sequence_sharded() ? a.dfull : a.dln;
   ops_.norm_bwd(a.dresid, dln2, A.resid_mid, A.ln2_mean, A.ln2_rstd, L.ln2_w, L.ln2_b, N);
-  ops_.linear_bwd(GemmSite::Proj, a.datty, ops_.stream_grad(a.dresid, N), f32(A.atty), L.proj_w,
-                  L.proj_b, N);
+  ops_.linear_bwd(GemmSite::Proj, a.datty, ops_.stream_grad(a.dresid, N), act(A.atty, A.atty16),
+                  L.proj_w, L.proj_b, N);
   const SequenceShare s = sequence_share(B);
   {
     ScopedPhase sp(ctx_.prof, Phase::Attention);
     const int64_t k0 = d.nhy * d.hd, v0 = (d.nhy + d.nkvy) * d.hd;
     const int64_t r0 = int64_t(s.b0) * T, q0 = r0 * d.QKVy, o0 = r0 * d.Ay;
-    if (context_)
+    if (context_) {
       context_->backward(local_heads(B, T, ctx_, attention_precision_), a.dqkv, a.datty, A.qkv,
                          A.atty, A.lse, l);
-    else
+    } else if (saved_attention_bf16(A)) {  // q|k|v and the output from their bf16 copies
+      backend::AttentionArgs args = share_args(B, T, s);
+      args.saved_bf16 = true;
+      op.attention_backward(q, args, a.dqkv + q0, a.dqkv + q0 + k0, a.dqkv + q0 + v0,
+                            a.datty + o0, A.qkv16 + q0, A.qkv16 + q0 + k0, A.qkv16 + q0 + v0,
+                            A.atty16 + o0, A.lse + int64_t(s.b0) * d.nhy * T);
+    } else {
       op.attention_backward(q, share_args(B, T, s), a.dqkv + q0, a.dqkv + q0 + k0,
                             a.dqkv + q0 + v0, a.datty + o0, A.qkv + q0, A.qkv + q0 + k0,
                             A.qkv + q0 + v0, A.atty + o0, A.lse + int64_t(s.b0) * d.nhy * T);
+    }
   }
   if (positions_ == Positions::Rope) {  // row by row: on this rank's sequences, then gathered
     ScopedPhase sp(ctx_.prof, Phase::Attention);
@@ -350,9 +388,17 @@ void DenseBlock::mlp_backward(int l, int64_t N) {
                   act(A.fc_act, A.fc_act16), L.fcproj_w, L.fcproj_b, N);
   {
     ScopedPhase sp(ctx_.prof, Phase::Activation);
-    switch (mlp_) {
-      case MlpKind::Gelu: op.gelu_backward(q, a.dfc, a.dfc_act, A.fc, N * ctx_.dims.Fy); break;
-      case MlpKind::SwiGLU: op.swiglu_backward(q, a.dfc, a.dfc_act, A.fc, N, ctx_.dims.Fy); break;
+    const int64_t Fy = ctx_.dims.Fy;
+    if (fused_fc_stash(A)) {  // fc read from its stashed bf16 copy (not cast back: stash())
+      switch (mlp_) {
+        case MlpKind::Gelu: op.gelu_backward_x16(q, a.dfc, a.dfc_act, A.fc16, N * Fy); break;
+        case MlpKind::SwiGLU: op.swiglu_backward_x16(q, a.dfc, a.dfc_act, A.fc16, N, Fy); break;
+      }
+    } else {
+      switch (mlp_) {
+        case MlpKind::Gelu: op.gelu_backward(q, a.dfc, a.dfc_act, A.fc, N * Fy); break;
+        case MlpKind::SwiGLU: op.swiglu_backward(q, a.dfc, a.dfc_act, A.fc, N, Fy); break;
+      }
     }
   }
   ops_.linear_bwd(GemmSite::Fc, a.dln, a.dfc, act(A.ln2, A.ln2_16), L.fc_w, L.fc_b, N);

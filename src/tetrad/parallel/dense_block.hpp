@@ -75,6 +75,13 @@ class DenseBlock : public TransformerBlock {
   // bf16 runs: layer l's stashed tensors (ActStore::Bf16Stash) cast from the fp32 working copy
   // into their bf16 slots after its forward (to_bf16), or back before its backward.
   void stash(int l, int64_t N, bool to_bf16) const;
+  // Whether layer views A's stashed MLP input projection is written by the MLP activation's
+  // forward and read by its backward in bf16 (Capabilities::bf16_stash_fused): no stash pass.
+  bool fused_fc_stash(const LayerActs& A) const;
+  // Whether the attention's backward reads layer views A's q|k|v and output from their stashed
+  // bf16 copies (bf16 products, no context axis, Capabilities::attention_bf16_saved): neither
+  // is cast back to fp32.
+  bool saved_attention_bf16(const LayerActs& A) const;
   backend::RopeArgs rope_args(float* x, int64_t N, int T, int pos0) const;
   // The micro-batch's document starts when positions restart per document (RopeArgs::doc_start).
   const int32_t* document_positions() const;

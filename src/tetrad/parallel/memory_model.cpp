@@ -121,7 +121,7 @@ ModelMemory model_memory(const ModelConfig& cfg, const GridShape& G, const GridC
   check_sequence_shard(opt, G, int64_t(local_batch) * (max_len / G.c()));
   const ActivationSizes a =
       activation_sizes(cfg, G, local_batch, max_len, bf16_acts, opt.recompute, slots,
-                       seq_shard_ways(opt, G));
+                       seq_shard_ways(opt, G), opt.bf16_stash);
   mm.activations = f4 * a.total;
   // The context axis's exchange (DenseBlock's ContextAttention, one for every layer): sized for
   // the micro-batch's local_batch sequences of max_len / Gc tokens on this rank.

@@ -117,6 +117,14 @@ struct ParallelOptions {
   // same bits as rounding at every GEMM (the producers round their fp32 result). Off only to
   // compare.
   bool bf16_activations = true;
+  // With bf16_activations, in a dense model: the tensors a block keeps for its backward inside
+  // the block (q|k|v, the q/k norms' input, the attention output, the mid-block residual sum,
+  // the MLP input projection: ActStore::Bf16Stash, activation_layout.hpp) are kept in bf16 (half
+  // their memory; Megatron's and TorchTitan's bf16 runs keep them so), and the backward reads
+  // them rounded to bf16. false keeps them in fp32 (as before issue 28's stash): the backward
+  // reads the fp32 values, the same bits as rounding at every GEMM. The forward is the same
+  // either way.
+  bool bf16_stash = true;
   // With bf16_activations: the weight gradient dW = dYᵀ·X runs as an NN product on a transposed
   // bf16 copy of dY (written in the same pass as the plain one, OpTable::
   // cast_transpose_f32_to_bf16) instead of the TN product oneDNN runs slowest (docs/precision.md

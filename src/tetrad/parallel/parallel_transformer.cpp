@@ -163,7 +163,8 @@ ParallelTransformer::~ParallelTransformer() = default;
 
 ParallelTransformer::ActivationSizes ParallelTransformer::activation_sizes(Recompute mode) const {
   return parallel::activation_sizes(cfg_, ctx_.shape(), local_batch_, max_len_, bf16_acts_, mode,
-                                    layer_slots_, seq_shard_ways(opt_, ctx_.shape()));
+                                    layer_slots_, seq_shard_ways(opt_, ctx_.shape()),
+                                    opt_.bf16_stash);
 }
 
 int64_t ParallelTransformer::activation_bytes(Recompute mode) const {

@@ -23,6 +23,7 @@
 #include <cstring>
 #include <limits>
 #include <memory>
+#include <type_traits>
 #include <vector>
 
 #include "tetrad/backend/cpu/precision.hpp"
@@ -43,7 +44,7 @@ namespace {
   __attribute__((target("avx512f,avx512bw,avx512vl,avx512dq,avx512bf16,avx2,fma,amx-tile,amx-bf16")))
 
 constexpr int kB = 32;            // rows of a query or key block; head_dim is padded to it
-constexpr int kMaxHdp = 1024;     // head_dim limit (the packers' row buffers)
+constexpr int kMaxHdp = kAttentionBf16MaxHeadDim;  // the packers' row buffers
 constexpr float kLog2e = 1.4426950408889634f;
 constexpr float kLn2 = 0.6931471805599453f;
 
@@ -104,7 +105,10 @@ TETRAD_INLINE float row_max(const float* x, int64_t n) {
 // multiple of 16, values of each): vcvtne2ps2bf16 on the bf16 paths (round to nearest even;
 // like the bf16 units themselves it flushes denormals), the bit arithmetic of bf16_bits on the
 // emulated ones.
+// kFlush: to_bf16 flushes denormals to zero (sign kept), which bf16_copy follows for values
+// already in bf16.
 struct Avx512Cvt {
+  static constexpr bool kFlush = true;
   static TETRAD_T_AVX512BF16 inline void to_bf16(const float* x, uint16_t* y, int64_t n) {
     int64_t i = 0;
     for (; i + 32 <= n; i += 32) {
@@ -132,6 +136,7 @@ struct Avx512Cvt {
   }
 };
 struct ScalarCvt {
+  static constexpr bool kFlush = false;
   static inline void to_bf16(const float* x, uint16_t* y, int64_t n) {
 #pragma omp simd
     for (int64_t i = 0; i < n; ++i) y[i] = bf16_bits(x[i]);
@@ -346,14 +351,20 @@ struct PackTo {
 // rows at or after T are padding (zeros). Rounded once into a row buffer in L1, then written to
 // each requested layout in whole cache lines (a row at a time would scatter 4-byte stores over
 // dozens of lines per row).
-template <class Mm>
-inline void pack_block(const float* src, int64_t rs, int64_t T, int hd, int hdp, int64_t Tp,
+// A bf16 src (the caller's bf16 copy) is taken as its fp32 widening would be rounded.
+template <class Mm, class S>
+inline void pack_block(const S* src, int64_t rs, int64_t T, int hd, int hdp, int64_t Tp,
                        int64_t ldt, int64_t t0, const PackTo& o) {
   alignas(64) uint16_t x[kB * kMaxHdp];
   for (int r = 0; r < kB; ++r) {
     uint16_t* xr = x + r * hdp;
     if (t0 + r < T) {
-      Mm::to_bf16(src + r * rs, xr, hd);
+      if constexpr (std::is_same_v<S, uint16_t>)
+        for (int c = 0; c < hd; ++c) {
+          const uint16_t v = src[r * rs + c];
+          xr[c] = Mm::kFlush && !(v & 0x7f80u) ? uint16_t(v & 0x8000u) : v;
+        }
+      else Mm::to_bf16(src + r * rs, xr, hd);
       for (int c = hd; c < hdp; ++c) xr[c] = 0;
     } else {
       std::memset(xr, 0, sizeof(uint16_t) * hdp);
@@ -539,6 +550,8 @@ struct BwdCtx {
   float *L, *D;   // [BH][Tqp]: lse·log2(e) and rowsum(dO ∘ O); 0 for padding rows
   int32_t* vis;   // [Tqp]: keys each query sees
   int32_t* lo;    // [B][Tqp]: the first key each query sees; nullptr without a document mask
+  // The forward's q, k, v and out read from bf16 copies instead (q, k, v, out unused then).
+  const uint16_t *q16 = nullptr, *k16 = nullptr, *v16 = nullptr, *out16 = nullptr;
 };
 
 // Keys per chunk of the backward: dSᵀ of a chunk's keys against every query is kept (bf16, in
@@ -624,14 +637,20 @@ inline void backward_worker(const BwdCtx& c) {
       PackTo oq, og;
       oq.np = c.qn + bh * z.Tqp * hdp, oq.dp = c.qd + bh * z.Tqp * hdp;
       og.np = c.don + bh * z.Tqp * hdp, og.dp = c.dod + bh * z.Tqp * hdp;
-      pack_block<Mm>(c.q + b * d.q_batch_stride + t0 * d.q_stride + h * hd, d.q_stride, z.Tq, hd,
-                     hdp, z.Tqp, 0, t0, oq);
+      const int64_t qo = b * d.q_batch_stride + t0 * d.q_stride + h * hd;
+      if (c.q16) pack_block<Mm>(c.q16 + qo, d.q_stride, z.Tq, hd, hdp, z.Tqp, 0, t0, oq);
+      else pack_block<Mm>(c.q + qo, d.q_stride, z.Tq, hd, hdp, z.Tqp, 0, t0, oq);
       pack_block<Mm>(c.dout + oo, d.out_stride, z.Tq, hd, hdp, z.Tqp, 0, t0, og);
       for (int64_t i = t0; i < t0 + kB; ++i) {
         float dd = 0, l = 0;
         if (i < z.Tq) {
-          const float* o = c.out + oo + (i - t0) * d.out_stride;
           const float* g = c.dout + oo + (i - t0) * d.out_stride;
+          // A bf16 out widened into a row first: the one sum below (its order the
+          // vectorisation's) runs on the same values either way.
+          alignas(64) float orow[kMaxHdp];
+          const float* o = c.out16 ? orow : c.out + oo + (i - t0) * d.out_stride;
+          for (int e = 0; c.out16 && e < hd; ++e)
+            orow[e] = backend::bf16_to_float(c.out16[oo + (i - t0) * d.out_stride + e]);
 #pragma omp simd reduction(+ : dd)
           for (int e = 0; e < hd; ++e) dd += o[e] * g[e];
           l = c.lse[bh * z.Tq + i] * kLog2e;
@@ -649,8 +668,13 @@ inline void backward_worker(const BwdCtx& c) {
       PackTo ok, ov;
       ok.rows = c.ka + kvh * z.Tkp * hdp, ok.tr = c.kt + kvh * hdp * z.ldt;
       ov.rows = c.va + kvh * z.Tkp * hdp;
-      pack_block<Mm>(c.k + off, d.kv_stride, z.Tk, hd, hdp, z.Tkp, z.ldt, t0, ok);
-      pack_block<Mm>(c.v + off, d.kv_stride, z.Tk, hd, hdp, z.Tkp, z.ldt, t0, ov);
+      if (c.k16) {
+        pack_block<Mm>(c.k16 + off, d.kv_stride, z.Tk, hd, hdp, z.Tkp, z.ldt, t0, ok);
+        pack_block<Mm>(c.v16 + off, d.kv_stride, z.Tk, hd, hdp, z.Tkp, z.ldt, t0, ov);
+      } else {
+        pack_block<Mm>(c.k + off, d.kv_stride, z.Tk, hd, hdp, z.Tkp, z.ldt, t0, ok);
+        pack_block<Mm>(c.v + off, d.kv_stride, z.Tk, hd, hdp, z.Tkp, z.ldt, t0, ov);
+      }
     }
   }
   const float scale = 1.0f / std::sqrt(float(hd)), scale2 = scale * kLog2e;
@@ -782,32 +806,12 @@ T* grow(Buf<T>& b, int64_t n) {
   return b.p.get();
 }
 
-void check(const AttentionDims& d, int64_t /*q_offset: any sign*/) {
-  if (!(d.B >= 0 && d.Tq >= 0 && d.Tk >= 0 && d.head_dim > 0 && d.n_kv_head > 0 &&
-        d.n_head % d.n_kv_head == 0))
-    fail("attention (bf16): n_head ", d.n_head, " must be a multiple of n_kv_head ", d.n_kv_head,
-         " and head_dim positive (", d.head_dim, ")");
-  if (d.head_dim > kMaxHdp)
-    fail("attention (bf16): head_dim ", d.head_dim, " is above the kernel's limit of ", kMaxHdp);
-  if (d.q_stride < int64_t(d.n_head) * d.head_dim || d.out_stride < int64_t(d.n_head) * d.head_dim ||
-      d.kv_stride < int64_t(d.n_kv_head) * d.head_dim)
-    fail("attention (bf16): a row stride is shorter than its row (q ", d.q_stride, ", kv ",
-         d.kv_stride, ", out ", d.out_stride, ")");
-}
-
-void check_path(AttentionBf16Path p) {
-  if (!attention_bf16_path_supported(p))
-    fail("attention (bf16): path ", attention_bf16_path_name(p), " is not supported on this CPU (",
-         cpu_features().best_isa(), ")");
-}
-
 }  // namespace
 
 void attention_forward_bf16(float* out, float* lse, const float* q, const float* k,
                             const float* v, const AttentionDims& d, int64_t q_offset,
                             AttentionBf16Path path) {
-  check(d, q_offset);
-  check_path(path);
+  attention_bf16_check(d, path);
   if (d.B == 0 || d.Tq == 0 || d.n_head == 0) return;
   if (d.Tk <= 0) fail("attention (bf16): queries but no keys");
   const Shape z(d, q_offset);
@@ -825,11 +829,13 @@ void attention_forward_bf16(float* out, float* lse, const float* q, const float*
   fn(c);
 }
 
-void attention_backward_bf16(float* dq, float* dk, float* dv, const float* dout, const float* q,
-                             const float* k, const float* v, const float* out, const float* lse,
-                             const AttentionDims& d, int64_t q_offset, AttentionBf16Path path) {
-  check(d, q_offset);
-  check_path(path);
+namespace {
+struct Saved16 { const uint16_t *q = nullptr, *k = nullptr, *v = nullptr, *out = nullptr; };
+void backward_bf16(float* dq, float* dk, float* dv, const float* dout, const float* q,
+                   const float* k, const float* v, const float* out, const float* lse,
+                   const AttentionDims& d, int64_t q_offset, AttentionBf16Path path,
+                   const Saved16& s16) {
+  attention_bf16_check(d, path);
   if (d.B == 0 || d.n_head == 0) return;
   if (lse == nullptr && d.Tq > 0) fail("attention_backward (bf16) needs the forward's lse");
   if (d.Tq == 0) {  // no queries: no gradient reaches k, v
@@ -850,6 +856,7 @@ void attention_backward_bf16(float* dq, float* dk, float* dv, const float* dout,
            grow(a.f, nkv), grow(a.g, KV * z.hdp * z.ldt), grow(a.L, BH * z.Tqp),
            grow(a.D, BH * z.Tqp), grow(a.vis, z.Tqp),
            d.doc_start ? grow(a.lo, z.B * z.Tqp) : nullptr};
+  c.q16 = s16.q, c.k16 = s16.k, c.v16 = s16.v, c.out16 = s16.out;
   for (int64_t i = 0; i < z.Tqp; ++i) c.vis[i] = int32_t(z.visible(i));
   if (c.lo)
     for (int64_t b = 0; b < z.B; ++b)
@@ -864,17 +871,18 @@ void attention_backward_bf16(float* dq, float* dk, float* dv, const float* dout,
 #pragma omp parallel
   fn(c);
 }
-
-void attention_forward_bf16(float* out, float* lse, const float* q, const float* k,
-                            const float* v, const AttentionDims& d, int64_t q_offset) {
-  attention_forward_bf16(out, lse, q, k, v, d, q_offset, attention_bf16_default_path());
-}
-
+}  // namespace
 void attention_backward_bf16(float* dq, float* dk, float* dv, const float* dout, const float* q,
                              const float* k, const float* v, const float* out, const float* lse,
-                             const AttentionDims& d, int64_t q_offset) {
-  attention_backward_bf16(dq, dk, dv, dout, q, k, v, out, lse, d, q_offset,
-                          attention_bf16_default_path());
+                             const AttentionDims& d, int64_t q_offset, AttentionBf16Path path) {
+  backward_bf16(dq, dk, dv, dout, q, k, v, out, lse, d, q_offset, path, {});
 }
 
+void attention_backward_bf16_saved(float* dq, float* dk, float* dv, const float* dout,
+                                   const uint16_t* q, const uint16_t* k, const uint16_t* v,
+                                   const uint16_t* out, const float* lse, const AttentionDims& d,
+                                   int64_t q_offset, AttentionBf16Path path) {
+  backward_bf16(dq, dk, dv, dout, nullptr, nullptr, nullptr, nullptr, lse, d, q_offset, path,
+                {q, k, v, out});
+}
 }  // namespace tetrad::kernels

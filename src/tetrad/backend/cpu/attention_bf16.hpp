@@ -61,6 +61,10 @@ const char* attention_bf16_path_name(AttentionBf16Path p);  // "emulated", ..., 
 bool attention_bf16_path_supported(AttentionBf16Path p);
 // The path the calls without one take (see above).
 AttentionBf16Path attention_bf16_default_path();
+// The kernels' head_dim limit; their checks of d's shape and strides and of the path (every
+// entry runs them: an Error naming what is wrong).
+inline constexpr int kAttentionBf16MaxHeadDim = 1024;
+void attention_bf16_check(const AttentionDims& d, AttentionBf16Path p);
 
 void attention_forward_bf16(float* out, float* lse, const float* q, const float* k,
                             const float* v, const AttentionDims& d, int64_t q_offset);
@@ -74,6 +78,19 @@ void attention_forward_bf16(float* out, float* lse, const float* q, const float*
 void attention_backward_bf16(float* dq, float* dk, float* dv, const float* dout, const float* q,
                              const float* k, const float* v, const float* out, const float* lse,
                              const AttentionDims& d, int64_t q_offset, AttentionBf16Path path);
+
+// The backward with the forward's q, k, v and out read from bf16 copies of them (the rows and
+// strides of the fp32 ones; dout, dq, dk, dv fp32): the same bits as attention_backward_bf16 on
+// their fp32 widenings (a model's stored bf16 tensors, parallel/activation_layout.hpp's
+// Bf16Stash, read without a pass widening them).
+void attention_backward_bf16_saved(float* dq, float* dk, float* dv, const float* dout,
+                                   const uint16_t* q, const uint16_t* k, const uint16_t* v,
+                                   const uint16_t* out, const float* lse, const AttentionDims& d,
+                                   int64_t q_offset);
+void attention_backward_bf16_saved(float* dq, float* dk, float* dv, const float* dout,
+                                   const uint16_t* q, const uint16_t* k, const uint16_t* v,
+                                   const uint16_t* out, const float* lse, const AttentionDims& d,
+                                   int64_t q_offset, AttentionBf16Path path);
 
 // "amx (AMX-BF16 tiles)" etc.: the path the default calls take here (for benchmarks and the
 // backend's description).

@@ -4,6 +4,7 @@
 #include "tetrad/backend/cpu/attention_bf16.hpp"
 #include "tetrad/backend/cpu/precision.hpp"
 #include "tetrad/core/cpu.hpp"
+#include "tetrad/core/error.hpp"
 
 namespace tetrad::kernels {
 
@@ -79,6 +80,44 @@ const char* attention_bf16_path() {
     case AttentionBf16Path::kAmx: return "amx (AMX-BF16 tiles)";
   }
   return "?";
+}
+
+void attention_bf16_check(const AttentionDims& d, AttentionBf16Path p) {
+  if (!(d.B >= 0 && d.Tq >= 0 && d.Tk >= 0 && d.head_dim > 0 && d.n_kv_head > 0 &&
+        d.n_head % d.n_kv_head == 0))
+    fail("attention (bf16): n_head ", d.n_head, " must be a multiple of n_kv_head ", d.n_kv_head,
+         " and head_dim positive (", d.head_dim, ")");
+  if (d.head_dim > kAttentionBf16MaxHeadDim)
+    fail("attention (bf16): head_dim ", d.head_dim, " is above the kernel's limit of ",
+         kAttentionBf16MaxHeadDim);
+  if (d.q_stride < int64_t(d.n_head) * d.head_dim || d.out_stride < int64_t(d.n_head) * d.head_dim ||
+      d.kv_stride < int64_t(d.n_kv_head) * d.head_dim)
+    fail("attention (bf16): a row stride is shorter than its row (q ", d.q_stride, ", kv ",
+         d.kv_stride, ", out ", d.out_stride, ")");
+  if (!attention_bf16_path_supported(p))
+    fail("attention (bf16): path ", attention_bf16_path_name(p), " is not supported on this CPU (",
+         cpu_features().best_isa(), ")");
+}
+
+// The bf16 kernels on the default path (attention_bf16.cpp has the ones taking a path).
+void attention_backward_bf16_saved(float* dq, float* dk, float* dv, const float* dout,
+                                   const uint16_t* q, const uint16_t* k, const uint16_t* v,
+                                   const uint16_t* out, const float* lse, const AttentionDims& d,
+                                   int64_t q_offset) {
+  attention_backward_bf16_saved(dq, dk, dv, dout, q, k, v, out, lse, d, q_offset,
+                                attention_bf16_default_path());
+}
+
+void attention_forward_bf16(float* out, float* lse, const float* q, const float* k,
+                            const float* v, const AttentionDims& d, int64_t q_offset) {
+  attention_forward_bf16(out, lse, q, k, v, d, q_offset, attention_bf16_default_path());
+}
+
+void attention_backward_bf16(float* dq, float* dk, float* dv, const float* dout, const float* q,
+                             const float* k, const float* v, const float* out, const float* lse,
+                             const AttentionDims& d, int64_t q_offset) {
+  attention_backward_bf16(dq, dk, dv, dout, q, k, v, out, lse, d, q_offset,
+                          attention_bf16_default_path());
 }
 
 }  // namespace tetrad::kernels

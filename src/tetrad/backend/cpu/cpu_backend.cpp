@@ -168,6 +168,17 @@ OpTable make_table() {
   t.attention_backward = [](Queue&, const AttentionArgs& a, void* dq, void* dk, void* dv,
                             const void* dout, const void* q, const void* kp, const void* v,
                             const void* out, const float* lse) {
+    if (a.saved_bf16) {
+      if (a.precision != Precision::BF16)
+        fail("cpu backend: attention backward on bf16 copies of q/k/v/out needs bf16 products "
+             "(AttentionArgs::precision BF16)");
+      k::attention_backward_bf16_saved(
+          static_cast<float*>(dq), static_cast<float*>(dk), static_cast<float*>(dv),
+          static_cast<const float*>(dout), static_cast<const uint16_t*>(q),
+          static_cast<const uint16_t*>(kp), static_cast<const uint16_t*>(v),
+          static_cast<const uint16_t*>(out), lse, dims(a), a.relative_q_offset());
+      return;
+    }
     if (a.precision == Precision::BF16) {
       k::attention_backward_bf16(static_cast<float*>(dq), static_cast<float*>(dk),
                                  static_cast<float*>(dv), static_cast<const float*>(dout),
@@ -276,6 +287,16 @@ OpTable make_table() {
   t.swiglu_forward_bf16 = [](Queue&, uint16_t* out, const float* gu, int64_t N, int64_t F) {
     k::swiglu_forward_bf16(out, gu, N, F);
   };
+  t.gelu_forward_bf16_x = [](Queue&, uint16_t* out, uint16_t* x16, const float* x, int64_t n) {
+    k::gelu_forward_bf16_x(out, x16, x, n);
+  };
+  t.swiglu_forward_bf16_x = [](Queue&, uint16_t* out, uint16_t* gu16, const float* gu, int64_t N,
+                               int64_t F) { k::swiglu_forward_bf16_x(out, gu16, gu, N, F); };
+  t.gelu_backward_x16 = [](Queue&, float* dx, const float* d, const uint16_t* x16, int64_t n) {
+    k::gelu_backward_x16(dx, d, x16, n);
+  };
+  t.swiglu_backward_x16 = [](Queue&, float* dgu, const float* d, const uint16_t* gu16, int64_t N,
+                             int64_t F) { k::swiglu_backward_x16(dgu, d, gu16, N, F); };
   t.cast_transpose_f32_to_bf16 = [](Queue&, uint16_t* out, uint16_t* out_t, const float* x,
                                     int64_t rows, int64_t cols) {
     cast_transpose_to_bf16(out, out_t, x, rows, cols);
@@ -321,6 +342,8 @@ CpuBackend::CpuBackend() : queue_(std::make_unique<InlineQueue>(*this)) {
   caps_.attention_document_mask = true;  // fp32 and bf16 kernels
   caps_.fused_cross_entropy = true;
   caps_.bf16_producers = true;
+  caps_.bf16_stash_fused = true;
+  caps_.attention_bf16_saved = caps_.attention_bf16_products;
   caps_.bf16_loss_grad = true;
   caps_.ce_row_stats_fused = true;
   caps_.gemm_bf16_path = k::bf16_matmul_path();

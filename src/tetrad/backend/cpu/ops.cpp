@@ -21,6 +21,12 @@ inline O to_out(T v) {
   if constexpr (std::is_same_v<O, uint16_t>) return float_to_bf16(float(v));
   else return O(v);
 }
+// Reads a stored input as T: plain for T, widened (exactly) from bf16 for uint16_t.
+template <typename T, typename X>
+inline T from_in(X v) {
+  if constexpr (std::is_same_v<X, uint16_t>) return T(bf16_to_float(v));
+  else return v;
+}
 }  // namespace
 
 // ---------------------------------------------------------------------------------------------
@@ -340,8 +346,9 @@ constexpr double kGeluA = 0.044715;
 constexpr int64_t kElemChunk = 16384;  // elementwise work split into fixed chunks
 }  // namespace
 
+// x16 (not null): x rounded to bf16 too, chunk by chunk while the chunk is in cache.
 template <typename T, typename O>
-void gelu_forward_impl(O* out, const T* x, int64_t n) {
+void gelu_forward_impl(O* out, const T* x, int64_t n, uint16_t* x16 = nullptr) {
   const T s = T(kGeluS), a = T(kGeluA);
 #pragma omp parallel for schedule(static)
   for (int64_t i0 = 0; i0 < n; i0 += kElemChunk) {
@@ -351,21 +358,26 @@ void gelu_forward_impl(O* out, const T* x, int64_t n) {
       const T v = x[i];
       out[i] = to_out<O>(T(0.5) * v * (T(1) + fast_tanh(s * (v + a * v * v * v))));
     }
+    if constexpr (std::is_same_v<T, float>)
+      if (x16) convert_to_bf16(x + i0, x16 + i0, i1 - i0, false);
   }
 }
 template <typename T>
 void gelu_forward(T* out, const T* x, int64_t n) { gelu_forward_impl(out, x, n); }
 void gelu_forward_bf16(uint16_t* out, const float* x, int64_t n) { gelu_forward_impl(out, x, n); }
+void gelu_forward_bf16_x(uint16_t* out, uint16_t* x16, const float* x, int64_t n) {
+  gelu_forward_impl(out, x, n, x16);
+}
 
-template <typename T, typename O>
-void gelu_backward_impl(O* dx, const T* dout, const T* x, int64_t n) {
+template <typename T, typename O, typename X = T>
+void gelu_backward_impl(O* dx, const T* dout, const X* x, int64_t n) {
   const T s = T(kGeluS), a = T(kGeluA);
 #pragma omp parallel for schedule(static)
   for (int64_t i0 = 0; i0 < n; i0 += kElemChunk) {
     const int64_t i1 = std::min(n, i0 + kElemChunk);
 #pragma omp simd
     for (int64_t i = i0; i < i1; ++i) {
-      const T v = x[i];
+      const T v = from_in<T>(x[i]);
       const T th = fast_tanh(s * (v + a * v * v * v));
       const T local = T(0.5) * (T(1) + th) +
                       T(0.5) * v * (T(1) - th * th) * s * (T(1) + T(3) * a * v * v);
@@ -378,9 +390,13 @@ void gelu_backward(T* dx, const T* dout, const T* x, int64_t n) { gelu_backward_
 void gelu_backward_bf16(uint16_t* dx, const float* dout, const float* x, int64_t n) {
   gelu_backward_impl(dx, dout, x, n);
 }
+void gelu_backward_x16(float* dx, const float* dout, const uint16_t* x16, int64_t n) {
+  gelu_backward_impl(dx, dout, x16, n);
+}
 
+// gu16 (not null): gate|up rounded to bf16 too, row by row while the row is in cache.
 template <typename T, typename O>
-void swiglu_forward_impl(O* out, const T* gu, int64_t ntok, int64_t F) {
+void swiglu_forward_impl(O* out, const T* gu, int64_t ntok, int64_t F, uint16_t* gu16 = nullptr) {
 #pragma omp parallel for schedule(static)
   for (int64_t t = 0; t < ntok; ++t) {
     const T* g = gu + t * 2 * F;
@@ -388,6 +404,8 @@ void swiglu_forward_impl(O* out, const T* gu, int64_t ntok, int64_t F) {
     O* o = out + t * F;
 #pragma omp simd
     for (int64_t j = 0; j < F; ++j) o[j] = to_out<O>(g[j] * fast_sigmoid(g[j]) * u[j]);
+    if constexpr (std::is_same_v<T, float>)
+      if (gu16) convert_to_bf16(g, gu16 + t * 2 * F, 2 * F, false);
   }
 }
 template <typename T>
@@ -397,21 +415,26 @@ void swiglu_forward(T* out, const T* gu, int64_t ntok, int64_t F) {
 void swiglu_forward_bf16(uint16_t* out, const float* gu, int64_t ntok, int64_t F) {
   swiglu_forward_impl(out, gu, ntok, F);
 }
+void swiglu_forward_bf16_x(uint16_t* out, uint16_t* gu16, const float* gu, int64_t ntok,
+                           int64_t F) {
+  swiglu_forward_impl(out, gu, ntok, F, gu16);
+}
 
-template <typename T, typename O>
-void swiglu_backward_impl(O* dgu, const T* dout, const T* gu, int64_t ntok, int64_t F) {
+template <typename T, typename O, typename X = T>
+void swiglu_backward_impl(O* dgu, const T* dout, const X* gu, int64_t ntok, int64_t F) {
 #pragma omp parallel for schedule(static)
   for (int64_t t = 0; t < ntok; ++t) {
-    const T* g = gu + t * 2 * F;
-    const T* u = g + F;
+    const X* g = gu + t * 2 * F;
+    const X* u = g + F;
     const T* d = dout + t * F;
     O* dg = dgu + t * 2 * F;
     O* du = dg + F;
 #pragma omp simd
     for (int64_t j = 0; j < F; ++j) {
-      const T sg = fast_sigmoid(g[j]);
-      const T silu = g[j] * sg;
-      dg[j] = to_out<O>(d[j] * u[j] * sg * (T(1) + g[j] * (T(1) - sg)));
+      const T gj = from_in<T>(g[j]), uj = from_in<T>(u[j]);
+      const T sg = fast_sigmoid(gj);
+      const T silu = gj * sg;
+      dg[j] = to_out<O>(d[j] * uj * sg * (T(1) + gj * (T(1) - sg)));
       du[j] = to_out<O>(d[j] * silu);
     }
   }
@@ -423,6 +446,10 @@ void swiglu_backward(T* dgu, const T* dout, const T* gu, int64_t ntok, int64_t F
 void swiglu_backward_bf16(uint16_t* dgu, const float* dout, const float* gu, int64_t ntok,
                           int64_t F) {
   swiglu_backward_impl(dgu, dout, gu, ntok, F);
+}
+void swiglu_backward_x16(float* dgu, const float* dout, const uint16_t* gu16, int64_t ntok,
+                         int64_t F) {
+  swiglu_backward_impl(dgu, dout, gu16, ntok, F);
 }
 
 // ---------------------------------------------------------------------------------------------

@@ -146,6 +146,15 @@ void gelu_backward_bf16(uint16_t* dx, const float* dout, const float* x, int64_t
 void swiglu_forward_bf16(uint16_t* out, const float* gu, int64_t ntok, int64_t F);
 void swiglu_backward_bf16(uint16_t* dgu, const float* dout, const float* gu, int64_t ntok,
                           int64_t F);
+// The stashed MLP input projection (ActStore::Bf16Stash): the bf16 producers above writing x
+// (gate|up) rounded to bf16 too, in the same pass (x16 / gu16); the fp32 backward reading it from
+// that bf16 copy (dx fp32).
+void gelu_forward_bf16_x(uint16_t* out, uint16_t* x16, const float* x, int64_t n);
+void swiglu_forward_bf16_x(uint16_t* out, uint16_t* gu16, const float* gu, int64_t ntok,
+                           int64_t F);
+void gelu_backward_x16(float* dx, const float* dout, const uint16_t* x16, int64_t n);
+void swiglu_backward_x16(float* dgu, const float* dout, const uint16_t* gu16, int64_t ntok,
+                         int64_t F);
 // cross_entropy_fused writing d(loss)/d logits in bf16 to dlogits[ntok, V] instead of in place
 // (logits are left holding intermediate values). Returns Σ losses.
 double cross_entropy_fused_bf16(float* logits, uint16_t* dlogits, float* losses,

@@ -121,6 +121,30 @@ void add_moe_ops(OpTable& t) {
   };
 }
 
+// The bf16 stash's fused producers and consumers (Capabilities::bf16_stash_fused).
+void add_stash_ops(OpTable& t) {
+  t.gelu_forward_bf16_x = [](Queue& q, uint16_t* out, uint16_t* x16, const float* x, int64_t n) {
+    const char* o = "gelu_forward_bf16_x";
+    cpu_ops().gelu_forward_bf16_x(cpu_queue(q), T_(out, o, "out"), T_(x16, o, "x16"), T_(x, o, "x"), n);
+  };
+  t.swiglu_forward_bf16_x = [](Queue& q, uint16_t* out, uint16_t* gu16, const float* gu, int64_t N,
+                               int64_t F) {
+    const char* o = "swiglu_forward_bf16_x";
+    cpu_ops().swiglu_forward_bf16_x(cpu_queue(q), T_(out, o, "out"), T_(gu16, o, "gu16"),
+                                    T_(gu, o, "gu"), N, F);
+  };
+  t.gelu_backward_x16 = [](Queue& q, float* dx, const float* d, const uint16_t* x16, int64_t n) {
+    const char* o = "gelu_backward_x16";
+    cpu_ops().gelu_backward_x16(cpu_queue(q), T_(dx, o, "dx"), T_(d, o, "dout"), T_(x16, o, "x16"), n);
+  };
+  t.swiglu_backward_x16 = [](Queue& q, float* dgu, const float* d, const uint16_t* gu16, int64_t N,
+                             int64_t F) {
+    const char* o = "swiglu_backward_x16";
+    cpu_ops().swiglu_backward_x16(cpu_queue(q), T_(dgu, o, "dgu"), T_(d, o, "dout"),
+                                  T_(gu16, o, "gu16"), N, F);
+  };
+}
+
 OpTable make_strict_table() {
   OpTable t;
   t.gemm = [](Queue& q, const GemmArgs& g) {
@@ -358,6 +382,7 @@ OpTable make_strict_table() {
                            T_(tg, o, "targets"), v0, Vs, N, gs);
   };
   add_moe_ops(t);
+  add_stash_ops(t);
   return t;
 }
 

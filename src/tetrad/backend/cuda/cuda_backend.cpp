@@ -333,6 +333,9 @@ g::AttnDims attn_dims(const AttentionArgs& a) {
   if (a.dtype != DType::F32)
     fail("cuda backend: attention on ", dtype_name(a.dtype), "-stored q/k/v is not implemented "
          "(fp32 storage; bf16 arithmetic with TETRAD_CUDA_ATTENTION=bf16)");
+  if (a.saved_bf16)
+    fail("cuda backend: attention backward on bf16 copies of q/k/v/out (AttentionArgs::saved_bf16) "
+         "is not implemented (Capabilities::attention_bf16_saved)");
   g::AttnDims d{};
   d.B = a.B;
   d.Tq = a.Tq;
