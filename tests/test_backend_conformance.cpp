@@ -1770,6 +1770,96 @@ TEST_P(Conformance, CastsRoundToNearestEven) {
 
 // ---- bf16 producers (Capabilities::bf16_producers) ----------------------------------------------
 
+// The bf16 stash's fused MLP activation ops (Capabilities::bf16_stash_fused; issue 28): the
+// forward writes its bf16 output (bit for bit the bf16 producer's) and its input's bf16 copy (bit
+// for bit the input rounded) in one pass, every element written over a poisoned buffer; the
+// backward reads x from that copy and gives the bits of the fp32 backward on the copy widened,
+// and the finite difference of the double activation at the copy's values within the backward
+// tolerance (on more than one element). Sizes across the CPU kernels' 16384-element chunks and
+// odd row widths.
+TEST_P(Conformance, Bf16StashFusedActivationsAreTheUnfusedSequence) {
+  if (!be_->capabilities().bf16_stash_fused)
+    GTEST_SKIP() << "[optional] " << be_->name() << " has no fused bf16 stash ops (Capabilities::bf16_stash_fused)";
+  ASSERT_TRUE(ops_->gelu_forward_bf16_x && ops_->swiglu_forward_bf16_x && ops_->gelu_backward_x16 &&
+              ops_->swiglu_backward_x16 && ops_->gelu_forward_bf16 && ops_->swiglu_forward_bf16)
+      << "capability declared, entries missing";
+  const uint16_t kPoison16 = 0x7fc1;  // a quiet NaN in bf16
+  auto widen16 = [](const std::vector<uint16_t>& h) {
+    VF d(h.size());
+    for (size_t i = 0; i < h.size(); ++i) {
+      const uint32_t u = uint32_t(h[i]) << 16;
+      std::memcpy(&d[i], &u, 4);
+    }
+    return d;
+  };
+  auto expect_rounded = [&](const std::string& what, const std::vector<uint16_t>& got, const VF& x) {
+    for (size_t i = 0; i < x.size(); ++i) {
+      const uint32_t u = uint32_t(got[i]) << 16;
+      float f;
+      std::memcpy(&f, &u, 4);
+      ASSERT_EQ(f, ref_bf16(x[i])) << what << ": element " << i << " is not the rounded input, " << seed();
+    }
+  };
+  for (const int64_t n : {int64_t(1), randint(1000, 5000), int64_t(16384 + 7)}) {
+    const VF x = rand(static_cast<size_t>(n), -5, 5), dout = rand(static_cast<size_t>(n));
+    const std::string at = " (n " + std::to_string(n) + "), " + seed();
+    DeviceBuffer dx = up(x), dd = up(dout), o16 = up(std::vector<uint16_t>(x.size(), kPoison16)),
+                 x16 = up(std::vector<uint16_t>(x.size(), kPoison16)),
+                 want16 = up(std::vector<uint16_t>(x.size(), kPoison16));
+    ops_->gelu_forward_bf16_x(*q_, o16.as<uint16_t>(), x16.as<uint16_t>(), F(dx), n);
+    ops_->gelu_forward_bf16(*q_, want16.as<uint16_t>(), F(dx), n);
+    const std::vector<uint16_t> got_x16 = down<uint16_t>(x16, x.size());
+    EXPECT_EQ(down<uint16_t>(o16, x.size()), down<uint16_t>(want16, x.size())) << "gelu_forward_bf16_x output" << at;
+    expect_rounded("gelu_forward_bf16_x input copy" + at, got_x16, x);
+    const VF xw = widen16(got_x16);
+    DeviceBuffer dxw = up(xw), g = poisoned(x.size()), want = poisoned(x.size());
+    ops_->gelu_backward_x16(*q_, F(g), F(dd), x16.as<uint16_t>(), n);
+    ops_->gelu_backward(*q_, F(want), F(dd), F(dxw), n);
+    const VF got = down(g, x.size());
+    EXPECT_EQ(0, std::memcmp(got.data(), down(want, x.size()).data(), x.size() * 4))
+        << "gelu_backward_x16 is not gelu_backward on the widened copy" << at;
+    VD num(x.size());
+    for (size_t i = 0; i < x.size(); ++i) {
+      const double h = 1e-6, xi = xw[i];
+      num[i] = dout[i] * (gelu(xi + h) - gelu(xi - h)) / (2 * h);
+    }
+    // (Normwise against the largest element: not on one element, where a value in GELU's flat
+    // tail is its own scale; the bits above hold there too.)
+    if (n > 1) EXPECT_TRUE(close("gelu_backward_x16 vs finite differences" + at, got, num, kBwdTol));
+  }
+  for (const auto& [N, Fw] : {std::pair<int64_t, int64_t>{1, 1}, {3, 37}, {randint(1, 9), randint(100, 700)}}) {
+    const VF gu = rand(static_cast<size_t>(N * 2 * Fw), -4, 4), dout = rand(static_cast<size_t>(N * Fw));
+    const std::string at = " (" + std::to_string(N) + " x " + std::to_string(Fw) + "), " + seed();
+    DeviceBuffer dgu = up(gu), dd = up(dout),
+                 o16 = up(std::vector<uint16_t>(size_t(N * Fw), kPoison16)),
+                 gu16 = up(std::vector<uint16_t>(gu.size(), kPoison16)),
+                 want16 = up(std::vector<uint16_t>(size_t(N * Fw), kPoison16));
+    ops_->swiglu_forward_bf16_x(*q_, o16.as<uint16_t>(), gu16.as<uint16_t>(), F(dgu), N, Fw);
+    ops_->swiglu_forward_bf16(*q_, want16.as<uint16_t>(), F(dgu), N, Fw);
+    const std::vector<uint16_t> got_gu16 = down<uint16_t>(gu16, gu.size());
+    EXPECT_EQ(down<uint16_t>(o16, size_t(N * Fw)), down<uint16_t>(want16, size_t(N * Fw)))
+        << "swiglu_forward_bf16_x output" << at;
+    expect_rounded("swiglu_forward_bf16_x input copy" + at, got_gu16, gu);
+    const VF guw = widen16(got_gu16);
+    DeviceBuffer dguw = up(guw), g = poisoned(gu.size()), want = poisoned(gu.size());
+    ops_->swiglu_backward_x16(*q_, F(g), F(dd), gu16.as<uint16_t>(), N, Fw);
+    ops_->swiglu_backward(*q_, F(want), F(dd), F(dguw), N, Fw);
+    const VF got = down(g, gu.size());
+    EXPECT_EQ(0, std::memcmp(got.data(), down(want, gu.size()).data(), gu.size() * 4))
+        << "swiglu_backward_x16 is not swiglu_backward on the widened copy" << at;
+    VD gud(guw.begin(), guw.end());
+    auto loss = [&] {
+      double L = 0;
+      for (int64_t t = 0; t < N; ++t)
+        for (int64_t j = 0; j < Fw; ++j)
+          L += dout[t * Fw + j] * silu(gud[t * 2 * Fw + j]) * gud[t * 2 * Fw + Fw + j];
+      return L;
+    };
+    if (N * Fw > 1)
+      EXPECT_TRUE(close("swiglu_backward_x16 vs finite differences" + at, got, numeric_grad(gud, loss), kBwdTol));
+  }
+}
+
 // The bf16 forms write round(fp32 op) bit for bit, which is within bf16's half-ulp (relative
 // 2^-9 = 2e-3) of the double reference; every element written (outputs poisoned with a bf16
 // NaN pattern first).
