@@ -66,7 +66,13 @@ void Watchdog::run() {
     double waited = 0;
     const bool in_collective = comm::blocked_in_wait(&what, &waited);
     if (in_collective && now_s() < deadline_ + timeout_ / 2) continue;
-    if (in_collective) {
+    // This rank did not run itself (stopped, e.g. by SIGSTOP, or not scheduled) for most of the
+    // step's timeout: it names itself, even where it waits in a collective. (Its peers' roll
+    // call named it while it was stopped; its own roll call, after it is woken, can find every
+    // rank answering: the collective it was stopped in may complete as it resumes, so its main
+    // thread never serves the roll call from that wait with the gap it measured.)
+    const bool self_frozen = frozen > 1.0 && frozen > 0.4 * timeout_;
+    if (in_collective && !self_frozen) {
       // Who the collective waits for: a roll call of the job's ranks (comm/roll_call.hpp), held
       // by the main thread from its wait loop; the ranks that do not answer are named. (A rank
       // that was itself stopped, woken late, names itself.) Without one (a single rank, or the
@@ -86,15 +92,23 @@ void Watchdog::run() {
                    rank_, static_cast<long long>(step_), timeout_, phase_, waited, what.c_str(),
                    verdict.empty() ? "a peer in that group is stalled or dead" : verdict.c_str());
     } else {
-      // Stuck itself; or, woken late (SIGCONT after SIGSTOP), it says that it did not run.
+      // Stuck itself; or, woken late (SIGCONT after SIGSTOP), it says that it did not run (and
+      // in which collective it was stopped, if in one).
       char why[160] = " in it";
-      if (frozen > 1.0 && frozen > 0.4 * timeout_)
+      if (self_frozen)
         std::snprintf(why, sizeof why, ": this rank did not run for %.1f s (stopped, e.g. by "
                       "SIGSTOP, or not scheduled by the machine)", frozen);
+      std::string in_wait;
+      if (in_collective) {
+        char last[64];
+        std::snprintf(last, sizeof last, ", the last %.1f s waiting in MPI ", waited);
+        in_wait = last + what;
+      }
       std::fprintf(stderr,
                    "tetrad: error (rank %d): watchdog: step %lld has spent more than %g s in %s "
-                   "(train.step_timeout); rank %d stopped progressing%s. Ending the job.\n",
-                   rank_, static_cast<long long>(step_), timeout_, phase_, rank_, why);
+                   "(train.step_timeout)%s; rank %d stopped progressing%s. Ending the job.\n",
+                   rank_, static_cast<long long>(step_), timeout_, phase_, in_wait.c_str(),
+                   rank_, why);
     }
     std::fflush(stderr);
     comm::MpiEnvironment::abort(3);
